@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Set up a fresh machine for SpINA: Debian packages (when root and missing), a virtualenv,
+# and the project with its test dependencies. Safe to run again.
+set -euo pipefail
+VENV=${1:-.venv}
+PYTHON=${2:-python3}
+cd "$(dirname "$0")/.."
+
+# Debian packages the tests use: iproute2 (ip netns), iptables (loss injection), ethtool,
+# mininet (mnexec and Debian's mininet module).
+DEBS="iproute2 iptables ethtool mininet"
+missing=""
+for p in $DEBS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+if [ -n "$missing" ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "setup: installing Debian packages:$missing"
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null
+  else
+    echo "setup: warning: missing Debian packages:$missing (need root and apt-get); namespace tests will skip"
+  fi
+fi
+
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+"$VENV/bin/python" -m pip install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
+"$VENV/bin/python" -m pip install -q -e '.[test]' 2>&1 | grep -v '^WARNING: Location' || true
+"$VENV/bin/python" -c "import numpy, torch, p4.v1.p4runtime_pb2, grpc, scapy, yaml; print('setup: ok, torch', torch.__version__)"

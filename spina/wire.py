@@ -1,0 +1,345 @@
+"""The SpINA wire format: the one place that defines the INA header.
+
+An INA packet is a UDP payload (default port 47000, configurable per deployment):
+
+    0               1               2               3
+    0 1 2 3 4 5 6 7 0 1 2 3 4 5 6 7 0 1 2 3 4 5 6 7 0 1 2 3 4 5 6 7
+   +---------------+---------------+---------------+---------------+
+ 0 |    version    |   msg_type    |     flags     |   priority    |
+   +---------------+---------------+---------------+---------------+
+ 4 |              job              |             epoch             |
+   +---------------+---------------+---------------+---------------+
+ 8 |                              call                             |
+   +---------------+---------------+---------------+---------------+
+12 |             slot              |     rank      |    nlanes     |
+   +---------------+---------------+---------------+---------------+
+16 |                    round (low bit = shadow copy)              |
+   +---------------+---------------+---------------+---------------+
+20 |                  length (tensor elements)                     |
+   +---------------+---------------+---------------+---------------+
+24 |       block_size (elements)   |     exponent (signed)         |
+   +---------------+---------------+---------------+---------------+
+28 |                  bitmap (contributing ranks)                  |
+   +---------------+---------------+---------------+---------------+
+32 |                  present (one bit per lane)  ...              |
+   +                                                               +
+36 |                                                               |
+   +---------------+---------------+---------------+---------------+
+40 |                  nonfinite (one bit per lane) ...             |
+   +                                                               +
+44 |                                                               |
+   +---------------+---------------+---------------+---------------+
+48 |  next[0] ... next[nlanes-1]: u32 block positions              |
+   +---------------+---------------+---------------+---------------+
+   |  data: block_size int32 per lane whose present bit is set,     |
+   |  lanes in ascending order                                      |
+   +---------------------------------------------------------------+
+
+Every field is big-endian (network order), as a P4 parser sees it. Lane i is bit i of
+`present`/`nonfinite` (bit 0 = least significant). docs/protocol.md explains each field.
+
+Two encoders live here and must agree byte for byte (tests/test_wire.py checks it):
+`pack`/`unpack` and the batch forms (numpy, used on the data path), and the scapy layer
+`INA` (for tests, pcaps and debugging; built lazily so the data path never imports scapy).
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+VERSION = 1
+DEFAULT_UDP_PORT = 47000
+
+# Message types.
+MSG_CONTRIB = 1  # a worker's contribution to one round of one slot
+MSG_RESULT = 2   # the switch's aggregate for that round (multicast, or unicast to a resend)
+MSG_STATUS = 3   # the switch's answer to a resend for a round that is still incomplete
+
+MSG_NAMES = {MSG_CONTRIB: "contrib", MSG_RESULT: "result", MSG_STATUS: "status"}
+
+# Flag bits.
+FLAG_RESEND = 0x01         # a retransmission by the worker (timeout)
+FLAG_LOSS_TOLERANT = 0x02  # may be dropped under congestion (DLCP)
+FLAG_LAST = 0x04           # worker: none of its lanes in this slot has a further non-zero block;
+                           # result: set when every contributor set it (the slot's stream is done)
+FLAG_PARTIAL = 0x08        # result completed without every worker (bounded-loss mode)
+FLAG_MISMATCH = 0x10       # result: workers disagreed on the tensor length
+
+FLAG_NAMES = {FLAG_RESEND: "resend", FLAG_LOSS_TOLERANT: "loss_tolerant", FLAG_LAST: "last",
+              FLAG_PARTIAL: "partial", FLAG_MISMATCH: "mismatch"}
+
+END = 0xFFFFFFFF     # `next` sentinel: no further non-zero block in this lane
+MAX_LANES = 64       # present/nonfinite are 64-bit lane bitmaps
+MAX_WORKERS = 32     # bitmap is a 32-bit rank bitmap
+EXPONENT_NONE = -32768  # exponent sent by a worker whose lanes hold no finite non-zero value
+
+# (name, struct code, bit width) in wire order. The P4 header `ina_h` in
+# p4src/shared/header.p4 must list the same fields with the same widths.
+HEADER_FIELDS = (
+    ("version", "B", 8),
+    ("msg_type", "B", 8),
+    ("flags", "B", 8),
+    ("priority", "B", 8),
+    ("job", "H", 16),
+    ("epoch", "H", 16),
+    ("call", "I", 32),
+    ("slot", "H", 16),
+    ("rank", "B", 8),
+    ("nlanes", "B", 8),
+    ("round", "I", 32),
+    ("length", "I", 32),
+    ("block_size", "H", 16),
+    ("exponent", "h", 16),
+    ("bitmap", "I", 32),
+    ("present", "Q", 64),
+    ("nonfinite", "Q", 64),
+)
+FIELD_NAMES = tuple(f[0] for f in HEADER_FIELDS)
+_STRUCT = struct.Struct(">" + "".join(f[1] for f in HEADER_FIELDS))
+HEADER_LEN = _STRUCT.size
+assert HEADER_LEN == 48
+
+# The same header as a numpy record, for batches of packets.
+HEADER_DTYPE = np.dtype([(name, ">" + np.dtype(code.replace("Q", "u8").replace("I", "u4")
+                                               .replace("H", "u2").replace("h", "i2")
+                                               .replace("B", "u1")).str[1:])
+                         for name, code, _ in HEADER_FIELDS])
+assert HEADER_DTYPE.itemsize == HEADER_LEN
+
+NEXT_DTYPE = np.dtype(">u4")
+DATA_DTYPE = np.dtype(">i4")
+
+# Largest UDP payload over IPv4; the software switch's fusion is bounded by it.
+MAX_UDP_PAYLOAD = 65507
+
+
+class MalformedPacket(ValueError):
+    """A packet that does not parse as an INA packet."""
+
+
+def popcount64(x: int) -> int:
+    return bin(x).count("1")
+
+
+def packet_len(nlanes: int, block_size: int, npresent: int) -> int:
+    return HEADER_LEN + 4 * nlanes + 4 * block_size * npresent
+
+
+def max_lanes_for(block_size: int, limit: int = MAX_UDP_PAYLOAD) -> int:
+    """Most lanes whose all-present packet still fits in `limit` bytes."""
+    return max(0, min(MAX_LANES, (limit - HEADER_LEN) // (4 + 4 * block_size)))
+
+
+@dataclass
+class Header:
+    """The fixed part of an INA header (field meanings: docs/protocol.md)."""
+    version: int = VERSION
+    msg_type: int = MSG_CONTRIB
+    flags: int = 0
+    priority: int = 0
+    job: int = 0
+    epoch: int = 0
+    call: int = 0
+    slot: int = 0
+    rank: int = 0
+    nlanes: int = 1
+    round: int = 0
+    length: int = 0
+    block_size: int = 256
+    exponent: int = 0
+    bitmap: int = 0
+    present: int = 0
+    nonfinite: int = 0
+
+    def copy(self, **changes) -> "Header":
+        return replace(self, **changes)
+
+
+@dataclass
+class Packet:
+    """A parsed INA packet: header, per-lane `next` positions and the present lanes' data."""
+    header: Header
+    next: np.ndarray = field(default_factory=lambda: np.zeros(0, NEXT_DTYPE))
+    data: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), DATA_DTYPE))
+
+
+def pack_header(h: Header) -> bytes:
+    return _STRUCT.pack(*(getattr(h, n) for n in FIELD_NAMES))
+
+
+def unpack_header(buf, offset: int = 0) -> Header:
+    if len(buf) - offset < HEADER_LEN:
+        raise MalformedPacket(f"truncated header: {len(buf) - offset} < {HEADER_LEN} bytes")
+    return Header(*_STRUCT.unpack_from(buf, offset))
+
+
+def pack(h: Header, next_pos, data=None) -> bytes:
+    """Encode one packet. `next_pos` has nlanes entries; `data` is (npresent, block_size) int32."""
+    parts = [pack_header(h), np.asarray(next_pos, dtype=NEXT_DTYPE).tobytes()]
+    if data is not None and len(data):
+        parts.append(np.asarray(data, dtype=DATA_DTYPE).tobytes())
+    return b"".join(parts)
+
+
+def check_header(h: Header, size: int) -> None:
+    """Raise MalformedPacket unless `h` is a well-formed header of a packet of `size` bytes."""
+    if h.version != VERSION:
+        raise MalformedPacket(f"version {h.version} != {VERSION}")
+    if h.msg_type not in MSG_NAMES:
+        raise MalformedPacket(f"unknown msg_type {h.msg_type}")
+    if not 1 <= h.nlanes <= MAX_LANES:
+        raise MalformedPacket(f"nlanes {h.nlanes} outside 1..{MAX_LANES}")
+    if h.block_size == 0:
+        raise MalformedPacket("block_size 0")
+    if h.rank >= MAX_WORKERS:
+        raise MalformedPacket(f"rank {h.rank} >= {MAX_WORKERS}")
+    if h.present >> h.nlanes or h.nonfinite >> h.nlanes:
+        raise MalformedPacket("present/nonfinite bits beyond nlanes")
+    want = packet_len(h.nlanes, h.block_size, popcount64(h.present))
+    if size != want:
+        raise MalformedPacket(f"length {size} != {want} for {h.nlanes} lanes, "
+                              f"{popcount64(h.present)} present blocks of {h.block_size}")
+
+
+def unpack(buf) -> Packet:
+    """Decode and validate one packet (raises MalformedPacket)."""
+    h = unpack_header(buf)
+    check_header(h, len(buf))
+    nxt = np.frombuffer(buf, NEXT_DTYPE, h.nlanes, HEADER_LEN)
+    npresent = popcount64(h.present)
+    data = np.frombuffer(buf, DATA_DTYPE, npresent * h.block_size,
+                         HEADER_LEN + 4 * h.nlanes).reshape(npresent, h.block_size)
+    return Packet(h, nxt, data)
+
+
+# ---------------------------------------------------------------------------------------
+# Batch forms: many packets of one job (same nlanes and block_size) at once.
+
+def lane_bits_to_mask(bits: np.ndarray, nlanes: int) -> np.ndarray:
+    """(n,) uint64 lane bitmaps -> (n, nlanes) bool."""
+    shifts = np.arange(nlanes, dtype=np.uint64)
+    return ((np.asarray(bits, dtype=np.uint64)[:, None] >> shifts) & np.uint64(1)).astype(bool)
+
+
+def mask_to_lane_bits(mask: np.ndarray) -> np.ndarray:
+    """(n, nlanes) bool -> (n,) uint64 lane bitmaps."""
+    weights = np.left_shift(np.uint64(1), np.arange(mask.shape[1], dtype=np.uint64))
+    return (mask.astype(np.uint64) * weights).sum(axis=1, dtype=np.uint64)
+
+
+def pack_batch(headers: np.ndarray, next_pos: np.ndarray, data: np.ndarray) -> list[bytes]:
+    """Encode n packets at once.
+
+    headers: (n,) HEADER_DTYPE records (present bits must match `data`);
+    next_pos: (n, nlanes) positions; data: (sum of present lanes, block_size) int32 rows,
+    packet by packet, lanes in ascending order.
+    """
+    n = len(headers)
+    if n == 0:
+        return []
+    nlanes = int(headers["nlanes"][0])
+    bs = int(headers["block_size"][0])
+    npresent = lane_bits_to_mask(headers["present"], nlanes).sum(axis=1)
+    fixed = HEADER_LEN + 4 * nlanes
+    sizes = fixed + 4 * bs * npresent
+    out = np.empty(int(sizes.sum()), np.uint8)
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    # Header+next for all packets in one vectorised copy into a (n, fixed) view.
+    front = np.empty((n, fixed), np.uint8)
+    front[:, :HEADER_LEN] = np.asarray(headers, HEADER_DTYPE).view(np.uint8).reshape(n, HEADER_LEN)
+    front[:, HEADER_LEN:] = np.ascontiguousarray(next_pos, NEXT_DTYPE).view(np.uint8).reshape(n, -1)
+    idx = starts[:, None] + np.arange(fixed)
+    out[idx.ravel()] = front.ravel()
+    if len(data):
+        body = np.ascontiguousarray(data, DATA_DTYPE).view(np.uint8).ravel()
+        row_bytes = 4 * bs
+        # Each data row goes to its packet's body, after the rows of earlier lanes.
+        pkt_of_row = np.repeat(np.arange(n), npresent)
+        row_in_pkt = np.arange(len(pkt_of_row)) - np.repeat(np.cumsum(npresent) - npresent, npresent)
+        row_start = starts[pkt_of_row] + fixed + row_in_pkt * row_bytes
+        out[(row_start[:, None] + np.arange(row_bytes)).ravel()] = body
+    mv = out.tobytes()
+    return [mv[s:s + z] for s, z in zip(starts.tolist(), sizes.tolist())]
+
+
+def unpack_batch(bufs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Decode n packets of one job: (headers, next (n, nlanes), data rows) as pack_batch takes.
+
+    Raises MalformedPacket if any packet is malformed or the batch mixes lane/block sizes.
+    """
+    n = len(bufs)
+    if n == 0:
+        return np.zeros(0, HEADER_DTYPE), np.zeros((0, 0), np.uint32), np.zeros((0, 0), np.int32)
+    for b in bufs:
+        check_header(unpack_header(b), len(b))
+    heads = np.frombuffer(b"".join(bytes(b[:HEADER_LEN]) for b in bufs), HEADER_DTYPE)
+    nlanes, bs = int(heads["nlanes"][0]), int(heads["block_size"][0])
+    if (heads["nlanes"] != nlanes).any() or (heads["block_size"] != bs).any():
+        raise MalformedPacket("batch mixes lane counts or block sizes")
+    fixed = HEADER_LEN + 4 * nlanes
+    nxt = np.frombuffer(b"".join(bytes(b[HEADER_LEN:fixed]) for b in bufs), NEXT_DTYPE)
+    data = np.frombuffer(b"".join(bytes(b[fixed:]) for b in bufs), DATA_DTYPE)
+    return heads.copy(), nxt.reshape(n, nlanes).astype(np.uint32), \
+        data.reshape(-1, bs).astype(np.int32)
+
+
+def headers_array(n: int, **fields) -> np.ndarray:
+    """n header records with version set and the given fields (scalars or arrays)."""
+    h = np.zeros(n, HEADER_DTYPE)
+    h["version"] = VERSION
+    for k, v in fields.items():
+        h[k] = v
+    return h
+
+
+# ---------------------------------------------------------------------------------------
+# scapy layer, built on first use so that importing the data path does not import scapy.
+
+_scapy_layer = None
+
+
+def scapy_layer(udp_port: int = DEFAULT_UDP_PORT):
+    """The scapy `INA` Packet class, bound to UDP `udp_port` (both directions)."""
+    global _scapy_layer
+    from scapy.fields import (ByteEnumField, ByteField, FieldListField, FlagsField, IntField,
+                              ShortField, SignedShortField, StrField, XIntField, XLongField)
+    from scapy.layers.inet import UDP
+    from scapy.packet import Packet as ScapyPacket, bind_layers
+
+    if _scapy_layer is None:
+        flag_names = [FLAG_NAMES.get(1 << i, f"bit{i}") for i in range(8)]
+
+        class INA(ScapyPacket):
+            name = "SpINA"
+            fields_desc = [
+                ByteField("version", VERSION),
+                ByteEnumField("msg_type", MSG_CONTRIB, MSG_NAMES),
+                FlagsField("flags", 0, 8, flag_names),
+                ByteField("priority", 0),
+                ShortField("job", 0),
+                ShortField("epoch", 0),
+                IntField("call", 0),
+                ShortField("slot", 0),
+                ByteField("rank", 0),
+                ByteField("nlanes", 1),
+                IntField("round", 0),
+                IntField("length", 0),
+                ShortField("block_size", 256),
+                SignedShortField("exponent", 0),
+                XIntField("bitmap", 0),
+                XLongField("present", 0),
+                XLongField("nonfinite", 0),
+                FieldListField("next", [], XIntField("", END), count_from=lambda p: p.nlanes),
+                StrField("data", b""),  # present lanes' int32 blocks, big-endian
+            ]
+
+            def block_values(self) -> np.ndarray:
+                return np.frombuffer(self.data, DATA_DTYPE).reshape(-1, self.block_size)
+
+        assert [f.name for f in INA.fields_desc[:len(FIELD_NAMES)]] == list(FIELD_NAMES)
+        _scapy_layer = INA
+    bind_layers(UDP, _scapy_layer, dport=udp_port)
+    bind_layers(UDP, _scapy_layer, sport=udp_port)
+    return _scapy_layer
