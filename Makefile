@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test clean help p4 p4-check
+.PHONY: setup demo test clean help p4 p4-check testbed
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -40,6 +40,10 @@ p4:  ## compile p4src/ for BMv2 (BMv2 JSON + P4Info) when p4c-bm2-ss is on PATH
 
 p4-check:  ## preprocess the P4 with cpp and run the P4/Python agreement tests (no p4c needed)
 	$(PY) -m pytest -q tests/test_p4_agreement.py
+
+TOPO ?= single
+testbed: $(STAMP)  ## mininet testbed (root): TOPO=single|leafspine ARGS="--hosts 4 --cli"
+	$(PY) -m testbed $(TOPO) $(ARGS)
 
 clean:  ## remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache build *.egg-info

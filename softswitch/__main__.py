@@ -1,7 +1,7 @@
-"""Run the software switch as a long-lived process.
+"""`python -m softswitch`: run the SpINA software switch as a long-lived process.
 
-    python -m softswitch udp --job job.yaml            # UDP aggregator on 127.0.0.1:47000
-    python -m softswitch l2 -i 1@veth1 -i 2@veth2 --config switch.yaml
+    python -m softswitch udp --jobs jobs.yaml                      # UDP aggregator
+    python -m softswitch l2 -i 1@veth1 -i 2@veth2 --config sw.yaml  # where BMv2 would stand
 
 `python -m softswitch <mode> --help` explains each mode's options.
 """
@@ -16,6 +16,7 @@ import threading
 
 from softswitch.pipeline import DEFAULT_POOL_SLOTS, DEFAULT_SLOT_CAPACITY
 from spina import wire
+from spina.config import ConfigError, JobConfig
 
 
 def _load(path: str):
@@ -27,6 +28,21 @@ def _load(path: str):
     return json.loads(text)
 
 
+def load_jobs(path: str) -> list[JobConfig]:
+    """Jobs from a JSON or YAML file: a list of jobs, or {"jobs": [...]}."""
+    doc = _load(path)
+    jobs = doc.get("jobs") if isinstance(doc, dict) else doc
+    if not isinstance(jobs, list):
+        raise ConfigError(f"{path}: expected a list of jobs or a mapping with field 'jobs'")
+    out = []
+    for i, j in enumerate(jobs):
+        try:
+            out.append(JobConfig.from_dict(j))
+        except ConfigError as e:
+            raise ConfigError(f"{path}: jobs[{i}]: {e}") from None
+    return out
+
+
 def _interface(text: str) -> tuple[int, str]:
     port, sep, name = text.partition("@")
     if not sep or not port.isdigit() or not name:
@@ -34,65 +50,75 @@ def _interface(text: str) -> tuple[int, str]:
     return int(port), name
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m softswitch",
-        description="SpINA software switch: the P4 program's aggregation pipeline in Python.")
-    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
+def _pool_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pool-slots", type=int, default=DEFAULT_POOL_SLOTS,
-                   help=f"aggregation slots in the pool (default {DEFAULT_POOL_SLOTS})")
+                   help="slots in the register pool, shared by all jobs (default %(default)s)")
     p.add_argument("--slot-capacity", type=int, default=DEFAULT_SLOT_CAPACITY,
-                   help="int32 elements per slot copy, at least nlanes*block_size of every job "
-                        f"(default {DEFAULT_SLOT_CAPACITY})")
-    sub = p.add_subparsers(dest="mode", required=True, metavar="{udp,l2}")
+                   help="int32 elements per slot copy = largest nlanes*block_size "
+                        "(default %(default)s)")
+    p.add_argument("-v", "--verbose", action="count", default=0,
+                   help="more logging (-vv: per packet)")
 
-    u = sub.add_parser(
-        "udp", help="aggregate over one UDP socket (workers send datagrams to it)",
-        description="Serve the pipeline on a UDP socket. Workers are admitted by their source "
-                    "address (host, port) as listed in the job files; results go to every "
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m softswitch",
+        description="SpINA software switch: sums the non-zero gradient blocks of every admitted "
+                    "job's workers and multicasts the results. Same pipeline as the P4 program.")
+    sub = ap.add_subparsers(dest="mode", required=True, metavar="{udp,l2}")
+
+    udp = sub.add_parser(
+        "udp", help="serve on a UDP socket (the software aggregator)",
+        description="Serve the pipeline on one UDP socket. Workers are admitted by their "
+                    "source (address, port) as listed in the jobs file; results go to every "
                     "worker's address.")
-    u.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    u.add_argument("--port", type=int, default=wire.DEFAULT_UDP_PORT,
-                   help=f"UDP port (default {wire.DEFAULT_UDP_PORT})")
-    u.add_argument("--job", action="append", default=[], metavar="FILE",
-                   help="job config (JSON or YAML, spina.config.JobConfig fields); repeatable")
+    udp.add_argument("--host", default="127.0.0.1",
+                     help="address to listen on (default %(default)s)")
+    udp.add_argument("--port", type=int, default=wire.DEFAULT_UDP_PORT,
+                     help="UDP port (default %(default)s; 0 picks a free one and prints it)")
+    udp.add_argument("--jobs", metavar="FILE", help="JSON/YAML file of jobs to admit at start")
+    _pool_args(udp)
 
     l2 = sub.add_parser(
-        "l2", help="switch Ethernet frames between network interfaces (where BMv2 would stand)",
-        description="Attach to interfaces with raw sockets (needs CAP_NET_RAW) and run the whole "
-                    "P4 pipeline: INA packets addressed to an endpoint are aggregated, anything "
-                    "else takes the l2 / ipv4_routes tables. Turn off transmit checksum offload "
-                    "on veth peers (ethtool -K IF tx off).")
+        "l2", help="switch Ethernet frames between interfaces (where BMv2 would stand)",
+        description="Attach to network interfaces with raw sockets (needs CAP_NET_RAW) and run "
+                    "the whole P4 pipeline: INA packets addressed to an endpoint are aggregated, "
+                    "anything else takes the l2 / ipv4_routes tables. Turn transmit checksum "
+                    "offload off on veth peers (ethtool -K IF tx off). Config format: "
+                    "softswitch/README.md.")
     l2.add_argument("-i", "--interface", action="append", type=_interface, required=True,
                     metavar="PORT@IF", help="switch port number and interface; repeatable")
     l2.add_argument("--config", metavar="FILE",
-                    help="switch config (JSON or YAML): endpoints, l2, routes, jobs, "
-                         "qdepth_threshold; see softswitch/README.md")
-    return p
+                    help="switch config (JSON/YAML): endpoints, l2, routes, jobs, "
+                         "qdepth_threshold")
+    _pool_args(l2)
+    return ap
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv=None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(),
+    logging.basicConfig(level=logging.WARNING - 10 * min(args.verbose + 1, 2),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    from spina.config import ConfigError, JobConfig
-    done = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: done.set())
     try:
         if args.mode == "udp":
             from softswitch.udp import UdpSwitch
+            jobs = load_jobs(args.jobs) if args.jobs else []
             sw = UdpSwitch(args.host, args.port, args.pool_slots, args.slot_capacity)
-            for path in args.job:
-                sw.add_job(JobConfig.from_dict(_load(path)))
+            for j in jobs:
+                sw.add_job(j)
+            print(f"listening {sw.address[0]}:{sw.address[1]}", flush=True)
         else:
             from softswitch.l2 import Dataplane, L2Switch, configure
             dp = Dataplane(args.pool_slots, args.slot_capacity)
             if args.config:
                 configure(dp, _load(args.config))
             sw = L2Switch(dict(args.interface), dp)
+            print("switching " + " ".join(f"{p}@{i}" for p, i in args.interface), flush=True)
     except (ConfigError, OSError, ValueError) as e:
-        print(f"softswitch: {e}", file=sys.stderr)
+        print(f"softswitch: error: {e}", file=sys.stderr)
         return 2
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
     sw.start()
     try:
         done.wait()
