@@ -157,3 +157,51 @@ TABLES = {t.name: t for t in (
 
 # The queue depth threshold's default: never drop (bit<19> maximum, BMv2's enq_qdepth width).
 QDEPTH_NEVER = (1 << 19) - 1
+
+
+# ---------------------------------------------------------------- P4Info
+_ID_PREFIX = {"action": 0x01, "table": 0x02, "counter": 0x12, "register": 0x16}
+_MATCH_TYPE = {"exact": 2, "lpm": 3, "ternary": 4}  # p4info MatchField.MatchType values
+
+
+def _p4_id(kind: str, name: str) -> int:
+    import zlib
+    return _ID_PREFIX[kind] << 24 | (zlib.crc32(name.encode()) & 0xFFFFFF)
+
+
+def p4info():
+    """This declared pipeline as a P4Info message (p4.config.v1), for the software switch's
+    P4Runtime side and for comparing with p4c's output by name (IDs here are our own: the
+    controller looks names up, never IDs)."""
+    from p4.config.v1 import p4info_pb2
+
+    info = p4info_pb2.P4Info()
+    for a in ACTIONS.values():
+        pa = info.actions.add()
+        pa.preamble.id, pa.preamble.name = _p4_id("action", a.name), a.name
+        for i, (pname, width) in enumerate(a.params, start=1):
+            pa.params.add(id=i, name=pname, bitwidth=width)
+    for t in TABLES.values():
+        pt = info.tables.add()
+        pt.preamble.id, pt.preamble.name = _p4_id("table", t.name), t.name
+        for i, k in enumerate(t.keys, start=1):
+            pt.match_fields.add(id=i, name=k.name, bitwidth=k.width,
+                                match_type=_MATCH_TYPE[k.match])
+        for a in t.actions:
+            ref = pt.action_refs.add(id=_p4_id("action", a))
+            if a in ("NoAction", "drop_replica"):  # @defaultonly in the P4
+                ref.scope = p4info_pb2.ActionRef.DEFAULT_ONLY
+        pt.const_default_action_id = 0
+        pt.size = t.size
+    for name, size in COUNTERS.items():
+        pc = info.counters.add()
+        pc.preamble.id, pc.preamble.name = _p4_id("counter", name), name
+        pc.spec.unit = p4info_pb2.CounterSpec.PACKETS
+        pc.size = size
+    widths = {r.name: r.width for r in REGISTERS}
+    for name in p4_register_names():
+        pr = info.registers.add()
+        pr.preamble.id, pr.preamble.name = _p4_id("register", name), name
+        pr.type_spec.bitstring.bit.bitwidth = widths[split_p4_register(name)[0]]
+        pr.size = 2 * P4_SIZES["POOL_SLOTS"]
+    return info
