@@ -139,6 +139,9 @@ class Dataplane:
                  int(key["job"]), int(key["rank"]))
             if action == "reject":
                 self.pipeline.admission.pop(k, None)
+            elif int(params["mcast_grp"]) == 0:
+                # v1model: mcast_grp 0 means "no multicast"; the result would leave on port 0.
+                raise ValueError("admit: mcast_grp must be 1..65535 (0 is no multicast group)")
             else:
                 self.pipeline.admission[k] = Admission(
                     k[2], int(params["epoch"]), int(params["slot_base"]), int(params["nslots"]),
