@@ -184,3 +184,15 @@ def test_braces_balance(p4):
     """The preprocessed program has balanced braces and parentheses (a cheap syntax check)."""
     assert p4.count("{") == p4.count("}")
     assert p4.count("(") == p4.count(")")
+
+
+def test_software_switch_uses_spec_names():
+    """The software switch's registers, counters and writable tables are exactly spec's."""
+    from softswitch.l2 import Dataplane
+    dp = Dataplane(pool_slots=4, slot_capacity=128)
+    assert set(dp.registers) == set(spec.REGISTER_NAMES)
+    assert set(dp.counters) == set(spec.COUNTERS)
+    writable = {"ina_endpoint", "admission", "l2", "ipv4_routes", "worker_rewrite"}
+    assert writable | {"congestion"} == set(spec.TABLES)  # congestion: default action only
+    for name in spec.p4_register_names():
+        dp.register(name, 0)  # every P4 register name resolves
