@@ -2,19 +2,24 @@
 
 single: one switch, N hosts (ports 1..N); the switch aggregates.
 leafspine: L leaves with H hosts each, S spines, every leaf linked to every spine (several
-paths between leaves). spine1 aggregates (it owns the INA endpoint address); leaves and the
-other spines only forward. Host-to-host traffic is spread over the spines by destination.
+paths between leaves). The first spine aggregates (it owns the INA endpoint address); leaves
+and the other spines only forward. Host-to-host traffic is spread over the spines.
+Nodes are named h<tag>n<i>, s<tag>n1, sp<tag>n<j>, lf<tag>n<i> (tag: process id mod 10000).
 
 Hosts: h<i> at 10.0.0.<i+1>/24, MAC 02:00:00:00:01:<i>; the INA endpoint is 10.0.0.100 with
 MAC 02:00:00:00:00:64 (static ARP on every host; the switches do not answer ARP).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from testbed.mn import import_mininet, switch_classes
 
 SWITCH_IP, SWITCH_MAC = "10.0.0.100", "02:00:00:00:00:64"
+# Node names make the root-namespace interface names (<node>-eth<N>, at most 15 characters):
+# a per-process tag keeps two testbeds (two CI runs) from taking each other's interfaces.
+TAG = os.getpid() % 10000
 WORKER_UDP_BASE = 50000
 
 
@@ -73,7 +78,7 @@ def _network(switch: str):
 
 
 def _add_hosts(net, n: int):
-    return [net.addHost(f"h{i}", ip=f"{host_ip(i)}/24", mac=host_mac(i)) for i in range(n)]
+    return [net.addHost(f"h{TAG}n{i}", ip=f"{host_ip(i)}/24", mac=host_mac(i)) for i in range(n)]
 
 
 def _stop_on_error(build):
@@ -93,7 +98,7 @@ def _stop_on_error(build):
 def single(net, nhosts: int = 3) -> Testbed:
     """One switch s1, hosts h0..h(n-1) on ports 1..n (`switch=` soft or bmv2)."""
     hosts = _add_hosts(net, nhosts)
-    s1 = net.addSwitch("s1")
+    s1 = net.addSwitch(f"s{TAG}n1")
     for i, h in enumerate(hosts):
         net.addLink(h, s1, port2=i + 1)
     net.build()
@@ -104,12 +109,12 @@ def single(net, nhosts: int = 3) -> Testbed:
 
 @_stop_on_error
 def leafspine(net, leaves: int = 2, spines: int = 2, hosts_per_leaf: int = 2) -> Testbed:
-    """Leaves leaf1..leafL (hosts on ports 1..H, spine j on port H+j), spines spine1..spineS
-    (leaf i on port i). spine1 aggregates (`switch=` soft or bmv2)."""
+    """L leaves (hosts on ports 1..H, spine j on port H+1+j), S spines (leaf i on port i+1);
+    the first spine aggregates (`switch=` soft or bmv2)."""
     n = leaves * hosts_per_leaf
     hosts = _add_hosts(net, n)
-    sp = [net.addSwitch(f"spine{j + 1}") for j in range(spines)]
-    lf = [net.addSwitch(f"leaf{i + 1}") for i in range(leaves)]
+    sp = [net.addSwitch(f"sp{TAG}n{j + 1}") for j in range(spines)]
+    lf = [net.addSwitch(f"lf{TAG}n{i + 1}") for i in range(leaves)]
     leaf_of = [i // hosts_per_leaf for i in range(n)]
     for i, h in enumerate(hosts):
         net.addLink(h, lf[leaf_of[i]], port2=i % hosts_per_leaf + 1)
@@ -124,7 +129,7 @@ def leafspine(net, leaves: int = 2, spines: int = 2, hosts_per_leaf: int = 2) ->
                 l2.append({"mac": host_mac(k), "port": k % hosts_per_leaf + 1})
             else:  # spread remote hosts over the spines: several paths between leaves
                 l2.append({"mac": host_mac(k), "port": hosts_per_leaf + 1 + (k + i) % spines})
-        l2.append({"mac": SWITCH_MAC, "port": hosts_per_leaf + 1})  # INA to spine1
+        l2.append({"mac": SWITCH_MAC, "port": hosts_per_leaf + 1})  # INA to the first spine
         leaf.spina_config = {"l2": l2}
     for j, spine in enumerate(sp):
         spine.spina_config = {"l2": [{"mac": host_mac(k), "port": leaf_of[k] + 1}
