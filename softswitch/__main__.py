@@ -2,6 +2,7 @@
 
     python -m softswitch udp --jobs jobs.yaml                      # UDP aggregator
     python -m softswitch l2 -i 1@veth1 -i 2@veth2 --config sw.yaml  # where BMv2 would stand
+    python -m softswitch udp --grpc                                # tables from the controller
 
 `python -m softswitch <mode> --help` explains each mode's options.
 """
@@ -56,6 +57,11 @@ def _pool_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slot-capacity", type=int, default=DEFAULT_SLOT_CAPACITY,
                    help="int32 elements per slot copy = largest nlanes*block_size "
                         "(default %(default)s)")
+    p.add_argument("--grpc", nargs="?", const="127.0.0.1:9559", metavar="ADDR",
+                   help="serve P4Runtime on ADDR (default 127.0.0.1:9559 when given without "
+                        "one; loopback only) so the controller writes the tables")
+    p.add_argument("--device-id", type=int, default=0,
+                   help="P4Runtime device id (default %(default)s)")
     p.add_argument("-v", "--verbose", action="count", default=0,
                    help="more logging (-vv: per packet)")
 
@@ -99,21 +105,37 @@ def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING - 10 * min(args.verbose + 1, 2),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    server = None
     try:
+        if args.grpc:
+            from softswitch.p4runtime_server import check_loopback
+            check_loopback(args.grpc)
+            if getattr(args, "jobs", None) or getattr(args, "config", None):
+                raise ConfigError("--grpc: the controller writes the tables; "
+                                  "drop --jobs/--config")
         if args.mode == "udp":
-            from softswitch.udp import UdpSwitch
-            jobs = load_jobs(args.jobs) if args.jobs else []
-            sw = UdpSwitch(args.host, args.port, args.pool_slots, args.slot_capacity)
-            for j in jobs:
+            if args.grpc:
+                from softswitch.p4runtime_server import ControlledUdpSwitch
+                sw = ControlledUdpSwitch(args.host, args.port, args.pool_slots,
+                                         args.slot_capacity)
+            else:
+                from softswitch.udp import UdpSwitch
+                sw = UdpSwitch(args.host, args.port, args.pool_slots, args.slot_capacity)
+            for j in load_jobs(args.jobs) if args.jobs else []:
                 sw.add_job(j)
+            dp, on_change = getattr(sw, "dataplane", None), getattr(sw, "sync", None)
             print(f"listening {sw.address[0]}:{sw.address[1]}", flush=True)
         else:
             from softswitch.l2 import Dataplane, L2Switch, configure
-            dp = Dataplane(args.pool_slots, args.slot_capacity)
+            dp, on_change = Dataplane(args.pool_slots, args.slot_capacity), None
             if args.config:
                 configure(dp, _load(args.config))
             sw = L2Switch(dict(args.interface), dp)
             print("switching " + " ".join(f"{p}@{i}" for p, i in args.interface), flush=True)
+        if args.grpc:
+            from softswitch.p4runtime_server import P4RuntimeServer
+            server = P4RuntimeServer(dp, args.grpc, args.device_id, on_change).start()
+            print(f"p4runtime {server.address} device {args.device_id}", flush=True)
     except (ConfigError, OSError, ValueError) as e:
         print(f"softswitch: error: {e}", file=sys.stderr)
         return 2
@@ -124,6 +146,8 @@ def main(argv=None) -> int:
         done.wait()
     except KeyboardInterrupt:
         pass
+    if server is not None:
+        server.stop()
     sw.stop()
     return 0
 

@@ -1,0 +1,310 @@
+"""A thin P4Runtime client: one connection per switch, master arbitration, typed errors, and a
+P4Info index that turns names into IDs (nothing here knows an ID in advance).
+
+Many instances may live in one process (one per switch): no module-level client.
+"""
+from __future__ import annotations
+
+import ipaddress
+import logging
+import queue
+import threading
+
+import grpc
+from google.rpc import code_pb2
+from p4.v1 import p4runtime_pb2 as pb, p4runtime_pb2_grpc
+
+log = logging.getLogger("spina.controller.p4rt")
+
+
+class P4RuntimeError(RuntimeError):
+    """A P4Runtime call failed; `code` is the gRPC status code."""
+
+    def __init__(self, msg: str, code: grpc.StatusCode | None = None):
+        super().__init__(msg)
+        self.code = code
+
+
+class NotPrimaryError(P4RuntimeError):
+    """Another controller is primary for this device: we refuse to write."""
+
+
+def _rpc(what: str, f, *args):
+    try:
+        return f(*args)
+    except grpc.RpcError as e:
+        code = e.code()
+        cls = NotPrimaryError if code == grpc.StatusCode.PERMISSION_DENIED else P4RuntimeError
+        raise cls(f"{what}: {code.name}: {e.details()}", code) from None
+
+
+# ---------------------------------------------------------------- values
+def encode(value, width: int) -> bytes:
+    """A value as a P4Runtime canonical bytestring (big-endian, shortest, at least one byte).
+
+    Accepts ints, 'a.b.c.d' IPv4 addresses, 'aa:bb:cc:dd:ee:ff' MAC addresses and bytes.
+    """
+    if isinstance(value, (bytes, bytearray)):
+        value = int.from_bytes(value, "big")
+    elif isinstance(value, str):
+        if ":" in value:
+            value = int(value.replace(":", ""), 16)
+        elif "." in value:
+            value = int(ipaddress.IPv4Address(value))
+        else:
+            value = int(value, 0)
+    value = int(value)
+    if value < 0 or value >> width:
+        raise ValueError(f"{value} does not fit in {width} bits")
+    return value.to_bytes(max(1, (value.bit_length() + 7) // 8), "big")
+
+
+def decode(b: bytes) -> int:
+    return int.from_bytes(b, "big") if b else 0
+
+
+# ---------------------------------------------------------------- P4Info index
+class P4InfoIndex:
+    """Names -> P4Info objects. A name matches a full name or its last dotted component, so
+    the same code works with global @names ('admission') and control-prefixed ones
+    ('SpinaIngress.admission_ctl.admission')."""
+
+    KINDS = ("tables", "actions", "counters", "registers")
+
+    def __init__(self, p4info):
+        self.p4info = p4info
+        self._by = {k: {} for k in self.KINDS}
+        for kind in self.KINDS:
+            for obj in getattr(p4info, kind):
+                name = obj.preamble.name
+                self._by[kind][name] = obj
+                self._by[kind].setdefault(name.rsplit(".", 1)[-1], obj)
+
+    def get(self, kind: str, name: str):
+        obj = self._by[kind].get(name)
+        if obj is None:
+            raise KeyError(f"P4Info has no {kind[:-1]} named {name!r}")
+        return obj
+
+    def id(self, kind: str, name: str) -> int:
+        return self.get(kind, name).preamble.id
+
+    def name(self, kind: str, obj_id: int) -> str:
+        for obj in getattr(self.p4info, kind):
+            if obj.preamble.id == obj_id:
+                return obj.preamble.name.rsplit(".", 1)[-1]
+        raise KeyError(f"P4Info has no {kind[:-1]} with id {obj_id}")
+
+    def has(self, kind: str, name: str) -> bool:
+        return name in self._by[kind]
+
+    # ------------------------------------------------------------ builders
+    def table_entry(self, table: str, key: dict, action: str | None = None,
+                    params: dict | None = None, default: bool = False):
+        """A TableEntry by names; `key` {field name: value} ('a.b.c.d/len' for LPM)."""
+        t = self.get("tables", table)
+        e = pb.TableEntry(table_id=t.preamble.id, is_default_action=default)
+        fields = {m.name: m for m in t.match_fields}
+        unknown = set(key) - set(fields)
+        if unknown:
+            raise KeyError(f"table {table!r} has no key {sorted(unknown)}")
+        for f in t.match_fields:  # in P4Info order: the entry's bytes are deterministic
+            if f.name not in key:
+                continue
+            v = key[f.name]
+            m = e.match.add(field_id=f.id)
+            if f.match_type == f.LPM:
+                net = ipaddress.IPv4Network(v, strict=False)
+                if net.prefixlen == 0:  # LPM don't-care: the field is omitted
+                    del e.match[-1]
+                    continue
+                m.lpm.value = encode(int(net.network_address), f.bitwidth)
+                m.lpm.prefix_len = net.prefixlen
+            elif f.match_type == f.EXACT:
+                m.exact.value = encode(v, f.bitwidth)
+            else:
+                raise ValueError(f"{table}.{f.name}: match type {f.match_type} not supported")
+        if action is not None:
+            a = self.get("actions", action)
+            e.action.action.action_id = a.preamble.id
+            params = dict(params or {})
+            for p in a.params:
+                if p.name not in params:
+                    raise KeyError(f"action {action!r} needs parameter {p.name!r}")
+                e.action.action.params.add(param_id=p.id,
+                                           value=encode(params.pop(p.name), p.bitwidth))
+            if params:
+                raise KeyError(f"action {action!r} has no parameter {sorted(params)}")
+        return e
+
+
+def election_id(value: int):
+    return pb.Uint128(high=value >> 64, low=value & ((1 << 64) - 1))
+
+
+# ---------------------------------------------------------------- connection
+class Connection:
+    """One P4Runtime session with one device: a StreamChannel holding our election id.
+
+    Args:
+        address: 'host:port' of the P4Runtime server.
+        device_id: the device to control.
+        election_id: ours; the highest among connected controllers is primary.
+        timeout: seconds to wait for the server and for arbitration.
+    """
+
+    def __init__(self, address: str, device_id: int = 0, election: int = 1,
+                 timeout: float = 10.0, channel=None):
+        self.address = address
+        self.device_id = device_id
+        self.election = election
+        self.channel = channel or grpc.insecure_channel(address)
+        self.stub = p4runtime_pb2_grpc.P4RuntimeStub(self.channel)
+        self._out: queue.Queue = queue.Queue()
+        self._arb: queue.Queue = queue.Queue()
+        self.primary_election: int | None = None
+        self.is_primary = False
+        self.index: P4InfoIndex | None = None
+        try:
+            grpc.channel_ready_future(self.channel).result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            self.channel.close()
+            raise P4RuntimeError(f"no P4Runtime server at {address} within {timeout:g} s") from None
+        self._stream = self.stub.StreamChannel(iter(self._out.get, None))
+        self._reader = threading.Thread(target=self._read_stream, daemon=True,
+                                        name=f"p4rt-{address}")
+        self._reader.start()
+        self._out.put(pb.StreamMessageRequest(arbitration=pb.MasterArbitrationUpdate(
+            device_id=device_id, election_id=election_id(election))))
+        self._wait_arbitration(timeout)
+
+    def _read_stream(self):
+        try:
+            for msg in self._stream:
+                if msg.HasField("arbitration"):
+                    self._arb.put(msg.arbitration)
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.CANCELLED:
+                self._arb.put(e)
+
+    def _wait_arbitration(self, timeout: float) -> None:
+        try:
+            a = self._arb.get(timeout=timeout)
+        except queue.Empty:
+            raise P4RuntimeError(f"{self.address}: no arbitration answer within {timeout:g} s") \
+                from None
+        if isinstance(a, grpc.RpcError):
+            raise P4RuntimeError(f"{self.address}: arbitration: {a.code().name}: {a.details()}",
+                                 a.code())
+        self._apply_arbitration(a)
+
+    def _apply_arbitration(self, a) -> None:
+        self.primary_election = a.election_id.high << 64 | a.election_id.low
+        self.is_primary = a.status.code == code_pb2.OK
+
+    def refresh_arbitration(self) -> None:
+        """Take in arbitration updates the server sent since (the primary may have changed)."""
+        while True:
+            try:
+                a = self._arb.get_nowait()
+            except queue.Empty:
+                return
+            if not isinstance(a, grpc.RpcError):
+                self._apply_arbitration(a)
+
+    def require_primary(self) -> None:
+        """Raise NotPrimaryError, saying so, unless we are the primary controller."""
+        self.refresh_arbitration()
+        if not self.is_primary:
+            raise NotPrimaryError(
+                f"{self.address} device {self.device_id}: another controller is primary "
+                f"(election id {self.primary_election} > ours {self.election}); refusing to write")
+
+    def close(self) -> None:
+        self._out.put(None)
+        try:
+            self._stream.cancel()
+        except Exception:
+            pass
+        self.channel.close()
+        self._reader.join(timeout=2)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ------------------------------------------------------------ RPCs
+    def capabilities(self) -> str:
+        return _rpc("Capabilities", self.stub.Capabilities,
+                    pb.CapabilitiesRequest()).p4runtime_api_version
+
+    def get_pipeline(self):
+        """The device's ForwardingPipelineConfig (P4Info and cookie), or None if it has none."""
+        req = pb.GetForwardingPipelineConfigRequest(
+            device_id=self.device_id,
+            response_type=pb.GetForwardingPipelineConfigRequest.P4INFO_AND_COOKIE)
+        try:
+            return self.stub.GetForwardingPipelineConfig(req).config
+        except grpc.RpcError as e:
+            if e.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND,
+                            grpc.StatusCode.UNKNOWN):
+                return None
+            raise P4RuntimeError(f"GetForwardingPipelineConfig: {e.code().name}: {e.details()}",
+                                 e.code()) from None
+
+    def set_pipeline(self, p4info, device_config: bytes, cookie: int) -> None:
+        self.require_primary()
+        req = pb.SetForwardingPipelineConfigRequest(
+            device_id=self.device_id, election_id=election_id(self.election),
+            action=pb.SetForwardingPipelineConfigRequest.VERIFY_AND_COMMIT)
+        req.config.p4info.CopyFrom(p4info)
+        req.config.p4_device_config = device_config
+        req.config.cookie.cookie = cookie
+        _rpc("SetForwardingPipelineConfig", self.stub.SetForwardingPipelineConfig, req)
+        self.index = P4InfoIndex(p4info)
+
+    def use_pipeline(self, p4info) -> None:
+        self.index = P4InfoIndex(p4info)
+
+    def write(self, updates: list) -> None:
+        """One WriteRequest with `updates` ([(Update.Type, Entity)]); nothing if empty."""
+        if not updates:
+            return
+        self.require_primary()
+        req = pb.WriteRequest(device_id=self.device_id, election_id=election_id(self.election))
+        for kind, ent in updates:
+            u = req.updates.add(type=kind)
+            u.entity.CopyFrom(ent)
+        _rpc("Write", self.stub.Write, req)
+
+    def read(self, entities: list) -> list:
+        """Every entity the device returns for the `entities` queried."""
+        req = pb.ReadRequest(device_id=self.device_id)
+        req.entities.extend(entities)
+
+        def run():
+            return [e for resp in self.stub.Read(req) for e in resp.entities]
+        return _rpc("Read", run)
+
+    # ------------------------------------------------------------ helpers by name
+    def read_table(self, table: str) -> list:
+        q = pb.Entity(table_entry=pb.TableEntry(table_id=self.index.id("tables", table)))
+        return [e.table_entry for e in self.read([q])]
+
+    def read_counters(self, name: str, indices) -> dict[int, int]:
+        cid = self.index.id("counters", name)
+        qs = []
+        for i in indices:
+            e = pb.Entity()
+            e.counter_entry.counter_id = cid
+            e.counter_entry.index.index = i
+            qs.append(e)
+        return {e.counter_entry.index.index: e.counter_entry.data.packet_count
+                for e in self.read(qs)} if qs else {}
+
+    def read_groups(self) -> list:
+        q = pb.Entity(packet_replication_engine_entry=pb.PacketReplicationEngineEntry(
+            multicast_group_entry=pb.MulticastGroupEntry(multicast_group_id=0)))
+        return [e.packet_replication_engine_entry.multicast_group_entry for e in self.read([q])]

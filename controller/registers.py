@@ -1,0 +1,112 @@
+"""Register access per target. Tables, counters and multicast groups always go through
+P4Runtime; registers do not everywhere:
+
+- software switch: P4Runtime register entries (`P4RuntimeRegisters`).
+- BMv2 simple_switch_grpc: its P4Runtime server answers UNIMPLEMENTED to register reads and
+  writes (checked on 1.15.5), so registers go through its Thrift runtime on port 9090, here by
+  the `simple_switch_CLI` program that ships with BMv2 (`ThriftRegisters`), as
+  bmv2_tests/bmv2.py does.
+- Tofino: documented only (`TofinoRegisters`): the SDE's BF Runtime exposes registers as
+  tables (`<pipe>.<control>.<register>` with key `$REGISTER_INDEX`), written through bfrt_grpc.
+
+Slots recycle themselves in the data plane (a newer round resets a copy), so clearing is only
+needed when a job is removed or reset: the next job on those slots must not see an old round.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+from p4.v1 import p4runtime_pb2 as pb
+
+from controller.p4rt import Connection, decode, encode
+
+
+class RegisterAdapter:
+    """Read and clear slot registers by their P4 names."""
+
+    def clear(self, names: list[str], start: int, count: int) -> None:
+        """Zero cells start..start+count-1 of every register in `names`."""
+        raise NotImplementedError
+
+    def read(self, name: str, index: int) -> int:
+        raise NotImplementedError
+
+
+class P4RuntimeRegisters(RegisterAdapter):
+    """Register entries over the controller's P4Runtime connection (the software switch)."""
+
+    def __init__(self, conn: Connection):
+        self.conn = conn
+
+    def clear(self, names, start, count):
+        updates = []
+        for name in names:
+            r = self.conn.index.get("registers", name)
+            zero = encode(0, r.type_spec.bitstring.bit.bitwidth)
+            for i in range(start, start + count):
+                e = pb.Entity()
+                e.register_entry.register_id = r.preamble.id
+                e.register_entry.index.index = i
+                e.register_entry.data.bitstring = zero
+                updates.append((pb.Update.MODIFY, e))
+        self.conn.write(updates)
+
+    def read(self, name, index):
+        e = pb.Entity()
+        e.register_entry.register_id = self.conn.index.id("registers", name)
+        e.register_entry.index.index = index
+        got = self.conn.read([e])
+        return decode(got[0].register_entry.data.bitstring) if got else 0
+
+
+class ThriftRegisters(RegisterAdapter):
+    """BMv2's Thrift runtime, through `simple_switch_CLI --thrift-port PORT` (one CLI session
+    per call: the commands go on its standard input)."""
+
+    def __init__(self, thrift_port: int = 9090, cli: str = "simple_switch_CLI"):
+        self.thrift_port = thrift_port
+        self.cli = cli
+
+    def _run(self, commands: list[str]) -> str:
+        if shutil.which(self.cli) is None:
+            raise RuntimeError(f"{self.cli} is not on PATH: BMv2 registers are reachable only "
+                               "through its Thrift runtime")
+        out = subprocess.run([self.cli, "--thrift-port", str(self.thrift_port)],
+                             input="\n".join(commands) + "\n", capture_output=True, text=True,
+                             timeout=120)
+        if out.returncode != 0 or "Error" in out.stdout:
+            raise RuntimeError(f"{self.cli}: {out.stdout.strip()[-400:]} {out.stderr.strip()}")
+        return out.stdout
+
+    def clear(self, names, start, count):
+        self._run([f"register_write {n} {i} 0" for n in names
+                   for i in range(start, start + count)])
+
+    def read(self, name, index):
+        out = self._run([f"register_read {name} {index}"])
+        for line in out.splitlines():
+            if "=" in line and name in line:
+                return int(line.rsplit("=", 1)[1].strip())
+        raise RuntimeError(f"register_read {name} {index}: {out.strip()}")
+
+
+class TofinoRegisters(RegisterAdapter):
+    """Not implemented here (no SDE in this environment); see the module docstring."""
+
+    def clear(self, names, start, count):
+        raise NotImplementedError("Tofino registers: write them through BF Runtime "
+                                  "(controller/README.md, 'Tofino')")
+
+    def read(self, name, index):
+        self.clear([name], index, 1)
+
+
+def adapter_for(target: str, conn: Connection, thrift_port: int = 9090) -> RegisterAdapter:
+    if target == "softswitch":
+        return P4RuntimeRegisters(conn)
+    if target == "bmv2":
+        return ThriftRegisters(thrift_port)
+    if target == "tofino":
+        return TofinoRegisters()
+    raise ValueError(f"unknown target {target!r}")
