@@ -1,0 +1,1 @@
+"""SpINA controller: desired state (YAML) -> switch state over P4Runtime. controller/README.md."""

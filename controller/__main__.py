@@ -1,0 +1,105 @@
+"""`python -m controller`: deploy the desired state to the switches, show job counters, add and
+remove jobs, reset a job's slots. `python -m controller --help` lists the commands."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from controller.controller import Controller, format_table
+from controller.p4rt import NotPrimaryError, P4RuntimeError
+from controller.state import Job, load
+from spina.config import ConfigError
+
+DEFAULT_FILE = "spina.yaml"
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m controller",
+        description="SpINA controller: makes the switches of a desired-state YAML file hold its "
+                    "jobs (admission, multicast, worker rewrite, forwarding, slot pool) over "
+                    "P4Runtime, and writes each host agent's assignment file. "
+                    "File format: controller/README.md.")
+    ap.add_argument("-c", "--config", default=DEFAULT_FILE, metavar="FILE",
+                    help="desired-state YAML (default %(default)s)")
+    ap.add_argument("--election-id", type=int, default=1,
+                    help="our P4Runtime election id; the highest connected controller is "
+                         "primary and only the primary writes (default %(default)s)")
+    ap.add_argument("--timeout", type=float, default=10.0,
+                    help="seconds to wait for a switch (default %(default)s)")
+    ap.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    d = sub.add_parser("deploy", help="push pipeline and state; idempotent (twice: no writes)",
+                       description="Push the pipeline when the switch's differs, write only what "
+                                   "differs from the desired state, clear the slots of jobs "
+                                   "that left or arrived, write the agents' files. After a "
+                                   "switch restart this restores everything.")
+    d.add_argument("--switch", action="append", metavar="NAME",
+                   help="only this switch (repeatable; default all)")
+    sub.add_parser("status", help="per-job counters as a table")
+    job = sub.add_parser("job", help="add or remove a job (updates the file, then applies it)")
+    jsub = job.add_subparsers(dest="job_cmd", required=True, metavar="{add,remove}")
+    add = jsub.add_parser("add", help="add a job; its slot range is allocated if not given")
+    add.add_argument("--id", type=int, required=True, help="job id")
+    add.add_argument("--members", required=True,
+                     help="comma-separated worker names, in rank order")
+    add.add_argument("--nslots", type=int, required=True, help="share of the slot pool")
+    add.add_argument("--slot-base", type=int, help="first slot (default: first free range)")
+    add.add_argument("--block-size", type=int, default=256)
+    add.add_argument("--nlanes", type=int, default=56)
+    add.add_argument("--epoch", type=int, default=1)
+    add.add_argument("--priority", type=int, default=0, help="egress queue 0..7")
+    add.add_argument("--drop-qdepth", type=int,
+                     help="drop this job's loss-tolerant packets above this queue depth")
+    rm = jsub.add_parser("remove", help="remove a job; its slots are cleared and freed")
+    rm.add_argument("--id", type=int, required=True)
+    rs = sub.add_parser("reset", help="clear jobs' slot registers and zero their counters")
+    rs.add_argument("--job", type=int, action="append", metavar="ID",
+                    help="only this job (repeatable; default all)")
+    return ap
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING - 10 * min(args.verbose, 2),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        state = load(args.config)
+        with Controller(state, args.election_id, timeout=args.timeout) as ctl:
+            if args.cmd == "deploy":
+                for r in ctl.deploy(args.switch):
+                    print(r)
+            elif args.cmd == "status":
+                print(format_table(ctl.status()))
+            elif args.cmd == "reset":
+                for jid, base, n in ctl.reset(args.job):
+                    print(f"job {jid}: slots {base}..{base + n - 1} cleared, counters zeroed")
+            elif args.job_cmd == "add":
+                job = Job(id=args.id, members=tuple(m for m in args.members.split(",") if m),
+                          nslots=args.nslots, slot_base=args.slot_base,
+                          block_size=args.block_size, nlanes=args.nlanes, epoch=args.epoch,
+                          priority=args.priority, drop_qdepth=args.drop_qdepth)
+                new = state.with_job(job)
+                for r in ctl.set_state(new):
+                    print(r)
+                new.save()
+                j = new.jobs[args.id]
+                print(f"job {j.id} added: slots {j.slot_base}..{j.slot_base + j.nslots - 1}")
+            else:
+                new = state.without_job(args.id)
+                for r in ctl.set_state(new):
+                    print(r)
+                new.save()
+                print(f"job {args.id} removed")
+    except NotPrimaryError as e:
+        print(f"controller: refusing to write: {e}", file=sys.stderr)
+        return 3
+    except (ConfigError, P4RuntimeError, OSError) as e:
+        print(f"controller: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

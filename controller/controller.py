@@ -1,0 +1,310 @@
+"""The controller: turns the desired state (controller/state.py) into switch state over
+P4Runtime, the same way for the software switch, BMv2 and (documented) Tofino.
+
+`Controller(state).deploy()` is idempotent: it pushes the pipeline only when the switch's cookie
+differs, diffs every table and multicast group with what the switch holds and writes only the
+difference, clears the slot registers of jobs that left or (re)arrived, and writes one agent
+file per worker. After a switch restart the same call restores everything.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import pathlib
+from dataclasses import dataclass, field
+
+from p4.v1 import p4runtime_pb2 as pb
+
+from controller import controls
+from controller.p4rt import Connection
+from controller.registers import RegisterAdapter, adapter_for
+from controller.state import DesiredState, Switch
+from host_agent import assignment
+from softswitch import spec
+
+log = logging.getLogger("spina.controller")
+
+JOB_COUNTERS = spec.JOB_COUNTERS
+
+
+def load_pipeline(state: DesiredState, sw: Switch):
+    """(P4Info, device config bytes) for `sw`: its files, or the software switch's spec."""
+    from google.protobuf import text_format
+    from p4.config.v1 import p4info_pb2
+    if sw.p4info is None:
+        return spec.p4info(), b""
+    path = state.resolve(sw.p4info)
+    text = path.read_text()
+    info = p4info_pb2.P4Info()
+    if path.suffix in (".bin", ".pb"):
+        info.ParseFromString(path.read_bytes())
+    else:
+        text_format.Parse(text, info, allow_unknown_field=True)
+    cfg = state.resolve(sw.device_config).read_bytes() if sw.device_config else b""
+    return info, cfg
+
+
+def cookie_of(p4info, device_config: bytes) -> int:
+    """A 64-bit cookie naming a pipeline, so `deploy` pushes it only when it changed."""
+    h = hashlib.sha256(p4info.SerializeToString(deterministic=True) + device_config).digest()
+    return int.from_bytes(h[:8], "big") >> 1
+
+
+@dataclass
+class Report:
+    """What one deploy (or job change) did on one switch."""
+    switch: str
+    pipeline_pushed: bool = False
+    inserts: int = 0
+    modifies: int = 0
+    deletes: int = 0
+    cleared: list = field(default_factory=list)   # [(job, slot_base, nslots)]
+    agent_files: int = 0
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.pipeline_pushed or self.inserts or self.modifies or self.deletes
+                    or self.cleared or self.agent_files)
+
+    def __str__(self):
+        parts = [f"switch {self.switch}:"]
+        parts.append("pipeline pushed," if self.pipeline_pushed else "pipeline current,")
+        parts.append(f"{self.inserts} inserted, {self.modifies} modified, "
+                     f"{self.deletes} deleted")
+        if self.cleared:
+            parts.append("; slots cleared: " + ", ".join(
+                f"job {j} {b}..{b + n - 1}" for j, b, n in self.cleared))
+        if self.agent_files:
+            parts.append(f"; {self.agent_files} agent files written")
+        return " ".join(parts)
+
+
+class SwitchSession:
+    """One P4Runtime session with one switch and the controls that program it.
+
+    Args:
+        sw: the switch as the desired state describes it.
+        election: our election id (the highest among controllers is primary).
+        registers: register adapter (default: by the switch's target).
+    """
+
+    def __init__(self, sw: Switch, election: int = 1, registers: RegisterAdapter | None = None,
+                 timeout: float = 10.0):
+        self.sw = sw
+        self.conn = Connection(sw.grpc, sw.device_id, election, timeout)
+        self.registers = registers or adapter_for(sw.target, self.conn, sw.thrift_port)
+        c = self.conn
+        self.ina_endpoint = controls.InaEndpoint(c)
+        self.ina_check = controls.InaCheck(c)
+        self.admission = controls.Admission(c)
+        self.aggregator = controls.Aggregator(c, self.registers)
+        self.forwarding = controls.Forwarding(c)
+        self.congestion = controls.CongestionDrop(c)
+        self.worker_rewrite = controls.WorkerRewrite(c)
+        self.replication = controls.Replication(c)
+
+    @property
+    def controls(self) -> list[controls.Control]:
+        """In the order traffic meets them, for deletes; writes go in reverse order, so that a
+        job's groups and rewrites exist before its admission lets packets in."""
+        return [self.admission, self.ina_endpoint, self.worker_rewrite, self.replication,
+                self.forwarding, self.congestion]
+
+    def close(self) -> None:
+        self.conn.close()
+
+    # ------------------------------------------------------------ pipeline
+    def ensure_pipeline(self, state: DesiredState) -> bool:
+        """Push the pipeline unless the switch already runs it (same cookie). True if pushed."""
+        info, cfg = load_pipeline(state, self.sw)
+        cookie = cookie_of(info, cfg)
+        cur = self.conn.get_pipeline()
+        if cur is not None and cur.HasField("cookie") and cur.cookie.cookie == cookie:
+            self.conn.use_pipeline(cur.p4info if cur.p4info.tables else info)
+            return False
+        self.conn.require_primary()
+        self.conn.set_pipeline(info, cfg, cookie)
+        log.info("%s: pipeline pushed (cookie %x)", self.sw.name, cookie)
+        return True
+
+    # ------------------------------------------------------------ state
+    def apply(self, state: DesiredState) -> Report:
+        """Make this switch hold exactly `state` (idempotent)."""
+        rep = Report(self.sw.name)
+        self.conn.require_primary()
+        rep.pipeline_pushed = self.ensure_pipeline(state)
+        before = self.admission.installed_jobs()
+        want = {j.id: (j.slot_base, j.nslots, j.epoch) for j in state.jobs_on(self.sw)}
+        deletes, writes = [], []
+        for c in self.controls:
+            d, w = c.diff(state, self.sw)
+            deletes += d
+            writes = w + writes
+        # Deletes first (admission first: traffic of a leaving job stops before its slots are
+        # cleared), then the slot clears, then the writes (admission last).
+        self.conn.write(deletes)
+        for job, (base, n, epoch) in sorted(before.items()):
+            if want.get(job) != (base, n, epoch):  # gone, moved or a new incarnation
+                self.aggregator.clear_slots(base, n)
+                rep.cleared.append((job, base, n))
+        for job, (base, n, epoch) in sorted(want.items()):
+            if before.get(job) != (base, n, epoch):  # arriving: no old round may linger
+                self.aggregator.clear_slots(base, n)
+                rep.cleared.append((job, base, n))
+        self.conn.write(writes)
+        rep.deletes = len(deletes)
+        rep.inserts = sum(1 for t, _ in writes if t == pb.Update.INSERT)
+        rep.modifies = sum(1 for t, _ in writes if t == pb.Update.MODIFY)
+        return rep
+
+    def clear_job(self, state: DesiredState, job_id: int) -> tuple[int, int]:
+        """Zero a job's slot registers and its counters (the `reset` command)."""
+        self.conn.require_primary()
+        job = state.jobs[job_id]
+        self.aggregator.clear_slots(job.slot_base, job.nslots)
+        ups = []
+        for name in JOB_COUNTERS:
+            if self.conn.index.has("counters", name):
+                e = pb.Entity()
+                e.counter_entry.counter_id = self.conn.index.id("counters", name)
+                e.counter_entry.index.index = job_id
+                e.counter_entry.data.packet_count = 0
+                ups.append((pb.Update.MODIFY, e))
+        self.conn.write(ups)
+        return job.slot_base, job.nslots
+
+    def job_counters(self, job_ids) -> dict[int, dict[str, int]]:
+        out = {j: {} for j in job_ids}
+        for c in (self.aggregator, self.worker_rewrite, self.congestion):
+            for name, vals in c.read_counters(list(job_ids)).items():
+                for j, v in vals.items():
+                    out[j][name] = v
+        return out
+
+
+class Controller:
+    """Drives every switch of a desired state. Instantiate as many as you like (tests run
+    several against one switch to exercise arbitration).
+
+    Args:
+        state: the desired state (controller.state.load).
+        election: our election id.
+        registers: {switch name: RegisterAdapter} overrides (tests).
+    """
+
+    def __init__(self, state: DesiredState, election: int = 1,
+                 registers: dict[str, RegisterAdapter] | None = None, timeout: float = 10.0):
+        self.state = state
+        self.election = election
+        self.timeout = timeout
+        self._registers = registers or {}
+        self.sessions: dict[str, SwitchSession] = {}
+
+    def session(self, name: str) -> SwitchSession:
+        s = self.sessions.get(name)
+        if s is None:
+            s = SwitchSession(self.state.switches[name], self.election,
+                              self._registers.get(name), self.timeout)
+            self.sessions[name] = s
+        return s
+
+    def close(self) -> None:
+        for s in self.sessions.values():
+            s.close()
+        self.sessions.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ------------------------------------------------------------ commands
+    def deploy(self, switches: list[str] | None = None) -> list[Report]:
+        """Make the switches hold the desired state and write the agents' files."""
+        reports = []
+        for name in switches or list(self.state.switches):
+            reports.append(self.session(name).apply(self.state))
+        n = self.write_agent_files()
+        if reports:
+            reports[0].agent_files = n
+        return reports
+
+    def set_state(self, state: DesiredState) -> list[Report]:
+        """Adopt a new desired state (job add/remove) and apply it."""
+        self.state = state
+        for s in self.sessions.values():
+            s.sw = state.switches[s.sw.name]
+        return self.deploy()
+
+    def reset(self, job_ids=None) -> list[tuple[int, int, int]]:
+        """Clear the slot registers and zero the counters of jobs (default: all)."""
+        out = []
+        for jid in sorted(job_ids or self.state.jobs):
+            job = self.state.jobs[jid]
+            s = self.session(self.state.switch_of(job).name)
+            s.ensure_pipeline(self.state)
+            base, n = s.clear_job(self.state, jid)
+            out.append((jid, base, n))
+        return out
+
+    def status(self) -> list[dict]:
+        """One row per job: where it runs, whether the switch admits it, and its counters."""
+        rows = []
+        for name, sw in self.state.switches.items():
+            jobs = self.state.jobs_on(sw)
+            s = self.session(name)
+            if s.conn.index is None:
+                cur = s.conn.get_pipeline()
+                if cur is None:
+                    for j in jobs:
+                        rows.append({"job": j.id, "switch": name, "installed": "no pipeline"})
+                    continue
+                s.conn.use_pipeline(cur.p4info if cur.p4info.tables
+                                    else load_pipeline(self.state, sw)[0])
+            installed = s.admission.installed_jobs()
+            counters = s.job_counters([j.id for j in jobs])
+            for j in jobs:
+                rows.append({"job": j.id, "switch": name,
+                             "slots": f"{j.slot_base}..{j.slot_base + j.nslots - 1}",
+                             "workers": len(j.members),
+                             "installed": "yes" if j.id in installed else "no",
+                             **counters[j.id]})
+        return rows
+
+    # ------------------------------------------------------------ host agents
+    def agent_path(self, job_id: int, rank: int) -> pathlib.Path:
+        return self.state.resolve(self.state.agents_dir) / f"job{job_id}-rank{rank}.json"
+
+    def write_agent_files(self) -> int:
+        """One assignment file per worker of every job; stale ones removed. Files changed."""
+        changed = 0
+        keep = set()
+        for job in self.state.jobs.values():
+            sw = self.state.switch_of(job)
+            cfg = self.state.job_config(job)
+            for rank in range(len(job.members)):
+                p = self.agent_path(job.id, rank)
+                keep.add(p.name)
+                changed += assignment.write(
+                    p, assignment.Assignment(cfg, rank, (sw.address, sw.udp_port)))
+        d = self.state.resolve(self.state.agents_dir)
+        if d.is_dir():
+            for p in d.glob("job*-rank*.json"):
+                if p.name not in keep:
+                    p.unlink()
+                    changed += 1
+        return changed
+
+
+def format_table(rows: list[dict]) -> str:
+    """Rows as an aligned text table (columns in first-seen order)."""
+    if not rows:
+        return "(no jobs)"
+    cols: list[str] = []
+    for r in rows:
+        cols += [k for k in r if k not in cols]
+    cells = [[str(r.get(c, "")) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(x[i]) for x in cells)) for i, c in enumerate(cols)]
+    line = lambda xs: "  ".join(x.rjust(w) for x, w in zip(xs, widths))  # noqa: E731
+    return "\n".join([line(cols), line(["-" * w for w in widths])] + [line(x) for x in cells])

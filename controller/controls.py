@@ -1,0 +1,236 @@
+"""One class per P4 control (p4src/include/control/), each programming and clearing its own
+state. The controller mirrors the P4: a control's tables, counters and registers are named here
+exactly as in the P4 program and looked up in the P4Info (never an ID).
+
+    P4 control (file)               class here            state
+    InaEndpoint (admission.p4)      InaEndpoint           table ina_endpoint
+    InaCheck (ina_check.p4)         InaCheck              counter port_malformed
+    Admission (admission.p4)        Admission             table admission, counter port_unadmitted
+    Aggregator (aggregator.p4)      Aggregator            slot registers, job_* counters
+    Forwarding (forwarding.p4)      Forwarding            tables l2, ipv4_routes
+    Priority (priority.p4)          (none)                no state: queue = INA priority
+    CongestionDrop (priority.p4)    CongestionDrop        table congestion, job_congestion_drops
+    WorkerRewrite (egress_rewrite)  WorkerRewrite         table worker_rewrite, job_results
+    packet replication engine       Replication           multicast groups
+
+`entries(state, sw)` says what a control's tables should hold; the controller diffs that with
+what the switch holds, so deploying twice writes nothing.
+"""
+from __future__ import annotations
+
+from p4.v1 import p4runtime_pb2 as pb
+
+from controller.p4rt import Connection, decode
+from controller.registers import RegisterAdapter
+from controller.state import NO_MAC, DesiredState, Job, Switch
+from softswitch import spec
+
+
+def match_key(entry) -> bytes:
+    """An entry's identity in its table: its match fields, in field-id order."""
+    return entry.table_id.to_bytes(4, "big") + b"".join(
+        m.SerializeToString() for m in sorted(entry.match, key=lambda m: m.field_id))
+
+
+class Control:
+    """A P4 control's controller-side twin. Subclasses name their tables and counters."""
+    tables: tuple[str, ...] = ()
+    counters: tuple[str, ...] = ()
+
+    def __init__(self, conn: Connection):
+        self.conn = conn
+
+    @property
+    def index(self):
+        return self.conn.index
+
+    def entries(self, state: DesiredState, sw: Switch) -> list:
+        """The TableEntries this control's tables should hold (not default actions)."""
+        return []
+
+    def default_entries(self, state: DesiredState, sw: Switch) -> list:
+        """Default-action entries (MODIFY) this control sets."""
+        return []
+
+    def installed(self) -> list:
+        """The entries this control's tables hold on the switch now."""
+        return [e for t in self.tables for e in self.conn.read_table(t)]
+
+    def diff(self, state: DesiredState, sw: Switch) -> tuple[list, list]:
+        """(deletes, inserts and modifies) as [(Update.Type, Entity)] to reach `state`."""
+        want = {match_key(e): e for e in self.entries(state, sw)}
+        have = {match_key(e): e for e in self.installed()}
+        deletes = [(pb.Update.DELETE, pb.Entity(table_entry=e))
+                   for k, e in have.items() if k not in want]
+        writes = []
+        for k, e in want.items():
+            if k not in have:
+                writes.append((pb.Update.INSERT, pb.Entity(table_entry=e)))
+            elif have[k].action.SerializeToString(deterministic=True) != \
+                    e.action.SerializeToString(deterministic=True):
+                writes.append((pb.Update.MODIFY, pb.Entity(table_entry=e)))
+        for d in self.default_entries(state, sw):
+            q = pb.Entity(table_entry=pb.TableEntry(table_id=d.table_id, is_default_action=True))
+            cur = [x.table_entry for x in self.conn.read([q])]
+            if not cur or cur[0].action.SerializeToString(deterministic=True) != \
+                    d.action.SerializeToString(deterministic=True):
+                writes.append((pb.Update.MODIFY, pb.Entity(table_entry=d)))
+        return deletes, writes
+
+    def clear(self) -> list:
+        """Deletes of every entry this control's tables hold."""
+        return [(pb.Update.DELETE, pb.Entity(table_entry=e)) for e in self.installed()]
+
+    def read_counters(self, indices) -> dict[str, dict[int, int]]:
+        return {c: self.conn.read_counters(c, indices) for c in self.counters
+                if self.index.has("counters", c)}
+
+
+class InaEndpoint(Control):
+    """INA packets addressed to the switch's own address are aggregated here."""
+    tables = ("ina_endpoint",)
+
+    def entries(self, state, sw):
+        return [self.index.table_entry("ina_endpoint", {"dst_addr": sw.address}, "accept_ina")]
+
+
+class InaCheck(Control):
+    """Malformed INA packets, counted per ingress port."""
+    counters = ("port_malformed",)
+
+
+class Admission(Control):
+    """(ingress port, source address, UDP port, job, rank) -> the job's slot range and sizes."""
+    tables = ("admission",)
+    counters = ("port_unadmitted",)
+
+    def entries(self, state, sw):
+        out = []
+        for job in state.jobs_on(sw):
+            for rank, m in enumerate(job.members):
+                w = state.workers[m]
+                out.append(self.index.table_entry(
+                    "admission", {"ingress_port": w.switch_port, "src_addr": w.ip,
+                                  "src_port": w.udp_port, "job": job.id, "rank": rank},
+                    "admit", {"epoch": job.epoch, "slot_base": job.slot_base,
+                              "nslots": job.nslots, "nworkers": len(job.members),
+                              "block_size": job.block_size, "nlanes": job.nlanes,
+                              "mcast_grp": job.mcast_grp}))
+        return out
+
+    def installed_jobs(self) -> dict[int, tuple[int, int, int]]:
+        """{job: (slot_base, nslots, epoch)} as the switch's admission entries say."""
+        out = {}
+        t = self.index.get("tables", "admission")
+        job_field = next(m.id for m in t.match_fields if m.name == "job")
+        admit = self.index.get("actions", "admit")
+        pname = {p.id: p.name for p in admit.params}
+        for e in self.conn.read_table("admission"):
+            if e.action.action.action_id != admit.preamble.id:
+                continue
+            job = next(decode(m.exact.value) for m in e.match if m.field_id == job_field)
+            p = {pname[x.param_id]: decode(x.value) for x in e.action.action.params}
+            out[job] = (p["slot_base"], p["nslots"], p["epoch"])
+        return out
+
+
+class Aggregator(Control):
+    """Slot registers (cleared per job on removal and reset) and the per-job counters."""
+    counters = ("job_received", "job_aggregated", "job_duplicates", "job_stale")
+
+    def __init__(self, conn: Connection, registers: RegisterAdapter):
+        super().__init__(conn)
+        self.registers = registers
+
+    def register_names(self) -> list[str]:
+        """Every slot register the P4Info declares (slot_values_l<L>_e<E> ... as P4 names)."""
+        names = [r.preamble.name.rsplit(".", 1)[-1] for r in self.index.p4info.registers]
+        return [n for n in names if spec.split_p4_register(n)[0] in spec.REGISTER_NAMES]
+
+    def clear_slots(self, slot_base: int, nslots: int) -> None:
+        """Zero both shadow copies of slots slot_base.. in every slot register."""
+        self.registers.clear(self.register_names(), 2 * slot_base, 2 * nslots)
+
+
+class Forwarding(Control):
+    """Ordinary forwarding: each worker's MAC to its port, plus the switch's extra entries."""
+    tables = ("l2", "ipv4_routes")
+
+    def entries(self, state, sw):
+        l2 = {w.mac: w.switch_port for w in state.workers_on(sw) if w.mac != NO_MAC}
+        l2.update(dict(sw.l2))
+        out = [self.index.table_entry("l2", {"dst_mac": mac}, "bridge", {"port": port})
+               for mac, port in sorted(l2.items())]
+        out += [self.index.table_entry("ipv4_routes", {"dst_addr": prefix}, "route",
+                                       {"port": port, "src_mac": smac, "dst_mac": dmac})
+                for prefix, port, smac, dmac in sw.routes]
+        return out
+
+
+class CongestionDrop(Control):
+    """One queue-depth threshold per switch (a keyless table): the smallest any job asks for."""
+    tables = ("congestion",)
+    counters = ("job_congestion_drops",)
+
+    def threshold(self, state, sw) -> int:
+        asked = [j.drop_qdepth for j in state.jobs_on(sw) if j.drop_qdepth is not None]
+        return min(asked, default=spec.QDEPTH_NEVER)
+
+    def entries(self, state, sw):
+        return []
+
+    def installed(self):
+        return []  # keyless: only its default action
+
+    def default_entries(self, state, sw):
+        return [self.index.table_entry("congestion", {}, "set_qdepth_threshold",
+                                       {"qdepth": self.threshold(state, sw)}, default=True)]
+
+
+class WorkerRewrite(Control):
+    """Egress: a result copy's replication id -> that worker's MAC, IPv4 and UDP port."""
+    tables = ("worker_rewrite",)
+    counters = ("job_results",)
+
+    def entries(self, state, sw):
+        out = []
+        for job in state.jobs_on(sw):
+            for rank, m in enumerate(job.members):
+                w = state.workers[m]
+                out.append(self.index.table_entry(
+                    "worker_rewrite", {"rid": job.rid(rank)}, "rewrite_for_worker",
+                    {"dst_mac": w.mac, "dst_addr": w.ip, "dst_port": w.udp_port}))
+        return out
+
+
+class Replication(Control):
+    """The packet replication engine: one multicast group per job, a replica per worker."""
+
+    @staticmethod
+    def group(state: DesiredState, job: Job):
+        g = pb.MulticastGroupEntry(multicast_group_id=job.mcast_grp)
+        for rank, m in enumerate(job.members):
+            g.replicas.add(egress_port=state.workers[m].switch_port, instance=job.rid(rank))
+        return g
+
+    def _entity(self, g):
+        return pb.Entity(packet_replication_engine_entry=pb.PacketReplicationEngineEntry(
+            multicast_group_entry=g))
+
+    def diff(self, state, sw):
+        want = {j.mcast_grp: self.group(state, j) for j in state.jobs_on(sw)}
+        have = {g.multicast_group_id: g for g in self.conn.read_groups()}
+        deletes = [(pb.Update.DELETE, self._entity(pb.MulticastGroupEntry(multicast_group_id=i)))
+                   for i in have if i not in want]
+        writes = []
+        for i, g in want.items():
+            if i not in have:
+                writes.append((pb.Update.INSERT, self._entity(g)))
+            elif sorted((r.egress_port, r.instance) for r in have[i].replicas) != \
+                    sorted((r.egress_port, r.instance) for r in g.replicas):
+                writes.append((pb.Update.MODIFY, self._entity(g)))
+        return deletes, writes
+
+    def clear(self):
+        return [(pb.Update.DELETE, self._entity(pb.MulticastGroupEntry(
+            multicast_group_id=g.multicast_group_id))) for g in self.conn.read_groups()]

@@ -1,0 +1,369 @@
+"""The desired state: one YAML file of switches, workers and jobs, loaded and validated here.
+Every error names the offending field (`jobs[1].nslots: ...`).
+
+    switches:
+      - name: s1
+        target: softswitch          # softswitch | bmv2 (tofino: documented, not driven)
+        grpc: 127.0.0.1:9559        # P4Runtime server
+        device_id: 0
+        thrift_port: 9090           # bmv2 only: its register runtime
+        address: 127.0.0.1          # the switch's INA endpoint IPv4 (agents send here)
+        udp_port: 47000             # ... to this UDP port
+        pool_slots: 256             # slots shared by the jobs on this switch
+        ports: [0]                  # switch ports workers may sit on (UDP mode: port 0)
+        p4info: p4src/build/spina_v1model.p4info.txtpb   # optional: default spec.p4info()
+        device_config: p4src/build/spina_v1model.json    # optional (bmv2: required)
+        l2: [{mac: "02:..", port: 1}]                     # optional extra forwarding
+        routes: [{prefix: 10.1.0.0/16, port: 3, src_mac: "..", dst_mac: ".."}]
+    workers:
+      - {name: w0, ip: 127.0.0.1, udp_port: 50000, switch_port: 0, mac: "02:00:00:00:01:00"}
+    jobs:
+      - id: 7
+        members: [w0, w1]           # rank = position in this list
+        nslots: 16                  # the job's share of the slot pool ...
+        slot_base: 0                # ... from here (allocated first-fit when absent)
+        block_size: 256
+        nlanes: 56
+        epoch: 1
+        priority: 0                 # egress queue 0..7
+        drop_qdepth: 64             # optional: drop loss-tolerant packets above this depth
+    agents_dir: agents              # where the controller writes one JSON per worker
+
+Relative paths are relative to the YAML file. A worker may give `rank`; it must then equal its
+position in the members of every job it belongs to.
+"""
+from __future__ import annotations
+
+import ipaddress
+import pathlib
+from dataclasses import dataclass, field
+
+import yaml
+
+from softswitch import spec
+from spina import wire
+from spina.config import ConfigError, JobConfig, WorkerAddr
+
+TARGETS = ("softswitch", "bmv2", "tofino")
+MAX_JOB_ID = (1 << 16) // wire.MAX_WORKERS - 2  # replication ids job*32+rank+1 fit 16 bits
+NO_MAC = "00:00:00:00:00:00"
+
+
+def _need(cond, where: str, msg: str):
+    if not cond:
+        raise ConfigError(f"{where}: {msg}")
+
+
+def _fields(d, where: str, required: set, optional: set) -> dict:
+    _need(isinstance(d, dict), where, "must be a mapping")
+    unknown = set(d) - required - optional
+    _need(not unknown, f"{where}.{sorted(unknown)[0] if unknown else ''}",
+          f"unknown field (known: {', '.join(sorted(required | optional))})")
+    for k in sorted(required):
+        _need(k in d, f"{where}.{k}", "required field is missing")
+    return d
+
+
+def _int(d: dict, key: str, where: str, lo: int, hi: int, default=None) -> int:
+    v = d.get(key, default)
+    _need(isinstance(v, int) and not isinstance(v, bool), f"{where}.{key}",
+          f"must be an integer, got {v!r}")
+    _need(lo <= v <= hi, f"{where}.{key}", f"must be in {lo}..{hi}, got {v}")
+    return v
+
+
+def _ipv4(d: dict, key: str, where: str) -> str:
+    try:
+        return str(ipaddress.IPv4Address(d[key]))
+    except (ValueError, TypeError):
+        raise ConfigError(f"{where}.{key}: not an IPv4 address: {d[key]!r}") from None
+
+
+def _mac(d: dict, key: str, where: str, default=None) -> str:
+    v = d.get(key, default)
+    parts = str(v).split(":")
+    _need(len(parts) == 6 and all(len(p) == 2 for p in parts), f"{where}.{key}",
+          f"not a MAC address aa:bb:cc:dd:ee:ff: {v!r}")
+    try:
+        [int(p, 16) for p in parts]
+    except ValueError:
+        raise ConfigError(f"{where}.{key}: not a MAC address: {v!r}") from None
+    return str(v).lower()
+
+
+@dataclass(frozen=True)
+class Switch:
+    name: str
+    target: str
+    grpc: str
+    device_id: int = 0
+    thrift_port: int = 9090
+    address: str = "127.0.0.1"
+    udp_port: int = wire.DEFAULT_UDP_PORT
+    pool_slots: int = spec.P4_SIZES["POOL_SLOTS"]
+    ports: tuple[int, ...] = (0,)
+    p4info: str | None = None
+    device_config: str | None = None
+    l2: tuple[tuple[str, int], ...] = ()
+    routes: tuple[tuple[str, int, str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Worker:
+    name: str
+    ip: str
+    udp_port: int
+    switch_port: int
+    mac: str = NO_MAC
+    switch: str = ""
+    rank: int | None = None
+
+
+@dataclass(frozen=True)
+class Job:
+    id: int
+    members: tuple[str, ...]
+    nslots: int
+    slot_base: int | None = None
+    block_size: int = 256
+    nlanes: int = 56
+    epoch: int = 1
+    priority: int = 0
+    drop_qdepth: int | None = None
+
+    @property
+    def mcast_grp(self) -> int:
+        return self.id + 1  # v1model: group 0 is "no multicast"
+
+    def rid(self, rank: int) -> int:
+        return self.id * wire.MAX_WORKERS + rank + 1  # 0 means "no rewrite"
+
+    @property
+    def slots(self) -> range:
+        return range(self.slot_base, self.slot_base + self.nslots)
+
+
+@dataclass
+class DesiredState:
+    switches: dict[str, Switch]
+    workers: dict[str, Worker]
+    jobs: dict[int, Job]
+    agents_dir: str = "agents"
+    path: pathlib.Path | None = None
+    raw: dict = field(default_factory=dict, repr=False)
+
+    # ------------------------------------------------------------ views
+    def switch_of(self, job: Job) -> Switch:
+        return self.switches[self.workers[job.members[0]].switch]
+
+    def jobs_on(self, sw: Switch) -> list[Job]:
+        return sorted((j for j in self.jobs.values() if self.switch_of(j).name == sw.name),
+                      key=lambda j: j.id)
+
+    def workers_on(self, sw: Switch) -> list[Worker]:
+        return [w for w in self.workers.values() if w.switch == sw.name]
+
+    def job_config(self, job: Job) -> JobConfig:
+        """The job as the switch pipeline and the host agents see it."""
+        return JobConfig(job=job.id, epoch=job.epoch, slot_base=job.slot_base, nslots=job.nslots,
+                         block_size=job.block_size, nlanes=job.nlanes, priority=job.priority,
+                         workers=tuple(WorkerAddr(r, self.workers[m].ip, self.workers[m].udp_port)
+                                       for r, m in enumerate(job.members)))
+
+    def resolve(self, p: str | None) -> pathlib.Path | None:
+        if p is None:
+            return None
+        q = pathlib.Path(p)
+        return q if q.is_absolute() or self.path is None else self.path.parent / q
+
+    # ------------------------------------------------------------ edits (job add / remove)
+    def with_job(self, job: Job) -> "DesiredState":
+        """A copy with `job` added (slot_base allocated first-fit if None); validated."""
+        _need(job.id not in self.jobs, f"jobs[id={job.id}].id", "a job with this id exists")
+        raw = dict(self.raw)
+        jd = {"id": job.id, "members": list(job.members), "nslots": job.nslots,
+              "block_size": job.block_size, "nlanes": job.nlanes, "epoch": job.epoch,
+              "priority": job.priority}
+        if job.drop_qdepth is not None:
+            jd["drop_qdepth"] = job.drop_qdepth
+        if job.slot_base is not None:
+            jd["slot_base"] = job.slot_base
+        else:
+            jd["slot_base"] = self.allocate(job)
+        raw["jobs"] = list(raw.get("jobs") or []) + [jd]
+        return parse(raw, self.path)
+
+    def without_job(self, job_id: int) -> "DesiredState":
+        _need(job_id in self.jobs, "id", f"no job {job_id} in the desired state")
+        raw = dict(self.raw)
+        raw["jobs"] = [j for j in raw.get("jobs") or [] if j.get("id") != job_id]
+        return parse(raw, self.path)
+
+    def allocate(self, job: Job) -> int:
+        """The lowest slot_base where `job.nslots` slots are free on its switch."""
+        _need(job.members and job.members[0] in self.workers, "members",
+              f"unknown worker {job.members[0] if job.members else None!r}")
+        sw = self.switches[self.workers[job.members[0]].switch]
+        used = sorted((j.slot_base, j.slot_base + j.nslots) for j in self.jobs_on(sw))
+        base = 0
+        for lo, hi in used:
+            if base + job.nslots <= lo:
+                break
+            base = max(base, hi)
+        _need(base + job.nslots <= sw.pool_slots, "nslots",
+              f"{job.nslots} free slots not found on switch {sw.name} "
+              f"(pool of {sw.pool_slots}, in use: {used})")
+        return base
+
+    def save(self, path: pathlib.Path | None = None) -> None:
+        path = path or self.path
+        text = yaml.safe_dump(self.raw, sort_keys=False, default_flow_style=None)
+        tmp = pathlib.Path(str(path) + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+
+
+def load(path) -> DesiredState:
+    path = pathlib.Path(path)
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise ConfigError(f"{path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not YAML: {e}") from None
+    try:
+        return parse(doc, path)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
+def parse(doc, path: pathlib.Path | None = None) -> DesiredState:
+    _fields(doc, "(top)", {"switches", "workers"}, {"jobs", "agents_dir"})
+    _need(isinstance(doc["switches"], list) and doc["switches"], "switches",
+          "must be a non-empty list")
+    switches: dict[str, Switch] = {}
+    for i, d in enumerate(doc["switches"]):
+        w = f"switches[{i}]"
+        _fields(d, w, {"name", "target", "grpc"},
+                {"device_id", "thrift_port", "address", "udp_port", "pool_slots", "ports",
+                 "p4info", "device_config", "l2", "routes"})
+        _need(d["name"] not in switches, f"{w}.name", f"duplicate switch {d['name']!r}")
+        _need(d["target"] in TARGETS, f"{w}.target", f"must be one of {', '.join(TARGETS)}")
+        host, sep, port = str(d["grpc"]).rpartition(":")
+        _need(sep and port.isdigit() and host, f"{w}.grpc", "expected HOST:PORT")
+        ports = d.get("ports", [0])
+        _need(isinstance(ports, list) and ports and all(isinstance(p, int) and 0 <= p < 512
+                                                        for p in ports),
+              f"{w}.ports", "must be a non-empty list of port numbers 0..511")
+        l2 = []
+        for k, e in enumerate(d.get("l2") or []):
+            _fields(e, f"{w}.l2[{k}]", {"mac", "port"}, set())
+            l2.append((_mac(e, "mac", f"{w}.l2[{k}]"),
+                       _int(e, "port", f"{w}.l2[{k}]", 0, 511)))
+        routes = []
+        for k, e in enumerate(d.get("routes") or []):
+            wk = f"{w}.routes[{k}]"
+            _fields(e, wk, {"prefix", "port", "src_mac", "dst_mac"}, set())
+            try:
+                net = str(ipaddress.IPv4Network(e["prefix"], strict=False))
+            except ValueError:
+                raise ConfigError(f"{wk}.prefix: not an IPv4 prefix: {e['prefix']!r}") from None
+            routes.append((net, _int(e, "port", wk, 0, 511), _mac(e, "src_mac", wk),
+                           _mac(e, "dst_mac", wk)))
+        if d["target"] == "bmv2":
+            _need("p4info" in d and "device_config" in d, f"{w}.device_config",
+                  "bmv2 needs p4info and device_config (make p4 writes them to p4src/build/)")
+        switches[d["name"]] = Switch(
+            name=str(d["name"]), target=d["target"], grpc=str(d["grpc"]),
+            device_id=_int(d, "device_id", w, 0, (1 << 64) - 1, 0),
+            thrift_port=_int(d, "thrift_port", w, 1, 65535, 9090),
+            address=_ipv4({"address": d.get("address", "127.0.0.1")}, "address", w),
+            udp_port=_int(d, "udp_port", w, 1, 65535, wire.DEFAULT_UDP_PORT),
+            pool_slots=_int(d, "pool_slots", w, 1, 1 << 15, spec.P4_SIZES["POOL_SLOTS"]),
+            ports=tuple(ports), p4info=d.get("p4info"), device_config=d.get("device_config"),
+            l2=tuple(l2), routes=tuple(routes))
+
+    _need(isinstance(doc["workers"], list), "workers", "must be a list")
+    workers: dict[str, Worker] = {}
+    addrs: dict[tuple, str] = {}
+    for i, d in enumerate(doc["workers"]):
+        w = f"workers[{i}]"
+        _fields(d, w, {"name", "ip", "udp_port", "switch_port"}, {"mac", "switch", "rank"})
+        name = str(d["name"])
+        _need(name not in workers, f"{w}.name", f"duplicate worker {name!r}")
+        sw = d.get("switch", next(iter(switches)) if len(switches) == 1 else None)
+        _need(sw in switches, f"{w}.switch",
+              f"must name one of the switches ({', '.join(switches)})")
+        port = _int(d, "switch_port", w, 0, 511)
+        _need(port in switches[sw].ports, f"{w}.switch_port",
+              f"port {port} is not in switch {sw}'s ports {list(switches[sw].ports)}")
+        ip = _ipv4(d, "ip", w)
+        udp = _int(d, "udp_port", w, 1, 65535)
+        _need((ip, udp) not in addrs, f"{w}.udp_port",
+              f"{ip}:{udp} is also worker {addrs.get((ip, udp))!r}'s address")
+        addrs[(ip, udp)] = name
+        if switches[sw].target != "softswitch":
+            _need("mac" in d, f"{w}.mac", f"required on a {switches[sw].target} switch")
+        workers[name] = Worker(name, ip, udp, port, _mac(d, "mac", w, NO_MAC), sw,
+                               _int(d, "rank", w, 0, wire.MAX_WORKERS - 1)
+                               if "rank" in d else None)
+
+    jobs: dict[int, Job] = {}
+    jobs_doc = doc.get("jobs") or []
+    _need(isinstance(jobs_doc, list), "jobs", "must be a list")
+    for i, d in enumerate(jobs_doc):
+        w = f"jobs[{i}]"
+        _fields(d, w, {"id", "members", "nslots"},
+                {"slot_base", "block_size", "nlanes", "epoch", "priority", "drop_qdepth"})
+        jid = _int(d, "id", w, 0, MAX_JOB_ID)
+        _need(jid not in jobs, f"{w}.id", f"duplicate job id {jid}")
+        members = d["members"]
+        _need(isinstance(members, list) and 1 <= len(members) <= wire.MAX_WORKERS,
+              f"{w}.members", f"must list 1..{wire.MAX_WORKERS} worker names")
+        for r, m in enumerate(members):
+            _need(m in workers, f"{w}.members[{r}]", f"unknown worker {m!r}")
+            wk = workers[m]
+            _need(wk.rank is None or wk.rank == r, f"{w}.members[{r}]",
+                  f"worker {m!r} declares rank {wk.rank} but is member {r} (rank = position)")
+        _need(len(set(members)) == len(members), f"{w}.members", "a worker is listed twice")
+        sws = {workers[m].switch for m in members}
+        _need(len(sws) == 1, f"{w}.members", f"members sit on several switches {sorted(sws)}: "
+              "a job aggregates on one switch")
+        job = Job(id=jid, members=tuple(members), nslots=_int(d, "nslots", w, 1, 1 << 15),
+                  slot_base=_int(d, "slot_base", w, 0, 1 << 15) if "slot_base" in d else None,
+                  block_size=_int(d, "block_size", w, 1, 65535, 256),
+                  nlanes=_int(d, "nlanes", w, 1, wire.MAX_LANES, 56),
+                  epoch=_int(d, "epoch", w, 0, 65535, 1),
+                  priority=_int(d, "priority", w, 0, 7, 0),
+                  drop_qdepth=_int(d, "drop_qdepth", w, 0, spec.QDEPTH_NEVER)
+                  if "drop_qdepth" in d else None)
+        _need(job.slot_base is not None, f"{w}.slot_base",
+              "required in the file (`job add` allocates it for you)")
+        sw = switches[next(iter(sws))]
+        _need(job.slot_base + job.nslots <= sw.pool_slots, f"{w}.nslots",
+              f"slots {job.slot_base}..{job.slot_base + job.nslots - 1} exceed switch "
+              f"{sw.name}'s pool of {sw.pool_slots}")
+        if sw.target != "softswitch":
+            _need(job.block_size == spec.P4_SIZES["BLOCK_SIZE"], f"{w}.block_size",
+                  f"the P4 program aggregates blocks of {spec.P4_SIZES['BLOCK_SIZE']}")
+            _need(job.nlanes <= spec.P4_SIZES["NLANES"], f"{w}.nlanes",
+                  f"the P4 program has {spec.P4_SIZES['NLANES']} lanes")
+        try:
+            JobConfig(job=jid, workers=tuple(WorkerAddr(r, workers[m].ip, workers[m].udp_port)
+                                             for r, m in enumerate(members)),
+                      slot_base=job.slot_base, nslots=job.nslots, block_size=job.block_size,
+                      nlanes=job.nlanes, epoch=job.epoch,
+                      priority=job.priority).validate(sw.pool_slots)
+        except ConfigError as e:
+            raise ConfigError(f"{w}: {e}") from None
+        for other in jobs.values():
+            if workers[other.members[0]].switch == sw.name and \
+                    job.slot_base < other.slot_base + other.nslots and \
+                    other.slot_base < job.slot_base + job.nslots:
+                raise ConfigError(f"{w}.slot_base: slots {job.slot_base}.."
+                                  f"{job.slot_base + job.nslots - 1} overlap job {other.id}'s "
+                                  f"{other.slot_base}..{other.slot_base + other.nslots - 1}")
+        jobs[jid] = job
+    agents_dir = doc.get("agents_dir", "agents")
+    _need(isinstance(agents_dir, str), "agents_dir", "must be a path")
+    return DesiredState(switches, workers, jobs, agents_dir, path, raw=doc)
