@@ -1,0 +1,411 @@
+"""Controller unit tests: an in-process fake P4RuntimeServicer on port 0 records every request,
+and each test asserts the exact protobuf requests the controller sent. No switch needed.
+
+Run just this file: python -m pytest tests/test_controller.py
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from concurrent import futures
+
+import grpc
+import pytest
+import yaml
+from google.rpc import code_pb2
+from p4.v1 import p4runtime_pb2 as pb, p4runtime_pb2_grpc
+
+from controller import state as state_mod
+from controller.controller import Controller, cookie_of, format_table
+from controller.controls import match_key
+from controller.p4rt import NotPrimaryError, encode
+from controller.registers import ThriftRegisters
+from host_agent import assignment
+from softswitch import spec
+from spina.config import ConfigError
+
+
+# ---------------------------------------------------------------- the fake switch
+class FakeSwitch(p4runtime_pb2_grpc.P4RuntimeServicer):
+    """Records requests; keeps written table entries and groups so reads see them.
+
+    primary: whether arbitration makes the client primary (else another controller is).
+    """
+
+    def __init__(self, primary: bool = True):
+        self.primary = primary
+        self.requests: list[tuple[str, object]] = []
+        self.config = None
+        self.tables: dict[bytes, object] = {}
+        self.defaults: dict[int, object] = {}
+        self.groups: dict[int, object] = {}
+        self.lock = threading.Lock()
+
+    def calls(self, method: str) -> list:
+        return [r for m, r in self.requests if m == method]
+
+    def StreamChannel(self, request_iterator, context):
+        for req in request_iterator:
+            a = req.arbitration
+            resp = pb.StreamMessageResponse()
+            resp.arbitration.device_id = a.device_id
+            if self.primary:
+                resp.arbitration.election_id.CopyFrom(a.election_id)
+                resp.arbitration.status.code = code_pb2.OK
+            else:
+                resp.arbitration.election_id.low = a.election_id.low + 10
+                resp.arbitration.status.code = code_pb2.ALREADY_EXISTS
+            yield resp
+
+    def Capabilities(self, request, context):
+        return pb.CapabilitiesResponse(p4runtime_api_version="1.4.1")
+
+    def SetForwardingPipelineConfig(self, request, context):
+        with self.lock:
+            self.requests.append(("SetForwardingPipelineConfig", request))
+            self.config = request.config
+        return pb.SetForwardingPipelineConfigResponse()
+
+    def GetForwardingPipelineConfig(self, request, context):
+        if self.config is None:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "no pipeline")
+        return pb.GetForwardingPipelineConfigResponse(config=self.config)
+
+    def Write(self, request, context):
+        with self.lock:
+            self.requests.append(("Write", request))
+            for u in request.updates:
+                e = u.entity
+                if e.HasField("table_entry"):
+                    t = e.table_entry
+                    if t.is_default_action:
+                        self.defaults[t.table_id] = t
+                    elif u.type == pb.Update.DELETE:
+                        self.tables.pop(match_key(t), None)
+                    else:
+                        self.tables[match_key(t)] = t
+                elif e.HasField("packet_replication_engine_entry"):
+                    g = e.packet_replication_engine_entry.multicast_group_entry
+                    if u.type == pb.Update.DELETE:
+                        self.groups.pop(g.multicast_group_id, None)
+                    else:
+                        self.groups[g.multicast_group_id] = g
+        return pb.WriteResponse()
+
+    def Read(self, request, context):
+        with self.lock:
+            self.requests.append(("Read", request))
+            out = pb.ReadResponse()
+            for q in request.entities:
+                if q.HasField("table_entry"):
+                    tid = q.table_entry.table_id
+                    if q.table_entry.is_default_action:
+                        if tid in self.defaults:
+                            out.entities.add(table_entry=self.defaults[tid])
+                        continue
+                    out.entities.extend(pb.Entity(table_entry=t) for t in self.tables.values()
+                                        if t.table_id == tid)
+                elif q.HasField("packet_replication_engine_entry"):
+                    out.entities.extend(pb.Entity(
+                        packet_replication_engine_entry=pb.PacketReplicationEngineEntry(
+                            multicast_group_entry=g)) for g in self.groups.values())
+                elif q.HasField("counter_entry"):
+                    e = out.entities.add()
+                    e.counter_entry.CopyFrom(q.counter_entry)
+                    e.counter_entry.data.packet_count = 5
+        yield out
+
+
+@pytest.fixture
+def fake():
+    """A fake P4Runtime switch on a free loopback port, stopped afterwards."""
+    servers = []
+
+    def start(primary=True):
+        sw = FakeSwitch(primary)
+        server = grpc.server(futures.ThreadPoolExecutor(4))
+        p4runtime_pb2_grpc.add_P4RuntimeServicer_to_server(sw, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        servers.append(server)
+        sw.address = f"127.0.0.1:{port}"
+        return sw
+    yield start
+    for s in servers:
+        s.stop(0).wait()
+
+
+class RecordingRegisters:
+    """A register adapter that records clears (the P4Runtime one is tested separately)."""
+
+    def __init__(self):
+        self.cleared = []
+
+    def clear(self, names, start, count):
+        self.cleared.append((tuple(names), start, count))
+
+
+def doc(address: str, jobs=()) -> dict:
+    return {"switches": [{"name": "s1", "target": "softswitch", "grpc": address,
+                          "address": "10.0.0.100", "udp_port": 47000}],
+            "workers": [{"name": f"w{i}", "ip": f"10.0.0.{i + 1}", "udp_port": 50000 + i,
+                         "switch_port": 0} for i in range(4)],
+            "jobs": list(jobs), "agents_dir": "agents"}
+
+
+JOB7 = {"id": 7, "members": ["w0", "w1"], "nslots": 2, "slot_base": 4, "block_size": 32,
+        "nlanes": 4}
+
+
+def renamed_p4info():
+    """spec's P4Info with control-prefixed names and other IDs: nothing may be hard-coded."""
+    info = spec.p4info()
+    remap = {}
+    for kind in ("tables", "actions", "counters", "registers"):
+        for obj in getattr(info, kind):
+            new = obj.preamble.id ^ 0x5A5A
+            remap[obj.preamble.id] = new
+            obj.preamble.id = new
+            obj.preamble.name = "SpinaIngress.ctl." + obj.preamble.name
+    for t in info.tables:
+        for ref in t.action_refs:
+            ref.id = remap[ref.id]
+    return info
+
+
+def ids(info, kind):
+    return {o.preamble.name.rsplit(".", 1)[-1]: o.preamble.id for o in getattr(info, kind)}
+
+
+def new_state(tmp_path, address, jobs=()):
+    p = tmp_path / "spina.yaml"
+    p.write_text(yaml.safe_dump(doc(address, jobs)))
+    return state_mod.load(p)
+
+
+# ---------------------------------------------------------------- tests
+def test_deploy_pushes_pipeline_then_endpoint(fake, tmp_path):
+    """An empty switch gets the P4Info with its cookie, then the congestion default (the fake
+    reports none) and one ina_endpoint INSERT."""
+    sw = fake()
+    st = new_state(tmp_path, sw.address)
+    with Controller(st, election=3, registers={"s1": RecordingRegisters()}) as c:
+        c.deploy()
+    (push,) = sw.calls("SetForwardingPipelineConfig")
+    info = spec.p4info()
+    want = pb.SetForwardingPipelineConfigRequest(
+        device_id=0, election_id=pb.Uint128(high=0, low=3),
+        action=pb.SetForwardingPipelineConfigRequest.VERIFY_AND_COMMIT)
+    want.config.p4info.CopyFrom(info)
+    want.config.cookie.cookie = cookie_of(info, b"")
+    assert push == want
+    (write,) = sw.calls("Write")
+    t, a = ids(info, "tables"), ids(info, "actions")
+    want_w = pb.WriteRequest(device_id=0, election_id=pb.Uint128(low=3))
+    d = want_w.updates.add(type=pb.Update.MODIFY).entity.table_entry
+    d.table_id, d.is_default_action = t["congestion"], True
+    d.action.action.action_id = a["set_qdepth_threshold"]
+    d.action.action.params.add(param_id=1, value=encode(spec.QDEPTH_NEVER, 19))
+    u = want_w.updates.add(type=pb.Update.INSERT)
+    u.entity.table_entry.table_id = t["ina_endpoint"]
+    u.entity.table_entry.match.add(field_id=1).exact.value = bytes([10, 0, 0, 100])
+    u.entity.table_entry.action.action.action_id = a["accept_ina"]
+    assert write == want_w
+
+
+def test_job_entries_use_the_p4info_ids(fake, tmp_path):
+    """With renamed, renumbered P4Info the job's writes carry that P4Info's IDs, in order."""
+    sw = fake()
+    info = renamed_p4info()
+    (tmp_path / "p4info.txt").write_text(str(info))
+    d = doc(sw.address, [JOB7])
+    d["switches"][0]["p4info"] = "p4info.txt"
+    (tmp_path / "spina.yaml").write_text(yaml.safe_dump(d))
+    st = state_mod.load(tmp_path / "spina.yaml")
+    regs = RecordingRegisters()
+    with Controller(st, registers={"s1": regs}) as c:
+        c.deploy()
+    t, a = ids(info, "tables"), ids(info, "actions")
+    (write,) = sw.calls("Write")
+    want = pb.WriteRequest(device_id=0, election_id=pb.Uint128(low=1))
+    d = want.updates.add(type=pb.Update.MODIFY).entity.table_entry
+    d.table_id, d.is_default_action = t["congestion"], True
+    d.action.action.action_id = a["set_qdepth_threshold"]
+    d.action.action.params.add(param_id=1, value=encode(spec.QDEPTH_NEVER, 19))
+    g = want.updates.add(type=pb.Update.INSERT).entity.packet_replication_engine_entry
+    g.multicast_group_entry.multicast_group_id = 8
+    g.multicast_group_entry.replicas.add(egress_port=0, instance=7 * 32 + 1)
+    g.multicast_group_entry.replicas.add(egress_port=0, instance=7 * 32 + 2)
+    for rank in (0, 1):
+        e = want.updates.add(type=pb.Update.INSERT).entity.table_entry
+        e.table_id = t["worker_rewrite"]
+        e.match.add(field_id=1).exact.value = encode(7 * 32 + rank + 1, 16)
+        e.action.action.action_id = a["rewrite_for_worker"]
+        for pid, v in ((1, b"\0"), (2, bytes([10, 0, 0, rank + 1])), (3, encode(50000 + rank, 16))):
+            e.action.action.params.add(param_id=pid, value=v)
+    e = want.updates.add(type=pb.Update.INSERT).entity.table_entry
+    e.table_id = t["ina_endpoint"]
+    e.match.add(field_id=1).exact.value = bytes([10, 0, 0, 100])
+    e.action.action.action_id = a["accept_ina"]
+    for rank in (0, 1):
+        e = want.updates.add(type=pb.Update.INSERT).entity.table_entry
+        e.table_id = t["admission"]
+        for fid, v in ((1, b"\0"), (2, bytes([10, 0, 0, rank + 1])), (3, encode(50000 + rank, 16)),
+                       (4, b"\x07"), (5, bytes([rank]))):
+            e.match.add(field_id=fid).exact.value = v
+        e.action.action.action_id = a["admit"]
+        for pid, v in enumerate((1, 4, 2, 2, 32, 4, 8), start=1):
+            e.action.action.params.add(param_id=pid, value=bytes([v]))
+    assert write == want
+    # The arriving job's slots 4..5 (both shadow copies: cells 8..11) were cleared first.
+    (names, start, count), = regs.cleared
+    assert (start, count) == (8, 4)
+    assert set(names) == set(spec.p4_register_names())
+
+
+def test_deploy_twice_writes_nothing(fake, tmp_path):
+    """The second deploy reads the switch, finds it current and sends no Write."""
+    sw = fake()
+    st = new_state(tmp_path, sw.address, [JOB7])
+    with Controller(st, registers={"s1": RecordingRegisters()}) as c:
+        c.deploy()
+        n = len(sw.calls("Write"))
+        reports = c.deploy()
+    assert len(sw.calls("Write")) == n
+    assert len(sw.calls("SetForwardingPipelineConfig")) == 1
+    assert not reports[0].changed
+
+
+def test_job_removal_deletes_entries_and_clears_slots(fake, tmp_path):
+    """Removing a job deletes its admission, rewrite and group, then clears its slot cells."""
+    sw = fake()
+    st = new_state(tmp_path, sw.address, [JOB7])
+    regs = RecordingRegisters()
+    with Controller(st, registers={"s1": regs}) as c:
+        c.deploy()
+        before = len(sw.calls("Write"))
+        c.set_state(st.without_job(7))
+    (write,) = sw.calls("Write")[before:]
+    kinds = [(u.type, u.entity.WhichOneof("entity")) for u in write.updates]
+    assert kinds == [(pb.Update.DELETE, "table_entry")] * 4 + \
+        [(pb.Update.DELETE, "packet_replication_engine_entry")]
+    assert write.updates[4].entity.packet_replication_engine_entry == \
+        pb.PacketReplicationEngineEntry(
+            multicast_group_entry=pb.MulticastGroupEntry(multicast_group_id=8))
+    assert [(s, n) for _, s, n in regs.cleared] == [(8, 4), (8, 4)]  # on arrival, on removal
+    assert {t.table_id for t in sw.tables.values()} == \
+        {ids(spec.p4info(), "tables")["ina_endpoint"]}
+
+
+def test_not_primary_refuses_to_write(fake, tmp_path):
+    """When another controller is primary, deploy says so and sends no write of any kind."""
+    sw = fake(primary=False)
+    st = new_state(tmp_path, sw.address, [JOB7])
+    with Controller(st, registers={"s1": RecordingRegisters()}) as c:
+        with pytest.raises(NotPrimaryError, match="another controller is primary"):
+            c.deploy()
+    assert not sw.calls("Write") and not sw.calls("SetForwardingPipelineConfig")
+
+
+def test_p4runtime_register_adapter_requests(fake, tmp_path):
+    """`reset` clears a job's cells as register MODIFYs of zero and zeroes its job counters."""
+    from controller.registers import P4RuntimeRegisters
+    sw = fake()
+    st = new_state(tmp_path, sw.address, [JOB7])
+    with Controller(st) as c:
+        c.deploy()
+        assert isinstance(c.session("s1").registers, P4RuntimeRegisters)
+        before = len(sw.calls("Write"))
+        c.reset([7])
+    regs_w, counters_w = sw.calls("Write")[before:]
+    info = spec.p4info()
+    rid = ids(info, "registers")
+    got = {(u.entity.register_entry.register_id, u.entity.register_entry.index.index)
+           for u in regs_w.updates}
+    assert got == {(rid[n], i) for n in spec.p4_register_names() for i in range(8, 12)}
+    assert all(u.type == pb.Update.MODIFY and u.entity.register_entry.data.bitstring == b"\0"
+               for u in regs_w.updates)
+    cid = ids(info, "counters")
+    assert [(u.entity.counter_entry.counter_id, u.entity.counter_entry.index.index,
+             u.entity.counter_entry.data.packet_count) for u in counters_w.updates] == \
+        [(cid[n], 7, 0) for n in spec.JOB_COUNTERS]
+
+
+def test_status_reads_job_counters(fake, tmp_path):
+    """status reads every job counter at the job's index and prints them as a table."""
+    sw = fake()
+    st = new_state(tmp_path, sw.address, [JOB7])
+    with Controller(st, registers={"s1": RecordingRegisters()}) as c:
+        c.deploy()
+        rows = c.status()
+    assert rows[0]["installed"] == "yes" and rows[0]["job_received"] == 5
+    assert set(spec.JOB_COUNTERS) <= set(rows[0])
+    reads = [q.counter_entry for r in sw.calls("Read") for q in r.entities
+             if q.HasField("counter_entry")]
+    assert {(q.counter_id, q.index.index) for q in reads} == \
+        {(ids(spec.p4info(), "counters")[n], 7) for n in spec.JOB_COUNTERS}
+    assert "job_received" in format_table(rows).splitlines()[0]
+
+
+def test_agent_files_name_job_rank_slots_and_switch(fake, tmp_path):
+    """deploy writes one assignment per worker; the agent reads job, rank, slots, switch."""
+    sw = fake()
+    st = new_state(tmp_path, sw.address, [JOB7])
+    with Controller(st, registers={"s1": RecordingRegisters()}) as c:
+        c.deploy()
+    a = assignment.load(tmp_path / "agents" / "job7-rank1.json")
+    assert (a.job.job, a.rank, a.job.slot_base, a.job.nslots, a.job.block_size,
+            a.job.nlanes, a.switch) == (7, 1, 4, 2, 32, 4, ("10.0.0.100", 47000))
+    assert [(w.host, w.port) for w in a.job.workers] == [("10.0.0.1", 50000), ("10.0.0.2", 50001)]
+
+
+def test_thrift_adapter_commands():
+    """The BMv2 adapter clears cells with one register_write per cell in one CLI session."""
+    got = []
+    t = ThriftRegisters(9090)
+    t._run = lambda cmds: got.extend(cmds) or ""
+    t.clear(["slot_round", "slot_next_l0"], 8, 2)
+    assert got == ["register_write slot_round 8 0", "register_write slot_round 9 0",
+                   "register_write slot_next_l0 8 0", "register_write slot_next_l0 9 0"]
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda d: d["switches"][0].update(target="cisco"), "switches[0].target"),
+    (lambda d: d["switches"][0].pop("grpc"), "switches[0].grpc"),
+    (lambda d: d["workers"][1].update(ip="10.0.0.999"), "workers[1].ip"),
+    (lambda d: d["workers"][1].update(udp_port=50000, ip="10.0.0.1"), "workers[1].udp_port"),
+    (lambda d: d["workers"][0].update(switch_port=3), "workers[0].switch_port"),
+    (lambda d: d["workers"][0].update(rank=1), "jobs[0].members[0]"),
+    (lambda d: d["jobs"][0].update(members=["w0", "nobody"]), "jobs[0].members[1]"),
+    (lambda d: d["jobs"][0].update(nslots=300), "jobs[0].nslots"),
+    (lambda d: d["jobs"][0].update(priority=9), "jobs[0].priority"),
+    (lambda d: d["jobs"][0].update(colour="red"), "jobs[0].colour"),
+    (lambda d: d["jobs"].append(dict(JOB7, id=8, members=["w2", "w3"], slot_base=5)),
+     "jobs[1].slot_base"),
+])
+def test_validation_names_the_field(edit, field):
+    """A bad desired-state file fails with an error that names the offending field."""
+    d = doc("127.0.0.1:1", [dict(JOB7)])
+    edit(d)
+    with pytest.raises(ConfigError, match=__import__("re").escape(field)):
+        state_mod.parse(d)
+
+
+def test_job_add_allocates_non_overlapping_ranges():
+    """with_job allocates the first free slot range; ranges of jobs never overlap."""
+    st = state_mod.parse(doc("127.0.0.1:1", [dict(JOB7)]))  # JOB7: slots 4..5
+    st = st.with_job(state_mod.Job(id=8, members=("w2",), nslots=4))
+    st = st.with_job(state_mod.Job(id=9, members=("w3",), nslots=3))
+    assert [(j.slot_base, j.nslots) for j in st.jobs.values()] == [(4, 2), (0, 4), (6, 3)]
+    with pytest.raises(ConfigError, match="nslots"):
+        st.with_job(state_mod.Job(id=10, members=("w0",), nslots=250))
+    assert 8 not in st.without_job(8).jobs
+
+
+def test_cli_help():
+    """`python -m controller --help` lists every command."""
+    out = subprocess.run([sys.executable, "-m", "controller", "--help"], capture_output=True,
+                         text=True, check=True).stdout
+    for cmd in ("deploy", "status", "job", "reset"):
+        assert cmd in out
