@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test clean help p4 p4-check testbed
+.PHONY: setup demo test clean help p4 p4-check testbed deploy
 
 help:  ## list targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -44,6 +44,12 @@ p4-check:  ## preprocess the P4 with cpp and run the P4/Python agreement tests (
 TOPO ?= single
 testbed: $(STAMP)  ## mininet testbed (root): TOPO=single|leafspine ARGS="--hosts 4 --cli"
 	$(PY) -m testbed $(TOPO) $(ARGS)
+
+# The controller makes a running switch hold controller/examples/$(TARGET).yaml (or DEPLOY=FILE).
+TARGET ?= softswitch
+DEPLOY ?= controller/examples/$(TARGET).yaml
+deploy: $(STAMP)  ## push pipeline and jobs: TARGET=softswitch|bmv2 (switch running; controller/README.md)
+	$(PY) -m controller -c $(DEPLOY) deploy
 
 clean:  ## remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache build *.egg-info

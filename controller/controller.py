@@ -19,6 +19,7 @@ from controller import controls
 from controller.p4rt import Connection
 from controller.registers import RegisterAdapter, adapter_for
 from controller.state import DesiredState, Switch
+from spina.config import ConfigError
 from host_agent import assignment
 from softswitch import spec
 
@@ -34,6 +35,10 @@ def load_pipeline(state: DesiredState, sw: Switch):
     if sw.p4info is None:
         return spec.p4info(), b""
     path = state.resolve(sw.p4info)
+    for what, p in (("p4info", path), ("device_config", state.resolve(sw.device_config))):
+        if p is not None and not p.exists():
+            raise ConfigError(f"switch {sw.name}: field '{what}': {p} does not exist "
+                              "(make p4 writes it where p4c-bm2-ss is installed)")
     text = path.read_text()
     info = p4info_pb2.P4Info()
     if path.suffix in (".bin", ".pb"):

@@ -1,0 +1,245 @@
+"""The software switch's P4Runtime server: write/read semantics, status codes, arbitration.
+
+Run just this file: python -m pytest tests/test_p4runtime_server.py
+"""
+from __future__ import annotations
+
+import queue
+import threading
+
+import grpc
+import pytest
+from google.rpc import code_pb2
+from p4.v1 import p4runtime_pb2 as pb, p4runtime_pb2_grpc
+
+from controller.p4rt import Connection, election_id, encode
+from softswitch import spec
+from softswitch.l2 import Dataplane
+from softswitch.p4runtime_server import P4RuntimeServer
+
+
+@pytest.fixture
+def server():
+    """A Dataplane behind a P4Runtime server on a free loopback port; stopped afterwards."""
+    dp = Dataplane()
+    srv = P4RuntimeServer(dp, "127.0.0.1:0").start()
+    yield srv, dp
+    srv.stop()
+
+
+@pytest.fixture
+def conn(server):
+    """A primary connection (election id 5) with the spec pipeline pushed."""
+    srv, _ = server
+    c = Connection(srv.address, election=5)
+    c.set_pipeline(spec.p4info(), b"", 77)
+    yield c
+    c.close()
+
+
+def write(c, kind, entity):
+    c.write([(kind, entity)])
+
+
+def code_of(f) -> grpc.StatusCode:
+    with pytest.raises(Exception) as e:
+        f()
+    return getattr(e.value, "code", None) if not isinstance(e.value, grpc.RpcError) \
+        else e.value.code()
+
+
+def l2_entry(c, mac="02:00:00:00:00:01", port=1):
+    return pb.Entity(table_entry=c.index.table_entry("l2", {"dst_mac": mac}, "bridge",
+                                                     {"port": port}))
+
+
+def test_capabilities_and_pipeline_cookie(conn):
+    """Capabilities names the API version; the committed cookie is read back."""
+    assert conn.capabilities() == "1.4.1"
+    assert conn.get_pipeline().cookie.cookie == 77
+
+
+def test_write_needs_arbitration_and_pipeline(server):
+    """Without a StreamChannel a write is PERMISSION_DENIED; before a pipeline, FAILED_PRECONDITION."""
+    srv, _ = server
+    stub = p4runtime_pb2_grpc.P4RuntimeStub(grpc.insecure_channel(srv.address))
+    req = pb.WriteRequest(device_id=0, election_id=election_id(5))
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Write(req)
+    assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    with Connection(srv.address, election=5):
+        with pytest.raises(grpc.RpcError) as e:
+            stub.Write(req)
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_insert_modify_delete_status_codes(conn, server):
+    """INSERT twice is ALREADY_EXISTS, MODIFY/DELETE of a missing entry NOT_FOUND."""
+    _, dp = server
+    e = l2_entry(conn)
+    write(conn, pb.Update.INSERT, e)
+    assert dp.l2 == {bytes.fromhex("020000000001"): 1}
+    assert code_of(lambda: write(conn, pb.Update.INSERT, e)) == grpc.StatusCode.ALREADY_EXISTS
+    write(conn, pb.Update.MODIFY, l2_entry(conn, port=2))
+    assert dp.l2[bytes.fromhex("020000000001")] == 2
+    write(conn, pb.Update.DELETE, e)
+    assert dp.l2 == {}
+    assert code_of(lambda: write(conn, pb.Update.DELETE, e)) == grpc.StatusCode.NOT_FOUND
+    assert code_of(lambda: write(conn, pb.Update.MODIFY, e)) == grpc.StatusCode.NOT_FOUND
+
+
+def test_bad_values_are_invalid_argument(conn):
+    """A value wider than its field, or admit with multicast group 0, is INVALID_ARGUMENT."""
+    e = l2_entry(conn)
+    e.table_entry.action.action.params[0].value = (1 << 9).to_bytes(2, "big")
+    assert code_of(lambda: write(conn, pb.Update.INSERT, e)) == grpc.StatusCode.INVALID_ARGUMENT
+    adm = conn.index.table_entry(
+        "admission", {"ingress_port": 1, "src_addr": "10.0.0.1", "src_port": 1, "job": 1,
+                      "rank": 0}, "admit",
+        dict(epoch=1, slot_base=0, nslots=1, nworkers=1, block_size=32, nlanes=4, mcast_grp=0))
+    assert code_of(lambda: write(conn, pb.Update.INSERT, pb.Entity(table_entry=adm))) == \
+        grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_reads_wildcard_and_exact(conn):
+    """A table read returns canonical entries; a read by match returns that one entry."""
+    for i in range(3):
+        write(conn, pb.Update.INSERT, l2_entry(conn, f"02:00:00:00:00:0{i}", i))
+    route = conn.index.table_entry("ipv4_routes", {"dst_addr": "10.1.0.0/16"}, "route",
+                                   {"port": 3, "src_mac": 1, "dst_mac": 2})
+    write(conn, pb.Update.INSERT, pb.Entity(table_entry=route))
+    assert len(conn.read_table("l2")) == 3
+    everything = conn.read([pb.Entity(table_entry=pb.TableEntry())])
+    assert len(everything) == 4
+    q = l2_entry(conn, "02:00:00:00:00:02", 0)
+    q.table_entry.ClearField("action")
+    (got,) = conn.read([q])
+    assert got.table_entry.action.action.params[0].value == b"\x02"
+    assert got.table_entry.match[0].exact.value == bytes.fromhex("020000000002")
+
+
+def test_default_action_of_congestion(conn, server):
+    """MODIFY of congestion's default action sets the threshold; reading it returns it."""
+    _, dp = server
+    d = conn.index.table_entry("congestion", {}, "set_qdepth_threshold", {"qdepth": 12},
+                               default=True)
+    write(conn, pb.Update.MODIFY, pb.Entity(table_entry=d))
+    assert dp.pipeline.qdepth_threshold == 12
+    q = pb.Entity(table_entry=pb.TableEntry(table_id=d.table_id, is_default_action=True))
+    (got,) = conn.read([q])
+    assert got.table_entry.action.action.params[0].value == b"\x0c"
+    fixed = conn.index.table_entry("l2", {}, "bridge", {"port": 1}, default=True)
+    assert code_of(lambda: write(conn, pb.Update.MODIFY, pb.Entity(table_entry=fixed))) == \
+        grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_multicast_groups(conn, server):
+    """Groups are inserted, modified, read and deleted in the Dataplane's replication engine."""
+    _, dp = server
+
+    def grp(*replicas):
+        g = pb.MulticastGroupEntry(multicast_group_id=3)
+        for p, r in replicas:
+            g.replicas.add(egress_port=p, instance=r)
+        return pb.Entity(packet_replication_engine_entry=pb.PacketReplicationEngineEntry(
+            multicast_group_entry=g))
+    write(conn, pb.Update.INSERT, grp((1, 10), (2, 11)))
+    assert dp.mcast_groups == {3: [(1, 10), (2, 11)]}
+    write(conn, pb.Update.MODIFY, grp((4, 12)))
+    assert dp.mcast_groups == {3: [(4, 12)]}
+    (g,) = conn.read_groups()
+    assert [(r.egress_port, r.instance) for r in g.replicas] == [(4, 12)]
+    write(conn, pb.Update.DELETE, grp())
+    assert dp.mcast_groups == {} and conn.read_groups() == []
+
+
+def test_registers_keep_the_p4_bits(conn, server):
+    """Register writes land in the pipeline arrays (signed exponent too); reads give P4 bits."""
+    _, dp = server
+
+    def reg(name, index, value, width):
+        e = pb.Entity()
+        e.register_entry.register_id = conn.index.id("registers", name)
+        if index is not None:
+            e.register_entry.index.index = index
+        e.register_entry.data.bitstring = encode(value, width)
+        return e
+    write(conn, pb.Update.MODIFY, reg("slot_exponent", 3, 0xFFFF, 16))
+    write(conn, pb.Update.MODIFY, reg("slot_present", 3, (1 << 63) | 1, 64))
+    write(conn, pb.Update.MODIFY, reg("slot_values_l1_e2", 3, 0xFFFFFFFE, 32))
+    r = dp.pipeline.registers
+    assert r["slot_exponent"][3] == -1 and int(r["slot_present"][3]) == (1 << 63) | 1
+    assert r["slot_values"][3, 1 * spec.P4_SIZES["BLOCK_SIZE"] + 2] == -2
+    q = reg("slot_exponent", 3, 0, 16)
+    q.register_entry.ClearField("data")
+    (got,) = conn.read([q])
+    assert got.register_entry.data.bitstring == b"\xff\xff"
+    write(conn, pb.Update.MODIFY, reg("slot_round", None, 7, 32))  # no index: every cell
+    assert (r["slot_round"] == 7).all()
+    assert code_of(lambda: write(conn, pb.Update.INSERT, reg("slot_round", 0, 0, 32))) == \
+        grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_counters_read_and_reset(conn, server):
+    """Counters read per index; a MODIFY sets a cell (the controller's reset)."""
+    _, dp = server
+    dp.pipeline.counters["job_results"][9] = 4
+    assert conn.read_counters("job_results", [9, 10]) == {9: 4, 10: 0}
+    e = pb.Entity()
+    e.counter_entry.counter_id = conn.index.id("counters", "job_results")
+    e.counter_entry.index.index = 9
+    write(conn, pb.Update.MODIFY, e)
+    assert dp.pipeline.counters["job_results"][9] == 0
+
+
+def test_new_pipeline_starts_empty(conn, server):
+    """Committing a pipeline again empties tables, groups, registers and counters."""
+    _, dp = server
+    write(conn, pb.Update.INSERT, l2_entry(conn))
+    dp.pipeline.counters["job_received"][1] = 1
+    conn.set_pipeline(spec.p4info(), b"", 78)
+    assert dp.l2 == {} and conn.read_table("l2") == []
+    assert dp.pipeline.counters["job_received"][1] == 0
+
+
+def test_arbitration_follows_the_highest_election_id(server):
+    """A higher election id takes over; the old primary is told, and regains it on close."""
+    srv, _ = server
+    low = Connection(srv.address, election=5)
+    try:
+        assert low.is_primary
+        high = Connection(srv.address, election=9)
+        assert high.is_primary
+        a = low._arb.get(timeout=5)  # the server tells the old primary
+        assert a.status.code == code_pb2.ALREADY_EXISTS and a.election_id.low == 9
+        high.close()
+        a = low._arb.get(timeout=5)
+        assert a.status.code == code_pb2.OK and a.election_id.low == 5
+    finally:
+        low.close()
+
+
+def test_duplicate_election_id_is_refused(server):
+    """A second client with the primary's election id is refused with INVALID_ARGUMENT."""
+    srv, _ = server
+    with Connection(srv.address, election=5):
+        stub = p4runtime_pb2_grpc.P4RuntimeStub(grpc.insecure_channel(srv.address))
+        q: queue.Queue = queue.Queue()
+        q.put(pb.StreamMessageRequest(arbitration=pb.MasterArbitrationUpdate(
+            device_id=0, election_id=election_id(5))))
+        stream = stub.StreamChannel(iter(q.get, None))
+        got = []
+        t = threading.Thread(target=lambda: got.append(_drain(stream)))
+        t.start()
+        t.join(5)
+        q.put(None)
+        assert got == [grpc.StatusCode.INVALID_ARGUMENT]
+
+
+def _drain(stream):
+    try:
+        for _ in stream:
+            pass
+    except grpc.RpcError as e:
+        return e.code()
+    return None
