@@ -81,6 +81,7 @@ class _Slot:
     progress_at: float = 0.0
     done: bool = False
     last_bitmap: int = 0
+    resent: bool = False
 
 
 _CODE = {np.dtype(np.float32): "float", np.dtype(np.float16): "float", np.dtype(np.float64): "float",
@@ -96,7 +97,8 @@ class Agent:
         switch: (host, port) of the switch's UDP endpoint.
         sock: an already bound UDP socket at job.workers[rank]'s address (else one is bound).
         timeout: seconds without progress after which a call fails naming the missing ranks.
-        rto: first retransmission timeout in seconds (doubles up to 1 s).
+        rto: smallest retransmission timeout in seconds; the agent adapts it to the measured
+            round latency (srtt + 4 rttvar, as TCP) and doubles it on each resend, up to 1 s.
 
     Example:
         >>> agent = Agent(job, rank, ("127.0.0.1", 47000))  # doctest: +SKIP
@@ -104,14 +106,16 @@ class Agent:
     """
 
     def __init__(self, job: JobConfig, rank: int, switch: tuple[str, int],
-                 sock: socket.socket | None = None, timeout: float = 10.0, rto: float = 0.02):
+                 sock: socket.socket | None = None, timeout: float = 10.0, rto: float = 0.1):
         self.job = job.validate()
         if not 0 <= rank < job.nworkers:
             raise ValueError(f"rank {rank} outside 0..{job.nworkers - 1}")
         self.rank = rank
         self.switch = switch
         self.timeout = timeout
-        self.rto = rto
+        self.min_rto = rto
+        self.srtt: float | None = None  # smoothed round latency (s), kept across calls
+        self.rttvar = 0.0
         if sock is None:
             me = job.workers[rank]
             sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -182,16 +186,20 @@ class Agent:
             q = rows.astype(np.int32, copy=False)
             slot_exp = np.zeros(W, np.int32)
         else:
-            finite = np.isfinite(rows)
-            nonfinite = ~finite.all(axis=1)
-            if nonfinite.any():
-                rows = np.where(finite, rows, np.float32(0))
+            # NaN/Inf propagate through max: one pass finds both the scale and bad blocks.
             maxabs = np.abs(rows).max(axis=1) if len(rows) else np.zeros(0, np.float32)
+            nonfinite = ~np.isfinite(maxabs)
+            if nonfinite.any():
+                bad = rows[nonfinite]
+                rows[nonfinite] = np.where(np.isfinite(bad), bad, np.float32(0))
+                maxabs[nonfinite] = np.abs(rows[nonfinite]).max(axis=1)
             slot_exp = np.full(W, wire.EXPONENT_NONE, np.int32)
             if len(rows):
                 starts = plan.lane_bounds[:-1:k]
                 has = starts < plan.lane_bounds[k::k]
-                red = np.maximum.reduceat(exponent_of(maxabs), np.minimum(starts, len(rows) - 1))
+                # One sentinel past the end so that empty trailing slots index a valid row.
+                exps = np.append(exponent_of(maxabs), wire.EXPONENT_NONE)
+                red = np.maximum.reduceat(exps, starts)
                 slot_exp[has] = red[has]
             q = np.empty(rows.shape, np.int32)
         self._nonfinite = nonfinite if nonfinite.any() else None
@@ -212,7 +220,7 @@ class Agent:
             slots.append(st)
         pending = W
         buf = bytearray(wire.MAX_UDP_PAYLOAD + 1)
-        self.sock.settimeout(self.rto)
+        self.sock.settimeout(self.min_rto)
         while pending:
             try:
                 nbytes = self.sock.recv_into(buf)
@@ -236,6 +244,8 @@ class Agent:
                                 f"length: rank {self.rank} has {n} elements, another rank "
                                 f"{h.length}")
                         st.progress_at = time.monotonic()
+                        if not st.resent:  # Karn: time only rounds sent once
+                            self._sample_rtt(st.progress_at - st.sent_at)
                         st.rto = self.rto
                         if st.pos is None:  # setup result: the agreed exponent
                             st.shift = 0 if integer else quant_shift(h.exponent, job.nworkers)
@@ -310,12 +320,26 @@ class Agent:
         st.round = int(self.rounds[s]) & 0xFFFFFFFF
         h.slot, h.round = st.slot, st.round
         st.packet = wire.pack(h, nxt, data)
+        st.resent = False
         st.sent_at = time.monotonic()
         self.sock.sendto(st.packet, self.switch)
         stats.packets_sent += 1
         stats.bytes_sent += len(st.packet)
         if data is not None:
             stats.payload_bytes_sent += data.size * 4
+
+    @property
+    def rto(self) -> float:
+        if self.srtt is None:
+            return max(self.min_rto, 0.2)
+        return min(1.0, max(self.min_rto, self.srtt + 4 * self.rttvar))
+
+    def _sample_rtt(self, sample: float) -> None:
+        if self.srtt is None:
+            self.srtt, self.rttvar = sample, sample / 2
+        else:
+            self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - sample)
+            self.srtt = 0.875 * self.srtt + 0.125 * sample
 
     def _check_timers(self, slots: list[_Slot], stats: CallStats) -> None:
         now = time.monotonic()
@@ -335,6 +359,7 @@ class Agent:
                 pkt[2] |= wire.FLAG_RESEND
                 self.sock.sendto(pkt, self.switch)
                 st.sent_at = now
+                st.resent = True
                 st.rto = min(st.rto * 2, 1.0)
                 stats.resends += 1
                 stats.packets_sent += 1

@@ -163,7 +163,7 @@ class Pipeline:
                 return [Emit(self._result(h, idx, wire.FLAG_RESEND), job, multicast=False)]
             status = h.copy(msg_type=wire.MSG_STATUS, bitmap=old_bitmap, present=0, nonfinite=0,
                             flags=h.flags & ~wire.FLAG_LAST)
-            return [Emit(wire.pack(status, pkt[wire.HEADER_LEN:wire.HEADER_LEN + 4 * h.nlanes]),
+            return [Emit(wire.pack_header(status) + bytes(pkt[wire.HEADER_LEN:wire.HEADER_LEN + 4 * h.nlanes]),
                          job, multicast=False)]
         r["slot_bitmap"][idx] = old_bitmap | bit
         count = (0 if new else int(r["slot_count"][idx])) + 1

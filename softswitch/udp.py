@@ -84,6 +84,10 @@ class UdpSwitch:
                     self.packets_out += 1
                     self.bytes_out += len(e.data)
 
+    def shutdown(self) -> None:
+        """Ask serve_forever() to return (safe from a signal handler)."""
+        self._stop.set()
+
     def start(self) -> "UdpSwitch":
         self._thread = threading.Thread(target=self.serve_forever, name="spina-softswitch",
                                         daemon=True)
