@@ -178,11 +178,12 @@ class _Call:
     def _next_round(self, st: _Slot, pos: np.ndarray) -> None:
         """Send this worker's blocks at positions `pos` (where it has them) and its next ones."""
         plan = self.plan
-        live = st.ptr < st.ends
+        ptr = plan.seek(st.index, pos)
+        live = ptr < st.ends
         have = np.zeros(len(pos), bool)
-        have[live] = plan.pos[st.ptr[live]] == pos[live]
-        rows = st.ptr[have]
-        st.ptr = st.ptr + have
+        have[live] = plan.pos[ptr[live]] == pos[live]
+        rows = ptr[have]
+        st.ptr = ptr + have
         nxt = plan.next_at(st.ptr, st.ends)
         st.pos = pos
         data = None
@@ -282,6 +283,19 @@ class Agent:
             flat = flat.astype(np.float32)
         out = self._allreduce_flat(flat, integer=(kind == "int"))
         return out.astype(arr.dtype, copy=False).reshape(arr.shape)
+
+    def reset(self, job: JobConfig) -> None:
+        """Start a new incarnation of the job (after a failure): its epoch must be new.
+
+        The switch's slots for the job are cleared when the controller re-admits it with that
+        epoch; the agent starts its round tags and call ids afresh to match.
+        """
+        if job.job != self.job.job or job.epoch == self.job.epoch:
+            raise ValueError(f"reset needs the same job with a new epoch (job {self.job.job}, "
+                             f"epoch {self.job.epoch})")
+        self.job = job.validate()
+        self.rounds = np.zeros(job.nslots, np.int64)
+        self.call_id = 0
 
     def allreduce_async(self, x) -> concurrent.futures.Future:
         """Non-blocking all-reduce; calls run one at a time, in the order they were made."""

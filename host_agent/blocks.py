@@ -56,6 +56,7 @@ class LanePlan:
     nlanes: int
     pos: np.ndarray
     lane_bounds: np.ndarray  # (L + 1,) boundaries into pos
+    keys: np.ndarray         # lane * 2**32 + pos, ascending: where a (lane, position) would go
 
     @classmethod
     def build(cls, nz: np.ndarray, nslots: int, nlanes: int) -> tuple["LanePlan", np.ndarray]:
@@ -64,7 +65,17 @@ class LanePlan:
         lane = nz % L
         order = np.argsort(lane, kind="stable")
         bounds = np.searchsorted(lane[order], np.arange(L + 1))
-        return cls(nslots, nlanes, nz[order], bounds), order
+        keys = (lane[order].astype(np.int64) << 32) + nz[order]
+        return cls(nslots, nlanes, nz[order], bounds, keys), order
+
+    def seek(self, slot: int, pos: np.ndarray) -> np.ndarray:
+        """Per lane of `slot`: index in `pos` of its first block at or after position `pos`.
+
+        Normally that is one step past the previous round's block, but a round completed
+        without this worker (bounded-loss mode) may skip over some of its blocks.
+        """
+        lanes = np.arange(slot * self.nlanes, (slot + 1) * self.nlanes, dtype=np.int64)
+        return np.searchsorted(self.keys, (lanes << 32) + pos.astype(np.int64))
 
     def first_ptr(self, slot: int) -> np.ndarray:
         """Per lane of `slot`: index in `pos` of its first block (the lane's end if none)."""
