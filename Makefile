@@ -4,10 +4,10 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test clean help
+.PHONY: setup demo test clean help p4 p4-check testbed
 
 help:  ## list targets
-	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
 $(STAMP): pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh $(VENV) $(PYTHON)
@@ -20,6 +20,30 @@ demo: $(STAMP)  ## the main job: software switch + 4 workers, sparse all-reduce 
 
 test: $(STAMP)  ## the whole test suite
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# P4 build outputs of our own source (p4src/); p4c itself is never built here (p4src/README.md).
+P4C       ?= p4c-bm2-ss
+P4_TOP    := p4src/v1model/spina_v1model.p4
+P4_OUT    := p4src/build
+P4_SRCS   := $(shell find p4src -name '*.p4')
+
+p4:  ## compile p4src/ for BMv2 (BMv2 JSON + P4Info) when p4c-bm2-ss is on PATH
+	@if ! command -v $(P4C) >/dev/null 2>&1; then \
+	  echo "make p4: '$(P4C)' is not on PATH, so the P4 program was NOT compiled."; \
+	  echo "         Install p4c from its upstream sources (see p4src/README.md), then rerun."; \
+	  exit 0; \
+	fi; \
+	mkdir -p $(P4_OUT) && \
+	$(P4C) --arch v1model -o $(P4_OUT)/spina_v1model.json \
+	  --p4runtime-files $(P4_OUT)/spina_v1model.p4info.txtpb $(P4_TOP) && \
+	echo "make p4: wrote $(P4_OUT)/spina_v1model.json and $(P4_OUT)/spina_v1model.p4info.txtpb"
+
+p4-check:  ## preprocess the P4 with cpp and run the P4/Python agreement tests (no p4c needed)
+	$(PY) -m pytest -q tests/test_p4_agreement.py
+
+TOPO ?= single
+testbed: $(STAMP)  ## mininet testbed (root): TOPO=single|leafspine ARGS="--hosts 4 --cli"
+	$(PY) -m testbed $(TOPO) $(ARGS)
 
 clean:  ## remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache build *.egg-info

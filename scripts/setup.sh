@@ -7,8 +7,8 @@ PYTHON=${2:-python3}
 cd "$(dirname "$0")/.."
 
 # Debian packages the tests use: iproute2 (ip netns), iptables (loss injection), ethtool,
-# mininet (mnexec and Debian's mininet module).
-DEBS="iproute2 iptables ethtool mininet"
+# mininet (mnexec and Debian's mininet module), cpp (the P4 agreement tests preprocess p4src/).
+DEBS="iproute2 iptables ethtool mininet cpp"
 missing=""
 for p in $DEBS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then

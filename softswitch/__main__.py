@@ -1,4 +1,10 @@
-"""`python -m softswitch`: run the SpINA software switch as a long-lived process."""
+"""`python -m softswitch`: run the SpINA software switch as a long-lived process.
+
+    python -m softswitch udp --jobs jobs.yaml                      # UDP aggregator
+    python -m softswitch l2 -i 1@veth1 -i 2@veth2 --config sw.yaml  # where BMv2 would stand
+
+`python -m softswitch <mode> --help` explains each mode's options.
+"""
 from __future__ import annotations
 
 import argparse
@@ -6,22 +12,25 @@ import json
 import logging
 import signal
 import sys
+import threading
 
 from softswitch.pipeline import DEFAULT_POOL_SLOTS, DEFAULT_SLOT_CAPACITY
-from softswitch.udp import UdpSwitch
 from spina import wire
 from spina.config import ConfigError, JobConfig
 
 
-def load_jobs(path: str) -> list[JobConfig]:
-    """Jobs from a JSON or YAML file: a list of jobs, or {"jobs": [...]}."""
+def _load(path: str):
     with open(path) as f:
         text = f.read()
     if path.endswith((".yaml", ".yml")):
         import yaml
-        doc = yaml.safe_load(text)
-    else:
-        doc = json.loads(text)
+        return yaml.safe_load(text)
+    return json.loads(text)
+
+
+def load_jobs(path: str) -> list[JobConfig]:
+    """Jobs from a JSON or YAML file: a list of jobs, or {"jobs": [...]}."""
+    doc = _load(path)
     jobs = doc.get("jobs") if isinstance(doc, dict) else doc
     if not isinstance(jobs, list):
         raise ConfigError(f"{path}: expected a list of jobs or a mapping with field 'jobs'")
@@ -34,44 +43,88 @@ def load_jobs(path: str) -> list[JobConfig]:
     return out
 
 
-def main(argv=None) -> int:
+def _interface(text: str) -> tuple[int, str]:
+    port, sep, name = text.partition("@")
+    if not sep or not port.isdigit() or not name:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected PORT@INTERFACE, e.g. 1@veth1")
+    return int(port), name
+
+
+def _pool_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--pool-slots", type=int, default=DEFAULT_POOL_SLOTS,
+                   help="slots in the register pool, shared by all jobs (default %(default)s)")
+    p.add_argument("--slot-capacity", type=int, default=DEFAULT_SLOT_CAPACITY,
+                   help="int32 elements per slot copy = largest nlanes*block_size "
+                        "(default %(default)s)")
+    p.add_argument("-v", "--verbose", action="count", default=0,
+                   help="more logging (-vv: per packet)")
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m softswitch",
         description="SpINA software switch: sums the non-zero gradient blocks of every admitted "
                     "job's workers and multicasts the results. Same pipeline as the P4 program.")
-    sub = ap.add_subparsers(dest="mode", required=True)
-    udp = sub.add_parser("udp", help="serve on a UDP socket (the software aggregator)")
-    udp.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
+    sub = ap.add_subparsers(dest="mode", required=True, metavar="{udp,l2}")
+
+    udp = sub.add_parser(
+        "udp", help="serve on a UDP socket (the software aggregator)",
+        description="Serve the pipeline on one UDP socket. Workers are admitted by their "
+                    "source (address, port) as listed in the jobs file; results go to every "
+                    "worker's address.")
+    udp.add_argument("--host", default="127.0.0.1",
+                     help="address to listen on (default %(default)s)")
     udp.add_argument("--port", type=int, default=wire.DEFAULT_UDP_PORT,
                      help="UDP port (default %(default)s; 0 picks a free one and prints it)")
     udp.add_argument("--jobs", metavar="FILE", help="JSON/YAML file of jobs to admit at start")
-    udp.add_argument("--pool-slots", type=int, default=DEFAULT_POOL_SLOTS,
-                     help="slots in the register pool, shared by all jobs (default %(default)s)")
-    udp.add_argument("--slot-capacity", type=int, default=DEFAULT_SLOT_CAPACITY,
-                     help="int32 elements per slot copy = largest nlanes*block_size (default %(default)s)")
-    udp.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv: per packet)")
-    args = ap.parse_args(argv)
+    _pool_args(udp)
+
+    l2 = sub.add_parser(
+        "l2", help="switch Ethernet frames between interfaces (where BMv2 would stand)",
+        description="Attach to network interfaces with raw sockets (needs CAP_NET_RAW) and run "
+                    "the whole P4 pipeline: INA packets addressed to an endpoint are aggregated, "
+                    "anything else takes the l2 / ipv4_routes tables. Turn transmit checksum "
+                    "offload off on veth peers (ethtool -K IF tx off). Config format: "
+                    "softswitch/README.md.")
+    l2.add_argument("-i", "--interface", action="append", type=_interface, required=True,
+                    metavar="PORT@IF", help="switch port number and interface; repeatable")
+    l2.add_argument("--config", metavar="FILE",
+                    help="switch config (JSON/YAML): endpoints, l2, routes, jobs, "
+                         "qdepth_threshold")
+    _pool_args(l2)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING - 10 * min(args.verbose + 1, 2),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        jobs = load_jobs(args.jobs) if args.jobs else []
-        sw = UdpSwitch(args.host, args.port, args.pool_slots, args.slot_capacity)
-        for j in jobs:
-            sw.add_job(j)
-    except (ConfigError, OSError) as e:
+        if args.mode == "udp":
+            from softswitch.udp import UdpSwitch
+            jobs = load_jobs(args.jobs) if args.jobs else []
+            sw = UdpSwitch(args.host, args.port, args.pool_slots, args.slot_capacity)
+            for j in jobs:
+                sw.add_job(j)
+            print(f"listening {sw.address[0]}:{sw.address[1]}", flush=True)
+        else:
+            from softswitch.l2 import Dataplane, L2Switch, configure
+            dp = Dataplane(args.pool_slots, args.slot_capacity)
+            if args.config:
+                configure(dp, _load(args.config))
+            sw = L2Switch(dict(args.interface), dp)
+            print("switching " + " ".join(f"{p}@{i}" for p, i in args.interface), flush=True)
+    except (ConfigError, OSError, ValueError) as e:
         print(f"softswitch: error: {e}", file=sys.stderr)
         return 2
-    print(f"listening {sw.address[0]}:{sw.address[1]}", flush=True)
-    signal.signal(signal.SIGTERM, lambda *_: sw.shutdown())
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    sw.start()
     try:
-        sw.serve_forever()
+        done.wait()
     except KeyboardInterrupt:
         pass
-    finally:
-        sw.sock.close()
-        for j in jobs:
-            logging.getLogger("spina.softswitch").info("job %d counters: %s", j.job,
-                                                       sw.pipeline.job_counters(j.job))
+    sw.stop()
     return 0
 
 

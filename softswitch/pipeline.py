@@ -25,21 +25,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from softswitch.spec import (JOB_COUNTERS, MAX_JOBS, MAX_PORTS, PORT_COUNTERS,  # noqa: F401
+                             QDEPTH_NEVER, REGISTER_NAMES as REGISTERS, TABLES)
 from spina import wire
 from spina.config import ConfigError, JobConfig
 
 log = logging.getLogger("spina.softswitch")
 
-# Register, table and counter names: the P4 program declares the same (bmv2_tests check it).
-REGISTERS = ("slot_round", "slot_bitmap", "slot_count", "slot_values", "slot_next",
-             "slot_present", "slot_nonfinite", "slot_exponent", "slot_length", "slot_flags")
-JOB_COUNTERS = ("job_received", "job_aggregated", "job_duplicates", "job_results",
-                "job_stale", "job_congestion_drops")
-PORT_COUNTERS = ("port_malformed", "port_unadmitted")
-TABLES = ("admission",)
-
-MAX_JOBS = 1 << 16
-MAX_PORTS = 512
+# Register, table and counter names live in softswitch/spec.py (imported above); the P4
+# program declares the same (tests/test_p4_agreement.py checks it).
 DEFAULT_POOL_SLOTS = 256
 DEFAULT_SLOT_CAPACITY = 64 * 256  # elements per slot copy: 64 lanes of 256
 
@@ -54,6 +48,7 @@ class Admission:
     nworkers: int
     block_size: int
     nlanes: int
+    mcast_grp: int = 0  # the P4 multicast group of the job's workers (L2 mode and P4 targets)
 
 
 @dataclass
@@ -62,6 +57,7 @@ class Emit:
     data: bytes
     job: int
     multicast: bool  # True: every worker of `job`; False: unicast to the sender
+    mcast_grp: int = 0
 
 
 class Pipeline:
@@ -86,12 +82,19 @@ class Pipeline:
         }
         self.counters = {name: np.zeros(MAX_JOBS, np.uint64) for name in JOB_COUNTERS}
         self.counters.update({name: np.zeros(MAX_PORTS, np.uint64) for name in PORT_COUNTERS})
-        # admission: (ingress port, source address, job, rank) -> Admission
+        # admission: (ingress port, (source IPv4, source UDP port), job, rank) -> Admission.
+        # P4: table `admission`, keys ingress_port, src_addr, src_port, job, rank (all exact).
+        # The address stays in the form the socket layer gives ('a.b.c.d', port): no per-packet
+        # conversion on the data path.
         self.admission: dict[tuple, Admission] = {}
+        # P4: table `congestion`, action set_qdepth_threshold: loss-tolerant packets leaving
+        # through a queue deeper than this are dropped (QDEPTH_NEVER: never).
+        self.qdepth_threshold = QDEPTH_NEVER
 
     # ---------------------------------------------------------------- control plane
-    def add_job(self, cfg: JobConfig, sources: dict[int, tuple[int, object]]) -> None:
-        """Admit `cfg`'s workers: sources[rank] = (ingress port, source address)."""
+    def add_job(self, cfg: JobConfig, sources: dict[int, tuple[int, object]],
+                mcast_grp: int = 0) -> None:
+        """Admit `cfg`'s workers: sources[rank] = (ingress port, (source IPv4, UDP port))."""
         cfg.validate(self.pool_slots, self.slot_capacity)
         for other in {a for a in self.admission.values() if a.job != cfg.job}:
             if (cfg.slot_base < other.slot_base + other.nslots
@@ -100,7 +103,7 @@ class Pipeline:
                                   f"{cfg.slot_base + cfg.nslots - 1} overlap job {other.job}'s")
         self.remove_job(cfg.job)
         adm = Admission(cfg.job, cfg.epoch, cfg.slot_base, cfg.nslots, cfg.nworkers,
-                        cfg.block_size, cfg.nlanes)
+                        cfg.block_size, cfg.nlanes, mcast_grp)
         for rank in range(cfg.nworkers):
             port, addr = sources[rank]
             self.admission[(port, addr, cfg.job, rank)] = adm
@@ -207,8 +210,10 @@ class Pipeline:
         c["job_aggregated"][job] += 1
         if count < adm.nworkers:
             return []
+        # P4 counts job_results per replica in egress (before the congestion check): the job's
+        # multicast group has exactly its nworkers members.
         c["job_results"][job] += adm.nworkers
-        return [Emit(self._result(h, idx, 0), job, multicast=True)]
+        return [Emit(self._result(h, idx, 0), job, True, adm.mcast_grp)]
 
     def _result(self, h: wire.Header, idx: int, extra_flags: int) -> bytes:
         """The result of the round stored at `idx`, in reply to packet header `h`."""
@@ -225,6 +230,16 @@ class Pipeline:
             vals = vals[_lanes(present, k)]
         return b"".join((wire.pack_header(res), r["slot_next"][idx, :k].astype(wire.NEXT_DTYPE).tobytes(),
                          vals.astype(wire.DATA_DTYPE).tobytes()))
+
+    def congestion_drop(self, data, qdepth: int) -> bool:
+        """Egress: True (and counted) if this INA packet is loss-tolerant and its queue is deep.
+
+        P4: SpinaEgress's priority/drop control, on `standard_metadata.enq_qdepth`.
+        """
+        if qdepth > self.qdepth_threshold and data[2] & wire.FLAG_LOSS_TOLERANT:
+            self.counters["job_congestion_drops"][(data[4] << 8) | data[5]] += 1
+            return True
+        return False
 
     # ---------------------------------------------------------------- observation
     def job_counters(self, job: int) -> dict[str, int]:

@@ -1,0 +1,39 @@
+"""The `target` fixture: every conformance test runs once per target.
+
+soft: the software switch in-process (always). bmv2: simple_switch_grpc, when p4c-bm2-ss,
+simple_switch_grpc and simple_switch_CLI are on PATH and we are root; otherwise each BMv2 case
+is skipped with the reason. SPINA_TARGETS=soft (or bmv2) restricts the run to one target.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from bmv2_tests import bmv2
+from bmv2_tests.target import SoftTarget
+
+_TARGETS = [t for t in os.environ.get("SPINA_TARGETS", "soft,bmv2").split(",") if t]
+
+
+@pytest.fixture(scope="session")
+def _bmv2_switch():
+    why = bmv2.unavailable()
+    if why:
+        pytest.skip(why)
+    t = bmv2.Bmv2Target()
+    yield t
+    t.close()
+
+
+@pytest.fixture(params=_TARGETS)
+def target(request):
+    """A clean switch: no entries, zero counters and registers."""
+    if request.param == "soft":
+        t = SoftTarget()
+        yield t
+        return
+    t = request.getfixturevalue("_bmv2_switch")
+    t.reset()
+    yield t
+    t.reset()

@@ -1,0 +1,79 @@
+"""Conformance: loss-tolerant INA packets are dropped when the egress queue is deep.
+
+Run just this file: python -m pytest bmv2_tests/test_priority.py
+(SPINA_TARGETS=soft or bmv2 to pick one target; default both, BMv2 skips if absent.)
+The queue depth is forced on the software target; on BMv2 it would need a rate-limited queue
+(set_queue_rate over Thrift) and a burst, which is not deterministic: those cases skip there.
+"""
+from __future__ import annotations
+
+import pytest
+
+from bmv2_tests.helpers import JOB, ForwardingEntries, InaEntries, contrib, expect, reply
+from spina import wire
+
+
+@pytest.fixture
+def deep_queue(target):
+    if not target.can_force_qdepth:
+        pytest.skip(f"{target.name}: enq_qdepth cannot be forced deterministically")
+    for port in (1, 2):
+        target.set_qdepth(port, 10)
+    return target
+
+
+def test_loss_tolerant_dropped_when_queue_deep(deep_queue):
+    """Result copies flagged loss-tolerant are dropped above the threshold and counted."""
+    t = deep_queue
+    InaEntries(t).setup_job(2)
+    ForwardingEntries(t).set_qdepth_threshold(5)
+    t.send(1, contrib(0))
+    t.send(2, contrib(1, flags=wire.FLAG_LOSS_TOLERANT))
+    expect(t, {})
+    assert t.counter("job_congestion_drops", JOB) == 2
+    assert t.counter("job_results", JOB) == 2
+
+
+def test_not_loss_tolerant_kept_when_queue_deep(deep_queue):
+    """Packets without the loss-tolerant flag are never dropped for congestion."""
+    t = deep_queue
+    InaEntries(t).setup_job(2)
+    ForwardingEntries(t).set_qdepth_threshold(5)
+    t.send(1, contrib(0))
+    t.send(2, contrib(1))
+    expect(t, {1: [reply(0, rank=1, bitmap=3)], 2: [reply(1, rank=1, bitmap=3)]})
+    assert t.counter("job_congestion_drops", JOB) == 0
+
+
+def test_queue_at_threshold_not_dropped(deep_queue):
+    """Only a queue deeper than the threshold drops (enq_qdepth > threshold)."""
+    t = deep_queue
+    InaEntries(t).setup_job(2)
+    ForwardingEntries(t).set_qdepth_threshold(10)
+    t.send(1, contrib(0))
+    t.send(2, contrib(1, flags=wire.FLAG_LOSS_TOLERANT))
+    lt = wire.FLAG_LOSS_TOLERANT
+    expect(t, {1: [reply(0, rank=1, bitmap=3, flags=lt)],
+               2: [reply(1, rank=1, bitmap=3, flags=lt)]})
+
+
+def test_default_threshold_never_drops(target):
+    """Without a controller threshold nothing is dropped for congestion."""
+    InaEntries(target).setup_job(2)
+    if target.can_force_qdepth:
+        target.set_qdepth(1, 1000)
+    target.send(1, contrib(0))
+    target.send(2, contrib(1, flags=wire.FLAG_LOSS_TOLERANT))
+    lt = wire.FLAG_LOSS_TOLERANT
+    expect(target, {1: [reply(0, rank=1, bitmap=3, flags=lt)],
+                    2: [reply(1, rank=1, bitmap=3, flags=lt)]})
+
+
+def test_forwarded_loss_tolerant_dropped_when_queue_deep(deep_queue):
+    """A loss-tolerant INA packet being forwarded is dropped too (counted by its job)."""
+    t = deep_queue
+    ForwardingEntries(t).add_l2_entry("02:00:00:00:00:64", 2)
+    ForwardingEntries(t).set_qdepth_threshold(0)
+    t.send(1, contrib(0, dst_ip="10.0.0.200", flags=wire.FLAG_LOSS_TOLERANT))
+    expect(t, {})
+    assert t.counter("job_congestion_drops", JOB) == 1

@@ -1,0 +1,231 @@
+/* SpINA: the slot registers and the per-packet aggregation (softswitch Pipeline.process).
+ *
+ * Per slot and shadow copy, idx = slot * 2 + (round & 1):
+ *   slot_round        round tag of the copy: an older round is stale, a newer one resets the
+ *                     copy (slots clean themselves; the control plane never clears them)
+ *   slot_bitmap       ranks that contributed to this round (duplicates are not added twice)
+ *   slot_count        contributions so far; complete at the job's worker count
+ *   slot_values_l*_e* one array per lane and element: the int32 sums (wrap-around)
+ *   slot_next_l*      one array per lane: minimum of the workers' next block positions
+ *   slot_present      OR of the lanes that carried data
+ *   slot_nonfinite    OR of the lanes that held NaN/Inf at some worker
+ *   slot_exponent     max of the workers' exponents (signed)
+ *   slot_length       tensor length of the round's first packet
+ *   slot_flags        LAST (AND over contributions), MISMATCH (some length differed)
+ *
+ * Every register is read and/or written at most once per packet, at one index, with no
+ * loop: the shape of a Tofino register action. Outcomes:
+ *   stale (older round or epoch)          drop, job_stale
+ *   new contribution, round incomplete    add, drop
+ *   new contribution completing the round add, write the sums into the packet, multicast
+ *   duplicate, round complete             the stored result, unicast back (flag RESEND)
+ *   duplicate, round incomplete           STATUS with the stored bitmap, unicast back
+ */
+#ifndef SPINA_AGGREGATOR_P4
+#define SPINA_AGGREGATOR_P4
+
+control Aggregator(inout headers_t hdr, inout metadata_t meta,
+                   inout standard_metadata_t std) {
+    @name(".job_received")   counter(MAX_JOBS, CounterType.packets) job_received;
+    @name(".job_aggregated") counter(MAX_JOBS, CounterType.packets) job_aggregated;
+    @name(".job_duplicates") counter(MAX_JOBS, CounterType.packets) job_duplicates;
+    @name(".job_stale")      counter(MAX_JOBS, CounterType.packets) job_stale;
+
+    @name(".slot_round")     register<bit<32>>(SLOT_COPIES) slot_round;
+    @name(".slot_bitmap")    register<bit<32>>(SLOT_COPIES) slot_bitmap;
+    @name(".slot_count")     register<bit<32>>(SLOT_COPIES) slot_count;
+    @name(".slot_present")   register<bit<64>>(SLOT_COPIES) slot_present;
+    @name(".slot_nonfinite") register<bit<64>>(SLOT_COPIES) slot_nonfinite;
+    @name(".slot_exponent")  register<bit<16>>(SLOT_COPIES) slot_exponent;
+    @name(".slot_length")    register<bit<32>>(SLOT_COPIES) slot_length;
+    @name(".slot_flags")     register<bit<8>>(SLOT_COPIES)  slot_flags;
+
+    // Generated from NLANES and BLOCK_SIZE (shared/size.p4); global names so that the
+    // controller and the Thrift runtime find them as slot_next_l<L>, slot_values_l<L>_e<E>.
+#define SPINA_NEXT_REG(L) \
+    @name(SPINA_XSTR(.slot_next_l##L)) register<bit<32>>(SLOT_COPIES) slot_next_l##L;
+    FOR_EACH_LANE(SPINA_NEXT_REG)
+
+#define SPINA_VALUE_REG(L, E) \
+    @name(SPINA_XSTR(.slot_values_l##L##_e##E)) register<bit<32>>(SLOT_COPIES) slot_values_l##L##_e##E;
+#define SPINA_LANE_VALUE_REGS(L) FOR_EACH_ELEM(SPINA_VALUE_REG, L)
+    FOR_EACH_LANE(SPINA_LANE_VALUE_REGS)
+
+    // The reply leaves from the switch's address to the sender's; egress rewrites the
+    // destination of each multicast copy for its worker.
+    action reply_to_sender() {
+        mac_addr_t mac = hdr.ethernet.dst_addr;
+        hdr.ethernet.dst_addr = hdr.ethernet.src_addr;
+        hdr.ethernet.src_addr = mac;
+        ipv4_addr_t addr = hdr.ipv4.dst_addr;
+        hdr.ipv4.dst_addr = hdr.ipv4.src_addr;
+        hdr.ipv4.src_addr = addr;
+        bit<16> port = hdr.udp.dst_port;
+        hdr.udp.dst_port = hdr.udp.src_port;
+        hdr.udp.src_port = port;
+        hdr.udp.checksum = 0;  // RFC 768: zero means "no checksum" over IPv4
+        meta.ipv4_update = true;
+        meta.ina_emitted = true;
+    }
+
+    // One element of lane L: a fresh copy starts from 0; this packet's value is added when it
+    // carries lane L; the sum goes into the packet when the result leaves with lane L.
+#define SPINA_VALUE_CELL(L, E) {                                        \
+        bit<32> v = 0;                                                  \
+        if (!fresh) { slot_values_l##L##_e##E.read(v, idx); }           \
+        if (add_##L) { v = v + hdr.block[L].e##E; }                     \
+        if (fresh || add_##L) { slot_values_l##L##_e##E.write(idx, v); } \
+        if (out_##L) { hdr.block[L].e##E = v; }                         \
+    }
+
+#define SPINA_LANE(L) if (hdr.ina.nlanes > L) {                         \
+        bool add_##L = accumulate && hdr.ina.present[L:L] == 1;         \
+        bool out_##L = send_result && present[L:L] == 1;                       \
+        bit<32> next_##L = hdr.lane_next[L].pos;                        \
+        if (fresh) {                                                    \
+            slot_next_l##L.write(idx, next_##L);                        \
+        } else {                                                        \
+            slot_next_l##L.read(next_##L, idx);                         \
+            if (accumulate) {                                           \
+                if (hdr.lane_next[L].pos < next_##L) {                  \
+                    next_##L = hdr.lane_next[L].pos;                    \
+                }                                                       \
+                slot_next_l##L.write(idx, next_##L);                    \
+            }                                                           \
+        }                                                               \
+        if (send_result) { hdr.lane_next[L].pos = next_##L; }                  \
+        if (out_##L) { hdr.block[L].setValid(); }                       \
+        if (fresh || add_##L || out_##L) {                              \
+            FOR_EACH_ELEM(SPINA_VALUE_CELL, L)                          \
+        }                                                               \
+        if (!out_##L) { hdr.block[L].setInvalid(); }                    \
+    }
+
+#define SPINA_DROP_BLOCK(L) hdr.block[L].setInvalid();
+#define SPINA_COUNT_BLOCK(L) if (hdr.block[L].isValid()) { nblocks = nblocks + 1; }
+
+    apply {
+        bit<32> job = (bit<32>)hdr.ina.job;
+        job_received.count(job);
+        if (hdr.ina.epoch != meta.adm.epoch) {
+            job_stale.count(job);
+            mark_to_drop(std);
+            return;
+        }
+        bit<32> idx = ((bit<32>)hdr.ina.slot << 1) | (hdr.ina.round & 1);
+
+        // slot_round: the sign of the 32-bit round difference (serial-number arithmetic).
+        bit<32> old_round;
+        slot_round.read(old_round, idx);
+        bit<32> delta = hdr.ina.round - old_round;
+        if (delta[31:31] == 1) {
+            job_stale.count(job);
+            mark_to_drop(std);
+            return;
+        }
+        bool fresh = delta != 0;
+        if (fresh) {
+            slot_round.write(idx, hdr.ina.round);
+        }
+
+        // slot_bitmap and slot_count: duplicate detection and completion.
+        bit<32> rank_bit = (bit<32>)1 << hdr.ina.rank;
+        bit<32> old_bitmap = 0;
+        bit<32> count = 0;
+        if (!fresh) {
+            slot_bitmap.read(old_bitmap, idx);
+        }
+        bool duplicate = (old_bitmap & rank_bit) != 0;
+        bool accumulate = !duplicate;
+        if (!fresh) {
+            slot_count.read(count, idx);
+        }
+        if (accumulate) {
+            slot_bitmap.write(idx, old_bitmap | rank_bit);
+            count = count + 1;
+            slot_count.write(idx, count);
+        } else {
+            job_duplicates.count(job);
+        }
+        bool send_result = count >= (bit<32>)meta.adm.nworkers;
+
+        if (duplicate && !send_result) {
+            // STATUS: who has contributed so far; no data, positions as sent.
+            hdr.ina.msg_type = MSG_STATUS;
+            hdr.ina.flags = hdr.ina.flags & ~FLAG_LAST;
+            hdr.ina.bitmap = old_bitmap;
+            hdr.ina.present = 0;
+            hdr.ina.nonfinite = 0;
+            FOR_EACH_LANE(SPINA_DROP_BLOCK)
+        } else {
+            // The scalar state of the round.
+            bit<64> present = hdr.ina.present;
+            bit<64> nonfinite = hdr.ina.nonfinite;
+            bit<16> exponent = hdr.ina.exponent;
+            bit<32> length = hdr.ina.length;
+            bit<8> sflags = hdr.ina.flags & FLAG_LAST;
+            if (fresh) {
+                slot_present.write(idx, present);
+                slot_nonfinite.write(idx, nonfinite);
+                slot_exponent.write(idx, exponent);
+                slot_length.write(idx, length);
+                slot_flags.write(idx, sflags);
+            } else {
+                slot_present.read(present, idx);
+                slot_nonfinite.read(nonfinite, idx);
+                slot_exponent.read(exponent, idx);
+                slot_length.read(length, idx);
+                slot_flags.read(sflags, idx);
+                if (accumulate) {
+                    present = present | hdr.ina.present;
+                    slot_present.write(idx, present);
+                    nonfinite = nonfinite | hdr.ina.nonfinite;
+                    slot_nonfinite.write(idx, nonfinite);
+                    if ((int<16>)hdr.ina.exponent > (int<16>)exponent) {
+                        exponent = hdr.ina.exponent;
+                        slot_exponent.write(idx, exponent);
+                    }
+                    sflags = (sflags & ~FLAG_LAST) | (sflags & hdr.ina.flags & FLAG_LAST);
+                    if (hdr.ina.length != length) {
+                        sflags = sflags | FLAG_MISMATCH;
+                    }
+                    slot_flags.write(idx, sflags);
+                }
+            }
+
+            // Lanes: positions and values.
+            FOR_EACH_LANE(SPINA_LANE)
+
+            if (accumulate) {
+                job_aggregated.count(job);
+            }
+            if (!send_result) {
+                mark_to_drop(std);
+                return;
+            }
+            hdr.ina.msg_type = MSG_RESULT;
+            hdr.ina.flags = sflags | (hdr.ina.flags & FLAG_LOSS_TOLERANT)
+                            | (duplicate ? FLAG_RESEND : 8w0);
+            hdr.ina.bitmap = old_bitmap | rank_bit;
+            hdr.ina.present = present;
+            hdr.ina.nonfinite = nonfinite;
+            hdr.ina.exponent = exponent;
+            hdr.ina.length = length;
+        }
+
+        // Lengths of what leaves: header, positions and the blocks now valid.
+        bit<16> nblocks = 0;
+        FOR_EACH_LANE(SPINA_COUNT_BLOCK)
+        hdr.udp.length = UDP_HDR_BYTES + INA_HDR_BYTES + 4 * (bit<16>)hdr.ina.nlanes
+                         + nblocks * BLOCK_BYTES;
+        hdr.ipv4.total_len = IPV4_HDR_BYTES + hdr.udp.length;
+        reply_to_sender();
+        if (accumulate) {
+            std.mcast_grp = meta.adm.mcast_grp;  // the result, to every worker of the job
+        } else {
+            std.egress_spec = std.ingress_port;  // result or status, back to the resender
+        }
+    }
+}
+
+#endif

@@ -1,0 +1,40 @@
+/* SpINA: is this a well-formed INA contribution? The same test as wire.check_header plus
+ * "hosts send contributions only" (softswitch Pipeline.process), decided from header fields
+ * and the UDP length, so that packets whose sizes the P4 cannot parse are judged as the
+ * software switch judges them. Such packets carry no job id one can trust: they are counted
+ * per ingress port.
+ */
+#ifndef SPINA_INA_CHECK_P4
+#define SPINA_INA_CHECK_P4
+
+control InaCheck(in headers_t hdr, in standard_metadata_t std, out bool malformed) {
+    @name(".port_malformed") counter(MAX_PORTS, CounterType.packets) port_malformed;
+
+    apply {
+        // popcount(present), branch-free (no loops in P4): pairwise sums of bits.
+        bit<64> x = hdr.ina.present;
+        x = x - ((x >> 1) & 0x5555555555555555);
+        x = (x & 0x3333333333333333) + ((x >> 2) & 0x3333333333333333);
+        x = (x + (x >> 4)) & 0x0f0f0f0f0f0f0f0f;
+        bit<32> npresent = (bit<32>)((x * 0x0101010101010101) >> 56);
+        // wire.packet_len + the UDP header: the only length a switch can trust.
+        bit<32> want = (bit<32>)UDP_HDR_BYTES + (bit<32>)INA_HDR_BYTES
+                       + 4 * (bit<32>)hdr.ina.nlanes
+                       + 4 * (bit<32>)hdr.ina.block_size * npresent;
+        malformed = std.parser_error != error.NoError
+            || !hdr.ina.isValid()
+            || hdr.ina.version != INA_VERSION
+            || hdr.ina.msg_type != MSG_CONTRIB
+            || hdr.ina.nlanes == 0 || hdr.ina.nlanes > WIRE_MAX_LANES
+            || hdr.ina.block_size == 0
+            || hdr.ina.rank >= WIRE_MAX_WORKERS
+            || (hdr.ina.present >> hdr.ina.nlanes) != 0
+            || (hdr.ina.nonfinite >> hdr.ina.nlanes) != 0
+            || (bit<32>)hdr.udp.length != want;
+        if (malformed) {
+            port_malformed.count((bit<32>)std.ingress_port);
+        }
+    }
+}
+
+#endif

@@ -1,0 +1,48 @@
+/* SpINA: constants and types shared by every target.
+ *
+ * Names follow p4src/README.md: types end in _t, constants are UPPER_SNAKE. The values mirror
+ * spina/wire.py (message types, flag bits) and softswitch/spec.py (protocol numbers, INA port);
+ * tests/test_p4_agreement.py checks them.
+ */
+#ifndef SPINA_DEFINE_P4
+#define SPINA_DEFINE_P4
+
+typedef bit<48> mac_addr_t;
+typedef bit<32> ipv4_addr_t;
+typedef bit<9>  port_t;      // v1model port width
+typedef bit<16> mcast_grp_t; // v1model multicast group / replication id width
+typedef bit<19> qdepth_t;    // v1model enq_qdepth width
+
+const bit<16> ETHERTYPE_IPV4 = 0x0800;
+const bit<8>  IP_PROTO_UDP = 17;
+// INA packets are recognised by this UDP destination port (wire.DEFAULT_UDP_PORT). A constant
+// rather than a parser value set: BMv2's P4Runtime support for value sets is partial.
+const bit<16> INA_UDP_PORT = 47000;
+
+const bit<8> INA_VERSION = 1;
+const bit<8> MSG_CONTRIB = 1;
+const bit<8> MSG_RESULT = 2;
+const bit<8> MSG_STATUS = 3;
+
+const bit<8> FLAG_RESEND = 0x01;
+const bit<8> FLAG_LOSS_TOLERANT = 0x02;
+const bit<8> FLAG_LAST = 0x04;
+const bit<8> FLAG_PARTIAL = 0x08;
+const bit<8> FLAG_MISMATCH = 0x10;
+
+// enq_qdepth never exceeds this: the congestion threshold that never drops.
+const qdepth_t QDEPTH_NEVER = 0x7ffff;
+
+const bit<8> WIRE_MAX_LANES = 64;   // present/nonfinite are 64-bit lane bitmaps
+const bit<8> WIRE_MAX_WORKERS = 32; // bitmap is a 32-bit rank bitmap
+
+const bit<16> ETH_HDR_BYTES = 14;
+const bit<16> IPV4_HDR_BYTES = 20;  // no options: the parser only takes ihl == 5 further
+const bit<16> UDP_HDR_BYTES = 8;
+const bit<16> INA_HDR_BYTES = 48;   // wire.HEADER_LEN
+
+// cpp helpers: stringify after expansion, so that generated instances get global @names.
+#define SPINA_STR(x) #x
+#define SPINA_XSTR(x) SPINA_STR(x)
+
+#endif

@@ -1,0 +1,67 @@
+/* SpINA for BMv2 simple_switch_grpc (v1model): includes, instantiates and sequences the
+ * feature controls of include/control/. Build: `make p4` (p4src/README.md).
+ *
+ * Ingress: an INA packet for this switch (ina_endpoint) is checked, admitted and aggregated;
+ * everything else is forwarded (l2, then ipv4_routes). Egress: per-worker rewrite of result
+ * copies, then the loss-tolerant drop under congestion.
+ */
+#include <core.p4>
+#include <v1model.p4>
+
+#include "../shared/define.p4"
+#include "../shared/size.p4"
+#include "../shared/header.p4"
+#include "../include/control/parser.p4"
+#include "../include/control/ina_check.p4"
+#include "../include/control/admission.p4"
+#include "../include/control/aggregator.p4"
+#include "../include/control/forwarding.p4"
+#include "../include/control/priority.p4"
+#include "../include/control/egress_rewrite.p4"
+
+control SpinaIngress(inout headers_t hdr, inout metadata_t meta,
+                     inout standard_metadata_t std) {
+    InaEndpoint() ina_endpoint_ctl;
+    InaCheck() ina_check_ctl;
+    Admission() admission_ctl;
+    Aggregator() aggregator_ctl;
+    Forwarding() forwarding_ctl;
+    Priority() priority_ctl;
+
+    apply {
+        meta.ina_emitted = false;
+        meta.ipv4_update = false;
+        ina_endpoint_ctl.apply(hdr, meta);
+        if (meta.ina_local) {
+            bool malformed;
+            ina_check_ctl.apply(hdr, std, malformed);
+            if (malformed) {
+                mark_to_drop(std);
+            } else {
+                admission_ctl.apply(hdr, meta, std);
+                if (meta.adm.hit) {
+                    aggregator_ctl.apply(hdr, meta, std);
+                } else {
+                    mark_to_drop(std);
+                }
+            }
+        } else {
+            forwarding_ctl.apply(hdr, meta, std);
+        }
+        priority_ctl.apply(hdr, std);
+    }
+}
+
+control SpinaEgress(inout headers_t hdr, inout metadata_t meta,
+                    inout standard_metadata_t std) {
+    WorkerRewrite() worker_rewrite_ctl;
+    CongestionDrop() congestion_drop_ctl;
+
+    apply {
+        worker_rewrite_ctl.apply(hdr, meta, std);
+        congestion_drop_ctl.apply(hdr, std);
+    }
+}
+
+V1Switch(SpinaParser(), SpinaVerifyChecksum(), SpinaIngress(), SpinaEgress(),
+         SpinaComputeChecksum(), SpinaDeparser()) main;

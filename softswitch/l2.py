@@ -1,0 +1,460 @@
+"""The software switch in L2 mode: Ethernet frames on network interfaces, the P4 program's
+whole pipeline (p4src/v1model/spina_v1model.p4) in Python.
+
+`Dataplane` is the frame-level pipeline, with no sockets: the P4 parser, ina_endpoint,
+InaCheck, admission and the aggregator (softswitch.pipeline.Pipeline), l2/ipv4_routes
+forwarding, the packet replication engine (multicast groups of (port, rid)), worker_rewrite,
+the congestion drop and the IPv4 checksum. bmv2_tests drive it in-process.
+`L2Switch` attaches a Dataplane to interfaces (veth, mininet links) with AF_PACKET raw
+sockets, numbered like BMv2's `-i N@intf`.
+
+Tables are written through one generic entry point (`table_add`, `table_set_default`,
+`mcast_group_set`) with the P4 names of softswitch/spec.py, so the controller can drive this
+switch and BMv2 alike.
+
+Frame layout the parser accepts (as the P4 parser): Ethernet II | IPv4 with ihl 5 | UDP with
+destination port INA_UDP_PORT | INA header ... Anything else is forwarded.
+"""
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import select
+import socket
+import struct
+import threading
+from dataclasses import dataclass
+
+from softswitch import spec
+from softswitch.pipeline import (DEFAULT_POOL_SLOTS, DEFAULT_SLOT_CAPACITY, Admission,
+                                 Pipeline)
+from spina import wire
+
+log = logging.getLogger("spina.softswitch.l2")
+
+ETH_LEN, IPV4_LEN, UDP_LEN = 14, 20, 8
+L4_OFF = ETH_LEN + IPV4_LEN        # UDP header offset
+INA_OFF = L4_OFF + UDP_LEN         # INA header offset
+_ETH_P_ALL = 0x0003
+_PACKET_OUTGOING = 4
+
+
+# ---------------------------------------------------------------- value helpers
+def mac_bytes(mac) -> bytes:
+    """'02:00:00:00:00:01', an int or 6 bytes -> 6 bytes."""
+    if isinstance(mac, (bytes, bytearray)):
+        if len(mac) != 6:
+            raise ValueError(f"MAC address needs 6 bytes, got {len(mac)}")
+        return bytes(mac)
+    if isinstance(mac, int):
+        return mac.to_bytes(6, "big")
+    parts = str(mac).split(":")
+    if len(parts) != 6:
+        raise ValueError(f"bad MAC address {mac!r}")
+    return bytes(int(p, 16) for p in parts)
+
+
+def ip_str(addr) -> str:
+    """'10.0.0.1', an int or 4 bytes -> '10.0.0.1' (the form Pipeline's admission keys use)."""
+    if isinstance(addr, (bytes, bytearray)):
+        return socket.inet_ntoa(bytes(addr))
+    return str(ipaddress.IPv4Address(addr))
+
+
+def ipv4_checksum(header: bytes) -> int:
+    """RFC 791 header checksum of a 20-byte header whose checksum field is zero."""
+    s = sum(struct.unpack("!10H", header))
+    s = (s & 0xFFFF) + (s >> 16)
+    s = (s & 0xFFFF) + (s >> 16)
+    return ~s & 0xFFFF
+
+
+def with_ipv4_checksum(frame: bytearray) -> bytearray:
+    """Recompute the checksum of the IPv4 header at offset 14 (as SpinaComputeChecksum)."""
+    frame[24:26] = b"\0\0"
+    frame[24:26] = ipv4_checksum(bytes(frame[ETH_LEN:L4_OFF])).to_bytes(2, "big")
+    return frame
+
+
+@dataclass(frozen=True)
+class Route:
+    network: ipaddress.IPv4Network
+    port: int
+    src_mac: bytes
+    dst_mac: bytes
+
+
+# ---------------------------------------------------------------- the frame pipeline
+class Dataplane:
+    """The P4 program's pipeline on Ethernet frames. `process(frame, port)` -> [(port, frame)].
+
+    Args:
+        pool_slots, slot_capacity: the aggregation register pool (softswitch.pipeline).
+        ina_udp_port: the UDP destination port the parser recognises (P4: INA_UDP_PORT).
+    """
+
+    def __init__(self, pool_slots: int = DEFAULT_POOL_SLOTS,
+                 slot_capacity: int = DEFAULT_SLOT_CAPACITY,
+                 ina_udp_port: int = spec.INA_UDP_PORT):
+        self.pipeline = Pipeline(pool_slots, slot_capacity)
+        self.ina_udp_port = ina_udp_port
+        self.ina_endpoint: set[bytes] = set()                 # IPv4 dst (4 bytes)
+        self.l2: dict[bytes, int] = {}                        # dst MAC -> port
+        self.ipv4_routes: dict[ipaddress.IPv4Network, Route] = {}
+        self.mcast_groups: dict[int, list[tuple[int, int]]] = {}  # grp -> [(port, rid)]
+        self.worker_rewrite: dict[int, tuple[bytes, bytes, int]] = {}  # rid -> (mac, ip, udp)
+        # enq_qdepth the egress sees per port; a real switch measures it, L2Switch has no
+        # queue of its own (0), tests may set it to exercise the congestion drop.
+        self.qdepth: dict[int, int] = {}
+
+    # ------------------------------------------------------------ control plane
+    @property
+    def counters(self):
+        return self.pipeline.counters
+
+    @property
+    def registers(self):
+        return self.pipeline.registers
+
+    def table_add(self, table: str, key: dict, action: str, params: dict | None = None) -> None:
+        """Insert (or replace) one entry; names and fields as in softswitch/spec.py TABLES."""
+        params = dict(params or {})
+        t = spec.TABLES.get(table)
+        if t is None:
+            raise KeyError(f"no table {table!r} (tables: {', '.join(spec.TABLES)})")
+        if action not in t.actions:
+            raise KeyError(f"table {table!r} has no action {action!r} ({', '.join(t.actions)})")
+        want = {k.name for k in t.keys}
+        if set(key) != want:
+            raise KeyError(f"table {table!r} needs keys {sorted(want)}, got {sorted(key)}")
+        want_p = {p for p, _ in spec.ACTIONS[action].params}
+        if set(params) != want_p:
+            raise KeyError(f"action {action!r} needs parameters {sorted(want_p)}, "
+                           f"got {sorted(params)}")
+        if table == "ina_endpoint":
+            self.ina_endpoint.add(socket.inet_aton(ip_str(key["dst_addr"])))
+        elif table == "admission":
+            k = (int(key["ingress_port"]), (ip_str(key["src_addr"]), int(key["src_port"])),
+                 int(key["job"]), int(key["rank"]))
+            if action == "reject":
+                self.pipeline.admission.pop(k, None)
+            elif int(params["mcast_grp"]) == 0:
+                # v1model: mcast_grp 0 means "no multicast"; the result would leave on port 0.
+                raise ValueError("admit: mcast_grp must be 1..65535 (0 is no multicast group)")
+            else:
+                self.pipeline.admission[k] = Admission(
+                    k[2], int(params["epoch"]), int(params["slot_base"]), int(params["nslots"]),
+                    int(params["nworkers"]), int(params["block_size"]), int(params["nlanes"]),
+                    int(params["mcast_grp"]))
+        elif table == "l2":
+            self.l2[mac_bytes(key["dst_mac"])] = int(params["port"])
+        elif table == "ipv4_routes":
+            net = ipaddress.IPv4Network(key["dst_addr"], strict=False)
+            if action == "drop":
+                self.ipv4_routes.pop(net, None)
+            else:
+                self.ipv4_routes[net] = Route(net, int(params["port"]),
+                                              mac_bytes(params["src_mac"]),
+                                              mac_bytes(params["dst_mac"]))
+        elif table == "worker_rewrite":
+            self.worker_rewrite[int(key["rid"])] = (
+                mac_bytes(params["dst_mac"]), socket.inet_aton(ip_str(params["dst_addr"])),
+                int(params["dst_port"]))
+        else:
+            raise KeyError(f"table {table!r} takes no entries here")
+
+    def table_delete(self, table: str, key: dict) -> None:
+        if table == "admission":
+            self.pipeline.admission.pop((int(key["ingress_port"]),
+                                         (ip_str(key["src_addr"]), int(key["src_port"])),
+                                         int(key["job"]), int(key["rank"])), None)
+        elif table == "ina_endpoint":
+            self.ina_endpoint.discard(socket.inet_aton(ip_str(key["dst_addr"])))
+        elif table == "l2":
+            self.l2.pop(mac_bytes(key["dst_mac"]), None)
+        elif table == "ipv4_routes":
+            self.ipv4_routes.pop(ipaddress.IPv4Network(key["dst_addr"], strict=False), None)
+        elif table == "worker_rewrite":
+            self.worker_rewrite.pop(int(key["rid"]), None)
+        else:
+            raise KeyError(f"no table {table!r} with entries")
+
+    def table_set_default(self, table: str, action: str, params: dict | None = None) -> None:
+        """Only `congestion` has a default action with parameters."""
+        if table != "congestion" or action != "set_qdepth_threshold":
+            raise KeyError(f"table {table!r}: default action {action!r} is fixed")
+        self.pipeline.qdepth_threshold = int((params or {})["qdepth"])
+
+    def mcast_group_set(self, grp: int, replicas: list[tuple[int, int]]) -> None:
+        """Packet replication engine: group -> [(egress port, replication id)]."""
+        if not replicas:
+            self.mcast_groups.pop(grp, None)
+        else:
+            self.mcast_groups[grp] = [(int(p), int(r)) for p, r in replicas]
+
+    # ------------------------------------------------------------ data plane
+    def process(self, frame: bytes, port: int) -> list[tuple[int, bytes]]:
+        """One frame in on `port`; the frames out, as (egress port, bytes)."""
+        n = len(frame)
+        if n < ETH_LEN:
+            return []  # no Ethernet header: Forwarding drops it
+        udp = (n >= INA_OFF and frame[12] == 0x08 and frame[13] == 0x00
+               and frame[14] & 0x0F == 5 and frame[23] == spec.IP_PROTO_UDP)
+        ina_port = udp and (frame[36] << 8 | frame[37]) == self.ina_udp_port
+        if ina_port and frame[30:34] in self.ina_endpoint:
+            return self._terminate(frame, port)
+        return self._forward(frame, port, ina_port and n >= INA_OFF + wire.HEADER_LEN)
+
+    def _terminate(self, frame: bytes, port: int) -> list[tuple[int, bytes]]:
+        pipe = self.pipeline
+        udp_len = frame[38] << 8 | frame[39]
+        payload = frame[INA_OFF:L4_OFF + udp_len]
+        if len(payload) != udp_len - UDP_LEN:
+            # Shorter than its UDP length: the P4 parser runs out of packet (parser_error).
+            pipe.counters["port_malformed"][port % spec.MAX_PORTS] += 1
+            return []
+        src = (socket.inet_ntoa(frame[26:30]), frame[34] << 8 | frame[35])
+        out = []
+        for e in pipe.process(payload, port, src):
+            # reply_to_sender: swap addresses, new lengths, UDP checksum 0.
+            head = bytearray(frame[:INA_OFF])
+            head[0:6], head[6:12] = frame[6:12], frame[0:6]
+            head[26:30], head[30:34] = frame[30:34], frame[26:30]
+            head[34:36], head[36:38] = frame[36:38], frame[34:36]
+            head[38:40] = (UDP_LEN + len(e.data)).to_bytes(2, "big")
+            head[40:42] = b"\0\0"
+            head[16:18] = (IPV4_LEN + UDP_LEN + len(e.data)).to_bytes(2, "big")
+            if not e.multicast:
+                out += self._egress(port, 0, head, e.data)
+                continue
+            for eport, rid in self.mcast_groups.get(e.mcast_grp, ()):
+                out += self._egress(eport, rid, bytearray(head), e.data)
+        return out
+
+    def _egress(self, eport: int, rid: int, head: bytearray, data: bytes):
+        """WorkerRewrite, CongestionDrop, then the checksum, for one copy the switch wrote."""
+        if rid:
+            rw = self.worker_rewrite.get(rid)
+            if rw is None:
+                return []  # drop_replica
+            head[0:6], head[30:34] = rw[0], rw[1]
+            head[36:38] = rw[2].to_bytes(2, "big")
+        if self.pipeline.congestion_drop(data, self.qdepth.get(eport, 0)):
+            return []
+        return [(eport, bytes(with_ipv4_checksum(head)) + data)]
+
+    def _forward(self, frame: bytes, port: int, ina_valid: bool) -> list[tuple[int, bytes]]:
+        eport = self.l2.get(frame[0:6])
+        if eport is not None:
+            out = frame  # bridged: byte for byte
+        else:
+            if len(frame) < L4_OFF or frame[12:14] != b"\x08\x00":
+                return []
+            route = self._lpm(frame[30:34])
+            if route is None:
+                return []
+            f = bytearray(frame)
+            f[0:6], f[6:12] = route.dst_mac, route.src_mac
+            f[22] = (f[22] - 1) & 0xFF
+            eport, out = route.port, bytes(with_ipv4_checksum(f))
+        if ina_valid and self.pipeline.congestion_drop(out[INA_OFF:], self.qdepth.get(eport, 0)):
+            return []
+        return [(eport, out)]
+
+    def _lpm(self, dst: bytes) -> Route | None:
+        if not self.ipv4_routes:
+            return None
+        addr = ipaddress.IPv4Address(dst)
+        best = None
+        for net, r in self.ipv4_routes.items():
+            if addr in net and (best is None or net.prefixlen > best.network.prefixlen):
+                best = r
+        return best
+
+    # ------------------------------------------------------------ observation
+    def counter(self, name: str, index: int) -> int:
+        return int(self.pipeline.counters[name][index])
+
+    def register(self, p4_name: str, index: int) -> int:
+        """A register cell by its P4 name ('slot_values_l1_e5'), as the P4's unsigned bits.
+
+        Value and lane registers map onto the pipeline's arrays with the P4 block size.
+        """
+        base, lane, elem = spec.split_p4_register(p4_name)
+        reg = {r.name: r for r in spec.REGISTERS}.get(base)
+        if reg is None:
+            raise KeyError(f"no register {p4_name!r}")
+        arr = self.pipeline.registers[base]
+        if reg.shape == spec.SLOT:
+            v = arr[index]
+        elif reg.shape == spec.LANE:
+            v = arr[index, lane]
+        else:
+            v = arr[index, lane * spec.P4_SIZES["BLOCK_SIZE"] + elem]
+        return int(v) & ((1 << reg.width) - 1)
+
+
+# ---------------------------------------------------------------- raw sockets
+class L2Switch:
+    """The Dataplane on network interfaces. `start()` runs it in a thread; `stop()` ends it.
+
+    Args:
+        interfaces: {port number: interface name}, as BMv2's `-i 1@veth1`.
+        dataplane: the pipeline to run (a new one if None).
+    """
+
+    def __init__(self, interfaces: dict[int, str], dataplane: Dataplane | None = None):
+        self.dataplane = dataplane or Dataplane()
+        self.socks: dict[int, socket.socket] = {}
+        try:
+            for port, ifname in interfaces.items():
+                s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(_ETH_P_ALL))
+                s.bind((ifname, 0))
+                s.setblocking(False)
+                self.socks[port] = s
+        except OSError:
+            self.close()
+            raise
+        self.interfaces = dict(interfaces)
+        self._by_fd = {s.fileno(): p for p, s in self.socks.items()}
+        self._stop_r, self._stop_w = os.pipe()
+        self._thread: threading.Thread | None = None
+        self.frames_in = self.frames_out = 0
+
+    def serve_forever(self) -> None:
+        poller = select.poll()
+        for fd in self._by_fd:
+            poller.register(fd, select.POLLIN)
+        poller.register(self._stop_r, select.POLLIN)
+        dp = self.dataplane
+        log.info("software switch (L2) on %s",
+                 ", ".join(f"{p}@{i}" for p, i in self.interfaces.items()))
+        while True:
+            for fd, _ in poller.poll():
+                if fd == self._stop_r:
+                    return
+                port = self._by_fd[fd]
+                sock = self.socks[port]
+                while True:  # drain: one poll wake-up per burst
+                    try:
+                        frame, addr = sock.recvfrom(65536)
+                    except (BlockingIOError, InterruptedError):
+                        break
+                    except OSError as e:
+                        log.debug("port %d: %s", port, e)
+                        break
+                    if addr[2] == _PACKET_OUTGOING:
+                        continue  # our own transmission seen again on this interface
+                    self.frames_in += 1
+                    try:
+                        outs = dp.process(frame, port)
+                    except Exception:  # a bug must not take the switch down
+                        log.exception("pipeline error on a frame from port %d; dropped", port)
+                        continue
+                    for eport, data in outs:
+                        out = self.socks.get(eport)
+                        if out is None:
+                            continue
+                        try:
+                            out.send(data)
+                            self.frames_out += 1
+                        except OSError as e:
+                            log.debug("send on port %d failed: %s", eport, e)
+
+    def start(self) -> "L2Switch":
+        self._thread = threading.Thread(target=self.serve_forever, name="spina-l2", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        os.write(self._stop_w, b"x")
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self.close()
+
+    def close(self) -> None:
+        for s in self.socks.values():
+            s.close()
+        self.socks.clear()
+        for fd in (getattr(self, "_stop_r", None), getattr(self, "_stop_w", None)):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self._stop_r = self._stop_w = None
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+# ---------------------------------------------------------------- configuration
+def configure(dp: Dataplane, cfg: dict) -> None:
+    """Fill a Dataplane's tables from a switch config (see softswitch/README.md):
+
+    {"endpoints": ["10.0.0.100"],
+     "l2": [{"mac": "02:..", "port": 1}],
+     "routes": [{"prefix": "10.1.0.0/16", "port": 3, "src_mac": "..", "dst_mac": ".."}],
+     "qdepth_threshold": 64,
+     "jobs": [{JobConfig fields..., "mcast_grp": 1,
+               "workers": [{"host": "10.0.0.1", "port": 50000, "mac": "..", "switch_port": 1}]}]}
+    Errors name the field (spina.config.ConfigError).
+    """
+    from spina.config import ConfigError, JobConfig
+
+    known = {"endpoints", "l2", "routes", "qdepth_threshold", "jobs"}
+    for k in cfg:
+        if k not in known:
+            raise ConfigError(f"unknown field '{k}' (known: {', '.join(sorted(known))})")
+    try:
+        for ep in cfg.get("endpoints", ()):
+            dp.table_add("ina_endpoint", {"dst_addr": ep}, "accept_ina")
+        for i, e in enumerate(cfg.get("l2", ())):
+            dp.table_add("l2", {"dst_mac": e["mac"]}, "bridge", {"port": e["port"]})
+        for i, r in enumerate(cfg.get("routes", ())):
+            dp.table_add("ipv4_routes", {"dst_addr": r["prefix"]}, "route",
+                         {"port": r["port"], "src_mac": r["src_mac"], "dst_mac": r["dst_mac"]})
+        if "qdepth_threshold" in cfg:
+            dp.table_set_default("congestion", "set_qdepth_threshold",
+                                 {"qdepth": int(cfg["qdepth_threshold"])})
+    except (KeyError, ValueError, TypeError) as e:
+        raise ConfigError(f"switch config: {e}") from None
+    for j, jd in enumerate(cfg.get("jobs", ())):
+        jd = dict(jd)
+        grp = int(jd.pop("mcast_grp", jd.get("job", 0) + 1))
+        job = JobConfig.from_dict(jd)
+        try:
+            ports = [int(w["switch_port"]) for w in jd["workers"]]
+            macs = [w["mac"] for w in jd["workers"]]
+        except KeyError as e:
+            raise ConfigError(f"job {job.job}: field 'workers': each needs {e}") from None
+        add_job(dp, job, ports, macs, grp)
+
+
+def add_job(dp: Dataplane, job, ports: list[int], macs: list, mcast_grp: int,
+            rid_base: int | None = None) -> None:
+    """Program everything a job needs: admission, its multicast group and worker rewrites.
+
+    Replication ids are job * MAX_WORKERS + rank + 1 unless `rid_base` is given (unique on the
+    switch; 0 means "no rewrite").
+    """
+    job.validate(dp.pipeline.pool_slots, dp.pipeline.slot_capacity)
+    dp.pipeline.remove_job(job.job)
+    base = job.job * wire.MAX_WORKERS + 1 if rid_base is None else rid_base
+    replicas = []
+    for w, port, mac in zip(job.workers, ports, macs):
+        dp.table_add("admission", {"ingress_port": port, "src_addr": w.host, "src_port": w.port,
+                                   "job": job.job, "rank": w.rank}, "admit",
+                     {"epoch": job.epoch, "slot_base": job.slot_base, "nslots": job.nslots,
+                      "nworkers": job.nworkers, "block_size": job.block_size,
+                      "nlanes": job.nlanes, "mcast_grp": mcast_grp})
+        rid = base + w.rank
+        dp.table_add("worker_rewrite", {"rid": rid}, "rewrite_for_worker",
+                     {"dst_mac": mac, "dst_addr": w.host, "dst_port": w.port})
+        replicas.append((port, rid))
+    dp.mcast_group_set(mcast_grp, replicas)
+    dp.pipeline.clear_slots(job.slot_base, job.nslots)

@@ -1,0 +1,207 @@
+"""The pipeline's names and sizes as data: the one place the software switch, the controller
+and the tests take them from.
+
+p4src/ declares the same tables, actions, registers and counters (tests/test_p4_agreement.py
+checks both directions), and p4src/shared/size.p4 the same P4 sizes (P4_SIZES below). Keys and
+action parameters carry their bit widths, so that a P4Info can be generated from this module and
+compared with the one p4c writes.
+
+Registers come in three shapes. A "slot" register has one cell per slot copy; a "lane" register
+one array per lane (`slot_next_l<L>` in P4, a column of `slot_next` here); a "value" register one
+array per lane and element (`slot_values_l<L>_e<E>` in P4, SwitchML's layout: a switch stage
+updates each register array once per packet, so the elements of a block cannot share one).
+The software switch keeps each shape in one numpy array; `p4_register_names` expands them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from spina import wire
+
+# ---------------------------------------------------------------- sizes (p4src/shared/size.p4)
+# The P4 program's sizes; the software switch accepts larger blocks and fusion than these.
+P4_SIZES = {
+    "POOL_SLOTS": 256,      # slots in the pool; registers hold 2 shadow copies each
+    "BLOCK_SIZE": 32,       # int32 elements per block (one register array per element)
+    "NLANES": 4,            # blocks fused per packet (one set of value registers per lane)
+    "MAX_WORKERS": 32,      # ranks per job: slot_bitmap is 32 bits
+    "MAX_JOBS": 65536,      # job id is 16 bits: counters indexed by job
+    "MAX_PORTS": 512,       # v1model port is 9 bits: counters indexed by port
+    "MAX_RIDS": 4096,       # worker rewrite entries (multicast replication ids)
+    "L2_ENTRIES": 1024,
+    "IPV4_ENTRIES": 1024,
+    "ADMISSION_ENTRIES": 1024,
+}
+MAX_JOBS = P4_SIZES["MAX_JOBS"]
+MAX_PORTS = P4_SIZES["MAX_PORTS"]
+
+# Constants the P4 program hard-codes (p4src/shared/define.p4).
+ETHERTYPE_IPV4 = 0x0800
+IP_PROTO_UDP = 17
+INA_UDP_PORT = wire.DEFAULT_UDP_PORT  # the parser recognises INA packets by this dst port
+
+# ---------------------------------------------------------------- registers
+SLOT, LANE, VALUE = "slot", "lane", "value"
+
+
+@dataclass(frozen=True)
+class Register:
+    name: str
+    width: int
+    shape: str = SLOT
+
+
+REGISTERS = (
+    Register("slot_round", 32),
+    Register("slot_bitmap", 32),
+    Register("slot_count", 32),
+    Register("slot_values", 32, VALUE),
+    Register("slot_next", 32, LANE),
+    Register("slot_present", 64),
+    Register("slot_nonfinite", 64),
+    Register("slot_exponent", 16),
+    Register("slot_length", 32),
+    Register("slot_flags", 8),
+)
+REGISTER_NAMES = tuple(r.name for r in REGISTERS)
+
+
+def p4_register_names(nlanes: int = P4_SIZES["NLANES"],
+                      block_size: int = P4_SIZES["BLOCK_SIZE"]) -> list[str]:
+    """The register arrays as the P4 program names them."""
+    out = []
+    for r in REGISTERS:
+        if r.shape == SLOT:
+            out.append(r.name)
+        elif r.shape == LANE:
+            out += [f"{r.name}_l{lane}" for lane in range(nlanes)]
+        else:
+            out += [f"{r.name}_l{lane}_e{e}" for lane in range(nlanes) for e in range(block_size)]
+    return out
+
+
+def split_p4_register(name: str) -> tuple[str, int | None, int | None]:
+    """'slot_values_l1_e5' -> ('slot_values', 1, 5); 'slot_next_l2' -> ('slot_next', 2, None)."""
+    parts = name.split("_")
+    lane = elem = None
+    if parts[-1].startswith("e") and parts[-1][1:].isdigit():
+        elem = int(parts.pop()[1:])
+    if parts[-1].startswith("l") and parts[-1][1:].isdigit():
+        lane = int(parts.pop()[1:])
+    return "_".join(parts), lane, elem
+
+
+# ---------------------------------------------------------------- counters
+JOB_COUNTERS = ("job_received", "job_aggregated", "job_duplicates", "job_results",
+                "job_stale", "job_congestion_drops")
+PORT_COUNTERS = ("port_malformed", "port_unadmitted")
+COUNTERS = {**{n: MAX_JOBS for n in JOB_COUNTERS}, **{n: MAX_PORTS for n in PORT_COUNTERS}}
+
+
+# ---------------------------------------------------------------- tables and actions
+@dataclass(frozen=True)
+class Key:
+    name: str      # the @name of the key in P4
+    match: str     # exact | lpm | ternary
+    width: int
+
+
+@dataclass(frozen=True)
+class Action:
+    name: str
+    params: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    keys: tuple[Key, ...]
+    actions: tuple[str, ...]
+    default: str
+    size: int
+
+
+ACTIONS = {a.name: a for a in (
+    Action("accept_ina"),
+    Action("admit", (("epoch", 16), ("slot_base", 16), ("nslots", 16), ("nworkers", 8),
+                     ("block_size", 16), ("nlanes", 8), ("mcast_grp", 16))),
+    Action("reject"),
+    Action("set_qdepth_threshold", (("qdepth", 19),)),
+    Action("bridge", (("port", 9),)),
+    Action("route", (("port", 9), ("src_mac", 48), ("dst_mac", 48))),
+    Action("rewrite_for_worker", (("dst_mac", 48), ("dst_addr", 32), ("dst_port", 16))),
+    Action("drop"),
+    Action("drop_replica"),
+    Action("NoAction"),
+)}
+
+TABLES = {t.name: t for t in (
+    # INA packets addressed to one of the switch's own addresses are aggregated here; any other
+    # INA packet (a leaf forwarding to the aggregating spine) takes ordinary forwarding.
+    Table("ina_endpoint", (Key("dst_addr", "exact", 32),), ("accept_ina", "NoAction"),
+          "NoAction", 64),
+    # The sender's identity with the (job, rank) it claims: a host cannot speak for another.
+    Table("admission", (Key("ingress_port", "exact", 9), Key("src_addr", "exact", 32),
+                        Key("src_port", "exact", 16), Key("job", "exact", 16),
+                        Key("rank", "exact", 8)),
+          ("admit", "reject"), "reject", P4_SIZES["ADMISSION_ENTRIES"]),
+    Table("congestion", (), ("set_qdepth_threshold",), "set_qdepth_threshold", 1),
+    Table("l2", (Key("dst_mac", "exact", 48),), ("bridge", "NoAction"), "NoAction",
+          P4_SIZES["L2_ENTRIES"]),
+    Table("ipv4_routes", (Key("dst_addr", "lpm", 32),), ("route", "drop"), "drop",
+          P4_SIZES["IPV4_ENTRIES"]),
+    Table("worker_rewrite", (Key("rid", "exact", 16),), ("rewrite_for_worker", "drop_replica"),
+          "drop_replica",
+          P4_SIZES["MAX_RIDS"]),
+)}
+
+# The queue depth threshold's default: never drop (bit<19> maximum, BMv2's enq_qdepth width).
+QDEPTH_NEVER = (1 << 19) - 1
+
+
+# ---------------------------------------------------------------- P4Info
+_ID_PREFIX = {"action": 0x01, "table": 0x02, "counter": 0x12, "register": 0x16}
+_MATCH_TYPE = {"exact": 2, "lpm": 3, "ternary": 4}  # p4info MatchField.MatchType values
+
+
+def _p4_id(kind: str, name: str) -> int:
+    import zlib
+    return _ID_PREFIX[kind] << 24 | (zlib.crc32(name.encode()) & 0xFFFFFF)
+
+
+def p4info():
+    """This declared pipeline as a P4Info message (p4.config.v1), for the software switch's
+    P4Runtime side and for comparing with p4c's output by name (IDs here are our own: the
+    controller looks names up, never IDs)."""
+    from p4.config.v1 import p4info_pb2
+
+    info = p4info_pb2.P4Info()
+    for a in ACTIONS.values():
+        pa = info.actions.add()
+        pa.preamble.id, pa.preamble.name = _p4_id("action", a.name), a.name
+        for i, (pname, width) in enumerate(a.params, start=1):
+            pa.params.add(id=i, name=pname, bitwidth=width)
+    for t in TABLES.values():
+        pt = info.tables.add()
+        pt.preamble.id, pt.preamble.name = _p4_id("table", t.name), t.name
+        for i, k in enumerate(t.keys, start=1):
+            pt.match_fields.add(id=i, name=k.name, bitwidth=k.width,
+                                match_type=_MATCH_TYPE[k.match])
+        for a in t.actions:
+            ref = pt.action_refs.add(id=_p4_id("action", a))
+            if a in ("NoAction", "drop_replica"):  # @defaultonly in the P4
+                ref.scope = p4info_pb2.ActionRef.DEFAULT_ONLY
+        pt.const_default_action_id = 0
+        pt.size = t.size
+    for name, size in COUNTERS.items():
+        pc = info.counters.add()
+        pc.preamble.id, pc.preamble.name = _p4_id("counter", name), name
+        pc.spec.unit = p4info_pb2.CounterSpec.PACKETS
+        pc.size = size
+    widths = {r.name: r.width for r in REGISTERS}
+    for name in p4_register_names():
+        pr = info.registers.add()
+        pr.preamble.id, pr.preamble.name = _p4_id("register", name), name
+        pr.type_spec.bitstring.bit.bitwidth = widths[split_p4_register(name)[0]]
+        pr.size = 2 * P4_SIZES["POOL_SLOTS"]
+    return info

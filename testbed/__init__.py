@@ -1,0 +1,1 @@
+"""Mininet testbeds: topologies whose switch nodes run the SpINA pipeline (testbed/README.md)."""

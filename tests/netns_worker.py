@@ -1,0 +1,53 @@
+"""One worker of an integration test, run inside a host's network namespace.
+
+    python tests/netns_worker.py JOB_JSON RANK SWITCH_IP SWITCH_PORT SEED N
+
+Runs one int32 and one float32 all-reduce of the deterministic tensors `tensors(seed, n, rank)`
+and prints a JSON line with their results' checksums, so the test can compare exactly.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+
+from host_agent.agent import Agent  # noqa: E402
+from spina.config import JobConfig  # noqa: E402
+
+
+def tensors(seed: int, n: int, rank: int) -> tuple[np.ndarray, np.ndarray]:
+    """A sparse int32 and a sparse float32 tensor, different per rank, zero in whole blocks."""
+    rng = np.random.default_rng(seed * 1000 + rank)
+    mask = np.repeat(rng.random(-(-n // 32)) < 0.3, 32)[:n]
+    ints = np.where(mask, rng.integers(-1000, 1000, n), 0).astype(np.int32)
+    floats = np.where(mask, rng.standard_normal(n), 0).astype(np.float32)
+    return ints, floats
+
+
+def digest(a: np.ndarray) -> str:
+    import hashlib
+    return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
+
+
+def main(argv):
+    job = JobConfig.from_dict(json.loads(argv[1]))
+    rank, switch = int(argv[2]), (argv[3], int(argv[4]))
+    seed, n = int(argv[5]), int(argv[6])
+    ints, floats = tensors(seed, n, rank)
+    with Agent(job, rank, switch, timeout=20) as agent:
+        isum = agent.allreduce(ints)
+        fsum = agent.allreduce(floats)
+    all_t = [tensors(seed, n, r) for r in range(job.nworkers)]
+    want_i = np.sum([t[0] for t in all_t], axis=0, dtype=np.int64).astype(np.int32)
+    want_f = np.sum([t[1].astype(np.float64) for t in all_t], axis=0)
+    print(json.dumps({"rank": rank, "ints_exact": bool((isum == want_i).all()),
+                      "float_err": float(np.abs(fsum - want_f).max()),
+                      "ints": digest(isum), "floats": digest(fsum)}), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv)
