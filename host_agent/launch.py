@@ -1,0 +1,87 @@
+"""Launch one job on this machine: a software switch plus the job file its workers read.
+
+    python -m host_agent.launch --nworkers 4 --job-file /tmp/spina-job.json
+
+picks a free loopback UDP port for every rank and for the switch, admits the job on a software
+switch (softswitch.udp.UdpSwitch), writes the job file (spina.config.JobFile) once the switch
+listens, and serves until SIGTERM or SIGINT. Training processes then create their agent with
+`host_agent.torch_hook.agent_from_env(job_file)`: no port is ever copied by hand.
+
+Ports are chosen by binding port 0 and releasing it; on loopback the window in which another
+program could take one of them before the worker binds it is small, and a clash shows up as
+an `OSError: address in use` at the worker, never as silent cross-talk (the switch admits a
+worker only from its registered address).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import socket
+import threading
+
+from softswitch.udp import UdpSwitch
+from spina.config import JobConfig, JobFile, WorkerAddr
+
+log = logging.getLogger("spina.launch")
+
+
+def free_udp_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """`n` distinct UDP ports that were free a moment ago (all held open while choosing)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def local_job(nworkers: int, job: int = 1, host: str = "127.0.0.1", **job_fields) -> JobConfig:
+    """A job whose `nworkers` ranks live on `host`, each on a free UDP port."""
+    ports = free_udp_ports(nworkers, host)
+    return JobConfig(job=job, workers=tuple(WorkerAddr(r, host, p) for r, p in enumerate(ports)),
+                     **job_fields).validate()
+
+
+def serve(job_file: str, nworkers: int, job: int = 1, host: str = "127.0.0.1",
+          switch_port: int = 0, stop: threading.Event | None = None, **job_fields) -> None:
+    """Start a switch for a fresh local job, write `job_file`, serve until `stop` is set."""
+    cfg = local_job(nworkers, job, host, **job_fields)
+    switch = UdpSwitch(host=host, port=switch_port)
+    switch.add_job(cfg)
+    switch.start()
+    JobFile(cfg, switch.address).write(job_file)
+    log.info("job %d: %d workers, switch on %s:%d, job file %s", cfg.job, nworkers,
+             *switch.address, job_file)
+    stop = stop or threading.Event()
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        switch.stop()
+        log.info("switch stopped: %d packets in (%d bytes), %d out (%d bytes)",
+                 switch.packets_in, switch.bytes_in, switch.packets_out, switch.bytes_out)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m host_agent.launch", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nworkers", type=int, required=True, help="ranks in the job")
+    ap.add_argument("--job-file", required=True, help="where to write the job file (JSON)")
+    ap.add_argument("--job", type=int, default=1, help="job id (default 1)")
+    ap.add_argument("--host", default="127.0.0.1", help="address of the switch and the workers")
+    ap.add_argument("--switch-port", type=int, default=0, help="switch UDP port (0: any free)")
+    ap.add_argument("--log-level", default="INFO")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    serve(args.job_file, args.nworkers, args.job, args.host, args.switch_port, stop)
+
+
+if __name__ == "__main__":
+    main()

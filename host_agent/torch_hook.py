@@ -1,0 +1,176 @@
+"""PyTorch DDP communication hook: gradient buckets are summed by a SpINA switch.
+
+DDP hands each gradient bucket to a hook `hook(state, bucket) -> torch.futures.Future[Tensor]`
+(torch.distributed.GradBucket; the future's value replaces the bucket's contents). This hook
+sums `bucket.buffer()` over all ranks with the SpINA agent (`Agent.allreduce`) and divides by
+the world size. Everything else DDP communicates (the initial parameter broadcast, buffer
+broadcasts, the unused-parameter bitmap) stays on the process group, i.e. gloo; so does any
+collective the training script calls itself.
+
+One line in a training script under `torchrun`:
+
+    model.register_comm_hook(SpinaHookState(agent_from_env()), spina_allreduce_hook)
+
+`agent_from_env` reads the job file that the launcher wrote (`python -m host_agent.launch`,
+spina.config.JobFile) from `$SPINA_JOB_FILE` and binds this rank's address from it.
+
+Why the sum is done in float32 and averaged afterwards: DDP's default hook divides every
+gradient by the world size before all-reduce; SpINA quantizes with a shared exponent, so
+dividing first buys nothing, and dividing the float32 sum once, then rounding once to the
+bucket's dtype (float16/bfloat16 buckets), loses less than rounding twice. Every rank gets
+bit-identical sums from the switch and applies the same float operations, so gradients stay
+bit-identical across ranks.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from host_agent.agent import Agent
+from spina.config import ConfigError, JobFile
+
+JOB_FILE_ENV = "SPINA_JOB_FILE"
+
+
+class SpinaHookState:
+    """State of `spina_allreduce_hook`: the rank's agent and running wire statistics.
+
+    Args:
+        agent: this rank's `host_agent.agent.Agent` (see `agent_from_env`).
+        world_size: divisor for averaging; default `agent.job.nworkers`.
+
+    Attributes (summed over every bucket since construction or `reset_stats()`):
+        calls: buckets all-reduced.
+        elements: gradient elements all-reduced.
+        bytes_sent / payload_bytes_sent: UDP payload bytes this rank sent / of those, block data.
+        seconds: wall time inside `Agent.allreduce`.
+    """
+
+    __slots__ = ("agent", "world_size", "calls", "elements", "bytes_sent", "payload_bytes_sent",
+                 "seconds")
+
+    def __init__(self, agent: Agent, world_size: int | None = None):
+        self.agent = agent
+        self.world_size = world_size or agent.job.nworkers
+        self.reset_stats()
+
+    def reset_stats(self) -> None:
+        self.calls = 0
+        self.elements = 0
+        self.bytes_sent = 0
+        self.payload_bytes_sent = 0
+        self.seconds = 0.0
+
+    def _count(self, n: int) -> None:
+        s = self.agent.last_stats
+        self.calls += 1
+        self.elements += n
+        self.bytes_sent += s.bytes_sent
+        self.payload_bytes_sent += s.payload_bytes_sent
+        self.seconds += s.seconds
+
+
+def spina_allreduce_hook(state: SpinaHookState, bucket) -> torch.futures.Future:
+    """Average a DDP gradient bucket over all ranks through the SpINA switch.
+
+    The all-reduce runs on the agent's worker thread (calls keep DDP's bucket order, which is
+    the same on every rank), so backward computation goes on while the bucket is on the wire.
+
+    Args:
+        state: a `SpinaHookState` holding this rank's agent.
+        bucket: DDP's `torch.distributed.GradBucket` (only `bucket.buffer()` is used: a flat
+            float32, float16 or bfloat16 CPU tensor).
+
+    Returns:
+        A `torch.futures.Future` whose value is the averaged flat tensor, same dtype and
+        length as `bucket.buffer()`. It fails with the agent's `SpinaError` (for example
+        `SpinaTimeout` naming the ranks that never contributed), which DDP raises in backward.
+
+    Example (run with `torchrun --nproc_per_node 2 this_script.py`; a fresh job and switch
+    are started by rank 0 here, in real use by `python -m host_agent.launch`):
+
+        import os, subprocess, sys, time, torch, torch.distributed as dist
+        from host_agent.torch_hook import SpinaHookState, agent_from_env, spina_allreduce_hook
+        dist.init_process_group("gloo")
+        path = f"/tmp/spina-job-{os.environ['MASTER_PORT']}.json"
+        if dist.get_rank() == 0:
+            sw = subprocess.Popen([sys.executable, "-m", "host_agent.launch",
+                                   "--nworkers", os.environ["WORLD_SIZE"], "--job-file", path])
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(10, 1))
+        model.register_comm_hook(SpinaHookState(agent_from_env(path)), spina_allreduce_hook)
+        model(torch.randn(8, 10)).sum().backward()   # gradients averaged by the switch
+        dist.barrier()
+        if dist.get_rank() == 0:
+            sw.terminate(); sw.wait()
+    """
+    buf = bucket.buffer()
+    dtype = buf.dtype
+    # float32 view without a copy for float32 buckets; one widening copy for half buckets.
+    flat = buf.detach().to(torch.float32).numpy()
+    out = torch.futures.Future()
+    world = state.world_size
+
+    def done(f):
+        try:
+            total = torch.from_numpy(f.result())
+            avg = total.div_(world)
+            out.set_result(avg if dtype == torch.float32 else avg.to(dtype))
+            state._count(len(flat))
+        except Exception as e:  # surfaces in DDP's backward on this rank
+            out.set_exception(e)
+
+    state.agent.allreduce_async(flat).add_done_callback(done)
+    return out
+
+
+def agent_from_env(job_file: str | None = None, rank: int | None = None, wait: float = 60.0,
+                   timeout: float = 30.0) -> Agent:
+    """Create this rank's SpINA agent from the job file the launcher wrote.
+
+    Args:
+        job_file: path of the JSON job file (spina.config.JobFile); default `$SPINA_JOB_FILE`.
+        rank: this worker's rank; default `$RANK` as set by torchrun, else the initialised
+            process group's rank.
+        wait: seconds to wait for the file to appear (the launcher may still be starting).
+        timeout: the agent's per-call timeout in seconds.
+
+    Returns:
+        An `Agent` bound to the job's address for `rank`, talking to the file's switch.
+
+    Raises:
+        ConfigError: no job file given, the file never appeared, or its worker count differs
+            from torchrun's `$WORLD_SIZE`.
+
+    Example:
+        >>> agent = agent_from_env("/tmp/spina-job.json")  # doctest: +SKIP
+        >>> agent.allreduce(torch.ones(4))                   # doctest: +SKIP
+    """
+    job_file = job_file or os.environ.get(JOB_FILE_ENV)
+    if not job_file:
+        raise ConfigError(f"no job file: pass job_file or set ${JOB_FILE_ENV} "
+                          "(python -m host_agent.launch writes one)")
+    deadline = time.monotonic() + wait
+    while not os.path.exists(job_file):
+        if time.monotonic() > deadline:
+            raise ConfigError(f"job file {job_file} did not appear within {wait:g} s")
+        time.sleep(0.05)
+    jf = JobFile.load(job_file)
+    if rank is None:
+        if "RANK" in os.environ:
+            rank = int(os.environ["RANK"])
+        elif dist.is_available() and dist.is_initialized():
+            rank = dist.get_rank()
+        else:
+            raise ConfigError("rank unknown: pass rank, run under torchrun, or init the process group")
+    world = os.environ.get("WORLD_SIZE")
+    if world is not None and int(world) != jf.job.nworkers:
+        raise ConfigError(f"job file {job_file}: field 'job.workers': {jf.job.nworkers} workers, "
+                          f"but torchrun's WORLD_SIZE is {world}")
+    return Agent(jf.job, rank, jf.switch, timeout=timeout)
+
+
+__all__ = ["SpinaHookState", "spina_allreduce_hook", "agent_from_env", "JOB_FILE_ENV"]
