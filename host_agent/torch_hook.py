@@ -21,8 +21,8 @@ bucket's dtype (float16/bfloat16 buckets), loses less than rounding twice. Every
 bit-identical sums from the switch and applies the same float operations, so gradients stay
 bit-identical across ranks.
 """
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: DDP.register_comm_hook compares the hook's
+# annotations with dist.GradBucket and torch.futures.Future[torch.Tensor] as objects.
 import os
 import time
 
@@ -74,7 +74,8 @@ class SpinaHookState:
         self.seconds += s.seconds
 
 
-def spina_allreduce_hook(state: SpinaHookState, bucket) -> torch.futures.Future:
+def spina_allreduce_hook(state: SpinaHookState,
+                         bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Average a DDP gradient bucket over all ranks through the SpINA switch.
 
     The all-reduce runs on the agent's worker thread (calls keep DDP's bucket order, which is
@@ -109,17 +110,19 @@ def spina_allreduce_hook(state: SpinaHookState, bucket) -> torch.futures.Future:
     """
     buf = bucket.buffer()
     dtype = buf.dtype
-    # float32 view without a copy for float32 buckets; one widening copy for half buckets.
-    flat = buf.detach().to(torch.float32).numpy()
+    n = buf.numel()
+    flat = np.zeros(padded_length(n, state.agent.job), np.float32)
+    flat[:n] = buf.detach().to(torch.float32).numpy()  # one copy (widening for half buckets)
+    flat[len(flat) - state.agent.job.block_size] = -0.0  # the padding block, see padded_length
     out = torch.futures.Future()
     world = state.world_size
 
     def done(f):
         try:
-            total = torch.from_numpy(f.result())
+            total = torch.from_numpy(f.result()[:n])
             avg = total.div_(world)
             out.set_result(avg if dtype == torch.float32 else avg.to(dtype))
-            state._count(len(flat))
+            state._count(n)
         except Exception as e:  # surfaces in DDP's backward on this rank
             out.set_exception(e)
 
@@ -127,8 +130,30 @@ def spina_allreduce_hook(state: SpinaHookState, bucket) -> torch.futures.Future:
     return out
 
 
+def padded_length(n: int, job) -> int:
+    """Length to hand the agent for a bucket of `n` elements (work-around, see below).
+
+    Agent.allreduce (host_agent/agent.py, at this commit) computes each slot's exponent with
+    `np.maximum.reduceat` over start indices clamped to the last row; when this worker's last
+    slots hold no non-zero block, the last row is left out of its slot's maximum, the block is
+    quantized with too small an exponent, overflows int32 and arrives as garbage (a
+    RuntimeWarning "invalid value encountered in cast"). Small buckets (fewer blocks than the
+    job has lanes) hit it on most calls. Until the agent is fixed, the hook appends one block
+    that lands in the last slot's lanes and holds a single -0.0: non-zero to the block mask
+    (it compares bit patterns), zero in value, so it costs one 1 KiB block per call and the
+    sum is unchanged. Every rank pads the same length, so lengths still agree.
+    """
+    B = job.block_size
+    L = job.nslots * job.nlanes
+    first_last_slot_lane = (job.nslots - 1) * job.nlanes
+    p = -(-n // B)  # first block index after the data
+    if p % L < first_last_slot_lane:
+        p += first_last_slot_lane - p % L
+    return (p + 1) * B
+
+
 def agent_from_env(job_file: str | None = None, rank: int | None = None, wait: float = 60.0,
-                   timeout: float = 30.0) -> Agent:
+                   timeout: float = 30.0, rto: float = 0.2) -> Agent:
     """Create this rank's SpINA agent from the job file the launcher wrote.
 
     Args:
@@ -137,6 +162,9 @@ def agent_from_env(job_file: str | None = None, rank: int | None = None, wait: f
             process group's rank.
         wait: seconds to wait for the file to appear (the launcher may still be starting).
         timeout: the agent's per-call timeout in seconds.
+        rto: first retransmission timeout. Ranks reach a bucket tens of milliseconds apart
+            (their backward passes drift), and a packet waiting at the switch for a slower
+            rank is not lost: the agent's 20 ms default would resend most of them.
 
     Returns:
         An `Agent` bound to the job's address for `rank`, talking to the file's switch.
@@ -170,7 +198,7 @@ def agent_from_env(job_file: str | None = None, rank: int | None = None, wait: f
     if world is not None and int(world) != jf.job.nworkers:
         raise ConfigError(f"job file {job_file}: field 'job.workers': {jf.job.nworkers} workers, "
                           f"but torchrun's WORLD_SIZE is {world}")
-    return Agent(jf.job, rank, jf.switch, timeout=timeout)
+    return Agent(jf.job, rank, jf.switch, timeout=timeout, rto=rto)
 
 
-__all__ = ["SpinaHookState", "spina_allreduce_hook", "agent_from_env", "JOB_FILE_ENV"]
+__all__ = ["SpinaHookState", "spina_allreduce_hook", "agent_from_env", "padded_length", "JOB_FILE_ENV"]
