@@ -18,9 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -34,6 +32,7 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
+from host_agent.launch import start_subprocess  # noqa: E402
 from host_agent.torch_hook import (JOB_FILE_ENV, SpinaHookState, agent_from_env,  # noqa: E402
                                    spina_allreduce_hook)
 
@@ -119,15 +118,6 @@ def train(backend: str, args, data, state: SpinaHookState | None) -> dict:
     return hist
 
 
-def start_switch(world: int):
-    """Rank 0: a software switch subprocess for this job; returns (process, job file path)."""
-    path = os.path.join(tempfile.mkdtemp(prefix="spina-digits-"), "job.json")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.Popen([sys.executable, "-m", "host_agent.launch", "--nworkers", str(world),
-                             "--job-file", path, "--log-level", "WARNING"], env=env, cwd=ROOT)
-    return proc, path
-
-
 def plot(runs: list[dict], out: Path, steps_per_epoch: int) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -176,7 +166,7 @@ def main():
         job_file = args.job_file
         if job_file is None:
             if rank == 0:
-                switch, job_file = start_switch(world)
+                switch, job_file = start_subprocess(world)
             box = [job_file]
             dist.broadcast_object_list(box, src=0)
             job_file = box[0]

@@ -16,9 +16,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import socket
+import subprocess
+import sys
+import tempfile
 import threading
+from pathlib import Path
 
 from softswitch.udp import UdpSwitch
 from spina.config import JobConfig, JobFile, WorkerAddr
@@ -65,6 +70,24 @@ def serve(job_file: str, nworkers: int, job: int = 1, host: str = "127.0.0.1",
         switch.stop()
         log.info("switch stopped: %d packets in (%d bytes), %d out (%d bytes)",
                  switch.packets_in, switch.bytes_in, switch.packets_out, switch.bytes_out)
+
+
+def start_subprocess(nworkers: int, job_file: str | None = None, log_level: str = "WARNING",
+                     **kw) -> tuple[subprocess.Popen, str]:
+    """Run `python -m host_agent.launch` in a child process; returns (process, job file path).
+
+    For examples and tests that want a switch of their own; stop it with `terminate()` (SIGTERM,
+    a clean exit) and `wait()`. The child imports this checkout's packages.
+    """
+    if job_file is None:
+        job_file = os.path.join(tempfile.mkdtemp(prefix="spina-job-"), "job.json")
+    root = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    cmd = [sys.executable, "-m", "host_agent.launch", "--nworkers", str(nworkers),
+           "--job-file", job_file, "--log-level", log_level]
+    for k, v in kw.items():
+        cmd += [f"--{k.replace('_', '-')}", str(v)]
+    return subprocess.Popen(cmd, env=env, cwd=root), job_file
 
 
 def main(argv=None) -> None:

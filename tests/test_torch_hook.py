@@ -8,11 +8,7 @@ dir) that talk to a software switch running in this test process; the hook-level
 """
 import json
 import math
-import os
 import signal
-import subprocess
-import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -24,14 +20,13 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 from host_agent.blocks import headroom_bits  # noqa: E402
-from host_agent.launch import local_job  # noqa: E402
+from host_agent.launch import local_job, start_subprocess  # noqa: E402
 from host_agent.local import LocalCluster  # noqa: E402
-from host_agent.torch_hook import (SpinaHookState, agent_from_env, padded_length,  # noqa: E402
-                                   spina_allreduce_hook)
+from host_agent.torch_hook import (SpinaHookState, agent_from_env,  # noqa: E402
+                                   block_aligned_layout, padded_length, spina_allreduce_hook)
 from softswitch.udp import UdpSwitch  # noqa: E402
 from spina.config import ConfigError, JobFile  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 WORLD = 2
 STEPS = 4
 
@@ -159,6 +154,13 @@ def test_hook_small_buckets_with_a_large_last_block(n):
     assert padded_length(n, c.job) % c.job.block_size == 0
 
 
+def test_block_aligned_layout():
+    """Every parameter of a bucket starts on a block boundary of the aligned array."""
+    src, dst, total = block_aligned_layout([4, 256, 600, 1], 256)
+    assert src.tolist() == [0, 4, 260, 860] and dst.tolist() == [0, 256, 512, 1280]
+    assert total == 1536
+
+
 @pytest.mark.xfail(strict=True, reason="Agent: slot exponent leaves out the last row when the "
                    "worker's last slots are empty (host_agent/agent.py, np.maximum.reduceat)")
 def test_agent_small_tensor_with_large_last_block():
@@ -193,10 +195,7 @@ def test_agent_from_env_reads_the_job_file(tmp_path, monkeypatch):
 
 def test_launcher_writes_job_file_and_stops_on_sigterm(tmp_path):
     """python -m host_agent.launch: job file appears, a call goes through, SIGTERM exits 0."""
-    path = tmp_path / "job.json"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.Popen([sys.executable, "-m", "host_agent.launch", "--nworkers", "1",
-                             "--job-file", str(path)], env=env, cwd=ROOT)
+    proc, path = start_subprocess(1, str(tmp_path / "job.json"))
     try:
         agent = agent_from_env(str(path), rank=0, wait=30, timeout=10)
         with agent:
