@@ -52,10 +52,35 @@ def local_job(nworkers: int, job: int = 1, host: str = "127.0.0.1", **job_fields
                      **job_fields).validate()
 
 
+class RepeatFilter(logging.Filter):
+    """Let the first `keep` records with the same message and exception type through, count the rest.
+
+    A data-plane bug hit by every resend would otherwise print a traceback per packet and
+    bury everything else; `summary()` says how many were held back.
+    """
+
+    def __init__(self, keep: int = 3):
+        super().__init__()
+        self.keep = keep
+        self.seen: dict[tuple, int] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[0].__name__ if record.exc_info and record.exc_info[0] else ""
+        key = (record.name, record.msg, exc)
+        n = self.seen[key] = self.seen.get(key, 0) + 1
+        return n <= self.keep
+
+    def summary(self) -> list[str]:
+        return [f"{n - self.keep} more of {name}: {msg!r} {exc}".rstrip()
+                for (name, msg, exc), n in self.seen.items() if n > self.keep]
+
+
 def serve(job_file: str, nworkers: int, job: int = 1, host: str = "127.0.0.1",
           switch_port: int = 0, stop: threading.Event | None = None, **job_fields) -> None:
     """Start a switch for a fresh local job, write `job_file`, serve until `stop` is set."""
     cfg = local_job(nworkers, job, host, **job_fields)
+    repeats = RepeatFilter()
+    logging.getLogger("spina.softswitch").addFilter(repeats)
     switch = UdpSwitch(host=host, port=switch_port)
     switch.add_job(cfg)
     switch.start()
@@ -68,6 +93,9 @@ def serve(job_file: str, nworkers: int, job: int = 1, host: str = "127.0.0.1",
             pass
     finally:
         switch.stop()
+        logging.getLogger("spina.softswitch").removeFilter(repeats)
+        for line in repeats.summary():
+            log.warning("suppressed %s", line)
         log.info("switch stopped: %d packets in (%d bytes), %d out (%d bytes)",
                  switch.packets_in, switch.bytes_in, switch.packets_out, switch.bytes_out)
 

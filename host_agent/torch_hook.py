@@ -47,11 +47,12 @@ class SpinaHookState:
         calls: buckets all-reduced.
         elements: gradient elements all-reduced.
         bytes_sent / payload_bytes_sent: UDP payload bytes this rank sent / of those, block data.
+        resends: packets sent again after a retransmission timeout (included in bytes_sent).
         seconds: wall time inside `Agent.allreduce`.
     """
 
     __slots__ = ("agent", "world_size", "calls", "elements", "bytes_sent", "payload_bytes_sent",
-                 "seconds")
+                 "resends", "seconds")
 
     def __init__(self, agent: Agent, world_size: int | None = None):
         self.agent = agent
@@ -63,6 +64,7 @@ class SpinaHookState:
         self.elements = 0
         self.bytes_sent = 0
         self.payload_bytes_sent = 0
+        self.resends = 0
         self.seconds = 0.0
 
     def _count(self, n: int) -> None:
@@ -71,6 +73,7 @@ class SpinaHookState:
         self.elements += n
         self.bytes_sent += s.bytes_sent
         self.payload_bytes_sent += s.payload_bytes_sent
+        self.resends += s.resends
         self.seconds += s.seconds
 
 

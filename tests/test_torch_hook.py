@@ -7,6 +7,7 @@ dir) that talk to a software switch running in this test process; the hook-level
 2 agents on threads (LocalCluster), where no process group is needed.
 """
 import json
+import logging
 import math
 import signal
 import warnings
@@ -20,7 +21,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 from host_agent.blocks import headroom_bits  # noqa: E402
-from host_agent.launch import local_job, start_subprocess  # noqa: E402
+from host_agent.launch import RepeatFilter, local_job, start_subprocess  # noqa: E402
 from host_agent.local import LocalCluster  # noqa: E402
 from host_agent.torch_hook import (SpinaHookState, agent_from_env,  # noqa: E402
                                    block_aligned_layout, padded_length, spina_allreduce_hook)
@@ -191,6 +192,14 @@ def test_agent_from_env_reads_the_job_file(tmp_path, monkeypatch):
         agent_from_env()
     with pytest.raises(ConfigError, match="did not appear"):
         agent_from_env(str(tmp_path / "missing.json"), rank=0, wait=0.1)
+
+
+def test_repeat_filter_keeps_the_first_records():
+    """The launcher's log filter passes the first 3 identical records and counts the rest."""
+    f = RepeatFilter(keep=3)
+    rec = logging.LogRecord("spina.softswitch", logging.ERROR, __file__, 1, "pipeline error %s", (1,), None)
+    assert [f.filter(rec) for _ in range(5)] == [True, True, True, False, False]
+    assert f.summary() == ["2 more of spina.softswitch: 'pipeline error %s'"]
 
 
 def test_launcher_writes_job_file_and_stops_on_sigterm(tmp_path):
