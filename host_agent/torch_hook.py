@@ -34,6 +34,7 @@ from host_agent.agent import Agent
 from spina.config import ConfigError, JobFile
 
 JOB_FILE_ENV = "SPINA_JOB_FILE"
+DAEMON_SOCKET_ENV = "SPINA_AGENT_SOCKET"
 
 
 class SpinaHookState:
@@ -192,7 +193,7 @@ def padded_length(n: int, job) -> int:
 
 
 def agent_from_env(job_file: str | None = None, rank: int | None = None, wait: float = 60.0,
-                   timeout: float = 30.0, rto: float = 0.2) -> Agent:
+                   timeout: float = 30.0, rto: float = 0.2, daemon_socket: str | None = None):
     """Create this rank's SpINA agent from the job file the launcher wrote.
 
     Args:
@@ -204,9 +205,13 @@ def agent_from_env(job_file: str | None = None, rank: int | None = None, wait: f
         rto: first retransmission timeout. Ranks reach a bucket tens of milliseconds apart
             (their backward passes drift), and a packet waiting at the switch for a slower
             rank is not lost: the agent's 20 ms default would resend most of them.
+        daemon_socket: go through the host's agent daemon at this Unix socket instead of an
+            in-process agent; default `$SPINA_AGENT_SOCKET` (unset: in-process).
 
     Returns:
-        An `Agent` bound to the job's address for `rank`, talking to the file's switch.
+        An `Agent` bound to the job's address for `rank`, talking to the file's switch; or,
+        with a daemon socket, a `host_agent.daemon.DaemonClient` attached to `rank` (same
+        interface as far as the hook is concerned; timeout and rto are then the daemon's).
 
     Raises:
         ConfigError: no job file given, the file never appeared, or its worker count differs
@@ -237,8 +242,12 @@ def agent_from_env(job_file: str | None = None, rank: int | None = None, wait: f
     if world is not None and int(world) != jf.job.nworkers:
         raise ConfigError(f"job file {job_file}: field 'job.workers': {jf.job.nworkers} workers, "
                           f"but torchrun's WORLD_SIZE is {world}")
+    daemon_socket = daemon_socket or os.environ.get(DAEMON_SOCKET_ENV)
+    if daemon_socket:
+        from host_agent.daemon import DaemonClient
+        return DaemonClient(job_file, rank, daemon_socket)
     return Agent(jf.job, rank, jf.switch, timeout=timeout, rto=rto)
 
 
 __all__ = ["SpinaHookState", "spina_allreduce_hook", "agent_from_env", "block_aligned_layout",
-           "padded_length", "JOB_FILE_ENV"]
+           "padded_length", "JOB_FILE_ENV", "DAEMON_SOCKET_ENV"]
