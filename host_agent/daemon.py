@@ -129,8 +129,9 @@ def _open_shm(name: str) -> shared_memory.SharedMemory:
 class _Slot:
     """One (job, rank): its agent and the lock that serialises its calls."""
 
-    def __init__(self, agent: Agent):
+    def __init__(self, agent: Agent, jf: JobFile):
         self.agent = agent
+        self.jf = jf
         self.lock = threading.Lock()
 
 
@@ -194,9 +195,17 @@ class Daemon:
         key = (jf.job.job, jf.job.epoch, rank)
         with self._lock:
             s = self._slots.get(key)
+            if s is not None and s.jf != jf:
+                # The same job id and epoch relaunched elsewhere (new switch or ports): the old
+                # agent's socket and round counters belong to the old incarnation.
+                log.info("job %d epoch %d rank %d: job file changed, new agent", jf.job.job,
+                         jf.job.epoch, rank)
+                with s.lock:
+                    s.agent.close()
+                s = None
             if s is None:
                 agent = Agent(jf.job, rank, jf.switch, timeout=self.cfg.timeout, rto=self.cfg.rto)
-                s = self._slots[key] = _Slot(agent)
+                s = self._slots[key] = _Slot(agent, jf)
                 log.info("job %d epoch %d rank %d: agent on %s:%d, switch %s:%d", jf.job.job,
                          jf.job.epoch, rank, *agent.sock.getsockname(), *jf.switch)
         return s, jf

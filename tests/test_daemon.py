@@ -144,6 +144,26 @@ def test_torch_hook_through_the_daemon(setup):
     _stop(proc, sock, logf)
 
 
+def test_relaunched_job_gets_a_new_agent(setup, tmp_path):
+    """Same job id and epoch relaunched on another switch and ports: the daemon follows the file."""
+    job_file, sock, proc, logf = setup
+    with DaemonClient(job_file, 0, sock) as c0, DaemonClient(job_file, 1, sock) as c1, \
+            concurrent.futures.ThreadPoolExecutor(2) as pool:
+        [f.result(timeout=30) for f in [pool.submit(c.allreduce, np.ones(10, np.float32)) for c in (c0, c1)]]
+    job2 = local_job(2)
+    with UdpSwitch(port=0) as sw2:
+        sw2.add_job(job2)
+        JobFile(job2, sw2.address).write(job_file)
+        with DaemonClient(job_file, 0, sock) as c0, DaemonClient(job_file, 1, sock) as c1, \
+                concurrent.futures.ThreadPoolExecutor(2) as pool:
+            outs = [f.result(timeout=30) for f in
+                    [pool.submit(c.allreduce, np.full(10, 2.0, np.float32)) for c in (c0, c1)]]
+        np.testing.assert_array_equal(outs[0], np.full(10, 4.0, np.float32))
+        assert sw2.packets_in > 0 and status(sock)["agents"] == 2
+    assert "job file changed" in Path(logf).read_text()
+    _stop(proc, sock, logf)
+
+
 def test_config_errors_name_the_field(tmp_path):
     """An unknown or invalid field in the daemon's config file is named in the error."""
     p = tmp_path / "bad.json"
