@@ -96,22 +96,27 @@ def spina_allreduce_hook(state: SpinaHookState,
         length as `bucket.buffer()`. It fails with the agent's `SpinaError` (for example
         `SpinaTimeout` naming the ranks that never contributed), which DDP raises in backward.
 
-    Example (run with `torchrun --nproc_per_node 2 this_script.py`; a fresh job and switch
-    are started by rank 0 here, in real use by `python -m host_agent.launch`):
+    Example (save as demo.py in the repository root, run `torchrun --standalone
+    --nproc_per_node 2 demo.py`; rank 0 starts a software switch and writes the job file,
+    as `python -m host_agent.launch` does for a real deployment):
 
-        import os, subprocess, sys, time, torch, torch.distributed as dist
+        import torch, torch.distributed as dist
+        from host_agent.launch import start_subprocess
         from host_agent.torch_hook import SpinaHookState, agent_from_env, spina_allreduce_hook
         dist.init_process_group("gloo")
-        path = f"/tmp/spina-job-{os.environ['MASTER_PORT']}.json"
+        box = [None]
         if dist.get_rank() == 0:
-            sw = subprocess.Popen([sys.executable, "-m", "host_agent.launch",
-                                   "--nworkers", os.environ["WORLD_SIZE"], "--job-file", path])
+            switch, box[0] = start_subprocess(dist.get_world_size())  # switch + job file
+        dist.broadcast_object_list(box)
+        torch.manual_seed(dist.get_rank())
         model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(10, 1))
-        model.register_comm_hook(SpinaHookState(agent_from_env(path)), spina_allreduce_hook)
-        model(torch.randn(8, 10)).sum().backward()   # gradients averaged by the switch
+        model.register_comm_hook(SpinaHookState(agent_from_env(box[0])), spina_allreduce_hook)
+        model(torch.randn(8, 10)).sum().backward()  # gradients averaged through the switch
+        print(dist.get_rank(), model.module.weight.grad[0, :3])  # the same on every rank
         dist.barrier()
         if dist.get_rank() == 0:
-            sw.terminate(); sw.wait()
+            switch.terminate()
+            switch.wait()
     """
     buf = bucket.buffer()
     dtype = buf.dtype

@@ -20,6 +20,7 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
+from host_agent.agent import SpinaTimeout  # noqa: E402
 from host_agent.blocks import headroom_bits  # noqa: E402
 from host_agent.launch import RepeatFilter, local_job, start_subprocess  # noqa: E402
 from host_agent.local import LocalCluster  # noqa: E402
@@ -153,6 +154,24 @@ def test_hook_small_buckets_with_a_large_last_block(n):
         outs = [f.wait() for f in [spina_allreduce_hook(s, FakeBucket(x)) for s, x in zip(states, xs)]]
     torch.testing.assert_close(outs[0], xs[0], rtol=0, atol=1e-6)
     assert padded_length(n, c.job) % c.job.block_size == 0
+
+
+def test_hook_future_fails_when_a_rank_never_calls():
+    """The agent's SpinaTimeout comes out of the hook's future (DDP raises it in backward)."""
+    with LocalCluster(WORLD, timeout=0.5) as c:
+        fut = spina_allreduce_hook(SpinaHookState(c.agents[0]), FakeBucket(torch.ones(300)))
+        with pytest.raises(Exception, match="SpinaTimeout|no result for slot"):
+            fut.wait()
+
+
+@pytest.mark.xfail(strict=True, reason="softswitch/pipeline.py: the status reply to a resend "
+                   "passes raw bytes to wire.pack as next positions and raises ValueError")
+def test_timeout_names_the_missing_rank():
+    """A resend to an incomplete round gets a status reply, so the timeout names rank 1."""
+    with LocalCluster(WORLD, timeout=0.5) as c:
+        with pytest.raises(SpinaTimeout) as e:
+            c.agents[0].allreduce(np.ones(300, np.float32))
+        assert e.value.missing == [1]
 
 
 def test_block_aligned_layout():
