@@ -119,17 +119,35 @@ def spina_allreduce_hook(state: SpinaHookState,
             switch.wait()
     """
     buf = bucket.buffer()
-    dtype = buf.dtype
-    n = buf.numel()
-    job = state.agent.job
-    src, dst, aligned = block_aligned_layout(_segment_sizes(bucket, n), job.block_size)
+    return sum_async(state.agent, buf, _segment_sizes(bucket, buf.numel()),
+                     divide_by=state.world_size, on_done=state._count)
+
+
+def sum_async(agent, t: torch.Tensor, sizes: list[int] | None = None, divide_by: int = 1,
+              on_done=None) -> torch.futures.Future:
+    """Sum the flat float tensor `t` over all ranks through `agent`, without blocking.
+
+    Args:
+        agent: an `Agent` (or `DaemonClient`); calls run on its worker thread in call order.
+        t: a flat float32/float16/bfloat16 CPU tensor (read, not written).
+        sizes: lengths of the parameters packed in `t` (each starts on a block boundary on
+            the wire, see `block_aligned_layout`); None: one piece.
+        divide_by: divide the float32 sum by this before the one rounding to `t.dtype`.
+        on_done: called with `t.numel()` after the agent finished, before the future is set.
+
+    Returns:
+        A `torch.futures.Future` of a new tensor like `t` holding the (averaged) sum.
+    """
+    dtype = t.dtype
+    n = t.numel()
+    job = agent.job
+    src, dst, aligned = block_aligned_layout(sizes or [n], job.block_size)
     flat = np.zeros(padded_length(aligned, job), np.float32)
-    data = buf.detach().to(torch.float32).numpy()  # no copy for float32, widening for halves
+    data = t.detach().reshape(-1).to(torch.float32).numpy()  # widening copy for halves only
     for s, d, k in zip(src, dst, np.diff(np.append(src, n))):
         flat[d:d + k] = data[s:s + k]
     flat[len(flat) - job.block_size] = -0.0  # the padding block, see padded_length
     out = torch.futures.Future()
-    world = state.world_size
 
     def done(f):
         try:
@@ -137,13 +155,16 @@ def spina_allreduce_hook(state: SpinaHookState,
             total = np.empty(n, np.float32)
             for s, d, k in zip(src, dst, np.diff(np.append(src, n))):
                 total[s:s + k] = res[d:d + k]
-            avg = torch.from_numpy(total).div_(world)
-            state._count(n)  # before set_result: DDP may go on (and read the stats) right after
-            out.set_result(avg if dtype == torch.float32 else avg.to(dtype))
+            avg = torch.from_numpy(total)
+            if divide_by != 1:
+                avg.div_(divide_by)
+            if on_done is not None:
+                on_done(n)  # before set_result: DDP may go on (and read the stats) right after
+            out.set_result((avg if dtype == torch.float32 else avg.to(dtype)).reshape(t.shape))
         except Exception as e:  # surfaces in DDP's backward on this rank
             out.set_exception(e)
 
-    state.agent.allreduce_async(flat).add_done_callback(done)
+    agent.allreduce_async(flat).add_done_callback(done)
     return out
 
 
@@ -254,5 +275,5 @@ def agent_from_env(job_file: str | None = None, rank: int | None = None, wait: f
     return Agent(jf.job, rank, jf.switch, timeout=timeout, rto=rto)
 
 
-__all__ = ["SpinaHookState", "spina_allreduce_hook", "agent_from_env", "block_aligned_layout",
+__all__ = ["SpinaHookState", "spina_allreduce_hook", "sum_async", "agent_from_env", "block_aligned_layout",
            "padded_length", "JOB_FILE_ENV", "DAEMON_SOCKET_ENV"]
