@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -123,8 +124,9 @@ def plot(runs: list[dict], out: Path, steps_per_epoch: int, world: int, ntest: i
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
-    label = {"spina": "SpINA (software switch)", "gloo": "gloo all-reduce"}
-    style = {"spina": "-", "gloo": "--"}
+    label = {"spina": "SpINA (software switch)", "gloo": "gloo all-reduce",
+             "spina-pg": "SpINA process group"}
+    style = {"spina": "-", "gloo": "--", "spina-pg": ":"}
     for h in runs:
         b = h["backend"]
         steps = np.arange(1, len(h["step_loss"]) + 1) / steps_per_epoch
@@ -144,7 +146,9 @@ def plot(runs: list[dict], out: Path, steps_per_epoch: int, world: int, ntest: i
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--backend", choices=["spina", "gloo"], default="spina")
+    ap.add_argument("--backend", choices=["spina", "gloo", "spina-pg"], default="spina",
+                    help="spina: gloo process group + SpINA DDP hook (default); gloo: plain DDP; "
+                         "spina-pg: the 'spina' process-group backend, no hook")
     ap.add_argument("--backend-compare", action="store_true",
                     help="train through SpINA, then with gloo all-reduce; plot both")
     ap.add_argument("--epochs", type=int, default=20)
@@ -157,11 +161,25 @@ def main():
     args = ap.parse_args()
 
     torch.set_num_threads(1)  # 4 ranks share a small machine
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
     backends = ["spina", "gloo"] if args.backend_compare else [args.backend]
     switch = None
     state = None
+    if args.backend == "spina-pg" and not args.backend_compare:
+        # The process group itself needs the job file: no process group yet to pass its path
+        # around, so rank 0 writes it where every rank of this torchrun run looks for it.
+        import host_agent.torch_backend  # noqa: F401  (registers the "spina" backend)
+        if args.job_file is None:
+            path = os.path.join(tempfile.gettempdir(),
+                                f"spina-digits-{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}.json")
+            if int(os.environ["RANK"]) == 0:
+                switch, _ = start_subprocess(int(os.environ["WORLD_SIZE"]), path)
+            os.environ[JOB_FILE_ENV] = path
+        else:
+            os.environ[JOB_FILE_ENV] = args.job_file
+        dist.init_process_group("spina")
+    else:
+        dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
     if "spina" in backends:
         job_file = args.job_file
         if job_file is None:
@@ -182,7 +200,7 @@ def main():
             state.agent.close()
         if switch is not None:
             switch.terminate()
-            switch.wait(timeout=10)
+            switch.wait(timeout=10)  # the launcher removes its job file
     if rank == 0:
         for h in runs:
             print(f"[{h['backend']}] final test accuracy {h['test_acc'][-1]:.2f}%  "

@@ -4,7 +4,7 @@
 
 picks a free loopback UDP port for every rank and for the switch, admits the job on a software
 switch (softswitch.udp.UdpSwitch), writes the job file (spina.config.JobFile) once the switch
-listens, and serves until SIGTERM or SIGINT. Training processes then create their agent with
+listens, and serves until SIGTERM or SIGINT (then removes the job file). Training processes then create their agent with
 `host_agent.torch_hook.agent_from_env(job_file)`: no port is ever copied by hand.
 
 Ports are chosen by binding port 0 and releasing it; on loopback the window in which another
@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import uuid
 from pathlib import Path
 
 from softswitch.udp import UdpSwitch
@@ -93,6 +94,10 @@ def serve(job_file: str, nworkers: int, job: int = 1, host: str = "127.0.0.1",
             pass
     finally:
         switch.stop()
+        try:
+            os.unlink(job_file)  # the job is gone: no file may point workers at a dead switch
+        except FileNotFoundError:
+            pass
         logging.getLogger("spina.softswitch").removeFilter(repeats)
         for line in repeats.summary():
             log.warning("suppressed %s", line)
@@ -107,8 +112,8 @@ def start_subprocess(nworkers: int, job_file: str | None = None, log_level: str 
     For examples and tests that want a switch of their own; stop it with `terminate()` (SIGTERM,
     a clean exit) and `wait()`. The child imports this checkout's packages.
     """
-    if job_file is None:
-        job_file = os.path.join(tempfile.mkdtemp(prefix="spina-job-"), "job.json")
+    if job_file is None:  # removed by the launcher when it stops
+        job_file = os.path.join(tempfile.gettempdir(), f"spina-job-{uuid.uuid4().hex}.json")
     root = str(Path(__file__).resolve().parents[1])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
     cmd = [sys.executable, "-m", "host_agent.launch", "--nworkers", str(nworkers),

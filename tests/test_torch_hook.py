@@ -9,6 +9,7 @@ dir) that talk to a software switch running in this test process; the hook-level
 import json
 import logging
 import math
+import os
 import signal
 import warnings
 from pathlib import Path
@@ -231,6 +232,7 @@ def test_launcher_writes_job_file_and_stops_on_sigterm(tmp_path):
                                           np.arange(10, dtype=np.int32))
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0
+        assert not os.path.exists(path), "the launcher removes its job file when it stops"
     finally:
         if proc.poll() is None:
             proc.kill()
