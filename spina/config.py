@@ -1,6 +1,8 @@
 """Job configuration: loaded and validated in one place, errors name the field."""
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass, field
 
 from spina import wire
@@ -81,3 +83,61 @@ class JobConfig:
             raise ConfigError(f"field 'workers': each needs 'host' and 'port' ({e})") from None
         kw = {k: int(d[k]) for k in known - {"workers"} if k in d}
         return cls(workers=workers, **kw).validate()
+
+
+def job_to_dict(job: JobConfig) -> dict:
+    """The inverse of `JobConfig.from_dict` (JSON-ready)."""
+    return {"job": job.job, "epoch": job.epoch, "priority": job.priority,
+            "slot_base": job.slot_base, "nslots": job.nslots, "block_size": job.block_size,
+            "nlanes": job.nlanes,
+            "workers": [{"host": w.host, "port": w.port} for w in job.workers]}
+
+
+@dataclass(frozen=True)
+class JobFile:
+    """What a launcher hands every worker of a job: the job and where its switch listens.
+
+    On disk (JSON): {"switch": {"host": "127.0.0.1", "port": 47000}, "job": {<JobConfig fields,
+    workers as [{"host", "port"}, ...] in rank order>}}. Written by the launcher, read by each
+    training process (host_agent.torch_hook.agent_from_env), so nobody copies ports by hand.
+    """
+    job: JobConfig
+    switch: tuple[str, int]
+
+    def to_dict(self) -> dict:
+        return {"switch": {"host": self.switch[0], "port": self.switch[1]},
+                "job": job_to_dict(self.job)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "JobFile":
+        if not isinstance(d, dict):
+            raise ConfigError("job file: top level must be an object with 'switch' and 'job'")
+        for k in d:
+            if k not in ("switch", "job"):
+                raise ConfigError(f"job file: unknown field '{k}' (known: job, switch)")
+        sw = d.get("switch")
+        try:
+            switch = (str(sw["host"]), int(sw["port"]))
+        except (KeyError, TypeError, ValueError):
+            raise ConfigError("job file: field 'switch': needs 'host' and 'port'") from None
+        if not 0 < switch[1] < 1 << 16:
+            raise ConfigError(f"job file: field 'switch.port': {switch[1]} is not a UDP port")
+        if "job" not in d:
+            raise ConfigError("job file: field 'job' is required")
+        return cls(JobConfig.from_dict(d["job"]), switch)
+
+    def write(self, path) -> None:
+        """Atomically (write + rename): a reader never sees half a file."""
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(self.to_dict(), f, indent=1)
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path) -> "JobFile":
+        try:
+            with open(path) as f:
+                d = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"job file {path}: not JSON ({e})") from None
+        return cls.from_dict(d)
