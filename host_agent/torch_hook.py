@@ -140,13 +140,11 @@ def sum_async(agent, t: torch.Tensor, sizes: list[int] | None = None, divide_by:
     """
     dtype = t.dtype
     n = t.numel()
-    job = agent.job
-    src, dst, aligned = block_aligned_layout(sizes or [n], job.block_size)
-    flat = np.zeros(padded_length(aligned, job), np.float32)
+    src, dst, aligned = block_aligned_layout(sizes or [n], agent.job.block_size)
+    flat = np.zeros(aligned, np.float32)
     data = t.detach().reshape(-1).to(torch.float32).numpy()  # widening copy for halves only
     for s, d, k in zip(src, dst, np.diff(np.append(src, n))):
         flat[d:d + k] = data[s:s + k]
-    flat[len(flat) - job.block_size] = -0.0  # the padding block, see padded_length
     out = torch.futures.Future()
 
     def done(f):
@@ -194,28 +192,6 @@ def block_aligned_layout(sizes: list[int], block_size: int) -> tuple[np.ndarray,
     padded = -(-sizes // block_size) * block_size
     dst = np.concatenate([[0], np.cumsum(padded)[:-1]]).astype(np.int64)
     return src, dst, int(padded.sum())
-
-
-def padded_length(n: int, job) -> int:
-    """Length to hand the agent for a bucket of `n` elements (work-around, see below).
-
-    Agent.allreduce (host_agent/agent.py, at this commit) computes each slot's exponent with
-    `np.maximum.reduceat` over start indices clamped to the last row; when this worker's last
-    slots hold no non-zero block, the last row is left out of its slot's maximum, the block is
-    quantized with too small an exponent, overflows int32 and arrives as garbage (a
-    RuntimeWarning "invalid value encountered in cast"). Small buckets (fewer blocks than the
-    job has lanes) hit it on most calls. Until the agent is fixed, the hook appends one block
-    that lands in the last slot's lanes and holds a single -0.0: non-zero to the block mask
-    (it compares bit patterns), zero in value, so it costs one 1 KiB block per call and the
-    sum is unchanged. Every rank pads the same length, so lengths still agree.
-    """
-    B = job.block_size
-    L = job.nslots * job.nlanes
-    first_last_slot_lane = (job.nslots - 1) * job.nlanes
-    p = -(-n // B)  # first block index after the data
-    if p % L < first_last_slot_lane:
-        p += first_last_slot_lane - p % L
-    return (p + 1) * B
 
 
 def agent_from_env(job_file: str | None = None, rank: int | None = None, wait: float = 60.0,
@@ -276,4 +252,4 @@ def agent_from_env(job_file: str | None = None, rank: int | None = None, wait: f
 
 
 __all__ = ["SpinaHookState", "spina_allreduce_hook", "sum_async", "agent_from_env", "block_aligned_layout",
-           "padded_length", "JOB_FILE_ENV", "DAEMON_SOCKET_ENV"]
+           "JOB_FILE_ENV", "DAEMON_SOCKET_ENV"]
