@@ -64,6 +64,9 @@ class CallStats:
     packets_received: int = 0
     bytes_received: int = 0
     rounds: int = 0
+    partial_rounds: int = 0      # rounds the switch completed without every worker (bounded loss)
+    partial_fraction: float = 0.0  # their blocks / the tensor's blocks: an upper bound of the
+                                   # fraction of blocks that miss some worker's contribution
     seconds: float = 0.0
 
 
@@ -85,6 +88,8 @@ class _Slot:
     done: bool = False
     last_bitmap: int = 0
     resent: bool = False
+    first_sent_at: float = 0.0    # the round's first transmission (bounded-loss deadline)
+    flush: bool = False           # resends of this round ask the switch to complete it now
 
 
 class _Call:
@@ -118,7 +123,7 @@ class _Call:
             exps = np.append(exponent_of_bits(bits[order]), wire.EXPONENT_NONE)
             slot_exp[has] = np.maximum.reduceat(exps, starts)[has]
         self.slot_exp = slot_exp
-        nblocks = -(-n // self.B)
+        self.nblocks = nblocks = -(-n // self.B)
         self.out = np.zeros(nblocks * self.B, np.int32 if integer else np.float32)
         self.out2d = self.out.reshape(nblocks, self.B)
         self.base = wire.Header(msg_type=wire.MSG_CONTRIB, priority=job.priority, job=job.job,
@@ -128,6 +133,11 @@ class _Call:
         self.slots = [_Slot(s + job.slot_base, s, ptr=self.plan.first_ptr(s),
                             ends=self.plan.lane_ends(s).copy(), progress_at=now, rto=agent.rto)
                       for s in range(W)]
+
+    def partial_budget_left(self) -> bool:
+        """May one more round (nlanes blocks) complete without every worker (bounded loss)?"""
+        allowed = self.agent.job.bounded_loss * self.nblocks
+        return (self.stats.partial_rounds + 1) * self.k <= allowed
 
     def setup_header(self, st: _Slot) -> wire.Header:
         nxt = self.plan.next_at(st.ptr, st.ends)
@@ -150,6 +160,9 @@ class _Call:
         if not st.resent:  # Karn: time only rounds sent once
             agent._sample_rtt(st.progress_at - st.sent_at)
         st.rto = agent.rto
+        if h.flags & wire.FLAG_PARTIAL:
+            stats.partial_rounds += 1
+            stats.partial_fraction = min(1.0, stats.partial_rounds * self.k / max(1, self.nblocks))
         if st.pos is None:  # setup result: the exponent every worker quantizes with
             st.shift = 0 if self.integer else quant_shift(h.exponent, agent.job.nworkers)
             st.exponent = h.exponent
@@ -337,7 +350,7 @@ class Agent:
                 got = self._accept(buf, nbytes, call.slots)
                 if got is not None and call.on_answer(buf, nbytes, *got):
                     pending -= 1
-            self._check_timers(call.slots, call.stats)
+            self._check_timers(call)
         call.stats.seconds = time.perf_counter() - t0
         self.last_stats = call.stats
         return call.out[:len(flat)]
@@ -364,8 +377,8 @@ class Agent:
         st.round = int(self.rounds[st.index]) & 0xFFFFFFFF
         h.slot, h.round = st.slot, st.round
         st.packet = wire.pack(h, nxt, data)
-        st.resent = False
-        st.sent_at = time.monotonic()
+        st.resent = st.flush = False
+        st.sent_at = st.first_sent_at = time.monotonic()
         self.sock.sendto(st.packet, self.switch)
         stats.packets_sent += 1
         stats.bytes_sent += len(st.packet)
@@ -385,9 +398,10 @@ class Agent:
             self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - sample)
             self.srtt = 0.875 * self.srtt + 0.125 * sample
 
-    def _check_timers(self, slots: list[_Slot], stats: CallStats) -> None:
+    def _check_timers(self, call: "_Call") -> None:
         now = time.monotonic()
-        for st in slots:
+        stats = call.stats
+        for st in call.slots:
             if st.done:
                 continue
             if now - st.progress_at > self.timeout:
@@ -398,9 +412,13 @@ class Agent:
                     (f"ranks {missing} never contributed" if st.last_bitmap else
                      "the switch never answered (is it running, and is this job admitted?)"),
                     missing if st.last_bitmap else [])
+            if (not st.flush and self.job.bounded_loss and now - st.first_sent_at > self.job.loss_deadline
+                    and call.partial_budget_left()):
+                st.flush = True
+                st.sent_at = 0.0  # resend now, as a flush
             if now - st.sent_at > st.rto:
                 pkt = bytearray(st.packet)
-                pkt[2] |= wire.FLAG_RESEND
+                pkt[2] |= wire.FLAG_RESEND | (wire.FLAG_PARTIAL if st.flush else 0)
                 self.sock.sendto(pkt, self.switch)
                 st.sent_at = now
                 st.resent = True
