@@ -15,7 +15,10 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from softswitch.pipeline import Pipeline
 from spina import wire
 from spina.config import JobConfig, WorkerAddr
-from p4model import M32, P4Model  # tests/ is on sys.path under pytest
+try:  # tests/ is on sys.path under pytest's default import mode, unless tests/ is a package
+    from p4model import M32, P4Model
+except ImportError:
+    from tests.p4model import M32, P4Model
 
 K, BS, SLOTS, JOB, PORT = 4, 4, 4, 3, 1
 
