@@ -92,13 +92,13 @@ class Bmv2Target(Target):
             js, info_path = compile_p4(self.tmp)
             self.p4info = text_format.Parse(info_path.read_text(), p4info_pb2.P4Info())
             self._setup_links()
-            log = open(self.tmp / "switch.log", "w")
-            self.proc = subprocess.Popen(
-                ["simple_switch_grpc", "--device-id", "0", "--no-p4", "--thrift-port",
-                 str(THRIFT_PORT)]
-                + [a for p in PORTS for a in ("-i", f"{p}@{self._sw_if(p)}")]
-                + ["--", "--grpc-server-addr", GRPC_ADDR, "--priority-queues", "8"],
-                stdout=log, stderr=subprocess.STDOUT)
+            with open(self.tmp / "switch.log", "w") as log:
+                self.proc = subprocess.Popen(
+                    ["simple_switch_grpc", "--device-id", "0", "--no-p4", "--thrift-port",
+                     str(THRIFT_PORT)]
+                    + [a for p in PORTS for a in ("-i", f"{p}@{self._sw_if(p)}")]
+                    + ["--", "--grpc-server-addr", GRPC_ADDR, "--priority-queues", "8"],
+                    stdout=log, stderr=subprocess.STDOUT)
             self.channel = grpc.insecure_channel(GRPC_ADDR)
             grpc.channel_ready_future(self.channel).result(timeout=10)
             self.stub = p4runtime_pb2_grpc.P4RuntimeStub(self.channel)
@@ -293,6 +293,8 @@ class Bmv2Target(Target):
         self.socks.clear()
         if getattr(self, "_stream_q", None) is not None:
             self._stream_q.put(None)
+        if getattr(self, "channel", None) is not None:
+            self.channel.close()
         if self.proc is not None:
             self.proc.terminate()
             try:

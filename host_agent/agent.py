@@ -26,8 +26,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from host_agent.blocks import (LanePlan, dequantize, exponent_of, gather_blocks,
-                               nonzero_blocks, quant_shift, quantize)
+from host_agent.blocks import (NONFINITE_BITS, LanePlan, block_absmax_bits, dequantize,
+                               exponent_of_bits, gather_blocks, nonzero_blocks, quant_shift,
+                               quantize)
 from spina import wire
 from spina.net import grow_buffers
 from spina.config import JobConfig
@@ -63,24 +64,173 @@ class CallStats:
     packets_received: int = 0
     bytes_received: int = 0
     rounds: int = 0
+    partial_rounds: int = 0      # rounds the switch completed without every worker (bounded loss)
+    partial_fraction: float = 0.0  # their blocks / the tensor's blocks: an upper bound of the
+                                   # fraction of blocks that miss some worker's contribution
     seconds: float = 0.0
 
 
 @dataclass
 class _Slot:
     """Per-slot progress within one call."""
-    slot: int
+    slot: int                     # absolute pool index
+    index: int                    # index within the job's window
     ptr: np.ndarray = None        # per lane: index in plan.pos of the first own block >= pos
     ends: np.ndarray = None
     pos: np.ndarray = None        # positions of the round in flight (None: setup round)
     round: int = 0
     shift: int = 0
+    exponent: int = 0
     packet: bytes = b""
     sent_at: float = 0.0
     rto: float = 0.0
     progress_at: float = 0.0
     done: bool = False
     last_bitmap: int = 0
+    resent: bool = False
+    first_sent_at: float = 0.0    # the round's first transmission (bounded-loss deadline)
+    flush: bool = False           # resends of this round ask the switch to complete it now
+
+
+class _Call:
+    """The state of one all-reduce call at one worker."""
+
+    def __init__(self, agent: "Agent", flat: np.ndarray, integer: bool):
+        job = agent.job
+        self.agent, self.flat, self.integer = agent, flat, integer
+        self.B, self.k, W = job.block_size, job.nlanes, job.nslots
+        n = len(flat)
+        self.stats = CallStats(length=n)
+        if integer:
+            nz = nonzero_blocks(flat, self.B)
+            nonfinite = np.zeros(len(nz), bool)
+        else:
+            bits = block_absmax_bits(flat, self.B)
+            nz = np.flatnonzero(bits)
+            bits = bits[nz]
+            nonfinite = bits >= NONFINITE_BITS
+            if nonfinite.any():  # the scale comes from the finite values of such blocks
+                rows = _finite_rows(gather_blocks(flat, nz[nonfinite], self.B))
+                bits[nonfinite] = block_absmax_bits(rows.reshape(-1), self.B)
+        self.stats.nonzero_blocks = len(nz)
+        self.plan, order = LanePlan.build(nz, W, self.k)
+        self.nonfinite = nonfinite[order] if nonfinite.any() else None  # per plan row
+        slot_exp = np.full(W, 0 if integer else wire.EXPONENT_NONE, np.int32)
+        if not integer and len(nz):
+            starts = self.plan.lane_bounds[:-1:self.k]
+            has = starts < self.plan.lane_bounds[self.k::self.k]
+            # One sentinel past the end so that empty trailing slots index a valid row.
+            exps = np.append(exponent_of_bits(bits[order]), wire.EXPONENT_NONE)
+            slot_exp[has] = np.maximum.reduceat(exps, starts)[has]
+        self.slot_exp = slot_exp
+        self.nblocks = nblocks = -(-n // self.B)
+        self.out = np.zeros(nblocks * self.B, np.int32 if integer else np.float32)
+        self.out2d = self.out.reshape(nblocks, self.B)
+        self.base = wire.Header(msg_type=wire.MSG_CONTRIB, priority=job.priority, job=job.job,
+                                epoch=job.epoch, call=agent.call_id, rank=agent.rank,
+                                nlanes=self.k, length=n, block_size=self.B)
+        now = time.monotonic()
+        self.slots = [_Slot(s + job.slot_base, s, ptr=self.plan.first_ptr(s),
+                            ends=self.plan.lane_ends(s).copy(), progress_at=now, rto=agent.rto)
+                      for s in range(W)]
+
+    def partial_budget_left(self) -> bool:
+        """May one more round (nlanes blocks) complete without every worker (bounded loss)?"""
+        allowed = self.agent.job.bounded_loss * self.nblocks
+        return (self.stats.partial_rounds + 1) * self.k <= allowed
+
+    def setup_header(self, st: _Slot) -> wire.Header:
+        nxt = self.plan.next_at(st.ptr, st.ends)
+        return self.base.copy(exponent=int(self.slot_exp[st.index]),
+                              flags=wire.FLAG_LAST if (nxt == wire.END).all() else 0)
+
+    def on_answer(self, buf, nbytes: int, st: _Slot, h: wire.Header) -> bool:
+        """Handle a result or status for slot `st`; True when the slot's stream is done."""
+        agent, stats = self.agent, self.stats
+        stats.packets_received += 1
+        stats.bytes_received += nbytes
+        if h.msg_type == wire.MSG_STATUS:
+            st.last_bitmap = h.bitmap
+            return False
+        if h.flags & wire.FLAG_MISMATCH:
+            raise LengthMismatch(
+                f"job {agent.job.job} call {agent.call_id}: workers disagree on the tensor length: "
+                f"rank {agent.rank} has {len(self.flat)} elements, another rank {h.length}")
+        st.progress_at = time.monotonic()
+        if not st.resent:  # Karn: time only rounds sent once
+            agent._sample_rtt(st.progress_at - st.sent_at)
+        st.rto = agent.rto
+        if h.flags & wire.FLAG_PARTIAL:
+            stats.partial_rounds += 1
+            stats.partial_fraction = min(1.0, stats.partial_rounds * self.k / max(1, self.nblocks))
+        if st.pos is None:  # setup result: the exponent every worker quantizes with
+            st.shift = 0 if self.integer else quant_shift(h.exponent, agent.job.nworkers)
+            st.exponent = h.exponent
+        else:
+            self._deliver(buf, h, st)
+        stats.rounds += 1
+        pos = np.frombuffer(buf, wire.NEXT_DTYPE, self.k, wire.HEADER_LEN).astype(np.uint32)
+        if (pos == wire.END).all():
+            st.done = True
+            return True
+        self._next_round(st, pos)
+        return False
+
+    def _deliver(self, buf, h: wire.Header, st: _Slot) -> None:
+        """Write a data round's sums into the output blocks."""
+        if not h.present:
+            return
+        lanes = _lanes(h.present, self.k)
+        data = np.frombuffer(buf, wire.DATA_DTYPE, len(lanes) * self.B,
+                             wire.HEADER_LEN + 4 * self.k).reshape(-1, self.B)
+        where = st.pos[lanes].astype(np.int64)
+        self.out2d[where] = data if self.integer else dequantize(data, st.shift)
+        if h.nonfinite:
+            self.out2d[st.pos[_lanes(h.nonfinite, self.k)].astype(np.int64)] = np.nan
+
+    def _next_round(self, st: _Slot, pos: np.ndarray) -> None:
+        """Send this worker's blocks at positions `pos` (where it has them) and its next ones."""
+        plan = self.plan
+        ptr = plan.seek(st.index, pos)
+        live = ptr < st.ends
+        have = np.zeros(len(pos), bool)
+        have[live] = plan.pos[ptr[live]] == pos[live]
+        rows = ptr[have]
+        st.ptr = ptr + have
+        nxt = plan.next_at(st.ptr, st.ends)
+        st.pos = pos
+        data = None
+        nonfinite_bits = 0
+        if len(rows):
+            blocks = gather_blocks(self.flat, plan.pos[rows], self.B)
+            if self.nonfinite is not None and self.nonfinite[rows].any():
+                nf = np.zeros(len(pos), bool)
+                nf[have] = self.nonfinite[rows]
+                nonfinite_bits = int(wire.mask_to_lane_bits(nf[None, :])[0])
+                blocks = _finite_rows(blocks)
+            data = blocks.astype(wire.DATA_DTYPE) if self.integer else quantize(blocks, st.shift)
+        h = self.base.copy(present=int(wire.mask_to_lane_bits(have[None, :])[0]),
+                           nonfinite=nonfinite_bits, exponent=st.exponent,
+                           flags=wire.FLAG_LAST if (nxt == wire.END).all() else 0)
+        self.agent._send(st, h, nxt, data, self.stats)
+
+
+def _finite_rows(rows: np.ndarray) -> np.ndarray:
+    """Rows with NaN/Inf replaced by 0 (the block is reported non-finite separately)."""
+    return np.where(np.isfinite(rows), rows, np.float32(0))
+
+
+_LANE_CACHE: dict[tuple[int, int], np.ndarray] = {}
+
+
+def _lanes(bits: int, k: int) -> np.ndarray:
+    """Indices of the set bits of a lane bitmap (cached: bitmaps repeat a lot)."""
+    got = _LANE_CACHE.get((bits, k))
+    if got is None:
+        got = np.flatnonzero([(bits >> i) & 1 for i in range(k)])
+        if len(_LANE_CACHE) < 4096:
+            _LANE_CACHE[(bits, k)] = got
+    return got
 
 
 _CODE = {np.dtype(np.float32): "float", np.dtype(np.float16): "float", np.dtype(np.float64): "float",
@@ -96,7 +246,8 @@ class Agent:
         switch: (host, port) of the switch's UDP endpoint.
         sock: an already bound UDP socket at job.workers[rank]'s address (else one is bound).
         timeout: seconds without progress after which a call fails naming the missing ranks.
-        rto: first retransmission timeout in seconds (doubles up to 1 s).
+        rto: smallest retransmission timeout in seconds; the agent adapts it to the measured
+            round latency (srtt + 4 rttvar, as TCP) and doubles it on each resend, up to 1 s.
 
     Example:
         >>> agent = Agent(job, rank, ("127.0.0.1", 47000))  # doctest: +SKIP
@@ -104,14 +255,16 @@ class Agent:
     """
 
     def __init__(self, job: JobConfig, rank: int, switch: tuple[str, int],
-                 sock: socket.socket | None = None, timeout: float = 10.0, rto: float = 0.02):
+                 sock: socket.socket | None = None, timeout: float = 10.0, rto: float = 0.1):
         self.job = job.validate()
         if not 0 <= rank < job.nworkers:
             raise ValueError(f"rank {rank} outside 0..{job.nworkers - 1}")
         self.rank = rank
         self.switch = switch
         self.timeout = timeout
-        self.rto = rto
+        self.min_rto = rto
+        self.srtt: float | None = None  # smoothed round latency (s), kept across calls
+        self.rttvar = 0.0
         if sock is None:
             me = job.workers[rank]
             sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -122,7 +275,6 @@ class Agent:
         self.call_id = 0
         self.last_stats = CallStats()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-        self._nonfinite: np.ndarray | None = None  # per plan row, in the call in progress
 
     # ------------------------------------------------------------------ public API
     def allreduce(self, x):
@@ -145,6 +297,19 @@ class Agent:
         out = self._allreduce_flat(flat, integer=(kind == "int"))
         return out.astype(arr.dtype, copy=False).reshape(arr.shape)
 
+    def reset(self, job: JobConfig) -> None:
+        """Start a new incarnation of the job (after a failure): its epoch must be new.
+
+        The switch's slots for the job are cleared when the controller re-admits it with that
+        epoch; the agent starts its round tags and call ids afresh to match.
+        """
+        if job.job != self.job.job or job.epoch == self.job.epoch:
+            raise ValueError(f"reset needs the same job with a new epoch (job {self.job.job}, "
+                             f"epoch {self.job.epoch})")
+        self.job = job.validate()
+        self.rounds = np.zeros(job.nslots, np.int64)
+        self.call_id = 0
+
     def allreduce_async(self, x) -> concurrent.futures.Future:
         """Non-blocking all-reduce; calls run one at a time, in the order they were made."""
         if self._executor is None:
@@ -164,55 +329,16 @@ class Agent:
 
     # ------------------------------------------------------------------ one call
     def _allreduce_flat(self, flat: np.ndarray, integer: bool) -> np.ndarray:
-        job = self.job
+        if len(flat) >= 1 << 32:
+            raise ValueError(f"tensor of {len(flat)} elements exceeds the 32-bit length field")
         t0 = time.perf_counter()
-        B, k, W = job.block_size, job.nlanes, job.nslots
-        n = len(flat)
-        if n >= 1 << 32:
-            raise ValueError(f"tensor of {n} elements exceeds the 32-bit length field")
         self.call_id = (self.call_id + 1) & 0xFFFFFFFF
-        stats = CallStats(length=n)
-        nblocks = -(-n // B)
-        nz = nonzero_blocks(flat, B)
-        stats.nonzero_blocks = len(nz)
-        plan, order = LanePlan.build(nz, W, k)
-        rows = gather_blocks(flat, plan.pos, B) if len(nz) else np.zeros((0, B), flat.dtype)
-        nonfinite = np.zeros(len(rows), bool)
-        if integer:
-            q = rows.astype(np.int32, copy=False)
-            slot_exp = np.zeros(W, np.int32)
-        else:
-            finite = np.isfinite(rows)
-            nonfinite = ~finite.all(axis=1)
-            if nonfinite.any():
-                rows = np.where(finite, rows, np.float32(0))
-            maxabs = np.abs(rows).max(axis=1) if len(rows) else np.zeros(0, np.float32)
-            slot_exp = np.full(W, wire.EXPONENT_NONE, np.int32)
-            if len(rows):
-                starts = plan.lane_bounds[:-1:k]
-                has = starts < plan.lane_bounds[k::k]
-                red = np.maximum.reduceat(exponent_of(maxabs), np.minimum(starts, len(rows) - 1))
-                slot_exp[has] = red[has]
-            q = np.empty(rows.shape, np.int32)
-        self._nonfinite = nonfinite if nonfinite.any() else None
-        out = np.zeros(nblocks * B, np.int32 if integer else np.float32)
-        out2d = out.reshape(nblocks, B)
-
-        base = wire.Header(msg_type=wire.MSG_CONTRIB, priority=job.priority, job=job.job,
-                           epoch=job.epoch, call=self.call_id, rank=self.rank, nlanes=k,
-                           length=n, block_size=B)
-        now = time.monotonic()
-        slots = []
-        for s in range(W):
-            st = _Slot(s + job.slot_base, ptr=plan.first_ptr(s), ends=plan.lane_ends(s).copy(),
-                       progress_at=now, rto=self.rto)
-            nxt = plan.next_at(st.ptr, st.ends)
-            flags = wire.FLAG_LAST if (nxt == wire.END).all() else 0
-            self._send(st, base.copy(exponent=int(slot_exp[s]), flags=flags), nxt, None, stats, s)
-            slots.append(st)
-        pending = W
+        call = _Call(self, flat, integer)
+        for st in call.slots:  # setup round of every slot
+            self._send(st, call.setup_header(st), call.plan.next_at(st.ptr, st.ends), None, call.stats)
+        pending = len(call.slots)
         buf = bytearray(wire.MAX_UDP_PAYLOAD + 1)
-        self.sock.settimeout(self.rto)
+        self.sock.settimeout(self.min_rto)
         while pending:
             try:
                 nbytes = self.sock.recv_into(buf)
@@ -221,43 +347,16 @@ class Agent:
             except ConnectionRefusedError:
                 nbytes = -1  # ICMP port unreachable: the switch is not up (yet); keep resending
             if nbytes >= 0:
-                res = self._accept(buf, nbytes, slots)
-                if res is not None:
-                    s, h = res
-                    st = slots[s]
-                    stats.packets_received += 1
-                    stats.bytes_received += nbytes
-                    if h.msg_type == wire.MSG_STATUS:
-                        st.last_bitmap = h.bitmap
-                    else:
-                        if h.flags & wire.FLAG_MISMATCH:
-                            raise LengthMismatch(
-                                f"job {job.job} call {self.call_id}: workers disagree on the tensor "
-                                f"length: rank {self.rank} has {n} elements, another rank "
-                                f"{h.length}")
-                        st.progress_at = time.monotonic()
-                        st.rto = self.rto
-                        if st.pos is None:  # setup result: the agreed exponent
-                            st.shift = 0 if integer else quant_shift(h.exponent, job.nworkers)
-                            r = plan.slot_rows(s)
-                            if not integer and r.stop > r.start:
-                                q[r] = quantize(rows[r], st.shift)
-                        else:
-                            self._deliver(buf, h, st, out2d, integer, plan, nonfinite)
-                        stats.rounds += 1
-                        pos = np.frombuffer(buf, wire.NEXT_DTYPE, k, wire.HEADER_LEN).astype(np.uint32)
-                        if (pos == wire.END).all():
-                            st.done = True
-                            pending -= 1
-                        else:
-                            self._next_round(st, pos, plan, q, base.copy(exponent=h.exponent), stats, s)
-            self._check_timers(slots, stats)
-        stats.seconds = time.perf_counter() - t0
-        self.last_stats = stats
-        return out[:n]
+                got = self._accept(buf, nbytes, call.slots)
+                if got is not None and call.on_answer(buf, nbytes, *got):
+                    pending -= 1
+            self._check_timers(call)
+        call.stats.seconds = time.perf_counter() - t0
+        self.last_stats = call.stats
+        return call.out[:len(flat)]
 
     def _accept(self, buf, nbytes, slots):
-        """(slot index, header) if this is the answer to a round in flight, else None."""
+        """(slot state, header) if this answers a round in flight, else None."""
         try:
             h = wire.unpack_header(buf)
             wire.check_header(h, nbytes)
@@ -271,55 +370,38 @@ class Agent:
         st = slots[s]
         if st.done or h.round != st.round:
             return None  # an answer to an earlier round (duplicate result)
-        return s, h
+        return st, h
 
-    def _deliver(self, buf, h, st, out2d, integer, plan, nonfinite):
-        """Write a data round's sums into the output blocks."""
-        k, B = self.job.nlanes, self.job.block_size
-        if not h.present:
-            return
-        lanes = wire.lane_bits_to_mask(np.array([h.present], np.uint64), k)[0]
-        data = np.frombuffer(buf, wire.DATA_DTYPE, int(lanes.sum()) * B, wire.HEADER_LEN + 4 * k)
-        data = data.reshape(-1, B).astype(np.int32)
-        where = st.pos[lanes].astype(np.int64)
-        out2d[where] = data if integer else dequantize(data, st.shift)
-        if h.nonfinite:
-            nf = wire.lane_bits_to_mask(np.array([h.nonfinite], np.uint64), k)[0]
-            out2d[st.pos[nf].astype(np.int64)] = np.nan
-
-    def _next_round(self, st: _Slot, pos: np.ndarray, plan: LanePlan, q, base, stats, s):
-        live = st.ptr < st.ends
-        have = np.zeros(len(pos), bool)
-        have[live] = plan.pos[st.ptr[live]] == pos[live]
-        rows = st.ptr[have]
-        st.ptr = st.ptr + have
-        nxt = plan.next_at(st.ptr, st.ends)
-        st.pos = pos
-        present = int(wire.mask_to_lane_bits(have[None, :])[0])
-        nonfinite_bits = 0
-        if self._nonfinite is not None and len(rows) and self._nonfinite[rows].any():
-            nf = np.zeros(len(pos), bool)
-            nf[have] = self._nonfinite[rows]
-            nonfinite_bits = int(wire.mask_to_lane_bits(nf[None, :])[0])
-        flags = wire.FLAG_LAST if (nxt == wire.END).all() else 0
-        h = base.copy(present=present, nonfinite=nonfinite_bits, flags=flags)
-        self._send(st, h, nxt, q[rows] if len(rows) else None, stats, s)
-
-    def _send(self, st: _Slot, h: wire.Header, nxt, data, stats: CallStats, s: int):
-        self.rounds[s] += 1
-        st.round = int(self.rounds[s]) & 0xFFFFFFFF
+    def _send(self, st: _Slot, h: wire.Header, nxt, data, stats: CallStats):
+        self.rounds[st.index] += 1
+        st.round = int(self.rounds[st.index]) & 0xFFFFFFFF
         h.slot, h.round = st.slot, st.round
         st.packet = wire.pack(h, nxt, data)
-        st.sent_at = time.monotonic()
+        st.resent = st.flush = False
+        st.sent_at = st.first_sent_at = time.monotonic()
         self.sock.sendto(st.packet, self.switch)
         stats.packets_sent += 1
         stats.bytes_sent += len(st.packet)
         if data is not None:
             stats.payload_bytes_sent += data.size * 4
 
-    def _check_timers(self, slots: list[_Slot], stats: CallStats) -> None:
+    @property
+    def rto(self) -> float:
+        if self.srtt is None:
+            return max(self.min_rto, 0.2)
+        return min(1.0, max(self.min_rto, self.srtt + 4 * self.rttvar))
+
+    def _sample_rtt(self, sample: float) -> None:
+        if self.srtt is None:
+            self.srtt, self.rttvar = sample, sample / 2
+        else:
+            self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - sample)
+            self.srtt = 0.875 * self.srtt + 0.125 * sample
+
+    def _check_timers(self, call: "_Call") -> None:
         now = time.monotonic()
-        for st in slots:
+        stats = call.stats
+        for st in call.slots:
             if st.done:
                 continue
             if now - st.progress_at > self.timeout:
@@ -330,11 +412,16 @@ class Agent:
                     (f"ranks {missing} never contributed" if st.last_bitmap else
                      "the switch never answered (is it running, and is this job admitted?)"),
                     missing if st.last_bitmap else [])
+            if (not st.flush and self.job.bounded_loss and now - st.first_sent_at > self.job.loss_deadline
+                    and call.partial_budget_left()):
+                st.flush = True
+                st.sent_at = 0.0  # resend now, as a flush
             if now - st.sent_at > st.rto:
                 pkt = bytearray(st.packet)
-                pkt[2] |= wire.FLAG_RESEND
+                pkt[2] |= wire.FLAG_RESEND | (wire.FLAG_PARTIAL if st.flush else 0)
                 self.sock.sendto(pkt, self.switch)
                 st.sent_at = now
+                st.resent = True
                 st.rto = min(st.rto * 2, 1.0)
                 stats.resends += 1
                 stats.packets_sent += 1

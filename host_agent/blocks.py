@@ -56,6 +56,7 @@ class LanePlan:
     nlanes: int
     pos: np.ndarray
     lane_bounds: np.ndarray  # (L + 1,) boundaries into pos
+    keys: np.ndarray         # lane * 2**32 + pos, ascending: where a (lane, position) would go
 
     @classmethod
     def build(cls, nz: np.ndarray, nslots: int, nlanes: int) -> tuple["LanePlan", np.ndarray]:
@@ -64,12 +65,17 @@ class LanePlan:
         lane = nz % L
         order = np.argsort(lane, kind="stable")
         bounds = np.searchsorted(lane[order], np.arange(L + 1))
-        return cls(nslots, nlanes, nz[order], bounds), order
+        keys = (lane[order].astype(np.int64) << 32) + nz[order]
+        return cls(nslots, nlanes, nz[order], bounds, keys), order
 
-    def slot_rows(self, slot: int) -> slice:
-        """Rows of slot `slot`'s blocks (its lanes are consecutive)."""
-        return slice(int(self.lane_bounds[slot * self.nlanes]),
-                     int(self.lane_bounds[(slot + 1) * self.nlanes]))
+    def seek(self, slot: int, pos: np.ndarray) -> np.ndarray:
+        """Per lane of `slot`: index in `pos` of its first block at or after position `pos`.
+
+        Normally that is one step past the previous round's block, but a round completed
+        without this worker (bounded-loss mode) may skip over some of its blocks.
+        """
+        lanes = np.arange(slot * self.nlanes, (slot + 1) * self.nlanes, dtype=np.int64)
+        return np.searchsorted(self.keys, (lanes << 32) + pos.astype(np.int64))
 
     def first_ptr(self, slot: int) -> np.ndarray:
         """Per lane of `slot`: index in `pos` of its first block (the lane's end if none)."""
@@ -86,10 +92,36 @@ class LanePlan:
         return out
 
 
-def exponent_of(maxabs: np.ndarray) -> np.ndarray:
-    """Smallest e with |x| < 2**e for each maximum (EXPONENT_NONE for 0)."""
-    e = np.frexp(maxabs)[1].astype(np.int32)
-    e[maxabs == 0] = wire.EXPONENT_NONE
+ABS_MASK = 0x7FFFFFFF       # float32 bits without the sign: ordered like |x|
+NONFINITE_BITS = 0x7F800000  # |x| bits at or above this: Inf or NaN
+
+
+def block_absmax_bits(flat: np.ndarray, block_size: int, chunk: int = 4096) -> np.ndarray:
+    """Per block of float32 `flat`: the largest |x| as its raw bits (0 for an all-zero block).
+
+    One cache-friendly pass gives the non-zero mask (> 0), the exponent and the non-finite
+    blocks (>= NONFINITE_BITS): float32 magnitudes order like their bits with the sign masked.
+    """
+    ints = flat.view(np.int32)
+    nfull = len(ints) // block_size
+    full = ints[:nfull * block_size].reshape(nfull, block_size)
+    out = np.empty(nfull + (nfull * block_size < len(ints)), np.int32)
+    tmp = np.empty((min(chunk, nfull), block_size), np.int32)
+    for i in range(0, nfull, chunk):  # a loop over chunks of blocks, vectorised inside
+        part = full[i:i + chunk]
+        t = tmp[:len(part)]
+        np.bitwise_and(part, ABS_MASK, out=t)
+        t.max(axis=1, out=out[i:i + len(part)])
+    if len(out) > nfull:
+        out[-1] = (ints[nfull * block_size:] & ABS_MASK).max()
+    return out
+
+
+def exponent_of_bits(bits: np.ndarray) -> np.ndarray:
+    """Smallest e with |x| < 2**e, from absmax bits (EXPONENT_NONE for 0)."""
+    e = (bits >> 23).astype(np.int32) - 126
+    e[bits >> 23 == 0] = -126  # subnormals: below 2**-126
+    e[bits == 0] = wire.EXPONENT_NONE
     return e
 
 
@@ -109,11 +141,20 @@ def quant_shift(exponent: int, nworkers: int) -> int:
     return 30 - headroom_bits(nworkers) - exponent
 
 
+def _scale(x: np.ndarray, shift: int) -> np.ndarray:
+    """x * 2**shift in float32, exact: a multiply where 2**shift is a normal float32."""
+    if -126 <= shift <= 127:
+        return x * np.float32(2.0 ** shift)
+    return np.ldexp(x, shift).astype(np.float32)
+
+
 def quantize(rows: np.ndarray, shift: int) -> np.ndarray:
-    """float32 rows -> int32, round to nearest, scaled by 2**shift (ldexp is exact)."""
-    return np.rint(np.ldexp(rows, shift)).astype(np.int32)
+    """float32 rows -> big-endian int32 (wire order), scaled by 2**shift, round to nearest."""
+    t = _scale(rows, shift)
+    np.rint(t, out=t)
+    return t.astype(wire.DATA_DTYPE)
 
 
 def dequantize(data: np.ndarray, shift: int) -> np.ndarray:
     """int32 sums -> float32, one rounding (int -> float32), then an exact power-of-2 scale."""
-    return np.ldexp(data.astype(np.float32), -shift)
+    return _scale(data.astype(np.float32), -shift)

@@ -18,15 +18,15 @@ from spina.net import bound_udp_socket
 class LocalCluster:
     """A software switch (thread) and `nworkers` agents, each with its own loopback socket."""
 
-    def __init__(self, nworkers: int, job: int = 1, timeout: float = 10.0, switch: UdpSwitch | None = None,
-                 **job_fields):
+    def __init__(self, nworkers: int, job: int = 1, timeout: float = 10.0, rto: float = 0.1,
+                 switch: UdpSwitch | None = None, **job_fields):
         self.own_switch = switch is None
         self.switch = switch or UdpSwitch(port=0).start()
         socks = [bound_udp_socket() for _ in range(nworkers)]
         workers = tuple(WorkerAddr(r, *s.getsockname()) for r, s in enumerate(socks))
         self.job = JobConfig(job=job, workers=workers, **job_fields)
         self.switch.add_job(self.job)
-        self.agents = [Agent(self.job, r, self.switch.address, sock=s, timeout=timeout)
+        self.agents = [Agent(self.job, r, self.switch.address, sock=s, timeout=timeout, rto=rto)
                        for r, s in enumerate(socks)]
         self._pool = concurrent.futures.ThreadPoolExecutor(nworkers)
 

@@ -399,14 +399,14 @@ def configure(dp: Dataplane, cfg: dict) -> None:
     {"endpoints": ["10.0.0.100"],
      "l2": [{"mac": "02:..", "port": 1}],
      "routes": [{"prefix": "10.1.0.0/16", "port": 3, "src_mac": "..", "dst_mac": ".."}],
-     "qdepth_threshold": 64,
+     "qdepth_threshold": 64, "mtu": 1500,
      "jobs": [{JobConfig fields..., "mcast_grp": 1,
                "workers": [{"host": "10.0.0.1", "port": 50000, "mac": "..", "switch_port": 1}]}]}
     Errors name the field (spina.config.ConfigError).
     """
     from spina.config import ConfigError, JobConfig
 
-    known = {"endpoints", "l2", "routes", "qdepth_threshold", "jobs"}
+    known = {"endpoints", "l2", "routes", "qdepth_threshold", "jobs", "mtu"}
     for k in cfg:
         if k not in known:
             raise ConfigError(f"unknown field '{k}' (known: {', '.join(sorted(known))})")
@@ -432,17 +432,24 @@ def configure(dp: Dataplane, cfg: dict) -> None:
             macs = [w["mac"] for w in jd["workers"]]
         except KeyError as e:
             raise ConfigError(f"job {job.job}: field 'workers': each needs {e}") from None
-        add_job(dp, job, ports, macs, grp)
+        add_job(dp, job, ports, macs, grp, mtu=int(cfg.get("mtu", 1500)))
 
 
 def add_job(dp: Dataplane, job, ports: list[int], macs: list, mcast_grp: int,
-            rid_base: int | None = None) -> None:
+            rid_base: int | None = None, mtu: int = 1500) -> None:
     """Program everything a job needs: admission, its multicast group and worker rewrites.
 
     Replication ids are job * MAX_WORKERS + rank + 1 unless `rid_base` is given (unique on the
-    switch; 0 means "no rewrite").
+    switch; 0 means "no rewrite"). A full packet must fit the links' IP MTU: frames, unlike
+    UDP datagrams, are not fragmented for us.
     """
+    from spina.config import ConfigError
     job.validate(dp.pipeline.pool_slots, dp.pipeline.slot_capacity)
+    size = IPV4_LEN + UDP_LEN + wire.packet_len(job.nlanes, job.block_size, job.nlanes)
+    if size > mtu:
+        raise ConfigError(f"job {job.job}: field 'nlanes': {job.nlanes} lanes of "
+                          f"{job.block_size} elements make {size}-byte IP packets, more than "
+                          f"the MTU of {mtu}")
     dp.pipeline.remove_job(job.job)
     base = job.job * wire.MAX_WORKERS + 1 if rid_base is None else rid_base
     replicas = []

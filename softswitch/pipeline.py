@@ -159,17 +159,28 @@ class Pipeline:
             r["slot_round"][idx] = h.round
         bit = 1 << h.rank
         old_bitmap = 0 if new else int(r["slot_bitmap"][idx])
+        old_count = 0 if new else int(r["slot_count"][idx])
+        if old_count >= adm.nworkers:
+            # Complete: a resend, or a late packet of a round completed without it (bounded
+            # loss). Either way the stored result goes back to the sender; nothing is added.
+            c["job_duplicates"][job] += 1
+            c["job_results"][job] += 1
+            return [Emit(self._result(h, idx, wire.FLAG_RESEND), job, multicast=False)]
         if old_bitmap & bit:
             c["job_duplicates"][job] += 1
-            if int(r["slot_count"][idx]) >= adm.nworkers:
-                c["job_results"][job] += 1
-                return [Emit(self._result(h, idx, wire.FLAG_RESEND), job, multicast=False)]
+            if h.flags & wire.FLAG_PARTIAL:
+                # A flush (bounded-loss mode, opt-in by the job's agents): complete the round
+                # now without the missing workers and tell everyone it is partial.
+                r["slot_count"][idx] = adm.nworkers
+                r["slot_flags"][idx] |= wire.FLAG_PARTIAL
+                c["job_results"][job] += adm.nworkers
+                return [Emit(self._result(h, idx, 0), job, True, adm.mcast_grp)]
             status = h.copy(msg_type=wire.MSG_STATUS, bitmap=old_bitmap, present=0, nonfinite=0,
-                            flags=h.flags & ~wire.FLAG_LAST)
+                            flags=h.flags & ~(wire.FLAG_LAST | wire.FLAG_PARTIAL))
             return [Emit(wire.pack_header(status) + bytes(pkt[wire.HEADER_LEN:wire.HEADER_LEN + 4 * h.nlanes]),
                          job, multicast=False)]
         r["slot_bitmap"][idx] = old_bitmap | bit
-        count = (0 if new else int(r["slot_count"][idx])) + 1
+        count = old_count + 1
         r["slot_count"][idx] = count
 
         k, bs = h.nlanes, h.block_size

@@ -7,8 +7,11 @@ aggregator for users without a P4 switch and the default target of the demo and 
 from __future__ import annotations
 
 import logging
+import random
 import socket
 import threading
+from dataclasses import dataclass
+from typing import Callable
 
 from softswitch.pipeline import DEFAULT_POOL_SLOTS, DEFAULT_SLOT_CAPACITY, Pipeline
 from spina import wire
@@ -20,16 +23,71 @@ log = logging.getLogger("spina.softswitch")
 UDP_PORT_ID = 0  # the one "ingress port" of the UDP mode, for per-port counters
 
 
+@dataclass
+class Faults:
+    """Fault injection for tests (all probabilities per datagram, reproducible with `seed`).
+
+    drop_in / drop_out: lose a datagram arriving at / leaving the switch; duplicate: deliver
+    an arriving datagram twice; reorder: hold an arriving datagram back until after the next
+    one; drop_in_match: a predicate on the arriving datagram's header (wire.Header) that
+    drops it deterministically (for example the first or last packet of a call).
+    """
+    drop_in: float = 0.0
+    drop_out: float = 0.0
+    duplicate: float = 0.0
+    reorder: float = 0.0
+    drop_in_match: Callable[[wire.Header], bool] | None = None
+    seed: int = 0
+    dropped_in: int = 0
+    dropped_out: int = 0
+
+    def __post_init__(self):
+        self.rng = random.Random(self.seed)
+
+    def arriving(self, pkt: bytes, src, held: list) -> list[tuple[bytes, object]]:
+        """(datagram, source) pairs to process now, given one that arrived.
+
+        `held` is the caller's reorder buffer.
+        """
+        if self.drop_in and self.rng.random() < self.drop_in:
+            self.dropped_in += 1
+            return []
+        if self.drop_in_match is not None and len(pkt) >= wire.HEADER_LEN:
+            try:
+                if self.drop_in_match(wire.unpack_header(pkt)):
+                    self.dropped_in += 1
+                    return []
+            except wire.MalformedPacket:
+                pass
+        out = [(pkt, src)] * (2 if self.duplicate and self.rng.random() < self.duplicate else 1)
+        if self.reorder and not held and self.rng.random() < self.reorder:
+            held.extend(out)
+            return []
+        out += held
+        held.clear()
+        return out
+
+    def leaving(self) -> bool:
+        """True if a departing datagram is lost."""
+        if self.drop_out and self.rng.random() < self.drop_out:
+            self.dropped_out += 1
+            return True
+        return False
+
+
 class UdpSwitch:
     """Software switch on a UDP socket. `serve_forever()` or `start()` (a thread).
 
     Args:
         host, port: where to listen (port 0 picks a free one; see `.address`).
         pool_slots / slot_capacity: the register pool's size.
+        faults: optional fault injection (tests).
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = wire.DEFAULT_UDP_PORT,
-                 pool_slots: int = DEFAULT_POOL_SLOTS, slot_capacity: int = DEFAULT_SLOT_CAPACITY):
+                 pool_slots: int = DEFAULT_POOL_SLOTS, slot_capacity: int = DEFAULT_SLOT_CAPACITY,
+                 faults: Faults | None = None):
+        self.faults = faults
         self.pipeline = Pipeline(pool_slots, slot_capacity)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.bind((host, port))
@@ -54,7 +112,8 @@ class UdpSwitch:
         self._dest.pop(job, None)
 
     def serve_forever(self) -> None:
-        sock, pipe = self.sock, self.pipeline
+        sock = self.sock
+        held: list = []  # reorder buffer of the fault injector
         sock.settimeout(0.2)
         log.info("software switch listening on %s:%d", *self.address)
         while not self._stop.is_set():
@@ -68,21 +127,34 @@ class UdpSwitch:
                 continue  # e.g. ICMP errors reported on the socket; never stop serving
             self.packets_in += 1
             self.bytes_in += len(pkt)
-            try:
-                emits = pipe.process(pkt, UDP_PORT_ID, src)
-            except Exception:  # a bug must not take the switch down for every job
-                log.exception("pipeline error on a packet from %s; dropped", src)
-                continue
-            for e in emits:
-                targets = self._dest.get(e.job, ()) if e.multicast else (src,)
-                for dst in targets:
-                    try:
-                        sock.sendto(e.data, dst)
-                    except OSError as err:
-                        log.debug("send to %s failed: %s", dst, err)
-                        continue
-                    self.packets_out += 1
-                    self.bytes_out += len(e.data)
+            if self.faults is None:
+                self._process(pkt, src)
+            else:
+                for p, s in self.faults.arriving(pkt, src, held):
+                    self._process(p, s)
+
+    def _process(self, pkt: bytes, src) -> None:
+        try:
+            emits = self.pipeline.process(pkt, UDP_PORT_ID, src)
+        except Exception:  # a bug must not take the switch down for every job
+            log.exception("pipeline error on a packet from %s; dropped", src)
+            return
+        for e in emits:
+            targets = self._dest.get(e.job, ()) if e.multicast else (src,)
+            for dst in targets:
+                if self.faults is not None and self.faults.leaving():
+                    continue
+                try:
+                    self.sock.sendto(e.data, dst)
+                except OSError as err:
+                    log.debug("send to %s failed: %s", dst, err)
+                    continue
+                self.packets_out += 1
+                self.bytes_out += len(e.data)
+
+    def shutdown(self) -> None:
+        """Ask serve_forever() to return (safe from a signal handler)."""
+        self._stop.set()
 
     def start(self) -> "UdpSwitch":
         self._thread = threading.Thread(target=self.serve_forever, name="spina-softswitch",

@@ -1,7 +1,9 @@
 """Job configuration: loaded and validated in one place, errors name the field."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+import os
+from dataclasses import dataclass
 
 from spina import wire
 
@@ -25,6 +27,9 @@ class JobConfig:
     epoch are stale. workers: one address per rank 0..n-1. slot_base/nslots: the job's share
     of the switch's slot pool (also the agent's window: one outstanding packet per slot).
     block_size: elements per block (B). nlanes: blocks fused per packet (k).
+    bounded_loss: opt-in DLCP mode: at most this fraction of a call's blocks may be completed
+    without every worker (0: off, every result exact). loss_deadline: seconds a round may wait
+    for missing workers before an agent asks the switch to complete it anyway.
     """
     job: int
     workers: tuple[WorkerAddr, ...]
@@ -34,7 +39,8 @@ class JobConfig:
     nlanes: int = 56
     epoch: int = 1
     priority: int = 0
-    extra: dict = field(default_factory=dict, compare=False)
+    bounded_loss: float = 0.0
+    loss_deadline: float = 0.05
 
     @property
     def nworkers(self) -> int:
@@ -64,11 +70,15 @@ class JobConfig:
                  f"nlanes*block_size = {self.nlanes * self.block_size} exceeds the switch's "
                  f"slot capacity of {slot_capacity} elements")
         need(0 <= self.priority < 8, "priority", "must be in 0..7")
+        need(0.0 <= self.bounded_loss < 1.0, "bounded_loss", "must be a fraction in [0, 1)")
+        need(self.loss_deadline > 0, "loss_deadline", "must be positive (seconds)")
         return self
 
     @classmethod
     def from_dict(cls, d: dict) -> "JobConfig":
-        known = {"job", "workers", "slot_base", "nslots", "block_size", "nlanes", "epoch", "priority"}
+        ints = {"job", "slot_base", "nslots", "block_size", "nlanes", "epoch", "priority"}
+        floats = {"bounded_loss", "loss_deadline"}
+        known = ints | floats | {"workers"}
         for k in d:
             if k not in known:
                 raise ConfigError(f"unknown field '{k}' (known: {', '.join(sorted(known))})")
@@ -79,5 +89,69 @@ class JobConfig:
                             for i, w in enumerate(d["workers"]))
         except (KeyError, TypeError, ValueError) as e:
             raise ConfigError(f"field 'workers': each needs 'host' and 'port' ({e})") from None
-        kw = {k: int(d[k]) for k in known - {"workers"} if k in d}
+        kw = {}
+        for k in (ints | floats) & d.keys():
+            try:
+                kw[k] = int(d[k]) if k in ints else float(d[k])
+            except (TypeError, ValueError):
+                raise ConfigError(f"field '{k}': {d[k]!r} is not a number") from None
         return cls(workers=workers, **kw).validate()
+
+
+def job_to_dict(job: JobConfig) -> dict:
+    """The inverse of `JobConfig.from_dict` (JSON-ready)."""
+    return {"job": job.job, "epoch": job.epoch, "priority": job.priority,
+            "slot_base": job.slot_base, "nslots": job.nslots, "block_size": job.block_size,
+            "nlanes": job.nlanes, "bounded_loss": job.bounded_loss,
+            "loss_deadline": job.loss_deadline,
+            "workers": [{"host": w.host, "port": w.port} for w in job.workers]}
+
+
+@dataclass(frozen=True)
+class JobFile:
+    """What a launcher hands every worker of a job: the job and where its switch listens.
+
+    On disk (JSON): {"switch": {"host": "127.0.0.1", "port": 47000}, "job": {<JobConfig fields,
+    workers as [{"host", "port"}, ...] in rank order>}}. Written by the launcher, read by each
+    training process (host_agent.torch_hook.agent_from_env), so nobody copies ports by hand.
+    """
+    job: JobConfig
+    switch: tuple[str, int]
+
+    def to_dict(self) -> dict:
+        return {"switch": {"host": self.switch[0], "port": self.switch[1]},
+                "job": job_to_dict(self.job)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "JobFile":
+        if not isinstance(d, dict):
+            raise ConfigError("job file: top level must be an object with 'switch' and 'job'")
+        for k in d:
+            if k not in ("switch", "job"):
+                raise ConfigError(f"job file: unknown field '{k}' (known: job, switch)")
+        sw = d.get("switch")
+        try:
+            switch = (str(sw["host"]), int(sw["port"]))
+        except (KeyError, TypeError, ValueError):
+            raise ConfigError("job file: field 'switch': needs 'host' and 'port'") from None
+        if not 0 < switch[1] < 1 << 16:
+            raise ConfigError(f"job file: field 'switch.port': {switch[1]} is not a UDP port")
+        if "job" not in d:
+            raise ConfigError("job file: field 'job' is required")
+        return cls(JobConfig.from_dict(d["job"]), switch)
+
+    def write(self, path) -> None:
+        """Atomically (write + rename): a reader never sees half a file."""
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(self.to_dict(), f, indent=1)
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path) -> "JobFile":
+        try:
+            with open(path) as f:
+                d = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"job file {path}: not JSON ({e})") from None
+        return cls.from_dict(d)

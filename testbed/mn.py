@@ -99,6 +99,7 @@ def switch_classes():
                 [sys.executable, "-m", "softswitch", "l2",
                  *self.port_args(), "--config", str(cfg)],
                 cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+            log.close()  # the child holds its own descriptor
             self.wait_ready("switching")
 
         def wait_ready(self, marker: str, timeout: float = 20.0) -> None:
@@ -130,6 +131,7 @@ def switch_classes():
                  "--thrift-port", str(self.thrift_port), *self.port_args(), str(js), "--",
                  "--grpc-server-addr", f"127.0.0.1:{50000 + self.thrift_port}",
                  "--priority-queues", "8"], stdout=log, stderr=subprocess.STDOUT)
+            log.close()
             import time
             for _ in range(50):
                 if subprocess.run(["simple_switch_CLI", "--thrift-port", str(self.thrift_port)],

@@ -84,3 +84,11 @@ def test_cli_help(mode):
     out = subprocess.run([sys.executable, "-m", "softswitch", mode, "--help"],
                          capture_output=True, text=True, check=True).stdout
     assert f"python -m softswitch {mode}" in out
+
+
+def test_job_larger_than_mtu_refused():
+    """L2 mode refuses a job whose full packets do not fit the links' MTU, naming nlanes."""
+    cfg = dict(CFG, jobs=[dict(CFG["jobs"][0], nlanes=16, block_size=256)])
+    with pytest.raises(ConfigError, match="'nlanes'.*MTU of 1500"):
+        configure(Dataplane(), cfg)
+    configure(Dataplane(), dict(cfg, mtu=65000))

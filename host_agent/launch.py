@@ -1,0 +1,143 @@
+"""Launch one job on this machine: a software switch plus the job file its workers read.
+
+    python -m host_agent.launch --nworkers 4 --job-file /tmp/spina-job.json
+
+picks a free loopback UDP port for every rank and for the switch, admits the job on a software
+switch (softswitch.udp.UdpSwitch), writes the job file (spina.config.JobFile) once the switch
+listens, and serves until SIGTERM or SIGINT (then removes the job file). Training processes then create their agent with
+`host_agent.torch_hook.agent_from_env(job_file)`: no port is ever copied by hand.
+
+Ports are chosen by binding port 0 and releasing it; on loopback the window in which another
+program could take one of them before the worker binds it is small, and a clash shows up as
+an `OSError: address in use` at the worker, never as silent cross-talk (the switch admits a
+worker only from its registered address).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import uuid
+from pathlib import Path
+
+from softswitch.udp import UdpSwitch
+from spina.config import JobConfig, JobFile, WorkerAddr
+
+log = logging.getLogger("spina.launch")
+
+
+def free_udp_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """`n` distinct UDP ports that were free a moment ago (all held open while choosing)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def local_job(nworkers: int, job: int = 1, host: str = "127.0.0.1", **job_fields) -> JobConfig:
+    """A job whose `nworkers` ranks live on `host`, each on a free UDP port."""
+    ports = free_udp_ports(nworkers, host)
+    return JobConfig(job=job, workers=tuple(WorkerAddr(r, host, p) for r, p in enumerate(ports)),
+                     **job_fields).validate()
+
+
+class RepeatFilter(logging.Filter):
+    """Let the first `keep` records with the same message and exception type through, count the rest.
+
+    A data-plane bug hit by every resend would otherwise print a traceback per packet and
+    bury everything else; `summary()` says how many were held back.
+    """
+
+    def __init__(self, keep: int = 3):
+        super().__init__()
+        self.keep = keep
+        self.seen: dict[tuple, int] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[0].__name__ if record.exc_info and record.exc_info[0] else ""
+        key = (record.name, record.msg, exc)
+        n = self.seen[key] = self.seen.get(key, 0) + 1
+        return n <= self.keep
+
+    def summary(self) -> list[str]:
+        return [f"{n - self.keep} more of {name}: {msg!r} {exc}".rstrip()
+                for (name, msg, exc), n in self.seen.items() if n > self.keep]
+
+
+def serve(job_file: str, nworkers: int, job: int = 1, host: str = "127.0.0.1",
+          switch_port: int = 0, stop: threading.Event | None = None, **job_fields) -> None:
+    """Start a switch for a fresh local job, write `job_file`, serve until `stop` is set."""
+    cfg = local_job(nworkers, job, host, **job_fields)
+    repeats = RepeatFilter()
+    logging.getLogger("spina.softswitch").addFilter(repeats)
+    switch = UdpSwitch(host=host, port=switch_port)
+    switch.add_job(cfg)
+    switch.start()
+    JobFile(cfg, switch.address).write(job_file)
+    log.info("job %d: %d workers, switch on %s:%d, job file %s", cfg.job, nworkers,
+             *switch.address, job_file)
+    stop = stop or threading.Event()
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        switch.stop()
+        try:
+            os.unlink(job_file)  # the job is gone: no file may point workers at a dead switch
+        except FileNotFoundError:
+            pass
+        logging.getLogger("spina.softswitch").removeFilter(repeats)
+        for line in repeats.summary():
+            log.warning("suppressed %s", line)
+        log.info("switch stopped: %d packets in (%d bytes), %d out (%d bytes)",
+                 switch.packets_in, switch.bytes_in, switch.packets_out, switch.bytes_out)
+
+
+def start_subprocess(nworkers: int, job_file: str | None = None, log_level: str = "WARNING",
+                     **kw) -> tuple[subprocess.Popen, str]:
+    """Run `python -m host_agent.launch` in a child process; returns (process, job file path).
+
+    For examples and tests that want a switch of their own; stop it with `terminate()` (SIGTERM,
+    a clean exit) and `wait()`. The child imports this checkout's packages.
+    """
+    if job_file is None:  # removed by the launcher when it stops
+        job_file = os.path.join(tempfile.gettempdir(), f"spina-job-{uuid.uuid4().hex}.json")
+    root = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    cmd = [sys.executable, "-m", "host_agent.launch", "--nworkers", str(nworkers),
+           "--job-file", job_file, "--log-level", log_level]
+    for k, v in kw.items():
+        cmd += [f"--{k.replace('_', '-')}", str(v)]
+    return subprocess.Popen(cmd, env=env, cwd=root), job_file
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m host_agent.launch", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nworkers", type=int, required=True, help="ranks in the job")
+    ap.add_argument("--job-file", required=True, help="where to write the job file (JSON)")
+    ap.add_argument("--job", type=int, default=1, help="job id (default 1)")
+    ap.add_argument("--host", default="127.0.0.1", help="address of the switch and the workers")
+    ap.add_argument("--switch-port", type=int, default=0, help="switch UDP port (0: any free)")
+    ap.add_argument("--log-level", default="INFO")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    serve(args.job_file, args.nworkers, args.job, args.host, args.switch_port, stop)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,255 @@
+"""PyTorch DDP communication hook: gradient buckets are summed by a SpINA switch.
+
+DDP hands each gradient bucket to a hook `hook(state, bucket) -> torch.futures.Future[Tensor]`
+(torch.distributed.GradBucket; the future's value replaces the bucket's contents). This hook
+sums `bucket.buffer()` over all ranks with the SpINA agent (`Agent.allreduce`) and divides by
+the world size. Everything else DDP communicates (the initial parameter broadcast, buffer
+broadcasts, the unused-parameter bitmap) stays on the process group, i.e. gloo; so does any
+collective the training script calls itself.
+
+One line in a training script under `torchrun`:
+
+    model.register_comm_hook(SpinaHookState(agent_from_env()), spina_allreduce_hook)
+
+`agent_from_env` reads the job file that the launcher wrote (`python -m host_agent.launch`,
+spina.config.JobFile) from `$SPINA_JOB_FILE` and binds this rank's address from it.
+
+Why the sum is done in float32 and averaged afterwards: DDP's default hook divides every
+gradient by the world size before all-reduce; SpINA quantizes with a shared exponent, so
+dividing first buys nothing, and dividing the float32 sum once, then rounding once to the
+bucket's dtype (float16/bfloat16 buckets), loses less than rounding twice. Every rank gets
+bit-identical sums from the switch and applies the same float operations, so gradients stay
+bit-identical across ranks.
+"""
+# No `from __future__ import annotations` here: DDP.register_comm_hook compares the hook's
+# annotations with dist.GradBucket and torch.futures.Future[torch.Tensor] as objects.
+import os
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from host_agent.agent import Agent
+from spina.config import ConfigError, JobFile
+
+JOB_FILE_ENV = "SPINA_JOB_FILE"
+DAEMON_SOCKET_ENV = "SPINA_AGENT_SOCKET"
+
+
+class SpinaHookState:
+    """State of `spina_allreduce_hook`: the rank's agent and running wire statistics.
+
+    Args:
+        agent: this rank's `host_agent.agent.Agent` (see `agent_from_env`).
+        world_size: divisor for averaging; default `agent.job.nworkers`.
+
+    Attributes (summed over every bucket since construction or `reset_stats()`):
+        calls: buckets all-reduced.
+        elements: gradient elements all-reduced.
+        bytes_sent / payload_bytes_sent: UDP payload bytes this rank sent / of those, block data.
+        resends: packets sent again after a retransmission timeout (included in bytes_sent).
+        seconds: wall time inside `Agent.allreduce`.
+    """
+
+    __slots__ = ("agent", "world_size", "calls", "elements", "bytes_sent", "payload_bytes_sent",
+                 "resends", "seconds")
+
+    def __init__(self, agent: Agent, world_size: int | None = None):
+        self.agent = agent
+        self.world_size = world_size or agent.job.nworkers
+        self.reset_stats()
+
+    def reset_stats(self) -> None:
+        self.calls = 0
+        self.elements = 0
+        self.bytes_sent = 0
+        self.payload_bytes_sent = 0
+        self.resends = 0
+        self.seconds = 0.0
+
+    def _count(self, n: int) -> None:
+        s = self.agent.last_stats
+        self.calls += 1
+        self.elements += n
+        self.bytes_sent += s.bytes_sent
+        self.payload_bytes_sent += s.payload_bytes_sent
+        self.resends += s.resends
+        self.seconds += s.seconds
+
+
+def spina_allreduce_hook(state: SpinaHookState,
+                         bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Average a DDP gradient bucket over all ranks through the SpINA switch.
+
+    The all-reduce runs on the agent's worker thread (calls keep DDP's bucket order, which is
+    the same on every rank), so backward computation goes on while the bucket is on the wire.
+
+    Args:
+        state: a `SpinaHookState` holding this rank's agent.
+        bucket: DDP's `torch.distributed.GradBucket`: `bucket.buffer()` (a flat float32,
+            float16 or bfloat16 CPU tensor) and `bucket.parameters()` (to start every
+            parameter's gradient on a block boundary, see `block_aligned_layout`).
+
+    Returns:
+        A `torch.futures.Future` whose value is the averaged flat tensor, same dtype and
+        length as `bucket.buffer()`. It fails with the agent's `SpinaError` (for example
+        `SpinaTimeout` naming the ranks that never contributed), which DDP raises in backward.
+
+    Example (save as demo.py in the repository root, run `torchrun --standalone
+    --nproc_per_node 2 demo.py`; rank 0 starts a software switch and writes the job file,
+    as `python -m host_agent.launch` does for a real deployment):
+
+        import torch, torch.distributed as dist
+        from host_agent.launch import start_subprocess
+        from host_agent.torch_hook import SpinaHookState, agent_from_env, spina_allreduce_hook
+        dist.init_process_group("gloo")
+        box = [None]
+        if dist.get_rank() == 0:
+            switch, box[0] = start_subprocess(dist.get_world_size())  # switch + job file
+        dist.broadcast_object_list(box)
+        torch.manual_seed(dist.get_rank())
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(10, 1))
+        model.register_comm_hook(SpinaHookState(agent_from_env(box[0])), spina_allreduce_hook)
+        model(torch.randn(8, 10)).sum().backward()  # gradients averaged through the switch
+        print(dist.get_rank(), model.module.weight.grad[0, :3])  # the same on every rank
+        dist.barrier()
+        if dist.get_rank() == 0:
+            switch.terminate()
+            switch.wait()
+    """
+    buf = bucket.buffer()
+    return sum_async(state.agent, buf, _segment_sizes(bucket, buf.numel()),
+                     divide_by=state.world_size, on_done=state._count)
+
+
+def sum_async(agent, t: torch.Tensor, sizes: list[int] | None = None, divide_by: int = 1,
+              on_done=None) -> torch.futures.Future:
+    """Sum the flat float tensor `t` over all ranks through `agent`, without blocking.
+
+    Args:
+        agent: an `Agent` (or `DaemonClient`); calls run on its worker thread in call order.
+        t: a flat float32/float16/bfloat16 CPU tensor (read, not written).
+        sizes: lengths of the parameters packed in `t` (each starts on a block boundary on
+            the wire, see `block_aligned_layout`); None: one piece.
+        divide_by: divide the float32 sum by this before the one rounding to `t.dtype`.
+        on_done: called with `t.numel()` after the agent finished, before the future is set.
+
+    Returns:
+        A `torch.futures.Future` of a new tensor like `t` holding the (averaged) sum.
+    """
+    dtype = t.dtype
+    n = t.numel()
+    src, dst, aligned = block_aligned_layout(sizes or [n], agent.job.block_size)
+    flat = np.zeros(aligned, np.float32)
+    data = t.detach().reshape(-1).to(torch.float32).numpy()  # widening copy for halves only
+    for s, d, k in zip(src, dst, np.diff(np.append(src, n))):
+        flat[d:d + k] = data[s:s + k]
+    out = torch.futures.Future()
+
+    def done(f):
+        try:
+            res = f.result()
+            total = np.empty(n, np.float32)
+            for s, d, k in zip(src, dst, np.diff(np.append(src, n))):
+                total[s:s + k] = res[d:d + k]
+            avg = torch.from_numpy(total)
+            if divide_by != 1:
+                avg.div_(divide_by)
+            if on_done is not None:
+                on_done(n)  # before set_result: DDP may go on (and read the stats) right after
+            out.set_result((avg if dtype == torch.float32 else avg.to(dtype)).reshape(t.shape))
+        except Exception as e:  # surfaces in DDP's backward on this rank
+            out.set_exception(e)
+
+    agent.allreduce_async(flat).add_done_callback(done)
+    return out
+
+
+def _segment_sizes(bucket, n: int) -> list[int]:
+    """Element counts of the bucket's parameters in buffer order ([n] if unknown)."""
+    try:
+        sizes = [p.numel() for p in bucket.parameters()]
+    except AttributeError:
+        return [n]
+    return sizes if sum(sizes) == n and sizes else [n]
+
+
+def block_aligned_layout(sizes: list[int], block_size: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Where each parameter of a bucket goes so that each starts at a block boundary.
+
+    DDP packs a bucket's gradients back to back; a parameter that starts mid-block shifts
+    every row of an embedding table against SpINA's blocks, so a touched row often straddles
+    two blocks and both travel (measured: about 25% more blocks for 64-wide rows). Starting
+    every parameter on a block boundary costs at most block_size - 1 zeros per parameter,
+    which are never sent.
+
+    Returns:
+        (source offsets in the bucket, destination offsets in the aligned array, its length).
+    """
+    sizes = np.asarray(sizes, np.int64)
+    src = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    padded = -(-sizes // block_size) * block_size
+    dst = np.concatenate([[0], np.cumsum(padded)[:-1]]).astype(np.int64)
+    return src, dst, int(padded.sum())
+
+
+def agent_from_env(job_file: str | None = None, rank: int | None = None, wait: float = 60.0,
+                   timeout: float = 30.0, rto: float = 0.2, daemon_socket: str | None = None):
+    """Create this rank's SpINA agent from the job file the launcher wrote.
+
+    Args:
+        job_file: path of the JSON job file (spina.config.JobFile); default `$SPINA_JOB_FILE`.
+        rank: this worker's rank; default `$RANK` as set by torchrun, else the initialised
+            process group's rank.
+        wait: seconds to wait for the file to appear (the launcher may still be starting).
+        timeout: the agent's per-call timeout in seconds.
+        rto: first retransmission timeout. Ranks reach a bucket tens of milliseconds apart
+            (their backward passes drift), and a packet waiting at the switch for a slower
+            rank is not lost: the agent's 20 ms default would resend most of them.
+        daemon_socket: go through the host's agent daemon at this Unix socket instead of an
+            in-process agent; default `$SPINA_AGENT_SOCKET` (unset: in-process).
+
+    Returns:
+        An `Agent` bound to the job's address for `rank`, talking to the file's switch; or,
+        with a daemon socket, a `host_agent.daemon.DaemonClient` attached to `rank` (same
+        interface as far as the hook is concerned; timeout and rto are then the daemon's).
+
+    Raises:
+        ConfigError: no job file given, the file never appeared, or its worker count differs
+            from torchrun's `$WORLD_SIZE`.
+
+    Example:
+        >>> agent = agent_from_env("/tmp/spina-job.json")  # doctest: +SKIP
+        >>> agent.allreduce(torch.ones(4))                   # doctest: +SKIP
+    """
+    job_file = job_file or os.environ.get(JOB_FILE_ENV)
+    if not job_file:
+        raise ConfigError(f"no job file: pass job_file or set ${JOB_FILE_ENV} "
+                          "(python -m host_agent.launch writes one)")
+    deadline = time.monotonic() + wait
+    while not os.path.exists(job_file):
+        if time.monotonic() > deadline:
+            raise ConfigError(f"job file {job_file} did not appear within {wait:g} s")
+        time.sleep(0.05)
+    jf = JobFile.load(job_file)
+    if rank is None:
+        if "RANK" in os.environ:
+            rank = int(os.environ["RANK"])
+        elif dist.is_available() and dist.is_initialized():
+            rank = dist.get_rank()
+        else:
+            raise ConfigError("rank unknown: pass rank, run under torchrun, or init the process group")
+    world = os.environ.get("WORLD_SIZE")
+    if world is not None and int(world) != jf.job.nworkers:
+        raise ConfigError(f"job file {job_file}: field 'job.workers': {jf.job.nworkers} workers, "
+                          f"but torchrun's WORLD_SIZE is {world}")
+    daemon_socket = daemon_socket or os.environ.get(DAEMON_SOCKET_ENV)
+    if daemon_socket:
+        from host_agent.daemon import DaemonClient
+        return DaemonClient(job_file, rank, daemon_socket)
+    return Agent(jf.job, rank, jf.switch, timeout=timeout, rto=rto)
+
+
+__all__ = ["SpinaHookState", "spina_allreduce_hook", "sum_async", "agent_from_env", "block_aligned_layout",
+           "JOB_FILE_ENV", "DAEMON_SOCKET_ENV"]

@@ -1,0 +1,182 @@
+"""A line-by-line transliteration of p4src's INA path (InaCheck, Admission, Aggregator) into
+plain Python: scalar registers, one list per lane and element, no numpy, no shortcuts.
+
+It exists to be compared with softswitch.pipeline.Pipeline (tests/test_p4_model.py): if the
+fast pipeline and this transliteration of the P4 disagree, one of them is wrong. Keep it as
+close to the P4 text as Python allows; statement order follows aggregator.p4.
+"""
+from __future__ import annotations
+
+import struct
+
+from spina import wire
+
+M32 = 0xFFFFFFFF
+
+
+class P4Model:
+    def __init__(self, pool_slots: int, nlanes: int, block_size: int):
+        n = 2 * pool_slots
+        self.NLANES, self.BLOCK_SIZE = nlanes, block_size
+        self.reg = {name: [0] * n for name in (
+            "slot_round", "slot_bitmap", "slot_count", "slot_present", "slot_nonfinite",
+            "slot_exponent", "slot_length", "slot_flags")}
+        self.next = [[0] * n for _ in range(nlanes)]                          # slot_next_l<L>
+        self.values = [[[0] * n for _ in range(block_size)] for _ in range(nlanes)]
+        self.counters: dict[tuple[str, int], int] = {}
+        self.admission: dict[tuple, dict] = {}
+
+    def count(self, name, index):
+        self.counters[(name, index)] = self.counters.get((name, index), 0) + 1
+
+    # ------------------------------------------------------------ InaCheck
+    def malformed(self, pkt: bytes) -> bool:
+        if len(pkt) < wire.HEADER_LEN:
+            return True  # parser_error
+        h = wire.unpack_header(pkt)
+        want = wire.HEADER_LEN + 4 * h.nlanes + 4 * h.block_size * bin(h.present).count("1")
+        return (h.version != wire.VERSION or h.msg_type != wire.MSG_CONTRIB
+                or h.nlanes == 0 or h.nlanes > wire.MAX_LANES or h.block_size == 0
+                or h.rank >= wire.MAX_WORKERS or (h.present >> h.nlanes) != 0
+                or (h.nonfinite >> h.nlanes) != 0 or len(pkt) != want)
+
+    # ------------------------------------------------------------ ingress for one INA packet
+    def process(self, pkt: bytes, port: int, src) -> list[tuple[bytes, bool]]:
+        if self.malformed(pkt):
+            self.count("port_malformed", port)
+            return []
+        h = wire.unpack_header(pkt)
+        adm = self.admission.get((port, src, h.job, h.rank))
+        if adm is not None and not (adm["slot_base"] <= h.slot < adm["slot_base"] + adm["nslots"]
+                                    and h.nlanes == adm["nlanes"]
+                                    and h.block_size == adm["block_size"]
+                                    and h.nlanes <= self.NLANES
+                                    and h.block_size == self.BLOCK_SIZE):
+            adm = None
+        if adm is None:
+            self.count("port_unadmitted", port)
+            return []
+        return self.aggregate(h, pkt, adm)
+
+    def aggregate(self, h, pkt, adm):
+        r, job = self.reg, h.job
+        lane_next = list(struct.unpack_from(f">{h.nlanes}I", pkt, wire.HEADER_LEN))
+        block, off = {}, wire.HEADER_LEN + 4 * h.nlanes
+        for lane in range(h.nlanes):
+            if h.present >> lane & 1:
+                block[lane] = list(struct.unpack_from(f">{self.BLOCK_SIZE}i", pkt, off))
+                off += 4 * self.BLOCK_SIZE
+        self.count("job_received", job)
+        if h.epoch != adm["epoch"]:
+            self.count("job_stale", job)
+            return []
+        idx = (h.slot << 1) | (h.round & 1)
+        old_round = r["slot_round"][idx]
+        delta = (h.round - old_round) & M32
+        if delta >> 31 == 1:
+            self.count("job_stale", job)
+            return []
+        fresh = delta != 0
+        if fresh:
+            r["slot_round"][idx] = h.round
+        rank_bit = 1 << h.rank
+        old_bitmap = count = 0
+        if not fresh:
+            old_bitmap = r["slot_bitmap"][idx]
+        duplicate = (old_bitmap & rank_bit) != 0
+        accumulate = not duplicate
+        if not fresh:
+            count = r["slot_count"][idx]
+        if accumulate:
+            r["slot_bitmap"][idx] = old_bitmap | rank_bit
+            count += 1
+            r["slot_count"][idx] = count
+        else:
+            self.count("job_duplicates", job)
+        send_result = count >= adm["nworkers"]
+
+        out = h.copy()
+        out_blocks = {}
+        if duplicate and not send_result:
+            out.msg_type = wire.MSG_STATUS
+            out.flags = h.flags & ~wire.FLAG_LAST & 0xFF
+            out.bitmap = old_bitmap
+            out.present = out.nonfinite = 0
+            out_next = lane_next
+        else:
+            present, nonfinite, exponent = h.present, h.nonfinite, h.exponent & 0xFFFF
+            length, sflags = h.length, h.flags & wire.FLAG_LAST
+            if fresh:
+                r["slot_present"][idx], r["slot_nonfinite"][idx] = present, nonfinite
+                r["slot_exponent"][idx], r["slot_length"][idx] = exponent, length
+                r["slot_flags"][idx] = sflags
+            else:
+                present, nonfinite = r["slot_present"][idx], r["slot_nonfinite"][idx]
+                exponent, length = r["slot_exponent"][idx], r["slot_length"][idx]
+                sflags = r["slot_flags"][idx]
+                if accumulate:
+                    present |= h.present
+                    r["slot_present"][idx] = present
+                    nonfinite |= h.nonfinite
+                    r["slot_nonfinite"][idx] = nonfinite
+                    if _s16(h.exponent & 0xFFFF) > _s16(exponent):
+                        exponent = h.exponent & 0xFFFF
+                        r["slot_exponent"][idx] = exponent
+                    sflags = (sflags & ~wire.FLAG_LAST) | (sflags & h.flags & wire.FLAG_LAST)
+                    if h.length != length:
+                        sflags |= wire.FLAG_MISMATCH
+                    r["slot_flags"][idx] = sflags
+            out_next = list(lane_next)
+            for lane in range(self.NLANES):  # FOR_EACH_LANE(SPINA_LANE)
+                if not h.nlanes > lane:
+                    continue
+                add = accumulate and (h.present >> lane & 1) == 1
+                out_l = send_result and (present >> lane & 1) == 1
+                nxt = lane_next[lane]
+                if fresh:
+                    self.next[lane][idx] = nxt
+                else:
+                    nxt = self.next[lane][idx]
+                    if accumulate:
+                        if lane_next[lane] < nxt:
+                            nxt = lane_next[lane]
+                        self.next[lane][idx] = nxt
+                if send_result:
+                    out_next[lane] = nxt
+                if fresh or add or out_l:
+                    vals = []
+                    for e in range(self.BLOCK_SIZE):  # FOR_EACH_ELEM(SPINA_VALUE_CELL)
+                        v = 0
+                        if not fresh:
+                            v = self.values[lane][e][idx]
+                        if add:
+                            v = (v + block[lane][e]) & M32
+                        if fresh or add:
+                            self.values[lane][e][idx] = v
+                        vals.append(v)
+                    if out_l:
+                        out_blocks[lane] = vals
+            if accumulate:
+                self.count("job_aggregated", job)
+            if not send_result:
+                return []
+            out.msg_type = wire.MSG_RESULT
+            out.flags = sflags | (h.flags & wire.FLAG_LOSS_TOLERANT) | (
+                wire.FLAG_RESEND if duplicate else 0)
+            out.bitmap = old_bitmap | rank_bit
+            out.present, out.nonfinite, out.exponent = present, nonfinite, _s16(exponent)
+            out.length = length
+        data = b"".join(struct.pack(f">{self.BLOCK_SIZE}I", *out_blocks[lane])
+                        for lane in sorted(out_blocks))
+        frame = wire.pack_header(out) + struct.pack(f">{h.nlanes}I", *out_next) + data
+        if accumulate:  # multicast: job_results per replica (nworkers of them)
+            for _ in range(adm["nworkers"]):
+                self.count("job_results", job)
+            return [(frame, True)]
+        if out.msg_type == wire.MSG_RESULT:
+            self.count("job_results", job)
+        return [(frame, False)]
+
+
+def _s16(x: int) -> int:
+    return x - 0x10000 if x & 0x8000 else x

@@ -1,0 +1,212 @@
+"""Reliability: exact results under loss, duplication and reordering; job isolation; fuzzing.
+
+Faults are injected by the software switch (softswitch.udp.Faults) so these run anywhere;
+tests/test_l2_netns.py and friends cover real interfaces.
+Run just this file: .venv/bin/python -m pytest tests/test_reliability.py
+"""
+import concurrent.futures
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from host_agent.local import LocalCluster
+from softswitch.pipeline import Pipeline
+from softswitch.udp import Faults, UdpSwitch
+from spina import wire
+from spina.config import JobConfig, WorkerAddr
+
+B, K, W = 16, 4, 4
+
+
+def sparse(rng, n, density):
+    nblocks = -(-n // B)
+    out = np.zeros(nblocks * B, np.int32)
+    nz = np.flatnonzero(rng.random(nblocks) < density)
+    out.reshape(nblocks, B)[nz] = rng.integers(-2**20, 2**20, (len(nz), B))
+    return out[:n]
+
+
+def run_with(faults, nworkers=3, calls=3, n=6_000, density=0.3, seed=0):
+    """Several int32 all-reduces through a switch with `faults`; returns switch and agent stats."""
+    rng = np.random.default_rng(seed)
+    sw = UdpSwitch(port=0, faults=faults).start()
+    try:
+        with LocalCluster(nworkers, switch=sw, rto=0.01, timeout=30, block_size=B, nlanes=K,
+                          nslots=W) as c:
+            for _ in range(calls):
+                xs = [sparse(rng, n, density) for _ in range(nworkers)]
+                res = c.allreduce(xs)
+                exact = np.sum(np.stack(xs), axis=0, dtype=np.int32)
+                for r in res:
+                    assert (r == exact).all()
+            return sw, c
+    finally:
+        sw.stop()
+
+
+@pytest.mark.parametrize("loss", [0.01, 0.05, 0.10])
+def test_exact_under_random_loss_both_directions(loss):
+    """With random loss to and from the switch every all-reduce is exact (resends, stored results)."""
+    f = Faults(drop_in=loss, drop_out=loss, seed=int(loss * 100))
+    sw, c = run_with(f)
+    assert f.dropped_in > 0 and f.dropped_out > 0
+    counters = sw.pipeline.job_counters(c.job.job)
+    assert counters["job_duplicates"] > 0  # resends were recognised, not added twice
+
+
+def test_loss_of_first_packet_of_call():
+    """Losing the very first packet (rank 0's first setup packet) still gives exact results."""
+    seen = set()
+
+    def first(h):
+        key = (h.rank, h.slot)
+        if h.rank == 0 and not seen:
+            seen.add(key)
+            return True
+        return False
+    f = Faults(drop_in_match=first)
+    run_with(f, calls=1)
+    assert f.dropped_in == 1
+
+
+def test_loss_of_last_packets_of_call():
+    """Dropping each worker's final packet on every slot (flag LAST, first copy) is recovered."""
+    seen = set()
+
+    def last(h):
+        key = (h.rank, h.slot, h.round)
+        if h.flags & wire.FLAG_LAST and not h.flags & wire.FLAG_RESEND and key not in seen:
+            seen.add(key)
+            return True
+        return False
+    f = Faults(drop_in_match=last)
+    run_with(f, calls=2)
+    assert f.dropped_in >= 3
+
+
+def test_lost_results_recovered_by_unicast():
+    """Results lost on the way to workers are recovered from the switch's stored copy."""
+    f = Faults(drop_out=0.2, seed=3)
+    sw, c = run_with(f, calls=2)
+    assert f.dropped_out > 0
+    assert sw.pipeline.job_counters(c.job.job)["job_duplicates"] > 0
+
+
+def test_duplicates_and_reordering_change_nothing():
+    """Duplicated and reordered packets leave every result exact."""
+    f = Faults(duplicate=0.2, reorder=0.2, seed=5)
+    sw, c = run_with(f, calls=3)
+    assert sw.pipeline.job_counters(c.job.job)["job_duplicates"] > 0
+
+
+def test_two_jobs_concurrently_and_isolated():
+    """Two jobs all-reduce at the same time on one switch with exact results; a cross-job packet
+    is dropped and counted without touching the other job."""
+    rng = np.random.default_rng(1)
+    with UdpSwitch(port=0) as sw:
+        a = LocalCluster(3, job=1, switch=sw, rto=0.05, block_size=B, nlanes=K, nslots=W, slot_base=0)
+        b = LocalCluster(2, job=2, switch=sw, rto=0.05, block_size=B, nlanes=K, nslots=W, slot_base=W)
+        try:
+            with concurrent.futures.ThreadPoolExecutor(2) as ex:
+                for _ in range(3):
+                    xa = [sparse(rng, 5000, 0.5) for _ in range(3)]
+                    xb = [sparse(rng, 7000, 0.2) for _ in range(2)]
+                    fa, fb = ex.submit(a.allreduce, xa), ex.submit(b.allreduce, xb)
+                    assert all((r == np.sum(xa, 0, dtype=np.int32)).all() for r in fa.result(60))
+                    assert all((r == np.sum(xb, 0, dtype=np.int32)).all() for r in fb.result(60))
+            before = {n: r.copy() for n, r in sw.pipeline.registers.items()}
+            # job 1's rank 0 names job 2, and job 1 with job 2's slots: both dropped
+            sock = a.agents[0].sock
+            for hdr in (dict(job=2, epoch=1, rank=0, slot=W), dict(job=1, epoch=1, rank=0, slot=W + 1)):
+                h = wire.Header(nlanes=K, block_size=B, round=10**6, length=5, **hdr)
+                sock.sendto(wire.pack(h, [wire.END] * K), sw.address)
+            import time
+            deadline = time.time() + 5
+            while sw.pipeline.port_counters(0)["port_unadmitted"] < 2 and time.time() < deadline:
+                time.sleep(0.01)
+            assert sw.pipeline.port_counters(0)["port_unadmitted"] == 2
+            assert all((before[n] == r).all() for n, r in sw.pipeline.registers.items())
+        finally:
+            a.close()
+            b.close()
+
+
+# ---------------------------------------------------------------- fuzzing the pipeline
+CFG = JobConfig(job=7, workers=tuple(WorkerAddr(r, "10.0.0.1", 100 + r) for r in range(3)),
+                slot_base=2, nslots=2, nlanes=3, block_size=4)
+SRC = {r: (0, ("10.0.0.1", 100 + r)) for r in range(3)}
+
+field_values = st.fixed_dictionaries({
+    "version": st.sampled_from([1, 1, 1, 0, 2, 255]),
+    "msg_type": st.sampled_from([1, 1, 1, 2, 3, 0, 200]),
+    "flags": st.integers(0, 255),
+    "job": st.sampled_from([7, 7, 7, 8, 0]),
+    "epoch": st.sampled_from([1, 1, 0]),
+    "slot": st.sampled_from([2, 3, 0, 1, 4, 65535]),
+    "rank": st.sampled_from([0, 1, 2, 3, 31, 200]),
+    "nlanes": st.sampled_from([3, 3, 0, 1, 64, 255]),
+    "round": st.integers(0, 2**32 - 1),
+    "length": st.integers(0, 2**32 - 1),
+    "block_size": st.sampled_from([4, 4, 0, 1, 65535]),
+    "exponent": st.integers(-32768, 32767),
+    "present": st.integers(0, 2**64 - 1) | st.integers(0, 7),
+    "nonfinite": st.integers(0, 7),
+})
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(packets=st.lists(st.tuples(field_values, st.integers(-40, 40), st.integers(0, 2)), min_size=1,
+                        max_size=20))
+def test_fuzzed_packets_never_crash_and_are_accounted(packets):
+    """Malformed, truncated and mis-addressed packets never crash the pipeline, never touch
+    registers outside the job's slots, and every packet is counted exactly once."""
+    p = Pipeline(pool_slots=8, slot_capacity=64)
+    p.add_job(CFG, SRC)
+    outside = [i for i in range(16) if not 4 <= i < 8]
+    before = {n: r[outside].copy() for n, r in p.registers.items()}
+    for fields, size_delta, rank_src in packets:
+        h = wire.Header(**fields)
+        npresent = bin(h.present).count("1")
+        body = b"\x01" * max(0, 4 * min(h.nlanes, 64) + 4 * h.block_size * min(npresent, 64) + size_delta)
+        pkt = (wire.pack_header(h) + body)[:max(0, wire.HEADER_LEN + len(body))]
+        if size_delta < -30:
+            pkt = pkt[:wire.HEADER_LEN + size_delta]  # truncated inside the header
+        p.process(pkt, *SRC[rank_src])
+    after = {n: r[outside] for n, r in p.registers.items()}
+    assert all((before[n] == after[n]).all() for n in before)
+    counted = (p.job_counters(7)["job_received"] + p.job_counters(8)["job_received"]
+               + sum(p.port_counters(0).values()))
+    assert counted == len(packets)
+
+
+def test_worker_dies_mid_call_then_job_restarts():
+    """A worker that stops mid-call makes the others fail naming it; after a restart with a new
+    epoch (slots cleared) the job all-reduces exactly again."""
+    import dataclasses
+    rng = np.random.default_rng(2)
+    cut = {"on": False}
+
+    def dead_rank2(h):  # rank 2 "dies": nothing it sends after the cut arrives
+        return cut["on"] and h.rank == 2
+    sw = UdpSwitch(port=0, faults=Faults(drop_in_match=dead_rank2)).start()
+    try:
+        with LocalCluster(3, switch=sw, rto=0.01, timeout=1.0, block_size=B, nlanes=K, nslots=W) as c:
+            xs = [sparse(rng, 4000, 0.5) for _ in range(3)]
+            assert (c.allreduce(xs)[0] == np.sum(xs, 0, dtype=np.int32)).all()
+            cut["on"] = True
+            futs = [a.allreduce_async(x) for a, x in zip(c.agents, xs)]
+            for f in futs[:2]:
+                with pytest.raises(Exception, match=r"ranks \[2\] never contributed"):
+                    f.result(timeout=30)
+            with pytest.raises(Exception):
+                futs[2].result(timeout=30)
+            cut["on"] = False
+            new = dataclasses.replace(c.job, epoch=c.job.epoch + 1)
+            sw.add_job(new)  # re-admission with a new epoch clears the job's slots
+            for a in c.agents:
+                a.reset(new)
+            xs = [sparse(rng, 4000, 0.5) for _ in range(3)]
+            assert all((r == np.sum(xs, 0, dtype=np.int32)).all() for r in c.allreduce(xs))
+    finally:
+        sw.stop()
