@@ -278,24 +278,28 @@ class Controller:
         return rows
 
     # ------------------------------------------------------------ host agents
-    def agent_path(self, job_id: int, rank: int) -> pathlib.Path:
-        return self.state.resolve(self.state.agents_dir) / f"job{job_id}-rank{rank}.json"
+    def agent_path(self, job_id: int, rank: int | None = None) -> pathlib.Path:
+        """Where a worker's assignment (or, with rank None, the job's JobFile) is written."""
+        name = f"job{job_id}.json" if rank is None else f"job{job_id}-rank{rank}.json"
+        return self.state.resolve(self.state.agents_dir) / name
 
     def write_agent_files(self) -> int:
-        """One assignment file per worker of every job; stale ones removed. Files changed."""
+        """Per job its JobFile, per worker its assignment; stale ones removed. Files changed."""
         changed = 0
         keep = set()
         for job in self.state.jobs.values():
             sw = self.state.switch_of(job)
-            cfg = self.state.job_config(job)
+            cfg, switch = self.state.job_config(job), (sw.address, sw.udp_port)
+            p = self.agent_path(job.id)
+            keep.add(p.name)
+            changed += assignment.write_job_file(p, cfg, switch)
             for rank in range(len(job.members)):
                 p = self.agent_path(job.id, rank)
                 keep.add(p.name)
-                changed += assignment.write(
-                    p, assignment.Assignment(cfg, rank, (sw.address, sw.udp_port)))
+                changed += assignment.write(p, assignment.Assignment(cfg, rank, switch))
         d = self.state.resolve(self.state.agents_dir)
         if d.is_dir():
-            for p in d.glob("job*-rank*.json"):
+            for p in list(d.glob("job*.json")):
                 if p.name not in keep:
                     p.unlink()
                     changed += 1

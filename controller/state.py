@@ -27,7 +27,9 @@ Every error names the offending field (`jobs[1].nslots: ...`).
         epoch: 1
         priority: 0                 # egress queue 0..7
         drop_qdepth: 64             # optional: drop loss-tolerant packets above this depth
-    agents_dir: agents              # where the controller writes one JSON per worker
+        bounded_loss: 0.0           # optional, agents only: DLCP bounded-loss mode (JobConfig)
+        loss_deadline: 0.05
+    agents_dir: agents              # where the controller writes the agents' files
 
 Relative paths are relative to the YAML file. A worker may give `rank`; it must then equal its
 position in the members of every job it belongs to.
@@ -70,6 +72,13 @@ def _int(d: dict, key: str, where: str, lo: int, hi: int, default=None) -> int:
           f"must be an integer, got {v!r}")
     _need(lo <= v <= hi, f"{where}.{key}", f"must be in {lo}..{hi}, got {v}")
     return v
+
+
+def _float(d: dict, key: str, where: str, default: float) -> float:
+    v = d.get(key, default)
+    _need(isinstance(v, (int, float)) and not isinstance(v, bool), f"{where}.{key}",
+          f"must be a number, got {v!r}")
+    return float(v)
 
 
 def _ipv4(d: dict, key: str, where: str) -> str:
@@ -130,6 +139,8 @@ class Job:
     epoch: int = 1
     priority: int = 0
     drop_qdepth: int | None = None
+    bounded_loss: float = 0.0
+    loss_deadline: float = 0.05
 
     @property
     def mcast_grp(self) -> int:
@@ -167,6 +178,7 @@ class DesiredState:
         """The job as the switch pipeline and the host agents see it."""
         return JobConfig(job=job.id, epoch=job.epoch, slot_base=job.slot_base, nslots=job.nslots,
                          block_size=job.block_size, nlanes=job.nlanes, priority=job.priority,
+                         bounded_loss=job.bounded_loss, loss_deadline=job.loss_deadline,
                          workers=tuple(WorkerAddr(r, self.workers[m].ip, self.workers[m].udp_port)
                                        for r, m in enumerate(job.members)))
 
@@ -186,6 +198,8 @@ class DesiredState:
               "priority": job.priority}
         if job.drop_qdepth is not None:
             jd["drop_qdepth"] = job.drop_qdepth
+        if job.bounded_loss:
+            jd.update(bounded_loss=job.bounded_loss, loss_deadline=job.loss_deadline)
         if job.slot_base is not None:
             jd["slot_base"] = job.slot_base
         else:
@@ -314,7 +328,8 @@ def parse(doc, path: pathlib.Path | None = None) -> DesiredState:
     for i, d in enumerate(jobs_doc):
         w = f"jobs[{i}]"
         _fields(d, w, {"id", "members", "nslots"},
-                {"slot_base", "block_size", "nlanes", "epoch", "priority", "drop_qdepth"})
+                {"slot_base", "block_size", "nlanes", "epoch", "priority", "drop_qdepth",
+                 "bounded_loss", "loss_deadline"})
         jid = _int(d, "id", w, 0, MAX_JOB_ID)
         _need(jid not in jobs, f"{w}.id", f"duplicate job id {jid}")
         members = d["members"]
@@ -336,7 +351,9 @@ def parse(doc, path: pathlib.Path | None = None) -> DesiredState:
                   epoch=_int(d, "epoch", w, 0, 65535, 1),
                   priority=_int(d, "priority", w, 0, 7, 0),
                   drop_qdepth=_int(d, "drop_qdepth", w, 0, spec.QDEPTH_NEVER)
-                  if "drop_qdepth" in d else None)
+                  if "drop_qdepth" in d else None,
+                  bounded_loss=_float(d, "bounded_loss", w, 0.0),
+                  loss_deadline=_float(d, "loss_deadline", w, 0.05))
         _need(job.slot_base is not None, f"{w}.slot_base",
               "required in the file (`job add` allocates it for you)")
         sw = switches[next(iter(sws))]
@@ -352,8 +369,9 @@ def parse(doc, path: pathlib.Path | None = None) -> DesiredState:
             JobConfig(job=jid, workers=tuple(WorkerAddr(r, workers[m].ip, workers[m].udp_port)
                                              for r, m in enumerate(members)),
                       slot_base=job.slot_base, nslots=job.nslots, block_size=job.block_size,
-                      nlanes=job.nlanes, epoch=job.epoch,
-                      priority=job.priority).validate(sw.pool_slots)
+                      nlanes=job.nlanes, epoch=job.epoch, priority=job.priority,
+                      bounded_loss=job.bounded_loss,
+                      loss_deadline=job.loss_deadline).validate(sw.pool_slots)
         except ConfigError as e:
             raise ConfigError(f"{w}: {e}") from None
         for other in jobs.values():

@@ -1,25 +1,26 @@
-"""What the controller tells a host agent: job, rank, slot range, sizes and the switch's address.
+"""What the controller tells a host agent: the job (id, epoch, slot range, block size, nlanes,
+every worker's address), the switch's address and, per worker, its rank.
 
-The controller writes one JSON file per worker (`controller deploy`, `job add`); the agent
-reads it, so nothing is copied by hand:
+The controller writes, per job, `job<ID>.json` in the job-file format every other consumer reads
+(spina.config.JobFile: `host_agent.torch_hook.agent_from_env`, the agent daemon's `attach`),
+and per worker `job<ID>-rank<R>.json`: the same object plus `"rank"`, for a host agent that
+knows nothing but its file. Nothing is copied by hand.
 
-    {"job": 7, "epoch": 1, "rank": 0, "slot_base": 0, "nslots": 16, "block_size": 256,
-     "nlanes": 56, "priority": 0, "switch": ["127.0.0.1", 47000],
-     "workers": [["127.0.0.1", 50000], ["127.0.0.1", 50001]]}
+    {"rank": 1, "switch": {"host": "127.0.0.1", "port": 47000},
+     "job": {"job": 7, "epoch": 1, "slot_base": 0, "nslots": 16, "block_size": 256,
+             "nlanes": 56, "workers": [{"host": "127.0.0.1", "port": 50000}, ...], ...}}
 
-    >>> agent = connect("agents/job7-rank0.json")      # doctest: +SKIP
-    >>> total = agent.allreduce(np.ones(1000, np.float32))  # doctest: +SKIP
+    >>> agent = connect("agents/job7-rank0.json")            # doctest: +SKIP
+    >>> total = agent.allreduce(np.ones(1000, np.float32))   # doctest: +SKIP
 """
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 from dataclasses import dataclass
 
-from spina.config import ConfigError, JobConfig, WorkerAddr
-
-FIELDS = ("job", "epoch", "rank", "slot_base", "nslots", "block_size", "nlanes", "priority",
-          "switch", "workers")
+from spina.config import ConfigError, JobConfig, JobFile
 
 
 @dataclass(frozen=True)
@@ -29,46 +30,40 @@ class Assignment:
     switch: tuple[str, int]
 
     def to_dict(self) -> dict:
-        j = self.job
-        return {"job": j.job, "epoch": j.epoch, "rank": self.rank, "slot_base": j.slot_base,
-                "nslots": j.nslots, "block_size": j.block_size, "nlanes": j.nlanes,
-                "priority": j.priority, "switch": list(self.switch),
-                "workers": [[w.host, w.port] for w in j.workers]}
+        return {"rank": self.rank, **JobFile(self.job, self.switch).to_dict()}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Assignment":
-        missing = [f for f in FIELDS if f not in d]
-        if missing:
-            raise ConfigError(f"assignment: field '{missing[0]}' is missing")
-        try:
-            job = JobConfig(job=int(d["job"]), epoch=int(d["epoch"]),
-                            slot_base=int(d["slot_base"]), nslots=int(d["nslots"]),
-                            block_size=int(d["block_size"]), nlanes=int(d["nlanes"]),
-                            priority=int(d["priority"]),
-                            workers=tuple(WorkerAddr(r, str(h), int(p))
-                                          for r, (h, p) in enumerate(d["workers"]))).validate()
-            switch = (str(d["switch"][0]), int(d["switch"][1]))
-        except (TypeError, ValueError, IndexError) as e:
-            if isinstance(e, ConfigError):
-                raise
-            raise ConfigError(f"assignment: {e}") from None
-        rank = int(d["rank"])
-        if not 0 <= rank < job.nworkers:
-            raise ConfigError(f"assignment: field 'rank': {rank} outside 0..{job.nworkers - 1}")
-        return cls(job, rank, switch)
+        if not isinstance(d, dict) or "rank" not in d:
+            raise ConfigError("assignment: field 'rank' is missing")
+        d = dict(d)
+        rank = d.pop("rank")
+        jf = JobFile.from_dict(d)
+        if not isinstance(rank, int) or not 0 <= rank < jf.job.nworkers:
+            raise ConfigError(f"assignment: field 'rank': {rank!r} outside "
+                              f"0..{jf.job.nworkers - 1}")
+        return cls(jf.job, rank, jf.switch)
 
 
-def write(path, a: Assignment) -> bool:
-    """Write `a` to `path` unless it already says the same; True if the file changed."""
-    path = pathlib.Path(path)
-    text = json.dumps(a.to_dict(), indent=1) + "\n"
+def _write_text(path: pathlib.Path, text: str) -> bool:
     if path.exists() and path.read_text() == text:
         return False
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
     tmp.write_text(text)
-    tmp.replace(path)
+    tmp.replace(path)  # atomic: a reader never sees half a file
     return True
+
+
+def write(path, a: Assignment) -> bool:
+    """Write a worker's file unless it already says the same; True if the file changed."""
+    return _write_text(pathlib.Path(path), json.dumps(a.to_dict(), indent=1) + "\n")
+
+
+def write_job_file(path, job: JobConfig, switch: tuple[str, int]) -> bool:
+    """Write the job's spina.config.JobFile unless unchanged; True if the file changed."""
+    return _write_text(pathlib.Path(path),
+                       json.dumps(JobFile(job, switch).to_dict(), indent=1) + "\n")
 
 
 def load(path) -> Assignment:

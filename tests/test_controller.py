@@ -23,7 +23,7 @@ from controller.p4rt import NotPrimaryError, encode
 from controller.registers import ThriftRegisters
 from host_agent import assignment
 from softswitch import spec
-from spina.config import ConfigError
+from spina.config import ConfigError, JobFile
 
 
 # ---------------------------------------------------------------- the fake switch
@@ -349,7 +349,7 @@ def test_status_reads_job_counters(fake, tmp_path):
 
 
 def test_agent_files_name_job_rank_slots_and_switch(fake, tmp_path):
-    """deploy writes one assignment per worker; the agent reads job, rank, slots, switch."""
+    """deploy writes a JobFile per job and an assignment per worker: job, rank, slots, switch."""
     sw = fake()
     st = new_state(tmp_path, sw.address, [JOB7])
     with Controller(st, registers={"s1": RecordingRegisters()}) as c:
@@ -358,6 +358,8 @@ def test_agent_files_name_job_rank_slots_and_switch(fake, tmp_path):
     assert (a.job.job, a.rank, a.job.slot_base, a.job.nslots, a.job.block_size,
             a.job.nlanes, a.switch) == (7, 1, 4, 2, 32, 4, ("10.0.0.100", 47000))
     assert [(w.host, w.port) for w in a.job.workers] == [("10.0.0.1", 50000), ("10.0.0.2", 50001)]
+    jf = JobFile.load(tmp_path / "agents" / "job7.json")  # what agent_from_env and the daemon read
+    assert (jf.job, jf.switch) == (a.job, a.switch)
 
 
 def test_thrift_adapter_commands():

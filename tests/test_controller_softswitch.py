@@ -140,7 +140,8 @@ def test_deploy_two_jobs_remove_restart_redeploy(switch_process, tmp_path):
     out = cli(cfg, "job", "remove", "--id", "1").stdout
     assert "slots cleared: job 1 0..3" in out
     assert [j["id"] for j in yaml.safe_load(cfg.read_text())["jobs"]] == [2]
-    assert sorted(p.name for p in agents.iterdir()) == ["job2-rank0.json", "job2-rank1.json"]
+    assert sorted(p.name for p in agents.iterdir()) == ["job2-rank0.json", "job2-rank1.json",
+                                                       "job2.json"]
 
     sw.stop()
     sw.start()  # same ports, empty tables
