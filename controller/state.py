@@ -10,6 +10,7 @@ Every error names the offending field (`jobs[1].nslots: ...`).
         address: 127.0.0.1          # the switch's INA endpoint IPv4 (agents send here)
         udp_port: 47000             # ... to this UDP port
         pool_slots: 256             # slots shared by the jobs on this switch
+        slot_capacity: 16384        # softswitch: elements per slot (its --slot-capacity)
         ports: [0]                  # switch ports workers may sit on (UDP mode: port 0)
         p4info: p4src/build/spina_v1model.p4info.txtpb   # optional: default spec.p4info()
         device_config: p4src/build/spina_v1model.json    # optional (bmv2: required)
@@ -43,6 +44,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from softswitch import spec
+from softswitch.pipeline import DEFAULT_SLOT_CAPACITY
 from spina import wire
 from spina.config import ConfigError, JobConfig, WorkerAddr
 
@@ -110,6 +112,7 @@ class Switch:
     address: str = "127.0.0.1"
     udp_port: int = wire.DEFAULT_UDP_PORT
     pool_slots: int = spec.P4_SIZES["POOL_SLOTS"]
+    slot_capacity: int = DEFAULT_SLOT_CAPACITY
     ports: tuple[int, ...] = (0,)
     p4info: str | None = None
     device_config: str | None = None
@@ -260,6 +263,7 @@ def parse(doc, path: pathlib.Path | None = None) -> DesiredState:
         w = f"switches[{i}]"
         _fields(d, w, {"name", "target", "grpc"},
                 {"device_id", "thrift_port", "address", "udp_port", "pool_slots", "ports",
+                 "slot_capacity",
                  "p4info", "device_config", "l2", "routes"})
         _need(d["name"] not in switches, f"{w}.name", f"duplicate switch {d['name']!r}")
         _need(d["target"] in TARGETS, f"{w}.target", f"must be one of {', '.join(TARGETS)}")
@@ -294,6 +298,7 @@ def parse(doc, path: pathlib.Path | None = None) -> DesiredState:
             address=_ipv4({"address": d.get("address", "127.0.0.1")}, "address", w),
             udp_port=_int(d, "udp_port", w, 1, 65535, wire.DEFAULT_UDP_PORT),
             pool_slots=_int(d, "pool_slots", w, 1, 1 << 15, spec.P4_SIZES["POOL_SLOTS"]),
+            slot_capacity=_int(d, "slot_capacity", w, 1, 1 << 24, DEFAULT_SLOT_CAPACITY),
             ports=tuple(ports), p4info=d.get("p4info"), device_config=d.get("device_config"),
             l2=tuple(l2), routes=tuple(routes))
 
@@ -371,7 +376,8 @@ def parse(doc, path: pathlib.Path | None = None) -> DesiredState:
                       slot_base=job.slot_base, nslots=job.nslots, block_size=job.block_size,
                       nlanes=job.nlanes, epoch=job.epoch, priority=job.priority,
                       bounded_loss=job.bounded_loss,
-                      loss_deadline=job.loss_deadline).validate(sw.pool_slots)
+                      loss_deadline=job.loss_deadline).validate(
+                          sw.pool_slots, sw.slot_capacity if sw.target == "softswitch" else None)
         except ConfigError as e:
             raise ConfigError(f"{w}: {e}") from None
         for other in jobs.values():

@@ -2,6 +2,11 @@
 float32 tensor at several block densities, check every result, and compare with
 `torch.distributed` gloo all-reduce of the same tensor in the same run.
 
+The switch state comes only from the controller: the software switch starts empty with its
+P4Runtime server (`python -m softswitch udp --grpc`), `python -m controller deploy` pushes the
+pipeline and admits the job from a desired-state file, and each worker builds its agent from
+the assignment file the controller wrote (host_agent.assignment).
+
     python -m spina.demo --help
 """
 from __future__ import annotations
@@ -43,16 +48,16 @@ def quant_bound(tensors: list[np.ndarray], nworkers: int) -> float:
     return nworkers * 2.0 ** (e + headroom_bits(nworkers) - 31)
 
 
-def _worker(rank: int, args, job: JobConfig, switch, gloo_port: int, out_q) -> None:
+def _worker(rank: int, args, assignment_file: str, gloo_port: int, out_q) -> None:
     import torch
     import torch.distributed as dist
 
-    from host_agent.agent import Agent
+    from host_agent import assignment
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{gloo_port}",
                             rank=rank, world_size=args.workers)
-    agent = Agent(job, rank, switch, timeout=args.timeout)
+    agent = assignment.connect(assignment_file, timeout=args.timeout)
     try:
         for density in args.densities:
             x = make_tensor(args.elements, args.block_size, density, rank, args.seed)
@@ -98,6 +103,13 @@ def _free_port() -> int:
     return port
 
 
+def _free_tcp_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _fmt_bytes(b: float) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if b < 1000 or unit == "GB":
@@ -130,31 +142,49 @@ def main(argv=None) -> int:
     print(f"SpINA demo: {args.workers} workers, {args.elements:,} float32 elements "
           f"({_fmt_bytes(4 * args.elements)}), blocks of {args.block_size}, {nlanes} blocks/packet, "
           f"window {args.nslots} slots", flush=True)
-    switch_port = _free_port()
+    switch_port, grpc_port = _free_port(), _free_tcp_port()
     workers = tuple(WorkerAddr(r, "127.0.0.1", _free_port()) for r in range(args.workers))
     job = JobConfig(job=1, workers=workers, nslots=args.nslots, block_size=args.block_size,
                     nlanes=nlanes).validate()
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump({"jobs": [{"job": job.job, "nslots": job.nslots, "block_size": job.block_size,
-                             "nlanes": job.nlanes,
-                             "workers": [{"host": w.host, "port": w.port} for w in workers]}]}, f)
-        jobs_file = f.name
+    tmp = tempfile.TemporaryDirectory(prefix="spina-demo-")
+    desired = os.path.join(tmp.name, "spina.yaml")
+    with open(desired, "w") as f:  # the desired state the controller deploys (YAML is JSON)
+        json.dump({"switches": [{"name": "s1", "target": "softswitch",
+                                 "grpc": f"127.0.0.1:{grpc_port}", "address": "127.0.0.1",
+                                 "udp_port": switch_port}],
+                   "workers": [{"name": f"w{w.rank}", "ip": w.host, "udp_port": w.port,
+                                "switch_port": 0} for w in workers],
+                   "jobs": [{"id": job.job, "members": [f"w{w.rank}" for w in workers],
+                             "nslots": job.nslots, "slot_base": 0,
+                             "block_size": job.block_size, "nlanes": job.nlanes}],
+                   "agents_dir": "agents"}, f, indent=1)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     switch = subprocess.Popen([sys.executable, "-m", "softswitch", "udp", "--port", str(switch_port),
-                               "--jobs", jobs_file], stdout=subprocess.PIPE, text=True, env=env)
+                               "--grpc", f"127.0.0.1:{grpc_port}"], stdout=subprocess.PIPE,
+                              text=True, env=env)
     ok = True
     procs = []
     try:
         line = switch.stdout.readline()
-        if not line.startswith("listening"):
+        grpc_line = switch.stdout.readline()
+        if not line.startswith("listening") or not grpc_line.startswith("p4runtime"):
             print(f"FAIL: software switch did not start ({line.strip()!r})")
             return 1
-        print(f"software switch (pid {switch.pid}) {line.strip()}", flush=True)
+        print(f"software switch (pid {switch.pid}) {line.strip()}, {grpc_line.strip()}",
+              flush=True)
+        ctl = subprocess.run([sys.executable, "-m", "controller", "-c", desired, "deploy"],
+                             capture_output=True, text=True, env=env)
+        if ctl.returncode != 0:
+            print(f"FAIL: controller deploy: {ctl.stderr.strip()}")
+            return 1
+        print(f"controller: {ctl.stdout.strip()}", flush=True)
+        files = [os.path.join(tmp.name, "agents", f"job{job.job}-rank{r}.json")
+                 for r in range(args.workers)]
         ctx = mp.get_context("spawn")
         q = ctx.Queue()
         gloo_port = _free_port()
-        procs = [ctx.Process(target=_worker, args=(r, args, job, ("127.0.0.1", switch_port),
-                                                   gloo_port, q)) for r in range(args.workers)]
+        procs = [ctx.Process(target=_worker, args=(r, args, files[r], gloo_port, q))
+                 for r in range(args.workers)]
         for p in procs:
             p.start()
         rows = []
@@ -192,7 +222,7 @@ def main(argv=None) -> int:
                 p.kill()
         switch.terminate()
         switch.wait(timeout=10)
-        os.unlink(jobs_file)
+        tmp.cleanup()
 
     print()
     print("| block density | element density | SpINA time | gloo time | SpINA/gloo | bytes sent/worker "
