@@ -277,6 +277,22 @@ def test_deploy_twice_writes_nothing(fake, tmp_path):
     assert not reports[0].changed
 
 
+def test_full_width_reads_compare_equal(fake, tmp_path):
+    """A switch that reads back zero-padded bytestrings (older PI) still gets no rewrite."""
+    sw = fake()
+    st = new_state(tmp_path, sw.address, [JOB7])
+    with Controller(st, registers={"s1": RecordingRegisters()}) as c:
+        c.deploy()
+        for t in sw.tables.values():
+            for m in t.match:
+                m.exact.value = b"\0\0" + m.exact.value
+            for prm in t.action.action.params:
+                prm.value = b"\0" + prm.value
+        n = len(sw.calls("Write"))
+        c.deploy()
+    assert len(sw.calls("Write")) == n
+
+
 def test_job_removal_deletes_entries_and_clears_slots(fake, tmp_path):
     """Removing a job deletes its admission, rewrite and group, then clears its slot cells."""
     sw = fake()

@@ -4,6 +4,7 @@ Run just this file: python -m pytest tests/test_p4runtime_server.py
 """
 from __future__ import annotations
 
+import pathlib
 import queue
 import threading
 
@@ -243,3 +244,20 @@ def _drain(stream):
     except grpc.RpcError as e:
         return e.code()
     return None
+
+
+P4C_INFO = pathlib.Path(__file__).resolve().parents[1] / "p4src/build/spina_v1model.p4info.txtpb"
+
+
+@pytest.mark.skipif(not P4C_INFO.exists(),
+                    reason="p4src/build/spina_v1model.p4info.txtpb absent: `make p4` where p4c "
+                           "exists")
+def test_accepts_the_p4info_p4c_writes(server):
+    """The P4Info p4c writes for p4src/ names everything the software switch implements."""
+    from google.protobuf import text_format
+    from p4.config.v1 import p4info_pb2
+    srv, _ = server
+    info = text_format.Parse(P4C_INFO.read_text(), p4info_pb2.P4Info())
+    with Connection(srv.address, election=5) as c:
+        c.set_pipeline(info, b"", 1)
+        assert c.read_table("admission") == []
