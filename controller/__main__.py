@@ -72,6 +72,8 @@ def main(argv=None) -> int:
                     print(r)
             elif args.cmd == "status":
                 print(format_table(ctl.status()))
+                print()
+                print(format_table(ctl.port_status()))
             elif args.cmd == "reset":
                 for jid, base, n in ctl.reset(args.job):
                     print(f"job {jid}: slots {base}..{base + n - 1} cleared, counters zeroed")
@@ -81,17 +83,18 @@ def main(argv=None) -> int:
                           block_size=args.block_size, nlanes=args.nlanes, epoch=args.epoch,
                           priority=args.priority, drop_qdepth=args.drop_qdepth)
                 new = state.with_job(job)
+                new.save()  # the desired state first: a later `deploy` finishes a failed apply
+                j = new.jobs[args.id]
+                print(f"job {j.id} added to {args.config}: slots {j.slot_base}.."
+                      f"{j.slot_base + j.nslots - 1}")
                 for r in ctl.set_state(new):
                     print(r)
-                new.save()
-                j = new.jobs[args.id]
-                print(f"job {j.id} added: slots {j.slot_base}..{j.slot_base + j.nslots - 1}")
             else:
                 new = state.without_job(args.id)
+                new.save()
+                print(f"job {args.id} removed from {args.config}")
                 for r in ctl.set_state(new):
                     print(r)
-                new.save()
-                print(f"job {args.id} removed")
     except NotPrimaryError as e:
         print(f"controller: refusing to write: {e}", file=sys.stderr)
         return 3

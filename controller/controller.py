@@ -132,6 +132,16 @@ class SwitchSession:
         log.info("%s: pipeline pushed (cookie %x)", self.sw.name, cookie)
         return True
 
+    def attach(self) -> bool:
+        """Use the pipeline the switch runs (no push). False if it runs none."""
+        if self.conn.index is not None:
+            return True
+        cur = self.conn.get_pipeline()
+        if cur is None or not cur.p4info.tables:
+            return False
+        self.conn.use_pipeline(cur.p4info)
+        return True
+
     # ------------------------------------------------------------ state
     def apply(self, state: DesiredState) -> Report:
         """Make this switch hold exactly `state` (idempotent)."""
@@ -246,9 +256,12 @@ class Controller:
         """Clear the slot registers and zero the counters of jobs (default: all)."""
         out = []
         for jid in sorted(job_ids or self.state.jobs):
+            if jid not in self.state.jobs:
+                raise ConfigError(f"job {jid}: not in the desired state")
             job = self.state.jobs[jid]
             s = self.session(self.state.switch_of(job).name)
-            s.ensure_pipeline(self.state)
+            if not s.attach():
+                raise ConfigError(f"switch {s.sw.name} runs no pipeline: deploy first")
             base, n = s.clear_job(self.state, jid)
             out.append((jid, base, n))
         return out
@@ -259,14 +272,10 @@ class Controller:
         for name, sw in self.state.switches.items():
             jobs = self.state.jobs_on(sw)
             s = self.session(name)
-            if s.conn.index is None:
-                cur = s.conn.get_pipeline()
-                if cur is None:
-                    for j in jobs:
-                        rows.append({"job": j.id, "switch": name, "installed": "no pipeline"})
-                    continue
-                s.conn.use_pipeline(cur.p4info if cur.p4info.tables
-                                    else load_pipeline(self.state, sw)[0])
+            if not s.attach():
+                for j in jobs:
+                    rows.append({"job": j.id, "switch": name, "installed": "no pipeline"})
+                continue
             installed = s.admission.installed_jobs()
             counters = s.job_counters([j.id for j in jobs])
             for j in jobs:
@@ -275,6 +284,21 @@ class Controller:
                              "workers": len(j.members),
                              "installed": "yes" if j.id in installed else "no",
                              **counters[j.id]})
+        return rows
+
+    def port_status(self) -> list[dict]:
+        """One row per switch port: packets dropped as malformed or unadmitted there."""
+        rows = []
+        for name, sw in self.state.switches.items():
+            s = self.session(name)
+            if not s.attach():
+                continue
+            got = {}
+            for c in (s.ina_check, s.admission):
+                got.update(c.read_counters(list(sw.ports)))
+            for port in sw.ports:
+                rows.append({"switch": name, "port": port,
+                             **{n: vals.get(port, 0) for n, vals in got.items()}})
         return rows
 
     # ------------------------------------------------------------ host agents

@@ -5,8 +5,9 @@ The server writes the same `softswitch.l2.Dataplane` that the L2 mode switches f
 UDP mode shares that Dataplane's Pipeline (`ControlledUdpSwitch`), so one server serves both.
 
 Implemented:
-  SetForwardingPipelineConfig  VERIFY / VERIFY_AND_SAVE / VERIFY_AND_COMMIT / COMMIT /
-                               RECONCILE_AND_COMMIT. The P4Info must declare every table (with
+  SetForwardingPipelineConfig  VERIFY, VERIFY_AND_COMMIT, RECONCILE_AND_COMMIT (keeps the
+                               state), COMMIT (of the running pipeline: a no-op);
+                               VERIFY_AND_SAVE commits at once (no staged config). The P4Info must declare every table (with
                                its keys), action (with its parameters), counter and register of
                                softswitch/spec.py; otherwise INVALID_ARGUMENT naming what is missing.
                                IDs are taken from the P4Info pushed (p4c's or spec.p4info()'s).

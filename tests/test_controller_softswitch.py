@@ -133,9 +133,11 @@ def test_deploy_two_jobs_remove_restart_redeploy(switch_process, tmp_path):
     assert "slots 4..7" in cli(cfg, "job", "add", "--id", "2", "--members", "w2,w3", *common).stdout
     agents = tmp_path / "agents"
     allreduce_all([agents / f"job{j}-rank{r}.json" for j in (1, 2) for r in (0, 1)], seed=1)
-    status = cli(cfg, "status").stdout
-    assert status.splitlines()[0].split()[:2] == ["job", "switch"]
-    assert len(status.splitlines()) == 4  # header, rule, two jobs
+    jobs_table, ports_table = cli(cfg, "status").stdout.split("\n\n")
+    assert jobs_table.splitlines()[0].split()[:2] == ["job", "switch"]
+    assert len(jobs_table.splitlines()) == 4  # header, rule, two jobs
+    assert [int(r.split()[-1]) for r in jobs_table.splitlines()[2:]] == [0, 0]  # no drops
+    assert ports_table.split()[:4] == ["switch", "port", "port_malformed", "port_unadmitted"]
 
     out = cli(cfg, "job", "remove", "--id", "1").stdout
     assert "slots cleared: job 1 0..3" in out
@@ -148,7 +150,7 @@ def test_deploy_two_jobs_remove_restart_redeploy(switch_process, tmp_path):
     out = cli(cfg, "deploy").stdout
     assert "pipeline pushed" in out and "6 inserted" in out  # endpoint, group, 2 admission, 2 rewrite
     allreduce_all([agents / f"job2-rank{r}.json" for r in (0, 1)], seed=2)
-    rows = cli(cfg, "status").stdout.splitlines()
+    rows = cli(cfg, "status").stdout.split("\n\n")[0].splitlines()
     assert len(rows) == 3 and rows[2].split()[0] == "2"
 
 
