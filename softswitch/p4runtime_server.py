@@ -208,11 +208,12 @@ class SoftSwitchServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
                         self._notify_if_primary_changed(skip=sid)
             except Exception:  # the client went away
                 pass
-            finally:
-                q.put(None)
+            # The client closed its side (or went away): end the stream, as BMv2 does; clients
+            # (p4runtime-shell's teardown) wait for that.
+            q.put(None)
 
         threading.Thread(target=reader, name="p4rt-stream", daemon=True).start()
-        context.add_callback(lambda: q.put(None))
+        context.add_callback(lambda: q.put(None))  # the RPC ended: cancelled or closed
         try:
             while True:
                 item = q.get()
@@ -657,7 +658,8 @@ class P4RuntimeServer:
     def __init__(self, dataplane: Dataplane, address: str = DEFAULT_ADDR, device_id: int = 0,
                  on_change=None):
         self.servicer = SoftSwitchServicer(dataplane, device_id, on_change)
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=8,
+        # Each open StreamChannel holds a worker thread for its lifetime: room for many.
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=32,
                                                              thread_name_prefix="p4rt"))
         p4runtime_pb2_grpc.add_P4RuntimeServicer_to_server(self.servicer, self.server)
         host, _, port = address.rpartition(":")
