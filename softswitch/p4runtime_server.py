@@ -31,7 +31,6 @@ PERMISSION_DENIED. The server binds loopback only unless told otherwise by the c
 """
 from __future__ import annotations
 
-import hashlib
 import ipaddress
 import logging
 import queue
@@ -110,9 +109,7 @@ class _Pipeline:
     def __init__(self, config):
         self.config = config
         info = config.p4info
-        self.p4info = info
         self.tables = {t.preamble.id: t for t in info.tables if t.preamble.name in spec.TABLES}
-        self.table_ids = {t.preamble.name: t.preamble.id for t in self.tables.values()}
         self.actions = {a.preamble.id: a for a in info.actions}
         self.action_ids = {a.preamble.name: a.preamble.id for a in info.actions}
         self.counters = {c.preamble.id: c for c in info.counters
@@ -681,12 +678,6 @@ class P4RuntimeServer:
 
     def __exit__(self, *exc):
         self.stop()
-
-
-def device_config_cookie(p4info, device_config: bytes = b"") -> int:
-    """A 64-bit cookie naming a pipeline: equal cookies, equal P4Info and device config."""
-    h = hashlib.sha256(p4info.SerializeToString(deterministic=True) + device_config).digest()
-    return int.from_bytes(h[:8], "big")
 
 
 class ControlledUdpSwitch(UdpSwitch):
