@@ -37,6 +37,9 @@ def _parser() -> argparse.ArgumentParser:
                                    "switch restart this restores everything.")
     d.add_argument("--switch", action="append", metavar="NAME",
                    help="only this switch (repeatable; default all)")
+    d.add_argument("--watch", type=float, metavar="SECONDS",
+                   help="keep going: re-read the file and deploy every SECONDS, reconnecting "
+                        "to switches that restarted (which restores their state); Ctrl-C stops")
     sub.add_parser("status", help="per-job counters as a table")
     job = sub.add_parser("job", help="add or remove a job (updates the file, then applies it)")
     jsub = job.add_subparsers(dest="job_cmd", required=True, metavar="{add,remove}")
@@ -60,6 +63,30 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+def watch(args, ctl: Controller) -> int:
+    """deploy --watch: reconcile forever; a lost switch is reconnected and redeployed."""
+    import signal
+    import threading
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        while not stop.is_set():
+            try:
+                ctl.adopt(load(args.config))  # `job add` elsewhere shows up here
+                for r in ctl.deploy(args.switch):
+                    if r.changed:
+                        print(r, flush=True)
+            except NotPrimaryError as e:
+                print(f"controller: refusing to write: {e}", file=sys.stderr, flush=True)
+            except (ConfigError, P4RuntimeError, OSError) as e:
+                print(f"controller: {e}; retrying", file=sys.stderr, flush=True)
+                ctl.close()  # new sessions next round: new streams, new arbitration
+            stop.wait(args.watch)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING - 10 * min(args.verbose, 2),
@@ -67,6 +94,8 @@ def main(argv=None) -> int:
     try:
         state = load(args.config)
         with Controller(state, args.election_id, timeout=args.timeout) as ctl:
+            if args.cmd == "deploy" and args.watch:
+                return watch(args, ctl)
             if args.cmd == "deploy":
                 for r in ctl.deploy(args.switch):
                     print(r)

@@ -245,11 +245,20 @@ class Controller:
             reports[0].agent_files = n
         return reports
 
+    def adopt(self, state: DesiredState) -> None:
+        """Take a new desired state; sessions of switches that left it (or moved) are closed."""
+        self.state = state
+        for name, s in list(self.sessions.items()):
+            sw = state.switches.get(name)
+            if sw is None or (sw.grpc, sw.device_id) != (s.sw.grpc, s.sw.device_id):
+                s.close()
+                del self.sessions[name]
+            else:
+                s.sw = sw
+
     def set_state(self, state: DesiredState) -> list[Report]:
         """Adopt a new desired state (job add/remove) and apply it."""
-        self.state = state
-        for s in self.sessions.values():
-            s.sw = state.switches[s.sw.name]
+        self.adopt(state)
         return self.deploy()
 
     def reset(self, job_ids=None) -> list[tuple[int, int, int]]:

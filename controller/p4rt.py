@@ -165,6 +165,7 @@ class Connection:
         self.primary_election: int | None = None
         self.is_primary = False
         self.index: P4InfoIndex | None = None
+        self.stream_lost: str | None = None  # why our StreamChannel ended, if it did
         try:
             grpc.channel_ready_future(self.channel).result(timeout=timeout)
         except grpc.FutureTimeoutError:
@@ -186,6 +187,9 @@ class Connection:
         except grpc.RpcError as e:
             if e.code() != grpc.StatusCode.CANCELLED:
                 self._arb.put(e)
+            self.stream_lost = f"{e.code().name}: {e.details()}"
+            return
+        self.stream_lost = "the switch closed the stream"
 
     def _wait_arbitration(self, timeout: float) -> None:
         try:
@@ -215,6 +219,9 @@ class Connection:
     def require_primary(self) -> None:
         """Raise NotPrimaryError, saying so, unless we are the primary controller."""
         self.refresh_arbitration()
+        if self.stream_lost is not None:
+            raise P4RuntimeError(f"{self.address}: our StreamChannel ended ({self.stream_lost}; "
+                                 "did the switch restart?): reconnect to write")
         if not self.is_primary:
             raise NotPrimaryError(
                 f"{self.address} device {self.device_id}: another controller is primary "

@@ -247,3 +247,50 @@ def test_softswitch_grpc_binds_loopback_only():
                           "0.0.0.0:9559"], cwd=ROOT, env=ENV, capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 2 and "loopback" in out.stderr
+
+
+def admitted_jobs(grpc_addr: str) -> set[int]:
+    """Jobs the switch's admission table holds, read as a backup client (election id 0)."""
+    try:
+        with Connection(grpc_addr, election=0, timeout=2) as c:
+            cur = c.get_pipeline()
+            if cur is None:
+                return set()
+            c.use_pipeline(cur.p4info)
+            return {m.exact.value[0] for e in c.read_table("admission") for m in e.match
+                    if m.field_id == 4}
+    except Exception:
+        return set()
+
+
+def wait_for(cond, timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_watch_restores_a_restarted_switch(switch_process, tmp_path):
+    """`deploy --watch` redeploys by itself after a switch restart and picks up `job add`."""
+    sw = switch_process.start()
+    addr = f"127.0.0.1:{sw.grpc_port}"
+    d = desired(addr, sw.udp_port)
+    d["jobs"] = [{"id": 1, "members": ["w0", "w1"], "nslots": 2, "slot_base": 0}]
+    cfg = tmp_path / "spina.yaml"
+    cfg.write_text(yaml.safe_dump(d))
+    watch = subprocess.Popen([sys.executable, "-m", "controller", "-c", str(cfg), "deploy",
+                              "--watch", "0.2"], cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for(lambda: admitted_jobs(addr) == {1})
+        sw.stop()
+        sw.start()
+        assert wait_for(lambda: admitted_jobs(addr) == {1})
+        d["jobs"].append({"id": 2, "members": ["w2", "w3"], "nslots": 2, "slot_base": 2})
+        cfg.write_text(yaml.safe_dump(d))
+        assert wait_for(lambda: admitted_jobs(addr) == {1, 2})
+    finally:
+        watch.terminate()
+        watch.wait(10)
