@@ -63,15 +63,16 @@ def test_capabilities_and_pipeline_cookie(conn):
 def test_write_needs_arbitration_and_pipeline(server):
     """Without a StreamChannel a write is PERMISSION_DENIED; before a pipeline, FAILED_PRECONDITION."""
     srv, _ = server
-    stub = p4runtime_pb2_grpc.P4RuntimeStub(grpc.insecure_channel(srv.address))
-    req = pb.WriteRequest(device_id=0, election_id=election_id(5))
-    with pytest.raises(grpc.RpcError) as e:
-        stub.Write(req)
-    assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
-    with Connection(srv.address, election=5):
+    with grpc.insecure_channel(srv.address) as channel:
+        stub = p4runtime_pb2_grpc.P4RuntimeStub(channel)
+        req = pb.WriteRequest(device_id=0, election_id=election_id(5))
         with pytest.raises(grpc.RpcError) as e:
             stub.Write(req)
-        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        with Connection(srv.address, election=5):
+            with pytest.raises(grpc.RpcError) as e:
+                stub.Write(req)
+            assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
 
 
 def test_insert_modify_delete_status_codes(conn, server):
@@ -223,8 +224,8 @@ def test_arbitration_follows_the_highest_election_id(server):
 def test_duplicate_election_id_is_refused(server):
     """A second client with the primary's election id is refused with INVALID_ARGUMENT."""
     srv, _ = server
-    with Connection(srv.address, election=5):
-        stub = p4runtime_pb2_grpc.P4RuntimeStub(grpc.insecure_channel(srv.address))
+    with Connection(srv.address, election=5), grpc.insecure_channel(srv.address) as channel:
+        stub = p4runtime_pb2_grpc.P4RuntimeStub(channel)
         q: queue.Queue = queue.Queue()
         q.put(pb.StreamMessageRequest(arbitration=pb.MasterArbitrationUpdate(
             device_id=0, election_id=election_id(5))))
