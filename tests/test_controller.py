@@ -427,3 +427,22 @@ def test_cli_help():
                          text=True, check=True).stdout
     for cmd in ("deploy", "status", "job", "reset"):
         assert cmd in out
+
+
+def test_cli_job_add_and_remove_update_the_file(fake, tmp_path, capsys):
+    """`job add` allocates, saves and applies; an overlapping range is refused naming the field."""
+    from controller.__main__ import main
+    sw = fake()
+    p = tmp_path / "spina.yaml"
+    p.write_text(yaml.safe_dump(doc(sw.address, [JOB7])))  # JOB7 holds slots 4..5
+    assert main(["-c", str(p), "job", "add", "--id", "8", "--members", "w2,w3", "--nslots", "6",
+                 "--block-size", "32", "--nlanes", "4"]) == 0
+    assert "slots 6..11" in capsys.readouterr().out  # 0..3 is too small for 6 slots
+    assert [j["id"] for j in yaml.safe_load(p.read_text())["jobs"]] == [7, 8]
+    assert 9 in sw.groups  # job 8's multicast group
+    assert main(["-c", str(p), "job", "add", "--id", "9", "--members", "w0", "--nslots", "2",
+                 "--slot-base", "5"]) == 2
+    assert "slot_base" in capsys.readouterr().err
+    assert main(["-c", str(p), "job", "remove", "--id", "8"]) == 0
+    assert [j["id"] for j in yaml.safe_load(p.read_text())["jobs"]] == [7]
+    assert 9 not in sw.groups and 8 in sw.groups
