@@ -338,7 +338,8 @@ class Agent:
             self._send(st, call.setup_header(st), call.plan.next_at(st.ptr, st.ends), None, call.stats)
         pending = len(call.slots)
         buf = bytearray(wire.MAX_UDP_PAYLOAD + 1)
-        self.sock.settimeout(self.min_rto)
+        tick = min(self.min_rto, self.job.loss_deadline) if self.job.bounded_loss else self.min_rto
+        self.sock.settimeout(tick)  # how often timers are checked while nothing arrives
         while pending:
             try:
                 nbytes = self.sock.recv_into(buf)
