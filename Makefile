@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test clean help
+.PHONY: setup demo test bench profile clean help
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -20,6 +20,12 @@ demo: $(STAMP)  ## the main job: software switch + 4 workers, sparse all-reduce 
 
 test: $(STAMP)  ## the whole test suite
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: $(STAMP)  ## SpINA vs gloo sweep (about 15 min): bench/out/{results.csv,summary.md,*.png}
+	$(PY) -m bench.allreduce_bench $(BENCH_ARGS)
+
+profile: $(STAMP)  ## cProfile + memory of agent and software switch at the base point: bench/out/profile/
+	$(PY) -m bench.profile $(PROFILE_ARGS)
 
 clean:  ## remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache build *.egg-info
