@@ -8,7 +8,9 @@ Run from the repository root (the Makefile's `make bench` does):
         --repeats 1 --out /tmp/b                         # a smoke run (tests/test_bench_smoke.py)
 
 One factor at a time is varied around a base point (4 workers, 25M float32 elements, 1% of
-the blocks non-zero, block 256, 56 blocks per packet). At each point, in this order:
+the blocks non-zero, block 256, 56 blocks per packet): density, size (at 1%), fixed_nnz (size
+with the base point's number of non-zero blocks: does time follow the non-zero bytes or the
+length?), workers, block_size, nlanes. At each point, in this order:
 
   spina           SpINA all-reduce through the software switch (softswitch.udp.UdpSwitch):
                   switch and every worker in their own process, all on 127.0.0.1, the job
@@ -40,7 +42,7 @@ from bench.procs import Point, gloo_worker, spina_worker, switch_main
 from spina import wire
 from spina.config import JobConfig, WorkerAddr
 
-SWEEPS = ("density", "size", "workers", "block_size", "nlanes")
+SWEEPS = ("density", "size", "fixed_nnz", "workers", "block_size", "nlanes")
 METHODS = ("spina", "gloo_allreduce", "gloo_allgather")
 SLOT_CAPACITY = 64 * 256  # softswitch.pipeline.DEFAULT_SLOT_CAPACITY: nlanes*block_size bound
 CHILD_TIMEOUT = 900.0     # seconds a child may take before the run is declared hung
@@ -68,13 +70,16 @@ def build_points(a) -> list[tuple[str, Point]]:
     """(sweep, point) pairs: the base point first, then each sweep's points; the base point
     also belongs to every sweep (measured once: points are measured once per key)."""
     base = Point("base", a.base_workers, a.base_elements, a.base_density, a.base_block_size,
-                 nlanes_for(a.base_block_size, a.base_nlanes), a.data_block, a.nslots)
+                 nlanes_for(a.base_block_size, a.base_nlanes), a.data_block, a.nslots, a.rto)
     out = [("base", base)]
     for sweep in a.sweeps:
         if sweep == "density":
             pts = [replace(base, density=d) for d in a.densities]
         elif sweep == "size":
             pts = [replace(base, elements=n) for n in a.sizes]
+        elif sweep == "fixed_nnz":  # same non-zero bytes as the base point, longer tensors
+            pts = [replace(base, elements=n, density=min(1.0, base.density * base.elements / n))
+                   for n in a.sizes]
         elif sweep == "workers":
             pts = [replace(base, workers=w) for w in a.workers]
         elif sweep == "block_size":
@@ -232,6 +237,8 @@ def parse_args(argv=None):
     ap.add_argument("--data-block", type=int, default=256,
                     help="block size of the generated sparsity pattern (fixed while B varies)")
     ap.add_argument("--nslots", type=int, default=16, help="switch slots per job (the window)")
+    ap.add_argument("--rto", type=float, default=None,
+                    help="agent's first retransmission timeout in s (default: the Agent's own)")
     ap.add_argument("--densities", type=floats, default=[1.0, 0.1, 0.01, 0.001])
     ap.add_argument("--sizes", type=ints, default=[1_000_000, 5_000_000, 25_000_000, 100_000_000])
     ap.add_argument("--workers", type=ints, default=[2, 4, 8])

@@ -31,10 +31,11 @@ class Point:
     nlanes: int         # SpINA blocks per packet
     data_block: int     # block size of the generated sparsity pattern
     nslots: int = 16
+    rto: float | None = None  # agent's first retransmission timeout (None: Agent's default)
 
     def key(self) -> tuple:
         return (self.workers, self.elements, self.density, self.block_size, self.nlanes,
-                self.data_block, self.nslots)
+                self.data_block, self.nslots, self.rto)
 
 
 # ----------------------------------------------------------------------------- data
@@ -174,7 +175,8 @@ def _spina_worker(rank, p, repeats, conn, barrier, profile_path, memory):
     sock = bound_udp_socket()
     conn.send(sock.getsockname())
     job, switch_addr = conn.recv()
-    agent = Agent(job, rank, switch_addr, sock=sock, timeout=30.0)
+    kw = {} if p.rto is None else {"rto": p.rto}
+    agent = Agent(job, rank, switch_addr, sock=sock, timeout=30.0, **kw)
     x = make_tensor(p, rank)
     want = expected_sum(p) if rank == 0 else None
 
@@ -187,7 +189,9 @@ def _spina_worker(rank, p, repeats, conn, barrier, profile_path, memory):
     errs, crcs = [verify(res)[0]], [verify(res)[1]]
     del res
     times, cpus, stats = [], [], []
-    prof = cProfile.Profile() if profile_path else None
+    # CPU time of this thread (the agent's work), not wall time: 6 processes share 2 cores
+    # here, so wall-clock attribution would charge preemption to whatever line was running.
+    prof = cProfile.Profile(time.thread_time) if profile_path else None
     for _ in range(repeats):
         barrier.wait()
         c0, t0 = _cpu(), time.perf_counter()

@@ -6,8 +6,8 @@
 
 Same processes as the benchmark (bench/procs.py): the switch and every worker in its own
 process on 127.0.0.1. cProfile wraps the switch's serve loop (timer: the thread's CPU time, so
-idle waits in recvfrom do not count) and rank 0's allreduce calls (timer: wall clock, so
-waiting for the switch shows as recv_into; timed calls only, not the warm-up); the .prof files and text reports land in
+idle waits in recvfrom do not count) and rank 0's allreduce calls (timer: the thread's CPU
+time too; timed calls only, not the warm-up); the .prof files and text reports land in
 --out/<density>/. cProfile adds a fixed cost per Python function call, so per-call costs
 of small functions are inflated; the switch's packet rates are also reported from a run
 without the profiler. Memory: one extra call per worker under tracemalloc (numpy reports
@@ -53,10 +53,17 @@ def main(argv=None) -> int:
     ap.add_argument("--memory-sizes", default="1e6,5e6,25e6")
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--out", default="bench/out/profile")
+    ap.add_argument("--skip-profile", action="store_true", help="memory measurement only")
+    ap.add_argument("--pyspy", metavar="RAW", help="only summarize a `py-spy record "
+                    "--subprocesses -f raw` file (sampling rate: --pyspy-rate)")
+    ap.add_argument("--pyspy-rate", type=float, default=250.0)
     a = ap.parse_args(argv)
+    if a.pyspy:
+        print(summarize_pyspy(a.pyspy, a.pyspy_rate))
+        return 0
     base = Point("profile", a.workers, a.elements, 0.01, 256, nlanes_for(256, 56), 256)
     summary = {"profile": {}, "memory": []}
-    for d in (float(v) for v in a.densities.split(",")):
+    for d in ([] if a.skip_profile else (float(v) for v in a.densities.split(","))):
         p = replace(base, density=d)
         out = os.path.join(a.out, f"d{d:g}")
         os.makedirs(out, exist_ok=True)
@@ -97,11 +104,57 @@ def main(argv=None) -> int:
             print(f"memory {n:,} elements, density {d:g}: peak {peak / tensor:.2f}x tensor, "
                   f"RSS growth {rss / tensor:.2f}x")
     os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=1, default=str)
-    print(f"wrote {a.out}/summary.json")
+    for part in ("profile", "memory"):
+        if summary[part]:
+            with open(os.path.join(a.out, f"{part}.json"), "w") as f:
+                json.dump(summary[part], f, indent=1, default=str)
+            print(f"wrote {a.out}/{part}.json")
     return 0
 
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# ----------------------------------------------------------------------------- py-spy
+def summarize_pyspy(path: str, rate: float, n: int = 12) -> str:
+    """Where the active samples of a `py-spy record --subprocesses -f raw` file went.
+
+    Samples are split by role (switch: under serve_forever; agent: under _allreduce_flat),
+    then by leaf frame (own time) and by the role's direct callee (inclusive time).
+    """
+    from collections import Counter
+    roles = {"switch": "serve_forever", "agent": "_allreduce_flat"}
+    own = {r: Counter() for r in roles}
+    incl = {r: Counter() for r in roles}
+    total = Counter()
+    with open(path) as f:
+        for line in f:
+            stack, _, count = line.rstrip("\n").rpartition(" ")
+            frames = [fr for fr in stack.split(";") if not fr.startswith("process ")]
+            for role, root in roles.items():
+                at = next((i for i, fr in enumerate(frames) if fr.startswith(root + " ")
+                           or f".{root} " in fr), None)
+                if at is None:
+                    continue
+                c = int(count)
+                total[role] += c
+                own[role][_short(frames[-1])] += c
+                incl[role][_short(frames[at + 1]) if at + 1 < len(frames) else "(self)"] += c
+                break
+    out = []
+    for role in roles:
+        t = total[role] or 1
+        out.append(f"{role}: {total[role]} active samples = {total[role] / rate:.2f} CPU s "
+                   f"(all processes of that role)")
+        out.append("  inclusive, by direct callee of the loop:")
+        out += [f"    {100 * c / t:5.1f}%  {k}" for k, c in incl[role].most_common(n)]
+        out.append("  own time, by leaf frame:")
+        out += [f"    {100 * c / t:5.1f}%  {k}" for k, c in own[role].most_common(n)]
+    return "\n".join(out)
+
+
+def _short(frame: str) -> str:
+    """'func (path/file.py:123)' -> 'func (file.py:123)'."""
+    name, _, loc = frame.partition(" (")
+    return f"{name} ({os.path.basename(loc.rstrip(')'))})" if loc else name
