@@ -21,7 +21,7 @@ demo: $(STAMP)  ## the main job: software switch + 4 workers, sparse all-reduce 
 test: $(STAMP)  ## the whole test suite
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-bench: $(STAMP)  ## SpINA vs gloo sweep (about 15 min): bench/out/{results.csv,summary.md,*.png}
+bench: $(STAMP)  ## SpINA vs gloo sweep (12 min here): bench/out/{results.csv,summary.md,*.png}
 	$(PY) -m bench.allreduce_bench $(BENCH_ARGS)
 
 profile: $(STAMP)  ## cProfile + memory of agent and software switch at the base point: bench/out/profile/

@@ -2,7 +2,7 @@
 
 Run from the repository root (the Makefile's `make bench` does):
 
-    python -m bench.allreduce_bench                      # the full sweep (about 15 min here)
+    python -m bench.allreduce_bench                      # the full sweep (12 min here)
     python -m bench.allreduce_bench --sweeps density --repeats 3
     python -m bench.allreduce_bench --sweeps base --base-workers 2 --base-elements 65536 \\
         --repeats 1 --out /tmp/b                         # a smoke run (tests/test_bench_smoke.py)
