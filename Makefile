@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test clean help p4 p4-check testbed
+.PHONY: setup demo test bench profile clean help p4 p4-check testbed
 
 help:  ## list targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -44,6 +44,12 @@ p4-check:  ## preprocess the P4 with cpp and run the P4/Python agreement tests (
 TOPO ?= single
 testbed: $(STAMP)  ## mininet testbed (root): TOPO=single|leafspine ARGS="--hosts 4 --cli"
 	$(PY) -m testbed $(TOPO) $(ARGS)
+
+bench: $(STAMP)  ## SpINA vs gloo sweep (12 min here): bench/out/{results.csv,summary.md,*.png}
+	$(PY) -m bench.allreduce_bench $(BENCH_ARGS)
+
+profile: $(STAMP)  ## cProfile + memory of agent and software switch at the base point: bench/out/profile/
+	$(PY) -m bench.profile $(PROFILE_ARGS)
 
 clean:  ## remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache build *.egg-info
