@@ -19,6 +19,7 @@ docs/aggregation.md has the details.
 from __future__ import annotations
 
 import concurrent.futures
+import errno
 import logging
 import socket
 import time
@@ -397,7 +398,7 @@ class Agent:
         st.packet = wire.pack(h, nxt, data)
         st.resent = st.flush = False
         st.sent_at = st.first_sent_at = time.monotonic()
-        self.sock.sendto(st.packet, self.switch)
+        self._transmit(st.packet)
         stats.packets_sent += 1
         stats.bytes_sent += len(st.packet)
         if data is not None:
@@ -415,6 +416,18 @@ class Agent:
         else:
             self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - sample)
             self.srtt = 0.875 * self.srtt + 0.125 * sample
+
+    def _transmit(self, pkt) -> None:
+        """Send one datagram; a local refusal (a full buffer, a firewall's EPERM) is a loss
+        like any other: the retransmission timer recovers it."""
+        try:
+            self.sock.sendto(pkt, self.switch)
+        except (BlockingIOError, PermissionError, ConnectionRefusedError) as e:
+            log.debug("rank %d: send failed (%s); the timer will resend", self.rank, e)
+        except OSError as e:
+            if e.errno not in (errno.ENOBUFS, errno.EAGAIN, errno.EHOSTUNREACH, errno.ENETUNREACH):
+                raise
+            log.debug("rank %d: send failed (%s); the timer will resend", self.rank, e)
 
     def _check_timers(self, call: "_Call") -> None:
         now = time.monotonic()
@@ -437,7 +450,7 @@ class Agent:
             if now - st.sent_at > st.rto:
                 pkt = bytearray(st.packet)
                 pkt[2] |= wire.FLAG_RESEND | (wire.FLAG_PARTIAL if st.flush else 0)
-                self.sock.sendto(pkt, self.switch)
+                self._transmit(pkt)
                 st.sent_at = now
                 st.resent = True
                 st.rto = min(st.rto * 2, 1.0)
