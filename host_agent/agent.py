@@ -91,6 +91,8 @@ class _Slot:
     resent: bool = False
     first_sent_at: float = 0.0    # the round's first transmission (bounded-loss deadline)
     flush: bool = False           # resends of this round ask the switch to complete it now
+    seq: int = 0                  # send order of the round's first transmission in the call
+    fast: bool = False            # already resent early because later rounds completed
 
 
 class _Call:
@@ -102,6 +104,8 @@ class _Call:
         self.B, self.k, W = job.block_size, job.nlanes, job.nslots
         n = len(flat)
         self.stats = CallStats(length=n)
+        self.newest_done = 0  # send order of the latest round that completed
+        self.fast_after = _fast_retransmit_after(W)
         if integer:
             nz = nonzero_blocks(flat, self.B)
             nonfinite = np.zeros(len(nz), bool)
@@ -158,6 +162,7 @@ class _Call:
                 f"job {agent.job.job} call {agent.call_id}: workers disagree on the tensor length: "
                 f"rank {agent.rank} has {len(self.flat)} elements, another rank {h.length}")
         st.progress_at = time.monotonic()
+        self.newest_done = max(self.newest_done, st.seq)
         if not st.resent:  # Karn: time only rounds sent once
             agent._sample_rtt(st.progress_at - st.sent_at)
         st.rto = agent.rto
@@ -240,6 +245,12 @@ def _lanes(bits: int, k: int) -> np.ndarray:
     return got
 
 
+# A pending round is suspect (lost) once rounds sent this many sends after it have completed:
+# half the window, so that ordinary jitter among the window's slots does not trigger it.
+def _fast_retransmit_after(nslots: int) -> int:
+    return max(3, nslots // 2)
+
+
 _CODE = {np.dtype(np.float32): "float", np.dtype(np.float16): "float", np.dtype(np.float64): "float",
          np.dtype(np.int32): "int"}
 
@@ -282,6 +293,7 @@ class Agent:
         self.call_id = 0
         self.last_stats = CallStats()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._seq = 0  # rounds sent, in order (fast retransmit)
 
     # ------------------------------------------------------------------ public API
     def allreduce(self, x, inplace: bool = False):
@@ -396,7 +408,9 @@ class Agent:
         st.round = int(self.rounds[st.index]) & 0xFFFFFFFF
         h.slot, h.round = st.slot, st.round
         st.packet = wire.pack(h, nxt, data)
-        st.resent = st.flush = False
+        st.resent = st.flush = st.fast = False
+        self._seq += 1
+        st.seq = self._seq
         st.sent_at = st.first_sent_at = time.monotonic()
         self._transmit(st.packet)
         stats.packets_sent += 1
@@ -447,6 +461,11 @@ class Agent:
                     and call.partial_budget_left()):
                 st.flush = True
                 st.sent_at = 0.0  # resend now, as a flush
+            if not st.fast and call.newest_done >= st.seq + call.fast_after:
+                # Rounds sent after this one have completed: this one most likely lost a
+                # packet (ours, another worker's, or our result). Resend now, once.
+                st.fast = True
+                st.sent_at = 0.0
             if now - st.sent_at > st.rto:
                 pkt = bytearray(st.packet)
                 pkt[2] |= wire.FLAG_RESEND | (wire.FLAG_PARTIAL if st.flush else 0)
