@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test clean help p4 p4-check testbed deploy
+.PHONY: setup demo test soak bench profile clean help p4 p4-check testbed deploy
 
 help:  ## list targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -20,6 +20,9 @@ demo: $(STAMP)  ## the main job: software switch + 4 workers, sparse all-reduce 
 
 test: $(STAMP)  ## the whole test suite
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+soak: $(STAMP)  ## longer soak: 5000 all-reduces of 1M elements at 5% loss (SOAK_CALLS=N)
+	SPINA_SOAK_CALLS=$${SOAK_CALLS:-5000} $(PY) -m pytest -s tests/test_soak.py
 
 # P4 build outputs of our own source (p4src/); p4c itself is never built here (p4src/README.md).
 P4C       ?= p4c-bm2-ss
@@ -50,6 +53,12 @@ TARGET ?= softswitch
 DEPLOY ?= controller/examples/$(TARGET).yaml
 deploy: $(STAMP)  ## push pipeline and jobs: TARGET=softswitch|bmv2 (switch running; controller/README.md)
 	$(PY) -m controller -c $(DEPLOY) deploy
+
+bench: $(STAMP)  ## SpINA vs gloo sweep (12 min here): bench/out/{results.csv,summary.md,*.png}
+	$(PY) -m bench.allreduce_bench $(BENCH_ARGS)
+
+profile: $(STAMP)  ## cProfile + memory of agent and software switch at the base point: bench/out/profile/
+	$(PY) -m bench.profile $(PROFILE_ARGS)
 
 clean:  ## remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -120,6 +120,33 @@ def test_duplicate_complete_gets_stored_result(target):
     assert target.counter("job_duplicates", JOB) == 1
 
 
+def test_flush_completes_round_partial_and_multicasts(target):
+    """A resend flagged PARTIAL completes the round without the missing worker, for everyone."""
+    InaEntries(target).setup_job(3)
+    target.send(1, contrib(0, blocks={0: vals(1)}, next=[4, END, END, END]))
+    target.send(2, contrib(1, blocks={0: vals(2)}, next=[6, END, END, END]))
+    expect_nothing(target)
+    target.send(1, contrib(0, blocks={0: vals(1)}, next=[4, END, END, END],
+                           flags=wire.FLAG_RESEND | wire.FLAG_PARTIAL))
+    expect(target, results_to_all(3, rank=0, bitmap=0b011, flags=wire.FLAG_PARTIAL,
+                                  blocks={0: add(vals(1), vals(2))}, next=[4, END, END, END]))
+    assert target.counter("job_results", JOB) == 3
+    assert target.counter("job_aggregated", JOB) == 2
+
+
+def test_late_packet_to_flushed_round_gets_stored_result(target):
+    """The missing worker's late packet is not added: it gets the stored partial result back."""
+    InaEntries(target).setup_job(2)
+    target.send(1, contrib(0, blocks={0: vals(1)}))
+    target.send(1, contrib(0, blocks={0: vals(1)}, flags=wire.FLAG_RESEND | wire.FLAG_PARTIAL))
+    target.received(0.3)
+    target.send(2, contrib(1, blocks={0: vals(2)}))
+    expect(target, {2: [reply(1, rank=1, bitmap=0b01, flags=wire.FLAG_PARTIAL | wire.FLAG_RESEND,
+                              blocks={0: vals(1)})]})
+    assert target.counter("job_aggregated", JOB) == 1
+    assert target.counter("job_duplicates", JOB) == 2
+
+
 def test_older_round_is_stale(target):
     """A contribution for an older round of the same shadow copy is dropped as stale."""
     InaEntries(target).setup_job(2)

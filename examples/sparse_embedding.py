@@ -36,7 +36,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 from host_agent.blocks import nonzero_blocks  # noqa: E402
-from host_agent.launch import start_subprocess  # noqa: E402
+from host_agent.launch import shared_job_file  # noqa: E402
 from host_agent.torch_hook import (JOB_FILE_ENV, SpinaHookState, agent_from_env,  # noqa: E402
                                    spina_allreduce_hook)
 
@@ -97,14 +97,7 @@ def main():
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    switch = None
-    job_file = args.job_file
-    if job_file is None:
-        if rank == 0:
-            switch, job_file = start_subprocess(world)
-        box = [job_file]
-        dist.broadcast_object_list(box, src=0)
-        job_file = box[0]
+    switch, job_file = shared_job_file(args.job_file)
     agent = agent_from_env(job_file)
     state = SpinaHookState(agent)
     torch.manual_seed(0)

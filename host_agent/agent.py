@@ -19,6 +19,7 @@ docs/aggregation.md has the details.
 from __future__ import annotations
 
 import concurrent.futures
+import errno
 import logging
 import socket
 import time
@@ -28,7 +29,7 @@ import numpy as np
 
 from host_agent.blocks import (NONFINITE_BITS, LanePlan, block_absmax_bits, dequantize,
                                exponent_of_bits, gather_blocks, nonzero_blocks, quant_shift,
-                               quantize)
+                               quantize, scatter_blocks)
 from spina import wire
 from spina.net import grow_buffers
 from spina.config import JobConfig
@@ -90,17 +91,21 @@ class _Slot:
     resent: bool = False
     first_sent_at: float = 0.0    # the round's first transmission (bounded-loss deadline)
     flush: bool = False           # resends of this round ask the switch to complete it now
+    seq: int = 0                  # send order of the round's first transmission in the call
+    fast: bool = False            # already resent early because later rounds completed
 
 
 class _Call:
     """The state of one all-reduce call at one worker."""
 
-    def __init__(self, agent: "Agent", flat: np.ndarray, integer: bool):
+    def __init__(self, agent: "Agent", flat: np.ndarray, integer: bool, inplace: bool):
         job = agent.job
         self.agent, self.flat, self.integer = agent, flat, integer
         self.B, self.k, W = job.block_size, job.nlanes, job.nslots
         n = len(flat)
         self.stats = CallStats(length=n)
+        self.newest_done = 0  # send order of the latest round that completed
+        self.fast_after = _fast_retransmit_after(W)
         if integer:
             nz = nonzero_blocks(flat, self.B)
             nonfinite = np.zeros(len(nz), bool)
@@ -123,9 +128,9 @@ class _Call:
             exps = np.append(exponent_of_bits(bits[order]), wire.EXPONENT_NONE)
             slot_exp[has] = np.maximum.reduceat(exps, starts)[has]
         self.slot_exp = slot_exp
-        self.nblocks = nblocks = -(-n // self.B)
-        self.out = np.zeros(nblocks * self.B, np.int32 if integer else np.float32)
-        self.out2d = self.out.reshape(nblocks, self.B)
+        self.nblocks = -(-n // self.B)
+        self.inplace = inplace
+        self.out = flat if inplace else np.zeros(n, flat.dtype)
         self.base = wire.Header(msg_type=wire.MSG_CONTRIB, priority=job.priority, job=job.job,
                                 epoch=job.epoch, call=agent.call_id, rank=agent.rank,
                                 nlanes=self.k, length=n, block_size=self.B)
@@ -157,6 +162,7 @@ class _Call:
                 f"job {agent.job.job} call {agent.call_id}: workers disagree on the tensor length: "
                 f"rank {agent.rank} has {len(self.flat)} elements, another rank {h.length}")
         st.progress_at = time.monotonic()
+        self.newest_done = max(self.newest_done, st.seq)
         if not st.resent:  # Karn: time only rounds sent once
             agent._sample_rtt(st.progress_at - st.sent_at)
         st.rto = agent.rto
@@ -184,14 +190,20 @@ class _Call:
         data = np.frombuffer(buf, wire.DATA_DTYPE, len(lanes) * self.B,
                              wire.HEADER_LEN + 4 * self.k).reshape(-1, self.B)
         where = st.pos[lanes].astype(np.int64)
-        self.out2d[where] = data if self.integer else dequantize(data, st.shift)
+        scatter_blocks(self.out, where, data if self.integer else dequantize(data, st.shift), self.B)
         if h.nonfinite:
-            self.out2d[st.pos[_lanes(h.nonfinite, self.k)].astype(np.int64)] = np.nan
+            scatter_blocks(self.out, st.pos[_lanes(h.nonfinite, self.k)].astype(np.int64), np.nan,
+                           self.B)
 
     def _next_round(self, st: _Slot, pos: np.ndarray) -> None:
         """Send this worker's blocks at positions `pos` (where it has them) and its next ones."""
         plan = self.plan
         ptr = plan.seek(st.index, pos)
+        if self.inplace and (ptr > st.ptr).any():
+            # Bounded loss skipped some of our blocks: they are not in any result, so they
+            # must read zero here as at every other rank.
+            skipped = np.concatenate([plan.pos[a:b] for a, b in zip(st.ptr, ptr) if b > a])
+            scatter_blocks(self.out, skipped, 0, self.B)
         live = ptr < st.ends
         have = np.zeros(len(pos), bool)
         have[live] = plan.pos[ptr[live]] == pos[live]
@@ -231,6 +243,12 @@ def _lanes(bits: int, k: int) -> np.ndarray:
         if len(_LANE_CACHE) < 4096:
             _LANE_CACHE[(bits, k)] = got
     return got
+
+
+# A pending round is suspect (lost) once rounds sent this many sends after it have completed:
+# half the window, so that ordinary jitter among the window's slots does not trigger it.
+def _fast_retransmit_after(nslots: int) -> int:
+    return max(3, nslots // 2)
 
 
 _CODE = {np.dtype(np.float32): "float", np.dtype(np.float16): "float", np.dtype(np.float64): "float",
@@ -275,15 +293,23 @@ class Agent:
         self.call_id = 0
         self.last_stats = CallStats()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._seq = 0  # rounds sent, in order (fast retransmit)
 
     # ------------------------------------------------------------------ public API
-    def allreduce(self, x):
+    def allreduce(self, x, inplace: bool = False):
         """Element-wise sum of `x` over all workers; same shape and dtype as `x`.
 
         Accepts numpy arrays (float32, float16, float64, int32) and torch tensors (also
         bfloat16). int32 sums are exact (wrapping at 2**32 like numpy); float sums are within
         nworkers * 2**(-S-1) of the exact sum (docs/aggregation.md). A block with NaN/Inf at
         any worker is NaN in every result. Every rank gets bit-identical results.
+
+        Args:
+            x: the tensor to sum.
+            inplace: write the sum into `x` (a contiguous float32 or int32 numpy array) and
+                return it. Saves allocating and first touching a tensor-sized result buffer:
+                only blocks that some worker sent are written; the others are zero in `x`
+                already, being zero at every worker.
         """
         if _is_torch(x):
             return _torch_allreduce(self, x)
@@ -291,10 +317,14 @@ class Agent:
         kind = _CODE.get(arr.dtype)
         if kind is None:
             raise TypeError(f"unsupported dtype {arr.dtype}: use float32, float16, float64 or int32")
-        flat = np.ascontiguousarray(arr.reshape(-1))
+        if inplace and not (arr.dtype in (np.float32, np.int32) and arr.flags.c_contiguous
+                            and arr.flags.writeable):
+            raise ValueError("inplace needs a writeable, contiguous float32 or int32 array")
+        flat = arr.reshape(-1) if inplace else np.ascontiguousarray(arr.reshape(-1))
+        private = False
         if kind == "float" and flat.dtype != np.float32:
-            flat = flat.astype(np.float32)
-        out = self._allreduce_flat(flat, integer=(kind == "int"))
+            flat, private = flat.astype(np.float32), True  # our own copy: sum into it
+        out = self._allreduce_flat(flat, integer=(kind == "int"), inplace=inplace or private)
         return out.astype(arr.dtype, copy=False).reshape(arr.shape)
 
     def reset(self, job: JobConfig) -> None:
@@ -310,11 +340,11 @@ class Agent:
         self.rounds = np.zeros(job.nslots, np.int64)
         self.call_id = 0
 
-    def allreduce_async(self, x) -> concurrent.futures.Future:
+    def allreduce_async(self, x, inplace: bool = False) -> concurrent.futures.Future:
         """Non-blocking all-reduce; calls run one at a time, in the order they were made."""
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="spina-agent")
-        return self._executor.submit(self.allreduce, x)
+        return self._executor.submit(self.allreduce, x, inplace)
 
     def close(self) -> None:
         if self._executor is not None:
@@ -328,17 +358,18 @@ class Agent:
         self.close()
 
     # ------------------------------------------------------------------ one call
-    def _allreduce_flat(self, flat: np.ndarray, integer: bool) -> np.ndarray:
+    def _allreduce_flat(self, flat: np.ndarray, integer: bool, inplace: bool = False) -> np.ndarray:
         if len(flat) >= 1 << 32:
             raise ValueError(f"tensor of {len(flat)} elements exceeds the 32-bit length field")
         t0 = time.perf_counter()
         self.call_id = (self.call_id + 1) & 0xFFFFFFFF
-        call = _Call(self, flat, integer)
+        call = _Call(self, flat, integer, inplace)
         for st in call.slots:  # setup round of every slot
             self._send(st, call.setup_header(st), call.plan.next_at(st.ptr, st.ends), None, call.stats)
         pending = len(call.slots)
         buf = bytearray(wire.MAX_UDP_PAYLOAD + 1)
-        self.sock.settimeout(self.min_rto)
+        tick = min(self.min_rto, self.job.loss_deadline) if self.job.bounded_loss else self.min_rto
+        self.sock.settimeout(tick)  # how often timers are checked while nothing arrives
         while pending:
             try:
                 nbytes = self.sock.recv_into(buf)
@@ -353,7 +384,7 @@ class Agent:
             self._check_timers(call)
         call.stats.seconds = time.perf_counter() - t0
         self.last_stats = call.stats
-        return call.out[:len(flat)]
+        return call.out
 
     def _accept(self, buf, nbytes, slots):
         """(slot state, header) if this answers a round in flight, else None."""
@@ -377,9 +408,11 @@ class Agent:
         st.round = int(self.rounds[st.index]) & 0xFFFFFFFF
         h.slot, h.round = st.slot, st.round
         st.packet = wire.pack(h, nxt, data)
-        st.resent = st.flush = False
+        st.resent = st.flush = st.fast = False
+        self._seq += 1
+        st.seq = self._seq
         st.sent_at = st.first_sent_at = time.monotonic()
-        self.sock.sendto(st.packet, self.switch)
+        self._transmit(st.packet)
         stats.packets_sent += 1
         stats.bytes_sent += len(st.packet)
         if data is not None:
@@ -397,6 +430,18 @@ class Agent:
         else:
             self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - sample)
             self.srtt = 0.875 * self.srtt + 0.125 * sample
+
+    def _transmit(self, pkt) -> None:
+        """Send one datagram; a local refusal (a full buffer, a firewall's EPERM) is a loss
+        like any other: the retransmission timer recovers it."""
+        try:
+            self.sock.sendto(pkt, self.switch)
+        except (BlockingIOError, PermissionError, ConnectionRefusedError) as e:
+            log.debug("rank %d: send failed (%s); the timer will resend", self.rank, e)
+        except OSError as e:
+            if e.errno not in (errno.ENOBUFS, errno.EAGAIN, errno.EHOSTUNREACH, errno.ENETUNREACH):
+                raise
+            log.debug("rank %d: send failed (%s); the timer will resend", self.rank, e)
 
     def _check_timers(self, call: "_Call") -> None:
         now = time.monotonic()
@@ -416,10 +461,15 @@ class Agent:
                     and call.partial_budget_left()):
                 st.flush = True
                 st.sent_at = 0.0  # resend now, as a flush
+            if not st.fast and call.newest_done >= st.seq + call.fast_after:
+                # Rounds sent after this one have completed: this one most likely lost a
+                # packet (ours, another worker's, or our result). Resend now, once.
+                st.fast = True
+                st.sent_at = 0.0
             if now - st.sent_at > st.rto:
                 pkt = bytearray(st.packet)
                 pkt[2] |= wire.FLAG_RESEND | (wire.FLAG_PARTIAL if st.flush else 0)
-                self.sock.sendto(pkt, self.switch)
+                self._transmit(pkt)
                 st.sent_at = now
                 st.resent = True
                 st.rto = min(st.rto * 2, 1.0)

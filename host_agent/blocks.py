@@ -45,6 +45,22 @@ def gather_blocks(flat: np.ndarray, idx: np.ndarray, block_size: int) -> np.ndar
     return full[idx]
 
 
+def scatter_blocks(flat: np.ndarray, idx: np.ndarray, rows, block_size: int) -> None:
+    """Write `rows` (len(idx) x block_size, or a scalar) into blocks `idx` of `flat` (1-D);
+    the partial last block takes its first elements."""
+    nfull = len(flat) // block_size
+    full = flat[:nfull * block_size].reshape(nfull, block_size)
+    tail = idx == nfull
+    if not tail.any():
+        full[idx] = rows
+        return
+    rows = np.broadcast_to(rows, (len(idx), block_size))
+    body = ~tail
+    full[idx[body]] = rows[body]
+    rest = flat[nfull * block_size:]
+    rest[:] = rows[np.flatnonzero(tail)[0], :len(rest)]
+
+
 @dataclass
 class LanePlan:
     """Where each of this worker's non-zero blocks goes, grouped lane by lane.

@@ -268,7 +268,7 @@ class Daemon:
         with slot.lock:
             self.calls_in_progress += 1
             try:
-                view[:] = slot.agent.allreduce(view)
+                slot.agent.allreduce(view, inplace=True)  # the sum lands in shared memory
                 stats = asdict(slot.agent.last_stats)
             except SpinaError as e:
                 return {"ok": False, "error": f"{type(e).__name__}: {e}"}
@@ -313,8 +313,10 @@ class DaemonClient:
             raise SpinaError(reply.get("error", "daemon error"))
         return reply
 
-    def allreduce(self, x):
-        """Element-wise sum over the job's ranks (float32 or int32 numpy; torch via numpy)."""
+    def allreduce(self, x, inplace: bool = False):
+        """Element-wise sum over the job's ranks (float32 or int32 numpy; torch via numpy).
+
+        inplace: also write the sum into `x` (as Agent.allreduce does)."""
         is_torch = type(x).__module__.startswith("torch")
         if is_torch:
             import torch
@@ -336,16 +338,18 @@ class DaemonClient:
         self.last_stats = CallStats(**reply["stats"])
         out = view.copy().reshape(arr.shape)
         del view
+        if inplace and not is_torch:
+            arr[...] = out
         if is_torch:
             import torch
             return torch.from_numpy(out).to(x.dtype)
         return out.astype(arr.dtype, copy=False)
 
-    def allreduce_async(self, x):
+    def allreduce_async(self, x, inplace: bool = False):
         if self._executor is None:
             import concurrent.futures
             self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="spina-client")
-        return self._executor.submit(self.allreduce, x)
+        return self._executor.submit(self.allreduce, x, inplace)
 
     def status(self) -> dict:
         send_msg(self.sock, {"op": "status"})

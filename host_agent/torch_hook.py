@@ -162,7 +162,7 @@ def sum_async(agent, t: torch.Tensor, sizes: list[int] | None = None, divide_by:
         except Exception as e:  # surfaces in DDP's backward on this rank
             out.set_exception(e)
 
-    agent.allreduce_async(flat).add_done_callback(done)
+    agent.allreduce_async(flat, inplace=True).add_done_callback(done)  # flat is ours
     return out
 
 

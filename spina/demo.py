@@ -63,9 +63,10 @@ def _worker(rank: int, args, assignment_file: str, gloo_port: int, out_q) -> Non
             x = make_tensor(args.elements, args.block_size, density, rank, args.seed)
             spina_t, gloo_t = [], []
             for _ in range(args.repeats):
+                buf = x.copy()  # summed in place, as gloo's all_reduce below
                 dist.barrier()
                 t0 = time.perf_counter()
-                res = agent.allreduce(x)
+                res = agent.allreduce(buf, inplace=True)
                 spina_t.append(time.perf_counter() - t0)
             stats = agent.last_stats
             for _ in range(args.repeats):

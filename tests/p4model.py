@@ -84,22 +84,27 @@ class P4Model:
         if not fresh:
             old_bitmap = r["slot_bitmap"][idx]
         duplicate = (old_bitmap & rank_bit) != 0
-        accumulate = not duplicate
         if not fresh:
             count = r["slot_count"][idx]
+        complete = count >= adm["nworkers"]
+        flush = duplicate and not complete and (h.flags & wire.FLAG_PARTIAL) != 0
+        accumulate = not duplicate and not complete
         if accumulate:
             r["slot_bitmap"][idx] = old_bitmap | rank_bit
             count += 1
             r["slot_count"][idx] = count
         else:
             self.count("job_duplicates", job)
+            if flush:
+                count = adm["nworkers"]
+                r["slot_count"][idx] = count
         send_result = count >= adm["nworkers"]
 
         out = h.copy()
         out_blocks = {}
         if duplicate and not send_result:
             out.msg_type = wire.MSG_STATUS
-            out.flags = h.flags & ~wire.FLAG_LAST & 0xFF
+            out.flags = h.flags & ~(wire.FLAG_LAST | wire.FLAG_PARTIAL) & 0xFF
             out.bitmap = old_bitmap
             out.present = out.nonfinite = 0
             out_next = lane_next
@@ -125,6 +130,9 @@ class P4Model:
                     sflags = (sflags & ~wire.FLAG_LAST) | (sflags & h.flags & wire.FLAG_LAST)
                     if h.length != length:
                         sflags |= wire.FLAG_MISMATCH
+                    r["slot_flags"][idx] = sflags
+                elif flush:
+                    sflags |= wire.FLAG_PARTIAL
                     r["slot_flags"][idx] = sflags
             out_next = list(lane_next)
             for lane in range(self.NLANES):  # FOR_EACH_LANE(SPINA_LANE)
@@ -162,14 +170,14 @@ class P4Model:
                 return []
             out.msg_type = wire.MSG_RESULT
             out.flags = sflags | (h.flags & wire.FLAG_LOSS_TOLERANT) | (
-                wire.FLAG_RESEND if duplicate else 0)
-            out.bitmap = old_bitmap | rank_bit
+                0 if accumulate or flush else wire.FLAG_RESEND)
+            out.bitmap = old_bitmap | rank_bit if accumulate else old_bitmap
             out.present, out.nonfinite, out.exponent = present, nonfinite, _s16(exponent)
             out.length = length
         data = b"".join(struct.pack(f">{self.BLOCK_SIZE}I", *out_blocks[lane])
                         for lane in sorted(out_blocks))
         frame = wire.pack_header(out) + struct.pack(f">{h.nlanes}I", *out_next) + data
-        if accumulate:  # multicast: job_results per replica (nworkers of them)
+        if accumulate or flush:  # multicast: job_results per replica (nworkers of them)
             for _ in range(adm["nworkers"]):
                 self.count("job_results", job)
             return [(frame, True)]

@@ -187,3 +187,19 @@ def test_large_fusion_default_lanes():
         assert c.agents[0].last_stats.payload_bytes_sent == 4 * 256 * len(nonzero_blocks(xs[0], 256))
     assert res[0].tobytes() == res[3].tobytes()
     assert np.abs(res[0] - np.sum(np.stack(xs).astype(np.float64), 0)).max() <= float_bound(xs)
+
+
+def test_inplace_writes_the_sum_into_the_input():
+    """inplace=True sums into the caller's array (float32 and int32) with the same bits."""
+    rng = np.random.default_rng(12)
+    with LocalCluster(3, rto=5.0, block_size=B, nlanes=K, nslots=W) as c:
+        for dtype in (np.float32, np.int32):
+            xs = [sparse(rng, 3001, 0.3, dtype=dtype) for _ in range(3)]
+            ref = c.allreduce(xs)
+            bufs = [x.copy() for x in xs]
+            futs = [a.allreduce_async(b, inplace=True) for a, b in zip(c.agents, bufs)]
+            outs = [f.result(timeout=30) for f in futs]
+            for o, b in zip(outs, bufs):
+                assert np.shares_memory(o, b) and b.tobytes() == ref[0].tobytes()
+        with pytest.raises(ValueError, match="inplace needs"):
+            c.agents[0].allreduce(np.ones(10, np.float64), inplace=True)

@@ -8,105 +8,16 @@ test removes every namespace, link and process it created.
 """
 from __future__ import annotations
 
-import json
-import os
-import pathlib
-import shutil
-import subprocess
-import sys
-
 import pytest
 
-from softswitch.l2 import Dataplane, L2Switch, add_job
-from spina.config import JobConfig, WorkerAddr
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-SWITCH_IP, SWITCH_MAC = "10.0.0.100", "02:00:00:00:00:64"
-TAG = f"sp{os.getpid() % 100000}"
-
-
-def _ip(*args, check=True):
-    return subprocess.run(["ip", *args], check=check, capture_output=True, text=True)
-
-
-def _ns_run(ns, *cmd):
-    subprocess.run(["ip", "netns", "exec", ns, *cmd], check=False, capture_output=True)
-
-
-@pytest.fixture
-def hosts(request):
-    """n namespaces h0..h(n-1): 10.0.0.(r+1)/24 on eth0, static ARP for the switch."""
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip("needs root and iproute2 for network namespaces")
-    n = request.param
-    made_ns, made_links = [], []
-    try:
-        for r in range(n):
-            ns, sw_if, h_if = f"{TAG}-h{r}", f"{TAG}s{r}", f"{TAG}h{r}"
-            _ip("netns", "add", ns)
-            made_ns.append(ns)
-            _ip("link", "add", sw_if, "type", "veth", "peer", "name", h_if)
-            made_links.append(sw_if)
-            _ip("link", "set", h_if, "netns", ns)
-            _ns_run(ns, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1")
-            _ip("-n", ns, "link", "set", h_if, "name", "eth0")
-            _ip("-n", ns, "link", "set", "eth0", "address", f"02:00:00:00:01:{r:02x}")
-            _ip("-n", ns, "addr", "add", f"10.0.0.{r + 1}/24", "dev", "eth0")
-            _ip("-n", ns, "link", "set", "eth0", "up")
-            _ip("-n", ns, "link", "set", "lo", "up")
-            _ip("-n", ns, "neigh", "add", SWITCH_IP, "lladdr", SWITCH_MAC, "dev", "eth0",
-                "nud", "permanent")
-            _ns_run(ns, "ethtool", "-K", "eth0", "tx", "off")
-            subprocess.run(["sysctl", "-qw", f"net.ipv6.conf.{sw_if}.disable_ipv6=1"],
-                           check=False, capture_output=True)
-            _ip("link", "set", sw_if, "up")
-    except (subprocess.CalledProcessError, OSError) as e:
-        _cleanup(made_ns, made_links)
-        pytest.skip(f"cannot create namespaces/veth here: {getattr(e, 'stderr', e)}")
-    yield [(f"{TAG}-h{r}", f"{TAG}s{r}") for r in range(n)]
-    _cleanup(made_ns, made_links)
-
-
-def _cleanup(namespaces, links):
-    for link in links:
-        _ip("link", "del", link, check=False)
-    for ns in namespaces:
-        _ip("netns", "del", ns, check=False)
+from netns import hosts, run_workers, workers_job  # noqa: F401  (hosts is a fixture)
 
 
 @pytest.mark.parametrize("hosts", [3], indirect=True)
 def test_agents_allreduce_through_l2_switch(hosts):
     """Three agents in namespaces get exact int32 sums and identical float sums via L2 mode."""
-    n = len(hosts)
-    job = JobConfig(job=5, workers=tuple(WorkerAddr(r, f"10.0.0.{r + 1}", 50000 + r)
-                                         for r in range(n)),
-                    nslots=8, block_size=32, nlanes=4)  # the P4 sizes
-    dp = Dataplane()
-    dp.table_add("ina_endpoint", {"dst_addr": SWITCH_IP}, "accept_ina")
-    add_job(dp, job, [r + 1 for r in range(n)], [f"02:00:00:00:01:{r:02x}" for r in range(n)],
-            mcast_grp=1)
-    jd = json.dumps({"job": job.job, "nslots": job.nslots, "block_size": job.block_size,
-                     "nlanes": job.nlanes,
-                     "workers": [{"host": w.host, "port": w.port} for w in job.workers]})
-    procs = []
-    with L2Switch({r + 1: sw_if for r, (_, sw_if) in enumerate(hosts)}, dp):
-        try:
-            for r, (ns, _) in enumerate(hosts):
-                procs.append(subprocess.Popen(
-                    ["ip", "netns", "exec", ns, sys.executable,
-                     str(ROOT / "tests" / "netns_worker.py"), jd, str(r), SWITCH_IP, "47000",
-                     "3", "6000"],
-                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-            outs = []
-            for p in procs:
-                out, err = p.communicate(timeout=90)
-                assert p.returncode == 0, err[-2000:]
-                outs.append(json.loads(out.strip().splitlines()[-1]))
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
+    job = workers_job(len(hosts))
+    outs, dp = run_workers(hosts, job)
     assert all(o["ints_exact"] for o in outs), outs
     assert len({o["ints"] for o in outs}) == 1
     assert len({o["floats"] for o in outs}) == 1  # every rank bit-identical

@@ -34,7 +34,8 @@ def packet(draw, nworkers):
     h = wire.Header(
         version=draw(st.sampled_from([1] * 15 + [2])), msg_type=wire.MSG_CONTRIB,
         flags=draw(st.sampled_from([0, wire.FLAG_LAST, wire.FLAG_RESEND, wire.FLAG_LOSS_TOLERANT,
-                                    wire.FLAG_LAST | wire.FLAG_LOSS_TOLERANT])),
+                                    wire.FLAG_LAST | wire.FLAG_LOSS_TOLERANT,
+                                    wire.FLAG_RESEND | wire.FLAG_PARTIAL])),
         job=JOB, epoch=draw(st.sampled_from([1] * 9 + [2])), slot=draw(st.integers(0, 2)),
         rank=rank, nlanes=K, round=draw(st.integers(1, 4)), length=draw(st.sampled_from([9, 9, 10])),
         block_size=BS, exponent=draw(st.integers(-40, 40)), present=present,

@@ -210,3 +210,62 @@ def test_worker_dies_mid_call_then_job_restarts():
             assert all((r == np.sum(xs, 0, dtype=np.int32)).all() for r in c.allreduce(xs))
     finally:
         sw.stop()
+
+
+def _drop_first_data_round_of(rank, slot, times=1):
+    """Drop the first `times` transmissions of `rank`'s first data round on `slot`."""
+    state = {"setup_seen": False, "round": None, "dropped": 0}
+
+    def match(h):
+        if h.rank != rank or h.slot != slot or state["dropped"] >= times:
+            return False
+        if not state["setup_seen"]:
+            state["setup_seen"] = True  # the setup round goes through
+            return False
+        if state["round"] is None:
+            state["round"] = h.round
+        if h.round != state["round"]:
+            return False
+        state["dropped"] += 1
+        return True
+    return match
+
+
+def test_bounded_loss_completes_partially_and_identically():
+    """With bounded loss on, a round missing a worker completes after the deadline: every rank
+    gets the same bits, marked partial, and at most the allowed fraction of blocks is affected."""
+    rng = np.random.default_rng(4)
+    n = 40 * B * K * W  # 40 rounds per slot: one partial round is 1/40 of the blocks
+    xs = [sparse(rng, n, 1.0) for _ in range(3)]
+    # rank 2 is slow: its packet, its fast retransmit and its own flush are lost, its next
+    # resend comes a second later
+    f = Faults(drop_in_match=_drop_first_data_round_of(rank=2, slot=0, times=3))
+    with UdpSwitch(port=0, faults=f) as sw:
+        with LocalCluster(3, switch=sw, rto=0.2, block_size=B, nlanes=K, nslots=W,
+                          bounded_loss=0.1, loss_deadline=0.02) as c:
+            c.agents[2].min_rto = 1.0
+            res = c.allreduce(xs)
+            stats = [a.last_stats for a in c.agents]
+    assert f.dropped_in in (1, 2, 3)  # fewer if the partial result reached rank 2 first
+    assert res[0].tobytes() == res[1].tobytes() == res[2].tobytes()
+    assert [s.partial_rounds for s in stats] == [1, 1, 1], (stats, sw.pipeline.job_counters(1))
+    assert all(0 < s.partial_fraction <= 0.1 for s in stats)
+    exact = np.sum(np.stack(xs), axis=0, dtype=np.int32)
+    wrong_blocks = np.flatnonzero((res[0] != exact).reshape(-1, B).any(axis=1))
+    assert 0 < len(wrong_blocks) <= K  # only the partial round's lanes miss rank 2's blocks
+    assert (res[0].reshape(-1, B)[wrong_blocks] ==
+            (xs[0] + xs[1]).reshape(-1, B)[wrong_blocks]).all()
+
+
+def test_bounded_loss_budget_exhausted_falls_back_to_resending():
+    """When a partial round would exceed the fraction, agents resend instead: the sum is exact."""
+    rng = np.random.default_rng(5)
+    xs = [sparse(rng, 2 * B * K * W, 1.0) for _ in range(3)]  # too few blocks for any budget
+    f = Faults(drop_in_match=_drop_first_data_round_of(rank=2, slot=0))
+    with UdpSwitch(port=0, faults=f) as sw:
+        with LocalCluster(3, switch=sw, rto=0.05, block_size=B, nlanes=K, nslots=W,
+                          bounded_loss=0.1, loss_deadline=0.01) as c:
+            res = c.allreduce(xs)
+            assert [a.last_stats.partial_rounds for a in c.agents] == [0, 0, 0]
+    assert f.dropped_in == 1
+    assert all((r == np.sum(xs, 0, dtype=np.int32)).all() for r in res)

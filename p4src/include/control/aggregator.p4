@@ -18,7 +18,8 @@
  *   stale (older round or epoch)          drop, job_stale
  *   new contribution, round incomplete    add, drop
  *   new contribution completing the round add, write the sums into the packet, multicast
- *   duplicate, round complete             the stored result, unicast back (flag RESEND)
+ *   any packet, round already complete    the stored result, unicast back (flag RESEND)
+ *   duplicate flagged PARTIAL, incomplete flush: complete now, flag PARTIAL, multicast
  *   duplicate, round incomplete           STATUS with the stored bitmap, unicast back
  */
 #ifndef SPINA_AGGREGATOR_P4
@@ -136,23 +137,33 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
             slot_bitmap.read(old_bitmap, idx);
         }
         bool duplicate = (old_bitmap & rank_bit) != 0;
-        bool accumulate = !duplicate;
         if (!fresh) {
             slot_count.read(count, idx);
         }
+        // Complete before this packet: a resend, or (bounded-loss mode) a late packet of a
+        // round completed without it. Either way it gets the stored result and adds nothing.
+        bool complete = count >= (bit<32>)meta.adm.nworkers;
+        // A flush: a resend flagged PARTIAL asks to complete the round without the missing
+        // workers (the P4 program has no timers: the agent whose deadline passed decides).
+        bool flush = duplicate && !complete && (hdr.ina.flags & FLAG_PARTIAL) != 0;
+        bool accumulate = !duplicate && !complete;
         if (accumulate) {
             slot_bitmap.write(idx, old_bitmap | rank_bit);
             count = count + 1;
             slot_count.write(idx, count);
         } else {
             job_duplicates.count(job);
+            if (flush) {
+                count = (bit<32>)meta.adm.nworkers;
+                slot_count.write(idx, count);
+            }
         }
         bool send_result = count >= (bit<32>)meta.adm.nworkers;
 
         if (duplicate && !send_result) {
             // STATUS: who has contributed so far; no data, positions as sent.
             hdr.ina.msg_type = MSG_STATUS;
-            hdr.ina.flags = hdr.ina.flags & ~FLAG_LAST;
+            hdr.ina.flags = hdr.ina.flags & ~(FLAG_LAST | FLAG_PARTIAL);
             hdr.ina.bitmap = old_bitmap;
             hdr.ina.present = 0;
             hdr.ina.nonfinite = 0;
@@ -190,6 +201,9 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
                         sflags = sflags | FLAG_MISMATCH;
                     }
                     slot_flags.write(idx, sflags);
+                } else if (flush) {
+                    sflags = sflags | FLAG_PARTIAL;
+                    slot_flags.write(idx, sflags);
                 }
             }
 
@@ -205,8 +219,8 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
             }
             hdr.ina.msg_type = MSG_RESULT;
             hdr.ina.flags = sflags | (hdr.ina.flags & FLAG_LOSS_TOLERANT)
-                            | (duplicate ? FLAG_RESEND : 8w0);
-            hdr.ina.bitmap = old_bitmap | rank_bit;
+                            | ((accumulate || flush) ? 8w0 : FLAG_RESEND);
+            hdr.ina.bitmap = accumulate ? (old_bitmap | rank_bit) : old_bitmap;
             hdr.ina.present = present;
             hdr.ina.nonfinite = nonfinite;
             hdr.ina.exponent = exponent;
@@ -220,7 +234,7 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
                          + nblocks * BLOCK_BYTES;
         hdr.ipv4.total_len = IPV4_HDR_BYTES + hdr.udp.length;
         reply_to_sender();
-        if (accumulate) {
+        if (accumulate || flush) {
             std.mcast_grp = meta.adm.mcast_grp;  // the result, to every worker of the job
         } else {
             std.egress_spec = std.ingress_port;  // result or status, back to the resender

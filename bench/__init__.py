@@ -1,0 +1,1 @@
+"""Benchmarks of SpINA against torch.distributed gloo (README.md)."""
