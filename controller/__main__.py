@@ -60,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
     rs = sub.add_parser("reset", help="clear jobs' slot registers and zero their counters")
     rs.add_argument("--job", type=int, action="append", metavar="ID",
                     help="only this job (repeatable; default all)")
+    rs.add_argument("--wipe", action="store_true",
+                    help="instead: every control clears its own state on every switch (entries, "
+                         "groups, threshold, whole slot pool); `deploy` restores the file's state")
     return ap
 
 
@@ -103,6 +106,9 @@ def main(argv=None) -> int:
                 print(format_table(ctl.status()))
                 print()
                 print(format_table(ctl.port_status()))
+            elif args.cmd == "reset" and args.wipe:
+                for name, n in ctl.wipe():
+                    print(f"switch {name}: {n} entries and groups deleted, slot pool cleared")
             elif args.cmd == "reset":
                 for jid, base, n in ctl.reset(args.job):
                     print(f"job {jid}: slots {base}..{base + n - 1} cleared, counters zeroed")

@@ -172,6 +172,17 @@ class SwitchSession:
         rep.modifies = sum(1 for t, _ in writes if t == pb.Update.MODIFY)
         return rep
 
+    def wipe(self) -> int:
+        """Every control clears its own state: entries, groups, default action, the whole slot
+        pool. The pipeline stays; `deploy` puts the desired state back. Returns deletes sent."""
+        self.conn.require_primary()
+        deletes = [u for c in self.controls for u in c.clear()]
+        self.conn.write(deletes)
+        self.conn.write([(pb.Update.MODIFY, pb.Entity(table_entry=d))
+                         for d in self.congestion.default_entries(None, self.sw)])
+        self.aggregator.clear_slots(0, self.sw.pool_slots)
+        return len(deletes)
+
     def clear_job(self, state: DesiredState, job_id: int) -> tuple[int, int]:
         """Zero a job's slot registers and its counters (the `reset` command)."""
         self.conn.require_primary()
@@ -273,6 +284,16 @@ class Controller:
                 raise ConfigError(f"switch {s.sw.name} runs no pipeline: deploy first")
             base, n = s.clear_job(self.state, jid)
             out.append((jid, base, n))
+        return out
+
+    def wipe(self) -> list[tuple[str, int]]:
+        """Empty every switch of this state (see SwitchSession.wipe); agent files stay."""
+        out = []
+        for name in self.state.switches:
+            s = self.session(name)
+            if not s.attach():
+                raise ConfigError(f"switch {name} runs no pipeline: nothing to wipe")
+            out.append((name, s.wipe()))
         return out
 
     def status(self) -> list[dict]:

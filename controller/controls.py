@@ -194,6 +194,8 @@ class CongestionDrop(Control):
     counters = ("job_congestion_drops",)
 
     def threshold(self, state, sw) -> int:
+        if state is None:  # cleared: the P4 program's default, never drop
+            return spec.QDEPTH_NEVER
         asked = [j.drop_qdepth for j in state.jobs_on(sw) if j.drop_qdepth is not None]
         return min(asked, default=spec.QDEPTH_NEVER)
 

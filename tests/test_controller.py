@@ -446,3 +446,17 @@ def test_cli_job_add_and_remove_update_the_file(fake, tmp_path, capsys):
     assert main(["-c", str(p), "job", "remove", "--id", "8"]) == 0
     assert [j["id"] for j in yaml.safe_load(p.read_text())["jobs"]] == [7]
     assert 9 not in sw.groups and 8 in sw.groups
+
+
+def test_wipe_lets_each_control_clear_its_state(fake, tmp_path):
+    """`reset --wipe`: every entry and group deleted, threshold reset, whole pool cleared."""
+    sw = fake()
+    st = new_state(tmp_path, sw.address, [JOB7])
+    regs = RecordingRegisters()
+    with Controller(st, registers={"s1": regs}) as c:
+        c.deploy()
+        assert sw.tables and sw.groups
+        assert c.wipe() == [("s1", 6)]  # endpoint, 2 admission, 2 rewrite, 1 group
+        assert not sw.tables and not sw.groups
+        assert regs.cleared[-1][1:] == (0, 2 * 256)
+        assert not c.deploy()[0].pipeline_pushed and sw.tables  # deploy restores
