@@ -269,3 +269,30 @@ def test_bounded_loss_budget_exhausted_falls_back_to_resending():
             assert [a.last_stats.partial_rounds for a in c.agents] == [0, 0, 0]
     assert f.dropped_in == 1
     assert all((r == np.sum(xs, 0, dtype=np.int32)).all() for r in res)
+
+
+def test_switch_restart_mid_call_recovers():
+    """The switch loses all register state mid-call and the controller restores its tables: the
+    call in flight completes exactly, because every resend carries the whole contribution."""
+    from softswitch.pipeline import Pipeline
+    rng = np.random.default_rng(8)
+    xs = [sparse(rng, 30 * B * K * W, 0.8) for _ in range(3)]
+    box = {}
+
+    def restart_after_200(h):
+        sw = box["sw"]
+        if sw.packets_in == 200 and not box.get("done"):
+            box["done"] = True
+            sw.pipeline = Pipeline(sw.pipeline.pool_slots, sw.pipeline.slot_capacity)  # reboot
+            sw.add_job(box["job"])  # the controller's redeploy
+        return False
+    with UdpSwitch(port=0, faults=Faults(drop_in_match=restart_after_200)) as sw:
+        box["sw"] = sw
+        with LocalCluster(3, switch=sw, rto=0.02, timeout=30, block_size=B, nlanes=K,
+                          nslots=W) as c:
+            box["job"] = c.job
+            res = c.allreduce(xs)
+            assert box.get("done"), "the restart never happened"
+            assert all((r == np.sum(xs, 0, dtype=np.int32)).all() for r in res)
+            res = c.allreduce(xs)  # and the next call too
+            assert all((r == np.sum(xs, 0, dtype=np.int32)).all() for r in res)
