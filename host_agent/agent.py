@@ -154,6 +154,8 @@ class _Call:
         # The zero-padded last block, if any, takes the slow gather/scatter; only its slot checks.
         self.tail_slot = (self.nfull % L) // k if n % B else -1
         self.scratch = agent._scratch(k, B)
+        self.next_end = wire.HEADER_LEN + 4 * k  # the next positions' bytes in a datagram
+        self.all_end = bytearray(wire.END.to_bytes(4, "big") * k)
         self.bufs = agent._slot_buffers(W, k, B)
         now = time.monotonic()
         self.slots = [_Slot(s + job.slot_base, s, ptr=first_ext[s * k:(s + 1) * k].copy(),
@@ -170,8 +172,9 @@ class _Call:
         """The slot's setup round: first positions per lane and the slot's exponent."""
         nxt = self.pos_ext[st.ptr]
         self.bufs[st.index][1][:] = nxt  # -1 (sentinel) becomes END
-        self.agent._send(self, st, wire.FLAG_LAST if nxt.max() < 0 else 0,
-                         int(self.slot_exp[st.index]), 0, 0, 0)
+        buf = self.bufs[st.index][0]
+        last = wire.FLAG_LAST if buf[wire.HEADER_LEN:self.next_end] == self.all_end else 0
+        self.agent._send(self, st, last, int(self.slot_exp[st.index]), 0, 0, 0)
 
     def on_answer(self, buf, nbytes: int, st: _Slot, t: tuple) -> bool:
         """Handle a result or status (header fields `t`) for slot `st`; True when the slot's
@@ -200,11 +203,11 @@ class _Call:
         else:
             self._deliver(buf, t, st)
         stats.rounds += 1
-        pos = np.frombuffer(buf, wire.NEXT_DTYPE, self.k, wire.HEADER_LEN).astype(np.int64)
-        if pos.min() == wire.END:
+        if buf[wire.HEADER_LEN:self.next_end] == self.all_end:  # every lane is done
             st.done = True
             return True
-        self._next_round(st, pos)
+        self._next_round(st, np.frombuffer(buf, wire.NEXT_DTYPE, self.k,
+                                           wire.HEADER_LEN).astype(np.int64))
         return False
 
     def _deliver(self, buf, t: tuple, st: _Slot) -> None:
@@ -251,14 +254,16 @@ class _Call:
         have = own == pos
         st.ptr = ptr + have
         nxt = pos_ext[st.ptr]
-        _, nview, dview = self.bufs[st.index]
+        buf, nview, dview = self.bufs[st.index]
         nview[:] = nxt  # -1 (sentinel) becomes END
         st.pos = pos
         nrows = int(np.count_nonzero(have))
         present = nonfinite_bits = 0
         if nrows:
-            present = _lane_bits(have)
-            where = own[have]
+            if nrows == self.k:  # every lane (dense regions): no mask to convert
+                present, where = (1 << self.k) - 1, own
+            else:
+                present, where = _lane_bits(have), own[have]
             dst = dview[:nrows]
             rows = None
             if self.nonfinite is not None:
@@ -280,12 +285,11 @@ class _Call:
                 else:
                     tmp[:] = rows
                 np.multiply(tmp, np.float32(2.0 ** st.shift), out=tmp)
-                np.rint(tmp, out=tmp)
-                dst[:] = tmp
+                np.rint(tmp, out=dst, casting="unsafe")  # exact: |value| < 2**30
             else:
                 dst[:] = quantize(self.full2d[where] if rows is None else rows, st.shift)
-        self.agent._send(self, st, wire.FLAG_LAST if nxt.max() < 0 else 0, st.exponent,
-                         present, nonfinite_bits, nrows)
+        last = wire.FLAG_LAST if buf[wire.HEADER_LEN:self.next_end] == self.all_end else 0
+        self.agent._send(self, st, last, st.exponent, present, nonfinite_bits, nrows)
 
 
 def _finite_rows(rows: np.ndarray) -> np.ndarray:
