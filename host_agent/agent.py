@@ -449,9 +449,11 @@ class Agent:
             while pending:
                 try:
                     nbytes = recv(buf)
-                except BlockingIOError:
-                    self._check_timers(call)
-                    next_check = time.monotonic() + every
+                except BlockingIOError:  # idle: check timers (at most every `every` s), wait
+                    now = time.monotonic()
+                    if now >= next_check:
+                        self._check_timers(call)
+                        next_check = now + every
                     select.select((sock,), (), (), tick)
                     continue
                 except ConnectionRefusedError:

@@ -153,11 +153,12 @@ class UdpSwitch:
             return
         data = out_view[:n]
         targets = self._dest.get(adm.job, ()) if multicast else (src,)
+        faults, sendto = self.faults, self.sock.sendto
         for dst in targets:
-            if self.faults is not None and self.faults.leaving():
+            if faults is not None and faults.leaving():
                 continue
             try:
-                self.sock.sendto(data, dst)
+                sendto(data, dst)
             except BlockingIOError:  # send buffer full (rare for UDP): wait for room once
                 select.select((), (self.sock,), (), 0.2)
                 try:
