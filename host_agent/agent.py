@@ -21,6 +21,7 @@ from __future__ import annotations
 import concurrent.futures
 import errno
 import logging
+import select
 import socket
 import time
 from dataclasses import dataclass
@@ -35,6 +36,12 @@ from spina.net import grow_buffers
 from spina.config import JobConfig
 
 log = logging.getLogger("spina.agent")
+
+_UNPACK, _PACK_INTO = wire.HEADER_STRUCT.unpack_from, wire.HEADER_STRUCT.pack_into
+(_MSG_TYPE, _FLAGS, _JOB, _EPOCH, _CALL, _SLOT, _ROUND, _LENGTH, _EXPONENT, _BITMAP, _PRESENT,
+ _NONFINITE) = (wire.FIELD_INDEX[f] for f in (
+    "msg_type", "flags", "job", "epoch", "call", "slot", "round", "length", "exponent", "bitmap",
+    "present", "nonfinite"))
 
 
 class SpinaError(RuntimeError):
@@ -76,13 +83,14 @@ class _Slot:
     """Per-slot progress within one call."""
     slot: int                     # absolute pool index
     index: int                    # index within the job's window
-    ptr: np.ndarray = None        # per lane: index in plan.pos of the first own block >= pos
-    ends: np.ndarray = None
-    pos: np.ndarray = None        # positions of the round in flight (None: setup round)
+    ptr: np.ndarray = None        # per lane: index in the call's pos_ext of the first own
+                                  # block not yet sent (the lane's sentinel if none)
+    lanes: np.ndarray = None      # the slot's global lane numbers
+    pos: np.ndarray = None        # positions of the round in flight (None: setup round), int64
     round: int = 0
     shift: int = 0
     exponent: int = 0
-    packet: bytes = b""
+    packet: memoryview = None     # the round's datagram (in the agent's per-slot buffer)
     sent_at: float = 0.0
     rto: float = 0.0
     progress_at: float = 0.0
@@ -131,12 +139,33 @@ class _Call:
         self.nblocks = -(-n // self.B)
         self.inplace = inplace
         self.out = flat if inplace else np.zeros(n, flat.dtype)
-        self.base = wire.Header(msg_type=wire.MSG_CONTRIB, priority=job.priority, job=job.job,
-                                epoch=job.epoch, call=agent.call_id, rank=agent.rank,
-                                nlanes=self.k, length=n, block_size=self.B)
+        # Data-path layout. pos_ext: the plan's positions lane by lane, each lane followed by
+        # a sentinel -1 (never a position, and END once cast to the wire's u32), so a lane's
+        # pointer can step past its last block without a bounds check.
+        plan, k, B = self.plan, self.k, self.B
+        L = W * k
+        nnz = len(plan.pos)
+        per_lane = np.diff(plan.lane_bounds)
+        self.pos_ext = np.full(nnz + L, -1, np.int64)
+        self.pos_ext[np.arange(nnz) + np.repeat(np.arange(L), per_lane)] = plan.pos
+        first_ext = plan.lane_bounds[:-1] + np.arange(L)
+        self.keys_ext = None  # searchsorted keys (lane << 32 | position): bounded loss only
+        if job.bounded_loss:
+            lane_ext = np.repeat(np.arange(L, dtype=np.int64), per_lane + 1)
+            self.keys_ext = (lane_ext << 32) + np.where(self.pos_ext < 0, wire.END, self.pos_ext)
+        self.nfull = n // B
+        self.full2d = flat[:self.nfull * B].reshape(self.nfull, B)
+        self.out2d = self.out[:self.nfull * B].reshape(self.nfull, B)
+        # The zero-padded last block, if any, takes the slow gather/scatter; only its slot checks.
+        self.tail_slot = (self.nfull % L) // k if n % B else -1
+        self.scratch = agent._scratch(k, B)
+        self.next_end = wire.HEADER_LEN + 4 * k  # the next positions' bytes in a datagram
+        self.all_end = bytearray(wire.END.to_bytes(4, "big") * k)
+        self.bufs = agent._slot_buffers(W, k, B)
         now = time.monotonic()
-        self.slots = [_Slot(s + job.slot_base, s, ptr=self.plan.first_ptr(s),
-                            ends=self.plan.lane_ends(s).copy(), progress_at=now, rto=agent.rto)
+        self.slots = [_Slot(s + job.slot_base, s, ptr=first_ext[s * k:(s + 1) * k].copy(),
+                            lanes=np.arange(s * k, (s + 1) * k, dtype=np.int64),
+                            progress_at=now, rto=agent.rto)
                       for s in range(W)]
 
     def partial_budget_left(self) -> bool:
@@ -144,87 +173,129 @@ class _Call:
         allowed = self.agent.job.bounded_loss * self.nblocks
         return (self.stats.partial_rounds + 1) * self.k <= allowed
 
-    def setup_header(self, st: _Slot) -> wire.Header:
-        nxt = self.plan.next_at(st.ptr, st.ends)
-        return self.base.copy(exponent=int(self.slot_exp[st.index]),
-                              flags=wire.FLAG_LAST if (nxt == wire.END).all() else 0)
+    def send_setup(self, st: _Slot) -> None:
+        """The slot's setup round: first positions per lane and the slot's exponent."""
+        nxt = self.pos_ext[st.ptr]
+        self.bufs[st.index][1][:] = nxt  # -1 (sentinel) becomes END
+        buf = self.bufs[st.index][0]
+        last = wire.FLAG_LAST if buf[wire.HEADER_LEN:self.next_end] == self.all_end else 0
+        self.agent._send(self, st, last, int(self.slot_exp[st.index]), 0, 0, 0)
 
-    def on_answer(self, buf, nbytes: int, st: _Slot, h: wire.Header) -> bool:
-        """Handle a result or status for slot `st`; True when the slot's stream is done."""
+    def on_answer(self, buf, nbytes: int, st: _Slot, t: tuple) -> bool:
+        """Handle a result or status (header fields `t`) for slot `st`; True when the slot's
+        stream is done."""
         agent, stats = self.agent, self.stats
         stats.packets_received += 1
         stats.bytes_received += nbytes
-        if h.msg_type == wire.MSG_STATUS:
-            st.last_bitmap = h.bitmap
+        if t[_MSG_TYPE] == wire.MSG_STATUS:
+            st.last_bitmap = t[_BITMAP]
             return False
-        if h.flags & wire.FLAG_MISMATCH:
+        flags = t[_FLAGS]
+        if flags & wire.FLAG_MISMATCH:
             raise LengthMismatch(
                 f"job {agent.job.job} call {agent.call_id}: workers disagree on the tensor length: "
-                f"rank {agent.rank} has {len(self.flat)} elements, another rank {h.length}")
+                f"rank {agent.rank} has {len(self.flat)} elements, another rank {t[_LENGTH]}")
         st.progress_at = time.monotonic()
         self.newest_done = max(self.newest_done, st.seq)
         if not st.resent:  # Karn: time only rounds sent once
             agent._sample_rtt(st.progress_at - st.sent_at)
         st.rto = agent.rto
-        if h.flags & wire.FLAG_PARTIAL:
+        if flags & wire.FLAG_PARTIAL:
             stats.partial_rounds += 1
             stats.partial_fraction = min(1.0, stats.partial_rounds * self.k / max(1, self.nblocks))
         if st.pos is None:  # setup result: the exponent every worker quantizes with
-            st.shift = 0 if self.integer else quant_shift(h.exponent, agent.job.nworkers)
-            st.exponent = h.exponent
+            st.shift = 0 if self.integer else quant_shift(t[_EXPONENT], agent.job.nworkers)
+            st.exponent = t[_EXPONENT]
         else:
-            self._deliver(buf, h, st)
+            self._deliver(buf, t, st)
         stats.rounds += 1
-        pos = np.frombuffer(buf, wire.NEXT_DTYPE, self.k, wire.HEADER_LEN).astype(np.uint32)
-        if (pos == wire.END).all():
+        if buf[wire.HEADER_LEN:self.next_end] == self.all_end:  # every lane is done
             st.done = True
             return True
-        self._next_round(st, pos)
+        self._next_round(st, np.frombuffer(buf, wire.NEXT_DTYPE, self.k,
+                                           wire.HEADER_LEN).astype(np.int64))
         return False
 
-    def _deliver(self, buf, h: wire.Header, st: _Slot) -> None:
+    def _deliver(self, buf, t: tuple, st: _Slot) -> None:
         """Write a data round's sums into the output blocks."""
-        if not h.present:
+        present, k, B = t[_PRESENT], self.k, self.B
+        if not present:
             return
-        lanes = _lanes(h.present, self.k)
-        data = np.frombuffer(buf, wire.DATA_DTYPE, len(lanes) * self.B,
-                             wire.HEADER_LEN + 4 * self.k).reshape(-1, self.B)
-        where = st.pos[lanes].astype(np.int64)
-        scatter_blocks(self.out, where, data if self.integer else dequantize(data, st.shift), self.B)
-        if h.nonfinite:
-            scatter_blocks(self.out, st.pos[_lanes(h.nonfinite, self.k)].astype(np.int64), np.nan,
-                           self.B)
+        if present == (1 << k) - 1:
+            where, n = st.pos, k
+        else:
+            lanes = _lanes(present, k)
+            where, n = st.pos[lanes], len(lanes)
+        data = np.frombuffer(buf, wire.DATA_DTYPE, n * B, wire.HEADER_LEN + 4 * k).reshape(n, B)
+        if st.index == self.tail_slot and (where == self.nfull).any():
+            scatter_blocks(self.out, where, data if self.integer else dequantize(data, st.shift), B)
+        elif self.integer:
+            self.out2d[where] = data
+        elif -126 <= -st.shift <= 127:
+            # dequantize() in one pass: int32 -> float32 (one rounding), times 2**-S (exact)
+            tmp = self.scratch[:n]
+            np.multiply(data, np.float32(2.0 ** -st.shift), out=tmp, dtype=np.float32)
+            self.out2d[where] = tmp
+        else:
+            self.out2d[where] = dequantize(data, st.shift)
+        if t[_NONFINITE]:
+            scatter_blocks(self.out, st.pos[_lanes(t[_NONFINITE], k)], np.nan, B)
 
     def _next_round(self, st: _Slot, pos: np.ndarray) -> None:
-        """Send this worker's blocks at positions `pos` (where it has them) and its next ones."""
-        plan = self.plan
-        ptr = plan.seek(st.index, pos)
-        if self.inplace and (ptr > st.ptr).any():
-            # Bounded loss skipped some of our blocks: they are not in any result, so they
-            # must read zero here as at every other rank.
-            skipped = np.concatenate([plan.pos[a:b] for a, b in zip(st.ptr, ptr) if b > a])
-            scatter_blocks(self.out, skipped, 0, self.B)
-        live = ptr < st.ends
-        have = np.zeros(len(pos), bool)
-        have[live] = plan.pos[ptr[live]] == pos[live]
-        rows = ptr[have]
+        """Send this worker's blocks at positions `pos` (int64, where it has them) and its next
+        ones."""
+        pos_ext = self.pos_ext
+        if self.keys_ext is None:
+            ptr = st.ptr
+        else:
+            # Bounded loss: a round completed without this worker may have skipped some of its
+            # blocks; find each lane's first block at or after `pos`.
+            ptr = np.searchsorted(self.keys_ext, (st.lanes << 32) + pos)
+            if self.inplace and (ptr > st.ptr).any():
+                # Skipped blocks are not in any result, so they must read zero here as at
+                # every other rank.
+                skipped = np.concatenate([pos_ext[a:b] for a, b in zip(st.ptr, ptr) if b > a])
+                scatter_blocks(self.out, skipped, 0, self.B)
+        own = pos_ext[ptr]
+        have = own == pos
         st.ptr = ptr + have
-        nxt = plan.next_at(st.ptr, st.ends)
+        nxt = pos_ext[st.ptr]
+        buf, nview, dview = self.bufs[st.index]
+        nview[:] = nxt  # -1 (sentinel) becomes END
         st.pos = pos
-        data = None
-        nonfinite_bits = 0
-        if len(rows):
-            blocks = gather_blocks(self.flat, plan.pos[rows], self.B)
-            if self.nonfinite is not None and self.nonfinite[rows].any():
-                nf = np.zeros(len(pos), bool)
-                nf[have] = self.nonfinite[rows]
-                nonfinite_bits = int(wire.mask_to_lane_bits(nf[None, :])[0])
-                blocks = _finite_rows(blocks)
-            data = blocks.astype(wire.DATA_DTYPE) if self.integer else quantize(blocks, st.shift)
-        h = self.base.copy(present=int(wire.mask_to_lane_bits(have[None, :])[0]),
-                           nonfinite=nonfinite_bits, exponent=st.exponent,
-                           flags=wire.FLAG_LAST if (nxt == wire.END).all() else 0)
-        self.agent._send(st, h, nxt, data, self.stats)
+        nrows = int(np.count_nonzero(have))
+        present = nonfinite_bits = 0
+        if nrows:
+            if nrows == self.k:  # every lane (dense regions): no mask to convert
+                present, where = (1 << self.k) - 1, own
+            else:
+                present, where = _lane_bits(have), own[have]
+            dst = dview[:nrows]
+            rows = None
+            if self.nonfinite is not None:
+                nf = self.nonfinite[ptr[have] - st.lanes[have]]
+                if nf.any():
+                    mask = np.zeros(self.k, bool)
+                    mask[have] = nf
+                    nonfinite_bits = _lane_bits(mask)
+                    rows = _finite_rows(gather_blocks(self.flat, where, self.B))
+            if rows is None and st.index == self.tail_slot and (where == self.nfull).any():
+                rows = gather_blocks(self.flat, where, self.B)
+            if self.integer:
+                dst[:] = self.full2d[where] if rows is None else rows
+            elif -126 <= st.shift <= 127:
+                # quantize() into the datagram: scale (exact), round, cast to big-endian int32
+                tmp = self.scratch[:nrows]
+                if rows is None:
+                    np.take(self.full2d, where, axis=0, out=tmp, mode="clip")
+                else:
+                    tmp[:] = rows
+                np.multiply(tmp, np.float32(2.0 ** st.shift), out=tmp)
+                np.rint(tmp, out=dst, casting="unsafe")  # exact: |value| < 2**30
+            else:
+                dst[:] = quantize(self.full2d[where] if rows is None else rows, st.shift)
+        last = wire.FLAG_LAST if buf[wire.HEADER_LEN:self.next_end] == self.all_end else 0
+        self.agent._send(self, st, last, st.exponent, present, nonfinite_bits, nrows)
 
 
 def _finite_rows(rows: np.ndarray) -> np.ndarray:
@@ -249,6 +320,11 @@ def _lanes(bits: int, k: int) -> np.ndarray:
 # half the window, so that ordinary jitter among the window's slots does not trigger it.
 def _fast_retransmit_after(nslots: int) -> int:
     return max(3, nslots // 2)
+
+
+def _lane_bits(mask: np.ndarray) -> int:
+    """(nlanes,) bool -> the lane bitmap as a Python int (bit i = lane i)."""
+    return int.from_bytes(np.packbits(mask, bitorder="little").tobytes(), "little")
 
 
 _CODE = {np.dtype(np.float32): "float", np.dtype(np.float16): "float", np.dtype(np.float64): "float",
@@ -294,6 +370,10 @@ class Agent:
         self.last_stats = CallStats()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._seq = 0  # rounds sent, in order (fast retransmit)
+        self._rx = bytearray(wire.MAX_UDP_PAYLOAD + 1)  # every answer lands here
+        self._scratch_area: np.ndarray | None = None
+        self._bufs: list = []
+        self._bufs_key = None
 
     # ------------------------------------------------------------------ public API
     def allreduce(self, x, inplace: bool = False):
@@ -364,59 +444,109 @@ class Agent:
         t0 = time.perf_counter()
         self.call_id = (self.call_id + 1) & 0xFFFFFFFF
         call = _Call(self, flat, integer, inplace)
-        for st in call.slots:  # setup round of every slot
-            self._send(st, call.setup_header(st), call.plan.next_at(st.ptr, st.ends), None, call.stats)
-        pending = len(call.slots)
-        buf = bytearray(wire.MAX_UDP_PAYLOAD + 1)
+        sock = self.sock
         tick = min(self.min_rto, self.job.loss_deadline) if self.job.bounded_loss else self.min_rto
-        self.sock.settimeout(tick)  # how often timers are checked while nothing arrives
-        while pending:
-            try:
-                nbytes = self.sock.recv_into(buf)
-            except (socket.timeout, BlockingIOError):
-                nbytes = -1
-            except ConnectionRefusedError:
-                nbytes = -1  # ICMP port unreachable: the switch is not up (yet); keep resending
-            if nbytes >= 0:
-                got = self._accept(buf, nbytes, call.slots)
-                if got is not None and call.on_answer(buf, nbytes, *got):
-                    pending -= 1
-            self._check_timers(call)
+        # Non-blocking, select() only when nothing is waiting: a socket timeout would cost a
+        # poll() before every recv and sendto. Timers are checked when idle and at least every
+        # `every` seconds while results stream in (resend timeouts are >= 0.1 s by default).
+        sock.settimeout(0.0)
+        every = min(0.01, tick / 4)
+        try:
+            for st in call.slots:  # setup round of every slot
+                call.send_setup(st)
+            pending = len(call.slots)
+            buf = self._rx
+            recv = sock.recv_into
+            slots = call.slots
+            next_check = time.monotonic() + every
+            while pending:
+                try:
+                    nbytes = recv(buf)
+                except BlockingIOError:  # idle: check timers (at most every `every` s), wait
+                    now = time.monotonic()
+                    if now >= next_check:
+                        self._check_timers(call)
+                        next_check = now + every
+                    select.select((sock,), (), (), tick)
+                    continue
+                except ConnectionRefusedError:
+                    nbytes = -1  # ICMP port unreachable: the switch is not up (yet); keep resending
+                if nbytes >= 0:
+                    got = self._accept(buf, nbytes, slots)
+                    if got is not None and call.on_answer(buf, nbytes, *got):
+                        pending -= 1
+                if nbytes < 0 or time.monotonic() >= next_check:
+                    self._check_timers(call)
+                    next_check = time.monotonic() + every
+        finally:
+            sock.settimeout(tick)
         call.stats.seconds = time.perf_counter() - t0
         self.last_stats = call.stats
         return call.out
 
     def _accept(self, buf, nbytes, slots):
-        """(slot state, header) if this answers a round in flight, else None."""
-        try:
-            h = wire.unpack_header(buf)
-            wire.check_header(h, nbytes)
-        except wire.MalformedPacket as e:
-            log.warning("rank %d: ignoring malformed packet: %s", self.rank, e)
+        """(slot state, header fields) if this answers a round in flight, else None."""
+        if nbytes < wire.HEADER_LEN:
+            log.warning("rank %d: ignoring malformed packet: truncated header: %d < %d bytes",
+                        self.rank, nbytes, wire.HEADER_LEN)
             return None
-        s = h.slot - self.job.slot_base
-        if (h.msg_type == wire.MSG_CONTRIB or h.job != self.job.job or h.epoch != self.job.epoch
-                or not 0 <= s < len(slots) or h.call != self.call_id):
+        t = _UNPACK(buf)
+        err = wire.header_error(t, nbytes)
+        if err is not None:
+            log.warning("rank %d: ignoring malformed packet: %s", self.rank, err)
+            return None
+        job = self.job
+        s = t[_SLOT] - job.slot_base
+        if (t[_MSG_TYPE] == wire.MSG_CONTRIB or t[_JOB] != job.job or t[_EPOCH] != job.epoch
+                or not 0 <= s < len(slots) or t[_CALL] != self.call_id):
             return None
         st = slots[s]
-        if st.done or h.round != st.round:
+        if st.done or t[_ROUND] != st.round:
             return None  # an answer to an earlier round (duplicate result)
-        return st, h
+        return st, t
 
-    def _send(self, st: _Slot, h: wire.Header, nxt, data, stats: CallStats):
-        self.rounds[st.index] += 1
-        st.round = int(self.rounds[st.index]) & 0xFFFFFFFF
-        h.slot, h.round = st.slot, st.round
-        st.packet = wire.pack(h, nxt, data)
+    def _scratch(self, k: int, B: int) -> np.ndarray:
+        """A reused (k, B) float32 work area for quantizing and dequantizing one round."""
+        if self._scratch_area is None or self._scratch_area.shape != (k, B):
+            self._scratch_area = np.empty((k, B), np.float32)
+        return self._scratch_area
+
+    def _slot_buffers(self, W: int, k: int, B: int) -> list:
+        """Per slot: (datagram buffer, its next view (k,) >u4, its data view (k, B) >i4),
+        reused across calls. A round's datagram is built in place and stays there for resends."""
+        if self._bufs_key != (W, k, B):
+            self._bufs = []
+            for _ in range(W):
+                b = bytearray(wire.packet_len(k, B, k))
+                self._bufs.append((b, np.frombuffer(b, wire.NEXT_DTYPE, k, wire.HEADER_LEN),
+                                   np.frombuffer(b, wire.DATA_DTYPE, k * B,
+                                                 wire.HEADER_LEN + 4 * k).reshape(k, B)))
+            self._bufs_key = (W, k, B)
+        return self._bufs
+
+    def _send(self, call: "_Call", st: _Slot, flags: int, exponent: int, present: int,
+              nonfinite: int, nrows: int) -> None:
+        """Send the next round of slot `st`; its next positions and `nrows` data rows are in
+        the slot's buffer already."""
+        r = int(self.rounds[st.index]) + 1
+        self.rounds[st.index] = r
+        st.round = r & 0xFFFFFFFF
+        job, k, B = self.job, call.k, call.B
+        buf = call.bufs[st.index][0]
+        _PACK_INTO(buf, 0, wire.VERSION, wire.MSG_CONTRIB, flags, job.priority, job.job,
+                   job.epoch, self.call_id, st.slot, self.rank, k, st.round, len(call.flat), B,
+                   exponent, 0, present, nonfinite)
+        n = wire.HEADER_LEN + 4 * k + 4 * B * nrows
+        st.packet = memoryview(buf)[:n]
         st.resent = st.flush = st.fast = False
         self._seq += 1
         st.seq = self._seq
         st.sent_at = st.first_sent_at = time.monotonic()
         self._transmit(st.packet)
+        stats = call.stats
         stats.packets_sent += 1
-        stats.bytes_sent += len(st.packet)
-        if data is not None:
-            stats.payload_bytes_sent += data.size * 4
+        stats.bytes_sent += n
+        stats.payload_bytes_sent += 4 * B * nrows
 
     @property
     def rto(self) -> float:
@@ -435,7 +565,11 @@ class Agent:
         """Send one datagram; a local refusal (a full buffer, a firewall's EPERM) is a loss
         like any other: the retransmission timer recovers it."""
         try:
-            self.sock.sendto(pkt, self.switch)
+            try:
+                self.sock.sendto(pkt, self.switch)
+            except BlockingIOError:  # send buffer full (rare for UDP): wait for room once
+                select.select((), (self.sock,), (), 0.1)
+                self.sock.sendto(pkt, self.switch)
         except (BlockingIOError, PermissionError, ConnectionRefusedError) as e:
             log.debug("rank %d: send failed (%s); the timer will resend", self.rank, e)
         except OSError as e:

@@ -112,11 +112,13 @@ ABS_MASK = 0x7FFFFFFF       # float32 bits without the sign: ordered like |x|
 NONFINITE_BITS = 0x7F800000  # |x| bits at or above this: Inf or NaN
 
 
-def block_absmax_bits(flat: np.ndarray, block_size: int, chunk: int = 4096) -> np.ndarray:
+def block_absmax_bits(flat: np.ndarray, block_size: int, chunk: int = 256) -> np.ndarray:
     """Per block of float32 `flat`: the largest |x| as its raw bits (0 for an all-zero block).
 
     One cache-friendly pass gives the non-zero mask (> 0), the exponent and the non-finite
     blocks (>= NONFINITE_BITS): float32 magnitudes order like their bits with the sign masked.
+    The chunk's masked copy (256 blocks of 256: 256 KiB) stays in the core's L2 between the
+    two steps; 4096 blocks (4 MiB) did not, and took 20-30% longer here.
     """
     ints = flat.view(np.int32)
     nfull = len(ints) // block_size

@@ -32,6 +32,16 @@ from spina.config import ConfigError, JobConfig
 
 log = logging.getLogger("spina.softswitch")
 
+HLEN = wire.HEADER_LEN
+NEXT_DTYPE, DATA_DTYPE = wire.NEXT_DTYPE, wire.DATA_DTYPE
+MSG_CONTRIB, MSG_RESULT, MSG_STATUS = wire.MSG_CONTRIB, wire.MSG_RESULT, wire.MSG_STATUS
+FLAG_RESEND, FLAG_LOSS_TOLERANT, FLAG_LAST = wire.FLAG_RESEND, wire.FLAG_LOSS_TOLERANT, wire.FLAG_LAST
+FLAG_PARTIAL, FLAG_MISMATCH = wire.FLAG_PARTIAL, wire.FLAG_MISMATCH
+_UNPACK, _PACK_INTO = wire.HEADER_STRUCT.unpack_from, wire.HEADER_STRUCT.pack_into
+_header_error = wire.header_error
+_FLAGS, _NLANES, _BLOCK_SIZE = (wire.FIELD_INDEX[f] for f in ("flags", "nlanes", "block_size"))
+_DROP = (0, False, None)
+
 # Register, table and counter names live in softswitch/spec.py (imported above); the P4
 # program declares the same (tests/test_p4_agreement.py checks it).
 DEFAULT_POOL_SLOTS = 256
@@ -90,6 +100,26 @@ class Pipeline:
         # P4: table `congestion`, action set_qdepth_threshold: loss-tolerant packets leaving
         # through a queue deeper than this are dropped (QDEPTH_NEVER: never).
         self.qdepth_threshold = QDEPTH_NEVER
+        # Data-path handles on the same cells: memoryviews of the 1-D registers and counters
+        # (Python ints in and out), cached (values, next) views per slot copy. The arrays are
+        # only ever modified in place, so these stay valid.
+        r, c = self.registers, self.counters
+        self._r_round = r["slot_round"].data
+        self._r_bitmap = r["slot_bitmap"].data
+        self._r_count = r["slot_count"].data
+        self._r_present = r["slot_present"].data
+        self._r_nonfinite = r["slot_nonfinite"].data
+        self._r_exponent = r["slot_exponent"].data
+        self._r_length = r["slot_length"].data
+        self._r_flags = r["slot_flags"].data
+        self._c_received = c["job_received"].data
+        self._c_stale = c["job_stale"].data
+        self._c_duplicates = c["job_duplicates"].data
+        self._c_results = c["job_results"].data
+        self._c_aggregated = c["job_aggregated"].data
+        self._c_malformed = c["port_malformed"].data
+        self._c_unadmitted = c["port_unadmitted"].data
+        self._view_cache: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
 
     # ---------------------------------------------------------------- control plane
     def add_job(self, cfg: JobConfig, sources: dict[int, tuple[int, object]],
@@ -125,122 +155,169 @@ class Pipeline:
     # ---------------------------------------------------------------- data plane
     def process(self, pkt: bytes, port: int, src) -> list[Emit]:
         """Run one packet from ingress `port` and source address `src` through the pipeline."""
-        c = self.counters
-        try:
-            h = wire.unpack_header(pkt)
-            wire.check_header(h, len(pkt))
-            if h.msg_type != wire.MSG_CONTRIB:
-                raise wire.MalformedPacket(f"hosts send contributions only, not type {h.msg_type}")
-        except wire.MalformedPacket as e:
-            c["port_malformed"][port % MAX_PORTS] += 1
-            log.debug("drop malformed from %s: %s", src, e)
+        out = bytearray(self.max_packet_len)
+        n, multicast, adm = self.process_into(pkt, port, src, out)
+        if not n:
             return []
-        adm = self.admission.get((port, src, h.job, h.rank))
-        if (adm is None or not adm.slot_base <= h.slot < adm.slot_base + adm.nslots
-                or h.nlanes != adm.nlanes or h.block_size != adm.block_size):
-            c["port_unadmitted"][port % MAX_PORTS] += 1
-            log.debug("drop unadmitted from %s: job %d rank %d slot %d", src, h.job, h.rank, h.slot)
-            return []
-        job = h.job
-        c["job_received"][job] += 1
-        if h.epoch != adm.epoch:
-            c["job_stale"][job] += 1
-            return []
+        return [Emit(bytes(out[:n]), adm.job, multicast, adm.mcast_grp if multicast else 0)]
 
-        r = self.registers
-        idx = 2 * h.slot + (h.round & 1)
+    @property
+    def max_packet_len(self) -> int:
+        """The largest packet the pipeline can emit (all lanes present, a full slot copy)."""
+        return wire.HEADER_LEN + 4 * wire.MAX_LANES + 4 * self.slot_capacity
+
+    def process_into(self, pkt, port: int, src, out) -> tuple[int, bool, Admission | None]:
+        """`process` without allocation: the packet leaving the pipeline, if any, is written to
+        the writable buffer `out` (at least `max_packet_len` bytes).
+
+        Returns (n, multicast, admission): n = 0 if nothing leaves, else the packet is
+        out[:n] and goes to every worker of admission's job (multicast) or back to the sender.
+        `pkt` may be a reused buffer (bytes, bytearray or memoryview of exactly the datagram):
+        nothing keeps a reference to it.
+
+        The data path's per-packet cost is Python overhead, so this reads header fields from
+        one struct tuple and scalar registers and counters through memoryviews of their numpy
+        arrays (same cells, no numpy scalars), and caches per-slot register views.
+        """
+        size = len(pkt)
+        if size < HLEN:
+            return self._malformed(port, src, f"truncated header: {size} < {HLEN} bytes")
+        t = _UNPACK(pkt)
+        err = _header_error(t, size)
+        if err is not None:
+            return self._malformed(port, src, err)
+        (_, msg_type, flags, _, job, epoch, _, slot, rank, k, rnd, length, bs, exponent, _,
+         present, nonfinite) = t
+        if msg_type != MSG_CONTRIB:
+            return self._malformed(port, src, f"hosts send contributions only, not type {msg_type}")
+        adm = self.admission.get((port, src, job, rank))
+        if (adm is None or not adm.slot_base <= slot < adm.slot_base + adm.nslots
+                or k != adm.nlanes or bs != adm.block_size):
+            self._c_unadmitted[port % MAX_PORTS] += 1
+            log.debug("drop unadmitted from %s: job %d rank %d slot %d", src, job, rank, slot)
+            return _DROP
+        self._c_received[job] += 1
+        if epoch != adm.epoch:
+            self._c_stale[job] += 1
+            return _DROP
+
+        idx = 2 * slot + (rnd & 1)
         # slot_round: a newer round resets this copy, an older one is stale.
-        delta = (h.round - int(r["slot_round"][idx]) + (1 << 31)) % (1 << 32) - (1 << 31)
+        delta = (rnd - self._r_round[idx] + (1 << 31)) % (1 << 32) - (1 << 31)
         if delta < 0:
-            c["job_stale"][job] += 1
-            return []
+            self._c_stale[job] += 1
+            return _DROP
         new = delta > 0
         if new:
-            r["slot_round"][idx] = h.round
-        bit = 1 << h.rank
-        old_bitmap = 0 if new else int(r["slot_bitmap"][idx])
-        old_count = 0 if new else int(r["slot_count"][idx])
-        if old_count >= adm.nworkers:
+            self._r_round[idx] = rnd
+            old_bitmap = old_count = 0
+        else:
+            old_bitmap = self._r_bitmap[idx]
+            old_count = self._r_count[idx]
+        nworkers = adm.nworkers
+        if old_count >= nworkers:
             # Complete: a resend, or a late packet of a round completed without it (bounded
             # loss). Either way the stored result goes back to the sender; nothing is added.
-            c["job_duplicates"][job] += 1
-            c["job_results"][job] += 1
-            return [Emit(self._result(h, idx, wire.FLAG_RESEND), job, multicast=False)]
+            self._c_duplicates[job] += 1
+            self._c_results[job] += 1
+            return self._result_into(out, t, idx, FLAG_RESEND), False, adm
+        bit = 1 << rank
         if old_bitmap & bit:
-            c["job_duplicates"][job] += 1
-            if h.flags & wire.FLAG_PARTIAL:
+            self._c_duplicates[job] += 1
+            if flags & FLAG_PARTIAL:
                 # A flush (bounded-loss mode, opt-in by the job's agents): complete the round
                 # now without the missing workers and tell everyone it is partial.
-                r["slot_count"][idx] = adm.nworkers
-                r["slot_flags"][idx] |= wire.FLAG_PARTIAL
-                c["job_results"][job] += adm.nworkers
-                return [Emit(self._result(h, idx, 0), job, True, adm.mcast_grp)]
-            status = h.copy(msg_type=wire.MSG_STATUS, bitmap=old_bitmap, present=0, nonfinite=0,
-                            flags=h.flags & ~(wire.FLAG_LAST | wire.FLAG_PARTIAL))
-            return [Emit(wire.pack_header(status) + bytes(pkt[wire.HEADER_LEN:wire.HEADER_LEN + 4 * h.nlanes]),
-                         job, multicast=False)]
-        r["slot_bitmap"][idx] = old_bitmap | bit
+                self._r_count[idx] = nworkers
+                self._r_flags[idx] |= FLAG_PARTIAL
+                self._c_results[job] += nworkers
+                return self._result_into(out, t, idx, 0), True, adm
+            # STATUS: the sender's header and next positions, with the round's bitmap.
+            _PACK_INTO(out, 0, t[0], MSG_STATUS, flags & ~(FLAG_LAST | FLAG_PARTIAL), t[3], job,
+                       epoch, t[6], slot, rank, k, rnd, length, bs, exponent, old_bitmap, 0, 0)
+            n = HLEN + 4 * k
+            out[HLEN:n] = pkt[HLEN:n]
+            return n, False, adm
+        self._r_bitmap[idx] = old_bitmap | bit
         count = old_count + 1
-        r["slot_count"][idx] = count
+        self._r_count[idx] = count
 
-        k, bs = h.nlanes, h.block_size
-        vals = r["slot_values"][idx, :k * bs].reshape(k, bs)
-        nxt = np.frombuffer(pkt, wire.NEXT_DTYPE, k, wire.HEADER_LEN)
-        data_off = wire.HEADER_LEN + 4 * k
-        if h.present:
-            data = np.frombuffer(pkt, wire.DATA_DTYPE, offset=data_off).reshape(-1, bs)
-            lanes = _lanes(h.present, k)
+        vals, slot_next = self._views(idx, k, bs)
+        nxt = np.frombuffer(pkt, NEXT_DTYPE, k, HLEN)
+        full = (1 << k) - 1
+        if present:
+            data = np.frombuffer(pkt, DATA_DTYPE, (size - HLEN) // 4 - k, HLEN + 4 * k).reshape(-1, bs)
         if new:
-            if h.present == (1 << k) - 1:
+            if present == full:
                 vals[:] = data
             else:
                 vals[:] = 0
-                if h.present:
-                    vals[lanes] = data
-            r["slot_next"][idx, :k] = nxt
-            r["slot_present"][idx] = h.present
-            r["slot_nonfinite"][idx] = h.nonfinite
-            r["slot_exponent"][idx] = h.exponent
-            r["slot_length"][idx] = h.length
-            r["slot_flags"][idx] = h.flags & wire.FLAG_LAST
+                if present:
+                    vals[_lanes(present, k)] = data
+            slot_next[:] = nxt
+            self._r_present[idx] = present
+            self._r_nonfinite[idx] = nonfinite
+            self._r_exponent[idx] = exponent
+            self._r_length[idx] = length
+            self._r_flags[idx] = flags & FLAG_LAST
         else:
-            if h.present == (1 << k) - 1:
-                vals += data  # int32 wrap-around, as the switch's 32-bit adders
-            elif h.present:
+            if present == full:
+                np.add(vals, data, out=vals)  # int32 wrap-around, as the switch's 32-bit adders
+            elif present:
+                lanes = _lanes(present, k)
                 vals[lanes] += data
-            np.minimum(r["slot_next"][idx, :k], nxt, out=r["slot_next"][idx, :k])
-            r["slot_present"][idx] |= np.uint64(h.present)
-            r["slot_nonfinite"][idx] |= np.uint64(h.nonfinite)
-            if h.exponent > r["slot_exponent"][idx]:
-                r["slot_exponent"][idx] = h.exponent
-            flags = int(r["slot_flags"][idx])
-            flags = (flags & ~wire.FLAG_LAST) | (flags & h.flags & wire.FLAG_LAST)
-            if h.length != int(r["slot_length"][idx]):
-                flags |= wire.FLAG_MISMATCH
-            r["slot_flags"][idx] = flags
-        c["job_aggregated"][job] += 1
-        if count < adm.nworkers:
-            return []
+            np.minimum(slot_next, nxt, out=slot_next)
+            self._r_present[idx] |= present
+            self._r_nonfinite[idx] |= nonfinite
+            if exponent > self._r_exponent[idx]:
+                self._r_exponent[idx] = exponent
+            old_flags = self._r_flags[idx]
+            new_flags = (old_flags & ~FLAG_LAST) | (old_flags & flags & FLAG_LAST)
+            if length != self._r_length[idx]:
+                new_flags |= FLAG_MISMATCH
+            self._r_flags[idx] = new_flags
+        self._c_aggregated[job] += 1
+        if count < nworkers:
+            return _DROP
         # P4 counts job_results per replica in egress (before the congestion check): the job's
         # multicast group has exactly its nworkers members.
-        c["job_results"][job] += adm.nworkers
-        return [Emit(self._result(h, idx, 0), job, True, adm.mcast_grp)]
+        self._c_results[job] += nworkers
+        return self._result_into(out, t, idx, 0), True, adm
 
-    def _result(self, h: wire.Header, idx: int, extra_flags: int) -> bytes:
-        """The result of the round stored at `idx`, in reply to packet header `h`."""
-        r = self.registers
-        k, bs = h.nlanes, h.block_size
-        present = int(r["slot_present"][idx])
-        res = h.copy(msg_type=wire.MSG_RESULT,
-                     flags=int(r["slot_flags"][idx]) | (h.flags & wire.FLAG_LOSS_TOLERANT) | extra_flags,
-                     bitmap=int(r["slot_bitmap"][idx]), present=present,
-                     nonfinite=int(r["slot_nonfinite"][idx]),
-                     exponent=int(r["slot_exponent"][idx]), length=int(r["slot_length"][idx]))
-        vals = r["slot_values"][idx, :k * bs].reshape(k, bs)
-        if present != (1 << k) - 1:
-            vals = vals[_lanes(present, k)]
-        return b"".join((wire.pack_header(res), r["slot_next"][idx, :k].astype(wire.NEXT_DTYPE).tobytes(),
-                         vals.astype(wire.DATA_DTYPE).tobytes()))
+    def _malformed(self, port: int, src, why: str) -> tuple[int, bool, None]:
+        self._c_malformed[port % MAX_PORTS] += 1
+        log.debug("drop malformed from %s: %s", src, why)
+        return _DROP
+
+    def _views(self, idx: int, k: int, bs: int) -> tuple[np.ndarray, np.ndarray]:
+        """(k, bs) view of slot_values and (k,) view of slot_next at copy `idx` (cached)."""
+        key = (idx, k, bs)
+        got = self._view_cache.get(key)
+        if got is None:
+            r = self.registers
+            got = (r["slot_values"][idx, :k * bs].reshape(k, bs), r["slot_next"][idx, :k])
+            self._view_cache[key] = got
+        return got
+
+    def _result_into(self, out, t: tuple, idx: int, extra_flags: int) -> int:
+        """Write the result of the round stored at `idx`, in reply to header fields `t`, into
+        `out`; return its length."""
+        k, bs = t[_NLANES], t[_BLOCK_SIZE]
+        present = self._r_present[idx]
+        _PACK_INTO(out, 0, t[0], MSG_RESULT,
+                   self._r_flags[idx] | (t[_FLAGS] & FLAG_LOSS_TOLERANT) | extra_flags,
+                   t[3], t[4], t[5], t[6], t[7], t[8], k, t[10], self._r_length[idx], bs,
+                   self._r_exponent[idx], self._r_bitmap[idx], present, self._r_nonfinite[idx])
+        vals, slot_next = self._views(idx, k, bs)
+        np.frombuffer(out, NEXT_DTYPE, k, HLEN)[:] = slot_next
+        if not present:
+            return HLEN + 4 * k
+        if present == (1 << k) - 1:
+            np.frombuffer(out, DATA_DTYPE, k * bs, HLEN + 4 * k).reshape(k, bs)[:] = vals
+            return HLEN + 4 * k + 4 * k * bs
+        lanes = _lanes(present, k)
+        n = len(lanes)
+        np.frombuffer(out, DATA_DTYPE, n * bs, HLEN + 4 * k).reshape(n, bs)[:] = vals[lanes]
+        return HLEN + 4 * k + 4 * n * bs
 
     def congestion_drop(self, data, qdepth: int) -> bool:
         """Egress: True (and counted) if this INA packet is loss-tolerant and its queue is deep.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import random
+import select
 import socket
 import threading
 from dataclasses import dataclass
@@ -114,43 +115,62 @@ class UdpSwitch:
     def serve_forever(self) -> None:
         sock = self.sock
         held: list = []  # reorder buffer of the fault injector
-        sock.settimeout(0.2)
+        # Non-blocking socket, select() only when idle: a socket with a timeout makes CPython
+        # poll() before every recvfrom and sendto, one extra system call per datagram.
+        sock.settimeout(0.0)
+        buf = bytearray(wire.MAX_UDP_PAYLOAD + 1)  # every datagram lands here: no allocation
+        view = memoryview(buf)
+        out = bytearray(self.pipeline.max_packet_len)  # and every packet leaves from here
+        out_view = memoryview(out)
+        recv = sock.recvfrom_into
+        stop = self._stop
         log.info("software switch listening on %s:%d", *self.address)
-        while not self._stop.is_set():
+        while not stop.is_set():
             try:
-                pkt, src = sock.recvfrom(wire.MAX_UDP_PAYLOAD + 1)
-            except socket.timeout:
+                nbytes, src = recv(buf)
+            except BlockingIOError:
+                select.select((sock,), (), (), 0.2)
                 continue
             except OSError:
-                if self._stop.is_set():
+                if stop.is_set():
                     break
                 continue  # e.g. ICMP errors reported on the socket; never stop serving
             self.packets_in += 1
-            self.bytes_in += len(pkt)
+            self.bytes_in += nbytes
             if self.faults is None:
-                self._process(pkt, src)
-            else:
-                for p, s in self.faults.arriving(pkt, src, held):
-                    self._process(p, s)
+                self._process(view[:nbytes], src, out, out_view)
+            else:  # the injector may hold a datagram back: give it its own copy
+                for p, s in self.faults.arriving(bytes(view[:nbytes]), src, held):
+                    self._process(p, s, out, out_view)
 
-    def _process(self, pkt: bytes, src) -> None:
+    def _process(self, pkt, src, out: bytearray, out_view: memoryview) -> None:
         try:
-            emits = self.pipeline.process(pkt, UDP_PORT_ID, src)
+            n, multicast, adm = self.pipeline.process_into(pkt, UDP_PORT_ID, src, out)
         except Exception:  # a bug must not take the switch down for every job
             log.exception("pipeline error on a packet from %s; dropped", src)
             return
-        for e in emits:
-            targets = self._dest.get(e.job, ()) if e.multicast else (src,)
-            for dst in targets:
-                if self.faults is not None and self.faults.leaving():
-                    continue
+        if not n:
+            return
+        data = out_view[:n]
+        targets = self._dest.get(adm.job, ()) if multicast else (src,)
+        faults, sendto = self.faults, self.sock.sendto
+        for dst in targets:
+            if faults is not None and faults.leaving():
+                continue
+            try:
+                sendto(data, dst)
+            except BlockingIOError:  # send buffer full (rare for UDP): wait for room once
+                select.select((), (self.sock,), (), 0.2)
                 try:
-                    self.sock.sendto(e.data, dst)
+                    self.sock.sendto(data, dst)
                 except OSError as err:
                     log.debug("send to %s failed: %s", dst, err)
                     continue
-                self.packets_out += 1
-                self.bytes_out += len(e.data)
+            except OSError as err:
+                log.debug("send to %s failed: %s", dst, err)
+                continue
+            self.packets_out += 1
+            self.bytes_out += n
 
     def shutdown(self) -> None:
         """Ask serve_forever() to return (safe from a signal handler)."""

@@ -98,6 +98,8 @@ HEADER_FIELDS = (
 )
 FIELD_NAMES = tuple(f[0] for f in HEADER_FIELDS)
 _STRUCT = struct.Struct(">" + "".join(f[1] for f in HEADER_FIELDS))
+HEADER_STRUCT = _STRUCT  # for the data path: unpack_from -> a plain tuple in FIELD_NAMES order
+FIELD_INDEX = {name: i for i, name in enumerate(FIELD_NAMES)}  # position in that tuple
 HEADER_LEN = _STRUCT.size
 assert HEADER_LEN == 48
 
@@ -185,22 +187,33 @@ def pack(h: Header, next_pos, data=None) -> bytes:
 
 def check_header(h: Header, size: int) -> None:
     """Raise MalformedPacket unless `h` is a well-formed header of a packet of `size` bytes."""
-    if h.version != VERSION:
-        raise MalformedPacket(f"version {h.version} != {VERSION}")
-    if h.msg_type not in MSG_NAMES:
-        raise MalformedPacket(f"unknown msg_type {h.msg_type}")
-    if not 1 <= h.nlanes <= MAX_LANES:
-        raise MalformedPacket(f"nlanes {h.nlanes} outside 1..{MAX_LANES}")
-    if h.block_size == 0:
-        raise MalformedPacket("block_size 0")
-    if h.rank >= MAX_WORKERS:
-        raise MalformedPacket(f"rank {h.rank} >= {MAX_WORKERS}")
-    if h.present >> h.nlanes or h.nonfinite >> h.nlanes:
-        raise MalformedPacket("present/nonfinite bits beyond nlanes")
-    want = packet_len(h.nlanes, h.block_size, popcount64(h.present))
-    if size != want:
-        raise MalformedPacket(f"length {size} != {want} for {h.nlanes} lanes, "
-                              f"{popcount64(h.present)} present blocks of {h.block_size}")
+    err = header_error(tuple(getattr(h, n) for n in FIELD_NAMES), size)
+    if err is not None:
+        raise MalformedPacket(err)
+
+
+def header_error(t: tuple, size: int) -> str | None:
+    """Why header fields `t` (HEADER_STRUCT.unpack_from order) are not a well-formed header of
+    a packet of `size` bytes, or None if they are. The data path's form of check_header: no
+    Header object, no exception on the good path."""
+    version, msg_type, _, _, _, _, _, _, rank, nlanes, _, _, block_size, _, _, present, nonfinite = t
+    if version != VERSION:
+        return f"version {version} != {VERSION}"
+    if msg_type not in MSG_NAMES:
+        return f"unknown msg_type {msg_type}"
+    if not 1 <= nlanes <= MAX_LANES:
+        return f"nlanes {nlanes} outside 1..{MAX_LANES}"
+    if block_size == 0:
+        return "block_size 0"
+    if rank >= MAX_WORKERS:
+        return f"rank {rank} >= {MAX_WORKERS}"
+    if present >> nlanes or nonfinite >> nlanes:
+        return "present/nonfinite bits beyond nlanes"
+    npresent = present.bit_count()
+    if size != HEADER_LEN + 4 * nlanes + 4 * block_size * npresent:
+        return (f"length {size} != {packet_len(nlanes, block_size, npresent)} for {nlanes} lanes, "
+                f"{npresent} present blocks of {block_size}")
+    return None
 
 
 def unpack(buf) -> Packet:
