@@ -53,8 +53,9 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
     FOR_EACH_LANE(SPINA_LANE_VALUE_REGS)
 
     // The reply leaves from the switch's address to the sender's; egress rewrites the
-    // destination of each multicast copy for its worker.
-    action reply_to_sender() {
+    // destination of each multicast copy for its worker. @hidden: called from apply only, it is
+    // no control-plane action (p4c would otherwise list it in the P4Info).
+    @hidden action reply_to_sender() {
         mac_addr_t mac = hdr.ethernet.dst_addr;
         hdr.ethernet.dst_addr = hdr.ethernet.src_addr;
         hdr.ethernet.src_addr = mac;
