@@ -74,6 +74,7 @@ class Bmv2Target(Target):
     """simple_switch_grpc with the SpINA program, ports 1..4 on veth pairs."""
     name = "bmv2"
     can_force_qdepth = False
+    can_rate_limit = True
 
     def __init__(self):
         from google.protobuf import text_format
@@ -267,6 +268,9 @@ class Bmv2Target(Target):
                 return int(line.rsplit("=", 1)[1].strip())
         raise RuntimeError(f"register_read {name} {index}: {out.strip()}")
 
+    def set_queue_rate(self, port, pps):
+        self._cli([f"set_queue_rate {pps} {port}"])
+
     def reset(self):
         for e in reversed(self._written):
             try:
@@ -284,7 +288,8 @@ class Bmv2Target(Target):
         self._groups.clear()
         self.table_set_default("congestion", "set_qdepth_threshold", {"qdepth": spec.QDEPTH_NEVER})
         self._cli([f"register_reset {r}" for r in spec.p4_register_names()]
-                  + [f"counter_reset {c}" for c in spec.COUNTERS])
+                  + [f"counter_reset {c}" for c in spec.COUNTERS]
+                  + ["set_queue_rate 0"])  # every queue: no rate limit
         self.received(0.05)
 
     def close(self):
