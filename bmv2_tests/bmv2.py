@@ -70,6 +70,10 @@ def _encode(value, width: int) -> bytes:
     return value.to_bytes(max(1, (value.bit_length() + 7) // 8), "big")
 
 
+# The open target, if any: one switch owns the veth pairs and ports 9559/9090 at a time.
+_LIVE: list["Bmv2Target"] = []
+
+
 class Bmv2Target(Target):
     """simple_switch_grpc with the SpINA program, ports 1..4 on veth pairs."""
     name = "bmv2"
@@ -83,6 +87,12 @@ class Bmv2Target(Target):
         from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
         self.pb = p4runtime_pb2
+        # A second switch would fail to bind 9559/9090 and take the first one's veth pairs
+        # (bmv2_tests' session switch is still up when tests/test_controller_bmv2.py starts its
+        # own in the same pytest run): stop the open one first.
+        for other in list(_LIVE):
+            other.close()
+        _LIVE.append(self)
         self.tmp = pathlib.Path(tempfile.mkdtemp(prefix="spina-bmv2-"))
         self.proc = None
         self.links: list[str] = []
@@ -292,7 +302,13 @@ class Bmv2Target(Target):
                   + ["set_queue_rate 0"])  # every queue: no rate limit
         self.received(0.05)
 
+    @property
+    def closed(self) -> bool:
+        return self not in _LIVE
+
     def close(self):
+        if self in _LIVE:
+            _LIVE.remove(self)
         for s in self.socks.values():
             s.close()
         self.socks.clear()
