@@ -70,10 +70,15 @@ def _encode(value, width: int) -> bytes:
     return value.to_bytes(max(1, (value.bit_length() + 7) // 8), "big")
 
 
+# The open target, if any: one switch owns the veth pairs and ports 9559/9090 at a time.
+_LIVE: list["Bmv2Target"] = []
+
+
 class Bmv2Target(Target):
     """simple_switch_grpc with the SpINA program, ports 1..4 on veth pairs."""
     name = "bmv2"
     can_force_qdepth = False
+    can_rate_limit = True
 
     def __init__(self):
         from google.protobuf import text_format
@@ -82,6 +87,12 @@ class Bmv2Target(Target):
         from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
         self.pb = p4runtime_pb2
+        # A second switch would fail to bind 9559/9090 and take the first one's veth pairs
+        # (bmv2_tests' session switch is still up when tests/test_controller_bmv2.py starts its
+        # own in the same pytest run): stop the open one first.
+        for other in list(_LIVE):
+            other.close()
+        _LIVE.append(self)
         self.tmp = pathlib.Path(tempfile.mkdtemp(prefix="spina-bmv2-"))
         self.proc = None
         self.links: list[str] = []
@@ -267,6 +278,9 @@ class Bmv2Target(Target):
                 return int(line.rsplit("=", 1)[1].strip())
         raise RuntimeError(f"register_read {name} {index}: {out.strip()}")
 
+    def set_queue_rate(self, port, pps):
+        self._cli([f"set_queue_rate {pps} {port}"])
+
     def reset(self):
         for e in reversed(self._written):
             try:
@@ -284,10 +298,17 @@ class Bmv2Target(Target):
         self._groups.clear()
         self.table_set_default("congestion", "set_qdepth_threshold", {"qdepth": spec.QDEPTH_NEVER})
         self._cli([f"register_reset {r}" for r in spec.p4_register_names()]
-                  + [f"counter_reset {c}" for c in spec.COUNTERS])
+                  + [f"counter_reset {c}" for c in spec.COUNTERS]
+                  + ["set_queue_rate 0"])  # every queue: no rate limit
         self.received(0.05)
 
+    @property
+    def closed(self) -> bool:
+        return self not in _LIVE
+
     def close(self):
+        if self in _LIVE:
+            _LIVE.remove(self)
         for s in self.socks.values():
             s.close()
         self.socks.clear()

@@ -18,12 +18,20 @@ _TARGETS = [t for t in os.environ.get("SPINA_TARGETS", "soft,bmv2").split(",") i
 
 @pytest.fixture(scope="session")
 def _bmv2_switch():
+    """A function giving the session's BMv2 target, started again if another test (for example
+    tests/test_controller_bmv2.py in the same run) started its own switch, which stops ours."""
     why = bmv2.unavailable()
     if why:
         pytest.skip(why)
-    t = bmv2.Bmv2Target()
-    yield t
-    t.close()
+    held: list[bmv2.Bmv2Target] = []
+
+    def switch() -> bmv2.Bmv2Target:
+        if not held or held[0].closed:
+            held[:] = [bmv2.Bmv2Target()]
+        return held[0]
+    yield switch
+    if held:
+        held[0].close()
 
 
 @pytest.fixture(params=_TARGETS)
@@ -33,7 +41,7 @@ def target(request):
         t = SoftTarget()
         yield t
         return
-    t = request.getfixturevalue("_bmv2_switch")
+    t = request.getfixturevalue("_bmv2_switch")()
     t.reset()
     yield t
     t.reset()

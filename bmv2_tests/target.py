@@ -16,6 +16,7 @@ class Target:
     """What a conformance test may do to a switch."""
     name = "abstract"
     can_force_qdepth = False
+    can_rate_limit = False
 
     def table_add(self, table: str, key: dict, action: str, params: dict | None = None): ...
     def table_set_default(self, table: str, action: str, params: dict | None = None): ...
@@ -30,6 +31,11 @@ class Target:
 
     def set_qdepth(self, port: int, depth: int):
         """Make the egress of `port` see this enq_qdepth (targets that can force it)."""
+        raise NotImplementedError
+
+    def set_queue_rate(self, port: int, pps: int):
+        """Let the egress queues of `port` send at most `pps` packets a second (0: no limit),
+        so that a burst really queues (targets with real queues)."""
         raise NotImplementedError
 
     def reset(self):

@@ -2,14 +2,16 @@
 
 Run just this file: python -m pytest bmv2_tests/test_priority.py
 (SPINA_TARGETS=soft or bmv2 to pick one target; default both, BMv2 skips if absent.)
-The queue depth is forced on the software target; on BMv2 it would need a rate-limited queue
-(set_queue_rate over Thrift) and a burst, which is not deterministic: those cases skip there.
+The queue depth is forced on the software target (those cases skip on BMv2); on BMv2 the
+`slow_queue` cases rate-limit a real egress queue (set_queue_rate over Thrift) and send a burst
+into it (those skip on the software target, which has no queues).
 """
 from __future__ import annotations
 
 import pytest
 
-from bmv2_tests.helpers import JOB, ForwardingEntries, InaEntries, contrib, expect, reply
+from bmv2_tests.helpers import (JOB, SWITCH_MAC, ForwardingEntries, InaEntries, contrib, expect,
+                                reply)
 from spina import wire
 
 
@@ -77,3 +79,28 @@ def test_forwarded_loss_tolerant_dropped_when_queue_deep(deep_queue):
     t.send(1, contrib(0, dst_ip="10.0.0.200", flags=wire.FLAG_LOSS_TOLERANT))
     expect(t, {})
     assert t.counter("job_congestion_drops", JOB) == 1
+
+
+@pytest.fixture
+def slow_queue(target):
+    """Port 2 sends at most 2 packets a second: a burst to it really queues."""
+    if not target.can_rate_limit:
+        pytest.skip(f"{target.name}: no real egress queue (its depth is forced above instead)")
+    target.set_queue_rate(2, 2)
+    return target
+
+
+@pytest.mark.parametrize("threshold, dropped", [(1, True), (10, False)])
+def test_real_queue_behind_burst(slow_queue, threshold, dropped):
+    """A loss-tolerant INA packet enqueued behind a burst (enq_qdepth 2 or 3: the burst leaves
+    at 2 packets a second) is dropped above the threshold and kept below; the burst is kept."""
+    t = slow_queue
+    fwd = ForwardingEntries(t)
+    fwd.add_l2_entry(SWITCH_MAC, 2)
+    fwd.set_qdepth_threshold(threshold)
+    burst = [contrib(0, dst_ip="10.0.0.200", round=r) for r in (1, 2, 3)]
+    lt = contrib(0, dst_ip="10.0.0.200", round=4, flags=wire.FLAG_LOSS_TOLERANT)
+    for frame in burst + [lt]:
+        t.send(1, frame)
+    expect(t, {2: burst + ([] if dropped else [lt])}, timeout=3.0)
+    assert t.counter("job_congestion_drops", JOB) == int(dropped)

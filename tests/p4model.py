@@ -67,10 +67,10 @@ class P4Model:
                 block[lane] = list(struct.unpack_from(f">{self.BLOCK_SIZE}i", pkt, off))
                 off += 4 * self.BLOCK_SIZE
         self.count("job_received", job)
+        idx = (h.slot << 1) | (h.round & 1)
         if h.epoch != adm["epoch"]:
             self.count("job_stale", job)
             return []
-        idx = (h.slot << 1) | (h.round & 1)
         old_round = r["slot_round"][idx]
         delta = (h.round - old_round) & M32
         if delta >> 31 == 1:

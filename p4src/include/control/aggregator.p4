@@ -53,8 +53,9 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
     FOR_EACH_LANE(SPINA_LANE_VALUE_REGS)
 
     // The reply leaves from the switch's address to the sender's; egress rewrites the
-    // destination of each multicast copy for its worker.
-    action reply_to_sender() {
+    // destination of each multicast copy for its worker. @hidden: called from apply only, it is
+    // no control-plane action (p4c would otherwise list it in the P4Info).
+    @hidden action reply_to_sender() {
         mac_addr_t mac = hdr.ethernet.dst_addr;
         hdr.ethernet.dst_addr = hdr.ethernet.src_addr;
         hdr.ethernet.src_addr = mac;
@@ -108,12 +109,14 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
     apply {
         bit<32> job = (bit<32>)hdr.ina.job;
         job_received.count(job);
+        // idx before the first return (header fields only): after p4c's RemoveReturns a later
+        // declaration gives ~280 false "idx may be uninitialized" warnings, one per use.
+        bit<32> idx = ((bit<32>)hdr.ina.slot << 1) | (hdr.ina.round & 1);
         if (hdr.ina.epoch != meta.adm.epoch) {
             job_stale.count(job);
             mark_to_drop(std);
             return;
         }
-        bit<32> idx = ((bit<32>)hdr.ina.slot << 1) | (hdr.ina.round & 1);
 
         // slot_round: the sign of the 32-bit round difference (serial-number arithmetic).
         bit<32> old_round;
