@@ -22,6 +22,7 @@ import time
 from bmv2_tests.target import PORTS, Target
 from softswitch import spec
 from softswitch.l2 import mac_bytes
+from spina.procs import stop_process
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 P4_TOP = ROOT / "p4src" / "v1model" / "spina_v1model.p4"
@@ -317,12 +318,7 @@ class Bmv2Target(Target):
         if getattr(self, "channel", None) is not None:
             self.channel.close()
         if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            stop_process(self.proc, 5)
             self.proc = None
         for a in self.links:
             _run("ip", "link", "del", a, check=False)

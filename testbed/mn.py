@@ -15,6 +15,8 @@ import subprocess
 import sys
 import tempfile
 
+from spina.procs import stop_process
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEBIAN_SITE = "/usr/lib/python3/dist-packages"
 
@@ -73,12 +75,7 @@ def switch_classes():
 
         def stop(self, deleteIntfs=True):
             if self.proc is not None:
-                self.proc.terminate()
-                try:
-                    self.proc.wait(5)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    self.proc.wait()
+                stop_process(self.proc, 5)
                 self.proc = None
             super().stop(deleteIntfs)
             shutil.rmtree(self.workdir, ignore_errors=True)

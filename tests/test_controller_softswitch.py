@@ -25,6 +25,7 @@ from host_agent import assignment
 from softswitch import spec
 from softswitch.l2 import Dataplane
 from softswitch.p4runtime_server import ControlledUdpSwitch, P4RuntimeServer
+from spina.procs import stop_process
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONPATH=ROOT)
@@ -56,12 +57,7 @@ class SwitchProcess:
 
     def stop(self) -> None:
         if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            stop_process(self.proc, 10)
             self.proc.stdout.close()
             self.proc.stderr.close()
             self.proc = None
