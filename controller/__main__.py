@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
+import threading
 
 from controller.controller import Controller, format_table
 from controller.p4rt import NotPrimaryError, P4RuntimeError
 from controller.state import Job, load
 from spina.config import ConfigError
+from spina.rendezvous import RendezvousServer
 
 DEFAULT_FILE = "spina.yaml"
 
@@ -40,6 +43,15 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--watch", type=float, metavar="SECONDS",
                    help="keep going: re-read the file and deploy every SECONDS, reconnecting "
                         "to switches that restarted (which restores their state); Ctrl-C stops")
+    sv = sub.add_parser("serve", help="deploy, then give every run of a job its own epoch",
+                        description="Deploy, then serve the file's `rendezvous` address: when "
+                                    "every rank of a job has joined (an agent joins before its "
+                                    "first call), the job is admitted with the next epoch and "
+                                    "its slots are cleared, so a run never gets another run's "
+                                    "sums. Also reconciles like `deploy --watch`. SIGTERM or "
+                                    "Ctrl-C stops.")
+    sv.add_argument("--watch", type=float, default=2.0, metavar="SECONDS",
+                    help="re-read the file and deploy every SECONDS (default %(default)s)")
     sub.add_parser("status", help="per-job counters as a table")
     job = sub.add_parser("job", help="add or remove a job (updates the file, then applies it)")
     jsub = job.add_subparsers(dest="job_cmd", required=True, metavar="{add,remove}")
@@ -66,17 +78,25 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-def watch(args, ctl: Controller) -> int:
-    """deploy --watch: reconcile forever; a lost switch is reconnected and redeployed."""
-    import signal
-    import threading
+def watch(args, ctl: Controller, runs: RendezvousServer | None = None) -> int:
+    """deploy --watch (and serve): reconcile forever; a lost switch is reconnected and
+    redeployed. With `runs`, each job keeps the epoch of its current run."""
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         while not stop.is_set():
             try:
-                ctl.adopt(load(args.config))  # `job add` elsewhere shows up here
-                for r in ctl.deploy(args.switch):
+                state = load(args.config)  # `job add` elsewhere shows up here
+                if runs is not None:  # (outside ctl.lock: a run's start holds its lock, then ours)
+                    runs.set_jobs({j.id: (len(j.members), j.epoch) for j in state.jobs.values()})
+                with ctl.lock:
+                    if runs is not None:  # a job keeps the epoch of its current run
+                        for j in state.jobs:
+                            if j in ctl.state.jobs:
+                                state = state.with_epoch(j, ctl.state.jobs[j].epoch)
+                    ctl.adopt(state)
+                    reports = ctl.deploy(getattr(args, "switch", None))
+                for r in reports:
                     if r.changed:
                         print(r, flush=True)
             except NotPrimaryError as e:
@@ -90,6 +110,25 @@ def watch(args, ctl: Controller) -> int:
     return 0
 
 
+def serve(args, ctl: Controller) -> int:
+    """`serve`: deploy, then run the jobs' rendezvous and reconcile until stopped."""
+    state = ctl.state
+    if state.rendezvous is None:
+        raise ConfigError("rendezvous: `serve` needs the top-level field 'rendezvous: IPV4:PORT' "
+                          "(where agents join each run)")
+
+    def new_run(job: int, epoch: int) -> None:
+        with ctl.lock:
+            print(ctl.start_run(job, epoch), f"(job {job}: run with epoch {epoch})", flush=True)
+
+    runs = RendezvousServer(*state.rendezvous, {j.id: (len(j.members), j.epoch)
+                                                for j in state.jobs.values()}, new_run)
+    with runs.start():
+        print(f"controller: run rendezvous on {state.rendezvous[0]}:{state.rendezvous[1]}",
+              flush=True)
+        return watch(args, ctl, runs)
+
+
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING - 10 * min(args.verbose, 2),
@@ -97,6 +136,8 @@ def main(argv=None) -> int:
     try:
         state = load(args.config)
         with Controller(state, args.election_id, timeout=args.timeout) as ctl:
+            if args.cmd == "serve":
+                return serve(args, ctl)
             if args.cmd == "deploy" and args.watch:
                 return watch(args, ctl)
             if args.cmd == "deploy":

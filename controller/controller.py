@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import pathlib
+import threading
 from dataclasses import dataclass, field
 
 from p4.v1 import p4runtime_pb2 as pb
@@ -156,17 +157,26 @@ class SwitchSession:
             deletes += d
             writes = w + writes
         # Deletes first (admission first: traffic of a leaving job stops before its slots are
-        # cleared), then the slot clears, then the writes (admission last).
+        # cleared), then the slot clears, then the writes (admission last). A job that stays
+        # where it is with a new epoch (a new run) is cleared after the writes instead: until
+        # the new epoch is admitted, packets of the old one still pass and could refill a slot
+        # cleared before, leaving round tags the new run would take for newer than its own.
         self.conn.write(deletes)
+        renewed = {job for job, (base, n, epoch) in want.items()
+                   if job in before and before[job][:2] == (base, n) and before[job][2] != epoch}
         for job, (base, n, epoch) in sorted(before.items()):
-            if want.get(job) != (base, n, epoch):  # gone, moved or a new incarnation
+            if want.get(job) != (base, n, epoch) and job not in renewed:  # gone or moved
                 self.aggregator.clear_slots(base, n)
                 rep.cleared.append((job, base, n))
         for job, (base, n, epoch) in sorted(want.items()):
-            if before.get(job) != (base, n, epoch):  # arriving: no old round may linger
+            if before.get(job) != (base, n, epoch) and job not in renewed:  # arriving
                 self.aggregator.clear_slots(base, n)
                 rep.cleared.append((job, base, n))
         self.conn.write(writes)
+        for job in sorted(renewed):
+            base, n, _ = want[job]
+            self.aggregator.clear_slots(base, n)
+            rep.cleared.append((job, base, n))
         rep.deletes = len(deletes)
         rep.inserts = sum(1 for t, _ in writes if t == pb.Update.INSERT)
         rep.modifies = sum(1 for t, _ in writes if t == pb.Update.MODIFY)
@@ -225,6 +235,7 @@ class Controller:
         self.timeout = timeout
         self._registers = registers or {}
         self.sessions: dict[str, SwitchSession] = {}
+        self.lock = threading.Lock()  # `serve`: a run's start and a reconcile never interleave
 
     def session(self, name: str) -> SwitchSession:
         s = self.sessions.get(name)
@@ -271,6 +282,12 @@ class Controller:
         """Adopt a new desired state (job add/remove) and apply it."""
         self.adopt(state)
         return self.deploy()
+
+    def start_run(self, job_id: int, epoch: int) -> Report:
+        """Admit job `job_id` with `epoch` on its switch and clear its slots: a new run
+        (`controller serve`'s rendezvous calls this once every rank has joined)."""
+        self.state = self.state.with_epoch(job_id, epoch)
+        return self.session(self.state.switch_of(self.state.jobs[job_id]).name).apply(self.state)
 
     def reset(self, job_ids=None) -> list[tuple[int, int, int]]:
         """Clear the slot registers and zero the counters of jobs (default: all)."""
@@ -346,11 +363,12 @@ class Controller:
             cfg, switch = self.state.job_config(job), (sw.address, sw.udp_port)
             p = self.agent_path(job.id)
             keep.add(p.name)
-            changed += assignment.write_job_file(p, cfg, switch)
+            changed += assignment.write_job_file(p, cfg, switch, self.state.rendezvous)
             for rank in range(len(job.members)):
                 p = self.agent_path(job.id, rank)
                 keep.add(p.name)
-                changed += assignment.write(p, assignment.Assignment(cfg, rank, switch))
+                changed += assignment.write(p, assignment.Assignment(cfg, rank, switch,
+                                                                     self.state.rendezvous))
         d = self.state.resolve(self.state.agents_dir)
         if d.is_dir():
             for p in list(d.glob("job*.json")):

@@ -31,6 +31,7 @@ Every error names the offending field (`jobs[1].nslots: ...`).
         bounded_loss: 0.0           # optional, agents only: DLCP bounded-loss mode (JobConfig)
         loss_deadline: 0.05
     agents_dir: agents              # where the controller writes the agents' files
+    rendezvous: 127.0.0.1:47100     # optional: `serve` gives each run of a job a new epoch here
 
 Relative paths are relative to the YAML file. A worker may give `rank`; it must then equal its
 position in the members of every job it belongs to.
@@ -39,7 +40,7 @@ from __future__ import annotations
 
 import ipaddress
 import pathlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import yaml
 
@@ -165,6 +166,7 @@ class DesiredState:
     agents_dir: str = "agents"
     path: pathlib.Path | None = None
     raw: dict = field(default_factory=dict, repr=False)
+    rendezvous: tuple[str, int] | None = None  # spina.rendezvous server of `controller serve`
 
     # ------------------------------------------------------------ views
     def switch_of(self, job: Job) -> Switch:
@@ -209,6 +211,13 @@ class DesiredState:
             jd["slot_base"] = self.allocate(job)
         raw["jobs"] = list(raw.get("jobs") or []) + [jd]
         return parse(raw, self.path)
+
+    def with_epoch(self, job_id: int, epoch: int) -> "DesiredState":
+        """A copy whose job `job_id` runs with `epoch` (a run started by `controller serve`;
+        the file keeps its own epoch)."""
+        jobs = dict(self.jobs)
+        jobs[job_id] = replace(jobs[job_id], epoch=epoch)
+        return replace(self, jobs=jobs)
 
     def without_job(self, job_id: int) -> "DesiredState":
         _need(job_id in self.jobs, "id", f"no job {job_id} in the desired state")
@@ -255,7 +264,7 @@ def load(path) -> DesiredState:
 
 
 def parse(doc, path: pathlib.Path | None = None) -> DesiredState:
-    _fields(doc, "(top)", {"switches", "workers"}, {"jobs", "agents_dir"})
+    _fields(doc, "(top)", {"switches", "workers"}, {"jobs", "agents_dir", "rendezvous"})
     _need(isinstance(doc["switches"], list) and doc["switches"], "switches",
           "must be a non-empty list")
     switches: dict[str, Switch] = {}
@@ -390,4 +399,19 @@ def parse(doc, path: pathlib.Path | None = None) -> DesiredState:
         jobs[jid] = job
     agents_dir = doc.get("agents_dir", "agents")
     _need(isinstance(agents_dir, str), "agents_dir", "must be a path")
-    return DesiredState(switches, workers, jobs, agents_dir, path, raw=doc)
+    rendezvous = _host_port(doc["rendezvous"], "rendezvous") if "rendezvous" in doc else None
+    return DesiredState(switches, workers, jobs, agents_dir, path, raw=doc, rendezvous=rendezvous)
+
+
+def _host_port(v, where: str) -> tuple[str, int]:
+    """'IPV4:PORT' as (host, port); the host must be an address, not a name or a wildcard."""
+    host, sep, port = v.rpartition(":") if isinstance(v, str) else ("", "", "")
+    _need(sep and port.isdigit() and 0 < int(port) < 1 << 16, where,
+          f"{v!r}: expected IPV4:PORT, e.g. 127.0.0.1:47100")
+    try:
+        addr = ipaddress.IPv4Address(host)
+    except ValueError:
+        raise ConfigError(f"{where}: {host!r} is not an IPv4 address") from None
+    _need(not addr.is_unspecified, where, f"{host}: a wildcard address; give the address the "
+          "agents reach the controller at")
+    return host, int(port)

@@ -24,14 +24,14 @@ import logging
 import select
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from host_agent.blocks import (NONFINITE_BITS, LanePlan, block_absmax_bits, dequantize,
                                exponent_of_bits, gather_blocks, nonzero_blocks, quant_shift,
                                quantize, scatter_blocks)
-from spina import wire
+from spina import rendezvous, wire
 from spina.net import grow_buffers
 from spina.config import JobConfig
 
@@ -75,6 +75,7 @@ class CallStats:
     partial_rounds: int = 0      # rounds the switch completed without every worker (bounded loss)
     partial_fraction: float = 0.0  # their blocks / the tensor's blocks: an upper bound of the
                                    # fraction of blocks that miss some worker's contribution
+    foreign_packets: int = 0     # datagrams from anyone but the switch: dropped unread
     seconds: float = 0.0
 
 
@@ -101,6 +102,7 @@ class _Slot:
     flush: bool = False           # resends of this round ask the switch to complete it now
     seq: int = 0                  # send order of the round's first transmission in the call
     fast: bool = False            # already resent early because later rounds completed
+    unanswered: int = 0           # resends since the switch last answered this slot
 
 
 class _Call:
@@ -187,6 +189,7 @@ class _Call:
         agent, stats = self.agent, self.stats
         stats.packets_received += 1
         stats.bytes_received += nbytes
+        st.unanswered = 0
         if t[_MSG_TYPE] == wire.MSG_STATUS:
             st.last_bitmap = t[_BITMAP]
             return False
@@ -342,6 +345,10 @@ class Agent:
         timeout: seconds without progress after which a call fails naming the missing ranks.
         rto: smallest retransmission timeout in seconds; the agent adapts it to the measured
             round latency (srtt + 4 rttvar, as TCP) and doubles it on each resend, up to 1 s.
+        rendezvous: (host, port) of the job's run rendezvous (spina.rendezvous; the job file's
+            `rendezvous`). Before its first call the agent joins the next run there and takes
+            the run's epoch, so no result of another run (an earlier program on the same
+            switch) can be taken for this one's. None: every call uses `job.epoch`.
 
     Example:
         >>> agent = Agent(job, rank, ("127.0.0.1", 47000))  # doctest: +SKIP
@@ -349,12 +356,19 @@ class Agent:
     """
 
     def __init__(self, job: JobConfig, rank: int, switch: tuple[str, int],
-                 sock: socket.socket | None = None, timeout: float = 10.0, rto: float = 0.1):
+                 sock: socket.socket | None = None, timeout: float = 10.0, rto: float = 0.1,
+                 rendezvous: tuple[str, int] | None = None):
         self.job = job.validate()
         if not 0 <= rank < job.nworkers:
             raise ValueError(f"rank {rank} outside 0..{job.nworkers - 1}")
         self.rank = rank
-        self.switch = switch
+        try:  # answers are taken from this (address, port) only: numeric, as recvfrom gives it
+            self.switch = (socket.gethostbyname(switch[0]), int(switch[1]))
+        except OSError as e:
+            raise SpinaError(f"switch address {switch[0]!r}: {e}") from None
+        self.rendezvous = rendezvous
+        self._joined = False
+        self.foreign_packets = 0  # over all calls: datagrams dropped for not coming from the switch
         self.timeout = timeout
         self.min_rto = rto
         self.srtt: float | None = None  # smoothed round latency (s), kept across calls
@@ -407,6 +421,26 @@ class Agent:
         out = self._allreduce_flat(flat, integer=(kind == "int"), inplace=inplace or private)
         return out.astype(arr.dtype, copy=False).reshape(arr.shape)
 
+    def rejoin(self) -> None:
+        """Start a new run with the next call: join the rendezvous again for a fresh epoch
+        (the daemon does this when a new process attaches to a rank)."""
+        self._joined = False
+
+    def _join_run(self) -> None:
+        """Wait until every rank of the job has joined the next run; take its epoch."""
+        job = self.job
+        try:
+            epoch = rendezvous.join(self.rendezvous, job.job, self.rank, job.nworkers, self.timeout)
+        except rendezvous.RendezvousError as e:
+            if e.missing:
+                raise SpinaTimeout(f"rank {self.rank}: {e}", e.missing) from None
+            raise SpinaError(f"rank {self.rank}: {e}") from None
+        self.job = replace(job, epoch=epoch)
+        self.rounds = np.zeros(job.nslots, np.int64)
+        self.call_id = 0
+        self._joined = True
+        log.info("rank %d: job %d run with epoch %d", self.rank, job.job, epoch)
+
     def reset(self, job: JobConfig) -> None:
         """Start a new incarnation of the job (after a failure): its epoch must be new.
 
@@ -442,6 +476,8 @@ class Agent:
         if len(flat) >= 1 << 32:
             raise ValueError(f"tensor of {len(flat)} elements exceeds the 32-bit length field")
         t0 = time.perf_counter()
+        if self.rendezvous is not None and not self._joined:
+            self._join_run()
         self.call_id = (self.call_id + 1) & 0xFFFFFFFF
         call = _Call(self, flat, integer, inplace)
         sock = self.sock
@@ -456,12 +492,13 @@ class Agent:
                 call.send_setup(st)
             pending = len(call.slots)
             buf = self._rx
-            recv = sock.recv_into
+            recv = sock.recvfrom_into
+            switch = self.switch
             slots = call.slots
             next_check = time.monotonic() + every
             while pending:
                 try:
-                    nbytes = recv(buf)
+                    nbytes, src = recv(buf)
                 except BlockingIOError:  # idle: check timers (at most every `every` s), wait
                     now = time.monotonic()
                     if now >= next_check:
@@ -471,7 +508,9 @@ class Agent:
                     continue
                 except ConnectionRefusedError:
                     nbytes = -1  # ICMP port unreachable: the switch is not up (yet); keep resending
-                if nbytes >= 0:
+                if nbytes >= 0 and src != switch:
+                    call.stats.foreign_packets += 1  # not from our switch: never a result
+                elif nbytes >= 0:
                     got = self._accept(buf, nbytes, slots)
                     if got is not None and call.on_answer(buf, nbytes, *got):
                         pending -= 1
@@ -480,8 +519,9 @@ class Agent:
                     next_check = time.monotonic() + every
         finally:
             sock.settimeout(tick)
-        call.stats.seconds = time.perf_counter() - t0
-        self.last_stats = call.stats
+            call.stats.seconds = time.perf_counter() - t0
+            self.last_stats = call.stats  # also for a call that failed: what it saw
+            self.foreign_packets += call.stats.foreign_packets
         return call.out
 
     def _accept(self, buf, nbytes, slots):
@@ -577,6 +617,22 @@ class Agent:
                 raise
             log.debug("rank %d: send failed (%s); the timer will resend", self.rank, e)
 
+    def _timeout_error(self, st: _Slot) -> SpinaTimeout:
+        """Why slot `st` made no progress. The switch answers every resend of an incomplete
+        round with a status naming who contributed; resends that got no answer at all mean the
+        switch does not know this job (it restarted and was not redeployed, or the job or epoch
+        is not admitted) or is unreachable, and no rank is to blame."""
+        head = (f"job {self.job.job} call {self.call_id}: no result for slot {st.slot} round "
+                f"{st.round} within {self.timeout:g} s; ")
+        if st.unanswered >= 3 or not st.last_bitmap:
+            return SpinaTimeout(
+                head + f"the switch at {self.switch[0]}:{self.switch[1]} did not answer the last "
+                f"{st.unanswered} resends: it is not running, or it does not admit job "
+                f"{self.job.job} epoch {self.job.epoch} (a switch restarted without a redeploy "
+                "has lost its jobs: run the controller's deploy)", [])
+        missing = [r for r in range(self.job.nworkers) if not st.last_bitmap >> r & 1]
+        return SpinaTimeout(head + f"ranks {missing} never contributed", missing)
+
     def _check_timers(self, call: "_Call") -> None:
         now = time.monotonic()
         stats = call.stats
@@ -584,13 +640,7 @@ class Agent:
             if st.done:
                 continue
             if now - st.progress_at > self.timeout:
-                missing = [r for r in range(self.job.nworkers) if not st.last_bitmap >> r & 1]
-                raise SpinaTimeout(
-                    f"job {self.job.job} call {self.call_id}: no result for slot {st.slot} round "
-                    f"{st.round} within {self.timeout:g} s; " +
-                    (f"ranks {missing} never contributed" if st.last_bitmap else
-                     "the switch never answered (is it running, and is this job admitted?)"),
-                    missing if st.last_bitmap else [])
+                raise self._timeout_error(st)
             if (not st.flush and self.job.bounded_loss and now - st.first_sent_at > self.job.loss_deadline
                     and call.partial_budget_left()):
                 st.flush = True
@@ -606,6 +656,7 @@ class Agent:
                 self._transmit(pkt)
                 st.sent_at = now
                 st.resent = True
+                st.unanswered += 1
                 st.rto = min(st.rto * 2, 1.0)
                 stats.resends += 1
                 stats.packets_sent += 1

@@ -28,9 +28,10 @@ class Assignment:
     job: JobConfig
     rank: int
     switch: tuple[str, int]
+    rendezvous: tuple[str, int] | None = None  # spina.rendezvous: each run's epoch
 
     def to_dict(self) -> dict:
-        return {"rank": self.rank, **JobFile(self.job, self.switch).to_dict()}
+        return {"rank": self.rank, **JobFile(self.job, self.switch, self.rendezvous).to_dict()}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Assignment":
@@ -42,7 +43,7 @@ class Assignment:
         if not isinstance(rank, int) or not 0 <= rank < jf.job.nworkers:
             raise ConfigError(f"assignment: field 'rank': {rank!r} outside "
                               f"0..{jf.job.nworkers - 1}")
-        return cls(jf.job, rank, jf.switch)
+        return cls(jf.job, rank, jf.switch, jf.rendezvous)
 
 
 def _write_text(path: pathlib.Path, text: str) -> bool:
@@ -60,10 +61,11 @@ def write(path, a: Assignment) -> bool:
     return _write_text(pathlib.Path(path), json.dumps(a.to_dict(), indent=1) + "\n")
 
 
-def write_job_file(path, job: JobConfig, switch: tuple[str, int]) -> bool:
+def write_job_file(path, job: JobConfig, switch: tuple[str, int],
+                   rendezvous: tuple[str, int] | None = None) -> bool:
     """Write the job's spina.config.JobFile unless unchanged; True if the file changed."""
     return _write_text(pathlib.Path(path),
-                       json.dumps(JobFile(job, switch).to_dict(), indent=1) + "\n")
+                       json.dumps(JobFile(job, switch, rendezvous).to_dict(), indent=1) + "\n")
 
 
 def load(path) -> Assignment:
@@ -81,4 +83,4 @@ def connect(path, **agent_kwargs):
     """A host agent for the assignment in `path` (keyword arguments go to Agent)."""
     from host_agent.agent import Agent
     a = load(path)
-    return Agent(a.job, a.rank, a.switch, **agent_kwargs)
+    return Agent(a.job, a.rank, a.switch, rendezvous=a.rendezvous, **agent_kwargs)

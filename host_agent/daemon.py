@@ -204,10 +204,16 @@ class Daemon:
                     s.agent.close()
                 s = None
             if s is None:
-                agent = Agent(jf.job, rank, jf.switch, timeout=self.cfg.timeout, rto=self.cfg.rto)
+                agent = Agent(jf.job, rank, jf.switch, timeout=self.cfg.timeout, rto=self.cfg.rto,
+                              rendezvous=jf.rendezvous)
                 s = self._slots[key] = _Slot(agent, jf)
                 log.info("job %d epoch %d rank %d: agent on %s:%d, switch %s:%d", jf.job.job,
                          jf.job.epoch, rank, *agent.sock.getsockname(), *jf.switch)
+            else:
+                # A new process on this rank is a new run: its first call joins the rendezvous
+                # for a fresh epoch, so whatever the previous process left half done (a call the
+                # other ranks made without it) cannot leave the ranks a call apart.
+                s.agent.rejoin()
         return s, jf
 
     def _serve_client(self, conn: socket.socket) -> None:
@@ -243,7 +249,9 @@ class Daemon:
                 elif op == "status":
                     send_msg(conn, {"ok": True, "calls_in_progress": self.calls_in_progress,
                                     "calls_done": self.calls_done, "clients_lost": self.clients_lost,
-                                    "agents": len(self._slots)})
+                                    "agents": len(self._slots),
+                                    "foreign_packets": sum(s.agent.foreign_packets
+                                                           for s in list(self._slots.values()))})
                 else:
                     send_msg(conn, {"ok": False, "error": f"unknown op {op!r}"})
         except (OSError, ValueError) as e:

@@ -3,8 +3,10 @@
     python -m host_agent.launch --nworkers 4 --job-file /tmp/spina-job.json
 
 picks a free loopback UDP port for every rank and for the switch, admits the job on a software
-switch (softswitch.udp.UdpSwitch), writes the job file (spina.config.JobFile) once the switch
-listens, and serves until SIGTERM or SIGINT (then removes the job file). Training processes then create their agent with
+switch (softswitch.udp.UdpSwitch), starts the job's run rendezvous (spina.rendezvous: every
+program that uses the job file gets an epoch of its own, so consecutive programs never see each
+other's sums), writes the job file (spina.config.JobFile) once both listen, and serves until
+SIGTERM or SIGINT (then removes the job file). Training processes then create their agent with
 `host_agent.torch_hook.agent_from_env(job_file)`: no port is ever copied by hand.
 
 Ports are chosen by binding port 0 and releasing it; on loopback the window in which another
@@ -26,8 +28,11 @@ import threading
 import uuid
 from pathlib import Path
 
+from dataclasses import replace
+
 from softswitch.udp import UdpSwitch
 from spina.config import JobConfig, JobFile, WorkerAddr
+from spina.rendezvous import RendezvousServer
 
 log = logging.getLogger("spina.launch")
 
@@ -85,14 +90,20 @@ def serve(job_file: str, nworkers: int, job: int = 1, host: str = "127.0.0.1",
     switch = UdpSwitch(host=host, port=switch_port)
     switch.add_job(cfg)
     switch.start()
-    JobFile(cfg, switch.address).write(job_file)
-    log.info("job %d: %d workers, switch on %s:%d, job file %s", cfg.job, nworkers,
-             *switch.address, job_file)
+
+    def new_run(job: int, epoch: int) -> None:  # re-admit with the run's epoch: slots cleared
+        switch.add_job(replace(cfg, epoch=epoch))
+
+    runs = RendezvousServer(host, 0, {cfg.job: (cfg.nworkers, cfg.epoch)}, new_run).start()
+    JobFile(cfg, switch.address, runs.address).write(job_file)
+    log.info("job %d: %d workers, switch on %s:%d, run rendezvous on %s:%d, job file %s",
+             cfg.job, nworkers, *switch.address, *runs.address, job_file)
     stop = stop or threading.Event()
     try:
         while not stop.wait(0.5):
             pass
     finally:
+        runs.stop()
         switch.stop()
         try:
             os.unlink(job_file)  # the job is gone: no file may point workers at a dead switch
@@ -101,8 +112,9 @@ def serve(job_file: str, nworkers: int, job: int = 1, host: str = "127.0.0.1",
         logging.getLogger("spina.softswitch").removeFilter(repeats)
         for line in repeats.summary():
             log.warning("suppressed %s", line)
-        log.info("switch stopped: %d packets in (%d bytes), %d out (%d bytes)",
-                 switch.packets_in, switch.bytes_in, switch.packets_out, switch.bytes_out)
+        log.info("switch stopped: %d packets in (%d bytes), %d out (%d bytes); %d runs",
+                 switch.packets_in, switch.bytes_in, switch.packets_out, switch.bytes_out,
+                 runs.runs_started)
 
 
 def start_subprocess(nworkers: int, job_file: str | None = None, log_level: str = "WARNING",

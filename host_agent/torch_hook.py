@@ -145,7 +145,11 @@ def sum_async(agent, t: torch.Tensor, sizes: list[int] | None = None, divide_by:
     data = t.detach().reshape(-1).to(torch.float32).numpy()  # widening copy for halves only
     for s, d, k in zip(src, dst, np.diff(np.append(src, n))):
         flat[d:d + k] = data[s:s + k]
-    out = torch.futures.Future()
+    # DDP's reducer reads the future's value in C++: a value set by Future.set_exception is just
+    # a Python object there ("Unable to cast ... to Tensor"). An exception raised in a `then`
+    # callback fails the future itself, and DDP raises "...: SpinaTimeout: <message>".
+    result = torch.futures.Future()
+    out = result.then(_raise_failure)
 
     def done(f):
         try:
@@ -158,12 +162,27 @@ def sum_async(agent, t: torch.Tensor, sizes: list[int] | None = None, divide_by:
                 avg.div_(divide_by)
             if on_done is not None:
                 on_done(n)  # before set_result: DDP may go on (and read the stats) right after
-            out.set_result((avg if dtype == torch.float32 else avg.to(dtype)).reshape(t.shape))
+            result.set_result((avg if dtype == torch.float32 else avg.to(dtype)).reshape(t.shape))
         except Exception as e:  # surfaces in DDP's backward on this rank
-            out.set_exception(e)
+            result.set_result(_Failure(e))
 
     agent.allreduce_async(flat, inplace=True).add_done_callback(done)  # flat is ours
     return out
+
+
+class _Failure:
+    """An agent's exception travelling through a future's value to `_raise_failure`."""
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+def _raise_failure(fut: torch.futures.Future):
+    v = fut.value()
+    if isinstance(v, _Failure):
+        raise v.error
+    return v
 
 
 def _segment_sizes(bucket, n: int) -> list[int]:
@@ -248,7 +267,7 @@ def agent_from_env(job_file: str | None = None, rank: int | None = None, wait: f
     if daemon_socket:
         from host_agent.daemon import DaemonClient
         return DaemonClient(job_file, rank, daemon_socket)
-    return Agent(jf.job, rank, jf.switch, timeout=timeout, rto=rto)
+    return Agent(jf.job, rank, jf.switch, timeout=timeout, rto=rto, rendezvous=jf.rendezvous)
 
 
 __all__ = ["SpinaHookState", "spina_allreduce_hook", "sum_async", "agent_from_env", "block_aligned_layout",

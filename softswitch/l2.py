@@ -348,7 +348,8 @@ class L2Switch:
                         continue  # our own transmission seen again on this interface
                     self.frames_in += 1
                     try:
-                        outs = dp.process(frame, port)
+                        with dp.pipeline.lock:
+                            outs = dp.process(frame, port)
                     except Exception:  # a bug must not take the switch down
                         log.exception("pipeline error on a frame from port %d; dropped", port)
                         continue

@@ -240,7 +240,7 @@ class SoftSwitchServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
     # ------------------------------------------------------------ pipeline
     def SetForwardingPipelineConfig(self, request, context):
         try:
-            with self.lock:
+            with self.lock, self.dp.pipeline.lock:
                 self._check_writer(request.device_id, request.election_id)
                 A = pb.SetForwardingPipelineConfigRequest
                 if request.action == A.UNSPECIFIED:
@@ -305,7 +305,7 @@ class SoftSwitchServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
     # ------------------------------------------------------------ write
     def Write(self, request, context):
         try:
-            with self.lock:
+            with self.lock, self.dp.pipeline.lock:  # atomic to the data path
                 self._check_writer(request.device_id, request.election_id)
                 if self.pipe is None:
                     raise P4RuntimeError(grpc.StatusCode.FAILED_PRECONDITION,

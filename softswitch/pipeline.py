@@ -21,6 +21,7 @@ Per slot and shadow copy (idx = slot*2 + (round & 1)):
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -77,6 +78,10 @@ class Pipeline:
                  slot_capacity: int = DEFAULT_SLOT_CAPACITY):
         self.pool_slots = pool_slots
         self.slot_capacity = slot_capacity
+        # Held by whoever runs packets (around process_into) and by every control-plane change,
+        # so a re-admission with a new epoch and its slot clear are atomic to the data path: no
+        # packet of the old epoch can pass the epoch check before and write a slot after it.
+        self.lock = threading.RLock()
         n = 2 * pool_slots
         self.registers = {
             "slot_round": np.zeros(n, np.uint32),
@@ -125,6 +130,10 @@ class Pipeline:
     def add_job(self, cfg: JobConfig, sources: dict[int, tuple[int, object]],
                 mcast_grp: int = 0) -> None:
         """Admit `cfg`'s workers: sources[rank] = (ingress port, (source IPv4, UDP port))."""
+        with self.lock:
+            self._add_job(cfg, sources, mcast_grp)
+
+    def _add_job(self, cfg: JobConfig, sources: dict[int, tuple[int, object]], mcast_grp: int) -> None:
         cfg.validate(self.pool_slots, self.slot_capacity)
         for other in {a for a in self.admission.values() if a.job != cfg.job}:
             if (cfg.slot_base < other.slot_base + other.nslots
@@ -143,14 +152,16 @@ class Pipeline:
                  cfg.nlanes, cfg.block_size)
 
     def remove_job(self, job: int) -> None:
-        keys = [k for k, a in self.admission.items() if a.job == job]
-        for k in keys:
-            adm = self.admission.pop(k)
-            self.clear_slots(adm.slot_base, adm.nslots)
+        with self.lock:
+            keys = [k for k, a in self.admission.items() if a.job == job]
+            for k in keys:
+                adm = self.admission.pop(k)
+                self.clear_slots(adm.slot_base, adm.nslots)
 
     def clear_slots(self, base: int, n: int) -> None:
-        for reg in self.registers.values():
-            reg[2 * base:2 * (base + n)] = 0
+        with self.lock:
+            for reg in self.registers.values():
+                reg[2 * base:2 * (base + n)] = 0
 
     # ---------------------------------------------------------------- data plane
     def process(self, pkt: bytes, port: int, src) -> list[Emit]:

@@ -105,12 +105,14 @@ class UdpSwitch:
     def add_job(self, cfg: JobConfig) -> None:
         """Admit a job: its workers may send from their registered addresses only."""
         sources = {w.rank: (UDP_PORT_ID, (w.host, w.port)) for w in cfg.workers}
-        self.pipeline.add_job(cfg, sources)
-        self._dest[cfg.job] = [(w.host, w.port) for w in cfg.workers]
+        with self.pipeline.lock:
+            self.pipeline.add_job(cfg, sources)
+            self._dest[cfg.job] = [(w.host, w.port) for w in cfg.workers]
 
     def remove_job(self, job: int) -> None:
-        self.pipeline.remove_job(job)
-        self._dest.pop(job, None)
+        with self.pipeline.lock:
+            self.pipeline.remove_job(job)
+            self._dest.pop(job, None)
 
     def serve_forever(self) -> None:
         sock = self.sock
@@ -145,7 +147,8 @@ class UdpSwitch:
 
     def _process(self, pkt, src, out: bytearray, out_view: memoryview) -> None:
         try:
-            n, multicast, adm = self.pipeline.process_into(pkt, UDP_PORT_ID, src, out)
+            with self.pipeline.lock:
+                n, multicast, adm = self.pipeline.process_into(pkt, UDP_PORT_ID, src, out)
         except Exception:  # a bug must not take the switch down for every job
             log.exception("pipeline error on a packet from %s; dropped", src)
             return

@@ -107,38 +107,51 @@ def job_to_dict(job: JobConfig) -> dict:
             "workers": [{"host": w.host, "port": w.port} for w in job.workers]}
 
 
+def _endpoint(v, name: str) -> tuple[str, int]:
+    """{"host", "port"} of a job file's field `name` as (host, port)."""
+    try:
+        host, port = str(v["host"]), int(v["port"])
+    except (KeyError, TypeError, ValueError):
+        raise ConfigError(f"job file: field '{name}': needs 'host' and 'port'") from None
+    if not 0 < port < 1 << 16:
+        raise ConfigError(f"job file: field '{name}.port': {port} is not a port")
+    return host, port
+
+
 @dataclass(frozen=True)
 class JobFile:
     """What a launcher hands every worker of a job: the job and where its switch listens.
 
     On disk (JSON): {"switch": {"host": "127.0.0.1", "port": 47000}, "job": {<JobConfig fields,
-    workers as [{"host", "port"}, ...] in rank order>}}. Written by the launcher, read by each
-    training process (host_agent.torch_hook.agent_from_env), so nobody copies ports by hand.
+    workers as [{"host", "port"}, ...] in rank order>}, "rendezvous": {"host", "port"}}.
+    Written by the launcher, read by each training process (host_agent.torch_hook.agent_from_env),
+    so nobody copies ports by hand. `rendezvous` (optional) names the spina.rendezvous server
+    that gives each run of the job its own epoch; without it every run uses the file's epoch,
+    and a second run on the same switch needs a new epoch by hand.
     """
     job: JobConfig
     switch: tuple[str, int]
+    rendezvous: tuple[str, int] | None = None  # spina.rendezvous: where each run gets its epoch
 
     def to_dict(self) -> dict:
-        return {"switch": {"host": self.switch[0], "port": self.switch[1]},
-                "job": job_to_dict(self.job)}
+        d = {"switch": {"host": self.switch[0], "port": self.switch[1]},
+             "job": job_to_dict(self.job)}
+        if self.rendezvous is not None:
+            d["rendezvous"] = {"host": self.rendezvous[0], "port": self.rendezvous[1]}
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "JobFile":
         if not isinstance(d, dict):
             raise ConfigError("job file: top level must be an object with 'switch' and 'job'")
         for k in d:
-            if k not in ("switch", "job"):
-                raise ConfigError(f"job file: unknown field '{k}' (known: job, switch)")
-        sw = d.get("switch")
-        try:
-            switch = (str(sw["host"]), int(sw["port"]))
-        except (KeyError, TypeError, ValueError):
-            raise ConfigError("job file: field 'switch': needs 'host' and 'port'") from None
-        if not 0 < switch[1] < 1 << 16:
-            raise ConfigError(f"job file: field 'switch.port': {switch[1]} is not a UDP port")
+            if k not in ("switch", "job", "rendezvous"):
+                raise ConfigError(f"job file: unknown field '{k}' (known: job, rendezvous, switch)")
+        switch = _endpoint(d.get("switch"), "switch")
+        rendezvous = _endpoint(d["rendezvous"], "rendezvous") if "rendezvous" in d else None
         if "job" not in d:
             raise ConfigError("job file: field 'job' is required")
-        return cls(JobConfig.from_dict(d["job"]), switch)
+        return cls(JobConfig.from_dict(d["job"]), switch, rendezvous)
 
     def write(self, path) -> None:
         """Atomically (write + rename): a reader never sees half a file."""

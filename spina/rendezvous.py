@@ -1,0 +1,262 @@
+"""Run rendezvous: every run of a job gets an epoch of its own, so a result can only belong to
+the run that asked for it.
+
+A *run* is one set of worker processes (one per rank) using a job. Agents start their call ids
+and round tags at zero in every process, so without a run identity the second program on the
+same switch would send round 1 of slot 0 again and the switch would answer it with the first
+program's stored sum. The owner of the job's switch state (the launcher, or the controller's
+`serve` command) runs a `RendezvousServer`; the job file names it. Before its first call an
+agent joins: when every rank of the job has joined, the server starts a new run: it re-admits
+the job at the switch with the next epoch (`on_new_run`, which also clears the job's slots) and
+only then answers every rank with that epoch. Packets of the earlier run carry the old epoch
+and are dropped by the switch as stale; results of the new run carry the new one.
+
+Protocol: TCP, one JSON object per line.
+    agent  -> server  {"op": "join", "job": J, "rank": R, "nworkers": N}
+    server -> agent   {"waiting": [ranks joined so far]}    (zero or more, as ranks arrive)
+    server -> agent   {"ok": true, "epoch": E}  or  {"ok": false, "error": "..."}
+
+A rank that joins again before the others have (its process restarted) replaces its earlier
+join. A join of a job whose run is under way starts the next run: the ranks still in the old
+run find their packets stale and fail with a timeout, never with another run's sums.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import socketserver
+import threading
+import time
+from typing import Callable
+
+log = logging.getLogger("spina.rendezvous")
+
+EPOCH_MOD = 1 << 16  # the wire's epoch field
+
+
+def next_epoch(epoch: int) -> int:
+    """The epoch after `epoch` on the 16-bit wire field (0 is skipped: a fresh slot's value)."""
+    return epoch % (EPOCH_MOD - 1) + 1
+
+
+class RendezvousError(RuntimeError):
+    """A join that failed; the message says why, `missing` lists ranks that never joined."""
+
+    def __init__(self, msg: str, missing: list[int] | None = None):
+        super().__init__(msg)
+        self.missing = missing or []
+
+
+class _Job:
+    def __init__(self, nworkers: int, epoch: int):
+        self.nworkers = nworkers
+        self.epoch = epoch
+        self.waiting: dict[int, "_Handler"] = {}  # rank -> its connection, until the run starts
+
+
+class RendezvousServer:
+    """Starts a run of a job when all its ranks have joined.
+
+    Args:
+        host: address to listen on (a worker address of the deployment; loopback locally).
+        port: TCP port (0: any free one; `address` says which).
+        jobs: {job id: (nworkers, current epoch)} of the jobs it serves.
+        on_new_run: called as on_new_run(job, epoch) before the ranks are told the epoch; it
+            must make the switch admit the job with that epoch and clear its slots. An
+            exception fails the join at every rank with its message.
+    """
+
+    def __init__(self, host: str, port: int, jobs: dict[int, tuple[int, int]],
+                 on_new_run: Callable[[int, int], None]):
+        self.jobs = {j: _Job(n, e) for j, (n, e) in jobs.items()}
+        self.on_new_run = on_new_run
+        self.runs_started = 0
+        self._lock = threading.Lock()
+        outer = self
+
+        class Handler(_Handler):
+            server_ref = outer
+
+        self._server = socketserver.ThreadingTCPServer((host, port), Handler, bind_and_activate=False)
+        self._server.daemon_threads = True
+        self._server.allow_reuse_address = True
+        self._server.server_bind()
+        self._server.server_activate()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self._server.server_address[:2]
+
+    def epoch(self, job: int) -> int:
+        return self.jobs[job].epoch
+
+    def set_jobs(self, jobs: dict[int, tuple[int, int]]) -> None:
+        """Serve exactly `jobs` ({job: (nworkers, epoch)}) from now on: new ones are added,
+        gone ones dropped (their waiting ranks are told); a kept job keeps its current epoch
+        unless its worker count changed."""
+        with self._lock:
+            for j in list(self.jobs):
+                if j not in jobs or jobs[j][0] != self.jobs[j].nworkers:
+                    for w in self.jobs.pop(j).waiting.values():
+                        w.reply({"ok": False, "error": f"join: job {j} was removed or changed"})
+            for j, (n, e) in jobs.items():
+                if j not in self.jobs:
+                    self.jobs[j] = _Job(n, e)
+
+    def start(self) -> "RendezvousServer":
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
+                                        daemon=True, name="spina-rendezvous")
+        self._thread.start()
+        log.info("run rendezvous on %s:%d", *self.address)
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    # ------------------------------------------------------------ joins
+    def _join(self, h: "_Handler", msg: dict) -> None:
+        job_id, rank, nworkers = msg.get("job"), msg.get("rank"), msg.get("nworkers")
+        for name, v in (("job", job_id), ("rank", rank), ("nworkers", nworkers)):
+            if not isinstance(v, int) or isinstance(v, bool):
+                h.reply({"ok": False, "error": f"join: field '{name}' must be an integer"})
+                return
+        with self._lock:
+            job = self.jobs.get(job_id)
+            if job is None:
+                h.reply({"ok": False, "error": f"join: job {job_id} is not served here "
+                                               f"(jobs: {sorted(self.jobs)})"})
+                return
+            if nworkers != job.nworkers:
+                h.reply({"ok": False, "error": f"join: job {job_id} has {job.nworkers} workers, "
+                                               f"the agent's job file says {nworkers}"})
+                return
+            if not 0 <= rank < job.nworkers:
+                h.reply({"ok": False, "error": f"join: rank {rank} outside 0..{job.nworkers - 1}"})
+                return
+            old = job.waiting.get(rank)
+            if old is not None and old is not h:
+                old.reply({"ok": False, "error": f"join: rank {rank} of job {job_id} joined again "
+                                                 "from another process"})
+            job.waiting[rank] = h
+            if len(job.waiting) < job.nworkers:
+                joined = sorted(job.waiting)
+                for w in job.waiting.values():
+                    w.reply({"waiting": joined})
+                return
+            epoch = next_epoch(job.epoch)
+            waiting, job.waiting = job.waiting, {}
+            try:
+                self.on_new_run(job_id, epoch)
+            except Exception as e:  # noqa: BLE001 - every rank must hear why
+                log.error("job %d: could not start run with epoch %d: %s", job_id, epoch, e)
+                for w in waiting.values():
+                    w.reply({"ok": False, "error": f"join: the switch could not start the run: {e}"})
+                return
+            job.epoch = epoch
+            self.runs_started += 1
+        log.info("job %d: all %d ranks joined, run with epoch %d", job_id, job.nworkers, epoch)
+        for w in waiting.values():
+            w.reply({"ok": True, "epoch": epoch})
+
+    def _leave(self, h: "_Handler") -> None:
+        """A connection closed before its run started: its rank has not joined after all."""
+        with self._lock:
+            for job in self.jobs.values():
+                for r, w in list(job.waiting.items()):
+                    if w is h:
+                        del job.waiting[r]
+
+
+class _Handler(socketserver.StreamRequestHandler):
+    server_ref: RendezvousServer
+    timeout = 3600  # a join may wait long for the other ranks; the client sets its own limit
+
+    def setup(self):
+        super().setup()
+        self._wlock = threading.Lock()
+
+    def reply(self, obj: dict) -> None:
+        try:
+            with self._wlock:
+                self.wfile.write((json.dumps(obj) + "\n").encode())
+                self.wfile.flush()
+        except (OSError, ValueError):  # ValueError: the handler closed its file already
+            pass  # the agent went away; its rank is dropped when the read side sees it
+
+    def handle(self):
+        try:
+            for line in self.rfile:
+                if len(line) > 4096:
+                    self.reply({"ok": False, "error": "join: request too long"})
+                    return
+                try:
+                    msg = json.loads(line)
+                except (ValueError, UnicodeDecodeError):
+                    self.reply({"ok": False, "error": "join: request is not JSON"})
+                    return
+                if not isinstance(msg, dict) or msg.get("op") != "join":
+                    self.reply({"ok": False, "error": "join: expected {\"op\": \"join\", ...}"})
+                    return
+                self.server_ref._join(self, msg)
+        except OSError:
+            pass
+        finally:
+            self.server_ref._leave(self)
+
+
+def join(address: tuple[str, int], job: int, rank: int, nworkers: int, timeout: float) -> int:
+    """Join the next run of `job` as `rank`; the run's epoch once every rank has joined.
+
+    Raises RendezvousError naming the ranks that had not joined within `timeout` seconds, or
+    the server's reason for refusing.
+    """
+    host, port = address
+    deadline = time.monotonic() + timeout
+    joined: list[int] = []
+    try:
+        sock = socket.create_connection((host, port), timeout=min(timeout, 10.0))
+    except OSError as e:
+        raise RendezvousError(f"run rendezvous {host}:{port} of job {job}: cannot connect ({e}); "
+                              "is the launcher or controller that owns the job running?") from None
+    with sock:
+        sock.sendall((json.dumps({"op": "join", "job": job, "rank": rank,
+                                  "nworkers": nworkers}) + "\n").encode())
+        f = sock.makefile("rb")
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            sock.settimeout(left)
+            try:
+                line = f.readline()
+            except (socket.timeout, TimeoutError):
+                break
+            except OSError as e:
+                raise RendezvousError(f"run rendezvous {host}:{port}: {e}") from None
+            if not line:
+                raise RendezvousError(f"run rendezvous {host}:{port} closed the connection "
+                                      f"before job {job}'s run started")
+            msg = json.loads(line)
+            if "waiting" in msg:
+                joined = msg["waiting"]
+                continue
+            if not msg.get("ok"):
+                raise RendezvousError(msg.get("error", "join refused"))
+            return int(msg["epoch"])
+    missing = [r for r in range(nworkers) if r not in joined and r != rank]
+    raise RendezvousError(f"job {job}: ranks {missing} did not join the run within {timeout:g} s "
+                          f"(rendezvous {host}:{port})", missing)
+
+
+__all__ = ["RendezvousServer", "RendezvousError", "join", "next_epoch"]
