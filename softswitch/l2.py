@@ -407,9 +407,17 @@ def configure(dp: Dataplane, cfg: dict) -> None:
     from spina.config import ConfigError, JobConfig
 
     known = {"endpoints", "l2", "routes", "qdepth_threshold", "jobs", "mtu"}
+    if not isinstance(cfg, dict):
+        raise ConfigError("switch config: must be a mapping of fields")
     for k in cfg:
         if k not in known:
             raise ConfigError(f"unknown field '{k}' (known: {', '.join(sorted(known))})")
+    for k in ("endpoints", "l2", "routes", "jobs"):
+        if not isinstance(cfg.get(k, []), list):
+            raise ConfigError(f"switch config: field '{k}': must be a list")
+    for k in ("qdepth_threshold", "mtu"):
+        if k in cfg and (not isinstance(cfg[k], int) or isinstance(cfg[k], bool)):
+            raise ConfigError(f"switch config: field '{k}': {cfg[k]!r} is not an integer")
     try:
         for ep in cfg.get("endpoints", ()):
             dp.table_add("ina_endpoint", {"dst_addr": ep}, "accept_ina")
@@ -420,19 +428,30 @@ def configure(dp: Dataplane, cfg: dict) -> None:
                          {"port": r["port"], "src_mac": r["src_mac"], "dst_mac": r["dst_mac"]})
         if "qdepth_threshold" in cfg:
             dp.table_set_default("congestion", "set_qdepth_threshold",
-                                 {"qdepth": int(cfg["qdepth_threshold"])})
+                                 {"qdepth": cfg["qdepth_threshold"]})
     except (KeyError, ValueError, TypeError) as e:
         raise ConfigError(f"switch config: {e}") from None
     for j, jd in enumerate(cfg.get("jobs", ())):
+        if not isinstance(jd, dict):
+            raise ConfigError(f"switch config: jobs[{j}]: must be a mapping, got {jd!r}")
         jd = dict(jd)
-        grp = int(jd.pop("mcast_grp", jd.get("job", 0) + 1))
+        grp = jd.pop("mcast_grp", jd.get("job", 0) + 1 if isinstance(jd.get("job"), int) else 1)
+        if not isinstance(grp, int) or isinstance(grp, bool):
+            raise ConfigError(f"switch config: jobs[{j}]: field 'mcast_grp': {grp!r} is not "
+                              "an integer")
         job = JobConfig.from_dict(jd)
-        try:
-            ports = [int(w["switch_port"]) for w in jd["workers"]]
-            macs = [w["mac"] for w in jd["workers"]]
-        except KeyError as e:
-            raise ConfigError(f"job {job.job}: field 'workers': each needs {e}") from None
-        add_job(dp, job, ports, macs, grp, mtu=int(cfg.get("mtu", 1500)))
+        ports, macs = [], []
+        for r, w in enumerate(jd["workers"]):
+            for k in ("switch_port", "mac"):
+                if k not in w:
+                    raise ConfigError(f"job {job.job}: field 'workers[{r}].{k}': required "
+                                      "in a switch config")
+            if not isinstance(w["switch_port"], int) or isinstance(w["switch_port"], bool):
+                raise ConfigError(f"job {job.job}: field 'workers[{r}].switch_port': "
+                                  f"{w['switch_port']!r} is not an integer")
+            ports.append(w["switch_port"])
+            macs.append(w["mac"])
+        add_job(dp, job, ports, macs, grp, mtu=cfg.get("mtu", 1500))
 
 
 def add_job(dp: Dataplane, job, ports: list[int], macs: list, mcast_grp: int,
