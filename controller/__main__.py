@@ -9,13 +9,14 @@ import sys
 from controller.controller import Controller, format_table
 from controller.p4rt import NotPrimaryError, P4RuntimeError
 from controller.state import Job, load
+from spina import cli
 from spina.config import ConfigError
 
 DEFAULT_FILE = "spina.yaml"
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = cli.ArgumentParser(
         prog="python -m controller",
         description="SpINA controller: makes the switches of a desired-state YAML file hold its "
                     "jobs (admission, multicast, worker rewrite, forwarding, slot pool) over "
@@ -91,7 +92,8 @@ def watch(args, ctl: Controller) -> int:
 
 
 def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
+    ap = _parser()
+    args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING - 10 * min(args.verbose, 2),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
@@ -134,8 +136,7 @@ def main(argv=None) -> int:
         print(f"controller: refusing to write: {e}", file=sys.stderr)
         return 3
     except (ConfigError, P4RuntimeError, OSError) as e:
-        print(f"controller: error: {e}", file=sys.stderr)
-        return 2
+        return cli.fail(ap.prog, e)
     return 0
 
 
