@@ -1,8 +1,10 @@
 """Socket helpers shared by the host agent and the software switch."""
 from __future__ import annotations
 
+import datetime
 import errno
 import ipaddress
+import os
 import socket
 
 from spina.config import ConfigError
@@ -48,3 +50,26 @@ def bind_own_address(host: str, port: int, field: str) -> socket.socket:
                               "(bind only the worker's own address)") from None
         raise OSError(e.errno, f"{field}: {host}:{port}: {e.strerror}") from None
     return sock
+
+
+def init_loopback_gloo(rank: int, world_size: int, port: int, timeout: float = 300.0) -> None:
+    """`torch.distributed.init_process_group("gloo")` with every socket on 127.0.0.1.
+
+    With init_method "tcp://127.0.0.1:PORT" rank 0's TCPStore listens on every interface
+    (torch binds the wildcard whatever host the URL names), and gloo's transport binds the
+    address the host name resolves to. Here rank 0 binds the store's socket itself (handed over
+    as master_listen_fd) and GLOO_SOCKET_IFNAME=lo keeps the transport on loopback: the demo's
+    and the benchmark's processes never listen beyond this host.
+    """
+    import torch.distributed as dist
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    wait = datetime.timedelta(seconds=timeout)
+    if rank == 0:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.bind(("127.0.0.1", port))
+        listener.listen(128)
+        store = dist.TCPStore("127.0.0.1", port, world_size, True, timeout=wait,
+                              master_listen_fd=listener.detach())  # the store owns it now
+    else:
+        store = dist.TCPStore("127.0.0.1", port, world_size, False, timeout=wait)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
