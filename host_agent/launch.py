@@ -30,6 +30,7 @@ from pathlib import Path
 from softswitch.udp import UdpSwitch
 from spina import cli, wire
 from spina.config import ConfigError, JobConfig, JobFile, WorkerAddr
+from spina.net import bind_own_address
 
 log = logging.getLogger("spina.launch")
 
@@ -171,19 +172,14 @@ def main(argv=None) -> int:
 
 
 def _local_ipv4(text: str) -> str:
-    """An argparse type: a specific IPv4 address (the workers bind it; no wildcard)."""
+    """An argparse type: one IPv4 address of this host (the workers bind it; no wildcard)."""
     try:
-        addr = ipaddress.IPv4Address(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an IPv4 address") from None
-    if addr.is_unspecified or addr.is_multicast:
-        raise argparse.ArgumentTypeError(f"{text}: the workers bind this address; give one "
-                                         "address of this host, not a wildcard")
-    try:
-        free_udp_ports(1, text)
-    except OSError as e:
-        raise argparse.ArgumentTypeError(f"{text}: not an address of this host "
-                                         f"({e.strerror})") from None
+        ipaddress.IPv4Address(text)
+        bind_own_address(text, 0, "the workers bind it").close()
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    except (ValueError, OSError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an IPv4 address of this host") from None
     return text
 
 

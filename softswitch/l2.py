@@ -404,7 +404,7 @@ def configure(dp: Dataplane, cfg: dict) -> None:
                "workers": [{"host": "10.0.0.1", "port": 50000, "mac": "..", "switch_port": 1}]}]}
     Errors name the field (spina.config.ConfigError).
     """
-    from spina.config import ConfigError, JobConfig
+    from spina.config import ConfigError, JobConfig, number_field
 
     known = {"endpoints", "l2", "routes", "qdepth_threshold", "jobs", "mtu"}
     if not isinstance(cfg, dict):
@@ -415,9 +415,12 @@ def configure(dp: Dataplane, cfg: dict) -> None:
     for k in ("endpoints", "l2", "routes", "jobs"):
         if not isinstance(cfg.get(k, []), list):
             raise ConfigError(f"switch config: field '{k}': must be a list")
-    for k in ("qdepth_threshold", "mtu"):
-        if k in cfg and (not isinstance(cfg[k], int) or isinstance(cfg[k], bool)):
-            raise ConfigError(f"switch config: field '{k}': {cfg[k]!r} is not an integer")
+    try:
+        for k in ("qdepth_threshold", "mtu"):
+            if k in cfg:
+                number_field(cfg, k, int)
+    except ConfigError as e:
+        raise ConfigError(f"switch config: {e}") from None
     try:
         for ep in cfg.get("endpoints", ()):
             dp.table_add("ina_endpoint", {"dst_addr": ep}, "accept_ina")
@@ -435,22 +438,20 @@ def configure(dp: Dataplane, cfg: dict) -> None:
         if not isinstance(jd, dict):
             raise ConfigError(f"switch config: jobs[{j}]: must be a mapping, got {jd!r}")
         jd = dict(jd)
-        grp = jd.pop("mcast_grp", jd.get("job", 0) + 1 if isinstance(jd.get("job"), int) else 1)
-        if not isinstance(grp, int) or isinstance(grp, bool):
-            raise ConfigError(f"switch config: jobs[{j}]: field 'mcast_grp': {grp!r} is not "
-                              "an integer")
+        mcast = {"mcast_grp": jd.pop("mcast_grp")} if "mcast_grp" in jd else None
         job = JobConfig.from_dict(jd)
         ports, macs = [], []
-        for r, w in enumerate(jd["workers"]):
-            for k in ("switch_port", "mac"):
-                if k not in w:
-                    raise ConfigError(f"job {job.job}: field 'workers[{r}].{k}': required "
-                                      "in a switch config")
-            if not isinstance(w["switch_port"], int) or isinstance(w["switch_port"], bool):
-                raise ConfigError(f"job {job.job}: field 'workers[{r}].switch_port': "
-                                  f"{w['switch_port']!r} is not an integer")
-            ports.append(w["switch_port"])
-            macs.append(w["mac"])
+        try:
+            grp = number_field(mcast, "mcast_grp", int) if mcast else job.job + 1
+            for r, w in enumerate(jd["workers"]):
+                for k in ("switch_port", "mac"):
+                    if k not in w:
+                        raise ConfigError(f"field 'workers[{r}].{k}': required in a switch "
+                                          "config")
+                ports.append(number_field(w, "switch_port", int, f"workers[{r}]."))
+                macs.append(w["mac"])
+        except ConfigError as e:
+            raise ConfigError(f"job {job.job}: {e}") from None
         add_job(dp, job, ports, macs, grp, mtu=cfg.get("mtu", 1500))
 
 

@@ -116,12 +116,13 @@ class JobConfig:
                               f"got {d['workers']!r}")
         workers = tuple(WorkerAddr(r, *_address(w, f"workers[{r}]", L2_WORKER_FIELDS))
                         for r, w in enumerate(d["workers"]))
-        kw = {k: _number(d, k, int if k in ints else float, "") for k in (ints | floats) & d.keys()}
+        kw = {k: number_field(d, k, int if k in ints else float, "") for k in (ints | floats) & d.keys()}
         return cls(workers=workers, **kw).validate()
 
 
-def _number(d: dict, key: str, kind: type, where: str):
-    """d[key] if it is an integer (kind int) or a number (kind float); never a bool or string."""
+def number_field(d: dict, key: str, kind: type, where: str = ""):
+    """d[key] if it is an integer (kind int) or a number (kind float); never a bool or string.
+    `where` prefixes the field's name in the error (e.g. "workers[1].")."""
     v = d[key]
     ok = isinstance(v, int) or (kind is float and isinstance(v, float))
     if not ok or isinstance(v, bool):
@@ -143,7 +144,7 @@ def _address(d, where: str, extra: tuple = ()) -> tuple[str, int]:
             raise ConfigError(f"field '{where}.{k}': required field is missing")
     if not _is_ipv4(d["host"]):
         raise ConfigError(f"field '{where}.host': {d['host']!r} is not an IPv4 address")
-    port = _number(d, "port", int, f"{where}.")
+    port = number_field(d, "port", int, f"{where}.")
     if not 0 < port < 1 << 16:
         raise ConfigError(f"field '{where}.port': {port} is not a UDP port (1..65535)")
     return d["host"], port
