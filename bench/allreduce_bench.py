@@ -180,13 +180,13 @@ def _free_port() -> int:
 def run_gloo(p: Point, repeats: int, methods) -> dict:
     """p.workers torch.distributed gloo processes; both gloo methods in one process group."""
     ctx = mp.get_context("spawn")
-    init = f"tcp://127.0.0.1:{_free_port()}"
+    port = _free_port()  # rank 0's rendezvous, on 127.0.0.1 (spina.net.init_loopback_gloo)
     procs, conns = [], []
     try:
         for r in range(p.workers):
             parent, child = ctx.Pipe()
             procs.append(ctx.Process(target=gloo_worker, name=f"gloo-worker{r}",
-                                     args=(r, p, repeats, init, child, tuple(methods))))
+                                     args=(r, p, repeats, port, child, tuple(methods))))
             procs[-1].start()
             conns.append(parent)
         res = [_recv(c, procs, f"gloo rank {r}") for r, c in enumerate(conns)]

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from spina.net import init_loopback_gloo
+
 DATA_SEED = 20261129
 
 
@@ -243,21 +245,21 @@ def _rss() -> int:
 
 
 # ----------------------------------------------------------------------------- gloo worker
-def gloo_worker(rank: int, p: Point, repeats: int, init_method: str, conn, methods) -> None:
+def gloo_worker(rank: int, p: Point, repeats: int, port: int, conn, methods) -> None:
     """One torch.distributed gloo worker: dense all_reduce, then sparse all_gather + sum."""
     try:
-        conn.send(_gloo_worker(rank, p, repeats, init_method, methods))
+        conn.send(_gloo_worker(rank, p, repeats, port, methods))
     except BaseException as e:
         conn.send(dict(error=f"rank {rank}: {type(e).__name__}: {e}"))
         raise
 
 
-def _gloo_worker(rank, p, repeats, init_method, methods):
+def _gloo_worker(rank, p, repeats, port, methods):
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=p.workers)
+    init_loopback_gloo(rank, p.workers, port)  # rendezvous and transport on 127.0.0.1 only
     x = torch.from_numpy(make_tensor(p, rank))
     want = expected_sum(p) if rank == 0 else None
     out = {}

@@ -11,6 +11,7 @@ import threading
 from controller.controller import Controller, format_table
 from controller.p4rt import NotPrimaryError, P4RuntimeError
 from controller.state import Job, load
+from spina import cli
 from spina.config import ConfigError
 from spina.rendezvous import RendezvousServer
 
@@ -18,7 +19,7 @@ DEFAULT_FILE = "spina.yaml"
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = cli.ArgumentParser(
         prog="python -m controller",
         description="SpINA controller: makes the switches of a desired-state YAML file hold its "
                     "jobs (admission, multicast, worker rewrite, forwarding, slot pool) over "
@@ -130,7 +131,8 @@ def serve(args, ctl: Controller) -> int:
 
 
 def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
+    ap = _parser()
+    args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING - 10 * min(args.verbose, 2),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
@@ -175,8 +177,7 @@ def main(argv=None) -> int:
         print(f"controller: refusing to write: {e}", file=sys.stderr)
         return 3
     except (ConfigError, P4RuntimeError, OSError) as e:
-        print(f"controller: error: {e}", file=sys.stderr)
-        return 2
+        return cli.fail(ap.prog, e)
     return 0
 
 

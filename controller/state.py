@@ -84,16 +84,34 @@ def _float(d: dict, key: str, where: str, default: float) -> float:
     return float(v)
 
 
+def _str(d: dict, key: str, where: str, default=None) -> str:
+    """A non-empty string field (a name, a path): never a number, list or mapping."""
+    v = d.get(key, default)
+    _need(isinstance(v, str) and v, f"{where}.{key}", f"must be a non-empty string, got {v!r}")
+    return v
+
+
+def _list(d: dict, key: str, where: str) -> list:
+    """An optional list field ([] when absent or null)."""
+    v = d.get(key) or []
+    _need(isinstance(v, list), f"{where}.{key}", f"must be a list, got {v!r}")
+    return v
+
+
 def _ipv4(d: dict, key: str, where: str) -> str:
+    v = d[key]
     try:
-        return str(ipaddress.IPv4Address(d[key]))
-    except (ValueError, TypeError):
-        raise ConfigError(f"{where}.{key}: not an IPv4 address: {d[key]!r}") from None
+        _need(isinstance(v, str), f"{where}.{key}", f"not an IPv4 address: {v!r}")
+        return str(ipaddress.IPv4Address(v))
+    except ValueError:
+        raise ConfigError(f"{where}.{key}: not an IPv4 address: {v!r}") from None
 
 
 def _mac(d: dict, key: str, where: str, default=None) -> str:
     v = d.get(key, default)
-    parts = str(v).split(":")
+    _need(isinstance(v, str), f"{where}.{key}",
+          f"not a MAC address aa:bb:cc:dd:ee:ff (quote it in YAML): {v!r}")
+    parts = v.split(":")
     _need(len(parts) == 6 and all(len(p) == 2 for p in parts), f"{where}.{key}",
           f"not a MAC address aa:bb:cc:dd:ee:ff: {v!r}")
     try:
@@ -274,25 +292,30 @@ def parse(doc, path: pathlib.Path | None = None) -> DesiredState:
                 {"device_id", "thrift_port", "address", "udp_port", "pool_slots", "ports",
                  "slot_capacity",
                  "p4info", "device_config", "l2", "routes"})
-        _need(d["name"] not in switches, f"{w}.name", f"duplicate switch {d['name']!r}")
+        name = _str(d, "name", w)
+        _need(name not in switches, f"{w}.name", f"duplicate switch {name!r}")
         _need(d["target"] in TARGETS, f"{w}.target", f"must be one of {', '.join(TARGETS)}")
-        host, sep, port = str(d["grpc"]).rpartition(":")
-        _need(sep and port.isdigit() and host, f"{w}.grpc", "expected HOST:PORT")
+        host, sep, port = _str(d, "grpc", w).rpartition(":")
+        _need(sep and port.isdigit() and 0 < int(port) < 1 << 16 and host, f"{w}.grpc",
+              f"expected HOST:PORT with a TCP port 1..65535, got {d['grpc']!r}")
         ports = d.get("ports", [0])
-        _need(isinstance(ports, list) and ports and all(isinstance(p, int) and 0 <= p < 512
-                                                        for p in ports),
+        _need(isinstance(ports, list) and ports and all(
+            isinstance(p, int) and not isinstance(p, bool) and 0 <= p < 512 for p in ports),
               f"{w}.ports", "must be a non-empty list of port numbers 0..511")
+        for k in ("p4info", "device_config"):
+            if d.get(k) is not None:
+                _str(d, k, w)
         l2 = []
-        for k, e in enumerate(d.get("l2") or []):
+        for k, e in enumerate(_list(d, "l2", w)):
             _fields(e, f"{w}.l2[{k}]", {"mac", "port"}, set())
             l2.append((_mac(e, "mac", f"{w}.l2[{k}]"),
                        _int(e, "port", f"{w}.l2[{k}]", 0, 511)))
         routes = []
-        for k, e in enumerate(d.get("routes") or []):
+        for k, e in enumerate(_list(d, "routes", w)):
             wk = f"{w}.routes[{k}]"
             _fields(e, wk, {"prefix", "port", "src_mac", "dst_mac"}, set())
             try:
-                net = str(ipaddress.IPv4Network(e["prefix"], strict=False))
+                net = str(ipaddress.IPv4Network(_str(e, "prefix", wk), strict=False))
             except ValueError:
                 raise ConfigError(f"{wk}.prefix: not an IPv4 prefix: {e['prefix']!r}") from None
             routes.append((net, _int(e, "port", wk, 0, 511), _mac(e, "src_mac", wk),
@@ -300,8 +323,8 @@ def parse(doc, path: pathlib.Path | None = None) -> DesiredState:
         if d["target"] == "bmv2":
             _need("p4info" in d and "device_config" in d, f"{w}.device_config",
                   "bmv2 needs p4info and device_config (make p4 writes them to p4src/build/)")
-        switches[d["name"]] = Switch(
-            name=str(d["name"]), target=d["target"], grpc=str(d["grpc"]),
+        switches[name] = Switch(
+            name=name, target=d["target"], grpc=d["grpc"],
             device_id=_int(d, "device_id", w, 0, (1 << 64) - 1, 0),
             thrift_port=_int(d, "thrift_port", w, 1, 65535, 9090),
             address=_ipv4({"address": d.get("address", "127.0.0.1")}, "address", w),
@@ -317,10 +340,10 @@ def parse(doc, path: pathlib.Path | None = None) -> DesiredState:
     for i, d in enumerate(doc["workers"]):
         w = f"workers[{i}]"
         _fields(d, w, {"name", "ip", "udp_port", "switch_port"}, {"mac", "switch", "rank"})
-        name = str(d["name"])
+        name = _str(d, "name", w)
         _need(name not in workers, f"{w}.name", f"duplicate worker {name!r}")
         sw = d.get("switch", next(iter(switches)) if len(switches) == 1 else None)
-        _need(sw in switches, f"{w}.switch",
+        _need(isinstance(sw, str) and sw in switches, f"{w}.switch",
               f"must name one of the switches ({', '.join(switches)})")
         port = _int(d, "switch_port", w, 0, 511)
         _need(port in switches[sw].ports, f"{w}.switch_port",
@@ -350,7 +373,7 @@ def parse(doc, path: pathlib.Path | None = None) -> DesiredState:
         _need(isinstance(members, list) and 1 <= len(members) <= wire.MAX_WORKERS,
               f"{w}.members", f"must list 1..{wire.MAX_WORKERS} worker names")
         for r, m in enumerate(members):
-            _need(m in workers, f"{w}.members[{r}]", f"unknown worker {m!r}")
+            _need(isinstance(m, str) and m in workers, f"{w}.members[{r}]", f"unknown worker {m!r}")
             wk = workers[m]
             _need(wk.rank is None or wk.rank == r, f"{w}.members[{r}]",
                   f"worker {m!r} declares rank {wk.rank} but is member {r} (rank = position)")
@@ -398,7 +421,7 @@ def parse(doc, path: pathlib.Path | None = None) -> DesiredState:
                                   f"{other.slot_base}..{other.slot_base + other.nslots - 1}")
         jobs[jid] = job
     agents_dir = doc.get("agents_dir", "agents")
-    _need(isinstance(agents_dir, str), "agents_dir", "must be a path")
+    _need(isinstance(agents_dir, str) and agents_dir, "agents_dir", "must be a path")
     rendezvous = _host_port(doc["rendezvous"], "rendezvous") if "rendezvous" in doc else None
     return DesiredState(switches, workers, jobs, agents_dir, path, raw=doc, rendezvous=rendezvous)
 

@@ -22,18 +22,24 @@ def main(argv=None) -> int:
         return daemon_main(rest)
     if cmd == "launch":
         from host_agent.launch import main as launch_main
-        launch_main(rest)
-        return 0
+        return launch_main(rest)
     if cmd == "status":
-        import argparse
         import json
         from host_agent.daemon import DEFAULT_SOCKET, status
-        ap = argparse.ArgumentParser(prog="python -m host_agent status")
-        ap.add_argument("--socket", default=DEFAULT_SOCKET)
-        print(json.dumps(status(ap.parse_args(rest).socket), indent=1))
+        from spina import cli
+        ap = cli.ArgumentParser(prog="python -m host_agent status")
+        ap.add_argument("--socket", default=DEFAULT_SOCKET, help="the daemon's Unix socket "
+                                                                 "(default %(default)s)")
+        path = ap.parse_args(rest).socket
+        try:
+            reply = status(path)
+        except OSError as e:
+            return cli.fail(ap.prog, f"--socket {path}: no daemon answers there ({e.strerror or e})")
+        print(json.dumps(reply, indent=1))
         return 0
-    print(f"unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)
-    return 2
+    from spina import cli
+    return cli.fail("python -m host_agent",
+                    f"unknown command {cmd!r} (choose from daemon, launch, status; --help)")
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from host_agent.blocks import (NONFINITE_BITS, LanePlan, block_absmax_bits, dequ
                                exponent_of_bits, gather_blocks, nonzero_blocks, quant_shift,
                                quantize, scatter_blocks)
 from spina import rendezvous, wire
-from spina.net import grow_buffers
+from spina.net import bind_own_address, grow_buffers
 from spina.config import JobConfig
 
 log = logging.getLogger("spina.agent")
@@ -374,9 +374,8 @@ class Agent:
         self.srtt: float | None = None  # smoothed round latency (s), kept across calls
         self.rttvar = 0.0
         if sock is None:
-            me = job.workers[rank]
-            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            sock.bind((me.host, me.port))
+            me = job.workers[rank]  # this host's own address only, never a wildcard
+            sock = bind_own_address(me.host, me.port, f"job {job.job}: field 'workers[{rank}].host'")
         self.sock = sock
         grow_buffers(sock)
         self.rounds = np.zeros(job.nslots, np.int64)  # last round used per slot (persist across calls)

@@ -40,7 +40,7 @@ class Assignment:
         d = dict(d)
         rank = d.pop("rank")
         jf = JobFile.from_dict(d)
-        if not isinstance(rank, int) or not 0 <= rank < jf.job.nworkers:
+        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < jf.job.nworkers:
             raise ConfigError(f"assignment: field 'rank': {rank!r} outside "
                               f"0..{jf.job.nworkers - 1}")
         return cls(jf.job, rank, jf.switch, jf.rendezvous)

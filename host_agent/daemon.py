@@ -27,7 +27,6 @@ Config file (JSON; every field optional):
 """
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -35,12 +34,14 @@ import signal
 import socket
 import struct
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from multiprocessing import resource_tracker, shared_memory
 
 import numpy as np
 
 from host_agent.agent import Agent, CallStats, SpinaError
+from spina import cli
+from spina.cli import LOG_LEVELS
 from spina.config import ConfigError, JobFile
 
 log = logging.getLogger("spina.daemon")
@@ -63,25 +64,50 @@ class DaemonConfig:
     @classmethod
     def load(cls, path: str | None) -> "DaemonConfig":
         if path is None:
-            return cls()
+            return cls().validate()
         try:
             with open(path) as f:
                 d = json.load(f)
-        except json.JSONDecodeError as e:
+        except OSError as e:
+            raise ConfigError(f"daemon config {path}: {e.strerror}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ConfigError(f"daemon config {path}: not JSON ({e})") from None
         if not isinstance(d, dict):
             raise ConfigError(f"daemon config {path}: top level must be an object")
         known = set(cls.__dataclass_fields__)
         for k in d:
             if k not in known:
-                raise ConfigError(f"daemon config: unknown field '{k}' (known: {', '.join(sorted(known))})")
-        cfg = cls(**d)
+                raise ConfigError(f"daemon config {path}: unknown field '{k}' "
+                                  f"(known: {', '.join(sorted(known))})")
+        try:
+            return cls(**d).validate()
+        except ConfigError as e:
+            raise ConfigError(f"daemon config {path}: {e}") from None
+
+    def validate(self) -> "DaemonConfig":
+        """Check every field (also after command-line overrides); errors name the field."""
+        def need(cond, name, msg):
+            if not cond:
+                raise ConfigError(f"field '{name}': {msg}")
         for name in ("timeout", "rto"):
-            if not isinstance(getattr(cfg, name), (int, float)) or getattr(cfg, name) <= 0:
-                raise ConfigError(f"daemon config: field '{name}': must be a positive number")
-        if not isinstance(cfg.socket, str) or not cfg.socket:
-            raise ConfigError("daemon config: field 'socket': must be a path")
-        return cfg
+            v = getattr(self, name)
+            need(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf"),
+                 name, f"must be a positive number of seconds, got {v!r}")
+        need(isinstance(self.log_level, str) and self.log_level in LOG_LEVELS, "log_level",
+             f"{self.log_level!r} is not one of {', '.join(LOG_LEVELS)}")
+        need(isinstance(self.socket, str) and self.socket, "socket",
+             f"must be a path, got {self.socket!r}")
+        # sun_path holds 108 bytes with the terminating NUL
+        need(len(os.fsencode(self.socket)) < 108, "socket",
+             f"{self.socket!r} is longer than a Unix socket path may be (107 bytes)")
+        need(self.log_file is None or (isinstance(self.log_file, str) and self.log_file),
+             "log_file", f"must be a path or null, got {self.log_file!r}")
+        for name in ("socket", "log_file"):
+            path = getattr(self, name)
+            if path is not None:
+                folder = os.path.dirname(os.path.abspath(path))
+                need(os.path.isdir(folder), name, f"directory {folder} does not exist")
+        return self
 
 
 # ---------------------------------------------------------------------- framing
@@ -90,18 +116,63 @@ def send_msg(sock: socket.socket, obj: dict) -> None:
     sock.sendall(_LEN.pack(len(data)) + data)
 
 
+class BadMessage(ValueError):
+    """A frame that is not a request. `fatal`: the stream cannot be read further (a length
+    beyond MAX_MESSAGE: its body is never read, so the next frame's start is unknown)."""
+
+    def __init__(self, msg: str, fatal: bool = False):
+        super().__init__(msg)
+        self.fatal = fatal
+
+
 def recv_msg(sock: socket.socket) -> dict | None:
-    """The next message, or None when the peer closed the connection."""
+    """The next message (a JSON object), or None when the peer closed the connection.
+    Raises BadMessage for anything else."""
     head = _recv_exact(sock, _LEN.size)
     if head is None:
         return None
     (n,) = _LEN.unpack(head)
     if n > MAX_MESSAGE:
-        raise ValueError(f"message of {n} bytes exceeds {MAX_MESSAGE}")
+        raise BadMessage(f"message of {n} bytes exceeds {MAX_MESSAGE}", fatal=True)
     body = _recv_exact(sock, n)
     if body is None:
         return None
-    return json.loads(body)
+    try:
+        msg = json.loads(body)
+    except (ValueError, RecursionError) as e:  # RecursionError: deeply nested arrays
+        raise BadMessage(f"message is not JSON ({type(e).__name__}: {e})") from None
+    if not isinstance(msg, dict):
+        raise BadMessage(f"message must be a JSON object, got {type(msg).__name__}")
+    return msg
+
+
+# op -> (required fields, optional fields), each field -> its JSON type
+REQUESTS = {
+    "attach": ({"job_file": str, "rank": int}, {"pid": int}),
+    "allreduce": ({"shm": str, "n": int, "dtype": str}, {}),
+    "status": ({}, {}),
+}
+_TYPE_NAMES = {str: "a string", int: "an integer"}
+
+
+def check_request(msg: dict) -> str | None:
+    """Why `msg` is not a well-formed request (naming the field), or None."""
+    op = msg.get("op")
+    if not isinstance(op, str) or op not in REQUESTS:
+        return f"field 'op': unknown op {op!r} (known: {', '.join(REQUESTS)})"
+    required, optional = REQUESTS[op]
+    for k, v in msg.items():
+        if k == "op":
+            continue
+        kind = required.get(k, optional.get(k))
+        if kind is None:
+            return f"{op}: unknown field '{k}' (known: {', '.join(['op', *required, *optional])})"
+        if not isinstance(v, kind) or isinstance(v, bool):
+            return f"{op}: field '{k}': {v!r} is not {_TYPE_NAMES[kind]}"
+    for k in required:
+        if k not in msg:
+            return f"{op}: field '{k}' is missing"
+    return None
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
@@ -222,14 +293,25 @@ class Daemon:
         peer = "client"
         try:
             while True:
-                msg = recv_msg(conn)
+                try:
+                    msg = recv_msg(conn)
+                    error = None if msg is None else check_request(msg)
+                except BadMessage as e:
+                    msg, error = {}, str(e)
+                    if e.fatal:  # answer, then hang up: the framing is lost
+                        log.warning("%s: %s; connection closed", peer, e)
+                        send_msg(conn, {"ok": False, "error": error})
+                        return
                 if msg is None:
                     return
-                op = msg.get("op")
+                if error is not None:
+                    send_msg(conn, {"ok": False, "error": error})
+                    continue
+                op = msg["op"]
                 if op == "attach":
                     try:
-                        slot, jf = self._slot(str(msg["job_file"]), int(msg["rank"]))
-                    except (ConfigError, OSError, KeyError, ValueError) as e:
+                        slot, jf = self._slot(msg["job_file"], msg["rank"])
+                    except (ConfigError, OSError, ValueError) as e:
                         send_msg(conn, {"ok": False, "error": f"attach: {e}"})
                         continue
                     peer = f"job {jf.job.job} rank {msg['rank']} (pid {msg.get('pid')})"
@@ -246,14 +328,12 @@ class Daemon:
                         self.clients_lost += 1
                         log.warning("%s went away during a call; the call completed, rank freed", peer)
                         return
-                elif op == "status":
+                else:  # status
                     send_msg(conn, {"ok": True, "calls_in_progress": self.calls_in_progress,
                                     "calls_done": self.calls_done, "clients_lost": self.clients_lost,
                                     "agents": len(self._slots),
                                     "foreign_packets": sum(s.agent.foreign_packets
                                                            for s in list(self._slots.values()))})
-                else:
-                    send_msg(conn, {"ok": False, "error": f"unknown op {op!r}"})
         except (OSError, ValueError) as e:
             log.warning("%s: connection dropped: %s", peer, e)
         finally:
@@ -262,17 +342,26 @@ class Daemon:
             conn.close()
 
     def _allreduce(self, slot: _Slot, msg: dict, maps: dict) -> dict:
+        name, n = msg["shm"], msg["n"]
+        dtype = _DTYPES.get(msg["dtype"])
+        if dtype is None:
+            return {"ok": False, "error": f"allreduce: field 'dtype': {msg['dtype']!r} is not "
+                                          f"one of {', '.join(_DTYPES)}"}
+        if n < 0:
+            return {"ok": False, "error": f"allreduce: field 'n': {n} is negative"}
         try:
-            name, n, dtype = str(msg["shm"]), int(msg["n"]), _DTYPES[msg["dtype"]]
             shm = maps.get(name)
             if shm is None:
                 for old in maps.values():  # the client moved to a new (larger) segment
                     old.close()
                 maps.clear()
                 shm = maps[name] = _open_shm(name)
-            view = np.ndarray((n,), dtype, buffer=shm.buf)
-        except (KeyError, ValueError, TypeError, FileNotFoundError) as e:
-            return {"ok": False, "error": f"allreduce: bad request: {e}"}
+        except (OSError, ValueError) as e:
+            return {"ok": False, "error": f"allreduce: field 'shm': {name!r}: {e}"}
+        if n * np.dtype(dtype).itemsize > shm.size:
+            return {"ok": False, "error": f"allreduce: field 'n': {n} {msg['dtype']} elements "
+                                          f"exceed the segment's {shm.size} bytes"}
+        view = np.ndarray((n,), dtype, buffer=shm.buf)
         with slot.lock:
             self.calls_in_progress += 1
             try:
@@ -389,7 +478,7 @@ def status(socket_path: str = DEFAULT_SOCKET) -> dict:
 
 # ---------------------------------------------------------------------- CLI
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
+    ap = cli.ArgumentParser(
         prog="python -m host_agent daemon",
         description="SpINA host agent daemon: serves all-reduce to local training processes "
                     "(Unix socket + shared memory). Stops cleanly on SIGTERM or SIGINT.")
@@ -398,14 +487,22 @@ def main(argv=None) -> int:
     ap.add_argument("--socket", help=f"Unix socket path (overrides the config; default {DEFAULT_SOCKET})")
     ap.add_argument("--log-file", help="log to this file (overrides the config; default stderr)")
     args = ap.parse_args(argv)
-    cfg = DaemonConfig.load(args.config)
-    if args.socket:
-        cfg.socket = args.socket
-    if args.log_file:
-        cfg.log_file = args.log_file
-    logging.basicConfig(level=cfg.log_level, filename=cfg.log_file,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    daemon = Daemon(cfg)
+    overrides = {k: v for k, v in (("socket", args.socket), ("log_file", args.log_file)) if v}
+    try:
+        for k, v in overrides.items():
+            try:
+                DaemonConfig(**{k: v}).validate()
+            except ConfigError as e:
+                raise ConfigError(f"--{k.replace('_', '-')}: {e}") from None
+        cfg = replace(DaemonConfig.load(args.config), **overrides)
+        logging.basicConfig(level=cfg.log_level, filename=cfg.log_file,
+                            format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    except (ConfigError, OSError) as e:
+        return cli.fail(ap.prog, e)
+    try:
+        daemon = Daemon(cfg)
+    except OSError as e:
+        return cli.fail(ap.prog, f"socket {cfg.socket}: {e.strerror or e}")
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: daemon.stop())
     daemon.serve_forever()

@@ -17,6 +17,7 @@ worker only from its registered address).
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import os
 import signal
@@ -26,12 +27,13 @@ import sys
 import tempfile
 import threading
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
-from dataclasses import replace
-
 from softswitch.udp import UdpSwitch
-from spina.config import JobConfig, JobFile, WorkerAddr
+from spina import cli, wire
+from spina.config import ConfigError, JobConfig, JobFile, WorkerAddr
+from spina.net import bind_own_address
 from spina.rendezvous import RendezvousServer
 
 log = logging.getLogger("spina.launch")
@@ -152,21 +154,45 @@ def shared_job_file(job_file: str | None = None) -> tuple[subprocess.Popen | Non
     return switch, box[0]
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m host_agent.launch", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--nworkers", type=int, required=True, help="ranks in the job")
+def main(argv=None) -> int:
+    ap = cli.ArgumentParser(prog="python -m host_agent.launch",
+                            description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nworkers", type=cli.int_range(1, wire.MAX_WORKERS), required=True,
+                    help=f"ranks in the job (1..{wire.MAX_WORKERS})")
     ap.add_argument("--job-file", required=True, help="where to write the job file (JSON)")
-    ap.add_argument("--job", type=int, default=1, help="job id (default 1)")
-    ap.add_argument("--host", default="127.0.0.1", help="address of the switch and the workers")
-    ap.add_argument("--switch-port", type=int, default=0, help="switch UDP port (0: any free)")
-    ap.add_argument("--log-level", default="INFO")
+    ap.add_argument("--job", type=cli.int_range(0, 65535), default=1, help="job id (default 1)")
+    ap.add_argument("--host", type=_local_ipv4, default="127.0.0.1",
+                    help="address of the switch and the workers (an address of this host)")
+    ap.add_argument("--switch-port", type=cli.int_range(0, 65535, " (0: any free)"), default=0,
+                    help="switch UDP port (0: any free)")
+    ap.add_argument("--log-level", type=cli.log_level, default="INFO",
+                    help=f"one of {', '.join(cli.LOG_LEVELS)} (default %(default)s)")
     args = ap.parse_args(argv)
+    folder = os.path.dirname(os.path.abspath(args.job_file))
+    if not os.path.isdir(folder):
+        ap.error(f"argument --job-file: directory {folder} does not exist")
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    serve(args.job_file, args.nworkers, args.job, args.host, args.switch_port, stop)
+    try:
+        serve(args.job_file, args.nworkers, args.job, args.host, args.switch_port, stop)
+    except (ConfigError, OSError) as e:
+        return cli.fail(ap.prog, e)
+    return 0
+
+
+def _local_ipv4(text: str) -> str:
+    """An argparse type: one IPv4 address of this host (the workers bind it; no wildcard)."""
+    try:
+        ipaddress.IPv4Address(text)
+        bind_own_address(text, 0, "the workers bind it").close()
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    except (ValueError, OSError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an IPv4 address of this host") from None
+    return text
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -15,18 +15,29 @@ import signal
 import sys
 import threading
 
-from softswitch.pipeline import DEFAULT_POOL_SLOTS, DEFAULT_SLOT_CAPACITY
-from spina import wire
+from softswitch.pipeline import (DEFAULT_POOL_SLOTS, DEFAULT_SLOT_CAPACITY, MAX_POOL_SLOTS,
+                                 MAX_REGISTER_BYTES, register_bytes)
+from spina import cli, wire
 from spina.config import ConfigError, JobConfig
 
 
 def _load(path: str):
-    with open(path) as f:
-        text = f.read()
+    """A JSON or YAML file's document; a missing or unparsable file is a ConfigError naming it."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: {getattr(e, 'strerror', None) or e}") from None
     if path.endswith((".yaml", ".yml")):
         import yaml
-        return yaml.safe_load(text)
-    return json.loads(text)
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not YAML: {e}") from None
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise ConfigError(f"{path}: not JSON: {e}") from None
 
 
 def load_jobs(path: str) -> list[JobConfig]:
@@ -35,13 +46,21 @@ def load_jobs(path: str) -> list[JobConfig]:
     jobs = doc.get("jobs") if isinstance(doc, dict) else doc
     if not isinstance(jobs, list):
         raise ConfigError(f"{path}: expected a list of jobs or a mapping with field 'jobs'")
-    out = []
+    out, ids = [], {}
     for i, j in enumerate(jobs):
         try:
-            out.append(JobConfig.from_dict(j))
+            job = JobConfig.from_dict(j)
         except ConfigError as e:
             raise ConfigError(f"{path}: jobs[{i}]: {e}") from None
+        if job.job in ids:
+            raise ConfigError(f"{path}: jobs[{i}]: field 'job': job {job.job} is also "
+                              f"jobs[{ids[job.job]}]")
+        ids[job.job] = i
+        out.append(job)
     return out
+
+
+MAX_SLOT_CAPACITY = wire.MAX_LANES * 65535  # the largest nlanes * block_size a job can ask for
 
 
 def _interface(text: str) -> tuple[int, str]:
@@ -52,22 +71,45 @@ def _interface(text: str) -> tuple[int, str]:
 
 
 def _pool_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--pool-slots", type=int, default=DEFAULT_POOL_SLOTS,
-                   help="slots in the register pool, shared by all jobs (default %(default)s)")
-    p.add_argument("--slot-capacity", type=int, default=DEFAULT_SLOT_CAPACITY,
+    p.add_argument("--pool-slots", type=cli.int_range(1, MAX_POOL_SLOTS),
+                   default=DEFAULT_POOL_SLOTS,
+                   help="slots in the register pool, shared by all jobs "
+                        f"(1..{MAX_POOL_SLOTS}, default %(default)s)")
+    p.add_argument("--slot-capacity", type=cli.int_range(1, MAX_SLOT_CAPACITY),
+                   default=DEFAULT_SLOT_CAPACITY,
                    help="int32 elements per slot copy = largest nlanes*block_size "
-                        "(default %(default)s)")
+                        f"(1..{MAX_SLOT_CAPACITY}, default %(default)s); the slot registers "
+                        f"(about 8 bytes x pool slots x capacity) may take at most "
+                        f"{MAX_REGISTER_BYTES >> 30} GiB")
     p.add_argument("--grpc", nargs="?", const="127.0.0.1:9559", metavar="ADDR",
                    help="serve P4Runtime on ADDR (default 127.0.0.1:9559 when given without "
-                        "one; loopback only) so the controller writes the tables")
-    p.add_argument("--device-id", type=int, default=0,
+                        "one; loopback only; port 0 picks a free one) so the controller writes "
+                        "the tables")
+    p.add_argument("--device-id", type=cli.int_range(0, (1 << 64) - 1), default=0,
                    help="P4Runtime device id (default %(default)s)")
     p.add_argument("-v", "--verbose", action="count", default=0,
                    help="more logging (-vv: per packet)")
 
 
+def _check_args(ap: argparse.ArgumentParser, args) -> None:
+    """What no single option's type can check: the memory the pool would take, --grpc."""
+    need = register_bytes(args.pool_slots, args.slot_capacity)
+    if need > MAX_REGISTER_BYTES:
+        ap.error(f"argument --pool-slots/--slot-capacity: {args.pool_slots} slots of "
+                 f"{args.slot_capacity} elements need {need / (1 << 30):.1f} GiB of slot "
+                 f"registers, more than the bound of {MAX_REGISTER_BYTES >> 30} GiB")
+    if args.grpc:
+        from softswitch.p4runtime_server import check_loopback
+        try:
+            check_loopback(args.grpc)
+        except ValueError as e:
+            ap.error(f"argument --grpc: {e}")
+        if getattr(args, "jobs", None) or getattr(args, "config", None):
+            ap.error("argument --grpc: the controller writes the tables; drop --jobs/--config")
+
+
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = cli.ArgumentParser(
         prog="python -m softswitch",
         description="SpINA software switch: sums the non-zero gradient blocks of every admitted "
                     "job's workers and multicasts the results. Same pipeline as the P4 program.")
@@ -78,9 +120,10 @@ def _parser() -> argparse.ArgumentParser:
         description="Serve the pipeline on one UDP socket. Workers are admitted by their "
                     "source (address, port) as listed in the jobs file; results go to every "
                     "worker's address.")
-    udp.add_argument("--host", default="127.0.0.1",
-                     help="address to listen on (default %(default)s)")
-    udp.add_argument("--port", type=int, default=wire.DEFAULT_UDP_PORT,
+    udp.add_argument("--host", type=cli.ipv4_host, default="127.0.0.1",
+                     help="IPv4 address (or name) to listen on (default %(default)s)")
+    udp.add_argument("--port", type=cli.int_range(0, 65535, " (0: any free)"),
+                     default=wire.DEFAULT_UDP_PORT,
                      help="UDP port (default %(default)s; 0 picks a free one and prints it)")
     udp.add_argument("--jobs", metavar="FILE", help="JSON/YAML file of jobs to admit at start")
     _pool_args(udp)
@@ -102,34 +145,44 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
+    ap = _parser()
+    args = ap.parse_args(argv)
+    _check_args(ap, args)
     logging.basicConfig(level=logging.WARNING - 10 * min(args.verbose + 1, 2),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     server = None
     try:
-        if args.grpc:
-            from softswitch.p4runtime_server import check_loopback
-            check_loopback(args.grpc)
-            if getattr(args, "jobs", None) or getattr(args, "config", None):
-                raise ConfigError("--grpc: the controller writes the tables; "
-                                  "drop --jobs/--config")
         if args.mode == "udp":
+            jobs = load_jobs(args.jobs) if args.jobs else []
             if args.grpc:
-                from softswitch.p4runtime_server import ControlledUdpSwitch
-                sw = ControlledUdpSwitch(args.host, args.port, args.pool_slots,
-                                         args.slot_capacity)
+                from softswitch.p4runtime_server import ControlledUdpSwitch as Switch
             else:
-                from softswitch.udp import UdpSwitch
-                sw = UdpSwitch(args.host, args.port, args.pool_slots, args.slot_capacity)
-            for j in load_jobs(args.jobs) if args.jobs else []:
-                sw.add_job(j)
+                from softswitch.udp import UdpSwitch as Switch
+            try:
+                sw = Switch(args.host, args.port, args.pool_slots, args.slot_capacity)
+            except OSError as e:
+                raise ConfigError(f"argument --host/--port: cannot listen on "
+                                  f"{args.host}:{args.port}: {e.strerror or e}") from None
+            for i, j in enumerate(jobs):
+                try:
+                    sw.add_job(j)
+                except ConfigError as e:
+                    sw.stop()
+                    raise ConfigError(f"{args.jobs}: jobs[{i}]: {e}") from None
             dp, on_change = getattr(sw, "dataplane", None), getattr(sw, "sync", None)
             print(f"listening {sw.address[0]}:{sw.address[1]}", flush=True)
         else:
             from softswitch.l2 import Dataplane, L2Switch, configure
             dp, on_change = Dataplane(args.pool_slots, args.slot_capacity), None
             if args.config:
-                configure(dp, _load(args.config))
+                doc = _load(args.config)
+                if not isinstance(doc, dict):
+                    raise ConfigError(f"{args.config}: must be a mapping of fields "
+                                      "(softswitch/README.md)")
+                try:
+                    configure(dp, doc)
+                except ConfigError as e:
+                    raise ConfigError(f"{args.config}: {e}") from None
             sw = L2Switch(dict(args.interface), dp)
             print("switching " + " ".join(f"{p}@{i}" for p, i in args.interface), flush=True)
         if args.grpc:
@@ -137,8 +190,7 @@ def main(argv=None) -> int:
             server = P4RuntimeServer(dp, args.grpc, args.device_id, on_change).start()
             print(f"p4runtime {server.address} device {args.device_id}", flush=True)
     except (ConfigError, OSError, ValueError) as e:
-        print(f"softswitch: error: {e}", file=sys.stderr)
-        return 2
+        return cli.fail(ap.prog, e)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     sw.start()

@@ -405,12 +405,23 @@ def configure(dp: Dataplane, cfg: dict) -> None:
                "workers": [{"host": "10.0.0.1", "port": 50000, "mac": "..", "switch_port": 1}]}]}
     Errors name the field (spina.config.ConfigError).
     """
-    from spina.config import ConfigError, JobConfig
+    from spina.config import ConfigError, JobConfig, number_field
 
     known = {"endpoints", "l2", "routes", "qdepth_threshold", "jobs", "mtu"}
+    if not isinstance(cfg, dict):
+        raise ConfigError("switch config: must be a mapping of fields")
     for k in cfg:
         if k not in known:
             raise ConfigError(f"unknown field '{k}' (known: {', '.join(sorted(known))})")
+    for k in ("endpoints", "l2", "routes", "jobs"):
+        if not isinstance(cfg.get(k, []), list):
+            raise ConfigError(f"switch config: field '{k}': must be a list")
+    try:
+        for k in ("qdepth_threshold", "mtu"):
+            if k in cfg:
+                number_field(cfg, k, int)
+    except ConfigError as e:
+        raise ConfigError(f"switch config: {e}") from None
     try:
         for ep in cfg.get("endpoints", ()):
             dp.table_add("ina_endpoint", {"dst_addr": ep}, "accept_ina")
@@ -421,19 +432,28 @@ def configure(dp: Dataplane, cfg: dict) -> None:
                          {"port": r["port"], "src_mac": r["src_mac"], "dst_mac": r["dst_mac"]})
         if "qdepth_threshold" in cfg:
             dp.table_set_default("congestion", "set_qdepth_threshold",
-                                 {"qdepth": int(cfg["qdepth_threshold"])})
+                                 {"qdepth": cfg["qdepth_threshold"]})
     except (KeyError, ValueError, TypeError) as e:
         raise ConfigError(f"switch config: {e}") from None
     for j, jd in enumerate(cfg.get("jobs", ())):
+        if not isinstance(jd, dict):
+            raise ConfigError(f"switch config: jobs[{j}]: must be a mapping, got {jd!r}")
         jd = dict(jd)
-        grp = int(jd.pop("mcast_grp", jd.get("job", 0) + 1))
+        mcast = {"mcast_grp": jd.pop("mcast_grp")} if "mcast_grp" in jd else None
         job = JobConfig.from_dict(jd)
+        ports, macs = [], []
         try:
-            ports = [int(w["switch_port"]) for w in jd["workers"]]
-            macs = [w["mac"] for w in jd["workers"]]
-        except KeyError as e:
-            raise ConfigError(f"job {job.job}: field 'workers': each needs {e}") from None
-        add_job(dp, job, ports, macs, grp, mtu=int(cfg.get("mtu", 1500)))
+            grp = number_field(mcast, "mcast_grp", int) if mcast else job.job + 1
+            for r, w in enumerate(jd["workers"]):
+                for k in ("switch_port", "mac"):
+                    if k not in w:
+                        raise ConfigError(f"field 'workers[{r}].{k}': required in a switch "
+                                          "config")
+                ports.append(number_field(w, "switch_port", int, f"workers[{r}]."))
+                macs.append(w["mac"])
+        except ConfigError as e:
+            raise ConfigError(f"job {job.job}: {e}") from None
+        add_job(dp, job, ports, macs, grp, mtu=cfg.get("mtu", 1500))
 
 
 def add_job(dp: Dataplane, job, ports: list[int], macs: list, mcast_grp: int,

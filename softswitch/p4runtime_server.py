@@ -711,8 +711,9 @@ class ControlledUdpSwitch(UdpSwitch):
 def check_loopback(address: str) -> str:
     """`address` if its host is a loopback address (the P4Runtime port has no authentication)."""
     host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"{address!r}: expected HOST:PORT, e.g. {DEFAULT_ADDR}")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"{address!r}: expected HOST:PORT with a TCP port 0..65535 "
+                         f"(0: any free), e.g. {DEFAULT_ADDR}")
     h = host.strip("[]")
     if h != "localhost":
         try:

@@ -47,6 +47,14 @@ _DROP = (0, False, None)
 # program declares the same (tests/test_p4_agreement.py checks it).
 DEFAULT_POOL_SLOTS = 256
 DEFAULT_SLOT_CAPACITY = 64 * 256  # elements per slot copy: 64 lanes of 256
+MAX_POOL_SLOTS = 1 << 16  # the header's slot field is 16 bits
+MAX_REGISTER_BYTES = 4 << 30  # a bound on the slot registers' memory, against typos
+
+
+def register_bytes(pool_slots: int, slot_capacity: int) -> int:
+    """Memory of a pipeline's slot registers: two copies per slot, each slot_capacity int32
+    values, MAX_LANES next pointers and ~40 bytes of scalars."""
+    return 2 * pool_slots * (4 * slot_capacity + 4 * wire.MAX_LANES + 40)
 
 
 @dataclass(frozen=True)

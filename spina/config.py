@@ -1,6 +1,7 @@
 """Job configuration: loaded and validated in one place, errors name the field."""
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 from dataclasses import dataclass
@@ -10,6 +11,20 @@ from spina import wire
 
 class ConfigError(ValueError):
     """Bad configuration; the message names the offending field."""
+
+
+L2_WORKER_FIELDS = ("mac", "switch_port")  # a worker's fields in an L2 switch config (softswitch.l2)
+
+
+def _is_ipv4(host) -> bool:
+    """A dotted-quad string (not a name, not an int: files carry addresses as text)."""
+    if not isinstance(host, str):
+        return False
+    try:
+        ipaddress.IPv4Address(host)
+        return True
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -56,6 +71,14 @@ class JobConfig:
              f"need 1..{wire.MAX_WORKERS} workers, got {self.nworkers}")
         need([w.rank for w in self.workers] == list(range(self.nworkers)), "workers",
              "ranks must be 0..n-1 in order")
+        seen = {}
+        for w in self.workers:
+            where = f"workers[{w.rank}]"
+            need(_is_ipv4(w.host), f"{where}.host", f"{w.host!r} is not an IPv4 address")
+            need(0 < w.port < 1 << 16, f"{where}.port", f"{w.port} is not a UDP port (1..65535)")
+            need((w.host, w.port) not in seen, f"{where}.port",
+                 f"{w.host}:{w.port} is also the address of rank {seen.get((w.host, w.port))}")
+            seen[(w.host, w.port)] = w.rank
         need(self.nslots >= 1, "nslots", "must be at least 1")
         need(0 <= self.slot_base and self.slot_base + self.nslots <= (pool_slots or 1 << 16),
              "slot_base", f"slots {self.slot_base}..{self.slot_base + self.nslots - 1} "
@@ -76,26 +99,55 @@ class JobConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "JobConfig":
+        """A job from its JSON/YAML form; every wrong type or value is a ConfigError naming
+        the field. Values are taken as they are (no rounding, no str -> int conversion)."""
         ints = {"job", "slot_base", "nslots", "block_size", "nlanes", "epoch", "priority"}
         floats = {"bounded_loss", "loss_deadline"}
         known = ints | floats | {"workers"}
+        if not isinstance(d, dict):
+            raise ConfigError(f"a job must be a mapping of fields, got {d!r}")
         for k in d:
             if k not in known:
                 raise ConfigError(f"unknown field '{k}' (known: {', '.join(sorted(known))})")
         if "job" not in d or "workers" not in d:
             raise ConfigError("fields 'job' and 'workers' are required")
-        try:
-            workers = tuple(WorkerAddr(int(i), str(w["host"]), int(w["port"]))
-                            for i, w in enumerate(d["workers"]))
-        except (KeyError, TypeError, ValueError) as e:
-            raise ConfigError(f"field 'workers': each needs 'host' and 'port' ({e})") from None
-        kw = {}
-        for k in (ints | floats) & d.keys():
-            try:
-                kw[k] = int(d[k]) if k in ints else float(d[k])
-            except (TypeError, ValueError):
-                raise ConfigError(f"field '{k}': {d[k]!r} is not a number") from None
+        if not isinstance(d["workers"], list):
+            raise ConfigError(f"field 'workers': must be a list of {{host, port}}, "
+                              f"got {d['workers']!r}")
+        workers = tuple(WorkerAddr(r, *_address(w, f"workers[{r}]", L2_WORKER_FIELDS))
+                        for r, w in enumerate(d["workers"]))
+        kw = {k: number_field(d, k, int if k in ints else float, "") for k in (ints | floats) & d.keys()}
         return cls(workers=workers, **kw).validate()
+
+
+def number_field(d: dict, key: str, kind: type, where: str = ""):
+    """d[key] if it is an integer (kind int) or a number (kind float); never a bool or string.
+    `where` prefixes the field's name in the error (e.g. "workers[1].")."""
+    v = d[key]
+    ok = isinstance(v, int) or (kind is float and isinstance(v, float))
+    if not ok or isinstance(v, bool):
+        raise ConfigError(f"field '{where}{key}': {v!r} is not "
+                          f"{'an integer' if kind is int else 'a number'}")
+    return kind(v)
+
+
+def _address(d, where: str, extra: tuple = ()) -> tuple[str, int]:
+    """(host, port) of a {"host": IPv4, "port": 1..65535} mapping (`extra`: other known keys)."""
+    if not isinstance(d, dict):
+        raise ConfigError(f"field '{where}': must be a mapping with 'host' and 'port', got {d!r}")
+    for k in d:
+        if k not in ("host", "port") + extra:
+            raise ConfigError(f"field '{where}.{k}': unknown field "
+                              f"(known: {', '.join(('host', 'port') + extra)})")
+    for k in ("host", "port"):
+        if k not in d:
+            raise ConfigError(f"field '{where}.{k}': required field is missing")
+    if not _is_ipv4(d["host"]):
+        raise ConfigError(f"field '{where}.host': {d['host']!r} is not an IPv4 address")
+    port = number_field(d, "port", int, f"{where}.")
+    if not 0 < port < 1 << 16:
+        raise ConfigError(f"field '{where}.port': {port} is not a UDP port (1..65535)")
+    return d["host"], port
 
 
 def job_to_dict(job: JobConfig) -> dict:
@@ -105,17 +157,6 @@ def job_to_dict(job: JobConfig) -> dict:
             "nlanes": job.nlanes, "bounded_loss": job.bounded_loss,
             "loss_deadline": job.loss_deadline,
             "workers": [{"host": w.host, "port": w.port} for w in job.workers]}
-
-
-def _endpoint(v, name: str) -> tuple[str, int]:
-    """{"host", "port"} of a job file's field `name` as (host, port)."""
-    try:
-        host, port = str(v["host"]), int(v["port"])
-    except (KeyError, TypeError, ValueError):
-        raise ConfigError(f"job file: field '{name}': needs 'host' and 'port'") from None
-    if not 0 < port < 1 << 16:
-        raise ConfigError(f"job file: field '{name}.port': {port} is not a port")
-    return host, port
 
 
 @dataclass(frozen=True)
@@ -147,11 +188,17 @@ class JobFile:
         for k in d:
             if k not in ("switch", "job", "rendezvous"):
                 raise ConfigError(f"job file: unknown field '{k}' (known: job, rendezvous, switch)")
-        switch = _endpoint(d.get("switch"), "switch")
-        rendezvous = _endpoint(d["rendezvous"], "rendezvous") if "rendezvous" in d else None
+        try:
+            switch = _address(d.get("switch"), "switch")
+            rendezvous = _address(d["rendezvous"], "rendezvous") if "rendezvous" in d else None
+        except ConfigError as e:
+            raise ConfigError(f"job file: {e}") from None
         if "job" not in d:
             raise ConfigError("job file: field 'job' is required")
-        return cls(JobConfig.from_dict(d["job"]), switch, rendezvous)
+        try:
+            return cls(JobConfig.from_dict(d["job"]), switch, rendezvous)
+        except ConfigError as e:
+            raise ConfigError(f"job file: job: {e}") from None
 
     def write(self, path) -> None:
         """Atomically (write + rename): a reader never sees half a file."""
@@ -165,6 +212,11 @@ class JobFile:
         try:
             with open(path) as f:
                 d = json.load(f)
-        except json.JSONDecodeError as e:
+        except OSError as e:
+            raise ConfigError(f"job file {path}: {e.strerror}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ConfigError(f"job file {path}: not JSON ({e})") from None
-        return cls.from_dict(d)
+        try:
+            return cls.from_dict(d)
+        except ConfigError as e:
+            raise ConfigError(f"{path}: {e}") from None

@@ -25,7 +25,7 @@ import numpy as np
 
 from spina import wire
 from spina.config import JobConfig, WorkerAddr
-from spina.net import bound_udp_socket
+from spina.net import bound_udp_socket, init_loopback_gloo
 
 
 def make_tensor(n: int, block_size: int, density: float, rank: int, seed: int) -> np.ndarray:
@@ -55,8 +55,7 @@ def _worker(rank: int, args, assignment_file: str, gloo_port: int, out_q) -> Non
     from host_agent import assignment
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{gloo_port}",
-                            rank=rank, world_size=args.workers)
+    init_loopback_gloo(rank, args.workers, gloo_port)
     agent = assignment.connect(assignment_file, timeout=args.timeout)
     try:
         for density in args.densities:
