@@ -219,7 +219,16 @@ class Daemon:
         self.calls_done = 0
         self.clients_lost = 0
         if os.path.exists(cfg.socket):
-            os.unlink(cfg.socket)  # a stale socket from a daemon that was killed
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.connect(cfg.socket)
+            except OSError:  # nobody listens: a stale socket from a daemon that was killed
+                os.unlink(cfg.socket)
+            else:
+                raise ConfigError(f"socket {cfg.socket}: another daemon is serving it "
+                                  "(stop it first, or give this one another --socket)")
+            finally:
+                probe.close()
         self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.server.bind(cfg.socket)
         os.chmod(cfg.socket, 0o660)
@@ -501,6 +510,8 @@ def main(argv=None) -> int:
         return cli.fail(ap.prog, e)
     try:
         daemon = Daemon(cfg)
+    except ConfigError as e:
+        return cli.fail(ap.prog, e)
     except OSError as e:
         return cli.fail(ap.prog, f"socket {cfg.socket}: {e.strerror or e}")
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -180,3 +180,15 @@ def test_help():
     out = subprocess.run([sys.executable, "-m", "host_agent", "daemon", "--help"], env=_env(), cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "--config" in out.stdout and "SIGTERM" in out.stdout
+
+
+def test_second_daemon_on_a_live_socket_refuses(setup):
+    """A second daemon on the socket a live daemon serves exits 2 naming it; the first keeps
+    serving."""
+    _, sock, proc, _ = setup
+    out = subprocess.run([sys.executable, "-m", "host_agent", "daemon", "--socket", sock],
+                         env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert out.stderr.strip().endswith(f"socket {sock}: another daemon is serving it (stop it "
+                                       "first, or give this one another --socket)"), out.stderr
+    assert proc.poll() is None and status(sock)["ok"]
