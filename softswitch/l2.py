@@ -30,6 +30,7 @@ from softswitch import spec
 from softswitch.pipeline import (DEFAULT_POOL_SLOTS, DEFAULT_SLOT_CAPACITY, Admission,
                                  Pipeline)
 from spina import wire
+from spina.net import grow_buffers
 
 log = logging.getLogger("spina.softswitch.l2")
 
@@ -38,6 +39,7 @@ L4_OFF = ETH_LEN + IPV4_LEN        # UDP header offset
 INA_OFF = L4_OFF + UDP_LEN         # INA header offset
 _ETH_P_ALL = 0x0003
 _PACKET_OUTGOING = 4
+_SOL_PACKET, _PACKET_IGNORE_OUTGOING = 263, 23
 
 
 # ---------------------------------------------------------------- value helpers
@@ -310,6 +312,11 @@ class L2Switch:
         try:
             for port, ifname in interfaces.items():
                 s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(_ETH_P_ALL))
+                try:  # Linux >= 4.20: our own transmissions are not handed back to us
+                    s.setsockopt(_SOL_PACKET, _PACKET_IGNORE_OUTGOING, 1)
+                except OSError:
+                    pass  # older kernels: serve_forever skips them (PACKET_OUTGOING)
+                grow_buffers(s)  # a burst of every worker's frames must fit while we work
                 s.bind((ifname, 0))
                 s.setblocking(False)
                 self.socks[port] = s
@@ -328,6 +335,8 @@ class L2Switch:
             poller.register(fd, select.POLLIN)
         poller.register(self._stop_r, select.POLLIN)
         dp = self.dataplane
+        buf = bytearray(65536)  # every frame lands here first
+        view = memoryview(buf)
         log.info("software switch (L2) on %s",
                  ", ".join(f"{p}@{i}" for p, i in self.interfaces.items()))
         while True:
@@ -336,16 +345,18 @@ class L2Switch:
                     return
                 port = self._by_fd[fd]
                 sock = self.socks[port]
+                recv = sock.recvfrom_into
                 while True:  # drain: one poll wake-up per burst
                     try:
-                        frame, addr = sock.recvfrom(65536)
+                        n, addr = recv(buf)
                     except (BlockingIOError, InterruptedError):
                         break
                     except OSError as e:
                         log.debug("port %d: %s", port, e)
                         break
                     if addr[2] == _PACKET_OUTGOING:
-                        continue  # our own transmission seen again on this interface
+                        continue  # our own transmission seen again (kernels before 4.20)
+                    frame = bytes(view[:n])  # the frame's size, not a 64 KiB allocation
                     self.frames_in += 1
                     try:
                         with dp.pipeline.lock:

@@ -1,0 +1,167 @@
+"""How fast the software switch's L2 mode (where BMv2 or a Tofino would stand) aggregates
+INA frames without loss.
+
+    sudo .venv/bin/python -m bench.l2_rate --rates 10000,30000,50000 --seconds 2
+
+Topology: one network namespace per worker (h0..h3, 10.0.0.r+1/24) with a veth whose other
+end is a port of an L2Switch in the root namespace, as tests/netns.py builds it. Each worker
+process sends, open loop at rate/nworkers frames per second, the contributions of rounds
+1, 2, ... of slots 0..nslots-1 (the P4 sizes: 4 lanes x 32 int32, 618-byte frames), all
+workers the same sequence; a round completes only when the switch took all its contributions,
+so results received / rounds sent is the fraction the switch aggregated without loss. Each
+worker counts the results it receives (one per round). Reported per offered rate: frames in,
+results expected, results received per worker, and the switch's own drop counters.
+Needs root (namespaces, raw sockets).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SWITCH_IP, SWITCH_MAC = "10.0.0.100", "02:00:00:00:00:64"
+NSLOTS, NLANES, BLOCK = 64, 4, 32  # 64 slots: 128 frames of slack per sender (two copies)
+
+SENDER = r'''
+import json, socket, sys, time
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from spina import wire
+rank, n, rate, seconds, nslots, start_at = (int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]),
+                                            float(sys.argv[5]), int(sys.argv[6]), float(sys.argv[7]))
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind((f"10.0.0.{rank + 1}", 50000 + rank))
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 24)
+s.setblocking(False)
+data = np.ones((4, 32), np.int32)
+nframes = int(rate * seconds)
+pkts = []
+for i in range(nframes):
+    rnd, slot = i // nslots + 1, i % nslots
+    h = wire.Header(job=5, epoch=1, call=1, slot=slot, rank=rank, nlanes=4, round=rnd,
+                    length=1 << 20, block_size=32, present=0xF)
+    pkts.append(wire.pack(h, np.full(4, wire.END, np.uint32), data))
+dst = ("10.0.0.100", 47000)
+got = 0
+while time.time() < start_at:  # every worker starts its round sequence at the same moment
+    time.sleep(0.0005)
+t0 = time.perf_counter()
+i = 0
+while i < nframes:  # every millisecond, the frames due by then: no busy wait
+    due = min(nframes, int((time.perf_counter() - t0) * rate) + 1)
+    for p in pkts[i:due]:
+        s.sendto(p, dst)
+    i = max(i, due)
+    while True:
+        try:
+            s.recv(2048); got += 1
+        except BlockingIOError:
+            break
+    time.sleep(0.001)
+end = time.perf_counter() + 1.0
+while time.perf_counter() < end:
+    try:
+        s.recv(2048); got += 1
+    except BlockingIOError:
+        time.sleep(0.001)
+print(json.dumps({"rank": rank, "sent": nframes, "results": got,
+                  "send_seconds": time.perf_counter() - t0 - 1.0}))
+'''
+
+
+def _ip(*args, check=True):
+    return subprocess.run(["ip", *args], check=check, capture_output=True, text=True)
+
+
+def make_hosts(n: int, tag: str) -> list[tuple[str, str]]:
+    made = []
+    try:
+        for r in range(n):
+            ns, sw_if, h_if = f"{tag}-h{r}", f"{tag}s{r}", f"{tag}h{r}"
+            _ip("netns", "add", ns)
+            made.append((ns, sw_if))
+            _ip("link", "add", sw_if, "type", "veth", "peer", "name", h_if)
+            _ip("link", "set", h_if, "netns", ns)
+            _ip("-n", ns, "link", "set", h_if, "name", "eth0")
+            _ip("-n", ns, "link", "set", "eth0", "address", f"02:00:00:00:01:{r:02x}")
+            _ip("-n", ns, "addr", "add", f"10.0.0.{r + 1}/24", "dev", "eth0")
+            _ip("-n", ns, "link", "set", "eth0", "up")
+            _ip("-n", ns, "neigh", "add", SWITCH_IP, "lladdr", SWITCH_MAC, "dev", "eth0",
+                "nud", "permanent")
+            subprocess.run(["ip", "netns", "exec", ns, "ethtool", "-K", "eth0", "tx", "off"],
+                           capture_output=True)
+            subprocess.run(["sysctl", "-qw", f"net.ipv6.conf.{sw_if}.disable_ipv6=1"],
+                           capture_output=True)
+            _ip("link", "set", sw_if, "up")
+    except BaseException:
+        remove_hosts(made)
+        raise
+    return made
+
+
+def remove_hosts(hosts) -> None:
+    for ns, sw_if in hosts:
+        _ip("link", "del", sw_if, check=False)
+        _ip("netns", "del", ns, check=False)
+
+
+def run_rate(rate: float, seconds: float, nworkers: int = 4) -> dict:
+    from softswitch.l2 import Dataplane, L2Switch, add_job
+    from spina.config import JobConfig, WorkerAddr
+    hosts = make_hosts(nworkers, f"l2r{os.getpid() % 10000}")
+    start_at = time.time() + 3.0 + 0.5 * nworkers  # after the senders' imports
+    try:
+        dp = Dataplane()
+        dp.table_add("ina_endpoint", {"dst_addr": SWITCH_IP}, "accept_ina")
+        job = JobConfig(job=5, workers=tuple(WorkerAddr(r, f"10.0.0.{r + 1}", 50000 + r)
+                                             for r in range(nworkers)),
+                        nslots=NSLOTS, block_size=BLOCK, nlanes=NLANES)
+        add_job(dp, job, [r + 1 for r in range(nworkers)],
+                [f"02:00:00:00:01:{r:02x}" for r in range(nworkers)], mcast_grp=1)
+        with L2Switch({r + 1: sw_if for r, (_, sw_if) in enumerate(hosts)}, dp) as sw:
+            procs = [subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", SENDER,
+                                       str(ROOT), str(r), str(nworkers), str(rate / nworkers),
+                                       str(seconds), str(NSLOTS), str(start_at)],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                     for r, (ns, _) in enumerate(hosts)]
+            outs = []
+            for p in procs:
+                out, err = p.communicate(timeout=seconds * 10 + 60)
+                if p.returncode:
+                    raise RuntimeError(err[-2000:])
+                outs.append(json.loads(out.strip().splitlines()[-1]))
+            frames_in = sw.frames_in
+        c = dp.pipeline.counters
+        rounds = min(o["sent"] for o in outs)
+        return {"offered_fps": rate, "frames_in": frames_in, "rounds": rounds,
+                "results_min": min(o["results"] for o in outs),
+                "lossless": all(o["results"] == rounds for o in outs),
+                "achieved_fps": round(sum(o["sent"] for o in outs) / max(o["send_seconds"] for o in outs)),
+                "aggregated": int(c["job_aggregated"][5]), "stale": int(c["job_stale"][5]),
+                "load": os.getloadavg()[0]}
+    finally:
+        remove_hosts(hosts)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.l2_rate",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rates", default="10000,20000,30000,40000,50000",
+                    help="offered INA frames per second, all workers together (comma list)")
+    ap.add_argument("--seconds", type=float, default=2.0, help="sending time per rate")
+    args = ap.parse_args(argv)
+    if os.geteuid() != 0:
+        print("bench.l2_rate: error: needs root (network namespaces, raw sockets)", file=sys.stderr)
+        return 2
+    for rate in (float(r) for r in args.rates.split(",")):
+        print(json.dumps(run_rate(rate, args.seconds)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
