@@ -616,7 +616,7 @@ class Agent:
                 raise
             log.debug("rank %d: send failed (%s); the timer will resend", self.rank, e)
 
-    def _timeout_error(self, st: _Slot) -> SpinaTimeout:
+    def _timeout_error(self, st: _Slot, answers: int) -> SpinaTimeout:
         """Why slot `st` made no progress. The switch answers every resend of an incomplete
         round with a status naming who contributed; resends that got no answer at all mean the
         switch does not know this job (it restarted and was not redeployed, or the job or epoch
@@ -624,9 +624,11 @@ class Agent:
         head = (f"job {self.job.job} call {self.call_id}: no result for slot {st.slot} round "
                 f"{st.round} within {self.timeout:g} s; ")
         if st.unanswered >= 3 or not st.last_bitmap:
+            silent = ("never answered this call" if not answers else
+                      f"did not answer the last {st.unanswered} resends")
             return SpinaTimeout(
-                head + f"the switch at {self.switch[0]}:{self.switch[1]} did not answer the last "
-                f"{st.unanswered} resends: it is not running, or it does not admit job "
+                head + f"the switch at {self.switch[0]}:{self.switch[1]} {silent}: it is not "
+                f"running, or it does not admit job "
                 f"{self.job.job} epoch {self.job.epoch} (a switch restarted without a redeploy "
                 "has lost its jobs: run the controller's deploy)", [])
         missing = [r for r in range(self.job.nworkers) if not st.last_bitmap >> r & 1]
@@ -639,7 +641,7 @@ class Agent:
             if st.done:
                 continue
             if now - st.progress_at > self.timeout:
-                raise self._timeout_error(st)
+                raise self._timeout_error(st, call.stats.packets_received)
             if (not st.flush and self.job.bounded_loss and now - st.first_sent_at > self.job.loss_deadline
                     and call.partial_budget_left()):
                 st.flush = True
