@@ -1,0 +1,177 @@
+"""Prometheus metrics: scrape the software switch's and the daemon's endpoints after known
+traffic, and let a real Prometheus server (Debian's `prometheus`) scrape a running switch.
+
+Run just this file: .venv/bin/python -m pytest tests/test_metrics.py
+"""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from host_agent.agent import Agent
+from host_agent.local import LocalCluster
+from softswitch.metrics import serve_metrics
+from softswitch.udp import UdpSwitch
+from spina import wire
+from spina.config import JobConfig, WorkerAddr, job_to_dict
+from spina.metrics import parse_address
+from spina.net import bound_udp_socket
+from spina.procs import stop_process
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = {**os.environ, "PYTHONPATH": ROOT}
+
+
+def scrape(url: str) -> dict[tuple, float]:
+    """{(sample name, sorted label items): value} of one scrape."""
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def test_metrics_address_defaults_to_loopback_and_refuses_wildcards():
+    """A bare port binds 127.0.0.1; 0.0.0.0, :: and an empty host are refused with a reason."""
+    assert parse_address("9100") == ("127.0.0.1", 9100)
+    assert parse_address("10.1.2.3:9100") == ("10.1.2.3", 9100)
+    assert parse_address("[::1]:0") == ("::1", 0)
+    for bad in ("0.0.0.0:9100", "[::]:9100", "x:y", "host.example:9100"):
+        with pytest.raises(ValueError, match="metrics address"):
+            parse_address(bad)
+    with pytest.raises(ValueError, match="wildcard"):
+        parse_address("0.0.0.0:9100")
+
+
+def test_switch_cli_refuses_a_wildcard_metrics_address():
+    """`python -m softswitch udp --metrics 0.0.0.0:9100` exits 2 with a one-line error."""
+    r = subprocess.run([sys.executable, "-m", "softswitch", "udp", "--port", "0",
+                        "--metrics", "0.0.0.0:9100"], capture_output=True, text=True,
+                       timeout=60, env=ENV, cwd=ROOT)
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "wildcard" in r.stderr
+
+
+def test_switch_scrape_counts_known_traffic():
+    """After two all-reduces of 2 workers and one malformed and one unadmitted datagram, the
+    switch's endpoint reports exactly the packets the agents sent, the results, the drops
+    by cause and the slots the job holds."""
+    sw = UdpSwitch(port=0).start()
+    server = serve_metrics(sw.pipeline, sw, "127.0.0.1:0")
+    try:
+        with LocalCluster(2, job=5, switch=sw, nslots=4, block_size=8, nlanes=2) as c:
+            x = np.zeros(1024, np.float32)
+            x[::100] = 1.0  # sparse: some blocks are zero
+            sent = results = 0
+            for _ in range(2):
+                c.allreduce([x, 2 * x])
+                sent += sum(a.last_stats.packets_sent for a in c.agents)
+                results += sum(a.last_stats.packets_received for a in c.agents)
+            stray = bound_udp_socket()
+            stray.sendto(b"not an INA packet", sw.address)
+            stray.sendto(wire.pack(wire.Header(job=5, rank=0, nlanes=1, block_size=8),
+                                   [wire.END]), sw.address)
+            deadline = time.time() + 10
+            while sw.packets_in < sent + 2 and time.time() < deadline:
+                time.sleep(0.02)
+            stray.close()
+            m = scrape(server.url)
+            assert m[("spina_job_packets_received_total", (("job_id", "5"),))] == sent
+            assert m[("spina_job_packets_aggregated_total", (("job_id", "5"),))] == sent
+            # one result per worker per round (the multicast copies), and none was lost
+            assert m[("spina_job_results_total", (("job_id", "5"),))] == results
+            assert m[("spina_job_drops_total", (("cause", "duplicate"), ("job_id", "5")))] == 0
+            assert m[("spina_port_drops_total", (("cause", "malformed"), ("port", "0")))] == 1
+            assert m[("spina_port_drops_total", (("cause", "unadmitted"), ("port", "0")))] == 1
+            assert m[("spina_switch_packets_received_total", ())] == sent + 2
+            assert m[("spina_switch_packets_sent_total", ())] == results
+            assert m[("spina_switch_bytes_received_total", ())] == sw.bytes_in
+            assert m[("spina_switch_slots_in_use", ())] == 4
+            assert m[("spina_job_slots", (("job_id", "5"),))] == 4
+            assert m[("spina_job_workers", (("job_id", "5"),))] == 2
+            assert m[("spina_switch_pool_slots", ())] == sw.pipeline.pool_slots
+    finally:
+        server.stop()
+        sw.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(cmd, want: str, timeout: float = 60.0):
+    """Start `cmd`; return (process, the first stdout line starting with `want`)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=ENV, cwd=ROOT)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        if line.startswith(want):
+            return proc, line.strip()
+    stop_process(proc)
+    raise AssertionError(f"{cmd[:4]}: no {want!r} line; stderr: {proc.stderr.read()[-2000:]}")
+
+
+def test_real_prometheus_scrapes_a_running_switch(tmp_path):
+    """A Prometheus server started on loopback scrapes `python -m softswitch udp --metrics`
+    and answers a PromQL query with the number of contributions the workers sent."""
+    prom = shutil.which("prometheus")
+    if prom is None:
+        pytest.skip("prometheus is not on PATH (Debian: apt-get install prometheus; "
+                    "scripts/setup.sh installs it as root)")
+    socks = [bound_udp_socket() for _ in range(2)]
+    job = JobConfig(job=3, workers=tuple(WorkerAddr(r, *s.getsockname())
+                                         for r, s in enumerate(socks)), block_size=16, nlanes=4)
+    jobs = tmp_path / "jobs.json"
+    jobs.write_text(json.dumps([job_to_dict(job)]))
+    sw, line = _start([sys.executable, "-m", "softswitch", "udp", "--port", "0", "--jobs",
+                       str(jobs), "--metrics", "127.0.0.1:0"], "listening")
+    try:
+        host, port = line.split()[1].rsplit(":", 1)
+        metrics_url = sw.stdout.readline().split()[1]
+        target = urllib.parse.urlparse(metrics_url).netloc
+        agents = [Agent(job, r, (host, int(port)), sock=s, timeout=20) for r, s in enumerate(socks)]
+        x = np.arange(4096, dtype=np.float32)
+        import concurrent.futures
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            list(pool.map(lambda a: a.allreduce(x), agents))
+        sent = sum(a.last_stats.packets_sent for a in agents)
+        for a in agents:
+            a.close()
+        web = f"127.0.0.1:{_free_port()}"
+        cfg = tmp_path / "prometheus.yml"
+        cfg.write_text("global: {scrape_interval: 1s}\nscrape_configs:\n"
+                       f"  - job_name: spina\n    static_configs: [{{targets: ['{target}']}}]\n")
+        server = subprocess.Popen([prom, f"--config.file={cfg}", f"--web.listen-address={web}",
+                                   f"--storage.tsdb.path={tmp_path / 'data'}"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            query = urllib.parse.quote('sum(spina_job_packets_received_total{job_id="3"})')
+            got, deadline = None, time.time() + 90
+            while time.time() < deadline:
+                try:
+                    ans = json.load(urllib.request.urlopen(
+                        f"http://{web}/api/v1/query?query={query}", timeout=5))
+                    if ans["data"]["result"]:
+                        got = float(ans["data"]["result"][0]["value"][1])
+                        if got == sent:
+                            break
+                except OSError:
+                    pass  # not listening yet
+                time.sleep(0.5)
+            assert got == sent, f"Prometheus answered {got}, the workers sent {sent}"
+        finally:
+            assert stop_process(server, 20) == 0, server.stderr.read()[-2000:]
+    finally:
+        stop_process(sw)
