@@ -23,7 +23,8 @@ one call at a time (its agent's lock).
 
 Config file (JSON; every field optional):
     {"socket": "/tmp/spina-agent.sock", "log_file": null, "log_level": "INFO",
-     "timeout": 30.0, "rto": 0.2}
+     "timeout": 30.0, "rto": 0.2, "metrics": null}
+`metrics` ("[HOST:]PORT", loopback by default) serves Prometheus metrics (host_agent/metrics.py).
 """
 from __future__ import annotations
 
@@ -34,14 +35,18 @@ import os
 import signal
 import socket
 import struct
+import sys
 import threading
+import time
 from dataclasses import asdict, dataclass
 from multiprocessing import resource_tracker, shared_memory
 
 import numpy as np
 
 from host_agent.agent import Agent, CallStats, SpinaError
+from host_agent.metrics import DaemonMetrics
 from spina.config import ConfigError, JobFile
+from spina.metrics import parse_address
 
 log = logging.getLogger("spina.daemon")
 
@@ -59,6 +64,7 @@ class DaemonConfig:
     log_level: str = "INFO"
     timeout: float = 30.0
     rto: float = 0.2
+    metrics: str | None = None
 
     @classmethod
     def load(cls, path: str | None) -> "DaemonConfig":
@@ -81,6 +87,11 @@ class DaemonConfig:
                 raise ConfigError(f"daemon config: field '{name}': must be a positive number")
         if not isinstance(cfg.socket, str) or not cfg.socket:
             raise ConfigError("daemon config: field 'socket': must be a path")
+        if cfg.metrics is not None:
+            try:
+                parse_address(str(cfg.metrics))
+            except ValueError as e:
+                raise ConfigError(f"daemon config: field 'metrics': {e}") from None
         return cfg
 
 
@@ -129,9 +140,10 @@ def _open_shm(name: str) -> shared_memory.SharedMemory:
 class _Slot:
     """One (job, rank): its agent and the lock that serialises its calls."""
 
-    def __init__(self, agent: Agent, jf: JobFile):
+    def __init__(self, agent: Agent, jf: JobFile, rank: int):
         self.agent = agent
         self.jf = jf
+        self.rank = rank
         self.lock = threading.Lock()
 
 
@@ -147,12 +159,16 @@ class Daemon:
         self.calls_in_progress = 0
         self.calls_done = 0
         self.clients_lost = 0
+        self.metrics = DaemonMetrics()
+        self.metrics.agents.set_function(lambda: len(self._slots))
+        self.metrics.in_progress.set_function(lambda: self.calls_in_progress)
         if os.path.exists(cfg.socket):
             os.unlink(cfg.socket)  # a stale socket from a daemon that was killed
         self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.server.bind(cfg.socket)
         os.chmod(cfg.socket, 0o660)
         self.server.listen(64)
+        self.metrics_server = self.metrics.serve(cfg.metrics) if cfg.metrics else None
 
     def serve_forever(self) -> None:
         log.info("daemon listening on %s (pid %d)", self.cfg.socket, os.getpid())
@@ -177,6 +193,8 @@ class Daemon:
 
     def _shutdown(self) -> None:
         self.server.close()
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
         try:
             os.unlink(self.cfg.socket)
         except FileNotFoundError:
@@ -206,7 +224,7 @@ class Daemon:
             if s is None:
                 agent = Agent(jf.job, rank, jf.switch, timeout=self.cfg.timeout, rto=self.cfg.rto,
                               rendezvous=jf.rendezvous)
-                s = self._slots[key] = _Slot(agent, jf)
+                s = self._slots[key] = _Slot(agent, jf, rank)
                 log.info("job %d epoch %d rank %d: agent on %s:%d, switch %s:%d", jf.job.job,
                          jf.job.epoch, rank, *agent.sock.getsockname(), *jf.switch)
             else:
@@ -244,6 +262,7 @@ class Daemon:
                         send_msg(conn, reply)
                     except OSError:
                         self.clients_lost += 1
+                        self.metrics.clients_lost.inc()
                         log.warning("%s went away during a call; the call completed, rank freed", peer)
                         return
                 elif op == "status":
@@ -275,14 +294,17 @@ class Daemon:
             return {"ok": False, "error": f"allreduce: bad request: {e}"}
         with slot.lock:
             self.calls_in_progress += 1
+            t0, ok = time.perf_counter(), False
             try:
                 slot.agent.allreduce(view, inplace=True)  # the sum lands in shared memory
-                stats = asdict(slot.agent.last_stats)
+                stats, ok = asdict(slot.agent.last_stats), True
             except SpinaError as e:
                 return {"ok": False, "error": f"{type(e).__name__}: {e}"}
             finally:
                 self.calls_in_progress -= 1
                 self.calls_done += 1
+                self.metrics.call_done(slot.jf.job.job, slot.rank, slot.agent.last_stats,
+                                       time.perf_counter() - t0, ok)
                 del view
         return {"ok": True, "stats": stats}
 
@@ -397,15 +419,26 @@ def main(argv=None) -> int:
                                      "timeout, rto)")
     ap.add_argument("--socket", help=f"Unix socket path (overrides the config; default {DEFAULT_SOCKET})")
     ap.add_argument("--log-file", help="log to this file (overrides the config; default stderr)")
+    ap.add_argument("--metrics", metavar="[HOST:]PORT",
+                    help="serve Prometheus metrics at http://HOST:PORT/metrics (overrides the "
+                         "config; host default 127.0.0.1; a wildcard address is refused)")
     args = ap.parse_args(argv)
     cfg = DaemonConfig.load(args.config)
+    if args.metrics:
+        cfg.metrics = args.metrics
     if args.socket:
         cfg.socket = args.socket
     if args.log_file:
         cfg.log_file = args.log_file
     logging.basicConfig(level=cfg.log_level, filename=cfg.log_file,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    daemon = Daemon(cfg)
+    try:
+        daemon = Daemon(cfg)
+    except (ValueError, OSError) as e:  # a metrics address refused or taken
+        print(f"daemon: error: {e}", file=sys.stderr)
+        return 2
+    if daemon.metrics_server is not None:
+        print(f"metrics {daemon.metrics_server.url}", flush=True)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: daemon.stop())
     daemon.serve_forever()

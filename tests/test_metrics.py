@@ -175,3 +175,54 @@ def test_real_prometheus_scrapes_a_running_switch(tmp_path):
             assert stop_process(server, 20) == 0, server.stderr.read()[-2000:]
     finally:
         stop_process(sw)
+
+
+def test_daemon_scrape_counts_calls_packets_and_resends(tmp_path):
+    """Two ranks each make three calls through an in-process daemon while the switch loses
+    10% of arriving packets: the daemon's endpoint reports the calls, the latency histogram's
+    count and exactly the packets, bytes and resends the calls' stats add up to."""
+    from host_agent.daemon import Daemon, DaemonClient, DaemonConfig
+    from host_agent.launch import local_job
+    from softswitch.udp import Faults
+    from spina.config import JobFile
+    job = local_job(2)
+    with UdpSwitch(port=0, faults=Faults(drop_in=0.1, seed=4)) as sw:
+        sw.add_job(job)
+        JobFile(job, sw.address).write(tmp_path / "job.json")
+        d = Daemon(DaemonConfig(socket=str(tmp_path / "a.sock"), timeout=20, rto=0.02,
+                                metrics="127.0.0.1:0"))
+        import threading
+        t = threading.Thread(target=d.serve_forever, daemon=True)
+        t.start()
+        try:
+            clients = [DaemonClient(str(tmp_path / "job.json"), r, str(tmp_path / "a.sock"))
+                       for r in range(2)]
+            stats = {0: [], 1: []}
+            x = np.linspace(-1, 1, 20000, dtype=np.float32)
+
+            def run(c):
+                for _ in range(3):
+                    c.allreduce(x)
+                    stats[c.rank].append(c.last_stats)
+            import concurrent.futures
+            with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                list(pool.map(run, clients))
+            for c in clients:
+                c.close()
+            m = scrape(d.metrics_server.url)
+            jid = str(job.job)
+            assert sum(s.resends for r in stats for s in stats[r]) > 0, "the loss caused resends"
+            for r in (0, 1):
+                lab = (("job_id", jid), ("rank", str(r)))
+                assert m[("spina_agent_calls_total", lab[:1] + (("outcome", "ok"), lab[1]))] == 3
+                for field, metric in (("packets_sent", "packets_sent"), ("resends", "resends"),
+                                      ("bytes_received", "bytes_received"),
+                                      ("length", "elements")):
+                    want = sum(getattr(s, field) for s in stats[r])
+                    assert m[(f"spina_agent_{metric}_total", lab)] == want, metric
+            assert m[("spina_agent_call_duration_seconds_count", (("job_id", jid),))] == 6
+            assert m[("spina_agent_agents", ())] == 2
+            assert m[("spina_agent_calls_in_progress", ())] == 0
+        finally:
+            d.stop()
+            t.join(10)
