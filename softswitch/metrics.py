@@ -46,9 +46,9 @@ class SwitchCollector:
         port_ids.update(getattr(self.sw, "interfaces", {}))
         for name in PORT_COUNTERS:
             port_ids.update(np.flatnonzero(c[name]).tolist())
-        yield from counter_families(
-            {j: {n: int(c[n][j]) for n in JOB_COUNTERS} for j in job_ids},
-            {q: {n: int(c[n][q]) for n in PORT_COUNTERS} for q in port_ids})
+        yield from counter_families([(
+            {}, {j: {n: int(c[n][j]) for n in JOB_COUNTERS} for j in job_ids},
+            {q: {n: int(c[n][q]) for n in PORT_COUNTERS} for q in port_ids})])
 
         sw = self.sw
         pairs = [("packets_in", "packets_out", "packets", "Datagrams"),

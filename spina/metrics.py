@@ -82,29 +82,29 @@ class MetricsServer:
         self._thread.join(timeout=5)
 
 
-def counter_families(job_counters: dict[int, dict[str, int]],
-                     port_counters: dict[int, dict[str, int]], labels: dict[str, str] | None = None):
-    """Metric families of P4 counter values: {job: {counter: value}}, {port: {counter: value}}.
-    `labels` (e.g. {"switch": "s1"}) go on every sample."""
+def counter_families(sources):
+    """Metric families of P4 counter values. `sources` holds one (labels, {job: {counter:
+    value}}, {port: {counter: value}}) triple per switch; `labels` (e.g. {"switch": "s1"},
+    the same keys for every source) go on each of its samples."""
     from prometheus_client.core import CounterMetricFamily
-    extra = dict(labels or {})
     fams: dict[str, CounterMetricFamily] = {}
 
-    def add(table, values: dict[str, int], key: str, keyval: int):
+    def add(table, values: dict[str, int], key: str, keyval: int, extra: dict):
         for counter, value in values.items():
             if counter not in table:
                 continue
             name, doc, cause = table[counter]
-            names = [key] + (["cause"] if cause else []) + list(extra)
             fam = fams.get(name)
             if fam is None:
                 doc = doc or next(d for n, d, _ in table.values() if n == name and d)
-                fam = fams[name] = CounterMetricFamily(name, doc, labels=names)
+                fam = fams[name] = CounterMetricFamily(
+                    name, doc, labels=[key] + (["cause"] if cause else []) + list(extra))
             fam.add_metric([str(keyval)] + ([cause] if cause else []) + list(extra.values()),
                            float(value))
 
-    for job, values in sorted(job_counters.items()):
-        add(JOB_FAMILIES, values, "job_id", job)
-    for port, values in sorted(port_counters.items()):
-        add(PORT_FAMILIES, values, "port", port)
+    for labels, jobs, ports in sources:
+        for job, values in sorted(jobs.items()):
+            add(JOB_FAMILIES, values, "job_id", job, labels)
+        for port, values in sorted(ports.items()):
+            add(PORT_FAMILIES, values, "port", port, labels)
     return list(fams.values())

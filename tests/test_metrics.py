@@ -226,3 +226,64 @@ def test_daemon_scrape_counts_calls_packets_and_resends(tmp_path):
         finally:
             d.stop()
             t.join(10)
+
+
+def test_controller_exports_p4_counters_polled_over_p4runtime(tmp_path):
+    """The controller's endpoint reports the P4 counters it reads over P4Runtime from a
+    software switch after a deployed job's all-reduce: the same values the switch holds."""
+    import yaml
+    from controller.controller import Controller
+    from controller.metrics import serve_metrics as serve_controller_metrics
+    from controller.state import load
+    from host_agent import assignment
+    from softswitch.p4runtime_server import ControlledUdpSwitch, P4RuntimeServer
+    sw = ControlledUdpSwitch("127.0.0.1", 0).start()
+    srv = P4RuntimeServer(sw.dataplane, "127.0.0.1:0", on_change=sw.sync).start()
+    cfg = tmp_path / "spina.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "switches": [{"name": "s1", "target": "softswitch", "grpc": srv.address,
+                      "address": "127.0.0.1", "udp_port": sw.address[1]}],
+        "workers": [{"name": f"w{i}", "ip": "127.0.0.1", "switch_port": 0,
+                     "udp_port": bound_udp_socket().getsockname()[1]} for i in range(2)],
+        "jobs": [{"id": 4, "members": ["w0", "w1"], "nslots": 4, "slot_base": 0,
+                  "block_size": 32, "nlanes": 4}],
+        "agents_dir": "agents"}))
+    try:
+        with Controller(load(cfg), 1, timeout=20) as ctl:
+            ctl.deploy()
+            server = serve_controller_metrics(ctl, "127.0.0.1:0")
+            try:
+                agents = [assignment.connect(tmp_path / "agents" / f"job4-rank{r}.json",
+                                             timeout=20) for r in range(2)]
+                import concurrent.futures
+                with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                    list(pool.map(lambda a: a.allreduce(np.arange(3000, dtype=np.int32)), agents))
+                sent = sum(a.last_stats.packets_sent for a in agents)
+                for a in agents:
+                    a.close()
+                m = scrape(server.url)
+            finally:
+                server.stop()
+        lab = (("job_id", "4"), ("switch", "s1"))
+        assert m[("spina_job_packets_received_total", lab)] == sent
+        assert m[("spina_job_results_total", lab)] == sw.pipeline.job_counters(4)["job_results"] > 0
+        assert m[("spina_port_drops_total", (("cause", "malformed"), ("port", "0"),
+                                             ("switch", "s1")))] == 0
+        assert m[("spina_controller_switch_up", (("switch", "s1"),))] == 1
+        assert m[("spina_job_slots", lab)] == 4
+    finally:
+        srv.stop()
+        sw.stop()
+
+
+def test_controller_metrics_only_with_long_running_commands(tmp_path):
+    """`controller --metrics` with a one-shot command, or a wildcard address, exits 2 with a
+    one-line error naming --metrics."""
+    cfg = tmp_path / "spina.yaml"
+    cfg.write_text("switches: []\nworkers: []\njobs: []\n")
+    for args, why in ((["--metrics", "9100", "status"], "serve"),
+                      (["--metrics", "0.0.0.0:9100", "deploy", "--watch", "1"], "wildcard")):
+        r = subprocess.run([sys.executable, "-m", "controller", "-c", str(cfg), *args],
+                           capture_output=True, text=True, timeout=60, env=ENV, cwd=ROOT)
+        assert r.returncode == 2, r.stderr
+        assert r.stderr.strip().count("\n") == 0 and why in r.stderr and "metrics" in r.stderr
