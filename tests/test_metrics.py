@@ -287,3 +287,22 @@ def test_controller_metrics_only_with_long_running_commands(tmp_path):
                            capture_output=True, text=True, timeout=60, env=ENV, cwd=ROOT)
         assert r.returncode == 2, r.stderr
         assert r.stderr.strip().count("\n") == 0 and why in r.stderr and "metrics" in r.stderr
+
+
+def test_dashboard_and_docs_name_only_exported_metrics():
+    """Every metric the Grafana dashboard queries is in docs/operations.md's table, and every
+    family the exporters define is documented there."""
+    import re
+    from host_agent.metrics import DaemonMetrics
+    from spina.metrics import JOB_FAMILIES, PORT_FAMILIES
+    docs = open(os.path.join(ROOT, "docs", "operations.md")).read()
+    dash = json.load(open(os.path.join(ROOT, "docs", "grafana-spina.json")))
+    used = {n for p in dash["panels"] for t in p["targets"]
+            for n in re.findall(r"spina_\w+", t["expr"])}
+    exported = {n + "_total" for n, _, _ in (*JOB_FAMILIES.values(), *PORT_FAMILIES.values())}
+    exported |= {f.name + ("_total" if f.type == "counter" else "")
+                 for f in DaemonMetrics().registry.collect()}
+    for name in used | exported:
+        base = re.sub(r"_(bucket|count|sum)$", "", name)
+        assert base in docs or base.replace("_total", "") in docs or \
+            re.sub(r"_(received|sent)_total$", "", base) in docs, name
