@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test soak bench profile clean help p4 p4-check testbed deploy
+.PHONY: setup demo test soak bench profile clean help p4 p4-check testbed deploy dissector
 
 help:  ## list targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -59,6 +59,9 @@ bench: $(STAMP)  ## SpINA vs gloo sweep (12 min here): bench/out/{results.csv,su
 
 profile: $(STAMP)  ## cProfile + memory of agent and software switch at the base point: bench/out/profile/
 	$(PY) -m bench.profile $(PROFILE_ARGS)
+
+dissector:  ## regenerate docs/spina.lua (Wireshark dissector) from spina/wire.py HEADER_FIELDS
+	$(PY) -m spina.dissector > docs/spina.lua
 
 clean:  ## remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache build *.egg-info

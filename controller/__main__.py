@@ -13,6 +13,7 @@ from controller.p4rt import NotPrimaryError, P4RuntimeError
 from controller.state import Job, load
 from spina import cli
 from spina.config import ConfigError
+from spina.metrics import parse_address
 from spina.rendezvous import RendezvousServer
 
 DEFAULT_FILE = "spina.yaml"
@@ -32,6 +33,10 @@ def _parser() -> argparse.ArgumentParser:
                          "primary and only the primary writes (default %(default)s)")
     ap.add_argument("--timeout", type=float, default=10.0,
                     help="seconds to wait for a switch (default %(default)s)")
+    ap.add_argument("--metrics", metavar="[HOST:]PORT",
+                    help="with serve or deploy --watch: serve Prometheus metrics polled from "
+                         "every switch's P4 counters at http://HOST:PORT/metrics (host default "
+                         "127.0.0.1; a wildcard address is refused)")
     ap.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     d = sub.add_parser("deploy", help="push pipeline and state; idempotent (twice: no writes)",
@@ -130,18 +135,39 @@ def serve(args, ctl: Controller) -> int:
         return watch(args, ctl, runs)
 
 
+def _with_metrics(args, ctl: Controller) -> int:
+    """serve / deploy --watch, with the metrics endpoint running around it if asked."""
+    metrics = None
+    if args.metrics:
+        from controller.metrics import serve_metrics
+        metrics = serve_metrics(ctl, args.metrics)
+        print(f"metrics {metrics.url}", flush=True)
+    try:
+        return serve(args, ctl) if args.cmd == "serve" else watch(args, ctl)
+    finally:
+        if metrics is not None:
+            metrics.stop()
+
+
 def main(argv=None) -> int:
     ap = _parser()
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING - 10 * min(args.verbose, 2),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
+        long_running = args.cmd == "serve" or (args.cmd == "deploy" and args.watch)
+        if args.metrics:
+            if not long_running:
+                raise ConfigError("--metrics: only with `serve` or `deploy --watch` (a one-shot "
+                                  "command exits before anything scrapes it)")
+            try:
+                parse_address(args.metrics)
+            except ValueError as e:
+                raise ConfigError(f"--metrics: {e}") from None
         state = load(args.config)
         with Controller(state, args.election_id, timeout=args.timeout) as ctl:
-            if args.cmd == "serve":
-                return serve(args, ctl)
-            if args.cmd == "deploy" and args.watch:
-                return watch(args, ctl)
+            if long_running:
+                return _with_metrics(args, ctl)
             if args.cmd == "deploy":
                 for r in ctl.deploy(args.switch):
                     print(r)

@@ -23,7 +23,8 @@ one call at a time (its agent's lock).
 
 Config file (JSON; every field optional):
     {"socket": "/tmp/spina-agent.sock", "log_file": null, "log_level": "INFO",
-     "timeout": 30.0, "rto": 0.2}
+     "timeout": 30.0, "rto": 0.2, "metrics": null}
+`metrics` ("[HOST:]PORT", loopback by default) serves Prometheus metrics (host_agent/metrics.py).
 """
 from __future__ import annotations
 
@@ -33,16 +34,20 @@ import os
 import signal
 import socket
 import struct
+import sys
 import threading
+import time
 from dataclasses import asdict, dataclass, replace
 from multiprocessing import resource_tracker, shared_memory
 
 import numpy as np
 
 from host_agent.agent import Agent, CallStats, SpinaError
+from host_agent.metrics import DaemonMetrics
 from spina import cli
 from spina.cli import LOG_LEVELS
 from spina.config import ConfigError, JobFile
+from spina.metrics import parse_address
 
 log = logging.getLogger("spina.daemon")
 
@@ -60,6 +65,7 @@ class DaemonConfig:
     log_level: str = "INFO"
     timeout: float = 30.0
     rto: float = 0.2
+    metrics: str | None = None
 
     @classmethod
     def load(cls, path: str | None) -> "DaemonConfig":
@@ -107,6 +113,11 @@ class DaemonConfig:
             if path is not None:
                 folder = os.path.dirname(os.path.abspath(path))
                 need(os.path.isdir(folder), name, f"directory {folder} does not exist")
+        if self.metrics is not None:
+            try:
+                parse_address(str(self.metrics))
+            except ValueError as e:
+                raise ConfigError(f"field 'metrics': {e}") from None
         return self
 
 
@@ -200,9 +211,10 @@ def _open_shm(name: str) -> shared_memory.SharedMemory:
 class _Slot:
     """One (job, rank): its agent and the lock that serialises its calls."""
 
-    def __init__(self, agent: Agent, jf: JobFile):
+    def __init__(self, agent: Agent, jf: JobFile, rank: int):
         self.agent = agent
         self.jf = jf
+        self.rank = rank
         self.lock = threading.Lock()
 
 
@@ -218,6 +230,9 @@ class Daemon:
         self.calls_in_progress = 0
         self.calls_done = 0
         self.clients_lost = 0
+        self.metrics = DaemonMetrics()
+        self.metrics.agents.set_function(lambda: len(self._slots))
+        self.metrics.in_progress.set_function(lambda: self.calls_in_progress)
         if os.path.exists(cfg.socket):
             probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
@@ -230,9 +245,18 @@ class Daemon:
             finally:
                 probe.close()
         self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.server.bind(cfg.socket)
-        os.chmod(cfg.socket, 0o660)
-        self.server.listen(64)
+        try:
+            self.server.bind(cfg.socket)
+            os.chmod(cfg.socket, 0o660)
+            self.server.listen(64)
+        except OSError as e:
+            self.server.close()
+            raise ConfigError(f"socket {cfg.socket}: {e.strerror or e}") from None
+        try:
+            self.metrics_server = self.metrics.serve(cfg.metrics) if cfg.metrics else None
+        except (ValueError, OSError) as e:
+            self.server.close()
+            raise ConfigError(f"metrics {cfg.metrics}: {getattr(e, 'strerror', None) or e}") from None
 
     def serve_forever(self) -> None:
         log.info("daemon listening on %s (pid %d)", self.cfg.socket, os.getpid())
@@ -257,6 +281,8 @@ class Daemon:
 
     def _shutdown(self) -> None:
         self.server.close()
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
         try:
             os.unlink(self.cfg.socket)
         except FileNotFoundError:
@@ -286,7 +312,7 @@ class Daemon:
             if s is None:
                 agent = Agent(jf.job, rank, jf.switch, timeout=self.cfg.timeout, rto=self.cfg.rto,
                               rendezvous=jf.rendezvous)
-                s = self._slots[key] = _Slot(agent, jf)
+                s = self._slots[key] = _Slot(agent, jf, rank)
                 log.info("job %d epoch %d rank %d: agent on %s:%d, switch %s:%d", jf.job.job,
                          jf.job.epoch, rank, *agent.sock.getsockname(), *jf.switch)
             else:
@@ -335,6 +361,7 @@ class Daemon:
                         send_msg(conn, reply)
                     except OSError:
                         self.clients_lost += 1
+                        self.metrics.clients_lost.inc()
                         log.warning("%s went away during a call; the call completed, rank freed", peer)
                         return
                 else:  # status
@@ -373,14 +400,17 @@ class Daemon:
         view = np.ndarray((n,), dtype, buffer=shm.buf)
         with slot.lock:
             self.calls_in_progress += 1
+            t0, ok = time.perf_counter(), False
             try:
                 slot.agent.allreduce(view, inplace=True)  # the sum lands in shared memory
-                stats = asdict(slot.agent.last_stats)
+                stats, ok = asdict(slot.agent.last_stats), True
             except SpinaError as e:
                 return {"ok": False, "error": f"{type(e).__name__}: {e}"}
             finally:
                 self.calls_in_progress -= 1
                 self.calls_done += 1
+                self.metrics.call_done(slot.jf.job.job, slot.rank, slot.agent.last_stats,
+                                       time.perf_counter() - t0, ok)
                 del view
         return {"ok": True, "stats": stats}
 
@@ -495,8 +525,12 @@ def main(argv=None) -> int:
                                      "timeout, rto)")
     ap.add_argument("--socket", help=f"Unix socket path (overrides the config; default {DEFAULT_SOCKET})")
     ap.add_argument("--log-file", help="log to this file (overrides the config; default stderr)")
+    ap.add_argument("--metrics", metavar="[HOST:]PORT",
+                    help="serve Prometheus metrics at http://HOST:PORT/metrics (overrides the "
+                         "config; host default 127.0.0.1; a wildcard address is refused)")
     args = ap.parse_args(argv)
-    overrides = {k: v for k, v in (("socket", args.socket), ("log_file", args.log_file)) if v}
+    overrides = {k: v for k, v in (("socket", args.socket), ("log_file", args.log_file),
+                                   ("metrics", args.metrics)) if v}
     try:
         for k, v in overrides.items():
             try:
@@ -512,8 +546,8 @@ def main(argv=None) -> int:
         daemon = Daemon(cfg)
     except ConfigError as e:
         return cli.fail(ap.prog, e)
-    except OSError as e:
-        return cli.fail(ap.prog, f"socket {cfg.socket}: {e.strerror or e}")
+    if daemon.metrics_server is not None:
+        print(f"metrics {daemon.metrics_server.url}", flush=True)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: daemon.stop())
     daemon.serve_forever()

@@ -7,8 +7,9 @@ PYTHON=${2:-python3}
 cd "$(dirname "$0")/.."
 
 # Debian packages the tests use: iproute2 (ip netns), iptables (loss injection), ethtool,
-# mininet (mnexec and Debian's mininet module), cpp (the P4 agreement tests preprocess p4src/).
-DEBS="iproute2 iptables ethtool mininet cpp"
+# mininet (mnexec and Debian's mininet module), cpp (the P4 agreement tests preprocess p4src/),
+# tshark (the Lua dissector test; ~9 s here) and prometheus (the real-scrape test; ~14 s).
+DEBS="iproute2 iptables ethtool mininet cpp tshark prometheus"
 missing=""
 for p in $DEBS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then
@@ -16,6 +17,11 @@ if [ -n "$missing" ]; then
     echo "setup: installing Debian packages:$missing"
     apt-get update -qq >/dev/null
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null
+    # Debian starts a system-wide Prometheus on *:9090 (BMv2's Thrift port): the tests run
+    # their own on loopback, so the service is stopped and disabled.
+    if [[ " $missing " == *" prometheus "* ]] && command -v systemctl >/dev/null; then
+      systemctl disable --now prometheus >/dev/null 2>&1 || true
+    fi
   else
     echo "setup: warning: missing Debian packages:$missing (need root and apt-get); namespace tests will skip"
   fi

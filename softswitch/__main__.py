@@ -87,6 +87,10 @@ def _pool_args(p: argparse.ArgumentParser) -> None:
                         "the tables")
     p.add_argument("--device-id", type=cli.int_range(0, (1 << 64) - 1), default=0,
                    help="P4Runtime device id (default %(default)s)")
+    p.add_argument("--metrics", metavar="[HOST:]PORT",
+                   help="serve Prometheus metrics at http://HOST:PORT/metrics (host default "
+                        "127.0.0.1; a wildcard address is refused; port 0 picks one and prints "
+                        "it). Names: docs/operations.md")
     p.add_argument("-v", "--verbose", action="count", default=0,
                    help="more logging (-vv: per packet)")
 
@@ -150,7 +154,7 @@ def main(argv=None) -> int:
     _check_args(ap, args)
     logging.basicConfig(level=logging.WARNING - 10 * min(args.verbose + 1, 2),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    server = None
+    server = metrics = None
     try:
         if args.mode == "udp":
             jobs = load_jobs(args.jobs) if args.jobs else []
@@ -185,6 +189,11 @@ def main(argv=None) -> int:
                     raise ConfigError(f"{args.config}: {e}") from None
             sw = L2Switch(dict(args.interface), dp)
             print("switching " + " ".join(f"{p}@{i}" for p, i in args.interface), flush=True)
+        if args.metrics:
+            from softswitch.metrics import serve_metrics
+            metrics = serve_metrics(sw.pipeline if args.mode == "udp" else dp.pipeline, sw,
+                                    args.metrics)
+            print(f"metrics {metrics.url}", flush=True)
         if args.grpc:
             from softswitch.p4runtime_server import P4RuntimeServer
             server = P4RuntimeServer(dp, args.grpc, args.device_id, on_change).start()
@@ -200,6 +209,8 @@ def main(argv=None) -> int:
         pass
     if server is not None:
         server.stop()
+    if metrics is not None:
+        metrics.stop()
     sw.stop()
     return 0
 

@@ -1,0 +1,75 @@
+"""The host agent daemon's Prometheus metrics (`--metrics [HOST:]PORT` or config `metrics`).
+
+Updated once per call from the agent's CallStats (never per packet). Labels: job_id, rank.
+
+    spina_agent_calls_total{job_id,rank,outcome}     outcome: ok | error
+    spina_agent_call_duration_seconds{job_id}        histogram of all-reduce call latency
+    spina_agent_calls_in_progress                    calls running now
+    spina_agent_packets_sent_total / _received_total
+    spina_agent_bytes_sent_total / _received_total   whole UDP payloads
+    spina_agent_payload_bytes_sent_total             block data only
+    spina_agent_resends_total                        retransmissions after a timeout
+    spina_agent_foreign_packets_total                datagrams not from the switch, dropped
+    spina_agent_partial_rounds_total                 rounds completed without every worker
+    spina_agent_nonzero_blocks_total                 blocks this rank put on the wire
+    spina_agent_elements_total                       tensor elements reduced
+    spina_agent_agents                               (job, rank) agents the daemon holds
+    spina_agent_clients_lost_total                   clients gone during a call
+"""
+from __future__ import annotations
+
+from spina.metrics import MetricsServer
+
+# CallStats field -> (metric name without _total, documentation)
+_PER_CALL = {
+    "packets_sent": ("spina_agent_packets_sent", "INA packets sent, resends included."),
+    "packets_received": ("spina_agent_packets_received", "Result packets taken from the switch."),
+    "bytes_sent": ("spina_agent_bytes_sent", "UDP payload bytes sent."),
+    "bytes_received": ("spina_agent_bytes_received", "UDP payload bytes received."),
+    "payload_bytes_sent": ("spina_agent_payload_bytes_sent", "Block data bytes sent."),
+    "resends": ("spina_agent_resends", "Packets sent again after a timeout."),
+    "foreign_packets": ("spina_agent_foreign_packets",
+                        "Datagrams from anyone but the switch, dropped unread."),
+    "partial_rounds": ("spina_agent_partial_rounds",
+                       "Rounds the switch completed without every worker (bounded loss)."),
+    "nonzero_blocks": ("spina_agent_nonzero_blocks", "Non-zero blocks this rank sent."),
+    "length": ("spina_agent_elements", "Tensor elements reduced."),
+}
+# Call latency: loopback calls of a few KB take ~1 ms, 100 MB tensors seconds.
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                   5.0, 10.0, 30.0)
+
+
+class DaemonMetrics:
+    """One daemon's metrics, in a registry of its own (two daemons in one process stay apart)."""
+
+    def __init__(self):
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+        self.registry = CollectorRegistry()
+        labels = ("job_id", "rank")
+        self.calls = Counter("spina_agent_calls", "All-reduce calls served, by outcome.",
+                             labels + ("outcome",), registry=self.registry)
+        self.per_call = {f: Counter(name, doc, labels, registry=self.registry)
+                         for f, (name, doc) in _PER_CALL.items()}
+        self.latency = Histogram("spina_agent_call_duration_seconds",
+                                 "All-reduce call latency in the daemon.", ("job_id",),
+                                 buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.in_progress = Gauge("spina_agent_calls_in_progress", "Calls running now.",
+                                 registry=self.registry)
+        self.agents = Gauge("spina_agent_agents", "(job, rank) agents the daemon holds.",
+                            registry=self.registry)
+        self.clients_lost = Counter("spina_agent_clients_lost",
+                                    "Clients that went away during a call.",
+                                    registry=self.registry)
+
+    def call_done(self, job: int, rank: int, stats, seconds: float, ok: bool) -> None:
+        """Count one finished call: its CallStats (ok) or only its outcome (error)."""
+        j, r = str(job), str(rank)
+        self.calls.labels(j, r, "ok" if ok else "error").inc()
+        self.latency.labels(j).observe(seconds)
+        if ok:
+            for f, counter in self.per_call.items():
+                counter.labels(j, r).inc(getattr(stats, f))
+
+    def serve(self, address: str) -> MetricsServer:
+        return MetricsServer(self.registry, address)

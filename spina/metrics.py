@@ -1,0 +1,110 @@
+"""Prometheus metrics shared by the switch exporters: the address rule, the HTTP endpoint, and
+the metric families of the P4 counters (the same names whether the software switch exports
+its own counters or the controller polls a BMv2/Tofino switch's over P4Runtime).
+
+Names (docs/operations.md lists every metric of every process):
+
+    spina_job_packets_received_total{job_id}       job_received: admitted contributions
+    spina_job_packets_aggregated_total{job_id}     job_aggregated: contributions added to a slot
+    spina_job_results_total{job_id}                job_results: result copies (rounds x workers)
+    spina_job_drops_total{job_id,cause}            cause: duplicate | stale | congestion
+    spina_port_drops_total{port,cause}             cause: malformed | unadmitted
+
+The job label is `job_id`, not `job`: Prometheus gives every target a `job` label of its own.
+"""
+from __future__ import annotations
+
+import ipaddress
+
+DEFAULT_HOST = "127.0.0.1"
+
+# P4 counter name -> (metric name, documentation, extra label). One family may gather several
+# counters under a `cause` label (drops), as Prometheus naming asks.
+JOB_FAMILIES = {
+    "job_received": ("spina_job_packets_received", "Contributions admitted, per job.", None),
+    "job_aggregated": ("spina_job_packets_aggregated",
+                       "Contributions added into a slot (not duplicates or stale), per job.", None),
+    "job_results": ("spina_job_results",
+                    "Result packets sent, one per worker of each completed round, per job.", None),
+    "job_duplicates": ("spina_job_drops", "Contributions not added, per job and cause.",
+                       "duplicate"),
+    "job_stale": ("spina_job_drops", None, "stale"),
+    "job_congestion_drops": ("spina_job_drops", None, "congestion"),
+}
+PORT_FAMILIES = {
+    "port_malformed": ("spina_port_drops", "Packets dropped at ingress, per port and cause.",
+                       "malformed"),
+    "port_unadmitted": ("spina_port_drops", None, "unadmitted"),
+}
+
+
+def parse_address(text: str, default_port: int | None = None) -> tuple[str, int]:
+    """'HOST:PORT', 'PORT' (loopback) or '[V6]:PORT' -> (host, port). A wildcard host is
+    refused: the endpoint has no authentication, so it binds one chosen address."""
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        host, port = DEFAULT_HOST, text
+    host = host.strip("[]") or DEFAULT_HOST
+    if not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"metrics address {text!r}: expected [HOST:]PORT, e.g. 127.0.0.1:9100")
+    try:
+        wildcard = host != "localhost" and ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        raise ValueError(f"metrics address {text!r}: {host!r} is not an IP address") from None
+    if wildcard:
+        raise ValueError(f"metrics address {text!r}: a wildcard address would expose the "
+                         f"metrics on every interface; give one address (default {DEFAULT_HOST})")
+    return host, int(port)
+
+
+class MetricsServer:
+    """The /metrics HTTP endpoint of one registry, on its own thread until `stop()`.
+
+    Args:
+        registry: a prometheus_client CollectorRegistry (one per component instance).
+        address: 'HOST:PORT' (see parse_address); port 0 picks a free one (see `.address`).
+    """
+
+    def __init__(self, registry, address: str):
+        from prometheus_client import start_http_server
+        host, port = parse_address(address)
+        self._httpd, self._thread = start_http_server(port, host, registry)
+        self.address = self._httpd.server_address[:2]
+
+    @property
+    def url(self) -> str:
+        host = self.address[0]
+        return f"http://{'[' + host + ']' if ':' in host else host}:{self.address[1]}/metrics"
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+
+
+def counter_families(sources):
+    """Metric families of P4 counter values. `sources` holds one (labels, {job: {counter:
+    value}}, {port: {counter: value}}) triple per switch; `labels` (e.g. {"switch": "s1"},
+    the same keys for every source) go on each of its samples."""
+    from prometheus_client.core import CounterMetricFamily
+    fams: dict[str, CounterMetricFamily] = {}
+
+    def add(table, values: dict[str, int], key: str, keyval: int, extra: dict):
+        for counter, value in values.items():
+            if counter not in table:
+                continue
+            name, doc, cause = table[counter]
+            fam = fams.get(name)
+            if fam is None:
+                doc = doc or next(d for n, d, _ in table.values() if n == name and d)
+                fam = fams[name] = CounterMetricFamily(
+                    name, doc, labels=[key] + (["cause"] if cause else []) + list(extra))
+            fam.add_metric([str(keyval)] + ([cause] if cause else []) + list(extra.values()),
+                           float(value))
+
+    for labels, jobs, ports in sources:
+        for job, values in sorted(jobs.items()):
+            add(JOB_FAMILIES, values, "job_id", job, labels)
+        for port, values in sorted(ports.items()):
+            add(PORT_FAMILIES, values, "port", port, labels)
+    return list(fams.values())

@@ -1,0 +1,97 @@
+"""`spina`: one command for every SpINA process and tool (docs/operations.md).
+
+    spina switch udp --grpc --metrics 9100     # python -m softswitch
+    spina deploy -c spina.yaml                 # python -m controller deploy (also serve, job,
+    spina status -c spina.yaml --watch 2       #   reset; status --watch redraws a per-job table)
+    spina agent daemon --config agent.json     # python -m host_agent
+    spina demo | spina bench | spina capture FILE | spina doctor -c spina.yaml
+
+The dispatcher lives outside spina/ (the shared core imports nothing above it) and hands the
+rest of the command line to each component's own main; the `python -m` forms stay.
+"""
+from __future__ import annotations
+
+import sys
+
+# name -> (one-line help, how to run it)
+COMMANDS = {
+    "switch": "run the software switch (udp or l2 mode; P4Runtime with --grpc)",
+    "deploy": "controller: push pipeline and jobs of a desired-state file (--watch: keep going)",
+    "serve": "controller: deploy, reconcile, and give each run of a job its own epoch",
+    "status": "controller: per-job counters (--watch SECONDS: redraw a live table)",
+    "job": "controller: add or remove a job",
+    "reset": "controller: clear job slots and counters (--wipe: everything)",
+    "agent": "host agent: launch | daemon | status",
+    "demo": "software switch + 4 workers all-reduce, against gloo",
+    "bench": "SpINA against gloo sweep (needs a clone: bench/ is not installed)",
+    "capture": "decode a packet capture's SpINA packets (pcap from tshark/tcpdump)",
+    "doctor": "check a deployment: switch, pipeline, admission, addresses, MTU, epochs",
+}
+# Options of `python -m controller` that come before its command; `spina deploy -c F` moves
+# them there so they can follow the command as users expect.
+_CONTROLLER_GLOBALS = {"-c": 1, "--config": 1, "--election-id": 1, "--timeout": 1,
+                       "--metrics": 1, "-v": 0, "--verbose": 0, "-vv": 0}
+
+USAGE = "usage: spina COMMAND [options]\n\ncommands:\n" + "\n".join(
+    f"  {name:<8} {text}" for name, text in COMMANDS.items()) + (
+    "\n\n'spina COMMAND --help' explains each command's options; docs/operations.md walks "
+    "through a deployment.")
+
+
+def controller_argv(cmd: str, rest: list[str]) -> list[str]:
+    """`spina CMD ...` -> `python -m controller` argv: global options first, then CMD."""
+    front, back, i = [], [], 0
+    while i < len(rest):
+        a = rest[i]
+        name = a.split("=", 1)[0]
+        if name in _CONTROLLER_GLOBALS:
+            n = 0 if "=" in a else _CONTROLLER_GLOBALS[name]
+            front += rest[i:i + 1 + n]
+            i += 1 + n
+        else:
+            back.append(a)
+            i += 1
+    return front + [cmd] + back
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "switch":
+        from softswitch.__main__ import main as run
+        return run(rest)
+    if cmd == "status" and any(a == "--watch" or a.startswith("--watch=") for a in rest):
+        from spina_cli.status import main as run
+        return run(rest)
+    if cmd in ("deploy", "serve", "status", "job", "reset"):
+        from controller.__main__ import main as run
+        return run(controller_argv(cmd, rest))
+    if cmd == "agent":
+        from host_agent.__main__ import main as run
+        return run(rest)
+    if cmd == "demo":
+        from spina.demo import main as run
+        return run(rest)
+    if cmd == "bench":
+        try:
+            from bench.allreduce_bench import main as run
+        except ImportError:
+            print("spina bench: error: the bench/ package is not importable; run it from a "
+                  "clone of the repository (make bench)", file=sys.stderr)
+            return 2
+        return run(rest)
+    if cmd == "capture":
+        from spina.capture import main as run
+        return run(rest)
+    if cmd == "doctor":
+        from spina_cli.doctor import main as run
+        return run(rest)
+    print(f"spina: error: unknown command {cmd!r} (spina --help lists them)", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""The `spina` command (spina_cli/): dispatch, --help everywhere, `status --watch`, `doctor`.
+
+Run just this file: .venv/bin/python -m pytest tests/test_cli.py
+"""
+import io
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from spina.net import bound_udp_socket
+from spina_cli import doctor, status
+from spina_cli.main import COMMANDS, controller_argv, main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_spina_help_lists_every_command_and_each_explains_itself(capsys):
+    """`spina --help` lists every command; each command's --help exits 0 with its own text."""
+    out = subprocess.run([sys.executable, "-m", "spina_cli", "--help"], capture_output=True,
+                         text=True, timeout=60, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
+    assert out.returncode == 0
+    for name in COMMANDS:
+        assert f"\n  {name} " in out.stdout
+    for argv, words in ((["switch", "udp", "--help"], "--metrics"),
+                        (["deploy", "--help"], "Push the pipeline"), (["status", "--help"], "status"),
+                        (["status", "--watch", "1", "--help"], "redraw"),
+                        (["agent", "daemon", "--help"], "--metrics"),
+                        (["capture", "--help"], "capture"), (["doctor", "--help"], "MTU"),
+                        (["demo", "--help"], "usage")):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 0
+        assert words in capsys.readouterr().out, argv
+    assert main(["agent", "--help"]) == 0 and "daemon" in capsys.readouterr().out
+    assert main(["nonsense"]) == 2 and "unknown command" in capsys.readouterr().err
+
+
+def test_controller_options_may_follow_the_command():
+    """`spina deploy -c F --watch 2` becomes `python -m controller -c F deploy --watch 2`."""
+    assert controller_argv("deploy", ["-c", "f.yaml", "--watch", "2", "--election-id=3"]) == \
+        ["-c", "f.yaml", "--election-id=3", "deploy", "--watch", "2"]
+    assert controller_argv("job", ["add", "--id", "2", "-v", "--config", "x"]) == \
+        ["-v", "--config", "x", "job", "add", "--id", "2"]
+
+
+@pytest.fixture
+def deployed(tmp_path):
+    """(config path, switch) of a software switch with its P4Runtime server and job 4 deployed."""
+    from controller.controller import Controller
+    from controller.state import load
+    from softswitch.p4runtime_server import ControlledUdpSwitch, P4RuntimeServer
+    sw = ControlledUdpSwitch("127.0.0.1", 0).start()
+    srv = P4RuntimeServer(sw.dataplane, "127.0.0.1:0", on_change=sw.sync).start()
+    socks = [bound_udp_socket() for _ in range(2)]
+    cfg = tmp_path / "spina.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "switches": [{"name": "s1", "target": "softswitch", "grpc": srv.address,
+                      "address": "127.0.0.1", "udp_port": sw.address[1]}],
+        "workers": [{"name": f"w{i}", "ip": "127.0.0.1", "switch_port": 0,
+                     "udp_port": s.getsockname()[1]} for i, s in enumerate(socks)],
+        "jobs": [{"id": 4, "members": ["w0", "w1"], "nslots": 4, "slot_base": 0,
+                  "block_size": 32, "nlanes": 4}],
+        "agents_dir": "agents"}))
+    for s in socks:
+        s.close()
+    with Controller(load(cfg), 1, timeout=20) as ctl:
+        ctl.deploy()
+    try:
+        yield cfg, sw
+    finally:
+        srv.stop()
+        sw.stop()
+
+
+def _allreduce(cfg):
+    import concurrent.futures
+
+    import numpy as np
+
+    from host_agent import assignment
+    agents = [assignment.connect(cfg.parent / "agents" / f"job4-rank{r}.json", timeout=20)
+              for r in range(2)]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda a: a.allreduce(np.arange(2000, dtype=np.int32)), agents))
+    sent = sum(a.last_stats.packets_sent for a in agents)
+    for a in agents:
+        a.close()
+    return sent
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_status_watch_redraws_on_a_terminal_and_prints_lines_otherwise(deployed):
+    """Not a terminal: one key=value line per job and poll with the live counters; a
+    terminal: the screen is cleared and the table redrawn each poll, with rates."""
+    cfg, sw = deployed
+    sent = _allreduce(cfg)
+    out = io.StringIO()
+    assert status.watch(str(cfg), 0.05, count=2, out=out) == 0
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2
+    for line in lines:
+        kv = dict(x.split("=", 1) for x in line.split())
+        assert kv["job"] == "4" and kv["switch"] == "s1" and int(kv["job_received"]) == sent
+    assert "\x1b" not in out.getvalue()
+    tty = _Terminal()
+    status.watch(str(cfg), 0.05, count=2, out=tty)
+    screens = tty.getvalue().split("spina status")[1:]
+    assert len(screens) == 2
+    assert "job_received/s" not in screens[0] and "job_received/s" in screens[1]
+    assert tty.getvalue().count("\x1b[") >= 2  # cleared before each redraw
+
+
+def test_doctor_passes_a_good_deployment_and_names_what_is_wrong(deployed, capsys):
+    """doctor: every check ok on a deployed job (exit 0); a job in the file that the switch
+    does not admit is a failure (exit 1) naming it."""
+    cfg, _ = deployed
+    assert doctor.main(["-c", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    assert "ok   switch s1: pipeline matches the P4Info" in out
+    assert "ok   job 4: admitted on s1, slots and epoch 1 agree" in out
+    assert "FAIL" not in out
+    doc = yaml.safe_load(cfg.read_text())
+    doc["workers"].append({"name": "w9", "ip": "127.0.0.1", "switch_port": 0, "udp_port": 9})
+    doc["jobs"].append({"id": 5, "members": ["w9"], "nslots": 2, "slot_base": 4,
+                        "block_size": 32, "nlanes": 4})
+    cfg.write_text(yaml.safe_dump(doc))
+    assert doctor.main(["-c", str(cfg)]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL job 5: not admitted on switch s1" in out
+    assert "ok   worker w9: 127.0.0.1:9 is routable from here" in out

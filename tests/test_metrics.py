@@ -1,0 +1,308 @@
+"""Prometheus metrics: scrape the software switch's and the daemon's endpoints after known
+traffic, and let a real Prometheus server (Debian's `prometheus`) scrape a running switch.
+
+Run just this file: .venv/bin/python -m pytest tests/test_metrics.py
+"""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from host_agent.agent import Agent
+from host_agent.local import LocalCluster
+from softswitch.metrics import serve_metrics
+from softswitch.udp import UdpSwitch
+from spina import wire
+from spina.config import JobConfig, WorkerAddr, job_to_dict
+from spina.metrics import parse_address
+from spina.net import bound_udp_socket
+from spina.procs import stop_process
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = {**os.environ, "PYTHONPATH": ROOT}
+
+
+def scrape(url: str) -> dict[tuple, float]:
+    """{(sample name, sorted label items): value} of one scrape."""
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def test_metrics_address_defaults_to_loopback_and_refuses_wildcards():
+    """A bare port binds 127.0.0.1; 0.0.0.0, :: and an empty host are refused with a reason."""
+    assert parse_address("9100") == ("127.0.0.1", 9100)
+    assert parse_address("10.1.2.3:9100") == ("10.1.2.3", 9100)
+    assert parse_address("[::1]:0") == ("::1", 0)
+    for bad in ("0.0.0.0:9100", "[::]:9100", "x:y", "host.example:9100"):
+        with pytest.raises(ValueError, match="metrics address"):
+            parse_address(bad)
+    with pytest.raises(ValueError, match="wildcard"):
+        parse_address("0.0.0.0:9100")
+
+
+def test_switch_cli_refuses_a_wildcard_metrics_address():
+    """`python -m softswitch udp --metrics 0.0.0.0:9100` exits 2 with a one-line error."""
+    r = subprocess.run([sys.executable, "-m", "softswitch", "udp", "--port", "0",
+                        "--metrics", "0.0.0.0:9100"], capture_output=True, text=True,
+                       timeout=60, env=ENV, cwd=ROOT)
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "wildcard" in r.stderr
+
+
+def test_switch_scrape_counts_known_traffic():
+    """After two all-reduces of 2 workers and one malformed and one unadmitted datagram, the
+    switch's endpoint reports exactly the packets the agents sent, the results, the drops
+    by cause and the slots the job holds."""
+    sw = UdpSwitch(port=0).start()
+    server = serve_metrics(sw.pipeline, sw, "127.0.0.1:0")
+    try:
+        with LocalCluster(2, job=5, switch=sw, nslots=4, block_size=8, nlanes=2) as c:
+            x = np.zeros(1024, np.float32)
+            x[::100] = 1.0  # sparse: some blocks are zero
+            sent = results = 0
+            for _ in range(2):
+                c.allreduce([x, 2 * x])
+                sent += sum(a.last_stats.packets_sent for a in c.agents)
+                results += sum(a.last_stats.packets_received for a in c.agents)
+            stray = bound_udp_socket()
+            stray.sendto(b"not an INA packet", sw.address)
+            stray.sendto(wire.pack(wire.Header(job=5, rank=0, nlanes=1, block_size=8),
+                                   [wire.END]), sw.address)
+            deadline = time.time() + 10
+            while sw.packets_in < sent + 2 and time.time() < deadline:
+                time.sleep(0.02)
+            stray.close()
+            m = scrape(server.url)
+            assert m[("spina_job_packets_received_total", (("job_id", "5"),))] == sent
+            assert m[("spina_job_packets_aggregated_total", (("job_id", "5"),))] == sent
+            # one result per worker per round (the multicast copies), and none was lost
+            assert m[("spina_job_results_total", (("job_id", "5"),))] == results
+            assert m[("spina_job_drops_total", (("cause", "duplicate"), ("job_id", "5")))] == 0
+            assert m[("spina_port_drops_total", (("cause", "malformed"), ("port", "0")))] == 1
+            assert m[("spina_port_drops_total", (("cause", "unadmitted"), ("port", "0")))] == 1
+            assert m[("spina_switch_packets_received_total", ())] == sent + 2
+            assert m[("spina_switch_packets_sent_total", ())] == results
+            assert m[("spina_switch_bytes_received_total", ())] == sw.bytes_in
+            assert m[("spina_switch_slots_in_use", ())] == 4
+            assert m[("spina_job_slots", (("job_id", "5"),))] == 4
+            assert m[("spina_job_workers", (("job_id", "5"),))] == 2
+            assert m[("spina_switch_pool_slots", ())] == sw.pipeline.pool_slots
+    finally:
+        server.stop()
+        sw.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(cmd, want: str, timeout: float = 60.0):
+    """Start `cmd`; return (process, the first stdout line starting with `want`)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=ENV, cwd=ROOT)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        if line.startswith(want):
+            return proc, line.strip()
+    stop_process(proc)
+    raise AssertionError(f"{cmd[:4]}: no {want!r} line; stderr: {proc.stderr.read()[-2000:]}")
+
+
+def test_real_prometheus_scrapes_a_running_switch(tmp_path):
+    """A Prometheus server started on loopback scrapes `python -m softswitch udp --metrics`
+    and answers a PromQL query with the number of contributions the workers sent."""
+    prom = shutil.which("prometheus")
+    if prom is None:
+        pytest.skip("prometheus is not on PATH (Debian: apt-get install prometheus; "
+                    "scripts/setup.sh installs it as root)")
+    socks = [bound_udp_socket() for _ in range(2)]
+    job = JobConfig(job=3, workers=tuple(WorkerAddr(r, *s.getsockname())
+                                         for r, s in enumerate(socks)), block_size=16, nlanes=4)
+    jobs = tmp_path / "jobs.json"
+    jobs.write_text(json.dumps([job_to_dict(job)]))
+    sw, line = _start([sys.executable, "-m", "softswitch", "udp", "--port", "0", "--jobs",
+                       str(jobs), "--metrics", "127.0.0.1:0"], "listening")
+    try:
+        host, port = line.split()[1].rsplit(":", 1)
+        metrics_url = sw.stdout.readline().split()[1]
+        target = urllib.parse.urlparse(metrics_url).netloc
+        agents = [Agent(job, r, (host, int(port)), sock=s, timeout=20) for r, s in enumerate(socks)]
+        x = np.arange(4096, dtype=np.float32)
+        import concurrent.futures
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            list(pool.map(lambda a: a.allreduce(x), agents))
+        sent = sum(a.last_stats.packets_sent for a in agents)
+        for a in agents:
+            a.close()
+        web = f"127.0.0.1:{_free_port()}"
+        cfg = tmp_path / "prometheus.yml"
+        cfg.write_text("global: {scrape_interval: 1s}\nscrape_configs:\n"
+                       f"  - job_name: spina\n    static_configs: [{{targets: ['{target}']}}]\n")
+        server = subprocess.Popen([prom, f"--config.file={cfg}", f"--web.listen-address={web}",
+                                   f"--storage.tsdb.path={tmp_path / 'data'}"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            query = urllib.parse.quote('sum(spina_job_packets_received_total{job_id="3"})')
+            got, deadline = None, time.time() + 90
+            while time.time() < deadline:
+                try:
+                    ans = json.load(urllib.request.urlopen(
+                        f"http://{web}/api/v1/query?query={query}", timeout=5))
+                    if ans["data"]["result"]:
+                        got = float(ans["data"]["result"][0]["value"][1])
+                        if got == sent:
+                            break
+                except OSError:
+                    pass  # not listening yet
+                time.sleep(0.5)
+            assert got == sent, f"Prometheus answered {got}, the workers sent {sent}"
+        finally:
+            assert stop_process(server, 20) == 0, server.stderr.read()[-2000:]
+    finally:
+        stop_process(sw)
+
+
+def test_daemon_scrape_counts_calls_packets_and_resends(tmp_path):
+    """Two ranks each make three calls through an in-process daemon while the switch loses
+    10% of arriving packets: the daemon's endpoint reports the calls, the latency histogram's
+    count and exactly the packets, bytes and resends the calls' stats add up to."""
+    from host_agent.daemon import Daemon, DaemonClient, DaemonConfig
+    from host_agent.launch import local_job
+    from softswitch.udp import Faults
+    from spina.config import JobFile
+    job = local_job(2)
+    with UdpSwitch(port=0, faults=Faults(drop_in=0.1, seed=4)) as sw:
+        sw.add_job(job)
+        JobFile(job, sw.address).write(tmp_path / "job.json")
+        d = Daemon(DaemonConfig(socket=str(tmp_path / "a.sock"), timeout=20, rto=0.02,
+                                metrics="127.0.0.1:0"))
+        import threading
+        t = threading.Thread(target=d.serve_forever, daemon=True)
+        t.start()
+        try:
+            clients = [DaemonClient(str(tmp_path / "job.json"), r, str(tmp_path / "a.sock"))
+                       for r in range(2)]
+            stats = {0: [], 1: []}
+            x = np.linspace(-1, 1, 20000, dtype=np.float32)
+
+            def run(c):
+                for _ in range(3):
+                    c.allreduce(x)
+                    stats[c.rank].append(c.last_stats)
+            import concurrent.futures
+            with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                list(pool.map(run, clients))
+            for c in clients:
+                c.close()
+            m = scrape(d.metrics_server.url)
+            jid = str(job.job)
+            assert sum(s.resends for r in stats for s in stats[r]) > 0, "the loss caused resends"
+            for r in (0, 1):
+                lab = (("job_id", jid), ("rank", str(r)))
+                assert m[("spina_agent_calls_total", lab[:1] + (("outcome", "ok"), lab[1]))] == 3
+                for field, metric in (("packets_sent", "packets_sent"), ("resends", "resends"),
+                                      ("bytes_received", "bytes_received"),
+                                      ("length", "elements")):
+                    want = sum(getattr(s, field) for s in stats[r])
+                    assert m[(f"spina_agent_{metric}_total", lab)] == want, metric
+            assert m[("spina_agent_call_duration_seconds_count", (("job_id", jid),))] == 6
+            assert m[("spina_agent_agents", ())] == 2
+            assert m[("spina_agent_calls_in_progress", ())] == 0
+        finally:
+            d.stop()
+            t.join(10)
+
+
+def test_controller_exports_p4_counters_polled_over_p4runtime(tmp_path):
+    """The controller's endpoint reports the P4 counters it reads over P4Runtime from a
+    software switch after a deployed job's all-reduce: the same values the switch holds."""
+    import yaml
+    from controller.controller import Controller
+    from controller.metrics import serve_metrics as serve_controller_metrics
+    from controller.state import load
+    from host_agent import assignment
+    from softswitch.p4runtime_server import ControlledUdpSwitch, P4RuntimeServer
+    sw = ControlledUdpSwitch("127.0.0.1", 0).start()
+    srv = P4RuntimeServer(sw.dataplane, "127.0.0.1:0", on_change=sw.sync).start()
+    cfg = tmp_path / "spina.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "switches": [{"name": "s1", "target": "softswitch", "grpc": srv.address,
+                      "address": "127.0.0.1", "udp_port": sw.address[1]}],
+        "workers": [{"name": f"w{i}", "ip": "127.0.0.1", "switch_port": 0,
+                     "udp_port": bound_udp_socket().getsockname()[1]} for i in range(2)],
+        "jobs": [{"id": 4, "members": ["w0", "w1"], "nslots": 4, "slot_base": 0,
+                  "block_size": 32, "nlanes": 4}],
+        "agents_dir": "agents"}))
+    try:
+        with Controller(load(cfg), 1, timeout=20) as ctl:
+            ctl.deploy()
+            server = serve_controller_metrics(ctl, "127.0.0.1:0")
+            try:
+                agents = [assignment.connect(tmp_path / "agents" / f"job4-rank{r}.json",
+                                             timeout=20) for r in range(2)]
+                import concurrent.futures
+                with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                    list(pool.map(lambda a: a.allreduce(np.arange(3000, dtype=np.int32)), agents))
+                sent = sum(a.last_stats.packets_sent for a in agents)
+                for a in agents:
+                    a.close()
+                m = scrape(server.url)
+            finally:
+                server.stop()
+        lab = (("job_id", "4"), ("switch", "s1"))
+        assert m[("spina_job_packets_received_total", lab)] == sent
+        assert m[("spina_job_results_total", lab)] == sw.pipeline.job_counters(4)["job_results"] > 0
+        assert m[("spina_port_drops_total", (("cause", "malformed"), ("port", "0"),
+                                             ("switch", "s1")))] == 0
+        assert m[("spina_controller_switch_up", (("switch", "s1"),))] == 1
+        assert m[("spina_job_slots", lab)] == 4
+    finally:
+        srv.stop()
+        sw.stop()
+
+
+def test_controller_metrics_only_with_long_running_commands(tmp_path):
+    """`controller --metrics` with a one-shot command, or a wildcard address, exits 2 with a
+    one-line error naming --metrics."""
+    cfg = tmp_path / "spina.yaml"
+    cfg.write_text("switches: []\nworkers: []\njobs: []\n")
+    for args, why in ((["--metrics", "9100", "status"], "serve"),
+                      (["--metrics", "0.0.0.0:9100", "deploy", "--watch", "1"], "wildcard")):
+        r = subprocess.run([sys.executable, "-m", "controller", "-c", str(cfg), *args],
+                           capture_output=True, text=True, timeout=60, env=ENV, cwd=ROOT)
+        assert r.returncode == 2, r.stderr
+        assert r.stderr.strip().count("\n") == 0 and why in r.stderr and "metrics" in r.stderr
+
+
+def test_dashboard_and_docs_name_only_exported_metrics():
+    """Every metric the Grafana dashboard queries is in docs/operations.md's table, and every
+    family the exporters define is documented there."""
+    import re
+    from host_agent.metrics import DaemonMetrics
+    from spina.metrics import JOB_FAMILIES, PORT_FAMILIES
+    docs = open(os.path.join(ROOT, "docs", "operations.md")).read()
+    dash = json.load(open(os.path.join(ROOT, "docs", "grafana-spina.json")))
+    used = {n for p in dash["panels"] for t in p["targets"]
+            for n in re.findall(r"spina_\w+", t["expr"])}
+    exported = {n + "_total" for n, _, _ in (*JOB_FAMILIES.values(), *PORT_FAMILIES.values())}
+    exported |= {f.name + ("_total" if f.type == "counter" else "")
+                 for f in DaemonMetrics().registry.collect()}
+    for name in used | exported:
+        base = re.sub(r"_(bucket|count|sum)$", "", name)
+        assert base in docs or base.replace("_total", "") in docs or \
+            re.sub(r"_(received|sent)_total$", "", base) in docs, name
