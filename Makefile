@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test soak bench profile clean help p4 p4-check testbed deploy dissector
+.PHONY: setup demo test soak bench bench-l2 profile clean help p4 p4-check testbed deploy dissector
 
 help:  ## list targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -56,6 +56,9 @@ deploy: $(STAMP)  ## push pipeline and jobs: TARGET=softswitch|bmv2 (switch runn
 
 bench: $(STAMP)  ## SpINA vs gloo sweep (12 min here): bench/out/{results.csv,summary.md,*.png}
 	$(PY) -m bench.allreduce_bench $(BENCH_ARGS)
+
+bench-l2: $(STAMP)  ## (root) L2-mode switch: lossless INA frame rate of 4 namespaced workers
+	$(PY) -m bench.l2_rate $(BENCH_ARGS)
 
 profile: $(STAMP)  ## cProfile + memory of agent and software switch at the base point: bench/out/profile/
 	$(PY) -m bench.profile $(PROFILE_ARGS)
