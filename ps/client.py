@@ -60,6 +60,7 @@ class PSClient:
         self.compressor = BlockTopK(self.n, policy.block_size)
         self.bytes_pushed = 0
         self.bytes_pulled = 0
+        self._last_push: list[bytes] = []
 
     def _shard_error(self, i: int, e: grpc.RpcError) -> ShardError:
         return ShardError(f"server shard {i} at {self.addrs[i]}: {e.code().name}: {e.details()}", i)
@@ -98,10 +99,17 @@ class PSClient:
             for lo, hi in self.ranges:
                 sel = (idx >= lo // B) & (idx < -(-hi // B))
                 bodies.append(wire.pack(dict(head, sparse=True), idx[sel] - lo // B, vals[sel]))
+        self._last_push = bodies
         self._all(self._push, bodies)
         sent = sum(len(b) for b in bodies)
         self.bytes_pushed += sent
         return sent
+
+    def resend_last(self) -> None:
+        """Send the last push again, byte for byte: what a retry after an ambiguous failure
+        (a timeout after the shard may have applied it) does. Shards acknowledge it without
+        applying it twice."""
+        self._all(self._push, self._last_push)
 
     def tick(self, clock: int, stats: dict | None = None) -> dict:
         """Report `clock` finished; returns when the policy lets this worker go on:
