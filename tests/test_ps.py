@@ -227,3 +227,20 @@ def test_grouping_and_gdtopk_ratios():
                        1: {"t": 0.3, "push": 0.2, "ratio": 1.0}}, {0: 1.0, 1: 1.0}, 0.05, 1.0,
                       smoothing=1.0)
     assert r == {0: 1.0, 1: pytest.approx(0.25)}
+
+
+@pytest.mark.parametrize("task,policies", [("digits", "bsp,gssp+gdtopk"), ("seq2seq", "ssp")])
+def test_example_smoke(task, policies, tmp_path):
+    """examples/ps_train.py runs tiny (2 workers, 1 straggler, 3 s per policy) and writes its
+    JSON and plot, every worker having trained and pushed."""
+    out = tmp_path / "run"
+    subprocess.run([sys.executable, str(ROOT / "examples" / "ps_train.py"), "--task", task,
+                    "--policies", policies, "--workers", "2", "--stragglers", "1", "--seconds", "3",
+                    "--eval-every", "1", "--out", str(out)],
+                   check=True, timeout=120, capture_output=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    d = json.loads(out.with_suffix(".json").read_text())
+    assert set(d["runs"]) == set(policies.split(","))
+    for r in d["runs"].values():
+        assert all(s > 0 for s in r["steps"]) and all(b > 0 for b in r["bytes_pushed"])
+        assert len(r["evals"]) >= 2
+    assert out.with_suffix(".png").stat().st_size > 0
