@@ -154,6 +154,21 @@ def summarize(runs: dict) -> dict:
     return out
 
 
+def markdown_table(summary: dict, runs: dict) -> str:
+    """The docs/ps.md table of one experiment."""
+    rows = ["| policy | final acc (%) | s to BSP final - 1 pt | speedup vs BSP | MB pushed | MB pulled "
+            "| iterations/s per worker | mean top-k ratio per worker | load avg (1 min, end) |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for name, m in summary.items():
+        if name == "target_acc":
+            continue
+        ratio = " ".join(f"{x:.2f}" for x in m["mean_ratio"] if x is not None)
+        rows.append(f"| {name} | {m['final_acc']:.2f} | {m['time_to_target_s']} | {m['speedup_vs_bsp']} "
+                    f"| {m['mb_pushed']} | {m['mb_pulled']} | {' '.join(map(str, m['iters_per_s']))} "
+                    f"| {ratio} | {runs[name]['loadavg_after'][0]:.1f} |")
+    return "\n".join(rows)
+
+
 def plot(runs: dict, summary: dict, out: Path, title: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -198,7 +213,12 @@ def main(argv=None):
     ap.add_argument("--eval-every", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="OUT.json/OUT.png (default docs/ps_<task>)")
+    ap.add_argument("--table-from", metavar="JSON", help="only print the markdown table of an earlier run")
     args = ap.parse_args(argv)
+    if args.table_from:
+        d = json.loads(Path(args.table_from).read_text())
+        print(markdown_table(d["summary"], d["runs"]))
+        return
 
     torch.set_num_threads(1)
     task = TASKS[args.task](args.workers, seed=args.seed)
@@ -228,7 +248,7 @@ def main(argv=None):
         {"command": cmd, "args": vars(args), "summary": summary, "runs": runs}, indent=1))
     plot(runs, summary, out.with_suffix(".png"),
          f"{args.task}: {args.workers} workers, {args.stragglers} at {args.slowdown:g}x slower")
-    print(json.dumps(summary, indent=1))
+    print(markdown_table(summary, runs))
 
 
 if __name__ == "__main__":
