@@ -11,6 +11,14 @@ from spina.config import ConfigError
 POLICIES = ("bsp", "asp", "ssp", "gssp")
 
 
+def checker(prefix: str):
+    """`need(cond, field, msg)`: raise ConfigError("<prefix>: field '<field>': <msg>") unless cond."""
+    def need(cond, name: str, msg: str) -> None:
+        if not cond:
+            raise ConfigError(f"{prefix}: field '{name}': {msg}")
+    return need
+
+
 @dataclass(frozen=True)
 class PolicyConfig:
     """How workers are synchronised and what they push.
@@ -53,9 +61,7 @@ class PolicyConfig:
         return {"bsp": 0, "asp": float("inf")}.get(self.policy, self.staleness)
 
     def validate(self) -> "PolicyConfig":
-        def need(cond, name, msg):
-            if not cond:
-                raise ConfigError(f"ps policy: field '{name}': {msg}")
+        need = checker("ps policy")
         need(self.policy in POLICIES, "policy", f"{self.policy!r} is not one of {', '.join(POLICIES)}")
         for name in ("staleness", "ngroups", "warmup", "regroup_every", "block_size", "adjust_every"):
             v = getattr(self, name)

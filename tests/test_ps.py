@@ -244,3 +244,14 @@ def test_example_smoke(task, policies, tmp_path):
         assert all(s > 0 for s in r["steps"]) and all(b > 0 for b in r["bytes_pushed"])
         assert len(r["evals"]) >= 2
     assert out.with_suffix(".png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("spec,name", [(dict(worker=5, factor=3.0), "worker"),
+                                       (dict(worker=1, factor=0.5), "factor"),
+                                       (dict(worker=1, factor=2.0, uplink_mbps=0), "uplink_mbps")])
+def test_bad_straggler_rejected_naming_field(spec, name):
+    """The straggler injector refuses a bad slowdown naming the field."""
+    pytest.importorskip("torch", reason="ps.train needs torch")
+    from ps.train import Straggler, StragglerInjector
+    with pytest.raises(ConfigError, match=f"straggler: field '{name}'"):
+        StragglerInjector(4, (Straggler(**spec),))
