@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test soak bench profile clean help p4 p4-check testbed deploy
+.PHONY: setup demo test soak bench bench-net profile clean help p4 p4-check testbed deploy
 
 help:  ## list targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -56,6 +56,9 @@ deploy: $(STAMP)  ## push pipeline and jobs: TARGET=softswitch|bmv2 (switch runn
 
 bench: $(STAMP)  ## SpINA vs gloo sweep (12 min here): bench/out/{results.csv,summary.md,*.png}
 	$(PY) -m bench.allreduce_bench $(BENCH_ARGS)
+
+bench-net: $(STAMP)  ## network-bound regime (root; ~20 min): namespaces, tbf links, SpINA vs gloo: bench/out/net/
+	$(PY) -m bench.net_bench $(NET_BENCH_ARGS)
 
 profile: $(STAMP)  ## cProfile + memory of agent and software switch at the base point: bench/out/profile/
 	$(PY) -m bench.profile $(PROFILE_ARGS)

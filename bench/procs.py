@@ -120,15 +120,15 @@ def _cpu() -> float:
 
 
 # ----------------------------------------------------------------------------- switch
-def switch_main(conn, profile_path: str | None) -> None:
-    """The software switch in its own process.
+def switch_main(conn, profile_path: str | None, host: str = "127.0.0.1") -> None:
+    """The software switch in its own process, listening on `host` (any free port).
 
     Protocol on `conn`: send our address; receive a JobConfig (admit it, start serving);
     receive "stop" -> reply with packet/byte counters and the CPU time spent serving.
     """
     from softswitch.udp import UdpSwitch
 
-    sw = UdpSwitch(port=0)
+    sw = UdpSwitch(host=host, port=0)
     conn.send(sw.address)
     job = conn.recv()
     sw.add_job(job)
