@@ -39,7 +39,8 @@ from datetime import timedelta
 import numpy as np
 
 from bench.allreduce_bench import BenchError, _recv, _stop
-from bench.net_topo import SWITCH_IP, Star, dev_bytes, enter_netns, parse_rate, tbf_params
+from bench.net_topo import (SWITCH_IP, Star, dev_bytes, enter_netns, kernel_losses, parse_rate,
+                            tbf_params)
 from bench.procs import Point, _cpu, check_result, expected_sum, make_tensor, switch_main
 from spina.config import JobConfig, WorkerAddr
 
@@ -54,17 +55,17 @@ COLUMNS = ("mtu", "workers", "rate", "density", "elements", "repeats",
            "spina_line_rate_s", "gloo_line_rate_s",
            "spina_tx_bytes", "spina_rx_bytes", "gloo_tx_bytes", "gloo_rx_bytes",
            "tx_bytes_ratio", "tx_bytes_ratio_theory",
-           "spina_payload_bytes", "spina_resends", "tbf_drops",
+           "spina_payload_bytes", "spina_resends", "tbf_drops", "udp_drops", "tcp_retrans",
            "spina_cpu_s", "gloo_cpu_s", "switch_cpu_s_per_spina_call",
            "spina_max_err", "gloo_max_err", "verified",
            "spina_times_s", "gloo_times_s", "load_start", "load_end")
 
 
 # ----------------------------------------------------------------------------- children
-def switch_proc(ns: str, conn) -> None:
+def switch_proc(ns: str, conn, profile_path: str | None = None) -> None:
     """The software switch (bench.procs.switch_main) inside the switch namespace."""
     enter_netns(ns)
-    switch_main(conn, None, host=SWITCH_IP)
+    switch_main(conn, profile_path, host=SWITCH_IP)
 
 
 def worker_proc(rank: int, ns: str, job: JobConfig, switch_addr, init_method: str, conn,
@@ -152,8 +153,11 @@ def _proc_cpu(pid: int) -> float:
 
 
 def run_workers(n: int, rates, densities, elements: int, repeats: int, tag: str, mtu: int,
-                nslots: int, nlanes: int, log=print) -> list[dict]:
-    """Every (rate, density) point for `n` workers on one star; a row per point."""
+                nslots: int, nlanes: int, profile_dir: str | None = None,
+                log=print) -> list[dict]:
+    """Every (rate, density) point for `n` workers on one star; a row per point.
+
+    profile_dir: also write the switch's cProfile (CPU time of its thread) there."""
     ctx = mp.get_context("spawn")
     rows, procs, conns = [], [], []
     with Star(n, tag, mtu) as star:
@@ -161,7 +165,9 @@ def run_workers(n: int, rates, densities, elements: int, repeats: int, tag: str,
         sw_conn = None
         try:
             sw_conn, child = ctx.Pipe()
-            procs.append(ctx.Process(target=switch_proc, args=(star.switch_ns, child),
+            prof = (os.path.join(profile_dir, f"switch-mtu{mtu}-n{n}.prof") if profile_dir
+                    else None)
+            procs.append(ctx.Process(target=switch_proc, args=(star.switch_ns, child, prof),
                                      name="net-switch"))
             procs[-1].start()
             switch_addr = _recv(sw_conn, procs, "switch")
@@ -187,6 +193,7 @@ def run_workers(n: int, rates, densities, elements: int, repeats: int, tag: str,
                     p = Point("net", n, elements, d, 256, nlanes, 256, nslots)
                     load0 = os.getloadavg()
                     drops0, sw0 = star.tbf_drops(), _proc_cpu(procs[0].pid)
+                    k0 = _losses(procs)
                     for c in conns:
                         c.send((p, repeats))
                     res = [_recv(c, procs, f"rank {r} at {rate}, density {d:g}")
@@ -195,12 +202,14 @@ def run_workers(n: int, rates, densities, elements: int, repeats: int, tag: str,
                     row = dict(mtu=mtu, **make_row(p, rate, repeats, res,
                                                    star.tbf_drops() - drops0, sw_cpu, load0,
                                                    os.getloadavg()))
+                    row.update({k: v - k0[k] for k, v in _losses(procs).items()})
                     rows.append(row)
                     log(f"  MTU {mtu}, {n} workers {rate} {d:>6.2%}: SpINA {row['spina_median_s']:.4f} s, "
                         f"gloo {row['gloo_median_s']:.4f} s, ratio {row['ratio_median']:.3f} "
                         f"[{row['ratio_min']:.3f}-{row['ratio_max']:.3f}], theory "
                         f"{row['ratio_link_theory']:.3f}; tx {row['tx_bytes_ratio']:.3f}x gloo's; "
-                        f"resends {row['spina_resends']}; load {load0[0]:.1f}", flush=True)
+                        f"resends {row['spina_resends']}, tbf/udp drops {row['tbf_drops']}/{row['udp_drops']}, "
+                        f"TCP retrans {row['tcp_retrans']}; load {load0[0]:.1f}", flush=True)
         finally:
             for c in conns:
                 try:
@@ -210,11 +219,21 @@ def run_workers(n: int, rates, densities, elements: int, repeats: int, tag: str,
             if sw_conn is not None:
                 try:
                     sw_conn.send("stop")
+                    sw_conn.poll(30)  # the switch answers once stopped (and its profile written)
                 except OSError:
                     pass
             _stop(procs[1:])
             _stop(procs[:1])
     return rows
+
+
+def _losses(procs) -> dict:
+    """Kernel loss counters summed over every namespace (one process in each)."""
+    out = dict(udp_drops=0, tcp_retrans=0)
+    for pr in procs:
+        for k, v in kernel_losses(pr.pid).items():
+            out[k] += v
+    return out
 
 
 def union_fraction(density: float, n: int) -> float:
@@ -299,8 +318,8 @@ def summary(rows, meta: dict) -> str:
               "at the link rate (time if the link were the only limit).", "",
               "| MTU | workers | rate | density | SpINA s | gloo s | gloo line-rate s | SpINA/gloo time "
               "| link theory | SpINA tx/worker | gloo tx/worker | tx ratio | tx theory | "
-              "resends | tbf drops | CPU s/call SpINA, gloo, switch | load (1 min) |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "resends | drops tbf, UDP | TCP retrans | CPU s/call SpINA, gloo, switch | load (1 min) |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for f in rows:
         lines.append(
             f"| {f['mtu']} | {f['workers']} | {f['rate']} | {f['density'] * 100:g}% | "
@@ -310,7 +329,8 @@ def summary(rows, meta: dict) -> str:
             f"[{f['ratio_min']:.3f}-{f['ratio_max']:.3f}] | {f['ratio_link_theory']:.3f} | "
             f"{_mb(f['spina_tx_bytes'])} | {_mb(f['gloo_tx_bytes'])} | "
             f"{f['tx_bytes_ratio']:.3f} | {f['tx_bytes_ratio_theory']:.3f} | "
-            f"{int(f['spina_resends'])} | {int(f['tbf_drops'])} | {f['spina_cpu_s']:.3f}, "
+            f"{int(f['spina_resends'])} | {int(f['tbf_drops'])}, {int(f['udp_drops'])} | "
+            f"{int(f['tcp_retrans'])} | {f['spina_cpu_s']:.3f}, "
             f"{f['gloo_cpu_s']:.3f}, {f['switch_cpu_s_per_spina_call']:.3f} | "
             f"{f['load_start'].split()[0]}-{f['load_end'].split()[0]} |")
     return "\n".join(lines) + "\n"
@@ -376,6 +396,8 @@ def parse_args(argv=None):
                     help="prefix of the namespaces this run makes")
     ap.add_argument("--out", default="bench/out/net")
     ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--profile-switch", action="store_true",
+                    help="cProfile the switch (CPU time of its thread) into --out")
     a = ap.parse_args(argv)
     for rate in a.rates:
         parse_rate(rate)
@@ -397,7 +419,8 @@ def main(argv=None) -> int:
                   f"densities {','.join(f'{d:g}' for d in a.densities)}, {a.repeats} paired "
                   "repeats", flush=True)
             rows += run_workers(n, a.rates, a.densities, a.elements, a.repeats,
-                                f"{a.tag}n{n}", mtu, a.nslots, a.nlanes)
+                                f"{a.tag}n{n}", mtu, a.nslots, a.nlanes,
+                                a.out if a.profile_switch else None)
             write_csv(rows, os.path.join(a.out, "net_results.csv"))  # keep what is done
     tbf = {r: tbf_params(r, max(a.mtus)) for r in a.rates}
     meta = {

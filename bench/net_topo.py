@@ -90,6 +90,19 @@ def dev_bytes(iface: str = WORKER_IF) -> tuple[int, int]:
     raise OSError(f"no interface {iface} in this namespace")
 
 
+def kernel_losses(pid: int) -> dict:
+    """Loss counters of the namespace process `pid` lives in (/proc/<pid>/net/snmp):
+    udp_drops = UDP datagrams dropped on receive (InErrors: full buffer, bad checksum) +
+    IP reassemblies that failed (a fragment lost); tcp_retrans = TCP segments resent."""
+    with open(f"/proc/{pid}/net/snmp") as f:
+        lines = [ln.split() for ln in f]
+    v = {}
+    for head, vals in zip(lines[::2], lines[1::2]):
+        v.update({f"{head[0]}{k}": int(x) for k, x in zip(head[1:], vals[1:])})
+    return dict(udp_drops=v.get("Udp:InErrors", 0) + v.get("Ip:ReasmFails", 0),
+                tcp_retrans=v.get("Tcp:RetransSegs", 0))
+
+
 class Star:
     """n worker namespaces around one switch namespace; see the module docstring.
 
