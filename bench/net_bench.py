@@ -41,7 +41,8 @@ import numpy as np
 from bench.allreduce_bench import BenchError, _recv, _stop
 from bench.net_topo import (SWITCH_IP, Star, dev_bytes, enter_netns, kernel_losses, parse_rate,
                             tbf_params)
-from bench.procs import Point, _cpu, check_result, expected_sum, make_tensor, switch_main
+from bench.procs import (Point, _cpu, check_result, expected_sum, make_tensor, reporting_failure,
+                         switch_main)
 from spina.config import JobConfig, WorkerAddr
 
 METHODS = ("spina", "gloo")
@@ -71,12 +72,8 @@ def switch_proc(ns: str, conn, profile_path: str | None = None) -> None:
 def worker_proc(rank: int, ns: str, job: JobConfig, switch_addr, init_method: str, conn,
                 barrier) -> None:
     """One worker in its namespace: an Agent and a gloo process group, then points on demand."""
-    try:
-        _worker(rank, ns, job, switch_addr, init_method, conn, barrier)
-    except BaseException as e:  # the parent must hear about it, not hang on a barrier
-        barrier.abort()
-        conn.send(dict(error=f"rank {rank}: {type(e).__name__}: {e}"))
-        raise
+    reporting_failure(rank, conn, barrier, _worker, rank, ns, job, switch_addr, init_method,
+                      conn, barrier)
 
 
 def _worker(rank, ns, job, switch_addr, init_method, conn, barrier):

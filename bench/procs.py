@@ -160,9 +160,16 @@ def switch_main(conn, profile_path: str | None, host: str = "127.0.0.1") -> None
 def spina_worker(rank: int, p: Point, repeats: int, conn, barrier, profile_path: str | None,
                  memory: bool) -> None:
     """One SpINA worker: bind, report the port, get the job, then warm up and time repeats."""
+    reporting_failure(rank, conn, barrier, _spina_worker, rank, p, repeats, conn, barrier,
+                      profile_path, memory)
+
+
+def reporting_failure(rank: int, conn, barrier, fn, *args):
+    """fn(*args) in a worker process; if it fails, break `barrier` and send the parent the
+    error on `conn` (so neither the other workers nor the parent hang), then re-raise."""
     try:
-        _spina_worker(rank, p, repeats, conn, barrier, profile_path, memory)
-    except BaseException as e:  # the parent must hear about it, not hang on a barrier
+        return fn(*args)
+    except BaseException as e:
         barrier.abort()
         conn.send(dict(error=f"rank {rank}: {type(e).__name__}: {e}"))
         raise
