@@ -241,10 +241,9 @@ def union_fraction(density: float, n: int) -> float:
 def make_row(p: Point, rate: str, repeats: int, res: list[dict], drops: int, sw_cpu: float,
              load0, load1) -> dict:
     """One CSV row: paired times (slowest worker per repeat), bytes, checks, CPU."""
-    for m in METHODS:
-        for r, w in enumerate(res[1:], 1):
-            if m == "spina" and w[m]["crcs"] != res[0][m]["crcs"]:
-                raise BenchError(f"{p}: rank {r}'s SpINA result differs from rank 0's")
+    for r, w in enumerate(res[1:], 1):
+        if w["spina"]["crcs"] != res[0]["spina"]["crcs"]:
+            raise BenchError(f"{p}: rank {r}'s SpINA result differs from rank 0's")
     n, size = p.workers, 4 * p.elements
     t = {m: [max(w[m]["times"][i] for w in res) for i in range(repeats)] for m in METHODS}
     ratios = [a / b for a, b in zip(t["spina"], t["gloo"])]
