@@ -57,7 +57,7 @@ deploy: $(STAMP)  ## push pipeline and jobs: TARGET=softswitch|bmv2 (switch runn
 bench: $(STAMP)  ## SpINA vs gloo sweep (12 min here): bench/out/{results.csv,summary.md,*.png}
 	$(PY) -m bench.allreduce_bench $(BENCH_ARGS)
 
-bench-net: $(STAMP)  ## network-bound regime (root; ~20 min): namespaces, tbf links, SpINA vs gloo: bench/out/net/
+bench-net: $(STAMP)  ## network-bound regime (root; 3-10 min here): namespaces, tbf links, SpINA vs gloo: bench/out/net/
 	$(PY) -m bench.net_bench $(NET_BENCH_ARGS)
 
 profile: $(STAMP)  ## cProfile + memory of agent and software switch at the base point: bench/out/profile/
