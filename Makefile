@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test soak bench bench-l2 profile clean help p4 p4-check testbed deploy dissector
+.PHONY: setup demo test soak bench bench-l2 bench-net profile clean help p4 p4-check testbed deploy dissector
 
 help:  ## list targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -59,6 +59,9 @@ bench: $(STAMP)  ## SpINA vs gloo sweep (12 min here): bench/out/{results.csv,su
 
 bench-l2: $(STAMP)  ## (root) L2-mode switch: lossless INA frame rate of 4 namespaced workers
 	$(PY) -m bench.l2_rate $(BENCH_ARGS)
+
+bench-net: $(STAMP)  ## network-bound regime (root; 3-10 min here): namespaces, tbf links, SpINA vs gloo: bench/out/net/
+	$(PY) -m bench.net_bench $(NET_BENCH_ARGS)
 
 profile: $(STAMP)  ## cProfile + memory of agent and software switch at the base point: bench/out/profile/
 	$(PY) -m bench.profile $(PROFILE_ARGS)

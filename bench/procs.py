@@ -122,15 +122,15 @@ def _cpu() -> float:
 
 
 # ----------------------------------------------------------------------------- switch
-def switch_main(conn, profile_path: str | None) -> None:
-    """The software switch in its own process.
+def switch_main(conn, profile_path: str | None, host: str = "127.0.0.1") -> None:
+    """The software switch in its own process, listening on `host` (any free port).
 
     Protocol on `conn`: send our address; receive a JobConfig (admit it, start serving);
     receive "stop" -> reply with packet/byte counters and the CPU time spent serving.
     """
     from softswitch.udp import UdpSwitch
 
-    sw = UdpSwitch(port=0)
+    sw = UdpSwitch(host=host, port=0)
     conn.send(sw.address)
     job = conn.recv()
     sw.add_job(job)
@@ -162,9 +162,16 @@ def switch_main(conn, profile_path: str | None) -> None:
 def spina_worker(rank: int, p: Point, repeats: int, conn, barrier, profile_path: str | None,
                  memory: bool) -> None:
     """One SpINA worker: bind, report the port, get the job, then warm up and time repeats."""
+    reporting_failure(rank, conn, barrier, _spina_worker, rank, p, repeats, conn, barrier,
+                      profile_path, memory)
+
+
+def reporting_failure(rank: int, conn, barrier, fn, *args):
+    """fn(*args) in a worker process; if it fails, break `barrier` and send the parent the
+    error on `conn` (so neither the other workers nor the parent hang), then re-raise."""
     try:
-        _spina_worker(rank, p, repeats, conn, barrier, profile_path, memory)
-    except BaseException as e:  # the parent must hear about it, not hang on a barrier
+        return fn(*args)
+    except BaseException as e:
         barrier.abort()
         conn.send(dict(error=f"rank {rank}: {type(e).__name__}: {e}"))
         raise

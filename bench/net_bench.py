@@ -1,0 +1,454 @@
+"""The network-bound regime: SpINA against gloo's ring over the same rate-limited links.
+
+Run from the repository root as root (`make bench-net` does):
+
+    python -m bench.net_bench                                   # 4 and 8 workers, 1 and 10 Gbit/s
+    python -m bench.net_bench --workers 4 --rates 1gbit --densities 1,0.01 --repeats 3
+    python -m bench.net_bench --workers 2 --rates 1gbit --densities 1,0.01 \\
+        --elements 65536 --repeats 1 --out /tmp/n           # a smoke run (tests/test_net_bench.py)
+
+Every worker is a network namespace with one link to a switch namespace (bench/net_topo.py),
+each link limited by tbf in both directions. The switch namespace routes IPv4 between the
+workers (gloo's TCP ring crosses it) and runs SpINA's software switch in UDP mode
+(softswitch.udp.UdpSwitch, bench.procs.switch_main) on an address of its own.
+
+Each worker process holds both a SpINA Agent and a gloo process group. Per repeat it runs
+both methods on the same tensor, alternating which goes first, each between barriers:
+SpINA `Agent.allreduce(buf, inplace=True)` and gloo `dist.all_reduce(t)` on the same buffer
+(refilled from the worker's tensor outside the timer), nothing else inside the timed region.
+A repeat's time is the slowest worker's; the ratio SpINA/gloo is taken per repeat (paired)
+and reported as median [min-max]. Every result is checked (SpINA: rank 0 within the
+quantization bound, all ranks bit-identical; gloo: rank 0 within float32 rounding), the
+bytes each worker's eth0 sent and received are read around every call, resends counted.
+Outputs in --out: net_results.csv, net_summary.md, net_ratio.png.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import multiprocessing as mp
+import os
+import platform
+import statistics
+import sys
+import time
+import zlib
+from dataclasses import replace
+from datetime import timedelta
+
+import numpy as np
+
+from bench.allreduce_bench import BenchError, _recv, _stop
+from bench.net_topo import (SWITCH_IP, Star, dev_bytes, enter_netns, kernel_losses, parse_rate,
+                            tbf_params)
+from bench.procs import (Point, _cpu, check_result, expected_sum, make_tensor, reporting_failure,
+                         switch_main)
+from spina.config import JobConfig, WorkerAddr
+
+METHODS = ("spina", "gloo")
+WORKER_PORT = 50000
+GLOO_PORT = 29400
+TARGETS = {1.0: 0.75, 0.01: 0.05}  # at 1 Gbit/s: density -> SpINA/gloo at most (issue 12)
+TARGET_RATE = "1gbit"
+COLUMNS = ("mtu", "workers", "rate", "density", "elements", "repeats",
+           "spina_median_s", "spina_min_s", "spina_max_s", "gloo_median_s", "gloo_min_s",
+           "gloo_max_s", "ratio_median", "ratio_min", "ratio_max", "ratio_link_theory",
+           "spina_line_rate_s", "gloo_line_rate_s",
+           "spina_tx_bytes", "spina_rx_bytes", "gloo_tx_bytes", "gloo_rx_bytes",
+           "tx_bytes_ratio", "tx_bytes_ratio_theory",
+           "spina_payload_bytes", "spina_resends", "tbf_drops", "udp_drops", "tcp_retrans",
+           "spina_cpu_s", "gloo_cpu_s", "switch_cpu_s_per_spina_call",
+           "spina_max_err", "gloo_max_err", "verified",
+           "spina_times_s", "gloo_times_s", "load_start", "load_end")
+
+
+# ----------------------------------------------------------------------------- children
+def switch_proc(ns: str, conn, profile_path: str | None = None) -> None:
+    """The software switch (bench.procs.switch_main) inside the switch namespace."""
+    enter_netns(ns)
+    switch_main(conn, profile_path, host=SWITCH_IP)
+
+
+def worker_proc(rank: int, ns: str, job: JobConfig, switch_addr, init_method: str, conn,
+                barrier) -> None:
+    """One worker in its namespace: an Agent and a gloo process group, then points on demand."""
+    reporting_failure(rank, conn, barrier, _worker, rank, ns, job, switch_addr, init_method,
+                      conn, barrier)
+
+
+def _worker(rank, ns, job, switch_addr, init_method, conn, barrier):
+    enter_netns(ns)
+    os.environ["GLOO_SOCKET_IFNAME"] = "eth0"  # gloo's pairs on the limited link, not lo
+    import torch
+    import torch.distributed as dist
+    from host_agent.agent import Agent
+    from spina.net import bound_udp_socket
+
+    torch.set_num_threads(1)
+    me = job.workers[rank]
+    agent = Agent(job, rank, switch_addr, sock=bound_udp_socket(me.host, me.port), timeout=60.0)
+    dist.init_process_group("gloo", init_method=init_method, rank=rank,
+                            world_size=job.nworkers, timeout=timedelta(seconds=300))
+    conn.send("ready")
+    try:
+        while True:
+            msg = conn.recv()
+            if msg == "stop":
+                break
+            p, repeats = msg
+            conn.send(_point(rank, p, repeats, agent, dist, torch, barrier))
+    finally:
+        dist.destroy_process_group()
+        agent.close()
+
+
+def _point(rank, p: Point, repeats: int, agent, dist, torch, barrier) -> dict:
+    """Warm-up plus `repeats` paired repeats of both methods; this worker's measurements."""
+    x = make_tensor(p, rank)
+    buf = np.empty_like(x)
+    t = torch.from_numpy(buf)  # gloo reduces this tensor in place: the same memory as buf
+    want = expected_sum(p) if rank == 0 else None
+    rec = {m: dict(times=[], cpu=[], tx=[], rx=[], crcs=[], max_err=0.0) for m in METHODS}
+    rec["spina"].update(resends=0, payload=[])
+    for i in range(repeats + 1):  # i == 0: warm-up, checked but not recorded
+        for m in (METHODS if i % 2 == 0 else METHODS[::-1]):
+            np.copyto(buf, x)
+            barrier.wait()
+            tx0, rx0 = dev_bytes()
+            c0, t0 = _cpu(), time.perf_counter()
+            if m == "spina":
+                agent.allreduce(buf, inplace=True)
+            else:
+                dist.all_reduce(t)
+            dt, dc = time.perf_counter() - t0, _cpu() - c0
+            barrier.wait()  # every worker done: late ACKs are counted with this call
+            tx1, rx1 = dev_bytes()
+            r = rec[m]
+            if rank == 0:
+                err = check_result(buf, want, p.workers, quantized=(m == "spina"))
+                r["max_err"] = max(r["max_err"], err)
+            r["crcs"].append(zlib.crc32(buf.view(np.uint8)))
+            if i:
+                r["times"].append(dt)
+                r["cpu"].append(dc)
+                r["tx"].append(tx1 - tx0)
+                r["rx"].append(rx1 - rx0)
+                if m == "spina":
+                    r["resends"] += agent.last_stats.resends
+                    r["payload"].append(agent.last_stats.bytes_sent)
+            elif m == "spina":
+                r["resends"] += agent.last_stats.resends  # resends of the warm-up count too
+    return rec
+
+
+# ----------------------------------------------------------------------------- parent
+def _proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system, all threads) of process `pid`."""
+    with open(f"/proc/{pid}/stat") as f:
+        v = f.read().rsplit(")", 1)[1].split()
+    return (int(v[11]) + int(v[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_workers(n: int, rates, densities, elements: int, repeats: int, tag: str, mtu: int,
+                nslots: int, nlanes: int, profile_dir: str | None = None,
+                log=print) -> list[dict]:
+    """Every (rate, density) point for `n` workers on one star; a row per point.
+
+    profile_dir: also write the switch's cProfile (CPU time of its thread) there."""
+    ctx = mp.get_context("spawn")
+    rows, procs, conns = [], [], []
+    with Star(n, tag, mtu) as star:
+        star.set_rate(rates[0])
+        sw_conn = None
+        try:
+            sw_conn, child = ctx.Pipe()
+            prof = (os.path.join(profile_dir, f"switch-mtu{mtu}-n{n}.prof") if profile_dir
+                    else None)
+            procs.append(ctx.Process(target=switch_proc, args=(star.switch_ns, child, prof),
+                                     name="net-switch"))
+            procs[-1].start()
+            switch_addr = _recv(sw_conn, procs, "switch")
+            job = JobConfig(job=1, workers=tuple(WorkerAddr(r, star.worker_ip(r), WORKER_PORT)
+                                                 for r in range(n)),
+                            nslots=nslots, block_size=256, nlanes=nlanes).validate()
+            sw_conn.send(job)
+            _recv(sw_conn, procs, "switch admission")
+            barrier = ctx.Barrier(n)
+            init = f"tcp://{star.worker_ip(0)}:{GLOO_PORT}"
+            for r in range(n):
+                parent, child = ctx.Pipe()
+                procs.append(ctx.Process(target=worker_proc, name=f"net-worker{r}",
+                                         args=(r, star.worker_ns(r), job, switch_addr, init,
+                                               child, barrier)))
+                procs[-1].start()
+                conns.append(parent)
+            for r, c in enumerate(conns):
+                _recv(c, procs, f"rank {r} start")
+            for rate in rates:
+                star.set_rate(rate)
+                for d in densities:
+                    p = Point("net", n, elements, d, 256, nlanes, 256, nslots)
+                    load0 = os.getloadavg()
+                    drops0, sw0 = star.tbf_drops(), _proc_cpu(procs[0].pid)
+                    k0 = _losses(procs)
+                    for c in conns:
+                        c.send((p, repeats))
+                    res = [_recv(c, procs, f"rank {r} at {rate}, density {d:g}")
+                           for r, c in enumerate(conns)]
+                    sw_cpu = (_proc_cpu(procs[0].pid) - sw0) / (repeats + 1)  # per SpINA call
+                    row = dict(mtu=mtu, **make_row(p, rate, repeats, res,
+                                                   star.tbf_drops() - drops0, sw_cpu, load0,
+                                                   os.getloadavg()))
+                    row.update({k: v - k0[k] for k, v in _losses(procs).items()})
+                    rows.append(row)
+                    log(f"  MTU {mtu}, {n} workers {rate} {d:>6.2%}: SpINA {row['spina_median_s']:.4f} s, "
+                        f"gloo {row['gloo_median_s']:.4f} s, ratio {row['ratio_median']:.3f} "
+                        f"[{row['ratio_min']:.3f}-{row['ratio_max']:.3f}], theory "
+                        f"{row['ratio_link_theory']:.3f}; tx {row['tx_bytes_ratio']:.3f}x gloo's; "
+                        f"resends {row['spina_resends']}, tbf/udp drops {row['tbf_drops']}/{row['udp_drops']}, "
+                        f"TCP retrans {row['tcp_retrans']}; load {load0[0]:.1f}", flush=True)
+        finally:
+            for c in conns:
+                try:
+                    c.send("stop")
+                except OSError:
+                    pass
+            if sw_conn is not None:
+                try:
+                    sw_conn.send("stop")
+                    sw_conn.poll(30)  # the switch answers once stopped (and its profile written)
+                except OSError:
+                    pass
+            _stop(procs[1:])
+            _stop(procs[:1])
+    return rows
+
+
+def _losses(procs) -> dict:
+    """Kernel loss counters summed over every namespace (one process in each)."""
+    out = dict(udp_drops=0, tcp_retrans=0)
+    for pr in procs:
+        for k, v in kernel_losses(pr.pid).items():
+            out[k] += v
+    return out
+
+
+def union_fraction(density: float, n: int) -> float:
+    """Expected fraction of blocks non-zero at some worker (independent draws per worker)."""
+    return 1.0 - (1.0 - density) ** n
+
+
+def make_row(p: Point, rate: str, repeats: int, res: list[dict], drops: int, sw_cpu: float,
+             load0, load1) -> dict:
+    """One CSV row: paired times (slowest worker per repeat), bytes, checks, CPU."""
+    for r, w in enumerate(res[1:], 1):
+        if w["spina"]["crcs"] != res[0]["spina"]["crcs"]:
+            raise BenchError(f"{p}: rank {r}'s SpINA result differs from rank 0's")
+    n, size = p.workers, 4 * p.elements
+    t = {m: [max(w[m]["times"][i] for w in res) for i in range(repeats)] for m in METHODS}
+    ratios = [a / b for a, b in zip(t["spina"], t["gloo"])]
+    mean = lambda m, k: statistics.fmean(statistics.fmean(w[m][k]) for w in res)  # noqa: E731
+    ring = 2 * (n - 1) / n
+    u = union_fraction(p.density, n)
+    bps = parse_rate(rate)
+    row = dict(workers=n, rate=rate, density=p.density, elements=p.elements, repeats=repeats,
+               ratio_median=statistics.median(ratios), ratio_min=min(ratios),
+               ratio_max=max(ratios),
+               # link-bound: the busier direction of a worker's link. SpINA: its union of
+               # non-zero blocks comes back (>= what it sends); gloo: 2(n-1)/n each way.
+               ratio_link_theory=u / ring,
+               spina_line_rate_s=u * size * 8 / bps, gloo_line_rate_s=ring * size * 8 / bps,
+               tx_bytes_ratio=mean("spina", "tx") / mean("gloo", "tx"),
+               tx_bytes_ratio_theory=p.density / ring,
+               spina_payload_bytes=mean("spina", "payload"),
+               spina_resends=sum(w["spina"]["resends"] for w in res), tbf_drops=drops,
+               switch_cpu_s_per_spina_call=sw_cpu,
+               spina_max_err=res[0]["spina"]["max_err"], gloo_max_err=res[0]["gloo"]["max_err"],
+               verified=True, load_start=" ".join(f"{x:.2f}" for x in load0),
+               load_end=" ".join(f"{x:.2f}" for x in load1))
+    for m in METHODS:
+        row.update({f"{m}_median_s": statistics.median(t[m]), f"{m}_min_s": min(t[m]),
+                    f"{m}_max_s": max(t[m]), f"{m}_times_s": " ".join(f"{x:.6f}" for x in t[m]),
+                    f"{m}_tx_bytes": mean(m, "tx"), f"{m}_rx_bytes": mean(m, "rx"),
+                    f"{m}_cpu_s": mean(m, "cpu")})
+    return row
+
+
+# ----------------------------------------------------------------------------- outputs
+def write_csv(rows, path: str) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def _mb(x: float) -> str:
+    return f"{x / 1e6:.2f} MB" if x >= 1e5 else f"{x / 1e3:.1f} KB"
+
+
+def target_lines(rows) -> list[str]:
+    """One line per (workers, target density) at the target rate: met or not met."""
+    out = []
+    for r in rows:
+        want = TARGETS.get(float(r["density"]))
+        if want is None or r["rate"] != TARGET_RATE:
+            continue
+        ok = float(r["ratio_median"]) <= want
+        out.append(f"- MTU {r['mtu']}, {r['rate']}, {int(r['workers'])} workers, {float(r['density']) * 100:g}% "
+                   f"density: SpINA/gloo = **{float(r['ratio_median']):.3f}x** "
+                   f"[{float(r['ratio_min']):.3f}-{float(r['ratio_max']):.3f}], target "
+                   f"<= {want}x: **{'met' if ok else 'NOT met'}** (median)")
+    return out
+
+
+def summary(rows, meta: dict) -> str:
+    lines = ["# Network-bound regime: SpINA vs gloo over rate-limited links", ""]
+    lines += [f"- {k}: {v}" for k, v in meta.items()]
+    lines += ["", "## Targets (issue 12, rate-limited links)", ""] + (target_lines(rows) or
+                                                                      ["- (no target point run)"])
+    lines += ["", "## Results", "",
+              "time ratio = SpINA/gloo per repeat (paired), median [min-max]; link theory = "
+              "busier direction of a worker's link, SpINA's union of non-zero blocks over the "
+              "ring's 2(n-1)/n; tx = bytes a worker's eth0 sent (headers included), mean over "
+              "workers and repeats; tx theory = density / (2(n-1)/n); line-rate = gloo's bytes "
+              "at the link rate (time if the link were the only limit).", "",
+              "| MTU | workers | rate | density | SpINA s | gloo s | gloo line-rate s | SpINA/gloo time "
+              "| link theory | SpINA tx/worker | gloo tx/worker | tx ratio | tx theory | "
+              "resends | drops tbf, UDP | TCP retrans | CPU s/call SpINA, gloo, switch | load (1 min) |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for f in rows:
+        lines.append(
+            f"| {f['mtu']} | {f['workers']} | {f['rate']} | {f['density'] * 100:g}% | "
+            f"{f['spina_median_s']:.4f} [{f['spina_min_s']:.4f}-{f['spina_max_s']:.4f}] | "
+            f"{f['gloo_median_s']:.4f} [{f['gloo_min_s']:.4f}-{f['gloo_max_s']:.4f}] | "
+            f"{f['gloo_line_rate_s']:.4f} | **{f['ratio_median']:.3f}x** "
+            f"[{f['ratio_min']:.3f}-{f['ratio_max']:.3f}] | {f['ratio_link_theory']:.3f} | "
+            f"{_mb(f['spina_tx_bytes'])} | {_mb(f['gloo_tx_bytes'])} | "
+            f"{f['tx_bytes_ratio']:.3f} | {f['tx_bytes_ratio_theory']:.3f} | "
+            f"{int(f['spina_resends'])} | {int(f['tbf_drops'])}, {int(f['udp_drops'])} | "
+            f"{int(f['tcp_retrans'])} | {f['spina_cpu_s']:.3f}, "
+            f"{f['gloo_cpu_s']:.3f}, {f['switch_cpu_s_per_spina_call']:.3f} | "
+            f"{f['load_start'].split()[0]}-{f['load_end'].split()[0]} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    series = sorted({(int(r["mtu"]), int(r["workers"]), r["rate"]) for r in rows})
+    for i, (mtu, n, rate) in enumerate(series):
+        pts = sorted(((float(r["density"]), r) for r in rows
+                      if (int(r["mtu"]), int(r["workers"]), r["rate"]) == (mtu, n, rate)),
+                     key=lambda dr: dr[0])
+        label = f"{n} workers, {rate}, MTU {mtu}"
+        d = [x for x, _ in pts]
+        med = [float(r["ratio_median"]) for _, r in pts]
+        err = [[m - float(r["ratio_min"]) for m, (_, r) in zip(med, pts)],
+               [float(r["ratio_max"]) - m for m, (_, r) in zip(med, pts)]]
+        c = f"C{i}"
+        ax1.errorbar(d, med, yerr=err, marker="o", color=c, capsize=3, label=label)
+        ax1.plot(d, [float(r["ratio_link_theory"]) for _, r in pts], ls="--", color=c, lw=1)
+        ax2.plot(d, [float(r["tx_bytes_ratio"]) for _, r in pts], marker="o", color=c,
+                 label=label)
+        ax2.plot(d, [float(r["tx_bytes_ratio_theory"]) for _, r in pts], ls="--", color=c, lw=1)
+    for ax, title in ((ax1, "time SpINA / gloo (dashed: link-bound theory)"),
+                      (ax2, "bytes sent per worker, SpINA / gloo (dashed: theory)")):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("density (non-zero blocks per worker)")
+        ax.set_title(title, fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+    for want_d, want in TARGETS.items():
+        ax1.plot([want_d], [want], marker="v", color="k", ls="none")
+    ax1.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- main
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="Needs root (network namespaces, veth, tc).")
+    ap.add_argument("--workers", type=lambda s: [int(v) for v in s.split(",")], default=[4, 8],
+                    help="comma list of worker counts (default 4,8)")
+    ap.add_argument("--rates", type=lambda s: s.split(","), default=["1gbit", "10gbit"],
+                    help="comma list of link rates in tc's units (default 1gbit,10gbit)")
+    ap.add_argument("--densities", type=lambda s: [float(v) for v in s.split(",")],
+                    default=[1.0, 0.1, 0.01], help="fractions of non-zero blocks per worker")
+    ap.add_argument("--elements", type=lambda s: int(float(s)), default=8_000_000,
+                    help="float32 elements per tensor (default 8M: 0.1-0.5 s at 1 Gbit/s)")
+    ap.add_argument("--repeats", type=int, default=5, help="paired repeats per point")
+    ap.add_argument("--mtus", type=lambda s: [int(v) for v in s.split(",")],
+                    default=[9000, 65535],
+                    help="comma list of link MTUs, each a run of its own (default 9000,65535: "
+                         "jumbo frames, and no IP fragmentation of SpINA's datagrams)")
+    ap.add_argument("--nslots", type=int, default=16, help="SpINA switch slots (the window)")
+    ap.add_argument("--nlanes", type=int, default=56, help="SpINA blocks of 256 per datagram")
+    ap.add_argument("--tag", default=f"snb{os.getpid() % 100000}",
+                    help="prefix of the namespaces this run makes")
+    ap.add_argument("--out", default="bench/out/net")
+    ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--profile-switch", action="store_true",
+                    help="cProfile the switch (CPU time of its thread) into --out")
+    a = ap.parse_args(argv)
+    for rate in a.rates:
+        parse_rate(rate)
+    return a
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    if os.geteuid() != 0:
+        print("bench.net_bench needs root (network namespaces, veth, tc)", file=sys.stderr)
+        return 2
+    os.makedirs(a.out, exist_ok=True)
+    t0 = time.time()
+    load0 = os.getloadavg()
+    rows = []
+    for mtu in a.mtus:
+        for n in a.workers:
+            print(f"MTU {mtu}, {n} workers: {a.elements} float32, rates {','.join(a.rates)}, "
+                  f"densities {','.join(f'{d:g}' for d in a.densities)}, {a.repeats} paired "
+                  "repeats", flush=True)
+            rows += run_workers(n, a.rates, a.densities, a.elements, a.repeats,
+                                f"{a.tag}n{n}", mtu, a.nslots, a.nlanes,
+                                a.out if a.profile_switch else None)
+            write_csv(rows, os.path.join(a.out, "net_results.csv"))  # keep what is done
+    tbf = {r: tbf_params(r, max(a.mtus)) for r in a.rates}
+    meta = {
+        "command": "python -m bench.net_bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()) +
+                f"; took {time.time() - t0:.0f} s; host {platform.node()}: {os.cpu_count()} cores, "
+                f"Python {platform.python_version()}",
+        "load average": f"{' '.join(f'{x:.2f}' for x in load0)} at the start, "
+                        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end "
+                        "(per point in the table)",
+        "topology": "one namespace per worker, one veth each to a switch namespace that routes "
+                    "IPv4 (gloo) and runs the UDP-mode software switch (SpINA); tbf on both "
+                    f"ends of every link; MTU {', '.join(map(str, a.mtus))}",
+        "tbf": "; ".join(f"{r}: burst {p['burst']} B, latency {p['latency_ms']} ms"
+                         for r, p in tbf.items()),
+        "tensor": f"{a.elements} float32 ({4 * a.elements / 1e6:.0f} MB) per worker, data "
+                  "blocks of 256 chosen independently per worker",
+        "SpINA": f"block 256, {a.nlanes} blocks per datagram ({a.nlanes * 1024 / 1e3:.0f} KB, "
+                 f"IP-fragmented below MTU 65535), {a.nslots} slots",
+        "timing": f"{a.repeats} paired repeats after a warm-up, methods alternating first; a "
+                  "repeat's time is the slowest worker's",
+        "checks": "every SpINA result within the quantization bound at rank 0 and bit-identical "
+                  "on all ranks; every gloo result within float32 rounding at rank 0",
+    }
+    with open(os.path.join(a.out, "net_summary.md"), "w") as f:
+        f.write(summary(rows, meta))
+    if not a.no_plots:
+        plot(rows, os.path.join(a.out, "net_ratio.png"))
+    print(f"wrote {a.out}/net_results.csv, net_summary.md" +
+          ("" if a.no_plots else ", net_ratio.png"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
