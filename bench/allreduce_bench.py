@@ -53,6 +53,7 @@ COLUMNS = ("sweep", "workers", "elements", "density", "block_size", "nlanes", "d
            "packets_per_worker", "nonzero_blocks_per_worker", "resends", "verified", "max_abs_err",
            "switch_packets_in", "switch_bytes_in", "switch_cpu_s", "switch_pkts_per_cpu_s",
            "switch_payload_gbit_per_cpu_s", "loss", "dropped", "resends_per_rank",
+           "timeout_resends_per_rank",
            "spurious_resends", "load")
 
 
@@ -194,6 +195,7 @@ def _run_spina(p, repeats, profile_dir, memory, star) -> dict:
                 payload=mean("payload_bytes_sent"), packets=mean("packets_sent"),
                 nonzero_blocks=mean("nonzero_blocks"), resends=sum(w["resends"] for w in res),
                 resends_per_rank=statistics.fmean(x for w in res for x in w["resends_per_call"]),
+                timeouts_per_rank=statistics.fmean(x for w in res for x in w["timeouts_per_call"]),
                 # Without loss every resend is spurious; with loss, those the agents detected.
                 spurious=sum(x for w in res for x in (w["resends_per_call"] if p.loss == 0
                                                       else w["spurious_per_call"])),
@@ -252,6 +254,7 @@ def row(p: Point, sweep: str, method: str, m: dict) -> dict:
                 switch_payload_gbit_per_cpu_s=m.get("switch_gbit", ""),
                 loss="" if p.loss is None else p.loss, dropped=m.get("dropped", ""),
                 resends_per_rank=m.get("resends_per_rank", ""),
+                timeout_resends_per_rank=m.get("timeouts_per_rank", ""),
                 spurious_resends=m.get("spurious", ""), load=m.get("load", ""))
 
 

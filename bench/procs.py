@@ -223,7 +223,8 @@ def _spina_worker(rank, p, repeats, conn, barrier, profile_path, memory, netns, 
                    packets_sent=s.packets_sent, bytes_received=s.bytes_received,
                    packets_received=s.packets_received, resends=sum(t.resends for t in stats),
                    resends_per_call=[t.resends for t in stats],
-                   spurious_per_call=[getattr(t, "spurious_resends", 0) for t in stats],
+                   spurious_per_call=[t.spurious_resends for t in stats],
+                   timeouts_per_call=[t.timeout_resends for t in stats],
                    nonzero_blocks=s.nonzero_blocks, rounds=s.rounds, memory=mem))
     agent.close()
 

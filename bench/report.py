@@ -24,7 +24,8 @@ NUMERIC = ("workers", "elements", "density", "block_size", "nlanes", "data_block
            "payload_bytes_per_worker", "packets_per_worker", "nonzero_blocks_per_worker",
            "max_abs_err", "switch_packets_in", "switch_bytes_in", "switch_cpu_s",
            "switch_pkts_per_cpu_s", "switch_payload_gbit_per_cpu_s", "resends", "loss",
-           "dropped", "resends_per_rank", "spurious_resends", "load")
+           "dropped", "resends_per_rank", "timeout_resends_per_rank", "spurious_resends",
+           "load")
 
 
 def load_csv(path: str) -> list[dict]:
@@ -119,7 +120,8 @@ def loss_table(rows) -> list[str]:
          "SpINA alone; switch and workers each in a network namespace, iptables dropping UDP at "
          "random at every worker in both directions. Ratio = median / the same density's "
          "lossless median [range min/lossless max – max/lossless min]. Resends: per rank and call "
-         "(mean over ranks and timed calls). Spurious: resends of rounds whose packets were not "
+         "(mean over ranks and timed calls), in brackets those sent on a timeout (the rest by fast "
+         "retransmit). Spurious: resends of rounds whose packets were not "
          "lost (all resends at 0% loss; detected by the agent when a round's result arrives "
          "twice), summed over ranks and timed calls. Dropped: datagrams iptables dropped (all "
          "calls, warm-up included). Load: 1-minute load average after the point.", "",
@@ -136,10 +138,15 @@ def loss_table(rows) -> list[str]:
             if limit is not None:
                 verdict = f"≤ {limit:g}×: " + ("met" if m <= limit else "NOT met")
         L.append(f"| {100 * float(r['density']):g}% | {100 * float(r['loss']):g}% | {_fmt_t(r)} | "
-                 f"{cell} | {verdict} | {float(r['resends_per_rank']):.1f} | "
+                 f"{cell} | {verdict} | {float(r['resends_per_rank']):.1f} "
+                 f"({_fmt_opt(r.get('timeout_resends_per_rank'))}) | "
                  f"{int(float(r['spurious_resends']))} | {int(float(r['dropped']))} | "
                  f"{float(r['load']):.1f} |")
     return L + [""]
+
+
+def _fmt_opt(x) -> str:
+    return "–" if x in ("", None) else f"{float(x):.1f}"
 
 
 def write_summary(rows, meta: dict, path: str) -> None:

@@ -23,7 +23,7 @@ one call at a time (its agent's lock).
 
 Config file (JSON; every field optional):
     {"socket": "/tmp/spina-agent.sock", "log_file": null, "log_level": "INFO",
-     "timeout": 30.0, "rto": 0.2}
+     "timeout": 30.0, "rto": 0.005}
 """
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ from multiprocessing import resource_tracker, shared_memory
 import numpy as np
 
 from host_agent.agent import Agent, CallStats, SpinaError
+from host_agent.recovery import MIN_RTO
 from spina.config import ConfigError, JobFile
 
 log = logging.getLogger("spina.daemon")
@@ -58,7 +59,7 @@ class DaemonConfig:
     log_file: str | None = None
     log_level: str = "INFO"
     timeout: float = 30.0
-    rto: float = 0.2
+    rto: float = MIN_RTO  # the floor of the adaptive retransmission timeout (s)
 
     @classmethod
     def load(cls, path: str | None) -> "DaemonConfig":
