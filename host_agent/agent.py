@@ -466,6 +466,7 @@ class Agent:
                     next_check = time.monotonic() + every
         finally:
             sock.settimeout(tick)
+        self.rtt.call_done(rec.spurious_timeouts)
         call.stats.spurious_resends = rec.spurious
         call.stats.fast_resends, call.stats.timeout_resends = rec.fast_resends, rec.timeout_resends
         call.stats.seconds = time.perf_counter() - t0

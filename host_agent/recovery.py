@@ -45,6 +45,17 @@ class RttEstimator:
         self.min_rto, self.max_rto = min_rto, max_rto
         self.srtt: float | None = None
         self.rttvar = 0.0
+        # Learned floor: the latency of the latest round whose timeout proved spurious (a
+        # loaded machine stalls longer than srtt + 4 rttvar foresees); decays per clean call.
+        self.floor = 0.0
+
+    def spurious_timeout(self, latency: float) -> None:
+        """A round timed out but was not lost: it took `latency`; wait at least that long."""
+        self.floor = min(self.max_rto, max(self.floor, latency))
+
+    def call_done(self, spurious_timeouts: int) -> None:
+        if not spurious_timeouts:
+            self.floor *= 0.9
 
     def sample(self, seconds: float) -> None:
         if self.srtt is None:
@@ -56,7 +67,7 @@ class RttEstimator:
     @property
     def rto(self) -> float:
         base = INITIAL_RTO if self.srtt is None else self.srtt + 4 * self.rttvar
-        return min(self.max_rto, max(self.min_rto, base))
+        return min(self.max_rto, max(self.min_rto, self.floor, base))
 
     @property
     def reorder_window(self) -> float:
@@ -71,12 +82,14 @@ class Timer:
     first_sent_at: float = 0.0
     sent_at: float = 0.0       # latest transmission (or status reply)
     resends: int = 0
+    timed_out: bool = False    # resent on a timeout (not only by fast retransmit)
     statuses: int = 0          # status replies: the switch has our contribution, others missing
     flush: bool = False        # resends of this round ask the switch to complete it now
     progress_at: float = 0.0   # last result of this slot (the call's no-progress timeout)
     last_bitmap: int = 0       # contributors named by the last status reply
     prev_round: int = -1       # the slot's previous round, for late duplicates of its result
     prev_resends: int = 0
+    prev_timed_out: bool = False
     prev_latency: float = 0.0  # first transmission to first (multicast) result, or 0
 
 
@@ -106,6 +119,7 @@ class Recovery:
         self.spurious = 0       # resends found unnecessary (the round's result came twice, or a
                                 # status reply then the multicast result: nothing of ours lost)
         self.fast_resends = self.timeout_resends = 0
+        self.spurious_timeouts = 0
         for tm in timers:
             tm.progress_at = now
 
@@ -116,7 +130,7 @@ class Recovery:
         tm.seq = tm.last_seq = self.seq
         tm.first_sent_at = tm.sent_at = now
         tm.resends = tm.statuses = 0
-        tm.flush = False
+        tm.flush = tm.timed_out = False
 
     def resent(self, tm: Timer, now: float) -> None:
         self.seq += 1
@@ -144,11 +158,13 @@ class Recovery:
             # the order their previous results arrived, the same order at every worker.
             if tm.seq > self.rack_seq:
                 self.rack_seq, self.rack_latency = tm.seq, latency
-        elif multicast:
+        elif multicast and tm.statuses:
             self.spurious += min(tm.statuses, tm.resends)
+            if tm.timed_out:
+                self._spurious_timeout(latency)
         if partial:
             self.partial_rounds += 1
-        tm.prev_round, tm.prev_resends = round_, tm.resends
+        tm.prev_round, tm.prev_resends, tm.prev_timed_out = round_, tm.resends, tm.timed_out
         tm.prev_latency = now - tm.first_sent_at if multicast and not tm.statuses else 0.0
 
     def late_result(self, tm: Timer, round_: int) -> None:
@@ -160,7 +176,13 @@ class Recovery:
         self.spurious += 1
         if tm.prev_latency:
             self.rtt.sample(tm.prev_latency)
+            if tm.prev_timed_out:
+                self._spurious_timeout(tm.prev_latency)
             tm.prev_latency = 0.0
+
+    def _spurious_timeout(self, latency: float) -> None:
+        self.spurious_timeouts += 1
+        self.rtt.spurious_timeout(latency)
 
     # ---------------------------------------------------------------- decisions
     @property
@@ -187,6 +209,7 @@ class Recovery:
             self.timer_from = now
             self.backoff += 1
             self.timeout_resends += 1
+            tm.timed_out = True
             out.append((st, tm))
         return out
 
