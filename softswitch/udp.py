@@ -33,8 +33,9 @@ class Faults:
     an arriving datagram twice; reorder: hold an arriving datagram back until after the next
     one; drop_in_match: a predicate on the arriving datagram's header (wire.Header) that
     drops it deterministically (for example the first or last packet of a call);
-    service_rate: serve at most this many datagrams per second (0: as fast as it can), the
-    rest waiting in the socket's queue: a slow switch such as BMv2 (150-300 packets/s).
+    service_rate: serve this many datagrams per second on average (0: as fast as it can),
+    each taking an exponentially distributed time, the rest waiting in the socket's queue: a
+    slow switch such as BMv2 (150-300 packets/s), whose service time varies with the host.
     """
     drop_in: float = 0.0
     drop_out: float = 0.0
@@ -57,7 +58,7 @@ class Faults:
         """
         if self.service_rate:
             now = time.monotonic()
-            self._free_at = max(self._free_at, now) + 1.0 / self.service_rate
+            self._free_at = max(self._free_at, now) + self.rng.expovariate(self.service_rate)
             time.sleep(self._free_at - now)
         if self.drop_in and self.rng.random() < self.drop_in:
             self.dropped_in += 1

@@ -54,15 +54,16 @@ def test_no_fast_retransmit_and_few_timeouts_without_loss():
 
 
 def test_slow_switch_no_resend_storm():
-    """A switch serving 150 packets/s (BMv2's speed): a 1M-element int32 all-reduce of 4 workers
-    is exact and resends stay below 5% of the packets: the timeout adapts to the service time."""
-    f = Faults(service_rate=150)
+    """A switch serving 150 packets/s (BMv2's speed, varying): a 1M-element int32 all-reduce of
+    4 workers is exact and resends stay below 2% of the packets: the timeout adapts to it."""
+    f = Faults(service_rate=150, seed=2)
     with UdpSwitch(port=0, faults=f) as sw:
-        # 1M elements at 0.5% of the blocks per worker: about 600 packets, 4-5 s at 150/s.
-        sent, resends, _ = allreduce_counting(sw, 4, 1_000_000, 0.005, calls=1, seed=2,
+        # 1M elements at 1% of the blocks per worker: about 1400 packets, about 10 s at 150/s.
+        # (The agent before the recovery rework resent 3.6% of them, in one run 49%.)
+        sent, resends, _ = allreduce_counting(sw, 4, 1_000_000, 0.01, calls=1, seed=2,
                                               block_size=B, nlanes=K, nslots=8)
-    assert sent > 400
-    assert resends < 0.05 * sent, (resends, sent)
+    assert sent > 1000
+    assert resends < 0.02 * sent, (resends, sent)
 
 
 # ---------------------------------------------------------------- the decisions, by the clock
