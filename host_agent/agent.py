@@ -12,8 +12,9 @@ One call, per slot of the job's window (all slots run at once, one packet outsta
                 which also names the next round's positions. A position that is zero at
                 every worker is never visited.
 
-Lost packets are resent after a timeout; the switch recognises a resend (worker bitmap)
-and answers with the stored result or with a status naming who is still missing.
+Lost packets are resent (host_agent/recovery.py decides which and when); the switch
+recognises a resend (worker bitmap) and answers with the stored result or with a status
+naming who is still missing.
 docs/aggregation.md has the details.
 """
 from __future__ import annotations
@@ -325,9 +326,10 @@ class Agent:
         switch: (host, port) of the switch's UDP endpoint.
         sock: an already bound UDP socket at job.workers[rank]'s address (else one is bound).
         timeout: seconds without progress after which a call fails naming the missing ranks.
-        rto: smallest retransmission timeout in seconds; the agent adapts it to the measured
-            round latency (srtt + 4 rttvar, as TCP) and doubles it on each resend of a round
-            (host_agent/recovery.py). Most losses are resent sooner, by fast retransmit.
+        rto: smallest retransmission timeout in seconds (the timer behind the last rounds of
+            a call); the agent adapts it to the measured round latency (srtt + 4 rttvar, as
+            TCP) and to timeouts that proved spurious, and doubles it while the switch stays
+            silent (host_agent/recovery.py). Most losses are resent sooner, by fast retransmit.
 
     Example:
         >>> agent = Agent(job, rank, ("127.0.0.1", 47000))  # doctest: +SKIP

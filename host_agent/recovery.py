@@ -45,8 +45,9 @@ class RttEstimator:
         self.min_rto, self.max_rto = min_rto, max_rto
         self.srtt: float | None = None
         self.rttvar = 0.0
-        # Learned floor: the latency of the latest round whose timeout proved spurious (a
-        # loaded machine stalls longer than srtt + 4 rttvar foresees); decays per clean call.
+        # Learned floor: the latency of the latest round whose timeout proved spurious (it
+        # completed by itself, its result came twice): a loaded machine stalls longer than
+        # srtt + 4 rttvar foresees. Decays by a quarter per call without such a timeout.
         self.floor = 0.0
 
     def spurious_timeout(self, latency: float) -> None:
@@ -55,7 +56,7 @@ class RttEstimator:
 
     def call_done(self, spurious_timeouts: int) -> None:
         if not spurious_timeouts:
-            self.floor *= 0.9
+            self.floor *= 0.75
 
     def sample(self, seconds: float) -> None:
         if self.srtt is None:
@@ -159,9 +160,9 @@ class Recovery:
             if tm.seq > self.rack_seq:
                 self.rack_seq, self.rack_latency = tm.seq, latency
         elif multicast and tm.statuses:
+            # Not ours lost, but the round waited for another rank (perhaps for its loss): a
+            # spurious resend, yet its latency says nothing about how long to wait.
             self.spurious += min(tm.statuses, tm.resends)
-            if tm.timed_out:
-                self._spurious_timeout(latency)
         if partial:
             self.partial_rounds += 1
         tm.prev_round, tm.prev_resends, tm.prev_timed_out = round_, tm.resends, tm.timed_out
@@ -174,15 +175,12 @@ class Recovery:
             return
         tm.prev_resends -= 1
         self.spurious += 1
-        if tm.prev_latency:
+        if tm.prev_latency:  # the round completed by itself, no status: a true latency
             self.rtt.sample(tm.prev_latency)
             if tm.prev_timed_out:
-                self._spurious_timeout(tm.prev_latency)
+                self.spurious_timeouts += 1
+                self.rtt.spurious_timeout(tm.prev_latency)
             tm.prev_latency = 0.0
-
-    def _spurious_timeout(self, latency: float) -> None:
-        self.spurious_timeouts += 1
-        self.rtt.spurious_timeout(latency)
 
     # ---------------------------------------------------------------- decisions
     @property
