@@ -42,7 +42,7 @@ from bench.procs import Point, gloo_worker, spina_worker, switch_main
 from spina import wire
 from spina.config import JobConfig, WorkerAddr
 
-SWEEPS = ("density", "size", "fixed_nnz", "workers", "block_size", "nlanes")
+SWEEPS = ("density", "size", "fixed_nnz", "workers", "block_size", "nlanes", "loss")
 METHODS = ("spina", "gloo_allreduce", "gloo_allgather")
 SLOT_CAPACITY = 64 * 256  # softswitch.pipeline.DEFAULT_SLOT_CAPACITY: nlanes*block_size bound
 CHILD_TIMEOUT = 900.0     # seconds a child may take before the run is declared hung
@@ -52,7 +52,9 @@ COLUMNS = ("sweep", "workers", "elements", "density", "block_size", "nlanes", "d
            "cpu_s_per_worker", "bytes_per_worker", "bytes_source", "payload_bytes_per_worker",
            "packets_per_worker", "nonzero_blocks_per_worker", "resends", "verified", "max_abs_err",
            "switch_packets_in", "switch_bytes_in", "switch_cpu_s", "switch_pkts_per_cpu_s",
-           "switch_payload_gbit_per_cpu_s")
+           "switch_payload_gbit_per_cpu_s", "loss", "dropped", "resends_per_rank",
+           "timeout_resends_per_rank",
+           "spurious_resends", "load")
 
 
 class BenchError(RuntimeError):
@@ -66,12 +68,17 @@ def nlanes_for(block_size: int, wanted: int | None = None) -> int:
     return most if wanted is None else min(wanted, most)
 
 
+def base_point(a) -> Point:
+    return Point("base", a.base_workers, a.base_elements, a.base_density, a.base_block_size,
+                 nlanes_for(a.base_block_size, a.base_nlanes), a.data_block, a.nslots, a.rto)
+
+
 def build_points(a) -> list[tuple[str, Point]]:
     """(sweep, point) pairs: the base point first, then each sweep's points; the base point
-    also belongs to every sweep (measured once: points are measured once per key)."""
-    base = Point("base", a.base_workers, a.base_elements, a.base_density, a.base_block_size,
-                 nlanes_for(a.base_block_size, a.base_nlanes), a.data_block, a.nslots, a.rto)
-    out = [("base", base)]
+    also belongs to every sweep (measured once: points are measured once per key). The loss
+    sweep alone does not need the base point."""
+    base = base_point(a)
+    out = [] if a.sweeps == ["loss"] else [("base", base)]
     for sweep in a.sweeps:
         if sweep == "density":
             pts = [replace(base, density=d) for d in a.densities]
@@ -84,8 +91,12 @@ def build_points(a) -> list[tuple[str, Point]]:
             pts = [replace(base, workers=w) for w in a.workers]
         elif sweep == "block_size":
             pts = [replace(base, block_size=b, nlanes=nlanes_for(b)) for b in a.block_sizes]
-        else:  # nlanes
+        elif sweep == "nlanes":
             pts = [replace(base, nlanes=nlanes_for(base.block_size, k)) for k in a.nlanes]
+        else:  # loss: SpINA alone, in network namespaces, against its own lossless time
+            out += [("loss", replace(base, sweep="loss", elements=a.loss_elements, density=d,
+                                     loss=x)) for d in a.loss_densities for x in a.losses]
+            continue
         if base.key() not in {p.key() for p in pts}:
             pts.append(base)
         seen = set()
@@ -123,13 +134,29 @@ def _stop(procs) -> None:
 
 def run_spina(p: Point, repeats: int, profile_dir: str | None = None,
               memory: bool = False) -> dict:
-    """Switch + p.workers agents, each in its own process; returns the merged measurements."""
+    """Switch + p.workers agents, each in its own process; returns the merged measurements.
+    With p.loss set, every process runs in its own network namespace and iptables drops a
+    fraction p.loss of the datagrams each way at every worker (bench/netns.py)."""
+    if p.loss is None:
+        return _run_spina(p, repeats, profile_dir, memory, None)
+    from bench import netns
+    with netns.Star(p.workers) as star:
+        star.loss(p.loss)
+        m = _run_spina(p, repeats, profile_dir, memory, star)
+        m["dropped"] = star.dropped()
+    return m
+
+
+def _run_spina(p, repeats, profile_dir, memory, star) -> dict:
+    from bench import netns
     ctx = mp.get_context("spawn")
     procs = []
     try:
         sw_conn, child = ctx.Pipe()
         prof = os.path.join(profile_dir, "switch.prof") if profile_dir else None
-        procs.append(ctx.Process(target=switch_main, args=(child, prof), name="spina-switch"))
+        where = (None, "127.0.0.1") if star is None else (star.switch_ns, netns.SWITCH_IP)
+        procs.append(ctx.Process(target=switch_main, args=(child, prof, *where),
+                                 name="spina-switch"))
         procs[-1].start()
         switch_addr = _recv(sw_conn, procs, "switch")
         barrier = ctx.Barrier(p.workers)
@@ -137,8 +164,10 @@ def run_spina(p: Point, repeats: int, profile_dir: str | None = None,
         for r in range(p.workers):
             parent, child = ctx.Pipe()
             prof = os.path.join(profile_dir, f"agent{r}.prof") if profile_dir and r == 0 else None
+            where = ((None, "127.0.0.1") if star is None else
+                     (star.worker_ns[r], netns.worker_ip(r)))
             procs.append(ctx.Process(target=spina_worker, name=f"spina-worker{r}",
-                                     args=(r, p, repeats, child, barrier, prof, memory)))
+                                     args=(r, p, repeats, child, barrier, prof, memory, *where)))
             procs[-1].start()
             conns.append(parent)
         addrs = [_recv(c, procs, f"spina rank {r}") for r, c in enumerate(conns)]
@@ -165,6 +194,12 @@ def run_spina(p: Point, repeats: int, profile_dir: str | None = None,
                 bytes=mean("bytes_sent"), bytes_source="measured",
                 payload=mean("payload_bytes_sent"), packets=mean("packets_sent"),
                 nonzero_blocks=mean("nonzero_blocks"), resends=sum(w["resends"] for w in res),
+                resends_per_rank=statistics.fmean(x for w in res for x in w["resends_per_call"]),
+                timeouts_per_rank=statistics.fmean(x for w in res for x in w["timeouts_per_call"]),
+                # Without loss every resend is spurious; with loss, those the agents detected.
+                spurious=sum(x for w in res for x in (w["resends_per_call"] if p.loss == 0
+                                                      else w["spurious_per_call"])),
+                load=os.getloadavg()[0],
                 verified=True, max_err=res[0]["max_err"], switch=sw,
                 switch_pkt_rate=sw["packets_in"] / sw["cpu_s"] if sw["cpu_s"] else float("nan"),
                 switch_gbit=8e-9 * payload_in / sw["cpu_s"] if sw["cpu_s"] else float("nan"),
@@ -216,7 +251,11 @@ def row(p: Point, sweep: str, method: str, m: dict) -> dict:
                 resends=m.get("resends", ""), verified=m["verified"], max_abs_err=m["max_err"],
                 switch_packets_in=sw.get("packets_in", ""), switch_bytes_in=sw.get("bytes_in", ""),
                 switch_cpu_s=sw.get("cpu_s", ""), switch_pkts_per_cpu_s=m.get("switch_pkt_rate", ""),
-                switch_payload_gbit_per_cpu_s=m.get("switch_gbit", ""))
+                switch_payload_gbit_per_cpu_s=m.get("switch_gbit", ""),
+                loss="" if p.loss is None else p.loss, dropped=m.get("dropped", ""),
+                resends_per_rank=m.get("resends_per_rank", ""),
+                timeout_resends_per_rank=m.get("timeouts_per_rank", ""),
+                spurious_resends=m.get("spurious", ""), load=m.get("load", ""))
 
 
 # ----------------------------------------------------------------------------- main
@@ -225,8 +264,9 @@ def parse_args(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ints = lambda s: [int(float(v)) for v in s.split(",")]  # noqa: E731  (accepts 25e6)
     floats = lambda s: [float(v) for v in s.split(",")]  # noqa: E731
-    ap.add_argument("--sweeps", default=",".join(SWEEPS),
-                    help=f"comma list of {', '.join(SWEEPS)}, or 'base' for the base point only")
+    ap.add_argument("--sweeps", default=",".join(s for s in SWEEPS if s != "loss"),
+                    help=f"comma list of {', '.join(SWEEPS)}, or 'base' for the base point only "
+                    "(default: all but loss, which needs root for its network namespaces)")
     ap.add_argument("--methods", default=",".join(METHODS), help="comma list of " + ", ".join(METHODS))
     ap.add_argument("--repeats", type=int, default=5, help="timed calls per point and method")
     ap.add_argument("--base-workers", type=int, default=4)
@@ -244,6 +284,10 @@ def parse_args(argv=None):
     ap.add_argument("--workers", type=ints, default=[2, 4, 8])
     ap.add_argument("--block-sizes", type=ints, default=[64, 256, 1024])
     ap.add_argument("--nlanes", type=ints, default=[8, 32, 56, 63])
+    ap.add_argument("--losses", type=floats, default=[0.0, 0.01, 0.05, 0.10],
+                    help="loss sweep: random loss each way (iptables in network namespaces)")
+    ap.add_argument("--loss-densities", type=floats, default=[0.01, 1.0])
+    ap.add_argument("--loss-elements", type=lambda s: int(float(s)), default=4_000_000)
     ap.add_argument("--memory-limit-gib", type=float, default=16.0,
                     help="skip points whose estimated footprint exceeds this (machine: 24 GiB)")
     ap.add_argument("--out", default="bench/out")
@@ -280,12 +324,12 @@ def main(argv=None) -> int:
             continue
         got = {}
         desc = (f"n={p.workers} len={p.elements:.3g} d={p.density:g} B={p.block_size} "
-                f"k={p.nlanes}")
+                f"k={p.nlanes}" + ("" if p.loss is None else f" loss={p.loss:g}"))
         if "spina" in a.methods:
             bar.set_postfix_str("spina " + desc)
             got["spina"] = run_spina(p, a.repeats)
             bar.update()
-        gm = [m for m in a.methods if m != "spina"]
+        gm = [m for m in a.methods if m != "spina" and p.loss is None]
         if gm:
             bar.set_postfix_str("gloo " + desc)
             got.update(run_gloo(p, a.repeats, gm))
@@ -293,7 +337,7 @@ def main(argv=None) -> int:
         measured[key] = got
     bar.close()
     rows = [row(p, sweep, m, measured[p.key()][m]) for sweep, p in points
-            if p.key() in measured for m in a.methods]
+            if p.key() in measured for m in a.methods if m in measured[p.key()]]
     path = os.path.join(a.out, "results.csv")
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, COLUMNS)
@@ -304,7 +348,7 @@ def main(argv=None) -> int:
                 date=time.strftime("%Y-%m-%d %H:%M:%S %Z"), seconds=round(time.time() - started),
                 host=f"{platform.node()}: {os.cpu_count()} cores, Python {platform.python_version()}",
                 load=" ".join(f"{x:.2f}" for x in os.getloadavg()), repeats=a.repeats,
-                skipped=skipped, base=asdict(points[0][1]))
+                skipped=skipped, base=asdict(base_point(a)))
     from bench import report
     report.write_summary(rows, meta, os.path.join(a.out, "summary.md"))
     if not a.no_plots:

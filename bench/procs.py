@@ -34,10 +34,11 @@ class Point:
     data_block: int     # block size of the generated sparsity pattern
     nslots: int = 16
     rto: float | None = None  # agent's first retransmission timeout (None: Agent's default)
+    loss: float | None = None  # random loss each way in network namespaces (None: loopback)
 
     def key(self) -> tuple:
         return (self.workers, self.elements, self.density, self.block_size, self.nlanes,
-                self.data_block, self.nslots, self.rto)
+                self.data_block, self.nslots, self.rto, self.loss)
 
 
 # ----------------------------------------------------------------------------- data
@@ -122,15 +123,19 @@ def _cpu() -> float:
 
 
 # ----------------------------------------------------------------------------- switch
-def switch_main(conn, profile_path: str | None, host: str = "127.0.0.1") -> None:
-    """The software switch in its own process, listening on `host` (any free port).
+def switch_main(conn, profile_path: str | None, netns: str | None = None,
+                host: str = "127.0.0.1") -> None:
+    """The software switch in its own process, listening on `host` (any free port), in
+    network namespace `netns` if given.
 
     Protocol on `conn`: send our address; receive a JobConfig (admit it, start serving);
     receive "stop" -> reply with packet/byte counters and the CPU time spent serving.
     """
+    from bench.netns import enter
     from softswitch.udp import UdpSwitch
 
-    sw = UdpSwitch(host=host, port=0)
+    enter(netns)
+    sw = UdpSwitch(host, port=0)
     conn.send(sw.address)
     job = conn.recv()
     sw.add_job(job)
@@ -160,10 +165,11 @@ def switch_main(conn, profile_path: str | None, host: str = "127.0.0.1") -> None
 
 # ----------------------------------------------------------------------------- SpINA worker
 def spina_worker(rank: int, p: Point, repeats: int, conn, barrier, profile_path: str | None,
-                 memory: bool) -> None:
-    """One SpINA worker: bind, report the port, get the job, then warm up and time repeats."""
+                 memory: bool, netns: str | None = None, host: str = "127.0.0.1") -> None:
+    """One SpINA worker: bind, report the port, get the job, then warm up and time repeats
+    (in network namespace `netns` if given, bound to `host`)."""
     reporting_failure(rank, conn, barrier, _spina_worker, rank, p, repeats, conn, barrier,
-                      profile_path, memory)
+                      profile_path, memory, netns, host)
 
 
 def reporting_failure(rank: int, conn, barrier, fn, *args):
@@ -177,11 +183,13 @@ def reporting_failure(rank: int, conn, barrier, fn, *args):
         raise
 
 
-def _spina_worker(rank, p, repeats, conn, barrier, profile_path, memory):
+def _spina_worker(rank, p, repeats, conn, barrier, profile_path, memory, netns, host):
+    from bench.netns import enter
     from host_agent.agent import Agent
     from spina.net import bound_udp_socket
 
-    sock = bound_udp_socket()
+    enter(netns)
+    sock = bound_udp_socket(host)
     conn.send(sock.getsockname())
     job, switch_addr = conn.recv()
     kw = {} if p.rto is None else {"rto": p.rto}
@@ -224,6 +232,9 @@ def _spina_worker(rank, p, repeats, conn, barrier, profile_path, memory):
                    bytes_sent=s.bytes_sent, payload_bytes_sent=s.payload_bytes_sent,
                    packets_sent=s.packets_sent, bytes_received=s.bytes_received,
                    packets_received=s.packets_received, resends=sum(t.resends for t in stats),
+                   resends_per_call=[t.resends for t in stats],
+                   spurious_per_call=[t.spurious_resends for t in stats],
+                   timeouts_per_call=[t.timeout_resends for t in stats],
                    nonzero_blocks=s.nonzero_blocks, rounds=s.rounds, memory=mem))
     agent.close()
 

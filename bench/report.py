@@ -23,7 +23,9 @@ NUMERIC = ("workers", "elements", "density", "block_size", "nlanes", "data_block
            "repeats", "median_s", "min_s", "max_s", "cpu_s_per_worker", "bytes_per_worker",
            "payload_bytes_per_worker", "packets_per_worker", "nonzero_blocks_per_worker",
            "max_abs_err", "switch_packets_in", "switch_bytes_in", "switch_cpu_s",
-           "switch_pkts_per_cpu_s", "switch_payload_gbit_per_cpu_s", "resends")
+           "switch_pkts_per_cpu_s", "switch_payload_gbit_per_cpu_s", "resends", "loss",
+           "dropped", "resends_per_rank", "timeout_resends_per_rank", "spurious_resends",
+           "load")
 
 
 def load_csv(path: str) -> list[dict]:
@@ -105,6 +107,48 @@ def headline(rows) -> list[str]:
     return out + ([""] if out else [])
 
 
+# Issue 10: exact mode's call time under random loss each way, against its lossless time.
+TARGET_LOSS = {0.01: 1.5, 0.10: 4.0}
+
+
+def loss_table(rows) -> list[str]:
+    """The loss sweep: SpINA's time at each loss rate against its own lossless time."""
+    pts = [r for r in rows if r["sweep"] == "loss" and r["method"] == "spina"]
+    if not pts:
+        return []
+    L = ["## loss", "",
+         "SpINA alone; switch and workers each in a network namespace, iptables dropping UDP at "
+         "random at every worker in both directions. Ratio = median / the same density's "
+         "lossless median [range min/lossless max – max/lossless min]. Resends: per rank and call "
+         "(mean over ranks and timed calls), in brackets those sent on a timeout (the rest by fast "
+         "retransmit). Spurious: resends of rounds whose packets were not "
+         "lost (all resends at 0% loss; detected by the agent when a round's result arrives "
+         "twice), summed over ranks and timed calls. Dropped: datagrams iptables dropped (all "
+         "calls, warm-up included). Load: 1-minute load average after the point.", "",
+         "| density | loss | spina s | ratio to lossless | target | resends per rank | spurious "
+         "| dropped | load |", "|---|---|---|---|---|---|---|---|---|"]
+    lossless = {float(r["density"]): r for r in pts if float(r["loss"]) == 0}
+    for r in sorted(pts, key=lambda r: (float(r["density"]), float(r["loss"]))):
+        base = lossless.get(float(r["density"]))
+        cell, verdict = "–", "–"
+        if base is not None:
+            m, lo, hi = ratio(r, base)
+            cell = f"**{m:.2f}×** [{lo:.2f}–{hi:.2f}]"
+            limit = TARGET_LOSS.get(round(float(r["loss"]), 4))
+            if limit is not None:
+                verdict = f"≤ {limit:g}×: " + ("met" if m <= limit else "NOT met")
+        L.append(f"| {100 * float(r['density']):g}% | {100 * float(r['loss']):g}% | {_fmt_t(r)} | "
+                 f"{cell} | {verdict} | {float(r['resends_per_rank']):.1f} "
+                 f"({_fmt_opt(r.get('timeout_resends_per_rank'))}) | "
+                 f"{int(float(r['spurious_resends']))} | {int(float(r['dropped']))} | "
+                 f"{float(r['load']):.1f} |")
+    return L + [""]
+
+
+def _fmt_opt(x) -> str:
+    return "–" if x in ("", None) else f"{float(x):.1f}"
+
+
 def write_summary(rows, meta: dict, path: str) -> None:
     sweeps = []
     for r in rows:
@@ -135,6 +179,9 @@ def write_summary(rows, meta: dict, path: str) -> None:
         L.append(f"- skipped (memory): {s}")
     L += headline(rows)
     for sweep in sweeps:
+        if sweep == "loss":
+            L += loss_table(rows)
+            continue
         pts = _by_point(rows, sweep)
         L += [f"## {sweep}" if sweep != "base" else "## base point", "",
               "| " + SWEEP_AXIS[sweep] + " | " + " | ".join(f"{m} s" for m in methods)

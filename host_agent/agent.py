@@ -12,8 +12,9 @@ One call, per slot of the job's window (all slots run at once, one packet outsta
                 which also names the next round's positions. A position that is zero at
                 every worker is never visited.
 
-Lost packets are resent after a timeout; the switch recognises a resend (worker bitmap)
-and answers with the stored result or with a status naming who is still missing.
+Lost packets are resent (host_agent/recovery.py decides which and when); the switch
+recognises a resend (worker bitmap) and answers with the stored result or with a status
+naming who is still missing.
 docs/aggregation.md has the details.
 """
 from __future__ import annotations
@@ -31,6 +32,7 @@ import numpy as np
 from host_agent.blocks import (NONFINITE_BITS, LanePlan, block_absmax_bits, dequantize,
                                exponent_of_bits, gather_blocks, nonzero_blocks, quant_shift,
                                quantize, scatter_blocks)
+from host_agent.recovery import MIN_RTO, Recovery, RttEstimator, Timer
 from spina import rendezvous, wire
 from spina.net import bind_own_address, grow_buffers
 from spina.config import JobConfig
@@ -69,6 +71,9 @@ class CallStats:
     bytes_sent: int = 0          # whole UDP payloads
     payload_bytes_sent: int = 0  # block data only
     resends: int = 0
+    fast_resends: int = 0        # resends by trigger: fast retransmit, timeout (the rest:
+    timeout_resends: int = 0     # bounded-loss flushes)
+    spurious_resends: int = 0    # resends found unnecessary (host_agent/recovery.py)
     packets_received: int = 0
     bytes_received: int = 0
     rounds: int = 0
@@ -92,16 +97,9 @@ class _Slot:
     shift: int = 0
     exponent: int = 0
     packet: memoryview = None     # the round's datagram (in the agent's per-slot buffer)
-    sent_at: float = 0.0
-    rto: float = 0.0
-    progress_at: float = 0.0
     done: bool = False
-    last_bitmap: int = 0
-    resent: bool = False
-    first_sent_at: float = 0.0    # the round's first transmission (bounded-loss deadline)
-    flush: bool = False           # resends of this round ask the switch to complete it now
-    seq: int = 0                  # send order of the round's first transmission in the call
-    fast: bool = False            # already resent early because later rounds completed
+    timer: Timer = None           # transmissions and answers of the round in flight
+    recovery: Recovery = None     # the call's loss recovery (late duplicate results go there)
     unanswered: int = 0           # resends since the switch last answered this slot
 
 
@@ -114,8 +112,6 @@ class _Call:
         self.B, self.k, W = job.block_size, job.nlanes, job.nslots
         n = len(flat)
         self.stats = CallStats(length=n)
-        self.newest_done = 0  # send order of the latest round that completed
-        self.fast_after = _fast_retransmit_after(W)
         if integer:
             nz = nonzero_blocks(flat, self.B)
             nonfinite = np.zeros(len(nz), bool)
@@ -164,16 +160,14 @@ class _Call:
         self.next_end = wire.HEADER_LEN + 4 * k  # the next positions' bytes in a datagram
         self.all_end = bytearray(wire.END.to_bytes(4, "big") * k)
         self.bufs = agent._slot_buffers(W, k, B)
-        now = time.monotonic()
+        timers = [Timer() for _ in range(W)]
+        # Bounded loss: each partial round counts its nlanes blocks against the budget.
+        self.recovery = Recovery(agent.rtt, timers, time.monotonic(), job.bounded_loss,
+                                 job.loss_deadline, job.bounded_loss * self.nblocks / k)
         self.slots = [_Slot(s + job.slot_base, s, ptr=first_ext[s * k:(s + 1) * k].copy(),
                             lanes=np.arange(s * k, (s + 1) * k, dtype=np.int64),
-                            progress_at=now, rto=agent.rto)
+                            timer=timers[s], recovery=self.recovery)
                       for s in range(W)]
-
-    def partial_budget_left(self) -> bool:
-        """May one more round (nlanes blocks) complete without every worker (bounded loss)?"""
-        allowed = self.agent.job.bounded_loss * self.nblocks
-        return (self.stats.partial_rounds + 1) * self.k <= allowed
 
     def send_setup(self, st: _Slot) -> None:
         """The slot's setup round: first positions per lane and the slot's exponent."""
@@ -191,18 +185,16 @@ class _Call:
         stats.bytes_received += nbytes
         st.unanswered = 0
         if t[_MSG_TYPE] == wire.MSG_STATUS:
-            st.last_bitmap = t[_BITMAP]
+            self.recovery.status(st.timer, t[_BITMAP], time.monotonic())
             return False
         flags = t[_FLAGS]
         if flags & wire.FLAG_MISMATCH:
             raise LengthMismatch(
                 f"job {agent.job.job} call {agent.call_id}: workers disagree on the tensor length: "
                 f"rank {agent.rank} has {len(self.flat)} elements, another rank {t[_LENGTH]}")
-        st.progress_at = time.monotonic()
-        self.newest_done = max(self.newest_done, st.seq)
-        if not st.resent:  # Karn: time only rounds sent once
-            agent._sample_rtt(st.progress_at - st.sent_at)
-        st.rto = agent.rto
+        self.recovery.result(st.timer, st.round, time.monotonic(),
+                             multicast=not flags & wire.FLAG_RESEND,
+                             partial=bool(flags & wire.FLAG_PARTIAL))
         if flags & wire.FLAG_PARTIAL:
             stats.partial_rounds += 1
             stats.partial_fraction = min(1.0, stats.partial_rounds * self.k / max(1, self.nblocks))
@@ -319,12 +311,6 @@ def _lanes(bits: int, k: int) -> np.ndarray:
     return got
 
 
-# A pending round is suspect (lost) once rounds sent this many sends after it have completed:
-# half the window, so that ordinary jitter among the window's slots does not trigger it.
-def _fast_retransmit_after(nslots: int) -> int:
-    return max(3, nslots // 2)
-
-
 def _lane_bits(mask: np.ndarray) -> int:
     """(nlanes,) bool -> the lane bitmap as a Python int (bit i = lane i)."""
     return int.from_bytes(np.packbits(mask, bitorder="little").tobytes(), "little")
@@ -343,8 +329,10 @@ class Agent:
         switch: (host, port) of the switch's UDP endpoint.
         sock: an already bound UDP socket at job.workers[rank]'s address (else one is bound).
         timeout: seconds without progress after which a call fails naming the missing ranks.
-        rto: smallest retransmission timeout in seconds; the agent adapts it to the measured
-            round latency (srtt + 4 rttvar, as TCP) and doubles it on each resend, up to 1 s.
+        rto: smallest retransmission timeout in seconds (the timer behind the last rounds of
+            a call); the agent adapts it to the measured round latency (srtt + 4 rttvar, as
+            TCP) and to timeouts that proved spurious, and doubles it while the switch stays
+            silent (host_agent/recovery.py). Most losses are resent sooner, by fast retransmit.
         rendezvous: (host, port) of the job's run rendezvous (spina.rendezvous; the job file's
             `rendezvous`). Before its first call the agent joins the next run there and takes
             the run's epoch, so no result of another run (an earlier program on the same
@@ -356,7 +344,7 @@ class Agent:
     """
 
     def __init__(self, job: JobConfig, rank: int, switch: tuple[str, int],
-                 sock: socket.socket | None = None, timeout: float = 10.0, rto: float = 0.1,
+                 sock: socket.socket | None = None, timeout: float = 10.0, rto: float = MIN_RTO,
                  rendezvous: tuple[str, int] | None = None):
         self.job = job.validate()
         if not 0 <= rank < job.nworkers:
@@ -370,9 +358,7 @@ class Agent:
         self._joined = False
         self.foreign_packets = 0  # over all calls: datagrams dropped for not coming from the switch
         self.timeout = timeout
-        self.min_rto = rto
-        self.srtt: float | None = None  # smoothed round latency (s), kept across calls
-        self.rttvar = 0.0
+        self.rtt = RttEstimator(rto)  # round latency, kept across calls
         if sock is None:
             me = job.workers[rank]  # this host's own address only, never a wildcard
             sock = bind_own_address(me.host, me.port, f"job {job.job}: field 'workers[{rank}].host'")
@@ -382,7 +368,6 @@ class Agent:
         self.call_id = 0
         self.last_stats = CallStats()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-        self._seq = 0  # rounds sent, in order (fast retransmit)
         self._rx = bytearray(wire.MAX_UDP_PAYLOAD + 1)  # every answer lands here
         self._scratch_area: np.ndarray | None = None
         self._bufs: list = []
@@ -480,12 +465,13 @@ class Agent:
         self.call_id = (self.call_id + 1) & 0xFFFFFFFF
         call = _Call(self, flat, integer, inplace)
         sock = self.sock
-        tick = min(self.min_rto, self.job.loss_deadline) if self.job.bounded_loss else self.min_rto
+        tick = min(0.1, self.job.loss_deadline) if self.job.bounded_loss else 0.1
         # Non-blocking, select() only when nothing is waiting: a socket timeout would cost a
-        # poll() before every recv and sendto. Timers are checked when idle and at least every
-        # `every` seconds while results stream in (resend timeouts are >= 0.1 s by default).
+        # poll() before every recv and sendto. Lost rounds are looked for at most every `every`
+        # seconds, also while results stream in (fast retransmit needs no idle socket).
         sock.settimeout(0.0)
-        every = min(0.01, tick / 4)
+        every = 0.001
+        rec = call.recovery
         try:
             for st in call.slots:  # setup round of every slot
                 call.send_setup(st)
@@ -498,12 +484,14 @@ class Agent:
             while pending:
                 try:
                     nbytes, src = recv(buf)
-                except BlockingIOError:  # idle: check timers (at most every `every` s), wait
-                    now = time.monotonic()
+                except BlockingIOError:  # idle: resend what is due, wait for an answer or a timer
+                    now = rec.drained_at = time.monotonic()
                     if now >= next_check:
-                        self._check_timers(call)
+                        wait = self._check_timers(call, True, tick)
                         next_check = now + every
-                    select.select((sock,), (), (), tick)
+                    else:
+                        wait = next_check - now
+                    select.select((sock,), (), (), wait)
                     continue
                 except ConnectionRefusedError:
                     nbytes = -1  # ICMP port unreachable: the switch is not up (yet); keep resending
@@ -514,13 +502,17 @@ class Agent:
                     if got is not None and call.on_answer(buf, nbytes, *got):
                         pending -= 1
                 if nbytes < 0 or time.monotonic() >= next_check:
-                    self._check_timers(call)
+                    self._check_timers(call, False, tick)
                     next_check = time.monotonic() + every
         finally:
             sock.settimeout(tick)
+            call.stats.spurious_resends = rec.spurious
+            call.stats.fast_resends = rec.fast_resends
+            call.stats.timeout_resends = rec.timeout_resends
             call.stats.seconds = time.perf_counter() - t0
             self.last_stats = call.stats  # also for a call that failed: what it saw
             self.foreign_packets += call.stats.foreign_packets
+        self.rtt.call_done(rec.spurious_timeouts)
         return call.out
 
     def _accept(self, buf, nbytes, slots):
@@ -540,8 +532,10 @@ class Agent:
                 or not 0 <= s < len(slots) or t[_CALL] != self.call_id):
             return None
         st = slots[s]
-        if st.done or t[_ROUND] != st.round:
-            return None  # an answer to an earlier round (duplicate result)
+        if st.done or t[_ROUND] != st.round:  # an answer to an earlier round (duplicate result)
+            if t[_MSG_TYPE] == wire.MSG_RESULT:
+                st.recovery.late_result(st.timer, t[_ROUND])
+            return None
         return st, t
 
     def _scratch(self, k: int, B: int) -> np.ndarray:
@@ -577,28 +571,12 @@ class Agent:
                    exponent, 0, present, nonfinite)
         n = wire.HEADER_LEN + 4 * k + 4 * B * nrows
         st.packet = memoryview(buf)[:n]
-        st.resent = st.flush = st.fast = False
-        self._seq += 1
-        st.seq = self._seq
-        st.sent_at = st.first_sent_at = time.monotonic()
+        call.recovery.sent(st.timer, time.monotonic())
         self._transmit(st.packet)
         stats = call.stats
         stats.packets_sent += 1
         stats.bytes_sent += n
         stats.payload_bytes_sent += 4 * B * nrows
-
-    @property
-    def rto(self) -> float:
-        if self.srtt is None:
-            return max(self.min_rto, 0.2)
-        return min(1.0, max(self.min_rto, self.srtt + 4 * self.rttvar))
-
-    def _sample_rtt(self, sample: float) -> None:
-        if self.srtt is None:
-            self.srtt, self.rttvar = sample, sample / 2
-        else:
-            self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - sample)
-            self.srtt = 0.875 * self.srtt + 0.125 * sample
 
     def _transmit(self, pkt) -> None:
         """Send one datagram; a local refusal (a full buffer, a firewall's EPERM) is a loss
@@ -623,7 +601,7 @@ class Agent:
         is not admitted) or is unreachable, and no rank is to blame."""
         head = (f"job {self.job.job} call {self.call_id}: no result for slot {st.slot} round "
                 f"{st.round} within {self.timeout:g} s; ")
-        if st.unanswered >= 3 or not st.last_bitmap:
+        if st.unanswered >= 3 or not st.timer.last_bitmap:
             silent = ("never answered this call" if not answers else
                       f"did not answer the last {st.unanswered} resends")
             return SpinaTimeout(
@@ -631,37 +609,28 @@ class Agent:
                 f"running, or it does not admit job "
                 f"{self.job.job} epoch {self.job.epoch} (a switch restarted without a redeploy "
                 "has lost its jobs: run the controller's deploy)", [])
-        missing = [r for r in range(self.job.nworkers) if not st.last_bitmap >> r & 1]
+        missing = [r for r in range(self.job.nworkers) if not st.timer.last_bitmap >> r & 1]
         return SpinaTimeout(head + f"ranks {missing} never contributed", missing)
 
-    def _check_timers(self, call: "_Call") -> None:
+    def _check_timers(self, call: "_Call", idle: bool, longest: float) -> float:
+        """Resend the rounds host_agent/recovery.py finds due; fail if a slot made no progress
+        for `timeout`. `idle`: the socket is empty now. Returns how long to wait at most."""
         now = time.monotonic()
-        stats = call.stats
-        for st in call.slots:
-            if st.done:
-                continue
-            if now - st.progress_at > self.timeout:
-                raise self._timeout_error(st, call.stats.packets_received)
-            if (not st.flush and self.job.bounded_loss and now - st.first_sent_at > self.job.loss_deadline
-                    and call.partial_budget_left()):
-                st.flush = True
-                st.sent_at = 0.0  # resend now, as a flush
-            if not st.fast and call.newest_done >= st.seq + call.fast_after:
-                # Rounds sent after this one have completed: this one most likely lost a
-                # packet (ours, another worker's, or our result). Resend now, once.
-                st.fast = True
-                st.sent_at = 0.0
-            if now - st.sent_at > st.rto:
-                pkt = bytearray(st.packet)
-                pkt[2] |= wire.FLAG_RESEND | (wire.FLAG_PARTIAL if st.flush else 0)
-                self._transmit(pkt)
-                st.sent_at = now
-                st.resent = True
-                st.unanswered += 1
-                st.rto = min(st.rto * 2, 1.0)
-                stats.resends += 1
-                stats.packets_sent += 1
-                stats.bytes_sent += len(pkt)
+        rec, stats = call.recovery, call.stats
+        flying = [(st, st.timer) for st in call.slots if not st.done]
+        stalled = rec.stalled(flying, now, self.timeout)
+        if stalled is not None:
+            raise self._timeout_error(stalled[0], stats.packets_received)
+        for st, tm in rec.due(flying, now, idle):
+            pkt = bytearray(st.packet)
+            pkt[2] |= wire.FLAG_RESEND | (wire.FLAG_PARTIAL if tm.flush else 0)
+            self._transmit(pkt)
+            rec.resent(tm, now)
+            st.unanswered += 1
+            stats.resends += 1
+            stats.packets_sent += 1
+            stats.bytes_sent += len(pkt)
+        return rec.wait(flying, now, longest)
 
 
 def _is_torch(x) -> bool:

@@ -23,7 +23,7 @@ one call at a time (its agent's lock).
 
 Config file (JSON; every field optional):
     {"socket": "/tmp/spina-agent.sock", "log_file": null, "log_level": "INFO",
-     "timeout": 30.0, "rto": 0.2, "metrics": null}
+     "timeout": 30.0, "rto": 0.005, "metrics": null}
 `metrics` ("[HOST:]PORT", loopback by default) serves Prometheus metrics (host_agent/metrics.py).
 """
 from __future__ import annotations
@@ -46,6 +46,7 @@ from host_agent.agent import Agent, CallStats, SpinaError
 from host_agent.metrics import DaemonMetrics
 from spina import cli
 from spina.cli import LOG_LEVELS
+from host_agent.recovery import MIN_RTO
 from spina.config import ConfigError, JobFile
 from spina.metrics import parse_address
 
@@ -64,7 +65,7 @@ class DaemonConfig:
     log_file: str | None = None
     log_level: str = "INFO"
     timeout: float = 30.0
-    rto: float = 0.2
+    rto: float = MIN_RTO  # the floor of the adaptive retransmission timeout (s)
     metrics: str | None = None
 
     @classmethod

@@ -10,6 +10,7 @@ from __future__ import annotations
 import concurrent.futures
 
 from host_agent.agent import Agent
+from host_agent.recovery import MIN_RTO
 from softswitch.udp import UdpSwitch
 from spina.config import JobConfig, WorkerAddr
 from spina.net import bound_udp_socket
@@ -18,7 +19,7 @@ from spina.net import bound_udp_socket
 class LocalCluster:
     """A software switch (thread) and `nworkers` agents, each with its own loopback socket."""
 
-    def __init__(self, nworkers: int, job: int = 1, timeout: float = 10.0, rto: float = 0.1,
+    def __init__(self, nworkers: int, job: int = 1, timeout: float = 10.0, rto: float = MIN_RTO,
                  switch: UdpSwitch | None = None, **job_fields):
         self.own_switch = switch is None
         self.switch = switch or UdpSwitch(port=0).start()

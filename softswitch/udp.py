@@ -11,6 +11,7 @@ import random
 import select
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -31,25 +32,34 @@ class Faults:
     drop_in / drop_out: lose a datagram arriving at / leaving the switch; duplicate: deliver
     an arriving datagram twice; reorder: hold an arriving datagram back until after the next
     one; drop_in_match: a predicate on the arriving datagram's header (wire.Header) that
-    drops it deterministically (for example the first or last packet of a call).
+    drops it deterministically (for example the first or last packet of a call);
+    service_rate: serve this many datagrams per second on average (0: as fast as it can),
+    each taking an exponentially distributed time, the rest waiting in the socket's queue: a
+    slow switch such as BMv2 (150-300 packets/s), whose service time varies with the host.
     """
     drop_in: float = 0.0
     drop_out: float = 0.0
     duplicate: float = 0.0
     reorder: float = 0.0
     drop_in_match: Callable[[wire.Header], bool] | None = None
+    service_rate: float = 0.0
     seed: int = 0
     dropped_in: int = 0
     dropped_out: int = 0
 
     def __post_init__(self):
         self.rng = random.Random(self.seed)
+        self._free_at = 0.0  # service_rate: when the switch may serve its next datagram
 
     def arriving(self, pkt: bytes, src, held: list) -> list[tuple[bytes, object]]:
         """(datagram, source) pairs to process now, given one that arrived.
 
         `held` is the caller's reorder buffer.
         """
+        if self.service_rate:
+            now = time.monotonic()
+            self._free_at = max(self._free_at, now) + self.rng.expovariate(self.service_rate)
+            time.sleep(self._free_at - now)
         if self.drop_in and self.rng.random() < self.drop_in:
             self.dropped_in += 1
             return []

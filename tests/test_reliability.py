@@ -237,16 +237,16 @@ def test_bounded_loss_completes_partially_and_identically():
     rng = np.random.default_rng(4)
     n = 40 * B * K * W  # 40 rounds per slot: one partial round is 1/40 of the blocks
     xs = [sparse(rng, n, 1.0) for _ in range(3)]
-    # rank 2 is slow: its packet, its fast retransmit and its own flush are lost, its next
-    # resend comes a second later
-    f = Faults(drop_in_match=_drop_first_data_round_of(rank=2, slot=0, times=3))
+    # rank 2 never gets that round through: every transmission of it (original, fast
+    # retransmits, its own flush) is lost, so only the others' flush can complete the round
+    f = Faults(drop_in_match=_drop_first_data_round_of(rank=2, slot=0, times=10**6))
     with UdpSwitch(port=0, faults=f) as sw:
         with LocalCluster(3, switch=sw, rto=0.2, block_size=B, nlanes=K, nslots=W,
                           bounded_loss=0.1, loss_deadline=0.02) as c:
-            c.agents[2].min_rto = 1.0
+            c.agents[2].rtt.min_rto = 1.0
             res = c.allreduce(xs)
             stats = [a.last_stats for a in c.agents]
-    assert f.dropped_in in (1, 2, 3)  # fewer if the partial result reached rank 2 first
+    assert f.dropped_in >= 1
     assert res[0].tobytes() == res[1].tobytes() == res[2].tobytes()
     assert [s.partial_rounds for s in stats] == [1, 1, 1], (stats, sw.pipeline.job_counters(1))
     assert all(0 < s.partial_fraction <= 0.1 for s in stats)

@@ -1,0 +1,228 @@
+"""Loss recovery of the host agent: when a round in flight is sent again.
+
+Every slot has one round in flight; the switch answers a round with its result (multicast when
+the last worker's contribution arrives) or, to a resend of a round still incomplete, with a
+status naming who contributed. A round is resent on one of three triggers, all decided here:
+
+  fast retransmit  (RACK, RFC 8985) the switch serves contributions first in, first out, and
+                   every worker sends its rounds in the order their previous results arrived,
+                   so rounds complete in the order they were sent. A round is lost once a round
+                   first sent after its latest transmission has completed and it has been out
+                   longer than that round's latency plus a reorder window. Fires again for a
+                   lost resend, with no timer: most losses cost about one round trip.
+  timeout          (RTO, RFC 6298) for what fast retransmit cannot see: the rounds nothing was
+                   sent after (the tail of a call) and a switch that does not answer. One timer
+                   per call, as TCP has one per connection: it runs from the call's last result
+                   (or last timeout resend) for srtt + 4 rttvar of the measured round latency,
+                   at least `min_rto` (a few ms by default); on expiry the oldest round in
+                   flight is resent alone and the timer doubles (up to MAX_RTO) until a result
+                   arrives. A switch that is slow but answering restarts the timer with every
+                   result, so it never sees a burst of resends. Only Karn-clean rounds (never
+                   resent) are timed, and a resend that turns out to be spurious (its round's
+                   result arrives twice) gives the estimator the true latency (Eifel, RFC 3522).
+                   The timer fires only if it had expired when the agent last found its socket
+                   empty: a descheduled agent that wakes up to a full socket reads its results
+                   before it resends anything.
+  flush            bounded-loss mode (opt-in): a round older than the job's loss deadline is
+                   resent flagged PARTIAL while the call's partial rounds fit its budget.
+
+docs/aggregation.md ("Loss, duplicates and failures") and docs/reliability.md describe it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+INITIAL_RTO = 0.2  # s, before the first latency sample (TCP uses 1 s; a switch is one hop)
+MIN_RTO = 0.005    # s, default floor: round latencies here are 0.1-20 ms, variance covers load
+MAX_RTO = 2.0      # s: a slow switch (BMv2 serves 150-300 packets/s) may take this per window
+REORDER_MIN = 0.001  # s, smallest reorder window of the fast retransmit
+
+
+class RttEstimator:
+    """Round latency of one agent (kept across calls) and its retransmission timeout."""
+
+    def __init__(self, min_rto: float = MIN_RTO, max_rto: float = MAX_RTO):
+        self.min_rto, self.max_rto = min_rto, max_rto
+        self.srtt: float | None = None
+        self.rttvar = 0.0
+        # Learned floor: the latency of the latest round whose timeout proved spurious (it
+        # completed by itself, its result came twice): a loaded machine stalls longer than
+        # srtt + 4 rttvar foresees. Decays by a quarter per call without such a timeout.
+        self.floor = 0.0
+
+    def spurious_timeout(self, latency: float) -> None:
+        """A round timed out but was not lost: it took `latency`; wait at least that long."""
+        self.floor = min(self.max_rto, max(self.floor, latency))
+
+    def call_done(self, spurious_timeouts: int) -> None:
+        if not spurious_timeouts:
+            self.floor *= 0.75
+
+    def sample(self, seconds: float) -> None:
+        if self.srtt is None:
+            self.srtt, self.rttvar = seconds, seconds / 2
+        else:
+            self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - seconds)
+            self.srtt = 0.875 * self.srtt + 0.125 * seconds
+
+    @property
+    def rto(self) -> float:
+        base = INITIAL_RTO if self.srtt is None else self.srtt + 4 * self.rttvar
+        return min(self.max_rto, max(self.min_rto, self.floor, base))
+
+    @property
+    def reorder_window(self) -> float:
+        return max(REORDER_MIN, (self.srtt or 0.0) / 4)
+
+
+@dataclass(slots=True)
+class Timer:
+    """Transmissions and answers of one slot's round in flight."""
+    seq: int = 0               # send order of the round's first transmission in the call
+    last_seq: int = 0          # ... of its latest transmission (or of a status reply to it)
+    first_sent_at: float = 0.0
+    sent_at: float = 0.0       # latest transmission (or status reply)
+    resends: int = 0
+    timed_out: bool = False    # resent on a timeout (not only by fast retransmit)
+    statuses: int = 0          # status replies: the switch has our contribution, others missing
+    flush: bool = False        # resends of this round ask the switch to complete it now
+    progress_at: float = 0.0   # last result of this slot (the call's no-progress timeout)
+    last_bitmap: int = 0       # contributors named by the last status reply
+    prev_round: int = -1       # the slot's previous round, for late duplicates of its result
+    prev_resends: int = 0
+    prev_timed_out: bool = False
+    prev_latency: float = 0.0  # first transmission to first (multicast) result, or 0
+
+
+class Recovery:
+    """Which rounds of one call to resend, and when. The agent transmits; this decides.
+
+    Args:
+        rtt: the agent's latency estimator (updated here).
+        timers: one Timer per slot of the window.
+        now: the call's start.
+        bounded_loss, loss_deadline: the job's bounded-loss settings (0: exact mode).
+        budget_rounds: partial rounds the call may have (bounded loss).
+    """
+
+    def __init__(self, rtt: RttEstimator, timers: list[Timer], now: float,
+                 bounded_loss: float = 0.0, loss_deadline: float = 0.0, budget_rounds: float = 0.0):
+        self.rtt, self.timers = rtt, timers
+        self.bounded_loss, self.loss_deadline = bounded_loss, loss_deadline
+        self.budget_rounds = budget_rounds
+        self.partial_rounds = 0
+        self.seq = 0            # transmissions so far (send order)
+        self.rack_seq = 0       # send order of the latest-sent transmission known answered
+        self.rack_latency = 0.0  # its latency
+        self.drained_at = now   # when the agent last found its socket empty
+        self.timer_from = now   # the call's timer runs from here (last result or timeout)
+        self.backoff = 0        # timeouts since the last result
+        self.spurious = 0       # resends found unnecessary (the round's result came twice, or a
+                                # status reply then the multicast result: nothing of ours lost)
+        self.fast_resends = self.timeout_resends = 0
+        self.spurious_timeouts = 0
+        for tm in timers:
+            tm.progress_at = now
+
+    # ---------------------------------------------------------------- events
+    def sent(self, tm: Timer, now: float) -> None:
+        """A new round's first transmission."""
+        self.seq += 1
+        tm.seq = tm.last_seq = self.seq
+        tm.first_sent_at = tm.sent_at = now
+        tm.resends = tm.statuses = 0
+        tm.flush = tm.timed_out = False
+
+    def resent(self, tm: Timer, now: float) -> None:
+        self.seq += 1
+        tm.last_seq = self.seq
+        tm.sent_at = now
+        tm.resends += 1
+
+    def status(self, tm: Timer, bitmap: int, now: float) -> None:
+        """The switch has our contribution to the round; `bitmap` names every contributor.
+        Only the missing ranks can complete it: fast retransmit waits for newer evidence."""
+        tm.last_bitmap = bitmap
+        tm.statuses += 1
+        self.seq += 1
+        tm.last_seq, tm.sent_at = self.seq, now
+
+    def result(self, tm: Timer, round_: int, now: float, multicast: bool, partial: bool) -> None:
+        """The round in flight completed (`multicast`: the completion itself, not a stored
+        result returned to a resend)."""
+        tm.progress_at = self.timer_from = now
+        self.backoff = 0
+        latency = now - tm.first_sent_at
+        if tm.resends == 0:  # Karn: only rounds sent once are timed
+            self.rtt.sample(latency)
+            # Only rounds sent once say anything about the order: every worker sent them in
+            # the order their previous results arrived, the same order at every worker.
+            if tm.seq > self.rack_seq:
+                self.rack_seq, self.rack_latency = tm.seq, latency
+        elif multicast and tm.statuses:
+            # Not ours lost, but the round waited for another rank (perhaps for its loss): a
+            # spurious resend, yet its latency says nothing about how long to wait.
+            self.spurious += min(tm.statuses, tm.resends)
+        if partial:
+            self.partial_rounds += 1
+        tm.prev_round, tm.prev_resends, tm.prev_timed_out = round_, tm.resends, tm.timed_out
+        tm.prev_latency = now - tm.first_sent_at if multicast and not tm.statuses else 0.0
+
+    def late_result(self, tm: Timer, round_: int) -> None:
+        """A result for the slot's previous round came again: one of our resends was spurious.
+        If the first one was the multicast completion, its latency is a true sample."""
+        if round_ != tm.prev_round or tm.prev_resends == 0:
+            return
+        tm.prev_resends -= 1
+        self.spurious += 1
+        if tm.prev_latency:  # the round completed by itself, no status: a true latency
+            self.rtt.sample(tm.prev_latency)
+            if tm.prev_timed_out:
+                self.spurious_timeouts += 1
+                self.rtt.spurious_timeout(tm.prev_latency)
+            tm.prev_latency = 0.0
+
+    # ---------------------------------------------------------------- decisions
+    @property
+    def timeout(self) -> float:
+        return min(self.rtt.rto * 2 ** self.backoff, self.rtt.max_rto)
+
+    def due(self, in_flight, now: float, idle: bool) -> list:
+        """The (slot, timer) pairs to resend now, out of `in_flight` ((slot, timer) pairs of
+        the rounds in flight). `idle`: the agent's socket is empty right now."""
+        if idle:
+            self.drained_at = now
+        out = []
+        rack = self.rack_latency + self.rtt.reorder_window
+        for st, tm in in_flight:
+            if (self.bounded_loss and not tm.flush and now - tm.first_sent_at > self.loss_deadline
+                    and self.partial_rounds + 1 <= self.budget_rounds):
+                tm.flush = True
+                out.append((st, tm))
+            elif tm.last_seq < self.rack_seq and now - tm.sent_at > rack:
+                self.fast_resends += 1  # a round sent after this one was answered: lost
+                out.append((st, tm))
+        if not out and in_flight and self.drained_at - self.timer_from > self.timeout:
+            st, tm = min(in_flight, key=lambda p: p[1].sent_at)
+            self.timer_from = now
+            self.backoff += 1
+            self.timeout_resends += 1
+            tm.timed_out = True
+            out.append((st, tm))
+        return out
+
+    def wait(self, in_flight, now: float, longest: float) -> float:
+        """Seconds until the next fast retransmit or timeout could fire (at most `longest`)."""
+        soonest = min(longest, self.timer_from + self.timeout - now)
+        rack = self.rack_latency + self.rtt.reorder_window
+        for _, tm in in_flight:
+            if tm.last_seq < self.rack_seq:
+                soonest = min(soonest, tm.sent_at + rack - now)
+        return max(soonest, 0.0005)
+
+    def stalled(self, in_flight, now: float, timeout: float):
+        """A (slot, timer) pair with no result for `timeout` seconds, else None."""
+        for st, tm in in_flight:
+            if now - tm.progress_at > timeout:
+                return st, tm
+        return None
