@@ -178,7 +178,7 @@ class Compressor:
         self.rescale(send2d, blocks, layout, grad)
         if cfg.error_feedback:
             v2d[blocks] = 0
-        if cfg.momentum:  # momentum factor masking: sent velocity must not push again
+        if cfg.momentum and cfg.momentum_masking:  # DGC: sent velocity must not push again
             mem["momentum"].reshape(nblocks, B)[blocks] = 0
         self.bucket_index += 1
         return Selection(blocks, send, nblocks)

@@ -19,8 +19,11 @@ class CompressionConfig:
         "losscomp" (blocks sampled by norm and by loss credit; the ratio follows the loss trend).
     ratio: fraction of a bucket's blocks each rank sends per step, in (0, 1].
     error_feedback: keep what was not sent in a residual and add it to the next gradient.
-    momentum: DGC momentum correction (0 turns it off): the compressor keeps the momentum and
-        masks it where blocks were sent; use it with a momentum-free optimiser.
+    momentum: DGC momentum correction (0 turns it off): the compressor keeps the velocity
+        u = momentum * u + g and accumulates u instead of g; use a momentum-free optimiser.
+    momentum_masking: DGC's momentum factor masking: clear u where blocks were sent. True is
+        DGC; False keeps u, so that the total sent is exactly momentum SGD's total update (at
+        ratio 1 it is momentum SGD; with masking it degrades to SGD without momentum).
     warmup_steps / warmup_ratio: the ratio starts at warmup_ratio and falls geometrically to
         `ratio` over warmup_steps steps (DGC's warm-up); 0 steps turns it off.
     seed: random-k's and LossComp's random stream (the same seed on every rank).
@@ -37,6 +40,7 @@ class CompressionConfig:
     ratio: float = 0.01
     error_feedback: bool = True
     momentum: float = 0.0
+    momentum_masking: bool = True
     warmup_steps: int = 0
     warmup_ratio: float = 0.25
     seed: int = 0
