@@ -67,11 +67,11 @@ def test_error_feedback_is_exact_over_steps():
     total_sent = np.zeros(layout.length, np.float32)
     for step in range(20):
         # Integer-valued gradients: every float32 sum below is exact.
-        g = pack_aligned(torch.from_numpy(rng.integers(-50, 50, 377).astype(np.float32)),
-                         layout.src, layout.dst, layout.length)
+        raw = rng.integers(-50, 50, 377).astype(np.float32)
+        g = pack_aligned(torch.from_numpy(raw), layout.src, layout.dst, layout.length)
         before = comp.memory.get(layout)["residual"] + g
         total_grad += g
-        sel = comp.compress(layout, g)
+        sel = comp.compress(layout, raw)
         comp.end_step()
         after = comp.memory.get(layout)["residual"]
         np.testing.assert_array_equal(sel.send + after, before)
@@ -183,9 +183,9 @@ def test_scaled_sends_from_every_layer_with_the_fresh_gradient_norm():
     comp = make_compressor(method="scaled", ratio=0.1, block_size=B)
     rng = np.random.default_rng(3)
     for _ in range(3):  # the residual grows, the sent norm still follows the fresh gradient
-        g = pack_aligned(torch.from_numpy(rng.standard_normal(43 * B + 5).astype(np.float32)),
-                         layout.src, layout.dst, layout.length)
-        sel = comp.compress(layout, g.copy())
+        raw = rng.standard_normal(43 * B + 5).astype(np.float32)
+        g = pack_aligned(torch.from_numpy(raw), layout.src, layout.dst, layout.length)
+        sel = comp.compress(layout, raw)
         comp.end_step()
         seg = layout.block_segments()
         assert np.bincount(seg[sel.blocks], minlength=3).tolist() == [4, 1, 1]
@@ -328,9 +328,10 @@ def _ddp_worker(rank, tmp):
 
         def recording(layout, grad, original=original, records=records, comp=comp):
             before = {n: b.copy() for n, b in comp.memory.get(layout).items()}
-            sel = original(layout, grad.copy())
+            sel = original(layout, grad)
             sent = type(sel)(sel.blocks, sel.send.copy(), sel.nblocks)  # the agent sums into send
-            records.append((layout, grad, before, sent,
+            aligned = pack_aligned(torch.from_numpy(grad), layout.src, layout.dst, layout.length)
+            records.append((layout, aligned, before, sent,
                             {n: b.copy() for n, b in comp.memory.get(layout).items()}))
             return sel
         comp.compress = recording
@@ -440,5 +441,6 @@ def test_example_runs_tiny(tmp_path):
     assert all(r["weights_identical_across_ranks"] for r in runs.values())
     assert runs["dense-spina"]["params"] == 512 * 2048 + 2048 + 2048 * 2048 + 2048 + 2048 * 10 + 10
     nblocks = sum(-(-s // 256) for s in (512 * 2048, 2048, 2048 * 2048, 2048, 2048 * 10, 10))
-    assert runs["topk@0.01"]["blocks_fraction"] == math.ceil(0.01 * nblocks) / nblocks
+    # ceil(1% of each bucket's blocks): DDP splits the model into a few buckets
+    assert 0.01 <= runs["topk@0.01"]["blocks_fraction"] <= 0.01 + 3 / nblocks
     assert runs["topk@0.01"]["bytes_per_step"] < 0.03 * runs["dense-spina"]["bytes_per_step"]

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from host_agent.agent import Agent
 from host_agent.compression.compressors import BucketLayout, Compressor, Selection
-from host_agent.torch_hook import _segment_sizes, pack_aligned, unpack_aligned
+from host_agent.torch_hook import _segment_sizes, unpack_aligned
 
 
 class CompressionHookState:
@@ -78,7 +78,8 @@ def _compress_bucket(state: CompressionHookState, bucket) -> tuple[BucketLayout,
     if len(params) != len(sizes):  # a bare buffer (tests): one piece, named by its index
         params = (("bucket", bucket.index() if hasattr(bucket, "index") else 0),)
     layout = BucketLayout.of(params, sizes, state.compressor.block_size)
-    sel = state.compressor.compress(layout, pack_aligned(buf, layout.src, layout.dst, layout.length))
+    data = buf.detach().reshape(-1).to(torch.float32).numpy()  # a copy for half buckets only
+    sel = state.compressor.compress(layout, data)
     if not hasattr(bucket, "is_last") or bucket.is_last():
         state.compressor.end_step()
     state.calls += 1
