@@ -95,15 +95,18 @@ def test_momentum_correction_and_factor_masking_by_hand():
 
 
 def test_momentum_without_masking_at_ratio_one_is_momentum_sgd():
-    """momentum_masking=False, ratio 1: every step sends exactly momentum SGD's velocity."""
+    """momentum_masking=False, ratio 1: every step sends momentum SGD's velocity (to a rounding)."""
     comp = make_compressor(method="topk", ratio=1.0, momentum=0.9, momentum_masking=False, block_size=B)
     layout = _layout(8 * B)
     rng = np.random.default_rng(6)
     u = np.zeros(layout.length, np.float32)
     for _ in range(5):
         g = rng.standard_normal(layout.length).astype(np.float32)
-        u = np.float32(0.9) * u + g
-        np.testing.assert_array_equal(comp.compress(layout, g).send, u)
+        ref = np.float32(0.9) * u + g  # torch SGD: buf.mul_(m).add_(g), two roundings
+        sent = comp.compress(layout, g).send
+        # One rounding (the axpy) against two: apart by at most an ulp or two of the terms.
+        assert (np.abs(sent - ref) <= 2.0 ** -22 * (np.abs(0.9 * u) + np.abs(g))).all()
+        u = sent  # follow the compressor's rounding, so differences cannot grow
         comp.end_step()
 
 

@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from host_agent.compression.config import CompressionConfig
 
@@ -49,10 +50,18 @@ class BucketLayout:
         """(bucket offset, aligned offset, size) per parameter."""
         return zip(self.src.tolist(), self.dst.tolist(), self.sizes.tolist())
 
-    def add_into(self, aligned: np.ndarray, bucket: np.ndarray) -> None:
-        """aligned += bucket, each parameter's piece at its aligned offset (one pass)."""
-        for s, d, k in self.pieces():  # a loop per parameter
-            aligned[d:d + k] += bucket[s:s + k]
+    def add_into(self, aligned: np.ndarray, bucket: np.ndarray, scale: float = 1.0) -> None:
+        """aligned = scale * aligned + bucket, piece by piece at the aligned offsets, one pass.
+
+        torch.add(g, u, alpha=m) is an axpy in one kernel; numpy would need two passes. The
+        padding between pieces stays zero (scale * 0)."""
+        if scale == 1.0:
+            for s, d, k in self.pieces():  # a loop per parameter
+                aligned[d:d + k] += bucket[s:s + k]
+            return
+        a, b = torch.from_numpy(aligned), torch.from_numpy(bucket)
+        for s, d, k in self.pieces():
+            torch.add(b[s:s + k], a[d:d + k], alpha=scale, out=a[d:d + k])
 
     def piece_sq_norms(self, bucket: np.ndarray) -> np.ndarray:
         """Squared L2 norm of each parameter's piece of the (unaligned) bucket."""
@@ -183,8 +192,7 @@ class Compressor:
         mem = self.memory.get(layout)
         if cfg.momentum:  # DGC momentum correction: accumulate velocity, not gradient
             u = mem["momentum"]
-            u *= np.float32(cfg.momentum)
-            layout.add_into(u, grad)
+            layout.add_into(u, grad, scale=cfg.momentum)
             if cfg.error_feedback:
                 v = mem["residual"]
                 v += u
