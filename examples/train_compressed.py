@@ -47,7 +47,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from host_agent.compression import make_compressor  # noqa: E402
 from host_agent.compression.hooks import (CompressionHookState, gloo_compressed_hook,  # noqa: E402
                                           spina_compressed_hook)
-from host_agent.launch import shared_job_file  # noqa: E402
+from host_agent.launch import finish_shared_job, shared_job_file  # noqa: E402
 from host_agent.torch_hook import (JOB_FILE_ENV, SpinaHookState, agent_from_env,  # noqa: E402
                                    spina_allreduce_hook)
 from train_digits import LeNet5, load_data  # noqa: E402
@@ -320,11 +320,7 @@ def main():
         for run in runs:
             results.append(train(run, task, args, agent))
     finally:
-        dist.barrier()
-        agent.close()
-        if switch is not None:
-            switch.terminate()
-            switch.wait(timeout=10)
+        finish_shared_job(agent, switch)
     if rank == 0:
         out = Path(args.out or ROOT / "docs" / f"compression_{args.task}.png")
         summary = {"command": f"torchrun --standalone --nproc_per_node {world} examples/train_compressed.py "
