@@ -173,6 +173,8 @@ class Compressor:
         return cfg.ratio
 
     def blocks_to_send(self, nblocks: int) -> int:
+        # At least one block; the epsilon keeps float error (0.07 * 100 = 7.000000000000001) from
+        # adding one.
         return min(nblocks, max(1, math.ceil(self.current_ratio() * nblocks - 1e-9)))
 
     def compress(self, layout: BucketLayout, grad: np.ndarray) -> Selection:
