@@ -36,7 +36,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 from host_agent.blocks import nonzero_blocks  # noqa: E402
-from host_agent.launch import shared_job_file  # noqa: E402
+from host_agent.launch import finish_shared_job, shared_job_file  # noqa: E402
 from host_agent.torch_hook import (JOB_FILE_ENV, SpinaHookState, agent_from_env,  # noqa: E402
                                    spina_allreduce_hook)
 
@@ -139,11 +139,7 @@ def main():
         every = [torch.empty_like(mine) for _ in range(world)]
         dist.all_gather(every, mine)
     finally:
-        dist.barrier()
-        agent.close()
-        if switch is not None:
-            switch.terminate()
-            switch.wait(timeout=10)
+        finish_shared_job(agent, switch)
     if rank == 0:
         ring = 2 * (world - 1) / world * 4 * nparams
         lines = [

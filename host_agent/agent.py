@@ -22,6 +22,7 @@ from __future__ import annotations
 import concurrent.futures
 import errno
 import logging
+import os
 import select
 import socket
 import time
@@ -106,19 +107,30 @@ class _Slot:
 class _Call:
     """The state of one all-reduce call at one worker."""
 
-    def __init__(self, agent: "Agent", flat: np.ndarray, integer: bool, inplace: bool):
+    def __init__(self, agent: "Agent", flat: np.ndarray, integer: bool, inplace: bool,
+                 blocks: np.ndarray | None = None):
         job = agent.job
         self.agent, self.flat, self.integer = agent, flat, integer
         self.B, self.k, W = job.block_size, job.nlanes, job.nslots
         n = len(flat)
         self.stats = CallStats(length=n)
+        if blocks is not None and agent.check_blocks:
+            _check_block_hint(flat, blocks, self.B)
         if integer:
-            nz = nonzero_blocks(flat, self.B)
+            if blocks is None:
+                nz = nonzero_blocks(flat, self.B)
+            else:  # only the hinted blocks can be non-zero: look at those alone
+                nz = blocks[gather_blocks(flat, blocks, self.B).view(np.int32).any(axis=1)]
             nonfinite = np.zeros(len(nz), bool)
         else:
-            bits = block_absmax_bits(flat, self.B)
-            nz = np.flatnonzero(bits)
-            bits = bits[nz]
+            if blocks is None:
+                bits = block_absmax_bits(flat, self.B)
+                nz = np.flatnonzero(bits)
+                bits = bits[nz]
+            else:
+                bits = block_absmax_bits(gather_blocks(flat, blocks, self.B).reshape(-1), self.B)
+                sent = bits != 0  # a hinted block may still be all zero: it is not sent
+                nz, bits = blocks[sent], bits[sent]
             nonfinite = bits >= NONFINITE_BITS
             if nonfinite.any():  # the scale comes from the finite values of such blocks
                 rows = _finite_rows(gather_blocks(flat, nz[nonfinite], self.B))
@@ -293,6 +305,17 @@ class _Call:
         self.agent._send(self, st, last, st.exponent, present, nonfinite_bits, nrows)
 
 
+def _check_block_hint(flat: np.ndarray, blocks: np.ndarray, block_size: int) -> None:
+    """Debug check of an allreduce `blocks` hint: sorted, in range, covering every non-zero block."""
+    nblocks = -(-len(flat) // block_size)
+    if len(blocks) and (blocks[0] < 0 or blocks[-1] >= nblocks or (np.diff(blocks) <= 0).any()):
+        raise ValueError(f"blocks hint: must be strictly increasing block indices in 0..{nblocks - 1}")
+    missed = np.setdiff1d(nonzero_blocks(flat, block_size), blocks, assume_unique=True)
+    if len(missed):
+        raise ValueError(f"blocks hint misses {len(missed)} non-zero block(s) of the tensor, "
+                         f"first {missed[:5].tolist()}: the agent would not send them")
+
+
 def _finite_rows(rows: np.ndarray) -> np.ndarray:
     """Rows with NaN/Inf replaced by 0 (the block is reported non-finite separately)."""
     return np.where(np.isfinite(rows), rows, np.float32(0))
@@ -343,6 +366,9 @@ class Agent:
         >>> total = agent.allreduce(np.ones(1000, np.float32))  # doctest: +SKIP
     """
 
+    # Debug: verify every `blocks` hint against a full scan of the tensor (costs that scan).
+    check_blocks: bool = os.environ.get("SPINA_CHECK_BLOCKS", "") == "1"
+
     def __init__(self, job: JobConfig, rank: int, switch: tuple[str, int],
                  sock: socket.socket | None = None, timeout: float = 10.0, rto: float = MIN_RTO,
                  rendezvous: tuple[str, int] | None = None):
@@ -374,7 +400,7 @@ class Agent:
         self._bufs_key = None
 
     # ------------------------------------------------------------------ public API
-    def allreduce(self, x, inplace: bool = False):
+    def allreduce(self, x, inplace: bool = False, blocks=None):
         """Element-wise sum of `x` over all workers; same shape and dtype as `x`.
 
         Accepts numpy arrays (float32, float16, float64, int32) and torch tensors (also
@@ -388,9 +414,16 @@ class Agent:
                 return it. Saves allocating and first touching a tensor-sized result buffer:
                 only blocks that some worker sent are written; the others are zero in `x`
                 already, being zero at every worker.
+            blocks: optional sorted int array of the indices of the blocks (of the flattened
+                tensor) that may be non-zero; the caller guarantees that every other block is
+                zero, and the agent then looks at these blocks only instead of scanning the
+                tensor (a compressor knows what it selected). `check_blocks = True` on the
+                agent (or $SPINA_CHECK_BLOCKS=1) verifies the promise and raises ValueError.
         """
+        if blocks is not None:
+            blocks = np.asarray(blocks, np.int64)
         if _is_torch(x):
-            return _torch_allreduce(self, x)
+            return _torch_allreduce(self, x, blocks)
         arr = np.asarray(x)
         kind = _CODE.get(arr.dtype)
         if kind is None:
@@ -402,7 +435,8 @@ class Agent:
         private = False
         if kind == "float" and flat.dtype != np.float32:
             flat, private = flat.astype(np.float32), True  # our own copy: sum into it
-        out = self._allreduce_flat(flat, integer=(kind == "int"), inplace=inplace or private)
+        out = self._allreduce_flat(flat, integer=(kind == "int"), inplace=inplace or private,
+                                   blocks=blocks)
         return out.astype(arr.dtype, copy=False).reshape(arr.shape)
 
     def rejoin(self) -> None:
@@ -438,11 +472,11 @@ class Agent:
         self.rounds = np.zeros(job.nslots, np.int64)
         self.call_id = 0
 
-    def allreduce_async(self, x, inplace: bool = False) -> concurrent.futures.Future:
+    def allreduce_async(self, x, inplace: bool = False, blocks=None) -> concurrent.futures.Future:
         """Non-blocking all-reduce; calls run one at a time, in the order they were made."""
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="spina-agent")
-        return self._executor.submit(self.allreduce, x, inplace)
+        return self._executor.submit(self.allreduce, x, inplace, blocks)
 
     def close(self) -> None:
         if self._executor is not None:
@@ -456,14 +490,15 @@ class Agent:
         self.close()
 
     # ------------------------------------------------------------------ one call
-    def _allreduce_flat(self, flat: np.ndarray, integer: bool, inplace: bool = False) -> np.ndarray:
+    def _allreduce_flat(self, flat: np.ndarray, integer: bool, inplace: bool = False,
+                        blocks: np.ndarray | None = None) -> np.ndarray:
         if len(flat) >= 1 << 32:
             raise ValueError(f"tensor of {len(flat)} elements exceeds the 32-bit length field")
         t0 = time.perf_counter()
         if self.rendezvous is not None and not self._joined:
             self._join_run()
         self.call_id = (self.call_id + 1) & 0xFFFFFFFF
-        call = _Call(self, flat, integer, inplace)
+        call = _Call(self, flat, integer, inplace, blocks)
         sock = self.sock
         tick = min(0.1, self.job.loss_deadline) if self.job.bounded_loss else 0.1
         # Non-blocking, select() only when nothing is waiting: a socket timeout would cost a
@@ -637,7 +672,7 @@ def _is_torch(x) -> bool:
     return type(x).__module__.startswith("torch")
 
 
-def _torch_allreduce(agent: Agent, t):
+def _torch_allreduce(agent: Agent, t, blocks=None):
     import torch
     if t.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
         arr = t.detach().to(torch.float32).contiguous().cpu().numpy()
@@ -645,7 +680,7 @@ def _torch_allreduce(agent: Agent, t):
         arr = t.detach().contiguous().cpu().numpy()
     else:
         raise TypeError(f"unsupported dtype {t.dtype}")
-    res = agent.allreduce(arr)
+    res = agent.allreduce(arr, blocks=blocks)
     return torch.from_numpy(res).to(dtype=t.dtype, device=t.device)
 
 

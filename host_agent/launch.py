@@ -154,6 +154,17 @@ def shared_job_file(job_file: str | None = None) -> tuple[subprocess.Popen | Non
     return switch, box[0]
 
 
+def finish_shared_job(agent, switch: subprocess.Popen | None) -> None:
+    """The end of a job that `shared_job_file` set up: wait until every rank is done with the
+    switch, close this rank's agent, and stop the switch if this rank started it."""
+    import torch.distributed as dist
+    dist.barrier()
+    agent.close()
+    if switch is not None:
+        switch.terminate()
+        switch.wait(timeout=10)  # the launcher removes its job file
+
+
 def main(argv=None) -> int:
     ap = cli.ArgumentParser(prog="python -m host_agent.launch",
                             description=__doc__.split("\n\n")[0])

@@ -31,10 +31,13 @@ class LocalCluster:
                        for r, s in enumerate(socks)]
         self._pool = concurrent.futures.ThreadPoolExecutor(nworkers)
 
-    def allreduce(self, tensors, ranks=None):
-        """Run all-reduce on every agent (or on `ranks` only) at once; returns their results."""
+    def allreduce(self, tensors, ranks=None, blocks=None):
+        """Run all-reduce on every agent (or on `ranks` only) at once; returns their results.
+
+        blocks: optional per-rank list of `Agent.allreduce` block hints (indexed like tensors)."""
         ranks = range(len(self.agents)) if ranks is None else ranks
-        futs = [self._pool.submit(self.agents[r].allreduce, tensors[r]) for r in ranks]
+        hints = blocks if blocks is not None else [None] * len(tensors)
+        futs = [self._pool.submit(self.agents[r].allreduce, tensors[r], False, hints[r]) for r in ranks]
         return [f.result() for f in futs]
 
     def close(self) -> None:

@@ -138,36 +138,36 @@ def sum_async(agent, t: torch.Tensor, sizes: list[int] | None = None, divide_by:
     Returns:
         A `torch.futures.Future` of a new tensor like `t` holding the (averaged) sum.
     """
-    dtype = t.dtype
     n = t.numel()
     src, dst, aligned = block_aligned_layout(sizes or [n], agent.job.block_size)
-    flat = np.zeros(aligned, np.float32)
-    data = t.detach().reshape(-1).to(torch.float32).numpy()  # widening copy for halves only
-    for s, d, k in zip(src, dst, np.diff(np.append(src, n))):
-        flat[d:d + k] = data[s:s + k]
-    # DDP's reducer reads the future's value in C++: a value set by Future.set_exception is just
-    # a Python object there ("Unable to cast ... to Tensor"). An exception raised in a `then`
-    # callback fails the future itself, and DDP raises "...: SpinaTimeout: <message>".
-    result = torch.futures.Future()
-    out = result.then(_raise_failure)
+    flat = pack_aligned(t, src, dst, aligned)
+    # A failure must fail the future DDP holds (see hook_future).
+    result, out = hook_future()
 
     def done(f):
         try:
-            res = f.result()
-            total = np.empty(n, np.float32)
-            for s, d, k in zip(src, dst, np.diff(np.append(src, n))):
-                total[s:s + k] = res[d:d + k]
-            avg = torch.from_numpy(total)
-            if divide_by != 1:
-                avg.div_(divide_by)
+            res = unpack_aligned(f.result(), src, dst, t, divide_by)
             if on_done is not None:
                 on_done(n)  # before set_result: DDP may go on (and read the stats) right after
-            result.set_result((avg if dtype == torch.float32 else avg.to(dtype)).reshape(t.shape))
+            result.set_result(res)
         except Exception as e:  # surfaces in DDP's backward on this rank
-            result.set_result(_Failure(e))
+            fail(result, e)
 
     agent.allreduce_async(flat, inplace=True).add_done_callback(done)  # flat is ours
     return out
+
+
+def hook_future() -> tuple[torch.futures.Future, torch.futures.Future]:
+    """(result, out): a comm hook returns `out` and completes `result` with set_result or
+    `fail`; a failure then fails `out` itself, which DDP's C++ reducer sees (a value set by
+    Future.set_exception is only a Python object there: "Unable to cast ... to Tensor")."""
+    result = torch.futures.Future()
+    return result, result.then(_raise_failure)
+
+
+def fail(result: torch.futures.Future, error: BaseException) -> None:
+    """Complete `result` (from hook_future) so that its `out` fails with `error`."""
+    result.set_result(_Failure(error))
 
 
 class _Failure:
@@ -183,6 +183,30 @@ def _raise_failure(fut: torch.futures.Future):
     if isinstance(v, _Failure):
         raise v.error
     return v
+
+
+def pack_aligned(t: torch.Tensor, src: np.ndarray, dst: np.ndarray, aligned: int) -> np.ndarray:
+    """A new float32 array of `aligned` elements: the pieces of flat `t` at offsets `dst`."""
+    n = t.numel()
+    flat = np.zeros(aligned, np.float32)
+    data = t.detach().reshape(-1).to(torch.float32).numpy()  # widening copy for halves only
+    for s, d, k in zip(src, dst, np.diff(np.append(src, n))):  # a loop per parameter
+        flat[d:d + k] = data[s:s + k]
+    return flat
+
+
+def unpack_aligned(res: np.ndarray, src: np.ndarray, dst: np.ndarray, like: torch.Tensor,
+                   divide_by: int = 1) -> torch.Tensor:
+    """Inverse of `pack_aligned`: a tensor like `like` (dtype, shape) from aligned `res`,
+    divided in float32 by `divide_by` before the one rounding to `like.dtype`."""
+    n = like.numel()
+    total = np.empty(n, np.float32)
+    for s, d, k in zip(src, dst, np.diff(np.append(src, n))):
+        total[s:s + k] = res[d:d + k]
+    avg = torch.from_numpy(total)
+    if divide_by != 1:
+        avg.div_(divide_by)
+    return (avg if like.dtype == torch.float32 else avg.to(like.dtype)).reshape(like.shape)
 
 
 def _segment_sizes(bucket, n: int) -> list[int]:
@@ -271,4 +295,5 @@ def agent_from_env(job_file: str | None = None, rank: int | None = None, wait: f
 
 
 __all__ = ["SpinaHookState", "spina_allreduce_hook", "sum_async", "agent_from_env", "block_aligned_layout",
+           "pack_aligned", "unpack_aligned",
            "JOB_FILE_ENV", "DAEMON_SOCKET_ENV"]

@@ -1,0 +1,344 @@
+"""Gradient compression riding SpINA: accuracy vs bytes vs time, per method and ratio.
+
+    torchrun --standalone --nproc_per_node 4 examples/train_compressed.py --task digits
+    torchrun --standalone --nproc_per_node 4 examples/train_compressed.py --task mlp
+    torchrun --standalone --nproc_per_node 4 examples/train_compressed.py --task largebatch
+
+Tasks (data ship or are generated; nothing is downloaded):
+  digits      LeNet-5 on scikit-learn's digits (as examples/train_digits.py), SGD, --epochs.
+  mlp         a 5.3M-parameter MLP (512-2048-2048-10) on a synthetic task: inputs N(0, 1),
+              labels from a fixed random teacher network; SGD, --steps.
+  largebatch  a 1.6M-parameter MLP (512-1024-1024-10) on the same task with 8x the batch and
+              LAMB, the layer-wise optimiser whose trust ratio top-k compression disturbs.
+
+Runs (--runs, comma-separated): `dense-gloo` (DDP's own all-reduce), `dense-spina` (the
+SpINA hook, no compression), `<method>@<ratio>` (compressed, through SpINA:
+spina_compressed_hook), `gloo-<method>@<ratio>` (the same compressor over gloo all_gather:
+the control), with method topk, randomk, scaled or losscomp. With SGD, compressed runs move
+the momentum into the compressor (DGC momentum correction) and the optimiser runs without.
+`+mask` after a LAMB run's name makes LAMB leave its moments untouched where no rank sent.
+
+Every run starts from the same seed; rank 0 writes docs/compression_<task>.json (all
+numbers) and docs/compression_<task>.png (accuracy over training; accuracy vs bytes per step;
+time per step). Bytes are per rank and step: SpINA as its agent counted them (UDP payloads),
+gloo computed for a ring (all-reduce 2 (N-1)/N x the tensor, all-gather (N-1) x the message).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+sys.path.insert(0, str(ROOT / "examples"))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+
+from host_agent.compression import make_compressor  # noqa: E402
+from host_agent.compression.hooks import (CompressionHookState, gloo_compressed_hook,  # noqa: E402
+                                          spina_compressed_hook)
+from host_agent.launch import finish_shared_job, shared_job_file  # noqa: E402
+from host_agent.torch_hook import (JOB_FILE_ENV, SpinaHookState, agent_from_env,  # noqa: E402
+                                   spina_allreduce_hook)
+from train_digits import LeNet5, load_data  # noqa: E402
+
+TASKS = {  # default runs, optimiser and schedule per task
+    "digits": dict(runs="dense-gloo,dense-spina,topk@0.01,topk@0.001,randomk@0.01,losscomp@0.01,"
+                        "gloo-topk@0.01", opt="sgd", lr=0.02, batch=32),
+    "mlp": dict(runs="dense-gloo,dense-spina,topk@0.01,topk@0.001,randomk@0.01,losscomp@0.01,"
+                     "gloo-topk@0.01", opt="sgd", lr=0.05, batch=32),
+    "largebatch": dict(runs="dense-gloo,topk@0.01,scaled@0.01+mask,topk@0.01+mask,scaled@0.01",
+                       opt="lamb", lr=0.01, batch=256),
+}
+
+
+class MLP(nn.Sequential):
+    def __init__(self, width: int, inputs: int = 512, classes: int = 10):
+        super().__init__(nn.Linear(inputs, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
+                         nn.Linear(width, classes))
+
+
+class Teacher:
+    """Synthetic classification: x ~ N(0, I_512), label = argmax of a fixed random 2-layer net."""
+
+    def __init__(self, seed: int = 1234, inputs: int = 512, hidden: int = 64, classes: int = 10):
+        g = torch.Generator().manual_seed(seed)
+        self.w1 = torch.randn(inputs, hidden, generator=g) / math.sqrt(inputs)
+        self.w2 = torch.randn(hidden, classes, generator=g) / math.sqrt(hidden)
+        self.inputs = inputs
+
+    def sample(self, n: int, gen: torch.Generator):
+        x = torch.randn(n, self.inputs, generator=gen)
+        return x, (torch.tanh(x @ self.w1) @ self.w2).argmax(1)
+
+
+class Lamb(torch.optim.Optimizer):
+    """LAMB (You et al. 2020): Adam's direction, scaled per layer by ||w|| / ||direction||.
+
+    mask_unsent: elements whose gradient is exactly zero (no rank sent their block) keep their
+    moments and do not move, so that compression's zeros do not decay LAMB's state.
+    """
+
+    def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01,
+                 mask_unsent=False):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+        self.mask_unsent = mask_unsent
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            b1, b2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                g, st = p.grad, self.state[p]
+                if not st:
+                    st["t"], st["m"], st["v"] = 0, torch.zeros_like(p), torch.zeros_like(p)
+                st["t"] += 1
+                m, v = st["m"], st["v"]
+                if self.mask_unsent:
+                    live = g != 0
+                    m.copy_(torch.where(live, b1 * m + (1 - b1) * g, m))
+                    v.copy_(torch.where(live, b2 * v + (1 - b2) * g * g, v))
+                else:
+                    m.mul_(b1).add_(g, alpha=1 - b1)
+                    v.mul_(b2).addcmul_(g, g, value=1 - b2)
+                r = (m / (1 - b1 ** st["t"])) / ((v / (1 - b2 ** st["t"])).sqrt() + group["eps"])
+                r.add_(p, alpha=group["weight_decay"])
+                if self.mask_unsent:
+                    r.mul_(live)
+                wn, rn = p.norm().item(), r.norm().item()
+                trust = wn / rn if wn > 0 and rn > 0 else 1.0
+                p.sub_(r, alpha=group["lr"] * trust)
+
+
+def parse_run(name: str) -> dict:
+    """'gloo-topk@0.01+mask' -> transport gloo, method topk, ratio 0.01, mask True."""
+    mask = name.endswith("+mask")
+    base = name.removesuffix("+mask")
+    if base in ("dense-gloo", "dense-spina"):
+        return dict(name=name, transport=base.split("-")[1], method="none", ratio=1.0, mask=mask)
+    transport = "gloo" if base.startswith("gloo-") else "spina"
+    method, _, ratio = base.removeprefix("gloo-").partition("@")
+    return dict(name=name, transport=transport, method=method, ratio=float(ratio or 0.01), mask=mask)
+
+
+class Task:
+    """Model, data and evaluation of one task at one rank."""
+
+    def __init__(self, task: str, args, rank: int, world: int):
+        self.task, self.args, self.rank, self.world = task, args, rank, world
+        if task == "digits":
+            self.xtr, self.ytr, self.xte, self.yte = load_data(args.seed)
+            self.steps_per_epoch = len(self.ytr) // (world * args.batch)
+            self.steps = args.epochs * self.steps_per_epoch
+            self.eval_every = self.steps_per_epoch
+        else:
+            self.teacher = Teacher()
+            self.xte, self.yte = self.teacher.sample(2048, torch.Generator().manual_seed(99))
+            self.steps = args.steps
+            self.eval_every = max(1, args.steps // 5)
+
+    def model(self) -> nn.Module:
+        torch.manual_seed(self.args.seed)
+        return LeNet5() if self.task == "digits" else MLP(2048 if self.task == "mlp" else 1024)
+
+    def batches(self):
+        """This rank's batches, the same sequence for every run."""
+        a = self.args
+        if self.task == "digits":
+            for step in range(self.steps):
+                epoch, s = divmod(step, self.steps_per_epoch)
+                perm = torch.randperm(len(self.ytr), generator=torch.Generator().manual_seed(a.seed + epoch))
+                idx = perm[self.rank::self.world][s * a.batch:(s + 1) * a.batch]
+                yield self.xtr[idx], self.ytr[idx]
+        else:
+            gen = torch.Generator().manual_seed(1000 * a.seed + self.rank)
+            for _ in range(self.steps):
+                yield self.teacher.sample(a.batch, gen)
+
+    def accuracy(self, model) -> float:
+        model.eval()
+        with torch.no_grad():
+            acc = (model(self.xte).argmax(1) == self.yte).float().mean().item() * 100
+        model.train()
+        return acc
+
+
+def compute_seconds(task: Task, nsteps: int = 5) -> float:
+    """Forward + backward of one step without any communication (median of a few)."""
+    model = task.model()
+    times = []
+    for (x, y), _ in zip(task.batches(), range(nsteps + 1)):
+        t0 = time.perf_counter()
+        F.cross_entropy(model(x), y).backward()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times[1:]))  # the first step pays for allocations
+
+
+def train(run: dict, task: Task, args, agent) -> dict:
+    rank, world = task.rank, task.world
+    sgd = args.opt == "sgd"
+    model = DDP(task.model())
+    nparams = sum(p.numel() for p in model.parameters())
+    state = None
+    if run["method"] == "none":
+        if run["transport"] == "spina":
+            state = SpinaHookState(agent)
+            model.register_comm_hook(state, spina_allreduce_hook)
+    else:
+        comp = make_compressor(method=run["method"], ratio=run["ratio"],
+                               momentum=args.momentum if sgd else 0.0,
+                               momentum_masking=not args.no_momentum_masking,
+                               warmup_steps=args.warmup_steps, warmup_ratio=max(run["ratio"], 0.25),
+                               loss_window=args.loss_window, block_size=agent.job.block_size)
+        state = CompressionHookState(comp, agent if run["transport"] == "spina" else None)
+        model.register_comm_hook(state, spina_compressed_hook if run["transport"] == "spina"
+                                 else gloo_compressed_hook)
+    if sgd:  # compressed runs: the momentum lives in the compressor (DGC momentum correction)
+        opt = torch.optim.SGD(model.parameters(), lr=args.lr,
+                              momentum=args.momentum if run["method"] == "none" else 0.0)
+    else:
+        opt = Lamb(model.parameters(), lr=args.lr, mask_unsent=run["mask"])
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, task.steps)
+    hist = dict(run, params=nparams, step_loss=[], eval_step=[], test_acc=[], step_seconds=[])
+    for step, (x, y) in enumerate(task.batches()):
+        t0 = time.perf_counter()
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        hist["step_seconds"].append(time.perf_counter() - t0)
+        sched.step()
+        avg = loss.detach().clone()
+        dist.all_reduce(avg)  # the log's (and LossComp's) loss: the same on every rank
+        hist["step_loss"].append(avg.item() / world)
+        if isinstance(state, CompressionHookState):
+            state.observe_loss(hist["step_loss"][-1])
+        if rank == 0 and ((step + 1) % task.eval_every == 0 or step + 1 == task.steps):
+            # Rank 0 only: the weights are the same on every rank (checked below).
+            hist["eval_step"].append(step + 1)
+            hist["test_acc"].append(task.accuracy(model.module))
+            if rank == 0:
+                print(f"[{run['name']}] step {step + 1} loss {hist['step_loss'][-1]:.4f} "
+                      f"test acc {hist['test_acc'][-1]:.2f}%", flush=True)
+    steps = task.steps
+    dense_bytes = 2 * (world - 1) * nparams * 4 / world  # ring all-reduce, per rank and step
+    if state is None:
+        bytes_per_step = dense_bytes
+    else:
+        bytes_per_step = state.bytes_sent / steps
+    hist.update(bytes_per_step=bytes_per_step, ring_dense_bytes_per_step=dense_bytes,
+                seconds_per_step=float(np.median(hist["step_seconds"])),
+                final_test_acc=hist["test_acc"][-1] if hist["test_acc"] else None)
+    if isinstance(state, CompressionHookState):
+        hist.update(blocks_fraction=state.blocks_sent / state.blocks_total,
+                    compress_seconds_per_step=state.compress_seconds / steps)
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    gathered = [torch.empty_like(flat) for _ in range(world)]
+    dist.all_gather(gathered, flat)
+    hist["weights_identical_across_ranks"] = all(torch.equal(g, gathered[0]) for g in gathered)
+    # Every rank's view of bytes and time, averaged (the report is per rank and step).
+    nums = torch.tensor([hist["bytes_per_step"], hist["seconds_per_step"],
+                         hist.get("compress_seconds_per_step", 0.0)], dtype=torch.float64)
+    dist.all_reduce(nums)
+    hist["bytes_per_step"], hist["seconds_per_step"], cs = (nums / world).tolist()
+    if "compress_seconds_per_step" in hist:
+        hist["compress_seconds_per_step"] = cs
+    return hist
+
+
+def plot(summary: dict, out: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    runs = summary["runs"]
+    fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(16, 4.5))
+    for h in runs:
+        a1.plot(h["eval_step"], h["test_acc"], "-o", ms=2, lw=1, label=h["name"])
+        a2.scatter(h["bytes_per_step"], h["final_test_acc"], s=30)
+        a2.annotate(h["name"], (h["bytes_per_step"], h["final_test_acc"]), fontsize=7,
+                    xytext=(3, 3), textcoords="offset points")
+    names = [h["name"] for h in runs]
+    a3.barh(names, [h["seconds_per_step"] * 1000 for h in runs], color="tab:blue", label="step")
+    a3.barh(names, [h.get("compress_seconds_per_step", 0) * 1000 for h in runs], color="tab:orange",
+            label="of which compression")
+    a1.set(xlabel="step", ylabel="test accuracy (%)", title=f"{summary['task']}: {summary['world_size']} workers")
+    a2.set(xscale="log", xlabel="bytes sent per rank and step (log)", ylabel="final test accuracy (%)",
+           title="accuracy vs bytes")
+    a3.set(xlabel="median time per step (ms)", title="time per step")
+    a1.legend(fontsize=7)
+    a3.legend(fontsize=7)
+    for a in (a1, a2, a3):
+        a.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--task", choices=sorted(TASKS), default="digits")
+    ap.add_argument("--runs", help="comma-separated run names (default: the task's set)")
+    ap.add_argument("--epochs", type=int, default=20, help="digits: epochs")
+    ap.add_argument("--steps", type=int, default=200, help="mlp/largebatch: steps")
+    ap.add_argument("--batch", type=int, help="per-rank batch (default: the task's)")
+    ap.add_argument("--lr", type=float, help="learning rate (default: the task's)")
+    ap.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (compressor's if compressed)")
+    ap.add_argument("--no-momentum-masking", action="store_true",
+                    help="keep the compressor's velocity where blocks were sent (see CompressionConfig)")
+    ap.add_argument("--warmup-steps", type=int, default=0, help="compression warm-up steps (DGC)")
+    ap.add_argument("--loss-window", type=int, default=10, help="LossComp's window in steps")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--job-file", default=os.environ.get(JOB_FILE_ENV))
+    ap.add_argument("--out", help="output PNG (default docs/compression_<task>.png); JSON beside it")
+    args = ap.parse_args()
+    defaults = TASKS[args.task]
+    args.opt = defaults["opt"]
+    args.batch = args.batch or defaults["batch"]
+    args.lr = args.lr or defaults["lr"]
+    runs = [parse_run(r) for r in (args.runs or defaults["runs"]).split(",")]
+
+    torch.set_num_threads(1)  # 4 ranks share a small machine
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    switch, job_file = shared_job_file(args.job_file)
+    agent = agent_from_env(job_file)
+    task = Task(args.task, args, rank, world)
+    results = []
+    try:
+        compute = compute_seconds(task)
+        for run in runs:
+            results.append(train(run, task, args, agent))
+    finally:
+        finish_shared_job(agent, switch)
+    if rank == 0:
+        out = Path(args.out or ROOT / "docs" / f"compression_{args.task}.png")
+        summary = {"command": f"torchrun --standalone --nproc_per_node {world} examples/train_compressed.py "
+                              + " ".join(sys.argv[1:]),
+                   "task": args.task, "world_size": world, "steps": task.steps,
+                   "args": {k: v for k, v in vars(args).items() if k not in ("job_file", "out")},
+                   "compute_seconds_per_step": compute, "runs": results}
+        out.with_suffix(".json").write_text(json.dumps(summary, indent=1))
+        plot(summary, out)
+        for h in results:
+            print(f"{h['name']:>20}: acc {h['final_test_acc']:6.2f}%  {h['bytes_per_step'] / 1e3:10.1f} kB/step  "
+                  f"{h['seconds_per_step'] * 1e3:7.1f} ms/step  compress "
+                  f"{h.get('compress_seconds_per_step', 0) * 1e3:6.2f} ms  identical "
+                  f"{h['weights_identical_across_ranks']}", flush=True)
+        print(f"compute (forward+backward, no communication): {compute * 1e3:.1f} ms/step; wrote {out}",
+              flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

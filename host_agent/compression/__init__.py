@@ -1,0 +1,9 @@
+"""Gradient compression that rides SpINA's sparse aggregation (README.md in this folder)."""
+from host_agent.compression.compressors import (BlockTopK, BucketLayout, Compressor, DenseCompressor,
+                                                LossComp, RandomK, ResidualMemory, ScaledMask,
+                                                Selection, make_compressor)
+from host_agent.compression.config import METHODS, CompressionConfig
+
+__all__ = ["CompressionConfig", "METHODS", "Compressor", "BlockTopK", "RandomK", "ScaledMask",
+           "LossComp", "DenseCompressor", "BucketLayout", "Selection", "ResidualMemory",
+           "make_compressor"]

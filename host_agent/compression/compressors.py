@@ -1,0 +1,376 @@
+"""Block compressors: choose whole blocks of a gradient bucket, keep what was not sent.
+
+A compressor sees one bucket at a time as a block-aligned float32 array (every parameter
+starts on a block boundary, `BucketLayout`) and returns a `Selection`: the sorted indices of
+the blocks it sends and the array to hand to the agent (those blocks' values, zeros
+elsewhere), together with `Agent.allreduce(..., blocks=selection.blocks)` so that the agent
+looks at the selected blocks only. Selection costs one norm per block (one pass over the
+bucket) and a partial sort of the block norms; no element is ever sorted.
+
+Each rank selects on its own (DGC); the switch sums the union of the ranks' blocks, where a
+rank that did not select a block contributes zeros, and that block stays in its residual.
+Error feedback is exact: after a step, sent + residual == residual before + gradient,
+element by element, with every element in exactly one of the two.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from host_agent.compression.config import CompressionConfig
+
+
+@dataclass(frozen=True)
+class BucketLayout:
+    """Where a bucket's parameters sit in its block-aligned flat array.
+
+    params: one hashable identity per parameter (DDP: id() of the Parameter); src: offsets in
+    the bucket; dst: offsets in the aligned array (multiples of block_size); sizes: element
+    counts; length: the aligned array's length (a multiple of block_size).
+    """
+    params: tuple
+    src: np.ndarray
+    dst: np.ndarray
+    sizes: np.ndarray
+    length: int
+    block_size: int
+
+    @property
+    def key(self) -> tuple:
+        return self.params + tuple(self.sizes.tolist())
+
+    @property
+    def nblocks(self) -> int:
+        return self.length // self.block_size
+
+    def pieces(self):
+        """(bucket offset, aligned offset, size) per parameter."""
+        return zip(self.src.tolist(), self.dst.tolist(), self.sizes.tolist())
+
+    def add_into(self, aligned: np.ndarray, bucket: np.ndarray, scale: float = 1.0) -> None:
+        """aligned = scale * aligned + bucket, piece by piece at the aligned offsets, one pass.
+
+        torch.add(g, u, alpha=m) is an axpy in one kernel; numpy would need two passes. The
+        padding between pieces stays zero (scale * 0)."""
+        if scale == 1.0:
+            for s, d, k in self.pieces():  # a loop per parameter
+                aligned[d:d + k] += bucket[s:s + k]
+            return
+        a, b = torch.from_numpy(aligned), torch.from_numpy(bucket)
+        for s, d, k in self.pieces():
+            torch.add(b[s:s + k], a[d:d + k], alpha=scale, out=a[d:d + k])
+
+    def piece_sq_norms(self, bucket: np.ndarray) -> np.ndarray:
+        """Squared L2 norm of each parameter's piece of the (unaligned) bucket."""
+        return np.array([np.dot(bucket[s:s + k], bucket[s:s + k]) for s, _, k in self.pieces()],
+                        np.float64)
+
+    def block_segments(self) -> np.ndarray:
+        """Per block: the index of the parameter it belongs to."""
+        per_param = -(-self.sizes // self.block_size)
+        return np.repeat(np.arange(len(self.sizes)), per_param)
+
+    @classmethod
+    def of(cls, params, sizes, block_size: int) -> "BucketLayout":
+        """Layout of parameters packed back to back, each padded to whole blocks."""
+        from host_agent.torch_hook import block_aligned_layout
+        src, dst, length = block_aligned_layout(sizes, block_size)
+        return cls(tuple(params), src, dst, np.asarray(sizes, np.int64), length, block_size)
+
+
+@dataclass
+class Selection:
+    """One bucket's compressed form at one rank.
+
+    blocks: sorted int64 indices of the blocks sent (None: dense, let the agent scan).
+    send: the aligned float32 array to all-reduce: the selected blocks' values, zeros elsewhere.
+    nblocks: the bucket's block count.
+    """
+    blocks: np.ndarray | None
+    send: np.ndarray
+    nblocks: int
+
+
+class ResidualMemory:
+    """Per-bucket flat buffers (residual, momentum) that survive a change of bucket layout.
+
+    DDP rebuilds its buckets after the first iteration (parameters regrouped by the order
+    their gradients became ready). Buffers are kept per layout; when a new layout appears,
+    each parameter's slice moves from wherever it was, so nothing is lost, and a layout's
+    buffers are freed once all its parameters moved.
+    """
+
+    def __init__(self, names: tuple[str, ...]):
+        self.names = names
+        self.buffers: dict[tuple, dict[str, np.ndarray]] = {}
+        self._where: dict = {}   # parameter -> (layout key, offset)
+        self._users: dict[tuple, int] = {}
+
+    def get(self, layout: BucketLayout) -> dict[str, np.ndarray]:
+        key = layout.key
+        bufs = self.buffers.get(key)
+        if bufs is not None:
+            return bufs
+        bufs = {n: np.zeros(layout.length, np.float32) for n in self.names}
+        for p, d, size in zip(layout.params, layout.dst.tolist(), layout.sizes.tolist()):
+            old = self._where.get(p)
+            if old is not None:  # a loop per parameter, on a layout change only
+                okey, od = old
+                for n in self.names:
+                    bufs[n][d:d + size] = self.buffers[okey][n][od:od + size]
+                self._users[okey] -= 1
+                if self._users[okey] == 0:
+                    del self.buffers[okey], self._users[okey]
+            self._where[p] = (key, d)
+        self.buffers[key] = bufs
+        self._users[key] = len(layout.params)
+        return bufs
+
+
+def block_sq_norms(a2d: np.ndarray) -> np.ndarray:
+    """Squared L2 norm of every row (block) of a (nblocks, B) float32 array.
+
+    float32 accumulation: a float64 einsum casts every element and took 7x longer here."""
+    return np.einsum("ij,ij->i", a2d, a2d)
+
+
+def top_blocks(score: np.ndarray, k: int) -> np.ndarray:
+    """Sorted indices of the k largest scores (a partial sort of one number per block)."""
+    n = len(score)
+    if k >= n:
+        return np.arange(n, dtype=np.int64)
+    return np.sort(np.argpartition(score, n - k)[n - k:]).astype(np.int64)
+
+
+class Compressor:
+    """Block compression with error feedback, DGC momentum correction and warm-up.
+
+    Subclasses choose the blocks (`choose`) and may rescale what is sent (`rescale`). State
+    (residual, momentum, step) lives here and survives across steps and buckets; one
+    compressor per model replica (per rank).
+
+    Args:
+        config: a `CompressionConfig` (validated here).
+        block_size: the SpINA job's block size (elements per block).
+    """
+
+    def __init__(self, config: CompressionConfig, block_size: int):
+        self.config = config.validate()
+        self.block_size = block_size
+        names = (("residual",) if config.error_feedback else ()) + \
+                (("momentum",) if config.momentum else ())
+        self.memory = ResidualMemory(names)
+        self.step = 0          # completed steps (end_step calls)
+        self.bucket_index = 0  # buckets compressed in the current step
+
+    def current_ratio(self) -> float:
+        cfg = self.config
+        if self.step < cfg.warmup_steps:  # geometric: warmup_ratio -> ratio
+            return cfg.warmup_ratio * (cfg.ratio / cfg.warmup_ratio) ** (self.step / cfg.warmup_steps)
+        return cfg.ratio
+
+    def blocks_to_send(self, nblocks: int) -> int:
+        # At least one block; the epsilon keeps float error (0.07 * 100 = 7.000000000000001) from
+        # adding one.
+        return min(nblocks, max(1, math.ceil(self.current_ratio() * nblocks - 1e-9)))
+
+    def compress(self, layout: BucketLayout, grad: np.ndarray) -> Selection:
+        """Compress one bucket's fresh local gradient.
+
+        Args:
+            layout: where the bucket's parameters go in the block-aligned array.
+            grad: the bucket as DDP packs it (float32, parameters back to back, length
+                layout.sizes.sum()); read, never written. The residual (or velocity) takes
+                it piece by piece, so the bucket is never copied to an aligned array first.
+
+        Returns the blocks to send and the aligned array to all-reduce; the residual (and
+        velocity) lose exactly the sent blocks.
+        """
+        cfg = self.config
+        B, nblocks = self.block_size, layout.nblocks
+        mem = self.memory.get(layout)
+        if cfg.momentum:  # DGC momentum correction: accumulate velocity, not gradient
+            u = mem["momentum"]
+            layout.add_into(u, grad, scale=cfg.momentum)
+            if cfg.error_feedback:
+                v = mem["residual"]
+                v += u
+            else:
+                v = u
+        elif cfg.error_feedback:
+            v = mem["residual"]
+            layout.add_into(v, grad)
+        else:
+            v = np.zeros(layout.length, np.float32)
+            layout.add_into(v, grad)
+        v2d = v.reshape(nblocks, B)
+        blocks = self.choose(v2d, self.blocks_to_send(nblocks), layout, grad)
+        send = np.zeros(layout.length, np.float32)
+        send2d = send.reshape(nblocks, B)
+        send2d[blocks] = v2d[blocks]
+        self.rescale(send2d, blocks, layout, grad)
+        if cfg.error_feedback:
+            v2d[blocks] = 0
+        if cfg.momentum and cfg.momentum_masking:  # DGC: sent velocity must not push again
+            mem["momentum"].reshape(nblocks, B)[blocks] = 0
+        self.bucket_index += 1
+        return Selection(blocks, send, nblocks)
+
+    def end_step(self) -> None:
+        """The step's last bucket was compressed (the hooks call this)."""
+        self.step += 1
+        self.bucket_index = 0
+
+    def observe_loss(self, loss: float) -> None:
+        """The step's training loss, the same on every rank (LossComp uses it)."""
+
+    def choose(self, v2d, k, layout, grad) -> np.ndarray:
+        raise NotImplementedError
+
+    def rescale(self, send2d, blocks, layout, grad) -> None:
+        """Scale the sent rows in place (only the large-batch method does)."""
+
+
+class DenseCompressor(Compressor):
+    """No compression: the bucket goes as it is and the agent finds its non-zero blocks."""
+
+    def compress(self, layout: BucketLayout, grad: np.ndarray) -> Selection:
+        self.bucket_index += 1
+        send = np.zeros(layout.length, np.float32)
+        layout.add_into(send, grad)
+        return Selection(None, send, layout.nblocks)
+
+
+class BlockTopK(Compressor):
+    """The k blocks with the largest L2 norm (of gradient + residual)."""
+
+    def choose(self, v2d, k, layout, grad):
+        return top_blocks(block_sq_norms(v2d), k)
+
+
+class RandomK(Compressor):
+    """k blocks drawn uniformly, the same blocks on every rank (seed, step, bucket): a control."""
+
+    def choose(self, v2d, k, layout, grad):
+        rng = np.random.default_rng((self.config.seed, self.step, self.bucket_index))
+        return np.sort(rng.choice(len(v2d), k, replace=False)).astype(np.int64)
+
+
+class ScaledMask(Compressor):
+    """Large-batch compression for layer-wise optimisers (LARS, LAMB).
+
+    Global top-k leaves some layers with no block at all, and the rest with a norm unrelated
+    to the layer's true gradient; a layer-wise optimiser's trust ratio ||w|| / ||update||
+    then scales those layers wrongly. Here every layer (parameter) sends its own top
+    ceil(ratio * its blocks) blocks, and the sent values of each layer are scaled so their
+    norm equals the norm of the layer's fresh local gradient. Unsent elements arrive as exact
+    zeros, a mask a masked optimiser can use to leave its state for them untouched.
+    The residual keeps the unscaled values not sent, as for top-k.
+    """
+
+    def choose(self, v2d, k, layout, grad):
+        seg = layout.block_segments()
+        per_layer = -(-layout.sizes // self.block_size)
+        quota = np.minimum(per_layer, np.maximum(1, np.ceil(self.current_ratio() * per_layer - 1e-9)))
+        norms = block_sq_norms(v2d)
+        order = np.lexsort((-norms, seg))  # by layer, then by decreasing norm within it
+        rank_in_layer = np.arange(len(order)) - np.repeat(np.cumsum(per_layer) - per_layer, per_layer)
+        self._last_norms = norms
+        return np.sort(order[rank_in_layer < quota[seg[order]]]).astype(np.int64)
+
+    def rescale(self, send2d, blocks, layout, grad):
+        seg = layout.block_segments()
+        nseg = len(layout.sizes)
+        fresh = layout.piece_sq_norms(grad)
+        sent = np.bincount(seg[blocks], weights=self._last_norms[blocks], minlength=nseg)
+        scale = np.where(sent > 0, np.sqrt(fresh / np.where(sent > 0, sent, 1)), 1.0)
+        send2d[blocks] *= scale[seg[blocks]].astype(np.float32)[:, None]
+
+
+class LossComp(Compressor):
+    """Loss-voted compression: blocks whose sending preceded a loss drop are favoured.
+
+    Per bucket, each block carries a credit: after every step, the blocks sent in the step
+    before get the relative loss change (previous loss - this loss) / previous loss, and all
+    credits decay with the horizon `loss_window` (an exponential average over a few windows of
+    steps). Blocks are sampled without replacement (Gumbel top-k) with weight
+    (norm^2 * exp(credit_weight * credit / max|credit|)) ** (1 / temperature).
+    The ratio follows the loss trend: after each window of `loss_window` steps, a mean loss
+    that fell by more than `trend_threshold` against the previous window lowers the ratio by
+    `ratio_step` (compression is not hurting: send less), otherwise it rises, within
+    [ratio_min, ratio_max]. The loss must be the same on every rank (average it), so every
+    rank sends the same number of blocks.
+    """
+
+    def __init__(self, config: CompressionConfig, block_size: int):
+        super().__init__(config, block_size)
+        self.ratio = config.ratio
+        self.credit: dict[tuple, np.ndarray] = {}
+        self.sent_last: dict[tuple, np.ndarray] = {}  # blocks sent in the latest step
+        self.sent_before: dict[tuple, np.ndarray] = {}  # ... and in the step before it
+        self.prev_loss: float | None = None
+        self.window: list[float] = []  # losses of the current trend window
+        self.prev_window_mean: float | None = None
+        self.rng = np.random.default_rng(config.seed)
+
+    def current_ratio(self) -> float:
+        cfg = self.config
+        if self.step < cfg.warmup_steps:
+            return super().current_ratio()
+        return self.ratio
+
+    def choose(self, v2d, k, layout, grad):
+        key = layout.key
+        credit = self.credit.setdefault(key, np.zeros(len(v2d)))
+        top = np.abs(credit).max()
+        logw = np.log(block_sq_norms(v2d).astype(np.float64) + 1e-300)
+        if top > 0:
+            logw += self.config.credit_weight * credit / top
+        gumbel = -np.log(-np.log(self.rng.random(len(v2d))))
+        blocks = top_blocks(logw / self.config.temperature + gumbel, k)
+        self.sent_before[key] = self.sent_last.get(key, blocks[:0])
+        self.sent_last[key] = blocks
+        return blocks
+
+    def observe_loss(self, loss: float) -> None:
+        cfg = self.config
+        if self.prev_loss is not None:
+            gain = (self.prev_loss - loss) / max(abs(self.prev_loss), 1e-12)
+            decay = 1.0 - 1.0 / cfg.loss_window
+            for key, credit in self.credit.items():
+                credit *= decay
+                # The step before the last one changed the weights this loss was measured at.
+                credit[self.sent_before.get(key, [])] += (1.0 - decay) * gain
+        self.prev_loss = float(loss)
+        self.window.append(float(loss))
+        if len(self.window) == cfg.loss_window:
+            mean = float(np.mean(self.window))
+            if self.prev_window_mean is not None:
+                lo, hi = cfg.ratio_bounds
+                fell = (self.prev_window_mean - mean) / max(abs(self.prev_window_mean), 1e-12)
+                factor = 1 / cfg.ratio_step if fell > cfg.trend_threshold else cfg.ratio_step
+                self.ratio = min(hi, max(lo, self.ratio * factor))
+            self.prev_window_mean = mean
+            self.window.clear()
+
+
+_BY_METHOD = {"none": DenseCompressor, "topk": BlockTopK, "randomk": RandomK, "scaled": ScaledMask,
+              "losscomp": LossComp}
+
+
+def make_compressor(config: CompressionConfig | dict | None = None, block_size: int = 256,
+                    **fields) -> Compressor:
+    """A compressor for `config` (a CompressionConfig, a mapping, or keyword fields).
+
+    Example:
+        >>> c = make_compressor(method="topk", ratio=0.01, momentum=0.9, warmup_steps=100)
+    """
+    if config is None:
+        config = CompressionConfig(**fields)
+    elif isinstance(config, dict):
+        config = CompressionConfig.from_dict({**config, **fields})
+    config = config.validate()
+    return _BY_METHOD[config.method](config, block_size)

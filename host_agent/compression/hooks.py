@@ -1,0 +1,171 @@
+"""DDP communication hooks that compress each gradient bucket, then sum it by SpINA or gloo.
+
+    compressor = make_compressor(method="topk", ratio=0.01, momentum=0.9, block_size=256)
+    state = CompressionHookState(compressor, agent=agent_from_env())
+    model.register_comm_hook(state, spina_compressed_hook)          # in-network (SpINA)
+    model.register_comm_hook(CompressionHookState(compressor), gloo_compressed_hook)  # control
+
+Both hooks compress the same way (the state's `Compressor`); they differ only in how the
+selected blocks travel: `spina_compressed_hook` hands the block-sparse bucket to the agent
+with the selected block indices (no second scan) and the switch sums the union;
+`gloo_compressed_hook` all-gathers every rank's (block indices, block values) over the
+process group and adds them up locally. The control measures what in-network aggregation
+adds on top of compression. Like PowerSGD's hook, the state lives in a small object with
+`__slots__`; the compressor's step advances after each step's last bucket.
+"""
+# No `from __future__ import annotations`: DDP compares the hook's annotations as objects.
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from host_agent.agent import Agent
+from host_agent.compression.compressors import BucketLayout, Compressor, Selection
+from host_agent.torch_hook import _segment_sizes, fail, hook_future, unpack_aligned
+
+
+class CompressionHookState:
+    """State of the compressed hooks: a compressor, a transport, and running statistics.
+
+    Args:
+        compressor: this rank's `Compressor` (one per model replica; keeps residuals).
+        agent: this rank's SpINA `Agent` (spina_compressed_hook); None for the gloo control.
+        world_size: divisor for averaging; default the agent's job size or the group's size.
+        process_group: the gloo group of the control (default: the default group).
+
+    Attributes (summed over buckets since construction or `reset_stats()`):
+        calls, elements: buckets and gradient elements handled.
+        blocks_sent, blocks_total: blocks this rank selected / blocks in its buckets.
+        bytes_sent: bytes this rank put on the wire (SpINA: UDP payloads as the agent counted
+            them; gloo: a ring all-gather's (N-1) x the packed indices and values).
+        compress_seconds: time in the compressor (packing, selection, residual update).
+        comm_seconds: time in the transport (SpINA: inside Agent.allreduce).
+    """
+
+    __slots__ = ("compressor", "agent", "world_size", "process_group", "calls", "elements",
+                 "blocks_sent", "blocks_total", "bytes_sent", "compress_seconds", "comm_seconds")
+
+    def __init__(self, compressor: Compressor, agent: Agent | None = None,
+                 world_size: int | None = None, process_group=None):
+        self.compressor = compressor
+        self.agent = agent
+        self.process_group = process_group
+        if world_size is None:
+            world_size = agent.job.nworkers if agent is not None else dist.get_world_size(process_group)
+        self.world_size = world_size
+        self.reset_stats()
+
+    def reset_stats(self) -> None:
+        self.calls = self.elements = self.blocks_sent = self.blocks_total = self.bytes_sent = 0
+        self.compress_seconds = self.comm_seconds = 0.0
+
+    def observe_loss(self, loss: float) -> None:
+        """Tell the compressor this step's loss (averaged over ranks; LossComp votes with it)."""
+        self.compressor.observe_loss(float(loss))
+
+
+def _compress_bucket(state: CompressionHookState, bucket) -> tuple[BucketLayout, Selection]:
+    """Pack the bucket block-aligned, compress it, count it; end the step after the last bucket."""
+    t0 = time.perf_counter()
+    buf = bucket.buffer()
+    n = buf.numel()
+    sizes = _segment_sizes(bucket, n)
+    try:
+        params = tuple(id(p) for p in bucket.parameters())
+    except AttributeError:
+        params = ()
+    if len(params) != len(sizes):  # a bare buffer (tests): one piece, named by its index
+        params = (("bucket", bucket.index() if hasattr(bucket, "index") else 0),)
+    layout = BucketLayout.of(params, sizes, state.compressor.block_size)
+    data = buf.detach().reshape(-1).to(torch.float32).numpy()  # a copy for half buckets only
+    sel = state.compressor.compress(layout, data)
+    if not hasattr(bucket, "is_last") or bucket.is_last():
+        state.compressor.end_step()
+    state.calls += 1
+    state.elements += n
+    state.blocks_total += sel.nblocks
+    state.blocks_sent += sel.nblocks if sel.blocks is None else len(sel.blocks)
+    state.compress_seconds += time.perf_counter() - t0
+    return layout, sel
+
+
+def spina_compressed_hook(state: CompressionHookState,
+                          bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Compress a DDP gradient bucket and average it over all ranks through the SpINA switch.
+
+    Args:
+        state: a `CompressionHookState` with this rank's agent and compressor.
+        bucket: DDP's GradBucket (`buffer()`, `parameters()`, `is_last()`).
+
+    Returns:
+        A future of the averaged bucket (same dtype and length): the sum over ranks of what
+        each sent, divided by the world size. Blocks no rank sent are exact zeros.
+
+    Example (with `agent`, e.g. from `host_agent.torch_hook.agent_from_env()`):
+        >>> comp = make_compressor(method="topk", ratio=0.01, block_size=agent.job.block_size)  # doctest: +SKIP
+        >>> model.register_comm_hook(CompressionHookState(comp, agent), spina_compressed_hook)  # doctest: +SKIP
+    """
+    buf = bucket.buffer()
+    layout, sel = _compress_bucket(state, bucket)
+    result, out = hook_future()
+
+    def done(f):
+        try:
+            res = unpack_aligned(f.result(), layout.src, layout.dst, buf, state.world_size)
+            stats = state.agent.last_stats  # this call's: calls run one at a time
+            state.bytes_sent += stats.bytes_sent
+            state.comm_seconds += stats.seconds
+            result.set_result(res)
+        except Exception as e:  # surfaces in DDP's backward on this rank
+            fail(result, e)
+
+    state.agent.allreduce_async(sel.send, inplace=True, blocks=sel.blocks).add_done_callback(done)
+    return out
+
+
+def gloo_compressed_hook(state: CompressionHookState,
+                         bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """The control: the same compression, the blocks exchanged by gloo all_gather.
+
+    Every rank sends (block indices as int32 bits, then the blocks' values) in one float32
+    tensor; every rank adds all ranks' blocks in rank order, so results are bit-identical.
+    All ranks send the same number of blocks (a ratio agreed through the config and, for
+    LossComp, the averaged loss). Dense ("none") buckets go through all_reduce.
+
+    Args / Returns: as `spina_compressed_hook` (no agent needed).
+    """
+    buf = bucket.buffer()
+    layout, sel = _compress_bucket(state, bucket)
+    B, world, group = layout.block_size, state.world_size, state.process_group
+    t0 = time.perf_counter()
+    if sel.blocks is None:
+        dense = torch.from_numpy(sel.send)
+        state.bytes_sent += 2 * (world - 1) * dense.numel() * 4 // world  # ring all-reduce
+        fut = dist.all_reduce(dense, group=group, async_op=True).get_future()
+
+        def finish_dense(f):
+            state.comm_seconds += time.perf_counter() - t0
+            return unpack_aligned(dense.numpy(), layout.src, layout.dst, buf, world)
+        return fut.then(finish_dense)
+    k = len(sel.blocks)
+    packed = np.empty(k * (B + 1), np.float32)
+    packed[:k] = sel.blocks.astype(np.int32).view(np.float32)  # bits travel unchanged
+    packed[k:] = sel.send.reshape(-1, B)[sel.blocks].reshape(-1)
+    mine = torch.from_numpy(packed)
+    gathered = [torch.empty_like(mine) for _ in range(world)]
+    state.bytes_sent += (world - 1) * packed.nbytes  # ring all-gather
+    fut = dist.all_gather(gathered, mine, group=group, async_op=True).get_future()
+
+    def finish(f):
+        both = torch.stack(gathered)  # (world, k * (B + 1))
+        idx = both[:, :k].contiguous().view(torch.int32).reshape(-1).long()
+        rows = both[:, k:].reshape(world * k, B)
+        total = torch.zeros(layout.nblocks, B)
+        total.index_add_(0, idx, rows)  # rank order, the same on every rank
+        state.comm_seconds += time.perf_counter() - t0
+        return unpack_aligned(total.numpy().reshape(-1), layout.src, layout.dst, buf, world)
+    return fut.then(finish)
+
+
+__all__ = ["CompressionHookState", "spina_compressed_hook", "gloo_compressed_hook"]

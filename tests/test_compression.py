@@ -1,0 +1,450 @@
+"""Gradient compression (host_agent/compression/) and the agent's block hint.
+
+Run just these tests:
+    PYTHONPATH=$PWD .venv/bin/python -m pytest -q tests/test_compression.py
+
+Compressor tests run in this process on numpy arrays; hint tests on LocalCluster (a software
+switch and agents on threads); the DDP test spawns 2 training processes (gloo group, file://
+rendezvous) against a software switch running in this test process.
+"""
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+from host_agent.blocks import headroom_bits, nonzero_blocks  # noqa: E402
+from host_agent.compression import (BucketLayout, CompressionConfig, ResidualMemory,  # noqa: E402
+                                    make_compressor)
+from host_agent.compression.hooks import (CompressionHookState, gloo_compressed_hook,  # noqa: E402
+                                          spina_compressed_hook)
+from host_agent.launch import local_job  # noqa: E402
+from host_agent.local import LocalCluster  # noqa: E402
+from host_agent.torch_hook import pack_aligned  # noqa: E402
+from softswitch.udp import UdpSwitch  # noqa: E402
+from spina.config import ConfigError, JobFile  # noqa: E402
+
+B = 16  # a small block size keeps the tests' tensors small
+
+
+def _layout(*sizes, block_size=B):
+    return BucketLayout.of(tuple(f"p{i}" for i in range(len(sizes))), list(sizes), block_size)
+
+
+# ---------------------------------------------------------------- configuration
+@pytest.mark.parametrize("fields, name", [
+    ({"ratio": 0.0}, "ratio"), ({"ratio": 1.5}, "ratio"), ({"ratio": -0.1}, "ratio"),
+    ({"ratio": float("nan")}, "ratio"), ({"method": "topq"}, "method"),
+    ({"momentum": 1.0}, "momentum"), ({"warmup_steps": -1}, "warmup_steps"),
+    ({"ratio": 0.5, "warmup_steps": 10, "warmup_ratio": 0.1}, "warmup_ratio"),
+    ({"ratio_max": 2.0}, "ratio_max"), ({"ratio_step": 1.0}, "ratio_step"),
+])
+def test_bad_configuration_is_rejected_naming_the_field(fields, name):
+    """Ratios outside (0, 1], unknown methods and other bad fields fail naming the field."""
+    with pytest.raises(ConfigError, match=f"field '{name}'"):
+        make_compressor(**fields)
+
+
+def test_unknown_config_key_is_rejected():
+    """A mapping with a key that is no field fails naming the key."""
+    with pytest.raises(ConfigError, match="unknown field 'ratoi'"):
+        make_compressor({"method": "topk", "ratoi": 0.1})
+    assert make_compressor({"method": "randomk", "ratio": 1.0}).config.ratio == 1.0
+
+
+# ---------------------------------------------------------------- error feedback
+def test_error_feedback_is_exact_over_steps():
+    """Each element is either sent or kept, and sent + residual == sum of gradients exactly."""
+    comp = make_compressor(method="topk", ratio=0.2, block_size=B)
+    layout = _layout(300, 77)
+    rng = np.random.default_rng(0)
+    total_grad = np.zeros(layout.length, np.float32)
+    total_sent = np.zeros(layout.length, np.float32)
+    for step in range(20):
+        # Integer-valued gradients: every float32 sum below is exact.
+        raw = rng.integers(-50, 50, 377).astype(np.float32)
+        g = pack_aligned(torch.from_numpy(raw), layout.src, layout.dst, layout.length)
+        before = comp.memory.get(layout)["residual"] + g
+        total_grad += g
+        sel = comp.compress(layout, raw)
+        comp.end_step()
+        after = comp.memory.get(layout)["residual"]
+        np.testing.assert_array_equal(sel.send + after, before)
+        assert not ((sel.send != 0) & (after != 0)).any(), f"step {step}: an element counted twice"
+        total_sent += sel.send
+    np.testing.assert_array_equal(total_sent + comp.memory.get(layout)["residual"], total_grad)
+    assert comp.step == 20
+
+
+def test_momentum_correction_and_factor_masking_by_hand():
+    """DGC: u = m u + g, v += u, send top blocks of v, clear them in v and u (values by hand)."""
+    comp = make_compressor(method="topk", ratio=0.5, momentum=0.5, block_size=2)
+    layout = _layout(4, block_size=2)
+    sent = []
+    for g in ([1, 1, 3, 3], [1, 1, 1, 1], [0, 0, 0, 0]):
+        sent.append(comp.compress(layout, np.array(g, np.float32)).send.tolist())
+        comp.end_step()
+    assert sent == [[0, 0, 3, 3], [2.5, 2.5, 0, 0], [0, 0, 1.5, 1.5]]
+    assert comp.memory.get(layout)["residual"].tolist() == [0, 0, 0, 0]
+    assert comp.memory.get(layout)["momentum"].tolist() == [0, 0, 0, 0]
+
+
+def test_momentum_without_masking_at_ratio_one_is_momentum_sgd():
+    """momentum_masking=False, ratio 1: every step sends momentum SGD's velocity (to a rounding)."""
+    comp = make_compressor(method="topk", ratio=1.0, momentum=0.9, momentum_masking=False, block_size=B)
+    layout = _layout(8 * B)
+    rng = np.random.default_rng(6)
+    u = np.zeros(layout.length, np.float32)
+    for _ in range(5):
+        g = rng.standard_normal(layout.length).astype(np.float32)
+        ref = np.float32(0.9) * u + g  # torch SGD: buf.mul_(m).add_(g), two roundings
+        sent = comp.compress(layout, g).send
+        # One rounding (the axpy) against two: apart by at most an ulp or two of the terms.
+        assert (np.abs(sent - ref) <= 2.0 ** -22 * (np.abs(0.9 * u) + np.abs(g))).all()
+        u = sent  # follow the compressor's rounding, so differences cannot grow
+        comp.end_step()
+
+
+def test_error_feedback_off_drops_the_rest():
+    """error_feedback=False: no residual is kept; the send is the top blocks of the gradient."""
+    comp = make_compressor(method="topk", ratio=0.5, error_feedback=False, block_size=2)
+    layout = _layout(4, block_size=2)
+    assert comp.compress(layout, np.array([1, 1, 3, 3], np.float32)).send.tolist() == [0, 0, 3, 3]
+    assert comp.compress(layout, np.array([2, 2, 1, 1], np.float32)).send.tolist() == [2, 2, 0, 0]
+    assert comp.memory.buffers[layout.key] == {}
+
+
+def test_residual_moves_with_a_new_bucket_layout():
+    """When DDP regroups parameters, each one's residual follows it; the old buffers go."""
+    mem = ResidualMemory(("residual",))
+    a = BucketLayout.of(("p", "q"), [20, 5], B)
+    mem.get(a)["residual"][:] = np.arange(a.length)
+    b1 = BucketLayout.of(("q",), [5], B)
+    b2 = BucketLayout.of(("x", "p"), [3, 20], B)
+    assert mem.get(b1)["residual"][:5].tolist() == list(range(32, 37))
+    assert a.key in mem.buffers  # p still lives there
+    assert mem.get(b2)["residual"][16:36].tolist() == list(range(20))
+    assert a.key not in mem.buffers
+
+
+# ---------------------------------------------------------------- selection
+def test_mask_equals_the_blocks_sent_and_k_follows_the_ratio():
+    """The selection's blocks are exactly the non-zero blocks of what is sent, k = ceil(r n)."""
+    rng = np.random.default_rng(1)
+    layout = _layout(1000, 600)
+    for method in ("topk", "randomk", "losscomp"):
+        comp = make_compressor(method=method, ratio=0.07, block_size=B)
+        sel = comp.compress(layout, rng.standard_normal(layout.length).astype(np.float32))
+        assert len(sel.blocks) == math.ceil(0.07 * layout.nblocks) == 8, method  # of 101
+        np.testing.assert_array_equal(nonzero_blocks(sel.send, B), sel.blocks)
+
+
+def test_topk_picks_the_largest_blocks():
+    """Block top-k sends the blocks with the largest L2 norm, nothing else."""
+    g = np.ones(10 * B, np.float32)
+    g[3 * B] = 5  # block 3: norm^2 = 15 + 25
+    g[7 * B:8 * B] = 2  # block 7: norm^2 = 64
+    sel = make_compressor(method="topk", ratio=0.2, block_size=B).compress(_layout(10 * B), g)
+    assert sel.blocks.tolist() == [3, 7]
+
+
+def test_warmup_schedule_lowers_the_ratio_geometrically():
+    """Warm-up: k goes 250, 112, 50, 23, 10 blocks of 1000 over 4 steps, then stays at 1%."""
+    comp = make_compressor(method="topk", ratio=0.01, warmup_steps=4, warmup_ratio=0.25, block_size=B)
+    layout = _layout(1000 * B)
+    ks = []
+    for _ in range(6):
+        ks.append(len(comp.compress(layout, np.ones(layout.length, np.float32)).blocks))
+        comp.end_step()
+    assert ks == [250, 112, 50, 23, 10, 10]
+
+
+def test_randomk_is_the_same_on_every_rank_and_changes_per_step():
+    """Random-k draws from (seed, step, bucket): ranks agree whatever their gradients."""
+    layout = _layout(100 * B)
+    a, b = (make_compressor(method="randomk", ratio=0.05, block_size=B) for _ in range(2))
+    rng = np.random.default_rng(2)
+    picks = []
+    for _ in range(3):
+        sa = a.compress(layout, rng.standard_normal(layout.length).astype(np.float32)).blocks
+        sb = b.compress(layout, rng.standard_normal(layout.length).astype(np.float32)).blocks
+        np.testing.assert_array_equal(sa, sb)
+        picks.append(sa.tolist())
+        a.end_step()
+        b.end_step()
+    assert len(picks[0]) == 5 and picks[0] != picks[1] != picks[2]
+
+
+def test_scaled_sends_from_every_layer_with_the_fresh_gradient_norm():
+    """Scaling+mask: every layer sends ceil(r * its blocks); each layer's sent norm = ||g_l||."""
+    layout = _layout(40 * B, 3 * B, 5)
+    comp = make_compressor(method="scaled", ratio=0.1, block_size=B)
+    rng = np.random.default_rng(3)
+    for _ in range(3):  # the residual grows, the sent norm still follows the fresh gradient
+        raw = rng.standard_normal(43 * B + 5).astype(np.float32)
+        g = pack_aligned(torch.from_numpy(raw), layout.src, layout.dst, layout.length)
+        sel = comp.compress(layout, raw)
+        comp.end_step()
+        seg = layout.block_segments()
+        assert np.bincount(seg[sel.blocks], minlength=3).tolist() == [4, 1, 1]
+        for layer in range(3):
+            rows = seg == layer
+            sent = np.linalg.norm(sel.send.reshape(-1, B)[rows])
+            np.testing.assert_allclose(sent, np.linalg.norm(g.reshape(-1, B)[rows]), rtol=1e-5)
+
+
+def test_losscomp_credits_blocks_sent_before_a_loss_drop():
+    """LossComp: blocks sent the step before a loss drop gain credit; others only decay."""
+    layout = _layout(20 * B)
+    comp = make_compressor(method="losscomp", ratio=0.1, loss_window=4, block_size=B)
+    g = np.zeros(layout.length, np.float32)
+    g[5 * B:7 * B] = 1  # only blocks 5 and 6 have mass: they are the ones sampled
+    first = comp.compress(layout, g.copy()).blocks
+    comp.end_step()
+    comp.observe_loss(2.0)
+    comp.compress(layout, np.zeros(layout.length, np.float32))
+    comp.end_step()
+    comp.observe_loss(1.0)  # fell by half after the first step's blocks were applied
+    credit = comp.credit[layout.key]
+    assert first.tolist() == [5, 6]
+    np.testing.assert_allclose(credit[first], 0.5 / 4)
+    assert (np.delete(credit, first) == 0).all()
+
+
+def test_losscomp_ratio_follows_the_loss_trend():
+    """A window whose loss fell > 2% lowers the ratio by 1.25; a flat one raises it; bounded."""
+    comp = make_compressor(method="losscomp", ratio=0.1, loss_window=2, ratio_min=0.06,
+                           ratio_max=0.2, block_size=B)
+    ratios = []
+    for loss in (4, 4, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1):
+        comp.observe_loss(loss)
+        ratios.append(comp.current_ratio())
+    np.testing.assert_allclose(ratios[1::2], [0.1, 0.08, 0.064, 0.08, 0.1, 0.125, 0.15625, 0.1953125, 0.2])
+
+
+# ---------------------------------------------------------------- the agent's block hint
+def _sparse(rng, n, nblocks_nz, dtype=np.float32):
+    x = np.zeros(n, dtype)
+    blocks = np.sort(rng.choice(-(-n // B), nblocks_nz, replace=False))
+    for b in blocks:  # test data set-up, not the data path
+        x[b * B:(b + 1) * B] = rng.integers(-1000, 1000, B)[:len(x[b * B:(b + 1) * B])]
+    return x, blocks
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32])
+def test_block_hint_gives_the_same_result_and_sends_only_those_blocks(dtype):
+    """With the hint (a superset of the non-zero blocks) results are bit-identical to a scan."""
+    rng = np.random.default_rng(4)
+    n = 60 * B + 7  # a partial last block
+    xs, hints = zip(*(_sparse(rng, n, 9, dtype) for _ in range(3)))
+    xs[0][-3:] = 5  # the partial last block is non-zero at rank 0
+    hints = [np.union1d(h, [3, 60]).astype(np.int64) for h in hints]  # plus zero blocks
+    with LocalCluster(3, block_size=B, nlanes=4, nslots=4) as c:
+        plain = c.allreduce(list(xs))
+        plain_blocks = [a.last_stats.nonzero_blocks for a in c.agents]
+        hinted = c.allreduce(list(xs), blocks=hints)
+        stats = [a.last_stats for a in c.agents]
+    for p, h in zip(plain, hinted):
+        np.testing.assert_array_equal(p, h)
+    assert [s.nonzero_blocks for s in stats] == plain_blocks == [len(nonzero_blocks(x, B)) for x in xs]
+    assert all(s.payload_bytes_sent == s.nonzero_blocks * B * 4 for s in stats)
+
+
+def test_block_hint_check_catches_a_wrong_mask():
+    """check_blocks: a hint missing a non-zero block, or unsorted, fails naming the block."""
+    x = np.zeros(10 * B, np.float32)
+    x[[2 * B, 7 * B + 3]] = 1.0
+    with LocalCluster(1, block_size=B, nlanes=4, nslots=2) as c:
+        agent = c.agents[0]
+        agent.check_blocks = True
+        with pytest.raises(ValueError, match=r"misses 1 non-zero block\(s\) .*first \[7\]"):
+            agent.allreduce(x, blocks=[2, 5])
+        with pytest.raises(ValueError, match="strictly increasing"):
+            agent.allreduce(x, blocks=[7, 2])
+        np.testing.assert_array_equal(agent.allreduce(x, blocks=[2, 7]), x)
+
+
+def test_compressed_sum_through_the_switch():
+    """Each rank's selection goes through the hinted agent; the switch sums the union."""
+    rng = np.random.default_rng(5)
+    layout = _layout(64 * B)
+    comps = [make_compressor(method="topk", ratio=0.1, block_size=B) for _ in range(2)]
+    sels = [c.compress(layout, rng.standard_normal(layout.length).astype(np.float32)) for c in comps]
+    with LocalCluster(2, block_size=B, nlanes=4, nslots=4) as c:
+        out = c.allreduce([s.send for s in sels], blocks=[s.blocks for s in sels])
+        stats = [a.last_stats for a in c.agents]
+    np.testing.assert_array_equal(out[0], out[1])
+    exact = sels[0].send + sels[1].send
+    e = math.frexp(float(np.abs(exact).max()))[1]
+    assert np.abs(out[0] - exact).max() <= 2.0 ** (e + headroom_bits(2) - 31) * 2
+    assert [s.payload_bytes_sent for s in stats] == [7 * B * 4] * 2
+    union = np.union1d(sels[0].blocks, sels[1].blocks)
+    np.testing.assert_array_equal(nonzero_blocks(out[0], B), union)
+
+
+# ---------------------------------------------------------------- DDP hooks
+WORLD = 2
+STEPS = 3
+MICRO = 2  # no_sync micro-batches before each synchronised one
+CONFIGS = [("spina", {"method": "topk", "ratio": 0.1, "momentum": 0.9}),
+           ("spina", {"method": "randomk", "ratio": 0.1}),
+           ("spina", {"method": "scaled", "ratio": 0.1}),
+           ("spina", {"method": "losscomp", "ratio": 0.1}),
+           ("gloo", {"method": "topk", "ratio": 0.1})]
+
+
+class _Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(32, 64)
+        self.fc2 = torch.nn.Linear(64, 10)
+        self.unused = torch.nn.Linear(8, 8)  # never in forward: zeros in DDP's bucket
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def _ddp_worker(rank, tmp):
+    """Every config: STEPS steps of MICRO no_sync backward passes plus one synchronised."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank,
+                            world_size=WORLD)
+    from host_agent.torch_hook import agent_from_env
+    agent = agent_from_env(f"{tmp}/job.json", rank=rank, timeout=20)
+    agent.check_blocks = True  # every hint is verified against a full scan
+    report = []
+    for transport, fields in CONFIGS:
+        torch.manual_seed(0)
+        model = torch.nn.parallel.DistributedDataParallel(_Net(), find_unused_parameters=True)
+        comp = make_compressor(block_size=B, **fields)
+        state = CompressionHookState(comp, agent if transport == "spina" else None)
+        model.register_comm_hook(state, spina_compressed_hook if transport == "spina"
+                                 else gloo_compressed_hook)
+        local = _Net()  # a plain replica: the accumulated gradient the hook must see
+        records = []
+        original = comp.compress
+
+        def recording(layout, grad, original=original, records=records, comp=comp):
+            before = {n: b.copy() for n, b in comp.memory.get(layout).items()}
+            sel = original(layout, grad)
+            sent = type(sel)(sel.blocks, sel.send.copy(), sel.nblocks)  # the agent sums into send
+            aligned = pack_aligned(torch.from_numpy(grad), layout.src, layout.dst, layout.length)
+            records.append((layout, aligned, before, sent,
+                            {n: b.copy() for n, b in comp.memory.get(layout).items()}))
+            return sel
+        comp.compress = recording
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        gen = torch.Generator().manual_seed(10 + rank)
+        for step in range(STEPS):
+            local.load_state_dict(model.module.state_dict())
+            local.zero_grad(set_to_none=True)
+            opt.zero_grad(set_to_none=True)
+            for micro in range(MICRO + 1):
+                x, y = torch.randn(8, 32, generator=gen), torch.randint(0, 10, (8,), generator=gen)
+                torch.nn.functional.cross_entropy(local(x), y).backward()
+                if micro < MICRO:
+                    with model.no_sync():
+                        torch.nn.functional.cross_entropy(model(x), y).backward()
+                else:
+                    torch.nn.functional.cross_entropy(model(x), y).backward()
+            assert len(records) == step + 1, "one bucket, compressed once per synchronised step"
+            layout, grad, before, sel, after = records[-1]
+            # The hook saw the gradient accumulated over the no_sync passes.
+            params = dict((id(p), lp) for p, lp in zip(model.parameters(), local.parameters()))
+            for pid, d, size in zip(layout.params, layout.dst.tolist(), layout.sizes.tolist()):
+                lg = params[pid].grad
+                expect = np.zeros(size, np.float32) if lg is None else lg.reshape(-1).numpy()
+                np.testing.assert_allclose(grad[d:d + size], expect, rtol=1e-6, atol=1e-7)
+            # The unused parameter: no gradient, no residual, nothing sent.
+            ui = layout.params.index(id(model.module.unused.weight))
+            d, size = int(layout.dst[ui]), int(layout.sizes[ui])
+            for buf in after.values():
+                assert not buf[d:d + size].any()
+            assert model.module.unused.weight.grad is None  # DDP leaves it untouched
+            # Error feedback: each element either sent (residual cleared) or kept.
+            if "residual" in after and not fields.get("momentum"):
+                v = before["residual"] + grad
+                sent2d = sel.send.reshape(-1, B)
+                kept = np.ones(layout.nblocks, bool)
+                kept[sel.blocks] = False
+                np.testing.assert_array_equal(after["residual"].reshape(-1, B)[kept], v.reshape(-1, B)[kept])
+                assert not after["residual"].reshape(-1, B)[sel.blocks].any()
+                assert not sent2d[kept].any()
+            # The averaged gradient is the sum of every rank's send / WORLD.
+            sends = [torch.empty(layout.length) for _ in range(WORLD)]
+            dist.all_gather(sends, torch.from_numpy(sel.send))
+            exact = sum(s.double() for s in sends) / WORLD
+            e = math.frexp(max(float(t.abs().max()) for t in sends))[1]  # |every send| < 2**e
+            where = {pid: (d, size) for pid, d, size in
+                     zip(layout.params, layout.dst.tolist(), layout.sizes.tolist())}
+            for p in model.parameters():
+                d, size = where[id(p)]
+                got = np.zeros(size) if p.grad is None else p.grad.reshape(-1).numpy()
+                ref = exact[d:d + size].numpy()
+                tol = 2.0 ** (e + headroom_bits(WORLD) - 31) + 2.0 ** -22 * np.abs(ref)
+                assert (np.abs(got - ref) <= tol).all(), f"{transport} {fields}: step {step}"
+            opt.step()
+            flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+            theirs = [torch.empty_like(flat) for _ in range(WORLD)]
+            dist.all_gather(theirs, flat)
+            assert all(torch.equal(t, theirs[0]) for t in theirs), f"step {step}: ranks differ"
+            state.observe_loss(1.0 / (step + 1))
+        assert comp.step == STEPS
+        report.append({"transport": transport, **fields, "blocks_sent": state.blocks_sent,
+                       "blocks_total": state.blocks_total, "bytes_sent": state.bytes_sent})
+    if rank == 0:
+        Path(tmp, "report.json").write_text(json.dumps(report))
+    dist.barrier()
+    agent.close()
+    dist.destroy_process_group()
+
+
+@pytest.fixture
+def job_file(tmp_path):
+    """A software switch (thread in this process) with a 2-worker job of 16-element blocks."""
+    job = local_job(WORLD, block_size=B, nlanes=8, nslots=4)
+    with UdpSwitch(port=0) as sw:
+        sw.add_job(job)
+        JobFile(job, sw.address).write(tmp_path / "job.json")
+        yield tmp_path / "job.json"
+
+
+def test_ddp_compressed_hooks_no_sync_unused_params_and_identical_ranks(job_file):
+    """2-rank DDP, every method and both transports: exact feedback, union sum, same weights."""
+    tmp = str(job_file.parent)
+    mp.start_processes(_ddp_worker, args=(tmp,), nprocs=WORLD, join=True, start_method="spawn")
+    report = json.loads(Path(tmp, "report.json").read_text())
+    nblocks = 2048 // B + 4 + 640 // B + 1 + 64 // B + 1  # fc1, fc2, unused: weights and biases
+    assert [r["blocks_total"] for r in report] == [STEPS * nblocks] * len(CONFIGS)
+    k = math.ceil(0.1 * nblocks)
+    assert [r["blocks_sent"] for r in report if r["method"] in ("topk", "randomk")] == [STEPS * k] * 3
+    gloo = report[-1]
+    assert gloo["bytes_sent"] == STEPS * (WORLD - 1) * k * (B + 1) * 4
+
+
+def test_example_runs_tiny(tmp_path):
+    """examples/train_compressed.py, 2 ranks x 2 steps of the 5M MLP: runs, reports, agrees."""
+    import subprocess
+    import sys
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "smoke.png"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(root / "examples" / "train_compressed.py"), "--task", "mlp", "--steps", "2",
+           "--batch", "8", "--runs", "topk@0.01,gloo-losscomp@0.01", "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=300)  # waits: stopped
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(out.with_suffix(".json").read_text())
+    runs = {r["name"]: r for r in summary["runs"]}
+    assert list(runs) == ["topk@0.01", "gloo-losscomp@0.01"] and out.exists()
+    assert all(r["weights_identical_across_ranks"] for r in runs.values())
+    assert runs["topk@0.01"]["params"] == 512 * 2048 + 2048 + 2048 * 2048 + 2048 + 2048 * 10 + 10
+    nblocks = sum(-(-s // 256) for s in (512 * 2048, 2048, 2048 * 2048, 2048, 2048 * 10, 10))
+    # ceil(1% of each bucket's blocks): DDP splits the model into a few buckets
+    assert 0.01 <= runs["topk@0.01"]["blocks_fraction"] <= 0.01 + 3 / nblocks
+    dense = 4 * runs["topk@0.01"]["params"]  # what one rank sends of a dense gradient, at least
+    assert runs["topk@0.01"]["bytes_per_step"] < 0.03 * dense
