@@ -22,15 +22,15 @@ the body raises.
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import re
 import subprocess
 
+from bench.netns import enter
+
 SWITCH_IP = "10.200.255.1"
 WORKER_IF = "eth0"
-_CLONE_NEWNET = 0x40000000
 _UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 
 
@@ -63,19 +63,9 @@ def _run(*cmd, check=True) -> subprocess.CompletedProcess:
 
 
 def enter_netns(ns: str) -> None:
-    """Move the calling thread (call it first thing in a fresh process) into namespace `ns`.
-
-    Sockets made afterwards live there; /proc/thread-self/net shows its interfaces. Python
-    3.11 has no os.setns, hence libc through ctypes.
-    """
-    libc = ctypes.CDLL(None, use_errno=True)
-    fd = os.open(f"/var/run/netns/{ns}", os.O_RDONLY)
-    try:
-        if libc.setns(fd, _CLONE_NEWNET) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"setns({ns}): {os.strerror(err)}")
-    finally:
-        os.close(fd)
+    """Move the calling thread (call it first thing in a fresh process) into namespace `ns`
+    (bench.netns.enter: one setns for both benchmarks)."""
+    enter(ns)
 
 
 def dev_bytes(iface: str = WORKER_IF) -> tuple[int, int]:
