@@ -46,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
                                    "switch restart this restores everything.")
     d.add_argument("--switch", action="append", metavar="NAME",
                    help="only this switch (repeatable; default all)")
-    d.add_argument("--watch", type=float, metavar="SECONDS",
+    d.add_argument("--watch", type=cli.positive_float, metavar="SECONDS",
                    help="keep going: re-read the file and deploy every SECONDS, reconnecting "
                         "to switches that restarted (which restores their state); Ctrl-C stops")
     sv = sub.add_parser("serve", help="deploy, then give every run of a job its own epoch",
@@ -56,7 +56,7 @@ def _parser() -> argparse.ArgumentParser:
                                     "its slots are cleared, so a run never gets another run's "
                                     "sums. Also reconciles like `deploy --watch`. SIGTERM or "
                                     "Ctrl-C stops.")
-    sv.add_argument("--watch", type=float, default=2.0, metavar="SECONDS",
+    sv.add_argument("--watch", type=cli.positive_float, default=2.0, metavar="SECONDS",
                     help="re-read the file and deploy every SECONDS (default %(default)s)")
     sub.add_parser("status", help="per-job counters as a table")
     job = sub.add_parser("job", help="add or remove a job (updates the file, then applies it)")

@@ -248,6 +248,15 @@ def test_controller_yaml(edit, names, tmp_path):
     assert_one_line_error(out, names)
 
 
+@pytest.mark.parametrize("args,names", [(["serve", "--watch", "-1"], "--watch"),
+                                        (["deploy", "--watch", "0"], "--watch"),
+                                        (["serve", "--watch", "often"], "--watch")])
+def test_controller_watch_option(args, names, tmp_path):
+    """`serve`/`deploy --watch` with a non-positive or non-number period: one line naming it."""
+    (tmp_path / "spina.yaml").write_text(yaml.safe_dump(_state()))
+    assert_one_line_error(run_cli("controller", ["-c", "spina.yaml", *args], tmp_path), names)
+
+
 @pytest.mark.parametrize("text,names", [("switches: [", "spina.yaml: not YAML"),
                                         ("- 1\n- 2\n", "(top)")])
 def test_controller_yaml_unparsable(text, names, tmp_path):
