@@ -20,7 +20,7 @@ import tempfile
 import time
 
 from bmv2_tests.target import PORTS, Target
-from softswitch import spec
+from spina import spec
 from softswitch.l2 import mac_bytes
 from spina.procs import stop_process
 

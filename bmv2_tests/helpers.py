@@ -9,7 +9,7 @@ import numpy as np
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
-from softswitch import spec
+from spina import spec
 from spina import wire
 
 INA = wire.scapy_layer()

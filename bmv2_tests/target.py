@@ -1,7 +1,7 @@
 """The target interface the conformance tests are written against, and the software target.
 
 A target takes table entries, multicast groups and the congestion threshold by their P4 names
-(softswitch/spec.py), takes frames on numbered ports, and lets a test check exactly what left
+(spina/spec.py), takes frames on numbered ports, and lets a test check exactly what left
 on which port and read counters and registers. `SoftTarget` runs the software switch's
 Dataplane in-process (CI); bmv2_tests/bmv2.py has the BMv2 target.
 """

@@ -5,7 +5,7 @@ Run just this file: python -m pytest bmv2_tests/test_bmv2_client.py
 from __future__ import annotations
 
 from bmv2_tests.bmv2 import Bmv2Target, _encode
-from softswitch import spec
+from spina import spec
 
 
 def _offline_target():

@@ -22,7 +22,7 @@ from controller.registers import RegisterAdapter, adapter_for
 from controller.state import DesiredState, Switch
 from spina.config import ConfigError
 from host_agent import assignment
-from softswitch import spec
+from spina import spec
 
 log = logging.getLogger("spina.controller")
 

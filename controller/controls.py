@@ -23,7 +23,7 @@ from p4.v1 import p4runtime_pb2 as pb
 from controller.p4rt import Connection, decode
 from controller.registers import RegisterAdapter
 from controller.state import NO_MAC, DesiredState, Job, Switch
-from softswitch import spec
+from spina import spec
 
 
 def _strip(b: bytes) -> bytes:

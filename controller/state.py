@@ -44,7 +44,7 @@ from dataclasses import dataclass, field, replace
 
 import yaml
 
-from softswitch import spec
+from spina import spec
 from softswitch.pipeline import DEFAULT_SLOT_CAPACITY
 from spina import wire
 from spina.config import ConfigError, JobConfig, WorkerAddr

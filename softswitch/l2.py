@@ -9,7 +9,7 @@ the congestion drop and the IPv4 checksum. bmv2_tests drive it in-process.
 sockets, numbered like BMv2's `-i N@intf`.
 
 Tables are written through one generic entry point (`table_add`, `table_set_default`,
-`mcast_group_set`) with the P4 names of softswitch/spec.py, so the controller can drive this
+`mcast_group_set`) with the P4 names of spina/spec.py, so the controller can drive this
 switch and BMv2 alike.
 
 Frame layout the parser accepts (as the P4 parser): Ethernet II | IPv4 with ihl 5 | UDP with
@@ -26,7 +26,7 @@ import struct
 import threading
 from dataclasses import dataclass
 
-from softswitch import spec
+from spina import spec
 from softswitch.pipeline import (DEFAULT_POOL_SLOTS, DEFAULT_SLOT_CAPACITY, Admission,
                                  Pipeline)
 from spina import wire
@@ -120,7 +120,7 @@ class Dataplane:
         return self.pipeline.registers
 
     def table_add(self, table: str, key: dict, action: str, params: dict | None = None) -> None:
-        """Insert (or replace) one entry; names and fields as in softswitch/spec.py TABLES."""
+        """Insert (or replace) one entry; names and fields as in spina/spec.py TABLES."""
         params = dict(params or {})
         t = spec.TABLES.get(table)
         if t is None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from softswitch.spec import JOB_COUNTERS, PORT_COUNTERS
+from spina.spec import JOB_COUNTERS, PORT_COUNTERS
 from spina.metrics import MetricsServer, counter_families
 
 

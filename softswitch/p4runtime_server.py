@@ -9,7 +9,7 @@ Implemented:
                                state), COMMIT (of the running pipeline: a no-op);
                                VERIFY_AND_SAVE commits at once (no staged config). The P4Info must declare every table (with
                                its keys), action (with its parameters), counter and register of
-                               softswitch/spec.py; otherwise INVALID_ARGUMENT naming what is missing.
+                               spina/spec.py; otherwise INVALID_ARGUMENT naming what is missing.
                                IDs are taken from the P4Info pushed (p4c's or spec.p4info()'s).
                                A committed pipeline starts with empty tables, zero registers and
                                counters, as on a real switch.
@@ -42,7 +42,7 @@ import grpc
 from google.rpc import code_pb2
 from p4.v1 import p4runtime_pb2 as pb, p4runtime_pb2_grpc
 
-from softswitch import spec
+from spina import spec
 from softswitch.l2 import Dataplane
 from softswitch.udp import UdpSwitch
 

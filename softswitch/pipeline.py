@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from softswitch.spec import (JOB_COUNTERS, MAX_JOBS, MAX_PORTS, PORT_COUNTERS,  # noqa: F401
+from spina.spec import (JOB_COUNTERS, MAX_JOBS, MAX_PORTS, PORT_COUNTERS,  # noqa: F401
                              QDEPTH_NEVER, REGISTER_NAMES as REGISTERS, TABLES)
 from spina import wire
 from spina.config import ConfigError, JobConfig
@@ -43,7 +43,7 @@ _header_error = wire.header_error
 _FLAGS, _NLANES, _BLOCK_SIZE = (wire.FIELD_INDEX[f] for f in ("flags", "nlanes", "block_size"))
 _DROP = (0, False, None)
 
-# Register, table and counter names live in softswitch/spec.py (imported above); the P4
+# Register, table and counter names live in spina/spec.py (imported above); the P4
 # program declares the same (tests/test_p4_agreement.py checks it).
 DEFAULT_POOL_SLOTS = 256
 DEFAULT_SLOT_CAPACITY = 64 * 256  # elements per slot copy: 64 lanes of 256

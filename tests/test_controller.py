@@ -22,7 +22,7 @@ from controller.controls import match_key
 from controller.p4rt import NotPrimaryError, encode
 from controller.registers import ThriftRegisters
 from host_agent import assignment
-from softswitch import spec
+from spina import spec
 from spina.config import ConfigError, JobFile
 
 

@@ -22,7 +22,7 @@ from controller import state as state_mod
 from controller.controller import Controller
 from controller.p4rt import Connection, NotPrimaryError
 from host_agent import assignment
-from softswitch import spec
+from spina import spec
 from softswitch.l2 import Dataplane
 from softswitch.p4runtime_server import ControlledUdpSwitch, P4RuntimeServer
 from spina.procs import stop_process

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from softswitch import spec
+from spina import spec
 from softswitch.l2 import Dataplane, configure, ipv4_checksum
 from spina.config import ConfigError
 
@@ -48,7 +48,7 @@ def test_configure_errors_name_the_field():
 
 
 def test_table_add_checks_names():
-    """Tables, actions, keys and parameters are checked against softswitch/spec.py."""
+    """Tables, actions, keys and parameters are checked against spina/spec.py."""
     dp = Dataplane()
     with pytest.raises(KeyError, match="no table"):
         dp.table_add("nope", {}, "bridge", {})

@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from softswitch import spec
+from spina import spec
 from spina import wire
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -95,7 +95,7 @@ def test_registers_agree(p4):
 
 
 def test_register_widths_agree(p4):
-    """Register cell widths match softswitch/spec.py."""
+    """Register cell widths match spina/spec.py."""
     widths = dict(re.findall(r'@name\("\.(\w+)"\) register<bit<(\d+)>>', p4))
     for name in spec.p4_register_names():
         base = spec.split_p4_register(name)[0]
@@ -147,7 +147,7 @@ def test_actions_agree(p4):
 
 
 def test_sizes_agree():
-    """size.p4's defines equal softswitch/spec.py P4_SIZES."""
+    """size.p4's defines equal spina/spec.py P4_SIZES."""
     text = (P4SRC / "shared" / "size.p4").read_text()
     defines = dict(re.findall(r"#define (\w+) (\d+)\s", text))
     for name, value in spec.P4_SIZES.items():
@@ -163,7 +163,7 @@ def test_p4_packet_fits_mtu():
 
 
 def test_constants_agree():
-    """define.p4's protocol constants equal spina/wire.py and softswitch/spec.py."""
+    """define.p4's protocol constants equal spina/wire.py and spina/spec.py."""
     text = (P4SRC / "shared" / "define.p4").read_text()
     consts = {n: int(v, 0) for n, v in re.findall(r"const \w+(?:<\d+>)?\s+(\w+) = (\w+);", text)}
     assert consts["INA_UDP_PORT"] == wire.DEFAULT_UDP_PORT == spec.INA_UDP_PORT

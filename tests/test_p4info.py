@@ -1,4 +1,4 @@
-"""The software switch's declared pipeline (softswitch/spec.py) equals p4c's P4Info.
+"""The software switch's declared pipeline (spina/spec.py) equals p4c's P4Info.
 
 Run just this file: python -m pytest tests/test_p4info.py
 The comparison with p4c needs `make p4` output (p4src/build/spina_v1model.p4info.txtpb, made
@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from softswitch import spec
+from spina import spec
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 P4INFO = ROOT / "p4src" / "build" / "spina_v1model.p4info.txtpb"

@@ -1,7 +1,7 @@
 /* SpINA: constants and types shared by every target.
  *
  * Names follow p4src/README.md: types end in _t, constants are UPPER_SNAKE. The values mirror
- * spina/wire.py (message types, flag bits) and softswitch/spec.py (protocol numbers, INA port);
+ * spina/wire.py (message types, flag bits) and spina/spec.py (protocol numbers, INA port);
  * tests/test_p4_agreement.py checks them.
  */
 #ifndef SPINA_DEFINE_P4

@@ -1,7 +1,7 @@
 /* SpINA: every size of the P4 program, with the reason for it.
  *
  * The software switch accepts larger blocks and more fusion (it is not bound by a stage's
- * register budget nor by the MTU); softswitch/spec.py P4_SIZES repeats these numbers and
+ * register budget nor by the MTU); spina/spec.py P4_SIZES repeats these numbers and
  * tests/test_p4_agreement.py checks that they agree.
  */
 #ifndef SPINA_SIZE_P4
