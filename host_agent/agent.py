@@ -231,7 +231,7 @@ class _Call:
         if present == (1 << k) - 1:
             where, n = st.pos, k
         else:
-            lanes = _lanes(present, k)
+            lanes = wire.lane_indices(present, k)
             where, n = st.pos[lanes], len(lanes)
         data = np.frombuffer(buf, wire.DATA_DTYPE, n * B, wire.HEADER_LEN + 4 * k).reshape(n, B)
         if st.index == self.tail_slot and (where == self.nfull).any():
@@ -246,7 +246,7 @@ class _Call:
         else:
             self.out2d[where] = dequantize(data, st.shift)
         if t[_NONFINITE]:
-            scatter_blocks(self.out, st.pos[_lanes(t[_NONFINITE], k)], np.nan, B)
+            scatter_blocks(self.out, st.pos[wire.lane_indices(t[_NONFINITE], k)], np.nan, B)
 
     def _next_round(self, st: _Slot, pos: np.ndarray) -> None:
         """Send this worker's blocks at positions `pos` (int64, where it has them) and its next
@@ -319,19 +319,6 @@ def _check_block_hint(flat: np.ndarray, blocks: np.ndarray, block_size: int) -> 
 def _finite_rows(rows: np.ndarray) -> np.ndarray:
     """Rows with NaN/Inf replaced by 0 (the block is reported non-finite separately)."""
     return np.where(np.isfinite(rows), rows, np.float32(0))
-
-
-_LANE_CACHE: dict[tuple[int, int], np.ndarray] = {}
-
-
-def _lanes(bits: int, k: int) -> np.ndarray:
-    """Indices of the set bits of a lane bitmap (cached: bitmaps repeat a lot)."""
-    got = _LANE_CACHE.get((bits, k))
-    if got is None:
-        got = np.flatnonzero([(bits >> i) & 1 for i in range(k)])
-        if len(_LANE_CACHE) < 4096:
-            _LANE_CACHE[(bits, k)] = got
-    return got
 
 
 def _lane_bits(mask: np.ndarray) -> int:

@@ -271,7 +271,7 @@ class Pipeline:
             else:
                 vals[:] = 0
                 if present:
-                    vals[_lanes(present, k)] = data
+                    vals[wire.lane_indices(present, k)] = data
             slot_next[:] = nxt
             self._r_present[idx] = present
             self._r_nonfinite[idx] = nonfinite
@@ -282,7 +282,7 @@ class Pipeline:
             if present == full:
                 np.add(vals, data, out=vals)  # int32 wrap-around, as the switch's 32-bit adders
             elif present:
-                lanes = _lanes(present, k)
+                lanes = wire.lane_indices(present, k)
                 vals[lanes] += data
             np.minimum(slot_next, nxt, out=slot_next)
             self._r_present[idx] |= present
@@ -333,7 +333,7 @@ class Pipeline:
         if present == (1 << k) - 1:
             np.frombuffer(out, DATA_DTYPE, k * bs, HLEN + 4 * k).reshape(k, bs)[:] = vals
             return HLEN + 4 * k + 4 * k * bs
-        lanes = _lanes(present, k)
+        lanes = wire.lane_indices(present, k)
         n = len(lanes)
         np.frombuffer(out, DATA_DTYPE, n * bs, HLEN + 4 * k).reshape(n, bs)[:] = vals[lanes]
         return HLEN + 4 * k + 4 * n * bs
@@ -356,15 +356,3 @@ class Pipeline:
         return {name: int(self.counters[name][port]) for name in PORT_COUNTERS}
 
 
-_LANE_CACHE: dict[tuple[int, int], np.ndarray] = {}
-
-
-def _lanes(bits: int, k: int) -> np.ndarray:
-    """Indices of the set bits of a lane bitmap (cached: bitmaps repeat a lot)."""
-    key = (bits, k)
-    got = _LANE_CACHE.get(key)
-    if got is None:
-        got = np.flatnonzero([(bits >> i) & 1 for i in range(k)])
-        if len(_LANE_CACHE) < 4096:
-            _LANE_CACHE[key] = got
-    return got

@@ -230,6 +230,21 @@ def unpack(buf) -> Packet:
 # ---------------------------------------------------------------------------------------
 # Batch forms: many packets of one job (same nlanes and block_size) at once.
 
+_LANE_CACHE: dict[tuple[int, int], np.ndarray] = {}
+
+
+def lane_indices(bits: int, nlanes: int) -> np.ndarray:
+    """The lanes whose bit is set in a `present`/`nonfinite` bitmap, ascending (cached: a job's
+    bitmaps repeat a lot, and both data paths ask once per packet)."""
+    key = (bits, nlanes)
+    got = _LANE_CACHE.get(key)
+    if got is None:
+        got = np.flatnonzero([(bits >> i) & 1 for i in range(nlanes)])
+        if len(_LANE_CACHE) < 4096:
+            _LANE_CACHE[key] = got
+    return got
+
+
 def lane_bits_to_mask(bits: np.ndarray, nlanes: int) -> np.ndarray:
     """(n,) uint64 lane bitmaps -> (n, nlanes) bool."""
     shifts = np.arange(nlanes, dtype=np.uint64)
