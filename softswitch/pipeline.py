@@ -354,5 +354,3 @@ class Pipeline:
 
     def port_counters(self, port: int = 0) -> dict[str, int]:
         return {name: int(self.counters[name][port]) for name in PORT_COUNTERS}
-
-
