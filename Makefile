@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml scripts/setup.sh
 setup: $(STAMP)  ## create .venv, install Debian and Python dependencies
 
 demo: $(STAMP)  ## the main job: software switch + 4 workers, sparse all-reduce vs gloo
-	$(PY) -m spina.demo $(DEMO_ARGS)
+	$(PY) -m spina_cli.demo $(DEMO_ARGS)
 
 test: $(STAMP)  ## the whole test suite
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -64,7 +64,8 @@ FLAG_RESEND = 0x01         # a retransmission by the worker (timeout)
 FLAG_LOSS_TOLERANT = 0x02  # may be dropped under congestion (DLCP)
 FLAG_LAST = 0x04           # worker: none of its lanes in this slot has a further non-zero block;
                            # result: set when every contributor set it (the slot's stream is done)
-FLAG_PARTIAL = 0x08        # result completed without every worker (bounded-loss mode)
+FLAG_PARTIAL = 0x08        # worker resend: flush request (bounded-loss mode, complete the round
+                           # without the missing workers); result: completed without every worker
 FLAG_MISMATCH = 0x10       # result: workers disagreed on the tensor length
 
 FLAG_NAMES = {FLAG_RESEND: "resend", FLAG_LOSS_TOLERANT: "loss_tolerant", FLAG_LAST: "last",

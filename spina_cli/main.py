@@ -73,7 +73,7 @@ def main(argv=None) -> int:
         from host_agent.__main__ import main as run
         return run(rest)
     if cmd == "demo":
-        from spina.demo import main as run
+        from spina_cli.demo import main as run
         return run(rest)
     if cmd == "bench":
         try:

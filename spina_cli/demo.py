@@ -7,7 +7,7 @@ P4Runtime server (`python -m softswitch udp --grpc`), `python -m controller depl
 pipeline and admits the job from a desired-state file, and each worker builds its agent from
 the assignment file the controller wrote (host_agent.assignment).
 
-    python -m spina.demo --help
+    python -m spina_cli.demo --help
 """
 from __future__ import annotations
 
@@ -120,7 +120,7 @@ def _fmt_bytes(b: float) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m spina.demo",
+        prog="python -m spina_cli.demo",
         description="SpINA demo: software switch + N worker processes on loopback; sparse "
                     "all-reduce at several block densities, checked against numpy, compared with "
                     "torch.distributed gloo all-reduce of the same tensor.")
