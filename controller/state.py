@@ -44,13 +44,10 @@ from dataclasses import dataclass, field, replace
 
 import yaml
 
-from spina import spec
-from softswitch.pipeline import DEFAULT_SLOT_CAPACITY
-from spina import wire
+from spina import spec, wire
 from spina.config import ConfigError, JobConfig, WorkerAddr
 
 TARGETS = ("softswitch", "bmv2", "tofino")
-MAX_JOB_ID = (1 << 16) // wire.MAX_WORKERS - 2  # replication ids job*32+rank+1 fit 16 bits
 NO_MAC = "00:00:00:00:00:00"
 
 
@@ -131,7 +128,7 @@ class Switch:
     address: str = "127.0.0.1"
     udp_port: int = wire.DEFAULT_UDP_PORT
     pool_slots: int = spec.P4_SIZES["POOL_SLOTS"]
-    slot_capacity: int = DEFAULT_SLOT_CAPACITY
+    slot_capacity: int = spec.DEFAULT_SLOT_CAPACITY
     ports: tuple[int, ...] = (0,)
     p4info: str | None = None
     device_config: str | None = None
@@ -166,10 +163,10 @@ class Job:
 
     @property
     def mcast_grp(self) -> int:
-        return self.id + 1  # v1model: group 0 is "no multicast"
+        return spec.mcast_grp(self.id)
 
     def rid(self, rank: int) -> int:
-        return self.id * wire.MAX_WORKERS + rank + 1  # 0 means "no rewrite"
+        return spec.rid(self.id, rank)
 
     @property
     def slots(self) -> range:
@@ -330,7 +327,7 @@ def parse(doc, path: pathlib.Path | None = None) -> DesiredState:
             address=_ipv4({"address": d.get("address", "127.0.0.1")}, "address", w),
             udp_port=_int(d, "udp_port", w, 1, 65535, wire.DEFAULT_UDP_PORT),
             pool_slots=_int(d, "pool_slots", w, 1, 1 << 15, spec.P4_SIZES["POOL_SLOTS"]),
-            slot_capacity=_int(d, "slot_capacity", w, 1, 1 << 24, DEFAULT_SLOT_CAPACITY),
+            slot_capacity=_int(d, "slot_capacity", w, 1, 1 << 24, spec.DEFAULT_SLOT_CAPACITY),
             ports=tuple(ports), p4info=d.get("p4info"), device_config=d.get("device_config"),
             l2=tuple(l2), routes=tuple(routes))
 
@@ -367,7 +364,7 @@ def parse(doc, path: pathlib.Path | None = None) -> DesiredState:
         _fields(d, w, {"id", "members", "nslots"},
                 {"slot_base", "block_size", "nlanes", "epoch", "priority", "drop_qdepth",
                  "bounded_loss", "loss_deadline"})
-        jid = _int(d, "id", w, 0, MAX_JOB_ID)
+        jid = _int(d, "id", w, 0, spec.MAX_JOB_ID)
         _need(jid not in jobs, f"{w}.id", f"duplicate job id {jid}")
         members = d["members"]
         _need(isinstance(members, list) and 1 <= len(members) <= wire.MAX_WORKERS,

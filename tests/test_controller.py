@@ -18,12 +18,11 @@ from p4.v1 import p4runtime_pb2 as pb, p4runtime_pb2_grpc
 
 from controller import state as state_mod
 from controller.controller import Controller, cookie_of, format_table
-from controller.controls import match_key
-from controller.p4rt import NotPrimaryError, encode
+from controller.p4rt import NotPrimaryError
 from controller.registers import ThriftRegisters
-from host_agent import assignment
 from spina import spec
-from spina.config import ConfigError, JobFile
+from spina.config import Assignment, ConfigError, JobFile
+from spina.p4runtime import encode, match_key
 
 
 # ---------------------------------------------------------------- the fake switch
@@ -113,8 +112,15 @@ class FakeSwitch(p4runtime_pb2_grpc.P4RuntimeServicer):
                 elif q.HasField("counter_entry"):
                     e = out.entities.add()
                     e.counter_entry.CopyFrom(q.counter_entry)
-                    e.counter_entry.data.packet_count = 5
+                    e.counter_entry.data.packet_count = self.counter_value(
+                        q.counter_entry.counter_id, q.counter_entry.index.index)
         yield out
+
+    def counter_value(self, counter_id: int, index: int) -> int:
+        """A different count for every counter and index: 1000 * (the counter's position in
+        the P4Info, from 1) + index, so a mixed-up name -> counter mapping shows."""
+        pos = [c.preamble.id for c in self.config.p4info.counters].index(counter_id)
+        return 1000 * (pos + 1) + index
 
 
 @pytest.fixture
@@ -349,18 +355,25 @@ def test_p4runtime_register_adapter_requests(fake, tmp_path):
 
 
 def test_status_reads_job_counters(fake, tmp_path):
-    """status reads every job counter at the job's index and prints them as a table."""
+    """status reads every job counter at the job's index, each under its own name, and every
+    port counter at each port; prints them as a table."""
     sw = fake()
     st = new_state(tmp_path, sw.address, [JOB7])
     with Controller(st, registers={"s1": RecordingRegisters()}) as c:
         c.deploy()
         rows = c.status()
-    assert rows[0]["installed"] == "yes" and rows[0]["job_received"] == 5
-    assert set(spec.JOB_COUNTERS) <= set(rows[0])
+        ports = c.port_status()
+    position = {c.preamble.name: i + 1 for i, c in enumerate(spec.p4info().counters)}
+    assert rows[0]["installed"] == "yes"
+    assert {n: rows[0][n] for n in spec.JOB_COUNTERS} == \
+        {n: 1000 * position[n] + 7 for n in spec.JOB_COUNTERS}
+    assert ports == [{"switch": "s1", "port": 0,
+                      **{n: 1000 * position[n] for n in spec.PORT_COUNTERS}}]
     reads = [q.counter_entry for r in sw.calls("Read") for q in r.entities
              if q.HasField("counter_entry")]
+    cid = ids(spec.p4info(), "counters")
     assert {(q.counter_id, q.index.index) for q in reads} == \
-        {(ids(spec.p4info(), "counters")[n], 7) for n in spec.JOB_COUNTERS}
+        {(cid[n], 7) for n in spec.JOB_COUNTERS} | {(cid[n], 0) for n in spec.PORT_COUNTERS}
     assert "job_received" in format_table(rows).splitlines()[0]
 
 
@@ -370,7 +383,7 @@ def test_agent_files_name_job_rank_slots_and_switch(fake, tmp_path):
     st = new_state(tmp_path, sw.address, [JOB7])
     with Controller(st, registers={"s1": RecordingRegisters()}) as c:
         c.deploy()
-    a = assignment.load(tmp_path / "agents" / "job7-rank1.json")
+    a = Assignment.load(tmp_path / "agents" / "job7-rank1.json")
     assert (a.job.job, a.rank, a.job.slot_base, a.job.nslots, a.job.block_size,
             a.job.nlanes, a.switch) == (7, 1, 4, 2, 32, 4, ("10.0.0.100", 47000))
     assert [(w.host, w.port) for w in a.job.workers] == [("10.0.0.1", 50000), ("10.0.0.2", 50001)]
@@ -379,13 +392,16 @@ def test_agent_files_name_job_rank_slots_and_switch(fake, tmp_path):
 
 
 def test_thrift_adapter_commands():
-    """The BMv2 adapter clears cells with one register_write per cell in one CLI session."""
+    """The BMv2 adapter clears cells with one register_write per cell in one CLI session, and
+    resets whole registers with register_reset."""
     got = []
     t = ThriftRegisters(9090)
-    t._run = lambda cmds: got.extend(cmds) or ""
+    t.run = lambda cmds: got.append(cmds) or ""
     t.clear(["slot_round", "slot_next_l0"], 8, 2)
-    assert got == ["register_write slot_round 8 0", "register_write slot_round 9 0",
-                   "register_write slot_next_l0 8 0", "register_write slot_next_l0 9 0"]
+    t.reset(["slot_round", "slot_next_l0"])
+    assert got == [["register_write slot_round 8 0", "register_write slot_round 9 0",
+                    "register_write slot_next_l0 8 0", "register_write slot_next_l0 9 0"],
+                   ["register_reset slot_round", "register_reset slot_next_l0"]]
 
 
 @pytest.mark.parametrize("edit, field", [

@@ -13,7 +13,8 @@ import pytest
 from google.rpc import code_pb2
 from p4.v1 import p4runtime_pb2 as pb, p4runtime_pb2_grpc
 
-from controller.p4rt import Connection, election_id, encode
+from controller.p4rt import Connection, election_id
+from spina.p4runtime import encode
 from spina import spec
 from softswitch.l2 import Dataplane
 from softswitch.p4runtime_server import P4RuntimeServer
