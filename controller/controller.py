@@ -263,14 +263,16 @@ class Controller:
         self.close()
 
     # ------------------------------------------------------------ commands
-    def deploy(self, switches: list[str] | None = None) -> list[Report]:
-        """Make the switches hold the desired state and write the agents' files."""
+    def deploy(self, switches: list[str] | None = None, agent_files: bool = True) -> list[Report]:
+        """Make the switches hold the desired state and (unless `agent_files` is False: a
+        software switch programming itself) write the agents' files."""
         reports = []
         for name in switches or list(self.state.switches):
             reports.append(self.session(name).apply(self.state))
-        n = self.write_agent_files()
-        if reports:
-            reports[0].agent_files = n
+        if agent_files:
+            n = self.write_agent_files()
+            if reports:
+                reports[0].agent_files = n
         return reports
 
     def adopt(self, state: DesiredState) -> None:
@@ -382,6 +384,17 @@ class Controller:
                     p.unlink()
                     changed += 1
         return changed
+
+
+def program_in_process(servicer, state: DesiredState) -> list[Report]:
+    """Make the switch of a one-switch `state` hold it through `servicer`, a P4Runtime servicer
+    in this process (softswitch.p4runtime_server.SoftSwitchServicer): the software switch run
+    standalone (`python -m softswitch l2 --config`) is programmed by the same classes as any
+    other switch. No agent files are written."""
+    def connect(sw: Switch) -> Connection:
+        return Connection.in_process(servicer, sw.device_id)
+    with Controller(state, connect=connect) as c:
+        return c.deploy(agent_files=False)
 
 
 def format_table(rows: list[dict]) -> str:

@@ -82,11 +82,12 @@ class Control:
 
 
 class InaEndpoint(Control):
-    """INA packets addressed to the switch's own address are aggregated here."""
+    """INA packets addressed to one of the switch's own addresses are aggregated here."""
     tables = ("ina_endpoint",)
 
     def entries(self, state, sw):
-        return [self.index.table_entry("ina_endpoint", {"dst_addr": sw.address}, "accept_ina")]
+        return [self.index.table_entry("ina_endpoint", {"dst_addr": a}, "accept_ina")
+                for a in sw.endpoints]
 
 
 class InaCheck(Control):
@@ -163,7 +164,8 @@ class Forwarding(Control):
 
 
 class CongestionDrop(Control):
-    """One queue-depth threshold per switch (a keyless table): the smallest any job asks for."""
+    """One queue-depth threshold per switch (a keyless table): the smallest any job (or the
+    switch's own `drop_qdepth`) asks for."""
     tables = ("congestion",)
     counters = ("job_congestion_drops",)
 
@@ -171,6 +173,8 @@ class CongestionDrop(Control):
         if state is None:  # cleared: the P4 program's default, never drop
             return spec.QDEPTH_NEVER
         asked = [j.drop_qdepth for j in state.jobs_on(sw) if j.drop_qdepth is not None]
+        if sw.drop_qdepth is not None:
+            asked.append(sw.drop_qdepth)
         return min(asked, default=spec.QDEPTH_NEVER)
 
     def entries(self, state, sw):

@@ -49,6 +49,7 @@ from spina.config import ConfigError, JobConfig, WorkerAddr
 
 TARGETS = ("softswitch", "bmv2", "tofino")
 NO_MAC = "00:00:00:00:00:00"
+IN_PROCESS = "in-process"  # grpc of a switch the controller reaches through `connect` only
 
 
 def _need(cond, where: str, msg: str):
@@ -134,6 +135,13 @@ class Switch:
     device_config: str | None = None
     l2: tuple[tuple[str, int], ...] = ()
     routes: tuple[tuple[str, int, str, str], ...] = ()
+    ina_endpoints: tuple[str, ...] | None = None  # None: (address,)
+    drop_qdepth: int | None = None
+
+    @property
+    def endpoints(self) -> tuple[str, ...]:
+        """The addresses the switch aggregates INA packets for (ina_endpoint entries)."""
+        return (self.address,) if self.ina_endpoints is None else self.ina_endpoints
 
 
 @dataclass(frozen=True)
@@ -287,14 +295,19 @@ def parse(doc, path: pathlib.Path | None = None) -> DesiredState:
         w = f"switches[{i}]"
         _fields(d, w, {"name", "target", "grpc"},
                 {"device_id", "thrift_port", "address", "udp_port", "pool_slots", "ports",
-                 "slot_capacity",
-                 "p4info", "device_config", "l2", "routes"})
+                 "slot_capacity", "p4info", "device_config", "l2", "routes", "ina_endpoints",
+                 "drop_qdepth"})
         name = _str(d, "name", w)
         _need(name not in switches, f"{w}.name", f"duplicate switch {name!r}")
         _need(d["target"] in TARGETS, f"{w}.target", f"must be one of {', '.join(TARGETS)}")
         host, sep, port = _str(d, "grpc", w).rpartition(":")
-        _need(sep and port.isdigit() and 0 < int(port) < 1 << 16 and host, f"{w}.grpc",
+        _need(d["grpc"] == IN_PROCESS or
+              (sep and port.isdigit() and 0 < int(port) < 1 << 16 and host), f"{w}.grpc",
               f"expected HOST:PORT with a TCP port 1..65535, got {d['grpc']!r}")
+        endpoints = None
+        if d.get("ina_endpoints") is not None:
+            endpoints = tuple(_ipv4({f"ina_endpoints[{k}]": a}, f"ina_endpoints[{k}]", w)
+                              for k, a in enumerate(_list(d, "ina_endpoints", w)))
         ports = d.get("ports", [0])
         _need(isinstance(ports, list) and ports and all(
             isinstance(p, int) and not isinstance(p, bool) and 0 <= p < 512 for p in ports),
@@ -329,7 +342,9 @@ def parse(doc, path: pathlib.Path | None = None) -> DesiredState:
             pool_slots=_int(d, "pool_slots", w, 1, 1 << 15, spec.P4_SIZES["POOL_SLOTS"]),
             slot_capacity=_int(d, "slot_capacity", w, 1, 1 << 24, spec.DEFAULT_SLOT_CAPACITY),
             ports=tuple(ports), p4info=d.get("p4info"), device_config=d.get("device_config"),
-            l2=tuple(l2), routes=tuple(routes))
+            l2=tuple(l2), routes=tuple(routes), ina_endpoints=endpoints,
+            drop_qdepth=_int(d, "drop_qdepth", w, 0, spec.QDEPTH_NEVER)
+            if d.get("drop_qdepth") is not None else None)
 
     _need(isinstance(doc["workers"], list), "workers", "must be a list")
     workers: dict[str, Worker] = {}
@@ -435,3 +450,79 @@ def _host_port(v, where: str) -> tuple[str, int]:
     _need(not addr.is_unspecified, where, f"{host}: a wildcard address; give the address the "
           "agents reach the controller at")
     return host, int(port)
+
+
+# ---------------------------------------------------------------- the L2 switch config
+L2_CONFIG_FIELDS = ("endpoints", "l2", "routes", "qdepth_threshold", "jobs", "mtu")
+
+
+def from_l2_config(cfg, *, name: str = "s1", target: str = "softswitch", grpc: str = IN_PROCESS,
+                   pool_slots: int = spec.P4_SIZES["POOL_SLOTS"],
+                   slot_capacity: int = spec.DEFAULT_SLOT_CAPACITY, **switch) -> DesiredState:
+    """A one-switch desired state from the software switch's L2 config (softswitch/README.md):
+
+        {"endpoints": ["10.0.0.100"], "l2": [{"mac": "02:..", "port": 1}],
+         "routes": [{"prefix": "10.1.0.0/16", "port": 3, "src_mac": "..", "dst_mac": ".."}],
+         "qdepth_threshold": 64, "mtu": 1500,
+         "jobs": [{JobConfig fields..., "workers": [{"host": "10.0.0.1", "port": 50000,
+                                                     "mac": "..", "switch_port": 1}]}]}
+
+    so that `python -m softswitch l2 --config` and the testbed program a switch with the
+    controller's classes. `switch` holds further switch fields (thrift_port, p4info, ...).
+    A job's full packets must fit the links' IP MTU (`mtu`, default 1500): frames, unlike UDP
+    datagrams, are not fragmented for us. Errors name the field (ConfigError).
+    """
+    _need(isinstance(cfg, dict), "switch config", "must be a mapping of fields")
+    for k in cfg:
+        _need(k in L2_CONFIG_FIELDS, f"switch config: field '{k}'",
+              f"unknown field (known: {', '.join(sorted(L2_CONFIG_FIELDS))})")
+    for k in ("endpoints", "l2", "routes", "jobs"):
+        _need(isinstance(cfg.get(k, []), list), f"switch config: field '{k}'", "must be a list")
+    for k in ("qdepth_threshold", "mtu"):
+        if k in cfg:
+            _int(cfg, k, "switch config", 0, 1 << 19)
+    mtu = cfg.get("mtu", 1500)
+    workers: dict[tuple[str, int], dict] = {}  # one worker per address, whatever its jobs
+    jobs, ports = [], set()
+    for j, jd in enumerate(cfg.get("jobs", ())):
+        where = f"jobs[{j}]"
+        try:
+            job = JobConfig.from_dict(jd)
+        except ConfigError as e:
+            raise ConfigError(f"switch config: {where}: {e}") from None
+        size = 20 + 8 + wire.packet_len(job.nlanes, job.block_size, job.nlanes)
+        _need(size <= mtu, f"switch config: {where}: field 'nlanes'",
+              f"{job.nlanes} lanes of {job.block_size} elements make {size}-byte IP packets, "
+              f"more than the MTU of {mtu}")
+        members = []
+        for r, (w, wd) in enumerate(zip(job.workers, jd["workers"])):
+            ww = f"{where}.workers[{r}]"
+            for k in ("mac", "switch_port"):
+                _need(k in wd, f"switch config: {ww}.{k}", "required in a switch config")
+            mine = {"name": f"{w.host}:{w.port}", "ip": w.host, "udp_port": w.port,
+                    "mac": _mac(wd, "mac", f"switch config: {ww}"),
+                    "switch_port": _int(wd, "switch_port", f"switch config: {ww}", 0, 511)}
+            seen = workers.setdefault((w.host, w.port), mine)
+            _need(seen == mine, f"switch config: {ww}",
+                  f"{w.host}:{w.port} is also a worker on port {seen['switch_port']} with MAC "
+                  f"{seen['mac']}")
+            members.append(mine["name"])
+            ports.add(mine["switch_port"])
+        jobs.append({"id": job.job, "members": members, "nslots": job.nslots,
+                     "slot_base": job.slot_base, "block_size": job.block_size,
+                     "nlanes": job.nlanes, "epoch": job.epoch, "priority": job.priority,
+                     "bounded_loss": job.bounded_loss, "loss_deadline": job.loss_deadline})
+    endpoints = cfg.get("endpoints", [])
+    sw = {"name": name, "target": target, "grpc": grpc, "pool_slots": pool_slots,
+          "slot_capacity": slot_capacity, "ina_endpoints": endpoints,
+          "address": endpoints[0] if endpoints else "127.0.0.1",
+          "l2": cfg.get("l2", []), "routes": cfg.get("routes", []),
+          "drop_qdepth": cfg.get("qdepth_threshold"), **switch}
+    for e in sw["l2"] + sw["routes"]:
+        if isinstance(e, dict) and isinstance(e.get("port"), int):
+            ports.add(e["port"])
+    sw["ports"] = sorted(p for p in ports if 0 <= p < 512) or [0]
+    try:
+        return parse({"switches": [sw], "workers": list(workers.values()), "jobs": jobs})
+    except ConfigError as e:
+        raise ConfigError(f"switch config: {e}") from None

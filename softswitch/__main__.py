@@ -15,9 +15,10 @@ import signal
 import sys
 import threading
 
-from softswitch.pipeline import (DEFAULT_POOL_SLOTS, DEFAULT_SLOT_CAPACITY, MAX_POOL_SLOTS,
-                                 MAX_REGISTER_BYTES, register_bytes)
+from softswitch.pipeline import (DEFAULT_POOL_SLOTS, MAX_POOL_SLOTS, MAX_REGISTER_BYTES,
+                                 register_bytes)
 from spina import cli, wire
+from spina.spec import DEFAULT_SLOT_CAPACITY
 from spina.config import ConfigError, JobConfig
 
 
@@ -112,6 +113,27 @@ def _check_args(ap: argparse.ArgumentParser, args) -> None:
             ap.error("argument --grpc: the controller writes the tables; drop --jobs/--config")
 
 
+def program_from_config(dp, path: str, device_id: int = 0) -> None:
+    """Fill an L2 Dataplane's tables from the switch config in `path` (softswitch/README.md).
+
+    The controller writes them, as it writes every switch: the config becomes its desired state
+    (controller.state.from_l2_config) and the controller's classes write it through this
+    switch's P4Runtime service, in process. (This entry point may import the controller; the
+    softswitch package itself does not.)
+    """
+    from controller.controller import program_in_process
+    from controller.p4rt import P4RuntimeError
+    from controller.state import from_l2_config
+    from softswitch.p4runtime_server import SoftSwitchServicer
+    doc = _load(path)
+    try:
+        state = from_l2_config(doc, pool_slots=dp.pipeline.pool_slots,
+                               slot_capacity=dp.pipeline.slot_capacity)
+        program_in_process(SoftSwitchServicer(dp, device_id), state)
+    except (ConfigError, P4RuntimeError) as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = cli.ArgumentParser(
         prog="python -m softswitch",
@@ -176,17 +198,10 @@ def main(argv=None) -> int:
             dp, on_change = getattr(sw, "dataplane", None), getattr(sw, "sync", None)
             print(f"listening {sw.address[0]}:{sw.address[1]}", flush=True)
         else:
-            from softswitch.l2 import Dataplane, L2Switch, configure
+            from softswitch.l2 import Dataplane, L2Switch
             dp, on_change = Dataplane(args.pool_slots, args.slot_capacity), None
             if args.config:
-                doc = _load(args.config)
-                if not isinstance(doc, dict):
-                    raise ConfigError(f"{args.config}: must be a mapping of fields "
-                                      "(softswitch/README.md)")
-                try:
-                    configure(dp, doc)
-                except ConfigError as e:
-                    raise ConfigError(f"{args.config}: {e}") from None
+                program_from_config(dp, args.config, args.device_id)
             sw = L2Switch(dict(args.interface), dp)
             print("switching " + " ".join(f"{p}@{i}" for p, i in args.interface), flush=True)
         if args.metrics:
