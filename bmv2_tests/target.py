@@ -79,10 +79,10 @@ class P4RuntimeTarget(Target):
         g = pb.MulticastGroupEntry(multicast_group_id=grp)
         for port, rid in replicas:
             g.replicas.add(egress_port=port, instance=rid)
-        kind = pb.Update.MODIFY if any(x.multicast_group_id == grp
-                                       for x in self.conn.read_groups()) else pb.Update.INSERT
-        self.conn.write([(kind, pb.Entity(packet_replication_engine_entry=
-                                          pb.PacketReplicationEngineEntry(multicast_group_entry=g)))])
+        exists = any(x.multicast_group_id == grp for x in self.conn.read_groups())
+        pre = pb.PacketReplicationEngineEntry(multicast_group_entry=g)
+        self.conn.write([(pb.Update.MODIFY if exists else pb.Update.INSERT,
+                          pb.Entity(packet_replication_engine_entry=pre))])
 
     def counter(self, name, index):
         return self.conn.read_counters(name, [index]).get(index, 0)

@@ -1,5 +1,6 @@
-"""A host agent from the file the controller wrote for one worker (`agents_dir/job<ID>-rank<R>.json`,
-the format is spina.config.Assignment: the job, the switch's address and the worker's rank).
+"""A host agent from the file the controller wrote for one worker
+(`agents_dir/job<ID>-rank<R>.json`; its format is spina.config.Assignment: the job, the
+switch's address and the worker's rank).
 
     >>> agent = connect("agents/job7-rank0.json")            # doctest: +SKIP
     >>> total = agent.allreduce(np.ones(1000, np.float32))   # doctest: +SKIP

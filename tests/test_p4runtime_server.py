@@ -263,3 +263,36 @@ def test_accepts_the_p4info_p4c_writes(server):
     with Connection(srv.address, election=5) as c:
         c.set_pipeline(info, b"", 1)
         assert c.read_table("admission") == []
+
+
+def test_in_process_connection_behaves_as_over_grpc():
+    """Connection.in_process on the servicer (no gRPC): arbitration, writes, reads and the
+    status codes are those a gRPC client gets, and a lower election id is refused."""
+    from controller.p4rt import NotPrimaryError, P4RuntimeError
+    from softswitch.p4runtime_server import SoftSwitchServicer
+    dp = Dataplane(pool_slots=4, slot_capacity=128)
+    servicer = SoftSwitchServicer(dp)
+    high = Connection.in_process(servicer, election=9)
+    try:
+        assert high.is_primary
+        high.set_pipeline(spec.p4info(), b"", 3)
+        e = l2_entry(high)
+        write(high, pb.Update.INSERT, e)
+        assert dp.l2 == {bytes.fromhex("020000000001"): 1}
+        assert [x.SerializeToString() for x in high.read_table("l2")] == \
+            [e.table_entry.SerializeToString()]
+        with pytest.raises(P4RuntimeError) as err:
+            write(high, pb.Update.INSERT, e)
+        assert err.value.code == grpc.StatusCode.ALREADY_EXISTS
+        low = Connection.in_process(servicer, election=4)
+        try:
+            assert not low.is_primary and low.primary_election == 9
+            low.use_pipeline(spec.p4info())
+            with pytest.raises(NotPrimaryError, match="refusing to write"):
+                write(low, pb.Update.DELETE, e)
+        finally:
+            low.close()
+    finally:
+        high.close()
+    assert high.stream_lost == "the switch closed the stream"
+    assert servicer.primary_election_id() is None  # both streams ended
