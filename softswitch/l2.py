@@ -4,7 +4,8 @@ whole pipeline (p4src/v1model/spina_v1model.p4) in Python.
 `Dataplane` is the frame-level pipeline, with no sockets: the P4 parser, ina_endpoint,
 InaCheck, admission and the aggregator (softswitch.pipeline.Pipeline), l2/ipv4_routes
 forwarding, the packet replication engine (multicast groups of (port, rid)), worker_rewrite,
-the congestion drop and the IPv4 checksum. bmv2_tests drive it in-process.
+the congestion drop and the IPv4 checksum. bmv2_tests drive it in process, behind its P4Runtime
+servicer.
 `L2Switch` attaches a Dataplane to interfaces (veth, mininet links) with AF_PACKET raw
 sockets, numbered like BMv2's `-i N@intf`.
 
