@@ -452,7 +452,46 @@ def _host_port(v, where: str) -> tuple[str, int]:
     return host, int(port)
 
 
-# ---------------------------------------------------------------- the L2 switch config
+# ---------------------------------------------------------------- the software switch's own files
+def _one_switch(sw: dict, jobs: list[tuple[JobConfig, list[tuple[str, int]]]]) -> DesiredState:
+    """A desired state of switch `sw` (its raw fields) running `jobs`, each with its workers'
+    (MAC, switch port) in rank order. One worker per address, whatever its jobs."""
+    workers: dict[tuple[str, int], dict] = {}
+    raw_jobs = []
+    for j, (job, attach) in enumerate(jobs):
+        members = []
+        for r, (w, (mac, port)) in enumerate(zip(job.workers, attach)):
+            mine = {"name": f"{w.host}:{w.port}", "ip": w.host, "udp_port": w.port,
+                    "mac": mac, "switch_port": port}
+            seen = workers.setdefault((w.host, w.port), mine)
+            _need(seen == mine, f"jobs[{j}].workers[{r}]",
+                  f"{w.host}:{w.port} is also a worker on port {seen['switch_port']} with MAC "
+                  f"{seen['mac']}")
+            members.append(mine["name"])
+        raw_jobs.append({"id": job.job, "members": members, "nslots": job.nslots,
+                         "slot_base": job.slot_base, "block_size": job.block_size,
+                         "nlanes": job.nlanes, "epoch": job.epoch, "priority": job.priority,
+                         "bounded_loss": job.bounded_loss, "loss_deadline": job.loss_deadline})
+    return parse({"switches": [sw], "workers": list(workers.values()), "jobs": raw_jobs})
+
+
+def from_udp_jobs(jobs: list[JobConfig], *, address: str, udp_port: int, pool_slots: int,
+                  slot_capacity: int) -> DesiredState:
+    """A one-switch desired state from the UDP-mode software switch's jobs (its `--jobs` file):
+    every worker on port 0, the UDP mode's one port (admitted by its source address); results
+    go to each worker's address through the job's group and worker_rewrite, as on a P4 switch.
+    Errors name the job by position and id (`jobs[1]: job 4: field 'block_size': ...`)."""
+    for i, job in enumerate(jobs):
+        try:
+            job.validate(pool_slots, slot_capacity)
+        except ConfigError as e:
+            raise ConfigError(f"jobs[{i}]: {e}") from None  # e names the job and the field
+    sw = {"name": "s1", "target": "softswitch", "grpc": IN_PROCESS, "address": address,
+          "udp_port": udp_port, "pool_slots": pool_slots, "slot_capacity": slot_capacity,
+          "ports": [0], "ina_endpoints": []}
+    return _one_switch(sw, [(job, [(NO_MAC, 0)] * job.nworkers) for job in jobs])
+
+
 L2_CONFIG_FIELDS = ("endpoints", "l2", "routes", "qdepth_threshold", "jobs", "mtu")
 
 
@@ -482,36 +521,25 @@ def from_l2_config(cfg, *, name: str = "s1", target: str = "softswitch", grpc: s
         if k in cfg:
             _int(cfg, k, "switch config", 0, 1 << 19)
     mtu = cfg.get("mtu", 1500)
-    workers: dict[tuple[str, int], dict] = {}  # one worker per address, whatever its jobs
     jobs, ports = [], set()
     for j, jd in enumerate(cfg.get("jobs", ())):
-        where = f"jobs[{j}]"
+        where = f"switch config: jobs[{j}]"
         try:
             job = JobConfig.from_dict(jd)
         except ConfigError as e:
-            raise ConfigError(f"switch config: {where}: {e}") from None
+            raise ConfigError(f"{where}: {e}") from None
         size = 20 + 8 + wire.packet_len(job.nlanes, job.block_size, job.nlanes)
-        _need(size <= mtu, f"switch config: {where}: field 'nlanes'",
+        _need(size <= mtu, f"{where}: field 'nlanes'",
               f"{job.nlanes} lanes of {job.block_size} elements make {size}-byte IP packets, "
               f"more than the MTU of {mtu}")
-        members = []
-        for r, (w, wd) in enumerate(zip(job.workers, jd["workers"])):
-            ww = f"{where}.workers[{r}]"
+        attach = []
+        for r, wd in enumerate(jd["workers"]):
             for k in ("mac", "switch_port"):
-                _need(k in wd, f"switch config: {ww}.{k}", "required in a switch config")
-            mine = {"name": f"{w.host}:{w.port}", "ip": w.host, "udp_port": w.port,
-                    "mac": _mac(wd, "mac", f"switch config: {ww}"),
-                    "switch_port": _int(wd, "switch_port", f"switch config: {ww}", 0, 511)}
-            seen = workers.setdefault((w.host, w.port), mine)
-            _need(seen == mine, f"switch config: {ww}",
-                  f"{w.host}:{w.port} is also a worker on port {seen['switch_port']} with MAC "
-                  f"{seen['mac']}")
-            members.append(mine["name"])
-            ports.add(mine["switch_port"])
-        jobs.append({"id": job.job, "members": members, "nslots": job.nslots,
-                     "slot_base": job.slot_base, "block_size": job.block_size,
-                     "nlanes": job.nlanes, "epoch": job.epoch, "priority": job.priority,
-                     "bounded_loss": job.bounded_loss, "loss_deadline": job.loss_deadline})
+                _need(k in wd, f"{where}.workers[{r}].{k}", "required in a switch config")
+            attach.append((_mac(wd, "mac", f"{where}.workers[{r}]"),
+                           _int(wd, "switch_port", f"{where}.workers[{r}]", 0, 511)))
+        ports.update(port for _, port in attach)
+        jobs.append((job, attach))
     endpoints = cfg.get("endpoints", [])
     sw = {"name": name, "target": target, "grpc": grpc, "pool_slots": pool_slots,
           "slot_capacity": slot_capacity, "ina_endpoints": endpoints,
@@ -523,6 +551,6 @@ def from_l2_config(cfg, *, name: str = "s1", target: str = "softswitch", grpc: s
             ports.add(e["port"])
     sw["ports"] = sorted(p for p in ports if 0 <= p < 512) or [0]
     try:
-        return parse({"switches": [sw], "workers": list(workers.values()), "jobs": jobs})
+        return _one_switch(sw, jobs)
     except ConfigError as e:
         raise ConfigError(f"switch config: {e}") from None

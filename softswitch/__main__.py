@@ -113,25 +113,43 @@ def _check_args(ap: argparse.ArgumentParser, args) -> None:
             ap.error("argument --grpc: the controller writes the tables; drop --jobs/--config")
 
 
-def program_from_config(dp, path: str, device_id: int = 0) -> None:
-    """Fill an L2 Dataplane's tables from the switch config in `path` (softswitch/README.md).
-
-    The controller writes them, as it writes every switch: the config becomes its desired state
-    (controller.state.from_l2_config) and the controller's classes write it through this
-    switch's P4Runtime service, in process. (This entry point may import the controller; the
-    softswitch package itself does not.)
-    """
+# The controller writes this switch's tables in every mode: over gRPC (--grpc) or, from a file
+# given here, in process through the switch's own P4Runtime servicer. This entry point may import
+# the controller; the softswitch package itself does not.
+def _program(servicer, state, path: str) -> None:
     from controller.controller import program_in_process
     from controller.p4rt import P4RuntimeError
+    try:
+        program_in_process(servicer, state)
+    except P4RuntimeError as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
+def program_from_config(dp, path: str, device_id: int = 0) -> None:
+    """Fill an L2 Dataplane's tables from the switch config in `path` (softswitch/README.md),
+    made a desired state by controller.state.from_l2_config."""
     from controller.state import from_l2_config
     from softswitch.p4runtime_server import SoftSwitchServicer
     doc = _load(path)
     try:
         state = from_l2_config(doc, pool_slots=dp.pipeline.pool_slots,
                                slot_capacity=dp.pipeline.slot_capacity)
-        program_in_process(SoftSwitchServicer(dp, device_id), state)
-    except (ConfigError, P4RuntimeError) as e:
+    except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
+    _program(SoftSwitchServicer(dp, device_id), state, path)
+
+
+def program_udp_jobs(sw, jobs: list[JobConfig], path: str, device_id: int = 0) -> None:
+    """Admit the jobs of `path` on a ControlledUdpSwitch: controller.state.from_udp_jobs."""
+    from controller.state import from_udp_jobs
+    from softswitch.p4runtime_server import SoftSwitchServicer
+    try:
+        state = from_udp_jobs(jobs, address=sw.address[0], udp_port=sw.address[1],
+                              pool_slots=sw.pipeline.pool_slots,
+                              slot_capacity=sw.pipeline.slot_capacity)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    _program(SoftSwitchServicer(sw.dataplane, device_id, on_change=sw.sync), state, path)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -180,7 +198,7 @@ def main(argv=None) -> int:
     try:
         if args.mode == "udp":
             jobs = load_jobs(args.jobs) if args.jobs else []
-            if args.grpc:
+            if args.grpc or jobs:  # tables written over P4Runtime: by the controller
                 from softswitch.p4runtime_server import ControlledUdpSwitch as Switch
             else:
                 from softswitch.udp import UdpSwitch as Switch
@@ -189,12 +207,12 @@ def main(argv=None) -> int:
             except OSError as e:
                 raise ConfigError(f"argument --host/--port: cannot listen on "
                                   f"{args.host}:{args.port}: {e.strerror or e}") from None
-            for i, j in enumerate(jobs):
+            if jobs:
                 try:
-                    sw.add_job(j)
-                except ConfigError as e:
+                    program_udp_jobs(sw, jobs, args.jobs, args.device_id)
+                except ConfigError:
                     sw.stop()
-                    raise ConfigError(f"{args.jobs}: jobs[{i}]: {e}") from None
+                    raise
             dp, on_change = getattr(sw, "dataplane", None), getattr(sw, "sync", None)
             print(f"listening {sw.address[0]}:{sw.address[1]}", flush=True)
         else:

@@ -512,8 +512,12 @@ class SoftSwitchServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
         cells = slice(idx.start, idx.stop) if isinstance(idx, range) else idx
         if col is None:
             arr[cells] = v
-        else:
+        elif col < arr.shape[1]:
             arr[cells, col] = v
+        elif v:  # an element beyond --slot-capacity: no such cell here, it reads 0
+            raise P4RuntimeError(grpc.StatusCode.OUT_OF_RANGE,
+                                 f"register {name}: element {col} is beyond this switch's slot "
+                                 f"capacity of {arr.shape[1]}")
 
     def _write_counter(self, c) -> None:
         info = self.pipe.counters.get(c.counter_id)
@@ -608,7 +612,7 @@ class SoftSwitchServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
                 index = q.index.index if q.HasField("index") else None
                 name, arr, col, width, idx = self._register_cells(rid, index)
                 for i in idx:
-                    v = arr[i] if col is None else arr[i, col]
+                    v = arr[i] if col is None else arr[i, col] if col < arr.shape[1] else 0
                     e = pb.Entity()
                     r = e.register_entry
                     r.register_id, r.index.index = rid, i

@@ -296,3 +296,27 @@ def test_in_process_connection_behaves_as_over_grpc():
         high.close()
     assert high.stream_lost == "the switch closed the stream"
     assert servicer.primary_election_id() is None  # both streams ended
+
+
+def test_value_registers_beyond_the_slot_capacity_read_zero():
+    """With --slot-capacity below the P4's 4 x 32 elements, a value register past the capacity
+    reads 0 and takes 0 (the controller's slot clear), but refuses any other value."""
+    from controller.p4rt import P4RuntimeError
+    from controller.registers import P4RuntimeRegisters
+    from softswitch.p4runtime_server import SoftSwitchServicer
+    dp = Dataplane(pool_slots=4, slot_capacity=64)
+    c = Connection.in_process(SoftSwitchServicer(dp))
+    try:
+        c.set_pipeline(spec.p4info(), b"", 1)
+        regs = P4RuntimeRegisters(c)
+        regs.clear(["slot_values_l1_e31", "slot_values_l2_e0"], 0, 8)  # col 63 exists, 64 not
+        assert regs.read("slot_values_l2_e0", 3) == 0
+        e = pb.Entity()
+        e.register_entry.register_id = c.index.id("registers", "slot_values_l2_e0")
+        e.register_entry.index.index = 3
+        e.register_entry.data.bitstring = encode(5, 32)
+        with pytest.raises(P4RuntimeError) as err:
+            write(c, pb.Update.MODIFY, e)
+        assert err.value.code == grpc.StatusCode.OUT_OF_RANGE
+    finally:
+        c.close()
