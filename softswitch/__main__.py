@@ -120,7 +120,8 @@ def _program(servicer, state, path: str) -> None:
     from controller.controller import program_in_process
     from controller.p4rt import P4RuntimeError
     try:
-        program_in_process(servicer, state)
+        for report in program_in_process(servicer, state):
+            logging.getLogger("spina.softswitch").info("%s: %s", path, report)
     except P4RuntimeError as e:
         raise ConfigError(f"{path}: {e}") from None
 
