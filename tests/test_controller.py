@@ -407,6 +407,10 @@ def test_thrift_adapter_commands():
 @pytest.mark.parametrize("edit, field", [
     (lambda d: d["switches"][0].update(target="cisco"), "switches[0].target"),
     (lambda d: d["switches"][0].pop("grpc"), "switches[0].grpc"),
+    (lambda d: d["switches"][0].update(ina_endpoints=["10.0.0.1", "10.0.0.300"]),
+     "switches[0].ina_endpoints[1]"),
+    (lambda d: d["switches"][0].update(ina_endpoints="10.0.0.1"), "switches[0].ina_endpoints"),
+    (lambda d: d["switches"][0].update(drop_qdepth=-1), "switches[0].drop_qdepth"),
     (lambda d: d["workers"][1].update(ip="10.0.0.999"), "workers[1].ip"),
     (lambda d: d["workers"][1].update(udp_port=50000, ip="10.0.0.1"), "workers[1].udp_port"),
     (lambda d: d["workers"][0].update(switch_port=3), "workers[0].switch_port"),
@@ -462,6 +466,31 @@ def test_cli_job_add_and_remove_update_the_file(fake, tmp_path, capsys):
     assert main(["-c", str(p), "job", "remove", "--id", "8"]) == 0
     assert [j["id"] for j in yaml.safe_load(p.read_text())["jobs"]] == [7]
     assert 9 not in sw.groups and 8 in sw.groups
+
+
+def test_switch_endpoints_and_threshold(fake, tmp_path):
+    """A switch's ina_endpoints replace its address in ina_endpoint ([] writes none), and its
+    drop_qdepth joins its jobs' in the congestion threshold (the smallest wins)."""
+    sw = fake()
+    d = doc(sw.address, [dict(JOB7, drop_qdepth=40)])
+    d["switches"][0].update(ina_endpoints=["10.0.0.100", "10.0.0.101"], drop_qdepth=30)
+    p = tmp_path / "spina.yaml"
+    p.write_text(yaml.safe_dump(d))
+    with Controller(state_mod.load(p), registers={"s1": RecordingRegisters()}) as c:
+        c.deploy()
+    info = spec.p4info()
+    tid, aid = ids(info, "tables"), ids(info, "actions")
+    assert sorted(t.match[0].exact.value for t in sw.tables.values()
+                  if t.table_id == tid["ina_endpoint"]) == [encode("10.0.0.100", 32),
+                                                            encode("10.0.0.101", 32)]
+    default = sw.defaults[tid["congestion"]].action.action
+    assert (default.action_id, [x.value for x in default.params]) == \
+        (aid["set_qdepth_threshold"], [encode(30, 19)])
+    d["switches"][0]["ina_endpoints"] = []
+    p.write_text(yaml.safe_dump(d))
+    with Controller(state_mod.load(p), registers={"s1": RecordingRegisters()}) as c:
+        c.deploy()
+    assert not [t for t in sw.tables.values() if t.table_id == tid["ina_endpoint"]]
 
 
 def test_wipe_lets_each_control_clear_its_state(fake, tmp_path):
