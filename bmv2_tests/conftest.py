@@ -40,6 +40,7 @@ def target(request):
     if request.param == "soft":
         t = SoftTarget()
         yield t
+        t.close()
         return
     t = request.getfixturevalue("_bmv2_switch")()
     t.reset()

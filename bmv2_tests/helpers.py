@@ -1,5 +1,8 @@
 """Addresses, frame builders (scapy, with wire.scapy_layer()) and per-feature entry helpers.
 
+The helpers name entries by P4 names; every target encodes them with the controller's client
+(bmv2_tests/target.py), and group and replication ids are the controller's (spina.spec).
+
 Worker r sits on switch port r + 1 with MAC 02:00:00:00:01:0r, IPv4 10.0.0.(r+1) and UDP
 port 50000 + r; the switch answers as 02:00:00:00:00:64 / 10.0.0.100:47000.
 """
@@ -19,7 +22,7 @@ INA_PORT = spec.INA_UDP_PORT
 BS = spec.P4_SIZES["BLOCK_SIZE"]
 K = spec.P4_SIZES["NLANES"]
 JOB = 7
-MCAST_GRP = 1
+MCAST_GRP = spec.mcast_grp(JOB)
 
 
 def worker_port(rank: int) -> int:
@@ -38,8 +41,9 @@ def worker_udp(rank: int) -> int:
     return 50000 + rank
 
 
-def rid(rank: int) -> int:
-    return 100 + rank
+def rid(rank: int, job: int = JOB) -> int:
+    """The replication id of `rank`'s result copy, as the controller numbers it."""
+    return spec.rid(job, rank)
 
 
 def blocks_bytes(blocks: dict[int, list[int]] | None) -> tuple[int, bytes]:

@@ -2,12 +2,22 @@
 
 A target takes table entries, multicast groups and the congestion threshold by their P4 names
 (spina/spec.py), takes frames on numbered ports, and lets a test check exactly what left
-on which port and read counters and registers. `SoftTarget` runs the software switch's
-Dataplane in-process (CI); bmv2_tests/bmv2.py has the BMv2 target.
+on which port and read counters and registers. Every target is written through the
+controller's P4Runtime client (`P4RuntimeTarget`: controller.p4rt.Connection, whose P4Info
+index encodes the entries) and read through its register adapters (controller/registers.py),
+so the tests exercise the encoding the controller uses. `SoftTarget` runs the software switch's
+Dataplane in-process behind its P4Runtime servicer (CI); bmv2_tests/bmv2.py has the BMv2 target.
 """
 from __future__ import annotations
 
+from p4.v1 import p4runtime_pb2 as pb
+
+from controller import controls
+from controller.p4rt import Connection
+from controller.registers import P4RuntimeRegisters, RegisterAdapter
 from softswitch.l2 import Dataplane
+from softswitch.p4runtime_server import SoftSwitchServicer
+from spina import spec
 
 PORTS = (1, 2, 3, 4)  # front-panel ports the tests use (BMv2: -i 1@... -i 4@...)
 
@@ -44,23 +54,70 @@ class Target:
     def close(self): ...
 
 
-class SoftTarget(Target):
-    """The software switch (softswitch.l2.Dataplane), in this process."""
+class P4RuntimeTarget(Target):
+    """Entries, default actions, groups and counters through the controller's Connection;
+    registers through a controller register adapter.
+
+    Args:
+        conn: a primary connection whose pipeline is set.
+        registers: the target's register adapter.
+    """
+
+    def __init__(self, conn: Connection, registers: RegisterAdapter):
+        self.conn = conn
+        self.registers = registers
+
+    def table_add(self, table, key, action, params=None):
+        e = self.conn.index.table_entry(table, key, action, params or {})
+        self.conn.write([(pb.Update.INSERT, pb.Entity(table_entry=e))])
+
+    def table_set_default(self, table, action, params=None):
+        e = self.conn.index.table_entry(table, {}, action, params or {}, default=True)
+        self.conn.write([(pb.Update.MODIFY, pb.Entity(table_entry=e))])
+
+    def mcast_group_set(self, grp, replicas):
+        g = pb.MulticastGroupEntry(multicast_group_id=grp)
+        for port, rid in replicas:
+            g.replicas.add(egress_port=port, instance=rid)
+        exists = any(x.multicast_group_id == grp for x in self.conn.read_groups())
+        pre = pb.PacketReplicationEngineEntry(multicast_group_entry=g)
+        self.conn.write([(pb.Update.MODIFY if exists else pb.Update.INSERT,
+                          pb.Entity(packet_replication_engine_entry=pre))])
+
+    def counter(self, name, index):
+        return self.conn.read_counters(name, [index]).get(index, 0)
+
+    def register(self, name, index):
+        return self.registers.read(name, index)
+
+    def clear_tables(self) -> None:
+        """Every control clears its own tables and groups (the controller's classes), and the
+        congestion threshold goes back to never dropping."""
+        c = self.conn
+        self.conn.write([u for ctl in (controls.Admission(c), controls.InaEndpoint(c),
+                                       controls.WorkerRewrite(c), controls.Replication(c),
+                                       controls.Forwarding(c))
+                         for u in ctl.clear()])
+        self.table_set_default("congestion", "set_qdepth_threshold",
+                               {"qdepth": spec.QDEPTH_NEVER})
+
+
+class SoftTarget(P4RuntimeTarget):
+    """The software switch (softswitch.l2.Dataplane), in this process, behind its P4Runtime
+    servicer (no gRPC: Connection.in_process)."""
     name = "soft"
     can_force_qdepth = True
 
     def __init__(self):
         self.dp = Dataplane()
+        conn = Connection.in_process(SoftSwitchServicer(self.dp))
+        super().__init__(conn, P4RuntimeRegisters(conn))
+        self._commit()
         self._out: list[tuple[int, bytes]] = []
 
-    def table_add(self, table, key, action, params=None):
-        self.dp.table_add(table, key, action, params)
-
-    def table_set_default(self, table, action, params=None):
-        self.dp.table_set_default(table, action, params)
-
-    def mcast_group_set(self, grp, replicas):
-        self.dp.mcast_group_set(grp, replicas)
+    def _commit(self) -> None:
+        """A newly committed pipeline: empty tables, zero counters and registers."""
+        self.conn.set_pipeline(spec.p4info(), b"", cookie=1)
 
     def send(self, port, frame):
         self._out += self.dp.process(bytes(frame), port)
@@ -69,15 +126,13 @@ class SoftTarget(Target):
         out, self._out = self._out, []
         return out
 
-    def counter(self, name, index):
-        return self.dp.counter(name, index)
-
-    def register(self, name, index):
-        return self.dp.register(name, index)
-
     def set_qdepth(self, port, depth):
         self.dp.qdepth[port] = depth
 
     def reset(self):
-        self.dp = Dataplane()
+        self._commit()
+        self.dp.qdepth.clear()
         self._out = []
+
+    def close(self):
+        self.conn.close()

@@ -13,6 +13,7 @@ import logging
 import pathlib
 import threading
 from dataclasses import dataclass, field
+from typing import Callable
 
 from p4.v1 import p4runtime_pb2 as pb
 
@@ -20,9 +21,8 @@ from controller import controls
 from controller.p4rt import Connection
 from controller.registers import RegisterAdapter, adapter_for
 from controller.state import DesiredState, Switch
-from spina.config import ConfigError
-from host_agent import assignment
 from spina import spec
+from spina.config import Assignment, ConfigError, JobFile, write_if_changed
 
 log = logging.getLogger("spina.controller")
 
@@ -92,12 +92,13 @@ class SwitchSession:
         sw: the switch as the desired state describes it.
         election: our election id (the highest among controllers is primary).
         registers: register adapter (default: by the switch's target).
+        conn: the connection to use (default: P4Runtime over gRPC to `sw.grpc`).
     """
 
     def __init__(self, sw: Switch, election: int = 1, registers: RegisterAdapter | None = None,
-                 timeout: float = 10.0):
+                 timeout: float = 10.0, conn: Connection | None = None):
         self.sw = sw
-        self.conn = Connection(sw.grpc, sw.device_id, election, timeout)
+        self.conn = conn or Connection(sw.grpc, sw.device_id, election, timeout)
         self.registers = registers or adapter_for(sw.target, self.conn, sw.thrift_port)
         c = self.conn
         self.ina_endpoint = controls.InaEndpoint(c)
@@ -226,22 +227,27 @@ class Controller:
         state: the desired state (controller.state.load).
         election: our election id.
         registers: {switch name: RegisterAdapter} overrides (tests).
+        connect: opens the Connection to a switch (default: gRPC to its `grpc` address); the
+            software switch run standalone passes `Connection.in_process` on its own servicer.
     """
 
     def __init__(self, state: DesiredState, election: int = 1,
-                 registers: dict[str, RegisterAdapter] | None = None, timeout: float = 10.0):
+                 registers: dict[str, RegisterAdapter] | None = None, timeout: float = 10.0,
+                 connect: Callable[[Switch], Connection] | None = None):
         self.state = state
         self.election = election
         self.timeout = timeout
         self._registers = registers or {}
+        self._connect = connect
         self.sessions: dict[str, SwitchSession] = {}
         self.lock = threading.Lock()  # `serve`: a run's start and a reconcile never interleave
 
     def session(self, name: str) -> SwitchSession:
         s = self.sessions.get(name)
         if s is None:
-            s = SwitchSession(self.state.switches[name], self.election,
-                              self._registers.get(name), self.timeout)
+            sw = self.state.switches[name]
+            s = SwitchSession(sw, self.election, self._registers.get(name), self.timeout,
+                              self._connect(sw) if self._connect else None)
             self.sessions[name] = s
         return s
 
@@ -257,14 +263,16 @@ class Controller:
         self.close()
 
     # ------------------------------------------------------------ commands
-    def deploy(self, switches: list[str] | None = None) -> list[Report]:
-        """Make the switches hold the desired state and write the agents' files."""
+    def deploy(self, switches: list[str] | None = None, agent_files: bool = True) -> list[Report]:
+        """Make the switches hold the desired state and (unless `agent_files` is False: a
+        software switch programming itself) write the agents' files."""
         reports = []
         for name in switches or list(self.state.switches):
             reports.append(self.session(name).apply(self.state))
-        n = self.write_agent_files()
-        if reports:
-            reports[0].agent_files = n
+        if agent_files:
+            n = self.write_agent_files()
+            if reports:
+                reports[0].agent_files = n
         return reports
 
     def adopt(self, state: DesiredState) -> None:
@@ -363,12 +371,12 @@ class Controller:
             cfg, switch = self.state.job_config(job), (sw.address, sw.udp_port)
             p = self.agent_path(job.id)
             keep.add(p.name)
-            changed += assignment.write_job_file(p, cfg, switch, self.state.rendezvous)
+            changed += write_if_changed(p, JobFile(cfg, switch, self.state.rendezvous).to_dict())
             for rank in range(len(job.members)):
                 p = self.agent_path(job.id, rank)
                 keep.add(p.name)
-                changed += assignment.write(p, assignment.Assignment(cfg, rank, switch,
-                                                                     self.state.rendezvous))
+                changed += write_if_changed(
+                    p, Assignment(cfg, rank, switch, self.state.rendezvous).to_dict())
         d = self.state.resolve(self.state.agents_dir)
         if d.is_dir():
             for p in list(d.glob("job*.json")):
@@ -376,6 +384,17 @@ class Controller:
                     p.unlink()
                     changed += 1
         return changed
+
+
+def program_in_process(servicer, state: DesiredState) -> list[Report]:
+    """Make the switch of a one-switch `state` hold it through `servicer`, a P4Runtime servicer
+    in this process (softswitch.p4runtime_server.SoftSwitchServicer): the software switch run
+    standalone (`python -m softswitch l2 --config`) is programmed by the same classes as any
+    other switch. No agent files are written."""
+    def connect(sw: Switch) -> Connection:
+        return Connection.in_process(servicer, sw.device_id)
+    with Controller(state, connect=connect) as c:
+        return c.deploy(agent_files=False)
 
 
 def format_table(rows: list[dict]) -> str:

@@ -20,37 +20,11 @@ from __future__ import annotations
 
 from p4.v1 import p4runtime_pb2 as pb
 
-from controller.p4rt import Connection, decode
+from controller.p4rt import Connection
 from controller.registers import RegisterAdapter
 from controller.state import NO_MAC, DesiredState, Job, Switch
 from spina import spec
-
-
-def _strip(b: bytes) -> bytes:
-    return b.lstrip(b"\0") or b"\0"
-
-
-def canonical(entry):
-    """A copy of a TableEntry with canonical bytestrings (no leading zero bytes): targets that
-    answer reads with full-width values (older PI/BMv2) then compare equal to what we write."""
-    e = type(entry)()
-    e.CopyFrom(entry)
-    for m in e.match:
-        kind = m.WhichOneof("field_match_type")
-        if kind == "exact":
-            m.exact.value = _strip(m.exact.value)
-        elif kind == "lpm":
-            m.lpm.value = _strip(m.lpm.value)
-    if e.action.WhichOneof("type") == "action":
-        for prm in e.action.action.params:
-            prm.value = _strip(prm.value)
-    return e
-
-
-def match_key(entry) -> bytes:
-    """An entry's identity in its table: its match fields, in field-id order."""
-    return entry.table_id.to_bytes(4, "big") + b"".join(
-        m.SerializeToString() for m in sorted(entry.match, key=lambda m: m.field_id))
+from spina.p4runtime import canonical_entry, decode, match_key
 
 
 class Control:
@@ -75,7 +49,7 @@ class Control:
 
     def installed(self) -> list:
         """The entries this control's tables hold on the switch now (canonical form)."""
-        return [canonical(e) for t in self.tables for e in self.conn.read_table(t)]
+        return [canonical_entry(e) for t in self.tables for e in self.conn.read_table(t)]
 
     def diff(self, state: DesiredState, sw: Switch) -> tuple[list, list]:
         """(deletes, inserts and modifies) as [(Update.Type, Entity)] to reach `state`."""
@@ -92,7 +66,7 @@ class Control:
                 writes.append((pb.Update.MODIFY, pb.Entity(table_entry=e)))
         for d in self.default_entries(state, sw):
             q = pb.Entity(table_entry=pb.TableEntry(table_id=d.table_id, is_default_action=True))
-            cur = [canonical(x.table_entry) for x in self.conn.read([q])]
+            cur = [canonical_entry(x.table_entry) for x in self.conn.read([q])]
             if not cur or cur[0].action.SerializeToString(deterministic=True) != \
                     d.action.SerializeToString(deterministic=True):
                 writes.append((pb.Update.MODIFY, pb.Entity(table_entry=d)))
@@ -108,11 +82,12 @@ class Control:
 
 
 class InaEndpoint(Control):
-    """INA packets addressed to the switch's own address are aggregated here."""
+    """INA packets addressed to one of the switch's own addresses are aggregated here."""
     tables = ("ina_endpoint",)
 
     def entries(self, state, sw):
-        return [self.index.table_entry("ina_endpoint", {"dst_addr": sw.address}, "accept_ina")]
+        return [self.index.table_entry("ina_endpoint", {"dst_addr": a}, "accept_ina")
+                for a in sw.endpoints]
 
 
 class InaCheck(Control):
@@ -189,7 +164,8 @@ class Forwarding(Control):
 
 
 class CongestionDrop(Control):
-    """One queue-depth threshold per switch (a keyless table): the smallest any job asks for."""
+    """One queue-depth threshold per switch (a keyless table): the smallest any job (or the
+    switch's own `drop_qdepth`) asks for."""
     tables = ("congestion",)
     counters = ("job_congestion_drops",)
 
@@ -197,6 +173,8 @@ class CongestionDrop(Control):
         if state is None:  # cleared: the P4 program's default, never drop
             return spec.QDEPTH_NEVER
         asked = [j.drop_qdepth for j in state.jobs_on(sw) if j.drop_qdepth is not None]
+        if sw.drop_qdepth is not None:
+            asked.append(sw.drop_qdepth)
         return min(asked, default=spec.QDEPTH_NEVER)
 
     def entries(self, state, sw):

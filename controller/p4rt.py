@@ -14,6 +14,8 @@ import grpc
 from google.rpc import code_pb2
 from p4.v1 import p4runtime_pb2 as pb, p4runtime_pb2_grpc
 
+from spina.p4runtime import encode
+
 log = logging.getLogger("spina.controller.p4rt")
 
 
@@ -36,31 +38,6 @@ def _rpc(what: str, f, *args):
         code = e.code()
         cls = NotPrimaryError if code == grpc.StatusCode.PERMISSION_DENIED else P4RuntimeError
         raise cls(f"{what}: {code.name}: {e.details()}", code) from None
-
-
-# ---------------------------------------------------------------- values
-def encode(value, width: int) -> bytes:
-    """A value as a P4Runtime canonical bytestring (big-endian, shortest, at least one byte).
-
-    Accepts ints, 'a.b.c.d' IPv4 addresses, 'aa:bb:cc:dd:ee:ff' MAC addresses and bytes.
-    """
-    if isinstance(value, (bytes, bytearray)):
-        value = int.from_bytes(value, "big")
-    elif isinstance(value, str):
-        if ":" in value:
-            value = int(value.replace(":", ""), 16)
-        elif "." in value:
-            value = int(ipaddress.IPv4Address(value))
-        else:
-            value = int(value, 0)
-    value = int(value)
-    if value < 0 or value >> width:
-        raise ValueError(f"{value} does not fit in {width} bits")
-    return value.to_bytes(max(1, (value.bit_length() + 7) // 8), "big")
-
-
-def decode(b: bytes) -> int:
-    return int.from_bytes(b, "big") if b else 0
 
 
 # ---------------------------------------------------------------- P4Info index
@@ -151,26 +128,32 @@ class Connection:
         device_id: the device to control.
         election_id: ours; the highest among connected controllers is primary.
         timeout: seconds to wait for the server and for arbitration.
+        channel: a gRPC channel to use instead of opening one to `address`.
+        stub: answers the calls instead of gRPC (`in_process`: a LocalStub).
     """
 
     def __init__(self, address: str, device_id: int = 0, election: int = 1,
-                 timeout: float = 10.0, channel=None):
+                 timeout: float = 10.0, channel=None, stub=None):
         self.address = address
         self.device_id = device_id
         self.election = election
-        self.channel = channel or grpc.insecure_channel(address)
-        self.stub = p4runtime_pb2_grpc.P4RuntimeStub(self.channel)
         self._out: queue.Queue = queue.Queue()
         self._arb: queue.Queue = queue.Queue()
         self.primary_election: int | None = None
         self.is_primary = False
         self.index: P4InfoIndex | None = None
         self.stream_lost: str | None = None  # why our StreamChannel ended, if it did
-        try:
-            grpc.channel_ready_future(self.channel).result(timeout=timeout)
-        except grpc.FutureTimeoutError:
-            self.channel.close()
-            raise P4RuntimeError(f"no P4Runtime server at {address} within {timeout:g} s") from None
+        if stub is not None:  # in-process (LocalStub): no channel to wait for
+            self.channel, self.stub = None, stub
+        else:
+            self.channel = channel or grpc.insecure_channel(address)
+            self.stub = p4runtime_pb2_grpc.P4RuntimeStub(self.channel)
+            try:
+                grpc.channel_ready_future(self.channel).result(timeout=timeout)
+            except grpc.FutureTimeoutError:
+                self.channel.close()
+                raise P4RuntimeError(f"no P4Runtime server at {address} within {timeout:g} s") \
+                    from None
         self._stream = self.stub.StreamChannel(iter(self._out.get, None))
         self._reader = threading.Thread(target=self._read_stream, daemon=True,
                                         name=f"p4rt-{address}")
@@ -227,13 +210,19 @@ class Connection:
                 f"{self.address} device {self.device_id}: another controller is primary "
                 f"(election id {self.primary_election} > ours {self.election}); refusing to write")
 
+    @classmethod
+    def in_process(cls, servicer, device_id: int = 0, election: int = 1,
+                   timeout: float = 10.0) -> "Connection":
+        """A connection to a P4Runtime servicer object in this process (the software switch's
+        `SoftSwitchServicer`): the same requests, arbitration and errors, without gRPC."""
+        return cls(f"in-process {type(servicer).__name__}", device_id, election, timeout,
+                   stub=LocalStub(servicer))
+
     def close(self) -> None:
         self._out.put(None)
-        try:
-            self._stream.cancel()
-        except Exception:
-            pass
-        self.channel.close()
+        self._stream.cancel()  # gRPC: a no-op once the call has ended
+        if self.channel is not None:
+            self.channel.close()
         self._reader.join(timeout=2)
 
     def __enter__(self):
@@ -315,3 +304,81 @@ class Connection:
         q = pb.Entity(packet_replication_engine_entry=pb.PacketReplicationEngineEntry(
             multicast_group_entry=pb.MulticastGroupEntry(multicast_group_id=0)))
         return [e.packet_replication_engine_entry.multicast_group_entry for e in self.read([q])]
+
+
+# ---------------------------------------------------------------- in-process
+class LocalRpcError(grpc.RpcError):
+    """What a servicer's `context.abort(code, details)` raises in process: a grpc.RpcError
+    with the same code() and details() a gRPC client would see."""
+
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(f"{code.name}: {details}")
+        self._code, self._details = code, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+class _LocalContext:
+    """The part of grpc.ServicerContext a P4Runtime servicer uses."""
+
+    def __init__(self):
+        self._callbacks: list = []
+
+    def abort(self, code, details):
+        raise LocalRpcError(code, details)
+
+    def add_callback(self, callback) -> bool:
+        self._callbacks.append(callback)
+        return True
+
+    def cancel(self) -> None:
+        """The client ended the call: run the servicer's callbacks, as gRPC does."""
+        callbacks, self._callbacks = self._callbacks, []
+        for f in callbacks:
+            f()
+
+
+class _LocalStream:
+    """A StreamChannel call on a servicer: iterate for its responses, `cancel()` to end it."""
+
+    def __init__(self, servicer, requests):
+        self._ctx = _LocalContext()
+        self._responses = servicer.StreamChannel(requests, self._ctx)
+
+    def __iter__(self):
+        return iter(self._responses)
+
+    def cancel(self) -> None:
+        self._ctx.cancel()
+
+
+class LocalStub:
+    """P4RuntimeStub's methods answered by a P4RuntimeServicer object in this process.
+
+    Any object with the servicer's methods will do (duck-typed: the controller imports no
+    switch). Requests and responses are the same protobuf messages gRPC would carry."""
+
+    def __init__(self, servicer):
+        self.servicer = servicer
+
+    def Capabilities(self, request):
+        return self.servicer.Capabilities(request, _LocalContext())
+
+    def GetForwardingPipelineConfig(self, request):
+        return self.servicer.GetForwardingPipelineConfig(request, _LocalContext())
+
+    def SetForwardingPipelineConfig(self, request):
+        return self.servicer.SetForwardingPipelineConfig(request, _LocalContext())
+
+    def Write(self, request):
+        return self.servicer.Write(request, _LocalContext())
+
+    def Read(self, request):
+        return self.servicer.Read(request, _LocalContext())
+
+    def StreamChannel(self, requests):
+        return _LocalStream(self.servicer, requests)

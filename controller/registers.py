@@ -4,8 +4,8 @@ P4Runtime; registers do not everywhere:
 - software switch: P4Runtime register entries (`P4RuntimeRegisters`).
 - BMv2 simple_switch_grpc: its P4Runtime server answers UNIMPLEMENTED to register reads and
   writes (checked on 1.15.5), so registers go through its Thrift runtime on port 9090, here by
-  the `simple_switch_CLI` program that ships with BMv2 (`ThriftRegisters`), as
-  bmv2_tests/bmv2.py does.
+  the `simple_switch_CLI` program that ships with BMv2 (`ThriftRegisters`; bmv2_tests use
+  it too: the one Thrift client).
 - Tofino: documented only (`TofinoRegisters`): the SDE's BF Runtime exposes registers as
   tables (`<pipe>.<control>.<register>` with key `$REGISTER_INDEX`), written through bfrt_grpc.
 
@@ -19,7 +19,8 @@ import subprocess
 
 from p4.v1 import p4runtime_pb2 as pb
 
-from controller.p4rt import Connection, decode, encode
+from controller.p4rt import Connection
+from spina.p4runtime import decode, encode
 
 
 class RegisterAdapter:
@@ -30,6 +31,10 @@ class RegisterAdapter:
         raise NotImplementedError
 
     def read(self, name: str, index: int) -> int:
+        raise NotImplementedError
+
+    def reset(self, names: list[str]) -> None:
+        """Zero every cell of every register in `names`."""
         raise NotImplementedError
 
 
@@ -59,6 +64,15 @@ class P4RuntimeRegisters(RegisterAdapter):
         got = self.conn.read([e])
         return decode(got[0].register_entry.data.bitstring) if got else 0
 
+    def reset(self, names):
+        updates = []
+        for name in names:  # no index: the write applies to every cell (P4Runtime 9.6)
+            e = pb.Entity()
+            e.register_entry.register_id = self.conn.index.id("registers", name)
+            e.register_entry.data.bitstring = b"\0"
+            updates.append((pb.Update.MODIFY, e))
+        self.conn.write(updates)
+
 
 class ThriftRegisters(RegisterAdapter):
     """BMv2's Thrift runtime, through `simple_switch_CLI --thrift-port PORT` (one CLI session
@@ -68,7 +82,9 @@ class ThriftRegisters(RegisterAdapter):
         self.thrift_port = thrift_port
         self.cli = cli
 
-    def _run(self, commands: list[str]) -> str:
+    def run(self, commands: list[str]) -> str:
+        """Run simple_switch_CLI commands in one session; its output. Also what BMv2 offers
+        only over Thrift besides registers (counter_reset, set_queue_rate in bmv2_tests)."""
         if shutil.which(self.cli) is None:
             raise RuntimeError(f"{self.cli} is not on PATH: BMv2 registers are reachable only "
                                "through its Thrift runtime")
@@ -80,15 +96,18 @@ class ThriftRegisters(RegisterAdapter):
         return out.stdout
 
     def clear(self, names, start, count):
-        self._run([f"register_write {n} {i} 0" for n in names
+        self.run([f"register_write {n} {i} 0" for n in names
                    for i in range(start, start + count)])
 
     def read(self, name, index):
-        out = self._run([f"register_read {name} {index}"])
+        out = self.run([f"register_read {name} {index}"])
         for line in out.splitlines():
             if "=" in line and name in line:
                 return int(line.rsplit("=", 1)[1].strip())
         raise RuntimeError(f"register_read {name} {index}: {out.strip()}")
+
+    def reset(self, names):
+        self.run([f"register_reset {n}" for n in names])
 
 
 class TofinoRegisters(RegisterAdapter):
@@ -100,6 +119,9 @@ class TofinoRegisters(RegisterAdapter):
 
     def read(self, name, index):
         self.clear([name], index, 1)
+
+    def reset(self, names):
+        self.clear(names, 0, 0)
 
 
 def adapter_for(target: str, conn: Connection, thrift_port: int = 9090) -> RegisterAdapter:

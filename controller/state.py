@@ -44,14 +44,12 @@ from dataclasses import dataclass, field, replace
 
 import yaml
 
-from spina import spec
-from softswitch.pipeline import DEFAULT_SLOT_CAPACITY
-from spina import wire
+from spina import spec, wire
 from spina.config import ConfigError, JobConfig, WorkerAddr
 
 TARGETS = ("softswitch", "bmv2", "tofino")
-MAX_JOB_ID = (1 << 16) // wire.MAX_WORKERS - 2  # replication ids job*32+rank+1 fit 16 bits
 NO_MAC = "00:00:00:00:00:00"
+IN_PROCESS = "in-process"  # grpc of a switch the controller reaches through `connect` only
 
 
 def _need(cond, where: str, msg: str):
@@ -131,12 +129,19 @@ class Switch:
     address: str = "127.0.0.1"
     udp_port: int = wire.DEFAULT_UDP_PORT
     pool_slots: int = spec.P4_SIZES["POOL_SLOTS"]
-    slot_capacity: int = DEFAULT_SLOT_CAPACITY
+    slot_capacity: int = spec.DEFAULT_SLOT_CAPACITY
     ports: tuple[int, ...] = (0,)
     p4info: str | None = None
     device_config: str | None = None
     l2: tuple[tuple[str, int], ...] = ()
     routes: tuple[tuple[str, int, str, str], ...] = ()
+    ina_endpoints: tuple[str, ...] | None = None  # None: (address,)
+    drop_qdepth: int | None = None
+
+    @property
+    def endpoints(self) -> tuple[str, ...]:
+        """The addresses the switch aggregates INA packets for (ina_endpoint entries)."""
+        return (self.address,) if self.ina_endpoints is None else self.ina_endpoints
 
 
 @dataclass(frozen=True)
@@ -166,10 +171,10 @@ class Job:
 
     @property
     def mcast_grp(self) -> int:
-        return self.id + 1  # v1model: group 0 is "no multicast"
+        return spec.mcast_grp(self.id)
 
     def rid(self, rank: int) -> int:
-        return self.id * wire.MAX_WORKERS + rank + 1  # 0 means "no rewrite"
+        return spec.rid(self.id, rank)
 
     @property
     def slots(self) -> range:
@@ -290,14 +295,19 @@ def parse(doc, path: pathlib.Path | None = None) -> DesiredState:
         w = f"switches[{i}]"
         _fields(d, w, {"name", "target", "grpc"},
                 {"device_id", "thrift_port", "address", "udp_port", "pool_slots", "ports",
-                 "slot_capacity",
-                 "p4info", "device_config", "l2", "routes"})
+                 "slot_capacity", "p4info", "device_config", "l2", "routes", "ina_endpoints",
+                 "drop_qdepth"})
         name = _str(d, "name", w)
         _need(name not in switches, f"{w}.name", f"duplicate switch {name!r}")
         _need(d["target"] in TARGETS, f"{w}.target", f"must be one of {', '.join(TARGETS)}")
         host, sep, port = _str(d, "grpc", w).rpartition(":")
-        _need(sep and port.isdigit() and 0 < int(port) < 1 << 16 and host, f"{w}.grpc",
+        _need(d["grpc"] == IN_PROCESS or
+              (sep and port.isdigit() and 0 < int(port) < 1 << 16 and host), f"{w}.grpc",
               f"expected HOST:PORT with a TCP port 1..65535, got {d['grpc']!r}")
+        endpoints = None
+        if d.get("ina_endpoints") is not None:
+            endpoints = tuple(_ipv4({f"ina_endpoints[{k}]": a}, f"ina_endpoints[{k}]", w)
+                              for k, a in enumerate(_list(d, "ina_endpoints", w)))
         ports = d.get("ports", [0])
         _need(isinstance(ports, list) and ports and all(
             isinstance(p, int) and not isinstance(p, bool) and 0 <= p < 512 for p in ports),
@@ -330,9 +340,11 @@ def parse(doc, path: pathlib.Path | None = None) -> DesiredState:
             address=_ipv4({"address": d.get("address", "127.0.0.1")}, "address", w),
             udp_port=_int(d, "udp_port", w, 1, 65535, wire.DEFAULT_UDP_PORT),
             pool_slots=_int(d, "pool_slots", w, 1, 1 << 15, spec.P4_SIZES["POOL_SLOTS"]),
-            slot_capacity=_int(d, "slot_capacity", w, 1, 1 << 24, DEFAULT_SLOT_CAPACITY),
+            slot_capacity=_int(d, "slot_capacity", w, 1, 1 << 24, spec.DEFAULT_SLOT_CAPACITY),
             ports=tuple(ports), p4info=d.get("p4info"), device_config=d.get("device_config"),
-            l2=tuple(l2), routes=tuple(routes))
+            l2=tuple(l2), routes=tuple(routes), ina_endpoints=endpoints,
+            drop_qdepth=_int(d, "drop_qdepth", w, 0, spec.QDEPTH_NEVER)
+            if d.get("drop_qdepth") is not None else None)
 
     _need(isinstance(doc["workers"], list), "workers", "must be a list")
     workers: dict[str, Worker] = {}
@@ -367,7 +379,7 @@ def parse(doc, path: pathlib.Path | None = None) -> DesiredState:
         _fields(d, w, {"id", "members", "nslots"},
                 {"slot_base", "block_size", "nlanes", "epoch", "priority", "drop_qdepth",
                  "bounded_loss", "loss_deadline"})
-        jid = _int(d, "id", w, 0, MAX_JOB_ID)
+        jid = _int(d, "id", w, 0, spec.MAX_JOB_ID)
         _need(jid not in jobs, f"{w}.id", f"duplicate job id {jid}")
         members = d["members"]
         _need(isinstance(members, list) and 1 <= len(members) <= wire.MAX_WORKERS,
@@ -438,3 +450,107 @@ def _host_port(v, where: str) -> tuple[str, int]:
     _need(not addr.is_unspecified, where, f"{host}: a wildcard address; give the address the "
           "agents reach the controller at")
     return host, int(port)
+
+
+# ---------------------------------------------------------------- the software switch's own files
+def _one_switch(sw: dict, jobs: list[tuple[JobConfig, list[tuple[str, int]]]]) -> DesiredState:
+    """A desired state of switch `sw` (its raw fields) running `jobs`, each with its workers'
+    (MAC, switch port) in rank order. One worker per address, whatever its jobs."""
+    workers: dict[tuple[str, int], dict] = {}
+    raw_jobs = []
+    for j, (job, attach) in enumerate(jobs):
+        members = []
+        for r, (w, (mac, port)) in enumerate(zip(job.workers, attach)):
+            mine = {"name": f"{w.host}:{w.port}", "ip": w.host, "udp_port": w.port,
+                    "mac": mac, "switch_port": port}
+            seen = workers.setdefault((w.host, w.port), mine)
+            _need(seen == mine, f"jobs[{j}].workers[{r}]",
+                  f"{w.host}:{w.port} is also a worker on port {seen['switch_port']} with MAC "
+                  f"{seen['mac']}")
+            members.append(mine["name"])
+        raw_jobs.append({"id": job.job, "members": members, "nslots": job.nslots,
+                         "slot_base": job.slot_base, "block_size": job.block_size,
+                         "nlanes": job.nlanes, "epoch": job.epoch, "priority": job.priority,
+                         "bounded_loss": job.bounded_loss, "loss_deadline": job.loss_deadline})
+    return parse({"switches": [sw], "workers": list(workers.values()), "jobs": raw_jobs})
+
+
+def from_udp_jobs(jobs: list[JobConfig], *, address: str, udp_port: int, pool_slots: int,
+                  slot_capacity: int) -> DesiredState:
+    """A one-switch desired state from the UDP-mode software switch's jobs (its `--jobs` file):
+    every worker on port 0, the UDP mode's one port (admitted by its source address); results
+    go to each worker's address through the job's group and worker_rewrite, as on a P4 switch.
+    Errors name the job by position and id (`jobs[1]: job 4: field 'block_size': ...`)."""
+    for i, job in enumerate(jobs):
+        try:
+            job.validate(pool_slots, slot_capacity)
+        except ConfigError as e:
+            raise ConfigError(f"jobs[{i}]: {e}") from None  # e names the job and the field
+    sw = {"name": "s1", "target": "softswitch", "grpc": IN_PROCESS, "address": address,
+          "udp_port": udp_port, "pool_slots": pool_slots, "slot_capacity": slot_capacity,
+          "ports": [0], "ina_endpoints": []}
+    return _one_switch(sw, [(job, [(NO_MAC, 0)] * job.nworkers) for job in jobs])
+
+
+L2_CONFIG_FIELDS = ("endpoints", "l2", "routes", "qdepth_threshold", "jobs", "mtu")
+
+
+def from_l2_config(cfg, *, name: str = "s1", target: str = "softswitch", grpc: str = IN_PROCESS,
+                   pool_slots: int = spec.P4_SIZES["POOL_SLOTS"],
+                   slot_capacity: int = spec.DEFAULT_SLOT_CAPACITY, **switch) -> DesiredState:
+    """A one-switch desired state from the software switch's L2 config (softswitch/README.md):
+
+        {"endpoints": ["10.0.0.100"], "l2": [{"mac": "02:..", "port": 1}],
+         "routes": [{"prefix": "10.1.0.0/16", "port": 3, "src_mac": "..", "dst_mac": ".."}],
+         "qdepth_threshold": 64, "mtu": 1500,
+         "jobs": [{JobConfig fields..., "workers": [{"host": "10.0.0.1", "port": 50000,
+                                                     "mac": "..", "switch_port": 1}]}]}
+
+    so that `python -m softswitch l2 --config` and the testbed program a switch with the
+    controller's classes. `switch` holds further switch fields (thrift_port, p4info, ...).
+    A job's full packets must fit the links' IP MTU (`mtu`, default 1500): frames, unlike UDP
+    datagrams, are not fragmented for us. Errors name the field (ConfigError).
+    """
+    _need(isinstance(cfg, dict), "switch config", "must be a mapping of fields")
+    for k in cfg:
+        _need(k in L2_CONFIG_FIELDS, f"switch config: field '{k}'",
+              f"unknown field (known: {', '.join(sorted(L2_CONFIG_FIELDS))})")
+    for k in ("endpoints", "l2", "routes", "jobs"):
+        _need(isinstance(cfg.get(k, []), list), f"switch config: field '{k}'", "must be a list")
+    for k in ("qdepth_threshold", "mtu"):
+        if k in cfg:
+            _int(cfg, k, "switch config", 0, 1 << 19)
+    mtu = cfg.get("mtu", 1500)
+    jobs, ports = [], set()
+    for j, jd in enumerate(cfg.get("jobs", ())):
+        where = f"switch config: jobs[{j}]"
+        try:
+            job = JobConfig.from_dict(jd)
+        except ConfigError as e:
+            raise ConfigError(f"{where}: {e}") from None
+        size = 20 + 8 + wire.packet_len(job.nlanes, job.block_size, job.nlanes)
+        _need(size <= mtu, f"{where}: field 'nlanes'",
+              f"{job.nlanes} lanes of {job.block_size} elements make {size}-byte IP packets, "
+              f"more than the MTU of {mtu}")
+        attach = []
+        for r, wd in enumerate(jd["workers"]):
+            for k in ("mac", "switch_port"):
+                _need(k in wd, f"{where}.workers[{r}].{k}", "required in a switch config")
+            attach.append((_mac(wd, "mac", f"{where}.workers[{r}]"),
+                           _int(wd, "switch_port", f"{where}.workers[{r}]", 0, 511)))
+        ports.update(port for _, port in attach)
+        jobs.append((job, attach))
+    endpoints = cfg.get("endpoints", [])
+    sw = {"name": name, "target": target, "grpc": grpc, "pool_slots": pool_slots,
+          "slot_capacity": slot_capacity, "ina_endpoints": endpoints,
+          "address": endpoints[0] if endpoints else "127.0.0.1",
+          "l2": cfg.get("l2", []), "routes": cfg.get("routes", []),
+          "drop_qdepth": cfg.get("qdepth_threshold"), **switch}
+    for e in sw["l2"] + sw["routes"]:
+        if isinstance(e, dict) and isinstance(e.get("port"), int):
+            ports.add(e["port"])
+    sw["ports"] = sorted(p for p in ports if 0 <= p < 512) or [0]
+    try:
+        return _one_switch(sw, jobs)
+    except ConfigError as e:
+        raise ConfigError(f"switch config: {e}") from None

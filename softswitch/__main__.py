@@ -15,9 +15,10 @@ import signal
 import sys
 import threading
 
-from softswitch.pipeline import (DEFAULT_POOL_SLOTS, DEFAULT_SLOT_CAPACITY, MAX_POOL_SLOTS,
-                                 MAX_REGISTER_BYTES, register_bytes)
+from softswitch.pipeline import (DEFAULT_POOL_SLOTS, MAX_POOL_SLOTS, MAX_REGISTER_BYTES,
+                                 register_bytes)
 from spina import cli, wire
+from spina.spec import DEFAULT_SLOT_CAPACITY
 from spina.config import ConfigError, JobConfig
 
 
@@ -112,6 +113,46 @@ def _check_args(ap: argparse.ArgumentParser, args) -> None:
             ap.error("argument --grpc: the controller writes the tables; drop --jobs/--config")
 
 
+# The controller writes this switch's tables in every mode: over gRPC (--grpc) or, from a file
+# given here, in process through the switch's own P4Runtime servicer. This entry point may import
+# the controller; the softswitch package itself does not.
+def _program(servicer, state, path: str) -> None:
+    from controller.controller import program_in_process
+    from controller.p4rt import P4RuntimeError
+    try:
+        for report in program_in_process(servicer, state):
+            logging.getLogger("spina.softswitch").info("%s: %s", path, report)
+    except P4RuntimeError as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
+def program_from_config(dp, path: str, device_id: int = 0) -> None:
+    """Fill an L2 Dataplane's tables from the switch config in `path` (softswitch/README.md),
+    made a desired state by controller.state.from_l2_config."""
+    from controller.state import from_l2_config
+    from softswitch.p4runtime_server import SoftSwitchServicer
+    doc = _load(path)
+    try:
+        state = from_l2_config(doc, pool_slots=dp.pipeline.pool_slots,
+                               slot_capacity=dp.pipeline.slot_capacity)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    _program(SoftSwitchServicer(dp, device_id), state, path)
+
+
+def program_udp_jobs(sw, jobs: list[JobConfig], path: str, device_id: int = 0) -> None:
+    """Admit the jobs of `path` on a ControlledUdpSwitch: controller.state.from_udp_jobs."""
+    from controller.state import from_udp_jobs
+    from softswitch.p4runtime_server import SoftSwitchServicer
+    try:
+        state = from_udp_jobs(jobs, address=sw.address[0], udp_port=sw.address[1],
+                              pool_slots=sw.pipeline.pool_slots,
+                              slot_capacity=sw.pipeline.slot_capacity)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    _program(SoftSwitchServicer(sw.dataplane, device_id, on_change=sw.sync), state, path)
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = cli.ArgumentParser(
         prog="python -m softswitch",
@@ -158,7 +199,7 @@ def main(argv=None) -> int:
     try:
         if args.mode == "udp":
             jobs = load_jobs(args.jobs) if args.jobs else []
-            if args.grpc:
+            if args.grpc or jobs:  # tables written over P4Runtime: by the controller
                 from softswitch.p4runtime_server import ControlledUdpSwitch as Switch
             else:
                 from softswitch.udp import UdpSwitch as Switch
@@ -167,26 +208,19 @@ def main(argv=None) -> int:
             except OSError as e:
                 raise ConfigError(f"argument --host/--port: cannot listen on "
                                   f"{args.host}:{args.port}: {e.strerror or e}") from None
-            for i, j in enumerate(jobs):
+            if jobs:
                 try:
-                    sw.add_job(j)
-                except ConfigError as e:
+                    program_udp_jobs(sw, jobs, args.jobs, args.device_id)
+                except ConfigError:
                     sw.stop()
-                    raise ConfigError(f"{args.jobs}: jobs[{i}]: {e}") from None
+                    raise
             dp, on_change = getattr(sw, "dataplane", None), getattr(sw, "sync", None)
             print(f"listening {sw.address[0]}:{sw.address[1]}", flush=True)
         else:
-            from softswitch.l2 import Dataplane, L2Switch, configure
+            from softswitch.l2 import Dataplane, L2Switch
             dp, on_change = Dataplane(args.pool_slots, args.slot_capacity), None
             if args.config:
-                doc = _load(args.config)
-                if not isinstance(doc, dict):
-                    raise ConfigError(f"{args.config}: must be a mapping of fields "
-                                      "(softswitch/README.md)")
-                try:
-                    configure(dp, doc)
-                except ConfigError as e:
-                    raise ConfigError(f"{args.config}: {e}") from None
+                program_from_config(dp, args.config, args.device_id)
             sw = L2Switch(dict(args.interface), dp)
             print("switching " + " ".join(f"{p}@{i}" for p, i in args.interface), flush=True)
         if args.metrics:

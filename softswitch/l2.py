@@ -4,13 +4,15 @@ whole pipeline (p4src/v1model/spina_v1model.p4) in Python.
 `Dataplane` is the frame-level pipeline, with no sockets: the P4 parser, ina_endpoint,
 InaCheck, admission and the aggregator (softswitch.pipeline.Pipeline), l2/ipv4_routes
 forwarding, the packet replication engine (multicast groups of (port, rid)), worker_rewrite,
-the congestion drop and the IPv4 checksum. bmv2_tests drive it in-process.
+the congestion drop and the IPv4 checksum. bmv2_tests drive it in process, behind its P4Runtime
+servicer.
 `L2Switch` attaches a Dataplane to interfaces (veth, mininet links) with AF_PACKET raw
 sockets, numbered like BMv2's `-i N@intf`.
 
-Tables are written through one generic entry point (`table_add`, `table_set_default`,
-`mcast_group_set`) with the P4 names of spina/spec.py, so the controller can drive this
-switch and BMv2 alike.
+Tables are held by their P4 names (spina/spec.py) behind `table_add`, `table_delete`,
+`table_set_default` and `mcast_group_set`: the switch's device interface, which its P4Runtime
+service (p4runtime_server.py) calls. The controller writes them, over gRPC or in process
+(controller.controller.program_in_process for `python -m softswitch l2 --config`).
 
 Frame layout the parser accepts (as the P4 parser): Ethernet II | IPv4 with ihl 5 | UDP with
 destination port INA_UDP_PORT | INA header ... Anything else is forwarded.
@@ -27,8 +29,7 @@ import threading
 from dataclasses import dataclass
 
 from spina import spec
-from softswitch.pipeline import (DEFAULT_POOL_SLOTS, DEFAULT_SLOT_CAPACITY, Admission,
-                                 Pipeline)
+from softswitch.pipeline import DEFAULT_POOL_SLOTS, Admission, Pipeline
 from spina import wire
 from spina.net import grow_buffers
 
@@ -97,7 +98,7 @@ class Dataplane:
     """
 
     def __init__(self, pool_slots: int = DEFAULT_POOL_SLOTS,
-                 slot_capacity: int = DEFAULT_SLOT_CAPACITY,
+                 slot_capacity: int = spec.DEFAULT_SLOT_CAPACITY,
                  ina_udp_port: int = spec.INA_UDP_PORT):
         self.pipeline = Pipeline(pool_slots, slot_capacity)
         self.ina_udp_port = ina_udp_port
@@ -404,76 +405,14 @@ class L2Switch:
         self.stop()
 
 
-# ---------------------------------------------------------------- configuration
-def configure(dp: Dataplane, cfg: dict) -> None:
-    """Fill a Dataplane's tables from a switch config (see softswitch/README.md):
-
-    {"endpoints": ["10.0.0.100"],
-     "l2": [{"mac": "02:..", "port": 1}],
-     "routes": [{"prefix": "10.1.0.0/16", "port": 3, "src_mac": "..", "dst_mac": ".."}],
-     "qdepth_threshold": 64, "mtu": 1500,
-     "jobs": [{JobConfig fields..., "mcast_grp": 1,
-               "workers": [{"host": "10.0.0.1", "port": 50000, "mac": "..", "switch_port": 1}]}]}
-    Errors name the field (spina.config.ConfigError).
-    """
-    from spina.config import ConfigError, JobConfig, number_field
-
-    known = {"endpoints", "l2", "routes", "qdepth_threshold", "jobs", "mtu"}
-    if not isinstance(cfg, dict):
-        raise ConfigError("switch config: must be a mapping of fields")
-    for k in cfg:
-        if k not in known:
-            raise ConfigError(f"unknown field '{k}' (known: {', '.join(sorted(known))})")
-    for k in ("endpoints", "l2", "routes", "jobs"):
-        if not isinstance(cfg.get(k, []), list):
-            raise ConfigError(f"switch config: field '{k}': must be a list")
-    try:
-        for k in ("qdepth_threshold", "mtu"):
-            if k in cfg:
-                number_field(cfg, k, int)
-    except ConfigError as e:
-        raise ConfigError(f"switch config: {e}") from None
-    try:
-        for ep in cfg.get("endpoints", ()):
-            dp.table_add("ina_endpoint", {"dst_addr": ep}, "accept_ina")
-        for i, e in enumerate(cfg.get("l2", ())):
-            dp.table_add("l2", {"dst_mac": e["mac"]}, "bridge", {"port": e["port"]})
-        for i, r in enumerate(cfg.get("routes", ())):
-            dp.table_add("ipv4_routes", {"dst_addr": r["prefix"]}, "route",
-                         {"port": r["port"], "src_mac": r["src_mac"], "dst_mac": r["dst_mac"]})
-        if "qdepth_threshold" in cfg:
-            dp.table_set_default("congestion", "set_qdepth_threshold",
-                                 {"qdepth": cfg["qdepth_threshold"]})
-    except (KeyError, ValueError, TypeError) as e:
-        raise ConfigError(f"switch config: {e}") from None
-    for j, jd in enumerate(cfg.get("jobs", ())):
-        if not isinstance(jd, dict):
-            raise ConfigError(f"switch config: jobs[{j}]: must be a mapping, got {jd!r}")
-        jd = dict(jd)
-        mcast = {"mcast_grp": jd.pop("mcast_grp")} if "mcast_grp" in jd else None
-        job = JobConfig.from_dict(jd)
-        ports, macs = [], []
-        try:
-            grp = number_field(mcast, "mcast_grp", int) if mcast else job.job + 1
-            for r, w in enumerate(jd["workers"]):
-                for k in ("switch_port", "mac"):
-                    if k not in w:
-                        raise ConfigError(f"field 'workers[{r}].{k}': required in a switch "
-                                          "config")
-                ports.append(number_field(w, "switch_port", int, f"workers[{r}]."))
-                macs.append(w["mac"])
-        except ConfigError as e:
-            raise ConfigError(f"job {job.job}: {e}") from None
-        add_job(dp, job, ports, macs, grp, mtu=cfg.get("mtu", 1500))
-
-
+# ---------------------------------------------------------------- a job without the controller
 def add_job(dp: Dataplane, job, ports: list[int], macs: list, mcast_grp: int,
-            rid_base: int | None = None, mtu: int = 1500) -> None:
-    """Program everything a job needs: admission, its multicast group and worker rewrites.
+            mtu: int = 1500) -> None:
+    """Program a job's admission, multicast group and worker rewrites directly.
 
-    Replication ids are job * MAX_WORKERS + rank + 1 unless `rid_base` is given (unique on the
-    switch; 0 means "no rewrite"). A full packet must fit the links' IP MTU: frames, unlike
-    UDP datagrams, are not fragmented for us.
+    Not for new code: the controller writes switch state (`python -m softswitch l2 --config`
+    and the testbed go through controller.controller.program_in_process). Kept only until
+    tests/netns.py and bench/l2_rate.py move there.
     """
     from spina.config import ConfigError
     job.validate(dp.pipeline.pool_slots, dp.pipeline.slot_capacity)
@@ -483,7 +422,6 @@ def add_job(dp: Dataplane, job, ports: list[int], macs: list, mcast_grp: int,
                           f"{job.block_size} elements make {size}-byte IP packets, more than "
                           f"the MTU of {mtu}")
     dp.pipeline.remove_job(job.job)
-    base = job.job * wire.MAX_WORKERS + 1 if rid_base is None else rid_base
     replicas = []
     for w, port, mac in zip(job.workers, ports, macs):
         dp.table_add("admission", {"ingress_port": port, "src_addr": w.host, "src_port": w.port,
@@ -491,7 +429,7 @@ def add_job(dp: Dataplane, job, ports: list[int], macs: list, mcast_grp: int,
                      {"epoch": job.epoch, "slot_base": job.slot_base, "nslots": job.nslots,
                       "nworkers": job.nworkers, "block_size": job.block_size,
                       "nlanes": job.nlanes, "mcast_grp": mcast_grp})
-        rid = base + w.rank
+        rid = spec.rid(job.job, w.rank)
         dp.table_add("worker_rewrite", {"rid": rid}, "rewrite_for_worker",
                      {"dst_mac": mac, "dst_addr": w.host, "dst_port": w.port})
         replicas.append((port, rid))

@@ -43,6 +43,7 @@ from google.rpc import code_pb2
 from p4.v1 import p4runtime_pb2 as pb, p4runtime_pb2_grpc
 
 from spina import spec
+from spina.p4runtime import canonical_entry, decode, encode, match_key
 from softswitch.l2 import Dataplane
 from softswitch.udp import UdpSwitch
 
@@ -59,15 +60,6 @@ class P4RuntimeError(Exception):
     def __init__(self, code: grpc.StatusCode, msg: str):
         super().__init__(msg)
         self.code = code
-
-
-def _int(b: bytes) -> int:
-    return int.from_bytes(b, "big") if b else 0
-
-
-def _enc(v: int, width: int) -> bytes:
-    """P4Runtime canonical bytestring: big-endian, shortest form (at least one byte)."""
-    return int(v).to_bytes(max(1, (int(v).bit_length() + 7) // 8), "big")
 
 
 def _fits(v: int, width: int, what: str) -> int:
@@ -372,9 +364,9 @@ class SoftSwitchServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
                 raise P4RuntimeError(grpc.StatusCode.INVALID_ARGUMENT,
                                      f"table {st.name}: key {f.name} is {key.match}, not {kind}")
             if kind == "exact":
-                got[f.name] = _fits(_int(m.exact.value), key.width, f"{st.name}.{f.name}")
+                got[f.name] = _fits(decode(m.exact.value), key.width, f"{st.name}.{f.name}")
             elif kind == "lpm":
-                v = _fits(_int(m.lpm.value), key.width, f"{st.name}.{f.name}")
+                v = _fits(decode(m.lpm.value), key.width, f"{st.name}.{f.name}")
                 plen = m.lpm.prefix_len
                 if not 0 < plen <= key.width:
                     raise P4RuntimeError(grpc.StatusCode.INVALID_ARGUMENT,
@@ -410,25 +402,8 @@ class SoftSwitchServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
             if pi is None:
                 raise P4RuntimeError(grpc.StatusCode.INVALID_ARGUMENT,
                                      f"action {name}: no parameter id {p.param_id}")
-            params[pi.name] = _fits(_int(p.value), pi.bitwidth, f"{name}({pi.name})")
+            params[pi.name] = _fits(decode(p.value), pi.bitwidth, f"{name}({pi.name})")
         return name, params
-
-    @staticmethod
-    def _canonical(entry) -> object:
-        """The entry with canonical bytestrings, so reads return what the spec says."""
-        e = type(entry)()
-        e.CopyFrom(entry)
-        for m in e.match:
-            kind = m.WhichOneof("field_match_type")
-            if kind == "exact":
-                m.exact.value = _enc(_int(m.exact.value), 0)
-            elif kind == "lpm":
-                m.lpm.value = _enc(_int(m.lpm.value), 0)
-        if e.action.WhichOneof("type") == "action":
-            for p in e.action.action.params:
-                p.value = _enc(_int(p.value), 0)
-        e.ClearField("counter_data")
-        return e
 
     def _write_table(self, kind, entry) -> None:
         info, st = self._table(entry.table_id)
@@ -450,10 +425,9 @@ class SoftSwitchServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
             elif action != st.default or params:
                 raise P4RuntimeError(grpc.StatusCode.PERMISSION_DENIED,
                                      f"table {st.name}: default action is fixed to {st.default}")
-            self.defaults[st.name] = self._canonical(entry)
+            self.defaults[st.name] = canonical_entry(entry)
             return
-        mk = b"".join(m.SerializeToString() for m in
-                      sorted(self._canonical(entry).match, key=lambda m: m.field_id))
+        mk = match_key(entry)
         exists = mk in entries
         if kind == pb.Update.INSERT and exists:
             raise P4RuntimeError(grpc.StatusCode.ALREADY_EXISTS, f"table {st.name}: entry exists")
@@ -474,7 +448,7 @@ class SoftSwitchServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
         except (KeyError, ValueError) as e:
             raise P4RuntimeError(grpc.StatusCode.INVALID_ARGUMENT,
                                  f"table {st.name}: {e}") from None
-        entries[mk] = self._canonical(entry)
+        entries[mk] = canonical_entry(entry)
 
     # multicast ----------------------------------------------------
     def _write_group(self, kind, g) -> None:
@@ -532,14 +506,18 @@ class SoftSwitchServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
         if r.data.WhichOneof("data") != "bitstring":
             raise P4RuntimeError(grpc.StatusCode.INVALID_ARGUMENT,
                                  f"register {name}: data must be a bitstring")
-        v = _fits(_int(r.data.bitstring), width, f"register {name}")
+        v = _fits(decode(r.data.bitstring), width, f"register {name}")
         if arr.dtype.kind == "i" and v >> (width - 1):  # the P4's bits of a signed array
             v -= 1 << width
         cells = slice(idx.start, idx.stop) if isinstance(idx, range) else idx
         if col is None:
             arr[cells] = v
-        else:
+        elif col < arr.shape[1]:
             arr[cells, col] = v
+        elif v:  # an element beyond --slot-capacity: no such cell here, it reads 0
+            raise P4RuntimeError(grpc.StatusCode.OUT_OF_RANGE,
+                                 f"register {name}: element {col} is beyond this switch's slot "
+                                 f"capacity of {arr.shape[1]}")
 
     def _write_counter(self, c) -> None:
         info = self.pipe.counters.get(c.counter_id)
@@ -584,15 +562,16 @@ class SoftSwitchServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
                     if d is None:  # the P4 program's default
                         d = pb.TableEntry(table_id=tid, is_default_action=True)
                         d.action.action.action_id = self.pipe.action_ids[st.default]
-                        if st.name == "congestion":
-                            d.action.action.params.add(param_id=1,
-                                                       value=_enc(spec.QDEPTH_NEVER, 19))
+                        if st.name == "congestion":  # set_qdepth_threshold(QDEPTH_NEVER)
+                            qdepth = self.pipe.actions[d.action.action.action_id].params[0]
+                            d.action.action.params.add(
+                                param_id=qdepth.id,
+                                value=encode(spec.QDEPTH_NEVER, qdepth.bitwidth))
                     out.append(pb.Entity(table_entry=d))
                     continue
                 rows = self.entries.get(st.name, {})
                 if q.match:
-                    mk = b"".join(m.SerializeToString() for m in
-                                  sorted(self._canonical(q).match, key=lambda m: m.field_id))
+                    mk = match_key(q)
                     rows = {mk: rows[mk]} if mk in rows else {}
                 out += [pb.Entity(table_entry=e) for e in rows.values()]
             return out
@@ -633,11 +612,11 @@ class SoftSwitchServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
                 index = q.index.index if q.HasField("index") else None
                 name, arr, col, width, idx = self._register_cells(rid, index)
                 for i in idx:
-                    v = arr[i] if col is None else arr[i, col]
+                    v = arr[i] if col is None else arr[i, col] if col < arr.shape[1] else 0
                     e = pb.Entity()
                     r = e.register_entry
                     r.register_id, r.index.index = rid, i
-                    r.data.bitstring = _enc(int(v) & ((1 << width) - 1), width)
+                    r.data.bitstring = encode(int(v) & ((1 << width) - 1), width)
                     out.append(e)
             return out
         raise P4RuntimeError(grpc.StatusCode.UNIMPLEMENTED, f"reading {which} is not implemented")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import pathlib
 from dataclasses import dataclass
 
 from spina import wire
@@ -220,3 +221,60 @@ class JobFile:
             return cls.from_dict(d)
         except ConfigError as e:
             raise ConfigError(f"{path}: {e}") from None
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """One worker's job file: a JobFile plus the worker's rank, for a host agent that knows
+    nothing but its file (the controller writes `agents_dir/job<ID>-rank<R>.json`).
+
+        {"rank": 1, "switch": {"host": "127.0.0.1", "port": 47000},
+         "job": {"job": 7, "epoch": 1, "slot_base": 0, "nslots": 16, "block_size": 256,
+                 "nlanes": 56, "workers": [{"host": "127.0.0.1", "port": 50000}, ...], ...}}
+
+    `host_agent.assignment.connect(path)` makes that worker's agent from it.
+    """
+    job: JobConfig
+    rank: int
+    switch: tuple[str, int]
+    rendezvous: tuple[str, int] | None = None  # spina.rendezvous: each run's epoch
+
+    def to_dict(self) -> dict:
+        return {"rank": self.rank, **JobFile(self.job, self.switch, self.rendezvous).to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Assignment":
+        if not isinstance(d, dict) or "rank" not in d:
+            raise ConfigError("assignment: field 'rank' is missing")
+        d = dict(d)
+        rank = d.pop("rank")
+        jf = JobFile.from_dict(d)
+        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < jf.job.nworkers:
+            raise ConfigError(f"assignment: field 'rank': {rank!r} outside "
+                              f"0..{jf.job.nworkers - 1}")
+        return cls(jf.job, rank, jf.switch, jf.rendezvous)
+
+    @classmethod
+    def load(cls, path) -> "Assignment":
+        try:
+            d = json.loads(pathlib.Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ConfigError(f"{path}: {e}") from None
+        try:
+            return cls.from_dict(d)
+        except ConfigError as e:
+            raise ConfigError(f"{path}: {e}") from None
+
+
+def write_if_changed(path, doc: dict) -> bool:
+    """Write `doc` as JSON to `path` unless the file already says the same, atomically (a
+    reader never sees half a file). True if the file changed."""
+    path = pathlib.Path(path)
+    text = json.dumps(doc, indent=1) + "\n"
+    if path.exists() and path.read_text() == text:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    tmp.replace(path)
+    return True

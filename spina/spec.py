@@ -34,6 +34,9 @@ P4_SIZES = {
 }
 MAX_JOBS = P4_SIZES["MAX_JOBS"]
 MAX_PORTS = P4_SIZES["MAX_PORTS"]
+# The software switch's default slot size (its --slot-capacity): int32 elements per slot copy,
+# 64 lanes of 256. The controller validates softswitch jobs against it.
+DEFAULT_SLOT_CAPACITY = 64 * 256
 
 # Constants the P4 program hard-codes (p4src/shared/define.p4).
 ETHERTYPE_IPV4 = 0x0800
@@ -157,6 +160,21 @@ TABLES = {t.name: t for t in (
 
 # The queue depth threshold's default: never drop (bit<19> maximum, BMv2's enq_qdepth width).
 QDEPTH_NEVER = (1 << 19) - 1
+
+
+# ---------------------------------------------------------------- a job's multicast
+def mcast_grp(job: int) -> int:
+    """The multicast group a job's results leave by (v1model: group 0 is "no multicast")."""
+    return job + 1
+
+
+def rid(job: int, rank: int) -> int:
+    """The replication id of the copy of job `job`'s result for `rank`: worker_rewrite turns
+    it into that worker's addresses. Unique per switch; 0 means "no rewrite"."""
+    return job * wire.MAX_WORKERS + rank + 1
+
+
+MAX_JOB_ID = (1 << 16) // wire.MAX_WORKERS - 2  # rid(MAX_JOB_ID, 31) fits egress_rid (16 bits)
 
 
 # ---------------------------------------------------------------- P4Info

@@ -1,5 +1,10 @@
 """Mininet, and the switch node classes that run SpINA in it.
 
+Each switch node's tables come from its L2 switch config (`spina_config`, the format of
+softswitch/README.md), written by the controller: the software switch programs itself with the
+controller's classes in process (`python -m softswitch l2 --config`), and a BMv2 node is
+programmed over P4Runtime by `controller.Controller` (registers through its Thrift adapter).
+
 Debian's `mininet` package installs the module for the system Python only; `import_mininet`
 finds it there when the running interpreter (a venv) has no `mininet` of its own, without
 leaving Debian's site-packages on sys.path.
@@ -48,7 +53,7 @@ def switch_classes():
 
     class SpinaSwitch(Switch):
         """A switch process on this node's ports; `spina_config` is its table contents
-        (softswitch.l2.configure format), set by the topology builder before start."""
+        (controller.state.from_l2_config format), set by the topology builder before start."""
 
         def __init__(self, name, **params):
             params["inNamespace"] = False  # a process in the root namespace, like BMv2
@@ -111,61 +116,32 @@ def switch_classes():
                 time.sleep(0.05)
 
     class Bmv2Switch(SpinaSwitch):
-        """simple_switch_grpc with the compiled program (`make p4`), tables written through
-        simple_switch_CLI (Thrift) from the same config. Each needs its own Thrift port."""
+        """simple_switch_grpc with the compiled program (`make p4`), its tables written by the
+        controller from the same config. Each needs its own Thrift and gRPC port."""
         next_thrift_port = 9090
 
         def start(self, controllers):
-            js = ROOT / "p4src" / "build" / "spina_v1model.json"
+            build = ROOT / "p4src" / "build"
+            js, info = build / "spina_v1model.json", build / "spina_v1model.p4info.txtpb"
             if not js.exists() or shutil.which("simple_switch_grpc") is None:
                 raise RuntimeError("Bmv2Switch needs `make p4` output and simple_switch_grpc")
             self.prepare_intfs()
             self.thrift_port = Bmv2Switch.next_thrift_port
             Bmv2Switch.next_thrift_port += 1
+            device_id, grpc_addr = self.thrift_port - 9000, f"127.0.0.1:{50000 + self.thrift_port}"
             log = open(self.workdir / "switch.log", "w")
             self.proc = subprocess.Popen(
-                ["simple_switch_grpc", "--device-id", str(self.thrift_port - 9000),
+                ["simple_switch_grpc", "--device-id", str(device_id),
                  "--thrift-port", str(self.thrift_port), *self.port_args(), str(js), "--",
-                 "--grpc-server-addr", f"127.0.0.1:{50000 + self.thrift_port}",
-                 "--priority-queues", "8"], stdout=log, stderr=subprocess.STDOUT)
+                 "--grpc-server-addr", grpc_addr, "--priority-queues", "8"],
+                stdout=log, stderr=subprocess.STDOUT)
             log.close()
-            import time
-            for _ in range(50):
-                if subprocess.run(["simple_switch_CLI", "--thrift-port", str(self.thrift_port)],
-                                  input="\n", capture_output=True, text=True).returncode == 0:
-                    break
-                time.sleep(0.1)
-            cmds = "\n".join(cli_commands(self.spina_config)) + "\n"
-            subprocess.run(["simple_switch_CLI", "--thrift-port", str(self.thrift_port)],
-                           input=cmds, capture_output=True, text=True, check=True)
-
+            from controller.controller import Controller
+            from controller.state import from_l2_config
+            state = from_l2_config(self.spina_config, name=self.name, target="bmv2",
+                                   grpc=grpc_addr, device_id=device_id,
+                                   thrift_port=self.thrift_port, p4info=str(info),
+                                   device_config=str(js))
+            with Controller(state, timeout=20.0) as c:  # waits for the gRPC server
+                c.deploy(agent_files=False)
     return SoftSwitch, Bmv2Switch
-
-
-def cli_commands(cfg: dict) -> list[str]:
-    """simple_switch_CLI commands that write a softswitch.l2.configure config into BMv2."""
-    from spina.config import JobConfig
-    from spina import wire
-    out = [f"table_add ina_endpoint accept_ina {ep} =>" for ep in cfg.get("endpoints", ())]
-    out += [f"table_add l2 bridge {e['mac']} => {e['port']}" for e in cfg.get("l2", ())]
-    out += [f"table_add ipv4_routes route {r['prefix']} => {r['port']} {r['src_mac']} "
-            f"{r['dst_mac']}" for r in cfg.get("routes", ())]
-    if "qdepth_threshold" in cfg:
-        out.append(f"table_set_default congestion set_qdepth_threshold {cfg['qdepth_threshold']}")
-    handle = 0
-    for jd in cfg.get("jobs", ()):
-        jd = dict(jd)
-        grp = int(jd.pop("mcast_grp", jd.get("job", 0) + 1))
-        job = JobConfig.from_dict(jd)
-        out.append(f"mc_mgrp_create {grp}")
-        for w, wd in zip(job.workers, jd["workers"]):
-            rid = job.job * wire.MAX_WORKERS + w.rank + 1
-            out.append(f"table_add admission admit {wd['switch_port']} {w.host} {w.port} "
-                       f"{job.job} {w.rank} => {job.epoch} {job.slot_base} {job.nslots} "
-                       f"{job.nworkers} {job.block_size} {job.nlanes} {grp}")
-            out.append(f"table_add worker_rewrite rewrite_for_worker {rid} => {wd['mac']} "
-                       f"{w.host} {w.port}")
-            out.append(f"mc_node_create {rid} {wd['switch_port']}")
-            out.append(f"mc_node_associate {grp} {handle}")
-            handle += 1
-    return out

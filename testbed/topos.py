@@ -48,9 +48,9 @@ class Testbed:
                         for i in range(len(self.hosts))]
         return d
 
-    def add_job(self, jd: dict, mcast_grp: int = 1) -> None:
-        """Admit a job on the aggregating switch (before `start`)."""
-        jd = dict(jd, mcast_grp=mcast_grp)
+    def add_job(self, jd: dict) -> None:
+        """Admit a job on the aggregating switch (before `start`; the controller writes it)."""
+        jd = dict(jd)
         jd["workers"] = [dict(w, mac=host_mac(i), switch_port=self.agg_ports[i])
                          for i, w in enumerate(jd["workers"])]
         self.aggregator.spina_config.setdefault("jobs", []).append(jd)

@@ -18,12 +18,11 @@ from p4.v1 import p4runtime_pb2 as pb, p4runtime_pb2_grpc
 
 from controller import state as state_mod
 from controller.controller import Controller, cookie_of, format_table
-from controller.controls import match_key
-from controller.p4rt import NotPrimaryError, encode
+from controller.p4rt import NotPrimaryError
 from controller.registers import ThriftRegisters
-from host_agent import assignment
 from spina import spec
-from spina.config import ConfigError, JobFile
+from spina.config import Assignment, ConfigError, JobFile
+from spina.p4runtime import encode, match_key
 
 
 # ---------------------------------------------------------------- the fake switch
@@ -113,8 +112,15 @@ class FakeSwitch(p4runtime_pb2_grpc.P4RuntimeServicer):
                 elif q.HasField("counter_entry"):
                     e = out.entities.add()
                     e.counter_entry.CopyFrom(q.counter_entry)
-                    e.counter_entry.data.packet_count = 5
+                    e.counter_entry.data.packet_count = self.counter_value(
+                        q.counter_entry.counter_id, q.counter_entry.index.index)
         yield out
+
+    def counter_value(self, counter_id: int, index: int) -> int:
+        """A different count for every counter and index: 1000 * (the counter's position in
+        the P4Info, from 1) + index, so a mixed-up name -> counter mapping shows."""
+        pos = [c.preamble.id for c in self.config.p4info.counters].index(counter_id)
+        return 1000 * (pos + 1) + index
 
 
 @pytest.fixture
@@ -349,18 +355,25 @@ def test_p4runtime_register_adapter_requests(fake, tmp_path):
 
 
 def test_status_reads_job_counters(fake, tmp_path):
-    """status reads every job counter at the job's index and prints them as a table."""
+    """status reads every job counter at the job's index, each under its own name, and every
+    port counter at each port; prints them as a table."""
     sw = fake()
     st = new_state(tmp_path, sw.address, [JOB7])
     with Controller(st, registers={"s1": RecordingRegisters()}) as c:
         c.deploy()
         rows = c.status()
-    assert rows[0]["installed"] == "yes" and rows[0]["job_received"] == 5
-    assert set(spec.JOB_COUNTERS) <= set(rows[0])
+        ports = c.port_status()
+    position = {c.preamble.name: i + 1 for i, c in enumerate(spec.p4info().counters)}
+    assert rows[0]["installed"] == "yes"
+    assert {n: rows[0][n] for n in spec.JOB_COUNTERS} == \
+        {n: 1000 * position[n] + 7 for n in spec.JOB_COUNTERS}
+    assert ports == [{"switch": "s1", "port": 0,
+                      **{n: 1000 * position[n] for n in spec.PORT_COUNTERS}}]
     reads = [q.counter_entry for r in sw.calls("Read") for q in r.entities
              if q.HasField("counter_entry")]
+    cid = ids(spec.p4info(), "counters")
     assert {(q.counter_id, q.index.index) for q in reads} == \
-        {(ids(spec.p4info(), "counters")[n], 7) for n in spec.JOB_COUNTERS}
+        {(cid[n], 7) for n in spec.JOB_COUNTERS} | {(cid[n], 0) for n in spec.PORT_COUNTERS}
     assert "job_received" in format_table(rows).splitlines()[0]
 
 
@@ -370,7 +383,7 @@ def test_agent_files_name_job_rank_slots_and_switch(fake, tmp_path):
     st = new_state(tmp_path, sw.address, [JOB7])
     with Controller(st, registers={"s1": RecordingRegisters()}) as c:
         c.deploy()
-    a = assignment.load(tmp_path / "agents" / "job7-rank1.json")
+    a = Assignment.load(tmp_path / "agents" / "job7-rank1.json")
     assert (a.job.job, a.rank, a.job.slot_base, a.job.nslots, a.job.block_size,
             a.job.nlanes, a.switch) == (7, 1, 4, 2, 32, 4, ("10.0.0.100", 47000))
     assert [(w.host, w.port) for w in a.job.workers] == [("10.0.0.1", 50000), ("10.0.0.2", 50001)]
@@ -379,18 +392,25 @@ def test_agent_files_name_job_rank_slots_and_switch(fake, tmp_path):
 
 
 def test_thrift_adapter_commands():
-    """The BMv2 adapter clears cells with one register_write per cell in one CLI session."""
+    """The BMv2 adapter clears cells with one register_write per cell in one CLI session, and
+    resets whole registers with register_reset."""
     got = []
     t = ThriftRegisters(9090)
-    t._run = lambda cmds: got.extend(cmds) or ""
+    t.run = lambda cmds: got.append(cmds) or ""
     t.clear(["slot_round", "slot_next_l0"], 8, 2)
-    assert got == ["register_write slot_round 8 0", "register_write slot_round 9 0",
-                   "register_write slot_next_l0 8 0", "register_write slot_next_l0 9 0"]
+    t.reset(["slot_round", "slot_next_l0"])
+    assert got == [["register_write slot_round 8 0", "register_write slot_round 9 0",
+                    "register_write slot_next_l0 8 0", "register_write slot_next_l0 9 0"],
+                   ["register_reset slot_round", "register_reset slot_next_l0"]]
 
 
 @pytest.mark.parametrize("edit, field", [
     (lambda d: d["switches"][0].update(target="cisco"), "switches[0].target"),
     (lambda d: d["switches"][0].pop("grpc"), "switches[0].grpc"),
+    (lambda d: d["switches"][0].update(ina_endpoints=["10.0.0.1", "10.0.0.300"]),
+     "switches[0].ina_endpoints[1]"),
+    (lambda d: d["switches"][0].update(ina_endpoints="10.0.0.1"), "switches[0].ina_endpoints"),
+    (lambda d: d["switches"][0].update(drop_qdepth=-1), "switches[0].drop_qdepth"),
     (lambda d: d["workers"][1].update(ip="10.0.0.999"), "workers[1].ip"),
     (lambda d: d["workers"][1].update(udp_port=50000, ip="10.0.0.1"), "workers[1].udp_port"),
     (lambda d: d["workers"][0].update(switch_port=3), "workers[0].switch_port"),
@@ -446,6 +466,31 @@ def test_cli_job_add_and_remove_update_the_file(fake, tmp_path, capsys):
     assert main(["-c", str(p), "job", "remove", "--id", "8"]) == 0
     assert [j["id"] for j in yaml.safe_load(p.read_text())["jobs"]] == [7]
     assert 9 not in sw.groups and 8 in sw.groups
+
+
+def test_switch_endpoints_and_threshold(fake, tmp_path):
+    """A switch's ina_endpoints replace its address in ina_endpoint ([] writes none), and its
+    drop_qdepth joins its jobs' in the congestion threshold (the smallest wins)."""
+    sw = fake()
+    d = doc(sw.address, [dict(JOB7, drop_qdepth=40)])
+    d["switches"][0].update(ina_endpoints=["10.0.0.100", "10.0.0.101"], drop_qdepth=30)
+    p = tmp_path / "spina.yaml"
+    p.write_text(yaml.safe_dump(d))
+    with Controller(state_mod.load(p), registers={"s1": RecordingRegisters()}) as c:
+        c.deploy()
+    info = spec.p4info()
+    tid, aid = ids(info, "tables"), ids(info, "actions")
+    assert sorted(t.match[0].exact.value for t in sw.tables.values()
+                  if t.table_id == tid["ina_endpoint"]) == [encode("10.0.0.100", 32),
+                                                            encode("10.0.0.101", 32)]
+    default = sw.defaults[tid["congestion"]].action.action
+    assert (default.action_id, [x.value for x in default.params]) == \
+        (aid["set_qdepth_threshold"], [encode(30, 19)])
+    d["switches"][0]["ina_endpoints"] = []
+    p.write_text(yaml.safe_dump(d))
+    with Controller(state_mod.load(p), registers={"s1": RecordingRegisters()}) as c:
+        c.deploy()
+    assert not [t for t in sw.tables.values() if t.table_id == tid["ina_endpoint"]]
 
 
 def test_wipe_lets_each_control_clear_its_state(fake, tmp_path):

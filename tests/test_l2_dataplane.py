@@ -9,16 +9,25 @@ import sys
 
 import pytest
 
+from controller.controller import program_in_process
+from controller.state import from_l2_config
+from softswitch.l2 import Dataplane, ipv4_checksum
+from softswitch.p4runtime_server import SoftSwitchServicer
 from spina import spec
-from softswitch.l2 import Dataplane, configure, ipv4_checksum
 from spina.config import ConfigError
+
+
+def configure(dp: Dataplane, cfg: dict) -> None:
+    """What `python -m softswitch l2 --config` does: the controller programs the Dataplane."""
+    program_in_process(SoftSwitchServicer(dp), from_l2_config(
+        cfg, pool_slots=dp.pipeline.pool_slots, slot_capacity=dp.pipeline.slot_capacity))
 
 CFG = {"endpoints": ["10.0.0.100"],
        "l2": [{"mac": "02:00:00:00:01:00", "port": 1}],
        "routes": [{"prefix": "10.1.0.0/16", "port": 3, "src_mac": "02:00:00:00:00:fe",
                    "dst_mac": "02:00:00:00:00:fd"}],
        "qdepth_threshold": 9,
-       "jobs": [{"job": 3, "nslots": 4, "block_size": 32, "nlanes": 4, "mcast_grp": 5,
+       "jobs": [{"job": 3, "nslots": 4, "block_size": 32, "nlanes": 4,
                  "workers": [{"host": "10.0.0.1", "port": 50000, "mac": "02:00:00:00:01:00",
                               "switch_port": 1},
                              {"host": "10.0.0.2", "port": 50001, "mac": "02:00:00:00:01:01",
@@ -26,25 +35,44 @@ CFG = {"endpoints": ["10.0.0.100"],
 
 
 def test_configure_fills_every_table():
-    """A switch config becomes endpoint, l2, route, congestion, admission, group and rewrites."""
+    """A switch config becomes endpoint, l2 (the config's and each worker's MAC), route,
+    congestion, admission, group and rewrites, with the controller's group and rid numbers."""
     dp = Dataplane()
     configure(dp, CFG)
     assert dp.ina_endpoint == {bytes([10, 0, 0, 100])}
-    assert dp.l2 == {bytes.fromhex("020000000100"): 1}
-    assert len(dp.ipv4_routes) == 1
+    assert dp.l2 == {bytes.fromhex("020000000100"): 1, bytes.fromhex("020000000101"): 2}
+    assert list(dp.ipv4_routes.values())[0].port == 3
     assert dp.pipeline.qdepth_threshold == 9
-    assert dp.mcast_groups[5] == [(1, 3 * 32 + 1), (2, 3 * 32 + 2)]
+    assert dp.mcast_groups == {spec.mcast_grp(3): [(1, spec.rid(3, 0)), (2, spec.rid(3, 1))]}
+    assert dp.worker_rewrite[spec.rid(3, 1)] == (bytes.fromhex("020000000101"),
+                                                 bytes([10, 0, 0, 2]), 50001)
+    assert set(dp.pipeline.admission) == {(1, ("10.0.0.1", 50000), 3, 0),
+                                          (2, ("10.0.0.2", 50001), 3, 1)}
     adm = dp.pipeline.admission[(2, ("10.0.0.2", 50001), 3, 1)]
-    assert (adm.nworkers, adm.mcast_grp, adm.nlanes) == (2, 5, 4)
+    assert (adm.nworkers, adm.mcast_grp, adm.nlanes, adm.nslots) == (2, spec.mcast_grp(3), 4, 4)
+
+
+def test_configure_without_endpoints_forwards_only():
+    """A switch config without endpoints (a leaf) gets no ina_endpoint entry; its threshold
+    alone sets the congestion default."""
+    dp = Dataplane()
+    configure(dp, {"l2": [{"mac": "02:00:00:00:01:00", "port": 1}], "qdepth_threshold": 5})
+    assert (dp.ina_endpoint, dp.l2, dp.pipeline.qdepth_threshold) == \
+        (set(), {bytes.fromhex("020000000100"): 1}, 5)
 
 
 def test_configure_errors_name_the_field():
-    """Unknown fields and workers without a switch port are reported by name."""
-    with pytest.raises(ConfigError, match="unknown field 'bogus'"):
+    """Unknown fields, workers without a switch port and one address with two MACs are
+    reported by name."""
+    with pytest.raises(ConfigError, match="field 'bogus': unknown field"):
         configure(Dataplane(), {"bogus": 1})
     bad = {"jobs": [dict(CFG["jobs"][0], workers=[{"host": "10.0.0.1", "port": 1, "mac": "x"}])]}
-    with pytest.raises(ConfigError, match="switch_port"):
+    with pytest.raises(ConfigError, match="jobs.0..workers.0..switch_port"):
         configure(Dataplane(), bad)
+    two = dict(CFG["jobs"][0], job=4, slot_base=4)
+    two["workers"] = [dict(two["workers"][0], mac="02:00:00:00:09:09"), two["workers"][1]]
+    with pytest.raises(ConfigError, match=r"jobs\[1\]\.workers\[0\]: 10.0.0.1:50000 is also"):
+        configure(Dataplane(), dict(CFG, jobs=CFG["jobs"] + [two]))
 
 
 def test_table_add_checks_names():
@@ -89,6 +117,30 @@ def test_cli_help(mode):
 def test_job_larger_than_mtu_refused():
     """L2 mode refuses a job whose full packets do not fit the links' MTU, naming nlanes."""
     cfg = dict(CFG, jobs=[dict(CFG["jobs"][0], nlanes=16, block_size=256)])
-    with pytest.raises(ConfigError, match="'nlanes'.*MTU of 1500"):
+    with pytest.raises(ConfigError, match="jobs.0.: field 'nlanes'.*MTU of 1500"):
         configure(Dataplane(), cfg)
     configure(Dataplane(), dict(cfg, mtu=65000))
+
+
+def test_udp_jobs_are_written_by_the_controller():
+    """`udp --jobs`: the controller admits each job on port 0 from its workers' addresses, and
+    results reach every worker's address through the job's group and worker_rewrite."""
+    from softswitch.__main__ import program_udp_jobs
+    from softswitch.p4runtime_server import ControlledUdpSwitch
+    from spina.config import JobConfig, WorkerAddr
+    job = JobConfig(job=6, workers=(WorkerAddr(0, "127.0.0.1", 50010),
+                                    WorkerAddr(1, "127.0.0.2", 50011)),
+                    slot_base=2, nslots=2, block_size=8, nlanes=2)
+    sw = ControlledUdpSwitch("127.0.0.1", 0, pool_slots=8, slot_capacity=64)
+    try:
+        program_udp_jobs(sw, [job], "jobs.yaml")
+        assert set(sw.pipeline.admission) == {(0, ("127.0.0.1", 50010), 6, 0),
+                                              (0, ("127.0.0.2", 50011), 6, 1)}
+        assert sw._dest == {6: [("127.0.0.1", 50010), ("127.0.0.2", 50011)]}
+        assert sw.dataplane.mcast_groups == {spec.mcast_grp(6): [(0, spec.rid(6, 0)),
+                                                                 (0, spec.rid(6, 1))]}
+        with pytest.raises(ConfigError, match=r"jobs.yaml: jobs\[0\]: job 7: field 'slot_base'"):
+            program_udp_jobs(sw, [JobConfig(job=7, workers=job.workers, nslots=9,
+                                            block_size=8, nlanes=2)], "jobs.yaml")
+    finally:
+        sw.stop()

@@ -1,16 +1,22 @@
-"""The P4 source (p4src/) and the Python side agree on names, widths and sizes.
+"""The P4 program (p4src/) and the Python side (spina/wire.py, spina/spec.py) agree.
 
 Run just this file: python -m pytest tests/test_p4_agreement.py
 
-The P4 is read as text after the C preprocessor (p4c runs the same cpp), so generated
-per-lane and per-element declarations are seen as p4c sees them.
+Facts p4c's output carries are checked against the committed build in p4src/build/ (`make p4`),
+never against the P4 text:
+- the P4Info (tables, keys with match kinds and widths, actions and parameters, counters,
+  registers, sizes): tests/test_p4info.py compares it with spec.p4info();
+- the BMv2 JSON (header layouts, each table's actions and default action): here.
+Where p4c is installed, tests/test_p4info.py also checks that the committed build is what p4c
+makes of today's p4src/. Only what neither output carries by name is read as text: size.p4's
+defines (the P4 sizes, folded into array sizes) and define.p4's protocol constants (folded into
+the parser's and controls' code).
 """
 from __future__ import annotations
 
+import json
 import pathlib
 import re
-import shutil
-import subprocess
 
 import pytest
 
@@ -19,135 +25,56 @@ from spina import wire
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 P4SRC = ROOT / "p4src"
-TOP = P4SRC / "v1model" / "spina_v1model.p4"
-TYPEDEFS = {"mac_addr_t": 48, "ipv4_addr_t": 32, "port_t": 9, "mcast_grp_t": 16, "qdepth_t": 19}
-STD_WIDTHS = {"ingress_port": 9, "egress_rid": 16}
-
-
-def _width(t: str) -> int:
-    m = re.fullmatch(r"bit<(\d+)>", t.strip())
-    return int(m.group(1)) if m else TYPEDEFS[t.strip()]
+BMV2_JSON = P4SRC / "build" / "spina_v1model.json"
 
 
 @pytest.fixture(scope="module")
-def p4(tmp_path_factory) -> str:
-    """The v1model program after cpp (core.p4/v1model.p4 stubbed: we only read our own code)."""
-    if shutil.which("cpp") is None:
-        pytest.skip("cpp (the C preprocessor p4c also uses) is not installed")
-    stub = tmp_path_factory.mktemp("p4stub")
-    (stub / "core.p4").write_text("")
-    (stub / "v1model.p4").write_text("")
-    out = subprocess.run(["cpp", "-P", "-undef", "-nostdinc", f"-I{stub}", str(TOP)],
-                         capture_output=True, text=True, check=True).stdout
-    return re.sub(r"\s+", " ", out)
+def bmv2_json() -> dict:
+    """The committed BMv2 JSON p4c wrote for p4src/v1model/spina_v1model.p4."""
+    return json.loads(BMV2_JSON.read_text())
 
 
-def _named(p4: str, kind: str) -> set[str]:
-    """Global @name(".x") declarations of a kind: register, counter, table, action."""
-    if kind == "register":
-        pat = r'@name\("\.(\w+)"\) register<'
-    elif kind == "counter":
-        pat = r'@name\("\.(\w+)"\) counter\('
-    else:
-        pat = r'@name\("\.(\w+)"\) ' + kind + r" \w+"
-    return set(re.findall(pat, p4))
+def _header_fields(program: dict, name: str) -> list[tuple[str, int]]:
+    types = {h["name"]: h for h in program["header_types"]}
+    return [(f[0], f[1]) for f in types[name]["fields"]]
 
 
-def _block(p4: str, head: str) -> str:
-    """The text between the braces that follow `head`."""
-    i = p4.index(head)
-    i = p4.index("{", i)
-    depth = 0
-    for j in range(i, len(p4)):
-        depth += {"{": 1, "}": -1}.get(p4[j], 0)
-        if depth == 0:
-            return p4[i + 1:j]
-    raise AssertionError(f"unbalanced braces after {head}")
+def test_ina_header_equals_wire_fields(bmv2_json):
+    """header ina_h has wire.HEADER_FIELDS: same names, order and bit widths."""
+    assert _header_fields(bmv2_json, "ina_h") == [(n, w) for n, _, w in wire.HEADER_FIELDS]
 
 
-def _header_fields(p4: str, name: str) -> list[tuple[str, int]]:
-    body = _block(p4, f"header {name} ")
-    return [(n, _width(t)) for t, n in re.findall(r"(bit<\d+>|\w+_t) (\w+);", body)]
+def test_block_header_has_block_size_elements(bmv2_json):
+    """block_h holds BLOCK_SIZE 32-bit fields e0.. in order."""
+    assert _header_fields(bmv2_json, "block_h") == \
+        [(f"e{i}", 32) for i in range(spec.P4_SIZES["BLOCK_SIZE"])]
 
 
-def test_ina_header_equals_wire_fields(p4):
-    """header ina_h lists wire.HEADER_FIELDS: same names, order and bit widths."""
-    assert _header_fields(p4, "ina_h") == [(n, w) for n, _, w in wire.HEADER_FIELDS]
-
-
-def test_ina_header_text_without_cpp():
-    """header.p4 itself (before cpp) declares ina_h with wire's fields, for readers of the file."""
-    text = re.sub(r"//.*", "", (P4SRC / "shared" / "header.p4").read_text())
-    body = _block(re.sub(r"\s+", " ", text), "header ina_h ")
-    got = [(n, int(w)) for w, n in re.findall(r"bit<(\d+)> (\w+);", body)]
-    assert got == [(n, w) for n, _, w in wire.HEADER_FIELDS]
-
-
-def test_block_header_has_block_size_elements(p4):
-    """block_h holds BLOCK_SIZE int32 fields e0.. in order."""
-    fields = _header_fields(p4, "block_h")
-    assert fields == [(f"e{i}", 32) for i in range(spec.P4_SIZES["BLOCK_SIZE"])]
-
-
-def test_registers_agree(p4):
-    """Every register the software switch has is declared in P4 (expanded per lane/element)."""
-    assert _named(p4, "register") == set(spec.p4_register_names())
-
-
-def test_register_widths_agree(p4):
-    """Register cell widths match spina/spec.py."""
-    widths = dict(re.findall(r'@name\("\.(\w+)"\) register<bit<(\d+)>>', p4))
-    for name in spec.p4_register_names():
-        base = spec.split_p4_register(name)[0]
-        assert int(widths[name]) == {r.name: r for r in spec.REGISTERS}[base].width, name
-
-
-def test_counters_agree(p4):
-    """job_* and port_* counters: the same set on both sides, sized by job and by port."""
-    assert _named(p4, "counter") == set(spec.COUNTERS)
-    sizes = dict(re.findall(r'@name\("\.(\w+)"\) counter\((\w+),', p4))
-    for name, size in spec.COUNTERS.items():
-        assert sizes[name] in ("MAX_JOBS", "MAX_PORTS", str(size))
-
-
-def test_tables_agree(p4):
-    """The same tables, keys (@name, match kind, width), actions and default actions."""
-    assert _named(p4, "table") == set(spec.TABLES)
+def test_tables_actions_and_defaults_agree(bmv2_json):
+    """Every table of spec.TABLES has the same actions and default action in the program;
+    congestion's default threshold is QDEPTH_NEVER."""
+    actions = {a["id"]: a["name"] for a in bmv2_json["actions"]}
+    tables = {t["name"]: t for p in bmv2_json["pipelines"] for t in p["tables"]}
     for t in spec.TABLES.values():
-        body = _block(p4, f'@name(".{t.name}") table ')
-        keys = []
-        if "key =" in body:
-            for expr, match, name in re.findall(r"([\w.]+): (\w+) @name\(\"(\w+)\"\);",
-                                                _block(body, "key =")):
-                obj, field = expr.rsplit(".", 1)
-                width = (STD_WIDTHS[field] if obj == "std"
-                         else dict(_header_fields(p4, _header_type(p4, obj.split(".")[1])))[field])
-                keys.append(spec.Key(name, match, width))
-        assert tuple(keys) == t.keys, t.name
-        acts = re.findall(r"(\w+);", _block(body, "actions ="))
-        assert set(acts) == set(t.actions), t.name
-        assert re.search(r"default_action = (\w+)\(", body).group(1) == t.default, t.name
+        got = tables[t.name]
+        assert set(got["actions"]) == set(t.actions), t.name
+        assert actions[got["default_entry"]["action_id"]] == t.default, t.name
+    data = tables["congestion"]["default_entry"]["action_data"]
+    assert [int(v, 16) for v in data] == [spec.QDEPTH_NEVER]
 
 
-def _header_type(p4: str, member: str) -> str:
-    body = _block(p4, "struct headers_t ")
-    return re.search(r"(\w+)(?:\[\w+\])? " + member + ";", body).group(1)
-
-
-def test_actions_agree(p4):
-    """Every table action is declared in P4 with the same parameters and widths."""
-    declared = _named(p4, "action")
-    assert declared == set(spec.ACTIONS) - {"NoAction"}
-    for a in spec.ACTIONS.values():
-        if a.name == "NoAction":
-            continue
-        m = re.search(r'@name\("\.' + a.name + r'"\) action \w+\(([^)]*)\)', p4)
-        params = [p.strip().rsplit(" ", 1) for p in m.group(1).split(",") if p.strip()]
-        assert [(n, _width(t)) for t, n in params] == list(a.params), a.name
+def test_register_and_counter_arrays_agree(bmv2_json):
+    """The program's register arrays (names, cell widths, two copies per slot) and counter
+    arrays (names, sizes) are spec's."""
+    widths = {r.name: r.width for r in spec.REGISTERS}
+    assert {r["name"]: (r["bitwidth"], r["size"]) for r in bmv2_json["register_arrays"]} == \
+        {n: (widths[spec.split_p4_register(n)[0]], 2 * spec.P4_SIZES["POOL_SLOTS"])
+         for n in spec.p4_register_names()}
+    assert {c["name"]: c["size"] for c in bmv2_json["counter_arrays"]} == spec.COUNTERS
 
 
 def test_sizes_agree():
-    """size.p4's defines equal spina/spec.py P4_SIZES."""
+    """size.p4's defines equal spina/spec.py P4_SIZES (text: the names are gone after p4c)."""
     text = (P4SRC / "shared" / "size.p4").read_text()
     defines = dict(re.findall(r"#define (\w+) (\d+)\s", text))
     for name, value in spec.P4_SIZES.items():
@@ -163,7 +90,8 @@ def test_p4_packet_fits_mtu():
 
 
 def test_constants_agree():
-    """define.p4's protocol constants equal spina/wire.py and spina/spec.py."""
+    """define.p4's protocol constants equal spina/wire.py and spina/spec.py (text: p4c folds
+    them into the code)."""
     text = (P4SRC / "shared" / "define.p4").read_text()
     consts = {n: int(v, 0) for n, v in re.findall(r"const \w+(?:<\d+>)?\s+(\w+) = (\w+);", text)}
     assert consts["INA_UDP_PORT"] == wire.DEFAULT_UDP_PORT == spec.INA_UDP_PORT
@@ -178,12 +106,6 @@ def test_constants_agree():
         assert consts[f"MSG_{name.upper()}"] == code
     for bit, name in wire.FLAG_NAMES.items():
         assert consts[f"FLAG_{name.upper()}"] == bit
-
-
-def test_braces_balance(p4):
-    """The preprocessed program has balanced braces and parentheses (a cheap syntax check)."""
-    assert p4.count("{") == p4.count("}")
-    assert p4.count("(") == p4.count(")")
 
 
 def test_software_switch_uses_spec_names():

@@ -13,7 +13,8 @@ import pytest
 from google.rpc import code_pb2
 from p4.v1 import p4runtime_pb2 as pb, p4runtime_pb2_grpc
 
-from controller.p4rt import Connection, election_id, encode
+from controller.p4rt import Connection, election_id
+from spina.p4runtime import encode
 from spina import spec
 from softswitch.l2 import Dataplane
 from softswitch.p4runtime_server import P4RuntimeServer
@@ -262,3 +263,60 @@ def test_accepts_the_p4info_p4c_writes(server):
     with Connection(srv.address, election=5) as c:
         c.set_pipeline(info, b"", 1)
         assert c.read_table("admission") == []
+
+
+def test_in_process_connection_behaves_as_over_grpc():
+    """Connection.in_process on the servicer (no gRPC): arbitration, writes, reads and the
+    status codes are those a gRPC client gets, and a lower election id is refused."""
+    from controller.p4rt import NotPrimaryError, P4RuntimeError
+    from softswitch.p4runtime_server import SoftSwitchServicer
+    dp = Dataplane(pool_slots=4, slot_capacity=128)
+    servicer = SoftSwitchServicer(dp)
+    high = Connection.in_process(servicer, election=9)
+    try:
+        assert high.is_primary
+        high.set_pipeline(spec.p4info(), b"", 3)
+        e = l2_entry(high)
+        write(high, pb.Update.INSERT, e)
+        assert dp.l2 == {bytes.fromhex("020000000001"): 1}
+        assert [x.SerializeToString() for x in high.read_table("l2")] == \
+            [e.table_entry.SerializeToString()]
+        with pytest.raises(P4RuntimeError) as err:
+            write(high, pb.Update.INSERT, e)
+        assert err.value.code == grpc.StatusCode.ALREADY_EXISTS
+        low = Connection.in_process(servicer, election=4)
+        try:
+            assert not low.is_primary and low.primary_election == 9
+            low.use_pipeline(spec.p4info())
+            with pytest.raises(NotPrimaryError, match="refusing to write"):
+                write(low, pb.Update.DELETE, e)
+        finally:
+            low.close()
+    finally:
+        high.close()
+    assert high.stream_lost == "the switch closed the stream"
+    assert servicer.primary_election_id() is None  # both streams ended
+
+
+def test_value_registers_beyond_the_slot_capacity_read_zero():
+    """With --slot-capacity below the P4's 4 x 32 elements, a value register past the capacity
+    reads 0 and takes 0 (the controller's slot clear), but refuses any other value."""
+    from controller.p4rt import P4RuntimeError
+    from controller.registers import P4RuntimeRegisters
+    from softswitch.p4runtime_server import SoftSwitchServicer
+    dp = Dataplane(pool_slots=4, slot_capacity=64)
+    c = Connection.in_process(SoftSwitchServicer(dp))
+    try:
+        c.set_pipeline(spec.p4info(), b"", 1)
+        regs = P4RuntimeRegisters(c)
+        regs.clear(["slot_values_l1_e31", "slot_values_l2_e0"], 0, 8)  # col 63 exists, 64 not
+        assert regs.read("slot_values_l2_e0", 3) == 0
+        e = pb.Entity()
+        e.register_entry.register_id = c.index.id("registers", "slot_values_l2_e0")
+        e.register_entry.index.index = 3
+        e.register_entry.data.bitstring = encode(5, 32)
+        with pytest.raises(P4RuntimeError) as err:
+            write(c, pb.Update.MODIFY, e)
+        assert err.value.code == grpc.StatusCode.OUT_OF_RANGE
+    finally:
+        c.close()
