@@ -111,18 +111,20 @@ def remove_hosts(hosts) -> None:
 
 
 def run_rate(rate: float, seconds: float, nworkers: int = 4) -> dict:
-    from softswitch.l2 import Dataplane, L2Switch, add_job
+    from controller.controller import program_star
+    from softswitch.l2 import Dataplane, L2Switch
+    from softswitch.p4runtime_server import SoftSwitchServicer
     from spina.config import JobConfig, WorkerAddr
     hosts = make_hosts(nworkers, f"l2r{os.getpid() % 10000}")
     start_at = time.time() + 3.0 + 0.5 * nworkers  # after the senders' imports
     try:
         dp = Dataplane()
-        dp.table_add("ina_endpoint", {"dst_addr": SWITCH_IP}, "accept_ina")
         job = JobConfig(job=5, workers=tuple(WorkerAddr(r, f"10.0.0.{r + 1}", 50000 + r)
                                              for r in range(nworkers)),
                         nslots=NSLOTS, block_size=BLOCK, nlanes=NLANES)
-        add_job(dp, job, [r + 1 for r in range(nworkers)],
-                [f"02:00:00:00:01:{r:02x}" for r in range(nworkers)], mcast_grp=1)
+        program_star(SoftSwitchServicer(dp), job, SWITCH_IP,
+                     [f"02:00:00:00:01:{r:02x}" for r in range(nworkers)],
+                     pool_slots=dp.pipeline.pool_slots, slot_capacity=dp.pipeline.slot_capacity)
         with L2Switch({r + 1: sw_if for r, (_, sw_if) in enumerate(hosts)}, dp) as sw:
             procs = [subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", SENDER,
                                        str(ROOT), str(r), str(nworkers), str(rate / nworkers),

@@ -20,9 +20,9 @@ from p4.v1 import p4runtime_pb2 as pb
 from controller import controls
 from controller.p4rt import Connection
 from controller.registers import RegisterAdapter, adapter_for
-from controller.state import DesiredState, Switch
+from controller.state import DesiredState, Switch, from_l2_config
 from spina import spec
-from spina.config import Assignment, ConfigError, JobFile, write_if_changed
+from spina.config import Assignment, ConfigError, JobFile, job_to_dict, write_if_changed
 
 log = logging.getLogger("spina.controller")
 
@@ -395,6 +395,19 @@ def program_in_process(servicer, state: DesiredState) -> list[Report]:
         return Connection.in_process(servicer, sw.device_id)
     with Controller(state, connect=connect) as c:
         return c.deploy(agent_files=False)
+
+
+def program_star(servicer, job, endpoint: str, macs: list[str], *,
+                 pool_slots: int = spec.P4_SIZES["POOL_SLOTS"],
+                 slot_capacity: int = spec.DEFAULT_SLOT_CAPACITY) -> list[Report]:
+    """One job on a one-switch star through `servicer` (in this process): rank r's host sits
+    on switch port r + 1 with MAC macs[r]; the switch accepts INA packets sent to `endpoint`.
+    The namespace tests and the L2 rate benchmark build their switch this way."""
+    cfg = {"endpoints": [endpoint], "jobs": [dict(job_to_dict(job), workers=[
+        {"host": w.host, "port": w.port, "mac": macs[r], "switch_port": r + 1}
+        for r, w in enumerate(job.workers)])]}
+    return program_in_process(servicer, from_l2_config(cfg, pool_slots=pool_slots,
+                                                       slot_capacity=slot_capacity))
 
 
 def format_table(rows: list[dict]) -> str:

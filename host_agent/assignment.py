@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from spina.config import Assignment
 
-load = Assignment.load  # kept for callers that read the file through this module
-
 
 def connect(path, **agent_kwargs):
     """A host agent for the assignment in `path` (keyword arguments go to Agent)."""

@@ -403,35 +403,3 @@ class L2Switch:
 
     def __exit__(self, *exc):
         self.stop()
-
-
-# ---------------------------------------------------------------- a job without the controller
-def add_job(dp: Dataplane, job, ports: list[int], macs: list, mcast_grp: int,
-            mtu: int = 1500) -> None:
-    """Program a job's admission, multicast group and worker rewrites directly.
-
-    Not for new code: the controller writes switch state (`python -m softswitch l2 --config`
-    and the testbed go through controller.controller.program_in_process). Kept only until
-    tests/netns.py and bench/l2_rate.py move there.
-    """
-    from spina.config import ConfigError
-    job.validate(dp.pipeline.pool_slots, dp.pipeline.slot_capacity)
-    size = IPV4_LEN + UDP_LEN + wire.packet_len(job.nlanes, job.block_size, job.nlanes)
-    if size > mtu:
-        raise ConfigError(f"job {job.job}: field 'nlanes': {job.nlanes} lanes of "
-                          f"{job.block_size} elements make {size}-byte IP packets, more than "
-                          f"the MTU of {mtu}")
-    dp.pipeline.remove_job(job.job)
-    replicas = []
-    for w, port, mac in zip(job.workers, ports, macs):
-        dp.table_add("admission", {"ingress_port": port, "src_addr": w.host, "src_port": w.port,
-                                   "job": job.job, "rank": w.rank}, "admit",
-                     {"epoch": job.epoch, "slot_base": job.slot_base, "nslots": job.nslots,
-                      "nworkers": job.nworkers, "block_size": job.block_size,
-                      "nlanes": job.nlanes, "mcast_grp": mcast_grp})
-        rid = spec.rid(job.job, w.rank)
-        dp.table_add("worker_rewrite", {"rid": rid}, "rewrite_for_worker",
-                     {"dst_mac": mac, "dst_addr": w.host, "dst_port": w.port})
-        replicas.append((port, rid))
-    dp.mcast_group_set(mcast_grp, replicas)
-    dp.pipeline.clear_slots(job.slot_base, job.nslots)

@@ -15,7 +15,9 @@ import sys
 
 import pytest
 
-from softswitch.l2 import Dataplane, L2Switch, add_job
+from controller.controller import program_star
+from softswitch.l2 import Dataplane, L2Switch
+from softswitch.p4runtime_server import SoftSwitchServicer
 from spina.config import JobConfig, WorkerAddr
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -72,8 +74,6 @@ def _cleanup(namespaces, links):
         _ip("netns", "del", ns, check=False)
 
 
-
-
 def run_workers(hosts, job: JobConfig, seed: int = 3, n: int = 6000, timeout: float = 90,
                 setup_ns=None):
     """All-reduce through an L2-mode software switch with one agent process per host.
@@ -83,9 +83,8 @@ def run_workers(hosts, job: JobConfig, seed: int = 3, n: int = 6000, timeout: fl
     """
     nw = len(hosts)
     dp = Dataplane()
-    dp.table_add("ina_endpoint", {"dst_addr": SWITCH_IP}, "accept_ina")
-    add_job(dp, job, [r + 1 for r in range(nw)], [f"02:00:00:00:01:{r:02x}" for r in range(nw)],
-            mcast_grp=1)
+    program_star(SoftSwitchServicer(dp), job, SWITCH_IP, [f"02:00:00:00:01:{r:02x}" for r in range(nw)],
+                 pool_slots=dp.pipeline.pool_slots, slot_capacity=dp.pipeline.slot_capacity)
     jd = json.dumps({"job": job.job, "nslots": job.nslots, "block_size": job.block_size,
                      "nlanes": job.nlanes,
                      "workers": [{"host": w.host, "port": w.port} for w in job.workers]})

@@ -21,11 +21,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from host_agent import assignment
 from host_agent.agent import Agent
 from host_agent.daemon import MAX_MESSAGE, Daemon, DaemonConfig
 from host_agent.launch import free_udp_ports
-from spina.config import ConfigError, JobConfig, JobFile, WorkerAddr
+from spina.config import Assignment, ConfigError, JobConfig, JobFile, WorkerAddr
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
@@ -448,7 +447,7 @@ def test_job_and_assignment_files(doc, names, tmp_path):
     path.write_text(json.dumps(doc))
     is_assignment = isinstance(doc, dict) and "rank" in doc
     with pytest.raises(ConfigError) as e:
-        assignment.load(path) if is_assignment else JobFile.load(path)
+        Assignment.load(path) if is_assignment else JobFile.load(path)
     msg = str(e.value)
     assert names in msg and str(path) in msg and "\n" not in msg, msg
 
@@ -457,7 +456,7 @@ def test_job_file_good_input_unchanged(tmp_path):
     """The good job file and assignment load to the values written (nothing converted)."""
     path = tmp_path / "job.json"
     path.write_text(json.dumps(dict(_job_file(), rank=1)))
-    a = assignment.load(path)
+    a = Assignment.load(path)
     assert (a.rank, a.switch, a.job.workers[1].port, a.job.nslots) == (1, ("127.0.0.1", 47000),
                                                                       50001, 4)
 
