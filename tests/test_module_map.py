@@ -1,0 +1,76 @@
+"""The imports follow docs/architecture.md's module map: lower layers never import higher ones.
+
+Run just this file: python -m pytest tests/test_module_map.py
+Every import statement of the layered packages is read (also imports inside functions); an
+import the map does not allow fails naming the file, the line and the imported module.
+"""
+from __future__ import annotations
+
+import ast
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+OURS = {"spina", "softswitch", "controller", "host_agent", "ps", "testbed", "bmv2_tests",
+        "spina_cli", "bench", "tests", "examples"}
+# package -> the packages of ours it may import (itself always)
+ALLOWED = {
+    "spina": set(),
+    "softswitch": {"spina"},
+    "controller": {"spina"},
+    "host_agent": {"spina"},
+    "ps": {"spina"},
+    "testbed": {"spina", "controller"},
+    "bmv2_tests": {"spina", "controller", "softswitch"},
+}
+# (file, package it may import besides): docs/architecture.md says why each exists
+EXCEPTIONS = {
+    ("host_agent/launch.py", "softswitch"),
+    ("host_agent/local.py", "softswitch"),
+    ("softswitch/__main__.py", "controller"),
+}
+
+
+def imported_packages(source: str) -> list[tuple[int, str]]:
+    """(line, top-level package) of every absolute import in `source`."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name.split(".")[0]) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.append((node.lineno, node.module.split(".")[0]))
+    return out
+
+
+def violations(package: str, rel: str, source: str) -> list[str]:
+    allowed = ALLOWED[package] | {package}
+    return [f"{rel}:{line}: imports {pkg} ({package} may import only "
+            f"{', '.join(sorted(allowed))})"
+            for line, pkg in imported_packages(source)
+            if pkg in OURS and pkg not in allowed and (rel, pkg) not in EXCEPTIONS]
+
+
+def test_imports_follow_the_module_map():
+    found = []
+    for package in ALLOWED:
+        files = sorted((ROOT / package).rglob("*.py"))
+        assert files, f"{package}/ has no Python files: is the map out of date?"
+        for f in files:
+            rel = f.relative_to(ROOT).as_posix()
+            found += violations(package, rel, f.read_text())
+    assert not found, "\n".join(found)
+
+
+def test_checker_catches_an_upward_import():
+    """The checker itself: an upward import, also one inside a function, is reported."""
+    src = "import numpy\nfrom spina import wire\n\ndef f():\n    from host_agent.agent import Agent\n"
+    assert violations("controller", "controller/x.py", src) == [
+        "controller/x.py:5: imports host_agent (controller may import only controller, spina)"]
+    assert violations("spina", "spina/x.py", "import softswitch.udp\n") == [
+        "spina/x.py:1: imports softswitch (spina may import only spina)"]
+
+
+def test_every_exception_is_still_needed():
+    """An exception nobody uses any more is removed from the map (and from the docs)."""
+    for rel, pkg in EXCEPTIONS:
+        pkgs = {p for _, p in imported_packages((ROOT / rel).read_text())}
+        assert pkg in pkgs, f"{rel} no longer imports {pkg}: drop the exception here and in docs"
