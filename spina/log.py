@@ -66,6 +66,12 @@ def add_options(parser: argparse.ArgumentParser, level: str | None = "INFO",
                              "a line)" + (" (default %(default)s)" if fmt else ""))
 
 
+def verbosity(count: int, base: str = "WARNING") -> str:
+    """The level `count` -v flags give from `base` (INFO, then DEBUG); for commands that keep
+    -v beside --log-level: `args.log_level or verbosity(args.verbose)`."""
+    return LEVELS[max(0, LEVELS.index(base) - count)]
+
+
 class BoundLogger(logging.LoggerAdapter):
     """A logger whose lines carry fields (job, rank, ...), rendered as fields of their own.
 
@@ -161,4 +167,4 @@ def setup(proc: str, level: str | int = "INFO", fmt: str = DEFAULT_FORMAT,
 
 
 __all__ = ["BoundLogger", "DEFAULT_FORMAT", "FORMATS", "Formatter", "LEVELS", "add_options",
-           "bind", "fields", "log_format", "log_level", "setup"]
+           "bind", "fields", "log_format", "log_level", "setup", "verbosity"]

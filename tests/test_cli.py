@@ -45,6 +45,8 @@ def test_controller_options_may_follow_the_command():
         ["-c", "f.yaml", "--election-id=3", "deploy", "--watch", "2"]
     assert controller_argv("job", ["add", "--id", "2", "-v", "--config", "x"]) == \
         ["-v", "--config", "x", "job", "add", "--id", "2"]
+    assert controller_argv("status", ["--log-format", "kv", "--log-level=DEBUG"]) == \
+        ["--log-format", "kv", "--log-level=DEBUG", "status"]
 
 
 @pytest.fixture

@@ -179,6 +179,12 @@ def test_bound_fields_are_read_when_the_line_is_written(caplog):
                    ("third", {"job": 3, "call": 5}), ("plain", {"job": 8})]
 
 
+def test_verbosity_counts_down_from_the_base_level():
+    """-v flags: each one level more, never past DEBUG."""
+    assert [spina_log.verbosity(n) for n in range(4)] == ["WARNING", "INFO", "DEBUG", "DEBUG"]
+    assert [spina_log.verbosity(n, "INFO") for n in range(3)] == ["INFO", "DEBUG", "DEBUG"]
+
+
 ENTRY_POINTS = [
     ["-m", "host_agent.launch", "--nworkers", "2", "--job-file", "j.json"],
     ["-m", "host_agent", "launch", "--nworkers", "2", "--job-file", "j.json"],
