@@ -26,7 +26,7 @@ Config file (JSON; every field optional):
      "log_format": "text", "timeout": 30.0, "rto": 0.005, "metrics": null}
 `metrics` ("[HOST:]PORT", loopback by default) serves Prometheus metrics (host_agent/metrics.py);
 `log_format` is text, kv or json (spina/log.py). Lines about a client or a call carry job, rank
-(and call, pid) as fields.
+(and call, client_pid) as fields.
 """
 from __future__ import annotations
 
@@ -353,7 +353,7 @@ class Daemon:
                     except (ConfigError, OSError, ValueError) as e:
                         send_msg(conn, {"ok": False, "error": f"attach: {e}"})
                         continue
-                    clog = spina_log.bind(slot.log, pid=msg.get("pid"))
+                    clog = spina_log.bind(slot.log, client_pid=msg.get("pid"))
                     clog.info("client attached")
                     send_msg(conn, {"ok": True, "job": jf.to_dict()})
                 elif op == "allreduce":

@@ -124,11 +124,12 @@ class Formatter(logging.Formatter):
         self.kind, self.proc = log_format(fmt), proc
 
     def fields(self, record: logging.LogRecord) -> dict:
-        """The line's fields in order: ts, level, proc, pid, logger, msg, bound ones, exc."""
+        """The line's fields in order: ts, level, proc, pid, logger, msg, bound ones, exc.
+        A bound field named like one of the first six gets a trailing `_` (pid_)."""
         out = {"ts": _ts(record), "level": record.levelname.lower(), "proc": self.proc,
                "pid": record.process, "logger": record.name, "msg": record.getMessage()}
         for k, v in getattr(record, _FIELDS, {}).items():
-            out.setdefault(k, v)
+            out[k + "_" if k in out else k] = v
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         elif record.exc_text:

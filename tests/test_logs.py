@@ -133,7 +133,8 @@ def test_launcher_and_daemon_lines_parse_and_call_lines_carry_job_call_rank(tmp_
     assert [(r["level"], str(r["rank"]), str(r["call"])) for r in failed] == [("warning", "0", "3")]
     attached = [r for r in records if r["msg"] == "client attached"]
     assert sorted(str(r["rank"]) for r in attached) == ["0", "1"]
-    assert all(str(r["job"]) == "7" and int(r["pid"]) > 0 for r in attached)
+    assert all(str(r["job"]) == "7" and str(r["client_pid"]) == str(os.getpid())
+               for r in attached)  # the clients ran in this process
     assert records[-1]["msg"].startswith("daemon stopped: 5 calls served")
 
 
@@ -146,18 +147,19 @@ def test_kv_and_json_keep_one_record_on_one_line():
     except ValueError:
         exc_info = sys.exc_info()
     record = logging.LogRecord("spina.test", logging.ERROR, __file__, 1, "%s", (msg,), exc_info)
-    record.spina_fields = {"job": 2, "call": 9, "rank": 1, "peer": ""}
+    record.spina_fields = {"job": 2, "call": 9, "rank": 1, "peer": "", "pid": 5}
     kv = spina_log.Formatter("kv", "switch").format(record)
     js = spina_log.Formatter("json", "switch").format(record)
     assert "\n" not in kv and "\n" not in js
     for r in (parse_logfmt(kv), json.loads(js)):
         assert r["msg"] == msg and r["proc"] == "switch" and r["level"] == "error"
-        assert [str(r[k]) for k in ("job", "call", "rank", "peer")] == ["2", "9", "1", ""]
+        assert [str(r[k]) for k in ("job", "call", "rank", "peer", "pid_")] == \
+            ["2", "9", "1", "", "5"] and str(r["pid"]) == str(os.getpid())
         assert r["exc"].startswith("Traceback") and r["exc"].endswith("ValueError: boom")
     assert 'peer=""' in kv and 'msg="say \\"hi\\"\\\\there\\nrank=3 \\ttab"' in kv
     text = spina_log.Formatter("text", "switch").format(record)
     assert text.split("\n")[0].endswith(" ERROR spina.test: say \"hi\"\\there")
-    assert "rank=3 \ttab job=2 call=9 rank=1 peer=\"\"\nTraceback" in text
+    assert "rank=3 \ttab job=2 call=9 rank=1 peer=\"\" pid_=5\nTraceback" in text
 
 
 def test_bound_fields_are_read_when_the_line_is_written(caplog):
