@@ -35,6 +35,7 @@ LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 FORMATS = ("text", "kv", "json")
 DEFAULT_FORMAT = "text"
 _FIELDS = "spina_fields"  # the LogRecord attribute that carries a line's bound fields
+_CALL_FIELDS = {"job": 0, "epoch": 1, "call": 2, "rank": 3}  # first, in this order
 _LOGGING_KWARGS = frozenset(("exc_info", "stack_info", "stacklevel", "extra"))
 
 
@@ -124,12 +125,14 @@ class Formatter(logging.Formatter):
         self.kind, self.proc = log_format(fmt), proc
 
     def fields(self, record: logging.LogRecord) -> dict:
-        """The line's fields in order: ts, level, proc, pid, logger, msg, bound ones, exc.
-        A bound field named like one of the first six gets a trailing `_` (pid_)."""
+        """The line's fields in order: ts, level, proc, pid, logger, msg, the bound ones (job,
+        epoch, call, rank first), exc. A bound field named like one of the first six gets a
+        trailing `_` (pid_)."""
         out = {"ts": _ts(record), "level": record.levelname.lower(), "proc": self.proc,
                "pid": record.process, "logger": record.name, "msg": record.getMessage()}
-        for k, v in getattr(record, _FIELDS, {}).items():
-            out[k + "_" if k in out else k] = v
+        bound = getattr(record, _FIELDS, {})
+        for k in sorted(bound, key=lambda k: _CALL_FIELDS.get(k, len(_CALL_FIELDS))):
+            out[k + "_" if k in out else k] = bound[k]
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         elif record.exc_text:

@@ -124,7 +124,7 @@ def test_launcher_and_daemon_lines_parse_and_call_lines_carry_job_call_rank(tmp_
     check_common_fields(records, "daemon")
     calls = [r for r in records if "call" in r]
     for r in calls:
-        assert str(r["job"]) == "7" and "rank" in r, r
+        assert str(r["job"]) == "7" and list(r)[6:10] == ["job", "epoch", "call", "rank"], r
     done = sorted((str(r["rank"]), str(r["call"])) for r in calls
                   if r["msg"].startswith("call done: 600 elements"))
     assert done == [("0", "1"), ("0", "2"), ("1", "1"), ("1", "2")]
@@ -147,7 +147,7 @@ def test_kv_and_json_keep_one_record_on_one_line():
     except ValueError:
         exc_info = sys.exc_info()
     record = logging.LogRecord("spina.test", logging.ERROR, __file__, 1, "%s", (msg,), exc_info)
-    record.spina_fields = {"job": 2, "call": 9, "rank": 1, "peer": "", "pid": 5}
+    record.spina_fields = {"peer": "", "rank": 1, "call": 9, "pid": 5, "job": 2}
     kv = spina_log.Formatter("kv", "switch").format(record)
     js = spina_log.Formatter("json", "switch").format(record)
     assert "\n" not in kv and "\n" not in js
@@ -159,7 +159,7 @@ def test_kv_and_json_keep_one_record_on_one_line():
     assert 'peer=""' in kv and 'msg="say \\"hi\\"\\\\there\\nrank=3 \\ttab"' in kv
     text = spina_log.Formatter("text", "switch").format(record)
     assert text.split("\n")[0].endswith(" ERROR spina.test: say \"hi\"\\there")
-    assert "rank=3 \ttab job=2 call=9 rank=1 peer=\"\" pid_=5\nTraceback" in text
+    assert "rank=3 \ttab job=2 call=9 rank=1 peer=\"\" pid_=5\nTraceback" in text  # job first
 
 
 def test_bound_fields_are_read_when_the_line_is_written(caplog):
