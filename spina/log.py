@@ -15,13 +15,14 @@ A bound value may be a callable (read when a line is written: the call id of the
 keyword that is not one of logging's own (exc_info, stack_info, stacklevel, extra) becomes a
 field of that line only. A plain logger takes fields too: `extra=log.fields(job=1, rank=0)`.
 
-    text  2026-12-01 02:40:00.123 INFO spina.daemon: call failed: ... job=1 call=7 rank=0
-    kv    ts=2026-12-01T02:40:00.123Z level=info proc=daemon pid=81 logger=spina.daemon msg="call failed: ..." job=1 call=7 rank=0
-    json  {"ts": "2026-12-01T02:40:00.123Z", "level": "info", "proc": "daemon", ..., "job": 1}
+    text  2026-12-01 02:40:00.123 WARNING spina.daemon: call failed: ... job=1 call=7 rank=0
+    kv    ts=2026-12-01T02:40:00.123Z level=warning proc=daemon pid=81 logger=spina.daemon msg="call failed: ..." job=1 call=7 rank=0
+    json  {"ts": "2026-12-01T02:40:00.123Z", "level": "warning", "proc": "daemon", ..., "job": 1}
 
-`kv` is logfmt: a value with a space, `"`, `=` or nothing in it is double-quoted with `\\"`,
-`\\\\` and `\\n` escaped, so every record (a traceback too, in the `exc` field) is one line in
-kv and json. `text` (the default) is for people; kv and json are for grep and log shippers.
+`kv` is logfmt: a value with a space, `"`, `=`, `\\`, a control character or nothing in it is
+double-quoted with `\\"`, `\\\\`, `\\n`, `\\r`, `\\t` escaped (other line breakers as `\\uXXXX`),
+so every record (a traceback too, in the `exc` field) is one line in kv and json. `text`
+(the default) is for people; kv and json are for grep and log shippers.
 """
 from __future__ import annotations
 
@@ -108,13 +109,26 @@ def _ts(record: logging.LogRecord) -> str:
     return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{int(record.msecs):03d}Z"
 
 
+_KV_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _kv_escape(c: str) -> str:
+    """One character of a quoted logfmt value: the usual escapes, other characters that
+    could end or split a line (controls, U+0085, U+2028/9) as \\uXXXX."""
+    if c in _KV_ESCAPES:
+        return _KV_ESCAPES[c]
+    if c < " " or c in "\x7f\x85\u2028\u2029":
+        return f"\\u{ord(c):04x}"
+    return c
+
+
 def _kv_value(v) -> str:
     s = v if isinstance(v, str) else json.dumps(v) if isinstance(v, (bool, type(None))) \
         else str(v)
-    if s and not any(c in s for c in ' "=\\\n\r\t'):
+    escaped = "".join(_kv_escape(c) for c in s)
+    if s and escaped == s and " " not in s and "=" not in s:
         return s
-    return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") \
-        .replace("\r", "\\r").replace("\t", "\\t") + '"'
+    return '"' + escaped + '"'
 
 
 class Formatter(logging.Formatter):
