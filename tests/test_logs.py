@@ -209,7 +209,7 @@ ENTRY_POINTS = [
 @pytest.mark.parametrize("argv", ENTRY_POINTS, ids=lambda a: " ".join(a[1:3]))
 @pytest.mark.parametrize("option,value", [("--log-format", "xml"), ("--log-level", "LOUD")])
 def test_a_bad_log_option_is_one_line_and_exit_2(tmp_path, argv, option, value):
-    """Every entry point I own: a bad --log-format or --log-level is one `PROG: error:` line
+    """Every entry point listed: a bad --log-format or --log-level is one `PROG: error:` line
     naming the option, exit 2, before anything starts."""
     out = subprocess.run([sys.executable, *argv, option, value], capture_output=True, text=True,
                          timeout=60, env=ENV, cwd=tmp_path)
