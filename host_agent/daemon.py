@@ -23,8 +23,10 @@ one call at a time (its agent's lock).
 
 Config file (JSON; every field optional):
     {"socket": "/tmp/spina-agent.sock", "log_file": null, "log_level": "INFO",
-     "timeout": 30.0, "rto": 0.005, "metrics": null}
-`metrics` ("[HOST:]PORT", loopback by default) serves Prometheus metrics (host_agent/metrics.py).
+     "log_format": "text", "timeout": 30.0, "rto": 0.005, "metrics": null}
+`metrics` ("[HOST:]PORT", loopback by default) serves Prometheus metrics (host_agent/metrics.py);
+`log_format` is text, kv or json (spina/log.py). Lines about a client or a call carry job, rank
+(and call, client_pid) as fields.
 """
 from __future__ import annotations
 
@@ -44,8 +46,7 @@ import numpy as np
 
 from host_agent.agent import Agent, CallStats, SpinaError
 from host_agent.metrics import DaemonMetrics
-from spina import cli
-from spina.cli import LOG_LEVELS
+from spina import cli, log as spina_log
 from host_agent.recovery import MIN_RTO
 from spina.config import ConfigError, JobFile
 from spina.metrics import parse_address
@@ -64,6 +65,7 @@ class DaemonConfig:
     socket: str = DEFAULT_SOCKET
     log_file: str | None = None
     log_level: str = "INFO"
+    log_format: str = spina_log.DEFAULT_FORMAT
     timeout: float = 30.0
     rto: float = MIN_RTO  # the floor of the adaptive retransmission timeout (s)
     metrics: str | None = None
@@ -100,8 +102,10 @@ class DaemonConfig:
             v = getattr(self, name)
             need(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf"),
                  name, f"must be a positive number of seconds, got {v!r}")
-        need(isinstance(self.log_level, str) and self.log_level in LOG_LEVELS, "log_level",
-             f"{self.log_level!r} is not one of {', '.join(LOG_LEVELS)}")
+        need(isinstance(self.log_level, str) and self.log_level in spina_log.LEVELS, "log_level",
+             f"{self.log_level!r} is not one of {', '.join(spina_log.LEVELS)}")
+        need(isinstance(self.log_format, str) and self.log_format in spina_log.FORMATS,
+             "log_format", f"{self.log_format!r} is not one of {', '.join(spina_log.FORMATS)}")
         need(isinstance(self.socket, str) and self.socket, "socket",
              f"must be a path, got {self.socket!r}")
         # sun_path holds 108 bytes with the terminating NUL
@@ -216,6 +220,7 @@ class _Slot:
         self.agent = agent
         self.jf = jf
         self.rank = rank
+        self.log = spina_log.bind(log, job=jf.job.job, epoch=lambda: agent.job.epoch, rank=rank)
         self.lock = threading.Lock()
 
 
@@ -305,8 +310,7 @@ class Daemon:
             if s is not None and s.jf != jf:
                 # The same job id and epoch relaunched elsewhere (new switch or ports): the old
                 # agent's socket and round counters belong to the old incarnation.
-                log.info("job %d epoch %d rank %d: job file changed, new agent", jf.job.job,
-                         jf.job.epoch, rank)
+                s.log.info("job file changed, new agent")
                 with s.lock:
                     s.agent.close()
                 s = None
@@ -314,8 +318,7 @@ class Daemon:
                 agent = Agent(jf.job, rank, jf.switch, timeout=self.cfg.timeout, rto=self.cfg.rto,
                               rendezvous=jf.rendezvous)
                 s = self._slots[key] = _Slot(agent, jf, rank)
-                log.info("job %d epoch %d rank %d: agent on %s:%d, switch %s:%d", jf.job.job,
-                         jf.job.epoch, rank, *agent.sock.getsockname(), *jf.switch)
+                s.log.info("agent on %s:%d, switch %s:%d", *agent.sock.getsockname(), *jf.switch)
             else:
                 # A new process on this rank is a new run: its first call joins the rendezvous
                 # for a fresh epoch, so whatever the previous process left half done (a call the
@@ -326,7 +329,7 @@ class Daemon:
     def _serve_client(self, conn: socket.socket) -> None:
         slot: _Slot | None = None
         maps: dict[str, shared_memory.SharedMemory] = {}
-        peer = "client"
+        clog = log  # lines about this connection: job, rank and pid once it attached
         try:
             while True:
                 try:
@@ -335,7 +338,7 @@ class Daemon:
                 except BadMessage as e:
                     msg, error = {}, str(e)
                     if e.fatal:  # answer, then hang up: the framing is lost
-                        log.warning("%s: %s; connection closed", peer, e)
+                        clog.warning("%s; connection closed", e)
                         send_msg(conn, {"ok": False, "error": error})
                         return
                 if msg is None:
@@ -350,20 +353,21 @@ class Daemon:
                     except (ConfigError, OSError, ValueError) as e:
                         send_msg(conn, {"ok": False, "error": f"attach: {e}"})
                         continue
-                    peer = f"job {jf.job.job} rank {msg['rank']} (pid {msg.get('pid')})"
-                    log.info("%s attached", peer)
+                    clog = spina_log.bind(slot.log, client_pid=msg.get("pid"))
+                    clog.info("client attached")
                     send_msg(conn, {"ok": True, "job": jf.to_dict()})
                 elif op == "allreduce":
                     if slot is None:
                         send_msg(conn, {"ok": False, "error": "allreduce before attach"})
                         continue
-                    reply = self._allreduce(slot, msg, maps)
+                    reply = self._allreduce(slot, msg, maps, clog)
                     try:
                         send_msg(conn, reply)
                     except OSError:
                         self.clients_lost += 1
                         self.metrics.clients_lost.inc()
-                        log.warning("%s went away during a call; the call completed, rank freed", peer)
+                        clog.warning("client went away during a call; the call completed, rank "
+                                     "freed", call=slot.agent.call_id)
                         return
                 else:  # status
                     send_msg(conn, {"ok": True, "calls_in_progress": self.calls_in_progress,
@@ -372,13 +376,13 @@ class Daemon:
                                     "foreign_packets": sum(s.agent.foreign_packets
                                                            for s in list(self._slots.values()))})
         except (OSError, ValueError) as e:
-            log.warning("%s: connection dropped: %s", peer, e)
+            clog.warning("connection dropped: %s", e)
         finally:
             for shm in maps.values():
                 shm.close()
             conn.close()
 
-    def _allreduce(self, slot: _Slot, msg: dict, maps: dict) -> dict:
+    def _allreduce(self, slot: _Slot, msg: dict, maps: dict, clog) -> dict:
         name, n = msg["shm"], msg["n"]
         dtype = _DTYPES.get(msg["dtype"])
         if dtype is None:
@@ -405,7 +409,11 @@ class Daemon:
             try:
                 slot.agent.allreduce(view, inplace=True)  # the sum lands in shared memory
                 stats, ok = asdict(slot.agent.last_stats), True
+                clog.debug("call done: %d elements, %d packets sent, %d resends, %.1f ms",
+                           n, stats["packets_sent"], stats["resends"], 1e3 * stats["seconds"],
+                           call=slot.agent.call_id)
             except SpinaError as e:
+                clog.warning("call failed: %s: %s", type(e).__name__, e, call=slot.agent.call_id)
                 return {"ok": False, "error": f"{type(e).__name__}: {e}"}
             finally:
                 self.calls_in_progress -= 1
@@ -523,14 +531,16 @@ def main(argv=None) -> int:
         description="SpINA host agent daemon: serves all-reduce to local training processes "
                     "(Unix socket + shared memory). Stops cleanly on SIGTERM or SIGINT.")
     ap.add_argument("--config", help="JSON config file (fields: socket, log_file, log_level, "
-                                     "timeout, rto)")
+                                     "log_format, timeout, rto, metrics)")
     ap.add_argument("--socket", help=f"Unix socket path (overrides the config; default {DEFAULT_SOCKET})")
     ap.add_argument("--log-file", help="log to this file (overrides the config; default stderr)")
+    spina_log.add_options(ap, level=None, fmt=None)  # None: the config's value applies
     ap.add_argument("--metrics", metavar="[HOST:]PORT",
                     help="serve Prometheus metrics at http://HOST:PORT/metrics (overrides the "
                          "config; host default 127.0.0.1; a wildcard address is refused)")
     args = ap.parse_args(argv)
     overrides = {k: v for k, v in (("socket", args.socket), ("log_file", args.log_file),
+                                   ("log_level", args.log_level), ("log_format", args.log_format),
                                    ("metrics", args.metrics)) if v}
     try:
         for k, v in overrides.items():
@@ -539,8 +549,7 @@ def main(argv=None) -> int:
             except ConfigError as e:
                 raise ConfigError(f"--{k.replace('_', '-')}: {e}") from None
         cfg = replace(DaemonConfig.load(args.config), **overrides)
-        logging.basicConfig(level=cfg.log_level, filename=cfg.log_file,
-                            format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        spina_log.setup("daemon", cfg.log_level, cfg.log_format, cfg.log_file)
     except (ConfigError, OSError) as e:
         return cli.fail(ap.prog, e)
     try:

@@ -31,7 +31,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from softswitch.udp import UdpSwitch
-from spina import cli, wire
+from spina import cli, log as spina_log, wire
 from spina.config import ConfigError, JobConfig, JobFile, WorkerAddr
 from spina.net import bind_own_address
 from spina.rendezvous import RendezvousServer
@@ -98,8 +98,9 @@ def serve(job_file: str, nworkers: int, job: int = 1, host: str = "127.0.0.1",
 
     runs = RendezvousServer(host, 0, {cfg.job: (cfg.nworkers, cfg.epoch)}, new_run).start()
     JobFile(cfg, switch.address, runs.address).write(job_file)
-    log.info("job %d: %d workers, switch on %s:%d, run rendezvous on %s:%d, job file %s",
-             cfg.job, nworkers, *switch.address, *runs.address, job_file)
+    log.info("%d workers, switch on %s:%d, run rendezvous on %s:%d, job file %s",
+             nworkers, *switch.address, *runs.address, job_file,
+             extra=spina_log.fields(job=cfg.job, epoch=cfg.epoch))
     stop = stop or threading.Event()
     try:
         while not stop.wait(0.5):
@@ -120,7 +121,7 @@ def serve(job_file: str, nworkers: int, job: int = 1, host: str = "127.0.0.1",
 
 
 def start_subprocess(nworkers: int, job_file: str | None = None, log_level: str = "WARNING",
-                     **kw) -> tuple[subprocess.Popen, str]:
+                     log_format: str = spina_log.DEFAULT_FORMAT, **kw) -> tuple[subprocess.Popen, str]:
     """Run `python -m host_agent.launch` in a child process; returns (process, job file path).
 
     For examples and tests that want a switch of their own; stop it with `terminate()` (SIGTERM,
@@ -131,7 +132,7 @@ def start_subprocess(nworkers: int, job_file: str | None = None, log_level: str 
     root = str(Path(__file__).resolve().parents[1])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
     cmd = [sys.executable, "-m", "host_agent.launch", "--nworkers", str(nworkers),
-           "--job-file", job_file, "--log-level", log_level]
+           "--job-file", job_file, "--log-level", log_level, "--log-format", log_format]
     for k, v in kw.items():
         cmd += [f"--{k.replace('_', '-')}", str(v)]
     return subprocess.Popen(cmd, env=env, cwd=root), job_file
@@ -176,13 +177,12 @@ def main(argv=None) -> int:
                     help="address of the switch and the workers (an address of this host)")
     ap.add_argument("--switch-port", type=cli.int_range(0, 65535, " (0: any free)"), default=0,
                     help="switch UDP port (0: any free)")
-    ap.add_argument("--log-level", type=cli.log_level, default="INFO",
-                    help=f"one of {', '.join(cli.LOG_LEVELS)} (default %(default)s)")
+    spina_log.add_options(ap)
     args = ap.parse_args(argv)
     folder = os.path.dirname(os.path.abspath(args.job_file))
     if not os.path.isdir(folder):
         ap.error(f"argument --job-file: directory {folder} does not exist")
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    spina_log.setup("launch", args.log_level, args.log_format)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

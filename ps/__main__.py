@@ -3,10 +3,10 @@
 Each prints `listening HOST:PORT` once it serves (port 0 picks a free one) and serves until
 SIGTERM or SIGINT. The policy comes from a JSON file (`--policy`, PolicyConfig fields) or
 the defaults. A shard starts at zero weights, or at `--init FILE` (a .npy of its range).
+Logs: --log-level, --log-format text|kv|json (spina/log.py).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import signal
 import threading
@@ -15,10 +15,11 @@ import numpy as np
 
 from ps.config import PolicyConfig
 from ps.server import Coordinator, ShardServer
+from spina import cli, log as spina_log
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m ps", description=__doc__.split("\n\n")[0])
+    ap = cli.ArgumentParser(prog="python -m ps", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="role", required=True)
     sh = sub.add_parser("shard", help="serve one parameter shard")
     sh.add_argument("--index", type=int, required=True)
@@ -31,7 +32,9 @@ def main(argv=None) -> None:
         p.add_argument("--policy", help="JSON file of PolicyConfig fields")
         p.add_argument("--host", default="127.0.0.1")
         p.add_argument("--port", type=int, default=0)
+        spina_log.add_options(p)
     args = ap.parse_args(argv)
+    spina_log.setup(f"ps-{args.role}", args.log_level, args.log_format)
     policy = PolicyConfig.from_dict(json.load(open(args.policy))) if args.policy else PolicyConfig()
     if args.role == "shard":
         if (args.size is None) == (args.init is None):

@@ -15,7 +15,6 @@ import socket
 import sys
 
 EXIT_BAD_INPUT = 2
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 def one_line(e) -> str:
@@ -60,14 +59,6 @@ def positive_float(text: str) -> float:
     if not 0 < v < float("inf"):
         raise argparse.ArgumentTypeError(f"{text!r} must be a positive number")
     return v
-
-
-def log_level(text: str) -> str:
-    """An argparse type (and the config files' check): a logging level name."""
-    if text not in LOG_LEVELS:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a log level "
-                                         f"(one of {', '.join(LOG_LEVELS)})")
-    return text
 
 
 def ipv4_host(text: str) -> str:

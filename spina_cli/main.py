@@ -30,7 +30,8 @@ COMMANDS = {
 # Options of `python -m controller` that come before its command; `spina deploy -c F` moves
 # them there so they can follow the command as users expect.
 _CONTROLLER_GLOBALS = {"-c": 1, "--config": 1, "--election-id": 1, "--timeout": 1,
-                       "--metrics": 1, "-v": 0, "--verbose": 0, "-vv": 0}
+                       "--metrics": 1, "-v": 0, "--verbose": 0, "-vv": 0,
+                       "--log-level": 1, "--log-format": 1}
 
 USAGE = "usage: spina COMMAND [options]\n\ncommands:\n" + "\n".join(
     f"  {name:<8} {text}" for name, text in COMMANDS.items()) + (

@@ -13,25 +13,27 @@ import time
 from controller.controller import Controller, format_table
 from controller.p4rt import P4RuntimeError
 from controller.state import load
+from spina import cli, log as spina_log
 from spina.config import ConfigError
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = cli.ArgumentParser(
         prog="spina status --watch",
         description="Poll every switch's per-job counters over P4Runtime every SECONDS and "
                     "redraw them as a table (on a terminal, with per-second rates) or print "
                     "one key=value line per job and poll (otherwise). Ctrl-C stops.")
     ap.add_argument("-c", "--config", default="spina.yaml", metavar="FILE",
                     help="desired-state YAML (default %(default)s)")
-    ap.add_argument("--watch", type=float, required=True, metavar="SECONDS",
+    ap.add_argument("--watch", type=cli.positive_float, required=True, metavar="SECONDS",
                     help="poll interval")
-    ap.add_argument("--count", type=int, metavar="N", help="stop after N polls (default: never)")
-    ap.add_argument("--election-id", type=int, default=1,
+    ap.add_argument("--count", type=cli.int_range(1, 1 << 62), metavar="N", help="stop after N polls (default: never)")
+    ap.add_argument("--election-id", type=cli.int_range(0, (1 << 128) - 1), default=1,
                     help="our P4Runtime election id (reads need no primary; default "
                          "%(default)s)")
-    ap.add_argument("--timeout", type=float, default=10.0,
+    ap.add_argument("--timeout", type=cli.positive_float, default=10.0,
                     help="seconds to wait for a switch (default %(default)s)")
+    spina_log.add_options(ap, level="WARNING")
     return ap
 
 
@@ -95,11 +97,11 @@ def watch(config: str, interval: float, count: int | None = None, out=None,
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
+    spina_log.setup("status", args.log_level, args.log_format)
     try:
         return watch(args.config, args.watch, args.count, election_id=args.election_id,
                      timeout=args.timeout)
     except KeyboardInterrupt:
         return 0
     except (ConfigError, P4RuntimeError, OSError) as e:
-        print(f"spina status: error: {e}", file=sys.stderr)
-        return 2
+        return cli.fail("spina status", e)

@@ -10,6 +10,7 @@ import sys
 import pytest
 import yaml
 
+from netns import hosts  # noqa: F401  (a fixture: hosts in network namespaces)
 from spina.net import bound_udp_socket
 from spina_cli import doctor, status
 from spina_cli.main import COMMANDS, controller_argv, main
@@ -44,6 +45,8 @@ def test_controller_options_may_follow_the_command():
         ["-c", "f.yaml", "--election-id=3", "deploy", "--watch", "2"]
     assert controller_argv("job", ["add", "--id", "2", "-v", "--config", "x"]) == \
         ["-v", "--config", "x", "job", "add", "--id", "2"]
+    assert controller_argv("status", ["--log-format", "kv", "--log-level=DEBUG"]) == \
+        ["--log-format", "kv", "--log-level=DEBUG", "status"]
 
 
 @pytest.fixture
@@ -134,4 +137,100 @@ def test_doctor_passes_a_good_deployment_and_names_what_is_wrong(deployed, capsy
     assert doctor.main(["-c", str(cfg)]) == 1
     out = capsys.readouterr().out
     assert "FAIL job 5: not admitted on switch s1" in out
-    assert "ok   worker w9: 127.0.0.1:9 is routable from here" in out
+    assert "ok   worker w9: 127.0.0.1 is an address of this host" in out
+
+
+def _start_switch_process():
+    """A `python -m softswitch udp --grpc` subprocess on free ports: (process, udp port, grpc)."""
+    proc = subprocess.Popen([sys.executable, "-m", "softswitch", "udp", "--port", "0",
+                             "--grpc", "127.0.0.1:0"], stdout=subprocess.PIPE, text=True,
+                            cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
+    port = grpc = None
+    while port is None or grpc is None:
+        line = proc.stdout.readline()
+        assert line, "the switch exited before it listened"
+        if line.startswith("listening "):
+            port = int(line.split()[1].rpartition(":")[2])
+        elif line.startswith("p4runtime "):
+            grpc = line.split()[1]
+    return proc, port, grpc
+
+
+@pytest.mark.parametrize("hosts", [1], indirect=True)
+def test_doctor_probes_workers_and_clocks_through_a_real_switch_process(hosts, tmp_path):
+    """Against a real switch process: a local worker is ok; a worker in a namespace answers ICMP
+    and its clock (the same kernel clock) is within 1 ms; a worker address nobody holds fails,
+    named; a worker whose admission entry differs from the file fails, named."""
+    from controller.controller import Controller
+    from controller.state import load
+    ns, sw_if = hosts[0]
+    net = f"10.213.{os.getpid() % 250}"  # a subnet of this test's own on its veth
+    subprocess.run(["ip", "-n", ns, "addr", "add", f"{net}.1/24", "dev", "eth0"], check=True)
+    subprocess.run(["ip", "addr", "add", f"{net}.2/24", "dev", sw_if], check=True)
+    proc, port, grpc = _start_switch_process()
+    try:
+        cfg = tmp_path / "spina.yaml"
+        doc = {"switches": [{"name": "s1", "target": "softswitch", "grpc": grpc,
+                             "address": "127.0.0.1", "udp_port": port}],
+               "workers": [{"name": "w0", "ip": "127.0.0.1", "switch_port": 0, "udp_port": 41000},
+                           {"name": "w1", "ip": f"{net}.1", "switch_port": 0, "udp_port": 41001},
+                           {"name": "w2", "ip": f"{net}.99", "switch_port": 0, "udp_port": 41002}],
+               "jobs": [{"id": 4, "members": ["w0", "w1", "w2"], "nslots": 4, "slot_base": 0,
+                         "block_size": 32, "nlanes": 4}],
+               "agents_dir": str(tmp_path / "agents")}
+        cfg.write_text(yaml.safe_dump(doc))
+        with Controller(load(cfg), 1, timeout=20) as ctl:
+            ctl.deploy()
+        doc["workers"][0]["udp_port"] = 41009  # the switch still admits w0 from 41000
+        cfg.write_text(yaml.safe_dump(doc))
+        out = subprocess.run([sys.executable, "-m", "spina_cli", "doctor", "-c", str(cfg),
+                              "--probe-timeout", "0.5"], capture_output=True, text=True,
+                             timeout=120, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    lines = out.stdout.splitlines()
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert f"ok   switch s1: answers P4Runtime at {grpc}" in lines
+    assert "ok   job 4: admitted on s1, slots and epoch 1 agree" in lines
+    assert ("FAIL worker w0: switch s1 does not admit job 4 rank 0 from 127.0.0.1:41009 "
+            "(port 0); `spina deploy`") in lines
+    assert f"ok   worker w1: admitted on s1 as job 4 rank 1 from {net}.1:41001 (port 0)" in lines
+    assert "ok   worker w0: 127.0.0.1 is an address of this host" in lines
+    assert any(x.startswith(f"ok   worker w1: {net}.1 answers ICMP timestamp (") for x in lines)
+    assert (f"FAIL worker w2: {net}.99 does not answer ICMP from here (no reply in 0.5 s)"
+            in lines)
+    clock = [x for x in lines if x.startswith(f"ok   host {net}.1 (w1): clock ")]
+    assert len(clock) == 1, out.stdout
+    assert abs(int(clock[0].split("clock ")[1].split()[0])) <= 1  # one kernel, whole ms
+    assert sum(x.startswith("FAIL") for x in lines) == 2
+    assert any(x.startswith(("ok   this host: clock synchronized",
+                             "warn this host: the kernel says the clock is not synchronized"))
+               for x in lines)
+
+
+def test_clock_offset_from_icmp_timestamps():
+    """The NTP-style offset: path delay cancels, the sign is theirs minus ours, midnight wraps."""
+    assert doctor.clock_offset_ms(1000, 1205, 1206, 1011) == 200.0  # 5 ms each way, +200
+    assert doctor.clock_offset_ms(1000, 800, 801, 1006) == -202.5
+    day = doctor.DAY_MS
+    assert doctor.clock_offset_ms(day - 2, 8, 9, 1) == 9.0  # across midnight: 10 ms ahead
+    assert doctor.clock_offset_ms(3, day - 47, day - 46, 5) == -50.5
+
+
+def test_doctor_reports_a_host_that_does_not_answer_by_worker_name(tmp_path):
+    """check(): a worker address with a route but no host (TEST-NET-3 via the default route, or
+    no route at all) fails with the worker named, after the switch's own failure."""
+    cfg = tmp_path / "spina.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "switches": [{"name": "s1", "target": "softswitch", "grpc": "127.0.0.1:1",
+                      "address": "127.0.0.1", "udp_port": 47000}],
+        "workers": [{"name": "far", "ip": "203.0.113.9", "switch_port": 0, "udp_port": 41000}],
+        "jobs": [{"id": 1, "members": ["far"], "nslots": 2, "slot_base": 0}]}))
+    lines = [f"{level} {msg}" for level, msg in doctor.check(str(cfg), timeout=1,
+                                                              probe_timeout=0.3)]
+    assert lines[0].startswith("FAIL switch s1: no answer at 127.0.0.1:1")
+    far = [x for x in lines if "worker far" in x]
+    assert far in (["FAIL worker far: no route to 203.0.113.9"],
+                   ["FAIL worker far: 203.0.113.9 does not answer ICMP from here "
+                    "(no reply in 0.3 s)"]), lines
