@@ -3,7 +3,6 @@ remove jobs, reset a job's slots. `python -m controller --help` lists the comman
 from __future__ import annotations
 
 import argparse
-import logging
 import signal
 import sys
 import threading
@@ -11,7 +10,7 @@ import threading
 from controller.controller import Controller, format_table
 from controller.p4rt import NotPrimaryError, P4RuntimeError
 from controller.state import Job, load
-from spina import cli
+from spina import cli, log as spina_log
 from spina.config import ConfigError
 from spina.metrics import parse_address
 from spina.rendezvous import RendezvousServer
@@ -37,7 +36,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="with serve or deploy --watch: serve Prometheus metrics polled from "
                          "every switch's P4 counters at http://HOST:PORT/metrics (host default "
                          "127.0.0.1; a wildcard address is refused)")
-    ap.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
+    ap.add_argument("-v", "--verbose", action="count", default=0,
+                    help="more logging (-v INFO, -vv DEBUG); --log-level overrides it")
+    spina_log.add_options(ap, level=None)
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     d = sub.add_parser("deploy", help="push pipeline and state; idempotent (twice: no writes)",
                        description="Push the pipeline when the switch's differs, write only what "
@@ -152,8 +153,8 @@ def _with_metrics(args, ctl: Controller) -> int:
 def main(argv=None) -> int:
     ap = _parser()
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING - 10 * min(args.verbose, 2),
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    spina_log.setup("controller", args.log_level or spina_log.verbosity(args.verbose),
+                    args.log_format)
     try:
         long_running = args.cmd == "serve" or (args.cmd == "deploy" and args.watch)
         if args.metrics:

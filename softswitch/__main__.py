@@ -17,7 +17,7 @@ import threading
 
 from softswitch.pipeline import (DEFAULT_POOL_SLOTS, MAX_POOL_SLOTS, MAX_REGISTER_BYTES,
                                  register_bytes)
-from spina import cli, wire
+from spina import cli, log as spina_log, wire
 from spina.spec import DEFAULT_SLOT_CAPACITY
 from spina.config import ConfigError, JobConfig
 
@@ -93,7 +93,8 @@ def _pool_args(p: argparse.ArgumentParser) -> None:
                         "127.0.0.1; a wildcard address is refused; port 0 picks one and prints "
                         "it). Names: docs/operations.md")
     p.add_argument("-v", "--verbose", action="count", default=0,
-                   help="more logging (-vv: per packet)")
+                   help="more logging (-v: per packet); --log-level overrides it")
+    spina_log.add_options(p, level=None)
 
 
 def _check_args(ap: argparse.ArgumentParser, args) -> None:
@@ -193,8 +194,8 @@ def main(argv=None) -> int:
     ap = _parser()
     args = ap.parse_args(argv)
     _check_args(ap, args)
-    logging.basicConfig(level=logging.WARNING - 10 * min(args.verbose + 1, 2),
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    spina_log.setup("switch", args.log_level or spina_log.verbosity(args.verbose, "INFO"),
+                    args.log_format)
     server = metrics = None
     try:
         if args.mode == "udp":

@@ -36,10 +36,11 @@ import time
 from dataclasses import dataclass
 
 from controller.controller import Controller, cookie_of, load_pipeline
-from controller.p4rt import P4RuntimeError, decode
+from controller.p4rt import P4RuntimeError
 from controller.state import load
 from spina import cli, log as spina_log, wire
 from spina.config import ConfigError
+from spina.p4runtime import decode
 
 IP_UDP = 28  # IPv4 + UDP headers
 CLOCK_TOLERANCE_MS = 100

@@ -203,7 +203,49 @@ ENTRY_POINTS = [
     ["-m", "ps", "coordinator", "--nworkers", "1"],
     ["-m", "spina_cli", "doctor"],
     ["-m", "spina_cli", "status", "--watch", "1"],
+    ["-m", "softswitch", "udp"],
+    ["-m", "softswitch", "l2", "-i", "1@lo"],
+    ["-m", "spina_cli", "switch", "udp"],
+    ["-m", "spina_cli", "deploy"],
+    ["-m", "spina_cli", "status"],
 ]
+
+
+@pytest.mark.parametrize("fmt", ["json", "kv"])
+def test_switch_and_controller_processes_write_the_format(tmp_path, fmt):
+    """`spina switch udp --grpc` and `spina deploy` with --log-format FMT: every line parses,
+    proc names the process; the pipeline the deploy pushed shows on the switch's side."""
+    sw = subprocess.Popen([sys.executable, "-m", "spina_cli", "switch", "udp", "--port", "0",
+                           "--grpc", "127.0.0.1:0", "--log-format", fmt],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+                          cwd=ROOT)
+    try:
+        port = grpc = None
+        while port is None or grpc is None:
+            line = sw.stdout.readline()
+            assert line, sw.stderr.read()
+            if line.startswith("listening "):
+                port = int(line.split()[1].rpartition(":")[2])
+            elif line.startswith("p4runtime "):
+                grpc = line.split()[1]
+        (tmp_path / "spina.yaml").write_text(json.dumps({
+            "switches": [{"name": "s1", "target": "softswitch", "grpc": grpc,
+                          "address": "127.0.0.1", "udp_port": port}],
+            "workers": [{"name": f"w{i}", "ip": "127.0.0.1", "switch_port": 0,
+                         "udp_port": 41000 + i} for i in range(2)],
+            "jobs": [{"id": 3, "members": ["w0", "w1"], "nslots": 2, "slot_base": 0}],
+            "agents_dir": str(tmp_path / "agents")}))
+        ctl = subprocess.run([sys.executable, "-m", "spina_cli", "deploy", "-c", "spina.yaml",
+                              "--log-format", fmt, "--log-level", "INFO"], capture_output=True,
+                             text=True, timeout=120, env=ENV, cwd=tmp_path)
+        assert ctl.returncode == 0, ctl.stderr
+    finally:
+        sw.send_signal(signal.SIGTERM)
+        sw.wait(timeout=20)
+    check_common_fields(parse_lines(ctl.stderr, fmt), "controller")
+    switch = parse_lines(sw.stderr.read(), fmt)
+    check_common_fields(switch, "switch")
+    assert any(r["msg"].startswith("pipeline committed") for r in switch)  # deploy pushed it
 
 
 @pytest.mark.parametrize("argv", ENTRY_POINTS, ids=lambda a: " ".join(a[1:3]))
