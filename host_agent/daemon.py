@@ -48,7 +48,7 @@ from host_agent.agent import Agent, CallStats, SpinaError
 from host_agent.metrics import DaemonMetrics
 from spina import cli, log as spina_log
 from host_agent.recovery import MIN_RTO
-from spina.config import ConfigError, JobFile
+from spina.config import ConfigError, JobFile, read_json
 from spina.metrics import parse_address
 
 log = logging.getLogger("spina.daemon")
@@ -74,13 +74,7 @@ class DaemonConfig:
     def load(cls, path: str | None) -> "DaemonConfig":
         if path is None:
             return cls().validate()
-        try:
-            with open(path) as f:
-                d = json.load(f)
-        except OSError as e:
-            raise ConfigError(f"daemon config {path}: {e.strerror}") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ConfigError(f"daemon config {path}: not JSON ({e})") from None
+        d = read_json(path, "daemon config")
         if not isinstance(d, dict):
             raise ConfigError(f"daemon config {path}: top level must be an object")
         known = set(cls.__dataclass_fields__)

@@ -4,19 +4,11 @@ Every error is a spina.config.ConfigError whose message names the offending fiel
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
-from spina.config import ConfigError
+from spina.config import checker, dataclass_kwargs
 
 POLICIES = ("bsp", "asp", "ssp", "gssp")
-
-
-def checker(prefix: str):
-    """`need(cond, field, msg)`: raise ConfigError("<prefix>: field '<field>': <msg>") unless cond."""
-    def need(cond, name: str, msg: str) -> None:
-        if not cond:
-            raise ConfigError(f"{prefix}: field '{name}': {msg}")
-    return need
 
 
 @dataclass(frozen=True)
@@ -61,7 +53,7 @@ class PolicyConfig:
         return {"bsp": 0, "asp": float("inf")}.get(self.policy, self.staleness)
 
     def validate(self) -> "PolicyConfig":
-        need = checker("ps policy")
+        need = checker("ps policy: ")
         need(self.policy in POLICIES, "policy", f"{self.policy!r} is not one of {', '.join(POLICIES)}")
         for name in ("staleness", "ngroups", "warmup", "regroup_every", "block_size", "adjust_every"):
             v = getattr(self, name)
@@ -85,29 +77,4 @@ class PolicyConfig:
     @classmethod
     def from_dict(cls, d: dict) -> "PolicyConfig":
         """From JSON/YAML data; unknown fields and wrong types are errors naming the field."""
-        if not isinstance(d, dict):
-            raise ConfigError("ps policy: must be a mapping of field names to values")
-        types = {f.name: f.type for f in fields(cls)}
-        kw = {}
-        for k, v in d.items():
-            if k not in types:
-                raise ConfigError(f"ps policy: unknown field '{k}' (known: {', '.join(sorted(types))})")
-            t = types[k]
-            try:
-                if t == "bool":
-                    if not isinstance(v, bool):
-                        raise TypeError
-                    kw[k] = v
-                elif t == "int":
-                    if isinstance(v, bool) or int(v) != v:
-                        raise TypeError
-                    kw[k] = int(v)
-                elif t == "float":
-                    if isinstance(v, bool):
-                        raise TypeError
-                    kw[k] = float(v)
-                else:
-                    kw[k] = str(v)
-            except (TypeError, ValueError):
-                raise ConfigError(f"ps policy: field '{k}': {v!r} is not a {t}") from None
-        return cls(**kw).validate()
+        return cls(**dataclass_kwargs(cls, d, "ps policy")).validate()

@@ -20,7 +20,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from ps.config import PolicyConfig, checker
+from ps.config import PolicyConfig
+from spina.config import checker
 from ps.local import LocalPS
 
 
@@ -47,7 +48,7 @@ class StragglerInjector:
     """Slows workers down: sleep (factor - 1) x compute, and bytes / uplink after a push."""
 
     def __init__(self, nworkers: int, stragglers: tuple[Straggler, ...] = (), uplink_mbps: float | None = None):
-        need = checker("straggler")
+        need = checker("straggler: ")
         need(uplink_mbps is None or uplink_mbps > 0, "uplink_mbps", "must be positive (Mbit/s)")
         self.slow: dict[int, Straggler] = {}
         for s in stragglers:

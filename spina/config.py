@@ -1,6 +1,7 @@
 """Job configuration: loaded and validated in one place, errors name the field."""
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import json
 import os
@@ -121,6 +122,54 @@ class JobConfig:
         return cls(workers=workers, **kw).validate()
 
 
+def checker(prefix: str):
+    """`need(cond, field, msg)`: raise ConfigError("<prefix>field '<field>': <msg>") unless cond
+    (prefix "" or ending in ": ")."""
+    def need(cond, name: str, msg: str) -> None:
+        if not cond:
+            raise ConfigError(f"{prefix}field '{name}': {msg}")
+    return need
+
+
+def read_json(path, what: str):
+    """The JSON document in `path`; unreadable or not JSON is a ConfigError naming `what`
+    ("job file", "daemon config", ...) and the path."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except OSError as e:
+        raise ConfigError(f"{what} {path}: {e.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{what} {path}: not JSON ({e})") from None
+
+
+_TYPES = {"bool": (bool,), "int": (int,), "float": (int, float), "str": (str,)}
+
+
+def dataclass_kwargs(cls, d, what: str) -> dict:
+    """Keyword arguments for the dataclass `cls` from the mapping `d`: a key `cls` does not have
+    or a value of the wrong type (by the field's annotation: bool, int, float, str, optionally
+    `| None`) is a ConfigError naming `what` and the field. Floats given as integers become
+    floats; a bool is never taken for a number."""
+    if not isinstance(d, dict):
+        raise ConfigError(f"{what}: must be a mapping of field names to values")
+    types = {f.name: str(f.type) for f in dataclasses.fields(cls)}
+    out = {}
+    for key, value in d.items():
+        if key not in types:
+            raise ConfigError(f"{what}: unknown field '{key}' (known: {', '.join(sorted(types))})")
+        kinds = [t.strip() for t in types[key].split("|")]
+        if value is None and "None" in kinds:
+            out[key] = None
+            continue
+        kind = kinds[0]
+        ok = isinstance(value, _TYPES.get(kind, (object,))) and (kind == "bool" or not isinstance(value, bool))
+        if not ok:
+            raise ConfigError(f"{what}: field '{key}': {value!r} is not a{'n' if kind == 'int' else ''} {kind}")
+        out[key] = float(value) if kind == "float" else value
+    return out
+
+
 def number_field(d: dict, key: str, kind: type, where: str = ""):
     """d[key] if it is an integer (kind int) or a number (kind float); never a bool or string.
     `where` prefixes the field's name in the error (e.g. "workers[1].")."""
@@ -210,13 +259,7 @@ class JobFile:
 
     @classmethod
     def load(cls, path) -> "JobFile":
-        try:
-            with open(path) as f:
-                d = json.load(f)
-        except OSError as e:
-            raise ConfigError(f"job file {path}: {e.strerror}") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ConfigError(f"job file {path}: not JSON ({e})") from None
+        d = read_json(path, "job file")
         try:
             return cls.from_dict(d)
         except ConfigError as e:
@@ -256,10 +299,7 @@ class Assignment:
 
     @classmethod
     def load(cls, path) -> "Assignment":
-        try:
-            d = json.loads(pathlib.Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise ConfigError(f"{path}: {e}") from None
+        d = read_json(path, "assignment file")
         try:
             return cls.from_dict(d)
         except ConfigError as e:

@@ -496,3 +496,35 @@ def test_rendezvous_protocol(line, names, runs):
         reply = json.loads(s.makefile("rb").readline())
     assert reply["ok"] is False and names in reply["error"], reply
     assert started == [] and srv.jobs[1].waiting == {}
+
+
+# --------------------------------------------------------------------------- typed config mappings
+# spina.config.dataclass_kwargs reads the compression and PS policy mappings (YAML/JSON).
+TYPED_CASES = [
+    ("compression", {"ratio": "0.1"}, "compression: field 'ratio': '0.1' is not a float"),
+    ("compression", {"warmup_steps": 1.5}, "compression: field 'warmup_steps': 1.5 is not an int"),
+    ("compression", {"error_feedback": 1}, "compression: field 'error_feedback': 1 is not a bool"),
+    ("compression", {"ratio": True}, "compression: field 'ratio': True is not a float"),
+    ("compression", {"ratoi": 0.1}, "compression: unknown field 'ratoi'"),
+    ("compression", [0.1], "compression: must be a mapping"),
+    ("ps", {"staleness": True}, "ps policy: field 'staleness': True is not an int"),
+    ("ps", {"policy": 3}, "ps policy: field 'policy': 3 is not a str"),
+]
+
+
+@pytest.mark.parametrize("what,doc,message", TYPED_CASES, ids=[c[2].split(":")[1] + str(i)
+                                                               for i, c in enumerate(TYPED_CASES)])
+def test_typed_config_mappings(what, doc, message):
+    from host_agent.compression import CompressionConfig
+    from ps.config import PolicyConfig
+    cls = CompressionConfig if what == "compression" else PolicyConfig
+    with pytest.raises(ConfigError) as e:
+        cls.from_dict(doc)
+    assert str(e.value).startswith(message)
+
+
+def test_typed_config_good_values():
+    """Integers are taken for floats (as floats), None where the field allows it."""
+    from host_agent.compression import CompressionConfig
+    c = CompressionConfig.from_dict({"ratio": 1, "ratio_min": None, "warmup_steps": 0})
+    assert c.ratio == 1.0 and isinstance(c.ratio, float) and c.ratio_min is None

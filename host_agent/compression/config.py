@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
-from spina.config import ConfigError
+from spina.config import checker, dataclass_kwargs
 
 METHODS = ("none", "topk", "randomk", "scaled", "losscomp")
 
@@ -54,8 +54,7 @@ class CompressionConfig:
 
     def validate(self) -> "CompressionConfig":
         def need(cond, name, msg):
-            if not cond:
-                raise ConfigError(f"compression: field '{name}': {msg} (got {getattr(self, name)!r})")
+            checker("compression: ")(cond, name, f"{msg} (got {getattr(self, name)!r})")
 
         need(self.method in METHODS, "method", f"unknown method; choose one of {', '.join(METHODS)}")
         for name in ("ratio", "warmup_ratio", "ratio_min", "ratio_max"):
@@ -85,8 +84,4 @@ class CompressionConfig:
     @classmethod
     def from_dict(cls, d: dict) -> "CompressionConfig":
         """From a YAML/JSON mapping; an unknown key is an error naming it."""
-        known = {f.name for f in fields(cls)}
-        for key in d:
-            if key not in known:
-                raise ConfigError(f"compression: unknown field '{key}'; known: {', '.join(sorted(known))}")
-        return cls(**d).validate()
+        return cls(**dataclass_kwargs(cls, d, "compression")).validate()
