@@ -31,6 +31,7 @@ P4_TOP = ROOT / "p4src" / "v1model" / "spina_v1model.p4"
 GRPC_ADDR = "127.0.0.1:9559"
 THRIFT_PORT = 9090
 TOOLS = ("p4c-bm2-ss", "simple_switch_grpc", "simple_switch_CLI")
+CROSS_PORT_GAP = 0.05  # s between frames sent on different ports (see Bmv2Target.send)
 
 
 def unavailable() -> str | None:
@@ -85,6 +86,7 @@ class Bmv2Target(P4RuntimeTarget):
         self.conn = None
         self.links: list[str] = []
         self.socks: dict[int, socket.socket] = {}
+        self._last_port = None
         try:
             js, info_path = compile_p4(self.tmp)
             p4info = text_format.Parse(info_path.read_text(), p4info_pb2.P4Info())
@@ -135,6 +137,13 @@ class Bmv2Target(P4RuntimeTarget):
 
     # ------------------------------------------------------------ Target
     def send(self, port, frame):
+        # BMv2 takes each port's frames on its own capture thread, so a frame sent on another
+        # port right after may be processed first (test_newer_round_resets_copy failed 28 times
+        # in 100). The tests mean their sends in order: give the previous frame time to enter
+        # the pipeline before one goes in on a different port.
+        if self._last_port not in (None, port):
+            time.sleep(CROSS_PORT_GAP)
+        self._last_port = port
         self.socks[port].send(bytes(frame))
 
     def received(self, timeout=0.3):
