@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test soak bench bench-l2 bench-net profile clean help p4 p4-check testbed deploy dissector
+.PHONY: setup demo test soak bench bench-quick bench-l2 bench-net profile clean help p4 p4-check testbed deploy dissector
 
 help:  ## list targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -54,8 +54,11 @@ DEPLOY ?= controller/examples/$(TARGET).yaml
 deploy: $(STAMP)  ## push pipeline and jobs: TARGET=softswitch|bmv2 (switch running; controller/README.md)
 	$(PY) -m controller -c $(DEPLOY) deploy
 
-bench: $(STAMP)  ## SpINA vs gloo sweep (12 min here): bench/out/{results.csv,summary.md,*.png}
+bench: $(STAMP)  ## SpINA vs gloo, paired, in place (8 min here): bench/out/{results.csv,summary.md,*.png}
 	$(PY) -m bench.allreduce_bench $(BENCH_ARGS)
+
+bench-quick: $(STAMP)  ## the density sweep of `make bench`, SpINA vs gloo all_reduce (1 min)
+	$(PY) -m bench.allreduce_bench --quick $(BENCH_ARGS)
 
 bench-l2: $(STAMP)  ## (root) L2-mode switch: lossless INA frame rate of 4 namespaced workers
 	$(PY) -m bench.l2_rate $(BENCH_ARGS)

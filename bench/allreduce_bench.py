@@ -1,8 +1,9 @@
-"""SpINA all-reduce against what CPU PyTorch users run today, side by side in one run.
+"""SpINA all-reduce against what CPU PyTorch users run today, in the same processes.
 
 Run from the repository root (the Makefile's `make bench` does):
 
-    python -m bench.allreduce_bench                      # the full sweep (12 min here)
+    python -m bench.allreduce_bench                      # the full sweep (8 min here)
+    python -m bench.allreduce_bench --quick              # density sweep only (1 min)
     python -m bench.allreduce_bench --sweeps density --repeats 3
     python -m bench.allreduce_bench --sweeps base --base-workers 2 --base-elements 65536 \\
         --repeats 1 --out /tmp/b                         # a smoke run (tests/test_bench_smoke.py)
@@ -10,55 +11,54 @@ Run from the repository root (the Makefile's `make bench` does):
 One factor at a time is varied around a base point (4 workers, 25M float32 elements, 1% of
 the blocks non-zero, block 256, 56 blocks per packet): density, size (at 1%), fixed_nnz (size
 with the base point's number of non-zero blocks: does time follow the non-zero bytes or the
-length?), workers, block_size, nlanes. At each point, in this order:
+length?), workers, block_size, nlanes. The methods:
 
-  spina           SpINA all-reduce through the software switch (softswitch.udp.UdpSwitch):
-                  switch and every worker in their own process, all on 127.0.0.1, the job
-                  config built from the workers' bound ports;
-  gloo_allreduce  torch.distributed gloo all_reduce of the dense tensor;
+  spina           SpINA all-reduce in place through the software switch
+                  (softswitch.udp.UdpSwitch in a process of its own, all on 127.0.0.1);
+  gloo_allreduce  torch.distributed gloo all_reduce of the dense tensor, in place;
   gloo_allgather  gloo all_gather of (int32 index, float32 value) of the non-zero elements,
                   then a local index_add_ (the sparse all-reduce users write by hand).
 
-Each method does one warm-up call and `--repeats` timed calls; a repeat's time is that of
-the slowest worker (every worker starts at a barrier). Every SpINA result is checked
-against numpy (rank 0 against the float64 sum within the documented quantization bound,
-every other rank bit-identical to rank 0); a wrong result stops the run. Outputs in --out:
-results.csv, summary.md and PNG plots (bench/report.py).
+Fair by construction (bench/paired.py): every worker process holds a SpINA Agent and a gloo
+process group at once; per repeat every method runs once on the same buffer, the order
+rotating repeat by repeat, each call between barriers with only the collective timed (the
+buffer is refilled outside the timer). A repeat's time is the slowest worker's; ratios are
+taken per repeat (paired) and reported as median [min-max]. Every result is checked against
+numpy (SpINA: rank 0 within the documented quantization bound, every rank bit-identical; gloo:
+rank 0 within float32 rounding); a wrong result stops the run. The 1-minute load average is
+recorded at the start and end of every point, SpINA's resends (all spurious on loopback) per
+point. Outputs in --out: results.csv, meta.json, summary.md and PNG plots (bench/report.py,
+which regenerates summary and plots from the CSV alone).
 """
 from __future__ import annotations
 
 import argparse
 import csv
-import multiprocessing as mp
+import json
 import os
 import platform
-import socket
 import statistics
 import sys
 import time
 from dataclasses import asdict, replace
 
-from bench.procs import Point, gloo_worker, spina_worker, switch_main
+from bench.paired import (ALL_METHODS, METHODS, SPINA_METHODS, Cluster, Gloo, Place, Request,
+                          gloo_bytes, mean_over_workers, proc_cpu, slowest)
+from bench.procs import Point
 from spina import wire
-from spina.config import JobConfig, WorkerAddr
 
 SWEEPS = ("density", "size", "fixed_nnz", "workers", "block_size", "nlanes", "loss")
-METHODS = ("spina", "gloo_allreduce", "gloo_allgather")
 SLOT_CAPACITY = 64 * 256  # softswitch.pipeline.DEFAULT_SLOT_CAPACITY: nlanes*block_size bound
-CHILD_TIMEOUT = 900.0     # seconds a child may take before the run is declared hung
+QUICK = dict(sweeps="density", methods="spina,gloo_allreduce")  # --quick
 
 COLUMNS = ("sweep", "workers", "elements", "density", "block_size", "nlanes", "data_block",
            "nslots", "method", "repeats", "median_s", "min_s", "max_s", "times_s",
            "cpu_s_per_worker", "bytes_per_worker", "bytes_source", "payload_bytes_per_worker",
-           "packets_per_worker", "nonzero_blocks_per_worker", "resends", "verified", "max_abs_err",
-           "switch_packets_in", "switch_bytes_in", "switch_cpu_s", "switch_pkts_per_cpu_s",
+           "packets_per_worker", "nonzero_blocks_per_worker", "resends", "spurious_resends",
+           "timeout_resends", "verified", "max_abs_err",
+           "switch_packets_in", "switch_cpu_s", "switch_pkts_per_cpu_s",
            "switch_payload_gbit_per_cpu_s", "loss", "dropped", "resends_per_rank",
-           "timeout_resends_per_rank",
-           "spurious_resends", "load")
-
-
-class BenchError(RuntimeError):
-    """A benchmark child failed or produced a wrong result."""
+           "timeout_resends_per_rank", "load_start", "load_end")
 
 
 # ----------------------------------------------------------------------------- the sweep
@@ -108,138 +108,141 @@ def build_points(a) -> list[tuple[str, Point]]:
 
 
 def memory_estimate(p: Point) -> int:
-    """Rough peak bytes of a point: per worker input + agent temporaries (< 4x) + result;
-    rank 0 also holds the float64 reference (3 arrays of 8 bytes)."""
-    return p.workers * 6 * 4 * p.elements + 3 * 8 * p.elements
+    """Rough peak bytes of a point: per worker the tensor, the buffer reduced in place and
+    temporaries (< 3x); rank 0 also holds the float64 reference (3 arrays of 8 bytes)."""
+    return p.workers * 5 * 4 * p.elements + 3 * 8 * p.elements
 
 
 # ----------------------------------------------------------------------------- runners
-def _recv(conn, proc_list, what: str):
-    if not conn.poll(CHILD_TIMEOUT):
-        raise BenchError(f"{what}: no answer within {CHILD_TIMEOUT:g} s")
-    msg = conn.recv()
-    if isinstance(msg, dict) and "error" in msg:
-        raise BenchError(f"{what}: {msg['error']}")
-    return msg
+def cluster_key(p: Point) -> tuple:
+    """Points with the same key share one switch and one set of worker processes."""
+    return (p.workers, p.block_size, p.nlanes, p.nslots, p.rto, p.loss is not None)
 
 
-def _stop(procs) -> None:
-    for pr in procs:
-        pr.join(timeout=10)
-    for pr in procs:
-        if pr.is_alive():
-            pr.terminate()
-            pr.join()
+def _cluster(p: Point, gloo: bool, star=None, switch_profile: str | None = None) -> Cluster:
+    """The cluster for p's key: on 127.0.0.1, or in the namespaces of a bench.netns.Star."""
+    from bench import netns
+    places = {}
+    if star is not None:
+        places = dict(switch_place=Place(star.switch_ns, netns.SWITCH_IP),
+                      worker_places=[Place(star.worker_ns[r], netns.worker_ip(r))
+                                     for r in range(p.workers)])
+    return Cluster(p.workers, nslots=p.nslots, block_size=p.block_size, nlanes=p.nlanes,
+                   agent_kw={} if p.rto is None else {"rto": p.rto},
+                   gloo=Gloo() if gloo else None, switch_profile=switch_profile, **places)
+
+
+def measure(cl: Cluster, p: Point, repeats: int, methods, star=None,
+            profile_path: str | None = None, memory: bool = False) -> dict:
+    """One point in a running cluster: {method: measurements} (see summarize)."""
+    load0 = os.getloadavg()
+    sw0 = proc_cpu(cl.switch_pid)
+    if star is not None:
+        star.loss(p.loss)  # new rules: their counters start at 0
+    drops0 = star.dropped() if star is not None else 0
+    recs = cl.measure(Request(p, repeats, tuple(methods), profile_path=profile_path,
+                              memory=memory))
+    out = summarize(p, recs, methods, proc_cpu(cl.switch_pid) - sw0)
+    load = dict(load_start=_load(load0), load_end=_load(os.getloadavg()))
+    for m in out.values():
+        m.update(load)
+        if star is not None:
+            m["dropped"] = star.dropped() - drops0
+    return out
+
+
+def _load(v) -> str:
+    return " ".join(f"{x:.2f}" for x in v)
+
+
+def summarize(p: Point, recs: list[dict], methods, switch_cpu: float) -> dict:
+    """Per method: the repeat times (slowest worker), CPU, bytes, resends, checks."""
+    out = {}
+    nonzeros = max(w["nonzeros"] for w in recs)
+    for m in methods:
+        cpu = statistics.fmean(statistics.median(w[m]["cpu"]) for w in recs)
+        d = dict(times=slowest(recs, m), cpu=cpu, verified=True, max_err=recs[0][m]["max_err"])
+        if m not in SPINA_METHODS:
+            d.update(bytes=gloo_bytes(m, p, nonzeros), bytes_source="model")
+            out[m] = d
+            continue
+        mean = lambda k: mean_over_workers(recs, m, k)  # noqa: E731
+        # Every call, warm-up included: what the switch served while its CPU was measured
+        # (with both SpINA methods in a point, it served both: the rates are of the total).
+        total = lambda k: sum(w[n]["warmup"][k] + sum(w[n][k])  # noqa: E731
+                              for w in recs for n in methods if n in SPINA_METHODS)
+        own = lambda k: sum(w[m]["warmup"][k] + sum(w[m][k]) for w in recs)  # noqa: E731
+        timed_calls = p.workers * len(d["times"])
+        resends = own("resends")
+        d.update(bytes=mean("bytes_sent"), bytes_source="measured",
+                 payload=mean("payload_bytes_sent"), packets=mean("packets_sent"),
+                 nonzero_blocks=mean("nonzero_blocks"), resends=resends,
+                 timeout_resends=own("timeout_resends"),
+                 # Without loss every resend is spurious; with loss, those the agents found so.
+                 spurious=resends if not p.loss else own("spurious_resends"),
+                 resends_per_rank=sum(sum(w[m]["resends"]) for w in recs) / timed_calls,
+                 timeouts_per_rank=sum(sum(w[m]["timeout_resends"])
+                                       for w in recs) / timed_calls,
+                 switch_packets=total("packets_sent"), switch_cpu=switch_cpu,
+                 switch_pkt_rate=(total("packets_sent") / switch_cpu if switch_cpu
+                                  else float("nan")),
+                 switch_gbit=(8e-9 * total("payload_bytes_sent") / switch_cpu if switch_cpu
+                              else float("nan")),
+                 memory=[w.get("memory") for w in recs])
+        out[m] = d
+    return out
 
 
 def run_spina(p: Point, repeats: int, profile_dir: str | None = None,
               memory: bool = False) -> dict:
-    """Switch + p.workers agents, each in its own process; returns the merged measurements.
-    With p.loss set, every process runs in its own network namespace and iptables drops a
-    fraction p.loss of the datagrams each way at every worker (bench/netns.py)."""
-    if p.loss is None:
-        return _run_spina(p, repeats, profile_dir, memory, None)
+    """SpINA alone at one point, in a cluster of its own (bench/profile.py's runner): its
+    measurements (summarize) plus "switch", the switch's own counters. With p.loss set, every
+    process runs in a network namespace of a bench.netns.Star, iptables dropping p.loss of the
+    datagrams each way at every worker."""
+    from contextlib import ExitStack
     from bench import netns
-    with netns.Star(p.workers) as star:
-        star.loss(p.loss)
-        m = _run_spina(p, repeats, profile_dir, memory, star)
-        m["dropped"] = star.dropped()
+    with ExitStack() as stack:
+        star = None if p.loss is None else stack.enter_context(netns.Star(p.workers))
+        sw_prof = os.path.join(profile_dir, "switch.prof") if profile_dir else None
+        ag_prof = os.path.join(profile_dir, "agent0.prof") if profile_dir else None
+        cl = stack.enter_context(_cluster(p, gloo=False, star=star, switch_profile=sw_prof))
+        m = measure(cl, p, repeats, ("spina",), star, ag_prof, memory)["spina"]
+    m["switch"] = cl.switch_stats
     return m
 
 
-def _run_spina(p, repeats, profile_dir, memory, star) -> dict:
+def run_points(points: list[Point], repeats: int, methods):
+    """Measure every point, one cluster per cluster_key (points grouped, first-seen order);
+    yields (point, {method: measurements}) as each is done. Loss points run SpINA alone, in
+    network namespaces."""
+    from contextlib import ExitStack
     from bench import netns
-    ctx = mp.get_context("spawn")
-    procs = []
-    try:
-        sw_conn, child = ctx.Pipe()
-        prof = os.path.join(profile_dir, "switch.prof") if profile_dir else None
-        where = (None, "127.0.0.1") if star is None else (star.switch_ns, netns.SWITCH_IP)
-        procs.append(ctx.Process(target=switch_main, args=(child, prof, *where),
-                                 name="spina-switch"))
-        procs[-1].start()
-        switch_addr = _recv(sw_conn, procs, "switch")
-        barrier = ctx.Barrier(p.workers)
-        conns = []
-        for r in range(p.workers):
-            parent, child = ctx.Pipe()
-            prof = os.path.join(profile_dir, f"agent{r}.prof") if profile_dir and r == 0 else None
-            where = ((None, "127.0.0.1") if star is None else
-                     (star.worker_ns[r], netns.worker_ip(r)))
-            procs.append(ctx.Process(target=spina_worker, name=f"spina-worker{r}",
-                                     args=(r, p, repeats, child, barrier, prof, memory, *where)))
-            procs[-1].start()
-            conns.append(parent)
-        addrs = [_recv(c, procs, f"spina rank {r}") for r, c in enumerate(conns)]
-        job = JobConfig(job=1, workers=tuple(WorkerAddr(r, h, port) for r, (h, port) in
-                                             enumerate(addrs)),
-                        nslots=p.nslots, block_size=p.block_size, nlanes=p.nlanes).validate()
-        sw_conn.send(job)
-        _recv(sw_conn, procs, "switch admission")
-        for c in conns:
-            c.send((job, switch_addr))
-        res = [_recv(c, procs, f"spina rank {r}") for r, c in enumerate(conns)]
-        sw_conn.send("stop")
-        sw = _recv(sw_conn, procs, "switch stop")
-    finally:
-        _stop(procs)
-    for r, w in enumerate(res[1:], 1):
-        if w["crcs"] != res[0]["crcs"]:
-            raise BenchError(f"{p}: rank {r}'s result differs from rank 0's "
-                             f"(crc32 {w['crcs']} vs {res[0]['crcs']})")
-    times = [max(w["times"][i] for w in res) for i in range(repeats)]
-    mean = lambda k: statistics.fmean(w[k] for w in res)  # noqa: E731
-    payload_in = sum(w["payload_bytes_sent"] for w in res) * (repeats + 1)
-    return dict(times=times, cpu=statistics.fmean(statistics.median(w["cpu"]) for w in res),
-                bytes=mean("bytes_sent"), bytes_source="measured",
-                payload=mean("payload_bytes_sent"), packets=mean("packets_sent"),
-                nonzero_blocks=mean("nonzero_blocks"), resends=sum(w["resends"] for w in res),
-                resends_per_rank=statistics.fmean(x for w in res for x in w["resends_per_call"]),
-                timeouts_per_rank=statistics.fmean(x for w in res for x in w["timeouts_per_call"]),
-                # Without loss every resend is spurious; with loss, those the agents detected.
-                spurious=sum(x for w in res for x in (w["resends_per_call"] if p.loss == 0
-                                                      else w["spurious_per_call"])),
-                load=os.getloadavg()[0],
-                verified=True, max_err=res[0]["max_err"], switch=sw,
-                switch_pkt_rate=sw["packets_in"] / sw["cpu_s"] if sw["cpu_s"] else float("nan"),
-                switch_gbit=8e-9 * payload_in / sw["cpu_s"] if sw["cpu_s"] else float("nan"),
-                memory=[w["memory"] for w in res])
+    groups: dict[tuple, list[Point]] = {}
+    for p in points:
+        groups.setdefault(cluster_key(p), []).append(p)
+    for pts in groups.values():
+        first = pts[0]
+        lossy = first.loss is not None
+        ms = ("spina",) if lossy else tuple(methods)
+        with ExitStack() as stack:
+            star = stack.enter_context(netns.Star(first.workers)) if lossy else None
+            cl = stack.enter_context(_cluster(first, gloo=any(m not in SPINA_METHODS for m in ms),
+                                              star=star))
+            for p in pts:
+                yield p, measure(cl, p, repeats, ms, star)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def run_gloo(p: Point, repeats: int, methods) -> dict:
-    """p.workers torch.distributed gloo processes; both gloo methods in one process group."""
-    ctx = mp.get_context("spawn")
-    port = _free_port()  # rank 0's rendezvous, on 127.0.0.1 (spina.net.init_loopback_gloo)
-    procs, conns = [], []
-    try:
-        for r in range(p.workers):
-            parent, child = ctx.Pipe()
-            procs.append(ctx.Process(target=gloo_worker, name=f"gloo-worker{r}",
-                                     args=(r, p, repeats, port, child, tuple(methods))))
-            procs[-1].start()
-            conns.append(parent)
-        res = [_recv(c, procs, f"gloo rank {r}") for r, c in enumerate(conns)]
-    finally:
-        _stop(procs)
-    out = {}
-    for m in methods:
-        ws = [w[m] for w in res]
-        out[m] = dict(times=[max(w["times"][i] for w in ws) for i in range(repeats)],
-                      cpu=statistics.fmean(statistics.median(w["cpu"]) for w in ws),
-                      bytes=statistics.fmean(w["bytes_sent"] for w in ws), bytes_source="model",
-                      verified=True, max_err=ws[0]["max_err"])
-    return out
+def _progress(p: Point, got: dict) -> str:
+    s = (f"n={p.workers} len={p.elements:.3g} d={p.density:g} B={p.block_size} k={p.nlanes}"
+         + ("" if p.loss is None else f" loss={p.loss:g}") + ":")
+    for m, d in got.items():
+        s += f" {m} {statistics.median(d['times']):.3f} s"
+    any_d = next(iter(got.values()))
+    return s + f" (load {any_d['load_start'].split()[0]}-{any_d['load_end'].split()[0]})"
 
 
 def row(p: Point, sweep: str, method: str, m: dict) -> dict:
     t = m["times"]
-    sw = m.get("switch") or {}
     return dict(sweep=sweep, workers=p.workers, elements=p.elements, density=p.density,
                 block_size=p.block_size, nlanes=p.nlanes, data_block=p.data_block,
                 nslots=p.nslots, method=method, repeats=len(t), median_s=statistics.median(t),
@@ -248,14 +251,17 @@ def row(p: Point, sweep: str, method: str, m: dict) -> dict:
                 bytes_source=m["bytes_source"], payload_bytes_per_worker=m.get("payload", ""),
                 packets_per_worker=m.get("packets", ""),
                 nonzero_blocks_per_worker=m.get("nonzero_blocks", ""),
-                resends=m.get("resends", ""), verified=m["verified"], max_abs_err=m["max_err"],
-                switch_packets_in=sw.get("packets_in", ""), switch_bytes_in=sw.get("bytes_in", ""),
-                switch_cpu_s=sw.get("cpu_s", ""), switch_pkts_per_cpu_s=m.get("switch_pkt_rate", ""),
+                resends=m.get("resends", ""), spurious_resends=m.get("spurious", ""),
+                timeout_resends=m.get("timeout_resends", ""),
+                verified=m["verified"], max_abs_err=m["max_err"],
+                switch_packets_in=m.get("switch_packets", ""),
+                switch_cpu_s=m.get("switch_cpu", ""),
+                switch_pkts_per_cpu_s=m.get("switch_pkt_rate", ""),
                 switch_payload_gbit_per_cpu_s=m.get("switch_gbit", ""),
                 loss="" if p.loss is None else p.loss, dropped=m.get("dropped", ""),
                 resends_per_rank=m.get("resends_per_rank", ""),
                 timeout_resends_per_rank=m.get("timeouts_per_rank", ""),
-                spurious_resends=m.get("spurious", ""), load=m.get("load", ""))
+                load_start=m["load_start"], load_end=m["load_end"])
 
 
 # ----------------------------------------------------------------------------- main
@@ -267,8 +273,15 @@ def parse_args(argv=None):
     ap.add_argument("--sweeps", default=",".join(s for s in SWEEPS if s != "loss"),
                     help=f"comma list of {', '.join(SWEEPS)}, or 'base' for the base point only "
                     "(default: all but loss, which needs root for its network namespaces)")
-    ap.add_argument("--methods", default=",".join(METHODS), help="comma list of " + ", ".join(METHODS))
-    ap.add_argument("--repeats", type=int, default=5, help="timed calls per point and method")
+    ap.add_argument("--methods", default=",".join(METHODS),
+                    help=f"comma list of {', '.join(ALL_METHODS)} (default: "
+                    f"{','.join(METHODS)}; the last two time as the benchmark before the paired "
+                    "one did, for comparison)")
+    ap.add_argument("--quick", action="store_true",
+                    help="the density sweep at the base point, SpINA and gloo all_reduce only "
+                    "(sets --sweeps density --methods spina,gloo_allreduce)")
+    ap.add_argument("--repeats", type=int, default=9,
+                    help="paired repeats per point (each: one timed call of every method)")
     ap.add_argument("--base-workers", type=int, default=4)
     ap.add_argument("--base-elements", type=lambda s: int(float(s)), default=25_000_000)
     ap.add_argument("--base-density", type=float, default=0.01)
@@ -293,69 +306,63 @@ def parse_args(argv=None):
     ap.add_argument("--out", default="bench/out")
     ap.add_argument("--no-plots", action="store_true")
     a = ap.parse_args(argv)
+    if a.quick:
+        a.sweeps, a.methods = QUICK["sweeps"], QUICK["methods"]
+    if a.repeats < 1:
+        ap.error("--repeats: need at least 1")
     a.sweeps = [] if a.sweeps == "base" else a.sweeps.split(",")
     a.methods = a.methods.split(",")
     for s in a.sweeps:
         if s not in SWEEPS:
             ap.error(f"--sweeps: unknown sweep {s!r}")
     for m in a.methods:
-        if m not in METHODS:
+        if m not in ALL_METHODS:
             ap.error(f"--methods: unknown method {m!r}")
     return a
 
 
 def main(argv=None) -> int:
-    from tqdm import tqdm
-
     a = parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
     points = build_points(a)
     unique: dict[tuple, Point] = {}
-    for _, p in points:
-        unique.setdefault(p.key(), p)
-    measured: dict[tuple, dict] = {}
     skipped = []
-    started = time.time()
-    bar = tqdm(total=len(unique) * len(a.methods), unit="run", desc="sweep", dynamic_ncols=True)
-    for key, p in unique.items():
+    for _, p in points:
         if memory_estimate(p) > a.memory_limit_gib * 2 ** 30:
             skipped.append(f"{p} (estimated {memory_estimate(p) / 2 ** 30:.1f} GiB)")
-            bar.update(len(a.methods))
-            continue
-        got = {}
-        desc = (f"n={p.workers} len={p.elements:.3g} d={p.density:g} B={p.block_size} "
-                f"k={p.nlanes}" + ("" if p.loss is None else f" loss={p.loss:g}"))
-        if "spina" in a.methods:
-            bar.set_postfix_str("spina " + desc)
-            got["spina"] = run_spina(p, a.repeats)
-            bar.update()
-        gm = [m for m in a.methods if m != "spina" and p.loss is None]
-        if gm:
-            bar.set_postfix_str("gloo " + desc)
-            got.update(run_gloo(p, a.repeats, gm))
-            bar.update(len(gm))
-        measured[key] = got
-    bar.close()
-    rows = [row(p, sweep, m, measured[p.key()][m]) for sweep, p in points
-            if p.key() in measured for m in a.methods if m in measured[p.key()]]
+        else:
+            unique.setdefault(p.key(), p)
+    started = time.time()
+    meta = dict(command="python -m bench.allreduce_bench " + " ".join(sys.argv[1:] if argv is None
+                                                                      else argv),
+                date=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+                host=f"{platform.node()}: {os.cpu_count()} cores, Python {platform.python_version()}",
+                load_at_start=_load(os.getloadavg()), repeats=a.repeats, skipped=skipped,
+                base=asdict(base_point(a)))
+    measured: dict[tuple, dict] = {}
     path = os.path.join(a.out, "results.csv")
+    print(f"{len(unique)} points, methods {', '.join(a.methods)}, {a.repeats} paired repeats "
+          f"each; load {meta['load_at_start']}", flush=True)
+    for i, (p, got) in enumerate(run_points(list(unique.values()), a.repeats, a.methods), 1):
+        measured[p.key()] = got
+        print(f"[{i}/{len(unique)} {time.time() - started:.0f} s] " + _progress(p, got),
+              flush=True)
+        write_csv([row(q, sweep, m, measured[q.key()][m]) for sweep, q in points
+                   if q.key() in measured for m in measured[q.key()]], path)  # keep what is done
+    meta.update(seconds=round(time.time() - started), load_at_end=_load(os.getloadavg()))
+    with open(os.path.join(a.out, "meta.json"), "w") as f:
+        json.dump(meta, f, indent=1)
+    from bench import report
+    files = report.regenerate(path, plots=not a.no_plots)
+    print(f"wrote {path} and " + ", ".join(files) + f" in {time.time() - started:.0f} s")
+    return 0
+
+
+def write_csv(rows, path: str) -> None:
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, COLUMNS)
         w.writeheader()
         w.writerows(rows)
-    meta = dict(command="python -m bench.allreduce_bench " + " ".join(sys.argv[1:] if argv is None
-                                                                      else argv),
-                date=time.strftime("%Y-%m-%d %H:%M:%S %Z"), seconds=round(time.time() - started),
-                host=f"{platform.node()}: {os.cpu_count()} cores, Python {platform.python_version()}",
-                load=" ".join(f"{x:.2f}" for x in os.getloadavg()), repeats=a.repeats,
-                skipped=skipped, base=asdict(base_point(a)))
-    from bench import report
-    report.write_summary(rows, meta, os.path.join(a.out, "summary.md"))
-    if not a.no_plots:
-        report.plot(rows, a.out)
-    print(f"wrote {path}, {os.path.join(a.out, 'summary.md')}"
-          + ("" if a.no_plots else " and plots") + f" in {time.time() - started:.0f} s")
-    return 0
 
 
 if __name__ == "__main__":

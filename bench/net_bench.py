@@ -12,8 +12,9 @@ each link limited by tbf in both directions. The switch namespace routes IPv4 be
 workers (gloo's TCP ring crosses it) and runs SpINA's software switch in UDP mode
 (softswitch.udp.UdpSwitch, bench.procs.switch_main) on an address of its own.
 
-Each worker process holds both a SpINA Agent and a gloo process group. Per repeat it runs
-both methods on the same tensor, alternating which goes first, each between barriers:
+Each worker process holds both a SpINA Agent and a gloo process group (bench/paired.py, the
+same measurement as the loopback benchmark). Per repeat it runs both methods on the same
+tensor, alternating which goes first, each between barriers:
 SpINA `Agent.allreduce(buf, inplace=True)` and gloo `dist.all_reduce(t)` on the same buffer
 (refilled from the worker's tensor outside the timer), nothing else inside the timed region.
 A repeat's time is the slowest worker's; the ratio SpINA/gloo is taken per repeat (paired)
@@ -26,26 +27,19 @@ from __future__ import annotations
 
 import argparse
 import csv
-import multiprocessing as mp
 import os
 import platform
 import statistics
 import sys
 import time
-import zlib
-from dataclasses import replace
-from datetime import timedelta
 
-import numpy as np
+from bench.net_topo import SWITCH_IP, Star, kernel_losses, parse_rate, tbf_params
+from bench.paired import (Cluster, Gloo, Place, Request, mean_over_workers, paired_ratios,
+                          proc_cpu, slowest)
+from bench.procs import Point
 
-from bench.allreduce_bench import BenchError, _recv, _stop
-from bench.net_topo import (SWITCH_IP, Star, dev_bytes, enter_netns, kernel_losses, parse_rate,
-                            tbf_params)
-from bench.procs import (Point, _cpu, check_result, expected_sum, make_tensor, reporting_failure,
-                         switch_main)
-from spina.config import JobConfig, WorkerAddr
-
-METHODS = ("spina", "gloo")
+METHODS = ("spina", "gloo")  # the CSV's column prefixes
+PAIRED_METHODS = ("spina", "gloo_allreduce")  # bench.paired's names for them
 WORKER_PORT = 50000
 GLOO_PORT = 29400
 TARGETS = {1.0: 0.75, 0.01: 0.05}  # at 1 Gbit/s: density -> SpINA/gloo at most (issue 12)
@@ -62,144 +56,37 @@ COLUMNS = ("mtu", "workers", "rate", "density", "elements", "repeats",
            "spina_times_s", "gloo_times_s", "load_start", "load_end")
 
 
-# ----------------------------------------------------------------------------- children
-def switch_proc(ns: str, conn, profile_path: str | None = None) -> None:
-    """The software switch (bench.procs.switch_main) inside the switch namespace."""
-    enter_netns(ns)
-    switch_main(conn, profile_path, host=SWITCH_IP)
-
-
-def worker_proc(rank: int, ns: str, job: JobConfig, switch_addr, init_method: str, conn,
-                barrier) -> None:
-    """One worker in its namespace: an Agent and a gloo process group, then points on demand."""
-    reporting_failure(rank, conn, barrier, _worker, rank, ns, job, switch_addr, init_method,
-                      conn, barrier)
-
-
-def _worker(rank, ns, job, switch_addr, init_method, conn, barrier):
-    enter_netns(ns)
-    os.environ["GLOO_SOCKET_IFNAME"] = "eth0"  # gloo's pairs on the limited link, not lo
-    import torch
-    import torch.distributed as dist
-    from host_agent.agent import Agent
-    from spina.net import bound_udp_socket
-
-    torch.set_num_threads(1)
-    me = job.workers[rank]
-    agent = Agent(job, rank, switch_addr, sock=bound_udp_socket(me.host, me.port), timeout=60.0)
-    dist.init_process_group("gloo", init_method=init_method, rank=rank,
-                            world_size=job.nworkers, timeout=timedelta(seconds=300))
-    conn.send("ready")
-    try:
-        while True:
-            msg = conn.recv()
-            if msg == "stop":
-                break
-            p, repeats = msg
-            conn.send(_point(rank, p, repeats, agent, dist, torch, barrier))
-    finally:
-        dist.destroy_process_group()
-        agent.close()
-
-
-def _point(rank, p: Point, repeats: int, agent, dist, torch, barrier) -> dict:
-    """Warm-up plus `repeats` paired repeats of both methods; this worker's measurements."""
-    x = make_tensor(p, rank)
-    buf = np.empty_like(x)
-    t = torch.from_numpy(buf)  # gloo reduces this tensor in place: the same memory as buf
-    want = expected_sum(p) if rank == 0 else None
-    rec = {m: dict(times=[], cpu=[], tx=[], rx=[], crcs=[], max_err=0.0) for m in METHODS}
-    rec["spina"].update(resends=0, payload=[])
-    for i in range(repeats + 1):  # i == 0: warm-up, checked but not recorded
-        for m in (METHODS if i % 2 == 0 else METHODS[::-1]):
-            np.copyto(buf, x)
-            barrier.wait()
-            tx0, rx0 = dev_bytes()
-            c0, t0 = _cpu(), time.perf_counter()
-            if m == "spina":
-                agent.allreduce(buf, inplace=True)
-            else:
-                dist.all_reduce(t)
-            dt, dc = time.perf_counter() - t0, _cpu() - c0
-            barrier.wait()  # every worker done: late ACKs are counted with this call
-            tx1, rx1 = dev_bytes()
-            r = rec[m]
-            if rank == 0:
-                err = check_result(buf, want, p.workers, quantized=(m == "spina"))
-                r["max_err"] = max(r["max_err"], err)
-            r["crcs"].append(zlib.crc32(buf.view(np.uint8)))
-            if i:
-                r["times"].append(dt)
-                r["cpu"].append(dc)
-                r["tx"].append(tx1 - tx0)
-                r["rx"].append(rx1 - rx0)
-                if m == "spina":
-                    r["resends"] += agent.last_stats.resends
-                    r["payload"].append(agent.last_stats.bytes_sent)
-            elif m == "spina":
-                r["resends"] += agent.last_stats.resends  # resends of the warm-up count too
-    return rec
-
-
-# ----------------------------------------------------------------------------- parent
-def _proc_cpu(pid: int) -> float:
-    """CPU seconds (user + system, all threads) of process `pid`."""
-    with open(f"/proc/{pid}/stat") as f:
-        v = f.read().rsplit(")", 1)[1].split()
-    return (int(v[11]) + int(v[12])) / os.sysconf("SC_CLK_TCK")
-
-
+# ----------------------------------------------------------------------------- measuring
 def run_workers(n: int, rates, densities, elements: int, repeats: int, tag: str, mtu: int,
                 nslots: int, nlanes: int, profile_dir: str | None = None,
                 log=print) -> list[dict]:
     """Every (rate, density) point for `n` workers on one star; a row per point.
 
-    profile_dir: also write the switch's cProfile (CPU time of its thread) there."""
-    ctx = mp.get_context("spawn")
-    rows, procs, conns = [], [], []
+    The switch and the workers (bench.paired.Cluster) live in the star's namespaces, each
+    worker with an Agent and a gloo group on its eth0. profile_dir: also write the switch's
+    cProfile (CPU time of its thread) there."""
+    rows = []
     with Star(n, tag, mtu) as star:
         star.set_rate(rates[0])
-        sw_conn = None
-        try:
-            sw_conn, child = ctx.Pipe()
-            prof = (os.path.join(profile_dir, f"switch-mtu{mtu}-n{n}.prof") if profile_dir
-                    else None)
-            procs.append(ctx.Process(target=switch_proc, args=(star.switch_ns, child, prof),
-                                     name="net-switch"))
-            procs[-1].start()
-            switch_addr = _recv(sw_conn, procs, "switch")
-            job = JobConfig(job=1, workers=tuple(WorkerAddr(r, star.worker_ip(r), WORKER_PORT)
-                                                 for r in range(n)),
-                            nslots=nslots, block_size=256, nlanes=nlanes).validate()
-            sw_conn.send(job)
-            _recv(sw_conn, procs, "switch admission")
-            barrier = ctx.Barrier(n)
-            init = f"tcp://{star.worker_ip(0)}:{GLOO_PORT}"
-            for r in range(n):
-                parent, child = ctx.Pipe()
-                procs.append(ctx.Process(target=worker_proc, name=f"net-worker{r}",
-                                         args=(r, star.worker_ns(r), job, switch_addr, init,
-                                               child, barrier)))
-                procs[-1].start()
-                conns.append(parent)
-            for r, c in enumerate(conns):
-                _recv(c, procs, f"rank {r} start")
+        prof = os.path.join(profile_dir, f"switch-mtu{mtu}-n{n}.prof") if profile_dir else None
+        places = [Place(star.worker_ns(r), star.worker_ip(r), WORKER_PORT) for r in range(n)]
+        with Cluster(n, nslots=nslots, block_size=256, nlanes=nlanes,
+                     gloo=Gloo(star.worker_ip(0), GLOO_PORT, "eth0"),
+                     switch_place=Place(star.switch_ns, SWITCH_IP), worker_places=places,
+                     switch_profile=prof) as cl:
             for rate in rates:
                 star.set_rate(rate)
                 for d in densities:
                     p = Point("net", n, elements, d, 256, nlanes, 256, nslots)
                     load0 = os.getloadavg()
-                    drops0, sw0 = star.tbf_drops(), _proc_cpu(procs[0].pid)
-                    k0 = _losses(procs)
-                    for c in conns:
-                        c.send((p, repeats))
-                    res = [_recv(c, procs, f"rank {r} at {rate}, density {d:g}")
-                           for r, c in enumerate(conns)]
-                    sw_cpu = (_proc_cpu(procs[0].pid) - sw0) / (repeats + 1)  # per SpINA call
+                    drops0, sw0 = star.tbf_drops(), proc_cpu(cl.switch_pid)
+                    k0 = _losses(cl.pids)
+                    res = cl.measure(Request(p, repeats, PAIRED_METHODS, count_dev=True))
+                    sw_cpu = (proc_cpu(cl.switch_pid) - sw0) / (repeats + 1)  # per SpINA call
                     row = dict(mtu=mtu, **make_row(p, rate, repeats, res,
                                                    star.tbf_drops() - drops0, sw_cpu, load0,
                                                    os.getloadavg()))
-                    row.update({k: v - k0[k] for k, v in _losses(procs).items()})
+                    row.update({k: v - k0[k] for k, v in _losses(cl.pids).items()})
                     rows.append(row)
                     log(f"  MTU {mtu}, {n} workers {rate} {d:>6.2%}: SpINA {row['spina_median_s']:.4f} s, "
                         f"gloo {row['gloo_median_s']:.4f} s, ratio {row['ratio_median']:.3f} "
@@ -207,28 +94,14 @@ def run_workers(n: int, rates, densities, elements: int, repeats: int, tag: str,
                         f"{row['ratio_link_theory']:.3f}; tx {row['tx_bytes_ratio']:.3f}x gloo's; "
                         f"resends {row['spina_resends']}, tbf/udp drops {row['tbf_drops']}/{row['udp_drops']}, "
                         f"TCP retrans {row['tcp_retrans']}; load {load0[0]:.1f}", flush=True)
-        finally:
-            for c in conns:
-                try:
-                    c.send("stop")
-                except OSError:
-                    pass
-            if sw_conn is not None:
-                try:
-                    sw_conn.send("stop")
-                    sw_conn.poll(30)  # the switch answers once stopped (and its profile written)
-                except OSError:
-                    pass
-            _stop(procs[1:])
-            _stop(procs[:1])
     return rows
 
 
-def _losses(procs) -> dict:
+def _losses(pids) -> dict:
     """Kernel loss counters summed over every namespace (one process in each)."""
     out = dict(udp_drops=0, tcp_retrans=0)
-    for pr in procs:
-        for k, v in kernel_losses(pr.pid).items():
+    for pid in pids:
+        for k, v in kernel_losses(pid).items():
             out[k] += v
     return out
 
@@ -241,13 +114,9 @@ def union_fraction(density: float, n: int) -> float:
 def make_row(p: Point, rate: str, repeats: int, res: list[dict], drops: int, sw_cpu: float,
              load0, load1) -> dict:
     """One CSV row: paired times (slowest worker per repeat), bytes, checks, CPU."""
-    for r, w in enumerate(res[1:], 1):
-        if w["spina"]["crcs"] != res[0]["spina"]["crcs"]:
-            raise BenchError(f"{p}: rank {r}'s SpINA result differs from rank 0's")
     n, size = p.workers, 4 * p.elements
-    t = {m: [max(w[m]["times"][i] for w in res) for i in range(repeats)] for m in METHODS}
-    ratios = [a / b for a, b in zip(t["spina"], t["gloo"])]
-    mean = lambda m, k: statistics.fmean(statistics.fmean(w[m][k]) for w in res)  # noqa: E731
+    t = {m: slowest(res, pm) for m, pm in zip(METHODS, PAIRED_METHODS)}
+    ratios = paired_ratios(t["spina"], t["gloo"])
     ring = 2 * (n - 1) / n
     u = union_fraction(p.density, n)
     bps = parse_rate(rate)
@@ -258,19 +127,24 @@ def make_row(p: Point, rate: str, repeats: int, res: list[dict], drops: int, sw_
                # non-zero blocks comes back (>= what it sends); gloo: 2(n-1)/n each way.
                ratio_link_theory=u / ring,
                spina_line_rate_s=u * size * 8 / bps, gloo_line_rate_s=ring * size * 8 / bps,
-               tx_bytes_ratio=mean("spina", "tx") / mean("gloo", "tx"),
+               tx_bytes_ratio=(mean_over_workers(res, "spina", "tx")
+                               / mean_over_workers(res, "gloo_allreduce", "tx")),
                tx_bytes_ratio_theory=p.density / ring,
-               spina_payload_bytes=mean("spina", "payload"),
-               spina_resends=sum(w["spina"]["resends"] for w in res), tbf_drops=drops,
-               switch_cpu_s_per_spina_call=sw_cpu,
-               spina_max_err=res[0]["spina"]["max_err"], gloo_max_err=res[0]["gloo"]["max_err"],
+               spina_payload_bytes=mean_over_workers(res, "spina", "bytes_sent"),
+               # resends of the warm-up count too
+               spina_resends=sum(w["spina"]["warmup"]["resends"] + sum(w["spina"]["resends"])
+                                 for w in res),
+               tbf_drops=drops, switch_cpu_s_per_spina_call=sw_cpu,
+               spina_max_err=res[0]["spina"]["max_err"],
+               gloo_max_err=res[0]["gloo_allreduce"]["max_err"],
                verified=True, load_start=" ".join(f"{x:.2f}" for x in load0),
                load_end=" ".join(f"{x:.2f}" for x in load1))
-    for m in METHODS:
+    for m, pm in zip(METHODS, PAIRED_METHODS):
         row.update({f"{m}_median_s": statistics.median(t[m]), f"{m}_min_s": min(t[m]),
                     f"{m}_max_s": max(t[m]), f"{m}_times_s": " ".join(f"{x:.6f}" for x in t[m]),
-                    f"{m}_tx_bytes": mean(m, "tx"), f"{m}_rx_bytes": mean(m, "rx"),
-                    f"{m}_cpu_s": mean(m, "cpu")})
+                    f"{m}_tx_bytes": mean_over_workers(res, pm, "tx"),
+                    f"{m}_rx_bytes": mean_over_workers(res, pm, "rx"),
+                    f"{m}_cpu_s": mean_over_workers(res, pm, "cpu")})
     return row
 
 

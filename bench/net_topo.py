@@ -23,11 +23,8 @@ the body raises.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-
-from bench.netns import enter
 
 SWITCH_IP = "10.200.255.1"
 WORKER_IF = "eth0"
@@ -60,12 +57,6 @@ def tbf_params(rate: str, mtu: int) -> dict:
 
 def _run(*cmd, check=True) -> subprocess.CompletedProcess:
     return subprocess.run(list(cmd), check=check, capture_output=True, text=True)
-
-
-def enter_netns(ns: str) -> None:
-    """Move the calling thread (call it first thing in a fresh process) into namespace `ns`
-    (bench.netns.enter: one setns for both benchmarks)."""
-    enter(ns)
 
 
 def dev_bytes(iface: str = WORKER_IF) -> tuple[int, int]:

@@ -1,9 +1,8 @@
-"""Child processes of the benchmark: the software switch, SpINA workers and gloo workers.
+"""The benchmarks' data, result check and switch process.
 
-Every participant runs in its own process (spawned, so none inherits a big parent heap),
-all on 127.0.0.1. Each worker builds its own tensor from a seed (same seed in every method,
-so SpINA and gloo sum the same tensors) and times its own calls between barriers; the
-parent takes the slowest worker of each repeat as the repeat's time.
+Each worker builds its own tensor from a seed (the same for every method, so SpINA and gloo
+sum the same tensors); rank 0 checks results against numpy's float64 sum. The software
+switch runs in a process of its own (switch_main). The workers: bench/paired.py.
 """
 from __future__ import annotations
 
@@ -12,12 +11,10 @@ import os
 import resource
 import threading
 import time
-import zlib
 from dataclasses import dataclass
 
 import numpy as np
 
-from spina.net import init_loopback_gloo
 
 DATA_SEED = 20261129
 
@@ -116,7 +113,7 @@ def check_result(got: np.ndarray, want: Expected, nworkers: int, quantized: bool
     return worst
 
 
-def _cpu() -> float:
+def cpu_seconds() -> float:
     """CPU seconds (user + system) of this process so far, all threads."""
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return ru.ru_utime + ru.ru_stime
@@ -140,7 +137,7 @@ def switch_main(conn, profile_path: str | None, netns: str | None = None,
     job = conn.recv()
     sw.add_job(job)
     conn.send("admitted")
-    cpu0, wall0 = _cpu(), time.perf_counter()
+    cpu0, wall0 = cpu_seconds(), time.perf_counter()
 
     def serve():
         if profile_path:
@@ -154,89 +151,12 @@ def switch_main(conn, profile_path: str | None, netns: str | None = None,
     t = threading.Thread(target=serve, name="switch")
     t.start()
     conn.recv()  # "stop"
-    sw._stop.set()
+    sw.shutdown()
     t.join()
-    cpu, wall = _cpu() - cpu0, time.perf_counter() - wall0
+    cpu, wall = cpu_seconds() - cpu0, time.perf_counter() - wall0
     conn.send(dict(packets_in=sw.packets_in, packets_out=sw.packets_out, bytes_in=sw.bytes_in,
-                   bytes_out=sw.bytes_out, cpu_s=cpu, wall_s=wall,
-                   counters=sw.pipeline.job_counters(job.job)))
+                   bytes_out=sw.bytes_out, cpu_s=cpu, wall_s=wall))
     sw.sock.close()
-
-
-# ----------------------------------------------------------------------------- SpINA worker
-def spina_worker(rank: int, p: Point, repeats: int, conn, barrier, profile_path: str | None,
-                 memory: bool, netns: str | None = None, host: str = "127.0.0.1") -> None:
-    """One SpINA worker: bind, report the port, get the job, then warm up and time repeats
-    (in network namespace `netns` if given, bound to `host`)."""
-    reporting_failure(rank, conn, barrier, _spina_worker, rank, p, repeats, conn, barrier,
-                      profile_path, memory, netns, host)
-
-
-def reporting_failure(rank: int, conn, barrier, fn, *args):
-    """fn(*args) in a worker process; if it fails, break `barrier` and send the parent the
-    error on `conn` (so neither the other workers nor the parent hang), then re-raise."""
-    try:
-        return fn(*args)
-    except BaseException as e:
-        barrier.abort()
-        conn.send(dict(error=f"rank {rank}: {type(e).__name__}: {e}"))
-        raise
-
-
-def _spina_worker(rank, p, repeats, conn, barrier, profile_path, memory, netns, host):
-    from bench.netns import enter
-    from host_agent.agent import Agent
-    from spina.net import bound_udp_socket
-
-    enter(netns)
-    sock = bound_udp_socket(host)
-    conn.send(sock.getsockname())
-    job, switch_addr = conn.recv()
-    kw = {} if p.rto is None else {"rto": p.rto}
-    agent = Agent(job, rank, switch_addr, sock=sock, timeout=30.0, **kw)
-    x = make_tensor(p, rank)
-    want = expected_sum(p) if rank == 0 else None
-
-    def verify(res):
-        err = check_result(res, want, p.workers, quantized=True) if rank == 0 else 0.0
-        return err, zlib.crc32(res.view(np.uint8))
-
-    barrier.wait()
-    res = agent.allreduce(x)  # warm-up (not timed), verified like every timed call
-    errs, crcs = [verify(res)[0]], [verify(res)[1]]
-    del res
-    times, cpus, stats = [], [], []
-    # CPU time of this thread (the agent's work), not wall time: 6 processes share 2 cores
-    # here, so wall-clock attribution would charge preemption to whatever line was running.
-    prof = cProfile.Profile(time.thread_time) if profile_path else None
-    for _ in range(repeats):
-        barrier.wait()
-        c0, t0 = _cpu(), time.perf_counter()
-        if prof:
-            res = prof.runcall(agent.allreduce, x)
-        else:
-            res = agent.allreduce(x)
-        times.append(time.perf_counter() - t0)
-        cpus.append(_cpu() - c0)
-        stats.append(agent.last_stats)
-        err, crc = verify(res)
-        errs.append(err)
-        crcs.append(crc)
-        del res
-    if prof:
-        prof.dump_stats(profile_path)
-    mem = measure_memory(agent, x) if memory else None
-    barrier.wait()
-    s = stats[-1]
-    conn.send(dict(times=times, cpu=cpus, max_err=max(errs), crcs=crcs,
-                   bytes_sent=s.bytes_sent, payload_bytes_sent=s.payload_bytes_sent,
-                   packets_sent=s.packets_sent, bytes_received=s.bytes_received,
-                   packets_received=s.packets_received, resends=sum(t.resends for t in stats),
-                   resends_per_call=[t.resends for t in stats],
-                   spurious_per_call=[t.spurious_resends for t in stats],
-                   timeouts_per_call=[t.timeout_resends for t in stats],
-                   nonzero_blocks=s.nonzero_blocks, rounds=s.rounds, memory=mem))
-    agent.close()
 
 
 def measure_memory(agent, x) -> dict:
@@ -260,80 +180,3 @@ def measure_memory(agent, x) -> dict:
 def _rss() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-# ----------------------------------------------------------------------------- gloo worker
-def gloo_worker(rank: int, p: Point, repeats: int, port: int, conn, methods) -> None:
-    """One torch.distributed gloo worker: dense all_reduce, then sparse all_gather + sum."""
-    try:
-        conn.send(_gloo_worker(rank, p, repeats, port, methods))
-    except BaseException as e:
-        conn.send(dict(error=f"rank {rank}: {type(e).__name__}: {e}"))
-        raise
-
-
-def _gloo_worker(rank, p, repeats, port, methods):
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    init_loopback_gloo(rank, p.workers, port)  # rendezvous and transport on 127.0.0.1 only
-    x = torch.from_numpy(make_tensor(p, rank))
-    want = expected_sum(p) if rank == 0 else None
-    out = {}
-    for method in methods:
-        fn = _gloo_dense if method == "gloo_allreduce" else _gloo_sparse
-        times, cpus, sent = [], [], 0
-        for i in range(repeats + 1):  # the first call is a warm-up
-            dist.barrier()
-            c0, t0 = _cpu(), time.perf_counter()
-            res, sent = fn(x, p.workers)
-            dt, dc = time.perf_counter() - t0, _cpu() - c0
-            if i == 0 and rank == 0:
-                err = check_result(res.numpy(), want, p.workers, quantized=False)
-            if i:
-                times.append(dt)
-                cpus.append(dc)
-            del res
-        out[method] = dict(times=times, cpu=cpus, bytes_sent=sent,
-                           max_err=err if rank == 0 else 0.0)
-    dist.barrier()
-    dist.destroy_process_group()
-    return out
-
-
-def _gloo_dense(x, n):
-    """Dense all-reduce of a copy (all_reduce is in place); bytes: the ring's 2(n-1)/n."""
-    import torch.distributed as dist
-    y = x.clone()
-    dist.all_reduce(y)
-    return y, int(2 * (n - 1) * x.numel() * 4 / n)
-
-
-def _gloo_sparse(x, n):
-    """What users write by hand: all_gather (index, value) of the non-zeros, then sum.
-
-    all_gather needs equal sizes, so counts go first and everyone pads to the largest.
-    Bytes: ring all-gather sends n-1 of the n padded chunks (int32 index + float32 value).
-    """
-    import torch
-    import torch.distributed as dist
-    idx = torch.nonzero(x, as_tuple=True)[0].to(torch.int32)
-    vals = x[idx]
-    count = torch.tensor([len(idx)], dtype=torch.int64)
-    counts = [torch.zeros(1, dtype=torch.int64) for _ in range(n)]
-    dist.all_gather(counts, count)
-    m = int(max(c.item() for c in counts))
-    pad_i = torch.zeros(m, dtype=torch.int32)
-    pad_v = torch.zeros(m, dtype=x.dtype)
-    pad_i[:len(idx)] = idx
-    pad_v[:len(idx)] = vals
-    all_i = [torch.empty(m, dtype=torch.int32) for _ in range(n)]
-    all_v = [torch.empty(m, dtype=x.dtype) for _ in range(n)]
-    dist.all_gather(all_i, pad_i)
-    dist.all_gather(all_v, pad_v)
-    out = torch.zeros_like(x)
-    for c, i, v in zip(counts, all_i, all_v):
-        k = int(c.item())
-        out.index_add_(0, i[:k], v[:k])
-    return out, (n - 1) * (8 + 8 * m)

@@ -1,4 +1,7 @@
-"""Smoke test of the benchmark at a tiny size. Run just this: python -m pytest tests/test_bench_smoke.py"""
+"""Smoke test of the loopback benchmark at a tiny size, and its report's arithmetic.
+
+Run just this: python -m pytest tests/test_bench_smoke.py
+"""
 import csv
 import os
 import shutil
@@ -8,35 +11,111 @@ from pathlib import Path
 
 import pytest
 
-from bench.allreduce_bench import COLUMNS, METHODS
+from bench import report
+from bench.allreduce_bench import COLUMNS, QUICK, parse_args
+from bench.paired import METHODS, paired_ratios, rotation
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _run(*args, **kw):
+    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, timeout=180,
+                          capture_output=True, text=True, **kw)
+
+
 def test_bench_smoke(tmp_path):
-    """One point (2 workers, 64K elements) end to end: CSV columns, all methods, SpINA verified."""
-    subprocess.run([sys.executable, "-m", "bench.allreduce_bench", "--sweeps", "base",
-                    "--base-workers", "2", "--base-elements", "65536", "--repeats", "1",
-                    "--no-plots", "--out", str(tmp_path)], cwd=ROOT, check=True, timeout=120)
+    """One point (2 workers, 64K elements) end to end: every method paired, verified, load kept."""
+    done = _run("bench.allreduce_bench", "--sweeps", "base", "--base-workers", "2",
+                "--base-elements", "65536", "--repeats", "2", "--no-plots", "--out",
+                str(tmp_path))
+    assert done.returncode == 0, done.stderr
     with open(tmp_path / "results.csv", newline="") as f:
         reader = csv.DictReader(f)
         rows = list(reader)
     assert tuple(reader.fieldnames) == COLUMNS
     assert sorted(r["method"] for r in rows) == sorted(METHODS)
+    for r in rows:
+        assert r["verified"] == "True" and r["repeats"] == "2"
+        assert len(r["times_s"].split()) == 2  # one time per paired repeat
+        assert len(r["load_start"].split()) == 3 and len(r["load_end"].split()) == 3
     spina = next(r for r in rows if r["method"] == "spina")
-    assert spina["verified"] == "True" and float(spina["median_s"]) > 0
     assert 0 < float(spina["bytes_per_worker"]) < 65536 * 4  # 1% dense: far below the tensor
-    assert (tmp_path / "summary.md").read_text().count("SpINA/gloo_allreduce") == 1
+    # on loopback nothing is lost: every resend counts as spurious
+    assert int(spina["spurious_resends"]) == int(spina["resends"]) >= 0
+    gloo = next(r for r in rows if r["method"] == "gloo_allreduce")
+    assert float(gloo["bytes_per_worker"]) == 65536 * 4  # ring, 2 workers: 2(n-1)/n = 1 tensor
+    text = (tmp_path / "summary.md").read_text()
+    assert text.count("| SpINA/gloo_allreduce |") == 1
+    assert "target ≤ 0.2×" in text  # the base point is at 1%: its target is judged
+    assert (tmp_path / "meta.json").exists()
+
+
+def test_report_regenerates_doc(tmp_path):
+    """bench.report --doc: the generated part of a doc replaced, the rest kept, CSV copied."""
+    out = tmp_path / "out"
+    done = _run("bench.allreduce_bench", "--sweeps", "base", "--base-workers", "2",
+                "--base-elements", "65536", "--repeats", "1", "--methods",
+                "spina,gloo_allreduce", "--no-plots", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    doc = tmp_path / "docs" / "benchmark.md"
+    doc.parent.mkdir()
+    doc.write_text(f"# Reading\n\nprose\n\n{report.BEGIN}\nold table\n{report.END}\n\nafter\n")
+    done = _run("bench.report", str(out / "results.csv"), "--doc", str(doc), "--no-plots")
+    assert done.returncode == 0, done.stderr
+    text = doc.read_text()
+    assert text.startswith("# Reading\n\nprose\n\n" + report.BEGIN)
+    assert text.endswith(report.END + "\n\nafter\n") and "old table" not in text
+    assert "## Generated summary" in text and "### base point" in text
+    assert (doc.parent / "benchmark.csv").read_bytes() == (out / "results.csv").read_bytes()
+
+
+def test_report_bad_input(tmp_path):
+    """A missing CSV or a doc without markers: one error line naming it, exit 2."""
+    done = _run("bench.report", str(tmp_path / "nope.csv"))
+    assert done.returncode == 2 and "error: csv: no such file" in done.stderr
+    assert "Traceback" not in done.stderr
+    empty, doc = tmp_path / "results.csv", tmp_path / "benchmark.md"
+    empty.write_text(",".join(COLUMNS) + "\n")
+    doc.write_text("# no generated part\n")
+    done = _run("bench.report", str(empty), "--doc", str(doc), "--no-plots")
+    assert done.returncode == 2 and "no generated part" in done.stderr
+    assert done.stderr.count("\n") == 1 and doc.read_text() == "# no generated part\n"
+
+
+def test_rotation_and_paired_ratio():
+    """Each method goes first once every len(methods) repeats; ratios pair repeat i with i."""
+    m = ("spina", "gloo_allreduce", "gloo_allgather")
+    assert [rotation(m, i) for i in range(4)] == [
+        m, ("gloo_allreduce", "gloo_allgather", "spina"),
+        ("gloo_allgather", "spina", "gloo_allreduce"), m]
+    assert rotation(("spina", "gloo"), 1) == ("gloo", "spina")
+    assert paired_ratios([1.0, 3.0], [2.0, 1.5]) == [0.5, 2.0]
+    with pytest.raises(ValueError):
+        paired_ratios([1.0], [1.0, 2.0])
+    a, b = {"times_s": "1.0 3.0 0.5"}, {"times_s": "2.0 1.5 1.0"}
+    assert report.paired(a, b) == (0.5, 0.5, 2.0)  # median, min, max of 0.5, 2.0, 0.5
+
+
+def test_quick_and_bad_args(capsys):
+    """--quick is the density sweep of SpINA against gloo all_reduce; bad values exit 2."""
+    a = parse_args(["--quick"])
+    assert a.sweeps == QUICK["sweeps"].split(",") == ["density"]
+    assert a.methods == ["spina", "gloo_allreduce"]
+    for bad, name in ((["--sweeps", "speed"], "--sweeps"), (["--repeats", "0"], "--repeats"),
+                      (["--methods", "mpi"], "--methods")):
+        with pytest.raises(SystemExit) as e:
+            parse_args(bad)
+        assert e.value.code == 2 and name in capsys.readouterr().err
 
 
 def test_bench_loss_sweep_smoke(tmp_path):
     """The loss sweep at a tiny size: namespaces built and removed, iptables drops, results exact."""
     if os.geteuid() != 0 or not (shutil.which("ip") and shutil.which("iptables")):
         pytest.skip("the loss sweep needs root, iproute2 and iptables (network namespaces)")
-    subprocess.run([sys.executable, "-m", "bench.allreduce_bench", "--sweeps", "loss",
-                    "--methods", "spina", "--loss-elements", "65536", "--losses", "0,0.1",
-                    "--loss-densities", "1", "--repeats", "2", "--no-plots", "--out",
-                    str(tmp_path)], cwd=ROOT, check=True, timeout=120)
+    done = _run("bench.allreduce_bench", "--sweeps", "loss", "--methods", "spina",
+                "--loss-elements", "65536", "--losses", "0,0.1", "--loss-densities", "1",
+                "--repeats", "2", "--no-plots", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr
     with open(tmp_path / "results.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert [(r["sweep"], float(r["loss"])) for r in rows] == [("loss", 0.0), ("loss", 0.1)]

@@ -1,0 +1,411 @@
+"""SpINA and gloo measured in the SAME worker processes, repeat by repeat: both benchmarks' core.
+
+`Cluster` starts the software switch (bench.procs.switch_main) and n worker processes, each
+in a `Place` (a network namespace or none, an address). Every worker holds one SpINA `Agent`
+and, when a `Gloo` is given, one torch.distributed gloo process group, both alive for the
+whole cluster; `Cluster.measure(point, ...)` then measures a point in those processes.
+
+Per point every worker builds its tensor (bench.procs.make_tensor) and one buffer. Each
+repeat runs every method once, the order rotating repeat by repeat (two methods simply
+alternate which goes first), each call between two barriers, and only the collective
+inside the timed region:
+
+  spina           Agent.allreduce(buf, inplace=True)
+  gloo_allreduce  dist.all_reduce(t), t sharing buf's memory (in place, as DDP calls it)
+  gloo_allgather  all_gather of (int32 index, float32 value) of buf's non-zeros, then a local
+                  index_add_ into a new tensor: the sparse all-reduce users write by hand
+
+and, only when asked for, the unfair timing of the benchmark before this one, to show what
+it did to the numbers (docs/benchmark.md):
+
+  spina_alloc           Agent.allreduce(buf): the result in a new array
+  gloo_allreduce_clone  dist.all_reduce(t.clone()): a 100 MB copy inside the timed region
+
+The buffer is refilled from the tensor before the first barrier, outside the timer. The
+first repeat is a warm-up, checked but not recorded. Every result is checked: rank 0 against
+numpy's float64 sum (SpINA within the quantization bound, gloo within float32 rounding) and
+SpINA's crc32 on every rank (the parent compares them: bit-identical on all ranks).
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import statistics
+import time
+import zlib
+from dataclasses import dataclass
+from datetime import timedelta
+
+import numpy as np
+
+from bench.procs import (Point, check_result, cpu_seconds, expected_sum, make_tensor,
+                         measure_memory, switch_main)
+
+METHODS = ("spina", "gloo_allreduce", "gloo_allgather")
+OLD_TIMING = ("spina_alloc", "gloo_allreduce_clone")
+ALL_METHODS = METHODS + OLD_TIMING
+SPINA_METHODS = ("spina", "spina_alloc")
+CHILD_TIMEOUT = 900.0  # seconds a child may take before the run is declared hung
+
+
+class BenchError(RuntimeError):
+    """A benchmark child failed or produced a wrong result."""
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a process runs: network namespace (None: this one) and the address it binds
+    (port 0: any free port; the job config is built from the ports the workers got)."""
+    netns: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 0
+
+
+@dataclass(frozen=True)
+class Gloo:
+    """How the workers form their gloo group: rank 0's store at host:port, gloo's pairs on
+    interface `ifname`. On 127.0.0.1 spina.net.init_loopback_gloo keeps every socket there."""
+    host: str = "127.0.0.1"
+    port: int = 0
+    ifname: str = "lo"
+
+
+@dataclass(frozen=True)
+class Request:
+    """One point to measure, sent to every worker."""
+    point: Point
+    repeats: int
+    methods: tuple[str, ...]
+    count_dev: bool = False            # read eth0's tx/rx bytes around every call (namespaces)
+    profile_path: str | None = None    # cProfile rank 0's timed SpINA calls into this file
+    memory: bool = False               # afterwards one SpINA call under tracemalloc
+
+
+def rotation(methods: tuple[str, ...], repeat: int) -> tuple[str, ...]:
+    """The order of the methods in repeat `repeat`: rotated by one each repeat."""
+    k = repeat % len(methods)
+    return tuple(methods[k:]) + tuple(methods[:k])
+
+
+def paired_ratios(a: list[float], b: list[float]) -> list[float]:
+    """Per repeat a/b of two methods' times measured in the same repeats."""
+    if len(a) != len(b):
+        raise ValueError(f"paired ratios need as many repeats of each ({len(a)} vs {len(b)})")
+    return [x / y for x, y in zip(a, b)]
+
+
+# ----------------------------------------------------------------------------- worker side
+def worker_main(rank: int, place: Place, gloo: Gloo | None, conn, barrier) -> None:
+    """A worker process: bind, report the address, get the job, build the Agent (and the
+    gloo group), then measure points on request until "stop"."""
+    try:
+        _worker(rank, place, gloo, conn, barrier)
+    except BaseException as e:  # never leave the others or the parent hanging
+        barrier.abort()
+        conn.send(dict(error=f"rank {rank}: {type(e).__name__}: {e}"))
+        raise
+
+
+def _worker(rank, place, gloo, conn, barrier):
+    from bench.netns import enter
+    from host_agent.agent import Agent
+    from spina.net import bound_udp_socket
+
+    enter(place.netns)
+    sock = bound_udp_socket(place.host, place.port)
+    conn.send(sock.getsockname())
+    job, switch_addr, agent_kw = conn.recv()
+    agent = Agent(job, rank, switch_addr, sock=sock, timeout=60.0, **agent_kw)
+    dist = torch = None
+    if gloo is not None:
+        import torch
+        import torch.distributed as dist
+        torch.set_num_threads(1)
+        if gloo.host == "127.0.0.1":
+            from spina.net import init_loopback_gloo
+            init_loopback_gloo(rank, job.nworkers, gloo.port)
+        else:
+            os.environ["GLOO_SOCKET_IFNAME"] = gloo.ifname
+            dist.init_process_group("gloo", init_method=f"tcp://{gloo.host}:{gloo.port}",
+                                    rank=rank, world_size=job.nworkers,
+                                    timeout=timedelta(seconds=300))
+    conn.send("ready")
+    try:
+        while True:
+            req = conn.recv()
+            if req == "stop":
+                break
+            conn.send(measure_point(rank, req, agent, dist, torch, barrier))
+    finally:
+        if dist is not None:
+            dist.destroy_process_group()
+        agent.close()
+
+
+def measure_point(rank: int, req: Request, agent, dist, torch, barrier) -> dict:
+    """This worker's side of one point: {method: record} (+ "memory" if asked)."""
+    p = req.point
+    x = make_tensor(p, rank)
+    buf = np.empty_like(x)
+    t = torch.from_numpy(buf) if torch is not None else None  # same memory as buf
+    want = expected_sum(p) if rank == 0 else None
+    dev_bytes = None
+    if req.count_dev:
+        from bench.net_topo import dev_bytes
+    calls = {"spina": lambda: agent.allreduce(buf, inplace=True),
+             "gloo_allreduce": lambda: (dist.all_reduce(t), buf)[1],
+             "gloo_allgather": lambda: gloo_allgather_sum(t, p.workers, dist, torch).numpy(),
+             "spina_alloc": lambda: agent.allreduce(buf),
+             "gloo_allreduce_clone": lambda: _reduced(t.clone(), dist)}
+    prof = None
+    if req.profile_path and rank == 0:
+        import cProfile
+        # CPU time of this thread (the agent's work): wall time would charge preemption by
+        # the other processes on this machine's 2 cores to whatever line was running.
+        prof = cProfile.Profile(time.thread_time)
+    rec = {m: dict(times=[], cpu=[], tx=[], rx=[], crcs=[], max_err=0.0) for m in req.methods}
+    for m in SPINA_METHODS:
+        if m in rec:
+            rec[m].update({k: [] for k in SPINA_STATS}, warmup={})
+    rec["nonzeros"] = int(np.count_nonzero(x))
+    for i in range(req.repeats + 1):  # i == 0: warm-up, checked but not recorded
+        for m in rotation(req.methods, i):
+            np.copyto(buf, x)
+            barrier.wait()
+            tx0, rx0 = dev_bytes() if dev_bytes else (0, 0)
+            c0, t0 = cpu_seconds(), time.perf_counter()
+            if prof is not None and m in SPINA_METHODS and i:
+                res = prof.runcall(calls[m])
+            else:
+                res = calls[m]()
+            dt, dc = time.perf_counter() - t0, cpu_seconds() - c0
+            barrier.wait()  # every worker done: late answers are counted with this call
+            tx1, rx1 = dev_bytes() if dev_bytes else (0, 0)
+            r = rec[m]
+            if rank == 0:
+                err = check_result(res, want, p.workers, quantized=(m in SPINA_METHODS))
+                r["max_err"] = max(r["max_err"], err)
+            if m in SPINA_METHODS:
+                r["crcs"].append(zlib.crc32(res.view(np.uint8)))
+                s = agent.last_stats
+                if not i:
+                    r["warmup"] = {k: getattr(s, k) for k in SPINA_STATS}
+            del res
+            if not i:
+                continue
+            r["times"].append(dt)
+            r["cpu"].append(dc)
+            r["tx"].append(tx1 - tx0)
+            r["rx"].append(rx1 - rx0)
+            if m in SPINA_METHODS:
+                for k in SPINA_STATS:
+                    r[k].append(getattr(s, k))
+    if prof is not None:
+        prof.dump_stats(req.profile_path)
+    if req.memory:
+        rec["memory"] = measure_memory(agent, x)
+        barrier.wait()
+    return rec
+
+
+def _reduced(y, dist) -> np.ndarray:
+    dist.all_reduce(y)
+    return y.numpy()
+
+
+# What the agent reports per call (host_agent.agent.CallStats), recorded per timed call.
+SPINA_STATS = ("bytes_sent", "payload_bytes_sent", "packets_sent", "nonzero_blocks",
+               "resends", "spurious_resends", "timeout_resends")
+
+
+def gloo_allgather_sum(x, n: int, dist, torch):
+    """What users write by hand: all_gather (index, value) of the non-zeros, then sum.
+
+    all_gather needs equal sizes, so counts go first and everyone pads to the largest.
+    """
+    idx = torch.nonzero(x, as_tuple=True)[0].to(torch.int32)
+    vals = x[idx]
+    count = torch.tensor([len(idx)], dtype=torch.int64)
+    counts = [torch.zeros(1, dtype=torch.int64) for _ in range(n)]
+    dist.all_gather(counts, count)
+    m = int(max(c.item() for c in counts))
+    pad_i = torch.zeros(m, dtype=torch.int32)
+    pad_v = torch.zeros(m, dtype=x.dtype)
+    pad_i[:len(idx)] = idx
+    pad_v[:len(idx)] = vals
+    all_i = [torch.empty(m, dtype=torch.int32) for _ in range(n)]
+    all_v = [torch.empty(m, dtype=x.dtype) for _ in range(n)]
+    dist.all_gather(all_i, pad_i)
+    dist.all_gather(all_v, pad_v)
+    out = torch.zeros_like(x)
+    for c, i, v in zip(counts, all_i, all_v):
+        k = int(c.item())
+        out.index_add_(0, i[:k], v[:k])
+    return out
+
+
+def gloo_bytes(method: str, p: Point, nonzeros: int) -> int:
+    """Bytes one worker sends, from the algorithm: ring all-reduce 2(n-1)/n of the tensor;
+    ring all-gather n-1 chunks padded to the largest count (int32 index + float32 value)."""
+    n = p.workers
+    if method == "gloo_allgather":
+        return (n - 1) * (8 + 8 * nonzeros)
+    return int(2 * (n - 1) * p.elements * 4 / n)
+
+
+# ----------------------------------------------------------------------------- parent side
+def recv(conn, what: str, timeout: float = CHILD_TIMEOUT):
+    """A child's next message; BenchError if it failed or does not answer in time."""
+    if not conn.poll(timeout):
+        raise BenchError(f"{what}: no answer within {timeout:g} s")
+    msg = conn.recv()
+    if isinstance(msg, dict) and "error" in msg:
+        raise BenchError(f"{what}: {msg['error']}")
+    return msg
+
+
+def stop_all(procs) -> None:
+    """Join child processes; terminate those that do not end within 10 s."""
+    for pr in procs:
+        pr.join(timeout=10)
+    for pr in procs:
+        if pr.is_alive():
+            pr.terminate()
+            pr.join()
+
+
+def proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system, all threads) of process `pid`."""
+    with open(f"/proc/{pid}/stat") as f:
+        v = f.read().rsplit(")", 1)[1].split()
+    return (int(v[11]) + int(v[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Cluster:
+    """The switch and n workers (see the module docstring); a context manager.
+
+    Args:
+        n: workers.
+        nslots, block_size, nlanes: the job's SpINA parameters.
+        agent_kw: extra Agent keyword arguments (e.g. rto).
+        gloo: form a gloo group in the workers (None: SpINA alone, torch not imported).
+        switch_place, worker_places: where the processes run (default: 127.0.0.1, any port).
+        switch_profile: cProfile the switch's serve loop into this file.
+    After close(), `switch_stats` holds the switch's counters over its whole life.
+    """
+
+    def __init__(self, n: int, *, nslots: int = 16, block_size: int = 256, nlanes: int = 56,
+                 agent_kw: dict | None = None, gloo: Gloo | None = None,
+                 switch_place: Place = Place(), worker_places: list[Place] | None = None,
+                 switch_profile: str | None = None):
+        self.n = n
+        self.job_args = dict(nslots=nslots, block_size=block_size, nlanes=nlanes)
+        self.agent_kw = agent_kw or {}
+        self.gloo = gloo
+        self.switch_place = switch_place
+        self.worker_places = worker_places or [Place()] * n
+        self.switch_profile = switch_profile
+        self.procs: list = []
+        self.conns: list = []
+        self.switch_conn = None
+        self.switch_stats: dict | None = None
+        self.job = None
+
+    def __enter__(self) -> "Cluster":
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _start(self) -> None:
+        from spina.config import JobConfig, WorkerAddr
+        ctx = mp.get_context("spawn")  # no child inherits a big parent heap
+        self.switch_conn, child = ctx.Pipe()
+        sp = self.switch_place
+        self.procs.append(ctx.Process(target=switch_main, name="spina-switch",
+                                      args=(child, self.switch_profile, sp.netns, sp.host)))
+        self.procs[-1].start()
+        switch_addr = recv(self.switch_conn, "switch")
+        gloo = self.gloo
+        if gloo is not None and gloo.port == 0:
+            gloo = Gloo(gloo.host, free_tcp_port(gloo.host), gloo.ifname)
+        barrier = ctx.Barrier(self.n)
+        for r in range(self.n):
+            parent, child = ctx.Pipe()
+            self.procs.append(ctx.Process(target=worker_main, name=f"bench-worker{r}",
+                                          args=(r, self.worker_places[r], gloo, child, barrier)))
+            self.procs[-1].start()
+            self.conns.append(parent)
+        addrs = [recv(c, f"rank {r} start") for r, c in enumerate(self.conns)]
+        self.job = JobConfig(job=1, workers=tuple(WorkerAddr(r, h, port) for r, (h, port)
+                                                  in enumerate(addrs)),
+                             **self.job_args).validate()
+        self.switch_conn.send(self.job)
+        recv(self.switch_conn, "switch admission")
+        for c in self.conns:
+            c.send((self.job, switch_addr, self.agent_kw))
+        for r, c in enumerate(self.conns):
+            recv(c, f"rank {r} ready")
+
+    @property
+    def switch_pid(self) -> int:
+        return self.procs[0].pid
+
+    @property
+    def pids(self) -> list[int]:
+        """Switch first, then the workers."""
+        return [pr.pid for pr in self.procs]
+
+    def measure(self, req: Request) -> list[dict]:
+        """Every worker's record of one point (bench.paired.measure_point), rank order."""
+        for c in self.conns:
+            c.send(req)
+        recs = [recv(c, f"rank {r} at {req.point}") for r, c in enumerate(self.conns)]
+        for m in set(req.methods) & set(SPINA_METHODS):
+            for r, w in enumerate(recs[1:], 1):
+                if w[m]["crcs"] != recs[0][m]["crcs"]:
+                    raise BenchError(f"{req.point}: rank {r}'s SpINA result differs from rank "
+                                     f"0's ({m}, crc32 {w[m]['crcs']} vs {recs[0][m]['crcs']})")
+        return recs
+
+    def close(self) -> None:
+        for c in self.conns:
+            try:
+                c.send("stop")
+            except OSError:
+                pass
+        stop_all(self.procs[1:])
+        if self.switch_conn is not None and self.procs and self.procs[0].is_alive():
+            try:
+                self.switch_conn.send("stop")  # it answers once stopped (profile written)
+                if self.switch_conn.poll(30):
+                    msg = self.switch_conn.recv()
+                    if isinstance(msg, dict) and "error" not in msg:
+                        self.switch_stats = msg
+            except (OSError, EOFError):
+                pass
+        stop_all(self.procs[:1])
+        self.conns.clear()
+
+
+def free_tcp_port(host: str) -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def slowest(recs: list[dict], method: str) -> list[float]:
+    """Per repeat, the slowest worker's time of `method`: the repeat's time."""
+    times = [w[method]["times"] for w in recs]
+    return [max(ts) for ts in zip(*times)]
+
+
+def mean_over_workers(recs: list[dict], method: str, key: str) -> float:
+    """Mean over workers of each worker's mean over timed calls of `key`."""
+    return statistics.fmean(statistics.fmean(w[method][key]) for w in recs)
