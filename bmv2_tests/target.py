@@ -107,6 +107,7 @@ class SoftTarget(P4RuntimeTarget):
     servicer (no gRPC: Connection.in_process)."""
     name = "soft"
     can_force_qdepth = True
+    can_rate_limit = True
 
     def __init__(self):
         self.dp = Dataplane()
@@ -114,24 +115,33 @@ class SoftTarget(P4RuntimeTarget):
         super().__init__(conn, P4RuntimeRegisters(conn))
         self._commit()
         self._out: list[tuple[int, bytes]] = []
+        # A virtual clock: sending takes no time, waiting `timeout` in received() lets the
+        # rate-limited queues drain that long, so queue tests are exact and instant.
+        self.now = 0.0
 
     def _commit(self) -> None:
         """A newly committed pipeline: empty tables, zero counters and registers."""
         self.conn.set_pipeline(spec.p4info(), b"", cookie=1)
 
     def send(self, port, frame):
-        self._out += self.dp.process(bytes(frame), port)
+        self._out += self.dp.process(bytes(frame), port, now=self.now)
 
     def received(self, timeout=0.0):
+        self.now += timeout
+        self._out += self.dp.departures(self.now)
         out, self._out = self._out, []
         return out
 
     def set_qdepth(self, port, depth):
         self.dp.qdepth[port] = depth
 
+    def set_queue_rate(self, port, pps):
+        self.dp.set_queue_rate(port, pps, now=self.now)
+
     def reset(self):
         self._commit()
         self.dp.qdepth.clear()
+        self.dp.queues.clear()
         self._out = []
 
     def close(self):

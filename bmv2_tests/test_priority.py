@@ -1,10 +1,10 @@
-"""Conformance: loss-tolerant INA packets are dropped when the egress queue is deep.
+"""Conformance: priority queues, and loss-tolerant INA packets dropped when the egress queue is deep.
 
 Run just this file: python -m pytest bmv2_tests/test_priority.py
 (SPINA_TARGETS=soft or bmv2 to pick one target; default both, BMv2 skips if absent.)
-The queue depth is forced on the software target (those cases skip on BMv2); on BMv2 the
-`slow_queue` cases rate-limit a real egress queue (set_queue_rate over Thrift) and send a burst
-into it (those skip on the software target, which has no queues).
+The queue depth is forced on the software target (those cases skip on BMv2). The `slow_queue`
+cases rate-limit a real egress queue on both targets (BMv2: set_queue_rate over Thrift; the
+software switch: Dataplane.set_queue_rate on a virtual clock) and send a burst into it.
 """
 from __future__ import annotations
 
@@ -104,3 +104,37 @@ def test_real_queue_behind_burst(slow_queue, threshold, dropped):
         t.send(1, frame)
     expect(t, {2: burst + ([] if dropped else [lt])}, timeout=3.0)
     assert t.counter("job_congestion_drops", JOB) == int(dropped)
+
+
+def test_each_priority_has_its_own_queue(slow_queue):
+    """A priority-7 frame sent behind a priority-0 burst on a rate-limited port does not wait
+    for the burst (its queue has its own rate clock; at a tie the higher priority leaves
+    first): at most the burst's first frame goes before it. Each class keeps its order."""
+    t = slow_queue
+    ForwardingEntries(t).add_l2_entry(SWITCH_MAC, 2)
+    low = [contrib(0, dst_ip="10.0.0.200", round=r, priority=0) for r in (1, 2, 3)]
+    high = contrib(0, dst_ip="10.0.0.200", round=4, priority=7)
+    for frame in low + [high]:
+        t.send(1, frame)
+    got = t.received(3.0)
+    assert [p for p, _ in got] == [2, 2, 2, 2], got
+    frames = [f for _, f in got]
+    assert sorted(frames) == sorted(low + [high])
+    assert frames.index(high) <= 1, "the priority-7 frame waited behind the priority-0 burst"
+    assert [f for f in frames if f != high] == low
+    assert t.counter("job_congestion_drops", JOB) == 0
+
+
+def test_queue_depth_counts_every_priority(slow_queue):
+    """enq_qdepth is the port's whole queue, all priorities: a loss-tolerant priority-7 frame
+    arriving behind a priority-0 burst sees the burst and is dropped above the threshold."""
+    t = slow_queue
+    fwd = ForwardingEntries(t)
+    fwd.add_l2_entry(SWITCH_MAC, 2)
+    fwd.set_qdepth_threshold(1)
+    low = [contrib(0, dst_ip="10.0.0.200", round=r, priority=0) for r in (1, 2, 3)]
+    lt = contrib(0, dst_ip="10.0.0.200", round=4, priority=7, flags=wire.FLAG_LOSS_TOLERANT)
+    for frame in low + [lt]:
+        t.send(1, frame)
+    expect(t, {2: low}, timeout=3.0)
+    assert t.counter("job_congestion_drops", JOB) == 1

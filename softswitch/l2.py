@@ -26,9 +26,11 @@ import select
 import socket
 import struct
 import threading
+import time
 from dataclasses import dataclass
 
 from spina import spec
+from softswitch.egress import EgressQueues
 from softswitch.pipeline import DEFAULT_POOL_SLOTS, Admission, Pipeline
 from spina import wire
 from spina.net import grow_buffers
@@ -38,6 +40,7 @@ log = logging.getLogger("spina.softswitch.l2")
 ETH_LEN, IPV4_LEN, UDP_LEN = 14, 20, 8
 L4_OFF = ETH_LEN + IPV4_LEN        # UDP header offset
 INA_OFF = L4_OFF + UDP_LEN         # INA header offset
+PRIORITY_AT = INA_OFF + wire.FIELD_OFFSET["priority"]  # the INA priority class byte
 _ETH_P_ALL = 0x0003
 _PACKET_OUTGOING = 4
 _SOL_PACKET, _PACKET_IGNORE_OUTGOING = 263, 23
@@ -107,8 +110,10 @@ class Dataplane:
         self.ipv4_routes: dict[ipaddress.IPv4Network, Route] = {}
         self.mcast_groups: dict[int, list[tuple[int, int]]] = {}  # grp -> [(port, rid)]
         self.worker_rewrite: dict[int, tuple[bytes, bytes, int]] = {}  # rid -> (mac, ip, udp)
-        # enq_qdepth the egress sees per port; a real switch measures it, L2Switch has no
-        # queue of its own (0), tests may set it to exercise the congestion drop.
+        # The traffic manager: a port with a rate limit queues by priority (softswitch/egress.py);
+        # its enq_qdepth is measured there. `qdepth` forces the enq_qdepth a port's egress sees
+        # (tests exercising the congestion drop without a real queue).
+        self.queues = EgressQueues()
         self.qdepth: dict[int, int] = {}
 
     # ------------------------------------------------------------ control plane
@@ -197,19 +202,58 @@ class Dataplane:
             self.mcast_groups[grp] = [(int(p), int(r)) for p, r in replicas]
 
     # ------------------------------------------------------------ data plane
-    def process(self, frame: bytes, port: int) -> list[tuple[int, bytes]]:
-        """One frame in on `port`; the frames out, as (egress port, bytes)."""
-        n = len(frame)
-        if n < ETH_LEN:
-            return []  # no Ethernet header: Forwarding drops it
-        udp = (n >= INA_OFF and frame[12] == 0x08 and frame[13] == 0x00
-               and frame[14] & 0x0F == 5 and frame[23] == spec.IP_PROTO_UDP)
-        ina_port = udp and (frame[36] << 8 | frame[37]) == self.ina_udp_port
-        if ina_port and frame[30:34] in self.ina_endpoint:
-            return self._terminate(frame, port)
-        return self._forward(frame, port, ina_port and n >= INA_OFF + wire.HEADER_LEN)
+    def set_queue_rate(self, port: int, pps: float, now: float | None = None) -> None:
+        """Limit each priority queue of `port` to `pps` frames a second (0: no limit), as
+        BMv2's `set_queue_rate PPS PORT`."""
+        self.queues.set_rate(port, pps, time.monotonic() if now is None else now)
 
-    def _terminate(self, frame: bytes, port: int) -> list[tuple[int, bytes]]:
+    def process(self, frame: bytes, port: int, now: float | None = None) -> list[tuple[int, bytes]]:
+        """One frame in on `port` at time `now` (default: the monotonic clock); the frames
+        out, as (egress port, bytes): this frame's copies to ports without a queue, and
+        whatever queued frames are due by `now`."""
+        now = time.monotonic() if now is None else now
+        out: list[tuple[int, bytes]] = []
+        n = len(frame)
+        if n >= ETH_LEN:  # no Ethernet header: Forwarding drops it
+            udp = (n >= INA_OFF and frame[12] == 0x08 and frame[13] == 0x00
+                   and frame[14] & 0x0F == 5 and frame[23] == spec.IP_PROTO_UDP)
+            ina_port = udp and (frame[36] << 8 | frame[37]) == self.ina_udp_port
+            ina_valid = ina_port and n >= INA_OFF + wire.HEADER_LEN
+            # Priority control: the INA header's class picks the egress queue (3 bits).
+            priority = frame[PRIORITY_AT] & 7 if ina_valid else 0
+            if ina_port and frame[30:34] in self.ina_endpoint:
+                copies = self._terminate(frame, port)
+            else:
+                copies = self._forward(frame, port, ina_valid)
+            for eport, egress, args in copies:
+                self._enqueue(eport, priority, egress, args, now, out)
+        if self.queues.next_due() is not None:
+            out += self.departures(now)
+        return out
+
+    def _enqueue(self, eport: int, priority: int, egress, args, now: float, out: list) -> None:
+        """Traffic manager: run the egress now (a port without a rate limit) or queue it."""
+        if not self.queues.limited(eport):
+            out += egress(eport, *args, self.qdepth.get(eport, 0))
+            return
+        item = [egress, args, 0]
+        depth = self.queues.push(eport, priority, item, now)
+        if depth is not None:
+            item[2] = self.qdepth.get(eport, depth)
+
+    def departures(self, now: float | None = None) -> list[tuple[int, bytes]]:
+        """Queued frames due by `now`, through the egress (with their enq_qdepth)."""
+        out: list[tuple[int, bytes]] = []
+        for eport, (egress, args, depth) in self.queues.pop_due(
+                time.monotonic() if now is None else now):
+            out += egress(eport, *args, depth)
+        return out
+
+    def next_departure(self) -> float | None:
+        """When the next queued frame is due (None: nothing queued)."""
+        return self.queues.next_due()
+
+    def _terminate(self, frame: bytes, port: int) -> list:
         pipe = self.pipeline
         udp_len = frame[38] << 8 | frame[39]
         payload = frame[INA_OFF:L4_OFF + udp_len]
@@ -229,13 +273,13 @@ class Dataplane:
             head[40:42] = b"\0\0"
             head[16:18] = (IPV4_LEN + UDP_LEN + len(e.data)).to_bytes(2, "big")
             if not e.multicast:
-                out += self._egress(port, 0, head, e.data)
+                out.append((port, self._egress, (0, head, e.data)))
                 continue
             for eport, rid in self.mcast_groups.get(e.mcast_grp, ()):
-                out += self._egress(eport, rid, bytearray(head), e.data)
+                out.append((eport, self._egress, (rid, bytearray(head), e.data)))
         return out
 
-    def _egress(self, eport: int, rid: int, head: bytearray, data: bytes):
+    def _egress(self, eport: int, rid: int, head: bytearray, data: bytes, qdepth: int):
         """WorkerRewrite, CongestionDrop, then the checksum, for one copy the switch wrote."""
         if rid:
             rw = self.worker_rewrite.get(rid)
@@ -243,11 +287,11 @@ class Dataplane:
                 return []  # drop_replica
             head[0:6], head[30:34] = rw[0], rw[1]
             head[36:38] = rw[2].to_bytes(2, "big")
-        if self.pipeline.congestion_drop(data, self.qdepth.get(eport, 0)):
+        if self.pipeline.congestion_drop(data, qdepth):
             return []
         return [(eport, bytes(with_ipv4_checksum(head)) + data)]
 
-    def _forward(self, frame: bytes, port: int, ina_valid: bool) -> list[tuple[int, bytes]]:
+    def _forward(self, frame: bytes, port: int, ina_valid: bool) -> list:
         eport = self.l2.get(frame[0:6])
         if eport is not None:
             out = frame  # bridged: byte for byte
@@ -261,9 +305,13 @@ class Dataplane:
             f[0:6], f[6:12] = route.dst_mac, route.src_mac
             f[22] = (f[22] - 1) & 0xFF
             eport, out = route.port, bytes(with_ipv4_checksum(f))
-        if ina_valid and self.pipeline.congestion_drop(out[INA_OFF:], self.qdepth.get(eport, 0)):
+        return [(eport, self._egress_forwarded, (out, ina_valid))]
+
+    def _egress_forwarded(self, eport: int, frame: bytes, ina_valid: bool, qdepth: int):
+        """CongestionDrop for a forwarded frame (loss-tolerant INA packets only)."""
+        if ina_valid and self.pipeline.congestion_drop(frame[INA_OFF:], qdepth):
             return []
-        return [(eport, out)]
+        return [(eport, frame)]
 
     def _lpm(self, dst: bytes) -> Route | None:
         if not self.ipv4_routes:
@@ -341,7 +389,18 @@ class L2Switch:
         log.info("software switch (L2) on %s",
                  ", ".join(f"{p}@{i}" for p, i in self.interfaces.items()))
         while True:
-            for fd, _ in poller.poll():
+            due = dp.next_departure()  # a rate-limited port has frames waiting
+            wait = None if due is None else max(0, int((due - time.monotonic()) * 1000) + 1)
+            events = poller.poll(wait)
+            if due is not None:
+                try:
+                    with dp.pipeline.lock:
+                        outs = dp.departures(time.monotonic())
+                except Exception:  # a bug must not take the switch down
+                    log.exception("egress error on queued frames; dropped")
+                    outs = []
+                self._transmit(outs)
+            for fd, _ in events:
                 if fd == self._stop_r:
                     return
                 port = self._by_fd[fd]
@@ -365,15 +424,18 @@ class L2Switch:
                     except Exception:  # a bug must not take the switch down
                         log.exception("pipeline error on a frame from port %d; dropped", port)
                         continue
-                    for eport, data in outs:
-                        out = self.socks.get(eport)
-                        if out is None:
-                            continue
-                        try:
-                            out.send(data)
-                            self.frames_out += 1
-                        except OSError as e:
-                            log.debug("send on port %d failed: %s", eport, e)
+                    self._transmit(outs)
+
+    def _transmit(self, outs: list[tuple[int, bytes]]) -> None:
+        for eport, data in outs:
+            out = self.socks.get(eport)
+            if out is None:
+                continue
+            try:
+                out.send(data)
+                self.frames_out += 1
+            except OSError as e:
+                log.debug("send on port %d failed: %s", eport, e)
 
     def start(self) -> "L2Switch":
         self._thread = threading.Thread(target=self.serve_forever, name="spina-l2", daemon=True)

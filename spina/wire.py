@@ -101,6 +101,8 @@ FIELD_NAMES = tuple(f[0] for f in HEADER_FIELDS)
 _STRUCT = struct.Struct(">" + "".join(f[1] for f in HEADER_FIELDS))
 HEADER_STRUCT = _STRUCT  # for the data path: unpack_from -> a plain tuple in FIELD_NAMES order
 FIELD_INDEX = {name: i for i, name in enumerate(FIELD_NAMES)}  # position in that tuple
+FIELD_OFFSET = {name: struct.calcsize(">" + "".join(f[1] for f in HEADER_FIELDS[:i]))
+                for i, name in enumerate(FIELD_NAMES)}  # byte offset in the header
 HEADER_LEN = _STRUCT.size
 assert HEADER_LEN == 48
 
