@@ -45,6 +45,7 @@ _UNPACK, _PACK_INTO = wire.HEADER_STRUCT.unpack_from, wire.HEADER_STRUCT.pack_in
  _NONFINITE) = (wire.FIELD_INDEX[f] for f in (
     "msg_type", "flags", "job", "epoch", "call", "slot", "round", "length", "exponent", "bitmap",
     "present", "nonfinite"))
+_FLAGS_AT = wire.FIELD_OFFSET["flags"]  # byte offset: a resend sets its flags in place
 
 
 class SpinaError(RuntimeError):
@@ -100,21 +101,55 @@ class _Slot:
     packet: memoryview = None     # the round's datagram (in the agent's per-slot buffer)
     done: bool = False
     timer: Timer = None           # transmissions and answers of the round in flight
-    recovery: Recovery = None     # the call's loss recovery (late duplicate results go there)
-    unanswered: int = 0           # resends since the switch last answered this slot
+
+
+class _Buffers:
+    """Memory an agent reuses across calls: per slot, the datagram a round is built in (it
+    stays there for resends), and a float32 work area for one round's rows."""
+
+    def __init__(self):
+        self._key = None
+        self.slots: list = []
+        self.scratch: np.ndarray | None = None
+
+    def get(self, W: int, k: int, B: int) -> tuple[list, np.ndarray]:
+        """Per slot (datagram buffer, its next view (k,) >u4, its data view (k, B) >i4), and
+        a (k, B) float32 scratch."""
+        if self._key != (W, k, B):
+            self.slots = []
+            for _ in range(W):
+                b = bytearray(wire.packet_len(k, B, k))
+                self.slots.append((b, np.frombuffer(b, wire.NEXT_DTYPE, k, wire.HEADER_LEN),
+                                   np.frombuffer(b, wire.DATA_DTYPE, k * B,
+                                                 wire.data_offset(k)).reshape(k, B)))
+            self.scratch = np.empty((k, B), np.float32)
+            self._key = (W, k, B)
+        return self.slots, self.scratch
 
 
 class _Call:
-    """The state of one all-reduce call at one worker."""
+    """The state of one all-reduce call at one worker.
 
-    def __init__(self, agent: "Agent", flat: np.ndarray, integer: bool, inplace: bool,
-                 blocks: np.ndarray | None = None):
-        job = agent.job
-        self.agent, self.flat, self.integer = agent, flat, integer
+    Args:
+        job, rank, call_id: whose call this is (the job with its run's epoch).
+        rounds: the last round tag used per slot (the agent's, kept across calls; updated).
+        flat, integer, inplace, blocks: the tensor and how to sum it (Agent.allreduce).
+        buffers: the agent's reused datagram buffers.
+        rtt: the agent's latency estimator (kept across calls).
+        transmit: sends one datagram to the switch (a local refusal counts as a loss).
+        check_blocks: verify a `blocks` hint against a full scan.
+    """
+
+    def __init__(self, job: JobConfig, rank: int, call_id: int, rounds: np.ndarray,
+                 flat: np.ndarray, integer: bool, inplace: bool, blocks: np.ndarray | None,
+                 buffers: _Buffers, rtt: RttEstimator, transmit, check_blocks: bool = False):
+        self.job, self.rank, self.call_id, self.rounds = job, rank, call_id, rounds
+        self.transmit = transmit
+        self.flat, self.integer = flat, integer
         self.B, self.k, W = job.block_size, job.nlanes, job.nslots
         n = len(flat)
         self.stats = CallStats(length=n)
-        if blocks is not None and agent.check_blocks:
+        if blocks is not None and check_blocks:
             _check_block_hint(flat, blocks, self.B)
         if integer:
             if blocks is None:
@@ -168,17 +203,15 @@ class _Call:
         self.out2d = self.out[:self.nfull * B].reshape(self.nfull, B)
         # The zero-padded last block, if any, takes the slow gather/scatter; only its slot checks.
         self.tail_slot = (self.nfull % L) // k if n % B else -1
-        self.scratch = agent._scratch(k, B)
-        self.next_end = wire.HEADER_LEN + 4 * k  # the next positions' bytes in a datagram
+        self.bufs, self.scratch = buffers.get(W, k, B)
+        self.next_end = wire.data_offset(k)  # the next positions' bytes end here in a datagram
         self.all_end = bytearray(wire.END.to_bytes(4, "big") * k)
-        self.bufs = agent._slot_buffers(W, k, B)
         timers = [Timer() for _ in range(W)]
         # Bounded loss: each partial round counts its nlanes blocks against the budget.
-        self.recovery = Recovery(agent.rtt, timers, time.monotonic(), job.bounded_loss,
+        self.recovery = Recovery(rtt, timers, time.monotonic(), job.bounded_loss,
                                  job.loss_deadline, job.bounded_loss * self.nblocks / k)
         self.slots = [_Slot(s + job.slot_base, s, ptr=first_ext[s * k:(s + 1) * k].copy(),
-                            lanes=np.arange(s * k, (s + 1) * k, dtype=np.int64),
-                            timer=timers[s], recovery=self.recovery)
+                            lanes=np.arange(s * k, (s + 1) * k, dtype=np.int64), timer=timers[s])
                       for s in range(W)]
 
     def send_setup(self, st: _Slot) -> None:
@@ -187,31 +220,27 @@ class _Call:
         self.bufs[st.index][1][:] = nxt  # -1 (sentinel) becomes END
         buf = self.bufs[st.index][0]
         last = wire.FLAG_LAST if buf[wire.HEADER_LEN:self.next_end] == self.all_end else 0
-        self.agent._send(self, st, last, int(self.slot_exp[st.index]), 0, 0, 0)
+        self._send(st, last, int(self.slot_exp[st.index]), 0, 0, 0)
 
     def on_answer(self, buf, nbytes: int, st: _Slot, t: tuple) -> bool:
         """Handle a result or status (header fields `t`) for slot `st`; True when the slot's
         stream is done."""
-        agent, stats = self.agent, self.stats
+        stats = self.stats
         stats.packets_received += 1
         stats.bytes_received += nbytes
-        st.unanswered = 0
         if t[_MSG_TYPE] == wire.MSG_STATUS:
             self.recovery.status(st.timer, t[_BITMAP], time.monotonic())
             return False
         flags = t[_FLAGS]
         if flags & wire.FLAG_MISMATCH:
             raise LengthMismatch(
-                f"job {agent.job.job} call {agent.call_id}: workers disagree on the tensor length: "
-                f"rank {agent.rank} has {len(self.flat)} elements, another rank {t[_LENGTH]}")
+                f"job {self.job.job} call {self.call_id}: workers disagree on the tensor length: "
+                f"rank {self.rank} has {len(self.flat)} elements, another rank {t[_LENGTH]}")
         self.recovery.result(st.timer, st.round, time.monotonic(),
                              multicast=not flags & wire.FLAG_RESEND,
                              partial=bool(flags & wire.FLAG_PARTIAL))
-        if flags & wire.FLAG_PARTIAL:
-            stats.partial_rounds += 1
-            stats.partial_fraction = min(1.0, stats.partial_rounds * self.k / max(1, self.nblocks))
         if st.pos is None:  # setup result: the exponent every worker quantizes with
-            st.shift = 0 if self.integer else quant_shift(t[_EXPONENT], agent.job.nworkers)
+            st.shift = 0 if self.integer else quant_shift(t[_EXPONENT], self.job.nworkers)
             st.exponent = t[_EXPONENT]
         else:
             self._deliver(buf, t, st)
@@ -233,18 +262,13 @@ class _Call:
         else:
             lanes = wire.lane_indices(present, k)
             where, n = st.pos[lanes], len(lanes)
-        data = np.frombuffer(buf, wire.DATA_DTYPE, n * B, wire.HEADER_LEN + 4 * k).reshape(n, B)
+        data = np.frombuffer(buf, wire.DATA_DTYPE, n * B, self.next_end).reshape(n, B)
         if st.index == self.tail_slot and (where == self.nfull).any():
             scatter_blocks(self.out, where, data if self.integer else dequantize(data, st.shift), B)
         elif self.integer:
             self.out2d[where] = data
-        elif -126 <= -st.shift <= 127:
-            # dequantize() in one pass: int32 -> float32 (one rounding), times 2**-S (exact)
-            tmp = self.scratch[:n]
-            np.multiply(data, np.float32(2.0 ** -st.shift), out=tmp, dtype=np.float32)
-            self.out2d[where] = tmp
         else:
-            self.out2d[where] = dequantize(data, st.shift)
+            self.out2d[where] = dequantize(data, st.shift, self.scratch[:n])
         if t[_NONFINITE]:
             scatter_blocks(self.out, st.pos[wire.lane_indices(t[_NONFINITE], k)], np.nan, B)
 
@@ -290,19 +314,82 @@ class _Call:
                 rows = gather_blocks(self.flat, where, self.B)
             if self.integer:
                 dst[:] = self.full2d[where] if rows is None else rows
-            elif -126 <= st.shift <= 127:
-                # quantize() into the datagram: scale (exact), round, cast to big-endian int32
-                tmp = self.scratch[:nrows]
-                if rows is None:
-                    np.take(self.full2d, where, axis=0, out=tmp, mode="clip")
-                else:
-                    tmp[:] = rows
-                np.multiply(tmp, np.float32(2.0 ** st.shift), out=tmp)
-                np.rint(tmp, out=dst, casting="unsafe")  # exact: |value| < 2**30
             else:
-                dst[:] = quantize(self.full2d[where] if rows is None else rows, st.shift)
+                quantize(self.full2d if rows is None else rows, st.shift, dst,
+                         self.scratch[:nrows], where if rows is None else None)
         last = wire.FLAG_LAST if buf[wire.HEADER_LEN:self.next_end] == self.all_end else 0
-        self.agent._send(self, st, last, st.exponent, present, nonfinite_bits, nrows)
+        self._send(st, last, st.exponent, present, nonfinite_bits, nrows)
+
+    def _send(self, st: _Slot, flags: int, exponent: int, present: int, nonfinite: int,
+              nrows: int) -> None:
+        """Send the next round of slot `st`; its next positions and `nrows` data rows are in
+        the slot's buffer already."""
+        r = int(self.rounds[st.index]) + 1
+        self.rounds[st.index] = r
+        st.round = r & 0xFFFFFFFF
+        job, k, B = self.job, self.k, self.B
+        buf = self.bufs[st.index][0]
+        _PACK_INTO(buf, 0, wire.VERSION, wire.MSG_CONTRIB, flags, job.priority, job.job,
+                   job.epoch, self.call_id, st.slot, self.rank, k, st.round, len(self.flat), B,
+                   exponent, 0, present, nonfinite)
+        n = self.next_end + 4 * B * nrows
+        st.packet = memoryview(buf)[:n]
+        self.recovery.sent(st.timer, time.monotonic())
+        self.transmit(st.packet)
+        stats = self.stats
+        stats.packets_sent += 1
+        stats.bytes_sent += n
+        stats.payload_bytes_sent += 4 * B * nrows
+
+    def resend_due(self, idle: bool, longest: float, timeout: float, switch) -> float:
+        """Resend the rounds host_agent/recovery.py finds due; fail if a slot made no progress
+        for `timeout` seconds. `idle`: the socket is empty now. Returns how long to wait at
+        most."""
+        now = time.monotonic()
+        rec, stats = self.recovery, self.stats
+        flying = [(st, st.timer) for st in self.slots if not st.done]
+        stalled = rec.stalled(flying, now, timeout)
+        if stalled is not None:
+            raise self._timeout_error(stalled[0], timeout, switch)
+        for st, tm in rec.due(flying, now, idle):
+            pkt = bytearray(st.packet)
+            pkt[_FLAGS_AT] |= rec.resend_flags(tm)
+            self.transmit(pkt)
+            rec.resent(tm, now)
+            stats.resends += 1
+            stats.packets_sent += 1
+            stats.bytes_sent += len(pkt)
+        return rec.wait(flying, now, longest)
+
+    def finish(self, seconds: float) -> CallStats:
+        """The call's statistics, with what recovery counted."""
+        rec, stats = self.recovery, self.stats
+        stats.spurious_resends = rec.spurious
+        stats.fast_resends = rec.fast_resends
+        stats.timeout_resends = rec.timeout_resends
+        stats.partial_rounds = rec.partial_rounds
+        stats.partial_fraction = min(1.0, rec.partial_rounds * self.k / max(1, self.nblocks))
+        stats.seconds = seconds
+        return stats
+
+    def _timeout_error(self, st: _Slot, timeout: float, switch) -> SpinaTimeout:
+        """Why slot `st` made no progress. The switch answers every resend of an incomplete
+        round with a status naming who contributed; resends that got no answer at all mean the
+        switch does not know this job (it restarted and was not redeployed, or the job or epoch
+        is not admitted) or is unreachable, and no rank is to blame."""
+        job, tm = self.job, st.timer
+        head = (f"job {job.job} call {self.call_id}: no result for slot {st.slot} round "
+                f"{st.round} within {timeout:g} s; ")
+        if tm.unanswered >= 3 or not tm.last_bitmap:
+            silent = ("never answered this call" if not self.stats.packets_received else
+                      f"did not answer the last {tm.unanswered} resends")
+            return SpinaTimeout(
+                head + f"the switch at {switch[0]}:{switch[1]} {silent}: it is not "
+                f"running, or it does not admit job "
+                f"{job.job} epoch {job.epoch} (a switch restarted without a redeploy "
+                "has lost its jobs: run the controller's deploy)", [])
+        missing = [r for r in range(job.nworkers) if not tm.last_bitmap >> r & 1]
+        return SpinaTimeout(head + f"ranks {missing} never contributed", missing)
 
 
 def _check_block_hint(flat: np.ndarray, blocks: np.ndarray, block_size: int) -> None:
@@ -382,9 +469,7 @@ class Agent:
         self.last_stats = CallStats()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._rx = bytearray(wire.MAX_UDP_PAYLOAD + 1)  # every answer lands here
-        self._scratch_area: np.ndarray | None = None
-        self._bufs: list = []
-        self._bufs_key = None
+        self._buffers = _Buffers()
 
     # ------------------------------------------------------------------ public API
     def allreduce(self, x, inplace: bool = False, blocks=None):
@@ -485,7 +570,8 @@ class Agent:
         if self.rendezvous is not None and not self._joined:
             self._join_run()
         self.call_id = (self.call_id + 1) & 0xFFFFFFFF
-        call = _Call(self, flat, integer, inplace, blocks)
+        call = _Call(self.job, self.rank, self.call_id, self.rounds, flat, integer, inplace,
+                     blocks, self._buffers, self.rtt, self._transmit, self.check_blocks)
         sock = self.sock
         tick = min(0.1, self.job.loss_deadline) if self.job.bounded_loss else 0.1
         # Non-blocking, select() only when nothing is waiting: a socket timeout would cost a
@@ -501,15 +587,15 @@ class Agent:
             buf = self._rx
             recv = sock.recvfrom_into
             switch = self.switch
-            slots = call.slots
             next_check = time.monotonic() + every
             while pending:
                 try:
                     nbytes, src = recv(buf)
                 except BlockingIOError:  # idle: resend what is due, wait for an answer or a timer
-                    now = rec.drained_at = time.monotonic()
+                    now = time.monotonic()
+                    rec.drained(now)
                     if now >= next_check:
-                        wait = self._check_timers(call, True, tick)
+                        wait = call.resend_due(True, tick, self.timeout, self.switch)
                         next_check = now + every
                     else:
                         wait = next_check - now
@@ -520,24 +606,20 @@ class Agent:
                 if nbytes >= 0 and src != switch:
                     call.stats.foreign_packets += 1  # not from our switch: never a result
                 elif nbytes >= 0:
-                    got = self._accept(buf, nbytes, slots)
+                    got = self._accept(buf, nbytes, call)
                     if got is not None and call.on_answer(buf, nbytes, *got):
                         pending -= 1
                 if nbytes < 0 or time.monotonic() >= next_check:
-                    self._check_timers(call, False, tick)
+                    call.resend_due(False, tick, self.timeout, self.switch)
                     next_check = time.monotonic() + every
         finally:
             sock.settimeout(tick)
-            call.stats.spurious_resends = rec.spurious
-            call.stats.fast_resends = rec.fast_resends
-            call.stats.timeout_resends = rec.timeout_resends
-            call.stats.seconds = time.perf_counter() - t0
-            self.last_stats = call.stats  # also for a call that failed: what it saw
+            self.last_stats = call.finish(time.perf_counter() - t0)  # also for a failed call
             self.foreign_packets += call.stats.foreign_packets
         self.rtt.call_done(rec.spurious_timeouts)
         return call.out
 
-    def _accept(self, buf, nbytes, slots):
+    def _accept(self, buf, nbytes, call: _Call):
         """(slot state, header fields) if this answers a round in flight, else None."""
         if nbytes < wire.HEADER_LEN:
             log.warning("rank %d: ignoring malformed packet: truncated header: %d < %d bytes",
@@ -548,7 +630,7 @@ class Agent:
         if err is not None:
             log.warning("rank %d: ignoring malformed packet: %s", self.rank, err)
             return None
-        job = self.job
+        job, slots = self.job, call.slots
         s = t[_SLOT] - job.slot_base
         if (t[_MSG_TYPE] == wire.MSG_CONTRIB or t[_JOB] != job.job or t[_EPOCH] != job.epoch
                 or not 0 <= s < len(slots) or t[_CALL] != self.call_id):
@@ -556,49 +638,9 @@ class Agent:
         st = slots[s]
         if st.done or t[_ROUND] != st.round:  # an answer to an earlier round (duplicate result)
             if t[_MSG_TYPE] == wire.MSG_RESULT:
-                st.recovery.late_result(st.timer, t[_ROUND])
+                call.recovery.late_result(st.timer, t[_ROUND])
             return None
         return st, t
-
-    def _scratch(self, k: int, B: int) -> np.ndarray:
-        """A reused (k, B) float32 work area for quantizing and dequantizing one round."""
-        if self._scratch_area is None or self._scratch_area.shape != (k, B):
-            self._scratch_area = np.empty((k, B), np.float32)
-        return self._scratch_area
-
-    def _slot_buffers(self, W: int, k: int, B: int) -> list:
-        """Per slot: (datagram buffer, its next view (k,) >u4, its data view (k, B) >i4),
-        reused across calls. A round's datagram is built in place and stays there for resends."""
-        if self._bufs_key != (W, k, B):
-            self._bufs = []
-            for _ in range(W):
-                b = bytearray(wire.packet_len(k, B, k))
-                self._bufs.append((b, np.frombuffer(b, wire.NEXT_DTYPE, k, wire.HEADER_LEN),
-                                   np.frombuffer(b, wire.DATA_DTYPE, k * B,
-                                                 wire.HEADER_LEN + 4 * k).reshape(k, B)))
-            self._bufs_key = (W, k, B)
-        return self._bufs
-
-    def _send(self, call: "_Call", st: _Slot, flags: int, exponent: int, present: int,
-              nonfinite: int, nrows: int) -> None:
-        """Send the next round of slot `st`; its next positions and `nrows` data rows are in
-        the slot's buffer already."""
-        r = int(self.rounds[st.index]) + 1
-        self.rounds[st.index] = r
-        st.round = r & 0xFFFFFFFF
-        job, k, B = self.job, call.k, call.B
-        buf = call.bufs[st.index][0]
-        _PACK_INTO(buf, 0, wire.VERSION, wire.MSG_CONTRIB, flags, job.priority, job.job,
-                   job.epoch, self.call_id, st.slot, self.rank, k, st.round, len(call.flat), B,
-                   exponent, 0, present, nonfinite)
-        n = wire.HEADER_LEN + 4 * k + 4 * B * nrows
-        st.packet = memoryview(buf)[:n]
-        call.recovery.sent(st.timer, time.monotonic())
-        self._transmit(st.packet)
-        stats = call.stats
-        stats.packets_sent += 1
-        stats.bytes_sent += n
-        stats.payload_bytes_sent += 4 * B * nrows
 
     def _transmit(self, pkt) -> None:
         """Send one datagram; a local refusal (a full buffer, a firewall's EPERM) is a loss
@@ -615,44 +657,6 @@ class Agent:
             if e.errno not in (errno.ENOBUFS, errno.EAGAIN, errno.EHOSTUNREACH, errno.ENETUNREACH):
                 raise
             log.debug("rank %d: send failed (%s); the timer will resend", self.rank, e)
-
-    def _timeout_error(self, st: _Slot, answers: int) -> SpinaTimeout:
-        """Why slot `st` made no progress. The switch answers every resend of an incomplete
-        round with a status naming who contributed; resends that got no answer at all mean the
-        switch does not know this job (it restarted and was not redeployed, or the job or epoch
-        is not admitted) or is unreachable, and no rank is to blame."""
-        head = (f"job {self.job.job} call {self.call_id}: no result for slot {st.slot} round "
-                f"{st.round} within {self.timeout:g} s; ")
-        if st.unanswered >= 3 or not st.timer.last_bitmap:
-            silent = ("never answered this call" if not answers else
-                      f"did not answer the last {st.unanswered} resends")
-            return SpinaTimeout(
-                head + f"the switch at {self.switch[0]}:{self.switch[1]} {silent}: it is not "
-                f"running, or it does not admit job "
-                f"{self.job.job} epoch {self.job.epoch} (a switch restarted without a redeploy "
-                "has lost its jobs: run the controller's deploy)", [])
-        missing = [r for r in range(self.job.nworkers) if not st.timer.last_bitmap >> r & 1]
-        return SpinaTimeout(head + f"ranks {missing} never contributed", missing)
-
-    def _check_timers(self, call: "_Call", idle: bool, longest: float) -> float:
-        """Resend the rounds host_agent/recovery.py finds due; fail if a slot made no progress
-        for `timeout`. `idle`: the socket is empty now. Returns how long to wait at most."""
-        now = time.monotonic()
-        rec, stats = call.recovery, call.stats
-        flying = [(st, st.timer) for st in call.slots if not st.done]
-        stalled = rec.stalled(flying, now, self.timeout)
-        if stalled is not None:
-            raise self._timeout_error(stalled[0], stats.packets_received)
-        for st, tm in rec.due(flying, now, idle):
-            pkt = bytearray(st.packet)
-            pkt[2] |= wire.FLAG_RESEND | (wire.FLAG_PARTIAL if tm.flush else 0)
-            self._transmit(pkt)
-            rec.resent(tm, now)
-            st.unanswered += 1
-            stats.resends += 1
-            stats.packets_sent += 1
-            stats.bytes_sent += len(pkt)
-        return rec.wait(flying, now, longest)
 
 
 def _is_torch(x) -> bool:

@@ -65,14 +65,13 @@ def scatter_blocks(flat: np.ndarray, idx: np.ndarray, rows, block_size: int) -> 
 class LanePlan:
     """Where each of this worker's non-zero blocks goes, grouped lane by lane.
 
-    pos: block positions sorted by (lane, position); lane_start/lane_end: each lane's range
-    in `pos` (L + 1 boundaries); rows of the quantized data follow the same order.
+    pos: block positions sorted by (lane, position); lane_bounds: each lane's range in `pos`
+    (L + 1 boundaries).
     """
     nslots: int
     nlanes: int
     pos: np.ndarray
     lane_bounds: np.ndarray  # (L + 1,) boundaries into pos
-    keys: np.ndarray         # lane * 2**32 + pos, ascending: where a (lane, position) would go
 
     @classmethod
     def build(cls, nz: np.ndarray, nslots: int, nlanes: int) -> tuple["LanePlan", np.ndarray]:
@@ -81,31 +80,7 @@ class LanePlan:
         lane = nz % L
         order = np.argsort(lane, kind="stable")
         bounds = np.searchsorted(lane[order], np.arange(L + 1))
-        keys = (lane[order].astype(np.int64) << 32) + nz[order]
-        return cls(nslots, nlanes, nz[order], bounds, keys), order
-
-    def seek(self, slot: int, pos: np.ndarray) -> np.ndarray:
-        """Per lane of `slot`: index in `pos` of its first block at or after position `pos`.
-
-        Normally that is one step past the previous round's block, but a round completed
-        without this worker (bounded-loss mode) may skip over some of its blocks.
-        """
-        lanes = np.arange(slot * self.nlanes, (slot + 1) * self.nlanes, dtype=np.int64)
-        return np.searchsorted(self.keys, (lanes << 32) + pos.astype(np.int64))
-
-    def first_ptr(self, slot: int) -> np.ndarray:
-        """Per lane of `slot`: index in `pos` of its first block (the lane's end if none)."""
-        return self.lane_bounds[slot * self.nlanes:(slot + 1) * self.nlanes].copy()
-
-    def lane_ends(self, slot: int) -> np.ndarray:
-        return self.lane_bounds[slot * self.nlanes + 1:(slot + 1) * self.nlanes + 1]
-
-    def next_at(self, ptr: np.ndarray, ends: np.ndarray) -> np.ndarray:
-        """Block position at each pointer, END where the lane is exhausted."""
-        live = ptr < ends
-        out = np.full(len(ptr), wire.END, np.uint32)
-        out[live] = self.pos[ptr[live]]
-        return out
+        return cls(nslots, nlanes, nz[order], bounds), order
 
 
 ABS_MASK = 0x7FFFFFFF       # float32 bits without the sign: ordered like |x|
@@ -159,20 +134,36 @@ def quant_shift(exponent: int, nworkers: int) -> int:
     return 30 - headroom_bits(nworkers) - exponent
 
 
-def _scale(x: np.ndarray, shift: int) -> np.ndarray:
-    """x * 2**shift in float32, exact: a multiply where 2**shift is a normal float32."""
-    if -126 <= shift <= 127:
-        return x * np.float32(2.0 ** shift)
-    return np.ldexp(x, shift).astype(np.float32)
+def _scale(x: np.ndarray, shift, out: np.ndarray) -> np.ndarray:
+    """out = x * 2**shift in float32, exact (`shift`: an int, or one per row of x). A
+    multiply where 2**shift is a normal float32 (always, in practice), else ldexp."""
+    shift = np.asarray(shift)
+    if shift.ndim:
+        shift = shift[:, None]
+    if -126 <= shift.min() and shift.max() <= 127:
+        return np.multiply(x, np.ldexp(np.float32(1), shift), out=out, dtype=np.float32)
+    return np.ldexp(x, shift, out=out, dtype=np.float32)
 
 
-def quantize(rows: np.ndarray, shift: int) -> np.ndarray:
-    """float32 rows -> big-endian int32 (wire order), scaled by 2**shift, round to nearest."""
-    t = _scale(rows, shift)
-    np.rint(t, out=t)
-    return t.astype(wire.DATA_DTYPE)
+def quantize(src: np.ndarray, shift, out: np.ndarray, scratch: np.ndarray,
+             where: np.ndarray | None = None) -> np.ndarray:
+    """out = round(src * 2**shift) as int32 in out's byte order (the wire's, for a datagram).
+
+    src: float32 rows (n, B), or with `where` the table whose rows `where` to take;
+    shift: an int, or one per row; scratch: a float32 (n, B) work area. Exact up to the one
+    rounding to an integer: the scale is a power of two and |value| < 2**30 (quant_shift).
+    """
+    if where is None:
+        scratch[:] = src
+    else:
+        np.take(src, where, axis=0, out=scratch, mode="clip")
+    _scale(scratch, shift, scratch)
+    return np.rint(scratch, out=out, casting="unsafe")
 
 
-def dequantize(data: np.ndarray, shift: int) -> np.ndarray:
-    """int32 sums -> float32, one rounding (int -> float32), then an exact power-of-2 scale."""
-    return _scale(data.astype(np.float32), -shift)
+def dequantize(data: np.ndarray, shift, out: np.ndarray | None = None) -> np.ndarray:
+    """int32 sums (n, B) -> float32: one rounding (int -> float32), then the exact scale by
+    2**-shift (`shift`: an int or one per row). Into `out` if given."""
+    if out is None:
+        out = np.empty(data.shape, np.float32)
+    return _scale(data, -np.asarray(shift), out)

@@ -100,6 +100,8 @@ FIELD_NAMES = tuple(f[0] for f in HEADER_FIELDS)
 _STRUCT = struct.Struct(">" + "".join(f[1] for f in HEADER_FIELDS))
 HEADER_STRUCT = _STRUCT  # for the data path: unpack_from -> a plain tuple in FIELD_NAMES order
 FIELD_INDEX = {name: i for i, name in enumerate(FIELD_NAMES)}  # position in that tuple
+FIELD_OFFSET = {name: struct.calcsize(">" + "".join(f[1] for f in HEADER_FIELDS[:i]))
+                for i, name in enumerate(FIELD_NAMES)}  # byte offset in the header
 HEADER_LEN = _STRUCT.size
 assert HEADER_LEN == 48
 
@@ -127,6 +129,11 @@ def popcount64(x: int) -> int:
 
 def packet_len(nlanes: int, block_size: int, npresent: int) -> int:
     return HEADER_LEN + 4 * nlanes + 4 * block_size * npresent
+
+
+def data_offset(nlanes: int) -> int:
+    """Byte offset of the first data row: after the header and the per-lane next positions."""
+    return HEADER_LEN + 4 * nlanes
 
 
 def max_lanes_for(block_size: int, limit: int = MAX_UDP_PAYLOAD) -> int:
