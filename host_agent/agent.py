@@ -298,9 +298,16 @@ class _Call:
         write = scatter_blocks if (where == self.nfull).any() else None  # the partial block
         out2d, rx_data, scratch, shifts = self.out2d, self.bufs.rx_data, self.bufs.rows, self.shifts
         first = 0
-        for (j, st, _), n in zip(data, counts):
+        runs = _run_starts(where, counts, self.lanes.size)
+        for (j, st, _), n, a in zip(data, counts, runs):
             got, at = rx_data[j, :n], where[first:first + n]
             first += n
+            if write is None and a >= 0:  # consecutive blocks: written in place
+                if self.integer:
+                    out2d[a:a + n] = got
+                else:
+                    dequantize(got, shifts[st.index], out2d[a:a + n])
+                continue
             if not self.integer:
                 got = dequantize(got, shifts[st.index], scratch[:n])
             if write is None:
@@ -358,21 +365,28 @@ class _Call:
         # Packet by packet (as in _deliver): gather, quantize into the datagram, send.
         flag_last, tx_data, shifts, scratch = wire.FLAG_LAST, bufs.tx_data, self.shifts, self.rows
         first = 0
+        # (packets with data only, in order)
+        runs = iter(_run_starts(where, [n for n in nrows if n], self.lanes.size)
+                    if len(pk) else ())
         for i, st in enumerate(slots):
             n = nrows[i]
             if n:
-                at = where[first:first + n]
+                at, run = where[first:first + n], next(runs)
+                view = None  # consecutive blocks: read them in place, no gather
                 if special is not None and special[first:first + n].any():
                     rows = gather_blocks(self.flat, at, B)
                     if not self.integer:
                         rows = _finite_rows(rows)
+                elif run >= 0:
+                    rows = view = self.full2d[run:run + n]
                 else:
                     # mode="clip": no bounds check, which would buffer the output
                     rows = np.take(self.full2d, at, axis=0, out=scratch[:n], mode="clip")
                 if self.integer:
                     tx_data[st.index, :n] = rows
                 else:
-                    quantize(rows, shifts[st.index], tx_data[st.index, :n])
+                    quantize(rows, shifts[st.index], tx_data[st.index, :n],
+                             None if view is None else scratch[:n])
                 first += n
             st.setup = False
             self._send(st, flag_last if last[i] else 0, st.exponent, present[i], nonfinite[i], n)
@@ -458,6 +472,20 @@ def _check_block_hint(flat: np.ndarray, blocks: np.ndarray, block_size: int) -> 
     if len(missed):
         raise ValueError(f"blocks hint misses {len(missed)} non-zero block(s) of the tensor, "
                          f"first {missed[:5].tolist()}: the agent would not send them")
+
+
+def _run_starts(where: np.ndarray, counts: list, nlanes_total: int) -> list:
+    """Per datagram (its `counts` rows of `where`, one block position per lane, lanes
+    ascending): the first position if its blocks are the consecutive blocks from there in
+    lane order (a dense region: read and written in place), else -1. A lane has one block
+    per period of the job's lanes, so n positions within one period that span n blocks are
+    consecutive, and in lane order."""
+    if not len(where):
+        return [-1] * len(counts)
+    starts = np.cumsum([0] + counts[:-1])
+    lo, hi = np.minimum.reduceat(where, starts), np.maximum.reduceat(where, starts)
+    run = (hi - lo == np.asarray(counts) - 1) & (lo // nlanes_total == hi // nlanes_total)
+    return np.where(run, lo, -1).tolist()
 
 
 def _finite_rows(rows: np.ndarray) -> np.ndarray:

@@ -202,14 +202,16 @@ def _scale(x: np.ndarray, shift: int, out: np.ndarray) -> np.ndarray:
     return np.ldexp(out, shift, out=out)
 
 
-def quantize(rows: np.ndarray, shift: int, out: np.ndarray | None = None) -> np.ndarray:
+def quantize(rows: np.ndarray, shift: int, out: np.ndarray | None = None,
+             scratch: np.ndarray | None = None) -> np.ndarray:
     """round(rows * 2**shift) into `out` (int32 of any byte order: the wire's, for a
-    datagram), else into `rows`. float32 `rows` (n, B) are scaled in place. Exact up to the
-    one rounding to an integer: the scale is a power of two and |value| < 2**30
-    (quant_shift). Returns `out`, else `rows`.
+    datagram), else into `rows`. float32 `rows` (n, B) are scaled into `scratch` (n, B)
+    if given (rows untouched: a view of the tensor), else in place. Exact up to the one
+    rounding to an integer: the scale is a power of two and |value| < 2**30 (quant_shift).
+    Returns `out`, else `rows`.
     """
-    _scale(rows, shift, rows)
-    return np.rint(rows, out=rows if out is None else out, casting="unsafe")
+    scaled = _scale(rows, shift, rows if scratch is None else scratch)
+    return np.rint(scaled, out=rows if out is None else out, casting="unsafe")
 
 
 def dequantize(data: np.ndarray, shift: int, out: np.ndarray | None = None) -> np.ndarray:
