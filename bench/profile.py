@@ -76,8 +76,8 @@ def main(argv=None) -> int:
                 f.write(top(path, "cumulative", a.top))
         calls = {fn: ncalls(sw, fn) for fn in ("process", "_result", "sendto", "recvfrom",
                                                "unpack_header", "check_header", "pack_header")}
-        acalls = {fn: ncalls(agent, fn) for fn in ("allreduce", "take_answer", "complete",
-                                                   "_deliver", "_next_rounds", "_send",
+        acalls = {fn: ncalls(agent, fn) for fn in ("allreduce", "on_answer", "_next_round",
+                                                   "_deliver", "_send",
                                                    "recvfrom_into", "sendto", "_accept",
                                                    "scan_float_blocks", "quantize", "dequantize",
                                                    "resend_due", "build", "gather_blocks")}

@@ -86,54 +86,50 @@ class CallStats:
     seconds: float = 0.0
 
 
-@dataclass(slots=True)
+@dataclass
 class _Slot:
-    """Per-slot progress within one call (its lanes' pointers and positions are rows of the
-    call's arrays)."""
+    """Per-slot progress within one call."""
     slot: int                     # absolute pool index
     index: int                    # index within the job's window
-    timer: Timer                  # transmissions and answers of the round in flight
-    round: int = 0                # tag of the round in flight (-1 once its result is taken)
-    setup: bool = True            # the round in flight is the setup round
-    exponent: int = 0             # the agreed exponent (the setup result's)
+    ptr: np.ndarray = None        # per lane: index in the call's pos_ext of the first own
+                                  # block not yet sent (the lane's sentinel if none)
+    lanes: np.ndarray = None      # the slot's global lane numbers
+    pos: np.ndarray = None        # positions of the round in flight (None: setup round), int64
+    run: int = -1                 # pos[0] if pos are consecutive blocks, else -1 (_Call._run)
+    round: int = 0
+    shift: int = 0
+    exponent: int = 0
     packet: memoryview = None     # the round's datagram (in the agent's per-slot buffer)
     done: bool = False
+    timer: Timer = None           # transmissions and answers of the round in flight
 
 
 class _Buffers:
-    """Memory an agent reuses across calls, allocated once per job shape: per slot the
-    datagram its round is built in (it stays there for resends); receive buffers for a
-    window's answers; a float32 work area for a window's rows."""
+    """Memory an agent reuses across calls: per slot, the datagram a round is built in (it
+    stays there for resends), and a float32 work area for one round's rows."""
 
     def __init__(self):
         self._key = None
+        self.slots: list = []
+        self.scratch: np.ndarray | None = None
 
-    def get(self, W: int, k: int, B: int) -> "_Buffers":
+    def get(self, W: int, k: int, B: int) -> tuple[list, np.ndarray]:
+        """Per slot (datagram buffer, its next view (k,) >u4, its data view (k, B) >i4), and
+        a (k, B) float32 scratch."""
         if self._key != (W, k, B):
-            size, off = wire.packet_len(k, B, k), wire.data_offset(k)
-            R = min(W, _MAX_BATCH)
-            self.tx = np.zeros((W, size), np.uint8)
-            self.rx = np.zeros((R, size + 1), np.uint8)  # + 1: a longer datagram is malformed
-            self.tx_rows = [memoryview(row) for row in self.tx]
-            self.rx_rows = [memoryview(row) for row in self.rx]
-            self.tx_next = self.tx[:, wire.HEADER_LEN:off].view(wire.NEXT_DTYPE)  # (W, k)
-            self.rx_next = self.rx[:, wire.HEADER_LEN:off].view(wire.NEXT_DTYPE)
-            self.tx_data = self.tx[:, off:].view(wire.DATA_DTYPE).reshape(W, k, B)
-            self.rx_data = self.rx[:, off:size].view(wire.DATA_DTYPE).reshape(R, k, B)
-            self.rows = np.empty((k, B), np.float32)  # one datagram's rows
+            self.slots = []
+            for _ in range(W):
+                b = bytearray(wire.packet_len(k, B, k))
+                self.slots.append((b, np.frombuffer(b, wire.NEXT_DTYPE, k, wire.HEADER_LEN),
+                                   np.frombuffer(b, wire.DATA_DTYPE, k * B,
+                                                 wire.data_offset(k)).reshape(k, B)))
+            self.scratch = np.empty((k, B), np.float32)
             self._key = (W, k, B)
-        return self
-
-
-_MAX_BATCH = 64  # answers handled together at most (receive buffers of 64 KB each)
+        return self.slots, self.scratch
 
 
 class _Call:
     """The state of one all-reduce call at one worker.
-
-    Answers are taken one datagram at a time (header, recovery), and the rounds they finish
-    are completed a window at a time: the results written out, the next rounds' rows
-    gathered and quantized for every answered slot in a few numpy calls (complete).
 
     Args:
         job, rank, call_id: whose call this is (the job with its run's epoch).
@@ -152,56 +148,57 @@ class _Call:
                  dense: bool = False):
         self.job, self.rank, self.call_id, self.rounds = job, rank, call_id, rounds
         self.transmit = transmit
-        self.flat, self.integer, self.inplace = flat, integer, inplace
-        self.B, self.k = B, k = job.block_size, job.nlanes
-        W = job.nslots
+        self.flat, self.integer = flat, integer
+        self.B, self.k, W = job.block_size, job.nlanes, job.nslots
         n = len(flat)
         self.stats = CallStats(length=n)
         if blocks is not None and check_blocks:
-            _check_block_hint(flat, blocks, B)
+            _check_block_hint(flat, blocks, self.B)
+        self.inplace = inplace
         nz, bits, nonfinite = self._scan(blocks, dense)
         self.stats.nonzero_blocks = len(nz)
-        plan, order = LanePlan.build(nz, W, k)
+        self.plan, order = LanePlan.build(nz, W, self.k)
         self.nonfinite = nonfinite[order] if nonfinite.any() else None  # per plan row
         slot_exp = np.full(W, 0 if integer else wire.EXPONENT_NONE, np.int32)
         if not integer and len(nz):
-            starts = plan.lane_bounds[:-1:k]
-            has = starts < plan.lane_bounds[k::k]
+            starts = self.plan.lane_bounds[:-1:self.k]
+            has = starts < self.plan.lane_bounds[self.k::self.k]
             # One sentinel past the end so that empty trailing slots index a valid row.
             exps = np.append(exponent_of_bits(bits[order]), wire.EXPONENT_NONE)
             slot_exp[has] = np.maximum.reduceat(exps, starts)[has]
         self.slot_exp = slot_exp
-        self.nblocks = -(-n // B)
+        self.nblocks = -(-n // self.B)
         self.out = flat if inplace else np.zeros(n, flat.dtype)
         # Data-path layout. pos_ext: the plan's positions lane by lane, each lane followed by
         # a sentinel -1 (never a position, and END once cast to the wire's u32), so a lane's
         # pointer can step past its last block without a bounds check.
+        plan, k, B = self.plan, self.k, self.B
         L = W * k
         nnz = len(plan.pos)
         per_lane = np.diff(plan.lane_bounds)
         self.pos_ext = np.full(nnz + L, -1, np.int64)
         self.pos_ext[np.arange(nnz) + np.repeat(np.arange(L), per_lane)] = plan.pos
-        self.lanes = np.arange(L, dtype=np.int64).reshape(W, k)  # each slot's global lanes
-        # Per slot and lane: index in pos_ext of the first own block not yet sent (the
-        # lane's sentinel if none), and the position of the round in flight.
-        self.ptr = (plan.lane_bounds[:-1] + np.arange(L)).reshape(W, k)
-        self.pos = np.zeros((W, k), np.int64)
-        self.shifts = [0] * W  # per slot: quantization shift (quant_shift)
+        first_ext = plan.lane_bounds[:-1] + np.arange(L)
         self.keys_ext = None  # searchsorted keys (lane << 32 | position): bounded loss only
         if job.bounded_loss:
             lane_ext = np.repeat(np.arange(L, dtype=np.int64), per_lane + 1)
             self.keys_ext = (lane_ext << 32) + np.where(self.pos_ext < 0, wire.END, self.pos_ext)
         self.nfull = n // B
+        self.L = L
         self.full2d = flat[:self.nfull * B].reshape(self.nfull, B)
         self.out2d = self.out[:self.nfull * B].reshape(self.nfull, B)
-        self.bufs = buffers.get(W, k, B)
-        self.rows = self.bufs.rows if not integer else self.bufs.rows.view(np.int32)  # scratch
-        self.data_off = wire.data_offset(k)
+        # The zero-padded last block, if any, takes the slow gather/scatter; only its slot checks.
+        self.tail_slot = (self.nfull % L) // k if n % B else -1
+        self.bufs, self.scratch = buffers.get(W, k, B)
+        self.next_end = wire.data_offset(k)  # the next positions' bytes end here in a datagram
+        self.all_end = bytearray(wire.END.to_bytes(4, "big") * k)
         timers = [Timer() for _ in range(W)]
         # Bounded loss: each partial round counts its nlanes blocks against the budget.
         self.recovery = Recovery(rtt, timers, time.monotonic(), job.bounded_loss,
                                  job.loss_deadline, job.bounded_loss * self.nblocks / k)
-        self.slots = [_Slot(s + job.slot_base, s, timers[s]) for s in range(W)]
+        self.slots = [_Slot(s + job.slot_base, s, ptr=first_ext[s * k:(s + 1) * k].copy(),
+                            lanes=np.arange(s * k, (s + 1) * k, dtype=np.int64), timer=timers[s])
+                      for s in range(W)]
 
     def _scan(self, blocks: np.ndarray | None, dense: bool
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -229,18 +226,17 @@ class _Call:
             bits[nonfinite] = block_absmax_bits(finite.reshape(-1), B)
         return nz, bits, nonfinite
 
-    def send_setup(self) -> None:
-        """Every slot's setup round: first positions per lane and the slot's exponent."""
-        nxt = self.pos_ext[self.ptr]
-        self.bufs.tx_next[:] = nxt  # -1 (sentinel) becomes END
-        last = (nxt < 0).all(axis=1).tolist()
-        for st in self.slots:
-            self._send(st, wire.FLAG_LAST if last[st.index] else 0,
-                       int(self.slot_exp[st.index]), 0, 0, 0)
+    def send_setup(self, st: _Slot) -> None:
+        """The slot's setup round: first positions per lane and the slot's exponent."""
+        nxt = self.pos_ext[st.ptr]
+        self.bufs[st.index][1][:] = nxt  # -1 (sentinel) becomes END
+        buf = self.bufs[st.index][0]
+        last = wire.FLAG_LAST if buf[wire.HEADER_LEN:self.next_end] == self.all_end else 0
+        self._send(st, last, int(self.slot_exp[st.index]), 0, 0, 0)
 
-    def take_answer(self, nbytes: int, st: _Slot, t: tuple) -> bool:
-        """The per-datagram part of an answer (header fields `t`) to slot `st`'s round in
-        flight; True if it is the round's result (complete() finishes it)."""
+    def on_answer(self, buf, nbytes: int, st: _Slot, t: tuple) -> bool:
+        """Handle a result or status (header fields `t`) for slot `st`; True when the slot's
+        stream is done."""
         stats = self.stats
         stats.packets_received += 1
         stats.bytes_received += nbytes
@@ -255,141 +251,106 @@ class _Call:
         self.recovery.result(st.timer, st.round, time.monotonic(),
                              multicast=not flags & wire.FLAG_RESEND,
                              partial=bool(flags & wire.FLAG_PARTIAL))
-        st.round = -1  # taken: another copy of this result is a late duplicate
-        stats.rounds += 1
-        if st.setup:  # the exponent every worker quantizes with
+        if st.pos is None:  # setup result: the exponent every worker quantizes with
+            st.shift = 0 if self.integer else quant_shift(t[_EXPONENT], self.job.nworkers)
             st.exponent = t[_EXPONENT]
-            self.shifts[st.index] = 0 if self.integer else quant_shift(st.exponent,
-                                                                       self.job.nworkers)
-        return True
+        else:
+            self._deliver(buf, t, st)
+        stats.rounds += 1
+        if buf[wire.HEADER_LEN:self.next_end] == self.all_end:  # every lane is done
+            st.done = True
+            return True
+        self._next_round(st, np.frombuffer(buf, wire.NEXT_DTYPE, self.k,
+                                           wire.HEADER_LEN).astype(np.int64))
+        return False
 
-    def complete(self, taken: list) -> int:
-        """Finish the rounds whose results were taken: `taken` lists (receive row, slot,
-        header fields) of distinct slots. Writes their sums out, then sends every slot that
-        is not done its next round. Returns how many slots are done."""
-        bufs = self.bufs
-        rows = np.fromiter((j for j, _, _ in taken), np.intp, len(taken))
-        index = np.fromiter((st.index for _, st, _ in taken), np.intp, len(taken))
-        data = [(j, st, t) for j, st, t in taken if t[_PRESENT]]
-        if data:
-            self._deliver(data)
-        newpos = bufs.rx_next[rows].astype(np.int64)
-        done = (newpos == wire.END).all(axis=1)
-        if done.any():
-            for (_, st, _), finished in zip(taken, done.tolist()):
-                st.done = finished
-            index, newpos = index[~done], newpos[~done]
-        if len(index):
-            self._next_rounds([st for _, st, _ in taken if not st.done], index, newpos)
-        return int(np.count_nonzero(done))
-
-    def _deliver(self, data: list) -> None:
-        """Write data rounds' sums into the output blocks; `data`: (receive row, slot, header
-        fields) of results with present lanes."""
-        k, B = self.k, self.B
-        index = np.fromiter((st.index for _, st, _ in data), np.intp, len(data))
-        present = wire.lane_bits_to_mask(
-            np.fromiter((t[_PRESENT] for _, _, t in data), np.uint64, len(data)), k)
-        pk, lane = np.nonzero(present)  # packet by packet, lanes ascending: rows' order
-        where = self.pos[index[pk], lane]
-        counts = np.count_nonzero(present, axis=1).tolist()
-        # Packet by packet: one datagram's rows (56 KB at most) stay in the core's cache
-        # from the dequantize to the write; a window's worth at once would not.
-        write = scatter_blocks if (where == self.nfull).any() else None  # the partial block
-        out2d, rx_data, scratch, shifts = self.out2d, self.bufs.rx_data, self.bufs.rows, self.shifts
-        first = 0
-        runs = _run_starts(where, counts, self.lanes.size)
-        for (j, st, _), n, a in zip(data, counts, runs):
-            got, at = rx_data[j, :n], where[first:first + n]
-            first += n
-            if write is None and a >= 0:  # consecutive blocks: written in place
-                if self.integer:
-                    out2d[a:a + n] = got
-                else:
-                    dequantize(got, shifts[st.index], out2d[a:a + n])
-                continue
-            if not self.integer:
-                got = dequantize(got, shifts[st.index], scratch[:n])
-            if write is None:
-                out2d[at] = got
+    def _deliver(self, buf, t: tuple, st: _Slot) -> None:
+        """Write a data round's sums into the output blocks."""
+        present, k, B = t[_PRESENT], self.k, self.B
+        if not present:
+            return
+        if present == (1 << k) - 1:
+            where, n = st.pos, k
+        else:
+            lanes = wire.lane_indices(present, k)
+            where, n = st.pos[lanes], len(lanes)
+        data = np.frombuffer(buf, wire.DATA_DTYPE, n * B, self.next_end).reshape(n, B)
+        if st.index == self.tail_slot and (where == self.nfull).any():
+            scatter_blocks(self.out, where, data if self.integer else dequantize(data, st.shift), B)
+        elif n == k and (run := self._run(st)) >= 0:
+            # consecutive blocks (a dense region): written in place, no scatter
+            if self.integer:
+                self.out2d[run:run + k] = data
             else:
-                write(self.out, at, got, B)
-        for _, st, t in data:
-            if t[_NONFINITE]:
-                scatter_blocks(self.out, self.pos[st.index, wire.lane_indices(t[_NONFINITE], k)],
-                               np.nan, B)
+                dequantize(data, st.shift, self.out2d[run:run + k])
+        elif self.integer:
+            self.out2d[where] = data
+        else:
+            self.out2d[where] = dequantize(data, st.shift, self.scratch[:n])
+        if t[_NONFINITE]:
+            scatter_blocks(self.out, st.pos[wire.lane_indices(t[_NONFINITE], k)], np.nan, B)
 
-    def _next_rounds(self, slots: list, index: np.ndarray, pos: np.ndarray) -> None:
-        """Send slots `slots` (window indices `index`) their next rounds: this worker's
-        blocks at positions `pos` (int64, one row per slot, where it has them) and its next
+    def _run(self, st: _Slot) -> int:
+        """st.run, found on first use: the round's first position if its positions are
+        consecutive blocks (every lane), else -1 (_run_start)."""
+        if st.run == _UNKNOWN:
+            st.run = _run_start(st.pos, self.L)
+        return st.run
+
+    def _next_round(self, st: _Slot, pos: np.ndarray) -> None:
+        """Send this worker's blocks at positions `pos` (int64, where it has them) and its next
         ones."""
-        B, pos_ext = self.B, self.pos_ext
-        ptr = self.ptr[index]
-        if self.keys_ext is not None:
+        pos_ext = self.pos_ext
+        if self.keys_ext is None:
+            ptr = st.ptr
+        else:
             # Bounded loss: a round completed without this worker may have skipped some of its
             # blocks; find each lane's first block at or after `pos`.
-            found = np.searchsorted(self.keys_ext, (self.lanes[index] << 32) + pos)
-            if self.inplace and (found > ptr).any():
+            ptr = np.searchsorted(self.keys_ext, (st.lanes << 32) + pos)
+            if self.inplace and (ptr > st.ptr).any():
                 # Skipped blocks are not in any result, so they must read zero here as at
                 # every other rank.
-                skipped = np.concatenate([pos_ext[a:b] for a, b in
-                                          zip(ptr.ravel().tolist(), found.ravel().tolist()) if b > a])
-                scatter_blocks(self.out, skipped, 0, B)
-            ptr = found
+                skipped = np.concatenate([pos_ext[a:b] for a, b in zip(st.ptr, ptr) if b > a])
+                scatter_blocks(self.out, skipped, 0, self.B)
         own = pos_ext[ptr]
         have = own == pos
-        nxt_ptr = ptr + have
-        self.ptr[index] = nxt_ptr
-        self.pos[index] = pos
-        nxt = pos_ext[nxt_ptr]
-        bufs = self.bufs
-        bufs.tx_next[index] = nxt  # -1 (sentinel) becomes END
-        last = (nxt < 0).all(axis=1).tolist()
-        nrows = np.count_nonzero(have, axis=1).tolist()
-        present = wire.mask_to_lane_bits(have).tolist()
-        nonfinite = [0] * len(slots)
-        pk, lane = np.nonzero(have)  # packet by packet, lanes ascending: the datagram's order
-        special = None  # per row: the partial last block, or NaN/Inf to leave out
-        if len(pk):
-            where = own[pk, lane]
-            special = where == self.nfull
+        st.ptr = ptr + have
+        nxt = pos_ext[st.ptr]
+        buf, nview, dview = self.bufs[st.index]
+        nview[:] = nxt  # -1 (sentinel) becomes END
+        st.pos, st.run = pos, _UNKNOWN
+        nrows = int(np.count_nonzero(have))
+        present = nonfinite_bits = 0
+        if nrows:
+            if nrows == self.k:  # every lane (dense regions): no mask to convert
+                present, where = (1 << self.k) - 1, own
+            else:
+                present, where = _lane_bits(have), own[have]
+            dst = dview[:nrows]
+            rows = None
             if self.nonfinite is not None:
-                nonfinite_row = self.nonfinite[(ptr - self.lanes[index])[pk, lane]]
-                if nonfinite_row.any():
-                    special |= nonfinite_row
-                    mask = np.zeros(have.shape, bool)
-                    mask[pk[nonfinite_row], lane[nonfinite_row]] = True
-                    nonfinite = wire.mask_to_lane_bits(mask).tolist()
-            if not special.any():
-                special = None
-        # Packet by packet (as in _deliver): gather, quantize into the datagram, send.
-        flag_last, tx_data, shifts, scratch = wire.FLAG_LAST, bufs.tx_data, self.shifts, self.rows
-        first = 0
-        # (packets with data only, in order)
-        runs = iter(_run_starts(where, [n for n in nrows if n], self.lanes.size)
-                    if len(pk) else ())
-        for i, st in enumerate(slots):
-            n = nrows[i]
-            if n:
-                at, run = where[first:first + n], next(runs)
-                view = None  # consecutive blocks: read them in place, no gather
-                if special is not None and special[first:first + n].any():
-                    rows = gather_blocks(self.flat, at, B)
-                    if not self.integer:
-                        rows = _finite_rows(rows)
-                elif run >= 0:
-                    rows = view = self.full2d[run:run + n]
-                else:
-                    # mode="clip": no bounds check, which would buffer the output
-                    rows = np.take(self.full2d, at, axis=0, out=scratch[:n], mode="clip")
-                if self.integer:
-                    tx_data[st.index, :n] = rows
-                else:
-                    quantize(rows, shifts[st.index], tx_data[st.index, :n],
-                             None if view is None else scratch[:n])
-                first += n
-            st.setup = False
-            self._send(st, flag_last if last[i] else 0, st.exponent, present[i], nonfinite[i], n)
+                nf = self.nonfinite[ptr[have] - st.lanes[have]]
+                if nf.any():
+                    mask = np.zeros(self.k, bool)
+                    mask[have] = nf
+                    nonfinite_bits = _lane_bits(mask)
+                    rows = _finite_rows(gather_blocks(self.flat, where, self.B))
+            if rows is None and st.index == self.tail_slot and (where == self.nfull).any():
+                rows = gather_blocks(self.flat, where, self.B)
+            scratch = None
+            if rows is None:
+                run = self._run(st) if nrows == self.k else -1
+                if run >= 0:  # consecutive blocks (a dense region): read in place
+                    rows, scratch = self.full2d[run:run + nrows], self.scratch[:nrows]
+                else:  # mode="clip": no bounds check, which would buffer the output
+                    rows = np.take(self.full2d, where, axis=0, mode="clip",
+                                   out=self.scratch[:nrows].view(self.full2d.dtype))
+            if self.integer:
+                dst[:] = rows
+            else:
+                quantize(rows, st.shift, dst, scratch)
+        last = wire.FLAG_LAST if buf[wire.HEADER_LEN:self.next_end] == self.all_end else 0
+        self._send(st, last, st.exponent, present, nonfinite_bits, nrows)
 
     def _send(self, st: _Slot, flags: int, exponent: int, present: int, nonfinite: int,
               nrows: int) -> None:
@@ -399,12 +360,12 @@ class _Call:
         self.rounds[st.index] = r
         st.round = r & 0xFFFFFFFF
         job, k, B = self.job, self.k, self.B
-        buf = self.bufs.tx_rows[st.index]
+        buf = self.bufs[st.index][0]
         _PACK_INTO(buf, 0, wire.VERSION, wire.MSG_CONTRIB, flags, job.priority, job.job,
                    job.epoch, self.call_id, st.slot, self.rank, k, st.round, len(self.flat), B,
                    exponent, 0, present, nonfinite)
-        n = self.data_off + 4 * B * nrows
-        st.packet = buf[:n]
+        n = self.next_end + 4 * B * nrows
+        st.packet = memoryview(buf)[:n]
         self.recovery.sent(st.timer, time.monotonic())
         self.transmit(st.packet)
         stats = self.stats
@@ -474,23 +435,26 @@ def _check_block_hint(flat: np.ndarray, blocks: np.ndarray, block_size: int) -> 
                          f"first {missed[:5].tolist()}: the agent would not send them")
 
 
-def _run_starts(where: np.ndarray, counts: list, nlanes_total: int) -> list:
-    """Per datagram (its `counts` rows of `where`, one block position per lane, lanes
-    ascending): the first position if its blocks are the consecutive blocks from there in
-    lane order (a dense region: read and written in place), else -1. A lane has one block
-    per period of the job's lanes, so n positions within one period that span n blocks are
-    consecutive, and in lane order."""
-    if not len(where):
-        return [-1] * len(counts)
-    starts = np.cumsum([0] + counts[:-1])
-    lo, hi = np.minimum.reduceat(where, starts), np.maximum.reduceat(where, starts)
-    run = (hi - lo == np.asarray(counts) - 1) & (lo // nlanes_total == hi // nlanes_total)
-    return np.where(run, lo, -1).tolist()
+_UNKNOWN = -2  # _Slot.run not looked at yet
+
+
+def _run_start(where: np.ndarray, nlanes_total: int) -> int:
+    """The first position if block positions `where` (one per lane of a slot, lanes
+    ascending) are consecutive blocks in lane order (a dense region), else -1. A lane has one
+    block per period of the job's lanes, so n positions within one period that span n
+    blocks are consecutive, and in lane order."""
+    lo, hi = int(where.min()), int(where.max())
+    return lo if hi - lo == len(where) - 1 and lo // nlanes_total == hi // nlanes_total else -1
 
 
 def _finite_rows(rows: np.ndarray) -> np.ndarray:
     """Rows with NaN/Inf replaced by 0 (the block is reported non-finite separately)."""
     return np.where(np.isfinite(rows), rows, np.float32(0))
+
+
+def _lane_bits(mask: np.ndarray) -> int:
+    """(nlanes,) bool -> the lane bitmap as a Python int (bit i = lane i)."""
+    return int.from_bytes(np.packbits(mask, bitorder="little").tobytes(), "little")
 
 
 _CODE = {np.dtype(np.float32): "float", np.dtype(np.float16): "float", np.dtype(np.float64): "float",
@@ -665,49 +629,36 @@ class Agent:
         every = 0.001
         rec = call.recovery
         try:
-            call.send_setup()
+            for st in call.slots:  # setup round of every slot
+                call.send_setup(st)
             pending = len(call.slots)
-            rx_rows = call.bufs.rx_rows
-            nrows = len(rx_rows)
+            buf = self._rx
             recv = sock.recvfrom_into
             switch = self.switch
             next_check = time.monotonic() + every
             while pending:
-                # Read every answer waiting (up to a window's worth), then complete the
-                # rounds they finish together.
-                taken = []
-                idle = refused = False
-                m = 0  # receive rows holding results
-                while m < nrows:
-                    row = rx_rows[m]
-                    try:
-                        nbytes, src = recv(row)
-                    except BlockingIOError:
-                        idle = True
-                        break
-                    except ConnectionRefusedError:
-                        refused = True  # ICMP port unreachable: the switch is not up (yet)
-                        break
-                    if src != switch:
-                        call.stats.foreign_packets += 1  # not from our switch: never a result
-                        continue
-                    got = self._accept(row, nbytes, call)
-                    if got is not None and call.take_answer(nbytes, *got):
-                        taken.append((m, *got))
-                        m += 1
-                if taken:
-                    pending -= call.complete(taken)
-                now = time.monotonic()
-                if idle and not taken:  # resend what is due, wait for an answer or a timer
+                try:
+                    nbytes, src = recv(buf)
+                except BlockingIOError:  # idle: resend what is due, wait for an answer or a timer
+                    now = time.monotonic()
                     rec.drained(now)
                     if now >= next_check:
-                        wait = call.resend_due(True, tick, self.timeout, switch)
+                        wait = call.resend_due(True, tick, self.timeout, self.switch)
                         next_check = now + every
                     else:
                         wait = next_check - now
                     select.select((sock,), (), (), wait)
-                elif refused or now >= next_check:  # keep resending while the switch is down
-                    call.resend_due(idle, tick, self.timeout, switch)
+                    continue
+                except ConnectionRefusedError:
+                    nbytes = -1  # ICMP port unreachable: the switch is not up (yet); keep resending
+                if nbytes >= 0 and src != switch:
+                    call.stats.foreign_packets += 1  # not from our switch: never a result
+                elif nbytes >= 0:
+                    got = self._accept(buf, nbytes, call)
+                    if got is not None and call.on_answer(buf, nbytes, *got):
+                        pending -= 1
+                if nbytes < 0 or time.monotonic() >= next_check:
+                    call.resend_due(False, tick, self.timeout, self.switch)
                     next_check = time.monotonic() + every
         finally:
             sock.settimeout(tick)
