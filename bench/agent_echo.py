@@ -12,7 +12,6 @@ repeat, so both see the same machine load; the ratio of medians is the compariso
 """
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing as mp
 import os
@@ -26,6 +25,7 @@ import time
 import numpy as np
 
 from spina import wire
+from spina.cli import ArgumentParser, fail, int_range, positive_float
 from spina.config import JobConfig, WorkerAddr
 
 
@@ -66,12 +66,21 @@ def load_baseline(path: str):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--elements", type=lambda s: int(float(s)), default=25_000_000)
-    ap.add_argument("--densities", default="0.01,0.1,1.0")
-    ap.add_argument("--repeats", type=int, default=7)
+    ap = ArgumentParser(prog="bench.agent_echo", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--elements", type=positive_float, default=25e6)
+    ap.add_argument("--densities", default="0.01,0.1,1.0", help="comma-separated, each in (0, 1]")
+    ap.add_argument("--repeats", type=int_range(1, 1000), default=7)
     ap.add_argument("--baseline", metavar="DIR", help="an older checkout to compare with")
     a = ap.parse_args(argv)
+    try:
+        densities = [float(v) for v in a.densities.split(",")]
+    except ValueError:
+        return fail(ap.prog, f"argument --densities: {a.densities!r} is not a list of numbers")
+    if not all(0 < d <= 1 for d in densities):
+        return fail(ap.prog, f"argument --densities: {a.densities!r}: each must be in (0, 1]")
+    if a.baseline and not os.path.isdir(os.path.join(a.baseline, "host_agent")):
+        return fail(ap.prog, f"argument --baseline: {a.baseline!r} has no host_agent/")
+    a.elements = int(a.elements)
     from host_agent.agent import Agent
     agents = {"new": Agent}
     if a.baseline:
@@ -84,7 +93,7 @@ def main(argv=None) -> int:
     B, k, W = 256, 56, 16  # the benchmark's base point (bench/allreduce_bench.py)
     rng = np.random.default_rng(0)
     report = {"load_before": open("/proc/loadavg").read().split()[:3]}
-    for d in (float(v) for v in a.densities.split(",")):
+    for d in densities:
         nb = a.elements // B
         x = np.zeros(nb * B, np.float32)
         chosen = rng.choice(nb, max(1, int(d * nb)), replace=False)
@@ -123,9 +132,10 @@ def main(argv=None) -> int:
         if "old" in cpu:
             row["new_over_old"] = float(np.median(cpu["new"]) / np.median(cpu["old"]))
         report[f"{d:g}"] = row
+        ratio = f"; new/old {row['new_over_old']:.2f}" if "old" in cpu else ""
         print(f"density {d:g}: {packets} packets; " + ", ".join(
             f"{n} {1e3 * r['cpu_s_median']:.1f} ms CPU/call" for n, r in row.items()
-            if isinstance(r, dict)) + (f"; new/old {row['new_over_old']:.2f}" if "old" in cpu else ""))
+            if isinstance(r, dict)) + ratio)
         for ag in made.values():
             ag.close()
     report["load_after"] = open("/proc/loadavg").read().split()[:3]

@@ -535,9 +535,11 @@ class Agent:
                 already, being zero at every worker.
             blocks: optional sorted int array of the indices of the blocks (of the flattened
                 tensor) that may be non-zero; the caller guarantees that every other block is
-                all +0.0 (zero bits; the agent leaves those blocks as they are), and the agent then looks at these blocks only instead of scanning the
-                tensor (a compressor knows what it selected). `check_blocks` on the
-                agent (or $SPINA_CHECK_BLOCKS=1) verifies the promise and raises ValueError.
+                all +0.0 (zero bits: the agent leaves those blocks as they are), and the agent
+                then looks at these blocks only instead of scanning the tensor (a compressor
+                knows what it selected). `check_blocks` on the agent (or
+                $SPINA_CHECK_BLOCKS=1) verifies the promise and raises ValueError naming the
+                first block the hint misses.
         """
         if blocks is not None:
             blocks = np.asarray(blocks, np.int64)
