@@ -76,10 +76,11 @@ def main(argv=None) -> int:
                 f.write(top(path, "cumulative", a.top))
         calls = {fn: ncalls(sw, fn) for fn in ("process", "_result", "sendto", "recvfrom",
                                                "unpack_header", "check_header", "pack_header")}
-        acalls = {fn: ncalls(agent, fn) for fn in ("allreduce", "_send", "_deliver", "_next_round",
-                                                   "recv_into", "sendto", "_accept", "pack",
-                                                   "nonzero_blocks", "quantize", "dequantize",
-                                                   "_check_timers", "build", "gather_blocks")}
+        acalls = {fn: ncalls(agent, fn) for fn in ("allreduce", "on_answer", "_next_round",
+                                                   "_deliver", "_send",
+                                                   "recvfrom_into", "sendto", "_accept",
+                                                   "scan_float_blocks", "quantize", "dequantize",
+                                                   "resend_due", "build", "gather_blocks")}
         summary["profile"][f"{d:g}"] = dict(
             point=str(p),
             plain=dict(median_s=sorted(plain["times"])[len(plain["times"]) // 2],

@@ -32,7 +32,7 @@ import numpy as np
 
 from host_agent.blocks import (NONFINITE_BITS, LanePlan, block_absmax_bits, dequantize,
                                exponent_of_bits, gather_blocks, nonzero_blocks, quant_shift,
-                               quantize, scatter_blocks)
+                               quantize, scan_float_blocks, scatter_blocks)
 from host_agent.recovery import MIN_RTO, Recovery, RttEstimator, Timer
 from spina import rendezvous, wire
 from spina.net import bind_own_address, grow_buffers
@@ -45,6 +45,7 @@ _UNPACK, _PACK_INTO = wire.HEADER_STRUCT.unpack_from, wire.HEADER_STRUCT.pack_in
  _NONFINITE) = (wire.FIELD_INDEX[f] for f in (
     "msg_type", "flags", "job", "epoch", "call", "slot", "round", "length", "exponent", "bitmap",
     "present", "nonfinite"))
+_FLAGS_AT = wire.FIELD_OFFSET["flags"]  # byte offset: a resend sets its flags in place
 
 
 class SpinaError(RuntimeError):
@@ -94,47 +95,67 @@ class _Slot:
                                   # block not yet sent (the lane's sentinel if none)
     lanes: np.ndarray = None      # the slot's global lane numbers
     pos: np.ndarray = None        # positions of the round in flight (None: setup round), int64
+    run: int = -1                 # pos[0] if pos are consecutive blocks, else -1 (_Call._run)
     round: int = 0
     shift: int = 0
     exponent: int = 0
     packet: memoryview = None     # the round's datagram (in the agent's per-slot buffer)
     done: bool = False
     timer: Timer = None           # transmissions and answers of the round in flight
-    recovery: Recovery = None     # the call's loss recovery (late duplicate results go there)
-    unanswered: int = 0           # resends since the switch last answered this slot
+
+
+class _Buffers:
+    """Memory an agent reuses across calls: per slot, the datagram a round is built in (it
+    stays there for resends), and a float32 work area for one round's rows."""
+
+    def __init__(self):
+        self._key = None
+        self.slots: list = []
+        self.scratch: np.ndarray | None = None
+
+    def get(self, W: int, k: int, B: int) -> tuple[list, np.ndarray]:
+        """Per slot (datagram buffer, its next view (k,) >u4, its data view (k, B) >i4), and
+        a (k, B) float32 scratch."""
+        if self._key != (W, k, B):
+            self.slots = []
+            for _ in range(W):
+                b = bytearray(wire.packet_len(k, B, k))
+                self.slots.append((b, np.frombuffer(b, wire.NEXT_DTYPE, k, wire.HEADER_LEN),
+                                   np.frombuffer(b, wire.DATA_DTYPE, k * B,
+                                                 wire.data_offset(k)).reshape(k, B)))
+            self.scratch = np.empty((k, B), np.float32)
+            self._key = (W, k, B)
+        return self.slots, self.scratch
 
 
 class _Call:
-    """The state of one all-reduce call at one worker."""
+    """The state of one all-reduce call at one worker.
 
-    def __init__(self, agent: "Agent", flat: np.ndarray, integer: bool, inplace: bool,
-                 blocks: np.ndarray | None = None):
-        job = agent.job
-        self.agent, self.flat, self.integer = agent, flat, integer
+    Args:
+        job, rank, call_id: whose call this is (the job with its run's epoch).
+        rounds: the last round tag used per slot (the agent's, kept across calls; updated).
+        flat, integer, inplace, blocks: the tensor and how to sum it (Agent.allreduce).
+        buffers: the agent's reused datagram buffers.
+        rtt: the agent's latency estimator (kept across calls).
+        transmit: sends one datagram to the switch (a local refusal counts as a loss).
+        check_blocks: verify a `blocks` hint against a full scan.
+        dense: expect most blocks to be non-zero (the scan's strategy: scan_float_blocks).
+    """
+
+    def __init__(self, job: JobConfig, rank: int, call_id: int, rounds: np.ndarray,
+                 flat: np.ndarray, integer: bool, inplace: bool, blocks: np.ndarray | None,
+                 buffers: _Buffers, rtt: RttEstimator, transmit, check_blocks: bool = False,
+                 dense: bool = False):
+        self.job, self.rank, self.call_id, self.rounds = job, rank, call_id, rounds
+        self.transmit = transmit
+        self.flat, self.integer = flat, integer
         self.B, self.k, W = job.block_size, job.nlanes, job.nslots
         n = len(flat)
         self.stats = CallStats(length=n)
-        if blocks is not None and agent.check_blocks:
+        if blocks is not None and check_blocks:
             _check_block_hint(flat, blocks, self.B)
-        if integer:
-            if blocks is None:
-                nz = nonzero_blocks(flat, self.B)
-            else:  # only the hinted blocks can be non-zero: look at those alone
-                nz = blocks[gather_blocks(flat, blocks, self.B).view(np.int32).any(axis=1)]
-            nonfinite = np.zeros(len(nz), bool)
-        else:
-            if blocks is None:
-                bits = block_absmax_bits(flat, self.B)
-                nz = np.flatnonzero(bits)
-                bits = bits[nz]
-            else:
-                bits = block_absmax_bits(gather_blocks(flat, blocks, self.B).reshape(-1), self.B)
-                sent = bits != 0  # a hinted block may still be all zero: it is not sent
-                nz, bits = blocks[sent], bits[sent]
-            nonfinite = bits >= NONFINITE_BITS
-            if nonfinite.any():  # the scale comes from the finite values of such blocks
-                rows = _finite_rows(gather_blocks(flat, nz[nonfinite], self.B))
-                bits[nonfinite] = block_absmax_bits(rows.reshape(-1), self.B)
+        self.inplace = inplace
+        nz, bits, nonfinite = self._scan(blocks, dense)
         self.stats.nonzero_blocks = len(nz)
         self.plan, order = LanePlan.build(nz, W, self.k)
         self.nonfinite = nonfinite[order] if nonfinite.any() else None  # per plan row
@@ -147,7 +168,6 @@ class _Call:
             slot_exp[has] = np.maximum.reduceat(exps, starts)[has]
         self.slot_exp = slot_exp
         self.nblocks = -(-n // self.B)
-        self.inplace = inplace
         self.out = flat if inplace else np.zeros(n, flat.dtype)
         # Data-path layout. pos_ext: the plan's positions lane by lane, each lane followed by
         # a sentinel -1 (never a position, and END once cast to the wire's u32), so a lane's
@@ -164,22 +184,47 @@ class _Call:
             lane_ext = np.repeat(np.arange(L, dtype=np.int64), per_lane + 1)
             self.keys_ext = (lane_ext << 32) + np.where(self.pos_ext < 0, wire.END, self.pos_ext)
         self.nfull = n // B
+        self.L = L
         self.full2d = flat[:self.nfull * B].reshape(self.nfull, B)
         self.out2d = self.out[:self.nfull * B].reshape(self.nfull, B)
         # The zero-padded last block, if any, takes the slow gather/scatter; only its slot checks.
         self.tail_slot = (self.nfull % L) // k if n % B else -1
-        self.scratch = agent._scratch(k, B)
-        self.next_end = wire.HEADER_LEN + 4 * k  # the next positions' bytes in a datagram
+        self.bufs, self.scratch = buffers.get(W, k, B)
+        self.next_end = wire.data_offset(k)  # the next positions' bytes end here in a datagram
         self.all_end = bytearray(wire.END.to_bytes(4, "big") * k)
-        self.bufs = agent._slot_buffers(W, k, B)
         timers = [Timer() for _ in range(W)]
         # Bounded loss: each partial round counts its nlanes blocks against the budget.
-        self.recovery = Recovery(agent.rtt, timers, time.monotonic(), job.bounded_loss,
+        self.recovery = Recovery(rtt, timers, time.monotonic(), job.bounded_loss,
                                  job.loss_deadline, job.bounded_loss * self.nblocks / k)
         self.slots = [_Slot(s + job.slot_base, s, ptr=first_ext[s * k:(s + 1) * k].copy(),
-                            lanes=np.arange(s * k, (s + 1) * k, dtype=np.int64),
-                            timer=timers[s], recovery=self.recovery)
+                            lanes=np.arange(s * k, (s + 1) * k, dtype=np.int64), timer=timers[s])
                       for s in range(W)]
+
+    def _scan(self, blocks: np.ndarray | None, dense: bool
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The blocks this worker sends (ascending), their largest |x| as bits (floats), and
+        which of them hold NaN/Inf. Only the hinted `blocks` are looked at if given. In place,
+        blocks of zeros with some -0.0 (not sent) become +0.0, as every rank's sum reads."""
+        flat, B = self.flat, self.B
+        rows = None if blocks is None else gather_blocks(flat, blocks, B)
+        if self.integer:
+            if rows is None:
+                nz = nonzero_blocks(flat, B)
+            else:  # only the hinted blocks can be non-zero: look at those alone
+                nz = blocks[rows.any(axis=1)]
+            return nz, None, np.zeros(len(nz), bool)
+        # Hinted blocks are mostly non-zero (a compressor's selection).
+        nz, bits, negzero = scan_float_blocks(flat if rows is None else rows.reshape(-1), B,
+                                              dense or rows is not None)
+        if rows is not None:
+            nz, negzero = blocks[nz], blocks[negzero]
+        if self.inplace and len(negzero):
+            scatter_blocks(flat, negzero, 0, B)
+        nonfinite = bits >= NONFINITE_BITS
+        if nonfinite.any():  # the scale comes from the finite values of such blocks
+            finite = _finite_rows(gather_blocks(flat, nz[nonfinite], B))
+            bits[nonfinite] = block_absmax_bits(finite.reshape(-1), B)
+        return nz, bits, nonfinite
 
     def send_setup(self, st: _Slot) -> None:
         """The slot's setup round: first positions per lane and the slot's exponent."""
@@ -187,31 +232,27 @@ class _Call:
         self.bufs[st.index][1][:] = nxt  # -1 (sentinel) becomes END
         buf = self.bufs[st.index][0]
         last = wire.FLAG_LAST if buf[wire.HEADER_LEN:self.next_end] == self.all_end else 0
-        self.agent._send(self, st, last, int(self.slot_exp[st.index]), 0, 0, 0)
+        self._send(st, last, int(self.slot_exp[st.index]), 0, 0, 0)
 
     def on_answer(self, buf, nbytes: int, st: _Slot, t: tuple) -> bool:
         """Handle a result or status (header fields `t`) for slot `st`; True when the slot's
         stream is done."""
-        agent, stats = self.agent, self.stats
+        stats = self.stats
         stats.packets_received += 1
         stats.bytes_received += nbytes
-        st.unanswered = 0
         if t[_MSG_TYPE] == wire.MSG_STATUS:
             self.recovery.status(st.timer, t[_BITMAP], time.monotonic())
             return False
         flags = t[_FLAGS]
         if flags & wire.FLAG_MISMATCH:
             raise LengthMismatch(
-                f"job {agent.job.job} call {agent.call_id}: workers disagree on the tensor length: "
-                f"rank {agent.rank} has {len(self.flat)} elements, another rank {t[_LENGTH]}")
+                f"job {self.job.job} call {self.call_id}: workers disagree on the tensor length: "
+                f"rank {self.rank} has {len(self.flat)} elements, another rank {t[_LENGTH]}")
         self.recovery.result(st.timer, st.round, time.monotonic(),
                              multicast=not flags & wire.FLAG_RESEND,
                              partial=bool(flags & wire.FLAG_PARTIAL))
-        if flags & wire.FLAG_PARTIAL:
-            stats.partial_rounds += 1
-            stats.partial_fraction = min(1.0, stats.partial_rounds * self.k / max(1, self.nblocks))
         if st.pos is None:  # setup result: the exponent every worker quantizes with
-            st.shift = 0 if self.integer else quant_shift(t[_EXPONENT], agent.job.nworkers)
+            st.shift = 0 if self.integer else quant_shift(t[_EXPONENT], self.job.nworkers)
             st.exponent = t[_EXPONENT]
         else:
             self._deliver(buf, t, st)
@@ -233,20 +274,28 @@ class _Call:
         else:
             lanes = wire.lane_indices(present, k)
             where, n = st.pos[lanes], len(lanes)
-        data = np.frombuffer(buf, wire.DATA_DTYPE, n * B, wire.HEADER_LEN + 4 * k).reshape(n, B)
+        data = np.frombuffer(buf, wire.DATA_DTYPE, n * B, self.next_end).reshape(n, B)
         if st.index == self.tail_slot and (where == self.nfull).any():
             scatter_blocks(self.out, where, data if self.integer else dequantize(data, st.shift), B)
+        elif n == k and (run := self._run(st)) >= 0:
+            # consecutive blocks (a dense region): written in place, no scatter
+            if self.integer:
+                self.out2d[run:run + k] = data
+            else:
+                dequantize(data, st.shift, self.out2d[run:run + k])
         elif self.integer:
             self.out2d[where] = data
-        elif -126 <= -st.shift <= 127:
-            # dequantize() in one pass: int32 -> float32 (one rounding), times 2**-S (exact)
-            tmp = self.scratch[:n]
-            np.multiply(data, np.float32(2.0 ** -st.shift), out=tmp, dtype=np.float32)
-            self.out2d[where] = tmp
         else:
-            self.out2d[where] = dequantize(data, st.shift)
+            self.out2d[where] = dequantize(data, st.shift, self.scratch[:n])
         if t[_NONFINITE]:
             scatter_blocks(self.out, st.pos[wire.lane_indices(t[_NONFINITE], k)], np.nan, B)
+
+    def _run(self, st: _Slot) -> int:
+        """st.run, found on first use: the round's first position if its positions are
+        consecutive blocks (every lane), else -1 (_run_start)."""
+        if st.run == _UNKNOWN:
+            st.run = _run_start(st.pos, self.L)
+        return st.run
 
     def _next_round(self, st: _Slot, pos: np.ndarray) -> None:
         """Send this worker's blocks at positions `pos` (int64, where it has them) and its next
@@ -269,7 +318,7 @@ class _Call:
         nxt = pos_ext[st.ptr]
         buf, nview, dview = self.bufs[st.index]
         nview[:] = nxt  # -1 (sentinel) becomes END
-        st.pos = pos
+        st.pos, st.run = pos, _UNKNOWN
         nrows = int(np.count_nonzero(have))
         present = nonfinite_bits = 0
         if nrows:
@@ -288,21 +337,91 @@ class _Call:
                     rows = _finite_rows(gather_blocks(self.flat, where, self.B))
             if rows is None and st.index == self.tail_slot and (where == self.nfull).any():
                 rows = gather_blocks(self.flat, where, self.B)
+            scratch = None
+            if rows is None:
+                run = self._run(st) if nrows == self.k else -1
+                if run >= 0:  # consecutive blocks (a dense region): read in place
+                    rows, scratch = self.full2d[run:run + nrows], self.scratch[:nrows]
+                else:  # mode="clip": no bounds check, which would buffer the output
+                    rows = np.take(self.full2d, where, axis=0, mode="clip",
+                                   out=self.scratch[:nrows].view(self.full2d.dtype))
             if self.integer:
-                dst[:] = self.full2d[where] if rows is None else rows
-            elif -126 <= st.shift <= 127:
-                # quantize() into the datagram: scale (exact), round, cast to big-endian int32
-                tmp = self.scratch[:nrows]
-                if rows is None:
-                    np.take(self.full2d, where, axis=0, out=tmp, mode="clip")
-                else:
-                    tmp[:] = rows
-                np.multiply(tmp, np.float32(2.0 ** st.shift), out=tmp)
-                np.rint(tmp, out=dst, casting="unsafe")  # exact: |value| < 2**30
+                dst[:] = rows
             else:
-                dst[:] = quantize(self.full2d[where] if rows is None else rows, st.shift)
+                quantize(rows, st.shift, dst, scratch)
         last = wire.FLAG_LAST if buf[wire.HEADER_LEN:self.next_end] == self.all_end else 0
-        self.agent._send(self, st, last, st.exponent, present, nonfinite_bits, nrows)
+        self._send(st, last, st.exponent, present, nonfinite_bits, nrows)
+
+    def _send(self, st: _Slot, flags: int, exponent: int, present: int, nonfinite: int,
+              nrows: int) -> None:
+        """Send the next round of slot `st`; its next positions and `nrows` data rows are in
+        the slot's buffer already."""
+        r = int(self.rounds[st.index]) + 1
+        self.rounds[st.index] = r
+        st.round = r & 0xFFFFFFFF
+        job, k, B = self.job, self.k, self.B
+        buf = self.bufs[st.index][0]
+        _PACK_INTO(buf, 0, wire.VERSION, wire.MSG_CONTRIB, flags, job.priority, job.job,
+                   job.epoch, self.call_id, st.slot, self.rank, k, st.round, len(self.flat), B,
+                   exponent, 0, present, nonfinite)
+        n = self.next_end + 4 * B * nrows
+        st.packet = memoryview(buf)[:n]
+        self.recovery.sent(st.timer, time.monotonic())
+        self.transmit(st.packet)
+        stats = self.stats
+        stats.packets_sent += 1
+        stats.bytes_sent += n
+        stats.payload_bytes_sent += 4 * B * nrows
+
+    def resend_due(self, idle: bool, longest: float, timeout: float, switch) -> float:
+        """Resend the rounds host_agent/recovery.py finds due; fail if a slot made no progress
+        for `timeout` seconds. `idle`: the socket is empty now. Returns how long to wait at
+        most."""
+        now = time.monotonic()
+        rec, stats = self.recovery, self.stats
+        flying = [(st, st.timer) for st in self.slots if not st.done]
+        stalled = rec.stalled(flying, now, timeout)
+        if stalled is not None:
+            raise self._timeout_error(stalled[0], timeout, switch)
+        for st, tm in rec.due(flying, now, idle):
+            pkt = bytearray(st.packet)
+            pkt[_FLAGS_AT] |= rec.resend_flags(tm)
+            self.transmit(pkt)
+            rec.resent(tm, now)
+            stats.resends += 1
+            stats.packets_sent += 1
+            stats.bytes_sent += len(pkt)
+        return rec.wait(flying, now, longest)
+
+    def finish(self, seconds: float) -> CallStats:
+        """The call's statistics, with what recovery counted."""
+        rec, stats = self.recovery, self.stats
+        stats.spurious_resends = rec.spurious
+        stats.fast_resends = rec.fast_resends
+        stats.timeout_resends = rec.timeout_resends
+        stats.partial_rounds = rec.partial_rounds
+        stats.partial_fraction = min(1.0, rec.partial_rounds * self.k / max(1, self.nblocks))
+        stats.seconds = seconds
+        return stats
+
+    def _timeout_error(self, st: _Slot, timeout: float, switch) -> SpinaTimeout:
+        """Why slot `st` made no progress. The switch answers every resend of an incomplete
+        round with a status naming who contributed; resends that got no answer at all mean the
+        switch does not know this job (it restarted and was not redeployed, or the job or epoch
+        is not admitted) or is unreachable, and no rank is to blame."""
+        job, tm = self.job, st.timer
+        head = (f"job {job.job} call {self.call_id}: no result for slot {st.slot} round "
+                f"{st.round} within {timeout:g} s; ")
+        if tm.unanswered >= 3 or not tm.last_bitmap:
+            silent = ("never answered this call" if not self.stats.packets_received else
+                      f"did not answer the last {tm.unanswered} resends")
+            return SpinaTimeout(
+                head + f"the switch at {switch[0]}:{switch[1]} {silent}: it is not "
+                f"running, or it does not admit job "
+                f"{job.job} epoch {job.epoch} (a switch restarted without a redeploy "
+                "has lost its jobs: run the controller's deploy)", [])
+        missing = [r for r in range(job.nworkers) if not tm.last_bitmap >> r & 1]
+        return SpinaTimeout(head + f"ranks {missing} never contributed", missing)
 
 
 def _check_block_hint(flat: np.ndarray, blocks: np.ndarray, block_size: int) -> None:
@@ -314,6 +433,18 @@ def _check_block_hint(flat: np.ndarray, blocks: np.ndarray, block_size: int) -> 
     if len(missed):
         raise ValueError(f"blocks hint misses {len(missed)} non-zero block(s) of the tensor, "
                          f"first {missed[:5].tolist()}: the agent would not send them")
+
+
+_UNKNOWN = -2  # _Slot.run not looked at yet
+
+
+def _run_start(where: np.ndarray, nlanes_total: int) -> int:
+    """The first position if block positions `where` (one per lane of a slot, lanes
+    ascending) are consecutive blocks in lane order (a dense region), else -1. A lane has one
+    block per period of the job's lanes, so n positions within one period that span n
+    blocks are consecutive, and in lane order."""
+    lo, hi = int(where.min()), int(where.max())
+    return lo if hi - lo == len(where) - 1 and lo // nlanes_total == hi // nlanes_total else -1
 
 
 def _finite_rows(rows: np.ndarray) -> np.ndarray:
@@ -347,19 +478,21 @@ class Agent:
             `rendezvous`). Before its first call the agent joins the next run there and takes
             the run's epoch, so no result of another run (an earlier program on the same
             switch) can be taken for this one's. None: every call uses `job.epoch`.
+        check_blocks: verify every `blocks` hint of allreduce against a scan of the tensor
+            (a debug mode: costs the scan the hint saves). None: $SPINA_CHECK_BLOCKS=1.
 
     Example:
         >>> agent = Agent(job, rank, ("127.0.0.1", 47000))  # doctest: +SKIP
         >>> total = agent.allreduce(np.ones(1000, np.float32))  # doctest: +SKIP
     """
 
-    # Debug: verify every `blocks` hint against a full scan of the tensor (costs that scan).
-    check_blocks: bool = os.environ.get("SPINA_CHECK_BLOCKS", "") == "1"
-
     def __init__(self, job: JobConfig, rank: int, switch: tuple[str, int],
                  sock: socket.socket | None = None, timeout: float = 10.0, rto: float = MIN_RTO,
-                 rendezvous: tuple[str, int] | None = None):
+                 rendezvous: tuple[str, int] | None = None, check_blocks: bool | None = None):
         self.job = job.validate()
+        # Debug: verify every `blocks` hint against a full scan of the tensor (costs that scan).
+        self.check_blocks = (os.environ.get("SPINA_CHECK_BLOCKS", "") == "1"
+                             if check_blocks is None else check_blocks)
         if not 0 <= rank < job.nworkers:
             raise ValueError(f"rank {rank} outside 0..{job.nworkers - 1}")
         self.rank = rank
@@ -382,9 +515,8 @@ class Agent:
         self.last_stats = CallStats()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._rx = bytearray(wire.MAX_UDP_PAYLOAD + 1)  # every answer lands here
-        self._scratch_area: np.ndarray | None = None
-        self._bufs: list = []
-        self._bufs_key = None
+        self._buffers = _Buffers()
+        self._dense = False  # the last call's tensor had mostly non-zero blocks
 
     # ------------------------------------------------------------------ public API
     def allreduce(self, x, inplace: bool = False, blocks=None):
@@ -403,9 +535,11 @@ class Agent:
                 already, being zero at every worker.
             blocks: optional sorted int array of the indices of the blocks (of the flattened
                 tensor) that may be non-zero; the caller guarantees that every other block is
-                zero, and the agent then looks at these blocks only instead of scanning the
-                tensor (a compressor knows what it selected). `check_blocks = True` on the
-                agent (or $SPINA_CHECK_BLOCKS=1) verifies the promise and raises ValueError.
+                all +0.0 (zero bits: the agent leaves those blocks as they are), and the agent
+                then looks at these blocks only instead of scanning the tensor (a compressor
+                knows what it selected). `check_blocks` on the agent (or
+                $SPINA_CHECK_BLOCKS=1) verifies the promise and raises ValueError naming the
+                first block the hint misses.
         """
         if blocks is not None:
             blocks = np.asarray(blocks, np.int64)
@@ -485,7 +619,9 @@ class Agent:
         if self.rendezvous is not None and not self._joined:
             self._join_run()
         self.call_id = (self.call_id + 1) & 0xFFFFFFFF
-        call = _Call(self, flat, integer, inplace, blocks)
+        call = _Call(self.job, self.rank, self.call_id, self.rounds, flat, integer, inplace,
+                     blocks, self._buffers, self.rtt, self._transmit, self.check_blocks,
+                     dense=self._dense)
         sock = self.sock
         tick = min(0.1, self.job.loss_deadline) if self.job.bounded_loss else 0.1
         # Non-blocking, select() only when nothing is waiting: a socket timeout would cost a
@@ -501,15 +637,15 @@ class Agent:
             buf = self._rx
             recv = sock.recvfrom_into
             switch = self.switch
-            slots = call.slots
             next_check = time.monotonic() + every
             while pending:
                 try:
                     nbytes, src = recv(buf)
                 except BlockingIOError:  # idle: resend what is due, wait for an answer or a timer
-                    now = rec.drained_at = time.monotonic()
+                    now = time.monotonic()
+                    rec.drained(now)
                     if now >= next_check:
-                        wait = self._check_timers(call, True, tick)
+                        wait = call.resend_due(True, tick, self.timeout, self.switch)
                         next_check = now + every
                     else:
                         wait = next_check - now
@@ -520,24 +656,21 @@ class Agent:
                 if nbytes >= 0 and src != switch:
                     call.stats.foreign_packets += 1  # not from our switch: never a result
                 elif nbytes >= 0:
-                    got = self._accept(buf, nbytes, slots)
+                    got = self._accept(buf, nbytes, call)
                     if got is not None and call.on_answer(buf, nbytes, *got):
                         pending -= 1
                 if nbytes < 0 or time.monotonic() >= next_check:
-                    self._check_timers(call, False, tick)
+                    call.resend_due(False, tick, self.timeout, self.switch)
                     next_check = time.monotonic() + every
         finally:
             sock.settimeout(tick)
-            call.stats.spurious_resends = rec.spurious
-            call.stats.fast_resends = rec.fast_resends
-            call.stats.timeout_resends = rec.timeout_resends
-            call.stats.seconds = time.perf_counter() - t0
-            self.last_stats = call.stats  # also for a call that failed: what it saw
+            self.last_stats = call.finish(time.perf_counter() - t0)  # also for a failed call
             self.foreign_packets += call.stats.foreign_packets
         self.rtt.call_done(rec.spurious_timeouts)
+        self._dense = 2 * call.stats.nonzero_blocks > call.nblocks  # the next call's guess
         return call.out
 
-    def _accept(self, buf, nbytes, slots):
+    def _accept(self, buf, nbytes, call: _Call):
         """(slot state, header fields) if this answers a round in flight, else None."""
         if nbytes < wire.HEADER_LEN:
             log.warning("rank %d: ignoring malformed packet: truncated header: %d < %d bytes",
@@ -548,7 +681,7 @@ class Agent:
         if err is not None:
             log.warning("rank %d: ignoring malformed packet: %s", self.rank, err)
             return None
-        job = self.job
+        job, slots = self.job, call.slots
         s = t[_SLOT] - job.slot_base
         if (t[_MSG_TYPE] == wire.MSG_CONTRIB or t[_JOB] != job.job or t[_EPOCH] != job.epoch
                 or not 0 <= s < len(slots) or t[_CALL] != self.call_id):
@@ -556,49 +689,9 @@ class Agent:
         st = slots[s]
         if st.done or t[_ROUND] != st.round:  # an answer to an earlier round (duplicate result)
             if t[_MSG_TYPE] == wire.MSG_RESULT:
-                st.recovery.late_result(st.timer, t[_ROUND])
+                call.recovery.late_result(st.timer, t[_ROUND])
             return None
         return st, t
-
-    def _scratch(self, k: int, B: int) -> np.ndarray:
-        """A reused (k, B) float32 work area for quantizing and dequantizing one round."""
-        if self._scratch_area is None or self._scratch_area.shape != (k, B):
-            self._scratch_area = np.empty((k, B), np.float32)
-        return self._scratch_area
-
-    def _slot_buffers(self, W: int, k: int, B: int) -> list:
-        """Per slot: (datagram buffer, its next view (k,) >u4, its data view (k, B) >i4),
-        reused across calls. A round's datagram is built in place and stays there for resends."""
-        if self._bufs_key != (W, k, B):
-            self._bufs = []
-            for _ in range(W):
-                b = bytearray(wire.packet_len(k, B, k))
-                self._bufs.append((b, np.frombuffer(b, wire.NEXT_DTYPE, k, wire.HEADER_LEN),
-                                   np.frombuffer(b, wire.DATA_DTYPE, k * B,
-                                                 wire.HEADER_LEN + 4 * k).reshape(k, B)))
-            self._bufs_key = (W, k, B)
-        return self._bufs
-
-    def _send(self, call: "_Call", st: _Slot, flags: int, exponent: int, present: int,
-              nonfinite: int, nrows: int) -> None:
-        """Send the next round of slot `st`; its next positions and `nrows` data rows are in
-        the slot's buffer already."""
-        r = int(self.rounds[st.index]) + 1
-        self.rounds[st.index] = r
-        st.round = r & 0xFFFFFFFF
-        job, k, B = self.job, call.k, call.B
-        buf = call.bufs[st.index][0]
-        _PACK_INTO(buf, 0, wire.VERSION, wire.MSG_CONTRIB, flags, job.priority, job.job,
-                   job.epoch, self.call_id, st.slot, self.rank, k, st.round, len(call.flat), B,
-                   exponent, 0, present, nonfinite)
-        n = wire.HEADER_LEN + 4 * k + 4 * B * nrows
-        st.packet = memoryview(buf)[:n]
-        call.recovery.sent(st.timer, time.monotonic())
-        self._transmit(st.packet)
-        stats = call.stats
-        stats.packets_sent += 1
-        stats.bytes_sent += n
-        stats.payload_bytes_sent += 4 * B * nrows
 
     def _transmit(self, pkt) -> None:
         """Send one datagram; a local refusal (a full buffer, a firewall's EPERM) is a loss
@@ -615,44 +708,6 @@ class Agent:
             if e.errno not in (errno.ENOBUFS, errno.EAGAIN, errno.EHOSTUNREACH, errno.ENETUNREACH):
                 raise
             log.debug("rank %d: send failed (%s); the timer will resend", self.rank, e)
-
-    def _timeout_error(self, st: _Slot, answers: int) -> SpinaTimeout:
-        """Why slot `st` made no progress. The switch answers every resend of an incomplete
-        round with a status naming who contributed; resends that got no answer at all mean the
-        switch does not know this job (it restarted and was not redeployed, or the job or epoch
-        is not admitted) or is unreachable, and no rank is to blame."""
-        head = (f"job {self.job.job} call {self.call_id}: no result for slot {st.slot} round "
-                f"{st.round} within {self.timeout:g} s; ")
-        if st.unanswered >= 3 or not st.timer.last_bitmap:
-            silent = ("never answered this call" if not answers else
-                      f"did not answer the last {st.unanswered} resends")
-            return SpinaTimeout(
-                head + f"the switch at {self.switch[0]}:{self.switch[1]} {silent}: it is not "
-                f"running, or it does not admit job "
-                f"{self.job.job} epoch {self.job.epoch} (a switch restarted without a redeploy "
-                "has lost its jobs: run the controller's deploy)", [])
-        missing = [r for r in range(self.job.nworkers) if not st.timer.last_bitmap >> r & 1]
-        return SpinaTimeout(head + f"ranks {missing} never contributed", missing)
-
-    def _check_timers(self, call: "_Call", idle: bool, longest: float) -> float:
-        """Resend the rounds host_agent/recovery.py finds due; fail if a slot made no progress
-        for `timeout`. `idle`: the socket is empty now. Returns how long to wait at most."""
-        now = time.monotonic()
-        rec, stats = call.recovery, call.stats
-        flying = [(st, st.timer) for st in call.slots if not st.done]
-        stalled = rec.stalled(flying, now, self.timeout)
-        if stalled is not None:
-            raise self._timeout_error(stalled[0], stats.packets_received)
-        for st, tm in rec.due(flying, now, idle):
-            pkt = bytearray(st.packet)
-            pkt[2] |= wire.FLAG_RESEND | (wire.FLAG_PARTIAL if tm.flush else 0)
-            self._transmit(pkt)
-            rec.resent(tm, now)
-            st.unanswered += 1
-            stats.resends += 1
-            stats.packets_sent += 1
-            stats.bytes_sent += len(pkt)
-        return rec.wait(flying, now, longest)
 
 
 def _is_torch(x) -> bool:

@@ -32,6 +32,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from spina import wire
+
 INITIAL_RTO = 0.2  # s, before the first latency sample (TCP uses 1 s; a switch is one hop)
 MIN_RTO = 0.005    # s, default floor: round latencies here are 0.1-20 ms, variance covers load
 MAX_RTO = 2.0      # s: a slow switch (BMv2 serves 150-300 packets/s) may take this per window
@@ -88,6 +90,7 @@ class Timer:
     flush: bool = False        # resends of this round ask the switch to complete it now
     progress_at: float = 0.0   # last result of this slot (the call's no-progress timeout)
     last_bitmap: int = 0       # contributors named by the last status reply
+    unanswered: int = 0        # resends since the switch last answered this slot
     prev_round: int = -1       # the slot's previous round, for late duplicates of its result
     prev_resends: int = 0
     prev_timed_out: bool = False
@@ -125,6 +128,11 @@ class Recovery:
             tm.progress_at = now
 
     # ---------------------------------------------------------------- events
+    def drained(self, now: float) -> None:
+        """The agent found its socket empty: from now on an expired timer may fire (a
+        descheduled agent reads the results waiting for it before it resends anything)."""
+        self.drained_at = now
+
     def sent(self, tm: Timer, now: float) -> None:
         """A new round's first transmission."""
         self.seq += 1
@@ -138,12 +146,20 @@ class Recovery:
         tm.last_seq = self.seq
         tm.sent_at = now
         tm.resends += 1
+        tm.unanswered += 1
+
+    @staticmethod
+    def resend_flags(tm: Timer) -> int:
+        """The flags a resend of `tm`'s round adds: RESEND, and PARTIAL (complete it without
+        the missing workers) once the round is flushed."""
+        return wire.FLAG_RESEND | (wire.FLAG_PARTIAL if tm.flush else 0)
 
     def status(self, tm: Timer, bitmap: int, now: float) -> None:
         """The switch has our contribution to the round; `bitmap` names every contributor.
         Only the missing ranks can complete it: fast retransmit waits for newer evidence."""
         tm.last_bitmap = bitmap
         tm.statuses += 1
+        tm.unanswered = 0
         self.seq += 1
         tm.last_seq, tm.sent_at = self.seq, now
 
@@ -151,6 +167,7 @@ class Recovery:
         """The round in flight completed (`multicast`: the completion itself, not a stored
         result returned to a resend)."""
         tm.progress_at = self.timer_from = now
+        tm.unanswered = 0
         self.backoff = 0
         latency = now - tm.first_sent_at
         if tm.resends == 0:  # Karn: only rounds sent once are timed
@@ -191,7 +208,7 @@ class Recovery:
         """The (slot, timer) pairs to resend now, out of `in_flight` ((slot, timer) pairs of
         the rounds in flight). `idle`: the agent's socket is empty right now."""
         if idle:
-            self.drained_at = now
+            self.drained(now)
         out = []
         rack = self.rack_latency + self.rtt.reorder_window
         for st, tm in in_flight:

@@ -132,6 +132,11 @@ def packet_len(nlanes: int, block_size: int, npresent: int) -> int:
     return HEADER_LEN + 4 * nlanes + 4 * block_size * npresent
 
 
+def data_offset(nlanes: int) -> int:
+    """Byte offset of the first data row: after the header and the per-lane next positions."""
+    return HEADER_LEN + 4 * nlanes
+
+
 def max_lanes_for(block_size: int, limit: int = MAX_UDP_PAYLOAD) -> int:
     """Most lanes whose all-present packet still fits in `limit` bytes."""
     return max(0, min(MAX_LANES, (limit - HEADER_LEN) // (4 + 4 * block_size)))

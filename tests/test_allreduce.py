@@ -5,7 +5,7 @@ Run just this file: .venv/bin/python -m pytest tests/test_allreduce.py
 import numpy as np
 import pytest
 
-from host_agent.blocks import headroom_bits, nonzero_blocks
+from host_agent.blocks import headroom_bits, nonzero_blocks, scan_float_blocks
 from host_agent.local import LocalCluster
 
 B, K, W = 16, 4, 3  # small blocks, lanes and window so that tests cover many rounds
@@ -203,3 +203,88 @@ def test_inplace_writes_the_sum_into_the_input():
                 assert np.shares_memory(o, b) and b.tobytes() == ref[0].tobytes()
         with pytest.raises(ValueError, match="inplace needs"):
             c.agents[0].allreduce(np.ones(10, np.float64), inplace=True)
+
+
+def test_scan_finds_the_blocks_with_values_and_their_largest_magnitude():
+    """scan_float_blocks and nonzero_blocks agree with their definitions, element by element,
+    for odd block sizes, unaligned views, partial last blocks, NaN, Inf and -0.0."""
+    rng = np.random.default_rng(21)
+    for _ in range(200):
+        bs, n, skip = int(rng.integers(1, 40)), int(rng.integers(0, 400)), int(rng.integers(0, 2))
+        x = np.zeros(n + skip, np.float32)[skip:]  # skip=1: not 8-byte aligned
+        values = rng.random(n) < rng.random() * 0.3
+        x[values] = rng.standard_normal(int(values.sum()))
+        x[rng.random(n) < 0.1] = -0.0
+        for special in (np.nan, -np.inf):
+            if n and rng.random() < 0.3:
+                x[rng.integers(n)] = special
+        nb = -(-n // bs)
+        pad = np.zeros(nb * bs, np.float32)
+        pad[:n] = x
+        per_block = pad.reshape(nb, bs)
+        bits = per_block.view(np.int32)
+        nz, absmax, negzero = scan_float_blocks(x, bs)
+        assert nz.tolist() == np.flatnonzero((per_block != 0).any(axis=1)).tolist()  # NaN != 0
+        assert absmax.tolist() == (bits & 0x7FFFFFFF).max(axis=1, initial=0)[nz].tolist()
+        assert negzero.tolist() == np.flatnonzero((per_block == 0).all(axis=1)
+                                                  & np.signbit(per_block).any(axis=1)).tolist()
+        assert nonzero_blocks(x, bs).tolist() == np.flatnonzero((bits != 0).any(axis=1)).tolist()
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_negative_zero_blocks_are_not_sent_and_sum_to_positive_zero(inplace):
+    """A block of zeros is not sent whatever the signs of its zeros; every zero of a result is
+    +0.0, so ranks agree bit for bit (in place too: a -0.0 block nobody sends becomes +0.0)."""
+    xs = [np.zeros(12 * B, np.float32) for _ in range(3)]
+    xs[0][2 * B:3 * B] = -0.0                               # only -0.0: not sent
+    xs[0][5 * B:6 * B] = [-0.0] * (B // 2) + [1.0] * (B // 2)  # sent: its -0.0 sum to +0.0
+    xs[0][9 * B:10 * B] = -0.0
+    xs[1][9 * B:10 * B] = 2.0                               # rank 1 sends block 9
+    xs[2][11 * B:] = 3.0
+    want = np.zeros(12 * B, np.float32)
+    want[5 * B + B // 2:6 * B], want[9 * B:10 * B], want[11 * B:] = 1.0, 2.0, 3.0
+    with LocalCluster(3, rto=5.0, block_size=B, nlanes=K, nslots=W) as c:
+        bufs = [x.copy() for x in xs]
+        if inplace:
+            futs = [a.allreduce_async(b, inplace=True) for a, b in zip(c.agents, bufs)]
+            res = [f.result(timeout=30) for f in futs]
+        else:
+            res = c.allreduce(bufs)
+        stats = [a.last_stats for a in c.agents]
+    for r in res:
+        assert r.tobytes() == want.tobytes()
+    assert [s.nonzero_blocks for s in stats] == [1, 1, 1]
+    assert [s.payload_bytes_sent for s in stats] == [4 * B] * 3
+
+
+def test_shifts_outside_the_float32_scale_range_are_exact():
+    """Subnormal blocks (shift > 127) and huge ones (shift < -126) quantize through ldexp,
+    next to normal ones; sums of exactly representable values come out exact."""
+    rng = np.random.default_rng(5)
+    xs = []
+    for _ in range(3):
+        x = np.zeros(40 * B, np.float32)
+        x[:B] = rng.integers(-7, 8, B) * 2.0 ** -140     # block 0 (slot 0): subnormal
+        x[4 * B:5 * B] = rng.integers(-7, 8, B) * 2.0 ** 120  # block 4 (slot 1): near the top
+        x[8 * B:9 * B] = rng.integers(-7, 8, B) * 0.5      # block 8 (slot 2): ordinary
+        xs.append(x)
+    exact = np.sum(np.stack(xs).astype(np.float64), axis=0).astype(np.float32)
+    res, _, stats = run(xs)
+    for r in res:
+        assert r.tobytes() == exact.tobytes()
+    assert [s.nonzero_blocks for s in stats] == [3, 3, 3]
+
+
+def test_check_blocks_from_the_environment_names_the_first_missed_block(monkeypatch):
+    """$SPINA_CHECK_BLOCKS=1 turns the hint check on; it names the first block the hint misses."""
+    monkeypatch.setenv("SPINA_CHECK_BLOCKS", "1")
+    x = np.zeros(10 * B, np.float32)
+    x[[3 * B + 1, 6 * B, 8 * B]] = -0.0, 1.0, 2.0  # -0.0 has a bit set: a hint must cover it
+    with LocalCluster(1, rto=5.0, block_size=B, nlanes=K, nslots=W) as c:
+        with pytest.raises(ValueError, match=r"misses 2 non-zero block\(s\).*first \[3, 8\]"):
+            c.agents[0].allreduce(x, blocks=[6])
+        got = c.agents[0].allreduce(x, blocks=[3, 6, 8])
+        assert got.tobytes() == np.where(x == 0, np.float32(0), x).tobytes()  # -0.0 sums to +0.0
+    monkeypatch.setenv("SPINA_CHECK_BLOCKS", "0")
+    with LocalCluster(1, rto=5.0, block_size=B, nlanes=K, nslots=W) as c:
+        assert c.agents[0].allreduce(x, blocks=[6])[8 * B] == 0.0  # unchecked: block 8 not sent
