@@ -11,8 +11,9 @@ block is 4 rows, and only blocks holding a touched row are non-zero. SpINA sends
 Per rank and step the example records what the agent put on the wire (Agent.last_stats,
 summed over the step's buckets by SpinaHookState): whole UDP payloads (`bytes_sent`) and block
 data alone (`payload_bytes_sent`). It compares them with two dense all-reduces of the same
-gradients: (a) measured: the same gradients made dense (every zero turned into -0.0, which the
-block mask counts as non-zero while the sum stays exact) sent once through the same agent
+gradients: (a) measured: the same gradients made dense (every zero turned into the smallest
+normal float32, which the block mask counts as non-zero and which quantizes to 0, so the sum
+stays exact) sent once through the same agent
 and switch, i.e. SwitchML-style dense in-network aggregation; (b) computed: a ring
 all-reduce (gloo's algorithm for large tensors) sends 2 (N-1)/N times the tensor's bytes per
 worker. Rank 0 writes the table to docs/sparse_embedding.md.
@@ -75,9 +76,10 @@ class Corpus:
 
 
 def dense_through_spina(agent, grads: list[torch.Tensor]) -> tuple[int, int]:
-    """Bytes the agent sends for these gradients made dense (-0.0 for every zero)."""
+    """Bytes the agent sends for these gradients made dense (the smallest normal float32 for
+    every zero: -0.0 would not do, a block of zeros of either sign is not sent)."""
     flat = torch.cat([g.reshape(-1) for g in grads])
-    dense = torch.where(flat == 0, torch.tensor(-0.0), flat)
+    dense = torch.where(flat == 0, torch.tensor(torch.finfo(torch.float32).tiny), flat)
     agent.allreduce(dense.numpy())
     return agent.last_stats.bytes_sent, agent.last_stats.payload_bytes_sent
 

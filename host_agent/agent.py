@@ -34,7 +34,7 @@ from host_agent.blocks import (NONFINITE_BITS, LanePlan, block_absmax_bits, dequ
                                exponent_of_bits, gather_blocks, nonzero_blocks, quant_shift,
                                quantize, scan_float_blocks, scatter_blocks)
 from host_agent.recovery import MIN_RTO, Recovery, RttEstimator, Timer
-from spina import rendezvous, wire
+from spina import log as spina_log, rendezvous, wire
 from spina.net import bind_own_address, grow_buffers
 from spina.config import JobConfig
 
@@ -513,6 +513,9 @@ class Agent:
         self.rounds = np.zeros(job.nslots, np.int64)  # last round used per slot (persist across calls)
         self.call_id = 0
         self.last_stats = CallStats()
+        # every line about this agent's calls: job, call and rank as fields (read when written)
+        self.log = spina_log.bind(log, job=lambda: self.job.job, epoch=lambda: self.job.epoch,
+                                  call=lambda: self.call_id, rank=rank)
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._rx = bytearray(wire.MAX_UDP_PAYLOAD + 1)  # every answer lands here
         self._buffers = _Buffers()
@@ -578,7 +581,7 @@ class Agent:
         self.rounds = np.zeros(job.nslots, np.int64)
         self.call_id = 0
         self._joined = True
-        log.info("rank %d: job %d run with epoch %d", self.rank, job.job, epoch)
+        self.log.info("run with epoch %d", epoch)
 
     def reset(self, job: JobConfig) -> None:
         """Start a new incarnation of the job (after a failure): its epoch must be new.
@@ -673,13 +676,13 @@ class Agent:
     def _accept(self, buf, nbytes, call: _Call):
         """(slot state, header fields) if this answers a round in flight, else None."""
         if nbytes < wire.HEADER_LEN:
-            log.warning("rank %d: ignoring malformed packet: truncated header: %d < %d bytes",
-                        self.rank, nbytes, wire.HEADER_LEN)
+            self.log.warning("ignoring malformed packet: truncated header: %d < %d bytes",
+                             nbytes, wire.HEADER_LEN)
             return None
         t = _UNPACK(buf)
         err = wire.header_error(t, nbytes)
         if err is not None:
-            log.warning("rank %d: ignoring malformed packet: %s", self.rank, err)
+            self.log.warning("ignoring malformed packet: %s", err)
             return None
         job, slots = self.job, call.slots
         s = t[_SLOT] - job.slot_base
@@ -703,11 +706,11 @@ class Agent:
                 select.select((), (self.sock,), (), 0.1)
                 self.sock.sendto(pkt, self.switch)
         except (BlockingIOError, PermissionError, ConnectionRefusedError) as e:
-            log.debug("rank %d: send failed (%s); the timer will resend", self.rank, e)
+            self.log.debug("send failed (%s); the timer will resend", e)
         except OSError as e:
             if e.errno not in (errno.ENOBUFS, errno.EAGAIN, errno.EHOSTUNREACH, errno.ENETUNREACH):
                 raise
-            log.debug("rank %d: send failed (%s); the timer will resend", self.rank, e)
+            self.log.debug("send failed (%s); the timer will resend", e)
 
 
 def _is_torch(x) -> bool:
