@@ -3,14 +3,17 @@ measured alternately in the same run.
 
     python -m bench.switch_profile                           # this tree vs /work/main, 5 rounds
     python -m bench.switch_profile --trees .,../main --repeats 7
+    python -m bench.switch_profile --trees . --loads udp,udp_group   # result multicast
     python -m bench.switch_profile --profile                 # cProfile of this tree only
 
-Two loads, each with 4 workers of one job (56 lanes of 256, `JobConfig`'s defaults), 16 slots:
+Loads (--loads), each with 4 workers of one job (56 lanes of 256, `JobConfig`'s defaults), 16 slots:
   pipeline  Pipeline.process_into over a list of datagrams (no sockets): the Python cost.
   udp       UdpSwitch's serve loop over datagrams queued in its socket beforehand by 4 worker
             sockets on 127.0.0.1 (the switch holds its pipeline lock until they are all queued,
             so it serves them back to back, as under a steady load): Python plus socket calls,
             results sent as in a run (one unicast per worker and round).
+  udp_group the same with UdpSwitch(result_group=...): one datagram per round to a host-local
+            multicast group, 4 member sockets (spina.net.result_group_socket) receiving it.
 Packets are `full` (every lane present) or `sparse` (each worker a random quarter of the
 lanes: the lane-gather paths). Each tree runs in its own child process (PYTHONPATH=tree), the
 trees alternating repeat by repeat; per packet we report wall and process CPU time (CPU
@@ -93,14 +96,28 @@ def measure_pipeline(pkts, repeats: int, prof: cProfile.Profile | None = None) -
     return rows
 
 
-def measure_udp(pkts, repeats: int, prof: cProfile.Profile | None = None, **switch_kw) -> list[dict]:
+RESULT_GROUP = ("239.255.47.1", 47001)
+
+
+def measure_udp_group(pkts, repeats: int, prof: cProfile.Profile | None = None) -> list[dict]:
+    return measure_udp(pkts, repeats, prof, RESULT_GROUP)
+
+
+def measure_udp(pkts, repeats: int, prof: cProfile.Profile | None = None,
+                group: tuple[str, int] | None = None) -> list[dict]:
     from softswitch.udp import UdpSwitch
     from spina.net import bound_udp_socket
     socks = [bound_udp_socket() for _ in range(WORKERS)]
-    for s in socks:
-        s.setblocking(False)
     cfg = _job([s.getsockname() for s in socks])
-    sw = UdpSwitch(port=0, **switch_kw)
+    if group is None:
+        sw = UdpSwitch(port=0)
+        listen = socks
+    else:  # results reach the workers through the group (one member socket each)
+        from spina.net import result_group_socket
+        sw = UdpSwitch(port=0, result_group=group)
+        listen = [result_group_socket(*group) for _ in range(WORKERS)]
+    for s in listen:
+        s.setblocking(False)
     sw.add_job(cfg)
     t = None
     if prof is not None:
@@ -110,7 +127,7 @@ def measure_udp(pkts, repeats: int, prof: cProfile.Profile | None = None, **swit
     else:
         sw.start()
     rows = []
-    results = len(pkts)  # one result per worker and round
+    results = len(pkts) // WORKERS * (1 if group else WORKERS)  # datagrams the switch sends
     try:
         for _ in range(repeats):
             with sw.pipeline.lock:  # the switch waits here while the datagrams queue up
@@ -126,22 +143,25 @@ def measure_udp(pkts, repeats: int, prof: cProfile.Profile | None = None, **swit
             got = sw.packets_out - out0
             assert got == results, f"{got} of {results} results sent"
             received = 0
-            for s in socks:  # drain (and count) what reached the workers
+            for s in listen:  # drain (and count) what reached the workers
                 while True:
                     try:
                         s.recv(1 << 16)
                         received += 1
                     except BlockingIOError:
                         break
-            rows.append(dict(wall_us=1e6 * wall / len(pkts), cpu_us=1e6 * cpu / len(pkts),
-                             received=received))
+            assert received == len(pkts), f"{received} of {len(pkts)} results received"
+            rows.append(dict(wall_us=1e6 * wall / len(pkts), cpu_us=1e6 * cpu / len(pkts)))
     finally:
         sw.stop()
         if t is not None:
             t.join()
-        for s in socks:
+        for s in set(socks + listen):
             s.close()
     return rows
+
+
+LOADS = {"pipeline": measure_pipeline, "udp": measure_udp, "udp_group": measure_udp_group}
 
 
 def child(a) -> None:
@@ -149,7 +169,7 @@ def child(a) -> None:
     for shape in a.shapes.split(","):
         pkts = build_packets(shape, a.rounds)
         for load in a.loads.split(","):
-            fn = measure_pipeline if load == "pipeline" else measure_udp
+            fn = LOADS[load]
             fn(pkts, 1)  # warm-up: first touch of registers and socket buffers
             rows = fn(pkts, a.inner)
             print(json.dumps(dict(load=load, shape=shape, packets=len(pkts), rows=rows)), flush=True)
@@ -159,7 +179,7 @@ def profile(a) -> None:
     for shape in a.shapes.split(","):
         pkts = build_packets(shape, a.rounds)
         for load in a.loads.split(","):
-            fn = measure_pipeline if load == "pipeline" else measure_udp
+            fn = LOADS[load]
             fn(pkts, 1)
             prof = cProfile.Profile(time.thread_time)
             fn(pkts, a.inner, prof)
@@ -198,7 +218,9 @@ def main(argv=None) -> int:
             # This file run by path with only `tree` on sys.path (not bench/, whose profile.py
             # would shadow the standard library's): `tree` supplies softswitch and spina.
             run = f"import runpy; runpy.run_path({os.path.abspath(__file__)!r}, run_name='__main__')"
-            cmd = [sys.executable, "-c", run, "--child", "--loads", a.loads,
+            loads = a.loads.split(",")
+            loads = ",".join(loads if rep % 2 == 0 else loads[::-1])
+            cmd = [sys.executable, "-c", run, "--child", "--loads", loads,
                    "--shapes", a.shapes, "--rounds", str(a.rounds), "--inner", str(a.inner)]
             env = dict(os.environ, PYTHONPATH=tree)
             r = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tree)
@@ -210,19 +232,21 @@ def main(argv=None) -> int:
     with open("/proc/loadavg") as f:
         load = " ".join(f.read().split()[:3])
     print(f"per packet, median [min-max] over {a.repeats} x {a.inner}; load {load}")
+    med = {}
     for load_name in a.loads.split(","):
         for shape in a.shapes.split(","):
-            base = None
             for tree in trees:
                 rows = got[(load_name, shape, tree)]
                 w = [r["wall_us"] for r in rows]
                 c = [r["cpu_us"] for r in rows]
-                med = statistics.median(c)
-                ratio = "" if base is None else f"  cpu ratio {med / base:.2f}"
-                base = med if base is None else base
-                print(f"  {load_name:8s} {shape:6s} {tree}: wall {statistics.median(w):6.1f} us "
-                      f"[{min(w):.1f}-{max(w):.1f}]  cpu {med:6.1f} us [{min(c):.1f}-{max(c):.1f}]"
-                      f"{ratio}")
+                med[load_name, shape, tree] = statistics.median(c)
+                ratios = [f"cpu/{other}[{t}] {med[load_name, shape, tree] / med[other, shape, t]:.2f}"
+                          for other, t in ((load_name, trees[0]), ("udp", tree))
+                          if (other, t) != (load_name, tree) and (other, shape, t) in med
+                          and (load_name == other or load_name == "udp_group")]
+                print(f"  {load_name:9s} {shape:6s} {tree}: wall {statistics.median(w):6.1f} us "
+                      f"[{min(w):.1f}-{max(w):.1f}]  cpu {med[load_name, shape, tree]:6.1f} us "
+                      f"[{min(c):.1f}-{max(c):.1f}]  {'  '.join(ratios)}")
     return 0
 
 

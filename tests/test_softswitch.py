@@ -228,3 +228,112 @@ def test_softswitch_cli_serves_and_stops(tmp_path):
     finally:
         proc.terminate()
         assert proc.wait(timeout=10) == 0
+
+
+# ---------------------------------------------------------------- results to a host-local group
+def _free_udp_port():
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def test_result_group_socket_receives_its_group_only():
+    """A result-group socket gets its group's datagrams, with the sender's address, and not
+    another group's on the same port."""
+    from spina.net import bound_udp_socket, result_group_socket, send_host_local_multicast
+    port = _free_udp_port()
+    mine, theirs = ("239.255.47.3", port), ("239.255.47.4", port)
+    a, b, other = (result_group_socket(*mine), result_group_socket(*mine),
+                   result_group_socket(*theirs))
+    tx = bound_udp_socket()
+    send_host_local_multicast(tx)
+    try:
+        tx.sendto(b"round 1", mine)
+        tx.sendto(b"other group", theirs)
+        for s in (a, b, other):
+            s.settimeout(5)
+        assert a.recvfrom(100) == (b"round 1", tx.getsockname())
+        assert b.recvfrom(100) == (b"round 1", tx.getsockname())
+        assert other.recvfrom(100) == (b"other group", tx.getsockname())
+        for s in (a, b):  # loopback delivers synchronously: a stray copy would be here by now
+            s.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                s.recv(100)
+    finally:
+        for s in (a, b, other, tx):
+            s.close()
+
+
+@pytest.mark.parametrize("group, port, why", [
+    ("127.0.0.1", 47001, "127.0.0.1 is not a multicast address"),
+    ("239.1.2", 47001, "'239.1.2' is not an IPv4 address"),
+    ("239.1.2.3", 0, "0 is not a UDP port"),
+])
+def test_result_group_rejects_bad_addresses(group, port, why):
+    """A result group that is not a multicast address and UDP port is a ConfigError naming it."""
+    from softswitch.udp import UdpSwitch
+    from spina.net import result_group_socket
+    with pytest.raises(ConfigError, match=f"^result_group: {why}"):
+        result_group_socket(group, port)
+    with pytest.raises(ConfigError, match=f"^result_group: {why}"):
+        UdpSwitch(port=0, result_group=(group, port))
+
+
+def test_result_targets_group_replaces_loopback_workers_only():
+    """With a group, loopback workers share one group send; other workers keep their unicast."""
+    from softswitch.udp import result_targets
+    g = ("239.255.47.5", 47001)
+
+    def cfg(*hosts):
+        return [(h, 6000 + r) for r, h in enumerate(hosts)]
+    assert result_targets(cfg("127.0.0.1", "127.0.0.2"), None) == [("127.0.0.1", 6000),
+                                                                   ("127.0.0.2", 6001)]
+    assert result_targets(cfg("127.0.0.1", "127.0.0.2"), g) == [g]
+    assert result_targets(cfg("127.0.0.1", "10.0.0.7", "127.0.0.1", "10.0.0.8"), g) == [
+        g, ("10.0.0.7", 6001), ("10.0.0.8", 6003)]
+    assert result_targets(cfg("10.0.0.7", "10.0.0.8"), g) == [("10.0.0.7", 6000),
+                                                             ("10.0.0.8", 6001)]
+
+
+def test_udp_switch_sends_one_result_datagram_to_the_group():
+    """With result_group a completed round leaves the switch once, to the group: every member
+    gets exactly the pipeline's result from the switch's address, no worker a unicast; a resend
+    to the completed round is still answered by unicast to its sender."""
+    from softswitch.udp import UdpSwitch
+    from spina.net import bound_udp_socket, result_group_socket
+    group = ("239.255.47.6", _free_udp_port())
+    workers = [bound_udp_socket() for _ in range(3)]
+    members = [result_group_socket(*group) for _ in range(3)]
+    cfg = JobConfig(job=5, workers=tuple(WorkerAddr(r, *s.getsockname()) for r, s in enumerate(workers)),
+                    nslots=2, nlanes=2, block_size=4)
+    pkts = [contrib(cfg, r, 1, 1, np.full((2, 4), r + 1, np.int32), nxt=[7 + r, wire.END])
+            for r in range(3)]
+    resend = contrib(cfg, 0, 1, 1, np.full((2, 4), 1, np.int32), nxt=[7, wire.END],
+                     flags=wire.FLAG_RESEND)
+    ref = Pipeline(pool_slots=8, slot_capacity=64)  # the same packets through a bare pipeline
+    ref.add_job(cfg, {r: (0, s.getsockname()) for r, s in enumerate(workers)})
+    expected = [ref.process(p, 0, workers[r].getsockname()) for r, p in enumerate(pkts)][-1][0].data
+    (reply,) = ref.process(resend, 0, workers[0].getsockname())
+    try:
+        with UdpSwitch(port=0, result_group=group, pool_slots=8, slot_capacity=64) as sw:
+            sw.add_job(cfg)
+            for r, p in enumerate(pkts):
+                workers[r].sendto(p, sw.address)
+            for m in members:
+                m.settimeout(5)
+                assert m.recvfrom(1 << 16) == (expected, sw.address)
+            workers[0].sendto(resend, sw.address)
+            workers[0].settimeout(5)
+            assert workers[0].recvfrom(1 << 16) == (reply.data, sw.address)
+            for s in workers + members:
+                s.setblocking(False)
+                with pytest.raises(BlockingIOError):
+                    s.recv(1 << 16)
+        # after the serve loop stopped: it counts a datagram once its send returned
+        assert (sw.packets_in, sw.packets_out) == (4, 2)
+        assert sw.pipeline.job_counters(5) == ref.job_counters(5)
+    finally:
+        for s in workers + members:
+            s.close()
