@@ -96,7 +96,7 @@ def measure_pipeline(pkts, repeats: int, prof: cProfile.Profile | None = None) -
     return rows
 
 
-RESULT_GROUP = ("239.255.47.1", 47001)
+RESULT_GROUP = "239.255.47.1"
 
 
 def measure_udp_group(pkts, repeats: int, prof: cProfile.Profile | None = None) -> list[dict]:
@@ -104,7 +104,7 @@ def measure_udp_group(pkts, repeats: int, prof: cProfile.Profile | None = None) 
 
 
 def measure_udp(pkts, repeats: int, prof: cProfile.Profile | None = None,
-                group: tuple[str, int] | None = None) -> list[dict]:
+                group: str | None = None) -> list[dict]:
     from softswitch.udp import UdpSwitch
     from spina.net import bound_udp_socket
     socks = [bound_udp_socket() for _ in range(WORKERS)]
@@ -115,7 +115,7 @@ def measure_udp(pkts, repeats: int, prof: cProfile.Profile | None = None,
     else:  # results reach the workers through the group (one member socket each)
         from spina.net import result_group_socket
         sw = UdpSwitch(port=0, result_group=group)
-        listen = [result_group_socket(*group) for _ in range(WORKERS)]
+        listen = [result_group_socket(group, sw.address[1]) for _ in range(WORKERS)]
     for s in listen:
         s.setblocking(False)
     sw.add_job(cfg)

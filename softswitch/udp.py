@@ -4,10 +4,11 @@ Workers are identified by their source address (admission table: ingress port 0,
 (host, port)); results go to every worker's registered address. This is the software
 aggregator for users without a P4 switch and the default target of the demo and of CI.
 
-With `result_group=(group, port)` a round's result goes once to that host-local multicast group
-for all the job's workers on loopback addresses (their agents listen on it through
-spina.net.result_group_socket) and by unicast to the others: one send instead of one per
-local worker. Replies to a single sender (stored results, status) stay unicast.
+With `result_group=GROUP` (an IPv4 multicast address) a round's result goes once to
+(GROUP, the switch's own port) for all the job's workers on loopback addresses (their agents
+listen there through spina.net.result_group_socket) and by unicast to the others: one send
+instead of one per local worker. Replies to a single sender (stored results, status) stay
+unicast. The port is the switch's: two switches on one host never reach each other's agents.
 """
 from __future__ import annotations
 
@@ -111,23 +112,26 @@ class UdpSwitch:
         pool_slots / slot_capacity: the register pool's size.
         faults: optional fault injection (tests); with result_group, drop_out loses a group
             datagram for all the local workers at once.
-        result_group: optional (multicast group, UDP port): send each result once to it for
-            all workers on loopback addresses (their agents must listen on the group), instead
-            of one unicast each. Workers elsewhere still get unicasts.
+        result_group: optional IPv4 multicast address: send each result once to (it, this
+            switch's port) for all workers on loopback addresses (their agents must listen
+            there), instead of one unicast each. Workers elsewhere still get unicasts.
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = wire.DEFAULT_UDP_PORT,
                  pool_slots: int = DEFAULT_POOL_SLOTS, slot_capacity: int = DEFAULT_SLOT_CAPACITY,
-                 faults: Faults | None = None, result_group: tuple[str, int] | None = None):
+                 faults: Faults | None = None, result_group: str | None = None):
         self.faults = faults
-        self.result_group = None if result_group is None else parse_result_group(*result_group)
+        if result_group is not None:
+            parse_result_group(result_group, 1)  # a bad address fails before anything is bound
         self.pipeline = Pipeline(pool_slots, slot_capacity)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.bind((host, port))
         grow_buffers(self.sock, 64 << 20)
-        if self.result_group is not None:
-            send_host_local_multicast(self.sock)
         self.address = self.sock.getsockname()
+        self.result_group: tuple[str, int] | None = None  # (group, port) results go to
+        if result_group is not None:
+            send_host_local_multicast(self.sock)
+            self.result_group = parse_result_group(result_group, self.address[1])
         self._dest: dict[int, list[tuple[str, int]]] = {}  # where a job's results go
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

@@ -53,7 +53,7 @@ def bind_own_address(host: str, port: int, field: str) -> socket.socket:
     return sock
 
 
-# Host-local multicast of results (UdpSwitch(result_group=...)): one send of a round's result
+# Host-local multicast of results (softswitch.udp.UdpSwitch(result_group=...)): one send of a round's result
 # reaches every worker on this host; the kernel clones the datagram for each member socket
 # instead of copying the payload once per unicast.
 LOOPBACK = "127.0.0.1"
@@ -84,8 +84,8 @@ def send_host_local_multicast(sock: socket.socket) -> None:
 
 def result_group_socket(group: str, port: int) -> socket.socket:
     """A UDP socket that receives what a switch sends to host-local multicast group
-    (group, port): the results of an agent's rounds, when the switch runs with
-    result_group=(group, port). Every local agent of the job binds the same (group, port).
+    (group, port): the results of an agent's rounds, when the switch at UDP port `port` runs
+    with result_group=group. Every local agent of the switch's jobs binds the same (group, port).
 
     It is bound to the group address itself and IP_MULTICAST_ALL is off, so it receives that
     group's datagrams only (by default Linux also hands a socket on the port every other group

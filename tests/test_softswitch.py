@@ -277,8 +277,9 @@ def test_result_group_rejects_bad_addresses(group, port, why):
     from spina.net import result_group_socket
     with pytest.raises(ConfigError, match=f"^result_group: {why}"):
         result_group_socket(group, port)
-    with pytest.raises(ConfigError, match=f"^result_group: {why}"):
-        UdpSwitch(port=0, result_group=(group, port))
+    if port:  # the switch's group port is its own
+        with pytest.raises(ConfigError, match=f"^result_group: {why}"):
+            UdpSwitch(port=0, result_group=group)
 
 
 def test_result_targets_group_replaces_loopback_workers_only():
@@ -300,12 +301,11 @@ def test_result_targets_group_replaces_loopback_workers_only():
 def test_udp_switch_sends_one_result_datagram_to_the_group():
     """With result_group a completed round leaves the switch once, to the group: every member
     gets exactly the pipeline's result from the switch's address, no worker a unicast; a resend
-    to the completed round is still answered by unicast to its sender."""
+    to the completed round is still answered by unicast to its sender. A second switch with the
+    same group (another port) reaches none of these members."""
     from softswitch.udp import UdpSwitch
     from spina.net import bound_udp_socket, result_group_socket
-    group = ("239.255.47.6", _free_udp_port())
     workers = [bound_udp_socket() for _ in range(3)]
-    members = [result_group_socket(*group) for _ in range(3)]
     cfg = JobConfig(job=5, workers=tuple(WorkerAddr(r, *s.getsockname()) for r, s in enumerate(workers)),
                     nslots=2, nlanes=2, block_size=4)
     pkts = [contrib(cfg, r, 1, 1, np.full((2, 4), r + 1, np.int32), nxt=[7 + r, wire.END])
@@ -316,9 +316,19 @@ def test_udp_switch_sends_one_result_datagram_to_the_group():
     ref.add_job(cfg, {r: (0, s.getsockname()) for r, s in enumerate(workers)})
     expected = [ref.process(p, 0, workers[r].getsockname()) for r, p in enumerate(pkts)][-1][0].data
     (reply,) = ref.process(resend, 0, workers[0].getsockname())
+    other = UdpSwitch(port=0, result_group="239.255.47.6", pool_slots=8, slot_capacity=64)
+    sw = UdpSwitch(port=0, result_group="239.255.47.6", pool_slots=8, slot_capacity=64)
+    assert sw.result_group == ("239.255.47.6", sw.address[1])
+    members = [result_group_socket("239.255.47.6", sw.address[1]) for _ in range(3)]
     try:
-        with UdpSwitch(port=0, result_group=group, pool_slots=8, slot_capacity=64) as sw:
+        with other, sw:
+            other.add_job(cfg)
             sw.add_job(cfg)
+            for r, p in enumerate(pkts):  # the same round through the other switch first
+                workers[r].sendto(p, other.address)
+            deadline = time.monotonic() + 10
+            while other.packets_out < 1 and time.monotonic() < deadline:
+                time.sleep(0.01)  # its result went to (group, other's port): nobody here
             for r, p in enumerate(pkts):
                 workers[r].sendto(p, sw.address)
             for m in members:
@@ -327,12 +337,13 @@ def test_udp_switch_sends_one_result_datagram_to_the_group():
             workers[0].sendto(resend, sw.address)
             workers[0].settimeout(5)
             assert workers[0].recvfrom(1 << 16) == (reply.data, sw.address)
-            for s in workers + members:
-                s.setblocking(False)
-                with pytest.raises(BlockingIOError):
-                    s.recv(1 << 16)
-        # after the serve loop stopped: it counts a datagram once its send returned
+        # both serve loops have stopped: every send is done (and counted once it returned)
+        for s in workers + members:
+            s.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                s.recv(1 << 16)
         assert (sw.packets_in, sw.packets_out) == (4, 2)
+        assert (other.packets_in, other.packets_out) == (3, 1)
         assert sw.pipeline.job_counters(5) == ref.job_counters(5)
     finally:
         for s in workers + members:
