@@ -3,7 +3,6 @@ measured alternately in the same run.
 
     python -m bench.switch_profile                           # this tree vs /work/main, 5 rounds
     python -m bench.switch_profile --trees .,../main --repeats 7
-    python -m bench.switch_profile --trees . --loads udp,udp_group   # result multicast
     python -m bench.switch_profile --profile                 # cProfile of this tree only
 
 Loads (--loads), each with 4 workers of one job (56 lanes of 256, `JobConfig`'s defaults), 16 slots:
@@ -12,8 +11,6 @@ Loads (--loads), each with 4 workers of one job (56 lanes of 256, `JobConfig`'s 
             sockets on 127.0.0.1 (the switch holds its pipeline lock until they are all queued,
             so it serves them back to back, as under a steady load): Python plus socket calls,
             results sent as in a run (one unicast per worker and round).
-  udp_group the same with UdpSwitch(result_group=...): one datagram per round to a host-local
-            multicast group, 4 member sockets (spina.net.result_group_socket) receiving it.
 Packets are `full` (every lane present) or `sparse` (each worker a random quarter of the
 lanes: the lane-gather paths). Each tree runs in its own child process (PYTHONPATH=tree), the
 trees alternating repeat by repeat; per packet we report wall and process CPU time (CPU
@@ -96,28 +93,14 @@ def measure_pipeline(pkts, repeats: int, prof: cProfile.Profile | None = None) -
     return rows
 
 
-RESULT_GROUP = "239.255.47.1"
-
-
-def measure_udp_group(pkts, repeats: int, prof: cProfile.Profile | None = None) -> list[dict]:
-    return measure_udp(pkts, repeats, prof, RESULT_GROUP)
-
-
-def measure_udp(pkts, repeats: int, prof: cProfile.Profile | None = None,
-                group: str | None = None) -> list[dict]:
+def measure_udp(pkts, repeats: int, prof: cProfile.Profile | None = None) -> list[dict]:
     from softswitch.udp import UdpSwitch
     from spina.net import bound_udp_socket
     socks = [bound_udp_socket() for _ in range(WORKERS)]
-    cfg = _job([s.getsockname() for s in socks])
-    if group is None:
-        sw = UdpSwitch(port=0)
-        listen = socks
-    else:  # results reach the workers through the group (one member socket each)
-        from spina.net import result_group_socket
-        sw = UdpSwitch(port=0, result_group=group)
-        listen = [result_group_socket(group, sw.address[1]) for _ in range(WORKERS)]
-    for s in listen:
+    for s in socks:
         s.setblocking(False)
+    cfg = _job([s.getsockname() for s in socks])
+    sw = UdpSwitch(port=0)
     sw.add_job(cfg)
     t = None
     if prof is not None:
@@ -127,7 +110,7 @@ def measure_udp(pkts, repeats: int, prof: cProfile.Profile | None = None,
     else:
         sw.start()
     rows = []
-    results = len(pkts) // WORKERS * (1 if group else WORKERS)  # datagrams the switch sends
+    results = len(pkts)  # datagrams the switch sends: one per worker and round
     try:
         for _ in range(repeats):
             with sw.pipeline.lock:  # the switch waits here while the datagrams queue up
@@ -143,7 +126,7 @@ def measure_udp(pkts, repeats: int, prof: cProfile.Profile | None = None,
             got = sw.packets_out - out0
             assert got == results, f"{got} of {results} results sent"
             received = 0
-            for s in listen:  # drain (and count) what reached the workers
+            for s in socks:  # drain (and count) what reached the workers
                 while True:
                     try:
                         s.recv(1 << 16)
@@ -156,12 +139,12 @@ def measure_udp(pkts, repeats: int, prof: cProfile.Profile | None = None,
         sw.stop()
         if t is not None:
             t.join()
-        for s in set(socks + listen):
+        for s in socks:
             s.close()
     return rows
 
 
-LOADS = {"pipeline": measure_pipeline, "udp": measure_udp, "udp_group": measure_udp_group}
+LOADS = {"pipeline": measure_pipeline, "udp": measure_udp}
 
 
 def child(a) -> None:
@@ -240,13 +223,11 @@ def main(argv=None) -> int:
                 w = [r["wall_us"] for r in rows]
                 c = [r["cpu_us"] for r in rows]
                 med[load_name, shape, tree] = statistics.median(c)
-                ratios = [f"cpu/{other}[{t}] {med[load_name, shape, tree] / med[other, shape, t]:.2f}"
-                          for other, t in ((load_name, trees[0]), ("udp", tree))
-                          if (other, t) != (load_name, tree) and (other, shape, t) in med
-                          and (load_name == other or load_name == "udp_group")]
+                base = med[load_name, shape, trees[0]]
+                ratio = "" if tree == trees[0] else f"cpu {med[load_name, shape, tree] / base:.2f}x the first tree's"
                 print(f"  {load_name:9s} {shape:6s} {tree}: wall {statistics.median(w):6.1f} us "
                       f"[{min(w):.1f}-{max(w):.1f}]  cpu {med[load_name, shape, tree]:6.1f} us "
-                      f"[{min(c):.1f}-{max(c):.1f}]  {'  '.join(ratios)}")
+                      f"[{min(c):.1f}-{max(c):.1f}]  {ratio}")
     return 0
 
 

@@ -3,16 +3,9 @@
 Workers are identified by their source address (admission table: ingress port 0, source
 (host, port)); results go to every worker's registered address. This is the software
 aggregator for users without a P4 switch and the default target of the demo and of CI.
-
-With `result_group=GROUP` (an IPv4 multicast address) a round's result goes once to
-(GROUP, the switch's own port) for all the job's workers on loopback addresses (their agents
-listen there through spina.net.result_group_socket) and by unicast to the others: one send
-instead of one per local worker. Replies to a single sender (stored results, status) stay
-unicast. The port is the switch's: two switches on one host never reach each other's agents.
 """
 from __future__ import annotations
 
-import ipaddress
 import logging
 import random
 import select
@@ -25,7 +18,7 @@ from typing import Callable
 from softswitch.pipeline import DEFAULT_POOL_SLOTS, DEFAULT_SLOT_CAPACITY, Pipeline
 from spina import wire
 from spina.config import JobConfig
-from spina.net import grow_buffers, parse_result_group, send_host_local_multicast
+from spina.net import grow_buffers
 
 log = logging.getLogger("spina.softswitch")
 
@@ -93,46 +86,25 @@ class Faults:
         return False
 
 
-def result_targets(dest: list[tuple[str, int]],
-                   group: tuple[str, int] | None) -> list[tuple[str, int]]:
-    """Where a round's result goes, given the job's worker addresses `dest`: each of them, or
-    with a result group the group once for the workers on loopback addresses (they share this
-    host) and each other worker's address."""
-    if group is None:
-        return dest
-    remote = [d for d in dest if not ipaddress.IPv4Address(d[0]).is_loopback]
-    return dest if len(remote) == len(dest) else [group] + remote
-
-
 class UdpSwitch:
     """Software switch on a UDP socket. `serve_forever()` or `start()` (a thread).
 
     Args:
         host, port: where to listen (port 0 picks a free one; see `.address`).
         pool_slots / slot_capacity: the register pool's size.
-        faults: optional fault injection (tests); with result_group, drop_out loses a group
-            datagram for all the local workers at once.
-        result_group: optional IPv4 multicast address: send each result once to (it, this
-            switch's port) for all workers on loopback addresses (their agents must listen
-            there), instead of one unicast each. Workers elsewhere still get unicasts.
+        faults: optional fault injection (tests).
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = wire.DEFAULT_UDP_PORT,
                  pool_slots: int = DEFAULT_POOL_SLOTS, slot_capacity: int = DEFAULT_SLOT_CAPACITY,
-                 faults: Faults | None = None, result_group: str | None = None):
+                 faults: Faults | None = None):
         self.faults = faults
-        if result_group is not None:
-            parse_result_group(result_group, 1)  # a bad address fails before anything is bound
         self.pipeline = Pipeline(pool_slots, slot_capacity)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.bind((host, port))
         grow_buffers(self.sock, 64 << 20)
         self.address = self.sock.getsockname()
-        self.result_group: tuple[str, int] | None = None  # (group, port) results go to
-        if result_group is not None:
-            send_host_local_multicast(self.sock)
-            self.result_group = parse_result_group(result_group, self.address[1])
-        self._dest: dict[int, list[tuple[str, int]]] = {}  # where a job's results go
+        self._dest: dict[int, list[tuple[str, int]]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.packets_in = 0
@@ -145,8 +117,7 @@ class UdpSwitch:
         sources = {w.rank: (UDP_PORT_ID, (w.host, w.port)) for w in cfg.workers}
         with self.pipeline.lock:
             self.pipeline.add_job(cfg, sources)
-            self._dest[cfg.job] = result_targets([(w.host, w.port) for w in cfg.workers],
-                                                  self.result_group)
+            self._dest[cfg.job] = [(w.host, w.port) for w in cfg.workers]
 
     def remove_job(self, job: int) -> None:
         with self.pipeline.lock:

@@ -6,7 +6,6 @@ import errno
 import ipaddress
 import os
 import socket
-import struct
 
 from spina.config import ConfigError
 
@@ -50,60 +49,6 @@ def bind_own_address(host: str, port: int, field: str) -> socket.socket:
             raise ConfigError(f"{field}: {host} is not an address of this host "
                               "(bind only the worker's own address)") from None
         raise OSError(e.errno, f"{field}: {host}:{port}: {e.strerror}") from None
-    return sock
-
-
-# Host-local multicast of results (softswitch.udp.UdpSwitch(result_group=...)): one send of a round's result
-# reaches every worker on this host; the kernel clones the datagram for each member socket
-# instead of copying the payload once per unicast.
-LOOPBACK = "127.0.0.1"
-_IP_MULTICAST_ALL = getattr(socket, "IP_MULTICAST_ALL", 49)  # Linux; absent from Python's socket
-
-
-def parse_result_group(group: str, port: int, field: str = "result_group") -> tuple[str, int]:
-    """(group, port) checked: an IPv4 multicast address and a UDP port, else a ConfigError
-    naming `field`."""
-    try:
-        addr = ipaddress.IPv4Address(group)
-    except ValueError:
-        raise ConfigError(f"{field}: {group!r} is not an IPv4 address") from None
-    if not addr.is_multicast:
-        raise ConfigError(f"{field}: {group} is not a multicast address (224.0.0.0/4)")
-    if not 0 < port < 1 << 16:
-        raise ConfigError(f"{field}: {port} is not a UDP port (1..65535)")
-    return str(addr), port
-
-
-def send_host_local_multicast(sock: socket.socket) -> None:
-    """Let `sock` send to multicast groups on the loopback interface only: TTL 0 keeps every
-    datagram on this host, and loop-back delivers it to this host's member sockets."""
-    sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(LOOPBACK))
-    sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 0)
-    sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, 1)
-
-
-def result_group_socket(group: str, port: int) -> socket.socket:
-    """A UDP socket that receives what a switch sends to host-local multicast group
-    (group, port): the results of an agent's rounds, when the switch at UDP port `port` runs
-    with result_group=group. Every local agent of the switch's jobs binds the same (group, port).
-
-    It is bound to the group address itself and IP_MULTICAST_ALL is off, so it receives that
-    group's datagrams only (by default Linux also hands a socket on the port every other group
-    any process joined). The sender is not vetted here: the agent takes a result only from the
-    switch's address, as on its unicast socket.
-    """
-    group, port = parse_result_group(group, port)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # shared by the local agents
-        sock.setsockopt(socket.IPPROTO_IP, _IP_MULTICAST_ALL, 0)
-        sock.bind((group, port))
-        sock.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP,
-                        struct.pack("4s4s", socket.inet_aton(group), socket.inet_aton(LOOPBACK)))
-        grow_buffers(sock)
-    except OSError:
-        sock.close()
-        raise
     return sock
 
 
