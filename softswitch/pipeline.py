@@ -20,7 +20,9 @@ Per slot and shadow copy (idx = slot*2 + (round & 1)):
 """
 from __future__ import annotations
 
+import itertools
 import logging
+import struct
 import threading
 from dataclasses import dataclass
 
@@ -40,8 +42,16 @@ FLAG_RESEND, FLAG_LOSS_TOLERANT, FLAG_LAST = wire.FLAG_RESEND, wire.FLAG_LOSS_TO
 FLAG_PARTIAL, FLAG_MISMATCH = wire.FLAG_PARTIAL, wire.FLAG_MISMATCH
 _UNPACK, _PACK_INTO = wire.HEADER_STRUCT.unpack_from, wire.HEADER_STRUCT.pack_into
 _header_error = wire.header_error
-_FLAGS, _NLANES, _BLOCK_SIZE = (wire.FIELD_INDEX[f] for f in ("flags", "nlanes", "block_size"))
+# Positions of the header fields in HEADER_STRUCT's tuple, by name (spina/wire.py's order).
+(_MSG_TYPE, _FLAGS, _JOB, _EPOCH, _SLOT, _RANK, _NLANES, _ROUND, _LENGTH, _BLOCK_SIZE, _EXPONENT,
+ _BITMAP, _PRESENT, _NONFINITE) = (wire.FIELD_INDEX[f] for f in (
+    "msg_type", "flags", "job", "epoch", "slot", "rank", "nlanes", "round", "length",
+    "block_size", "exponent", "bitmap", "present", "nonfinite"))
 _DROP = (0, False, None)
+# Byte offsets of the fields congestion_drop reads from an outgoing packet.
+_OFFSET = dict(zip(wire.FIELD_NAMES, itertools.accumulate(
+    (struct.calcsize(">" + code) for _, code, _ in wire.HEADER_FIELDS), initial=0)))
+_FLAGS_AT, _JOB_AT = _OFFSET["flags"], _OFFSET["job"]
 
 # Register, table and counter names live in spina/spec.py (imported above); the P4
 # program declares the same (tests/test_p4_agreement.py checks it).
@@ -132,7 +142,8 @@ class Pipeline:
         self._c_aggregated = c["job_aggregated"].data
         self._c_malformed = c["port_malformed"].data
         self._c_unadmitted = c["port_unadmitted"].data
-        self._view_cache: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
+        # Per slot copy: (nlanes, block_size, values view, next view) of the last shape used.
+        self._view_cache: list[tuple | None] = [None] * n
 
     # ---------------------------------------------------------------- control plane
     def add_job(self, cfg: JobConfig, sources: dict[int, tuple[int, object]],
@@ -205,10 +216,11 @@ class Pipeline:
         err = _header_error(t, size)
         if err is not None:
             return self._malformed(port, src, err)
-        (_, msg_type, flags, _, job, epoch, _, slot, rank, k, rnd, length, bs, exponent, _,
-         present, nonfinite) = t
+        msg_type = t[_MSG_TYPE]
         if msg_type != MSG_CONTRIB:
             return self._malformed(port, src, f"hosts send contributions only, not type {msg_type}")
+        job, rank, slot = t[_JOB], t[_RANK], t[_SLOT]
+        k, bs = t[_NLANES], t[_BLOCK_SIZE]
         adm = self.admission.get((port, src, job, rank))
         if (adm is None or not adm.slot_base <= slot < adm.slot_base + adm.nslots
                 or k != adm.nlanes or bs != adm.block_size):
@@ -216,10 +228,11 @@ class Pipeline:
             log.debug("drop unadmitted from %s: job %d rank %d slot %d", src, job, rank, slot)
             return _DROP
         self._c_received[job] += 1
-        if epoch != adm.epoch:
+        if t[_EPOCH] != adm.epoch:
             self._c_stale[job] += 1
             return _DROP
 
+        rnd, flags = t[_ROUND], t[_FLAGS]
         idx = 2 * slot + (rnd & 1)
         # slot_round: a newer round resets this copy, an older one is stale.
         delta = (rnd - self._r_round[idx] + (1 << 31)) % (1 << 32) - (1 << 31)
@@ -251,8 +264,12 @@ class Pipeline:
                 self._c_results[job] += nworkers
                 return self._result_into(out, t, idx, 0), True, adm
             # STATUS: the sender's header and next positions, with the round's bitmap.
-            _PACK_INTO(out, 0, t[0], MSG_STATUS, flags & ~(FLAG_LAST | FLAG_PARTIAL), t[3], job,
-                       epoch, t[6], slot, rank, k, rnd, length, bs, exponent, old_bitmap, 0, 0)
+            f = list(t)
+            f[_MSG_TYPE] = MSG_STATUS
+            f[_FLAGS] = flags & ~(FLAG_LAST | FLAG_PARTIAL)
+            f[_BITMAP] = old_bitmap
+            f[_PRESENT] = f[_NONFINITE] = 0
+            _PACK_INTO(out, 0, *f)
             n = HLEN + 4 * k
             out[HLEN:n] = pkt[HLEN:n]
             return n, False, adm
@@ -260,8 +277,12 @@ class Pipeline:
         count = old_count + 1
         self._r_count[idx] = count
 
-        vals, slot_next = self._views(idx, k, bs)
+        got = self._view_cache[idx]
+        if got is None or got[0] != k or got[1] != bs:
+            got = self._views(idx, k, bs)
+        vals, slot_next = got[2], got[3]
         nxt = np.frombuffer(pkt, NEXT_DTYPE, k, HLEN)
+        present, nonfinite, exponent, length = t[_PRESENT], t[_NONFINITE], t[_EXPONENT], t[_LENGTH]
         full = (1 << k) - 1
         if present:
             data = np.frombuffer(pkt, DATA_DTYPE, (size - HLEN) // 4 - k, HLEN + 4 * k).reshape(-1, bs)
@@ -307,14 +328,13 @@ class Pipeline:
         log.debug("drop malformed from %s: %s", src, why)
         return _DROP
 
-    def _views(self, idx: int, k: int, bs: int) -> tuple[np.ndarray, np.ndarray]:
-        """(k, bs) view of slot_values and (k,) view of slot_next at copy `idx` (cached)."""
-        key = (idx, k, bs)
-        got = self._view_cache.get(key)
-        if got is None:
+    def _views(self, idx: int, k: int, bs: int) -> tuple[int, int, np.ndarray, np.ndarray]:
+        """(k, bs, (k, bs) view of slot_values, (k,) view of slot_next) at copy `idx` (cached)."""
+        got = self._view_cache[idx]
+        if got is None or got[0] != k or got[1] != bs:
             r = self.registers
-            got = (r["slot_values"][idx, :k * bs].reshape(k, bs), r["slot_next"][idx, :k])
-            self._view_cache[key] = got
+            got = (k, bs, r["slot_values"][idx, :k * bs].reshape(k, bs), r["slot_next"][idx, :k])
+            self._view_cache[idx] = got
         return got
 
     def _result_into(self, out, t: tuple, idx: int, extra_flags: int) -> int:
@@ -322,11 +342,16 @@ class Pipeline:
         `out`; return its length."""
         k, bs = t[_NLANES], t[_BLOCK_SIZE]
         present = self._r_present[idx]
-        _PACK_INTO(out, 0, t[0], MSG_RESULT,
-                   self._r_flags[idx] | (t[_FLAGS] & FLAG_LOSS_TOLERANT) | extra_flags,
-                   t[3], t[4], t[5], t[6], t[7], t[8], k, t[10], self._r_length[idx], bs,
-                   self._r_exponent[idx], self._r_bitmap[idx], present, self._r_nonfinite[idx])
-        vals, slot_next = self._views(idx, k, bs)
+        f = list(t)  # the request's identity (version, priority, job ... round); the rest is the slot's
+        f[_MSG_TYPE] = MSG_RESULT
+        f[_FLAGS] = self._r_flags[idx] | (t[_FLAGS] & FLAG_LOSS_TOLERANT) | extra_flags
+        f[_LENGTH] = self._r_length[idx]
+        f[_EXPONENT] = self._r_exponent[idx]
+        f[_BITMAP] = self._r_bitmap[idx]
+        f[_PRESENT] = present
+        f[_NONFINITE] = self._r_nonfinite[idx]
+        _PACK_INTO(out, 0, *f)
+        _, _, vals, slot_next = self._views(idx, k, bs)
         np.frombuffer(out, NEXT_DTYPE, k, HLEN)[:] = slot_next
         if not present:
             return HLEN + 4 * k
@@ -343,8 +368,9 @@ class Pipeline:
 
         P4: SpinaEgress's priority/drop control, on `standard_metadata.enq_qdepth`.
         """
-        if qdepth > self.qdepth_threshold and data[2] & wire.FLAG_LOSS_TOLERANT:
-            self.counters["job_congestion_drops"][(data[4] << 8) | data[5]] += 1
+        if qdepth > self.qdepth_threshold and data[_FLAGS_AT] & wire.FLAG_LOSS_TOLERANT:
+            job = int.from_bytes(data[_JOB_AT:_JOB_AT + 2], "big")
+            self.counters["job_congestion_drops"][job] += 1
             return True
         return False
 

@@ -2,6 +2,7 @@
 
 Run just this file: .venv/bin/python -m pytest tests/test_softswitch.py
 """
+import dataclasses
 import json
 import socket
 import subprocess
@@ -228,3 +229,62 @@ def test_softswitch_cli_serves_and_stops(tmp_path):
     finally:
         proc.terminate()
         assert proc.wait(timeout=10) == 0
+
+
+def test_udp_switch_serves_a_queued_burst_like_the_pipeline():
+    """Datagrams of two jobs queued while the switch is busy, with a malformed one among them,
+    are served back to back: each worker gets exactly the bare pipeline's packets, in order,
+    and the counters match."""
+    from softswitch.udp import UDP_PORT_ID, UdpSwitch
+    from spina.net import bound_udp_socket
+    socks = [bound_udp_socket() for _ in range(4)]
+    addrs = [s.getsockname() for s in socks]
+    jobs = [JobConfig(job=j, workers=tuple(WorkerAddr(r, *addrs[2 * i + r]) for r in range(2)),
+                      slot_base=2 * i, nslots=2, nlanes=2, block_size=4)
+            for i, j in enumerate((1, 2))]
+    burst = []  # (sender index, datagram)
+    for rnd in (1, 2):
+        for i, cfg in enumerate(jobs):
+            for r in range(2):
+                burst.append((2 * i + r, contrib(cfg, r, cfg.slot_base + 1, rnd,
+                                                 np.full((2, 4), 10 * rnd + r, np.int32))))
+    burst.insert(3, (1, burst[1][1][:-1]))  # truncated body: malformed
+    burst.append((0, burst[0][1]))  # a late duplicate of round 1: its stored result, unicast
+    burst.append((0, contrib(dataclasses.replace(jobs[0], epoch=0), 0, 1, 3)))  # stale epoch
+    burst.append((2, contrib(jobs[1], 0, 3, 2, np.full((2, 4), 20, np.int32),
+                             flags=wire.FLAG_RESEND)))  # a resend to the completed round 2
+    ref = Pipeline(pool_slots=8, slot_capacity=64)
+    for cfg in jobs:
+        ref.add_job(cfg, {w.rank: (UDP_PORT_ID, (w.host, w.port)) for w in cfg.workers})
+    expected = {a: [] for a in addrs}
+    for who, pkt in burst:
+        for e in ref.process(pkt, UDP_PORT_ID, addrs[who]):
+            cfg = jobs[e.job - 1]
+            for dst in ([(w.host, w.port) for w in cfg.workers] if e.multicast else [addrs[who]]):
+                expected[dst].append(e.data)
+    assert sum(map(len, expected.values())) == 10  # 2 rounds x 2 jobs x 2 workers + 2 replies
+    try:
+        with UdpSwitch(port=0, pool_slots=8, slot_capacity=64) as sw:
+            for cfg in jobs:
+                sw.add_job(cfg)
+            with sw.pipeline.lock:  # the serve loop waits here until the whole burst is queued
+                for who, pkt in burst:
+                    socks[who].sendto(pkt, sw.address)
+            for s, a in zip(socks, addrs):
+                s.settimeout(5)
+                assert [s.recvfrom(1 << 16) for _ in expected[a]] == [(d, sw.address)
+                                                                      for d in expected[a]]
+        assert (sw.packets_in, sw.packets_out) == (len(burst), 10)
+        for j in (1, 2):
+            assert sw.pipeline.job_counters(j) == ref.job_counters(j)
+        assert sw.pipeline.port_counters(0) == ref.port_counters(0)
+        assert ref.port_counters(0)["port_malformed"] == 1
+        assert ref.job_counters(1)["job_stale"] == ref.job_counters(1)["job_duplicates"] == 1
+        assert ref.job_counters(2)["job_duplicates"] == 1
+        for s in socks:
+            s.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                s.recv(1 << 16)
+    finally:
+        for s in socks:
+            s.close()
