@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from spina.spec import (JOB_COUNTERS, MAX_JOBS, MAX_PORTS, PORT_COUNTERS,  # noqa: F401
-                             QDEPTH_NEVER, REGISTER_NAMES as REGISTERS, TABLES)
+from spina.spec import (DEFAULT_SLOT_CAPACITY, JOB_COUNTERS, MAX_JOBS,  # noqa: F401
+                        MAX_PORTS, PORT_COUNTERS, QDEPTH_NEVER, REGISTER_NAMES as REGISTERS, TABLES)
 from spina import wire
 from spina.config import ConfigError, JobConfig
 
@@ -56,7 +56,6 @@ _FLAGS_AT, _JOB_AT = _OFFSET["flags"], _OFFSET["job"]
 # Register, table and counter names live in spina/spec.py (imported above); the P4
 # program declares the same (tests/test_p4_agreement.py checks it).
 DEFAULT_POOL_SLOTS = 256
-DEFAULT_SLOT_CAPACITY = 64 * 256  # elements per slot copy: 64 lanes of 256
 MAX_POOL_SLOTS = 1 << 16  # the header's slot field is 16 bits
 MAX_REGISTER_BYTES = 4 << 30  # a bound on the slot registers' memory, against typos
 
