@@ -15,6 +15,8 @@ length?), workers, block_size, nlanes. The methods:
 
   spina           SpINA all-reduce in place through the software switch
                   (softswitch.udp.UdpSwitch in a process of its own, all on 127.0.0.1);
+  spina_blocks    the same, the caller passing its non-zero blocks (Agent.allreduce(blocks=),
+                  computed before the timer: what a DDP hook that knows them does);
   gloo_allreduce  torch.distributed gloo all_reduce of the dense tensor, in place;
   gloo_allgather  gloo all_gather of (int32 index, float32 value) of the non-zero elements,
                   then a local index_add_ (the sparse all-reduce users write by hand).

@@ -11,6 +11,9 @@ alternate which goes first), each call between two barriers, and only the collec
 inside the timed region:
 
   spina           Agent.allreduce(buf, inplace=True)
+  spina_blocks    the same with blocks= the worker's non-zero blocks, computed before the
+                  timer: a caller that knows them (embedding rows, a compressor's selection)
+                  skips the agent's scan of the whole tensor
   gloo_allreduce  dist.all_reduce(t), t sharing buf's memory (in place, as DDP calls it)
   gloo_allgather  all_gather of (int32 index, float32 value) of buf's non-zeros, then a local
                   index_add_ into a new tensor: the sparse all-reduce users write by hand
@@ -38,13 +41,14 @@ from datetime import timedelta
 
 import numpy as np
 
+from host_agent.blocks import nonzero_blocks
 from bench.procs import (Point, check_result, cpu_seconds, expected_sum, make_tensor,
                          measure_memory, switch_main)
 
-METHODS = ("spina", "gloo_allreduce", "gloo_allgather")
+METHODS = ("spina", "spina_blocks", "gloo_allreduce", "gloo_allgather")
 OLD_TIMING = ("spina_alloc", "gloo_allreduce_clone")
 ALL_METHODS = METHODS + OLD_TIMING
-SPINA_METHODS = ("spina", "spina_alloc")
+SPINA_METHODS = ("spina", "spina_blocks", "spina_alloc")
 CHILD_TIMEOUT = 900.0  # seconds a child may take before the run is declared hung
 
 
@@ -152,7 +156,9 @@ def measure_point(rank: int, req: Request, agent, dist, torch, barrier) -> dict:
     dev_bytes = None
     if req.count_dev:
         from bench.net_topo import dev_bytes
+    known = nonzero_blocks(x, p.block_size)  # what a caller that knows its blocks passes
     calls = {"spina": lambda: agent.allreduce(buf, inplace=True),
+             "spina_blocks": lambda: agent.allreduce(buf, inplace=True, blocks=known),
              "gloo_allreduce": lambda: (dist.all_reduce(t), buf)[1],
              "gloo_allgather": lambda: gloo_allgather_sum(t, p.workers, dist, torch).numpy(),
              "spina_alloc": lambda: agent.allreduce(buf),

@@ -206,6 +206,10 @@ class _Call:
         which of them hold NaN/Inf. Only the hinted `blocks` are looked at if given. In place,
         blocks of zeros with some -0.0 (not sent) become +0.0, as every rank's sum reads."""
         flat, B = self.flat, self.B
+        if blocks is not None and 3 * len(blocks) > -(-len(flat) // B):
+            # Gathering a third of the tensor or more costs more than one pass over all of
+            # it; a correct hint leaves every other block zero, so the scan finds the same.
+            blocks, dense = None, True
         rows = None if blocks is None else gather_blocks(flat, blocks, B)
         if self.integer:
             if rows is None:
