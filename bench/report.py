@@ -161,29 +161,21 @@ def targets(rows) -> list[str]:
                    f"≤ {limit:g}×: **{'met' if q[0] <= limit else 'NOT met'}** (median); "
                    f"load {_fmt_load(s)}")
     fixed = {float(next(iter(d.values()))["elements"]): d for d in _by_point(rows, "fixed_nnz")}
-    if fixed and "spina" in fixed.get(min(fixed, key=lambda e: abs(e - 25e6)), {}):
-        small = fixed[min(fixed, key=lambda e: abs(e - 25e6))]["spina"]
-        big = fixed[max(fixed)].get("spina")
-        if big is not None and big is not small:
-            q = unpaired(big, small)
-            cpu = float(big["cpu_s_per_worker"]) / float(small["cpu_s_per_worker"])
-            out.append(f"- **cost follows the non-zero bytes**: SpINA at "
-                       f"{_fmt_axis('fixed_nnz', big)} / at {_fmt_axis('fixed_nnz', small)} = "
-                       f"{_fmt_q(q)}; target ≤ {TARGET_SCALING:g}×: "
-                       f"**{'met' if q[0] <= TARGET_SCALING else 'NOT met'}** (median); load "
-                       f"{_fmt_load(big)} and {_fmt_load(small)} (different points, not paired: "
-                       f"load moves this ratio; CPU s per worker and call: {cpu:.2f}×)")
-        kb = fixed[min(fixed, key=lambda e: abs(e - 25e6))].get("spina_blocks")
-        bb = fixed[max(fixed)].get("spina_blocks")
-        if kb is not None and bb is not None and bb is not kb:
-            q = unpaired(bb, kb)
-            cpu = float(bb["cpu_s_per_worker"]) / float(kb["cpu_s_per_worker"])
-            out.append(f"- **cost follows the non-zero bytes, blocks passed by the caller** "
-                       f"(spina_blocks): {_fmt_axis('fixed_nnz', bb)} / "
-                       f"{_fmt_axis('fixed_nnz', kb)} = {_fmt_q(q)}; target ≤ "
-                       f"{TARGET_SCALING:g}×: **{'met' if q[0] <= TARGET_SCALING else 'NOT met'}** "
-                       f"(median); load {_fmt_load(bb)} and {_fmt_load(kb)}; CPU s per worker "
-                       f"and call: {cpu:.2f}×")
+    for m, how in (("spina", ""), ("spina_blocks", ", blocks passed by the caller (spina_blocks)")):
+        if not fixed:
+            break
+        small = fixed[min(fixed, key=lambda e: abs(e - 25e6))].get(m)
+        big = fixed[max(fixed)].get(m)
+        if small is None or big is None or big is small:
+            continue
+        q = unpaired(big, small)
+        cpu = float(big["cpu_s_per_worker"]) / float(small["cpu_s_per_worker"])
+        out.append(f"- **cost follows the non-zero bytes**{how}: SpINA at "
+                   f"{_fmt_axis('fixed_nnz', big)} / at {_fmt_axis('fixed_nnz', small)} = "
+                   f"{_fmt_q(q)}; target ≤ {TARGET_SCALING:g}×: "
+                   f"**{'met' if q[0] <= TARGET_SCALING else 'NOT met'}** (median); load "
+                   f"{_fmt_load(big)} and {_fmt_load(small)} (different points, not paired: "
+                   f"load moves this ratio; CPU s per worker and call: {cpu:.2f}×)")
     return out + [""]
 
 
