@@ -71,6 +71,14 @@ def _interface(text: str) -> tuple[int, str]:
     return int(port), name
 
 
+def _queue_rate(text: str) -> tuple[int, int]:
+    port, sep, pps = text.partition(":")
+    if not sep or not port.isdigit() or not pps.isdigit() or int(pps) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected PORT:PPS with a rate of at least "
+                                         "1 packet a second, e.g. 2:50000")
+    return int(port), int(pps)
+
+
 def _pool_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pool-slots", type=cli.int_range(1, MAX_POOL_SLOTS),
                    default=DEFAULT_POOL_SLOTS,
@@ -183,6 +191,11 @@ def _parser() -> argparse.ArgumentParser:
                     "softswitch/README.md.")
     l2.add_argument("-i", "--interface", action="append", type=_interface, required=True,
                     metavar="PORT@IF", help="switch port number and interface; repeatable")
+    l2.add_argument("--queue-rate", action="append", type=_queue_rate, default=[],
+                    metavar="PORT:PPS",
+                    help="limit each priority queue of egress port PORT to PPS frames a second "
+                         "(BMv2's set_queue_rate; softswitch/egress.py): frames then queue by "
+                         "priority and enq_qdepth is measured; repeatable; default: no limit")
     l2.add_argument("--config", metavar="FILE",
                     help="switch config (JSON/YAML): endpoints, l2, routes, jobs, "
                          "qdepth_threshold")
@@ -222,7 +235,13 @@ def main(argv=None) -> int:
             dp, on_change = Dataplane(args.pool_slots, args.slot_capacity), None
             if args.config:
                 program_from_config(dp, args.config, args.device_id)
-            sw = L2Switch(dict(args.interface), dp)
+            ports = dict(args.interface)
+            for port, pps in args.queue_rate:
+                if port not in ports:
+                    raise ConfigError(f"argument --queue-rate: port {port} is not a switch port "
+                                      f"(-i gives {', '.join(map(str, sorted(ports)))})")
+                dp.set_queue_rate(port, pps)
+            sw = L2Switch(ports, dp)
             print("switching " + " ".join(f"{p}@{i}" for p, i in args.interface), flush=True)
         if args.metrics:
             from softswitch.metrics import serve_metrics

@@ -124,6 +124,11 @@ SOFTSWITCH_CASES = [
     (["l2", "-i", "1@lo", "--config", "l2_not_map.json"], "l2_not_map.json"),
     (["l2", "-i", "1@lo", "--config", "l2_mtu_str.json"], "mtu"),
     (["l2", "-i", "lo"], "--interface"),
+    (["l2", "-i", "1@lo", "--queue-rate", "1"], "--queue-rate"),
+    (["l2", "-i", "1@lo", "--queue-rate", "1:0"], "--queue-rate"),
+    (["l2", "-i", "1@lo", "--queue-rate", "1:-5"], "--queue-rate"),
+    (["l2", "-i", "1@lo", "--queue-rate", "x:100"], "--queue-rate"),
+    (["l2", "-i", "1@lo", "--queue-rate", "2:100"], "--queue-rate: port 2"),
     (["udp", "--bogus"], "--bogus"),
     ([], "udp,l2"),
 ]

@@ -7,9 +7,11 @@ targets); the last test here runs a real L2Switch over veth pairs (root).
 """
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
+import sys
 import time
 
 import pytest
@@ -100,6 +102,47 @@ def veth_pair_ports():
             subprocess.run(["ip", "link", "del", a], capture_output=True)
 
 
+def _paced_arrivals(host_ifs, dst: bytes, n: int = 3) -> list[float]:
+    """Send n frames to `dst` on host port 1; when each arrived on host port 2."""
+    tx = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
+    tx.bind((host_ifs[1], 0))
+    rx = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
+    rx.bind((host_ifs[2], 0))
+    rx.settimeout(5.0)
+    frames = [dst + bytes.fromhex("020000000001") + b"\x88\xb5" + bytes([i]) * 50 for i in range(n)]
+    try:
+        for f in frames:
+            tx.send(f)
+        got, times = [], []
+        while len(got) < n:
+            data = rx.recv(2048)
+            if data[:6] == dst and data[12:14] == b"\x88\xb5":
+                got.append(data[:len(frames[0])])
+                times.append(time.monotonic())
+        assert got == frames
+        return times
+    finally:
+        tx.close()
+        rx.close()
+
+
+def test_switch_command_line_sets_a_queue_rate(veth_pair_ports, tmp_path):
+    """`python -m softswitch l2 --queue-rate 2:2`: the switch process paces port 2."""
+    sw_ifs, host_ifs = veth_pair_ports
+    cfg = tmp_path / "l2.json"
+    cfg.write_text(json.dumps({"endpoints": [], "l2": [{"mac": "02:00:00:00:00:99", "port": 2}]}))
+    proc = subprocess.Popen([sys.executable, "-m", "softswitch", "l2", "-i", f"1@{sw_ifs[1]}",
+                             "-i", f"2@{sw_ifs[2]}", "--queue-rate", "2:2", "--config", str(cfg)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().startswith("switching"), proc.stderr.read()
+        times = _paced_arrivals(host_ifs, bytes.fromhex("020000000099"))
+        assert times[-1] - times[0] >= 0.6  # 1.0 s apart at the switch; receive jitter allowed
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
 def test_l2switch_paces_a_rate_limited_port(veth_pair_ports):
     """Through real sockets: frames to a port limited to 2/s all arrive, in order, and the
     switch holds the queued ones until they are due (the last leaves 1 s after the
@@ -110,24 +153,8 @@ def test_l2switch_paces_a_rate_limited_port(veth_pair_ports):
     dst = bytes.fromhex("020000000099")
     dp.table_add("l2", {"dst_mac": "02:00:00:00:00:99"}, "bridge", {"port": 2})
     dp.set_queue_rate(2, 2)
-    tx = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
-    tx.bind((host_ifs[1], 0))
-    rx = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
-    rx.bind((host_ifs[2], 0))
-    rx.settimeout(5.0)
-    frames = [dst + bytes.fromhex("020000000001") + b"\x88\xb5" + bytes([i]) * 50 for i in range(3)]
     with L2Switch(sw_ifs, dp) as sw:
         time.sleep(0.1)
-        for f in frames:
-            tx.send(f)
-        got, times = [], []
-        while len(got) < 3:
-            data = rx.recv(2048)
-            if data[:6] == dst and data[12:14] == b"\x88\xb5":
-                got.append(data[:len(frames[0])])
-                times.append(time.monotonic())
-        assert got == frames
+        times = _paced_arrivals(host_ifs, dst)
         assert times[-1] - times[0] >= 0.6  # 1.0 s apart at the switch; receive jitter allowed
         assert sw.frames_out == 3
-    tx.close()
-    rx.close()
