@@ -85,7 +85,7 @@ def test_forwarded_loss_tolerant_dropped_when_queue_deep(deep_queue):
 def slow_queue(target):
     """Port 2 sends at most 2 packets a second: a burst to it really queues."""
     if not target.can_rate_limit:
-        pytest.skip(f"{target.name}: no real egress queue (its depth is forced above instead)")
+        pytest.skip(f"{target.name}: cannot rate-limit an egress queue (set_queue_rate)")
     target.set_queue_rate(2, 2)
     return target
 

@@ -49,6 +49,11 @@ class EgressQueues:
             self._last[port] = [now] * self.priorities
             self._queues.setdefault(port, [deque() for _ in range(self.priorities)])
 
+    @property
+    def idle(self) -> bool:
+        """No port is rate-limited and nothing is queued: frames skip the traffic manager."""
+        return not self.rates and not self._queued
+
     def limited(self, port: int) -> bool:
         return port in self.rates or (self._queued > 0 and self._size.get(port, 0) > 0)
 

@@ -211,7 +211,8 @@ class Dataplane:
         """One frame in on `port` at time `now` (default: the monotonic clock); the frames
         out, as (egress port, bytes): this frame's copies to ports without a queue, and
         whatever queued frames are due by `now`."""
-        now = time.monotonic() if now is None else now
+        queues = self.queues
+        tm = not queues.idle  # no rate limit and nothing queued: no traffic manager at all
         out: list[tuple[int, bytes]] = []
         n = len(frame)
         if n >= ETH_LEN:  # no Ethernet header: Forwarding drops it
@@ -220,15 +221,21 @@ class Dataplane:
             ina_port = udp and (frame[36] << 8 | frame[37]) == self.ina_udp_port
             ina_valid = ina_port and n >= INA_OFF + wire.HEADER_LEN
             # Priority control: the INA header's class picks the egress queue (3 bits).
-            priority = frame[PRIORITY_AT] & 7 if ina_valid else 0
+            priority = frame[PRIORITY_AT] & 7 if tm and ina_valid else 0
             if ina_port and frame[30:34] in self.ina_endpoint:
                 copies = self._terminate(frame, port)
             else:
                 copies = self._forward(frame, port, ina_valid)
-            for eport, egress, args in copies:
-                self._enqueue(eport, priority, egress, args, now, out)
-        if self.queues.next_due() is not None:
-            out += self.departures(now)
+            if tm:
+                now = time.monotonic() if now is None else now
+                for eport, egress, args in copies:
+                    self._enqueue(eport, priority, egress, args, now, out)
+            else:
+                qdepth = self.qdepth
+                for eport, egress, args in copies:
+                    out += egress(eport, *args, qdepth.get(eport, 0))
+        if tm and queues.next_due() is not None:
+            out += self.departures(time.monotonic() if now is None else now)
         return out
 
     def _enqueue(self, eport: int, priority: int, egress, args, now: float, out: list) -> None:
