@@ -1,7 +1,7 @@
 """The software switch's per-packet cost, without agents: pre-built packets, two source trees
 measured alternately in the same run.
 
-    python -m bench.switch_profile                           # this tree vs /work/main, 5 rounds
+    python -m bench.switch_profile                           # this tree, 5 repeats
     python -m bench.switch_profile --trees .,../main --repeats 7
     python -m bench.switch_profile --profile                 # cProfile of this tree only
 
@@ -145,6 +145,7 @@ def measure_udp(pkts, repeats: int, prof: cProfile.Profile | None = None) -> lis
 
 
 LOADS = {"pipeline": measure_pipeline, "udp": measure_udp}
+SHAPES = ("full", "sparse")
 
 
 def child(a) -> None:
@@ -175,19 +176,32 @@ def profile(a) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--trees", default=".,/work/main",
-                    help="comma-separated source trees to compare (default: this one and /work/main)")
-    ap.add_argument("--loads", default="pipeline,udp")
-    ap.add_argument("--shapes", default="full,sparse")
-    ap.add_argument("--rounds", type=int, default=12,
+    from spina import cli
+    ap = cli.ArgumentParser(prog="python -m bench.switch_profile",
+                            description=__doc__.split("\n\n")[0])
+    ap.add_argument("--trees", default=".",
+                    help="comma-separated source trees to compare, the first the reference "
+                         "(default: this one alone)")
+    ap.add_argument("--loads", default="pipeline,udp", help=f"comma list of {', '.join(LOADS)}")
+    ap.add_argument("--shapes", default="full,sparse", help=f"comma list of {', '.join(SHAPES)}")
+    ap.add_argument("--rounds", type=cli.int_range(1, 1000), default=12,
                     help="rounds per slot (4 x 16 x rounds datagrams queued at once)")
-    ap.add_argument("--repeats", type=int, default=5, help="alternations of the trees")
-    ap.add_argument("--inner", type=int, default=5, help="measurements per child process")
+    ap.add_argument("--repeats", type=cli.int_range(1, 1000), default=5,
+                    help="alternations of the trees")
+    ap.add_argument("--inner", type=cli.int_range(1, 1000), default=5,
+                    help="measurements per child process")
     ap.add_argument("--profile", action="store_true", help="cProfile this tree instead")
-    ap.add_argument("--top", type=int, default=20)
+    ap.add_argument("--top", type=cli.int_range(1, 1000), default=20,
+                    help="functions listed by --profile")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    for opt, given, known in (("--loads", a.loads, LOADS), ("--shapes", a.shapes, SHAPES)):
+        bad = [x for x in given.split(",") if x not in known]
+        if bad:
+            ap.error(f"argument {opt}: unknown {bad[0]!r} (one of {', '.join(known)})")
+    for tree in a.trees.split(","):
+        if not os.path.isfile(os.path.join(tree, "softswitch", "pipeline.py")):
+            ap.error(f"argument --trees: {tree!r} is not a SpINA source tree (no softswitch/)")
     if a.child:
         child(a)
         return 0

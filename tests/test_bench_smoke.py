@@ -42,6 +42,8 @@ def test_bench_smoke(tmp_path):
     assert 0 < float(spina["bytes_per_worker"]) < 65536 * 4  # 1% dense: far below the tensor
     # on loopback nothing is lost: every resend counts as spurious
     assert int(spina["spurious_resends"]) == int(spina["resends"]) >= 0
+    hinted = next(r for r in rows if r["method"] == "spina_blocks")  # the caller's blocks
+    assert hinted["payload_bytes_per_worker"] == spina["payload_bytes_per_worker"]
     gloo = next(r for r in rows if r["method"] == "gloo_allreduce")
     assert float(gloo["bytes_per_worker"]) == 65536 * 4  # ring, 2 workers: 2(n-1)/n = 1 tensor
     text = (tmp_path / "summary.md").read_text()
@@ -122,3 +124,16 @@ def test_bench_loss_sweep_smoke(tmp_path):
     assert all(r["verified"] == "True" for r in rows)
     assert int(rows[0]["dropped"]) == 0 < int(rows[1]["dropped"])
     assert "## loss" in (tmp_path / "summary.md").read_text()
+
+
+def test_switch_profile_smoke_and_bad_input():
+    """bench.switch_profile: a tiny run reports both loads and shapes; bad options are one line."""
+    done = _run("bench.switch_profile", "--rounds", "1", "--repeats", "1", "--inner", "1")
+    assert done.returncode == 0, done.stderr
+    lines = [ln.split()[:2] for ln in done.stdout.splitlines()[1:]]
+    assert lines == [["pipeline", "full"], ["pipeline", "sparse"], ["udp", "full"], ["udp", "sparse"]]
+    for args, name in ((["--repeats", "0"], "--repeats"), (["--loads", "foo"], "--loads"),
+                       (["--shapes", "x"], "--shapes"), (["--trees", ".,/nonexistent"], "--trees")):
+        bad = _run("bench.switch_profile", *args)
+        assert bad.returncode == 2 and bad.stdout == ""
+        assert bad.stderr.count("\n") == 1 and f"argument {name}" in bad.stderr, bad.stderr
