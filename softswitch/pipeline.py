@@ -20,9 +20,7 @@ Per slot and shadow copy (idx = slot*2 + (round & 1)):
 """
 from __future__ import annotations
 
-import itertools
 import logging
-import struct
 import threading
 from dataclasses import dataclass
 
@@ -49,9 +47,7 @@ _header_error = wire.header_error
     "block_size", "exponent", "bitmap", "present", "nonfinite"))
 _DROP = (0, False, None)
 # Byte offsets of the fields congestion_drop reads from an outgoing packet.
-_OFFSET = dict(zip(wire.FIELD_NAMES, itertools.accumulate(
-    (struct.calcsize(">" + code) for _, code, _ in wire.HEADER_FIELDS), initial=0)))
-_FLAGS_AT, _JOB_AT = _OFFSET["flags"], _OFFSET["job"]
+_FLAGS_AT, _JOB_AT = wire.FIELD_OFFSET["flags"], wire.FIELD_OFFSET["job"]
 
 # Register, table and counter names live in spina/spec.py (imported above); the P4
 # program declares the same (tests/test_p4_agreement.py checks it).
@@ -276,10 +272,7 @@ class Pipeline:
         count = old_count + 1
         self._r_count[idx] = count
 
-        got = self._view_cache[idx]
-        if got is None or got[0] != k or got[1] != bs:
-            got = self._views(idx, k, bs)
-        vals, slot_next = got[2], got[3]
+        _, _, vals, slot_next = self._views(idx, k, bs)
         nxt = np.frombuffer(pkt, NEXT_DTYPE, k, HLEN)
         present, nonfinite, exponent, length = t[_PRESENT], t[_NONFINITE], t[_EXPONENT], t[_LENGTH]
         full = (1 << k) - 1
