@@ -255,12 +255,12 @@ def main(argv=None) -> int:
     except (ConfigError, OSError, ValueError) as e:
         return cli.fail(ap.prog, e)
     done = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    # Ctrl-C and SIGTERM both end the wait; the shutdown below then runs without a
+    # KeyboardInterrupt landing in the middle of stopping the servers.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
     sw.start()
-    try:
-        done.wait()
-    except KeyboardInterrupt:
-        pass
+    done.wait()
     if server is not None:
         server.stop()
     if metrics is not None:
@@ -270,4 +270,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # Ctrl-C while starting: nothing to clean up yet
+        sys.exit(130)
