@@ -6,11 +6,15 @@ Run just this file: python -m pytest tests/test_scale_out.py
 """
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import yaml
 
 from controller import plan
-from spina.config import ConfigError
+from softswitch.fabric import TO_GROUP, TO_SENDER, TO_UPSTREAM, Leaf, Spine
+from softswitch.pipeline import Pipeline
+from spina import wire
+from spina.config import ConfigError, JobConfig, WorkerAddr
 
 
 # ---------------------------------------------------------------- the plan
@@ -130,3 +134,204 @@ def test_plan_load_names_the_file(tmp_path):
     bad.write_text(yaml.safe_dump(_edit(lambda d: d["fabric"]["racks"][0].pop("leaf"))))
     with pytest.raises(ConfigError, match=rf"^{bad}: fabric.racks\[0\].leaf: "):
         plan.load(bad)
+
+
+# ---------------------------------------------------------------- the roles, packet by packet
+K, BS = 2, 4
+WORKER = [(0, ("10.0.0.1", 5000 + r)) for r in range(4)]  # (ingress port, source) per rank
+LEAF = [(0, ("10.0.1.1", 47000 + i)) for i in range(2)]    # as the spine sees the leaves
+SPINE = (0, ("10.0.2.1", 47000))                           # as the leaves see the spine
+JOB = JobConfig(job=1, workers=tuple(WorkerAddr(r, *WORKER[r][1]) for r in range(4)),
+                slot_base=0, nslots=2, nlanes=K, block_size=BS, epoch=3)
+SPINE_JOB = JobConfig(job=1, workers=tuple(WorkerAddr(i, *LEAF[i][1]) for i in range(2)),
+                      slot_base=0, nslots=2, nlanes=K, block_size=BS, epoch=3)
+
+
+def leaf(rack: int) -> Leaf:
+    """Leaf `rack` of JOB (ranks 2*rack, 2*rack+1), all slots owned by SPINE."""
+    lf = Leaf(Pipeline(pool_slots=4, slot_capacity=K * BS))
+    lf.add_job(JOB, (2, 2), rack, {r: WORKER[r] for r in (2 * rack, 2 * rack + 1)},
+               ((0, 2, SPINE),))
+    return lf
+
+
+def spine() -> Spine:
+    sp = Spine(Pipeline(pool_slots=4, slot_capacity=K * BS))
+    sp.pipeline.add_job(SPINE_JOB, dict(enumerate(LEAF)))
+    return sp
+
+
+def header(**kw) -> wire.Header:
+    d = dict(job=1, epoch=3, call=9, slot=1, round=5, nlanes=K, block_size=BS, length=100)
+    d.update(kw)
+    return wire.Header(**d)
+
+
+def contrib(rank, lanes, nxt, exponent=0, **kw) -> bytes:
+    """Rank's contribution to slot 1 round 5: lanes {lane: value}, each block filled with it."""
+    data = [np.full(BS, v, np.int32) for _, v in sorted(lanes.items())]
+    present = sum(1 << lane for lane in lanes)
+    return wire.pack(header(rank=rank, exponent=exponent, present=present, **kw), nxt,
+                     np.array(data) if data else None)
+
+
+def run(role, pkt, src):
+    out = bytearray(role.pipeline.max_packet_len)
+    with role.pipeline.lock:
+        n, to, key = role.process_into(pkt, src[0], src[1], out)
+    return bytes(out[:n]), to, key
+
+
+# Rack 0: rank 0 sends lane 0 (= 1), rank 1 lanes 0 and 1 (= 2, 3). Rack 1: rank 2 nothing,
+# rank 3 lane 1 (= 10). Next positions and exponents differ per rank.
+RACK0 = [contrib(0, {0: 1}, [7, 20], 2), contrib(1, {0: 2, 1: 3}, [9, 11], 5, flags=wire.FLAG_LAST)]
+RACK1 = [contrib(2, {}, [8, wire.END], -32768), contrib(3, {1: 10}, [30, 12], 4)]
+PARTIAL0 = wire.pack(header(rank=0, exponent=5, bitmap=0b0011, present=0b11),
+                     [7, 11], np.array([[3] * BS, [3] * BS], np.int32))
+PARTIAL1 = wire.pack(header(rank=1, exponent=4, bitmap=0b1100, present=0b10),
+                     [8, 12], np.array([[10] * BS], np.int32))
+RESULT = wire.pack(header(msg_type=wire.MSG_RESULT, rank=1, exponent=5, bitmap=0b11,
+                          present=0b11), [7, 11], np.array([[3] * BS, [13] * BS], np.int32))
+
+
+def completed_leaves():
+    """Both leaves with their racks' round complete, and what each sent up."""
+    leaves, ups = [leaf(0), leaf(1)], []
+    for lf, pkts, base in zip(leaves, (RACK0, RACK1), (0, 2)):
+        assert run(lf, pkts[0], WORKER[base]) == (b"", 0, None)
+        ups.append(run(lf, pkts[1], WORKER[base + 1]))
+    return leaves, ups
+
+
+def test_leaf_sends_one_partial_up():
+    """A rack's last contribution makes one partial to the spine: sums of the present lanes,
+    OR of present, minimum next, maximum exponent, AND of last, rank = the rack's index."""
+    (l0, l1), ups = completed_leaves()
+    assert ups[0] == (PARTIAL0, TO_UPSTREAM, SPINE)
+    assert ups[1] == (PARTIAL1, TO_UPSTREAM, SPINE)
+    r = l0.pipeline.registers
+    idx = 2 * 1 + 1
+    assert (r["slot_count"][idx], r["slot_bitmap"][idx], r["slot_round"][idx]) == (2, 0b11, 5)
+    assert l0.pipeline.job_counters(1)["job_aggregated"] == 2
+
+
+def test_spine_adds_partials_and_multicasts():
+    """The spine sums the two racks' partials and multicasts the result to both leaves; a
+    repeated partial is a duplicate, answered with a status while the round is open."""
+    sp = spine()
+    assert run(sp, PARTIAL0, LEAF[0]) == (b"", 0, None)
+    status = wire.pack(header(msg_type=wire.MSG_STATUS, flags=wire.FLAG_RESEND, rank=0,
+                              exponent=5, bitmap=0b01), [7, 11])
+    assert run(sp, patched(PARTIAL0, flags=wire.FLAG_RESEND), LEAF[0]) == (status, TO_SENDER, None)
+    assert run(sp, PARTIAL1, LEAF[1]) == (RESULT, TO_GROUP, 1)
+    assert sp.pipeline.job_counters(1)["job_duplicates"] == 1
+
+
+def patched(pkt: bytes, **fields) -> bytes:
+    """`pkt` with some header fields changed."""
+    return wire.pack_header(wire.unpack_header(pkt).copy(**fields)) + pkt[wire.HEADER_LEN:]
+
+
+def relayed(flags=0, rank=1) -> bytes:
+    """RESULT as a leaf hands it to its rack: the spine's rack bitmap as ranks (`rank`: the
+    sender of the packet answered, as in any result)."""
+    return patched(RESULT, bitmap=0b1111, flags=flags, rank=rank)
+
+
+def test_leaf_stores_the_spine_result_and_answers_resends_itself():
+    """The spine's result is stored in the leaf's slot copy and replicated to the rack; a
+    worker's resend then gets the stored result from the leaf; a repeated result is dropped."""
+    (l0, _), _ = completed_leaves()
+    assert run(l0, RESULT, SPINE) == (relayed(), TO_GROUP, 1)
+    r, idx = l0.pipeline.registers, 3
+    assert (r["slot_count"][idx], r["slot_bitmap"][idx], r["slot_present"][idx]) == (3, 0b1111, 3)
+    assert (r["slot_values"][idx] == [3] * BS + [13] * BS).all()
+    assert list(r["slot_next"][idx][:K]) == [7, 11]
+    resend = patched(RACK0[0], flags=wire.FLAG_RESEND)
+    assert run(l0, resend, WORKER[0]) == (relayed(wire.FLAG_RESEND, rank=0), TO_SENDER, None)
+    before = l0.pipeline.job_counters(1)["job_duplicates"]
+    assert run(l0, RESULT, SPINE) == (b"", 0, None)
+    assert l0.pipeline.job_counters(1)["job_duplicates"] == before + 1
+
+
+def test_resend_before_the_spine_result_resends_the_partial():
+    """A worker's resend while its rack is complete but the spine's result missing makes the
+    leaf resend its partial; the spine's status comes back to the rack as ranks, its stored
+    result (to a later resend) is stored and multicast as a completion."""
+    (l0, l1), ups = completed_leaves()
+    sp = spine()
+    resend = patched(RACK0[1], flags=wire.FLAG_LAST | wire.FLAG_RESEND)
+    up_again = patched(PARTIAL0, flags=wire.FLAG_RESEND)
+    assert run(l0, resend, WORKER[1]) == (up_again, TO_UPSTREAM, SPINE)
+    # The first partial was lost: the spine adds the resent one.
+    assert run(sp, up_again, LEAF[0]) == (b"", 0, None)
+    status, to, _ = run(sp, up_again, LEAF[0])
+    assert to == TO_SENDER and wire.unpack_header(status).bitmap == 0b01
+    out, to, key = run(l0, status, SPINE)
+    assert (to, key, wire.unpack_header(out).bitmap) == (TO_GROUP, 1, 0b0011)
+    assert out[wire.HEADER_LEN:] == status[wire.HEADER_LEN:]
+    assert run(sp, ups[1][0], LEAF[1])[1] == TO_GROUP  # rack 1 completes the spine's round
+    answer, to, _ = run(sp, up_again, LEAF[0])
+    assert to == TO_SENDER and answer == patched(RESULT, flags=wire.FLAG_RESEND, rank=0)
+    assert run(l0, answer, SPINE) == (relayed(rank=0), TO_GROUP, 1)
+
+
+def test_leaf_status_names_only_its_racks_missing_ranks():
+    """A resend to a round the rack has not completed: a status whose bitmap sets the other
+    racks' ranks, so the agent blames only its own rack's missing workers."""
+    l0 = leaf(0)
+    run(l0, RACK0[0], WORKER[0])
+    out, to, _ = run(l0, patched(RACK0[0], flags=wire.FLAG_RESEND), WORKER[0])
+    h = wire.unpack_header(out)
+    assert (to, h.msg_type, h.bitmap) == (TO_SENDER, wire.MSG_STATUS, 0b1101)
+
+
+def test_leaf_checks_what_comes_from_the_spine():
+    """A spine result from a switch that does not own the slot, of another epoch, or of a
+    round the slot copy does not hold is dropped and counted; nothing is stored."""
+    (l0, _), _ = completed_leaves()
+    other = (0, ("10.0.2.9", 47000))
+    l0.spines[other] = 1  # a known spine, but not this slot's
+    stale_epoch, old_round = patched(RESULT, epoch=4), patched(RESULT, round=3)
+    c0 = l0.pipeline.job_counters(1)
+    assert run(l0, RESULT, other) == (b"", 0, None)
+    assert run(l0, stale_epoch, SPINE) == (b"", 0, None)
+    assert run(l0, old_round, SPINE) == (b"", 0, None)
+    c1 = l0.pipeline.job_counters(1)
+    assert c1["job_stale"] - c0["job_stale"] == 2
+    assert l0.pipeline.port_counters(0)["port_unadmitted"] == 1
+    assert l0.pipeline.registers["slot_count"][3] == 2
+
+
+def test_a_racks_length_mismatch_reaches_every_rack():
+    """Lengths that disagree inside one rack: the partial says mismatch, the spine ORs it
+    into the round, every rack's result says mismatch."""
+    l0, l1, sp = leaf(0), leaf(1), spine()
+    run(l0, RACK0[0], WORKER[0])
+    bad = contrib(1, {0: 2, 1: 3}, [9, 11], 5, flags=wire.FLAG_LAST, length=99)
+    up0, _, _ = run(l0, bad, WORKER[1])
+    assert wire.unpack_header(up0).flags & wire.FLAG_MISMATCH
+    run(l1, RACK1[0], WORKER[2])
+    up1, _, _ = run(l1, RACK1[1], WORKER[3])
+    run(sp, up0, LEAF[0])
+    result, to, _ = run(sp, up1, LEAF[1])
+    assert to == TO_GROUP and wire.unpack_header(result).flags & wire.FLAG_MISMATCH
+    assert sp.pipeline.registers["slot_flags"][3] & wire.FLAG_MISMATCH
+    down, _, _ = run(l1, result, SPINE)
+    assert wire.unpack_header(down).flags & wire.FLAG_MISMATCH
+
+
+def test_a_flat_job_on_a_leaf_switch_is_unchanged():
+    """A job admitted the ordinary way on a leaf switch: the same packets out as a plain
+    pipeline, multicast to its workers."""
+    flat = JobConfig(job=2, workers=JOB.workers[:2], slot_base=2, nslots=2, nlanes=K,
+                     block_size=BS, epoch=3)
+    l0, plain = leaf(0), Pipeline(pool_slots=4, slot_capacity=K * BS)
+    for p in (l0.pipeline, plain):
+        p.add_job(flat, {r: WORKER[r] for r in range(2)})
+    pkts = [wire.pack(header(job=2, slot=2, rank=r, present=1), [wire.END] * K,
+                      np.full((1, BS), r + 1, np.int32)) for r in range(2)]
+    run(l0, pkts[0], WORKER[0])
+    plain.process(pkts[0], *WORKER[0])
+    (emit,) = plain.process(pkts[1], *WORKER[1])
+    assert run(l0, pkts[1], WORKER[1]) == (emit.data, TO_GROUP, 2)
