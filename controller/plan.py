@@ -152,6 +152,17 @@ def install(fabric: Fabric, switches: dict) -> None:
                 switches[name].add_leaf_job(lj.job, lj.rack_sizes, lj.rack, lj.upstream)
 
 
+def status(fabric: Fabric, switches: dict) -> dict[str, dict[str, dict[int, dict[str, int]]]]:
+    """Per level, per switch, per job: the switch's job counters (spina.spec.JOB_COUNTERS),
+    read in process from running software switches (name -> softswitch.udp.UdpSwitch)."""
+    out: dict[str, dict] = {LEAF: {}, SPINE: {}}
+    for name, level in sorted(fabric.levels.items()):
+        jobs = ([lj.job.job for lj in fabric.leaf_jobs(name)] if level == LEAF
+                else [cfg.job for cfg in fabric.spine_jobs(name)])
+        out[level][name] = {j: switches[name].pipeline.job_counters(j) for j in jobs}
+    return out
+
+
 def load(path) -> Fabric:
     path = pathlib.Path(path)
     try:
