@@ -21,7 +21,7 @@ import numpy as np
 
 from softswitch.pipeline import MAX_PORTS, Pipeline
 from spina import wire
-from spina.config import JobConfig
+from spina.config import ConfigError, JobConfig
 
 TO_GROUP, TO_SENDER, TO_UPSTREAM = 1, 2, 3
 _NOTHING = (0, 0, None)
@@ -78,6 +78,11 @@ class Leaf:
             masks.append(((1 << size) - 1) << first)
             first += size
         ranks = [r for r in range(cfg.nworkers) if masks[rack] >> r & 1]
+        owned = sorted(slot for base, n, _ in upstream for slot in range(base, base + n))
+        if owned != list(range(cfg.slot_base, cfg.slot_base + cfg.nslots)):
+            raise ConfigError(f"job {cfg.job}: field 'upstream': slots {owned} must be the "
+                              f"job's {cfg.slot_base}..{cfg.slot_base + cfg.nslots - 1}, each "
+                              "owned by one spine")
         with self.pipeline.lock:
             self.remove_job(cfg.job)
             self.pipeline.add_rack_job(cfg, ranks, sources)

@@ -348,6 +348,18 @@ def test_two_levels_are_exact_and_bit_identical(fabric, density):
     assert st["spine"]["spine0"][7]["job_results"] == 2 * spine_rounds
 
 
+def test_sixteen_workers_in_four_racks():
+    """16 workers in 4 racks of 4, slots sharded over 2 spines, 1% loss and reordering on every
+    switch: int32 sums exact on every rank at 1% and 100% density."""
+    faults = lambda i: Faults(drop_in=0.01, drop_out=0.01, reorder=0.01, seed=40 + i)  # noqa: E731
+    with FabricCluster(racks=4, spines=2, faults=faults) as f:
+        for density in (0.01, 1.0):
+            ints = tensors(density, 6, nranks=16, integer=True)
+            want = np.sum(ints, axis=0, dtype=np.int32)
+            for r in f.allreduce(ints):
+                assert np.array_equal(r, want)
+
+
 def test_slots_sharded_over_two_spines():
     """The job's slots split over two spines: each aggregates its own slots only, results
     exact."""
@@ -361,9 +373,10 @@ def test_slots_sharded_over_two_spines():
 
 
 def test_two_levels_with_loss_on_every_switch():
-    """1% of datagrams lost into and out of every switch (leaves and spine) and 1% duplicated:
-    results still exact and bit-identical on every rank, over several calls."""
-    faults = lambda i: Faults(drop_in=0.01, drop_out=0.01, duplicate=0.01, seed=i)  # noqa: E731
+    """1% of datagrams lost into and out of every switch (leaves and spine), 1% duplicated, 1%
+    reordered: results still exact and bit-identical on every rank, over several calls."""
+    faults = lambda i: Faults(drop_in=0.01, drop_out=0.01, duplicate=0.01,  # noqa: E731
+                              reorder=0.01, seed=i)
     with FabricCluster(faults=faults) as f:
         for call, density in enumerate((0.01, 1.0, 0.3)):
             ints = tensors(density, 10 + call, integer=True)
@@ -423,6 +436,15 @@ def test_a_new_epoch_on_every_level():
             old.allreduce(np.ones(256, np.int32))
         old.close()
         assert f.switches[0].pipeline.job_counters(7)["job_stale"] > stale
+
+
+def test_a_leaf_needs_a_spine_for_every_slot():
+    """Leaf.add_job with slots no spine owns (or owned twice) is refused, naming the field."""
+    lf = Leaf(Pipeline(pool_slots=4, slot_capacity=K * BS))
+    for upstream in (((0, 1, SPINE),), ((0, 2, SPINE), (1, 1, SPINE))):
+        with pytest.raises(ConfigError, match="field 'upstream'"):
+            lf.add_job(JOB, (2, 2), 0, {0: WORKER[0], 1: WORKER[1]}, upstream)
+    assert lf.pipeline.admission == {} and lf.jobs == {}
 
 
 def test_install_refuses_a_switch_at_two_levels():
