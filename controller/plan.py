@@ -141,10 +141,13 @@ class Fabric:
 
 def install(fabric: Fabric, switches: dict) -> None:
     """Admit the plan on running software switches (name -> softswitch.udp.UdpSwitch, in this
-    process): spines first, so that no partial reaches a spine that does not know its job."""
-    for name, level in sorted(fabric.levels.items(), key=lambda x: x[1] != SPINE):
-        _need(name in switches, f"switches.{name}", "no running switch given for it")
-        if level == SPINE:
+    process): every fabric switch, or some (one restarted). Spines first, so that no partial
+    reaches a spine that does not know its job."""
+    levels = fabric.levels
+    for name in switches:
+        _need(name in levels, f"switches.{name}", "not a leaf or spine of the fabric plan")
+    for name in sorted(switches, key=lambda n: levels[n] != SPINE):
+        if levels[name] == SPINE:
             for cfg in fabric.spine_jobs(name):
                 switches[name].add_spine_job(cfg)
         else:

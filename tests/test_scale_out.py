@@ -7,6 +7,7 @@ Run just this file: python -m pytest tests/test_scale_out.py
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import numpy as np
 import pytest
@@ -447,12 +448,39 @@ def test_a_leaf_needs_a_spine_for_every_slot():
     assert lf.pipeline.admission == {} and lf.jobs == {}
 
 
+def test_spine_restarted_mid_call():
+    """The spine stops mid-call (its registers lost) and a new one starts on its port; the
+    controller installs the plan on it alone; the call completes exactly on every rank."""
+    with FabricCluster() as f:
+        ints = tensors(1.0, 7, n=1 << 19, integer=True)  # 64 rounds per slot
+        futs = [f.pool.submit(a.allreduce, t) for a, t in zip(f.agents, ints)]
+        old = f.spines[0]
+        deadline = time.monotonic() + 30
+        while old.pipeline.registers["slot_round"].max() < 8 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        old.stop()
+        stopped_at = int(old.pipeline.registers["slot_round"].max())
+        new = UdpSwitch(port=old.address[1])
+        f.switches[2] = new
+        f.spines = [new]
+        plan.install(f.plan, {"spine0": new})
+        new.start()
+        want = np.sum(ints, axis=0, dtype=np.int32)
+        for fut in futs:
+            assert np.array_equal(fut.result(), want)
+        assert 8 <= stopped_at < 64, stopped_at  # the restart was mid-call
+        assert new.pipeline.job_counters(7)["job_aggregated"] > 0
+
+
 def test_install_refuses_a_switch_at_two_levels():
-    """A running switch given a leaf job after a spine job: one line naming both levels."""
+    """A running switch given a leaf job after a spine job, or a switch the plan does not
+    know: refused, naming the level or the switch."""
     sw = UdpSwitch(port=0)
     try:
         sw.add_spine_job(SPINE_JOB)
         with pytest.raises(ConfigError, match="is a spine, not a leaf"):
             sw.add_leaf_job(JOB, (2, 2), 0, ((0, 2, ("127.0.0.1", 1)),))
+        with pytest.raises(ConfigError, match=r"^switches.s9: not a leaf or spine"):
+            plan.install(plan.parse(fabric_doc()), {"s9": sw})
     finally:
         sw.stop()
