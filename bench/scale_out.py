@@ -86,7 +86,8 @@ class FabricCluster:
         return [f.result() for f in futs]
 
     def spine_traffic(self) -> tuple[int, int]:
-        """(datagrams, bytes) in and out of the spines so far: their links' traffic."""
+        """(datagrams, bytes) in and out of the spines: their links' traffic. Exact after
+        `close` (a switch counts a datagram after sending it, maybe after the agents return)."""
         return (sum(s.packets_in + s.packets_out for s in self.spines),
                 sum(s.bytes_in + s.bytes_out for s in self.spines))
 
@@ -130,9 +131,9 @@ def flat(ts, timeout: float = 30, rto: float = MIN_RTO) -> tuple[list, tuple[int
     with LocalCluster(len(ts), nslots=4, nlanes=8, block_size=256, timeout=timeout,
                       rto=rto) as c:
         res = c.allreduce(ts)
-        sw = c.switch
-        return (res, (sw.packets_in + sw.packets_out, sw.bytes_in + sw.bytes_out),
-                sum(a.last_stats.resends for a in c.agents))
+    sw = c.switch  # counted once its thread has stopped: its last sends are in
+    return (res, (sw.packets_in + sw.packets_out, sw.bytes_in + sw.bytes_out),
+            sum(a.last_stats.resends for a in c.agents))
 
 
 DENSITIES = (0.001, 0.01, 0.1, 0.3, 1.0)
@@ -145,8 +146,8 @@ def measure(elements: int) -> list[dict]:
             ts = tensors(density, 1, elements, shared=shared)
             with FabricCluster(rto=5.0) as fc:  # no loss here: a long timeout, no resends
                 got = fc.allreduce(ts)
-                packets, nbytes = fc.spine_traffic()
-                resends = sum(a.last_stats.resends for a in fc.agents)
+            packets, nbytes = fc.spine_traffic()  # once the switches' threads have stopped
+            resends = sum(a.last_stats.resends for a in fc.agents)
             want, (fpackets, fbytes), fresends = flat(ts, rto=5.0)
             if any(g.tobytes() != w.tobytes() for g, w in zip(got, want)):
                 raise RuntimeError(f"density {density}: two-level result differs from flat")

