@@ -124,8 +124,9 @@ class Leaf:
         # The rack's round just completed (or was flushed): its partial goes up. Or a worker
         # resent a round whose spine result is missing: the partial goes up again.
         flags = t[_FLAGS] & (RESULT_FLAGS | wire.FLAG_LOSS_TOLERANT)
-        if not multicast:
-            flags = (flags & ~wire.FLAG_PARTIAL) | wire.FLAG_RESEND | (pkt[_AT["flags"]] & wire.FLAG_PARTIAL)
+        if not multicast:  # a resend up: partial only if the worker asks for a flush
+            asked = pkt[_AT["flags"]] & wire.FLAG_PARTIAL
+            flags = (flags & ~wire.FLAG_PARTIAL) | wire.FLAG_RESEND | asked
         out[_AT["msg_type"]] = wire.MSG_CONTRIB
         out[_AT["flags"]] = flags
         out[_AT["rank"]] = lj.rack

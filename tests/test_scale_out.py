@@ -485,3 +485,32 @@ def test_install_refuses_a_switch_at_two_levels():
             plan.install(plan.parse(fabric_doc()), {"s9": sw})
     finally:
         sw.stop()
+
+
+def test_bounded_loss_flushes_cross_both_levels():
+    """A worker's flush request completes its rack's round without the missing worker (the
+    partial goes up marked partial and the spine's result says so); a flush request at a rack
+    whose round is complete goes up as a flushing resend, and the spine completes its round
+    without the missing rack."""
+    flush = wire.FLAG_RESEND | wire.FLAG_PARTIAL
+    l0, sp = leaf(0), spine()
+    run(l0, RACK0[0], WORKER[0])
+    up, to, _ = run(l0, patched(RACK0[0], flags=flush), WORKER[0])
+    h = wire.unpack_header(up)
+    assert (to, h.msg_type, h.flags & flush, h.bitmap) == (
+        TO_UPSTREAM, wire.MSG_CONTRIB, wire.FLAG_PARTIAL, 0b01)
+    run(sp, up, LEAF[0])
+    result, to, _ = run(sp, PARTIAL1, LEAF[1])
+    assert to == TO_GROUP and wire.unpack_header(result).flags & wire.FLAG_PARTIAL
+    # Rack 0 complete and sent up; rack 1 never arrives: a flush goes up and completes it.
+    (l0, _), (up0, _) = completed_leaves()
+    sp = spine()
+    run(sp, up0[0], LEAF[0])
+    again, to, _ = run(l0, patched(RACK0[1], flags=wire.FLAG_LAST | flush), WORKER[1])
+    assert to == TO_UPSTREAM and wire.unpack_header(again).flags & flush == flush
+    result, to, key = run(sp, again, LEAF[0])
+    h = wire.unpack_header(result)
+    assert (to, key, h.bitmap, h.flags & wire.FLAG_PARTIAL) == (TO_GROUP, 1, 0b01,
+                                                                 wire.FLAG_PARTIAL)
+    down, _, _ = run(l0, result, SPINE)
+    assert wire.unpack_header(down).bitmap == 0b0011
