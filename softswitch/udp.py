@@ -15,9 +15,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from softswitch.fabric import TO_GROUP, TO_SENDER, Leaf, Spine
 from softswitch.pipeline import DEFAULT_POOL_SLOTS, DEFAULT_SLOT_CAPACITY, Pipeline
 from spina import wire
-from spina.config import JobConfig
+from spina.config import ConfigError, JobConfig
 from spina.net import grow_buffers
 
 log = logging.getLogger("spina.softswitch")
@@ -111,6 +112,7 @@ class UdpSwitch:
         self.packets_out = 0
         self.bytes_in = 0
         self.bytes_out = 0
+        self.role: Leaf | Spine | None = None  # two-level aggregation (softswitch/fabric.py)
 
     def add_job(self, cfg: JobConfig) -> None:
         """Admit a job: its workers may send from their registered addresses only."""
@@ -119,8 +121,40 @@ class UdpSwitch:
             self.pipeline.add_job(cfg, sources)
             self._dest[cfg.job] = [(w.host, w.port) for w in cfg.workers]
 
+    def add_leaf_job(self, cfg: JobConfig, rack_sizes: tuple[int, ...], rack: int,
+                     upstream: tuple[tuple[int, int, tuple[str, int]], ...]) -> None:
+        """Leaf role (docs/scale_out.md): aggregate rack `rack` of `cfg` (ranks rack by rack,
+        `rack_sizes` workers each) and send each slot's partials to its spine: upstream lists
+        (slot_base, nslots, (spine host, UDP port)). The plan installs it (controller/plan.py)."""
+        with self.pipeline.lock:
+            leaf = self._role(Leaf)
+            first = sum(rack_sizes[:rack])
+            local = cfg.workers[first:first + rack_sizes[rack]]
+            leaf.add_job(cfg, rack_sizes, rack, {w.rank: (UDP_PORT_ID, (w.host, w.port))
+                                                  for w in local},
+                         tuple((b, n, (UDP_PORT_ID, tuple(a))) for b, n, a in upstream))
+            self._dest[cfg.job] = [(w.host, w.port) for w in local]
+
+    def add_spine_job(self, cfg: JobConfig) -> None:
+        """Spine role: `cfg`'s workers are the job's leaves (rank = rack index), its slots the
+        spine's shard of the job."""
+        with self.pipeline.lock:
+            self._role(Spine)
+            self.add_job(cfg)
+
+    def _role(self, cls):
+        if self.role is None:
+            self.role = cls(self.pipeline)
+        if not isinstance(self.role, cls):
+            raise ConfigError(f"switch {self.address[0]}:{self.address[1]} is a "
+                              f"{type(self.role).__name__.lower()}, not a {cls.__name__.lower()} "
+                              "(one level per switch)")
+        return self.role
+
     def remove_job(self, job: int) -> None:
         with self.pipeline.lock:
+            if isinstance(self.role, Leaf):
+                self.role.remove_job(job)
             self.pipeline.remove_job(job)
             self._dest.pop(job, None)
 
@@ -156,16 +190,24 @@ class UdpSwitch:
                     self._process(p, s, out, out_view)
 
     def _process(self, pkt, src, out: bytearray, out_view: memoryview) -> None:
+        role = self.role
         try:
             with self.pipeline.lock:
-                n, multicast, adm = self.pipeline.process_into(pkt, UDP_PORT_ID, src, out)
+                if role is None:
+                    n, multicast, adm = self.pipeline.process_into(pkt, UDP_PORT_ID, src, out)
+                else:
+                    n, to, key = role.process_into(pkt, UDP_PORT_ID, src, out)
         except Exception:  # a bug must not take the switch down for every job
             log.exception("pipeline error on a packet from %s; dropped", src)
             return
         if not n:
             return
         data = out_view[:n]
-        targets = self._dest.get(adm.job, ()) if multicast else (src,)
+        if role is None:
+            targets = self._dest.get(adm.job, ()) if multicast else (src,)
+        else:  # to the job's (local) workers, back to the sender, or up to a spine
+            targets = (self._dest.get(key, ()) if to == TO_GROUP else (src,) if to == TO_SENDER
+                       else (key[1],))
         faults, sendto = self.faults, self.sock.sendto
         for dst in targets:
             if faults is not None and faults.leaving():

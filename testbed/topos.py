@@ -4,6 +4,8 @@ single: one switch, N hosts (ports 1..N); the switch aggregates.
 leafspine: L leaves with H hosts each, S spines, every leaf linked to every spine (several
 paths between leaves). The first spine aggregates (it owns the INA endpoint address); leaves
 and the other spines only forward. Host-to-host traffic is spread over the spines.
+(Two-level aggregation, leaves summing their racks first, runs on UDP-mode software switches
+only so far, not in this testbed: docs/scale_out.md.)
 Nodes are named h<tag>n<i>, s<tag>n1, sp<tag>n<j>, lf<tag>n<i> (tag: process id mod 10000).
 
 Hosts: h<i> at 10.0.0.<i+1>/24, MAC 02:00:00:00:01:<i>; the INA endpoint is 10.0.0.100 with

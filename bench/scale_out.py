@@ -1,0 +1,206 @@
+"""Bytes and packets on the spine's links: two-level aggregation vs one flat switch.
+
+    python -m bench.scale_out [--elements N] [--out DIR]
+
+For each density and sparsity pattern (every rank its own non-zero blocks, or one pattern for
+all), the same 8 tensors are summed (a) through 2 leaves and a spine (software switches in UDP
+mode, this process, installed by controller/plan.py) and (b) through one flat software switch.
+The spine's datagrams in and out are its links' traffic; the flat switch's are what its links
+would carry if it stood at the spine. Writes scale_out.csv and scale_out_bytes.png to DIR
+(default bench/out). Counts are exact (no timing): the run needs no quiet machine.
+docs/scale_out.md shows the committed run.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import csv
+import os
+import sys
+
+import numpy as np
+
+from controller import plan
+from host_agent.agent import Agent
+from host_agent.local import LocalCluster
+from host_agent.recovery import MIN_RTO
+from softswitch.udp import UdpSwitch
+from spina import cli
+from spina.net import bound_udp_socket
+
+
+def fabric_doc(racks=2, per_rack=4, spines=2, nslots=4, switch_ports=None, worker_ports=None,
+               block_size=4, nlanes=2, host="127.0.0.1") -> dict:
+    """A desired state with a fabric: racks r<i> on leaf<i>, spines spine<j>, job 7 sharded
+    evenly over the spines. Ports: leaves then spines from 47001, workers from 50000."""
+    switch_ports = switch_ports or [47001 + i for i in range(racks + spines)]
+    worker_ports = worker_ports or [50000 + i for i in range(racks * per_rack)]
+    switches = [{"name": f"leaf{i}", "target": "softswitch", "grpc": "in-process",
+                 "address": host, "udp_port": switch_ports[i]} for i in range(racks)]
+    switches += [{"name": f"spine{j}", "target": "softswitch", "grpc": "in-process",
+                  "address": host, "udp_port": switch_ports[racks + j]} for j in range(spines)]
+    workers = [{"name": f"w{r * per_rack + k}", "ip": host,
+                "udp_port": worker_ports[r * per_rack + k], "switch_port": 0,
+                "switch": f"leaf{r}"} for r in range(racks) for k in range(per_rack)]
+    share = nslots // spines
+    shards = [{"spine": f"spine{j}", "slot_base": j * share,
+               "nslots": share if j < spines - 1 else nslots - j * share} for j in range(spines)]
+    return {"switches": switches, "workers": workers, "fabric": {
+        "racks": [{"name": f"r{i}", "leaf": f"leaf{i}",
+                   "workers": [f"w{i * per_rack + k}" for k in range(per_rack)]}
+                  for i in range(racks)],
+        "spines": [f"spine{j}" for j in range(spines)],
+        "jobs": [{"id": 7, "racks": [f"r{i}" for i in range(racks)], "slot_base": 0,
+                  "nslots": nslots, "block_size": block_size, "nlanes": nlanes,
+                  "shards": shards}]}}
+
+
+class FabricCluster:
+    """`racks` leaves and `spines` spines (UDP-mode software switches, threads of this process)
+    installed by the controller's plan, and an agent per worker, `per_rack` per rack.
+
+    faults: optional function of the switch's index (leaves first) -> softswitch.udp.Faults.
+    """
+
+    def __init__(self, racks: int = 2, per_rack: int = 4, spines: int = 1, faults=None,
+                 nslots: int = 4, nlanes: int = 8, block_size: int = 256, timeout: float = 30,
+                 rto: float = MIN_RTO):
+        faults = faults or (lambda i: None)
+        self.switches = [UdpSwitch(port=0, faults=faults(i)) for i in range(racks + spines)]
+        n = racks * per_rack
+        self.socks = [bound_udp_socket() for _ in range(n)]
+        doc = fabric_doc(racks, per_rack, spines, nslots, block_size=block_size, nlanes=nlanes,
+                         switch_ports=[s.address[1] for s in self.switches],
+                         worker_ports=[s.getsockname()[1] for s in self.socks])
+        self.plan = plan.parse(doc)
+        plan.install(self.plan, {d["name"]: s for d, s in zip(doc["switches"], self.switches)})
+        for s in self.switches:
+            s.start()
+        self.leaves, self.spines = self.switches[:racks], self.switches[racks:]
+        self.job = self.plan.job_config(self.plan.jobs[7])
+        self.agents = [Agent(self.job, r, self.plan.agent_switch(f"w{r}"), sock=self.socks[r],
+                             timeout=timeout, rto=rto) for r in range(n)]
+        self.pool = concurrent.futures.ThreadPoolExecutor(n)
+
+    def allreduce(self, tensors):
+        futs = [self.pool.submit(a.allreduce, t) for a, t in zip(self.agents, tensors)]
+        return [f.result() for f in futs]
+
+    def spine_traffic(self) -> tuple[int, int]:
+        """(datagrams, bytes) in and out of the spines: their links' traffic. Exact after
+        `close` (a switch counts a datagram after sending it, maybe after the agents return)."""
+        return (sum(s.packets_in + s.packets_out for s in self.spines),
+                sum(s.bytes_in + s.bytes_out for s in self.spines))
+
+    def close(self):
+        self.pool.shutdown()
+        for a in self.agents:
+            a.close()
+        for s in self.switches:
+            s.stop()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def tensors(density: float, seed: int, n: int = 1 << 17, nranks: int = 8, integer=False,
+            shared=False, block: int = 256) -> list[np.ndarray]:
+    """`nranks` tensors of n elements whose non-zero blocks are a `density` fraction: each
+    rank its own random choice, or one choice for all with `shared`."""
+    rng = np.random.default_rng(seed)
+    nblocks = n // block
+    pick = rng.random(nblocks) < density
+    out = []
+    for _ in range(nranks):
+        if not shared:
+            pick = rng.random(nblocks) < density
+        if integer:
+            x = rng.integers(-1 << 20, 1 << 20, n).astype(np.int32)
+        else:
+            x = rng.standard_normal(n).astype(np.float32)
+        x.reshape(nblocks, block)[~pick] = 0
+        out.append(x)
+    return out
+
+
+def flat(ts, timeout: float = 30, rto: float = MIN_RTO) -> tuple[list, tuple[int, int], int]:
+    """The same all-reduce through one flat software switch: results, (datagrams, bytes) in
+    and out of it, the agents' resends."""
+    with LocalCluster(len(ts), nslots=4, nlanes=8, block_size=256, timeout=timeout,
+                      rto=rto) as c:
+        res = c.allreduce(ts)
+    sw = c.switch  # counted once its thread has stopped: its last sends are in
+    return (res, (sw.packets_in + sw.packets_out, sw.bytes_in + sw.bytes_out),
+            sum(a.last_stats.resends for a in c.agents))
+
+
+DENSITIES = (0.001, 0.01, 0.1, 0.3, 1.0)
+
+
+def measure(elements: int) -> list[dict]:
+    rows = []
+    for shared in (False, True):
+        for density in DENSITIES:
+            ts = tensors(density, 1, elements, shared=shared)
+            with FabricCluster(rto=5.0) as fc:  # no loss here: a long timeout, no resends
+                got = fc.allreduce(ts)
+            packets, nbytes = fc.spine_traffic()  # once the switches' threads have stopped
+            resends = sum(a.last_stats.resends for a in fc.agents)
+            want, (fpackets, fbytes), fresends = flat(ts, rto=5.0)
+            if any(g.tobytes() != w.tobytes() for g, w in zip(got, want)):
+                raise RuntimeError(f"density {density}: two-level result differs from flat")
+            rows.append({"pattern": "shared" if shared else "own", "density": density,
+                         "spine_packets": packets, "spine_bytes": nbytes,
+                         "flat_packets": fpackets, "flat_bytes": fbytes,
+                         "packet_ratio": round(packets / fpackets, 4),
+                         "byte_ratio": round(nbytes / fbytes, 4),
+                         "resends": resends + fresends})
+            print(rows[-1], flush=True)
+    return rows
+
+
+def plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for pattern, label in (("own", "each rank its own blocks"), ("shared", "one pattern")):
+        r = [x for x in rows if x["pattern"] == pattern]
+        ax.plot([x["density"] for x in r], [x["byte_ratio"] for x in r], "o-",
+                label=f"bytes, {label}")
+    r = [x for x in rows if x["pattern"] == "own"]
+    ax.plot([x["density"] for x in r], [x["packet_ratio"] for x in r], "k--", label="packets")
+    ax.axhline(0.25, color="grey", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_ylim(0, 0.5)
+    ax.set_xlabel("density (fraction of non-zero 256-element blocks)")
+    ax.set_ylabel("spine links / flat switch links")
+    ax.set_title("8 workers, 2 racks of 4: two-level vs flat aggregation")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    ap = cli.ArgumentParser(prog="python -m bench.scale_out", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--elements", type=cli.int_range(256, 1 << 24), default=1 << 18,
+                    help="elements per tensor (default %(default)s)")
+    ap.add_argument("--out", default="bench/out", help="output directory (default %(default)s)")
+    args = ap.parse_args(argv)
+    try:
+        os.makedirs(args.out, exist_ok=True)
+        rows = measure(args.elements)
+        with open(os.path.join(args.out, "scale_out.csv"), "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+        plot(rows, os.path.join(args.out, "scale_out_bytes.png"))
+    except OSError as e:
+        return cli.fail(ap.prog, e)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

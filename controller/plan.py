@@ -1,0 +1,329 @@
+"""The fabric plan: two-level (leaf, spine) aggregation and slot sharding (docs/scale_out.md).
+
+A `fabric:` section beside the desired state's switches and workers (controller/state.py):
+
+    fabric:
+      racks:
+        - {name: r1, leaf: leaf1, workers: [w0, w1, w2, w3]}
+        - {name: r2, leaf: leaf2, workers: [w4, w5, w6, w7]}
+      spines: [spine1, spine2]
+      jobs:
+        - id: 7
+          racks: [r1, r2]          # ranks: rack by rack, workers in their rack's order
+          slot_base: 0
+          nslots: 16
+          block_size: 256          # optional, as a desired-state job: nlanes, epoch, priority
+          shards:                  # slot -> spine: contiguous ranges covering the job's slots
+            - {spine: spine1, slot_base: 0, nslots: 8}
+            - {spine: spine2, slot_base: 8, nslots: 8}
+
+Every error names the field (`fabric.jobs[0].shards[1].slot_base: ...`). Software switch only
+for now: `install` admits the plan on running UDP-mode software switches in process (the
+one-machine path, like `UdpSwitch.add_job`); the P4 roles and their tables come later.
+"""
+from __future__ import annotations
+
+import pathlib
+from dataclasses import dataclass
+
+import yaml
+
+from controller.state import DesiredState, _fields, _int, _list, _need, _str, parse as parse_state
+from spina import wire
+from spina.config import ConfigError, JobConfig, WorkerAddr
+
+MAX_RACKS = 32             # the spine's bitmap has one bit per rack (leaf) of a job
+MAX_WORKERS_PER_RACK = 32  # the leaf's bitmap has one bit per worker of its rack
+LEAF, SPINE = "leaf", "spine"
+
+
+@dataclass(frozen=True)
+class Rack:
+    name: str
+    leaf: str
+    workers: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Slots slot_base..slot_base+nslots-1 of a job aggregate at `spine`."""
+    spine: str
+    slot_base: int
+    nslots: int
+
+
+@dataclass(frozen=True)
+class FabricJob:
+    id: int
+    racks: tuple[str, ...]
+    slot_base: int
+    nslots: int
+    shards: tuple[Shard, ...]
+    block_size: int = 256
+    nlanes: int = 56
+    epoch: int = 1
+    priority: int = 0
+
+
+@dataclass(frozen=True)
+class LeafJob:
+    """What a leaf switch admits for one job: the job (every worker, as the agents see it;
+    ranks rack by rack), the job's rack sizes, this leaf's rack's index in the job (its rank
+    at the spines), and per shard (slot_base, nslots, (spine address, UDP port))."""
+    job: JobConfig
+    rack_sizes: tuple[int, ...]
+    rack: int
+    upstream: tuple[tuple[int, int, tuple[str, int]], ...]
+
+
+@dataclass
+class Fabric:
+    state: DesiredState
+    racks: dict[str, Rack]
+    spines: tuple[str, ...]
+    jobs: dict[int, FabricJob]
+
+    @property
+    def levels(self) -> dict[str, str]:
+        """Each fabric switch's level: LEAF or SPINE (one per switch)."""
+        out = {r.leaf: LEAF for r in self.racks.values()}
+        out.update({s: SPINE for s in self.spines})
+        return out
+
+    def members(self, job: FabricJob) -> tuple[str, ...]:
+        """The job's workers in rank order: rack by rack."""
+        return tuple(w for r in job.racks for w in self.racks[r].workers)
+
+    def job_config(self, job: FabricJob) -> JobConfig:
+        """The job as its agents see it: every worker, ranks in `members` order."""
+        ws = self.state.workers
+        return JobConfig(job=job.id, epoch=job.epoch, slot_base=job.slot_base,
+                         nslots=job.nslots, block_size=job.block_size, nlanes=job.nlanes,
+                         priority=job.priority,
+                         workers=tuple(WorkerAddr(r, ws[m].ip, ws[m].udp_port)
+                                       for r, m in enumerate(self.members(job))))
+
+    def switch_address(self, name: str) -> tuple[str, int]:
+        sw = self.state.switches[name]
+        return sw.address, sw.udp_port
+
+    def agent_switch(self, worker: str) -> tuple[str, int]:
+        """Where a worker's agent sends: its rack's leaf."""
+        return self.switch_address(next(r.leaf for r in self.racks.values()
+                                        if worker in r.workers))
+
+    def leaf_jobs(self, leaf: str) -> list[LeafJob]:
+        out = []
+        for job in sorted(self.jobs.values(), key=lambda j: j.id):
+            cfg = self.job_config(job)
+            sizes = tuple(len(self.racks[r].workers) for r in job.racks)
+            for i, rname in enumerate(job.racks):
+                if self.racks[rname].leaf == leaf:
+                    out.append(LeafJob(cfg, sizes, i, tuple(
+                        (s.slot_base, s.nslots, self.switch_address(s.spine)) for s in job.shards)))
+        return out
+
+    def spine_jobs(self, spine: str) -> list[JobConfig]:
+        """The jobs a spine admits: its shard of each, the job's leaves as its workers (rank =
+        the rack's index in the job)."""
+        out = []
+        for job in sorted(self.jobs.values(), key=lambda j: j.id):
+            for s in job.shards:
+                if s.spine == spine:
+                    leaves = tuple(WorkerAddr(i, *self.switch_address(self.racks[r].leaf))
+                                   for i, r in enumerate(job.racks))
+                    out.append(JobConfig(job=job.id, epoch=job.epoch, slot_base=s.slot_base,
+                                         nslots=s.nslots, block_size=job.block_size,
+                                         nlanes=job.nlanes, priority=job.priority,
+                                         workers=leaves))
+        return out
+
+
+def install(fabric: Fabric, switches: dict) -> None:
+    """Admit the plan on running software switches (name -> softswitch.udp.UdpSwitch, in this
+    process): every fabric switch, or some (one restarted). Spines first, so that no partial
+    reaches a spine that does not know its job."""
+    levels = fabric.levels
+    for name in switches:
+        _need(name in levels, f"switches.{name}", "not a leaf or spine of the fabric plan")
+    for name in sorted(switches, key=lambda n: levels[n] != SPINE):
+        if levels[name] == SPINE:
+            for cfg in fabric.spine_jobs(name):
+                switches[name].add_spine_job(cfg)
+        else:
+            for lj in fabric.leaf_jobs(name):
+                switches[name].add_leaf_job(lj.job, lj.rack_sizes, lj.rack, lj.upstream)
+
+
+def status(fabric: Fabric, switches: dict) -> dict[str, dict[str, dict[int, dict[str, int]]]]:
+    """Per level, per switch, per job: the switch's job counters (spina.spec.JOB_COUNTERS),
+    read in process from running software switches (name -> softswitch.udp.UdpSwitch)."""
+    out: dict[str, dict] = {LEAF: {}, SPINE: {}}
+    for name, level in sorted(fabric.levels.items()):
+        jobs = ([lj.job.job for lj in fabric.leaf_jobs(name)] if level == LEAF
+                else [cfg.job for cfg in fabric.spine_jobs(name)])
+        out[level][name] = {j: switches[name].pipeline.job_counters(j) for j in jobs}
+    return out
+
+
+def load(path) -> Fabric:
+    path = pathlib.Path(path)
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise ConfigError(f"{path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not YAML: {e}") from None
+    try:
+        return parse(doc, path)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
+def parse(doc, path: pathlib.Path | None = None) -> Fabric:
+    """The desired state with its `fabric` section, validated (ConfigError names the field)."""
+    _need(isinstance(doc, dict), "(top)", "must be a mapping")
+    _need("fabric" in doc, "fabric", "required field is missing")
+    rest = {k: v for k, v in doc.items() if k != "fabric"}
+    state = parse_state(rest, path)
+    f = _fields(doc["fabric"], "fabric", {"racks", "spines", "jobs"}, set())
+    switches, workers = state.switches, state.workers
+
+    def switch(d, key, where):
+        name = _str(d, key, where)
+        _need(name in switches, f"{where}.{key}",
+              f"unknown switch {name!r} (switches: {', '.join(switches)})")
+        return name
+
+    racks: dict[str, Rack] = {}
+    rack_of: dict[str, str] = {}
+    _need(isinstance(f["racks"], list) and f["racks"], "fabric.racks", "must be a non-empty list")
+    for i, d in enumerate(f["racks"]):
+        w = f"fabric.racks[{i}]"
+        _fields(d, w, {"name", "leaf", "workers"}, set())
+        name = _str(d, "name", w)
+        _need(name not in racks, f"{w}.name", f"duplicate rack {name!r}")
+        leaf = switch(d, "leaf", w)
+        members = _list(d, "workers", w)
+        _need(1 <= len(members) <= MAX_WORKERS_PER_RACK, f"{w}.workers",
+              f"must list 1..{MAX_WORKERS_PER_RACK} workers (the leaf's rank bitmap), "
+              f"got {len(members)}")
+        for k, m in enumerate(members):
+            wk = f"{w}.workers[{k}]"
+            _need(isinstance(m, str) and m in workers, wk, f"unknown worker {m!r}")
+            _need(m not in rack_of, wk, f"worker {m!r} is also in rack {rack_of.get(m)!r}")
+            _need(workers[m].switch == leaf, wk, f"worker {m!r} sits on switch "
+                  f"{workers[m].switch!r}, not on this rack's leaf {leaf!r}")
+            rack_of[m] = name
+        racks[name] = Rack(name, leaf, tuple(members))
+
+    spines_doc = f["spines"]
+    _need(isinstance(spines_doc, list) and spines_doc, "fabric.spines",
+          "must be a non-empty list of switch names")
+    leaves = {r.leaf for r in racks.values()}
+    for i, name in enumerate(spines_doc):
+        _need(isinstance(name, str) and name in switches, f"fabric.spines[{i}]",
+              f"unknown switch {name!r} (switches: {', '.join(switches)})")
+        _need(spines_doc.index(name) == i, f"fabric.spines[{i}]", f"spine {name!r} listed twice")
+        _need(name not in leaves, f"fabric.spines[{i}]", f"switch {name!r} is also a rack's leaf "
+              "(one level per switch)")
+    spines = tuple(spines_doc)
+    addrs: dict[tuple, str] = {}
+    for name in sorted(leaves | set(spines)):
+        sw = switches[name]
+        _need(sw.target == "softswitch", f"switches.{name}.target",
+              "two-level aggregation runs on the software switch only (P4 roles: not yet)")
+        a = (sw.address, sw.udp_port)
+        _need(a not in addrs, f"switches.{name}.udp_port",
+              f"{a[0]}:{a[1]} is also switch {addrs.get(a)!r}'s INA endpoint")
+        addrs[a] = name
+
+    jobs: dict[int, FabricJob] = {}
+    jobs_doc = f["jobs"]
+    _need(isinstance(jobs_doc, list), "fabric.jobs", "must be a list")
+    for i, d in enumerate(jobs_doc):
+        w = f"fabric.jobs[{i}]"
+        _fields(d, w, {"id", "racks", "slot_base", "nslots", "shards"},
+                {"block_size", "nlanes", "epoch", "priority"})
+        jid = _int(d, "id", w, 0, (1 << 16) - 1)
+        _need(jid not in jobs and jid not in state.jobs, f"{w}.id", f"duplicate job id {jid}")
+        job_racks = _list(d, "racks", w)
+        _need(1 <= len(job_racks) <= MAX_RACKS, f"{w}.racks",
+              f"must list 1..{MAX_RACKS} racks (the spine's rack bitmap), got {len(job_racks)}")
+        for k, r in enumerate(job_racks):
+            _need(isinstance(r, str) and r in racks, f"{w}.racks[{k}]", f"unknown rack {r!r}")
+            _need(job_racks.index(r) == k, f"{w}.racks[{k}]", f"rack {r!r} listed twice")
+            other = next((o for o in job_racks[:k] if racks[o].leaf == racks[r].leaf), None)
+            _need(other is None, f"{w}.racks[{k}]", f"rack {r!r} has the same leaf "
+                  f"{racks[r].leaf!r} as rack {other!r}: one rack per leaf in a job")
+        nworkers = sum(len(racks[r].workers) for r in job_racks)
+        _need(nworkers <= wire.MAX_WORKERS, f"{w}.racks",
+              f"{nworkers} workers: a job has at most {wire.MAX_WORKERS} in total for now (the "
+              "wire's rank field; docs/scale_out.md)")
+        job = FabricJob(id=jid, racks=tuple(job_racks),
+                        slot_base=_int(d, "slot_base", w, 0, 1 << 15),
+                        nslots=_int(d, "nslots", w, 1, 1 << 15), shards=(),
+                        block_size=_int(d, "block_size", w, 1, 65535, 256),
+                        nlanes=_int(d, "nlanes", w, 1, wire.MAX_LANES, 56),
+                        epoch=_int(d, "epoch", w, 0, 65535, 1),
+                        priority=_int(d, "priority", w, 0, 7, 0))
+        job = FabricJob(**{**job.__dict__, "shards": _shards(d, w, job, spines)})
+        for s in job.shards:
+            _check_pool(state, jobs, job, s.spine, s.slot_base, s.nslots, w, racks)
+        for r in job.racks:
+            _check_pool(state, jobs, job, racks[r].leaf, job.slot_base, job.nslots, w, racks)
+        jobs[jid] = job
+    fabric = Fabric(state, racks, spines, jobs)
+    for jid, job in jobs.items():  # sizes, addresses: as the agents and switches will check
+        try:
+            fabric.job_config(job).validate()
+            for s in job.shards:
+                for cfg in fabric.spine_jobs(s.spine):
+                    cfg.validate()
+        except ConfigError as e:
+            raise ConfigError(f"fabric.jobs[id={jid}]: {e}") from None
+    return fabric
+
+
+def _shards(d: dict, w: str, job: FabricJob, spines: tuple[str, ...]) -> tuple[Shard, ...]:
+    """The job's shards: known spines, inside the job's slots, each slot owned exactly once."""
+    owner: dict[int, tuple[int, str]] = {}
+    out = []
+    shards = _list(d, "shards", w)
+    _need(shards, f"{w}.shards", "must give at least one {spine, slot_base, nslots}")
+    for k, s in enumerate(shards):
+        ws = f"{w}.shards[{k}]"
+        _fields(s, ws, {"spine", "slot_base", "nslots"}, set())
+        spine = _str(s, "spine", ws)
+        _need(spine in spines, f"{ws}.spine", f"{spine!r} is not one of fabric.spines "
+              f"({', '.join(spines)})")
+        base, n = _int(s, "slot_base", ws, 0, 1 << 15), _int(s, "nslots", ws, 1, 1 << 15)
+        _need(job.slot_base <= base and base + n <= job.slot_base + job.nslots, f"{ws}.slot_base",
+              f"slots {base}..{base + n - 1} outside the job's {job.slot_base}.."
+              f"{job.slot_base + job.nslots - 1}")
+        for slot in range(base, base + n):
+            _need(slot not in owner, f"{ws}.slot_base", f"slot {slot} is also owned by spine "
+                  f"{owner.get(slot, (0, ''))[1]!r} (shards[{owner.get(slot, (0, ''))[0]}]): "
+                  "a slot aggregates at one spine")
+            owner[slot] = (k, spine)
+        out.append(Shard(spine, base, n))
+    missing = [s for s in range(job.slot_base, job.slot_base + job.nslots) if s not in owner]
+    _need(not missing, f"{w}.shards",
+          f"slots {missing and missing[0]}.. ({len(missing)} of them) are owned by no spine")
+    return tuple(out)
+
+
+def _check_pool(state: DesiredState, jobs: dict, job: FabricJob, name: str, base: int, n: int,
+                w: str, racks: dict) -> None:
+    """Slots base..base+n-1 fit switch `name`'s pool and overlap no other job's there."""
+    sw = state.switches[name]
+    _need(base + n <= sw.pool_slots, f"{w}.nslots", f"slots {base}..{base + n - 1} exceed "
+          f"switch {name}'s pool of {sw.pool_slots}")
+    used = [(j.id, j.slot_base, j.nslots) for j in state.jobs_on(sw)]
+    for other in jobs.values():
+        used += [(other.id, s.slot_base, s.nslots) for s in other.shards if s.spine == name]
+        if any(racks[r].leaf == name for r in other.racks):
+            used.append((other.id, other.slot_base, other.nslots))
+    for jid, b, m in used:
+        _need(not (base < b + m and b < base + n), f"{w}.slot_base",
+              f"slots {base}..{base + n - 1} overlap job {jid}'s {b}..{b + m - 1} on switch {name}")

@@ -1,0 +1,516 @@
+"""Two-level (leaf, spine) aggregation on the software switch: the controller's fabric plan,
+the leaf and spine roles packet by packet, and 8 workers in 2 racks end to end
+(docs/scale_out.md; software switch only, the P4 roles come later).
+
+Run just this file: python -m pytest tests/test_scale_out.py
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numpy as np
+import pytest
+import yaml
+
+from bench.scale_out import FabricCluster, fabric_doc, flat, tensors
+from controller import plan
+from host_agent.agent import Agent, SpinaTimeout
+from softswitch.fabric import TO_GROUP, TO_SENDER, TO_UPSTREAM, Leaf, Spine
+from softswitch.pipeline import Pipeline
+from softswitch.udp import Faults, UdpSwitch
+from spina import wire
+from spina.config import ConfigError, JobConfig, WorkerAddr
+
+
+# ---------------------------------------------------------------- the plan
+def test_plan_levels_ranks_and_shards():
+    """A valid plan: one level per switch, ranks rack by rack, each spine admits its shard with
+    the leaves as workers, each leaf its rack with the spines' addresses per slot range."""
+    f = plan.parse(fabric_doc())
+    assert f.levels == {"leaf0": "leaf", "leaf1": "leaf", "spine0": "spine", "spine1": "spine"}
+    job = f.jobs[7]
+    assert f.members(job) == tuple(f"w{i}" for i in range(8))
+    cfg = f.job_config(job)
+    assert [(w.rank, w.port) for w in cfg.workers] == [(r, 50000 + r) for r in range(8)]
+    assert f.agent_switch("w5") == ("127.0.0.1", 47002)
+    (s0,) = f.spine_jobs("spine0")
+    (s1,) = f.spine_jobs("spine1")
+    assert (s0.slot_base, s0.nslots, s1.slot_base, s1.nslots) == (0, 2, 2, 2)
+    assert [(w.rank, w.port) for w in s1.workers] == [(0, 47001), (1, 47002)]
+    (lj,) = f.leaf_jobs("leaf1")
+    assert (lj.rack_sizes, lj.rack) == ((4, 4), 1)
+    assert lj.upstream == ((0, 2, ("127.0.0.1", 47003)), (2, 2, ("127.0.0.1", 47004)))
+    assert f.leaf_jobs("spine0") == [] and f.spine_jobs("leaf0") == []
+
+
+def _edit(fn):
+    doc = fabric_doc()
+    fn(doc)
+    return doc
+
+
+def _many_racks(doc, n=33):
+    doc["switches"] += [{"name": f"x{i}", "target": "softswitch", "grpc": "in-process",
+                         "udp_port": 48000 + i} for i in range(n)]
+    doc["workers"] += [{"name": f"xw{i}", "ip": "127.0.0.1", "udp_port": 51000 + i,
+                        "switch_port": 0, "switch": f"x{i}"} for i in range(n)]
+    doc["fabric"]["racks"] += [{"name": f"xr{i}", "leaf": f"x{i}", "workers": [f"xw{i}"]}
+                               for i in range(n)]
+    doc["fabric"]["jobs"][0]["racks"] = [f"xr{i}" for i in range(n)]
+
+
+def _big_rack(doc):
+    doc["workers"] += [{"name": f"xw{i}", "ip": "127.0.0.1", "udp_port": 51000 + i,
+                        "switch_port": 0, "switch": "leaf0"} for i in range(29)]
+    doc["fabric"]["racks"][0]["workers"] += [f"xw{i}" for i in range(29)]
+
+
+WRONG_PLANS = [
+    # (edit, the field the error names, words of the message)
+    (lambda d: d["fabric"]["jobs"][0]["shards"].__setitem__(
+        1, {"spine": "spine1", "slot_base": 1, "nslots": 3}),
+     "fabric.jobs[0].shards[1].slot_base", "slot 1 is also owned by spine 'spine0'"),
+    (lambda d: d["fabric"]["racks"][1].pop("leaf"), "fabric.racks[1].leaf", "required field"),
+    (lambda d: d["fabric"]["racks"][1].__setitem__("leaf", "leaf9"), "fabric.racks[1].leaf",
+     "unknown switch 'leaf9'"),
+    (lambda d: d["fabric"]["spines"].append("nosuch"), "fabric.spines[2]", "unknown switch"),
+    (lambda d: d["fabric"]["jobs"][0]["shards"][0].__setitem__("spine", "leaf0"),
+     "fabric.jobs[0].shards[0].spine", "not one of fabric.spines"),
+    (lambda d: d["fabric"]["spines"].append("leaf1"), "fabric.spines[2]", "one level per switch"),
+    (_many_racks, "fabric.jobs[0].racks", "1..32 racks"),
+    (_big_rack, "fabric.racks[0].workers", "1..32 workers"),
+    (lambda d: d["fabric"]["jobs"][0]["shards"].pop(), "fabric.jobs[0].shards",
+     "owned by no spine"),
+    (lambda d: d["fabric"]["racks"][1]["workers"].append("w0"), "fabric.racks[1].workers[4]",
+     "also in rack 'r0'"),
+    (lambda d: d["fabric"]["racks"][0]["workers"].append("w4"), "fabric.racks[0].workers[4]",
+     "sits on switch 'leaf1'"),
+    (lambda d: d["switches"][0].__setitem__("pool_slots", 2), "fabric.jobs[0].nslots",
+     "exceed switch leaf0's pool of 2"),
+    (lambda d: d["fabric"]["jobs"][0].__setitem__("racks", ["r0", "r0"]),
+     "fabric.jobs[0].racks[1]", "listed twice"),
+    (lambda d: d.pop("fabric"), "fabric", "required field"),
+]
+
+
+@pytest.mark.parametrize("edit,field,words", WRONG_PLANS)
+def test_wrong_plan_names_the_field(edit, field, words):
+    """Each wrong plan is rejected with an error that names the offending field."""
+    with pytest.raises(ConfigError) as e:
+        plan.parse(_edit(edit))
+    assert str(e.value).startswith(f"{field}: ") and words in str(e.value), str(e.value)
+
+
+def test_plan_more_than_32_workers_in_a_job_is_refused_for_now():
+    """3 racks of 11 workers: each rack is fine, the job's 33 ranks do not fit the wire yet."""
+    with pytest.raises(ConfigError, match=r"^fabric.jobs\[0\].racks: 33 workers"):
+        plan.parse(fabric_doc(racks=3, per_rack=11, spines=1))
+
+
+def test_plan_load_names_the_file(tmp_path):
+    """plan.load reads YAML; a wrong field is reported with the file's path."""
+    good = tmp_path / "fabric.yaml"
+    good.write_text(yaml.safe_dump(fabric_doc()))
+    assert sorted(plan.load(good).jobs) == [7]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(_edit(lambda d: d["fabric"]["racks"][0].pop("leaf"))))
+    with pytest.raises(ConfigError, match=rf"^{bad}: fabric.racks\[0\].leaf: "):
+        plan.load(bad)
+
+
+# ---------------------------------------------------------------- the roles, packet by packet
+K, BS = 2, 4
+WORKER = [(0, ("10.0.0.1", 5000 + r)) for r in range(4)]  # (ingress port, source) per rank
+LEAF = [(0, ("10.0.1.1", 47000 + i)) for i in range(2)]    # as the spine sees the leaves
+SPINE = (0, ("10.0.2.1", 47000))                           # as the leaves see the spine
+JOB = JobConfig(job=1, workers=tuple(WorkerAddr(r, *WORKER[r][1]) for r in range(4)),
+                slot_base=0, nslots=2, nlanes=K, block_size=BS, epoch=3)
+SPINE_JOB = JobConfig(job=1, workers=tuple(WorkerAddr(i, *LEAF[i][1]) for i in range(2)),
+                      slot_base=0, nslots=2, nlanes=K, block_size=BS, epoch=3)
+
+
+def leaf(rack: int) -> Leaf:
+    """Leaf `rack` of JOB (ranks 2*rack, 2*rack+1), all slots owned by SPINE."""
+    lf = Leaf(Pipeline(pool_slots=4, slot_capacity=K * BS))
+    lf.add_job(JOB, (2, 2), rack, {r: WORKER[r] for r in (2 * rack, 2 * rack + 1)},
+               ((0, 2, SPINE),))
+    return lf
+
+
+def spine() -> Spine:
+    sp = Spine(Pipeline(pool_slots=4, slot_capacity=K * BS))
+    sp.pipeline.add_job(SPINE_JOB, dict(enumerate(LEAF)))
+    return sp
+
+
+def header(**kw) -> wire.Header:
+    d = dict(job=1, epoch=3, call=9, slot=1, round=5, nlanes=K, block_size=BS, length=100)
+    d.update(kw)
+    return wire.Header(**d)
+
+
+def contrib(rank, lanes, nxt, exponent=0, **kw) -> bytes:
+    """Rank's contribution to slot 1 round 5: lanes {lane: value}, each block filled with it."""
+    data = [np.full(BS, v, np.int32) for _, v in sorted(lanes.items())]
+    present = sum(1 << lane for lane in lanes)
+    return wire.pack(header(rank=rank, exponent=exponent, present=present, **kw), nxt,
+                     np.array(data) if data else None)
+
+
+def run(role, pkt, src):
+    out = bytearray(role.pipeline.max_packet_len)
+    with role.pipeline.lock:
+        n, to, key = role.process_into(pkt, src[0], src[1], out)
+    return bytes(out[:n]), to, key
+
+
+# Rack 0: rank 0 sends lane 0 (= 1), rank 1 lanes 0 and 1 (= 2, 3). Rack 1: rank 2 nothing,
+# rank 3 lane 1 (= 10). Next positions and exponents differ per rank.
+RACK0 = [contrib(0, {0: 1}, [7, 20], 2), contrib(1, {0: 2, 1: 3}, [9, 11], 5, flags=wire.FLAG_LAST)]
+RACK1 = [contrib(2, {}, [8, wire.END], -32768), contrib(3, {1: 10}, [30, 12], 4)]
+PARTIAL0 = wire.pack(header(rank=0, exponent=5, bitmap=0b0011, present=0b11),
+                     [7, 11], np.array([[3] * BS, [3] * BS], np.int32))
+PARTIAL1 = wire.pack(header(rank=1, exponent=4, bitmap=0b1100, present=0b10),
+                     [8, 12], np.array([[10] * BS], np.int32))
+RESULT = wire.pack(header(msg_type=wire.MSG_RESULT, rank=1, exponent=5, bitmap=0b11,
+                          present=0b11), [7, 11], np.array([[3] * BS, [13] * BS], np.int32))
+
+
+def completed_leaves():
+    """Both leaves with their racks' round complete, and what each sent up."""
+    leaves, ups = [leaf(0), leaf(1)], []
+    for lf, pkts, base in zip(leaves, (RACK0, RACK1), (0, 2)):
+        assert run(lf, pkts[0], WORKER[base]) == (b"", 0, None)
+        ups.append(run(lf, pkts[1], WORKER[base + 1]))
+    return leaves, ups
+
+
+def test_leaf_sends_one_partial_up():
+    """A rack's last contribution makes one partial to the spine: sums of the present lanes,
+    OR of present, minimum next, maximum exponent, AND of last, rank = the rack's index."""
+    (l0, l1), ups = completed_leaves()
+    assert ups[0] == (PARTIAL0, TO_UPSTREAM, SPINE)
+    assert ups[1] == (PARTIAL1, TO_UPSTREAM, SPINE)
+    r = l0.pipeline.registers
+    idx = 2 * 1 + 1
+    assert (r["slot_count"][idx], r["slot_bitmap"][idx], r["slot_round"][idx]) == (2, 0b11, 5)
+    assert l0.pipeline.job_counters(1)["job_aggregated"] == 2
+
+
+def test_spine_adds_partials_and_multicasts():
+    """The spine sums the two racks' partials and multicasts the result to both leaves; a
+    repeated partial is a duplicate, answered with a status while the round is open."""
+    sp = spine()
+    assert run(sp, PARTIAL0, LEAF[0]) == (b"", 0, None)
+    status = wire.pack(header(msg_type=wire.MSG_STATUS, flags=wire.FLAG_RESEND, rank=0,
+                              exponent=5, bitmap=0b01), [7, 11])
+    assert run(sp, patched(PARTIAL0, flags=wire.FLAG_RESEND), LEAF[0]) == (status, TO_SENDER, None)
+    assert run(sp, PARTIAL1, LEAF[1]) == (RESULT, TO_GROUP, 1)
+    assert sp.pipeline.job_counters(1)["job_duplicates"] == 1
+
+
+def patched(pkt: bytes, **fields) -> bytes:
+    """`pkt` with some header fields changed."""
+    return wire.pack_header(wire.unpack_header(pkt).copy(**fields)) + pkt[wire.HEADER_LEN:]
+
+
+def relayed(flags=0, rank=1) -> bytes:
+    """RESULT as a leaf hands it to its rack: the spine's rack bitmap as ranks (`rank`: the
+    sender of the packet answered, as in any result)."""
+    return patched(RESULT, bitmap=0b1111, flags=flags, rank=rank)
+
+
+def test_leaf_stores_the_spine_result_and_answers_resends_itself():
+    """The spine's result is stored in the leaf's slot copy and replicated to the rack; a
+    worker's resend then gets the stored result from the leaf; a repeated result is dropped."""
+    (l0, _), _ = completed_leaves()
+    assert run(l0, RESULT, SPINE) == (relayed(), TO_GROUP, 1)
+    r, idx = l0.pipeline.registers, 3
+    assert (r["slot_count"][idx], r["slot_bitmap"][idx], r["slot_present"][idx]) == (3, 0b1111, 3)
+    assert (r["slot_values"][idx] == [3] * BS + [13] * BS).all()
+    assert list(r["slot_next"][idx][:K]) == [7, 11]
+    resend = patched(RACK0[0], flags=wire.FLAG_RESEND)
+    assert run(l0, resend, WORKER[0]) == (relayed(wire.FLAG_RESEND, rank=0), TO_SENDER, None)
+    before = l0.pipeline.job_counters(1)["job_duplicates"]
+    assert run(l0, RESULT, SPINE) == (b"", 0, None)
+    assert l0.pipeline.job_counters(1)["job_duplicates"] == before + 1
+
+
+def test_resend_before_the_spine_result_resends_the_partial():
+    """A worker's resend while its rack is complete but the spine's result missing makes the
+    leaf resend its partial; the spine's status comes back to the rack as ranks, its stored
+    result (to a later resend) is stored and multicast as a completion."""
+    (l0, l1), ups = completed_leaves()
+    sp = spine()
+    resend = patched(RACK0[1], flags=wire.FLAG_LAST | wire.FLAG_RESEND)
+    up_again = patched(PARTIAL0, flags=wire.FLAG_RESEND)
+    assert run(l0, resend, WORKER[1]) == (up_again, TO_UPSTREAM, SPINE)
+    # The first partial was lost: the spine adds the resent one.
+    assert run(sp, up_again, LEAF[0]) == (b"", 0, None)
+    status, to, _ = run(sp, up_again, LEAF[0])
+    assert to == TO_SENDER and wire.unpack_header(status).bitmap == 0b01
+    out, to, key = run(l0, status, SPINE)
+    assert (to, key, wire.unpack_header(out).bitmap) == (TO_GROUP, 1, 0b0011)
+    assert out[wire.HEADER_LEN:] == status[wire.HEADER_LEN:]
+    assert run(sp, ups[1][0], LEAF[1])[1] == TO_GROUP  # rack 1 completes the spine's round
+    answer, to, _ = run(sp, up_again, LEAF[0])
+    assert to == TO_SENDER and answer == patched(RESULT, flags=wire.FLAG_RESEND, rank=0)
+    assert run(l0, answer, SPINE) == (relayed(rank=0), TO_GROUP, 1)
+
+
+def test_leaf_status_names_only_its_racks_missing_ranks():
+    """A resend to a round the rack has not completed: a status whose bitmap sets the other
+    racks' ranks, so the agent blames only its own rack's missing workers."""
+    l0 = leaf(0)
+    run(l0, RACK0[0], WORKER[0])
+    out, to, _ = run(l0, patched(RACK0[0], flags=wire.FLAG_RESEND), WORKER[0])
+    h = wire.unpack_header(out)
+    assert (to, h.msg_type, h.bitmap) == (TO_SENDER, wire.MSG_STATUS, 0b1101)
+
+
+def test_leaf_checks_what_comes_from_the_spine():
+    """A spine result from a switch that does not own the slot, of another epoch, or of a
+    round the slot copy does not hold is dropped and counted; nothing is stored."""
+    (l0, _), _ = completed_leaves()
+    other = (0, ("10.0.2.9", 47000))
+    l0.spines[other] = 1  # a known spine, but not this slot's
+    stale_epoch, old_round = patched(RESULT, epoch=4), patched(RESULT, round=3)
+    c0 = l0.pipeline.job_counters(1)
+    assert run(l0, RESULT, other) == (b"", 0, None)
+    assert run(l0, stale_epoch, SPINE) == (b"", 0, None)
+    assert run(l0, old_round, SPINE) == (b"", 0, None)
+    c1 = l0.pipeline.job_counters(1)
+    assert c1["job_stale"] - c0["job_stale"] == 2
+    assert l0.pipeline.port_counters(0)["port_unadmitted"] == 1
+    assert l0.pipeline.registers["slot_count"][3] == 2
+
+
+def test_a_racks_length_mismatch_reaches_every_rack():
+    """Lengths that disagree inside one rack: the partial says mismatch, the spine ORs it
+    into the round, every rack's result says mismatch."""
+    l0, l1, sp = leaf(0), leaf(1), spine()
+    run(l0, RACK0[0], WORKER[0])
+    bad = contrib(1, {0: 2, 1: 3}, [9, 11], 5, flags=wire.FLAG_LAST, length=99)
+    up0, _, _ = run(l0, bad, WORKER[1])
+    assert wire.unpack_header(up0).flags & wire.FLAG_MISMATCH
+    run(l1, RACK1[0], WORKER[2])
+    up1, _, _ = run(l1, RACK1[1], WORKER[3])
+    run(sp, up0, LEAF[0])
+    result, to, _ = run(sp, up1, LEAF[1])
+    assert to == TO_GROUP and wire.unpack_header(result).flags & wire.FLAG_MISMATCH
+    assert sp.pipeline.registers["slot_flags"][3] & wire.FLAG_MISMATCH
+    down, _, _ = run(l1, result, SPINE)
+    assert wire.unpack_header(down).flags & wire.FLAG_MISMATCH
+
+
+def test_a_flat_job_on_a_leaf_switch_is_unchanged():
+    """A job admitted the ordinary way on a leaf switch: the same packets out as a plain
+    pipeline, multicast to its workers."""
+    flat = JobConfig(job=2, workers=JOB.workers[:2], slot_base=2, nslots=2, nlanes=K,
+                     block_size=BS, epoch=3)
+    l0, plain = leaf(0), Pipeline(pool_slots=4, slot_capacity=K * BS)
+    for p in (l0.pipeline, plain):
+        p.add_job(flat, {r: WORKER[r] for r in range(2)})
+    pkts = [wire.pack(header(job=2, slot=2, rank=r, present=1), [wire.END] * K,
+                      np.full((1, BS), r + 1, np.int32)) for r in range(2)]
+    run(l0, pkts[0], WORKER[0])
+    plain.process(pkts[0], *WORKER[0])
+    (emit,) = plain.process(pkts[1], *WORKER[1])
+    assert run(l0, pkts[1], WORKER[1]) == (emit.data, TO_GROUP, 2)
+
+
+# ---------------------------------------------------------------- end to end: 8 workers, 2 racks
+@pytest.fixture
+def fabric():
+    with FabricCluster() as f:
+        yield f
+
+
+@pytest.mark.parametrize("density", [0.01, 1.0])
+def test_two_levels_are_exact_and_bit_identical(fabric, density):
+    """8 workers in 2 racks through 2 leaves and a spine: int32 sums exact, float32 results
+    bit-identical on every rank and to flat aggregation on one switch."""
+    ints = tensors(density, 1, integer=True)
+    for r in fabric.allreduce(ints):
+        assert np.array_equal(r, np.sum(ints, axis=0, dtype=np.int32))
+    floats = tensors(density, 2)
+    got = fabric.allreduce(floats)
+    want, _, _ = flat(floats)
+    for r in got:
+        assert r.tobytes() == got[0].tobytes() == want[0].tobytes()
+    assert np.abs(got[0] - np.sum(floats, axis=0, dtype=np.float64)).max() < 1e-5
+    # Per level: each rack's 4 contributions per round at its leaf, 2 partials at the spine.
+    st = plan.status(fabric.plan, dict(zip(("leaf0", "leaf1", "spine0"), fabric.switches)))
+    spine_rounds = st["spine"]["spine0"][7]["job_aggregated"] // 2
+    assert spine_rounds >= 2 * 4  # two calls, at least their setup rounds on 4 slots
+    for leaf in ("leaf0", "leaf1"):
+        assert st["leaf"][leaf][7]["job_aggregated"] == 4 * spine_rounds
+    # one result per leaf and round, plus answers to resends (a loaded machine times out)
+    assert st["spine"]["spine0"][7]["job_results"] >= 2 * spine_rounds
+
+
+def test_sixteen_workers_in_four_racks():
+    """16 workers in 4 racks of 4, slots sharded over 2 spines, 1% loss and reordering on every
+    switch: int32 sums exact on every rank at 1% and 100% density."""
+    faults = lambda i: Faults(drop_in=0.01, drop_out=0.01, reorder=0.01, seed=40 + i)  # noqa: E731
+    with FabricCluster(racks=4, spines=2, faults=faults) as f:
+        for density in (0.01, 1.0):
+            ints = tensors(density, 6, nranks=16, integer=True)
+            want = np.sum(ints, axis=0, dtype=np.int32)
+            for r in f.allreduce(ints):
+                assert np.array_equal(r, want)
+
+
+def test_slots_sharded_over_two_spines():
+    """The job's slots split over two spines: each aggregates its own slots only, results
+    exact."""
+    with FabricCluster(spines=2) as f:
+        ints = tensors(0.2, 3, integer=True)
+        for r in f.allreduce(ints):
+            assert np.array_equal(r, np.sum(ints, axis=0, dtype=np.int32))
+        slots = [{int(s) for s in np.flatnonzero(sp.pipeline.registers["slot_round"]) // 2}
+                 for sp in f.spines]
+        assert slots == [{0, 1}, {2, 3}]
+
+
+def test_two_levels_with_loss_on_every_switch():
+    """1% of datagrams lost into and out of every switch (leaves and spine), 1% duplicated, 1%
+    reordered: results still exact and bit-identical on every rank, over several calls."""
+    faults = lambda i: Faults(drop_in=0.01, drop_out=0.01, duplicate=0.01,  # noqa: E731
+                              reorder=0.01, seed=i)
+    with FabricCluster(faults=faults) as f:
+        for call, density in enumerate((0.01, 1.0, 0.3)):
+            ints = tensors(density, 10 + call, integer=True)
+            for r in f.allreduce(ints):
+                assert np.array_equal(r, np.sum(ints, axis=0, dtype=np.int32))
+            floats = tensors(density, 20 + call)
+            got = f.allreduce(floats)
+            for r in got:
+                assert r.tobytes() == got[0].tobytes()
+        lost = [s.faults.dropped_in + s.faults.dropped_out for s in f.switches]
+        assert min(lost) > 0, f"a switch lost nothing ({lost}): the test proved less"
+
+
+@pytest.mark.parametrize("density,shared", [(1.0, False), (0.01, True), (0.01, False)])
+def test_spine_link_bytes_against_flat(density, shared):
+    """Datagrams on the spine's links are exactly 1/(workers per rack) of a flat switch's;
+    bytes too when the racks' non-zero blocks coincide (dense, or one sparsity pattern); with
+    each rank its own sparse blocks, partials carry the union of a rack's blocks: more than a
+    quarter, still less than flat. No loss here, and a 5 s timeout: nothing is resent."""
+    ts = tensors(density, 4, shared=shared)
+    with FabricCluster(rto=5.0) as f:
+        f.allreduce(ts)
+    two_level = f.spine_traffic()
+    resends = sum(a.last_stats.resends for a in f.agents)
+    _, one, flat_resends = flat(ts, rto=5.0)
+    print(f"density {density} shared {shared}: spine links {two_level[0]} datagrams "
+          f"{two_level[1]} bytes; flat {one[0]} datagrams {one[1]} bytes; ratio "
+          f"{two_level[0] / one[0]:.4f} datagrams {two_level[1] / one[1]:.4f} bytes")
+    assert resends == flat_resends == 0, "a loaded machine made agents resend: counts inexact"
+    assert two_level[0] * 4 == one[0]
+    if density == 1.0 or shared:
+        assert two_level[1] * 4 == one[1]
+    else:
+        assert two_level[1] * 4 > one[1] and two_level[1] < one[1]
+
+
+def test_a_new_epoch_on_every_level():
+    """The plan installed again with a new epoch (a new run): every switch of both levels is
+    re-admitted, slots cleared; agents reset to the new epoch sum exactly; an agent still on
+    the old epoch is stale at its leaf and gets nothing."""
+    with FabricCluster() as f:
+        ints = tensors(0.3, 5, integer=True)
+        f.allreduce(ints)
+        f.plan.jobs[7] = dataclasses.replace(f.plan.jobs[7], epoch=2)
+        plan.install(f.plan, dict(zip(("leaf0", "leaf1", "spine0"), f.switches)))
+        new = f.plan.job_config(f.plan.jobs[7])
+        assert all(s.pipeline.registers["slot_round"].sum() == 0 for s in f.switches)
+        for a in f.agents:
+            a.reset(new)
+        for r in f.allreduce(ints):
+            assert np.array_equal(r, np.sum(ints, axis=0, dtype=np.int32))
+        stale = f.switches[0].pipeline.job_counters(7)["job_stale"]
+        f.agents[0].close()  # rank 0's address, now with the old epoch
+        old = Agent(dataclasses.replace(new, epoch=1), 0, f.plan.agent_switch("w0"),
+                    timeout=0.3)
+        with pytest.raises(SpinaTimeout):
+            old.allreduce(np.ones(256, np.int32))
+        old.close()
+        assert f.switches[0].pipeline.job_counters(7)["job_stale"] > stale
+
+
+def test_a_leaf_needs_a_spine_for_every_slot():
+    """Leaf.add_job with slots no spine owns (or owned twice) is refused, naming the field."""
+    lf = Leaf(Pipeline(pool_slots=4, slot_capacity=K * BS))
+    for upstream in (((0, 1, SPINE),), ((0, 2, SPINE), (1, 1, SPINE))):
+        with pytest.raises(ConfigError, match="field 'upstream'"):
+            lf.add_job(JOB, (2, 2), 0, {0: WORKER[0], 1: WORKER[1]}, upstream)
+    assert lf.pipeline.admission == {} and lf.jobs == {}
+
+
+def test_spine_restarted_mid_call():
+    """The spine stops mid-call (its registers lost) and a new one starts on its port; the
+    controller installs the plan on it alone; the call completes exactly on every rank."""
+    with FabricCluster() as f:
+        ints = tensors(1.0, 7, n=1 << 19, integer=True)  # 64 rounds per slot
+        futs = [f.pool.submit(a.allreduce, t) for a, t in zip(f.agents, ints)]
+        old = f.spines[0]
+        deadline = time.monotonic() + 30
+        while old.pipeline.registers["slot_round"].max() < 8 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        old.stop()
+        stopped_at = int(old.pipeline.registers["slot_round"].max())
+        new = UdpSwitch(port=old.address[1])
+        f.switches[2] = new
+        f.spines = [new]
+        plan.install(f.plan, {"spine0": new})
+        new.start()
+        want = np.sum(ints, axis=0, dtype=np.int32)
+        for fut in futs:
+            assert np.array_equal(fut.result(), want)
+        assert 8 <= stopped_at < 64, stopped_at  # the restart was mid-call
+        assert new.pipeline.job_counters(7)["job_aggregated"] > 0
+
+
+def test_install_refuses_a_switch_at_two_levels():
+    """A running switch given a leaf job after a spine job, or a switch the plan does not
+    know: refused, naming the level or the switch."""
+    sw = UdpSwitch(port=0)
+    try:
+        sw.add_spine_job(SPINE_JOB)
+        with pytest.raises(ConfigError, match="is a spine, not a leaf"):
+            sw.add_leaf_job(JOB, (2, 2), 0, ((0, 2, ("127.0.0.1", 1)),))
+        with pytest.raises(ConfigError, match=r"^switches.s9: not a leaf or spine"):
+            plan.install(plan.parse(fabric_doc()), {"s9": sw})
+    finally:
+        sw.stop()
+
+
+def test_bounded_loss_flushes_cross_both_levels():
+    """A worker's flush request completes its rack's round without the missing worker (the
+    partial goes up marked partial and the spine's result says so); a flush request at a rack
+    whose round is complete goes up as a flushing resend, and the spine completes its round
+    without the missing rack."""
+    flush = wire.FLAG_RESEND | wire.FLAG_PARTIAL
+    l0, sp = leaf(0), spine()
+    run(l0, RACK0[0], WORKER[0])
+    up, to, _ = run(l0, patched(RACK0[0], flags=flush), WORKER[0])
+    h = wire.unpack_header(up)
+    assert (to, h.msg_type, h.flags & flush, h.bitmap) == (
+        TO_UPSTREAM, wire.MSG_CONTRIB, wire.FLAG_PARTIAL, 0b01)
+    run(sp, up, LEAF[0])
+    result, to, _ = run(sp, PARTIAL1, LEAF[1])
+    assert to == TO_GROUP and wire.unpack_header(result).flags & wire.FLAG_PARTIAL
+    # Rack 0 complete and sent up; rack 1 never arrives: a flush goes up and completes it.
+    (l0, _), (up0, _) = completed_leaves()
+    sp = spine()
+    run(sp, up0[0], LEAF[0])
+    again, to, _ = run(l0, patched(RACK0[1], flags=wire.FLAG_LAST | flush), WORKER[1])
+    assert to == TO_UPSTREAM and wire.unpack_header(again).flags & flush == flush
+    result, to, key = run(sp, again, LEAF[0])
+    h = wire.unpack_header(result)
+    assert (to, key, h.bitmap, h.flags & wire.FLAG_PARTIAL) == (TO_GROUP, 1, 0b01,
+                                                                 wire.FLAG_PARTIAL)
+    down, _, _ = run(l0, result, SPINE)
+    assert wire.unpack_header(down).bitmap == 0b0011
