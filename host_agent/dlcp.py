@@ -62,14 +62,14 @@ def with_policy(job: JobConfig, bounded_loss: float | None = None,
 
 def layer_priority(base: int, layer: tuple[int, int] | None) -> int:
     """The priority of a call holding the `layer` = (i, n)-th of n groups of layers in the
-    order the next forward pass needs them (0: needed first): evenly over base..7, the first
-    group highest. None (unknown) or one group: `base`."""
+    order the next forward pass needs them (0: needed first): spread evenly (rounded) from 7
+    for the first group down to `base` for the last. None (unknown) or one group: `base`."""
     if layer is None:
         return base
     i, n = layer
     if n <= 1:
         return base
-    return base + (n - 1 - i) * (TOP_PRIORITY + 1 - base) // n
+    return base + ((n - 1 - i) * (TOP_PRIORITY - base) * 2 + n - 1) // (2 * (n - 1))
 
 
 def check_layer(layer) -> tuple[int, int] | None:
