@@ -326,6 +326,7 @@ class _Call:
                 # every other rank.
                 skipped = np.concatenate([pos_ext[a:b] for a, b in zip(st.ptr, ptr) if b > a])
                 scatter_blocks(self.out, skipped, 0, self.B)
+        priority, tolerant = self.classes.packet_class(pos_ext, ptr, pos)  # DLCP, per packet
         own = pos_ext[ptr]
         have = own == pos
         st.ptr = ptr + have
@@ -364,8 +365,6 @@ class _Call:
             else:
                 quantize(rows, st.shift, dst, scratch)
         last = wire.FLAG_LAST if buf[wire.HEADER_LEN:self.next_end] == self.all_end else 0
-        cls = self.classes  # DLCP: per packet only if some of its blocks may be dropped
-        priority, tolerant = (cls.priority, 0) if cls.droppable is None else cls.packet_class(ptr[have])
         self._send(st, last | tolerant, st.exponent, present, nonfinite_bits, nrows, priority)
 
     def _send(self, st: _Slot, flags: int, exponent: int, present: int, nonfinite: int,

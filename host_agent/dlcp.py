@@ -25,8 +25,8 @@ int32 calls (exact by contract), blocks holding NaN/Inf (they must reach every r
 packets with no block (their next positions alone carry nothing to lose).
 
 What is decided here, per call, once: per block of the agent's lane plan whether it may be
-dropped, and the call's two priorities. Per packet the agent asks `packet_class` with the
-plan rows it sends (host_agent/agent.py, `_next_round`).
+dropped, and the call's two priorities. Per packet the agent asks `packet_class` before it
+fills the packet (host_agent/agent.py, `_next_round`).
 """
 from __future__ import annotations
 
@@ -132,11 +132,18 @@ class CallClasses:
     droppable: np.ndarray | None = None
     marked_blocks: int = 0  # blocks marked droppable (the budget they used)
 
-    def packet_class(self, rows: np.ndarray) -> tuple[int, int]:
-        """(priority, extra flags) of a packet carrying the plan rows `rows` (pos_ext indices):
-        loss-tolerant if it carries blocks and every one of them may be dropped."""
+    def packet_class(self, pos_ext: np.ndarray, ptr: np.ndarray, pos: np.ndarray
+                     ) -> tuple[int, int]:
+        """(priority, extra flags) of the packet a worker sends for a round at positions
+        `pos` (one per lane), its lanes' next own blocks at `ptr` in `pos_ext` (the agent's
+        state before it fills the packet): the packet carries the blocks where
+        pos_ext[ptr] == pos, and is loss-tolerant if it carries any and every one of them
+        may be dropped. The default policies cost one attribute test."""
         d = self.droppable
-        if d is not None and len(rows) and d[rows].all():
+        if d is None:
+            return self.priority, 0
+        rows = ptr[pos_ext[ptr] == pos]
+        if len(rows) and d[rows].all():
             return self.tolerant_priority, wire.FLAG_LOSS_TOLERANT
         return self.priority, 0
 

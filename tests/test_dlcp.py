@@ -67,9 +67,12 @@ def test_classify_marks_the_smallest_packets_of_a_constructed_tensor():
     pos_ext = np.concatenate([plan.pos[:10], [-1], plan.pos[10:], [-1]])
     assert sorted(pos_ext[classes.droppable].tolist()) == [6, 7, 16, 17]
     ext = {int(p): i for i, p in enumerate(pos_ext) if p >= 0}
-    assert classes.packet_class(np.array([ext[6], ext[7]])) == (0, wire.FLAG_LOSS_TOLERANT)
-    assert classes.packet_class(np.array([ext[6], ext[9]])) == (0, 0)  # one block must arrive
-    assert classes.packet_class(np.array([], np.int64)) == (0, 0)  # next positions only
+    ptr = np.array([ext[6], ext[7]])  # each lane's next own block
+    tolerant = (0, wire.FLAG_LOSS_TOLERANT)
+    assert classes.packet_class(pos_ext, ptr, np.array([6, 7])) == tolerant
+    assert classes.packet_class(pos_ext, ptr, np.array([6, 9])) == tolerant  # lane 1 has none
+    assert classes.packet_class(pos_ext, np.array([ext[6], ext[9]]), np.array([6, 9])) == (0, 0)
+    assert classes.packet_class(pos_ext, ptr, np.array([4, 5])) == (0, 0)  # no block: never
 
 
 def test_classify_defaults_and_exceptions_mark_nothing():
@@ -450,3 +453,25 @@ def test_daemon_applies_its_bound_and_each_calls_layer(tmp_path):
     assert sorted((h.rank, h.round, h.priority) for h in tolerant) == [(0, 2, 0), (1, 2, 0)]
     assert {h.priority for h in headers if h not in tolerant} == {7}
     assert [s.loss_tolerant_packets for s in stats] == [1, 1]
+
+
+def test_example_smoke(tmp_path):
+    """examples/dlcp_train.py (a few steps): three runs, weights identical on every worker,
+    nothing lost at bound 0, losses within each bound, json and png written."""
+    pytest.importorskip("sklearn")
+    pytest.importorskip("matplotlib")
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "dlcp_train.py"), "--steps", "3",
+                        "--every", "1", "--workers", "2", "--out", str(tmp_path / "d.png")],
+                       capture_output=True, text=True, timeout=300, env=ENV, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads((tmp_path / "d.json").read_text())
+    assert (tmp_path / "d.png").stat().st_size > 0
+    runs = summary["runs"]
+    assert [h["bound"] for h in runs] == [0.0, 0.01, 0.1]
+    assert all(h["weights_identical_across_workers"] and h["step"] == [1, 2, 3] for h in runs)
+    assert runs[0]["blocks_lost"] == runs[0]["loss_tolerant_packets"] == 0
+    assert runs[2]["loss_tolerant_packets"] > 0
+    assert all(h["lost_fraction"] <= h["bound"] for h in runs)
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "dlcp_train.py"), "--drop", "2"],
+                       capture_output=True, text=True, timeout=60, env=ENV, cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--drop" in r.stderr, r.stderr
