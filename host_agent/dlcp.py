@@ -177,7 +177,7 @@ def classify(job: JobConfig, plan: LanePlan, magnitude: np.ndarray | None,
     packet = (lane // plan.nlanes) * (int(per_lane.max()) + 1) + index_in_lane
     mag = magnitude.astype(np.int32, copy=True)
     if never is not None:
-        mag[never] = np.iinfo(np.int32).max
+        mag[never.astype(bool)] = np.iinfo(np.int32).max  # bool or 0/1 bytes
     rows = droppable_blocks(mag, packet, budget)
     # into the agent's pos_ext layout: each lane's rows shifted by the sentinels before it
     ext = np.zeros(len(plan.pos) + len(per_lane), bool)

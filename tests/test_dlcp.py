@@ -86,6 +86,10 @@ def test_classify_defaults_and_exceptions_mark_nothing():
     assert dlcp.classify(tol, plan, None, None, None).droppable is None  # int32
     everything_nan = np.ones(40, bool)
     assert dlcp.classify(tol, plan, mag, everything_nan, None).droppable is None
+    one_nan = np.zeros(40, np.uint8)  # the agent may hold the mask as 0/1 bytes
+    one_nan[0] = 1  # block 0, the smallest: its packet (blocks 0, 1) is never chosen
+    got = dlcp.classify(tol, plan, mag, one_nan, None)
+    assert got.marked_blocks == 10 and not got.droppable[0] and got.droppable[1:5].all()
 
 
 @pytest.mark.parametrize("seed", range(20))
