@@ -92,15 +92,18 @@ class SpinaHookState:
         self.blocks_lost += s.blocks_lost
         self.loss_tolerant_packets += s.loss_tolerant_packets
 
-    def layer_of(self, index: int, is_last: bool) -> tuple[int, int]:
+    def layer_of(self, index: int, is_last: bool) -> tuple[int, int] | None:
         """The layer position (i, n) of DDP bucket `index` (host_agent/dlcp.py): DDP fills
         buckets from the model's last layers, so its LAST bucket holds the FIRST layers, the
-        ones the next forward pass needs first (i = 0). Until a backward pass has shown its
-        last bucket the count is unknown and every bucket counts as needed first."""
+        ones the next forward pass needs first (i = 0). None (the job's base priority) while
+        the count is unknown: until a backward pass has shown its last bucket, which DDP's
+        first pass and the pass after it rebuilds its buckets do only at their end."""
         if is_last:
             self.nbuckets = index + 1
-        n = max(self.nbuckets, index + 1)
-        return (n - 1 - index if self.nbuckets else 0), n
+        elif index + 1 >= self.nbuckets:  # more buckets than known: DDP rebuilt them
+            self.nbuckets = 0
+            return None
+        return self.nbuckets - 1 - index, self.nbuckets
 
 
 def spina_allreduce_hook(state: SpinaHookState,

@@ -150,10 +150,53 @@ def test_ddp_buckets_map_last_bucket_to_first_layers():
         job = _job()
     state = torch_hook.SpinaHookState(_Agent())
     first_pass = [state.layer_of(i, i == 2) for i in range(3)]
-    assert first_pass == [(0, 1), (0, 2), (0, 3)]  # count unknown until the last bucket
+    assert first_pass == [None, None, (0, 3)]  # count unknown until the last bucket
     assert [state.layer_of(i, i == 2) for i in range(3)] == [(2, 3), (1, 3), (0, 3)]
     prios = [dlcp.layer_priority(0, state.layer_of(i, i == 2)) for i in range(3)]
     assert prios == [0, 4, 7]
+    assert [state.layer_of(i, i == 3) for i in range(4)] == [(2, 3), (1, 3), None, (0, 4)]
+
+
+def test_ddp_sends_the_first_layers_bucket_first_class(tmp_path):
+    """Real DDP (one rank, gloo, small buckets) through the hook and the software switch: from
+    the second pass on, each bucket's packets carry its layer's priority; the bucket holding
+    the first layer (DDP's last) goes out at 7, the one holding the last layers at the base."""
+    torch = pytest.importorskip("torch")
+    import torch.distributed as dist
+    from host_agent.agent import Agent
+    from host_agent.torch_hook import SpinaHookState, spina_allreduce_hook
+    from spina.net import bound_udp_socket
+    headers = []
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rv", rank=0, world_size=1)
+    try:
+        with UdpSwitch(port=0, faults=Faults(drop_in_match=_capture(headers))) as sw:
+            sock = bound_udp_socket()
+            job = _job(workers=(WorkerAddr(0, *sock.getsockname()),), priority_policy="layer")
+            sw.add_job(job)
+            with Agent(job, 0, sw.address, sock=sock) as agent:
+                torch.manual_seed(0)
+                layers = [torch.nn.Linear(10, 300), torch.nn.ReLU(), torch.nn.Linear(300, 300),
+                          torch.nn.ReLU(), torch.nn.Linear(300, 300), torch.nn.ReLU(),
+                          torch.nn.Linear(300, 10)]
+                ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(*layers),
+                                                                bucket_cap_mb=0.2)
+                ddp.register_comm_hook(SpinaHookState(agent), spina_allreduce_hook)
+                passes = []
+                for _ in range(3):
+                    headers.clear()
+                    ddp(torch.randn(4, 10)).sum().backward()
+                    calls = {}
+                    for h in headers:
+                        calls.setdefault(h.call, set()).add((h.priority, h.length))
+                    passes.append([sorted(calls[c]) for c in sorted(calls)])
+    finally:
+        dist.destroy_process_group()
+    first_layer = 3072 + 512  # Linear(10, 300): weight and bias, each from a block boundary
+    # pass 3: three buckets, in DDP's order (last layers first), one class per call
+    assert [c[0][0] for c in passes[2]] == [0, 4, 7] and all(len(c) == 1 for c in passes[2])
+    assert passes[2][-1][0][1] == first_layer
+    # pass 2: DDP rebuilt its buckets: unknown count, base priority until its last bucket
+    assert [c[0][0] for c in passes[1]] == [0, 0, 7]
 
 
 def test_setup_rounds_are_never_flushed():
