@@ -289,9 +289,10 @@ def test_bounded_loss_run_drops_exactly_the_marked_packets_identically_on_every_
     kw = dict(block_size=B, nlanes=2, nslots=1, timeout=30)
     with LocalCluster(nworkers, **kw) as c:
         exact = c.allreduce(xs)[0]
-    dropped = []
+    dropped, seen = [], []
 
     def congested(h):
+        seen.append(h)
         if h.flags & wire.FLAG_LOSS_TOLERANT:
             dropped.append((h.rank, h.round))
             return True
@@ -304,6 +305,11 @@ def test_bounded_loss_run_drops_exactly_the_marked_packets_identically_on_every_
             res = c.allreduce(xs)
             stats = [a.last_stats for a in c.agents]
     assert res[0].tobytes() == res[1].tobytes() == res[2].tobytes()
+    # a resend keeps its packet's class: every transmission of a tolerant round is tolerant
+    first = {(h.rank, h.round): h for h in seen if not h.flags & wire.FLAG_RESEND}
+    resent = [h for h in seen if h.flags & wire.FLAG_RESEND
+              and first[(h.rank, h.round)].flags & wire.FLAG_LOSS_TOLERANT]
+    assert resent and all(h.flags & wire.FLAG_LOSS_TOLERANT and h.priority == 0 for h in resent)
     for r in range(nworkers):
         assert sorted(np.argsort(_peaks(xs[r], B))[:3].tolist()) == small[r]
         assert {rnd for rank, rnd in dropped if rank == r} == {p + 2 for p in small[r]}
