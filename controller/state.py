@@ -30,6 +30,8 @@ Every error names the offending field (`jobs[1].nslots: ...`).
         drop_qdepth: 64             # optional: drop loss-tolerant packets above this depth
         bounded_loss: 0.0           # optional, agents only: DLCP bounded-loss mode (JobConfig)
         loss_deadline: 0.05
+        priority_policy: fixed      # optional, agents only: fixed | layer (host_agent/dlcp.py)
+        loss_tolerant_policy: none  # optional, agents only: none | magnitude (needs bounded_loss)
     agents_dir: agents              # where the controller writes the agents' files
     rendezvous: 127.0.0.1:47100     # optional: `serve` gives each run of a job a new epoch here
 
@@ -168,6 +170,8 @@ class Job:
     drop_qdepth: int | None = None
     bounded_loss: float = 0.0
     loss_deadline: float = 0.05
+    priority_policy: str = "fixed"
+    loss_tolerant_policy: str = "none"
 
     @property
     def mcast_grp(self) -> int:
@@ -207,6 +211,8 @@ class DesiredState:
         return JobConfig(job=job.id, epoch=job.epoch, slot_base=job.slot_base, nslots=job.nslots,
                          block_size=job.block_size, nlanes=job.nlanes, priority=job.priority,
                          bounded_loss=job.bounded_loss, loss_deadline=job.loss_deadline,
+                         priority_policy=job.priority_policy,
+                         loss_tolerant_policy=job.loss_tolerant_policy,
                          workers=tuple(WorkerAddr(r, self.workers[m].ip, self.workers[m].udp_port)
                                        for r, m in enumerate(job.members)))
 
@@ -228,6 +234,9 @@ class DesiredState:
             jd["drop_qdepth"] = job.drop_qdepth
         if job.bounded_loss:
             jd.update(bounded_loss=job.bounded_loss, loss_deadline=job.loss_deadline)
+        if (job.priority_policy, job.loss_tolerant_policy) != ("fixed", "none"):
+            jd.update(priority_policy=job.priority_policy,
+                      loss_tolerant_policy=job.loss_tolerant_policy)
         if job.slot_base is not None:
             jd["slot_base"] = job.slot_base
         else:
@@ -378,7 +387,7 @@ def parse(doc, path: pathlib.Path | None = None) -> DesiredState:
         w = f"jobs[{i}]"
         _fields(d, w, {"id", "members", "nslots"},
                 {"slot_base", "block_size", "nlanes", "epoch", "priority", "drop_qdepth",
-                 "bounded_loss", "loss_deadline"})
+                 "bounded_loss", "loss_deadline", "priority_policy", "loss_tolerant_policy"})
         jid = _int(d, "id", w, 0, spec.MAX_JOB_ID)
         _need(jid not in jobs, f"{w}.id", f"duplicate job id {jid}")
         members = d["members"]
@@ -402,7 +411,9 @@ def parse(doc, path: pathlib.Path | None = None) -> DesiredState:
                   drop_qdepth=_int(d, "drop_qdepth", w, 0, spec.QDEPTH_NEVER)
                   if "drop_qdepth" in d else None,
                   bounded_loss=_float(d, "bounded_loss", w, 0.0),
-                  loss_deadline=_float(d, "loss_deadline", w, 0.05))
+                  loss_deadline=_float(d, "loss_deadline", w, 0.05),
+                  priority_policy=_str(d, "priority_policy", w, "fixed"),
+                  loss_tolerant_policy=_str(d, "loss_tolerant_policy", w, "none"))
         _need(job.slot_base is not None, f"{w}.slot_base",
               "required in the file (`job add` allocates it for you)")
         sw = switches[next(iter(sws))]
@@ -419,8 +430,9 @@ def parse(doc, path: pathlib.Path | None = None) -> DesiredState:
                                              for r, m in enumerate(members)),
                       slot_base=job.slot_base, nslots=job.nslots, block_size=job.block_size,
                       nlanes=job.nlanes, epoch=job.epoch, priority=job.priority,
-                      bounded_loss=job.bounded_loss,
-                      loss_deadline=job.loss_deadline).validate(
+                      bounded_loss=job.bounded_loss, loss_deadline=job.loss_deadline,
+                      priority_policy=job.priority_policy,
+                      loss_tolerant_policy=job.loss_tolerant_policy).validate(
                           sw.pool_slots, sw.slot_capacity if sw.target == "softswitch" else None)
         except ConfigError as e:
             raise ConfigError(f"{w}: {e}") from None
@@ -471,7 +483,9 @@ def _one_switch(sw: dict, jobs: list[tuple[JobConfig, list[tuple[str, int]]]]) -
         raw_jobs.append({"id": job.job, "members": members, "nslots": job.nslots,
                          "slot_base": job.slot_base, "block_size": job.block_size,
                          "nlanes": job.nlanes, "epoch": job.epoch, "priority": job.priority,
-                         "bounded_loss": job.bounded_loss, "loss_deadline": job.loss_deadline})
+                         "bounded_loss": job.bounded_loss, "loss_deadline": job.loss_deadline,
+                         "priority_policy": job.priority_policy,
+                         "loss_tolerant_policy": job.loss_tolerant_policy})
     return parse({"switches": [sw], "workers": list(workers.values()), "jobs": raw_jobs})
 
 

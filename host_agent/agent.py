@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from host_agent import dlcp
 from host_agent.blocks import (NONFINITE_BITS, LanePlan, block_absmax_bits, dequantize,
                                exponent_of_bits, gather_blocks, nonzero_blocks, quant_shift,
                                quantize, scan_float_blocks, scatter_blocks)
@@ -82,6 +83,9 @@ class CallStats:
     partial_rounds: int = 0      # rounds the switch completed without every worker (bounded loss)
     partial_fraction: float = 0.0  # their blocks / the tensor's blocks: an upper bound of the
                                    # fraction of blocks that miss some worker's contribution
+    loss_tolerant_packets: int = 0  # first transmissions flagged loss-tolerant (host_agent/dlcp.py)
+    blocks_lost: int = 0         # own blocks missing from the result: sent in a round completed
+                                 # without this worker, or skipped by such a round's positions
     foreign_packets: int = 0     # datagrams from anyone but the switch: dropped unread
     seconds: float = 0.0
 
@@ -140,12 +144,13 @@ class _Call:
         transmit: sends one datagram to the switch (a local refusal counts as a loss).
         check_blocks: verify a `blocks` hint against a full scan.
         dense: expect most blocks to be non-zero (the scan's strategy: scan_float_blocks).
+        layer: the call's (i, n) layer position for DLCP priorities (host_agent/dlcp.py).
     """
 
     def __init__(self, job: JobConfig, rank: int, call_id: int, rounds: np.ndarray,
                  flat: np.ndarray, integer: bool, inplace: bool, blocks: np.ndarray | None,
                  buffers: _Buffers, rtt: RttEstimator, transmit, check_blocks: bool = False,
-                 dense: bool = False):
+                 dense: bool = False, layer: tuple[int, int] | None = None):
         self.job, self.rank, self.call_id, self.rounds = job, rank, call_id, rounds
         self.transmit = transmit
         self.flat, self.integer = flat, integer
@@ -159,6 +164,8 @@ class _Call:
         self.stats.nonzero_blocks = len(nz)
         self.plan, order = LanePlan.build(nz, W, self.k)
         self.nonfinite = nonfinite[order] if nonfinite.any() else None  # per plan row
+        self.classes = dlcp.classify(job, self.plan, None if integer else bits[order],
+                                     self.nonfinite, layer)  # each packet's priority and flags
         slot_exp = np.full(W, 0 if integer else wire.EXPONENT_NONE, np.int32)
         if not integer and len(nz):
             starts = self.plan.lane_bounds[:-1:self.k]
@@ -255,6 +262,8 @@ class _Call:
         self.recovery.result(st.timer, st.round, time.monotonic(),
                              multicast=not flags & wire.FLAG_RESEND,
                              partial=bool(flags & wire.FLAG_PARTIAL))
+        if flags & wire.FLAG_PARTIAL and not t[_BITMAP] >> self.rank & 1:  # ours never arrived
+            stats.blocks_lost += (len(st.packet) - self.next_end) // (4 * self.B)
         if st.pos is None:  # setup result: the exponent every worker quantizes with
             st.shift = 0 if self.integer else quant_shift(t[_EXPONENT], self.job.nworkers)
             st.exponent = t[_EXPONENT]
@@ -311,11 +320,13 @@ class _Call:
             # Bounded loss: a round completed without this worker may have skipped some of its
             # blocks; find each lane's first block at or after `pos`.
             ptr = np.searchsorted(self.keys_ext, (st.lanes << 32) + pos)
+            self.stats.blocks_lost += int((ptr - st.ptr).sum())
             if self.inplace and (ptr > st.ptr).any():
                 # Skipped blocks are not in any result, so they must read zero here as at
                 # every other rank.
                 skipped = np.concatenate([pos_ext[a:b] for a, b in zip(st.ptr, ptr) if b > a])
                 scatter_blocks(self.out, skipped, 0, self.B)
+        priority, tolerant = self.classes.packet_class(pos_ext, ptr, pos)  # DLCP, per packet
         own = pos_ext[ptr]
         have = own == pos
         st.ptr = ptr + have
@@ -354,25 +365,30 @@ class _Call:
             else:
                 quantize(rows, st.shift, dst, scratch)
         last = wire.FLAG_LAST if buf[wire.HEADER_LEN:self.next_end] == self.all_end else 0
-        self._send(st, last, st.exponent, present, nonfinite_bits, nrows)
+        self._send(st, last | tolerant, st.exponent, present, nonfinite_bits, nrows, priority)
 
     def _send(self, st: _Slot, flags: int, exponent: int, present: int, nonfinite: int,
-              nrows: int) -> None:
+              nrows: int, priority: int | None = None) -> None:
         """Send the next round of slot `st`; its next positions and `nrows` data rows are in
-        the slot's buffer already."""
+        the slot's buffer already. `priority`: the packet's class (default: the call's)."""
         r = int(self.rounds[st.index]) + 1
         self.rounds[st.index] = r
         st.round = r & 0xFFFFFFFF
         job, k, B = self.job, self.k, self.B
         buf = self.bufs[st.index][0]
-        _PACK_INTO(buf, 0, wire.VERSION, wire.MSG_CONTRIB, flags, job.priority, job.job,
+        if priority is None:
+            priority = self.classes.priority
+        _PACK_INTO(buf, 0, wire.VERSION, wire.MSG_CONTRIB, flags, priority, job.job,
                    job.epoch, self.call_id, st.slot, self.rank, k, st.round, len(self.flat), B,
                    exponent, 0, present, nonfinite)
         n = self.next_end + 4 * B * nrows
         st.packet = memoryview(buf)[:n]
-        self.recovery.sent(st.timer, time.monotonic())
+        # a setup round is never flushed: a missing exponent could overflow its worker's blocks
+        self.recovery.sent(st.timer, time.monotonic(), flushable=st.pos is not None)
         self.transmit(st.packet)
         stats = self.stats
+        if flags & wire.FLAG_LOSS_TOLERANT:
+            stats.loss_tolerant_packets += 1
         stats.packets_sent += 1
         stats.bytes_sent += n
         stats.payload_bytes_sent += 4 * B * nrows
@@ -526,7 +542,7 @@ class Agent:
         self._dense = False  # the last call's tensor had mostly non-zero blocks
 
     # ------------------------------------------------------------------ public API
-    def allreduce(self, x, inplace: bool = False, blocks=None):
+    def allreduce(self, x, inplace: bool = False, blocks=None, layer=None):
         """Element-wise sum of `x` over all workers; same shape and dtype as `x`.
 
         Accepts numpy arrays (float32, float16, float64, int32) and torch tensors (also
@@ -547,11 +563,15 @@ class Agent:
                 knows what it selected). `check_blocks` on the agent (or
                 $SPINA_CHECK_BLOCKS=1) verifies the promise and raises ValueError naming the
                 first block the hint misses.
+            layer: (i, n): `x` holds the i-th of n groups of layers in the order the next
+                forward pass needs them (0: first); the job's priority_policy "layer" sets
+                the call's priority from it (host_agent/dlcp.py). None: unknown.
         """
+        layer = dlcp.check_layer(layer)
         if blocks is not None:
             blocks = np.asarray(blocks, np.int64)
         if _is_torch(x):
-            return _torch_allreduce(self, x, blocks)
+            return _torch_allreduce(self, x, blocks, layer)
         arr = np.asarray(x)
         kind = _CODE.get(arr.dtype)
         if kind is None:
@@ -564,7 +584,7 @@ class Agent:
         if kind == "float" and flat.dtype != np.float32:
             flat, private = flat.astype(np.float32), True  # our own copy: sum into it
         out = self._allreduce_flat(flat, integer=(kind == "int"), inplace=inplace or private,
-                                   blocks=blocks)
+                                   blocks=blocks, layer=layer)
         return out.astype(arr.dtype, copy=False).reshape(arr.shape)
 
     def rejoin(self) -> None:
@@ -600,11 +620,12 @@ class Agent:
         self.rounds = np.zeros(job.nslots, np.int64)
         self.call_id = 0
 
-    def allreduce_async(self, x, inplace: bool = False, blocks=None) -> concurrent.futures.Future:
+    def allreduce_async(self, x, inplace: bool = False, blocks=None,
+                        layer=None) -> concurrent.futures.Future:
         """Non-blocking all-reduce; calls run one at a time, in the order they were made."""
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="spina-agent")
-        return self._executor.submit(self.allreduce, x, inplace, blocks)
+        return self._executor.submit(self.allreduce, x, inplace, blocks, layer)
 
     def close(self) -> None:
         if self._executor is not None:
@@ -619,7 +640,7 @@ class Agent:
 
     # ------------------------------------------------------------------ one call
     def _allreduce_flat(self, flat: np.ndarray, integer: bool, inplace: bool = False,
-                        blocks: np.ndarray | None = None) -> np.ndarray:
+                        blocks: np.ndarray | None = None, layer=None) -> np.ndarray:
         if len(flat) >= 1 << 32:
             raise ValueError(f"tensor of {len(flat)} elements exceeds the 32-bit length field")
         t0 = time.perf_counter()
@@ -628,7 +649,7 @@ class Agent:
         self.call_id = (self.call_id + 1) & 0xFFFFFFFF
         call = _Call(self.job, self.rank, self.call_id, self.rounds, flat, integer, inplace,
                      blocks, self._buffers, self.rtt, self._transmit, self.check_blocks,
-                     dense=self._dense)
+                     dense=self._dense, layer=layer)
         sock = self.sock
         tick = min(0.1, self.job.loss_deadline) if self.job.bounded_loss else 0.1
         # Non-blocking, select() only when nothing is waiting: a socket timeout would cost a
@@ -721,7 +742,7 @@ def _is_torch(x) -> bool:
     return type(x).__module__.startswith("torch")
 
 
-def _torch_allreduce(agent: Agent, t, blocks=None):
+def _torch_allreduce(agent: Agent, t, blocks=None, layer=None):
     import torch
     if t.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
         arr = t.detach().to(torch.float32).contiguous().cpu().numpy()
@@ -729,7 +750,7 @@ def _torch_allreduce(agent: Agent, t, blocks=None):
         arr = t.detach().contiguous().cpu().numpy()
     else:
         raise TypeError(f"unsupported dtype {t.dtype}")
-    res = agent.allreduce(arr, blocks=blocks)
+    res = agent.allreduce(arr, blocks=blocks, layer=layer)
     return torch.from_numpy(res).to(dtype=t.dtype, device=t.device)
 
 

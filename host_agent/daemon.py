@@ -10,7 +10,8 @@ talks to it over a Unix-domain stream socket and hands tensors over in shared me
     attach {job_file, rank}            ──▶      load the job file, create/reuse the Agent
                                        ◀──      {ok, job, nworkers}
     write tensor into its shm segment
-    allreduce {shm, dtype, n}          ──▶      map the segment (once), Agent.allreduce on a
+    allreduce {shm, dtype, n[, layer_index, layer_count]}
+                                       ──▶      map the segment (once), Agent.allreduce on a
                                                 numpy view of it, write the sum back in place
                                        ◀──      {ok, stats}
     read the sum from the segment
@@ -23,8 +24,11 @@ one call at a time (its agent's lock).
 
 Config file (JSON; every field optional):
     {"socket": "/tmp/spina-agent.sock", "log_file": null, "log_level": "INFO",
-     "log_format": "text", "timeout": 30.0, "rto": 0.005, "metrics": null}
+     "log_format": "text", "timeout": 30.0, "rto": 0.005, "metrics": null,
+     "bounded_loss": null, "priority_policy": null, "loss_tolerant_policy": null}
 `metrics` ("[HOST:]PORT", loopback by default) serves Prometheus metrics (host_agent/metrics.py);
+`bounded_loss`, `priority_policy`, `loss_tolerant_policy` (null: each job file's own) override
+the DLCP settings of every job this daemon serves (host_agent/dlcp.py, docs/dlcp.md; 0 = exact).
 `log_format` is text, kv or json (spina/log.py). Lines about a client or a call carry job, rank
 (and call, client_pid) as fields.
 """
@@ -44,11 +48,13 @@ from multiprocessing import resource_tracker, shared_memory
 
 import numpy as np
 
+from host_agent import dlcp
 from host_agent.agent import Agent, CallStats, SpinaError
 from host_agent.metrics import DaemonMetrics
 from spina import cli, log as spina_log
 from host_agent.recovery import MIN_RTO
-from spina.config import ConfigError, JobFile, read_json
+from spina.config import (LOSS_TOLERANT_POLICIES, PRIORITY_POLICIES, ConfigError, JobFile,
+                          read_json)
 from spina.metrics import parse_address
 
 log = logging.getLogger("spina.daemon")
@@ -69,6 +75,14 @@ class DaemonConfig:
     timeout: float = 30.0
     rto: float = MIN_RTO  # the floor of the adaptive retransmission timeout (s)
     metrics: str | None = None
+    bounded_loss: float | None = None        # DLCP overrides of every job's file (None: keep)
+    priority_policy: str | None = None
+    loss_tolerant_policy: str | None = None
+
+    def job(self, job):
+        """`job` (a JobConfig) with this daemon's DLCP overrides (ConfigError naming the field)."""
+        return dlcp.with_policy(job, self.bounded_loss, self.priority_policy,
+                                self.loss_tolerant_policy)
 
     @classmethod
     def load(cls, path: str | None) -> "DaemonConfig":
@@ -117,6 +131,15 @@ class DaemonConfig:
                 parse_address(str(self.metrics))
             except ValueError as e:
                 raise ConfigError(f"field 'metrics': {e}") from None
+        if self.bounded_loss is not None:
+            v = self.bounded_loss
+            need(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1,
+                 "bounded_loss", f"must be a fraction in [0, 1), got {v!r}")
+        for name, allowed in (("priority_policy", PRIORITY_POLICIES),
+                              ("loss_tolerant_policy", LOSS_TOLERANT_POLICIES)):
+            v = getattr(self, name)
+            need(v is None or (isinstance(v, str) and v in allowed), name,
+                 f"{v!r} is not one of {', '.join(allowed)}")
         return self
 
 
@@ -159,7 +182,7 @@ def recv_msg(sock: socket.socket) -> dict | None:
 # op -> (required fields, optional fields), each field -> its JSON type
 REQUESTS = {
     "attach": ({"job_file": str, "rank": int}, {"pid": int}),
-    "allreduce": ({"shm": str, "n": int, "dtype": str}, {}),
+    "allreduce": ({"shm": str, "n": int, "dtype": str}, {"layer_index": int, "layer_count": int}),
     "status": ({}, {}),
 }
 _TYPE_NAMES = {str: "a string", int: "an integer"}
@@ -309,8 +332,8 @@ class Daemon:
                     s.agent.close()
                 s = None
             if s is None:
-                agent = Agent(jf.job, rank, jf.switch, timeout=self.cfg.timeout, rto=self.cfg.rto,
-                              rendezvous=jf.rendezvous)
+                agent = Agent(self.cfg.job(jf.job), rank, jf.switch, timeout=self.cfg.timeout,
+                              rto=self.cfg.rto, rendezvous=jf.rendezvous)
                 s = self._slots[key] = _Slot(agent, jf, rank)
                 s.log.info("agent on %s:%d, switch %s:%d", *agent.sock.getsockname(), *jf.switch)
             else:
@@ -393,6 +416,12 @@ class Daemon:
                 shm = maps[name] = _open_shm(name)
         except (OSError, ValueError) as e:
             return {"ok": False, "error": f"allreduce: field 'shm': {name!r}: {e}"}
+        layer = None
+        if "layer_index" in msg or "layer_count" in msg:
+            try:
+                layer = dlcp.check_layer((msg.get("layer_index"), msg.get("layer_count")))
+            except ValueError as e:
+                return {"ok": False, "error": f"allreduce: field 'layer_index': {e}"}
         if n * np.dtype(dtype).itemsize > shm.size:
             return {"ok": False, "error": f"allreduce: field 'n': {n} {msg['dtype']} elements "
                                           f"exceed the segment's {shm.size} bytes"}
@@ -401,11 +430,15 @@ class Daemon:
             self.calls_in_progress += 1
             t0, ok = time.perf_counter(), False
             try:
-                slot.agent.allreduce(view, inplace=True)  # the sum lands in shared memory
+                slot.agent.allreduce(view, inplace=True, layer=layer)  # the sum lands in shm
                 stats, ok = asdict(slot.agent.last_stats), True
                 clog.debug("call done: %d elements, %d packets sent, %d resends, %.1f ms",
                            n, stats["packets_sent"], stats["resends"], 1e3 * stats["seconds"],
                            call=slot.agent.call_id)
+                if stats["partial_rounds"]:  # bounded loss: what this call lost, every time
+                    clog.info("call completed partially: %d partial rounds, %d own blocks lost",
+                              stats["partial_rounds"], stats["blocks_lost"],
+                              call=slot.agent.call_id)
             except SpinaError as e:
                 clog.warning("call failed: %s: %s", type(e).__name__, e, call=slot.agent.call_id)
                 return {"ok": False, "error": f"{type(e).__name__}: {e}"}
@@ -452,10 +485,12 @@ class DaemonClient:
             raise SpinaError(reply.get("error", "daemon error"))
         return reply
 
-    def allreduce(self, x, inplace: bool = False):
+    def allreduce(self, x, inplace: bool = False, layer=None):
         """Element-wise sum over the job's ranks (float32 or int32 numpy; torch via numpy).
 
-        inplace: also write the sum into `x` (as Agent.allreduce does)."""
+        inplace: also write the sum into `x` (as Agent.allreduce does). layer: (i, n), the
+        tensor's layer position for DLCP priorities (Agent.allreduce)."""
+        layer = dlcp.check_layer(layer)
         is_torch = type(x).__module__.startswith("torch")
         if is_torch:
             import torch
@@ -472,7 +507,10 @@ class DaemonClient:
             self._shm = shared_memory.SharedMemory(create=True, size=nbytes)
         view = np.ndarray((n,), dtype, buffer=self._shm.buf)
         view[:] = arr.reshape(-1)
-        send_msg(self.sock, {"op": "allreduce", "shm": self._shm.name, "n": n, "dtype": dtype.name})
+        req = {"op": "allreduce", "shm": self._shm.name, "n": n, "dtype": dtype.name}
+        if layer is not None:
+            req.update(layer_index=layer[0], layer_count=layer[1])
+        send_msg(self.sock, req)
         reply = self._reply()
         self.last_stats = CallStats(**reply["stats"])
         out = view.copy().reshape(arr.shape)
@@ -484,11 +522,11 @@ class DaemonClient:
             return torch.from_numpy(out).to(x.dtype)
         return out.astype(arr.dtype, copy=False)
 
-    def allreduce_async(self, x, inplace: bool = False):
+    def allreduce_async(self, x, inplace: bool = False, layer=None):
         if self._executor is None:
             import concurrent.futures
             self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="spina-client")
-        return self._executor.submit(self.allreduce, x, inplace)
+        return self._executor.submit(self.allreduce, x, inplace, layer)
 
     def status(self) -> dict:
         send_msg(self.sock, {"op": "status"})
@@ -525,17 +563,30 @@ def main(argv=None) -> int:
         description="SpINA host agent daemon: serves all-reduce to local training processes "
                     "(Unix socket + shared memory). Stops cleanly on SIGTERM or SIGINT.")
     ap.add_argument("--config", help="JSON config file (fields: socket, log_file, log_level, "
-                                     "log_format, timeout, rto, metrics)")
+                                     "log_format, timeout, rto, metrics, bounded_loss, "
+                                     "priority_policy, loss_tolerant_policy)")
     ap.add_argument("--socket", help=f"Unix socket path (overrides the config; default {DEFAULT_SOCKET})")
     ap.add_argument("--log-file", help="log to this file (overrides the config; default stderr)")
     spina_log.add_options(ap, level=None, fmt=None)  # None: the config's value applies
     ap.add_argument("--metrics", metavar="[HOST:]PORT",
                     help="serve Prometheus metrics at http://HOST:PORT/metrics (overrides the "
                          "config; host default 127.0.0.1; a wildcard address is refused)")
+    ap.add_argument("--bounded-loss", type=float,
+                    metavar="FRACTION", help="DLCP: the loss bound of every job served (0 = exact; "
+                                             "default: each job file's)")
+    ap.add_argument("--priority-policy", help=f"DLCP: {' | '.join(PRIORITY_POLICIES)} for every "
+                                              "job served (default: each job file's)")
+    ap.add_argument("--loss-tolerant-policy",
+                    help=f"DLCP: {' | '.join(LOSS_TOLERANT_POLICIES)} for every job served "
+                         "(default: each job file's)")
     args = ap.parse_args(argv)
     overrides = {k: v for k, v in (("socket", args.socket), ("log_file", args.log_file),
                                    ("log_level", args.log_level), ("log_format", args.log_format),
-                                   ("metrics", args.metrics)) if v}
+                                   ("metrics", args.metrics),
+                                   ("priority_policy", args.priority_policy),
+                                   ("loss_tolerant_policy", args.loss_tolerant_policy)) if v}
+    if args.bounded_loss is not None:  # 0 is a value (exact), not "unset"
+        overrides["bounded_loss"] = args.bounded_loss
     try:
         for k, v in overrides.items():
             try:

@@ -11,6 +11,8 @@ Updated once per call from the agent's CallStats (never per packet). Labels: job
     spina_agent_resends_total                        retransmissions after a timeout
     spina_agent_foreign_packets_total                datagrams not from the switch, dropped
     spina_agent_partial_rounds_total                 rounds completed without every worker
+    spina_agent_blocks_lost_total                    own blocks missing from the sums (bounded loss)
+    spina_agent_loss_tolerant_packets_total          packets sent flagged loss-tolerant (DLCP)
     spina_agent_nonzero_blocks_total                 blocks this rank put on the wire
     spina_agent_elements_total                       tensor elements reduced
     spina_agent_agents                               (job, rank) agents the daemon holds
@@ -32,6 +34,11 @@ _PER_CALL = {
                         "Datagrams from anyone but the switch, dropped unread."),
     "partial_rounds": ("spina_agent_partial_rounds",
                        "Rounds the switch completed without every worker (bounded loss)."),
+    "blocks_lost": ("spina_agent_blocks_lost",
+                    "This rank's blocks missing from the sums: sent in a round completed "
+                    "without it, or skipped by one (bounded loss)."),
+    "loss_tolerant_packets": ("spina_agent_loss_tolerant_packets",
+                              "Packets sent flagged loss-tolerant (DLCP, host_agent/dlcp.py)."),
     "nonzero_blocks": ("spina_agent_nonzero_blocks", "Non-zero blocks this rank sent."),
     "length": ("spina_agent_elements", "Tensor elements reduced."),
 }

@@ -88,6 +88,7 @@ class Timer:
     timed_out: bool = False    # resent on a timeout (not only by fast retransmit)
     statuses: int = 0          # status replies: the switch has our contribution, others missing
     flush: bool = False        # resends of this round ask the switch to complete it now
+    flushable: bool = True     # bounded loss may complete this round without every worker
     progress_at: float = 0.0   # last result of this slot (the call's no-progress timeout)
     last_bitmap: int = 0       # contributors named by the last status reply
     unanswered: int = 0        # resends since the switch last answered this slot
@@ -133,13 +134,15 @@ class Recovery:
         descheduled agent reads the results waiting for it before it resends anything)."""
         self.drained_at = now
 
-    def sent(self, tm: Timer, now: float) -> None:
-        """A new round's first transmission."""
+    def sent(self, tm: Timer, now: float, flushable: bool = True) -> None:
+        """A new round's first transmission (`flushable`: bounded loss may complete it without
+        every worker; not a setup round, whose exponent every worker must see)."""
         self.seq += 1
         tm.seq = tm.last_seq = self.seq
         tm.first_sent_at = tm.sent_at = now
         tm.resends = tm.statuses = 0
         tm.flush = tm.timed_out = False
+        tm.flushable = flushable
 
     def resent(self, tm: Timer, now: float) -> None:
         self.seq += 1
@@ -212,7 +215,8 @@ class Recovery:
         out = []
         rack = self.rack_latency + self.rtt.reorder_window
         for st, tm in in_flight:
-            if (self.bounded_loss and not tm.flush and now - tm.first_sent_at > self.loss_deadline
+            if (self.bounded_loss and tm.flushable and not tm.flush
+                    and now - tm.first_sent_at > self.loss_deadline
                     and self.partial_rounds + 1 <= self.budget_rounds):
                 tm.flush = True
                 out.append((st, tm))

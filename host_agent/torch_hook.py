@@ -30,6 +30,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from host_agent import dlcp
 from host_agent.agent import Agent
 from spina.config import ConfigError, JobFile
 
@@ -50,14 +51,22 @@ class SpinaHookState:
         bytes_sent / payload_bytes_sent: UDP payload bytes this rank sent / of those, block data.
         resends: packets sent again after a retransmission timeout (included in bytes_sent).
         seconds: wall time inside `Agent.allreduce`.
+        partial_rounds: rounds the switch completed without every worker (bounded loss).
+        blocks_lost: this rank's blocks missing from the sums (bounded loss; CallStats).
+        loss_tolerant_packets: packets this rank sent flagged loss-tolerant (host_agent/dlcp.py).
+
+    The hook also learns DDP's bucket count (the last bucket of a backward pass says it is
+    last) to give each bucket its layer position (`layer_of`).
     """
 
     __slots__ = ("agent", "world_size", "calls", "elements", "bytes_sent", "payload_bytes_sent",
-                 "resends", "seconds")
+                 "resends", "seconds", "partial_rounds", "blocks_lost", "loss_tolerant_packets",
+                 "nbuckets")
 
     def __init__(self, agent: Agent, world_size: int | None = None):
         self.agent = agent
         self.world_size = world_size or agent.job.nworkers
+        self.nbuckets = 0  # DDP's buckets per backward pass, once a last bucket was seen
         self.reset_stats()
 
     def reset_stats(self) -> None:
@@ -67,6 +76,9 @@ class SpinaHookState:
         self.payload_bytes_sent = 0
         self.resends = 0
         self.seconds = 0.0
+        self.partial_rounds = 0
+        self.blocks_lost = 0
+        self.loss_tolerant_packets = 0
 
     def _count(self, n: int) -> None:
         s = self.agent.last_stats
@@ -76,6 +88,22 @@ class SpinaHookState:
         self.payload_bytes_sent += s.payload_bytes_sent
         self.resends += s.resends
         self.seconds += s.seconds
+        self.partial_rounds += s.partial_rounds
+        self.blocks_lost += s.blocks_lost
+        self.loss_tolerant_packets += s.loss_tolerant_packets
+
+    def layer_of(self, index: int, is_last: bool) -> tuple[int, int] | None:
+        """The layer position (i, n) of DDP bucket `index` (host_agent/dlcp.py): DDP fills
+        buckets from the model's last layers, so its LAST bucket holds the FIRST layers, the
+        ones the next forward pass needs first (i = 0). None (the job's base priority) while
+        the count is unknown: until a backward pass has shown its last bucket, which DDP's
+        first pass and the pass after it rebuilds its buckets do only at their end."""
+        if is_last:
+            self.nbuckets = index + 1
+        elif index + 1 >= self.nbuckets:  # more buckets than known: DDP rebuilt them
+            self.nbuckets = 0
+            return None
+        return self.nbuckets - 1 - index, self.nbuckets
 
 
 def spina_allreduce_hook(state: SpinaHookState,
@@ -120,11 +148,12 @@ def spina_allreduce_hook(state: SpinaHookState,
     """
     buf = bucket.buffer()
     return sum_async(state.agent, buf, _segment_sizes(bucket, buf.numel()),
-                     divide_by=state.world_size, on_done=state._count)
+                     divide_by=state.world_size, on_done=state._count,
+                     layer=_layer(state, bucket))
 
 
 def sum_async(agent, t: torch.Tensor, sizes: list[int] | None = None, divide_by: int = 1,
-              on_done=None) -> torch.futures.Future:
+              on_done=None, layer: tuple[int, int] | None = None) -> torch.futures.Future:
     """Sum the flat float tensor `t` over all ranks through `agent`, without blocking.
 
     Args:
@@ -134,6 +163,7 @@ def sum_async(agent, t: torch.Tensor, sizes: list[int] | None = None, divide_by:
             the wire, see `block_aligned_layout`); None: one piece.
         divide_by: divide the float32 sum by this before the one rounding to `t.dtype`.
         on_done: called with `t.numel()` after the agent finished, before the future is set.
+        layer: the tensor's layer position (Agent.allreduce), for DLCP priorities.
 
     Returns:
         A `torch.futures.Future` of a new tensor like `t` holding the (averaged) sum.
@@ -153,7 +183,7 @@ def sum_async(agent, t: torch.Tensor, sizes: list[int] | None = None, divide_by:
         except Exception as e:  # surfaces in DDP's backward on this rank
             fail(result, e)
 
-    agent.allreduce_async(flat, inplace=True).add_done_callback(done)  # flat is ours
+    agent.allreduce_async(flat, inplace=True, layer=layer).add_done_callback(done)  # flat is ours
     return out
 
 
@@ -209,6 +239,15 @@ def unpack_aligned(res: np.ndarray, src: np.ndarray, dst: np.ndarray, like: torc
     return (avg if like.dtype == torch.float32 else avg.to(like.dtype)).reshape(like.shape)
 
 
+def _layer(state: SpinaHookState, bucket) -> tuple[int, int] | None:
+    """The bucket's layer position (SpinaHookState.layer_of); None if it has no index."""
+    try:
+        index, last = bucket.index(), bucket.is_last()
+    except AttributeError:
+        return None
+    return state.layer_of(index, last)
+
+
 def _segment_sizes(bucket, n: int) -> list[int]:
     """Element counts of the bucket's parameters in buffer order ([n] if unknown)."""
     try:
@@ -238,7 +277,9 @@ def block_aligned_layout(sizes: list[int], block_size: int) -> tuple[np.ndarray,
 
 
 def agent_from_env(job_file: str | None = None, rank: int | None = None, wait: float = 60.0,
-                   timeout: float = 30.0, rto: float = 0.2, daemon_socket: str | None = None):
+                   timeout: float = 30.0, rto: float = 0.2, daemon_socket: str | None = None,
+                   bounded_loss: float | None = None, priority_policy: str | None = None,
+                   loss_tolerant_policy: str | None = None):
     """Create this rank's SpINA agent from the job file the launcher wrote.
 
     Args:
@@ -252,6 +293,10 @@ def agent_from_env(job_file: str | None = None, rank: int | None = None, wait: f
             rank is not lost: the agent's 20 ms default would resend most of them.
         daemon_socket: go through the host's agent daemon at this Unix socket instead of an
             in-process agent; default `$SPINA_AGENT_SOCKET` (unset: in-process).
+        bounded_loss, priority_policy, loss_tolerant_policy: override the job file's DLCP
+            settings for this rank (None: the file's; spina.config.JobConfig, docs/dlcp.md).
+            0 = exact. Every rank must pass the same. With a daemon, set them in the
+            daemon's config instead (it owns the agent).
 
     Returns:
         An `Agent` bound to the job's address for `rank`, talking to the file's switch; or,
@@ -288,10 +333,20 @@ def agent_from_env(job_file: str | None = None, rank: int | None = None, wait: f
         raise ConfigError(f"job file {job_file}: field 'job.workers': {jf.job.nworkers} workers, "
                           f"but torchrun's WORLD_SIZE is {world}")
     daemon_socket = daemon_socket or os.environ.get(DAEMON_SOCKET_ENV)
+    overrides = {"bounded_loss": bounded_loss, "priority_policy": priority_policy,
+                 "loss_tolerant_policy": loss_tolerant_policy}
     if daemon_socket:
+        given = [k for k, v in overrides.items() if v is not None]
+        if given:
+            raise ConfigError(f"field '{given[0]}': the agent daemon at {daemon_socket} owns "
+                              "the agent: set it in the daemon's config")
         from host_agent.daemon import DaemonClient
         return DaemonClient(job_file, rank, daemon_socket)
-    return Agent(jf.job, rank, jf.switch, timeout=timeout, rto=rto, rendezvous=jf.rendezvous)
+    try:
+        job = dlcp.with_policy(jf.job, **overrides)
+    except ConfigError as e:
+        raise ConfigError(f"agent_from_env: {e}") from None
+    return Agent(job, rank, jf.switch, timeout=timeout, rto=rto, rendezvous=jf.rendezvous)
 
 
 __all__ = ["SpinaHookState", "spina_allreduce_hook", "sum_async", "agent_from_env", "block_aligned_layout",

@@ -17,6 +17,14 @@ class ConfigError(ValueError):
 
 L2_WORKER_FIELDS = ("mac", "switch_port")  # a worker's fields in an L2 switch config (softswitch.l2)
 
+# DLCP per-packet classification of a job's contributions (host_agent/dlcp.py, docs/dlcp.md).
+# priority_policy: "fixed" every packet in the job's `priority` queue; "layer" a call's packets
+#   go higher the sooner the next forward pass needs its layers (`priority` .. 7).
+# loss_tolerant_policy: "none" no packet may be dropped; "magnitude" the packets of smallest
+#   gradient magnitude, within the job's `bounded_loss`, carry the loss-tolerant flag.
+PRIORITY_POLICIES = ("fixed", "layer")
+LOSS_TOLERANT_POLICIES = ("none", "magnitude")
+
 
 def _is_ipv4(host) -> bool:
     """A dotted-quad string (not a name, not an int: files carry addresses as text)."""
@@ -47,6 +55,9 @@ class JobConfig:
     bounded_loss: opt-in DLCP mode: at most this fraction of a call's blocks may be completed
     without every worker (0: off, every result exact). loss_deadline: seconds a round may wait
     for missing workers before an agent asks the switch to complete it anyway.
+    priority_policy, loss_tolerant_policy: how agents set each packet's priority and
+    loss-tolerant flag (PRIORITY_POLICIES, LOSS_TOLERANT_POLICIES; host_agent/dlcp.py). The
+    defaults ("fixed", "none") send every packet as before: the job's priority, never droppable.
     """
     job: int
     workers: tuple[WorkerAddr, ...]
@@ -58,6 +69,8 @@ class JobConfig:
     priority: int = 0
     bounded_loss: float = 0.0
     loss_deadline: float = 0.05
+    priority_policy: str = "fixed"
+    loss_tolerant_policy: str = "none"
 
     @property
     def nworkers(self) -> int:
@@ -97,6 +110,13 @@ class JobConfig:
         need(0 <= self.priority < 8, "priority", "must be in 0..7")
         need(0.0 <= self.bounded_loss < 1.0, "bounded_loss", "must be a fraction in [0, 1)")
         need(self.loss_deadline > 0, "loss_deadline", "must be positive (seconds)")
+        need(self.priority_policy in PRIORITY_POLICIES, "priority_policy",
+             f"{self.priority_policy!r} is not one of {', '.join(PRIORITY_POLICIES)}")
+        need(self.loss_tolerant_policy in LOSS_TOLERANT_POLICIES, "loss_tolerant_policy",
+             f"{self.loss_tolerant_policy!r} is not one of {', '.join(LOSS_TOLERANT_POLICIES)}")
+        need(self.loss_tolerant_policy == "none" or self.bounded_loss > 0, "loss_tolerant_policy",
+             f"{self.loss_tolerant_policy!r} needs bounded_loss > 0 (with no loss allowed, no "
+             "packet may be dropped)")
         return self
 
     @classmethod
@@ -105,7 +125,8 @@ class JobConfig:
         the field. Values are taken as they are (no rounding, no str -> int conversion)."""
         ints = {"job", "slot_base", "nslots", "block_size", "nlanes", "epoch", "priority"}
         floats = {"bounded_loss", "loss_deadline"}
-        known = ints | floats | {"workers"}
+        strs = {"priority_policy", "loss_tolerant_policy"}
+        known = ints | floats | strs | {"workers"}
         if not isinstance(d, dict):
             raise ConfigError(f"a job must be a mapping of fields, got {d!r}")
         for k in d:
@@ -119,6 +140,10 @@ class JobConfig:
         workers = tuple(WorkerAddr(r, *_address(w, f"workers[{r}]", L2_WORKER_FIELDS))
                         for r, w in enumerate(d["workers"]))
         kw = {k: number_field(d, k, int if k in ints else float, "") for k in (ints | floats) & d.keys()}
+        for k in strs & d.keys():
+            if not isinstance(d[k], str):
+                raise ConfigError(f"field '{k}': {d[k]!r} is not a string")
+            kw[k] = d[k]
         return cls(workers=workers, **kw).validate()
 
 
@@ -205,7 +230,8 @@ def job_to_dict(job: JobConfig) -> dict:
     return {"job": job.job, "epoch": job.epoch, "priority": job.priority,
             "slot_base": job.slot_base, "nslots": job.nslots, "block_size": job.block_size,
             "nlanes": job.nlanes, "bounded_loss": job.bounded_loss,
-            "loss_deadline": job.loss_deadline,
+            "loss_deadline": job.loss_deadline, "priority_policy": job.priority_policy,
+            "loss_tolerant_policy": job.loss_tolerant_policy,
             "workers": [{"host": w.host, "port": w.port} for w in job.workers]}
 
 
