@@ -4,16 +4,21 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test soak bench bench-quick bench-l2 bench-net profile clean help p4 p4-check testbed deploy dissector
+.PHONY: setup core demo test soak bench bench-quick bench-l2 bench-net profile clean help p4 p4-check testbed deploy dissector
 
 help:  ## list targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-$(STAMP): pyproject.toml scripts/setup.sh
+$(STAMP): pyproject.toml setup.py host_agent/_core.c scripts/setup.sh
 	bash scripts/setup.sh $(VENV) $(PYTHON)
 	touch $(STAMP)
 
-setup: $(STAMP)  ## create .venv, install Debian and Python dependencies
+setup: $(STAMP)  ## create .venv, install Debian and Python dependencies, build the agent's C core
+
+# The host agent's compiled core, rebuilt in this tree (a worktree sharing another tree's venv:
+# `make core PY=/path/to/python`).
+core:  ## rebuild host_agent/_core.c in place after changing it
+	$(PY) setup.py -q build_ext --inplace
 
 demo: $(STAMP)  ## the main job: software switch + 4 workers, sparse all-reduce vs gloo
 	$(PY) -m spina_cli.demo $(DEMO_ARGS)
@@ -73,4 +78,4 @@ dissector:  ## regenerate docs/spina.lua (Wireshark dissector) from spina/wire.p
 	$(PY) -m spina.dissector > docs/spina.lua
 
 clean:  ## remove the virtualenv and caches
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache build *.egg-info host_agent/_core.*.so

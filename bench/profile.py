@@ -35,11 +35,12 @@ def top(path: str, sort: str, n: int) -> str:
 
 
 def ncalls(path: str, name: str) -> tuple[int, float, float]:
-    """(calls, total own seconds, cumulative seconds) of functions named `name`."""
+    """(calls, total own seconds, cumulative seconds) of functions named `name`, Python or
+    built in (cProfile names those "<method 'sendto' of ...>", "<built-in method m.name>")."""
     st = pstats.Stats(path)
     calls = tt = ct = 0
     for (_, _, fn), (cc, nc, t, c, _) in st.stats.items():
-        if fn == name:
+        if fn == name or (fn.startswith("<") and (f"'{name}'" in fn or fn.endswith(f".{name}>"))):
             calls, tt, ct = calls + nc, tt + t, ct + c
     return calls, tt, ct
 
@@ -74,13 +75,13 @@ def main(argv=None) -> int:
             with open(os.path.join(out, f"{name}.txt"), "w") as f:
                 f.write(top(path, "tottime", a.top))
                 f.write(top(path, "cumulative", a.top))
-        calls = {fn: ncalls(sw, fn) for fn in ("process", "_result", "sendto", "recvfrom",
-                                               "unpack_header", "check_header", "pack_header")}
+        calls = {fn: ncalls(sw, fn) for fn in ("process_into", "_result_into", "sendto",
+                                               "recvfrom_into", "header_error", "_process")}
         acalls = {fn: ncalls(agent, fn) for fn in ("allreduce", "on_answer", "_next_round",
                                                    "_deliver", "_send",
                                                    "recvfrom_into", "sendto", "_accept",
-                                                   "scan_float_blocks", "quantize", "dequantize",
-                                                   "resend_due", "build", "gather_blocks")}
+                                                   "scan_float_blocks", "fill_round", "deliver",
+                                                   "resend_due", "build", "select")}
         summary["profile"][f"{d:g}"] = dict(
             point=str(p),
             plain=dict(median_s=sorted(plain["times"])[len(plain["times"]) // 2],

@@ -31,13 +31,19 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from host_agent import dlcp
-from host_agent.blocks import (NONFINITE_BITS, LanePlan, block_absmax_bits, dequantize,
-                               exponent_of_bits, gather_blocks, nonzero_blocks, quant_shift,
-                               quantize, scan_float_blocks, scatter_blocks)
+from host_agent.blocks import (NONFINITE_BITS, LanePlan, block_absmax_bits, exponent_of_bits,
+                               gather_blocks, nonzero_blocks, quant_shift, scan_float_blocks,
+                               scatter_blocks)
 from host_agent.recovery import MIN_RTO, Recovery, RttEstimator, Timer
 from spina import log as spina_log, rendezvous, wire
 from spina.net import bind_own_address, grow_buffers
 from spina.config import JobConfig
+
+try:  # the per-datagram data work (host_agent/_core.c)
+    from host_agent import _core
+except ImportError as e:
+    raise ImportError("host_agent._core (host_agent/_core.c) is not built: run `make setup` "
+                      "(pip install -e .), or `make core` to rebuild it in place") from e
 
 log = logging.getLogger("spina.agent")
 
@@ -99,7 +105,6 @@ class _Slot:
                                   # block not yet sent (the lane's sentinel if none)
     lanes: np.ndarray = None      # the slot's global lane numbers
     pos: np.ndarray = None        # positions of the round in flight (None: setup round), int64
-    run: int = -1                 # pos[0] if pos are consecutive blocks, else -1 (_Call._run)
     round: int = 0
     shift: int = 0
     exponent: int = 0
@@ -110,26 +115,21 @@ class _Slot:
 
 class _Buffers:
     """Memory an agent reuses across calls: per slot, the datagram a round is built in (it
-    stays there for resends), and a float32 work area for one round's rows."""
+    stays there for resends)."""
 
     def __init__(self):
         self._key = None
         self.slots: list = []
-        self.scratch: np.ndarray | None = None
 
-    def get(self, W: int, k: int, B: int) -> tuple[list, np.ndarray]:
-        """Per slot (datagram buffer, its next view (k,) >u4, its data view (k, B) >i4), and
-        a (k, B) float32 scratch."""
+    def get(self, W: int, k: int, B: int) -> list:
+        """Per slot (datagram buffer, its next view (k,) >u4)."""
         if self._key != (W, k, B):
             self.slots = []
             for _ in range(W):
                 b = bytearray(wire.packet_len(k, B, k))
-                self.slots.append((b, np.frombuffer(b, wire.NEXT_DTYPE, k, wire.HEADER_LEN),
-                                   np.frombuffer(b, wire.DATA_DTYPE, k * B,
-                                                 wire.data_offset(k)).reshape(k, B)))
-            self.scratch = np.empty((k, B), np.float32)
+                self.slots.append((b, np.frombuffer(b, wire.NEXT_DTYPE, k, wire.HEADER_LEN)))
             self._key = (W, k, B)
-        return self.slots, self.scratch
+        return self.slots
 
 
 class _Call:
@@ -163,7 +163,8 @@ class _Call:
         nz, bits, nonfinite = self._scan(blocks, dense)
         self.stats.nonzero_blocks = len(nz)
         self.plan, order = LanePlan.build(nz, W, self.k)
-        self.nonfinite = nonfinite[order] if nonfinite.any() else None  # per plan row
+        # per plan row, 1 where the block holds NaN/Inf (_core.fill_round sends those as 0)
+        self.nonfinite = nonfinite[order].view(np.uint8) if nonfinite.any() else None
         self.classes = dlcp.classify(job, self.plan, None if integer else bits[order],
                                      self.nonfinite, layer)  # each packet's priority and flags
         slot_exp = np.full(W, 0 if integer else wire.EXPONENT_NONE, np.int32)
@@ -190,13 +191,7 @@ class _Call:
         if job.bounded_loss:
             lane_ext = np.repeat(np.arange(L, dtype=np.int64), per_lane + 1)
             self.keys_ext = (lane_ext << 32) + np.where(self.pos_ext < 0, wire.END, self.pos_ext)
-        self.nfull = n // B
-        self.L = L
-        self.full2d = flat[:self.nfull * B].reshape(self.nfull, B)
-        self.out2d = self.out[:self.nfull * B].reshape(self.nfull, B)
-        # The zero-padded last block, if any, takes the slow gather/scatter; only its slot checks.
-        self.tail_slot = (self.nfull % L) // k if n % B else -1
-        self.bufs, self.scratch = buffers.get(W, k, B)
+        self.bufs = buffers.get(W, k, B)
         self.next_end = wire.data_offset(k)  # the next positions' bytes end here in a datagram
         self.all_end = bytearray(wire.END.to_bytes(4, "big") * k)
         timers = [Timer() for _ in range(W)]
@@ -278,45 +273,15 @@ class _Call:
         return False
 
     def _deliver(self, buf, t: tuple, st: _Slot) -> None:
-        """Write a data round's sums into the output blocks."""
-        present, k, B = t[_PRESENT], self.k, self.B
-        if not present:
-            return
-        if present == (1 << k) - 1:
-            where, n = st.pos, k
-        else:
-            lanes = wire.lane_indices(present, k)
-            where, n = st.pos[lanes], len(lanes)
-        data = np.frombuffer(buf, wire.DATA_DTYPE, n * B, self.next_end).reshape(n, B)
-        if st.index == self.tail_slot and (where == self.nfull).any():
-            scatter_blocks(self.out, where, data if self.integer else dequantize(data, st.shift), B)
-        elif n == k and (run := self._run(st)) >= 0:
-            # consecutive blocks (a dense region): written in place, no scatter
-            if self.integer:
-                self.out2d[run:run + k] = data
-            else:
-                dequantize(data, st.shift, self.out2d[run:run + k])
-        elif self.integer:
-            self.out2d[where] = data
-        else:
-            self.out2d[where] = dequantize(data, st.shift, self.scratch[:n])
-        if t[_NONFINITE]:
-            scatter_blocks(self.out, st.pos[wire.lane_indices(t[_NONFINITE], k)], np.nan, B)
-
-    def _run(self, st: _Slot) -> int:
-        """st.run, found on first use: the round's first position if its positions are
-        consecutive blocks (every lane), else -1 (_run_start)."""
-        if st.run == _UNKNOWN:
-            st.run = _run_start(st.pos, self.L)
-        return st.run
+        """Write a data round's sums into the output blocks (NaN where a worker reported
+        NaN/Inf)."""
+        _core.deliver(buf, self.out, st.pos, t[_PRESENT], t[_NONFINITE], st.shift, self.integer,
+                      self.B)
 
     def _next_round(self, st: _Slot, pos: np.ndarray) -> None:
         """Send this worker's blocks at positions `pos` (int64, where it has them) and its next
         ones."""
-        pos_ext = self.pos_ext
-        if self.keys_ext is None:
-            ptr = st.ptr
-        else:
+        if self.keys_ext is not None:
             # Bounded loss: a round completed without this worker may have skipped some of its
             # blocks; find each lane's first block at or after `pos`.
             ptr = np.searchsorted(self.keys_ext, (st.lanes << 32) + pos)
@@ -324,48 +289,18 @@ class _Call:
             if self.inplace and (ptr > st.ptr).any():
                 # Skipped blocks are not in any result, so they must read zero here as at
                 # every other rank.
-                skipped = np.concatenate([pos_ext[a:b] for a, b in zip(st.ptr, ptr) if b > a])
+                skipped = np.concatenate([self.pos_ext[a:b] for a, b in zip(st.ptr, ptr) if b > a])
                 scatter_blocks(self.out, skipped, 0, self.B)
-        priority, tolerant = self.classes.packet_class(pos_ext, ptr, pos)  # DLCP, per packet
-        own = pos_ext[ptr]
-        have = own == pos
-        st.ptr = ptr + have
-        nxt = pos_ext[st.ptr]
-        buf, nview, dview = self.bufs[st.index]
-        nview[:] = nxt  # -1 (sentinel) becomes END
-        st.pos, st.run = pos, _UNKNOWN
-        nrows = int(np.count_nonzero(have))
-        present = nonfinite_bits = 0
-        if nrows:
-            if nrows == self.k:  # every lane (dense regions): no mask to convert
-                present, where = (1 << self.k) - 1, own
-            else:
-                present, where = _lane_bits(have), own[have]
-            dst = dview[:nrows]
-            rows = None
-            if self.nonfinite is not None:
-                nf = self.nonfinite[ptr[have] - st.lanes[have]]
-                if nf.any():
-                    mask = np.zeros(self.k, bool)
-                    mask[have] = nf
-                    nonfinite_bits = _lane_bits(mask)
-                    rows = _finite_rows(gather_blocks(self.flat, where, self.B))
-            if rows is None and st.index == self.tail_slot and (where == self.nfull).any():
-                rows = gather_blocks(self.flat, where, self.B)
-            scratch = None
-            if rows is None:
-                run = self._run(st) if nrows == self.k else -1
-                if run >= 0:  # consecutive blocks (a dense region): read in place
-                    rows, scratch = self.full2d[run:run + nrows], self.scratch[:nrows]
-                else:  # mode="clip": no bounds check, which would buffer the output
-                    rows = np.take(self.full2d, where, axis=0, mode="clip",
-                                   out=self.scratch[:nrows].view(self.full2d.dtype))
-            if self.integer:
-                dst[:] = rows
-            else:
-                quantize(rows, st.shift, dst, scratch)
-        last = wire.FLAG_LAST if buf[wire.HEADER_LEN:self.next_end] == self.all_end else 0
-        self._send(st, last | tolerant, st.exponent, present, nonfinite_bits, nrows, priority)
+            st.ptr = ptr
+        st.pos = pos
+        priority, tolerant = self.classes.packet_class(self.pos_ext, st.ptr, pos)  # DLCP
+        # gather, quantize and write the rows and next positions into the datagram; st.ptr
+        # steps past the blocks sent
+        present, nonfinite_bits, nrows, last = _core.fill_round(
+            self.bufs[st.index][0], self.flat, self.pos_ext, st.ptr, pos, self.nonfinite,
+            st.index * self.k, st.shift, self.integer, self.B)
+        self._send(st, (wire.FLAG_LAST if last else 0) | tolerant, st.exponent, present,
+                   nonfinite_bits, nrows, priority)
 
     def _send(self, st: _Slot, flags: int, exponent: int, present: int, nonfinite: int,
               nrows: int, priority: int | None = None) -> None:
@@ -455,26 +390,9 @@ def _check_block_hint(flat: np.ndarray, blocks: np.ndarray, block_size: int) -> 
                          f"first {missed[:5].tolist()}: the agent would not send them")
 
 
-_UNKNOWN = -2  # _Slot.run not looked at yet
-
-
-def _run_start(where: np.ndarray, nlanes_total: int) -> int:
-    """The first position if block positions `where` (one per lane of a slot, lanes
-    ascending) are consecutive blocks in lane order (a dense region), else -1. A lane has one
-    block per period of the job's lanes, so n positions within one period that span n
-    blocks are consecutive, and in lane order."""
-    lo, hi = int(where.min()), int(where.max())
-    return lo if hi - lo == len(where) - 1 and lo // nlanes_total == hi // nlanes_total else -1
-
-
 def _finite_rows(rows: np.ndarray) -> np.ndarray:
     """Rows with NaN/Inf replaced by 0 (the block is reported non-finite separately)."""
     return np.where(np.isfinite(rows), rows, np.float32(0))
-
-
-def _lane_bits(mask: np.ndarray) -> int:
-    """(nlanes,) bool -> the lane bitmap as a Python int (bit i = lane i)."""
-    return int.from_bytes(np.packbits(mask, bitorder="little").tobytes(), "little")
 
 
 _CODE = {np.dtype(np.float32): "float", np.dtype(np.float16): "float", np.dtype(np.float64): "float",
