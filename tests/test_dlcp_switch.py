@@ -113,3 +113,51 @@ def test_controller_refuses_a_bound_out_of_range(tmp_path, bound):
     lines = [x for x in out.stderr.splitlines() if x.strip()]
     assert out.returncode == 2 and len(lines) == 1, out.stderr
     assert "jobs[0]" in lines[0] and "bounded_loss" in lines[0] and "Traceback" not in lines[0]
+
+
+def test_contribution_dropped_at_a_leaf_becomes_a_partial_round():
+    """A leaf forwards a job's contributions over a congested uplink to the aggregating
+    switch: it drops rank 0's loss-tolerant contribution (the budget allowing), and rank 1's
+    flush completes the round PARTIAL: both ranks get the same bits, bitmap naming rank 1 only.
+    Frame by frame through two software switches (the flush is the one an agent would send)."""
+    from bmv2_tests.helpers import (SWITCH_IP, SWITCH_MAC, InaEntries, contrib, rid, worker_mac,
+                                    worker_port)
+    ina_at = 14 + 20 + 8
+    uplink, leaf_port_at_agg = 9, 1
+    leaf, agg = Dataplane(pool_slots=8), Dataplane(pool_slots=8)
+    leaf.table_add("l2", {"dst_mac": SWITCH_MAC}, "bridge", {"port": uplink})
+    for r in (0, 1):
+        leaf.table_add("l2", {"dst_mac": worker_mac(r)}, "bridge", {"port": worker_port(r)})
+    leaf.table_add("congestion", {"job": 7}, "set_congestion", {"qdepth": 0, "bound": ONE // 2})
+    for port in (uplink, worker_port(0), worker_port(1)):
+        leaf.qdepth[port] = 5  # every queue is deep: results pass all the same
+    entries = InaEntries(agg)
+    entries.add_ina_endpoint_entry(SWITCH_IP)
+    for r in (0, 1):
+        entries.add_admission_entry(r, 2, port=leaf_port_at_agg)
+        entries.add_worker_rewrite_entry(r)
+    agg.mcast_group_set(spec.mcast_grp(7), [(leaf_port_at_agg, rid(r)) for r in (0, 1)])
+
+    def send(rank: int, frame: bytes) -> list[tuple[int, bytes]]:
+        """Worker -> leaf -> (uplink) -> aggregator -> leaf -> workers."""
+        out = []
+        for port, f in leaf.process(frame, worker_port(rank)):
+            assert port == uplink
+            for _, g in agg.process(f, leaf_port_at_agg):
+                out += leaf.process(g, uplink)
+        return out
+
+    values = {r: [10 * r + i for i in range(32)] for r in (0, 1)}
+    assert send(1, contrib(1, blocks={0: values[1]})) == []  # earns half a packet of credit
+    assert send(0, contrib(0, blocks={0: values[0]}, flags=wire.FLAG_LOSS_TOLERANT)) == []
+    assert leaf.counters["job_congestion_drops"][7] == 1  # rank 0's never reached the aggregator
+    flush = contrib(1, blocks={0: values[1]}, flags=wire.FLAG_RESEND | wire.FLAG_PARTIAL)
+    got = send(1, flush)
+    assert sorted(p for p, _ in got) == [worker_port(0), worker_port(1)]
+    results = [wire.unpack(f[ina_at:]) for _, f in got]
+    for p in results:
+        assert p.header.msg_type == wire.MSG_RESULT and p.header.flags & wire.FLAG_PARTIAL
+        assert p.header.bitmap == 0b10
+        assert p.data.tolist() == [values[1]]
+    assert got[0][1][ina_at:] == got[1][1][ina_at:]  # identical bits for every rank
+    assert (leaf.counters["job_congestion_seen"][7], agg.counters["job_aggregated"][7]) == (3, 1)
