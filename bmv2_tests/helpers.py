@@ -136,9 +136,6 @@ class ForwardingEntries:
         self.t.table_add("ipv4_routes", {"dst_addr": prefix}, "route",
                          {"port": port, "src_mac": src_mac, "dst_mac": dst_mac})
 
-    def set_qdepth_threshold(self, qdepth: int):
-        self.t.table_set_default("congestion", "set_qdepth_threshold", {"qdepth": qdepth})
-
 
 def expect(target, expected: dict[int, list[bytes]], timeout: float = 0.5):
     """Exactly these frames on these ports (in order per port) and nothing anywhere else."""

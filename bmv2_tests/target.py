@@ -1,6 +1,6 @@
 """The target interface the conformance tests are written against, and the software target.
 
-A target takes table entries, multicast groups and the congestion threshold by their P4 names
+A target takes table entries and multicast groups by their P4 names
 (spina/spec.py), takes frames on numbered ports, and lets a test check exactly what left
 on which port and read counters and registers. Every target is written through the
 controller's P4Runtime client (`P4RuntimeTarget`: controller.p4rt.Connection, whose P4Info
@@ -91,15 +91,12 @@ class P4RuntimeTarget(Target):
         return self.registers.read(name, index)
 
     def clear_tables(self) -> None:
-        """Every control clears its own tables and groups (the controller's classes), and the
-        congestion threshold goes back to never dropping."""
+        """Every control clears its own tables and groups (the controller's classes)."""
         c = self.conn
         self.conn.write([u for ctl in (controls.Admission(c), controls.InaEndpoint(c),
                                        controls.WorkerRewrite(c), controls.Replication(c),
-                                       controls.Forwarding(c))
+                                       controls.Forwarding(c), controls.CongestionDrop(c))
                          for u in ctl.clear()])
-        self.table_set_default("congestion", "set_qdepth_threshold",
-                               {"qdepth": spec.QDEPTH_NEVER})
 
 
 class SoftTarget(P4RuntimeTarget):

@@ -184,13 +184,11 @@ class SwitchSession:
         return rep
 
     def wipe(self) -> int:
-        """Every control clears its own state: entries, groups, default action, the whole slot
+        """Every control clears its own state: entries, groups, the whole slot
         pool. The pipeline stays; `deploy` puts the desired state back. Returns deletes sent."""
         self.conn.require_primary()
         deletes = [u for c in self.controls for u in c.clear()]
         self.conn.write(deletes)
-        self.conn.write([(pb.Update.MODIFY, pb.Entity(table_entry=d))
-                         for d in self.congestion.default_entries(None, self.sw)])
         self.aggregator.clear_slots(0, self.sw.pool_slots)
         return len(deletes)
 

@@ -9,7 +9,8 @@ exactly as in the P4 program and looked up in the P4Info (never an ID).
     Aggregator (aggregator.p4)      Aggregator            slot registers, job_* counters
     Forwarding (forwarding.p4)      Forwarding            tables l2, ipv4_routes
     Priority (priority.p4)          (none)                no state: queue = INA priority
-    CongestionDrop (priority.p4)    CongestionDrop        table congestion, job_congestion_drops
+    CongestionDrop (priority.p4)    CongestionDrop        table congestion, job_congestion_drops,
+                                                          job_congestion_seen
     WorkerRewrite (egress_rewrite)  WorkerRewrite         table worker_rewrite, job_results
     packet replication engine       Replication           multicast groups
 
@@ -164,28 +165,27 @@ class Forwarding(Control):
 
 
 class CongestionDrop(Control):
-    """One queue-depth threshold per switch (a keyless table): the smallest any job (or the
-    switch's own `drop_qdepth`) asks for."""
+    """Per job: the queue depth above which its loss-tolerant contributions may be dropped and
+    its loss bound, which the switch enforces with its own credit register (job_loss_credit)
+    whatever the hosts flag. Every switch gets every job with a bound, as a contribution may
+    queue at any switch on its way to the aggregating one; a job without an entry (bound 0) is
+    never dropped."""
     tables = ("congestion",)
-    counters = ("job_congestion_drops",)
+    counters = ("job_congestion_drops", "job_congestion_seen")
 
-    def threshold(self, state, sw) -> int:
-        if state is None:  # cleared: the P4 program's default, never drop
-            return spec.QDEPTH_NEVER
-        asked = [j.drop_qdepth for j in state.jobs_on(sw) if j.drop_qdepth is not None]
-        if sw.drop_qdepth is not None:
-            asked.append(sw.drop_qdepth)
-        return min(asked, default=spec.QDEPTH_NEVER)
+    @staticmethod
+    def threshold(job: Job, sw: Switch) -> int:
+        """The job's own drop_qdepth, else the switch's, else never."""
+        if job.drop_qdepth is not None:
+            return job.drop_qdepth
+        return spec.QDEPTH_NEVER if sw.drop_qdepth is None else sw.drop_qdepth
 
     def entries(self, state, sw):
-        return []
-
-    def installed(self):
-        return []  # keyless: only its default action
-
-    def default_entries(self, state, sw):
-        return [self.index.table_entry("congestion", {}, "set_qdepth_threshold",
-                                       {"qdepth": self.threshold(state, sw)}, default=True)]
+        return [self.index.table_entry("congestion", {"job": job.id}, "set_congestion",
+                                       {"qdepth": self.threshold(job, sw),
+                                        "bound": spec.loss_bound(job.bounded_loss)})
+                for job in sorted(state.jobs.values(), key=lambda j: j.id)
+                if spec.loss_bound(job.bounded_loss)]
 
 
 class WorkerRewrite(Control):

@@ -9,8 +9,8 @@ servicer.
 `L2Switch` attaches a Dataplane to interfaces (veth, mininet links) with AF_PACKET raw
 sockets, numbered like BMv2's `-i N@intf`.
 
-Tables are held by their P4 names (spina/spec.py) behind `table_add`, `table_delete`,
-`table_set_default` and `mcast_group_set`: the switch's device interface, which its P4Runtime
+Tables are held by their P4 names (spina/spec.py) behind `table_add`, `table_delete` and
+`mcast_group_set` (every default action is the P4 program's): the device interface its P4Runtime
 service (p4runtime_server.py) calls. The controller writes them, over gRPC or in process
 (controller.controller.program_in_process for `python -m softswitch l2 --config`).
 
@@ -169,6 +169,9 @@ class Dataplane:
             self.worker_rewrite[int(key["rid"])] = (
                 mac_bytes(params["dst_mac"]), socket.inet_aton(ip_str(params["dst_addr"])),
                 int(params["dst_port"]))
+        elif table == "congestion":
+            self.pipeline.congestion[int(key["job"])] = (int(params["qdepth"]),
+                                                         int(params["bound"]))
         else:
             raise KeyError(f"table {table!r} takes no entries here")
 
@@ -185,14 +188,10 @@ class Dataplane:
             self.ipv4_routes.pop(ipaddress.IPv4Network(key["dst_addr"], strict=False), None)
         elif table == "worker_rewrite":
             self.worker_rewrite.pop(int(key["rid"]), None)
+        elif table == "congestion":
+            self.pipeline.congestion.pop(int(key["job"]), None)
         else:
             raise KeyError(f"no table {table!r} with entries")
-
-    def table_set_default(self, table: str, action: str, params: dict | None = None) -> None:
-        """Only `congestion` has a default action with parameters."""
-        if table != "congestion" or action != "set_qdepth_threshold":
-            raise KeyError(f"table {table!r}: default action {action!r} is fixed")
-        self.pipeline.qdepth_threshold = int((params or {})["qdepth"])
 
     def mcast_group_set(self, grp: int, replicas: list[tuple[int, int]]) -> None:
         """Packet replication engine: group -> [(egress port, replication id)]."""

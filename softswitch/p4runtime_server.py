@@ -92,6 +92,7 @@ def missing_from(p4info) -> list[str]:
         out += [f"parameter {a.name}({p})" for p, _ in a.params if p not in have]
     out += [f"counter {c}" for c in spec.COUNTERS if c not in counters]
     out += [f"register {r}" for r in spec.p4_register_names() if r not in registers]
+    out += [f"register {r.name}" for r in spec.JOB_REGISTERS if r.name not in registers]
     return out
 
 
@@ -267,8 +268,9 @@ class SoftSwitchServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
         dp.mcast_groups.clear()
         dp.worker_rewrite.clear()
         dp.pipeline.admission.clear()
-        dp.pipeline.qdepth_threshold = spec.QDEPTH_NEVER
-        for arr in list(dp.pipeline.registers.values()) + list(dp.pipeline.counters.values()):
+        dp.pipeline.congestion.clear()
+        for arr in (list(dp.pipeline.registers.values()) + list(dp.pipeline.job_registers.values())
+                    + list(dp.pipeline.counters.values())):
             arr[...] = 0
         self.entries = {name: {} for name in spec.TABLES}
         self.defaults = {}
@@ -414,15 +416,10 @@ class SoftSwitchServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
                 raise P4RuntimeError(grpc.StatusCode.INVALID_ARGUMENT,
                                      f"table {st.name}: the default action takes MODIFY only")
             if entry.action.WhichOneof("type") is None:  # reset to the P4 default
-                if st.name == "congestion":
-                    self.dp.table_set_default("congestion", "set_qdepth_threshold",
-                                              {"qdepth": spec.QDEPTH_NEVER})
                 self.defaults.pop(st.name, None)
                 return
             action, params = self._decode_action(st, entry)
-            if st.name == "congestion":
-                self.dp.table_set_default(st.name, action, params)
-            elif action != st.default or params:
+            if action != st.default or params:
                 raise P4RuntimeError(grpc.StatusCode.PERMISSION_DENIED,
                                      f"table {st.name}: default action is fixed to {st.default}")
             self.defaults[st.name] = canonical_entry(entry)
@@ -479,12 +476,17 @@ class SoftSwitchServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
         if info is None:
             raise P4RuntimeError(grpc.StatusCode.NOT_FOUND, f"no register with id {reg_id}")
         name = info.preamble.name
-        base, lane, elem = spec.split_p4_register(name)
-        reg = {r.name: r for r in spec.REGISTERS}.get(base)
-        if reg is None:
-            raise P4RuntimeError(grpc.StatusCode.NOT_FOUND,
-                                 f"register {name} is not implemented by the software switch")
-        arr = self.dp.pipeline.registers[base]
+        job_reg = {r.name: r for r in spec.JOB_REGISTERS}.get(name)
+        if job_reg is not None:  # one cell per job id
+            base, lane, elem, reg = name, None, None, job_reg
+            arr = self.dp.pipeline.job_registers[name]
+        else:
+            base, lane, elem = spec.split_p4_register(name)
+            reg = {r.name: r for r in spec.REGISTERS}.get(base)
+            if reg is None:
+                raise P4RuntimeError(grpc.StatusCode.NOT_FOUND,
+                                     f"register {name} is not implemented by the software switch")
+            arr = self.dp.pipeline.registers[base]
         col = None
         if reg.shape == spec.LANE:
             col = lane
@@ -562,11 +564,6 @@ class SoftSwitchServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
                     if d is None:  # the P4 program's default
                         d = pb.TableEntry(table_id=tid, is_default_action=True)
                         d.action.action.action_id = self.pipe.action_ids[st.default]
-                        if st.name == "congestion":  # set_qdepth_threshold(QDEPTH_NEVER)
-                            qdepth = self.pipe.actions[d.action.action.action_id].params[0]
-                            d.action.action.params.add(
-                                param_id=qdepth.id,
-                                value=encode(spec.QDEPTH_NEVER, qdepth.bitwidth))
                     out.append(pb.Entity(table_entry=d))
                     continue
                 rows = self.entries.get(st.name, {})

@@ -8,6 +8,7 @@ Names (docs/operations.md lists every metric of every process):
     spina_job_packets_aggregated_total{job_id}     job_aggregated: contributions added to a slot
     spina_job_results_total{job_id}                job_results: result copies (rounds x workers)
     spina_job_drops_total{job_id,cause}            cause: duplicate | stale | congestion
+    spina_job_congestion_seen_total{job_id}        job_congestion_seen: the loss budget's base
     spina_port_drops_total{port,cause}             cause: malformed | unadmitted
 
 The job label is `job_id`, not `job`: Prometheus gives every target a `job` label of its own.
@@ -30,6 +31,9 @@ JOB_FAMILIES = {
                        "duplicate"),
     "job_stale": ("spina_job_drops", None, "stale"),
     "job_congestion_drops": ("spina_job_drops", None, "congestion"),
+    "job_congestion_seen": ("spina_job_congestion_seen",
+                            "Contributions the congestion drop saw (the loss budget's base), "
+                            "per job.", None),
 }
 PORT_FAMILIES = {
     "port_malformed": ("spina_port_drops", "Packets dropped at ingress, per port and cause.",

@@ -44,7 +44,7 @@ IP_PROTO_UDP = 17
 INA_UDP_PORT = wire.DEFAULT_UDP_PORT  # the parser recognises INA packets by this dst port
 
 # ---------------------------------------------------------------- registers
-SLOT, LANE, VALUE = "slot", "lane", "value"
+SLOT, LANE, VALUE, JOB = "slot", "lane", "value", "job"  # JOB: one cell per job id
 
 
 @dataclass(frozen=True)
@@ -96,9 +96,31 @@ def split_p4_register(name: str) -> tuple[str, int | None, int | None]:
 
 # ---------------------------------------------------------------- counters
 JOB_COUNTERS = ("job_received", "job_aggregated", "job_duplicates", "job_results",
-                "job_stale", "job_congestion_drops")
+                "job_stale", "job_congestion_drops", "job_congestion_seen")
 PORT_COUNTERS = ("port_malformed", "port_unadmitted")
 COUNTERS = {**{n: MAX_JOBS for n in JOB_COUNTERS}, **{n: MAX_PORTS for n in PORT_COUNTERS}}
+
+
+# ---------------------------------------------------------------- the loss budget (priority.p4)
+# A job's loss bound is a fixed-point fraction of its packets: `bound` / LOSS_CREDIT_ONE. Each
+# contribution of the job the congestion drop sees earns `bound` credit and each drop pays
+# LOSS_CREDIT_ONE, so drops never exceed floor(seen x bound / LOSS_CREDIT_ONE): the bound is the
+# switch's, whatever the hosts flag. Credit saturates at LOSS_CREDIT_MAX, so a long quiet spell
+# buys a burst of at most LOSS_BURST drops beyond the bound, never a run of losses.
+LOSS_BOUND_BITS = 16
+LOSS_CREDIT_ONE = 1 << LOSS_BOUND_BITS  # one packet's worth of credit
+LOSS_BURST = 4
+LOSS_CREDIT_MAX = LOSS_BURST * LOSS_CREDIT_ONE
+# Per-job registers (one cell per job id, not per slot copy): the loss credit.
+JOB_REGISTERS = (Register("job_loss_credit", 32, JOB),)
+
+
+def loss_bound(fraction: float) -> int:
+    """A job's `bounded_loss` (a fraction in [0, 1)) as the switch's fixed-point `bound`,
+    rounded down so that the switch never allows more than the job asked for."""
+    if not 0.0 <= fraction < 1.0:
+        raise ValueError(f"bounded_loss must be a fraction in [0, 1), got {fraction!r}")
+    return int(fraction * LOSS_CREDIT_ONE)
 
 
 # ---------------------------------------------------------------- tables and actions
@@ -129,7 +151,7 @@ ACTIONS = {a.name: a for a in (
     Action("admit", (("epoch", 16), ("slot_base", 16), ("nslots", 16), ("nworkers", 8),
                      ("block_size", 16), ("nlanes", 8), ("mcast_grp", 16))),
     Action("reject"),
-    Action("set_qdepth_threshold", (("qdepth", 19),)),
+    Action("set_congestion", (("qdepth", 19), ("bound", LOSS_BOUND_BITS))),
     Action("bridge", (("port", 9),)),
     Action("route", (("port", 9), ("src_mac", 48), ("dst_mac", 48))),
     Action("rewrite_for_worker", (("dst_mac", 48), ("dst_addr", 32), ("dst_port", 16))),
@@ -148,7 +170,11 @@ TABLES = {t.name: t for t in (
                         Key("src_port", "exact", 16), Key("job", "exact", 16),
                         Key("rank", "exact", 8)),
           ("admit", "reject"), "reject", P4_SIZES["ADMISSION_ENTRIES"]),
-    Table("congestion", (), ("set_qdepth_threshold",), "set_qdepth_threshold", 1),
+    # Per job: the queue depth above which its loss-tolerant contributions may be dropped, and
+    # its loss bound (a miss: never dropped). Sized like admission: a job has one entry there
+    # at least.
+    Table("congestion", (Key("job", "exact", 16),), ("set_congestion", "NoAction"), "NoAction",
+          P4_SIZES["ADMISSION_ENTRIES"]),
     Table("l2", (Key("dst_mac", "exact", 48),), ("bridge", "NoAction"), "NoAction",
           P4_SIZES["L2_ENTRIES"]),
     Table("ipv4_routes", (Key("dst_addr", "lpm", 32),), ("route", "drop"), "drop",
@@ -222,4 +248,9 @@ def p4info():
         pr.preamble.id, pr.preamble.name = _p4_id("register", name), name
         pr.type_spec.bitstring.bit.bitwidth = widths[split_p4_register(name)[0]]
         pr.size = 2 * P4_SIZES["POOL_SLOTS"]
+    for r in JOB_REGISTERS:
+        pr = info.registers.add()
+        pr.preamble.id, pr.preamble.name = _p4_id("register", r.name), r.name
+        pr.type_spec.bitstring.bit.bitwidth = r.width
+        pr.size = MAX_JOBS
     return info

@@ -192,8 +192,8 @@ def new_state(tmp_path, address, jobs=()):
 
 # ---------------------------------------------------------------- tests
 def test_deploy_pushes_pipeline_then_endpoint(fake, tmp_path):
-    """An empty switch gets the P4Info with its cookie, then the congestion default (the fake
-    reports none) and one ina_endpoint INSERT."""
+    """An empty switch gets the P4Info with its cookie, then one ina_endpoint INSERT (no job
+    has a loss bound: no congestion entry)."""
     sw = fake()
     st = new_state(tmp_path, sw.address)
     with Controller(st, election=3, registers={"s1": RecordingRegisters()}) as c:
@@ -209,10 +209,6 @@ def test_deploy_pushes_pipeline_then_endpoint(fake, tmp_path):
     (write,) = sw.calls("Write")
     t, a = ids(info, "tables"), ids(info, "actions")
     want_w = pb.WriteRequest(device_id=0, election_id=pb.Uint128(low=3))
-    d = want_w.updates.add(type=pb.Update.MODIFY).entity.table_entry
-    d.table_id, d.is_default_action = t["congestion"], True
-    d.action.action.action_id = a["set_qdepth_threshold"]
-    d.action.action.params.add(param_id=1, value=encode(spec.QDEPTH_NEVER, 19))
     u = want_w.updates.add(type=pb.Update.INSERT)
     u.entity.table_entry.table_id = t["ina_endpoint"]
     u.entity.table_entry.match.add(field_id=1).exact.value = bytes([10, 0, 0, 100])
@@ -235,10 +231,6 @@ def test_job_entries_use_the_p4info_ids(fake, tmp_path):
     t, a = ids(info, "tables"), ids(info, "actions")
     (write,) = sw.calls("Write")
     want = pb.WriteRequest(device_id=0, election_id=pb.Uint128(low=1))
-    d = want.updates.add(type=pb.Update.MODIFY).entity.table_entry
-    d.table_id, d.is_default_action = t["congestion"], True
-    d.action.action.action_id = a["set_qdepth_threshold"]
-    d.action.action.params.add(param_id=1, value=encode(spec.QDEPTH_NEVER, 19))
     g = want.updates.add(type=pb.Update.INSERT).entity.packet_replication_engine_entry
     g.multicast_group_entry.multicast_group_id = 8
     g.multicast_group_entry.replicas.add(egress_port=0, instance=7 * 32 + 1)
@@ -469,10 +461,14 @@ def test_cli_job_add_and_remove_update_the_file(fake, tmp_path, capsys):
 
 
 def test_switch_endpoints_and_threshold(fake, tmp_path):
-    """A switch's ina_endpoints replace its address in ina_endpoint ([] writes none), and its
-    drop_qdepth joins its jobs' in the congestion threshold (the smallest wins)."""
+    """A switch's ina_endpoints replace its address in ina_endpoint ([] writes none); each job
+    with a loss bound gets a congestion entry: its bound in 1/65536 (rounded down) and its own
+    drop_qdepth, else the switch's."""
     sw = fake()
-    d = doc(sw.address, [dict(JOB7, drop_qdepth=40)])
+    job8 = {"id": 8, "members": ["w2", "w3"], "nslots": 2, "slot_base": 6, "block_size": 32,
+            "nlanes": 4, "bounded_loss": 0.01}
+    job9 = dict(job8, id=9, slot_base=8, bounded_loss=0.0)  # bound 0: no entry, never dropped
+    d = doc(sw.address, [dict(JOB7, drop_qdepth=40, bounded_loss=0.1), job8, job9])
     d["switches"][0].update(ina_endpoints=["10.0.0.100", "10.0.0.101"], drop_qdepth=30)
     p = tmp_path / "spina.yaml"
     p.write_text(yaml.safe_dump(d))
@@ -483,9 +479,12 @@ def test_switch_endpoints_and_threshold(fake, tmp_path):
     assert sorted(t.match[0].exact.value for t in sw.tables.values()
                   if t.table_id == tid["ina_endpoint"]) == [encode("10.0.0.100", 32),
                                                             encode("10.0.0.101", 32)]
-    default = sw.defaults[tid["congestion"]].action.action
-    assert (default.action_id, [x.value for x in default.params]) == \
-        (aid["set_qdepth_threshold"], [encode(30, 19)])
+    congestion = {t.match[0].exact.value: (t.action.action.action_id,
+                                            [x.value for x in t.action.action.params])
+                  for t in sw.tables.values() if t.table_id == tid["congestion"]}
+    setc = aid["set_congestion"]
+    assert congestion == {encode(7, 16): (setc, [encode(40, 19), encode(6553, 16)]),
+                          encode(8, 16): (setc, [encode(30, 19), encode(655, 16)])}
     d["switches"][0]["ina_endpoints"] = []
     p.write_text(yaml.safe_dump(d))
     with Controller(state_mod.load(p), registers={"s1": RecordingRegisters()}) as c:
@@ -494,7 +493,7 @@ def test_switch_endpoints_and_threshold(fake, tmp_path):
 
 
 def test_wipe_lets_each_control_clear_its_state(fake, tmp_path):
-    """`reset --wipe`: every entry and group deleted, threshold reset, whole pool cleared."""
+    """`reset --wipe`: every entry and group deleted, whole pool cleared."""
     sw = fake()
     st = new_state(tmp_path, sw.address, [JOB7])
     regs = RecordingRegisters()

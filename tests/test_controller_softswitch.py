@@ -217,7 +217,8 @@ def test_removal_clears_only_that_jobs_slots(inproc, tmp_path):
 
 
 def test_l2_dataplane_programmed_by_controller(tmp_path):
-    """The L2-mode Dataplane gets admission, groups, rewrites and l2 entries from the controller."""
+    """The L2-mode Dataplane gets admission, groups, rewrites, l2 and congestion entries from
+    the controller."""
     dp = Dataplane()
     with P4RuntimeServer(dp, "127.0.0.1:0") as srv:
         d = desired(srv.address, 47000, nworkers=2)
@@ -225,7 +226,7 @@ def test_l2_dataplane_programmed_by_controller(tmp_path):
         for i, w in enumerate(d["workers"]):
             w.update(ip=f"10.0.0.{i + 1}", switch_port=i + 1, mac=f"02:00:00:00:01:0{i}")
         d["jobs"] = [{"id": 7, "members": ["w0", "w1"], "nslots": 4, "slot_base": 0,
-                      "block_size": 32, "nlanes": 4, "drop_qdepth": 64}]
+                      "block_size": 32, "nlanes": 4, "drop_qdepth": 64, "bounded_loss": 0.1}]
         p = tmp_path / "spina.yaml"
         p.write_text(yaml.safe_dump(d))
         with Controller(state_mod.load(p)) as c:
@@ -233,7 +234,7 @@ def test_l2_dataplane_programmed_by_controller(tmp_path):
     assert dp.mcast_groups == {8: [(1, 225), (2, 226)]}
     assert dp.worker_rewrite[226][2] == d["workers"][1]["udp_port"]
     assert dp.l2 == {bytes.fromhex("020000000100"): 1, bytes.fromhex("020000000101"): 2}
-    assert dp.pipeline.qdepth_threshold == 64
+    assert dp.pipeline.congestion == {7: (64, spec.loss_bound(0.1))}
     assert {k[0] for k in dp.pipeline.admission} == {1, 2}
 
 

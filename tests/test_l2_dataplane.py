@@ -27,7 +27,7 @@ CFG = {"endpoints": ["10.0.0.100"],
        "routes": [{"prefix": "10.1.0.0/16", "port": 3, "src_mac": "02:00:00:00:00:fe",
                    "dst_mac": "02:00:00:00:00:fd"}],
        "qdepth_threshold": 9,
-       "jobs": [{"job": 3, "nslots": 4, "block_size": 32, "nlanes": 4,
+       "jobs": [{"job": 3, "nslots": 4, "block_size": 32, "nlanes": 4, "bounded_loss": 0.1,
                  "workers": [{"host": "10.0.0.1", "port": 50000, "mac": "02:00:00:00:01:00",
                               "switch_port": 1},
                              {"host": "10.0.0.2", "port": 50001, "mac": "02:00:00:00:01:01",
@@ -36,13 +36,14 @@ CFG = {"endpoints": ["10.0.0.100"],
 
 def test_configure_fills_every_table():
     """A switch config becomes endpoint, l2 (the config's and each worker's MAC), route,
-    congestion, admission, group and rewrites, with the controller's group and rid numbers."""
+    congestion (the job's bound with the switch's threshold), admission, group and rewrites,
+    with the controller's group and rid numbers."""
     dp = Dataplane()
     configure(dp, CFG)
     assert dp.ina_endpoint == {bytes([10, 0, 0, 100])}
     assert dp.l2 == {bytes.fromhex("020000000100"): 1, bytes.fromhex("020000000101"): 2}
     assert list(dp.ipv4_routes.values())[0].port == 3
-    assert dp.pipeline.qdepth_threshold == 9
+    assert dp.pipeline.congestion == {3: (9, spec.loss_bound(0.1))}
     assert dp.mcast_groups == {spec.mcast_grp(3): [(1, spec.rid(3, 0)), (2, spec.rid(3, 1))]}
     assert dp.worker_rewrite[spec.rid(3, 1)] == (bytes.fromhex("020000000101"),
                                                  bytes([10, 0, 0, 2]), 50001)
@@ -53,12 +54,12 @@ def test_configure_fills_every_table():
 
 
 def test_configure_without_endpoints_forwards_only():
-    """A switch config without endpoints (a leaf) gets no ina_endpoint entry; its threshold
-    alone sets the congestion default."""
+    """A switch config without endpoints (a leaf) gets no ina_endpoint entry; without a job
+    that has a loss bound its threshold alone installs no congestion entry (never drops)."""
     dp = Dataplane()
     configure(dp, {"l2": [{"mac": "02:00:00:00:01:00", "port": 1}], "qdepth_threshold": 5})
-    assert (dp.ina_endpoint, dp.l2, dp.pipeline.qdepth_threshold) == \
-        (set(), {bytes.fromhex("020000000100"): 1}, 5)
+    assert (dp.ina_endpoint, dp.l2, dp.pipeline.congestion) == \
+        (set(), {bytes.fromhex("020000000100"): 1}, {})
 
 
 def test_configure_errors_name_the_field():

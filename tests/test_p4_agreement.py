@@ -51,25 +51,23 @@ def test_block_header_has_block_size_elements(bmv2_json):
 
 
 def test_tables_actions_and_defaults_agree(bmv2_json):
-    """Every table of spec.TABLES has the same actions and default action in the program;
-    congestion's default threshold is QDEPTH_NEVER."""
+    """Every table of spec.TABLES has the same actions and default action in the program."""
     actions = {a["id"]: a["name"] for a in bmv2_json["actions"]}
     tables = {t["name"]: t for p in bmv2_json["pipelines"] for t in p["tables"]}
     for t in spec.TABLES.values():
         got = tables[t.name]
         assert set(got["actions"]) == set(t.actions), t.name
         assert actions[got["default_entry"]["action_id"]] == t.default, t.name
-    data = tables["congestion"]["default_entry"]["action_data"]
-    assert [int(v, 16) for v in data] == [spec.QDEPTH_NEVER]
 
 
 def test_register_and_counter_arrays_agree(bmv2_json):
-    """The program's register arrays (names, cell widths, two copies per slot) and counter
-    arrays (names, sizes) are spec's."""
+    """The program's register arrays (names, cell widths, two copies per slot or one cell per
+    job) and counter arrays (names, sizes) are spec's."""
     widths = {r.name: r.width for r in spec.REGISTERS}
     assert {r["name"]: (r["bitwidth"], r["size"]) for r in bmv2_json["register_arrays"]} == \
         {n: (widths[spec.split_p4_register(n)[0]], 2 * spec.P4_SIZES["POOL_SLOTS"])
-         for n in spec.p4_register_names()}
+         for n in spec.p4_register_names()} | \
+        {r.name: (r.width, spec.MAX_JOBS) for r in spec.JOB_REGISTERS}
     assert {c["name"]: c["size"] for c in bmv2_json["counter_arrays"]} == spec.COUNTERS
 
 
@@ -114,7 +112,7 @@ def test_software_switch_uses_spec_names():
     dp = Dataplane(pool_slots=4, slot_capacity=128)
     assert set(dp.registers) == set(spec.REGISTER_NAMES)
     assert set(dp.counters) == set(spec.COUNTERS)
-    writable = {"ina_endpoint", "admission", "l2", "ipv4_routes", "worker_rewrite"}
-    assert writable | {"congestion"} == set(spec.TABLES)  # congestion: default action only
+    writable = {"ina_endpoint", "admission", "l2", "ipv4_routes", "worker_rewrite", "congestion"}
+    assert writable == set(spec.TABLES)
     for name in spec.p4_register_names():
         dp.register(name, 0)  # every P4 register name resolves

@@ -121,16 +121,26 @@ def test_reads_wildcard_and_exact(conn):
     assert got.table_entry.match[0].exact.value == bytes.fromhex("020000000002")
 
 
-def test_default_action_of_congestion(conn, server):
-    """MODIFY of congestion's default action sets the threshold; reading it returns it."""
+def test_congestion_entries_and_fixed_defaults(conn, server):
+    """A congestion entry (per job) reaches the pipeline and is read back; a bound wider than
+    its 16 bits is refused naming the parameter; a default action cannot be changed."""
     _, dp = server
-    d = conn.index.table_entry("congestion", {}, "set_qdepth_threshold", {"qdepth": 12},
-                               default=True)
-    write(conn, pb.Update.MODIFY, pb.Entity(table_entry=d))
-    assert dp.pipeline.qdepth_threshold == 12
-    q = pb.Entity(table_entry=pb.TableEntry(table_id=d.table_id, is_default_action=True))
-    (got,) = conn.read([q])
-    assert got.table_entry.action.action.params[0].value == b"\x0c"
+    e = conn.index.table_entry("congestion", {"job": 7}, "set_congestion",
+                               {"qdepth": 12, "bound": 655})
+    write(conn, pb.Update.INSERT, pb.Entity(table_entry=e))
+    assert dp.pipeline.congestion == {7: (12, 655)}
+    (got,) = conn.read([pb.Entity(table_entry=pb.TableEntry(table_id=e.table_id))])
+    assert [p.value for p in got.table_entry.action.action.params] == [b"\x0c", b"\x02\x8f"]
+    wide = pb.TableEntry()
+    wide.CopyFrom(e)
+    wide.match[0].exact.value = b"\x08"
+    wide.action.action.params[1].value = b"\x01\x00\x00"  # 65536: one bit too many
+    assert code_of(lambda: write(conn, pb.Update.INSERT, pb.Entity(table_entry=wide))) == \
+        grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(Exception, match=r"set_congestion\(bound\): value 65536"):
+        write(conn, pb.Update.INSERT, pb.Entity(table_entry=wide))
+    write(conn, pb.Update.DELETE, pb.Entity(table_entry=e))
+    assert dp.pipeline.congestion == {}
     fixed = conn.index.table_entry("l2", {}, "bridge", {"port": 1}, default=True)
     assert code_of(lambda: write(conn, pb.Update.MODIFY, pb.Entity(table_entry=fixed))) == \
         grpc.StatusCode.PERMISSION_DENIED

@@ -45,4 +45,12 @@ const bit<16> INA_HDR_BYTES = 48;   // wire.HEADER_LEN
 #define SPINA_STR(x) #x
 #define SPINA_XSTR(x) SPINA_STR(x)
 
+// The congestion drop's loss budget (priority.p4; spina/spec.py LOSS_*): a job's bound is
+// `bound` / LOSS_CREDIT_ONE packets lost per packet seen; credit saturates at LOSS_BURST
+// packets, so a quiet spell buys at most that many drops beyond the bound.
+typedef bit<16> loss_bound_t;
+typedef bit<32> loss_credit_t;
+const loss_credit_t LOSS_CREDIT_ONE = 0x10000;
+const loss_credit_t LOSS_CREDIT_MAX = 0x40000; // LOSS_BURST (4) x LOSS_CREDIT_ONE
+
 #endif
