@@ -8,7 +8,7 @@ from __future__ import annotations
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
-from bmv2_tests.helpers import (BS, INA_PORT, JOB, SWITCH_IP, SWITCH_MAC, InaEntries, contrib,
+from bmv2_tests.helpers import (BS, INA_PORT, JOB, K, SWITCH_IP, SWITCH_MAC, InaEntries, contrib,
                                 expect_nothing, worker_ip, worker_mac)
 from spina import wire
 
@@ -128,3 +128,37 @@ def test_truncated_header_malformed(target):
                   / UDP(sport=50000, dport=INA_PORT) / (b"\x01\x01" + b"\0" * 20))
     target.send(1, frame)
     _malformed(target)
+
+
+# A frame shorter than its UDP length holds no whole datagram: malformed, as wire.header_error
+# sees the datagram. The P4 parser stops early at sizes it cannot hold (nlanes > NLANES,
+# block_size != BLOCK_SIZE) and so sees no parser_error there; InaCheck then compares the UDP
+# length with the frame's real length (it once counted these `port_unadmitted`).
+def test_short_frame_with_more_lanes_than_p4_malformed(target):
+    """nlanes above the P4's NLANES and a frame 4 bytes short of its UDP length: malformed."""
+    InaEntries(target).setup_job(2)
+    target.send(1, contrib(0, nlanes=K + 1)[:-4])
+    _malformed(target)
+
+
+def test_short_frame_with_other_block_size_malformed(target):
+    """A block size the P4 does not parse and a frame cut inside the block: malformed."""
+    InaEntries(target).setup_job(2)
+    target.send(1, contrib(0, block_size=BS // 2, present=0b1, data=b"\0" * 2 * BS)[:-8])
+    _malformed(target)
+
+
+def test_short_frame_with_p4_sizes_malformed(target):
+    """P4 sizes and a frame cut inside the last block (the parser runs out): malformed."""
+    InaEntries(target).setup_job(2)
+    target.send(1, contrib(0, blocks={0: [1] * BS})[:-4])
+    _malformed(target)
+
+
+def test_trailer_after_unparsable_sizes_unadmitted(target):
+    """Bytes after the UDP length are an Ethernet trailer, not payload: a complete packet with
+    sizes other than the job's is unadmitted, not malformed."""
+    InaEntries(target).setup_job(2)
+    target.send(1, contrib(0, nlanes=K + 1) + b"\0" * 6)
+    _unadmitted(target)
+    assert target.counter("port_malformed", 1) == 0

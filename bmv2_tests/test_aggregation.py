@@ -205,3 +205,30 @@ def test_registers_after_one_contribution(target):
     assert target.register("slot_next_l3", idx) == 6
     assert target.register("slot_values_l2_e0", idx) == vals(5)[0] & 0xFFFFFFFF
     assert target.register("slot_values_l2_e31", idx) == vals(5)[31] & 0xFFFFFFFF
+
+
+TRAILER = b"\0" * 6  # Ethernet trailer bytes after the UDP datagram (padding, an FCS kept)
+
+
+def test_trailer_is_not_copied_into_results(target):
+    """A contribution with bytes after its UDP datagram is aggregated; the multicast result
+    ends at its UDP length on every copy (BMv2's deparser once kept the trailer)."""
+    InaEntries(target).setup_job(2)
+    target.send(1, contrib(0, blocks={0: vals(1)}) + TRAILER)
+    target.send(2, contrib(1, blocks={0: vals(2)}) + TRAILER)
+    expect(target, results_to_all(2, rank=1, bitmap=3, blocks={0: add(vals(1), vals(2))}))
+    assert target.counter("job_aggregated", JOB) == 2
+
+
+def test_trailer_is_not_copied_into_unicast_replies(target):
+    """A STATUS reply and a stored result sent back to a resend carry no trailer either."""
+    InaEntries(target).setup_job(2)
+    target.send(1, contrib(0, blocks={0: vals(1)}) + TRAILER)
+    target.send(1, contrib(0, blocks={0: vals(1)}, flags=wire.FLAG_RESEND) + TRAILER)
+    expect(target, {1: [reply(0, msg_type=wire.MSG_STATUS, rank=0, bitmap=0b1,
+                              flags=wire.FLAG_RESEND)]})
+    target.send(2, contrib(1, blocks={0: vals(2)}))
+    target.received(0.3)
+    target.send(2, contrib(1, blocks={0: vals(2)}, flags=wire.FLAG_RESEND) + TRAILER)
+    expect(target, {2: [reply(1, rank=1, bitmap=3, flags=wire.FLAG_RESEND,
+                              blocks={0: add(vals(1), vals(2))})]})

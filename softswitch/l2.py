@@ -264,7 +264,8 @@ class Dataplane:
         udp_len = frame[38] << 8 | frame[39]
         payload = frame[INA_OFF:L4_OFF + udp_len]
         if len(payload) != udp_len - UDP_LEN:
-            # Shorter than its UDP length: the P4 parser runs out of packet (parser_error).
+            # Shorter than its UDP length: no whole datagram (P4: InaCheck compares the UDP
+            # length with std.packet_length, also where the parser stopped early).
             pipe.counters["port_malformed"][port % spec.MAX_PORTS] += 1
             return []
         src = (socket.inet_ntoa(frame[26:30]), frame[34] << 8 | frame[35])

@@ -1,17 +1,22 @@
-"""A line-by-line transliteration of p4src's INA path (InaCheck, Admission, Aggregator) into
-plain Python: scalar registers, one list per lane and element, no numpy, no shortcuts.
+"""A line-by-line transliteration of p4src's INA path (SpinaParser's INA states, InaCheck,
+Admission, Aggregator) into plain Python: scalar registers, one list per lane and element, no
+numpy, no shortcuts.
 
-It exists to be compared with softswitch.pipeline.Pipeline (tests/test_p4_model.py): if the
-fast pipeline and this transliteration of the P4 disagree, one of them is wrong. Keep it as
+It exists to be compared with the software switch (tests/test_p4_model.py): payloads with
+softswitch.pipeline.Pipeline, whole frames with softswitch.l2.Dataplane. If the software switch
+and this transliteration of the P4 disagree, one of them is wrong. Keep it as
 close to the P4 text as Python allows; statement order follows aggregator.p4.
 """
 from __future__ import annotations
 
+import socket
 import struct
 
 from spina import wire
 
 M32 = 0xFFFFFFFF
+ETH_LEN, IPV4_LEN, UDP_LEN = 14, 20, 8
+INA_OFF = ETH_LEN + IPV4_LEN + UDP_LEN  # the parser takes IPv4 without options only
 
 
 class P4Model:
@@ -29,22 +34,55 @@ class P4Model:
     def count(self, name, index):
         self.counters[(name, index)] = self.counters.get((name, index), 0) + 1
 
-    # ------------------------------------------------------------ InaCheck
-    def malformed(self, pkt: bytes) -> bool:
-        if len(pkt) < wire.HEADER_LEN:
-            return True  # parser_error
-        h = wire.unpack_header(pkt)
+    # ------------------------------------------------------------ SpinaParser + InaCheck
+    def bad_header(self, h, udp_payload_len: int) -> bool:
+        """InaCheck's field tests and the UDP length against the header's sizes."""
         want = wire.HEADER_LEN + 4 * h.nlanes + 4 * h.block_size * bin(h.present).count("1")
         return (h.version != wire.VERSION or h.msg_type != wire.MSG_CONTRIB
                 or h.nlanes == 0 or h.nlanes > wire.MAX_LANES or h.block_size == 0
                 or h.rank >= wire.MAX_WORKERS or (h.present >> h.nlanes) != 0
-                or (h.nonfinite >> h.nlanes) != 0 or len(pkt) != want)
+                or (h.nonfinite >> h.nlanes) != 0 or udp_payload_len != want)
+
+    def malformed(self, pkt: bytes) -> bool:
+        """InaCheck on a whole UDP payload (a frame that holds exactly its datagram)."""
+        return len(pkt) < wire.HEADER_LEN or self.bad_header(wire.unpack_header(pkt), len(pkt))
+
+    def malformed_frame(self, frame: bytes) -> bool:
+        """SpinaParser + InaCheck on an INA frame for this switch (Ethernet, IPv4 ihl 5, UDP to
+        the INA port): parser_error where the parser runs out of frame, the header against the
+        UDP length, and the UDP length against the frame's real length (std.packet_length)."""
+        if len(frame) < INA_OFF + wire.HEADER_LEN:
+            return True  # parser_error: no INA header
+        h = wire.unpack_header(frame, INA_OFF)
+        # parse_lane_next_*: min(nlanes, NLANES) positions; parse_blocks only after all nlanes
+        # of them and for the P4's block size: one block per present bit of lanes 0..NLANES-1.
+        parsed = INA_OFF + wire.HEADER_LEN + 4 * min(h.nlanes, self.NLANES)
+        if 0 < h.nlanes <= self.NLANES and h.block_size == self.BLOCK_SIZE:
+            parsed += 4 * self.BLOCK_SIZE * bin(h.present & ((1 << self.NLANES) - 1)).count("1")
+        udp_len = int.from_bytes(frame[INA_OFF - 4:INA_OFF - 2], "big")
+        return (len(frame) < parsed  # parser_error
+                or self.bad_header(h, udp_len - UDP_LEN)
+                or len(frame) < ETH_LEN + IPV4_LEN + udp_len)
 
     # ------------------------------------------------------------ ingress for one INA packet
     def process(self, pkt: bytes, port: int, src) -> list[tuple[bytes, bool]]:
+        """One UDP payload from `src` on `port` (the software pipeline's input)."""
         if self.malformed(pkt):
             self.count("port_malformed", port)
             return []
+        return self.admit(pkt, port, src)
+
+    def process_frame(self, frame: bytes, port: int) -> list[tuple[bytes, bool]]:
+        """One INA frame addressed to this switch on `port`; what it emits as UDP payloads."""
+        if self.malformed_frame(frame):
+            self.count("port_malformed", port)
+            return []
+        udp_len = int.from_bytes(frame[INA_OFF - 4:INA_OFF - 2], "big")
+        src = (socket.inet_ntoa(frame[26:30]), int.from_bytes(frame[34:36], "big"))
+        return self.admit(frame[INA_OFF:ETH_LEN + IPV4_LEN + udp_len], port, src)
+
+    def admit(self, pkt: bytes, port: int, src) -> list[tuple[bytes, bool]]:
+        """Admission, then the Aggregator, for a well-formed payload."""
         h = wire.unpack_header(pkt)
         adm = self.admission.get((port, src, h.job, h.rank))
         if adm is not None and not (adm["slot_base"] <= h.slot < adm["slot_base"] + adm["nslots"]

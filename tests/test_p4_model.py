@@ -5,20 +5,26 @@ Run just this file: python -m pytest tests/test_p4_model.py
 tests/p4model.py follows p4src/include/control/{ina_check,admission,aggregator}.p4 statement
 by statement; here random packet sequences (duplicates, stale and new rounds, sparse lanes,
 wrong epochs, unadmitted and malformed packets) go through both, and every emitted packet,
-counter and register cell must agree after every packet.
+counter and register cell must agree after every packet. Whole frames (sizes the P4 parser
+stops at, frames cut short of their UDP length, Ethernet trailers) go through the model's
+parser and softswitch.l2.Dataplane, which must count them alike.
 """
 from __future__ import annotations
+
+import socket
+import struct
 
 import numpy as np
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from softswitch.l2 import Dataplane
 from softswitch.pipeline import Pipeline
-from spina import wire
+from spina import spec, wire
 from spina.config import JobConfig, WorkerAddr
 try:  # tests/ is on sys.path under pytest's default import mode, unless tests/ is a package
-    from p4model import M32, P4Model
+    from p4model import INA_OFF, M32, P4Model
 except ImportError:
-    from tests.p4model import M32, P4Model
+    from tests.p4model import INA_OFF, M32, P4Model
 
 K, BS, SLOTS, JOB, PORT = 4, 4, 4, 3, 1
 
@@ -87,3 +93,62 @@ def _same_state(fast, model):
         for e in range(BS):
             assert [int(x) & M32 for x in reg["slot_values"][:, lane * BS + e]] == \
                 model.values[lane][e]
+
+
+SWITCH_IP = "10.0.0.100"
+
+
+def frame(rank: int, payload: bytes, udp_len: int) -> bytes:
+    """Ethernet / IPv4 (ihl 5) / UDP to the INA port from worker `rank`, UDP length `udp_len`."""
+    ip = struct.pack(">BBHHHBBH4s4s", 0x45, 0, 20 + udp_len, 0, 0, 64, spec.IP_PROTO_UDP, 0,
+                     socket.inet_aton(src(rank)[0]), socket.inet_aton(SWITCH_IP))
+    udp = struct.pack(">HHHH", src(rank)[1], spec.INA_UDP_PORT, udp_len, 0)
+    return b"\x02" * 6 + b"\x04" * 6 + b"\x08\x00" + ip + udp + payload
+
+
+@st.composite
+def frames(draw):
+    """Contributions of admitted ranks with P4 sizes or sizes the P4 parser stops at (more
+    lanes, another block size), sent whole, cut short, or with an Ethernet trailer."""
+    out = []
+    for _ in range(draw(st.integers(1, 12))):
+        rank = draw(st.integers(0, 1))
+        nlanes = draw(st.sampled_from([K] * 3 + [1, K + 1, K + 3]))
+        block_size = draw(st.sampled_from([BS] * 3 + [BS // 2, 2 * BS]))
+        present = draw(st.integers(0, (1 << nlanes) - 1))
+        npresent = bin(present).count("1")
+        h = wire.Header(msg_type=wire.MSG_CONTRIB, job=JOB, epoch=1, slot=draw(st.integers(0, 1)),
+                        rank=rank, nlanes=nlanes, round=draw(st.integers(1, 2)),
+                        block_size=block_size, present=present)
+        data = np.arange(npresent * block_size, dtype=np.int32).reshape(npresent, block_size)
+        pkt = wire.pack(h, [wire.END] * nlanes, data if npresent else None)
+        whole = frame(rank, pkt, 8 + len(pkt))
+        change = draw(st.sampled_from(["whole", "whole", "cut", "trailer"]))
+        if change == "cut":
+            whole = whole[:-draw(st.integers(1, len(pkt)))]
+        elif change == "trailer":
+            whole += bytes(draw(st.integers(1, 18)))
+        out.append((rank, whole))
+    return out
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(frames())
+def test_frames_are_judged_as_the_p4_parser_judges_them(sent):
+    """Whole frames: malformed, unadmitted and aggregated alike, counters and registers after
+    every frame (a frame cut short of its UDP length is malformed whatever its sizes)."""
+    job = JobConfig(job=JOB, workers=(WorkerAddr(0, *src(0)), WorkerAddr(1, *src(1))),
+                    slot_base=0, nslots=2, block_size=BS, nlanes=K)
+    dp = Dataplane(pool_slots=SLOTS, slot_capacity=(K + 3) * 2 * BS)
+    dp.ina_endpoint.add(socket.inet_aton(SWITCH_IP))
+    dp.pipeline.add_job(job, {r: (PORT, src(r)) for r in range(2)}, mcast_grp=1)
+    model = P4Model(SLOTS, K, BS)
+    for r in range(2):
+        model.admission[(PORT, src(r), JOB, r)] = dict(
+            epoch=1, slot_base=0, nslots=2, nworkers=2, block_size=BS, nlanes=K)
+    for rank, f in sent:
+        got = [(out[INA_OFF:], False) for _, out in dp.process(f, PORT)]
+        want = [(pkt, multicast) for pkt, multicast in model.process_frame(f, PORT)
+                if not multicast]  # no multicast group configured: results go nowhere
+        assert got == want
+        _same_state(dp.pipeline, model)

@@ -6,6 +6,10 @@
  * address. The IPv4 checksum is recomputed by SpinaComputeChecksum; the UDP checksum is zero.
  * job_results counts every result copy here, before the congestion check, as the software
  * switch counts nworkers per completed round.
+ * A copy the switch wrote ends at its UDP length: bytes the contribution carried after its UDP
+ * datagram (an Ethernet trailer) are unparsed payload to the deparser, so they are cut here
+ * (the software switch never copies them). Here rather than in ingress: BMv2 does not carry an
+ * ingress truncate over to multicast replicas.
  */
 #ifndef SPINA_EGRESS_REWRITE_P4
 #define SPINA_EGRESS_REWRITE_P4
@@ -41,6 +45,7 @@ control WorkerRewrite(inout headers_t hdr, in metadata_t meta, inout standard_me
 
     apply {
         if (meta.ina_emitted) {
+            truncate((bit<32>)ETH_HDR_BYTES + (bit<32>)IPV4_HDR_BYTES + (bit<32>)hdr.udp.length);
             if (std.egress_rid != 0) {
                 worker_rewrite.apply();
             }

@@ -1,8 +1,10 @@
 /* SpINA: is this a well-formed INA contribution? The same test as wire.check_header plus
- * "hosts send contributions only" (softswitch Pipeline.process), decided from header fields
- * and the UDP length, so that packets whose sizes the P4 cannot parse are judged as the
- * software switch judges them. Such packets carry no job id one can trust: they are counted
- * per ingress port.
+ * "hosts send contributions only" (softswitch Pipeline.process), decided from header fields,
+ * the UDP length and the frame's real length, so that packets whose sizes the P4 cannot parse
+ * are judged as the software switch judges them: a frame shorter than its UDP length is
+ * malformed even where the parser stopped early and saw no parser_error (softswitch
+ * Dataplane._terminate); bytes after the UDP length are an Ethernet trailer, not payload.
+ * Such packets carry no job id one can trust: they are counted per ingress port.
  */
 #ifndef SPINA_INA_CHECK_P4
 #define SPINA_INA_CHECK_P4
@@ -21,6 +23,9 @@ control InaCheck(in headers_t hdr, in standard_metadata_t std, out bool malforme
         bit<32> want = (bit<32>)UDP_HDR_BYTES + (bit<32>)INA_HDR_BYTES
                        + 4 * (bit<32>)hdr.ina.nlanes
                        + 4 * (bit<32>)hdr.ina.block_size * npresent;
+        // The frame must hold the whole UDP datagram (ihl is 5: the parser took no options).
+        bit<32> frame_needs = (bit<32>)ETH_HDR_BYTES + (bit<32>)IPV4_HDR_BYTES
+                              + (bit<32>)hdr.udp.length;
         malformed = std.parser_error != error.NoError
             || !hdr.ina.isValid()
             || hdr.ina.version != INA_VERSION
@@ -30,7 +35,8 @@ control InaCheck(in headers_t hdr, in standard_metadata_t std, out bool malforme
             || hdr.ina.rank >= WIRE_MAX_WORKERS
             || (hdr.ina.present >> hdr.ina.nlanes) != 0
             || (hdr.ina.nonfinite >> hdr.ina.nlanes) != 0
-            || (bit<32>)hdr.udp.length != want;
+            || (bit<32>)hdr.udp.length != want
+            || std.packet_length < frame_needs;
         if (malformed) {
             port_malformed.count((bit<32>)std.ingress_port);
         }
