@@ -120,6 +120,10 @@ def _check_args(ap: argparse.ArgumentParser, args) -> None:
             ap.error(f"argument --grpc: {e}")
         if getattr(args, "jobs", None) or getattr(args, "config", None):
             ap.error("argument --grpc: the controller writes the tables; drop --jobs/--config")
+    if args.mode == "udp" and (args.plan is None) != (args.switch is None):
+        ap.error("argument --plan/--switch: give both (the plan, and which switch of it this is)")
+    if args.mode == "udp" and args.plan is not None and (args.jobs or args.grpc):
+        ap.error("argument --plan: the plan installs this switch's jobs; drop --jobs/--grpc")
 
 
 # The controller writes this switch's tables in every mode: over gRPC (--grpc) or, from a file
@@ -162,6 +166,32 @@ def program_udp_jobs(sw, jobs: list[JobConfig], path: str, device_id: int = 0) -
     _program(SoftSwitchServicer(sw.dataplane, device_id, on_change=sw.sync), state, path)
 
 
+def _fabric_switch(args):
+    """(switch, its level): a UDP switch in its role of a fabric plan (controller/plan.py), at
+    the plan's address, its jobs installed by the plan."""
+    from controller import plan
+    from softswitch.udp import UdpSwitch
+    try:
+        fabric = plan.load(args.plan)
+    except ConfigError as e:
+        raise ConfigError(f"argument --plan: {e}") from None
+    if args.switch not in fabric.levels:
+        raise ConfigError(f"argument --switch: {args.switch!r} is not a leaf or spine of "
+                          f"{args.plan} (it has {', '.join(sorted(fabric.levels)) or 'none'})")
+    host, port = fabric.switch_address(args.switch)
+    try:
+        sw = UdpSwitch(host, port, args.pool_slots, args.slot_capacity)
+    except OSError as e:
+        raise ConfigError(f"argument --plan: cannot listen on {host}:{port} (switch "
+                          f"{args.switch}): {e.strerror or e}") from None
+    try:
+        plan.install(fabric, {args.switch: sw})
+    except ConfigError:
+        sw.stop()
+        raise
+    return sw, fabric.levels[args.switch]
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = cli.ArgumentParser(
         prog="python -m softswitch",
@@ -180,6 +210,12 @@ def _parser() -> argparse.ArgumentParser:
                      default=wire.DEFAULT_UDP_PORT,
                      help="UDP port (default %(default)s; 0 picks a free one and prints it)")
     udp.add_argument("--jobs", metavar="FILE", help="JSON/YAML file of jobs to admit at start")
+    udp.add_argument("--plan", metavar="FILE",
+                     help="a desired state with a `fabric` section (docs/scale_out.md): serve as "
+                          "the leaf or spine named by --switch, at that switch's address and "
+                          "UDP port in the plan, with its jobs of the plan installed")
+    udp.add_argument("--switch", metavar="NAME",
+                     help="with --plan: which of the plan's leaf or spine switches this is")
     _pool_args(udp)
 
     l2 = sub.add_parser(
@@ -211,7 +247,12 @@ def main(argv=None) -> int:
                     args.log_format)
     server = metrics = None
     try:
-        if args.mode == "udp":
+        if args.mode == "udp" and args.plan:
+            sw, level = _fabric_switch(args)
+            dp = on_change = None
+            print(f"listening {sw.address[0]}:{sw.address[1]} as {level} {args.switch}",
+                  flush=True)
+        elif args.mode == "udp":
             jobs = load_jobs(args.jobs) if args.jobs else []
             if args.grpc or jobs:  # tables written over P4Runtime: by the controller
                 from softswitch.p4runtime_server import ControlledUdpSwitch as Switch
