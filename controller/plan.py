@@ -26,9 +26,8 @@ from __future__ import annotations
 import pathlib
 from dataclasses import dataclass
 
-import yaml
-
-from controller.state import DesiredState, _fields, _int, _list, _need, _str, parse as parse_state
+from controller.state import (DesiredState, _fields, _int, _list, _need, _str, load as load_state,
+                              parse as parse_state)
 from spina import wire
 from spina.config import ConfigError, JobConfig, WorkerAddr
 
@@ -167,17 +166,8 @@ def status(fabric: Fabric, switches: dict) -> dict[str, dict[str, dict[int, dict
 
 
 def load(path) -> Fabric:
-    path = pathlib.Path(path)
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise ConfigError(f"{path}: {e.strerror}") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not YAML: {e}") from None
-    try:
-        return parse(doc, path)
-    except ConfigError as e:
-        raise ConfigError(f"{path}: {e}") from None
+    """The desired state with its `fabric` section from a YAML file (errors name the file)."""
+    return load_state(path, parse)
 
 
 def parse(doc, path: pathlib.Path | None = None) -> Fabric:

@@ -281,7 +281,9 @@ class DesiredState:
         tmp.replace(path)
 
 
-def load(path) -> DesiredState:
+def load(path, parser=None) -> DesiredState:
+    """The desired state in the YAML file `path`, parsed by `parser(doc, path)` (default:
+    `parse`; controller/plan.py passes its own); every error names the file."""
     path = pathlib.Path(path)
     try:
         doc = yaml.safe_load(path.read_text())
@@ -290,7 +292,7 @@ def load(path) -> DesiredState:
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not YAML: {e}") from None
     try:
-        return parse(doc, path)
+        return (parser or parse)(doc, path)
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
 
