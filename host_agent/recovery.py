@@ -24,7 +24,9 @@ status naming who contributed. A round is resent on one of three triggers, all d
                    empty: a descheduled agent that wakes up to a full socket reads its results
                    before it resends anything.
   flush            bounded-loss mode (opt-in): a round older than the job's loss deadline is
-                   resent flagged PARTIAL while the call's partial rounds fit its budget.
+                   resent flagged PARTIAL while the call's partial rounds fit its budget,
+                   counting this agent's flushes in flight as partial already (several rounds
+                   may pass the deadline at once; see Recovery.due).
 
 docs/aggregation.md ("Loss, duplicates and failures") and docs/reliability.md describe it.
 """
@@ -114,7 +116,8 @@ class Recovery:
         self.rtt, self.timers = rtt, timers
         self.bounded_loss, self.loss_deadline = bounded_loss, loss_deadline
         self.budget_rounds = budget_rounds
-        self.partial_rounds = 0
+        self.partial_rounds = 0  # rounds of the call completed PARTIAL (by anyone's flush)
+        self.flushing = 0        # own flushes whose round has not completed yet
         self.seq = 0            # transmissions so far (send order)
         self.rack_seq = 0       # send order of the latest-sent transmission known answered
         self.rack_latency = 0.0  # its latency
@@ -185,6 +188,8 @@ class Recovery:
             self.spurious += min(tm.statuses, tm.resends)
         if partial:
             self.partial_rounds += 1
+        if tm.flush:
+            self.flushing -= 1
         tm.prev_round, tm.prev_resends, tm.prev_timed_out = round_, tm.resends, tm.timed_out
         tm.prev_latency = now - tm.first_sent_at if multicast and not tm.statuses else 0.0
 
@@ -217,8 +222,12 @@ class Recovery:
         for st, tm in in_flight:
             if (self.bounded_loss and tm.flushable and not tm.flush
                     and now - tm.first_sent_at > self.loss_deadline
-                    and self.partial_rounds + 1 <= self.budget_rounds):
+                    and self.partial_rounds + self.flushing + 1 <= self.budget_rounds):
+                # A flush in flight counts as a partial round already: every round past the
+                # deadline is seen in one look, long before the first partial result returns.
+                # (Other agents' flushes in flight are not seen: docs/reliability.md.)
                 tm.flush = True
+                self.flushing += 1
                 out.append((st, tm))
             elif tm.last_seq < self.rack_seq and now - tm.sent_at > rack:
                 self.fast_resends += 1  # a round sent after this one was answered: lost

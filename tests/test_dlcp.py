@@ -210,6 +210,26 @@ def test_setup_rounds_are_never_flushed():
     assert [s for s, _ in due] == ["data"] and data.flush and not setup.flush
 
 
+def test_flushes_in_flight_count_against_the_budget():
+    """Five rounds pass the deadline at once with a budget of two partial rounds: exactly two
+    are flushed; a flushed round that completed PARTIAL keeps its place in the budget, one
+    that completed whole gives it back (before the fix every old round was flushed in one
+    look, the budget checked against partial results not yet returned)."""
+    timers = [Timer() for _ in range(5)]
+    rec = Recovery(RttEstimator(), timers, 0.0, bounded_loss=0.1, loss_deadline=0.01,
+                   budget_rounds=2)
+    for tm in timers:
+        rec.sent(tm, 0.0)
+    pairs = list(enumerate(timers))
+    assert [s for s, _ in rec.due(pairs, 0.05, idle=False)] == [0, 1]
+    assert rec.due(pairs, 0.06, idle=False) == []
+    rec.result(timers[0], 1, 0.07, multicast=True, partial=True)
+    assert rec.due(pairs[1:], 0.08, idle=False) == []  # one partial, one still in flight
+    rec.result(timers[1], 1, 0.09, multicast=True, partial=False)
+    assert [s for s, _ in rec.due(pairs[2:], 0.10, idle=False)] == [2]
+    assert (rec.partial_rounds, rec.flushing) == (1, 1)
+
+
 # ------------------------------------------------------------------ on the wire
 def _capture(headers: list):
     lock = threading.Lock()

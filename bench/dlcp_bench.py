@@ -1,0 +1,881 @@
+"""DLCP under congestion: step time of one gradient all-reduce per step, exact vs bounded loss,
+fixed vs layer priorities, and gloo, over the same congested queue (docs/dlcp.md).
+
+Run from the repository root as root (`make bench-dlcp` does):
+
+    python -m bench.dlcp_bench                                  # the documented run (2.5 min)
+    python -m bench.dlcp_bench --workers 2 --model 64,64,10 --steps 2 --out /tmp/d   # smoke
+
+The fabric (namespaces, built and removed by this module):
+
+```
+  w0 eth0 -tbf-+                               +- core: IPv4 router between the workers'
+  w1 eth0 -tbf-+ leaf: L2-mode software switch |  subnets (gloo's ring), SpINA's aggregator
+  ...          + (softswitch.l2), its uplink  -+  (UDP-mode software switch) on 10.210.255.1,
+  bg eth0 -tbf-+ rate-limited (--queue-rate)   |  a blackhole for the background traffic
+```
+```
+
+Every frame a worker sends goes through the leaf's uplink to the core (the leaf bridges by MAC
+and every worker's next hop is the core): SpINA's contributions on their way to the aggregator,
+and gloo's TCP ring (worker -> core -> worker). The uplink's egress is the one congested queue:
+the leaf's per-priority queues (softswitch/egress.py, BMv2's model), each drained at
+`--queue-rate` frames a second, tail drop at 64 frames, enq_qdepth measured, and the DLCP
+congestion drop with the job's loss budget (the `congestion` entry the controller writes,
+set here per mode). The background sender (its own namespace) sends UDP open loop at
+`--background` frames a second through the same uplink to a blackholed address at the core:
+non-INA frames, so priority 0, the queue SpINA's loss-tolerant packets (and, with priority
+policy `fixed`, all of them) and gloo share. Worker links are limited by tbf both ways.
+
+Per step, every worker all-reduces one gradient of an MLP (`--model` widths), one call per
+layer in backward order (last layer first, as DDP's buckets), each with its layer position
+(`layer=(i, n)`, 0 = the first layer, needed first by the next forward pass). Configurations,
+interleaved step by step (the order rotating each repeat), in the same processes:
+
+  exact/fixed, exact/layer                bounded_loss 0 (priority_policy fixed, layer)
+  exact/own-queue                         a control: exact, the job's priority 1, so every
+                                          packet in a queue of its own (not the background's)
+  b1%/fixed, b1%/layer, b10%/fixed, ...   bounded_loss 0.01, 0.1, loss_tolerant_policy magnitude
+  gloo                                    torch.distributed gloo all_reduce, in place, per layer
+
+A step's time is the slowest worker's (barriers around it). Checked per step: SpINA's results
+bit-identical on every rank; rank 0 counts the blocks of each call's result that differ from
+the exact float64 sum by more than the quantization bound (exact modes: none, else the run
+fails; bounded modes: recorded with `within_bound`, floor(bound x the call's blocks)); gloo
+within float32 rounding. Recorded per step: CallStats (blocks lost, partial
+rounds, loss-tolerant packets, resends), the leaf's congestion drops and tail drops, the load
+average. Outputs in --out: dlcp_steps.csv (every step), dlcp_congestion.csv (per
+configuration), dlcp_summary.md, dlcp_congestion.png.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import multiprocessing as mp
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import zlib
+from dataclasses import dataclass
+from datetime import timedelta
+
+import numpy as np
+
+from bench.net_topo import parse_rate, tbf_params
+from bench.paired import BenchError, recv, stop_all
+from spina import spec
+
+NET = "10.210"
+CORE_IP = f"{NET}.255.1"          # the aggregator's address (on the core's lo)
+BG_NET, BLACKHOLE = 250, f"{NET}.254.1"
+CORE_MAC = "02:00:00:00:03:00"
+UPLINK = 100                      # the leaf's port toward the core
+WORKER_PORT, GLOO_PORT = 50000, 29500
+JOB = 1
+MTU = 9000                        # jumbo frames: one SpINA datagram of 8 blocks of 256 per frame
+NLANES = 8                        # 8 x 1 KiB blocks + header < 9000: no IP fragmentation
+TARGET = 0.5                      # issue 14: p99 with a 10% bound <= half of exact mode's
+
+
+@dataclass(frozen=True)
+class Config:
+    """One configuration of the experiment."""
+    name: str
+    method: str                   # "spina" or "gloo"
+    bounded_loss: float = 0.0
+    priority_policy: str = "fixed"
+    loss_tolerant_policy: str = "none"
+    priority: int = 0             # the job's priority (queue); background traffic is in 0
+
+
+CONFIGS = (Config("exact/fixed", "spina"), Config("exact/layer", "spina", priority_policy="layer"),
+           # a control: every packet in a queue of its own, apart from the background's
+           Config("exact/own-queue", "spina", priority=1),
+           Config("b1%/fixed", "spina", 0.01, "fixed", "magnitude"),
+           Config("b1%/layer", "spina", 0.01, "layer", "magnitude"),
+           Config("b10%/fixed", "spina", 0.1, "fixed", "magnitude"),
+           Config("b10%/layer", "spina", 0.1, "layer", "magnitude"),
+           Config("gloo", "gloo"))
+STEP_COLUMNS = ("repeat", "order", "config", "step_s", "worker_max_s", "worker_min_s",
+                "blocks", "blocks_lost", "wrong_blocks", "partial_rounds",
+                "loss_tolerant_packets", "resends", "timeout_resends", "congestion_drops",
+                "congestion_seen", "tail_drops", "load1")
+COLUMNS = ("config", "method", "bounded_loss", "priority_policy", "loss_tolerant_policy",
+           "workers", "elements", "layers", "steps", "median_s", "p90_s", "p99_s", "min_s",
+           "max_s", "spread_p99_over_median", "p99_vs_exact_fixed", "blocks_per_step",
+           "blocks_lost_per_call", "blocks_lost_max_per_call", "wrong_blocks_per_call",
+           "wrong_blocks_max_per_call", "bound_blocks_per_call", "partial_rounds_per_step",
+           "loss_tolerant_packets_per_step", "resends_per_step", "congestion_drops_per_step",
+           "tail_drops_per_step", "load_min", "load_max", "within_bound", "verified")
+
+
+# ----------------------------------------------------------------------------- the fabric
+def _run(*cmd, check=True):
+    return subprocess.run(list(cmd), check=check, capture_output=True, text=True)
+
+
+def worker_ip(r: int) -> str:
+    return f"{NET}.{r}.2"
+
+
+def worker_mac(r: int) -> str:
+    return f"02:00:00:00:02:{r:02x}"
+
+
+BG_IP, BG_MAC = f"{NET}.{BG_NET}.2", "02:00:00:00:02:fe"
+
+
+class Fabric:
+    """The namespaces of the module docstring; a context manager that removes all it made."""
+
+    def __init__(self, n: int, tag: str, rate: str):
+        if not 1 <= n <= 200:
+            raise ValueError(f"workers: need 1..200, got {n}")
+        self.n, self.tag, self.rate = n, tag, rate
+        self.leaf, self.core, self.bg = f"{tag}-leaf", f"{tag}-core", f"{tag}-bg"
+        self.made: list[str] = []
+
+    def worker_ns(self, r: int) -> str:
+        return f"{self.tag}-w{r}"
+
+    def ports(self) -> dict[int, str]:
+        """The leaf's ports: worker r on r+1, the background sender on n+1, the uplink."""
+        p = {r + 1: f"p{r}" for r in range(self.n)}
+        p[self.n + 1] = "pbg"
+        p[UPLINK] = "pup"
+        return p
+
+    def l2_entries(self) -> dict[str, int]:
+        """dst MAC -> leaf port."""
+        e = {worker_mac(r): r + 1 for r in range(self.n)}
+        e[BG_MAC] = self.n + 1
+        e[CORE_MAC] = UPLINK
+        return e
+
+    def __enter__(self) -> "Fabric":
+        try:
+            self._build()
+        except BaseException:
+            self.destroy()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.destroy()
+
+    def _add_ns(self, ns: str) -> None:
+        _run("ip", "netns", "add", ns)
+        self.made.append(ns)
+        _run("ip", "-n", ns, "link", "set", "lo", "up")
+        for key in ("all", "default"):
+            _run("ip", "netns", "exec", ns, "sysctl", "-qw",
+                 f"net.ipv6.conf.{key}.disable_ipv6=1", check=False)
+
+    @staticmethod
+    def _plain(ns: str, ifc: str) -> None:
+        """No offloads: the leaf reads frames with raw sockets and must see MTU-sized frames
+        (TSO/GSO/GRO would hand it 64 KB super-frames it cannot send on), with checksums."""
+        _run("ip", "netns", "exec", ns, "ethtool", "-K", ifc, "tx", "off", "tso", "off", "gso",
+             "off", "gro", "off", check=False)
+
+    def _tbf(self, ns: str, ifc: str) -> None:
+        p = tbf_params(self.rate, MTU)
+        _run("tc", "-n", ns, "qdisc", "replace", "dev", ifc, "root", "tbf", "rate", self.rate,
+             "burst", str(p["burst"]), "latency", f"{p['latency_ms']}ms")
+
+    def _host(self, ns: str, leaf_if: str, ip: str, mac: str, subnet: int) -> None:
+        """A host namespace with eth0 on leaf port `leaf_if`, the core as its gateway."""
+        self._add_ns(ns)
+        _run("ip", "link", "add", "name", leaf_if, "netns", self.leaf, "type", "veth",
+             "peer", "name", "eth0", "netns", ns)
+        _run("ip", "-n", ns, "link", "set", "eth0", "address", mac, "mtu", str(MTU), "up")
+        _run("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", "eth0")
+        gw = f"{NET}.{subnet}.1"
+        _run("ip", "-n", ns, "neigh", "add", gw, "lladdr", CORE_MAC, "dev", "eth0",
+             "nud", "permanent")
+        _run("ip", "-n", ns, "route", "add", "default", "via", gw)
+        _run("ip", "-n", self.leaf, "link", "set", leaf_if, "mtu", str(MTU), "up")
+        for where, ifc in ((ns, "eth0"), (self.leaf, leaf_if)):
+            self._plain(where, ifc)
+            self._tbf(where, ifc)
+        # the core: this host's subnet, its MAC (no ARP crosses the leaf: static entries)
+        _run("ip", "-n", self.core, "addr", "add", f"{gw}/24", "dev", "up0")
+        _run("ip", "-n", self.core, "neigh", "replace", ip, "lladdr", mac, "dev", "up0",
+             "nud", "permanent")
+
+    def _build(self) -> None:
+        self._add_ns(self.leaf)
+        self._add_ns(self.core)
+        core = self.core
+        _run("ip", "link", "add", "name", "pup", "netns", self.leaf, "type", "veth",
+             "peer", "name", "up0", "netns", core)
+        _run("ip", "-n", self.leaf, "link", "set", "pup", "mtu", str(MTU), "up")
+        _run("ip", "-n", core, "link", "set", "up0", "address", CORE_MAC, "mtu", str(MTU), "up")
+        self._plain(self.leaf, "pup")
+        self._plain(core, "up0")
+        _run("ip", "-n", core, "addr", "add", f"{CORE_IP}/32", "dev", "lo")
+        for key in ("net.ipv4.ip_forward=1", "net.ipv4.conf.all.send_redirects=0",
+                    "net.ipv4.conf.up0.send_redirects=0", "net.ipv4.conf.all.rp_filter=0",
+                    "net.ipv4.conf.up0.rp_filter=0"):
+            _run("ip", "netns", "exec", core, "sysctl", "-qw", key)
+        # the background's destination: dropped silently by the core's routing
+        _run("ip", "-n", core, "route", "add", "blackhole", f"{NET}.254.0/24")
+        for r in range(self.n):
+            self._host(self.worker_ns(r), f"p{r}", worker_ip(r), worker_mac(r), r)
+        self._host(self.bg, "pbg", BG_IP, BG_MAC, BG_NET)
+
+    def destroy(self) -> None:
+        while self.made:
+            _run("ip", "netns", "del", self.made.pop(), check=False)
+
+
+def leftover_namespaces(tag: str) -> list[str]:
+    out = _run("ip", "netns", "list", check=False).stdout
+    return [ln.split()[0] for ln in out.splitlines() if ln.split() and ln.startswith(tag + "-")]
+
+
+# ----------------------------------------------------------------------------- the leaf
+def leaf_main(conn, ns: str, ports: dict, l2: dict, queue_rate: float, qdepth: int) -> None:
+    """The leaf switch in namespace `ns`: L2 bridging, the uplink rate-limited. Commands on
+    `conn`: ("bound", fraction) sets the job's congestion entry (0: none, never dropped);
+    "counters" -> (congestion drops, seen, tail drops) so far; "stop"."""
+    try:
+        from bench.netns import enter
+        from softswitch.l2 import Dataplane, L2Switch
+        from spina import spec
+        enter(ns)
+        dp = Dataplane(pool_slots=1)
+        for mac, port in l2.items():
+            dp.table_add("l2", {"dst_mac": mac}, "bridge", {"port": port})
+        dp.set_queue_rate(UPLINK, queue_rate)
+        sw = L2Switch(ports, dp).start()
+        conn.send("ready")
+    except BaseException as e:
+        conn.send(dict(error=f"leaf: {type(e).__name__}: {e}"))
+        raise
+    lock = dp.pipeline.lock
+    try:
+        while True:
+            cmd = conn.recv()
+            if cmd == "stop":
+                break
+            if cmd == "counters":
+                with lock:
+                    c = dp.counters
+                    conn.send((int(c["job_congestion_drops"][JOB]),
+                               int(c["job_congestion_seen"][JOB]), dp.queues.tail_drops))
+            else:
+                _, fraction = cmd
+                with lock:  # the entry the controller's CongestionDrop writes for this job
+                    if spec.loss_bound(fraction):
+                        dp.table_add("congestion", {"job": JOB}, "set_congestion",
+                                     {"qdepth": qdepth, "bound": spec.loss_bound(fraction)})
+                    else:
+                        dp.table_delete("congestion", {"job": JOB})
+                conn.send("ok")
+    finally:
+        sw.stop()
+
+
+# ----------------------------------------------------------------------------- aggregator
+def aggregator_main(conn, ns: str) -> None:
+    """SpINA's UDP-mode software switch in the core namespace on CORE_IP and the INA UDP port
+    (the port by which the leaf's parser knows an INA packet: its priority, its congestion
+    drop). Protocol: send our address; receive the JobConfig, admit it; "stop"."""
+    import threading
+    from bench.netns import enter
+    from softswitch.udp import UdpSwitch
+    try:
+        enter(ns)
+        sw = UdpSwitch(CORE_IP, spec.INA_UDP_PORT)
+        conn.send(sw.address)
+        sw.add_job(conn.recv())
+        conn.send("admitted")
+    except BaseException as e:
+        conn.send(dict(error=f"aggregator: {type(e).__name__}: {e}"))
+        raise
+    t = threading.Thread(target=sw.serve_forever, name="aggregator")
+    t.start()
+    try:
+        conn.recv()  # "stop"
+    except EOFError:
+        pass
+    sw.shutdown()
+    t.join()
+    sw.sock.close()
+
+
+# ----------------------------------------------------------------------------- background
+def background_main(conn, ns: str, pps: float, size: int) -> None:
+    """Open-loop UDP at `pps` datagrams a second from the background namespace to the core's
+    blackhole, paced per millisecond, until "stop" (answers the datagrams sent)."""
+    import socket
+    from bench.netns import enter
+    enter(ns)
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind((BG_IP, 0))
+    s.setblocking(False)
+    payload = bytes(size)
+    sent = 0
+    conn.send("ready")
+    t0 = time.perf_counter()
+    while not conn.poll(0):
+        due = int((time.perf_counter() - t0) * pps)
+        while sent < due:
+            try:
+                s.sendto(payload, (BLACKHOLE, 9))
+            except (BlockingIOError, OSError):  # full qdisc: the frame is lost, as on a link
+                pass
+            sent += 1
+        time.sleep(0.001)
+    conn.recv()
+    conn.send(sent)
+    s.close()
+
+
+# ----------------------------------------------------------------------------- gradients
+def layer_sizes(widths: list[int]) -> list[int]:
+    """Parameters per layer of an MLP (weights + bias): 64,64,10 -> [4160, 650]."""
+    return [a * b + b for a, b in zip(widths[:-1], widths[1:])]
+
+
+def make_gradient(sizes: list[int], rank: int, variant: int) -> list[np.ndarray]:
+    """One worker's gradient, one float32 array per layer: normal values whose scale varies
+    from block to block (lognormal), as real gradients' magnitudes do, so that the magnitude
+    policy has something to rank; each layer's overall scale shrinks with depth."""
+    rng = np.random.default_rng([20261201, rank, variant, len(sizes)])
+    out = []
+    for i, n in enumerate(sizes):
+        nb = -(-n // 256)
+        scale = np.repeat(rng.lognormal(0.0, 1.0, nb).astype(np.float32), 256)[:n]
+        out.append(rng.standard_normal(n, np.float32) * scale * np.float32(0.1 / (i + 1)))
+    return out
+
+
+VARIANTS = 3  # distinct gradients per worker, cycled step by step
+
+
+# ----------------------------------------------------------------------------- workers
+def worker_main(rank: int, ns: str, n: int, sizes: list[int], gloo_port: int, conn,
+                barrier) -> None:
+    try:
+        _worker(rank, ns, n, sizes, gloo_port, conn, barrier)
+    except BaseException as e:  # never leave the others or the parent hanging
+        barrier.abort()
+        conn.send(dict(error=f"rank {rank}: {type(e).__name__}: {e}"))
+        raise
+
+
+def _worker(rank, ns, n, sizes, gloo_port, conn, barrier):
+    import dataclasses
+    from bench.netns import enter
+    from host_agent import dlcp
+    from host_agent.agent import Agent
+    from spina.net import bound_udp_socket
+    enter(ns)
+    sock = bound_udp_socket(worker_ip(rank), WORKER_PORT)
+    conn.send(sock.getsockname())
+    job, switch_addr = conn.recv()
+    agent = Agent(job, rank, switch_addr, sock=sock, timeout=60.0)
+    import torch
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    os.environ["GLOO_SOCKET_IFNAME"] = "eth0"
+    dist.init_process_group("gloo", init_method=f"tcp://{worker_ip(0)}:{gloo_port}", rank=rank,
+                            world_size=n, timeout=timedelta(seconds=300))
+    grads = [make_gradient(sizes, rank, v) for v in range(VARIANTS)]
+    exact = None
+    if rank == 0:  # the exact sums (float64) and |x| sums, to check every result against
+        exact = []
+        for v in range(VARIANTS):
+            per = [make_gradient(sizes, r, v) for r in range(n)]
+            exact.append([(sum(g[i].astype(np.float64) for g in per),
+                           sum(np.abs(g[i]).astype(np.float64) for g in per),
+                           max(float(np.abs(g[i]).max()) for g in per))
+                          for i in range(len(sizes))])
+    bufs = [np.empty(s, np.float32) for s in sizes]
+    tens = [torch.from_numpy(b) for b in bufs]  # same memory: gloo all-reduces in place
+    base = job
+    conn.send("ready")
+    try:
+        while True:
+            req = conn.recv()
+            if req == "stop":
+                break
+            cfg, variant = req
+            if cfg.method == "spina":
+                agent.job = dlcp.with_policy(dataclasses.replace(base, priority=cfg.priority),
+                                             cfg.bounded_loss, cfg.priority_policy,
+                                             cfg.loss_tolerant_policy)
+            conn.send(_step(rank, n, cfg, agent, dist, grads[variant], bufs, tens,
+                            exact[variant] if exact else None, barrier))
+    finally:
+        dist.destroy_process_group()
+        agent.close()
+
+
+def _step(rank, n, cfg, agent, dist, grad, bufs, tens, exact, barrier) -> dict:
+    """One step: every layer's gradient all-reduced, last layer first."""
+    nl = len(bufs)
+    for b, g in zip(bufs, grad):
+        np.copyto(b, g)
+    stats = dict(blocks=0, blocks_lost=0, partial_rounds=0, loss_tolerant_packets=0,
+                 resends=0, timeout_resends=0, calls_lost=[])
+    barrier.wait()
+    t0 = time.perf_counter()
+    for i in reversed(range(nl)):  # backward: the last layer's gradient is ready first
+        if cfg.method == "spina":
+            agent.allreduce(bufs[i], inplace=True, layer=(i, nl))
+            s = agent.last_stats
+            stats["calls_lost"].append(s.blocks_lost)
+            for k in ("blocks_lost", "partial_rounds", "loss_tolerant_packets", "resends",
+                      "timeout_resends"):
+                stats[k] += getattr(s, k)
+        else:
+            dist.all_reduce(tens[i])
+    dt = time.perf_counter() - t0
+    barrier.wait()
+    stats.update(time=dt, crc=0, wrong=[], max_err=0.0)
+    for b in bufs:
+        stats["blocks"] += -(-len(b) // 256)
+        stats["crc"] = zlib.crc32(b.view(np.uint8), stats["crc"])
+    if exact is not None:
+        for b, (total, abssum, maxabs) in zip(bufs, exact):
+            err = np.abs(b.astype(np.float64) - total)
+            bound = abssum * (n * 2.0 ** -23)
+            if cfg.method == "spina":  # the quantization step (bench/procs.check_result)
+                e = int(np.frexp(maxabs)[1])
+                bound = bound + n * 2.0 ** (e + (int(np.ceil(np.log2(n))) if n > 1 else 0) - 31)
+            bad = ~(err <= bound)
+            pad = (-len(b)) % 256
+            wrong = np.pad(bad, (0, pad)).reshape(-1, 256).any(axis=1)
+            stats["wrong"].append(int(np.count_nonzero(wrong)))
+            ok = ~bad
+            stats["max_err"] = max(stats["max_err"], float(err[ok].max()) if ok.any() else 0.0)
+        stats["wrong"].reverse()  # in call order (last layer first), as calls_lost
+    return stats
+
+
+# ----------------------------------------------------------------------------- the run
+def pctl(xs: list[float], q: float) -> float:
+    """The q-quantile (0..1) of xs, linear interpolation (numpy's default)."""
+    return float(np.quantile(np.asarray(xs, float), q))
+
+
+def run(a) -> tuple[list[dict], list[dict], dict]:
+    """Build the fabric, start every process, run the steps; (step rows, summary rows, meta)."""
+    sizes = layer_sizes(a.model)
+    n = a.workers
+    step_rows: list[dict] = []
+    ctx = mp.get_context("spawn")
+    procs, conns = [], []
+    sw_conn = leaf_conn = bg_conn = None
+    with Fabric(n, a.tag, a.rate) as fab:
+        try:
+            sw_conn, child = ctx.Pipe()
+            procs.append(ctx.Process(target=aggregator_main, name="dlcp-aggregator",
+                                     args=(child, fab.core)))
+            procs[-1].start()
+            switch_addr = recv(sw_conn, "aggregator", 60)
+            leaf_conn, child = ctx.Pipe()
+            procs.append(ctx.Process(target=leaf_main, name="dlcp-leaf",
+                                     args=(child, fab.leaf, fab.ports(), fab.l2_entries(),
+                                           a.queue_rate, a.qdepth)))
+            procs[-1].start()
+            recv(leaf_conn, "leaf", 60)
+            barrier = ctx.Barrier(n)
+            gloo_port = GLOO_PORT
+            for r in range(n):
+                parent, child = ctx.Pipe()
+                procs.append(ctx.Process(target=worker_main, name=f"dlcp-worker{r}",
+                                         args=(r, fab.worker_ns(r), n, sizes, gloo_port, child,
+                                               barrier)))
+                procs[-1].start()
+                conns.append(parent)
+            from spina.config import JobConfig, WorkerAddr
+            addrs = [recv(c, f"rank {r} start", 120) for r, c in enumerate(conns)]
+            job = JobConfig(job=JOB, workers=tuple(WorkerAddr(r, h, p) for r, (h, p)
+                                                   in enumerate(addrs)),
+                            nslots=a.nslots, block_size=256, nlanes=NLANES,
+                            loss_deadline=a.loss_deadline).validate()
+            sw_conn.send(job)
+            recv(sw_conn, "aggregator admission", 60)
+            for c in conns:
+                c.send((job, switch_addr))
+            for r, c in enumerate(conns):
+                recv(c, f"rank {r} ready", 300)
+            bg_conn, child = ctx.Pipe()
+            procs.append(ctx.Process(target=background_main, name="dlcp-background",
+                                     args=(child, fab.bg, a.background, a.bg_size)))
+            procs[-1].start()
+            recv(bg_conn, "background", 60)
+            configs = [c for c in CONFIGS if c.name in a.configs]
+            t_start = time.time()
+            for rep in range(a.steps + 1):  # repeat 0: warm-up, checked but not recorded
+                order = configs[rep % len(configs):] + configs[:rep % len(configs)]
+                for k, cfg in enumerate(order):
+                    if cfg.method == "spina":
+                        leaf_conn.send(("bound", cfg.bounded_loss))
+                        recv(leaf_conn, "leaf bound", 30)
+                    leaf_conn.send("counters")
+                    c0 = recv(leaf_conn, "leaf counters", 30)
+                    load = os.getloadavg()[0]
+                    for c in conns:
+                        c.send((cfg, rep % VARIANTS))
+                    recs = [recv(c, f"rank {r} step {rep} {cfg.name}", 600)
+                            for r, c in enumerate(conns)]
+                    leaf_conn.send("counters")
+                    c1 = recv(leaf_conn, "leaf counters", 30)
+                    row = step_row(rep, k, cfg, recs, c0, c1, load, sizes)
+                    if rep:
+                        step_rows.append(row)
+                    if a.verbose or not rep:
+                        print(f"  {'warm-up' if not rep else f'step {rep}'} {cfg.name:>11}: "
+                              f"{row['step_s']:.3f} s, lost {row['blocks_lost']} "
+                              f"(wrong {row['wrong_blocks']}), drops congestion "
+                              f"{row['congestion_drops']} tail {row['tail_drops']}, "
+                              f"load {load:.1f}", flush=True)
+                if rep and rep % 5 == 0:
+                    print(f"  {rep}/{a.steps} repeats, {time.time() - t_start:.0f} s",
+                          flush=True)
+            bg_conn.send("stop")
+            bg_sent = recv(bg_conn, "background stop", 30)
+            bg_conn.close()
+            meta = dict(sizes=sizes, job=job, bg_sent=bg_sent, seconds=time.time() - t_start)
+        finally:
+            for c in conns:
+                try:
+                    c.send("stop")
+                except OSError:
+                    pass
+            for c in (bg_conn, leaf_conn, sw_conn):
+                if c is not None and not c.closed:
+                    try:
+                        c.send("stop")
+                    except OSError:
+                        pass
+            stop_all(procs)
+    return step_rows, summarize(step_rows, a, sizes), meta
+
+
+def call_blocks(sizes: list[int]) -> list[int]:
+    """Blocks of 256 of each call of a step, in call order (last layer first)."""
+    return [-(-s // 256) for s in reversed(sizes)]
+
+
+def step_row(rep, k, cfg, recs, c0, c1, load, sizes) -> dict:
+    """One step's CSV row; raises BenchError when a result is wrong: SpINA's results differ
+    between ranks, or an exact mode's result is off the exact sum. Whether the blocks lost
+    fit the bound is recorded (`within_bound`): per call, the blocks of the result missing a
+    contribution (rank 0's comparison with the exact sum) and each rank's `blocks_lost` at
+    most floor(bound x the call's blocks), the agents' flush budget."""
+    spina = cfg.method == "spina"
+    if spina and len({w["crc"] for w in recs}) != 1:
+        raise BenchError(f"step {rep} {cfg.name}: SpINA results differ between ranks "
+                         f"(crc32 {[w['crc'] for w in recs]})")
+    wrong = recs[0]["wrong"]
+    if cfg.bounded_loss == 0 and any(wrong):
+        raise BenchError(f"step {rep} {cfg.name}: {sum(wrong)} blocks off the exact sum in a "
+                         "mode that must be exact")
+    allowed = [int(np.floor(cfg.bounded_loss * nb + 1e-9)) for nb in call_blocks(sizes)]
+    within = all(wr <= al for wr, al in zip(wrong, allowed))
+    if spina:
+        within = within and all(lost <= al for w in recs
+                                for lost, al in zip(w["calls_lost"], allowed))
+    lost_calls = [sum(c) for c in zip(*[w["calls_lost"] for w in recs])] if spina else []
+    times = [w["time"] for w in recs]
+    return dict(repeat=rep, order=k, config=cfg.name, step_s=max(times),
+                worker_max_s=max(times), worker_min_s=min(times), blocks=recs[0]["blocks"],
+                blocks_lost=sum(lost_calls), blocks_lost_max_call=max(lost_calls, default=0),
+                wrong_blocks=sum(wrong), wrong_blocks_max_call=max(wrong, default=0),
+                allowed=" ".join(map(str, allowed)), within_bound=within,
+                partial_rounds=recs[0]["partial_rounds"],
+                loss_tolerant_packets=sum(w["loss_tolerant_packets"] for w in recs),
+                resends=sum(w["resends"] for w in recs),
+                timeout_resends=sum(w["timeout_resends"] for w in recs),
+                congestion_drops=c1[0] - c0[0], congestion_seen=c1[1] - c0[1],
+                tail_drops=c1[2] - c0[2], load1=round(load, 2),
+                crcs=" ".join(f"{w['crc']:08x}" for w in recs) if spina else "")
+
+
+def summarize(rows: list[dict], a, sizes: list[int]) -> list[dict]:
+    """One row per configuration: the step-time distribution and the losses."""
+    out = []
+    ncalls = len(sizes)
+    by = {c.name: c for c in CONFIGS}
+    for name in [c.name for c in CONFIGS if c.name in a.configs]:
+        rs = [r for r in rows if r["config"] == name]
+        if not rs:
+            continue
+        cfg = by[name]
+        t = [r["step_s"] for r in rs]
+        med, p99 = statistics.median(t), pctl(t, 0.99)
+        per = lambda k: statistics.fmean(r[k] for r in rs)  # noqa: E731 (per step)
+        out.append(dict(
+            config=name, method=cfg.method, bounded_loss=cfg.bounded_loss,
+            priority_policy=(cfg.priority_policy + (f" (priority {cfg.priority})"
+                                                    if cfg.priority else "")
+                             if cfg.method == "spina" else ""),
+            loss_tolerant_policy=cfg.loss_tolerant_policy if cfg.method == "spina" else "",
+            workers=a.workers, elements=sum(sizes), layers=ncalls, steps=len(rs),
+            median_s=med, p90_s=pctl(t, 0.9), p99_s=p99, min_s=min(t), max_s=max(t),
+            spread_p99_over_median=p99 / med, p99_vs_exact_fixed=None,
+            blocks_per_step=rs[0]["blocks"], blocks_lost_per_call=per("blocks_lost") / ncalls,
+            blocks_lost_max_per_call=max(r["blocks_lost_max_call"] for r in rs),
+            wrong_blocks_per_call=per("wrong_blocks") / ncalls,
+            wrong_blocks_max_per_call=max(r["wrong_blocks_max_call"] for r in rs),
+            bound_blocks_per_call=rs[0]["allowed"],
+            partial_rounds_per_step=per("partial_rounds"),
+            loss_tolerant_packets_per_step=per("loss_tolerant_packets"),
+            resends_per_step=per("resends"), congestion_drops_per_step=per("congestion_drops"),
+            tail_drops_per_step=per("tail_drops"), load_min=min(r["load1"] for r in rs),
+            load_max=max(r["load1"] for r in rs),
+            within_bound=all(r["within_bound"] for r in rs), verified=True))
+    ref = next((r for r in out if r["config"] == "exact/fixed"), None)
+    for r in out:
+        r["p99_vs_exact_fixed"] = r["p99_s"] / ref["p99_s"] if ref else ""
+    return out
+
+
+# ----------------------------------------------------------------------------- outputs
+def write_csv(rows, columns, path: str) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, columns, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
+
+
+def target_lines(rows) -> list[str]:
+    """Issue 14's step-time target, per priority policy: met or not met."""
+    by = {r["config"]: r for r in rows}
+    out = []
+    for pol in ("fixed", "layer"):
+        b, e = by.get(f"b10%/{pol}"), by.get(f"exact/{pol}")
+        if b is None or e is None:
+            continue
+        ratio = b["p99_s"] / e["p99_s"]
+        out.append(f"- priority {pol}: p99 step time with a 10% bound {b['p99_s']:.3f} s vs "
+                   f"exact {e['p99_s']:.3f} s = **{ratio:.2f}x** (target <= {TARGET}x): "
+                   f"**{'met' if ratio <= TARGET else 'NOT met'}**")
+    return out
+
+
+def table(rows) -> list[str]:
+    lines = ["| configuration | median s | p90 s | p99 s | min-max s | p99/median | "
+             "p99 / exact-fixed p99 | blocks lost per call (all ranks) | result blocks off "
+             "the exact sum per call (max) | bound, blocks per call (call order) | "
+             "within bound | partial rounds per step | loss-tolerant packets per step | "
+             "resends per step | congestion drops per step | tail drops per step | "
+             "load (1 min) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        spina = r["method"] == "spina"
+        na = "n/a"
+        lines.append(
+            f"| {r['config']} | {r['median_s']:.3f} | {r['p90_s']:.3f} | **{r['p99_s']:.3f}** | "
+            f"{r['min_s']:.3f}-{r['max_s']:.3f} | {r['spread_p99_over_median']:.2f} | "
+            f"{r['p99_vs_exact_fixed']:.2f} | "
+            + (f"{r['blocks_lost_per_call']:.2f} | {r['wrong_blocks_per_call']:.2f} "
+               f"({r['wrong_blocks_max_per_call']}) | {r['bound_blocks_per_call']} | "
+               f"{'yes' if r['within_bound'] else '**NO**'} | "
+               f"{r['partial_rounds_per_step']:.1f} | {r['loss_tolerant_packets_per_step']:.1f} | "
+               f"{r['resends_per_step']:.1f} | {r['congestion_drops_per_step']:.1f} | "
+               if spina else f"{na} | {na} | {na} | {na} | {na} | {na} | {na} | {na} | ")
+            + f"{r['tail_drops_per_step']:.1f} | {r['load_min']:.1f}-{r['load_max']:.1f} |")
+    return lines
+
+
+def summary(rows, meta: dict) -> str:
+    lines = ["# DLCP: step time under congestion", ""]
+    lines += [f"- {k}: {v}" for k, v in meta.items()]
+    lines += ["", "## Target (issue 14)", ""] + (target_lines(rows) or ["- (not run)"])
+    lines += ["", "## Results", ""] + table(rows)
+    return "\n".join(lines) + "\n"
+
+
+def plot(step_rows, rows, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    names = [r["config"] for r in rows]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.4))
+    data = [[s["step_s"] for s in step_rows if s["config"] == nm] for nm in names]
+    ax1.boxplot(data, whis=(0, 100), showfliers=False)
+    for i, d in enumerate(data, 1):
+        ax1.plot(np.full(len(d), i) + np.linspace(-0.15, 0.15, len(d)), d, ".", ms=3,
+                 color="C0", alpha=0.6)
+        ax1.plot([i], [pctl(d, 0.99)], marker="v", color="C3", ms=8)
+    ax1.set_xticks(range(1, len(names) + 1), names, rotation=30, fontsize=8)
+    ax1.set_ylabel("step time, s (slowest worker)")
+    ax1.set_title("step time per configuration (box: quartiles, whiskers min-max, "
+                  "red: p99)", fontsize=9)
+    ax1.grid(True, axis="y", alpha=0.3)
+    for i, nm in enumerate(names):
+        xs = sorted(s["step_s"] for s in step_rows if s["config"] == nm)
+        ax2.plot(xs, np.arange(1, len(xs) + 1) / len(xs), label=nm,
+                 ls="--" if nm.endswith("layer") else "-", color="k" if nm == "gloo" else None)
+    ax2.set_xscale("log")
+    ax2.set_xlabel("step time, s")
+    ax2.set_ylabel("fraction of steps")
+    ax2.set_title("step-time distribution (CDF)", fontsize=9)
+    ax2.grid(True, which="both", alpha=0.3)
+    ax2.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- main
+def _widths(text: str) -> list[int]:
+    try:
+        w = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated layer widths, "
+                                         "e.g. 64,64,10") from None
+    if len(w) < 2 or min(w) < 1 or sum(layer_sizes(w)) > 50_000_000:
+        raise argparse.ArgumentTypeError(f"{text!r}: need at least two widths >= 1 and at most "
+                                         "50M parameters")
+    return w
+
+
+def _rate(text: str) -> str:
+    try:
+        parse_rate(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def _positive(kind, lo, hi):
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"{v} outside {lo}..{hi}")
+        return v
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def _configs(text: str) -> list[str]:
+    names = [c.name for c in CONFIGS]
+    got = text.split(",")
+    bad = [g for g in got if g not in names]
+    if bad:
+        raise argparse.ArgumentTypeError(f"{','.join(bad)}: not a configuration (choose from "
+                                         f"{', '.join(names)})")
+    return got
+
+
+def parse_args(argv=None):
+    from spina import cli
+    ap = cli.ArgumentParser(prog="python -m bench.dlcp_bench",
+                            description=__doc__.split("\n\n")[0],
+                            epilog="Needs root (network namespaces, veth, tc, raw sockets). "
+                                   "Module docstring: the fabric and what is measured.")
+    ap.add_argument("--workers", type=_positive(int, 2, 16), default=4,
+                    help="workers (2..16, default %(default)s)")
+    ap.add_argument("--model", type=_widths, default=[784, 512, 256, 10],
+                    help="MLP layer widths whose gradient one step all-reduces, one call per "
+                         "layer (default 784,512,256,10: 536K float32, 2.1 MB, 3 calls; "
+                         "64,64,10 is the digits MLP)")
+    ap.add_argument("--steps", type=_positive(int, 1, 10000), default=50,
+                    help="repeats; each runs every configuration once, order rotating "
+                         "(default %(default)s, after one warm-up repeat)")
+    ap.add_argument("--configs", type=_configs, default=[c.name for c in CONFIGS],
+                    help="comma list of configurations (default all: "
+                         f"{','.join(c.name for c in CONFIGS)})".replace("%", "%%"))
+    ap.add_argument("--rate", type=_rate, default="1gbit",
+                    help="tbf rate of every worker link, both ways (default %(default)s)")
+    ap.add_argument("--queue-rate", type=_positive(float, 100, 1e6), default=8000,
+                    help="frames a second each priority queue of the leaf's uplink drains "
+                         "(the congested queue; default %(default)s)")
+    ap.add_argument("--background", type=_positive(float, 0, 1e6), default=4000,
+                    help="background frames a second through the uplink, open loop "
+                         "(priority 0; default %(default)s)")
+    ap.add_argument("--bg-size", type=_positive(int, 64, 8900), default=1000,
+                    help="background UDP payload bytes (default %(default)s)")
+    ap.add_argument("--qdepth", type=_positive(int, 0, 1000), default=16,
+                    help="the congestion entry's threshold: frames queued at the uplink above "
+                         "which a loss-tolerant contribution may be dropped (default "
+                         "%(default)s)")
+    ap.add_argument("--loss-deadline", type=_positive(float, 0.001, 10), default=0.03,
+                    help="seconds a round may wait before the agents flush it PARTIAL "
+                         "(bounded modes; default %(default)s)")
+    ap.add_argument("--nslots", type=_positive(int, 1, 64), default=16,
+                    help="SpINA slots per job (the window; default %(default)s)")
+    ap.add_argument("--tag", default=f"dlb{os.getpid() % 100000}",
+                    help="prefix of the namespaces this run makes")
+    ap.add_argument("--out", default="bench/out/dlcp", help="output directory")
+    ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("-v", "--verbose", action="store_true", help="print every step")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    if os.geteuid() != 0:
+        print("python -m bench.dlcp_bench: error: needs root (network namespaces, veth, tc, "
+              "raw sockets)", file=sys.stderr)
+        return 2
+    os.makedirs(a.out, exist_ok=True)
+    load0 = os.getloadavg()
+    t0 = time.time()
+    sizes = layer_sizes(a.model)
+    print(f"{a.workers} workers, model {','.join(map(str, a.model))} ({sum(sizes)} float32, "
+          f"{len(sizes)} calls per step), {a.steps} repeats of {len(a.configs)} "
+          f"configurations; uplink {a.queue_rate:g} frames/s per queue, background "
+          f"{a.background:g} frames/s", flush=True)
+    try:
+        step_rows, rows, info = run(a)
+    except BenchError as e:
+        print(f"python -m bench.dlcp_bench: error: {e}", file=sys.stderr)
+        return 1
+    write_csv(step_rows, STEP_COLUMNS + ("blocks_lost_max_call", "wrong_blocks_max_call",
+                                         "allowed", "within_bound", "crcs"),
+              os.path.join(a.out, "dlcp_steps.csv"))
+    write_csv(rows, COLUMNS, os.path.join(a.out, "dlcp_congestion.csv"))
+    tbf = tbf_params(a.rate, MTU)
+    meta = {
+        "command": "python -m bench.dlcp_bench " + " ".join(argv if argv is not None
+                                                           else sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+                + f"; took {time.time() - t0:.0f} s; host {platform.node()}: {os.cpu_count()} "
+                  f"cores, Python {platform.python_version()}",
+        "load average": f"{' '.join(f'{x:.2f}' for x in load0)} at the start, "
+                        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end (per "
+                        "configuration in the table)",
+        "fabric": f"{a.workers} worker namespaces + a background sender on an L2-mode software "
+                  f"switch (leaf) whose uplink to the core (router + UDP-mode aggregator) drains "
+                  f"each priority queue at {a.queue_rate:g} frames/s (64-frame tail drop); "
+                  f"worker links tbf {a.rate} both ways (burst {tbf['burst']} B, "
+                  f"{tbf['latency_ms']} ms), MTU {MTU}",
+        "background": f"{a.background:g} UDP frames/s of {a.bg_size} B, open loop, priority 0 "
+                      f"({info['bg_sent']} sent)",
+        "gradient": f"MLP {','.join(map(str, a.model))}: {sum(sizes)} float32 "
+                    f"({4 * sum(sizes) / 1e6:.1f} MB) per worker, {len(sizes)} calls per step "
+                    "(last layer first, each with its layer position)",
+        "SpINA": f"block 256, {NLANES} blocks per datagram, {a.nslots} slots, loss deadline "
+                 f"{a.loss_deadline:g} s; congestion threshold {a.qdepth} frames",
+        "timing": f"{a.steps} repeats after a warm-up, each running every configuration once, "
+                  "order rotating; a step's time is the slowest worker's",
+    }
+    with open(os.path.join(a.out, "dlcp_summary.md"), "w") as f:
+        f.write(summary(rows, meta))
+    if not a.no_plots:
+        plot(step_rows, rows, os.path.join(a.out, "dlcp_congestion.png"))
+    for line in table(rows) + [""] + target_lines(rows):
+        print(line)
+    print(f"wrote {a.out}/dlcp_steps.csv, dlcp_congestion.csv, dlcp_summary.md"
+          + ("" if a.no_plots else ", dlcp_congestion.png"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""Smoke test of the DLCP congestion experiment (bench/dlcp_bench.py) at a tiny size.
+
+Run just this file: python -m pytest tests/test_dlcp_bench.py   (needs root, `ip`, `tc`)
+
+Two workers in namespaces behind the L2 leaf whose uplink is congested by the benchmark's own
+background traffic, a 256-256-10 MLP's gradient (2 calls per step), two repeats of every
+configuration: end to end through the real CLI, then the CSVs are checked (results identical
+on every rank, losses only in bounded modes and within the bound, the switch's congestion
+stage in the path exactly when the job has a bound) and no namespace is left behind.
+"""
+from __future__ import annotations
+
+import csv
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.dlcp_bench import CONFIGS, COLUMNS, leftover_namespaces
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = 2
+
+
+def _why_not() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root for network namespaces, veth, tc and raw sockets"
+    missing = [t for t in ("ip", "tc") if shutil.which(t) is None]
+    return f"{' and '.join(missing)} not installed (iproute2)" if missing else None
+
+
+def _read(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_dlcp_bench_smoke(tmp_path):
+    """Every configuration runs: SpINA results bit-identical on both ranks every step, exact
+    modes exact, bounded modes within their bound, the congestion entry only with a bound."""
+    why = _why_not()
+    if why:
+        print(f"skipping: {why}")
+        pytest.skip(why)
+    tag = f"dlbt{os.getpid() % 100000}"
+    try:
+        out = subprocess.run([sys.executable, "-m", "bench.dlcp_bench", "--workers", "2",
+                              "--model", "256,256,10", "--steps", str(STEPS), "--tag", tag,
+                              "--out", str(tmp_path), "--no-plots"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=120)
+    finally:
+        left = leftover_namespaces(tag)
+        for ns in left:  # never leave them behind, even when an assertion below fails
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert left == [], f"namespaces left behind: {left}"
+    steps = _read(tmp_path / "dlcp_steps.csv")
+    by = {c.name: c for c in CONFIGS}
+    assert sorted(r["config"] for r in steps) == sorted(list(by) * STEPS)
+    # blocks per step: 256*256+256 = 65792 -> 257 blocks, 256*10+10 = 2570 -> 11 blocks
+    assert {int(r["blocks"]) for r in steps} == {268}
+    for r in steps:
+        cfg = by[r["config"]]
+        assert float(r["step_s"]) > 0 and r["within_bound"] == "True", r
+        allowed = [int(x) for x in r["allowed"].split()]
+        assert allowed == [int(cfg.bounded_loss * nb + 1e-9) for nb in (11, 257)]
+        assert int(r["wrong_blocks_max_call"]) <= max(allowed)
+        if cfg.method == "spina":
+            crcs = r["crcs"].split()
+            assert len(crcs) == 2 and len(set(crcs)) == 1, r  # identical on every rank
+        if cfg.bounded_loss == 0:  # exact: nothing lost, nothing off, no congestion entry
+            assert (r["blocks_lost"], r["wrong_blocks"], r["partial_rounds"]) == ("0", "0", "0")
+            assert (r["congestion_seen"], r["congestion_drops"]) == ("0", "0"), r
+        else:  # the job's entry is installed: the leaf's congestion stage sees its packets
+            assert int(r["congestion_seen"]) > 0, r
+            assert int(r["congestion_drops"]) <= int(r["congestion_seen"]) * cfg.bounded_loss + 4
+    marked = {c: sum(int(r["loss_tolerant_packets"]) for r in steps if r["config"] == c)
+              for c in by}
+    assert marked["b10%/fixed"] > 0 and marked["b10%/layer"] > 0  # 12 blocks each may go
+    assert marked["exact/fixed"] == marked["exact/layer"] == 0
+    rows = _read(tmp_path / "dlcp_congestion.csv")
+    assert [r["config"] for r in rows] == [c.name for c in CONFIGS]
+    assert list(rows[0]) == list(COLUMNS)
+    for r in rows:
+        assert r["verified"] == "True" and r["within_bound"] == "True" and r["steps"] == "2"
+        assert float(r["min_s"]) <= float(r["median_s"]) <= float(r["p99_s"]) <= float(r["max_s"])
+        assert r["workers"] == "2" and r["elements"] == str(65792 + 2570)
+    text = (tmp_path / "dlcp_summary.md").read_text()
+    assert "target <= 0.5x" in text and "priority fixed" in text
+
+
+def test_dlcp_bench_bad_option_is_one_line():
+    """A bad option: exit 2 and one line naming it, before anything is built."""
+    out = subprocess.run([sys.executable, "-m", "bench.dlcp_bench", "--configs", "b5%/fixed"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    lines = [x for x in out.stderr.splitlines() if x.strip()]
+    assert out.returncode == 2 and len(lines) == 1, out.stderr
+    assert "--configs" in lines[0] and "b5%/fixed" in lines[0]
