@@ -165,6 +165,21 @@ def test_leaf_resends_its_partial_when_the_spine_result_is_missing(target):
     assert target.counter("job_duplicates", JOB) == 2
 
 
+def test_leaf_flush_goes_up_as_a_partial_round(target):
+    """A worker's flush (a resend flagged PARTIAL) completes the rack's round without the
+    missing worker: it goes up flagged PARTIAL, with the rack's contributing ranks."""
+    setup_leaf(target)
+    target.send(worker_port(2), contrib(2, **RACK_PKTS[0]))
+    target.send(worker_port(2), contrib(2, **{**RACK_PKTS[0],
+                                              "flags": wire.FLAG_RESEND | wire.FLAG_PARTIAL}))
+    mine = {k: v for k, v in RACK_PKTS[0].items() if k != "flags"}
+    expect(target, {SPINE_PORT: [to_spine(**{**mine, "bitmap": 0b0100,
+                                             "flags": wire.FLAG_LAST | wire.FLAG_PARTIAL})]})
+    assert target.register("slot_count", 1) == 2
+    assert target.register("slot_flags", 1) == wire.FLAG_LAST | wire.FLAG_PARTIAL
+    assert target.counter("job_results", JOB) == 0
+
+
 def test_leaf_status_names_only_its_racks_missing_ranks(target):
     """A resend to a round the rack has not completed: a status whose bitmap also sets the
     other racks' ranks."""
