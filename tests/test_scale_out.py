@@ -1,6 +1,7 @@
 """Two-level (leaf, spine) aggregation on the software switch: the controller's fabric plan,
-the leaf and spine roles packet by packet, and 8 workers in 2 racks end to end
-(docs/scale_out.md; software switch only, the P4 roles come later).
+the leaf and spine roles packet by packet, 8 workers in 2 racks end to end (UDP mode), and the
+plan as P4 rows installed through the controller on L2-mode switches (docs/scale_out.md; the
+P4 program's roles have their conformance tests in bmv2_tests/test_fabric.py).
 
 Run just this file: python -m pytest tests/test_scale_out.py
 """
