@@ -307,3 +307,47 @@ def test_spine_carries_a_racks_mismatch_and_flush(target):
         expect(target, {rack + 1: [down(rack, **want)] for rack in (0, 1)})
         assert target.register("slot_flags", 1) == carried
         target.reset()
+
+
+def test_leaf_and_a_software_spine_complete_a_round(target):
+    """The target as rack 1's leaf and a software switch (SoftTarget) as the spine, frames
+    carried between them: the leaf's partial is what the spine adds, the spine's result is what
+    the leaf stores and replicates to its rack (both targets agree on the wire between them)."""
+    from bmv2_tests.target import SoftTarget
+    setup_leaf(target)
+    spine = SoftTarget()
+    try:
+        spine.table_add("ina_endpoint", {"dst_addr": SPINE_IP}, "accept_ina")
+        sources = {0: (1, leaf_mac(0), leaf_ip(0)), 1: (2, SWITCH_MAC, SWITCH_IP)}
+        for rack, (port, mac, ip) in sources.items():
+            spine.table_add("admission", {"ingress_port": port, "src_addr": ip,
+                                          "src_port": INA_PORT, "job": JOB, "rank": rack},
+                            "admit", {"epoch": 1, "slot_base": 0, "nslots": NSLOTS,
+                                      "nworkers": 2, "block_size": BS, "nlanes": 4,
+                                      "mcast_grp": MCAST_GRP})
+            spine.table_add("worker_rewrite", {"rid": rid(rack)}, "rewrite_for_worker",
+                            {"dst_mac": mac, "dst_addr": ip, "dst_port": INA_PORT})
+        spine.mcast_group_set(MCAST_GRP, [(1, rid(0)), (2, rid(1))])
+        spine.table_add("job_level", {"job": JOB}, "as_spine")
+        rack0 = frame((leaf_mac(0), leaf_ip(0), INA_PORT), SPINE, udp_chksum=None,
+                      msg_type=wire.MSG_CONTRIB, round=1, rank=0, blocks={1: vals(7)},
+                      next=[1, 9, END, END], exponent=6, flags=wire.FLAG_LAST, nonfinite=0b10,
+                      length=77, bitmap=0b11)
+        spine.send(1, rack0)
+        assert spine.received() == []
+        complete_rack(target)
+        (up,) = target.received(0.5)
+        assert up[0] == SPINE_PORT
+        spine.send(2, up[1])
+        downs = dict(spine.received())
+        assert sorted(downs) == [1, 2]
+        assert downs[1] == frame(SPINE, leaf_side(0), msg_type=wire.MSG_RESULT, round=1,
+                                 rank=1, **SPINE_RESULT)
+        target.send(SPINE_PORT, downs[2])
+        expect(target, {worker_port(r): [reply(r, rank=1, **{**SPINE_RESULT,
+                                                             "bitmap": JOB_RANKS})]
+                        for r in RACK})
+        assert target.register("slot_count", 1) == 3
+        assert spine.counter("job_aggregated", JOB) == 2
+    finally:
+        spine.close()
