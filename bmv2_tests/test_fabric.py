@@ -16,7 +16,7 @@ from scapy.layers.l2 import Ether
 
 from bmv2_tests.helpers import (BS, INA_PORT, JOB, MCAST_GRP, SWITCH_IP, SWITCH_MAC, InaEntries,
                                 contrib, expect, expect_nothing, ina, reply, rid, worker_port)
-from spina import spec, wire
+from spina import wire
 
 END = wire.END
 SPINE_PORT, SPINE_MAC, SPINE_IP = 1, "02:00:00:00:00:c8", "10.0.2.1"

@@ -6,9 +6,9 @@ tests/p4model.py follows p4src/include/control/{ina_check,admission,aggregator}.
 by statement; here random packet sequences (duplicates, stale and new rounds, sparse lanes,
 wrong epochs, unadmitted and malformed packets) go through both, and every emitted packet,
 counter and register cell must agree after every packet; so do the leaf and spine roles
-(softswitch/fabric.py against fabric.p4 and aggregator.p4's fabric parts). Whole frames (sizes the P4 parser
-stops at, frames cut short of their UDP length, Ethernet trailers) go through the model's
-parser and softswitch.l2.Dataplane, which must count them alike.
+(softswitch/fabric.py against fabric.p4 and aggregator.p4's fabric parts). Whole frames
+(sizes the P4 parser stops at, frames cut short of their UDP length, Ethernet trailers) go
+through the model's parser and softswitch.l2.Dataplane, which must count them alike.
 """
 from __future__ import annotations
 
@@ -236,8 +236,8 @@ def test_leaf_role_equals_p4_transliteration(sc):
 @st.composite
 def spine_scenario(draw):
     nleaves = draw(st.integers(1, 3))
-    return nleaves, [(r, role_packet(draw, wire.MSG_CONTRIB, r, 4))
-                     for r in (draw(st.integers(0, nleaves)) for _ in range(draw(st.integers(1, 40))))]
+    ranks = [draw(st.integers(0, nleaves)) for _ in range(draw(st.integers(1, 40)))]
+    return nleaves, [(r, role_packet(draw, wire.MSG_CONTRIB, r, 4)) for r in ranks]
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
