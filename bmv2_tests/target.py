@@ -95,7 +95,8 @@ class P4RuntimeTarget(Target):
         c = self.conn
         self.conn.write([u for ctl in (controls.Admission(c), controls.InaEndpoint(c),
                                        controls.WorkerRewrite(c), controls.Replication(c),
-                                       controls.Forwarding(c), controls.CongestionDrop(c))
+                                       controls.Forwarding(c), controls.CongestionDrop(c),
+                                       controls.FabricRoles(c))
                          for u in ctl.clear()])
 
 

@@ -13,6 +13,7 @@ exactly as in the P4 program and looked up in the P4Info (never an ID).
                                                           job_congestion_seen
     WorkerRewrite (egress_rewrite)  WorkerRewrite         table worker_rewrite, job_results
     packet replication engine       Replication           multicast groups
+    FabricRoles (fabric.p4)         FabricRoles           tables job_level, leaf_upstream
 
 `entries(state, sw)` says what a control's tables should hold; the controller diffs that with
 what the switch holds, so deploying twice writes nothing.
@@ -202,6 +203,31 @@ class WorkerRewrite(Control):
                     "worker_rewrite", {"rid": job.rid(rank)}, "rewrite_for_worker",
                     {"dst_mac": w.mac, "dst_addr": w.ip, "dst_port": w.udp_port}))
         return out
+
+
+class FabricRoles(Control):
+    """Two-level aggregation (docs/scale_out.md): job_level, each job's level on this switch
+    (as_leaf, as_spine; no entry: flat) and leaf_upstream, at a leaf the spine owning each of
+    a job's slots. The fabric plan says what they hold (`rows`: controller/plan.py `p4_rows`,
+    installed by `plan.install_p4`); without a plan they hold nothing."""
+    tables = ("job_level", "leaf_upstream")
+
+    def __init__(self, conn: Connection, rows=None):
+        super().__init__(conn)
+        self.rows = rows
+
+    def entries(self, state, sw):
+        if self.rows is None:
+            return []
+        return [self.index.table_entry(t, k, a, p) for t, k, a, p in self.rows.entries
+                if t in self.tables]
+
+    def installed_jobs(self) -> set[int]:
+        """The jobs with a job_level entry on the switch: the fabric's jobs there."""
+        t = self.index.get("tables", "job_level")
+        field = next(m.id for m in t.match_fields if m.name == "job")
+        return {decode(m.exact.value) for e in self.conn.read_table("job_level")
+                for m in e.match if m.field_id == field}
 
 
 class Replication(Control):

@@ -16,19 +16,24 @@ A `fabric:` section beside the desired state's switches and workers (controller/
           shards:                  # slot -> spine: contiguous ranges covering the job's slots
             - {spine: spine1, slot_base: 0, nslots: 8}
             - {spine: spine2, slot_base: 8, nslots: 8}
+      links:                       # P4 targets (and the L2 software switch): who sits where
+        - {leaf: leaf1, leaf_port: 9, leaf_mac: "02:00:00:00:02:01",
+           spine: spine1, spine_port: 1, spine_mac: "02:00:00:00:03:01"}
 
-Every error names the field (`fabric.jobs[0].shards[1].slot_base: ...`). Software switch only
-for now: `install` admits the plan on running UDP-mode software switches in process (the
-one-machine path, like `UdpSwitch.add_job`); the P4 roles and their tables come later.
+Every error names the field (`fabric.jobs[0].shards[1].slot_base: ...`). Two install paths:
+`install` admits the plan on running UDP-mode software switches in process (the one-machine
+path, like `UdpSwitch.add_job`); `install_p4` writes one switch's share of the plan (`p4_rows`:
+admission, worker_rewrite, multicast groups, job_level, leaf_upstream) through the controller's
+P4Runtime client, to BMv2 or the L2-mode software switch.
 """
 from __future__ import annotations
 
 import pathlib
 from dataclasses import dataclass
 
-from controller.state import (DesiredState, _fields, _int, _list, _need, _str, load as load_state,
-                              parse as parse_state)
-from spina import wire
+from controller.state import (DesiredState, _fields, _int, _list, _mac, _need, _str,
+                              load as load_state, parse as parse_state)
+from spina import spec, wire
 from spina.config import ConfigError, JobConfig, WorkerAddr
 
 MAX_RACKS = 32             # the spine's bitmap has one bit per rack (leaf) of a job
@@ -75,12 +80,34 @@ class LeafJob:
     upstream: tuple[tuple[int, int, tuple[str, int]], ...]
 
 
+@dataclass(frozen=True)
+class Link:
+    """The link between a leaf and a spine, as P4 tables need it: each end's port and MAC."""
+    leaf: str
+    leaf_port: int
+    leaf_mac: str
+    spine: str
+    spine_port: int
+    spine_mac: str
+
+
+@dataclass
+class P4Rows:
+    """What the plan puts on one P4 switch: table rows (table, key, action, params) by P4 names,
+    multicast groups (group -> [(port, rid)]) and the slots each job is admitted for there
+    (job -> (slot_base, nslots, epoch))."""
+    entries: list[tuple[str, dict, str, dict]]
+    groups: dict[int, list[tuple[int, int]]]
+    jobs: dict[int, tuple[int, int, int]]
+
+
 @dataclass
 class Fabric:
     state: DesiredState
     racks: dict[str, Rack]
     spines: tuple[str, ...]
     jobs: dict[int, FabricJob]
+    links: dict[tuple[str, str], Link] = None  # (leaf, spine) -> Link
 
     @property
     def levels(self) -> dict[str, str]:
@@ -122,6 +149,12 @@ class Fabric:
                         (s.slot_base, s.nslots, self.switch_address(s.spine)) for s in job.shards)))
         return out
 
+    def link(self, leaf: str, spine: str, job: int) -> Link:
+        got = (self.links or {}).get((leaf, spine))
+        _need(got is not None, "fabric.links", f"no link between leaf {leaf!r} and spine "
+              f"{spine!r} (job {job} needs one on a P4 switch)")
+        return got
+
     def spine_jobs(self, spine: str) -> list[JobConfig]:
         """The jobs a spine admits: its shard of each, the job's leaves as its workers (rank =
         the rack's index in the job)."""
@@ -154,6 +187,170 @@ def install(fabric: Fabric, switches: dict) -> None:
                 switches[name].add_leaf_job(lj.job, lj.rack_sizes, lj.rack, lj.upstream)
 
 
+def p4_rows(fabric: Fabric, name: str) -> P4Rows:
+    """Switch `name`'s share of the plan as P4 table rows (p4src/include/control/fabric.p4):
+    at a leaf, its rack's workers (admission with nworkers = the rack's size, worker_rewrite, the
+    rack's multicast group), job_level as_leaf and leaf_upstream per slot; at a spine, the
+    job's leaves as ranks (source: the leaf's address, UDP port INA_UDP_PORT, ingress: the
+    link's port), their rewrites and group, job_level as_spine; the switch's INA endpoints."""
+    level = fabric.levels.get(name)
+    _need(level is not None, f"switches.{name}", "not a leaf or spine of the fabric plan")
+    st = fabric.state
+    sw = st.switches[name]
+    rows: list = [("ina_endpoint", {"dst_addr": a}, "accept_ina", {}) for a in sw.endpoints]
+    groups: dict[int, list] = {}
+    jobs: dict[int, tuple[int, int, int]] = {}
+    for i, job in sorted((i, j) for i, j in enumerate(fabric.jobs.values())):
+        where = f"fabric.jobs[{i}]"
+        if sw.target != "softswitch":
+            _need(job.block_size == spec.P4_SIZES["BLOCK_SIZE"], f"{where}.block_size",
+                  f"the P4 program aggregates blocks of {spec.P4_SIZES['BLOCK_SIZE']}")
+            _need(job.nlanes <= spec.P4_SIZES["NLANES"], f"{where}.nlanes",
+                  f"the P4 program has {spec.P4_SIZES['NLANES']} lanes")
+        grp = spec.mcast_grp(job.id)
+        sizes = [len(fabric.racks[r].workers) for r in job.racks]
+        admit = {"epoch": job.epoch, "block_size": job.block_size, "nlanes": job.nlanes,
+                 "mcast_grp": grp}
+        if level == LEAF:
+            members = fabric.members(job)
+            for k, rname in enumerate(job.racks):
+                if fabric.racks[rname].leaf != name:
+                    continue
+                first = sum(sizes[:k])
+                for rank in range(first, first + sizes[k]):
+                    w = st.workers[members[rank]]
+                    rows.append(("admission", {"ingress_port": w.switch_port, "src_addr": w.ip,
+                                               "src_port": w.udp_port, "job": job.id,
+                                               "rank": rank},
+                                 "admit", {**admit, "slot_base": job.slot_base,
+                                           "nslots": job.nslots, "nworkers": sizes[k]}))
+                    rows.append(("worker_rewrite", {"rid": spec.rid(job.id, rank)},
+                                 "rewrite_for_worker", {"dst_mac": w.mac, "dst_addr": w.ip,
+                                                        "dst_port": w.udp_port}))
+                    groups.setdefault(grp, []).append((w.switch_port, spec.rid(job.id, rank)))
+                starts, all_ranks, remote = spec.leaf_ranks(sizes, k)
+                rows.append(("job_level", {"job": job.id}, "as_leaf",
+                             {"rack": k, "nlocal": sizes[k], "epoch": job.epoch,
+                              "mcast_grp": grp, "rank_starts": starts, "job_ranks": all_ranks,
+                              "remote_ranks": remote}))
+                for s in job.shards:
+                    ln = fabric.link(name, s.spine, job.id)
+                    up = {"port": ln.leaf_port, "dst_mac": ln.spine_mac,
+                          "dst_addr": st.switches[s.spine].address}
+                    rows += [("leaf_upstream", {"job": job.id, "slot": slot}, "to_spine", up)
+                             for slot in range(s.slot_base, s.slot_base + s.nslots)]
+                jobs[job.id] = (job.slot_base, job.nslots, job.epoch)
+        else:
+            for s in job.shards:
+                if s.spine != name:
+                    continue
+                for k, rname in enumerate(job.racks):
+                    leaf = fabric.racks[rname].leaf
+                    ln = fabric.link(leaf, name, job.id)
+                    addr = st.switches[leaf].address
+                    rows.append(("admission", {"ingress_port": ln.spine_port, "src_addr": addr,
+                                               "src_port": spec.INA_UDP_PORT, "job": job.id,
+                                               "rank": k},
+                                 "admit", {**admit, "slot_base": s.slot_base,
+                                           "nslots": s.nslots, "nworkers": len(job.racks)}))
+                    rows.append(("worker_rewrite", {"rid": spec.rid(job.id, k)},
+                                 "rewrite_for_worker", {"dst_mac": ln.leaf_mac, "dst_addr": addr,
+                                                        "dst_port": spec.INA_UDP_PORT}))
+                    groups.setdefault(grp, []).append((ln.spine_port, spec.rid(job.id, k)))
+                rows.append(("job_level", {"job": job.id}, "as_spine", {}))
+                jobs[job.id] = (s.slot_base, s.nslots, job.epoch)
+    return P4Rows(rows, groups, jobs)
+
+
+def install_p4(fabric: Fabric, name: str, conn, registers=None) -> tuple[int, int, list]:
+    """Make P4 switch `name` (reached by the controller's `conn`, a primary Connection whose
+    pipeline is set) hold its share of the plan: the fabric's rows of every table, and no
+    rows of fabric jobs the plan no longer puts there (the jobs job_level lists). Rows of
+    other jobs are left alone. Slots of a job arriving, moving or in a new epoch are cleared
+    (`registers`: the controller's register adapter; None, no clear). Returns (deletes,
+    writes, [(job, slot_base, nslots) cleared]).
+
+    Not yet merged with SwitchSession.apply (controller/controller.py), which knows only the
+    flat desired state: applying a flat state to a fabric switch removes the fabric's
+    admission, rewrite and group rows (job_level and leaf_upstream stay); run install_p4
+    after it."""
+    from p4.v1 import p4runtime_pb2 as pb
+
+    from controller import controls
+    from spina.p4runtime import canonical_entry, decode, match_key
+
+    rows = p4_rows(fabric, name)
+    sw = fabric.state.switches[name]
+    roles = controls.FabricRoles(conn, rows)
+    admission = controls.Admission(conn)
+    before = admission.installed_jobs()
+    ours = roles.installed_jobs() | set(rows.jobs)
+    index = conn.index
+
+    def job_of(table: str, e) -> int | None:
+        t = index.get("tables", table)
+        name_of = {m.id: m.name for m in t.match_fields}
+        key = {name_of[m.field_id]: decode(m.exact.value) for m in e.match}
+        if table == "admission":
+            return key["job"]
+        return (key["rid"] - 1) // wire.MAX_WORKERS  # spec.rid's numbering
+
+    deletes, writes = [], []
+    for table in ("admission", "worker_rewrite", "ina_endpoint"):
+        want = {match_key(e): e for e in (index.table_entry(t, k, a, p)
+                                          for t, k, a, p in rows.entries if t == table)}
+        have = {match_key(e): e for e in map(canonical_entry, conn.read_table(table))}
+        if table != "ina_endpoint":  # endpoints are shared with the flat state: never deleted
+            deletes += [(pb.Update.DELETE, pb.Entity(table_entry=e)) for k, e in have.items()
+                        if k not in want and job_of(table, e) in ours]
+        for k, e in want.items():
+            if k not in have:
+                writes.append((pb.Update.INSERT, pb.Entity(table_entry=e)))
+            elif have[k].action.SerializeToString(deterministic=True) != \
+                    e.action.SerializeToString(deterministic=True):
+                writes.append((pb.Update.MODIFY, pb.Entity(table_entry=e)))
+    d, w = roles.diff(fabric.state, sw)
+    deletes, writes = deletes + d, w + writes  # roles before admission lets packets in
+    have_groups = {g.multicast_group_id: g for g in conn.read_groups()}
+    group_writes = []
+    for job in ours:
+        grp = spec.mcast_grp(job)
+        want = rows.groups.get(grp)
+        g = pb.MulticastGroupEntry(multicast_group_id=grp)
+        for port, rid in want or ():
+            g.replicas.add(egress_port=port, instance=rid)
+        pre = pb.Entity(packet_replication_engine_entry=pb.PacketReplicationEngineEntry(
+            multicast_group_entry=g))
+        if want is None and grp in have_groups:
+            deletes.append((pb.Update.DELETE, pre))
+        elif want is not None and grp not in have_groups:
+            group_writes.append((pb.Update.INSERT, pre))
+        elif want is not None and sorted((r.egress_port, r.instance)
+                                         for r in have_groups[grp].replicas) != sorted(want):
+            group_writes.append((pb.Update.MODIFY, pre))
+    writes = group_writes + writes
+    # As SwitchSession.apply: slots of a job leaving, moving or arriving are cleared before the
+    # writes; a job staying where it is with a new epoch after them (until the new epoch is
+    # admitted, packets of the old one could refill a slot cleared before).
+    early, late = [], []
+    for job in sorted(ours):
+        old, new = before.get(job), rows.jobs.get(job)
+        if old == new:
+            continue
+        if old is not None and new is not None and old[:2] == new[:2]:
+            late.append((job, *new[:2]))
+        else:
+            early += [(job, *x[:2]) for x in (old, new) if x is not None]
+    agg = controls.Aggregator(conn, registers) if registers is not None else None
+    conn.write(deletes)
+    for _, base, n in early if agg else ():
+        agg.clear_slots(base, n)
+    conn.write(writes)
+    for _, base, n in late if agg else ():
+        agg.clear_slots(base, n)
+    return len(deletes), len(writes), early + late
+
+
 def status(fabric: Fabric, switches: dict) -> dict[str, dict[str, dict[int, dict[str, int]]]]:
     """Per level, per switch, per job: the switch's job counters (spina.spec.JOB_COUNTERS),
     read in process from running software switches (name -> softswitch.udp.UdpSwitch)."""
@@ -176,7 +373,7 @@ def parse(doc, path: pathlib.Path | None = None) -> Fabric:
     _need("fabric" in doc, "fabric", "required field is missing")
     rest = {k: v for k, v in doc.items() if k != "fabric"}
     state = parse_state(rest, path)
-    f = _fields(doc["fabric"], "fabric", {"racks", "spines", "jobs"}, set())
+    f = _fields(doc["fabric"], "fabric", {"racks", "spines", "jobs"}, {"links"})
     switches, workers = state.switches, state.workers
 
     def switch(d, key, where):
@@ -221,8 +418,6 @@ def parse(doc, path: pathlib.Path | None = None) -> Fabric:
     addrs: dict[tuple, str] = {}
     for name in sorted(leaves | set(spines)):
         sw = switches[name]
-        _need(sw.target == "softswitch", f"switches.{name}.target",
-              "two-level aggregation runs on the software switch only (P4 roles: not yet)")
         a = (sw.address, sw.udp_port)
         _need(a not in addrs, f"switches.{name}.udp_port",
               f"{a[0]}:{a[1]} is also switch {addrs.get(a)!r}'s INA endpoint")
@@ -263,7 +458,22 @@ def parse(doc, path: pathlib.Path | None = None) -> Fabric:
         for r in job.racks:
             _check_pool(state, jobs, job, racks[r].leaf, job.slot_base, job.nslots, w, racks)
         jobs[jid] = job
-    fabric = Fabric(state, racks, spines, jobs)
+    links: dict[tuple[str, str], Link] = {}
+    for i, d in enumerate(_list(f, "links", "fabric")):
+        w = f"fabric.links[{i}]"
+        _fields(d, w, {"leaf", "leaf_port", "leaf_mac", "spine", "spine_port", "spine_mac"},
+                set())
+        leaf, spine = _str(d, "leaf", w), _str(d, "spine", w)
+        _need(leaf in leaves, f"{w}.leaf", f"{leaf!r} is no rack's leaf")
+        _need(spine in spines, f"{w}.spine", f"{spine!r} is not one of fabric.spines")
+        _need((leaf, spine) not in links, w, f"a second link between {leaf!r} and {spine!r}")
+        ln = Link(leaf, _int(d, "leaf_port", w, 0, 511), _mac(d, "leaf_mac", w), spine,
+                  _int(d, "spine_port", w, 0, 511), _mac(d, "spine_mac", w))
+        for end, port in ((leaf, ln.leaf_port), (spine, ln.spine_port)):
+            _need(port in switches[end].ports, f"{w}.{'leaf' if end == leaf else 'spine'}_port",
+                  f"port {port} is not in switch {end}'s ports {list(switches[end].ports)}")
+        links[(leaf, spine)] = ln
+    fabric = Fabric(state, racks, spines, jobs, links)
     for jid, job in jobs.items():  # sizes, addresses: as the agents and switches will check
         try:
             fabric.job_config(job).validate()

@@ -1,6 +1,9 @@
 """Leaf and spine roles of the software switch: two-level aggregation (docs/scale_out.md).
 
-Software switch only: the P4 program does not have these roles yet.
+The software twin of the P4 program's roles (p4src/include/control/fabric.p4 and the fabric
+parts of aggregator.p4): the same packets in give the same packets out, registers and counters.
+The level of each job is chosen per job, as the P4 tables do: `Roles.leaves` (P4 table
+job_level, action as_leaf), `Roles.spines` (as_spine), `Roles.upstream` (leaf_upstream).
 
 A leaf aggregates its rack's workers with the ordinary pipeline (admitted by global rank,
 complete at the rack's size) and, instead of multicasting a completed round, sends it up as
@@ -9,140 +12,168 @@ The spine's result comes back, is stored in the leaf's slot copy (`slot_count` =
 says so) and is replicated to the rack. A spine is the ordinary pipeline with the leaves as its
 workers, plus one rule: a partial's `mismatch` and `partial` flags are ORed into its round.
 
-Both roles return (n, to, key) for the packet written to `out[:n]` (n = 0: nothing leaves):
+`process_into` returns (n, to, key) for the packet written to `out[:n]` (n = 0: nothing leaves):
 to TO_GROUP: every (local) worker of job `key`; TO_SENDER: back to the packet's source;
-TO_UPSTREAM: to the spine `key` = (ingress port, address) that owns the slot.
+TO_UPSTREAM: to the spine `key` = (ingress port, address[, MAC]) that owns the slot.
+`route_into` adds the multicast group of a TO_GROUP packet (the L2 mode's replication).
+
+job_results counts result copies sent to workers, as the P4 egress counts RESULT copies: a
+round that goes up as a partial is not counted at the leaf; the spine's result is, once per
+rack worker, when the leaf replicates it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from softswitch.pipeline import MAX_PORTS, Pipeline
-from spina import wire
+from spina import spec, wire
 from spina.config import ConfigError, JobConfig
 
 TO_GROUP, TO_SENDER, TO_UPSTREAM = 1, 2, 3
-_NOTHING = (0, 0, None)
+_NOTHING = (0, 0, None, 0)
 _UNPACK, _PACK_INTO = wire.HEADER_STRUCT.unpack_from, wire.HEADER_STRUCT.pack_into
 (_MSG_TYPE, _FLAGS, _JOB, _EPOCH, _SLOT, _RANK, _NLANES, _ROUND, _BLOCK_SIZE, _BITMAP,
  _PRESENT) = (wire.FIELD_INDEX[f] for f in (
     "msg_type", "flags", "job", "epoch", "slot", "rank", "nlanes", "round", "block_size",
     "bitmap", "present"))
 _AT = wire.FIELD_OFFSET
+_JOB_AT, _SLOT_AT, _FLAGS_AT = _AT["job"], _AT["slot"], _AT["flags"]
 HLEN = wire.HEADER_LEN
 # What a rack's partial carries up besides `last`: a leaf's mismatch or flush concerns every rack.
 CARRIED = wire.FLAG_MISMATCH | wire.FLAG_PARTIAL
 RESULT_FLAGS = wire.FLAG_LAST | CARRIED  # a stored result's flags (the rest is per packet)
 
 
-def _set_u32(out, field: str, value: int) -> None:
-    at = _AT[field]
+def _set_u32(out, name: str, value: int) -> None:
+    at = _AT[name]
     out[at:at + 4] = value.to_bytes(4, "big")
 
 
 @dataclass(frozen=True)
-class _LeafJob:
-    """A job at a leaf: the rack's index (its rank at the spines), its worker count, the rank
-    masks of every rack of the job (to turn a spine's rack bitmap into ranks), the job's epoch."""
+class LeafJob:
+    """A job at a leaf, as the P4 action as_leaf takes it: the rack's index (its rank at the
+    spines), its worker count, the job's epoch, the rack's multicast group, and three rank
+    bitmaps: rank_starts (bit r: rank r begins a rack; racks are contiguous, rack by rack),
+    job_ranks (every rank of the job), remote_ranks (the other racks' ranks)."""
     rack: int
     nlocal: int
-    rack_masks: tuple[int, ...]
     epoch: int
+    mcast_grp: int
+    rank_starts: int
+    job_ranks: int
+    remote_ranks: int
+    # rack index -> its ranks, as aggregator.p4 derives them from rank_starts (any entries).
+    rack_masks: tuple[int, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        masks, rack = [0] * wire.MAX_WORKERS, 0
+        for r in range(wire.MAX_WORKERS):
+            if r and self.rank_starts >> r & 1:
+                rack += 1
+            masks[rack] |= 1 << r
+        object.__setattr__(self, "rack_masks", tuple(masks))
+
+    @classmethod
+    def of(cls, cfg: JobConfig, rack_sizes: tuple[int, ...], rack: int,
+           mcast_grp: int = 0) -> "LeafJob":
+        """Rack `rack` of `cfg` (ranks rack by rack, `rack_sizes` workers each)."""
+        return cls(rack, rack_sizes[rack], cfg.epoch, mcast_grp,
+                   *spec.leaf_ranks(rack_sizes, rack))
 
     def ranks_of(self, rack_bitmap: int) -> int:
-        return sum(m for i, m in enumerate(self.rack_masks) if rack_bitmap >> i & 1)
+        """A spine's rack bitmap as the job's ranks."""
+        m = self.rack_masks
+        out = 0
+        while rack_bitmap:
+            low = rack_bitmap & -rack_bitmap
+            out |= m[low.bit_length() - 1]
+            rack_bitmap ^= low
+        return out & self.job_ranks
 
-    @property
-    def remote_mask(self) -> int:
-        return self.ranks_of(((1 << len(self.rack_masks)) - 1) & ~(1 << self.rack))
 
-
-class Leaf:
-    """The leaf role on `pipeline`; jobs admitted with `add_job` only take part (others: flat)."""
+class Roles:
+    """The leaf and spine roles on `pipeline`, per job; jobs in neither are flat."""
+    every_job_spine = False  # Spine (UDP mode): the spine rule applies to every job
 
     def __init__(self, pipeline: Pipeline):
         self.pipeline = pipeline
-        self.jobs: dict[int, _LeafJob] = {}
-        self.upstream: dict[tuple[int, int], tuple] = {}  # (job, slot) -> (port, address)
-        self.spines: dict[tuple, int] = {}  # (port, address) -> how many (job, slot) it owns
+        self.leaves: dict[int, LeafJob] = {}   # job -> as_leaf
+        self.spines: set[int] = set()          # jobs admitted as_spine
+        # (job, slot) -> (ingress port, (IPv4, UDP port)[, MAC]) of the spine owning the slot.
+        self.upstream: dict[tuple[int, int], tuple] = {}
 
-    def add_job(self, cfg: JobConfig, rack_sizes: tuple[int, ...], rack: int,
-                sources: dict[int, tuple[int, object]],
-                upstream: tuple[tuple[int, int, tuple], ...]) -> None:
-        """Admit rack `rack` of `cfg` (ranks rack by rack, `rack_sizes` workers each; sources
-        of this rack's ranks); upstream: (slot_base, nslots, (port, address) of the spine)."""
-        masks, first = [], 0
-        for size in rack_sizes:
-            masks.append(((1 << size) - 1) << first)
-            first += size
-        ranks = [r for r in range(cfg.nworkers) if masks[rack] >> r & 1]
-        owned = sorted(slot for base, n, _ in upstream for slot in range(base, base + n))
-        if owned != list(range(cfg.slot_base, cfg.slot_base + cfg.nslots)):
-            raise ConfigError(f"job {cfg.job}: field 'upstream': slots {owned} must be the "
-                              f"job's {cfg.slot_base}..{cfg.slot_base + cfg.nslots - 1}, each "
-                              "owned by one spine")
-        with self.pipeline.lock:
-            self.remove_job(cfg.job)
-            self.pipeline.add_rack_job(cfg, ranks, sources)
-            self.jobs[cfg.job] = _LeafJob(rack, len(ranks), tuple(masks), cfg.epoch)
-            for base, n, spine in upstream:
-                for slot in range(base, base + n):
-                    self.upstream[(cfg.job, slot)] = spine
-                    self.spines[spine] = self.spines.get(spine, 0) + 1
-
-    def remove_job(self, job: int) -> None:
-        with self.pipeline.lock:
-            self.pipeline.remove_job(job)
-            self.jobs.pop(job, None)
-            for key in [k for k in self.upstream if k[0] == job]:
-                spine = self.upstream.pop(key)
-                self.spines[spine] -= 1
-                if not self.spines[spine]:
-                    del self.spines[spine]
+    def clear(self) -> None:
+        self.leaves.clear()
+        self.spines.clear()
+        self.upstream.clear()
 
     def process_into(self, pkt, port: int, src, out) -> tuple[int, int, object]:
         """One packet from ingress `port`, source `src`; the caller holds pipeline.lock."""
-        if len(pkt) >= HLEN and pkt[1] != wire.MSG_CONTRIB and (port, src) in self.spines:
-            return self._from_spine(pkt, port, src, out)
+        return self.route_into(pkt, port, src, out)[:3]
+
+    def route_into(self, pkt, port: int, src, out) -> tuple[int, int, object, int]:
+        """`process_into` plus the multicast group of a TO_GROUP packet."""
+        size = len(pkt)
+        job = pkt[_JOB_AT] << 8 | pkt[_JOB_AT + 1] if size >= HLEN else -1
+        if self.upstream and size >= HLEN and pkt[1] != wire.MSG_CONTRIB:
+            up = self.upstream.get((job, pkt[_SLOT_AT] << 8 | pkt[_SLOT_AT + 1]))
+            if up is not None:  # a result or status for a leaf's slot: the spine's answer
+                return self._from_spine(pkt, port, src, out, job, up)
         p = self.pipeline
+        carried = 0
+        if size >= HLEN and (self.every_job_spine or job in self.spines):
+            carried = pkt[_FLAGS_AT] & CARRIED
+            if carried:
+                added = int(p.counters["job_aggregated"][job])
         n, multicast, adm = p.process_into(pkt, port, src, out)
+        if carried and p.counters["job_aggregated"][job] != added:
+            # A rack's mismatch or flush: the round's result says so to every rack.
+            t = _UNPACK(pkt)
+            p.registers["slot_flags"][2 * t[_SLOT] + (t[_ROUND] & 1)] |= carried
+            if n and multicast:
+                out[_FLAGS_AT] |= carried
         if not n:
             return _NOTHING
-        lj = self.jobs.get(adm.job)
-        if lj is None:  # a flat job on this switch
-            return (n, TO_GROUP, adm.job) if multicast else (n, TO_SENDER, None)
+        lj = self.leaves.get(adm.job)
+        if lj is None:  # a flat or spine job
+            return (n, TO_GROUP, adm.job, adm.mcast_grp) if multicast else (n, TO_SENDER, None, 0)
         t = _UNPACK(out)
         if t[_MSG_TYPE] == wire.MSG_STATUS:
             # The rack's round is incomplete: only its own missing ranks can complete it.
-            _set_u32(out, "bitmap", t[_BITMAP] | lj.remote_mask)
-            return n, TO_SENDER, None
+            _set_u32(out, "bitmap", t[_BITMAP] | lj.remote_ranks)
+            return n, TO_SENDER, None, 0
         idx = 2 * t[_SLOT] + (t[_ROUND] & 1)
         if not multicast and p.registers["slot_count"][idx] > lj.nlocal:
-            return n, TO_SENDER, None  # the spine's result is stored: answered here
+            return n, TO_SENDER, None, 0  # the spine's result is stored: answered here
         # The rack's round just completed (or was flushed): its partial goes up. Or a worker
-        # resent a round whose spine result is missing: the partial goes up again.
+        # resent a round whose spine result is missing: the partial goes up again. Either
+        # way no result leaves for the workers (the pipeline counted one per copy).
+        p.counters["job_results"][adm.job] -= adm.nworkers if multicast else 1
         flags = t[_FLAGS] & (RESULT_FLAGS | wire.FLAG_LOSS_TOLERANT)
         if not multicast:  # a resend up: partial only if the worker asks for a flush
-            asked = pkt[_AT["flags"]] & wire.FLAG_PARTIAL
+            asked = pkt[_FLAGS_AT] & wire.FLAG_PARTIAL
             flags = (flags & ~wire.FLAG_PARTIAL) | wire.FLAG_RESEND | asked
         out[_AT["msg_type"]] = wire.MSG_CONTRIB
-        out[_AT["flags"]] = flags
+        out[_FLAGS_AT] = flags
         out[_AT["rank"]] = lj.rack
-        return n, TO_UPSTREAM, self.upstream[(adm.job, t[_SLOT])]
+        up = self.upstream.get((adm.job, t[_SLOT]))
+        if up is None:
+            return _NOTHING  # no spine for this slot (P4: dropped)
+        return n, TO_UPSTREAM, up, 0
 
-    def _from_spine(self, pkt, port: int, src, out) -> tuple[int, int, object]:
+    def _from_spine(self, pkt, port: int, src, out, job: int, up) -> tuple[int, int, object, int]:
         """A spine's result (stored, then to the rack) or status (to the rack)."""
         p, size = self.pipeline, len(pkt)
         t = _UNPACK(pkt)
         err = wire.header_error(t, size)
         if err is not None:
-            return p._malformed(port, src, err)[:2] + (None,)
-        job, slot, k, bs = t[_JOB], t[_SLOT], t[_NLANES], t[_BLOCK_SIZE]
-        lj = self.jobs.get(job)
+            return p._malformed(port, src, err)[:2] + (None, 0)
+        slot, k, bs = t[_SLOT], t[_NLANES], t[_BLOCK_SIZE]
+        lj = self.leaves.get(job)
         c = p.counters
-        if lj is None or self.upstream.get((job, slot)) != (port, src):
+        if lj is None or up[0] != port or up[1] != src:
             c["port_unadmitted"][port % MAX_PORTS] += 1
             return _NOTHING
         c["job_received"][job] += 1
@@ -159,7 +190,7 @@ class Leaf:
         bitmap = lj.ranks_of(t[_BITMAP])
         _set_u32(out, "bitmap", bitmap)
         if t[_MSG_TYPE] == wire.MSG_STATUS:
-            return size, TO_GROUP, job  # every worker of the rack waits for this round
+            return size, TO_GROUP, job, lj.mcast_grp  # every worker of the rack waits for it
         # The result: stored in the slot copy (resends are answered here), then to the rack.
         present = t[_PRESENT]
         _, _, vals, slot_next = p._views(idx, k, bs)
@@ -177,31 +208,46 @@ class Leaf:
             r[name][idx] = value
         for name in ("nonfinite", "exponent", "length"):
             r[f"slot_{name}"][idx] = t[wire.FIELD_INDEX[name]]
+        c["job_results"][job] += lj.nlocal  # one copy per rack worker
         # To the rack as a completion, not as the answer to a resend.
-        out[_AT["flags"]] = flags | (t[_FLAGS] & wire.FLAG_LOSS_TOLERANT)
-        return size, TO_GROUP, job
+        out[_FLAGS_AT] = flags | (t[_FLAGS] & wire.FLAG_LOSS_TOLERANT)
+        return size, TO_GROUP, job, lj.mcast_grp
 
 
-class Spine:
-    """The spine role on `pipeline`: its jobs' workers are the leaves (Pipeline.add_job)."""
+class Leaf(Roles):
+    """The leaf role of a UDP-mode switch: jobs admitted with `add_job` take part (others:
+    flat)."""
 
-    def __init__(self, pipeline: Pipeline):
-        self.pipeline = pipeline
+    def add_job(self, cfg: JobConfig, rack_sizes: tuple[int, ...], rack: int,
+                sources: dict[int, tuple[int, object]],
+                upstream: tuple[tuple[int, int, tuple], ...]) -> None:
+        """Admit rack `rack` of `cfg` (ranks rack by rack, `rack_sizes` workers each; sources
+        of this rack's ranks); upstream: (slot_base, nslots, (port, address) of the spine)."""
+        lj = LeafJob.of(cfg, rack_sizes, rack)
+        own = lj.job_ranks & ~lj.remote_ranks
+        ranks = [r for r in range(cfg.nworkers) if own >> r & 1]
+        owned = sorted(slot for base, n, _ in upstream for slot in range(base, base + n))
+        if owned != list(range(cfg.slot_base, cfg.slot_base + cfg.nslots)):
+            raise ConfigError(f"job {cfg.job}: field 'upstream': slots {owned} must be the "
+                              f"job's {cfg.slot_base}..{cfg.slot_base + cfg.nslots - 1}, each "
+                              "owned by one spine")
+        with self.pipeline.lock:
+            self.remove_job(cfg.job)
+            self.pipeline.add_rack_job(cfg, ranks, sources)
+            self.leaves[cfg.job] = lj
+            for base, n, spine in upstream:
+                for slot in range(base, base + n):
+                    self.upstream[(cfg.job, slot)] = spine
 
-    def process_into(self, pkt, port: int, src, out) -> tuple[int, int, object]:
-        """One packet; the caller holds pipeline.lock."""
-        p = self.pipeline
-        carried = pkt[_AT["flags"]] & CARRIED if len(pkt) >= HLEN else 0
-        if carried:
-            job = int.from_bytes(pkt[_AT["job"]:_AT["job"] + 2], "big")
-            added = int(p.counters["job_aggregated"][job])
-        n, multicast, adm = p.process_into(pkt, port, src, out)
-        if carried and p.counters["job_aggregated"][job] != added:
-            # A rack's mismatch or flush: the round's result says so to every rack.
-            t = _UNPACK(pkt)
-            p.registers["slot_flags"][2 * t[_SLOT] + (t[_ROUND] & 1)] |= carried
-            if n and multicast:
-                out[_AT["flags"]] |= carried
-        if not n:
-            return _NOTHING
-        return (n, TO_GROUP, adm.job) if multicast else (n, TO_SENDER, None)
+    def remove_job(self, job: int) -> None:
+        with self.pipeline.lock:
+            self.pipeline.remove_job(job)
+            self.leaves.pop(job, None)
+            for key in [k for k in self.upstream if k[0] == job]:
+                del self.upstream[key]
+
+
+class Spine(Roles):
+    """The spine role of a UDP-mode switch: its jobs' workers are the leaves
+    (Pipeline.add_job); the spine rule applies to every job of the switch."""
+    every_job_spine = True

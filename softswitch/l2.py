@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from spina import spec
 from softswitch.egress import EgressQueues
+from softswitch.fabric import TO_GROUP, TO_SENDER, LeafJob, Roles
 from softswitch.pipeline import DEFAULT_POOL_SLOTS, Admission, Pipeline
 from spina import wire
 from spina.net import grow_buffers
@@ -104,6 +105,8 @@ class Dataplane:
                  slot_capacity: int = spec.DEFAULT_SLOT_CAPACITY,
                  ina_udp_port: int = spec.INA_UDP_PORT):
         self.pipeline = Pipeline(pool_slots, slot_capacity)
+        # Two-level aggregation (softswitch/fabric.py): tables job_level and leaf_upstream.
+        self.roles = Roles(self.pipeline)
         self.ina_udp_port = ina_udp_port
         self.ina_endpoint: set[bytes] = set()                 # IPv4 dst (4 bytes)
         self.l2: dict[bytes, int] = {}                        # dst MAC -> port
@@ -172,6 +175,25 @@ class Dataplane:
         elif table == "congestion":
             self.pipeline.congestion[int(key["job"])] = (int(params["qdepth"]),
                                                          int(params["bound"]))
+        elif table == "job_level":
+            job = int(key["job"])
+            self.roles.leaves.pop(job, None)
+            self.roles.spines.discard(job)
+            if action == "as_leaf" and int(params["mcast_grp"]) == 0:
+                raise ValueError("as_leaf: mcast_grp must be 1..65535 (0 is no multicast group)")
+            if action == "as_leaf":
+                self.roles.leaves[job] = LeafJob(**{k: int(v) for k, v in params.items()})
+            elif action == "as_spine":
+                self.roles.spines.add(job)
+        elif table == "leaf_upstream":
+            k = (int(key["job"]), int(key["slot"]))
+            if action == "to_spine":
+                # The spine answers from its INA port (P4: udp.src_port == INA_UDP_PORT).
+                self.roles.upstream[k] = (int(params["port"]),
+                                          (ip_str(params["dst_addr"]), self.ina_udp_port),
+                                          mac_bytes(params["dst_mac"]))
+            else:
+                self.roles.upstream.pop(k, None)
         else:
             raise KeyError(f"table {table!r} takes no entries here")
 
@@ -190,6 +212,11 @@ class Dataplane:
             self.worker_rewrite.pop(int(key["rid"]), None)
         elif table == "congestion":
             self.pipeline.congestion.pop(int(key["job"]), None)
+        elif table == "job_level":
+            self.roles.leaves.pop(int(key["job"]), None)
+            self.roles.spines.discard(int(key["job"]))
+        elif table == "leaf_upstream":
+            self.roles.upstream.pop((int(key["job"]), int(key["slot"])), None)
         else:
             raise KeyError(f"no table {table!r} with entries")
 
@@ -269,22 +296,31 @@ class Dataplane:
             pipe.counters["port_malformed"][port % spec.MAX_PORTS] += 1
             return []
         src = (socket.inet_ntoa(frame[26:30]), frame[34] << 8 | frame[35])
-        out = []
-        for e in pipe.process(payload, port, src):
-            # reply_to_sender: swap addresses, new lengths, UDP checksum 0.
-            head = bytearray(frame[:INA_OFF])
-            head[0:6], head[6:12] = frame[6:12], frame[0:6]
-            head[26:30], head[30:34] = frame[30:34], frame[26:30]
-            head[34:36], head[36:38] = frame[36:38], frame[34:36]
-            head[38:40] = (UDP_LEN + len(e.data)).to_bytes(2, "big")
-            head[40:42] = b"\0\0"
-            head[16:18] = (IPV4_LEN + UDP_LEN + len(e.data)).to_bytes(2, "big")
-            if not e.multicast:
-                out.append((port, self._egress, (0, head, e.data)))
-                continue
-            for eport, rid in self.mcast_groups.get(e.mcast_grp, ()):
-                out.append((eport, self._egress, (rid, bytearray(head), e.data)))
-        return out
+        roles = self.roles
+        roles.pipeline = pipe  # the UDP mode's P4Runtime side swaps in its own pipeline
+        buf = bytearray(pipe.max_packet_len)
+        n, to, key, grp = roles.route_into(payload, port, src, buf)
+        if not n:
+            return []
+        data = bytes(buf[:n])
+        # reply_to_sender: swap addresses, new lengths, UDP checksum 0.
+        head = bytearray(frame[:INA_OFF])
+        head[0:6], head[6:12] = frame[6:12], frame[0:6]
+        head[26:30], head[30:34] = frame[30:34], frame[26:30]
+        head[34:36], head[36:38] = frame[36:38], frame[34:36]
+        head[38:40] = (UDP_LEN + n).to_bytes(2, "big")
+        head[40:42] = b"\0\0"
+        head[16:18] = (IPV4_LEN + UDP_LEN + n).to_bytes(2, "big")
+        if to == TO_SENDER:
+            return [(port, self._egress, (0, head, data))]
+        if to == TO_GROUP:
+            return [(eport, self._egress, (rid, bytearray(head), data))
+                    for eport, rid in self.mcast_groups.get(grp, ())]
+        # TO_UPSTREAM, a leaf's partial: to the spine owning the slot, from the leaf.
+        eport, (addr, udp_port), mac = key
+        head[0:6], head[30:34] = mac, socket.inet_aton(addr)
+        head[36:38] = udp_port.to_bytes(2, "big")
+        return [(eport, self._egress, (0, head, data))]
 
     def _egress(self, eport: int, rid: int, head: bytearray, data: bytes, qdepth: int):
         """WorkerRewrite, CongestionDrop, then the checksum, for one copy the switch wrote."""

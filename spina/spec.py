@@ -157,6 +157,11 @@ ACTIONS = {a.name: a for a in (
     Action("rewrite_for_worker", (("dst_mac", 48), ("dst_addr", 32), ("dst_port", 16))),
     Action("drop"),
     Action("drop_replica"),
+    # Two-level aggregation (p4src/include/control/fabric.p4, docs/scale_out.md).
+    Action("as_leaf", (("rack", 8), ("nlocal", 8), ("epoch", 16), ("mcast_grp", 16),
+                       ("rank_starts", 32), ("job_ranks", 32), ("remote_ranks", 32))),
+    Action("as_spine"),
+    Action("to_spine", (("port", 9), ("dst_mac", 48), ("dst_addr", 32))),
     Action("NoAction"),
 )}
 
@@ -182,6 +187,13 @@ TABLES = {t.name: t for t in (
     Table("worker_rewrite", (Key("rid", "exact", 16),), ("rewrite_for_worker", "drop_replica"),
           "drop_replica",
           P4_SIZES["MAX_RIDS"]),
+    # The job's level on this switch: no entry, flat; as_leaf, one rack of it, its rounds go up
+    # to the spines; as_spine, its workers are the leaves (docs/scale_out.md).
+    Table("job_level", (Key("job", "exact", 16),), ("as_leaf", "as_spine", "NoAction"),
+          "NoAction", P4_SIZES["ADMISSION_ENTRIES"]),
+    # At a leaf, per slot of a leaf job: the spine owning it (a leaf's slots are the pool's).
+    Table("leaf_upstream", (Key("job", "exact", 16), Key("slot", "exact", 16)),
+          ("to_spine", "NoAction"), "NoAction", P4_SIZES["POOL_SLOTS"]),
 )}
 
 # The queue depth threshold's default: never drop (bit<19> maximum, BMv2's enq_qdepth width).
@@ -201,6 +213,21 @@ def rid(job: int, rank: int) -> int:
 
 
 MAX_JOB_ID = (1 << 16) // wire.MAX_WORKERS - 2  # rid(MAX_JOB_ID, 31) fits egress_rid (16 bits)
+
+
+# ---------------------------------------------------------------- a leaf's rank bitmaps
+def leaf_ranks(rack_sizes, rack: int) -> tuple[int, int, int]:
+    """The rank bitmaps of action as_leaf for rack `rack` of a job whose ranks go rack by rack
+    (`rack_sizes` workers each): (rank_starts: bit r when rank r begins a rack, job_ranks:
+    every rank, remote_ranks: the other racks' ranks). The leaf turns a spine's rack bitmap
+    into ranks with them (p4src aggregator.p4, softswitch/fabric.py)."""
+    starts = first = 0
+    for size in rack_sizes:
+        starts |= 1 << first
+        first += size
+    job = (1 << first) - 1
+    own = ((1 << rack_sizes[rack]) - 1) << sum(rack_sizes[:rack])
+    return starts, job, job & ~own
 
 
 # ---------------------------------------------------------------- P4Info

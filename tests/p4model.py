@@ -3,7 +3,10 @@ Admission, Aggregator) into plain Python: scalar registers, one list per lane an
 numpy, no shortcuts.
 
 It exists to be compared with the software switch (tests/test_p4_model.py): payloads with
-softswitch.pipeline.Pipeline, whole frames with softswitch.l2.Dataplane. If the software switch
+softswitch.pipeline.Pipeline, whole frames with softswitch.l2.Dataplane, the leaf and spine
+roles (FabricRoles, fabric.p4, and the fabric parts of aggregator.p4) with
+softswitch.fabric.Roles. What leaves is (payload, kind): kind True multicast (the job's or the
+rack's group), False back to the sender, "up" to the slot's spine. If the software switch
 and this transliteration of the P4 disagree, one of them is wrong. Keep it as
 close to the P4 text as Python allows; statement order follows aggregator.p4.
 """
@@ -30,22 +33,41 @@ class P4Model:
         self.values = [[[0] * n for _ in range(block_size)] for _ in range(nlanes)]
         self.counters: dict[tuple[str, int], int] = {}
         self.admission: dict[tuple, dict] = {}
+        # fabric.p4: job -> dict(leaf=..., spine=..., as_leaf's parameters); (job, slot) ->
+        # (ingress port, source) of the spine (the P4 compares the IPv4 source and the UDP
+        # source port with INA_UDP_PORT: here the whole source).
+        self.job_level: dict[int, dict] = {}
+        self.leaf_upstream: dict[tuple[int, int], tuple] = {}
 
     def count(self, name, index):
         self.counters[(name, index)] = self.counters.get((name, index), 0) + 1
 
     # ------------------------------------------------------------ SpinaParser + InaCheck
-    def bad_header(self, h, udp_payload_len: int) -> bool:
+    def fabric_roles(self, pkt: bytes) -> dict:
+        """FabricRoles: meta.fab for a packet whose INA header is valid."""
+        fab = dict(leaf=False, spine=False, up=None, from_spine=False)
+        if len(pkt) < wire.HEADER_LEN:
+            return fab
+        h = wire.unpack_header(pkt)
+        fab.update(self.job_level.get(h.job, {}))
+        fab["up"] = self.leaf_upstream.get((h.job, h.slot))
+        fab["from_spine"] = fab["up"] is not None and h.msg_type != wire.MSG_CONTRIB
+        return fab
+
+    def bad_header(self, h, udp_payload_len: int, from_spine: bool = False) -> bool:
         """InaCheck's field tests and the UDP length against the header's sizes."""
         want = wire.HEADER_LEN + 4 * h.nlanes + 4 * h.block_size * bin(h.present).count("1")
-        return (h.version != wire.VERSION or h.msg_type != wire.MSG_CONTRIB
+        bad_type = (h.msg_type not in (wire.MSG_RESULT, wire.MSG_STATUS) if from_spine
+                    else h.msg_type != wire.MSG_CONTRIB)
+        return (h.version != wire.VERSION or bad_type
                 or h.nlanes == 0 or h.nlanes > wire.MAX_LANES or h.block_size == 0
                 or h.rank >= wire.MAX_WORKERS or (h.present >> h.nlanes) != 0
                 or (h.nonfinite >> h.nlanes) != 0 or udp_payload_len != want)
 
-    def malformed(self, pkt: bytes) -> bool:
+    def malformed(self, pkt: bytes, from_spine: bool = False) -> bool:
         """InaCheck on a whole UDP payload (a frame that holds exactly its datagram)."""
-        return len(pkt) < wire.HEADER_LEN or self.bad_header(wire.unpack_header(pkt), len(pkt))
+        return len(pkt) < wire.HEADER_LEN or self.bad_header(wire.unpack_header(pkt), len(pkt),
+                                                              from_spine)
 
     def malformed_frame(self, frame: bytes) -> bool:
         """SpinaParser + InaCheck on an INA frame for this switch (Ethernet, IPv4 ihl 5, UDP to
@@ -67,10 +89,11 @@ class P4Model:
     # ------------------------------------------------------------ ingress for one INA packet
     def process(self, pkt: bytes, port: int, src) -> list[tuple[bytes, bool]]:
         """One UDP payload from `src` on `port` (the software pipeline's input)."""
-        if self.malformed(pkt):
+        fab = self.fabric_roles(pkt)
+        if self.malformed(pkt, fab["from_spine"]):
             self.count("port_malformed", port)
             return []
-        return self.admit(pkt, port, src)
+        return self.admit(pkt, port, src, fab)
 
     def process_frame(self, frame: bytes, port: int) -> list[tuple[bytes, bool]]:
         """One INA frame addressed to this switch on `port`; what it emits as UDP payloads."""
@@ -81,9 +104,17 @@ class P4Model:
         src = (socket.inet_ntoa(frame[26:30]), int.from_bytes(frame[34:36], "big"))
         return self.admit(frame[INA_OFF:ETH_LEN + IPV4_LEN + udp_len], port, src)
 
-    def admit(self, pkt: bytes, port: int, src) -> list[tuple[bytes, bool]]:
+    def admit(self, pkt: bytes, port: int, src, fab=None) -> list[tuple[bytes, bool]]:
         """Admission, then the Aggregator, for a well-formed payload."""
+        fab = fab or dict(leaf=False, spine=False, up=None, from_spine=False)
         h = wire.unpack_header(pkt)
+        if fab["from_spine"]:
+            ok = (fab["leaf"] and (port, src) == fab["up"] and h.nlanes <= self.NLANES
+                  and h.block_size == self.BLOCK_SIZE)
+            if not ok:
+                self.count("port_unadmitted", port)
+                return []
+            return self.from_spine(h, pkt, fab)
         adm = self.admission.get((port, src, h.job, h.rank))
         if adm is not None and not (adm["slot_base"] <= h.slot < adm["slot_base"] + adm["nslots"]
                                     and h.nlanes == adm["nlanes"]
@@ -94,18 +125,68 @@ class P4Model:
         if adm is None:
             self.count("port_unadmitted", port)
             return []
-        return self.aggregate(h, pkt, adm)
+        return self.aggregate(h, pkt, adm, fab)
 
-    def aggregate(self, h, pkt, adm):
-        r, job = self.reg, h.job
+    def lanes(self, h, pkt):
         lane_next = list(struct.unpack_from(f">{h.nlanes}I", pkt, wire.HEADER_LEN))
         block, off = {}, wire.HEADER_LEN + 4 * h.nlanes
         for lane in range(h.nlanes):
             if h.present >> lane & 1:
                 block[lane] = list(struct.unpack_from(f">{self.BLOCK_SIZE}i", pkt, off))
                 off += 4 * self.BLOCK_SIZE
+        return lane_next, block
+
+    def from_spine(self, h, pkt, fab):
+        """aggregator.p4's `if (meta.fab.from_spine)` block: a leaf meets the spine's answer."""
+        r, job = self.reg, h.job
+        lane_next, block = self.lanes(h, pkt)
         self.count("job_received", job)
         idx = (h.slot << 1) | (h.round & 1)
+        in_flags = h.flags
+        held_round = r["slot_round"][idx]
+        if h.epoch != fab["epoch"] or held_round != h.round:
+            self.count("job_stale", job)
+            return []
+        held = r["slot_count"][idx]
+        nlocal = fab["nlocal"]
+        if held != nlocal:
+            self.count("job_duplicates" if held > nlocal else "job_stale", job)
+            return []
+        racks, ranks = h.bitmap, 0
+        for rank in range(wire.MAX_WORKERS):  # FOR_EACH_RANK(SPINA_RANK_OF_RACK)
+            if rank != 0 and fab["rank_starts"] >> rank & 1:
+                racks >>= 1
+            if racks & 1:
+                ranks |= 1 << rank
+        out = h.copy()
+        out.bitmap = ranks & fab["job_ranks"]
+        if h.msg_type == wire.MSG_RESULT:
+            rflags = in_flags & FLAGS_RESULT
+            for lane in range(self.NLANES):  # FOR_EACH_LANE(SPINA_STORE_LANE)
+                if h.nlanes > lane:
+                    self.next[lane][idx] = lane_next[lane]
+                    if h.present >> lane & 1:
+                        for e in range(self.BLOCK_SIZE):
+                            self.values[lane][e][idx] = block[lane][e] & M32
+            r["slot_present"][idx] = h.present
+            r["slot_bitmap"][idx] = out.bitmap
+            r["slot_flags"][idx] = rflags
+            r["slot_count"][idx] = held + 1
+            r["slot_nonfinite"][idx] = h.nonfinite
+            r["slot_exponent"][idx] = h.exponent & 0xFFFF
+            r["slot_length"][idx] = h.length
+            out.flags = rflags | (in_flags & wire.FLAG_LOSS_TOLERANT)
+            for _ in range(nlocal):  # egress: job_results per RESULT copy (the rack's group)
+                self.count("job_results", job)
+        return [(wire.pack_header(out) + pkt[wire.HEADER_LEN:], True)]
+
+    def aggregate(self, h, pkt, adm, fab=None):
+        fab = fab or dict(leaf=False, spine=False, up=None, from_spine=False)
+        r, job = self.reg, h.job
+        lane_next, block = self.lanes(h, pkt)
+        self.count("job_received", job)
+        idx = (h.slot << 1) | (h.round & 1)
+        in_flags = h.flags
         if h.epoch != adm["epoch"]:
             self.count("job_stale", job)
             return []
@@ -146,10 +227,14 @@ class P4Model:
             out.bitmap = old_bitmap
             out.present = out.nonfinite = 0
             out_next = lane_next
+            if fab["leaf"]:
+                out.bitmap = old_bitmap | fab["remote_ranks"]
         else:
             present, nonfinite, exponent = h.present, h.nonfinite, h.exponent & 0xFFFF
             length, sflags = h.length, h.flags & wire.FLAG_LAST
+            carried = in_flags & FLAGS_CARRIED if fab["spine"] else 0
             if fresh:
+                sflags |= carried
                 r["slot_present"][idx], r["slot_nonfinite"][idx] = present, nonfinite
                 r["slot_exponent"][idx], r["slot_length"][idx] = exponent, length
                 r["slot_flags"][idx] = sflags
@@ -168,6 +253,7 @@ class P4Model:
                     sflags = (sflags & ~wire.FLAG_LAST) | (sflags & h.flags & wire.FLAG_LAST)
                     if h.length != length:
                         sflags |= wire.FLAG_MISMATCH
+                    sflags |= carried
                     r["slot_flags"][idx] = sflags
                 elif flush:
                     sflags |= wire.FLAG_PARTIAL
@@ -214,14 +300,28 @@ class P4Model:
             out.length = length
         data = b"".join(struct.pack(f">{self.BLOCK_SIZE}I", *out_blocks[lane])
                         for lane in sorted(out_blocks))
+        multicast = accumulate or flush
+        kind = multicast
+        if fab["leaf"] and out.msg_type == wire.MSG_RESULT and (
+                multicast or count <= fab["nlocal"]):
+            out.msg_type = wire.MSG_CONTRIB
+            if not multicast:
+                out.flags = ((out.flags & ~(wire.FLAG_PARTIAL | wire.FLAG_RESEND) & 0xFF)
+                             | wire.FLAG_RESEND | (in_flags & wire.FLAG_PARTIAL))
+            out.rank = fab["rack"]
+            if fab["up"] is None:
+                return []
+            kind = "up"
         frame = wire.pack_header(out) + struct.pack(f">{h.nlanes}I", *out_next) + data
-        if accumulate or flush:  # multicast: job_results per replica (nworkers of them)
-            for _ in range(adm["nworkers"]):
-                self.count("job_results", job)
-            return [(frame, True)]
+        # Egress: job_results per RESULT copy (a job's group has its nworkers members).
         if out.msg_type == wire.MSG_RESULT:
-            self.count("job_results", job)
-        return [(frame, False)]
+            for _ in range(adm["nworkers"] if multicast else 1):
+                self.count("job_results", job)
+        return [(frame, kind)]
+
+
+FLAGS_CARRIED = wire.FLAG_MISMATCH | wire.FLAG_PARTIAL  # define.p4
+FLAGS_RESULT = wire.FLAG_LAST | FLAGS_CARRIED
 
 
 def _s16(x: int) -> int:

@@ -104,6 +104,9 @@ def test_constants_agree():
         assert consts[f"MSG_{name.upper()}"] == code
     for bit, name in wire.FLAG_NAMES.items():
         assert consts[f"FLAG_{name.upper()}"] == bit
+    from softswitch import fabric  # the roles' flag sets (fabric.p4, aggregator.p4)
+    assert consts["FLAGS_CARRIED"] == fabric.CARRIED
+    assert consts["FLAGS_RESULT"] == fabric.RESULT_FLAGS
 
 
 def test_software_switch_uses_spec_names():
@@ -112,7 +115,8 @@ def test_software_switch_uses_spec_names():
     dp = Dataplane(pool_slots=4, slot_capacity=128)
     assert set(dp.registers) == set(spec.REGISTER_NAMES)
     assert set(dp.counters) == set(spec.COUNTERS)
-    writable = {"ina_endpoint", "admission", "l2", "ipv4_routes", "worker_rewrite", "congestion"}
+    writable = {"ina_endpoint", "admission", "l2", "ipv4_routes", "worker_rewrite", "congestion",
+                "job_level", "leaf_upstream"}
     assert writable == set(spec.TABLES)
     for name in spec.p4_register_names():
         dp.register(name, 0)  # every P4 register name resolves

@@ -5,9 +5,10 @@ Run just this file: python -m pytest tests/test_p4_model.py
 tests/p4model.py follows p4src/include/control/{ina_check,admission,aggregator}.p4 statement
 by statement; here random packet sequences (duplicates, stale and new rounds, sparse lanes,
 wrong epochs, unadmitted and malformed packets) go through both, and every emitted packet,
-counter and register cell must agree after every packet. Whole frames (sizes the P4 parser
-stops at, frames cut short of their UDP length, Ethernet trailers) go through the model's
-parser and softswitch.l2.Dataplane, which must count them alike.
+counter and register cell must agree after every packet; so do the leaf and spine roles
+(softswitch/fabric.py against fabric.p4 and aggregator.p4's fabric parts). Whole frames
+(sizes the P4 parser stops at, frames cut short of their UDP length, Ethernet trailers) go
+through the model's parser and softswitch.l2.Dataplane, which must count them alike.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import struct
 import numpy as np
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from softswitch.fabric import TO_GROUP, TO_SENDER, TO_UPSTREAM, Leaf, Roles
 from softswitch.l2 import Dataplane
 from softswitch.pipeline import Pipeline
 from spina import spec, wire
@@ -152,3 +154,110 @@ def test_frames_are_judged_as_the_p4_parser_judges_them(sent):
                 if not multicast]  # no multicast group configured: results go nowhere
         assert got == want
         _same_state(dp.pipeline, model)
+
+
+# ---------------------------------------------------------------- leaf and spine roles
+SPINE_SRC = ("10.0.2.1", spec.INA_UDP_PORT)
+KINDS = {TO_GROUP: True, TO_SENDER: False, TO_UPSTREAM: "up"}
+FLAGS = [0, wire.FLAG_LAST, wire.FLAG_RESEND, wire.FLAG_LOSS_TOLERANT, wire.FLAG_MISMATCH,
+         wire.FLAG_PARTIAL | wire.FLAG_LAST, wire.FLAG_RESEND | wire.FLAG_PARTIAL,
+         wire.FLAG_MISMATCH | wire.FLAG_PARTIAL | wire.FLAG_LOSS_TOLERANT]
+
+
+def role_packet(draw, msg_type, rank, nworkers_bits):
+    present = draw(st.integers(0, (1 << K) - 1))
+    npresent = bin(present).count("1")
+    h = wire.Header(
+        msg_type=msg_type, flags=draw(st.sampled_from(FLAGS)), job=JOB,
+        epoch=draw(st.sampled_from([1] * 9 + [2])), slot=draw(st.sampled_from([0, 1, 1, 2])),
+        rank=rank, nlanes=K, round=draw(st.integers(1, 3)),
+        length=draw(st.sampled_from([9, 9, 10])), block_size=BS,
+        exponent=draw(st.integers(-40, 40)), present=present,
+        bitmap=draw(st.integers(0, (1 << nworkers_bits) - 1)),
+        nonfinite=draw(st.integers(0, (1 << K) - 1)) & present)
+    nxt = draw(st.lists(st.sampled_from([0, 1, 5, 9, wire.END]), min_size=K, max_size=K))
+    data = draw(st.lists(st.integers(-2**31, 2**31 - 1), min_size=npresent * BS,
+                         max_size=npresent * BS))
+    return wire.pack(h, nxt, np.array(data, np.int32).reshape(npresent, BS) if npresent else None)
+
+
+@st.composite
+def leaf_scenario(draw):
+    """A leaf of rack `rack` of a job with racks of `sizes` workers: its workers' packets
+    (and others'), and the spine's results and statuses (and a stranger's)."""
+    sizes = tuple(draw(st.lists(st.integers(1, 3), min_size=2, max_size=3)))
+    rack = draw(st.integers(0, len(sizes) - 1))
+    first = sum(sizes[:rack])
+    out = []
+    for _ in range(draw(st.integers(1, 50))):
+        if draw(st.integers(0, 3)) == 0:
+            who = draw(st.sampled_from([SPINE_SRC] * 5 + [("10.0.2.9", spec.INA_UDP_PORT)]))
+            mt = draw(st.sampled_from([wire.MSG_RESULT] * 3 + [wire.MSG_STATUS]))
+            out.append((who, role_packet(draw, mt, draw(st.integers(0, len(sizes) - 1)),
+                                         len(sizes) + 1)))
+        else:
+            rank = draw(st.integers(first, first + sizes[rack]))  # first + size: not admitted
+            out.append((src(rank), role_packet(draw, wire.MSG_CONTRIB, rank, 0)))
+    return sizes, rack, out
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(leaf_scenario())
+def test_leaf_role_equals_p4_transliteration(sc):
+    """softswitch.fabric's leaf equals the P4's (fabric.p4, aggregator.p4): packets out and
+    where they go, counters and registers after every packet."""
+    sizes, rack, packets = sc
+    n = sum(sizes)
+    job = JobConfig(job=JOB, workers=tuple(WorkerAddr(r, *src(r)) for r in range(n)),
+                    slot_base=0, nslots=2, block_size=BS, nlanes=K)
+    first = sum(sizes[:rack])
+    ranks = range(first, first + sizes[rack])
+    leaf = Leaf(Pipeline(pool_slots=SLOTS, slot_capacity=K * BS))
+    leaf.add_job(job, sizes, rack, {r: (PORT, src(r)) for r in ranks},
+                 ((0, 2, (PORT, SPINE_SRC)),))
+    lj = leaf.leaves[JOB]
+    model = P4Model(SLOTS, K, BS)
+    for r in ranks:
+        model.admission[(PORT, src(r), JOB, r)] = dict(
+            epoch=1, slot_base=0, nslots=2, nworkers=sizes[rack], block_size=BS, nlanes=K)
+    model.job_level[JOB] = dict(leaf=True, rack=rack, nlocal=sizes[rack], epoch=1,
+                                rank_starts=lj.rank_starts, job_ranks=lj.job_ranks,
+                                remote_ranks=lj.remote_ranks)
+    for slot in (0, 1):
+        model.leaf_upstream[(JOB, slot)] = (PORT, SPINE_SRC)
+    out = bytearray(leaf.pipeline.max_packet_len)
+    for who, pkt in packets:
+        n_out, to, _ = leaf.process_into(pkt, PORT, who, out)
+        got = [(bytes(out[:n_out]), KINDS[to])] if n_out else []
+        assert got == model.process(pkt, PORT, who)
+        _same_state(leaf.pipeline, model)
+
+
+@st.composite
+def spine_scenario(draw):
+    nleaves = draw(st.integers(1, 3))
+    ranks = [draw(st.integers(0, nleaves)) for _ in range(draw(st.integers(1, 40)))]
+    return nleaves, [(r, role_packet(draw, wire.MSG_CONTRIB, r, 4)) for r in ranks]
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spine_scenario())
+def test_spine_role_equals_p4_transliteration(sc):
+    """A spine job (job_level as_spine): partials' MISMATCH and PARTIAL carried into rounds."""
+    nleaves, packets = sc
+    job = JobConfig(job=JOB, workers=tuple(WorkerAddr(r, *src(r)) for r in range(nleaves)),
+                    slot_base=0, nslots=2, block_size=BS, nlanes=K)
+    roles = Roles(Pipeline(pool_slots=SLOTS, slot_capacity=K * BS))
+    roles.pipeline.add_job(job, {r: (PORT, src(r)) for r in range(nleaves)}, mcast_grp=1)
+    roles.spines.add(JOB)
+    model = P4Model(SLOTS, K, BS)
+    for r in range(nleaves):
+        model.admission[(PORT, src(r), JOB, r)] = dict(
+            epoch=1, slot_base=0, nslots=2, nworkers=nleaves, block_size=BS, nlanes=K)
+    model.job_level[JOB] = dict(spine=True)
+    out = bytearray(roles.pipeline.max_packet_len)
+    for rank, pkt in packets:
+        n_out, to, _ = roles.process_into(pkt, PORT, src(rank), out)
+        got = [(bytes(out[:n_out]), KINDS[to])] if n_out else []
+        assert got == model.process(pkt, PORT, src(rank))
+        _same_state(roles.pipeline, model)

@@ -1,6 +1,7 @@
 """Two-level (leaf, spine) aggregation on the software switch: the controller's fabric plan,
-the leaf and spine roles packet by packet, and 8 workers in 2 racks end to end
-(docs/scale_out.md; software switch only, the P4 roles come later).
+the leaf and spine roles packet by packet, 8 workers in 2 racks end to end (UDP mode), and the
+plan as P4 rows installed through the controller on L2-mode switches (docs/scale_out.md; the
+P4 program's roles have their conformance tests in bmv2_tests/test_fabric.py).
 
 Run just this file: python -m pytest tests/test_scale_out.py
 """
@@ -273,8 +274,7 @@ def test_leaf_checks_what_comes_from_the_spine():
     """A spine result from a switch that does not own the slot, of another epoch, or of a
     round the slot copy does not hold is dropped and counted; nothing is stored."""
     (l0, _), _ = completed_leaves()
-    other = (0, ("10.0.2.9", 47000))
-    l0.spines[other] = 1  # a known spine, but not this slot's
+    other = (0, ("10.0.2.9", 47000))  # not the spine owning the slot
     stale_epoch, old_round = patched(RESULT, epoch=4), patched(RESULT, round=3)
     c0 = l0.pipeline.job_counters(1)
     assert run(l0, RESULT, other) == (b"", 0, None)
@@ -446,7 +446,7 @@ def test_a_leaf_needs_a_spine_for_every_slot():
     for upstream in (((0, 1, SPINE),), ((0, 2, SPINE), (1, 1, SPINE))):
         with pytest.raises(ConfigError, match="field 'upstream'"):
             lf.add_job(JOB, (2, 2), 0, {0: WORKER[0], 1: WORKER[1]}, upstream)
-    assert lf.pipeline.admission == {} and lf.jobs == {}
+    assert lf.pipeline.admission == {} and lf.leaves == {}
 
 
 def test_spine_restarted_mid_call():
@@ -514,3 +514,143 @@ def test_bounded_loss_flushes_cross_both_levels():
                                                                  wire.FLAG_PARTIAL)
     down, _, _ = run(l0, result, SPINE)
     assert wire.unpack_header(down).bitmap == 0b0011
+
+
+# ---------------------------------------------------------------- P4 tables through the controller
+def l2_doc(epoch: int = 1) -> dict:
+    """2 racks of 2 workers on L2-mode software switches leaf0, leaf1 (workers on ports 1, 2,
+    the spine on port 9), spine0 (leaf0 on port 1, leaf1 on port 2); job 7 in P4 sizes."""
+    sws = [("leaf0", "10.0.1.1"), ("leaf1", "10.0.1.2"), ("spine0", "10.0.2.1")]
+    return {
+        "switches": [{"name": n, "target": "softswitch", "grpc": "in-process", "address": a,
+                      "ports": [1, 2] if n == "spine0" else [1, 2, 9]} for n, a in sws],
+        "workers": [{"name": f"w{r}", "ip": f"10.0.0.{r + 1}", "udp_port": 50000 + r,
+                     "switch_port": r % 2 + 1, "mac": f"02:00:00:00:01:{r:02x}",
+                     "switch": f"leaf{r // 2}"} for r in range(4)],
+        "fabric": {
+            "racks": [{"name": f"r{i}", "leaf": f"leaf{i}", "workers": [f"w{2 * i}",
+                                                                       f"w{2 * i + 1}"]}
+                      for i in range(2)],
+            "spines": ["spine0"],
+            "jobs": [{"id": 7, "racks": ["r0", "r1"], "slot_base": 0, "nslots": 2,
+                      "block_size": 32, "nlanes": 4, "epoch": epoch,
+                      "shards": [{"spine": "spine0", "slot_base": 0, "nslots": 2}]}],
+            "links": [{"leaf": f"leaf{i}", "leaf_port": 9, "leaf_mac": f"02:00:00:00:02:{i:02x}",
+                       "spine": "spine0", "spine_port": i + 1, "spine_mac": "02:00:00:00:03:00"}
+                      for i in range(2)]}}
+
+
+def test_p4_rows_of_a_leaf_and_a_spine():
+    """The plan as P4 rows: the leaf's job_level as_leaf with the rack's rank bitmaps and one
+    leaf_upstream row per slot; the spine admits the leaves by their address and link port."""
+    f = plan.parse(l2_doc())
+    rows = plan.p4_rows(f, "leaf1")
+    (level,) = [r for r in rows.entries if r[0] == "job_level"]
+    assert level == ("job_level", {"job": 7}, "as_leaf",
+                     {"rack": 1, "nlocal": 2, "epoch": 1, "mcast_grp": 8,
+                      "rank_starts": 0b0101, "job_ranks": 0b1111, "remote_ranks": 0b0011})
+    ups = [r[1:] for r in rows.entries if r[0] == "leaf_upstream"]
+    assert ups == [({"job": 7, "slot": s}, "to_spine", {"port": 9, "dst_mac": "02:00:00:00:03:00",
+                                                        "dst_addr": "10.0.2.1"}) for s in (0, 1)]
+    assert rows.groups == {8: [(1, 7 * 32 + 3), (2, 7 * 32 + 4)]}
+    spine = plan.p4_rows(f, "spine0")
+    adm = [(r[1]["ingress_port"], r[1]["src_addr"], r[1]["src_port"], r[1]["rank"],
+            r[3]["nworkers"]) for r in spine.entries if r[0] == "admission"]
+    assert adm == [(1, "10.0.1.1", 47000, 0, 2), (2, "10.0.1.2", 47000, 1, 2)]
+    assert ("job_level", {"job": 7}, "as_spine", {}) in spine.entries
+    doc = l2_doc()
+    doc["fabric"]["links"].pop()
+    with pytest.raises(ConfigError, match=r"^fabric.links: no link between leaf 'leaf1'"):
+        plan.p4_rows(plan.parse(doc), "leaf1")
+
+
+class L2Fabric:
+    """leaf0, leaf1, spine0 of l2_doc as softswitch.l2.Dataplanes, each behind its P4Runtime
+    servicer in process, programmed by plan.install_p4; frames between them carried here."""
+
+    def __init__(self, doc):
+        from controller.p4rt import Connection
+        from controller.registers import P4RuntimeRegisters
+        from softswitch.l2 import Dataplane
+        from softswitch.p4runtime_server import SoftSwitchServicer
+        from spina import spec
+        self.fabric = plan.parse(doc)
+        self.dps, self.conns, self.regs = {}, {}, {}
+        for name in ("leaf0", "leaf1", "spine0"):
+            self.dps[name] = Dataplane()
+            c = Connection.in_process(SoftSwitchServicer(self.dps[name]))
+            c.set_pipeline(spec.p4info(), b"", cookie=1)
+            self.conns[name], self.regs[name] = c, P4RuntimeRegisters(c)
+        self.links = {("leaf0", 9): ("spine0", 1), ("leaf1", 9): ("spine0", 2)}
+        self.links.update({v: k for k, v in self.links.items()})
+        self.crossed = 0  # frames on the spine's links
+
+    def install(self, fabric=None):
+        return {n: plan.install_p4(fabric or self.fabric, n, c, self.regs[n])
+                for n, c in self.conns.items()}
+
+    def send(self, rank: int, payload: bytes) -> dict[int, list[bytes]]:
+        """Worker `rank`'s INA payload into its leaf; every frame that reaches a worker."""
+        from scapy.layers.inet import IP, UDP
+        from scapy.layers.l2 import Ether
+        leaf = f"leaf{rank // 2}"
+        frame = bytes(Ether(src=f"02:00:00:00:01:{rank:02x}", dst="02:00:00:00:02:00")
+                      / IP(src=f"10.0.0.{rank + 1}", dst=f"10.0.1.{rank // 2 + 1}")
+                      / UDP(sport=50000 + rank, dport=47000) / payload)
+        todo, got = [(leaf, rank % 2 + 1, frame)], {}
+        while todo:
+            sw, port, fr = todo.pop(0)
+            for eport, out in self.dps[sw].process(fr, port, now=0.0):
+                if (sw, eport) in self.links:
+                    self.crossed += 1
+                    todo.append((*self.links[(sw, eport)], out))
+                else:
+                    got.setdefault(2 * int(sw[-1]) + eport - 1, []).append(out)
+        return got
+
+
+def test_plan_installed_on_l2_switches_aggregates_in_two_levels():
+    """plan.install_p4 programs two leaves and a spine (L2-mode software switches, through the
+    controller's P4Runtime client); four workers' contributions come back to every worker as
+    one result each, equal to one flat switch's (but for the header's rank: the last sender's
+    at the spine), with 2 partials up and 2 results down on the spine's links. Installing
+    again writes nothing; a new epoch clears the job's slots on every switch."""
+    from spina.config import WorkerAddr as W
+    fab = L2Fabric(l2_doc())
+    counts = fab.install()
+    assert counts["leaf0"][2] == [(7, 0, 2)] and counts["spine0"][2] == [(7, 0, 2)]
+    rng = np.random.default_rng(5)
+    payloads = []
+    for r in range(4):
+        present = int(rng.integers(0, 16))
+        n = bin(present).count("1")
+        h = header(rank=r, slot=1, round=5, epoch=1, job=7, nlanes=4, block_size=32,
+                   present=present, exponent=int(rng.integers(-5, 5)), flags=wire.FLAG_LAST)
+        data = rng.integers(-2**31, 2**31, (n, 32), dtype=np.int64).astype(np.int32)
+        payloads.append(wire.pack(h, rng.integers(0, 50, 4).astype(np.uint32),
+                                  data if n else None))
+    got = {}
+    for r, pl in enumerate(payloads):
+        for w, frames in fab.send(r, pl).items():
+            got.setdefault(w, []).extend(frames)
+    flat_pipe = Pipeline(pool_slots=4, slot_capacity=4 * 32)
+    flat_pipe.add_job(JobConfig(job=7, workers=tuple(W(r, f"10.0.0.{r + 1}", 50000 + r)
+                                                     for r in range(4)), slot_base=0, nslots=2,
+                                nlanes=4, block_size=32, epoch=1),
+                      {r: (0, (f"10.0.0.{r + 1}", 50000 + r)) for r in range(4)})
+    for r, pl in enumerate(payloads):
+        emits = flat_pipe.process(pl, 0, (f"10.0.0.{r + 1}", 50000 + r))
+    want = patched(emits[0].data, rank=1)
+    assert sorted(got) == [0, 1, 2, 3]
+    for w, frames in got.items():
+        assert len(frames) == 1
+        f = frames[0]
+        assert f[42:] == want
+        assert (f[30:34], f[36:38]) == (bytes([10, 0, 0, w + 1]), (50000 + w).to_bytes(2, "big"))
+    assert fab.crossed == 4
+    for name, dp in fab.dps.items():
+        assert dp.counter("job_results", 7) == 2, name
+    assert fab.install() == {n: (0, 0, []) for n in fab.conns}
+    counts = fab.install(plan.parse(l2_doc(epoch=2)))
+    assert all(c[2] == [(7, 0, 2)] for c in counts.values())
+    assert all(dp.register("slot_count", 3) == 0 for dp in fab.dps.values())

@@ -30,6 +30,11 @@ const bit<8> FLAG_LAST = 0x04;
 const bit<8> FLAG_PARTIAL = 0x08;
 const bit<8> FLAG_MISMATCH = 0x10;
 
+// Two-level aggregation (include/control/fabric.p4): what a rack's partial carries up besides
+// LAST (a mismatch or a flush in one rack concerns every rack), and a stored result's flags.
+const bit<8> FLAGS_CARRIED = 0x18;  // FLAG_MISMATCH | FLAG_PARTIAL
+const bit<8> FLAGS_RESULT = 0x1c;   // FLAG_LAST | FLAGS_CARRIED
+
 // enq_qdepth never exceeds this: the congestion threshold that never drops.
 const qdepth_t QDEPTH_NEVER = 0x7ffff;
 

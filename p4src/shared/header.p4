@@ -93,8 +93,28 @@ struct admission_t {
     bit<16> mcast_grp;
 }
 
+// What FabricRoles (include/control/fabric.p4) hands the other controls: the job's level on
+// this switch (job_level) and, at a leaf, the spine owning the packet's slot (leaf_upstream).
+struct fabric_t {
+    bool        leaf;          // as_leaf: this switch aggregates one rack of the job
+    bool        spine;         // as_spine: its "workers" are the job's leaves
+    bit<8>      rack;          // the rack's index in the job: its rank at the spines
+    bit<8>      nlocal;        // the rack's workers (= its admission entries' nworkers)
+    bit<16>     epoch;         // the job's epoch (a spine's packets meet no admission entry)
+    bit<16>     mcast_grp;     // the rack's workers
+    bit<32>     rank_starts;   // bit r: rank r is the first rank of a rack (racks are contiguous)
+    bit<32>     job_ranks;     // every rank of the job
+    bit<32>     remote_ranks;  // the ranks of the other racks
+    bool        up;            // leaf_upstream hit: the slot's spine is known
+    port_t      up_port;
+    mac_addr_t  up_mac;
+    ipv4_addr_t up_addr;
+    bool        from_spine;    // a result or status for a slot with a leaf_upstream entry
+}
+
 struct metadata_t {
     admission_t adm;
+    fabric_t    fab;
     bool        ina_local;    // an INA packet addressed to this switch (ina_endpoint hit)
     bool        ina_emitted;  // a result/status this switch wrote (counted in egress)
     bool        ipv4_update;  // the IPv4 header changed: recompute its checksum

@@ -2,7 +2,8 @@
  * feature controls of include/control/. Build: `make p4` (p4src/README.md).
  *
  * Ingress: an INA packet for this switch (ina_endpoint) is checked, admitted and aggregated;
- * everything else is forwarded (l2, then ipv4_routes). Egress: per-worker rewrite of result
+ * everything else is forwarded (l2, then ipv4_routes). The job's level on this switch (flat,
+ * leaf or spine: FabricRoles, by table entries) decides where a completed round goes. Egress: per-worker rewrite of result
  * copies, then the loss-tolerant drop under congestion.
  */
 #include <core.p4>
@@ -14,6 +15,7 @@
 #include "../include/control/parser.p4"
 #include "../include/control/ina_check.p4"
 #include "../include/control/admission.p4"
+#include "../include/control/fabric.p4"
 #include "../include/control/aggregator.p4"
 #include "../include/control/forwarding.p4"
 #include "../include/control/priority.p4"
@@ -23,6 +25,7 @@ control SpinaIngress(inout headers_t hdr, inout metadata_t meta,
                      inout standard_metadata_t std) {
     InaEndpoint() ina_endpoint_ctl;
     InaCheck() ina_check_ctl;
+    FabricRoles() fabric_roles_ctl;
     Admission() admission_ctl;
     Aggregator() aggregator_ctl;
     Forwarding() forwarding_ctl;
@@ -33,8 +36,9 @@ control SpinaIngress(inout headers_t hdr, inout metadata_t meta,
         meta.ipv4_update = false;
         ina_endpoint_ctl.apply(hdr, meta);
         if (meta.ina_local) {
+            fabric_roles_ctl.apply(hdr, meta);
             bool malformed;
-            ina_check_ctl.apply(hdr, std, malformed);
+            ina_check_ctl.apply(hdr, meta, std, malformed);
             if (malformed) {
                 mark_to_drop(std);
             } else {

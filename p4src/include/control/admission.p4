@@ -8,6 +8,9 @@
  * the (job, rank) it claims, all exact, so that a host cannot speak for another job or rank.
  * A hit gives the job's slot range, worker count, sizes and multicast group. A miss, a slot
  * outside the job's range or sizes other than the job's are dropped and counted per port.
+ * At a leaf, a spine's answer (meta.fab.from_spine, include/control/fabric.p4) is admitted
+ * instead when it comes from the spine owning the slot (leaf_upstream: ingress port, IPv4
+ * source, UDP source port INA_UDP_PORT) for a job this switch is a leaf of.
  */
 #ifndef SPINA_ADMISSION_P4
 #define SPINA_ADMISSION_P4
@@ -79,6 +82,16 @@ control Admission(in headers_t hdr, inout metadata_t meta, in standard_metadata_
 
     apply {
         meta.adm.hit = false;
+        if (meta.fab.from_spine) {
+            // Sizes the parser holds: a spine's packet meets no admit entry to check them.
+            meta.adm.hit = meta.fab.leaf && std.ingress_port == meta.fab.up_port
+                && hdr.ipv4.src_addr == meta.fab.up_addr && hdr.udp.src_port == INA_UDP_PORT
+                && hdr.ina.nlanes <= NLANES && hdr.ina.block_size == BLOCK_SIZE;
+            if (!meta.adm.hit) {
+                port_unadmitted.count((bit<32>)std.ingress_port);
+            }
+            return;
+        }
         admission.apply();
         // 32-bit arithmetic: slot_base + nslots may exceed 16 bits.
         if (meta.adm.hit && ((bit<32>)hdr.ina.slot < (bit<32>)meta.adm.slot_base

@@ -21,6 +21,18 @@
  *   any packet, round already complete    the stored result, unicast back (flag RESEND)
  *   duplicate flagged PARTIAL, incomplete flush: complete now, flag PARTIAL, multicast
  *   duplicate, round incomplete           STATUS with the stored bitmap, unicast back
+ *
+ * Two-level aggregation (meta.fab, include/control/fabric.p4; softswitch/fabric.py):
+ *   spine   a partial's MISMATCH and PARTIAL flags are ORed into the round it is added to
+ *   leaf    a round completed (or flushed) here goes up to the slot's spine instead of to
+ *           the rack: the result with msg_type CONTRIB, rank = the rack's index; a resend
+ *           to a complete round whose spine result is missing sends the partial up again
+ *           (RESEND, PARTIAL if the worker asked for a flush); a STATUS also sets the
+ *           other racks' ranks (only the rack's own missing ranks can complete it)
+ *   leaf, the spine's answer (from_spine): checked against the copy (epoch, round, count
+ *           = nlocal: the partial went up, no result stored yet), its rack bitmap turned
+ *           into ranks; a RESULT is stored in the copy (written, not added; slot_count
+ *           becomes nlocal + 1) and replicated to the rack, a STATUS only replicated
  */
 #ifndef SPINA_AGGREGATOR_P4
 #define SPINA_AGGREGATOR_P4
@@ -104,6 +116,21 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
     }
 
 #define SPINA_DROP_BLOCK(L) hdr.block[L].setInvalid();
+
+    // The spine's result into lane L of the copy: positions, and the values of a present lane.
+#define SPINA_STORE_ELEM(L, E) slot_values_l##L##_e##E.write(idx, hdr.block[L].e##E);
+#define SPINA_STORE_LANE(L) if (hdr.ina.nlanes > L) {                   \
+        slot_next_l##L.write(idx, hdr.lane_next[L].pos);                \
+        if (hdr.ina.present[L:L] == 1) {                                \
+            FOR_EACH_ELEM(SPINA_STORE_ELEM, L)                          \
+        }                                                               \
+    }
+
+    // Rack bitmap -> rank bitmap: rank R takes its rack's bit; `racks` moves on by one rack
+    // at each rack's first rank (constant shifts only, no loop).
+#define SPINA_RANK_OF_RACK(R)                                           \
+    if (R != 0 && meta.fab.rank_starts[R:R] == 1) { racks = racks >> 1; } \
+    if (racks[0:0] == 1) { ranks = ranks | ((bit<32>)1 << R); }
 #define SPINA_COUNT_BLOCK(L) if (hdr.block[L].isValid()) { nblocks = nblocks + 1; }
 
     apply {
@@ -112,6 +139,49 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
         // idx before the first return (header fields only): after p4c's RemoveReturns a later
         // declaration gives ~280 false "idx may be uninitialized" warnings, one per use.
         bit<32> idx = ((bit<32>)hdr.ina.slot << 1) | (hdr.ina.round & 1);
+        bit<8> in_flags = hdr.ina.flags;
+        if (meta.fab.from_spine) {
+            // A leaf: the spine's answer for the round this copy holds and sent up.
+            bit<32> held_round;
+            slot_round.read(held_round, idx);
+            if (hdr.ina.epoch != meta.fab.epoch || held_round != hdr.ina.round) {
+                job_stale.count(job);
+                mark_to_drop(std);
+                return;
+            }
+            bit<32> held;
+            slot_count.read(held, idx);
+            bit<32> nlocal = (bit<32>)meta.fab.nlocal;
+            if (held != nlocal) {  // stored already (a duplicate), or never sent up
+                if (held > nlocal) {
+                    job_duplicates.count(job);
+                } else {
+                    job_stale.count(job);
+                }
+                mark_to_drop(std);
+                return;
+            }
+            bit<32> racks = hdr.ina.bitmap;
+            bit<32> ranks = 0;
+            FOR_EACH_RANK(SPINA_RANK_OF_RACK)
+            hdr.ina.bitmap = ranks & meta.fab.job_ranks;
+            if (hdr.ina.msg_type == MSG_RESULT) {
+                bit<8> rflags = in_flags & FLAGS_RESULT;
+                FOR_EACH_LANE(SPINA_STORE_LANE)
+                slot_present.write(idx, hdr.ina.present);
+                slot_bitmap.write(idx, hdr.ina.bitmap);
+                slot_flags.write(idx, rflags);
+                slot_count.write(idx, held + 1);
+                slot_nonfinite.write(idx, hdr.ina.nonfinite);
+                slot_exponent.write(idx, hdr.ina.exponent);
+                slot_length.write(idx, hdr.ina.length);
+                // To the rack as a completion, not as the answer to a resend.
+                hdr.ina.flags = rflags | (in_flags & FLAG_LOSS_TOLERANT);
+            }
+            reply_to_sender();
+            std.mcast_grp = meta.fab.mcast_grp;  // every worker of the rack
+            return;
+        }
         if (hdr.ina.epoch != meta.adm.epoch) {
             job_stale.count(job);
             mark_to_drop(std);
@@ -171,6 +241,9 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
             hdr.ina.present = 0;
             hdr.ina.nonfinite = 0;
             FOR_EACH_LANE(SPINA_DROP_BLOCK)
+            if (meta.fab.leaf) {
+                hdr.ina.bitmap = old_bitmap | meta.fab.remote_ranks;
+            }
         } else {
             // The scalar state of the round.
             bit<64> present = hdr.ina.present;
@@ -178,7 +251,10 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
             bit<16> exponent = hdr.ina.exponent;
             bit<32> length = hdr.ina.length;
             bit<8> sflags = hdr.ina.flags & FLAG_LAST;
+            // A spine: a rack's mismatch or flush goes into the round it is added to.
+            bit<8> carried = meta.fab.spine ? in_flags & FLAGS_CARRIED : 8w0;
             if (fresh) {
+                sflags = sflags | carried;
                 slot_present.write(idx, present);
                 slot_nonfinite.write(idx, nonfinite);
                 slot_exponent.write(idx, exponent);
@@ -203,6 +279,7 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
                     if (hdr.ina.length != length) {
                         sflags = sflags | FLAG_MISMATCH;
                     }
+                    sflags = sflags | carried;
                     slot_flags.write(idx, sflags);
                 } else if (flush) {
                     sflags = sflags | FLAG_PARTIAL;
@@ -237,7 +314,26 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
                          + nblocks * BLOCK_BYTES;
         hdr.ipv4.total_len = IPV4_HDR_BYTES + hdr.udp.length;
         reply_to_sender();
-        if (accumulate || flush) {
+        bool multicast = accumulate || flush;
+        if (meta.fab.leaf && hdr.ina.msg_type == MSG_RESULT
+                && (multicast || count <= (bit<32>)meta.fab.nlocal)) {
+            // A leaf: the rack's round completed (or was flushed) here, or a worker resent a
+            // round whose spine result is missing: the rack's partial goes up to the spine.
+            hdr.ina.msg_type = MSG_CONTRIB;
+            if (!multicast) {  // a resend up: PARTIAL only if the worker asks for a flush
+                hdr.ina.flags = (hdr.ina.flags & ~(FLAG_PARTIAL | FLAG_RESEND)) | FLAG_RESEND
+                                | (in_flags & FLAG_PARTIAL);
+            }
+            hdr.ina.rank = meta.fab.rack;
+            hdr.ethernet.dst_addr = meta.fab.up_mac;
+            hdr.ipv4.dst_addr = meta.fab.up_addr;
+            hdr.udp.dst_port = INA_UDP_PORT;
+            if (meta.fab.up) {
+                std.egress_spec = meta.fab.up_port;
+            } else {
+                mark_to_drop(std);  // no spine for this slot
+            }
+        } else if (multicast) {
             std.mcast_grp = meta.adm.mcast_grp;  // the result, to every worker of the job
         } else {
             std.egress_spec = std.ingress_port;  // result or status, back to the resender

@@ -5,11 +5,15 @@
  * malformed even where the parser stopped early and saw no parser_error (softswitch
  * Dataplane._terminate); bytes after the UDP length are an Ethernet trailer, not payload.
  * Such packets carry no job id one can trust: they are counted per ingress port.
+ * At a leaf, a RESULT or STATUS for a slot with a leaf_upstream entry (meta.fab.from_spine,
+ * include/control/fabric.p4) is a spine's answer, judged like any packet otherwise
+ * (softswitch/fabric.py: wire.header_error).
  */
 #ifndef SPINA_INA_CHECK_P4
 #define SPINA_INA_CHECK_P4
 
-control InaCheck(in headers_t hdr, in standard_metadata_t std, out bool malformed) {
+control InaCheck(in headers_t hdr, in metadata_t meta, in standard_metadata_t std,
+                 out bool malformed) {
     @name(".port_malformed") counter(MAX_PORTS, CounterType.packets) port_malformed;
 
     apply {
@@ -29,7 +33,9 @@ control InaCheck(in headers_t hdr, in standard_metadata_t std, out bool malforme
         malformed = std.parser_error != error.NoError
             || !hdr.ina.isValid()
             || hdr.ina.version != INA_VERSION
-            || hdr.ina.msg_type != MSG_CONTRIB
+            || (meta.fab.from_spine ? hdr.ina.msg_type != MSG_RESULT
+                                      && hdr.ina.msg_type != MSG_STATUS
+                                    : hdr.ina.msg_type != MSG_CONTRIB)
             || hdr.ina.nlanes == 0 || hdr.ina.nlanes > WIRE_MAX_LANES
             || hdr.ina.block_size == 0
             || hdr.ina.rank >= WIRE_MAX_WORKERS
