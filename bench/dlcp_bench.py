@@ -12,18 +12,22 @@ The fabric (namespaces, built and removed by this module):
   w0 eth0 -tbf-+                               +- core: IPv4 router between the workers'
   w1 eth0 -tbf-+ leaf: L2-mode software switch |  subnets (gloo's ring), SpINA's aggregator
   ...          + (softswitch.l2), its uplink  -+  (UDP-mode software switch) on 10.210.255.1,
-  bg eth0 -tbf-+ rate-limited (--queue-rate)   |  a blackhole for the background traffic
-```
+  bg eth0 -tbf-+ rate-limited (--port-rate)    |  a blackhole for the background traffic
 ```
 
 Every frame a worker sends goes through the leaf's uplink to the core (the leaf bridges by MAC
 and every worker's next hop is the core): SpINA's contributions on their way to the aggregator,
-and gloo's TCP ring (worker -> core -> worker). The uplink's egress is the one congested queue:
-the leaf's per-priority queues (softswitch/egress.py, BMv2's model), each drained at
-`--queue-rate` frames a second, tail drop at 64 frames, enq_qdepth measured, and the DLCP
-congestion drop with the job's loss budget (the `congestion` entry the controller writes,
-set here per mode). The background sender (its own namespace) sends UDP open loop at
-`--background` frames a second through the same uplink to a blackholed address at the core:
+and gloo's TCP ring (worker -> core -> worker). The uplink's egress is the one congested port:
+the leaf's per-priority queues (softswitch/egress.py), tail drop at 64 frames per queue,
+enq_qdepth measured, and the DLCP congestion drop with the job's loss budget (the `congestion`
+entry the controller writes, set here per mode). By default (`--uplink shaper`) the port is
+one link of `--port-rate` (bits/s on the wire) with strict priority between its queues, and a
+frame's link time is taken when it leaves egress, so a frame the congestion drop takes uses
+none: a real port. `--uplink bmv2` is BMv2's traffic manager instead (the first run in
+docs/dlcp.md): each priority queue drained at `--queue-rate` frames a second on its own, the
+drop decided after the frame's departure slot. The background sender (its own namespace)
+sends UDP open loop at `--background` frames a second of `--bg-size` bytes through the same
+uplink to a blackholed address at the core:
 non-INA frames, so priority 0, the queue SpINA's loss-tolerant packets (and, with priority
 policy `fixed`, all of them) and gloo share. Worker links are limited by tbf both ways.
 
@@ -238,8 +242,10 @@ def leftover_namespaces(tag: str) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- the leaf
-def leaf_main(conn, ns: str, ports: dict, l2: dict, queue_rate: float, qdepth: int) -> None:
-    """The leaf switch in namespace `ns`: L2 bridging, the uplink rate-limited. Commands on
+def leaf_main(conn, ns: str, ports: dict, l2: dict, uplink: tuple, qdepth: int) -> None:
+    """The leaf switch in namespace `ns`: L2 bridging, the uplink rate-limited: `uplink` is
+    ("shaper", PortRate) (a port shaper: one link rate, strict priority, link time taken after
+    egress) or ("bmv2", pps) (BMv2's model: each priority queue at its own rate). Commands on
     `conn`: ("bound", fraction) sets the job's congestion entry (0: none, never dropped);
     "counters" -> (congestion drops, seen, tail drops) so far; "stop"."""
     try:
@@ -250,7 +256,10 @@ def leaf_main(conn, ns: str, ports: dict, l2: dict, queue_rate: float, qdepth: i
         dp = Dataplane(pool_slots=1)
         for mac, port in l2.items():
             dp.table_add("l2", {"dst_mac": mac}, "bridge", {"port": port})
-        dp.set_queue_rate(UPLINK, queue_rate)
+        if uplink[0] == "shaper":
+            dp.set_port_rate(UPLINK, uplink[1])
+        else:
+            dp.set_queue_rate(UPLINK, uplink[1])
         sw = L2Switch(ports, dp).start()
         conn.send("ready")
     except BaseException as e:
@@ -483,7 +492,7 @@ def run(a) -> tuple[list[dict], list[dict], dict]:
             leaf_conn, child = ctx.Pipe()
             procs.append(ctx.Process(target=leaf_main, name="dlcp-leaf",
                                      args=(child, fab.leaf, fab.ports(), fab.l2_entries(),
-                                           a.queue_rate, a.qdepth)))
+                                           uplink_spec(a), a.qdepth)))
             procs[-1].start()
             recv(leaf_conn, "leaf", 60)
             barrier = ctx.Barrier(n)
@@ -559,6 +568,20 @@ def run(a) -> tuple[list[dict], list[dict], dict]:
                         pass
             stop_all(procs)
     return step_rows, summarize(step_rows, a, sizes), meta
+
+
+def uplink_spec(a) -> tuple:
+    """What leaf_main sets on the uplink, from the options."""
+    return ("shaper", a.port_rate) if a.uplink == "shaper" else ("bmv2", a.queue_rate)
+
+
+def uplink_text(a) -> str:
+    if a.uplink == "shaper":
+        return (f"a port shaper of {a.port_rate} (one rate for the port, strict priority "
+                "between its queues, link time taken after egress; 64-frame tail drop per "
+                "priority queue)")
+    return (f"BMv2's model: each priority queue drained at {a.queue_rate:g} frames/s on its own "
+            "(64-frame tail drop)")
 
 
 def call_blocks(sizes: list[int]) -> list[int]:
@@ -750,6 +773,14 @@ def _rate(text: str) -> str:
     return text
 
 
+def _port_rate(text: str):
+    from softswitch.egress import parse_port_rate
+    try:
+        return parse_port_rate(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _positive(kind, lo, hi):
     def parse(text: str):
         try:
@@ -793,14 +824,26 @@ def parse_args(argv=None):
                          f"{','.join(c.name for c in CONFIGS)})".replace("%", "%%"))
     ap.add_argument("--rate", type=_rate, default="1gbit",
                     help="tbf rate of every worker link, both ways (default %(default)s)")
+    ap.add_argument("--uplink", choices=("shaper", "bmv2"), default="shaper",
+                    help="the leaf uplink's model: shaper = a port shaper (one link rate "
+                         "--port-rate, strict priority between the queues, a congestion-dropped "
+                         "frame takes no link time: a real port's model); bmv2 = BMv2's traffic "
+                         "manager (each priority queue drained at --queue-rate on its own, the "
+                         "drop decided after the frame's departure slot; the model of the first "
+                         "run in docs/dlcp.md). Default %(default)s")
+    ap.add_argument("--port-rate", type=_port_rate, default="400mbit",
+                    help="--uplink shaper: the uplink's rate, bits/s (400mbit), frames/s "
+                         "(8000pps) or both (default %(default)s)")
     ap.add_argument("--queue-rate", type=_positive(float, 100, 1e6), default=8000,
-                    help="frames a second each priority queue of the leaf's uplink drains "
-                         "(the congested queue; default %(default)s)")
+                    help="--uplink bmv2: frames a second each priority queue of the leaf's "
+                         "uplink drains (default %(default)s)")
     ap.add_argument("--background", type=_positive(float, 0, 1e6), default=4000,
                     help="background frames a second through the uplink, open loop "
                          "(priority 0; default %(default)s)")
-    ap.add_argument("--bg-size", type=_positive(int, 64, 8900), default=1000,
-                    help="background UDP payload bytes (default %(default)s)")
+    ap.add_argument("--bg-size", type=_positive(int, 64, 8900), default=6000,
+                    help="background UDP payload bytes (default %(default)s: with the default "
+                         "rates 4000 x 6042 B = 193 Mbit/s, about half the uplink; the first "
+                         "run, --uplink bmv2, used 1000)")
     ap.add_argument("--qdepth", type=_positive(int, 0, 1000), default=16,
                     help="the congestion entry's threshold: frames queued at the uplink above "
                          "which a loss-tolerant contribution may be dropped (default "
@@ -830,7 +873,7 @@ def main(argv=None) -> int:
     sizes = layer_sizes(a.model)
     print(f"{a.workers} workers, model {','.join(map(str, a.model))} ({sum(sizes)} float32, "
           f"{len(sizes)} calls per step), {a.steps} repeats of {len(a.configs)} "
-          f"configurations; uplink {a.queue_rate:g} frames/s per queue, background "
+          f"configurations; uplink {uplink_text(a)}, background "
           f"{a.background:g} frames/s", flush=True)
     try:
         step_rows, rows, info = run(a)
@@ -852,8 +895,8 @@ def main(argv=None) -> int:
                         f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end (per "
                         "configuration in the table)",
         "fabric": f"{a.workers} worker namespaces + a background sender on an L2-mode software "
-                  f"switch (leaf) whose uplink to the core (router + UDP-mode aggregator) drains "
-                  f"each priority queue at {a.queue_rate:g} frames/s (64-frame tail drop); "
+                  f"switch (leaf) whose uplink to the core (router + UDP-mode aggregator) is "
+                  f"{uplink_text(a)}; "
                   f"worker links tbf {a.rate} both ways (burst {tbf['burst']} B, "
                   f"{tbf['latency_ms']} ms), MTU {MTU}",
         "background": f"{a.background:g} UDP frames/s of {a.bg_size} B, open loop, priority 0 "
