@@ -973,7 +973,7 @@ def parse_args(argv=None):
                          "(priority 0; default %(default)s)")
     ap.add_argument("--bg-size", type=_positive(int, 64, 8900), default=6000,
                     help="background UDP payload bytes (default %(default)s: with the default "
-                         "rates 4000 x 6042 B = 193 Mbit/s, about half the uplink; the first "
+                         "rates 4000 x 6042 B = 194 Mbit/s on the wire, half the uplink; the first "
                          "run, --uplink bmv2, used 1000)")
     ap.add_argument("--qdepth", type=_positive(int, 0, 1000), default=16,
                     help="the congestion entry's threshold: frames queued at the uplink above "
