@@ -12,20 +12,31 @@ The fabric (namespaces, built and removed by this module):
   w0 eth0 -tbf-+                               +- core: IPv4 router between the workers'
   w1 eth0 -tbf-+ leaf: L2-mode software switch |  subnets (gloo's ring), SpINA's aggregator
   ...          + (softswitch.l2), its uplink  -+  (UDP-mode software switch) on 10.210.255.1,
-  bg eth0 -tbf-+ rate-limited (--queue-rate)   |  a blackhole for the background traffic
-```
+  bg eth0 -tbf-+ rate-limited (--port-rate)    |  a blackhole for the background traffic
 ```
 
 Every frame a worker sends goes through the leaf's uplink to the core (the leaf bridges by MAC
 and every worker's next hop is the core): SpINA's contributions on their way to the aggregator,
-and gloo's TCP ring (worker -> core -> worker). The uplink's egress is the one congested queue:
-the leaf's per-priority queues (softswitch/egress.py, BMv2's model), each drained at
-`--queue-rate` frames a second, tail drop at 64 frames, enq_qdepth measured, and the DLCP
-congestion drop with the job's loss budget (the `congestion` entry the controller writes,
-set here per mode). The background sender (its own namespace) sends UDP open loop at
-`--background` frames a second through the same uplink to a blackholed address at the core:
+and gloo's TCP ring (worker -> core -> worker). The uplink's egress is the one congested port:
+the leaf's per-priority queues (softswitch/egress.py), tail drop at 64 frames per queue,
+enq_qdepth measured, and the DLCP congestion drop with the job's loss budget (the `congestion`
+entry the controller writes, set here per mode). By default (`--uplink shaper`) the port is
+one link of `--port-rate` (bits/s on the wire) with strict priority between its queues, and a
+frame's link time is taken when it leaves egress, so a frame the congestion drop takes uses
+none: a real port. `--uplink bmv2` is BMv2's traffic manager instead (the first run in
+docs/dlcp.md): each priority queue drained at `--queue-rate` frames a second on its own, the
+drop decided after the frame's departure slot. The background sender (its own namespace)
+sends UDP open loop at `--background` frames a second of `--bg-size` bytes through the same
+uplink to a blackholed address at the core:
 non-INA frames, so priority 0, the queue SpINA's loss-tolerant packets (and, with priority
 policy `fixed`, all of them) and gloo share. Worker links are limited by tbf both ways.
+
+`--train STEPS` measures time to accuracy instead: every worker trains an MLP on
+scikit-learn's digits (`--train-model`, default 64,1024,512,10), its own shard, one
+all-reduce per layer per step, through the same fabric, one configuration after another;
+rank 0 evaluates every `--eval-every` steps (the clock stops meanwhile). Outputs
+dlcp_train.csv (per configuration: the seconds and steps to `--target-accuracy`, the
+losses), dlcp_train_curves.csv, dlcp_train.png.
 
 Per step, every worker all-reduces one gradient of an MLP (`--model` widths), one call per
 layer in backward order (last layer first, as DDP's buckets), each with its layer position
@@ -238,8 +249,10 @@ def leftover_namespaces(tag: str) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- the leaf
-def leaf_main(conn, ns: str, ports: dict, l2: dict, queue_rate: float, qdepth: int) -> None:
-    """The leaf switch in namespace `ns`: L2 bridging, the uplink rate-limited. Commands on
+def leaf_main(conn, ns: str, ports: dict, l2: dict, uplink: tuple, qdepth: int) -> None:
+    """The leaf switch in namespace `ns`: L2 bridging, the uplink rate-limited: `uplink` is
+    ("shaper", PortRate) (a port shaper: one link rate, strict priority, link time taken after
+    egress) or ("bmv2", pps) (BMv2's model: each priority queue at its own rate). Commands on
     `conn`: ("bound", fraction) sets the job's congestion entry (0: none, never dropped);
     "counters" -> (congestion drops, seen, tail drops) so far; "stop"."""
     try:
@@ -250,7 +263,10 @@ def leaf_main(conn, ns: str, ports: dict, l2: dict, queue_rate: float, qdepth: i
         dp = Dataplane(pool_slots=1)
         for mac, port in l2.items():
             dp.table_add("l2", {"dst_mac": mac}, "bridge", {"port": port})
-        dp.set_queue_rate(UPLINK, queue_rate)
+        if uplink[0] == "shaper":
+            dp.set_port_rate(UPLINK, uplink[1])
+        else:
+            dp.set_queue_rate(UPLINK, uplink[1])
         sw = L2Switch(ports, dp).start()
         conn.send("ready")
     except BaseException as e:
@@ -405,11 +421,14 @@ def _worker(rank, ns, n, sizes, gloo_port, conn, barrier):
             req = conn.recv()
             if req == "stop":
                 break
-            cfg, variant = req
+            cfg, variant = req[:2]
             if cfg.method == "spina":
                 agent.job = dlcp.with_policy(dataclasses.replace(base, priority=cfg.priority),
                                              cfg.bounded_loss, cfg.priority_policy,
                                              cfg.loss_tolerant_policy)
+            if variant == "train":
+                conn.send(_train(rank, n, cfg, agent, dist, barrier, *req[2:]))
+                continue
             conn.send(_step(rank, n, cfg, agent, dist, grads[variant], bufs, tens,
                             exact[variant] if exact else None, barrier))
     finally:
@@ -459,6 +478,103 @@ def _step(rank, n, cfg, agent, dist, grad, bufs, tens, exact, barrier) -> dict:
     return stats
 
 
+# ----------------------------------------------------------------------------- training
+def digits(seed: int = 0):
+    """scikit-learn's digits (1797 8x8 images), pixels 0..1, an 80/20 split (as
+    examples/dlcp_train.py)."""
+    from sklearn.datasets import load_digits
+    d = load_digits()
+    x = (d.images.reshape(len(d.images), -1) / 16.0).astype(np.float32)
+    perm = np.random.default_rng(seed).permutation(len(x))
+    nt = len(x) // 5
+    return x[perm[nt:]], d.target[perm[nt:]], x[perm[:nt]], d.target[perm[:nt]]
+
+
+def mlp_init(widths: list[int], seed: int) -> list[np.ndarray]:
+    """One flat float32 array per layer: weights (in x out, He) then bias (zeros)."""
+    rng = np.random.default_rng(seed)
+    return [np.concatenate([(rng.standard_normal(a * b) * np.sqrt(2 / a)).astype(np.float32),
+                            np.zeros(b, np.float32)]) for a, b in zip(widths[:-1], widths[1:])]
+
+
+def _layers(params, widths):
+    return [(p[:a * b].reshape(a, b), p[a * b:]) for p, a, b in
+            zip(params, widths[:-1], widths[1:])]
+
+
+def mlp_grad(params, widths, x, y) -> list[np.ndarray]:
+    """Cross-entropy gradient of the ReLU MLP on one batch, flat per layer like `params`."""
+    ls = _layers(params, widths)
+    hs = [x]
+    for w, b in ls[:-1]:
+        hs.append(np.maximum(hs[-1] @ w + b, 0))
+    z = hs[-1] @ ls[-1][0] + ls[-1][1]
+    p = np.exp(z - z.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    p[np.arange(len(y)), y] -= 1
+    d = p / len(y)
+    out = []
+    for i in reversed(range(len(ls))):
+        out.append(np.concatenate([(hs[i].T @ d).ravel(), d.sum(0)]).astype(np.float32))
+        if i:
+            d = (d @ ls[i][0].T) * (hs[i] > 0)
+    return out[::-1]
+
+
+def mlp_accuracy(params, widths, x, y) -> float:
+    h = x
+    ls = _layers(params, widths)
+    for w, b in ls[:-1]:
+        h = np.maximum(h @ w + b, 0)
+    return float(((h @ ls[-1][0] + ls[-1][1]).argmax(1) == y).mean() * 100)
+
+
+def _train(rank, n, cfg, agent, dist, barrier, widths, steps, every, batch, lr):
+    """Data-parallel SGD on digits through the fabric: every worker the same initial weights,
+    its own shard, one all-reduce per layer per step (last layer first, with its position).
+    Rank 0 evaluates every `every` steps; the clock stops while it does. Returns the curve
+    [(step, training seconds, test accuracy)], the losses, and a crc of the final weights."""
+    import torch
+    xtr, ytr, xte, yte = digits()
+    xs, ys = xtr[rank::n], ytr[rank::n]
+    params = mlp_init(widths, 20261201)
+    rng = np.random.default_rng([rank, 7])
+    nl = len(params)
+    curve, lost, partial, elapsed = [], 0, 0, 0.0
+    barrier.wait()
+    for step in range(1, steps + 1):
+        t0 = time.perf_counter()
+        idx = rng.choice(len(ys), batch, replace=False)
+        grads = mlp_grad(params, widths, xs[idx], ys[idx])
+        for i in reversed(range(nl)):
+            if cfg.method == "spina":
+                g = agent.allreduce(grads[i], layer=(i, nl))
+                lost += agent.last_stats.blocks_lost
+                partial += agent.last_stats.partial_rounds
+            else:
+                t = torch.from_numpy(grads[i])
+                dist.all_reduce(t)
+                g = grads[i]
+            params[i] -= np.float32(lr / n) * g
+        elapsed += time.perf_counter() - t0
+        if step % every == 0 or step == steps:
+            barrier.wait()  # every worker's clock stops here; rank 0 evaluates
+            if rank == 0:
+                curve.append((step, elapsed, mlp_accuracy(params, widths, xte, yte)))
+            barrier.wait()
+    crc = 0
+    for p in params:
+        crc = zlib.crc32(p.view(np.uint8), crc)
+    return dict(curve=curve, blocks_lost=lost, partial_rounds=partial, crc=crc,
+                seconds=elapsed)
+
+
+TRAIN_COLUMNS = ("config", "step", "seconds", "test_accuracy")
+TRAIN_SUMMARY = ("config", "steps", "seconds", "final_accuracy", "target_accuracy",
+                 "seconds_to_target", "steps_to_target", "blocks_lost", "partial_rounds",
+                 "congestion_drops", "weights_identical", "load_min", "load_max")
+
+
 # ----------------------------------------------------------------------------- the run
 def pctl(xs: list[float], q: float) -> float:
     """The q-quantile (0..1) of xs, linear interpolation (numpy's default)."""
@@ -483,7 +599,7 @@ def run(a) -> tuple[list[dict], list[dict], dict]:
             leaf_conn, child = ctx.Pipe()
             procs.append(ctx.Process(target=leaf_main, name="dlcp-leaf",
                                      args=(child, fab.leaf, fab.ports(), fab.l2_entries(),
-                                           a.queue_rate, a.qdepth)))
+                                           uplink_spec(a), a.qdepth)))
             procs[-1].start()
             recv(leaf_conn, "leaf", 60)
             barrier = ctx.Barrier(n)
@@ -514,6 +630,30 @@ def run(a) -> tuple[list[dict], list[dict], dict]:
             recv(bg_conn, "background", 60)
             configs = [c for c in CONFIGS if c.name in a.configs]
             t_start = time.time()
+            if a.train:
+                train = []
+                for cfg in configs:
+                    leaf_conn.send(("bound", cfg.bounded_loss if cfg.method == "spina" else 0))
+                    recv(leaf_conn, "leaf bound", 30)
+                    leaf_conn.send("counters")
+                    c0 = recv(leaf_conn, "leaf counters", 30)
+                    load = os.getloadavg()[0]
+                    for c in conns:
+                        c.send((cfg, "train", a.train_model, a.train, a.eval_every, 32,
+                                a.lr))
+                    recs = [recv(c, f"rank {r} training {cfg.name}", 3600)
+                            for r, c in enumerate(conns)]
+                    leaf_conn.send("counters")
+                    c1 = recv(leaf_conn, "leaf counters", 30)
+                    train.append(dict(config=cfg.name, recs=recs, drops=c1[0] - c0[0],
+                                      load=(load, os.getloadavg()[0])))
+                    print(f"  {cfg.name:>15}: {max(r['seconds'] for r in recs):.1f} s, "
+                          f"accuracy {recs[0]['curve'][-1][2]:.2f}%", flush=True)
+                bg_conn.send("stop")
+                bg_sent = recv(bg_conn, "background stop", 30)
+                bg_conn.close()
+                return train, [], dict(sizes=layer_sizes(a.train_model), job=job,
+                                       bg_sent=bg_sent, seconds=time.time() - t_start)
             for rep in range(a.steps + 1):  # repeat 0: warm-up, checked but not recorded
                 order = configs[rep % len(configs):] + configs[:rep % len(configs)]
                 for k, cfg in enumerate(order):
@@ -559,6 +699,20 @@ def run(a) -> tuple[list[dict], list[dict], dict]:
                         pass
             stop_all(procs)
     return step_rows, summarize(step_rows, a, sizes), meta
+
+
+def uplink_spec(a) -> tuple:
+    """What leaf_main sets on the uplink, from the options."""
+    return ("shaper", a.port_rate) if a.uplink == "shaper" else ("bmv2", a.queue_rate)
+
+
+def uplink_text(a) -> str:
+    if a.uplink == "shaper":
+        return (f"a port shaper of {a.port_rate} (one rate for the port, strict priority "
+                "between its queues, link time taken after egress; 64-frame tail drop per "
+                "priority queue)")
+    return (f"BMv2's model: each priority queue drained at {a.queue_rate:g} frames/s on its own "
+            "(64-frame tail drop)")
 
 
 def call_blocks(sizes: list[int]) -> list[int]:
@@ -750,6 +904,14 @@ def _rate(text: str) -> str:
     return text
 
 
+def _port_rate(text: str):
+    from softswitch.egress import parse_port_rate
+    try:
+        return parse_port_rate(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _positive(kind, lo, hi):
     def parse(text: str):
         try:
@@ -793,14 +955,26 @@ def parse_args(argv=None):
                          f"{','.join(c.name for c in CONFIGS)})".replace("%", "%%"))
     ap.add_argument("--rate", type=_rate, default="1gbit",
                     help="tbf rate of every worker link, both ways (default %(default)s)")
+    ap.add_argument("--uplink", choices=("shaper", "bmv2"), default="shaper",
+                    help="the leaf uplink's model: shaper = a port shaper (one link rate "
+                         "--port-rate, strict priority between the queues, a congestion-dropped "
+                         "frame takes no link time: a real port's model); bmv2 = BMv2's traffic "
+                         "manager (each priority queue drained at --queue-rate on its own, the "
+                         "drop decided after the frame's departure slot; the model of the first "
+                         "run in docs/dlcp.md). Default %(default)s")
+    ap.add_argument("--port-rate", type=_port_rate, default="400mbit",
+                    help="--uplink shaper: the uplink's rate, bits/s (400mbit), frames/s "
+                         "(8000pps) or both (default %(default)s)")
     ap.add_argument("--queue-rate", type=_positive(float, 100, 1e6), default=8000,
-                    help="frames a second each priority queue of the leaf's uplink drains "
-                         "(the congested queue; default %(default)s)")
+                    help="--uplink bmv2: frames a second each priority queue of the leaf's "
+                         "uplink drains (default %(default)s)")
     ap.add_argument("--background", type=_positive(float, 0, 1e6), default=4000,
                     help="background frames a second through the uplink, open loop "
                          "(priority 0; default %(default)s)")
-    ap.add_argument("--bg-size", type=_positive(int, 64, 8900), default=1000,
-                    help="background UDP payload bytes (default %(default)s)")
+    ap.add_argument("--bg-size", type=_positive(int, 64, 8900), default=6000,
+                    help="background UDP payload bytes (default %(default)s: with the default "
+                         "rates 4000 x 6042 B = 194 Mbit/s on the wire, half the uplink; the first "
+                         "run, --uplink bmv2, used 1000)")
     ap.add_argument("--qdepth", type=_positive(int, 0, 1000), default=16,
                     help="the congestion entry's threshold: frames queued at the uplink above "
                          "which a loss-tolerant contribution may be dropped (default "
@@ -810,12 +984,112 @@ def parse_args(argv=None):
                          "(bounded modes; default %(default)s)")
     ap.add_argument("--nslots", type=_positive(int, 1, 64), default=16,
                     help="SpINA slots per job (the window; default %(default)s)")
+    ap.add_argument("--train", type=_positive(int, 0, 100000), default=0, metavar="STEPS",
+                    help="instead of the step-time experiment: train --train-model on "
+                         "scikit-learn's digits for STEPS steps per configuration through the "
+                         "same congested fabric (configurations one after another), and report "
+                         "the time to --target-accuracy (default 0: off)")
+    ap.add_argument("--train-model", type=_widths, default=[64, 1024, 512, 10],
+                    help="--train: MLP widths, 64 inputs and 10 outputs (default "
+                         "64,1024,512,10: 596K float32, about the step-time gradient's size)")
+    ap.add_argument("--eval-every", type=_positive(int, 1, 100000), default=10,
+                    help="--train: steps between test-accuracy evaluations (default "
+                         "%(default)s; the clock stops while rank 0 evaluates)")
+    ap.add_argument("--lr", type=_positive(float, 1e-6, 10), default=0.1,
+                    help="--train: SGD learning rate, batch 32 per worker (default %(default)s)")
+    ap.add_argument("--target-accuracy", type=_positive(float, 1, 100), default=97.0,
+                    help="--train: test accuracy (%%) whose first reaching is the time to "
+                         "accuracy (default %(default)s)")
     ap.add_argument("--tag", default=f"dlb{os.getpid() % 100000}",
                     help="prefix of the namespaces this run makes")
     ap.add_argument("--out", default="bench/out/dlcp", help="output directory")
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every step")
     return ap.parse_args(argv)
+
+
+def train_outputs(train: list[dict], a) -> tuple[list[dict], list[dict]]:
+    """Rows of the curves and one summary row per configuration; raises BenchError when a
+    SpINA run's ranks ended with different weights."""
+    curves, rows = [], []
+    for t in train:
+        recs, curve = t["recs"], t["recs"][0]["curve"]
+        same = len({r["crc"] for r in recs}) == 1
+        if not same and t["config"] != "gloo":
+            raise BenchError(f"training {t['config']}: the workers' weights differ")
+        curves += [dict(config=t["config"], step=st, seconds=sec, test_accuracy=acc)
+                   for st, sec, acc in curve]
+        hit = next(((st, sec) for st, sec, acc in curve if acc >= a.target_accuracy), None)
+        rows.append(dict(config=t["config"], steps=curve[-1][0], seconds=curve[-1][1],
+                         final_accuracy=curve[-1][2], target_accuracy=a.target_accuracy,
+                         seconds_to_target=hit[1] if hit else "",
+                         steps_to_target=hit[0] if hit else "",
+                         blocks_lost=sum(r["blocks_lost"] for r in recs),
+                         partial_rounds=recs[0]["partial_rounds"],
+                         congestion_drops=t["drops"], weights_identical=same,
+                         load_min=min(t["load"]), load_max=max(t["load"])))
+    return curves, rows
+
+
+def train_plot(curves, rows, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for r in rows:
+        c = [x for x in curves if x["config"] == r["config"]]
+        ax.plot([x["seconds"] for x in c], [x["test_accuracy"] for x in c], label=r["config"],
+                ls="--" if r["config"].endswith("layer") else "-",
+                color="k" if r["config"] == "gloo" else None)
+    if rows:
+        ax.axhline(rows[0]["target_accuracy"], color="grey", lw=0.8)
+    ax.set_xlabel("training seconds (evaluation excluded)")
+    ax.set_ylabel("test accuracy, %")
+    ax.set_ylim(80, 100)
+    ax.set_title("digits through the congested uplink: accuracy vs time", fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main_train(a, argv) -> int:
+    """--train: time to accuracy per configuration."""
+    w = a.train_model
+    if w[0] != 64 or w[-1] != 10:
+        print("python -m bench.dlcp_bench: error: argument --train-model: digits need 64 "
+              f"inputs and 10 outputs, got {','.join(map(str, w))}", file=sys.stderr)
+        return 2
+    load0, t0 = os.getloadavg(), time.time()
+    print(f"training {','.join(map(str, w))} on digits, {a.train} steps per configuration, "
+          f"{a.workers} workers; uplink {uplink_text(a)}, background {a.background:g} "
+          f"frames/s of {a.bg_size} B", flush=True)
+    try:
+        train, _, info = run(a)
+        curves, rows = train_outputs(train, a)
+    except BenchError as e:
+        print(f"python -m bench.dlcp_bench: error: {e}", file=sys.stderr)
+        return 1
+    write_csv(curves, TRAIN_COLUMNS, os.path.join(a.out, "dlcp_train_curves.csv"))
+    write_csv(rows, TRAIN_SUMMARY, os.path.join(a.out, "dlcp_train.csv"))
+    if not a.no_plots:
+        train_plot(curves, rows, os.path.join(a.out, "dlcp_train.png"))
+    args = " ".join(argv if argv is not None else sys.argv[1:])
+    print(f"command: python -m bench.dlcp_bench {args}; "
+          f"took {time.time() - t0:.0f} s; load {load0[0]:.2f} at the start, "
+          f"{os.getloadavg()[0]:.2f} at the end; background sent {info['bg_sent']}")
+    for r in rows:
+        print(f"  {r['config']:>15}: final {r['final_accuracy']:.2f}% after {r['seconds']:.1f} s; "
+              f"{a.target_accuracy:g}% at "
+              + (f"{r['seconds_to_target']:.1f} s (step {r['steps_to_target']})"
+                 if r["seconds_to_target"] != "" else "never")
+              + f"; blocks lost {r['blocks_lost']}, partial rounds {r['partial_rounds']}, "
+                f"congestion drops {r['congestion_drops']}, load {r['load_min']:.1f}-"
+                f"{r['load_max']:.1f}")
+    print(f"wrote {a.out}/dlcp_train.csv, dlcp_train_curves.csv"
+          + ("" if a.no_plots else ", dlcp_train.png"))
+    return 0
 
 
 def main(argv=None) -> int:
@@ -825,12 +1099,14 @@ def main(argv=None) -> int:
               "raw sockets)", file=sys.stderr)
         return 2
     os.makedirs(a.out, exist_ok=True)
+    if a.train:
+        return main_train(a, argv)
     load0 = os.getloadavg()
     t0 = time.time()
     sizes = layer_sizes(a.model)
     print(f"{a.workers} workers, model {','.join(map(str, a.model))} ({sum(sizes)} float32, "
           f"{len(sizes)} calls per step), {a.steps} repeats of {len(a.configs)} "
-          f"configurations; uplink {a.queue_rate:g} frames/s per queue, background "
+          f"configurations; uplink {uplink_text(a)}, background "
           f"{a.background:g} frames/s", flush=True)
     try:
         step_rows, rows, info = run(a)
@@ -852,8 +1128,8 @@ def main(argv=None) -> int:
                         f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end (per "
                         "configuration in the table)",
         "fabric": f"{a.workers} worker namespaces + a background sender on an L2-mode software "
-                  f"switch (leaf) whose uplink to the core (router + UDP-mode aggregator) drains "
-                  f"each priority queue at {a.queue_rate:g} frames/s (64-frame tail drop); "
+                  f"switch (leaf) whose uplink to the core (router + UDP-mode aggregator) is "
+                  f"{uplink_text(a)}; "
                   f"worker links tbf {a.rate} both ways (burst {tbf['burst']} B, "
                   f"{tbf['latency_ms']} ms), MTU {MTU}",
         "background": f"{a.background:g} UDP frames/s of {a.bg_size} B, open loop, priority 0 "

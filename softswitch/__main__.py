@@ -79,6 +79,18 @@ def _queue_rate(text: str) -> tuple[int, int]:
     return int(port), int(pps)
 
 
+def _port_rate(text: str):
+    from softswitch.egress import parse_port_rate
+    port, sep, rate = text.partition(":")
+    if not sep or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected PORT:RATE, e.g. 2:1gbit or "
+                                         "2:8000pps")
+    try:
+        return int(port), parse_port_rate(rate)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _pool_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pool-slots", type=cli.int_range(1, MAX_POOL_SLOTS),
                    default=DEFAULT_POOL_SLOTS,
@@ -232,6 +244,15 @@ def _parser() -> argparse.ArgumentParser:
                     help="limit each priority queue of egress port PORT to PPS frames a second "
                          "(BMv2's set_queue_rate; softswitch/egress.py): frames then queue by "
                          "priority and enq_qdepth is measured; repeatable; default: no limit")
+    l2.add_argument("--port-rate", action="append", type=_port_rate, default=[],
+                    metavar="PORT:RATE",
+                    help="shape egress port PORT as one link of RATE (bits/s: 400mbit, 1gbit; "
+                         "frames/s: 8000pps; or both, 8000pps,1gbit): strict priority between "
+                         "its queues, a frame's link time taken when it leaves egress, so a "
+                         "frame the congestion drop takes uses none. Unlike --queue-rate "
+                         "(BMv2's model: each priority queue drained at its own rate, no "
+                         "competition between them), which BMv2 lacks; repeatable; a port has "
+                         "one or the other")
     l2.add_argument("--config", metavar="FILE",
                     help="switch config (JSON/YAML): endpoints, l2, routes, jobs, "
                          "qdepth_threshold")
@@ -282,6 +303,14 @@ def main(argv=None) -> int:
                     raise ConfigError(f"argument --queue-rate: port {port} is not a switch port "
                                       f"(-i gives {', '.join(map(str, sorted(ports)))})")
                 dp.set_queue_rate(port, pps)
+            for port, rate in args.port_rate:
+                if port not in ports:
+                    raise ConfigError(f"argument --port-rate: port {port} is not a switch port "
+                                      f"(-i gives {', '.join(map(str, sorted(ports)))})")
+                if port in dict(args.queue_rate):
+                    raise ConfigError(f"argument --port-rate: port {port} also has a "
+                                      "--queue-rate; a port has one or the other")
+                dp.set_port_rate(port, rate)
             sw = L2Switch(ports, dp)
             print("switching " + " ".join(f"{p}@{i}" for p, i in args.interface), flush=True)
         if args.metrics:

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 
 from spina import spec
-from softswitch.egress import EgressQueues
+from softswitch.egress import EgressQueues, PortRate
 from softswitch.fabric import TO_GROUP, TO_SENDER, LeafJob, Roles
 from softswitch.pipeline import DEFAULT_POOL_SLOTS, Admission, Pipeline
 from spina import wire
@@ -233,6 +233,12 @@ class Dataplane:
         BMv2's `set_queue_rate PPS PORT`."""
         self.queues.set_rate(port, pps, time.monotonic() if now is None else now)
 
+    def set_port_rate(self, port: int, rate: PortRate | None, now: float | None = None) -> None:
+        """Shape `port` as one link of `rate` (None: none): strict priority between its
+        queues, the link time taken when a frame leaves egress (softswitch/egress.py; BMv2
+        has no such shaper)."""
+        self.queues.set_port_rate(port, rate, time.monotonic() if now is None else now)
+
     def process(self, frame: bytes, port: int, now: float | None = None) -> list[tuple[int, bytes]]:
         """One frame in on `port` at time `now` (default: the monotonic clock); the frames
         out, as (egress port, bytes): this frame's copies to ports without a queue, and
@@ -277,9 +283,11 @@ class Dataplane:
     def departures(self, now: float | None = None) -> list[tuple[int, bytes]]:
         """Queued frames due by `now`, through the egress (with their enq_qdepth)."""
         out: list[tuple[int, bytes]] = []
-        for eport, (egress, args, depth) in self.queues.pop_due(
-                time.monotonic() if now is None else now):
+        now = time.monotonic() if now is None else now
+        for eport, (egress, args, depth) in self.queues.pop_due(now):
             out += egress(eport, *args, depth)
+        if self.queues.shapers:  # shaped ports: egress runs at transmission
+            out += self.queues.transmit(now, _run_egress)
         return out
 
     def next_departure(self) -> float | None:
@@ -387,6 +395,12 @@ class Dataplane:
         else:
             v = arr[index, lane * spec.P4_SIZES["BLOCK_SIZE"] + elem]
         return int(v) & ((1 << reg.width) - 1)
+
+
+def _run_egress(eport: int, item) -> list[tuple[int, bytes]]:
+    """A queued frame (Dataplane._enqueue's item) through its egress."""
+    egress, args, depth = item
+    return egress(eport, *args, depth)
 
 
 # ---------------------------------------------------------------- raw sockets

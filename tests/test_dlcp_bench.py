@@ -2,11 +2,13 @@
 
 Run just this file: python -m pytest tests/test_dlcp_bench.py   (needs root, `ip`, `tc`)
 
-Two workers in namespaces behind the L2 leaf whose uplink is congested by the benchmark's own
-background traffic, a 256-256-10 MLP's gradient (2 calls per step), two repeats of every
-configuration: end to end through the real CLI, then the CSVs are checked (results identical
-on every rank, losses only in bounded modes and within the bound, the switch's congestion
-stage in the path exactly when the job has a bound) and no namespace is left behind.
+Two workers in namespaces behind the L2 leaf whose uplink (a port shaper, the default) is
+congested by the benchmark's own background traffic, a 256-256-10 MLP's gradient (2 calls
+per step), two repeats of every configuration: end to end through the real CLI, then the CSVs
+are checked (results identical on every rank, losses only in bounded modes and within the
+bound, the switch's congestion stage in the path exactly when the job has a bound) and no
+namespace is left behind. Further runs keep BMv2's per-queue model (`--uplink bmv2`) and the
+training mode (`--train`) working.
 """
 from __future__ import annotations
 
@@ -89,12 +91,77 @@ def test_dlcp_bench_smoke(tmp_path):
         assert r["workers"] == "2" and r["elements"] == str(65792 + 2570)
     text = (tmp_path / "dlcp_summary.md").read_text()
     assert "target <= 0.5x" in text and "priority fixed" in text
+    assert "a port shaper of 400mbit (one rate for the port, strict priority" in text
 
 
-def test_dlcp_bench_bad_option_is_one_line():
+def test_dlcp_bench_bmv2_uplink_model(tmp_path):
+    """`--uplink bmv2` (BMv2's per-queue rates, the first documented run) still runs: one
+    exact and one bounded configuration, identical results on both ranks, the bound kept."""
+    why = _why_not()
+    if why:
+        print(f"skipping: {why}")
+        pytest.skip(why)
+    tag = f"dlbq{os.getpid() % 100000}"
+    try:
+        out = subprocess.run([sys.executable, "-m", "bench.dlcp_bench", "--workers", "2",
+                              "--model", "256,256,10", "--steps", "1", "--uplink", "bmv2",
+                              "--bg-size", "1000", "--configs", "exact/fixed,b10%/layer",
+                              "--tag", tag, "--out", str(tmp_path), "--no-plots"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=120)
+    finally:
+        left = leftover_namespaces(tag)
+        for ns in left:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert left == [], f"namespaces left behind: {left}"
+    steps = _read(tmp_path / "dlcp_steps.csv")
+    assert [r["config"] for r in steps] in (["exact/fixed", "b10%/layer"],
+                                            ["b10%/layer", "exact/fixed"])
+    for r in steps:
+        assert r["within_bound"] == "True" and len(set(r["crcs"].split())) == 1, r
+    assert "each priority queue drained at 8000 frames/s on its own" in \
+        (tmp_path / "dlcp_summary.md").read_text()
+
+
+def test_dlcp_bench_training_mode(tmp_path):
+    """`--train`: digits trained through the congested fabric, per configuration a curve, the
+    same final weights on every rank, losses only with a bound, the time to accuracy column."""
+    why = _why_not()
+    if why:
+        print(f"skipping: {why}")
+        pytest.skip(why)
+    tag = f"dlbr{os.getpid() % 100000}"
+    try:
+        out = subprocess.run([sys.executable, "-m", "bench.dlcp_bench", "--workers", "2",
+                              "--train", "4", "--eval-every", "2", "--train-model", "64,32,10",
+                              "--target-accuracy", "1", "--configs", "exact/fixed,b10%/layer",
+                              "--tag", tag, "--out", str(tmp_path), "--no-plots"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=120)
+    finally:
+        left = leftover_namespaces(tag)
+        for ns in left:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert left == [], f"namespaces left behind: {left}"
+    curves = _read(tmp_path / "dlcp_train_curves.csv")
+    assert [(r["config"], r["step"]) for r in curves] == [
+        ("exact/fixed", "2"), ("exact/fixed", "4"), ("b10%/layer", "2"), ("b10%/layer", "4")]
+    rows = {r["config"]: r for r in _read(tmp_path / "dlcp_train.csv")}
+    assert set(rows) == {"exact/fixed", "b10%/layer"}
+    for r in rows.values():
+        assert r["weights_identical"] == "True" and r["steps_to_target"] == "2", r
+    assert (rows["exact/fixed"]["blocks_lost"], rows["exact/fixed"]["partial_rounds"]) == ("0", "0")
+
+
+@pytest.mark.parametrize("args, says", [(["--configs", "b5%/fixed"], "b5%/fixed"),
+                                        (["--port-rate", "400"], "'400'"),
+                                        (["--uplink", "tofino"], "'tofino'"),
+                                        (["--train", "2", "--train-model", "784,10"],
+                                         "784,10")])
+def test_dlcp_bench_bad_option_is_one_line(args, says):
     """A bad option: exit 2 and one line naming it, before anything is built."""
-    out = subprocess.run([sys.executable, "-m", "bench.dlcp_bench", "--configs", "b5%/fixed"],
+    out = subprocess.run([sys.executable, "-m", "bench.dlcp_bench", *args],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     lines = [x for x in out.stderr.splitlines() if x.strip()]
     assert out.returncode == 2 and len(lines) == 1, out.stderr
-    assert "--configs" in lines[0] and "b5%/fixed" in lines[0]
+    assert args[0] in lines[0] and says in lines[0]
