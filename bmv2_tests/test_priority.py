@@ -274,17 +274,19 @@ def test_each_priority_has_its_own_queue(slow_queue):
     assert t.counter("job_congestion_drops", JOB) == 0
 
 
-def test_queue_depth_counts_every_priority(slow_queue):
-    """enq_qdepth is the port's whole queue, all priorities: a loss-tolerant priority-7
-    contribution arriving behind a priority-0 burst sees the burst and is dropped above the
-    threshold (the priority-7 packet before it earned the credit)."""
+def test_queue_depth_is_the_packets_own_priority_queue(slow_queue):
+    """enq_qdepth is the depth of the packet's own priority queue (BMv2 1.15.5:
+    egress_buffers.size(port, priority)): a loss-tolerant priority-7 contribution behind a
+    priority-0 burst sees no burst and passes, with credit to spare; a loss-tolerant
+    priority-0 one behind the same burst sees it and is dropped."""
     t = slow_queue
     set_congestion(t, 1, ONE - 1)
     earner = forwarded(1, priority=7)
     low = [forwarded(r, priority=0) for r in (2, 3, 4)]
-    lt = forwarded(5, LT, priority=7)
-    for frame in [earner] + low + [lt]:
+    lt7 = forwarded(5, LT, priority=7)
+    lt0 = forwarded(6, LT, priority=0)
+    for frame in [earner] + low + [lt7, lt0]:
         t.send(1, frame)
     got = t.received(3.0)
-    assert sorted(f for _, f in got) == sorted([earner] + low)
+    assert sorted(f for _, f in got) == sorted([earner] + low + [lt7])
     assert t.counter("job_congestion_drops", JOB) == 1

@@ -13,8 +13,9 @@ this keeps:
   priority first (7 before 0). Because every priority queue keeps its own rate clock, a rate
   limit does not make the classes compete for one link: strict priority shows only at ties.
   That is BMv2's model (not a port shaper's), kept so that both targets agree;
-- `enq_qdepth` is the number of frames queued at the port (every priority) when the frame
-  arrived; a priority queue holding `capacity` frames drops what comes next (tail drop,
+- `enq_qdepth` is the number of frames in the frame's own priority queue when it arrived
+  (BMv2 1.15.5 sets it from `egress_buffers.size(port, priority)`; frames of other priorities
+  do not count); a priority queue holding `capacity` frames drops what comes next (tail drop,
   counted in `tail_drops`, no P4 counter: BMv2 counts none either).
 
 A port may instead have a **port shaper** (`set_port_rate`), which BMv2's traffic manager does
@@ -145,7 +146,7 @@ class EgressQueues:
         if len(q) >= self.capacity:
             self.tail_drops += 1
             return None
-        depth = self._size.get(port, 0)
+        depth = len(q)  # BMv2: the depth of this priority's queue only
         rate = self.rates.get(port)
         if port in self.shapers:
             send = now  # a shaped port's frames keep their arrival time; transmit() schedules
@@ -155,7 +156,7 @@ class EgressQueues:
             last[priority] = send
         self._seq += 1
         q.append((send, self._seq, item))
-        self._size[port] = depth + 1
+        self._size[port] = self._size.get(port, 0) + 1
         self._queued += 1
         return depth
 

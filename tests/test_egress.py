@@ -33,7 +33,7 @@ def test_rate_spaces_departures_per_priority_queue():
     q.set_rate(2, 4, now=0.0)  # one frame every 0.25 s per priority queue
     depths = [q.push(2, 0, f"a{i}", now=0.0) for i in range(3)]
     depths.append(q.push(2, 5, "b0", now=0.0))
-    assert depths == [0, 1, 2, 3]  # enq_qdepth counts every priority of the port
+    assert depths == [0, 1, 2, 0]  # enq_qdepth: the frame's own priority queue (BMv2)
     assert drain(q, 1.0) == [(0.25, 2, "b0"), (0.25, 2, "a0"), (0.5, 2, "a1"), (0.75, 2, "a2")]
     assert q.depth(2) == 0 and q.next_due() is None
 
@@ -67,7 +67,7 @@ def test_full_priority_queue_drops_the_tail():
     q.set_rate(1, 1, now=0.0)
     assert [q.push(1, 0, i, now=0.0) for i in range(QUEUE_CAPACITY)] == list(range(QUEUE_CAPACITY))
     assert q.push(1, 0, "late", now=0.0) is None  # priority 0 is full
-    assert q.push(1, 1, "other class", now=0.0) == QUEUE_CAPACITY  # its own capacity
+    assert q.push(1, 1, "other class", now=0.0) == 0  # its own capacity and depth
     assert q.tail_drops == 1
 
 
@@ -108,7 +108,7 @@ def test_port_shaper_serves_a_late_high_priority_frame_before_queued_low_ones():
     q.set_port_rate(2, PortRate(pps=4), now=0.0)  # the whole port: one frame every 0.25 s
     depths = [q.push(2, 0, Frame(f"low{i}", 100), now=0.0) for i in range(3)]
     depths.append(q.push(2, 6, Frame("high", 100), now=0.1))  # behind three low frames
-    assert depths == [0, 1, 2, 3]
+    assert depths == [0, 1, 2, 0]  # enq_qdepth: its own priority queue
     assert q.pop_due(10.0) == []  # a shaped port's frames leave only by transmit()
     # low0 takes the link at 0 (the only frame then); at 0.25 high has arrived and goes first
     assert shaped_drain(q, 1.0) == [(0.0, 2, "low0"), (0.25, 2, "high"), (0.5, 2, "low1"),
@@ -183,7 +183,7 @@ def test_port_shaper_idle_link_sends_on_arrival_and_tail_drop_and_depth_as_bmv2(
     assert [q.push(1, 0, Frame(str(i), 60), now=10.1) for i in range(QUEUE_CAPACITY - 1)] == \
         list(range(1, QUEUE_CAPACITY))
     assert q.push(1, 0, Frame("late", 60), now=10.1) is None and q.tail_drops == 1
-    assert q.push(1, 7, Frame("other class", 60), now=10.1) == QUEUE_CAPACITY
+    assert q.push(1, 7, Frame("other class", 60), now=10.1) == 0
     q.set_port_rate(1, None, now=11.0)  # shaper removed: what is queued leaves at once
     assert len(q.pop_due(11.0)) == QUEUE_CAPACITY + 1 and not q.limited(1)
 
