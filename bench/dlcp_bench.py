@@ -66,7 +66,6 @@ import multiprocessing as mp
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 import zlib
@@ -75,7 +74,8 @@ from datetime import timedelta
 
 import numpy as np
 
-from bench.net_topo import parse_rate, tbf_params
+from bench import net_topo
+from bench.net_topo import add_namespace, parse_rate, tbf_params
 from bench.paired import BenchError, recv, stop_all
 from spina import spec
 
@@ -124,8 +124,7 @@ COLUMNS = ("config", "method", "bounded_loss", "priority_policy", "loss_tolerant
 
 
 # ----------------------------------------------------------------------------- the fabric
-def _run(*cmd, check=True):
-    return subprocess.run(list(cmd), check=check, capture_output=True, text=True)
+_run = net_topo._run
 
 
 def worker_ip(r: int) -> str:
@@ -178,12 +177,7 @@ class Fabric:
         self.destroy()
 
     def _add_ns(self, ns: str) -> None:
-        _run("ip", "netns", "add", ns)
-        self.made.append(ns)
-        _run("ip", "-n", ns, "link", "set", "lo", "up")
-        for key in ("all", "default"):
-            _run("ip", "netns", "exec", ns, "sysctl", "-qw",
-                 f"net.ipv6.conf.{key}.disable_ipv6=1", check=False)
+        add_namespace(ns, self.made)
 
     @staticmethod
     def _plain(ns: str, ifc: str) -> None:

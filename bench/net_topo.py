@@ -59,6 +59,17 @@ def _run(*cmd, check=True) -> subprocess.CompletedProcess:
     return subprocess.run(list(cmd), check=check, capture_output=True, text=True)
 
 
+def add_namespace(ns: str, made: list) -> None:
+    """Create namespace `ns` (recorded in `made`, for cleanup) with loopback up and no IPv6:
+    router solicitations and the like would show up in byte counters and queues."""
+    _run("ip", "netns", "add", ns)
+    made.append(ns)
+    _run("ip", "-n", ns, "link", "set", "lo", "up")
+    for key in ("all", "default"):
+        _run("ip", "netns", "exec", ns, "sysctl", "-qw",
+             f"net.ipv6.conf.{key}.disable_ipv6=1", check=False)
+
+
 def dev_bytes(iface: str = WORKER_IF) -> tuple[int, int]:
     """(tx_bytes, rx_bytes) of `iface` in the calling thread's namespace (link-layer bytes:
     Ethernet + IP + UDP/TCP headers included, as /sys/class/net/*/statistics count them)."""
@@ -140,13 +151,7 @@ class Star:
         return self
 
     def _add_ns(self, ns: str) -> None:
-        _run("ip", "netns", "add", ns)
-        self.made.append(ns)
-        _run("ip", "-n", ns, "link", "set", "lo", "up")
-        # No IPv6: router solicitations and the like would show up in the byte counters.
-        for key in ("all", "default"):
-            _run("ip", "netns", "exec", ns, "sysctl", "-qw",
-                 f"net.ipv6.conf.{key}.disable_ipv6=1", check=False)
+        add_namespace(ns, self.made)
 
     def destroy(self) -> None:
         """Delete every namespace made (their links and qdiscs go with them)."""
