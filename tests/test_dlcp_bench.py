@@ -39,18 +39,17 @@ def _read(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def test_dlcp_bench_smoke(tmp_path):
-    """Every configuration runs: SpINA results bit-identical on both ranks every step, exact
-    modes exact, bounded modes within their bound, the congestion entry only with a bound."""
+def _run_bench(tmp_path, prefix: str, *args: str) -> None:
+    """Run the bench in namespaces tagged `prefix`+pid (skipping, with the reason printed, where
+    it cannot run); it must exit 0 and leave no namespace behind."""
     why = _why_not()
     if why:
         print(f"skipping: {why}")
         pytest.skip(why)
-    tag = f"dlbt{os.getpid() % 100000}"
+    tag = f"{prefix}{os.getpid() % 100000}"
     try:
-        out = subprocess.run([sys.executable, "-m", "bench.dlcp_bench", "--workers", "2",
-                              "--model", "256,256,10", "--steps", str(STEPS), "--tag", tag,
-                              "--out", str(tmp_path), "--no-plots"],
+        out = subprocess.run([sys.executable, "-m", "bench.dlcp_bench", "--workers", "2", *args,
+                              "--tag", tag, "--out", str(tmp_path), "--no-plots"],
                              cwd=ROOT, capture_output=True, text=True, timeout=120)
     finally:
         left = leftover_namespaces(tag)
@@ -58,6 +57,12 @@ def test_dlcp_bench_smoke(tmp_path):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
     assert out.returncode == 0, out.stderr[-3000:]
     assert left == [], f"namespaces left behind: {left}"
+
+
+def test_dlcp_bench_smoke(tmp_path):
+    """Every configuration runs: SpINA results bit-identical on both ranks every step, exact
+    modes exact, bounded modes within their bound, the congestion entry only with a bound."""
+    _run_bench(tmp_path, "dlbt", "--model", "256,256,10", "--steps", str(STEPS))
     steps = _read(tmp_path / "dlcp_steps.csv")
     by = {c.name: c for c in CONFIGS}
     assert sorted(r["config"] for r in steps) == sorted(list(by) * STEPS)
@@ -97,23 +102,8 @@ def test_dlcp_bench_smoke(tmp_path):
 def test_dlcp_bench_bmv2_uplink_model(tmp_path):
     """`--uplink bmv2` (BMv2's per-queue rates, the first documented run) still runs: one
     exact and one bounded configuration, identical results on both ranks, the bound kept."""
-    why = _why_not()
-    if why:
-        print(f"skipping: {why}")
-        pytest.skip(why)
-    tag = f"dlbq{os.getpid() % 100000}"
-    try:
-        out = subprocess.run([sys.executable, "-m", "bench.dlcp_bench", "--workers", "2",
-                              "--model", "256,256,10", "--steps", "1", "--uplink", "bmv2",
-                              "--bg-size", "1000", "--configs", "exact/fixed,b10%/layer",
-                              "--tag", tag, "--out", str(tmp_path), "--no-plots"],
-                             cwd=ROOT, capture_output=True, text=True, timeout=120)
-    finally:
-        left = leftover_namespaces(tag)
-        for ns in left:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert left == [], f"namespaces left behind: {left}"
+    _run_bench(tmp_path, "dlbq", "--model", "256,256,10", "--steps", "1", "--uplink", "bmv2",
+               "--bg-size", "1000", "--configs", "exact/fixed,b10%/layer")
     steps = _read(tmp_path / "dlcp_steps.csv")
     assert [r["config"] for r in steps] in (["exact/fixed", "b10%/layer"],
                                             ["b10%/layer", "exact/fixed"])
@@ -126,23 +116,8 @@ def test_dlcp_bench_bmv2_uplink_model(tmp_path):
 def test_dlcp_bench_training_mode(tmp_path):
     """`--train`: digits trained through the congested fabric, per configuration a curve, the
     same final weights on every rank, losses only with a bound, the time to accuracy column."""
-    why = _why_not()
-    if why:
-        print(f"skipping: {why}")
-        pytest.skip(why)
-    tag = f"dlbr{os.getpid() % 100000}"
-    try:
-        out = subprocess.run([sys.executable, "-m", "bench.dlcp_bench", "--workers", "2",
-                              "--train", "4", "--eval-every", "2", "--train-model", "64,32,10",
-                              "--target-accuracy", "1", "--configs", "exact/fixed,b10%/layer",
-                              "--tag", tag, "--out", str(tmp_path), "--no-plots"],
-                             cwd=ROOT, capture_output=True, text=True, timeout=120)
-    finally:
-        left = leftover_namespaces(tag)
-        for ns in left:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert left == [], f"namespaces left behind: {left}"
+    _run_bench(tmp_path, "dlbr", "--train", "4", "--eval-every", "2", "--train-model",
+               "64,32,10", "--target-accuracy", "1", "--configs", "exact/fixed,b10%/layer")
     curves = _read(tmp_path / "dlcp_train_curves.csv")
     assert [(r["config"], r["step"]) for r in curves] == [
         ("exact/fixed", "2"), ("exact/fixed", "4"), ("b10%/layer", "2"), ("b10%/layer", "4")]
