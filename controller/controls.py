@@ -29,6 +29,19 @@ from spina import spec
 from spina.p4runtime import canonical_entry, decode, match_key
 
 
+
+def entry_writes(want: dict, have: dict) -> list:
+    """[(Update.Type, Entity)] inserting the entries of `want` missing from `have` and modifying
+    those whose action differs (both keyed by match_key, entries in canonical form)."""
+    writes = []
+    for k, e in want.items():
+        if k not in have:
+            writes.append((pb.Update.INSERT, pb.Entity(table_entry=e)))
+        elif have[k].action.SerializeToString(deterministic=True) != \
+                e.action.SerializeToString(deterministic=True):
+            writes.append((pb.Update.MODIFY, pb.Entity(table_entry=e)))
+    return writes
+
 class Control:
     """A P4 control's controller-side twin. Subclasses name their tables and counters."""
     tables: tuple[str, ...] = ()
@@ -59,13 +72,7 @@ class Control:
         have = {match_key(e): e for e in self.installed()}
         deletes = [(pb.Update.DELETE, pb.Entity(table_entry=e))
                    for k, e in have.items() if k not in want]
-        writes = []
-        for k, e in want.items():
-            if k not in have:
-                writes.append((pb.Update.INSERT, pb.Entity(table_entry=e)))
-            elif have[k].action.SerializeToString(deterministic=True) != \
-                    e.action.SerializeToString(deterministic=True):
-                writes.append((pb.Update.MODIFY, pb.Entity(table_entry=e)))
+        writes = entry_writes(want, have)
         for d in self.default_entries(state, sw):
             q = pb.Entity(table_entry=pb.TableEntry(table_id=d.table_id, is_default_action=True))
             cur = [canonical_entry(x.table_entry) for x in self.conn.read([q])]

@@ -303,12 +303,7 @@ def install_p4(fabric: Fabric, name: str, conn, registers=None) -> tuple[int, in
         if table != "ina_endpoint":  # endpoints are shared with the flat state: never deleted
             deletes += [(pb.Update.DELETE, pb.Entity(table_entry=e)) for k, e in have.items()
                         if k not in want and job_of(table, e) in ours]
-        for k, e in want.items():
-            if k not in have:
-                writes.append((pb.Update.INSERT, pb.Entity(table_entry=e)))
-            elif have[k].action.SerializeToString(deterministic=True) != \
-                    e.action.SerializeToString(deterministic=True):
-                writes.append((pb.Update.MODIFY, pb.Entity(table_entry=e)))
+        writes += controls.entry_writes(want, have)
     d, w = roles.diff(fabric.state, sw)
     deletes, writes = deletes + d, w + writes  # roles before admission lets packets in
     have_groups = {g.multicast_group_id: g for g in conn.read_groups()}
