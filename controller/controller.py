@@ -104,6 +104,7 @@ class SwitchSession:
         self.ina_endpoint = controls.InaEndpoint(c)
         self.ina_check = controls.InaCheck(c)
         self.admission = controls.Admission(c)
+        self.fabric_roles = controls.FabricRoles(c)
         self.aggregator = controls.Aggregator(c, self.registers)
         self.forwarding = controls.Forwarding(c)
         self.congestion = controls.CongestionDrop(c)
@@ -113,9 +114,9 @@ class SwitchSession:
     @property
     def controls(self) -> list[controls.Control]:
         """In the order traffic meets them, for deletes; writes go in reverse order, so that a
-        job's groups and rewrites exist before its admission lets packets in."""
-        return [self.admission, self.ina_endpoint, self.worker_rewrite, self.replication,
-                self.forwarding, self.congestion]
+        job's groups, rewrites and fabric roles exist before its admission lets packets in."""
+        return [self.admission, self.fabric_roles, self.ina_endpoint, self.worker_rewrite,
+                self.replication, self.forwarding, self.congestion]
 
     def close(self) -> None:
         self.conn.close()
@@ -152,6 +153,8 @@ class SwitchSession:
         rep.pipeline_pushed = self.ensure_pipeline(state)
         before = self.admission.installed_jobs()
         want = {j.id: (j.slot_base, j.nslots, j.epoch) for j in state.jobs_on(self.sw)}
+        rows = controls.plan_rows(state, self.sw)
+        want.update(rows.jobs if rows is not None else {})  # fabric jobs: this switch's share
         deletes, writes = [], []
         for c in self.controls:
             d, w = c.diff(state, self.sw)
@@ -320,23 +323,32 @@ class Controller:
         return out
 
     def status(self) -> list[dict]:
-        """One row per job: where it runs, whether the switch admits it, and its counters."""
+        """One row per job and switch: where it runs (and at which level, when the state has a
+        fabric plan: flat, leaf or spine), whether the switch admits it, and its counters."""
         rows = []
+        fabric = self.state.fabric
         for name, sw in self.state.switches.items():
-            jobs = self.state.jobs_on(sw)
+            # (job, level, (slot_base, nslots), senders the switch admits for it)
+            jobs = [(j.id, "flat", (j.slot_base, j.nslots), len(j.members))
+                    for j in self.state.jobs_on(sw)]
+            share = controls.plan_rows(self.state, sw)
+            for jid, (base, n, _) in sorted((share.jobs if share else {}).items()):
+                senders = sum(1 for t, k, _, _ in share.entries
+                              if t == "admission" and k["job"] == jid)
+                jobs.append((jid, fabric.levels[name], (base, n), senders))
+
+            def where(jid, lv):
+                return {"job": jid, "switch": name, **({"level": lv} if fabric else {})}
             s = self.session(name)
             if not s.attach():
-                for j in jobs:
-                    rows.append({"job": j.id, "switch": name, "installed": "no pipeline"})
+                rows += [{**where(jid, lv), "installed": "no pipeline"} for jid, lv, _, _ in jobs]
                 continue
             installed = s.admission.installed_jobs()
-            counters = s.job_counters([j.id for j in jobs])
-            for j in jobs:
-                rows.append({"job": j.id, "switch": name,
-                             "slots": f"{j.slot_base}..{j.slot_base + j.nslots - 1}",
-                             "workers": len(j.members),
-                             "installed": "yes" if j.id in installed else "no",
-                             **counters[j.id]})
+            counters = s.job_counters([j[0] for j in jobs])
+            for jid, lv, (base, n), senders in jobs:
+                rows.append({**where(jid, lv), "slots": f"{base}..{base + n - 1}",
+                             "workers": senders,
+                             "installed": "yes" if jid in installed else "no", **counters[jid]})
         return rows
 
     def port_status(self) -> list[dict]:
@@ -375,6 +387,16 @@ class Controller:
                 keep.add(p.name)
                 changed += write_if_changed(
                     p, Assignment(cfg, rank, switch, self.state.rendezvous).to_dict())
+        fabric = self.state.fabric
+        for fjob in (fabric.jobs.values() if fabric is not None else ()):
+            # Ranks of a two-level job send to their own rack's leaf: one assignment per rank
+            # and no job-wide file (a JobFile names one switch for every rank).
+            cfg = fabric.job_config(fjob)
+            for rank, worker in enumerate(fabric.members(fjob)):
+                p = self.agent_path(fjob.id, rank)
+                keep.add(p.name)
+                changed += write_if_changed(p, Assignment(
+                    cfg, rank, fabric.agent_switch(worker), self.state.rendezvous).to_dict())
         d = self.state.resolve(self.state.agents_dir)
         if d.is_dir():
             for p in list(d.glob("job*.json")):

@@ -16,16 +16,20 @@ exactly as in the P4 program and looked up in the P4Info (never an ID).
     FabricRoles (fabric.p4)         FabricRoles           tables job_level, leaf_upstream
 
 `entries(state, sw)` says what a control's tables should hold; the controller diffs that with
-what the switch holds, so deploying twice writes nothing.
+what the switch holds, so deploying twice writes nothing. A desired state with a `fabric:`
+section adds each switch's share of the two-level plan (`plan_rows`: controller/plan.py
+`p4_rows`) to the flat jobs' entries, so one apply installs both and removes neither.
 """
 from __future__ import annotations
 
 from p4.v1 import p4runtime_pb2 as pb
 
+from controller import plan
 from controller.p4rt import Connection
 from controller.registers import RegisterAdapter
 from controller.state import NO_MAC, DesiredState, Job, Switch
 from spina import spec
+from spina.config import ConfigError
 from spina.p4runtime import canonical_entry, decode, match_key
 
 
@@ -41,6 +45,14 @@ def entry_writes(want: dict, have: dict) -> list:
                 e.action.SerializeToString(deterministic=True):
             writes.append((pb.Update.MODIFY, pb.Entity(table_entry=e)))
     return writes
+
+def plan_rows(state: DesiredState, sw: Switch):
+    """Switch `sw`'s share of the state's fabric plan (plan.P4Rows), or None: no plan, or the
+    switch is neither a leaf nor a spine of it."""
+    if state.fabric is None or sw.name not in state.fabric.levels:
+        return None
+    return plan.p4_rows(state.fabric, sw.name)
+
 
 class Control:
     """A P4 control's controller-side twin. Subclasses name their tables and counters."""
@@ -58,13 +70,28 @@ class Control:
         """The TableEntries this control's tables should hold (not default actions)."""
         return []
 
+    def plan_entries(self, state: DesiredState, sw: Switch) -> list:
+        """The fabric plan's rows of this control's tables on `sw` (see plan_rows)."""
+        rows = plan_rows(state, sw)
+        out = []
+        for t, k, a, p in rows.entries if rows is not None else ():
+            if t not in self.tables:
+                continue
+            if not self.index.has("tables", t):
+                raise ConfigError(f"switches.{sw.name}.p4info: the program has no table {t!r}, "
+                                  "which the fabric plan needs (the leaf/spine roles of "
+                                  "p4src/include/control/fabric.p4)")
+            out.append(self.index.table_entry(t, k, a, p))
+        return out
+
     def default_entries(self, state: DesiredState, sw: Switch) -> list:
         """Default-action entries (MODIFY) this control sets."""
         return []
 
     def installed(self) -> list:
         """The entries this control's tables hold on the switch now (canonical form)."""
-        return [canonical_entry(e) for t in self.tables for e in self.conn.read_table(t)]
+        return [canonical_entry(e) for t in self.tables if self.index.has("tables", t)
+                for e in self.conn.read_table(t)]
 
     def diff(self, state: DesiredState, sw: Switch) -> tuple[list, list]:
         """(deletes, inserts and modifies) as [(Update.Type, Entity)] to reach `state`."""
@@ -121,7 +148,7 @@ class Admission(Control):
                               "nslots": job.nslots, "nworkers": len(job.members),
                               "block_size": job.block_size, "nlanes": job.nlanes,
                               "mcast_grp": job.mcast_grp}))
-        return out
+        return out + self.plan_entries(state, sw)
 
     def installed_jobs(self) -> dict[int, tuple[int, int, int]]:
         """{job: (slot_base, nslots, epoch)} as the switch's admission entries say."""
@@ -209,25 +236,17 @@ class WorkerRewrite(Control):
                 out.append(self.index.table_entry(
                     "worker_rewrite", {"rid": job.rid(rank)}, "rewrite_for_worker",
                     {"dst_mac": w.mac, "dst_addr": w.ip, "dst_port": w.udp_port}))
-        return out
+        return out + self.plan_entries(state, sw)
 
 
 class FabricRoles(Control):
     """Two-level aggregation (docs/scale_out.md): job_level, each job's level on this switch
     (as_leaf, as_spine; no entry: flat) and leaf_upstream, at a leaf the spine owning each of
-    a job's slots. The fabric plan says what they hold (`rows`: controller/plan.py `p4_rows`,
-    installed by `plan.install_p4`); without a plan they hold nothing."""
+    a job's slots. Only the fabric plan puts rows here; without one they hold nothing."""
     tables = ("job_level", "leaf_upstream")
 
-    def __init__(self, conn: Connection, rows=None):
-        super().__init__(conn)
-        self.rows = rows
-
     def entries(self, state, sw):
-        if self.rows is None:
-            return []
-        return [self.index.table_entry(t, k, a, p) for t, k, a, p in self.rows.entries
-                if t in self.tables]
+        return self.plan_entries(state, sw)
 
     def installed_jobs(self) -> set[int]:
         """The jobs with a job_level entry on the switch: the fabric's jobs there."""
@@ -253,6 +272,10 @@ class Replication(Control):
 
     def diff(self, state, sw):
         want = {j.mcast_grp: self.group(state, j) for j in state.jobs_on(sw)}
+        for grp, replicas in (getattr(plan_rows(state, sw), "groups", None) or {}).items():
+            g = want[grp] = pb.MulticastGroupEntry(multicast_group_id=grp)
+            for port, rid in replicas:
+                g.replicas.add(egress_port=port, instance=rid)
         have = {g.multicast_group_id: g for g in self.conn.read_groups()}
         deletes = [(pb.Update.DELETE, self._entity(pb.MulticastGroupEntry(multicast_group_id=i)))
                    for i in have if i not in want]

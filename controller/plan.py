@@ -22,17 +22,19 @@ A `fabric:` section beside the desired state's switches and workers (controller/
 
 Every error names the field (`fabric.jobs[0].shards[1].slot_base: ...`). Two install paths:
 `install` admits the plan on running UDP-mode software switches in process (the one-machine
-path, like `UdpSwitch.add_job`); `install_p4` writes one switch's share of the plan (`p4_rows`:
-admission, worker_rewrite, multicast groups, job_level, leaf_upstream) through the controller's
-P4Runtime client, to BMv2 or the L2-mode software switch.
+path, like `UdpSwitch.add_job`). On P4 switches (BMv2, the L2-mode software switch) the
+controller's own deploy installs it: `controller.state.load` keeps this section as the desired
+state's `fabric`, and each switch's share (`p4_rows`: admission, worker_rewrite, multicast
+groups, job_level, leaf_upstream) joins the flat jobs' entries in the per-control diff
+(controller/controls.py), so a deploy, a wipe or a job change handles both.
 """
 from __future__ import annotations
 
 import pathlib
 from dataclasses import dataclass
 
-from controller.state import (DesiredState, _fields, _int, _list, _mac, _need, _str,
-                              load as load_state, parse as parse_state)
+from controller.state import (DesiredState, _fields, _int, _list, _mac, _need, _parse_flat, _str,
+                              load as load_state)
 from spina import spec, wire
 from spina.config import ConfigError, JobConfig, WorkerAddr
 
@@ -262,90 +264,6 @@ def p4_rows(fabric: Fabric, name: str) -> P4Rows:
     return P4Rows(rows, groups, jobs)
 
 
-def install_p4(fabric: Fabric, name: str, conn, registers=None) -> tuple[int, int, list]:
-    """Make P4 switch `name` (reached by the controller's `conn`, a primary Connection whose
-    pipeline is set) hold its share of the plan: the fabric's rows of every table, and no
-    rows of fabric jobs the plan no longer puts there (the jobs job_level lists). Rows of
-    other jobs are left alone. Slots of a job arriving, moving or in a new epoch are cleared
-    (`registers`: the controller's register adapter; None, no clear). Returns (deletes,
-    writes, [(job, slot_base, nslots) cleared]).
-
-    Not yet merged with SwitchSession.apply (controller/controller.py), which knows only the
-    flat desired state: applying a flat state to a fabric switch removes the fabric's
-    admission, rewrite and group rows (job_level and leaf_upstream stay); run install_p4
-    after it."""
-    from p4.v1 import p4runtime_pb2 as pb
-
-    from controller import controls
-    from spina.p4runtime import canonical_entry, decode, match_key
-
-    rows = p4_rows(fabric, name)
-    sw = fabric.state.switches[name]
-    roles = controls.FabricRoles(conn, rows)
-    admission = controls.Admission(conn)
-    before = admission.installed_jobs()
-    ours = roles.installed_jobs() | set(rows.jobs)
-    index = conn.index
-
-    def job_of(table: str, e) -> int | None:
-        t = index.get("tables", table)
-        name_of = {m.id: m.name for m in t.match_fields}
-        key = {name_of[m.field_id]: decode(m.exact.value) for m in e.match}
-        if table == "admission":
-            return key["job"]
-        return (key["rid"] - 1) // wire.MAX_WORKERS  # spec.rid's numbering
-
-    deletes, writes = [], []
-    for table in ("admission", "worker_rewrite", "ina_endpoint"):
-        want = {match_key(e): e for e in (index.table_entry(t, k, a, p)
-                                          for t, k, a, p in rows.entries if t == table)}
-        have = {match_key(e): e for e in map(canonical_entry, conn.read_table(table))}
-        if table != "ina_endpoint":  # endpoints are shared with the flat state: never deleted
-            deletes += [(pb.Update.DELETE, pb.Entity(table_entry=e)) for k, e in have.items()
-                        if k not in want and job_of(table, e) in ours]
-        writes += controls.entry_writes(want, have)
-    d, w = roles.diff(fabric.state, sw)
-    deletes, writes = deletes + d, w + writes  # roles before admission lets packets in
-    have_groups = {g.multicast_group_id: g for g in conn.read_groups()}
-    group_writes = []
-    for job in ours:
-        grp = spec.mcast_grp(job)
-        want = rows.groups.get(grp)
-        g = pb.MulticastGroupEntry(multicast_group_id=grp)
-        for port, rid in want or ():
-            g.replicas.add(egress_port=port, instance=rid)
-        pre = pb.Entity(packet_replication_engine_entry=pb.PacketReplicationEngineEntry(
-            multicast_group_entry=g))
-        if want is None and grp in have_groups:
-            deletes.append((pb.Update.DELETE, pre))
-        elif want is not None and grp not in have_groups:
-            group_writes.append((pb.Update.INSERT, pre))
-        elif want is not None and sorted((r.egress_port, r.instance)
-                                         for r in have_groups[grp].replicas) != sorted(want):
-            group_writes.append((pb.Update.MODIFY, pre))
-    writes = group_writes + writes
-    # As SwitchSession.apply: slots of a job leaving, moving or arriving are cleared before the
-    # writes; a job staying where it is with a new epoch after them (until the new epoch is
-    # admitted, packets of the old one could refill a slot cleared before).
-    early, late = [], []
-    for job in sorted(ours):
-        old, new = before.get(job), rows.jobs.get(job)
-        if old == new:
-            continue
-        if old is not None and new is not None and old[:2] == new[:2]:
-            late.append((job, *new[:2]))
-        else:
-            early += [(job, *x[:2]) for x in (old, new) if x is not None]
-    agg = controls.Aggregator(conn, registers) if registers is not None else None
-    conn.write(deletes)
-    for _, base, n in early if agg else ():
-        agg.clear_slots(base, n)
-    conn.write(writes)
-    for _, base, n in late if agg else ():
-        agg.clear_slots(base, n)
-    return len(deletes), len(writes), early + late
-
-
 def status(fabric: Fabric, switches: dict) -> dict[str, dict[str, dict[int, dict[str, int]]]]:
     """Per level, per switch, per job: the switch's job counters (spina.spec.JOB_COUNTERS),
     read in process from running software switches (name -> softswitch.udp.UdpSwitch)."""
@@ -366,8 +284,7 @@ def parse(doc, path: pathlib.Path | None = None) -> Fabric:
     """The desired state with its `fabric` section, validated (ConfigError names the field)."""
     _need(isinstance(doc, dict), "(top)", "must be a mapping")
     _need("fabric" in doc, "fabric", "required field is missing")
-    rest = {k: v for k, v in doc.items() if k != "fabric"}
-    state = parse_state(rest, path)
+    state = _parse_flat(doc, path)  # raw keeps the fabric section: `save` writes it back
     f = _fields(doc["fabric"], "fabric", {"racks", "spines", "jobs"}, {"links"})
     switches, workers = state.switches, state.workers
 
@@ -469,6 +386,7 @@ def parse(doc, path: pathlib.Path | None = None) -> Fabric:
                   f"port {port} is not in switch {end}'s ports {list(switches[end].ports)}")
         links[(leaf, spine)] = ln
     fabric = Fabric(state, racks, spines, jobs, links)
+    state.fabric = fabric
     for jid, job in jobs.items():  # sizes, addresses: as the agents and switches will check
         try:
             fabric.job_config(job).validate()

@@ -194,6 +194,8 @@ class DesiredState:
     path: pathlib.Path | None = None
     raw: dict = field(default_factory=dict, repr=False)
     rendezvous: tuple[str, int] | None = None  # spina.rendezvous server of `controller serve`
+    # controller.plan.Fabric: the `fabric:` section (leaf/spine jobs), if any; it points back here
+    fabric: object = field(default=None, repr=False, compare=False)
 
     # ------------------------------------------------------------ views
     def switch_of(self, job: Job) -> Switch:
@@ -298,7 +300,17 @@ def load(path, parser=None) -> DesiredState:
 
 
 def parse(doc, path: pathlib.Path | None = None) -> DesiredState:
-    _fields(doc, "(top)", {"switches", "workers"}, {"jobs", "agents_dir", "rendezvous"})
+    """The desired state in `doc` (a YAML document), validated; ConfigError names the field. A
+    `fabric:` section (two-level jobs, controller/plan.py) is parsed there and kept as `fabric`."""
+    if isinstance(doc, dict) and "fabric" in doc:
+        from controller import plan  # plan builds on this module
+        return plan.parse(doc, path).state
+    return _parse_flat(doc, path)
+
+
+def _parse_flat(doc, path: pathlib.Path | None = None) -> DesiredState:
+    _fields(doc, "(top)", {"switches", "workers"}, {"jobs", "agents_dir", "rendezvous",
+                                                   "fabric"})
     _need(isinstance(doc["switches"], list) and doc["switches"], "switches",
           "must be a non-empty list")
     switches: dict[str, Switch] = {}

@@ -566,7 +566,8 @@ def test_p4_rows_of_a_leaf_and_a_spine():
 
 class L2Fabric:
     """leaf0, leaf1, spine0 of l2_doc as softswitch.l2.Dataplanes, each behind its P4Runtime
-    servicer in process, programmed by plan.install_p4; frames between them carried here."""
+    servicer in process, programmed by the controller's SwitchSession.apply from the desired
+    state's fabric section; frames between them carried here."""
 
     def __init__(self, doc):
         from controller.p4rt import Connection
@@ -586,8 +587,14 @@ class L2Fabric:
         self.crossed = 0  # frames on the spine's links
 
     def install(self, fabric=None):
-        return {n: plan.install_p4(fabric or self.fabric, n, c, self.regs[n])
-                for n, c in self.conns.items()}
+        """{switch: (deletes, inserts + modifies, [(job, slot_base, nslots) cleared])}."""
+        from controller.controller import SwitchSession
+        state = (fabric or self.fabric).state
+        out = {}
+        for n, c in self.conns.items():
+            r = SwitchSession(state.switches[n], registers=self.regs[n], conn=c).apply(state)
+            out[n] = (r.deletes, r.inserts + r.modifies, r.cleared)
+        return out
 
     def send(self, rank: int, payload: bytes) -> dict[int, list[bytes]]:
         """Worker `rank`'s INA payload into its leaf; every frame that reaches a worker."""
@@ -610,7 +617,7 @@ class L2Fabric:
 
 
 def test_plan_installed_on_l2_switches_aggregates_in_two_levels():
-    """plan.install_p4 programs two leaves and a spine (L2-mode software switches, through the
+    """The controller's apply programs two leaves and a spine (L2-mode software switches, through the
     controller's P4Runtime client); four workers' contributions come back to every worker as
     one result each, equal to one flat switch's (but for the header's rank: the last sender's
     at the spine), with 2 partials up and 2 results down on the spine's links. Installing
@@ -654,3 +661,78 @@ def test_plan_installed_on_l2_switches_aggregates_in_two_levels():
     counts = fab.install(plan.parse(l2_doc(epoch=2)))
     assert all(c[2] == [(7, 0, 2)] for c in counts.values())
     assert all(dp.register("slot_count", 3) == 0 for dp in fab.dps.values())
+
+
+def test_controller_deploys_a_fabric_beside_a_flat_job(tmp_path):
+    """One desired state with a flat job (9, on leaf0 only) and the fabric's job 7: the
+    controller's deploy installs both on every switch, writes each rank an assignment naming
+    its own leaf, and a second deploy writes nothing; status names each switch's level. A state
+    without the fabric section removes the fabric's rows and clears its slots but keeps job 9;
+    wipe empties the role tables too."""
+    from controller.controller import Controller
+    from controller.state import parse
+    from spina.config import Assignment
+    doc = l2_doc()
+    doc["agents_dir"] = str(tmp_path)
+    doc["jobs"] = [{"id": 9, "members": ["w0", "w1"], "slot_base": 2, "nslots": 2,
+                    "block_size": 32, "nlanes": 4}]
+    fab = L2Fabric(doc)
+    state = parse(doc)
+    assert state.fabric is not None and sorted(state.jobs) == [9]
+
+    def rows(name, table):
+        return len(fab.conns[name].read_table(table))
+
+    ctl = Controller(state, registers=fab.regs, connect=lambda sw: fab.conns[sw.name])
+    reps = {r.switch: r for r in ctl.deploy()}
+    assert reps["leaf0"].cleared == [(7, 0, 2), (9, 2, 2)]
+    assert reps["leaf1"].cleared == reps["spine0"].cleared == [(7, 0, 2)]
+    assert [(n, rows(n, "admission"), rows(n, "job_level"), rows(n, "leaf_upstream"))
+            for n in ("leaf0", "leaf1", "spine0")] == [("leaf0", 4, 1, 2), ("leaf1", 2, 1, 2),
+                                                      ("spine0", 2, 1, 0)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "job7-rank0.json", "job7-rank1.json", "job7-rank2.json", "job7-rank3.json",
+        "job9-rank0.json", "job9-rank1.json", "job9.json"]
+    a = Assignment.load(tmp_path / "job7-rank2.json")
+    assert (a.rank, a.switch[0], len(a.job.workers)) == (2, "10.0.1.2", 4)
+    assert not any(r.changed for r in ctl.deploy())
+
+    st = {(r["switch"], r["job"]): (r["level"], r["slots"], r["workers"], r["installed"])
+          for r in ctl.status()}
+    assert st == {("leaf0", 9): ("flat", "2..3", 2, "yes"), ("leaf0", 7): ("leaf", "0..1", 2, "yes"),
+                  ("leaf1", 7): ("leaf", "0..1", 2, "yes"),
+                  ("spine0", 7): ("spine", "0..1", 2, "yes")}
+
+    flat_doc = {k: v for k, v in doc.items() if k != "fabric"}
+    reps = {r.switch: r for r in ctl.set_state(parse(flat_doc))}
+    assert reps["leaf0"].cleared == [(7, 0, 2)] and reps["spine0"].cleared == [(7, 0, 2)]
+    assert [(rows(n, "admission"), rows(n, "job_level"), rows(n, "leaf_upstream"))
+            for n in ("leaf0", "leaf1", "spine0")] == [(2, 0, 0), (0, 0, 0), (0, 0, 0)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "job9-rank0.json", "job9-rank1.json", "job9.json"]
+
+    ctl.set_state(state)
+    assert rows("leaf0", "job_level") == 1
+    ctl.wipe()
+    assert all(rows(n, t) == 0 for n in fab.conns for t in ("admission", "job_level",
+                                                             "leaf_upstream", "worker_rewrite"))
+    ctl.close()
+
+
+def test_fabric_plan_needs_the_role_tables():
+    """A switch whose P4 program lacks the leaf/spine tables is refused by name, not with a
+    KeyError from deep inside the controller."""
+    from controller import controls
+    from controller.state import parse
+
+    class NoRoles:
+        def has(self, kind, name):
+            return name not in ("job_level", "leaf_upstream")
+
+    class Conn:
+        index = NoRoles()
+
+    state = parse(l2_doc())
+    with pytest.raises(ConfigError, match=r"^switches\.leaf0\.p4info: the program has no "
+                                          r"table 'job_level'"):
+        controls.FabricRoles(Conn()).entries(state, state.switches["leaf0"])
