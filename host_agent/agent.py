@@ -34,7 +34,7 @@ from host_agent import dlcp
 from host_agent.blocks import (NONFINITE_BITS, LanePlan, block_absmax_bits, exponent_of_bits,
                                gather_blocks, nonzero_blocks, quant_shift, scan_float_blocks,
                                scatter_blocks)
-from host_agent.recovery import MIN_RTO, Recovery, RttEstimator, Timer
+from host_agent.recovery import MIN_RTO, Recovery, RttEstimator, Timer, flusher_rank
 from spina import log as spina_log, rendezvous, wire
 from spina.net import bind_own_address, grow_buffers
 from spina.config import JobConfig
@@ -165,8 +165,9 @@ class _Call:
         self.plan, order = LanePlan.build(nz, W, self.k)
         # per plan row, 1 where the block holds NaN/Inf (_core.fill_round sends those as 0)
         self.nonfinite = nonfinite[order].view(np.uint8) if nonfinite.any() else None
+        flusher = flusher_rank(call_id, len(job.workers)) == rank  # bounded loss: who flushes
         self.classes = dlcp.classify(job, self.plan, None if integer else bits[order],
-                                     self.nonfinite, layer)  # each packet's priority and flags
+                                     self.nonfinite, layer, flusher)  # per packet: queue, flags
         slot_exp = np.full(W, 0 if integer else wire.EXPONENT_NONE, np.int32)
         if not integer and len(nz):
             starts = self.plan.lane_bounds[:-1:self.k]
@@ -197,7 +198,8 @@ class _Call:
         timers = [Timer() for _ in range(W)]
         # Bounded loss: each partial round counts its nlanes blocks against the budget.
         self.recovery = Recovery(rtt, timers, time.monotonic(), job.bounded_loss,
-                                 job.loss_deadline, job.bounded_loss * self.nblocks / k)
+                                 job.loss_deadline, job.bounded_loss * self.nblocks / k,
+                                 flusher=flusher)
         self.slots = [_Slot(s + job.slot_base, s, ptr=first_ext[s * k:(s + 1) * k].copy(),
                             lanes=np.arange(s * k, (s + 1) * k, dtype=np.int64), timer=timers[s])
                       for s in range(W)]

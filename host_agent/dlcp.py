@@ -149,7 +149,8 @@ class CallClasses:
 
 
 def classify(job: JobConfig, plan: LanePlan, magnitude: np.ndarray | None,
-             never: np.ndarray | None, layer: tuple[int, int] | None) -> CallClasses:
+             never: np.ndarray | None, layer: tuple[int, int] | None,
+             flusher: bool = False) -> CallClasses:
     """The classes of one call's packets.
 
     Args:
@@ -159,12 +160,14 @@ def classify(job: JobConfig, plan: LanePlan, magnitude: np.ndarray | None,
             never droppable).
         never: per plan row, True for blocks that must not be dropped (NaN/Inf), or None.
         layer: the call's (i, n) layer position (layer_priority), or None.
+        flusher: this worker is the call's one flusher (host_agent/recovery.py flusher_rank):
+            it marks nothing, since a round missing only its contribution cannot be flushed.
     """
     prio = job.priority
     if job.priority_policy == "layer":
         prio = layer_priority(job.priority, layer)
     classes = CallClasses(prio, job.priority)
-    if job.loss_tolerant_policy == "none" or magnitude is None or not len(plan.pos):
+    if job.loss_tolerant_policy == "none" or magnitude is None or not len(plan.pos) or flusher:
         return classes
     budget = budget_blocks(job.bounded_loss, len(plan.pos), job.nworkers)  # of what it sends
     if budget <= 0:

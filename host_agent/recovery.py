@@ -26,7 +26,9 @@ status naming who contributed. A round is resent on one of three triggers, all d
   flush            bounded-loss mode (opt-in): a round older than the job's loss deadline is
                    resent flagged PARTIAL while the call's partial rounds fit its budget,
                    counting this agent's flushes in flight as partial already (several rounds
-                   may pass the deadline at once; see Recovery.due).
+                   may pass the deadline at once; see Recovery.due). One rank per call flushes
+                   (the call's flusher, rotating call by call): agents do not see each other's
+                   flushes in flight, so two flushing agents could together exceed the budget.
 
 docs/aggregation.md ("Loss, duplicates and failures") and docs/reliability.md describe it.
 """
@@ -100,6 +102,14 @@ class Timer:
     prev_latency: float = 0.0  # first transmission to first (multicast) result, or 0
 
 
+def flusher_rank(call_id: int, nworkers: int) -> int:
+    """The one rank that may flush call `call_id`'s rounds (bounded loss). Every rank numbers
+    its calls alike (the wire's call id), so all agree without a message; rotating spreads the
+    flushes' extra datagrams over the ranks. A round that misses only the flusher's own
+    contribution completes when that contribution's resend arrives."""
+    return call_id % nworkers
+
+
 class Recovery:
     """Which rounds of one call to resend, and when. The agent transmits; this decides.
 
@@ -109,13 +119,16 @@ class Recovery:
         now: the call's start.
         bounded_loss, loss_deadline: the job's bounded-loss settings (0: exact mode).
         budget_rounds: partial rounds the call may have (bounded loss).
+        flusher: this agent is the call's one flusher (`flusher_rank`); the others never flush.
     """
 
     def __init__(self, rtt: RttEstimator, timers: list[Timer], now: float,
-                 bounded_loss: float = 0.0, loss_deadline: float = 0.0, budget_rounds: float = 0.0):
+                 bounded_loss: float = 0.0, loss_deadline: float = 0.0, budget_rounds: float = 0.0,
+                 flusher: bool = True):
         self.rtt, self.timers = rtt, timers
         self.bounded_loss, self.loss_deadline = bounded_loss, loss_deadline
         self.budget_rounds = budget_rounds
+        self.flusher = flusher
         self.partial_rounds = 0  # rounds of the call completed PARTIAL (by anyone's flush)
         self.flushing = 0        # own flushes whose round has not completed yet
         self.seq = 0            # transmissions so far (send order)
@@ -220,12 +233,12 @@ class Recovery:
         out = []
         rack = self.rack_latency + self.rtt.reorder_window
         for st, tm in in_flight:
-            if (self.bounded_loss and tm.flushable and not tm.flush
+            if (self.bounded_loss and self.flusher and tm.flushable and not tm.flush
                     and now - tm.first_sent_at > self.loss_deadline
                     and self.partial_rounds + self.flushing + 1 <= self.budget_rounds):
                 # A flush in flight counts as a partial round already: every round past the
                 # deadline is seen in one look, long before the first partial result returns.
-                # (Other agents' flushes in flight are not seen: docs/reliability.md.)
+                # Only the call's flusher gets here, so its count is the call's.
                 tm.flush = True
                 self.flushing += 1
                 out.append((st, tm))

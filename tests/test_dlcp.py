@@ -20,7 +20,7 @@ from host_agent import dlcp
 from host_agent.agent import CallStats
 from host_agent.blocks import LanePlan, block_absmax_bits
 from host_agent.local import LocalCluster
-from host_agent.recovery import Recovery, RttEstimator, Timer
+from host_agent.recovery import Recovery, RttEstimator, Timer, flusher_rank
 from softswitch.udp import Faults, UdpSwitch
 from spina import wire
 from spina.config import ConfigError, JobConfig, JobFile, WorkerAddr, job_to_dict
@@ -244,7 +244,8 @@ def _capture(headers: list):
 def test_packets_carry_their_own_priority_and_flag():
     """Through the software switch: with layer priorities and the magnitude policy, each rank
     sends exactly its smallest packet loss-tolerant in the job's base queue, every other packet
-    (setup included) in the call's layer queue; no packet is dropped, so the sum is exact."""
+    (setup included) in the call's layer queue, but the call's flusher marks none; no packet is
+    dropped, so the sum is exact."""
     B, nblocks = 4, 20
     xs = []
     for r in range(2):
@@ -257,6 +258,7 @@ def test_packets_carry_their_own_priority_and_flag():
         with LocalCluster(2, switch=sw, block_size=B, nlanes=2, nslots=1, priority=1,
                           bounded_loss=0.2, priority_policy="layer",
                           loss_tolerant_policy="magnitude") as c:  # 0.2 * 20 / 2 = 2 blocks
+            f = flusher_rank(c.agents[0].call_id + 1, 2)
             futs = [c.agents[r].allreduce_async(xs[r], layer=(1, 4)) for r in range(2)]
             res = [f.result(timeout=30) for f in futs]
             stats = [a.last_stats for a in c.agents]
@@ -266,9 +268,10 @@ def test_packets_carry_their_own_priority_and_flag():
         mine = [h for h in headers if h.rank == r and not h.flags & wire.FLAG_RESEND]
         tolerant = [h for h in mine if h.flags & wire.FLAG_LOSS_TOLERANT]
         # round 1 is the setup round; data round i (blocks 2i, 2i+1) is round i + 2
-        assert [(h.round, h.priority) for h in tolerant] == [(small + 2, 1)]
+        want = [(small + 2, 1)] if r != f else []
+        assert [(h.round, h.priority) for h in tolerant] == want
         assert {h.priority for h in mine if h not in tolerant} == {layer_prio}
-        assert stats[r].loss_tolerant_packets == 1 and stats[r].blocks_lost == 0
+        assert stats[r].loss_tolerant_packets == len(want) and stats[r].blocks_lost == 0
     assert all(h.priority == 1 for h in headers if h.flags & wire.FLAG_LOSS_TOLERANT)
     assert res[0].tobytes() == res[1].tobytes()
     np.testing.assert_allclose(res[0], xs[0] + xs[1], rtol=1e-6)
@@ -295,7 +298,9 @@ def _peaks(x: np.ndarray, B: int) -> np.ndarray:
 def test_bounded_loss_run_drops_exactly_the_marked_packets_identically_on_every_rank():
     """Every loss-tolerant packet is dropped (a congested switch): rounds missing one complete
     as PARTIAL after the deadline; every rank gets the same bits; exactly the blocks of each
-    rank's smallest packets miss its contribution, within the bound; blocks_lost counts them."""
+    rank's smallest packets miss its contribution, within the bound; blocks_lost counts them.
+    The call's flusher marks nothing (a round missing only its contribution could not be
+    flushed), so its small packets arrive."""
     B, nblocks, nworkers, bound = 8, 200, 3, 0.1
     rng = np.random.default_rng(7)
     xs = [rng.uniform(1, 2, nblocks * B).astype(np.float32) * rng.choice([-1, 1], nblocks * B)
@@ -318,10 +323,13 @@ def test_bounded_loss_run_drops_exactly_the_marked_packets_identically_on_every_
             return True
         return False
     with UdpSwitch(port=0, faults=Faults(drop_in_match=congested)) as sw:
-        with LocalCluster(nworkers, switch=sw, rto=0.2, bounded_loss=bound, loss_deadline=0.01,
+        # A timeout resend (every 10 ms) comes well before the flush (300 ms): a dropped rank
+        # resends its tolerant packet, dropped again, and the flush completes the round.
+        with LocalCluster(nworkers, switch=sw, rto=0.2, bounded_loss=bound, loss_deadline=0.3,
                           loss_tolerant_policy="magnitude", **kw) as c:
             for a in c.agents:
-                a.rtt.min_rto = 1.0  # the flush, not a resend, completes the rounds
+                a.rtt.min_rto = a.rtt.max_rto = 0.01
+            f = flusher_rank(c.agents[0].call_id + 1, nworkers)
             res = c.allreduce(xs)
             stats = [a.last_stats for a in c.agents]
     assert res[0].tobytes() == res[1].tobytes() == res[2].tobytes()
@@ -330,16 +338,18 @@ def test_bounded_loss_run_drops_exactly_the_marked_packets_identically_on_every_
     resent = [h for h in seen if h.flags & wire.FLAG_RESEND
               and first[(h.rank, h.round)].flags & wire.FLAG_LOSS_TOLERANT]
     assert resent and all(h.flags & wire.FLAG_LOSS_TOLERANT and h.priority == 0 for h in resent)
+    lossy = [r for r in range(nworkers) if r != f]
     for r in range(nworkers):
         assert sorted(np.argsort(_peaks(xs[r], B))[:3].tolist()) == small[r]
-        assert {rnd for rank, rnd in dropped if rank == r} == {p + 2 for p in small[r]}
-        assert stats[r].loss_tolerant_packets == 3 and stats[r].blocks_lost == 6
-        assert stats[r].partial_rounds == 9 and stats[r].partial_fraction <= bound
+        want = {p + 2 for p in small[r]} if r != f else set()
+        assert {rnd for rank, rnd in dropped if rank == r} == want
+        assert stats[r].loss_tolerant_packets == len(want) and stats[r].blocks_lost == 2 * len(want)
+        assert stats[r].partial_rounds == 6 and stats[r].partial_fraction <= bound
     wrong = np.flatnonzero((res[0] != exact).reshape(-1, B).any(axis=1))
-    expect = sorted(b for packets in small.values() for p in packets for b in (2 * p, 2 * p + 1))
+    expect = sorted(b for r in lossy for p in small[r] for b in (2 * p, 2 * p + 1))
     assert wrong.tolist() == expect and len(wrong) <= bound * nblocks
     # a lost block is the sum of the other ranks' blocks (to quantization precision)
-    for r, packets in small.items():
+    for r, packets in ((r, small[r]) for r in lossy):
         for p in packets:
             blk = slice(2 * p * B, 2 * (p + 1) * B)
             others = sum(xs[q][blk] for q in range(nworkers) if q != r)
@@ -522,10 +532,12 @@ def test_daemon_applies_its_bound_and_each_calls_layer(tmp_path):
             t.join(timeout=5)
     assert res[0].tobytes() == res[1].tobytes()
     tolerant = [h for h in headers if h.flags & wire.FLAG_LOSS_TOLERANT]
-    # 0.2 * 20 blocks / 2 ranks = 2 blocks: one packet each (blocks 0 and 1: smallest)
-    assert sorted((h.rank, h.round, h.priority) for h in tolerant) == [(0, 2, 0), (1, 2, 0)]
+    # 0.2 * 20 blocks / 2 ranks = 2 blocks: one packet each (blocks 0 and 1: smallest), but
+    # the first call's flusher marks none
+    f = flusher_rank(1, 2)
+    assert sorted((h.rank, h.round, h.priority) for h in tolerant) == [(1 - f, 2, 0)]
     assert {h.priority for h in headers if h not in tolerant} == {7}
-    assert [s.loss_tolerant_packets for s in stats] == [1, 1]
+    assert [s.loss_tolerant_packets for s in stats] == [int(r != f) for r in range(2)]
 
 
 def test_example_smoke(tmp_path):
@@ -548,3 +560,50 @@ def test_example_smoke(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "examples" / "dlcp_train.py"), "--drop", "2"],
                        capture_output=True, text=True, timeout=60, env=ENV, cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--drop" in r.stderr, r.stderr
+
+
+def test_only_the_calls_flusher_flushes():
+    """Recovery: an agent that is not the call's flusher never flushes a round past the
+    deadline (it still resends by timeout); the flusher rotates with the call id."""
+    timers = [Timer() for _ in range(3)]
+    rec = Recovery(RttEstimator(), timers, 0.0, bounded_loss=0.1, loss_deadline=0.01,
+                   budget_rounds=5, flusher=False)
+    for tm in timers:
+        rec.sent(tm, 0.0)
+    pairs = list(enumerate(timers))
+    rec.drained(10.0)
+    due = rec.due(pairs, 10.0, idle=True)
+    assert [s for s, _ in due] == [0] and not any(tm.flush for tm in timers)  # timeout resend
+    assert [flusher_rank(c, 4) for c in range(1, 7)] == [1, 2, 3, 0, 1, 2]
+
+
+def test_partial_rounds_of_a_call_come_from_one_flusher_within_the_bound():
+    """Four workers, a window of 4 slots, every round's first transmission from one rank lost
+    (a third of all rounds, more than the budget): many rounds pass the deadline at once at
+    every agent. Only the call's flusher sends PARTIAL, so the partial rounds every agent sees
+    stay within the call's budget (agents flushing different rounds at once could exceed it),
+    the rest complete exactly by resends, and every rank gets the same bits."""
+    B, nblocks, nworkers, nlanes, bound = 8, 400, 4, 2, 0.05
+    rng = np.random.default_rng(3)
+    xs = [rng.standard_normal(nblocks * B).astype(np.float32) for _ in range(nworkers)]
+    seen = []
+
+    def lossy(h):
+        seen.append(h)
+        return (h.round > 1 and h.round % 3 == 0 and h.rank == h.round % nworkers
+                and not h.flags & wire.FLAG_RESEND)
+    with UdpSwitch(port=0, faults=Faults(drop_in_match=lossy)) as sw:
+        with LocalCluster(nworkers, switch=sw, block_size=B, nlanes=nlanes, nslots=4,
+                          timeout=30, bounded_loss=bound, loss_deadline=0.002) as c:
+            f = flusher_rank(c.agents[0].call_id + 1, nworkers)
+            res = c.allreduce(xs)
+            stats = [a.last_stats for a in c.agents]
+    budget = bound * nblocks / nlanes  # partial rounds a call may have (agent.py)
+    partial_senders = {h.rank for h in seen if h.flags & wire.FLAG_PARTIAL}
+    assert partial_senders == {f}
+    dropped_rounds = sum(1 for h in seen if h.round > 1 and h.round % 3 == 0
+                         and h.rank == h.round % nworkers and not h.flags & wire.FLAG_RESEND)
+    assert dropped_rounds > budget
+    assert len({s.partial_rounds for s in stats}) == 1
+    assert 0 < stats[0].partial_rounds <= budget
+    assert all(r.tobytes() == res[0].tobytes() for r in res)
