@@ -372,11 +372,16 @@ class _Call:
         if tm.unanswered >= 3 or not tm.last_bitmap:
             silent = ("never answered this call" if not self.stats.packets_received else
                       f"did not answer the last {tm.unanswered} resends")
+            overtaken = ("; or (bounded loss) the other workers flushed this slot's next round "
+                         "without this one and the switch reused the copy this round waits "
+                         "for: a loss deadline longer than loss recovery avoids it "
+                         "(docs/reliability.md)") if job.bounded_loss and \
+                self.stats.packets_received else ""
             return SpinaTimeout(
                 head + f"the switch at {switch[0]}:{switch[1]} {silent}: it is not "
                 f"running, or it does not admit job "
                 f"{job.job} epoch {job.epoch} (a switch restarted without a redeploy "
-                "has lost its jobs: run the controller's deploy)", [])
+                f"has lost its jobs: run the controller's deploy){overtaken}", [])
         missing = [r for r in range(job.nworkers) if not tm.last_bitmap >> r & 1]
         return SpinaTimeout(head + f"ranks {missing} never contributed", missing)
 

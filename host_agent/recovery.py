@@ -15,9 +15,10 @@ status naming who contributed. A round is resent on one of three triggers, all d
                    per call, as TCP has one per connection: it runs from the call's last result
                    (or last timeout resend) for srtt + 4 rttvar of the measured round latency,
                    at least `min_rto` (a few ms by default); on expiry the oldest round in
-                   flight is resent alone and the timer doubles (up to MAX_RTO) until a result
-                   arrives. A switch that is slow but answering restarts the timer with every
-                   result, so it never sees a burst of resends. Only Karn-clean rounds (never
+                   flight is resent, with every other round not sent for a timeout, and the
+                   timer doubles (up to MAX_RTO) until a result arrives. A switch that is
+                   slow but answering restarts the timer with every result, so it never sees
+                   a burst of resends. Only Karn-clean rounds (never
                    resent) are timed, and a resend that turns out to be spurious (its round's
                    result arrives twice) gives the estimator the true latency (Eifel, RFC 3522).
                    The timer fires only if it had expired when the agent last found its socket
@@ -246,12 +247,17 @@ class Recovery:
                 self.fast_resends += 1  # a round sent after this one was answered: lost
                 out.append((st, tm))
         if not out and in_flight and self.drained_at - self.timer_from > self.timeout:
-            st, tm = min(in_flight, key=lambda p: p[1].sent_at)
+            # The oldest round, and every other round whose last transmission is older than
+            # the timeout: slots are independent, so one resend per expiry would leave the
+            # others waiting a doubled timeout each (heavy loss stalled calls for seconds).
+            oldest = min(in_flight, key=lambda p: p[1].sent_at)
+            late = [p for p in in_flight if p is oldest or now - p[1].sent_at > self.timeout]
             self.timer_from = now
             self.backoff += 1
-            self.timeout_resends += 1
-            tm.timed_out = True
-            out.append((st, tm))
+            self.timeout_resends += len(late)
+            for _, tm in late:
+                tm.timed_out = True
+            out += late
         return out
 
     def wait(self, in_flight, now: float, longest: float) -> float:

@@ -103,20 +103,28 @@ def test_answer_to_a_resend_does_not_trigger_fast_retransmit():
     assert rec.due([("a", a)], 0.052, idle=False) == []
 
 
-def test_timeout_resends_only_the_oldest_round_and_doubles_until_a_result():
-    """With nothing answered, the timer resends one round (the oldest) and doubles; a result
-    restarts it; it never fires while the socket still held unread answers."""
+def test_timeout_resends_the_late_rounds_and_doubles_until_a_result():
+    """With nothing answered, the timer resends every round not sent for a timeout (a round
+    sent just before is spared, unless it is the oldest) and doubles; a result restarts it; it
+    never fires while the socket still held unread answers."""
     rec, (a, b, c) = _recovery()
     rec.rtt = RttEstimator(min_rto=0.005)  # no samples: INITIAL_RTO
-    for i, tm in enumerate((a, b, c)):
-        rec.sent(tm, 0.001 * i)
-    flying = [("a", a), ("b", b), ("c", c)]
     t0 = rec.timeout
+    rec.sent(a, 0.0)
+    rec.sent(b, 0.001)
+    rec.sent(c, t0)  # 10 ms before the timer expires
+    flying = [("a", a), ("b", b), ("c", c)]
     assert rec.due(flying, t0 + 0.01, idle=False) == []  # the socket was not found empty since
-    assert rec.due(flying, t0 + 0.01, idle=True) == [("a", a)]
+    assert rec.due(flying, t0 + 0.01, idle=True) == [("a", a), ("b", b)]
     rec.resent(a, t0 + 0.01)
+    rec.resent(b, t0 + 0.01)
     assert rec.timeout == 2 * t0
     assert rec.due(flying, 2.5 * t0, idle=True) == []
-    assert rec.due(flying, 3.1 * t0, idle=True) == [("b", b)]  # oldest transmission now: b
+    assert rec.due(flying, 3.06 * t0, idle=True) == flying  # all three out for 2 t0 by now
     rec.result(c, 1, 3.2 * t0, multicast=True, partial=False)
-    assert rec.backoff == 0 and rec.timeout_resends == 2
+    assert rec.backoff == 0 and rec.timeout_resends == 5
+    # only the oldest, when every round was sent within the timeout (the progress guarantee)
+    now = 3.2 * t0 + rec.timeout + 0.01
+    rec.resent(a, now - 0.005)
+    rec.resent(b, now - 0.004)
+    assert rec.due(flying[:2], now, idle=True) == [("a", a)]
