@@ -2,6 +2,8 @@
 
     python -m testbed single --hosts 4
     python -m testbed leafspine --leaves 2 --spines 2 --hosts-per-leaf 2 --cli
+    python -m testbed leafspine --two-level --hosts-per-leaf 4 --loss 0.01 --density 0.01
+    python -m testbed leafspine --spine-bytes --hosts-per-leaf 4   # flat vs two-level bytes
     python -m testbed single --switch bmv2        # needs `make p4` and simple_switch_grpc
 
 Needs root. Every process and link it starts is removed on exit.
@@ -18,11 +20,17 @@ from testbed import topos
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def run_allreduce(tb: topos.Testbed, jd: dict, seed: int = 1, n: int = 20000) -> list[dict]:
-    """Every host runs tests/netns_worker.py; returns their JSON reports."""
-    procs = [h.popen([sys.executable, str(ROOT / "tests" / "netns_worker.py"), json.dumps(jd),
-                      str(i), topos.SWITCH_IP, "47000", str(seed), str(n)], cwd=str(ROOT))
-             for i, h in enumerate(tb.hosts)]
+def run_allreduce(tb: topos.Testbed, jd: dict, seed: int = 1, n: int = 20000,
+                  density: float = 0.3, calls: str = "both") -> list[dict]:
+    """Every host runs tests/netns_worker.py (against its own switch: the aggregating one, or
+    in two-level mode its leaf); returns their JSON reports. `calls`: "both" (an int32 and a
+    float32 all-reduce) or "ints"."""
+    procs = []
+    for i, h in enumerate(tb.hosts):
+        job, (addr, port) = tb.switch_of(i, jd)
+        procs.append(h.popen([sys.executable, str(ROOT / "tests" / "netns_worker.py"),
+                              json.dumps(job), str(i), addr, str(port), str(seed), str(n),
+                              str(density), calls], cwd=str(ROOT)))
     out = []
     try:
         for p in procs:
@@ -38,6 +46,22 @@ def run_allreduce(tb: topos.Testbed, jd: dict, seed: int = 1, n: int = 20000) ->
     return out
 
 
+def spine_link_bytes(leaves: int, spines: int, hosts_per_leaf: int, two_level: bool,
+                     switch: str = "soft", seed: int = 1, n: int = 32768) -> tuple[int, list]:
+    """One dense int32 all-reduce on a fresh leafspine testbed, flat or two-level: (bytes
+    sent and received on the spines' interfaces during it, the workers' reports)."""
+    tb = topos.leafspine(leaves, spines, hosts_per_leaf, two_level=two_level, switch=switch)
+    jd = tb.job_config()
+    tb.add_job(jd)
+    try:
+        tb.start()
+        before = topos.link_bytes(tb.spine_links())
+        reports = run_allreduce(tb, jd, seed=seed, n=n, density=1.0, calls="ints")
+        return topos.link_bytes(tb.spine_links()) - before, reports
+    finally:
+        tb.stop()
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m testbed", description=__doc__.split("\n\n")[0])
     p.add_argument("topology", choices=["single", "leafspine"])
@@ -47,21 +71,54 @@ def main(argv=None) -> int:
     p.add_argument("--leaves", type=int, default=2)
     p.add_argument("--spines", type=int, default=2)
     p.add_argument("--hosts-per-leaf", type=int, default=2)
+    p.add_argument("--two-level", action="store_true",
+                   help="leafspine: each leaf aggregates its hosts, the job's slots sharded over "
+                        "the spines; every switch programmed by the controller's deploy over "
+                        "P4Runtime (the desired state is printed)")
+    p.add_argument("--loss", type=float, default=0.0, metavar="P",
+                   help="drop this fraction of the frames on every link, each direction")
+    p.add_argument("--density", type=float, default=0.3,
+                   help="fraction of non-zero blocks in each worker's tensors")
+    p.add_argument("--elements", type=int, default=20000, help="elements per tensor")
+    p.add_argument("--spine-bytes", action="store_true",
+                   help="leafspine: run one dense int32 call flat and one two-level, print the "
+                        "bytes on the spine links of each")
     p.add_argument("--cli", action="store_true", help="open the mininet CLI instead")
     a = p.parse_args(argv)
+    if not 0.0 <= a.loss < 1.0:
+        p.error("argument --loss: must be a fraction in [0, 1)")
+    if not 0.0 < a.density <= 1.0:
+        p.error("argument --density: must be a fraction in (0, 1]")
+    if a.elements < 1:
+        p.error("argument --elements: must be at least 1")
+    if a.topology != "leafspine" and (a.two_level or a.spine_bytes):
+        p.error("argument --two-level/--spine-bytes: only for the leafspine topology")
+    if a.spine_bytes:
+        flat, _ = spine_link_bytes(a.leaves, a.spines, a.hosts_per_leaf, False, a.switch,
+                                   n=a.elements)
+        two, _ = spine_link_bytes(a.leaves, a.spines, a.hosts_per_leaf, True, a.switch,
+                                  n=a.elements)
+        print(json.dumps({"flat_spine_bytes": flat, "two_level_spine_bytes": two,
+                          "ratio": two / flat, "target": 1 / a.hosts_per_leaf}))
+        return 0
     if a.topology == "single":
         tb = topos.single(a.hosts, switch=a.switch)
     else:
-        tb = topos.leafspine(a.leaves, a.spines, a.hosts_per_leaf, switch=a.switch)
+        tb = topos.leafspine(a.leaves, a.spines, a.hosts_per_leaf, two_level=a.two_level,
+                             switch=a.switch)
     jd = tb.job_config()
     tb.add_job(jd)
     try:
         tb.start()
+        if a.two_level:
+            print(tb.state_path.read_text())
+        if a.loss:
+            tb.drop_randomly(a.loss)
         if a.cli:
             from mininet.cli import CLI
             CLI(tb.net)
         else:
-            for r in run_allreduce(tb, jd):
+            for r in run_allreduce(tb, jd, n=a.elements, density=a.density):
                 print(json.dumps(r))
     finally:
         tb.stop()
