@@ -46,6 +46,25 @@ def run_allreduce(tb: topos.Testbed, jd: dict, seed: int = 1, n: int = 20000,
     return out
 
 
+def first_transmission_bytes(senders: int, n: int, jd: dict) -> int:
+    """The bytes one dense int32 all-reduce of `n` elements puts on the spine links when
+    `senders` streams cross them and nothing is resent: flat, every worker's contributions go
+    up and one result copy per worker comes down; two-level, one partial per rack and round
+    goes up and one result per rack comes down. Each stream is, per call, one setup round per
+    slot (header and next positions only) and n / (nlanes * block_size) rounds of full
+    frames (Ethernet, IPv4, UDP, the INA packet with every lane present), the same sizes up
+    and down. `n` must be a multiple of nlanes * block_size (every round full)."""
+    from spina import wire
+    nlanes, block, nslots = jd["nlanes"], jd["block_size"], jd["nslots"]
+    if n % (nlanes * block):
+        raise ValueError(f"{n} elements: not a multiple of nlanes * block_size = "
+                         f"{nlanes * block}")
+    frame = 14 + 20 + 8  # Ethernet, IPv4, UDP headers
+    stream = (n // (nlanes * block) * (frame + wire.packet_len(nlanes, block, nlanes))
+              + nslots * (frame + wire.packet_len(nlanes, block, 0)))
+    return 2 * senders * stream
+
+
 def spine_link_bytes(leaves: int, spines: int, hosts_per_leaf: int, two_level: bool,
                      switch: str = "soft", seed: int = 1, n: int = 32768) -> tuple[int, list]:
     """One dense int32 all-reduce on a fresh leafspine testbed, flat or two-level: (bytes
@@ -79,7 +98,8 @@ def main(argv=None) -> int:
                    help="drop this fraction of the frames on every link, each direction")
     p.add_argument("--density", type=float, default=0.3,
                    help="fraction of non-zero blocks in each worker's tensors")
-    p.add_argument("--elements", type=int, default=20000, help="elements per tensor")
+    p.add_argument("--elements", type=int,
+                   help="elements per tensor (default 20000; --spine-bytes: 32768)")
     p.add_argument("--spine-bytes", action="store_true",
                    help="leafspine: run one dense int32 call flat and one two-level, print the "
                         "bytes on the spine links of each")
@@ -89,17 +109,27 @@ def main(argv=None) -> int:
         p.error("argument --loss: must be a fraction in [0, 1)")
     if not 0.0 < a.density <= 1.0:
         p.error("argument --density: must be a fraction in (0, 1]")
+    if a.elements is None:
+        a.elements = 32768 if a.spine_bytes else 20000
     if a.elements < 1:
         p.error("argument --elements: must be at least 1")
     if a.topology != "leafspine" and (a.two_level or a.spine_bytes):
         p.error("argument --two-level/--spine-bytes: only for the leafspine topology")
     if a.spine_bytes:
-        flat, _ = spine_link_bytes(a.leaves, a.spines, a.hosts_per_leaf, False, a.switch,
-                                   n=a.elements)
-        two, _ = spine_link_bytes(a.leaves, a.spines, a.hosts_per_leaf, True, a.switch,
-                                  n=a.elements)
-        print(json.dumps({"flat_spine_bytes": flat, "two_level_spine_bytes": two,
-                          "ratio": two / flat, "target": 1 / a.hosts_per_leaf}))
+        jd = topos.JOB_SIZES
+        if a.elements % (jd["nlanes"] * jd["block_size"]):
+            p.error(f"argument --elements: --spine-bytes needs a multiple of nlanes * "
+                    f"block_size = {jd['nlanes'] * jd['block_size']}")
+        out = {}
+        for mode, senders in (("flat", a.leaves * a.hosts_per_leaf), ("two_level", a.leaves)):
+            got, reports = spine_link_bytes(a.leaves, a.spines, a.hosts_per_leaf,
+                                            mode == "two_level", a.switch, n=a.elements)
+            out[mode] = {"spine_link_bytes": got,
+                         "without_resends": first_transmission_bytes(senders, a.elements, jd),
+                         "worker_resends": sum(r["calls"][0]["resends"] for r in reports)}
+        out["ratio"] = out["two_level"]["spine_link_bytes"] / out["flat"]["spine_link_bytes"]
+        out["target"] = 1 / a.hosts_per_leaf
+        print(json.dumps(out))
         return 0
     if a.topology == "single":
         tb = topos.single(a.hosts, switch=a.switch)

@@ -140,32 +140,34 @@ def switch_classes():
         controller from the same config. Each needs its own Thrift and gRPC port."""
         next_thrift_port = 9090
 
-        def start(self, controllers):
+        def assign_addresses(self) -> None:
+            """This node's Thrift port, device id, gRPC address and program files."""
             build = ROOT / "p4src" / "build"
-            js, info = build / "spina_v1model.json", build / "spina_v1model.p4info.txtpb"
-            if not js.exists() or shutil.which("simple_switch_grpc") is None:
-                raise RuntimeError("Bmv2Switch needs `make p4` output and simple_switch_grpc")
-            self.prepare_intfs()
+            self.device_config = str(build / "spina_v1model.json")
+            self.p4info = str(build / "spina_v1model.p4info.txtpb")
             self.thrift_port = Bmv2Switch.next_thrift_port
             Bmv2Switch.next_thrift_port += 1
-            device_id, grpc_addr = self.thrift_port - 9000, f"127.0.0.1:{50000 + self.thrift_port}"
+            self.device_id = self.thrift_port - 9000
+            self.grpc_addr = f"127.0.0.1:{50000 + self.thrift_port}"
+
+        def start(self, controllers):
+            self.assign_addresses()
+            if (not os.path.exists(self.device_config)
+                    or shutil.which("simple_switch_grpc") is None):
+                raise RuntimeError("Bmv2Switch needs `make p4` output and simple_switch_grpc")
+            self.prepare_intfs()
             log = open(self.workdir / "switch.log", "w")
             self.proc = subprocess.Popen(
-                ["simple_switch_grpc", "--device-id", str(device_id),
-                 "--thrift-port", str(self.thrift_port), *self.port_args(), str(js), "--",
-                 "--grpc-server-addr", grpc_addr, "--priority-queues", "8"],
+                ["simple_switch_grpc", "--device-id", str(self.device_id),
+                 "--thrift-port", str(self.thrift_port), *self.port_args(), self.device_config,
+                 "--", "--grpc-server-addr", self.grpc_addr, "--priority-queues", "8"],
                 stdout=log, stderr=subprocess.STDOUT)
             log.close()
-            self.grpc_addr, self.device_id = grpc_addr, device_id
-            self.p4info, self.device_config = str(info), str(js)
             if self.serve_p4runtime:  # the testbed's Controller deploys (and waits for gRPC)
                 return
             from controller.controller import Controller
             from controller.state import from_l2_config
-            state = from_l2_config(self.spina_config, name=self.name, target="bmv2",
-                                   grpc=grpc_addr, device_id=device_id,
-                                   thrift_port=self.thrift_port, p4info=str(info),
-                                   device_config=str(js))
+            state = from_l2_config(self.spina_config, name=self.name, **self.p4runtime_fields())
             with Controller(state, timeout=20.0) as c:  # waits for the gRPC server
                 c.deploy(agent_files=False)
 

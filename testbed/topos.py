@@ -33,6 +33,7 @@ SWITCH_IP, SWITCH_MAC = "10.0.0.100", "02:00:00:00:00:64"
 # a per-process tag keeps two testbeds (two CI runs) from taking each other's interfaces.
 TAG = os.getpid() % 10000
 WORKER_UDP_BASE = 50000
+JOB_SIZES = {"nslots": 8, "block_size": 32, "nlanes": 4}  # the P4 program's block and lanes
 
 
 def host_ip(i: int) -> str:
@@ -84,7 +85,7 @@ class Testbed:
 
     def job_config(self, job: int = 1, **fields) -> dict:
         """A JobConfig dict for all hosts (P4 sizes unless overridden)."""
-        d = {"job": job, "nslots": 8, "block_size": 32, "nlanes": 4, **fields}
+        d = {"job": job, **JOB_SIZES, **fields}
         d["workers"] = [{"host": host_ip(i), "port": WORKER_UDP_BASE + i}
                         for i in range(len(self.hosts))]
         return d

@@ -15,7 +15,7 @@ import pytest
 
 try:
     from testbed import topos
-    from testbed.__main__ import run_allreduce, spine_link_bytes
+    from testbed.__main__ import first_transmission_bytes, run_allreduce, spine_link_bytes
     from testbed.mn import import_mininet
     import_mininet()
     WHY = None if os.geteuid() == 0 else "needs root"
@@ -116,24 +116,52 @@ def test_spine_link_bytes_two_level_against_flat(spines):
     racks, per_rack, n = 2, 4, 32768
     flat, flat_reports = spine_link_bytes(racks, spines, per_rack, False, n=n)
     two, two_reports = spine_link_bytes(racks, spines, per_rack, True, n=n)
-    nslots, nlanes, block = 8, 4, 32  # Testbed.job_config
-    data_rounds = n // (nlanes * block)
-    # dense: every round carries all lanes; each slot's first round of a call is a setup
-    # round (header and next positions only), the same size up and down
+    jd = topos.JOB_SIZES
+    full = 14 + 20 + 8 + wire.packet_len(jd["nlanes"], jd["block_size"], jd["nlanes"])
+    rounds = n // (jd["nlanes"] * jd["block_size"]) + jd["nslots"]  # data + one setup per slot
     for r in flat_reports + two_reports:
         assert r["ints_exact"]
         (call,) = r["calls"]
-        assert call["packets_sent"] - call["resends"] == data_rounds + nslots
-    full = 14 + 20 + 8 + wire.packet_len(nlanes, block, nlanes)
-    setup = 14 + 20 + 8 + wire.packet_len(nlanes, block, 0)
-    stream = data_rounds * full + nslots * setup  # one sender's call, one direction
+        assert call["packets_sent"] - call["resends"] == rounds
     resends_flat = sum(r["calls"][0]["resends"] for r in flat_reports)
     resends_two = sum(r["calls"][0]["resends"] for r in two_reports)
-    first_flat, first_two = 2 * racks * per_rack * stream, 2 * racks * stream
+    first_flat = first_transmission_bytes(racks * per_rack, n, jd)
+    first_two = first_transmission_bytes(racks, n, jd)
     print(f"{spines} spine(s): spine-link bytes flat {flat} (first transmissions {first_flat}, "
           f"{resends_flat} resends), two-level {two} (first transmissions {first_two}, "
           f"{resends_two} resends); measured ratio {two / flat:.4f}, first transmissions "
           f"{first_two / first_flat:.4f}, target {1 / per_rack:.4f}")
     assert first_two * per_rack == first_flat
+    # a worker's resend costs at most one frame up (its own, or its leaf's partial) and one
+    # answer down, neither larger than a full frame
     assert first_flat <= flat <= first_flat + 2 * full * resends_flat
     assert first_two <= two <= first_two + 2 * full * resends_two
+
+
+def test_two_level_state_for_bmv2_nodes():
+    """The desired state the testbed deploys to BMv2 nodes, built but not started (no
+    simple_switch_grpc here): it parses, gives each node its own gRPC and Thrift port and the
+    compiled program, and the plan puts each leaf's rack and each spine's shard in P4 rows."""
+    from controller import plan
+    from controller.state import parse
+    tb = topos.leafspine(2, 2, 4, two_level=True, switch="bmv2")
+    tb.add_job(tb.job_config())
+    try:
+        for node in tb.switches:
+            node.assign_addresses()
+        state = parse(tb.desired_state())
+        sws = list(state.switches.values())
+        assert [s.target for s in sws] == ["bmv2"] * 4
+        assert len({s.grpc for s in sws}) == len({s.thrift_port for s in sws}) == 4
+        assert all(s.p4info.endswith("spina_v1model.p4info.txtpb") for s in sws)
+        for leaf in tb.leaves:
+            rows = plan.p4_rows(state.fabric, leaf.name)
+            tables = [r[0] for r in rows.entries]
+            assert (tables.count("admission"), tables.count("leaf_upstream")) == (4, 8)
+            assert rows.jobs == {1: (0, 8, 1)}
+        for j, spine in enumerate(tb.spines):
+            rows = plan.p4_rows(state.fabric, spine.name)
+            assert [r[0] for r in rows.entries].count("admission") == 2
+            assert rows.jobs == {1: (4 * j, 4, 1)}
+    finally:
+        tb.stop()
