@@ -111,7 +111,8 @@ def test_spine_link_bytes_two_level_against_flat(spines):
     """One dense int32 all-reduce of 8 hosts in 2 racks, flat (the first spine aggregates)
     and two-level (slots sharded over the spines), no loss: the spines' interface counters
     hold every first transmission exactly once each way (N senders flat, one per rack
-    two-level, so exactly 1/4 of flat) plus at most two full frames per worker resend."""
+    two-level, so exactly 1/4 of flat) plus at most three full frames per worker resend;
+    both runs give the same sums."""
     from spina import wire
     racks, per_rack, n = 2, 4, 32768
     flat, flat_reports = spine_link_bytes(racks, spines, per_rack, False, n=n)
@@ -123,6 +124,8 @@ def test_spine_link_bytes_two_level_against_flat(spines):
         assert r["ints_exact"]
         (call,) = r["calls"]
         assert call["packets_sent"] - call["resends"] == rounds
+    # the same sums, bit for bit, on every rank of both runs
+    assert len({r["ints"] for r in flat_reports + two_reports}) == 1
     resends_flat = sum(r["calls"][0]["resends"] for r in flat_reports)
     resends_two = sum(r["calls"][0]["resends"] for r in two_reports)
     first_flat = first_transmission_bytes(racks * per_rack, n, jd)
@@ -132,10 +135,12 @@ def test_spine_link_bytes_two_level_against_flat(spines):
           f"{resends_two} resends); measured ratio {two / flat:.4f}, first transmissions "
           f"{first_two / first_flat:.4f}, target {1 / per_rack:.4f}")
     assert first_two * per_rack == first_flat
-    # a worker's resend costs at most one frame up (its own, or its leaf's partial) and one
-    # answer down, neither larger than a full frame
-    assert first_flat <= flat <= first_flat + 2 * full * resends_flat
-    assert first_two <= two <= first_two + 2 * full * resends_two
+    # A worker's resend costs at most three frames, none larger than a full one: itself up
+    # (or its leaf's partial), the answer down, and, when that answer (a duplicate) comes
+    # after the worker closed its socket, the host's ICMP port unreachable (576 bytes of IP),
+    # which a flat leaf forwards to the spine owning the switch address.
+    assert first_flat <= flat <= first_flat + 3 * full * resends_flat
+    assert first_two <= two <= first_two + 3 * full * resends_two
 
 
 def test_two_level_state_for_bmv2_nodes():
