@@ -10,11 +10,11 @@ Needs root. Every process and link it starts is removed on exit.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import pathlib
 import sys
 
+from spina import cli, wire
 from testbed import topos
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -82,14 +82,17 @@ def spine_link_bytes(leaves: int, spines: int, hosts_per_leaf: int, two_level: b
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m testbed", description=__doc__.split("\n\n")[0])
+    p = cli.ArgumentParser(prog="python -m testbed", description=__doc__.split("\n\n")[0])
     p.add_argument("topology", choices=["single", "leafspine"])
     p.add_argument("--switch", choices=["soft", "bmv2"], default="soft",
                    help="switch nodes: the software switch in L2 mode (default) or BMv2")
-    p.add_argument("--hosts", type=int, default=3, help="single: number of hosts")
-    p.add_argument("--leaves", type=int, default=2)
-    p.add_argument("--spines", type=int, default=2)
-    p.add_argument("--hosts-per-leaf", type=int, default=2)
+    # one job of every host: at most wire.MAX_WORKERS; addresses: hosts .1.., leaves .201..,
+    # spines .241.. of 10.0.0.0/24
+    p.add_argument("--hosts", type=cli.int_range(1, wire.MAX_WORKERS), default=3,
+                   help="single: number of hosts")
+    p.add_argument("--leaves", type=cli.int_range(1, wire.MAX_WORKERS), default=2)
+    p.add_argument("--spines", type=cli.int_range(1, 14), default=2)
+    p.add_argument("--hosts-per-leaf", type=cli.int_range(1, wire.MAX_WORKERS), default=2)
     p.add_argument("--two-level", action="store_true",
                    help="leafspine: each leaf aggregates its hosts, the job's slots sharded over "
                         "the spines; every switch programmed by the controller's deploy over "
@@ -115,6 +118,12 @@ def main(argv=None) -> int:
         p.error("argument --elements: must be at least 1")
     if a.topology != "leafspine" and (a.two_level or a.spine_bytes):
         p.error("argument --two-level/--spine-bytes: only for the leafspine topology")
+    if a.topology == "leafspine" and a.leaves * a.hosts_per_leaf > wire.MAX_WORKERS:
+        p.error(f"argument --leaves/--hosts-per-leaf: {a.leaves * a.hosts_per_leaf} hosts, a job "
+                f"has at most {wire.MAX_WORKERS} workers")
+    if (a.two_level or a.spine_bytes) and a.spines > topos.JOB_SIZES["nslots"]:
+        p.error(f"argument --spines: the job's {topos.JOB_SIZES['nslots']} slots are sharded "
+                f"over the spines, so at most {topos.JOB_SIZES['nslots']} spines")
     if a.spine_bytes:
         jd = topos.JOB_SIZES
         if a.elements % (jd["nlanes"] * jd["block_size"]):
