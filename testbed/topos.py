@@ -250,6 +250,7 @@ class FabricTestbed(Testbed):
     leaves: list = field(default_factory=list)
     hosts_per_leaf: int = 1
     jobs: list[dict] = field(default_factory=list)
+    reports: list = field(default_factory=list)  # the controller's deploy reports, per switch
     workdir: pathlib.Path = field(default_factory=lambda: pathlib.Path(
         tempfile.mkdtemp(prefix=f"spina-fabric{TAG}-")))
 
