@@ -1,9 +1,14 @@
 """Mininet, and the switch node classes that run SpINA in it.
 
-Each switch node's tables come from its L2 switch config (`spina_config`, the format of
-softswitch/README.md), written by the controller: the software switch programs itself with the
-controller's classes in process (`python -m softswitch l2 --config`), and a BMv2 node is
-programmed over P4Runtime by `controller.Controller` (registers through its Thrift adapter).
+A switch node gets its tables from the controller in one of two ways:
+- from its L2 switch config (`spina_config`, the format of softswitch/README.md): the software
+  switch programs itself with the controller's classes in process (`python -m softswitch l2
+  --config`), and a BMv2 node is programmed over P4Runtime by `controller.Controller` on that
+  one-switch state (registers through its Thrift adapter);
+- or, with `serve_p4runtime` set before start, the node only serves P4Runtime over gRPC on
+  loopback and the testbed's desired state (every switch of the network, with a `fabric:`
+  section) is deployed to it by `controller.Controller(state).deploy()` (topos.py,
+  two-level mode). `p4runtime_fields()` is what the desired state says about the node.
 
 Debian's `mininet` package installs the module for the system Python only; `import_mininet`
 finds it there when the running interpreter (a venv) has no `mininet` of its own, without
@@ -59,6 +64,8 @@ def switch_classes():
             params["inNamespace"] = False  # a process in the root namespace, like BMv2
             super().__init__(name, **params)
             self.spina_config: dict = {}
+            self.serve_p4runtime = False  # True: tables come from a Controller over gRPC
+            self.grpc_addr: str | None = None  # where it serves P4Runtime, once started
             self.proc: subprocess.Popen | None = None
             self.workdir = pathlib.Path(tempfile.mkdtemp(prefix=f"spina-{name}-"))
 
@@ -94,15 +101,28 @@ def switch_classes():
 
         def start(self, controllers):
             self.prepare_intfs()
-            cfg = self.workdir / "switch.json"
-            cfg.write_text(json.dumps(self.spina_config))
+            if self.serve_p4runtime:  # port 0: the switch picks a free one and prints it
+                tables = ["--grpc", "127.0.0.1:0"]
+            else:
+                cfg = self.workdir / "switch.json"
+                cfg.write_text(json.dumps(self.spina_config))
+                tables = ["--config", str(cfg)]
             log = open(self.workdir / "switch.log", "w")
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "softswitch", "l2",
-                 *self.port_args(), "--config", str(cfg)],
+                [sys.executable, "-m", "softswitch", "l2", *self.port_args(), *tables],
                 cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
             log.close()  # the child holds its own descriptor
-            self.wait_ready("switching")
+            if self.serve_p4runtime:
+                self.wait_ready("p4runtime ")
+                # the line is "p4runtime ADDR device ID"
+                line = next(x for x in self.log_text().splitlines() if x.startswith("p4runtime "))
+                self.grpc_addr = line.split()[1]
+            else:
+                self.wait_ready("switching")
+
+        def p4runtime_fields(self) -> dict:
+            """This node's fields in a desired state's `switches` entry."""
+            return {"target": "softswitch", "grpc": self.grpc_addr, "device_id": 0}
 
         def wait_ready(self, marker: str, timeout: float = 20.0) -> None:
             """Until the switch process has printed `marker` (its sockets are open)."""
@@ -120,28 +140,41 @@ def switch_classes():
         controller from the same config. Each needs its own Thrift and gRPC port."""
         next_thrift_port = 9090
 
-        def start(self, controllers):
+        def assign_addresses(self) -> None:
+            """This node's Thrift port, device id, gRPC address and program files."""
             build = ROOT / "p4src" / "build"
-            js, info = build / "spina_v1model.json", build / "spina_v1model.p4info.txtpb"
-            if not js.exists() or shutil.which("simple_switch_grpc") is None:
-                raise RuntimeError("Bmv2Switch needs `make p4` output and simple_switch_grpc")
-            self.prepare_intfs()
+            self.device_config = str(build / "spina_v1model.json")
+            self.p4info = str(build / "spina_v1model.p4info.txtpb")
             self.thrift_port = Bmv2Switch.next_thrift_port
             Bmv2Switch.next_thrift_port += 1
-            device_id, grpc_addr = self.thrift_port - 9000, f"127.0.0.1:{50000 + self.thrift_port}"
+            self.device_id = self.thrift_port - 9000
+            self.grpc_addr = f"127.0.0.1:{50000 + self.thrift_port}"
+
+        def start(self, controllers):
+            self.assign_addresses()
+            if (not os.path.exists(self.device_config)
+                    or shutil.which("simple_switch_grpc") is None):
+                raise RuntimeError("Bmv2Switch needs `make p4` output and simple_switch_grpc")
+            self.prepare_intfs()
             log = open(self.workdir / "switch.log", "w")
             self.proc = subprocess.Popen(
-                ["simple_switch_grpc", "--device-id", str(device_id),
-                 "--thrift-port", str(self.thrift_port), *self.port_args(), str(js), "--",
-                 "--grpc-server-addr", grpc_addr, "--priority-queues", "8"],
+                ["simple_switch_grpc", "--device-id", str(self.device_id),
+                 "--thrift-port", str(self.thrift_port), *self.port_args(), self.device_config,
+                 "--", "--grpc-server-addr", self.grpc_addr, "--priority-queues", "8"],
                 stdout=log, stderr=subprocess.STDOUT)
             log.close()
+            if self.serve_p4runtime:  # the testbed's Controller deploys (and waits for gRPC)
+                return
             from controller.controller import Controller
             from controller.state import from_l2_config
-            state = from_l2_config(self.spina_config, name=self.name, target="bmv2",
-                                   grpc=grpc_addr, device_id=device_id,
-                                   thrift_port=self.thrift_port, p4info=str(info),
-                                   device_config=str(js))
+            state = from_l2_config(self.spina_config, name=self.name, **self.p4runtime_fields())
             with Controller(state, timeout=20.0) as c:  # waits for the gRPC server
                 c.deploy(agent_files=False)
+
+        def p4runtime_fields(self) -> dict:
+            """This node's fields in a desired state's `switches` entry (pipeline pushed by
+            the controller, registers through simple_switch_CLI on its Thrift port)."""
+            return {"target": "bmv2", "grpc": self.grpc_addr, "device_id": self.device_id,
+                    "thrift_port": self.thrift_port, "p4info": self.p4info,
+                    "device_config": self.device_config}
     return SoftSwitch, Bmv2Switch

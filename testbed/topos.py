@@ -2,18 +2,28 @@
 
 single: one switch, N hosts (ports 1..N); the switch aggregates.
 leafspine: L leaves with H hosts each, S spines, every leaf linked to every spine (several
-paths between leaves). The first spine aggregates (it owns the INA endpoint address); leaves
-and the other spines only forward. Host-to-host traffic is spread over the spines.
-(Two-level aggregation, leaves summing their racks first, runs on UDP-mode software switches
-only so far, not in this testbed: docs/scale_out.md.)
+paths between leaves). Host-to-host traffic is spread over the spines. Flat (default): the
+first spine aggregates (it owns the INA endpoint address); leaves and the other spines only
+forward. Two-level (`two_level=True`, docs/scale_out.md): each leaf aggregates its rack (its
+hosts) and sends one partial per round to the spine owning the slot, the job's slots sharded
+over all spines; the testbed writes the whole network as one desired state with a `fabric:`
+section (`FabricTestbed.desired_state`, saved as YAML) and `controller.Controller(state)
+.deploy()` programs every switch node over P4Runtime gRPC.
 Nodes are named h<tag>n<i>, s<tag>n1, sp<tag>n<j>, lf<tag>n<i> (tag: process id mod 10000).
 
-Hosts: h<i> at 10.0.0.<i+1>/24, MAC 02:00:00:00:01:<i>; the INA endpoint is 10.0.0.100 with
-MAC 02:00:00:00:00:64 (static ARP on every host; the switches do not answer ARP).
+Hosts: h<i> at 10.0.0.<i+1>/24, MAC 02:00:00:00:01:<i>; the flat INA endpoint is 10.0.0.100
+with MAC 02:00:00:00:00:64; in two-level mode leaf i's INA address is 10.0.0.<201+i> (MAC
+02:00:00:00:02:<i>) and spine j's 10.0.0.<241+j>. Static ARP on every host; the switches do
+not answer ARP.
 """
 from __future__ import annotations
 
 import os
+import pathlib
+import re
+import shutil
+import subprocess
+import tempfile
 from dataclasses import dataclass, field
 
 from testbed.mn import import_mininet, switch_classes
@@ -23,6 +33,7 @@ SWITCH_IP, SWITCH_MAC = "10.0.0.100", "02:00:00:00:00:64"
 # a per-process tag keeps two testbeds (two CI runs) from taking each other's interfaces.
 TAG = os.getpid() % 10000
 WORKER_UDP_BASE = 50000
+JOB_SIZES = {"nslots": 8, "block_size": 32, "nlanes": 4}  # the P4 program's block and lanes
 
 
 def host_ip(i: int) -> str:
@@ -31,6 +42,29 @@ def host_ip(i: int) -> str:
 
 def host_mac(i: int) -> str:
     return f"02:00:00:00:01:{i:02x}"
+
+
+def leaf_ip(i: int) -> str:
+    return f"10.0.0.{201 + i}"
+
+
+def leaf_mac(i: int) -> str:
+    return f"02:00:00:00:02:{i:02x}"
+
+
+def spine_ip(j: int) -> str:
+    return f"10.0.0.{241 + j}"
+
+
+def drop_program(probability: float) -> str:
+    """A classic BPF program for `tc filter ... bpf bytecode`: matches a frame with the given
+    probability (the kernel's per-packet random number below probability * 2^32). The kernel
+    here has no netem and no gact; a matched frame is redirected to a device that is down,
+    which drops it."""
+    threshold = round(probability * (1 << 32))
+    rand = (1 << 32) - 0x1000 + 56  # SKF_AD_OFF + SKF_AD_RANDOM
+    # ld rand; jge threshold -> no match; ret match (-1: the default class); ret no match
+    return f"4,32 0 0 {rand},53 1 0 {threshold},6 0 0 {(1 << 32) - 1},6 0 0 0"
 
 
 @dataclass
@@ -42,10 +76,16 @@ class Testbed:
     switches: list
     # per host index: the aggregating switch's port that reaches it
     agg_ports: list[int] = field(default_factory=list)
+    spines: list = field(default_factory=list)  # leafspine: the spine nodes
+    _blackhole: str | None = None  # the down veth that random drops are redirected to
+
+    def switch_of(self, i: int, jd: dict) -> tuple[dict, tuple[str, int]]:
+        """(the job as host i's agent sees it, its switch's INA address and UDP port)."""
+        return jd, (SWITCH_IP, 47000)
 
     def job_config(self, job: int = 1, **fields) -> dict:
         """A JobConfig dict for all hosts (P4 sizes unless overridden)."""
-        d = {"job": job, "nslots": 8, "block_size": 32, "nlanes": 4, **fields}
+        d = {"job": job, **JOB_SIZES, **fields}
         d["workers"] = [{"host": host_ip(i), "port": WORKER_UDP_BASE + i}
                         for i in range(len(self.hosts))]
         return d
@@ -67,7 +107,61 @@ class Testbed:
             h.cmd(f"ethtool -K {h.defaultIntf()} tx off")
 
     def stop(self) -> None:
-        self.net.stop()
+        try:
+            self.net.stop()
+        finally:
+            if self._blackhole:
+                subprocess.run(["ip", "link", "del", self._blackhole], capture_output=True)
+                self._blackhole = None
+
+    def spine_links(self) -> list[str]:
+        """The spines' interfaces (root namespace): every leaf-spine link once."""
+        return [intf.name for sp in self.spines for intf in sp.intfList() if intf.name != "lo"]
+
+    def drop_randomly(self, probability: float) -> None:
+        """Drop `probability` of the frames on every link, each direction once (after
+        `start`): a host's sends by iptables in its namespace (statistic match), a switch
+        node's sends by a tc filter on each of its interfaces (a switch node's raw sockets
+        bypass netfilter; see drop_program)."""
+        for h in self.hosts:
+            out = h.cmd(f"iptables -A OUTPUT -o {h.defaultIntf()} -m statistic --mode random "
+                        f"--probability {probability} -j DROP && echo added")
+            if "added" not in out:
+                raise RuntimeError(f"{h.name}: iptables failed: {out.strip()}")
+        self._blackhole = f"bh{TAG}a"
+        subprocess.run(["ip", "link", "add", self._blackhole, "type", "veth", "peer", "name",
+                        f"bh{TAG}b"], check=True, capture_output=True)
+        for sw in self.switches:
+            for intf in sw.intfList():
+                if intf.name == "lo":
+                    continue
+                for cmd in (["tc", "qdisc", "add", "dev", intf.name, "clsact"],
+                            ["tc", "filter", "add", "dev", intf.name, "egress", "bpf",
+                             "bytecode", drop_program(probability), "action", "mirred",
+                             "egress", "redirect", "dev", self._blackhole]):
+                    r = subprocess.run(cmd, capture_output=True, text=True)
+                    if r.returncode != 0:
+                        raise RuntimeError(f"{' '.join(cmd)}: {r.stderr.strip()}")
+
+    def dropped_frames(self) -> tuple[int, int]:
+        """(frames the hosts' iptables rules dropped, frames the switch nodes' tc filters
+        dropped) since `drop_randomly`."""
+        hosts = 0
+        for h in self.hosts:
+            for line in h.cmd("iptables -L OUTPUT -v -n -x").splitlines():
+                fields = line.split()
+                if len(fields) > 2 and fields[2] == "DROP" and "statistic" in line:
+                    hosts += int(fields[0])
+        switches = 0
+        for sw in self.switches:
+            for intf in sw.intfList():
+                if intf.name == "lo":
+                    continue
+                out = subprocess.run(["tc", "-s", "filter", "show", "dev", intf.name, "egress"],
+                                     capture_output=True, text=True).stdout
+                m = re.search(r"Sent \d+ bytes (\d+) pkt", out)  # the mirred action's count
+                switches += int(m.group(1)) if m else 0
+        return hosts, switches
 
 
 def _network(switch: str):
@@ -110,9 +204,11 @@ def single(net, nhosts: int = 3) -> Testbed:
 
 
 @_stop_on_error
-def leafspine(net, leaves: int = 2, spines: int = 2, hosts_per_leaf: int = 2) -> Testbed:
-    """L leaves (hosts on ports 1..H, spine j on port H+1+j), S spines (leaf i on port i+1);
-    the first spine aggregates (`switch=` soft or bmv2)."""
+def leafspine(net, leaves: int = 2, spines: int = 2, hosts_per_leaf: int = 2,
+              two_level: bool = False) -> Testbed:
+    """L leaves (hosts on ports 1..H, spine j on port H+1+j), S spines (leaf i on port i+1).
+    Flat: the first spine aggregates. Two-level: a FabricTestbed, each leaf aggregates its
+    hosts, the spines their shares of the slots (`switch=` soft or bmv2)."""
     n = leaves * hosts_per_leaf
     hosts = _add_hosts(net, n)
     sp = [net.addSwitch(f"sp{TAG}n{j + 1}") for j in range(spines)]
@@ -124,6 +220,11 @@ def leafspine(net, leaves: int = 2, spines: int = 2, hosts_per_leaf: int = 2) ->
         for j, spine in enumerate(sp):
             net.addLink(leaf, spine, port1=hosts_per_leaf + 1 + j, port2=i + 1)
     net.build()
+    if two_level:
+        for node in sp + lf:
+            node.serve_p4runtime = True
+        return FabricTestbed(net, hosts, None, sp + lf, spines=sp, leaves=lf,
+                             hosts_per_leaf=hosts_per_leaf)
     for i, leaf in enumerate(lf):
         l2 = []
         for k in range(n):
@@ -137,4 +238,121 @@ def leafspine(net, leaves: int = 2, spines: int = 2, hosts_per_leaf: int = 2) ->
         spine.spina_config = {"l2": [{"mac": host_mac(k), "port": leaf_of[k] + 1}
                                      for k in range(n)]}
     sp[0].spina_config["endpoints"] = [SWITCH_IP]
-    return Testbed(net, hosts, sp[0], sp + lf, [leaf_of[k] + 1 for k in range(n)])
+    return Testbed(net, hosts, sp[0], sp + lf, [leaf_of[k] + 1 for k in range(n)], spines=sp)
+
+
+@dataclass
+class FabricTestbed(Testbed):
+    """leafspine in two-level mode. `add_job` makes a job of every host, its racks the leaves,
+    its slots sharded over the spines in contiguous ranges; `start` starts the switch nodes
+    (P4Runtime servers without tables), writes `desired_state()` to `state_path` and deploys
+    it with the controller, which also writes each rank's assignment into `agents_dir`."""
+    leaves: list = field(default_factory=list)
+    hosts_per_leaf: int = 1
+    jobs: list[dict] = field(default_factory=list)
+    reports: list = field(default_factory=list)  # the controller's deploy reports, per switch
+    workdir: pathlib.Path = field(default_factory=lambda: pathlib.Path(
+        tempfile.mkdtemp(prefix=f"spina-fabric{TAG}-")))
+
+    @property
+    def state_path(self) -> pathlib.Path:
+        return self.workdir / "spina.yaml"
+
+    @property
+    def agents_dir(self) -> pathlib.Path:
+        return self.workdir / "agents"
+
+    def add_job(self, jd: dict) -> None:
+        """A two-level job of all hosts (before `start`; the controller writes it)."""
+        self.jobs.append(dict(jd))
+
+    def switch_of(self, i: int, jd: dict) -> tuple[dict, tuple[str, int]]:
+        """Host i's assignment as the controller wrote it: the job, and its rack's leaf."""
+        from spina.config import Assignment, job_to_dict
+        a = Assignment.load(self.agents_dir / f"job{jd['job']}-rank{i}.json")
+        return job_to_dict(a.job), a.switch
+
+    def shards(self, jd: dict) -> list[dict]:
+        """The job's slots in contiguous ranges, one per spine (the first ones one larger
+        when the spines do not divide them)."""
+        base, n, s = jd.get("slot_base", 0), jd["nslots"], len(self.spines)
+        if n < s:
+            raise ValueError(f"job {jd['job']}: {n} slots cannot be sharded over {s} spines")
+        out = []
+        for j, spine in enumerate(self.spines):
+            k = n // s + (j < n % s)
+            out.append({"spine": spine.name, "slot_base": base, "nslots": k})
+            base += k
+        return out
+
+    def desired_state(self) -> dict:
+        """The whole network as the controller's desired state (controller/README.md,
+        docs/scale_out.md): switches with their gRPC addresses and forwarding, the hosts as
+        workers on their leaves, the fabric (racks = leaves, spines, the jobs sharded over the
+        spines, every leaf-spine link's ports and MACs as mininet made them)."""
+        h, nleaves, nspines = self.hosts_per_leaf, len(self.leaves), len(self.spines)
+        n = len(self.hosts)
+        switches = []
+        for i, leaf in enumerate(self.leaves):
+            # local hosts: the controller adds their l2 entries (workers); remote hosts are
+            # spread over the spines, as in flat mode
+            remote = [{"mac": host_mac(k), "port": h + 1 + (k + i) % nspines}
+                      for k in range(n) if k // h != i]
+            switches.append({"name": leaf.name, **leaf.p4runtime_fields(),
+                             "address": leaf_ip(i), "ports": list(range(1, h + nspines + 1)),
+                             "l2": remote})
+        for j, spine in enumerate(self.spines):
+            switches.append({"name": spine.name, **spine.p4runtime_fields(),
+                             "address": spine_ip(j), "ports": list(range(1, nleaves + 1)),
+                             "l2": [{"mac": host_mac(k), "port": k // h + 1} for k in range(n)]})
+        workers = [{"name": f"w{k}", "ip": host_ip(k), "udp_port": WORKER_UDP_BASE + k,
+                    "switch_port": k % h + 1, "mac": host_mac(k),
+                    "switch": self.leaves[k // h].name} for k in range(n)]
+        racks = [{"name": f"rack{i}", "leaf": leaf.name,
+                  "workers": [f"w{k}" for k in range(i * h, (i + 1) * h)]}
+                 for i, leaf in enumerate(self.leaves)]
+        jobs = []
+        for jd in self.jobs:
+            if [w["port"] for w in jd["workers"]] != [WORKER_UDP_BASE + k for k in range(n)]:
+                raise ValueError(f"job {jd['job']}: two-level jobs have every host as a worker "
+                                 "(job_config())")
+            jobs.append({"id": jd["job"], "racks": [r["name"] for r in racks],
+                         "slot_base": jd.get("slot_base", 0), "nslots": jd["nslots"],
+                         "block_size": jd["block_size"], "nlanes": jd["nlanes"],
+                         "epoch": jd.get("epoch", 1), "shards": self.shards(jd)})
+        links = [{"leaf": leaf.name, "leaf_port": h + 1 + j,
+                  "leaf_mac": leaf.intfs[h + 1 + j].MAC(), "spine": spine.name,
+                  "spine_port": i + 1, "spine_mac": spine.intfs[i + 1].MAC()}
+                 for i, leaf in enumerate(self.leaves) for j, spine in enumerate(self.spines)]
+        return {"switches": switches, "workers": workers, "agents_dir": "agents",
+                "fabric": {"racks": racks, "spines": [s.name for s in self.spines],
+                           "jobs": jobs, "links": links}}
+
+    def start(self) -> None:
+        import yaml
+        from controller.controller import Controller
+        from controller.state import load
+        super().start()
+        for k, host in enumerate(self.hosts):
+            i = k // self.hosts_per_leaf
+            host.cmd(f"ip neigh replace {leaf_ip(i)} lladdr {leaf_mac(i)} "
+                     f"dev {host.defaultIntf()} nud permanent")
+        self.state_path.write_text(yaml.safe_dump(self.desired_state(), sort_keys=False))
+        with Controller(load(self.state_path), timeout=20.0) as ctl:
+            self.reports = ctl.deploy()
+
+    def stop(self) -> None:
+        try:
+            super().stop()
+        finally:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def link_bytes(intfs: list[str]) -> int:
+    """Bytes sent plus received so far on these root-namespace interfaces (their kernel
+    counters: each frame on a link counts once, at the end it leaves or enters by)."""
+    total = 0
+    for name in intfs:
+        for d in ("tx_bytes", "rx_bytes"):
+            total += int(pathlib.Path(f"/sys/class/net/{name}/statistics/{d}").read_text())
+    return total

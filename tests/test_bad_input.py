@@ -140,6 +140,25 @@ def test_softswitch_cli(args, names, files):
     assert_one_line_error(run_cli("softswitch", args, files), names)
 
 
+# --------------------------------------------------------------------------- python -m testbed
+# (argument checks only: these fail before mininet or root is needed)
+TESTBED_CASES = [
+    (["leafspine", "--spines", "0"], "--spines"),
+    (["leafspine", "--two-level", "--spines", "9"], "--spines"),
+    (["leafspine", "--leaves", "9", "--hosts-per-leaf", "4"], "--leaves/--hosts-per-leaf"),
+    (["leafspine", "--loss", "1.5"], "--loss"),
+    (["leafspine", "--density", "0"], "--density"),
+    (["leafspine", "--spine-bytes", "--elements", "100"], "--elements"),
+    (["single", "--two-level"], "--two-level"),
+]
+
+
+@pytest.mark.parametrize("args,names", TESTBED_CASES, ids=[" ".join(a) for a, _ in TESTBED_CASES])
+def test_testbed_cli(args, names, files):
+    """`python -m testbed ARGS` exits 2 with one line naming the option."""
+    assert_one_line_error(run_cli("testbed", args, files), names)
+
+
 # --------------------------------------------------------------------------- python -m host_agent
 HOST_AGENT_CASES = [
     (["launch", "--nworkers", "0", "--job-file", "j.json"], "--nworkers"),

@@ -15,7 +15,7 @@ import pytest
 
 try:
     from testbed import topos
-    from testbed.__main__ import run_allreduce
+    from testbed.__main__ import first_transmission_bytes, run_allreduce, spine_link_bytes
     from testbed.mn import import_mininet
     import_mininet()
     WHY = None if os.geteuid() == 0 else "needs root"
@@ -73,5 +73,100 @@ def test_leaf_spine_allreduce_and_forwarding():
         assert _udp_reaches(tb.hosts[0], tb.hosts[3])  # ordinary forwarding across leaves
         assert _udp_reaches(tb.hosts[3], tb.hosts[1])
         _check(run_allreduce(tb, jd, n=6000), 4)
+    finally:
+        tb.stop()
+
+
+@pytest.mark.parametrize("racks,density", [(2, 0.01), (2, 1.0), (4, 0.01), (4, 1.0)])
+def test_two_level_allreduce_exact_under_loss(racks, density):
+    """Racks of 4 hosts, 2 spines, the job's 8 slots sharded over both; every switch node
+    programmed by the controller's deploy over P4Runtime gRPC; 1% of the frames dropped on
+    every link in each direction: one int32 and one float32 all-reduce per host are exact
+    and bit-identical on all ranks."""
+    from controller.state import load
+    tb = topos.leafspine(racks, 2, 4, two_level=True)
+    jd = tb.job_config()
+    tb.add_job(jd)
+    try:
+        tb.start()
+        state = load(tb.state_path)  # what the controller deployed: the testbed's YAML file
+        levels = state.fabric.levels
+        assert sorted(levels.values()) == ["leaf"] * racks + ["spine"] * 2
+        assert [s.nslots for s in state.fabric.jobs[1].shards] == [4, 4]
+        assert all(r.changed for r in tb.reports)
+        tb.drop_randomly(0.01)
+        reports = run_allreduce(tb, jd, n=65536, density=density)
+        hosts_dropped, switches_dropped = tb.dropped_frames()
+        print(f"{racks} racks x 4, density {density}: frames dropped by hosts "
+              f"{hosts_dropped}, by switches {switches_dropped}; resends "
+              f"{sum(c['resends'] for r in reports for c in r['calls'])}")
+        assert hosts_dropped > 0 and switches_dropped > 0
+        _check(reports, racks * 4)
+    finally:
+        tb.stop()
+
+
+@pytest.mark.parametrize("spines", [1, 2])
+def test_spine_link_bytes_two_level_against_flat(spines):
+    """One dense int32 all-reduce of 8 hosts in 2 racks, flat (the first spine aggregates)
+    and two-level (slots sharded over the spines), no loss: the spines' interface counters
+    hold every first transmission exactly once each way (N senders flat, one per rack
+    two-level, so exactly 1/4 of flat) plus at most three full frames per worker resend;
+    both runs give the same sums."""
+    from spina import wire
+    racks, per_rack, n = 2, 4, 32768
+    flat, flat_reports = spine_link_bytes(racks, spines, per_rack, False, n=n)
+    two, two_reports = spine_link_bytes(racks, spines, per_rack, True, n=n)
+    jd = topos.JOB_SIZES
+    full = 14 + 20 + 8 + wire.packet_len(jd["nlanes"], jd["block_size"], jd["nlanes"])
+    rounds = n // (jd["nlanes"] * jd["block_size"]) + jd["nslots"]  # data + one setup per slot
+    for r in flat_reports + two_reports:
+        assert r["ints_exact"]
+        (call,) = r["calls"]
+        assert call["packets_sent"] - call["resends"] == rounds
+    # the same sums, bit for bit, on every rank of both runs
+    assert len({r["ints"] for r in flat_reports + two_reports}) == 1
+    resends_flat = sum(r["calls"][0]["resends"] for r in flat_reports)
+    resends_two = sum(r["calls"][0]["resends"] for r in two_reports)
+    first_flat = first_transmission_bytes(racks * per_rack, n, jd)
+    first_two = first_transmission_bytes(racks, n, jd)
+    print(f"{spines} spine(s): spine-link bytes flat {flat} (first transmissions {first_flat}, "
+          f"{resends_flat} resends), two-level {two} (first transmissions {first_two}, "
+          f"{resends_two} resends); measured ratio {two / flat:.4f}, first transmissions "
+          f"{first_two / first_flat:.4f}, target {1 / per_rack:.4f}")
+    assert first_two * per_rack == first_flat
+    # A worker's resend costs at most three frames, none larger than a full one: itself up
+    # (or its leaf's partial), the answer down, and, when that answer (a duplicate) comes
+    # after the worker closed its socket, the host's ICMP port unreachable (576 bytes of IP),
+    # which a flat leaf forwards to the spine owning the switch address.
+    assert first_flat <= flat <= first_flat + 3 * full * resends_flat
+    assert first_two <= two <= first_two + 3 * full * resends_two
+
+
+def test_two_level_state_for_bmv2_nodes():
+    """The desired state the testbed deploys to BMv2 nodes, built but not started (no
+    simple_switch_grpc here): it parses, gives each node its own gRPC and Thrift port and the
+    compiled program, and the plan puts each leaf's rack and each spine's shard in P4 rows."""
+    from controller import plan
+    from controller.state import parse
+    tb = topos.leafspine(2, 2, 4, two_level=True, switch="bmv2")
+    tb.add_job(tb.job_config())
+    try:
+        for node in tb.switches:
+            node.assign_addresses()
+        state = parse(tb.desired_state())
+        sws = list(state.switches.values())
+        assert [s.target for s in sws] == ["bmv2"] * 4
+        assert len({s.grpc for s in sws}) == len({s.thrift_port for s in sws}) == 4
+        assert all(s.p4info.endswith("spina_v1model.p4info.txtpb") for s in sws)
+        for leaf in tb.leaves:
+            rows = plan.p4_rows(state.fabric, leaf.name)
+            tables = [r[0] for r in rows.entries]
+            assert (tables.count("admission"), tables.count("leaf_upstream")) == (4, 8)
+            assert rows.jobs == {1: (0, 8, 1)}
+        for j, spine in enumerate(tb.spines):
+            rows = plan.p4_rows(state.fabric, spine.name)
+            assert [r[0] for r in rows.entries].count("admission") == 2
+            assert rows.jobs == {1: (4 * j, 4, 1)}
     finally:
         tb.stop()
