@@ -619,7 +619,7 @@ class Agent:
             sock.settimeout(tick)
             self.last_stats = call.finish(time.perf_counter() - t0)  # also for a failed call
             self.foreign_packets += call.stats.foreign_packets
-        self.rtt.call_done(rec.spurious_timeouts)
+        self.rtt.call_done(rec.spurious_timeouts, rec.spurious_fast)
         self._dense = 2 * call.stats.nonzero_blocks > call.nblocks  # the next call's guess
         return call.out
 

@@ -128,3 +128,28 @@ def test_timeout_resends_the_late_rounds_and_doubles_until_a_result():
     rec.resent(a, now - 0.005)
     rec.resent(b, now - 0.004)
     assert rec.due(flying[:2], now, idle=True) == [("a", a)]
+
+
+def test_spurious_fast_retransmits_widen_the_reorder_window():
+    """Rounds completing out of send order (slots at different spines): a fast retransmit whose
+    round's result then comes twice was spurious and widens the reorder window by srtt/4, up to
+    srtt (RFC 8985 6.2); a timeout found spurious does not; 16 calls in order reset it."""
+    rec, (a, b, c) = _recovery()  # srtt 10 ms: window 2.5 ms
+    assert rec.rtt.reorder_window == 0.0025
+    rec.sent(a, 0.0)
+    rec.sent(b, 0.001)
+    rec.result(b, 1, 0.011, multicast=True, partial=False)  # b overtakes a
+    assert rec.due([("a", a)], 0.0141, idle=False) == [("a", a)]  # 10 ms + 2.5 ms after
+    rec.resent(a, 0.0141)
+    rec.result(a, 1, 0.015, multicast=True, partial=False)   # a's own result, late
+    rec.late_result(a, 1)                                    # then the resend's: spurious
+    assert (rec.spurious, rec.spurious_fast) == (1, 1)
+    srtt = rec.rtt.srtt
+    assert rec.rtt.reorder_window == 2 * srtt / 4
+    for _ in range(5):
+        rec.rtt.spurious_fast_retransmit()
+    assert rec.rtt.reorder_window == srtt  # at most srtt
+    for i in range(16):
+        assert rec.rtt.reorder_window == srtt
+        rec.rtt.call_done(0, 0)
+    assert rec.rtt.reorder_window == srtt / 4
