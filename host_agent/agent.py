@@ -591,10 +591,13 @@ class Agent:
         sock = self.sock
         tick = min(0.1, self.job.loss_deadline) if self.job.bounded_loss else 0.1
         # Non-blocking, select() only when nothing is waiting: a socket timeout would cost a
-        # poll() before every recv and send. Lost rounds are looked for at most every `every`
-        # seconds, also while results stream in (fast retransmit needs no idle socket).
+        # poll() before every recv and send. Lost rounds are looked for when recovery's next
+        # deadline comes (Recovery.wait; at most `every` apart, as a later latency sample may
+        # shorten the timeout; every 1 ms with bounded loss, whose flush deadlines wait()
+        # does not track), and at once when a round completes out of send order (fast
+        # retransmit needs no idle socket).
         sock.settimeout(0.0)
-        every = 0.001
+        every = 0.001 if self.job.bounded_loss else min(MIN_RTO, self.rtt.min_rto)
         rec = call.recovery
         job = self.job
         try:
@@ -607,7 +610,7 @@ class Agent:
             # result or status of this job, epoch, call and one of its slots (checked in C)
             source = (self._switch_ip, self.switch[1], job.job, job.epoch, self.call_id,
                       job.slot_base, len(call.slots))
-            next_check = time.monotonic() + every
+            next_check = time.monotonic() + 0.001
             while pending:
                 try:
                     received, foreign, malformed, answers = recv(fd, ring, _RING_STRIDE, *source)
@@ -617,10 +620,10 @@ class Agent:
                     if not received:  # idle: resend what is due, wait for an answer or a timer
                         now = time.monotonic()
                         rec.drained(now)
-                        if now >= next_check:
+                        if now >= next_check or rec.recheck:
                             wait = call.resend_due(True, tick, self.timeout, self.switch)
                             self._flush(call)
-                            next_check = now + every
+                            next_check = now + min(wait, every)
                         else:
                             wait = next_check - now
                         select.select((sock,), (), (), wait)
@@ -633,10 +636,10 @@ class Agent:
                         if call.answer(views[a[_A_INDEX]], a):
                             pending -= 1
                     self._flush(call)
-                if received < 0 or time.monotonic() >= next_check:
-                    call.resend_due(False, tick, self.timeout, self.switch)
+                if received < 0 or rec.recheck or time.monotonic() >= next_check:
+                    wait = call.resend_due(False, tick, self.timeout, self.switch)
                     self._flush(call)
-                    next_check = time.monotonic() + every
+                    next_check = time.monotonic() + min(wait, every)
         finally:
             sock.settimeout(tick)
             self.last_stats = call.finish(time.perf_counter() - t0)  # also for a failed call
