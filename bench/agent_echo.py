@@ -57,7 +57,8 @@ def load_baseline(path: str):
         if name.endswith(".py"):
             p = os.path.join(dst, name)
             with open(p) as f:
-                src = re.sub(r"\bhost_agent\.", "host_agent_baseline.", f.read())
+                # both `host_agent.x` and `from host_agent import _core` (its own compiled core)
+                src = re.sub(r"\bhost_agent(?=\.|\s+import\b)", "host_agent_baseline", f.read())
             with open(p, "w") as f:
                 f.write(src)
     sys.path.insert(0, tmp)

@@ -77,11 +77,11 @@ def main(argv=None) -> int:
                 f.write(top(path, "cumulative", a.top))
         calls = {fn: ncalls(sw, fn) for fn in ("process_into", "_result_into", "sendto",
                                                "recvfrom_into", "header_error", "_process")}
-        acalls = {fn: ncalls(agent, fn) for fn in ("allreduce", "on_answer", "_next_round",
-                                                   "_deliver", "_send",
-                                                   "recvfrom_into", "sendto", "_accept",
-                                                   "scan_float_blocks", "fill_round", "deliver",
-                                                   "resend_due", "build", "select")}
+        acalls = {fn: ncalls(agent, fn) for fn in ("allreduce", "answer", "on_answer",
+                                                   "_next_round", "_queue", "recv_answers",
+                                                   "send_batch", "_flush", "scan_float_blocks",
+                                                   "fill_round", "deliver", "resend_due",
+                                                   "build", "select")}
         summary["profile"][f"{d:g}"] = dict(
             point=str(p),
             plain=dict(median_s=sorted(plain["times"])[len(plain["times"]) // 2],

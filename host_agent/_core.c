@@ -1,30 +1,67 @@
-/* The host agent's per-datagram data work, compiled (issue 12, item 2).
+/* The host agent's per-datagram work and its socket calls, compiled (issue 12, item 2).
  *
- * Two steps, one C call each per datagram, each reading and writing every byte once:
+ * Per datagram, one C call per direction, each reading and writing every byte once:
  *
- *   fill_round  a contribution's body: per lane, is this worker's next own block the round's
- *               agreed position? then gather it from the tensor (the partial last block
- *               zero-padded, NaN/Inf as 0 in a block reported non-finite), quantize
- *               (x * 2**shift, rounded half to even) and store big-endian into the datagram;
- *               the lane's next own position after it goes into `next`.
- *   deliver     a result's body: dequantize each present lane's int32 sum (to float32, then
+ *   fill_round  a contribution: per lane, is this worker's next own block the round's agreed
+ *               position? then gather it from the tensor (the partial last block zero-padded,
+ *               NaN/Inf as 0 in a block reported non-finite), quantize (x * 2**shift, rounded
+ *               half to even) and store big-endian into the datagram; the lane's next own
+ *               position after it goes into `next`; the header's per-round fields (flags,
+ *               priority, round, exponent, present, nonfinite) are patched into the call's
+ *               template, which the agent packs once per call.
+ *   deliver     a result: dequantize each present lane's int32 sum (to float32, then
  *               * 2**-shift) and write it to its block of the output; NaN into the blocks a
- *               worker reported non-finite.
+ *               worker reported non-finite; then the result's `next` positions become the
+ *               slot's next round.
  *
- * The header is packed by the agent (struct), so a packet's priority and flags stay a Python
- * decision. The numpy forms in host_agent/blocks.py (quantize, dequantize, gather_blocks,
- * scatter_blocks) are the reference: tests/test_core.py checks both give identical bytes.
+ * Per batch: recv_answers reads every datagram waiting (one recvmmsg) and checks each
+ * (source address and port, the header checks of spina/wire.py header_error, job, epoch,
+ * call, slot), handing the agent the answers' fields; send_batch sends the datagrams the
+ * agent queued (one sendmmsg). Which packet gets which priority and flags, and all of loss
+ * recovery, stay Python decisions (host_agent/agent.py, recovery.py, dlcp.py).
+ *
+ * The numpy forms in host_agent/blocks.py (quantize, dequantize, gather_blocks,
+ * scatter_blocks) and spina/wire.py (HEADER_STRUCT, header_error) are the reference:
+ * tests/test_core.py checks both give identical bytes and verdicts.
  * Layout of a datagram: spina/wire.py (48-byte header, nlanes u32 `next`, present rows).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <errno.h>
 #include <math.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #define HEADER_LEN 48
 #define MAX_LANES 64
 #define END_POS 0xFFFFFFFFu
+/* spina/wire.py: byte offsets of the header fields (tests/test_core.py checks them against
+ * wire.FIELD_OFFSET), message types and flags */
+#define OFF_VERSION 0
+#define OFF_MSG_TYPE 1
+#define OFF_FLAGS 2
+#define OFF_PRIORITY 3
+#define OFF_JOB 4
+#define OFF_EPOCH 6
+#define OFF_CALL 8
+#define OFF_SLOT 12
+#define OFF_RANK 14
+#define OFF_NLANES 15
+#define OFF_ROUND 16
+#define OFF_LENGTH 20
+#define OFF_BLOCK_SIZE 24
+#define OFF_EXPONENT 26
+#define OFF_BITMAP 28
+#define OFF_PRESENT 32
+#define OFF_NONFINITE 40
+#define WIRE_VERSION 1
+#define MSG_CONTRIB 1
+#define MSG_STATUS 3
+#define MAX_WORKERS 32
+#define FLAG_LAST 0x04
 
 static inline void store_be32(unsigned char *p, uint32_t v) {
     v = __builtin_bswap32(v);
@@ -35,6 +72,41 @@ static inline uint32_t load_be32(const unsigned char *p) {
     uint32_t v;
     memcpy(&v, p, 4);
     return __builtin_bswap32(v);
+}
+
+static inline void store_be16(unsigned char *p, uint16_t v) {
+    v = __builtin_bswap16(v);
+    memcpy(p, &v, 2);
+}
+
+static inline void store_be64(unsigned char *p, uint64_t v) {
+    v = __builtin_bswap64(v);
+    memcpy(p, &v, 8);
+}
+
+static inline uint64_t load_be64(const unsigned char *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return __builtin_bswap64(v);
+}
+
+static inline uint16_t load_be16(const unsigned char *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return __builtin_bswap16(v);
+}
+
+/* The per-round fields of a contribution's header (offsets: spina/wire.py HEADER_FIELDS; the
+ * rest of the header is the call's template, packed once by the agent). */
+static void write_header(unsigned char *h, int flags, int priority, uint32_t round_, int exponent,
+                         uint64_t present, uint64_t nonfinite) {
+    h[OFF_FLAGS] = (unsigned char)flags;
+    h[OFF_PRIORITY] = (unsigned char)priority;
+    store_be32(h + OFF_ROUND, round_);
+    store_be16(h + OFF_EXPONENT, (uint16_t)(int16_t)exponent);
+    store_be32(h + OFF_BITMAP, 0);
+    store_be64(h + OFF_PRESENT, present);
+    store_be64(h + OFF_NONFINITE, nonfinite);
 }
 
 /* x * 2**shift in float32, exact as blocks._scale: a multiply by the power of two where it
@@ -127,9 +199,12 @@ static void release(Buf *bufs, int n) {
 }
 
 PyDoc_STRVAR(fill_round_doc,
-"fill_round(datagram, flat, pos_ext, ptr, pos, nonfinite, lane0, shift, integer, block_size)\n"
-"    -> (present, nonfinite_bits, nrows, last)\n\n"
-"Write one contribution's `next` positions and data rows into `datagram` (after its header).\n"
+"fill_round(datagram, flat, pos_ext, ptr, pos, nonfinite, lane0, shift, integer, block_size,\n"
+"           round, flags, priority, exponent) -> (present, nonfinite_bits, nrows, last)\n\n"
+"Write one contribution's `next` positions and data rows into `datagram` (after its header),\n"
+"and its header's per-round fields: flags (| LAST when nothing more follows), priority, round,\n"
+"exponent, bitmap 0, present, nonfinite; the other header fields are the call's template,\n"
+"packed once (the agent's _Call). pos None: a setup round (next positions only, no rows).\n"
 "flat: the tensor (float32, or int32 if integer); pos_ext: int64 plan positions lane by lane,\n"
 "each lane followed by the sentinel -1; ptr: int64 per lane, index into pos_ext of the lane's\n"
 "first block not yet sent (advanced in place past the blocks sent now); pos: int64 per lane,\n"
@@ -142,24 +217,33 @@ static PyObject *fill_round(PyObject *self, PyObject *const *args, Py_ssize_t na
     Buf b[6];
     memset(b, 0, sizeof b);
     PyObject *result = NULL;
-    if (nargs != 10) {
-        PyErr_SetString(PyExc_TypeError, "fill_round takes 10 arguments");
+    if (nargs != 14) {
+        PyErr_SetString(PyExc_TypeError, "fill_round takes 14 arguments");
         return NULL;
     }
     long long lane0 = PyLong_AsLongLong(args[6]);
     long shift = PyLong_AsLong(args[7]);
     int integer = PyObject_IsTrue(args[8]);
     Py_ssize_t bs = PyLong_AsSsize_t(args[9]);
+    unsigned long round_ = PyLong_AsUnsignedLong(args[10]);
+    long flags = PyLong_AsLong(args[11]), priority = PyLong_AsLong(args[12]);
+    long exponent = PyLong_AsLong(args[13]);
     if (PyErr_Occurred() || integer < 0)
         return NULL;
+    if (round_ > 0xFFFFFFFFul || flags < 0 || flags > 255 || priority < 0 || priority > 255
+        || exponent < -32768 || exponent > 32767) {
+        PyErr_SetString(PyExc_ValueError, "fill_round: round, flags, priority or exponent outside its field");
+        return NULL;
+    }
+    int setup = args[4] == Py_None;
     if (get_buf(args[0], &b[0], 1, 0, "datagram") || get_buf(args[1], &b[1], 0, 4, "flat")
         || get_buf(args[2], &b[2], 0, 8, "pos_ext") || get_buf(args[3], &b[3], 1, 8, "ptr")
-        || get_buf(args[4], &b[4], 0, 8, "pos")
+        || (!setup && get_buf(args[4], &b[4], 0, 8, "pos"))
         || (args[5] != Py_None && get_buf(args[5], &b[5], 0, 1, "nonfinite")))
         goto done;
     Py_ssize_t k = b[3].view.len / 8, n = b[1].view.len / 4, m = b[2].view.len / 8;
     Py_ssize_t nf_len = b[5].held ? b[5].view.len : 0;
-    if (k < 1 || k > MAX_LANES || b[4].view.len != 8 * k || bs < 1) {
+    if (k < 1 || k > MAX_LANES || (!setup && b[4].view.len != 8 * k) || bs < 1) {
         PyErr_SetString(PyExc_ValueError, "fill_round: ptr and pos need 1..64 lanes each, block_size >= 1");
         goto done;
     }
@@ -176,7 +260,7 @@ static PyObject *fill_round(PyObject *self, PyObject *const *args, Py_ssize_t na
     const char *flat = (const char *)b[1].view.buf;
     const int64_t *pos_ext = (const int64_t *)b[2].view.buf;
     int64_t *ptr = (int64_t *)b[3].view.buf;
-    const int64_t *pos = (const int64_t *)b[4].view.buf;
+    const int64_t *pos = setup ? NULL : (const int64_t *)b[4].view.buf;
     const unsigned char *nonfinite = b[5].held ? (const unsigned char *)b[5].view.buf : NULL;
     float factor = pow2_f32((int)shift);
     uint64_t present = 0, nf_bits = 0;
@@ -189,7 +273,7 @@ static PyObject *fill_round(PyObject *self, PyObject *const *args, Py_ssize_t na
             goto done;
         }
         int64_t own = pos_ext[p];
-        if (own >= 0 && own == pos[i]) {
+        if (pos && own >= 0 && own == pos[i]) {
             if (own * bs >= n) {
                 PyErr_Format(PyExc_IndexError, "fill_round: block %lld outside the tensor", (long long)own);
                 goto done;
@@ -221,6 +305,8 @@ static PyObject *fill_round(PyObject *self, PyObject *const *args, Py_ssize_t na
         store_be32(dgram + HEADER_LEN + 4 * i, next < 0 ? END_POS : (uint32_t)next);
         last &= next < 0;
     }
+    write_header(dgram, (int)flags | (last ? FLAG_LAST : 0), (int)priority, (uint32_t)round_,
+                 (int)exponent, present, nf_bits);
     result = Py_BuildValue("(KKnO)", (unsigned long long)present, (unsigned long long)nf_bits,
                            nrows, last ? Py_True : Py_False);
 done:
@@ -229,10 +315,12 @@ done:
 }
 
 PyDoc_STRVAR(deliver_doc,
-"deliver(datagram, out, pos, present, nonfinite, shift, integer, block_size)\n\n"
+"deliver(datagram, out, pos, present, nonfinite, shift, integer, block_size) -> done\n\n"
 "Write a result's rows into `out` (float32, or int32 if integer): the i-th present lane's row\n"
 "goes to block pos[i] (int64 per lane), dequantized by 2**-shift (floats); blocks of the\n"
-"`nonfinite` lanes become NaN. Only the first elements of the partial last block are written.");
+"`nonfinite` lanes become NaN. Only the first elements of the partial last block are written.\n"
+"Then `pos` becomes the result's `next` positions (the next round's; END stays 2**32-1), and\n"
+"`done` is whether every one of them is END (the slot's stream is complete).");
 
 static PyObject *deliver(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     Buf b[3];
@@ -250,7 +338,7 @@ static PyObject *deliver(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     if (PyErr_Occurred() || integer < 0)
         return NULL;
     if (get_buf(args[0], &b[0], 0, 0, "datagram") || get_buf(args[1], &b[1], 1, 4, "out")
-        || get_buf(args[2], &b[2], 0, 8, "pos"))
+        || get_buf(args[2], &b[2], 1, 8, "pos"))
         goto done;
     Py_ssize_t k = b[2].view.len / 8, n = b[1].view.len / 4;
     if (k < 1 || k > MAX_LANES || bs < 1 || (k < 64 && ((present | nf_bits) >> k))) {
@@ -268,7 +356,7 @@ static PyObject *deliver(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     }
     const unsigned char *dgram = (const unsigned char *)b[0].view.buf;
     char *out = (char *)b[1].view.buf;
-    const int64_t *pos = (const int64_t *)b[2].view.buf;
+    int64_t *pos = (int64_t *)b[2].view.buf;
     for (Py_ssize_t i = 0; i < k; i++) {  /* check every position before writing any */
         if (((present | nf_bits) >> i & 1) && (pos[i] < 0 || pos[i] * bs >= n)) {
             PyErr_Format(PyExc_IndexError, "deliver: block %lld outside the output", (long long)pos[i]);
@@ -308,11 +396,302 @@ static PyObject *deliver(PyObject *self, PyObject *const *args, Py_ssize_t nargs
                 dst[j] = NAN;
         }
     }
-    Py_INCREF(Py_None);
-    result = Py_None;
+    int all_end = 1;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        uint32_t next = load_be32(dgram + HEADER_LEN + 4 * i);
+        pos[i] = next;
+        all_end &= next == END_POS;
+    }
+    result = PyBool_FromLong(all_end);
 done:
     release(b, 3);
     return result;
+}
+
+/* ---- the socket side: every answer waiting in one recvmmsg, a batch of sends in one sendmmsg */
+
+#define BATCH_MAX 64
+enum { VERDICT_ANSWER = 0, VERDICT_FOREIGN = 1, VERDICT_MALFORMED = 2, VERDICT_OTHER = 3 };
+
+typedef struct {
+    long job, epoch, slot_base, nslots;
+    unsigned long call;
+} Expect;
+
+/* What a datagram from the switch is to this call: malformed (spina/wire.py header_error, the
+ * reference: tests/test_core.py compares), not an answer of this call (a contribution, another
+ * job, epoch, call or slot: dropped unread, as the agent always did), or an answer of slot
+ * *slot_index (whether it answers the round in flight is the agent's to decide). */
+static int classify(const unsigned char *d, Py_ssize_t size, const Expect *e, long *slot_index) {
+    if (size < HEADER_LEN)
+        return VERDICT_MALFORMED;
+    int msg_type = d[OFF_MSG_TYPE], nlanes = d[OFF_NLANES];
+    uint64_t present = load_be64(d + OFF_PRESENT), nf = load_be64(d + OFF_NONFINITE);
+    Py_ssize_t bs = load_be16(d + OFF_BLOCK_SIZE);
+    if (d[OFF_VERSION] != WIRE_VERSION || msg_type < MSG_CONTRIB || msg_type > MSG_STATUS
+        || nlanes < 1 || nlanes > MAX_LANES || bs == 0 || d[OFF_RANK] >= MAX_WORKERS
+        || (nlanes < 64 && ((present | nf) >> nlanes))
+        || size != HEADER_LEN + 4 * nlanes + 4 * bs * __builtin_popcountll(present))
+        return VERDICT_MALFORMED;
+    long s = (long)load_be16(d + OFF_SLOT) - e->slot_base;
+    if (msg_type == MSG_CONTRIB || load_be16(d + OFF_JOB) != e->job
+        || load_be16(d + OFF_EPOCH) != e->epoch || s < 0 || s >= e->nslots
+        || load_be32(d + OFF_CALL) != e->call)
+        return VERDICT_OTHER;
+    *slot_index = s;
+    return VERDICT_ANSWER;
+}
+
+/* (index, slot index, msg_type, flags, round, exponent, bitmap, present, nonfinite, length,
+ * nbytes): an answer's fields as the agent uses them (host_agent/agent.py _A_* names). */
+static PyObject *answer_tuple(Py_ssize_t index, long slot_index, const unsigned char *d,
+                              Py_ssize_t size) {
+    return Py_BuildValue("(nliiIiIKKIn)", index, slot_index, (int)d[OFF_MSG_TYPE],
+                         (int)d[OFF_FLAGS], (unsigned int)load_be32(d + OFF_ROUND),
+                         (int)(int16_t)load_be16(d + OFF_EXPONENT),
+                         (unsigned int)load_be32(d + OFF_BITMAP),
+                         (unsigned long long)load_be64(d + OFF_PRESENT),
+                         (unsigned long long)load_be64(d + OFF_NONFINITE),
+                         (unsigned int)load_be32(d + OFF_LENGTH), size);
+}
+
+static int parse_expect(PyObject *const *args, Expect *e) {
+    e->job = PyLong_AsLong(args[0]);
+    e->epoch = PyLong_AsLong(args[1]);
+    e->call = PyLong_AsUnsignedLong(args[2]);
+    e->slot_base = PyLong_AsLong(args[3]);
+    e->nslots = PyLong_AsLong(args[4]);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+PyDoc_STRVAR(check_answer_doc,
+"check_answer(datagram, nbytes, job, epoch, call, slot_base, nslots) -> (verdict, answer)\n\n"
+"recv_answers' verdict on one datagram from the switch: 0 an answer of this call (answer: its\n"
+"fields as recv_answers gives them, index 0), 2 malformed, 3 not an answer of this call.");
+
+static PyObject *check_answer(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "check_answer takes 7 arguments");
+        return NULL;
+    }
+    Buf b;
+    memset(&b, 0, sizeof b);
+    Expect e;
+    Py_ssize_t size = PyLong_AsSsize_t(args[1]);
+    if (PyErr_Occurred() || parse_expect(args + 2, &e) || get_buf(args[0], &b, 0, 0, "datagram"))
+        goto fail;
+    if (size < 0 || size > b.view.len) {
+        PyErr_SetString(PyExc_ValueError, "check_answer: nbytes outside the datagram");
+        goto fail;
+    }
+    long slot_index = -1;
+    int verdict = classify((const unsigned char *)b.view.buf, size, &e, &slot_index);
+    PyObject *answer = verdict == VERDICT_ANSWER
+        ? answer_tuple(0, slot_index, (const unsigned char *)b.view.buf, size) : Py_NewRef(Py_None);
+    release(&b, 1);
+    return answer ? Py_BuildValue("(iN)", verdict, answer) : NULL;
+fail:
+    release(&b, 1);
+    return NULL;
+}
+
+PyDoc_STRVAR(recv_answers_doc,
+"recv_answers(fd, ring, stride, switch_ip, switch_port, job, epoch, call, slot_base, nslots)\n"
+"    -> (received, foreign, malformed, answers)\n\n"
+"Read every datagram waiting on the non-blocking UDP socket `fd` (at most len(ring) // stride,\n"
+"at most 64) with one recvmmsg, the i-th into ring[i * stride:]. Datagrams from anyone but\n"
+"switch_ip:switch_port (an IPv4 address as a host-order int) are only counted (`foreign`);\n"
+"`malformed` lists (index, nbytes) of the switch's datagrams that fail the header checks;\n"
+"`answers` holds one tuple per answer of this call (check_answer's). received 0: nothing was\n"
+"waiting. Errors of the socket (ECONNREFUSED: the switch's port is closed) raise OSError.");
+
+static PyObject *recv_answers(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError, "recv_answers takes 10 arguments");
+        return NULL;
+    }
+    int fd = PyLong_AsLong(args[0]);
+    Py_ssize_t stride = PyLong_AsSsize_t(args[2]);
+    unsigned long ip = PyLong_AsUnsignedLong(args[3]);
+    long port = PyLong_AsLong(args[4]);
+    Expect e;
+    if (PyErr_Occurred() || parse_expect(args + 5, &e))
+        return NULL;
+    if (stride < HEADER_LEN || ip > 0xFFFFFFFFul || port < 0 || port > 65535) {
+        PyErr_SetString(PyExc_ValueError, "recv_answers: stride, switch_ip or switch_port out of range");
+        return NULL;
+    }
+    Buf b;
+    memset(&b, 0, sizeof b);
+    if (get_buf(args[1], &b, 1, 0, "ring"))
+        return NULL;
+    Py_ssize_t vlen = b.view.len / stride;
+    if (vlen > BATCH_MAX)
+        vlen = BATCH_MAX;
+    if (vlen < 1) {
+        release(&b, 1);
+        PyErr_SetString(PyExc_ValueError, "recv_answers: ring shorter than one stride");
+        return NULL;
+    }
+    struct mmsghdr msgs[BATCH_MAX];
+    struct iovec iov[BATCH_MAX];
+    struct sockaddr_in from[BATCH_MAX];
+    unsigned char *ring = (unsigned char *)b.view.buf;
+    memset(msgs, 0, sizeof(msgs[0]) * vlen);
+    for (Py_ssize_t i = 0; i < vlen; i++) {
+        iov[i].iov_base = ring + i * stride;
+        iov[i].iov_len = (size_t)stride;
+        msgs[i].msg_hdr.msg_iov = &iov[i];
+        msgs[i].msg_hdr.msg_iovlen = 1;
+        msgs[i].msg_hdr.msg_name = &from[i];
+        msgs[i].msg_hdr.msg_namelen = sizeof from[i];
+    }
+    int got, err;
+    for (;;) {
+        Py_BEGIN_ALLOW_THREADS
+        got = recvmmsg(fd, msgs, (unsigned int)vlen, MSG_DONTWAIT, NULL);
+        err = errno;
+        Py_END_ALLOW_THREADS
+        if (got >= 0 || err != EINTR)
+            break;
+        if (PyErr_CheckSignals()) {
+            release(&b, 1);
+            return NULL;
+        }
+    }
+    if (got < 0 && err != EAGAIN && err != EWOULDBLOCK) {
+        release(&b, 1);
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    if (got < 0)
+        got = 0;
+    Py_ssize_t foreign = 0;
+    PyObject *malformed = PyList_New(0), *answers = PyList_New(0), *result = NULL;
+    if (!malformed || !answers)
+        goto done;
+    uint32_t want_ip = htonl((uint32_t)ip);
+    uint16_t want_port = htons((uint16_t)port);
+    for (int i = 0; i < got; i++) {
+        const struct sockaddr_in *a = &from[i];
+        if (msgs[i].msg_hdr.msg_namelen < sizeof *a || a->sin_family != AF_INET
+            || a->sin_addr.s_addr != want_ip || a->sin_port != want_port) {
+            foreign++;  /* never read: only the switch answers */
+            continue;
+        }
+        Py_ssize_t size = msgs[i].msg_len;
+        const unsigned char *d = ring + i * stride;
+        long slot_index = -1;
+        int verdict = classify(d, size, &e, &slot_index);
+        PyObject *item = NULL;
+        if (verdict == VERDICT_MALFORMED)
+            item = Py_BuildValue("(in)", i, size);
+        else if (verdict == VERDICT_ANSWER)
+            item = answer_tuple(i, slot_index, d, size);
+        else
+            continue;
+        if (!item || PyList_Append(verdict == VERDICT_ANSWER ? answers : malformed, item) < 0) {
+            Py_XDECREF(item);
+            goto done;
+        }
+        Py_DECREF(item);
+    }
+    result = Py_BuildValue("(inOO)", got, foreign, malformed, answers);
+done:
+    Py_XDECREF(malformed);
+    Py_XDECREF(answers);
+    release(&b, 1);
+    return result;
+}
+
+PyDoc_STRVAR(send_batch_doc,
+"send_batch(fd, datagrams, switch_ip, switch_port) -> lost\n\n"
+"Send every datagram of the list (buffer objects) to switch_ip:switch_port with sendmmsg.\n"
+"A datagram the host refuses (send buffer still full after waiting 0.1 s for room once,\n"
+"ENOBUFS, EPERM from a firewall, ECONNREFUSED, no route) is lost like any other: counted in\n"
+"`lost` and left to the agent's retransmission. Other errors raise OSError.");
+
+static PyObject *send_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "send_batch takes 4 arguments");
+        return NULL;
+    }
+    int fd = PyLong_AsLong(args[0]);
+    unsigned long ip = PyLong_AsUnsignedLong(args[2]);
+    long port = PyLong_AsLong(args[3]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (!PyList_Check(args[1]) || ip > 0xFFFFFFFFul || port < 0 || port > 65535) {
+        PyErr_SetString(PyExc_ValueError, "send_batch: a list of datagrams, an IPv4 address and a port");
+        return NULL;
+    }
+    Py_ssize_t total = PyList_GET_SIZE(args[1]), lost = 0;
+    struct sockaddr_in to;
+    memset(&to, 0, sizeof to);
+    to.sin_family = AF_INET;
+    to.sin_addr.s_addr = htonl((uint32_t)ip);
+    to.sin_port = htons((uint16_t)port);
+    for (Py_ssize_t start = 0; start < total; start += BATCH_MAX) {
+        Py_ssize_t n = total - start < BATCH_MAX ? total - start : BATCH_MAX;
+        Buf b[BATCH_MAX];
+        struct mmsghdr msgs[BATCH_MAX];
+        struct iovec iov[BATCH_MAX];
+        memset(b, 0, sizeof(b[0]) * n);
+        memset(msgs, 0, sizeof(msgs[0]) * n);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (get_buf(PyList_GET_ITEM(args[1], start + i), &b[i], 0, 0, "datagram")) {
+                release(b, (int)n);
+                return NULL;
+            }
+            iov[i].iov_base = b[i].view.buf;
+            iov[i].iov_len = (size_t)b[i].view.len;
+            msgs[i].msg_hdr.msg_iov = &iov[i];
+            msgs[i].msg_hdr.msg_iovlen = 1;
+            msgs[i].msg_hdr.msg_name = &to;
+            msgs[i].msg_hdr.msg_namelen = sizeof to;
+        }
+        Py_ssize_t done = 0;
+        int waited = 0;
+        while (done < n) {
+            int sent, err;
+            Py_BEGIN_ALLOW_THREADS
+            sent = sendmmsg(fd, msgs + done, (unsigned int)(n - done), 0);
+            err = errno;
+            Py_END_ALLOW_THREADS
+            if (sent > 0) {
+                done += sent;
+                waited = 0;
+                continue;
+            }
+            if (sent == 0 || err == EINTR) {
+                if (PyErr_CheckSignals()) {
+                    release(b, (int)n);
+                    return NULL;
+                }
+                continue;
+            }
+            if ((err == EAGAIN || err == EWOULDBLOCK) && !waited) {  /* send buffer full */
+                struct pollfd p = {fd, POLLOUT, 0};
+                Py_BEGIN_ALLOW_THREADS
+                poll(&p, 1, 100);
+                Py_END_ALLOW_THREADS
+                waited = 1;
+                continue;
+            }
+            if (err == EAGAIN || err == EWOULDBLOCK || err == ENOBUFS || err == EPERM
+                || err == ECONNREFUSED || err == EHOSTUNREACH || err == ENETUNREACH) {
+                lost++;  /* this datagram is lost; the retransmission timer recovers it */
+                done++;
+                waited = 0;
+                continue;
+            }
+            release(b, (int)n);
+            errno = err;
+            return PyErr_SetFromErrno(PyExc_OSError);
+        }
+        release(b, (int)n);
+    }
+    return PyLong_FromSsize_t(lost);
 }
 
 PyDoc_STRVAR(set_variant_doc,
@@ -343,6 +722,9 @@ static PyMethodDef methods[] = {
     {"set_variant", set_variant, METH_O, set_variant_doc},
     {"fill_round", (PyCFunction)(void (*)(void))fill_round, METH_FASTCALL, fill_round_doc},
     {"deliver", (PyCFunction)(void (*)(void))deliver, METH_FASTCALL, deliver_doc},
+    {"check_answer", (PyCFunction)(void (*)(void))check_answer, METH_FASTCALL, check_answer_doc},
+    {"recv_answers", (PyCFunction)(void (*)(void))recv_answers, METH_FASTCALL, recv_answers_doc},
+    {"send_batch", (PyCFunction)(void (*)(void))send_batch, METH_FASTCALL, send_batch_doc},
     {NULL, NULL, 0, NULL},
 };
 

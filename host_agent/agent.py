@@ -20,11 +20,11 @@ docs/aggregation.md has the details.
 from __future__ import annotations
 
 import concurrent.futures
-import errno
 import logging
 import os
 import select
 import socket
+import struct
 import time
 from dataclasses import dataclass, replace
 
@@ -39,7 +39,7 @@ from spina import log as spina_log, rendezvous, wire
 from spina.net import bind_own_address, grow_buffers
 from spina.config import JobConfig
 
-try:  # the per-datagram data work (host_agent/_core.c)
+try:  # the per-datagram work and the socket calls (host_agent/_core.c)
     from host_agent import _core
 except ImportError as e:
     raise ImportError("host_agent._core (host_agent/_core.c) is not built: run `make setup` "
@@ -48,11 +48,13 @@ except ImportError as e:
 log = logging.getLogger("spina.agent")
 
 _UNPACK, _PACK_INTO = wire.HEADER_STRUCT.unpack_from, wire.HEADER_STRUCT.pack_into
-(_MSG_TYPE, _FLAGS, _JOB, _EPOCH, _CALL, _SLOT, _ROUND, _LENGTH, _EXPONENT, _BITMAP, _PRESENT,
- _NONFINITE) = (wire.FIELD_INDEX[f] for f in (
-    "msg_type", "flags", "job", "epoch", "call", "slot", "round", "length", "exponent", "bitmap",
-    "present", "nonfinite"))
+# An answer as _core.recv_answers gives it: (ring index, slot index within the window,
+# msg_type, flags, round, exponent, bitmap, present, nonfinite, length, nbytes)
+(_A_INDEX, _A_SLOT, _A_MSG_TYPE, _A_FLAGS, _A_ROUND, _A_EXPONENT, _A_BITMAP, _A_PRESENT,
+ _A_NONFINITE, _A_LENGTH, _A_NBYTES) = range(11)
 _FLAGS_AT = wire.FIELD_OFFSET["flags"]  # byte offset: a resend sets its flags in place
+_RING_STRIDE = 1 << 16  # > wire.MAX_UDP_PAYLOAD: each answer of a batch has its own 64 KiB
+_RING_SLOTS = 32        # answers read per recvmmsg at most
 
 
 class SpinaError(RuntimeError):
@@ -93,6 +95,7 @@ class CallStats:
     blocks_lost: int = 0         # own blocks missing from the result: sent in a round completed
                                  # without this worker, or skipped by such a round's positions
     foreign_packets: int = 0     # datagrams from anyone but the switch: dropped unread
+    malformed_packets: int = 0   # datagrams from the switch failing the header checks: dropped
     seconds: float = 0.0
 
 
@@ -104,11 +107,14 @@ class _Slot:
     ptr: np.ndarray = None        # per lane: index in the call's pos_ext of the first own
                                   # block not yet sent (the lane's sentinel if none)
     lanes: np.ndarray = None      # the slot's global lane numbers
-    pos: np.ndarray = None        # positions of the round in flight (None: setup round), int64
+    pos: np.ndarray = None        # positions of the round in flight, int64 (_core.deliver
+                                  # overwrites them with the next round's)
+    setup: bool = True            # the round in flight is the setup round
     round: int = 0
     shift: int = 0
     exponent: int = 0
     packet: memoryview = None     # the round's datagram (in the agent's per-slot buffer)
+    view: memoryview = None       # the whole per-slot buffer
     done: bool = False
     timer: Timer = None           # transmissions and answers of the round in flight
 
@@ -141,7 +147,6 @@ class _Call:
         flat, integer, inplace, blocks: the tensor and how to sum it (Agent.allreduce).
         buffers: the agent's reused datagram buffers.
         rtt: the agent's latency estimator (kept across calls).
-        transmit: sends one datagram to the switch (a local refusal counts as a loss).
         check_blocks: verify a `blocks` hint against a full scan.
         dense: expect most blocks to be non-zero (the scan's strategy: scan_float_blocks).
         layer: the call's (i, n) layer position for DLCP priorities (host_agent/dlcp.py).
@@ -149,10 +154,10 @@ class _Call:
 
     def __init__(self, job: JobConfig, rank: int, call_id: int, rounds: np.ndarray,
                  flat: np.ndarray, integer: bool, inplace: bool, blocks: np.ndarray | None,
-                 buffers: _Buffers, rtt: RttEstimator, transmit, check_blocks: bool = False,
+                 buffers: _Buffers, rtt: RttEstimator, check_blocks: bool = False,
                  dense: bool = False, layer: tuple[int, int] | None = None):
         self.job, self.rank, self.call_id, self.rounds = job, rank, call_id, rounds
-        self.transmit = transmit
+        self.outbox: list = []  # datagrams to send (the agent sends them in one batch)
         self.flat, self.integer = flat, integer
         self.B, self.k, W = job.block_size, job.nlanes, job.nslots
         n = len(flat)
@@ -193,15 +198,20 @@ class _Call:
             lane_ext = np.repeat(np.arange(L, dtype=np.int64), per_lane + 1)
             self.keys_ext = (lane_ext << 32) + np.where(self.pos_ext < 0, wire.END, self.pos_ext)
         self.bufs = buffers.get(W, k, B)
+        for s, (buf, _) in enumerate(self.bufs):
+            # The call's header template; _core.fill_round writes each round's own fields.
+            _PACK_INTO(buf, 0, wire.VERSION, wire.MSG_CONTRIB, 0, 0, job.job, job.epoch, call_id,
+                       s + job.slot_base, rank, k, 0, n, B, 0, 0, 0, 0)
         self.next_end = wire.data_offset(k)  # the next positions' bytes end here in a datagram
-        self.all_end = bytearray(wire.END.to_bytes(4, "big") * k)
         timers = [Timer() for _ in range(W)]
         # Bounded loss: each partial round counts its nlanes blocks against the budget.
         self.recovery = Recovery(rtt, timers, time.monotonic(), job.bounded_loss,
                                  job.loss_deadline, job.bounded_loss * self.nblocks / k,
                                  flusher=flusher)
         self.slots = [_Slot(s + job.slot_base, s, ptr=first_ext[s * k:(s + 1) * k].copy(),
-                            lanes=np.arange(s * k, (s + 1) * k, dtype=np.int64), timer=timers[s])
+                            lanes=np.arange(s * k, (s + 1) * k, dtype=np.int64),
+                            pos=np.zeros(k, np.int64), timer=timers[s],
+                            view=memoryview(self.bufs[s][0]))
                       for s in range(W)]
 
     def _scan(self, blocks: np.ndarray | None, dense: bool
@@ -236,53 +246,63 @@ class _Call:
 
     def send_setup(self, st: _Slot) -> None:
         """The slot's setup round: first positions per lane and the slot's exponent."""
-        nxt = self.pos_ext[st.ptr]
-        self.bufs[st.index][1][:] = nxt  # -1 (sentinel) becomes END
-        buf = self.bufs[st.index][0]
-        last = wire.FLAG_LAST if buf[wire.HEADER_LEN:self.next_end] == self.all_end else 0
-        self._send(st, last, int(self.slot_exp[st.index]), 0, 0, 0)
+        _, _, nrows, _ = _core.fill_round(
+            self.bufs[st.index][0], self.flat, self.pos_ext, st.ptr, None, self.nonfinite,
+            st.index * self.k, 0, self.integer, self.B, self._new_round(st), 0,
+            self.classes.priority, int(self.slot_exp[st.index]))
+        self._queue(st, 0, nrows)
 
-    def on_answer(self, buf, nbytes: int, st: _Slot, t: tuple) -> bool:
-        """Handle a result or status (header fields `t`) for slot `st`; True when the slot's
-        stream is done."""
+    def answer(self, view, a: tuple) -> bool:
+        """Handle answer `a` (_core.recv_answers' fields) in `view` if it answers its slot's
+        round in flight; True when the slot's stream is done."""
+        st = self.slots[a[_A_SLOT]]
+        if st.done or a[_A_ROUND] != st.round:  # an answer to an earlier round (duplicate result)
+            if a[_A_MSG_TYPE] == wire.MSG_RESULT:
+                self.recovery.late_result(st.timer, a[_A_ROUND])
+            return False
+        return self.on_answer(view, a, st)
+
+    def on_answer(self, view, a: tuple, st: _Slot) -> bool:
+        """Handle a result or status (`a`, _core.recv_answers' fields) to slot `st`'s round in
+        flight; True when the slot's stream is done."""
         stats = self.stats
         stats.packets_received += 1
-        stats.bytes_received += nbytes
-        if t[_MSG_TYPE] == wire.MSG_STATUS:
-            self.recovery.status(st.timer, t[_BITMAP], time.monotonic())
+        stats.bytes_received += a[_A_NBYTES]
+        if a[_A_MSG_TYPE] == wire.MSG_STATUS:
+            self.recovery.status(st.timer, a[_A_BITMAP], time.monotonic())
             return False
-        flags = t[_FLAGS]
+        flags = a[_A_FLAGS]
         if flags & wire.FLAG_MISMATCH:
             raise LengthMismatch(
                 f"job {self.job.job} call {self.call_id}: workers disagree on the tensor length: "
-                f"rank {self.rank} has {len(self.flat)} elements, another rank {t[_LENGTH]}")
+                f"rank {self.rank} has {len(self.flat)} elements, another rank {a[_A_LENGTH]}")
         self.recovery.result(st.timer, st.round, time.monotonic(),
                              multicast=not flags & wire.FLAG_RESEND,
                              partial=bool(flags & wire.FLAG_PARTIAL))
-        if flags & wire.FLAG_PARTIAL and not t[_BITMAP] >> self.rank & 1:  # ours never arrived
+        if flags & wire.FLAG_PARTIAL and not a[_A_BITMAP] >> self.rank & 1:  # ours never arrived
             stats.blocks_lost += (len(st.packet) - self.next_end) // (4 * self.B)
-        if st.pos is None:  # setup result: the exponent every worker quantizes with
-            st.shift = 0 if self.integer else quant_shift(t[_EXPONENT], self.job.nworkers)
-            st.exponent = t[_EXPONENT]
+        if st.setup:  # setup result: the exponent every worker quantizes with
+            st.shift = 0 if self.integer else quant_shift(a[_A_EXPONENT], self.job.nworkers)
+            st.exponent = a[_A_EXPONENT]
+            st.setup = False
+            present = nonfinite = 0
         else:
-            self._deliver(buf, t, st)
+            present, nonfinite = a[_A_PRESENT], a[_A_NONFINITE]
+        # the sums into their blocks (NaN where a worker reported NaN/Inf); st.pos becomes the
+        # next round's positions
+        done = _core.deliver(view, self.out, st.pos, present, nonfinite, st.shift, self.integer,
+                             self.B)
         stats.rounds += 1
-        if buf[wire.HEADER_LEN:self.next_end] == self.all_end:  # every lane is done
+        if done:  # every lane is done
             st.done = True
             return True
-        self._next_round(st, np.frombuffer(buf, wire.NEXT_DTYPE, self.k,
-                                           wire.HEADER_LEN).astype(np.int64))
+        self._next_round(st)
         return False
 
-    def _deliver(self, buf, t: tuple, st: _Slot) -> None:
-        """Write a data round's sums into the output blocks (NaN where a worker reported
-        NaN/Inf)."""
-        _core.deliver(buf, self.out, st.pos, t[_PRESENT], t[_NONFINITE], st.shift, self.integer,
-                      self.B)
-
-    def _next_round(self, st: _Slot, pos: np.ndarray) -> None:
-        """Send this worker's blocks at positions `pos` (int64, where it has them) and its next
-        ones."""
+    def _next_round(self, st: _Slot) -> None:
+        """Send this worker's blocks at the positions st.pos (int64, where it has them) and its
+        next ones."""
+        pos = st.pos
         if self.keys_ext is not None:
             # Bounded loss: a round completed without this worker may have skipped some of its
             # blocks; find each lane's first block at or after `pos`.
@@ -294,41 +314,36 @@ class _Call:
                 skipped = np.concatenate([self.pos_ext[a:b] for a, b in zip(st.ptr, ptr) if b > a])
                 scatter_blocks(self.out, skipped, 0, self.B)
             st.ptr = ptr
-        st.pos = pos
         priority, tolerant = self.classes.packet_class(self.pos_ext, st.ptr, pos)  # DLCP
-        # gather, quantize and write the rows and next positions into the datagram; st.ptr
-        # steps past the blocks sent
-        present, nonfinite_bits, nrows, last = _core.fill_round(
+        # gather, quantize and write the rows, next positions and header fields into the
+        # datagram; st.ptr steps past the blocks sent
+        _, _, nrows, _ = _core.fill_round(
             self.bufs[st.index][0], self.flat, self.pos_ext, st.ptr, pos, self.nonfinite,
-            st.index * self.k, st.shift, self.integer, self.B)
-        self._send(st, (wire.FLAG_LAST if last else 0) | tolerant, st.exponent, present,
-                   nonfinite_bits, nrows, priority)
+            st.index * self.k, st.shift, self.integer, self.B, self._new_round(st), tolerant,
+            priority, st.exponent)
+        self._queue(st, tolerant, nrows)
 
-    def _send(self, st: _Slot, flags: int, exponent: int, present: int, nonfinite: int,
-              nrows: int, priority: int | None = None) -> None:
-        """Send the next round of slot `st`; its next positions and `nrows` data rows are in
-        the slot's buffer already. `priority`: the packet's class (default: the call's)."""
+    def _new_round(self, st: _Slot) -> int:
+        """The round tag of slot `st`'s next round (also st.round)."""
         r = int(self.rounds[st.index]) + 1
         self.rounds[st.index] = r
         st.round = r & 0xFFFFFFFF
-        job, k, B = self.job, self.k, self.B
-        buf = self.bufs[st.index][0]
-        if priority is None:
-            priority = self.classes.priority
-        _PACK_INTO(buf, 0, wire.VERSION, wire.MSG_CONTRIB, flags, priority, job.job,
-                   job.epoch, self.call_id, st.slot, self.rank, k, st.round, len(self.flat), B,
-                   exponent, 0, present, nonfinite)
-        n = self.next_end + 4 * B * nrows
-        st.packet = memoryview(buf)[:n]
+        return st.round
+
+    def _queue(self, st: _Slot, flags: int, nrows: int) -> None:
+        """Queue the round of slot `st` just written into its buffer (`nrows` data rows) for
+        sending."""
+        n = self.next_end + 4 * self.B * nrows
+        st.packet = st.view[:n]
         # a setup round is never flushed: a missing exponent could overflow its worker's blocks
-        self.recovery.sent(st.timer, time.monotonic(), flushable=st.pos is not None)
-        self.transmit(st.packet)
+        self.recovery.sent(st.timer, time.monotonic(), flushable=not st.setup)
+        self.outbox.append(st.packet)
         stats = self.stats
         if flags & wire.FLAG_LOSS_TOLERANT:
             stats.loss_tolerant_packets += 1
         stats.packets_sent += 1
         stats.bytes_sent += n
-        stats.payload_bytes_sent += 4 * B * nrows
+        stats.payload_bytes_sent += 4 * self.B * nrows
 
     def resend_due(self, idle: bool, longest: float, timeout: float, switch) -> float:
         """Resend the rounds host_agent/recovery.py finds due; fail if a slot made no progress
@@ -343,7 +358,7 @@ class _Call:
         for st, tm in rec.due(flying, now, idle):
             pkt = bytearray(st.packet)
             pkt[_FLAGS_AT] |= rec.resend_flags(tm)
-            self.transmit(pkt)
+            self.outbox.append(pkt)
             rec.resent(tm, now)
             stats.resends += 1
             stats.packets_sent += 1
@@ -445,6 +460,8 @@ class Agent:
             self.switch = (socket.gethostbyname(switch[0]), int(switch[1]))
         except OSError as e:
             raise SpinaError(f"switch address {switch[0]!r}: {e}") from None
+        # the same as _core's socket calls take it: an IPv4 address as an int, the port
+        self._switch_ip = struct.unpack("!I", socket.inet_aton(self.switch[0]))[0]
         self.rendezvous = rendezvous
         self._joined = False
         self.foreign_packets = 0  # over all calls: datagrams dropped for not coming from the switch
@@ -462,7 +479,10 @@ class Agent:
         self.log = spina_log.bind(log, job=lambda: self.job.job, epoch=lambda: self.job.epoch,
                                   call=lambda: self.call_id, rank=rank)
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-        self._rx = bytearray(wire.MAX_UDP_PAYLOAD + 1)  # every answer lands here
+        # answers land here, one recvmmsg batch at a time (_core.recv_answers)
+        self._ring = bytearray(_RING_SLOTS * _RING_STRIDE)
+        self._ring_views = [memoryview(self._ring)[i * _RING_STRIDE:(i + 1) * _RING_STRIDE]
+                            for i in range(_RING_SLOTS)]
         self._buffers = _Buffers()
         self._dense = False  # the last call's tensor had mostly non-zero blocks
 
@@ -573,48 +593,60 @@ class Agent:
             self._join_run()
         self.call_id = (self.call_id + 1) & 0xFFFFFFFF
         call = _Call(self.job, self.rank, self.call_id, self.rounds, flat, integer, inplace,
-                     blocks, self._buffers, self.rtt, self._transmit, self.check_blocks,
-                     dense=self._dense, layer=layer)
+                     blocks, self._buffers, self.rtt, self.check_blocks, dense=self._dense,
+                     layer=layer)
         sock = self.sock
         tick = min(0.1, self.job.loss_deadline) if self.job.bounded_loss else 0.1
         # Non-blocking, select() only when nothing is waiting: a socket timeout would cost a
-        # poll() before every recv and sendto. Lost rounds are looked for at most every `every`
-        # seconds, also while results stream in (fast retransmit needs no idle socket).
+        # poll() before every recv and send. Lost rounds are looked for when recovery's next
+        # deadline comes (Recovery.wait; at most `every` apart, as a later latency sample may
+        # shorten the timeout; every 1 ms with bounded loss, whose flush deadlines wait()
+        # does not track), and at once when a round completes out of send order (fast
+        # retransmit needs no idle socket).
         sock.settimeout(0.0)
-        every = 0.001
+        every = 0.001 if self.job.bounded_loss else min(MIN_RTO, self.rtt.min_rto)
         rec = call.recovery
+        job = self.job
         try:
             for st in call.slots:  # setup round of every slot
                 call.send_setup(st)
+            self._flush(call)
             pending = len(call.slots)
-            buf = self._rx
-            recv = sock.recvfrom_into
-            switch = self.switch
-            next_check = time.monotonic() + every
+            recv, fd, ring, views = _core.recv_answers, sock.fileno(), self._ring, self._ring_views
+            # every answer of this call comes from the switch's (address, port), and is a
+            # result or status of this job, epoch, call and one of its slots (checked in C)
+            source = (self._switch_ip, self.switch[1], job.job, job.epoch, self.call_id,
+                      job.slot_base, len(call.slots))
+            next_check = time.monotonic() + 0.001
             while pending:
                 try:
-                    nbytes, src = recv(buf)
-                except BlockingIOError:  # idle: resend what is due, wait for an answer or a timer
-                    now = time.monotonic()
-                    rec.drained(now)
-                    if now >= next_check:
-                        wait = call.resend_due(True, tick, self.timeout, self.switch)
-                        next_check = now + every
-                    else:
-                        wait = next_check - now
-                    select.select((sock,), (), (), wait)
-                    continue
+                    received, foreign, malformed, answers = recv(fd, ring, _RING_STRIDE, *source)
                 except ConnectionRefusedError:
-                    nbytes = -1  # ICMP port unreachable: the switch is not up (yet); keep resending
-                if nbytes >= 0 and src != switch:
-                    call.stats.foreign_packets += 1  # not from our switch: never a result
-                elif nbytes >= 0:
-                    got = self._accept(buf, nbytes, call)
-                    if got is not None and call.on_answer(buf, nbytes, *got):
-                        pending -= 1
-                if nbytes < 0 or time.monotonic() >= next_check:
-                    call.resend_due(False, tick, self.timeout, self.switch)
-                    next_check = time.monotonic() + every
+                    received = -1  # ICMP port unreachable: the switch is not up (yet); keep resending
+                else:
+                    if not received:  # idle: resend what is due, wait for an answer or a timer
+                        now = time.monotonic()
+                        rec.drained(now)
+                        if now >= next_check or rec.recheck:
+                            wait = call.resend_due(True, tick, self.timeout, self.switch)
+                            self._flush(call)
+                            next_check = now + min(wait, every)
+                        else:
+                            wait = next_check - now
+                        select.select((sock,), (), (), wait)
+                        continue
+                    if foreign:
+                        call.stats.foreign_packets += foreign  # not from our switch: never read
+                    for index, nbytes in malformed:
+                        self._malformed(views[index], nbytes, call)
+                    for a in answers:
+                        if call.answer(views[a[_A_INDEX]], a):
+                            pending -= 1
+                    self._flush(call)
+                if received < 0 or rec.recheck or time.monotonic() >= next_check:
+                    wait = call.resend_due(False, tick, self.timeout, self.switch)
+                    self._flush(call)
+                    next_check = time.monotonic() + min(wait, every)
         finally:
             sock.settimeout(tick)
             self.last_stats = call.finish(time.perf_counter() - t0)  # also for a failed call
@@ -623,44 +655,26 @@ class Agent:
         self._dense = 2 * call.stats.nonzero_blocks > call.nblocks  # the next call's guess
         return call.out
 
-    def _accept(self, buf, nbytes, call: _Call):
-        """(slot state, header fields) if this answers a round in flight, else None."""
+    def _malformed(self, view, nbytes: int, call: _Call) -> None:
+        """A datagram from the switch that failed _core's header checks: dropped, counted, and
+        logged with spina.wire's reason."""
+        call.stats.malformed_packets += 1
         if nbytes < wire.HEADER_LEN:
-            self.log.warning("ignoring malformed packet: truncated header: %d < %d bytes",
-                             nbytes, wire.HEADER_LEN)
-            return None
-        t = _UNPACK(buf)
-        err = wire.header_error(t, nbytes)
-        if err is not None:
-            self.log.warning("ignoring malformed packet: %s", err)
-            return None
-        job, slots = self.job, call.slots
-        s = t[_SLOT] - job.slot_base
-        if (t[_MSG_TYPE] == wire.MSG_CONTRIB or t[_JOB] != job.job or t[_EPOCH] != job.epoch
-                or not 0 <= s < len(slots) or t[_CALL] != self.call_id):
-            return None
-        st = slots[s]
-        if st.done or t[_ROUND] != st.round:  # an answer to an earlier round (duplicate result)
-            if t[_MSG_TYPE] == wire.MSG_RESULT:
-                call.recovery.late_result(st.timer, t[_ROUND])
-            return None
-        return st, t
+            why = f"truncated header: {nbytes} < {wire.HEADER_LEN} bytes"
+        else:
+            why = wire.header_error(_UNPACK(view), nbytes)
+        self.log.warning("ignoring malformed packet: %s", why)
 
-    def _transmit(self, pkt) -> None:
-        """Send one datagram; a local refusal (a full buffer, a firewall's EPERM) is a loss
-        like any other: the retransmission timer recovers it."""
-        try:
-            try:
-                self.sock.sendto(pkt, self.switch)
-            except BlockingIOError:  # send buffer full (rare for UDP): wait for room once
-                select.select((), (self.sock,), (), 0.1)
-                self.sock.sendto(pkt, self.switch)
-        except (BlockingIOError, PermissionError, ConnectionRefusedError) as e:
-            self.log.debug("send failed (%s); the timer will resend", e)
-        except OSError as e:
-            if e.errno not in (errno.ENOBUFS, errno.EAGAIN, errno.EHOSTUNREACH, errno.ENETUNREACH):
-                raise
-            self.log.debug("send failed (%s); the timer will resend", e)
+    def _flush(self, call: _Call) -> None:
+        """Send the call's queued datagrams in one batch. A datagram the host refuses (a full
+        buffer, a firewall's EPERM) is a loss like any other: the retransmission timer
+        recovers it."""
+        if call.outbox:
+            lost = _core.send_batch(self.sock.fileno(), call.outbox, self._switch_ip,
+                                    self.switch[1])
+            call.outbox.clear()
+            if lost:
+                self.log.debug("%d datagram(s) refused by the host; the timer will resend", lost)
 
 
 def _is_torch(x) -> bool:

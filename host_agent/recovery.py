@@ -157,6 +157,12 @@ class Recovery:
                                 # status reply then the multicast result: nothing of ours lost)
         self.fast_resends = self.timeout_resends = 0
         self.spurious_timeouts = self.spurious_fast = 0
+        # The latest transmission (or status reply) of each round in flight, by its send order
+        # (dict order is insertion order, and seq grows): the first key is the oldest.
+        self.flying: dict[int, Timer] = {}
+        # A round completed while an older one is still in flight: fast retransmit may be due
+        # before the time wait() gave (the agent asks due() at its next chance).
+        self.recheck = False
         for tm in timers:
             tm.progress_at = now
 
@@ -170,6 +176,8 @@ class Recovery:
         """A new round's first transmission (`flushable`: bounded loss may complete it without
         every worker; not a setup round, whose exponent every worker must see)."""
         self.seq += 1
+        self.flying.pop(tm.last_seq, None)
+        self.flying[self.seq] = tm
         tm.seq = tm.last_seq = self.seq
         tm.first_sent_at = tm.sent_at = now
         tm.resends = tm.statuses = 0
@@ -178,6 +186,8 @@ class Recovery:
 
     def resent(self, tm: Timer, now: float) -> None:
         self.seq += 1
+        self.flying.pop(tm.last_seq, None)
+        self.flying[self.seq] = tm
         tm.last_seq = self.seq
         tm.sent_at = now
         tm.resends += 1
@@ -196,6 +206,8 @@ class Recovery:
         tm.statuses += 1
         tm.unanswered = 0
         self.seq += 1
+        self.flying.pop(tm.last_seq, None)
+        self.flying[self.seq] = tm
         tm.last_seq, tm.sent_at = self.seq, now
 
     def result(self, tm: Timer, round_: int, now: float, multicast: bool, partial: bool) -> None:
@@ -204,6 +216,7 @@ class Recovery:
         tm.progress_at = self.timer_from = now
         tm.unanswered = 0
         self.backoff = 0
+        self.flying.pop(tm.last_seq, None)
         latency = now - tm.first_sent_at
         if tm.resends == 0:  # Karn: only rounds sent once are timed
             self.rtt.sample(latency)
@@ -211,6 +224,9 @@ class Recovery:
             # the order their previous results arrived, the same order at every worker.
             if tm.seq > self.rack_seq:
                 self.rack_seq, self.rack_latency = tm.seq, latency
+                # out of send order: a round sent before this one is still in flight
+                if self.flying and next(iter(self.flying)) < tm.seq:
+                    self.recheck = True
         elif multicast and tm.statuses:
             # Not ours lost, but the round waited for another rank (perhaps for its loss): a
             # spurious resend, yet its latency says nothing about how long to wait.
@@ -249,6 +265,7 @@ class Recovery:
         the rounds in flight). `idle`: the agent's socket is empty right now."""
         if idle:
             self.drained(now)
+        self.recheck = False
         out = []
         rack = self.rack_latency + self.rtt.reorder_window
         for st, tm in in_flight:
@@ -280,7 +297,8 @@ class Recovery:
         return out
 
     def wait(self, in_flight, now: float, longest: float) -> float:
-        """Seconds until the next fast retransmit or timeout could fire (at most `longest`)."""
+        """Seconds until the next fast retransmit or timeout could fire (at most `longest`),
+        unless a result sets `recheck` before (a later sample may also shorten the timeout)."""
         soonest = min(longest, self.timer_from + self.timeout - now)
         rack = self.rack_latency + self.rtt.reorder_window
         for _, tm in in_flight:

@@ -6,13 +6,19 @@ fill_round and deliver must give the bytes and values that the numpy forms in
 host_agent/blocks.py (gather_blocks, quantize, dequantize, scatter_blocks) give, on random
 inputs and on the edge cases: NaN/Inf blocks, the zero-padded last block, one to 64 lanes,
 shifts outside float32's scale range (ldexp), int32 tensors, both of the core's loop
-variants. A datagram the agent builds with it must be exactly wire.pack of the reference.
+variants. The header fields fill_round writes and the ones recv_answers reads must be
+spina.wire's (HEADER_STRUCT), and its header checks wire.header_error's; a batch of datagrams
+read with one recvmmsg keeps only the switch's well-formed answers of the call. A datagram
+the agent builds with it must be exactly wire.pack of the reference.
 """
+import socket
+import threading
+
 import numpy as np
 import pytest
 
 from host_agent import _core
-from host_agent.agent import _Buffers, _Call
+from host_agent.agent import _A_INDEX, Agent, _Buffers, _Call
 from host_agent.blocks import (LanePlan, dequantize, gather_blocks, quantize, scatter_blocks)
 from host_agent.recovery import RttEstimator
 from spina import wire
@@ -131,13 +137,42 @@ def test_fill_round_gives_the_reference_bytes(variant, integer):
         want, present, nf_bits, nrows, last, new_ptr = reference_fill(
             flat, pos_ext, ptr, pos, nonfinite, lane0, shift, integer, B)
         dgram = bytearray(b"\xaa" * wire.packet_len(k, B, k))
+        template = random_header(rng)
+        wire.HEADER_STRUCT.pack_into(dgram, 0, *template)
+        round_, flags, priority, exponent = (int(rng.integers(0, 2**32)), int(rng.integers(0, 256)),
+                                             int(rng.integers(0, 256)),
+                                             int(rng.integers(-2**15, 2**15)))
         got_ptr = ptr.copy()
         got = _core.fill_round(dgram, flat, pos_ext, got_ptr, pos, nonfinite, lane0, shift,
-                               integer, B)
+                               integer, B, round_, flags, priority, exponent)
         assert got == (present, nf_bits, nrows, last)
         assert bytes(dgram[wire.HEADER_LEN:wire.HEADER_LEN + len(want)]) == want
-        assert dgram[:wire.HEADER_LEN] == b"\xaa" * wire.HEADER_LEN  # the header is the agent's
+        # the round's own fields written, the template's kept
+        assert bytes(dgram[:wire.HEADER_LEN]) == wire.HEADER_STRUCT.pack(*with_fields(
+            template, flags=flags | (wire.FLAG_LAST if last else 0), priority=priority,
+            round=round_, exponent=exponent, bitmap=0, present=present, nonfinite=nf_bits))
         np.testing.assert_array_equal(got_ptr, new_ptr)
+
+
+def test_fill_round_of_a_setup_round_writes_next_positions_only():
+    """pos None (a setup round): the lanes' first positions, no rows, pointers unchanged."""
+    rng = np.random.default_rng(5)
+    for _ in range(50):
+        flat, pos_ext, ptr, _, nonfinite, lane0, _, B, k = random_case(rng, False)
+        dgram = bytearray(b"\xaa" * wire.packet_len(k, B, k))
+        got_ptr = ptr.copy()
+        got = _core.fill_round(dgram, flat, pos_ext, got_ptr, None, nonfinite, lane0, 0, False,
+                               B, 1, 0, 3, -7)
+        nxt = pos_ext[ptr]
+        last = bool((nxt < 0).all())
+        assert got == (0, 0, 0, last)
+        assert bytes(dgram[wire.HEADER_LEN:wire.data_offset(k)]) == np.where(
+            nxt < 0, wire.END, nxt).astype(wire.NEXT_DTYPE).tobytes()
+        assert dgram[wire.data_offset(k):] == b"\xaa" * (len(dgram) - wire.data_offset(k))
+        h = wire.unpack_header(dgram)
+        assert (h.flags, h.priority, h.round, h.exponent, h.present) == (
+            wire.FLAG_LAST if last else 0, 3, 1, -7, 0)
+        np.testing.assert_array_equal(got_ptr, ptr)
 
 
 @pytest.mark.parametrize("integer", [False, True])
@@ -152,21 +187,29 @@ def test_deliver_writes_the_reference_values(variant, integer):
         pos = rng.choice(nblocks, k, replace=nblocks < k).astype(np.int64)
         pos[-1] = nblocks - 1  # the partial last block, when there is one
         present = int(rng.integers(0, 2 ** k, dtype=np.uint64))
-        if nblocks < k:  # repeated positions: keep one lane per block
-            _, first = np.unique(pos, return_index=True)
-            present &= sum(1 << int(i) for i in first)
+        # repeated positions (fewer blocks than lanes, or pos[-1] drawn before): keep one lane
+        # per block, as in a real round
+        _, first = np.unique(pos, return_index=True)
+        present &= sum(1 << int(i) for i in first)
         nonfinite = 0 if integer else present & int(rng.integers(0, 2 ** k, dtype=np.uint64)) & (
             int(rng.integers(0, 2 ** k, dtype=np.uint64)))
         rows = bin(present).count("1")
         dgram = bytearray(wire.packet_len(k, B, rows))
         np.frombuffer(dgram, np.uint8)[wire.data_offset(k):] = rng.integers(0, 256, rows * B * 4)
+        nxt = rng.integers(0, 2**32 - 1, k, dtype=np.uint32)
+        nxt[rng.random(k) < (0.5 if rng.random() < 0.5 else 1.0)] = wire.END  # sometimes all END
+        dgram[wire.HEADER_LEN:wire.data_offset(k)] = nxt.astype(wire.NEXT_DTYPE).tobytes()
         shift = int(rng.choice([0, 5, 30, 130, 160, -90]))  # >126: dequantize through ldexp
         dtype = np.int32 if integer else np.float32
         want = rng.standard_normal(n).astype(dtype)
         got = want.copy()
         reference_deliver(dgram, want, pos, present, nonfinite, shift, integer, B)
-        _core.deliver(dgram, got, pos, present, nonfinite, shift, integer, B)
+        got_pos = pos.copy()
+        done = _core.deliver(dgram, got, got_pos, present, nonfinite, shift, integer, B)
         np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+        # then the next round's positions, and whether every lane is at END
+        np.testing.assert_array_equal(got_pos, nxt.astype(np.int64))
+        assert done is bool((nxt == wire.END).all())
 
 
 def test_bad_arguments_raise_and_write_nothing():
@@ -175,13 +218,20 @@ def test_bad_arguments_raise_and_write_nothing():
     flat = np.ones(10, np.float32)
     pos_ext = np.array([0, 5, -1], np.int64)
     dgram = bytearray(wire.packet_len(1, 4, 1))
+    head = (1, 0, 0, 0)  # round, flags, priority, exponent
     with pytest.raises(IndexError, match="outside the tensor"):
-        _core.fill_round(dgram, flat, pos_ext, np.array([1]), np.array([5]), None, 0, 0, False, 4)
+        _core.fill_round(dgram, flat, pos_ext, np.array([1]), np.array([5]), None, 0, 0, False, 4,
+                         *head)
     with pytest.raises(IndexError, match="outside pos_ext"):
-        _core.fill_round(dgram, flat, pos_ext, np.array([3]), np.array([0]), None, 0, 0, False, 4)
+        _core.fill_round(dgram, flat, pos_ext, np.array([3]), np.array([0]), None, 0, 0, False, 4,
+                         *head)
     with pytest.raises(ValueError, match="too short"):
         _core.fill_round(bytearray(50), flat, pos_ext, np.array([0]), np.array([0]), None, 0, 0,
-                         False, 4)
+                         False, 4, *head)
+    for field in ((2**32, 0, 0, 0), (1, 256, 0, 0), (1, 0, -1, 0), (1, 0, 0, 2**15)):
+        with pytest.raises(ValueError, match="outside its field"):
+            _core.fill_round(dgram, flat, pos_ext, np.array([0]), np.array([0]), None, 0, 0,
+                             False, 4, *field)
     out = np.zeros(10, np.float32)
     with pytest.raises(IndexError, match="outside the output"):
         _core.deliver(bytearray(wire.packet_len(2, 4, 2)), out, np.array([0, 3], np.int64), 0b11,
@@ -205,13 +255,19 @@ def test_the_agents_datagrams_are_wire_pack_of_the_reference():
                     loss_deadline=1e-9)
     sent = []
     call = _Call(job, 1, 9, np.zeros(W, np.int64), flat, False, False, None, _Buffers(),
-                 RttEstimator(), lambda pkt: sent.append(bytes(pkt)))
+                 RttEstimator())
+
+    def flush():  # what the agent's _flush sends
+        sent.extend(bytes(p) for p in call.outbox)
+        call.outbox.clear()
+
     nz = [b for b in range(13) if b != 5]
     pos_ext, first, _ = lane_plan(nz, W, k)
     np.testing.assert_array_equal(call.pos_ext, pos_ext)
     st = call.slots[1]  # lanes 4..7: blocks 4 and 12, 6, 7
     ptr = first[4:8].copy()
     call.send_setup(st)
+    flush()
     exponent = int(call.slot_exp[1])
     head = dict(priority=5, job=3, epoch=1, call=9, slot=1, rank=1, nlanes=k, length=100,
                 block_size=B)
@@ -223,7 +279,11 @@ def test_the_agents_datagrams_are_wire_pack_of_the_reference():
                                               msg_type=wire.MSG_RESULT, round=round_,
                                               exponent=exponent, bitmap=3, present=present),
                                   positions, rows))
-        return call.on_answer(res, len(res), st, wire.HEADER_STRUCT.unpack_from(res))
+        verdict, a = _core.check_answer(res, len(res), job.job, job.epoch, 9, job.slot_base, W)
+        assert verdict == 0 and a[1] == st.index
+        got = call.answer(res, a)
+        flush()
+        return got
 
     # setup result: the union's first positions and the exponent every worker quantizes with
     assert not answer(1, [4, 5, 6, 7], exponent + 1)
@@ -244,6 +304,204 @@ def test_the_agents_datagrams_are_wire_pack_of_the_reference():
     # Past the loss deadline the round is flushed: resent with RESEND and PARTIAL set in place.
     call.slots[0].done = True  # (never started here)
     call.resend_due(False, 0.1, 10.0, ("127.0.0.1", 1))
+    flush()
     assert wire.unpack_header(sent[-1]).flags == wire.FLAG_LAST | wire.FLAG_RESEND | wire.FLAG_PARTIAL
     assert sent[-1][wire.HEADER_LEN:] == want[wire.HEADER_LEN:]
     assert sent[-2] == want  # the stored datagram is unchanged
+
+
+def random_header(rng) -> list:
+    """Random values for every header field (HEADER_STRUCT order), each within its width."""
+    return [int(rng.integers(0, 2 ** bits, dtype=np.uint64)) - (2 ** (bits - 1) if code.islower() else 0)
+            for _, code, bits in wire.HEADER_FIELDS]
+
+
+def with_fields(fields: list, **changes) -> list:
+    """`fields` (HEADER_STRUCT order) with the named ones changed."""
+    return [changes.get(name, v) for name, v in zip(wire.FIELD_NAMES, fields)]
+
+
+EXPECT = dict(job=7, epoch=3, call=11, slot_base=4, nslots=3)  # the call answers must belong to
+
+
+def answer_datagram(rng, **fields) -> bytearray:
+    """A well-formed answer of the EXPECT call (random lanes, rows, flags), fields changed."""
+    k, B = int(rng.choice([1, 4, 64])), int(rng.choice([1, 8]))
+    present = int(rng.integers(0, 2 ** k, dtype=np.uint64))
+    h = dict(version=wire.VERSION, msg_type=int(rng.choice([wire.MSG_RESULT, wire.MSG_STATUS])),
+             flags=int(rng.integers(0, 32)), priority=0, job=EXPECT["job"],
+             epoch=EXPECT["epoch"], call=EXPECT["call"],
+             slot=EXPECT["slot_base"] + int(rng.integers(0, EXPECT["nslots"])),
+             rank=int(rng.integers(0, 32)), nlanes=k, round=int(rng.integers(0, 2**32)),
+             length=int(rng.integers(0, 2**32)), block_size=B,
+             exponent=int(rng.integers(-2**15, 2**15)), bitmap=int(rng.integers(0, 2**32)),
+             present=present, nonfinite=present & int(rng.integers(0, 2 ** k, dtype=np.uint64)))
+    h.update(fields)
+    rows = bin(h["present"]).count("1") * B
+    body = rng.integers(0, 256, 4 * k + 4 * rows, dtype=np.uint8).tobytes()
+    return bytearray(wire.HEADER_STRUCT.pack(*(h[n] for n in wire.FIELD_NAMES)) + body)
+
+
+def check(dgram, size=None):
+    return _core.check_answer(dgram, len(dgram) if size is None else size, *EXPECT.values())
+
+
+def test_check_answer_reads_the_wire_fields_and_agrees_with_header_error():
+    """Random good answers: every field as wire.unpack_header reads it; random corruptions of
+    one header byte or of the size: malformed exactly where wire.header_error says so, else
+    an answer or not one of this call's."""
+    rng = np.random.default_rng(21)
+    for _ in range(400):
+        d = answer_datagram(rng)
+        verdict, a = check(d)
+        h = wire.unpack_header(d)
+        assert verdict == 0
+        assert a == (0, h.slot - EXPECT["slot_base"], h.msg_type, h.flags, h.round, h.exponent,
+                     h.bitmap, h.present, h.nonfinite, h.length, len(d))
+        bad = bytearray(d) + bytes(4)  # room for a datagram 4 bytes too long
+        i = int(rng.integers(0, wire.HEADER_LEN))
+        bad[i] = int(rng.integers(0, 256))
+        size = len(d) + int(rng.choice([0, 0, -1, 4, -len(d) + int(rng.integers(0, 48))]))
+        verdict, _ = check(bad, size)
+        t = wire.HEADER_STRUCT.unpack_from(bad)
+        malformed = size < wire.HEADER_LEN or wire.header_error(t, size) is not None
+        assert (verdict == 2) == malformed, (i, size, t)
+
+
+@pytest.mark.parametrize("change", [dict(msg_type=wire.MSG_CONTRIB), dict(job=8), dict(epoch=4),
+                                    dict(call=12), dict(slot=3), dict(slot=7)])
+def test_check_answer_names_what_is_not_this_calls(change):
+    """A contribution, another job, epoch or call, a slot outside the window: verdict 3."""
+    rng = np.random.default_rng(1)
+    assert check(answer_datagram(rng, **change)) == (3, None)
+
+
+@pytest.fixture
+def sockets():
+    """An agent's socket (non-blocking), a switch's and a stranger's, all on 127.0.0.1."""
+    made = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(3)]
+    for s in made:
+        s.bind(("127.0.0.1", 0))
+    made[0].setblocking(False)
+    yield made
+    for s in made:
+        s.close()
+
+
+def ip_of(sock) -> int:
+    return int.from_bytes(socket.inet_aton(sock.getsockname()[0]), "big")
+
+
+def test_recv_answers_keeps_only_the_switchs_well_formed_answers(sockets):
+    """One batch of good answers with a malformed one, a truncated one, another job's and a
+    stranger's among them: the good ones in order with their ring index, the malformed and
+    truncated ones listed, the stranger's counted and never read, the other job's dropped."""
+    agent, switch, stranger = sockets
+    rng = np.random.default_rng(9)
+    good = [answer_datagram(rng) for _ in range(5)]
+    bad = answer_datagram(rng)
+    bad[0] = 9  # version
+    batch = [good[0], bad, good[1], bytes(30), good[2], answer_datagram(rng, job=99), good[3]]
+    for d in batch:
+        switch.sendto(d, agent.getsockname())
+    stranger.sendto(good[4], agent.getsockname())
+    stride = 1 << 16
+    ring = bytearray(16 * stride)
+    got = _core.recv_answers(agent.fileno(), ring, stride, ip_of(switch), switch.getsockname()[1],
+                             *EXPECT.values())
+    received, foreign, malformed, answers = got
+    assert (received, foreign) == (8, 1)
+    assert malformed == [(1, len(bad)), (3, 30)]
+    assert [a[_A_INDEX] for a in answers] == [0, 2, 4, 6]
+    for a, d in zip(answers, good):
+        assert a[1:] == check(d)[1][1:]
+        assert ring[a[_A_INDEX] * stride:a[_A_INDEX] * stride + len(d)] == d
+    # nothing waiting: received 0, no error
+    assert _core.recv_answers(agent.fileno(), ring, stride, ip_of(switch),
+                              switch.getsockname()[1], *EXPECT.values()) == (0, 0, [], [])
+
+
+def test_recv_answers_reads_at_most_a_ring_per_call(sockets):
+    """More waiting than the ring holds: the rest stays for the next call, in order."""
+    agent, switch, _ = sockets
+    rng = np.random.default_rng(2)
+    sent = [answer_datagram(rng) for _ in range(5)]
+    for d in sent:
+        switch.sendto(d, agent.getsockname())
+    stride = 1 << 16
+    ring = bytearray(3 * stride)
+    args = (ip_of(switch), switch.getsockname()[1], *EXPECT.values())
+    first = _core.recv_answers(agent.fileno(), ring, stride, *args)
+    second = _core.recv_answers(agent.fileno(), ring, stride, *args)
+    assert (first[0], second[0]) == (3, 2)
+    assert [a[4] for a in first[3] + second[3]] == [wire.unpack_header(d).round for d in sent]
+
+
+def test_send_batch_sends_every_datagram_in_order(sockets):
+    """send_batch: each datagram arrives whole, in order, from the agent's socket."""
+    agent, switch, _ = sockets
+    rng = np.random.default_rng(4)
+    dgrams = [bytearray(rng.integers(0, 256, int(n), dtype=np.uint8).tobytes())
+              for n in rng.integers(2, 9000, 70)]  # more than one sendmmsg (64 at most)
+    switch.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)  # room for all of them
+    views = [memoryview(d)[:len(d) - 1] if i % 2 else d for i, d in enumerate(dgrams)]
+    switch.settimeout(5)
+    got = []
+    reader = threading.Thread(target=lambda: got.extend(
+        switch.recvfrom(1 << 16) for _ in range(len(views))))
+    reader.start()
+    assert _core.send_batch(agent.fileno(), views, ip_of(switch), switch.getsockname()[1]) == 0
+    reader.join()
+    assert [d for d, _ in got] == [bytes(v) for v in views]
+    assert {a for _, a in got} == {agent.getsockname()}
+
+
+def test_an_agent_drops_and_counts_only_the_bad_datagrams_among_good_ones():
+    """A one-worker switch that sends, before each result, a malformed datagram, another job's
+    answer and (from a stranger's socket) a copy of the result: the call's sum is exact, each
+    bad datagram dropped and counted as before (malformed, foreign), none taken for a result."""
+    from spina.config import JobConfig, WorkerAddr
+    sw, stranger, me = (socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(3))
+    for s in (sw, stranger, me):
+        s.bind(("127.0.0.1", 0))
+    sw.settimeout(0.1)  # looks at `stop` this often
+    stop = threading.Event()
+    results = [0]
+
+    def switch():  # echo every contribution as the result of one worker, with the bad ones
+        while not stop.is_set():
+            try:
+                d, addr = sw.recvfrom(1 << 16)
+            except socket.timeout:
+                continue
+            if d[1] != wire.MSG_CONTRIB:
+                continue
+            res = bytearray(d)
+            res[1], res[wire.FIELD_OFFSET["bitmap"] + 3] = wire.MSG_RESULT, 1
+            sw.sendto(res[:-1], addr)  # malformed: one byte short
+            other = bytearray(res)
+            other[wire.FIELD_OFFSET["job"] + 1] ^= 1
+            sw.sendto(other, addr)  # another job's
+            stranger.sendto(res, addr)  # not from the switch
+            sw.sendto(res, addr)
+            results[0] += 1
+
+    t = threading.Thread(target=switch)
+    t.start()
+    job = JobConfig(job=1, workers=(WorkerAddr(0, *me.getsockname()),), block_size=16,
+                    nlanes=4, nslots=3)
+    agent = Agent(job, 0, sw.getsockname(), sock=me, rto=1.0, timeout=5)
+    try:
+        x = np.zeros(16 * 40, np.int32)
+        x[::7] = np.arange(1, len(x[::7]) + 1)
+        got = agent.allreduce(x)
+        np.testing.assert_array_equal(got, x)
+        st = agent.last_stats
+        assert st.malformed_packets == st.foreign_packets == results[0] == st.packets_received
+        assert st.resends == 0
+    finally:
+        stop.set()
+        t.join()
+        agent.close()
+        sw.close()
+        stranger.close()

@@ -217,6 +217,7 @@ def test_daemon_scrape_counts_calls_packets_and_resends(tmp_path):
                 assert m[("spina_agent_calls_total", lab[:1] + (("outcome", "ok"), lab[1]))] == 3
                 for field, metric in (("packets_sent", "packets_sent"), ("resends", "resends"),
                                       ("bytes_received", "bytes_received"),
+                                      ("malformed_packets", "malformed_packets"),
                                       ("length", "elements")):
                     want = sum(getattr(s, field) for s in stats[r])
                     assert m[(f"spina_agent_{metric}_total", lab)] == want, metric

@@ -93,6 +93,30 @@ def test_fast_retransmit_after_a_later_round_completes_and_again_for_a_lost_rese
     assert rec.fast_resends == 3 and rec.timeout_resends == 0
 
 
+def test_a_round_completing_before_an_older_one_asks_for_a_check_at_once():
+    """In send order, results ask for no check before the time wait() gave; a round completing
+    while an older one is in flight (its latest transmission, resends included) asks for one,
+    and due() takes the request."""
+    rec, (a, b, c) = _recovery()
+    for i, tm in enumerate((a, b, c)):
+        rec.sent(tm, 0.001 * i)
+    rec.result(a, 1, 0.011, multicast=True, partial=False)  # the oldest: in order
+    assert not rec.recheck
+    rec.result(c, 1, 0.012, multicast=True, partial=False)  # b, sent before c, still out
+    assert rec.recheck
+    assert rec.due([("b", b)], 0.0125, idle=False) == []  # within the reorder window
+    assert not rec.recheck
+    rec.resent(b, 0.020)
+    rec.sent(a, 0.021)
+    rec.result(a, 2, 0.030, multicast=True, partial=False)  # after b's resend: b's resend lost
+    assert rec.recheck
+    rec.due([("b", b)], 0.031, idle=False)
+    rec.sent(c, 0.032)
+    rec.result(b, 1, 0.040, multicast=False, partial=False)  # c, sent after b's resend, is out
+    rec.result(c, 2, 0.041, multicast=True, partial=False)  # nothing older in flight
+    assert not rec.recheck
+
+
 def test_answer_to_a_resend_does_not_trigger_fast_retransmit():
     """A result for a resent round says nothing about the order of the others: no cascade."""
     rec, (a, b, c) = _recovery()
