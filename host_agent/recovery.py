@@ -15,8 +15,9 @@ status naming who contributed. A round is resent on one of three triggers, all d
                    per call, as TCP has one per connection: it runs from the call's last result
                    (or last timeout resend) for srtt + 4 rttvar of the measured round latency,
                    at least `min_rto` (a few ms by default); on expiry the oldest round in
-                   flight is resent, with every other round not sent for a timeout, and the
-                   timer doubles (up to MAX_RTO) until a result arrives. A switch that is
+                   flight is resent (from the second expiry in a row on, with every round not
+                   sent for a timeout) and the timer doubles (up to MAX_RTO) until a result
+                   arrives. A switch that is
                    slow but answering restarts the timer with every result, so it never sees
                    a burst of resends. Only Karn-clean rounds (never
                    resent) are timed, and a resend that turns out to be spurious (its round's
@@ -282,12 +283,15 @@ class Recovery:
                 self.fast_resends += 1  # a round sent after this one was answered: lost
                 out.append((st, tm))
         if not out and in_flight and self.drained_at - self.timer_from > self.timeout:
-            # The oldest round, and every other round not sent for a timeout: slots are
-            # independent, so one resend per expiry left the others waiting a doubled timeout
-            # each (20% loss each way: 5-15 s per call against 1.1-1.3 s; at 30% calls timed
-            # out). The price: a spurious expiry resends every late round, not one.
+            # The oldest round; from the second expiry in a row on, also every other round not
+            # sent for a timeout. Slots are independent, so one resend per expiry left the
+            # others waiting a doubled timeout each (at 20-30% loss each way calls stalled
+            # for tens of seconds and timed out), while a first expiry is often spurious on a
+            # loaded machine and must cost one resend, not a window's (resending every late
+            # round at once multiplied make bench-net's resends by ten).
             oldest = min(in_flight, key=lambda p: p[1].sent_at)
-            late = [p for p in in_flight if p is oldest or now - p[1].sent_at > self.timeout]
+            late = [p for p in in_flight if p is oldest or (
+                self.backoff and now - p[1].sent_at > self.timeout)]
             self.timer_from = now
             self.backoff += 1
             self.timeout_resends += len(late)
