@@ -1,0 +1,135 @@
+/* SpINA on Tofino 1 (egress): per-worker rewrite of the result copies, the result counter,
+ * and the congestion drop of loss-tolerant contributions. Same tables, keys, actions and
+ * counters as p4src/include/control/egress_rewrite.p4 and priority.p4.
+ *
+ * TNA has no truncate: bytes a contribution carried after its UDP datagram (an Ethernet
+ * trailer) still follow a reply built from it (p4src cuts them). The IPv4 and UDP lengths
+ * are right; receivers read the datagram, not the frame.
+ */
+#ifndef SPINA_TNA_EGRESS_P4
+#define SPINA_TNA_EGRESS_P4
+
+control WorkerRewrite(inout tna_headers_t hdr, in egress_intrinsic_metadata_t eg_intr_md,
+                      inout egress_intrinsic_metadata_for_deparser_t eg_dprsr_md) {
+    @name(".job_results") Counter<bit<32>, bit<11>>(MAX_JOBS, CounterType_t.PACKETS) job_results;
+
+    @name(".rewrite_for_worker")
+    action rewrite_for_worker(mac_addr_t dst_mac, ipv4_addr_t dst_addr, bit<16> dst_port) {
+        hdr.ethernet.dst_addr = dst_mac;
+        hdr.ipv4.dst_addr = dst_addr;
+        hdr.udp.dst_port = dst_port;
+    }
+
+    // A replica nobody configured cannot be addressed.
+    @name(".drop_replica")
+    action drop_replica() {
+        eg_dprsr_md.drop_ctl = 1;
+    }
+
+    @name(".worker_rewrite")
+    table worker_rewrite {
+        key = {
+            eg_intr_md.egress_rid: exact @name("rid");
+        }
+        actions = {
+            rewrite_for_worker;
+            @defaultonly drop_replica;
+        }
+        default_action = drop_replica();
+        size = MAX_RIDS;
+    }
+
+    apply {
+        if (hdr.bridge.ina_emitted == 1) {
+            if (eg_intr_md.egress_rid != 0) {
+                worker_rewrite.apply();
+            }
+            if (hdr.ina.msg_type == MSG_RESULT) {
+                job_results.count(hdr.ina.job[10:0]);
+            }
+        }
+    }
+}
+
+// The loss budget of p4src priority.p4: credit earns `bound` per contribution seen, saturating
+// at LOSS_CREDIT_MAX, and a drop pays LOSS_CREDIT_ONE when the credit holds it.
+control CongestionDrop(inout tna_headers_t hdr, inout tna_egress_md_t meta,
+                       in egress_intrinsic_metadata_t eg_intr_md,
+                       inout egress_intrinsic_metadata_for_deparser_t eg_dprsr_md) {
+    @name(".job_congestion_drops")
+    Counter<bit<32>, bit<11>>(MAX_JOBS, CounterType_t.PACKETS) job_congestion_drops;
+    @name(".job_congestion_seen")
+    Counter<bit<32>, bit<11>>(MAX_JOBS, CounterType_t.PACKETS) job_congestion_seen;
+    @name(".job_loss_credit")
+    Register<loss_credit_t, bit<11>>(MAX_JOBS, 0) job_loss_credit;
+
+    // Not eligible for a drop: earn only.
+    RegisterAction<loss_credit_t, bit<11>, bit<8>>(job_loss_credit) earn = {
+        void apply(inout loss_credit_t value, out bit<8> rv) {
+            if (value + meta.loss_bound > LOSS_CREDIT_MAX) {
+                value = LOSS_CREDIT_MAX;
+            } else {
+                value = value + meta.loss_bound;
+            }
+            rv = 0;
+        }
+    };
+    // Eligible: earn, then pay one packet if the credit holds it (rv 1: drop).
+    RegisterAction<loss_credit_t, bit<11>, bit<8>>(job_loss_credit) earn_and_pay = {
+        void apply(inout loss_credit_t value, out bit<8> rv) {
+            if (value + meta.loss_bound > LOSS_CREDIT_MAX) {
+                value = LOSS_CREDIT_MAX - LOSS_CREDIT_ONE;
+                rv = 1;
+            } else if (value >= meta.loss_need) {
+                value = value - meta.loss_need;
+                rv = 1;
+            } else {
+                value = value + meta.loss_bound;
+                rv = 0;
+            }
+        }
+    };
+
+    @name(".set_congestion")
+    action set_congestion(qdepth_t qdepth, loss_bound_t bound) {
+        meta.qdepth_threshold = (bit<32>)qdepth;
+        meta.loss_bound = (bit<32>)bound;
+        meta.loss_need = LOSS_CREDIT_ONE - (bit<32>)bound;
+    }
+
+    @name(".congestion")
+    table congestion {
+        key = {
+            hdr.ina.job: exact @name("job");
+        }
+        actions = {
+            set_congestion;
+            @defaultonly NoAction;
+        }
+        default_action = NoAction();
+        size = ADMISSION_ENTRIES;
+    }
+
+    apply {
+        if (hdr.ina.isValid() && hdr.ina.msg_type == MSG_CONTRIB) {
+            if (congestion.apply().hit) {
+                bit<11> job = hdr.ina.job[10:0];
+                job_congestion_seen.count(job);
+                // threshold - enq_qdepth, both below 2^19: bit 31 set when the queue is deeper.
+                meta.qdepth_excess = meta.qdepth_threshold - (bit<32>)eg_intr_md.enq_qdepth;
+                bit<8> paid = 0;
+                if ((hdr.ina.flags & FLAG_LOSS_TOLERANT) != 0 && meta.qdepth_excess[31:31] == 1) {
+                    paid = earn_and_pay.execute(job);
+                } else {
+                    paid = earn.execute(job);
+                }
+                if (paid == 1) {
+                    job_congestion_drops.count(job);
+                    eg_dprsr_md.drop_ctl = 1;
+                }
+            }
+        }
+    }
+}
+
+#endif
