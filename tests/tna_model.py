@@ -308,20 +308,21 @@ class TnaModel:
         excess = (threshold - qdepth) & M32
         cells = self.reg["job_loss_credit"]
         value = cells[job]
+        paid = PRED_NONE
         if h.flags & LOSS_TOLERANT and excess >> 31 == 1:             # earn_and_pay
+            paid = predicate(value + bound > spec.LOSS_CREDIT_MAX, value >= need)
             if value + bound > spec.LOSS_CREDIT_MAX:
-                value, paid = spec.LOSS_CREDIT_MAX - spec.LOSS_CREDIT_ONE, 1
+                value = spec.LOSS_CREDIT_MAX - spec.LOSS_CREDIT_ONE
             elif value >= need:
-                value, paid = value - need, 1
+                value = value - need
             else:
-                value, paid = value + bound, 0
+                value = value + bound
         else:                                                          # earn
             value = spec.LOSS_CREDIT_MAX if value + bound > spec.LOSS_CREDIT_MAX else value + bound
-            paid = 0
         cells[job] = value
-        if paid == 1:
+        if paid != PRED_NONE:
             self.count("job_congestion_drops", job)
-        return paid == 1
+        return paid != PRED_NONE
 
 
 def predicate(cmplo: bool, cmphi: bool) -> int:

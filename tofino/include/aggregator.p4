@@ -49,12 +49,12 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
     // ------------------------------------------------------------------ slot_round
     @name(".slot_round") Register<bit<32>, copy_index_t>(SLOT_COPIES, 0) slot_round;
     // delta = round - stored (mod 2^32): 0 same, 1 .. 2^31 - 1 newer (the copy takes it),
-    // else stale: the same test as p4src's delta >> 31.
+    // else stale: the same test as p4src's delta >> 31 (a 32-bit difference read as signed:
+    // bf-p4c's "uus" comparison).
     RegisterAction<bit<32>, copy_index_t, pred_t>(slot_round) check_round = {
         void apply(inout bit<32> value, out pred_t rv) {
-            bool newer = (int<32>)(hdr.ina.round - value) > 0;
-            rv = this.predicate(value == hdr.ina.round, newer);
-            if (newer) {
+            rv = this.predicate(value == hdr.ina.round, (int<32>)(hdr.ina.round - value) > 0);
+            if ((int<32>)(hdr.ina.round - value) > 0) {
                 value = hdr.ina.round;
             }
         }

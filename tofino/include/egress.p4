@@ -64,28 +64,27 @@ control CongestionDrop(inout tna_headers_t hdr, inout tna_egress_md_t meta,
     Register<loss_credit_t, bit<11>>(MAX_JOBS, 0) job_loss_credit;
 
     // Not eligible for a drop: earn only.
-    RegisterAction<loss_credit_t, bit<11>, bit<8>>(job_loss_credit) earn = {
-        void apply(inout loss_credit_t value, out bit<8> rv) {
+    RegisterAction<loss_credit_t, bit<11>, pred_t>(job_loss_credit) earn = {
+        void apply(inout loss_credit_t value) {
             if (value + meta.loss_bound > LOSS_CREDIT_MAX) {
                 value = LOSS_CREDIT_MAX;
             } else {
                 value = value + meta.loss_bound;
             }
-            rv = 0;
         }
     };
-    // Eligible: earn, then pay one packet if the credit holds it (rv 1: drop).
-    RegisterAction<loss_credit_t, bit<11>, bit<8>>(job_loss_credit) earn_and_pay = {
-        void apply(inout loss_credit_t value, out bit<8> rv) {
+    // Eligible: earn, then pay one packet if the credit holds it: saturated (pays from
+    // LOSS_CREDIT_MAX), or credit + bound >= LOSS_CREDIT_ONE; rv PRED_NONE: no drop.
+    RegisterAction<loss_credit_t, bit<11>, pred_t>(job_loss_credit) earn_and_pay = {
+        void apply(inout loss_credit_t value, out pred_t rv) {
+            rv = this.predicate(value + meta.loss_bound > LOSS_CREDIT_MAX,
+                                value >= meta.loss_need);
             if (value + meta.loss_bound > LOSS_CREDIT_MAX) {
                 value = LOSS_CREDIT_MAX - LOSS_CREDIT_ONE;
-                rv = 1;
             } else if (value >= meta.loss_need) {
                 value = value - meta.loss_need;
-                rv = 1;
             } else {
                 value = value + meta.loss_bound;
-                rv = 0;
             }
         }
     };
@@ -117,13 +116,13 @@ control CongestionDrop(inout tna_headers_t hdr, inout tna_egress_md_t meta,
                 job_congestion_seen.count(job);
                 // threshold - enq_qdepth, both below 2^19: bit 31 set when the queue is deeper.
                 meta.qdepth_excess = meta.qdepth_threshold - (bit<32>)eg_intr_md.enq_qdepth;
-                bit<8> paid = 0;
+                pred_t paid = PRED_NONE;
                 if ((hdr.ina.flags & FLAG_LOSS_TOLERANT) != 0 && meta.qdepth_excess[31:31] == 1) {
                     paid = earn_and_pay.execute(job);
                 } else {
-                    paid = earn.execute(job);
+                    earn.execute(job);
                 }
-                if (paid == 1) {
+                if (paid != PRED_NONE) {
                     job_congestion_drops.count(job);
                     eg_dprsr_md.drop_ctl = 1;
                 }
