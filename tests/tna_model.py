@@ -170,7 +170,9 @@ class TnaModel:
 
     @staticmethod
     def mark_rank(value, round_next):
-        return round_next, predicate(value == round_next, False)
+        newer = _s32((round_next - value) & M32) > 0
+        rv = predicate(value == round_next, newer)
+        return (round_next if newer else value), rv
 
     def aggregate(self, h, pkt: bytes, adm: dict) -> list[tuple[bytes, bool]]:
         r = self.reg
@@ -190,11 +192,11 @@ class TnaModel:
                  if h.present & 1 else None)
 
         r["slot_round"][idx], round_pred = self.check_round(r["slot_round"][idx], h.round)
+        r["slot_rank_round"][rank_idx], rank_pred = self.mark_rank(
+            r["slot_rank_round"][rank_idx], round_next)
         if round_pred == PRED_NONE:
             self.count("job_stale", job)
             return []
-        r["slot_rank_round"][rank_idx], rank_pred = self.mark_rank(
-            r["slot_rank_round"][rank_idx], round_next)
         cnt = r["slot_count"][idx]
         if round_pred == PRED_HI:
             r["slot_length"][idx] = stored_length = h.length           # set_length

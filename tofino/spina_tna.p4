@@ -28,6 +28,8 @@ control SpinaIngress(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
     InaEndpoint() ina_endpoint_ctl;
     InaCheck() ina_check_ctl;
     Admission() admission_ctl;
+    PortCounters() port_counters_ctl;
+    SlotIndex() slot_index_ctl;
     Aggregator() aggregator_ctl;
     Forwarding() forwarding_ctl;
     Priority() priority_ctl;
@@ -37,22 +39,22 @@ control SpinaIngress(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
         hdr.bridge.pad = 0;
         hdr.bridge.ina_emitted = 0;
         hdr.bridge.ipv4_update = 0;
+        // Stage 0 looks everything up at once (each lookup keys on header fields only);
+        // Admission's gate table sorts the packet in stage 1.
         ina_endpoint_ctl.apply(hdr, meta);
-        if (meta.ina_local) {
-            bool malformed;
-            ina_check_ctl.apply(hdr, ig_prsr_md.parser_err, ig_intr_md.ingress_port, malformed);
-            if (malformed) {
-                ig_dprsr_md.drop_ctl = 1;
-            } else {
-                admission_ctl.apply(hdr, meta, ig_intr_md.ingress_port);
-                if (meta.adm.hit) {
-                    aggregator_ctl.apply(hdr, meta, ig_intr_md, ig_dprsr_md, ig_tm_md);
-                } else {
-                    ig_dprsr_md.drop_ctl = 1;
-                }
-            }
-        } else {
+        ina_check_ctl.apply(hdr, ig_prsr_md.parser_err, meta);
+        admission_ctl.apply(hdr, meta, ig_intr_md.ingress_port);
+        slot_index_ctl.apply(hdr, meta);
+        if (meta.gate == GATE_FORWARD) {
             forwarding_ctl.apply(hdr, ig_dprsr_md, ig_tm_md);
+        } else {
+            bool admitted;
+            port_counters_ctl.apply(meta, ig_intr_md.ingress_port, admitted);
+            if (admitted) {
+                aggregator_ctl.apply(hdr, meta, ig_intr_md, ig_dprsr_md, ig_tm_md);
+            } else {
+                ig_dprsr_md.drop_ctl = 1;
+            }
         }
         priority_ctl.apply(hdr, ig_tm_md);
     }

@@ -40,39 +40,49 @@ control InaEndpoint(in tna_headers_t hdr, inout tna_ingress_md_t meta) {
     }
 }
 
-control InaCheck(in tna_headers_t hdr, in bit<16> parser_err, in PortId_t ingress_port,
-                 out bool malformed) {
-    @name(".port_malformed") Counter<bit<32>, PortId_t>(MAX_PORTS, CounterType_t.PACKETS)
-        port_malformed;
+// wire.check_header at this program's sizes, as one ternary lookup on header fields (stage 0):
+// the two well-formed shapes (lane 0 absent or present) are entries, everything else is
+// malformed. present/nonfinite bits beyond lane 0 must be 0, rank < 32, and the UDP length
+// is header + one position (+ the block). The frame's own length needs no check: the parser
+// extracted the whole datagram at these sizes, so a frame cut short sets parser_err.
+control InaCheck(in tna_headers_t hdr, in bit<16> parser_err, inout tna_ingress_md_t meta) {
+    @hidden action well_formed() {
+        meta.malformed = false;
+    }
+    @hidden table ina_check {
+        key = {
+            parser_err:          ternary;
+            hdr.ina.isValid():   exact;
+            hdr.ina.version:     ternary;
+            hdr.ina.msg_type:    ternary;
+            hdr.ina.nlanes:      ternary;
+            hdr.ina.block_size:  ternary;
+            hdr.ina.rank:        ternary;
+            hdr.ina.present:     ternary;
+            hdr.ina.nonfinite:   ternary;
+            hdr.udp.length:      ternary;
+        }
+        actions = { well_formed; @defaultonly NoAction; }
+        const entries = {
+            (0, true, INA_VERSION, MSG_CONTRIB, NLANES, BLOCK_SIZE, 0 &&& RANK_HIGH_BITS, 0,
+             0 &&& LANE_HIGH_BITS, UDP_HDR_BYTES + INA_HDR_BYTES + 4 * NLANES): well_formed();
+            (0, true, INA_VERSION, MSG_CONTRIB, NLANES, BLOCK_SIZE, 0 &&& RANK_HIGH_BITS, 1,
+             0 &&& LANE_HIGH_BITS, UDP_HDR_BYTES + INA_HDR_BYTES + 4 * NLANES + BLOCK_BYTES):
+                well_formed();
+        }
+        const default_action = NoAction();
+        size = 2;
+    }
 
     apply {
-        // The UDP length of a well-formed packet at these sizes: header, one position and
-        // the block when present bit 0 is set (wire.packet_len + the UDP header).
-        bit<16> want = UDP_HDR_BYTES + INA_HDR_BYTES + 4 * NLANES;
-        if (hdr.ina.present[0:0] == 1) {
-            want = want + BLOCK_BYTES;
-        }
-        malformed = parser_err != 0
-            || !hdr.ina.isValid()
-            || hdr.ina.version != INA_VERSION
-            || hdr.ina.msg_type != MSG_CONTRIB
-            || hdr.ina.nlanes != NLANES || hdr.ina.block_size != BLOCK_SIZE
-            || hdr.ina.rank >= WIRE_MAX_WORKERS
-            || hdr.ina.present[63:NLANES] != 0
-            || hdr.ina.nonfinite[63:NLANES] != 0
-            || hdr.udp.length != want;
-        if (malformed) {
-            port_malformed.count(ingress_port);
-        }
+        meta.malformed = true;
+        ina_check.apply();
     }
 }
 
 control Admission(in tna_headers_t hdr, inout tna_ingress_md_t meta, in PortId_t ingress_port) {
-    @name(".port_unadmitted") Counter<bit<32>, PortId_t>(MAX_PORTS, CounterType_t.PACKETS)
-        port_unadmitted;
-
     // Action data meets header fields here, once: the slot's offset in the job's range and
-    // the epoch's difference are computed with the lookup (one stage saved).
+    // the epoch's difference are computed with the lookup (stage 0).
     @name(".admit")
     action admit(bit<16> epoch, bit<16> slot_base, bit<16> nslots, bit<8> nworkers,
                  bit<16> block_size, bit<8> nlanes, bit<16> mcast_grp) {
@@ -111,21 +121,63 @@ control Admission(in tna_headers_t hdr, inout tna_ingress_md_t meta, in PortId_t
         size = ADMISSION_ENTRIES;
     }
 
-    apply {
-        meta.adm.hit = false;
-        admission.apply();
-        // Inside [slot_base, slot_base + nslots): slot_off did not wrap and is below nslots
-        // (32-bit arithmetic on 16-bit values: bit 31 is the sign of each difference).
-        meta.slot_past = meta.slot_off - (bit<32>)meta.adm.nslots;
-        // The parser holds NLANES blocks of BLOCK_SIZE (and InaCheck let only those sizes
-        // through): the controller admits no other sizes; this guards the registers from a
-        // wrong entry, as p4src does.
-        if (meta.adm.hit && (meta.slot_off[31:31] == 1 || meta.slot_past[31:31] == 0
-                || meta.adm.nlanes != NLANES || meta.adm.block_size != BLOCK_SIZE)) {
-            meta.adm.hit = false;
+    // Stage 1: what the packet is, from stage 0's answers, in one lookup. The upper bound of
+    // the slot range (slot_past) is computed in this stage and tested in the next.
+    @hidden action set_gate(gate_t gate) {
+        meta.gate = gate;
+    }
+    // The slot's lower bound (slot_off did not wrap) and the admitted sizes are tested here;
+    // the sizes are the parser's (InaCheck let only those through): the controller admits no
+    // other sizes, so this guards the registers from a wrong entry, as p4src does.
+    @hidden table gate {
+        key = {
+            meta.ina_local:        ternary;
+            meta.malformed:        ternary;
+            meta.adm.hit:          ternary;
+            meta.slot_off[31:31]:  ternary;
+            meta.epoch_diff:       ternary;
+            meta.adm.nlanes:       ternary;
+            meta.adm.block_size:   ternary;
         }
-        if (!meta.adm.hit) {
+        actions = { set_gate; }
+        const entries = {
+            (false, _, _, _, _, _, _): set_gate(GATE_FORWARD);
+            (true, true, _, _, _, _, _): set_gate(GATE_MALFORMED);
+            (true, false, true, 0, 0, NLANES, BLOCK_SIZE): set_gate(GATE_AGGREGATE);
+            (true, false, true, 0, _, NLANES, BLOCK_SIZE): set_gate(GATE_STALE_EPOCH);
+        }
+        const default_action = set_gate(GATE_UNADMITTED);
+        size = 4;
+    }
+
+    apply {
+        meta.gate = GATE_FORWARD;
+        meta.adm.hit = false;
+        meta.adm.nlanes = 0;
+        meta.adm.block_size = 0;
+        admission.apply();
+        // Inside [slot_base, slot_base + nslots): slot_off did not wrap (bit 31 clear) and
+        // slot_off - nslots does (32-bit arithmetic on 16-bit values).
+        meta.slot_past = meta.slot_off - (bit<32>)meta.adm.nslots;
+        gate.apply();
+    }
+}
+
+// Malformed and unadmitted INA packets carry no job id one can trust: counted per port.
+control PortCounters(in tna_ingress_md_t meta, in PortId_t ingress_port, out bool admitted) {
+    @name(".port_malformed") Counter<bit<32>, PortId_t>(MAX_PORTS, CounterType_t.PACKETS)
+        port_malformed;
+    @name(".port_unadmitted") Counter<bit<32>, PortId_t>(MAX_PORTS, CounterType_t.PACKETS)
+        port_unadmitted;
+
+    apply {
+        admitted = false;
+        if (meta.gate == GATE_MALFORMED) {
+            port_malformed.count(ingress_port);
+        } else if (meta.gate == GATE_UNADMITTED || meta.slot_past[31:31] == 0) {
             port_unadmitted.count(ingress_port);
+        } else {
+            admitted = true;
         }
     }
 }

@@ -25,10 +25,12 @@
  *   the rest       set / merge / read, each returning the copy's value after this packet
  * p4src finds duplicates in slot_bitmap itself; here slot_bitmap's write would depend on
  * slot_count, which depends on the duplicate test: slot_rank_round answers that test from
- * header fields alone, one stage earlier. A rank marks its cell with every non-stale
- * contribution; the cell equals round + 1 exactly when the rank was counted in this round of
- * this copy, or when the round was already complete (then a duplicate and a new rank get the
- * same answer: the stored result). A cleared cell (0) matches no round but 0xffffffff.
+ * header fields alone, in slot_round's stage. Every contribution raises its rank's cell to
+ * round + 1 (in slot_round's wrap-around order; never lowered, so stale packets leave it);
+ * the cell equals round + 1 of the copy's round exactly when the rank was counted in it, or
+ * when the round was already complete (then a duplicate and a new rank get the same answer:
+ * the stored result). A cleared cell (0) is raised by rounds 0 .. 2^31 - 2 only: after a
+ * clear, rounds must start there (agents start at 1).
  */
 #ifndef SPINA_TNA_AGGREGATOR_P4
 #define SPINA_TNA_AGGREGATOR_P4
@@ -36,6 +38,37 @@
 typedef bit<9> copy_index_t;    // SLOT_COPIES = 512
 typedef bit<14> rank_index_t;   // RANK_CELLS = 16384
 typedef bit<11> job_index_t;    // MAX_JOBS = 2048
+
+// The register indexes and inputs that depend on header fields (and admission) only, applied
+// before any branch so that they are ready when slot_round's stage comes.
+control SlotIndex(in tna_headers_t hdr, inout tna_ingress_md_t meta) {
+    @hidden action set_rank_bit(bit<32> bit_of_rank) {
+        meta.rank_bit = bit_of_rank;
+    }
+#define SPINA_RANK_ENTRY(R) R: set_rank_bit(32w1 << R);
+    @hidden table rank_to_bit {
+        key = { hdr.ina.rank: exact; }
+        actions = { set_rank_bit; @defaultonly NoAction; }
+        const entries = {
+            FOR_EACH_RANK(SPINA_RANK_ENTRY)
+        }
+        const default_action = NoAction();
+        size = MAX_WORKERS;
+    }
+
+    apply {
+        meta.idx = hdr.ina.slot[7:0] ++ hdr.ina.round[0:0];
+        meta.rank_idx = hdr.ina.slot[7:0] ++ hdr.ina.round[0:0] ++ hdr.ina.rank[4:0];
+        meta.round_next = hdr.ina.round + 1;
+        meta.rank_bit = 0;
+        rank_to_bit.apply();
+        // count_duplicate's limit: nworkers when the packet asks for a flush.
+        meta.count_limit = 0;
+        if ((hdr.ina.flags & FLAG_PARTIAL) != 0) {
+            meta.count_limit = meta.nworkers;
+        }
+    }
+}
 
 control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
                    in ingress_intrinsic_metadata_t ig_intr_md,
@@ -62,10 +95,15 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
 
     // ------------------------------------------------------------------ slot_rank_round
     @name(".slot_rank_round") Register<bit<32>, rank_index_t>(RANK_CELLS, 0) slot_rank_round;
+    // Raised to round + 1 (wrap-around order, as slot_round), never lowered: it runs in
+    // slot_round's stage, before staleness is known, so a stale packet must not lower it.
     RegisterAction<bit<32>, rank_index_t, pred_t>(slot_rank_round) mark_rank = {
         void apply(inout bit<32> value, out pred_t rv) {
-            rv = this.predicate(value == meta.round_next);
-            value = meta.round_next;
+            rv = this.predicate(value == meta.round_next,
+                                (int<32>)(meta.round_next - value) > 0);
+            if ((int<32>)(meta.round_next - value) > 0) {
+                value = meta.round_next;
+            }
         }
     };
 
@@ -254,21 +292,6 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
 #define SPINA_LANE_VALUE_REGISTERS(L) FOR_EACH_ELEM(SPINA_VALUE_REGISTER, L)
     FOR_EACH_LANE(SPINA_LANE_VALUE_REGISTERS)
 
-    // ------------------------------------------------------------------ rank -> bit
-    @hidden action set_rank_bit(bit<32> bit_of_rank) {
-        meta.rank_bit = bit_of_rank;
-    }
-#define SPINA_RANK_ENTRY(R) R: set_rank_bit(32w1 << R);
-    @hidden table rank_to_bit {
-        key = { hdr.ina.rank: exact; }
-        actions = { set_rank_bit; @defaultonly NoAction; }
-        const entries = {
-            FOR_EACH_RANK(SPINA_RANK_ENTRY)
-        }
-        const default_action = NoAction();
-        size = MAX_WORKERS;
-    }
-
     // ------------------------------------------------------------------ decide
     // Pipeline.process's branches from the three answers (and the PARTIAL flag and lane 0's
     // present bit); value_op also says whether lane 0's block is added, set or cleared.
@@ -296,16 +319,17 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
             (PRED_HI, _, _, 0xffffffff, 0): set_outcome(KIND_COMPLETE, OP_SET, OP_SET, OP_SET, OP_CLEAR);
             (PRED_HI, _, _, _, 1): set_outcome(KIND_HOLD, OP_SET, OP_SET, OP_SET, OP_SET);
             (PRED_HI, _, _, _, 0): set_outcome(KIND_HOLD, OP_SET, OP_SET, OP_SET, OP_CLEAR);
-            // The same round, a rank not seen: added while incomplete, else the stored result.
-            (PRED_LO, PRED_NONE, _, 0xffffffff, 1): set_outcome(KIND_COMPLETE, OP_MERGE, OP_MERGE, OP_MERGE, OP_MERGE);
-            (PRED_LO, PRED_NONE, _, 0xffffffff, 0): set_outcome(KIND_COMPLETE, OP_MERGE, OP_MERGE, OP_MERGE, OP_READ);
-            (PRED_LO, PRED_NONE, _, 0x80000000 &&& 0x80000000, 1): set_outcome(KIND_HOLD, OP_MERGE, OP_MERGE, OP_MERGE, OP_MERGE);
-            (PRED_LO, PRED_NONE, _, 0x80000000 &&& 0x80000000, 0): set_outcome(KIND_HOLD, OP_MERGE, OP_MERGE, OP_MERGE, OP_NONE);
-            (PRED_LO, PRED_NONE, _, _, _): set_outcome(KIND_RESEND, OP_READ, OP_READ, OP_READ, OP_READ);
+            // The same round, a rank not seen (slot_rank_round's cell was not round + 1: its
+            // PRED_LO bit is clear): added while incomplete, else the stored result.
+            (PRED_LO, 0 &&& PRED_LO, _, 0xffffffff, 1): set_outcome(KIND_COMPLETE, OP_MERGE, OP_MERGE, OP_MERGE, OP_MERGE);
+            (PRED_LO, 0 &&& PRED_LO, _, 0xffffffff, 0): set_outcome(KIND_COMPLETE, OP_MERGE, OP_MERGE, OP_MERGE, OP_READ);
+            (PRED_LO, 0 &&& PRED_LO, _, 0x80000000 &&& 0x80000000, 1): set_outcome(KIND_HOLD, OP_MERGE, OP_MERGE, OP_MERGE, OP_MERGE);
+            (PRED_LO, 0 &&& PRED_LO, _, 0x80000000 &&& 0x80000000, 0): set_outcome(KIND_HOLD, OP_MERGE, OP_MERGE, OP_MERGE, OP_NONE);
+            (PRED_LO, 0 &&& PRED_LO, _, _, _): set_outcome(KIND_RESEND, OP_READ, OP_READ, OP_READ, OP_READ);
             // A duplicate: the stored result when complete, a flush, or a status.
-            (PRED_LO, PRED_LO, _, 0x00000000 &&& 0x80000000, _): set_outcome(KIND_RESEND, OP_READ, OP_READ, OP_READ, OP_READ);
-            (PRED_LO, PRED_LO, FLAG_PARTIAL &&& FLAG_PARTIAL, _, _): set_outcome(KIND_FLUSH, OP_READ, OP_MERGE, OP_READ, OP_READ);
-            (PRED_LO, PRED_LO, _, _, _): set_outcome(KIND_STATUS, OP_NONE, OP_NONE, OP_READ, OP_NONE);
+            (PRED_LO, PRED_LO &&& PRED_LO, _, 0x00000000 &&& 0x80000000, _): set_outcome(KIND_RESEND, OP_READ, OP_READ, OP_READ, OP_READ);
+            (PRED_LO, PRED_LO &&& PRED_LO, FLAG_PARTIAL &&& FLAG_PARTIAL, _, _): set_outcome(KIND_FLUSH, OP_READ, OP_MERGE, OP_READ, OP_READ);
+            (PRED_LO, PRED_LO &&& PRED_LO, _, _, _): set_outcome(KIND_STATUS, OP_NONE, OP_NONE, OP_READ, OP_NONE);
         }
         const default_action = NoAction();  // stale: kind stays KIND_NONE
         size = 16;
@@ -357,33 +381,24 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
     apply {
         job_index_t job = hdr.ina.job[10:0];
         job_received.count(job);
-        if (meta.epoch_diff != 0) {
+        if (meta.gate == GATE_STALE_EPOCH) {
             job_stale.count(job);
             ig_dprsr_md.drop_ctl = 1;
             return;
         }
-        meta.idx = hdr.ina.slot[7:0] ++ hdr.ina.round[0:0];
-        meta.rank_idx = hdr.ina.slot[7:0] ++ hdr.ina.round[0:0] ++ hdr.ina.rank[4:0];
-        meta.round_next = hdr.ina.round + 1;
-        meta.count_limit = 0;
-        if ((hdr.ina.flags & FLAG_PARTIAL) != 0) {
-            meta.count_limit = meta.nworkers;
-        }
-        rank_to_bit.apply();
-
         meta.round_pred = check_round.execute(meta.idx);
+        meta.rank_pred = mark_rank.execute(meta.rank_idx);
         if (meta.round_pred == PRED_NONE) {
             job_stale.count(job);
             ig_dprsr_md.drop_ctl = 1;
             return;
         }
-        meta.rank_pred = mark_rank.execute(meta.rank_idx);
         if (meta.round_pred == PRED_HI) {
             meta.stored_length = set_length.execute(meta.idx);
             meta.count_delta = count_first.execute(meta.idx);
         } else {
             meta.stored_length = read_length.execute(meta.idx);
-            if (meta.rank_pred == PRED_LO) {
+            if (meta.rank_pred == PRED_LO) {  // equal, so not newer: a duplicate
                 meta.count_delta = count_duplicate.execute(meta.idx);
             } else {
                 meta.count_delta = count_rank.execute(meta.idx);

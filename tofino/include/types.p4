@@ -42,6 +42,18 @@ const op_t OP_MERGE = 2;  // add, OR, min or max this packet's value into the co
 const op_t OP_READ = 3;
 const op_t OP_CLEAR = 4;  // values only: fresh copy, lane absent: 0
 
+// What the packet is, after stage 0's lookups (Admission's `gate` table).
+typedef bit<3> gate_t;
+const gate_t GATE_FORWARD = 0;      // not an INA packet for this switch
+const gate_t GATE_MALFORMED = 1;    // port_malformed
+const gate_t GATE_UNADMITTED = 2;   // port_unadmitted
+const gate_t GATE_STALE_EPOCH = 3;  // admitted (if the slot's upper bound holds), wrong epoch
+const gate_t GATE_AGGREGATE = 4;    // admitted (if the slot's upper bound holds)
+
+// InaCheck's masks: rank < 32, and no present/nonfinite bit beyond lane 0.
+const bit<8>  RANK_HIGH_BITS = 0xe0;
+const bit<64> LANE_HIGH_BITS = 0xfffffffffffffffe;
+
 // RegisterAction.predicate(cmplo, cmphi) on Tofino 1 returns bit (cmplo + 2 * cmphi) set
 // (bf-p4c stateful_alu.cpp: condition masks 0xa / 0xc over the four outcomes).
 typedef bit<4> pred_t;
@@ -52,6 +64,8 @@ const pred_t PRED_HI = 4;    // the second condition only
 struct tna_ingress_md_t {
     admission_t adm;
     bool        ina_local;
+    bool        malformed;     // InaCheck
+    gate_t      gate;
     bit<32>     slot_off;      // slot - slot_base (bit 31 set: slot below the job's range)
     bit<32>     slot_past;     // slot_off - nslots (bit 31 set: inside the range)
     bit<16>     epoch_diff;    // epoch ^ admitted epoch
@@ -62,7 +76,8 @@ struct tna_ingress_md_t {
     bit<32>     round_next;    // round + 1: slot_rank_round's mark (0: never contributed)
     bit<32>     rank_bit;      // 1 << rank, from a const table
     pred_t      round_pred;    // slot_round: PRED_LO same round, PRED_HI newer, else stale
-    pred_t      rank_pred;     // slot_rank_round: PRED_LO this rank marked this round
+    pred_t      rank_pred;     // slot_rank_round: PRED_LO this rank marked this round, else
+                               // PRED_HI (raised now) or PRED_NONE (a stale packet's)
     bit<32>     count_delta;   // slot_count before this packet minus nworkers (signed)
     bit<32>     stored_length; // slot_length of the copy (this packet's when fresh)
     bit<32>     length_diff;   // stored_length ^ length: non-zero is a MISMATCH
