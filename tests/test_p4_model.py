@@ -111,14 +111,15 @@ def frame(rank: int, payload: bytes, udp_len: int) -> bytes:
 
 
 @st.composite
-def frames(draw):
-    """Contributions of admitted ranks with P4 sizes or sizes the P4 parser stops at (more
-    lanes, another block size), sent whole, cut short, or with an Ethernet trailer."""
+def frames(draw, k=K, bs=BS):
+    """Contributions of admitted ranks with P4 sizes (`k` lanes of `bs`) or sizes the P4 parser
+    stops at (more lanes, another block size), sent whole, cut short, or with an Ethernet
+    trailer."""
     out = []
     for _ in range(draw(st.integers(1, 12))):
         rank = draw(st.integers(0, 1))
-        nlanes = draw(st.sampled_from([K] * 3 + [1, K + 1, K + 3]))
-        block_size = draw(st.sampled_from([BS] * 3 + [BS // 2, 2 * BS]))
+        nlanes = draw(st.sampled_from([k] * 3 + [1, k + 1, k + 3]))
+        block_size = draw(st.sampled_from([bs] * 3 + [bs // 2, 2 * bs]))
         present = draw(st.integers(0, (1 << nlanes) - 1))
         npresent = bin(present).count("1")
         h = wire.Header(msg_type=wire.MSG_CONTRIB, job=JOB, epoch=1, slot=draw(st.integers(0, 1)),

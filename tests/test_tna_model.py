@@ -12,6 +12,8 @@ loss budget, are compared too.
 """
 from __future__ import annotations
 
+import socket
+
 import numpy as np
 from hypothesis import HealthCheck, given, settings, strategies as st
 
@@ -19,11 +21,11 @@ from softswitch.pipeline import Pipeline
 from spina import spec, wire
 from spina.config import JobConfig, WorkerAddr
 try:  # tests/ is on sys.path under pytest's default import mode, unless tests/ is a package
-    from tna_model import M32, TnaModel
-    from test_p4_model import JOB, PORT, packet, src
+    from tna_model import INA_OFF, M32, TnaModel
+    from test_p4_model import JOB, PORT, SWITCH_IP, frames, packet, src
 except ImportError:
-    from tests.tna_model import M32, TnaModel
-    from tests.test_p4_model import JOB, PORT, packet, src
+    from tests.tna_model import INA_OFF, M32, TnaModel
+    from tests.test_p4_model import JOB, PORT, SWITCH_IP, frames, packet, src
 
 K, BS = spec.TNA_SIZES["NLANES"], spec.TNA_SIZES["BLOCK_SIZE"]
 SLOTS = spec.TNA_SIZES["POOL_SLOTS"]
@@ -100,6 +102,35 @@ def test_a_flush_then_a_late_rank_gets_the_stored_result():
     for pkt, rank in ((first, 0), (flush, 0), (late, 1)):
         fast.process(pkt, PORT, src(rank))
     _same_state(fast, model)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(frames(K, BS))
+def test_frames_are_judged_as_the_software_switch_judges_them(sent):
+    """Whole frames at the TNA sizes, cut short or with an Ethernet trailer: malformed,
+    aggregated and answered alike (UDP payloads; the TNA reply keeps a trailer, the software
+    switch's does not), counters and registers after every frame. Frames of other sizes are
+    left out here: test_other_sizes_are_malformed_on_tna pins that difference."""
+    from softswitch.l2 import Dataplane
+    job = JobConfig(job=JOB, workers=(WorkerAddr(0, *src(0)), WorkerAddr(1, *src(1))),
+                    slot_base=0, nslots=2, block_size=BS, nlanes=K)
+    dp = Dataplane(pool_slots=SLOTS, slot_capacity=K * BS)
+    dp.ina_endpoint.add(socket.inet_aton(SWITCH_IP))
+    dp.pipeline.add_job(job, {r: (PORT, src(r)) for r in range(2)}, mcast_grp=1)
+    model = TnaModel()
+    for r in range(2):
+        model.admission[(PORT, src(r), JOB, r)] = dict(
+            epoch=1, slot_base=0, nslots=2, nworkers=2, block_size=BS, nlanes=K)
+    for rank, f in sent:
+        if (len(f) >= INA_OFF + wire.HEADER_LEN
+                and (wire.unpack_header(f, INA_OFF).nlanes,
+                     wire.unpack_header(f, INA_OFF).block_size) != (K, BS)):
+            continue  # another size (a cut header is malformed on both)
+        got = [(out[INA_OFF:], False) for _, out in dp.process(f, PORT)]
+        want = [(pkt, multicast) for pkt, multicast in model.process_frame(f, PORT)
+                if not multicast]  # no multicast group configured: results go nowhere
+        assert want == got
+        _same_state(dp.pipeline, model)
 
 
 @st.composite

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pathlib
 import re
+import socket
 import struct
 
 from spina import spec, wire
@@ -23,6 +24,8 @@ S = spec.TNA_SIZES
 NLANES, BLOCK_SIZE, BLOCK_BYTES = S["NLANES"], S["BLOCK_SIZE"], 4 * S["BLOCK_SIZE"]
 JOB_MASK = S["MAX_JOBS"] - 1
 UDP_HDR_BYTES = 8
+ETH_LEN, IPV4_LEN = 14, 20
+INA_OFF = ETH_LEN + IPV4_LEN + UDP_HDR_BYTES  # the parser takes IPv4 without options only
 LAST, PARTIAL, RESEND = wire.FLAG_LAST, wire.FLAG_PARTIAL, wire.FLAG_RESEND
 MISMATCH, LOSS_TOLERANT = wire.FLAG_MISMATCH, wire.FLAG_LOSS_TOLERANT
 
@@ -148,6 +151,21 @@ class TnaModel:
         if self.malformed(pkt):
             self.count("port_malformed", port)
             return []
+        return self.admit(pkt, port, src)
+
+    def process_frame(self, frame: bytes, port: int) -> list[tuple[bytes, bool]]:
+        """One INA frame addressed to this switch (Ethernet, IPv4 ihl 5, UDP to the INA port)
+        on `port`. What leaves is returned as UDP datagram payloads: on the wire, bytes the
+        frame carried after its datagram follow a reply (TNA has no truncate)."""
+        udp_len = int.from_bytes(frame[INA_OFF - 4:INA_OFF - 2], "big")
+        if self.malformed(frame[INA_OFF:], udp_len):
+            self.count("port_malformed", port)
+            return []
+        src = (socket.inet_ntoa(frame[26:30]), int.from_bytes(frame[34:36], "big"))
+        return self.admit(frame[INA_OFF:ETH_LEN + IPV4_LEN + udp_len], port, src)
+
+    def admit(self, pkt: bytes, port: int, src) -> list[tuple[bytes, bool]]:
+        """Admission (and its gate), then the Aggregator, for a well-formed payload."""
         h = wire.unpack_header(pkt)
         adm = self.admission.get((port, src, h.job, h.rank))           # admission
         if adm is not None:
