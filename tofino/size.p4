@@ -21,10 +21,11 @@
 // elements but returns only one of them per pass (SwitchML harvests the other half by
 // recirculating), and the completing packet must carry the whole sum in the same pass, so
 // each element has a stateful ALU of its own. The per-packet chain before the element
-// registers is admission (stage 0), the slot range (1), slot_round (2), slot_rank_round and
-// slot_length (3), slot_count (4) and the decision (5): stages 6..11 remain, 6 x 4 = 24
-// stateful ALUs, of which slot_bitmap, slot_present, slot_nonfinite, slot_exponent,
-// slot_flags and slot_next_l0 take 6. 16 elements take 16 of the remaining 18.
+// registers is InaCheck and admission (stage 0), the gate and the slot range (1),
+// slot_round and slot_rank_round (2), slot_count and slot_length (3) and the decision (4):
+// stages 5..11 remain, 7 x 4 = 28 stateful ALUs, of which slot_bitmap, slot_present,
+// slot_nonfinite, slot_exponent, slot_flags and slot_next_l0 take 6; 16 elements take 16 of
+// the remaining 22, leaving room for the compiler's placement (32 would not fit).
 #define BLOCK_SIZE 16
 #define BLOCK_BYTES 64
 
