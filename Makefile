@@ -64,7 +64,7 @@ tofino:  ## compile tofino/ for Tofino 1 (P4Info, BF-RT JSON, resources) when bf
 	  exit 0; \
 	fi; \
 	rm -rf $(TNA_WORK) && mkdir -p $(TNA_WORK) $(TNA_OUT) && \
-	$(BF_P4C) --target tofino --arch tna -o $(TNA_WORK) \
+	$(BF_P4C) --target tofino --arch tna -g --verbose 1 -o $(TNA_WORK) \
 	  --p4runtime-files $(TNA_OUT)/spina_tna.p4info.txtpb $(TNA_TOP) && \
 	cp $(TNA_WORK)/bfrt.json $(TNA_OUT)/spina_tna.bfrt.json && \
 	$(PYTHON) scripts/tna_resources.py $(TNA_WORK) "$$($(BF_P4C) --version)" > $(TNA_OUT)/resources.md && \

@@ -176,15 +176,36 @@ def congested(draw):
 @settings(max_examples=150, deadline=None)
 @given(congested())
 def test_congestion_drop_equals_pipeline(c):
-    """CongestionDrop's earn / earn_and_pay equal Pipeline.congestion_drop: the same drops,
-    job_congestion_* counters and job_loss_credit after every packet."""
+    """CongestionDrop's earn / earn_and_pay equal Pipeline.congestion_drop (the same drops,
+    job_congestion_* counters and job_loss_credit after every packet) up to the first drop from
+    a saturated budget; that drop leaves exactly credit + bound - LOSS_CREDIT_ONE where the
+    software switch leaves LOSS_CREDIT_MAX - LOSS_CREDIT_ONE (tofino/README.md), and on the TNA
+    the bound and the burst cap hold over the whole sequence."""
     threshold, bound, packets = c
     fast, model = _admit(1)
     fast.congestion[JOB] = (threshold, bound)
     model.congestion[JOB] = (threshold, bound)
+    diverged = False
     for pkt, qdepth in packets:
-        assert model.congestion_drop(pkt, qdepth) == fast.congestion_drop(pkt, qdepth)
-        assert int(fast.job_registers["job_loss_credit"][JOB]) == \
-            model.reg["job_loss_credit"][JOB]
-        for name in ("job_congestion_seen", "job_congestion_drops"):
-            assert int(fast.counters[name][JOB]) == model.counters.get((name, JOB), 0)
+        before = model.reg["job_loss_credit"][JOB]
+        h = wire.unpack_header(pkt)
+        saturated_drop = (h.msg_type == wire.MSG_CONTRIB and h.flags & wire.FLAG_LOSS_TOLERANT
+                          and qdepth > threshold and before + bound > spec.LOSS_CREDIT_MAX)
+        dropped = model.congestion_drop(pkt, qdepth)
+        credit = model.reg["job_loss_credit"][JOB]
+        if not diverged:
+            assert dropped == fast.congestion_drop(pkt, qdepth)
+            if saturated_drop:
+                assert dropped
+                assert credit == before + bound - spec.LOSS_CREDIT_ONE
+                assert int(fast.job_registers["job_loss_credit"][JOB]) == \
+                    spec.LOSS_CREDIT_MAX - spec.LOSS_CREDIT_ONE
+                diverged = True
+            else:
+                assert int(fast.job_registers["job_loss_credit"][JOB]) == credit
+            for name in ("job_congestion_seen", "job_congestion_drops"):
+                assert int(fast.counters[name][JOB]) == model.counters.get((name, JOB), 0)
+        seen = model.counters.get(("job_congestion_seen", JOB), 0)
+        drops = model.counters.get(("job_congestion_drops", JOB), 0)
+        assert drops * spec.LOSS_CREDIT_ONE <= seen * bound
+        assert 0 <= credit <= spec.LOSS_CREDIT_MAX

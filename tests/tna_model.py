@@ -169,9 +169,10 @@ class TnaModel:
         h = wire.unpack_header(pkt)
         adm = self.admission.get((port, src, h.job, h.rank))           # admission
         if adm is not None:
-            slot_off = (h.slot - adm["slot_base"]) & M32
-            slot_past = (slot_off - adm["nslots"]) & M32
-            if (slot_off >> 31 == 1 or slot_past >> 31 == 0
+            slot_below = max(adm["slot_base"] - h.slot, 0)             # |-| (saturating)
+            slot_off = (h.slot - adm["slot_base"]) & 0xFFFF
+            slot_room = max(adm["nslots"] - slot_off, 0)               # |-| (saturating)
+            if (slot_below != 0 or slot_room == 0
                     or adm["nlanes"] != NLANES or adm["block_size"] != BLOCK_SIZE):
                 adm = None
         if adm is None:
@@ -325,15 +326,13 @@ class TnaModel:
         job = h.job & JOB_MASK
         self.count("job_congestion_seen", job)
         need = (spec.LOSS_CREDIT_ONE - bound) & M32
-        excess = (threshold - qdepth) & M32
+        room, differs = max(threshold - qdepth, 0), threshold ^ qdepth  # set_congestion
         cells = self.reg["job_loss_credit"]
         value = cells[job]
         paid = PRED_NONE
-        if h.flags & LOSS_TOLERANT and excess >> 31 == 1:             # earn_and_pay
-            paid = predicate(value + bound > spec.LOSS_CREDIT_MAX, value >= need)
-            if value + bound > spec.LOSS_CREDIT_MAX:
-                value = spec.LOSS_CREDIT_MAX - spec.LOSS_CREDIT_ONE
-            elif value >= need:
+        if h.flags & LOSS_TOLERANT and room == 0 and differs != 0:    # earn_and_pay
+            paid = predicate(value >= need, False)
+            if value >= need:
                 value = value - need
             else:
                 value = value + bound

@@ -47,14 +47,11 @@ control SpinaIngress(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
         slot_index_ctl.apply(hdr, meta);
         if (meta.gate == GATE_FORWARD) {
             forwarding_ctl.apply(hdr, ig_dprsr_md, ig_tm_md);
+        } else if (meta.gate == GATE_MALFORMED || meta.gate == GATE_UNADMITTED
+                   || meta.slot_room == 0) {  // slot_room 0: above the job's slot range
+            port_counters_ctl.apply(meta, ig_intr_md.ingress_port, ig_dprsr_md);
         } else {
-            bool admitted;
-            port_counters_ctl.apply(meta, ig_intr_md.ingress_port, admitted);
-            if (admitted) {
-                aggregator_ctl.apply(hdr, meta, ig_intr_md, ig_dprsr_md, ig_tm_md);
-            } else {
-                ig_dprsr_md.drop_ctl = 1;
-            }
+            aggregator_ctl.apply(hdr, meta, ig_intr_md, ig_dprsr_md, ig_tm_md);
         }
         priority_ctl.apply(hdr, ig_tm_md);
     }

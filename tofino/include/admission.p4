@@ -49,6 +49,9 @@ control InaCheck(in tna_headers_t hdr, in bit<16> parser_err, inout tna_ingress_
     @hidden action well_formed() {
         meta.malformed = false;
     }
+    @hidden action mark_malformed() {
+        meta.malformed = true;
+    }
     @hidden table ina_check {
         key = {
             parser_err:          ternary;
@@ -62,7 +65,7 @@ control InaCheck(in tna_headers_t hdr, in bit<16> parser_err, inout tna_ingress_
             hdr.ina.nonfinite:   ternary;
             hdr.udp.length:      ternary;
         }
-        actions = { well_formed; @defaultonly NoAction; }
+        actions = { well_formed; @defaultonly mark_malformed; }
         const entries = {
             (0, true, INA_VERSION, MSG_CONTRIB, NLANES, BLOCK_SIZE, 0 &&& RANK_HIGH_BITS, 0,
              0 &&& LANE_HIGH_BITS, UDP_HDR_BYTES + INA_HDR_BYTES + 4 * NLANES): well_formed();
@@ -70,12 +73,11 @@ control InaCheck(in tna_headers_t hdr, in bit<16> parser_err, inout tna_ingress_
              0 &&& LANE_HIGH_BITS, UDP_HDR_BYTES + INA_HDR_BYTES + 4 * NLANES + BLOCK_BYTES):
                 well_formed();
         }
-        const default_action = NoAction();
+        const default_action = mark_malformed();
         size = 2;
     }
 
     apply {
-        meta.malformed = true;
         ina_check.apply();
     }
 }
@@ -95,7 +97,10 @@ control Admission(in tna_headers_t hdr, inout tna_ingress_md_t meta, in PortId_t
         meta.adm.nlanes = nlanes;
         meta.adm.mcast_grp = mcast_grp;
         meta.nworkers = (bit<32>)nworkers;
-        meta.slot_off = (bit<32>)hdr.ina.slot - (bit<32>)slot_base;
+        // Saturating differences keep the slot test exact in 16 bits (p4src widens to 32):
+        // slot_below > 0 when slot < slot_base. A Tofino ALU takes action data as the first
+        // operand only: slot - slot_base waits for the next stage (the gate's action).
+        meta.slot_below = slot_base |-| hdr.ina.slot;
         meta.epoch_diff = hdr.ina.epoch ^ epoch;
     }
 
@@ -122,11 +127,12 @@ control Admission(in tna_headers_t hdr, inout tna_ingress_md_t meta, in PortId_t
     }
 
     // Stage 1: what the packet is, from stage 0's answers, in one lookup. The upper bound of
-    // the slot range (slot_past) is computed in this stage and tested in the next.
+    // the slot range (slot_room) is computed in stages 1 and 2 and tested after.
     @hidden action set_gate(gate_t gate) {
         meta.gate = gate;
+        meta.slot_off = hdr.ina.slot - meta.adm.slot_base;
     }
-    // The slot's lower bound (slot_off did not wrap) and the admitted sizes are tested here;
+    // The slot's lower bound (slot_below == 0) and the admitted sizes are tested here;
     // the sizes are the parser's (InaCheck let only those through): the controller admits no
     // other sizes, so this guards the registers from a wrong entry, as p4src does.
     @hidden table gate {
@@ -134,7 +140,7 @@ control Admission(in tna_headers_t hdr, inout tna_ingress_md_t meta, in PortId_t
             meta.ina_local:        ternary;
             meta.malformed:        ternary;
             meta.adm.hit:          ternary;
-            meta.slot_off[31:31]:  ternary;
+            meta.slot_below:       ternary;
             meta.epoch_diff:       ternary;
             meta.adm.nlanes:       ternary;
             meta.adm.block_size:   ternary;
@@ -150,35 +156,46 @@ control Admission(in tna_headers_t hdr, inout tna_ingress_md_t meta, in PortId_t
         size = 4;
     }
 
+    // nslots - slot_off, saturated at 0, in an action of its own: as a plain statement the
+    // compiler would fold it into the test of slot_room, which a stage's gateway cannot do.
+    @hidden action measure_slot_room() {
+        meta.slot_room = meta.adm.nslots |-| meta.slot_off;
+    }
+    @hidden table slot_range {
+        actions = { measure_slot_room; }
+        const default_action = measure_slot_room();
+        size = 1;
+    }
+
     apply {
         meta.gate = GATE_FORWARD;
         meta.adm.hit = false;
         meta.adm.nlanes = 0;
         meta.adm.block_size = 0;
         admission.apply();
-        // Inside [slot_base, slot_base + nslots): slot_off did not wrap (bit 31 clear) and
-        // slot_off - nslots does (32-bit arithmetic on 16-bit values).
-        meta.slot_past = meta.slot_off - (bit<32>)meta.adm.nslots;
-        gate.apply();
+        // Inside [slot_base, slot_base + nslots): slot_below is 0 (the gate), and slot_room,
+        // nslots - (slot - slot_base) saturated at 0, is not (stages 1 and 2).
+        gate.apply();  // also slot_off = slot - slot_base
+        slot_range.apply();
     }
 }
 
-// Malformed and unadmitted INA packets carry no job id one can trust: counted per port.
-control PortCounters(in tna_ingress_md_t meta, in PortId_t ingress_port, out bool admitted) {
+// Malformed and unadmitted INA packets carry no job id one can trust: counted per port
+// (the top level decides which; unadmitted: the gate's verdict or a slot above the range).
+control PortCounters(in tna_ingress_md_t meta, in PortId_t ingress_port,
+                     inout ingress_intrinsic_metadata_for_deparser_t ig_dprsr_md) {
     @name(".port_malformed") Counter<bit<32>, PortId_t>(MAX_PORTS, CounterType_t.PACKETS)
         port_malformed;
     @name(".port_unadmitted") Counter<bit<32>, PortId_t>(MAX_PORTS, CounterType_t.PACKETS)
         port_unadmitted;
 
     apply {
-        admitted = false;
         if (meta.gate == GATE_MALFORMED) {
             port_malformed.count(ingress_port);
-        } else if (meta.gate == GATE_UNADMITTED || meta.slot_past[31:31] == 0) {
-            port_unadmitted.count(ingress_port);
         } else {
-            admitted = true;
+            port_unadmitted.count(ingress_port);
         }
+        ig_dprsr_md.drop_ctl = 1;
     }
 }
 

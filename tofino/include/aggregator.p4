@@ -60,6 +60,7 @@ control SlotIndex(in tna_headers_t hdr, inout tna_ingress_md_t meta) {
         meta.idx = hdr.ina.slot[7:0] ++ hdr.ina.round[0:0];
         meta.rank_idx = hdr.ina.slot[7:0] ++ hdr.ina.round[0:0] ++ hdr.ina.rank[4:0];
         meta.round_next = hdr.ina.round + 1;
+        meta.loss_tolerant = hdr.ina.flags & FLAG_LOSS_TOLERANT;
         meta.rank_bit = 0;
         rank_to_bit.apply();
         // count_duplicate's limit: nworkers when the packet asks for a flush.
@@ -244,8 +245,8 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
     FOR_EACH_LANE(SPINA_NEXT_REGISTER)
 
     // ------------------------------------------------------------------ slot_values_l0_e<E>
-    // One register, four RegisterActions and one small table per element; the table runs
-    // the element's op and puts the copy's value into the packet.
+    // One register, four RegisterActions and one table per element: the table runs the
+    // element's op and puts the copy's value into the packet.
 #define SPINA_VALUE_REGISTER(L, E)                                                            \
     @name(SPINA_XSTR(.slot_values_l##L##_e##E)) Register<bit<32>, copy_index_t>(SLOT_COPIES, 0) \
         slot_values_l##L##_e##E;                                                              \
@@ -272,25 +273,61 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
             rv = value;                                                                       \
         }                                                                                     \
     };                                                                                        \
-    @hidden action do_value_set_##E() { hdr.block.e##E = value_set_##E.execute(meta.idx); }  \
-    @hidden action do_value_clear_##E() { hdr.block.e##E = value_clear_##E.execute(meta.idx); } \
-    @hidden action do_value_add_##E() { hdr.block.e##E = value_add_##E.execute(meta.idx); }  \
-    @hidden action do_value_read_##E() { hdr.block.e##E = value_read_##E.execute(meta.idx); } \
-    @hidden table value_e##E {                                                                \
+
+#define SPINA_LANE_VALUE_REGISTERS(L) FOR_EACH_ELEM(SPINA_VALUE_REGISTER, L)
+    FOR_EACH_LANE(SPINA_LANE_VALUE_REGISTERS)
+
+#define SPINA_VALUE_TABLE(L, E)                                                               \
+    @hidden action value_do_set_##E() { hdr.block.e##E = value_set_##E.execute(meta.idx); }   \
+    @hidden action value_do_clear_##E() { hdr.block.e##E = value_clear_##E.execute(meta.idx); } \
+    @hidden action value_do_add_##E() { hdr.block.e##E = value_add_##E.execute(meta.idx); }   \
+    @hidden action value_do_read_##E() { hdr.block.e##E = value_read_##E.execute(meta.idx); } \
+    @hidden table value_e##E##_ops {                                                          \
         key = { meta.value_op: exact; }                                                       \
-        actions = { do_value_set_##E; do_value_clear_##E; do_value_add_##E; do_value_read_##E; \
-                    @defaultonly NoAction; }                                                  \
+        actions = { value_do_set_##E; value_do_clear_##E; value_do_add_##E;                   \
+                    value_do_read_##E; @defaultonly NoAction; }                               \
         const entries = {                                                                     \
-            OP_SET: do_value_set_##E();                                                       \
-            OP_CLEAR: do_value_clear_##E();                                                   \
-            OP_MERGE: do_value_add_##E();                                                     \
-            OP_READ: do_value_read_##E();                                                     \
+            OP_SET: value_do_set_##E();                                                       \
+            OP_CLEAR: value_do_clear_##E();                                                   \
+            OP_MERGE: value_do_add_##E();                                                     \
+            OP_READ: value_do_read_##E();                                                     \
         }                                                                                     \
         const default_action = NoAction();                                                    \
         size = 4;                                                                             \
     }
-#define SPINA_LANE_VALUE_REGISTERS(L) FOR_EACH_ELEM(SPINA_VALUE_REGISTER, L)
-    FOR_EACH_LANE(SPINA_LANE_VALUE_REGISTERS)
+    FOR_EACH_ELEM(SPINA_VALUE_TABLE, 0)
+
+
+    // ------------------------------------------------------------------ op tables
+    // One table per register (a Tofino table drives one stateful ALU per index), keyed on
+    // the op `decide` chose; each action runs one RegisterAction and keeps its answer.
+#define SPINA_OP_TABLE(NAME, DEST, KEY, SET, MERGE, READ)                                     \
+    @hidden action NAME##_do_set() { DEST = SET.execute(meta.idx); }                          \
+    @hidden action NAME##_do_merge() { DEST = MERGE.execute(meta.idx); }                      \
+    @hidden action NAME##_do_read() { DEST = READ.execute(meta.idx); }                        \
+    @hidden table NAME##_ops {                                                                \
+        key = { KEY: exact; }                                                                 \
+        actions = { NAME##_do_set; NAME##_do_merge; NAME##_do_read; @defaultonly NoAction; }  \
+        const entries = {                                                                     \
+            OP_SET: NAME##_do_set();                                                          \
+            OP_MERGE: NAME##_do_merge();                                                      \
+            OP_READ: NAME##_do_read();                                                        \
+        }                                                                                     \
+        const default_action = NoAction();                                                    \
+        size = 4;                                                                             \
+    }
+    SPINA_OP_TABLE(bitmap, hdr.ina.bitmap, meta.bitmap_op,
+                   slot_bitmap_set, slot_bitmap_or, slot_bitmap_read)
+    SPINA_OP_TABLE(present, meta.present, meta.state_op,
+                   slot_present_set, slot_present_or, slot_present_read)
+    SPINA_OP_TABLE(nonfinite, meta.nonfinite, meta.state_op,
+                   slot_nonfinite_set, slot_nonfinite_or, slot_nonfinite_read)
+    SPINA_OP_TABLE(exponent, hdr.ina.exponent, meta.state_op,
+                   slot_exponent_set, slot_exponent_max, slot_exponent_read)
+    SPINA_OP_TABLE(next_l0, hdr.lane_next.pos, meta.state_op,
+                   slot_next_l0_set, slot_next_l0_min, slot_next_l0_read)
+    SPINA_OP_TABLE(flags, meta.stored_flags, meta.flags_op,
+                   slot_flags_set, slot_flags_or, slot_flags_read)
 
     // ------------------------------------------------------------------ decide
     // Pipeline.process's branches from the three answers (and the PARTIAL flag and lane 0's
@@ -413,42 +450,22 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
         decide.apply();
         meta.flag_bits = 0;
         flag_input.apply();
+        // A result's flags: the stored ones with LAST turned the right way up, RESEND when it
+        // answers a resend, and the packet's LOSS_TOLERANT (one ALU operation per stage).
+        meta.flags_xor = FLAG_LAST;
+        if (meta.kind == KIND_RESEND) {
+            meta.flags_xor = FLAG_LAST | FLAG_RESEND;
+        }
 
-        if (meta.bitmap_op == OP_SET) {
-            hdr.ina.bitmap = slot_bitmap_set.execute(meta.idx);
-        } else if (meta.bitmap_op == OP_MERGE) {
-            hdr.ina.bitmap = slot_bitmap_or.execute(meta.idx);
-        } else if (meta.bitmap_op == OP_READ) {
-            hdr.ina.bitmap = slot_bitmap_read.execute(meta.idx);
-        }
-        bit<32> present = 0;
-        bit<32> nonfinite = 0;
-        bit<8> stored_flags = 0;
-        if (meta.state_op == OP_SET) {
-            present = slot_present_set.execute(meta.idx);
-            nonfinite = slot_nonfinite_set.execute(meta.idx);
-            hdr.ina.exponent = slot_exponent_set.execute(meta.idx);
-            hdr.lane_next.pos = slot_next_l0_set.execute(meta.idx);
-        } else if (meta.state_op == OP_MERGE) {
-            present = slot_present_or.execute(meta.idx);
-            nonfinite = slot_nonfinite_or.execute(meta.idx);
-            hdr.ina.exponent = slot_exponent_max.execute(meta.idx);
-            hdr.lane_next.pos = slot_next_l0_min.execute(meta.idx);
-        } else if (meta.state_op == OP_READ) {
-            present = slot_present_read.execute(meta.idx);
-            nonfinite = slot_nonfinite_read.execute(meta.idx);
-            hdr.ina.exponent = slot_exponent_read.execute(meta.idx);
-            hdr.lane_next.pos = slot_next_l0_read.execute(meta.idx);
-        }
-        if (meta.flags_op == OP_SET) {
-            stored_flags = slot_flags_set.execute(meta.idx);
-        } else if (meta.flags_op == OP_MERGE) {
-            stored_flags = slot_flags_or.execute(meta.idx);
-        } else if (meta.flags_op == OP_READ) {
-            stored_flags = slot_flags_read.execute(meta.idx);
-        }
-#define SPINA_APPLY_VALUE(L, E) value_e##E.apply();
+        // The element registers first: they are most of the stateful ALUs left.
+#define SPINA_APPLY_VALUE(L, E) value_e##E##_ops.apply();
         FOR_EACH_ELEM(SPINA_APPLY_VALUE, 0)
+        present_ops.apply();
+        nonfinite_ops.apply();
+        exponent_ops.apply();
+        next_l0_ops.apply();
+        bitmap_ops.apply();
+        flags_ops.apply();
 
         if (meta.kind == KIND_HOLD || meta.kind == KIND_COMPLETE) {
             job_aggregated.count(job);
@@ -466,16 +483,12 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
             hdr.ina.nonfinite = 0;
             hdr.block.setInvalid();
         } else {
-            bit<8> extra = FLAG_RESEND;
-            if (meta.kind != KIND_RESEND) {
-                extra = 0;
-            }
             hdr.ina.msg_type = MSG_RESULT;
-            hdr.ina.flags = (stored_flags ^ FLAG_LAST) | (hdr.ina.flags & FLAG_LOSS_TOLERANT) | extra;
-            hdr.ina.present = 32w0 ++ present;
-            hdr.ina.nonfinite = 32w0 ++ nonfinite;
+            hdr.ina.flags = meta.stored_flags ^ meta.flags_xor;
+            hdr.ina.present = 32w0 ++ meta.present;
+            hdr.ina.nonfinite = 32w0 ++ meta.nonfinite;
             hdr.ina.length = meta.stored_length;
-            if (present[0:0] == 1) {
+            if (meta.present[0:0] == 1) {
                 hdr.block.setValid();
             } else {
                 hdr.block.setInvalid();
@@ -488,6 +501,7 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
             hdr.udp.length = UDP_HDR_BYTES + INA_HDR_BYTES + 4 * NLANES;
         }
         hdr.ipv4.total_len = IPV4_HDR_BYTES + hdr.udp.length;
+        hdr.ina.flags = hdr.ina.flags | meta.loss_tolerant;
         reply_to_sender();
         if (meta.kind == KIND_COMPLETE || meta.kind == KIND_FLUSH) {
             ig_tm_md.mcast_grp_a = meta.adm.mcast_grp;  // the result, to every worker

@@ -73,15 +73,16 @@ control CongestionDrop(inout tna_headers_t hdr, inout tna_egress_md_t meta,
             }
         }
     };
-    // Eligible: earn, then pay one packet if the credit holds it: saturated (pays from
-    // LOSS_CREDIT_MAX), or credit + bound >= LOSS_CREDIT_ONE; rv PRED_NONE: no drop.
+    // Eligible: earn, then pay one packet if credit + bound >= LOSS_CREDIT_ONE (rv PRED_LO:
+    // drop). p4src saturates the earned credit before paying (a drop from a full budget
+    // leaves LOSS_CREDIT_MAX - LOSS_CREDIT_ONE); that is a third outcome, and a Tofino 1
+    // stateful ALU writes a 32-bit cell from two ALUs only, so here such a drop leaves
+    // credit + bound - LOSS_CREDIT_ONE: up to bound - 1 more (below one packet; the bound
+    // and the burst cap hold as they are: credit is never above LOSS_CREDIT_MAX).
     RegisterAction<loss_credit_t, bit<11>, pred_t>(job_loss_credit) earn_and_pay = {
         void apply(inout loss_credit_t value, out pred_t rv) {
-            rv = this.predicate(value + meta.loss_bound > LOSS_CREDIT_MAX,
-                                value >= meta.loss_need);
-            if (value + meta.loss_bound > LOSS_CREDIT_MAX) {
-                value = LOSS_CREDIT_MAX - LOSS_CREDIT_ONE;
-            } else if (value >= meta.loss_need) {
+            rv = this.predicate(value >= meta.loss_need);
+            if (value >= meta.loss_need) {
                 value = value - meta.loss_need;
             } else {
                 value = value + meta.loss_bound;
@@ -89,11 +90,24 @@ control CongestionDrop(inout tna_headers_t hdr, inout tna_egress_md_t meta,
         }
     };
 
+    // enq_qdepth > qdepth: the threshold minus the depth saturates at 0 and they differ
+    // (action data can only be an ALU's first operand).
     @name(".set_congestion")
     action set_congestion(qdepth_t qdepth, loss_bound_t bound) {
-        meta.qdepth_threshold = (bit<32>)qdepth;
+        meta.qdepth_room = qdepth |-| eg_intr_md.enq_qdepth;
+        meta.qdepth_differs = qdepth ^ eg_intr_md.enq_qdepth;
         meta.loss_bound = (bit<32>)bound;
-        meta.loss_need = LOSS_CREDIT_ONE - (bit<32>)bound;
+    }
+
+    // What a drop takes from the credit just earned: LOSS_CREDIT_ONE - bound (an action of
+    // its own: next to the counter's hash index its constant would be action data).
+    @hidden action measure_loss_need() {
+        meta.loss_need = LOSS_CREDIT_ONE - meta.loss_bound;
+    }
+    @hidden table loss_need {
+        actions = { measure_loss_need; }
+        const default_action = measure_loss_need();
+        size = 1;
     }
 
     @name(".congestion")
@@ -114,10 +128,15 @@ control CongestionDrop(inout tna_headers_t hdr, inout tna_egress_md_t meta,
             if (congestion.apply().hit) {
                 bit<11> job = hdr.ina.job[10:0];
                 job_congestion_seen.count(job);
-                // threshold - enq_qdepth, both below 2^19: bit 31 set when the queue is deeper.
-                meta.qdepth_excess = meta.qdepth_threshold - (bit<32>)eg_intr_md.enq_qdepth;
+                loss_need.apply();
+                // Eligible: loss-tolerant and the queue deeper than the threshold.
+                bool eligible = false;
+                if ((hdr.ina.flags & FLAG_LOSS_TOLERANT) != 0 && meta.qdepth_room == 0
+                        && meta.qdepth_differs != 0) {
+                    eligible = true;
+                }
                 pred_t paid = PRED_NONE;
-                if ((hdr.ina.flags & FLAG_LOSS_TOLERANT) != 0 && meta.qdepth_excess[31:31] == 1) {
+                if (eligible) {
                     paid = earn_and_pay.execute(job);
                 } else {
                     earn.execute(job);

@@ -66,8 +66,9 @@ struct tna_ingress_md_t {
     bool        ina_local;
     bool        malformed;     // InaCheck
     gate_t      gate;
-    bit<32>     slot_off;      // slot - slot_base (bit 31 set: slot below the job's range)
-    bit<32>     slot_past;     // slot_off - nslots (bit 31 set: inside the range)
+    bit<16>     slot_below;    // slot_base - slot, saturated at 0: non-zero below the range
+    bit<16>     slot_off;      // slot - slot_base (the offset when slot_below is 0)
+    bit<16>     slot_room;     // nslots - slot_off, saturated at 0: zero above the range
     bit<16>     epoch_diff;    // epoch ^ admitted epoch
     bit<32>     nworkers;      // adm.nworkers, 32 bits for slot_count's comparisons
     bit<32>     count_limit;   // nworkers when the packet asks for a flush, else 0
@@ -87,11 +88,16 @@ struct tna_ingress_md_t {
     op_t        bitmap_op;
     op_t        value_op;
     bit<8>      flag_bits;     // ORed into (or set as) slot_flags
+    bit<32>     present;       // slot_present, slot_nonfinite, slot_flags after this packet
+    bit<32>     nonfinite;
+    bit<8>      stored_flags;
+    bit<8>      flags_xor;     // FLAG_LAST (| FLAG_RESEND): stored flags -> a result's
+    bit<8>      loss_tolerant; // the packet's FLAG_LOSS_TOLERANT, kept for the reply
 }
 
 struct tna_egress_md_t {
-    bit<32> qdepth_threshold;
-    bit<32> qdepth_excess;     // threshold - enq_qdepth: bit 31 set when the queue is deeper
+    qdepth_t qdepth_room;      // threshold - enq_qdepth, saturated at 0
+    qdepth_t qdepth_differs;   // threshold ^ enq_qdepth
     bit<32> loss_bound;
     bit<32> loss_need;         // LOSS_CREDIT_ONE - bound: what a drop takes from the earned credit
 }
