@@ -235,7 +235,7 @@ def leaf_ranks(rack_sizes, rack: int) -> tuple[int, int, int]:
 # packet, every element its own stateful ALU, in one ingress pass (the reasons are in size.p4).
 TNA_SIZES = {
     "POOL_SLOTS": 256,
-    "BLOCK_SIZE": 12,       # int32 elements per block: one stateful ALU each
+    "BLOCK_SIZE": 14,       # int32 elements per block: one stateful ALU each
     "NLANES": 1,            # blocks per packet
     "MAX_WORKERS": 32,
     "MAX_JOBS": 2048,       # counters and job_loss_credit: admitted job ids are <= MAX_JOB_ID

@@ -26,8 +26,8 @@
 // stages 5..11 remain, 7 x 4 = 28 stateful ALUs, of which slot_bitmap, slot_present,
 // slot_nonfinite, slot_exponent, slot_flags and slot_next_l0 take 6; 16 elements take 16 of
 // the remaining 22, leaving room for the compiler's placement (32 would not fit).
-#define BLOCK_SIZE 12
-#define BLOCK_BYTES 48
+#define BLOCK_SIZE 14
+#define BLOCK_BYTES 56
 
 // Blocks per packet: one. A second lane would need another 16 + 1 stateful ALUs in the same
 // six stages. No recirculation: a packet is aggregated in one ingress pass.
@@ -61,13 +61,16 @@
 #define FOR_EACH_ELEM(M, L) M(L, 0) M(L, 1) M(L, 2) M(L, 3) M(L, 4) M(L, 5) M(L, 6) M(L, 7) \
                             M(L, 8) M(L, 9) M(L, 10) M(L, 11)
 #define FOR_EACH_ELEM_GROUP(M) M(0, 1, 2, 3) M(4, 5, 6, 7) M(8, 9, 10, 11)
+#elif BLOCK_SIZE == 14
+#define FOR_EACH_ELEM(M, L) M(L, 0) M(L, 1) M(L, 2) M(L, 3) M(L, 4) M(L, 5) M(L, 6) M(L, 7) \
+                            M(L, 8) M(L, 9) M(L, 10) M(L, 11) M(L, 12) M(L, 13)
 #elif BLOCK_SIZE == 16
 #define FOR_EACH_ELEM(M, L) M(L, 0) M(L, 1) M(L, 2) M(L, 3) M(L, 4) M(L, 5) M(L, 6) M(L, 7) \
                             M(L, 8) M(L, 9) M(L, 10) M(L, 11) M(L, 12) M(L, 13) M(L, 14) \
                             M(L, 15)
 #define FOR_EACH_ELEM_GROUP(M) M(0, 1, 2, 3) M(4, 5, 6, 7) M(8, 9, 10, 11) M(12, 13, 14, 15)
 #else
-#error "BLOCK_SIZE must be 8, 12 or 16 on Tofino 1 (extend FOR_EACH_ELEM)"
+#error "BLOCK_SIZE must be 8, 12, 14 or 16 on Tofino 1 (extend FOR_EACH_ELEM)"
 #endif
 
 #if NLANES == 1
