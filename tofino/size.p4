@@ -20,17 +20,18 @@
 // int32 elements per block: one 32-bit register array per element. A pair register adds two
 // elements but returns only one of them per pass (SwitchML harvests the other half by
 // recirculating), and the completing packet must carry the whole sum in the same pass, so
-// each element has a stateful ALU of its own. The per-packet chain before the element
-// registers is InaCheck and admission (stage 0), the gate and the slot range (1),
-// slot_round and slot_rank_round (2), slot_count and slot_length (3) and the decision (4):
-// stages 5..11 remain, 7 x 4 = 28 stateful ALUs, of which slot_bitmap, slot_present,
-// slot_nonfinite, slot_exponent, slot_flags and slot_next_l0 take 6; 16 elements take 16 of
-// the remaining 22, leaving room for the compiler's placement (32 would not fit).
+// each element has a stateful ALU of its own. As bf-p4c 1.2.5.16 places the program
+// (tofino/build/resources.md), the chain before the element registers ends in stage 5
+// (admission 0, gate 1, slot range 2, slot_round and slot_rank_round 3, slot_count and
+// slot_length 4, decide 5); stages 6, 7, 9, 10 and 11 hold 4 stateful ALUs each (stage 8
+// holds the reply's header writes and none), and slot_bitmap, slot_present, slot_nonfinite,
+// slot_exponent, slot_flags and slot_next_l0 take 6 of those 20: 14 elements fit. 16 need
+// 13 stages (compiled: "tofino supports up to 12 stages, using 13").
 #define BLOCK_SIZE 14
 #define BLOCK_BYTES 56
 
-// Blocks per packet: one. A second lane would need another 16 + 1 stateful ALUs in the same
-// six stages. No recirculation: a packet is aggregated in one ingress pass.
+// Blocks per packet: one. A second lane would need another 14 + 1 stateful ALUs in the same
+// stages. No recirculation: a packet is aggregated in one ingress pass.
 #define NLANES 1
 
 // Ranks per job: slot_bitmap is 32 bits; rank -> bit is a const table (no variable shift).
