@@ -17,10 +17,11 @@
  *
  * The order a stage pipeline allows (a register's result reaches another register one stage
  * later, and each register is read and written once per packet):
- *   slot_round     stale / same round / newer round (written)
- *   slot_rank_round duplicate? (this rank marked the same round); slot_length
+ *   slot_round, slot_rank_round   stale / same round / newer round (written); duplicate?
+ *                  (this rank marked the same round)
  *   slot_count     its value minus nworkers before this packet, returned; incremented when
- *                  the rank is new and the round incomplete, raised to nworkers by a flush
+ *                  the rank is new and the round incomplete, raised to nworkers by a flush;
+ *                  slot_length (written on a newer round) beside it
  *   decide         a const table turns those answers into the outcome and each register's op
  *   the rest       set / merge / read, each returning the copy's value after this packet
  * p4src finds duplicates in slot_bitmap itself; here slot_bitmap's write would depend on
