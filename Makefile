@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup core demo test soak bench bench-quick bench-l2 bench-net bench-dlcp profile clean help p4 p4-check testbed deploy dissector
+.PHONY: setup core demo test soak bench bench-quick bench-l2 bench-net bench-dlcp profile clean help p4 p4-check tofino testbed deploy dissector
 
 help:  ## list targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -47,7 +47,28 @@ p4:  ## compile p4src/ for BMv2 (BMv2 JSON + P4Info) when p4c-bm2-ss is on PATH
 	echo "make p4: wrote $(P4_OUT)/spina_v1model.json and $(P4_OUT)/spina_v1model.p4info.txtpb"
 
 p4-check:  ## preprocess the P4 with cpp and run the P4/Python agreement tests (no p4c needed)
-	$(PY) -m pytest -q tests/test_p4_agreement.py
+	$(PY) -m pytest -q tests/test_p4_agreement.py tests/test_tna_agreement.py
+
+# The Tofino 1 program (tofino/); the open-source Tofino compiler is never built here
+# (tofino/README.md). Its full output (binary, context) stays in TNA_WORK; tofino/build/ keeps
+# the P4Info, the BF-RT JSON and a resource summary.
+BF_P4C    ?= bf-p4c
+TNA_TOP   := tofino/spina_tna.p4
+TNA_OUT   := tofino/build
+TNA_WORK  ?= /tmp/spina-tna-build
+
+tofino:  ## compile tofino/ for Tofino 1 (P4Info, BF-RT JSON, resources) when bf-p4c is on PATH
+	@if ! command -v $(BF_P4C) >/dev/null 2>&1; then \
+	  echo "make tofino: '$(BF_P4C)' is not on PATH, so the TNA program was NOT compiled."; \
+	  echo "             Build p4c's open-source Tofino backend by hand (see tofino/README.md), then rerun."; \
+	  exit 0; \
+	fi; \
+	rm -rf $(TNA_WORK) && mkdir -p $(TNA_WORK) $(TNA_OUT) && \
+	$(BF_P4C) --target tofino --arch tna -g --verbose 1 -o $(TNA_WORK) \
+	  --p4runtime-files $(TNA_OUT)/spina_tna.p4info.txtpb $(TNA_TOP) && \
+	cp $(TNA_WORK)/bfrt.json $(TNA_OUT)/spina_tna.bfrt.json && \
+	$(PYTHON) scripts/tna_resources.py $(TNA_WORK) "$$($(BF_P4C) --version)" > $(TNA_OUT)/resources.md && \
+	echo "make tofino: wrote $(TNA_OUT)/spina_tna.p4info.txtpb, spina_tna.bfrt.json and resources.md"
 
 TOPO ?= single
 testbed: $(STAMP)  ## mininet testbed (root): TOPO=single|leafspine ARGS="--hosts 4 --cli"

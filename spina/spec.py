@@ -230,6 +230,47 @@ def leaf_ranks(rack_sizes, rack: int) -> tuple[int, int, int]:
     return starts, job, job & ~own
 
 
+# ---------------------------------------------------------------- the Tofino 1 program (tofino/)
+# tofino/size.p4's sizes (tests/test_tna_agreement.py checks them): one lane of 16 int32 per
+# packet, every element its own stateful ALU, in one ingress pass (the reasons are in size.p4).
+TNA_SIZES = {
+    "POOL_SLOTS": 256,
+    "BLOCK_SIZE": 14,       # int32 elements per block: one stateful ALU each
+    "NLANES": 1,            # blocks per packet
+    "MAX_WORKERS": 32,
+    "MAX_JOBS": 2048,       # counters and job_loss_credit: admitted job ids are <= MAX_JOB_ID
+    "MAX_PORTS": 512,       # Tofino 1 port ids are 9 bits
+    "MAX_RIDS": 4096,
+    "L2_ENTRIES": 1024,
+    "IPV4_ENTRIES": 1024,
+    "ADMISSION_ENTRIES": 1024,
+    "RANK_CELLS": 16384,    # slot_rank_round: one cell per slot copy and rank
+}
+# Flat jobs only: the leaf and spine roles (job_level, leaf_upstream) are not in the TNA program.
+TNA_TABLES = ("ina_endpoint", "admission", "congestion", "l2", "ipv4_routes", "worker_rewrite")
+TNA_COUNTERS = {**{n: TNA_SIZES["MAX_JOBS"] for n in JOB_COUNTERS},
+                **{n: TNA_SIZES["MAX_PORTS"] for n in PORT_COUNTERS}}
+# Where the TNA registers differ from REGISTERS: 32-bit lane bitmaps (a Tofino cell is at most
+# 32 bits; one lane needs one bit), and slot_flags holds FLAG_LAST inverted (set: some
+# contribution lacked LAST), so that every update is one OR; its empty value is FLAG_LAST.
+TNA_REGISTER_WIDTHS = {"slot_present": 32, "slot_nonfinite": 32}
+TNA_FLAGS_INVERTED = wire.FLAG_LAST
+# TNA only: per slot copy and rank, round + 1 of the rank's last contribution (duplicates are
+# found there, one stage before slot_count, instead of in slot_bitmap).
+TNA_RANK_REGISTER = Register("slot_rank_round", 32)
+
+
+def tna_registers() -> list[tuple[str, int, int]]:
+    """(name, cell width, cells) of every register array of the TNA program."""
+    widths = {r.name: TNA_REGISTER_WIDTHS.get(r.name, r.width) for r in REGISTERS}
+    copies = 2 * TNA_SIZES["POOL_SLOTS"]
+    out = [(n, widths[split_p4_register(n)[0]], copies)
+           for n in p4_register_names(TNA_SIZES["NLANES"], TNA_SIZES["BLOCK_SIZE"])]
+    out.append((TNA_RANK_REGISTER.name, TNA_RANK_REGISTER.width, TNA_SIZES["RANK_CELLS"]))
+    out += [(r.name, r.width, TNA_SIZES["MAX_JOBS"]) for r in JOB_REGISTERS]
+    return out
+
+
 # ---------------------------------------------------------------- P4Info
 _ID_PREFIX = {"action": 0x01, "table": 0x02, "counter": 0x12, "register": 0x16}
 _MATCH_TYPE = {"exact": 2, "lpm": 3, "ternary": 4}  # p4info MatchField.MatchType values
@@ -244,15 +285,33 @@ def p4info():
     """This declared pipeline as a P4Info message (p4.config.v1), for the software switch's
     P4Runtime side and for comparing with p4c's output by name (IDs here are our own: the
     controller looks names up, never IDs)."""
+    widths = {r.name: r.width for r in REGISTERS}
+    registers = [(name, widths[split_p4_register(name)[0]], 2 * P4_SIZES["POOL_SLOTS"])
+                 for name in p4_register_names()]
+    registers += [(r.name, r.width, MAX_JOBS) for r in JOB_REGISTERS]
+    return _p4info(TABLES.values(), COUNTERS, registers)
+
+
+def tna_p4info():
+    """The Tofino 1 program's declared pipeline (tofino/): tests/test_tna_agreement.py
+    compares it with bf-p4c's P4Info by name."""
+    return _p4info((TABLES[n] for n in TNA_TABLES), TNA_COUNTERS, tna_registers())
+
+
+def _p4info(tables, counters: dict, registers):
     from p4.config.v1 import p4info_pb2
 
+    tables = list(tables)
+    used = {a for t in tables for a in t.actions}
     info = p4info_pb2.P4Info()
     for a in ACTIONS.values():
+        if a.name not in used:
+            continue
         pa = info.actions.add()
         pa.preamble.id, pa.preamble.name = _p4_id("action", a.name), a.name
         for i, (pname, width) in enumerate(a.params, start=1):
             pa.params.add(id=i, name=pname, bitwidth=width)
-    for t in TABLES.values():
+    for t in tables:
         pt = info.tables.add()
         pt.preamble.id, pt.preamble.name = _p4_id("table", t.name), t.name
         for i, k in enumerate(t.keys, start=1):
@@ -264,20 +323,14 @@ def p4info():
                 ref.scope = p4info_pb2.ActionRef.DEFAULT_ONLY
         pt.const_default_action_id = 0
         pt.size = t.size
-    for name, size in COUNTERS.items():
+    for name, size in counters.items():
         pc = info.counters.add()
         pc.preamble.id, pc.preamble.name = _p4_id("counter", name), name
         pc.spec.unit = p4info_pb2.CounterSpec.PACKETS
         pc.size = size
-    widths = {r.name: r.width for r in REGISTERS}
-    for name in p4_register_names():
+    for name, width, size in registers:
         pr = info.registers.add()
         pr.preamble.id, pr.preamble.name = _p4_id("register", name), name
-        pr.type_spec.bitstring.bit.bitwidth = widths[split_p4_register(name)[0]]
-        pr.size = 2 * P4_SIZES["POOL_SLOTS"]
-    for r in JOB_REGISTERS:
-        pr = info.registers.add()
-        pr.preamble.id, pr.preamble.name = _p4_id("register", r.name), r.name
-        pr.type_spec.bitstring.bit.bitwidth = r.width
-        pr.size = MAX_JOBS
+        pr.type_spec.bitstring.bit.bitwidth = width
+        pr.size = size
     return info

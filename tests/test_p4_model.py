@@ -35,9 +35,11 @@ def src(rank):
     return (f"10.0.0.{rank + 1}", 5000 + rank)
 
 
-def packet(draw, nworkers):
+def packet(draw, nworkers, k=K, bs=BS):
+    """A contribution of `k` lanes of `bs` elements from a random rank (nworkers: not
+    admitted), sometimes of another version, epoch or round, or truncated."""
     rank = draw(st.integers(0, nworkers))          # nworkers: not admitted
-    present = draw(st.integers(0, (1 << K) - 1))
+    present = draw(st.integers(0, (1 << k) - 1))
     npresent = bin(present).count("1")
     h = wire.Header(
         version=draw(st.sampled_from([1] * 15 + [2])), msg_type=wire.MSG_CONTRIB,
@@ -45,13 +47,13 @@ def packet(draw, nworkers):
                                     wire.FLAG_LAST | wire.FLAG_LOSS_TOLERANT,
                                     wire.FLAG_RESEND | wire.FLAG_PARTIAL])),
         job=JOB, epoch=draw(st.sampled_from([1] * 9 + [2])), slot=draw(st.integers(0, 2)),
-        rank=rank, nlanes=K, round=draw(st.integers(1, 4)), length=draw(st.sampled_from([9, 9, 10])),
-        block_size=BS, exponent=draw(st.integers(-40, 40)), present=present,
-        nonfinite=draw(st.integers(0, (1 << K) - 1)) & present)
-    nxt = draw(st.lists(st.sampled_from([0, 1, 5, 9, wire.END]), min_size=K, max_size=K))
-    data = draw(st.lists(st.integers(-2**31, 2**31 - 1), min_size=npresent * BS,
-                         max_size=npresent * BS))
-    pkt = wire.pack(h, nxt, np.array(data, np.int32).reshape(npresent, BS) if npresent else None)
+        rank=rank, nlanes=k, round=draw(st.integers(1, 4)), length=draw(st.sampled_from([9, 9, 10])),
+        block_size=bs, exponent=draw(st.integers(-40, 40)), present=present,
+        nonfinite=draw(st.integers(0, (1 << k) - 1)) & present)
+    nxt = draw(st.lists(st.sampled_from([0, 1, 5, 9, wire.END]), min_size=k, max_size=k))
+    data = draw(st.lists(st.integers(-2**31, 2**31 - 1), min_size=npresent * bs,
+                         max_size=npresent * bs))
+    pkt = wire.pack(h, nxt, np.array(data, np.int32).reshape(npresent, bs) if npresent else None)
     if draw(st.integers(0, 30)) == 0:
         pkt = pkt[:-4]  # truncated: malformed
     return rank, pkt
@@ -109,14 +111,15 @@ def frame(rank: int, payload: bytes, udp_len: int) -> bytes:
 
 
 @st.composite
-def frames(draw):
-    """Contributions of admitted ranks with P4 sizes or sizes the P4 parser stops at (more
-    lanes, another block size), sent whole, cut short, or with an Ethernet trailer."""
+def frames(draw, k=K, bs=BS):
+    """Contributions of admitted ranks with P4 sizes (`k` lanes of `bs`) or sizes the P4 parser
+    stops at (more lanes, another block size), sent whole, cut short, or with an Ethernet
+    trailer."""
     out = []
     for _ in range(draw(st.integers(1, 12))):
         rank = draw(st.integers(0, 1))
-        nlanes = draw(st.sampled_from([K] * 3 + [1, K + 1, K + 3]))
-        block_size = draw(st.sampled_from([BS] * 3 + [BS // 2, 2 * BS]))
+        nlanes = draw(st.sampled_from([k] * 3 + [1, k + 1, k + 3]))
+        block_size = draw(st.sampled_from([bs] * 3 + [bs // 2, 2 * bs]))
         present = draw(st.integers(0, (1 << nlanes) - 1))
         npresent = bin(present).count("1")
         h = wire.Header(msg_type=wire.MSG_CONTRIB, job=JOB, epoch=1, slot=draw(st.integers(0, 1)),

@@ -14,7 +14,9 @@
  *   slot_flags        LAST (AND over contributions), MISMATCH (some length differed)
  *
  * Every register is read and/or written at most once per packet, at one index, with no
- * loop: the shape of a Tofino register action. Outcomes:
+ * loop. The order is not a Tofino pipeline's (slot_bitmap's write depends on slot_count,
+ * which depends on slot_bitmap's read; slot_flags needs an AND and an OR): tofino/ has the
+ * Tofino 1 layout of the same behaviour. Outcomes:
  *   stale (older round or epoch)          drop, job_stale
  *   new contribution, round incomplete    add, drop
  *   new contribution completing the round add, write the sums into the packet, multicast

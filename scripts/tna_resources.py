@@ -1,0 +1,81 @@
+"""Summarise bf-p4c's resource logs of the TNA program as Markdown (make tofino).
+
+Usage: python3 scripts/tna_resources.py OUT_DIR [COMPILER_VERSION_LINE] > tofino/build/resources.md
+
+OUT_DIR is bf-p4c's -o directory; its pipe/logs/resources.json (per MAU stage: RAMs, TCAMs,
+stateful (meter) ALUs, statistics ALUs, gateways, and the tables using them) and
+pipe/logs/metrics.json (PHV containers) are read. Standard library only.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+
+
+def _usages(units) -> list:
+    """The non-empty usage lists of a unit array (RAMs, ALUs, gateways ...)."""
+    return [u for u in units or () if u.get("usages")]
+
+
+def _names(units) -> set:
+    out = set()
+    for u in _usages(units):
+        for use in u["usages"]:
+            name = use.get("used_by") or use.get("used_by_table") or use.get("name")
+            if name:
+                out.add(str(name))
+    return out
+
+
+def summarise(out_dir: pathlib.Path, version: str) -> str:
+    logs = out_dir / "pipe" / "logs"
+    res = json.loads((logs / "resources.json").read_text())["resources"]
+    stages = res["mau"]["mau_stages"]
+    lines = ["# tofino/build: bf-p4c resource summary of tofino/spina_tna.p4", "",
+             f"Compiler: `{version.strip()}`" if version.strip() else "Compiler: (version not given)",
+             f"Target: Tofino 1 (`--target tofino --arch tna`), {res['mau']['nStages']} MAU stages "
+             "per pipe (shared by ingress and egress).", "",
+             "| stage | SRAMs | TCAMs | map RAMs | stateful ALUs | stats ALUs | gateways | stateful ALUs used by |",
+             "|---|---|---|---|---|---|---|---|"]
+    totals = [0] * 6
+    used_stages = 0
+    for st in sorted(stages, key=lambda s: s["stage_number"]):
+        counts = [len(_usages(st.get("rams", {}).get("srams"))),
+                  len(_usages(st.get("tcams", {}).get("tcams"))),
+                  len(_usages(st.get("map_rams", {}).get("maprams"))),
+                  len(_usages(st.get("meter_alus", {}).get("meters"))),
+                  len(_usages(st.get("statistic_alus", {}).get("stats"))),
+                  len(_usages(st.get("gateways", {}).get("gateways")))]
+        if any(counts):
+            used_stages += 1
+        totals = [a + b for a, b in zip(totals, counts)]
+        salu = ", ".join(sorted(_names(st.get("meter_alus", {}).get("meters"))))
+        lines.append(f"| {st['stage_number']} | " + " | ".join(map(str, counts)) + f" | {salu} |")
+    lines.append("| total | " + " | ".join(map(str, totals)) + " | |")
+    lines += ["", f"Stages with any resource in use: {used_stages} of {res['mau']['nStages']}."]
+    metrics = logs / "metrics.json"
+    if metrics.exists():
+        phv = json.loads(metrics.read_text()).get("phv", {})
+        rows = [f"- {kind}: " + ", ".join(f"{u.get('bit_width', '?')}-bit: "
+                                          f"{u.get('containers_occupied', '?')}" for u in usage)
+                for kind, usage in phv.items() if isinstance(usage, list) and usage]
+        if rows:
+            lines += ["", "PHV containers occupied (metrics.json):"] + rows
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2:
+        print("usage: tna_resources.py OUT_DIR [COMPILER_VERSION_LINE]", file=sys.stderr)
+        return 2
+    out_dir = pathlib.Path(argv[1])
+    if not (out_dir / "pipe" / "logs" / "resources.json").exists():
+        print(f"tna_resources.py: no pipe/logs/resources.json under {out_dir}", file=sys.stderr)
+        return 2
+    sys.stdout.write(summarise(out_dir, argv[2] if len(argv) > 2 else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,141 @@
+"""The Tofino 1 program (tofino/) and the Python side (spina/spec.py) agree.
+
+Run just this file: python -m pytest tests/test_tna_agreement.py
+
+Without bf-p4c: size.p4's defines against spec.TNA_SIZES, and the names the preprocessed
+program declares (tables and their keys, registers with cell widths and sizes, counters with
+sizes, the rank -> bit const table) against spec's TNA lists. With the committed build
+(tofino/build/, `make tofino`): bf-p4c's P4Info against spec.tna_p4info(), as
+tests/test_p4info.py does for p4src; where bf-p4c is on PATH, also that the committed P4Info
+is what it makes of today's tofino/ (skipped, saying so, elsewhere).
+"""
+from __future__ import annotations
+
+import pathlib
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from spina import spec
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TOFINO = ROOT / "tofino"
+P4INFO = TOFINO / "build" / "spina_tna.p4info.txtpb"
+S = spec.TNA_SIZES
+
+
+@pytest.fixture(scope="module")
+def program(tmp_path_factory) -> str:
+    """tofino/spina_tna.p4 after cpp (core.p4 and tna.p4 stubbed out: only our text counts)."""
+    if shutil.which("cpp") is None:
+        pytest.skip("cpp not on PATH: the TNA program's macros cannot be expanded here")
+    stubs = tmp_path_factory.mktemp("p4include")
+    for name in ("core.p4", "tna.p4"):
+        (stubs / name).write_text("")
+    out = subprocess.run(["cpp", "-P", "-undef", "-nostdinc", f"-I{stubs}",
+                          str(TOFINO / "spina_tna.p4")],
+                         check=True, capture_output=True, text=True).stdout
+    return re.sub(r"\s+", " ", out)
+
+
+def test_sizes_agree():
+    """tofino/size.p4's defines equal spec.TNA_SIZES (text: the names are gone after bf-p4c)."""
+    defines = dict(re.findall(r"#define (\w+) (\d+)\s", (TOFINO / "size.p4").read_text()))
+    for name, value in S.items():
+        assert int(defines[name]) == value, name
+    assert int(defines["SLOT_COPIES"]) == 2 * S["POOL_SLOTS"]
+    assert int(defines["BLOCK_BYTES"]) == 4 * S["BLOCK_SIZE"]
+    assert S["RANK_CELLS"] == 2 * S["POOL_SLOTS"] * S["MAX_WORKERS"]
+
+
+def test_registers_agree(program):
+    """Every Register of the program: spec's TNA name, cell width and number of cells."""
+    widths = {"bit<32>": 32, "bit<16>": 16, "bit<8>": 8, "loss_credit_t": 32}
+    got = {name: (widths[cell], int(cells)) for name, cell, cells in re.findall(
+        r'@name\("\.(\w+)"\) Register<([\w<>]+), [\w<>]+>\((\d+)', program)}
+    assert got == {name: (width, cells) for name, width, cells in spec.tna_registers()}
+
+
+def test_counters_agree(program):
+    """Every Counter: spec's name and number of cells (MAX_JOBS or MAX_PORTS)."""
+    got = {name: int(cells) for name, cells in re.findall(
+        r'@name\("\.(\w+)"\) Counter<bit<32>, [\w<>]+>\((\d+), CounterType_t\.PACKETS\)', program)}
+    assert got == spec.TNA_COUNTERS
+
+
+def test_tables_and_keys_agree(program):
+    """The control-plane tables (global @name) are spec's TNA_TABLES, with spec's key names
+    and match kinds in order; the internal const tables are @hidden."""
+    tables = dict(re.findall(r'@name\("\.(\w+)"\) table \w+ \{ key = \{ (.*?) \}', program))
+    assert set(tables) == set(spec.TNA_TABLES)
+    for name, keys in tables.items():
+        got = re.findall(r': (\w+) @name\("(\w+)"\);', keys)
+        assert got == [(k.match, k.name) for k in spec.TABLES[name].keys], name
+    hidden = re.findall(r"@hidden table (\w+)", program)
+    assert hidden and all(t not in spec.TABLES for t in hidden)
+    assert len(re.findall(r"(?<!@hidden )table \w+ \{", program)) == len(spec.TNA_TABLES)
+
+
+def test_rank_to_bit_entries(program):
+    """rank_to_bit's const entries map rank r to 1 << r for every rank (no variable shift)."""
+    entries = re.findall(r"(\d+): set_rank_bit\(32w1 << (\d+)\);", program)
+    assert [(int(r), int(b)) for r, b in entries] == [(r, r) for r in range(S["MAX_WORKERS"])]
+
+
+def _bf_p4c_shape(text: str) -> dict:
+    """bf-p4c's TNA P4Info by names, in test_p4info.shape's form. Its counters and registers
+    are `externs` whose info is a barefoot.* message (not in p4runtime's descriptor pool):
+    those blocks are read as text; names carry the pipe's prefix ("pipe.admission")."""
+    from google.protobuf import text_format
+    from p4.config.v1 import p4info_pb2
+    try:
+        from test_p4info import shape
+    except ImportError:
+        from tests.test_p4info import shape
+    blocks = re.findall(r"^externs \{\n.*?^\}\n", text, re.S | re.M)
+    rest = text
+    for b in blocks:
+        rest = rest.replace(b, "")
+    info = text_format.Parse(rest, p4info_pb2.P4Info())
+    for obj in [*info.tables, *info.actions]:
+        obj.preamble.name = obj.preamble.name.removeprefix("pipe.")
+    out = shape(info)
+    for block in blocks:
+        kind = re.search(r'extern_type_name: "(\w+)"', block).group(1)
+        if kind not in ("Counter", "Register"):
+            continue  # PortMetadata, Snapshot: no control-plane state of ours
+        for inst in block.split("  instances {")[1:]:
+            name = re.search(r'name: "(?:pipe\.)?([\w.]+)"', inst).group(1)
+            size = int(re.search(r"\n        size: (\d+)", inst).group(1))
+            if kind == "Counter":
+                out["counters"][name] = size
+            elif kind == "Register":
+                width = int(re.search(r"bitwidth: (\d+)", inst).group(1))
+                out["registers"][name] = (width, size)
+    return out
+
+
+def test_bf_p4c_p4info_equals_spec():
+    """bf-p4c's P4Info (tofino/build/, committed by `make tofino`) and spec.tna_p4info() are
+    the same by name: tables, keys, actions and scopes, sizes, counters, registers."""
+    try:
+        from test_p4info import shape
+    except ImportError:
+        from tests.test_p4info import shape
+    if not P4INFO.exists():
+        pytest.skip(f"{P4INFO.relative_to(ROOT)} is not committed: the TNA program has not "
+                    "been compiled by bf-p4c")
+    assert _bf_p4c_shape(P4INFO.read_text()) == shape(spec.tna_p4info())
+
+
+def test_tna_p4info_is_current(tmp_path):
+    """The committed P4Info is what bf-p4c makes of today's tofino/ (where bf-p4c exists)."""
+    if shutil.which("bf-p4c") is None:
+        pytest.skip("bf-p4c not on PATH: the committed TNA P4Info cannot be rebuilt here")
+    out = tmp_path / "p4info.txtpb"
+    subprocess.run(["bf-p4c", "--target", "tofino", "--arch", "tna", "-o", str(tmp_path / "out"),
+                    "--p4runtime-files", str(out), str(TOFINO / "spina_tna.p4")],
+                   check=True, capture_output=True)
+    assert out.read_text() == P4INFO.read_text()

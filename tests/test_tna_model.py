@@ -1,0 +1,211 @@
+"""The Tofino 1 program's per-packet decisions equal the software switch's at the TNA sizes.
+
+Run just this file: python -m pytest tests/test_tna_model.py
+
+tests/tna_model.py transliterates tofino/include/{admission,aggregator,egress}.p4 RegisterAction
+by RegisterAction (its const tables read from the P4 text). Random packet sequences
+(duplicates, stale and new rounds, flushes, absent lanes, wrong epochs, unadmitted and
+malformed packets; tests/test_p4_model.py's strategy at the TNA sizes) go through it
+and through softswitch.pipeline.Pipeline: every emitted packet, counter and register cell must
+agree after every packet. The sizes the TNA parser does not hold, and the congestion drop's
+loss budget, are compared too.
+"""
+from __future__ import annotations
+
+import socket
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from softswitch.pipeline import Pipeline
+from spina import spec, wire
+from spina.config import JobConfig, WorkerAddr
+try:  # tests/ is on sys.path under pytest's default import mode, unless tests/ is a package
+    from tna_model import INA_OFF, M32, TnaModel
+    from test_p4_model import JOB, PORT, SWITCH_IP, frames, packet, src
+except ImportError:
+    from tests.tna_model import INA_OFF, M32, TnaModel
+    from tests.test_p4_model import JOB, PORT, SWITCH_IP, frames, packet, src
+
+K, BS = spec.TNA_SIZES["NLANES"], spec.TNA_SIZES["BLOCK_SIZE"]
+SLOTS = spec.TNA_SIZES["POOL_SLOTS"]
+
+
+def _admit(nworkers: int, nslots: int = 2):
+    """The same job in both: Pipeline.add_job and the model's admission entries."""
+    job = JobConfig(job=JOB, workers=tuple(WorkerAddr(r, *src(r)) for r in range(nworkers)),
+                    slot_base=0, nslots=nslots, block_size=BS, nlanes=K)
+    fast = Pipeline(pool_slots=SLOTS, slot_capacity=K * BS)
+    fast.add_job(job, {r: (PORT, src(r)) for r in range(nworkers)}, mcast_grp=1)
+    model = TnaModel()
+    for r in range(nworkers):
+        model.admission[(PORT, src(r), JOB, r)] = dict(
+            epoch=1, slot_base=0, nslots=nslots, nworkers=nworkers, block_size=BS, nlanes=K)
+    return fast, model
+
+
+def _same_state(fast: Pipeline, model: TnaModel) -> None:
+    """Counters (by name and index) and every register cell, in spec's meaning."""
+    for (name, index), value in model.counters.items():
+        assert int(fast.counters[name][index]) == value, name
+    assert sum(int(c.sum()) for c in fast.counters.values()) == sum(model.counters.values())
+    reg = fast.registers
+    for name in ("slot_round", "slot_bitmap", "slot_count", "slot_present", "slot_nonfinite",
+                 "slot_exponent", "slot_length", "slot_flags"):
+        width = {"slot_exponent": 0xFFFF}.get(name, (1 << 64) - 1)
+        assert [int(x) & width for x in reg[name]] == model.spec_view(name), name
+    assert [int(x) for x in reg["slot_next"][:, 0]] == model.reg["slot_next_l0"]
+    for e in range(BS):
+        assert [int(x) & M32 for x in reg["slot_values"][:, e]] == \
+            model.reg[f"slot_values_l0_e{e}"], e
+
+
+@st.composite
+def scenario(draw):
+    nworkers = draw(st.integers(1, 3))
+    return nworkers, [packet(draw, nworkers, K, BS) for _ in range(draw(st.integers(1, 40)))]
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenario())
+def test_tna_equals_pipeline(sc):
+    """Same packets out (and where they go), same counters, same register cells, after every
+    packet, for flat jobs at the TNA sizes."""
+    nworkers, packets = sc
+    fast, model = _admit(nworkers)
+    for rank, pkt in packets:
+        got = [(bytes(e.data), e.multicast) for e in fast.process(pkt, PORT, src(rank))]
+        assert model.process(pkt, PORT, src(rank)) == got
+        _same_state(fast, model)
+
+
+def test_a_flush_then_a_late_rank_gets_the_stored_result():
+    """Rank 0 contributes, flushes (PARTIAL); rank 1's late contribution is not added: both get
+    the flushed result, and the bitmap keeps rank 1 out (the case slot_rank_round exists for)."""
+    fast, model = _admit(2)
+    h = dict(msg_type=wire.MSG_CONTRIB, job=JOB, epoch=1, slot=1, nlanes=K, round=7, length=9,
+             block_size=BS, present=1)
+    data = np.arange(BS, dtype=np.int32).reshape(1, BS)
+    first = wire.pack(wire.Header(rank=0, **h), [5], data)
+    flush = wire.pack(wire.Header(rank=0, **{**h, "flags": wire.FLAG_PARTIAL}), [5], data)
+    late = wire.pack(wire.Header(rank=1, **h), [3], data * 100)
+    assert model.process(first, PORT, src(0)) == []
+    (flushed, multicast), = model.process(flush, PORT, src(0))
+    assert multicast
+    hdr = wire.unpack_header(flushed)
+    assert (hdr.msg_type, hdr.flags, hdr.bitmap) == (wire.MSG_RESULT, wire.FLAG_PARTIAL, 0b01)
+    (again, multicast), = model.process(late, PORT, src(1))
+    assert not multicast
+    hdr = wire.unpack_header(again)
+    assert (hdr.flags, hdr.bitmap) == (wire.FLAG_PARTIAL | wire.FLAG_RESEND, 0b01)
+    assert again[wire.HEADER_LEN + 4:] == flushed[wire.HEADER_LEN + 4:]  # rank 1 not added
+    for pkt, rank in ((first, 0), (flush, 0), (late, 1)):
+        fast.process(pkt, PORT, src(rank))
+    _same_state(fast, model)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(frames(K, BS))
+def test_frames_are_judged_as_the_software_switch_judges_them(sent):
+    """Whole frames at the TNA sizes, cut short or with an Ethernet trailer: malformed,
+    aggregated and answered alike (UDP payloads; the TNA reply keeps a trailer, the software
+    switch's does not), counters and registers after every frame. Frames of other sizes are
+    left out here: test_other_sizes_are_malformed_on_tna pins that difference."""
+    from softswitch.l2 import Dataplane
+    job = JobConfig(job=JOB, workers=(WorkerAddr(0, *src(0)), WorkerAddr(1, *src(1))),
+                    slot_base=0, nslots=2, block_size=BS, nlanes=K)
+    dp = Dataplane(pool_slots=SLOTS, slot_capacity=K * BS)
+    dp.ina_endpoint.add(socket.inet_aton(SWITCH_IP))
+    dp.pipeline.add_job(job, {r: (PORT, src(r)) for r in range(2)}, mcast_grp=1)
+    model = TnaModel()
+    for r in range(2):
+        model.admission[(PORT, src(r), JOB, r)] = dict(
+            epoch=1, slot_base=0, nslots=2, nworkers=2, block_size=BS, nlanes=K)
+    for rank, f in sent:
+        if (len(f) >= INA_OFF + wire.HEADER_LEN
+                and (wire.unpack_header(f, INA_OFF).nlanes,
+                     wire.unpack_header(f, INA_OFF).block_size) != (K, BS)):
+            continue  # another size (a cut header is malformed on both)
+        got = [(out[INA_OFF:], False) for _, out in dp.process(f, PORT)]
+        want = [(pkt, multicast) for pkt, multicast in model.process_frame(f, PORT)
+                if not multicast]  # no multicast group configured: results go nowhere
+        assert want == got
+        _same_state(dp.pipeline, model)
+
+
+@st.composite
+def other_sizes(draw):
+    """Well-formed contributions (for the wire) with sizes the TNA parser does not hold."""
+    nlanes, block_size = draw(st.sampled_from([(2, BS), (K, 8), (K, 32), (4, 4), (3, 16)]))
+    present = draw(st.integers(0, (1 << nlanes) - 1))
+    npresent = bin(present).count("1")
+    h = wire.Header(msg_type=wire.MSG_CONTRIB, job=JOB, epoch=1, slot=0, rank=0, nlanes=nlanes,
+                    round=1, block_size=block_size, present=present)
+    data = np.zeros((npresent, block_size), np.int32)
+    return wire.pack(h, [wire.END] * nlanes, data if npresent else None)
+
+
+@settings(max_examples=40, deadline=None)
+@given(other_sizes())
+def test_other_sizes_are_malformed_on_tna(pkt):
+    """Known difference (tofino/README.md): sizes other than one lane of BLOCK_SIZE are
+    malformed on the TNA program, unadmitted in the software switch (and p4src); neither
+    aggregates them."""
+    fast, model = _admit(1)
+    assert fast.process(pkt, PORT, src(0)) == []
+    assert model.process(pkt, PORT, src(0)) == []
+    assert fast.port_counters(PORT) == {"port_malformed": 0, "port_unadmitted": 1}
+    assert model.counters == {("port_malformed", PORT): 1}
+
+
+@st.composite
+def congested(draw):
+    """A job's congestion entry and the contributions (and results) egress sees."""
+    threshold = draw(st.integers(0, 20))
+    bound = draw(st.sampled_from([0, 1, spec.loss_bound(0.1), spec.loss_bound(0.5),
+                                  spec.LOSS_CREDIT_ONE - 1]))
+    out = []
+    for _ in range(draw(st.integers(1, 60))):
+        flags = draw(st.sampled_from([0, wire.FLAG_LOSS_TOLERANT, wire.FLAG_LOSS_TOLERANT]))
+        msg = draw(st.sampled_from([wire.MSG_CONTRIB] * 5 + [wire.MSG_RESULT]))
+        h = wire.Header(msg_type=msg, flags=flags, job=JOB, nlanes=K, block_size=BS)
+        out.append((wire.pack(h, [wire.END], None), draw(st.integers(0, 40))))
+    return threshold, bound, out
+
+
+@settings(max_examples=150, deadline=None)
+@given(congested())
+def test_congestion_drop_equals_pipeline(c):
+    """CongestionDrop's earn / earn_and_pay equal Pipeline.congestion_drop (the same drops,
+    job_congestion_* counters and job_loss_credit after every packet) up to the first drop from
+    a saturated budget; that drop leaves exactly credit + bound - LOSS_CREDIT_ONE where the
+    software switch leaves LOSS_CREDIT_MAX - LOSS_CREDIT_ONE (tofino/README.md), and on the TNA
+    the bound and the burst cap hold over the whole sequence."""
+    threshold, bound, packets = c
+    fast, model = _admit(1)
+    fast.congestion[JOB] = (threshold, bound)
+    model.congestion[JOB] = (threshold, bound)
+    diverged = False
+    for pkt, qdepth in packets:
+        before = model.reg["job_loss_credit"][JOB]
+        h = wire.unpack_header(pkt)
+        saturated_drop = (h.msg_type == wire.MSG_CONTRIB and h.flags & wire.FLAG_LOSS_TOLERANT
+                          and qdepth > threshold and before + bound > spec.LOSS_CREDIT_MAX)
+        dropped = model.congestion_drop(pkt, qdepth)
+        credit = model.reg["job_loss_credit"][JOB]
+        if not diverged:
+            assert dropped == fast.congestion_drop(pkt, qdepth)
+            if saturated_drop:
+                assert dropped
+                assert credit == before + bound - spec.LOSS_CREDIT_ONE
+                assert int(fast.job_registers["job_loss_credit"][JOB]) == \
+                    spec.LOSS_CREDIT_MAX - spec.LOSS_CREDIT_ONE
+                diverged = True
+            else:
+                assert int(fast.job_registers["job_loss_credit"][JOB]) == credit
+            for name in ("job_congestion_seen", "job_congestion_drops"):
+                assert int(fast.counters[name][JOB]) == model.counters.get((name, JOB), 0)
+        seen = model.counters.get(("job_congestion_seen", JOB), 0)
+        drops = model.counters.get(("job_congestion_drops", JOB), 0)
+        assert drops * spec.LOSS_CREDIT_ONE <= seen * bound
+        assert 0 <= credit <= spec.LOSS_CREDIT_MAX

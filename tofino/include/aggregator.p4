@@ -1,0 +1,515 @@
+/* SpINA on Tofino 1: the slot registers and the per-packet aggregation of a flat job
+ * (softswitch Pipeline.process, p4src/include/control/aggregator.p4), in RegisterActions.
+ *
+ * Per slot and shadow copy, idx = slot * 2 + (round & 1), as in p4src:
+ *   slot_round          round tag; older is stale, newer resets the copy (self-recycling)
+ *   slot_rank_round     per copy and rank: round + 1 of the rank's last contribution there
+ *   slot_length         tensor length of the round's first packet
+ *   slot_count          contributions so far
+ *   slot_bitmap         ranks that contributed
+ *   slot_present, slot_nonfinite   OR of the lanes (32-bit cells: NLANES = 1)
+ *   slot_exponent       max (signed)
+ *   slot_flags          FLAG_LAST INVERTED (set: some contribution lacked LAST), MISMATCH,
+ *                       PARTIAL; every update is then one OR (an AND and an OR of the same
+ *                       cell are two ALU operations). Initial and cleared value: FLAG_LAST.
+ *   slot_next_l0        min of the workers' next positions
+ *   slot_values_l0_e<E> one array per element: the int32 sums (wrap-around)
+ *
+ * The order a stage pipeline allows (a register's result reaches another register one stage
+ * later, and each register is read and written once per packet):
+ *   slot_round, slot_rank_round   stale / same round / newer round (written); duplicate?
+ *                  (this rank marked the same round)
+ *   slot_count     its value minus nworkers before this packet, returned; incremented when
+ *                  the rank is new and the round incomplete, raised to nworkers by a flush;
+ *                  slot_length (written on a newer round) beside it
+ *   decide         a const table turns those answers into the outcome and each register's op
+ *   the rest       set / merge / read, each returning the copy's value after this packet
+ * p4src finds duplicates in slot_bitmap itself; here slot_bitmap's write would depend on
+ * slot_count, which depends on the duplicate test: slot_rank_round answers that test from
+ * header fields alone, in slot_round's stage. Every contribution raises its rank's cell to
+ * round + 1 (in slot_round's wrap-around order; never lowered, so stale packets leave it);
+ * the cell equals round + 1 of the copy's round exactly when the rank was counted in it, or
+ * when the round was already complete (then a duplicate and a new rank get the same answer:
+ * the stored result). A cleared cell (0) is raised by rounds 0 .. 2^31 - 2 only: after a
+ * clear, rounds must start there (agents start at 1).
+ */
+#ifndef SPINA_TNA_AGGREGATOR_P4
+#define SPINA_TNA_AGGREGATOR_P4
+
+typedef bit<9> copy_index_t;    // SLOT_COPIES = 512
+typedef bit<14> rank_index_t;   // RANK_CELLS = 16384
+typedef bit<11> job_index_t;    // MAX_JOBS = 2048
+
+// The register indexes and inputs that depend on header fields (and admission) only, applied
+// before any branch so that they are ready when slot_round's stage comes.
+control SlotIndex(in tna_headers_t hdr, inout tna_ingress_md_t meta) {
+    @hidden action set_rank_bit(bit<32> bit_of_rank) {
+        meta.rank_bit = bit_of_rank;
+    }
+#define SPINA_RANK_ENTRY(R) R: set_rank_bit(32w1 << R);
+    @hidden table rank_to_bit {
+        key = { hdr.ina.rank: exact; }
+        actions = { set_rank_bit; @defaultonly NoAction; }
+        const entries = {
+            FOR_EACH_RANK(SPINA_RANK_ENTRY)
+        }
+        const default_action = NoAction();
+        size = MAX_WORKERS;
+    }
+
+    apply {
+        meta.idx = hdr.ina.slot[7:0] ++ hdr.ina.round[0:0];
+        meta.rank_idx = hdr.ina.slot[7:0] ++ hdr.ina.round[0:0] ++ hdr.ina.rank[4:0];
+        meta.round_next = hdr.ina.round + 1;
+        meta.loss_tolerant = hdr.ina.flags & FLAG_LOSS_TOLERANT;
+        meta.rank_bit = 0;
+        rank_to_bit.apply();
+        // count_duplicate's limit: nworkers when the packet asks for a flush.
+        meta.count_limit = 0;
+        if ((hdr.ina.flags & FLAG_PARTIAL) != 0) {
+            meta.count_limit = meta.nworkers;
+        }
+    }
+}
+
+control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
+                   in ingress_intrinsic_metadata_t ig_intr_md,
+                   inout ingress_intrinsic_metadata_for_deparser_t ig_dprsr_md,
+                   inout ingress_intrinsic_metadata_for_tm_t ig_tm_md) {
+    @name(".job_received")   Counter<bit<32>, job_index_t>(MAX_JOBS, CounterType_t.PACKETS) job_received;
+    @name(".job_aggregated") Counter<bit<32>, job_index_t>(MAX_JOBS, CounterType_t.PACKETS) job_aggregated;
+    @name(".job_duplicates") Counter<bit<32>, job_index_t>(MAX_JOBS, CounterType_t.PACKETS) job_duplicates;
+    @name(".job_stale")      Counter<bit<32>, job_index_t>(MAX_JOBS, CounterType_t.PACKETS) job_stale;
+
+    // ------------------------------------------------------------------ slot_round
+    @name(".slot_round") Register<bit<32>, copy_index_t>(SLOT_COPIES, 0) slot_round;
+    // delta = round - stored (mod 2^32): 0 same, 1 .. 2^31 - 1 newer (the copy takes it),
+    // else stale: the same test as p4src's delta >> 31 (a 32-bit difference read as signed:
+    // bf-p4c's "uus" comparison).
+    RegisterAction<bit<32>, copy_index_t, pred_t>(slot_round) check_round = {
+        void apply(inout bit<32> value, out pred_t rv) {
+            rv = this.predicate(value == hdr.ina.round, (int<32>)(hdr.ina.round - value) > 0);
+            if ((int<32>)(hdr.ina.round - value) > 0) {
+                value = hdr.ina.round;
+            }
+        }
+    };
+
+    // ------------------------------------------------------------------ slot_rank_round
+    @name(".slot_rank_round") Register<bit<32>, rank_index_t>(RANK_CELLS, 0) slot_rank_round;
+    // Raised to round + 1 (wrap-around order, as slot_round), never lowered: it runs in
+    // slot_round's stage, before staleness is known, so a stale packet must not lower it.
+    RegisterAction<bit<32>, rank_index_t, pred_t>(slot_rank_round) mark_rank = {
+        void apply(inout bit<32> value, out pred_t rv) {
+            rv = this.predicate(value == meta.round_next,
+                                (int<32>)(meta.round_next - value) > 0);
+            if ((int<32>)(meta.round_next - value) > 0) {
+                value = meta.round_next;
+            }
+        }
+    };
+
+    // ------------------------------------------------------------------ slot_length
+    @name(".slot_length") Register<bit<32>, copy_index_t>(SLOT_COPIES, 0) slot_length;
+    RegisterAction<bit<32>, copy_index_t, bit<32>>(slot_length) set_length = {
+        void apply(inout bit<32> value, out bit<32> rv) {
+            value = hdr.ina.length;
+            rv = value;
+        }
+    };
+    RegisterAction<bit<32>, copy_index_t, bit<32>>(slot_length) read_length = {
+        void apply(inout bit<32> value, out bit<32> rv) {
+            rv = value;
+        }
+    };
+
+    // ------------------------------------------------------------------ slot_count
+    // Each returns (count before this packet) - nworkers: negative while incomplete; -1 when
+    // this rank's contribution completes the round.
+    @name(".slot_count") Register<bit<32>, copy_index_t>(SLOT_COPIES, 0) slot_count;
+    RegisterAction<bit<32>, copy_index_t, bit<32>>(slot_count) count_first = {
+        void apply(inout bit<32> value, out bit<32> rv) {
+            rv = 0 - meta.nworkers;
+            value = 1;
+        }
+    };
+    RegisterAction<bit<32>, copy_index_t, bit<32>>(slot_count) count_rank = {
+        void apply(inout bit<32> value, out bit<32> rv) {
+            rv = value - meta.nworkers;
+            if (value < meta.nworkers) {
+                value = value + 1;
+            }
+        }
+    };
+    // A duplicate: a flush (count_limit = nworkers) completes an incomplete round; otherwise
+    // (count_limit = 0) nothing changes.
+    RegisterAction<bit<32>, copy_index_t, bit<32>>(slot_count) count_duplicate = {
+        void apply(inout bit<32> value, out bit<32> rv) {
+            rv = value - meta.nworkers;
+            if (value < meta.count_limit) {
+                value = meta.count_limit;
+            }
+        }
+    };
+
+    // ------------------------------------------------------------------ OR registers
+    // slot_bitmap, slot_present, slot_nonfinite: set on a fresh copy, ORed when added, read
+    // otherwise; each returns the copy's value after this packet.
+#define SPINA_OR_REGISTER(NAME, INPUT)                                                   \
+    @name(SPINA_XSTR(.NAME)) Register<bit<32>, copy_index_t>(SLOT_COPIES, 0) NAME;       \
+    RegisterAction<bit<32>, copy_index_t, bit<32>>(NAME) NAME##_set = {                  \
+        void apply(inout bit<32> value, out bit<32> rv) {                                \
+            value = INPUT;                                                               \
+            rv = value;                                                                  \
+        }                                                                                \
+    };                                                                                   \
+    RegisterAction<bit<32>, copy_index_t, bit<32>>(NAME) NAME##_or = {                   \
+        void apply(inout bit<32> value, out bit<32> rv) {                                \
+            value = value | INPUT;                                                       \
+            rv = value;                                                                  \
+        }                                                                                \
+    };                                                                                   \
+    RegisterAction<bit<32>, copy_index_t, bit<32>>(NAME) NAME##_read = {                 \
+        void apply(inout bit<32> value, out bit<32> rv) {                                \
+            rv = value;                                                                  \
+        }                                                                                \
+    };
+    SPINA_OR_REGISTER(slot_bitmap, meta.rank_bit)
+    SPINA_OR_REGISTER(slot_present, hdr.ina.present[31:0])
+    SPINA_OR_REGISTER(slot_nonfinite, hdr.ina.nonfinite[31:0])
+
+    // ------------------------------------------------------------------ slot_exponent
+    @name(".slot_exponent") Register<bit<16>, copy_index_t>(SLOT_COPIES, 0) slot_exponent;
+    RegisterAction<bit<16>, copy_index_t, bit<16>>(slot_exponent) slot_exponent_set = {
+        void apply(inout bit<16> value, out bit<16> rv) {
+            value = hdr.ina.exponent;
+            rv = value;
+        }
+    };
+    RegisterAction<bit<16>, copy_index_t, bit<16>>(slot_exponent) slot_exponent_max = {
+        void apply(inout bit<16> value, out bit<16> rv) {
+            if ((int<16>)hdr.ina.exponent > (int<16>)value) {
+                value = hdr.ina.exponent;
+            }
+            rv = value;
+        }
+    };
+    RegisterAction<bit<16>, copy_index_t, bit<16>>(slot_exponent) slot_exponent_read = {
+        void apply(inout bit<16> value, out bit<16> rv) {
+            rv = value;
+        }
+    };
+
+    // ------------------------------------------------------------------ slot_flags
+    @name(".slot_flags") Register<bit<8>, copy_index_t>(SLOT_COPIES, FLAG_LAST) slot_flags;
+    RegisterAction<bit<8>, copy_index_t, bit<8>>(slot_flags) slot_flags_set = {
+        void apply(inout bit<8> value, out bit<8> rv) {
+            value = meta.flag_bits;
+            rv = value;
+        }
+    };
+    RegisterAction<bit<8>, copy_index_t, bit<8>>(slot_flags) slot_flags_or = {
+        void apply(inout bit<8> value, out bit<8> rv) {
+            value = value | meta.flag_bits;
+            rv = value;
+        }
+    };
+    RegisterAction<bit<8>, copy_index_t, bit<8>>(slot_flags) slot_flags_read = {
+        void apply(inout bit<8> value, out bit<8> rv) {
+            rv = value;
+        }
+    };
+
+    // ------------------------------------------------------------------ slot_next_l0
+#define SPINA_NEXT_REGISTER(L)                                                                \
+    @name(SPINA_XSTR(.slot_next_l##L)) Register<bit<32>, copy_index_t>(SLOT_COPIES, 0)       \
+        slot_next_l##L;                                                                       \
+    RegisterAction<bit<32>, copy_index_t, bit<32>>(slot_next_l##L) slot_next_l##L##_set = {  \
+        void apply(inout bit<32> value, out bit<32> rv) {                                     \
+            value = hdr.lane_next.pos;                                                        \
+            rv = value;                                                                       \
+        }                                                                                     \
+    };                                                                                        \
+    RegisterAction<bit<32>, copy_index_t, bit<32>>(slot_next_l##L) slot_next_l##L##_min = {  \
+        void apply(inout bit<32> value, out bit<32> rv) {                                     \
+            if (hdr.lane_next.pos < value) {                                                  \
+                value = hdr.lane_next.pos;                                                    \
+            }                                                                                 \
+            rv = value;                                                                       \
+        }                                                                                     \
+    };                                                                                        \
+    RegisterAction<bit<32>, copy_index_t, bit<32>>(slot_next_l##L) slot_next_l##L##_read = { \
+        void apply(inout bit<32> value, out bit<32> rv) {                                     \
+            rv = value;                                                                       \
+        }                                                                                     \
+    };
+    FOR_EACH_LANE(SPINA_NEXT_REGISTER)
+
+    // ------------------------------------------------------------------ slot_values_l0_e<E>
+    // One register, four RegisterActions and one table per element: the table runs the
+    // element's op and puts the copy's value into the packet.
+#define SPINA_VALUE_REGISTER(L, E)                                                            \
+    @name(SPINA_XSTR(.slot_values_l##L##_e##E)) Register<bit<32>, copy_index_t>(SLOT_COPIES, 0) \
+        slot_values_l##L##_e##E;                                                              \
+    RegisterAction<bit<32>, copy_index_t, bit<32>>(slot_values_l##L##_e##E) value_set_##E = { \
+        void apply(inout bit<32> value, out bit<32> rv) {                                     \
+            value = hdr.block.e##E;                                                           \
+            rv = value;                                                                       \
+        }                                                                                     \
+    };                                                                                        \
+    RegisterAction<bit<32>, copy_index_t, bit<32>>(slot_values_l##L##_e##E) value_clear_##E = { \
+        void apply(inout bit<32> value, out bit<32> rv) {                                     \
+            value = 0;                                                                        \
+            rv = 0;                                                                           \
+        }                                                                                     \
+    };                                                                                        \
+    RegisterAction<bit<32>, copy_index_t, bit<32>>(slot_values_l##L##_e##E) value_add_##E = { \
+        void apply(inout bit<32> value, out bit<32> rv) {                                     \
+            value = value + hdr.block.e##E;                                                   \
+            rv = value;                                                                       \
+        }                                                                                     \
+    };                                                                                        \
+    RegisterAction<bit<32>, copy_index_t, bit<32>>(slot_values_l##L##_e##E) value_read_##E = { \
+        void apply(inout bit<32> value, out bit<32> rv) {                                     \
+            rv = value;                                                                       \
+        }                                                                                     \
+    };                                                                                        \
+
+#define SPINA_LANE_VALUE_REGISTERS(L) FOR_EACH_ELEM(SPINA_VALUE_REGISTER, L)
+    FOR_EACH_LANE(SPINA_LANE_VALUE_REGISTERS)
+
+#define SPINA_VALUE_TABLE(L, E)                                                               \
+    @hidden action value_do_set_##E() { hdr.block.e##E = value_set_##E.execute(meta.idx); }   \
+    @hidden action value_do_clear_##E() { hdr.block.e##E = value_clear_##E.execute(meta.idx); } \
+    @hidden action value_do_add_##E() { hdr.block.e##E = value_add_##E.execute(meta.idx); }   \
+    @hidden action value_do_read_##E() { hdr.block.e##E = value_read_##E.execute(meta.idx); } \
+    @hidden table value_e##E##_ops {                                                          \
+        key = { meta.value_op: exact; }                                                       \
+        actions = { value_do_set_##E; value_do_clear_##E; value_do_add_##E;                   \
+                    value_do_read_##E; @defaultonly NoAction; }                               \
+        const entries = {                                                                     \
+            OP_SET: value_do_set_##E();                                                       \
+            OP_CLEAR: value_do_clear_##E();                                                   \
+            OP_MERGE: value_do_add_##E();                                                     \
+            OP_READ: value_do_read_##E();                                                     \
+        }                                                                                     \
+        const default_action = NoAction();                                                    \
+        size = 4;                                                                             \
+    }
+    FOR_EACH_ELEM(SPINA_VALUE_TABLE, 0)
+
+
+    // ------------------------------------------------------------------ op tables
+    // One table per register (a Tofino table drives one stateful ALU per index), keyed on
+    // the op `decide` chose; each action runs one RegisterAction and keeps its answer.
+#define SPINA_OP_TABLE(NAME, DEST, KEY, SET, MERGE, READ)                                     \
+    @hidden action NAME##_do_set() { DEST = SET.execute(meta.idx); }                          \
+    @hidden action NAME##_do_merge() { DEST = MERGE.execute(meta.idx); }                      \
+    @hidden action NAME##_do_read() { DEST = READ.execute(meta.idx); }                        \
+    @hidden table NAME##_ops {                                                                \
+        key = { KEY: exact; }                                                                 \
+        actions = { NAME##_do_set; NAME##_do_merge; NAME##_do_read; @defaultonly NoAction; }  \
+        const entries = {                                                                     \
+            OP_SET: NAME##_do_set();                                                          \
+            OP_MERGE: NAME##_do_merge();                                                      \
+            OP_READ: NAME##_do_read();                                                        \
+        }                                                                                     \
+        const default_action = NoAction();                                                    \
+        size = 4;                                                                             \
+    }
+    SPINA_OP_TABLE(bitmap, hdr.ina.bitmap, meta.bitmap_op,
+                   slot_bitmap_set, slot_bitmap_or, slot_bitmap_read)
+    SPINA_OP_TABLE(present, meta.present, meta.state_op,
+                   slot_present_set, slot_present_or, slot_present_read)
+    SPINA_OP_TABLE(nonfinite, meta.nonfinite, meta.state_op,
+                   slot_nonfinite_set, slot_nonfinite_or, slot_nonfinite_read)
+    SPINA_OP_TABLE(exponent, hdr.ina.exponent, meta.state_op,
+                   slot_exponent_set, slot_exponent_max, slot_exponent_read)
+    SPINA_OP_TABLE(next_l0, hdr.lane_next.pos, meta.state_op,
+                   slot_next_l0_set, slot_next_l0_min, slot_next_l0_read)
+    SPINA_OP_TABLE(flags, meta.stored_flags, meta.flags_op,
+                   slot_flags_set, slot_flags_or, slot_flags_read)
+
+    // ------------------------------------------------------------------ decide
+    // Pipeline.process's branches from the three answers (and the PARTIAL flag and lane 0's
+    // present bit); value_op also says whether lane 0's block is added, set or cleared.
+    @hidden action set_outcome(kind_t kind, op_t state_op, op_t flags_op, op_t bitmap_op,
+                               op_t value_op) {
+        meta.kind = kind;
+        meta.state_op = state_op;
+        meta.flags_op = flags_op;
+        meta.bitmap_op = bitmap_op;
+        meta.value_op = value_op;
+    }
+    @hidden table decide {
+        key = {
+            meta.round_pred:        ternary;
+            meta.rank_pred:         ternary;
+            hdr.ina.flags:          ternary;
+            meta.count_delta:       ternary;
+            hdr.ina.present[0:0]:   ternary;
+        }
+        actions = { set_outcome; @defaultonly NoAction; }
+        const entries = {
+            // A newer round: the copy starts afresh with this packet (a round of one worker
+            // completes at once).
+            (PRED_HI, _, _, 0xffffffff, 1): set_outcome(KIND_COMPLETE, OP_SET, OP_SET, OP_SET, OP_SET);
+            (PRED_HI, _, _, 0xffffffff, 0): set_outcome(KIND_COMPLETE, OP_SET, OP_SET, OP_SET, OP_CLEAR);
+            (PRED_HI, _, _, _, 1): set_outcome(KIND_HOLD, OP_SET, OP_SET, OP_SET, OP_SET);
+            (PRED_HI, _, _, _, 0): set_outcome(KIND_HOLD, OP_SET, OP_SET, OP_SET, OP_CLEAR);
+            // The same round, a rank not seen (slot_rank_round's cell was not round + 1: its
+            // PRED_LO bit is clear): added while incomplete, else the stored result.
+            (PRED_LO, 0 &&& PRED_LO, _, 0xffffffff, 1): set_outcome(KIND_COMPLETE, OP_MERGE, OP_MERGE, OP_MERGE, OP_MERGE);
+            (PRED_LO, 0 &&& PRED_LO, _, 0xffffffff, 0): set_outcome(KIND_COMPLETE, OP_MERGE, OP_MERGE, OP_MERGE, OP_READ);
+            (PRED_LO, 0 &&& PRED_LO, _, 0x80000000 &&& 0x80000000, 1): set_outcome(KIND_HOLD, OP_MERGE, OP_MERGE, OP_MERGE, OP_MERGE);
+            (PRED_LO, 0 &&& PRED_LO, _, 0x80000000 &&& 0x80000000, 0): set_outcome(KIND_HOLD, OP_MERGE, OP_MERGE, OP_MERGE, OP_NONE);
+            (PRED_LO, 0 &&& PRED_LO, _, _, _): set_outcome(KIND_RESEND, OP_READ, OP_READ, OP_READ, OP_READ);
+            // A duplicate: the stored result when complete, a flush, or a status.
+            (PRED_LO, PRED_LO &&& PRED_LO, _, 0x00000000 &&& 0x80000000, _): set_outcome(KIND_RESEND, OP_READ, OP_READ, OP_READ, OP_READ);
+            (PRED_LO, PRED_LO &&& PRED_LO, FLAG_PARTIAL &&& FLAG_PARTIAL, _, _): set_outcome(KIND_FLUSH, OP_READ, OP_MERGE, OP_READ, OP_READ);
+            (PRED_LO, PRED_LO &&& PRED_LO, _, _, _): set_outcome(KIND_STATUS, OP_NONE, OP_NONE, OP_READ, OP_NONE);
+        }
+        const default_action = NoAction();  // stale: kind stays KIND_NONE
+        size = 16;
+    }
+
+    // slot_flags' input: FLAG_LAST when this contribution lacks it (inverted), MISMATCH when
+    // its length differs from the copy's, PARTIAL for a flush.
+    @hidden action set_flag_bits(bit<8> bits) {
+        meta.flag_bits = bits;
+    }
+    @hidden table flag_input {
+        key = {
+            meta.kind:        ternary;
+            meta.flags_op:    ternary;
+            hdr.ina.flags:    ternary;
+            meta.length_diff: ternary;
+        }
+        actions = { set_flag_bits; @defaultonly NoAction; }
+        const entries = {
+            (KIND_FLUSH, _, _, _): set_flag_bits(FLAG_PARTIAL);
+            (_, OP_SET, FLAG_LAST &&& FLAG_LAST, _): set_flag_bits(0);
+            (_, OP_SET, _, _): set_flag_bits(FLAG_LAST);
+            (_, OP_MERGE, FLAG_LAST &&& FLAG_LAST, 0): set_flag_bits(0);
+            (_, OP_MERGE, FLAG_LAST &&& FLAG_LAST, _): set_flag_bits(FLAG_MISMATCH);
+            (_, OP_MERGE, _, 0): set_flag_bits(FLAG_LAST);
+            (_, OP_MERGE, _, _): set_flag_bits(FLAG_LAST | FLAG_MISMATCH);
+        }
+        const default_action = NoAction();
+        size = 8;
+    }
+
+    // The reply leaves from the switch's address to the sender's; egress rewrites the
+    // destination of each multicast copy for its worker.
+    @hidden action reply_to_sender() {
+        mac_addr_t mac = hdr.ethernet.dst_addr;
+        hdr.ethernet.dst_addr = hdr.ethernet.src_addr;
+        hdr.ethernet.src_addr = mac;
+        ipv4_addr_t addr = hdr.ipv4.dst_addr;
+        hdr.ipv4.dst_addr = hdr.ipv4.src_addr;
+        hdr.ipv4.src_addr = addr;
+        bit<16> port = hdr.udp.dst_port;
+        hdr.udp.dst_port = hdr.udp.src_port;
+        hdr.udp.src_port = port;
+        hdr.udp.checksum = 0;  // RFC 768: zero means "no checksum" over IPv4
+        hdr.bridge.ipv4_update = 1;
+        hdr.bridge.ina_emitted = 1;
+    }
+
+    apply {
+        job_index_t job = hdr.ina.job[10:0];
+        job_received.count(job);
+        if (meta.gate == GATE_STALE_EPOCH) {
+            job_stale.count(job);
+            ig_dprsr_md.drop_ctl = 1;
+            return;
+        }
+        meta.round_pred = check_round.execute(meta.idx);
+        meta.rank_pred = mark_rank.execute(meta.rank_idx);
+        if (meta.round_pred == PRED_NONE) {
+            job_stale.count(job);
+            ig_dprsr_md.drop_ctl = 1;
+            return;
+        }
+        if (meta.round_pred == PRED_HI) {
+            meta.stored_length = set_length.execute(meta.idx);
+            meta.count_delta = count_first.execute(meta.idx);
+        } else {
+            meta.stored_length = read_length.execute(meta.idx);
+            if (meta.rank_pred == PRED_LO) {  // equal, so not newer: a duplicate
+                meta.count_delta = count_duplicate.execute(meta.idx);
+            } else {
+                meta.count_delta = count_rank.execute(meta.idx);
+            }
+        }
+        meta.length_diff = meta.stored_length ^ hdr.ina.length;
+        meta.kind = KIND_NONE;
+        meta.state_op = OP_NONE;
+        meta.flags_op = OP_NONE;
+        meta.bitmap_op = OP_NONE;
+        meta.value_op = OP_NONE;
+        decide.apply();
+        meta.flag_bits = 0;
+        flag_input.apply();
+        // A result's flags: the stored ones with LAST turned the right way up, RESEND when it
+        // answers a resend, and the packet's LOSS_TOLERANT (one ALU operation per stage).
+        meta.flags_xor = FLAG_LAST;
+        if (meta.kind == KIND_RESEND) {
+            meta.flags_xor = FLAG_LAST | FLAG_RESEND;
+        }
+
+        // The element registers first: they are most of the stateful ALUs left.
+#define SPINA_APPLY_VALUE(L, E) value_e##E##_ops.apply();
+        FOR_EACH_ELEM(SPINA_APPLY_VALUE, 0)
+        present_ops.apply();
+        nonfinite_ops.apply();
+        exponent_ops.apply();
+        next_l0_ops.apply();
+        bitmap_ops.apply();
+        flags_ops.apply();
+
+        if (meta.kind == KIND_HOLD || meta.kind == KIND_COMPLETE) {
+            job_aggregated.count(job);
+        } else {
+            job_duplicates.count(job);
+        }
+        if (meta.kind == KIND_HOLD) {
+            ig_dprsr_md.drop_ctl = 1;
+            return;
+        }
+        if (meta.kind == KIND_STATUS) {
+            hdr.ina.msg_type = MSG_STATUS;
+            hdr.ina.flags = hdr.ina.flags & ~(FLAG_LAST | FLAG_PARTIAL);
+            hdr.ina.present = 0;
+            hdr.ina.nonfinite = 0;
+            hdr.block.setInvalid();
+        } else {
+            hdr.ina.msg_type = MSG_RESULT;
+            hdr.ina.flags = meta.stored_flags ^ meta.flags_xor;
+            hdr.ina.present = 32w0 ++ meta.present;
+            hdr.ina.nonfinite = 32w0 ++ meta.nonfinite;
+            hdr.ina.length = meta.stored_length;
+            if (meta.present[0:0] == 1) {
+                hdr.block.setValid();
+            } else {
+                hdr.block.setInvalid();
+            }
+        }
+        // Lengths of what leaves: header, one position and the block if it is valid.
+        if (hdr.block.isValid()) {
+            hdr.udp.length = UDP_HDR_BYTES + INA_HDR_BYTES + 4 * NLANES + BLOCK_BYTES;
+        } else {
+            hdr.udp.length = UDP_HDR_BYTES + INA_HDR_BYTES + 4 * NLANES;
+        }
+        hdr.ipv4.total_len = IPV4_HDR_BYTES + hdr.udp.length;
+        hdr.ina.flags = hdr.ina.flags | meta.loss_tolerant;
+        reply_to_sender();
+        if (meta.kind == KIND_COMPLETE || meta.kind == KIND_FLUSH) {
+            ig_tm_md.mcast_grp_a = meta.adm.mcast_grp;  // the result, to every worker
+        } else {
+            ig_tm_md.ucast_egress_port = ig_intr_md.ingress_port;  // back to the sender
+        }
+    }
+}
+
+#endif

@@ -1,0 +1,105 @@
+/* SpINA on Tofino 1: the header struct and metadata of the TNA program.
+ *
+ * The header types are p4src/shared/header.p4's (the wire format is spina/wire.py's, on every
+ * target); only the containers differ: one lane (NLANES = 1) as single headers, and a bridged
+ * header that tells egress what ingress did (TNA metadata does not cross the traffic manager).
+ */
+#ifndef SPINA_TNA_TYPES_P4
+#define SPINA_TNA_TYPES_P4
+
+// Ingress -> egress, in front of the Ethernet header (never on the wire outside the switch).
+header bridge_h {
+    bit<6> pad;
+    bit<1> ina_emitted;  // a result or status this switch wrote: egress rewrites and counts it
+    bit<1> ipv4_update;  // the IPv4 header changed: the egress deparser recomputes its checksum
+}
+
+struct tna_headers_t {
+    bridge_h    bridge;
+    ethernet_h  ethernet;
+    ipv4_h      ipv4;
+    udp_h       udp;
+    ina_h       ina;
+    lane_next_h lane_next;  // lane 0's next position (NLANES = 1)
+    block_h     block;      // lane 0's block, when present bit 0 is set
+}
+
+// Outcome of one contribution, chosen by the `decide` const table from what slot_round,
+// slot_rank_round and slot_count returned (softswitch Pipeline.process's branches).
+typedef bit<3> kind_t;
+const kind_t KIND_NONE = 0;      // no register touched after slot_round (stale round)
+const kind_t KIND_HOLD = 1;      // added, round incomplete: dropped
+const kind_t KIND_COMPLETE = 2;  // added, round complete: the result to every worker
+const kind_t KIND_RESEND = 3;    // round complete before: the stored result back (RESEND)
+const kind_t KIND_FLUSH = 4;     // duplicate flagged PARTIAL: complete now, to every worker
+const kind_t KIND_STATUS = 5;    // duplicate, round incomplete: the bitmap back
+
+// What a slot register does for this packet (its RegisterAction).
+typedef bit<3> op_t;
+const op_t OP_NONE = 0;
+const op_t OP_SET = 1;    // fresh copy: this packet's value
+const op_t OP_MERGE = 2;  // add, OR, min or max this packet's value into the copy
+const op_t OP_READ = 3;
+const op_t OP_CLEAR = 4;  // values only: fresh copy, lane absent: 0
+
+// What the packet is, after stage 0's lookups (Admission's `gate` table).
+typedef bit<3> gate_t;
+const gate_t GATE_FORWARD = 0;      // not an INA packet for this switch
+const gate_t GATE_MALFORMED = 1;    // port_malformed
+const gate_t GATE_UNADMITTED = 2;   // port_unadmitted
+const gate_t GATE_STALE_EPOCH = 3;  // admitted (if the slot's upper bound holds), wrong epoch
+const gate_t GATE_AGGREGATE = 4;    // admitted (if the slot's upper bound holds)
+
+// InaCheck's masks: rank < 32, and no present/nonfinite bit beyond lane 0.
+const bit<8>  RANK_HIGH_BITS = 0xe0;
+const bit<64> LANE_HIGH_BITS = 0xfffffffffffffffe;
+
+// RegisterAction.predicate(cmplo, cmphi) on Tofino 1 returns bit (cmplo + 2 * cmphi) set
+// (bf-p4c stateful_alu.cpp: condition masks 0xa / 0xc over the four outcomes).
+typedef bit<4> pred_t;
+const pred_t PRED_NONE = 1;  // neither condition
+const pred_t PRED_LO = 2;    // the first condition only
+const pred_t PRED_HI = 4;    // the second condition only
+
+struct tna_ingress_md_t {
+    admission_t adm;
+    bool        ina_local;
+    bool        malformed;     // InaCheck
+    gate_t      gate;
+    bit<16>     slot_below;    // slot_base - slot, saturated at 0: non-zero below the range
+    bit<16>     slot_off;      // slot - slot_base (the offset when slot_below is 0)
+    bit<16>     slot_room;     // nslots - slot_off, saturated at 0: zero above the range
+    bit<16>     epoch_diff;    // epoch ^ admitted epoch
+    bit<32>     nworkers;      // adm.nworkers, 32 bits for slot_count's comparisons
+    bit<32>     count_limit;   // nworkers when the packet asks for a flush, else 0
+    bit<9>      idx;           // slot * 2 + (round & 1)
+    bit<14>     rank_idx;      // idx * MAX_WORKERS + rank
+    bit<32>     round_next;    // round + 1: slot_rank_round's mark (0: never contributed)
+    bit<32>     rank_bit;      // 1 << rank, from a const table
+    pred_t      round_pred;    // slot_round: PRED_LO same round, PRED_HI newer, else stale
+    pred_t      rank_pred;     // slot_rank_round: PRED_LO this rank marked this round, else
+                               // PRED_HI (raised now) or PRED_NONE (a stale packet's)
+    bit<32>     count_delta;   // slot_count before this packet minus nworkers (signed)
+    bit<32>     stored_length; // slot_length of the copy (this packet's when fresh)
+    bit<32>     length_diff;   // stored_length ^ length: non-zero is a MISMATCH
+    kind_t      kind;
+    op_t        state_op;      // slot_present, slot_nonfinite, slot_exponent, slot_next_l0
+    op_t        flags_op;      // slot_flags (a flush ORs PARTIAL in and reads the rest)
+    op_t        bitmap_op;
+    op_t        value_op;
+    bit<8>      flag_bits;     // ORed into (or set as) slot_flags
+    bit<32>     present;       // slot_present, slot_nonfinite, slot_flags after this packet
+    bit<32>     nonfinite;
+    bit<8>      stored_flags;
+    bit<8>      flags_xor;     // FLAG_LAST (| FLAG_RESEND): stored flags -> a result's
+    bit<8>      loss_tolerant; // the packet's FLAG_LOSS_TOLERANT, kept for the reply
+}
+
+struct tna_egress_md_t {
+    qdepth_t qdepth_room;      // threshold - enq_qdepth, saturated at 0
+    qdepth_t qdepth_differs;   // threshold ^ enq_qdepth
+    bit<32> loss_bound;
+    bit<32> loss_need;         // LOSS_CREDIT_ONE - bound: what a drop takes from the earned credit
+}
+
+#endif

@@ -1,0 +1,77 @@
+/* SpINA for Tofino 1 (TNA, bf-p4c --target tofino --arch tna): includes, instantiates and
+ * sequences the controls of include/. Build: `make tofino` (tofino/README.md).
+ *
+ * The same wire format and per-packet semantics as p4src/ (softswitch Pipeline.process) for
+ * flat jobs at this program's sizes (size.p4: one lane of BLOCK_SIZE int32 per packet).
+ * Ingress: an INA packet for this switch (ina_endpoint) is checked, admitted and aggregated;
+ * everything else is forwarded (l2, then ipv4_routes). Egress: per-worker rewrite of result
+ * copies, the result counter, then the loss-tolerant drop under congestion.
+ */
+#include <core.p4>
+#include <tna.p4>
+
+#include "../p4src/shared/define.p4"
+#include "size.p4"
+#include "../p4src/shared/header.p4"
+#include "include/types.p4"
+#include "include/parser.p4"
+#include "include/admission.p4"
+#include "include/aggregator.p4"
+#include "include/forwarding.p4"
+#include "include/egress.p4"
+
+control SpinaIngress(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
+                     in ingress_intrinsic_metadata_t ig_intr_md,
+                     in ingress_intrinsic_metadata_from_parser_t ig_prsr_md,
+                     inout ingress_intrinsic_metadata_for_deparser_t ig_dprsr_md,
+                     inout ingress_intrinsic_metadata_for_tm_t ig_tm_md) {
+    InaEndpoint() ina_endpoint_ctl;
+    InaCheck() ina_check_ctl;
+    Admission() admission_ctl;
+    PortCounters() port_counters_ctl;
+    SlotIndex() slot_index_ctl;
+    Aggregator() aggregator_ctl;
+    Forwarding() forwarding_ctl;
+    Priority() priority_ctl;
+
+    apply {
+        hdr.bridge.setValid();
+        hdr.bridge.pad = 0;
+        hdr.bridge.ina_emitted = 0;
+        hdr.bridge.ipv4_update = 0;
+        // Stage 0 looks everything up at once (each lookup keys on header fields only);
+        // Admission's gate table sorts the packet in stage 1.
+        ina_endpoint_ctl.apply(hdr, meta);
+        ina_check_ctl.apply(hdr, ig_prsr_md.parser_err, meta);
+        admission_ctl.apply(hdr, meta, ig_intr_md.ingress_port);
+        slot_index_ctl.apply(hdr, meta);
+        if (meta.gate == GATE_FORWARD) {
+            forwarding_ctl.apply(hdr, ig_dprsr_md, ig_tm_md);
+        } else if (meta.gate == GATE_MALFORMED || meta.gate == GATE_UNADMITTED
+                   || meta.slot_room == 0) {  // slot_room 0: above the job's slot range
+            port_counters_ctl.apply(meta, ig_intr_md.ingress_port, ig_dprsr_md);
+        } else {
+            aggregator_ctl.apply(hdr, meta, ig_intr_md, ig_dprsr_md, ig_tm_md);
+        }
+        priority_ctl.apply(hdr, ig_tm_md);
+    }
+}
+
+control SpinaEgress(inout tna_headers_t hdr, inout tna_egress_md_t meta,
+                    in egress_intrinsic_metadata_t eg_intr_md,
+                    in egress_intrinsic_metadata_from_parser_t eg_prsr_md,
+                    inout egress_intrinsic_metadata_for_deparser_t eg_dprsr_md,
+                    inout egress_intrinsic_metadata_for_output_port_t eg_oport_md) {
+    WorkerRewrite() worker_rewrite_ctl;
+    CongestionDrop() congestion_drop_ctl;
+
+    apply {
+        worker_rewrite_ctl.apply(hdr, eg_intr_md, eg_dprsr_md);
+        congestion_drop_ctl.apply(hdr, meta, eg_intr_md, eg_dprsr_md);
+    }
+}
+
+Pipeline(SpinaIngressParser(), SpinaIngress(), SpinaIngressDeparser(),
+         SpinaEgressParser(), SpinaEgress(), SpinaEgressDeparser()) pipe;
+
+Switch(pipe) main;
