@@ -28,6 +28,10 @@ from host_agent.local import LocalCluster  # noqa: E402
 from host_agent.torch_hook import pack_aligned  # noqa: E402
 from softswitch.udp import UdpSwitch  # noqa: E402
 from spina.config import ConfigError, JobFile  # noqa: E402
+try:  # tests/ is on sys.path under pytest's default import mode
+    from test_torch_hook import leave_worker  # noqa: E402
+except ImportError:
+    from tests.test_torch_hook import leave_worker  # noqa: E402
 
 B = 16  # a small block size keeps the tests' tensors small
 
@@ -403,6 +407,7 @@ def _ddp_worker(rank, tmp):
     dist.barrier()
     agent.close()
     dist.destroy_process_group()
+    leave_worker()
 
 
 @pytest.fixture

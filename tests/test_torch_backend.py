@@ -18,6 +18,10 @@ import torch.multiprocessing as mp  # noqa: E402
 from host_agent.launch import local_job  # noqa: E402
 from softswitch.udp import UdpSwitch  # noqa: E402
 from spina.config import JobFile  # noqa: E402
+try:  # tests/ is on sys.path under pytest's default import mode
+    from test_torch_hook import leave_worker  # noqa: E402
+except ImportError:
+    from tests.test_torch_hook import leave_worker  # noqa: E402
 
 WORLD = 2
 
@@ -55,6 +59,7 @@ def _worker(rank, tmp):
     dist.barrier()
     pg.agent.close()
     dist.destroy_process_group()
+    leave_worker()
 
 
 def test_spina_backend_allreduce_and_ddp(tmp_path):
