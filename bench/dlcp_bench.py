@@ -237,11 +237,6 @@ class Fabric:
             _run("ip", "netns", "del", self.made.pop(), check=False)
 
 
-def leftover_namespaces(tag: str) -> list[str]:
-    out = _run("ip", "netns", "list", check=False).stdout
-    return [ln.split()[0] for ln in out.splitlines() if ln.split() and ln.startswith(tag + "-")]
-
-
 # ----------------------------------------------------------------------------- the leaf
 def leaf_main(conn, ns: str, ports: dict, l2: dict, uplink: tuple, qdepth: int) -> None:
     """The leaf switch in namespace `ns`: L2 bridging, the uplink rate-limited: `uplink` is

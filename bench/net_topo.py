@@ -188,6 +188,16 @@ class Star:
 
 
 def leftover_namespaces(tag: str) -> list[str]:
-    """Namespaces whose name starts with `tag` (after a run: should be none)."""
+    """Namespaces of run `tag` (named `tag-...`; after a run: should be none)."""
     out = _run("ip", "netns", "list", check=False).stdout
-    return [ln.split()[0] for ln in out.splitlines() if ln.split() and ln.startswith(tag)]
+    return [ln.split()[0] for ln in out.splitlines() if ln.split() and ln.startswith(tag + "-")]
+
+
+def why_no_namespaces() -> str | None:
+    """Why this process cannot build the benches' namespaces, or None."""
+    import os
+    import shutil
+    if os.geteuid() != 0:
+        return "needs root for network namespaces, veth, tc and raw sockets"
+    missing = [t for t in ("ip", "tc") if shutil.which(t) is None]
+    return f"{' and '.join(missing)} not installed (iproute2)" if missing else None

@@ -14,24 +14,17 @@ from __future__ import annotations
 
 import csv
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from bench.dlcp_bench import CONFIGS, COLUMNS, leftover_namespaces
+from bench.dlcp_bench import CONFIGS, COLUMNS
+from bench.net_topo import leftover_namespaces, why_no_namespaces
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 2
-
-
-def _why_not() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root for network namespaces, veth, tc and raw sockets"
-    missing = [t for t in ("ip", "tc") if shutil.which(t) is None]
-    return f"{' and '.join(missing)} not installed (iproute2)" if missing else None
 
 
 def _read(path: Path) -> list[dict]:
@@ -42,7 +35,7 @@ def _read(path: Path) -> list[dict]:
 def _run_bench(tmp_path, prefix: str, *args: str) -> None:
     """Run the bench in namespaces tagged `prefix`+pid (skipping, with the reason printed, where
     it cannot run); it must exit 0 and leave no namespace behind."""
-    why = _why_not()
+    why = why_no_namespaces()
     if why:
         print(f"skipping: {why}")
         pytest.skip(why)

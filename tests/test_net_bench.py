@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import csv
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,21 +16,14 @@ from pathlib import Path
 import pytest
 
 from bench.net_bench import COLUMNS
-from bench.net_topo import leftover_namespaces
+from bench.net_topo import leftover_namespaces, why_no_namespaces
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _why_not() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root for network namespaces, veth and tc"
-    missing = [t for t in ("ip", "tc") if shutil.which(t) is None]
-    return f"{' and '.join(missing)} not installed (iproute2)" if missing else None
-
-
 def test_net_bench_smoke(tmp_path):
     """2 workers over a 1 Gbit/s star: both methods timed and verified, bytes counted, clean."""
-    why = _why_not()
+    why = why_no_namespaces()
     if why:
         print(f"skipping: {why}")
         pytest.skip(why)
