@@ -1,5 +1,5 @@
 """The controller: turns the desired state (controller/state.py) into switch state over
-P4Runtime, the same way for the software switch, BMv2 and (documented) Tofino.
+P4Runtime, the same way for the software switch, BMv2 and Tofino (Tofino: unverified on a switch).
 
 `Controller(state).deploy()` is idempotent: it pushes the pipeline only when the switch's cookie
 differs, diffs every table and multicast group with what the switch holds and writes only the

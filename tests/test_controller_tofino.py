@@ -431,3 +431,12 @@ def test_real_bf_p4c_output(tmp_path):
     pi = tofino.device_config(out, "bf_switchd")
     assert pi == b"".join(struct.pack("<I", len(x)) + x
                           for x in (b"spina_tna", binary, context))
+
+
+def test_the_example_desired_state_loads():
+    """controller/examples/tofino.yaml (make deploy TARGET=tofino) is a valid desired state."""
+    st = state_mod.load(ROOT / "controller" / "examples" / "tofino.yaml")
+    sw = st.switches["s1"]
+    assert (sw.target, sw.device_config_format) == ("tofino", "stratum")
+    assert st.resolve(sw.p4info).resolve() == STD_P4INFO
+    assert (st.jobs[1].block_size, st.jobs[1].nlanes) == (14, 1)
