@@ -43,23 +43,39 @@ class RegisterAdapter:
 
 
 class P4RuntimeRegisters(RegisterAdapter):
-    """Register entries over the controller's P4Runtime connection (the software switch)."""
+    """Register entries over the controller's P4Runtime connection (the software switch).
+    Subclasses say which registers a clear touches, where, and with what (TofinoRegisters)."""
 
     def __init__(self, conn: Connection):
         self.conn = conn
 
+    def empty(self, name: str) -> int:
+        """A cleared cell's value."""
+        return 0
+
+    def selected(self, names) -> list[str]:
+        """The registers a clear or reset of `names` writes."""
+        return list(names)
+
+    def cells(self, name: str, start: int, count: int) -> range:
+        """The cells of `name` that hold slot copies start..start+count-1."""
+        return range(start, start + count)
+
+    def write(self, updates: list) -> None:
+        self.conn.write(updates)
+
     def clear(self, names, start, count):
         updates = []
-        for name in names:
+        for name in self.selected(names):
             r = self.conn.index.get("registers", name)
-            zero = encode(0, r.type_spec.bitstring.bit.bitwidth)
-            for i in range(start, start + count):
+            value = encode(self.empty(name), r.type_spec.bitstring.bit.bitwidth)
+            for i in self.cells(name, start, count):
                 e = pb.Entity()
                 e.register_entry.register_id = r.preamble.id
                 e.register_entry.index.index = i
-                e.register_entry.data.bitstring = zero
+                e.register_entry.data.bitstring = value
                 updates.append((pb.Update.MODIFY, e))
-        self.conn.write(updates)
+        self.write(updates)
 
     def read(self, name, index):
         e = pb.Entity()
@@ -70,12 +86,14 @@ class P4RuntimeRegisters(RegisterAdapter):
 
     def reset(self, names):
         updates = []
-        for name in names:  # no index: the write applies to every cell (P4Runtime 9.6)
+        for name in self.selected(names):  # no index: every cell (P4Runtime 9.6)
+            r = self.conn.index.get("registers", name)
             e = pb.Entity()
-            e.register_entry.register_id = self.conn.index.id("registers", name)
-            e.register_entry.data.bitstring = b"\0"
+            e.register_entry.register_id = r.preamble.id
+            e.register_entry.data.bitstring = encode(self.empty(name),
+                                                     r.type_spec.bitstring.bit.bitwidth)
             updates.append((pb.Update.MODIFY, e))
-        self.conn.write(updates)
+        self.write(updates)
 
 
 class ThriftRegisters(RegisterAdapter):
@@ -142,7 +160,12 @@ class TofinoRegisters(P4RuntimeRegisters):
         return out + ([self.RANK_REGISTER] if self.conn.index.has("registers",
                                                                   self.RANK_REGISTER) else [])
 
-    def _write(self, updates: list) -> None:
+    def cells(self, name, start, count):
+        if name == self.RANK_REGISTER:
+            return range(start * self.RANKS, (start + count) * self.RANKS)
+        return super().cells(name, start, count)
+
+    def write(self, updates: list) -> None:
         try:
             self.conn.write(updates)
         except P4RuntimeError as e:
@@ -151,32 +174,6 @@ class TofinoRegisters(P4RuntimeRegisters):
                     f"{e}: this P4Runtime server does not write registers (the SDE's "
                     "bf_switchd PI server does not; Stratum does)", e.code) from None
             raise
-
-    def clear(self, names, start, count):
-        updates = []
-        for name in self.selected(names):
-            r = self.conn.index.get("registers", name)
-            cells = (range(start * self.RANKS, (start + count) * self.RANKS)
-                     if name == self.RANK_REGISTER else range(start, start + count))
-            value = encode(self.empty(name), r.type_spec.bitstring.bit.bitwidth)
-            for i in cells:
-                e = pb.Entity()
-                e.register_entry.register_id = r.preamble.id
-                e.register_entry.index.index = i
-                e.register_entry.data.bitstring = value
-                updates.append((pb.Update.MODIFY, e))
-        self._write(updates)
-
-    def reset(self, names):
-        updates = []
-        for name in self.selected(names):  # no index: every cell (P4Runtime 9.6; Stratum too)
-            r = self.conn.index.get("registers", name)
-            e = pb.Entity()
-            e.register_entry.register_id = r.preamble.id
-            e.register_entry.data.bitstring = encode(self.empty(name),
-                                                     r.type_spec.bitstring.bit.bitwidth)
-            updates.append((pb.Update.MODIFY, e))
-        self._write(updates)
 
 
 def adapter_for(target: str, conn: Connection, thrift_port: int = 9090) -> RegisterAdapter:

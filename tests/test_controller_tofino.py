@@ -119,15 +119,20 @@ def ids(info, kind):
 
 
 # ---------------------------------------------------------------- the device config
+def pushed_pipeline(fake, tmp_path, p4info, fmt):
+    """Deploy a job-less state to a fresh fake switch; the one SetForwardingPipelineConfig."""
+    sw = fake()
+    build = fake_bf_p4c_output(tmp_path / "out")
+    with Controller(write_state(tmp_path, tofino_doc(sw.address, p4info, build, fmt))) as c:
+        c.deploy()
+    (req,) = sw.calls("SetForwardingPipelineConfig")
+    return req
+
+
 def test_deploy_pushes_the_stratum_bf_pipeline_config(fake, tmp_path, tna_p4info):
     """format stratum: the pushed p4_device_config is exactly protobuf's serialization of the
     BfPipelineConfig holding the fake build's files (one profile `pipe` on pipes 0..3)."""
-    sw = fake()
-    build = fake_bf_p4c_output(tmp_path / "out")
-    st = write_state(tmp_path, tofino_doc(sw.address, tna_p4info, build, "stratum"))
-    with Controller(st) as c:
-        c.deploy()
-    (req,) = sw.calls("SetForwardingPipelineConfig")
+    req = pushed_pipeline(fake, tmp_path, tna_p4info, "stratum")
     Config, Profile = bf_pipeline_config_class()
     want = Config(p4_name="spina_tna", bfruntime_info=BFRT, profiles=[Profile(
         profile_name="pipe", context=CONTEXT + b"0", binary=BINARY + b"0",
@@ -140,12 +145,7 @@ def test_deploy_pushes_the_stratum_bf_pipeline_config(fake, tmp_path, tna_p4info
 
 def test_deploy_pushes_the_bf_switchd_concatenation(fake, tmp_path, tna_p4info):
     """format bf_switchd: name, tofino.bin, context.json, each after its uint32 LE length."""
-    sw = fake()
-    build = fake_bf_p4c_output(tmp_path / "out")
-    st = write_state(tmp_path, tofino_doc(sw.address, tna_p4info, build, "bf_switchd"))
-    with Controller(st) as c:
-        c.deploy()
-    (req,) = sw.calls("SetForwardingPipelineConfig")
+    req = pushed_pipeline(fake, tmp_path, tna_p4info, "bf_switchd")
     binary, context = BINARY + b"0", CONTEXT + b"0"
     assert len(binary) == 774 and len(context) == 44
     assert req.config.p4_device_config == (b"\x09\x00\x00\x00spina_tna"
