@@ -41,8 +41,8 @@ def load_pipeline(state: DesiredState, sw: Switch):
     where = f"switch {sw.name}: field"
     for what, p in (("p4info", path), ("device_config", state.resolve(sw.device_config))):
         if p is not None and not p.exists():
-            built_by = ("bf-p4c writes it (make tofino: tofino/build/ and TNA_WORK)"
-                        if sw.target == "tofino" else
+            built_by = ("make tofino writes the P4Info to tofino/build/ and bf-p4c's output "
+                        "directory to TNA_WORK/p4runtime" if sw.target == "tofino" else
                         "make p4 writes it where p4c-bm2-ss is installed")
             raise ConfigError(f"{where} '{what}': {p} does not exist ({built_by})")
     info = p4info_pb2.P4Info()

@@ -60,9 +60,9 @@ def fake_bf_p4c_output(d: pathlib.Path, pipes=("pipe",)) -> pathlib.Path:
 
 
 def bf_pipeline_config_class():
-    """stratum.hal.barefoot.BfPipelineConfig and its Profile from a descriptor built here (field numbers from
-    stratum/hal/lib/barefoot/bf.proto): protobuf's own encoder and decoder, to hold the
-    controller's hand encoding against."""
+    """stratum.hal.barefoot.BfPipelineConfig and its Profile from a descriptor built here
+    (field numbers from stratum/hal/lib/barefoot/bf.proto): protobuf's own encoder and
+    decoder, to hold the controller's hand encoding against."""
     f = descriptor_pb2.FileDescriptorProto(name="test_bf.proto", package="stratum.hal.barefoot",
                                            syntax="proto3")
     m = f.message_type.add(name="BfPipelineConfig")
