@@ -51,7 +51,9 @@ p4-check:  ## preprocess the P4 with cpp and run the P4/Python agreement tests (
 
 # The Tofino 1 program (tofino/); the open-source Tofino compiler is never built here
 # (tofino/README.md). Its full output (binary, context) stays in TNA_WORK; tofino/build/ keeps
-# the P4Info, the BF-RT JSON and a resource summary.
+# the P4Info, the BF-RT JSON and a resource summary. A second compile with standard P4Runtime
+# externs gives the P4Info a P4Runtime server takes (registers and counters as P4Runtime
+# entities) and, in TNA_WORK/p4runtime, the controller's device_config directory.
 BF_P4C    ?= bf-p4c
 TNA_TOP   := tofino/spina_tna.p4
 TNA_OUT   := tofino/build
@@ -68,7 +70,10 @@ tofino:  ## compile tofino/ for Tofino 1 (P4Info, BF-RT JSON, resources) when bf
 	  --p4runtime-files $(TNA_OUT)/spina_tna.p4info.txtpb $(TNA_TOP) && \
 	cp $(TNA_WORK)/bfrt.json $(TNA_OUT)/spina_tna.bfrt.json && \
 	$(PYTHON) scripts/tna_resources.py $(TNA_WORK) "$$($(BF_P4C) --version)" > $(TNA_OUT)/resources.md && \
-	echo "make tofino: wrote $(TNA_OUT)/spina_tna.p4info.txtpb, spina_tna.bfrt.json and resources.md"
+	$(BF_P4C) --target tofino --arch tna -o $(TNA_WORK)/p4runtime --p4runtime-force-std-externs \
+	  --p4runtime-files $(TNA_OUT)/spina_tna.std.p4info.txtpb $(TNA_TOP) && \
+	echo "make tofino: wrote $(TNA_OUT)/spina_tna.p4info.txtpb, spina_tna.std.p4info.txtpb," \
+	  "spina_tna.bfrt.json and resources.md; device config files in $(TNA_WORK)/p4runtime"
 
 TOPO ?= single
 testbed: $(STAMP)  ## mininet testbed (root): TOPO=single|leafspine ARGS="--hosts 4 --cli"
@@ -77,7 +82,7 @@ testbed: $(STAMP)  ## mininet testbed (root): TOPO=single|leafspine ARGS="--host
 # The controller makes a running switch hold controller/examples/$(TARGET).yaml (or DEPLOY=FILE).
 TARGET ?= softswitch
 DEPLOY ?= controller/examples/$(TARGET).yaml
-deploy: $(STAMP)  ## push pipeline and jobs: TARGET=softswitch|bmv2 (switch running; controller/README.md)
+deploy: $(STAMP)  ## push pipeline and jobs: TARGET=softswitch|bmv2|tofino (switch running; controller/README.md)
 	$(PY) -m controller -c $(DEPLOY) deploy
 
 bench: $(STAMP)  ## SpINA vs gloo, paired, in place (8 min here): bench/out/{results.csv,summary.md,*.png}

@@ -1,5 +1,5 @@
 """The controller: turns the desired state (controller/state.py) into switch state over
-P4Runtime, the same way for the software switch, BMv2 and (documented) Tofino.
+P4Runtime, the same way for the software switch, BMv2 and Tofino (Tofino: unverified on a switch).
 
 `Controller(state).deploy()` is idempotent: it pushes the pipeline only when the switch's cookie
 differs, diffs every table and multicast group with what the switch holds and writes only the
@@ -30,22 +30,45 @@ JOB_COUNTERS = spec.JOB_COUNTERS
 
 
 def load_pipeline(state: DesiredState, sw: Switch):
-    """(P4Info, device config bytes) for `sw`: its files, or the software switch's spec."""
+    """(P4Info, device config bytes) for `sw`: its files, or the software switch's spec. A
+    tofino switch's device config is built from bf-p4c's output directory
+    (controller/tofino.py) in its `device_config_format`."""
     from google.protobuf import text_format
     from p4.config.v1 import p4info_pb2
     if sw.p4info is None:
         return spec.p4info(), b""
     path = state.resolve(sw.p4info)
+    where = f"switch {sw.name}: field"
     for what, p in (("p4info", path), ("device_config", state.resolve(sw.device_config))):
         if p is not None and not p.exists():
-            raise ConfigError(f"switch {sw.name}: field '{what}': {p} does not exist "
-                              "(make p4 writes it where p4c-bm2-ss is installed)")
-    text = path.read_text()
+            built_by = ("make tofino writes the P4Info to tofino/build/ and bf-p4c's output "
+                        "directory to TNA_WORK/p4runtime" if sw.target == "tofino" else
+                        "make p4 writes it where p4c-bm2-ss is installed")
+            raise ConfigError(f"{where} '{what}': {p} does not exist ({built_by})")
     info = p4info_pb2.P4Info()
-    if path.suffix in (".bin", ".pb"):
-        info.ParseFromString(path.read_bytes())
-    else:
-        text_format.Parse(text, info, allow_unknown_field=True)
+    try:
+        if path.suffix in (".bin", ".pb"):
+            info.ParseFromString(path.read_bytes())
+        else:
+            text_format.Parse(path.read_text(), info, allow_unknown_field=True)
+    except (text_format.ParseError, ValueError) as e:
+        hint = (": a TNA P4Info with Tofino-specific externs does not parse here; compile "
+                "with bf-p4c --p4runtime-force-std-externs" if sw.target == "tofino" else "")
+        raise ConfigError(f"{where} 'p4info': {path}: not a P4Info "
+                          f"({str(e).splitlines()[0]}){hint}") from None
+    if sw.target == "tofino":
+        from controller import tofino
+        tofino_externs = sorted({x.extern_type_name for x in info.externs
+                                 if x.extern_type_name in ("Register", "Counter")})
+        if tofino_externs:
+            raise ConfigError(f"{where} 'p4info': {path} declares {' and '.join(tofino_externs)}"
+                              " as Tofino externs, which P4Runtime servers do not serve: "
+                              "compile with bf-p4c --p4runtime-force-std-externs")
+        try:
+            cfg = tofino.device_config(state.resolve(sw.device_config), sw.device_config_format)
+        except ConfigError as e:
+            raise ConfigError(f"{where} 'device_config': {e}") from None
+        return info, cfg
     cfg = state.resolve(sw.device_config).read_bytes() if sw.device_config else b""
     return info, cfg
 

@@ -6,8 +6,10 @@ P4Runtime; registers do not everywhere:
   writes (checked on 1.15.5), so registers go through its Thrift runtime on port 9090, here by
   the `simple_switch_CLI` program that ships with BMv2 (`ThriftRegisters`; bmv2_tests use
   it too: the one Thrift client).
-- Tofino: documented only (`TofinoRegisters`): the SDE's BF Runtime exposes registers as
-  tables (`<pipe>.<control>.<register>` with key `$REGISTER_INDEX`), written through bfrt_grpc.
+- Tofino: P4Runtime register entries (`TofinoRegisters`) with the TNA program's empty values
+  and its extra slot_rank_round register. Stratum serves them (a MODIFY per index, or every
+  index without one); the SDE's PI-based server in bf_switchd answers UNIMPLEMENTED, as
+  simple_switch_grpc does (both run p4lang/PI's P4Runtime frontend). Unverified on a switch.
 
 Slots recycle themselves in the data plane (a newer round resets a copy), so clearing is only
 needed when a job is removed or reset: the next job on those slots must not see an old round.
@@ -17,9 +19,11 @@ from __future__ import annotations
 import shutil
 import subprocess
 
+import grpc
 from p4.v1 import p4runtime_pb2 as pb
 
-from controller.p4rt import Connection
+from controller.p4rt import Connection, P4RuntimeError
+from spina import spec
 from spina.p4runtime import decode, encode
 
 
@@ -39,23 +43,39 @@ class RegisterAdapter:
 
 
 class P4RuntimeRegisters(RegisterAdapter):
-    """Register entries over the controller's P4Runtime connection (the software switch)."""
+    """Register entries over the controller's P4Runtime connection (the software switch).
+    Subclasses say which registers a clear touches, where, and with what (TofinoRegisters)."""
 
     def __init__(self, conn: Connection):
         self.conn = conn
 
+    def empty(self, name: str) -> int:
+        """A cleared cell's value."""
+        return 0
+
+    def selected(self, names) -> list[str]:
+        """The registers a clear or reset of `names` writes."""
+        return list(names)
+
+    def cells(self, name: str, start: int, count: int) -> range:
+        """The cells of `name` that hold slot copies start..start+count-1."""
+        return range(start, start + count)
+
+    def write(self, updates: list) -> None:
+        self.conn.write(updates)
+
     def clear(self, names, start, count):
         updates = []
-        for name in names:
+        for name in self.selected(names):
             r = self.conn.index.get("registers", name)
-            zero = encode(0, r.type_spec.bitstring.bit.bitwidth)
-            for i in range(start, start + count):
+            value = encode(self.empty(name), r.type_spec.bitstring.bit.bitwidth)
+            for i in self.cells(name, start, count):
                 e = pb.Entity()
                 e.register_entry.register_id = r.preamble.id
                 e.register_entry.index.index = i
-                e.register_entry.data.bitstring = zero
+                e.register_entry.data.bitstring = value
                 updates.append((pb.Update.MODIFY, e))
-        self.conn.write(updates)
+        self.write(updates)
 
     def read(self, name, index):
         e = pb.Entity()
@@ -66,12 +86,14 @@ class P4RuntimeRegisters(RegisterAdapter):
 
     def reset(self, names):
         updates = []
-        for name in names:  # no index: the write applies to every cell (P4Runtime 9.6)
+        for name in self.selected(names):  # no index: every cell (P4Runtime 9.6)
+            r = self.conn.index.get("registers", name)
             e = pb.Entity()
-            e.register_entry.register_id = self.conn.index.id("registers", name)
-            e.register_entry.data.bitstring = b"\0"
+            e.register_entry.register_id = r.preamble.id
+            e.register_entry.data.bitstring = encode(self.empty(name),
+                                                     r.type_spec.bitstring.bit.bitwidth)
             updates.append((pb.Update.MODIFY, e))
-        self.conn.write(updates)
+        self.write(updates)
 
 
 class ThriftRegisters(RegisterAdapter):
@@ -110,18 +132,48 @@ class ThriftRegisters(RegisterAdapter):
         self.run([f"register_reset {n}" for n in names])
 
 
-class TofinoRegisters(RegisterAdapter):
-    """Not implemented here (no SDE in this environment); see the module docstring."""
+class TofinoRegisters(P4RuntimeRegisters):
+    """The TNA program's registers over P4Runtime (tofino/README.md, spina/spec.py):
 
-    def clear(self, names, start, count):
-        raise NotImplementedError("Tofino registers: write them through BF Runtime "
-                                  "(controller/README.md, 'Tofino')")
+    - written: the named registers that the switch's P4Info declares (the TNA program lacks
+      some of p4src's slot registers), plus `slot_rank_round` when it declares that;
+    - empty values: FLAG_LAST in `slot_flags` (the TNA program stores LAST inverted,
+      spec.TNA_FLAGS_INVERTED), zero elsewhere, each as wide as the P4Info says (the lane
+      bitmaps slot_present and slot_nonfinite are 32-bit cells there);
+    - `slot_rank_round` has one cell per slot copy and rank at copy * 32 + rank
+      (`meta.rank_idx` in tofino/include/aggregator.p4: slot ++ round[0] ++ rank), so
+      copies start..start+count-1 own cells start * 32 .. (start + count) * 32 - 1.
 
-    def read(self, name, index):
-        self.clear([name], index, 1)
+    Needs a P4Info with standard register entries (bf-p4c --p4runtime-force-std-externs).
+    """
 
-    def reset(self, names):
-        self.clear(names, 0, 0)
+    RANK_REGISTER = spec.TNA_RANK_REGISTER.name
+    RANKS = spec.TNA_SIZES["MAX_WORKERS"]
+
+    def empty(self, name: str) -> int:
+        return spec.TNA_FLAGS_INVERTED if name == "slot_flags" else 0
+
+    def selected(self, names) -> list[str]:
+        """`names` the P4Info declares, then slot_rank_round if it declares it."""
+        out = [n for n in names if self.conn.index.has("registers", n)
+               and n != self.RANK_REGISTER]
+        return out + ([self.RANK_REGISTER] if self.conn.index.has("registers",
+                                                                  self.RANK_REGISTER) else [])
+
+    def cells(self, name, start, count):
+        if name == self.RANK_REGISTER:
+            return range(start * self.RANKS, (start + count) * self.RANKS)
+        return super().cells(name, start, count)
+
+    def write(self, updates: list) -> None:
+        try:
+            self.conn.write(updates)
+        except P4RuntimeError as e:
+            if e.code == grpc.StatusCode.UNIMPLEMENTED:
+                raise P4RuntimeError(
+                    f"{e}: this P4Runtime server does not write registers (the SDE's "
+                    "bf_switchd PI server does not; Stratum does)", e.code) from None
+            raise
 
 
 def adapter_for(target: str, conn: Connection, thrift_port: int = 9090) -> RegisterAdapter:
@@ -130,5 +182,5 @@ def adapter_for(target: str, conn: Connection, thrift_port: int = 9090) -> Regis
     if target == "bmv2":
         return ThriftRegisters(thrift_port)
     if target == "tofino":
-        return TofinoRegisters()
+        return TofinoRegisters(conn)
     raise ValueError(f"unknown target {target!r}")

@@ -3,7 +3,7 @@ Every error names the offending field (`jobs[1].nslots: ...`).
 
     switches:
       - name: s1
-        target: softswitch          # softswitch | bmv2 (tofino: documented, not driven)
+        target: softswitch          # softswitch | bmv2 | tofino (P4Runtime; unverified)
         grpc: 127.0.0.1:9559        # P4Runtime server
         device_id: 0
         thrift_port: 9090           # bmv2 only: its register runtime
@@ -14,6 +14,8 @@ Every error names the offending field (`jobs[1].nslots: ...`).
         ports: [0]                  # switch ports workers may sit on (UDP mode: port 0)
         p4info: p4src/build/spina_v1model.p4info.txtpb   # optional: default spec.p4info()
         device_config: p4src/build/spina_v1model.json    # optional (bmv2: required)
+                                    # tofino: bf-p4c's output directory (required)
+        device_config_format: stratum   # tofino only (required): stratum | bf_switchd
         l2: [{mac: "02:..", port: 1}]                     # optional extra forwarding
         routes: [{prefix: 10.1.0.0/16, port: 3, src_mac: "..", dst_mac: ".."}]
     workers:
@@ -46,6 +48,7 @@ from dataclasses import dataclass, field, replace
 
 import yaml
 
+from controller.tofino import FORMATS as TOFINO_FORMATS
 from spina import spec, wire
 from spina.config import ConfigError, JobConfig, WorkerAddr
 
@@ -135,6 +138,7 @@ class Switch:
     ports: tuple[int, ...] = (0,)
     p4info: str | None = None
     device_config: str | None = None
+    device_config_format: str | None = None  # tofino: controller.tofino.FORMATS
     l2: tuple[tuple[str, int], ...] = ()
     routes: tuple[tuple[str, int, str, str], ...] = ()
     ina_endpoints: tuple[str, ...] | None = None  # None: (address,)
@@ -318,8 +322,8 @@ def _parse_flat(doc, path: pathlib.Path | None = None) -> DesiredState:
         w = f"switches[{i}]"
         _fields(d, w, {"name", "target", "grpc"},
                 {"device_id", "thrift_port", "address", "udp_port", "pool_slots", "ports",
-                 "slot_capacity", "p4info", "device_config", "l2", "routes", "ina_endpoints",
-                 "drop_qdepth"})
+                 "slot_capacity", "p4info", "device_config", "device_config_format", "l2",
+                 "routes", "ina_endpoints", "drop_qdepth"})
         name = _str(d, "name", w)
         _need(name not in switches, f"{w}.name", f"duplicate switch {name!r}")
         _need(d["target"] in TARGETS, f"{w}.target", f"must be one of {', '.join(TARGETS)}")
@@ -356,6 +360,17 @@ def _parse_flat(doc, path: pathlib.Path | None = None) -> DesiredState:
         if d["target"] == "bmv2":
             _need("p4info" in d and "device_config" in d, f"{w}.device_config",
                   "bmv2 needs p4info and device_config (make p4 writes them to p4src/build/)")
+        if d["target"] == "tofino":
+            for k in ("p4info", "device_config"):
+                _need(d.get(k) is not None, f"{w}.{k}", "required for target tofino (P4Info "
+                      "from bf-p4c --p4runtime-force-std-externs; device_config: bf-p4c's "
+                      "output directory)")
+            _need(d.get("device_config_format") in TOFINO_FORMATS, f"{w}.device_config_format",
+                  f"must be one of {', '.join(TOFINO_FORMATS)} (the P4Runtime server: Stratum "
+                  f"or the SDE's bf_switchd), got {d.get('device_config_format')!r}")
+        else:
+            _need("device_config_format" not in d, f"{w}.device_config_format",
+                  "only for target tofino")
         switches[name] = Switch(
             name=name, target=d["target"], grpc=d["grpc"],
             device_id=_int(d, "device_id", w, 0, (1 << 64) - 1, 0),
@@ -365,6 +380,7 @@ def _parse_flat(doc, path: pathlib.Path | None = None) -> DesiredState:
             pool_slots=_int(d, "pool_slots", w, 1, 1 << 15, spec.P4_SIZES["POOL_SLOTS"]),
             slot_capacity=_int(d, "slot_capacity", w, 1, 1 << 24, spec.DEFAULT_SLOT_CAPACITY),
             ports=tuple(ports), p4info=d.get("p4info"), device_config=d.get("device_config"),
+            device_config_format=d.get("device_config_format"),
             l2=tuple(l2), routes=tuple(routes), ina_endpoints=endpoints,
             drop_qdepth=_int(d, "drop_qdepth", w, 0, spec.QDEPTH_NEVER)
             if d.get("drop_qdepth") is not None else None)
@@ -435,10 +451,11 @@ def _parse_flat(doc, path: pathlib.Path | None = None) -> DesiredState:
               f"slots {job.slot_base}..{job.slot_base + job.nslots - 1} exceed switch "
               f"{sw.name}'s pool of {sw.pool_slots}")
         if sw.target != "softswitch":
-            _need(job.block_size == spec.P4_SIZES["BLOCK_SIZE"], f"{w}.block_size",
-                  f"the P4 program aggregates blocks of {spec.P4_SIZES['BLOCK_SIZE']}")
-            _need(job.nlanes <= spec.P4_SIZES["NLANES"], f"{w}.nlanes",
-                  f"the P4 program has {spec.P4_SIZES['NLANES']} lanes")
+            sizes = spec.TNA_SIZES if sw.target == "tofino" else spec.P4_SIZES
+            _need(job.block_size == sizes["BLOCK_SIZE"], f"{w}.block_size",
+                  f"the {sw.target} P4 program aggregates blocks of {sizes['BLOCK_SIZE']}")
+            _need(job.nlanes <= sizes["NLANES"], f"{w}.nlanes",
+                  f"the {sw.target} P4 program has {sizes['NLANES']} lanes")
         try:
             JobConfig(job=jid, workers=tuple(WorkerAddr(r, workers[m].ip, workers[m].udp_port)
                                              for r, m in enumerate(members)),
