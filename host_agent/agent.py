@@ -82,8 +82,9 @@ class CallStats:
     bytes_sent: int = 0          # whole UDP payloads
     payload_bytes_sent: int = 0  # block data only
     resends: int = 0
-    fast_resends: int = 0        # resends by trigger: fast retransmit, timeout (the rest:
-    timeout_resends: int = 0     # bounded-loss flushes)
+    fast_resends: int = 0        # resends by trigger: fast retransmit, timeout, a round the
+    timeout_resends: int = 0     # switch may hold after a partial one (the rest: bounded-loss
+    hold_resends: int = 0        # flushes)
     spurious_resends: int = 0    # resends found unnecessary (host_agent/recovery.py)
     packets_received: int = 0
     bytes_received: int = 0
@@ -276,10 +277,12 @@ class _Call:
             raise LengthMismatch(
                 f"job {self.job.job} call {self.call_id}: workers disagree on the tensor length: "
                 f"rank {self.rank} has {len(self.flat)} elements, another rank {a[_A_LENGTH]}")
+        partial = bool(flags & wire.FLAG_PARTIAL)
+        ours_in = bool(a[_A_BITMAP] >> self.rank & 1)
         self.recovery.result(st.timer, st.round, time.monotonic(),
-                             multicast=not flags & wire.FLAG_RESEND,
-                             partial=bool(flags & wire.FLAG_PARTIAL))
-        if flags & wire.FLAG_PARTIAL and not a[_A_BITMAP] >> self.rank & 1:  # ours never arrived
+                             multicast=not flags & wire.FLAG_RESEND, partial=partial,
+                             others_missing=partial and ours_in)
+        if partial and not ours_in:  # ours never arrived
             stats.blocks_lost += (len(st.packet) - self.next_end) // (4 * self.B)
         if st.setup:  # setup result: the exponent every worker quantizes with
             st.shift = 0 if self.integer else quant_shift(a[_A_EXPONENT], self.job.nworkers)
@@ -371,6 +374,7 @@ class _Call:
         stats.spurious_resends = rec.spurious
         stats.fast_resends = rec.fast_resends
         stats.timeout_resends = rec.timeout_resends
+        stats.hold_resends = rec.hold_resends
         stats.partial_rounds = rec.partial_rounds
         stats.partial_fraction = min(1.0, rec.partial_rounds * self.k / max(1, self.nblocks))
         stats.seconds = seconds
@@ -387,10 +391,11 @@ class _Call:
         if tm.unanswered >= 3 or not tm.last_bitmap:
             silent = ("never answered this call" if not self.stats.packets_received else
                       f"did not answer the last {tm.unanswered} resends")
-            overtaken = ("; or (bounded loss) the other workers flushed this slot's next round "
-                         "without this one and the switch reused the copy this round waits "
-                         "for: a loss deadline longer than loss recovery avoids it "
-                         "(docs/reliability.md)") if job.bounded_loss and \
+            overtaken = ("; or (bounded loss) the switch holds this round until a worker "
+                         "missing from the slot's previous, partial round is heard, and that "
+                         "worker stopped; or a switch without that hold (the Tofino program) "
+                         "reused the copy this round waits for (docs/reliability.md)") \
+                if job.bounded_loss and \
                 self.stats.packets_received else ""
             return SpinaTimeout(
                 head + f"the switch at {switch[0]}:{switch[1]} {silent}: it is not "

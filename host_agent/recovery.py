@@ -2,7 +2,7 @@
 
 Every slot has one round in flight; the switch answers a round with its result (multicast when
 the last worker's contribution arrives) or, to a resend of a round still incomplete, with a
-status naming who contributed. A round is resent on one of three triggers, all decided here:
+status naming who contributed. A round is resent on one of four triggers, all decided here:
 
   fast retransmit  (RACK, RFC 8985) the switch serves contributions first in, first out, and
                    every worker sends its rounds in the order their previous results arrived,
@@ -31,6 +31,11 @@ status naming who contributed. A round is resent on one of three triggers, all d
                    may pass the deadline at once; see Recovery.due). One rank per call flushes
                    (the call's flusher, rotating call by call): agents do not see each other's
                    flushes in flight, so two flushing agents could together exceed the budget.
+  after a partial  bounded-loss mode: when a slot's round completed PARTIAL without another
+                   worker, the switch holds the slot's next round until that worker has been
+                   heard (docs/reliability.md, "A newer round waits for every worker"); held
+                   packets get no answer, so the round is resent once after the round trip and
+                   reorder window instead of waiting for a timeout.
 
 docs/aggregation.md ("Loss, duplicates and failures") and docs/reliability.md describe it.
 """
@@ -117,6 +122,11 @@ class Timer:
     prev_resends: int = 0
     prev_timed_out: bool = False
     prev_latency: float = 0.0  # first transmission to first (multicast) result, or 0
+    # The previous round completed PARTIAL without another worker: the switch holds this
+    # round until that worker has been heard (docs/reliability.md), so resend it once early.
+    hold_risk: bool = False
+    hold_resent: bool = False  # ... and it was (a resend that proves spurious says nothing of
+    prev_hold_resent: bool = False  # reordering: it does not widen the reorder window)
 
 
 def flusher_rank(call_id: int, nworkers: int) -> int:
@@ -156,7 +166,7 @@ class Recovery:
         self.backoff = 0        # timeouts since the last result
         self.spurious = 0       # resends found unnecessary (the round's result came twice, or a
                                 # status reply then the multicast result: nothing of ours lost)
-        self.fast_resends = self.timeout_resends = 0
+        self.fast_resends = self.timeout_resends = self.hold_resends = 0
         self.spurious_timeouts = self.spurious_fast = 0
         # The latest transmission (or status reply) of each round in flight, by its send order
         # (dict order is insertion order, and seq grows): the first key is the oldest.
@@ -182,7 +192,7 @@ class Recovery:
         tm.seq = tm.last_seq = self.seq
         tm.first_sent_at = tm.sent_at = now
         tm.resends = tm.statuses = 0
-        tm.flush = tm.timed_out = False
+        tm.flush = tm.timed_out = tm.hold_resent = False
         tm.flushable = flushable
 
     def resent(self, tm: Timer, now: float) -> None:
@@ -211,9 +221,11 @@ class Recovery:
         self.flying[self.seq] = tm
         tm.last_seq, tm.sent_at = self.seq, now
 
-    def result(self, tm: Timer, round_: int, now: float, multicast: bool, partial: bool) -> None:
+    def result(self, tm: Timer, round_: int, now: float, multicast: bool, partial: bool,
+               others_missing: bool = False) -> None:
         """The round in flight completed (`multicast`: the completion itself, not a stored
-        result returned to a resend)."""
+        result returned to a resend; `others_missing`: PARTIAL without another worker, while
+        ours is in: the slot's next round may be held by the switch)."""
         tm.progress_at = self.timer_from = now
         tm.unanswered = 0
         self.backoff = 0
@@ -237,6 +249,7 @@ class Recovery:
         if tm.flush:
             self.flushing -= 1
         tm.prev_round, tm.prev_resends, tm.prev_timed_out = round_, tm.resends, tm.timed_out
+        tm.prev_hold_resent, tm.hold_risk = tm.hold_resent, others_missing
         tm.prev_latency = now - tm.first_sent_at if multicast and not tm.statuses else 0.0
 
     def late_result(self, tm: Timer, round_: int) -> None:
@@ -251,7 +264,7 @@ class Recovery:
             if tm.prev_timed_out:
                 self.spurious_timeouts += 1
                 self.rtt.spurious_timeout(tm.prev_latency)
-            else:
+            elif not tm.prev_hold_resent:
                 self.spurious_fast += 1
                 self.rtt.spurious_fast_retransmit()
             tm.prev_latency = 0.0
@@ -282,6 +295,13 @@ class Recovery:
             elif tm.last_seq < self.rack_seq and now - tm.sent_at > rack:
                 self.fast_resends += 1  # a round sent after this one was answered: lost
                 out.append((st, tm))
+            elif tm.hold_risk and not tm.hold_resent and now - tm.sent_at > rack:
+                # Held (likely) until the worker the last round lacked is heard; that worker
+                # got the same partial result and sends its round about now: one resend after
+                # a round trip and the reorder window beats waiting for a timeout.
+                tm.hold_resent = True
+                self.hold_resends += 1
+                out.append((st, tm))
         if not out and in_flight and self.drained_at - self.timer_from > self.timeout:
             # The oldest round; from the second expiry in a row on, also every other round not
             # sent for a timeout. Slots are independent, so one resend per expiry left the
@@ -306,7 +326,7 @@ class Recovery:
         soonest = min(longest, self.timer_from + self.timeout - now)
         rack = self.rack_latency + self.rtt.reorder_window
         for _, tm in in_flight:
-            if tm.last_seq < self.rack_seq:
+            if tm.last_seq < self.rack_seq or (tm.hold_risk and not tm.hold_resent):
                 soonest = min(soonest, tm.sent_at + rack - now)
         return max(soonest, 0.0005)
 

@@ -171,3 +171,29 @@ def test_spurious_fast_retransmits_widen_the_reorder_window():
         assert rec.rtt.reorder_window == srtt
         rec.rtt.call_done(0, 0)
     assert rec.rtt.reorder_window == srtt / 4
+
+
+def test_a_round_after_a_partial_one_lacking_another_rank_is_resent_once_early():
+    """After a PARTIAL result without another rank (ours in), the switch may hold the slot's
+    next round until that rank is heard: it is resent once after the round trip and reorder
+    window, not after a timeout; never again early; and a hold resend found spurious does not
+    widen the reorder window. After a partial result lacking our own rank, nothing early."""
+    rec, (a, b, c) = _recovery()  # srtt 10 ms: window 2.5 ms
+    rec.sent(a, 0.0)
+    rec.result(a, 1, 0.010, multicast=True, partial=True, others_missing=True)
+    rec.sent(a, 0.010)  # round 2, perhaps held
+    assert rec.due([("a", a)], 0.0120, idle=False) == []
+    assert rec.wait([("a", a)], 0.0120, 1.0) < 0.011  # woken for it, not for the timeout
+    assert rec.due([("a", a)], 0.0226, idle=False) == [("a", a)]  # 10 + 2.5 ms after sending
+    rec.resent(a, 0.0226)
+    assert rec.due([("a", a)], 0.040, idle=False) == []  # once only
+    assert (rec.hold_resends, rec.fast_resends, rec.timeout_resends) == (1, 0, 0)
+    rec.result(a, 2, 0.030, multicast=True, partial=False)  # it was not held after all
+    rec.late_result(a, 2)  # the resend's answer: spurious, but not a reordering
+    assert (rec.spurious, rec.spurious_fast, rec.rtt.reorder_mult) == (1, 0, 1)
+    rec.sent(a, 0.030)  # round 3, after a complete round 2: nothing early
+    assert rec.due([("a", a)], 0.050, idle=False) == []
+    rec.result(a, 3, 0.051, multicast=True, partial=True, others_missing=False)  # ours missing
+    rec.sent(a, 0.051)
+    assert rec.due([("a", a)], 0.070, idle=False) == []
+    assert rec.hold_resends == 1
