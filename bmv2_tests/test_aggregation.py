@@ -171,6 +171,9 @@ def test_newer_round_resets_copy(target):
     """A newer round on a copy starts from zero: slots clean themselves in the data plane."""
     InaEntries(target).setup_job(2)
     target.send(1, contrib(0, round=1, blocks={0: vals(1)}, next=[1, 1, 1, 1]))
+    target.send(2, contrib(1, round=1, next=[1, 1, 1, 1]))
+    expect(target, results_to_all(2, rank=1, round=1, bitmap=3, blocks={0: vals(1)},
+                                  next=[1, 1, 1, 1]))
     target.send(1, contrib(0, round=3, blocks={1: vals(2)}, next=[9, 9, 9, 9]))
     target.send(2, contrib(1, round=3, blocks={1: vals(3)}, next=[8, 9, 9, 9]))
     expect(target, results_to_all(2, rank=1, round=3, bitmap=3,
@@ -182,12 +185,80 @@ def test_shadow_copies_are_independent(target):
     """Rounds r and r+1 of one slot use different copies (idx = 2*slot + round&1)."""
     InaEntries(target).setup_job(2)
     target.send(1, contrib(0, slot=2, round=4, blocks={0: vals(1)}))
+    target.send(2, contrib(1, slot=2, round=4))
+    expect(target, results_to_all(2, rank=1, slot=2, round=4, bitmap=3, blocks={0: vals(1)}))
     target.send(1, contrib(0, slot=2, round=5, blocks={0: vals(2)}))
     expect_nothing(target)
     assert target.register("slot_round", 4) == 4
     assert target.register("slot_round", 5) == 5
     assert target.register("slot_values_l0_e3", 4) == vals(1)[3] & 0xFFFFFFFF
     assert target.register("slot_values_l0_e3", 5) == vals(2)[3] & 0xFFFFFFFF
+
+
+def flush_round_without(target, missing: int, nworkers: int, slot: int = 0, round: int = 1):
+    """Round `round` of `slot` completed by a flush without rank `missing`; the results to
+    everyone consumed."""
+    ranks = [r for r in range(nworkers) if r != missing]
+    for r in ranks:
+        target.send(r + 1, contrib(r, slot=slot, round=round, blocks={0: vals(r)}))
+    target.send(1, contrib(ranks[0], slot=slot, round=round, blocks={0: vals(ranks[0])},
+                           flags=wire.FLAG_RESEND | wire.FLAG_PARTIAL))
+    target.received(0.3)
+
+
+def test_newer_round_is_held_until_every_worker_reached_the_newest(target):
+    """Rank 2 lost round 1's result; round 2 was flushed without it. Round 3 would take round
+    1's copy, which rank 2 still needs: held (counted, nothing changed) until rank 2 is heard
+    at round 2; rank 2's resend of round 1 still gets that result."""
+    InaEntries(target).setup_job(3)
+    for r in range(3):
+        target.send(r + 1, contrib(r, round=1, blocks={0: vals(r)}))
+    target.received(0.3)  # round 1 complete (rank 2's copy of the result is "lost")
+    flush_round_without(target, missing=2, nworkers=3, round=2)
+    assert (target.register("head_round", 0), target.register("head_heard", 0),
+            target.register("head_missing", 0)) == (2, 0b011, 1)
+    target.send(1, contrib(0, round=3, blocks={0: vals(9)}))
+    target.send(2, contrib(1, round=3, blocks={0: vals(9)}))
+    expect_nothing(target)
+    assert target.counter("job_held", JOB) == 2
+    assert target.register("slot_round", 1) == 1  # round 1's copy kept for rank 2
+    assert (target.register("head_round", 0), target.register("head_missing", 0)) == (2, 1)
+    target.send(3, contrib(2, round=1, blocks={0: vals(2)}, flags=wire.FLAG_RESEND))
+    expect(target, {worker_port(2): [reply(2, rank=2, round=1, bitmap=0b111,
+                                           flags=wire.FLAG_RESEND,
+                                           blocks={0: add(vals(0), vals(1), vals(2))})]})
+    # its round 2 is late (not added) but heard: round 3 may start
+    target.send(3, contrib(2, round=2, blocks={0: vals(7)}))
+    expect(target, {worker_port(2): [reply(2, rank=2, round=2, bitmap=0b011,
+                                           flags=wire.FLAG_PARTIAL | wire.FLAG_RESEND,
+                                           blocks={0: add(vals(0), vals(1))})]})
+    assert (target.register("head_heard", 0), target.register("head_missing", 0)) == (0b111, 0)
+    for r in range(3):
+        target.send(r + 1, contrib(r, round=3, blocks={0: vals(r + 3)}))
+    expect(target, results_to_all(3, rank=2, round=3, bitmap=0b111,
+                                  blocks={0: add(vals(3), vals(4), vals(5))}))
+    assert target.counter("job_held", JOB) == 2
+    assert (target.register("head_round", 0), target.register("head_missing", 0)) == (3, 0)
+
+
+def test_held_sender_is_heard_so_the_missing_worker_starts_the_round(target):
+    """A held packet marks its sender heard at the newest round (it has that result): when the
+    last missing worker's own newer round comes, it starts the round at once."""
+    InaEntries(target).setup_job(2)
+    flush_round_without(target, missing=1, nworkers=2, round=1)
+    assert (target.register("head_round", 0), target.register("head_heard", 0),
+            target.register("head_missing", 0)) == (1, 0b01, 1)
+    target.send(1, contrib(0, round=2, blocks={0: vals(3)}))  # rank 1 not heard at round 1
+    expect_nothing(target)
+    assert target.counter("job_held", JOB) == 1
+    target.send(2, contrib(1, round=2, blocks={0: vals(4)}))  # missing, so allowed: starts 2
+    expect_nothing(target)
+    assert (target.register("head_round", 0), target.register("head_heard", 0),
+            target.register("head_missing", 0)) == (2, 0b10, 1)
+    target.send(1, contrib(0, round=2, blocks={0: vals(3)}, flags=wire.FLAG_RESEND))
+    expect(target, results_to_all(2, rank=0, round=2, bitmap=0b11,
+                                  blocks={0: add(vals(3), vals(4))}))
+    assert target.counter("job_held", JOB) == 1
 
 
 def test_registers_after_one_contribution(target):

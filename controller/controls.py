@@ -168,7 +168,7 @@ class Admission(Control):
 
 class Aggregator(Control):
     """Slot registers (cleared per job on removal and reset) and the per-job counters."""
-    counters = ("job_received", "job_aggregated", "job_duplicates", "job_stale")
+    counters = ("job_received", "job_aggregated", "job_duplicates", "job_stale", "job_held")
 
     def __init__(self, conn: Connection, registers: RegisterAdapter):
         super().__init__(conn)
@@ -180,8 +180,13 @@ class Aggregator(Control):
         return [n for n in names if spec.split_p4_register(n)[0] in spec.REGISTER_NAMES]
 
     def clear_slots(self, slot_base: int, nslots: int) -> None:
-        """Zero both shadow copies of slots slot_base.. in every slot register."""
-        self.registers.clear(self.register_names(), 2 * slot_base, 2 * nslots)
+        """Zero slots slot_base.. in every slot register: both shadow copies of each slot in
+        the per-copy registers, the slot's one cell in the head registers."""
+        names = self.register_names()
+        per_slot = [n for n in names if spec.register_cells(n, 1) == 1]
+        self.registers.clear([n for n in names if n not in per_slot], 2 * slot_base, 2 * nslots)
+        if per_slot:
+            self.registers.clear(per_slot, slot_base, nslots)
 
 
 class Forwarding(Control):

@@ -154,11 +154,15 @@ class TofinoRegisters(P4RuntimeRegisters):
         return spec.TNA_FLAGS_INVERTED if name == "slot_flags" else 0
 
     def selected(self, names) -> list[str]:
-        """`names` the P4Info declares, then slot_rank_round if it declares it."""
+        """`names` the P4Info declares, then slot_rank_round if it declares it and some
+        per-copy slot register is cleared with it (its cells go with the slot copies; the
+        per-slot head registers, which the TNA program lacks, are cleared apart)."""
         out = [n for n in names if self.conn.index.has("registers", n)
                and n != self.RANK_REGISTER]
-        return out + ([self.RANK_REGISTER] if self.conn.index.has("registers",
-                                                                  self.RANK_REGISTER) else [])
+        per_copy = any(spec.register_cells(n, 1) == 2 for n in out
+                       if spec.split_p4_register(n)[0] in spec.REGISTER_NAMES)
+        return out + ([self.RANK_REGISTER] if per_copy and self.conn.index.has(
+            "registers", self.RANK_REGISTER) else [])
 
     def cells(self, name, start, count):
         if name == self.RANK_REGISTER:

@@ -388,7 +388,7 @@ class Dataplane:
         if reg is None:
             raise KeyError(f"no register {p4_name!r}")
         arr = self.pipeline.registers[base]
-        if reg.shape == spec.SLOT:
+        if reg.shape in (spec.SLOT, spec.HEAD):
             v = arr[index]
         elif reg.shape == spec.LANE:
             v = arr[index, lane]

@@ -17,6 +17,17 @@ Per slot and shadow copy (idx = slot*2 + (round & 1)):
   slot_exponent   max of the workers' quantization exponents
   slot_length     tensor length of the round's first packet (others must agree)
   slot_flags      LAST (AND over contributions) and MISMATCH (OR: a length disagreed)
+
+Per slot (both copies): the hold of a newer round. A round newer than any on the slot takes
+the copy of the round before last, which a worker that lost that round's result still needs
+(it resends the old round to get it). In exact mode nobody can be two rounds ahead, but a
+flush (bounded loss) lets the others move on without that worker. So:
+  head_round      newest round started on the slot
+  head_heard      ranks heard at head_round: any packet of it, or a held packet of a newer one
+  head_missing    workers not yet heard at head_round (0 after a clear: nothing to protect)
+A newer round starts only when its sender is the last worker missing or none is; otherwise
+the packet is dropped (job_held) and its sender marked heard, and it is sent again by its
+agent's loss recovery. docs/reliability.md explains the hazard and the cost.
 """
 from __future__ import annotations
 
@@ -108,7 +119,13 @@ class Pipeline:
             "slot_exponent": np.zeros(n, np.int16),
             "slot_length": np.zeros(n, np.uint32),
             "slot_flags": np.zeros(n, np.uint8),
+            "head_round": np.zeros(pool_slots, np.uint32),
+            "head_heard": np.zeros(pool_slots, np.uint32),
+            "head_missing": np.zeros(pool_slots, np.uint8),
         }
+        # The hold of a newer round (above). Off only to compare with the Tofino program's
+        # model, which lacks it (tests/test_tna_model.py; spec.TNA_LACKS).
+        self.hold_newer_rounds = True
         self.counters = {name: np.zeros(MAX_JOBS, np.uint64) for name in JOB_COUNTERS}
         self.counters.update({name: np.zeros(MAX_PORTS, np.uint64) for name in PORT_COUNTERS})
         # admission: (ingress port, (source IPv4, source UDP port), job, rank) -> Admission.
@@ -134,8 +151,12 @@ class Pipeline:
         self._r_exponent = r["slot_exponent"].data
         self._r_length = r["slot_length"].data
         self._r_flags = r["slot_flags"].data
+        self._h_round = r["head_round"].data
+        self._h_heard = r["head_heard"].data
+        self._h_missing = r["head_missing"].data
         self._c_received = c["job_received"].data
         self._c_stale = c["job_stale"].data
+        self._c_held = c["job_held"].data
         self._c_duplicates = c["job_duplicates"].data
         self._c_results = c["job_results"].data
         self._c_aggregated = c["job_aggregated"].data
@@ -198,8 +219,11 @@ class Pipeline:
 
     def clear_slots(self, base: int, n: int) -> None:
         with self.lock:
-            for reg in self.registers.values():
-                reg[2 * base:2 * (base + n)] = 0
+            for name, reg in self.registers.items():
+                if name.startswith("head_"):
+                    reg[base:base + n] = 0
+                else:
+                    reg[2 * base:2 * (base + n)] = 0
 
     # ---------------------------------------------------------------- data plane
     def process(self, pkt: bytes, port: int, src) -> list[Emit]:
@@ -252,6 +276,11 @@ class Pipeline:
             return _DROP
 
         rnd, flags = t[_ROUND], t[_FLAGS]
+        nworkers = adm.nworkers
+        bit = 1 << rank
+        if self.hold_newer_rounds and self._held(slot, rnd, bit, nworkers):
+            self._c_held[job] += 1
+            return _DROP
         idx = 2 * slot + (rnd & 1)
         # slot_round: a newer round resets this copy, an older one is stale.
         delta = (rnd - self._r_round[idx] + (1 << 31)) % (1 << 32) - (1 << 31)
@@ -265,14 +294,12 @@ class Pipeline:
         else:
             old_bitmap = self._r_bitmap[idx]
             old_count = self._r_count[idx]
-        nworkers = adm.nworkers
         if old_count >= nworkers:
             # Complete: a resend, or a late packet of a round completed without it (bounded
             # loss). Either way the stored result goes back to the sender; nothing is added.
             self._c_duplicates[job] += 1
             self._c_results[job] += 1
             return self._result_into(out, t, idx, FLAG_RESEND), False, adm
-        bit = 1 << rank
         if old_bitmap & bit:
             self._c_duplicates[job] += 1
             if flags & FLAG_PARTIAL:
@@ -338,6 +365,30 @@ class Pipeline:
         # multicast group has exactly its nworkers members.
         self._c_results[job] += nworkers
         return self._result_into(out, t, idx, 0), True, adm
+
+    def _held(self, slot: int, rnd: int, bit: int, nworkers: int) -> bool:
+        """head_*: note that rank `bit` reached round `rnd` of `slot`; True if `rnd` is newer
+        than every round on the slot and must wait for a worker that may still need the copy
+        it would take (the round before last)."""
+        head = self._h_round[slot]
+        missing = self._h_missing[slot]
+        unheard = not self._h_heard[slot] & bit
+        delta = (rnd - head) & 0xFFFFFFFF
+        if delta == 0 or delta >= 1 << 31:  # head_round itself, or an older round
+            if delta == 0 and unheard and missing:
+                self._h_heard[slot] |= bit
+                self._h_missing[slot] = missing - 1
+            return False
+        if missing == 0 or (missing == 1 and unheard):
+            self._h_round[slot] = rnd
+            self._h_heard[slot] = bit
+            self._h_missing[slot] = nworkers - 1
+            return False
+        if unheard:  # its sender has the result of head_round, so has the copy's round
+            self._h_heard[slot] |= bit
+            self._h_missing[slot] = missing - 1
+        log.debug("hold slot %d round %d: %d workers not yet at round %d", slot, rnd, missing, head)
+        return True
 
     def _malformed(self, port: int, src, why: str) -> tuple[int, bool, None]:
         self._c_malformed[port % MAX_PORTS] += 1

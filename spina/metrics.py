@@ -7,7 +7,7 @@ Names (docs/operations.md lists every metric of every process):
     spina_job_packets_received_total{job_id}       job_received: admitted contributions
     spina_job_packets_aggregated_total{job_id}     job_aggregated: contributions added to a slot
     spina_job_results_total{job_id}                job_results: result copies (rounds x workers)
-    spina_job_drops_total{job_id,cause}            cause: duplicate | stale | congestion
+    spina_job_drops_total{job_id,cause}            cause: duplicate | stale | held | congestion
     spina_job_congestion_seen_total{job_id}        job_congestion_seen: the loss budget's base
     spina_port_drops_total{port,cause}             cause: malformed | unadmitted
 
@@ -30,6 +30,7 @@ JOB_FAMILIES = {
     "job_duplicates": ("spina_job_drops", "Contributions not added, per job and cause.",
                        "duplicate"),
     "job_stale": ("spina_job_drops", None, "stale"),
+    "job_held": ("spina_job_drops", None, "held"),
     "job_congestion_drops": ("spina_job_drops", None, "congestion"),
     "job_congestion_seen": ("spina_job_congestion_seen",
                             "Contributions the congestion drop saw (the loss budget's base), "

@@ -6,7 +6,9 @@ checks both directions), and p4src/shared/size.p4 the same P4 sizes (P4_SIZES be
 action parameters carry their bit widths, so that a P4Info can be generated from this module and
 compared with the one p4c writes.
 
-Registers come in three shapes. A "slot" register has one cell per slot copy; a "lane" register
+Registers come in four shapes. A "slot" register has one cell per slot copy; a "head" register
+one cell per slot (both copies' shared state: which round is newest and who has reached it); a
+"lane" register
 one array per lane (`slot_next_l<L>` in P4, a column of `slot_next` here); a "value" register one
 array per lane and element (`slot_values_l<L>_e<E>` in P4, SwitchML's layout: a switch stage
 updates each register array once per packet, so the elements of a block cannot share one).
@@ -44,7 +46,7 @@ IP_PROTO_UDP = 17
 INA_UDP_PORT = wire.DEFAULT_UDP_PORT  # the parser recognises INA packets by this dst port
 
 # ---------------------------------------------------------------- registers
-SLOT, LANE, VALUE, JOB = "slot", "lane", "value", "job"  # JOB: one cell per job id
+SLOT, HEAD, LANE, VALUE, JOB = "slot", "head", "lane", "value", "job"  # JOB: one cell per job id
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,13 @@ REGISTERS = (
     Register("slot_exponent", 16),
     Register("slot_length", 32),
     Register("slot_flags", 8),
+    # The hold (docs/reliability.md, "A newer round waits for every worker"): a round newer
+    # than head_round may take its copy, which holds the round before last, only when every
+    # worker has been heard at head_round (so has the result that copy holds); else the packet
+    # is dropped (job_held) and its sender marked heard.
+    Register("head_round", 32, HEAD),    # newest round started on the slot
+    Register("head_heard", 32, HEAD),    # ranks heard at head_round (or at a held newer round)
+    Register("head_missing", 8, HEAD),   # workers not yet heard at head_round
 )
 REGISTER_NAMES = tuple(r.name for r in REGISTERS)
 
@@ -74,13 +83,20 @@ def p4_register_names(nlanes: int = P4_SIZES["NLANES"],
     """The register arrays as the P4 program names them."""
     out = []
     for r in REGISTERS:
-        if r.shape == SLOT:
+        if r.shape in (SLOT, HEAD):
             out.append(r.name)
         elif r.shape == LANE:
             out += [f"{r.name}_l{lane}" for lane in range(nlanes)]
         else:
             out += [f"{r.name}_l{lane}_e{e}" for lane in range(nlanes) for e in range(block_size)]
     return out
+
+
+def register_cells(name: str, pool_slots: int = P4_SIZES["POOL_SLOTS"]) -> int:
+    """Cells of P4 register array `name` (a P4 name, as p4_register_names gives)."""
+    base = split_p4_register(name)[0]
+    shape = next(r.shape for r in REGISTERS if r.name == base)
+    return pool_slots if shape == HEAD else 2 * pool_slots
 
 
 def split_p4_register(name: str) -> tuple[str, int | None, int | None]:
@@ -96,7 +112,7 @@ def split_p4_register(name: str) -> tuple[str, int | None, int | None]:
 
 # ---------------------------------------------------------------- counters
 JOB_COUNTERS = ("job_received", "job_aggregated", "job_duplicates", "job_results",
-                "job_stale", "job_congestion_drops", "job_congestion_seen")
+                "job_stale", "job_held", "job_congestion_drops", "job_congestion_seen")
 PORT_COUNTERS = ("port_malformed", "port_unadmitted")
 COUNTERS = {**{n: MAX_JOBS for n in JOB_COUNTERS}, **{n: MAX_PORTS for n in PORT_COUNTERS}}
 
@@ -248,7 +264,10 @@ TNA_SIZES = {
 }
 # Flat jobs only: the leaf and spine roles (job_level, leaf_upstream) are not in the TNA program.
 TNA_TABLES = ("ina_endpoint", "admission", "congestion", "l2", "ipv4_routes", "worker_rewrite")
-TNA_COUNTERS = {**{n: TNA_SIZES["MAX_JOBS"] for n in JOB_COUNTERS},
+# Not in the TNA program yet: the hold of a newer round (the head registers and job_held; its
+# twelve stages are full, tofino/README.md), so a flush there can still strand a worker.
+TNA_LACKS = frozenset({"job_held"} | {r.name for r in REGISTERS if r.shape == HEAD})
+TNA_COUNTERS = {**{n: TNA_SIZES["MAX_JOBS"] for n in JOB_COUNTERS if n not in TNA_LACKS},
                 **{n: TNA_SIZES["MAX_PORTS"] for n in PORT_COUNTERS}}
 # Where the TNA registers differ from REGISTERS: 32-bit lane bitmaps (a Tofino cell is at most
 # 32 bits; one lane needs one bit), and slot_flags holds FLAG_LAST inverted (set: some
@@ -265,7 +284,8 @@ def tna_registers() -> list[tuple[str, int, int]]:
     widths = {r.name: TNA_REGISTER_WIDTHS.get(r.name, r.width) for r in REGISTERS}
     copies = 2 * TNA_SIZES["POOL_SLOTS"]
     out = [(n, widths[split_p4_register(n)[0]], copies)
-           for n in p4_register_names(TNA_SIZES["NLANES"], TNA_SIZES["BLOCK_SIZE"])]
+           for n in p4_register_names(TNA_SIZES["NLANES"], TNA_SIZES["BLOCK_SIZE"])
+           if n not in TNA_LACKS]
     out.append((TNA_RANK_REGISTER.name, TNA_RANK_REGISTER.width, TNA_SIZES["RANK_CELLS"]))
     out += [(r.name, r.width, TNA_SIZES["MAX_JOBS"]) for r in JOB_REGISTERS]
     return out
@@ -286,7 +306,7 @@ def p4info():
     P4Runtime side and for comparing with p4c's output by name (IDs here are our own: the
     controller looks names up, never IDs)."""
     widths = {r.name: r.width for r in REGISTERS}
-    registers = [(name, widths[split_p4_register(name)[0]], 2 * P4_SIZES["POOL_SLOTS"])
+    registers = [(name, widths[split_p4_register(name)[0]], register_cells(name))
                  for name in p4_register_names()]
     registers += [(r.name, r.width, MAX_JOBS) for r in JOB_REGISTERS]
     return _p4info(TABLES.values(), COUNTERS, registers)

@@ -29,6 +29,8 @@ class P4Model:
         self.reg = {name: [0] * n for name in (
             "slot_round", "slot_bitmap", "slot_count", "slot_present", "slot_nonfinite",
             "slot_exponent", "slot_length", "slot_flags")}
+        self.reg.update({name: [0] * pool_slots  # one cell per slot
+                         for name in ("head_round", "head_heard", "head_missing")})
         self.next = [[0] * n for _ in range(nlanes)]                          # slot_next_l<L>
         self.values = [[[0] * n for _ in range(block_size)] for _ in range(nlanes)]
         self.counters: dict[tuple[str, int], int] = {}
@@ -190,6 +192,25 @@ class P4Model:
         if h.epoch != adm["epoch"]:
             self.count("job_stale", job)
             return []
+        rank_bit = 1 << h.rank
+        slot = h.slot
+        head, heard, missing = r["head_round"][slot], r["head_heard"][slot], r["head_missing"][slot]
+        ahead = (h.round - head) & M32
+        unheard = (heard & rank_bit) == 0
+        if ahead == 0 or ahead >> 31 == 1:
+            if ahead == 0 and unheard and missing != 0:
+                r["head_heard"][slot] = heard | rank_bit
+                r["head_missing"][slot] = missing - 1
+        elif missing == 0 or (missing == 1 and unheard):
+            r["head_round"][slot] = h.round
+            r["head_heard"][slot] = rank_bit
+            r["head_missing"][slot] = (adm["nworkers"] - 1) & 0xFF
+        else:
+            if unheard:
+                r["head_heard"][slot] = heard | rank_bit
+                r["head_missing"][slot] = missing - 1
+            self.count("job_held", job)
+            return []
         old_round = r["slot_round"][idx]
         delta = (h.round - old_round) & M32
         if delta >> 31 == 1:
@@ -198,7 +219,6 @@ class P4Model:
         fresh = delta != 0
         if fresh:
             r["slot_round"][idx] = h.round
-        rank_bit = 1 << h.rank
         old_bitmap = count = 0
         if not fresh:
             old_bitmap = r["slot_bitmap"][idx]

@@ -256,10 +256,12 @@ def test_job_entries_use_the_p4info_ids(fake, tmp_path):
         for pid, v in enumerate((1, 4, 2, 2, 32, 4, 8), start=1):
             e.action.action.params.add(param_id=pid, value=bytes([v]))
     assert write == want
-    # The arriving job's slots 4..5 (both shadow copies: cells 8..11) were cleared first.
-    (names, start, count), = regs.cleared
-    assert (start, count) == (8, 4)
-    assert set(names) == set(spec.p4_register_names())
+    # The arriving job's slots 4..5 were cleared first: both shadow copies (cells 8..11) of the
+    # per-copy registers, cells 4..5 of the per-slot ones.
+    (copies, start, count), (heads, hstart, hcount) = regs.cleared
+    assert (start, count, hstart, hcount) == (8, 4, 4, 2)
+    assert set(heads) == {"head_round", "head_heard", "head_missing"}
+    assert set(copies) | set(heads) == set(spec.p4_register_names())
 
 
 def test_deploy_twice_writes_nothing(fake, tmp_path):
@@ -307,7 +309,8 @@ def test_job_removal_deletes_entries_and_clears_slots(fake, tmp_path):
     assert write.updates[4].entity.packet_replication_engine_entry == \
         pb.PacketReplicationEngineEntry(
             multicast_group_entry=pb.MulticastGroupEntry(multicast_group_id=8))
-    assert [(s, n) for _, s, n in regs.cleared] == [(8, 4), (8, 4)]  # on arrival, on removal
+    # on arrival, on removal: copies 8..11, slots 4..5
+    assert [(s, n) for _, s, n in regs.cleared] == [(8, 4), (4, 2)] * 2
     assert {t.table_id for t in sw.tables.values()} == \
         {ids(spec.p4info(), "tables")["ina_endpoint"]}
 
@@ -332,14 +335,15 @@ def test_p4runtime_register_adapter_requests(fake, tmp_path):
         assert isinstance(c.session("s1").registers, P4RuntimeRegisters)
         before = len(sw.calls("Write"))
         c.reset([7])
-    regs_w, counters_w = sw.calls("Write")[before:]
+    copies_w, heads_w, counters_w = sw.calls("Write")[before:]  # one Write per clear
     info = spec.p4info()
     rid = ids(info, "registers")
     got = {(u.entity.register_entry.register_id, u.entity.register_entry.index.index)
-           for u in regs_w.updates}
-    assert got == {(rid[n], i) for n in spec.p4_register_names() for i in range(8, 12)}
+           for w in (copies_w, heads_w) for u in w.updates}
+    assert got == {(rid[n], i) for n in spec.p4_register_names()
+                   for i in (range(4, 6) if n.startswith("head_") else range(8, 12))}
     assert all(u.type == pb.Update.MODIFY and u.entity.register_entry.data.bitstring == b"\0"
-               for u in regs_w.updates)
+               for w in (copies_w, heads_w) for u in w.updates)
     cid = ids(info, "counters")
     assert [(u.entity.counter_entry.counter_id, u.entity.counter_entry.index.index,
              u.entity.counter_entry.data.packet_count) for u in counters_w.updates] == \
@@ -502,5 +506,5 @@ def test_wipe_lets_each_control_clear_its_state(fake, tmp_path):
         assert sw.tables and sw.groups
         assert c.wipe() == [("s1", 6)]  # endpoint, 2 admission, 2 rewrite, 1 group
         assert not sw.tables and not sw.groups
-        assert regs.cleared[-1][1:] == (0, 2 * 256)
+        assert [c[1:] for c in regs.cleared[-2:]] == [(0, 2 * 256), (0, 256)]
         assert not c.deploy()[0].pipeline_pushed and sw.tables  # deploy restores

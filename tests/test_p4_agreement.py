@@ -65,7 +65,7 @@ def test_register_and_counter_arrays_agree(bmv2_json):
     job) and counter arrays (names, sizes) are spec's."""
     widths = {r.name: r.width for r in spec.REGISTERS}
     assert {r["name"]: (r["bitwidth"], r["size"]) for r in bmv2_json["register_arrays"]} == \
-        {n: (widths[spec.split_p4_register(n)[0]], 2 * spec.P4_SIZES["POOL_SLOTS"])
+        {n: (widths[spec.split_p4_register(n)[0]], spec.register_cells(n))
          for n in spec.p4_register_names()} | \
         {r.name: (r.width, spec.MAX_JOBS) for r in spec.JOB_REGISTERS}
     assert {c["name"]: c["size"] for c in bmv2_json["counter_arrays"]} == spec.COUNTERS

@@ -13,11 +13,20 @@
  *   slot_length       tensor length of the round's first packet
  *   slot_flags        LAST (AND over contributions), MISMATCH (some length differed)
  *
+ * Per slot, both copies' shared state (the hold of a newer round; softswitch/pipeline.py and
+ * docs/reliability.md say why):
+ *   head_round        newest round started on the slot
+ *   head_heard        ranks heard at head_round (any packet of it, or a held newer one)
+ *   head_missing      workers not yet heard at head_round (0 after a clear)
+ * A round newer than head_round takes the copy of the round before last only when its
+ * sender is the last worker missing or none is; otherwise it is held: dropped, job_held.
+ *
  * Every register is read and/or written at most once per packet, at one index, with no
  * loop. The order is not a Tofino pipeline's (slot_bitmap's write depends on slot_count,
  * which depends on slot_bitmap's read; slot_flags needs an AND and an OR): tofino/ has the
  * Tofino 1 layout of the same behaviour. Outcomes:
  *   stale (older round or epoch)          drop, job_stale
+ *   newer round while a worker is missing drop, job_held (the sender is marked heard)
  *   new contribution, round incomplete    add, drop
  *   new contribution completing the round add, write the sums into the packet, multicast
  *   any packet, round already complete    the stored result, unicast back (flag RESEND)
@@ -45,6 +54,7 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
     @name(".job_aggregated") counter(MAX_JOBS, CounterType.packets) job_aggregated;
     @name(".job_duplicates") counter(MAX_JOBS, CounterType.packets) job_duplicates;
     @name(".job_stale")      counter(MAX_JOBS, CounterType.packets) job_stale;
+    @name(".job_held")       counter(MAX_JOBS, CounterType.packets) job_held;
 
     @name(".slot_round")     register<bit<32>>(SLOT_COPIES) slot_round;
     @name(".slot_bitmap")    register<bit<32>>(SLOT_COPIES) slot_bitmap;
@@ -54,6 +64,9 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
     @name(".slot_exponent")  register<bit<16>>(SLOT_COPIES) slot_exponent;
     @name(".slot_length")    register<bit<32>>(SLOT_COPIES) slot_length;
     @name(".slot_flags")     register<bit<8>>(SLOT_COPIES)  slot_flags;
+    @name(".head_round")     register<bit<32>>(POOL_SLOTS)  head_round;
+    @name(".head_heard")     register<bit<32>>(POOL_SLOTS)  head_heard;
+    @name(".head_missing")   register<bit<8>>(POOL_SLOTS)   head_missing;
 
     // Generated from NLANES and BLOCK_SIZE (shared/size.p4); global names so that the
     // controller and the Thrift runtime find them as slot_next_l<L>, slot_values_l<L>_e<E>.
@@ -138,9 +151,10 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
     apply {
         bit<32> job = (bit<32>)hdr.ina.job;
         job_received.count(job);
-        // idx before the first return (header fields only): after p4c's RemoveReturns a later
-        // declaration gives ~280 false "idx may be uninitialized" warnings, one per use.
+        // idx and rank_bit before the first return (header fields only): after p4c's
+        // RemoveReturns a later declaration gives false "may be uninitialized" warnings.
         bit<32> idx = ((bit<32>)hdr.ina.slot << 1) | (hdr.ina.round & 1);
+        bit<32> rank_bit = (bit<32>)1 << hdr.ina.rank;
         bit<8> in_flags = hdr.ina.flags;
         if (meta.fab.from_spine) {
             // A leaf: the spine's answer for the round this copy holds and sent up.
@@ -190,6 +204,35 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
             return;
         }
 
+        // The hold: the head registers, read once and written at most once, at the slot.
+        bit<32> slot = (bit<32>)hdr.ina.slot;
+        bit<32> head;
+        bit<32> heard;
+        bit<8> missing;
+        head_round.read(head, slot);
+        head_heard.read(heard, slot);
+        head_missing.read(missing, slot);
+        bit<32> ahead = hdr.ina.round - head;
+        bool unheard = (heard & rank_bit) == 0;
+        if (ahead == 0 || ahead[31:31] == 1) {  // head_round itself, or an older round
+            if (ahead == 0 && unheard && missing != 0) {
+                head_heard.write(slot, heard | rank_bit);
+                head_missing.write(slot, missing - 1);
+            }
+        } else if (missing == 0 || (missing == 1 && unheard)) {
+            head_round.write(slot, hdr.ina.round);
+            head_heard.write(slot, rank_bit);
+            head_missing.write(slot, meta.adm.nworkers - 1);
+        } else {
+            if (unheard) {  // its sender has head_round's result, so the copy's round's
+                head_heard.write(slot, heard | rank_bit);
+                head_missing.write(slot, missing - 1);
+            }
+            job_held.count(job);
+            mark_to_drop(std);
+            return;
+        }
+
         // slot_round: the sign of the 32-bit round difference (serial-number arithmetic).
         bit<32> old_round;
         slot_round.read(old_round, idx);
@@ -205,7 +248,6 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
         }
 
         // slot_bitmap and slot_count: duplicate detection and completion.
-        bit<32> rank_bit = (bit<32>)1 << hdr.ina.rank;
         bit<32> old_bitmap = 0;
         bit<32> count = 0;
         if (!fresh) {
