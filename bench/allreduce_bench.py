@@ -29,7 +29,9 @@ taken per repeat (paired) and reported as median [min-max]. Every result is chec
 numpy (SpINA: rank 0 within the documented quantization bound, every rank bit-identical; gloo:
 rank 0 within float32 rounding); a wrong result stops the run. The 1-minute load average is
 recorded at the start and end of every point, SpINA's resends (all spurious on loopback) per
-point. Outputs in --out: results.csv, meta.json, summary.md and PNG plots (bench/report.py,
+point. The scaling target's two points (fixed_nnz at the base length and the longest) are
+measured once more alternating repeat by repeat (sweep fixed_nnz_paired), so that their ratio
+is paired too. Outputs in --out: results.csv, meta.json, summary.md and PNG plots (bench/report.py,
 which regenerates summary and plots from the CSV alone).
 """
 from __future__ import annotations
@@ -234,6 +236,54 @@ def run_points(points: list[Point], repeats: int, methods):
                 yield p, measure(cl, p, repeats, ms, star)
 
 
+PAIRED_SWEEP = "fixed_nnz_paired"
+
+
+def scaling_pair(points: list[tuple[str, Point]], base: Point) -> tuple[Point, Point] | None:
+    """The fixed_nnz sweep's point at the base point's length (25M at 1% by default) and its
+    longest point (issue 12's scaling target), or None without that sweep."""
+    pts = [p for sweep, p in points if sweep == "fixed_nnz"]
+    small = next((p for p in pts if p.elements == base.elements), None)
+    big = max(pts, key=lambda p: p.elements, default=None)
+    return None if small is None or big.key() == small.key() else (small, big)
+
+
+def run_interleaved(pair: tuple[Point, Point], repeats: int, methods) -> dict:
+    """The two points of `pair` measured alternately, repeat by repeat, in one cluster (the
+    order swapped every repeat), SpINA methods only: their time ratio is then paired like two
+    methods' at one point, instead of two points measured minutes apart at other loads.
+    {point key: {method: measurements}} (summarize's form; no switch CPU per point)."""
+    ms = tuple(m for m in methods if m in SPINA_METHODS)
+    recs: dict[tuple, list[list[dict]]] = {p.key(): [] for p in pair}
+    load0 = os.getloadavg()
+    with _cluster(pair[0], gloo=False) as cl:
+        for r in range(repeats):
+            for p in (pair if r % 2 == 0 else pair[::-1]):
+                recs[p.key()].append(cl.measure(Request(p, 1, ms)))
+    load = dict(load_start=_load(load0), load_end=_load(os.getloadavg()))
+    out = {}
+    for p in pair:
+        runs = recs[p.key()]
+        merged = [_merge_worker([run[w] for run in runs], ms) for w in range(p.workers)]
+        got = summarize(p, merged, ms, float("nan"))
+        for d in got.values():
+            d.update(load)
+        out[p.key()] = got
+    return out
+
+
+def _merge_worker(recs: list[dict], methods) -> dict:
+    """One worker's records of several one-repeat requests as one record of them all."""
+    out = {"nonzeros": recs[0]["nonzeros"]}
+    for m in methods:
+        d = {k: [x for r in recs for x in r[m][k]]
+             for k, v in recs[0][m].items() if isinstance(v, list)}
+        d["max_err"] = max(r[m]["max_err"] for r in recs)
+        d["warmup"] = {k: sum(r[m]["warmup"][k] for r in recs) for k in recs[0][m]["warmup"]}
+        out[m] = d
+    return out
+
+
 def _progress(p: Point, got: dict) -> str:
     s = (f"n={p.workers} len={p.elements:.3g} d={p.density:g} B={p.block_size} k={p.nlanes}"
          + ("" if p.loss is None else f" loss={p.loss:g}") + ":")
@@ -351,6 +401,15 @@ def main(argv=None) -> int:
               flush=True)
         write_csv([row(q, sweep, m, measured[q.key()][m]) for sweep, q in points
                    if q.key() in measured for m in measured[q.key()]], path)  # keep what is done
+    pair = scaling_pair(points, base_point(a))
+    if pair is not None and all(p.key() in unique for p in pair):
+        print(f"interleaved pair for the scaling target: {pair[0].elements:.3g} and "
+              f"{pair[1].elements:.3g} elements, {a.repeats} repeats each", flush=True)
+        got = run_interleaved(pair, a.repeats, a.methods)
+        rows = [row(q, sweep, m, measured[q.key()][m]) for sweep, q in points
+                if q.key() in measured for m in measured[q.key()]]
+        rows += [row(p, PAIRED_SWEEP, m, got[p.key()][m]) for p in pair for m in got[p.key()]]
+        write_csv(rows, path)
     meta.update(seconds=round(time.time() - started), load_at_end=_load(os.getloadavg()))
     with open(os.path.join(a.out, "meta.json"), "w") as f:
         json.dump(meta, f, indent=1)

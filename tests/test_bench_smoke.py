@@ -52,6 +52,27 @@ def test_bench_smoke(tmp_path):
     assert (tmp_path / "meta.json").exists()
 
 
+def test_fixed_nnz_pair_is_measured_interleaved(tmp_path):
+    """The scaling target's two points (the fixed_nnz sweep's nearest to 25M and its longest)
+    are measured again alternating repeat by repeat, SpINA methods only, and the target line
+    takes their per-repeat ratio instead of two points minutes apart."""
+    done = _run("bench.allreduce_bench", "--sweeps", "fixed_nnz", "--base-workers", "2",
+                "--base-elements", "65536", "--sizes", "65536,262144", "--methods",
+                "spina,spina_blocks,gloo_allreduce", "--repeats", "2", "--no-plots",
+                "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    with open(tmp_path / "results.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    paired_rows = [r for r in rows if r["sweep"] == "fixed_nnz_paired"]
+    assert sorted((int(r["elements"]), r["method"]) for r in paired_rows) == [
+        (65536, "spina"), (65536, "spina_blocks"), (262144, "spina"), (262144, "spina_blocks")]
+    assert all(r["verified"] == "True" and len(r["times_s"].split()) == 2 for r in paired_rows)
+    text = (tmp_path / "summary.md").read_text()
+    assert text.count("the two points alternating repeat by repeat in one cluster") == 2
+    assert "not paired" not in text
+    assert "## fixed_nnz, interleaved" in text
+
+
 def test_report_regenerates_doc(tmp_path):
     """bench.report --doc: the generated part of a doc replaced, the rest kept, CSV copied."""
     out = tmp_path / "out"
