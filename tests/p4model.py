@@ -309,7 +309,9 @@ class P4Model:
                 out.flags = ((out.flags & ~(wire.FLAG_PARTIAL | wire.FLAG_RESEND) & 0xFF)
                              | wire.FLAG_RESEND | (in_flags & wire.FLAG_PARTIAL))
             out.rank = fab["rack"]
-            if fab["up"] is None:
+            goes_up = (multicast or (fab["rank_starts"] & rank_bit) != 0
+                       or (in_flags & wire.FLAG_PARTIAL) != 0)
+            if fab["up"] is None or not goes_up:
                 return []
             kind = "up"
         frame = wire.pack_header(out) + struct.pack(f">{h.nlanes}I", *out_next) + data
