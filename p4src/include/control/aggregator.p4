@@ -323,6 +323,14 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
             // A leaf: the rack's round completed (or was flushed) here, or a worker resent a
             // round whose spine result is missing: the rack's partial goes up to the spine.
             hdr.ina.msg_type = MSG_CONTRIB;
+            // A resend goes up only from the rack's designated worker (its first rank, a
+            // bit of rank_starts) or as a flush request (PARTIAL): H workers resending would
+            // cost the spine links H partials. Live: the spine's result is stored nowhere in
+            // the rack, so the designated worker waits for it too and resends. The others'
+            // resends are dropped, counted once in job_duplicates above, as every resend
+            // that adds nothing is (a second count would count one packet twice).
+            bool goes_up = multicast || (meta.fab.rank_starts >> hdr.ina.rank)[0:0] == 1
+                           || (in_flags & FLAG_PARTIAL) != 0;
             if (!multicast) {  // a resend up: PARTIAL only if the worker asks for a flush
                 hdr.ina.flags = (hdr.ina.flags & ~(FLAG_PARTIAL | FLAG_RESEND)) | FLAG_RESEND
                                 | (in_flags & FLAG_PARTIAL);
@@ -331,14 +339,6 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
             hdr.ethernet.dst_addr = meta.fab.up_mac;
             hdr.ipv4.dst_addr = meta.fab.up_addr;
             hdr.udp.dst_port = INA_UDP_PORT;
-            // A resend goes up only from the rack's designated worker (its first rank, a
-            // bit of rank_starts) or as a flush request (PARTIAL): H workers resending would
-            // cost the spine links H partials. Live: the spine's result is stored nowhere in
-            // the rack, so the designated worker waits for it too and resends. The others'
-            // resends are dropped, counted once in job_duplicates above, as every resend
-            // that adds nothing is (a second count would count one packet twice).
-            bool goes_up = multicast || (meta.fab.rank_starts & rank_bit) != 0
-                           || (in_flags & FLAG_PARTIAL) != 0;
             if (meta.fab.up && goes_up) {
                 std.egress_spec = meta.fab.up_port;
             } else {
