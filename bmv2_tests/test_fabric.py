@@ -150,19 +150,27 @@ def test_leaf_stores_the_spine_result_and_replicates_it(target):
 
 def test_leaf_resends_its_partial_when_the_spine_result_is_missing(target):
     """A worker's resend to a round its rack completed but whose spine result never came: the
-    partial goes up again, flagged RESEND (and PARTIAL when the worker asks for a flush)."""
+    partial goes up again, flagged RESEND (and PARTIAL for a flush request), when the resend
+    comes from the rack's designated worker (its first rank, rank 2: a bit of rank_starts) or
+    asks for a flush. Rank 3's plain resend is dropped (rank 2 waits for the same result and
+    resends), counted in job_duplicates as every resend is. No result is counted."""
     setup_leaf(target)
     complete_rack(target)
     target.received(0.5)
-    pkt = {k: v for k, v in RACK_PKTS[1].items() if k != "flags"}
-    target.send(worker_port(3), contrib(3, flags=wire.FLAG_RESEND, **pkt))
-    expect(target, {SPINE_PORT: [to_spine(**{**PARTIAL, "flags": wire.FLAG_LAST
-                                             | wire.FLAG_RESEND})]})
-    target.send(worker_port(3), contrib(3, flags=wire.FLAG_RESEND | wire.FLAG_PARTIAL, **pkt))
+    mine = {r: {k: v for k, v in RACK_PKTS[i].items() if k != "flags"}
+            for i, r in enumerate(RACK)}
+    target.send(worker_port(3), contrib(3, flags=wire.FLAG_RESEND, **mine[3]))
+    expect_nothing(target)
+    assert target.counter("job_duplicates", JOB) == 1
+    target.send(worker_port(3), contrib(3, flags=wire.FLAG_RESEND | wire.FLAG_PARTIAL, **mine[3]))
     expect(target, {SPINE_PORT: [to_spine(**{**PARTIAL, "flags": wire.FLAG_LAST
                                              | wire.FLAG_RESEND | wire.FLAG_PARTIAL})]})
+    target.send(worker_port(2), contrib(2, flags=wire.FLAG_RESEND, **mine[2]))
+    expect(target, {SPINE_PORT: [to_spine(**{**PARTIAL, "flags": wire.FLAG_LAST
+                                             | wire.FLAG_RESEND})]})
     assert target.counter("job_results", JOB) == 0
-    assert target.counter("job_duplicates", JOB) == 2
+    assert target.counter("job_duplicates", JOB) == 3
+    assert target.register("slot_count", 1) == 2
 
 
 def test_leaf_flush_goes_up_as_a_partial_round(target):

@@ -154,6 +154,13 @@ class Roles:
         flags = t[_FLAGS] & (RESULT_FLAGS | wire.FLAG_LOSS_TOLERANT)
         if not multicast:  # a resend up: partial only if the worker asks for a flush
             asked = pkt[_FLAGS_AT] & wire.FLAG_PARTIAL
+            if not asked and not lj.rank_starts >> pkt[_AT["rank"]] & 1:
+                # Only the rack's designated worker (its first rank) makes the partial go up
+                # again, or a flush request: H workers resending would cost the spine links
+                # H partials. Live: the spine's result is stored nowhere in the rack, so the
+                # designated worker waits for it too and resends. Dropped here; counted once
+                # in job_duplicates by the pipeline, as every resend that adds nothing.
+                return _NOTHING
             flags = (flags & ~wire.FLAG_PARTIAL) | wire.FLAG_RESEND | asked
         out[_AT["msg_type"]] = wire.MSG_CONTRIB
         out[_FLAGS_AT] = flags

@@ -325,11 +325,13 @@ class P4Model:
         if fab["leaf"] and out.msg_type == wire.MSG_RESULT and (
                 multicast or count <= fab["nlocal"]):
             out.msg_type = wire.MSG_CONTRIB
+            goes_up = (multicast or ((fab["rank_starts"] >> h.rank) & 1) == 1
+                       or (in_flags & wire.FLAG_PARTIAL) != 0)
             if not multicast:
                 out.flags = ((out.flags & ~(wire.FLAG_PARTIAL | wire.FLAG_RESEND) & 0xFF)
                              | wire.FLAG_RESEND | (in_flags & wire.FLAG_PARTIAL))
             out.rank = fab["rack"]
-            if fab["up"] is None:
+            if fab["up"] is None or not goes_up:
                 return []
             kind = "up"
         frame = wire.pack_header(out) + struct.pack(f">{h.nlanes}I", *out_next) + data

@@ -239,14 +239,15 @@ def test_leaf_stores_the_spine_result_and_answers_resends_itself():
 
 
 def test_resend_before_the_spine_result_resends_the_partial():
-    """A worker's resend while its rack is complete but the spine's result missing makes the
-    leaf resend its partial; the spine's status comes back to the rack as ranks, its stored
-    result (to a later resend) is stored and multicast as a completion."""
+    """The designated worker's (the rack's first rank's) resend while its rack is complete but
+    the spine's result missing makes the leaf resend its partial; the spine's status comes
+    back to the rack as ranks, its stored result (to a later resend) is stored and multicast
+    as a completion."""
     (l0, l1), ups = completed_leaves()
     sp = spine()
-    resend = patched(RACK0[1], flags=wire.FLAG_LAST | wire.FLAG_RESEND)
+    resend = patched(RACK0[0], flags=wire.FLAG_RESEND)
     up_again = patched(PARTIAL0, flags=wire.FLAG_RESEND)
-    assert run(l0, resend, WORKER[1]) == (up_again, TO_UPSTREAM, SPINE)
+    assert run(l0, resend, WORKER[0]) == (up_again, TO_UPSTREAM, SPINE)
     # The first partial was lost: the spine adds the resent one.
     assert run(sp, up_again, LEAF[0]) == (b"", 0, None)
     status, to, _ = run(sp, up_again, LEAF[0])
@@ -258,6 +259,27 @@ def test_resend_before_the_spine_result_resends_the_partial():
     answer, to, _ = run(sp, up_again, LEAF[0])
     assert to == TO_SENDER and answer == patched(RESULT, flags=wire.FLAG_RESEND, rank=0)
     assert run(l0, answer, SPINE) == (relayed(rank=0), TO_GROUP, 1)
+
+
+def test_only_the_designated_worker_makes_the_partial_go_up_again():
+    """Rack 1's second rank resends a round whose spine result is missing: nothing leaves (its
+    designated worker, rank 2, waits for the same result and resends), counted once as a
+    duplicate; its flush request does go up; rank 2's resend goes up. None counts a result."""
+    (_, l1), _ = completed_leaves()
+    counters = l1.pipeline.job_counters
+    assert counters(1)["job_duplicates"] == 0
+    assert run(l1, patched(RACK1[1], flags=wire.FLAG_RESEND), WORKER[3]) == (b"", 0, None)
+    assert run(l1, patched(RACK1[1], flags=wire.FLAG_RESEND | wire.FLAG_LOSS_TOLERANT),
+               WORKER[3]) == (b"", 0, None)
+    assert counters(1)["job_duplicates"] == 2
+    flush = wire.FLAG_RESEND | wire.FLAG_PARTIAL
+    assert run(l1, patched(RACK1[1], flags=flush), WORKER[3]) == (
+        patched(PARTIAL1, flags=flush), TO_UPSTREAM, SPINE)
+    assert run(l1, patched(RACK1[0], flags=wire.FLAG_RESEND), WORKER[2]) == (
+        patched(PARTIAL1, flags=wire.FLAG_RESEND), TO_UPSTREAM, SPINE)
+    c = counters(1)
+    assert (c["job_duplicates"], c["job_results"], c["job_aggregated"]) == (4, 0, 2)
+    assert l1.pipeline.registers["slot_count"][3] == 2
 
 
 def test_leaf_status_names_only_its_racks_missing_ranks():

@@ -38,7 +38,8 @@
  *   leaf    a round completed (or flushed) here goes up to the slot's spine instead of to
  *           the rack: the result with msg_type CONTRIB, rank = the rack's index; a resend
  *           to a complete round whose spine result is missing sends the partial up again
- *           (RESEND, PARTIAL if the worker asked for a flush); a STATUS also sets the
+ *           (RESEND, PARTIAL if the worker asked for a flush) when it comes from the rack's
+ *           first rank or asks for a flush, others' are dropped; a STATUS also sets the
  *           other racks' ranks (only the rack's own missing ranks can complete it)
  *   leaf, the spine's answer (from_spine): checked against the copy (epoch, round, count
  *           = nlocal: the partial went up, no result stored yet), its rack bitmap turned
@@ -364,6 +365,14 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
             // A leaf: the rack's round completed (or was flushed) here, or a worker resent a
             // round whose spine result is missing: the rack's partial goes up to the spine.
             hdr.ina.msg_type = MSG_CONTRIB;
+            // A resend goes up only from the rack's designated worker (its first rank, a
+            // bit of rank_starts) or as a flush request (PARTIAL): H workers resending would
+            // cost the spine links H partials. Live: the spine's result is stored nowhere in
+            // the rack, so the designated worker waits for it too and resends. The others'
+            // resends are dropped, counted once in job_duplicates above, as every resend
+            // that adds nothing is (a second count would count one packet twice).
+            bool goes_up = multicast || (meta.fab.rank_starts >> hdr.ina.rank)[0:0] == 1
+                           || (in_flags & FLAG_PARTIAL) != 0;
             if (!multicast) {  // a resend up: PARTIAL only if the worker asks for a flush
                 hdr.ina.flags = (hdr.ina.flags & ~(FLAG_PARTIAL | FLAG_RESEND)) | FLAG_RESEND
                                 | (in_flags & FLAG_PARTIAL);
@@ -372,10 +381,10 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
             hdr.ethernet.dst_addr = meta.fab.up_mac;
             hdr.ipv4.dst_addr = meta.fab.up_addr;
             hdr.udp.dst_port = INA_UDP_PORT;
-            if (meta.fab.up) {
+            if (meta.fab.up && goes_up) {
                 std.egress_spec = meta.fab.up_port;
             } else {
-                mark_to_drop(std);  // no spine for this slot
+                mark_to_drop(std);  // no spine for this slot, or another worker's resend
             }
         } else if (multicast) {
             std.mcast_grp = meta.adm.mcast_grp;  // the result, to every worker of the job
