@@ -1,5 +1,5 @@
 """Conformance: the leaf and spine roles of two-level aggregation (docs/scale_out.md), chosen
-by table entries (job_level, leaf_upstream; p4src/include/control/fabric.p4), packet by packet.
+by table entries (job_level, leaf_upstream; p4src/v1model/fabric.p4), packet by packet.
 
 Run just this file: python -m pytest bmv2_tests/test_fabric.py
 (SPINA_TARGETS=soft or bmv2 to pick one target; default both, BMv2 skips if absent.)

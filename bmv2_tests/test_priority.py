@@ -1,5 +1,5 @@
 """Conformance: priority queues, and the congestion drop of loss-tolerant INA contributions
-within each job's loss budget (p4src/include/control/priority.p4; docs/dlcp.md, "Switch").
+within each job's loss budget (p4src/v1model/priority.p4; docs/dlcp.md, "Switch").
 
 Run just this file: python -m pytest bmv2_tests/test_priority.py
 (SPINA_TARGETS=soft or bmv2 to pick one target; default both, BMv2 skips if absent.)

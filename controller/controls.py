@@ -1,4 +1,4 @@
-"""One class per P4 control (p4src/include/control/), each programming and clearing its own
+"""One class per P4 control (p4src/v1model/), each programming and clearing its own
 state. The controller mirrors the P4: a control's tables, counters and registers are named here
 exactly as in the P4 program and looked up in the P4Info (never an ID).
 
@@ -80,7 +80,7 @@ class Control:
             if not self.index.has("tables", t):
                 raise ConfigError(f"switches.{sw.name}.p4info: the program has no table {t!r}, "
                                   "which the fabric plan needs (the leaf/spine roles of "
-                                  "p4src/include/control/fabric.p4)")
+                                  "p4src/v1model/fabric.p4)")
             out.append(self.index.table_entry(t, k, a, p))
         return out
 

@@ -190,7 +190,7 @@ def install(fabric: Fabric, switches: dict) -> None:
 
 
 def p4_rows(fabric: Fabric, name: str) -> P4Rows:
-    """Switch `name`'s share of the plan as P4 table rows (p4src/include/control/fabric.p4):
+    """Switch `name`'s share of the plan as P4 table rows (p4src/v1model/fabric.p4):
     at a leaf, its rack's workers (admission with nworkers = the rack's size, worker_rewrite, the
     rack's multicast group), job_level as_leaf and leaf_upstream per slot; at a spine, the
     job's leaves as ranks (source: the leaf's address, UDP port INA_UDP_PORT, ingress: the

@@ -1,6 +1,6 @@
 """Leaf and spine roles of the software switch: two-level aggregation (docs/scale_out.md).
 
-The software twin of the P4 program's roles (p4src/include/control/fabric.p4 and the fabric
+The software twin of the P4 program's roles (p4src/v1model/fabric.p4 and the fabric
 parts of aggregator.p4): the same packets in give the same packets out, registers and counters.
 The level of each job is chosen per job, as the P4 tables do: `Roles.leaves` (P4 table
 job_level, action as_leaf), `Roles.spines` (as_spine), `Roles.upstream` (leaf_upstream).

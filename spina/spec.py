@@ -173,7 +173,7 @@ ACTIONS = {a.name: a for a in (
     Action("rewrite_for_worker", (("dst_mac", 48), ("dst_addr", 32), ("dst_port", 16))),
     Action("drop"),
     Action("drop_replica"),
-    # Two-level aggregation (p4src/include/control/fabric.p4, docs/scale_out.md).
+    # Two-level aggregation (p4src/v1model/fabric.p4, docs/scale_out.md).
     Action("as_leaf", (("rack", 8), ("nlocal", 8), ("epoch", 16), ("mcast_grp", 16),
                        ("rank_starts", 32), ("job_ranks", 32), ("remote_ranks", 32))),
     Action("as_spine"),

@@ -2,7 +2,7 @@
 
 Run just this file: python -m pytest tests/test_p4_model.py
 
-tests/p4model.py follows p4src/include/control/{ina_check,admission,aggregator}.p4 statement
+tests/p4model.py follows p4src/v1model/{ina_check,admission,aggregator}.p4 statement
 by statement; here random packet sequences (duplicates, stale and new rounds, sparse lanes,
 wrong epochs, unadmitted and malformed packets) go through both, and every emitted packet,
 counter and register cell must agree after every packet; so do the leaf and spine roles

@@ -30,7 +30,7 @@ const bit<8> FLAG_LAST = 0x04;
 const bit<8> FLAG_PARTIAL = 0x08;
 const bit<8> FLAG_MISMATCH = 0x10;
 
-// Two-level aggregation (include/control/fabric.p4): what a rack's partial carries up besides
+// Two-level aggregation (v1model/fabric.p4): what a rack's partial carries up besides
 // LAST (a mismatch or a flush in one rack concerns every rack), and a stored result's flags.
 const bit<8> FLAGS_CARRIED = 0x18;  // FLAG_MISMATCH | FLAG_PARTIAL
 const bit<8> FLAGS_RESULT = 0x1c;   // FLAG_LAST | FLAGS_CARRIED

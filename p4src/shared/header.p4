@@ -93,7 +93,7 @@ struct admission_t {
     bit<16> mcast_grp;
 }
 
-// What FabricRoles (include/control/fabric.p4) hands the other controls: the job's level on
+// What FabricRoles (v1model/fabric.p4) hands the other controls: the job's level on
 // this switch (job_level) and, at a leaf, the spine owning the packet's slot (leaf_upstream).
 struct fabric_t {
     bool        leaf;          // as_leaf: this switch aggregates one rack of the job

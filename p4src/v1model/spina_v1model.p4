@@ -1,5 +1,5 @@
 /* SpINA for BMv2 simple_switch_grpc (v1model): includes, instantiates and sequences the
- * feature controls of include/control/. Build: `make p4` (p4src/README.md).
+ * feature controls beside it (v1model only: they take standard_metadata). Build: `make p4` (p4src/README.md).
  *
  * Ingress: an INA packet for this switch (ina_endpoint) is checked, admitted and aggregated;
  * everything else is forwarded (l2, then ipv4_routes). The job's level on this switch (flat,
@@ -12,14 +12,14 @@
 #include "../shared/define.p4"
 #include "../shared/size.p4"
 #include "../shared/header.p4"
-#include "../include/control/parser.p4"
-#include "../include/control/ina_check.p4"
-#include "../include/control/admission.p4"
-#include "../include/control/fabric.p4"
-#include "../include/control/aggregator.p4"
-#include "../include/control/forwarding.p4"
-#include "../include/control/priority.p4"
-#include "../include/control/egress_rewrite.p4"
+#include "parser.p4"
+#include "ina_check.p4"
+#include "admission.p4"
+#include "fabric.p4"
+#include "aggregator.p4"
+#include "forwarding.p4"
+#include "priority.p4"
+#include "egress_rewrite.p4"
 
 control SpinaIngress(inout headers_t hdr, inout metadata_t meta,
                      inout standard_metadata_t std) {

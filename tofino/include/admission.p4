@@ -1,6 +1,6 @@
 /* SpINA on Tofino 1: which INA packets this switch terminates (ina_endpoint), whether they
  * are well formed at the sizes this program aggregates (InaCheck), and who may contribute to
- * which job (admission). Same tables, keys and actions as p4src/include/control/
+ * which job (admission). Same tables, keys and actions as p4src/v1model/
  * admission.p4 and ina_check.p4 (spina/spec.py); the arithmetic is split over stages
  * because a Tofino stage compares a field with a constant, not two fields by size.
  *

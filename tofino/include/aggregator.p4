@@ -1,5 +1,5 @@
 /* SpINA on Tofino 1: the slot registers and the per-packet aggregation of a flat job
- * (softswitch Pipeline.process, p4src/include/control/aggregator.p4), in RegisterActions.
+ * (softswitch Pipeline.process, p4src/v1model/aggregator.p4), in RegisterActions.
  *
  * Per slot and shadow copy, idx = slot * 2 + (round & 1), as in p4src:
  *   slot_round          round tag; older is stale, newer resets the copy (self-recycling)

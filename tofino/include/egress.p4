@@ -1,6 +1,6 @@
 /* SpINA on Tofino 1 (egress): per-worker rewrite of the result copies, the result counter,
  * and the congestion drop of loss-tolerant contributions. Same tables, keys, actions and
- * counters as p4src/include/control/egress_rewrite.p4 and priority.p4.
+ * counters as p4src/v1model/egress_rewrite.p4 and priority.p4.
  *
  * TNA has no truncate: bytes a contribution carried after its UDP datagram (an Ethernet
  * trailer) still follow a reply built from it (p4src cuts them). The IPv4 and UDP lengths

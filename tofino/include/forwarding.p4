@@ -1,5 +1,5 @@
 /* SpINA on Tofino 1: ordinary forwarding (l2, ipv4_routes) and the INA priority's queue.
- * Same tables, keys and actions as p4src/include/control/forwarding.p4 and priority.p4.
+ * Same tables, keys and actions as p4src/v1model/forwarding.p4 and priority.p4.
  */
 #ifndef SPINA_TNA_FORWARDING_P4
 #define SPINA_TNA_FORWARDING_P4

@@ -8,7 +8,7 @@
  * the (job, rank) it claims, all exact, so that a host cannot speak for another job or rank.
  * A hit gives the job's slot range, worker count, sizes and multicast group. A miss, a slot
  * outside the job's range or sizes other than the job's are dropped and counted per port.
- * At a leaf, a spine's answer (meta.fab.from_spine, include/control/fabric.p4) is admitted
+ * At a leaf, a spine's answer (meta.fab.from_spine, v1model/fabric.p4) is admitted
  * instead when it comes from the spine owning the slot (leaf_upstream: ingress port, IPv4
  * source, UDP source port INA_UDP_PORT) for a job this switch is a leaf of.
  */

@@ -33,7 +33,7 @@
  *   duplicate flagged PARTIAL, incomplete flush: complete now, flag PARTIAL, multicast
  *   duplicate, round incomplete           STATUS with the stored bitmap, unicast back
  *
- * Two-level aggregation (meta.fab, include/control/fabric.p4; softswitch/fabric.py):
+ * Two-level aggregation (meta.fab, v1model/fabric.p4; softswitch/fabric.py):
  *   spine   a partial's MISMATCH and PARTIAL flags are ORed into the round it is added to
  *   leaf    a round completed (or flushed) here goes up to the slot's spine instead of to
  *           the rack: the result with msg_type CONTRIB, rank = the rack's index; a resend

@@ -6,7 +6,7 @@
  * Dataplane._terminate); bytes after the UDP length are an Ethernet trailer, not payload.
  * Such packets carry no job id one can trust: they are counted per ingress port.
  * At a leaf, a RESULT or STATUS for a slot with a leaf_upstream entry (meta.fab.from_spine,
- * include/control/fabric.p4) is a spine's answer, judged like any packet otherwise
+ * v1model/fabric.p4) is a spine's answer, judged like any packet otherwise
  * (softswitch/fabric.py: wire.header_error).
  */
 #ifndef SPINA_INA_CHECK_P4
