@@ -125,9 +125,14 @@ class Fabric:
     def job_config(self, job: FabricJob) -> JobConfig:
         """The job as its agents see it: every worker, ranks in `members` order."""
         ws = self.state.workers
+        # Each slot's spine: rounds complete in send order only among one spine's slots.
+        groups = tuple(next(i for i, s in enumerate(job.shards)
+                            if s.slot_base <= slot < s.slot_base + s.nslots)
+                       for slot in range(job.slot_base, job.slot_base + job.nslots))
         return JobConfig(job=job.id, epoch=job.epoch, slot_base=job.slot_base,
                          nslots=job.nslots, block_size=job.block_size, nlanes=job.nlanes,
                          priority=job.priority,
+                         slot_groups=groups if len(job.shards) > 1 else (),
                          workers=tuple(WorkerAddr(r, ws[m].ip, ws[m].udp_port)
                                        for r, m in enumerate(self.members(job))))
 

@@ -204,7 +204,8 @@ class _Call:
             _PACK_INTO(buf, 0, wire.VERSION, wire.MSG_CONTRIB, 0, 0, job.job, job.epoch, call_id,
                        s + job.slot_base, rank, k, 0, n, B, 0, 0, 0, 0)
         self.next_end = wire.data_offset(k)  # the next positions' bytes end here in a datagram
-        timers = [Timer() for _ in range(W)]
+        groups = job.slot_groups or (0,) * job.nslots
+        timers = [Timer(group=groups[s]) for s in range(W)]
         # Bounded loss: each partial round counts its nlanes blocks against the budget.
         self.recovery = Recovery(rtt, timers, time.monotonic(), job.bounded_loss,
                                  job.loss_deadline, job.bounded_loss * self.nblocks / k,

@@ -6,7 +6,9 @@ status naming who contributed. A round is resent on one of four triggers, all de
 
   fast retransmit  (RACK, RFC 8985) the switch serves contributions first in, first out, and
                    every worker sends its rounds in the order their previous results arrived,
-                   so rounds complete in the order they were sent. A round is lost once a round
+                   so rounds complete in the order they were sent (within a slot group, the
+                   slots one switch aggregates: JobConfig.slot_groups for a job sharded over
+                   spines, whose queues reorder across groups). A round is lost once a round
                    first sent after its latest transmission has completed and it has been out
                    longer than that round's latency plus a reorder window. Fires again for a
                    lost resend, with no timer: most losses cost about one round trip.
@@ -125,6 +127,8 @@ class Timer:
     # The previous round completed PARTIAL without another worker: the switch holds this
     # round until that worker has been heard (docs/reliability.md), so resend it once early.
     hold_risk: bool = False
+    group: int = 0             # its slot's group (JobConfig.slot_groups): fast retransmit compares
+                               # rounds of one group only
     hold_resent: bool = False  # ... and it was (a resend that proves spurious says nothing of
     prev_hold_resent: bool = False  # reordering: it does not widen the reorder window)
 
@@ -159,8 +163,10 @@ class Recovery:
         self.partial_rounds = 0  # rounds of the call completed PARTIAL (by anyone's flush)
         self.flushing = 0        # own flushes whose round has not completed yet
         self.seq = 0            # transmissions so far (send order)
-        self.rack_seq = 0       # send order of the latest-sent transmission known answered
-        self.rack_latency = 0.0  # its latency
+        # Per slot group: (send order of the latest-sent transmission known answered, its
+        # latency). Rounds complete in send order within a group (one switch), not across
+        # groups (a two-level job's slots sharded over spines with their own queues).
+        self.rack: dict[int, tuple[int, float]] = {}
         self.drained_at = now   # when the agent last found its socket empty
         self.timer_from = now   # the call's timer runs from here (last result or timeout)
         self.backoff = 0        # timeouts since the last result
@@ -235,8 +241,8 @@ class Recovery:
             self.rtt.sample(latency)
             # Only rounds sent once say anything about the order: every worker sent them in
             # the order their previous results arrived, the same order at every worker.
-            if tm.seq > self.rack_seq:
-                self.rack_seq, self.rack_latency = tm.seq, latency
+            if tm.seq > self.rack.get(tm.group, (0, 0.0))[0]:
+                self.rack[tm.group] = (tm.seq, latency)
                 # out of send order: a round sent before this one is still in flight
                 if self.flying and next(iter(self.flying)) < tm.seq:
                     self.recheck = True
@@ -281,8 +287,10 @@ class Recovery:
             self.drained(now)
         self.recheck = False
         out = []
-        rack = self.rack_latency + self.rtt.reorder_window
+        window = self.rtt.reorder_window
         for st, tm in in_flight:
+            rack_seq, rack_latency = self.rack.get(tm.group, (0, 0.0))
+            rack = rack_latency + window
             if (self.bounded_loss and self.flusher and tm.flushable and not tm.flush
                     and now - tm.first_sent_at > self.loss_deadline
                     and self.partial_rounds + self.flushing + 1 <= self.budget_rounds):
@@ -292,7 +300,7 @@ class Recovery:
                 tm.flush = True
                 self.flushing += 1
                 out.append((st, tm))
-            elif tm.last_seq < self.rack_seq and now - tm.sent_at > rack:
+            elif tm.last_seq < rack_seq and now - tm.sent_at > rack:
                 self.fast_resends += 1  # a round sent after this one was answered: lost
                 out.append((st, tm))
             elif tm.hold_risk and not tm.hold_resent and now - tm.sent_at > rack:
@@ -324,10 +332,11 @@ class Recovery:
         """Seconds until the next fast retransmit or timeout could fire (at most `longest`),
         unless a result sets `recheck` before (a later sample may also shorten the timeout)."""
         soonest = min(longest, self.timer_from + self.timeout - now)
-        rack = self.rack_latency + self.rtt.reorder_window
+        window = self.rtt.reorder_window
         for _, tm in in_flight:
-            if tm.last_seq < self.rack_seq or (tm.hold_risk and not tm.hold_resent):
-                soonest = min(soonest, tm.sent_at + rack - now)
+            rack_seq, rack_latency = self.rack.get(tm.group, (0, 0.0))
+            if tm.last_seq < rack_seq or (tm.hold_risk and not tm.hold_resent):
+                soonest = min(soonest, tm.sent_at + rack_latency + window - now)
         return max(soonest, 0.0005)
 
     def stalled(self, in_flight, now: float, timeout: float):

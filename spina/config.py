@@ -58,6 +58,10 @@ class JobConfig:
     priority_policy, loss_tolerant_policy: how agents set each packet's priority and
     loss-tolerant flag (PRIORITY_POLICIES, LOSS_TOLERANT_POLICIES; host_agent/dlcp.py). The
     defaults ("fixed", "none") send every packet as before: the job's priority, never droppable.
+    slot_groups: per slot of the job (in order), the group whose rounds complete in the order
+    they were sent: the spine aggregating the slot when a two-level job's slots are sharded
+    (docs/scale_out.md). The agent's fast retransmit compares rounds within a group only; ()
+    (the default): one group, a single switch.
     """
     job: int
     workers: tuple[WorkerAddr, ...]
@@ -71,6 +75,7 @@ class JobConfig:
     loss_deadline: float = 0.05
     priority_policy: str = "fixed"
     loss_tolerant_policy: str = "none"
+    slot_groups: tuple[int, ...] = ()
 
     @property
     def nworkers(self) -> int:
@@ -114,6 +119,10 @@ class JobConfig:
              f"{self.priority_policy!r} is not one of {', '.join(PRIORITY_POLICIES)}")
         need(self.loss_tolerant_policy in LOSS_TOLERANT_POLICIES, "loss_tolerant_policy",
              f"{self.loss_tolerant_policy!r} is not one of {', '.join(LOSS_TOLERANT_POLICIES)}")
+        need(not self.slot_groups or len(self.slot_groups) == self.nslots, "slot_groups",
+             f"one group per slot: {len(self.slot_groups)} groups for {self.nslots} slots")
+        need(all(type(g) is int and 0 <= g < 256 for g in self.slot_groups), "slot_groups",
+             "groups must be integers in 0..255")
         need(self.loss_tolerant_policy == "none" or self.bounded_loss > 0, "loss_tolerant_policy",
              f"{self.loss_tolerant_policy!r} needs bounded_loss > 0 (with no loss allowed, no "
              "packet may be dropped)")
@@ -126,7 +135,7 @@ class JobConfig:
         ints = {"job", "slot_base", "nslots", "block_size", "nlanes", "epoch", "priority"}
         floats = {"bounded_loss", "loss_deadline"}
         strs = {"priority_policy", "loss_tolerant_policy"}
-        known = ints | floats | strs | {"workers"}
+        known = ints | floats | strs | {"workers", "slot_groups"}
         if not isinstance(d, dict):
             raise ConfigError(f"a job must be a mapping of fields, got {d!r}")
         for k in d:
@@ -144,6 +153,11 @@ class JobConfig:
             if not isinstance(d[k], str):
                 raise ConfigError(f"field '{k}': {d[k]!r} is not a string")
             kw[k] = d[k]
+        if "slot_groups" in d:
+            if not isinstance(d["slot_groups"], list):
+                raise ConfigError(f"field 'slot_groups': must be a list of integers, one per "
+                                  f"slot, got {d['slot_groups']!r}")
+            kw["slot_groups"] = tuple(d["slot_groups"])
         return cls(workers=workers, **kw).validate()
 
 
@@ -232,6 +246,7 @@ def job_to_dict(job: JobConfig) -> dict:
             "nlanes": job.nlanes, "bounded_loss": job.bounded_loss,
             "loss_deadline": job.loss_deadline, "priority_policy": job.priority_policy,
             "loss_tolerant_policy": job.loss_tolerant_policy,
+            **({"slot_groups": list(job.slot_groups)} if job.slot_groups else {}),
             "workers": [{"host": w.host, "port": w.port} for w in job.workers]}
 
 

@@ -5,6 +5,7 @@ measured by the benchmark (`python -m bench.allreduce_bench --sweeps loss`), not
 Run just this file: .venv/bin/python -m pytest tests/test_recovery.py
 """
 import numpy as np
+import pytest
 
 from host_agent.local import LocalCluster
 from host_agent.recovery import Recovery, RttEstimator, Timer
@@ -197,3 +198,23 @@ def test_a_round_after_a_partial_one_lacking_another_rank_is_resent_once_early()
     rec.sent(a, 0.051)
     assert rec.due([("a", a)], 0.070, idle=False) == []
     assert rec.hold_resends == 1
+
+
+def test_fast_retransmit_compares_rounds_of_one_slot_group_only():
+    """Slots sharded over two spines (JobConfig.slot_groups): a round of the other group
+    completing first says nothing (different queues); one of the same group does."""
+    rtt = RttEstimator(min_rto=0.005)
+    rtt.sample(0.010)
+    a, b, c = Timer(group=0), Timer(group=1), Timer(group=0)
+    rec = Recovery(rtt, [a, b, c], now=0.0)
+    for i, tm in enumerate((a, b, c)):
+        rec.sent(tm, 0.001 * i)
+    rec.result(b, 1, 0.011, multicast=True, partial=False)  # group 1, sent after a
+    assert rec.due([("a", a), ("c", c)], 0.020, idle=False) == []
+    # only the timeout pending
+    assert rec.wait([("a", a), ("c", c)], 0.020, 1.0) == \
+        pytest.approx(rec.timer_from + rec.timeout - 0.020)
+    rec.result(c, 1, 0.012, multicast=True, partial=False)  # group 0, sent after a: a is lost
+    assert rec.due([("a", a)], 0.0121, idle=False) == []  # within latency + reorder window
+    assert rec.due([("a", a)], 0.016, idle=False) == [("a", a)]
+    assert rec.fast_resends == 1

@@ -34,6 +34,7 @@ def test_plan_levels_ranks_and_shards():
     assert f.members(job) == tuple(f"w{i}" for i in range(8))
     cfg = f.job_config(job)
     assert [(w.rank, w.port) for w in cfg.workers] == [(r, 50000 + r) for r in range(8)]
+    assert cfg.slot_groups == (0, 0, 1, 1)  # each slot's spine: the agents' fast retransmit
     assert f.agent_switch("w5") == ("127.0.0.1", 47002)
     (s0,) = f.spine_jobs("spine0")
     (s1,) = f.spine_jobs("spine1")
@@ -758,3 +759,22 @@ def test_fabric_plan_needs_the_role_tables():
     with pytest.raises(ConfigError, match=r"^switches\.leaf0\.p4info: the program has no "
                                           r"table 'job_level'"):
         controls.FabricRoles(Conn()).entries(state, state.switches["leaf0"])
+
+
+def test_slot_groups_round_trip_and_bad_values_name_the_field():
+    """JobConfig.slot_groups (each slot's spine) travels in job and assignment files; a wrong
+    length, a non-integer or a non-list is refused naming the field."""
+    from spina.config import ConfigError, JobConfig, job_to_dict
+    f = plan.parse(fabric_doc())
+    cfg = f.job_config(f.jobs[7])
+    d = job_to_dict(cfg)
+    assert d["slot_groups"] == [0, 0, 1, 1]
+    assert JobConfig.from_dict(d) == cfg
+    flat = job_to_dict(dataclasses.replace(cfg, slot_groups=()))
+    assert "slot_groups" not in flat and JobConfig.from_dict(flat).slot_groups == ()
+    for bad, why in (([0, 1], "one group per slot: 2 groups for 4 slots"),
+                     ([0, 0, 1, "1"], "groups must be integers in 0..255"),
+                     ([0, 0, 1, 256], "groups must be integers in 0..255"),
+                     ("0011", "must be a list of integers")):
+        with pytest.raises(ConfigError, match=f"field 'slot_groups': {why}"):
+            JobConfig.from_dict(dict(d, slot_groups=bad))
