@@ -282,7 +282,8 @@ class _Call:
         ours_in = bool(a[_A_BITMAP] >> self.rank & 1)
         self.recovery.result(st.timer, st.round, time.monotonic(),
                              multicast=not flags & wire.FLAG_RESEND, partial=partial,
-                             others_missing=partial and ours_in)
+                             held_for=(~a[_A_BITMAP] & ((1 << self.job.nworkers) - 1)
+                                       if partial and ours_in else 0))
         if partial and not ours_in:  # ours never arrived
             stats.blocks_lost += (len(st.packet) - self.next_end) // (4 * self.B)
         if st.setup:  # setup result: the exponent every worker quantizes with
@@ -389,14 +390,20 @@ class _Call:
         job, tm = self.job, st.timer
         head = (f"job {job.job} call {self.call_id}: no result for slot {st.slot} round "
                 f"{st.round} within {timeout:g} s; ")
+        if tm.held_for and not tm.statuses:
+            # Bounded loss: the slot's previous round completed without these ranks, and the
+            # switch holds this one until they are heard (docs/reliability.md): they stopped.
+            held = [r for r in range(job.nworkers) if tm.held_for >> r & 1]
+            return SpinaTimeout(
+                head + f"ranks {held} are missing from this slot's previous round (completed "
+                "partial without them) and never sent this one; the switch holds it until "
+                "they do: they stopped or lost contact with the switch", held)
         if tm.unanswered >= 3 or not tm.last_bitmap:
             silent = ("never answered this call" if not self.stats.packets_received else
                       f"did not answer the last {tm.unanswered} resends")
-            overtaken = ("; or (bounded loss) the switch holds this round until a worker "
-                         "missing from the slot's previous, partial round is heard, and that "
-                         "worker stopped; or a switch without that hold (the Tofino program) "
-                         "reused the copy this round waits for (docs/reliability.md)") \
-                if job.bounded_loss and \
+            overtaken = ("; or (bounded loss, a switch without the hold of a newer round: the "
+                         "Tofino program) the switch reused the copy this round waits for "
+                         "(docs/reliability.md)") if job.bounded_loss and \
                 self.stats.packets_received else ""
             return SpinaTimeout(
                 head + f"the switch at {switch[0]}:{switch[1]} {silent}: it is not "

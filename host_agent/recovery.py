@@ -127,6 +127,7 @@ class Timer:
     # The previous round completed PARTIAL without another worker: the switch holds this
     # round until that worker has been heard (docs/reliability.md), so resend it once early.
     hold_risk: bool = False
+    held_for: int = 0          # ... until these ranks (bitmap) are heard (the timeout names them)
     group: int = 0             # its slot's group (JobConfig.slot_groups): fast retransmit compares
                                # rounds of one group only
     hold_resent: bool = False  # ... and it was (a resend that proves spurious says nothing of
@@ -228,10 +229,10 @@ class Recovery:
         tm.last_seq, tm.sent_at = self.seq, now
 
     def result(self, tm: Timer, round_: int, now: float, multicast: bool, partial: bool,
-               others_missing: bool = False) -> None:
+               held_for: int = 0) -> None:
         """The round in flight completed (`multicast`: the completion itself, not a stored
-        result returned to a resend; `others_missing`: PARTIAL without another worker, while
-        ours is in: the slot's next round may be held by the switch)."""
+        result returned to a resend; `held_for`: the ranks (bitmap) a PARTIAL result lacks while
+        it has ours: the switch holds the slot's next round until they are heard)."""
         tm.progress_at = self.timer_from = now
         tm.unanswered = 0
         self.backoff = 0
@@ -255,7 +256,8 @@ class Recovery:
         if tm.flush:
             self.flushing -= 1
         tm.prev_round, tm.prev_resends, tm.prev_timed_out = round_, tm.resends, tm.timed_out
-        tm.prev_hold_resent, tm.hold_risk = tm.hold_resent, others_missing
+        tm.prev_hold_resent, tm.held_for = tm.hold_resent, held_for
+        tm.hold_risk = bool(held_for)
         tm.prev_latency = now - tm.first_sent_at if multicast and not tm.statuses else 0.0
 
     def late_result(self, tm: Timer, round_: int) -> None:

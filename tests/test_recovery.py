@@ -181,7 +181,7 @@ def test_a_round_after_a_partial_one_lacking_another_rank_is_resent_once_early()
     widen the reorder window. After a partial result lacking our own rank, nothing early."""
     rec, (a, b, c) = _recovery()  # srtt 10 ms: window 2.5 ms
     rec.sent(a, 0.0)
-    rec.result(a, 1, 0.010, multicast=True, partial=True, others_missing=True)
+    rec.result(a, 1, 0.010, multicast=True, partial=True, held_for=0b100)
     rec.sent(a, 0.010)  # round 2, perhaps held
     assert rec.due([("a", a)], 0.0120, idle=False) == []
     assert rec.wait([("a", a)], 0.0120, 1.0) < 0.011  # woken for it, not for the timeout
@@ -194,7 +194,7 @@ def test_a_round_after_a_partial_one_lacking_another_rank_is_resent_once_early()
     assert (rec.spurious, rec.spurious_fast, rec.rtt.reorder_mult) == (1, 0, 1)
     rec.sent(a, 0.030)  # round 3, after a complete round 2: nothing early
     assert rec.due([("a", a)], 0.050, idle=False) == []
-    rec.result(a, 3, 0.051, multicast=True, partial=True, others_missing=False)  # ours missing
+    rec.result(a, 3, 0.051, multicast=True, partial=True, held_for=0)  # ours missing
     rec.sent(a, 0.051)
     assert rec.due([("a", a)], 0.070, idle=False) == []
     assert rec.hold_resends == 1

@@ -216,6 +216,40 @@ def test_worker_dies_mid_call_then_job_restarts():
         sw.stop()
 
 
+def test_bounded_loss_worker_dies_the_others_fail_naming_it():
+    """Bounded loss: a worker that stops is flushed out of a round, then the switch holds the
+    slot's next round until it is heard (docs/reliability.md): the others' calls fail naming
+    it (SpinaTimeout.missing), not blaming the switch."""
+    from host_agent.agent import SpinaTimeout
+    rng = np.random.default_rng(3)
+    cut = {"on": False, "passed": 0}
+
+    def dead_rank2(h):  # after its setup round and one data round on every slot
+        if not cut["on"] or h.rank != 2:
+            return False
+        cut["passed"] += 1
+        return cut["passed"] > 2 * W
+    sw = UdpSwitch(port=0, faults=Faults(drop_in_match=dead_rank2)).start()
+    try:
+        with LocalCluster(3, switch=sw, rto=0.01, timeout=1.0, block_size=B, nlanes=K, nslots=W,
+                          bounded_loss=0.5, loss_deadline=0.02) as c:
+            for _ in range(2):  # calls 1 and 2: the next one's flusher is rank 0 (3 mod 3)
+                xs = [sparse(rng, 4000, 0.5) for _ in range(3)]
+                assert (c.allreduce(xs)[0] == np.sum(xs, 0, dtype=np.int32)).all()
+            cut["on"] = True
+            futs = [a.allreduce_async(x) for a, x in zip(c.agents, xs)]
+            for f in futs[:2]:
+                with pytest.raises(SpinaTimeout, match=r"ranks \[2\]") as e:
+                    f.result(timeout=30)
+                assert e.value.missing == [2]
+                assert "did not answer" not in str(e.value)
+            with pytest.raises(Exception):
+                futs[2].result(timeout=30)
+        assert sw.pipeline.job_counters(1)["job_held"] > 0
+    finally:
+        sw.stop()
+
+
 def _drop_first_data_round_of(rank, slot, times=1):
     """Drop the first `times` transmissions of `rank`'s first data round on `slot`."""
     state = {"setup_seen": False, "round": None, "dropped": 0}
