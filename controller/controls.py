@@ -183,7 +183,7 @@ class Aggregator(Control):
         """Zero slots slot_base.. in every slot register: both shadow copies of each slot in
         the per-copy registers, the slot's one cell in the head registers."""
         names = self.register_names()
-        per_slot = [n for n in names if spec.register_cells(n, 1) == 1]
+        per_slot = [n for n in names if n in spec.HEAD_REGISTERS]
         self.registers.clear([n for n in names if n not in per_slot], 2 * slot_base, 2 * nslots)
         if per_slot:
             self.registers.clear(per_slot, slot_base, nslots)

@@ -159,8 +159,7 @@ class TofinoRegisters(P4RuntimeRegisters):
         per-slot head registers, which the TNA program lacks, are cleared apart)."""
         out = [n for n in names if self.conn.index.has("registers", n)
                and n != self.RANK_REGISTER]
-        per_copy = any(spec.register_cells(n, 1) == 2 for n in out
-                       if spec.split_p4_register(n)[0] in spec.REGISTER_NAMES)
+        per_copy = any(n not in spec.HEAD_REGISTERS for n in out)
         return out + ([self.RANK_REGISTER] if per_copy and self.conn.index.has(
             "registers", self.RANK_REGISTER) else [])
 

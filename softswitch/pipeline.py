@@ -37,9 +37,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from spina.spec import (DEFAULT_SLOT_CAPACITY, JOB_COUNTERS, JOB_REGISTERS,  # noqa: F401
-                        LOSS_CREDIT_MAX, LOSS_CREDIT_ONE, MAX_JOBS, MAX_PORTS, PORT_COUNTERS,
-                        REGISTER_NAMES as REGISTERS, TABLES)
+from spina.spec import (DEFAULT_SLOT_CAPACITY, HEAD_REGISTERS, JOB_COUNTERS,  # noqa: F401
+                        JOB_REGISTERS, LOSS_CREDIT_MAX, LOSS_CREDIT_ONE, MAX_JOBS, MAX_PORTS,
+                        PORT_COUNTERS, REGISTER_NAMES as REGISTERS, TABLES)
 from spina import wire
 from spina.config import ConfigError, JobConfig
 
@@ -220,7 +220,7 @@ class Pipeline:
     def clear_slots(self, base: int, n: int) -> None:
         with self.lock:
             for name, reg in self.registers.items():
-                if name.startswith("head_"):
+                if name in HEAD_REGISTERS:
                     reg[base:base + n] = 0
                 else:
                     reg[2 * base:2 * (base + n)] = 0

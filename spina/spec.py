@@ -76,6 +76,7 @@ REGISTERS = (
     Register("head_missing", 8, HEAD),   # workers not yet heard at head_round
 )
 REGISTER_NAMES = tuple(r.name for r in REGISTERS)
+HEAD_REGISTERS = frozenset(r.name for r in REGISTERS if r.shape == HEAD)  # one cell per slot
 
 
 def p4_register_names(nlanes: int = P4_SIZES["NLANES"],
@@ -94,9 +95,7 @@ def p4_register_names(nlanes: int = P4_SIZES["NLANES"],
 
 def register_cells(name: str, pool_slots: int = P4_SIZES["POOL_SLOTS"]) -> int:
     """Cells of P4 register array `name` (a P4 name, as p4_register_names gives)."""
-    base = split_p4_register(name)[0]
-    shape = next(r.shape for r in REGISTERS if r.name == base)
-    return pool_slots if shape == HEAD else 2 * pool_slots
+    return pool_slots if name in HEAD_REGISTERS else 2 * pool_slots
 
 
 def split_p4_register(name: str) -> tuple[str, int | None, int | None]:

@@ -341,7 +341,7 @@ def test_p4runtime_register_adapter_requests(fake, tmp_path):
     got = {(u.entity.register_entry.register_id, u.entity.register_entry.index.index)
            for w in (copies_w, heads_w) for u in w.updates}
     assert got == {(rid[n], i) for n in spec.p4_register_names()
-                   for i in (range(4, 6) if n.startswith("head_") else range(8, 12))}
+                   for i in (range(4, 6) if n in spec.HEAD_REGISTERS else range(8, 12))}
     assert all(u.type == pb.Update.MODIFY and u.entity.register_entry.data.bitstring == b"\0"
                for w in (copies_w, heads_w) for u in w.updates)
     cid = ids(info, "counters")

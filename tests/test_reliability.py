@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from host_agent.local import LocalCluster
 from softswitch.pipeline import Pipeline
 from softswitch.udp import Faults, UdpSwitch
-from spina import wire
+from spina import spec, wire
 from spina.config import JobConfig, WorkerAddr
 
 B, K, W = 16, 4, 4
@@ -166,7 +166,7 @@ def test_fuzzed_packets_never_crash_and_are_accounted(packets):
     p = Pipeline(pool_slots=8, slot_capacity=64)
     p.add_job(CFG, SRC)
     # the job's slots 2..3: copies 4..7 of the per-copy registers, cells 2..3 of the head ones
-    mine = {n: range(2, 4) if n.startswith("head_") else range(4, 8) for n in p.registers}
+    mine = {n: range(2, 4) if n in spec.HEAD_REGISTERS else range(4, 8) for n in p.registers}
     outside = {n: [i for i in range(len(r)) if i not in mine[n]] for n, r in p.registers.items()}
     before = {n: r[outside[n]].copy() for n, r in p.registers.items()}
     for fields, size_delta, rank_src in packets:
