@@ -30,23 +30,26 @@ from spina.net import bound_udp_socket
 
 def fabric_doc(racks=2, per_rack=4, spines=2, nslots=4, switch_ports=None, worker_ports=None,
                block_size=4, nlanes=2, host="127.0.0.1") -> dict:
-    """A desired state with a fabric: racks r<i> on leaf<i>, spines spine<j>, job 7 sharded
-    evenly over the spines. Ports: leaves then spines from 47001, workers from 50000."""
+    """A desired state with a fabric: racks r<i> on leaf<i> (`per_rack` workers each, or a
+    list of the racks' sizes), spines spine<j>, job 7 sharded evenly over the spines. Ports:
+    leaves then spines from 47001, workers from 50000 (ranks rack by rack)."""
+    sizes = list(per_rack) if not isinstance(per_rack, int) else [per_rack] * racks
+    firsts = [sum(sizes[:i]) for i in range(racks)]
     switch_ports = switch_ports or [47001 + i for i in range(racks + spines)]
-    worker_ports = worker_ports or [50000 + i for i in range(racks * per_rack)]
+    worker_ports = worker_ports or [50000 + i for i in range(sum(sizes))]
     switches = [{"name": f"leaf{i}", "target": "softswitch", "grpc": "in-process",
                  "address": host, "udp_port": switch_ports[i]} for i in range(racks)]
     switches += [{"name": f"spine{j}", "target": "softswitch", "grpc": "in-process",
                   "address": host, "udp_port": switch_ports[racks + j]} for j in range(spines)]
-    workers = [{"name": f"w{r * per_rack + k}", "ip": host,
-                "udp_port": worker_ports[r * per_rack + k], "switch_port": 0,
-                "switch": f"leaf{r}"} for r in range(racks) for k in range(per_rack)]
+    workers = [{"name": f"w{firsts[r] + k}", "ip": host,
+                "udp_port": worker_ports[firsts[r] + k], "switch_port": 0,
+                "switch": f"leaf{r}"} for r in range(racks) for k in range(sizes[r])]
     share = nslots // spines
     shards = [{"spine": f"spine{j}", "slot_base": j * share,
                "nslots": share if j < spines - 1 else nslots - j * share} for j in range(spines)]
     return {"switches": switches, "workers": workers, "fabric": {
         "racks": [{"name": f"r{i}", "leaf": f"leaf{i}",
-                   "workers": [f"w{i * per_rack + k}" for k in range(per_rack)]}
+                   "workers": [f"w{firsts[i] + k}" for k in range(sizes[i])]}
                   for i in range(racks)],
         "spines": [f"spine{j}" for j in range(spines)],
         "jobs": [{"id": 7, "racks": [f"r{i}" for i in range(racks)], "slot_base": 0,
@@ -56,17 +59,18 @@ def fabric_doc(racks=2, per_rack=4, spines=2, nslots=4, switch_ports=None, worke
 
 class FabricCluster:
     """`racks` leaves and `spines` spines (UDP-mode software switches, threads of this process)
-    installed by the controller's plan, and an agent per worker, `per_rack` per rack.
+    installed by the controller's plan, and an agent per worker, `per_rack` per rack (or a
+    list of the racks' sizes).
 
     faults: optional function of the switch's index (leaves first) -> softswitch.udp.Faults.
     """
 
-    def __init__(self, racks: int = 2, per_rack: int = 4, spines: int = 1, faults=None,
+    def __init__(self, racks: int = 2, per_rack=4, spines: int = 1, faults=None,
                  nslots: int = 4, nlanes: int = 8, block_size: int = 256, timeout: float = 30,
                  rto: float = MIN_RTO):
         faults = faults or (lambda i: None)
         self.switches = [UdpSwitch(port=0, faults=faults(i)) for i in range(racks + spines)]
-        n = racks * per_rack
+        n = per_rack * racks if isinstance(per_rack, int) else sum(per_rack)
         self.socks = [bound_udp_socket() for _ in range(n)]
         doc = fabric_doc(racks, per_rack, spines, nslots, block_size=block_size, nlanes=nlanes,
                          switch_ports=[s.address[1] for s in self.switches],

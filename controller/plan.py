@@ -36,10 +36,11 @@ from dataclasses import dataclass
 from controller.state import (DesiredState, _fields, _int, _list, _mac, _need, _parse_flat, _str,
                               load as load_state)
 from spina import spec, wire
-from spina.config import ConfigError, JobConfig, WorkerAddr
+from spina.config import MAX_RACKS, ConfigError, JobConfig, WorkerAddr
 
-MAX_RACKS = 32             # the spine's bitmap has one bit per rack (leaf) of a job
-MAX_WORKERS_PER_RACK = 32  # the leaf's bitmap has one bit per worker of its rack
+# A job: up to 32 racks (the spine's bitmap has one bit per rack), each of up to 32 workers
+# (the leaf's bitmap has one bit per worker of its rack, by local rank): 1024 workers.
+MAX_WORKERS_PER_RACK = wire.MAX_WORKERS
 LEAF, SPINE = "leaf", "spine"
 
 
@@ -74,10 +75,9 @@ class FabricJob:
 @dataclass(frozen=True)
 class LeafJob:
     """What a leaf switch admits for one job: the job (every worker, as the agents see it;
-    ranks rack by rack), the job's rack sizes, this leaf's rack's index in the job (its rank
-    at the spines), and per shard (slot_base, nslots, (spine address, UDP port))."""
+    ranks rack by rack, its `racks` the rack sizes), this leaf's rack's index in the job (its
+    rank at the spines), and per shard (slot_base, nslots, (spine address, UDP port))."""
     job: JobConfig
-    rack_sizes: tuple[int, ...]
     rack: int
     upstream: tuple[tuple[int, int, tuple[str, int]], ...]
 
@@ -123,7 +123,8 @@ class Fabric:
         return tuple(w for r in job.racks for w in self.racks[r].workers)
 
     def job_config(self, job: FabricJob) -> JobConfig:
-        """The job as its agents see it: every worker, ranks in `members` order."""
+        """The job as its agents see it: every worker, ranks in `members` order (rack by
+        rack), the rack sizes (each rank's switch rank: JobConfig.switch_rank)."""
         ws = self.state.workers
         # Each slot's spine: rounds complete in send order only among one spine's slots.
         groups = tuple(next(i for i, s in enumerate(job.shards)
@@ -133,6 +134,7 @@ class Fabric:
                          nslots=job.nslots, block_size=job.block_size, nlanes=job.nlanes,
                          priority=job.priority,
                          slot_groups=groups if len(job.shards) > 1 else (),
+                         racks=tuple(len(self.racks[r].workers) for r in job.racks),
                          workers=tuple(WorkerAddr(r, ws[m].ip, ws[m].udp_port)
                                        for r, m in enumerate(self.members(job))))
 
@@ -149,10 +151,9 @@ class Fabric:
         out = []
         for job in sorted(self.jobs.values(), key=lambda j: j.id):
             cfg = self.job_config(job)
-            sizes = tuple(len(self.racks[r].workers) for r in job.racks)
             for i, rname in enumerate(job.racks):
                 if self.racks[rname].leaf == leaf:
-                    out.append(LeafJob(cfg, sizes, i, tuple(
+                    out.append(LeafJob(cfg, i, tuple(
                         (s.slot_base, s.nslots, self.switch_address(s.spine)) for s in job.shards)))
         return out
 
@@ -191,12 +192,13 @@ def install(fabric: Fabric, switches: dict) -> None:
                 switches[name].add_spine_job(cfg)
         else:
             for lj in fabric.leaf_jobs(name):
-                switches[name].add_leaf_job(lj.job, lj.rack_sizes, lj.rack, lj.upstream)
+                switches[name].add_leaf_job(lj.job, lj.rack, lj.upstream)
 
 
 def p4_rows(fabric: Fabric, name: str) -> P4Rows:
     """Switch `name`'s share of the plan as P4 table rows (p4src/v1model/fabric.p4):
-    at a leaf, its rack's workers (admission with nworkers = the rack's size, worker_rewrite, the
+    at a leaf, its rack's workers (admission by local rank 0..size-1 with nworkers = the
+    rack's size, worker_rewrite and replication ids by local rank, the
     rack's multicast group), job_level as_leaf and leaf_upstream per slot; at a spine, the
     job's leaves as ranks (source: the leaf's address, UDP port INA_UDP_PORT, ingress: the
     link's port), their rewrites and group, job_level as_spine; the switch's INA endpoints."""
@@ -224,22 +226,21 @@ def p4_rows(fabric: Fabric, name: str) -> P4Rows:
                 if fabric.racks[rname].leaf != name:
                     continue
                 first = sum(sizes[:k])
-                for rank in range(first, first + sizes[k]):
-                    w = st.workers[members[rank]]
+                # The rack's workers send their local rank (JobConfig.switch_rank).
+                for local in range(sizes[k]):
+                    w = st.workers[members[first + local]]
                     rows.append(("admission", {"ingress_port": w.switch_port, "src_addr": w.ip,
                                                "src_port": w.udp_port, "job": job.id,
-                                               "rank": rank},
+                                               "rank": local},
                                  "admit", {**admit, "slot_base": job.slot_base,
                                            "nslots": job.nslots, "nworkers": sizes[k]}))
-                    rows.append(("worker_rewrite", {"rid": spec.rid(job.id, rank)},
+                    rows.append(("worker_rewrite", {"rid": spec.rid(job.id, local)},
                                  "rewrite_for_worker", {"dst_mac": w.mac, "dst_addr": w.ip,
                                                         "dst_port": w.udp_port}))
-                    groups.setdefault(grp, []).append((w.switch_port, spec.rid(job.id, rank)))
-                starts, all_ranks, remote = spec.leaf_ranks(sizes, k)
+                    groups.setdefault(grp, []).append((w.switch_port, spec.rid(job.id, local)))
                 rows.append(("job_level", {"job": job.id}, "as_leaf",
                              {"rack": k, "nlocal": sizes[k], "epoch": job.epoch,
-                              "mcast_grp": grp, "rank_starts": starts, "job_ranks": all_ranks,
-                              "remote_ranks": remote}))
+                              "mcast_grp": grp}))
                 for s in job.shards:
                     ln = fabric.link(name, s.spine, job.id)
                     up = {"port": ln.leaf_port, "dst_mac": ln.spine_mac,
@@ -358,10 +359,6 @@ def parse(doc, path: pathlib.Path | None = None) -> Fabric:
             other = next((o for o in job_racks[:k] if racks[o].leaf == racks[r].leaf), None)
             _need(other is None, f"{w}.racks[{k}]", f"rack {r!r} has the same leaf "
                   f"{racks[r].leaf!r} as rack {other!r}: one rack per leaf in a job")
-        nworkers = sum(len(racks[r].workers) for r in job_racks)
-        _need(nworkers <= wire.MAX_WORKERS, f"{w}.racks",
-              f"{nworkers} workers: a job has at most {wire.MAX_WORKERS} in total for now (the "
-              "wire's rank field; docs/scale_out.md)")
         job = FabricJob(id=jid, racks=tuple(job_racks),
                         slot_base=_int(d, "slot_base", w, 0, 1 << 15),
                         nslots=_int(d, "nslots", w, 1, 1 << 15), shards=(),

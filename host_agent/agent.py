@@ -158,6 +158,10 @@ class _Call:
                  buffers: _Buffers, rtt: RttEstimator, check_blocks: bool = False,
                  dense: bool = False, layer: tuple[int, int] | None = None):
         self.job, self.rank, self.call_id, self.rounds = job, rank, call_id, rounds
+        # Ranks and bitmaps on the wire are the worker's own switch's: in a two-level job its
+        # rack's leaf knows ranks rack_first.. as 0..rack_size-1 (flat: the job's ranks).
+        self.rack_first, self.rack_size = job.rack_of(rank)
+        self.wire_rank = rank - self.rack_first
         self.outbox: list = []  # datagrams to send (the agent sends them in one batch)
         self.flat, self.integer = flat, integer
         self.B, self.k, W = job.block_size, job.nlanes, job.nslots
@@ -202,7 +206,7 @@ class _Call:
         for s, (buf, _) in enumerate(self.bufs):
             # The call's header template; _core.fill_round writes each round's own fields.
             _PACK_INTO(buf, 0, wire.VERSION, wire.MSG_CONTRIB, 0, 0, job.job, job.epoch, call_id,
-                       s + job.slot_base, rank, k, 0, n, B, 0, 0, 0, 0)
+                       s + job.slot_base, self.wire_rank, k, 0, n, B, 0, 0, 0, 0)
         self.next_end = wire.data_offset(k)  # the next positions' bytes end here in a datagram
         groups = job.slot_groups or (0,) * job.nslots
         timers = [Timer(group=groups[s]) for s in range(W)]
@@ -279,10 +283,10 @@ class _Call:
                 f"job {self.job.job} call {self.call_id}: workers disagree on the tensor length: "
                 f"rank {self.rank} has {len(self.flat)} elements, another rank {a[_A_LENGTH]}")
         partial = bool(flags & wire.FLAG_PARTIAL)
-        ours_in = bool(a[_A_BITMAP] >> self.rank & 1)
+        ours_in = bool(a[_A_BITMAP] >> self.wire_rank & 1)
         self.recovery.result(st.timer, st.round, time.monotonic(),
                              multicast=not flags & wire.FLAG_RESEND, partial=partial,
-                             held_for=(~a[_A_BITMAP] & ((1 << self.job.nworkers) - 1)
+                             held_for=(~a[_A_BITMAP] & ((1 << self.rack_size) - 1)
                                        if partial and ours_in else 0))
         if partial and not ours_in:  # ours never arrived
             stats.blocks_lost += (len(st.packet) - self.next_end) // (4 * self.B)
@@ -393,7 +397,7 @@ class _Call:
         if tm.held_for and not tm.statuses:
             # Bounded loss: the slot's previous round completed without these ranks, and the
             # switch holds this one until they are heard (docs/reliability.md): they stopped.
-            held = [r for r in range(job.nworkers) if tm.held_for >> r & 1]
+            held = self._job_ranks(tm.held_for)
             return SpinaTimeout(
                 head + f"ranks {held} are missing from this slot's previous round (completed "
                 "partial without them) and never sent this one; the switch holds it until "
@@ -410,8 +414,20 @@ class _Call:
                 f"running, or it does not admit job "
                 f"{job.job} epoch {job.epoch} (a switch restarted without a redeploy "
                 f"has lost its jobs: run the controller's deploy){overtaken}", [])
-        missing = [r for r in range(job.nworkers) if not tm.last_bitmap >> r & 1]
+        missing = self._job_ranks(~tm.last_bitmap)
+        if not missing and job.racks:
+            # The leaf's status: every rank of this rack is in, the spine waits for other
+            # racks; which ones, a leaf cannot say (the spine's bitmap names racks).
+            first, last = self.rack_first, self.rack_first + self.rack_size - 1
+            missing = [r for r in range(job.nworkers) if not first <= r <= last]
+            return SpinaTimeout(head + f"every rank of this rack ({first}..{last}) contributed; "
+                                f"the spines wait for other racks: some of ranks {missing} "
+                                "never contributed", missing)
         return SpinaTimeout(head + f"ranks {missing} never contributed", missing)
+
+    def _job_ranks(self, bitmap: int) -> list[int]:
+        """The job ranks named by a bitmap of this worker's switch's ranks."""
+        return [self.rack_first + r for r in range(self.rack_size) if bitmap >> r & 1]
 
 
 def _check_block_hint(flat: np.ndarray, blocks: np.ndarray, block_size: int) -> None:
@@ -439,8 +455,10 @@ class Agent:
 
     Args:
         job: the job's configuration (the controller hands it out).
-        rank: this worker's rank.
-        switch: (host, port) of the switch's UDP endpoint.
+        rank: this worker's rank in the job, 0..job.nworkers-1 (on the wire it goes by the
+            rank its own switch knows: job.switch_rank(rank), in a two-level job its rank
+            within its rack; errors name job ranks).
+        switch: (host, port) of the switch's UDP endpoint (a two-level job's: the rack's leaf).
         sock: an already bound UDP socket at job.workers[rank]'s address (else one is bound).
         timeout: seconds without progress after which a call fails naming the missing ranks.
         rto: smallest retransmission timeout in seconds (the timer behind the last rounds of

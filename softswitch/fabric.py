@@ -5,8 +5,9 @@ parts of aggregator.p4): the same packets in give the same packets out, register
 The level of each job is chosen per job, as the P4 tables do: `Roles.leaves` (P4 table
 job_level, action as_leaf), `Roles.spines` (as_spine), `Roles.upstream` (leaf_upstream).
 
-A leaf aggregates its rack's workers with the ordinary pipeline (admitted by global rank,
-complete at the rack's size) and, instead of multicasting a completed round, sends it up as
+A leaf aggregates its rack's workers with the ordinary pipeline (admitted by their rank
+within the rack, 0..size-1, the rank they send: spina.config.JobConfig.switch_rank; complete
+at the rack's size) and, instead of multicasting a completed round, sends it up as
 one contribution of its own (rank = the rack's index in the job) to the spine owning the slot.
 The spine's result comes back, is stored in the leaf's slot copy (`slot_count` = rack size + 1
 says so) and is replicated to the rack. A spine is the ordinary pipeline with the leaves as its
@@ -23,12 +24,13 @@ rack worker, when the leaf replicates it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import dataclasses
+from dataclasses import dataclass
 
 import numpy as np
 
 from softswitch.pipeline import MAX_PORTS, Pipeline
-from spina import spec, wire
+from spina import wire
 from spina.config import ConfigError, JobConfig
 
 TO_GROUP, TO_SENDER, TO_UPSTREAM = 1, 2, 3
@@ -54,43 +56,27 @@ def _set_u32(out, name: str, value: int) -> None:
 @dataclass(frozen=True)
 class LeafJob:
     """A job at a leaf, as the P4 action as_leaf takes it: the rack's index (its rank at the
-    spines), its worker count, the job's epoch, the rack's multicast group, and three rank
-    bitmaps: rank_starts (bit r: rank r begins a rack; racks are contiguous, rack by rack),
-    job_ranks (every rank of the job), remote_ranks (the other racks' ranks)."""
+    spines), its worker count (their ranks here: 0..nlocal-1), the job's epoch and the rack's
+    multicast group."""
     rack: int
     nlocal: int
     epoch: int
     mcast_grp: int
-    rank_starts: int
-    job_ranks: int
-    remote_ranks: int
-    # rack index -> its ranks, as aggregator.p4 derives them from rank_starts (any entries).
-    rack_masks: tuple[int, ...] = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self):
-        masks, rack = [0] * wire.MAX_WORKERS, 0
-        for r in range(wire.MAX_WORKERS):
-            if r and self.rank_starts >> r & 1:
-                rack += 1
-            masks[rack] |= 1 << r
-        object.__setattr__(self, "rack_masks", tuple(masks))
 
     @classmethod
-    def of(cls, cfg: JobConfig, rack_sizes: tuple[int, ...], rack: int,
-           mcast_grp: int = 0) -> "LeafJob":
-        """Rack `rack` of `cfg` (ranks rack by rack, `rack_sizes` workers each)."""
-        return cls(rack, rack_sizes[rack], cfg.epoch, mcast_grp,
-                   *spec.leaf_ranks(rack_sizes, rack))
+    def of(cls, cfg: JobConfig, rack: int, mcast_grp: int = 0) -> "LeafJob":
+        """Rack `rack` of `cfg` (cfg.racks: its rack sizes, ranks rack by rack)."""
+        return cls(rack, cfg.racks[rack], cfg.epoch, mcast_grp)
 
-    def ranks_of(self, rack_bitmap: int) -> int:
-        """A spine's rack bitmap as the job's ranks."""
-        m = self.rack_masks
-        out = 0
-        while rack_bitmap:
-            low = rack_bitmap & -rack_bitmap
-            out |= m[low.bit_length() - 1]
-            rack_bitmap ^= low
-        return out & self.job_ranks
+    def local_ranks(self, rack_bitmap: int, result: bool, stored_bitmap: int) -> int:
+        """A spine's rack bitmap as this rack's local ranks. With the rack's bit, a result
+        names the ranks its partial carried (`stored_bitmap`, the slot copy's: a flushed
+        rack's partial lacks some), a status every local rank (the rack is done: only other
+        racks can complete the round); without it (the spine flushed the round without this
+        rack's partial), none."""
+        if not rack_bitmap >> self.rack & 1:
+            return 0
+        return stored_bitmap if result else (1 << self.nlocal) - 1
 
 
 class Roles:
@@ -141,9 +127,7 @@ class Roles:
             return (n, TO_GROUP, adm.job, adm.mcast_grp) if multicast else (n, TO_SENDER, None, 0)
         t = _UNPACK(out)
         if t[_MSG_TYPE] == wire.MSG_STATUS:
-            # The rack's round is incomplete: only its own missing ranks can complete it.
-            _set_u32(out, "bitmap", t[_BITMAP] | lj.remote_ranks)
-            return n, TO_SENDER, None, 0
+            return n, TO_SENDER, None, 0  # the rack's round is incomplete: its local ranks
         idx = 2 * t[_SLOT] + (t[_ROUND] & 1)
         if not multicast and p.registers["slot_count"][idx] > lj.nlocal:
             return n, TO_SENDER, None, 0  # the spine's result is stored: answered here
@@ -154,8 +138,8 @@ class Roles:
         flags = t[_FLAGS] & (RESULT_FLAGS | wire.FLAG_LOSS_TOLERANT)
         if not multicast:  # a resend up: partial only if the worker asks for a flush
             asked = pkt[_FLAGS_AT] & wire.FLAG_PARTIAL
-            if not asked and not lj.rank_starts >> pkt[_AT["rank"]] & 1:
-                # Only the rack's designated worker (its first rank) makes the partial go up
+            if not asked and pkt[_AT["rank"]] != 0:
+                # Only the rack's designated worker (local rank 0) makes the partial go up
                 # again, or a flush request: H workers resending would cost the spine links
                 # H partials. Live: the spine's result is stored nowhere in the rack, so the
                 # designated worker waits for it too and resends. Dropped here; counted once
@@ -194,7 +178,8 @@ class Roles:
             c["job_duplicates" if count > lj.nlocal else "job_stale"][job] += 1
             return _NOTHING
         out[:size] = pkt
-        bitmap = lj.ranks_of(t[_BITMAP])
+        bitmap = lj.local_ranks(t[_BITMAP], t[_MSG_TYPE] == wire.MSG_RESULT,
+                                int(r["slot_bitmap"][idx]))
         _set_u32(out, "bitmap", bitmap)
         if t[_MSG_TYPE] == wire.MSG_STATUS:
             return size, TO_GROUP, job, lj.mcast_grp  # every worker of the rack waits for it
@@ -225,14 +210,15 @@ class Leaf(Roles):
     """The leaf role of a UDP-mode switch: jobs admitted with `add_job` take part (others:
     flat)."""
 
-    def add_job(self, cfg: JobConfig, rack_sizes: tuple[int, ...], rack: int,
-                sources: dict[int, tuple[int, object]],
+    def add_job(self, cfg: JobConfig, rack: int, sources: dict[int, tuple[int, object]],
                 upstream: tuple[tuple[int, int, tuple], ...]) -> None:
-        """Admit rack `rack` of `cfg` (ranks rack by rack, `rack_sizes` workers each; sources
-        of this rack's ranks); upstream: (slot_base, nslots, (port, address) of the spine)."""
-        lj = LeafJob.of(cfg, rack_sizes, rack)
-        own = lj.job_ranks & ~lj.remote_ranks
-        ranks = [r for r in range(cfg.nworkers) if own >> r & 1]
+        """Admit rack `rack` of `cfg` (cfg.racks: the rack sizes, ranks rack by rack; sources
+        of this rack's workers by local rank 0..size-1); upstream: (slot_base, nslots, (port,
+        address) of the spine)."""
+        if not 0 <= rack < len(cfg.racks):
+            raise ConfigError(f"job {cfg.job}: field 'racks': rack {rack} is not one of the "
+                              f"job's {len(cfg.racks)} racks")
+        lj = LeafJob.of(cfg, rack)
         owned = sorted(slot for base, n, _ in upstream for slot in range(base, base + n))
         if owned != list(range(cfg.slot_base, cfg.slot_base + cfg.nslots)):
             raise ConfigError(f"job {cfg.job}: field 'upstream': slots {owned} must be the "
@@ -240,7 +226,8 @@ class Leaf(Roles):
                               "owned by one spine")
         with self.pipeline.lock:
             self.remove_job(cfg.job)
-            self.pipeline.add_rack_job(cfg, ranks, sources)
+            # The leaf's share is a flat job of the rack's workers, by their local ranks.
+            self.pipeline.add_job(rack_job(cfg, rack), sources)
             self.leaves[cfg.job] = lj
             for base, n, spine in upstream:
                 for slot in range(base, base + n):
@@ -252,6 +239,15 @@ class Leaf(Roles):
             self.leaves.pop(job, None)
             for key in [k for k in self.upstream if k[0] == job]:
                 del self.upstream[key]
+
+
+def rack_job(cfg: JobConfig, rack: int) -> JobConfig:
+    """Rack `rack` of the two-level job `cfg` as its leaf admits it: a flat job of the rack's
+    workers, renumbered 0..size-1 (the ranks they send)."""
+    first = sum(cfg.racks[:rack])
+    local = cfg.workers[first:first + cfg.racks[rack]]
+    return dataclasses.replace(cfg, racks=(), workers=tuple(
+        dataclasses.replace(w, rank=w.rank - first) for w in local))
 
 
 class Spine(Roles):

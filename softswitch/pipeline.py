@@ -190,26 +190,6 @@ class Pipeline:
                  cfg.job, cfg.nworkers, cfg.slot_base, cfg.slot_base + cfg.nslots - 1,
                  cfg.nlanes, cfg.block_size)
 
-    def add_rack_job(self, cfg: JobConfig, ranks, sources: dict[int, tuple[int, object]],
-                     mcast_grp: int = 0) -> None:
-        """Leaf role (softswitch/fabric.py, docs/scale_out.md): admit only `ranks`, the global
-        ranks of one rack of `cfg`'s job (sources[rank] for those); a round completes when
-        they have all contributed."""
-        with self.lock:
-            # Admit the whole job (its checks and the slot clear), the other racks' ranks at a
-            # port no packet has (None); then keep the rack's entries with its worker count.
-            self._add_job(cfg, {r: sources.get(r, (None, None)) for r in range(cfg.nworkers)},
-                          mcast_grp)
-            rack = None
-            for key in [k for k, a in self.admission.items() if a.job == cfg.job]:
-                if key[3] in ranks:
-                    a = self.admission[key]
-                    rack = rack or Admission(a.job, a.epoch, a.slot_base, a.nslots, len(ranks),
-                                             a.block_size, a.nlanes, a.mcast_grp)
-                    self.admission[key] = rack
-                else:
-                    del self.admission[key]
-
     def remove_job(self, job: int) -> None:
         with self.lock:
             keys = [k for k, a in self.admission.items() if a.job == job]

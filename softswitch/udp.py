@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from softswitch.fabric import TO_GROUP, TO_SENDER, Leaf, Spine
+from softswitch.fabric import TO_GROUP, TO_SENDER, Leaf, Spine, rack_job
 from softswitch.pipeline import DEFAULT_POOL_SLOTS, DEFAULT_SLOT_CAPACITY, Pipeline
 from spina import wire
 from spina.config import ConfigError, JobConfig
@@ -121,17 +121,16 @@ class UdpSwitch:
             self.pipeline.add_job(cfg, sources)
             self._dest[cfg.job] = [(w.host, w.port) for w in cfg.workers]
 
-    def add_leaf_job(self, cfg: JobConfig, rack_sizes: tuple[int, ...], rack: int,
+    def add_leaf_job(self, cfg: JobConfig, rack: int,
                      upstream: tuple[tuple[int, int, tuple[str, int]], ...]) -> None:
-        """Leaf role (docs/scale_out.md): aggregate rack `rack` of `cfg` (ranks rack by rack,
-        `rack_sizes` workers each) and send each slot's partials to its spine: upstream lists
-        (slot_base, nslots, (spine host, UDP port)). The plan installs it (controller/plan.py)."""
+        """Leaf role (docs/scale_out.md): aggregate rack `rack` of `cfg` (cfg.racks: the rack
+        sizes, ranks rack by rack; the rack's workers send their local ranks) and send each
+        slot's partials to its spine: upstream lists (slot_base, nslots, (spine host, UDP
+        port)). The plan installs it (controller/plan.py)."""
         with self.pipeline.lock:
             leaf = self._role(Leaf)
-            first = sum(rack_sizes[:rack])
-            local = cfg.workers[first:first + rack_sizes[rack]]
-            leaf.add_job(cfg, rack_sizes, rack, {w.rank: (UDP_PORT_ID, (w.host, w.port))
-                                                  for w in local},
+            local = rack_job(cfg, rack).workers if 0 <= rack < len(cfg.racks) else ()
+            leaf.add_job(cfg, rack, {w.rank: (UDP_PORT_ID, (w.host, w.port)) for w in local},
                          tuple((b, n, (UDP_PORT_ID, tuple(a))) for b, n, a in upstream))
             self._dest[cfg.job] = [(w.host, w.port) for w in local]
 

@@ -15,6 +15,7 @@ class ConfigError(ValueError):
     """Bad configuration; the message names the offending field."""
 
 
+MAX_RACKS = 32  # a job's racks: the spine's bitmap has one bit per rack (leaf)
 L2_WORKER_FIELDS = ("mac", "switch_port")  # a worker's fields in an L2 switch config (softswitch.l2)
 
 # DLCP per-packet classification of a job's contributions (host_agent/dlcp.py, docs/dlcp.md).
@@ -62,6 +63,13 @@ class JobConfig:
     they were sent: the spine aggregating the slot when a two-level job's slots are sharded
     (docs/scale_out.md). The agent's fast retransmit compares rounds within a group only; ()
     (the default): one group, a single switch.
+    racks: a two-level job's rack sizes (docs/scale_out.md), ranks rack by rack: rank r's own
+    switch is its rack's leaf, which knows it by its rank within the rack (`switch_rank`)
+    among `switch_ranks` workers; the wire's rank field and 32-bit bitmaps count a switch's
+    workers, so a rack has at most MAX_WORKERS and a job at most MAX_RACKS racks (the spine's
+    bitmap), up to MAX_RACKS x MAX_WORKERS workers. () (the default): a flat job, one switch,
+    wire rank = job rank, at most MAX_WORKERS workers. The rack sizes are job-wide (the
+    same in every rank's file); each rank derives its switch rank from them.
     """
     job: int
     workers: tuple[WorkerAddr, ...]
@@ -76,10 +84,31 @@ class JobConfig:
     priority_policy: str = "fixed"
     loss_tolerant_policy: str = "none"
     slot_groups: tuple[int, ...] = ()
+    racks: tuple[int, ...] = ()
 
     @property
     def nworkers(self) -> int:
+        """The job's total worker count (quantization headroom, DLCP shares, world size)."""
         return len(self.workers)
+
+    def rack_of(self, rank: int) -> tuple[int, int]:
+        """(first rank, worker count) of the rack holding `rank`: the ranks its switch serves
+        (the whole job when flat)."""
+        first = 0
+        for size in self.racks:
+            if rank < first + size:
+                return first, size
+            first += size
+        return 0, self.nworkers
+
+    def switch_rank(self, rank: int) -> int:
+        """The rank `rank` goes by on the wire: at its own switch (the rack's leaf, or the one
+        flat switch)."""
+        return rank - self.rack_of(rank)[0]
+
+    def switch_ranks(self, rank: int) -> int:
+        """How many workers `rank`'s own switch aggregates (its rack's size; flat: all)."""
+        return self.rack_of(rank)[1]
 
     def validate(self, pool_slots: int | None = None, slot_capacity: int | None = None) -> "JobConfig":
         def need(cond, fieldname, msg):
@@ -87,8 +116,19 @@ class JobConfig:
                 raise ConfigError(f"job {self.job}: field '{fieldname}': {msg}")
         need(0 <= self.job < 1 << 16, "job", "must be in 0..65535")
         need(0 <= self.epoch < 1 << 16, "epoch", "must be in 0..65535")
-        need(1 <= self.nworkers <= wire.MAX_WORKERS, "workers",
-             f"need 1..{wire.MAX_WORKERS} workers, got {self.nworkers}")
+        if self.racks:
+            need(1 <= len(self.racks) <= MAX_RACKS, "racks",
+                 f"need 1..{MAX_RACKS} racks (the spine's rack bitmap), got {len(self.racks)}")
+            for i, size in enumerate(self.racks):
+                need(type(size) is int and 1 <= size <= wire.MAX_WORKERS, f"racks[{i}]",
+                     f"a rack has 1..{wire.MAX_WORKERS} workers (its leaf's rank bitmap), "
+                     f"got {size!r}")
+            need(sum(self.racks) == self.nworkers, "racks",
+                 f"rack sizes add up to {sum(self.racks)}, the job has {self.nworkers} workers")
+        else:
+            need(1 <= self.nworkers <= wire.MAX_WORKERS, "workers",
+                 f"need 1..{wire.MAX_WORKERS} workers (a flat job; more need 'racks'), "
+                 f"got {self.nworkers}")
         need([w.rank for w in self.workers] == list(range(self.nworkers)), "workers",
              "ranks must be 0..n-1 in order")
         seen = {}
@@ -135,7 +175,7 @@ class JobConfig:
         ints = {"job", "slot_base", "nslots", "block_size", "nlanes", "epoch", "priority"}
         floats = {"bounded_loss", "loss_deadline"}
         strs = {"priority_policy", "loss_tolerant_policy"}
-        known = ints | floats | strs | {"workers", "slot_groups"}
+        known = ints | floats | strs | {"workers", "slot_groups", "racks"}
         if not isinstance(d, dict):
             raise ConfigError(f"a job must be a mapping of fields, got {d!r}")
         for k in d:
@@ -158,6 +198,11 @@ class JobConfig:
                 raise ConfigError(f"field 'slot_groups': must be a list of integers, one per "
                                   f"slot, got {d['slot_groups']!r}")
             kw["slot_groups"] = tuple(d["slot_groups"])
+        if "racks" in d:
+            if not isinstance(d["racks"], list):
+                raise ConfigError(f"field 'racks': must be a list of rack sizes (ranks rack by "
+                                  f"rack), got {d['racks']!r}")
+            kw["racks"] = tuple(d["racks"])
         return cls(workers=workers, **kw).validate()
 
 
@@ -247,6 +292,7 @@ def job_to_dict(job: JobConfig) -> dict:
             "loss_deadline": job.loss_deadline, "priority_policy": job.priority_policy,
             "loss_tolerant_policy": job.loss_tolerant_policy,
             **({"slot_groups": list(job.slot_groups)} if job.slot_groups else {}),
+            **({"racks": list(job.racks)} if job.racks else {}),
             "workers": [{"host": w.host, "port": w.port} for w in job.workers]}
 
 
@@ -316,7 +362,10 @@ class Assignment:
          "job": {"job": 7, "epoch": 1, "slot_base": 0, "nslots": 16, "block_size": 256,
                  "nlanes": 56, "workers": [{"host": "127.0.0.1", "port": 50000}, ...], ...}}
 
-    `host_agent.assignment.connect(path)` makes that worker's agent from it.
+    `host_agent.assignment.connect(path)` makes that worker's agent from it. A two-level
+    job's file (its job has `racks`) also says, for the reader, the rank the worker's own
+    switch knows it by and that switch's worker count ("switch_rank", "switch_ranks": derived
+    from `rank` and the job's racks; a file that disagrees is rejected).
     """
     job: JobConfig
     rank: int
@@ -324,7 +373,10 @@ class Assignment:
     rendezvous: tuple[str, int] | None = None  # spina.rendezvous: each run's epoch
 
     def to_dict(self) -> dict:
-        return {"rank": self.rank, **JobFile(self.job, self.switch, self.rendezvous).to_dict()}
+        extra = ({"switch_rank": self.job.switch_rank(self.rank),
+                  "switch_ranks": self.job.switch_ranks(self.rank)} if self.job.racks else {})
+        return {"rank": self.rank, **extra,
+                **JobFile(self.job, self.switch, self.rendezvous).to_dict()}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Assignment":
@@ -332,10 +384,16 @@ class Assignment:
             raise ConfigError("assignment: field 'rank' is missing")
         d = dict(d)
         rank = d.pop("rank")
+        stated = {k: d.pop(k) for k in ("switch_rank", "switch_ranks") if k in d}
         jf = JobFile.from_dict(d)
         if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < jf.job.nworkers:
             raise ConfigError(f"assignment: field 'rank': {rank!r} outside "
                               f"0..{jf.job.nworkers - 1}")
+        derived = {"switch_rank": jf.job.switch_rank(rank), "switch_ranks": jf.job.switch_ranks(rank)}
+        for k, v in stated.items():
+            if v != derived[k] or isinstance(v, bool):
+                raise ConfigError(f"assignment: field '{k}': {v!r}, but rank {rank} of racks "
+                                  f"{list(jf.job.racks) or [jf.job.nworkers]} has {derived[k]}")
         return cls(jf.job, rank, jf.switch, jf.rendezvous)
 
     @classmethod

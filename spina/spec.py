@@ -173,8 +173,7 @@ ACTIONS = {a.name: a for a in (
     Action("drop"),
     Action("drop_replica"),
     # Two-level aggregation (p4src/v1model/fabric.p4, docs/scale_out.md).
-    Action("as_leaf", (("rack", 8), ("nlocal", 8), ("epoch", 16), ("mcast_grp", 16),
-                       ("rank_starts", 32), ("job_ranks", 32), ("remote_ranks", 32))),
+    Action("as_leaf", (("rack", 8), ("nlocal", 8), ("epoch", 16), ("mcast_grp", 16))),
     Action("as_spine"),
     Action("to_spine", (("port", 9), ("dst_mac", 48), ("dst_addr", 32))),
     Action("NoAction"),
@@ -228,21 +227,6 @@ def rid(job: int, rank: int) -> int:
 
 
 MAX_JOB_ID = (1 << 16) // wire.MAX_WORKERS - 2  # rid(MAX_JOB_ID, 31) fits egress_rid (16 bits)
-
-
-# ---------------------------------------------------------------- a leaf's rank bitmaps
-def leaf_ranks(rack_sizes, rack: int) -> tuple[int, int, int]:
-    """The rank bitmaps of action as_leaf for rack `rack` of a job whose ranks go rack by rack
-    (`rack_sizes` workers each): (rank_starts: bit r when rank r begins a rack, job_ranks:
-    every rank, remote_ranks: the other racks' ranks). The leaf turns a spine's rack bitmap
-    into ranks with them (p4src aggregator.p4, softswitch/fabric.py)."""
-    starts = first = 0
-    for size in rack_sizes:
-        starts |= 1 << first
-        first += size
-    job = (1 << first) - 1
-    own = ((1 << rack_sizes[rack]) - 1) << sum(rack_sizes[:rack])
-    return starts, job, job & ~own
 
 
 # ---------------------------------------------------------------- the Tofino 1 program (tofino/)

@@ -154,14 +154,14 @@ class P4Model:
         if held != nlocal:
             self.count("job_duplicates" if held > nlocal else "job_stale", job)
             return []
-        racks, ranks = h.bitmap, 0
-        for rank in range(wire.MAX_WORKERS):  # FOR_EACH_RANK(SPINA_RANK_OF_RACK)
-            if rank != 0 and fab["rank_starts"] >> rank & 1:
-                racks >>= 1
-            if racks & 1:
-                ranks |= 1 << rank
+        local_ranks = 0
+        if (h.bitmap >> fab["rack"]) & 1 == 1:
+            if h.msg_type == wire.MSG_RESULT:
+                local_ranks = r["slot_bitmap"][idx]
+            else:
+                local_ranks = ((1 << fab["nlocal"]) - 1) & 0xFFFFFFFF
         out = h.copy()
-        out.bitmap = ranks & fab["job_ranks"]
+        out.bitmap = local_ranks
         if h.msg_type == wire.MSG_RESULT:
             rflags = in_flags & FLAGS_RESULT
             for lane in range(self.NLANES):  # FOR_EACH_LANE(SPINA_STORE_LANE)
@@ -247,8 +247,6 @@ class P4Model:
             out.bitmap = old_bitmap
             out.present = out.nonfinite = 0
             out_next = lane_next
-            if fab["leaf"]:
-                out.bitmap = old_bitmap | fab["remote_ranks"]
         else:
             present, nonfinite, exponent = h.present, h.nonfinite, h.exponent & 0xFFFF
             length, sflags = h.length, h.flags & wire.FLAG_LAST
@@ -325,8 +323,7 @@ class P4Model:
         if fab["leaf"] and out.msg_type == wire.MSG_RESULT and (
                 multicast or count <= fab["nlocal"]):
             out.msg_type = wire.MSG_CONTRIB
-            goes_up = (multicast or ((fab["rank_starts"] >> h.rank) & 1) == 1
-                       or (in_flags & wire.FLAG_PARTIAL) != 0)
+            goes_up = multicast or h.rank == 0 or (in_flags & wire.FLAG_PARTIAL) != 0
             if not multicast:
                 out.flags = ((out.flags & ~(wire.FLAG_PARTIAL | wire.FLAG_RESEND) & 0xFF)
                              | wire.FLAG_RESEND | (in_flags & wire.FLAG_PARTIAL))

@@ -199,8 +199,9 @@ def leaf_scenario(draw):
             out.append((who, role_packet(draw, mt, draw(st.integers(0, len(sizes) - 1)),
                                          len(sizes) + 1)))
         else:
-            rank = draw(st.integers(first, first + sizes[rack]))  # first + size: not admitted
-            out.append((src(rank), role_packet(draw, wire.MSG_CONTRIB, rank, 0)))
+            # The rack's workers send local ranks 0..size-1 (size: not admitted).
+            rank = draw(st.integers(0, sizes[rack]))
+            out.append((src(first + rank), role_packet(draw, wire.MSG_CONTRIB, rank, 0)))
     return sizes, rack, out
 
 
@@ -212,20 +213,17 @@ def test_leaf_role_equals_p4_transliteration(sc):
     sizes, rack, packets = sc
     n = sum(sizes)
     job = JobConfig(job=JOB, workers=tuple(WorkerAddr(r, *src(r)) for r in range(n)),
-                    slot_base=0, nslots=2, block_size=BS, nlanes=K)
+                    slot_base=0, nslots=2, block_size=BS, nlanes=K, racks=sizes)
     first = sum(sizes[:rack])
-    ranks = range(first, first + sizes[rack])
+    local = range(sizes[rack])
     leaf = Leaf(Pipeline(pool_slots=SLOTS, slot_capacity=K * BS))
-    leaf.add_job(job, sizes, rack, {r: (PORT, src(r)) for r in ranks},
+    leaf.add_job(job, rack, {r: (PORT, src(first + r)) for r in local},
                  ((0, 2, (PORT, SPINE_SRC)),))
-    lj = leaf.leaves[JOB]
     model = P4Model(SLOTS, K, BS)
-    for r in ranks:
-        model.admission[(PORT, src(r), JOB, r)] = dict(
+    for r in local:
+        model.admission[(PORT, src(first + r), JOB, r)] = dict(
             epoch=1, slot_base=0, nslots=2, nworkers=sizes[rack], block_size=BS, nlanes=K)
-    model.job_level[JOB] = dict(leaf=True, rack=rack, nlocal=sizes[rack], epoch=1,
-                                rank_starts=lj.rank_starts, job_ranks=lj.job_ranks,
-                                remote_ranks=lj.remote_ranks)
+    model.job_level[JOB] = dict(leaf=True, rack=rack, nlocal=sizes[rack], epoch=1)
     for slot in (0, 1):
         model.leaf_upstream[(JOB, slot)] = (PORT, SPINE_SRC)
     out = bytearray(leaf.pipeline.max_packet_len)

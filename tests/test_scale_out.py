@@ -21,7 +21,7 @@ from softswitch.fabric import TO_GROUP, TO_SENDER, TO_UPSTREAM, Leaf, Spine
 from softswitch.pipeline import Pipeline
 from softswitch.udp import Faults, UdpSwitch
 from spina import wire
-from spina.config import ConfigError, JobConfig, WorkerAddr
+from spina.config import Assignment, ConfigError, JobConfig, WorkerAddr
 
 
 # ---------------------------------------------------------------- the plan
@@ -40,8 +40,11 @@ def test_plan_levels_ranks_and_shards():
     (s1,) = f.spine_jobs("spine1")
     assert (s0.slot_base, s0.nslots, s1.slot_base, s1.nslots) == (0, 2, 2, 2)
     assert [(w.rank, w.port) for w in s1.workers] == [(0, 47001), (1, 47002)]
+    assert cfg.racks == (4, 4) and cfg.nworkers == 8
+    assert [(cfg.switch_rank(r), cfg.switch_ranks(r)) for r in (0, 3, 4, 7)] == [
+        (0, 4), (3, 4), (0, 4), (3, 4)]  # the rank each worker sends to its leaf
     (lj,) = f.leaf_jobs("leaf1")
-    assert (lj.rack_sizes, lj.rack) == ((4, 4), 1)
+    assert (lj.job.racks, lj.rack) == ((4, 4), 1)
     assert lj.upstream == ((0, 2, ("127.0.0.1", 47003)), (2, 2, ("127.0.0.1", 47004)))
     assert f.leaf_jobs("spine0") == [] and f.spine_jobs("leaf0") == []
 
@@ -104,10 +107,23 @@ def test_wrong_plan_names_the_field(edit, field, words):
     assert str(e.value).startswith(f"{field}: ") and words in str(e.value), str(e.value)
 
 
-def test_plan_more_than_32_workers_in_a_job_is_refused_for_now():
-    """3 racks of 11 workers: each rack is fine, the job's 33 ranks do not fit the wire yet."""
-    with pytest.raises(ConfigError, match=r"^fabric.jobs\[0\].racks: 33 workers"):
-        plan.parse(fabric_doc(racks=3, per_rack=11, spines=1))
+def test_plan_of_more_than_32_workers_in_a_job():
+    """32 racks of 32 workers: the job's 1024 ranks go rack by rack, each rank's assignment
+    names the rank its leaf knows (0..31) and the rack size; 33 racks or a rack of 33
+    workers are refused naming the field (the wire's 32-bit bitmaps at each switch)."""
+    f = plan.parse(fabric_doc(racks=32, per_rack=32, spines=1))
+    cfg = f.job_config(f.jobs[7])
+    assert cfg.nworkers == 1024 and cfg.racks == (32,) * 32
+    assert [cfg.switch_rank(r) for r in (0, 31, 32, 1000, 1023)] == [0, 31, 0, 8, 31]
+    (lj,) = f.leaf_jobs("leaf31")
+    assert lj.rack == 31
+    a = Assignment(cfg, 1000, f.agent_switch("w1000")).to_dict()
+    assert (a["rank"], a["switch_rank"], a["switch_ranks"]) == (1000, 8, 32)
+    assert Assignment.from_dict(a).job == cfg
+    with pytest.raises(ConfigError, match=r"^fabric.jobs\[0\].racks: must list 1..32 racks"):
+        plan.parse(fabric_doc(racks=33, per_rack=1, spines=1))
+    with pytest.raises(ConfigError, match=r"^fabric.racks\[0\].workers: must list 1..32 workers"):
+        plan.parse(fabric_doc(racks=2, per_rack=33, spines=1))
 
 
 def test_plan_load_names_the_file(tmp_path):
@@ -127,16 +143,16 @@ WORKER = [(0, ("10.0.0.1", 5000 + r)) for r in range(4)]  # (ingress port, sourc
 LEAF = [(0, ("10.0.1.1", 47000 + i)) for i in range(2)]    # as the spine sees the leaves
 SPINE = (0, ("10.0.2.1", 47000))                           # as the leaves see the spine
 JOB = JobConfig(job=1, workers=tuple(WorkerAddr(r, *WORKER[r][1]) for r in range(4)),
-                slot_base=0, nslots=2, nlanes=K, block_size=BS, epoch=3)
+                slot_base=0, nslots=2, nlanes=K, block_size=BS, epoch=3, racks=(2, 2))
 SPINE_JOB = JobConfig(job=1, workers=tuple(WorkerAddr(i, *LEAF[i][1]) for i in range(2)),
                       slot_base=0, nslots=2, nlanes=K, block_size=BS, epoch=3)
 
 
 def leaf(rack: int) -> Leaf:
-    """Leaf `rack` of JOB (ranks 2*rack, 2*rack+1), all slots owned by SPINE."""
+    """Leaf `rack` of JOB (job ranks 2*rack, 2*rack+1: local ranks 0, 1), all slots owned by
+    SPINE."""
     lf = Leaf(Pipeline(pool_slots=4, slot_capacity=K * BS))
-    lf.add_job(JOB, (2, 2), rack, {r: WORKER[r] for r in (2 * rack, 2 * rack + 1)},
-               ((0, 2, SPINE),))
+    lf.add_job(JOB, rack, {r: WORKER[2 * rack + r] for r in (0, 1)}, ((0, 2, SPINE),))
     return lf
 
 
@@ -168,12 +184,13 @@ def run(role, pkt, src):
 
 
 # Rack 0: rank 0 sends lane 0 (= 1), rank 1 lanes 0 and 1 (= 2, 3). Rack 1: rank 2 nothing,
-# rank 3 lane 1 (= 10). Next positions and exponents differ per rank.
+# rank 3 lane 1 (= 10). Next positions and exponents differ per rank. Each worker sends its
+# rank within the rack (0, 1 in each).
 RACK0 = [contrib(0, {0: 1}, [7, 20], 2), contrib(1, {0: 2, 1: 3}, [9, 11], 5, flags=wire.FLAG_LAST)]
-RACK1 = [contrib(2, {}, [8, wire.END], -32768), contrib(3, {1: 10}, [30, 12], 4)]
+RACK1 = [contrib(0, {}, [8, wire.END], -32768), contrib(1, {1: 10}, [30, 12], 4)]
 PARTIAL0 = wire.pack(header(rank=0, exponent=5, bitmap=0b0011, present=0b11),
                      [7, 11], np.array([[3] * BS, [3] * BS], np.int32))
-PARTIAL1 = wire.pack(header(rank=1, exponent=4, bitmap=0b1100, present=0b10),
+PARTIAL1 = wire.pack(header(rank=1, exponent=4, bitmap=0b11, present=0b10),
                      [8, 12], np.array([[10] * BS], np.int32))
 RESULT = wire.pack(header(msg_type=wire.MSG_RESULT, rank=1, exponent=5, bitmap=0b11,
                           present=0b11), [7, 11], np.array([[3] * BS, [13] * BS], np.int32))
@@ -218,9 +235,9 @@ def patched(pkt: bytes, **fields) -> bytes:
 
 
 def relayed(flags=0, rank=1) -> bytes:
-    """RESULT as a leaf hands it to its rack: the spine's rack bitmap as ranks (`rank`: the
-    sender of the packet answered, as in any result)."""
-    return patched(RESULT, bitmap=0b1111, flags=flags, rank=rank)
+    """RESULT as a leaf hands it to its rack: the spine's rack bitmap as the rack's local
+    ranks in its partial (`rank`: the sender of the packet answered, as in any result)."""
+    return patched(RESULT, bitmap=0b11, flags=flags, rank=rank)
 
 
 def test_leaf_stores_the_spine_result_and_answers_resends_itself():
@@ -229,7 +246,7 @@ def test_leaf_stores_the_spine_result_and_answers_resends_itself():
     (l0, _), _ = completed_leaves()
     assert run(l0, RESULT, SPINE) == (relayed(), TO_GROUP, 1)
     r, idx = l0.pipeline.registers, 3
-    assert (r["slot_count"][idx], r["slot_bitmap"][idx], r["slot_present"][idx]) == (3, 0b1111, 3)
+    assert (r["slot_count"][idx], r["slot_bitmap"][idx], r["slot_present"][idx]) == (3, 0b11, 3)
     assert (r["slot_values"][idx] == [3] * BS + [13] * BS).all()
     assert list(r["slot_next"][idx][:K]) == [7, 11]
     resend = patched(RACK0[0], flags=wire.FLAG_RESEND)
@@ -240,9 +257,9 @@ def test_leaf_stores_the_spine_result_and_answers_resends_itself():
 
 
 def test_resend_before_the_spine_result_resends_the_partial():
-    """The designated worker's (the rack's first rank's) resend while its rack is complete but
-    the spine's result missing makes the leaf resend its partial; the spine's status comes
-    back to the rack as ranks, its stored result (to a later resend) is stored and multicast
+    """The designated worker's (the rack's local rank 0's) resend while its rack is complete
+    but the spine's result missing makes the leaf resend its partial; the spine's status comes
+    back to the rack as every local rank (only other racks can complete it), its stored result (to a later resend) is stored and multicast
     as a completion."""
     (l0, l1), ups = completed_leaves()
     sp = spine()
@@ -254,7 +271,7 @@ def test_resend_before_the_spine_result_resends_the_partial():
     status, to, _ = run(sp, up_again, LEAF[0])
     assert to == TO_SENDER and wire.unpack_header(status).bitmap == 0b01
     out, to, key = run(l0, status, SPINE)
-    assert (to, key, wire.unpack_header(out).bitmap) == (TO_GROUP, 1, 0b0011)
+    assert (to, key, wire.unpack_header(out).bitmap) == (TO_GROUP, 1, 0b11)
     assert out[wire.HEADER_LEN:] == status[wire.HEADER_LEN:]
     assert run(sp, ups[1][0], LEAF[1])[1] == TO_GROUP  # rack 1 completes the spine's round
     answer, to, _ = run(sp, up_again, LEAF[0])
@@ -263,9 +280,10 @@ def test_resend_before_the_spine_result_resends_the_partial():
 
 
 def test_only_the_designated_worker_makes_the_partial_go_up_again():
-    """Rack 1's second rank resends a round whose spine result is missing: nothing leaves (its
-    designated worker, rank 2, waits for the same result and resends), counted once as a
-    duplicate; its flush request does go up; rank 2's resend goes up. None counts a result."""
+    """Rack 1's second rank (local 1) resends a round whose spine result is missing: nothing
+    leaves (its designated worker, local rank 0, waits for the same result and resends),
+    counted once as a duplicate; its flush request does go up; local rank 0's resend goes up.
+    None counts a result."""
     (_, l1), _ = completed_leaves()
     counters = l1.pipeline.job_counters
     assert counters(1)["job_duplicates"] == 0
@@ -284,13 +302,30 @@ def test_only_the_designated_worker_makes_the_partial_go_up_again():
 
 
 def test_leaf_status_names_only_its_racks_missing_ranks():
-    """A resend to a round the rack has not completed: a status whose bitmap sets the other
-    racks' ranks, so the agent blames only its own rack's missing workers."""
+    """A resend to a round the rack has not completed: a status naming the rack's local ranks
+    heard (local rank 0 of 0..1), so the agent blames only its own rack's missing workers."""
     l0 = leaf(0)
     run(l0, RACK0[0], WORKER[0])
     out, to, _ = run(l0, patched(RACK0[0], flags=wire.FLAG_RESEND), WORKER[0])
     h = wire.unpack_header(out)
-    assert (to, h.msg_type, h.bitmap) == (TO_SENDER, wire.MSG_STATUS, 0b1101)
+    assert (to, h.msg_type, h.bitmap) == (TO_SENDER, wire.MSG_STATUS, 0b01)
+
+
+def test_spine_results_bitmap_as_local_ranks():
+    """The spine's rack bitmap at the leaf: with the rack's bit, the local ranks its partial
+    carried (a rack flushed without local rank 1: 0b01); without it (the spine flushed the
+    round without this rack), none: the agents count their blocks as lost."""
+    l0 = leaf(0)
+    run(l0, RACK0[0], WORKER[0])
+    flush = wire.FLAG_RESEND | wire.FLAG_PARTIAL
+    up, to, _ = run(l0, patched(RACK0[0], flags=flush), WORKER[0])
+    assert to == TO_UPSTREAM and wire.unpack_header(up).bitmap == 0b01
+    down, to, _ = run(l0, patched(RESULT, flags=wire.FLAG_PARTIAL), SPINE)
+    assert to == TO_GROUP and wire.unpack_header(down).bitmap == 0b01
+    (_, l1), _ = completed_leaves()
+    down, to, _ = run(l1, patched(RESULT, bitmap=0b01, flags=wire.FLAG_PARTIAL), SPINE)
+    assert to == TO_GROUP and wire.unpack_header(down).bitmap == 0
+    assert l1.pipeline.registers["slot_bitmap"][3] == 0
 
 
 def test_leaf_checks_what_comes_from_the_spine():
@@ -385,6 +420,64 @@ def test_sixteen_workers_in_four_racks():
                 assert np.array_equal(r, want)
 
 
+LOSSY = lambda i: Faults(drop_in=0.01, drop_out=0.01, duplicate=0.01,  # noqa: E731
+                         reorder=0.01, seed=70 + i)
+
+
+@pytest.mark.parametrize("racks,per_rack,spines", [
+    (2, 20, 1),          # 40 workers: more than one switch's 32
+    (3, [3, 32, 6], 1),  # 41 workers in unequal racks, one of them full (32)
+])
+def test_more_than_32_workers_with_loss_on_every_switch(racks, per_rack, spines):
+    """A job of more than 32 workers (each sends its rank within its rack; the job's total N
+    in the quantization), 1% of datagrams lost into and out of every switch, 1% duplicated,
+    1% reordered: int32 sums exact on every rank and float32 results bit-identical on every
+    rank, within the quantization's bound of the float64 sum, at 1% and 100% density."""
+    n = racks * per_rack if isinstance(per_rack, int) else sum(per_rack)
+    with FabricCluster(racks=racks, per_rack=per_rack, spines=spines, faults=LOSSY,
+                       nlanes=4) as f:
+        assert f.job.nworkers == n > 32
+        for density in (0.01, 1.0):
+            ints = tensors(density, 30, n=1 << 16, nranks=n, integer=True)
+            want = np.sum(ints, axis=0, dtype=np.int32)
+            for r in f.allreduce(ints):
+                assert np.array_equal(r, want)
+            floats = tensors(density, 31, n=1 << 16, nranks=n)
+            got = f.allreduce(floats)
+            for r in got:
+                assert r.tobytes() == got[0].tobytes()
+            exact = np.sum(floats, axis=0, dtype=np.float64)
+            # S = 30 - ceil(log2 N) - E: each of N values is off by at most 2**(E-30+6)/2.
+            bound = n * 2.0 ** (np.ceil(np.log2(np.abs(np.concatenate(floats)).max())) - 25)
+            assert np.abs(got[0] - exact).max() <= bound + 1e-6 * np.abs(exact).max()
+        lost = [s.faults.dropped_in + s.faults.dropped_out for s in f.switches]
+        assert min(lost) > 0, f"a switch lost nothing ({lost}): the test proved less"
+        st = plan.status(f.plan, {f"leaf{i}": s for i, s in enumerate(f.leaves)}
+                         | {f"spine{j}": s for j, s in enumerate(f.spines)})
+        assert sorted(st["leaf"]) == [f"leaf{i}" for i in range(racks)]
+
+
+def test_a_silent_worker_is_named_by_its_job_rank():
+    """40 workers in 2 racks of 20; job rank 25 (rank 5 within rack 1) never calls. Its rack's
+    agents time out naming rank 25 (their leaf's status names local ranks); rack 0's agents,
+    whose leaf's status says the whole rack is in, name the other rack's ranks as "some of"."""
+    with FabricCluster(racks=2, per_rack=20, timeout=2.0) as f:
+        ints = tensors(1.0, 32, n=1 << 12, nranks=40, integer=True)
+        futs = {r: f.pool.submit(f.agents[r].allreduce, ints[r]) for r in range(40) if r != 25}
+        errors = {}
+        for r, fut in futs.items():
+            with pytest.raises(SpinaTimeout) as e:
+                fut.result()
+            errors[r] = e.value
+    for r in range(20, 40):
+        if r != 25:
+            assert errors[r].missing == [25] and "ranks [25] never contributed" in str(
+                errors[r]), str(errors[r])
+    for r in range(20):
+        assert errors[r].missing == list(range(20, 40)), str(errors[r])
+        assert "every rank of this rack (0..19) contributed" in str(errors[r])
+
+
 def test_slots_sharded_over_two_spines():
     """The job's slots split over two spines: each aggregates its own slots only, results
     exact."""
@@ -468,7 +561,7 @@ def test_a_leaf_needs_a_spine_for_every_slot():
     lf = Leaf(Pipeline(pool_slots=4, slot_capacity=K * BS))
     for upstream in (((0, 1, SPINE),), ((0, 2, SPINE), (1, 1, SPINE))):
         with pytest.raises(ConfigError, match="field 'upstream'"):
-            lf.add_job(JOB, (2, 2), 0, {0: WORKER[0], 1: WORKER[1]}, upstream)
+            lf.add_job(JOB, 0, {0: WORKER[0], 1: WORKER[1]}, upstream)
     assert lf.pipeline.admission == {} and lf.leaves == {}
 
 
@@ -503,7 +596,7 @@ def test_install_refuses_a_switch_at_two_levels():
     try:
         sw.add_spine_job(SPINE_JOB)
         with pytest.raises(ConfigError, match="is a spine, not a leaf"):
-            sw.add_leaf_job(JOB, (2, 2), 0, ((0, 2, ("127.0.0.1", 1)),))
+            sw.add_leaf_job(JOB, 0, ((0, 2, ("127.0.0.1", 1)),))
         with pytest.raises(ConfigError, match=r"^switches.s9: not a leaf or spine"):
             plan.install(plan.parse(fabric_doc()), {"s9": sw})
     finally:
@@ -564,18 +657,21 @@ def l2_doc(epoch: int = 1) -> dict:
 
 
 def test_p4_rows_of_a_leaf_and_a_spine():
-    """The plan as P4 rows: the leaf's job_level as_leaf with the rack's rank bitmaps and one
-    leaf_upstream row per slot; the spine admits the leaves by their address and link port."""
+    """The plan as P4 rows: the leaf admits its rack's workers by local rank (0, 1; their
+    replication ids too), job_level as_leaf and one leaf_upstream row per slot; the spine
+    admits the leaves by their address and link port."""
     f = plan.parse(l2_doc())
     rows = plan.p4_rows(f, "leaf1")
     (level,) = [r for r in rows.entries if r[0] == "job_level"]
     assert level == ("job_level", {"job": 7}, "as_leaf",
-                     {"rack": 1, "nlocal": 2, "epoch": 1, "mcast_grp": 8,
-                      "rank_starts": 0b0101, "job_ranks": 0b1111, "remote_ranks": 0b0011})
+                     {"rack": 1, "nlocal": 2, "epoch": 1, "mcast_grp": 8})
+    adm = [(r[1]["src_addr"], r[1]["rank"], r[3]["nworkers"]) for r in rows.entries
+           if r[0] == "admission"]
+    assert adm == [("10.0.0.3", 0, 2), ("10.0.0.4", 1, 2)]
     ups = [r[1:] for r in rows.entries if r[0] == "leaf_upstream"]
     assert ups == [({"job": 7, "slot": s}, "to_spine", {"port": 9, "dst_mac": "02:00:00:00:03:00",
                                                         "dst_addr": "10.0.2.1"}) for s in (0, 1)]
-    assert rows.groups == {8: [(1, 7 * 32 + 3), (2, 7 * 32 + 4)]}
+    assert rows.groups == {8: [(1, 7 * 32 + 1), (2, 7 * 32 + 2)]}
     spine = plan.p4_rows(f, "spine0")
     adm = [(r[1]["ingress_port"], r[1]["src_addr"], r[1]["src_port"], r[1]["rank"],
             r[3]["nworkers"]) for r in spine.entries if r[0] == "admission"]
@@ -643,7 +739,7 @@ def test_plan_installed_on_l2_switches_aggregates_in_two_levels():
     """The controller's apply programs two leaves and a spine (L2-mode software switches, through the
     controller's P4Runtime client); four workers' contributions come back to every worker as
     one result each, equal to one flat switch's (but for the header's rank: the last sender's
-    at the spine), with 2 partials up and 2 results down on the spine's links. Installing
+    at the spine, and the bitmap: the rack's local ranks), with 2 partials up and 2 results down on the spine's links. Installing
     again writes nothing; a new epoch clears the job's slots on every switch."""
     from spina.config import WorkerAddr as W
     fab = L2Fabric(l2_doc())
@@ -654,7 +750,7 @@ def test_plan_installed_on_l2_switches_aggregates_in_two_levels():
     for r in range(4):
         present = int(rng.integers(0, 16))
         n = bin(present).count("1")
-        h = header(rank=r, slot=1, round=5, epoch=1, job=7, nlanes=4, block_size=32,
+        h = header(rank=r % 2, slot=1, round=5, epoch=1, job=7, nlanes=4, block_size=32,
                    present=present, exponent=int(rng.integers(-5, 5)), flags=wire.FLAG_LAST)
         data = rng.integers(-2**31, 2**31, (n, 32), dtype=np.int64).astype(np.int32)
         payloads.append(wire.pack(h, rng.integers(0, 50, 4).astype(np.uint32),
@@ -669,8 +765,8 @@ def test_plan_installed_on_l2_switches_aggregates_in_two_levels():
                                 nlanes=4, block_size=32, epoch=1),
                       {r: (0, (f"10.0.0.{r + 1}", 50000 + r)) for r in range(4)})
     for r, pl in enumerate(payloads):
-        emits = flat_pipe.process(pl, 0, (f"10.0.0.{r + 1}", 50000 + r))
-    want = patched(emits[0].data, rank=1)
+        emits = flat_pipe.process(patched(pl, rank=r), 0, (f"10.0.0.{r + 1}", 50000 + r))
+    want = patched(emits[0].data, rank=1, bitmap=0b11)
     assert sorted(got) == [0, 1, 2, 3]
     for w, frames in got.items():
         assert len(frames) == 1

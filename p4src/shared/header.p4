@@ -99,12 +99,10 @@ struct fabric_t {
     bool        leaf;          // as_leaf: this switch aggregates one rack of the job
     bool        spine;         // as_spine: its "workers" are the job's leaves
     bit<8>      rack;          // the rack's index in the job: its rank at the spines
-    bit<8>      nlocal;        // the rack's workers (= its admission entries' nworkers)
+    bit<8>      nlocal;        // the rack's workers (= its admission entries' nworkers),
+                               // ranks 0..nlocal-1 on the wire here (rack-local ranks)
     bit<16>     epoch;         // the job's epoch (a spine's packets meet no admission entry)
     bit<16>     mcast_grp;     // the rack's workers
-    bit<32>     rank_starts;   // bit r: rank r is the first rank of a rack (racks are contiguous)
-    bit<32>     job_ranks;     // every rank of the job
-    bit<32>     remote_ranks;  // the ranks of the other racks
     bool        up;            // leaf_upstream hit: the slot's spine is known
     port_t      up_port;
     mac_addr_t  up_mac;

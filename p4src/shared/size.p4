@@ -54,16 +54,6 @@
 #error "BLOCK_SIZE must be 32 or 64 (extend FOR_EACH_ELEM)"
 #endif
 
-// FOR_EACH_RANK(M) expands M(0) ... M(MAX_WORKERS - 1): the leaf's rack-to-rank translation.
-#if MAX_WORKERS == 32
-#define SPINA_REP10R(M, p) M(p##0) M(p##1) M(p##2) M(p##3) M(p##4) M(p##5) M(p##6) M(p##7) \
-                           M(p##8) M(p##9)
-#define FOR_EACH_RANK(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7) M(8) M(9) \
-                         SPINA_REP10R(M, 1) SPINA_REP10R(M, 2) M(30) M(31)
-#else
-#error "MAX_WORKERS must be 32 (extend FOR_EACH_RANK)"
-#endif
-
 #if NLANES == 4
 #define FOR_EACH_LANE(M) M(0) M(1) M(2) M(3)
 // Lane and its successor, for parser states that chain lane to lane.

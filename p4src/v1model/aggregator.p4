@@ -33,18 +33,21 @@
  *   duplicate flagged PARTIAL, incomplete flush: complete now, flag PARTIAL, multicast
  *   duplicate, round incomplete           STATUS with the stored bitmap, unicast back
  *
- * Two-level aggregation (meta.fab, v1model/fabric.p4; softswitch/fabric.py):
+ * Two-level aggregation (meta.fab, v1model/fabric.p4; softswitch/fabric.py). A leaf's
+ * workers send their rank within the rack (0..nlocal-1), a leaf's partial the rack's index:
+ * each switch's ranks and bitmaps count its own workers only.
  *   spine   a partial's MISMATCH and PARTIAL flags are ORed into the round it is added to
  *   leaf    a round completed (or flushed) here goes up to the slot's spine instead of to
  *           the rack: the result with msg_type CONTRIB, rank = the rack's index; a resend
  *           to a complete round whose spine result is missing sends the partial up again
  *           (RESEND, PARTIAL if the worker asked for a flush) when it comes from the rack's
- *           first rank or asks for a flush, others' are dropped; a STATUS also sets the
- *           other racks' ranks (only the rack's own missing ranks can complete it)
+ *           rank 0 or asks for a flush, others' are dropped
  *   leaf, the spine's answer (from_spine): checked against the copy (epoch, round, count
  *           = nlocal: the partial went up, no result stored yet), its rack bitmap turned
- *           into ranks; a RESULT is stored in the copy (written, not added; slot_count
- *           becomes nlocal + 1) and replicated to the rack, a STATUS only replicated
+ *           into local ranks (this rack's bit: a RESULT names the ranks in the partial,
+ *           slot_bitmap; a STATUS every local rank; no bit: none); a RESULT is stored in
+ *           the copy (written, not added; slot_count becomes nlocal + 1) and replicated to
+ *           the rack, a STATUS only replicated
  */
 #ifndef SPINA_AGGREGATOR_P4
 #define SPINA_AGGREGATOR_P4
@@ -142,11 +145,6 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
         }                                                               \
     }
 
-    // Rack bitmap -> rank bitmap: rank R takes its rack's bit; `racks` moves on by one rack
-    // at each rack's first rank (constant shifts only, no loop).
-#define SPINA_RANK_OF_RACK(R)                                           \
-    if (R != 0 && meta.fab.rank_starts[R:R] == 1) { racks = racks >> 1; } \
-    if (racks[0:0] == 1) { ranks = ranks | ((bit<32>)1 << R); }
 #define SPINA_COUNT_BLOCK(L) if (hdr.block[L].isValid()) { nblocks = nblocks + 1; }
 
     apply {
@@ -178,10 +176,20 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
                 mark_to_drop(std);
                 return;
             }
-            bit<32> racks = hdr.ina.bitmap;
-            bit<32> ranks = 0;
-            FOR_EACH_RANK(SPINA_RANK_OF_RACK)
-            hdr.ina.bitmap = ranks & meta.fab.job_ranks;
+            // The spine's bitmap names racks, the rack's workers know local ranks. With this
+            // rack's bit, a RESULT names the local ranks its partial carried (a flushed rack's
+            // partial lacks some), a STATUS every local rank (the rack is done: only other
+            // racks can complete the round); without it (the spine flushed the round without
+            // this rack's partial), none.
+            bit<32> local_ranks = 0;
+            if ((hdr.ina.bitmap >> meta.fab.rack)[0:0] == 1) {
+                if (hdr.ina.msg_type == MSG_RESULT) {
+                    slot_bitmap.read(local_ranks, idx);
+                } else {
+                    local_ranks = (bit<32>)(((bit<64>)1 << meta.fab.nlocal) - 1);
+                }
+            }
+            hdr.ina.bitmap = local_ranks;
             if (hdr.ina.msg_type == MSG_RESULT) {
                 bit<8> rflags = in_flags & FLAGS_RESULT;
                 FOR_EACH_LANE(SPINA_STORE_LANE)
@@ -286,9 +294,6 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
             hdr.ina.present = 0;
             hdr.ina.nonfinite = 0;
             FOR_EACH_LANE(SPINA_DROP_BLOCK)
-            if (meta.fab.leaf) {
-                hdr.ina.bitmap = old_bitmap | meta.fab.remote_ranks;
-            }
         } else {
             // The scalar state of the round.
             bit<64> present = hdr.ina.present;
@@ -365,14 +370,13 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
             // A leaf: the rack's round completed (or was flushed) here, or a worker resent a
             // round whose spine result is missing: the rack's partial goes up to the spine.
             hdr.ina.msg_type = MSG_CONTRIB;
-            // A resend goes up only from the rack's designated worker (its first rank, a
-            // bit of rank_starts) or as a flush request (PARTIAL): H workers resending would
+            // A resend goes up only from the rack's designated worker (local rank 0) or as
+            // a flush request (PARTIAL): H workers resending would
             // cost the spine links H partials. Live: the spine's result is stored nowhere in
             // the rack, so the designated worker waits for it too and resends. The others'
             // resends are dropped, counted once in job_duplicates above, as every resend
             // that adds nothing is (a second count would count one packet twice).
-            bool goes_up = multicast || (meta.fab.rank_starts >> hdr.ina.rank)[0:0] == 1
-                           || (in_flags & FLAG_PARTIAL) != 0;
+            bool goes_up = multicast || hdr.ina.rank == 0 || (in_flags & FLAG_PARTIAL) != 0;
             if (!multicast) {  // a resend up: PARTIAL only if the worker asks for a flush
                 hdr.ina.flags = (hdr.ina.flags & ~(FLAG_PARTIAL | FLAG_RESEND)) | FLAG_RESEND
                                 | (in_flags & FLAG_PARTIAL);

@@ -2,7 +2,8 @@
  * softswitch/fabric.py is the software twin, packet by packet).
  *
  * job_level (job): no entry, the job is flat here (one switch aggregates all its workers);
- *   as_leaf: this switch aggregates one rack of the job and sends each completed round up to
+ *   as_leaf: this switch aggregates one rack of the job (its workers send their rank within
+ *   the rack, 0..nlocal-1, so a job has up to 32 racks x 32 workers) and sends each completed round up to
  *   the spine owning the slot, as one contribution of its own (rank = the rack's index), then
  *   stores the spine's result and replicates it to the rack; as_spine: the job's "workers" are
  *   its leaves (admission entries with rank = rack index), and a partial's MISMATCH and PARTIAL
@@ -19,16 +20,12 @@
 
 control FabricRoles(in headers_t hdr, inout metadata_t meta) {
     @name(".as_leaf")
-    action as_leaf(bit<8> rack, bit<8> nlocal, bit<16> epoch, bit<16> mcast_grp,
-                   bit<32> rank_starts, bit<32> job_ranks, bit<32> remote_ranks) {
+    action as_leaf(bit<8> rack, bit<8> nlocal, bit<16> epoch, bit<16> mcast_grp) {
         meta.fab.leaf = true;
         meta.fab.rack = rack;
         meta.fab.nlocal = nlocal;
         meta.fab.epoch = epoch;
         meta.fab.mcast_grp = mcast_grp;
-        meta.fab.rank_starts = rank_starts;
-        meta.fab.job_ranks = job_ranks;
-        meta.fab.remote_ranks = remote_ranks;
     }
 
     @name(".as_spine")
@@ -80,9 +77,6 @@ control FabricRoles(in headers_t hdr, inout metadata_t meta) {
         meta.fab.nlocal = 0;
         meta.fab.epoch = 0;
         meta.fab.mcast_grp = 0;
-        meta.fab.rank_starts = 0;
-        meta.fab.job_ranks = 0;
-        meta.fab.remote_ranks = 0;
         meta.fab.up = false;
         meta.fab.up_port = 0;
         meta.fab.up_mac = 0;
