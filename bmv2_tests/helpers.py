@@ -69,14 +69,16 @@ def ina(**fields):
 
 
 def contrib(rank: int, slot: int = 0, round: int = 1, **fields) -> bytes:
-    """Worker `rank`'s contribution frame as it arrives at the switch."""
+    """Worker `rank`'s contribution frame as it arrives at the switch (`wire_rank`: the rank
+    field when it differs from the host's number, as a leaf's workers send local ranks)."""
     fields.setdefault("msg_type", wire.MSG_CONTRIB)
+    fields.setdefault("wire_rank", rank)
     src_udp = fields.pop("src_udp", worker_udp(rank))
     src_ip = fields.pop("src_ip", worker_ip(rank))
     dst_ip = fields.pop("dst_ip", SWITCH_IP)
     return bytes(Ether(dst=SWITCH_MAC, src=worker_mac(rank)) / IP(src=src_ip, dst=dst_ip)
                  / UDP(sport=src_udp, dport=INA_PORT)
-                 / ina(rank=rank, slot=slot, round=round, **fields))
+                 / ina(rank=fields.pop("wire_rank"), slot=slot, round=round, **fields))
 
 
 def reply(to_rank: int, **fields) -> bytes:
@@ -99,19 +101,22 @@ class InaEntries:
 
     def add_admission_entry(self, rank: int, nworkers: int, *, port=None, src_addr=None,
                             src_port=None, job=JOB, epoch=1, slot_base=0, nslots=4,
-                            block_size=BS, nlanes=K, mcast_grp=MCAST_GRP):
+                            block_size=BS, nlanes=K, mcast_grp=MCAST_GRP, wire_rank=None):
+        """Host `rank` admitted as rank `wire_rank` (default: `rank`)."""
         self.t.table_add(
             "admission",
             {"ingress_port": worker_port(rank) if port is None else port,
              "src_addr": src_addr or worker_ip(rank),
              "src_port": worker_udp(rank) if src_port is None else src_port,
-             "job": job, "rank": rank},
+             "job": job, "rank": rank if wire_rank is None else wire_rank},
             "admit", {"epoch": epoch, "slot_base": slot_base, "nslots": nslots,
                       "nworkers": nworkers, "block_size": block_size, "nlanes": nlanes,
                       "mcast_grp": mcast_grp})
 
-    def add_worker_rewrite_entry(self, rank: int):
-        self.t.table_add("worker_rewrite", {"rid": rid(rank)}, "rewrite_for_worker",
+    def add_worker_rewrite_entry(self, rank: int, wire_rank: int | None = None):
+        """Host `rank`'s copy, by the replication id of `wire_rank` (default: `rank`)."""
+        self.t.table_add("worker_rewrite", {"rid": rid(rank if wire_rank is None else wire_rank)},
+                         "rewrite_for_worker",
                          {"dst_mac": worker_mac(rank), "dst_addr": worker_ip(rank),
                           "dst_port": worker_udp(rank)})
 

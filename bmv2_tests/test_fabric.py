@@ -4,8 +4,9 @@ by table entries (job_level, leaf_upstream; p4src/v1model/fabric.p4), packet by 
 Run just this file: python -m pytest bmv2_tests/test_fabric.py
 (SPINA_TARGETS=soft or bmv2 to pick one target; default both, BMv2 skips if absent.)
 
-The job has 2 racks of 2 workers (ranks 0-1, 2-3). As a leaf, the switch under test holds rack
-1: workers 2 and 3 on ports 3 and 4, the spine on port 1. As a spine, it admits the job's two
+The job has 2 racks of 2 workers (job ranks 0-1, 2-3). As a leaf, the switch under test holds
+rack 1: hosts 2 and 3 on ports 3 and 4, which send their ranks within the rack (0 and 1: the
+leaf's admission, bitmaps and replication ids count local ranks), the spine on port 1. As a spine, it admits the job's two
 leaves (rank = rack index) on ports 1 and 2.
 """
 from __future__ import annotations
@@ -20,9 +21,9 @@ from spina import wire
 
 END = wire.END
 SPINE_PORT, SPINE_MAC, SPINE_IP = 1, "02:00:00:00:00:c8", "10.0.2.1"
-RACK = (2, 3)          # the leaf's ranks (rack 1)
-RANK_STARTS = 0b0101   # racks begin at ranks 0 and 2
-JOB_RANKS = 0b1111
+RACK = (2, 3)          # the leaf's hosts (rack 1: job ranks 2 and 3)
+LOCAL = {2: 0, 3: 1}   # their ranks on the wire: within the rack
+LOCAL_RANKS = 0b11     # every local rank
 NSLOTS = 4
 
 
@@ -76,13 +77,11 @@ def setup_leaf(target, epoch: int = 1):
     e = InaEntries(target)
     e.add_ina_endpoint_entry()
     for r in RACK:
-        e.add_admission_entry(r, len(RACK), epoch=epoch, nslots=NSLOTS)
-        e.add_worker_rewrite_entry(r)
-    target.mcast_group_set(MCAST_GRP, [(worker_port(r), rid(r)) for r in RACK])
+        e.add_admission_entry(r, len(RACK), epoch=epoch, nslots=NSLOTS, wire_rank=LOCAL[r])
+        e.add_worker_rewrite_entry(r, wire_rank=LOCAL[r])
+    target.mcast_group_set(MCAST_GRP, [(worker_port(r), rid(LOCAL[r])) for r in RACK])
     target.table_add("job_level", {"job": JOB}, "as_leaf",
-                     {"rack": 1, "nlocal": len(RACK), "epoch": epoch, "mcast_grp": MCAST_GRP,
-                      "rank_starts": RANK_STARTS, "job_ranks": JOB_RANKS,
-                      "remote_ranks": JOB_RANKS & ~0b1100})
+                     {"rack": 1, "nlocal": len(RACK), "epoch": epoch, "mcast_grp": MCAST_GRP})
     for slot in range(NSLOTS):
         target.table_add("leaf_upstream", {"job": JOB, "slot": slot}, "to_spine",
                          {"port": SPINE_PORT, "dst_mac": SPINE_MAC, "dst_addr": SPINE_IP})
@@ -94,7 +93,7 @@ RACK_PKTS = [
     dict(blocks={0: vals(3)}, next=[9, 4, END, 8], exponent=2, flags=wire.FLAG_LAST,
          length=77),
 ]
-PARTIAL = dict(bitmap=0b1100, blocks={0: add(vals(1), vals(3)), 2: vals(2)}, next=[5, 4, 7, 8],
+PARTIAL = dict(bitmap=LOCAL_RANKS, blocks={0: add(vals(1), vals(3)), 2: vals(2)}, next=[5, 4, 7, 8],
                exponent=2, flags=wire.FLAG_LAST, nonfinite=0b1, length=77)
 # The spine's sum over both racks (rack 0 sent lane 1 only).
 SPINE_RESULT = dict(bitmap=0b11, blocks={0: add(vals(1), vals(3)), 1: vals(7), 2: vals(2)},
@@ -102,15 +101,21 @@ SPINE_RESULT = dict(bitmap=0b11, blocks={0: add(vals(1), vals(3)), 1: vals(7), 2
                     length=77)
 
 
+def mine(host: int, **fields) -> bytes:
+    """Host `host`'s contribution (RACK_PKTS) with its local rank, `fields` changed."""
+    return contrib(host, wire_rank=LOCAL[host], **{**RACK_PKTS[RACK.index(host)], **fields})
+
+
 def complete_rack(target):
-    target.send(worker_port(2), contrib(2, **RACK_PKTS[0]))
+    target.send(worker_port(2), mine(2))
     expect_nothing(target)
-    target.send(worker_port(3), contrib(3, **RACK_PKTS[1]))
+    target.send(worker_port(3), mine(3))
 
 
 def test_leaf_sends_one_partial_up(target):
     """The rack's last contribution: one partial to the spine (rank = the rack's index; sums,
-    OR of present and nonfinite, minimum next, maximum exponent, the rack's ranks as bitmap);
+    OR of present and nonfinite, minimum next, maximum exponent, the rack's local ranks as
+    bitmap);
     nothing to the workers, no result counted."""
     setup_leaf(target)
     complete_rack(target)
@@ -118,29 +123,28 @@ def test_leaf_sends_one_partial_up(target):
     assert target.counter("job_aggregated", JOB) == 2
     assert target.counter("job_results", JOB) == 0
     assert target.register("slot_count", 1) == 2
-    assert target.register("slot_bitmap", 1) == 0b1100
+    assert target.register("slot_bitmap", 1) == LOCAL_RANKS
 
 
 def test_leaf_stores_the_spine_result_and_replicates_it(target):
-    """The spine's result goes to every worker of the rack (rack bitmap as ranks, a
-    completion), is stored in the slot copy (count = rack size + 1), and answers a worker's
+    """The spine's result goes to every worker of the rack (with the rack's bit: the local
+    ranks of its partial, a completion), is stored in the slot copy (count = rack size + 1), and answers a worker's
     resend from the leaf; a repeated result is a duplicate."""
     setup_leaf(target)
     complete_rack(target)
     target.received(0.5)
     target.send(SPINE_PORT, from_spine(rank=1, **SPINE_RESULT))
-    down = {**SPINE_RESULT, "bitmap": JOB_RANKS}
+    down = {**SPINE_RESULT, "bitmap": LOCAL_RANKS}
     expect(target, {worker_port(r): [reply(r, rank=1, **down)] for r in RACK})
     assert target.register("slot_count", 1) == 3
-    assert target.register("slot_bitmap", 1) == JOB_RANKS
+    assert target.register("slot_bitmap", 1) == LOCAL_RANKS
     assert target.register("slot_present", 1) == 0b111
     assert target.register("slot_exponent", 1) == 6
     assert target.register("slot_values_l1_e2", 1) == vals(7)[2] & 0xFFFFFFFF
     assert target.register("slot_next_l0", 1) == 1
     assert target.counter("job_results", JOB) == 2
-    target.send(worker_port(2), contrib(2, flags=wire.FLAG_RESEND, **{
-        k: v for k, v in RACK_PKTS[0].items() if k != "flags"}))
-    expect(target, {worker_port(2): [reply(2, rank=2, **{
+    target.send(worker_port(2), mine(2, flags=wire.FLAG_RESEND))
+    expect(target, {worker_port(2): [reply(2, rank=0, **{
         **down, "flags": wire.FLAG_LAST | wire.FLAG_RESEND})]})
     target.send(SPINE_PORT, from_spine(rank=1, **SPINE_RESULT))
     expect_nothing(target)
@@ -151,21 +155,19 @@ def test_leaf_stores_the_spine_result_and_replicates_it(target):
 def test_leaf_resends_its_partial_when_the_spine_result_is_missing(target):
     """A worker's resend to a round its rack completed but whose spine result never came: the
     partial goes up again, flagged RESEND (and PARTIAL for a flush request), when the resend
-    comes from the rack's designated worker (its first rank, rank 2: a bit of rank_starts) or
-    asks for a flush. Rank 3's plain resend is dropped (rank 2 waits for the same result and
-    resends), counted in job_duplicates as every resend is. No result is counted."""
+    comes from the rack's designated worker (local rank 0: host 2) or asks for a flush. Local
+    rank 1's plain resend is dropped (local rank 0 waits for the same result and resends),
+    counted in job_duplicates as every resend is. No result is counted."""
     setup_leaf(target)
     complete_rack(target)
     target.received(0.5)
-    mine = {r: {k: v for k, v in RACK_PKTS[i].items() if k != "flags"}
-            for i, r in enumerate(RACK)}
-    target.send(worker_port(3), contrib(3, flags=wire.FLAG_RESEND, **mine[3]))
+    target.send(worker_port(3), mine(3, flags=wire.FLAG_RESEND))
     expect_nothing(target)
     assert target.counter("job_duplicates", JOB) == 1
-    target.send(worker_port(3), contrib(3, flags=wire.FLAG_RESEND | wire.FLAG_PARTIAL, **mine[3]))
+    target.send(worker_port(3), mine(3, flags=wire.FLAG_RESEND | wire.FLAG_PARTIAL))
     expect(target, {SPINE_PORT: [to_spine(**{**PARTIAL, "flags": wire.FLAG_LAST
                                              | wire.FLAG_RESEND | wire.FLAG_PARTIAL})]})
-    target.send(worker_port(2), contrib(2, flags=wire.FLAG_RESEND, **mine[2]))
+    target.send(worker_port(2), mine(2, flags=wire.FLAG_RESEND))
     expect(target, {SPINE_PORT: [to_spine(**{**PARTIAL, "flags": wire.FLAG_LAST
                                              | wire.FLAG_RESEND})]})
     assert target.counter("job_results", JOB) == 0
@@ -175,13 +177,12 @@ def test_leaf_resends_its_partial_when_the_spine_result_is_missing(target):
 
 def test_leaf_flush_goes_up_as_a_partial_round(target):
     """A worker's flush (a resend flagged PARTIAL) completes the rack's round without the
-    missing worker: it goes up flagged PARTIAL, with the rack's contributing ranks."""
+    missing worker: it goes up flagged PARTIAL, with the rack's contributing local ranks."""
     setup_leaf(target)
-    target.send(worker_port(2), contrib(2, **RACK_PKTS[0]))
-    target.send(worker_port(2), contrib(2, **{**RACK_PKTS[0],
-                                              "flags": wire.FLAG_RESEND | wire.FLAG_PARTIAL}))
-    mine = {k: v for k, v in RACK_PKTS[0].items() if k != "flags"}
-    expect(target, {SPINE_PORT: [to_spine(**{**mine, "bitmap": 0b0100,
+    target.send(worker_port(2), mine(2))
+    target.send(worker_port(2), mine(2, flags=wire.FLAG_RESEND | wire.FLAG_PARTIAL))
+    own = {k: v for k, v in RACK_PKTS[0].items() if k != "flags"}
+    expect(target, {SPINE_PORT: [to_spine(**{**own, "bitmap": 0b01,
                                              "flags": wire.FLAG_LAST | wire.FLAG_PARTIAL})]})
     assert target.register("slot_count", 1) == 2
     assert target.register("slot_flags", 1) == wire.FLAG_LAST | wire.FLAG_PARTIAL
@@ -189,26 +190,27 @@ def test_leaf_flush_goes_up_as_a_partial_round(target):
 
 
 def test_leaf_status_names_only_its_racks_missing_ranks(target):
-    """A resend to a round the rack has not completed: a status whose bitmap also sets the
-    other racks' ranks."""
+    """A resend to a round the rack has not completed: a status naming the rack's local
+    ranks heard (local rank 0 of 0..1), nothing of the other racks."""
     setup_leaf(target)
-    target.send(worker_port(2), contrib(2, **RACK_PKTS[0]))
-    target.send(worker_port(2), contrib(2, **{**RACK_PKTS[0], "flags": wire.FLAG_RESEND}))
-    expect(target, {worker_port(2): [reply(2, msg_type=wire.MSG_STATUS, rank=2,
-                                           flags=wire.FLAG_RESEND, bitmap=0b0111,
+    target.send(worker_port(2), mine(2))
+    target.send(worker_port(2), mine(2, flags=wire.FLAG_RESEND))
+    expect(target, {worker_port(2): [reply(2, msg_type=wire.MSG_STATUS, rank=0,
+                                           flags=wire.FLAG_RESEND, bitmap=0b01,
                                            next=RACK_PKTS[0]["next"], exponent=-3, length=77)]})
 
 
 def test_spine_status_reaches_the_rack_as_ranks(target):
-    """The spine's status (its rack bitmap) is replicated to the rack with the racks turned
-    into ranks; nothing is stored."""
+    """The spine's status (its rack bitmap, this rack's bit set) is replicated to the rack
+    naming every local rank (the rack is done: only other racks can complete the round);
+    nothing is stored."""
     setup_leaf(target)
     complete_rack(target)
     target.received(0.5)
     st = dict(msg_type=wire.MSG_STATUS, rank=1, flags=wire.FLAG_RESEND, bitmap=0b10,
               next=[5, 4, 7, 8], exponent=2, length=77)
     target.send(SPINE_PORT, from_spine(**st))
-    expect(target, {worker_port(r): [reply(r, **{**st, "bitmap": 0b1100})] for r in RACK})
+    expect(target, {worker_port(r): [reply(r, **{**st, "bitmap": LOCAL_RANKS})] for r in RACK})
     assert target.register("slot_count", 1) == 2
     assert target.counter("job_results", JOB) == 0
 
@@ -218,9 +220,9 @@ def test_leaf_checks_what_comes_from_the_spine(target):
     epoch or a round the copy does not hold, stale; before the rack completed, stale; for a
     slot no spine owns, malformed (hosts send contributions only). Nothing is stored."""
     setup_leaf(target)
-    target.send(worker_port(2), contrib(2, **RACK_PKTS[0]))
+    target.send(worker_port(2), mine(2))
     target.send(SPINE_PORT, from_spine(rank=1, **SPINE_RESULT))  # rack not complete
-    target.send(worker_port(3), contrib(3, **RACK_PKTS[1]))
+    target.send(worker_port(3), mine(3))
     target.received(0.5)
     target.send(2, from_spine(rank=1, **SPINE_RESULT))  # wrong port
     target.send(SPINE_PORT, frame((SPINE_MAC, "10.0.2.9", INA_PORT), LEAF_SELF, udp_chksum=None,
@@ -234,15 +236,71 @@ def test_leaf_checks_what_comes_from_the_spine(target):
     assert target.counter("port_malformed", SPINE_PORT) == 1
     assert target.counter("job_stale", JOB) == 3
     assert target.register("slot_count", 1) == 2
-    assert target.register("slot_bitmap", 1) == 0b1100
+    assert target.register("slot_bitmap", 1) == LOCAL_RANKS
+
+
+def test_spine_result_without_the_racks_bit_names_no_local_rank(target):
+    """A spine result (bounded loss) completed without this rack's partial: stored and
+    replicated with an empty bitmap (none of the rack's blocks is in it); a result of a
+    flushed rack with its bit: the local ranks its partial carried (0b01)."""
+    setup_leaf(target)
+    complete_rack(target)
+    target.received(0.5)
+    without = {**SPINE_RESULT, "bitmap": 0b01, "flags": wire.FLAG_LAST | wire.FLAG_PARTIAL}
+    target.send(SPINE_PORT, from_spine(rank=0, **without))
+    expect(target, {worker_port(r): [reply(r, rank=0, **{**without, "bitmap": 0})]
+                    for r in RACK})
+    assert target.register("slot_bitmap", 1) == 0
+    target.reset()
+    setup_leaf(target)
+    target.send(worker_port(2), mine(2))
+    target.send(worker_port(2), mine(2, flags=wire.FLAG_RESEND | wire.FLAG_PARTIAL))
+    target.received(0.5)
+    flushed = {**SPINE_RESULT, "flags": wire.FLAG_LAST | wire.FLAG_PARTIAL}
+    target.send(SPINE_PORT, from_spine(rank=1, **flushed))
+    expect(target, {worker_port(r): [reply(r, rank=1, **{**flushed, "bitmap": 0b01})]
+                    for r in RACK})
+    assert target.register("slot_bitmap", 1) == 0b01
+
+
+def test_a_full_rack_of_32_workers(target):
+    """A leaf of 32 workers (local ranks 0..31, each with its own address, all behind port 3):
+    the round goes up with all 32 bits; the spine's status comes back to every one of them
+    naming every local rank (0xFFFFFFFF: the P4 computes 1 << 32 in 64 bits), then its result
+    with the rack's bit names the partial's 32 ranks."""
+    e = InaEntries(target)
+    e.add_ina_endpoint_entry()
+    hosts = range(32)
+    for h in hosts:
+        e.add_admission_entry(h, 32, port=3, nslots=NSLOTS)
+        e.add_worker_rewrite_entry(h)
+    target.mcast_group_set(MCAST_GRP, [(3, rid(h)) for h in hosts])
+    target.table_add("job_level", {"job": JOB}, "as_leaf",
+                     {"rack": 0, "nlocal": 32, "epoch": 1, "mcast_grp": MCAST_GRP})
+    target.table_add("leaf_upstream", {"job": JOB, "slot": 0}, "to_spine",
+                     {"port": SPINE_PORT, "dst_mac": SPINE_MAC, "dst_addr": SPINE_IP})
+    for h in hosts:
+        target.send(3, contrib(h, blocks={0: vals(1)}, length=77))
+    (up,) = target.received(1.0)
+    head = wire.unpack_header(up[1][42:])
+    assert (up[0], head.msg_type, head.rank, head.bitmap) == (SPINE_PORT, wire.MSG_CONTRIB, 0,
+                                                              0xFFFFFFFF)
+    assert target.register("slot_count", 1) == 32  # slot 0, round 1: copy 1
+    for msg in (dict(msg_type=wire.MSG_STATUS, flags=wire.FLAG_RESEND, rank=0, length=77),
+                dict(blocks={0: add(*[vals(1)] * 32)}, rank=0, length=77)):
+        target.send(SPINE_PORT, from_spine(slot=0, bitmap=0b01, **msg))
+        got = sorted(frame for port, frame in target.received(1.0) if port == 3)
+        assert got == sorted(reply(h, slot=0, **{**msg, "bitmap": 0xFFFFFFFF}) for h in hosts)
+    assert target.register("slot_count", 1) == 33
+    assert target.register("slot_bitmap", 1) == 0xFFFFFFFF
 
 
 def test_leaf_without_an_upstream_entry_sends_nothing(target):
     """A leaf job whose slot has no leaf_upstream entry: the completed round is dropped."""
     setup_leaf(target)
     _delete_upstream(target, 0)
-    target.send(worker_port(2), contrib(2, slot=0, **RACK_PKTS[0]))
-    target.send(worker_port(3), contrib(3, slot=0, **RACK_PKTS[1]))
+    target.send(worker_port(2), mine(2, slot=0))
+    target.send(worker_port(3), mine(3, slot=0))
     expect_nothing(target)
     assert target.counter("job_aggregated", JOB) == 2
     assert target.counter("job_results", JOB) == 0
@@ -353,7 +411,7 @@ def test_leaf_and_a_software_spine_complete_a_round(target):
                                  rank=1, **SPINE_RESULT)
         target.send(SPINE_PORT, downs[2])
         expect(target, {worker_port(r): [reply(r, rank=1, **{**SPINE_RESULT,
-                                                             "bitmap": JOB_RANKS})]
+                                                             "bitmap": LOCAL_RANKS})]
                         for r in RACK})
         assert target.register("slot_count", 1) == 3
         assert spine.counter("job_aggregated", JOB) == 2

@@ -54,7 +54,7 @@ from host_agent.metrics import DaemonMetrics
 from spina import cli, log as spina_log
 from host_agent.recovery import MIN_RTO
 from spina.config import (LOSS_TOLERANT_POLICIES, PRIORITY_POLICIES, ConfigError, JobFile,
-                          read_json)
+                          load_worker_file, read_json)
 from spina.metrics import parse_address
 
 log = logging.getLogger("spina.daemon")
@@ -320,7 +320,7 @@ class Daemon:
                  self.calls_done, self.clients_lost)
 
     def _slot(self, job_file: str, rank: int) -> tuple[_Slot, JobFile]:
-        jf = JobFile.load(job_file)
+        jf = load_worker_file(job_file, rank)  # a job file, or a two-level job's assignment
         key = (jf.job.job, jf.job.epoch, rank)
         with self._lock:
             s = self._slots.get(key)

@@ -170,7 +170,8 @@ def main(argv=None) -> int:
     ap = cli.ArgumentParser(prog="python -m host_agent.launch",
                             description=__doc__.split("\n\n")[0])
     ap.add_argument("--nworkers", type=cli.int_range(1, wire.MAX_WORKERS), required=True,
-                    help=f"ranks in the job (1..{wire.MAX_WORKERS})")
+                    help=f"ranks in the job (1..{wire.MAX_WORKERS}: the launcher runs one flat "
+                         "switch; more workers need a leaf/spine fabric, docs/scale_out.md)")
     ap.add_argument("--job-file", required=True, help="where to write the job file (JSON)")
     ap.add_argument("--job", type=cli.int_range(0, 65535), default=1, help="job id (default 1)")
     ap.add_argument("--host", type=_local_ipv4, default="127.0.0.1",

@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from host_agent import dlcp
 from host_agent.agent import Agent
-from spina.config import ConfigError, JobFile
+from spina.config import ConfigError, load_worker_file
 
 JOB_FILE_ENV = "SPINA_JOB_FILE"
 DAEMON_SOCKET_ENV = "SPINA_AGENT_SOCKET"
@@ -283,7 +283,9 @@ def agent_from_env(job_file: str | None = None, rank: int | None = None, wait: f
     """Create this rank's SpINA agent from the job file the launcher wrote.
 
     Args:
-        job_file: path of the JSON job file (spina.config.JobFile); default `$SPINA_JOB_FILE`.
+        job_file: path of the JSON job file (spina.config.JobFile), or of this rank's assignment
+            (spina.config.Assignment: a two-level job's ranks each have one); default
+            `$SPINA_JOB_FILE`.
         rank: this worker's rank; default `$RANK` as set by torchrun, else the initialised
             process group's rank.
         wait: seconds to wait for the file to appear (the launcher may still be starting).
@@ -320,7 +322,6 @@ def agent_from_env(job_file: str | None = None, rank: int | None = None, wait: f
         if time.monotonic() > deadline:
             raise ConfigError(f"job file {job_file} did not appear within {wait:g} s")
         time.sleep(0.05)
-    jf = JobFile.load(job_file)
     if rank is None:
         if "RANK" in os.environ:
             rank = int(os.environ["RANK"])
@@ -328,6 +329,7 @@ def agent_from_env(job_file: str | None = None, rank: int | None = None, wait: f
             rank = dist.get_rank()
         else:
             raise ConfigError("rank unknown: pass rank, run under torchrun, or init the process group")
+    jf = load_worker_file(job_file, rank)  # a job file, or a two-level job's assignment
     world = os.environ.get("WORLD_SIZE")
     if world is not None and int(world) != jf.job.nworkers:
         raise ConfigError(f"job file {job_file}: field 'job.workers': {jf.job.nworkers} workers, "

@@ -405,6 +405,23 @@ class Assignment:
             raise ConfigError(f"{path}: {e}") from None
 
 
+def load_worker_file(path, rank: int) -> JobFile:
+    """Rank `rank`'s job and switch from a job file (every rank, one switch) or from the
+    controller's assignment file of that rank (a two-level job's ranks send to their own
+    rack's leaf, so the controller writes one file per rank and no job file)."""
+    d = read_json(path, "job file")
+    try:
+        if isinstance(d, dict) and "rank" in d:
+            a = Assignment.from_dict(d)
+            if a.rank != rank:
+                raise ConfigError(f"assignment: field 'rank': the file is rank {a.rank}'s, "
+                                  f"this worker is rank {rank}")
+            return JobFile(a.job, a.switch, a.rendezvous)
+        return JobFile.from_dict(d)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
 def write_if_changed(path, doc: dict) -> bool:
     """Write `doc` as JSON to `path` unless the file already says the same, atomically (a
     reader never sees half a file). True if the file changed."""

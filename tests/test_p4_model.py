@@ -234,6 +234,44 @@ def test_leaf_role_equals_p4_transliteration(sc):
         _same_state(leaf.pipeline, model)
 
 
+def test_a_full_rack_of_32_equals_the_p4_transliteration():
+    """A leaf of 32 workers (local ranks 0..31, the largest rack): the round goes up with all
+    32 bits, the spine's status comes down naming every local rank (0xFFFFFFFF: P4 computes
+    1 << 32 in 64 bits), its result with the rack's bit names the partial's 32 ranks, the same
+    packets and state in the software leaf and the P4 transliteration."""
+    sizes = (32, 1)
+    job = JobConfig(job=JOB, workers=tuple(WorkerAddr(r, *src(r)) for r in range(33)),
+                    slot_base=0, nslots=2, block_size=BS, nlanes=K, racks=sizes)
+    leaf = Leaf(Pipeline(pool_slots=SLOTS, slot_capacity=K * BS))
+    leaf.add_job(job, 0, {r: (PORT, src(r)) for r in range(32)}, ((0, 2, (PORT, SPINE_SRC)),))
+    model = P4Model(SLOTS, K, BS)
+    for r in range(32):
+        model.admission[(PORT, src(r), JOB, r)] = dict(
+            epoch=1, slot_base=0, nslots=2, nworkers=32, block_size=BS, nlanes=K)
+    model.job_level[JOB] = dict(leaf=True, rack=0, nlocal=32, epoch=1)
+    for slot in (0, 1):
+        model.leaf_upstream[(JOB, slot)] = (PORT, SPINE_SRC)
+
+    def packet(msg_type, rank, bitmap=0):
+        h = wire.Header(msg_type=msg_type, job=JOB, epoch=1, slot=1, rank=rank, nlanes=K,
+                        round=1, length=9, block_size=BS, present=1, bitmap=bitmap)
+        return wire.pack(h, [1] * K, np.full((1, BS), rank + 1, np.int32))
+
+    out = bytearray(leaf.pipeline.max_packet_len)
+    sent = [(src(r), packet(wire.MSG_CONTRIB, r)) for r in range(32)]
+    sent += [(SPINE_SRC, packet(wire.MSG_STATUS, 0, bitmap=0b01)),
+             (SPINE_SRC, packet(wire.MSG_RESULT, 1, bitmap=0b11))]
+    got_bitmaps = []
+    for who, pkt in sent:
+        n_out, to, _ = leaf.process_into(pkt, PORT, who, out)
+        got = [(bytes(out[:n_out]), KINDS[to])] if n_out else []
+        assert got == model.process(pkt, PORT, who)
+        _same_state(leaf.pipeline, model)
+        if got:
+            got_bitmaps.append((got[0][1], wire.unpack_header(got[0][0]).bitmap))
+    assert got_bitmaps == [("up", M32), (True, M32), (True, M32)]
+
+
 @st.composite
 def spine_scenario(draw):
     nleaves = draw(st.integers(1, 3))

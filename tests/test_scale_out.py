@@ -8,6 +8,7 @@ Run just this file: python -m pytest tests/test_scale_out.py
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 
 import numpy as np
@@ -21,7 +22,8 @@ from softswitch.fabric import TO_GROUP, TO_SENDER, TO_UPSTREAM, Leaf, Spine
 from softswitch.pipeline import Pipeline
 from softswitch.udp import Faults, UdpSwitch
 from spina import wire
-from spina.config import Assignment, ConfigError, JobConfig, WorkerAddr
+from spina.config import (Assignment, ConfigError, JobConfig, JobFile, WorkerAddr,
+                          load_worker_file)
 
 
 # ---------------------------------------------------------------- the plan
@@ -124,6 +126,48 @@ def test_plan_of_more_than_32_workers_in_a_job():
         plan.parse(fabric_doc(racks=33, per_rack=1, spines=1))
     with pytest.raises(ConfigError, match=r"^fabric.racks\[0\].workers: must list 1..32 workers"):
         plan.parse(fabric_doc(racks=2, per_rack=33, spines=1))
+
+
+def _job(n, racks=()):
+    return dict(job=7, racks=list(racks),
+                workers=[{"host": "127.0.0.1", "port": 50000 + r} for r in range(n)])
+
+
+@pytest.mark.parametrize("doc,field,words", [
+    (_job(33), "workers", "need 1..32 workers (a flat job; more need 'racks'), got 33"),
+    (_job(40, [20, 21]), "racks", "add up to 41, the job has 40 workers"),
+    (_job(40, [33, 7]), "racks[0]", "a rack has 1..32 workers"),
+    (_job(33, [1] * 33), "racks", "need 1..32 racks"),
+    (_job(4, [2, "2"]), "racks[1]", "got '2'"),
+    ({**_job(4), "racks": 4}, "racks", "must be a list of rack sizes"),
+])
+def test_job_config_racks_errors_name_the_field(doc, field, words):
+    """A job's rack sizes: each 1..32, at most 32 racks, adding up to the workers; a flat job
+    (no racks) has at most 32 workers."""
+    with pytest.raises(ConfigError) as e:
+        JobConfig.from_dict(doc)
+    assert f"field '{field}': " in str(e.value) and words in str(e.value), str(e.value)
+
+
+def test_a_two_level_ranks_assignment_file(tmp_path):
+    """The controller's assignment of job rank 25 of 40 (racks 20, 20) says switch rank 5 of
+    20; the agent paths (DDP hook, daemon) load it as that rank's job file; another rank, or a
+    file whose switch_rank disagrees with the racks, is refused naming the field."""
+    cfg = JobConfig.from_dict(_job(40, [20, 20]))
+    path = tmp_path / "job7-rank25.json"
+    doc = Assignment(cfg, 25, ("127.0.0.1", 47002)).to_dict()
+    assert (doc["rank"], doc["switch_rank"], doc["switch_ranks"]) == (25, 5, 20)
+    path.write_text(json.dumps(doc))
+    jf = load_worker_file(path, 25)
+    assert (jf.job, jf.switch) == (cfg, ("127.0.0.1", 47002))
+    with pytest.raises(ConfigError, match=r"field 'rank': the file is rank 25's, this worker"):
+        load_worker_file(path, 24)
+    path.write_text(json.dumps({**doc, "switch_rank": 25}))
+    with pytest.raises(ConfigError, match=r"assignment: field 'switch_rank': 25, but rank 25 "):
+        load_worker_file(path, 25)
+    flat = tmp_path / "flat.json"
+    flat.write_text(json.dumps(JobFile(JobConfig.from_dict(_job(4)), ("127.0.0.1", 1)).to_dict()))
+    assert load_worker_file(flat, 3).job.nworkers == 4
 
 
 def test_plan_load_names_the_file(tmp_path):
