@@ -118,9 +118,15 @@ def main(argv=None) -> int:
         p.error("argument --elements: must be at least 1")
     if a.topology != "leafspine" and (a.two_level or a.spine_bytes):
         p.error("argument --two-level/--spine-bytes: only for the leafspine topology")
-    if a.topology == "leafspine" and a.leaves * a.hosts_per_leaf > wire.MAX_WORKERS:
-        p.error(f"argument --leaves/--hosts-per-leaf: {a.leaves * a.hosts_per_leaf} hosts, a job "
-                f"has at most {wire.MAX_WORKERS} workers")
+    hosts = a.leaves * a.hosts_per_leaf
+    if a.topology == "leafspine" and a.two_level and hosts > topos.MAX_HOSTS:
+        # Two levels: 32 racks x 32 workers per job; the hosts' addresses stop below the
+        # flat endpoint's 10.0.0.100.
+        p.error(f"argument --leaves/--hosts-per-leaf: {hosts} hosts, the testbed addresses at "
+                f"most {topos.MAX_HOSTS}")
+    if a.topology == "leafspine" and not a.two_level and hosts > wire.MAX_WORKERS:
+        p.error(f"argument --leaves/--hosts-per-leaf: {hosts} hosts, a flat job has at most "
+                f"{wire.MAX_WORKERS} workers (--two-level: up to {topos.MAX_HOSTS})")
     if (a.two_level or a.spine_bytes) and a.spines > topos.JOB_SIZES["nslots"]:
         p.error(f"argument --spines: the job's {topos.JOB_SIZES['nslots']} slots are sharded "
                 f"over the spines, so at most {topos.JOB_SIZES['nslots']} spines")

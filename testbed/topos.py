@@ -36,6 +36,9 @@ WORKER_UDP_BASE = 50000
 JOB_SIZES = {"nslots": 8, "block_size": 32, "nlanes": 4}  # the P4 program's block and lanes
 
 
+MAX_HOSTS = 99  # hosts 10.0.0.1..99: below the flat INA endpoint 10.0.0.100
+
+
 def host_ip(i: int) -> str:
     return f"10.0.0.{i + 1}"
 

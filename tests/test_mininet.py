@@ -77,19 +77,23 @@ def test_leaf_spine_allreduce_and_forwarding():
         tb.stop()
 
 
-@pytest.mark.parametrize("racks,density", [(2, 0.01), (2, 1.0), (4, 0.01), (4, 1.0)])
-def test_two_level_allreduce_exact_under_loss(racks, density):
-    """Racks of 4 hosts, 2 spines, the job's 8 slots sharded over both; every switch node
+@pytest.mark.parametrize("racks,per_rack,density", [
+    (2, 4, 0.01), (2, 4, 1.0), (4, 4, 0.01), (4, 4, 1.0),
+    (3, 12, 0.01),  # 36 workers: more than one switch's 32 (each sends its rank in its rack)
+])
+def test_two_level_allreduce_exact_under_loss(racks, per_rack, density):
+    """Racks of `per_rack` hosts, 2 spines, the job's 8 slots sharded over both; every switch node
     programmed by the controller's deploy over P4Runtime gRPC; 1% of the frames dropped on
     every link in each direction: one int32 and one float32 all-reduce per host are exact
     and bit-identical on all ranks."""
     from controller.state import load
-    tb = topos.leafspine(racks, 2, 4, two_level=True)
+    tb = topos.leafspine(racks, 2, per_rack, two_level=True)
     jd = tb.job_config()
     tb.add_job(jd)
     try:
         tb.start()
         state = load(tb.state_path)  # what the controller deployed: the testbed's YAML file
+        assert len(state.fabric.members(state.fabric.jobs[1])) == racks * per_rack
         levels = state.fabric.levels
         assert sorted(levels.values()) == ["leaf"] * racks + ["spine"] * 2
         assert [s.nslots for s in state.fabric.jobs[1].shards] == [4, 4]
@@ -97,11 +101,11 @@ def test_two_level_allreduce_exact_under_loss(racks, density):
         tb.drop_randomly(0.01)
         reports = run_allreduce(tb, jd, n=65536, density=density)
         hosts_dropped, switches_dropped = tb.dropped_frames()
-        print(f"{racks} racks x 4, density {density}: frames dropped by hosts "
+        print(f"{racks} racks x {per_rack}, density {density}: frames dropped by hosts "
               f"{hosts_dropped}, by switches {switches_dropped}; resends "
               f"{sum(c['resends'] for r in reports for c in r['calls'])}")
         assert hosts_dropped > 0 and switches_dropped > 0
-        _check(reports, racks * 4)
+        _check(reports, racks * per_rack)
     finally:
         tb.stop()
 
