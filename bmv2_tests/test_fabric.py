@@ -215,6 +215,30 @@ def test_spine_status_reaches_the_rack_as_ranks(target):
     assert target.counter("job_results", JOB) == 0
 
 
+def test_leaf_replays_its_stored_result_to_a_spine_that_lost_it(target):
+    """Another rack's status (a spine sends its statuses to every leaf): dropped while the
+    leaf waits for the spine itself or when it names this rack; when the leaf stored the
+    round's result and the status lacks this rack, the spine lost it (a restart): the stored
+    result goes up as a REPLAY partial (stored sums, positions, bitmap, flags | RESEND)."""
+    setup_leaf(target)
+    complete_rack(target)
+    target.received(0.5)
+    other = dict(msg_type=wire.MSG_STATUS, rank=0, flags=wire.FLAG_RESEND, bitmap=0b01,
+                 next=[1, 9, END, END], exponent=6, length=77)
+    target.send(SPINE_PORT, from_spine(**other))  # the leaf still waits: not for its rack
+    expect_nothing(target)
+    target.send(SPINE_PORT, from_spine(rank=1, **SPINE_RESULT))
+    target.received(0.5)  # replicated to the rack
+    target.send(SPINE_PORT, from_spine(**{**other, "bitmap": 0b11}))  # names rack 1
+    expect_nothing(target)
+    target.send(SPINE_PORT, from_spine(**other))
+    replay = {**SPINE_RESULT, "bitmap": JOB_RANKS,
+              "flags": wire.FLAG_LAST | wire.FLAG_RESEND | wire.FLAG_REPLAY}
+    expect(target, {SPINE_PORT: [to_spine(**replay)]})
+    assert target.register("slot_count", 1) == 3
+    assert target.counter("job_results", JOB) == 2
+
+
 def test_leaf_checks_what_comes_from_the_spine(target):
     """A result from another port or address than the slot's spine is unadmitted; of another
     epoch or a round the copy does not hold, stale; before the rack completed, stale; for a
@@ -360,6 +384,32 @@ def test_spine_adds_partials_and_multicasts_to_the_leaves(target):
     want = dict(rank=1, **SPINE_RESULT)
     expect(target, {rack + 1: [down(rack, **want)] for rack in (0, 1)})
     assert target.counter("job_results", JOB) == 2
+
+
+def test_spine_status_goes_to_every_leaf_and_a_replay_completes_the_round(target):
+    """A spine's status goes to every leaf (the job's group). A leaf's REPLAY partial (its
+    stored result of a round the spine lost) is written as the round's result, whatever was
+    added: complete, every rack's bit, multicast as a completion; a second replay gets the
+    stored result back (RESEND)."""
+    setup_spine(target)
+    target.send(2, partial(1, **PARTIAL))
+    expect_nothing(target)
+    target.send(2, partial(1, **{**PARTIAL, "flags": wire.FLAG_LAST | wire.FLAG_RESEND}))
+    status = dict(msg_type=wire.MSG_STATUS, rank=1, flags=wire.FLAG_RESEND, bitmap=0b10,
+                  next=PARTIAL["next"], exponent=2, length=77)
+    expect(target, {rack + 1: [down(rack, **status)] for rack in (0, 1)})
+    replay = {**SPINE_RESULT, "bitmap": 0b1111,
+              "flags": wire.FLAG_LAST | wire.FLAG_RESEND | wire.FLAG_REPLAY}
+    target.send(1, partial(0, **replay))
+    expect(target, {rack + 1: [down(rack, rank=0, **SPINE_RESULT)] for rack in (0, 1)})
+    assert target.register("slot_count", 1) == 2
+    assert target.register("slot_bitmap", 1) == 0b11
+    assert target.register("slot_values_l1_e2", 1) == vals(7)[2] & 0xFFFFFFFF
+    assert target.counter("job_aggregated", JOB) == 1
+    assert target.counter("job_results", JOB) == 2
+    target.send(1, partial(0, **replay))
+    expect(target, {1: [down(0, rank=0, **{**SPINE_RESULT,
+                                           "flags": wire.FLAG_LAST | wire.FLAG_RESEND})]})
 
 
 def test_spine_carries_a_racks_mismatch_and_flush(target):

@@ -28,9 +28,10 @@ F.flags_loss_tolerant = ProtoField.bool("spina.flags.loss_tolerant", "loss_toler
 F.flags_last = ProtoField.bool("spina.flags.last", "last", 8, nil, 0x04)
 F.flags_partial = ProtoField.bool("spina.flags.partial", "partial", 8, nil, 0x08)
 F.flags_mismatch = ProtoField.bool("spina.flags.mismatch", "mismatch", 8, nil, 0x10)
+F.flags_replay = ProtoField.bool("spina.flags.replay", "replay", 8, nil, 0x20)
 F.next = ProtoField.uint32("spina.next", "next", base.DEC)
 F.data = ProtoField.bytes("spina.data", "data")
-spina.fields = {F.version, F.msg_type, F.flags, F.priority, F.job, F.epoch, F.call, F.slot, F.rank, F.nlanes, F.round, F.length, F.block_size, F.exponent, F.bitmap, F.present, F.nonfinite, F.flags_resend, F.flags_loss_tolerant, F.flags_last, F.flags_partial, F.flags_mismatch, F.next, F.data}
+spina.fields = {F.version, F.msg_type, F.flags, F.priority, F.job, F.epoch, F.call, F.slot, F.rank, F.nlanes, F.round, F.length, F.block_size, F.exponent, F.bitmap, F.present, F.nonfinite, F.flags_resend, F.flags_loss_tolerant, F.flags_last, F.flags_partial, F.flags_mismatch, F.flags_replay, F.next, F.data}
 
 local HEADER_LEN = 48
 function spina.dissector(buf, pinfo, tree)
@@ -45,6 +46,7 @@ function spina.dissector(buf, pinfo, tree)
   flags:add(F.flags_last, buf(2, 1))
   flags:add(F.flags_partial, buf(2, 1))
   flags:add(F.flags_mismatch, buf(2, 1))
+  flags:add(F.flags_replay, buf(2, 1))
   t:add(F.priority, buf(3, 1))
   t:add(F.job, buf(4, 2))
   t:add(F.epoch, buf(6, 2))

@@ -109,11 +109,12 @@ class Roles:
                 return self._from_spine(pkt, port, src, out, job, up)
         p = self.pipeline
         carried = 0
-        if size >= HLEN and (self.every_job_spine or job in self.spines):
+        spine = size >= HLEN and (self.every_job_spine or job in self.spines)
+        if spine:
             carried = pkt[_FLAGS_AT] & CARRIED
             if carried:
                 added = int(p.counters["job_aggregated"][job])
-        n, multicast, adm = p.process_into(pkt, port, src, out)
+        n, multicast, adm = p.process_into(pkt, port, src, out, spine)
         if carried and p.counters["job_aggregated"][job] != added:
             # A rack's mismatch or flush: the round's result says so to every rack.
             t = _UNPACK(pkt)
@@ -124,7 +125,11 @@ class Roles:
             return _NOTHING
         lj = self.leaves.get(adm.job)
         if lj is None:  # a flat or spine job
-            return (n, TO_GROUP, adm.job, adm.mcast_grp) if multicast else (n, TO_SENDER, None, 0)
+            if multicast or spine and out[1] == wire.MSG_STATUS:
+                # A spine's status goes to every leaf: one that stored the round's result while
+                # this spine has lost it (a restart) replays it (_from_spine).
+                return n, TO_GROUP, adm.job, adm.mcast_grp
+            return n, TO_SENDER, None, 0
         t = _UNPACK(out)
         if t[_MSG_TYPE] == wire.MSG_STATUS:
             return n, TO_SENDER, None, 0  # the rack's round is incomplete: its local ranks
@@ -174,6 +179,18 @@ class Roles:
             c["job_stale"][job] += 1
             return _NOTHING
         count = int(r["slot_count"][idx])
+        if t[_MSG_TYPE] == wire.MSG_STATUS and t[_RANK] != lj.rack:
+            # Another rack's status (a spine sends its statuses to every leaf). If this leaf
+            # stored the round's result and the spine lacks this rack, the spine lost it (a
+            # restart) and this rack will never send the round again: the stored result goes
+            # back up, REPLAY, and the spine takes it as the round's result.
+            if count <= lj.nlocal or t[_BITMAP] >> lj.rack & 1:
+                return _NOTHING
+            n = p._result_into(out, t, idx, 0)
+            out[_AT["msg_type"]] = wire.MSG_CONTRIB
+            out[_FLAGS_AT] = (r["slot_flags"][idx] & RESULT_FLAGS) | wire.FLAG_RESEND | wire.FLAG_REPLAY
+            out[_AT["rank"]] = lj.rack
+            return n, TO_UPSTREAM, up, 0
         if count != lj.nlocal:  # stored already (a duplicate), or never sent up (stale)
             c["job_duplicates" if count > lj.nlocal else "job_stale"][job] += 1
             return _NOTHING

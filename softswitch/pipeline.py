@@ -49,7 +49,9 @@ HLEN = wire.HEADER_LEN
 NEXT_DTYPE, DATA_DTYPE = wire.NEXT_DTYPE, wire.DATA_DTYPE
 MSG_CONTRIB, MSG_RESULT, MSG_STATUS = wire.MSG_CONTRIB, wire.MSG_RESULT, wire.MSG_STATUS
 FLAG_RESEND, FLAG_LOSS_TOLERANT, FLAG_LAST = wire.FLAG_RESEND, wire.FLAG_LOSS_TOLERANT, wire.FLAG_LAST
-FLAG_PARTIAL, FLAG_MISMATCH = wire.FLAG_PARTIAL, wire.FLAG_MISMATCH
+FLAG_PARTIAL, FLAG_MISMATCH, FLAG_REPLAY = wire.FLAG_PARTIAL, wire.FLAG_MISMATCH, wire.FLAG_REPLAY
+# What a spine's round keeps of a rack's partial besides LAST (softswitch/fabric.py: CARRIED).
+_CARRIED = FLAG_MISMATCH | FLAG_PARTIAL
 _UNPACK, _PACK_INTO = wire.HEADER_STRUCT.unpack_from, wire.HEADER_STRUCT.pack_into
 _header_error = wire.header_error
 # Positions of the header fields in HEADER_STRUCT's tuple, by name (spina/wire.py's order).
@@ -219,14 +221,16 @@ class Pipeline:
         """The largest packet the pipeline can emit (all lanes present, a full slot copy)."""
         return wire.HEADER_LEN + 4 * wire.MAX_LANES + 4 * self.slot_capacity
 
-    def process_into(self, pkt, port: int, src, out) -> tuple[int, bool, Admission | None]:
+    def process_into(self, pkt, port: int, src, out,
+                     spine: bool = False) -> tuple[int, bool, Admission | None]:
         """`process` without allocation: the packet leaving the pipeline, if any, is written to
         the writable buffer `out` (at least `max_packet_len` bytes).
 
         Returns (n, multicast, admission): n = 0 if nothing leaves, else the packet is
         out[:n] and goes to every worker of admission's job (multicast) or back to the sender.
         `pkt` may be a reused buffer (bytes, bytearray or memoryview of exactly the datagram):
-        nothing keeps a reference to it.
+        nothing keeps a reference to it. `spine`: the job is aggregated here as a spine
+        (softswitch/fabric.py), where a leaf's REPLAY partial is taken as the round's result.
 
         The data path's per-packet cost is Python overhead, so this reads header fields from
         one struct tuple and scalar registers and counters through memoryviews of their numpy
@@ -280,6 +284,10 @@ class Pipeline:
             self._c_duplicates[job] += 1
             self._c_results[job] += 1
             return self._result_into(out, t, idx, FLAG_RESEND), False, adm
+        if spine and flags & FLAG_REPLAY:
+            # A leaf's stored result of a round this spine lost (a restart): it is the round's
+            # result, whoever else was added since. Written, not added; complete now.
+            return self._adopt_into(out, pkt, t, idx, nworkers), True, adm
         if old_bitmap & bit:
             self._c_duplicates[job] += 1
             if flags & FLAG_PARTIAL:
@@ -345,6 +353,26 @@ class Pipeline:
         # multicast group has exactly its nworkers members.
         self._c_results[job] += nworkers
         return self._result_into(out, t, idx, 0), True, adm
+
+    def _adopt_into(self, out, pkt, t: tuple, idx: int, nworkers: int) -> int:
+        """A spine takes a leaf's replayed result as round `idx`'s result; the result leaves for
+        every leaf (job_results per copy, as egress counts them); returns its length."""
+        k, bs, present = t[_NLANES], t[_BLOCK_SIZE], t[_PRESENT]
+        _, _, vals, slot_next = self._views(idx, k, bs)
+        slot_next[:] = np.frombuffer(pkt, NEXT_DTYPE, k, HLEN)
+        vals[:] = 0
+        if present:
+            data = np.frombuffer(pkt, DATA_DTYPE, (len(pkt) - HLEN) // 4 - k, HLEN + 4 * k)
+            vals[wire.lane_indices(present, k)] = data.reshape(-1, bs)
+        self._r_bitmap[idx] = (1 << nworkers) - 1  # every rack's contribution is in it
+        self._r_count[idx] = nworkers
+        self._r_present[idx] = present
+        self._r_nonfinite[idx] = t[_NONFINITE]
+        self._r_exponent[idx] = t[_EXPONENT]
+        self._r_length[idx] = t[_LENGTH]
+        self._r_flags[idx] = t[_FLAGS] & (FLAG_LAST | _CARRIED)
+        self._c_results[t[_JOB]] += nworkers
+        return self._result_into(out, t, idx, 0)
 
     def _held(self, slot: int, rnd: int, bit: int, nworkers: int) -> bool:
         """head_*: note that rank `bit` reached round `rnd` of `slot`; True if `rnd` is newer

@@ -67,9 +67,11 @@ FLAG_LAST = 0x04           # worker: none of its lanes in this slot has a furthe
 FLAG_PARTIAL = 0x08        # worker resend: flush request (bounded-loss mode, complete the round
                            # without the missing workers); result: completed without every worker
 FLAG_MISMATCH = 0x10       # result: workers disagreed on the tensor length
+FLAG_REPLAY = 0x20         # leaf to spine: the round's result the leaf stored, sent back up to a
+                           # spine that lost it (a restart); the spine takes it as the round's result
 
 FLAG_NAMES = {FLAG_RESEND: "resend", FLAG_LOSS_TOLERANT: "loss_tolerant", FLAG_LAST: "last",
-              FLAG_PARTIAL: "partial", FLAG_MISMATCH: "mismatch"}
+              FLAG_PARTIAL: "partial", FLAG_MISMATCH: "mismatch", FLAG_REPLAY: "replay"}
 
 END = 0xFFFFFFFF     # `next` sentinel: no further non-zero block in this lane
 MAX_LANES = 64       # present/nonfinite are 64-bit lane bitmaps

@@ -151,6 +151,23 @@ class P4Model:
             return []
         held = r["slot_count"][idx]
         nlocal = fab["nlocal"]
+        if h.msg_type == wire.MSG_STATUS and h.rank != fab["rack"]:
+            # another rack's status: replay the stored result if the spine lacks this rack
+            if held <= nlocal or h.bitmap >> fab["rack"] & 1:
+                return []
+            out = h.copy()
+            present = r["slot_present"][idx]
+            out.msg_type = wire.MSG_CONTRIB
+            out.flags = (r["slot_flags"][idx] & FLAGS_RESULT) | wire.FLAG_RESEND | wire.FLAG_REPLAY
+            out.rank = fab["rack"]
+            out.present, out.bitmap = present, r["slot_bitmap"][idx]
+            out.nonfinite, out.exponent = r["slot_nonfinite"][idx], _s16(r["slot_exponent"][idx])
+            out.length = r["slot_length"][idx]
+            nxt = [self.next[lane][idx] for lane in range(h.nlanes)]  # FOR_EACH_LANE(SPINA_LOAD_LANE)
+            data = b"".join(struct.pack(f">{self.BLOCK_SIZE}I",
+                                        *(self.values[lane][e][idx] for e in range(self.BLOCK_SIZE)))
+                            for lane in range(h.nlanes) if present >> lane & 1)
+            return [(wire.pack_header(out) + struct.pack(f">{h.nlanes}I", *nxt) + data, "up")]
         if held != nlocal:
             self.count("job_duplicates" if held > nlocal else "job_stale", job)
             return []
@@ -226,11 +243,18 @@ class P4Model:
         if not fresh:
             count = r["slot_count"][idx]
         complete = count >= adm["nworkers"]
-        flush = duplicate and not complete and (h.flags & wire.FLAG_PARTIAL) != 0
-        accumulate = not duplicate and not complete
+        adopt = fab["spine"] and (in_flags & wire.FLAG_REPLAY) != 0 and not complete
+        flush = duplicate and not complete and not adopt and (h.flags & wire.FLAG_PARTIAL) != 0
+        accumulate = not duplicate and not complete and not adopt
+        reset = fresh or adopt
+        all_ranks = ((1 << adm["nworkers"]) - 1) & M32
         if accumulate:
             r["slot_bitmap"][idx] = old_bitmap | rank_bit
             count += 1
+            r["slot_count"][idx] = count
+        elif adopt:
+            r["slot_bitmap"][idx] = all_ranks
+            count = adm["nworkers"]
             r["slot_count"][idx] = count
         else:
             self.count("job_duplicates", job)
@@ -251,7 +275,7 @@ class P4Model:
             present, nonfinite, exponent = h.present, h.nonfinite, h.exponent & 0xFFFF
             length, sflags = h.length, h.flags & wire.FLAG_LAST
             carried = in_flags & FLAGS_CARRIED if fab["spine"] else 0
-            if fresh:
+            if reset:
                 sflags |= carried
                 r["slot_present"][idx], r["slot_nonfinite"][idx] = present, nonfinite
                 r["slot_exponent"][idx], r["slot_length"][idx] = exponent, length
@@ -280,10 +304,10 @@ class P4Model:
             for lane in range(self.NLANES):  # FOR_EACH_LANE(SPINA_LANE)
                 if not h.nlanes > lane:
                     continue
-                add = accumulate and (h.present >> lane & 1) == 1
+                add = (accumulate or adopt) and (h.present >> lane & 1) == 1
                 out_l = send_result and (present >> lane & 1) == 1
                 nxt = lane_next[lane]
-                if fresh:
+                if reset:
                     self.next[lane][idx] = nxt
                 else:
                     nxt = self.next[lane][idx]
@@ -293,15 +317,15 @@ class P4Model:
                         self.next[lane][idx] = nxt
                 if send_result:
                     out_next[lane] = nxt
-                if fresh or add or out_l:
+                if reset or add or out_l:
                     vals = []
                     for e in range(self.BLOCK_SIZE):  # FOR_EACH_ELEM(SPINA_VALUE_CELL)
                         v = 0
-                        if not fresh:
+                        if not reset:
                             v = self.values[lane][e][idx]
                         if add:
                             v = (v + block[lane][e]) & M32
-                        if fresh or add:
+                        if reset or add:
                             self.values[lane][e][idx] = v
                         vals.append(v)
                     if out_l:
@@ -312,14 +336,15 @@ class P4Model:
                 return []
             out.msg_type = wire.MSG_RESULT
             out.flags = sflags | (h.flags & wire.FLAG_LOSS_TOLERANT) | (
-                0 if accumulate or flush else wire.FLAG_RESEND)
-            out.bitmap = old_bitmap | rank_bit if accumulate else old_bitmap
+                0 if accumulate or flush or adopt else wire.FLAG_RESEND)
+            out.bitmap = (old_bitmap | rank_bit if accumulate
+                          else all_ranks if adopt else old_bitmap)
             out.present, out.nonfinite, out.exponent = present, nonfinite, _s16(exponent)
             out.length = length
         data = b"".join(struct.pack(f">{self.BLOCK_SIZE}I", *out_blocks[lane])
                         for lane in sorted(out_blocks))
-        multicast = accumulate or flush
-        kind = multicast
+        multicast = accumulate or flush or adopt
+        kind = multicast or (fab["spine"] and out.msg_type == wire.MSG_STATUS)
         if fab["leaf"] and out.msg_type == wire.MSG_RESULT and (
                 multicast or count <= fab["nlocal"]):
             out.msg_type = wire.MSG_CONTRIB

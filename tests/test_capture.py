@@ -28,7 +28,7 @@ def _packets(n=6, seed=3):
         nlanes, bs = int(rng.integers(1, 9)), int(rng.integers(1, 6))
         present = int(rng.integers(0, 1 << nlanes))
         h = wire.Header(msg_type=(wire.MSG_CONTRIB, wire.MSG_RESULT, wire.MSG_STATUS)[i % 3],
-                        flags=int(rng.integers(0, 32)), priority=i % 8, job=1000 + i,
+                        flags=int(rng.integers(0, 64)), priority=i % 8, job=1000 + i,
                         epoch=7 + i, call=0xFFFFFF00 + i, slot=300 + i, rank=i % 32,
                         nlanes=nlanes, round=2**31 + i, length=123456 + i, block_size=bs,
                         exponent=-130 + 60 * i, bitmap=int(rng.integers(0, 2**32)),

@@ -164,7 +164,9 @@ SPINE_SRC = ("10.0.2.1", spec.INA_UDP_PORT)
 KINDS = {TO_GROUP: True, TO_SENDER: False, TO_UPSTREAM: "up"}
 FLAGS = [0, wire.FLAG_LAST, wire.FLAG_RESEND, wire.FLAG_LOSS_TOLERANT, wire.FLAG_MISMATCH,
          wire.FLAG_PARTIAL | wire.FLAG_LAST, wire.FLAG_RESEND | wire.FLAG_PARTIAL,
-         wire.FLAG_MISMATCH | wire.FLAG_PARTIAL | wire.FLAG_LOSS_TOLERANT]
+         wire.FLAG_MISMATCH | wire.FLAG_PARTIAL | wire.FLAG_LOSS_TOLERANT,
+         wire.FLAG_RESEND | wire.FLAG_REPLAY,
+         wire.FLAG_RESEND | wire.FLAG_REPLAY | wire.FLAG_PARTIAL | wire.FLAG_LAST]
 
 
 def role_packet(draw, msg_type, rank, nworkers_bits):
@@ -210,7 +212,37 @@ def leaf_scenario(draw):
 def test_leaf_role_equals_p4_transliteration(sc):
     """softswitch.fabric's leaf equals the P4's (fabric.p4, aggregator.p4): packets out and
     where they go, counters and registers after every packet."""
-    sizes, rack, packets = sc
+    _leaf_agrees(*sc)
+
+
+def test_leaf_replay_equals_p4_transliteration():
+    """The replay (random scenarios rarely reach it): rack 1 of (2, 2) completes slot 1 round
+    2, stores the spine's result, then meets statuses of rack 0 that lack it (replayed: twice,
+    both go up), name it (dropped), and its own status (a duplicate)."""
+    rng = np.random.default_rng(5)
+
+    def pkt(msg_type, rank, flags=0, bitmap=0, present=0b11):
+        h = wire.Header(msg_type=msg_type, flags=flags, job=JOB, epoch=1, slot=1, rank=rank,
+                        nlanes=K, round=2, length=9, block_size=BS, exponent=3,
+                        present=present, bitmap=bitmap)
+        n = bin(present).count("1")
+        data = rng.integers(-2**31, 2**31, (n, BS), dtype=np.int64).astype(np.int32)
+        return wire.pack(h, [1, 5, 9, wire.END], data if n else None)
+
+    packets = [(src(2), pkt(wire.MSG_CONTRIB, 2)), (src(3), pkt(wire.MSG_CONTRIB, 3, present=0b10)),
+               (SPINE_SRC, pkt(wire.MSG_RESULT, 1, wire.FLAG_LAST | wire.FLAG_PARTIAL, 0b11))]
+    for bitmap in (0b01, 0b00, 0b10):
+        packets.append((SPINE_SRC, pkt(wire.MSG_STATUS, 0, wire.FLAG_RESEND, bitmap, 0)))
+    packets.append((SPINE_SRC, pkt(wire.MSG_STATUS, 1, wire.FLAG_RESEND, 0b01, 0)))
+    ups = _leaf_agrees((2, 2), 1, packets)
+    assert [(len(p), wire.unpack_header(p).flags) for p in ups] == [
+        (len(packets[2][1]), wire.FLAG_LAST | wire.FLAG_PARTIAL | wire.FLAG_RESEND
+         | wire.FLAG_REPLAY)] * 2
+
+
+def _leaf_agrees(sizes, rack, packets) -> list[bytes]:
+    """Run `packets` through the software leaf and the P4 transliteration: equal packets,
+    counters, registers; returns what went up after the rack's own partial."""
     n = sum(sizes)
     job = JobConfig(job=JOB, workers=tuple(WorkerAddr(r, *src(r)) for r in range(n)),
                     slot_base=0, nslots=2, block_size=BS, nlanes=K, racks=sizes)
@@ -227,11 +259,15 @@ def test_leaf_role_equals_p4_transliteration(sc):
     for slot in (0, 1):
         model.leaf_upstream[(JOB, slot)] = (PORT, SPINE_SRC)
     out = bytearray(leaf.pipeline.max_packet_len)
+    ups = []
     for who, pkt in packets:
         n_out, to, _ = leaf.process_into(pkt, PORT, who, out)
         got = [(bytes(out[:n_out]), KINDS[to])] if n_out else []
         assert got == model.process(pkt, PORT, who)
         _same_state(leaf.pipeline, model)
+        if to == TO_UPSTREAM and who == SPINE_SRC:
+            ups.append(bytes(out[:n_out]))
+    return ups
 
 
 def test_a_full_rack_of_32_equals_the_p4_transliteration():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 import time
 
 import numpy as np
@@ -268,7 +269,8 @@ def test_spine_adds_partials_and_multicasts():
     assert run(sp, PARTIAL0, LEAF[0]) == (b"", 0, None)
     status = wire.pack(header(msg_type=wire.MSG_STATUS, flags=wire.FLAG_RESEND, rank=0,
                               exponent=5, bitmap=0b01), [7, 11])
-    assert run(sp, patched(PARTIAL0, flags=wire.FLAG_RESEND), LEAF[0]) == (status, TO_SENDER, None)
+    # A spine's status goes to every leaf (a leaf that stored the result replays it).
+    assert run(sp, patched(PARTIAL0, flags=wire.FLAG_RESEND), LEAF[0]) == (status, TO_GROUP, 1)
     assert run(sp, PARTIAL1, LEAF[1]) == (RESULT, TO_GROUP, 1)
     assert sp.pipeline.job_counters(1)["job_duplicates"] == 1
 
@@ -313,7 +315,9 @@ def test_resend_before_the_spine_result_resends_the_partial():
     # The first partial was lost: the spine adds the resent one.
     assert run(sp, up_again, LEAF[0]) == (b"", 0, None)
     status, to, _ = run(sp, up_again, LEAF[0])
-    assert to == TO_SENDER and wire.unpack_header(status).bitmap == 0b01
+    assert to == TO_GROUP and wire.unpack_header(status).bitmap == 0b01
+    # Rack 1's leaf, still waiting for the spine too, ignores rack 0's status.
+    assert run(l1, status, SPINE) == (b"", 0, None)
     out, to, key = run(l0, status, SPINE)
     assert (to, key, wire.unpack_header(out).bitmap) == (TO_GROUP, 1, 0b11)
     assert out[wire.HEADER_LEN:] == status[wire.HEADER_LEN:]
@@ -321,6 +325,44 @@ def test_resend_before_the_spine_result_resends_the_partial():
     answer, to, _ = run(sp, up_again, LEAF[0])
     assert to == TO_SENDER and answer == patched(RESULT, flags=wire.FLAG_RESEND, rank=0)
     assert run(l0, answer, SPINE) == (relayed(rank=0), TO_GROUP, 1)
+
+
+def test_a_restarted_spine_takes_the_result_a_leaf_stored():
+    """The spine's result reached leaf 0 but was lost to leaf 1, then the spine restarted
+    (registers lost). Rack 0 never sends the round again; rack 1's designated worker resends:
+    the new spine adds leaf 1's partial and, at the next resend, sends its status to every
+    leaf; leaf 0 stored the result and sees its rack missing, so it replays the result up
+    (REPLAY); the spine takes it as the round's result, complete, and multicasts it: leaf 1
+    stores it and replicates it to its rack exactly as the lost one, leaf 0 drops it."""
+    (l0, l1), ups = completed_leaves()
+    old = spine()
+    run(old, ups[0][0], LEAF[0])
+    assert run(old, ups[1][0], LEAF[1]) == (RESULT, TO_GROUP, 1)
+    assert run(l0, RESULT, SPINE) == (relayed(), TO_GROUP, 1)  # lost on the way to leaf 1
+    sp = spine()  # the restarted spine
+    resend = patched(RACK1[0], flags=wire.FLAG_RESEND)  # rank 2: rack 1's designated worker
+    up_again = patched(PARTIAL1, flags=wire.FLAG_RESEND)
+    assert run(l1, resend, WORKER[2]) == (up_again, TO_UPSTREAM, SPINE)
+    assert run(sp, up_again, LEAF[1]) == (b"", 0, None)
+    status, to, key = run(sp, up_again, LEAF[1])
+    assert (to, key) == (TO_GROUP, 1)
+    assert wire.unpack_header(status).bitmap == 0b10  # rack 0 missing
+    replay, to, key = run(l0, status, SPINE)
+    h = wire.unpack_header(replay)
+    assert (to, key, h.msg_type, h.rank) == (TO_UPSTREAM, SPINE, wire.MSG_CONTRIB, 0)
+    assert h.flags == wire.FLAG_RESEND | wire.FLAG_REPLAY
+    assert replay[wire.HEADER_LEN:] == RESULT[wire.HEADER_LEN:]  # next positions and sums
+    result, to, key = run(sp, replay, LEAF[0])
+    assert (to, key) == (TO_GROUP, 1)
+    assert result == patched(RESULT, rank=0)  # the lost result, every rack's bit set
+    c = sp.pipeline.job_counters(1)
+    assert (c["job_aggregated"], c["job_results"]) == (1, 2)
+    assert run(l1, result, SPINE) == (relayed(rank=0), TO_GROUP, 1)
+    assert run(l0, result, SPINE) == (b"", 0, None)
+    # The round is complete at the spine: another replay gets the stored result back.
+    assert run(sp, replay, LEAF[0])[1] == TO_SENDER
+    # A status naming leaf 0's rack, or its own status, makes no replay.
+    assert run(l0, patched(status, bitmap=0b11), SPINE) == (b"", 0, None)
 
 
 def test_only_the_designated_worker_makes_the_partial_go_up_again():
@@ -631,6 +673,40 @@ def test_spine_restarted_mid_call():
             assert np.array_equal(fut.result(), want)
         assert 8 <= stopped_at < 64, stopped_at  # the restart was mid-call
         assert new.pipeline.job_counters(7)["job_aggregated"] > 0
+
+
+def test_spine_restarted_after_a_result_reached_one_leaf_only():
+    """Leaf 1 loses the spine's results from round 8 on, and the spine stops right after the
+    first such loss: that round's result is at leaf 0, whose workers never send it again, and
+    missing at leaf 1. The restarted spine gets it back from leaf 0 (REPLAY) and the call
+    completes exactly on every rank."""
+    cut, stopped = threading.Event(), threading.Event()
+
+    def lose_results(h: wire.Header) -> bool:
+        if h.msg_type != wire.MSG_RESULT or h.round < 8 or stopped.is_set():
+            return False
+        cut.set()
+        return True
+
+    replays = []
+    with FabricCluster(faults=lambda i: Faults(drop_in_match=lose_results) if i == 1 else None,
+                       timeout=60) as f:
+        ints = tensors(1.0, 7, n=1 << 19, integer=True)  # 64 rounds per slot
+        futs = [f.pool.submit(a.allreduce, t) for a, t in zip(f.agents, ints)]
+        assert cut.wait(30)
+        old = f.spines[0]
+        old.stop()
+        stopped.set()
+        new = UdpSwitch(port=old.address[1], faults=Faults(drop_in_match=lambda h: bool(
+            h.flags & wire.FLAG_REPLAY and replays.append(h.slot))))
+        f.switches[2] = new
+        f.spines = [new]
+        plan.install(f.plan, {"spine0": new})
+        new.start()
+        want = np.sum(ints, axis=0, dtype=np.int32)
+        for fut in futs:
+            assert np.array_equal(fut.result(), want)
+        assert replays, "no leaf replayed a result: the case was not reached"
 
 
 def test_install_refuses_a_switch_at_two_levels():

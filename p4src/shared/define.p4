@@ -29,6 +29,7 @@ const bit<8> FLAG_LOSS_TOLERANT = 0x02;
 const bit<8> FLAG_LAST = 0x04;
 const bit<8> FLAG_PARTIAL = 0x08;
 const bit<8> FLAG_MISMATCH = 0x10;
+const bit<8> FLAG_REPLAY = 0x20;
 
 // Two-level aggregation (v1model/fabric.p4): what a rack's partial carries up besides
 // LAST (a mismatch or a flush in one rack concerns every rack), and a stored result's flags.

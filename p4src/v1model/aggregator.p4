@@ -36,7 +36,10 @@
  * Two-level aggregation (meta.fab, v1model/fabric.p4; softswitch/fabric.py). A leaf's
  * workers send their rank within the rack (0..nlocal-1), a leaf's partial the rack's index:
  * each switch's ranks and bitmaps count its own workers only.
- *   spine   a partial's MISMATCH and PARTIAL flags are ORed into the round it is added to
+ *   spine   a partial's MISMATCH and PARTIAL flags are ORed into the round it is added to;
+ *           a STATUS goes to every leaf (the job's group); a REPLAY partial (a leaf's stored
+ *           result of a round this spine lost in a restart) is written as the round's
+ *           result, complete, and multicast
  *   leaf    a round completed (or flushed) here goes up to the slot's spine instead of to
  *           the rack: the result with msg_type CONTRIB, rank = the rack's index; a resend
  *           to a complete round whose spine result is missing sends the partial up again
@@ -47,7 +50,9 @@
  *           into local ranks (this rack's bit: a RESULT names the ranks in the partial,
  *           slot_bitmap; a STATUS every local rank; no bit: none); a RESULT is stored in
  *           the copy (written, not added; slot_count becomes nlocal + 1) and replicated to
- *           the rack, a STATUS only replicated
+ *           the rack, a STATUS only replicated; another rack's STATUS is dropped, unless
+ *           the copy stored the result and the status lacks this rack: then the stored
+ *           result goes up, REPLAY
  */
 #ifndef SPINA_AGGREGATOR_P4
 #define SPINA_AGGREGATOR_P4
@@ -105,17 +110,17 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
     // carries lane L; the sum goes into the packet when the result leaves with lane L.
 #define SPINA_VALUE_CELL(L, E) {                                        \
         bit<32> v = 0;                                                  \
-        if (!fresh) { slot_values_l##L##_e##E.read(v, idx); }           \
+        if (!reset) { slot_values_l##L##_e##E.read(v, idx); }           \
         if (add_##L) { v = v + hdr.block[L].e##E; }                     \
-        if (fresh || add_##L) { slot_values_l##L##_e##E.write(idx, v); } \
+        if (reset || add_##L) { slot_values_l##L##_e##E.write(idx, v); } \
         if (out_##L) { hdr.block[L].e##E = v; }                         \
     }
 
 #define SPINA_LANE(L) if (hdr.ina.nlanes > L) {                         \
-        bool add_##L = accumulate && hdr.ina.present[L:L] == 1;         \
+        bool add_##L = (accumulate || adopt) && hdr.ina.present[L:L] == 1; \
         bool out_##L = send_result && present[L:L] == 1;                       \
         bit<32> next_##L = hdr.lane_next[L].pos;                        \
-        if (fresh) {                                                    \
+        if (reset) {                                                    \
             slot_next_l##L.write(idx, next_##L);                        \
         } else {                                                        \
             slot_next_l##L.read(next_##L, idx);                         \
@@ -128,7 +133,7 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
         }                                                               \
         if (send_result) { hdr.lane_next[L].pos = next_##L; }                  \
         if (out_##L) { hdr.block[L].setValid(); }                       \
-        if (fresh || add_##L || out_##L) {                              \
+        if (reset || add_##L || out_##L) {                              \
             FOR_EACH_ELEM(SPINA_VALUE_CELL, L)                          \
         }                                                               \
         if (!out_##L) { hdr.block[L].setInvalid(); }                    \
@@ -145,6 +150,16 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
         }                                                               \
     }
 
+    // The stored result of lane L into the packet (a leaf's replay): positions, present values.
+#define SPINA_LOAD_ELEM(L, E) slot_values_l##L##_e##E.read(hdr.block[L].e##E, idx);
+#define SPINA_LOAD_LANE(L) if (hdr.ina.nlanes > L) {                    \
+        slot_next_l##L.read(hdr.lane_next[L].pos, idx);                 \
+        if (stored_present[L:L] == 1) {                                 \
+            hdr.block[L].setValid();                                    \
+            FOR_EACH_ELEM(SPINA_LOAD_ELEM, L)                           \
+        }                                                               \
+    }
+
 #define SPINA_COUNT_BLOCK(L) if (hdr.block[L].isValid()) { nblocks = nblocks + 1; }
 
     apply {
@@ -155,6 +170,9 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
         bit<32> idx = ((bit<32>)hdr.ina.slot << 1) | (hdr.ina.round & 1);
         bit<32> rank_bit = (bit<32>)1 << hdr.ina.rank;
         bit<8> in_flags = hdr.ina.flags;
+        bit<32> held = 0;
+        bit<32> nlocal = (bit<32>)meta.fab.nlocal;
+        bool adopt = false;
         if (meta.fab.from_spine) {
             // A leaf: the spine's answer for the round this copy holds and sent up.
             bit<32> held_round;
@@ -164,9 +182,42 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
                 mark_to_drop(std);
                 return;
             }
-            bit<32> held;
             slot_count.read(held, idx);
-            bit<32> nlocal = (bit<32>)meta.fab.nlocal;
+            if (hdr.ina.msg_type == MSG_STATUS && hdr.ina.rank != meta.fab.rack) {
+                // Another rack's status (a spine sends its statuses to every leaf). If this
+                // leaf stored the round's result and the spine lacks this rack, the spine lost
+                // it (a restart) and this rack never sends the round again: the stored result
+                // goes back up, REPLAY, and the spine takes it as the round's result. (A
+                // status carries no blocks: only the stored present lanes become valid.)
+                if (held <= nlocal || (hdr.ina.bitmap >> meta.fab.rack)[0:0] == 1) {
+                    mark_to_drop(std);
+                    return;
+                }
+                bit<64> stored_present;
+                bit<8> stored_flags;
+                slot_present.read(stored_present, idx);
+                slot_flags.read(stored_flags, idx);
+                hdr.ina.msg_type = MSG_CONTRIB;
+                hdr.ina.flags = (stored_flags & FLAGS_RESULT) | FLAG_RESEND | FLAG_REPLAY;
+                hdr.ina.rank = meta.fab.rack;
+                hdr.ina.present = stored_present;
+                slot_bitmap.read(hdr.ina.bitmap, idx);
+                slot_nonfinite.read(hdr.ina.nonfinite, idx);
+                slot_exponent.read(hdr.ina.exponent, idx);
+                slot_length.read(hdr.ina.length, idx);
+                FOR_EACH_LANE(SPINA_LOAD_LANE)
+                bit<16> nblocks = 0;
+                FOR_EACH_LANE(SPINA_COUNT_BLOCK)
+                hdr.udp.length = UDP_HDR_BYTES + INA_HDR_BYTES + 4 * (bit<16>)hdr.ina.nlanes
+                                 + nblocks * BLOCK_BYTES;
+                hdr.ipv4.total_len = IPV4_HDR_BYTES + hdr.udp.length;
+                reply_to_sender();
+                hdr.ethernet.dst_addr = meta.fab.up_mac;
+                hdr.ipv4.dst_addr = meta.fab.up_addr;
+                hdr.udp.dst_port = INA_UDP_PORT;
+                std.egress_spec = meta.fab.up_port;
+                return;
+            }
             if (held != nlocal) {  // stored already (a duplicate), or never sent up
                 if (held > nlocal) {
                     job_duplicates.count(job);
@@ -271,11 +322,20 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
         bool complete = count >= (bit<32>)meta.adm.nworkers;
         // A flush: a resend flagged PARTIAL asks to complete the round without the missing
         // workers (the P4 program has no timers: the agent whose deadline passed decides).
-        bool flush = duplicate && !complete && (hdr.ina.flags & FLAG_PARTIAL) != 0;
-        bool accumulate = !duplicate && !complete;
+        // A spine: a leaf's REPLAY is the result of a round this spine lost (a restart), taken
+        // as the round's result whoever else was added since: written, not added, complete.
+        adopt = meta.fab.spine && (in_flags & FLAG_REPLAY) != 0 && !complete;
+        bool flush = duplicate && !complete && !adopt && (hdr.ina.flags & FLAG_PARTIAL) != 0;
+        bool accumulate = !duplicate && !complete && !adopt;
+        bool reset = fresh || adopt;  // the copy starts from this packet
+        bit<32> all_ranks = ((bit<32>)1 << meta.adm.nworkers) - 1;
         if (accumulate) {
             slot_bitmap.write(idx, old_bitmap | rank_bit);
             count = count + 1;
+            slot_count.write(idx, count);
+        } else if (adopt) {
+            slot_bitmap.write(idx, all_ranks);
+            count = (bit<32>)meta.adm.nworkers;
             slot_count.write(idx, count);
         } else {
             job_duplicates.count(job);
@@ -303,7 +363,7 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
             bit<8> sflags = hdr.ina.flags & FLAG_LAST;
             // A spine: a rack's mismatch or flush goes into the round it is added to.
             bit<8> carried = meta.fab.spine ? in_flags & FLAGS_CARRIED : 8w0;
-            if (fresh) {
+            if (reset) {
                 sflags = sflags | carried;
                 slot_present.write(idx, present);
                 slot_nonfinite.write(idx, nonfinite);
@@ -349,8 +409,9 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
             }
             hdr.ina.msg_type = MSG_RESULT;
             hdr.ina.flags = sflags | (hdr.ina.flags & FLAG_LOSS_TOLERANT)
-                            | ((accumulate || flush) ? 8w0 : FLAG_RESEND);
-            hdr.ina.bitmap = accumulate ? (old_bitmap | rank_bit) : old_bitmap;
+                            | ((accumulate || flush || adopt) ? 8w0 : FLAG_RESEND);
+            hdr.ina.bitmap = accumulate ? (old_bitmap | rank_bit)
+                             : (adopt ? all_ranks : old_bitmap);
             hdr.ina.present = present;
             hdr.ina.nonfinite = nonfinite;
             hdr.ina.exponent = exponent;
@@ -364,7 +425,7 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
                          + nblocks * BLOCK_BYTES;
         hdr.ipv4.total_len = IPV4_HDR_BYTES + hdr.udp.length;
         reply_to_sender();
-        bool multicast = accumulate || flush;
+        bool multicast = accumulate || flush || adopt;
         if (meta.fab.leaf && hdr.ina.msg_type == MSG_RESULT
                 && (multicast || count <= (bit<32>)meta.fab.nlocal)) {
             // A leaf: the rack's round completed (or was flushed) here, or a worker resent a
@@ -390,8 +451,10 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
             } else {
                 mark_to_drop(std);  // no spine for this slot, or another worker's resend
             }
-        } else if (multicast) {
-            std.mcast_grp = meta.adm.mcast_grp;  // the result, to every worker of the job
+        } else if (multicast || (meta.fab.spine && hdr.ina.msg_type == MSG_STATUS)) {
+            // The result, to every worker of the job. A spine's status goes to every leaf
+            // too: one that stored the round's result while this spine lost it replays it.
+            std.mcast_grp = meta.adm.mcast_grp;
         } else {
             std.egress_spec = std.ingress_port;  // result or status, back to the resender
         }
