@@ -232,7 +232,7 @@ def test_leaf_replays_its_stored_result_to_a_spine_that_lost_it(target):
     target.send(SPINE_PORT, from_spine(**{**other, "bitmap": 0b11}))  # names rack 1
     expect_nothing(target)
     target.send(SPINE_PORT, from_spine(**other))
-    replay = {**SPINE_RESULT, "bitmap": JOB_RANKS,
+    replay = {**SPINE_RESULT, "bitmap": LOCAL_RANKS,
               "flags": wire.FLAG_LAST | wire.FLAG_RESEND | wire.FLAG_REPLAY}
     expect(target, {SPINE_PORT: [to_spine(**replay)]})
     assert target.register("slot_count", 1) == 3

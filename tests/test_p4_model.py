@@ -229,7 +229,8 @@ def test_leaf_replay_equals_p4_transliteration():
         data = rng.integers(-2**31, 2**31, (n, BS), dtype=np.int64).astype(np.int32)
         return wire.pack(h, [1, 5, 9, wire.END], data if n else None)
 
-    packets = [(src(2), pkt(wire.MSG_CONTRIB, 2)), (src(3), pkt(wire.MSG_CONTRIB, 3, present=0b10)),
+    # Rack 1's workers (job ranks 2, 3) send their local ranks 0, 1.
+    packets = [(src(2), pkt(wire.MSG_CONTRIB, 0)), (src(3), pkt(wire.MSG_CONTRIB, 1, present=0b10)),
                (SPINE_SRC, pkt(wire.MSG_RESULT, 1, wire.FLAG_LAST | wire.FLAG_PARTIAL, 0b11))]
     for bitmap in (0b01, 0b00, 0b10):
         packets.append((SPINE_SRC, pkt(wire.MSG_STATUS, 0, wire.FLAG_RESEND, bitmap, 0)))
