@@ -829,6 +829,30 @@ def target_lines(rows) -> list[str]:
     return out
 
 
+PAIRS = tuple((f"b{b}/{pol}{dl}", ref) for pol in ("fixed", "layer") for b in ("1%", "10%")
+              for dl, ref in (("", f"exact/{pol}"), ("/auto", f"exact/{pol}"),
+                              ("/auto", f"b{b}/{pol}")))
+
+
+def paired_lines(step_rows) -> list[str]:
+    """Step times compared repeat by repeat: each repeat runs every configuration once within
+    seconds, so the ratio of two configurations' steps in one repeat sees the same load (the
+    p99 of 50 steps is their second slowest and follows the machine's worst moments)."""
+    by: dict[str, dict[int, float]] = {}
+    for r in step_rows:
+        by.setdefault(r["config"], {})[int(r["repeat"])] = float(r["step_s"])
+    out = []
+    for a, b in PAIRS:
+        reps = sorted(set(by.get(a, {})) & set(by.get(b, {})))
+        if not reps:
+            continue
+        ratio = [by[a][k] / by[b][k] for k in reps]
+        out.append(f"- {a} / {b}: median ratio {statistics.median(ratio):.3f} "
+                   f"(p90 {pctl(ratio, 0.9):.3f}), faster in {sum(x < 1 for x in ratio)} of "
+                   f"{len(reps)} repeats")
+    return out
+
+
 def table(rows) -> list[str]:
     lines = ["| configuration | median s | p90 s | p99 s | min-max s | p99/median | "
              "p99 / exact-fixed p99 | blocks lost per call (all ranks) | result blocks off "
@@ -856,11 +880,12 @@ def table(rows) -> list[str]:
     return lines
 
 
-def summary(rows, meta: dict) -> str:
+def summary(rows, meta: dict, step_rows=()) -> str:
     lines = ["# DLCP: step time under congestion", ""]
     lines += [f"- {k}: {v}" for k, v in meta.items()]
     lines += ["", "## Target (issue 14)", ""] + (target_lines(rows) or ["- (not run)"])
     lines += ["", "## Results", ""] + table(rows)
+    lines += ["", "## Paired by repeat (same load)", ""] + (paired_lines(step_rows) or ["- (none)"])
     return "\n".join(lines) + "\n"
 
 
@@ -883,8 +908,10 @@ def plot(step_rows, rows, path: str) -> None:
     ax1.grid(True, axis="y", alpha=0.3)
     for i, nm in enumerate(names):
         xs = sorted(s["step_s"] for s in step_rows if s["config"] == nm)
-        ax2.plot(xs, np.arange(1, len(xs) + 1) / len(xs), label=nm,
-                 ls="--" if "layer" in nm else "-", color="k" if nm == "gloo" else None)
+        ls = {(True, True): "-.", (True, False): "--", (False, True): ":"}.get(
+            ("layer" in nm, nm.endswith("/auto")), "-")
+        ax2.plot(xs, np.arange(1, len(xs) + 1) / len(xs), label=nm, ls=ls,
+                 color="k" if nm == "gloo" else plt.cm.tab20(i % 20))
     ax2.set_xscale("log")
     ax2.set_xlabel("step time, s")
     ax2.set_ylabel("fraction of steps")
@@ -1164,10 +1191,10 @@ def main(argv=None) -> int:
                   "order rotating; a step's time is the slowest worker's",
     }
     with open(os.path.join(a.out, "dlcp_summary.md"), "w") as f:
-        f.write(summary(rows, meta))
+        f.write(summary(rows, meta, step_rows))
     if not a.no_plots:
         plot(step_rows, rows, os.path.join(a.out, "dlcp_congestion.png"))
-    for line in table(rows) + [""] + target_lines(rows):
+    for line in table(rows) + [""] + target_lines(rows) + [""] + paired_lines(step_rows):
         print(line)
     print(f"wrote {a.out}/dlcp_steps.csv, dlcp_congestion.csv, dlcp_summary.md"
           + ("" if a.no_plots else ", dlcp_congestion.png"))
