@@ -968,6 +968,10 @@ def _positive(kind, lo, hi):
 def _loss_deadline(text: str):
     if text == "auto":
         return text
+    try:
+        float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither seconds nor 'auto'") from None
     return _positive(float, 0.001, 10)(text)
 
 

@@ -239,7 +239,13 @@ def plot(runs: list[dict], out: Path, args) -> None:
 
 
 def _deadline(text: str):
-    return text if text == "auto" else cli.positive_float(text)
+    if text == "auto":
+        return text
+    try:
+        float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither seconds nor 'auto'") from None
+    return cli.positive_float(text)
 
 
 def main(argv=None) -> int:
