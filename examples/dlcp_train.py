@@ -89,7 +89,7 @@ def run(bound: float, args, data) -> dict:
     params = [init(args.seed) for _ in range(n)]  # every worker's own copy
     t0 = time.perf_counter()
     with UdpSwitch(port=0, faults=Faults(drop_in_match=congested)) as sw:
-        with LocalCluster(n, switch=sw, timeout=60, block_size=8, nlanes=1, nslots=8,
+        with LocalCluster(n, switch=sw, timeout=60, block_size=8, nlanes=args.nlanes, nslots=8,
                           priority_policy="layer", **policy) as c:
             rng = np.random.default_rng(args.seed)
             for step in range(1, args.steps + 1):
@@ -165,7 +165,7 @@ def run_mlp(bound: float, args, data) -> dict:
     nl = len(linears[0])
     t0 = time.perf_counter()
     with UdpSwitch(port=0, faults=Faults(drop_in_match=congested)) as sw:
-        with LocalCluster(n, switch=sw, timeout=120, block_size=256, nlanes=56, nslots=16,
+        with LocalCluster(n, switch=sw, timeout=120, block_size=256, nlanes=args.nlanes, nslots=16,
                           priority_policy="layer", **policy) as c:
             for step in range(1, args.steps + 1):
                 for r in range(n):
@@ -266,6 +266,10 @@ def main(argv=None) -> int:
     ap.add_argument("--deadline", type=_deadline, default=None, metavar="SECONDS|auto",
                     help="the job's loss_deadline: seconds, or 'auto' (twice the measured round "
                          "latency, 2-50 ms); default 0.005 (digits), auto (mlp)")
+    ap.add_argument("--nlanes", type=cli.int_range(1, wire.MAX_LANES), default=None,
+                    help="blocks per packet: default 1 (digits, blocks of 8), 8 (mlp, blocks of "
+                         "256, as bench/dlcp_bench.py: loss-tolerant packets are whole packets, "
+                         "so at 56 a 1%% bound marks almost none)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", help="default docs/dlcp_<task>.png (JSON beside it)")
     args = ap.parse_args(argv)
@@ -273,6 +277,7 @@ def main(argv=None) -> int:
     args.steps = args.steps or (200 if mlp else 300)
     args.lr = args.lr or (0.05 if mlp else 0.5)
     args.deadline = args.deadline or ("auto" if mlp else 0.005)
+    args.nlanes = args.nlanes or (8 if mlp else 1)
     args.out = args.out or str(ROOT / "docs" / f"dlcp_{args.task}.png")
     if not 0 <= args.drop <= 1:
         return cli.fail(ap.prog, f"--drop: {args.drop} is not a probability in [0, 1]")
