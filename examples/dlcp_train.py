@@ -227,10 +227,10 @@ def plot(runs: list[dict], out: Path, args) -> None:
         ax.plot(h["step"], h["test_acc"], "-o", ms=2,
                 label=f"bound {h['bound']:.0%}: {h['test_acc'][-1]:.2f}% "
                       f"(lost {h['lost_fraction']:.2%} of blocks)")
-    ax.set(xlabel="step", ylabel="test accuracy (%)",
-           title=f"{'MLP on digits' if args.task == 'digits' else '5.3M MLP, synthetic task'}, "
+    ax.set(xlabel="step", ylabel="test accuracy (%)")
+    ax.set_title(f"{'MLP on digits' if args.task == 'digits' else '5.3M MLP, synthetic task'}, "
                  f"{args.workers} workers, tolerant packets dropped "
-                 f"w.p. {args.drop:g} (emulated)")
+                 f"w.p. {args.drop:g} (emulated)", fontsize=9)
     ax.set_ylim(max(0, min(min(h["test_acc"]) for h in runs) - 5), 100)
     ax.grid(alpha=0.3)
     ax.legend()
