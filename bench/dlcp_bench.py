@@ -47,6 +47,9 @@ interleaved step by step (the order rotating each repeat), in the same processes
   exact/own-queue                         a control: exact, the job's priority 1, so every
                                           packet in a queue of its own (not the background's)
   b1%/fixed, b1%/layer, b10%/fixed, ...   bounded_loss 0.01, 0.1, loss_tolerant_policy magnitude
+                                          (loss deadline: --loss-deadline)
+  b1%/fixed/auto, ..., b10%/layer/auto    the same with loss_deadline auto (from the measured
+                                          round latency)
   gloo                                    torch.distributed gloo all_reduce, in place, per layer
 
 A step's time is the slowest worker's (barriers around it). Checked per step: SpINA's results
@@ -100,6 +103,7 @@ class Config:
     priority_policy: str = "fixed"
     loss_tolerant_policy: str = "none"
     priority: int = 0             # the job's priority (queue); background traffic is in 0
+    loss_deadline: float | str | None = None  # None: --loss-deadline
 
 
 CONFIGS = (Config("exact/fixed", "spina"), Config("exact/layer", "spina", priority_policy="layer"),
@@ -109,17 +113,23 @@ CONFIGS = (Config("exact/fixed", "spina"), Config("exact/layer", "spina", priori
            Config("b1%/layer", "spina", 0.01, "layer", "magnitude"),
            Config("b10%/fixed", "spina", 0.1, "fixed", "magnitude"),
            Config("b10%/layer", "spina", 0.1, "layer", "magnitude"),
-           Config("gloo", "gloo"))
+           Config("gloo", "gloo"),
+           # the loss deadline from the measured round latency (JobConfig loss_deadline auto)
+           *(Config(f"b{b:.0%}/{pol}/auto", "spina", b, pol, "magnitude", loss_deadline="auto")
+             for b in (0.01, 0.1) for pol in ("fixed", "layer")))
+DEFAULT_CONFIGS = tuple(c.name for c in CONFIGS)
 STEP_COLUMNS = ("repeat", "order", "config", "step_s", "worker_max_s", "worker_min_s",
                 "blocks", "blocks_lost", "wrong_blocks", "partial_rounds",
-                "loss_tolerant_packets", "resends", "timeout_resends", "congestion_drops",
+                "loss_tolerant_packets", "resends", "timeout_resends", "loss_deadline_ms",
+                "congestion_drops",
                 "congestion_seen", "tail_drops", "load1")
 COLUMNS = ("config", "method", "bounded_loss", "priority_policy", "loss_tolerant_policy",
            "workers", "elements", "layers", "steps", "median_s", "p90_s", "p99_s", "min_s",
            "max_s", "spread_p99_over_median", "p99_vs_exact_fixed", "blocks_per_step",
            "blocks_lost_per_call", "blocks_lost_max_per_call", "wrong_blocks_per_call",
            "wrong_blocks_max_per_call", "bound_blocks_per_call", "partial_rounds_per_step",
-           "loss_tolerant_packets_per_step", "resends_per_step", "congestion_drops_per_step",
+           "loss_tolerant_packets_per_step", "resends_per_step", "loss_deadline_ms",
+           "congestion_drops_per_step",
            "tail_drops_per_step", "load_min", "load_max", "within_bound", "verified")
 
 
@@ -379,6 +389,7 @@ def _worker(rank, ns, n, sizes, gloo_port, conn, barrier):
     from bench.netns import enter
     from host_agent import dlcp
     from host_agent.agent import Agent
+    from host_agent.recovery import RttEstimator
     from spina.net import bound_udp_socket
     enter(ns)
     sock = bound_udp_socket(worker_ip(rank), WORKER_PORT)
@@ -404,6 +415,10 @@ def _worker(rank, ns, n, sizes, gloo_port, conn, barrier):
     bufs = [np.empty(s, np.float32) for s in sizes]
     tens = [torch.from_numpy(b) for b in bufs]  # same memory: gloo all-reduces in place
     base = job
+    # One latency estimator per configuration, as a job running only that configuration
+    # would have: the auto loss deadline (and every timer) follows its own rounds, not the
+    # previous configuration's (the step-by-step interleaving changes it every step).
+    rtts = {}
     conn.send("ready")
     try:
         while True:
@@ -414,7 +429,8 @@ def _worker(rank, ns, n, sizes, gloo_port, conn, barrier):
             if cfg.method == "spina":
                 agent.job = dlcp.with_policy(dataclasses.replace(base, priority=cfg.priority),
                                              cfg.bounded_loss, cfg.priority_policy,
-                                             cfg.loss_tolerant_policy)
+                                             cfg.loss_tolerant_policy, cfg.loss_deadline)
+                agent.rtt = rtts.setdefault(cfg.name, RttEstimator(agent.rtt.min_rto))
             if variant == "train":
                 conn.send(_train(rank, n, cfg, agent, dist, barrier, *req[2:]))
                 continue
@@ -431,7 +447,7 @@ def _step(rank, n, cfg, agent, dist, grad, bufs, tens, exact, barrier) -> dict:
     for b, g in zip(bufs, grad):
         np.copyto(b, g)
     stats = dict(blocks=0, blocks_lost=0, partial_rounds=0, loss_tolerant_packets=0,
-                 resends=0, timeout_resends=0, calls_lost=[])
+                 resends=0, timeout_resends=0, calls_lost=[], deadlines=[])
     barrier.wait()
     t0 = time.perf_counter()
     for i in reversed(range(nl)):  # backward: the last layer's gradient is ready first
@@ -439,6 +455,7 @@ def _step(rank, n, cfg, agent, dist, grad, bufs, tens, exact, barrier) -> dict:
             agent.allreduce(bufs[i], inplace=True, layer=(i, nl))
             s = agent.last_stats
             stats["calls_lost"].append(s.blocks_lost)
+            stats["deadlines"].append(s.loss_deadline)
             for k in ("blocks_lost", "partial_rounds", "loss_tolerant_packets", "resends",
                       "timeout_resends"):
                 stats[k] += getattr(s, k)
@@ -739,6 +756,9 @@ def step_row(rep, k, cfg, recs, c0, c1, load, sizes) -> dict:
                 loss_tolerant_packets=sum(w["loss_tolerant_packets"] for w in recs),
                 resends=sum(w["resends"] for w in recs),
                 timeout_resends=sum(w["timeout_resends"] for w in recs),
+                # the flush deadline at the end of each call, mean over calls and ranks
+                loss_deadline_ms=round(1e3 * statistics.fmean(
+                    d for w in recs for d in w["deadlines"]), 2) if spina else 0.0,
                 congestion_drops=c1[0] - c0[0], congestion_seen=c1[1] - c0[1],
                 tail_drops=c1[2] - c0[2], load1=round(load, 2),
                 crcs=" ".join(f"{w['crc']:08x}" for w in recs) if spina else "")
@@ -774,6 +794,7 @@ def summarize(rows: list[dict], a, sizes: list[int]) -> list[dict]:
             partial_rounds_per_step=per("partial_rounds"),
             loss_tolerant_packets_per_step=per("loss_tolerant_packets"),
             resends_per_step=per("resends"), congestion_drops_per_step=per("congestion_drops"),
+            loss_deadline_ms=per("loss_deadline_ms"),
             tail_drops_per_step=per("tail_drops"), load_min=min(r["load1"] for r in rs),
             load_max=max(r["load1"] for r in rs),
             within_bound=all(r["within_bound"] for r in rs), verified=True))
@@ -796,14 +817,39 @@ def target_lines(rows) -> list[str]:
     """Issue 14's step-time target, per priority policy: met or not met."""
     by = {r["config"]: r for r in rows}
     out = []
-    for pol in ("fixed", "layer"):
-        b, e = by.get(f"b10%/{pol}"), by.get(f"exact/{pol}")
+    for pol, dl in (("fixed", ""), ("layer", ""), ("fixed", "/auto"), ("layer", "/auto")):
+        b, e = by.get(f"b10%/{pol}{dl}"), by.get(f"exact/{pol}")
         if b is None or e is None:
             continue
         ratio = b["p99_s"] / e["p99_s"]
-        out.append(f"- priority {pol}: p99 step time with a 10% bound {b['p99_s']:.3f} s vs "
+        out.append(f"- priority {pol}, loss deadline {'auto' if dl else 'fixed'}: p99 step "
+                   f"time with a 10% bound {b['p99_s']:.3f} s vs "
                    f"exact {e['p99_s']:.3f} s = **{ratio:.2f}x** (target <= {TARGET}x): "
                    f"**{'met' if ratio <= TARGET else 'NOT met'}**")
+    return out
+
+
+PAIRS = tuple((f"b{b}/{pol}{dl}", ref) for pol in ("fixed", "layer") for b in ("1%", "10%")
+              for dl, ref in (("", f"exact/{pol}"), ("/auto", f"exact/{pol}"),
+                              ("/auto", f"b{b}/{pol}")))
+
+
+def paired_lines(step_rows) -> list[str]:
+    """Step times compared repeat by repeat: each repeat runs every configuration once within
+    seconds, so the ratio of two configurations' steps in one repeat sees the same load (the
+    p99 of 50 steps is their second slowest and follows the machine's worst moments)."""
+    by: dict[str, dict[int, float]] = {}
+    for r in step_rows:
+        by.setdefault(r["config"], {})[int(r["repeat"])] = float(r["step_s"])
+    out = []
+    for a, b in PAIRS:
+        reps = sorted(set(by.get(a, {})) & set(by.get(b, {})))
+        if not reps:
+            continue
+        ratio = [by[a][k] / by[b][k] for k in reps]
+        out.append(f"- {a} / {b}: median ratio {statistics.median(ratio):.3f} "
+                   f"(p90 {pctl(ratio, 0.9):.3f}), faster in {sum(x < 1 for x in ratio)} of "
+                   f"{len(reps)} repeats")
     return out
 
 
@@ -812,9 +858,9 @@ def table(rows) -> list[str]:
              "p99 / exact-fixed p99 | blocks lost per call (all ranks) | result blocks off "
              "the exact sum per call (max) | bound, blocks per call (call order) | "
              "within bound | partial rounds per step | loss-tolerant packets per step | "
-             "resends per step | congestion drops per step | tail drops per step | "
-             "load (1 min) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "resends per step | loss deadline ms (mean) | congestion drops per step | "
+             "tail drops per step | load (1 min) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         spina = r["method"] == "spina"
         na = "n/a"
@@ -826,17 +872,20 @@ def table(rows) -> list[str]:
                f"({r['wrong_blocks_max_per_call']}) | {r['bound_blocks_per_call']} | "
                f"{'yes' if r['within_bound'] else '**NO**'} | "
                f"{r['partial_rounds_per_step']:.1f} | {r['loss_tolerant_packets_per_step']:.1f} | "
-               f"{r['resends_per_step']:.1f} | {r['congestion_drops_per_step']:.1f} | "
-               if spina else f"{na} | {na} | {na} | {na} | {na} | {na} | {na} | {na} | ")
+               f"{r['resends_per_step']:.1f} | "
+               + (f"{r['loss_deadline_ms']:.1f}" if r["bounded_loss"] else na)
+               + f" | {r['congestion_drops_per_step']:.1f} | "
+               if spina else f"{na} | {na} | {na} | {na} | {na} | {na} | {na} | {na} | {na} | ")
             + f"{r['tail_drops_per_step']:.1f} | {r['load_min']:.1f}-{r['load_max']:.1f} |")
     return lines
 
 
-def summary(rows, meta: dict) -> str:
+def summary(rows, meta: dict, step_rows=()) -> str:
     lines = ["# DLCP: step time under congestion", ""]
     lines += [f"- {k}: {v}" for k, v in meta.items()]
     lines += ["", "## Target (issue 14)", ""] + (target_lines(rows) or ["- (not run)"])
     lines += ["", "## Results", ""] + table(rows)
+    lines += ["", "## Paired by repeat (same load)", ""] + (paired_lines(step_rows) or ["- (none)"])
     return "\n".join(lines) + "\n"
 
 
@@ -859,8 +908,10 @@ def plot(step_rows, rows, path: str) -> None:
     ax1.grid(True, axis="y", alpha=0.3)
     for i, nm in enumerate(names):
         xs = sorted(s["step_s"] for s in step_rows if s["config"] == nm)
-        ax2.plot(xs, np.arange(1, len(xs) + 1) / len(xs), label=nm,
-                 ls="--" if nm.endswith("layer") else "-", color="k" if nm == "gloo" else None)
+        ls = {(True, True): "-.", (True, False): "--", (False, True): ":"}.get(
+            ("layer" in nm, nm.endswith("/auto")), "-")
+        ax2.plot(xs, np.arange(1, len(xs) + 1) / len(xs), label=nm, ls=ls,
+                 color="k" if nm == "gloo" else plt.cm.tab20(i % 20))
     ax2.set_xscale("log")
     ax2.set_xlabel("step time, s")
     ax2.set_ylabel("fraction of steps")
@@ -914,6 +965,16 @@ def _positive(kind, lo, hi):
     return parse
 
 
+def _loss_deadline(text: str):
+    if text == "auto":
+        return text
+    try:
+        float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither seconds nor 'auto'") from None
+    return _positive(float, 0.001, 10)(text)
+
+
 def _configs(text: str) -> list[str]:
     names = [c.name for c in CONFIGS]
     got = text.split(",")
@@ -939,9 +1000,9 @@ def parse_args(argv=None):
     ap.add_argument("--steps", type=_positive(int, 1, 10000), default=50,
                     help="repeats; each runs every configuration once, order rotating "
                          "(default %(default)s, after one warm-up repeat)")
-    ap.add_argument("--configs", type=_configs, default=[c.name for c in CONFIGS],
+    ap.add_argument("--configs", type=_configs, default=list(DEFAULT_CONFIGS),
                     help="comma list of configurations (default all: "
-                         f"{','.join(c.name for c in CONFIGS)})".replace("%", "%%"))
+                         f"{','.join(DEFAULT_CONFIGS)})".replace("%", "%%"))
     ap.add_argument("--rate", type=_rate, default="1gbit",
                     help="tbf rate of every worker link, both ways (default %(default)s)")
     ap.add_argument("--uplink", choices=("shaper", "bmv2"), default="shaper",
@@ -968,9 +1029,11 @@ def parse_args(argv=None):
                     help="the congestion entry's threshold: frames queued at the uplink above "
                          "which a loss-tolerant contribution may be dropped (default "
                          "%(default)s)")
-    ap.add_argument("--loss-deadline", type=_positive(float, 0.001, 10), default=0.03,
+    ap.add_argument("--loss-deadline", type=_loss_deadline, default=0.03,
+                    metavar="SECONDS|auto",
                     help="seconds a round may wait before the agents flush it PARTIAL "
-                         "(bounded modes; default %(default)s)")
+                         "(bounded modes without /auto in their name; default %(default)s), or "
+                         "'auto': twice the measured round latency, 2-50 ms")
     ap.add_argument("--nslots", type=_positive(int, 1, 64), default=16,
                     help="SpINA slots per job (the window; default %(default)s)")
     ap.add_argument("--train", type=_positive(int, 0, 100000), default=0, metavar="STEPS",
@@ -1127,15 +1190,15 @@ def main(argv=None) -> int:
                     f"({4 * sum(sizes) / 1e6:.1f} MB) per worker, {len(sizes)} calls per step "
                     "(last layer first, each with its layer position)",
         "SpINA": f"block 256, {NLANES} blocks per datagram, {a.nslots} slots, loss deadline "
-                 f"{a.loss_deadline:g} s; congestion threshold {a.qdepth} frames",
+                 f"{a.loss_deadline} s (configurations /auto: from the round latency); congestion threshold {a.qdepth} frames",
         "timing": f"{a.steps} repeats after a warm-up, each running every configuration once, "
                   "order rotating; a step's time is the slowest worker's",
     }
     with open(os.path.join(a.out, "dlcp_summary.md"), "w") as f:
-        f.write(summary(rows, meta))
+        f.write(summary(rows, meta, step_rows))
     if not a.no_plots:
         plot(step_rows, rows, os.path.join(a.out, "dlcp_congestion.png"))
-    for line in table(rows) + [""] + target_lines(rows):
+    for line in table(rows) + [""] + target_lines(rows) + [""] + paired_lines(step_rows):
         print(line)
     print(f"wrote {a.out}/dlcp_steps.csv, dlcp_congestion.csv, dlcp_summary.md"
           + ("" if a.no_plots else ", dlcp_congestion.png"))

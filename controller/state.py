@@ -31,7 +31,7 @@ Every error names the offending field (`jobs[1].nslots: ...`).
         priority: 0                 # egress queue 0..7
         drop_qdepth: 64             # optional: drop loss-tolerant packets above this depth
         bounded_loss: 0.0           # optional, agents only: DLCP bounded-loss mode (JobConfig)
-        loss_deadline: 0.05
+        loss_deadline: 0.05         # seconds, or auto: twice the measured round latency
         priority_policy: fixed      # optional, agents only: fixed | layer (host_agent/dlcp.py)
         loss_tolerant_policy: none  # optional, agents only: none | magnitude (needs bounded_loss)
     agents_dir: agents              # where the controller writes the agents' files
@@ -173,7 +173,7 @@ class Job:
     priority: int = 0
     drop_qdepth: int | None = None
     bounded_loss: float = 0.0
-    loss_deadline: float = 0.05
+    loss_deadline: float | str = 0.05  # seconds, or "auto" (JobConfig)
     priority_policy: str = "fixed"
     loss_tolerant_policy: str = "none"
 
@@ -441,7 +441,9 @@ def _parse_flat(doc, path: pathlib.Path | None = None) -> DesiredState:
                   drop_qdepth=_int(d, "drop_qdepth", w, 0, spec.QDEPTH_NEVER)
                   if "drop_qdepth" in d else None,
                   bounded_loss=_float(d, "bounded_loss", w, 0.0),
-                  loss_deadline=_float(d, "loss_deadline", w, 0.05),
+                  # seconds, or "auto" (JobConfig names any other word below)
+                  loss_deadline=d["loss_deadline"] if isinstance(d.get("loss_deadline"), str)
+                  else _float(d, "loss_deadline", w, 0.05),
                   priority_policy=_str(d, "priority_policy", w, "fixed"),
                   loss_tolerant_policy=_str(d, "loss_tolerant_policy", w, "none"))
         _need(job.slot_base is not None, f"{w}.slot_base",

@@ -37,7 +37,7 @@ from host_agent.blocks import (NONFINITE_BITS, LanePlan, block_absmax_bits, expo
 from host_agent.recovery import MIN_RTO, Recovery, RttEstimator, Timer, flusher_rank
 from spina import log as spina_log, rendezvous, wire
 from spina.net import bind_own_address, grow_buffers
-from spina.config import JobConfig
+from spina.config import LOSS_DEADLINE_AUTO, JobConfig
 
 try:  # the per-datagram work and the socket calls (host_agent/_core.c)
     from host_agent import _core
@@ -93,6 +93,8 @@ class CallStats:
     partial_fraction: float = 0.0  # their blocks / the tensor's blocks: an upper bound of the
                                    # fraction of blocks that miss some worker's contribution
     loss_tolerant_packets: int = 0  # first transmissions flagged loss-tolerant (host_agent/dlcp.py)
+    loss_deadline: float = 0.0   # bounded loss: the flush deadline at the call's end (the job's
+                                 # seconds, or `auto`'s from the round latency; slowest group)
     blocks_lost: int = 0         # own blocks missing from the result: sent in a round completed
                                  # without this worker, or skipped by such a round's positions
     foreign_packets: int = 0     # datagrams from anyone but the switch: dropped unread
@@ -212,7 +214,8 @@ class _Call:
         timers = [Timer(group=groups[s]) for s in range(W)]
         # Bounded loss: each partial round counts its nlanes blocks against the budget.
         self.recovery = Recovery(rtt, timers, time.monotonic(), job.bounded_loss,
-                                 job.loss_deadline, job.bounded_loss * self.nblocks / k,
+                                 None if job.loss_deadline == LOSS_DEADLINE_AUTO
+                                 else job.loss_deadline, job.bounded_loss * self.nblocks / k,
                                  flusher=flusher)
         self.slots = [_Slot(s + job.slot_base, s, ptr=first_ext[s * k:(s + 1) * k].copy(),
                             lanes=np.arange(s * k, (s + 1) * k, dtype=np.int64),
@@ -383,6 +386,8 @@ class _Call:
         stats.hold_resends = rec.hold_resends
         stats.partial_rounds = rec.partial_rounds
         stats.partial_fraction = min(1.0, rec.partial_rounds * self.k / max(1, self.nblocks))
+        if self.job.bounded_loss:
+            stats.loss_deadline = max(rec.deadline(g) for g in {tm.group for tm in rec.timers})
         stats.seconds = seconds
         return stats
 
@@ -627,7 +632,7 @@ class Agent:
                      blocks, self._buffers, self.rtt, self.check_blocks, dense=self._dense,
                      layer=layer)
         sock = self.sock
-        tick = min(0.1, self.job.loss_deadline) if self.job.bounded_loss else 0.1
+        tick = min(0.1, call.recovery.deadline()) if self.job.bounded_loss else 0.1
         # Non-blocking, select() only when nothing is waiting: a socket timeout would cost a
         # poll() before every recv and send. Lost rounds are looked for when recovery's next
         # deadline comes (Recovery.wait; at most `every` apart, as a later latency sample may

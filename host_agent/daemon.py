@@ -25,10 +25,11 @@ one call at a time (its agent's lock).
 Config file (JSON; every field optional):
     {"socket": "/tmp/spina-agent.sock", "log_file": null, "log_level": "INFO",
      "log_format": "text", "timeout": 30.0, "rto": 0.005, "metrics": null,
-     "bounded_loss": null, "priority_policy": null, "loss_tolerant_policy": null}
+     "bounded_loss": null, "priority_policy": null, "loss_tolerant_policy": null,
+     "loss_deadline": null}
 `metrics` ("[HOST:]PORT", loopback by default) serves Prometheus metrics (host_agent/metrics.py);
-`bounded_loss`, `priority_policy`, `loss_tolerant_policy` (null: each job file's own) override
-the DLCP settings of every job this daemon serves (host_agent/dlcp.py, docs/dlcp.md; 0 = exact).
+`bounded_loss`, `priority_policy`, `loss_tolerant_policy`, `loss_deadline` (seconds or "auto";
+null: each job file's own) override the DLCP settings of every job this daemon serves (host_agent/dlcp.py, docs/dlcp.md; 0 = exact).
 `log_format` is text, kv or json (spina/log.py). Lines about a client or a call carry job, rank
 (and call, client_pid) as fields.
 """
@@ -56,6 +57,7 @@ from host_agent.recovery import MIN_RTO
 from spina.config import (LOSS_TOLERANT_POLICIES, PRIORITY_POLICIES, ConfigError, JobFile,
                           load_worker_file, read_json)
 from spina.metrics import parse_address
+from spina.config import LOSS_DEADLINE_AUTO
 
 log = logging.getLogger("spina.daemon")
 
@@ -78,11 +80,12 @@ class DaemonConfig:
     bounded_loss: float | None = None        # DLCP overrides of every job's file (None: keep)
     priority_policy: str | None = None
     loss_tolerant_policy: str | None = None
+    loss_deadline: float | str | None = None  # seconds, or "auto" (spina.config)
 
     def job(self, job):
         """`job` (a JobConfig) with this daemon's DLCP overrides (ConfigError naming the field)."""
         return dlcp.with_policy(job, self.bounded_loss, self.priority_policy,
-                                self.loss_tolerant_policy)
+                                self.loss_tolerant_policy, self.loss_deadline)
 
     @classmethod
     def load(cls, path: str | None) -> "DaemonConfig":
@@ -135,6 +138,11 @@ class DaemonConfig:
             v = self.bounded_loss
             need(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1,
                  "bounded_loss", f"must be a fraction in [0, 1), got {v!r}")
+        if self.loss_deadline is not None:
+            v = self.loss_deadline
+            need(v == LOSS_DEADLINE_AUTO or (isinstance(v, (int, float)) and not isinstance(v, bool)
+                                             and 0 < v < float("inf")),
+                 "loss_deadline", f"{v!r} is neither positive seconds nor '{LOSS_DEADLINE_AUTO}'")
         for name, allowed in (("priority_policy", PRIORITY_POLICIES),
                               ("loss_tolerant_policy", LOSS_TOLERANT_POLICIES)):
             v = getattr(self, name)
@@ -557,6 +565,16 @@ def status(socket_path: str = DEFAULT_SOCKET) -> dict:
 
 
 # ---------------------------------------------------------------------- CLI
+def _loss_deadline(text: str) -> float | str:
+    """--loss-deadline: 'auto' or seconds (DaemonConfig.validate checks the value)."""
+    if text == LOSS_DEADLINE_AUTO:
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        return text  # validate() names it: neither seconds nor 'auto'
+
+
 def main(argv=None) -> int:
     ap = cli.ArgumentParser(
         prog="python -m host_agent daemon",
@@ -564,7 +582,7 @@ def main(argv=None) -> int:
                     "(Unix socket + shared memory). Stops cleanly on SIGTERM or SIGINT.")
     ap.add_argument("--config", help="JSON config file (fields: socket, log_file, log_level, "
                                      "log_format, timeout, rto, metrics, bounded_loss, "
-                                     "priority_policy, loss_tolerant_policy)")
+                                     "priority_policy, loss_tolerant_policy, loss_deadline)")
     ap.add_argument("--socket", help=f"Unix socket path (overrides the config; default {DEFAULT_SOCKET})")
     ap.add_argument("--log-file", help="log to this file (overrides the config; default stderr)")
     spina_log.add_options(ap, level=None, fmt=None)  # None: the config's value applies
@@ -579,6 +597,12 @@ def main(argv=None) -> int:
     ap.add_argument("--loss-tolerant-policy",
                     help=f"DLCP: {' | '.join(LOSS_TOLERANT_POLICIES)} for every job served "
                          "(default: each job file's)")
+    ap.add_argument("--loss-deadline", type=_loss_deadline, metavar="SECONDS|auto",
+                    help="DLCP: how long a round may wait for a missing worker before it is "
+                         "completed without it (bounded loss only): seconds, or 'auto': twice "
+                         "the measured latency of the agent's rounds, at least 2 ms and at most "
+                         "50 ms, so a round is given up when it is clearly late on this fabric "
+                         "(default: each job file's; the job file's default is 0.05)")
     args = ap.parse_args(argv)
     overrides = {k: v for k, v in (("socket", args.socket), ("log_file", args.log_file),
                                    ("log_level", args.log_level), ("log_format", args.log_format),
@@ -587,6 +611,8 @@ def main(argv=None) -> int:
                                    ("loss_tolerant_policy", args.loss_tolerant_policy)) if v}
     if args.bounded_loss is not None:  # 0 is a value (exact), not "unset"
         overrides["bounded_loss"] = args.bounded_loss
+    if args.loss_deadline is not None:
+        overrides["loss_deadline"] = args.loss_deadline
     try:
         for k, v in overrides.items():
             try:

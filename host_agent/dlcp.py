@@ -43,14 +43,15 @@ TOP_PRIORITY = 7  # the switch's highest queue (v1model priority is 3 bits)
 
 
 def with_policy(job: JobConfig, bounded_loss: float | None = None,
-                priority_policy: str | None = None, loss_tolerant_policy: str | None = None
-                ) -> JobConfig:
+                priority_policy: str | None = None, loss_tolerant_policy: str | None = None,
+                loss_deadline: float | str | None = None) -> JobConfig:
     """`job` with the DLCP settings that are not None replaced (a training process's or a
     daemon's override of its job file), validated: ConfigError naming the field. Every rank
     of a job must use the same settings (the bound is the job's; see docs/dlcp.md)."""
     changes = {k: v for k, v in (("bounded_loss", bounded_loss),
                                  ("priority_policy", priority_policy),
-                                 ("loss_tolerant_policy", loss_tolerant_policy)) if v is not None}
+                                 ("loss_tolerant_policy", loss_tolerant_policy),
+                                 ("loss_deadline", loss_deadline)) if v is not None}
     if "bounded_loss" in changes and (isinstance(bounded_loss, bool)
                                       or not isinstance(bounded_loss, (int, float))):
         raise ConfigError(f"field 'bounded_loss': {bounded_loss!r} is not a number")

@@ -27,7 +27,9 @@ status naming who contributed. A round is resent on one of four triggers, all de
                    The timer fires only if it had expired when the agent last found its socket
                    empty: a descheduled agent that wakes up to a full socket reads its results
                    before it resends anything.
-  flush            bounded-loss mode (opt-in): a round older than the job's loss deadline is
+  flush            bounded-loss mode (opt-in): a round older than the job's loss deadline (fixed
+                   seconds, or `auto`: AUTO_DEADLINE_MULT x the smoothed latency of its slot
+                   group's rounds, within AUTO_DEADLINE_MIN..AUTO_DEADLINE_MAX) is
                    resent flagged PARTIAL while the call's partial rounds fit its budget,
                    counting this agent's flushes in flight as partial already (several rounds
                    may pass the deadline at once; see Recovery.due). One rank per call flushes
@@ -51,6 +53,14 @@ INITIAL_RTO = 0.2  # s, before the first latency sample (TCP uses 1 s; a switch 
 MIN_RTO = 0.005    # s, default floor: round latencies here are 0.1-20 ms, variance covers load
 MAX_RTO = 2.0      # s: a slow switch (BMv2 serves 150-300 packets/s) may take this per window
 REORDER_MIN = 0.001  # s, smallest reorder window of the fast retransmit
+# The `auto` loss deadline (bounded loss): a round is flushed once it has waited this many
+# times its slot group's smoothed round latency, so a round flushes when it is clearly late
+# on the fabric at hand instead of after a fixed time that suits some other one. Twice: a
+# round merely queued behind others takes about one latency, and flushing one that is only
+# late costs a partial round and holds the slot's next round (docs/reliability.md).
+AUTO_DEADLINE_MULT = 2.0
+AUTO_DEADLINE_MIN = 0.002  # s: below this a loaded host's scheduling alone makes rounds late
+AUTO_DEADLINE_MAX = 0.05   # s: never longer than the fixed default (and before any sample)
 
 
 class RttEstimator:
@@ -69,6 +79,9 @@ class RttEstimator:
         # found spurious widens the window by srtt/4, up to srtt; 16 calls without one reset it.
         self.reorder_mult = 1
         self.calls_in_order = 0
+        # Per slot group (JobConfig.slot_groups): the smoothed latency of its rounds, for the
+        # `auto` loss deadline (groups on different spines see different queues).
+        self.group_srtt: dict[int, float] = {}
 
     def spurious_fast_retransmit(self) -> None:
         """A fast retransmit was not needed (its round's result came twice): rounds complete
@@ -88,12 +101,23 @@ class RttEstimator:
             if self.calls_in_order >= 16:
                 self.reorder_mult, self.calls_in_order = 1, 0
 
-    def sample(self, seconds: float) -> None:
+    def sample(self, seconds: float, group: int = 0) -> None:
         if self.srtt is None:
             self.srtt, self.rttvar = seconds, seconds / 2
         else:
             self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - seconds)
             self.srtt = 0.875 * self.srtt + 0.125 * seconds
+        g = self.group_srtt.get(group)
+        self.group_srtt[group] = seconds if g is None else 0.875 * g + 0.125 * seconds
+
+    def loss_deadline(self, group: int = 0) -> float:
+        """The `auto` loss deadline of a round of slot group `group`: AUTO_DEADLINE_MULT x the
+        group's smoothed round latency (the agent's, before the group has a sample), within
+        AUTO_DEADLINE_MIN..AUTO_DEADLINE_MAX; AUTO_DEADLINE_MAX before any sample."""
+        srtt = self.group_srtt.get(group, self.srtt)
+        if srtt is None:
+            return AUTO_DEADLINE_MAX
+        return min(AUTO_DEADLINE_MAX, max(AUTO_DEADLINE_MIN, AUTO_DEADLINE_MULT * srtt))
 
     @property
     def rto(self) -> float:
@@ -149,13 +173,15 @@ class Recovery:
         rtt: the agent's latency estimator (updated here).
         timers: one Timer per slot of the window.
         now: the call's start.
-        bounded_loss, loss_deadline: the job's bounded-loss settings (0: exact mode).
+        bounded_loss, loss_deadline: the job's bounded-loss settings (0: exact mode); a
+            loss_deadline of None: `auto`, from the round latency (RttEstimator.loss_deadline).
         budget_rounds: partial rounds the call may have (bounded loss).
         flusher: this agent is the call's one flusher (`flusher_rank`); the others never flush.
     """
 
     def __init__(self, rtt: RttEstimator, timers: list[Timer], now: float,
-                 bounded_loss: float = 0.0, loss_deadline: float = 0.0, budget_rounds: float = 0.0,
+                 bounded_loss: float = 0.0, loss_deadline: float | None = 0.0,
+                 budget_rounds: float = 0.0,
                  flusher: bool = True):
         self.rtt, self.timers = rtt, timers
         self.bounded_loss, self.loss_deadline = bounded_loss, loss_deadline
@@ -239,7 +265,7 @@ class Recovery:
         self.flying.pop(tm.last_seq, None)
         latency = now - tm.first_sent_at
         if tm.resends == 0:  # Karn: only rounds sent once are timed
-            self.rtt.sample(latency)
+            self.rtt.sample(latency, tm.group)
             # Only rounds sent once say anything about the order: every worker sent them in
             # the order their previous results arrived, the same order at every worker.
             if tm.seq > self.rack.get(tm.group, (0, 0.0))[0]:
@@ -268,7 +294,7 @@ class Recovery:
         tm.prev_resends -= 1
         self.spurious += 1
         if tm.prev_latency:  # the round completed by itself, no status: a true latency
-            self.rtt.sample(tm.prev_latency)
+            self.rtt.sample(tm.prev_latency, tm.group)
             if tm.prev_timed_out:
                 self.spurious_timeouts += 1
                 self.rtt.spurious_timeout(tm.prev_latency)
@@ -278,6 +304,12 @@ class Recovery:
             tm.prev_latency = 0.0
 
     # ---------------------------------------------------------------- decisions
+    def deadline(self, group: int = 0) -> float:
+        """Seconds a round of slot group `group` may wait before the flusher flushes it."""
+        if self.loss_deadline is None:
+            return self.rtt.loss_deadline(group)
+        return self.loss_deadline
+
     @property
     def timeout(self) -> float:
         return min(self.rtt.rto * 2 ** self.backoff, self.rtt.max_rto)
@@ -294,7 +326,7 @@ class Recovery:
             rack_seq, rack_latency = self.rack.get(tm.group, (0, 0.0))
             rack = rack_latency + window
             if (self.bounded_loss and self.flusher and tm.flushable and not tm.flush
-                    and now - tm.first_sent_at > self.loss_deadline
+                    and now - tm.first_sent_at > self.deadline(tm.group)
                     and self.partial_rounds + self.flushing + 1 <= self.budget_rounds):
                 # A flush in flight counts as a partial round already: every round past the
                 # deadline is seen in one look, long before the first partial result returns.

@@ -279,7 +279,8 @@ def block_aligned_layout(sizes: list[int], block_size: int) -> tuple[np.ndarray,
 def agent_from_env(job_file: str | None = None, rank: int | None = None, wait: float = 60.0,
                    timeout: float = 30.0, rto: float = 0.2, daemon_socket: str | None = None,
                    bounded_loss: float | None = None, priority_policy: str | None = None,
-                   loss_tolerant_policy: str | None = None):
+                   loss_tolerant_policy: str | None = None,
+                   loss_deadline: float | str | None = None):
     """Create this rank's SpINA agent from the job file the launcher wrote.
 
     Args:
@@ -295,9 +296,10 @@ def agent_from_env(job_file: str | None = None, rank: int | None = None, wait: f
             rank is not lost: the agent's 20 ms default would resend most of them.
         daemon_socket: go through the host's agent daemon at this Unix socket instead of an
             in-process agent; default `$SPINA_AGENT_SOCKET` (unset: in-process).
-        bounded_loss, priority_policy, loss_tolerant_policy: override the job file's DLCP
-            settings for this rank (None: the file's; spina.config.JobConfig, docs/dlcp.md).
-            0 = exact. Every rank must pass the same. With a daemon, set them in the
+        bounded_loss, priority_policy, loss_tolerant_policy, loss_deadline: override the job
+            file's DLCP settings for this rank (None: the file's; spina.config.JobConfig,
+            docs/dlcp.md). 0 = exact. loss_deadline: seconds, or "auto" (twice the measured
+            round latency, 2-50 ms). Every rank must pass the same. With a daemon, set them in the
             daemon's config instead (it owns the agent).
 
     Returns:
@@ -336,7 +338,7 @@ def agent_from_env(job_file: str | None = None, rank: int | None = None, wait: f
                           f"but torchrun's WORLD_SIZE is {world}")
     daemon_socket = daemon_socket or os.environ.get(DAEMON_SOCKET_ENV)
     overrides = {"bounded_loss": bounded_loss, "priority_policy": priority_policy,
-                 "loss_tolerant_policy": loss_tolerant_policy}
+                 "loss_tolerant_policy": loss_tolerant_policy, "loss_deadline": loss_deadline}
     if daemon_socket:
         given = [k for k, v in overrides.items() if v is not None]
         if given:

@@ -24,6 +24,9 @@ L2_WORKER_FIELDS = ("mac", "switch_port")  # a worker's fields in an L2 switch c
 # loss_tolerant_policy: "none" no packet may be dropped; "magnitude" the packets of smallest
 #   gradient magnitude, within the job's `bounded_loss`, carry the loss-tolerant flag.
 PRIORITY_POLICIES = ("fixed", "layer")
+# loss_deadline: seconds (fixed), or this: each round's deadline follows the measured round
+#   latency of its slot group (host_agent/recovery.py, RttEstimator.loss_deadline).
+LOSS_DEADLINE_AUTO = "auto"
 LOSS_TOLERANT_POLICIES = ("none", "magnitude")
 
 
@@ -55,7 +58,8 @@ class JobConfig:
     block_size: elements per block (B). nlanes: blocks fused per packet (k).
     bounded_loss: opt-in DLCP mode: at most this fraction of a call's blocks may be completed
     without every worker (0: off, every result exact). loss_deadline: seconds a round may wait
-    for missing workers before an agent asks the switch to complete it anyway.
+    for missing workers before an agent asks the switch to complete it anyway, or "auto"
+    (LOSS_DEADLINE_AUTO): twice the measured latency of the round's slot group, 2-50 ms.
     priority_policy, loss_tolerant_policy: how agents set each packet's priority and
     loss-tolerant flag (PRIORITY_POLICIES, LOSS_TOLERANT_POLICIES; host_agent/dlcp.py). The
     defaults ("fixed", "none") send every packet as before: the job's priority, never droppable.
@@ -80,7 +84,7 @@ class JobConfig:
     epoch: int = 1
     priority: int = 0
     bounded_loss: float = 0.0
-    loss_deadline: float = 0.05
+    loss_deadline: float | str = 0.05
     priority_policy: str = "fixed"
     loss_tolerant_policy: str = "none"
     slot_groups: tuple[int, ...] = ()
@@ -154,7 +158,10 @@ class JobConfig:
                  f"slot capacity of {slot_capacity} elements")
         need(0 <= self.priority < 8, "priority", "must be in 0..7")
         need(0.0 <= self.bounded_loss < 1.0, "bounded_loss", "must be a fraction in [0, 1)")
-        need(self.loss_deadline > 0, "loss_deadline", "must be positive (seconds)")
+        need(self.loss_deadline == LOSS_DEADLINE_AUTO or (
+            isinstance(self.loss_deadline, (int, float)) and not isinstance(self.loss_deadline, bool)
+            and self.loss_deadline > 0), "loss_deadline",
+            f"{self.loss_deadline!r} is neither positive seconds nor '{LOSS_DEADLINE_AUTO}'")
         need(self.priority_policy in PRIORITY_POLICIES, "priority_policy",
              f"{self.priority_policy!r} is not one of {', '.join(PRIORITY_POLICIES)}")
         need(self.loss_tolerant_policy in LOSS_TOLERANT_POLICIES, "loss_tolerant_policy",
@@ -188,6 +195,9 @@ class JobConfig:
                               f"got {d['workers']!r}")
         workers = tuple(WorkerAddr(r, *_address(w, f"workers[{r}]", L2_WORKER_FIELDS))
                         for r, w in enumerate(d["workers"]))
+        if isinstance(d.get("loss_deadline"), str):  # "auto"; validate() names other words
+            floats = floats - {"loss_deadline"}
+            strs = strs | {"loss_deadline"}
         kw = {k: number_field(d, k, int if k in ints else float, "") for k in (ints | floats) & d.keys()}
         for k in strs & d.keys():
             if not isinstance(d[k], str):

@@ -20,7 +20,8 @@ from host_agent import dlcp
 from host_agent.agent import CallStats
 from host_agent.blocks import LanePlan, block_absmax_bits
 from host_agent.local import LocalCluster
-from host_agent.recovery import Recovery, RttEstimator, Timer, flusher_rank
+from host_agent.recovery import (AUTO_DEADLINE_MAX, AUTO_DEADLINE_MIN, Recovery, RttEstimator,
+                                 Timer, flusher_rank)
 from softswitch.udp import Faults, UdpSwitch
 from spina import wire
 from spina.config import ConfigError, JobConfig, JobFile, WorkerAddr, job_to_dict
@@ -230,6 +231,81 @@ def test_flushes_in_flight_count_against_the_budget():
     assert (rec.partial_rounds, rec.flushing) == (1, 1)
 
 
+def test_auto_loss_deadline_follows_the_measured_round_latency():
+    """`auto`: twice the smoothed latency of the round's slot group (the agent's before the
+    group has a sample), at least 2 ms, at most 50 ms (also before any sample)."""
+    rtt = RttEstimator()
+    assert rtt.loss_deadline(0) == AUTO_DEADLINE_MAX == 0.05  # nothing measured yet
+    rtt.sample(0.010, 0)
+    assert rtt.loss_deadline(0) == pytest.approx(0.020)
+    rtt.sample(0.018, 0)  # srtt 0.875 x 10 + 0.125 x 18 = 11 ms
+    assert rtt.loss_deadline(0) == pytest.approx(0.022)
+    assert rtt.loss_deadline(3) == pytest.approx(0.022)  # no sample of group 3: the agent's
+    rtt.sample(0.004, 3)  # group 3's own rounds (another spine) are faster
+    assert rtt.loss_deadline(3) == pytest.approx(0.008)
+    assert rtt.loss_deadline(0) == pytest.approx(0.022)  # group 0 unchanged
+    fast, slow = RttEstimator(), RttEstimator()
+    fast.sample(0.0002)
+    slow.sample(0.2)
+    assert fast.loss_deadline() == AUTO_DEADLINE_MIN == 0.002  # the floor
+    assert slow.loss_deadline() == AUTO_DEADLINE_MAX           # the cap
+
+
+def test_auto_deadline_flushes_a_round_once_it_waited_twice_its_groups_latency():
+    """With loss_deadline None (`auto`), the flusher flushes a round of group g only after
+    twice g's smoothed latency; a fixed deadline stays fixed whatever the latency."""
+    rtt = RttEstimator()
+    rtt.sample(0.004, 0)
+    rtt.sample(0.010, 1)
+    a, b = Timer(group=0), Timer(group=1)
+    rec = Recovery(rtt, [a, b], 0.0, bounded_loss=0.1, loss_deadline=None, budget_rounds=4)
+    assert (rec.deadline(0), rec.deadline(1)) == (pytest.approx(0.008), pytest.approx(0.020))
+    rec.sent(a, 0.0)
+    rec.sent(b, 0.0)
+    pairs = [("a", a), ("b", b)]
+    assert rec.due(pairs, 0.0079, idle=False) == []
+    assert [s for s, _ in rec.due(pairs, 0.0081, idle=False)] == ["a"] and a.flush
+    assert rec.due(pairs, 0.0199, idle=False) == [] and not b.flush
+    assert [s for s, _ in rec.due(pairs, 0.0201, idle=False)] == ["b"] and b.flush
+    fixed = Recovery(rtt, [Timer()], 0.0, bounded_loss=0.1, loss_deadline=0.03, budget_rounds=4)
+    assert fixed.deadline(0) == fixed.deadline(1) == 0.03
+
+
+def test_auto_deadline_bounded_run_completes_partially_and_identically():
+    """A bounded call through the in-process software switch with `loss_deadline: auto` and
+    every loss-tolerant packet dropped at the switch (resends too): the rounds missing them are
+    flushed, every rank gets the same bits, the result is exact but for blocks within the
+    bound, and the call's deadline was the one measured from its rounds (2 x srtt, 2-50 ms),
+    not the fixed default."""
+    B, nblocks, nworkers, bound = 16, 600, 3, 0.1
+    rng = np.random.default_rng(11)
+    xs = [(rng.standard_normal(nblocks * B) * np.repeat(rng.lognormal(0, 2, nblocks), B)
+           ).astype(np.float32) for _ in range(nworkers)]
+    kw = dict(block_size=B, nlanes=4, nslots=4, timeout=30)
+    with LocalCluster(nworkers, **kw) as c:
+        exact = c.allreduce(xs)[0]
+
+    def congested(h):
+        return bool(h.flags & wire.FLAG_LOSS_TOLERANT)
+    with UdpSwitch(port=0, faults=Faults(drop_in_match=congested)) as sw:
+        with LocalCluster(nworkers, switch=sw, bounded_loss=bound, loss_deadline="auto",
+                          loss_tolerant_policy="magnitude", **kw) as c:
+            for _ in range(2):  # the second call starts with the latency the first measured
+                res = c.allreduce(xs)
+                stats = [a.last_stats for a in c.agents]
+                assert res[0].tobytes() == res[1].tobytes() == res[2].tobytes()
+                assert sum(s.loss_tolerant_packets for s in stats) > 0
+                assert stats[0].partial_rounds == stats[1].partial_rounds == \
+                    stats[2].partial_rounds > 0
+                for a, s in zip(c.agents, stats):
+                    assert s.loss_deadline == pytest.approx(a.rtt.loss_deadline(0))
+                    assert s.loss_deadline == pytest.approx(
+                        min(0.05, max(0.002, 2 * a.rtt.group_srtt[0])))
+                wrong = np.flatnonzero((res[0] != exact).reshape(-1, B).any(axis=1))
+                assert 0 < len(wrong) <= bound * nblocks
+                assert sum(s.blocks_lost for s in stats) >= len(wrong)
+
+
 # ------------------------------------------------------------------ on the wire
 def _capture(headers: list):
     lock = threading.Lock()
@@ -376,6 +452,9 @@ def test_stats_and_metrics_report_the_loss():
     ("priority_policy", 3, "is not a string"),
     ("loss_tolerant_policy", "all", "is not one of none, magnitude"),
     ("loss_tolerant_policy", "magnitude", "needs bounded_loss > 0"),
+    ("loss_deadline", "soon", "is neither positive seconds nor 'auto'"),
+    ("loss_deadline", 0, "is neither positive seconds nor 'auto'"),
+    ("loss_deadline", [0.01], "is not a number"),
 ])
 def test_bad_policy_in_a_job_file_names_the_field(tmp_path, field, value, why):
     """A job file with a bad policy fails naming the file and the field."""
@@ -393,6 +472,8 @@ def test_policies_round_trip_through_job_files_and_the_controller_yaml(tmp_path)
     from controller import state as state_mod
     job = _job(bounded_loss=0.05, priority_policy="layer", loss_tolerant_policy="magnitude")
     assert JobConfig.from_dict(job_to_dict(job)) == job
+    auto = _job(bounded_loss=0.05, loss_deadline="auto")
+    assert JobConfig.from_dict(job_to_dict(auto)) == auto
     assert JobConfig.from_dict({"job": 1, "workers": [{"host": "127.0.0.1", "port": 5}]}
                                ).priority_policy == "fixed"  # absent: today's behaviour
     doc = {"switches": [{"name": "s1", "target": "softswitch", "grpc": "127.0.0.1:1",
@@ -401,13 +482,15 @@ def test_policies_round_trip_through_job_files_and_the_controller_yaml(tmp_path)
                         "switch_port": 0} for i in range(2)],
            "jobs": [{"id": 7, "members": ["w0", "w1"], "nslots": 2, "slot_base": 0,
                      "bounded_loss": 0.05, "priority_policy": "layer",
-                     "loss_tolerant_policy": "magnitude"}]}
+                     "loss_tolerant_policy": "magnitude", "loss_deadline": "auto"}]}
     st = state_mod.parse(doc)
     cfg = st.job_config(st.jobs[7])
     assert (cfg.priority_policy, cfg.loss_tolerant_policy) == ("layer", "magnitude")
+    assert cfg.loss_deadline == "auto"
     doc["jobs"] = []
     added = state_mod.parse(doc).with_job(st.jobs[7])  # `job add` writes the fields back
     assert added.jobs[7].priority_policy == "layer"
+    assert added.raw["jobs"][0]["loss_deadline"] == "auto"
     assert added.raw["jobs"][0]["loss_tolerant_policy"] == "magnitude"
     one = state_mod.from_udp_jobs([cfg], address="127.0.0.1", udp_port=47000, pool_slots=16,
                                   slot_capacity=16384)
@@ -419,6 +502,9 @@ def test_policies_round_trip_through_job_files_and_the_controller_yaml(tmp_path)
     ({"priority_policy": 1}, "jobs[0].priority_policy"),
     ({"loss_tolerant_policy": "magnitude"}, "loss_tolerant_policy"),
     ({"loss_tolerant_policy": "some"}, "loss_tolerant_policy"),
+    ({"loss_deadline": "Auto"}, "field 'loss_deadline': 'Auto' is neither"),
+    ({"loss_deadline": -0.01}, "field 'loss_deadline'"),
+    ({"loss_deadline": None}, "jobs[0].loss_deadline"),
 ])
 def test_bad_policy_in_the_controller_yaml_names_the_field(edit, names):
     """The controller's YAML: a bad policy fails naming the job and the field."""
@@ -438,6 +524,9 @@ def test_bad_policy_in_the_controller_yaml_names_the_field(edit, names):
     (["--bounded-loss", "1.5"], "--bounded-loss"),
     (["--bounded-loss", "nan"], "--bounded-loss"),
     (["--bounded-loss", "some"], "--bounded-loss"),
+    (["--loss-deadline", "soon"], "--loss-deadline"),
+    (["--loss-deadline", "0"], "--loss-deadline"),
+    (["--loss-deadline", "inf"], "--loss-deadline"),
 ])
 def test_daemon_options_reject_bad_policies(tmp_path, args, names):
     """`python -m host_agent daemon` with a bad DLCP option: exit 2, one line naming it."""
@@ -465,6 +554,13 @@ def test_daemon_config_and_overrides(tmp_path):
         (0.1, "magnitude", "fixed")
     with pytest.raises(ConfigError, match="field 'loss_tolerant_policy'"):
         DaemonConfig(loss_tolerant_policy="magnitude").validate().job(_job())
+    path.write_text(json.dumps({"loss_deadline": "later"}))
+    with pytest.raises(ConfigError, match="field 'loss_deadline': 'later' is neither"):
+        DaemonConfig.load(str(path))
+    with pytest.raises(ConfigError, match="field 'loss_deadline'"):
+        DaemonConfig(loss_deadline=False).validate()
+    assert DaemonConfig(loss_deadline="auto").validate().job(_job()).loss_deadline == "auto"
+    assert DaemonConfig(loss_deadline=0.02).validate().job(_job()).loss_deadline == 0.02
 
 
 def test_hook_overrides_are_validated(tmp_path):
@@ -479,14 +575,18 @@ def test_hook_overrides_are_validated(tmp_path):
         torch_hook.agent_from_env(str(path), rank=0, priority_policy="soon")
     with pytest.raises(ConfigError, match="field 'bounded_loss'"):
         torch_hook.agent_from_env(str(path), rank=0, bounded_loss=2.0)
+    with pytest.raises(ConfigError, match="field 'loss_deadline': 'fast' is neither"):
+        torch_hook.agent_from_env(str(path), rank=0, loss_deadline="fast")
     with pytest.raises(ConfigError, match="field 'bounded_loss'.*daemon"):
         torch_hook.agent_from_env(str(path), rank=0, bounded_loss=0.1,
                                   daemon_socket=str(tmp_path / "none.sock"))
     agent = torch_hook.agent_from_env(str(path), rank=0, bounded_loss=0.1,
-                                      loss_tolerant_policy="magnitude", priority_policy="layer")
+                                      loss_tolerant_policy="magnitude", priority_policy="layer",
+                                      loss_deadline="auto")
     try:
         assert (agent.job.bounded_loss, agent.job.loss_tolerant_policy,
-                agent.job.priority_policy) == (0.1, "magnitude", "layer")
+                agent.job.priority_policy, agent.job.loss_deadline) == \
+            (0.1, "magnitude", "layer", "auto")
     finally:
         agent.close()
 
@@ -560,6 +660,31 @@ def test_example_smoke(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "examples" / "dlcp_train.py"), "--drop", "2"],
                        capture_output=True, text=True, timeout=60, env=ENV, cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--drop" in r.stderr, r.stderr
+
+
+def test_example_mlp_task_smoke(tmp_path):
+    """examples/dlcp_train.py --task mlp (the 5.3M-parameter model, 2 steps, 2 workers): three
+    runs, weights identical on every worker, nothing lost at bound 0, losses within each bound,
+    the bounded runs' deadlines `auto` (from the round latency: 2-50 ms, per call)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("matplotlib")
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "dlcp_train.py"), "--task", "mlp",
+                        "--steps", "2", "--every", "1", "--workers", "2",
+                        "--out", str(tmp_path / "m.png")],
+                       capture_output=True, text=True, timeout=600, env=ENV, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads((tmp_path / "m.json").read_text())
+    runs = summary["runs"]
+    assert summary["args"]["deadline"] == "auto" and summary["args"]["task"] == "mlp"
+    assert [h["bound"] for h in runs] == [0.0, 0.01, 0.1]
+    assert all(h["weights_identical_across_workers"] and h["step"] == [1, 2] for h in runs)
+    assert runs[0]["blocks_lost"] == runs[0]["loss_tolerant_packets"] == 0
+    assert "loss_deadline_ms" not in runs[0]
+    assert runs[2]["loss_tolerant_packets"] > 0
+    assert all(h["lost_fraction"] <= h["bound"] for h in runs)
+    for h in runs[1:]:
+        d = h["loss_deadline_ms"]
+        assert 2.0 <= d["min"] <= d["median"] <= d["max"] <= 50.0
 
 
 def test_only_the_calls_flusher_flushes():

@@ -75,6 +75,11 @@ def test_dlcp_bench_smoke(tmp_path):
             assert (r["congestion_seen"], r["congestion_drops"]) == ("0", "0"), r
         else:  # the job's entry is installed: the leaf's congestion stage sees its packets
             assert int(r["congestion_seen"]) > 0, r
+            # the flush deadline: the fixed --loss-deadline, or auto's from the round latency
+            if cfg.loss_deadline == "auto":
+                assert 2.0 <= float(r["loss_deadline_ms"]) <= 50.0, r
+            else:
+                assert float(r["loss_deadline_ms"]) == 30.0, r
             assert int(r["congestion_drops"]) <= int(r["congestion_seen"]) * cfg.bounded_loss + 4
     marked = {c: sum(int(r["loss_tolerant_packets"]) for r in steps if r["config"] == c)
               for c in by}
