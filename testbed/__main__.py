@@ -87,6 +87,7 @@ def spine_link_bytes(leaves: int, spines: int, hosts_per_leaf: int, two_level: b
 _UDP_RECEIVER = """
 import socket, sys
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
 s.bind((sys.argv[1], int(sys.argv[2])))
 print("ready", flush=True)
 s.settimeout(10.0)
@@ -108,8 +109,8 @@ s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 n, size = int(sys.argv[3]), int(sys.argv[4])
 for i in range(n):
     s.sendto(b"%08d" % i + bytes(size - 8), (sys.argv[1], int(sys.argv[2])))
-    if i % 20 == 19:
-        time.sleep(0.002)  # paced: the software switch keeps up, nothing is queued away
+    if i % 5 == 4:
+        time.sleep(0.001)  # paced: the software switch keeps up, nothing is queued away
 """
 
 
