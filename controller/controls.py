@@ -217,7 +217,6 @@ class Forwarding(Control):
                 for prefix, port, smac, dmac in sw.routes]
         return out
 
-
     @staticmethod
     def spray_groups(sw: Switch) -> dict[tuple[int, ...], int]:
         """Each distinct ports list of the switch's sprayed l2 entries -> its spray group."""
