@@ -446,6 +446,24 @@ def test_validation_names_the_field(edit, field):
         state_mod.parse(d)
 
 
+def test_sprayed_l2_entry_refused_by_a_program_without_spray_ports(fake, tmp_path):
+    """A program without spray_ports (the TNA P4Info) cannot take an l2 entry with ports: the
+    deploy stops with an error naming the switch's l2 field."""
+    from google.protobuf import text_format
+    sw = fake()
+    info = tmp_path / "tna.p4info.txtpb"
+    info.write_text(text_format.MessageToString(spec.tna_p4info()))
+    d = doc(sw.address)
+    d["switches"][0].update(p4info=str(info),
+                            l2=[{"mac": "02:00:00:00:02:01", "ports": [3, 4]}])
+    p = tmp_path / "spina.yaml"
+    p.write_text(yaml.safe_dump(d))
+    with Controller(state_mod.load(p), registers={"s1": RecordingRegisters()}) as c:
+        with pytest.raises(ConfigError, match=r"switches\.s1\.l2: the program has no table "
+                                              "'spray_ports'"):
+            c.deploy()
+
+
 def test_sprayed_l2_entries_name_groups_and_turns(fake, tmp_path):
     """An l2 entry with ports becomes l2 spray(group, ways) and spray_ports (group, turn) ->
     bridge(port) in list order; one group per distinct ports list, numbered as first seen."""
