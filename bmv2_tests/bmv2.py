@@ -170,7 +170,7 @@ class Bmv2Target(P4RuntimeTarget):
 
     def reset(self):
         self.clear_tables()
-        self.registers.reset(spec.p4_register_names())
+        self.registers.reset(spec.p4_register_names() + [r.name for r in spec.SPRAY_REGISTERS])
         self.registers.run([f"counter_reset {c}" for c in spec.COUNTERS]
                            + ["set_queue_rate 0"])  # every queue: no rate limit
         self.received(0.05)

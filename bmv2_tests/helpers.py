@@ -137,6 +137,14 @@ class ForwardingEntries:
     def add_l2_entry(self, mac: str, port: int):
         self.t.table_add("l2", {"dst_mac": mac}, "bridge", {"port": port})
 
+    def add_spray_entry(self, mac: str, group: int, ports: list[int], ways: int | None = None):
+        """l2 spray(group, ways) for `mac`, and spray_ports' port for each turn."""
+        self.t.table_add("l2", {"dst_mac": mac}, "spray",
+                         {"group": group, "ways": len(ports) if ways is None else ways})
+        for turn, port in enumerate(ports):
+            self.t.table_add("spray_ports", {"group": group, "turn": turn}, "bridge",
+                             {"port": port})
+
     def add_ipv4_route_entry(self, prefix: str, port: int, src_mac: str, dst_mac: str):
         self.t.table_add("ipv4_routes", {"dst_addr": prefix}, "route",
                          {"port": port, "src_mac": src_mac, "dst_mac": dst_mac})

@@ -71,6 +71,10 @@ class P4RuntimeTarget(Target):
         e = self.conn.index.table_entry(table, key, action, params or {})
         self.conn.write([(pb.Update.INSERT, pb.Entity(table_entry=e))])
 
+    def table_delete(self, table, key):
+        e = self.conn.index.table_entry(table, key, None, {})
+        self.conn.write([(pb.Update.DELETE, pb.Entity(table_entry=e))])
+
     def table_set_default(self, table, action, params=None):
         e = self.conn.index.table_entry(table, {}, action, params or {}, default=True)
         self.conn.write([(pb.Update.MODIFY, pb.Entity(table_entry=e))])

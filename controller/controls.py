@@ -190,18 +190,40 @@ class Aggregator(Control):
 
 
 class Forwarding(Control):
-    """Ordinary forwarding: each worker's MAC to its port, plus the switch's extra entries."""
-    tables = ("l2", "ipv4_routes")
+    """Ordinary forwarding: each worker's MAC to its port, plus the switch's extra entries.
+    An extra entry with `ports` is sprayed per packet (forwarding.p4): its l2 entry names a
+    spray group, one per distinct ports list in the order the lists first appear, and
+    spray_ports holds the group's port for each turn."""
+    tables = ("l2", "ipv4_routes", "spray_ports")
 
     def entries(self, state, sw):
-        l2 = {w.mac: w.switch_port for w in state.workers_on(sw) if w.mac != NO_MAC}
-        l2.update(dict(sw.l2))
-        out = [self.index.table_entry("l2", {"dst_mac": mac}, "bridge", {"port": port})
-               for mac, port in sorted(l2.items())]
+        l2 = {w.mac: ("bridge", {"port": w.switch_port})
+              for w in state.workers_on(sw) if w.mac != NO_MAC}
+        l2.update((mac, ("bridge", {"port": port})) for mac, port in sw.l2)
+        groups = self.spray_groups(sw)
+        if groups and not self.index.has("tables", "spray_ports"):
+            raise ConfigError(f"switches.{sw.name}.l2: the program has no table 'spray_ports' "
+                              "for entries with ports (per-packet spraying is in "
+                              "p4src/v1model/forwarding.p4 only)")
+        for mac, ports in sw.l2_spray:
+            l2[mac] = ("spray", {"group": groups[ports], "ways": len(ports)})
+        out = [self.index.table_entry("l2", {"dst_mac": mac}, action, params)
+               for mac, (action, params) in sorted(l2.items())]
+        out += [self.index.table_entry("spray_ports", {"group": group, "turn": turn}, "bridge",
+                                       {"port": port})
+                for ports, group in groups.items() for turn, port in enumerate(ports)]
         out += [self.index.table_entry("ipv4_routes", {"dst_addr": prefix}, "route",
                                        {"port": port, "src_mac": smac, "dst_mac": dmac})
                 for prefix, port, smac, dmac in sw.routes]
         return out
+
+    @staticmethod
+    def spray_groups(sw: Switch) -> dict[tuple[int, ...], int]:
+        """Each distinct ports list of the switch's sprayed l2 entries -> its spray group."""
+        groups: dict[tuple[int, ...], int] = {}
+        for _, ports in sw.l2_spray:
+            groups.setdefault(ports, len(groups))
+        return groups
 
 
 class CongestionDrop(Control):

@@ -17,6 +17,8 @@ Every error names the offending field (`jobs[1].nslots: ...`).
                                     # tofino: bf-p4c's output directory (required)
         device_config_format: stratum   # tofino only (required): stratum | bf_switchd
         l2: [{mac: "02:..", port: 1}]                     # optional extra forwarding
+            # or {mac: "02:..", ports: [3, 4]}: sprayed per packet, round-robin over the ports
+            # (v1model only: l2's spray and spray_ports, p4src/v1model/forwarding.p4)
         routes: [{prefix: 10.1.0.0/16, port: 3, src_mac: "..", dst_mac: ".."}]
     workers:
       - {name: w0, ip: 127.0.0.1, udp_port: 50000, switch_port: 0, mac: "02:00:00:00:01:00"}
@@ -101,6 +103,19 @@ def _list(d: dict, key: str, where: str) -> list:
     return v
 
 
+def _spray_ports(e: dict, where: str) -> tuple[int, ...]:
+    """An l2 entry's `ports`: the spray group's ports in turn order, distinct, 0..511."""
+    ports = e["ports"]
+    _need(isinstance(ports, list) and 1 <= len(ports) <= spec.MAX_SPRAY_WAYS, f"{where}.ports",
+          f"must be a list of 1..{spec.MAX_SPRAY_WAYS} port numbers, got {ports!r}")
+    for i, p in enumerate(ports):
+        _need(isinstance(p, int) and not isinstance(p, bool) and 0 <= p <= 511,
+              f"{where}.ports[{i}]", f"must be a port number 0..511, got {p!r}")
+    twice = [p for p in ports if ports.count(p) > 1]
+    _need(not twice, f"{where}.ports", f"duplicate port {twice[0] if twice else ''}")
+    return tuple(ports)
+
+
 def _ipv4(d: dict, key: str, where: str) -> str:
     v = d[key]
     try:
@@ -140,6 +155,7 @@ class Switch:
     device_config: str | None = None
     device_config_format: str | None = None  # tofino: controller.tofino.FORMATS
     l2: tuple[tuple[str, int], ...] = ()
+    l2_spray: tuple[tuple[str, tuple[int, ...]], ...] = ()  # (mac, ports in turn order)
     routes: tuple[tuple[str, int, str, str], ...] = ()
     ina_endpoints: tuple[str, ...] | None = None  # None: (address,)
     drop_qdepth: int | None = None
@@ -342,11 +358,23 @@ def _parse_flat(doc, path: pathlib.Path | None = None) -> DesiredState:
         for k in ("p4info", "device_config"):
             if d.get(k) is not None:
                 _str(d, k, w)
-        l2 = []
+        l2, l2_spray = [], []
         for k, e in enumerate(_list(d, "l2", w)):
-            _fields(e, f"{w}.l2[{k}]", {"mac", "port"}, set())
-            l2.append((_mac(e, "mac", f"{w}.l2[{k}]"),
-                       _int(e, "port", f"{w}.l2[{k}]", 0, 511)))
+            wk = f"{w}.l2[{k}]"
+            _fields(e, wk, {"mac"}, {"port", "ports"})
+            _need(("port" in e) != ("ports" in e), f"{wk}.ports" if "ports" in e else f"{wk}.port",
+                  "give either port (bridged) or ports (sprayed per packet), not both"
+                  if "ports" in e else "required field is missing (or ports)")
+            if "port" in e:
+                l2.append((_mac(e, "mac", wk), _int(e, "port", wk, 0, 511)))
+            else:
+                l2_spray.append((_mac(e, "mac", wk), _spray_ports(e, wk)))
+        _need(len({ports for _, ports in l2_spray}) <= spec.P4_SIZES["SPRAY_GROUPS"], f"{w}.l2",
+              f"at most {spec.P4_SIZES['SPRAY_GROUPS']} different ports lists (spray groups)")
+        _need(sum(len(g) for g in {ports for _, ports in l2_spray})
+              <= spec.P4_SIZES["SPRAY_PORT_ENTRIES"], f"{w}.l2",
+              f"the different ports lists hold more than {spec.P4_SIZES['SPRAY_PORT_ENTRIES']} "
+              "ports in all (spray_ports entries)")
         routes = []
         for k, e in enumerate(_list(d, "routes", w)):
             wk = f"{w}.routes[{k}]"
@@ -381,7 +409,8 @@ def _parse_flat(doc, path: pathlib.Path | None = None) -> DesiredState:
             slot_capacity=_int(d, "slot_capacity", w, 1, 1 << 24, spec.DEFAULT_SLOT_CAPACITY),
             ports=tuple(ports), p4info=d.get("p4info"), device_config=d.get("device_config"),
             device_config_format=d.get("device_config_format"),
-            l2=tuple(l2), routes=tuple(routes), ina_endpoints=endpoints,
+            l2=tuple(l2), l2_spray=tuple(l2_spray), routes=tuple(routes),
+            ina_endpoints=endpoints,
             drop_qdepth=_int(d, "drop_qdepth", w, 0, spec.QDEPTH_NEVER)
             if d.get("drop_qdepth") is not None else None)
 
@@ -596,6 +625,8 @@ def from_l2_config(cfg, *, name: str = "s1", target: str = "softswitch", grpc: s
     for e in sw["l2"] + sw["routes"]:
         if isinstance(e, dict) and isinstance(e.get("port"), int):
             ports.add(e["port"])
+        if isinstance(e, dict) and isinstance(e.get("ports"), list):
+            ports.update(p for p in e["ports"] if isinstance(p, int))
     sw["ports"] = sorted(p for p in ports if 0 <= p < 512) or [0]
     try:
         return _one_switch(sw, jobs)

@@ -29,6 +29,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
 from spina import spec
 from softswitch.egress import EgressQueues, PortRate
 from softswitch.fabric import TO_GROUP, TO_SENDER, LeafJob, Roles
@@ -109,7 +111,13 @@ class Dataplane:
         self.roles = Roles(self.pipeline)
         self.ina_udp_port = ina_udp_port
         self.ina_endpoint: set[bytes] = set()                 # IPv4 dst (4 bytes)
-        self.l2: dict[bytes, int] = {}                        # dst MAC -> port
+        self.l2: dict[bytes, int] = {}                        # dst MAC -> port (bridge)
+        # Per-packet spraying (forwarding.p4): dst MAC -> (group, ways); (group, turn) -> port;
+        # register spray_turn, one cell per group.
+        self.l2_spray: dict[bytes, tuple[int, int]] = {}
+        self.spray_ports: dict[tuple[int, int], int] = {}
+        self.spray_registers = {r.name: np.zeros(spec.P4_SIZES["SPRAY_GROUPS"], np.uint8)
+                                for r in spec.SPRAY_REGISTERS}
         self.ipv4_routes: dict[ipaddress.IPv4Network, Route] = {}
         self.mcast_groups: dict[int, list[tuple[int, int]]] = {}  # grp -> [(port, rid)]
         self.worker_rewrite: dict[int, tuple[bytes, bytes, int]] = {}  # rid -> (mac, ip, udp)
@@ -159,7 +167,19 @@ class Dataplane:
                     int(params["nworkers"]), int(params["block_size"]), int(params["nlanes"]),
                     int(params["mcast_grp"]))
         elif table == "l2":
-            self.l2[mac_bytes(key["dst_mac"])] = int(params["port"])
+            mac = mac_bytes(key["dst_mac"])
+            self.l2.pop(mac, None)
+            self.l2_spray.pop(mac, None)
+            if action == "bridge":
+                self.l2[mac] = int(params["port"])
+            elif action == "spray":
+                self.l2_spray[mac] = (int(params["group"]), int(params["ways"]))
+        elif table == "spray_ports":
+            k = (int(key["group"]), int(key["turn"]))
+            if action == "bridge":
+                self.spray_ports[k] = int(params["port"])
+            else:
+                self.spray_ports.pop(k, None)
         elif table == "ipv4_routes":
             net = ipaddress.IPv4Network(key["dst_addr"], strict=False)
             if action == "drop":
@@ -206,6 +226,9 @@ class Dataplane:
             self.ina_endpoint.discard(socket.inet_aton(ip_str(key["dst_addr"])))
         elif table == "l2":
             self.l2.pop(mac_bytes(key["dst_mac"]), None)
+            self.l2_spray.pop(mac_bytes(key["dst_mac"]), None)
+        elif table == "spray_ports":
+            self.spray_ports.pop((int(key["group"]), int(key["turn"])), None)
         elif table == "ipv4_routes":
             self.ipv4_routes.pop(ipaddress.IPv4Network(key["dst_addr"], strict=False), None)
         elif table == "worker_rewrite":
@@ -344,6 +367,12 @@ class Dataplane:
 
     def _forward(self, frame: bytes, port: int, ina_valid: bool) -> list:
         eport = self.l2.get(frame[0:6])
+        if eport is None and self.l2_spray:
+            sprayed = self.l2_spray.get(frame[0:6])
+            if sprayed is not None:
+                eport = self._spray_port(*sprayed)
+                if eport is None:
+                    return []  # spray_ports' default: drop
         if eport is not None:
             out = frame  # bridged: byte for byte
         else:
@@ -364,6 +393,17 @@ class Dataplane:
             return []
         return [(eport, frame)]
 
+    def _spray_port(self, group: int, ways: int) -> int | None:
+        """forwarding.p4's spray: this packet's turn of `group`, the register advanced (one
+        read, one write), and spray_ports' port for the turn (None: no entry, dropped)."""
+        turns = self.spray_registers["spray_turn"]
+        turn = int(turns[group])
+        if turn >= ways:
+            turn = 0  # the group shrank since its last packet
+        following = (turn + 1) & 0xFF
+        turns[group] = 0 if following >= ways else following
+        return self.spray_ports.get((group, turn))
+
     def _lpm(self, dst: bytes) -> Route | None:
         if not self.ipv4_routes:
             return None
@@ -383,6 +423,8 @@ class Dataplane:
 
         Value and lane registers map onto the pipeline's arrays with the P4 block size.
         """
+        if p4_name in self.spray_registers:
+            return int(self.spray_registers[p4_name][index])
         base, lane, elem = spec.split_p4_register(p4_name)
         reg = {r.name: r for r in spec.REGISTERS}.get(base)
         if reg is None:

@@ -92,7 +92,8 @@ def missing_from(p4info) -> list[str]:
         out += [f"parameter {a.name}({p})" for p, _ in a.params if p not in have]
     out += [f"counter {c}" for c in spec.COUNTERS if c not in counters]
     out += [f"register {r}" for r in spec.p4_register_names() if r not in registers]
-    out += [f"register {r.name}" for r in spec.JOB_REGISTERS if r.name not in registers]
+    out += [f"register {r.name}" for r in spec.JOB_REGISTERS + spec.SPRAY_REGISTERS
+            if r.name not in registers]
     return out
 
 
@@ -264,6 +265,8 @@ class SoftSwitchServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
         dp = self.dp
         dp.ina_endpoint.clear()
         dp.l2.clear()
+        dp.l2_spray.clear()
+        dp.spray_ports.clear()
         dp.ipv4_routes.clear()
         dp.mcast_groups.clear()
         dp.worker_rewrite.clear()
@@ -271,7 +274,7 @@ class SoftSwitchServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
         dp.pipeline.congestion.clear()
         dp.roles.clear()  # job_level, leaf_upstream (softswitch/fabric.py)
         for arr in (list(dp.pipeline.registers.values()) + list(dp.pipeline.job_registers.values())
-                    + list(dp.pipeline.counters.values())):
+                    + list(dp.spray_registers.values()) + list(dp.pipeline.counters.values())):
             arr[...] = 0
         self.entries = {name: {} for name in spec.TABLES}
         self.defaults = {}
@@ -478,9 +481,13 @@ class SoftSwitchServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
             raise P4RuntimeError(grpc.StatusCode.NOT_FOUND, f"no register with id {reg_id}")
         name = info.preamble.name
         job_reg = {r.name: r for r in spec.JOB_REGISTERS}.get(name)
+        spray_reg = {r.name: r for r in spec.SPRAY_REGISTERS}.get(name)
         if job_reg is not None:  # one cell per job id
             base, lane, elem, reg = name, None, None, job_reg
             arr = self.dp.pipeline.job_registers[name]
+        elif spray_reg is not None:  # one cell per spray group (forwarding.p4)
+            base, lane, elem, reg = name, None, None, spray_reg
+            arr = self.dp.spray_registers[name]
         else:
             base, lane, elem = spec.split_p4_register(name)
             reg = {r.name: r for r in spec.REGISTERS}.get(base)

@@ -33,6 +33,8 @@ P4_SIZES = {
     "L2_ENTRIES": 1024,
     "IPV4_ENTRIES": 1024,
     "ADMISSION_ENTRIES": 1024,
+    "SPRAY_GROUPS": 256,    # spray groups: spray's group is 8 bits, spray_turn one cell each
+    "SPRAY_PORT_ENTRIES": 1024,
 }
 MAX_JOBS = P4_SIZES["MAX_JOBS"]
 MAX_PORTS = P4_SIZES["MAX_PORTS"]
@@ -128,6 +130,11 @@ LOSS_BURST = 4
 LOSS_CREDIT_MAX = LOSS_BURST * LOSS_CREDIT_ONE
 # Per-job registers (one cell per job id, not per slot copy): the loss credit.
 JOB_REGISTERS = (Register("job_loss_credit", 32, JOB),)
+# Per spray group (forwarding.p4, v1model only): the turn the group's next packet takes.
+SPRAY = "spray_group"
+SPRAY_REGISTERS = (Register("spray_turn", 8, SPRAY),)
+# The most ports one spray group takes turns over (spray's `ways`; the turn is 8 bits).
+MAX_SPRAY_WAYS = 255
 
 
 def loss_bound(fraction: float) -> int:
@@ -168,6 +175,8 @@ ACTIONS = {a.name: a for a in (
     Action("reject"),
     Action("set_congestion", (("qdepth", 19), ("bound", LOSS_BOUND_BITS))),
     Action("bridge", (("port", 9),)),
+    # Per-packet spraying (v1model only): the port is spray_ports' entry for the group's turn.
+    Action("spray", (("group", 8), ("ways", 8))),
     Action("route", (("port", 9), ("src_mac", 48), ("dst_mac", 48))),
     Action("rewrite_for_worker", (("dst_mac", 48), ("dst_addr", 32), ("dst_port", 16))),
     Action("drop"),
@@ -194,8 +203,11 @@ TABLES = {t.name: t for t in (
     # at least.
     Table("congestion", (Key("job", "exact", 16),), ("set_congestion", "NoAction"), "NoAction",
           P4_SIZES["ADMISSION_ENTRIES"]),
-    Table("l2", (Key("dst_mac", "exact", 48),), ("bridge", "NoAction"), "NoAction",
+    Table("l2", (Key("dst_mac", "exact", 48),), ("bridge", "spray", "NoAction"), "NoAction",
           P4_SIZES["L2_ENTRIES"]),
+    # A spray group's ports, one per turn 0..ways-1 (a missing turn drops the packet).
+    Table("spray_ports", (Key("group", "exact", 8), Key("turn", "exact", 8)), ("bridge", "drop"),
+          "drop", P4_SIZES["SPRAY_PORT_ENTRIES"]),
     Table("ipv4_routes", (Key("dst_addr", "lpm", 32),), ("route", "drop"), "drop",
           P4_SIZES["IPV4_ENTRIES"]),
     Table("worker_rewrite", (Key("rid", "exact", 16),), ("rewrite_for_worker", "drop_replica"),
@@ -250,6 +262,8 @@ TNA_TABLES = ("ina_endpoint", "admission", "congestion", "l2", "ipv4_routes", "w
 # Not in the TNA program yet: the hold of a newer round (the head registers and job_held; its
 # twelve stages are full, tofino/README.md), so a flush there can still strand a worker.
 TNA_LACKS = frozenset({"job_held"} | {r.name for r in REGISTERS if r.shape == HEAD})
+# Nor per-packet spraying (l2's spray, spray_ports, spray_turn): v1model only (tofino/README.md).
+TNA_LACKS_ACTIONS = frozenset({"spray"})
 TNA_COUNTERS = {**{n: TNA_SIZES["MAX_JOBS"] for n in JOB_COUNTERS if n not in TNA_LACKS},
                 **{n: TNA_SIZES["MAX_PORTS"] for n in PORT_COUNTERS}}
 # Where the TNA registers differ from REGISTERS: 32-bit lane bitmaps (a Tofino cell is at most
@@ -292,13 +306,16 @@ def p4info():
     registers = [(name, widths[split_p4_register(name)[0]], register_cells(name))
                  for name in p4_register_names()]
     registers += [(r.name, r.width, MAX_JOBS) for r in JOB_REGISTERS]
+    registers += [(r.name, r.width, P4_SIZES["SPRAY_GROUPS"]) for r in SPRAY_REGISTERS]
     return _p4info(TABLES.values(), COUNTERS, registers)
 
 
 def tna_p4info():
     """The Tofino 1 program's declared pipeline (tofino/): tests/test_tna_agreement.py
     compares it with bf-p4c's P4Info by name."""
-    return _p4info((TABLES[n] for n in TNA_TABLES), TNA_COUNTERS, tna_registers())
+    tables = [Table(t.name, t.keys, tuple(a for a in t.actions if a not in TNA_LACKS_ACTIONS),
+                    t.default, t.size) for t in (TABLES[n] for n in TNA_TABLES)]
+    return _p4info(tables, TNA_COUNTERS, tna_registers())
 
 
 def _p4info(tables, counters: dict, registers):

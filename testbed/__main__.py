@@ -4,6 +4,8 @@
     python -m testbed leafspine --leaves 2 --spines 2 --hosts-per-leaf 2 --cli
     python -m testbed leafspine --two-level --hosts-per-leaf 4 --loss 0.01 --density 0.01
     python -m testbed leafspine --spine-bytes --hosts-per-leaf 4   # flat vs two-level bytes
+    python -m testbed leafspine --spray --cli     # frames to remote hosts sprayed per packet
+    python -m testbed leafspine --spray-traffic --tcp-seconds 5   # spine links, with/without
     python -m testbed single --switch bmv2        # needs `make p4` and simple_switch_grpc
 
 Needs root. Every process and link it starts is removed on exit.
@@ -13,6 +15,7 @@ from __future__ import annotations
 import json
 import pathlib
 import sys
+import time
 
 from spina import cli, wire
 from testbed import topos
@@ -81,6 +84,97 @@ def spine_link_bytes(leaves: int, spines: int, hosts_per_leaf: int, two_level: b
         tb.stop()
 
 
+_UDP_RECEIVER = """
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
+s.bind((sys.argv[1], int(sys.argv[2])))
+print("ready", flush=True)
+s.settimeout(10.0)
+got = late = top = 0
+try:
+    while True:
+        seq = int(s.recv(65536)[:8])
+        s.settimeout(2.0)
+        got += 1
+        late += seq < top  # overtaken by a later datagram: reordered
+        top = max(top, seq)
+except socket.timeout:
+    pass
+print(got, late)
+"""
+_UDP_SENDER = """
+import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+n, size = int(sys.argv[3]), int(sys.argv[4])
+for i in range(n):
+    s.sendto(b"%08d" % i + bytes(size - 8), (sys.argv[1], int(sys.argv[2])))
+    if i % 5 == 4:
+        time.sleep(0.001)  # paced: the software switch keeps up, nothing is queued away
+"""
+
+
+def spine_link_counters(tb: topos.Testbed) -> dict[str, tuple[int, int]]:
+    """Per leaf-spine link ("lf1-sp2"): (frames, bytes) both ways so far, from the kernel
+    counters of the spine's interface on it (leaf i on spine port i + 1)."""
+    out = {}
+    for j, sp in enumerate(tb.spines):
+        for port, intf in sp.intfs.items():
+            if intf.name == "lo" or port < 1:
+                continue
+            stats = pathlib.Path(f"/sys/class/net/{intf.name}/statistics")
+            read = lambda f: int((stats / f).read_text())
+            out[f"lf{port}-sp{j + 1}"] = (read("tx_packets") + read("rx_packets"),
+                                          read("tx_bytes") + read("rx_bytes"))
+    return out
+
+
+def spray_traffic(spray: bool, spines: int = 2, hosts_per_leaf: int = 1, switch: str = "soft",
+                  datagrams: int = 2000, size: int = 1000, tcp_seconds: float = 0.0) -> dict:
+    """Non-INA traffic across the spines of a 2-leaf flat testbed, with or without per-packet
+    spraying: `datagrams` paced UDP datagrams of `size` payload bytes from the first host of
+    rack 0 to the last host of rack 1, then (tcp_seconds > 0) one iperf TCP stream the same
+    way. Returns each leaf-spine link's (frames, bytes) during the UDP run, the datagrams
+    received and how many arrived after a later one, and the TCP throughput in Mbit/s."""
+    tb = topos.leafspine(2, spines, hosts_per_leaf, spray=spray, switch=switch)
+    src, dst = tb.hosts[0], tb.hosts[-1]
+    out = {"spray": spray, "datagrams": datagrams, "frame_bytes": 14 + 20 + 8 + size}
+    try:
+        tb.start()
+        recv = dst.popen([sys.executable, "-c", _UDP_RECEIVER, dst.IP(), "40001"])
+        try:
+            recv.stdout.readline()  # "ready"
+            before = spine_link_counters(tb)
+            sender = src.popen([sys.executable, "-c", _UDP_SENDER, dst.IP(), "40001",
+                                str(datagrams), str(size)])
+            if sender.wait(timeout=60) != 0:
+                raise RuntimeError(f"UDP sender failed: {sender.stderr.read().decode()}")
+            got, late = (int(x) for x in recv.communicate(timeout=60)[0].split()[-2:])
+        finally:
+            if recv.poll() is None:
+                recv.kill()
+                recv.wait()
+        after = spine_link_counters(tb)
+        out["links"] = {k: [after[k][0] - before[k][0], after[k][1] - before[k][1]]
+                        for k in sorted(after)}
+        out["received"], out["reordered"] = got, late
+        if tcp_seconds > 0:
+            server = dst.popen(["iperf", "-s", "-p", "5201"])
+            try:
+                time.sleep(0.5)
+                client = src.popen(["iperf", "-c", dst.IP(), "-p", "5201", "-t",
+                                    str(tcp_seconds), "-y", "C"])
+                csv = client.communicate(timeout=tcp_seconds + 30)[0].decode()
+                out["tcp_mbit_s"] = round(int(csv.strip().splitlines()[-1].split(",")[-1])
+                                          / 1e6, 2)
+            finally:
+                server.kill()
+                server.wait()
+    finally:
+        tb.stop()
+    return out
+
+
 def main(argv=None) -> int:
     p = cli.ArgumentParser(prog="python -m testbed", description=__doc__.split("\n\n")[0])
     p.add_argument("topology", choices=["single", "leafspine"])
@@ -106,8 +200,28 @@ def main(argv=None) -> int:
     p.add_argument("--spine-bytes", action="store_true",
                    help="leafspine: run one dense int32 call flat and one two-level, print the "
                         "bytes on the spine links of each")
+    p.add_argument("--spray", action="store_true",
+                   help="leafspine: leaves spray frames to remote hosts over every spine, per "
+                        "packet (reorders TCP; off by default)")
+    p.add_argument("--spray-traffic", action="store_true",
+                   help="leafspine: send UDP datagrams (and with --tcp-seconds an iperf TCP "
+                        "stream) from rack 0 to rack 1 without and with --spray, print each "
+                        "leaf-spine link's frames and bytes")
+    p.add_argument("--datagrams", type=cli.int_range(1, 10**6), default=2000,
+                   help="--spray-traffic: UDP datagrams of 1000 bytes")
+    p.add_argument("--tcp-seconds", type=float, default=0.0,
+                   help="--spray-traffic: also time one iperf TCP stream this long")
     p.add_argument("--cli", action="store_true", help="open the mininet CLI instead")
     a = p.parse_args(argv)
+    if a.topology != "leafspine" and (a.spray or a.spray_traffic):
+        p.error("argument --spray/--spray-traffic: only for the leafspine topology")
+    if not 0.0 <= a.tcp_seconds <= 600:
+        p.error("argument --tcp-seconds: must be in 0..600")
+    if a.spray_traffic:
+        for spray in (False, True):
+            print(json.dumps(spray_traffic(spray, a.spines, a.hosts_per_leaf, a.switch,
+                                           a.datagrams, tcp_seconds=a.tcp_seconds)))
+        return 0
     if not 0.0 <= a.loss < 1.0:
         p.error("argument --loss: must be a fraction in [0, 1)")
     if not 0.0 < a.density <= 1.0:
@@ -150,7 +264,7 @@ def main(argv=None) -> int:
         tb = topos.single(a.hosts, switch=a.switch)
     else:
         tb = topos.leafspine(a.leaves, a.spines, a.hosts_per_leaf, two_level=a.two_level,
-                             switch=a.switch)
+                             spray=a.spray, switch=a.switch)
     jd = tb.job_config()
     tb.add_job(jd)
     try:

@@ -2,7 +2,10 @@
 
 single: one switch, N hosts (ports 1..N); the switch aggregates.
 leafspine: L leaves with H hosts each, S spines, every leaf linked to every spine (several
-paths between leaves). Host-to-host traffic is spread over the spines. Flat (default): the
+paths between leaves). Host-to-host traffic is spread over the spines: each remote host by
+one fixed spine (default), or with `spray=True` every frame to a remote host by the next
+spine in turn (l2 entries with `ports`, per-packet spraying; reorders TCP, so off unless
+asked). Flat (default): the
 first spine aggregates (it owns the INA endpoint address); leaves and the other spines only
 forward. Two-level (`two_level=True`, docs/scale_out.md): each leaf aggregates its rack (its
 hosts) and sends one partial per round to the spine owning the slot, the job's slots sharded
@@ -208,10 +211,11 @@ def single(net, nhosts: int = 3) -> Testbed:
 
 @_stop_on_error
 def leafspine(net, leaves: int = 2, spines: int = 2, hosts_per_leaf: int = 2,
-              two_level: bool = False) -> Testbed:
+              two_level: bool = False, spray: bool = False) -> Testbed:
     """L leaves (hosts on ports 1..H, spine j on port H+1+j), S spines (leaf i on port i+1).
     Flat: the first spine aggregates. Two-level: a FabricTestbed, each leaf aggregates its
-    hosts, the spines their shares of the slots (`switch=` soft or bmv2)."""
+    hosts, the spines their shares of the slots (`switch=` soft or bmv2). `spray`: a leaf
+    sprays the frames to remote hosts over every spine, per packet (remote_l2_entry)."""
     n = leaves * hosts_per_leaf
     hosts = _add_hosts(net, n)
     sp = [net.addSwitch(f"sp{TAG}n{j + 1}") for j in range(spines)]
@@ -227,14 +231,14 @@ def leafspine(net, leaves: int = 2, spines: int = 2, hosts_per_leaf: int = 2,
         for node in sp + lf:
             node.serve_p4runtime = True
         return FabricTestbed(net, hosts, None, sp + lf, spines=sp, leaves=lf,
-                             hosts_per_leaf=hosts_per_leaf)
+                             hosts_per_leaf=hosts_per_leaf, spray=spray)
     for i, leaf in enumerate(lf):
         l2 = []
         for k in range(n):
             if leaf_of[k] == i:
                 l2.append({"mac": host_mac(k), "port": k % hosts_per_leaf + 1})
-            else:  # spread remote hosts over the spines: several paths between leaves
-                l2.append({"mac": host_mac(k), "port": hosts_per_leaf + 1 + (k + i) % spines})
+            else:
+                l2.append(remote_l2_entry(k, i, hosts_per_leaf, spines, spray))
         l2.append({"mac": SWITCH_MAC, "port": hosts_per_leaf + 1})  # INA to the first spine
         leaf.spina_config = {"l2": l2}
     for j, spine in enumerate(sp):
@@ -242,6 +246,15 @@ def leafspine(net, leaves: int = 2, spines: int = 2, hosts_per_leaf: int = 2,
                                      for k in range(n)]}
     sp[0].spina_config["endpoints"] = [SWITCH_IP]
     return Testbed(net, hosts, sp[0], sp + lf, [leaf_of[k] + 1 for k in range(n)], spines=sp)
+
+
+def remote_l2_entry(k: int, leaf: int, hosts_per_leaf: int, spines: int, spray: bool) -> dict:
+    """Leaf `leaf`'s l2 entry for host k of another rack: one spine per remote host, spread
+    over the spines (several paths between leaves), or with `spray` every spine in turn,
+    per packet (spine j on port hosts_per_leaf + 1 + j)."""
+    if spray:
+        return {"mac": host_mac(k), "ports": [hosts_per_leaf + 1 + j for j in range(spines)]}
+    return {"mac": host_mac(k), "port": hosts_per_leaf + 1 + (k + leaf) % spines}
 
 
 @dataclass
@@ -252,6 +265,7 @@ class FabricTestbed(Testbed):
     it with the controller, which also writes each rank's assignment into `agents_dir`."""
     leaves: list = field(default_factory=list)
     hosts_per_leaf: int = 1
+    spray: bool = False  # leaves spray frames to remote hosts over the spines per packet
     jobs: list[dict] = field(default_factory=list)
     reports: list = field(default_factory=list)  # the controller's deploy reports, per switch
     workdir: pathlib.Path = field(default_factory=lambda: pathlib.Path(
@@ -298,8 +312,8 @@ class FabricTestbed(Testbed):
         switches = []
         for i, leaf in enumerate(self.leaves):
             # local hosts: the controller adds their l2 entries (workers); remote hosts are
-            # spread over the spines, as in flat mode
-            remote = [{"mac": host_mac(k), "port": h + 1 + (k + i) % nspines}
+            # spread over the spines (or sprayed), as in flat mode
+            remote = [remote_l2_entry(k, i, h, nspines, self.spray)
                       for k in range(n) if k // h != i]
             switches.append({"name": leaf.name, **leaf.p4runtime_fields(),
                              "address": leaf_ip(i), "ports": list(range(1, h + nspines + 1)),

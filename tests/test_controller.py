@@ -417,6 +417,26 @@ def test_thrift_adapter_commands():
     (lambda d: d["jobs"][0].update(colour="red"), "jobs[0].colour"),
     (lambda d: d["jobs"].append(dict(JOB7, id=8, members=["w2", "w3"], slot_base=5)),
      "jobs[1].slot_base"),
+    # l2 entries: a port (bridged) or a ports list (sprayed per packet), never both.
+    (lambda d: d["switches"][0].update(l2=[{"mac": "02:00:00:00:02:01", "ports": []}]),
+     "switches[0].l2[0].ports: must be a list of 1..255"),
+    (lambda d: d["switches"][0].update(l2=[{"mac": "02:00:00:00:02:01", "ports": [3, 4, 3]}]),
+     "switches[0].l2[0].ports: duplicate port 3"),
+    (lambda d: d["switches"][0].update(l2=[{"mac": "02:00:00:00:02:01", "ports": [3, 512]}]),
+     "switches[0].l2[0].ports[1]: must be a port number 0..511"),
+    (lambda d: d["switches"][0].update(l2=[{"mac": "02:00:00:00:02:01", "ports": [3, True]}]),
+     "switches[0].l2[0].ports[1]"),
+    (lambda d: d["switches"][0].update(l2=[{"mac": "02:00:00:00:02:01", "ports": 3}]),
+     "switches[0].l2[0].ports: must be a list"),
+    (lambda d: d["switches"][0].update(
+        l2=[{"mac": "02:00:00:00:02:01", "port": 2, "ports": [3, 4]}]),
+     "switches[0].l2[0].ports: give either port (bridged) or ports"),
+    (lambda d: d["switches"][0].update(l2=[{"mac": "02:00:00:00:02:01"}]),
+     "switches[0].l2[0].port: required field is missing"),
+    (lambda d: d["switches"][0].update(
+        l2=[{"mac": f"02:00:00:00:{i >> 8:02x}:{i & 255:02x}", "ports": [i % 500, 500 + i % 2]}
+            for i in range(257)]),
+     "switches[0].l2: at most 256 different ports lists"),
 ])
 def test_validation_names_the_field(edit, field):
     """A bad desired-state file fails with an error that names the offending field."""
@@ -424,6 +444,56 @@ def test_validation_names_the_field(edit, field):
     edit(d)
     with pytest.raises(ConfigError, match=__import__("re").escape(field)):
         state_mod.parse(d)
+
+
+def test_sprayed_l2_entry_refused_by_a_program_without_spray_ports(fake, tmp_path):
+    """A program without spray_ports (the TNA P4Info) cannot take an l2 entry with ports: the
+    deploy stops with an error naming the switch's l2 field."""
+    from google.protobuf import text_format
+    sw = fake()
+    info = tmp_path / "tna.p4info.txtpb"
+    info.write_text(text_format.MessageToString(spec.tna_p4info()))
+    d = doc(sw.address)
+    d["switches"][0].update(p4info=str(info),
+                            l2=[{"mac": "02:00:00:00:02:01", "ports": [3, 4]}])
+    p = tmp_path / "spina.yaml"
+    p.write_text(yaml.safe_dump(d))
+    with Controller(state_mod.load(p), registers={"s1": RecordingRegisters()}) as c:
+        with pytest.raises(ConfigError, match=r"switches\.s1\.l2: the program has no table "
+                                              "'spray_ports'"):
+            c.deploy()
+
+
+def test_sprayed_l2_entries_name_groups_and_turns(fake, tmp_path):
+    """An l2 entry with ports becomes l2 spray(group, ways) and spray_ports (group, turn) ->
+    bridge(port) in list order; one group per distinct ports list, numbered as first seen."""
+    sw = fake()
+    d = doc(sw.address)
+    d["switches"][0]["l2"] = [{"mac": "02:00:00:00:02:01", "ports": [4, 3]},
+                              {"mac": "02:00:00:00:02:02", "port": 2},
+                              {"mac": "02:00:00:00:02:03", "ports": [5, 6, 7]},
+                              {"mac": "02:00:00:00:02:04", "ports": [4, 3]}]
+    p = tmp_path / "spina.yaml"
+    p.write_text(yaml.safe_dump(d))
+    with Controller(state_mod.load(p), registers={"s1": RecordingRegisters()}) as c:
+        c.deploy()
+    info = spec.p4info()
+    table, action = ({v: k for k, v in ids(info, kind).items()} for kind in ("tables", "actions"))
+    got = sorted((table[t.table_id], [m.exact.value for m in t.match],
+                  action[t.action.action.action_id], [x.value for x in t.action.action.params])
+                 for t in sw.tables.values() if table[t.table_id] in ("l2", "spray_ports"))
+    mac = lambda i: encode(f"02:00:00:00:02:0{i}", 48)
+    assert got == sorted([
+        ("l2", [mac(1)], "spray", [encode(0, 8), encode(2, 8)]),
+        ("l2", [mac(2)], "bridge", [encode(2, 9)]),
+        ("l2", [mac(3)], "spray", [encode(1, 8), encode(3, 8)]),
+        ("l2", [mac(4)], "spray", [encode(0, 8), encode(2, 8)]),
+        ("spray_ports", [encode(0, 8), encode(0, 8)], "bridge", [encode(4, 9)]),
+        ("spray_ports", [encode(0, 8), encode(1, 8)], "bridge", [encode(3, 9)]),
+        ("spray_ports", [encode(1, 8), encode(0, 8)], "bridge", [encode(5, 9)]),
+        ("spray_ports", [encode(1, 8), encode(1, 8)], "bridge", [encode(6, 9)]),
+        ("spray_ports", [encode(1, 8), encode(2, 8)], "bridge", [encode(7, 9)]),
+    ])
 
 
 def test_job_add_allocates_non_overlapping_ranges():

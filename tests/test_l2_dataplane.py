@@ -76,6 +76,22 @@ def test_configure_errors_name_the_field():
         configure(Dataplane(), dict(CFG, jobs=CFG["jobs"] + [two]))
 
 
+def test_configured_spray_sends_round_robin():
+    """A config l2 entry with ports sprays its MAC's frames over them in turn, byte for byte,
+    while the other entries bridge; the controller's group 0 turn register follows."""
+    dp = Dataplane()
+    configure(dp, {"l2": [{"mac": "02:00:00:00:01:00", "port": 1},
+                          {"mac": "02:00:00:00:02:01", "ports": [3, 2, 4]}]})
+    sprayed = [bytes.fromhex("020000000201020000000100") + b"\x88\xb5" + bytes([i]) * 50
+               for i in range(5)]
+    out = [dp.process(f, 1) for f in sprayed]
+    assert out == [[(3, sprayed[0])], [(2, sprayed[1])], [(4, sprayed[2])], [(3, sprayed[3])],
+                   [(2, sprayed[4])]]
+    assert dp.register("spray_turn", 0) == 2
+    bridged = bytes.fromhex("020000000100020000000201") + b"\x88\xb5" + bytes(50)
+    assert dp.process(bridged, 3) == [(1, bridged)]
+
+
 def test_table_add_checks_names():
     """Tables, actions, keys and parameters are checked against spina/spec.py."""
     dp = Dataplane()

@@ -67,7 +67,8 @@ def test_register_and_counter_arrays_agree(bmv2_json):
     assert {r["name"]: (r["bitwidth"], r["size"]) for r in bmv2_json["register_arrays"]} == \
         {n: (widths[spec.split_p4_register(n)[0]], spec.register_cells(n))
          for n in spec.p4_register_names()} | \
-        {r.name: (r.width, spec.MAX_JOBS) for r in spec.JOB_REGISTERS}
+        {r.name: (r.width, spec.MAX_JOBS) for r in spec.JOB_REGISTERS} | \
+        {r.name: (r.width, spec.P4_SIZES["SPRAY_GROUPS"]) for r in spec.SPRAY_REGISTERS}
     assert {c["name"]: c["size"] for c in bmv2_json["counter_arrays"]} == spec.COUNTERS
 
 
@@ -116,7 +117,7 @@ def test_software_switch_uses_spec_names():
     assert set(dp.registers) == set(spec.REGISTER_NAMES)
     assert set(dp.counters) == set(spec.COUNTERS)
     writable = {"ina_endpoint", "admission", "l2", "ipv4_routes", "worker_rewrite", "congestion",
-                "job_level", "leaf_upstream"}
+                "job_level", "leaf_upstream", "spray_ports"}
     assert writable == set(spec.TABLES)
     for name in spec.p4_register_names():
         dp.register(name, 0)  # every P4 register name resolves

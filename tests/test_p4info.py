@@ -55,7 +55,8 @@ def test_p4c_p4info_equals_spec(p4c_info):
     kinds, widths, actions and their scopes, size), action parameter, counter and register."""
     assert shape(p4c_info) == shape(spec.p4info())
     assert {n for n in shape(p4c_info)["registers"]} == \
-        set(spec.p4_register_names()) | {r.name for r in spec.JOB_REGISTERS}
+        set(spec.p4_register_names()) | {r.name for r in spec.JOB_REGISTERS} | \
+        {r.name for r in spec.SPRAY_REGISTERS}
 
 
 def test_p4info_is_current(tmp_path):

@@ -38,6 +38,11 @@
 #define MAX_RIDS 4096
 #define INA_ENDPOINT_ENTRIES 64
 
+// Per-packet spraying (v1model forwarding.p4): a group id is 8 bits, so 256 groups, one
+// spray_turn cell each; spray_ports holds every group's ports, one entry per turn.
+#define SPRAY_GROUPS 256
+#define SPRAY_PORT_ENTRIES 1024
+
 // Repetition for generated per-lane and per-element declarations: one constant decides how
 // many are generated; nothing is copied by hand. FOR_EACH_ELEM(M, L) expands M(L, 0) ...
 // M(L, BLOCK_SIZE - 1); FOR_EACH_LANE(M) expands M(0) ... M(NLANES - 1).
