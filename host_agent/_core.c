@@ -420,13 +420,15 @@ done:
         Py_ssize_t start = (blocks ? (Py_ssize_t)blocks[i] : i) * bs;                      \
         Py_ssize_t count = n - start < bs ? n - start : bs;                                \
         const uint32_t *src = flat + start;                                                \
-        uint32_t m = 0, o = 0;                                                             \
+        int32_t m = 0; /* signed: |x| bits fit, and SSE2 has a signed compare */           \
+        uint32_t o = 0;                                                                    \
         for (Py_ssize_t j = 0; j < count; j++) {                                           \
-            uint32_t v = src[j], a = v & 0x7FFFFFFFu;                                      \
+            uint32_t v = src[j];                                                           \
+            int32_t a = (int32_t)(v & 0x7FFFFFFFu);                                        \
             m = a > m ? a : m;                                                             \
             o |= v;                                                                        \
         }                                                                                  \
-        maxabs[i] = m;                                                                     \
+        maxabs[i] = (uint32_t)m;                                                           \
         orbits[i] = o;                                                                     \
     }
 
