@@ -408,6 +408,95 @@ done:
     return result;
 }
 
+/* ---- the scan: which blocks hold values, and their largest magnitude ---- */
+
+/* Per block of `bs` 4-byte items (the partial last block: its items only), one pass: the max
+ * of the items' bits without the sign bit (a float32 |x| orders like these bits; 0: the block
+ * is all +-0.0) and the OR of all their bits (non-zero: an int32 block with a value, or a
+ * float block with some -0.0). Memory-bound: gcc vectorises both reductions together. `blocks`
+ * NULL: every block in order; else only those (indices checked by the caller). */
+#define SCAN_LOOP                                                                          \
+    for (Py_ssize_t i = 0; i < nsel; i++) {                                                \
+        Py_ssize_t start = (blocks ? (Py_ssize_t)blocks[i] : i) * bs;                      \
+        Py_ssize_t count = n - start < bs ? n - start : bs;                                \
+        const uint32_t *src = flat + start;                                                \
+        int32_t m = 0; /* signed: |x| bits fit, and SSE2 has a signed compare */           \
+        uint32_t o = 0;                                                                    \
+        for (Py_ssize_t j = 0; j < count; j++) {                                           \
+            uint32_t v = src[j];                                                           \
+            int32_t a = (int32_t)(v & 0x7FFFFFFFu);                                        \
+            m = a > m ? a : m;                                                             \
+            o |= v;                                                                        \
+        }                                                                                  \
+        maxabs[i] = (uint32_t)m;                                                           \
+        orbits[i] = o;                                                                     \
+    }
+
+#if defined(HAVE_AVX2_VARIANT)
+__attribute__((target("avx2")))
+static void scan_avx2(const uint32_t *flat, Py_ssize_t n, Py_ssize_t bs, const int64_t *blocks,
+                      Py_ssize_t nsel, uint32_t *maxabs, uint32_t *orbits) {
+    SCAN_LOOP
+}
+#endif
+static void scan_generic(const uint32_t *flat, Py_ssize_t n, Py_ssize_t bs, const int64_t *blocks,
+                         Py_ssize_t nsel, uint32_t *maxabs, uint32_t *orbits) {
+    SCAN_LOOP
+}
+static void (*scan_blocks)(const uint32_t *, Py_ssize_t, Py_ssize_t, const int64_t *, Py_ssize_t,
+                           uint32_t *, uint32_t *) = scan_generic;
+
+PyDoc_STRVAR(block_scan_doc,
+"block_scan(flat, block_size, maxabs, orbits, blocks) -> None\n\n"
+"Per block of `flat` (4-byte items: float32 or int32; the partial last block has its items\n"
+"only), in one pass: maxabs[i] = the largest item's bits with the sign bit cleared (for\n"
+"float32 the bits of the largest |x|; 0 if every item is +-0), orbits[i] = the OR of every\n"
+"item's bits. blocks None: every block, i = block index (maxabs and orbits: one 4-byte item\n"
+"per block of the tensor); else int64 block indices, i = position in `blocks` (one item per\n"
+"index). Releases the GIL while it reads.");
+
+static PyObject *block_scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    Buf b[4];
+    memset(b, 0, sizeof b);
+    PyObject *result = NULL;
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "block_scan takes 5 arguments");
+        return NULL;
+    }
+    Py_ssize_t bs = PyLong_AsSsize_t(args[1]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (bs < 1) {
+        PyErr_SetString(PyExc_ValueError, "block_scan: block_size >= 1");
+        return NULL;
+    }
+    if (get_buf(args[0], &b[0], 0, 4, "flat") || get_buf(args[2], &b[1], 1, 4, "maxabs")
+        || get_buf(args[3], &b[2], 1, 4, "orbits")
+        || (args[4] != Py_None && get_buf(args[4], &b[3], 0, 8, "blocks")))
+        goto done;
+    Py_ssize_t n = b[0].view.len / 4, nblocks = (n + bs - 1) / bs;
+    const int64_t *blocks = b[3].held ? (const int64_t *)b[3].view.buf : NULL;
+    Py_ssize_t nsel = blocks ? b[3].view.len / 8 : nblocks;
+    if (b[1].view.len != 4 * nsel || b[2].view.len != 4 * nsel) {
+        PyErr_Format(PyExc_ValueError, "block_scan: maxabs and orbits need %zd items each", nsel);
+        goto done;
+    }
+    for (Py_ssize_t i = 0; blocks && i < nsel; i++)
+        if (blocks[i] < 0 || blocks[i] >= nblocks) {
+            PyErr_Format(PyExc_IndexError, "block_scan: block %lld outside 0..%zd",
+                         (long long)blocks[i], nblocks - 1);
+            goto done;
+        }
+    Py_BEGIN_ALLOW_THREADS
+    scan_blocks((const uint32_t *)b[0].view.buf, n, bs, blocks, nsel, (uint32_t *)b[1].view.buf,
+                (uint32_t *)b[2].view.buf);
+    Py_END_ALLOW_THREADS
+    result = Py_NewRef(Py_None);
+done:
+    release(b, 4);
+    return result;
+}
+
 /* ---- the socket side: every answer waiting in one recvmmsg, a batch of sends in one sendmmsg */
 
 #define BATCH_MAX 64
@@ -704,10 +793,12 @@ static PyObject *set_variant(PyObject *self, PyObject *arg) {
     if (strcmp(name, "generic") == 0) {
         quantize_scaled = quantize_generic;
         dequantize_scaled = dequantize_generic;
+        scan_blocks = scan_generic;
 #ifdef HAVE_AVX2_VARIANT
     } else if (strcmp(name, "avx2") == 0 && __builtin_cpu_supports("avx2")) {
         quantize_scaled = quantize_avx2;
         dequantize_scaled = dequantize_avx2;
+        scan_blocks = scan_avx2;
 #endif
     } else {
         PyErr_Format(PyExc_ValueError, "variant %R: 'generic', or 'avx2' on a CPU that has it", arg);
@@ -722,6 +813,7 @@ static PyMethodDef methods[] = {
     {"set_variant", set_variant, METH_O, set_variant_doc},
     {"fill_round", (PyCFunction)(void (*)(void))fill_round, METH_FASTCALL, fill_round_doc},
     {"deliver", (PyCFunction)(void (*)(void))deliver, METH_FASTCALL, deliver_doc},
+    {"block_scan", (PyCFunction)(void (*)(void))block_scan, METH_FASTCALL, block_scan_doc},
     {"check_answer", (PyCFunction)(void (*)(void))check_answer, METH_FASTCALL, check_answer_doc},
     {"recv_answers", (PyCFunction)(void (*)(void))recv_answers, METH_FASTCALL, recv_answers_doc},
     {"send_batch", (PyCFunction)(void (*)(void))send_batch, METH_FASTCALL, send_batch_doc},
@@ -739,6 +831,7 @@ PyMODINIT_FUNC PyInit__core(void) {
     if (__builtin_cpu_supports("avx2")) {
         quantize_scaled = quantize_avx2;
         dequantize_scaled = dequantize_avx2;
+        scan_blocks = scan_avx2;
     }
 #endif
     PyObject *m = PyModule_Create(&module);

@@ -151,14 +151,13 @@ class _Call:
         buffers: the agent's reused datagram buffers.
         rtt: the agent's latency estimator (kept across calls).
         check_blocks: verify a `blocks` hint against a full scan.
-        dense: expect most blocks to be non-zero (the scan's strategy: scan_float_blocks).
         layer: the call's (i, n) layer position for DLCP priorities (host_agent/dlcp.py).
     """
 
     def __init__(self, job: JobConfig, rank: int, call_id: int, rounds: np.ndarray,
                  flat: np.ndarray, integer: bool, inplace: bool, blocks: np.ndarray | None,
                  buffers: _Buffers, rtt: RttEstimator, check_blocks: bool = False,
-                 dense: bool = False, layer: tuple[int, int] | None = None):
+                 layer: tuple[int, int] | None = None):
         self.job, self.rank, self.call_id, self.rounds = job, rank, call_id, rounds
         # Ranks and bitmaps on the wire are the worker's own switch's: in a two-level job its
         # rack's leaf knows ranks rack_first.. as 0..rack_size-1 (flat: the job's ranks).
@@ -172,7 +171,7 @@ class _Call:
         if blocks is not None and check_blocks:
             _check_block_hint(flat, blocks, self.B)
         self.inplace = inplace
-        nz, bits, nonfinite = self._scan(blocks, dense)
+        nz, bits, nonfinite = self._scan(blocks)
         self.stats.nonzero_blocks = len(nz)
         self.plan, order = LanePlan.build(nz, W, self.k)
         # per plan row, 1 where the block holds NaN/Inf (_core.fill_round sends those as 0)
@@ -223,28 +222,15 @@ class _Call:
                             view=memoryview(self.bufs[s][0]))
                       for s in range(W)]
 
-    def _scan(self, blocks: np.ndarray | None, dense: bool
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _scan(self, blocks: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The blocks this worker sends (ascending), their largest |x| as bits (floats), and
         which of them hold NaN/Inf. Only the hinted `blocks` are looked at if given. In place,
         blocks of zeros with some -0.0 (not sent) become +0.0, as every rank's sum reads."""
         flat, B = self.flat, self.B
-        if blocks is not None and 3 * len(blocks) > -(-len(flat) // B):
-            # Gathering a third of the tensor or more costs more than one pass over all of
-            # it; a correct hint leaves every other block zero, so the scan finds the same.
-            blocks, dense = None, True
-        rows = None if blocks is None else gather_blocks(flat, blocks, B)
         if self.integer:
-            if rows is None:
-                nz = nonzero_blocks(flat, B)
-            else:  # only the hinted blocks can be non-zero: look at those alone
-                nz = blocks[rows.any(axis=1)]
+            nz = nonzero_blocks(flat, B, blocks)
             return nz, None, np.zeros(len(nz), bool)
-        # Hinted blocks are mostly non-zero (a compressor's selection).
-        nz, bits, negzero = scan_float_blocks(flat if rows is None else rows.reshape(-1), B,
-                                              dense or rows is not None)
-        if rows is not None:
-            nz, negzero = blocks[nz], blocks[negzero]
+        nz, bits, negzero = scan_float_blocks(flat, B, blocks)
         if self.inplace and len(negzero):
             scatter_blocks(flat, negzero, 0, B)
         nonfinite = bits >= NONFINITE_BITS
@@ -520,7 +506,6 @@ class Agent:
         self._ring_views = [memoryview(self._ring)[i * _RING_STRIDE:(i + 1) * _RING_STRIDE]
                             for i in range(_RING_SLOTS)]
         self._buffers = _Buffers()
-        self._dense = False  # the last call's tensor had mostly non-zero blocks
 
     # ------------------------------------------------------------------ public API
     def allreduce(self, x, inplace: bool = False, blocks=None, layer=None):
@@ -629,8 +614,7 @@ class Agent:
             self._join_run()
         self.call_id = (self.call_id + 1) & 0xFFFFFFFF
         call = _Call(self.job, self.rank, self.call_id, self.rounds, flat, integer, inplace,
-                     blocks, self._buffers, self.rtt, self.check_blocks, dense=self._dense,
-                     layer=layer)
+                     blocks, self._buffers, self.rtt, self.check_blocks, layer=layer)
         sock = self.sock
         tick = min(0.1, call.recovery.deadline()) if self.job.bounded_loss else 0.1
         # Non-blocking, select() only when nothing is waiting: a socket timeout would cost a
@@ -688,7 +672,6 @@ class Agent:
             self.last_stats = call.finish(time.perf_counter() - t0)  # also for a failed call
             self.foreign_packets += call.stats.foreign_packets
         self.rtt.call_done(rec.spurious_timeouts, rec.spurious_fast)
-        self._dense = 2 * call.stats.nonzero_blocks > call.nblocks  # the next call's guess
         return call.out
 
     def _malformed(self, view, nbytes: int, call: _Call) -> None:

@@ -14,59 +14,56 @@ import numpy as np
 
 from spina import wire
 
+try:  # the scan (host_agent/_core.c)
+    from host_agent import _core
+except ImportError as e:
+    raise ImportError("host_agent._core (host_agent/_core.c) is not built: run `make setup` "
+                      "(pip install -e .), or `make core` to rebuild it in place") from e
 
-def block_bits_or(flat: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per block of `flat` (1-D, 4-byte items; the last block may be partial): the OR of its
-    elements' bits, and the same without the float sign bits (ints; non-zero = not all zero).
 
-    An OR-reduction over 8-byte words where blocks allow (even block size, 8-byte aligned):
-    a memory-bound pass, about twice as fast as a per-block max of |x| (docs/profile.md).
+def block_scan(flat: np.ndarray, block_size: int, blocks: np.ndarray | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Per block of `flat` (1-D, 4-byte items; the last block may be partial), or per index of
+    `blocks` only: (the largest item's bits with the sign bit cleared, the OR of every item's
+    bits), both int32. For float32 the first is the bits of the block's largest |x| (0: all
+    +-0.0; >= NONFINITE_BITS: a NaN or Inf); the second is non-zero where any bit is set
+    (an int32 block with a value, a float block with a value or a -0.0).
+
+    One compiled, memory-bound pass (host_agent/_core.c block_scan; docs/profile.md).
     """
-    ints = flat.view(np.int32)
-    nfull = len(ints) // block_size
-    body = ints[:nfull * block_size]
-    if block_size % 2 == 0 and body.ctypes.data % 8 == 0:
-        words, signless = body.view(np.int64).reshape(nfull, block_size // 2), _SIGNLESS64
-    else:
-        words, signless = body.reshape(nfull, block_size), _SIGNLESS32
-    bits = np.bitwise_or.reduce(words, axis=1)
-    masked = bits & signless
-    if nfull * block_size < len(ints):  # the partial last block, as a 32-bit word
-        tail = np.bitwise_or.reduce(ints[nfull * block_size:])
-        bits, masked = np.append(bits, tail), np.append(masked, tail & _SIGNLESS32)
-    return bits, masked
+    if blocks is not None:
+        blocks = np.ascontiguousarray(blocks, np.int64)
+    nsel = -(-len(flat) // block_size) if blocks is None else len(blocks)
+    maxabs, orbits = np.empty(nsel, np.int32), np.empty(nsel, np.int32)
+    _core.block_scan(flat, block_size, maxabs, orbits, blocks)
+    return maxabs, orbits
 
 
-def nonzero_blocks(flat: np.ndarray, block_size: int) -> np.ndarray:
+def nonzero_blocks(flat: np.ndarray, block_size: int, blocks: np.ndarray | None = None
+                   ) -> np.ndarray:
     """Ascending indices of the blocks of `flat` (1-D, 4-byte items) with any non-zero bit
-    (a float block of -0.0 counts: this is the int32 notion, and the `blocks` hint's)."""
-    return np.flatnonzero(block_bits_or(flat, block_size)[0])
+    (a float block of -0.0 counts: this is the int32 notion, and the `blocks` hint's); only
+    the (ascending) `blocks` are looked at if given."""
+    found = np.flatnonzero(block_scan(flat, block_size, blocks)[1])
+    return found if blocks is None else np.asarray(blocks, np.int64)[found]
 
 
-def scan_float_blocks(flat: np.ndarray, block_size: int, dense: bool = False
+def scan_float_blocks(flat: np.ndarray, block_size: int, blocks: np.ndarray | None = None
                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The blocks of float32 `flat` the agent sends: (indices of the blocks holding a value
-    other than +-0.0, their largest |x| as raw bits (block_absmax_bits), indices of the blocks
+    other than +-0.0, their largest |x| as raw bits (block_scan), indices of the blocks
     of zeros with some -0.0). NaN and Inf are values: a non-finite block is sent so that
     every rank sees it. A block of zeros is not sent, whatever the signs of its zeros.
-
-    dense: expect most blocks to hold values: one max-|x| pass finds them, and only the
-    other blocks are looked at for -0.0 (same results, no OR pass).
+    Only the (ascending) `blocks` are looked at if given; the indices returned are theirs.
     """
-    if dense:
-        absmax = block_absmax_bits(flat, block_size)
-        zero = np.flatnonzero(absmax == 0)
-        negzero = zero[gather_blocks(flat, zero, block_size).view(np.int32).any(axis=1)]
-        nz = np.flatnonzero(absmax)
-        return nz, absmax[nz], negzero
-    bits, masked = block_bits_or(flat, block_size)
-    nz = np.flatnonzero(masked)
-    negzero = np.flatnonzero((bits != 0) & (masked == 0))
-    if 2 * len(nz) > len(masked):  # dense: one pass over every block beats a gather
-        absmax = block_absmax_bits(flat, block_size)[nz]
-    else:
-        absmax = _gathered_absmax_bits(flat, nz, block_size)
-    return nz, absmax, negzero
+    maxabs, orbits = block_scan(flat, block_size, blocks)
+    nz = np.flatnonzero(maxabs)
+    negzero = np.flatnonzero((maxabs == 0) & (orbits != 0))
+    bits = maxabs[nz]
+    if blocks is not None:
+        blocks = np.asarray(blocks, np.int64)
+        nz, negzero = blocks[nz], blocks[negzero]
+    return nz, bits, negzero
 
 
 def gather_blocks(flat: np.ndarray, idx: np.ndarray, block_size: int) -> np.ndarray:
@@ -122,51 +119,13 @@ class LanePlan:
         return cls(nslots, nlanes, nz[order], bounds), order
 
 
-ABS_MASK = 0x7FFFFFFF       # float32 bits without the sign: ordered like |x|
 NONFINITE_BITS = 0x7F800000  # |x| bits at or above this: Inf or NaN
-_SIGNLESS32 = np.int32(ABS_MASK)
-_SIGNLESS64 = np.int64(0x7FFFFFFF7FFFFFFF)  # two float32 in one word, signs masked
 
 
-def block_absmax_bits(flat: np.ndarray, block_size: int, chunk: int = 256) -> np.ndarray:
-    """Per block of float32 `flat`: the largest |x| as its raw bits (0 for an all-zero block).
-
-    One cache-friendly pass gives the non-zero mask (> 0), the exponent and the non-finite
-    blocks (>= NONFINITE_BITS): float32 magnitudes order like their bits with the sign masked.
-    The chunk's masked copy (256 blocks of 256: 256 KiB) stays in the core's L2 between the
-    two steps; 4096 blocks (4 MiB) did not, and took 20-30% longer here.
-    """
-    ints = flat.view(np.int32)
-    nfull = len(ints) // block_size
-    full = ints[:nfull * block_size].reshape(nfull, block_size)
-    out = np.empty(nfull + (nfull * block_size < len(ints)), np.int32)
-    tmp = np.empty((min(chunk, nfull), block_size), np.int32)
-    for i in range(0, nfull, chunk):  # a loop over chunks of blocks, vectorised inside
-        part = full[i:i + chunk]
-        t = tmp[:len(part)]
-        np.bitwise_and(part, ABS_MASK, out=t)
-        t.max(axis=1, out=out[i:i + len(part)])
-    if len(out) > nfull:
-        out[-1] = (ints[nfull * block_size:] & ABS_MASK).max()
-    return out
-
-
-def _gathered_absmax_bits(flat: np.ndarray, idx: np.ndarray, block_size: int,
-                          chunk: int = 256) -> np.ndarray:
-    """block_absmax_bits of the blocks `idx` only (the partial last block included)."""
-    nfull = len(flat) // block_size
-    full = flat.view(np.int32)[:nfull * block_size].reshape(nfull, block_size)
-    out = np.empty(len(idx), np.int32)
-    tmp = np.empty((min(chunk, len(idx)), block_size), np.int32)
-    for i in range(0, len(idx), chunk):  # chunks stay in the core's L2 (block_absmax_bits)
-        part = idx[i:i + chunk]
-        t = tmp[:len(part)]
-        np.take(full, part, axis=0, out=t, mode="clip")
-        np.bitwise_and(t, ABS_MASK, out=t)
-        t.max(axis=1, out=out[i:i + len(part)])
-    if len(idx) and idx[-1] == nfull:  # ascending: the partial last block comes last
-        out[-1] = (flat[nfull * block_size:].view(np.int32) & ABS_MASK).max()
-    return out
+def block_absmax_bits(flat: np.ndarray, block_size: int) -> np.ndarray:
+    """Per block of float32 `flat`: the largest |x| as its raw bits (0 for an all-zero block);
+    float32 magnitudes order like their bits with the sign masked (block_scan)."""
+    return block_scan(flat, block_size)[0]
 
 
 def exponent_of_bits(bits: np.ndarray) -> np.ndarray:

@@ -6,8 +6,8 @@ fill_round and deliver must give the bytes and values that the numpy forms in
 host_agent/blocks.py (gather_blocks, quantize, dequantize, scatter_blocks) give, on random
 inputs and on the edge cases: NaN/Inf blocks, the zero-padded last block, one to 64 lanes,
 shifts outside float32's scale range (ldexp), int32 tensors, both of the core's loop
-variants. The header fields fill_round writes and the ones recv_answers reads must be
-spina.wire's (HEADER_STRUCT), and its header checks wire.header_error's; a batch of datagrams
+variants; block_scan the per-block largest |x| bits and OR of bits that numpy computes. The
+header fields fill_round writes and the ones recv_answers reads must be spina.wire's (HEADER_STRUCT), and its header checks wire.header_error's; a batch of datagrams
 read with one recvmmsg keeps only the switch's well-formed answers of the call. A datagram
 the agent builds with it must be exactly wire.pack of the reference.
 """
@@ -239,6 +239,65 @@ def test_bad_arguments_raise_and_write_nothing():
     assert not out.any()
     with pytest.raises(ValueError, match="shorter than its present rows"):
         _core.deliver(bytearray(60), out, np.array([0], np.int64), 1, 0, 0, False, 4)
+
+
+def reference_block_scan(flat, bs, blocks=None):
+    """block_scan in numpy: per block (the last one zero-padded, which changes neither the max
+    nor the OR), the max of the bits without the sign bit and the OR of the bits."""
+    n = len(flat)
+    nb = -(-n // bs)
+    pad = np.zeros(nb * bs, np.uint32)
+    pad[:n] = flat.view(np.uint32)
+    rows = pad.reshape(nb, bs)
+    if blocks is not None:
+        rows = rows[blocks]
+    maxabs = (rows & 0x7FFFFFFF).max(axis=1, initial=0)
+    orbits = np.bitwise_or.reduce(rows, axis=1) if len(rows) else np.zeros(0, np.uint32)
+    return maxabs.astype(np.int32), orbits.view(np.int32)
+
+
+@pytest.mark.parametrize("hinted", [False, True])
+def test_block_scan_gives_the_reference_max_and_or(variant, hinted):
+    """Every block (or the hinted ones only): the largest |x| bits and the OR of the bits, for
+    odd block sizes, unaligned views, partial last blocks, NaN, Inf, -0.0 and int32 bit
+    patterns with the sign bit set."""
+    rng = np.random.default_rng(33)
+    for _ in range(300):
+        bs, n, skip = int(rng.integers(1, 70)), int(rng.integers(0, 600)), int(rng.integers(0, 2))
+        x = np.zeros(n + skip, np.float32)[skip:]  # skip=1: not 8-byte aligned
+        values = rng.random(n) < rng.random() * 0.3
+        x[values] = rng.standard_normal(int(values.sum()))
+        x[rng.random(n) < 0.05] = -0.0
+        for special in (np.nan, np.inf, -np.inf):
+            if n and rng.random() < 0.2:
+                x[rng.integers(n)] = special
+        if rng.random() < 0.3:  # int32 data: any bit pattern
+            x.view(np.int32)[:] = np.where(rng.random(n) < 0.2,
+                                           rng.integers(-2**31, 2**31, n), 0).astype(np.int32)
+        nb = -(-n // bs)
+        blocks = (np.flatnonzero(rng.random(nb) < 0.5) if hinted else None)
+        got = np.empty(nb if blocks is None else len(blocks), np.int32), \
+            np.empty(nb if blocks is None else len(blocks), np.int32)
+        _core.block_scan(x, bs, got[0], got[1], blocks)
+        want = reference_block_scan(x, bs, blocks)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+
+
+def test_block_scan_checks_its_arguments():
+    """Block indices outside the tensor and output arrays of the wrong size are errors, never
+    reads or writes out of bounds."""
+    flat = np.ones(10, np.float32)  # 3 blocks of 4
+    out = np.zeros(2, np.int32), np.zeros(2, np.int32)
+    with pytest.raises(IndexError, match="block 3 outside 0..2"):
+        _core.block_scan(flat, 4, *out, np.array([0, 3], np.int64))
+    with pytest.raises(IndexError, match="block -1 outside"):
+        _core.block_scan(flat, 4, *out, np.array([-1, 0], np.int64))
+    with pytest.raises(ValueError, match="need 3 items each"):
+        _core.block_scan(flat, 4, *out, None)
+    with pytest.raises(ValueError, match="block_size >= 1"):
+        _core.block_scan(flat, 0, *out, None)
+    assert not out[0].any() and not out[1].any()
 
 
 def test_the_agents_datagrams_are_wire_pack_of_the_reference():
