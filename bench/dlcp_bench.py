@@ -965,16 +965,6 @@ def _positive(kind, lo, hi):
     return parse
 
 
-def _loss_deadline(text: str):
-    if text == "auto":
-        return text
-    try:
-        float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is neither seconds nor 'auto'") from None
-    return _positive(float, 0.001, 10)(text)
-
-
 def _configs(text: str) -> list[str]:
     names = [c.name for c in CONFIGS]
     got = text.split(",")
@@ -1029,7 +1019,7 @@ def parse_args(argv=None):
                     help="the congestion entry's threshold: frames queued at the uplink above "
                          "which a loss-tolerant contribution may be dropped (default "
                          "%(default)s)")
-    ap.add_argument("--loss-deadline", type=_loss_deadline, default=0.03,
+    ap.add_argument("--loss-deadline", type=cli.seconds_or_auto, default=0.03,
                     metavar="SECONDS|auto",
                     help="seconds a round may wait before the agents flush it PARTIAL "
                          "(bounded modes without /auto in their name; default %(default)s), or "

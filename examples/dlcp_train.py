@@ -23,7 +23,6 @@ through first. What was actually lost is counted per run (CallStats.blocks_lost)
 """
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import sys
@@ -238,16 +237,6 @@ def plot(runs: list[dict], out: Path, args) -> None:
     fig.savefig(out, dpi=110)
 
 
-def _deadline(text: str):
-    if text == "auto":
-        return text
-    try:
-        float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is neither seconds nor 'auto'") from None
-    return cli.positive_float(text)
-
-
 def main(argv=None) -> int:
     ap = cli.ArgumentParser(prog="examples/dlcp_train.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--task", choices=("digits", "mlp"), default="digits",
@@ -263,7 +252,7 @@ def main(argv=None) -> int:
                     help="default: 0.5 (digits), 0.05 (mlp, as examples/train_compressed.py)")
     ap.add_argument("--drop", type=float, default=0.5,
                     help="probability that an arriving loss-tolerant packet is dropped")
-    ap.add_argument("--deadline", type=_deadline, default=None, metavar="SECONDS|auto",
+    ap.add_argument("--deadline", type=cli.seconds_or_auto, default=None, metavar="SECONDS|auto",
                     help="the job's loss_deadline: seconds, or 'auto' (twice the measured round "
                          "latency, 2-50 ms); default 0.005 (digits), auto (mlp)")
     ap.add_argument("--nlanes", type=cli.int_range(1, wire.MAX_LANES), default=None,

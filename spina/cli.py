@@ -61,6 +61,18 @@ def positive_float(text: str) -> float:
     return v
 
 
+def seconds_or_auto(text: str) -> float | str:
+    """An argparse type for a loss deadline: 'auto' (spina.config.LOSS_DEADLINE_AUTO: from the
+    measured round latency) or a finite number of seconds > 0."""
+    if text == "auto":
+        return text
+    try:
+        float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither seconds nor 'auto'") from None
+    return positive_float(text)
+
+
 def ipv4_host(text: str) -> str:
     """An argparse type: an IPv4 address, or a name that resolves to one (returned as given)."""
     try:

@@ -651,6 +651,16 @@ def test_a_leaf_needs_a_spine_for_every_slot():
     assert lf.pipeline.admission == {} and lf.leaves == {}
 
 
+def _restart_spine(f: FabricCluster, new: UdpSwitch) -> UdpSwitch:
+    """`new`, on the stopped spine's port, takes its place: the controller installs the plan
+    on it alone, as after a restart."""
+    f.switches[2] = new
+    f.spines = [new]
+    plan.install(f.plan, {"spine0": new})
+    new.start()
+    return new
+
+
 def test_spine_restarted_mid_call():
     """The spine stops mid-call (its registers lost) and a new one starts on its port; the
     controller installs the plan on it alone; the call completes exactly on every rank."""
@@ -663,11 +673,7 @@ def test_spine_restarted_mid_call():
             time.sleep(0.001)
         old.stop()
         stopped_at = int(old.pipeline.registers["slot_round"].max())
-        new = UdpSwitch(port=old.address[1])
-        f.switches[2] = new
-        f.spines = [new]
-        plan.install(f.plan, {"spine0": new})
-        new.start()
+        new = _restart_spine(f, UdpSwitch(port=old.address[1]))
         want = np.sum(ints, axis=0, dtype=np.int32)
         for fut in futs:
             assert np.array_equal(fut.result(), want)
@@ -697,12 +703,9 @@ def test_spine_restarted_after_a_result_reached_one_leaf_only():
         old = f.spines[0]
         old.stop()
         stopped.set()
-        new = UdpSwitch(port=old.address[1], faults=Faults(drop_in_match=lambda h: bool(
-            h.flags & wire.FLAG_REPLAY and replays.append(h.slot))))
-        f.switches[2] = new
-        f.spines = [new]
-        plan.install(f.plan, {"spine0": new})
-        new.start()
+        count_replays = Faults(drop_in_match=lambda h: bool(
+            h.flags & wire.FLAG_REPLAY and replays.append(h.slot)))  # counts, drops nothing
+        _restart_spine(f, UdpSwitch(port=old.address[1], faults=count_replays))
         want = np.sum(ints, axis=0, dtype=np.int32)
         for fut in futs:
             assert np.array_equal(fut.result(), want)
