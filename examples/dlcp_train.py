@@ -100,12 +100,8 @@ def run(bound: float, args, data) -> dict:
                     futs = [c.agents[r].allreduce_async(flats[r], layer=(layer, 2))
                             for r in range(n)]
                     sums = [f.result(timeout=120) for f in futs]
-                    for r, a in enumerate(c.agents):
-                        s = a.last_stats
-                        hist["blocks_lost"] += s.blocks_lost
-                        hist["blocks_sent"] += s.nonzero_blocks
-                        hist["partial_rounds"] += s.partial_rounds if r == 0 else 0
-                        hist["loss_tolerant_packets"] += s.loss_tolerant_packets
+                    _tally(hist, c.agents)
+                    for r in range(n):
                         w = params[r][2 * layer]
                         avg = sums[r] / n
                         w -= args.lr * avg[:w.size].reshape(w.shape)
@@ -177,14 +173,11 @@ def run_mlp(bound: float, args, data) -> dict:
                     futs = [c.agents[r].allreduce_async(flats[r], layer=(i, nl))
                             for r in range(n)]
                     sums = [f.result(timeout=300) for f in futs]
-                    for r, a in enumerate(c.agents):
-                        s = a.last_stats
-                        hist["blocks_lost"] += s.blocks_lost
-                        hist["blocks_sent"] += s.nonzero_blocks
-                        hist["partial_rounds"] += s.partial_rounds if r == 0 else 0
-                        hist["loss_tolerant_packets"] += s.loss_tolerant_packets
-                        if r == 0 and bound:
-                            hist["loss_deadline_ms"].append(round(1e3 * s.loss_deadline, 2))
+                    _tally(hist, c.agents)
+                    if bound:
+                        hist["loss_deadline_ms"].append(
+                            round(1e3 * c.agents[0].last_stats.loss_deadline, 2))
+                    for r in range(n):
                         w = linears[r][i].weight
                         avg = torch.from_numpy(sums[r] / n)
                         w.grad.copy_(avg[:w.numel()].reshape(w.shape))
@@ -235,6 +228,17 @@ def plot(runs: list[dict], out: Path, args) -> None:
     ax.legend()
     fig.tight_layout()
     fig.savefig(out, dpi=110)
+
+
+def _tally(hist: dict, agents) -> None:
+    """Add the last call's loss counters of every rank to `hist` (partial rounds: rank 0's,
+    which every rank shares)."""
+    for r, a in enumerate(agents):
+        s = a.last_stats
+        hist["blocks_lost"] += s.blocks_lost
+        hist["blocks_sent"] += s.nonzero_blocks
+        hist["partial_rounds"] += s.partial_rounds if r == 0 else 0
+        hist["loss_tolerant_packets"] += s.loss_tolerant_packets
 
 
 def main(argv=None) -> int:
