@@ -412,6 +412,24 @@ def test_spine_status_goes_to_every_leaf_and_a_replay_completes_the_round(target
                                            "flags": wire.FLAG_LAST | wire.FLAG_RESEND})]})
 
 
+def test_spine_takes_a_partial_replay_with_only_the_replaying_rack(target):
+    """A replayed PARTIAL result (the round was flushed without some rack before the spine
+    lost it): its bitmap names only the replaying rack, and only if the leaf's stored ranks
+    say it was in; nobody is told their blocks were summed when they may not have been."""
+    flags = wire.FLAG_LAST | wire.FLAG_PARTIAL
+    for stored, named in ((LOCAL_RANKS, 0b01), (0, 0)):
+        setup_spine(target)
+        target.send(2, partial(1, **PARTIAL))
+        expect_nothing(target)
+        target.send(1, partial(0, **{**SPINE_RESULT, "bitmap": stored,
+                                     "flags": flags | wire.FLAG_RESEND | wire.FLAG_REPLAY}))
+        want = {**SPINE_RESULT, "bitmap": named, "flags": flags}
+        expect(target, {rack + 1: [down(rack, rank=0, **want)] for rack in (0, 1)})
+        assert target.register("slot_bitmap", 1) == named
+        assert target.register("slot_flags", 1) == flags
+        target.reset()
+
+
 def test_spine_carries_a_racks_mismatch_and_flush(target):
     """A partial's MISMATCH and PARTIAL are ORed into the round at a spine (every rack learns
     of them); on a flat job (no job_level entry) they are not: the level is the entry's."""

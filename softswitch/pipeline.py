@@ -364,7 +364,11 @@ class Pipeline:
         if present:
             data = np.frombuffer(pkt, DATA_DTYPE, (len(pkt) - HLEN) // 4 - k, HLEN + 4 * k)
             vals[wire.lane_indices(present, k)] = data.reshape(-1, bs)
-        self._r_bitmap[idx] = (1 << nworkers) - 1  # every rack's contribution is in it
+        # Its contributors: every rack for a whole result; for a PARTIAL one only the replaying
+        # rack, if its stored ranks say it was in (the leaf kept no other rack's bit): no rack
+        # is told its blocks were summed when they may not have been.
+        self._r_bitmap[idx] = ((1 << nworkers) - 1 if not t[_FLAGS] & FLAG_PARTIAL
+                               else 1 << t[_RANK] if t[_BITMAP] else 0)
         self._r_count[idx] = nworkers
         self._r_present[idx] = present
         self._r_nonfinite[idx] = t[_NONFINITE]

@@ -247,13 +247,14 @@ class P4Model:
         flush = duplicate and not complete and not adopt and (h.flags & wire.FLAG_PARTIAL) != 0
         accumulate = not duplicate and not complete and not adopt
         reset = fresh or adopt
-        all_ranks = ((1 << adm["nworkers"]) - 1) & M32
+        replayed = (((1 << adm["nworkers"]) - 1) & M32 if not in_flags & wire.FLAG_PARTIAL
+                    else rank_bit if h.bitmap else 0)
         if accumulate:
             r["slot_bitmap"][idx] = old_bitmap | rank_bit
             count += 1
             r["slot_count"][idx] = count
         elif adopt:
-            r["slot_bitmap"][idx] = all_ranks
+            r["slot_bitmap"][idx] = replayed
             count = adm["nworkers"]
             r["slot_count"][idx] = count
         else:
@@ -338,7 +339,7 @@ class P4Model:
             out.flags = sflags | (h.flags & wire.FLAG_LOSS_TOLERANT) | (
                 0 if accumulate or flush or adopt else wire.FLAG_RESEND)
             out.bitmap = (old_bitmap | rank_bit if accumulate
-                          else all_ranks if adopt else old_bitmap)
+                          else replayed if adopt else old_bitmap)
             out.present, out.nonfinite, out.exponent = present, nonfinite, _s16(exponent)
             out.length = length
         data = b"".join(struct.pack(f">{self.BLOCK_SIZE}I", *out_blocks[lane])

@@ -328,13 +328,17 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
         bool flush = duplicate && !complete && !adopt && (hdr.ina.flags & FLAG_PARTIAL) != 0;
         bool accumulate = !duplicate && !complete && !adopt;
         bool reset = fresh || adopt;  // the copy starts from this packet
-        bit<32> all_ranks = ((bit<32>)1 << meta.adm.nworkers) - 1;
+        // A replay's contributors: every rack for a whole result; for a PARTIAL one only the
+        // replaying rack, and only if its stored ranks say it was in (the leaf kept no other
+        // rack's bit): no rack is told its blocks were summed when they may not have been.
+        bit<32> replayed = (in_flags & FLAG_PARTIAL) == 0 ? ((bit<32>)1 << meta.adm.nworkers) - 1
+                           : (hdr.ina.bitmap != 0 ? rank_bit : 32w0);
         if (accumulate) {
             slot_bitmap.write(idx, old_bitmap | rank_bit);
             count = count + 1;
             slot_count.write(idx, count);
         } else if (adopt) {
-            slot_bitmap.write(idx, all_ranks);
+            slot_bitmap.write(idx, replayed);
             count = (bit<32>)meta.adm.nworkers;
             slot_count.write(idx, count);
         } else {
@@ -411,7 +415,7 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
             hdr.ina.flags = sflags | (hdr.ina.flags & FLAG_LOSS_TOLERANT)
                             | ((accumulate || flush || adopt) ? 8w0 : FLAG_RESEND);
             hdr.ina.bitmap = accumulate ? (old_bitmap | rank_bit)
-                             : (adopt ? all_ranks : old_bitmap);
+                             : (adopt ? replayed : old_bitmap);
             hdr.ina.present = present;
             hdr.ina.nonfinite = nonfinite;
             hdr.ina.exponent = exponent;
