@@ -322,9 +322,11 @@ class Recovery:
         self.recheck = False
         out = []
         window = self.rtt.reorder_window
+        others = self._other_groups_evidence()
         for st, tm in in_flight:
             rack_seq, rack_latency = self.rack.get(tm.group, (0, 0.0))
             rack = rack_latency + window
+            other_seq, other_wait = others.get(tm.group, (0, 0.0))
             if (self.bounded_loss and self.flusher and tm.flushable and not tm.flush
                     and now - tm.first_sent_at > self.deadline(tm.group)
                     and self.partial_rounds + self.flushing + 1 <= self.budget_rounds):
@@ -336,6 +338,14 @@ class Recovery:
                 out.append((st, tm))
             elif tm.last_seq < rack_seq and now - tm.sent_at > rack:
                 self.fast_resends += 1  # a round sent after this one was answered: lost
+                out.append((st, tm))
+            elif tm.last_seq < other_seq and now - tm.sent_at > other_wait + window:
+                # A round of another group sent after this one was answered: this worker's
+                # datagrams get through and the fabric answers, yet this round is later than
+                # its own group's usual latency: lost. Without this, a group of few slots (2 per
+                # spine, 4 slots over 2 spines) often had no round of its own to compare with:
+                # every slot of the group waited on a loss, and only a timeout freed them.
+                self.fast_resends += 1
                 out.append((st, tm))
             elif tm.hold_risk and not tm.hold_resent and now - tm.sent_at > rack:
                 # Held (likely) until the worker the last round lacked is heard; that worker
@@ -367,11 +377,31 @@ class Recovery:
         unless a result sets `recheck` before (a later sample may also shorten the timeout)."""
         soonest = min(longest, self.timer_from + self.timeout - now)
         window = self.rtt.reorder_window
+        others = self._other_groups_evidence()
         for _, tm in in_flight:
             rack_seq, rack_latency = self.rack.get(tm.group, (0, 0.0))
             if tm.last_seq < rack_seq or (tm.hold_risk and not tm.hold_resent):
                 soonest = min(soonest, tm.sent_at + rack_latency + window - now)
+            other_seq, other_wait = others.get(tm.group, (0, 0.0))
+            if tm.last_seq < other_seq:
+                soonest = min(soonest, tm.sent_at + other_wait + window - now)
         return max(soonest, 0.0005)
+
+    def _other_groups_evidence(self) -> dict[int, tuple[int, float]]:
+        """Per slot group with a latency estimate: (send order of the latest-sent round of any
+        other group known answered, the group's own smoothed round latency). Rounds of two
+        groups (two spines, two queues) need not complete in send order, so another group's
+        round says only that this worker's datagrams get through: a round of this group is
+        then lost once it is later than this group's latency plus the reorder window, not
+        the other round's latency."""
+        out = {}
+        if len(self.rtt.group_srtt) < 2:  # one group (or no sample yet): nothing to compare
+            return out
+        for group, latency in self.rtt.group_srtt.items():
+            seq = max((seq for g, (seq, _) in self.rack.items() if g != group), default=0)
+            if seq:
+                out[group] = (seq, latency)
+        return out
 
     def stalled(self, in_flight, now: float, timeout: float):
         """A (slot, timer) pair with no result for `timeout` seconds, else None."""
