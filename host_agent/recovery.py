@@ -10,8 +10,11 @@ status naming who contributed. A round is resent on one of four triggers, all de
                    slots one switch aggregates: JobConfig.slot_groups for a job sharded over
                    spines, whose queues reorder across groups). A round is lost once a round
                    first sent after its latest transmission has completed and it has been out
-                   longer than that round's latency plus a reorder window. Fires again for a
-                   lost resend, with no timer: most losses cost about one round trip.
+                   longer than that round's latency plus a reorder window; or a round of
+                   another group first sent after it has completed and it has been out longer
+                   than twice its own group's latency (at least min_rto) plus the window (a
+                   group of 2 slots often has no round of its own to compare with). Fires again
+                   for a lost resend, with no timer: most losses cost about one round trip.
   timeout          (RTO, RFC 6298) for what fast retransmit cannot see: the rounds nothing was
                    sent after (the tail of a call) and a switch that does not answer. One timer
                    per call, as TCP has one per connection: it runs from the call's last result
@@ -56,7 +59,7 @@ REORDER_MIN = 0.001  # s, smallest reorder window of the fast retransmit
 # A round of another slot group (another spine) answered first marks a round lost once it has
 # waited this many times its own group's smoothed latency (at least min_rto) plus the reorder
 # window: twice, as RFC 8985's probe timeout waits 2 srtt where no ordering is known. Once
-# (with no floor) made 63 spurious resends in 160 lossless calls of 8 workers over 2 spines.
+# (with no floor) made 63 spurious resends in 20 lossless calls of 8 workers over 2 spines.
 OTHER_GROUP_MULT = 2.0
 # The `auto` loss deadline (bounded loss): a round is flushed once it has waited this many
 # times its slot group's smoothed round latency, so a round flushes when it is clearly late
