@@ -202,7 +202,8 @@ def loss_timing(racks: int, per_rack: int, seeds, calls: int, elements: int) -> 
                                  "fast": sum(s.fast_resends for s in st),
                                  "timeout": sum(s.timeout_resends for s in st),
                                  "spurious": sum(s.spurious_resends for s in st),
-                                 "srtt_ms": round(1000 * max(a.rtt.srtt or 0 for a in fc.agents), 1)})
+                                 "srtt_ms": round(1000 * max(a.rtt.srtt or 0
+                                                             for a in fc.agents), 1)})
                     print(rows[-1], flush=True)
     return rows
 
