@@ -1,6 +1,7 @@
 """Bytes and packets on the spine's links: two-level aggregation vs one flat switch.
 
     python -m bench.scale_out [--elements N] [--out DIR]
+    python -m bench.scale_out --loss-timing [--racks R] [--per-rack H] [--seeds S,S,..]
 
 For each density and sparsity pattern (every rank its own non-zero blocks, or one pattern for
 all), the same 8 tensors are summed (a) through 2 leaves and a spine (software switches in UDP
@@ -9,6 +10,12 @@ The spine's datagrams in and out are its links' traffic; the flat switch's are w
 would carry if it stood at the spine. Writes scale_out.csv and scale_out_bytes.png to DIR
 (default bench/out). Counts are exact (no timing): the run needs no quiet machine.
 docs/scale_out.md shows the committed run.
+
+--loss-timing: time under loss instead, 1 spine against 2 (the slots sharded): R racks of H
+workers, 1% of datagrams dropped into and out of every switch, 1% duplicated, 1% reordered
+(seeded per switch from each seed), `--calls` dense int32 calls of `--elements` per seed; prints
+per call the seconds and the agents' resends by trigger (fast, timeout, spurious) and writes
+scale_out_loss.csv. Wall-clock times: run it on a quiet machine. docs/reliability.md shows a run.
 """
 from __future__ import annotations
 
@@ -23,7 +30,7 @@ from controller import plan
 from host_agent.agent import Agent
 from host_agent.local import LocalCluster
 from host_agent.recovery import MIN_RTO
-from softswitch.udp import UdpSwitch
+from softswitch.udp import Faults, UdpSwitch
 from spina import cli
 from spina.net import bound_udp_socket
 
@@ -165,6 +172,42 @@ def measure(elements: int) -> list[dict]:
     return rows
 
 
+def lossy(seed: int):
+    """Faults of switch i (leaves first): 1% dropped in and out, 1% duplicated, 1% reordered."""
+    return lambda i: Faults(drop_in=0.01, drop_out=0.01, duplicate=0.01, reorder=0.01,
+                            seed=seed + i)
+
+
+def loss_timing(racks: int, per_rack: int, seeds, calls: int, elements: int) -> list[dict]:
+    """Seconds and resends per dense call under loss (`lossy`), 1 spine and 2 spines."""
+    import time
+    rows = []
+    n = racks * per_rack
+    for spines in (1, 2):
+        for seed in seeds:
+            with FabricCluster(racks=racks, per_rack=per_rack, spines=spines,
+                               faults=lossy(seed), nlanes=4) as fc:
+                for call in range(calls):
+                    ints = tensors(1.0, seed + call, elements, nranks=n, integer=True)
+                    want = np.sum(ints, axis=0, dtype=np.int32)
+                    t = time.monotonic()
+                    got = fc.allreduce(ints)
+                    seconds = time.monotonic() - t
+                    if any(not np.array_equal(g, want) for g in got):
+                        raise RuntimeError(f"seed {seed} call {call}: a result is not exact")
+                    st = [a.last_stats for a in fc.agents]
+                    rows.append({"workers": n, "racks": racks, "spines": spines, "seed": seed,
+                                 "call": call, "seconds": round(seconds, 3),
+                                 "rounds_per_worker": st[0].rounds,
+                                 "fast": sum(s.fast_resends for s in st),
+                                 "timeout": sum(s.timeout_resends for s in st),
+                                 "spurious": sum(s.spurious_resends for s in st),
+                                 "srtt_ms": round(1000 * max(a.rtt.srtt or 0
+                                                             for a in fc.agents), 1)})
+                    print(rows[-1], flush=True)
+    return rows
+
+
 def plot(rows: list[dict], path: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -189,13 +232,35 @@ def plot(rows: list[dict], path: str) -> None:
 
 def main(argv=None) -> int:
     ap = cli.ArgumentParser(prog="python -m bench.scale_out", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--elements", type=cli.int_range(256, 1 << 24), default=1 << 18,
-                    help="elements per tensor (default %(default)s)")
+    ap.add_argument("--elements", type=cli.int_range(256, 1 << 24), default=None,
+                    help="elements per tensor (default 262144; --loss-timing: 65536)")
     ap.add_argument("--out", default="bench/out", help="output directory (default %(default)s)")
+    ap.add_argument("--loss-timing", action="store_true",
+                    help="time dense calls under 1%% loss, 1 spine vs 2 (see above)")
+    ap.add_argument("--racks", type=cli.int_range(1, 32), default=2,
+                    help="--loss-timing: racks (default %(default)s)")
+    ap.add_argument("--per-rack", type=cli.int_range(1, 32), default=20,
+                    help="--loss-timing: workers per rack (default %(default)s)")
+    ap.add_argument("--seeds", default="70,80,90",
+                    help="--loss-timing: fault seeds, comma-separated (default %(default)s)")
+    ap.add_argument("--calls", type=cli.int_range(1, 100), default=3,
+                    help="--loss-timing: calls per seed (default %(default)s)")
     args = ap.parse_args(argv)
     try:
+        seeds = [int(x) for x in args.seeds.split(",")]
+    except ValueError:
+        ap.error(f"--seeds: {args.seeds!r} is not a comma-separated list of integers")
+    try:
         os.makedirs(args.out, exist_ok=True)
-        rows = measure(args.elements)
+        if args.loss_timing:
+            rows = loss_timing(args.racks, args.per_rack, seeds, args.calls,
+                               args.elements or 1 << 16)
+            with open(os.path.join(args.out, "scale_out_loss.csv"), "w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=list(rows[0]))
+                w.writeheader()
+                w.writerows(rows)
+            return 0
+        rows = measure(args.elements or 1 << 18)
         with open(os.path.join(args.out, "scale_out.csv"), "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
             w.writeheader()

@@ -10,8 +10,11 @@ status naming who contributed. A round is resent on one of four triggers, all de
                    slots one switch aggregates: JobConfig.slot_groups for a job sharded over
                    spines, whose queues reorder across groups). A round is lost once a round
                    first sent after its latest transmission has completed and it has been out
-                   longer than that round's latency plus a reorder window. Fires again for a
-                   lost resend, with no timer: most losses cost about one round trip.
+                   longer than that round's latency plus a reorder window; or a round of
+                   another group first sent after it has completed and it has been out longer
+                   than twice its own group's latency (at least min_rto) plus the window (a
+                   group of 2 slots often has no round of its own to compare with). Fires again
+                   for a lost resend, with no timer: most losses cost about one round trip.
   timeout          (RTO, RFC 6298) for what fast retransmit cannot see: the rounds nothing was
                    sent after (the tail of a call) and a switch that does not answer. One timer
                    per call, as TCP has one per connection: it runs from the call's last result
@@ -53,6 +56,11 @@ INITIAL_RTO = 0.2  # s, before the first latency sample (TCP uses 1 s; a switch 
 MIN_RTO = 0.005    # s, default floor: round latencies here are 0.1-20 ms, variance covers load
 MAX_RTO = 2.0      # s: a slow switch (BMv2 serves 150-300 packets/s) may take this per window
 REORDER_MIN = 0.001  # s, smallest reorder window of the fast retransmit
+# A round of another slot group (another spine) answered first marks a round lost once it has
+# waited this many times its own group's smoothed latency (at least min_rto) plus the reorder
+# window: twice, as RFC 8985's probe timeout waits 2 srtt where no ordering is known. Once
+# (with no floor) made 63 spurious resends in 20 lossless calls of 8 workers over 2 spines.
+OTHER_GROUP_MULT = 2.0
 # The `auto` loss deadline (bounded loss): a round is flushed once it has waited this many
 # times its slot group's smoothed round latency, so a round flushes when it is clearly late
 # on the fabric at hand instead of after a fixed time that suits some other one. Twice: a
@@ -322,9 +330,11 @@ class Recovery:
         self.recheck = False
         out = []
         window = self.rtt.reorder_window
+        others = self._other_groups_evidence()
         for st, tm in in_flight:
             rack_seq, rack_latency = self.rack.get(tm.group, (0, 0.0))
             rack = rack_latency + window
+            other_seq, other_wait = others.get(tm.group, (0, 0.0))
             if (self.bounded_loss and self.flusher and tm.flushable and not tm.flush
                     and now - tm.first_sent_at > self.deadline(tm.group)
                     and self.partial_rounds + self.flushing + 1 <= self.budget_rounds):
@@ -336,6 +346,14 @@ class Recovery:
                 out.append((st, tm))
             elif tm.last_seq < rack_seq and now - tm.sent_at > rack:
                 self.fast_resends += 1  # a round sent after this one was answered: lost
+                out.append((st, tm))
+            elif tm.last_seq < other_seq and now - tm.sent_at > other_wait + window:
+                # A round of another group sent after this one was answered: this worker's
+                # datagrams get through and the fabric answers, yet this round is well past
+                # its own group's usual latency: lost. Without this, a group of few slots (2 per
+                # spine, 4 slots over 2 spines) often had no round of its own to compare with:
+                # every slot of the group waited on a loss, and only a timeout freed them.
+                self.fast_resends += 1
                 out.append((st, tm))
             elif tm.hold_risk and not tm.hold_resent and now - tm.sent_at > rack:
                 # Held (likely) until the worker the last round lacked is heard; that worker
@@ -367,11 +385,31 @@ class Recovery:
         unless a result sets `recheck` before (a later sample may also shorten the timeout)."""
         soonest = min(longest, self.timer_from + self.timeout - now)
         window = self.rtt.reorder_window
+        others = self._other_groups_evidence()
         for _, tm in in_flight:
             rack_seq, rack_latency = self.rack.get(tm.group, (0, 0.0))
             if tm.last_seq < rack_seq or (tm.hold_risk and not tm.hold_resent):
                 soonest = min(soonest, tm.sent_at + rack_latency + window - now)
+            other_seq, other_wait = others.get(tm.group, (0, 0.0))
+            if tm.last_seq < other_seq:
+                soonest = min(soonest, tm.sent_at + other_wait + window - now)
         return max(soonest, 0.0005)
+
+    def _other_groups_evidence(self) -> dict[int, tuple[int, float]]:
+        """Per slot group with a latency estimate: (send order of the latest-sent round of any
+        other group known answered, how long a round of this group may then wait before the
+        reorder window: OTHER_GROUP_MULT x the group's own smoothed latency, at least min_rto).
+        Rounds of two groups (two spines, two queues) need not complete in send order, so
+        another group's round says only that this worker's datagrams get through and the
+        fabric answers; its own latency says nothing of this group's."""
+        out = {}
+        if len(self.rtt.group_srtt) < 2:  # one group (or no sample yet): nothing to compare
+            return out
+        for group, latency in self.rtt.group_srtt.items():
+            seq = max((seq for g, (seq, _) in self.rack.items() if g != group), default=0)
+            if seq:
+                out[group] = (seq, max(OTHER_GROUP_MULT * latency, self.rtt.min_rto))
+        return out
 
     def stalled(self, in_flight, now: float, timeout: float):
         """A (slot, timer) pair with no result for `timeout` seconds, else None."""

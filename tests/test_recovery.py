@@ -200,21 +200,65 @@ def test_a_round_after_a_partial_one_lacking_another_rank_is_resent_once_early()
     assert rec.hold_resends == 1
 
 
-def test_fast_retransmit_compares_rounds_of_one_slot_group_only():
-    """Slots sharded over two spines (JobConfig.slot_groups): a round of the other group
-    completing first says nothing (different queues); one of the same group does."""
+def _two_groups():
+    """Rounds a (group 0), b (group 1), c (group 0) sent 1 ms apart; group 0's spine is the
+    slow one (30 ms rounds)."""
     rtt = RttEstimator(min_rto=0.005)
-    rtt.sample(0.010)
+    rtt.sample(0.030, group=0)
     a, b, c = Timer(group=0), Timer(group=1), Timer(group=0)
     rec = Recovery(rtt, [a, b, c], now=0.0)
     for i, tm in enumerate((a, b, c)):
         rec.sent(tm, 0.001 * i)
-    rec.result(b, 1, 0.011, multicast=True, partial=False)  # group 1, sent after a
-    assert rec.due([("a", a), ("c", c)], 0.020, idle=False) == []
-    # only the timeout pending
-    assert rec.wait([("a", a), ("c", c)], 0.020, 1.0) == \
-        pytest.approx(rec.timer_from + rec.timeout - 0.020)
-    rec.result(c, 1, 0.012, multicast=True, partial=False)  # group 0, sent after a: a is lost
-    assert rec.due([("a", a)], 0.0121, idle=False) == []  # within latency + reorder window
-    assert rec.due([("a", a)], 0.016, idle=False) == [("a", a)]
-    assert rec.fast_resends == 1
+    return rec, (a, b, c)
+
+
+def test_fast_retransmit_compares_rounds_of_one_slot_group_only():
+    """Slots sharded over two spines (JobConfig.slot_groups): a round of the same group
+    completing first marks an older round lost after that round's latency plus the reorder
+    window."""
+    rec, (a, b, c) = _two_groups()
+    rec.result(c, 1, 0.012, multicast=True, partial=False)  # group 0, sent after a: 10 ms
+    window = rec.rtt.reorder_window
+    assert rec.due([("a", a), ("b", b)], 0.0099 + window, idle=False) == []
+    assert rec.due([("a", a), ("b", b)], 0.0101 + window, idle=False) == [("a", a)]
+    assert (rec.fast_resends, rec.timeout_resends) == (1, 0)
+
+
+def test_another_groups_round_marks_a_round_lost_after_its_own_groups_latency():
+    """A round of the other group (another spine, another queue) completing first says this
+    worker's datagrams get through: an older round is lost once it has waited twice its own
+    group's latency plus the reorder window (not the other round's latency: a slower spine's
+    rounds are not resent early), and again for a lost resend. Without it, a group of 2 slots
+    often had no round of its own to compare with, and 40 workers over 2 spines with 1% loss
+    spent 10-12 s per call in timeouts (docs/reliability.md)."""
+    rec, (a, b, c) = _two_groups()
+    rec.result(b, 1, 0.011, multicast=True, partial=False)  # group 1, sent after a: 10 ms
+    window = rec.rtt.reorder_window
+    flying = [("a", a), ("c", c)]
+    assert rec.due(flying, 0.040, idle=False) == []  # within twice group 0's own 30 ms
+    assert rec.wait(flying, 0.040, 1.0) == pytest.approx(0.060 + window - 0.040)
+    assert rec.due(flying, 0.0599 + window, idle=False) == []
+    assert rec.due(flying, 0.0601 + window, idle=False) == [("a", a)]  # c sent after b
+    rec.resent(a, 0.070)
+    rec.sent(b, 0.071)
+    rec.result(b, 2, 0.081, multicast=True, partial=False)  # sent after a's resend
+    window = rec.rtt.reorder_window
+    assert rec.due([("a", a)], 0.1299 + window, idle=False) == []
+    assert rec.due([("a", a)], 0.1301 + window, idle=False) == [("a", a)]
+    assert (rec.fast_resends, rec.timeout_resends) == (2, 0)
+
+
+def test_another_groups_round_waits_at_least_min_rto():
+    """With rounds of 1 ms, another group's answered round marks an older one lost only after
+    min_rto (a lossless call's early rounds vary by more than twice their latency)."""
+    rtt = RttEstimator(min_rto=0.005)
+    rtt.sample(0.001, group=0)
+    a, b = Timer(group=0), Timer(group=1)
+    rec = Recovery(rtt, [a, b], now=0.0)
+    rec.sent(a, 0.0)
+    rec.sent(b, 0.0001)
+    rec.result(b, 1, 0.0011, multicast=True, partial=False)
+    window = rtt.reorder_window
+    assert rec.due([("a", a)], 0.0049 + window, idle=False) == []
+    assert rec.due([("a", a)], 0.0051 + window, idle=False) == [("a", a)]
+    assert (rec.fast_resends, rec.timeout_resends) == (1, 0)

@@ -513,6 +513,7 @@ LOSSY = lambda i: Faults(drop_in=0.01, drop_out=0.01, duplicate=0.01,  # noqa: E
 @pytest.mark.parametrize("racks,per_rack,spines", [
     (2, 20, 1),          # 40 workers: more than one switch's 32
     (3, [3, 32, 6], 1),  # 41 workers in unequal racks, one of them full (32)
+    (2, 20, 2),          # 40 workers, the slots sharded over 2 spines (2 slot groups of 2)
 ])
 def test_more_than_32_workers_with_loss_on_every_switch(racks, per_rack, spines):
     """A job of more than 32 workers (each sends its rank within its rack; the job's total N
