@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from softswitch.pipeline import MAX_PORTS, Pipeline
+from softswitch.pipeline import CARRIED, MAX_PORTS, RESULT_FLAGS, Pipeline
 from spina import wire
 from spina.config import ConfigError, JobConfig
 
@@ -43,9 +43,6 @@ _UNPACK, _PACK_INTO = wire.HEADER_STRUCT.unpack_from, wire.HEADER_STRUCT.pack_in
 _AT = wire.FIELD_OFFSET
 _JOB_AT, _SLOT_AT, _FLAGS_AT = _AT["job"], _AT["slot"], _AT["flags"]
 HLEN = wire.HEADER_LEN
-# What a rack's partial carries up besides `last`: a leaf's mismatch or flush concerns every rack.
-CARRIED = wire.FLAG_MISMATCH | wire.FLAG_PARTIAL
-RESULT_FLAGS = wire.FLAG_LAST | CARRIED  # a stored result's flags (the rest is per packet)
 
 
 def _set_u32(out, name: str, value: int) -> None:
@@ -188,7 +185,8 @@ class Roles:
                 return _NOTHING
             n = p._result_into(out, t, idx, 0)
             out[_AT["msg_type"]] = wire.MSG_CONTRIB
-            out[_FLAGS_AT] = (r["slot_flags"][idx] & RESULT_FLAGS) | wire.FLAG_RESEND | wire.FLAG_REPLAY
+            out[_FLAGS_AT] = ((r["slot_flags"][idx] & RESULT_FLAGS) | wire.FLAG_RESEND
+                              | wire.FLAG_REPLAY)
             out[_AT["rank"]] = lj.rack
             return n, TO_UPSTREAM, up, 0
         if count != lj.nlocal:  # stored already (a duplicate), or never sent up (stale)

@@ -105,9 +105,9 @@ def test_constants_agree():
         assert consts[f"MSG_{name.upper()}"] == code
     for bit, name in wire.FLAG_NAMES.items():
         assert consts[f"FLAG_{name.upper()}"] == bit
-    from softswitch import fabric  # the roles' flag sets (fabric.p4, aggregator.p4)
-    assert consts["FLAGS_CARRIED"] == fabric.CARRIED
-    assert consts["FLAGS_RESULT"] == fabric.RESULT_FLAGS
+    from softswitch import pipeline  # the roles' flag sets (fabric.p4, aggregator.p4)
+    assert consts["FLAGS_CARRIED"] == pipeline.CARRIED
+    assert consts["FLAGS_RESULT"] == pipeline.RESULT_FLAGS
 
 
 def test_software_switch_uses_spec_names():
