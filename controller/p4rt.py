@@ -126,13 +126,16 @@ class Connection:
     Args:
         address: 'host:port' of the P4Runtime server.
         device_id: the device to control.
-        election_id: ours; the highest among connected controllers is primary.
+        election_id: ours; the highest among connected controllers is primary. None: a
+            read-only session (status, doctor, metrics): no StreamChannel and no arbitration,
+            which P4Runtime reads do not need, so it never contests or takes primary from a
+            running controller; writes are refused.
         timeout: seconds to wait for the server and for arbitration.
         channel: a gRPC channel to use instead of opening one to `address`.
         stub: answers the calls instead of gRPC (`in_process`: a LocalStub).
     """
 
-    def __init__(self, address: str, device_id: int = 0, election: int = 1,
+    def __init__(self, address: str, device_id: int = 0, election: int | None = 1,
                  timeout: float = 10.0, channel=None, stub=None):
         self.address = address
         self.device_id = device_id
@@ -154,6 +157,9 @@ class Connection:
                 self.channel.close()
                 raise P4RuntimeError(f"no P4Runtime server at {address} within {timeout:g} s") \
                     from None
+        self._stream = self._reader = None
+        if election is None:
+            return  # read-only: no stream, no arbitration
         self._stream = self.stub.StreamChannel(iter(self._out.get, None))
         self._reader = threading.Thread(target=self._read_stream, daemon=True,
                                         name=f"p4rt-{address}")
@@ -201,6 +207,9 @@ class Connection:
 
     def require_primary(self) -> None:
         """Raise NotPrimaryError, saying so, unless we are the primary controller."""
+        if self.election is None:
+            raise NotPrimaryError(f"{self.address}: a read-only session (no election id) "
+                                  "writes nothing")
         self.refresh_arbitration()
         if self.stream_lost is not None:
             raise P4RuntimeError(f"{self.address}: our StreamChannel ended ({self.stream_lost}; "
@@ -211,7 +220,7 @@ class Connection:
                 f"(election id {self.primary_election} > ours {self.election}); refusing to write")
 
     @classmethod
-    def in_process(cls, servicer, device_id: int = 0, election: int = 1,
+    def in_process(cls, servicer, device_id: int = 0, election: int | None = 1,
                    timeout: float = 10.0) -> "Connection":
         """A connection to a P4Runtime servicer object in this process (the software switch's
         `SoftSwitchServicer`): the same requests, arbitration and errors, without gRPC."""
@@ -220,10 +229,12 @@ class Connection:
 
     def close(self) -> None:
         self._out.put(None)
-        self._stream.cancel()  # gRPC: a no-op once the call has ended
+        if self._stream is not None:
+            self._stream.cancel()  # gRPC: a no-op once the call has ended
         if self.channel is not None:
             self.channel.close()
-        self._reader.join(timeout=2)
+        if self._reader is not None:
+            self._reader.join(timeout=2)
 
     def __enter__(self):
         return self

@@ -73,7 +73,10 @@ class MetricsServer:
     def __init__(self, registry, address: str):
         from prometheus_client import start_http_server
         host, port = parse_address(address)
-        self._httpd, self._thread = start_http_server(port, host, registry)
+        try:
+            self._httpd, self._thread = start_http_server(port, host, registry)
+        except OSError as e:  # name the address: "Address already in use" alone says nothing
+            raise OSError(e.errno, f"metrics address {host}:{port}: {e.strerror}") from None
         self.address = self._httpd.server_address[:2]
 
     @property

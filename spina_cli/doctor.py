@@ -308,11 +308,11 @@ def _host_checks(state, probe_timeout: float):
             yield "warn", f"{what}: clock not compared (no ICMP timestamp reply)"
 
 
-def check(config: str, election_id: int = 1, timeout: float = 10.0,
-          probe_timeout: float = 1.0):
-    """Yield (level, message) for every check of the deployment in `config`."""
+def check(config: str, timeout: float = 10.0, probe_timeout: float = 1.0):
+    """Yield (level, message) for every check of the deployment in `config`. Read-only: no
+    election id, so it never contests primary with a running controller."""
     state = load(config)
-    with Controller(state, election_id, timeout=timeout) as ctl:
+    with Controller(state, None, timeout=timeout) as ctl:
         for name, sw in state.switches.items():
             yield from _switch_checks(state, name, sw, ctl)
     yield from _host_checks(state, probe_timeout)
@@ -327,7 +327,6 @@ def main(argv=None) -> int:
                             "check fails.")
     ap.add_argument("-c", "--config", default="spina.yaml", metavar="FILE",
                     help="desired-state YAML (default %(default)s)")
-    ap.add_argument("--election-id", type=cli.int_range(0, (1 << 128) - 1), default=1)
     ap.add_argument("--timeout", type=cli.positive_float, default=10.0,
                     help="seconds to wait for a switch (default %(default)s)")
     ap.add_argument("--probe-timeout", type=cli.positive_float, default=1.0, metavar="SECONDS",
@@ -337,7 +336,7 @@ def main(argv=None) -> int:
     spina_log.setup("doctor", args.log_level, args.log_format)
     failed = False
     try:
-        for level, msg in check(args.config, args.election_id, args.timeout, args.probe_timeout):
+        for level, msg in check(args.config, args.timeout, args.probe_timeout):
             failed |= level == "FAIL"
             print(f"{level:<4} {msg}", flush=True)
     except (ConfigError, OSError) as e:

@@ -28,9 +28,6 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--watch", type=cli.positive_float, required=True, metavar="SECONDS",
                     help="poll interval")
     ap.add_argument("--count", type=cli.int_range(1, 1 << 62), metavar="N", help="stop after N polls (default: never)")
-    ap.add_argument("--election-id", type=cli.int_range(0, (1 << 128) - 1), default=1,
-                    help="our P4Runtime election id (reads need no primary; default "
-                         "%(default)s)")
     ap.add_argument("--timeout", type=cli.positive_float, default=10.0,
                     help="seconds to wait for a switch (default %(default)s)")
     spina_log.add_options(ap, level="WARNING")
@@ -64,11 +61,12 @@ def with_rates(rows: list[dict], prev: dict, dt: float) -> list[dict]:
 
 
 def watch(config: str, interval: float, count: int | None = None, out=None,
-          election_id: int = 1, timeout: float = 10.0) -> int:
+          timeout: float = 10.0) -> int:
     out = out or sys.stdout
     clear = _clear_sequence(out)
     polls, prev, t_prev = 0, {}, None
-    with Controller(load(config), election_id, timeout=timeout) as ctl:
+    # Read-only: no election id, so it never contests primary with `serve` or a deploy.
+    with Controller(load(config), None, timeout=timeout) as ctl:
         while count is None or polls < count:
             now = time.time()
             try:
@@ -99,8 +97,7 @@ def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     spina_log.setup("status", args.log_level, args.log_format)
     try:
-        return watch(args.config, args.watch, args.count, election_id=args.election_id,
-                     timeout=args.timeout)
+        return watch(args.config, args.watch, args.count, timeout=args.timeout)
     except KeyboardInterrupt:
         return 0
     except (ConfigError, P4RuntimeError, OSError) as e:
