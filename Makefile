@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup core demo test soak bench bench-quick bench-l2 bench-net bench-dlcp profile clean help p4 p4-check tofino testbed deploy dissector
+.PHONY: setup core demo test soak bench bench-quick bench-l2 bench-net bench-dlcp profile clean help p4 p4-check tofino testbed deploy serve dissector
 
 help:  ## list targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -84,6 +84,9 @@ TARGET ?= softswitch
 DEPLOY ?= controller/examples/$(TARGET).yaml
 deploy: $(STAMP)  ## push pipeline and jobs: TARGET=softswitch|bmv2|tofino (switch running; controller/README.md)
 	$(PY) -m controller -c $(DEPLOY) deploy
+
+serve: $(STAMP)  ## deploy, then give every run of a job its own epoch until Ctrl-C: TARGET=softswitch|bmv2|tofino
+	$(PY) -m controller -c $(DEPLOY) serve
 
 bench: $(STAMP)  ## SpINA vs gloo, paired, in place (8 min here): bench/out/{results.csv,summary.md,*.png}
 	$(PY) -m bench.allreduce_bench $(BENCH_ARGS)

@@ -256,7 +256,8 @@ def leaf_main(conn, ns: str, ports: dict, l2: dict, uplink: tuple, qdepth: int) 
     "counters" -> (congestion drops, seen, tail drops) so far; "stop"."""
     try:
         from bench.netns import enter
-        from softswitch.l2 import Dataplane, L2Switch
+        from softswitch.dataplane import Dataplane
+        from softswitch.l2 import L2Switch
         from spina import spec
         enter(ns)
         dp = Dataplane(pool_slots=1)

@@ -112,7 +112,8 @@ def remove_hosts(hosts) -> None:
 
 def run_rate(rate: float, seconds: float, nworkers: int = 4) -> dict:
     from controller.controller import program_star
-    from softswitch.l2 import Dataplane, L2Switch
+    from softswitch.dataplane import Dataplane
+    from softswitch.l2 import L2Switch
     from softswitch.p4runtime_server import SoftSwitchServicer
     from spina.config import JobConfig, WorkerAddr
     hosts = make_hosts(nworkers, f"l2r{os.getpid() % 10000}")

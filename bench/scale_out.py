@@ -5,7 +5,7 @@
 
 For each density and sparsity pattern (every rank its own non-zero blocks, or one pattern for
 all), the same 8 tensors are summed (a) through 2 leaves and a spine (software switches in UDP
-mode, this process, installed by controller/plan.py) and (b) through one flat software switch.
+mode, this process, programmed by the controller in process) and (b) through one flat software switch.
 The spine's datagrams in and out are its links' traffic; the flat switch's are what its links
 would carry if it stood at the spine. Writes scale_out.csv and scale_out_bytes.png to DIR
 (default bench/out). Counts are exact (no timing): the run needs no quiet machine.
@@ -28,27 +28,40 @@ import time
 import numpy as np
 
 from controller import plan
+from controller.controller import Controller, program_in_process
+from controller.p4rt import Connection
 from host_agent.agent import Agent
 from host_agent.local import LocalCluster
 from host_agent.recovery import MIN_RTO
 from softswitch.udp import Faults, UdpSwitch
-from spina import cli
+from spina import cli, wire
 from spina.net import bound_udp_socket
 
 
+def spine_host(j: int) -> str:
+    """Spine j's loopback address: spines listen on the INA UDP port (47000), each on an
+    address of its own (controller/plan.py)."""
+    return f"127.0.0.{2 + j}"
+
+
 def fabric_doc(racks=2, per_rack=4, spines=2, nslots=4, switch_ports=None, worker_ports=None,
-               block_size=4, nlanes=2, host="127.0.0.1") -> dict:
+               block_size=4, nlanes=2, host="127.0.0.1", grpc_ports=None) -> dict:
     """A desired state with a fabric: racks r<i> on leaf<i> (`per_rack` workers each, or a
-    list of the racks' sizes), spines spine<j>, job 7 sharded evenly over the spines. Ports:
-    leaves then spines from 47001, workers from 50000 (ranks rack by rack)."""
+    list of the racks' sizes), spines spine<j>, job 7 sharded evenly over the spines. Leaves
+    at `host`, ports `switch_ports` (default from 47001); spine j at spine_host(j), UDP port
+    47000; workers from 50000 (ranks rack by rack). P4Runtime at grpc_ports (leaves then
+    spines) on loopback, or none (in process)."""
     sizes = list(per_rack) if not isinstance(per_rack, int) else [per_rack] * racks
     firsts = [sum(sizes[:i]) for i in range(racks)]
-    switch_ports = switch_ports or [47001 + i for i in range(racks + spines)]
+    switch_ports = switch_ports or [47001 + i for i in range(racks)]
     worker_ports = worker_ports or [50000 + i for i in range(sum(sizes))]
-    switches = [{"name": f"leaf{i}", "target": "softswitch", "grpc": "in-process",
+    grpc = [f"127.0.0.1:{p}" for p in grpc_ports] if grpc_ports else ["in-process"] * (
+        racks + spines)
+    switches = [{"name": f"leaf{i}", "target": "softswitch", "grpc": grpc[i],
                  "address": host, "udp_port": switch_ports[i]} for i in range(racks)]
-    switches += [{"name": f"spine{j}", "target": "softswitch", "grpc": "in-process",
-                  "address": host, "udp_port": switch_ports[racks + j]} for j in range(spines)]
+    switches += [{"name": f"spine{j}", "target": "softswitch", "grpc": grpc[racks + j],
+                  "address": spine_host(j), "udp_port": wire.DEFAULT_UDP_PORT}
+                 for j in range(spines)]
     workers = [{"name": f"w{firsts[r] + k}", "ip": host,
                 "udp_port": worker_ports[firsts[r] + k], "switch_port": 0,
                 "switch": f"leaf{r}"} for r in range(racks) for k in range(sizes[r])]
@@ -67,8 +80,9 @@ def fabric_doc(racks=2, per_rack=4, spines=2, nslots=4, switch_ports=None, worke
 
 class FabricCluster:
     """`racks` leaves and `spines` spines (UDP-mode software switches, threads of this process)
-    installed by the controller's plan, and an agent per worker, `per_rack` per rack (or a
-    list of the racks' sizes).
+    programmed with the plan by the controller through each switch's own P4Runtime servicer
+    (controller.controller.program_in_process), and an agent per worker, `per_rack` per rack
+    (or a list of the racks' sizes).
 
     faults: optional function of the switch's index (leaves first) -> softswitch.udp.Faults.
     """
@@ -77,14 +91,17 @@ class FabricCluster:
                  nslots: int = 4, nlanes: int = 8, block_size: int = 256, timeout: float = 30,
                  rto: float = MIN_RTO):
         faults = faults or (lambda i: None)
-        self.switches = [UdpSwitch(port=0, faults=faults(i)) for i in range(racks + spines)]
+        self.switches = [UdpSwitch(port=0, faults=faults(i)) for i in range(racks)]
+        self.switches += [UdpSwitch(spine_host(j), wire.DEFAULT_UDP_PORT,
+                                    faults=faults(racks + j)) for j in range(spines)]
         n = per_rack * racks if isinstance(per_rack, int) else sum(per_rack)
         self.socks = [bound_udp_socket() for _ in range(n)]
         doc = fabric_doc(racks, per_rack, spines, nslots, block_size=block_size, nlanes=nlanes,
                          switch_ports=[s.address[1] for s in self.switches],
                          worker_ports=[s.getsockname()[1] for s in self.socks])
         self.plan = plan.parse(doc)
-        plan.install(self.plan, {d["name"]: s for d, s in zip(doc["switches"], self.switches)})
+        self.servicers = {d["name"]: s.servicer() for d, s in zip(doc["switches"], self.switches)}
+        program_in_process(self.servicers, self.plan.state)
         for s in self.switches:
             s.start()
         self.leaves, self.spines = self.switches[:racks], self.switches[racks:]
@@ -92,6 +109,15 @@ class FabricCluster:
         self.agents = [Agent(self.job, r, self.plan.agent_switch(f"w{r}"), sock=self.socks[r],
                              timeout=timeout, rto=rto) for r in range(n)]
         self.pool = concurrent.futures.ThreadPoolExecutor(n)
+
+    def start_run(self, epoch: int):
+        """A new run of job 7 with `epoch`, as `controller serve` starts one: every switch of
+        the job re-admits it with the epoch and clears its slots. Returns the job's config."""
+        with Controller(self.plan.state, connect=lambda sw: Connection.in_process(
+                self.servicers[sw.name], sw.device_id)) as ctl:
+            ctl.start_run(7, epoch)
+            self.plan = ctl.state.fabric
+        return self.plan.job_config(self.plan.jobs[7])
 
     def allreduce(self, tensors):
         futs = [self.pool.submit(a.allreduce, t) for a, t in zip(self.agents, tensors)]

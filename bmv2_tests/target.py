@@ -15,7 +15,7 @@ from p4.v1 import p4runtime_pb2 as pb
 from controller import controls
 from controller.p4rt import Connection
 from controller.registers import P4RuntimeRegisters, RegisterAdapter
-from softswitch.l2 import Dataplane
+from softswitch.dataplane import Dataplane
 from softswitch.p4runtime_server import SoftSwitchServicer
 from spina import spec
 

@@ -95,12 +95,13 @@ def watch(args, ctl: Controller, runs: RendezvousServer | None = None) -> int:
             try:
                 state = load(args.config)  # `job add` elsewhere shows up here
                 if runs is not None:  # (outside ctl.lock: a run's start holds its lock, then ours)
-                    runs.set_jobs({j.id: (len(j.members), j.epoch) for j in state.jobs.values()})
+                    runs.set_jobs(state.run_jobs())
                 with ctl.lock:
                     if runs is not None:  # a job keeps the epoch of its current run
-                        for j in state.jobs:
-                            if j in ctl.state.jobs:
-                                state = state.with_epoch(j, ctl.state.jobs[j].epoch)
+                        current = ctl.state.run_jobs()
+                        for j in state.run_jobs():
+                            if j in current:
+                                state = state.with_epoch(j, current[j][1])
                     ctl.adopt(state)
                     reports = ctl.deploy(getattr(args, "switch", None))
                 for r in reports:
@@ -119,20 +120,9 @@ def watch(args, ctl: Controller, runs: RendezvousServer | None = None) -> int:
 
 def serve(args, ctl: Controller) -> int:
     """`serve`: deploy, then run the jobs' rendezvous and reconcile until stopped."""
-    state = ctl.state
-    if state.rendezvous is None:
-        raise ConfigError("rendezvous: `serve` needs the top-level field 'rendezvous: IPV4:PORT' "
-                          "(where agents join each run)")
-
-    def new_run(job: int, epoch: int) -> None:
-        with ctl.lock:
-            print(ctl.start_run(job, epoch), f"(job {job}: run with epoch {epoch})", flush=True)
-
-    runs = RendezvousServer(*state.rendezvous, {j.id: (len(j.members), j.epoch)
-                                                for j in state.jobs.values()}, new_run)
+    runs = ctl.runs(lambda line: print(line, flush=True))
     with runs.start():
-        print(f"controller: run rendezvous on {state.rendezvous[0]}:{state.rendezvous[1]}",
-              flush=True)
+        print(f"controller: run rendezvous on {runs.address[0]}:{runs.address[1]}", flush=True)
         return watch(args, ctl, runs)
 
 
@@ -166,7 +156,9 @@ def main(argv=None) -> int:
             except ValueError as e:
                 raise ConfigError(f"--metrics: {e}") from None
         state = load(args.config)
-        with Controller(state, args.election_id, timeout=args.timeout) as ctl:
+        # `status` only reads: no election id, so it never contests primary with `serve`.
+        election = None if args.cmd == "status" else args.election_id
+        with Controller(state, election, timeout=args.timeout) as ctl:
             if long_running:
                 return _with_metrics(args, ctl)
             if args.cmd == "deploy":

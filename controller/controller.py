@@ -18,11 +18,12 @@ from typing import Callable
 from p4.v1 import p4runtime_pb2 as pb
 
 from controller import controls
-from controller.p4rt import Connection
+from controller.p4rt import Connection, NotPrimaryError, P4RuntimeError
 from controller.registers import RegisterAdapter, adapter_for
 from controller.state import DesiredState, Switch, from_l2_config
 from spina import spec
 from spina.config import Assignment, ConfigError, JobFile, job_to_dict, write_if_changed
+from spina.rendezvous import RendezvousServer
 
 log = logging.getLogger("spina.controller")
 
@@ -118,7 +119,8 @@ class SwitchSession:
         conn: the connection to use (default: P4Runtime over gRPC to `sw.grpc`).
     """
 
-    def __init__(self, sw: Switch, election: int = 1, registers: RegisterAdapter | None = None,
+    def __init__(self, sw: Switch, election: int | None = 1,
+                 registers: RegisterAdapter | None = None,
                  timeout: float = 10.0, conn: Connection | None = None):
         self.sw = sw
         self.conn = conn or Connection(sw.grpc, sw.device_id, election, timeout)
@@ -175,9 +177,7 @@ class SwitchSession:
         self.conn.require_primary()
         rep.pipeline_pushed = self.ensure_pipeline(state)
         before = self.admission.installed_jobs()
-        want = {j.id: (j.slot_base, j.nslots, j.epoch) for j in state.jobs_on(self.sw)}
-        rows = controls.plan_rows(state, self.sw)
-        want.update(rows.jobs if rows is not None else {})  # fabric jobs: this switch's share
+        want = controls.job_rows(state, self.sw).jobs  # flat jobs, and this switch's share
         deletes, writes = [], []
         for c in self.controls:
             d, w = c.diff(state, self.sw)
@@ -218,11 +218,10 @@ class SwitchSession:
         self.aggregator.clear_slots(0, self.sw.pool_slots)
         return len(deletes)
 
-    def clear_job(self, state: DesiredState, job_id: int) -> tuple[int, int]:
+    def clear_job(self, job_id: int, slot_base: int, nslots: int) -> None:
         """Zero a job's slot registers and its counters (the `reset` command)."""
         self.conn.require_primary()
-        job = state.jobs[job_id]
-        self.aggregator.clear_slots(job.slot_base, job.nslots)
+        self.aggregator.clear_slots(slot_base, nslots)
         ups = []
         for name in JOB_COUNTERS:
             if self.conn.index.has("counters", name):
@@ -232,7 +231,6 @@ class SwitchSession:
                 e.counter_entry.data.packet_count = 0
                 ups.append((pb.Update.MODIFY, e))
         self.conn.write(ups)
-        return job.slot_base, job.nslots
 
     def job_counters(self, job_ids) -> dict[int, dict[str, int]]:
         out = {j: {} for j in job_ids}
@@ -249,13 +247,13 @@ class Controller:
 
     Args:
         state: the desired state (controller.state.load).
-        election: our election id.
+        election: our election id; None: read only (status), never contesting primary.
         registers: {switch name: RegisterAdapter} overrides (tests).
         connect: opens the Connection to a switch (default: gRPC to its `grpc` address); the
             software switch run standalone passes `Connection.in_process` on its own servicer.
     """
 
-    def __init__(self, state: DesiredState, election: int = 1,
+    def __init__(self, state: DesiredState, election: int | None = 1,
                  registers: dict[str, RegisterAdapter] | None = None, timeout: float = 10.0,
                  connect: Callable[[Switch], Connection] | None = None):
         self.state = state
@@ -315,24 +313,52 @@ class Controller:
         self.adopt(state)
         return self.deploy()
 
-    def start_run(self, job_id: int, epoch: int) -> Report:
-        """Admit job `job_id` with `epoch` on its switch and clear its slots: a new run
-        (`controller serve`'s rendezvous calls this once every rank has joined)."""
+    def start_run(self, job_id: int, epoch: int) -> list[Report]:
+        """Admit job `job_id` with `epoch` on every switch that holds it and clear its slots
+        there: a new run (`serve`'s rendezvous calls this once every rank has joined). A
+        fabric job's spines first, so that no new-epoch partial meets a spine of the old."""
         self.state = self.state.with_epoch(job_id, epoch)
-        return self.session(self.state.switch_of(self.state.jobs[job_id]).name).apply(self.state)
+        reports = []
+        for name in self.state.job_switches(job_id):
+            try:
+                reports.append(self.session(name).apply(self.state))
+            except NotPrimaryError:
+                raise  # another controller writes: never fight it
+            except (P4RuntimeError, OSError) as e:
+                # The switch restarted since this session was opened (its stream is gone): a
+                # new session, which restores the switch's whole state with the run's epoch.
+                log.info("switch %s: %s; reconnecting", name, e)
+                self.sessions.pop(name).close()
+                reports.append(self.session(name).apply(self.state))
+        return reports
+
+    def runs(self, report: Callable[[str], None] | None = None) -> RendezvousServer:
+        """The run rendezvous of this state's jobs, flat and fabric (not started), at the
+        state's `rendezvous`: each run's epoch comes from `start_run`, whose reports go to
+        `report` (default: the log). `serve` runs it; so can any program that owns the runs."""
+        report = report or log.info
+
+        def new_run(job: int, epoch: int) -> None:
+            with self.lock:
+                for r in self.start_run(job, epoch):
+                    report(f"{r} (job {job}: run with epoch {epoch})")
+        return RendezvousServer(*self.state.rendezvous, self.state.run_jobs(), new_run)
 
     def reset(self, job_ids=None) -> list[tuple[int, int, int]]:
-        """Clear the slot registers and zero the counters of jobs (default: all)."""
+        """Clear the slot registers and zero the counters of jobs (default: all), on every
+        switch that holds them."""
         out = []
-        for jid in sorted(job_ids or self.state.jobs):
-            if jid not in self.state.jobs:
+        known = self.state.run_jobs()
+        for jid in sorted(job_ids or known):
+            if jid not in known:
                 raise ConfigError(f"job {jid}: not in the desired state")
-            job = self.state.jobs[jid]
-            s = self.session(self.state.switch_of(job).name)
-            if not s.attach():
-                raise ConfigError(f"switch {s.sw.name} runs no pipeline: deploy first")
-            base, n = s.clear_job(self.state, jid)
-            out.append((jid, base, n))
+            for name in self.state.job_switches(jid):
+                s = self.session(name)
+                if not s.attach():
+                    raise ConfigError(f"switch {s.sw.name} runs no pipeline: deploy first")
+                base, n, _ = controls.job_rows(self.state, s.sw).jobs[jid]
+                s.clear_job(jid, base, n)
+                out.append((jid, base, n))
         return out
 
     def wipe(self) -> list[tuple[str, int]]:
@@ -351,14 +377,11 @@ class Controller:
         rows = []
         fabric = self.state.fabric
         for name, sw in self.state.switches.items():
+            share = controls.job_rows(self.state, sw)
             # (job, level, (slot_base, nslots), senders the switch admits for it)
-            jobs = [(j.id, "flat", (j.slot_base, j.nslots), len(j.members))
-                    for j in self.state.jobs_on(sw)]
-            share = controls.plan_rows(self.state, sw)
-            for jid, (base, n, _) in sorted((share.jobs if share else {}).items()):
-                senders = sum(1 for t, k, _, _ in share.entries
-                              if t == "admission" and k["job"] == jid)
-                jobs.append((jid, fabric.levels[name], (base, n), senders))
+            jobs = [(jid, "flat" if jid in self.state.jobs else fabric.levels[name], (base, n),
+                     sum(1 for k, _, _ in share.table("admission") if k["job"] == jid))
+                    for jid, (base, n, _) in sorted(share.jobs.items())]
 
             def where(jid, lv):
                 return {"job": jid, "switch": name, **({"level": lv} if fabric else {})}
@@ -366,12 +389,16 @@ class Controller:
             if not s.attach():
                 rows += [{**where(jid, lv), "installed": "no pipeline"} for jid, lv, _, _ in jobs]
                 continue
-            installed = s.admission.installed_jobs()
+            admitted = s.admission.installed_jobs()
+            leveled = s.fabric_roles.installed_jobs() if fabric else set()
             counters = s.job_counters([j[0] for j in jobs])
             for jid, lv, (base, n), senders in jobs:
+                # Installed: admitted for the job's slots here, at its level (the role's row).
+                ok = admitted.get(jid, ())[:2] == (base, n) and (lv == "flat") == (jid not in
+                                                                                  leveled)
                 rows.append({**where(jid, lv), "slots": f"{base}..{base + n - 1}",
-                             "workers": senders,
-                             "installed": "yes" if jid in installed else "no", **counters[jid]})
+                             "workers": senders, "installed": "yes" if ok else "no",
+                             **counters[jid]})
         return rows
 
     def port_status(self) -> list[dict]:
@@ -429,15 +456,21 @@ class Controller:
         return changed
 
 
-def program_in_process(servicer, state: DesiredState) -> list[Report]:
-    """Make the switch of a one-switch `state` hold it through `servicer`, a P4Runtime servicer
-    in this process (softswitch.p4runtime_server.SoftSwitchServicer): the software switch run
-    standalone (`python -m softswitch l2 --config`) is programmed by the same classes as any
-    other switch. No agent files are written."""
+def program_in_process(servicers, state: DesiredState,
+                       switches: list[str] | None = None) -> list[Report]:
+    """Make switches of `state` hold it through P4Runtime servicers in this process
+    (softswitch.p4runtime_server.SoftSwitchServicer, e.g. softswitch.udp.UdpSwitch.servicer()):
+    `servicers` is one servicer (a one-switch state) or {switch name: servicer}; `switches`
+    which of them (default: every one given). The software switch run standalone and the
+    one-machine fabric are programmed by the same classes as any other switch. No agent files
+    are written."""
+    if not isinstance(servicers, dict):
+        servicers = {name: servicers for name in state.switches}
+
     def connect(sw: Switch) -> Connection:
-        return Connection.in_process(servicer, sw.device_id)
+        return Connection.in_process(servicers[sw.name], sw.device_id)
     with Controller(state, connect=connect) as c:
-        return c.deploy(agent_files=False)
+        return c.deploy(switches or list(servicers), agent_files=False)
 
 
 def program_star(servicer, job, endpoint: str, macs: list[str], *,

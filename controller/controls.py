@@ -16,9 +16,10 @@ exactly as in the P4 program and looked up in the P4Info (never an ID).
     FabricRoles (fabric.p4)         FabricRoles           tables job_level, leaf_upstream
 
 `entries(state, sw)` says what a control's tables should hold; the controller diffs that with
-what the switch holds, so deploying twice writes nothing. A desired state with a `fabric:`
-section adds each switch's share of the two-level plan (`plan_rows`: controller/plan.py
-`p4_rows`) to the flat jobs' entries, so one apply installs both and removes neither.
+what the switch holds, so deploying twice writes nothing. Every job's rows come
+from `job_rows` (spina.rows: the flat jobs, and with a `fabric:` section each switch's share of
+the two-level plan, controller/plan.py `p4_rows`), so one apply installs both and removes
+neither, and the software switch's in-process admission writes the same rows.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from controller import plan
 from controller.p4rt import Connection
 from controller.registers import RegisterAdapter
 from controller.state import NO_MAC, DesiredState, Job, Switch
-from spina import spec
+from spina import rows, spec
 from spina.config import ConfigError
 from spina.p4runtime import canonical_entry, decode, match_key
 
@@ -46,12 +47,17 @@ def entry_writes(want: dict, have: dict) -> list:
             writes.append((pb.Update.MODIFY, pb.Entity(table_entry=e)))
     return writes
 
-def plan_rows(state: DesiredState, sw: Switch):
-    """Switch `sw`'s share of the state's fabric plan (plan.P4Rows), or None: no plan, or the
-    switch is neither a leaf nor a spine of it."""
-    if state.fabric is None or sw.name not in state.fabric.levels:
-        return None
-    return plan.p4_rows(state.fabric, sw.name)
+def job_rows(state: DesiredState, sw: Switch) -> rows.SwitchRows:
+    """Every job's rows on `sw` (spina.rows, the one data model of job state): its flat jobs
+    and its share of the fabric plan, if it is a leaf or spine of one."""
+    out = rows.SwitchRows()
+    for job in state.jobs_on(sw):
+        senders = [rows.Sender(w.switch_port, w.ip, w.udp_port, w.mac)
+                   for w in (state.workers[m] for m in job.members)]
+        out.add(rows.flat_job(state.job_config(job), senders))
+    if state.fabric is not None and sw.name in state.fabric.levels:
+        out.add(plan.p4_rows(state.fabric, sw.name))
+    return out
 
 
 class Control:
@@ -70,11 +76,10 @@ class Control:
         """The TableEntries this control's tables should hold (not default actions)."""
         return []
 
-    def plan_entries(self, state: DesiredState, sw: Switch) -> list:
-        """The fabric plan's rows of this control's tables on `sw` (see plan_rows)."""
-        rows = plan_rows(state, sw)
+    def job_entries(self, state: DesiredState, sw: Switch) -> list:
+        """The jobs' rows of this control's tables on `sw` (job_rows), as TableEntries."""
         out = []
-        for t, k, a, p in rows.entries if rows is not None else ():
+        for t, k, a, p in job_rows(state, sw).entries:
             if t not in self.tables:
                 continue
             if not self.index.has("tables", t):
@@ -137,18 +142,7 @@ class Admission(Control):
     counters = ("port_unadmitted",)
 
     def entries(self, state, sw):
-        out = []
-        for job in state.jobs_on(sw):
-            for rank, m in enumerate(job.members):
-                w = state.workers[m]
-                out.append(self.index.table_entry(
-                    "admission", {"ingress_port": w.switch_port, "src_addr": w.ip,
-                                  "src_port": w.udp_port, "job": job.id, "rank": rank},
-                    "admit", {"epoch": job.epoch, "slot_base": job.slot_base,
-                              "nslots": job.nslots, "nworkers": len(job.members),
-                              "block_size": job.block_size, "nlanes": job.nlanes,
-                              "mcast_grp": job.mcast_grp}))
-        return out + self.plan_entries(state, sw)
+        return self.job_entries(state, sw)
 
     def installed_jobs(self) -> dict[int, tuple[int, int, int]]:
         """{job: (slot_base, nslots, epoch)} as the switch's admission entries say."""
@@ -246,8 +240,7 @@ class CongestionDrop(Control):
         return [self.index.table_entry("congestion", {"job": job.id}, "set_congestion",
                                        {"qdepth": self.threshold(job, sw),
                                         "bound": spec.loss_bound(job.bounded_loss)})
-                for job in sorted(state.jobs.values(), key=lambda j: j.id)
-                if spec.loss_bound(job.bounded_loss)]
+                for job in state.every_job() if spec.loss_bound(job.bounded_loss)]
 
 
 class WorkerRewrite(Control):
@@ -256,14 +249,7 @@ class WorkerRewrite(Control):
     counters = ("job_results",)
 
     def entries(self, state, sw):
-        out = []
-        for job in state.jobs_on(sw):
-            for rank, m in enumerate(job.members):
-                w = state.workers[m]
-                out.append(self.index.table_entry(
-                    "worker_rewrite", {"rid": job.rid(rank)}, "rewrite_for_worker",
-                    {"dst_mac": w.mac, "dst_addr": w.ip, "dst_port": w.udp_port}))
-        return out + self.plan_entries(state, sw)
+        return self.job_entries(state, sw)
 
 
 class FabricRoles(Control):
@@ -273,7 +259,7 @@ class FabricRoles(Control):
     tables = ("job_level", "leaf_upstream")
 
     def entries(self, state, sw):
-        return self.plan_entries(state, sw)
+        return self.job_entries(state, sw)
 
     def installed_jobs(self) -> set[int]:
         """The jobs with a job_level entry on the switch: the fabric's jobs there."""
@@ -286,20 +272,13 @@ class FabricRoles(Control):
 class Replication(Control):
     """The packet replication engine: one multicast group per job, a replica per worker."""
 
-    @staticmethod
-    def group(state: DesiredState, job: Job):
-        g = pb.MulticastGroupEntry(multicast_group_id=job.mcast_grp)
-        for rank, m in enumerate(job.members):
-            g.replicas.add(egress_port=state.workers[m].switch_port, instance=job.rid(rank))
-        return g
-
     def _entity(self, g):
         return pb.Entity(packet_replication_engine_entry=pb.PacketReplicationEngineEntry(
             multicast_group_entry=g))
 
     def diff(self, state, sw):
-        want = {j.mcast_grp: self.group(state, j) for j in state.jobs_on(sw)}
-        for grp, replicas in (getattr(plan_rows(state, sw), "groups", None) or {}).items():
+        want = {}
+        for grp, replicas in job_rows(state, sw).groups.items():
             g = want[grp] = pb.MulticastGroupEntry(multicast_group_id=grp)
             for port, rid in replicas:
                 g.replicas.add(egress_port=port, instance=rid)

@@ -12,31 +12,32 @@ A `fabric:` section beside the desired state's switches and workers (controller/
           racks: [r1, r2]          # ranks: rack by rack, workers in their rack's order
           slot_base: 0
           nslots: 16
-          block_size: 256          # optional, as a desired-state job: nlanes, epoch, priority
+          block_size: 256          # optional: every field of spina.config.JOB_OPTIONS
+                                   # (nlanes, epoch, priority, bounded_loss, ...), drop_qdepth
           shards:                  # slot -> spine: contiguous ranges covering the job's slots
             - {spine: spine1, slot_base: 0, nslots: 8}
             - {spine: spine2, slot_base: 8, nslots: 8}
-      links:                       # P4 targets (and the L2 software switch): who sits where
+      links:                       # P4 targets and the L2 software switch: who sits where
         - {leaf: leaf1, leaf_port: 9, leaf_mac: "02:00:00:00:02:01",
            spine: spine1, spine_port: 1, spine_mac: "02:00:00:00:03:01"}
+                                   # two UDP-mode software switches need no link
 
-Every error names the field (`fabric.jobs[0].shards[1].slot_base: ...`). Two install paths:
-`install` admits the plan on running UDP-mode software switches in process (the one-machine
-path, like `UdpSwitch.add_job`). On P4 switches (BMv2, the L2-mode software switch) the
-controller's own deploy installs it: `controller.state.load` keeps this section as the desired
-state's `fabric`, and each switch's share (`p4_rows`: admission, worker_rewrite, multicast
-groups, job_level, leaf_upstream) joins the flat jobs' entries in the per-control diff
-(controller/controls.py), so a deploy, a wipe or a job change handles both.
+Every error names the field (`fabric.jobs[0].shards[1].slot_base: ...`). One install path on
+every target: `controller.state.load` keeps this section as the desired state's `fabric`, and
+each switch's share (`p4_rows`, spina.rows: admission, worker_rewrite, multicast groups,
+job_level, leaf_upstream) joins the flat jobs' rows in the per-control diff
+(controller/controls.py), so a deploy, a run's new epoch, a wipe or a job change handles both,
+over gRPC or in process (controller.controller.program_in_process).
 """
 from __future__ import annotations
 
 import pathlib
 from dataclasses import dataclass
 
-from controller.state import (DesiredState, _fields, _int, _list, _mac, _need, _parse_flat, _str,
-                              load as load_state)
-from spina import spec, wire
-from spina.config import MAX_RACKS, ConfigError, JobConfig, WorkerAddr
+from controller.state import (DesiredState, JobOptions, _fields, _int, _list, _mac, _need,
+                              _parse_flat, _str, load as load_state)
+from spina import rows, spec, wire
+from spina.config import JOB_OPTIONS, MAX_RACKS, ConfigError, JobConfig, WorkerAddr, job_options
 
 # A job: up to 32 racks (the spine's bitmap has one bit per rack), each of up to 32 workers
 # (the leaf's bitmap has one bit per worker of its rack, by local rank): 1024 workers.
@@ -60,26 +61,14 @@ class Shard:
 
 
 @dataclass(frozen=True)
-class FabricJob:
+class FabricJob(JobOptions):
+    """A two-level job: its racks (ranks rack by rack), slot shards and the JobOptions of a
+    flat job (bounded loss works across both levels, docs/scale_out.md)."""
     id: int
     racks: tuple[str, ...]
     slot_base: int
     nslots: int
     shards: tuple[Shard, ...]
-    block_size: int = 256
-    nlanes: int = 56
-    epoch: int = 1
-    priority: int = 0
-
-
-@dataclass(frozen=True)
-class LeafJob:
-    """What a leaf switch admits for one job: the job (every worker, as the agents see it;
-    ranks rack by rack, its `racks` the rack sizes), this leaf's rack's index in the job (its
-    rank at the spines), and per shard (slot_base, nslots, (spine address, UDP port))."""
-    job: JobConfig
-    rack: int
-    upstream: tuple[tuple[int, int, tuple[str, int]], ...]
 
 
 @dataclass(frozen=True)
@@ -91,16 +80,6 @@ class Link:
     spine: str
     spine_port: int
     spine_mac: str
-
-
-@dataclass
-class P4Rows:
-    """What the plan puts on one P4 switch: table rows (table, key, action, params) by P4 names,
-    multicast groups (group -> [(port, rid)]) and the slots each job is admitted for there
-    (job -> (slot_base, nslots, epoch))."""
-    entries: list[tuple[str, dict, str, dict]]
-    groups: dict[int, list[tuple[int, int]]]
-    jobs: dict[int, tuple[int, int, int]]
 
 
 @dataclass
@@ -130,10 +109,8 @@ class Fabric:
         groups = tuple(next(i for i, s in enumerate(job.shards)
                             if s.slot_base <= slot < s.slot_base + s.nslots)
                        for slot in range(job.slot_base, job.slot_base + job.nslots))
-        return JobConfig(job=job.id, epoch=job.epoch, slot_base=job.slot_base,
-                         nslots=job.nslots, block_size=job.block_size, nlanes=job.nlanes,
-                         priority=job.priority,
-                         slot_groups=groups if len(job.shards) > 1 else (),
+        return JobConfig(job=job.id, slot_base=job.slot_base, nslots=job.nslots,
+                         **job.options(), slot_groups=groups if len(job.shards) > 1 else (),
                          racks=tuple(len(self.racks[r].workers) for r in job.racks),
                          workers=tuple(WorkerAddr(r, ws[m].ip, ws[m].udp_port)
                                        for r, m in enumerate(self.members(job))))
@@ -147,21 +124,26 @@ class Fabric:
         return self.switch_address(next(r.leaf for r in self.racks.values()
                                         if worker in r.workers))
 
-    def leaf_jobs(self, leaf: str) -> list[LeafJob]:
-        out = []
-        for job in sorted(self.jobs.values(), key=lambda j: j.id):
-            cfg = self.job_config(job)
-            for i, rname in enumerate(job.racks):
-                if self.racks[rname].leaf == leaf:
-                    out.append(LeafJob(cfg, i, tuple(
-                        (s.slot_base, s.nslots, self.switch_address(s.spine)) for s in job.shards)))
-        return out
+    def leaf_jobs(self, leaf: str) -> list[tuple[FabricJob, int]]:
+        """(job, rack index) of every rack whose leaf is `leaf`."""
+        return [(job, i) for job in sorted(self.jobs.values(), key=lambda j: j.id)
+                for i, r in enumerate(job.racks) if self.racks[r].leaf == leaf]
 
-    def link(self, leaf: str, spine: str, job: int) -> Link:
+    def link_ends(self, leaf: str, spine: str, job: int) -> tuple[rows.Sender, rows.Sender]:
+        """(the leaf as its spine sees it, the spine as the leaf sees it): ports from the
+        link's ends, addresses and UDP ports from the switches. Two UDP-mode software switches
+        (port 0 among their ports) with no link listed meet as the UDP mode does (port 0, no
+        MAC); the switch refuses port-0 rows if it is not in UDP mode after all."""
+        st = self.state
+        a, b = st.switches[leaf], st.switches[spine]
         got = (self.links or {}).get((leaf, spine))
-        _need(got is not None, "fabric.links", f"no link between leaf {leaf!r} and spine "
-              f"{spine!r} (job {job} needs one on a P4 switch)")
-        return got
+        if got is None:
+            udp = all(s.target == "softswitch" and 0 in s.ports for s in (a, b))
+            _need(udp, "fabric.links", f"no link between leaf {leaf!r} and spine {spine!r} "
+                  f"(job {job} needs one on a P4 or L2-mode switch: its ports and MACs)")
+            return rows.udp_sender(a.address, a.udp_port), rows.udp_sender(b.address, b.udp_port)
+        return (rows.Sender(got.spine_port, a.address, a.udp_port, got.leaf_mac),
+                rows.Sender(got.leaf_port, b.address, b.udp_port, got.spine_mac))
 
     def spine_jobs(self, spine: str) -> list[JobConfig]:
         """The jobs a spine admits: its shard of each, the job's leaves as its workers (rank =
@@ -172,43 +154,21 @@ class Fabric:
                 if s.spine == spine:
                     leaves = tuple(WorkerAddr(i, *self.switch_address(self.racks[r].leaf))
                                    for i, r in enumerate(job.racks))
-                    out.append(JobConfig(job=job.id, epoch=job.epoch, slot_base=s.slot_base,
-                                         nslots=s.nslots, block_size=job.block_size,
-                                         nlanes=job.nlanes, priority=job.priority,
-                                         workers=leaves))
+                    out.append(JobConfig(job=job.id, slot_base=s.slot_base, nslots=s.nslots,
+                                         **job.options(), workers=leaves))
         return out
 
 
-def install(fabric: Fabric, switches: dict) -> None:
-    """Admit the plan on running software switches (name -> softswitch.udp.UdpSwitch, in this
-    process): every fabric switch, or some (one restarted). Spines first, so that no partial
-    reaches a spine that does not know its job."""
-    levels = fabric.levels
-    for name in switches:
-        _need(name in levels, f"switches.{name}", "not a leaf or spine of the fabric plan")
-    for name in sorted(switches, key=lambda n: levels[n] != SPINE):
-        if levels[name] == SPINE:
-            for cfg in fabric.spine_jobs(name):
-                switches[name].add_spine_job(cfg)
-        else:
-            for lj in fabric.leaf_jobs(name):
-                switches[name].add_leaf_job(lj.job, lj.rack, lj.upstream)
-
-
-def p4_rows(fabric: Fabric, name: str) -> P4Rows:
-    """Switch `name`'s share of the plan as P4 table rows (p4src/v1model/fabric.p4):
-    at a leaf, its rack's workers (admission by local rank 0..size-1 with nworkers = the
-    rack's size, worker_rewrite and replication ids by local rank, the
-    rack's multicast group), job_level as_leaf and leaf_upstream per slot; at a spine, the
-    job's leaves as ranks (source: the leaf's address, UDP port INA_UDP_PORT, ingress: the
-    link's port), their rewrites and group, job_level as_spine; the switch's INA endpoints."""
+def p4_rows(fabric: Fabric, name: str) -> rows.SwitchRows:
+    """Switch `name`'s share of the plan as table rows (spina.rows; p4src/v1model/fabric.p4):
+    at a leaf, its rack of each job (its workers by local rank, job_level as_leaf,
+    leaf_upstream per slot to the slot's spine); at a spine, its shard of each job (the job's
+    leaves as ranks, job_level as_spine)."""
     level = fabric.levels.get(name)
     _need(level is not None, f"switches.{name}", "not a leaf or spine of the fabric plan")
     st = fabric.state
     sw = st.switches[name]
-    rows: list = [("ina_endpoint", {"dst_addr": a}, "accept_ina", {}) for a in sw.endpoints]
-    groups: dict[int, list] = {}
-    jobs: dict[int, tuple[int, int, int]] = {}
+    out = rows.SwitchRows()
     for i, job in sorted((i, j) for i, j in enumerate(fabric.jobs.values())):
         where = f"fabric.jobs[{i}]"
         if sw.target != "softswitch":
@@ -216,58 +176,26 @@ def p4_rows(fabric: Fabric, name: str) -> P4Rows:
                   f"the P4 program aggregates blocks of {spec.P4_SIZES['BLOCK_SIZE']}")
             _need(job.nlanes <= spec.P4_SIZES["NLANES"], f"{where}.nlanes",
                   f"the P4 program has {spec.P4_SIZES['NLANES']} lanes")
-        grp = spec.mcast_grp(job.id)
-        sizes = [len(fabric.racks[r].workers) for r in job.racks]
-        admit = {"epoch": job.epoch, "block_size": job.block_size, "nlanes": job.nlanes,
-                 "mcast_grp": grp}
+        cfg = fabric.job_config(job)
         if level == LEAF:
-            members = fabric.members(job)
             for k, rname in enumerate(job.racks):
                 if fabric.racks[rname].leaf != name:
                     continue
-                first = sum(sizes[:k])
-                # The rack's workers send their local rank (JobConfig.switch_rank).
-                for local in range(sizes[k]):
-                    w = st.workers[members[first + local]]
-                    rows.append(("admission", {"ingress_port": w.switch_port, "src_addr": w.ip,
-                                               "src_port": w.udp_port, "job": job.id,
-                                               "rank": local},
-                                 "admit", {**admit, "slot_base": job.slot_base,
-                                           "nslots": job.nslots, "nworkers": sizes[k]}))
-                    rows.append(("worker_rewrite", {"rid": spec.rid(job.id, local)},
-                                 "rewrite_for_worker", {"dst_mac": w.mac, "dst_addr": w.ip,
-                                                        "dst_port": w.udp_port}))
-                    groups.setdefault(grp, []).append((w.switch_port, spec.rid(job.id, local)))
-                rows.append(("job_level", {"job": job.id}, "as_leaf",
-                             {"rack": k, "nlocal": sizes[k], "epoch": job.epoch,
-                              "mcast_grp": grp}))
+                senders = [rows.Sender(w.switch_port, w.ip, w.udp_port, w.mac)
+                           for w in (st.workers[m] for m in fabric.racks[rname].workers)]
+                ups = []
                 for s in job.shards:
-                    ln = fabric.link(name, s.spine, job.id)
-                    up = {"port": ln.leaf_port, "dst_mac": ln.spine_mac,
-                          "dst_addr": st.switches[s.spine].address}
-                    rows += [("leaf_upstream", {"job": job.id, "slot": slot}, "to_spine", up)
-                             for slot in range(s.slot_base, s.slot_base + s.nslots)]
-                jobs[job.id] = (job.slot_base, job.nslots, job.epoch)
+                    spine = fabric.link_ends(name, s.spine, job.id)[1]
+                    ups.append(rows.Upstream(s.slot_base, s.nslots, spine.port, spine.ip,
+                                             spine.mac))
+                out.add(rows.leaf_job(cfg, k, senders, ups))
         else:
             for s in job.shards:
-                if s.spine != name:
-                    continue
-                for k, rname in enumerate(job.racks):
-                    leaf = fabric.racks[rname].leaf
-                    ln = fabric.link(leaf, name, job.id)
-                    addr = st.switches[leaf].address
-                    rows.append(("admission", {"ingress_port": ln.spine_port, "src_addr": addr,
-                                               "src_port": spec.INA_UDP_PORT, "job": job.id,
-                                               "rank": k},
-                                 "admit", {**admit, "slot_base": s.slot_base,
-                                           "nslots": s.nslots, "nworkers": len(job.racks)}))
-                    rows.append(("worker_rewrite", {"rid": spec.rid(job.id, k)},
-                                 "rewrite_for_worker", {"dst_mac": ln.leaf_mac, "dst_addr": addr,
-                                                        "dst_port": spec.INA_UDP_PORT}))
-                    groups.setdefault(grp, []).append((ln.spine_port, spec.rid(job.id, k)))
-                rows.append(("job_level", {"job": job.id}, "as_spine", {}))
-                jobs[job.id] = (s.slot_base, s.nslots, job.epoch)
-    return P4Rows(rows, groups, jobs)
+                if s.spine == name:
+                    leaves = [fabric.link_ends(fabric.racks[r].leaf, name, job.id)[0]
+                              for r in job.racks]
+                    out.add(rows.spine_job(cfg, s.slot_base, s.nslots, leaves))
+    return out
 
 
 def status(fabric: Fabric, switches: dict) -> dict[str, dict[str, dict[int, dict[str, int]]]]:
@@ -275,7 +203,7 @@ def status(fabric: Fabric, switches: dict) -> dict[str, dict[str, dict[int, dict
     read in process from running software switches (name -> softswitch.udp.UdpSwitch)."""
     out: dict[str, dict] = {LEAF: {}, SPINE: {}}
     for name, level in sorted(fabric.levels.items()):
-        jobs = ([lj.job.job for lj in fabric.leaf_jobs(name)] if level == LEAF
+        jobs = ([job.id for job, _ in fabric.leaf_jobs(name)] if level == LEAF
                 else [cfg.job for cfg in fabric.spine_jobs(name)])
         out[level][name] = {j: switches[name].pipeline.job_counters(j) for j in jobs}
     return out
@@ -332,6 +260,11 @@ def parse(doc, path: pathlib.Path | None = None) -> Fabric:
         _need(spines_doc.index(name) == i, f"fabric.spines[{i}]", f"spine {name!r} listed twice")
         _need(name not in leaves, f"fabric.spines[{i}]", f"switch {name!r} is also a rack's leaf "
               "(one level per switch)")
+        _need(switches[name].udp_port == spec.INA_UDP_PORT, f"switches.{name}.udp_port",
+              f"spine {name!r} must listen on the INA UDP port {spec.INA_UDP_PORT}, not "
+              f"{switches[name].udp_port}: a leaf names a slot's spine by its IPv4 address (P4: "
+              "leaf_upstream's to_spine); give each spine an address of its own (127.0.0.2, "
+              "127.0.0.3, ... on one host)")
     spines = tuple(spines_doc)
     addrs: dict[tuple, str] = {}
     for name in sorted(leaves | set(spines)):
@@ -347,8 +280,8 @@ def parse(doc, path: pathlib.Path | None = None) -> Fabric:
     for i, d in enumerate(jobs_doc):
         w = f"fabric.jobs[{i}]"
         _fields(d, w, {"id", "racks", "slot_base", "nslots", "shards"},
-                {"block_size", "nlanes", "epoch", "priority"})
-        jid = _int(d, "id", w, 0, (1 << 16) - 1)
+                set(JOB_OPTIONS) | {"drop_qdepth"})
+        jid = _int(d, "id", w, 0, spec.MAX_JOB_ID)
         _need(jid not in jobs and jid not in state.jobs, f"{w}.id", f"duplicate job id {jid}")
         job_racks = _list(d, "racks", w)
         _need(1 <= len(job_racks) <= MAX_RACKS, f"{w}.racks",
@@ -359,13 +292,15 @@ def parse(doc, path: pathlib.Path | None = None) -> Fabric:
             other = next((o for o in job_racks[:k] if racks[o].leaf == racks[r].leaf), None)
             _need(other is None, f"{w}.racks[{k}]", f"rack {r!r} has the same leaf "
                   f"{racks[r].leaf!r} as rack {other!r}: one rack per leaf in a job")
-        job = FabricJob(id=jid, racks=tuple(job_racks),
-                        slot_base=_int(d, "slot_base", w, 0, 1 << 15),
-                        nslots=_int(d, "nslots", w, 1, 1 << 15), shards=(),
-                        block_size=_int(d, "block_size", w, 1, 65535, 256),
-                        nlanes=_int(d, "nlanes", w, 1, wire.MAX_LANES, 56),
-                        epoch=_int(d, "epoch", w, 0, 65535, 1),
-                        priority=_int(d, "priority", w, 0, 7, 0))
+        try:
+            options = job_options(d)
+        except ConfigError as e:
+            raise e.at(w) from None
+        options.update(slot_base=_int(d, "slot_base", w, 0, 1 << 15),
+                       nslots=_int(d, "nslots", w, 1, 1 << 15))
+        job = FabricJob(id=jid, racks=tuple(job_racks), shards=(), **options,
+                        drop_qdepth=_int(d, "drop_qdepth", w, 0, spec.QDEPTH_NEVER)
+                        if "drop_qdepth" in d else None)
         job = FabricJob(**{**job.__dict__, "shards": _shards(d, w, job, spines)})
         for s in job.shards:
             _check_pool(state, jobs, job, s.spine, s.slot_base, s.nslots, w, racks)
@@ -389,14 +324,14 @@ def parse(doc, path: pathlib.Path | None = None) -> Fabric:
         links[(leaf, spine)] = ln
     fabric = Fabric(state, racks, spines, jobs, links)
     state.fabric = fabric
-    for jid, job in jobs.items():  # sizes, addresses: as the agents and switches will check
+    for i, job in enumerate(jobs.values()):  # the one schema's limits, at every level
         try:
             fabric.job_config(job).validate()
             for s in job.shards:
                 for cfg in fabric.spine_jobs(s.spine):
                     cfg.validate()
         except ConfigError as e:
-            raise ConfigError(f"fabric.jobs[id={jid}]: {e}") from None
+            raise e.at(f"fabric.jobs[{i}]") from None
     return fabric
 
 

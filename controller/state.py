@@ -37,7 +37,8 @@ Every error names the offending field (`jobs[1].nslots: ...`).
         priority_policy: fixed      # optional, agents only: fixed | layer (host_agent/dlcp.py)
         loss_tolerant_policy: none  # optional, agents only: none | magnitude (needs bounded_loss)
     agents_dir: agents              # where the controller writes the agents' files
-    rendezvous: 127.0.0.1:47100     # optional: `serve` gives each run of a job a new epoch here
+    rendezvous: 127.0.0.1:47100     # where agents join each run (default 127.0.0.1:47100):
+                                    # `serve` gives every run of a job a new epoch there
 
 Relative paths are relative to the YAML file. A worker may give `rank`; it must then equal its
 position in the members of every job it belongs to.
@@ -52,7 +53,8 @@ import yaml
 
 from controller.tofino import FORMATS as TOFINO_FORMATS
 from spina import spec, wire
-from spina.config import ConfigError, JobConfig, WorkerAddr
+from spina.config import JOB_DEFAULTS, JOB_OPTIONS, ConfigError, JobConfig, WorkerAddr, job_options
+from spina.rendezvous import DEFAULT_ADDRESS as DEFAULT_RENDEZVOUS
 
 TARGETS = ("softswitch", "bmv2", "tofino")
 NO_MAC = "00:00:00:00:00:00"
@@ -177,21 +179,36 @@ class Worker:
     rank: int | None = None
 
 
+@dataclass(frozen=True, kw_only=True)
+class JobOptions:
+    """The job fields a desired-state job (flat or of a fabric plan) shares with
+    spina.config.JobConfig, with JobConfig's defaults (spina.config.JOB_OPTIONS), plus the
+    switch-side drop threshold."""
+    block_size: int = JOB_DEFAULTS["block_size"]
+    nlanes: int = JOB_DEFAULTS["nlanes"]
+    epoch: int = JOB_DEFAULTS["epoch"]
+    priority: int = JOB_DEFAULTS["priority"]
+    drop_qdepth: int | None = None
+    bounded_loss: float = JOB_DEFAULTS["bounded_loss"]
+    loss_deadline: float | str = JOB_DEFAULTS["loss_deadline"]  # seconds, or "auto"
+    priority_policy: str = JOB_DEFAULTS["priority_policy"]
+    loss_tolerant_policy: str = JOB_DEFAULTS["loss_tolerant_policy"]
+
+    def options(self) -> dict:
+        """These fields as JobConfig keyword arguments (every level of a job shares them)."""
+        return {k: getattr(self, k) for k in ("block_size", "nlanes", "epoch", "priority",
+                                              "bounded_loss", "loss_deadline",
+                                              "priority_policy", "loss_tolerant_policy")}
+
+
 @dataclass(frozen=True)
-class Job:
+class Job(JobOptions):
+    """A flat job of the desired state: its members (rank = position), its share of the slot
+    pool and the JobOptions."""
     id: int
     members: tuple[str, ...]
     nslots: int
     slot_base: int | None = None
-    block_size: int = 256
-    nlanes: int = 56
-    epoch: int = 1
-    priority: int = 0
-    drop_qdepth: int | None = None
-    bounded_loss: float = 0.0
-    loss_deadline: float | str = 0.05  # seconds, or "auto" (JobConfig)
-    priority_policy: str = "fixed"
-    loss_tolerant_policy: str = "none"
 
     @property
     def mcast_grp(self) -> int:
@@ -213,7 +230,9 @@ class DesiredState:
     agents_dir: str = "agents"
     path: pathlib.Path | None = None
     raw: dict = field(default_factory=dict, repr=False)
-    rendezvous: tuple[str, int] | None = None  # spina.rendezvous server of `controller serve`
+    # The spina.rendezvous server of `controller serve`: every agent file names it, so every
+    # run of a job (flat or fabric) gets a new epoch, never another run's sums.
+    rendezvous: tuple[str, int] = DEFAULT_RENDEZVOUS
     # controller.plan.Fabric: the `fabric:` section (leaf/spine jobs), if any; it points back here
     fabric: object = field(default=None, repr=False, compare=False)
 
@@ -230,12 +249,8 @@ class DesiredState:
 
     def job_config(self, job: Job) -> JobConfig:
         """The job as the switch pipeline and the host agents see it."""
-        return JobConfig(job=job.id, epoch=job.epoch, slot_base=job.slot_base, nslots=job.nslots,
-                         block_size=job.block_size, nlanes=job.nlanes, priority=job.priority,
-                         bounded_loss=job.bounded_loss, loss_deadline=job.loss_deadline,
-                         priority_policy=job.priority_policy,
-                         loss_tolerant_policy=job.loss_tolerant_policy,
-                         workers=tuple(WorkerAddr(r, self.workers[m].ip, self.workers[m].udp_port)
+        return JobConfig(job=job.id, slot_base=job.slot_base, nslots=job.nslots,
+                         **job.options(), workers=tuple(WorkerAddr(r, self.workers[m].ip, self.workers[m].udp_port)
                                        for r, m in enumerate(job.members)))
 
     def resolve(self, p: str | None) -> pathlib.Path | None:
@@ -267,11 +282,43 @@ class DesiredState:
         return parse(raw, self.path)
 
     def with_epoch(self, job_id: int, epoch: int) -> "DesiredState":
-        """A copy whose job `job_id` runs with `epoch` (a run started by `controller serve`;
-        the file keeps its own epoch)."""
-        jobs = dict(self.jobs)
-        jobs[job_id] = replace(jobs[job_id], epoch=epoch)
-        return replace(self, jobs=jobs)
+        """A copy whose job `job_id`, flat or of the fabric plan, runs with `epoch` (a run
+        started by `controller serve`; the file keeps its own epoch)."""
+        if job_id in self.jobs:
+            jobs = dict(self.jobs)
+            jobs[job_id] = replace(jobs[job_id], epoch=epoch)
+            return replace(self, jobs=jobs)
+        _need(self.fabric is not None and job_id in self.fabric.jobs, "jobs",
+              f"no job {job_id} in the desired state")
+        fjobs = dict(self.fabric.jobs)
+        fjobs[job_id] = replace(fjobs[job_id], epoch=epoch)
+        fabric = replace(self.fabric, jobs=fjobs)
+        state = replace(self, fabric=fabric)
+        fabric.state = state
+        return state
+
+    def every_job(self) -> list:
+        """Every job by id: the flat ones (Job) and the fabric plan's (plan.FabricJob)."""
+        jobs = list(self.jobs.values()) + list(self.fabric.jobs.values() if self.fabric else ())
+        return sorted(jobs, key=lambda j: j.id)
+
+    def run_jobs(self) -> dict[int, tuple[int, int]]:
+        """{job: (worker count, epoch)} of every job, flat or of the fabric plan: what the
+        run rendezvous serves."""
+        out = {j.id: (len(j.members), j.epoch) for j in self.jobs.values()}
+        if self.fabric is not None:
+            out.update({j.id: (len(self.fabric.members(j)), j.epoch)
+                        for j in self.fabric.jobs.values()})
+        return out
+
+    def job_switches(self, job_id: int) -> list[str]:
+        """The switches that admit job `job_id`: a flat job's one switch; a fabric job's
+        spines (of its shards) first, then its racks' leaves."""
+        if job_id in self.jobs:
+            return [self.switch_of(self.jobs[job_id]).name]
+        job = self.fabric.jobs[job_id]
+        spines = list(dict.fromkeys(s.spine for s in job.shards))
+        return spines + [self.fabric.racks[r].leaf for r in job.racks]
 
     def without_job(self, job_id: int) -> "DesiredState":
         _need(job_id in self.jobs, "id", f"no job {job_id} in the desired state")
@@ -385,6 +432,10 @@ def _parse_flat(doc, path: pathlib.Path | None = None) -> DesiredState:
                 raise ConfigError(f"{wk}.prefix: not an IPv4 prefix: {e['prefix']!r}") from None
             routes.append((net, _int(e, "port", wk, 0, 511), _mac(e, "src_mac", wk),
                            _mac(e, "dst_mac", wk)))
+        if d["target"] != "softswitch":
+            _need(d.get("udp_port", spec.INA_UDP_PORT) == spec.INA_UDP_PORT, f"{w}.udp_port",
+                  f"a {d['target']} switch parses INA packets on UDP port {spec.INA_UDP_PORT} "
+                  f"only, got {d.get('udp_port')!r}")
         if d["target"] == "bmv2":
             _need("p4info" in d and "device_config" in d, f"{w}.device_config",
                   "bmv2 needs p4info and device_config (make p4 writes them to p4src/build/)")
@@ -444,9 +495,7 @@ def _parse_flat(doc, path: pathlib.Path | None = None) -> DesiredState:
     _need(isinstance(jobs_doc, list), "jobs", "must be a list")
     for i, d in enumerate(jobs_doc):
         w = f"jobs[{i}]"
-        _fields(d, w, {"id", "members", "nslots"},
-                {"slot_base", "block_size", "nlanes", "epoch", "priority", "drop_qdepth",
-                 "bounded_loss", "loss_deadline", "priority_policy", "loss_tolerant_policy"})
+        _fields(d, w, {"id", "members", "nslots"}, set(JOB_OPTIONS) | {"drop_qdepth"})
         jid = _int(d, "id", w, 0, spec.MAX_JOB_ID)
         _need(jid not in jobs, f"{w}.id", f"duplicate job id {jid}")
         members = d["members"]
@@ -461,20 +510,13 @@ def _parse_flat(doc, path: pathlib.Path | None = None) -> DesiredState:
         sws = {workers[m].switch for m in members}
         _need(len(sws) == 1, f"{w}.members", f"members sit on several switches {sorted(sws)}: "
               "a job aggregates on one switch")
-        job = Job(id=jid, members=tuple(members), nslots=_int(d, "nslots", w, 1, 1 << 15),
-                  slot_base=_int(d, "slot_base", w, 0, 1 << 15) if "slot_base" in d else None,
-                  block_size=_int(d, "block_size", w, 1, 65535, 256),
-                  nlanes=_int(d, "nlanes", w, 1, wire.MAX_LANES, 56),
-                  epoch=_int(d, "epoch", w, 0, 65535, 1),
-                  priority=_int(d, "priority", w, 0, 7, 0),
+        try:
+            options = job_options(d)
+        except ConfigError as e:
+            raise e.at(w) from None
+        job = Job(id=jid, members=tuple(members), **options,
                   drop_qdepth=_int(d, "drop_qdepth", w, 0, spec.QDEPTH_NEVER)
-                  if "drop_qdepth" in d else None,
-                  bounded_loss=_float(d, "bounded_loss", w, 0.0),
-                  # seconds, or "auto" (JobConfig names any other word below)
-                  loss_deadline=d["loss_deadline"] if isinstance(d.get("loss_deadline"), str)
-                  else _float(d, "loss_deadline", w, 0.05),
-                  priority_policy=_str(d, "priority_policy", w, "fixed"),
-                  loss_tolerant_policy=_str(d, "loss_tolerant_policy", w, "none"))
+                  if "drop_qdepth" in d else None)
         _need(job.slot_base is not None, f"{w}.slot_base",
               "required in the file (`job add` allocates it for you)")
         sw = switches[next(iter(sws))]
@@ -490,14 +532,10 @@ def _parse_flat(doc, path: pathlib.Path | None = None) -> DesiredState:
         try:
             JobConfig(job=jid, workers=tuple(WorkerAddr(r, workers[m].ip, workers[m].udp_port)
                                              for r, m in enumerate(members)),
-                      slot_base=job.slot_base, nslots=job.nslots, block_size=job.block_size,
-                      nlanes=job.nlanes, epoch=job.epoch, priority=job.priority,
-                      bounded_loss=job.bounded_loss, loss_deadline=job.loss_deadline,
-                      priority_policy=job.priority_policy,
-                      loss_tolerant_policy=job.loss_tolerant_policy).validate(
+                      slot_base=job.slot_base, nslots=job.nslots, **job.options()).validate(
                           sw.pool_slots, sw.slot_capacity if sw.target == "softswitch" else None)
         except ConfigError as e:
-            raise ConfigError(f"{w}: {e}") from None
+            raise e.at(w) from None
         for other in jobs.values():
             if workers[other.members[0]].switch == sw.name and \
                     job.slot_base < other.slot_base + other.nslots and \
@@ -508,7 +546,8 @@ def _parse_flat(doc, path: pathlib.Path | None = None) -> DesiredState:
         jobs[jid] = job
     agents_dir = doc.get("agents_dir", "agents")
     _need(isinstance(agents_dir, str) and agents_dir, "agents_dir", "must be a path")
-    rendezvous = _host_port(doc["rendezvous"], "rendezvous") if "rendezvous" in doc else None
+    rendezvous = (_host_port(doc["rendezvous"], "rendezvous") if "rendezvous" in doc
+                  else DEFAULT_RENDEZVOUS)
     return DesiredState(switches, workers, jobs, agents_dir, path, raw=doc, rendezvous=rendezvous)
 
 

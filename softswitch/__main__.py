@@ -135,7 +135,8 @@ def _check_args(ap: argparse.ArgumentParser, args) -> None:
     if args.mode == "udp" and (args.plan is None) != (args.switch is None):
         ap.error("argument --plan/--switch: give both (the plan, and which switch of it this is)")
     if args.mode == "udp" and args.plan is not None and (args.jobs or args.grpc):
-        ap.error("argument --plan: the plan installs this switch's jobs; drop --jobs/--grpc")
+        ap.error("argument --plan: the file gives this switch's jobs and P4Runtime address; "
+                 "drop --jobs/--grpc")
 
 
 # The controller writes this switch's tables in every mode: over gRPC (--grpc) or, from a file
@@ -166,42 +167,59 @@ def program_from_config(dp, path: str, device_id: int = 0) -> None:
 
 
 def program_udp_jobs(sw, jobs: list[JobConfig], path: str, device_id: int = 0) -> None:
-    """Admit the jobs of `path` on a ControlledUdpSwitch: controller.state.from_udp_jobs."""
+    """Admit the jobs of `path` on a UdpSwitch: controller.state.from_udp_jobs, written through
+    the switch's own P4Runtime servicer."""
     from controller.state import from_udp_jobs
-    from softswitch.p4runtime_server import SoftSwitchServicer
     try:
         state = from_udp_jobs(jobs, address=sw.address[0], udp_port=sw.address[1],
                               pool_slots=sw.pipeline.pool_slots,
                               slot_capacity=sw.pipeline.slot_capacity)
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
-    _program(SoftSwitchServicer(sw.dataplane, device_id, on_change=sw.sync), state, path)
+    _program(sw.servicer(device_id), state, path)
 
 
-def _fabric_switch(args):
-    """(switch, its level): a UDP switch in its role of a fabric plan (controller/plan.py), at
-    the plan's address, its jobs installed by the plan."""
-    from controller import plan
+def _plan_switch(args):
+    """(switch, its P4Runtime server, its level): switch NAME of the desired state in
+    `--plan` in UDP mode, at that switch's address and UDP port, serving P4Runtime at its
+    `grpc` address (so that `controller serve -c PLAN` starts each run there) and programmed
+    with its share of the state (flat jobs and fabric roles) by the controller, in process."""
+    from controller.controller import program_in_process
+    from controller.p4rt import P4RuntimeError
+    from controller.state import load
+    from softswitch.p4runtime_server import P4RuntimeServer, check_loopback
     from softswitch.udp import UdpSwitch
     try:
-        fabric = plan.load(args.plan)
+        state = load(args.plan)
     except ConfigError as e:
         raise ConfigError(f"argument --plan: {e}") from None
-    if args.switch not in fabric.levels:
-        raise ConfigError(f"argument --switch: {args.switch!r} is not a leaf or spine of "
-                          f"{args.plan} (it has {', '.join(sorted(fabric.levels)) or 'none'})")
-    host, port = fabric.switch_address(args.switch)
+    me = state.switches.get(args.switch)
+    if me is None:
+        raise ConfigError(f"argument --switch: {args.switch!r} is not a switch of {args.plan} "
+                          f"(it has {', '.join(state.switches)})")
+    if me.target != "softswitch":
+        raise ConfigError(f"argument --switch: {args.plan}: switches.{me.name}.target is "
+                          f"{me.target}, not softswitch")
     try:
-        sw = UdpSwitch(host, port, args.pool_slots, args.slot_capacity)
+        check_loopback(me.grpc)
+    except ValueError as e:
+        raise ConfigError(f"argument --plan: {args.plan}: switches.{me.name}.grpc: {e} (a --plan "
+                          "switch serves P4Runtime there, so that `controller serve -c PLAN` "
+                          "can start each run of its jobs)") from None
+    try:
+        sw = UdpSwitch(me.address, me.udp_port, args.pool_slots, args.slot_capacity)
     except OSError as e:
-        raise ConfigError(f"argument --plan: cannot listen on {host}:{port} (switch "
-                          f"{args.switch}): {e.strerror or e}") from None
+        raise ConfigError(f"argument --plan: cannot listen on {me.address}:{me.udp_port} "
+                          f"(switch {me.name}): {e.strerror or e}") from None
     try:
-        plan.install(fabric, {args.switch: sw})
-    except ConfigError:
+        server = P4RuntimeServer(sw.dataplane, me.grpc, me.device_id,
+                                 servicer=sw.servicer(me.device_id))
+        program_in_process({me.name: server.servicer}, state, [me.name])
+    except (OSError, ConfigError, P4RuntimeError) as e:
         sw.stop()
-        raise
-    return sw, fabric.levels[args.switch]
+        raise ConfigError(f"argument --plan: {args.plan}: switch {me.name}: {e}") from None
+    level = state.fabric.levels.get(me.name, "flat") if state.fabric is not None else "flat"
+    return sw, server, level
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -223,11 +241,14 @@ def _parser() -> argparse.ArgumentParser:
                      help="UDP port (default %(default)s; 0 picks a free one and prints it)")
     udp.add_argument("--jobs", metavar="FILE", help="JSON/YAML file of jobs to admit at start")
     udp.add_argument("--plan", metavar="FILE",
-                     help="a desired state with a `fabric` section (docs/scale_out.md): serve as "
-                          "the leaf or spine named by --switch, at that switch's address and "
-                          "UDP port in the plan, with its jobs of the plan installed")
+                     help="a controller desired state, with or without a `fabric` section "
+                          "(docs/scale_out.md): serve as the switch named by --switch, at its "
+                          "address and UDP port in the file, with P4Runtime at its `grpc` "
+                          "address (loopback HOST:PORT; `python -m controller -c FILE serve` "
+                          "starts each run there), programmed with its share of the file at "
+                          "start (flat jobs, leaf or spine roles)")
     udp.add_argument("--switch", metavar="NAME",
-                     help="with --plan: which of the plan's leaf or spine switches this is")
+                     help="with --plan: which of the file's switches this is")
     _pool_args(udp)
 
     l2 = sub.add_parser(
@@ -269,18 +290,16 @@ def main(argv=None) -> int:
     server = metrics = None
     try:
         if args.mode == "udp" and args.plan:
-            sw, level = _fabric_switch(args)
-            dp = on_change = None
+            sw, server, level = _plan_switch(args)
             print(f"listening {sw.address[0]}:{sw.address[1]} as {level} {args.switch}",
                   flush=True)
+            server.start()
+            print(f"p4runtime {server.address} device {server.servicer.device_id}", flush=True)
         elif args.mode == "udp":
             jobs = load_jobs(args.jobs) if args.jobs else []
-            if args.grpc or jobs:  # tables written over P4Runtime: by the controller
-                from softswitch.p4runtime_server import ControlledUdpSwitch as Switch
-            else:
-                from softswitch.udp import UdpSwitch as Switch
+            from softswitch.udp import UdpSwitch
             try:
-                sw = Switch(args.host, args.port, args.pool_slots, args.slot_capacity)
+                sw = UdpSwitch(args.host, args.port, args.pool_slots, args.slot_capacity)
             except OSError as e:
                 raise ConfigError(f"argument --host/--port: cannot listen on "
                                   f"{args.host}:{args.port}: {e.strerror or e}") from None
@@ -290,14 +309,16 @@ def main(argv=None) -> int:
                 except ConfigError:
                     sw.stop()
                     raise
-            dp, on_change = getattr(sw, "dataplane", None), getattr(sw, "sync", None)
+            dp = sw.dataplane
             print(f"listening {sw.address[0]}:{sw.address[1]}", flush=True)
         else:
-            from softswitch.l2 import Dataplane, L2Switch
-            dp, on_change = Dataplane(args.pool_slots, args.slot_capacity), None
+            from softswitch.dataplane import Dataplane
+            from softswitch.l2 import L2Switch
+            ports = dict(args.interface)
+            # Rows naming a port this switch lacks are refused (the frames would go nowhere).
+            dp = Dataplane(args.pool_slots, args.slot_capacity, ports=set(ports))
             if args.config:
                 program_from_config(dp, args.config, args.device_id)
-            ports = dict(args.interface)
             for port, pps in args.queue_rate:
                 if port not in ports:
                     raise ConfigError(f"argument --queue-rate: port {port} is not a switch port "
@@ -320,7 +341,9 @@ def main(argv=None) -> int:
             print(f"metrics {metrics.url}", flush=True)
         if args.grpc:
             from softswitch.p4runtime_server import P4RuntimeServer
-            server = P4RuntimeServer(dp, args.grpc, args.device_id, on_change).start()
+            server = P4RuntimeServer(dp, args.grpc, args.device_id,
+                                     servicer=sw.servicer(args.device_id)
+                                     if args.mode == "udp" else None).start()
             print(f"p4runtime {server.address} device {args.device_id}", flush=True)
     except (ConfigError, OSError, ValueError) as e:
         return cli.fail(ap.prog, e)

@@ -3,7 +3,8 @@
 The software twin of the P4 program's roles (p4src/v1model/fabric.p4 and the fabric
 parts of aggregator.p4): the same packets in give the same packets out, registers and counters.
 The level of each job is chosen per job, as the P4 tables do: `Roles.leaves` (P4 table
-job_level, action as_leaf), `Roles.spines` (as_spine), `Roles.upstream` (leaf_upstream).
+job_level, action as_leaf), `Roles.spines` (as_spine), `Roles.upstream` (leaf_upstream), in the
+L2 and the UDP mode alike (softswitch/dataplane.py writes them from the table rows).
 
 A leaf aggregates its rack's workers with the ordinary pipeline (admitted by their rank
 within the rack, 0..size-1, the rank they send: spina.config.JobConfig.switch_rank; complete
@@ -15,7 +16,7 @@ workers, plus one rule: a partial's `mismatch` and `partial` flags are ORed into
 
 `process_into` returns (n, to, key) for the packet written to `out[:n]` (n = 0: nothing leaves):
 to TO_GROUP: every (local) worker of job `key`; TO_SENDER: back to the packet's source;
-TO_UPSTREAM: to the spine `key` = (ingress port, address[, MAC]) that owns the slot.
+TO_UPSTREAM: to the spine `key` = (ingress port, (IPv4, UDP port), MAC) that owns the slot.
 `route_into` adds the multicast group of a TO_GROUP packet (the L2 mode's replication).
 
 job_results counts result copies sent to workers, as the P4 egress counts RESULT copies: a
@@ -24,14 +25,12 @@ rack worker, when the leaf replicates it.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 
 from softswitch.pipeline import CARRIED, MAX_PORTS, RESULT_FLAGS, Pipeline
 from spina import wire
-from spina.config import ConfigError, JobConfig
 
 TO_GROUP, TO_SENDER, TO_UPSTREAM = 1, 2, 3
 _NOTHING = (0, 0, None, 0)
@@ -60,11 +59,6 @@ class LeafJob:
     epoch: int
     mcast_grp: int
 
-    @classmethod
-    def of(cls, cfg: JobConfig, rack: int, mcast_grp: int = 0) -> "LeafJob":
-        """Rack `rack` of `cfg` (cfg.racks: its rack sizes, ranks rack by rack)."""
-        return cls(rack, cfg.racks[rack], cfg.epoch, mcast_grp)
-
     def local_ranks(self, rack_bitmap: int, result: bool, stored_bitmap: int) -> int:
         """A spine's rack bitmap as this rack's local ranks. With the rack's bit, a result
         names the ranks its partial carried (`stored_bitmap`, the slot copy's: a flushed
@@ -77,8 +71,8 @@ class LeafJob:
 
 
 class Roles:
-    """The leaf and spine roles on `pipeline`, per job; jobs in neither are flat."""
-    every_job_spine = False  # Spine (UDP mode): the spine rule applies to every job
+    """The leaf and spine roles on `pipeline`, per job; jobs in neither are flat. Written only
+    through the Dataplane's tables job_level and leaf_upstream."""
 
     def __init__(self, pipeline: Pipeline):
         self.pipeline = pipeline
@@ -91,6 +85,12 @@ class Roles:
         self.leaves.clear()
         self.spines.clear()
         self.upstream.clear()
+
+    def remove_job(self, job: int) -> None:
+        self.leaves.pop(job, None)
+        self.spines.discard(job)
+        for key in [k for k in self.upstream if k[0] == job]:
+            del self.upstream[key]
 
     def process_into(self, pkt, port: int, src, out) -> tuple[int, int, object]:
         """One packet from ingress `port`, source `src`; the caller holds pipeline.lock."""
@@ -106,7 +106,7 @@ class Roles:
                 return self._from_spine(pkt, port, src, out, job, up)
         p = self.pipeline
         carried = 0
-        spine = size >= HLEN and (self.every_job_spine or job in self.spines)
+        spine = size >= HLEN and job in self.spines
         if spine:
             carried = pkt[_FLAGS_AT] & CARRIED
             if carried:
@@ -219,53 +219,3 @@ class Roles:
         # To the rack as a completion, not as the answer to a resend.
         out[_FLAGS_AT] = flags | (t[_FLAGS] & wire.FLAG_LOSS_TOLERANT)
         return size, TO_GROUP, job, lj.mcast_grp
-
-
-class Leaf(Roles):
-    """The leaf role of a UDP-mode switch: jobs admitted with `add_job` take part (others:
-    flat)."""
-
-    def add_job(self, cfg: JobConfig, rack: int, sources: dict[int, tuple[int, object]],
-                upstream: tuple[tuple[int, int, tuple], ...]) -> None:
-        """Admit rack `rack` of `cfg` (cfg.racks: the rack sizes, ranks rack by rack; sources
-        of this rack's workers by local rank 0..size-1); upstream: (slot_base, nslots, (port,
-        address) of the spine)."""
-        if not 0 <= rack < len(cfg.racks):
-            raise ConfigError(f"job {cfg.job}: field 'racks': rack {rack} is not one of the "
-                              f"job's {len(cfg.racks)} racks")
-        lj = LeafJob.of(cfg, rack)
-        owned = sorted(slot for base, n, _ in upstream for slot in range(base, base + n))
-        if owned != list(range(cfg.slot_base, cfg.slot_base + cfg.nslots)):
-            raise ConfigError(f"job {cfg.job}: field 'upstream': slots {owned} must be the "
-                              f"job's {cfg.slot_base}..{cfg.slot_base + cfg.nslots - 1}, each "
-                              "owned by one spine")
-        with self.pipeline.lock:
-            self.remove_job(cfg.job)
-            # The leaf's share is a flat job of the rack's workers, by their local ranks.
-            self.pipeline.add_job(rack_job(cfg, rack), sources)
-            self.leaves[cfg.job] = lj
-            for base, n, spine in upstream:
-                for slot in range(base, base + n):
-                    self.upstream[(cfg.job, slot)] = spine
-
-    def remove_job(self, job: int) -> None:
-        with self.pipeline.lock:
-            self.pipeline.remove_job(job)
-            self.leaves.pop(job, None)
-            for key in [k for k in self.upstream if k[0] == job]:
-                del self.upstream[key]
-
-
-def rack_job(cfg: JobConfig, rack: int) -> JobConfig:
-    """Rack `rack` of the two-level job `cfg` as its leaf admits it: a flat job of the rack's
-    workers, renumbered 0..size-1 (the ranks they send)."""
-    first = sum(cfg.racks[:rack])
-    local = cfg.workers[first:first + cfg.racks[rack]]
-    return dataclasses.replace(cfg, racks=(), workers=tuple(
-        dataclasses.replace(w, rank=w.rank - first) for w in local))
-
-
-class Spine(Roles):
-    """The spine role of a UDP-mode switch: its jobs' workers are the leaves
-    (Pipeline.add_job); the spine rule applies to every job of the switch."""
-    every_job_spine = True

@@ -1,8 +1,9 @@
 """P4Runtime (gRPC) in front of the software switch, so the controller drives it with the same
 calls as BMv2 and Tofino (P4Runtime spec v1.4: https://p4.org/p4-spec/p4runtime/).
 
-The server writes the same `softswitch.l2.Dataplane` that the L2 mode switches frames with; the
-UDP mode shares that Dataplane's Pipeline (`ControlledUdpSwitch`), so one server serves both.
+The server writes a `softswitch.dataplane.Dataplane`: the one state of a software switch, which
+the L2 mode switches frames with and the UDP mode (softswitch.udp.UdpSwitch.dataplane) serves
+its socket from, so one server serves both and every row it accepts is one the data path reads.
 
 Implemented:
   SetForwardingPipelineConfig  VERIFY, VERIFY_AND_COMMIT, RECONCILE_AND_COMMIT (keeps the
@@ -34,7 +35,6 @@ from __future__ import annotations
 import ipaddress
 import logging
 import queue
-import socket
 import threading
 from concurrent import futures
 
@@ -44,8 +44,7 @@ from p4.v1 import p4runtime_pb2 as pb, p4runtime_pb2_grpc
 
 from spina import spec
 from spina.p4runtime import canonical_entry, decode, encode, match_key
-from softswitch.l2 import Dataplane
-from softswitch.udp import UdpSwitch
+from softswitch.dataplane import Dataplane
 
 log = logging.getLogger("spina.softswitch.p4runtime")
 
@@ -118,14 +117,11 @@ class SoftSwitchServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
     Args:
         dataplane: the switch state to program.
         device_id: the P4Runtime device id this switch answers to.
-        on_change: called (no arguments) after each successful write or pipeline commit, so a
-            mode can derive its own state from the tables (UDP mode: multicast destinations).
     """
 
-    def __init__(self, dataplane: Dataplane, device_id: int = 0, on_change=None):
+    def __init__(self, dataplane: Dataplane, device_id: int = 0):
         self.dp = dataplane
         self.device_id = device_id
-        self.on_change = on_change
         self.pipe: _Pipeline | None = None
         self.lock = threading.RLock()
         # table name -> {match key (bytes): TableEntry as written}; defaults by table name.
@@ -255,7 +251,6 @@ class SoftSwitchServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
                 if request.action != A.RECONCILE_AND_COMMIT:
                     self._reset_state()
                 log.info("pipeline committed (cookie %d)", self.pipe.cookie)
-                self._changed()
             return pb.SetForwardingPipelineConfigResponse()
         except P4RuntimeError as e:
             context.abort(e.code, str(e))
@@ -279,6 +274,7 @@ class SoftSwitchServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
         self.entries = {name: {} for name in spec.TABLES}
         self.defaults = {}
         self.groups = {}
+        dp.version += 1
 
     def GetForwardingPipelineConfig(self, request, context):
         with self.lock:
@@ -315,15 +311,10 @@ class SoftSwitchServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
                         except P4RuntimeError as e:
                             raise P4RuntimeError(e.code, f"update {i}: {e}") from None
                 finally:
-                    if len(request.updates):
-                        self._changed()
+                    self.dp.version += 1  # whatever applied: the UDP mode derives again
             return pb.WriteResponse()
         except P4RuntimeError as e:
             context.abort(e.code, str(e))
-
-    def _changed(self) -> None:
-        if self.on_change is not None:
-            self.on_change()
 
     def _apply(self, up) -> None:
         which = up.entity.WhichOneof("entity")
@@ -631,22 +622,31 @@ class P4RuntimeServer:
     """A gRPC server with the P4Runtime service over `dataplane`. `start()`, `stop()`.
 
     Args:
-        dataplane: the software switch state (softswitch.l2.Dataplane).
+        dataplane: the software switch state (softswitch.dataplane.Dataplane).
         address: host:port to bind; port 0 picks a free one (see `.address` after start).
-        device_id, on_change: as SoftSwitchServicer.
+        device_id: as SoftSwitchServicer.
+        servicer: the servicer to serve (default: a new one over `dataplane`), e.g. the one a
+            controller in this process already programmed the switch through.
     """
 
     def __init__(self, dataplane: Dataplane, address: str = DEFAULT_ADDR, device_id: int = 0,
-                 on_change=None):
-        self.servicer = SoftSwitchServicer(dataplane, device_id, on_change)
+                 servicer: SoftSwitchServicer | None = None):
+        self.servicer = servicer or SoftSwitchServicer(dataplane, device_id)
         # Each open StreamChannel holds a worker thread for its lifetime: room for many.
+        # SO_REUSEPORT off: a second switch on a port in use must fail, not share it.
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=32,
-                                                             thread_name_prefix="p4rt"))
+                                                             thread_name_prefix="p4rt"),
+                                  options=[("grpc.so_reuseport", 0)])
         p4runtime_pb2_grpc.add_P4RuntimeServicer_to_server(self.servicer, self.server)
         host, _, port = address.rpartition(":")
-        bound = self.server.add_insecure_port(address)
+        _check_free(host, port)
+        try:
+            bound = self.server.add_insecure_port(address)
+        except RuntimeError:  # grpcio >= 1.5x raises where older ones returned 0
+            bound = 0
         if bound == 0:
-            raise OSError(f"cannot bind P4Runtime server to {address}")
+            raise OSError(f"cannot serve P4Runtime on {address}: the address is in use or "
+                          "not this host's")
         self.address = f"{host}:{bound}"
 
     def start(self) -> "P4RuntimeServer":
@@ -664,32 +664,20 @@ class P4RuntimeServer:
         self.stop()
 
 
-class ControlledUdpSwitch(UdpSwitch):
-    """The UDP mode with its tables written over P4Runtime (`.dataplane`, shared pipeline).
-
-    Admission entries use ingress port 0 (udp.UDP_PORT_ID) and the worker's source (IPv4, UDP
-    port), as the UDP mode sees them. A result goes, for each replica (port, rid) of the job's
-    multicast group, to the (dst_addr, dst_port) of worker_rewrite[rid]: the same tables that
-    address result copies on a P4 switch. `sync()` derives those destinations after each write
-    (the server's on_change), so the data path does no extra lookup.
-    """
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.dataplane = Dataplane(self.pipeline.pool_slots, self.pipeline.slot_capacity)
-        self.dataplane.pipeline = self.pipeline
-
-    def sync(self) -> None:
-        dp = self.dataplane
-        dest = {}
-        for adm in list(self.pipeline.admission.values()):
-            out = []
-            for _port, rid in dp.mcast_groups.get(adm.mcast_grp, ()):
-                rw = dp.worker_rewrite.get(rid)
-                if rw is not None:
-                    out.append((socket.inet_ntoa(rw[1]), rw[2]))
-            dest[adm.job] = out
-        self._dest = dest  # one assignment: the serving thread sees the old or the new map
+def _check_free(host: str, port: str) -> None:
+    """OSError naming the address if a TCP listener holds it (gRPC would print its own
+    multi-line complaint first; a second server on one port must not start)."""
+    if not port.isdigit() or int(port) == 0:
+        return
+    import socket
+    fam = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    with socket.socket(fam, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is no listener
+        try:
+            s.bind((host.strip("[]"), int(port)))
+        except OSError as e:
+            raise OSError(e.errno, f"cannot serve P4Runtime on {host}:{port}: {e.strerror}") \
+                from None
 
 
 def check_loopback(address: str) -> str:

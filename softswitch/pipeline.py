@@ -177,13 +177,21 @@ class Pipeline:
         with self.lock:
             self._add_job(cfg, sources, mcast_grp)
 
-    def _add_job(self, cfg: JobConfig, sources: dict[int, tuple[int, object]], mcast_grp: int) -> None:
+    def check_job(self, cfg: JobConfig) -> None:
+        """ConfigError naming the field unless `cfg` fits this pool beside the other jobs."""
         cfg.validate(self.pool_slots, self.slot_capacity)
         for other in {a for a in self.admission.values() if a.job != cfg.job}:
             if (cfg.slot_base < other.slot_base + other.nslots
                     and other.slot_base < cfg.slot_base + cfg.nslots):
                 raise ConfigError(f"job {cfg.job}: field 'slot_base': slots {cfg.slot_base}.."
                                   f"{cfg.slot_base + cfg.nslots - 1} overlap job {other.job}'s")
+
+    def job_slots(self, job: int) -> set[tuple[int, int]]:
+        """(slot_base, nslots) of every admission of `job` here."""
+        return {(a.slot_base, a.nslots) for a in self.admission.values() if a.job == job}
+
+    def _add_job(self, cfg: JobConfig, sources: dict[int, tuple[int, object]], mcast_grp: int) -> None:
+        self.check_job(cfg)
         self.remove_job(cfg.job)
         adm = Admission(cfg.job, cfg.epoch, cfg.slot_base, cfg.nslots, cfg.nworkers,
                         cfg.block_size, cfg.nlanes, mcast_grp)

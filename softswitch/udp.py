@@ -1,8 +1,8 @@
 """The software switch over UDP: the aggregation pipeline behind one UDP socket.
 
-Workers are identified by their source address (admission table: ingress port 0, source
-(host, port)); results go to every worker's registered address. This is the software
-aggregator for users without a P4 switch and the default target of the demo and of CI.
+Senders are identified by their source address (admission table: ingress port 0, source
+(host, port)); results go to every replica's address. This is the software aggregator for
+users without a P4 switch and the default target of the demo and of CI.
 """
 from __future__ import annotations
 
@@ -15,15 +15,15 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from softswitch.fabric import TO_GROUP, TO_SENDER, Leaf, Spine, rack_job
-from softswitch.pipeline import DEFAULT_POOL_SLOTS, DEFAULT_SLOT_CAPACITY, Pipeline
-from spina import wire
-from spina.config import ConfigError, JobConfig
+from softswitch.dataplane import UDP_MODE_PORT, Dataplane
+from softswitch.fabric import TO_GROUP, TO_SENDER
+from softswitch.pipeline import DEFAULT_POOL_SLOTS, DEFAULT_SLOT_CAPACITY
+from spina import rows, wire
+from spina.config import JobConfig
 from spina.net import grow_buffers
 
 log = logging.getLogger("spina.softswitch")
 
-UDP_PORT_ID = 0  # the one "ingress port" of the UDP mode, for per-port counters
 
 
 @dataclass
@@ -90,6 +90,13 @@ class Faults:
 class UdpSwitch:
     """Software switch on a UDP socket. `serve_forever()` or `start()` (a thread).
 
+    Its state is a Dataplane in UDP mode (softswitch/dataplane.py): the same tables as the L2
+    mode and the P4 program, written by the controller over P4Runtime (`servicer()`, or a
+    P4RuntimeServer on `.dataplane`) or, for a switch no controller programs, by `add_job`.
+    Senders are admitted on port 0 by their (IPv4, UDP port); a result goes to each replica of
+    its multicast group, at the address worker_rewrite gives the replica; a leaf's partial to
+    the (IPv4, UDP port) leaf_upstream gives the slot.
+
     Args:
         host, port: where to listen (port 0 picks a free one; see `.address`).
         pool_slots / slot_capacity: the register pool's size.
@@ -100,62 +107,74 @@ class UdpSwitch:
                  pool_slots: int = DEFAULT_POOL_SLOTS, slot_capacity: int = DEFAULT_SLOT_CAPACITY,
                  faults: Faults | None = None):
         self.faults = faults
-        self.pipeline = Pipeline(pool_slots, slot_capacity)
+        self.dataplane = Dataplane(pool_slots, slot_capacity, udp_mode=True)
+        self.pipeline = self.dataplane.pipeline
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.bind((host, port))
         grow_buffers(self.sock, 64 << 20)
         self.address = self.sock.getsockname()
+        # multicast group -> [(IPv4, UDP port)] of its replicas, derived from the tables
+        # whenever they changed (Dataplane.version): no per-packet lookup of worker_rewrite.
         self._dest: dict[int, list[tuple[str, int]]] = {}
+        self._dest_version = -1
+        self._servicer = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.packets_in = 0
         self.packets_out = 0
         self.bytes_in = 0
         self.bytes_out = 0
-        self.role: Leaf | Spine | None = None  # two-level aggregation (softswitch/fabric.py)
 
     def add_job(self, cfg: JobConfig) -> None:
-        """Admit a job: its workers may send from their registered addresses only."""
-        sources = {w.rank: (UDP_PORT_ID, (w.host, w.port)) for w in cfg.workers}
+        """Admit `cfg` in this process (the one-machine path: the launcher, LocalCluster,
+        tests): the rows a controller writes for a flat job (spina.rows.flat_job, each worker
+        on port 0 by its address) replace the job's rows, and its slots are cleared. A switch
+        that a controller programs takes its jobs from the controller instead."""
         with self.pipeline.lock:
-            self.pipeline.add_job(cfg, sources)
-            self._dest[cfg.job] = [(w.host, w.port) for w in cfg.workers]
-
-    def add_leaf_job(self, cfg: JobConfig, rack: int,
-                     upstream: tuple[tuple[int, int, tuple[str, int]], ...]) -> None:
-        """Leaf role (docs/scale_out.md): aggregate rack `rack` of `cfg` (cfg.racks: the rack
-        sizes, ranks rack by rack; the rack's workers send their local ranks) and send each
-        slot's partials to its spine: upstream lists (slot_base, nslots, (spine host, UDP
-        port)). The plan installs it (controller/plan.py)."""
-        with self.pipeline.lock:
-            leaf = self._role(Leaf)
-            local = rack_job(cfg, rack).workers if 0 <= rack < len(cfg.racks) else ()
-            leaf.add_job(cfg, rack, {w.rank: (UDP_PORT_ID, (w.host, w.port)) for w in local},
-                         tuple((b, n, (UDP_PORT_ID, tuple(a))) for b, n, a in upstream))
-            self._dest[cfg.job] = [(w.host, w.port) for w in local]
-
-    def add_spine_job(self, cfg: JobConfig) -> None:
-        """Spine role: `cfg`'s workers are the job's leaves (rank = rack index), its slots the
-        spine's shard of the job."""
-        with self.pipeline.lock:
-            self._role(Spine)
-            self.add_job(cfg)
-
-    def _role(self, cls):
-        if self.role is None:
-            self.role = cls(self.pipeline)
-        if not isinstance(self.role, cls):
-            raise ConfigError(f"switch {self.address[0]}:{self.address[1]} is a "
-                              f"{type(self.role).__name__.lower()}, not a {cls.__name__.lower()} "
-                              "(one level per switch)")
-        return self.role
+            self.pipeline.check_job(cfg)
+            self.remove_job(cfg.job)
+            self.dataplane.apply(rows.flat_job(cfg, [rows.udp_sender(w.host, w.port)
+                                                     for w in cfg.workers]))
+            self.pipeline.clear_slots(cfg.slot_base, cfg.nslots)
+        log.info("job %d admitted: %d workers, slots %d..%d, %d lanes x %d elements", cfg.job,
+                 cfg.nworkers, cfg.slot_base, cfg.slot_base + cfg.nslots - 1, cfg.nlanes,
+                 cfg.block_size)
 
     def remove_job(self, job: int) -> None:
+        """Delete the job's rows and clear the slots it was admitted for."""
         with self.pipeline.lock:
-            if isinstance(self.role, Leaf):
-                self.role.remove_job(job)
-            self.pipeline.remove_job(job)
-            self._dest.pop(job, None)
+            for base, n in self.pipeline.job_slots(job):
+                self.pipeline.clear_slots(base, n)
+            self.dataplane.remove_job(job)
+
+    def servicer(self, device_id: int = 0):
+        """The P4Runtime servicer over this switch's tables (one per switch), for a controller
+        in this process (controller.p4rt.Connection.in_process) or a P4RuntimeServer."""
+        if self._servicer is None:
+            from softswitch.p4runtime_server import SoftSwitchServicer
+            self._servicer = SoftSwitchServicer(self.dataplane, device_id)
+        return self._servicer
+
+    def destinations(self) -> dict[int, list[tuple[str, int]]]:
+        """Multicast group -> the (IPv4, UDP port) of its replicas, as the data path sends."""
+        with self.pipeline.lock:
+            if self.dataplane.version != self._dest_version:
+                self._sync()
+            return {g: list(d) for g, d in self._dest.items()}
+
+    def _sync(self) -> None:
+        """Each multicast group's destinations, from its replicas' worker_rewrite rows (the
+        caller holds pipeline.lock)."""
+        dp = self.dataplane
+        dest = {}
+        for grp, replicas in dp.mcast_groups.items():
+            out = []
+            for _port, rid in replicas:
+                rw = dp.worker_rewrite.get(rid)
+                if rw is not None:  # P4: a replica without a rewrite is dropped
+                    out.append((socket.inet_ntoa(rw[1]), rw[2]))
+            dest[grp] = out
+        self._dest, self._dest_version = dest, dp.version
 
     def serve_forever(self) -> None:
         sock = self.sock
@@ -189,24 +208,21 @@ class UdpSwitch:
                     self._process(p, s, out, out_view)
 
     def _process(self, pkt, src, out: bytearray, out_view: memoryview) -> None:
-        role = self.role
+        dp = self.dataplane
         try:
             with self.pipeline.lock:
-                if role is None:
-                    n, multicast, adm = self.pipeline.process_into(pkt, UDP_PORT_ID, src, out)
-                else:
-                    n, to, key = role.process_into(pkt, UDP_PORT_ID, src, out)
+                if dp.version != self._dest_version:
+                    self._sync()
+                n, to, key, grp = dp.roles.route_into(pkt, UDP_MODE_PORT, src, out)
         except Exception:  # a bug must not take the switch down for every job
             log.exception("pipeline error on a packet from %s; dropped", src)
             return
         if not n:
             return
         data = out_view[:n]
-        if role is None:
-            targets = self._dest.get(adm.job, ()) if multicast else (src,)
-        else:  # to the job's (local) workers, back to the sender, or up to a spine
-            targets = (self._dest.get(key, ()) if to == TO_GROUP else (src,) if to == TO_SENDER
-                       else (key[1],))
+        # To the job's (local) workers, back to the sender, or up to the slot's spine.
+        targets = (self._dest.get(grp, ()) if to == TO_GROUP else (src,) if to == TO_SENDER
+                   else (key[1],))
         faults, sendto = self.faults, self.sock.sendto
         for dst in targets:
             if faults is not None and faults.leaving():

@@ -8,11 +8,24 @@ import os
 import pathlib
 from dataclasses import dataclass
 
-from spina import wire
+from spina import spec, wire
 
 
 class ConfigError(ValueError):
-    """Bad configuration; the message names the offending field."""
+    """Bad configuration; the message names the offending field. `field` and `detail`, when
+    set, are the field's name and what is wrong with it, so that a file's parser can name the
+    field its own way (`jobs[0].nslots: ...`)."""
+
+    def __init__(self, msg: str, field: str | None = None, detail: str | None = None):
+        super().__init__(msg)
+        self.field, self.detail = field, detail
+
+    def at(self, where: str) -> "ConfigError":
+        """This error named under `where` (e.g. "jobs[0]" -> "jobs[0].nslots: ...")."""
+        if self.field is None:
+            return ConfigError(f"{where}: {self}")
+        return ConfigError(f"{where}.{self.field}: {self.detail}", f"{where}.{self.field}",
+                           self.detail)
 
 
 MAX_RACKS = 32  # a job's racks: the spine's bitmap has one bit per rack (leaf)
@@ -117,8 +130,10 @@ class JobConfig:
     def validate(self, pool_slots: int | None = None, slot_capacity: int | None = None) -> "JobConfig":
         def need(cond, fieldname, msg):
             if not cond:
-                raise ConfigError(f"job {self.job}: field '{fieldname}': {msg}")
-        need(0 <= self.job < 1 << 16, "job", "must be in 0..65535")
+                raise ConfigError(f"job {self.job}: field '{fieldname}': {msg}", fieldname, msg)
+        need(type(self.job) is int and 0 <= self.job <= spec.MAX_JOB_ID, "job",
+             f"must be in 0..{spec.MAX_JOB_ID} (a switch's replication ids, job x "
+             f"{wire.MAX_WORKERS} + rank + 1, are 16 bits), got {self.job!r}")
         need(0 <= self.epoch < 1 << 16, "epoch", "must be in 0..65535")
         if self.racks:
             need(1 <= len(self.racks) <= MAX_RACKS, "racks",
@@ -179,10 +194,7 @@ class JobConfig:
     def from_dict(cls, d: dict) -> "JobConfig":
         """A job from its JSON/YAML form; every wrong type or value is a ConfigError naming
         the field. Values are taken as they are (no rounding, no str -> int conversion)."""
-        ints = {"job", "slot_base", "nslots", "block_size", "nlanes", "epoch", "priority"}
-        floats = {"bounded_loss", "loss_deadline"}
-        strs = {"priority_policy", "loss_tolerant_policy"}
-        known = ints | floats | strs | {"workers", "slot_groups", "racks"}
+        known = set(JOB_OPTIONS) | {"job", "workers", "slot_groups", "racks"}
         if not isinstance(d, dict):
             raise ConfigError(f"a job must be a mapping of fields, got {d!r}")
         for k in d:
@@ -195,25 +207,45 @@ class JobConfig:
                               f"got {d['workers']!r}")
         workers = tuple(WorkerAddr(r, *_address(w, f"workers[{r}]", L2_WORKER_FIELDS))
                         for r, w in enumerate(d["workers"]))
-        if isinstance(d.get("loss_deadline"), str):  # "auto"; validate() names other words
-            floats = floats - {"loss_deadline"}
-            strs = strs | {"loss_deadline"}
-        kw = {k: number_field(d, k, int if k in ints else float, "") for k in (ints | floats) & d.keys()}
-        for k in strs & d.keys():
-            if not isinstance(d[k], str):
-                raise ConfigError(f"field '{k}': {d[k]!r} is not a string")
-            kw[k] = d[k]
-        if "slot_groups" in d:
-            if not isinstance(d["slot_groups"], list):
-                raise ConfigError(f"field 'slot_groups': must be a list of integers, one per "
-                                  f"slot, got {d['slot_groups']!r}")
-            kw["slot_groups"] = tuple(d["slot_groups"])
-        if "racks" in d:
-            if not isinstance(d["racks"], list):
-                raise ConfigError(f"field 'racks': must be a list of rack sizes (ranks rack by "
-                                  f"rack), got {d['racks']!r}")
-            kw["racks"] = tuple(d["racks"])
+        kw = job_options(d)
+        kw["job"] = number_field(d, "job", int)
+        for k, what in (("slot_groups", "a list of integers, one per slot"),
+                        ("racks", "a list of rack sizes (ranks rack by rack)")):
+            if k in d:
+                if not isinstance(d[k], list):
+                    raise ConfigError(f"field '{k}': must be {what}, got {d[k]!r}")
+                kw[k] = tuple(d[k])
         return cls(workers=workers, **kw).validate()
+
+
+# The one job schema: the fields every job file, desired-state job (flat or of a fabric plan)
+# and job option may set, with their kinds; defaults and limits are JobConfig's (its fields'
+# defaults, `validate`), so no parser keeps a copy of either.
+JOB_OPTIONS = {"slot_base": int, "nslots": int, "block_size": int, "nlanes": int, "epoch": int,
+               "priority": int, "bounded_loss": float, "loss_deadline": "seconds",
+               "priority_policy": str, "loss_tolerant_policy": str}
+JOB_DEFAULTS = {f.name: f.default for f in dataclasses.fields(JobConfig) if f.name in JOB_OPTIONS}
+
+
+def job_options(d: dict, where: str = "") -> dict:
+    """The JOB_OPTIONS given in the mapping `d`, type-checked (a bool is never a number, a
+    number never a string): keyword arguments for JobConfig. `where` prefixes the field's name
+    in the error (e.g. "jobs[1]."); ranges are JobConfig.validate's."""
+    out = {}
+    for k, kind in JOB_OPTIONS.items():
+        if k not in d:
+            continue
+        v = d[k]
+        if kind == "seconds" and isinstance(v, str):  # "auto"; validate() names other words
+            out[k] = v
+        elif kind is str:
+            if not isinstance(v, str):
+                raise ConfigError(f"field '{where}{k}': {v!r} is not a string", k,
+                                  f"{v!r} is not a string")
+            out[k] = v
+        else:
+            out[k] = number_field(d, k, int if kind is int else float, where)
+    return out
 
 
 def checker(prefix: str):
@@ -270,8 +302,8 @@ def number_field(d: dict, key: str, kind: type, where: str = ""):
     v = d[key]
     ok = isinstance(v, int) or (kind is float and isinstance(v, float))
     if not ok or isinstance(v, bool):
-        raise ConfigError(f"field '{where}{key}': {v!r} is not "
-                          f"{'an integer' if kind is int else 'a number'}")
+        what = f"{v!r} is not {'an integer' if kind is int else 'a number'}"
+        raise ConfigError(f"field '{where}{key}': {what}", f"{where}{key}", what)
     return kind(v)
 
 

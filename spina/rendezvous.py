@@ -33,6 +33,8 @@ from typing import Callable
 log = logging.getLogger("spina.rendezvous")
 
 EPOCH_MOD = 1 << 16  # the wire's epoch field
+# Where `controller serve` takes joins when the desired state names no rendezvous.
+DEFAULT_ADDRESS = ("127.0.0.1", 47100)
 
 
 def next_epoch(epoch: int) -> int:
@@ -228,7 +230,9 @@ def join(address: tuple[str, int], job: int, rank: int, nworkers: int, timeout: 
         sock = socket.create_connection((host, port), timeout=min(timeout, 10.0))
     except OSError as e:
         raise RendezvousError(f"run rendezvous {host}:{port} of job {job}: cannot connect ({e}); "
-                              "is the launcher or controller that owns the job running?") from None
+                              "start the job's owner first: `spina serve -c FILE` for a "
+                              "controller's deployment (deploy alone starts no runs), the "
+                              "launcher for its job file") from None
     with sock:
         sock.sendall((json.dumps({"op": "join", "job": job, "rank": rank,
                                   "nworkers": nworkers}) + "\n").encode())

@@ -3,9 +3,10 @@ float32 tensor at several block densities, check every result, and compare with
 `torch.distributed` gloo all-reduce of the same tensor in the same run.
 
 The switch state comes only from the controller: the software switch starts empty with its
-P4Runtime server (`python -m softswitch udp --grpc`), `python -m controller deploy` pushes the
-pipeline and admits the job from a desired-state file, and each worker builds its agent from
-the assignment file the controller wrote (host_agent.assignment).
+P4Runtime server (`python -m softswitch udp --grpc`), `python -m controller serve` pushes the
+pipeline, admits the job from a desired-state file and starts the workers' run (its own epoch),
+and each worker builds its agent from the assignment file the controller wrote
+(host_agent.assignment).
 
     python -m spina_cli.demo --help
 """
@@ -142,7 +143,7 @@ def main(argv=None) -> int:
     print(f"SpINA demo: {args.workers} workers, {args.elements:,} float32 elements "
           f"({_fmt_bytes(4 * args.elements)}), blocks of {args.block_size}, {nlanes} blocks/packet, "
           f"window {args.nslots} slots", flush=True)
-    switch_port, grpc_port = _free_port(), _free_tcp_port()
+    switch_port, grpc_port, runs_port = _free_port(), _free_tcp_port(), _free_tcp_port()
     workers = tuple(WorkerAddr(r, "127.0.0.1", _free_port()) for r in range(args.workers))
     job = JobConfig(job=1, workers=workers, nslots=args.nslots, block_size=args.block_size,
                     nlanes=nlanes).validate()
@@ -157,13 +158,13 @@ def main(argv=None) -> int:
                    "jobs": [{"id": job.job, "members": [f"w{w.rank}" for w in workers],
                              "nslots": job.nslots, "slot_base": 0,
                              "block_size": job.block_size, "nlanes": job.nlanes}],
-                   "agents_dir": "agents"}, f, indent=1)
+                   "agents_dir": "agents", "rendezvous": f"127.0.0.1:{runs_port}"}, f, indent=1)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     switch = subprocess.Popen([sys.executable, "-m", "softswitch", "udp", "--port", str(switch_port),
                                "--grpc", f"127.0.0.1:{grpc_port}"], stdout=subprocess.PIPE,
                               text=True, env=env)
     ok = True
-    procs = []
+    procs, controller = [], None
     try:
         line = switch.stdout.readline()
         grpc_line = switch.stdout.readline()
@@ -172,12 +173,15 @@ def main(argv=None) -> int:
             return 1
         print(f"software switch (pid {switch.pid}) {line.strip()}, {grpc_line.strip()}",
               flush=True)
-        ctl = subprocess.run([sys.executable, "-m", "controller", "-c", desired, "deploy"],
-                             capture_output=True, text=True, env=env)
-        if ctl.returncode != 0:
-            print(f"FAIL: controller deploy: {ctl.stderr.strip()}")
+        controller = subprocess.Popen([sys.executable, "-m", "controller", "-c", desired,
+                                       "serve"], stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, env=env)
+        served = controller.stdout.readline().strip()  # "controller: run rendezvous on ..."
+        deployed = controller.stdout.readline().strip()  # the first deploy's report
+        if controller.poll() is not None or not deployed.startswith("switch s1:"):
+            print(f"FAIL: controller serve: {served} {deployed} {controller.stderr.read()}")
             return 1
-        print(f"controller: {ctl.stdout.strip()}", flush=True)
+        print(f"{served.removesuffix('.')}; {deployed}", flush=True)
         files = [os.path.join(tmp.name, "agents", f"job{job.job}-rank{r}.json")
                  for r in range(args.workers)]
         ctx = mp.get_context("spawn")
@@ -220,6 +224,9 @@ def main(argv=None) -> int:
         for p in procs:
             if p.is_alive():
                 p.kill()
+        if controller is not None:
+            controller.terminate()
+            controller.wait(timeout=10)
         switch.terminate()
         switch.wait(timeout=10)
         tmp.cleanup()

@@ -16,7 +16,8 @@ import sys
 import pytest
 
 from controller.controller import program_star
-from softswitch.l2 import Dataplane, L2Switch
+from softswitch.dataplane import Dataplane
+from softswitch.l2 import L2Switch
 from softswitch.p4runtime_server import SoftSwitchServicer
 from spina.config import JobConfig, WorkerAddr
 

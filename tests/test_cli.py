@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from netns import hosts  # noqa: F401  (a fixture: hosts in network namespaces)
+from ports import free_tcp_port
 from spina.net import bound_udp_socket
 from spina_cli import doctor, status
 from spina_cli.main import COMMANDS, controller_argv, main
@@ -54,9 +55,10 @@ def deployed(tmp_path):
     """(config path, switch) of a software switch with its P4Runtime server and job 4 deployed."""
     from controller.controller import Controller
     from controller.state import load
-    from softswitch.p4runtime_server import ControlledUdpSwitch, P4RuntimeServer
-    sw = ControlledUdpSwitch("127.0.0.1", 0).start()
-    srv = P4RuntimeServer(sw.dataplane, "127.0.0.1:0", on_change=sw.sync).start()
+    from softswitch.p4runtime_server import P4RuntimeServer
+    from softswitch.udp import UdpSwitch
+    sw = UdpSwitch("127.0.0.1", 0).start()
+    srv = P4RuntimeServer(sw.dataplane, "127.0.0.1:0", servicer=sw.servicer()).start()
     socks = [bound_udp_socket() for _ in range(2)]
     cfg = tmp_path / "spina.yaml"
     cfg.write_text(yaml.safe_dump({
@@ -66,7 +68,7 @@ def deployed(tmp_path):
                      "udp_port": s.getsockname()[1]} for i, s in enumerate(socks)],
         "jobs": [{"id": 4, "members": ["w0", "w1"], "nslots": 4, "slot_base": 0,
                   "block_size": 32, "nlanes": 4}],
-        "agents_dir": "agents"}))
+        "agents_dir": "agents", "rendezvous": f"127.0.0.1:{free_tcp_port()}"}))
     for s in socks:
         s.close()
     with Controller(load(cfg), 1, timeout=20) as ctl:
@@ -78,20 +80,52 @@ def deployed(tmp_path):
         sw.stop()
 
 
-def _allreduce(cfg):
+def _allreduce(cfg, election: int = 1):
+    """One call of job 4's two ranks, in a run a controller of election id `election` starts
+    (its run rendezvous, as `serve`)."""
     import concurrent.futures
 
     import numpy as np
 
+    from controller.controller import Controller
+    from controller.state import load
     from host_agent import assignment
     agents = [assignment.connect(cfg.parent / "agents" / f"job4-rank{r}.json", timeout=20)
               for r in range(2)]
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        list(pool.map(lambda a: a.allreduce(np.arange(2000, dtype=np.int32)), agents))
+    with Controller(load(cfg), election) as ctl, ctl.runs().start():
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            list(pool.map(lambda a: a.allreduce(np.arange(2000, dtype=np.int32)), agents))
     sent = sum(a.last_stats.packets_sent for a in agents)
     for a in agents:
         a.close()
     return sent
+
+
+def test_read_only_tools_never_contest_a_running_controller(deployed):
+    """While a controller holds primary (as `serve`), `controller status`, `spina status
+    --watch` and `spina doctor` (several at once) read without an election id: each succeeds,
+    the controller stays primary and its next run starts (before: "election id 1 is in use",
+    or a watcher with a higher id took primary and every join failed)."""
+    from controller.controller import Controller
+    from controller.state import load
+    cfg, _ = deployed
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    with Controller(load(cfg), 1) as serving:
+        serving.deploy()
+        procs = [subprocess.Popen([sys.executable, "-m", *args, "-c", str(cfg), *tail],
+                                  cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+                 for args, tail in ((["controller"], ["status"]), (["controller"], ["status"]),
+                                    (["spina_cli", "status"], ["--watch", "0.1", "--count", "2"]),
+                                    (["spina_cli", "doctor"], []))]
+        for p in procs:
+            out, err = p.communicate(timeout=120)
+            assert p.returncode == 0, (p.args, out, err)
+        conn = serving.session("s1").conn
+        conn.refresh_arbitration()
+        assert conn.is_primary and conn.primary_election == 1
+        serving.deploy()  # still writes: nothing refused
+    assert _allreduce(cfg) > 0
 
 
 class _Terminal(io.StringIO):

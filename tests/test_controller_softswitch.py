@@ -23,8 +23,9 @@ from controller.controller import Controller
 from controller.p4rt import Connection, NotPrimaryError
 from host_agent import assignment
 from spina import spec
-from softswitch.l2 import Dataplane
-from softswitch.p4runtime_server import ControlledUdpSwitch, P4RuntimeServer
+from softswitch.dataplane import Dataplane
+from softswitch.p4runtime_server import P4RuntimeServer
+from softswitch.udp import UdpSwitch
 from spina.procs import stop_process
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -76,12 +77,15 @@ def desired(grpc_addr: str, udp_port: int, nworkers: int = 4) -> dict:
                           "address": "127.0.0.1", "udp_port": udp_port}],
             "workers": [{"name": f"w{i}", "ip": "127.0.0.1", "udp_port": free_port(socket.SOCK_DGRAM),
                          "switch_port": 0} for i in range(nworkers)],
-            "jobs": [], "agents_dir": "agents"}
+            "jobs": [], "agents_dir": "agents", "rendezvous": f"127.0.0.1:{free_port()}"}
 
 
-def allreduce_all(paths: list, seed: int) -> None:
-    """Every agent file's worker all-reduces its own tensor; each job's sum must be exact."""
+def allreduce_all(cfg, paths: list, seed: int) -> None:
+    """Every agent file's worker all-reduces its own tensor, in a run the controller of `cfg`
+    starts (its run rendezvous, as `serve`); each job's sum must be exact."""
     agents = [assignment.connect(p, timeout=10) for p in paths]
+    ctl = Controller(state_mod.load(cfg))
+    runs = ctl.runs().start()
     try:
         rng = np.random.default_rng(seed)
         xs = []
@@ -97,6 +101,8 @@ def allreduce_all(paths: list, seed: int) -> None:
     finally:
         for a in agents:
             a.close()
+        runs.stop()
+        ctl.close()
 
 
 @pytest.fixture
@@ -110,8 +116,8 @@ def switch_process():
 @pytest.fixture
 def inproc():
     """An in-process UDP software switch with its P4Runtime server on a free port."""
-    sw = ControlledUdpSwitch("127.0.0.1", 0).start()
-    srv = P4RuntimeServer(sw.dataplane, "127.0.0.1:0", on_change=sw.sync).start()
+    sw = UdpSwitch("127.0.0.1", 0).start()
+    srv = P4RuntimeServer(sw.dataplane, "127.0.0.1:0", servicer=sw.servicer()).start()
     yield sw, srv
     srv.stop()
     sw.stop()
@@ -128,7 +134,7 @@ def test_deploy_two_jobs_remove_restart_redeploy(switch_process, tmp_path):
     assert "slots 0..3" in cli(cfg, "job", "add", "--id", "1", "--members", "w0,w1", *common).stdout
     assert "slots 4..7" in cli(cfg, "job", "add", "--id", "2", "--members", "w2,w3", *common).stdout
     agents = tmp_path / "agents"
-    allreduce_all([agents / f"job{j}-rank{r}.json" for j in (1, 2) for r in (0, 1)], seed=1)
+    allreduce_all(cfg, [agents / f"job{j}-rank{r}.json" for j in (1, 2) for r in (0, 1)], seed=1)
     jobs_table, ports_table = cli(cfg, "status").stdout.split("\n\n")
     assert jobs_table.splitlines()[0].split()[:2] == ["job", "switch"]
     assert len(jobs_table.splitlines()) == 4  # header, rule, two jobs
@@ -145,7 +151,7 @@ def test_deploy_two_jobs_remove_restart_redeploy(switch_process, tmp_path):
     sw.start()  # same ports, empty tables
     out = cli(cfg, "deploy").stdout
     assert "pipeline pushed" in out and "6 inserted" in out  # endpoint, group, 2 admission, 2 rewrite
-    allreduce_all([agents / f"job2-rank{r}.json" for r in (0, 1)], seed=2)
+    allreduce_all(cfg, [agents / f"job2-rank{r}.json" for r in (0, 1)], seed=2)
     rows = cli(cfg, "status").stdout.split("\n\n")[0].splitlines()
     assert len(rows) == 3 and rows[2].split()[0] == "2"
 

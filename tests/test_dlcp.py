@@ -502,8 +502,8 @@ def test_policies_round_trip_through_job_files_and_the_controller_yaml(tmp_path)
     ({"priority_policy": 1}, "jobs[0].priority_policy"),
     ({"loss_tolerant_policy": "magnitude"}, "loss_tolerant_policy"),
     ({"loss_tolerant_policy": "some"}, "loss_tolerant_policy"),
-    ({"loss_deadline": "Auto"}, "field 'loss_deadline': 'Auto' is neither"),
-    ({"loss_deadline": -0.01}, "field 'loss_deadline'"),
+    ({"loss_deadline": "Auto"}, "jobs[0].loss_deadline: 'Auto' is neither"),
+    ({"loss_deadline": -0.01}, "jobs[0].loss_deadline: -0.01 is neither"),
     ({"loss_deadline": None}, "jobs[0].loss_deadline"),
 ])
 def test_bad_policy_in_the_controller_yaml_names_the_field(edit, names):

@@ -18,7 +18,7 @@ from hypothesis import given, settings, strategies as st
 
 from controller.controller import program_in_process
 from controller.state import from_l2_config
-from softswitch.l2 import Dataplane
+from softswitch.dataplane import Dataplane
 from softswitch.p4runtime_server import SoftSwitchServicer
 from softswitch.pipeline import Pipeline
 from spina import spec, wire

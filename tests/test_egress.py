@@ -207,7 +207,7 @@ def test_port_rate_and_queue_rate_exclude_each_other_and_rates_parse():
 def test_dataplane_port_shaper_runs_egress_at_transmission():
     """Through the L2 Dataplane on a virtual clock: a forwarded loss-tolerant contribution
     that the congestion drop takes uses no link time; high priority overtakes queued low."""
-    from softswitch.l2 import Dataplane
+    from softswitch.dataplane import Dataplane
     from spina import spec, wire
     dp = Dataplane(pool_slots=1)
     dst = "02:00:00:00:00:99"
@@ -312,7 +312,8 @@ def test_l2switch_paces_a_rate_limited_port(veth_pair_ports):
     """Through real sockets: frames to a port limited to 2/s all arrive, in order, and the
     switch holds the queued ones until they are due (the last leaves 1 s after the
     first; no upper bound is asserted, the machine may be slow)."""
-    from softswitch.l2 import Dataplane, L2Switch
+    from softswitch.dataplane import Dataplane
+    from softswitch.l2 import L2Switch
     sw_ifs, host_ifs = veth_pair_ports
     dp = Dataplane()
     dst = bytes.fromhex("020000000099")

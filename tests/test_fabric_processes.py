@@ -1,6 +1,10 @@
 """Two-level aggregation with every switch its own process: `python -m softswitch udp --plan
-FILE --switch NAME` takes the switch's address and role (leaf or spine) from the fabric plan
-(controller/plan.py, docs/scale_out.md)."""
+FILE --switch NAME` takes the switch's address, P4Runtime address and role (leaf or spine) from
+the fabric plan (controller/plan.py, docs/scale_out.md). Runs through `controller serve` on
+such switches: tests/test_seams.py.
+
+Run just these tests:  .venv/bin/python -m pytest tests/test_fabric_processes.py
+"""
 from __future__ import annotations
 
 import concurrent.futures
@@ -18,19 +22,9 @@ from host_agent.agent import Agent
 from spina.net import bound_udp_socket
 from spina.procs import stop_process
 
+from ports import free_ports
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _free_udp_ports(n: int) -> list[int]:
-    """n UDP ports free at this moment (the switch processes bind them right after)."""
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _start(plan_file, name: str) -> subprocess.Popen:
@@ -39,6 +33,7 @@ def _start(plan_file, name: str) -> subprocess.Popen:
                             env={**os.environ, "PYTHONPATH": ROOT})
     line = proc.stdout.readline()
     assert line.startswith("listening "), f"switch {name} did not start: {line!r}"
+    assert proc.stdout.readline().startswith("p4runtime 127.0.0.1:")
     return proc, line.split()
 
 
@@ -47,7 +42,7 @@ def test_leaf_and_spine_processes_from_the_plan(tmp_path):
     each prints its role; int32 sums exact and float results bit-identical on every rank."""
     socks = [bound_udp_socket() for _ in range(4)]
     doc = fabric_doc(racks=2, per_rack=2, spines=1, nslots=4, block_size=256, nlanes=8,
-                     switch_ports=_free_udp_ports(3),
+                     switch_ports=free_ports(2), grpc_ports=free_ports(3, socket.SOCK_STREAM),
                      worker_ports=[s.getsockname()[1] for s in socks])
     plan_file = tmp_path / "fabric.yaml"
     plan_file.write_text(yaml.safe_dump(doc))
@@ -87,7 +82,7 @@ def test_plan_switch_errors_are_one_line(tmp_path):
     plan_file.write_text(yaml.safe_dump(fabric_doc(racks=2, per_rack=2, spines=1)))
     for args, words in (
             (["--plan", str(plan_file), "--switch", "nope"],
-             "argument --switch: 'nope' is not a leaf or spine"),
+             "argument --switch: 'nope' is not a switch of"),
             (["--plan", str(tmp_path / "none.yaml"), "--switch", "leaf0"],
              "argument --plan: "),
             (["--plan", str(plan_file)], "argument --plan/--switch: give both")):
@@ -95,3 +90,16 @@ def test_plan_switch_errors_are_one_line(tmp_path):
                            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT})
         assert r.returncode == 2, r.stderr
         assert words in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_a_plan_switch_needs_a_p4runtime_address(tmp_path):
+    """A --plan switch serves P4Runtime (where `controller serve` starts each run): a plan whose
+    switch has none is refused in one line naming the field, exit 2."""
+    plan_file = tmp_path / "fabric.yaml"
+    plan_file.write_text(yaml.safe_dump(fabric_doc(racks=2, per_rack=1, spines=1,
+                                                   switch_ports=free_ports(2))))
+    out = subprocess.run([sys.executable, "-m", "softswitch", "udp", "--plan", str(plan_file),
+                          "--switch", "leaf0"], capture_output=True, text=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": ROOT}, timeout=60)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "switches.leaf0.grpc: 'in-process'" in out.stderr, out.stderr

@@ -11,7 +11,7 @@ import pytest
 
 from controller.controller import program_in_process
 from controller.state import from_l2_config
-from softswitch.l2 import Dataplane, ipv4_checksum
+from softswitch.dataplane import Dataplane, ipv4_checksum
 from softswitch.p4runtime_server import SoftSwitchServicer
 from spina import spec
 from spina.config import ConfigError
@@ -143,17 +143,18 @@ def test_udp_jobs_are_written_by_the_controller():
     """`udp --jobs`: the controller admits each job on port 0 from its workers' addresses, and
     results reach every worker's address through the job's group and worker_rewrite."""
     from softswitch.__main__ import program_udp_jobs
-    from softswitch.p4runtime_server import ControlledUdpSwitch
+    from softswitch.udp import UdpSwitch
     from spina.config import JobConfig, WorkerAddr
     job = JobConfig(job=6, workers=(WorkerAddr(0, "127.0.0.1", 50010),
                                     WorkerAddr(1, "127.0.0.2", 50011)),
                     slot_base=2, nslots=2, block_size=8, nlanes=2)
-    sw = ControlledUdpSwitch("127.0.0.1", 0, pool_slots=8, slot_capacity=64)
+    sw = UdpSwitch("127.0.0.1", 0, pool_slots=8, slot_capacity=64)
     try:
         program_udp_jobs(sw, [job], "jobs.yaml")
         assert set(sw.pipeline.admission) == {(0, ("127.0.0.1", 50010), 6, 0),
                                               (0, ("127.0.0.2", 50011), 6, 1)}
-        assert sw._dest == {6: [("127.0.0.1", 50010), ("127.0.0.2", 50011)]}
+        assert sw.destinations() == {spec.mcast_grp(6): [("127.0.0.1", 50010),
+                                                         ("127.0.0.2", 50011)]}
         assert sw.dataplane.mcast_groups == {spec.mcast_grp(6): [(0, spec.rid(6, 0)),
                                                                  (0, spec.rid(6, 1))]}
         with pytest.raises(ConfigError, match=r"jobs.yaml: jobs\[0\]: job 7: field 'slot_base'"):

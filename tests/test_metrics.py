@@ -24,6 +24,8 @@ from softswitch.udp import UdpSwitch
 from spina import wire
 from spina.config import JobConfig, WorkerAddr, job_to_dict
 from spina.metrics import parse_address
+
+from ports import free_tcp_port
 from spina.net import bound_udp_socket
 from spina.procs import stop_process
 
@@ -237,9 +239,10 @@ def test_controller_exports_p4_counters_polled_over_p4runtime(tmp_path):
     from controller.metrics import serve_metrics as serve_controller_metrics
     from controller.state import load
     from host_agent import assignment
-    from softswitch.p4runtime_server import ControlledUdpSwitch, P4RuntimeServer
-    sw = ControlledUdpSwitch("127.0.0.1", 0).start()
-    srv = P4RuntimeServer(sw.dataplane, "127.0.0.1:0", on_change=sw.sync).start()
+    from softswitch.p4runtime_server import P4RuntimeServer
+    from softswitch.udp import UdpSwitch
+    sw = UdpSwitch("127.0.0.1", 0).start()
+    srv = P4RuntimeServer(sw.dataplane, "127.0.0.1:0", servicer=sw.servicer()).start()
     cfg = tmp_path / "spina.yaml"
     cfg.write_text(yaml.safe_dump({
         "switches": [{"name": "s1", "target": "softswitch", "grpc": srv.address,
@@ -248,9 +251,9 @@ def test_controller_exports_p4_counters_polled_over_p4runtime(tmp_path):
                      "udp_port": bound_udp_socket().getsockname()[1]} for i in range(2)],
         "jobs": [{"id": 4, "members": ["w0", "w1"], "nslots": 4, "slot_base": 0,
                   "block_size": 32, "nlanes": 4}],
-        "agents_dir": "agents"}))
+        "agents_dir": "agents", "rendezvous": f"127.0.0.1:{free_tcp_port()}"}))
     try:
-        with Controller(load(cfg), 1, timeout=20) as ctl:
+        with Controller(load(cfg), 1, timeout=20) as ctl, ctl.runs().start():  # as `serve`
             ctl.deploy()
             server = serve_controller_metrics(ctl, "127.0.0.1:0")
             try:

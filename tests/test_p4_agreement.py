@@ -112,7 +112,7 @@ def test_constants_agree():
 
 def test_software_switch_uses_spec_names():
     """The software switch's registers, counters and writable tables are exactly spec's."""
-    from softswitch.l2 import Dataplane
+    from softswitch.dataplane import Dataplane
     dp = Dataplane(pool_slots=4, slot_capacity=128)
     assert set(dp.registers) == set(spec.REGISTER_NAMES)
     assert set(dp.counters) == set(spec.COUNTERS)

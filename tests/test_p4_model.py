@@ -18,10 +18,10 @@ import struct
 import numpy as np
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from softswitch.fabric import TO_GROUP, TO_SENDER, TO_UPSTREAM, Leaf, Roles
-from softswitch.l2 import Dataplane
+from softswitch.fabric import TO_GROUP, TO_SENDER, TO_UPSTREAM, Roles
+from softswitch.dataplane import Dataplane
 from softswitch.pipeline import Pipeline
-from spina import spec, wire
+from spina import rows, spec, wire
 from spina.config import JobConfig, WorkerAddr
 try:  # tests/ is on sys.path under pytest's default import mode, unless tests/ is a package
     from p4model import INA_OFF, M32, P4Model
@@ -241,6 +241,16 @@ def test_leaf_replay_equals_p4_transliteration():
          | wire.FLAG_REPLAY)] * 2
 
 
+def _leaf(job: JobConfig, rack: int, sources) -> Roles:
+    """A software switch holding the rows the plan writes for rack `rack` of `job` at its leaf
+    (spina.rows.leaf_job): the rack's workers from `sources` on PORT, both slots' spine
+    SPINE_SRC on PORT."""
+    dp = Dataplane(pool_slots=SLOTS, slot_capacity=K * BS)
+    dp.apply(rows.leaf_job(job, rack, [rows.Sender(PORT, *a) for a in sources],
+                           [rows.Upstream(0, 2, PORT, SPINE_SRC[0])]))
+    return dp.roles
+
+
 def _leaf_agrees(sizes, rack, packets) -> list[bytes]:
     """Run `packets` through the software leaf and the P4 transliteration: equal packets,
     counters, registers; returns what went up after the rack's own partial."""
@@ -249,9 +259,7 @@ def _leaf_agrees(sizes, rack, packets) -> list[bytes]:
                     slot_base=0, nslots=2, block_size=BS, nlanes=K, racks=sizes)
     first = sum(sizes[:rack])
     local = range(sizes[rack])
-    leaf = Leaf(Pipeline(pool_slots=SLOTS, slot_capacity=K * BS))
-    leaf.add_job(job, rack, {r: (PORT, src(first + r)) for r in local},
-                 ((0, 2, (PORT, SPINE_SRC)),))
+    leaf = _leaf(job, rack, [src(first + r) for r in local])
     model = P4Model(SLOTS, K, BS)
     for r in local:
         model.admission[(PORT, src(first + r), JOB, r)] = dict(
@@ -279,8 +287,7 @@ def test_a_full_rack_of_32_equals_the_p4_transliteration():
     sizes = (32, 1)
     job = JobConfig(job=JOB, workers=tuple(WorkerAddr(r, *src(r)) for r in range(33)),
                     slot_base=0, nslots=2, block_size=BS, nlanes=K, racks=sizes)
-    leaf = Leaf(Pipeline(pool_slots=SLOTS, slot_capacity=K * BS))
-    leaf.add_job(job, 0, {r: (PORT, src(r)) for r in range(32)}, ((0, 2, (PORT, SPINE_SRC)),))
+    leaf = _leaf(job, 0, [src(r) for r in range(32)])
     model = P4Model(SLOTS, K, BS)
     for r in range(32):
         model.admission[(PORT, src(r), JOB, r)] = dict(

@@ -16,7 +16,7 @@ from p4.v1 import p4runtime_pb2 as pb, p4runtime_pb2_grpc
 from controller.p4rt import Connection, election_id
 from spina.p4runtime import encode
 from spina import spec
-from softswitch.l2 import Dataplane
+from softswitch.dataplane import Dataplane
 from softswitch.p4runtime_server import P4RuntimeServer
 
 
@@ -330,3 +330,16 @@ def test_value_registers_beyond_the_slot_capacity_read_zero():
         assert err.value.code == grpc.StatusCode.OUT_OF_RANGE
     finally:
         c.close()
+
+
+def test_a_second_server_on_a_port_in_use_is_refused_naming_it():
+    """Two software switches on one P4Runtime address would both listen (SO_REUSEPORT) and the
+    controller would talk to either: the second is refused, naming the address."""
+    first = P4RuntimeServer(Dataplane(), "127.0.0.1:0").start()
+    try:
+        with pytest.raises(OSError, match=rf"cannot serve P4Runtime on {first.address}: "):
+            P4RuntimeServer(Dataplane(), first.address)
+    finally:
+        first.stop()
+    again = P4RuntimeServer(Dataplane(), first.address).start()  # free again: it starts
+    again.stop()

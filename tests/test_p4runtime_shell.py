@@ -10,7 +10,8 @@ import yaml
 from controller import state as state_mod
 from controller.controller import Controller
 from controller.p4rt import NotPrimaryError
-from softswitch.p4runtime_server import ControlledUdpSwitch, P4RuntimeServer
+from softswitch.p4runtime_server import P4RuntimeServer
+from softswitch.udp import UdpSwitch
 
 sh = pytest.importorskip("p4runtime_sh.shell")
 
@@ -18,8 +19,8 @@ sh = pytest.importorskip("p4runtime_sh.shell")
 @pytest.fixture
 def deployed(tmp_path):
     """A UDP software switch with P4Runtime, job 7 deployed by our controller; all stopped after."""
-    sw = ControlledUdpSwitch("127.0.0.1", 0).start()
-    srv = P4RuntimeServer(sw.dataplane, "127.0.0.1:0", on_change=sw.sync).start()
+    sw = UdpSwitch("127.0.0.1", 0).start()
+    srv = P4RuntimeServer(sw.dataplane, "127.0.0.1:0", servicer=sw.servicer()).start()
     doc = {"switches": [{"name": "s1", "target": "softswitch", "grpc": srv.address}],
            "workers": [{"name": f"w{i}", "ip": "127.0.0.1", "udp_port": 52000 + i,
                         "switch_port": 0} for i in range(2)],
@@ -60,12 +61,21 @@ def test_shell_reads_tables_groups_and_counters(deployed, shell):
 
 
 def test_shell_as_primary_writes_and_controller_refuses(deployed, shell):
-    """The shell (election id 9) is primary: its insert lands; our controller (1) refuses."""
+    """The shell (election id 9) is primary: its insert lands; our controller (1) refuses. A
+    row the UDP mode cannot honour (frame forwarding) is refused by name."""
+    import socket
+
+    import grpc
     sw, _, ctl = deployed
-    e = shell.TableEntry("l2")(action="bridge")
-    e.match["dst_mac"] = "02:00:00:00:00:09"
-    e.action["port"] = "3"
+    e = shell.TableEntry("ina_endpoint")(action="accept_ina")
+    e.match["dst_addr"] = "10.9.9.9"
     e.insert()
-    assert sw.dataplane.l2[bytes.fromhex("020000000009")] == 3
+    assert socket.inet_aton("10.9.9.9") in sw.dataplane.ina_endpoint
+    bridge = shell.TableEntry("l2")(action="bridge")
+    bridge.match["dst_mac"] = "02:00:00:00:00:09"
+    bridge.action["port"] = "3"
+    with pytest.raises(grpc.RpcError, match="table l2: the UDP mode forwards no frames"):
+        bridge.insert()
+    assert sw.dataplane.l2 == {}
     with pytest.raises(NotPrimaryError):
         ctl.deploy()

@@ -24,7 +24,7 @@ import yaml
 
 from host_agent.agent import Agent, SpinaTimeout
 from host_agent.launch import local_job, start_subprocess
-from softswitch.p4runtime_server import ControlledUdpSwitch, P4RuntimeServer
+from softswitch.p4runtime_server import P4RuntimeServer
 from softswitch.udp import UdpSwitch
 from spina import wire
 from spina.procs import stop_process
@@ -265,8 +265,8 @@ def test_daemon_consecutive_runs_and_a_rank_that_died_between_calls(daemon):
 def test_controller_serve_gives_each_run_its_own_epoch(tmp_path):
     """Two programs on one controller deployment (`controller serve`): each gets its own sums,
     and the file's epoch stays while each run gets a new one at the switch."""
-    sw = ControlledUdpSwitch("127.0.0.1", 0).start()
-    srv = P4RuntimeServer(sw.dataplane, "127.0.0.1:0", on_change=sw.sync).start()
+    sw = UdpSwitch("127.0.0.1", 0).start()
+    srv = P4RuntimeServer(sw.dataplane, "127.0.0.1:0", servicer=sw.servicer()).start()
     ports = []
     for _ in range(3):
         with socket.socket() as s:

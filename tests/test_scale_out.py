@@ -18,11 +18,13 @@ import yaml
 
 from bench.scale_out import FabricCluster, fabric_doc, flat, tensors
 from controller import plan
+from controller.controller import program_in_process
 from host_agent.agent import Agent, SpinaTimeout
-from softswitch.fabric import TO_GROUP, TO_SENDER, TO_UPSTREAM, Leaf, Spine
+from softswitch.dataplane import Dataplane
+from softswitch.fabric import TO_GROUP, TO_SENDER, TO_UPSTREAM, Roles
 from softswitch.pipeline import Pipeline
 from softswitch.udp import Faults, UdpSwitch
-from spina import wire
+from spina import rows, wire
 from spina.config import (Assignment, ConfigError, JobConfig, JobFile, WorkerAddr,
                           load_worker_file)
 
@@ -46,9 +48,11 @@ def test_plan_levels_ranks_and_shards():
     assert cfg.racks == (4, 4) and cfg.nworkers == 8
     assert [(cfg.switch_rank(r), cfg.switch_ranks(r)) for r in (0, 3, 4, 7)] == [
         (0, 4), (3, 4), (0, 4), (3, 4)]  # the rank each worker sends to its leaf
-    (lj,) = f.leaf_jobs("leaf1")
-    assert (lj.job.racks, lj.rack) == ((4, 4), 1)
-    assert lj.upstream == ((0, 2, ("127.0.0.1", 47003)), (2, 2, ("127.0.0.1", 47004)))
+    assert f.leaf_jobs("leaf1") == [(job, 1)]
+    ups = plan.p4_rows(f, "leaf1").table("leaf_upstream")
+    assert [(k["slot"], p["dst_addr"], p["port"]) for k, _, p in ups] == [
+        (0, "127.0.0.2", 0), (1, "127.0.0.2", 0),
+        (2, "127.0.0.3", 0), (3, "127.0.0.3", 0)]  # UDP mode: no links, port 0
     assert f.leaf_jobs("spine0") == [] and f.spine_jobs("leaf0") == []
 
 
@@ -90,6 +94,14 @@ WRONG_PLANS = [
     (_big_rack, "fabric.racks[0].workers", "1..32 workers"),
     (lambda d: d["fabric"]["jobs"][0]["shards"].pop(), "fabric.jobs[0].shards",
      "owned by no spine"),
+    # Issue 26: a job id whose replication ids overflow 16 bits (deploying 3000 ended in a
+    # traceback), and the job fields of the one schema, checked as for a flat job.
+    (lambda d: d["fabric"]["jobs"][0].__setitem__("id", 3000), "fabric.jobs[0].id",
+     "must be in 0..2046"),
+    (lambda d: d["fabric"]["jobs"][0].__setitem__("bounded_loss", 1.5),
+     "fabric.jobs[0].bounded_loss", "must be a fraction in [0, 1)"),
+    (lambda d: d["fabric"]["jobs"][0].__setitem__("priority_policy", 3),
+     "fabric.jobs[0].priority_policy", "is not a string"),
     (lambda d: d["fabric"]["racks"][1]["workers"].append("w0"), "fabric.racks[1].workers[4]",
      "also in rack 'r0'"),
     (lambda d: d["fabric"]["racks"][0]["workers"].append("w4"), "fabric.racks[0].workers[4]",
@@ -118,8 +130,7 @@ def test_plan_of_more_than_32_workers_in_a_job():
     cfg = f.job_config(f.jobs[7])
     assert cfg.nworkers == 1024 and cfg.racks == (32,) * 32
     assert [cfg.switch_rank(r) for r in (0, 31, 32, 1000, 1023)] == [0, 31, 0, 8, 31]
-    (lj,) = f.leaf_jobs("leaf31")
-    assert lj.rack == 31
+    assert f.leaf_jobs("leaf31") == [(f.jobs[7], 31)]
     a = Assignment(cfg, 1000, f.agent_switch("w1000")).to_dict()
     assert (a["rank"], a["switch_rank"], a["switch_ranks"]) == (1000, 8, 32)
     assert Assignment.from_dict(a).job == cfg
@@ -187,24 +198,26 @@ K, BS = 2, 4
 WORKER = [(0, ("10.0.0.1", 5000 + r)) for r in range(4)]  # (ingress port, source) per rank
 LEAF = [(0, ("10.0.1.1", 47000 + i)) for i in range(2)]    # as the spine sees the leaves
 SPINE = (0, ("10.0.2.1", 47000))                           # as the leaves see the spine
+UP = SPINE + (bytes(6),)  # leaf_upstream's spine: port, (IPv4, UDP port), MAC (none here)
 JOB = JobConfig(job=1, workers=tuple(WorkerAddr(r, *WORKER[r][1]) for r in range(4)),
                 slot_base=0, nslots=2, nlanes=K, block_size=BS, epoch=3, racks=(2, 2))
 SPINE_JOB = JobConfig(job=1, workers=tuple(WorkerAddr(i, *LEAF[i][1]) for i in range(2)),
                       slot_base=0, nslots=2, nlanes=K, block_size=BS, epoch=3)
 
 
-def leaf(rack: int) -> Leaf:
+def leaf(rack: int) -> Roles:
     """Leaf `rack` of JOB (job ranks 2*rack, 2*rack+1: local ranks 0, 1), all slots owned by
-    SPINE."""
-    lf = Leaf(Pipeline(pool_slots=4, slot_capacity=K * BS))
-    lf.add_job(JOB, rack, {r: WORKER[2 * rack + r] for r in (0, 1)}, ((0, 2, SPINE),))
-    return lf
+    SPINE: a switch given the rows the plan writes for it (spina.rows.leaf_job)."""
+    dp = Dataplane(pool_slots=4, slot_capacity=K * BS)
+    dp.apply(rows.leaf_job(JOB, rack, [rows.Sender(0, *WORKER[2 * rack + r][1]) for r in (0, 1)],
+                           [rows.Upstream(0, 2, SPINE[0], SPINE[1][0])]))
+    return dp.roles
 
 
-def spine() -> Spine:
-    sp = Spine(Pipeline(pool_slots=4, slot_capacity=K * BS))
-    sp.pipeline.add_job(SPINE_JOB, dict(enumerate(LEAF)))
-    return sp
+def spine() -> Roles:
+    dp = Dataplane(pool_slots=4, slot_capacity=K * BS)
+    dp.apply(rows.spine_job(JOB, 0, 2, [rows.Sender(0, *LEAF[i][1]) for i in range(2)]))
+    return dp.roles
 
 
 def header(**kw) -> wire.Header:
@@ -254,8 +267,8 @@ def test_leaf_sends_one_partial_up():
     """A rack's last contribution makes one partial to the spine: sums of the present lanes,
     OR of present, minimum next, maximum exponent, AND of last, rank = the rack's index."""
     (l0, l1), ups = completed_leaves()
-    assert ups[0] == (PARTIAL0, TO_UPSTREAM, SPINE)
-    assert ups[1] == (PARTIAL1, TO_UPSTREAM, SPINE)
+    assert ups[0] == (PARTIAL0, TO_UPSTREAM, UP)
+    assert ups[1] == (PARTIAL1, TO_UPSTREAM, UP)
     r = l0.pipeline.registers
     idx = 2 * 1 + 1
     assert (r["slot_count"][idx], r["slot_bitmap"][idx], r["slot_round"][idx]) == (2, 0b11, 5)
@@ -311,7 +324,7 @@ def test_resend_before_the_spine_result_resends_the_partial():
     sp = spine()
     resend = patched(RACK0[0], flags=wire.FLAG_RESEND)
     up_again = patched(PARTIAL0, flags=wire.FLAG_RESEND)
-    assert run(l0, resend, WORKER[0]) == (up_again, TO_UPSTREAM, SPINE)
+    assert run(l0, resend, WORKER[0]) == (up_again, TO_UPSTREAM, UP)
     # The first partial was lost: the spine adds the resent one.
     assert run(sp, up_again, LEAF[0]) == (b"", 0, None)
     status, to, _ = run(sp, up_again, LEAF[0])
@@ -342,14 +355,14 @@ def test_a_restarted_spine_takes_the_result_a_leaf_stored():
     sp = spine()  # the restarted spine
     resend = patched(RACK1[0], flags=wire.FLAG_RESEND)  # rank 2: rack 1's designated worker
     up_again = patched(PARTIAL1, flags=wire.FLAG_RESEND)
-    assert run(l1, resend, WORKER[2]) == (up_again, TO_UPSTREAM, SPINE)
+    assert run(l1, resend, WORKER[2]) == (up_again, TO_UPSTREAM, UP)
     assert run(sp, up_again, LEAF[1]) == (b"", 0, None)
     status, to, key = run(sp, up_again, LEAF[1])
     assert (to, key) == (TO_GROUP, 1)
     assert wire.unpack_header(status).bitmap == 0b10  # rack 0 missing
     replay, to, key = run(l0, status, SPINE)
     h = wire.unpack_header(replay)
-    assert (to, key, h.msg_type, h.rank) == (TO_UPSTREAM, SPINE, wire.MSG_CONTRIB, 0)
+    assert (to, key, h.msg_type, h.rank) == (TO_UPSTREAM, UP, wire.MSG_CONTRIB, 0)
     assert h.flags == wire.FLAG_RESEND | wire.FLAG_REPLAY
     assert replay[wire.HEADER_LEN:] == RESULT[wire.HEADER_LEN:]  # next positions and sums
     result, to, key = run(sp, replay, LEAF[0])
@@ -379,9 +392,9 @@ def test_only_the_designated_worker_makes_the_partial_go_up_again():
     assert counters(1)["job_duplicates"] == 2
     flush = wire.FLAG_RESEND | wire.FLAG_PARTIAL
     assert run(l1, patched(RACK1[1], flags=flush), WORKER[3]) == (
-        patched(PARTIAL1, flags=flush), TO_UPSTREAM, SPINE)
+        patched(PARTIAL1, flags=flush), TO_UPSTREAM, UP)
     assert run(l1, patched(RACK1[0], flags=wire.FLAG_RESEND), WORKER[2]) == (
-        patched(PARTIAL1, flags=wire.FLAG_RESEND), TO_UPSTREAM, SPINE)
+        patched(PARTIAL1, flags=wire.FLAG_RESEND), TO_UPSTREAM, UP)
     c = counters(1)
     assert (c["job_duplicates"], c["job_results"], c["job_aggregated"]) == (4, 0, 2)
     assert l1.pipeline.registers["slot_count"][3] == 2
@@ -619,15 +632,13 @@ def test_spine_link_bytes_against_flat(density, shared):
 
 
 def test_a_new_epoch_on_every_level():
-    """The plan installed again with a new epoch (a new run): every switch of both levels is
-    re-admitted, slots cleared; agents reset to the new epoch sum exactly; an agent still on
+    """A new run (the controller's start_run, as `serve` calls it): every switch of both
+    levels is re-admitted with the new epoch, slots cleared; agents reset to the new epoch sum exactly; an agent still on
     the old epoch is stale at its leaf and gets nothing."""
     with FabricCluster() as f:
         ints = tensors(0.3, 5, integer=True)
         f.allreduce(ints)
-        f.plan.jobs[7] = dataclasses.replace(f.plan.jobs[7], epoch=2)
-        plan.install(f.plan, dict(zip(("leaf0", "leaf1", "spine0"), f.switches)))
-        new = f.plan.job_config(f.plan.jobs[7])
+        new = f.start_run(2)
         assert all(s.pipeline.registers["slot_round"].sum() == 0 for s in f.switches)
         for a in f.agents:
             a.reset(new)
@@ -643,21 +654,12 @@ def test_a_new_epoch_on_every_level():
         assert f.switches[0].pipeline.job_counters(7)["job_stale"] > stale
 
 
-def test_a_leaf_needs_a_spine_for_every_slot():
-    """Leaf.add_job with slots no spine owns (or owned twice) is refused, naming the field."""
-    lf = Leaf(Pipeline(pool_slots=4, slot_capacity=K * BS))
-    for upstream in (((0, 1, SPINE),), ((0, 2, SPINE), (1, 1, SPINE))):
-        with pytest.raises(ConfigError, match="field 'upstream'"):
-            lf.add_job(JOB, 0, {0: WORKER[0], 1: WORKER[1]}, upstream)
-    assert lf.pipeline.admission == {} and lf.leaves == {}
-
-
 def _restart_spine(f: FabricCluster, new: UdpSwitch) -> UdpSwitch:
     """`new`, on the stopped spine's port, takes its place: the controller installs the plan
     on it alone, as after a restart."""
     f.switches[2] = new
     f.spines = [new]
-    plan.install(f.plan, {"spine0": new})
+    program_in_process({"spine0": new.servicer()}, f.plan.state, ["spine0"])
     new.start()
     return new
 
@@ -674,7 +676,7 @@ def test_spine_restarted_mid_call():
             time.sleep(0.001)
         old.stop()
         stopped_at = int(old.pipeline.registers["slot_round"].max())
-        new = _restart_spine(f, UdpSwitch(port=old.address[1]))
+        new = _restart_spine(f, UdpSwitch(*old.address))
         want = np.sum(ints, axis=0, dtype=np.int32)
         for fut in futs:
             assert np.array_equal(fut.result(), want)
@@ -706,25 +708,11 @@ def test_spine_restarted_after_a_result_reached_one_leaf_only():
         stopped.set()
         count_replays = Faults(drop_in_match=lambda h: bool(
             h.flags & wire.FLAG_REPLAY and replays.append(h.slot)))  # counts, drops nothing
-        _restart_spine(f, UdpSwitch(port=old.address[1], faults=count_replays))
+        _restart_spine(f, UdpSwitch(*old.address, faults=count_replays))
         want = np.sum(ints, axis=0, dtype=np.int32)
         for fut in futs:
             assert np.array_equal(fut.result(), want)
         assert replays, "no leaf replayed a result: the case was not reached"
-
-
-def test_install_refuses_a_switch_at_two_levels():
-    """A running switch given a leaf job after a spine job, or a switch the plan does not
-    know: refused, naming the level or the switch."""
-    sw = UdpSwitch(port=0)
-    try:
-        sw.add_spine_job(SPINE_JOB)
-        with pytest.raises(ConfigError, match="is a spine, not a leaf"):
-            sw.add_leaf_job(JOB, 0, ((0, 2, ("127.0.0.1", 1)),))
-        with pytest.raises(ConfigError, match=r"^switches.s9: not a leaf or spine"):
-            plan.install(plan.parse(fabric_doc()), {"s9": sw})
-    finally:
-        sw.stop()
 
 
 def test_bounded_loss_flushes_cross_both_levels():
@@ -815,7 +803,7 @@ class L2Fabric:
     def __init__(self, doc):
         from controller.p4rt import Connection
         from controller.registers import P4RuntimeRegisters
-        from softswitch.l2 import Dataplane
+        from softswitch.dataplane import Dataplane
         from softswitch.p4runtime_server import SoftSwitchServicer
         from spina import spec
         self.fabric = plan.parse(doc)

@@ -235,7 +235,8 @@ def test_udp_switch_serves_a_queued_burst_like_the_pipeline():
     """Datagrams of two jobs queued while the switch is busy, with a malformed one among them,
     are served back to back: each worker gets exactly the bare pipeline's packets, in order,
     and the counters match."""
-    from softswitch.udp import UDP_PORT_ID, UdpSwitch
+    from softswitch.dataplane import UDP_MODE_PORT
+    from softswitch.udp import UdpSwitch
     from spina.net import bound_udp_socket
     socks = [bound_udp_socket() for _ in range(4)]
     addrs = [s.getsockname() for s in socks]
@@ -255,10 +256,10 @@ def test_udp_switch_serves_a_queued_burst_like_the_pipeline():
                              flags=wire.FLAG_RESEND)))  # a resend to the completed round 2
     ref = Pipeline(pool_slots=8, slot_capacity=64)
     for cfg in jobs:
-        ref.add_job(cfg, {w.rank: (UDP_PORT_ID, (w.host, w.port)) for w in cfg.workers})
+        ref.add_job(cfg, {w.rank: (UDP_MODE_PORT, (w.host, w.port)) for w in cfg.workers})
     expected = {a: [] for a in addrs}
     for who, pkt in burst:
-        for e in ref.process(pkt, UDP_PORT_ID, addrs[who]):
+        for e in ref.process(pkt, UDP_MODE_PORT, addrs[who]):
             cfg = jobs[e.job - 1]
             for dst in ([(w.host, w.port) for w in cfg.workers] if e.multicast else [addrs[who]]):
                 expected[dst].append(e.data)

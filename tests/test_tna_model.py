@@ -113,7 +113,7 @@ def test_frames_are_judged_as_the_software_switch_judges_them(sent):
     aggregated and answered alike (UDP payloads; the TNA reply keeps a trailer, the software
     switch's does not), counters and registers after every frame. Frames of other sizes are
     left out here: test_other_sizes_are_malformed_on_tna pins that difference."""
-    from softswitch.l2 import Dataplane
+    from softswitch.dataplane import Dataplane
     job = JobConfig(job=JOB, workers=(WorkerAddr(0, *src(0)), WorkerAddr(1, *src(1))),
                     slot_base=0, nslots=2, block_size=BS, nlanes=K)
     dp = Dataplane(pool_slots=SLOTS, slot_capacity=K * BS)

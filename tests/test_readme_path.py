@@ -1,0 +1,60 @@
+"""The README's multi-process path, command for command, twice in a row (issue 26, defect 5):
+a software switch with its P4Runtime server, `make serve` on controller/examples/softswitch.yaml,
+then two programs of 4 rank processes (examples/one_rank.py): each gets its own sums.
+
+Run just this test:  .venv/bin/python -m pytest tests/test_readme_path.py
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = dict(os.environ, PYTHONPATH=str(ROOT))
+AGENTS = ROOT / "build" / "agents"  # the example file's agents_dir
+
+
+def _program(value: float) -> list[str]:
+    """The README's `for r in 0 1 2 3; do ... one_rank.py ... & done; wait`: each rank's line."""
+    procs = [subprocess.Popen([sys.executable, "examples/one_rank.py",
+                               str(AGENTS / f"job1-rank{r}.json"), "--value", str(value)],
+                              cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for r in range(4)]
+    out = []
+    for p in procs:
+        o, e = p.communicate(timeout=120)
+        assert p.returncode == 0, e
+        out.append(o.strip())
+    return out
+
+
+def test_readme_multi_process_path_twice():
+    """Two programs in a row on one switch and one `serve`: 4.0 then 40.0 on every rank."""
+    switch = subprocess.Popen([sys.executable, "-m", "softswitch", "udp", "--grpc"], cwd=ROOT,
+                              env=ENV, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    serve = None
+    try:
+        assert switch.stdout.readline().startswith("listening 127.0.0.1:47000")
+        assert switch.stdout.readline().startswith("p4runtime 127.0.0.1:9559")
+        for f in AGENTS.glob("job1-rank*.json"):
+            f.unlink()  # only files this serve writes count
+        serve = subprocess.Popen(["make", "serve", f"PY={sys.executable}"], cwd=ROOT, env=ENV,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                 start_new_session=True)
+        deadline = time.monotonic() + 60
+        while len(list(AGENTS.glob("job1-rank*.json"))) < 4:
+            assert serve.poll() is None, f"make serve exited {serve.returncode}"
+            assert time.monotonic() < deadline, "serve wrote no agent files in 60 s"
+            time.sleep(0.1)
+        assert _program(1) == [f"rank {r}: sum 4" for r in range(4)]
+        assert _program(10) == [f"rank {r}: sum 40" for r in range(4)]
+    finally:
+        if serve is not None:
+            os.killpg(serve.pid, signal.SIGTERM)
+            serve.wait(20)
+        switch.terminate()
+        switch.wait(20)
