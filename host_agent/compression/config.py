@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from spina.config import checker, dataclass_kwargs
 
 METHODS = ("none", "topk", "randomk", "scaled", "losscomp")
+VOTES = ("sign", "ternary")  # votes.py: integer votes, their own hook (spina_vote_hook)
+METHODS += VOTES
 
 
 @dataclass(frozen=True)
@@ -17,6 +19,8 @@ class CompressionConfig:
         random blocks, the same on every rank: a control), "scaled" (per-layer block top-k,
         each layer's sent gradient rescaled to the norm of its fresh gradient: for LAMB/LARS),
         "losscomp" (blocks sampled by norm and by loss credit; the ratio follows the loss trend).
+        Votes (votes.py, with spina_vote_hook; ratio is not used): "sign" (signSGD with
+        majority vote, EF-signSGD's error feedback), "ternary" (TernGrad, a shared scale).
     ratio: fraction of a bucket's blocks each rank sends per step, in (0, 1].
     error_feedback: keep what was not sent in a residual and add it to the next gradient.
     momentum: DGC momentum correction (0 turns it off): the compressor keeps the velocity
@@ -66,6 +70,8 @@ class CompressionConfig:
         need(self.ratio_bounds[0] <= self.ratio <= self.ratio_bounds[1], "ratio_min",
              "ratio_min <= ratio <= ratio_max must hold")
         need(0 <= self.momentum < 1, "momentum", "must be in [0, 1)")
+        need(self.momentum == 0 or self.method not in VOTES, "momentum",
+             "must be 0 for the votes (give the optimiser the momentum)")
         need(isinstance(self.warmup_steps, int) and self.warmup_steps >= 0, "warmup_steps",
              "must be a non-negative integer")
         need(isinstance(self.loss_window, int) and self.loss_window >= 1, "loss_window",
