@@ -235,10 +235,11 @@ class VoteHookState(CompressionHookState):
     """State of `spina_vote_hook`: a `CompressionHookState` plus the hook's own thread.
 
     Args: as `CompressionHookState` (the agent is required). blocks_sent counts the blocks
-    of votes that were not all zero; bytes_sent and comm_seconds add up both calls.
+    of votes that were not all zero; bytes_sent, comm_seconds and `rounds` (switch rounds)
+    add up both calls.
     """
 
-    __slots__ = ("executor",)
+    __slots__ = ("executor", "rounds")
 
     def __init__(self, compressor: VoteCompressor, agent, world_size: int | None = None):
         if not isinstance(compressor, VoteCompressor):
@@ -248,6 +249,7 @@ class VoteHookState(CompressionHookState):
             raise ValueError(f"compressor block_size {compressor.block_size} differs from the "
                              f"job's {agent.job.block_size}")
         super().__init__(compressor, agent, world_size)
+        self.rounds = 0
         compressor.rank = agent.rank
         self.executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="spina-vote")
 
@@ -310,6 +312,7 @@ def spina_vote_hook(state: VoteHookState,
             state.compress_seconds += (t2 - t1) + (time.perf_counter() - t3)
             state.comm_seconds += s1.seconds + s2.seconds
             state.bytes_sent += s1.bytes_sent + s2.bytes_sent
+            state.rounds += s1.rounds + s2.rounds
             state.calls += 1
             state.elements += buf.numel()
             state.blocks_total += layout.nblocks
