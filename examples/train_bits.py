@@ -7,10 +7,13 @@ teacher task; digits: LeNet-5). Runs (--runs, comma-separated):
   dense-gloo          DDP's own all-reduce (the reference)
   dense-spina         every gradient bucket summed by SpINA (spina_local_sgd_hook, always
                       synchronous: the same hook local SGD warms up with, so rounds are counted)
-  sign, ternary       votes through spina_vote_hook (error feedback on; `-noef` turns it off)
+  sign, ternary       votes through spina_vote_hook (error feedback on; `-noef` turns it off;
+                      ternary clips to 2.5 x each layer's rms first, as TernGrad)
+  signum              sign on each rank's local momentum (Signum with majority vote); the
+                      optimiser then runs without momentum
   local@H             local SGD, the weights averaged through SpINA every H steps
   postlocal@H:S       post-local SGD: S synchronous steps, then local SGD with period H
-SGD with momentum in the optimiser for every run (the votes take no compressor momentum).
+SGD with momentum in the optimiser for every run but signum.
 
 Every run of every seed starts from that seed; rank 0 writes docs/bits_<task>.json (all
 numbers: per run and seed the final test accuracy, bytes and switch rounds per step and rank)
@@ -50,10 +53,11 @@ def parse_run(name: str) -> dict:
     if name in ("dense-gloo", "dense-spina"):
         return dict(name=name, kind=name)
     base, _, ef = name.partition("-")
-    if base in ("sign", "ternary"):
+    if base in ("sign", "signum", "ternary"):
         if ef not in ("", "noef"):
             raise SystemExit(f"run {name!r}: only '-noef' may follow {base}")
-        return dict(name=name, kind="vote", method=base, error_feedback=ef != "noef")
+        return dict(name=name, kind="vote", method=base.replace("signum", "sign"),
+                    signum=base == "signum", error_feedback=ef != "noef")
     kind, _, spec = name.partition("@")
     period, _, warmup = spec.partition(":")
     if kind == "local" and period.isdigit() and not warmup:
@@ -61,7 +65,7 @@ def parse_run(name: str) -> dict:
     if kind == "postlocal" and period.isdigit() and warmup.isdigit():
         return dict(name=name, kind="local", period=int(period), warmup=int(warmup))
     raise SystemExit(f"run {name!r}: expected dense-gloo, dense-spina, sign[-noef], "
-                     "ternary[-noef], local@H or postlocal@H:S")
+                     "signum[-noef], ternary[-noef], local@H or postlocal@H:S")
 
 
 def train(run: dict, task: Task, args, agent) -> dict:
@@ -77,7 +81,10 @@ def train(run: dict, task: Task, args, agent) -> dict:
         opt = LocalSGDOptimizer(opt, state)
     elif run["kind"] == "vote":
         comp = make_compressor(method=run["method"], error_feedback=run["error_feedback"],
+                               momentum=args.momentum if run["signum"] else 0.0,
                                seed=args.seed, block_size=agent.job.block_size)
+        if run["signum"]:  # the momentum moved into the compressor: the vote is on it
+            opt = torch.optim.SGD(model.parameters(), lr=args.lr)
         state = VoteHookState(comp, agent)
         model.register_comm_hook(state, spina_vote_hook)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, task.steps)

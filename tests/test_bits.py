@@ -112,6 +112,24 @@ def test_sign_error_feedback_identity_over_steps():
     assert comps[0].step == 4
 
 
+def test_signum_votes_on_the_local_momentum():
+    """momentum m: u = m u + g, p = residual + u, the residual as without momentum (by hand)."""
+    layout = _layout(4)
+    comp = make_compressor(method="sign", block_size=4, momentum=0.5)
+    ps = []
+    for g in ([4, -4, 2, 2], [0, 0, 2, -6]):
+        ballot, msg = comp.prepare(BucketLayout.of(("p0",), [4], 4), np.array(g, np.float32))
+        ps.append(ballot.p.tolist())
+        comp.encode(ballot, comp.agreed_scale(ballot, msg, 1))
+        comp.end_step()
+    # step 1: u = g, p = u, ||p||_1 / 4 = 3: residual = [1, -1, -1, -1]
+    # step 2: u = 0.5 [4, -4, 2, 2] + [0, 0, 2, -6] = [2, -2, 3, -5], p = residual + u
+    assert ps == [[4, -4, 2, 2], [3, -3, 2, -6]]
+    mem = comp.memory.get(BucketLayout.of(("p0",), [4], 4))
+    assert mem["momentum"].tolist() == [2, -2, 3, -5]
+    assert mem["residual"].tolist() == [-0.5, 0.5, -1.5, -2.5]  # p - 3.5 sign(p)
+
+
 def test_error_feedback_off_keeps_no_residual():
     """error_feedback=False: p is the fresh gradient every step and no buffer is kept."""
     layout = _layout(*SIZES)
@@ -121,7 +139,7 @@ def test_error_feedback_off_keeps_no_residual():
         for _ in range(2):
             ballot, _ = comp.prepare(layout, g)
             np.testing.assert_array_equal(ballot.p, _aligned(layout, g))
-        assert comp.memory.buffers == {}
+        assert comp.memory.buffers[layout.key] == {}  # no residual, no momentum
 
 
 # ---------------------------------------------------------------- ternary
@@ -135,7 +153,8 @@ def test_ternary_sum_is_numpys_with_the_max_over_ranks_as_a_power_of_two():
         g[100:107] = 0  # layer 1 zero at every rank: scale 0, nothing sent
         g[107:] = np.resize([16, -16, 1, 0], 48) if r == 0 else 2  # layer 2: max 16 -> 16
         grads.append(g)
-    comps = [make_compressor(method="ternary", block_size=B, seed=5) for _ in range(3)]
+    comps = [make_compressor(method="ternary", block_size=B, seed=5, clip_sigma=0)
+             for _ in range(3)]
     for r, comp in enumerate(comps):
         comp.rank = r
     with LocalCluster(3, block_size=B, nlanes=4, nslots=4) as c:
@@ -159,25 +178,44 @@ def test_ternary_sum_is_numpys_with_the_max_over_ranks_as_a_power_of_two():
     np.testing.assert_array_equal(decoded[0], exact.astype(np.float32))  # rounded once
 
 
-def test_ternary_is_unbiased_and_its_error_feedback_identity_holds():
-    """E[s t] = p over many draws (5 sigma, fixed seed); residual = p - s t at every step."""
+def test_ternary_is_unbiased():
+    """E[s t] = q over many draws (5 sigma, fixed seed), q = p without clipping."""
     layout = _layout(64)
     g = np.linspace(-1, 1, 64).astype(np.float32)
-    noef = make_compressor(method="ternary", block_size=B, error_feedback=False)
-    ef = make_compressor(method="ternary", block_size=B)
+    comp = make_compressor(method="ternary", block_size=B, error_feedback=False, clip_sigma=0)
     total = np.zeros(64)
     steps = 2000
     with LocalCluster(1, block_size=B, nlanes=4, nslots=2) as c:
         for _ in range(steps):
-            _, _, scales, sent, _, decoded = _vote(c, [noef], layout, [g])
+            _, _, scales, _, _, decoded = _vote(c, [comp], layout, [g])
             total += decoded[0]
-        assert scales[0].tolist() == [1.0]
-        sigma = np.sqrt(np.abs(g) * (1 - np.abs(g)) / steps)
-        assert (np.abs(total / steps - g) <= 5 * sigma + 1e-6).all()
-        for _ in range(5):
-            p, _, scales, sent, _, _ = _vote(c, [ef], layout, [g])
-            carried = per_element(layout, scales[0]) * sent[0].astype(np.float32)
-            np.testing.assert_array_equal(ef.memory.get(layout)["residual"], p[0] - carried)
+    assert scales[0].tolist() == [1.0]
+    sigma = np.sqrt(np.abs(g) * (1 - np.abs(g)) / steps)
+    assert (np.abs(total / steps - g) <= 5 * sigma + 1e-6).all()
+
+
+def test_ternary_clips_to_c_rms_and_feeds_back_the_clipping_only():
+    """q = clip(p, +-c rms) per layer; residual = p - q exactly; the scale from max|q|."""
+    rng = np.random.default_rng(3)
+    layout = _layout(*SIZES)
+    comp = make_compressor(method="ternary", block_size=B, clip_sigma=1.5)
+    residual = np.zeros(layout.length, np.float32)
+    with LocalCluster(1, block_size=B, nlanes=4, nslots=2) as c:
+        for _ in range(4):
+            g = rng.standard_t(2, sum(SIZES)).astype(np.float32)
+            p, _, scales, sent, _, _ = _vote(c, [comp], layout, [g])
+            np.testing.assert_array_equal(p[0], residual + _aligned(layout, g))
+            q = np.zeros_like(p[0])
+            for i, (d, k) in enumerate(zip(layout.dst, layout.sizes)):
+                sq = p[0][d:d + k] * p[0][d:d + k]  # squares in float32, summed in float64
+                rms = np.sqrt(sq.sum(dtype=np.float64) / k)
+                bound = np.float32(1.5 * rms)
+                q[d:d + k] = np.clip(p[0][d:d + k], -bound, bound)
+                assert scales[0][i] == 2.0 ** math.ceil(math.log2(np.abs(q[d:d + k]).max()))
+            assert (np.abs(sent[0]) <= (q != 0)).all()  # a vote only where q is not zero
+            residual = comp.memory.get(layout)["residual"].copy()
+            np.testing.assert_array_equal(residual, p[0] - q)
+            assert (residual != 0).any()  # t(2) tails: something was clipped
 
 
 def test_onehot_scale_edges():
@@ -225,8 +263,8 @@ def test_votes_need_their_own_hook():
             VoteHookState(make_compressor(method="topk", block_size=B), c.agents[0])
         with pytest.raises(ValueError, match="block_size 32 differs from the job's 16"):
             VoteHookState(make_compressor(method="sign", block_size=32), c.agents[0])
-    with pytest.raises(ConfigError, match="field 'momentum'"):
-        make_compressor(method="ternary", momentum=0.9)
+    with pytest.raises(ConfigError, match="field 'clip_sigma'"):
+        make_compressor(method="ternary", clip_sigma=-1.0)
 
 
 # ---------------------------------------------------------------- local SGD
@@ -341,9 +379,9 @@ def _ddp_votes(rank, agent, report):
         original = comp.encode
 
         def recording(ballot, scale, original=original, seen=seen):
-            p = ballot.p.copy()
+            p, own = ballot.p.copy(), ballot.own.copy()  # own: ternary's clipped q
             votes = original(ballot, scale)
-            seen.append((ballot.layout, p, scale.copy(), votes.copy()))
+            seen.append((ballot.layout, p, own, scale.copy(), votes.copy()))
             return votes
         comp.encode = recording
         opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -352,14 +390,14 @@ def _ddp_votes(rank, agent, report):
             x, y = torch.randn(8, 32, generator=gen), torch.randint(0, 10, (8,), generator=gen)
             opt.zero_grad(set_to_none=True)
             torch.nn.functional.cross_entropy(model(x), y).backward()
-            layout, p, scale, votes = seen[-1]
+            layout, p, q, scale, votes = seen[-1]
             total = sum(v.astype(np.int64) for v in _gather(votes))
             if method == "sign":  # direction: the majority of every rank's sign, exactly
                 expect_dir = np.sign(total)
                 assert (votes == np.sign(p)).all()
-            else:  # the shared scale: 2**ceil(log2 max over ranks) per layer, exactly
-                tops = np.max([[np.abs(q[d:d + k]).max() for d, k in zip(layout.dst, layout.sizes)]
-                               for q in _gather(p)], axis=0)
+            else:  # the shared scale: 2**ceil(log2 max over ranks of max|q|) per layer
+                tops = np.max([[np.abs(a[d:d + k]).max() for d, k in zip(layout.dst, layout.sizes)]
+                               for a in _gather(q)], axis=0)
                 assert scale.tolist() == [2.0 ** math.ceil(math.log2(t)) for t in tops]
             where = {pid: (d, k) for pid, d, k in zip(layout.params, layout.dst, layout.sizes)}
             for prm in model.parameters():

@@ -3,32 +3,36 @@
     comp = make_compressor(method="sign", block_size=agent.job.block_size)   # or "ternary"
     model.register_comm_hook(VoteHookState(comp, agent), spina_vote_hook)
 
-Each rank turns its bucket p (the fresh gradient plus, with error feedback, its residual) into
-integers in {-1, 0, +1}, one per element, in whole blocks, and the switch adds them as int32
+Each rank turns its bucket p (the fresh gradient, or with `momentum` its local momentum
+u = m u + g as in Signum; plus, with error feedback, its residual) into integers in
+{-1, 0, +1}, one per element, in whole blocks, and the switch adds them as int32
 (exact: int32 tensors travel unscaled, docs/aggregation.md). A bucket costs two calls, run one
 after the other on the hook's own thread (so every rank makes them in the same order):
 
 1. the scale: a small float32 message, a block per parameter (layer), summed by the switch;
    - sign: each rank's EF-signSGD scale ||p||_1 / d; the agreed scale is the ranks' mean
      (within SpINA's quantization bound; a NaN or Inf makes the layer NaN at every rank).
-   - ternary: a one-hot row of 256 float32 bins at the exponent e = ceil(log2 max|p|) (the
+   - ternary: a one-hot row of 256 float32 bins at the exponent e = ceil(log2 max|q|) (the
      exponent SpINA's setup round would take); the sum counts the ranks per exponent, so the
      highest non-empty bin is the maximum over ranks, and the shared scale s = 2**e >= every
-     rank's max|p| (within 2x of TernGrad's max: a power of two, as the switch's own exponent).
+     rank's max|q| (within 2x of TernGrad's max: a power of two, as the switch's own exponent).
      Each rank sends at most one non-zero block per layer, and a NaN or Inf in p puts NaN in
      its row, which makes the layer NaN at every rank (the loss scaler sees it).
 2. the votes, int32:
    - sign: v = sign(p); the result is sign(sum of v) (the majority; 0 on a tie) times the
      agreed scale, so the update has SGD's magnitude and the vote's direction.
-   - ternary: t = sign(p) with probability |p| / s, else 0 (TernGrad's stochastic
-     ternarisation: s t is unbiased for p); the result is s * (sum of t) / N.
+   - ternary: t = sign(q) with probability |q| / s, else 0 (TernGrad's stochastic
+     ternarisation: s t is unbiased for q, p clipped); the result is s * (sum of t) / N.
 
-Error feedback (`error_feedback=True`, EF-signSGD): the residual keeps what the rank's own
-compressed message did not carry, residual = p - c, with c = (||p||_1 / d) sign(p) (sign, the
-rank's own scale) or c = s t (ternary). TernGrad itself has none (it is unbiased); with it, the
-ternary residual is the rounding's error. The majority vote is not fed back (it is no rank's
-message). A layer whose agreed scale is not finite drops its residual, so a step the loss
-scaler skips does not poison the steps after it.
+Error feedback (`error_feedback=True`): sign keeps EF-signSGD's residual p - c with
+c = (||p||_1 / d) sign(p), the rank's own compressed message (a contraction, as EF needs; the
+majority vote is no rank's message and is not fed back). Ternary first clips p to
++-clip_sigma x its layer's root mean square (TernGrad's gradient clipping), q, and keeps p - q:
+the clipping's error. The ternary draw itself is unbiased and is not fed back: its error
+s t - q has the expected square s ||q||_1 - ||q||^2, which exceeds ||q||^2 as soon as s is
+large against the typical |q| (no contraction, which error feedback needs), and feeding it
+back made the residual grow without bound (docs/bits.md). A layer whose agreed scale is not
+finite drops its residual, so a step the loss scaler skips does not poison the steps after it.
 
 Bytes: int32 lanes carry a vote in 4 bytes, as much as a dense float; ternary skips blocks that
 are zero at every rank. Narrow lanes (docs/bits.md) are what turns the votes into fewer bytes.
@@ -107,8 +111,8 @@ class Ballot:
     """One bucket at one rank between the hook's two calls.
 
     p: the residual plus the fresh gradient (aligned; with error feedback, the residual's own
-    buffer, which becomes the new residual); own: sign's per-layer ||p||_1 / d; step, bucket:
-    where the ternary draws come from.
+    buffer, which becomes the new residual); own: sign's per-layer ||p||_1 / d, or ternary's
+    clipped q; step, bucket: where the ternary draws come from.
     """
     layout: BucketLayout
     p: np.ndarray
@@ -137,11 +141,15 @@ class VoteCompressor(Compressor):
                         "spina_vote_hook (host_agent.compression.votes), which decodes them")
 
     def prepare(self, layout: BucketLayout, grad: np.ndarray) -> tuple[Ballot, np.ndarray]:
-        if self.config.error_feedback:
-            p = self.memory.get(layout)["residual"]
+        cfg = self.config
+        mem = self.memory.get(layout)
+        p = mem["residual"] if cfg.error_feedback else np.zeros(layout.length, np.float32)
+        if cfg.momentum:  # Signum: the vote is on the local momentum u = m u + g
+            u = mem["momentum"]
+            layout.add_into(u, grad, scale=cfg.momentum)
+            p += u
         else:
-            p = np.zeros(layout.length, np.float32)
-        layout.add_into(p, grad)
+            layout.add_into(p, grad)
         ballot = Ballot(layout, p, self.step, self.bucket_index)
         self.bucket_index += 1
         return ballot, self.message(ballot)
@@ -197,10 +205,19 @@ class SignVote(VoteCompressor):
 
 
 class TernGrad(VoteCompressor):
-    """TernGrad: t in {-1, 0, +1} with E[s t] = p, s shared (the max over ranks, as 2**e)."""
+    """TernGrad: q = p clipped to +-c rms per layer; t in {-1, 0, +1} with E[s t] = q, s shared
+    (the max over ranks of max|q|, as 2**e). Error feedback keeps p - q (the clipping's error)."""
 
     def message(self, ballot):
-        return onehot_message(piece_reduce(np.maximum, np.abs(ballot.p), ballot.layout),
+        p, layout, c = ballot.p, ballot.layout, self.config.clip_sigma
+        if c:
+            d = np.maximum(layout.sizes, 1)
+            rms = np.sqrt(piece_reduce(np.add, p * p, layout, np.float64) / d)
+            bound = per_element(layout, (c * rms).astype(np.float32))
+            ballot.own = np.clip(p, -bound, bound)
+        else:
+            ballot.own = p.copy() if self.config.error_feedback else p
+        return onehot_message(piece_reduce(np.maximum, np.abs(ballot.own), layout),
                               self.block_size)
 
     def agreed_scale(self, ballot, summed, world):
@@ -213,13 +230,13 @@ class TernGrad(VoteCompressor):
         return rng.random(len(ballot.p), dtype=np.float32)
 
     def encode(self, ballot, scale):
-        p = ballot.p
+        q = ballot.own
         s = per_element(ballot.layout, scale)
-        # P(u * s < |p|) = |p| / s: s is a power of two, so u * s is exact.
+        # P(u * s < |q|) = |q| / s: s is a power of two, so u * s is exact.
         with np.errstate(invalid="ignore"):
-            keep = self.draws(ballot) * s < np.abs(p)
-        votes = np.where(keep, signs(p), 0).astype(np.int32)
-        self.feed_back(ballot, s * votes.astype(np.float32), scale)
+            keep = self.draws(ballot) * s < np.abs(q)
+        votes = np.where(keep, signs(q), 0).astype(np.int32)
+        self.feed_back(ballot, q, scale)  # the draw is unbiased: only clipping is fed back
         return votes
 
     def decode(self, ballot, votes, scale, world):
