@@ -17,7 +17,8 @@ SGD with momentum in the optimiser for every run but signum.
 
 Every run of every seed starts from that seed; rank 0 writes docs/bits_<task>.json (all
 numbers: per run and seed the final test accuracy, bytes and switch rounds per step and rank)
-and prints a table with the mean and spread (min..max) over seeds.
+and .png (accuracy with its spread, rounds per step), and prints a table with the mean and
+spread (min..max) over seeds. `--replot A.json B.json --out C.png` merges earlier results.
 """
 from __future__ import annotations
 
@@ -140,6 +141,49 @@ def summarise(results: list[dict]) -> list[str]:
     return lines
 
 
+def plot(results: list[dict], out: Path, title: str) -> None:
+    """Accuracy (mean, min..max over seeds) and switch rounds per step, a bar per run."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    by = {}
+    for r in results:
+        by.setdefault(r["name"], []).append(r)
+    names = list(by)
+    acc = [np.array([r["final_test_acc"] for r in by[n]]) for n in names]
+    mean = np.array([a.mean() for a in acc])
+    spread = np.array([[m - a.min() for a, m in zip(acc, mean)],
+                       [a.max() - m for a, m in zip(acc, mean)]])
+    rounds = [np.mean([r["rounds_per_step"] for r in by[n]]) if by[n][0]["rounds_per_step"]
+              is not None else 0.0 for n in names]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    a1.barh(names, mean, xerr=spread, color="tab:blue", capsize=3)
+    a1.set(xlabel="final test accuracy (%), mean and min..max over seeds", title=title)
+    a2.barh(names, rounds, color="tab:orange")
+    a2.set(xlabel="switch rounds per step and rank (0: gloo, not counted)",
+           title="rounds through the switch")
+    for a in (a1, a2):
+        a.grid(alpha=0.3, axis="x")
+        a.invert_yaxis()
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+
+
+def replot(paths: list[str], out: str) -> None:
+    """Merge earlier JSONs (a run and seed measured twice: the first one counts), plot, print."""
+    results, seen, task = [], set(), None
+    for path in paths:
+        summary = json.loads(Path(path).read_text())
+        task = summary["task"]
+        for r in summary["runs"]:
+            if (r["name"], r["seed"]) not in seen:
+                seen.add((r["name"], r["seed"]))
+                results.append(r)
+    plot(results, Path(out), f"{task}: {', '.join(Path(p).name for p in paths)}")
+    print("\n".join(summarise(results)))
+    print(f"wrote {out}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--task", choices=["mlp", "digits"], default="mlp")
@@ -152,8 +196,12 @@ def main():
     ap.add_argument("--lr", type=float, help="learning rate (default: the task's)")
     ap.add_argument("--momentum", type=float, default=0.9)
     ap.add_argument("--job-file", default=os.environ.get(JOB_FILE_ENV))
-    ap.add_argument("--out", help="output JSON (default docs/bits_<task>.json)")
+    ap.add_argument("--out", help="output JSON (default docs/bits_<task>.json); PNG beside it")
+    ap.add_argument("--replot", nargs="+", metavar="JSON",
+                    help="no training: merge these results, plot them to --out (a PNG), print")
     args = ap.parse_args()
+    if args.replot:
+        return replot(args.replot, args.out or "bits.png")
     defaults = TASKS[args.task]
     args.batch = args.batch or defaults["batch"]
     args.lr = args.lr or defaults["lr"]
@@ -186,6 +234,7 @@ def main():
             " ".join(sys.argv[1:])
         out.write_text(json.dumps({"command": cmd, "task": args.task, "world_size": world,
                                    "steps": task.steps, "runs": results}, indent=1))
+        plot(results, out.with_suffix(".png"), f"{args.task}: {world} workers, {task.steps} steps")
         print("\n".join(summarise(results)), flush=True)
         print(f"wrote {out}", flush=True)
     dist.destroy_process_group()
