@@ -135,7 +135,7 @@ def summarise(results: list[dict]) -> list[str]:
         kb = np.mean([r["bytes_per_step"] for r in rs]) / 1e3
         ms = np.median([r["seconds_per_step"] for r in rs]) * 1e3
         lines.append(f"| {name} | {len(rs)} | {np.mean(acc):.2f} ({min(acc):.2f}..{max(acc):.2f}) "
-                     f"| {np.mean(acc) - ref:+.2f} | {kb:,.1f} kB | "
+                     f"| {'-' if np.isnan(ref) else f'{np.mean(acc) - ref:+.2f}'} | {kb:,.1f} kB | "
                      f"{f'{np.mean(rounds):.1f}' if rounds else '-'} | {ms:.1f} | "
                      f"{all(r['weights_identical_across_ranks'] for r in rs)} |")
     return lines

@@ -470,3 +470,22 @@ def test_ddp_votes_and_post_local_sgd(job_file):
     assert post["sync_calls"] == S and post["averages"] == (LOCAL_STEPS - S) // H
     assert post["sync_rounds"] > 0 and post["average_rounds"] > 0
     assert post["lr"] == 0.1 * 0.5 ** LOCAL_STEPS
+
+
+def test_example_runs_tiny(tmp_path):
+    """examples/train_bits.py, 2 ranks, one digits epoch: every kind of run, a report, a plot."""
+    import subprocess
+    import sys
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "bits.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(root / "examples" / "train_bits.py"), "--task", "digits", "--epochs", "1",
+           "--runs", "dense-spina,signum,ternary,local@4", "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=300)  # stopped
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = {r["name"]: r for r in json.loads(out.read_text())["runs"]}
+    assert list(runs) == ["dense-spina", "signum", "ternary", "local@4"]
+    assert all(r["weights_identical_across_ranks"] for r in runs.values())
+    # every step's gradient against a parameter average every 4 steps (and one at the end)
+    assert runs["local@4"]["rounds_per_step"] < 0.35 * runs["dense-spina"]["rounds_per_step"]
+    assert out.with_suffix(".png").exists()
