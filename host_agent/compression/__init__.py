@@ -3,7 +3,9 @@ from host_agent.compression.compressors import (BlockTopK, BucketLayout, Compres
                                                 LossComp, RandomK, ResidualMemory, ScaledMask,
                                                 Selection, make_compressor)
 from host_agent.compression.config import METHODS, CompressionConfig
+# The votes (sign, ternary) register themselves with make_compressor when imported.
+from host_agent.compression.votes import SignVote, TernGrad, VoteHookState, spina_vote_hook
 
 __all__ = ["CompressionConfig", "METHODS", "Compressor", "BlockTopK", "RandomK", "ScaledMask",
            "LossComp", "DenseCompressor", "BucketLayout", "Selection", "ResidualMemory",
-           "make_compressor"]
+           "make_compressor", "SignVote", "TernGrad", "VoteHookState", "spina_vote_hook"]

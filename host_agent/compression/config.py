@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from spina.config import checker, dataclass_kwargs
 
 METHODS = ("none", "topk", "randomk", "scaled", "losscomp")
+VOTES = ("sign", "ternary")  # votes.py: integer votes, their own hook (spina_vote_hook)
+METHODS += VOTES
 
 
 @dataclass(frozen=True)
@@ -17,10 +19,13 @@ class CompressionConfig:
         random blocks, the same on every rank: a control), "scaled" (per-layer block top-k,
         each layer's sent gradient rescaled to the norm of its fresh gradient: for LAMB/LARS),
         "losscomp" (blocks sampled by norm and by loss credit; the ratio follows the loss trend).
+        Votes (votes.py, with spina_vote_hook; ratio is not used): "sign" (signSGD with
+        majority vote, EF-signSGD's error feedback), "ternary" (TernGrad, a shared scale).
     ratio: fraction of a bucket's blocks each rank sends per step, in (0, 1].
     error_feedback: keep what was not sent in a residual and add it to the next gradient.
     momentum: DGC momentum correction (0 turns it off): the compressor keeps the velocity
         u = momentum * u + g and accumulates u instead of g; use a momentum-free optimiser.
+        The votes vote on u (Signum with majority vote); momentum_masking does not apply.
     momentum_masking: DGC's momentum factor masking: clear u where blocks were sent. True is
         DGC; False keeps u, so that the total sent is exactly momentum SGD's total update (at
         ratio 1 it is momentum SGD; with masking it degrades to SGD without momentum).
@@ -33,6 +38,8 @@ class CompressionConfig:
     temperature: LossComp: sampling sharpness (weights ** (1 / temperature)); small: top-k.
     ratio_min / ratio_max: LossComp's ratio bounds (default ratio / 4 and min(1, 4 ratio)).
     ratio_step: LossComp: factor by which the ratio moves after each window.
+    clip_sigma: ternary: clip p to +-clip_sigma times its layer's root mean square before
+        ternarising (TernGrad's gradient clipping, c = 2.5 in the paper); 0: no clipping.
     trend_threshold: LossComp: a window whose mean loss fell by more than this fraction
         against the previous window lowers the ratio; otherwise it rises.
     """
@@ -51,6 +58,7 @@ class CompressionConfig:
     ratio_max: float | None = None
     ratio_step: float = 1.25
     trend_threshold: float = 0.02
+    clip_sigma: float = 2.5
 
     def validate(self) -> "CompressionConfig":
         def need(cond, name, msg):
@@ -66,6 +74,8 @@ class CompressionConfig:
         need(self.ratio_bounds[0] <= self.ratio <= self.ratio_bounds[1], "ratio_min",
              "ratio_min <= ratio <= ratio_max must hold")
         need(0 <= self.momentum < 1, "momentum", "must be in [0, 1)")
+        need(math.isfinite(self.clip_sigma) and self.clip_sigma >= 0, "clip_sigma",
+             "must be a finite number >= 0")
         need(isinstance(self.warmup_steps, int) and self.warmup_steps >= 0, "warmup_steps",
              "must be a non-negative integer")
         need(isinstance(self.loss_window, int) and self.loss_window >= 1, "loss_window",
