@@ -105,7 +105,7 @@ class P4RuntimeTarget(Target):
 
 
 class SoftTarget(P4RuntimeTarget):
-    """The software switch (softswitch.l2.Dataplane), in this process, behind its P4Runtime
+    """The software switch (softswitch.dataplane.Dataplane), in this process, behind its P4Runtime
     servicer (no gRPC: Connection.in_process)."""
     name = "soft"
     can_force_qdepth = True

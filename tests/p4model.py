@@ -3,7 +3,7 @@ Admission, Aggregator) into plain Python: scalar registers, one list per lane an
 numpy, no shortcuts.
 
 It exists to be compared with the software switch (tests/test_p4_model.py): payloads with
-softswitch.pipeline.Pipeline, whole frames with softswitch.l2.Dataplane, the leaf and spine
+softswitch.pipeline.Pipeline, whole frames with softswitch.dataplane.Dataplane, the leaf and spine
 roles (FabricRoles, fabric.p4, and the fabric parts of aggregator.p4) with
 softswitch.fabric.Roles. What leaves is (payload, kind): kind True multicast (the job's or the
 rack's group), False back to the sender, "up" to the slot's spine. If the software switch

@@ -8,7 +8,7 @@ wrong epochs, unadmitted and malformed packets) go through both, and every emitt
 counter and register cell must agree after every packet; so do the leaf and spine roles
 (softswitch/fabric.py against fabric.p4 and aggregator.p4's fabric parts). Whole frames
 (sizes the P4 parser stops at, frames cut short of their UDP length, Ethernet trailers) go
-through the model's parser and softswitch.l2.Dataplane, which must count them alike.
+through the model's parser and softswitch.dataplane.Dataplane, which must count them alike.
 """
 from __future__ import annotations
 

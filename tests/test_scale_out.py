@@ -796,7 +796,7 @@ def test_p4_rows_of_a_leaf_and_a_spine():
 
 
 class L2Fabric:
-    """leaf0, leaf1, spine0 of l2_doc as softswitch.l2.Dataplanes, each behind its P4Runtime
+    """leaf0, leaf1, spine0 of l2_doc as softswitch.dataplane.Dataplanes, each behind its P4Runtime
     servicer in process, programmed by the controller's SwitchSession.apply from the desired
     state's fabric section; frames between them carried here."""
 
