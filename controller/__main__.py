@@ -44,19 +44,23 @@ def _parser() -> argparse.ArgumentParser:
                        description="Push the pipeline when the switch's differs, write only what "
                                    "differs from the desired state, clear the slots of jobs "
                                    "that left or arrived, write the agents' files. After a "
-                                   "switch restart this restores everything.")
+                                   "switch restart this restores everything. It starts no "
+                                   "runs: agents join each run at the file's `rendezvous`, "
+                                   "which `serve` answers (without it they stop at their "
+                                   "first call, naming `serve`).")
     d.add_argument("--switch", action="append", metavar="NAME",
                    help="only this switch (repeatable; default all)")
     d.add_argument("--watch", type=cli.positive_float, metavar="SECONDS",
                    help="keep going: re-read the file and deploy every SECONDS, reconnecting "
                         "to switches that restarted (which restores their state); Ctrl-C stops")
     sv = sub.add_parser("serve", help="deploy, then give every run of a job its own epoch",
-                        description="Deploy, then serve the file's `rendezvous` address: when "
-                                    "every rank of a job has joined (an agent joins before its "
-                                    "first call), the job is admitted with the next epoch and "
-                                    "its slots are cleared, so a run never gets another run's "
-                                    "sums. Also reconciles like `deploy --watch`. SIGTERM or "
-                                    "Ctrl-C stops.")
+                        description="Deploy, then serve the file's `rendezvous` address "
+                                    "(default 127.0.0.1:47100): when every rank of a job, flat "
+                                    "or fabric, has joined (an agent joins before its first "
+                                    "call), the job is admitted with the next epoch on every "
+                                    "switch that holds it and its slots there are cleared, so a "
+                                    "run never gets another run's sums. Also reconciles like "
+                                    "`deploy --watch`. SIGTERM or Ctrl-C stops.")
     sv.add_argument("--watch", type=cli.positive_float, default=2.0, metavar="SECONDS",
                     help="re-read the file and deploy every SECONDS (default %(default)s)")
     sub.add_parser("status", help="per-job counters as a table")
