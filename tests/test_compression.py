@@ -9,6 +9,8 @@ rendezvous) against a software switch running in this test process.
 """
 import json
 import math
+import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -25,13 +27,13 @@ from host_agent.compression.hooks import (CompressionHookState, gloo_compressed_
                                           spina_compressed_hook)
 from host_agent.launch import local_job  # noqa: E402
 from host_agent.local import LocalCluster  # noqa: E402
-from host_agent.torch_hook import pack_aligned  # noqa: E402
-from softswitch.udp import UdpSwitch  # noqa: E402
+from host_agent.torch_hook import HookCounters, pack_aligned  # noqa: E402
+from softswitch.udp import Faults, UdpSwitch  # noqa: E402
 from spina.config import ConfigError, JobFile  # noqa: E402
 try:  # tests/ is on sys.path under pytest's default import mode
-    from test_torch_hook import leave_worker  # noqa: E402
+    from test_torch_hook import FakeBucket, leave_worker  # noqa: E402
 except ImportError:
-    from tests.test_torch_hook import leave_worker  # noqa: E402
+    from tests.test_torch_hook import FakeBucket, leave_worker  # noqa: E402
 
 B = 16  # a small block size keeps the tests' tensors small
 
@@ -290,6 +292,129 @@ def test_compressed_sum_through_the_switch():
     assert [s.payload_bytes_sent for s in stats] == [7 * B * 4] * 2
     union = np.union1d(sels[0].blocks, sels[1].blocks)
     np.testing.assert_array_equal(nonzero_blocks(out[0], B), union)
+
+
+# ---------------------------------------------------------------- hook state
+@pytest.mark.parametrize("comp_block", [512, 128])
+def test_a_compressor_with_other_blocks_than_the_job_is_refused(comp_block):
+    """Blocks of 512 (or 128) on a job of 256: refused when the state is built, naming both."""
+    with LocalCluster(1, block_size=256, nlanes=4, nslots=2) as c:
+        comp = make_compressor(method="topk", ratio=0.01, block_size=comp_block)
+        with pytest.raises(ConfigError, match=rf"field 'block_size': the compressor's blocks "
+                                              rf"have {comp_block} elements, job 1's have 256"):
+            CompressionHookState(comp, c.agents[0])
+        CompressionHookState(make_compressor(block_size=256), c.agents[0])  # the job's: fine
+
+
+def test_double_momentum_is_refused():
+    """Compressor momentum (DGC) with an optimiser's own momentum: refused, naming both."""
+    params = [torch.nn.Parameter(torch.zeros(3))]
+    comp = make_compressor(method="topk", momentum=0.9, block_size=B)
+    state = CompressionHookState(comp, world_size=1)
+    with pytest.raises(ConfigError, match=r"field 'momentum': the compressor applies momentum "
+                                          r"0\.9 .* param group 0 has momentum 0\.5"):
+        CompressionHookState(comp, world_size=1,
+                             optimizer=torch.optim.SGD(params, lr=0.1, momentum=0.5))
+    CompressionHookState(comp, world_size=1, optimizer=torch.optim.SGD(params, lr=0.1))
+    CompressionHookState(make_compressor(block_size=B), world_size=1,
+                         optimizer=torch.optim.SGD(params, lr=0.1, momentum=0.9))
+    assert state.calls == 0
+
+
+def test_compressed_state_reports_the_agents_call_stats_with_resends():
+    """The compressed state sums the agent's CallStats as the dense state does: a lost packet
+    shows up as a resend in both the agent's stats and the state."""
+    dropped = []
+
+    def drop_first_of_rank0(h):  # one contribution of rank 0 is lost, once
+        if h.rank == 0 and h.msg_type == 1 and not dropped:
+            dropped.append(h)
+            return True
+        return False
+    with UdpSwitch(port=0, faults=Faults(drop_in_match=drop_first_of_rank0)) as sw, \
+            LocalCluster(2, switch=sw, block_size=B, nlanes=4, nslots=2) as c:
+        states = [CompressionHookState(make_compressor(method="topk", ratio=0.25, block_size=B),
+                                       a) for a in c.agents]
+        xs = [torch.arange(40 * B, dtype=torch.float32) * (r + 1) for r in range(2)]
+        futs = [spina_compressed_hook(s, FakeBucket(x)) for s, x in zip(states, xs)]
+        for f in futs:
+            f.wait()
+        stats = [a.last_stats for a in c.agents]
+    assert len(dropped) == 1 and stats[0].resends >= 1
+    for state, st in zip(states, stats):
+        assert (state.calls, state.elements) == (1, 40 * B)
+        for name in HookCounters.COUNTERS[2:]:
+            assert getattr(state, name) == getattr(st, name), name
+        assert (state.blocks_sent, state.blocks_total) == (10, 40)
+
+
+class _OwnedLock:
+    """A lock that knows which thread holds it."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.owner = None
+
+    def __enter__(self):
+        self._lock.acquire()
+        self.owner = threading.get_ident()
+
+    def __exit__(self, *exc):
+        self.owner = None
+        self._lock.release()
+
+
+class _CheckedState(CompressionHookState):
+    """Fails any counter write made without holding the state's lock."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self._lock = _OwnedLock()
+
+    def __setattr__(self, name, value):
+        lock = getattr(self, "_lock", None)
+        if name in self.COUNTERS and isinstance(lock, _OwnedLock):
+            assert lock.owner == threading.get_ident(), f"{name} written without the lock"
+        super().__setattr__(name, value)
+
+
+def test_every_counter_update_of_both_hooks_holds_the_lock(tmp_path):
+    """SpINA's callbacks (agent thread) and gloo's (its threads) write counters under the lock."""
+    x = torch.arange(40 * B, dtype=torch.float32)
+    with LocalCluster(1, block_size=B, nlanes=4, nslots=2) as c:
+        state = _CheckedState(make_compressor(method="topk", ratio=0.25, block_size=B),
+                              c.agents[0])
+        spina_compressed_hook(state, FakeBucket(x.clone())).wait()
+    assert (state.calls, state.blocks_sent, state.bytes_sent > 0) == (1, 10, True)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rv", rank=0, world_size=1)
+    try:
+        for method in ("topk", "none"):  # all_gather of the blocks; all_reduce when dense
+            state = _CheckedState(make_compressor(method=method, ratio=0.25, block_size=B))
+            got = gloo_compressed_hook(state, FakeBucket(x.clone())).wait()
+            assert state.calls == 1 and state.seconds > 0, method
+    finally:
+        dist.destroy_process_group()
+    assert got.tolist() == x.tolist()
+
+
+def test_concurrent_counter_updates_lose_nothing():
+    """8 threads x 5000 updates, switching threads every microsecond: exact totals."""
+    state = CompressionHookState(make_compressor(block_size=B), world_size=1)
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # a thread switch between a counter's read and write is likely
+
+    def work():
+        for _ in range(5000):
+            state.add(calls=1, seconds=float(len(str(0.5))) - 2.0, bytes_sent=3)
+    try:
+        threads = [threading.Thread(target=work) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert (state.calls, state.seconds, state.bytes_sent) == (40000, 40000.0, 120000)
 
 
 # ---------------------------------------------------------------- DDP hooks
