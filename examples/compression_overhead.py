@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -39,6 +40,7 @@ def main():
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--out", default=str(ROOT / "docs" / "compression_overhead.json"))
     args = ap.parse_args()
+    load_start = os.getloadavg()
     torch.set_num_threads(1)  # as each of the 4 ranks in the examples
     torch.manual_seed(0)
     model = MLP(2048)
@@ -62,7 +64,8 @@ def main():
             comp.end_step()
             compress[name].append(time.perf_counter() - t0)
     ms = lambda v: round(float(np.median(v[1:])) * 1e3, 2)  # noqa: E731  (first rep warms up)
-    result = {"params": sum(p.numel() for p in params),
+    result = {"params": sum(p.numel() for p in params), "reps": args.reps,
+              "load_1min": [round(x, 2) for x in (load_start[0], os.getloadavg()[0])],
               "compute_ms": {str(b): ms(v) for b, v in compute.items()},
               "compress_ms": {n: ms(v) for n, v in compress.items()}}
     result["overhead_percent"] = {str(b): {n: round(100 * c / result["compute_ms"][str(b)], 1)
