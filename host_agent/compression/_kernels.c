@@ -242,7 +242,6 @@ static PyObject *top_blocks(PyObject *self, PyObject *const *args, Py_ssize_t na
     Buf b[2];
     memset(b, 0, sizeof b);
     PyObject *result = NULL;
-    uint64_t *scratch = NULL;
     if (nargs != 5) {
         PyErr_SetString(PyExc_TypeError, "top_blocks takes 5 arguments");
         return NULL;
@@ -275,22 +274,21 @@ static PyObject *top_blocks(PyObject *self, PyObject *const *args, Py_ssize_t na
         r = r < MIN_SAMPLE_RANK ? MIN_SAMPLE_RANK : r;
         sampled = r <= nsample;
     }
-    scratch = malloc(8 * (size_t)(n > 0 ? n : 1));
-    if (!scratch) {
-        PyErr_NoMemory();
-        goto done;
-    }
+    /* No scratch memory: `out` is the workspace (the sample, then the candidates and their
+     * rank keys behind them). A fresh n-sized buffer would be mapped anew by every call, and
+     * the page faults cost more than the selection (8 ms against 1 ms for 400,000 blocks). */
+    uint64_t *work = (uint64_t *)out;
     long long threshold = -1;
     Py_BEGIN_ALLOW_THREADS
-    if (sampled) {  /* one block from each stratum [i n / S, (i + 1) n / S) */
-        for (Py_ssize_t i = 0; i < nsample; i++) {
+    if (sampled) {
+        for (Py_ssize_t i = 0; i < nsample; i++) {  /* one block from each stratum */
             uint64_t lo = (uint64_t)i * n / nsample, hi = (uint64_t)(i + 1) * n / nsample;
             uint64_t z = splitmix64(seed + (uint64_t)(i + 1) * 0x9E3779B97F4A7C15ull);
-            scratch[i] = norm_key(norms[lo + z % (hi - lo)]);
+            work[i] = norm_key(norms[lo + z % (hi - lo)]);
         }
-        nth_largest(scratch, (size_t)nsample, (size_t)(r - 1));
-        uint32_t thr = (uint32_t)scratch[r - 1];
-        ncand = 0;
+        nth_largest(work, (size_t)nsample, (size_t)(r - 1));
+        uint32_t thr = (uint32_t)work[r - 1];
+        ncand = 0;  /* overwrites the sample, which is done with */
         for (Py_ssize_t i = 0; i < n; i++)
             if (norm_key(norms[i]) >= thr)
                 out[ncand++] = i;
@@ -299,23 +297,28 @@ static PyObject *top_blocks(PyObject *self, PyObject *const *args, Py_ssize_t na
         else
             ncand = n;  /* the sample overestimated: choose among all */
     }
-    if (ncand == n)
-        for (Py_ssize_t i = 0; i < n; i++)
-            out[i] = i;
-    if (ncand > k) {  /* the k largest rank keys among the candidates, kept in index order */
+    if (ncand > k && 2 * ncand <= n) {  /* among the candidates, rank keys behind them */
         for (Py_ssize_t i = 0; i < ncand; i++)
-            scratch[i] = rank_key(norms, out[i]);
-        nth_largest(scratch, (size_t)ncand, (size_t)(k - 1));
-        uint64_t kth = scratch[k - 1];
+            work[ncand + i] = rank_key(norms, out[i]);
+        nth_largest(work + ncand, (size_t)ncand, (size_t)(k - 1));
+        uint64_t kth = work[ncand + k - 1];
         Py_ssize_t w = 0;
-        for (Py_ssize_t i = 0; i < ncand; i++)
+        for (Py_ssize_t i = 0; i < ncand; i++)  /* w <= i: out[i] is read before it is written */
             if (rank_key(norms, out[i]) >= kth)
                 out[w++] = out[i];
+    } else if (ncand > k) {  /* among all blocks: the same k, as every one of them is a candidate */
+        for (Py_ssize_t i = 0; i < n; i++)
+            work[i] = rank_key(norms, i);
+        nth_largest(work, (size_t)n, (size_t)(k - 1));
+        uint64_t kth = work[k - 1];
+        Py_ssize_t w = 0;
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (rank_key(norms, i) >= kth)
+                out[w++] = i;
     }
     Py_END_ALLOW_THREADS
     result = Py_BuildValue("nnL", k, ncand, threshold);
 done:
-    free(scratch);
     release(b, 2);
     return result;
 }
