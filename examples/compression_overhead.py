@@ -5,7 +5,8 @@
 One process, one thread, no communication: each repetition runs forward + backward of one
 batch, then each compressor on that gradient exactly as the hook does (the bucket read piece
 by piece into the residual, block norms, selection, the send array). Interleaving the two
-measurements spreads the machine's load over both. Reports medians.
+measurements spreads the machine's load over both. Reports medians and the 1-minute load
+average at the start and the end (the same numbers `uptime` prints).
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ METHODS = {"topk@0.01": dict(method="topk", ratio=0.01),
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batches", type=int, nargs="+", default=[32, 64], help="per-rank batch sizes")
-    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--reps", type=int, default=41, help="repetitions (medians of all but the first)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "compression_overhead.json"))
     args = ap.parse_args()
     load_start = os.getloadavg()
