@@ -9,15 +9,16 @@ STAMP  := $(VENV)/.installed
 help:  ## list targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-$(STAMP): pyproject.toml setup.py host_agent/_core.c scripts/setup.sh
+$(STAMP): pyproject.toml setup.py host_agent/_core.c host_agent/_pybuf.h \
+          host_agent/compression/_kernels.c scripts/setup.sh
 	bash scripts/setup.sh $(VENV) $(PYTHON)
 	touch $(STAMP)
 
-setup: $(STAMP)  ## create .venv, install Debian and Python dependencies, build the agent's C core
+setup: $(STAMP)  ## create .venv, install Debian and Python dependencies, build the C parts
 
-# The host agent's compiled core, rebuilt in this tree (a worktree sharing another tree's venv:
-# `make core PY=/path/to/python`).
-core:  ## rebuild host_agent/_core.c in place after changing it
+# The host agent's compiled parts (host_agent/_core.c, host_agent/compression/_kernels.c),
+# rebuilt in this tree (a worktree sharing another tree's venv: `make core PY=/path/to/python`).
+core:  ## rebuild host_agent/_core.c and host_agent/compression/_kernels.c in place
 	$(PY) setup.py -q build_ext --inplace
 
 demo: $(STAMP)  ## the main job: software switch + 4 workers, sparse all-reduce vs gloo
@@ -110,4 +111,5 @@ dissector:  ## regenerate docs/spina.lua (Wireshark dissector) from spina/wire.p
 	$(PY) -m spina.dissector > docs/spina.lua
 
 clean:  ## remove the virtualenv and caches
-	rm -rf $(VENV) .pytest_cache build *.egg-info host_agent/_core.*.so
+	rm -rf $(VENV) .pytest_cache build *.egg-info host_agent/_core.*.so \
+	  host_agent/compression/_kernels.*.so

@@ -1,10 +1,17 @@
-"""Build rules that pyproject.toml cannot state: the host agent's compiled core.
+"""Build rules that pyproject.toml cannot state: the compiled parts of the host agent.
 
-`make setup` (pip install -e .) builds it with the system C compiler; `make core` rebuilds it
-in place after host_agent/_core.c changes. -fno-math-errno lets gcc inline rintf and vectorise
-the quantize loop; the operations stay the IEEE ones numpy does (tests/test_core.py).
+`make setup` (pip install -e .) builds them with the system C compiler; `make core` rebuilds
+them in place after a change. host_agent/_core.c is the agent's per-datagram work:
+-fno-math-errno lets gcc inline rintf and vectorise the quantize loop; the operations stay
+the IEEE ones numpy does (tests/test_core.py). host_agent/compression/_kernels.c is the
+compressor's pass over a bucket: -ffp-contract=off keeps gcc from fusing a multiply and an
+add, so every result is the one its numpy definition gives (tests/test_compression.py).
 """
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("host_agent._core", ["host_agent/_core.c"],
-                             extra_compile_args=["-O3", "-fno-math-errno"])])
+HEADERS = ["host_agent/_pybuf.h"]  # shared by both: a change rebuilds them
+setup(ext_modules=[Extension("host_agent._core", ["host_agent/_core.c"], depends=HEADERS,
+                             extra_compile_args=["-O3", "-fno-math-errno"]),
+                   Extension("host_agent.compression._kernels",
+                             ["host_agent/compression/_kernels.c"], depends=HEADERS,
+                             extra_compile_args=["-O3", "-ffp-contract=off"])])

@@ -5,12 +5,14 @@
 One process, one thread, no communication: each repetition runs forward + backward of one
 batch, then each compressor on that gradient exactly as the hook does (the bucket read piece
 by piece into the residual, block norms, selection, the send array). Interleaving the two
-measurements spreads the machine's load over both. Reports medians.
+measurements spreads the machine's load over both. Reports medians and the 1-minute load
+average at the start and the end (the same numbers `uptime` prints).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -36,9 +38,10 @@ METHODS = {"topk@0.01": dict(method="topk", ratio=0.01),
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batches", type=int, nargs="+", default=[32, 64], help="per-rank batch sizes")
-    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--reps", type=int, default=41, help="repetitions (medians of all but the first)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "compression_overhead.json"))
     args = ap.parse_args()
+    load_start = os.getloadavg()
     torch.set_num_threads(1)  # as each of the 4 ranks in the examples
     torch.manual_seed(0)
     model = MLP(2048)
@@ -62,7 +65,8 @@ def main():
             comp.end_step()
             compress[name].append(time.perf_counter() - t0)
     ms = lambda v: round(float(np.median(v[1:])) * 1e3, 2)  # noqa: E731  (first rep warms up)
-    result = {"params": sum(p.numel() for p in params),
+    result = {"params": sum(p.numel() for p in params), "reps": args.reps,
+              "load_1min": [round(x, 2) for x in (load_start[0], os.getloadavg()[0])],
               "compute_ms": {str(b): ms(v) for b, v in compute.items()},
               "compress_ms": {n: ms(v) for n, v in compress.items()}}
     result["overhead_percent"] = {str(b): {n: round(100 * c / result["compute_ms"][str(b)], 1)

@@ -191,6 +191,11 @@ def train(run: dict, task: Task, args, agent) -> dict:
     sgd = args.opt == "sgd"
     model = DDP(task.model())
     nparams = sum(p.numel() for p in model.parameters())
+    if sgd:  # compressed runs: the momentum lives in the compressor (DGC momentum correction)
+        opt = torch.optim.SGD(model.parameters(), lr=args.lr,
+                              momentum=args.momentum if run["method"] == "none" else 0.0)
+    else:
+        opt = Lamb(model.parameters(), lr=args.lr, mask_unsent=run["mask"])
     state = None
     if run["method"] == "none":
         if run["transport"] == "spina":
@@ -202,14 +207,10 @@ def train(run: dict, task: Task, args, agent) -> dict:
                                momentum_masking=not args.no_momentum_masking,
                                warmup_steps=args.warmup_steps, warmup_ratio=max(run["ratio"], 0.25),
                                loss_window=args.loss_window, block_size=agent.job.block_size)
-        state = CompressionHookState(comp, agent if run["transport"] == "spina" else None)
+        state = CompressionHookState(comp, agent if run["transport"] == "spina" else None,
+                                     optimizer=opt)  # refuses a double momentum
         model.register_comm_hook(state, spina_compressed_hook if run["transport"] == "spina"
                                  else gloo_compressed_hook)
-    if sgd:  # compressed runs: the momentum lives in the compressor (DGC momentum correction)
-        opt = torch.optim.SGD(model.parameters(), lr=args.lr,
-                              momentum=args.momentum if run["method"] == "none" else 0.0)
-    else:
-        opt = Lamb(model.parameters(), lr=args.lr, mask_unsent=run["mask"])
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, task.steps)
     hist = dict(run, params=nparams, step_loss=[], eval_step=[], test_acc=[], step_seconds=[])
     for step, (x, y) in enumerate(task.batches()):

@@ -25,8 +25,7 @@
  * tests/test_core.py checks both give identical bytes and verdicts.
  * Layout of a datagram: spina/wire.py (48-byte header, nlanes u32 `next`, present rows).
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "_pybuf.h"  /* Python.h, Buf, get_buf, release */
 #include <errno.h>
 #include <math.h>
 #include <netinet/in.h>
@@ -175,28 +174,6 @@ static void quantize_row(unsigned char *dst, const void *src, Py_ssize_t count, 
         memset(dst + 4 * count, 0, (size_t)(4 * (bs - count)));
 }
 
-typedef struct {
-    Py_buffer view;
-    int held;
-} Buf;
-
-static int get_buf(PyObject *obj, Buf *b, int writable, Py_ssize_t itemsize, const char *name) {
-    if (PyObject_GetBuffer(obj, &b->view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0)
-        return -1;
-    b->held = 1;
-    if (itemsize && b->view.len % itemsize) {
-        PyErr_Format(PyExc_ValueError, "%s: %zd bytes is not a whole number of %zd-byte items",
-                     name, b->view.len, itemsize);
-        return -1;
-    }
-    return 0;
-}
-
-static void release(Buf *bufs, int n) {
-    for (int i = 0; i < n; i++)
-        if (bufs[i].held)
-            PyBuffer_Release(&bufs[i].view);
-}
 
 PyDoc_STRVAR(fill_round_doc,
 "fill_round(datagram, flat, pos_ext, ptr, pos, nonfinite, lane0, shift, integer, block_size,\n"

@@ -24,6 +24,7 @@ bit-identical across ranks.
 # No `from __future__ import annotations` here: DDP.register_comm_hook compares the hook's
 # annotations with dist.GradBucket and torch.futures.Future[torch.Tensor] as objects.
 import os
+import threading
 import time
 
 import numpy as np
@@ -38,14 +39,13 @@ JOB_FILE_ENV = "SPINA_JOB_FILE"
 DAEMON_SOCKET_ENV = "SPINA_AGENT_SOCKET"
 
 
-class SpinaHookState:
-    """State of `spina_allreduce_hook`: the rank's agent and running wire statistics.
+class HookCounters:
+    """Running totals of a comm hook's state, summed over buckets since construction or
+    `reset_stats()`. Updated only under the state's lock: a hook's buckets may finish on
+    several threads at once (the gloo control's callbacks), and `x += f()` can lose an update
+    when another thread runs between the read and the write.
 
-    Args:
-        agent: this rank's `host_agent.agent.Agent` (see `agent_from_env`).
-        world_size: divisor for averaging; default `agent.job.nworkers`.
-
-    Attributes (summed over every bucket since construction or `reset_stats()`):
+    Attributes:
         calls: buckets all-reduced.
         elements: gradient elements all-reduced.
         bytes_sent / payload_bytes_sent: UDP payload bytes this rank sent / of those, block data.
@@ -54,43 +54,58 @@ class SpinaHookState:
         partial_rounds: rounds the switch completed without every worker (bounded loss).
         blocks_lost: this rank's blocks missing from the sums (bounded loss; CallStats).
         loss_tolerant_packets: packets this rank sent flagged loss-tolerant (host_agent/dlcp.py).
+    """
+
+    COUNTERS = ("calls", "elements", "bytes_sent", "payload_bytes_sent", "resends", "seconds",
+                "partial_rounds", "blocks_lost", "loss_tolerant_packets")
+    # The CallStats fields summed per call (calls and elements are the hook's own).
+    _CALL_FIELDS = COUNTERS[2:]
+    __slots__ = COUNTERS + ("_lock",)
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.reset_stats()
+
+    def reset_stats(self) -> None:
+        with self._lock:
+            for name in self.COUNTERS:
+                setattr(self, name, 0.0 if name.endswith("seconds") else 0)
+
+    def add(self, **amounts) -> None:
+        """Add to the named counters, all in one step under the lock."""
+        with self._lock:
+            for name, amount in amounts.items():
+                setattr(self, name, getattr(self, name) + amount)
+
+    def count_call(self, stats, n: int) -> None:
+        """One bucket of `n` elements went through an agent call whose CallStats are `stats`."""
+        self.add(calls=1, elements=n, **{f: getattr(stats, f) for f in self._CALL_FIELDS})
+
+
+class SpinaHookState(HookCounters):
+    """State of `spina_allreduce_hook`: the rank's agent and running wire statistics.
+
+    Args:
+        agent: this rank's `host_agent.agent.Agent` (see `agent_from_env`).
+        world_size: divisor for averaging; default `agent.job.nworkers`.
+
+    Attributes: the counters of `HookCounters` (calls, elements, bytes_sent,
+    payload_bytes_sent, resends, seconds, partial_rounds, blocks_lost, loss_tolerant_packets).
 
     The hook also learns DDP's bucket count (the last bucket of a backward pass says it is
     last) to give each bucket its layer position (`layer_of`).
     """
 
-    __slots__ = ("agent", "world_size", "calls", "elements", "bytes_sent", "payload_bytes_sent",
-                 "resends", "seconds", "partial_rounds", "blocks_lost", "loss_tolerant_packets",
-                 "nbuckets")
+    __slots__ = ("agent", "world_size", "nbuckets")
 
     def __init__(self, agent: Agent, world_size: int | None = None):
         self.agent = agent
         self.world_size = world_size or agent.job.nworkers
         self.nbuckets = 0  # DDP's buckets per backward pass, once a last bucket was seen
-        self.reset_stats()
-
-    def reset_stats(self) -> None:
-        self.calls = 0
-        self.elements = 0
-        self.bytes_sent = 0
-        self.payload_bytes_sent = 0
-        self.resends = 0
-        self.seconds = 0.0
-        self.partial_rounds = 0
-        self.blocks_lost = 0
-        self.loss_tolerant_packets = 0
+        super().__init__()
 
     def _count(self, n: int) -> None:
-        s = self.agent.last_stats
-        self.calls += 1
-        self.elements += n
-        self.bytes_sent += s.bytes_sent
-        self.payload_bytes_sent += s.payload_bytes_sent
-        self.resends += s.resends
-        self.seconds += s.seconds
-        self.partial_rounds += s.partial_rounds
-        self.blocks_lost += s.blocks_lost
-        self.loss_tolerant_packets += s.loss_tolerant_packets
+        self.count_call(self.agent.last_stats, n)
 
     def layer_of(self, index: int, is_last: bool) -> tuple[int, int] | None:
         """The layer position (i, n) of DDP bucket `index` (host_agent/dlcp.py): DDP fills
@@ -353,6 +368,6 @@ def agent_from_env(job_file: str | None = None, rank: int | None = None, wait: f
     return Agent(job, rank, jf.switch, timeout=timeout, rto=rto, rendezvous=jf.rendezvous)
 
 
-__all__ = ["SpinaHookState", "spina_allreduce_hook", "sum_async", "agent_from_env", "block_aligned_layout",
-           "pack_aligned", "unpack_aligned",
+__all__ = ["HookCounters", "SpinaHookState", "spina_allreduce_hook", "sum_async", "agent_from_env",
+           "block_aligned_layout", "pack_aligned", "unpack_aligned",
            "JOB_FILE_ENV", "DAEMON_SOCKET_ENV"]

@@ -9,7 +9,8 @@ cd "$(dirname "$0")/.."
 # Debian packages the tests use: iproute2 (ip netns), iptables (loss injection), ethtool,
 # mininet (mnexec and Debian's mininet module), cpp (the P4 agreement tests preprocess p4src/),
 # tshark (the Lua dissector test; ~9 s here) and prometheus (the real-scrape test; ~14 s);
-# gcc and python3-dev build the host agent's C core (host_agent/_core.c, setup.py).
+# gcc and python3-dev build the host agent's C parts (host_agent/_core.c,
+# host_agent/compression/_kernels.c; setup.py).
 DEBS="iproute2 iptables ethtool mininet cpp tshark prometheus gcc python3-dev"
 missing=""
 for p in $DEBS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
@@ -33,4 +34,6 @@ fi
 "$VENV/bin/python" -m pip install -q -e '.[test]' 2>&1 | grep -v '^WARNING: Location' || true
 "$VENV/bin/python" -c "import numpy, torch, p4.v1.p4runtime_pb2, grpc, scapy, yaml
 from host_agent import _core
-print('setup: ok, torch', torch.__version__, '- agent core', _core.VARIANT)"
+from host_agent.compression import _kernels
+print('setup: ok, torch', torch.__version__, '- agent core', _core.VARIANT,
+      '- compression kernels', _kernels.VARIANT)"

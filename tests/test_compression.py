@@ -9,6 +9,8 @@ rendezvous) against a software switch running in this test process.
 """
 import json
 import math
+import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -20,18 +22,18 @@ import torch.multiprocessing as mp  # noqa: E402
 
 from host_agent.blocks import headroom_bits, nonzero_blocks  # noqa: E402
 from host_agent.compression import (BucketLayout, CompressionConfig, ResidualMemory,  # noqa: E402
-                                    make_compressor)
+                                    _kernels, kernels, make_compressor)
 from host_agent.compression.hooks import (CompressionHookState, gloo_compressed_hook,  # noqa: E402
                                           spina_compressed_hook)
 from host_agent.launch import local_job  # noqa: E402
 from host_agent.local import LocalCluster  # noqa: E402
-from host_agent.torch_hook import pack_aligned  # noqa: E402
-from softswitch.udp import UdpSwitch  # noqa: E402
+from host_agent.torch_hook import HookCounters, pack_aligned  # noqa: E402
+from softswitch.udp import Faults, UdpSwitch  # noqa: E402
 from spina.config import ConfigError, JobFile  # noqa: E402
 try:  # tests/ is on sys.path under pytest's default import mode
-    from test_torch_hook import leave_worker  # noqa: E402
+    from test_torch_hook import FakeBucket, leave_worker  # noqa: E402
 except ImportError:
-    from tests.test_torch_hook import leave_worker  # noqa: E402
+    from tests.test_torch_hook import FakeBucket, leave_worker  # noqa: E402
 
 B = 16  # a small block size keeps the tests' tensors small
 
@@ -99,18 +101,20 @@ def test_momentum_correction_and_factor_masking_by_hand():
 
 
 def test_momentum_without_masking_at_ratio_one_is_momentum_sgd():
-    """momentum_masking=False, ratio 1: every step sends momentum SGD's velocity (to a rounding)."""
-    comp = make_compressor(method="topk", ratio=1.0, momentum=0.9, momentum_masking=False, block_size=B)
+    """momentum_masking=False, ratio 1: every step sends torch SGD's momentum buffer, bit for
+    bit (u = m u + g, rounded twice as SGD's buf.mul_(m).add_(g))."""
+    comp = make_compressor(method="topk", ratio=1.0, momentum=0.9, momentum_masking=False,
+                           block_size=B)
     layout = _layout(8 * B)
     rng = np.random.default_rng(6)
-    u = np.zeros(layout.length, np.float32)
+    w = torch.nn.Parameter(torch.zeros(8 * B))
+    sgd = torch.optim.SGD([w], lr=1.0, momentum=0.9)
     for _ in range(5):
         g = rng.standard_normal(layout.length).astype(np.float32)
-        ref = np.float32(0.9) * u + g  # torch SGD: buf.mul_(m).add_(g), two roundings
+        w.grad = torch.from_numpy(g.copy())
+        sgd.step()
         sent = comp.compress(layout, g).send
-        # One rounding (the axpy) against two: apart by at most an ulp or two of the terms.
-        assert (np.abs(sent - ref) <= 2.0 ** -22 * (np.abs(0.9 * u) + np.abs(g))).all()
-        u = sent  # follow the compressor's rounding, so differences cannot grow
+        np.testing.assert_array_equal(sent, sgd.state[w]["momentum_buffer"].numpy())
         comp.end_step()
 
 
@@ -134,6 +138,141 @@ def test_residual_moves_with_a_new_bucket_layout():
     assert a.key in mem.buffers  # p still lives there
     assert mem.get(b2)["residual"][16:36].tolist() == list(range(20))
     assert a.key not in mem.buffers
+
+
+# ---------------------------------------------------------------- the compiled pass
+VARIANTS = ["generic"] + (["avx2"] if _kernels.VARIANT == "avx2" else [])
+
+
+@pytest.fixture(params=VARIANTS)
+def variant(request):
+    """Each build of accumulate's block loop in turn (the CPU's default restored after)."""
+    default = _kernels.VARIANT
+    _kernels.set_variant(request.param)
+    yield request.param
+    _kernels.set_variant(default)
+
+
+def _bits(a):
+    return a.view(np.uint32)
+
+
+@pytest.mark.parametrize("block_size", [256, 16, 13, 5])
+@pytest.mark.parametrize("momentum", [None, 0.9])
+def test_accumulate_is_its_numpy_definition_bit_for_bit(variant, block_size, momentum):
+    """v += (u = m u + g, or g) and the lane-ordered block norms: identical bits to numpy,
+    with partial blocks, padding, NaN, inf, -0.0 and subnormals in the data."""
+    rng = np.random.default_rng(block_size)
+    sizes = [300, 77, 1, 2 * block_size, 1000, 8]
+    layout = _layout(*sizes, block_size=block_size)
+    g = (rng.standard_normal(sum(sizes)) * 10.0 ** rng.integers(-3, 3, sum(sizes)))
+    g = g.astype(np.float32)
+    g[[5, 17, 400]] = [np.nan, np.inf, -0.0]
+    g[[6, 7]] = np.float32(1e-42)  # subnormal
+    v = rng.standard_normal(layout.length).astype(np.float32)  # padding not zero either
+    u = None if momentum is None else rng.standard_normal(layout.length).astype(np.float32)
+    v_ref, u_ref = v.copy(), None if u is None else u.copy()
+    norms = kernels.accumulate(layout, g, v, u, momentum or 0.0)
+    ref = kernels.accumulate_reference(layout, g, v_ref, u_ref, momentum or 0.0)
+    np.testing.assert_array_equal(_bits(v), _bits(v_ref))
+    if u is not None:
+        np.testing.assert_array_equal(_bits(u), _bits(u_ref))
+    finite = np.isfinite(ref)
+    assert (np.isnan(norms) == np.isnan(ref)).all() and (~finite).sum() >= 1
+    np.testing.assert_array_equal(_bits(norms[finite]), _bits(ref[finite]))
+    # and the definition is a squared norm: a float64 sum differs by rounding only
+    f64 = (v_ref.reshape(-1, block_size).astype(np.float64) ** 2).sum(1)
+    np.testing.assert_allclose(ref[finite], f64[finite], rtol=1e-5)
+
+
+def test_accumulate_refuses_bad_input():
+    """Wrong dtypes, pieces outside the arrays, norms of the wrong length: one-line errors."""
+    layout = _layout(40)
+    v, norms = np.zeros(layout.length, np.float32), np.zeros(layout.nblocks, np.float32)
+    with pytest.raises(TypeError, match="grad: needs float32 items, got format 'd'"):
+        kernels.accumulate(layout, np.zeros(40), v)
+    with pytest.raises(ValueError, match=r"piece 0 \(src 0, dst 0, size 40\) outside grad \(39\)"):
+        kernels.accumulate(layout, np.zeros(39, np.float32), v)
+    with pytest.raises(ValueError, match="norms one item per block"):
+        _kernels.accumulate(np.zeros(40, np.float32), layout.src, layout.dst, layout.sizes, B,
+                            v, None, 0.0, norms[:-1])
+
+
+def _check_top(norms, k, seed, nsample=kernels.SAMPLE):
+    """top_blocks against its numpy definition; returns (candidates, threshold)."""
+    out = np.full(len(norms), -7, np.int64)
+    count, cand, thr = _kernels.top_blocks(norms, k, nsample, seed, out)
+    sample_thr = kernels.sample_threshold_reference(norms, k, seed, nsample)
+    ref, ref_cand, ref_thr = kernels.top_blocks_reference(norms, k, sample_thr)
+    assert count == min(k, len(norms))  # the documented bound: exactly k, always
+    np.testing.assert_array_equal(out[:count], ref)
+    np.testing.assert_array_equal(ref, kernels.top_blocks_reference(norms, k)[0])  # it prunes
+    assert (cand, thr) == (ref_cand, ref_thr)
+    return cand, thr
+
+
+def test_top_blocks_is_its_numpy_definition():
+    """Random sizes, k, seeds, ties and NaN: the same candidates, threshold and exact top k."""
+    rng = np.random.default_rng(7)
+    sampled = 0
+    for trial in range(150):
+        n = int(rng.integers(1, 60000))
+        k = int(rng.integers(0, n + 2)) if trial % 2 else max(1, n // 100)
+        norms = (rng.random(n) ** 3).astype(np.float32)
+        if trial % 3 == 0:
+            norms = np.round(norms * 10).astype(np.float32)  # many ties
+        if trial % 5 == 0:
+            norms[rng.integers(0, n, 3)] = np.nan
+        cand, thr = _check_top(norms, k, int(rng.integers(0, 2 ** 63)))
+        sampled += thr >= 0
+        assert k <= cand <= n or k >= n
+    assert sampled >= 50  # most k = 1% cases went through the sample
+
+
+def test_top_blocks_order_ties_and_nan():
+    """Equal norms go to the lower index; NaN ranks above +inf, +inf above the rest."""
+    norms = np.array([1, 3, 3, np.inf, 0, np.nan, 3, 2], np.float32)
+    assert kernels.top_blocks(norms, 4, nsample=0).tolist() == [1, 2, 3, 5]
+    assert kernels.top_blocks(norms, 1).tolist() == [5]
+    assert kernels.top_blocks(np.ones(50000, np.float32), 3).tolist() == [0, 1, 2]
+    assert kernels.top_blocks(norms, 0).tolist() == []
+    assert kernels.top_blocks(norms, 9).tolist() == list(range(8))
+
+
+def test_top_blocks_falls_back_to_all_when_the_sample_overestimates():
+    """Large norms exactly at the sampled blocks: fewer than k candidates, so all blocks are
+    candidates (threshold -1) and the result is still the exact top k."""
+    n, k, seed = 100000, 500, 11
+    rng = np.random.default_rng(8)
+    norms = rng.random(n).astype(np.float32)
+    norms[kernels.sample_positions(n, kernels.SAMPLE, seed)] += 10
+    assert _check_top(norms, k, seed) == (n, -1)
+    norms = rng.random(n).astype(np.float32)  # no trap: the sample is used
+    cand, thr = _check_top(norms, k, seed)
+    assert thr >= 0 and k <= cand < 3 * k
+
+
+def test_error_feedback_identity_with_float_gradients_and_momentum():
+    """send + residual_after == residual_before + (m u + g) bit for bit, u cleared where sent."""
+    rng = np.random.default_rng(9)
+    layout = _layout(3000, 500, 17)
+    comp = make_compressor(method="topk", ratio=0.05, momentum=0.9, block_size=B)
+    m = np.float32(0.9)
+    for _ in range(10):
+        g = rng.standard_normal(3517).astype(np.float32)
+        mem = comp.memory.get(layout)
+        r0, u0 = mem["residual"].copy(), mem["momentum"].copy()
+        ga = pack_aligned(torch.from_numpy(g), layout.src, layout.dst, layout.length)
+        u1 = m * u0 + ga
+        sel = comp.compress(layout, g)
+        comp.end_step()
+        np.testing.assert_array_equal(sel.send + mem["residual"], r0 + u1)
+        assert not ((sel.send != 0) & (mem["residual"] != 0)).any()
+        sent = np.zeros(layout.nblocks, bool)
+        sent[sel.blocks] = True
+        u2d = mem["momentum"].reshape(-1, B)
+        np.testing.assert_array_equal(u2d[~sent], u1.reshape(-1, B)[~sent])
+        assert not u2d[sent].any()
 
 
 # ---------------------------------------------------------------- selection
@@ -290,6 +429,129 @@ def test_compressed_sum_through_the_switch():
     assert [s.payload_bytes_sent for s in stats] == [7 * B * 4] * 2
     union = np.union1d(sels[0].blocks, sels[1].blocks)
     np.testing.assert_array_equal(nonzero_blocks(out[0], B), union)
+
+
+# ---------------------------------------------------------------- hook state
+@pytest.mark.parametrize("comp_block", [512, 128])
+def test_a_compressor_with_other_blocks_than_the_job_is_refused(comp_block):
+    """Blocks of 512 (or 128) on a job of 256: refused when the state is built, naming both."""
+    with LocalCluster(1, block_size=256, nlanes=4, nslots=2) as c:
+        comp = make_compressor(method="topk", ratio=0.01, block_size=comp_block)
+        with pytest.raises(ConfigError, match=rf"field 'block_size': the compressor's blocks "
+                                              rf"have {comp_block} elements, job 1's have 256"):
+            CompressionHookState(comp, c.agents[0])
+        CompressionHookState(make_compressor(block_size=256), c.agents[0])  # the job's: fine
+
+
+def test_double_momentum_is_refused():
+    """Compressor momentum (DGC) with an optimiser's own momentum: refused, naming both."""
+    params = [torch.nn.Parameter(torch.zeros(3))]
+    comp = make_compressor(method="topk", momentum=0.9, block_size=B)
+    state = CompressionHookState(comp, world_size=1)
+    with pytest.raises(ConfigError, match=r"field 'momentum': the compressor applies momentum "
+                                          r"0\.9 .* param group 0 has momentum 0\.5"):
+        CompressionHookState(comp, world_size=1,
+                             optimizer=torch.optim.SGD(params, lr=0.1, momentum=0.5))
+    CompressionHookState(comp, world_size=1, optimizer=torch.optim.SGD(params, lr=0.1))
+    CompressionHookState(make_compressor(block_size=B), world_size=1,
+                         optimizer=torch.optim.SGD(params, lr=0.1, momentum=0.9))
+    assert state.calls == 0
+
+
+def test_compressed_state_reports_the_agents_call_stats_with_resends():
+    """The compressed state sums the agent's CallStats as the dense state does: a lost packet
+    shows up as a resend in both the agent's stats and the state."""
+    dropped = []
+
+    def drop_first_of_rank0(h):  # one contribution of rank 0 is lost, once
+        if h.rank == 0 and h.msg_type == 1 and not dropped:
+            dropped.append(h)
+            return True
+        return False
+    with UdpSwitch(port=0, faults=Faults(drop_in_match=drop_first_of_rank0)) as sw, \
+            LocalCluster(2, switch=sw, block_size=B, nlanes=4, nslots=2) as c:
+        states = [CompressionHookState(make_compressor(method="topk", ratio=0.25, block_size=B),
+                                       a) for a in c.agents]
+        xs = [torch.arange(40 * B, dtype=torch.float32) * (r + 1) for r in range(2)]
+        futs = [spina_compressed_hook(s, FakeBucket(x)) for s, x in zip(states, xs)]
+        for f in futs:
+            f.wait()
+        stats = [a.last_stats for a in c.agents]
+    assert len(dropped) == 1 and stats[0].resends >= 1
+    for state, st in zip(states, stats):
+        assert (state.calls, state.elements) == (1, 40 * B)
+        for name in HookCounters.COUNTERS[2:]:
+            assert getattr(state, name) == getattr(st, name), name
+        assert (state.blocks_sent, state.blocks_total) == (10, 40)
+
+
+class _OwnedLock:
+    """A lock that knows which thread holds it."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.owner = None
+
+    def __enter__(self):
+        self._lock.acquire()
+        self.owner = threading.get_ident()
+
+    def __exit__(self, *exc):
+        self.owner = None
+        self._lock.release()
+
+
+class _CheckedState(CompressionHookState):
+    """Fails any counter write made without holding the state's lock."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self._lock = _OwnedLock()
+
+    def __setattr__(self, name, value):
+        lock = getattr(self, "_lock", None)
+        if name in self.COUNTERS and isinstance(lock, _OwnedLock):
+            assert lock.owner == threading.get_ident(), f"{name} written without the lock"
+        super().__setattr__(name, value)
+
+
+def test_every_counter_update_of_both_hooks_holds_the_lock(tmp_path):
+    """SpINA's callbacks (agent thread) and gloo's (its threads) write counters under the lock."""
+    x = torch.arange(40 * B, dtype=torch.float32)
+    with LocalCluster(1, block_size=B, nlanes=4, nslots=2) as c:
+        state = _CheckedState(make_compressor(method="topk", ratio=0.25, block_size=B),
+                              c.agents[0])
+        spina_compressed_hook(state, FakeBucket(x.clone())).wait()
+    assert (state.calls, state.blocks_sent, state.bytes_sent > 0) == (1, 10, True)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rv", rank=0, world_size=1)
+    try:
+        for method in ("topk", "none"):  # all_gather of the blocks; all_reduce when dense
+            state = _CheckedState(make_compressor(method=method, ratio=0.25, block_size=B))
+            got = gloo_compressed_hook(state, FakeBucket(x.clone())).wait()
+            assert state.calls == 1 and state.seconds > 0, method
+    finally:
+        dist.destroy_process_group()
+    assert got.tolist() == x.tolist()
+
+
+def test_concurrent_counter_updates_lose_nothing():
+    """8 threads x 5000 updates, switching threads every microsecond: exact totals."""
+    state = CompressionHookState(make_compressor(block_size=B), world_size=1)
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # a thread switch between a counter's read and write is likely
+
+    def work():
+        for _ in range(5000):
+            state.add(calls=1, seconds=float(len(str(0.5))) - 2.0, bytes_sent=3)
+    try:
+        threads = [threading.Thread(target=work) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert (state.calls, state.seconds, state.bytes_sent) == (40000, 40000.0, 120000)
 
 
 # ---------------------------------------------------------------- DDP hooks

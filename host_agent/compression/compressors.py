@@ -4,8 +4,9 @@ A compressor sees one bucket at a time as a block-aligned float32 array (every p
 starts on a block boundary, `BucketLayout`) and returns a `Selection`: the sorted indices of
 the blocks it sends and the array to hand to the agent (those blocks' values, zeros
 elsewhere), together with `Agent.allreduce(..., blocks=selection.blocks)` so that the agent
-looks at the selected blocks only. Selection costs one norm per block (one pass over the
-bucket) and a partial sort of the block norms; no element is ever sorted.
+looks at the selected blocks only. The error feedback, the momentum and the block norms are
+one compiled pass over the bucket (kernels.accumulate), the selection a sampled threshold and
+a partial sort of the candidates' norms (kernels.top_blocks); no element is ever sorted.
 
 Each rank selects on its own (DGC); the switch sums the union of the ranks' blocks, where a
 rank that did not select a block contributes zeros, and that block stays in its residual.
@@ -18,8 +19,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
+from host_agent.compression import kernels
 from host_agent.compression.config import CompressionConfig
 
 
@@ -49,19 +50,6 @@ class BucketLayout:
     def pieces(self):
         """(bucket offset, aligned offset, size) per parameter."""
         return zip(self.src.tolist(), self.dst.tolist(), self.sizes.tolist())
-
-    def add_into(self, aligned: np.ndarray, bucket: np.ndarray, scale: float = 1.0) -> None:
-        """aligned = scale * aligned + bucket, piece by piece at the aligned offsets, one pass.
-
-        torch.add(g, u, alpha=m) is an axpy in one kernel; numpy would need two passes. The
-        padding between pieces stays zero (scale * 0)."""
-        if scale == 1.0:
-            for s, d, k in self.pieces():  # a loop per parameter
-                aligned[d:d + k] += bucket[s:s + k]
-            return
-        a, b = torch.from_numpy(aligned), torch.from_numpy(bucket)
-        for s, d, k in self.pieces():
-            torch.add(b[s:s + k], a[d:d + k], alpha=scale, out=a[d:d + k])
 
     def piece_sq_norms(self, bucket: np.ndarray) -> np.ndarray:
         """Squared L2 norm of each parameter's piece of the (unaligned) bucket."""
@@ -130,15 +118,9 @@ class ResidualMemory:
         return bufs
 
 
-def block_sq_norms(a2d: np.ndarray) -> np.ndarray:
-    """Squared L2 norm of every row (block) of a (nblocks, B) float32 array.
-
-    float32 accumulation: a float64 einsum casts every element and took 7x longer here."""
-    return np.einsum("ij,ij->i", a2d, a2d)
-
-
-def top_blocks(score: np.ndarray, k: int) -> np.ndarray:
-    """Sorted indices of the k largest scores (a partial sort of one number per block)."""
+def top_scores(score: np.ndarray, k: int) -> np.ndarray:
+    """Sorted indices of the k largest of any float scores (LossComp's signed log weights;
+    block norms go through kernels.top_blocks)."""
     n = len(score)
     if k >= n:
         return np.arange(n, dtype=np.int64)
@@ -169,7 +151,8 @@ class Compressor:
     def current_ratio(self) -> float:
         cfg = self.config
         if self.step < cfg.warmup_steps:  # geometric: warmup_ratio -> ratio
-            return cfg.warmup_ratio * (cfg.ratio / cfg.warmup_ratio) ** (self.step / cfg.warmup_steps)
+            return (cfg.warmup_ratio
+                    * (cfg.ratio / cfg.warmup_ratio) ** (self.step / cfg.warmup_steps))
         return cfg.ratio
 
     def blocks_to_send(self, nblocks: int) -> int:
@@ -192,30 +175,19 @@ class Compressor:
         cfg = self.config
         B, nblocks = self.block_size, layout.nblocks
         mem = self.memory.get(layout)
-        if cfg.momentum:  # DGC momentum correction: accumulate velocity, not gradient
-            u = mem["momentum"]
-            layout.add_into(u, grad, scale=cfg.momentum)
-            if cfg.error_feedback:
-                v = mem["residual"]
-                v += u
-            else:
-                v = u
-        elif cfg.error_feedback:
-            v = mem["residual"]
-            layout.add_into(v, grad)
-        else:
-            v = np.zeros(layout.length, np.float32)
-            layout.add_into(v, grad)
+        v = mem["residual"] if cfg.error_feedback else np.zeros(layout.length, np.float32)
+        u = mem.get("momentum")  # DGC momentum correction: accumulate velocity, not gradient
+        norms = kernels.accumulate(layout, grad, v, u, cfg.momentum)
         v2d = v.reshape(nblocks, B)
-        blocks = self.choose(v2d, self.blocks_to_send(nblocks), layout, grad)
+        blocks = self.choose(norms, self.blocks_to_send(nblocks), layout, grad)
         send = np.zeros(layout.length, np.float32)
         send2d = send.reshape(nblocks, B)
         send2d[blocks] = v2d[blocks]
-        self.rescale(send2d, blocks, layout, grad)
+        self.rescale(send2d, blocks, norms, layout, grad)
         if cfg.error_feedback:
             v2d[blocks] = 0
-        if cfg.momentum and cfg.momentum_masking:  # DGC: sent velocity must not push again
-            mem["momentum"].reshape(nblocks, B)[blocks] = 0
+        if u is not None and cfg.momentum_masking:  # DGC: sent velocity must not push again
+            u.reshape(nblocks, B)[blocks] = 0
         self.bucket_index += 1
         return Selection(blocks, send, nblocks)
 
@@ -227,10 +199,11 @@ class Compressor:
     def observe_loss(self, loss: float) -> None:
         """The step's training loss, the same on every rank (LossComp uses it)."""
 
-    def choose(self, v2d, k, layout, grad) -> np.ndarray:
+    def choose(self, norms, k, layout, grad) -> np.ndarray:
+        """Sorted int64 indices of the k blocks to send, given every block's squared norm."""
         raise NotImplementedError
 
-    def rescale(self, send2d, blocks, layout, grad) -> None:
+    def rescale(self, send2d, blocks, norms, layout, grad) -> None:
         """Scale the sent rows in place (only the large-batch method does)."""
 
 
@@ -240,23 +213,24 @@ class DenseCompressor(Compressor):
     def compress(self, layout: BucketLayout, grad: np.ndarray) -> Selection:
         self.bucket_index += 1
         send = np.zeros(layout.length, np.float32)
-        layout.add_into(send, grad)
+        kernels.accumulate(layout, grad, send)  # the bucket, block-aligned (norms unused)
         return Selection(None, send, layout.nblocks)
 
 
 class BlockTopK(Compressor):
     """The k blocks with the largest L2 norm (of gradient + residual)."""
 
-    def choose(self, v2d, k, layout, grad):
-        return top_blocks(block_sq_norms(v2d), k)
+    def choose(self, norms, k, layout, grad):
+        # the sample's seed changes per bucket and step; the result never depends on it
+        return kernels.top_blocks(norms, k, seed=(self.step << 16) + self.bucket_index)
 
 
 class RandomK(Compressor):
     """k blocks drawn uniformly, the same blocks on every rank (seed, step, bucket): a control."""
 
-    def choose(self, v2d, k, layout, grad):
+    def choose(self, norms, k, layout, grad):
         rng = np.random.default_rng((self.config.seed, self.step, self.bucket_index))
-        return np.sort(rng.choice(len(v2d), k, replace=False)).astype(np.int64)
+        return np.sort(rng.choice(len(norms), k, replace=False)).astype(np.int64)
 
 
 class ScaledMask(Compressor):
@@ -271,21 +245,21 @@ class ScaledMask(Compressor):
     The residual keeps the unscaled values not sent, as for top-k.
     """
 
-    def choose(self, v2d, k, layout, grad):
+    def choose(self, norms, k, layout, grad):
         seg = layout.block_segments()
         per_layer = -(-layout.sizes // self.block_size)
-        quota = np.minimum(per_layer, np.maximum(1, np.ceil(self.current_ratio() * per_layer - 1e-9)))
-        norms = block_sq_norms(v2d)
+        quota = np.minimum(per_layer,
+                           np.maximum(1, np.ceil(self.current_ratio() * per_layer - 1e-9)))
         order = np.lexsort((-norms, seg))  # by layer, then by decreasing norm within it
-        rank_in_layer = np.arange(len(order)) - np.repeat(np.cumsum(per_layer) - per_layer, per_layer)
-        self._last_norms = norms
+        rank_in_layer = (np.arange(len(order))
+                         - np.repeat(np.cumsum(per_layer) - per_layer, per_layer))
         return np.sort(order[rank_in_layer < quota[seg[order]]]).astype(np.int64)
 
-    def rescale(self, send2d, blocks, layout, grad):
+    def rescale(self, send2d, blocks, norms, layout, grad):
         seg = layout.block_segments()
         nseg = len(layout.sizes)
         fresh = layout.piece_sq_norms(grad)
-        sent = np.bincount(seg[blocks], weights=self._last_norms[blocks], minlength=nseg)
+        sent = np.bincount(seg[blocks], weights=norms[blocks], minlength=nseg)
         scale = np.where(sent > 0, np.sqrt(fresh / np.where(sent > 0, sent, 1)), 1.0)
         send2d[blocks] *= scale[seg[blocks]].astype(np.float32)[:, None]
 
@@ -322,15 +296,15 @@ class LossComp(Compressor):
             return super().current_ratio()
         return self.ratio
 
-    def choose(self, v2d, k, layout, grad):
+    def choose(self, norms, k, layout, grad):
         key = layout.key
-        credit = self.credit.setdefault(key, np.zeros(len(v2d)))
+        credit = self.credit.setdefault(key, np.zeros(len(norms)))
         top = np.abs(credit).max()
-        logw = np.log(block_sq_norms(v2d).astype(np.float64) + 1e-300)
+        logw = np.log(norms.astype(np.float64) + 1e-300)
         if top > 0:
             logw += self.config.credit_weight * credit / top
-        gumbel = -np.log(-np.log(self.rng.random(len(v2d))))
-        blocks = top_blocks(logw / self.config.temperature + gumbel, k)
+        gumbel = -np.log(-np.log(self.rng.random(len(norms))))
+        blocks = top_scores(logw / self.config.temperature + gumbel, k)
         self.sent_before[key] = self.sent_last.get(key, blocks[:0])
         self.sent_last[key] = blocks
         return blocks

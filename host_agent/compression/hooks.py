@@ -1,7 +1,10 @@
 """DDP communication hooks that compress each gradient bucket, then sum it by SpINA or gloo.
 
-    compressor = make_compressor(method="topk", ratio=0.01, momentum=0.9, block_size=256)
-    state = CompressionHookState(compressor, agent=agent_from_env())
+    agent = agent_from_env()
+    compressor = make_compressor(method="topk", ratio=0.01, momentum=0.9,
+                                 block_size=agent.job.block_size)  # the job's blocks
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0)  # the compressor has it
+    state = CompressionHookState(compressor, agent, optimizer=opt)  # checks both
     model.register_comm_hook(state, spina_compressed_hook)          # in-network (SpINA)
     model.register_comm_hook(CompressionHookState(compressor), gloo_compressed_hook)  # control
 
@@ -22,47 +25,85 @@ import torch.distributed as dist
 
 from host_agent.agent import Agent
 from host_agent.compression.compressors import BucketLayout, Compressor, Selection
-from host_agent.torch_hook import _segment_sizes, fail, hook_future, unpack_aligned
+from host_agent.torch_hook import HookCounters, _segment_sizes, fail, hook_future, unpack_aligned
+from spina.config import ConfigError
 
 
-class CompressionHookState:
+class CompressionHookState(HookCounters):
     """State of the compressed hooks: a compressor, a transport, and running statistics.
 
     Args:
-        compressor: this rank's `Compressor` (one per model replica; keeps residuals).
+        compressor: this rank's `Compressor` (one per model replica; keeps residuals). With an
+            agent, its block size must be the job's (`agent.job.block_size`): the agent cuts
+            the bucket into the job's blocks, and a compressor with other blocks would hand
+            it a wrong block hint (sums that silently lose elements, or an IndexError).
         agent: this rank's SpINA `Agent` (spina_compressed_hook); None for the gloo control.
         world_size: divisor for averaging; default the agent's job size or the group's size.
         process_group: the gloo group of the control (default: the default group).
+        optimizer: the training's optimiser, to check that it adds no momentum of its own
+            when the compressor does (DGC momentum correction: the optimiser's momentum
+            must be 0, or every gradient is accelerated twice); None: not checked.
 
-    Attributes (summed over buckets since construction or `reset_stats()`):
-        calls, elements: buckets and gradient elements handled.
+    Raises:
+        ConfigError: a block size that differs from the job's, or double momentum.
+
+    Attributes (summed over buckets since construction or `reset_stats()`, under a lock: the
+    gloo control's buckets finish on several threads at once): the counters of
+    `host_agent.torch_hook.HookCounters` (calls, elements, bytes_sent, resends, seconds, ...:
+    for SpINA the agent's CallStats, as the dense hook's state; for gloo, bytes_sent is a
+    ring all-gather's (N-1) x the packed indices and values and seconds the time from the
+    collective's start to its end), and:
         blocks_sent, blocks_total: blocks this rank selected / blocks in its buckets.
-        bytes_sent: bytes this rank put on the wire (SpINA: UDP payloads as the agent counted
-            them; gloo: a ring all-gather's (N-1) x the packed indices and values).
         compress_seconds: time in the compressor (packing, selection, residual update).
-        comm_seconds: time in the transport (SpINA: inside Agent.allreduce).
     """
 
-    __slots__ = ("compressor", "agent", "world_size", "process_group", "calls", "elements",
-                 "blocks_sent", "blocks_total", "bytes_sent", "compress_seconds", "comm_seconds")
+    COUNTERS = HookCounters.COUNTERS + ("blocks_sent", "blocks_total", "compress_seconds")
+    __slots__ = ("compressor", "agent", "world_size", "process_group", "blocks_sent",
+                 "blocks_total", "compress_seconds")
 
     def __init__(self, compressor: Compressor, agent: Agent | None = None,
-                 world_size: int | None = None, process_group=None):
+                 world_size: int | None = None, process_group=None, optimizer=None):
+        if agent is not None and compressor.block_size != agent.job.block_size:
+            raise ConfigError(
+                f"field 'block_size': the compressor's blocks have {compressor.block_size} "
+                f"elements, job {agent.job.job}'s have {agent.job.block_size}: make it with "
+                "make_compressor(..., block_size=agent.job.block_size)")
+        if optimizer is not None:
+            check_single_momentum(compressor, optimizer)
         self.compressor = compressor
         self.agent = agent
         self.process_group = process_group
         if world_size is None:
-            world_size = agent.job.nworkers if agent is not None else dist.get_world_size(process_group)
+            world_size = (agent.job.nworkers if agent is not None
+                          else dist.get_world_size(process_group))
         self.world_size = world_size
-        self.reset_stats()
-
-    def reset_stats(self) -> None:
-        self.calls = self.elements = self.blocks_sent = self.blocks_total = self.bytes_sent = 0
-        self.compress_seconds = self.comm_seconds = 0.0
+        super().__init__()
 
     def observe_loss(self, loss: float) -> None:
         """Tell the compressor this step's loss (averaged over ranks; LossComp votes with it)."""
         self.compressor.observe_loss(float(loss))
+
+
+def check_single_momentum(compressor: Compressor, optimizer) -> None:
+    """Refuse DGC momentum correction together with an optimiser that has momentum too.
+
+    With `momentum` > 0 the compressor accumulates the velocity u = m u + g and sends it; an
+    optimiser with momentum of its own (torch SGD, RMSprop: a param group's `momentum`) would
+    accelerate that velocity again. Optimisers without a `momentum` field (Adam's betas,
+    LAMB) pass unchecked: DGC's correction is for momentum SGD.
+
+    Raises:
+        ConfigError: naming the compressor's momentum and the first param group with one.
+    """
+    m = compressor.config.momentum
+    if not m:
+        return
+    for i, group in enumerate(optimizer.param_groups):
+        if group.get("momentum", 0):
+            raise ConfigError(
+                f"field 'momentum': the compressor applies momentum {m} (DGC momentum "
+                f"correction), so the optimiser's must be 0; its param group {i} has "
+                f"momentum {group['momentum']}")
 
 
 def _compress_bucket(state: CompressionHookState, bucket) -> tuple[BucketLayout, Selection]:
@@ -82,11 +123,9 @@ def _compress_bucket(state: CompressionHookState, bucket) -> tuple[BucketLayout,
     sel = state.compressor.compress(layout, data)
     if not hasattr(bucket, "is_last") or bucket.is_last():
         state.compressor.end_step()
-    state.calls += 1
-    state.elements += n
-    state.blocks_total += sel.nblocks
-    state.blocks_sent += sel.nblocks if sel.blocks is None else len(sel.blocks)
-    state.compress_seconds += time.perf_counter() - t0
+    state.add(blocks_total=sel.nblocks,
+              blocks_sent=sel.nblocks if sel.blocks is None else len(sel.blocks),
+              compress_seconds=time.perf_counter() - t0)
     return layout, sel
 
 
@@ -113,9 +152,8 @@ def spina_compressed_hook(state: CompressionHookState,
     def done(f):
         try:
             res = unpack_aligned(f.result(), layout.src, layout.dst, buf, state.world_size)
-            stats = state.agent.last_stats  # this call's: calls run one at a time
-            state.bytes_sent += stats.bytes_sent
-            state.comm_seconds += stats.seconds
+            # this call's stats: calls run one at a time, and this runs before the next starts
+            state.count_call(state.agent.last_stats, buf.numel())
             result.set_result(res)
         except Exception as e:  # surfaces in DDP's backward on this rank
             fail(result, e)
@@ -141,11 +179,11 @@ def gloo_compressed_hook(state: CompressionHookState,
     t0 = time.perf_counter()
     if sel.blocks is None:
         dense = torch.from_numpy(sel.send)
-        state.bytes_sent += 2 * (world - 1) * dense.numel() * 4 // world  # ring all-reduce
         fut = dist.all_reduce(dense, group=group, async_op=True).get_future()
 
         def finish_dense(f):
-            state.comm_seconds += time.perf_counter() - t0
+            state.add(calls=1, elements=buf.numel(), seconds=time.perf_counter() - t0,
+                      bytes_sent=2 * (world - 1) * dense.numel() * 4 // world)  # ring all-reduce
             return unpack_aligned(dense.numpy(), layout.src, layout.dst, buf, world)
         return fut.then(finish_dense)
     k = len(sel.blocks)
@@ -154,7 +192,6 @@ def gloo_compressed_hook(state: CompressionHookState,
     packed[k:] = sel.send.reshape(-1, B)[sel.blocks].reshape(-1)
     mine = torch.from_numpy(packed)
     gathered = [torch.empty_like(mine) for _ in range(world)]
-    state.bytes_sent += (world - 1) * packed.nbytes  # ring all-gather
     fut = dist.all_gather(gathered, mine, group=group, async_op=True).get_future()
 
     def finish(f):
@@ -163,9 +200,11 @@ def gloo_compressed_hook(state: CompressionHookState,
         rows = both[:, k:].reshape(world * k, B)
         total = torch.zeros(layout.nblocks, B)
         total.index_add_(0, idx, rows)  # rank order, the same on every rank
-        state.comm_seconds += time.perf_counter() - t0
+        state.add(calls=1, elements=buf.numel(), seconds=time.perf_counter() - t0,
+                  bytes_sent=(world - 1) * packed.nbytes)  # ring all-gather
         return unpack_aligned(total.numpy().reshape(-1), layout.src, layout.dst, buf, world)
     return fut.then(finish)
 
 
-__all__ = ["CompressionHookState", "spina_compressed_hook", "gloo_compressed_hook"]
+__all__ = ["CompressionHookState", "check_single_momentum", "spina_compressed_hook",
+           "gloo_compressed_hook"]

@@ -1,0 +1,34 @@
+/* Buffer arguments of the host agent's C extensions (host_agent/_core.c,
+ * host_agent/compression/_kernels.c): a C-contiguous view held until release(). */
+#ifndef SPINA_PYBUF_H
+#define SPINA_PYBUF_H
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+typedef struct {
+    Py_buffer view;
+    int held;
+} Buf;
+
+/* The C-contiguous buffer of `obj` (writable if asked) into *b; `itemsize` > 0: its length
+ * must be a whole number of such items. -1 with an exception naming `name` on failure (the
+ * caller still release()s b). */
+static int get_buf(PyObject *obj, Buf *b, int writable, Py_ssize_t itemsize, const char *name) {
+    if (PyObject_GetBuffer(obj, &b->view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT
+                           | (writable ? PyBUF_WRITABLE : 0)) < 0)
+        return -1;
+    b->held = 1;
+    if (itemsize && b->view.len % itemsize) {
+        PyErr_Format(PyExc_ValueError, "%s: %zd bytes is not a whole number of %zd-byte items",
+                     name, b->view.len, itemsize);
+        return -1;
+    }
+    return 0;
+}
+
+static void release(Buf *bufs, int n) {
+    for (int i = 0; i < n; i++)
+        if (bufs[i].held)
+            PyBuffer_Release(&bufs[i].view);
+}
+#endif
