@@ -261,7 +261,8 @@ def test_votes_need_their_own_hook():
             spina_compressed_hook(CompressionHookState(comp, c.agents[0]), Bucket())
         with pytest.raises(TypeError, match="'topk'"):
             VoteHookState(make_compressor(method="topk", block_size=B), c.agents[0])
-        with pytest.raises(ValueError, match="block_size 32 differs from the job's 16"):
+        with pytest.raises(ConfigError,
+                           match="the compressor's blocks have 32 elements, job 1's have 16"):
             VoteHookState(make_compressor(method="sign", block_size=32), c.agents[0])
     with pytest.raises(ConfigError, match="field 'clip_sigma'"):
         make_compressor(method="ternary", clip_sigma=-1.0)

@@ -146,10 +146,10 @@ class VoteCompressor(Compressor):
         p = mem["residual"] if cfg.error_feedback else np.zeros(layout.length, np.float32)
         if cfg.momentum:  # Signum: the vote is on the local momentum u = m u + g
             u = mem["momentum"]
-            layout.add_into(u, grad, scale=cfg.momentum)
+            _add_pieces(layout, u, grad, scale=cfg.momentum)
             p += u
         else:
-            layout.add_into(p, grad)
+            _add_pieces(layout, p, grad)
         ballot = Ballot(layout, p, self.step, self.bucket_index)
         self.bucket_index += 1
         return ballot, self.message(ballot)
@@ -244,6 +244,18 @@ class TernGrad(VoteCompressor):
         return votes.astype(np.float32) * per_element(ballot.layout, scale) / np.float32(world)
 
 
+def _add_pieces(layout: BucketLayout, aligned: np.ndarray, bucket: np.ndarray,
+                scale: float = 1.0) -> None:
+    """aligned = scale * aligned + bucket, parameter by parameter at the aligned offsets (the
+    padding between pieces stays zero): torch's axpy is one pass where numpy needs two."""
+    a, b = torch.from_numpy(aligned), torch.from_numpy(bucket)
+    for s, d, k in layout.pieces():  # a loop per parameter, not per element
+        if scale == 1.0:
+            a[d:d + k] += b[s:s + k]
+        else:
+            torch.add(b[s:s + k], a[d:d + k], alpha=scale, out=a[d:d + k])
+
+
 # Selectable through CompressionConfig.method like the block compressors.
 compressors._BY_METHOD.update(sign=SignVote, ternary=TernGrad)
 
@@ -252,21 +264,18 @@ class VoteHookState(CompressionHookState):
     """State of `spina_vote_hook`: a `CompressionHookState` plus the hook's own thread.
 
     Args: as `CompressionHookState` (the agent is required). blocks_sent counts the blocks
-    of votes that were not all zero; bytes_sent, comm_seconds and `rounds` (switch rounds)
+    of votes that were not all zero; bytes_sent, resends, seconds and `rounds` (switch rounds)
     add up both calls.
     """
 
+    COUNTERS = CompressionHookState.COUNTERS + ("rounds",)
     __slots__ = ("executor", "rounds")
 
     def __init__(self, compressor: VoteCompressor, agent, world_size: int | None = None):
         if not isinstance(compressor, VoteCompressor):
             raise TypeError("spina_vote_hook needs method 'sign' or 'ternary', got "
                             f"{compressor.config.method!r}")
-        if compressor.block_size != agent.job.block_size:
-            raise ValueError(f"compressor block_size {compressor.block_size} differs from the "
-                             f"job's {agent.job.block_size}")
-        super().__init__(compressor, agent, world_size)
-        self.rounds = 0
+        super().__init__(compressor, agent, world_size)  # refuses another block size
         compressor.rank = agent.rank
         self.executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="spina-vote")
 
@@ -310,7 +319,7 @@ def spina_vote_hook(state: VoteHookState,
     ballot, message = comp.prepare(layout, data)  # reads the bucket now: DDP may reuse it
     if not hasattr(bucket, "is_last") or bucket.is_last():
         comp.end_step()
-    state.compress_seconds += time.perf_counter() - t0
+    state.add(compress_seconds=time.perf_counter() - t0)
     result, out = hook_future()
 
     def run():
@@ -326,14 +335,12 @@ def spina_vote_hook(state: VoteHookState,
             t3 = time.perf_counter()
             res = unpack_aligned(comp.decode(ballot, total, scale, world), layout.src,
                                  layout.dst, buf)
-            state.compress_seconds += (t2 - t1) + (time.perf_counter() - t3)
-            state.comm_seconds += s1.seconds + s2.seconds
-            state.bytes_sent += s1.bytes_sent + s2.bytes_sent
-            state.rounds += s1.rounds + s2.rounds
-            state.calls += 1
-            state.elements += buf.numel()
-            state.blocks_total += layout.nblocks
-            state.blocks_sent += s2.nonzero_blocks
+            state.count_call(s2, buf.numel())  # the votes' call, as the dense state counts
+            state.add(compress_seconds=(t2 - t1) + (time.perf_counter() - t3),
+                      seconds=s1.seconds, bytes_sent=s1.bytes_sent,
+                      payload_bytes_sent=s1.payload_bytes_sent, resends=s1.resends,
+                      rounds=s1.rounds + s2.rounds, blocks_total=layout.nblocks,
+                      blocks_sent=s2.nonzero_blocks)
             result.set_result(res)
         except Exception as e:  # surfaces in DDP's backward on this rank
             fail(result, e)
