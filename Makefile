@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 help:  ## list targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-$(STAMP): pyproject.toml setup.py host_agent/_core.c scripts/setup.sh
+$(STAMP): pyproject.toml setup.py host_agent/_core.c bench/_floor.c scripts/setup.sh
 	bash scripts/setup.sh $(VENV) $(PYTHON)
 	touch $(STAMP)
 
@@ -107,4 +107,4 @@ dissector:  ## regenerate docs/spina.lua (Wireshark dissector) from spina/wire.p
 	$(PY) -m spina.dissector > docs/spina.lua
 
 clean:  ## remove the virtualenv and caches
-	rm -rf $(VENV) .pytest_cache build *.egg-info host_agent/_core.*.so
+	rm -rf $(VENV) .pytest_cache build *.egg-info host_agent/_core.*.so bench/_floor.*.so

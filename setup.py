@@ -6,5 +6,9 @@ the quantize loop; the operations stay the IEEE ones numpy does (tests/test_core
 """
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("host_agent._core", ["host_agent/_core.c"],
-                             extra_compile_args=["-O3", "-fno-math-errno"])])
+# The benchmarks' floor (bench/floor.py): a minimal compiled star all-reduce beside SpINA's.
+FLOOR = [Extension("bench._floor", ["bench/_floor.c"],
+                   extra_compile_args=["-O3", "-fno-math-errno"])]
+
+setup(ext_modules=FLOOR + [Extension("host_agent._core", ["host_agent/_core.c"],
+                                     extra_compile_args=["-O3", "-fno-math-errno"])])
