@@ -342,8 +342,8 @@ def main(argv=None) -> int:
                   "blocks of 256 chosen independently per worker",
         "SpINA": f"block 256, {a.nlanes} blocks per datagram ({a.nlanes * 1024 / 1e3:.0f} KB, "
                  f"IP-fragmented below MTU 65535), {a.nslots} slots",
-        "timing": f"{a.repeats} paired repeats after a warm-up, methods alternating first; a "
-                  "repeat's time is the slowest worker's",
+        "timing": f"{a.repeats} paired repeats after a warm-up, the methods' order rotating; "
+                  "a repeat's time is the slowest worker's",
         "checks": "every SpINA and floor result within the quantization bound at rank 0 and "
                   "bit-identical on all ranks; every gloo result within float32 rounding at "
                   "rank 0",
