@@ -88,7 +88,7 @@ deploy: $(STAMP)  ## push pipeline and jobs: TARGET=softswitch|bmv2|tofino (swit
 bench: $(STAMP)  ## SpINA vs gloo, paired, in place (8 min here): bench/out/{results.csv,summary.md,*.png}
 	$(PY) -m bench.allreduce_bench $(BENCH_ARGS)
 
-bench-quick: $(STAMP)  ## the density sweep of `make bench`, SpINA vs gloo all_reduce (1 min)
+bench-quick: $(STAMP)  ## the density sweep of `make bench`, SpINA vs the floor and gloo all_reduce (2 min)
 	$(PY) -m bench.allreduce_bench --quick $(BENCH_ARGS)
 
 bench-l2: $(STAMP)  ## (root) L2-mode switch: lossless INA frame rate of 4 namespaced workers

@@ -3,7 +3,7 @@
 Run from the repository root (the Makefile's `make bench` does):
 
     python -m bench.allreduce_bench                      # the full sweep (8 min here)
-    python -m bench.allreduce_bench --quick              # density sweep only (1 min)
+    python -m bench.allreduce_bench --quick              # density sweep only (2 min)
     python -m bench.allreduce_bench --sweeps density --repeats 3
     python -m bench.allreduce_bench --sweeps base --base-workers 2 --base-elements 65536 \\
         --repeats 1 --out /tmp/b                         # a smoke run (tests/test_bench_smoke.py)
@@ -358,8 +358,8 @@ def parse_args(argv=None):
                     f"{','.join(METHODS)}; the last two time as the benchmark before the paired "
                     "one did, for comparison)")
     ap.add_argument("--quick", action="store_true",
-                    help="the density sweep at the base point, SpINA and gloo all_reduce only "
-                    "(sets --sweeps density --methods spina,gloo_allreduce)")
+                    help="the density sweep at the base point, SpINA, the floor and gloo "
+                    f"all_reduce only (sets --sweeps density --methods {QUICK['methods']})")
     ap.add_argument("--repeats", type=int, default=9,
                     help="paired repeats per point (each: one timed call of every method)")
     ap.add_argument("--base-workers", type=int, default=4)
