@@ -10,7 +10,7 @@ help:  ## list targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
 $(STAMP): pyproject.toml setup.py host_agent/_core.c host_agent/_pybuf.h \
-          host_agent/compression/_kernels.c scripts/setup.sh
+          host_agent/compression/_kernels.c bench/_floor.c scripts/setup.sh
 	bash scripts/setup.sh $(VENV) $(PYTHON)
 	touch $(STAMP)
 
@@ -92,7 +92,7 @@ serve: $(STAMP)  ## deploy, then give every run of a job its own epoch until Ctr
 bench: $(STAMP)  ## SpINA vs gloo, paired, in place (8 min here): bench/out/{results.csv,summary.md,*.png}
 	$(PY) -m bench.allreduce_bench $(BENCH_ARGS)
 
-bench-quick: $(STAMP)  ## the density sweep of `make bench`, SpINA vs gloo all_reduce (1 min)
+bench-quick: $(STAMP)  ## the density sweep of `make bench`, SpINA vs the floor and gloo all_reduce (2 min)
 	$(PY) -m bench.allreduce_bench --quick $(BENCH_ARGS)
 
 bench-l2: $(STAMP)  ## (root) L2-mode switch: lossless INA frame rate of 4 namespaced workers
@@ -112,4 +112,4 @@ dissector:  ## regenerate docs/spina.lua (Wireshark dissector) from spina/wire.p
 
 clean:  ## remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache build *.egg-info host_agent/_core.*.so \
-	  host_agent/compression/_kernels.*.so
+	  host_agent/compression/_kernels.*.so bench/_floor.*.so

@@ -10,8 +10,12 @@ add, so every result is the one its numpy definition gives (tests/test_compressi
 from setuptools import Extension, setup
 
 HEADERS = ["host_agent/_pybuf.h"]  # shared by both: a change rebuilds them
-setup(ext_modules=[Extension("host_agent._core", ["host_agent/_core.c"], depends=HEADERS,
-                             extra_compile_args=["-O3", "-fno-math-errno"]),
-                   Extension("host_agent.compression._kernels",
-                             ["host_agent/compression/_kernels.c"], depends=HEADERS,
-                             extra_compile_args=["-O3", "-ffp-contract=off"])])
+# The benchmarks' floor (bench/floor.py): a minimal compiled star all-reduce beside SpINA's.
+FLOOR = [Extension("bench._floor", ["bench/_floor.c"],
+                   extra_compile_args=["-O3", "-fno-math-errno"])]
+
+setup(ext_modules=FLOOR + [
+    Extension("host_agent._core", ["host_agent/_core.c"], depends=HEADERS,
+              extra_compile_args=["-O3", "-fno-math-errno"]),
+    Extension("host_agent.compression._kernels", ["host_agent/compression/_kernels.c"],
+              depends=HEADERS, extra_compile_args=["-O3", "-ffp-contract=off"])])

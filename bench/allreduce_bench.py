@@ -3,7 +3,7 @@
 Run from the repository root (the Makefile's `make bench` does):
 
     python -m bench.allreduce_bench                      # the full sweep (8 min here)
-    python -m bench.allreduce_bench --quick              # density sweep only (1 min)
+    python -m bench.allreduce_bench --quick              # density sweep only (2 min)
     python -m bench.allreduce_bench --sweeps density --repeats 3
     python -m bench.allreduce_bench --sweeps base --base-workers 2 --base-elements 65536 \\
         --repeats 1 --out /tmp/b                         # a smoke run (tests/test_bench_smoke.py)
@@ -17,6 +17,9 @@ length?), workers, block_size, nlanes. The methods:
                   (softswitch.udp.UdpSwitch in a process of its own, all on 127.0.0.1);
   spina_blocks    the same, the caller passing its non-zero blocks (Agent.allreduce(blocks=),
                   computed before the timer: what a DDP hook that knows them does);
+  floor           the machine's floor for a dense call (bench/floor.py): the simplest
+                  compiled star all-reduce of the whole tensor through one relay process,
+                  same datagrams and window as SpINA, no protocol;
   gloo_allreduce  torch.distributed gloo all_reduce of the dense tensor, in place;
   gloo_allgather  gloo all_gather of (int32 index, float32 value) of the non-zero elements,
                   then a local index_add_ (the sparse all-reduce users write by hand).
@@ -46,14 +49,14 @@ import sys
 import time
 from dataclasses import asdict, replace
 
-from bench.paired import (ALL_METHODS, METHODS, SPINA_METHODS, Cluster, Gloo, Place, Request,
-                          gloo_bytes, mean_over_workers, proc_cpu, slowest)
+from bench.paired import (ALL_METHODS, GLOO_METHODS, METHODS, SPINA_METHODS, Cluster, Gloo,
+                          Place, Request, gloo_bytes, mean_over_workers, proc_cpu, slowest)
 from bench.procs import Point
 from spina import wire
 
 SWEEPS = ("density", "size", "fixed_nnz", "workers", "block_size", "nlanes", "loss")
 SLOT_CAPACITY = 64 * 256  # softswitch.pipeline.DEFAULT_SLOT_CAPACITY: nlanes*block_size bound
-QUICK = dict(sweeps="density", methods="spina,gloo_allreduce")  # --quick
+QUICK = dict(sweeps="density", methods="spina,floor,gloo_allreduce")  # --quick
 
 COLUMNS = ("sweep", "workers", "elements", "density", "block_size", "nlanes", "data_block",
            "nslots", "method", "repeats", "median_s", "min_s", "max_s", "times_s",
@@ -123,8 +126,10 @@ def cluster_key(p: Point) -> tuple:
     return (p.workers, p.block_size, p.nlanes, p.nslots, p.rto, p.loss is not None)
 
 
-def _cluster(p: Point, gloo: bool, star=None, switch_profile: str | None = None) -> Cluster:
-    """The cluster for p's key: on 127.0.0.1, or in the namespaces of a bench.netns.Star."""
+def _cluster(p: Point, gloo: bool, star=None, switch_profile: str | None = None,
+             floor: bool = False) -> Cluster:
+    """The cluster for p's key: on 127.0.0.1, or in the namespaces of a bench.netns.Star;
+    with the floor's relay if `floor`."""
     from bench import netns
     places = {}
     if star is not None:
@@ -133,7 +138,8 @@ def _cluster(p: Point, gloo: bool, star=None, switch_profile: str | None = None)
                                      for r in range(p.workers)])
     return Cluster(p.workers, nslots=p.nslots, block_size=p.block_size, nlanes=p.nlanes,
                    agent_kw={} if p.rto is None else {"rto": p.rto},
-                   gloo=Gloo() if gloo else None, switch_profile=switch_profile, **places)
+                   gloo=Gloo() if gloo else None, switch_profile=switch_profile, floor=floor,
+                   **places)
 
 
 def measure(cl: Cluster, p: Point, repeats: int, methods, star=None,
@@ -141,12 +147,14 @@ def measure(cl: Cluster, p: Point, repeats: int, methods, star=None,
     """One point in a running cluster: {method: measurements} (see summarize)."""
     load0 = os.getloadavg()
     sw0 = proc_cpu(cl.switch_pid)
+    relay0 = proc_cpu(cl.relay_pid) if cl.relay_pid else 0.0
     if star is not None:
         star.loss(p.loss)  # new rules: their counters start at 0
     drops0 = star.dropped() if star is not None else 0
     recs = cl.measure(Request(p, repeats, tuple(methods), profile_path=profile_path,
                               memory=memory))
-    out = summarize(p, recs, methods, proc_cpu(cl.switch_pid) - sw0)
+    out = summarize(p, recs, methods, proc_cpu(cl.switch_pid) - sw0,
+                    proc_cpu(cl.relay_pid) - relay0 if cl.relay_pid else float("nan"))
     load = dict(load_start=_load(load0), load_end=_load(os.getloadavg()))
     for m in out.values():
         m.update(load)
@@ -159,13 +167,18 @@ def _load(v) -> str:
     return " ".join(f"{x:.2f}" for x in v)
 
 
-def summarize(p: Point, recs: list[dict], methods, switch_cpu: float) -> dict:
-    """Per method: the repeat times (slowest worker), CPU, bytes, resends, checks."""
+def summarize(p: Point, recs: list[dict], methods, switch_cpu: float,
+              relay_cpu: float = float("nan")) -> dict:
+    """Per method: the repeat times (slowest worker), CPU, bytes, resends, checks; the
+    floor's relay in the switch's columns."""
     out = {}
     nonzeros = max(w["nonzeros"] for w in recs)
     for m in methods:
         cpu = statistics.fmean(statistics.median(w[m]["cpu"]) for w in recs)
         d = dict(times=slowest(recs, m), cpu=cpu, verified=True, max_err=recs[0][m]["max_err"])
+        if m == "floor":
+            out[m] = d | floor_counts(recs, relay_cpu)
+            continue
         if m not in SPINA_METHODS:
             d.update(bytes=gloo_bytes(m, p, nonzeros), bytes_source="model")
             out[m] = d
@@ -195,6 +208,21 @@ def summarize(p: Point, recs: list[dict], methods, switch_cpu: float) -> dict:
                  memory=[w.get("memory") for w in recs])
         out[m] = d
     return out
+
+
+def floor_counts(recs: list[dict], relay_cpu: float) -> dict:
+    """The floor's bytes and datagrams per worker and call (measured), and its relay's
+    datagrams and payload (every call, warm-up included) per CPU-second of the relay."""
+    packets, sent = (sum(w["floor"]["warmup"][k] + sum(w["floor"][k]) for w in recs)
+                     for k in ("packets_sent", "bytes_sent"))
+    mean = lambda k: mean_over_workers(recs, "floor", k)  # noqa: E731
+    per_cpu = lambda x: x / relay_cpu if relay_cpu else float("nan")  # noqa: E731
+    # payload: the datagrams less their 4-byte chunk index
+    return dict(bytes=mean("bytes_sent"), bytes_source="measured",
+                payload=mean("bytes_sent") - 4 * mean("packets_sent"),
+                packets=mean("packets_sent"), switch_packets=packets, switch_cpu=relay_cpu,
+                switch_pkt_rate=per_cpu(packets),
+                switch_gbit=per_cpu(8e-9 * (sent - 4 * packets)))
 
 
 def run_spina(p: Point, repeats: int, profile_dir: str | None = None,
@@ -230,8 +258,8 @@ def run_points(points: list[Point], repeats: int, methods):
         ms = ("spina",) if lossy else tuple(methods)
         with ExitStack() as stack:
             star = stack.enter_context(netns.Star(first.workers)) if lossy else None
-            cl = stack.enter_context(_cluster(first, gloo=any(m not in SPINA_METHODS for m in ms),
-                                              star=star))
+            cl = stack.enter_context(_cluster(first, gloo=any(m in GLOO_METHODS for m in ms),
+                                              star=star, floor="floor" in ms))
             for p in pts:
                 yield p, measure(cl, p, repeats, ms, star)
 
@@ -330,8 +358,8 @@ def parse_args(argv=None):
                     f"{','.join(METHODS)}; the last two time as the benchmark before the paired "
                     "one did, for comparison)")
     ap.add_argument("--quick", action="store_true",
-                    help="the density sweep at the base point, SpINA and gloo all_reduce only "
-                    "(sets --sweeps density --methods spina,gloo_allreduce)")
+                    help="the density sweep at the base point, SpINA, the floor and gloo "
+                    f"all_reduce only (sets --sweeps density --methods {QUICK['methods']})")
     ap.add_argument("--repeats", type=int, default=9,
                     help="paired repeats per point (each: one timed call of every method)")
     ap.add_argument("--base-workers", type=int, default=4)

@@ -13,14 +13,17 @@ workers (gloo's TCP ring crosses it) and runs SpINA's software switch in UDP mod
 (softswitch.udp.UdpSwitch, bench.procs.switch_main) on an address of its own.
 
 Each worker process holds both a SpINA Agent and a gloo process group (bench/paired.py, the
-same measurement as the loopback benchmark). Per repeat it runs both methods on the same
-tensor, alternating which goes first, each between barriers:
-SpINA `Agent.allreduce(buf, inplace=True)` and gloo `dist.all_reduce(t)` on the same buffer
-(refilled from the worker's tensor outside the timer), nothing else inside the timed region.
-A repeat's time is the slowest worker's; the ratio SpINA/gloo is taken per repeat (paired)
-and reported as median [min-max]. Every result is checked (SpINA: rank 0 within the
-quantization bound, all ranks bit-identical; gloo: rank 0 within float32 rounding), the
-bytes each worker's eth0 sent and received are read around every call, resends counted.
+same measurement as the loopback benchmark), and a socket of the floor (bench/floor.py: the
+simplest compiled star all-reduce of the dense tensor, its one relay process in the switch
+namespace, so over the same links). Per repeat it runs the three methods on the same tensor,
+the order rotating, each between barriers: SpINA `Agent.allreduce(buf, inplace=True)`, gloo
+`dist.all_reduce(t)` and the floor's allreduce on the same buffer (refilled from the worker's
+tensor outside the timer), nothing else inside the timed region. A repeat's time is the
+slowest worker's; the ratios SpINA/gloo, SpINA/floor and floor/gloo are taken per repeat
+(paired) and reported as median [min-max]. Every result is checked (SpINA and the floor:
+rank 0 within the quantization bound, all ranks bit-identical; gloo: rank 0 within float32
+rounding), the bytes each worker's eth0 sent and received are read around every call,
+resends counted.
 Outputs in --out: net_results.csv, net_summary.md, net_ratio.png.
 """
 from __future__ import annotations
@@ -38,8 +41,8 @@ from bench.paired import (Cluster, Gloo, Place, Request, mean_over_workers, pair
                           proc_cpu, slowest)
 from bench.procs import Point
 
-METHODS = ("spina", "gloo")  # the CSV's column prefixes
-PAIRED_METHODS = ("spina", "gloo_allreduce")  # bench.paired's names for them
+METHODS = ("spina", "gloo", "floor")  # the CSV's column prefixes
+PAIRED_METHODS = ("spina", "gloo_allreduce", "floor")  # bench.paired's names for them
 WORKER_PORT = 50000
 GLOO_PORT = 29400
 TARGETS = {1.0: 0.75, 0.01: 0.05}  # at 1 Gbit/s: density -> SpINA/gloo at most (issue 12)
@@ -47,13 +50,18 @@ TARGET_RATE = "1gbit"
 COLUMNS = ("mtu", "workers", "rate", "density", "elements", "repeats",
            "spina_median_s", "spina_min_s", "spina_max_s", "gloo_median_s", "gloo_min_s",
            "gloo_max_s", "ratio_median", "ratio_min", "ratio_max", "ratio_link_theory",
+           "floor_median_s", "floor_min_s", "floor_max_s", "spina_floor_median",
+           "spina_floor_min", "spina_floor_max", "floor_gloo_median", "floor_gloo_min",
+           "floor_gloo_max",
            "spina_line_rate_s", "gloo_line_rate_s",
            "spina_tx_bytes", "spina_rx_bytes", "gloo_tx_bytes", "gloo_rx_bytes",
+           "floor_tx_bytes", "floor_rx_bytes",
            "tx_bytes_ratio", "tx_bytes_ratio_theory",
            "spina_payload_bytes", "spina_resends", "tbf_drops", "udp_drops", "tcp_retrans",
            "spina_cpu_s", "gloo_cpu_s", "switch_cpu_s_per_spina_call",
-           "spina_max_err", "gloo_max_err", "verified",
-           "spina_times_s", "gloo_times_s", "load_start", "load_end")
+           "floor_cpu_s", "relay_cpu_s_per_floor_call",
+           "spina_max_err", "gloo_max_err", "floor_max_err", "verified",
+           "spina_times_s", "gloo_times_s", "floor_times_s", "load_start", "load_end")
 
 
 # ----------------------------------------------------------------------------- measuring
@@ -62,9 +70,9 @@ def run_workers(n: int, rates, densities, elements: int, repeats: int, tag: str,
                 log=print) -> list[dict]:
     """Every (rate, density) point for `n` workers on one star; a row per point.
 
-    The switch and the workers (bench.paired.Cluster) live in the star's namespaces, each
-    worker with an Agent and a gloo group on its eth0. profile_dir: also write the switch's
-    cProfile (CPU time of its thread) there."""
+    The switch, the floor's relay and the workers (bench.paired.Cluster) live in the star's
+    namespaces, each worker with an Agent, a gloo group and a floor socket on its eth0.
+    profile_dir: also write the switch's cProfile (CPU time of its thread) there."""
     rows = []
     with Star(n, tag, mtu) as star:
         star.set_rate(rates[0])
@@ -73,25 +81,30 @@ def run_workers(n: int, rates, densities, elements: int, repeats: int, tag: str,
         with Cluster(n, nslots=nslots, block_size=256, nlanes=nlanes,
                      gloo=Gloo(star.worker_ip(0), GLOO_PORT, "eth0"),
                      switch_place=Place(star.switch_ns, SWITCH_IP), worker_places=places,
-                     switch_profile=prof) as cl:
+                     switch_profile=prof, floor=True) as cl:
             for rate in rates:
                 star.set_rate(rate)
                 for d in densities:
                     p = Point("net", n, elements, d, 256, nlanes, 256, nslots)
                     load0 = os.getloadavg()
                     drops0, sw0 = star.tbf_drops(), proc_cpu(cl.switch_pid)
+                    relay0 = proc_cpu(cl.relay_pid)
                     k0 = _losses(cl.pids)
                     res = cl.measure(Request(p, repeats, PAIRED_METHODS, count_dev=True))
                     sw_cpu = (proc_cpu(cl.switch_pid) - sw0) / (repeats + 1)  # per SpINA call
+                    relay_cpu = (proc_cpu(cl.relay_pid) - relay0) / (repeats + 1)  # per floor call
                     row = dict(mtu=mtu, **make_row(p, rate, repeats, res,
                                                    star.tbf_drops() - drops0, sw_cpu, load0,
-                                                   os.getloadavg()))
+                                                   os.getloadavg()),
+                               relay_cpu_s_per_floor_call=relay_cpu)
                     row.update({k: v - k0[k] for k, v in _losses(cl.pids).items()})
                     rows.append(row)
                     log(f"  MTU {mtu}, {n} workers {rate} {d:>6.2%}: SpINA {row['spina_median_s']:.4f} s, "
                         f"gloo {row['gloo_median_s']:.4f} s, ratio {row['ratio_median']:.3f} "
                         f"[{row['ratio_min']:.3f}-{row['ratio_max']:.3f}], theory "
-                        f"{row['ratio_link_theory']:.3f}; tx {row['tx_bytes_ratio']:.3f}x gloo's; "
+                        f"{row['ratio_link_theory']:.3f}; floor {row['floor_median_s']:.4f} s, "
+                        f"SpINA/floor {row['spina_floor_median']:.3f}, floor/gloo "
+                        f"{row['floor_gloo_median']:.3f}; tx {row['tx_bytes_ratio']:.3f}x gloo's; "
                         f"resends {row['spina_resends']}, tbf/udp drops {row['tbf_drops']}/{row['udp_drops']}, "
                         f"TCP retrans {row['tcp_retrans']}; load {load0[0]:.1f}", flush=True)
     return rows
@@ -117,12 +130,17 @@ def make_row(p: Point, rate: str, repeats: int, res: list[dict], drops: int, sw_
     n, size = p.workers, 4 * p.elements
     t = {m: slowest(res, pm) for m, pm in zip(METHODS, PAIRED_METHODS)}
     ratios = paired_ratios(t["spina"], t["gloo"])
+    vs_floor = paired_ratios(t["spina"], t["floor"])
+    floor_gloo = paired_ratios(t["floor"], t["gloo"])
     ring = 2 * (n - 1) / n
     u = union_fraction(p.density, n)
     bps = parse_rate(rate)
     row = dict(workers=n, rate=rate, density=p.density, elements=p.elements, repeats=repeats,
                ratio_median=statistics.median(ratios), ratio_min=min(ratios),
                ratio_max=max(ratios),
+               spina_floor_median=statistics.median(vs_floor), spina_floor_min=min(vs_floor),
+               spina_floor_max=max(vs_floor), floor_gloo_median=statistics.median(floor_gloo),
+               floor_gloo_min=min(floor_gloo), floor_gloo_max=max(floor_gloo),
                # link-bound: the busier direction of a worker's link. SpINA: its union of
                # non-zero blocks comes back (>= what it sends); gloo: 2(n-1)/n each way.
                ratio_link_theory=u / ring,
@@ -137,6 +155,7 @@ def make_row(p: Point, rate: str, repeats: int, res: list[dict], drops: int, sw_
                tbf_drops=drops, switch_cpu_s_per_spina_call=sw_cpu,
                spina_max_err=res[0]["spina"]["max_err"],
                gloo_max_err=res[0]["gloo_allreduce"]["max_err"],
+               floor_max_err=res[0]["floor"]["max_err"],
                verified=True, load_start=" ".join(f"{x:.2f}" for x in load0),
                load_end=" ".join(f"{x:.2f}" for x in load1))
     for m, pm in zip(METHODS, PAIRED_METHODS):
@@ -185,23 +204,34 @@ def summary(rows, meta: dict) -> str:
               "busier direction of a worker's link, SpINA's union of non-zero blocks over the "
               "ring's 2(n-1)/n; tx = bytes a worker's eth0 sent (headers included), mean over "
               "workers and repeats; tx theory = density / (2(n-1)/n); line-rate = gloo's bytes "
-              "at the link rate (time if the link were the only limit).", "",
+              "at the link rate (time if the link were the only limit). floor: the simplest "
+              "compiled star all-reduce of the dense tensor over the same links (bench/floor.py; "
+              "it moves the whole tensor at every density), paired like gloo.", "",
               "| MTU | workers | rate | density | SpINA s | gloo s | gloo line-rate s | SpINA/gloo time "
+              "| floor s | SpINA/floor | floor/gloo "
               "| link theory | SpINA tx/worker | gloo tx/worker | tx ratio | tx theory | "
-              "resends | drops tbf, UDP | TCP retrans | CPU s/call SpINA, gloo, switch | load (1 min) |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "resends | drops tbf, UDP | TCP retrans | CPU s/call SpINA, gloo, switch "
+              "| CPU s/call floor, relay | load (1 min) |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+              "---|---|"]
     for f in rows:
         lines.append(
             f"| {f['mtu']} | {f['workers']} | {f['rate']} | {f['density'] * 100:g}% | "
             f"{f['spina_median_s']:.4f} [{f['spina_min_s']:.4f}-{f['spina_max_s']:.4f}] | "
             f"{f['gloo_median_s']:.4f} [{f['gloo_min_s']:.4f}-{f['gloo_max_s']:.4f}] | "
             f"{f['gloo_line_rate_s']:.4f} | **{f['ratio_median']:.3f}x** "
-            f"[{f['ratio_min']:.3f}-{f['ratio_max']:.3f}] | {f['ratio_link_theory']:.3f} | "
+            f"[{f['ratio_min']:.3f}-{f['ratio_max']:.3f}] | "
+            f"{f['floor_median_s']:.4f} [{f['floor_min_s']:.4f}-{f['floor_max_s']:.4f}] | "
+            f"**{f['spina_floor_median']:.3f}x** [{f['spina_floor_min']:.3f}-"
+            f"{f['spina_floor_max']:.3f}] | {f['floor_gloo_median']:.3f}x "
+            f"[{f['floor_gloo_min']:.3f}-{f['floor_gloo_max']:.3f}] | "
+            f"{f['ratio_link_theory']:.3f} | "
             f"{_mb(f['spina_tx_bytes'])} | {_mb(f['gloo_tx_bytes'])} | "
             f"{f['tx_bytes_ratio']:.3f} | {f['tx_bytes_ratio_theory']:.3f} | "
             f"{int(f['spina_resends'])} | {int(f['tbf_drops'])}, {int(f['udp_drops'])} | "
             f"{int(f['tcp_retrans'])} | {f['spina_cpu_s']:.3f}, "
             f"{f['gloo_cpu_s']:.3f}, {f['switch_cpu_s_per_spina_call']:.3f} | "
+            f"{f['floor_cpu_s']:.3f}, {f['relay_cpu_s_per_floor_call']:.3f} | "
             f"{f['load_start'].split()[0]}-{f['load_end'].split()[0]} |")
     return "\n".join(lines) + "\n"
 
@@ -224,10 +254,12 @@ def plot(rows, path: str) -> None:
         c = f"C{i}"
         ax1.errorbar(d, med, yerr=err, marker="o", color=c, capsize=3, label=label)
         ax1.plot(d, [float(r["ratio_link_theory"]) for _, r in pts], ls="--", color=c, lw=1)
+        ax1.plot(d, [float(r["spina_floor_median"]) for _, r in pts], ls=":", marker="x",
+                 color=c, lw=1)
         ax2.plot(d, [float(r["tx_bytes_ratio"]) for _, r in pts], marker="o", color=c,
                  label=label)
         ax2.plot(d, [float(r["tx_bytes_ratio_theory"]) for _, r in pts], ls="--", color=c, lw=1)
-    for ax, title in ((ax1, "time SpINA / gloo (dashed: link-bound theory)"),
+    for ax, title in ((ax1, "time SpINA / gloo (dashed: link theory; dotted: SpINA / floor)"),
                       (ax2, "bytes sent per worker, SpINA / gloo (dashed: theory)")):
         ax.set_xscale("log")
         ax.set_yscale("log")
@@ -310,10 +342,14 @@ def main(argv=None) -> int:
                   "blocks of 256 chosen independently per worker",
         "SpINA": f"block 256, {a.nlanes} blocks per datagram ({a.nlanes * 1024 / 1e3:.0f} KB, "
                  f"IP-fragmented below MTU 65535), {a.nslots} slots",
-        "timing": f"{a.repeats} paired repeats after a warm-up, methods alternating first; a "
-                  "repeat's time is the slowest worker's",
-        "checks": "every SpINA result within the quantization bound at rank 0 and bit-identical "
-                  "on all ranks; every gloo result within float32 rounding at rank 0",
+        "timing": f"{a.repeats} paired repeats after a warm-up, the methods' order rotating; "
+                  "a repeat's time is the slowest worker's",
+        "checks": "every SpINA and floor result within the quantization bound at rank 0 and "
+                  "bit-identical on all ranks; every gloo result within float32 rounding at "
+                  "rank 0",
+        "floor": "bench/floor.py: the dense tensor in int32 chunks of SpINA's datagram size, "
+                 f"{a.nslots} in flight, through one relay process in the switch namespace "
+                 "(C, no protocol)",
     }
     with open(os.path.join(a.out, "net_summary.md"), "w") as f:
         f.write(summary(rows, meta))

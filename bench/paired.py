@@ -14,6 +14,9 @@ inside the timed region:
   spina_blocks    the same with blocks= the worker's non-zero blocks, computed before the
                   timer: a caller that knows them (embedding rows, a compressor's selection)
                   skips the agent's scan of the whole tensor
+  floor           bench/floor.py: the simplest compiled star all-reduce of the dense buf,
+                  in place (scan, one hello, int32 chunks of SpINA's datagram size through
+                  one relay process, nslots in flight; no protocol): the machine's floor
   gloo_allreduce  dist.all_reduce(t), t sharing buf's memory (in place, as DDP calls it)
   gloo_allgather  all_gather of (int32 index, float32 value) of buf's non-zeros, then a local
                   index_add_ into a new tensor: the sparse all-reduce users write by hand
@@ -26,8 +29,10 @@ it did to the numbers (docs/benchmark.md):
 
 The buffer is refilled from the tensor before the first barrier, outside the timer. The
 first repeat is a warm-up, checked but not recorded. Every result is checked: rank 0 against
-numpy's float64 sum (SpINA within the quantization bound, gloo within float32 rounding) and
-SpINA's crc32 on every rank (the parent compares them: bit-identical on all ranks).
+numpy's float64 sum (SpINA and the floor within the quantization bound, gloo within float32
+rounding) and their crc32 on every rank (the parent compares them: bit-identical on all ranks).
+The floor's relay runs beside the switch (same namespace and host), started only when the
+cluster is asked for it.
 """
 from __future__ import annotations
 
@@ -45,10 +50,13 @@ from host_agent.blocks import nonzero_blocks
 from bench.procs import (Point, check_result, cpu_seconds, expected_sum, make_tensor,
                          measure_memory, switch_main)
 
-METHODS = ("spina", "spina_blocks", "gloo_allreduce", "gloo_allgather")
+METHODS = ("spina", "spina_blocks", "floor", "gloo_allreduce", "gloo_allgather")
 OLD_TIMING = ("spina_alloc", "gloo_allreduce_clone")
 ALL_METHODS = METHODS + OLD_TIMING
 SPINA_METHODS = ("spina", "spina_blocks", "spina_alloc")
+GLOO_METHODS = ("gloo_allreduce", "gloo_allgather", "gloo_allreduce_clone")
+QUANTIZED = SPINA_METHODS + ("floor",)  # checked within the quantization bound, crc32 per rank
+FLOOR_STATS = ("packets_sent", "bytes_sent")  # per floor call: FloorWorker.last_stats
 CHILD_TIMEOUT = 900.0  # seconds a child may take before the run is declared hung
 
 
@@ -101,7 +109,7 @@ def paired_ratios(a: list[float], b: list[float]) -> list[float]:
 # ----------------------------------------------------------------------------- worker side
 def worker_main(rank: int, place: Place, gloo: Gloo | None, conn, barrier) -> None:
     """A worker process: bind, report the address, get the job, build the Agent (and the
-    gloo group), then measure points on request until "stop"."""
+    gloo group, and the floor's socket), then measure points on request until "stop"."""
     try:
         _worker(rank, place, gloo, conn, barrier)
     except BaseException as e:  # never leave the others or the parent hanging
@@ -118,8 +126,13 @@ def _worker(rank, place, gloo, conn, barrier):
     enter(place.netns)
     sock = bound_udp_socket(place.host, place.port)
     conn.send(sock.getsockname())
-    job, switch_addr, agent_kw = conn.recv()
+    job, switch_addr, agent_kw, relay_addr = conn.recv()
     agent = Agent(job, rank, switch_addr, sock=sock, timeout=60.0, **agent_kw)
+    floor = None
+    if relay_addr is not None:
+        from bench.floor import FloorWorker, chunk_for
+        floor = FloorWorker(rank, job.nworkers, relay_addr, job.nslots,
+                            chunk_for(job.block_size, job.nlanes), host=place.host)
     dist = torch = None
     if gloo is not None:
         import torch
@@ -139,14 +152,16 @@ def _worker(rank, place, gloo, conn, barrier):
             req = conn.recv()
             if req == "stop":
                 break
-            conn.send(measure_point(rank, req, agent, dist, torch, barrier))
+            conn.send(measure_point(rank, req, agent, dist, torch, barrier, floor))
     finally:
         if dist is not None:
             dist.destroy_process_group()
+        if floor is not None:
+            floor.close()
         agent.close()
 
 
-def measure_point(rank: int, req: Request, agent, dist, torch, barrier) -> dict:
+def measure_point(rank: int, req: Request, agent, dist, torch, barrier, floor=None) -> dict:
     """This worker's side of one point: {method: record} (+ "memory" if asked)."""
     p = req.point
     x = make_tensor(p, rank)
@@ -159,6 +174,7 @@ def measure_point(rank: int, req: Request, agent, dist, torch, barrier) -> dict:
     known = nonzero_blocks(x, p.block_size)  # what a caller that knows its blocks passes
     calls = {"spina": lambda: agent.allreduce(buf, inplace=True),
              "spina_blocks": lambda: agent.allreduce(buf, inplace=True, blocks=known),
+             "floor": lambda: floor.allreduce(buf),
              "gloo_allreduce": lambda: (dist.all_reduce(t), buf)[1],
              "gloo_allgather": lambda: gloo_allgather_sum(t, p.workers, dist, torch).numpy(),
              "spina_alloc": lambda: agent.allreduce(buf),
@@ -170,9 +186,10 @@ def measure_point(rank: int, req: Request, agent, dist, torch, barrier) -> dict:
         # the other processes on this machine's 2 cores to whatever line was running.
         prof = cProfile.Profile(time.thread_time)
     rec = {m: dict(times=[], cpu=[], tx=[], rx=[], crcs=[], max_err=0.0) for m in req.methods}
-    for m in SPINA_METHODS:
-        if m in rec:
-            rec[m].update({k: [] for k in SPINA_STATS}, warmup={})
+    for m in req.methods:
+        keys = SPINA_STATS if m in SPINA_METHODS else FLOOR_STATS if m == "floor" else ()
+        if keys:
+            rec[m].update({k: [] for k in keys}, warmup={})
     rec["nonzeros"] = int(np.count_nonzero(x))
     for i in range(req.repeats + 1):  # i == 0: warm-up, checked but not recorded
         for m in rotation(req.methods, i):
@@ -189,13 +206,13 @@ def measure_point(rank: int, req: Request, agent, dist, torch, barrier) -> dict:
             tx1, rx1 = dev_bytes() if dev_bytes else (0, 0)
             r = rec[m]
             if rank == 0:
-                err = check_result(res, want, p.workers, quantized=(m in SPINA_METHODS))
+                err = check_result(res, want, p.workers, quantized=(m in QUANTIZED))
                 r["max_err"] = max(r["max_err"], err)
-            if m in SPINA_METHODS:
+            if m in QUANTIZED:
                 r["crcs"].append(zlib.crc32(res.view(np.uint8)))
-                s = agent.last_stats
-                if not i:
-                    r["warmup"] = {k: getattr(s, k) for k in SPINA_STATS}
+            stats = _call_stats(m, agent, floor)
+            if stats and not i:
+                r["warmup"] = stats
             del res
             if not i:
                 continue
@@ -203,15 +220,23 @@ def measure_point(rank: int, req: Request, agent, dist, torch, barrier) -> dict:
             r["cpu"].append(dc)
             r["tx"].append(tx1 - tx0)
             r["rx"].append(rx1 - rx0)
-            if m in SPINA_METHODS:
-                for k in SPINA_STATS:
-                    r[k].append(getattr(s, k))
+            for k, v in stats.items():
+                r[k].append(v)
     if prof is not None:
         prof.dump_stats(req.profile_path)
     if req.memory:
         rec["memory"] = measure_memory(agent, x)
         barrier.wait()
     return rec
+
+
+def _call_stats(method: str, agent, floor) -> dict:
+    """What the last call of `method` reported about itself ({} for gloo's)."""
+    if method in SPINA_METHODS:
+        return {k: getattr(agent.last_stats, k) for k in SPINA_STATS}
+    if method == "floor":
+        return dict(zip(FLOOR_STATS, floor.last_stats))
+    return {}
 
 
 def _reduced(y, dist) -> np.ndarray:
@@ -297,13 +322,16 @@ class Cluster:
         gloo: form a gloo group in the workers (None: SpINA alone, torch not imported).
         switch_place, worker_places: where the processes run (default: 127.0.0.1, any port).
         switch_profile: cProfile the switch's serve loop into this file.
-    After close(), `switch_stats` holds the switch's counters over its whole life.
+        floor: also start the floor's relay (bench/floor.py) at switch_place, any free port,
+            and a floor socket in every worker (method "floor").
+    After close(), `switch_stats` holds the switch's counters over its whole life, and
+    `relay_stats` the relay's (with floor).
     """
 
     def __init__(self, n: int, *, nslots: int = 16, block_size: int = 256, nlanes: int = 56,
                  agent_kw: dict | None = None, gloo: Gloo | None = None,
                  switch_place: Place = Place(), worker_places: list[Place] | None = None,
-                 switch_profile: str | None = None):
+                 switch_profile: str | None = None, floor: bool = False):
         self.n = n
         self.job_args = dict(nslots=nslots, block_size=block_size, nlanes=nlanes)
         self.agent_kw = agent_kw or {}
@@ -315,6 +343,9 @@ class Cluster:
         self.conns: list = []
         self.switch_conn = None
         self.switch_stats: dict | None = None
+        self.floor = floor
+        self.relay = self.relay_conn = None
+        self.relay_stats: dict | None = None
         self.job = None
 
     def __enter__(self) -> "Cluster":
@@ -337,6 +368,7 @@ class Cluster:
                                       args=(child, self.switch_profile, sp.netns, sp.host)))
         self.procs[-1].start()
         switch_addr = recv(self.switch_conn, "switch")
+        relay_addr = self._start_relay(ctx) if self.floor else None
         gloo = self.gloo
         if gloo is not None and gloo.port == 0:
             gloo = Gloo(gloo.host, free_tcp_port(gloo.host), gloo.ifname)
@@ -354,13 +386,28 @@ class Cluster:
         self.switch_conn.send(self.job)
         recv(self.switch_conn, "switch admission")
         for c in self.conns:
-            c.send((self.job, switch_addr, self.agent_kw))
+            c.send((self.job, switch_addr, self.agent_kw, relay_addr))
         for r, c in enumerate(self.conns):
             recv(c, f"rank {r} ready")
+
+    def _start_relay(self, ctx) -> tuple[str, int]:
+        from bench.floor import chunk_for, relay_main
+        sp = self.switch_place
+        self.relay_conn, child = ctx.Pipe()
+        self.relay = ctx.Process(target=relay_main, name="floor-relay",
+                                 args=(child, sp.netns, sp.host, self.n, self.job_args["nslots"],
+                                       chunk_for(self.job_args["block_size"],
+                                                 self.job_args["nlanes"])))
+        self.relay.start()
+        return tuple(recv(self.relay_conn, "floor relay"))
 
     @property
     def switch_pid(self) -> int:
         return self.procs[0].pid
+
+    @property
+    def relay_pid(self) -> int | None:
+        return None if self.relay is None else self.relay.pid
 
     @property
     def pids(self) -> list[int]:
@@ -372,10 +419,10 @@ class Cluster:
         for c in self.conns:
             c.send(req)
         recs = [recv(c, f"rank {r} at {req.point}") for r, c in enumerate(self.conns)]
-        for m in set(req.methods) & set(SPINA_METHODS):
+        for m in set(req.methods) & set(QUANTIZED):
             for r, w in enumerate(recs[1:], 1):
                 if w[m]["crcs"] != recs[0][m]["crcs"]:
-                    raise BenchError(f"{req.point}: rank {r}'s SpINA result differs from rank "
+                    raise BenchError(f"{req.point}: rank {r}'s {m} result differs from rank "
                                      f"0's ({m}, crc32 {w[m]['crcs']} vs {recs[0][m]['crcs']})")
         return recs
 
@@ -386,17 +433,29 @@ class Cluster:
             except OSError:
                 pass
         stop_all(self.procs[1:])
-        if self.switch_conn is not None and self.procs and self.procs[0].is_alive():
-            try:
-                self.switch_conn.send("stop")  # it answers once stopped (profile written)
-                if self.switch_conn.poll(30):
-                    msg = self.switch_conn.recv()
-                    if isinstance(msg, dict) and "error" not in msg:
-                        self.switch_stats = msg
-            except (OSError, EOFError):
-                pass
-        stop_all(self.procs[:1])
+        if self.procs:
+            self.switch_stats = stop_server(self.procs[0], self.switch_conn)
         self.conns.clear()
+        if self.relay is not None:
+            self.relay_stats = stop_server(self.relay, self.relay_conn)
+            self.relay = None
+
+
+def stop_server(proc, conn) -> dict | None:
+    """Ask a serving child (the switch, the floor's relay) to stop: its counters, which it
+    sends once stopped (profile written), or None if it failed (its error is on stderr)."""
+    out = None
+    if conn is not None and proc.is_alive():
+        try:
+            conn.send("stop")
+            if conn.poll(30):
+                msg = conn.recv()
+                if isinstance(msg, dict) and "error" not in msg:
+                    out = msg
+        except (OSError, EOFError):
+            pass
+    stop_all([proc])
+    return out
 
 
 def free_tcp_port(host: str) -> int:

@@ -28,7 +28,9 @@ SWEEP_AXIS = {"base": "workers", "density": "density", "size": "elements",
               "fixed_nnz": "elements", "fixed_nnz_paired": "elements", "workers": "workers",
               "block_size": "block_size", "nlanes": "nlanes"}
 LABELS = {"spina": "SpINA (software switch)",
-          "spina_blocks": "SpINA, the caller passes its non-zero blocks", "gloo_allreduce": "gloo all_reduce (dense)",
+          "spina_blocks": "SpINA, the caller passes its non-zero blocks",
+          "floor": "floor: minimal compiled star all-reduce (dense)",
+          "gloo_allreduce": "gloo all_reduce (dense)",
           "gloo_allgather": "gloo all_gather (index, value) + sum",
           "spina_alloc": "SpINA, result in a new array (old timing)",
           "gloo_allreduce_clone": "gloo all_reduce of a clone (old timing)"}
@@ -48,6 +50,7 @@ PLOTS = ("time_vs_density.png", "ratio_vs_density.png", "time_vs_size.png",
 # Issue 12's loopback targets (4 x 25M, in place, fair baseline): checked, never assumed.
 TARGET_SPARSE = (0.01, 0.2)   # at 1% density SpINA takes at most 0.2x gloo all_reduce's time
 TARGET_DENSE = (1.0, 1.5)     # at 100% at most 1.5x
+TARGET_FLOOR = (1.0, 1.2)     # issue 27: at 100% at most 1.2x the floor (bench/floor.py)
 TARGET_SCALING = 1.5          # 100M at 0.25% within 1.5x of 25M at 1% (fixed_nnz sweep)
 # Issue 10: exact mode's call time under random loss each way, against its lossless time.
 TARGET_LOSS = {0.01: 1.5, 0.10: 4.0}
@@ -138,26 +141,33 @@ def _base_point(rows) -> dict | None:
 
 
 def targets(rows) -> list[str]:
-    """Issue 12's loopback targets, each marked met or NOT met (median) with spread and load."""
+    """Issues 12's and 27's loopback targets, each marked met or NOT met (median) with spread
+    and load."""
     out = []
     dens = {float(next(iter(d.values()))["density"]): d for d in _by_point(rows, "density")}
     base = _base_point(rows)
     if base and "spina" in base:
         dens.setdefault(float(base["spina"]["density"]), base)
-    for (d, limit), m in [(t, m) for t in (TARGET_SPARSE, TARGET_DENSE)
-                          for m in ("spina", "spina_blocks")]:
+    goals = [(d, limit, "gloo_allreduce") for d, limit in (TARGET_SPARSE, TARGET_DENSE)]
+    goals.append((*TARGET_FLOOR, "floor"))
+    for (d, limit, other), m in [(g, m) for g in goals for m in ("spina", "spina_blocks")]:
         pt = dens.get(d)
         if m == "spina_blocks" and (not pt or m not in pt):
             continue  # an optional method
-        if not pt or m not in pt or "gloo_allreduce" not in pt:
-            out.append(f"- {100 * d:g}% density, SpINA/gloo all_reduce ≤ {limit:g}×: not measured")
+        name = "SpINA/floor" if other == "floor" else "SpINA/gloo all_reduce"
+        if not pt or m not in pt or other not in pt:
+            out.append(f"- {100 * d:g}% density, {name} ≤ {limit:g}×: not measured")
             continue
-        q = paired(pt[m], pt["gloo_allreduce"])
+        q = paired(pt[m], pt[other])
         s = pt[m]
         how = ", blocks passed by the caller (spina_blocks)" if m == "spina_blocks" else ""
+        beside = (f"floor {_fmt_t(pt['floor'])} s" if other == "floor" else
+                  f"gloo {_fmt_t(pt['gloo_allreduce'])} s")
+        if other == "floor" and "gloo_allreduce" in pt:  # how far the floor is from gloo
+            beside += f"; floor/gloo all_reduce {_fmt_q(paired(pt['floor'], pt['gloo_allreduce']))}"
         out.append(f"- **{100 * d:g}% density**{how} ({int(s['workers'])} workers, "
-                   f"{float(s['elements']) / 1e6:g}M): SpINA/gloo all_reduce = {_fmt_q(q)} "
-                   f"(SpINA {_fmt_t(s)} s, gloo {_fmt_t(pt['gloo_allreduce'])} s); target "
+                   f"{float(s['elements']) / 1e6:g}M): {name} = {_fmt_q(q)} "
+                   f"(SpINA {_fmt_t(s)} s, {beside}); target "
                    f"≤ {limit:g}×: **{'met' if q[0] <= limit else 'NOT met'}** (median); "
                    f"load {_fmt_load(s)}")
     # The interleaved pair (both points alternating repeat by repeat) when measured; else the
@@ -247,18 +257,25 @@ def summary(rows, meta: dict, plot_prefix: str = "") -> str:
           f"- each time: median [min–max] over {meta.get('repeats', '?')} repeats after a "
           "warm-up; a repeat's time is the slowest worker's. SpINA/X = per-repeat ratio, median "
           "[min–max] (< 1: SpINA faster).",
-          "- bytes per worker: SpINA measured (whole UDP payloads, CallStats.bytes_sent); gloo "
+          "- floor: the simplest compiled star all-reduce of the dense tensor (bench/floor.py: "
+          "scan, one hello, int32 chunks of SpINA's datagram size through one relay process, "
+          "the same window, no protocol), in the same processes and repeats: what this machine "
+          "allows a dense call; below 100% density it still moves the whole tensor.",
+          "- bytes per worker: SpINA and the floor measured (whole UDP payloads sent); gloo "
           "from the algorithm (ring all-reduce 2(n-1)/n of the tensor; ring all-gather (n-1) "
           "padded chunks of 8 bytes per non-zero).",
           "- resends: SpINA datagrams resent, all ranks, every call of the point (warm-up "
           "included); on loopback nothing is lost, so every one is spurious. load: 1-minute load "
           "average at the start and end of the point.",
-          "- every result was checked against numpy (SpINA: rank 0 within the quantization "
-          "bound, all ranks bit-identical; gloo: rank 0 within float32 rounding).", ""]
+          "- every result was checked against numpy (SpINA and the floor: rank 0 within the "
+          "quantization bound, all ranks bit-identical; gloo: rank 0 within float32 "
+          "rounding).", ""]
     for s in meta.get("skipped", []):
         L.append(f"- skipped (memory): {s}")
-    L += ["## Targets (issue 12, loopback)", ""] + targets(rows)
+    L += ["## Targets (issue 12; SpINA/floor: issue 27; loopback)", ""] + targets(rows)
     pairs = [("spina", m) for m in methods if m != "spina" and "spina" in methods]
+    if all(m in methods for m in ("floor", "gloo_allreduce")):
+        pairs.append(("floor", "gloo_allreduce"))  # how far the machine's floor is from gloo
     if all(m in methods for m in OLD_PAIR):
         pairs.append(OLD_PAIR)
     if all(m in methods for m in ("gloo_allreduce", "gloo_allreduce_clone")):
@@ -298,22 +315,24 @@ def _ratio_name(a: str, b: str) -> str:
 
 
 def switch_table(rows) -> list[str]:
-    sw = [r for r in rows if r["method"] == "spina" and r["sweep"] in ("base", "density")
+    sw = [r for r in rows if r["method"] in ("spina", "floor") and r["sweep"] in ("base", "density")
           and r.get("switch_cpu_s") not in ("", None)]
     if not sw:
         return []
-    L = ["## software switch, per core", "",
-         "Packets and block payload the switch process handled per CPU-second it used over a "
-         "point (warm-up and timed calls, all workers; packets as the agents counted them).", "",
-         "| point | packets in | switch CPU s | packets / CPU s | payload Gbit / CPU s |",
-         "|---|---|---|---|---|"]
+    L = ["## software switch and floor relay, per core", "",
+         "Packets and block payload the switch process (the floor's relay process) handled per "
+         "CPU-second it used over a point (warm-up and timed calls, all workers; packets as the "
+         "agents, or the floor's workers, counted them).", "",
+         "| point | process | packets in | CPU s | packets / CPU s | payload Gbit / CPU s |",
+         "|---|---|---|---|---|---|"]
     seen = set()
     for r in sw:
-        if _key(r) in seen:
+        if (_key(r), r["method"]) in seen:
             continue
-        seen.add(_key(r))
+        seen.add((_key(r), r["method"]))
+        who = "floor relay" if r["method"] == "floor" else "SpINA switch"
         L.append(f"| {int(r['workers'])} workers, {float(r['elements']) / 1e6:g}M, "
-                 f"{100 * float(r['density']):g}% | {int(float(r['switch_packets_in']))} | "
+                 f"{100 * float(r['density']):g}% | {who} | {int(float(r['switch_packets_in']))} | "
                  f"{float(r['switch_cpu_s']):.2f} | {float(r['switch_pkts_per_cpu_s']):,.0f} | "
                  f"{float(r['switch_payload_gbit_per_cpu_s']):.2f} |")
     return L + [""]
@@ -333,7 +352,8 @@ def plot(rows, outdir: str, prefix: str = "") -> list[str]:
     import matplotlib.pyplot as plt
 
     written = []
-    styles = {"spina": ("C0", "o"), "gloo_allreduce": ("C1", "s"), "gloo_allgather": ("C2", "^")}
+    styles = {"spina": ("C0", "o"), "gloo_allreduce": ("C1", "s"), "gloo_allgather": ("C2", "^"),
+              "floor": ("C3", "D")}
     sweeps = {r["sweep"] for r in rows}
 
     def save(fig, name):

@@ -46,8 +46,14 @@ def test_bench_smoke(tmp_path):
     assert hinted["payload_bytes_per_worker"] == spina["payload_bytes_per_worker"]
     gloo = next(r for r in rows if r["method"] == "gloo_allreduce")
     assert float(gloo["bytes_per_worker"]) == 65536 * 4  # ring, 2 workers: 2(n-1)/n = 1 tensor
+    floor = next(r for r in rows if r["method"] == "floor")  # dense: 5 chunks of 56 x 256
+    assert (float(floor["bytes_per_worker"]), float(floor["packets_per_worker"])) == (
+        65536 * 4 + 5 * 4, 5)
+    assert int(floor["switch_packets_in"]) == 2 * 3 * 5  # its relay: 2 workers, 3 calls
     text = (tmp_path / "summary.md").read_text()
     assert text.count("| SpINA/gloo_allreduce |") == 1
+    assert text.count("| SpINA/floor |") == text.count("| floor/gloo_allreduce |") == 1
+    assert "100% density, SpINA/floor ≤ 1.2×: not measured" in text  # the base point is 1%
     assert "target ≤ 0.2×" in text  # the base point is at 1%: its target is judged
     assert (tmp_path / "meta.json").exists()
 
@@ -120,10 +126,11 @@ def test_rotation_and_paired_ratio():
 
 
 def test_quick_and_bad_args(capsys):
-    """--quick is the density sweep of SpINA against gloo all_reduce; bad values exit 2."""
+    """--quick is the density sweep of SpINA against the floor and gloo all_reduce; bad
+    values exit 2."""
     a = parse_args(["--quick"])
     assert a.sweeps == QUICK["sweeps"].split(",") == ["density"]
-    assert a.methods == ["spina", "gloo_allreduce"]
+    assert a.methods == ["spina", "floor", "gloo_allreduce"]
     for bad, name in ((["--sweeps", "speed"], "--sweeps"), (["--repeats", "0"], "--repeats"),
                       (["--methods", "mpi"], "--methods")):
         with pytest.raises(SystemExit) as e:

@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_net_bench_smoke(tmp_path):
-    """2 workers over a 1 Gbit/s star: both methods timed and verified, bytes counted, clean."""
+    """2 workers over a 1 Gbit/s star: SpINA, gloo and the floor timed and verified, bytes
+    counted, ratios paired, clean."""
     why = why_no_namespaces()
     if why:
         print(f"skipping: {why}")
@@ -53,9 +54,17 @@ def test_net_bench_smoke(tmp_path):
         assert float(r["spina_tx_bytes"]) > 0 and float(r["spina_rx_bytes"]) > 0
         # 2 workers: the ring sends 2(n-1)/n = 1 tensor per worker, plus headers
         assert size <= float(r["gloo_tx_bytes"]) < 1.2 * size
+        # the floor: verified like SpINA, the whole tensor over the same link at any density
+        assert float(r["floor_median_s"]) > 0 and 0 <= float(r["floor_max_err"]) < 1e-3
+        assert size <= float(r["floor_tx_bytes"]) < 1.2 * size
+        spina_t, floor_t, gloo_t = (float(r[f"{m}_times_s"]) for m in ("spina", "floor", "gloo"))
+        assert float(r["spina_floor_median"]) == pytest.approx(spina_t / floor_t, rel=1e-2)
+        assert float(r["floor_gloo_median"]) == pytest.approx(floor_t / gloo_t, rel=1e-2)
+        assert float(r["relay_cpu_s_per_floor_call"]) >= 0
     dense = next(r for r in rows if float(r["density"]) == 1.0)
     sparse = next(r for r in rows if float(r["density"]) == 0.01)
     assert size <= float(dense["spina_tx_bytes"]) < 1.2 * size  # each byte once
     assert float(sparse["spina_tx_bytes"]) < 0.1 * size          # zero blocks never sent
     text = (tmp_path / "net_summary.md").read_text()
     assert "target <= 0.75x" in text and "target <= 0.05x" in text
+    assert "| floor s | SpINA/floor | floor/gloo |" in text
