@@ -40,8 +40,10 @@ from spina.net import bound_udp_socket
 
 def spine_host(j: int) -> str:
     """Spine j's loopback address: spines listen on the INA UDP port (47000), each on an
-    address of its own (controller/plan.py)."""
-    return f"127.0.0.{2 + j}"
+    address of its own (controller/plan.py). The address is this process's own in 127/8,
+    so two runs on one machine (a test run beside a benchmark) never share a spine."""
+    pid = os.getpid()
+    return f"127.{pid >> 8 & 255}.{pid & 255}.{2 + j}"
 
 
 def fabric_doc(racks=2, per_rack=4, spines=2, nslots=4, switch_ports=None, worker_ports=None,

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import yaml
 
-from bench.scale_out import FabricCluster, fabric_doc, flat, tensors
+from bench.scale_out import FabricCluster, fabric_doc, flat, spine_host, tensors
 from controller import plan
 from controller.controller import program_in_process
 from host_agent.agent import Agent, SpinaTimeout
@@ -51,8 +51,8 @@ def test_plan_levels_ranks_and_shards():
     assert f.leaf_jobs("leaf1") == [(job, 1)]
     ups = plan.p4_rows(f, "leaf1").table("leaf_upstream")
     assert [(k["slot"], p["dst_addr"], p["port"]) for k, _, p in ups] == [
-        (0, "127.0.0.2", 0), (1, "127.0.0.2", 0),
-        (2, "127.0.0.3", 0), (3, "127.0.0.3", 0)]  # UDP mode: no links, port 0
+        (0, spine_host(0), 0), (1, spine_host(0), 0),
+        (2, spine_host(1), 0), (3, spine_host(1), 0)]  # UDP mode: no links, port 0
     assert f.leaf_jobs("spine0") == [] and f.spine_jobs("leaf0") == []
 
 
