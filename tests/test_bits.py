@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+import torch
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
@@ -114,7 +114,6 @@ def test_sign_error_feedback_identity_over_steps():
 
 def test_signum_votes_on_the_local_momentum():
     """momentum m: u = m u + g, p = residual + u, the residual as without momentum (by hand)."""
-    layout = _layout(4)
     comp = make_compressor(method="sign", block_size=4, momentum=0.5)
     ps = []
     for g in ([4, -4, 2, 2], [0, 0, 2, -6]):

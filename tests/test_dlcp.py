@@ -145,7 +145,7 @@ def test_layer_priority_orders_layers_needed_first_highest():
 
 def test_ddp_buckets_map_last_bucket_to_first_layers():
     """DDP's last bucket holds the first layers: it gets layer position 0 (most urgent)."""
-    torch_hook = pytest.importorskip("host_agent.torch_hook")
+    from host_agent import torch_hook
 
     class _Agent:
         job = _job()
@@ -162,7 +162,7 @@ def test_ddp_sends_the_first_layers_bucket_first_class(tmp_path):
     """Real DDP (one rank, gloo, small buckets) through the hook and the software switch: from
     the second pass on, each bucket's packets carry its layer's priority; the bucket holding
     the first layer (DDP's last) goes out at 7, the one holding the last layers at the base."""
-    torch = pytest.importorskip("torch")
+    import torch
     import torch.distributed as dist
     from host_agent.agent import Agent
     from host_agent.torch_hook import SpinaHookState, spina_allreduce_hook
@@ -434,7 +434,7 @@ def test_bounded_loss_run_drops_exactly_the_marked_packets_identically_on_every_
 
 def test_stats_and_metrics_report_the_loss():
     """The daemon's counters add each call's blocks lost, partial rounds and tolerant packets."""
-    pytest.importorskip("prometheus_client")
+    import prometheus_client  # noqa: F401  (installed by make setup)
     from host_agent.metrics import DaemonMetrics
     m = DaemonMetrics()
     m.call_done(4, 1, CallStats(blocks_lost=6, partial_rounds=3, loss_tolerant_packets=5), 0.1, True)
@@ -566,7 +566,7 @@ def test_daemon_config_and_overrides(tmp_path):
 def test_hook_overrides_are_validated(tmp_path):
     """agent_from_env's DLCP arguments override the job file, validated by field name; with a
     daemon they are refused (the daemon owns the agent)."""
-    torch_hook = pytest.importorskip("host_agent.torch_hook")
+    from host_agent import torch_hook
     from host_agent.launch import free_udp_ports
     port = free_udp_ports(1)[0]
     path = tmp_path / "job.json"
@@ -643,8 +643,8 @@ def test_daemon_applies_its_bound_and_each_calls_layer(tmp_path):
 def test_example_smoke(tmp_path):
     """examples/dlcp_train.py (a few steps): three runs, weights identical on every worker,
     nothing lost at bound 0, losses within each bound, json and png written."""
-    pytest.importorskip("sklearn")
-    pytest.importorskip("matplotlib")
+    import sklearn  # noqa: F401  (installed by make setup)
+    import matplotlib  # noqa: F401  (installed by make setup)
     r = subprocess.run([sys.executable, str(ROOT / "examples" / "dlcp_train.py"), "--steps", "3",
                         "--every", "1", "--workers", "2", "--out", str(tmp_path / "d.png")],
                        capture_output=True, text=True, timeout=300, env=ENV, cwd=tmp_path)
@@ -666,8 +666,8 @@ def test_example_mlp_task_smoke(tmp_path):
     """examples/dlcp_train.py --task mlp (the 5.3M-parameter model, 2 steps, 2 workers): three
     runs, weights identical on every worker, nothing lost at bound 0, losses within each bound,
     the bounded runs' deadlines `auto` (from the round latency: 2-50 ms, per call)."""
-    pytest.importorskip("torch")
-    pytest.importorskip("matplotlib")
+    import torch  # noqa: F401  (installed by make setup)
+    import matplotlib  # noqa: F401  (installed by make setup)
     r = subprocess.run([sys.executable, str(ROOT / "examples" / "dlcp_train.py"), "--task", "mlp",
                         "--steps", "2", "--every", "1", "--workers", "2",
                         "--out", str(tmp_path / "m.png")],

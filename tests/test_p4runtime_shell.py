@@ -13,7 +13,7 @@ from controller.p4rt import NotPrimaryError
 from softswitch.p4runtime_server import P4RuntimeServer
 from softswitch.udp import UdpSwitch
 
-sh = pytest.importorskip("p4runtime_sh.shell")
+import p4runtime_sh.shell as sh
 
 
 @pytest.fixture

@@ -9,9 +9,7 @@ import json
 import os
 from pathlib import Path
 
-import pytest
-
-torch = pytest.importorskip("torch")
+import torch
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
