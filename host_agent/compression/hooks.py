@@ -106,19 +106,23 @@ def check_single_momentum(compressor: Compressor, optimizer) -> None:
                 f"momentum {group['momentum']}")
 
 
-def _compress_bucket(state: CompressionHookState, bucket) -> tuple[BucketLayout, Selection]:
-    """Pack the bucket block-aligned, compress it, count it; end the step after the last bucket."""
-    t0 = time.perf_counter()
-    buf = bucket.buffer()
-    n = buf.numel()
-    sizes = _segment_sizes(bucket, n)
+def bucket_layout(bucket, block_size: int) -> BucketLayout:
+    """The bucket's block-aligned layout, parameters named by id() (every compressed hook's)."""
+    sizes = _segment_sizes(bucket, bucket.buffer().numel())
     try:
         params = tuple(id(p) for p in bucket.parameters())
     except AttributeError:
         params = ()
     if len(params) != len(sizes):  # a bare buffer (tests): one piece, named by its index
         params = (("bucket", bucket.index() if hasattr(bucket, "index") else 0),)
-    layout = BucketLayout.of(params, sizes, state.compressor.block_size)
+    return BucketLayout.of(params, sizes, block_size)
+
+
+def _compress_bucket(state: CompressionHookState, bucket) -> tuple[BucketLayout, Selection]:
+    """Pack the bucket block-aligned, compress it, count it; end the step after the last bucket."""
+    t0 = time.perf_counter()
+    buf = bucket.buffer()
+    layout = bucket_layout(bucket, state.compressor.block_size)
     data = buf.detach().reshape(-1).to(torch.float32).numpy()  # a copy for half buckets only
     sel = state.compressor.compress(layout, data)
     if not hasattr(bucket, "is_last") or bucket.is_last():

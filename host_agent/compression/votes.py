@@ -48,8 +48,8 @@ import torch.distributed as dist
 
 from host_agent.compression import compressors
 from host_agent.compression.compressors import BucketLayout, Compressor
-from host_agent.compression.hooks import CompressionHookState
-from host_agent.torch_hook import _segment_sizes, fail, hook_future, unpack_aligned
+from host_agent.compression.hooks import CompressionHookState, bucket_layout
+from host_agent.torch_hook import fail, hook_future, unpack_aligned
 
 EXP_MIN = -128   # ternary's one-hot bins: exponents EXP_MIN .. EXP_MIN + BINS - 1; a smaller
 BINS = 256       # max|p| takes EXP_MIN (still >= it); above 2**127 counts as not finite
@@ -281,19 +281,6 @@ class VoteHookState(CompressionHookState):
 
     def close(self) -> None:
         self.executor.shutdown(wait=True)
-
-
-def bucket_layout(bucket, block_size: int) -> BucketLayout:
-    """The bucket's block-aligned layout, parameters named by id() (as the compressed hooks)."""
-    n = bucket.buffer().numel()
-    sizes = _segment_sizes(bucket, n)
-    try:
-        params = tuple(id(p) for p in bucket.parameters())
-    except AttributeError:
-        params = ()
-    if len(params) != len(sizes):  # a bare buffer (tests): one piece, named by its index
-        params = (("bucket", bucket.index() if hasattr(bucket, "index") else 0),)
-    return BucketLayout.of(params, sizes, block_size)
 
 
 def spina_vote_hook(state: VoteHookState,
