@@ -347,4 +347,8 @@ def make_compressor(config: CompressionConfig | dict | None = None, block_size: 
     elif isinstance(config, dict):
         config = CompressionConfig.from_dict({**config, **fields})
     config = config.validate()
+    if config.method in ("sign", "ternary"):  # votes.py builds on this module: import at call
+        from host_agent.compression import votes
+        return {"sign": votes.SignVote, "ternary": votes.TernGrad}[config.method](
+            config, block_size)
     return _BY_METHOD[config.method](config, block_size)

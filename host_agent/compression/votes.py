@@ -46,7 +46,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from host_agent.compression import compressors
 from host_agent.compression.compressors import BucketLayout, Compressor
 from host_agent.compression.hooks import CompressionHookState, bucket_layout
 from host_agent.torch_hook import fail, hook_future, unpack_aligned
@@ -254,10 +253,6 @@ def _add_pieces(layout: BucketLayout, aligned: np.ndarray, bucket: np.ndarray,
             a[d:d + k] += b[s:s + k]
         else:
             torch.add(b[s:s + k], a[d:d + k], alpha=scale, out=a[d:d + k])
-
-
-# Selectable through CompressionConfig.method like the block compressors.
-compressors._BY_METHOD.update(sign=SignVote, ternary=TernGrad)
 
 
 class VoteHookState(CompressionHookState):
