@@ -26,7 +26,8 @@ def main(argv=None) -> int:
     ap.add_argument("--value", type=float, default=1.0, help="every element's value")
     ap.add_argument("--elements", type=cli.int_range(1, 1 << 28), default=1 << 20,
                     help="tensor length (default %(default)s)")
-    ap.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the others")
+    ap.add_argument("--timeout", type=cli.positive_float, default=30.0,
+                    help="seconds to wait for the other ranks (default %(default)s)")
     args = ap.parse_args(argv)
     try:
         agent = connect(args.assignment, timeout=args.timeout)
