@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import csv
+import itertools
 import os
 import sys
 import time
@@ -38,31 +39,38 @@ from spina import cli, wire
 from spina.net import bound_udp_socket
 
 
-def spine_host(j: int) -> str:
-    """Spine j's loopback address: spines listen on the INA UDP port (47000), each on an
-    address of its own (controller/plan.py). The address is this process's own in 127/8,
-    so two runs on one machine (a test run beside a benchmark) never share a spine."""
+_SPINE_NETS = itertools.count()
+
+
+def spine_hosts(n: int) -> list[str]:
+    """Loopback addresses for n spines: spines listen on the INA UDP port (47000), each on an
+    address of its own (controller/plan.py). Every call gives addresses no earlier call of
+    this process gave (a /24 of 127/8 named by the process and a counter), so a fabric never
+    meets a spine of another run, or of an earlier fabric whose sockets are not closed yet."""
+    net = next(_SPINE_NETS)
     pid = os.getpid()
-    return f"127.{pid >> 8 & 255}.{pid & 255}.{2 + j}"
+    return [f"127.{(pid ^ net >> 8) & 255}.{(pid >> 8 ^ net) & 255}.{2 + j}" for j in range(n)]
 
 
 def fabric_doc(racks=2, per_rack=4, spines=2, nslots=4, switch_ports=None, worker_ports=None,
-               block_size=4, nlanes=2, host="127.0.0.1", grpc_ports=None) -> dict:
+               block_size=4, nlanes=2, host="127.0.0.1", grpc_ports=None,
+               spine_addresses=None) -> dict:
     """A desired state with a fabric: racks r<i> on leaf<i> (`per_rack` workers each, or a
     list of the racks' sizes), spines spine<j>, job 7 sharded evenly over the spines. Leaves
-    at `host`, ports `switch_ports` (default from 47001); spine j at spine_host(j), UDP port
-    47000; workers from 50000 (ranks rack by rack). P4Runtime at grpc_ports (leaves then
+    at `host`, ports `switch_ports` (default from 47001); spine j at spine_addresses[j]
+    (default: new ones, spine_hosts), UDP port 47000; workers from 50000 (ranks rack by rack). P4Runtime at grpc_ports (leaves then
     spines) on loopback, or none (in process)."""
     sizes = list(per_rack) if not isinstance(per_rack, int) else [per_rack] * racks
     firsts = [sum(sizes[:i]) for i in range(racks)]
     switch_ports = switch_ports or [47001 + i for i in range(racks)]
+    spine_addresses = spine_addresses or spine_hosts(spines)
     worker_ports = worker_ports or [50000 + i for i in range(sum(sizes))]
     grpc = [f"127.0.0.1:{p}" for p in grpc_ports] if grpc_ports else ["in-process"] * (
         racks + spines)
     switches = [{"name": f"leaf{i}", "target": "softswitch", "grpc": grpc[i],
                  "address": host, "udp_port": switch_ports[i]} for i in range(racks)]
     switches += [{"name": f"spine{j}", "target": "softswitch", "grpc": grpc[racks + j],
-                  "address": spine_host(j), "udp_port": wire.DEFAULT_UDP_PORT}
+                  "address": spine_addresses[j], "udp_port": wire.DEFAULT_UDP_PORT}
                  for j in range(spines)]
     workers = [{"name": f"w{firsts[r] + k}", "ip": host,
                 "udp_port": worker_ports[firsts[r] + k], "switch_port": 0,
@@ -93,14 +101,27 @@ class FabricCluster:
                  nslots: int = 4, nlanes: int = 8, block_size: int = 256, timeout: float = 30,
                  rto: float = MIN_RTO):
         faults = faults or (lambda i: None)
-        self.switches = [UdpSwitch(port=0, faults=faults(i)) for i in range(racks)]
-        self.switches += [UdpSwitch(spine_host(j), wire.DEFAULT_UDP_PORT,
-                                    faults=faults(racks + j)) for j in range(spines)]
+        self.switches, self.agents, self.pool = [], [], None
+        try:
+            self._build(racks, per_rack, spines, faults, nslots, nlanes, block_size, timeout,
+                        rto)
+        except BaseException:
+            self.close()  # no switch of a half-built fabric may keep its address
+            raise
+
+    def _build(self, racks, per_rack, spines, faults, nslots, nlanes, block_size, timeout, rto):
+        hosts = spine_hosts(spines)
+        for i in range(racks):
+            self.switches.append(UdpSwitch(port=0, faults=faults(i)))
+        for j in range(spines):
+            self.switches.append(UdpSwitch(hosts[j], wire.DEFAULT_UDP_PORT,
+                                           faults=faults(racks + j)))
         n = per_rack * racks if isinstance(per_rack, int) else sum(per_rack)
         self.socks = [bound_udp_socket() for _ in range(n)]
         doc = fabric_doc(racks, per_rack, spines, nslots, block_size=block_size, nlanes=nlanes,
                          switch_ports=[s.address[1] for s in self.switches],
-                         worker_ports=[s.getsockname()[1] for s in self.socks])
+                         worker_ports=[s.getsockname()[1] for s in self.socks],
+                         spine_addresses=hosts)
         self.plan = plan.parse(doc)
         self.servicers = {d["name"]: s.servicer() for d, s in zip(doc["switches"], self.switches)}
         program_in_process(self.servicers, self.plan.state)
@@ -132,11 +153,14 @@ class FabricCluster:
                 sum(s.bytes_in + s.bytes_out for s in self.spines))
 
     def close(self):
-        self.pool.shutdown()
-        for a in self.agents:
-            a.close()
-        for s in self.switches:
-            s.stop()
+        try:
+            if self.pool is not None:
+                self.pool.shutdown()
+            for a in self.agents:
+                a.close()
+        finally:  # the switches' addresses are freed whatever failed before
+            for s in self.switches:
+                s.stop()
 
     def __enter__(self):
         return self

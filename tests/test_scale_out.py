@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import yaml
 
-from bench.scale_out import FabricCluster, fabric_doc, flat, spine_host, tensors
+from bench.scale_out import FabricCluster, fabric_doc, flat, tensors
 from controller import plan
 from controller.controller import program_in_process
 from host_agent.agent import Agent, SpinaTimeout
@@ -50,9 +50,9 @@ def test_plan_levels_ranks_and_shards():
         (0, 4), (3, 4), (0, 4), (3, 4)]  # the rank each worker sends to its leaf
     assert f.leaf_jobs("leaf1") == [(job, 1)]
     ups = plan.p4_rows(f, "leaf1").table("leaf_upstream")
+    sp0, sp1 = (f.state.switches[n].address for n in ("spine0", "spine1"))
     assert [(k["slot"], p["dst_addr"], p["port"]) for k, _, p in ups] == [
-        (0, spine_host(0), 0), (1, spine_host(0), 0),
-        (2, spine_host(1), 0), (3, spine_host(1), 0)]  # UDP mode: no links, port 0
+        (0, sp0, 0), (1, sp0, 0), (2, sp1, 0), (3, sp1, 0)]  # UDP mode: no links, port 0
     assert f.leaf_jobs("spine0") == [] and f.spine_jobs("leaf0") == []
 
 

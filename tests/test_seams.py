@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.scale_out import spine_host
+from bench.scale_out import spine_hosts
 from controller.controller import Controller, program_in_process
 from controller.p4rt import Connection
 from controller.state import load
@@ -55,7 +55,7 @@ def shape_doc(racks: tuple[int, ...] = (), spines: int = 0, flat: int = 0) -> di
     nw = sum(racks) + flat
     wports = free_ports(nw)
     # A spine listens on the INA port at an address of its own (controller/plan.py).
-    where = {f"spine{j}": (spine_host(j), spec.INA_UDP_PORT) for j in range(spines)}
+    where = {f"spine{j}": (a, spec.INA_UDP_PORT) for j, a in enumerate(spine_hosts(spines))}
     switches = [{"name": n, "target": "softswitch", "grpc": f"{HOST}:{g}",
                  "address": where.get(n, (HOST, u))[0], "udp_port": where.get(n, (HOST, u))[1]}
                 for n, u, g in zip(names, udp, grpc)]
