@@ -49,6 +49,7 @@ import numpy as np
 from host_agent.blocks import nonzero_blocks
 from bench.procs import (Point, check_result, cpu_seconds, expected_sum, make_tensor,
                          measure_memory, switch_main)
+from spina.net import free_port
 
 METHODS = ("spina", "spina_blocks", "floor", "gloo_allreduce", "gloo_allgather")
 OLD_TIMING = ("spina_alloc", "gloo_allreduce_clone")
@@ -371,7 +372,7 @@ class Cluster:
         relay_addr = self._start_relay(ctx) if self.floor else None
         gloo = self.gloo
         if gloo is not None and gloo.port == 0:
-            gloo = Gloo(gloo.host, free_tcp_port(gloo.host), gloo.ifname)
+            gloo = Gloo(gloo.host, free_port(gloo.host), gloo.ifname)
         barrier = ctx.Barrier(self.n)
         for r in range(self.n):
             parent, child = ctx.Pipe()
@@ -456,13 +457,6 @@ def stop_server(proc, conn) -> dict | None:
             pass
     stop_all([proc])
     return out
-
-
-def free_tcp_port(host: str) -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def slowest(recs: list[dict], method: str) -> list[float]:

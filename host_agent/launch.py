@@ -21,7 +21,6 @@ import ipaddress
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,29 +32,15 @@ from pathlib import Path
 from softswitch.udp import UdpSwitch
 from spina import cli, log as spina_log, wire
 from spina.config import ConfigError, JobConfig, JobFile, WorkerAddr
-from spina.net import bind_own_address
+from spina.net import bind_own_address, free_ports
 from spina.rendezvous import RendezvousServer
 
 log = logging.getLogger("spina.launch")
 
 
-def free_udp_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """`n` distinct UDP ports that were free a moment ago (all held open while choosing)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            s.bind((host, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def local_job(nworkers: int, job: int = 1, host: str = "127.0.0.1", **job_fields) -> JobConfig:
     """A job whose `nworkers` ranks live on `host`, each on a free UDP port."""
-    ports = free_udp_ports(nworkers, host)
+    ports = free_ports(nworkers, host)
     return JobConfig(job=job, workers=tuple(WorkerAddr(r, host, p) for r, p in enumerate(ports)),
                      **job_fields).validate()
 

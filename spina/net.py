@@ -6,6 +6,7 @@ import errno
 import ipaddress
 import os
 import socket
+import threading
 
 from spina.config import ConfigError
 
@@ -19,6 +20,94 @@ def grow_buffers(sock: socket.socket, size: int = 32 << 20) -> None:
             sock.setsockopt(socket.SOL_SOCKET, force, size)
         except OSError:
             sock.setsockopt(socket.SOL_SOCKET, opt, size)
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo, hi = (int(x) for x in f.read().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+class _PortChooser:
+    """Hands out ports outside the kernel's ephemeral range, each at most once per process.
+
+    A port found by binding port 0 and closing is an ephemeral port: any socket bound to port 0
+    afterwards (an agent's, a gRPC client's) may be given the same one before its chooser binds
+    it, and then a server fails with "Address already in use". Ports below the ephemeral range
+    are never handed to port-0 binds, so only another chooser can take them: this process's
+    never (each port once), another process's rarely (each starts at a place of its own).
+    """
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        lo, hi = _ephemeral_range()
+        self.first, self.last = (20000, lo - 1) if lo - 20000 >= 2000 else (hi + 1, 65535)
+        span = self.last - self.first + 1
+        self.next = self.first + (os.getpid() * 7919) % span if span >= 2000 else None
+
+    def choose(self, n: int, host: str) -> list[int]:
+        with self.lock:
+            if self.next is None:  # no room outside the ephemeral range: the kernel chooses
+                return self._from_kernel(n, host)
+            held, ports = [], []
+            try:
+                for _ in range(self.last - self.first + 1):
+                    if len(ports) == n:
+                        return ports
+                    port = self.next
+                    self.next = self.first if port == self.last else port + 1
+                    socks = self._hold(host, port)
+                    if socks:
+                        held += socks
+                        ports.append(port)
+                if len(ports) == n:
+                    return ports
+                raise OSError(errno.EADDRINUSE, f"no {n} free ports in {self.first}..{self.last}")
+            finally:
+                for s in held:
+                    s.close()
+
+    @staticmethod
+    def _hold(host: str, port: int) -> list[socket.socket]:
+        """Sockets holding `port` for both UDP and TCP, or [] when either is taken."""
+        socks = []
+        try:
+            for kind in (socket.SOCK_DGRAM, socket.SOCK_STREAM):
+                s = socket.socket(socket.AF_INET, kind)
+                socks.append(s)
+                s.bind((host, port))
+            return socks
+        except OSError:
+            for s in socks:
+                s.close()
+            return []
+
+    @staticmethod
+    def _from_kernel(n: int, host: str) -> list[int]:
+        socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(n)]
+        try:
+            for s in socks:
+                s.bind((host, 0))
+            return [s.getsockname()[1] for s in socks]
+        finally:
+            for s in socks:
+                s.close()
+
+
+_chooser = _PortChooser()
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """`n` distinct ports free for both UDP and TCP on `host` a moment ago, never handed out
+    before by this process, and never ones the kernel gives to a socket bound to port 0."""
+    return _chooser.choose(n, host)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    return free_ports(1, host)[0]
 
 
 def bound_udp_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:

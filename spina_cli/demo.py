@@ -26,7 +26,7 @@ import numpy as np
 
 from spina import wire
 from spina.config import JobConfig, WorkerAddr
-from spina.net import bound_udp_socket, init_loopback_gloo
+from spina.net import free_port, free_ports, init_loopback_gloo
 
 
 def make_tensor(n: int, block_size: int, density: float, rank: int, seed: int) -> np.ndarray:
@@ -97,20 +97,6 @@ def _worker(rank: int, args, assignment_file: str, gloo_port: int, out_q) -> Non
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    s = bound_udp_socket()
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def _free_tcp_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _fmt_bytes(b: float) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if b < 1000 or unit == "GB":
@@ -143,8 +129,8 @@ def main(argv=None) -> int:
     print(f"SpINA demo: {args.workers} workers, {args.elements:,} float32 elements "
           f"({_fmt_bytes(4 * args.elements)}), blocks of {args.block_size}, {nlanes} blocks/packet, "
           f"window {args.nslots} slots", flush=True)
-    switch_port, grpc_port, runs_port = _free_port(), _free_tcp_port(), _free_tcp_port()
-    workers = tuple(WorkerAddr(r, "127.0.0.1", _free_port()) for r in range(args.workers))
+    switch_port, grpc_port, runs_port = free_ports(3)
+    workers = tuple(WorkerAddr(r, "127.0.0.1", p) for r, p in enumerate(free_ports(args.workers)))
     job = JobConfig(job=1, workers=workers, nslots=args.nslots, block_size=args.block_size,
                     nlanes=nlanes).validate()
     tmp = tempfile.TemporaryDirectory(prefix="spina-demo-")
@@ -186,7 +172,7 @@ def main(argv=None) -> int:
                  for r in range(args.workers)]
         ctx = mp.get_context("spawn")
         q = ctx.Queue()
-        gloo_port = _free_port()
+        gloo_port = free_port()
         procs = [ctx.Process(target=_worker, args=(r, args, files[r], gloo_port, q))
                  for r in range(args.workers)]
         for p in procs:

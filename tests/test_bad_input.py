@@ -23,7 +23,7 @@ import yaml
 
 from host_agent.agent import Agent
 from host_agent.daemon import MAX_MESSAGE, Daemon, DaemonConfig
-from host_agent.launch import free_udp_ports
+from spina.net import free_ports
 from spina.config import Assignment, ConfigError, JobConfig, JobFile, WorkerAddr
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -315,7 +315,7 @@ def daemon(tmp_path_factory):
     job_files = {}
     for name, host in (("good", "127.0.0.1"), ("wildcard", "0.0.0.0"),
                        ("foreign", "192.0.2.1")):
-        ports = free_udp_ports(2)
+        ports = free_ports(2)
         job = JobConfig(job=5, workers=tuple(WorkerAddr(r, host, p) for r, p in enumerate(ports)),
                         nslots=2, block_size=32, nlanes=4)
         job_files[name] = str(d / f"{name}.json")
@@ -408,7 +408,7 @@ def test_daemon_attach_good_job_file_still_works(daemon):
 @pytest.mark.parametrize("host", ["0.0.0.0", "192.0.2.1", "224.0.0.1"])
 def test_agent_binds_only_a_local_specific_address(host):
     """An Agent refuses a wildcard, foreign or multicast worker address, naming the field."""
-    job = JobConfig(job=3, workers=(WorkerAddr(0, host, free_udp_ports(1)[0]),), nslots=2,
+    job = JobConfig(job=3, workers=(WorkerAddr(0, host, free_ports(1)[0]),), nslots=2,
                     block_size=32, nlanes=4)
     with pytest.raises(ConfigError, match=r"workers\[0\]\.host"):
         Agent(job, 0, ("127.0.0.1", 47999))

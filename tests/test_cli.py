@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from netns import hosts  # noqa: F401  (a fixture: hosts in network namespaces)
-from ports import free_tcp_port
+from spina.net import free_port
 from spina.net import bound_udp_socket
 from spina_cli import doctor, status
 from spina_cli.main import COMMANDS, controller_argv, main
@@ -68,7 +68,7 @@ def deployed(tmp_path):
                      "udp_port": s.getsockname()[1]} for i, s in enumerate(socks)],
         "jobs": [{"id": 4, "members": ["w0", "w1"], "nslots": 4, "slot_base": 0,
                   "block_size": 32, "nlanes": 4}],
-        "agents_dir": "agents", "rendezvous": f"127.0.0.1:{free_tcp_port()}"}))
+        "agents_dir": "agents", "rendezvous": f"127.0.0.1:{free_port()}"}))
     for s in socks:
         s.close()
     with Controller(load(cfg), 1, timeout=20) as ctl:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -26,16 +25,11 @@ from spina import spec
 from softswitch.dataplane import Dataplane
 from softswitch.p4runtime_server import P4RuntimeServer
 from softswitch.udp import UdpSwitch
+from spina.net import free_port
 from spina.procs import stop_process
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONPATH=ROOT)
-
-
-def free_port(kind=socket.SOCK_STREAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class SwitchProcess:
@@ -75,7 +69,7 @@ def cli(cfg, *args, check=True) -> subprocess.CompletedProcess:
 def desired(grpc_addr: str, udp_port: int, nworkers: int = 4) -> dict:
     return {"switches": [{"name": "s1", "target": "softswitch", "grpc": grpc_addr,
                           "address": "127.0.0.1", "udp_port": udp_port}],
-            "workers": [{"name": f"w{i}", "ip": "127.0.0.1", "udp_port": free_port(socket.SOCK_DGRAM),
+            "workers": [{"name": f"w{i}", "ip": "127.0.0.1", "udp_port": free_port(),
                          "switch_port": 0} for i in range(nworkers)],
             "jobs": [], "agents_dir": "agents", "rendezvous": f"127.0.0.1:{free_port()}"}
 
@@ -108,7 +102,7 @@ def allreduce_all(cfg, paths: list, seed: int) -> None:
 @pytest.fixture
 def switch_process():
     """The software switch as a child process; stopped afterwards."""
-    sw = SwitchProcess(free_port(socket.SOCK_DGRAM), free_port())
+    sw = SwitchProcess(free_port(), free_port())
     yield sw
     sw.stop()
 

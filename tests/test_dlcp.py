@@ -567,8 +567,8 @@ def test_hook_overrides_are_validated(tmp_path):
     """agent_from_env's DLCP arguments override the job file, validated by field name; with a
     daemon they are refused (the daemon owns the agent)."""
     from host_agent import torch_hook
-    from host_agent.launch import free_udp_ports
-    port = free_udp_ports(1)[0]
+    from spina.net import free_port
+    port = free_port()
     path = tmp_path / "job.json"
     JobFile(_job(workers=(WorkerAddr(0, "127.0.0.1", port),)), ("127.0.0.1", 47000)).write(path)
     with pytest.raises(ConfigError, match="field 'priority_policy'"):
@@ -604,11 +604,11 @@ def test_daemon_applies_its_bound_and_each_calls_layer(tmp_path):
     layer's priority and loss-tolerant packets; the reply's stats report them; a bad layer is
     refused naming the field."""
     from host_agent.daemon import Daemon, DaemonClient, DaemonConfig
-    from host_agent.launch import free_udp_ports
+    from spina.net import free_ports
     headers = []
     with UdpSwitch(port=0, faults=Faults(drop_in_match=_capture(headers))) as sw:
         job = _job(workers=tuple(WorkerAddr(r, "127.0.0.1", p)
-                                 for r, p in enumerate(free_udp_ports(2))),
+                                 for r, p in enumerate(free_ports(2))),
                    nslots=1, nlanes=2, block_size=4)
         sw.add_job(job)
         path = tmp_path / "job.json"

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import socket
 import subprocess
 import sys
 
@@ -22,7 +21,7 @@ from host_agent.agent import Agent
 from spina.net import bound_udp_socket
 from spina.procs import stop_process
 
-from ports import free_ports
+from spina.net import free_ports
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -42,7 +41,7 @@ def test_leaf_and_spine_processes_from_the_plan(tmp_path):
     each prints its role; int32 sums exact and float results bit-identical on every rank."""
     socks = [bound_udp_socket() for _ in range(4)]
     doc = fabric_doc(racks=2, per_rack=2, spines=1, nslots=4, block_size=256, nlanes=8,
-                     switch_ports=free_ports(2), grpc_ports=free_ports(3, socket.SOCK_STREAM),
+                     switch_ports=free_ports(2), grpc_ports=free_ports(3),
                      worker_ports=[s.getsockname()[1] for s in socks])
     plan_file = tmp_path / "fabric.yaml"
     plan_file.write_text(yaml.safe_dump(doc))

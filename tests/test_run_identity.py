@@ -27,6 +27,7 @@ from host_agent.launch import local_job, start_subprocess
 from softswitch.p4runtime_server import P4RuntimeServer
 from softswitch.udp import UdpSwitch
 from spina import wire
+from spina.net import free_ports
 from spina.procs import stop_process
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -267,16 +268,7 @@ def test_controller_serve_gives_each_run_its_own_epoch(tmp_path):
     and the file's epoch stays while each run gets a new one at the switch."""
     sw = UdpSwitch("127.0.0.1", 0).start()
     srv = P4RuntimeServer(sw.dataplane, "127.0.0.1:0", servicer=sw.servicer()).start()
-    ports = []
-    for _ in range(3):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            ports.append(s.getsockname()[1])
-    udp = []
-    for _ in range(2):
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.bind(("127.0.0.1", 0))
-            udp.append(s.getsockname()[1])
+    ports, udp = free_ports(3), free_ports(2)
     cfg = tmp_path / "spina.yaml"
     cfg.write_text(yaml.safe_dump({
         "switches": [{"name": "s1", "target": "softswitch", "grpc": srv.address,

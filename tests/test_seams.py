@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -35,7 +34,7 @@ from softswitch.udp import UdpSwitch
 from spina import spec
 from spina.procs import stop_process
 
-from ports import free_ports
+from spina.net import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -51,7 +50,7 @@ def shape_doc(racks: tuple[int, ...] = (), spines: int = 0, flat: int = 0) -> di
     switch of its own). Every switch a UDP-mode software switch on loopback."""
     names = [f"leaf{i}" for i in range(len(racks))] + [f"spine{j}" for j in range(spines)]
     names = names or ["s0"]
-    udp, grpc = free_ports(len(names)), free_ports(len(names) + 1, socket.SOCK_STREAM)
+    udp, grpc = free_ports(len(names)), free_ports(len(names) + 1)
     nw = sum(racks) + flat
     wports = free_ports(nw)
     # A spine listens on the INA port at an address of its own (controller/plan.py).
