@@ -11,8 +11,9 @@ Run from the repository root as root:
 
 First the model's host constants are measured on loopback (no tbf, no link limits, the
 same number of processes; calibrate()): alpha per step from all-reduces of 4 elements, the
-cpu per byte from all-reduces of 4 MiB; the predictions use them (the CSV also has the
-prediction with the file defaults). Then for each
+cpu per byte from all-reduces of 4 MiB, and, when SpINA is measured, its fixed cost per call
+through the software switch; the predictions use them (the CSV also has the prediction
+with the file defaults). Then for each
 topology bench.net_topo.Graph builds it (a namespace per host and switch, a veth per link
 with tbf both ways, the topology's own routes) and one process per rank joins its host's
 namespace and a gloo group on its host's address. Per size every algorithm (and gloo's own
@@ -21,7 +22,10 @@ float32 rounding of numpy's float64 sum, crc32 the same on every rank), then --r
 times, the order rotating repeat by repeat; each call between two multiprocessing barriers
 (no traffic on the links) with the links idle long enough before it to refill their tbf
 buckets (the planner starts from full buckets), only the collective timed; a repeat's time
-is the slowest rank's.
+is the slowest rank's. Where a topology is a star around one aggregating switch, SpINA
+("ina") is measured as well, by bench.net_bench on its own star of the same shape, rate and
+MTU (software switch in UDP mode, dense float32; its links keep net_bench's 20 ms queues,
+which SpINA's window needs, and are not left idle between calls).
 Outputs in --out: collectives.csv, summary.md (measured vs predicted, the planner's pick
 against the best measured), collectives.png.
 """
@@ -34,6 +38,7 @@ import os
 import platform
 import statistics
 import sys
+import textwrap
 import time
 import zlib
 from datetime import timedelta
@@ -48,10 +53,10 @@ from collectives.schedule import ALGORITHMS, schedule
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOPOLOGIES = tuple(os.path.join("bench", "topologies", f"{n}.yaml")
-                   for n in ("package4", "two_groups", "torus2x2"))
+                   for n in ("package4", "two_groups", "torus2x2", "star4"))
 GLOO = "gloo"  # dist.all_reduce, measured for reference (not a planner candidate)
 GLOO_PORT = 29500
-CAL_BYTES = 4 << 20  # loopback calibration of the cpu term
+CAL_BYTES = 32 << 20  # loopback calibration of the cpu term: large, so bytes dominate
 PICK_WITHIN = 0.10  # the pick counts as good within 10% of the best measured
 COLUMNS = ("topology", "collective", "bytes", "algorithm", "steps", "predicted_s",
            "predicted_default_s", "bottleneck", "measured_median_s", "measured_min_s",
@@ -153,30 +158,37 @@ def times(recs, nbytes, method) -> list[float]:
 
 
 # ----------------------------------------------------------------------------- the run
-def calibrate(world: int, repeats: int, log=print) -> dict:
+def calibrate(world: int, repeats: int, ina: bool = False, log=print) -> dict:
     """alpha and cpu_per_byte on loopback, where no link limits: per algorithm the median
-    all-reduce time of 4 elements over its steps (alpha), and of CAL_BYTES less its steps'
-    alpha over the bytes the busiest rank sends plus receives (cpu); the median of each
-    over the 1-D algorithms."""
+    all-reduce time of 4 elements over its steps (alpha), and the median time of CAL_BYTES
+    less that of 4 elements over the bytes the busiest rank sends plus receives in all steps
+    (cpu); the median of each over the 1-D algorithms. ina: also SpINA's fixed cost per call, the median time of
+    all-reducing 4 elements through the software switch on loopback (ina_call_s)."""
     algs = ("ring", "halving-doubling", "direct")
     recs = run_ranks([(None, "127.0.0.1", "lo")] * world,
                      dict(algorithms=algs, sizes=[16, CAL_BYTES], repeats=repeats,
                           groups=None, idle_s=0))
     alphas, cpus = [], []
-    for a in algs:
-        steps = len(schedule("all_reduce", a, world).steps)
-        alphas.append(statistics.median(times(recs, 16, a)) / steps)
-    alpha = statistics.median(alphas)
     zero = planner.with_params(planner.CostParams(), alpha=0.0, cpu_per_byte=1.0)
     for a in algs:
-        # with alpha 0 and 1 s per byte on an ideal topology the model counts the bytes
+        small = statistics.median(times(recs, 16, a))
+        alphas.append(small / len(schedule("all_reduce", a, world).steps))
+        # alpha 0 and 1 s per byte on links that never limit: the model counts the bytes
         moved = planner.predict(_ideal(world), "all_reduce", CAL_BYTES, a, zero).seconds
-        t = statistics.median(times(recs, CAL_BYTES, a))
-        steps = len(schedule("all_reduce", a, world).steps)
-        cpus.append(max(0.0, t - alpha * steps) / moved)
-        log(f"calibration: {a}: {alphas[len(cpus) - 1] * 1e3:.3f} ms per step, "
+        cpus.append(max(0.0, statistics.median(times(recs, CAL_BYTES, a)) - small) / moved)
+        log(f"calibration: {a}: {alphas[-1] * 1e3:.3f} ms per step, "
             f"{cpus[-1] * 1e9:.3f} ns per byte moved")
-    return dict(alpha=alpha, cpu_per_byte=statistics.median(cpus))
+    alpha = statistics.median(alphas)
+    out = dict(alpha=alpha, cpu_per_byte=statistics.median(cpus))
+    if ina:
+        from bench.paired import Cluster, Request
+        from bench.procs import Point
+        with Cluster(world, nslots=16, block_size=256, nlanes=56) as cl:
+            res = cl.measure(Request(Point("cal", world, 4, 1.0, 256, 56, 256), repeats,
+                                     ("spina",)))
+        out["ina_call_s"] = statistics.median(slowest(res, "spina"))
+        log(f"calibration: ina {out['ina_call_s'] * 1e3:.3f} ms per call")
+    return out
 
 
 def _ideal(world: int):
@@ -204,10 +216,17 @@ def measure_topology(path: str, sizes, repeats: int, tag: str, params, log=print
         recs = run_ranks(places, dict(algorithms=algs, sizes=list(sizes), repeats=repeats,
                                       groups=[list(x) for x in topo.groups] if topo.groups
                                       else None, idle_s=idle_seconds(topo)))
+    ina = {}
+    if planner.INA in planner.algorithms(topo, "all_reduce"):
+        why = _not_a_star(topo)
+        if why:
+            log(f"{name}: ina not measured: {why}")
+        else:
+            ina = measure_ina(topo, sizes, repeats, f"{tag}i", log)
     load_end = load1()
     for nbytes in sizes:
-        for a in algs + [GLOO]:
-            ts = times(recs, nbytes, a)
+        for a in algs + [GLOO] + ([planner.INA] if ina else []):
+            ts = ina[nbytes] if a == planner.INA else times(recs, nbytes, a)
             med = statistics.median(ts)
             pred = pred0 = None
             steps, neck = "", ""
@@ -226,6 +245,45 @@ def measure_topology(path: str, sizes, repeats: int, tag: str, params, log=print
             log(f"{name} {nbytes} B {a}: measured {med * 1e3:.1f} ms" +
                 (f", predicted {pred * 1e3:.1f} ms" if pred else ""))
     return rows
+
+
+def _not_a_star(topo) -> str | None:
+    """Why bench.net_bench's star (every host on one link to one aggregating switch, one
+    rate) cannot stand for `topo`, or None."""
+    if len(topo.switches) != 1 or topo.aggregating != topo.switches:
+        return "SpINA is measured on a star around one aggregating switch only"
+    sw = topo.switches[0]
+    if sorted(tuple(sorted((ln.a, ln.b))) for ln in topo.links) != sorted(
+            tuple(sorted((h, sw))) for h in topo.hosts):
+        return "SpINA is measured on a star around one aggregating switch only"
+    if len({ln.rate_text for ln in topo.links}) != 1:
+        return "the star's links need one rate"
+    return None
+
+
+def measure_ina(topo, sizes, repeats: int, tag: str, log=print) -> dict:
+    """SpINA's all-reduce through the software switch on bench.net_bench's star (the same
+    shape, rate and MTU; its own tbf queue of 20 ms: SpINA's window): per size, the slowest
+    worker's time per repeat (dense float32, paired with gloo there)."""
+    from bench.net_bench import run_workers
+    from bench.net_topo import tbf_params
+    link = topo.links[0]
+    tbf = tbf_params(link.rate_text, topo.mtu)
+    queue = link.rate / 8 * tbf["latency_ms"] / 1e3 + tbf["burst"]
+    datagram = planner.udp_wire_bytes(planner.CostParams().ina_elements * 4
+                                      + planner.CostParams().ina_overhead, topo.mtu)
+    # a window of slots that fits the worker's tbf queue: a larger one loses its tail there
+    # (16 slots at 200 Mbit/s: 8 MiB took 31 s instead of 0.3 s, recovering)
+    nslots = max(1, min(16, int(queue // datagram)))
+    log(f"ina: {nslots} slots (tbf queue {queue / 1e3:.0f} KB)")
+    out = {}
+    for nbytes in sizes:
+        rows = run_workers(topo.world, [link.rate_text], [1.0], nbytes // 4, repeats,
+                           f"{tag}{nbytes}", topo.mtu, nslots=nslots, nlanes=56,
+                           log=lambda *a, **k: None)
+        out[nbytes] = [float(t) for t in rows[0]["spina_times_s"].split()]
+        log(f"ina {nbytes} B: {statistics.median(out[nbytes]) * 1e3:.1f} ms")
+    return out
 
 
 def picks(rows) -> list[dict]:
@@ -251,13 +309,16 @@ def _ms(x) -> str:
 
 def summary(rows, meta: dict) -> str:
     d = planner.CostParams()
-    lines = [f"Run {meta['date']} on {meta['host']}, command `{meta['command']}`; measured "
-             f"on loopback: alpha {meta['alpha'] * 1e3:.3f} ms per step, cpu "
-             f"{meta['cpu_per_byte'] * 1e9:.3f} ns per byte (defaults {d.alpha * 1e3:.3f} ms, "
-             f"{d.cpu_per_byte * 1e9:.3f} ns); load {meta['load_start']:.2f} at the start, "
-             f"{meta['load_end']:.2f} at the end.", "",
-             "| topology | size | algorithm | steps | predicted ms | measured ms [min-max] | "
-             "error | bottleneck | load |", "|---|---|---|---|---|---|---|---|---|"]
+    ina = f", SpINA {meta['ina_call_s'] * 1e3:.3f} ms per call" if "ina_call_s" in meta else ""
+    head = (f"Run {meta['date']} on {meta['host']}, command `{meta['command']}`; measured "
+            f"on loopback: alpha {meta['alpha'] * 1e3:.3f} ms per step, cpu "
+            f"{meta['cpu_per_byte'] * 1e9:.3f} ns per byte{ina} (defaults "
+            f"{d.alpha * 1e3:.3f} ms, {d.cpu_per_byte * 1e9:.3f} ns, {d.ina_call_s * 1e3:.3f} "
+            f"ms); load {meta['load_start']:.2f} at the start, {meta['load_end']:.2f} at the "
+            "end.")
+    lines = textwrap.wrap(head, 92, break_on_hyphens=False) + [
+        "", "| topology | size | algorithm | steps | predicted ms | measured ms [min-max] | "
+        "error | bottleneck | load |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         err = "" if r["error"] in (None, "") else f"{float(r['error']) * 100:+.0f}%"
         lines.append(f"| {r['topology']} | {_size(int(r['bytes']))} | {r['algorithm']} | "
@@ -287,9 +348,9 @@ def plot(rows, path: str) -> None:
     rows = [r for r in rows if r["algorithm"] != GLOO]
     topos = sorted({r["topology"] for r in rows})
     fig, ax = plt.subplots(figsize=(6.5, 5.2))
-    marks = dict(zip(ALGORITHMS, "os^Dv"))
+    marks = dict(zip(ALGORITHMS + (planner.INA,), "os^Dv*"))
     for i, t in enumerate(topos):
-        for a in ALGORITHMS:
+        for a in marks:
             pts = [r for r in rows if r["topology"] == t and r["algorithm"] == a]
             if not pts:
                 continue
@@ -372,9 +433,11 @@ def main(argv=None) -> int:
         print("collectives_bench: error: --topologies: every topology needs the same number "
               "of ranks (one calibration)", file=sys.stderr)
         return 2
-    meta.update(calibrate(worlds.pop(), a.calibration_repeats))
-    params = planner.with_params(planner.CostParams(), alpha=meta["alpha"],
-                                 cpu_per_byte=meta["cpu_per_byte"])
+    ina = any(planner.INA in planner.algorithms(t, "all_reduce") and not _not_a_star(t)
+              for t in topos)
+    meta.update(calibrate(worlds.pop(), a.calibration_repeats, ina))
+    params = planner.with_params(planner.CostParams(), **{k: meta[k] for k in (
+        "alpha", "cpu_per_byte", "ina_call_s") if k in meta})
     rows = []
     for i, path in enumerate(a.topologies):
         rows += measure_topology(path, a.sizes, a.repeats, f"{a.tag}{i}", params)

@@ -208,10 +208,12 @@ class Graph(_Namespaces):
 
     The queue is `queue_ms` at line rate, 2 ms by default, not tbf_params' 20 ms: in an
     exchange both directions of a link carry data, so each flow's ACKs wait behind the
-    other's queue; with 20 ms of queue the windows grew so slowly that halving-doubling and
-    direct all-reduces of 8 MiB took 15-50% longer than with 2 ms (4 hosts, 200 Mbit/s,
-    measured here), while one-way ring traffic did not change. 2 ms is still deeper than a
-    data-centre switch port.
+    other's queue; with 20 ms the windows grew so slowly that halving-doubling and direct
+    all-reduces of 8 MiB took 16% and 50-80% longer than the model's link time, with 2 ms 0%
+    and 8% (4 hosts, 200 Mbit/s, BBR). TCP runs Reno here: with this kernel's default, BBR,
+    three flows into one host's port (a direct all-reduce on a 4-host star) took twice
+    Reno's time behind the shallow queue (1096 against 552 ms); only Reno and BBR may be
+    chosen in a namespace. docs/collectives.md has the measurements.
     """
 
     def __init__(self, topo: Topology, tag: str, queue_ms: float = 2.0):
@@ -251,7 +253,8 @@ class Graph(_Namespaces):
                 ns = self.ns(node)
                 add_namespace(ns, self.made)
                 for key in ("net.ipv4.ip_forward=1", "net.ipv4.conf.all.rp_filter=0",
-                            "net.ipv4.conf.default.rp_filter=0"):
+                            "net.ipv4.conf.default.rp_filter=0",
+                            "net.ipv4.tcp_congestion_control=reno"):
                     _run("ip", "netns", "exec", ns, "sysctl", "-qw", key)
             for i, ln in enumerate(t.links):
                 _run("ip", "link", "add", "name", f"l{i}", "netns", self.ns(ln.a), "type",

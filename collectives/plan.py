@@ -29,7 +29,8 @@ In-network aggregation ("ina", all-reduce only, when a switch has `aggregate: tr
 SpINA through that switch: every rank sends its non-zero blocks as int32 once up and receives
 the union of all ranks' non-zero blocks once down, in datagrams of `ina_elements` values;
 the switch pays `ina_switch_packet_s` per datagram in (its CPU per packet, docs/profile.md)
-and each agent `ina_agent_packet_s` per datagram it handles; the three pipeline, so
+and each agent `ina_agent_packet_s` per datagram it handles; the three pipeline (a link's
+full token bucket goes at once here too), so
 
     ina = ina_call_s + 2 x route latency + max(link term, switch term, agent term)
 """
@@ -49,11 +50,13 @@ DTYPE_SIZES = {"float32": 4, "int32": 4, "float16": 2, "bfloat16": 2, "float64":
 
 @dataclass(frozen=True)
 class CostParams:
-    """The model's constants (seconds, bytes). Defaults: docs/collectives.md says where each
-    was measured; `spina plan --help` lists the options that set them."""
-    alpha: float = 1.5e-3              # per step and rank, the p2p collectives (loopback gloo)
-    cpu_per_byte: float = 1.0e-9       # per byte a rank sends or receives (loopback gloo)
-    ina_call_s: float = 3e-3           # SpINA's fixed cost per call (exponent round, setup)
+    """The model's constants (seconds, bytes). alpha, cpu_per_byte and ina_call_s are
+    bench/collectives_bench.py's loopback calibration on this 2-core machine with 4 ranks
+    and other sessions' load of about 8 (docs/collectives.md): a quieter or larger machine
+    has smaller ones, so measure yours and pass them (`spina plan --alpha ...`)."""
+    alpha: float = 4.7e-3              # per step and rank, the p2p collectives
+    cpu_per_byte: float = 3.0e-9       # per byte a rank sends or receives
+    ina_call_s: float = 5.6e-3         # SpINA's fixed cost per call
     ina_switch_packet_s: float = 17.6e-6  # software switch CPU per datagram in (profile.md)
     ina_agent_packet_s: float = 28e-6  # agent CPU per datagram (docs/profile.md)
     ina_elements: int = 56 * 256       # values per datagram: JobConfig's nlanes x block_size
@@ -215,8 +218,11 @@ def _ina_via(topo, switch, elements, params) -> Prediction:
             for hop in route:
                 load[hop] = load.get(hop, 0) + wire
         lat = max(lat, sum(topo.links[i].latency for i, _ in up + down))
-    neck = max(load, key=lambda h: load[h] * 8 / topo.links[h[0]].rate)
-    link_s = load[neck] * 8 / topo.links[neck[0]].rate
+    # full token buckets at the start, as for the host algorithms' first step
+    link = {h: max(0.0, b - topo.links[h[0]].burst) * 8 / topo.links[h[0]].rate
+            for h, b in load.items()}
+    neck = max(link, key=link.get)
+    link_s = link[neck]
     switch_s = p * n_up * params.ina_switch_packet_s
     agent_s = (n_up + n_down) * params.ina_agent_packet_s
     bound = max((link_s, _link_name(topo, neck)), (switch_s, f"switch {switch} CPU"),
