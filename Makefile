@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup core demo test soak bench bench-quick bench-l2 bench-net bench-dlcp profile clean help p4 p4-check tofino testbed deploy serve dissector
+.PHONY: setup core demo test soak bench bench-quick bench-l2 bench-net bench-dlcp bench-collectives profile clean help p4 p4-check tofino testbed deploy serve dissector
 
 help:  ## list targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -103,6 +103,9 @@ bench-net: $(STAMP)  ## network-bound regime (root; 3-10 min here): namespaces, 
 
 bench-dlcp: $(STAMP)  ## (root; 3 min here) DLCP step time under a congested queue: exact vs 1%/10% bounds, priorities, gloo: bench/out/dlcp/
 	$(PY) -m bench.dlcp_bench $(DLCP_BENCH_ARGS)
+
+bench-collectives: $(STAMP)  ## (root; ~10 min here) collectives measured vs the planner's predictions on namespace topologies: bench/out/collectives/
+	$(PY) -m bench.collectives_bench $(COLLECTIVES_BENCH_ARGS)
 
 profile: $(STAMP)  ## cProfile + memory of agent and software switch at the base point: bench/out/profile/
 	$(PY) -m bench.profile $(PROFILE_ARGS)

@@ -79,7 +79,7 @@ import numpy as np
 
 from bench import net_topo
 from bench.net_topo import add_namespace, parse_rate, tbf_params
-from bench.paired import BenchError, recv, stop_all
+from bench.paired import BenchError, guarded, recv, stop_all
 from spina import spec
 
 NET = "10.210"
@@ -377,12 +377,7 @@ VARIANTS = 3  # distinct gradients per worker, cycled step by step
 # ----------------------------------------------------------------------------- workers
 def worker_main(rank: int, ns: str, n: int, sizes: list[int], gloo_port: int, conn,
                 barrier) -> None:
-    try:
-        _worker(rank, ns, n, sizes, gloo_port, conn, barrier)
-    except BaseException as e:  # never leave the others or the parent hanging
-        barrier.abort()
-        conn.send(dict(error=f"rank {rank}: {type(e).__name__}: {e}"))
-        raise
+    guarded(rank, conn, barrier, _worker, rank, ns, n, sizes, gloo_port, conn, barrier)
 
 
 def _worker(rank, ns, n, sizes, gloo_port, conn, barrier):

@@ -17,26 +17,23 @@ worker), as a full-duplex port of a real top-of-rack switch.
 Both veth ends are created directly inside their namespaces, so nothing is added to the
 root namespace; deleting the namespaces removes the links and qdiscs with them.
 
-Run as root. `Star` is a context manager: everything it made is removed on exit, also when
-the body raises.
+`Graph` builds any collectives topology (collectives/topology.py) the same way: a namespace
+per host and per switch, a veth per link with tbf at both ends, and the topology's own routes
+(bench/collectives_bench.py measures the collectives on it).
+
+Run as root. `Star` and `Graph` are context managers: everything they made is removed on exit,
+also when the body raises.
 """
 from __future__ import annotations
 
+import contextlib
 import json
-import re
 import subprocess
+
+from collectives.topology import Topology, parse_rate  # the one parser of tc's rate units
 
 SWITCH_IP = "10.200.255.1"
 WORKER_IF = "eth0"
-_UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
-
-
-def parse_rate(rate: str) -> float:
-    """'1gbit', '10gbit', '500mbit' (tc's units) -> bits per second."""
-    m = re.fullmatch(r"\s*([0-9.]+)\s*([kmgt]?)bit\s*", rate.lower())
-    if not m:
-        raise ValueError(f"rate {rate!r}: expected a number with kbit, mbit, gbit or tbit")
-    return float(m.group(1)) * _UNITS[m.group(2)]
 
 
 def tbf_params(rate: str, mtu: int) -> dict:
@@ -95,7 +92,27 @@ def kernel_losses(pid: int) -> dict:
                 tcp_retrans=v.get("Tcp:RetransSegs", 0))
 
 
-class Star:
+class _Namespaces:
+    """What Star and Graph share: the namespaces made (`made`), removed by destroy() and on
+    leaving a `with` block, which enters by create()."""
+    made: list
+
+    def create(self):
+        raise NotImplementedError
+
+    def destroy(self) -> None:
+        """Delete every namespace made (their links and qdiscs go with them)."""
+        while self.made:
+            _run("ip", "netns", "del", self.made.pop(), check=False)
+
+    def __enter__(self):
+        return self.create()
+
+    def __exit__(self, *exc) -> None:
+        self.destroy()
+
+
+class Star(_Namespaces):
     """n worker namespaces around one switch namespace; see the module docstring.
 
     Args:
@@ -153,17 +170,6 @@ class Star:
     def _add_ns(self, ns: str) -> None:
         add_namespace(ns, self.made)
 
-    def destroy(self) -> None:
-        """Delete every namespace made (their links and qdiscs go with them)."""
-        while self.made:
-            _run("ip", "netns", "del", self.made.pop(), check=False)
-
-    def __enter__(self) -> "Star":
-        return self.create()
-
-    def __exit__(self, *exc) -> None:
-        self.destroy()
-
     # ------------------------------------------------------------------ rate limits
     def set_rate(self, rate: str) -> dict:
         """Limit both directions of every link to `rate` (tbf); returns tbf's parameters."""
@@ -187,10 +193,115 @@ class Star:
         return total
 
 
+class Graph(_Namespaces):
+    """A namespace per host and switch of `topo`, a veth per link, tbf on both ends.
+
+    Link i joins interface l<i> in both namespaces: 10.201.<i>.1/24 at its first end,
+    .2 at the other (at most 250 links). A host's address (`host_ip`) is the one on its
+    first link, and gloo binds that interface (`host_if`). Every node gets a /32 route to
+    every host along the topology's route (Topology.next_hop, so the packets take exactly
+    the paths the planner prices); a host's routes carry its own address as source, so
+    replies need no other routes. Every namespace forwards IPv4 (hosts forward in a torus);
+    reverse-path filtering is off (routes may be asymmetric). Each link is limited by tbf
+    at its rate in both directions, with the link's `burst` as tbf's bucket, so that the
+    planner prices the bucket the links have; it must be at least tbf_params' burst.
+
+    The queue is `queue_ms` at line rate, 2 ms by default, not tbf_params' 20 ms: in an
+    exchange both directions of a link carry data, so each flow's ACKs wait behind the
+    other's queue; with 20 ms the windows grew so slowly that halving-doubling and direct
+    all-reduces of 8 MiB took 16% and 50-80% longer than the model's link time, with 2 ms 0%
+    and 8% (4 hosts, 200 Mbit/s, BBR). TCP runs Reno here: with this kernel's default, BBR,
+    three flows into one host's port (a direct all-reduce on a 4-host star) took twice
+    Reno's time behind the shallow queue (1096 against 552 ms); only Reno and BBR may be
+    chosen in a namespace. docs/collectives.md has the measurements.
+    """
+
+    def __init__(self, topo: Topology, tag: str, queue_ms: float = 2.0):
+        if max(topo.devices) != 1:
+            raise ValueError("devices: namespaces stand for hosts of one device each")
+        if len(topo.links) > 250:
+            raise ValueError(f"links: at most 250 in namespaces, got {len(topo.links)}")
+        for i, ln in enumerate(topo.links):
+            need = tbf_params(ln.rate_text, topo.mtu)["burst"]
+            if ln.burst < need:
+                raise ValueError(f"{topo.source}: field 'links[{i}].burst': tbf needs at least "
+                                 f"{need} bytes here (give it, so the planner knows), got "
+                                 f"{ln.burst}")
+        self.topo, self.tag, self.queue_ms = topo, tag, queue_ms
+        self.made: list[str] = []
+        self._first = {}
+        for i, ln in enumerate(topo.links):
+            for end in (ln.a, ln.b):
+                self._first.setdefault(end, i)
+
+    def ns(self, node: str) -> str:
+        return f"{self.tag}-{node}"
+
+    def _addr(self, i: int, node: str) -> str:
+        return f"10.201.{i}.{1 if self.topo.links[i].a == node else 2}"
+
+    def host_ip(self, host: str) -> str:
+        return self._addr(self._first[host], host)
+
+    def host_if(self, host: str) -> str:
+        return f"l{self._first[host]}"
+
+    def create(self) -> "Graph":
+        t = self.topo
+        try:
+            for node in t.hosts + t.switches:
+                ns = self.ns(node)
+                add_namespace(ns, self.made)
+                for key in ("net.ipv4.ip_forward=1", "net.ipv4.conf.all.rp_filter=0",
+                            "net.ipv4.conf.default.rp_filter=0",
+                            "net.ipv4.tcp_congestion_control=reno"):
+                    _run("ip", "netns", "exec", ns, "sysctl", "-qw", key)
+            for i, ln in enumerate(t.links):
+                _run("ip", "link", "add", "name", f"l{i}", "netns", self.ns(ln.a), "type",
+                     "veth", "peer", "name", f"l{i}", "netns", self.ns(ln.b))
+                for end in (ln.a, ln.b):
+                    ns, ifc = self.ns(end), f"l{i}"
+                    _run("ip", "-n", ns, "link", "set", ifc, "mtu", str(t.mtu), "up")
+                    _run("ip", "-n", ns, "addr", "add", f"{self._addr(i, end)}/24", "dev", ifc)
+                    _run("tc", "-n", ns, "qdisc", "replace", "dev", ifc, "root", "tbf", "rate",
+                         ln.rate_text, "burst", str(ln.burst), "latency", f"{self.queue_ms}ms")
+            for node in t.hosts + t.switches:
+                for h in t.hosts:
+                    if h != node:
+                        self._add_route(node, h)
+        except BaseException:
+            self.destroy()
+            raise
+        return self
+
+    def _add_route(self, node: str, host: str) -> None:
+        nb, (i, _) = self.topo.next_hop(node, host)
+        cmd = ["ip", "-n", self.ns(node), "route", "replace", f"{self.host_ip(host)}/32",
+               "via", self._addr(i, nb), "dev", f"l{i}"]
+        if node in self.topo.hosts:
+            cmd += ["src", self.host_ip(node)]
+        _run(*cmd)
+
+
+
 def leftover_namespaces(tag: str) -> list[str]:
     """Namespaces of run `tag` (named `tag-...`; after a run: should be none)."""
     out = _run("ip", "netns", "list", check=False).stdout
     return [ln.split()[0] for ln in out.splitlines() if ln.split() and ln.startswith(tag + "-")]
+
+
+@contextlib.contextmanager
+def removing_leftovers(tag: str):
+    """`with removing_leftovers(tag) as left:` run something that builds namespaces of run
+    `tag`; on leaving (also on failure) any of them still there are deleted and listed in
+    `left` (a test asserts it is empty)."""
+    left: list[str] = []
+    try:
+        yield left
+    finally:
+        left += leftover_namespaces(tag)
+        for ns in left:
+            _run("ip", "netns", "del", ns, check=False)
 
 
 def why_no_namespaces() -> str | None:

@@ -108,15 +108,21 @@ def paired_ratios(a: list[float], b: list[float]) -> list[float]:
 
 
 # ----------------------------------------------------------------------------- worker side
-def worker_main(rank: int, place: Place, gloo: Gloo | None, conn, barrier) -> None:
-    """A worker process: bind, report the address, get the job, build the Agent (and the
-    gloo group, and the floor's socket), then measure points on request until "stop"."""
+def guarded(rank: int, conn, barrier, body, *args):
+    """A child process's body(*args); on any failure break the barrier and send the parent
+    {"error": "rank R: ..."} (recv raises it), so neither the others nor the parent hang."""
     try:
-        _worker(rank, place, gloo, conn, barrier)
-    except BaseException as e:  # never leave the others or the parent hanging
+        return body(*args)
+    except BaseException as e:
         barrier.abort()
         conn.send(dict(error=f"rank {rank}: {type(e).__name__}: {e}"))
         raise
+
+
+def worker_main(rank: int, place: Place, gloo: Gloo | None, conn, barrier) -> None:
+    """A worker process: bind, report the address, get the job, build the Agent (and the
+    gloo group, and the floor's socket), then measure points on request until "stop"."""
+    guarded(rank, conn, barrier, _worker, rank, place, gloo, conn, barrier)
 
 
 def _worker(rank, place, gloo, conn, barrier):

@@ -5,6 +5,7 @@
     spina status -c spina.yaml --watch 2       #   reset; status --watch redraws a per-job table)
     spina agent daemon --config agent.json     # python -m host_agent
     spina demo | spina bench | spina capture FILE | spina doctor -c spina.yaml
+    spina plan topo.yaml --size 64MiB          # collectives: pick an algorithm (spina_cli/plan.py)
 
 The dispatcher lives outside spina/ (the shared core imports nothing above it) and hands the
 rest of the command line to each component's own main; the `python -m` forms stay.
@@ -26,6 +27,7 @@ COMMANDS = {
     "bench": "SpINA against gloo sweep (needs a clone: bench/ is not installed)",
     "capture": "decode a packet capture's SpINA packets (pcap from tshark/tcpdump)",
     "doctor": "check a deployment: switch, pipeline, admission, addresses, MTU, epochs",
+    "plan": "predict each collective algorithm's time on a topology file and pick one",
 }
 # Options of `python -m controller` that come before its command; `spina deploy -c F` moves
 # them there so they can follow the command as users expect.
@@ -89,6 +91,9 @@ def main(argv=None) -> int:
         return run(rest)
     if cmd == "doctor":
         from spina_cli.doctor import main as run
+        return run(rest)
+    if cmd == "plan":
+        from spina_cli.plan import main as run
         return run(rest)
     print(f"spina: error: unknown command {cmd!r} (spina --help lists them)", file=sys.stderr)
     return 2

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from bench.dlcp_bench import CONFIGS, COLUMNS
-from bench.net_topo import leftover_namespaces, why_no_namespaces
+from bench.net_topo import removing_leftovers, why_no_namespaces
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 2
@@ -40,14 +40,10 @@ def _run_bench(tmp_path, prefix: str, *args: str) -> None:
         print(f"skipping: {why}")
         pytest.skip(why)
     tag = f"{prefix}{os.getpid() % 100000}"
-    try:
+    with removing_leftovers(tag) as left:
         out = subprocess.run([sys.executable, "-m", "bench.dlcp_bench", "--workers", "2", *args,
                               "--tag", tag, "--out", str(tmp_path), "--no-plots"],
                              cwd=ROOT, capture_output=True, text=True, timeout=120)
-    finally:
-        left = leftover_namespaces(tag)
-        for ns in left:  # never leave them behind, even when an assertion below fails
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
     assert out.returncode == 0, out.stderr[-3000:]
     assert left == [], f"namespaces left behind: {left}"
 

@@ -11,7 +11,7 @@ import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 OURS = {"spina", "softswitch", "controller", "host_agent", "ps", "testbed", "bmv2_tests",
-        "spina_cli", "bench", "tests", "examples"}
+        "spina_cli", "bench", "tests", "examples", "collectives"}
 # package -> the packages of ours it may import (itself always)
 ALLOWED = {
     "spina": set(),
@@ -19,6 +19,7 @@ ALLOWED = {
     "controller": {"spina"},
     "host_agent": {"spina"},
     "ps": {"spina"},
+    "collectives": {"spina"},
     "testbed": {"spina", "controller"},
     "bmv2_tests": {"spina", "controller", "softswitch"},
 }

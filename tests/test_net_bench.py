@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from bench.net_bench import COLUMNS
-from bench.net_topo import leftover_namespaces, why_no_namespaces
+from bench.net_topo import removing_leftovers, why_no_namespaces
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,15 +29,11 @@ def test_net_bench_smoke(tmp_path):
         print(f"skipping: {why}")
         pytest.skip(why)
     tag = f"snbt{os.getpid() % 100000}"
-    try:
+    with removing_leftovers(tag) as left:
         subprocess.run([sys.executable, "-m", "bench.net_bench", "--workers", "2",
                         "--rates", "1gbit", "--densities", "1,0.01", "--elements", "65536",
                         "--repeats", "1", "--mtus", "9000", "--tag", tag, "--out",
                         str(tmp_path)], cwd=ROOT, check=True, timeout=55)
-    finally:
-        left = leftover_namespaces(tag)
-        for ns in left:  # never leave them behind, even when the assertion below fails
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
     assert left == [], f"namespaces left behind: {left}"
     with open(tmp_path / "net_results.csv", newline="") as f:
         reader = csv.DictReader(f)

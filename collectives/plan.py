@@ -1,0 +1,254 @@
+"""The planner: each algorithm's time on a topology by an alpha-beta cost model; pick the least.
+
+    from collectives import plan, topology
+    topo = topology.load("bench/topologies/two_groups.yaml")
+    choice = plan.plan(topo, "all_reduce", 64 << 20)        # bytes of float32
+    choice.best, choice.seconds                             # 'ring', {'ring': 0.61, ...}
+
+The model prices the very schedule collectives.p2p runs (collectives/schedule.py), step by
+step. In a step every transfer follows its fixed route (collectives/topology.py); a directed
+link carries the wire bytes of every transfer that crosses it in that step, and a transfer
+ends when its busiest link has sent them all:
+
+    step = alpha + max(network, cpu)
+    network = max over transfers (route latency + max over its links (load / rate))
+    cpu = cpu_per_byte * (most bytes one rank sends plus receives in the step)
+    time = sum of the steps
+
+A link with a `burst` (a token bucket, as tc's tbf has) sends what its bucket holds at once
+and the rest at its rate; the bucket is full when the collective starts and refills at the
+rate while the link is idle.
+
+alpha is the fixed cost of a step at a rank (posting, waiting, Python), the network term
+counts TCP's wire bytes (payload plus Ethernet, IPv4 and TCP headers per MSS segment of the
+link MTU), the cpu term what a rank's processor does per byte it moves (kernel copies,
+gloo, the adds and concatenations; it overlaps the network). bench/collectives_bench.py
+measures alpha and cpu_per_byte on loopback, where no link limits (docs/collectives.md).
+
+In-network aggregation ("ina", all-reduce only, when a switch has `aggregate: true`) is
+SpINA through that switch: every rank sends its non-zero blocks as int32 once up and receives
+the union of all ranks' non-zero blocks once down, in datagrams of `ina_elements` values;
+the switch pays `ina_switch_packet_s` per datagram in (its CPU per packet, docs/profile.md)
+and each agent `ina_agent_packet_s` per datagram it handles; the three pipeline (a link's
+full token bucket goes at once here too), so
+
+    ina = ina_call_s + 2 x route latency + max(link term, switch term, agent term)
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from collectives.schedule import ALGORITHMS, HIERARCHICAL, chunk_bounds, schedule
+from collectives.topology import Topology
+
+INA = "ina"
+TCP_HEADERS = 14 + 20 + 32  # Ethernet, IPv4, TCP with timestamps: per segment
+UDP_HEADERS = 14 + 20       # per IPv4 fragment of a datagram (plus 8 for UDP, once)
+DTYPE_SIZES = {"float32": 4, "int32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+
+
+@dataclass(frozen=True)
+class CostParams:
+    """The model's constants (seconds, bytes). alpha, cpu_per_byte and ina_call_s are
+    bench/collectives_bench.py's loopback calibration on this 2-core machine with 4 ranks
+    and other sessions' load of about 8 (docs/collectives.md): a quieter or larger machine
+    has smaller ones, so measure yours and pass them (`spina plan --alpha ...`)."""
+    alpha: float = 4.7e-3              # per step and rank, the p2p collectives
+    cpu_per_byte: float = 3.0e-9       # per byte a rank sends or receives
+    ina_call_s: float = 5.6e-3         # SpINA's fixed cost per call
+    ina_switch_packet_s: float = 17.6e-6  # software switch CPU per datagram in (profile.md)
+    ina_agent_packet_s: float = 28e-6  # agent CPU per datagram (docs/profile.md)
+    ina_elements: int = 56 * 256       # values per datagram: JobConfig's nlanes x block_size
+    ina_overhead: int = 48 + 56 * 4    # SpINA header + one 4-byte `next` per lane
+    density: float = 1.0               # fraction of each rank's blocks that are non-zero (ina)
+
+    def check(self) -> "CostParams":
+        for k, v in self.__dict__.items():
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"{k}: must be a number >= 0, got {v!r}")
+        if not 0 < self.density <= 1:
+            raise ValueError(f"density: must be in (0, 1], got {self.density!r}")
+        if self.ina_elements < 1:
+            raise ValueError(f"ina_elements: must be at least 1, got {self.ina_elements!r}")
+        return self
+
+
+@dataclass(frozen=True)
+class StepCost:
+    seconds: float
+    bottleneck: str  # "a->b": the slowest transfer's busiest link; "cpu"; "" if nothing sent
+    bytes: int       # payload bytes sent in the step, all ranks
+
+
+@dataclass(frozen=True)
+class Prediction:
+    algorithm: str
+    seconds: float
+    steps: tuple[StepCost, ...]
+
+    @property
+    def bottleneck(self) -> str:
+        """The link that bounds most of the time (the slowest steps' busiest link)."""
+        total: dict[str, float] = {}
+        for s in self.steps:
+            total[s.bottleneck] = total.get(s.bottleneck, 0.0) + s.seconds
+        return max(total, key=total.get) if total else ""
+
+
+@dataclass(frozen=True)
+class Plan:
+    collective: str
+    nbytes: int
+    best: str
+    predictions: dict[str, Prediction] = field(default_factory=dict)
+
+    @property
+    def seconds(self) -> dict[str, float]:
+        return {a: p.seconds for a, p in self.predictions.items()}
+
+
+def tcp_wire_bytes(payload: int, mtu: int) -> int:
+    """Bytes a TCP payload puts on a link: every MSS segment carries its headers."""
+    return payload + math.ceil(payload / (mtu - 52)) * TCP_HEADERS
+
+
+def udp_wire_bytes(datagram: int, mtu: int) -> int:
+    """Bytes one UDP datagram of `datagram` payload bytes puts on a link, IPv4 fragments
+    (each at most mtu - 20 bytes of IP payload) with their headers."""
+    frags = math.ceil((datagram + 8) / ((mtu - 20) // 8 * 8))
+    return datagram + 8 + frags * UDP_HEADERS
+
+
+def algorithms(topo: Topology, collective: str) -> list[str]:
+    """The algorithms the planner weighs for `collective` on `topo`."""
+    out = [a for a in ALGORITHMS if a not in HIERARCHICAL or topo.groups is not None]
+    if collective == "all_reduce" and topo.aggregating:
+        out.append(INA)
+    return out
+
+
+def _link_name(topo: Topology, hop) -> str:
+    a, b = topo.link_end(hop)
+    return f"{a}->{b}"
+
+
+def predict(topo: Topology, collective: str, nbytes: int, algorithm: str,
+            params: CostParams = CostParams(), itemsize: int = 4) -> Prediction:
+    """The predicted time of `algorithm` for `collective` of `nbytes` (the whole tensor)."""
+    if algorithm == INA:
+        return _predict_ina(topo, collective, nbytes, params, itemsize)
+    p = topo.world
+    sched = schedule(collective, algorithm, p, topo.groups)
+    bounds = chunk_bounds(nbytes // itemsize, p)
+    now = 0.0
+    bucket: dict[tuple[int, int], tuple[float, float]] = {}  # link -> (bytes, at time)
+    steps = []
+    for step in sched.steps:
+        load: dict[tuple[int, int], float] = {}
+        moves, moved = [], [0] * p
+        for t in step:
+            size = sum(bounds[c + 1] - bounds[c] for c in t.chunks) * itemsize
+            if size == 0:
+                continue
+            route = topo.path(topo.ranks[t.src], topo.ranks[t.dst])
+            wire = tcp_wire_bytes(size, topo.mtu)
+            for hop in route:
+                load[hop] = load.get(hop, 0) + wire
+            moves.append((route, size))
+            moved[t.src] += size
+            moved[t.dst] += size
+        start = now + params.alpha
+        busy = {h: _drain(topo.links[h[0]], bucket, h, start, b) for h, b in load.items()}
+        slowest, neck = 0.0, ""
+        for route, _ in moves:
+            lat = sum(topo.links[i].latency for i, _ in route)
+            worst = max(route, key=busy.get)
+            if lat + busy[worst] > slowest:
+                slowest, neck = lat + busy[worst], _link_name(topo, worst)
+        cpu = params.cpu_per_byte * max(moved)
+        if cpu > slowest:
+            slowest, neck = cpu, "cpu"
+        end = start + slowest
+        steps.append(StepCost(end - now, neck, sum(s for _, s in moves)))
+        now = end
+    return Prediction(algorithm, now, tuple(steps))
+
+
+def _drain(link, bucket, hop, start: float, nbytes: float) -> float:
+    """Seconds `link` needs from `start` to send `nbytes`: what its token bucket holds goes
+    at once (a link idle before the collective starts full), the rest at its rate. Updates
+    `bucket[hop]` to (bytes left, when the link is done)."""
+    held, since = bucket.get(hop, (link.burst, start))
+    held = min(link.burst, held + (start - since) * link.rate / 8)
+    seconds = max(0.0, nbytes - held) * 8 / link.rate
+    bucket[hop] = (max(0.0, held - nbytes), start + seconds)
+    return seconds
+
+
+def _predict_ina(topo, collective, nbytes, params, itemsize) -> Prediction:
+    if collective != "all_reduce" or not topo.aggregating:
+        raise ValueError(f"algorithm: {INA} needs an all_reduce and a switch with "
+                         "aggregate: true")
+    best = None
+    for sw in topo.aggregating:  # the aggregating switch that serves this job fastest
+        pred = _ina_via(topo, sw, nbytes // itemsize, params)
+        if best is None or pred.seconds < best.seconds:
+            best = pred
+    return best
+
+
+def _ina_via(topo, switch, elements, params) -> Prediction:
+    p = topo.world
+    up_blocks = params.density
+    down_blocks = 1 - (1 - params.density) ** p  # the union of the ranks' non-zero blocks
+    full = params.ina_elements * 4 + params.ina_overhead
+
+    def datagrams(fraction):
+        n = math.ceil(elements * fraction / params.ina_elements)
+        return n, n * udp_wire_bytes(full, topo.mtu)
+
+    n_up, wire_up = datagrams(up_blocks)
+    n_down, wire_down = datagrams(down_blocks)
+    load: dict[tuple[int, int], float] = {}
+    lat = 0.0
+    for r in topo.ranks:
+        up, down = topo.path(r, switch), topo.path(switch, r)
+        for route, wire in ((up, wire_up), (down, wire_down)):
+            for hop in route:
+                load[hop] = load.get(hop, 0) + wire
+        lat = max(lat, sum(topo.links[i].latency for i, _ in up + down))
+    # full token buckets at the start, as for the host algorithms' first step
+    link = {h: max(0.0, b - topo.links[h[0]].burst) * 8 / topo.links[h[0]].rate
+            for h, b in load.items()}
+    neck = max(link, key=link.get)
+    link_s = link[neck]
+    switch_s = p * n_up * params.ina_switch_packet_s
+    agent_s = (n_up + n_down) * params.ina_agent_packet_s
+    bound = max((link_s, _link_name(topo, neck)), (switch_s, f"switch {switch} CPU"),
+                (agent_s, "agent CPU"))
+    seconds = params.ina_call_s + lat + bound[0]
+    return Prediction(INA, seconds, (StepCost(seconds, bound[1], p * n_up * full),))
+
+
+def plan(topo: Topology, collective: str, nbytes: int, params: CostParams = CostParams(),
+         itemsize: int = 4, candidates=None) -> Plan:
+    """Every candidate's prediction (default: `algorithms(topo, collective)`) and the pick:
+    the least predicted time (ties: the earlier in ALGORITHMS)."""
+    params.check()
+    if not isinstance(nbytes, int) or nbytes < itemsize:
+        raise ValueError(f"size: need at least one element ({itemsize} bytes), got {nbytes!r}")
+    fits = algorithms(topo, collective)
+    names = fits if candidates is None else list(candidates)
+    for a in names:
+        if a not in fits:
+            raise ValueError(f"algorithms: {a!r} is not available for {collective} on "
+                             f"{topo.source} (available: {', '.join(fits)})")
+    preds = {a: predict(topo, collective, nbytes, a, params, itemsize) for a in names}
+    best = min(names, key=lambda a: preds[a].seconds)
+    return Plan(collective, nbytes, best, preds)
+
+
+def with_params(params: CostParams, **changes) -> CostParams:
+    """`params` with the given fields changed (None: keep), checked."""
+    return replace(params, **{k: v for k, v in changes.items() if v is not None}).check()

@@ -1,0 +1,312 @@
+"""Topology descriptions for the planner: hosts, their local devices, switches, links, groups.
+
+A YAML (or JSON) file, e.g. two groups of two hosts joined by a slower link:
+
+    hosts: [h0, h1, h2, h3]          # or a mapping: {h0: {devices: 4, local: {...}}, ...}
+    switches: {s0: {}, s1: {}, s2: {aggregate: true}}
+    links:                           # full duplex, the rate each way
+      - {ends: [h0, s0], rate: 1gbit, latency: 20us}
+      - {ends: [h1, s0], rate: 1gbit, latency: 20us}
+      - {ends: [h2, s1], rate: 1gbit, latency: 20us}
+      - {ends: [h3, s1], rate: 1gbit, latency: 20us}
+      - {ends: [s0, s1], rate: 100mbit, latency: 100us}
+    groups: [[h0, h1], [h2, h3]]     # for the 2d algorithms (default: one group per host
+                                     # when hosts have several devices, else none)
+    mtu: 9000                        # of every link (default 1500)
+
+Ranks are the hosts' devices in file order (host h0's devices first). A host with `devices:
+d` > 1 is a node of its own (its NIC, where its links attach) with d device nodes, each
+linked to every other and to the NIC by `local` links (`{rate, latency}`, default 100gbit and
+1us): several accelerators per host on fast links. Rates use tc's units (kbit, mbit, gbit,
+tbit: bits per second), latencies ns, us, ms or s (one way). `burst` (optional, bytes:
+64KiB, 1MB, ...) is a token bucket: an idle link sends that much at once, then its rate, as
+tc's tbf does (the namespace links of bench/net_topo.py; real links have none: default 0).
+
+Routes are fixed shortest paths: fewest hops, then the lowest latency, then node names in
+order; per destination one tree, so a node forwards everything for a destination the same way
+(bench/net_topo.py installs exactly these routes in its namespaces). Every error names the
+file and the field, on one line.
+"""
+from __future__ import annotations
+
+import heapq
+import json
+import re
+from dataclasses import dataclass, field
+
+import yaml
+
+_RATE_UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+_TIME_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+_SIZE_UNITS = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "KB": 10 ** 3,
+               "MB": 10 ** 6, "GB": 10 ** 9}
+DEFAULT_LOCAL = {"rate": "100gbit", "latency": "1us"}
+DEFAULT_MTU = 1500
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}")
+
+
+class TopologyError(ValueError):
+    """A bad topology description; the message names the field."""
+
+
+def parse_rate(rate: str) -> float:
+    """'1gbit', '10gbit', '500mbit' (tc's units) -> bits per second."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmgt]?)bit\s*", str(rate).lower())
+    if not m or float(m.group(1)) <= 0:
+        raise ValueError(f"{rate!r} is not a rate: expected a positive number with kbit, mbit, "
+                         "gbit or tbit (tc's units)")
+    return float(m.group(1)) * _RATE_UNITS[m.group(2)]
+
+
+def parse_time(text) -> float:
+    """'20us', '1.5ms', '0s' -> seconds (>= 0)."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(ns|us|ms|s)\s*", str(text).lower())
+    if not m:
+        raise ValueError(f"{text!r} is not a latency: expected a number with ns, us, ms or s")
+    return float(m.group(1)) * _TIME_UNITS[m.group(2)]
+
+
+def parse_size(text) -> int:
+    """'64KiB', '4MiB', '1MB', '1000' -> bytes (> 0)."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMG]i?B|B)?\s*", str(text))
+    if not m or float(m.group(1)) <= 0 or float(m.group(1)) * _SIZE_UNITS[m.group(2) or ""] < 1:
+        raise ValueError(f"{text!r} is not a size: expected a number of bytes, optionally "
+                         "with B, KiB, MiB, GiB, KB, MB or GB")
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2) or ""])
+
+
+@dataclass(frozen=True)
+class Link:
+    a: str
+    b: str
+    rate: float      # bits per second, each way
+    latency: float   # seconds, one way
+    rate_text: str   # as written (tc takes it as is)
+    burst: int = 0   # bytes the link may send at once above its rate when idle (token bucket)
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A validated description: see the module docstring. `ranks[r]` is rank r's node;
+    `links` are undirected; a directed link is (link index, 0 for a->b or 1 for b->a)."""
+    hosts: tuple[str, ...]
+    devices: tuple[int, ...]
+    switches: tuple[str, ...]
+    aggregating: tuple[str, ...]
+    links: tuple[Link, ...]
+    groups: tuple[tuple[int, ...], ...] | None
+    mtu: int
+    ranks: tuple[str, ...]
+    source: str = "topology"
+    _next: dict = field(default=None, compare=False, repr=False)  # set by _route
+    _adj: dict = field(default=None, compare=False, repr=False)
+
+    @property
+    def world(self) -> int:
+        return len(self.ranks)
+
+    def neighbours(self, node: str):
+        """(neighbour, directed link) of every link at `node`."""
+        return self._adj[node]
+
+    def path(self, src: str, dst: str) -> list[tuple[int, int]]:
+        """The directed links from node `src` to node `dst` (the fixed route)."""
+        out, node = [], src
+        while node != dst:
+            nxt, hop = self._next[dst][node]
+            out.append(hop)
+            node = nxt
+        return out
+
+    def next_hop(self, node: str, dst: str) -> tuple[str, tuple[int, int]]:
+        """(neighbour, directed link) that `node` forwards to for destination `dst`."""
+        return self._next[dst][node]
+
+    def link_end(self, hop: tuple[int, int]) -> tuple[str, str]:
+        """(sender, receiver) of a directed link."""
+        ln = self.links[hop[0]]
+        return (ln.a, ln.b) if hop[1] == 0 else (ln.b, ln.a)
+
+
+def _fail(src: str, where: str, msg: str):
+    raise TopologyError(f"{src}: field '{where}': {msg}")
+
+
+def _mapping(v, src, where, known):
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        _fail(src, where, f"must be a mapping, got {v!r}")
+    for k in v:
+        if k not in known:
+            _fail(src, f"{where}.{k}" if where else k,
+                  f"unknown field (known: {', '.join(sorted(known))})")
+    return v
+
+
+def _named(v, src, where, what) -> dict:
+    """A list of names or a mapping name -> fields, as {name: fields}."""
+    if isinstance(v, list):
+        v = {n: {} for n in v} if all(isinstance(n, str) for n in v) else v
+    if not isinstance(v, dict):
+        _fail(src, where, f"must be a list of {what} names or a mapping of them, got {v!r}")
+    for name in v:
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            _fail(src, where, f"{name!r} is not a name (letters, digits, _ . -; at most 32)")
+    return v
+
+
+def _convert(fn, v, src, where):
+    try:
+        return fn(v)
+    except ValueError as e:
+        _fail(src, where, str(e))
+
+
+def from_dict(d, source: str = "topology") -> Topology:
+    """Validate a parsed description; TopologyError naming the field on any problem."""
+    src = source
+    d = _mapping(d, src, "", {"hosts", "switches", "links", "groups", "mtu", "local"})
+    if "hosts" not in d or "links" not in d:
+        _fail(src, "hosts" if "hosts" not in d else "links", "is required")
+    mtu = d.get("mtu", DEFAULT_MTU)
+    if not isinstance(mtu, int) or isinstance(mtu, bool) or not 576 <= mtu <= 65535:
+        _fail(src, "mtu", f"must be an integer in 576..65535, got {mtu!r}")
+    default_local = _mapping(d.get("local"), src, "local", {"rate", "latency"})
+    hosts_in = _named(d["hosts"], src, "hosts", "host")
+    if not hosts_in:
+        _fail(src, "hosts", "needs at least one host")
+    hosts, devices, links, ranks = [], [], [], []
+    for h, spec in hosts_in.items():
+        where = f"hosts.{h}"
+        spec = _mapping(spec, src, where, {"devices", "local"})
+        n = spec.get("devices", 1)
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 1024:
+            _fail(src, f"{where}.devices", f"must be an integer in 1..1024, got {n!r}")
+        hosts.append(h)
+        devices.append(n)
+        if n == 1:
+            ranks.append(h)
+            continue
+        loc = {**DEFAULT_LOCAL, **default_local,
+               **_mapping(spec.get("local"), src, f"{where}.local", {"rate", "latency"})}
+        rate = _convert(parse_rate, loc["rate"], src, f"{where}.local.rate")
+        lat = _convert(parse_time, loc["latency"], src, f"{where}.local.latency")
+        devs = [f"{h}/{i}" for i in range(n)]
+        ranks += devs
+        for i, dv in enumerate(devs):
+            links.append(Link(h, dv, rate, lat, str(loc["rate"])))
+            links += [Link(dv, o, rate, lat, str(loc["rate"])) for o in devs[i + 1:]]
+    sw_in = _named(d.get("switches") or {}, src, "switches", "switch")
+    switches, aggregating = [], []
+    for s, spec in sw_in.items():
+        spec = _mapping(spec, src, f"switches.{s}", {"aggregate"})
+        if s in hosts_in:
+            _fail(src, f"switches.{s}", "is also a host's name")
+        agg = spec.get("aggregate", False)
+        if not isinstance(agg, bool):
+            _fail(src, f"switches.{s}.aggregate", f"must be true or false, got {agg!r}")
+        switches.append(s)
+        if agg:
+            aggregating.append(s)
+    nodes = set(hosts) | set(switches)
+    if not isinstance(d["links"], list):
+        _fail(src, "links", f"must be a list of {{ends, rate, latency}}, got {d['links']!r}")
+    seen = {frozenset((ln.a, ln.b)) for ln in links}
+    for i, spec in enumerate(d["links"]):
+        where = f"links[{i}]"
+        spec = _mapping(spec, src, where, {"ends", "rate", "latency", "burst"})
+        ends = spec.get("ends")
+        if not (isinstance(ends, list) and len(ends) == 2 and ends[0] != ends[1]):
+            _fail(src, f"{where}.ends", f"must be two different node names, got {ends!r}")
+        for e in ends:
+            if e not in nodes:
+                _fail(src, f"{where}.ends", f"{e!r} is neither a host nor a switch")
+        if frozenset(ends) in seen:
+            _fail(src, f"{where}.ends", f"a second link between {ends[0]} and {ends[1]}")
+        seen.add(frozenset(ends))
+        for k in ("rate", "latency"):
+            if k not in spec:
+                _fail(src, f"{where}.{k}", "is required")
+        rate = _convert(parse_rate, spec["rate"], src, f"{where}.rate")
+        lat = _convert(parse_time, spec["latency"], src, f"{where}.latency")
+        burst = _convert(parse_size, spec["burst"], src, f"{where}.burst") \
+            if "burst" in spec else 0
+        links.append(Link(ends[0], ends[1], rate, lat, str(spec["rate"]), burst))
+    groups = _groups(d.get("groups"), src, hosts, devices, ranks)
+    topo = Topology(tuple(hosts), tuple(devices), tuple(switches), tuple(aggregating),
+                    tuple(links), groups, mtu, tuple(ranks), source)
+    _route(topo, src)
+    return topo
+
+
+def _groups(v, src, hosts, devices, ranks):
+    first = {h: sum(devices[:i]) for i, h in enumerate(hosts)}
+    if v is None:
+        if max(devices) == 1 or len(set(devices)) != 1:
+            return None
+        return tuple(tuple(range(first[h], first[h] + n)) for h, n in zip(hosts, devices))
+    if not isinstance(v, list) or not v or not all(isinstance(g, list) and g for g in v):
+        _fail(src, "groups", f"must be a list of lists of host names, got {v!r}")
+    out = []
+    for i, g in enumerate(v):
+        for h in g:
+            if h not in first:
+                _fail(src, f"groups[{i}]", f"{h!r} is not a host")
+        out.append(tuple(r for h in g for r in range(first[h], first[h] + devices[hosts.index(h)])))
+    if sorted(r for g in out for r in g) != list(range(len(ranks))):
+        _fail(src, "groups", "must hold every host exactly once")
+    if len({len(g) for g in out}) != 1:
+        _fail(src, "groups", f"every group needs the same number of ranks, got "
+                             f"{[len(g) for g in out]}")
+    return tuple(out)
+
+
+def _route(topo: Topology, src: str) -> None:
+    """Per destination, every node's next hop: fewest hops, lowest latency, then names."""
+    adj: dict[str, list] = {n: [] for n in topo.hosts + topo.switches}
+    for ln in topo.links:
+        adj.setdefault(ln.a, [])
+        adj.setdefault(ln.b, [])
+    for i, ln in enumerate(topo.links):
+        adj[ln.a].append((ln.b, (i, 0)))
+        adj[ln.b].append((ln.a, (i, 1)))
+    nxt = {}
+    for dst in adj:
+        best = {dst: (0, 0, ())}
+        heap = [(0, 0, (), dst)]
+        hop = {}
+        while heap:
+            h, lat, names, node = heapq.heappop(heap)
+            if best.get(node) != (h, lat, names):
+                continue
+            for nb, (i, direction) in adj[node]:
+                # nb forwards to node over link i in the opposite direction
+                # latency in whole ns: equal sums compare equal, names break the tie
+                key = (h + 1, lat + round(topo.links[i].latency * 1e9), (node,) + names)
+                if nb not in best or key < best[nb]:
+                    best[nb] = key
+                    hop[nb] = (node, (i, 1 - direction))
+                    heapq.heappush(heap, (*key, nb))
+        nxt[dst] = hop
+    for r in topo.ranks:
+        for d in topo.ranks:
+            if r != d and r not in nxt[d]:
+                raise TopologyError(f"{src}: field 'links': no path from {r} to {d}")
+    object.__setattr__(topo, "_next", nxt)
+    object.__setattr__(topo, "_adj", adj)
+
+
+def load(path: str) -> Topology:
+    """Read and validate a YAML or JSON topology file."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError as e:
+        raise TopologyError(f"topology {path}: {e.strerror}") from None
+    try:
+        d = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as e:
+        raise TopologyError(f"topology {path}: not YAML/JSON ({' '.join(str(e).split())})") \
+            from None
+    return from_dict(d, path)

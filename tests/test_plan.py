@@ -1,0 +1,264 @@
+"""The planner: topology files (collectives/topology.py), the cost model (collectives/plan.py)
+and `spina plan` (spina_cli/plan.py).
+
+Run just this file: python -m pytest tests/test_plan.py
+
+Predictions are checked against the model's formulas worked out by hand on small
+topologies; every bad input is one line naming the field (exit status 2 from the command).
+"""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from collectives import plan, topology
+from collectives.plan import CostParams, tcp_wire_bytes, udp_wire_bytes
+from collectives.topology import TopologyError, from_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+TOPOS = ROOT / "bench" / "topologies"
+QUIET = CostParams(alpha=0.0, cpu_per_byte=0.0)
+
+
+def star(n=4, rate="1gbit", latency="10us", aggregate=False, burst=None):
+    link = dict(rate=rate, latency=latency, **({"burst": burst} if burst else {}))
+    return from_dict(dict(hosts=[f"h{r}" for r in range(n)],
+                          switches={"s": {"aggregate": aggregate}},
+                          links=[dict(ends=[f"h{r}", "s"], **link) for r in range(n)]), "star")
+
+
+# ----------------------------------------------------------------------------- topologies
+def test_example_topologies_load_with_their_routes():
+    """The bench's three files: ranks, groups, and routes (fewest hops, then names)."""
+    two = topology.load(str(TOPOS / "two_groups.yaml"))
+    assert two.ranks == ("h0", "h1", "h2", "h3") and two.groups == ((0, 1), (2, 3))
+    assert [two.link_end(h) for h in two.path("h0", "h3")] == [
+        ("h0", "sa"), ("sa", "sb"), ("sb", "h3")]
+    torus = topology.load(str(TOPOS / "torus2x2.yaml"))
+    assert [torus.link_end(h) for h in torus.path("h11", "h00")] == [
+        ("h11", "h01"), ("h01", "h00")]  # two 2-hop routes: h01 < h10 breaks the tie
+    assert [torus.link_end(h) for h in torus.path("h00", "h11")] == [
+        ("h00", "h01"), ("h01", "h11")]
+    pkg = topology.load(str(TOPOS / "package4.yaml"))
+    assert pkg.groups is None and len(pkg.links) == 6
+    assert {ln.burst for ln in pkg.links} == {128 << 10} and pkg.mtu == 9000
+
+
+def test_local_devices_become_ranks_on_a_local_mesh():
+    """devices: 2 -> ranks h/0, h/1 linked to each other and to the host's NIC; one group
+    per host by default."""
+    t = from_dict(dict(hosts={"a": {"devices": 2}, "b": {"devices": 2}}, switches=["s"],
+                       links=[dict(ends=["a", "s"], rate="1gbit", latency="1us"),
+                              dict(ends=["b", "s"], rate="1gbit", latency="1us")],
+                       local={"rate": "400gbit"}))
+    assert t.ranks == ("a/0", "a/1", "b/0", "b/1") and t.groups == ((0, 1), (2, 3))
+    assert [t.link_end(h) for h in t.path("a/0", "a/1")] == [("a/0", "a/1")]
+    assert [t.link_end(h) for h in t.path("a/0", "b/1")] == [
+        ("a/0", "a"), ("a", "s"), ("s", "b"), ("b", "b/1")]
+    assert t.links[t.path("a/0", "a/1")[0][0]].rate == 400e9
+
+
+@pytest.mark.parametrize("change, msg", [
+    (dict(extra=1), "field 'extra': unknown field"),
+    (dict(links=[dict(ends=["h0", "s"], rate="1gbt", latency="1us")]),
+     "field 'links[0].rate': '1gbt' is not a rate"),
+    (dict(links=[dict(ends=["h0", "s"], rate="1gbit")]), "field 'links[0].latency': is required"),
+    (dict(links=[dict(ends=["h0", "s"], rate="1gbit", latency="1 hour")]),
+     "field 'links[0].latency': '1 hour' is not a latency"),
+    (dict(links=[dict(ends=["h0", "x"], rate="1gbit", latency="1us")]),
+     "field 'links[0].ends': 'x' is neither a host nor a switch"),
+    (dict(links=[dict(ends=["h0", "s"], rate="1gbit", latency="1us")] * 2),
+     "field 'links[1].ends': a second link between h0 and s"),
+    (dict(links=[dict(ends=["h0", "s"], rate="1gbit", latency="1us", burst="lots")]),
+     "field 'links[0].burst': 'lots' is not a size"),
+    (dict(links=[dict(ends=["h0", "s"], rate="1gbit", latency="1us")]),
+     "field 'links': no path from h0 to h1"),
+    (dict(groups=[["h0"], ["h9"]]), "field 'groups[1]': 'h9' is not a host"),
+    (dict(groups=[["h0"], ["h1", "h2", "h3"]]), "field 'groups': every group needs the same"),
+    (dict(groups=[["h0", "h1"]]), "field 'groups': must hold every host exactly once"),
+    (dict(mtu=100), "field 'mtu': must be an integer in 576..65535"),
+    (dict(hosts={"h0": {"devices": 0}}), "field 'hosts.h0.devices': must be an integer"),
+    (dict(switches={"s": {"aggregate": "yes"}}), "field 'switches.s.aggregate': must be true"),
+])
+def test_bad_topologies_name_the_field(change, msg):
+    """Each mistake is a TopologyError naming the file and the field, on one line."""
+    d = dict(hosts=["h0", "h1", "h2", "h3"], switches=["s"],
+             links=[dict(ends=[f"h{r}", "s"], rate="1gbit", latency="1us") for r in range(4)])
+    d.update(change)
+    with pytest.raises(TopologyError) as e:
+        from_dict(d, "t.yaml")
+    assert str(e.value).startswith("t.yaml: ") and msg in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_bad_files(tmp_path):
+    """A missing file and a file that is not YAML are one-line errors naming the file."""
+    with pytest.raises(TopologyError, match="No such file"):
+        topology.load(str(tmp_path / "none.yaml"))
+    (tmp_path / "bad.yaml").write_text("hosts: [a\nlinks: {")
+    with pytest.raises(TopologyError, match="bad.yaml: not YAML/JSON") as e:
+        topology.load(str(tmp_path / "bad.yaml"))
+    assert "\n" not in str(e.value)
+
+
+def test_units():
+    """Rates in tc's units, latencies and sizes with their suffixes; bad ones name the text."""
+    assert topology.parse_rate("200mbit") == 200e6 and topology.parse_rate("1.5Gbit") == 1.5e9
+    assert topology.parse_time("20us") == pytest.approx(20e-6)
+    assert topology.parse_size("64KiB") == 65536 and topology.parse_size("1MB") == 10 ** 6
+    for bad in ("0mbit", "5", "1 gbps"):
+        with pytest.raises(ValueError, match="is not a rate"):
+            topology.parse_rate(bad)
+    with pytest.raises(ValueError, match="is not a size"):
+        topology.parse_size("8Mb")  # megabits? sizes are bytes: refused, not guessed
+
+
+# ----------------------------------------------------------------------------- the model
+def test_wire_bytes():
+    """TCP: 66 header bytes per MSS (MTU - 52) segment; UDP: 34 per IPv4 fragment + 8."""
+    assert tcp_wire_bytes(8948, 9000) == 8948 + 66
+    assert tcp_wire_bytes(8949, 9000) == 8949 + 2 * 66
+    assert udp_wire_bytes(1000, 1500) == 1000 + 8 + 34
+    assert udp_wire_bytes(57616, 9000) == 57616 + 8 + 7 * 34  # 7 fragments of <= 8976 bytes
+
+
+def test_ring_and_direct_on_a_star_by_hand():
+    """Star, 4 hosts: a ring step crosses two links carrying one chunk each; a direct step
+    puts three chunks on every uplink."""
+    t = star(rate="1gbit", latency="10us")
+    n = 4 * 4 * 10000  # bytes of float32, 4 chunks of 40000 bytes
+    chunk = tcp_wire_bytes(n // 4, t.mtu) * 8 / 1e9
+    p = CostParams(alpha=1e-4, cpu_per_byte=0.0)
+    ring = plan.predict(t, "all_reduce", n, "ring", p)
+    assert len(ring.steps) == 6
+    assert ring.seconds == pytest.approx(6 * (1e-4 + 20e-6 + chunk), rel=1e-12)
+    direct = plan.predict(t, "all_reduce", n, "direct", p)
+    assert direct.seconds == pytest.approx(2 * (1e-4 + 20e-6 + 3 * chunk), rel=1e-12)
+    rs = plan.predict(t, "reduce_scatter", n, "ring", p)
+    assert rs.seconds == pytest.approx(ring.seconds / 2, rel=1e-12)
+    assert ring.bottleneck in {f"h{r}->s" for r in range(4)} | {f"s->h{r}" for r in range(4)}
+
+
+def test_token_bucket_of_a_link():
+    """Two hosts, one link with a burst: the first step sends the bucket at once, the second
+    (the other direction is another bucket, this direction refilled for alpha only)."""
+    t = from_dict(dict(hosts=["a", "b"], links=[dict(ends=["a", "b"], rate="100mbit",
+                                                     latency="0s", burst="30000")]))
+    n = 2 * 40000
+    w = tcp_wire_bytes(40000, t.mtu)
+    p = CostParams(alpha=1e-3, cpu_per_byte=0.0)
+    got = plan.predict(t, "all_reduce", n, "ring", p)  # RS: a<->b, AG: a<->b
+    first = (w - 30000) * 8 / 100e6
+    refill = 1e-3 * 100e6 / 8  # 12500 bytes gained during the second step's alpha
+    second = (w - refill) * 8 / 100e6
+    assert [s.seconds for s in got.steps] == pytest.approx([1e-3 + first, 1e-3 + second])
+
+
+def test_cpu_term_when_links_are_fast():
+    """With 1 Pbit/s links the busiest rank's bytes in plus out, times cpu_per_byte, rule."""
+    t = star(rate="1000tbit", latency="0s")
+    n = 4 * 4 * 1000
+    got = plan.predict(t, "all_reduce", n, "direct", CostParams(alpha=0.0, cpu_per_byte=1e-9))
+    assert got.seconds == pytest.approx(2 * 2 * 3 * (n // 4) * 1e-9)
+    assert {s.bottleneck for s in got.steps} == {"cpu"}
+
+
+def test_ina_by_hand():
+    """SpINA through the aggregating switch: max of the link, switch and agent terms."""
+    t = star(rate="1gbit", latency="10us", aggregate=True)
+    p = CostParams(alpha=0.0, cpu_per_byte=0.0, ina_call_s=1e-3)
+    n = 4 * 14336 * 10  # exactly 10 full datagrams per rank
+    d = udp_wire_bytes(14336 * 4 + p.ina_overhead, t.mtu)
+    link = 10 * d * 8 / 1e9
+    switch = 4 * 10 * p.ina_switch_packet_s
+    agent = 20 * p.ina_agent_packet_s
+    got = plan.predict(t, "all_reduce", n, "ina", p)
+    assert got.seconds == pytest.approx(1e-3 + 2 * 10e-6 + max(link, switch, agent))
+    assert got.bottleneck == "h0->s"  # 10 datagrams of 58 KB: 4.6 ms at 1 Gbit/s
+    fast = plan.predict(star(rate="100gbit", aggregate=True), "all_reduce", n, "ina", p)
+    assert fast.bottleneck == "switch s CPU"  # 40 datagrams in x 17.6 us: 0.70 ms
+    assert fast.seconds == pytest.approx(1e-3 + 2 * 10e-6 + switch)
+    sparse = plan.predict(t, "all_reduce", n, "ina", plan.with_params(p, density=0.1))
+    assert sparse.seconds < got.seconds
+    with pytest.raises(ValueError, match="algorithm: ina needs an all_reduce"):
+        plan.predict(t, "all_gather", n, "ina", p)
+
+
+def test_ina_defaults_follow_spina():
+    """The ina datagram defaults are SpINA's: JobConfig's lanes and blocks, wire's header."""
+    from spina import wire
+    from spina.config import JobConfig
+    job = JobConfig(job=1, workers=())
+    d = CostParams()
+    assert d.ina_elements == job.nlanes * job.block_size
+    assert d.ina_overhead == wire.HEADER_LEN + job.nlanes * 4
+
+
+def test_planner_picks():
+    """The hierarchical algorithm across the slow link, the full mesh in the package, and
+    the candidates: no 2d without groups, ina only with an aggregating switch."""
+    two = topology.load(str(TOPOS / "two_groups.yaml"))
+    pl = plan.plan(two, "all_reduce", 8 << 20, QUIET)
+    assert pl.best == "2d-ring" and pl.seconds["2d-ring"] < pl.seconds["ring"]
+    assert pl.seconds["2d-ring"] == pl.seconds["2d-direct"]  # groups of 2: the same steps
+    pkg = topology.load(str(TOPOS / "package4.yaml"))
+    assert plan.plan(pkg, "all_reduce", 8 << 20, QUIET).best == "direct"
+    assert plan.algorithms(pkg, "all_reduce") == ["ring", "halving-doubling", "direct"]
+    assert plan.algorithms(star(aggregate=True), "all_reduce")[-1] == "ina"
+    assert "ina" not in plan.algorithms(star(aggregate=True), "reduce_scatter")
+    torus = topology.load(str(TOPOS / "torus2x2.yaml"))
+    pl = plan.plan(torus, "all_reduce", 8 << 20, QUIET)
+    assert max(pl.seconds, key=pl.seconds.get) == "ring"  # two of its four hops are 2 hops
+    with pytest.raises(ValueError, match="algorithms: '2d-ring' is not available"):
+        plan.plan(pkg, "all_reduce", 1 << 20, QUIET, candidates=["2d-ring"])
+    with pytest.raises(ValueError, match="size: need at least one element"):
+        plan.plan(pkg, "all_reduce", 2, QUIET)
+    with pytest.raises(ValueError, match="alpha: must be a number >= 0"):
+        plan.plan(pkg, "all_reduce", 1 << 20, CostParams(alpha=-1.0))
+
+
+# ----------------------------------------------------------------------------- spina plan
+def spina(*args):
+    return subprocess.run([sys.executable, "-m", "spina_cli", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_spina_plan_prints_and_picks():
+    """`spina plan FILE --size` prints every algorithm's prediction and the pick; --json."""
+    r = spina("plan", str(TOPOS / "two_groups.yaml"), "--size", "8MiB")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1] == "pick: 2d-ring"
+    for a in ("ring", "halving-doubling", "direct", "2d-ring", "2d-direct"):
+        assert f"  {a} " in r.stdout
+    r = spina("plan", str(TOPOS / "torus2x2.yaml"), "--size", "1GiB", "--collective",
+              "all_gather", "--dtype", "bfloat16", "--alpha", "0", "--json")
+    out = json.loads(r.stdout)
+    assert out["bytes"] == 1 << 30 and out["collective"] == "all_gather"
+    assert set(out["predictions"]) == {"ring", "halving-doubling", "direct", "2d-ring",
+                                       "2d-direct"}
+    assert out["pick"] == min(out["predictions"], key=lambda a: out["predictions"][a]["seconds"])
+    assert math.isfinite(out["predictions"]["ring"]["seconds"])
+
+
+def test_spina_plan_help_and_bad_input(tmp_path):
+    """--help explains the file and the model; bad input exits 2 with one line naming it."""
+    r = spina("plan", "--help")
+    assert r.returncode == 0 and "topology file" in r.stdout and "alpha" in r.stdout
+    assert "plan" in spina("--help").stdout
+    bad = tmp_path / "t.yaml"
+    bad.write_text("hosts: [a, b]\nlinks: [{ends: [a, b], rate: fast, latency: 1us}]\n")
+    for args, msg in (((str(bad), "--size", "1MiB"), "field 'links[0].rate'"),
+                      ((str(TOPOS / "package4.yaml"), "--size", "lots"), "argument --size"),
+                      ((str(TOPOS / "package4.yaml"),), "--size"),
+                      ((str(TOPOS / "package4.yaml"), "--size", "1MiB", "--density", "2"),
+                       "argument --density"),
+                      ((str(TOPOS / "package4.yaml"), "--size", "1MiB", "--algorithms", "ina"),
+                       "algorithms: 'ina' is not available")):
+        r = spina("plan", *args)
+        assert r.returncode == 2 and msg in r.stderr, (args, r.stderr)
+        assert r.stderr.startswith("spina plan: error: ") and r.stderr.count("\n") == 1
