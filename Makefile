@@ -10,15 +10,17 @@ help:  ## list targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
 $(STAMP): pyproject.toml setup.py host_agent/_core.c host_agent/_pybuf.h \
-          host_agent/compression/_kernels.c bench/_floor.c scripts/setup.sh
+          host_agent/compression/_kernels.c bench/_floor.c softswitch/_datapath.c \
+          scripts/setup.sh
 	bash scripts/setup.sh $(VENV) $(PYTHON)
 	touch $(STAMP)
 
 setup: $(STAMP)  ## create .venv, install Debian and Python dependencies, build the C parts
 
-# The host agent's compiled parts (host_agent/_core.c, host_agent/compression/_kernels.c),
-# rebuilt in this tree (a worktree sharing another tree's venv: `make core PY=/path/to/python`).
-core:  ## rebuild host_agent/_core.c and host_agent/compression/_kernels.c in place
+# The compiled parts (host_agent/_core.c, host_agent/compression/_kernels.c,
+# softswitch/_datapath.c, bench/_floor.c), rebuilt in this tree (a worktree sharing another
+# tree's venv: `make core PY=/path/to/python`).
+core:  ## rebuild the C parts (agent core, compression kernels, switch data path, floor) in place
 	$(PY) setup.py -q build_ext --inplace
 
 demo: $(STAMP)  ## the main job: software switch + 4 workers, sparse all-reduce vs gloo

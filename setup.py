@@ -1,4 +1,5 @@
-"""Build rules that pyproject.toml cannot state: the compiled parts of the host agent.
+"""Build rules that pyproject.toml cannot state: the compiled parts of the host agent and the
+software switch.
 
 `make setup` (pip install -e .) builds them with the system C compiler; `make core` rebuilds
 them in place after a change. host_agent/_core.c is the agent's per-datagram work:
@@ -14,7 +15,12 @@ HEADERS = ["host_agent/_pybuf.h"]  # shared by both: a change rebuilds them
 FLOOR = [Extension("bench._floor", ["bench/_floor.c"],
                    extra_compile_args=["-O3", "-fno-math-errno"])]
 
-setup(ext_modules=FLOOR + [
+# The software switch's UDP data path (softswitch/_datapath.c; softswitch/pipeline.py is the
+# reference it is checked against, tests/test_datapath.py).
+DATAPATH = [Extension("softswitch._datapath", ["softswitch/_datapath.c"], depends=HEADERS,
+                      extra_compile_args=["-O3"])]
+
+setup(ext_modules=FLOOR + DATAPATH + [
     Extension("host_agent._core", ["host_agent/_core.c"], depends=HEADERS,
               extra_compile_args=["-O3", "-fno-math-errno"]),
     Extension("host_agent.compression._kernels", ["host_agent/compression/_kernels.c"],

@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 # Debian packages the tests use: iproute2 (ip netns), iptables (loss injection), ethtool,
 # mininet (mnexec and Debian's mininet module), cpp (the P4 agreement tests preprocess p4src/),
 # tshark (the Lua dissector test; ~9 s here) and prometheus (the real-scrape test; ~14 s);
-# gcc and python3-dev build the host agent's C parts (host_agent/_core.c,
+# gcc and python3-dev build the C parts (host_agent/_core.c, softswitch/_datapath.c,
 # host_agent/compression/_kernels.c; setup.py).
 DEBS="iproute2 iptables ethtool mininet cpp tshark prometheus gcc python3-dev"
 missing=""
@@ -35,5 +35,6 @@ fi
 "$VENV/bin/python" -c "import numpy, torch, p4.v1.p4runtime_pb2, grpc, scapy, yaml
 from host_agent import _core
 from host_agent.compression import _kernels
+from softswitch import _datapath
 print('setup: ok, torch', torch.__version__, '- agent core', _core.VARIANT,
-      '- compression kernels', _kernels.VARIANT)"
+      '- compression kernels', _kernels.VARIANT, '- switch data path compiled')"

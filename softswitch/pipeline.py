@@ -131,6 +131,9 @@ class Pipeline:
         # The hold of a newer round (above). Off only to compare with the Tofino program's
         # model, which lacks it (tests/test_tna_model.py; spec.TNA_LACKS).
         self.hold_newer_rounds = True
+        # Bumped by add_job and remove_job (the Dataplane counts its own table writes): the
+        # compiled UDP data path rebuilds its tables when either changed.
+        self.version = 0
         self.counters = {name: np.zeros(MAX_JOBS, np.uint64) for name in JOB_COUNTERS}
         self.counters.update({name: np.zeros(MAX_PORTS, np.uint64) for name in PORT_COUNTERS})
         # admission: (ingress port, (source IPv4, source UDP port), job, rank) -> Admission.
@@ -199,6 +202,7 @@ class Pipeline:
             port, addr = sources[rank]
             self.admission[(port, addr, cfg.job, rank)] = adm
         self.clear_slots(cfg.slot_base, cfg.nslots)
+        self.version += 1
         log.info("job %d admitted: %d workers, slots %d..%d, %d lanes x %d elements",
                  cfg.job, cfg.nworkers, cfg.slot_base, cfg.slot_base + cfg.nslots - 1,
                  cfg.nlanes, cfg.block_size)
@@ -209,6 +213,7 @@ class Pipeline:
             for k in keys:
                 adm = self.admission.pop(k)
                 self.clear_slots(adm.slot_base, adm.nslots)
+            self.version += 1
 
     def clear_slots(self, base: int, n: int) -> None:
         with self.lock:

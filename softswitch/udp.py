@@ -24,6 +24,13 @@ from spina.net import grow_buffers
 
 log = logging.getLogger("spina.softswitch")
 
+# The data paths a UdpSwitch can run: softswitch/_datapath.c (built by make setup) serves a flat
+# job's contributions and hands every other packet to the Python pipeline, in order, on the same
+# registers; "python" runs every packet through the Python pipeline (the reference, for
+# comparison). Fault injection sits between the socket and the pipeline: Python only.
+DATAPATHS = ("compiled", "python")
+SERVE_BUDGET = 256  # packets per compiled call: the lock is free for the control plane between
+_IDLE, _PUNT = 0, 2  # softswitch/_datapath.c serve()'s outcomes
 
 
 @dataclass
@@ -100,19 +107,34 @@ class UdpSwitch:
     Args:
         host, port: where to listen (port 0 picks a free one; see `.address`).
         pool_slots / slot_capacity: the register pool's size.
-        faults: optional fault injection (tests).
+        faults: optional fault injection (tests; runs the Python data path).
+        datapath: "compiled" (softswitch/_datapath.c, the default) or "python" (DATAPATHS).
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = wire.DEFAULT_UDP_PORT,
                  pool_slots: int = DEFAULT_POOL_SLOTS, slot_capacity: int = DEFAULT_SLOT_CAPACITY,
-                 faults: Faults | None = None):
+                 faults: Faults | None = None, datapath: str = "compiled"):
+        if datapath not in DATAPATHS:
+            raise ValueError(f"datapath {datapath!r}: one of {', '.join(DATAPATHS)}")
         self.faults = faults
+        self.datapath = "python" if faults is not None else datapath
         self.dataplane = Dataplane(pool_slots, slot_capacity, udp_mode=True)
         self.pipeline = self.dataplane.pipeline
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.bind((host, port))
         grow_buffers(self.sock, 64 << 20)
         self.address = self.sock.getsockname()
+        self._compiled = None
+        if self.datapath == "compiled":
+            try:
+                from softswitch import _datapath
+            except ImportError as e:
+                self.sock.close()
+                raise RuntimeError(f"softswitch/_datapath.c is not built here ({e}): run make "
+                                   "setup (or make core), or choose the python data path") from None
+            self._compiled = _datapath.Datapath(self.sock.fileno(), self.pipeline.registers,
+                                                self.pipeline.counters, pool_slots, slot_capacity)
+        self._compiled_tables = None  # what the compiled path's tables were built from
         # multicast group -> [(IPv4, UDP port)] of its replicas, derived from the tables
         # whenever they changed (Dataplane.version): no per-packet lookup of worker_rewrite.
         self._dest: dict[int, list[tuple[str, int]]] = {}
@@ -120,10 +142,27 @@ class UdpSwitch:
         self._servicer = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.packets_in = 0
-        self.packets_out = 0
-        self.bytes_in = 0
-        self.bytes_out = 0
+        # datagrams and bytes the Python loop received and sent (the compiled path counts its own)
+        self._py = dict(packets_in=0, packets_out=0, bytes_in=0, bytes_out=0, punted=0)
+
+    def _count(self, name: str) -> int:
+        return self._py[name] + (self._compiled.stats()[name] if self._compiled else 0)
+
+    @property
+    def packets_in(self) -> int:
+        return self._count("packets_in")
+
+    @property
+    def packets_out(self) -> int:
+        return self._count("packets_out")
+
+    @property
+    def bytes_in(self) -> int:
+        return self._count("bytes_in")
+
+    @property
+    def bytes_out(self) -> int:
+        return self._count("bytes_out")
 
     def add_job(self, cfg: JobConfig) -> None:
         """Admit `cfg` in this process (the one-machine path: the launcher, LocalCluster,
@@ -176,7 +215,62 @@ class UdpSwitch:
             dest[grp] = out
         self._dest, self._dest_version = dest, dp.version
 
+    def _sync_compiled(self) -> None:
+        """The compiled path's tables from the flat jobs' admission rows and destinations,
+        whenever a table, a group or the hold changed (the caller holds pipeline.lock). A job
+        with a leaf or spine role is left to the Python pipeline, as is any row the compiled
+        path cannot take (logged: Python then serves every packet)."""
+        dp, pipe = self.dataplane, self.pipeline
+        now = (dp.version, pipe.version, pipe.hold_newer_rounds)
+        if now == self._compiled_tables:
+            return
+        if dp.version != self._dest_version:
+            self._sync()
+        entries, dests, first = [], [], {}
+        for (port, src, job, rank), adm in pipe.admission.items():
+            if port != UDP_MODE_PORT or job in dp.roles.leaves or job in dp.roles.spines:
+                continue
+            if adm.mcast_grp not in first:
+                first[adm.mcast_grp] = len(dests)
+                dests += self._dest.get(adm.mcast_grp, ())
+            start = first[adm.mcast_grp]
+            entries.append((src[0], src[1], job, rank, adm.epoch, adm.slot_base, adm.nslots,
+                            adm.nworkers, adm.block_size, adm.nlanes, start,
+                            len(self._dest.get(adm.mcast_grp, ()))))
+        try:
+            self._compiled.set_tables(entries, dests, pipe.hold_newer_rounds)
+        except (ValueError, TypeError, OverflowError) as e:
+            log.error("compiled data path: %s; the Python pipeline serves every packet", e)
+            self._compiled.set_tables([], [], pipe.hold_newer_rounds)
+        self._compiled_tables = now
+
+    def _serve_compiled(self) -> None:
+        sock, lock, stop, fast = self.sock, self.pipeline.lock, self._stop, self._compiled
+        sock.settimeout(0.0)
+        out = bytearray(self.pipeline.max_packet_len)  # the punted packets' results leave here
+        out_view = memoryview(out)
+        log.info("software switch listening on %s:%d (compiled data path)", *self.address)
+        while not stop.is_set():
+            try:
+                with lock:
+                    self._sync_compiled()
+                    outcome, pkt, src = fast.serve(SERVE_BUDGET)
+            except Exception:  # a bug must not take the switch down for every job
+                log.exception("compiled data path failed; the Python data path serves from now on")
+                for name, value in fast.stats().items():  # its counts stay the switch's
+                    if name in self._py:
+                        self._py[name] += value
+                self._compiled = None
+                return self.serve_forever()
+            if outcome == _PUNT:
+                self._py["punted"] += 1
+                self._process(pkt, src, out, out_view)
+            elif outcome == _IDLE:
+                select.select((sock,), (), (), 0.2)
+
     def serve_forever(self) -> None:
+        if self._compiled is not None:
+            return self._serve_compiled()
         sock = self.sock
         held: list = []  # reorder buffer of the fault injector
         # Non-blocking socket, select() only when idle: a socket with a timeout makes CPython
@@ -199,30 +293,58 @@ class UdpSwitch:
                 if stop.is_set():
                     break
                 continue  # e.g. ICMP errors reported on the socket; never stop serving
-            self.packets_in += 1
-            self.bytes_in += nbytes
+            self._py["packets_in"] += 1
+            self._py["bytes_in"] += nbytes
             if self.faults is None:
                 self._process(view[:nbytes], src, out, out_view)
             else:  # the injector may hold a datagram back: give it its own copy
                 for p, s in self.faults.arriving(bytes(view[:nbytes]), src, held):
                     self._process(p, s, out, out_view)
 
-    def _process(self, pkt, src, out: bytearray, out_view: memoryview) -> None:
+    def _route(self, pkt, src, out) -> tuple[int, tuple]:
+        """The Python pipeline on one datagram: (n, destinations) of the packet out[:n] that
+        leaves (n = 0: none). The caller holds pipeline.lock."""
         dp = self.dataplane
+        if dp.version != self._dest_version:
+            self._sync()
+        n, to, key, grp = dp.roles.route_into(pkt, UDP_MODE_PORT, src, out)
+        if not n:
+            return 0, ()
+        # To the job's (local) workers, back to the sender, or up to the slot's spine.
+        return n, (tuple(self._dest.get(grp, ())) if to == TO_GROUP else (src,)
+                   if to == TO_SENDER else (key[1],))
+
+    def run_one(self, pkt, src) -> list[tuple[tuple[str, int], bytes]]:
+        """One datagram from `src` through this switch's data path, without sockets: the
+        (destination, datagram) pairs that leave. The compiled path first, as serve_forever
+        runs it; what it punts goes to the Python pipeline (counted in `punted`)."""
+        out = bytearray(self.pipeline.max_packet_len)
+        with self.pipeline.lock:
+            if self._compiled is not None:
+                self._sync_compiled()
+                n, to, dests = self._compiled.process(pkt, src, out)
+                if n >= 0:
+                    return [(d, bytes(out[:n])) for d in (dests if to == TO_GROUP else [src])
+                            ] if n else []
+                self._py["punted"] += 1
+            n, targets = self._route(pkt, src, out)
+        return [(d, bytes(out[:n])) for d in targets]
+
+    @property
+    def punted(self) -> int:
+        """Datagrams the compiled path handed to the Python pipeline."""
+        return self._py["punted"]
+
+    def _process(self, pkt, src, out: bytearray, out_view: memoryview) -> None:
         try:
             with self.pipeline.lock:
-                if dp.version != self._dest_version:
-                    self._sync()
-                n, to, key, grp = dp.roles.route_into(pkt, UDP_MODE_PORT, src, out)
+                n, targets = self._route(pkt, src, out)
         except Exception:  # a bug must not take the switch down for every job
             log.exception("pipeline error on a packet from %s; dropped", src)
             return
         if not n:
             return
         data = out_view[:n]
-        # To the job's (local) workers, back to the sender, or up to the slot's spine.
-        targets = (self._dest.get(grp, ()) if to == TO_GROUP else (src,) if to == TO_SENDER
-                   else (key[1],))
         faults, sendto = self.faults, self.sock.sendto
         for dst in targets:
             if faults is not None and faults.leaving():
@@ -239,8 +361,8 @@ class UdpSwitch:
             except OSError as err:
                 log.debug("send to %s failed: %s", dst, err)
                 continue
-            self.packets_out += 1
-            self.bytes_out += n
+            self._py["packets_out"] += 1
+            self._py["bytes_out"] += n
 
     def shutdown(self) -> None:
         """Ask serve_forever() to return (safe from a signal handler)."""
