@@ -126,6 +126,9 @@ def cluster_key(p: Point) -> tuple:
     return (p.workers, p.block_size, p.nlanes, p.nslots, p.rto, p.loss is not None)
 
 
+SWITCH_DATAPATH = ["compiled"]  # --switch-datapath, for every cluster of the run
+
+
 def _cluster(p: Point, gloo: bool, star=None, switch_profile: str | None = None,
              floor: bool = False) -> Cluster:
     """The cluster for p's key: on 127.0.0.1, or in the namespaces of a bench.netns.Star;
@@ -139,7 +142,7 @@ def _cluster(p: Point, gloo: bool, star=None, switch_profile: str | None = None,
     return Cluster(p.workers, nslots=p.nslots, block_size=p.block_size, nlanes=p.nlanes,
                    agent_kw={} if p.rto is None else {"rto": p.rto},
                    gloo=Gloo() if gloo else None, switch_profile=switch_profile, floor=floor,
-                   **places)
+                   switch_datapath=SWITCH_DATAPATH[0], **places)
 
 
 def measure(cl: Cluster, p: Point, repeats: int, methods, star=None,
@@ -383,6 +386,9 @@ def parse_args(argv=None):
     ap.add_argument("--loss-elements", type=lambda s: int(float(s)), default=4_000_000)
     ap.add_argument("--memory-limit-gib", type=float, default=16.0,
                     help="skip points whose estimated footprint exceeds this (machine: 24 GiB)")
+    ap.add_argument("--switch-datapath", choices=("compiled", "python"), default="compiled",
+                    help="the software switch's data path (default %(default)s; python: the "
+                         "reference pipeline, for comparison)")
     ap.add_argument("--out", default="bench/out")
     ap.add_argument("--no-plots", action="store_true")
     a = ap.parse_args(argv)
@@ -403,6 +409,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     a = parse_args(argv)
+    SWITCH_DATAPATH[0] = a.switch_datapath
     os.makedirs(a.out, exist_ok=True)
     points = build_points(a)
     unique: dict[tuple, Point] = {}
@@ -418,6 +425,7 @@ def main(argv=None) -> int:
                 date=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
                 host=f"{platform.node()}: {os.cpu_count()} cores, Python {platform.python_version()}",
                 load_at_start=_load(os.getloadavg()), repeats=a.repeats, skipped=skipped,
+                switch_datapath=a.switch_datapath,
                 base=asdict(base_point(a)))
     measured: dict[tuple, dict] = {}
     path = os.path.join(a.out, "results.csv")

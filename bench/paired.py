@@ -329,6 +329,7 @@ class Cluster:
         gloo: form a gloo group in the workers (None: SpINA alone, torch not imported).
         switch_place, worker_places: where the processes run (default: 127.0.0.1, any port).
         switch_profile: cProfile the switch's serve loop into this file.
+        switch_datapath: the software switch's data path, "compiled" or "python" (UdpSwitch).
         floor: also start the floor's relay (bench/floor.py) at switch_place, any free port,
             and a floor socket in every worker (method "floor").
     After close(), `switch_stats` holds the switch's counters over its whole life, and
@@ -338,8 +339,10 @@ class Cluster:
     def __init__(self, n: int, *, nslots: int = 16, block_size: int = 256, nlanes: int = 56,
                  agent_kw: dict | None = None, gloo: Gloo | None = None,
                  switch_place: Place = Place(), worker_places: list[Place] | None = None,
-                 switch_profile: str | None = None, floor: bool = False):
+                 switch_profile: str | None = None, floor: bool = False,
+                 switch_datapath: str = "compiled"):
         self.n = n
+        self.switch_datapath = switch_datapath
         self.job_args = dict(nslots=nslots, block_size=block_size, nlanes=nlanes)
         self.agent_kw = agent_kw or {}
         self.gloo = gloo
@@ -372,7 +375,8 @@ class Cluster:
         self.switch_conn, child = ctx.Pipe()
         sp = self.switch_place
         self.procs.append(ctx.Process(target=switch_main, name="spina-switch",
-                                      args=(child, self.switch_profile, sp.netns, sp.host)))
+                                      args=(child, self.switch_profile, sp.netns, sp.host,
+                                            self.switch_datapath)))
         self.procs[-1].start()
         switch_addr = recv(self.switch_conn, "switch")
         relay_addr = self._start_relay(ctx) if self.floor else None

@@ -121,9 +121,9 @@ def cpu_seconds() -> float:
 
 # ----------------------------------------------------------------------------- switch
 def switch_main(conn, profile_path: str | None, netns: str | None = None,
-                host: str = "127.0.0.1") -> None:
+                host: str = "127.0.0.1", datapath: str = "compiled") -> None:
     """The software switch in its own process, listening on `host` (any free port), in
-    network namespace `netns` if given.
+    network namespace `netns` if given, running `datapath` (UdpSwitch's).
 
     Protocol on `conn`: send our address; receive a JobConfig (admit it, start serving);
     receive "stop" -> reply with packet/byte counters and the CPU time spent serving.
@@ -132,7 +132,7 @@ def switch_main(conn, profile_path: str | None, netns: str | None = None,
     from softswitch.udp import UdpSwitch
 
     enter(netns)
-    sw = UdpSwitch(host, port=0)
+    sw = UdpSwitch(host, port=0, datapath=datapath)
     conn.send(sw.address)
     job = conn.recv()
     sw.add_job(job)

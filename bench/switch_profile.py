@@ -7,10 +7,12 @@ measured alternately in the same run.
 
 Loads (--loads), each with 4 workers of one job (56 lanes of 256, `JobConfig`'s defaults), 16 slots:
   pipeline  Pipeline.process_into over a list of datagrams (no sockets): the Python cost.
+  compiled  the compiled data path (softswitch/_datapath.c) over the same list (no sockets).
   udp       UdpSwitch's serve loop over datagrams queued in its socket beforehand by 4 worker
             sockets on 127.0.0.1 (the switch holds its pipeline lock until they are all queued,
-            so it serves them back to back, as under a steady load): Python plus socket calls,
-            results sent as in a run (one unicast per worker and round).
+            so it serves them back to back, as under a steady load): the tree's default data
+            path plus socket calls, results sent as in a run (one unicast per worker and round).
+  udp-python  the same with datapath="python" (trees that have the compiled path).
 Packets are `full` (every lane present) or `sparse` (each worker a random quarter of the
 lanes: the lane-gather paths). Each tree runs in its own child process (PYTHONPATH=tree), the
 trees alternating repeat by repeat; per packet we report wall and process CPU time (CPU
@@ -93,14 +95,45 @@ def measure_pipeline(pkts, repeats: int, prof: cProfile.Profile | None = None) -
     return rows
 
 
-def measure_udp(pkts, repeats: int, prof: cProfile.Profile | None = None) -> list[dict]:
+def measure_compiled(pkts, repeats: int, prof: cProfile.Profile | None = None) -> list[dict]:
+    from softswitch.udp import UdpSwitch
+    addrs = [("127.0.0.1", 40000 + r) for r in range(WORKERS)]
+    cfg = _job(addrs)
+    sw = UdpSwitch(port=0, datapath="compiled")
+    items = [(pkt, addrs[rank]) for rank, pkt in pkts]
+    out = bytearray(sw.pipeline.max_packet_len)
+    rows = []
+    try:
+        for _ in range(repeats):
+            sw.add_job(cfg)
+            with sw.pipeline.lock:
+                sw._sync_compiled()
+            process = sw._compiled.process
+            emitted = 0
+            t0, c0 = time.perf_counter(), _cpu()
+            for pkt, src in items:
+                emitted += process(pkt, src, out)[0] > 0
+            wall, cpu = time.perf_counter() - t0, _cpu() - c0
+            assert emitted == len(items) // WORKERS, emitted
+            rows.append(dict(wall_us=1e6 * wall / len(items), cpu_us=1e6 * cpu / len(items)))
+    finally:
+        sw.stop()
+    return rows
+
+
+def measure_udp_python(pkts, repeats: int, prof: cProfile.Profile | None = None) -> list[dict]:
+    return measure_udp(pkts, repeats, prof, datapath="python")
+
+
+def measure_udp(pkts, repeats: int, prof: cProfile.Profile | None = None,
+                **switch_kw) -> list[dict]:
     from softswitch.udp import UdpSwitch
     from spina.net import bound_udp_socket
     socks = [bound_udp_socket() for _ in range(WORKERS)]
     for s in socks:
         s.setblocking(False)
     cfg = _job([s.getsockname() for s in socks])
-    sw = UdpSwitch(port=0)
+    sw = UdpSwitch(port=0, **switch_kw)
     sw.add_job(cfg)
     t = None
     if prof is not None:
@@ -144,7 +177,8 @@ def measure_udp(pkts, repeats: int, prof: cProfile.Profile | None = None) -> lis
     return rows
 
 
-LOADS = {"pipeline": measure_pipeline, "udp": measure_udp}
+LOADS = {"pipeline": measure_pipeline, "compiled": measure_compiled, "udp": measure_udp,
+         "udp-python": measure_udp_python}
 SHAPES = ("full", "sparse")
 
 

@@ -207,7 +207,8 @@ def _plan_switch(args):
                           "switch serves P4Runtime there, so that `controller serve -c PLAN` "
                           "can start each run of its jobs)") from None
     try:
-        sw = UdpSwitch(me.address, me.udp_port, args.pool_slots, args.slot_capacity)
+        sw = UdpSwitch(me.address, me.udp_port, args.pool_slots, args.slot_capacity,
+                       datapath=args.datapath)
     except OSError as e:
         raise ConfigError(f"argument --plan: cannot listen on {me.address}:{me.udp_port} "
                           f"(switch {me.name}): {e.strerror or e}") from None
@@ -249,6 +250,11 @@ def _parser() -> argparse.ArgumentParser:
                           "start (flat jobs, leaf or spine roles)")
     udp.add_argument("--switch", metavar="NAME",
                      help="with --plan: which of the file's switches this is")
+    udp.add_argument("--datapath", choices=("compiled", "python"), default="compiled",
+                     help="compiled (softswitch/_datapath.c, built by make setup: a flat job's "
+                          "contributions in C, everything else in Python) or python (every packet "
+                          "through the Python pipeline, the reference; for comparison). Default "
+                          "%(default)s")
     _pool_args(udp)
 
     l2 = sub.add_parser(
@@ -299,7 +305,8 @@ def main(argv=None) -> int:
             jobs = load_jobs(args.jobs) if args.jobs else []
             from softswitch.udp import UdpSwitch
             try:
-                sw = UdpSwitch(args.host, args.port, args.pool_slots, args.slot_capacity)
+                sw = UdpSwitch(args.host, args.port, args.pool_slots, args.slot_capacity,
+                               datapath=args.datapath)
             except OSError as e:
                 raise ConfigError(f"argument --host/--port: cannot listen on "
                                   f"{args.host}:{args.port}: {e.strerror or e}") from None
