@@ -18,29 +18,44 @@ from spina.rendezvous import RendezvousServer
 DEFAULT_FILE = "spina.yaml"
 
 
-def _parser() -> argparse.ArgumentParser:
+# The options every command takes, before or after its name (`-c F deploy`, `deploy -c F`).
+GLOBAL_DEFAULTS = dict(config=DEFAULT_FILE, election_id=1, timeout=10.0, metrics=None, verbose=0,
+                       log_level=None, log_format=spina_log.DEFAULT_FORMAT)
+
+
+def _global_options(ap: argparse.ArgumentParser) -> None:
+    """Add the options every command takes, with no defaults of their own (GLOBAL_DEFAULTS
+    fills them in after parsing: a command's copy must not overwrite what came before it)."""
+    no = argparse.SUPPRESS
+    ap.add_argument("-c", "--config", default=no, metavar="FILE",
+                    help=f"desired-state YAML (default {DEFAULT_FILE})")
+    ap.add_argument("--election-id", type=int, default=no,
+                    help="our P4Runtime election id; the highest connected controller is "
+                         "primary and only the primary writes (default 1; status reads "
+                         "without one)")
+    ap.add_argument("--timeout", type=float, default=no,
+                    help="seconds to wait for a switch (default 10)")
+    ap.add_argument("--metrics", metavar="[HOST:]PORT", default=no,
+                    help="with serve or deploy --watch: serve Prometheus metrics polled from "
+                         "every switch's P4 counters at http://HOST:PORT/metrics (host default "
+                         "127.0.0.1; a wildcard address is refused)")
+    ap.add_argument("-v", "--verbose", action="count", default=no,
+                    help="more logging (-v INFO, -vv DEBUG); --log-level overrides it")
+    spina_log.add_options(ap, level=no, fmt=no)
+
+
+def _parser(prog: str = "python -m controller") -> argparse.ArgumentParser:
     ap = cli.ArgumentParser(
-        prog="python -m controller",
+        prog=prog,
         description="SpINA controller: makes the switches of a desired-state YAML file hold its "
                     "jobs (admission, multicast, worker rewrite, forwarding, slot pool) over "
                     "P4Runtime, and writes each host agent's assignment file. "
                     "File format: controller/README.md.")
-    ap.add_argument("-c", "--config", default=DEFAULT_FILE, metavar="FILE",
-                    help="desired-state YAML (default %(default)s)")
-    ap.add_argument("--election-id", type=int, default=1,
-                    help="our P4Runtime election id; the highest connected controller is "
-                         "primary and only the primary writes (default %(default)s)")
-    ap.add_argument("--timeout", type=float, default=10.0,
-                    help="seconds to wait for a switch (default %(default)s)")
-    ap.add_argument("--metrics", metavar="[HOST:]PORT",
-                    help="with serve or deploy --watch: serve Prometheus metrics polled from "
-                         "every switch's P4 counters at http://HOST:PORT/metrics (host default "
-                         "127.0.0.1; a wildcard address is refused)")
-    ap.add_argument("-v", "--verbose", action="count", default=0,
-                    help="more logging (-v INFO, -vv DEBUG); --log-level overrides it")
-    spina_log.add_options(ap, level=None)
+    _global_options(ap)
+    common = cli.ArgumentParser(add_help=False)
+    _global_options(common)
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
-    d = sub.add_parser("deploy", help="push pipeline and state; idempotent (twice: no writes)",
+    d = sub.add_parser("deploy", parents=[common], help="push pipeline and state; idempotent (twice: no writes)",
                        description="Push the pipeline when the switch's differs, write only what "
                                    "differs from the desired state, clear the slots of jobs "
                                    "that left or arrived, write the agents' files. After a "
@@ -53,7 +68,7 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--watch", type=cli.positive_float, metavar="SECONDS",
                    help="keep going: re-read the file and deploy every SECONDS, reconnecting "
                         "to switches that restarted (which restores their state); Ctrl-C stops")
-    sv = sub.add_parser("serve", help="deploy, then give every run of a job its own epoch",
+    sv = sub.add_parser("serve", parents=[common], help="deploy, then give every run of a job its own epoch",
                         description="Deploy, then serve the file's `rendezvous` address "
                                     "(default 127.0.0.1:47100): when every rank of a job, flat "
                                     "or fabric, has joined (an agent joins before its first "
@@ -63,10 +78,17 @@ def _parser() -> argparse.ArgumentParser:
                                     "`deploy --watch`. SIGTERM or Ctrl-C stops.")
     sv.add_argument("--watch", type=cli.positive_float, default=2.0, metavar="SECONDS",
                     help="re-read the file and deploy every SECONDS (default %(default)s)")
-    sub.add_parser("status", help="per-job counters as a table")
-    job = sub.add_parser("job", help="add or remove a job (updates the file, then applies it)")
+    st = sub.add_parser("status", parents=[common], help="per-job counters as a table",
+                        description="Per-job and per-port counters of every switch, read without "
+                                    "an election id (never contests a running `serve`).")
+    st.add_argument("--watch", type=cli.positive_float, metavar="SECONDS",
+                    help="redraw a live per-job table every SECONDS (rates between polls, "
+                         "stalled rounds); Ctrl-C stops. Takes --count N and --timeout too")
+    st.add_argument("--count", type=cli.int_range(1, 1 << 62), metavar="N",
+                    help="with --watch: stop after N polls (default: never)")
+    job = sub.add_parser("job", parents=[common], help="add or remove a job (updates the file, then applies it)")
     jsub = job.add_subparsers(dest="job_cmd", required=True, metavar="{add,remove}")
-    add = jsub.add_parser("add", help="add a job; its slot range is allocated if not given")
+    add = jsub.add_parser("add", parents=[common], help="add a job; its slot range is allocated if not given")
     add.add_argument("--id", type=int, required=True, help="job id")
     add.add_argument("--members", required=True,
                      help="comma-separated worker names, in rank order")
@@ -78,9 +100,9 @@ def _parser() -> argparse.ArgumentParser:
     add.add_argument("--priority", type=int, default=0, help="egress queue 0..7")
     add.add_argument("--drop-qdepth", type=int,
                      help="drop this job's loss-tolerant packets above this queue depth")
-    rm = jsub.add_parser("remove", help="remove a job; its slots are cleared and freed")
+    rm = jsub.add_parser("remove", parents=[common], help="remove a job; its slots are cleared and freed")
     rm.add_argument("--id", type=int, required=True)
-    rs = sub.add_parser("reset", help="clear jobs' slot registers and zero their counters")
+    rs = sub.add_parser("reset", parents=[common], help="clear jobs' slot registers and zero their counters")
     rs.add_argument("--job", type=int, action="append", metavar="ID",
                     help="only this job (repeatable; default all)")
     rs.add_argument("--wipe", action="store_true",
@@ -144,9 +166,19 @@ def _with_metrics(args, ctl: Controller) -> int:
             metrics.stop()
 
 
-def main(argv=None) -> int:
-    ap = _parser()
+def main(argv=None, prog: str = "python -m controller") -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    ap = _parser(prog)
     args = ap.parse_args(argv)
+    for name, value in GLOBAL_DEFAULTS.items():
+        if not hasattr(args, name):
+            setattr(args, name, value)
+    if args.cmd == "status" and args.watch is not None:  # the live table's own command
+        from spina_cli.status import main as watch_main
+        return watch_main(["-c", args.config, "--watch", str(args.watch),
+                           "--timeout", str(args.timeout)]
+                          + (["--count", str(args.count)] if args.count else [])
+                          + (["--log-level", args.log_level] if args.log_level else []))
     spina_log.setup("controller", args.log_level or spina_log.verbosity(args.verbose),
                     args.log_format)
     try:

@@ -60,12 +60,13 @@ def add_options(parser: argparse.ArgumentParser, level: str | None = "INFO",
                 fmt: str | None = DEFAULT_FORMAT) -> None:
     """Add --log-level and --log-format to `parser`. A default of None leaves the option
     unset when not given (a config file's value then applies)."""
+    shown = {None, argparse.SUPPRESS}  # no default to print
     parser.add_argument("--log-level", type=log_level, default=level, metavar="LEVEL",
                         help=f"one of {', '.join(LEVELS)}"
-                             + (" (default %(default)s)" if level else ""))
+                             + (" (default %(default)s)" if level not in shown else ""))
     parser.add_argument("--log-format", type=log_format, default=fmt, metavar="FORMAT",
                         help="text (for people), kv (key=value, logfmt) or json (one object "
-                             "a line)" + (" (default %(default)s)" if fmt else ""))
+                             "a line)" + (" (default %(default)s)" if fmt not in shown else ""))
 
 
 def verbosity(count: int, base: str = "WARNING") -> str:

@@ -29,32 +29,10 @@ COMMANDS = {
     "doctor": "check a deployment: switch, pipeline, admission, addresses, MTU, epochs",
     "plan": "predict each collective algorithm's time on a topology file and pick one",
 }
-# Options of `python -m controller` that come before its command; `spina deploy -c F` moves
-# them there so they can follow the command as users expect.
-_CONTROLLER_GLOBALS = {"-c": 1, "--config": 1, "--election-id": 1, "--timeout": 1,
-                       "--metrics": 1, "-v": 0, "--verbose": 0, "-vv": 0,
-                       "--log-level": 1, "--log-format": 1}
-
 USAGE = "usage: spina COMMAND [options]\n\ncommands:\n" + "\n".join(
     f"  {name:<8} {text}" for name, text in COMMANDS.items()) + (
-    "\n\n'spina COMMAND --help' explains each command's options; docs/operations.md walks "
-    "through a deployment.")
-
-
-def controller_argv(cmd: str, rest: list[str]) -> list[str]:
-    """`spina CMD ...` -> `python -m controller` argv: global options first, then CMD."""
-    front, back, i = [], [], 0
-    while i < len(rest):
-        a = rest[i]
-        name = a.split("=", 1)[0]
-        if name in _CONTROLLER_GLOBALS:
-            n = 0 if "=" in a else _CONTROLLER_GLOBALS[name]
-            front += rest[i:i + 1 + n]
-            i += 1 + n
-        else:
-            back.append(a)
-            i += 1
-    return front + [cmd] + back
+    "\n\n'spina COMMAND --help' explains each command's options; 'spina --version' prints "
+    "the version; docs/operations.md walks through a deployment.")
 
 
 def main(argv=None) -> int:
@@ -62,16 +40,20 @@ def main(argv=None) -> int:
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
         return 0
+    if argv[0] == "--version":
+        from importlib.metadata import PackageNotFoundError, version
+        try:
+            print(f"spina {version('spina')}")
+        except PackageNotFoundError:  # a clone run without `make setup`
+            print("spina (not installed: run make setup)")
+        return 0
     cmd, rest = argv[0], argv[1:]
     if cmd == "switch":
         from softswitch.__main__ import main as run
         return run(rest)
-    if cmd == "status" and any(a == "--watch" or a.startswith("--watch=") for a in rest):
-        from spina_cli.status import main as run
-        return run(rest)
     if cmd in ("deploy", "serve", "status", "job", "reset"):
         from controller.__main__ import main as run
-        return run(controller_argv(cmd, rest))
+        return run([cmd] + rest, prog="spina")
     if cmd == "agent":
         from host_agent.__main__ import main as run
         return run(rest)

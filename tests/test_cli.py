@@ -14,7 +14,7 @@ from netns import hosts  # noqa: F401  (a fixture: hosts in network namespaces)
 from spina.net import free_port
 from spina.net import bound_udp_socket
 from spina_cli import doctor, status
-from spina_cli.main import COMMANDS, controller_argv, main
+from spina_cli.main import COMMANDS, main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -40,14 +40,43 @@ def test_spina_help_lists_every_command_and_each_explains_itself(capsys):
     assert main(["nonsense"]) == 2 and "unknown command" in capsys.readouterr().err
 
 
-def test_controller_options_may_follow_the_command():
-    """`spina deploy -c F --watch 2` becomes `python -m controller -c F deploy --watch 2`."""
-    assert controller_argv("deploy", ["-c", "f.yaml", "--watch", "2", "--election-id=3"]) == \
-        ["-c", "f.yaml", "--election-id=3", "deploy", "--watch", "2"]
-    assert controller_argv("job", ["add", "--id", "2", "-v", "--config", "x"]) == \
-        ["-v", "--config", "x", "job", "add", "--id", "2"]
-    assert controller_argv("status", ["--log-format", "kv", "--log-level=DEBUG"]) == \
-        ["--log-format", "kv", "--log-level=DEBUG", "status"]
+def test_controller_options_may_come_before_or_after_the_command():
+    """`spina deploy -c F --election-id=3` and `python -m controller -c F deploy` parse alike,
+    and an option given before the command is not reset by the command's copy of it."""
+    from controller.__main__ import GLOBAL_DEFAULTS, _parser
+    ap = _parser("spina")
+    after = ap.parse_args(["deploy", "-c", "f.yaml", "--watch", "2", "--election-id=3"])
+    before = ap.parse_args(["-c", "f.yaml", "--election-id=3", "deploy", "--watch", "2"])
+    assert (after.config, after.election_id, after.watch) == ("f.yaml", 3, 2.0)
+    assert vars(after) == vars(before)
+    job = ap.parse_args(["job", "add", "--id", "2", "-v", "--config", "x", "--members", "a",
+                         "--nslots", "4"])
+    assert (job.config, job.verbose, job.id) == ("x", 1, 2)
+    assert not hasattr(ap.parse_args(["status"]), "config")  # main() fills GLOBAL_DEFAULTS in
+    assert GLOBAL_DEFAULTS["config"] == "spina.yaml"
+
+
+@pytest.mark.parametrize("cmd", ["deploy", "serve", "status", "reset", "job"])
+def test_every_command_help_lists_the_options_it_takes(cmd, capsys):
+    """Each `spina CMD --help` names itself as `spina CMD` and lists -c, --metrics and the
+    log options (and status its --watch)."""
+    with pytest.raises(SystemExit) as e:
+        main([cmd, "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: spina {cmd} ")
+    for opt in ("-c FILE", "--config FILE", "--metrics", "--election-id", "--timeout",
+                "--log-level", "--log-format", "-v, --verbose"):
+        assert opt in out, (cmd, opt)
+    if cmd == "status":
+        assert "--watch SECONDS" in out and "--count N" in out
+
+
+def test_version(capsys):
+    """`spina --version` prints the installed version."""
+    from importlib.metadata import version
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"spina {version('spina')}\n"
 
 
 @pytest.fixture
