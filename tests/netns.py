@@ -68,6 +68,36 @@ def hosts(request):
     _cleanup(made_ns, made_links)
 
 
+MGMT_IP = "10.9.0.100"  # the root namespace on the hosts' management bridge
+
+
+@pytest.fixture
+def managed_hosts(hosts):
+    """`hosts`, each also on a management bridge in the root namespace (mgmt0 =
+    10.9.0.(r+1)/24; the root's address MGMT_IP): the control traffic a deployment has
+    besides the data path (the run rendezvous of `controller serve`)."""
+    bridge, links = f"{TAG}br", []
+    try:
+        _ip("link", "add", bridge, "type", "bridge")
+        _ip("addr", "add", f"{MGMT_IP}/24", "dev", bridge)
+        _ip("link", "set", bridge, "up")
+        for r, (ns, _) in enumerate(hosts):
+            root_if, ns_if = f"{TAG}m{r}", f"{TAG}n{r}"
+            _ip("link", "add", root_if, "type", "veth", "peer", "name", ns_if)
+            links.append(root_if)
+            _ip("link", "set", ns_if, "netns", ns)
+            _ip("-n", ns, "link", "set", ns_if, "name", "mgmt0")
+            _ip("-n", ns, "addr", "add", f"10.9.0.{r + 1}/24", "dev", "mgmt0")
+            _ip("-n", ns, "link", "set", "mgmt0", "up")
+            _ip("link", "set", root_if, "master", bridge)
+            _ip("link", "set", root_if, "up")
+    except (subprocess.CalledProcessError, OSError) as e:
+        _cleanup([], links + [bridge])
+        pytest.skip(f"cannot create the management bridge here: {getattr(e, 'stderr', e)}")
+    yield hosts
+    _cleanup([], links + [bridge])
+
+
 def _cleanup(namespaces, links):
     for link in links:
         _ip("link", "del", link, check=False)

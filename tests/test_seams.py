@@ -10,8 +10,10 @@ this process through their own P4Runtime servicers, which also owns the runs), `
 (`python -m softswitch udp --plan FILE --switch NAME` per switch, `python -m controller serve`),
 `grpc` (`python -m softswitch udp --grpc` per switch, `controller serve` programs them). Every
 program is one process per rank (tests/run_worker.py) taking its agent from the assignment file
-the controller wrote, as a user's program does. The L2 mode and BMv2 meet the same rows in
-tests/test_scale_out.py and bmv2_tests/ (packet by packet) and tests/test_mininet.py (runs).
+the controller wrote, as a user's program does. The L2 mode meets the same phases with its
+switch on the veths of namespaced hosts (`l2`: `python -m softswitch l2 --grpc`, `controller
+serve` answering the rendezvous on a management bridge); BMv2 meets the rows packet by packet
+in bmv2_tests/, and the fabric roles in L2 mode in tests/test_scale_out.py.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ from softswitch.udp import UdpSwitch
 from spina import spec
 from spina.procs import stop_process
 
+from netns import MGMT_IP, SWITCH_IP, hosts, managed_hosts  # noqa: F401  (fixtures)
 from spina.net import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -149,8 +152,9 @@ class Processes:
 class Deployment:
     """The shape's switches and the controller that owns its runs, in one of the modes."""
 
-    def __init__(self, mode: str, doc: dict, tmp: Path):
+    def __init__(self, mode: str, doc: dict, tmp: Path, l2_interfaces: list[str] = ()):
         self.mode, self.doc = mode, doc
+        self.l2_interfaces = l2_interfaces  # mode "l2": the switch's port p is [p - 1]
         self.cfg = tmp / "spina.yaml"
         self.cfg.write_text(yaml.safe_dump(doc))
         self.state = load(self.cfg)
@@ -185,6 +189,11 @@ class Deployment:
         if self.mode == "plan":
             self.procs.start(name, "-m", "softswitch", "udp", "--plan", str(self.cfg),
                              "--switch", name)
+            self.procs.wait_line(name, "p4runtime ")
+        elif self.mode == "l2":
+            ports = [a for p, ifname in enumerate(self.l2_interfaces, 1)
+                     for a in ("-i", f"{p}@{ifname}")]
+            self.procs.start(name, "-m", "softswitch", "l2", *ports, "--grpc", sw.grpc)
             self.procs.wait_line(name, "p4runtime ")
         else:
             self.procs.start(name, "-m", "softswitch", "udp", "--host", sw.address, "--port",
@@ -225,15 +234,16 @@ class Deployment:
 
 
 def run_program(dep: Deployment, seed: int, die: dict[int, int] | None = None,
-                timeout: float = 30) -> dict[int, list[tuple[int, dict | str]]]:
+                timeout: float = 30, where=None) -> dict[int, list[tuple[int, dict | str]]]:
     """Every rank of every job as its own process at once; {job: [(exit code, its JSON or
-    its last output lines)] by rank}. die: {job: rank} killed after its first call."""
+    its last output lines)] by rank}. die: {job: rank} killed after its first call.
+    where(job, rank): the command that runs a rank's process elsewhere (a namespace)."""
     procs = {}
     for job, n in jobs_of(dep.doc).items():
         for r in range(n):
             extra = ["--die-after", "1"] if (die or {}).get(job) == r else []
             procs[(job, r)] = subprocess.Popen(
-                [sys.executable, WORKER, "--via", "assignment", str(dep.agent_file(job, r)),
+                [*(where(job, r) if where else ()), sys.executable, WORKER, "--via", "assignment", str(dep.agent_file(job, r)),
                  "--rank", str(r), "--value", "0", "--seed", str(seed), "--nranks", str(n),
                  "--calls", str(CALLS), "--timeout", str(timeout), *extra],
                 cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -278,15 +288,48 @@ def test_every_run_gets_its_own_exact_sums(mode, shape, tmp_path):
     dep = Deployment(mode, shape_doc(**kwargs), tmp_path)
     try:
         dep.start()
-        assert_exact(run_program(dep, seed=1))
-        assert_exact(run_program(dep, seed=2))  # not the first run's sums
-        killed = run_program(dep, seed=3, die={j: 0 for j in jobs_of(dep.doc)}, timeout=8)
-        for job, ranks in killed.items():
-            assert ranks[0][0] == 9, ranks[0]  # the killed rank
-            assert all(code != 0 for code, _ in ranks[1:]), ranks  # the others time out
-        assert_exact(run_program(dep, seed=4))
-        dep.restart_switch(restart)
-        assert_exact(run_program(dep, seed=5))
+        run_the_phases(dep, restart)
+    finally:
+        dep.stop()
+
+
+def run_the_phases(dep: Deployment, restart: str, where=None) -> None:
+    """First run, second run, a run with a killed worker, a run after it, a run after the
+    switch `restart` restarted: each exact, or failing where a worker was killed."""
+    assert_exact(run_program(dep, seed=1, where=where))
+    assert_exact(run_program(dep, seed=2, where=where))  # not the first run's sums
+    killed = run_program(dep, seed=3, die={j: 0 for j in jobs_of(dep.doc)}, timeout=8,
+                         where=where)
+    for job, ranks in killed.items():
+        assert ranks[0][0] == 9, ranks[0]  # the killed rank
+        assert all(code != 0 for code, _ in ranks[1:]), ranks  # the others time out
+    assert_exact(run_program(dep, seed=4, where=where))
+    dep.restart_switch(restart)
+    assert_exact(run_program(dep, seed=5, where=where))
+
+
+@pytest.mark.parametrize("hosts", [3], indirect=True)
+def test_l2_switch_runs_get_their_own_exact_sums(managed_hosts, tmp_path):
+    """The L2 mode as a user deploys it: `python -m softswitch l2 -i ... --grpc` on the veths
+    of three namespaced hosts, `controller serve` programming it and answering the run
+    rendezvous on the hosts' management bridge, one process per rank in its namespace: the
+    same phases as the UDP modes' matrix, each run exact (after the switch restart too)."""
+    n = len(managed_hosts)
+    grpc, rdv = free_ports(2)
+    doc = {"switches": [{"name": "s0", "target": "softswitch", "grpc": f"{HOST}:{grpc}",
+                         "address": SWITCH_IP, "udp_port": spec.INA_UDP_PORT,
+                         "ports": list(range(1, n + 1))}],
+           "workers": [{"name": f"f{r}", "ip": f"10.0.0.{r + 1}", "udp_port": 50000 + r,
+                        "switch_port": r + 1, "mac": f"02:00:00:00:01:{r:02x}"}
+                       for r in range(n)],
+           "jobs": [{"id": 3, "members": [f"f{r}" for r in range(n)], "nslots": 8,
+                     "slot_base": 0, "block_size": 32, "nlanes": 4}],
+           "agents_dir": "agents", "rendezvous": f"{MGMT_IP}:{rdv}"}
+    dep = Deployment("l2", doc, tmp_path, l2_interfaces=[sw_if for _, sw_if in managed_hosts])
+    try:
+        dep.start()
+        run_the_phases(dep, "s0", where=lambda job, r: ["ip", "netns", "exec",
+                                                        managed_hosts[r][0]])
     finally:
         dep.stop()
 
