@@ -41,6 +41,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, help="random tensors checked against numpy (above)")
     ap.add_argument("--nranks", type=int, default=2, help="the job's ranks (--seed)")
     ap.add_argument("--die-after", type=int, help="exit abruptly after this many calls")
+    ap.add_argument("--length", type=int, default=N,
+                    help="elements per tensor (--seed; a multiple of 250)")
     args = ap.parse_args()
     out = {"rank": args.rank}
     if args.via == "ddp":
@@ -71,15 +73,15 @@ def main() -> None:
     print(json.dumps(out), flush=True)
 
 
-def tensor(seed: int, call: int, rank: int) -> np.ndarray:
+def tensor(seed: int, call: int, rank: int, n: int = N) -> np.ndarray:
     """Rank `rank`'s tensor of call `call`: int32 with 30% of its 256-blocks non-zero on even
     calls, dense float32 on odd ones."""
     rng = np.random.default_rng([seed, call, rank])
     if call % 2 == 0:
-        x = rng.integers(-1000, 1000, N).astype(np.int32)
-        x.reshape(-1, 250)[rng.random(N // 250) > 0.3] = 0
+        x = rng.integers(-1000, 1000, n).astype(np.int32)
+        x.reshape(-1, 250)[rng.random(n // 250) > 0.3] = 0
         return x
-    return rng.standard_normal(N).astype(np.float32) * 10 ** rng.uniform(-2, 2)
+    return rng.standard_normal(n).astype(np.float32) * 10 ** rng.uniform(-2, 2)
 
 
 def checked(agent, args) -> list[dict]:
@@ -88,7 +90,7 @@ def checked(agent, args) -> list[dict]:
     for call in range(args.calls):
         if args.die_after is not None and call == args.die_after:
             os._exit(9)  # killed: no close, no goodbye
-        xs = [tensor(args.seed, call, r) for r in range(args.nranks)]
+        xs = [tensor(args.seed, call, r, args.length) for r in range(args.nranks)]
         got = agent.allreduce(xs[args.rank])
         item = {"digest": hashlib.sha256(got.tobytes()).hexdigest()[:16], "dtype": str(got.dtype)}
         if got.dtype == np.int32:

@@ -10,15 +10,17 @@ this process through their own P4Runtime servicers, which also owns the runs), `
 (`python -m softswitch udp --plan FILE --switch NAME` per switch, `python -m controller serve`),
 `grpc` (`python -m softswitch udp --grpc` per switch, `controller serve` programs them). Every
 program is one process per rank (tests/run_worker.py) taking its agent from the assignment file
-the controller wrote, as a user's program does. The L2 mode meets the same phases with its
-switch on the veths of namespaced hosts (`l2`: `python -m softswitch l2 --grpc`, `controller
-serve` answering the rendezvous on a management bridge); BMv2 meets the rows packet by packet
-in bmv2_tests/, and the fabric roles in L2 mode in tests/test_scale_out.py.
+the controller wrote, as a user's program does. The L2 mode and BMv2 meet the same phases with
+the switch on the veths of namespaced hosts (`python -m softswitch l2 --grpc`,
+`simple_switch_grpc --no-p4`; `controller serve` answering the rendezvous on a management
+bridge; BMv2 skips, saying why, where p4c and BMv2 are not installed); the fabric roles in L2
+mode and on BMv2 meet their rows packet by packet in tests/test_scale_out.py and bmv2_tests/.
 """
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -117,8 +119,8 @@ class Processes:
         self.procs: dict[str, subprocess.Popen] = {}
         self.lines: dict[str, list[str]] = {}
 
-    def start(self, name: str, *args: str) -> None:
-        p = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=ENV, text=True,
+    def start(self, name: str, *args: str, program: str = sys.executable) -> None:
+        p = subprocess.Popen([program, *args], cwd=ROOT, env=ENV, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         self.procs[name], self.lines[name] = p, []
         threading.Thread(target=self._read, args=(name, p), daemon=True).start()
@@ -191,14 +193,30 @@ class Deployment:
                              "--switch", name)
             self.procs.wait_line(name, "p4runtime ")
         elif self.mode == "l2":
-            ports = [a for p, ifname in enumerate(self.l2_interfaces, 1)
-                     for a in ("-i", f"{p}@{ifname}")]
-            self.procs.start(name, "-m", "softswitch", "l2", *ports, "--grpc", sw.grpc)
+            self.procs.start(name, "-m", "softswitch", "l2", *self._ports(), "--grpc", sw.grpc)
             self.procs.wait_line(name, "p4runtime ")
+        elif self.mode == "bmv2":  # started empty, as BMv2 starts: deploy pushes the program
+            self.procs.start(name, "--device-id", str(sw.device_id), "--no-p4", "--thrift-port",
+                             str(sw.thrift_port), *self._ports(), "--", "--grpc-server-addr",
+                             sw.grpc, "--priority-queues", "8", program="simple_switch_grpc")
+            host, port = sw.grpc.rsplit(":", 1)
+            deadline = time.monotonic() + 30
+            while True:  # its gRPC server listening
+                try:
+                    socket.create_connection((host, int(port)), 0.5).close()
+                    break
+                except OSError:
+                    assert time.monotonic() < deadline, self.procs.lines[name]
+                    time.sleep(0.1)
         else:
             self.procs.start(name, "-m", "softswitch", "udp", "--host", sw.address, "--port",
                              str(sw.udp_port), "--grpc", sw.grpc)
             self.procs.wait_line(name, "p4runtime ")
+
+    def _ports(self) -> list[str]:
+        """-i arguments: the switch's port p on l2_interfaces[p - 1]."""
+        return [a for p, ifname in enumerate(self.l2_interfaces, 1)
+                for a in ("-i", f"{p}@{ifname}")]
 
     def restart_switch(self, name: str) -> None:
         """The switch dies (its registers and tables lost) and starts again where it was. In
@@ -234,18 +252,21 @@ class Deployment:
 
 
 def run_program(dep: Deployment, seed: int, die: dict[int, int] | None = None,
-                timeout: float = 30, where=None) -> dict[int, list[tuple[int, dict | str]]]:
+                timeout: float = 30, where=None,
+                length: int = 50_000) -> dict[int, list[tuple[int, dict | str]]]:
     """Every rank of every job as its own process at once; {job: [(exit code, its JSON or
     its last output lines)] by rank}. die: {job: rank} killed after its first call.
-    where(job, rank): the command that runs a rank's process elsewhere (a namespace)."""
+    where(job, rank): the command that runs a rank's process elsewhere (a namespace);
+    length: elements per tensor."""
     procs = {}
     for job, n in jobs_of(dep.doc).items():
         for r in range(n):
             extra = ["--die-after", "1"] if (die or {}).get(job) == r else []
             procs[(job, r)] = subprocess.Popen(
-                [*(where(job, r) if where else ()), sys.executable, WORKER, "--via", "assignment", str(dep.agent_file(job, r)),
-                 "--rank", str(r), "--value", "0", "--seed", str(seed), "--nranks", str(n),
-                 "--calls", str(CALLS), "--timeout", str(timeout), *extra],
+                [*(where(job, r) if where else ()), sys.executable, WORKER,
+                 "--via", "assignment", str(dep.agent_file(job, r)), "--rank", str(r), "--value", "0", "--seed", str(seed), "--nranks", str(n),
+                 "--calls", str(CALLS), "--timeout", str(timeout), "--length", str(length),
+                 *extra],
                 cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out: dict[int, list] = {}
     try:
@@ -293,43 +314,60 @@ def test_every_run_gets_its_own_exact_sums(mode, shape, tmp_path):
         dep.stop()
 
 
-def run_the_phases(dep: Deployment, restart: str, where=None) -> None:
+def run_the_phases(dep: Deployment, restart: str, **run) -> None:
     """First run, second run, a run with a killed worker, a run after it, a run after the
-    switch `restart` restarted: each exact, or failing where a worker was killed."""
-    assert_exact(run_program(dep, seed=1, where=where))
-    assert_exact(run_program(dep, seed=2, where=where))  # not the first run's sums
-    killed = run_program(dep, seed=3, die={j: 0 for j in jobs_of(dep.doc)}, timeout=8,
-                         where=where)
+    switch `restart` restarted: each exact, or failing where a worker was killed. `run`:
+    run_program's where and length."""
+    assert_exact(run_program(dep, seed=1, **run))
+    assert_exact(run_program(dep, seed=2, **run))  # not the first run's sums
+    killed = run_program(dep, seed=3, die={j: 0 for j in jobs_of(dep.doc)}, timeout=8, **run)
     for job, ranks in killed.items():
         assert ranks[0][0] == 9, ranks[0]  # the killed rank
         assert all(code != 0 for code, _ in ranks[1:]), ranks  # the others time out
-    assert_exact(run_program(dep, seed=4, where=where))
+    assert_exact(run_program(dep, seed=4, **run))
     dep.restart_switch(restart)
-    assert_exact(run_program(dep, seed=5, where=where))
+    assert_exact(run_program(dep, seed=5, **run))
+
+
+NAMESPACE_TARGETS = ("l2", "bmv2")
 
 
 @pytest.mark.parametrize("hosts", [3], indirect=True)
-def test_l2_switch_runs_get_their_own_exact_sums(managed_hosts, tmp_path):
-    """The L2 mode as a user deploys it: `python -m softswitch l2 -i ... --grpc` on the veths
-    of three namespaced hosts, `controller serve` programming it and answering the run
-    rendezvous on the hosts' management bridge, one process per rank in its namespace: the
-    same phases as the UDP modes' matrix, each run exact (after the switch restart too)."""
+@pytest.mark.parametrize("target", NAMESPACE_TARGETS)
+def test_switches_on_namespaced_hosts_give_each_run_its_own_exact_sums(target, managed_hosts,
+                                                                     tmp_path):
+    """The L2 software switch (`python -m softswitch l2 -i ... --grpc`) and BMv2
+    (`simple_switch_grpc --no-p4`, the program pushed by deploy) as a user deploys them, on the
+    veths of three namespaced hosts; `controller serve` programs the switch and answers the
+    run rendezvous on the hosts' management bridge; one process per rank in its namespace.
+    The same phases as the UDP modes' matrix: each run exact (after the switch restart too)."""
+    if target == "bmv2":
+        from bmv2_tests import bmv2
+        if bmv2.unavailable() is not None:
+            pytest.skip(bmv2.unavailable())
+        device_config, p4info = bmv2.compile_p4(tmp_path)
     n = len(managed_hosts)
-    grpc, rdv = free_ports(2)
-    doc = {"switches": [{"name": "s0", "target": "softswitch", "grpc": f"{HOST}:{grpc}",
-                         "address": SWITCH_IP, "udp_port": spec.INA_UDP_PORT,
-                         "ports": list(range(1, n + 1))}],
+    grpc, rdv, thrift = free_ports(3)
+    switch = {"name": "s0", "target": "softswitch", "grpc": f"{HOST}:{grpc}",
+              "address": SWITCH_IP, "udp_port": spec.INA_UDP_PORT,
+              "ports": list(range(1, n + 1))}
+    if target == "bmv2":
+        switch.update(target="bmv2", thrift_port=thrift, p4info=str(p4info),
+                      device_config=str(device_config))
+    doc = {"switches": [switch],
            "workers": [{"name": f"f{r}", "ip": f"10.0.0.{r + 1}", "udp_port": 50000 + r,
                         "switch_port": r + 1, "mac": f"02:00:00:00:01:{r:02x}"}
                        for r in range(n)],
            "jobs": [{"id": 3, "members": [f"f{r}" for r in range(n)], "nslots": 8,
-                     "slot_base": 0, "block_size": 32, "nlanes": 4}],
+                     "slot_base": 0, "block_size": 32, "nlanes": 4}],  # the P4 sizes
            "agents_dir": "agents", "rendezvous": f"{MGMT_IP}:{rdv}"}
-    dep = Deployment("l2", doc, tmp_path, l2_interfaces=[sw_if for _, sw_if in managed_hosts])
+    dep = Deployment(target, doc, tmp_path, l2_interfaces=[sw_if for _, sw_if in managed_hosts])
+    # BMv2 serves a few hundred packets a second: a smaller tensor (62 packets a call a rank)
+    length = 8_000 if target == "bmv2" else 50_000
     try:
         dep.start()
-        run_the_phases(dep, "s0", where=lambda job, r: ["ip", "netns", "exec",
-                                                        managed_hosts[r][0]])
+        run_the_phases(dep, "s0", length=length,
+                       where=lambda job, r: ["ip", "netns", "exec", managed_hosts[r][0]])
     finally:
         dep.stop()
 
