@@ -55,7 +55,8 @@ def _parser(prog: str = "python -m controller") -> argparse.ArgumentParser:
     common = cli.ArgumentParser(add_help=False)
     _global_options(common)
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
-    d = sub.add_parser("deploy", parents=[common], help="push pipeline and state; idempotent (twice: no writes)",
+    d = sub.add_parser("deploy", parents=[common],
+                       help="push pipeline and state; idempotent (twice: no writes)",
                        description="Push the pipeline when the switch's differs, write only what "
                                    "differs from the desired state, clear the slots of jobs "
                                    "that left or arrived, write the agents' files. After a "
@@ -68,7 +69,8 @@ def _parser(prog: str = "python -m controller") -> argparse.ArgumentParser:
     d.add_argument("--watch", type=cli.positive_float, metavar="SECONDS",
                    help="keep going: re-read the file and deploy every SECONDS, reconnecting "
                         "to switches that restarted (which restores their state); Ctrl-C stops")
-    sv = sub.add_parser("serve", parents=[common], help="deploy, then give every run of a job its own epoch",
+    sv = sub.add_parser("serve", parents=[common],
+                        help="deploy, then give every run of a job its own epoch",
                         description="Deploy, then serve the file's `rendezvous` address "
                                     "(default 127.0.0.1:47100): when every rank of a job, flat "
                                     "or fabric, has joined (an agent joins before its first "
@@ -86,9 +88,11 @@ def _parser(prog: str = "python -m controller") -> argparse.ArgumentParser:
                          "stalled rounds); Ctrl-C stops. Takes --count N and --timeout too")
     st.add_argument("--count", type=cli.int_range(1, 1 << 62), metavar="N",
                     help="with --watch: stop after N polls (default: never)")
-    job = sub.add_parser("job", parents=[common], help="add or remove a job (updates the file, then applies it)")
+    job = sub.add_parser("job", parents=[common],
+                         help="add or remove a job (updates the file, then applies it)")
     jsub = job.add_subparsers(dest="job_cmd", required=True, metavar="{add,remove}")
-    add = jsub.add_parser("add", parents=[common], help="add a job; its slot range is allocated if not given")
+    add = jsub.add_parser("add", parents=[common],
+                          help="add a job; its slot range is allocated if not given")
     add.add_argument("--id", type=int, required=True, help="job id")
     add.add_argument("--members", required=True,
                      help="comma-separated worker names, in rank order")
@@ -100,9 +104,11 @@ def _parser(prog: str = "python -m controller") -> argparse.ArgumentParser:
     add.add_argument("--priority", type=int, default=0, help="egress queue 0..7")
     add.add_argument("--drop-qdepth", type=int,
                      help="drop this job's loss-tolerant packets above this queue depth")
-    rm = jsub.add_parser("remove", parents=[common], help="remove a job; its slots are cleared and freed")
+    rm = jsub.add_parser("remove", parents=[common],
+                         help="remove a job; its slots are cleared and freed")
     rm.add_argument("--id", type=int, required=True)
-    rs = sub.add_parser("reset", parents=[common], help="clear jobs' slot registers and zero their counters")
+    rs = sub.add_parser("reset", parents=[common],
+                        help="clear jobs' slot registers and zero their counters")
     rs.add_argument("--job", type=int, action="append", metavar="ID",
                     help="only this job (repeatable; default all)")
     rs.add_argument("--wipe", action="store_true",

@@ -58,7 +58,8 @@ class Traffic:
                         slot=slot, rank=rank, nlanes=k, round=rnd, block_size=bs,
                         length=int(rng.choice([1000, 1000, 1000, 999])), flags=flags,
                         priority=int(rng.integers(8)), present=present,
-                        nonfinite=present & int(rng.integers(0, 1 << k)) if rng.random() < 0.2 else 0,
+                        nonfinite=(present & int(rng.integers(0, 1 << k))
+                                   if rng.random() < 0.2 else 0),
                         exponent=int(rng.integers(-32768, 32768)))
         npresent = bin(present).count("1")
         data = rng.integers(-(1 << 31), 1 << 31, (npresent, bs), dtype=np.int64).astype(np.int32)

@@ -264,7 +264,8 @@ def run_program(dep: Deployment, seed: int, die: dict[int, int] | None = None,
             extra = ["--die-after", "1"] if (die or {}).get(job) == r else []
             procs[(job, r)] = subprocess.Popen(
                 [*(where(job, r) if where else ()), sys.executable, WORKER,
-                 "--via", "assignment", str(dep.agent_file(job, r)), "--rank", str(r), "--value", "0", "--seed", str(seed), "--nranks", str(n),
+                 "--via", "assignment", str(dep.agent_file(job, r)), "--rank", str(r),
+                 "--value", "0", "--seed", str(seed), "--nranks", str(n),
                  "--calls", str(CALLS), "--timeout", str(timeout), "--length", str(length),
                  *extra],
                 cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
