@@ -599,11 +599,15 @@ class SoftSwitchServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
         if which == "register_entry":
             q = ent.register_entry
             ids = [q.register_id] if q.register_id else list(self.pipe.registers)
+            # A wildcard read returns every register the P4Info declares that this switch
+            # holds: the slot registers, job_loss_credit and spray_turn (as BMv2 does).
+            served = (set(spec.REGISTER_NAMES) | {r.name for r in spec.JOB_REGISTERS}
+                      | {r.name for r in spec.SPRAY_REGISTERS})
             out = []
             for rid in ids:
-                if not q.register_id and \
-                        spec.split_p4_register(self.pipe.registers[rid].preamble.name)[0] \
-                        not in spec.REGISTER_NAMES:
+                name = self.pipe.registers[rid].preamble.name if rid in self.pipe.registers else ""
+                if not q.register_id and name not in served and \
+                        spec.split_p4_register(name)[0] not in served:
                     continue
                 index = q.index.index if q.HasField("index") else None
                 name, arr, col, width, idx = self._register_cells(rid, index)

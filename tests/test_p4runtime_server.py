@@ -193,6 +193,30 @@ def test_registers_keep_the_p4_bits(conn, server):
         grpc.StatusCode.INVALID_ARGUMENT
 
 
+def test_a_wildcard_register_read_returns_every_declared_register():
+    """A read of register_id 0 gives every register the P4Info declares, job_loss_credit and
+    spray_turn too (BMv2, through Thrift, has both), each cell with its value. (One slot: the
+    read is ~70,000 entities, each built by protobuf's pure-Python runtime.)"""
+    from softswitch.p4runtime_server import SoftSwitchServicer
+    dp = Dataplane(pool_slots=1)
+    conn = Connection.in_process(SoftSwitchServicer(dp), 0, election=5)
+    conn.set_pipeline(spec.p4info(), b"", 77)
+    dp.pipeline.job_registers["job_loss_credit"][5] = 1234
+    dp.spray_registers["spray_turn"][2] = 3
+    names = {r.preamble.id: r.preamble.name for r in conn.index.p4info.registers}
+    got = {}
+    for e in conn.read([pb.Entity(register_entry=pb.RegisterEntry())]):
+        r = e.register_entry
+        got.setdefault(names[r.register_id], {})[r.index.index] = \
+            int.from_bytes(r.data.bitstring, "big")
+    declared = set(names.values())
+    assert set(got) == declared
+    assert got["job_loss_credit"][5] == 1234 and got["spray_turn"][2] == 3
+    assert len(got["spray_turn"]) == spec.P4_SIZES["SPRAY_GROUPS"]
+    assert len(got["slot_round"]) == 2  # both copies of the one slot
+    conn.close()
+
+
 def test_counters_read_and_reset(conn, server):
     """Counters read per index; a MODIFY sets a cell (the controller's reset)."""
     _, dp = server
