@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 help:  ## list targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-$(STAMP): pyproject.toml setup.py host_agent/_core.c host_agent/_pybuf.h \
+$(STAMP): pyproject.toml setup.py host_agent/_core.c host_agent/_pybuf.h spina/_wire.h \
           host_agent/compression/_kernels.c bench/_floor.c softswitch/_datapath.c \
           scripts/setup.sh
 	bash scripts/setup.sh $(VENV) $(PYTHON)

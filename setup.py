@@ -10,7 +10,7 @@ add, so every result is the one its numpy definition gives (tests/test_compressi
 """
 from setuptools import Extension, setup
 
-HEADERS = ["host_agent/_pybuf.h"]  # shared by both: a change rebuilds them
+HEADERS = ["host_agent/_pybuf.h", "spina/_wire.h"]  # shared: a change rebuilds them
 # The benchmarks' floor (bench/floor.py): a minimal compiled star all-reduce beside SpINA's.
 FLOOR = [Extension("bench._floor", ["bench/_floor.c"],
                    extra_compile_args=["-O3", "-fno-math-errno"])]

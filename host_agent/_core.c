@@ -34,33 +34,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
-#define HEADER_LEN 48
-#define MAX_LANES 64
-#define END_POS 0xFFFFFFFFu
-/* spina/wire.py: byte offsets of the header fields (tests/test_core.py checks them against
- * wire.FIELD_OFFSET), message types and flags */
-#define OFF_VERSION 0
-#define OFF_MSG_TYPE 1
-#define OFF_FLAGS 2
-#define OFF_PRIORITY 3
-#define OFF_JOB 4
-#define OFF_EPOCH 6
-#define OFF_CALL 8
-#define OFF_SLOT 12
-#define OFF_RANK 14
-#define OFF_NLANES 15
-#define OFF_ROUND 16
-#define OFF_LENGTH 20
-#define OFF_BLOCK_SIZE 24
-#define OFF_EXPONENT 26
-#define OFF_BITMAP 28
-#define OFF_PRESENT 32
-#define OFF_NONFINITE 40
-#define WIRE_VERSION 1
-#define MSG_CONTRIB 1
-#define MSG_STATUS 3
-#define MAX_WORKERS 32
-#define FLAG_LAST 0x04
+#include "../spina/_wire.h"  /* HEADER_LEN, OFF_*, MSG_*, FLAG_* (spina/wire.py) */
 
 static inline void store_be32(unsigned char *p, uint32_t v) {
     v = __builtin_bswap32(v);

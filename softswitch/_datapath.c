@@ -22,6 +22,7 @@
  */
 #define _GNU_SOURCE
 #include "../host_agent/_pybuf.h"  /* Python.h, Buf, get_buf, release */
+#include "../spina/_wire.h"        /* HEADER_LEN, OFF_*, MSG_*, FLAG_* (spina/wire.py) */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -30,36 +31,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
-#define HEADER_LEN 48
-#define MAX_LANES 64
-#define MAX_WORKERS 32
 #define MAX_UDP_PAYLOAD 65507
-/* spina/wire.py: byte offsets of the header fields (tests/test_datapath.py checks them against
- * wire.FIELD_OFFSET), message types and flags */
-#define OFF_VERSION 0
-#define OFF_MSG_TYPE 1
-#define OFF_FLAGS 2
-#define OFF_JOB 4
-#define OFF_EPOCH 6
-#define OFF_SLOT 12
-#define OFF_RANK 14
-#define OFF_NLANES 15
-#define OFF_ROUND 16
-#define OFF_LENGTH 20
-#define OFF_BLOCK_SIZE 24
-#define OFF_EXPONENT 26
-#define OFF_BITMAP 28
-#define OFF_PRESENT 32
-#define OFF_NONFINITE 40
-#define WIRE_VERSION 1
-#define MSG_CONTRIB 1
-#define MSG_RESULT 2
-#define MSG_STATUS 3
-#define FLAG_RESEND 0x01
-#define FLAG_LOSS_TOLERANT 0x02
-#define FLAG_LAST 0x04
-#define FLAG_PARTIAL 0x08
-#define FLAG_MISMATCH 0x10
 
 /* What process_one decided (softswitch/fabric.py's TO_GROUP, TO_SENDER). */
 #define PUNT (-1)

@@ -1,0 +1,40 @@
+/* The INA header as the C parts read and write it (host_agent/_core.c, softswitch/_datapath.c):
+ * spina/wire.py is the definition; these are copied from it by hand, and tests/test_core.py and
+ * tests/test_datapath.py check them against wire.FIELD_OFFSET and the constants there. */
+#ifndef SPINA_WIRE_H
+#define SPINA_WIRE_H
+
+#define HEADER_LEN 48
+#define MAX_LANES 64
+#define MAX_WORKERS 32
+#define END_POS 0xFFFFFFFFu
+/* byte offsets of the header fields */
+#define OFF_VERSION 0
+#define OFF_MSG_TYPE 1
+#define OFF_FLAGS 2
+#define OFF_PRIORITY 3
+#define OFF_JOB 4
+#define OFF_EPOCH 6
+#define OFF_CALL 8
+#define OFF_SLOT 12
+#define OFF_RANK 14
+#define OFF_NLANES 15
+#define OFF_ROUND 16
+#define OFF_LENGTH 20
+#define OFF_BLOCK_SIZE 24
+#define OFF_EXPONENT 26
+#define OFF_BITMAP 28
+#define OFF_PRESENT 32
+#define OFF_NONFINITE 40
+/* version, message types, flags */
+#define WIRE_VERSION 1
+#define MSG_CONTRIB 1
+#define MSG_RESULT 2
+#define MSG_STATUS 3
+#define FLAG_RESEND 0x01
+#define FLAG_LOSS_TOLERANT 0x02
+#define FLAG_LAST 0x04
+#define FLAG_PARTIAL 0x08
+#define FLAG_MISMATCH 0x10
+
+#endif
