@@ -41,7 +41,6 @@ import os
 import signal
 import socket
 import struct
-import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, replace
@@ -231,7 +230,7 @@ def _open_shm(name: str) -> shared_memory.SharedMemory:
     otherwise unlink the client's segment when the daemon exits (and warn about a leak)."""
     shm = shared_memory.SharedMemory(name=name)
     try:
-        resource_tracker.unregister(shm._name, "shared_memory")  # noqa: SLF001 (no public API)
+        resource_tracker.unregister(shm._name, "shared_memory")  # no public API
     except Exception:  # pragma: no cover - tracker details differ between versions
         pass
     return shm

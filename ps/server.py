@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-import math
 import threading
 import time
 

@@ -160,7 +160,7 @@ class RendezvousServer:
             waiting, job.waiting = job.waiting, {}
             try:
                 self.on_new_run(job_id, epoch)
-            except Exception as e:  # noqa: BLE001 - every rank must hear why
+            except Exception as e:  # every rank must hear why
                 log.error("job %d: could not start run with epoch %d: %s", job_id, epoch, e)
                 for w in waiting.values():
                     w.reply({"ok": False, "error": f"join: the switch could not start the run: {e}"})

@@ -17,23 +17,23 @@ import numpy as np
 import pytest
 
 import torch
-import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
-from host_agent.blocks import headroom_bits, nonzero_blocks  # noqa: E402
-from host_agent.compression import (BucketLayout, CompressionConfig, ResidualMemory,  # noqa: E402
+from host_agent.blocks import headroom_bits, nonzero_blocks
+from host_agent.compression import (BucketLayout, ResidualMemory,
                                     _kernels, kernels, make_compressor)
-from host_agent.compression.hooks import (CompressionHookState, gloo_compressed_hook,  # noqa: E402
+from host_agent.compression.hooks import (CompressionHookState, gloo_compressed_hook,
                                           spina_compressed_hook)
-from host_agent.launch import local_job  # noqa: E402
-from host_agent.local import LocalCluster  # noqa: E402
-from host_agent.torch_hook import HookCounters, pack_aligned  # noqa: E402
-from softswitch.udp import Faults, UdpSwitch  # noqa: E402
-from spina.config import ConfigError, JobFile  # noqa: E402
+from host_agent.launch import local_job
+from host_agent.local import LocalCluster
+from host_agent.torch_hook import HookCounters, pack_aligned
+from softswitch.udp import Faults, UdpSwitch
+from spina.config import ConfigError, JobFile
 try:  # tests/ is on sys.path under pytest's default import mode
-    from test_torch_hook import FakeBucket, leave_worker  # noqa: E402
+    from test_torch_hook import FakeBucket, leave_worker
 except ImportError:
-    from tests.test_torch_hook import FakeBucket, leave_worker  # noqa: E402
+    from tests.test_torch_hook import FakeBucket, leave_worker
 
 B = 16  # a small block size keeps the tests' tensors small
 

@@ -13,14 +13,13 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from ps.client import CoordinatorError, PSClient, PSError, ShardError
+from ps.client import CoordinatorError, PSClient, ShardError
 from ps.config import PolicyConfig
 from ps.local import LocalPS
 from ps.server import Coordinator, ShardServer, shard_ranges

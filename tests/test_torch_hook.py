@@ -19,17 +19,17 @@ import numpy as np
 import pytest
 
 import torch
-import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
-from host_agent.agent import SpinaTimeout  # noqa: E402
-from host_agent.blocks import headroom_bits  # noqa: E402
-from host_agent.launch import RepeatFilter, local_job, start_subprocess  # noqa: E402
-from host_agent.local import LocalCluster  # noqa: E402
-from host_agent.torch_hook import (SpinaHookState, agent_from_env,  # noqa: E402
+from host_agent.agent import SpinaTimeout
+from host_agent.blocks import headroom_bits
+from host_agent.launch import RepeatFilter, local_job, start_subprocess
+from host_agent.local import LocalCluster
+from host_agent.torch_hook import (SpinaHookState, agent_from_env,
                                    block_aligned_layout, spina_allreduce_hook)
-from softswitch.udp import UdpSwitch  # noqa: E402
-from spina.config import ConfigError, JobFile  # noqa: E402
+from softswitch.udp import UdpSwitch
+from spina.config import ConfigError, JobFile
 
 WORLD = 2
 STEPS = 4
