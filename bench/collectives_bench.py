@@ -47,8 +47,7 @@ import numpy as np
 
 from bench.net_topo import Graph, why_no_namespaces
 from bench.paired import BenchError, guarded, recv, slowest, stop_all
-from collectives import plan as planner
-from collectives import topology
+from collectives import plan as planner, topology
 from collectives.schedule import ALGORITHMS, schedule
 from spina.net import free_port
 

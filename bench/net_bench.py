@@ -37,8 +37,16 @@ import sys
 import time
 
 from bench.net_topo import SWITCH_IP, Star, kernel_losses, parse_rate, tbf_params
-from bench.paired import (Cluster, Gloo, Place, Request, mean_over_workers, paired_ratios,
-                          proc_cpu, slowest)
+from bench.paired import (
+    Cluster,
+    Gloo,
+    Place,
+    Request,
+    mean_over_workers,
+    paired_ratios,
+    proc_cpu,
+    slowest,
+)
 from bench.procs import Point
 
 METHODS = ("spina", "gloo", "floor")  # the CSV's column prefixes

@@ -38,7 +38,6 @@ from softswitch.udp import Faults, UdpSwitch
 from spina import cli, wire
 from spina.net import bound_udp_socket
 
-
 _SPINE_NETS = itertools.count()
 
 

@@ -15,8 +15,22 @@ import numpy as np
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
-from bmv2_tests.helpers import (BS, INA_PORT, JOB, MCAST_GRP, SWITCH_IP, SWITCH_MAC, InaEntries,
-                                contrib, expect, expect_nothing, ina, reply, rid, worker_port)
+from bmv2_tests.helpers import (
+    BS,
+    INA_PORT,
+    JOB,
+    MCAST_GRP,
+    SWITCH_IP,
+    SWITCH_MAC,
+    InaEntries,
+    contrib,
+    expect,
+    expect_nothing,
+    ina,
+    reply,
+    rid,
+    worker_port,
+)
 from spina import wire
 
 END = wire.END

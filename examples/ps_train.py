@@ -27,13 +27,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 sys.path.insert(0, str(ROOT / "examples"))
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
 
-from ps.config import PolicyConfig  # noqa: E402
-from ps.train import Straggler, train  # noqa: E402
+from ps.config import PolicyConfig
+from ps.train import Straggler, train
 
 POLICIES = {
     "bsp": dict(policy="bsp"),

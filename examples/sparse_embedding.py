@@ -29,17 +29,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.nn as nn  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
 
-from host_agent.blocks import nonzero_blocks  # noqa: E402
-from host_agent.launch import finish_shared_job, shared_job_file  # noqa: E402
-from host_agent.torch_hook import (JOB_FILE_ENV, SpinaHookState, agent_from_env,  # noqa: E402
-                                   spina_allreduce_hook)
+from host_agent.blocks import nonzero_blocks
+from host_agent.launch import finish_shared_job, shared_job_file
+from host_agent.torch_hook import JOB_FILE_ENV, SpinaHookState, agent_from_env, spina_allreduce_hook
 
 
 class BagOfWords(nn.Module):

@@ -37,20 +37,22 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 sys.path.insert(0, str(ROOT / "examples"))
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.nn as nn  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
 
-from host_agent.compression import make_compressor  # noqa: E402
-from host_agent.compression.hooks import (CompressionHookState, gloo_compressed_hook,  # noqa: E402
-                                          spina_compressed_hook)
-from host_agent.launch import finish_shared_job, shared_job_file  # noqa: E402
-from host_agent.torch_hook import (JOB_FILE_ENV, SpinaHookState, agent_from_env,  # noqa: E402
-                                   spina_allreduce_hook)
-from train_digits import LeNet5, load_data  # noqa: E402
+from host_agent.compression import make_compressor
+from host_agent.compression.hooks import (
+    CompressionHookState,
+    gloo_compressed_hook,
+    spina_compressed_hook,
+)
+from host_agent.launch import finish_shared_job, shared_job_file
+from host_agent.torch_hook import JOB_FILE_ENV, SpinaHookState, agent_from_env, spina_allreduce_hook
+from train_digits import LeNet5, load_data
 
 TASKS = {  # default runs, optimiser and schedule per task
     "digits": dict(runs="dense-gloo,dense-spina,topk@0.01,topk@0.001,randomk@0.01,losscomp@0.01,"

@@ -25,6 +25,7 @@ def main(argv=None) -> int:
         return launch_main(rest)
     if cmd == "status":
         import json
+
         from host_agent.daemon import DEFAULT_SOCKET, status
         from spina import cli
         ap = cli.ArgumentParser(prog="python -m host_agent status")

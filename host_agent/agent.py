@@ -31,13 +31,21 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from host_agent import dlcp
-from host_agent.blocks import (NONFINITE_BITS, LanePlan, block_absmax_bits, exponent_of_bits,
-                               gather_blocks, nonzero_blocks, quant_shift, scan_float_blocks,
-                               scatter_blocks)
+from host_agent.blocks import (
+    NONFINITE_BITS,
+    LanePlan,
+    block_absmax_bits,
+    exponent_of_bits,
+    gather_blocks,
+    nonzero_blocks,
+    quant_shift,
+    scan_float_blocks,
+    scatter_blocks,
+)
 from host_agent.recovery import MIN_RTO, Recovery, RttEstimator, Timer, flusher_rank
 from spina import log as spina_log, rendezvous, wire
-from spina.net import bind_own_address, grow_buffers
 from spina.config import LOSS_DEADLINE_AUTO, JobConfig
+from spina.net import bind_own_address, grow_buffers
 
 try:  # the per-datagram work and the socket calls (host_agent/_core.c)
     from host_agent import _core

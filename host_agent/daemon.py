@@ -51,12 +51,18 @@ import numpy as np
 from host_agent import dlcp
 from host_agent.agent import Agent, CallStats, SpinaError
 from host_agent.metrics import DaemonMetrics
-from spina import cli, log as spina_log
 from host_agent.recovery import MIN_RTO
-from spina.config import (LOSS_TOLERANT_POLICIES, PRIORITY_POLICIES, ConfigError, JobFile,
-                          load_worker_file, read_json)
+from spina import cli, log as spina_log
+from spina.config import (
+    LOSS_DEADLINE_AUTO,
+    LOSS_TOLERANT_POLICIES,
+    PRIORITY_POLICIES,
+    ConfigError,
+    JobFile,
+    load_worker_file,
+    read_json,
+)
 from spina.metrics import parse_address
-from spina.config import LOSS_DEADLINE_AUTO
 
 log = logging.getLogger("spina.daemon")
 

@@ -17,12 +17,21 @@ private.
 """
 import torch
 import torch.distributed as dist
+
 # A Python process group needs these private names; PyTorch's own Python process groups
 # (torch.testing._internal.distributed) import them from the same place.
-from torch._C._distributed_c10d import (AllgatherOptions, AllreduceOptions, AllToAllOptions,
-                                        BarrierOptions, BroadcastOptions, GatherOptions,
-                                        ReduceOptions, ReduceScatterOptions, ScatterOptions,
-                                        _create_work_from_future)
+from torch._C._distributed_c10d import (
+    AllgatherOptions,
+    AllreduceOptions,
+    AllToAllOptions,
+    BarrierOptions,
+    BroadcastOptions,
+    GatherOptions,
+    ReduceOptions,
+    ReduceScatterOptions,
+    ScatterOptions,
+    _create_work_from_future,
+)
 
 from host_agent.torch_hook import agent_from_env, sum_async
 

@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from ps.config import PolicyConfig
-from spina.config import checker
 from ps.local import LocalPS
+from spina.config import checker
 
 
 class Task(Protocol):

@@ -42,9 +42,9 @@ import grpc
 from google.rpc import code_pb2
 from p4.v1 import p4runtime_pb2 as pb, p4runtime_pb2_grpc
 
+from softswitch.dataplane import Dataplane
 from spina import spec
 from spina.p4runtime import canonical_entry, decode, encode, match_key
-from softswitch.dataplane import Dataplane
 
 log = logging.getLogger("spina.softswitch.p4runtime")
 

@@ -37,11 +37,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from spina.spec import (DEFAULT_SLOT_CAPACITY, HEAD_REGISTERS, JOB_COUNTERS,  # noqa: F401
-                        JOB_REGISTERS, LOSS_CREDIT_MAX, LOSS_CREDIT_ONE, MAX_JOBS, MAX_PORTS,
-                        PORT_COUNTERS, REGISTER_NAMES as REGISTERS, TABLES)
 from spina import wire
 from spina.config import ConfigError, JobConfig
+from spina.spec import (  # noqa: F401
+    DEFAULT_SLOT_CAPACITY,
+    HEAD_REGISTERS,
+    JOB_COUNTERS,
+    JOB_REGISTERS,
+    LOSS_CREDIT_MAX,
+    LOSS_CREDIT_ONE,
+    MAX_JOBS,
+    MAX_PORTS,
+    PORT_COUNTERS,
+    REGISTER_NAMES as REGISTERS,
+    TABLES,
+)
 
 log = logging.getLogger("spina.softswitch")
 

@@ -341,8 +341,18 @@ _scapy_layer = None
 def scapy_layer(udp_port: int = DEFAULT_UDP_PORT):
     """The scapy `INA` Packet class, bound to UDP `udp_port` (both directions)."""
     global _scapy_layer
-    from scapy.fields import (ByteEnumField, ByteField, FieldListField, FlagsField, IntField,
-                              ShortField, SignedShortField, StrField, XIntField, XLongField)
+    from scapy.fields import (
+        ByteEnumField,
+        ByteField,
+        FieldListField,
+        FlagsField,
+        IntField,
+        ShortField,
+        SignedShortField,
+        StrField,
+        XIntField,
+        XLongField,
+    )
     from scapy.layers.inet import UDP
     from scapy.packet import Packet as ScapyPacket, bind_layers
 

@@ -9,8 +9,7 @@ import argparse
 import json
 import sys
 
-from collectives import plan as planner
-from collectives import topology
+from collectives import plan as planner, topology
 from collectives.schedule import COLLECTIVES
 from spina import cli
 

@@ -347,6 +347,7 @@ class FabricTestbed(Testbed):
 
     def start(self) -> None:
         import yaml
+
         from controller.controller import Controller
         from controller.state import load
         super().start()

@@ -23,8 +23,8 @@ import yaml
 
 from host_agent.agent import Agent
 from host_agent.daemon import MAX_MESSAGE, Daemon, DaemonConfig
-from spina.net import free_ports
 from spina.config import Assignment, ConfigError, JobConfig, JobFile, WorkerAddr
+from spina.net import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -22,14 +21,20 @@ import torch.multiprocessing as mp
 from host_agent.blocks import headroom_bits
 from host_agent.compression import BucketLayout, make_compressor
 from host_agent.compression.hooks import CompressionHookState, spina_compressed_hook
-from host_agent.compression.votes import (BINS, EXP_MIN, VoteHookState,
-                                          onehot_message, onehot_scale, per_element,
-                                          spina_vote_hook)
+from host_agent.compression.votes import (
+    BINS,
+    EXP_MIN,
+    VoteHookState,
+    onehot_message,
+    onehot_scale,
+    per_element,
+    spina_vote_hook,
+)
 from host_agent.local import LocalCluster
-from host_agent.local_sgd import (LocalSGDOptimizer, LocalSGDState,
-                                  spina_local_sgd_hook)
+from host_agent.local_sgd import LocalSGDOptimizer, LocalSGDState, spina_local_sgd_hook
 from host_agent.torch_hook import pack_aligned
 from spina.config import ConfigError
+
 try:  # tests/ is on sys.path under pytest's default import mode
     from test_compression import job_file  # a fixture: 2 workers, blocks of 16
     from test_torch_hook import leave_worker

@@ -11,8 +11,7 @@ import pytest
 import yaml
 
 from netns import hosts  # noqa: F401  (a fixture: hosts in network namespaces)
-from spina.net import free_port
-from spina.net import bound_udp_socket
+from spina.net import bound_udp_socket, free_port
 from spina_cli import doctor, status
 from spina_cli.main import COMMANDS, controller_argv, main
 

@@ -18,8 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from collectives.schedule import (ALGORITHMS, ScheduleError, check_groups, chunk_bounds,
-                                  schedule)
+from collectives.schedule import ALGORITHMS, ScheduleError, check_groups, chunk_bounds, schedule
 from collectives_worker import LENGTHS, case_input, cases, grads, model_and_input
 from spina.net import free_port
 

@@ -15,21 +15,23 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from host_agent.blocks import headroom_bits, nonzero_blocks
-from host_agent.compression import (BucketLayout, ResidualMemory,
-                                    _kernels, kernels, make_compressor)
-from host_agent.compression.hooks import (CompressionHookState, gloo_compressed_hook,
-                                          spina_compressed_hook)
+from host_agent.compression import BucketLayout, ResidualMemory, _kernels, kernels, make_compressor
+from host_agent.compression.hooks import (
+    CompressionHookState,
+    gloo_compressed_hook,
+    spina_compressed_hook,
+)
 from host_agent.launch import local_job
 from host_agent.local import LocalCluster
 from host_agent.torch_hook import HookCounters, pack_aligned
 from softswitch.udp import Faults, UdpSwitch
 from spina.config import ConfigError, JobFile
+
 try:  # tests/ is on sys.path under pytest's default import mode
     from test_torch_hook import FakeBucket, leave_worker
 except ImportError:

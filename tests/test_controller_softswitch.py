@@ -21,10 +21,10 @@ from controller import state as state_mod
 from controller.controller import Controller
 from controller.p4rt import Connection, NotPrimaryError
 from host_agent import assignment
-from spina import spec
 from softswitch.dataplane import Dataplane
 from softswitch.p4runtime_server import P4RuntimeServer
 from softswitch.udp import UdpSwitch
+from spina import spec
 from spina.net import free_port
 from spina.procs import stop_process
 

@@ -274,6 +274,7 @@ def register_fake():
 
     def start(**kw):
         from concurrent import futures
+
         from p4.v1 import p4runtime_pb2_grpc
         sw = RegisterFake(**kw)
         server = grpc.server(futures.ThreadPoolExecutor(4))

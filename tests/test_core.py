@@ -19,7 +19,7 @@ import pytest
 
 from host_agent import _core
 from host_agent.agent import _A_INDEX, Agent, _Buffers, _Call
-from host_agent.blocks import (LanePlan, dequantize, gather_blocks, quantize, scatter_blocks)
+from host_agent.blocks import LanePlan, dequantize, gather_blocks, quantize, scatter_blocks
 from host_agent.recovery import RttEstimator
 from spina import wire
 from spina.config import JobConfig, WorkerAddr

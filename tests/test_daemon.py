@@ -120,6 +120,7 @@ def test_survives_a_client_dying_mid_call(setup):
 def test_torch_hook_through_the_daemon(setup):
     """The DDP hook works with agent_from_env(daemon_socket=...) in place of an in-process agent."""
     import torch
+
     from host_agent.torch_hook import SpinaHookState, agent_from_env, spina_allreduce_hook
 
     class Bucket:

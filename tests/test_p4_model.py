@@ -18,11 +18,12 @@ import struct
 import numpy as np
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from softswitch.fabric import TO_GROUP, TO_SENDER, TO_UPSTREAM, Roles
 from softswitch.dataplane import Dataplane
+from softswitch.fabric import TO_GROUP, TO_SENDER, TO_UPSTREAM, Roles
 from softswitch.pipeline import Pipeline
 from spina import rows, spec, wire
 from spina.config import JobConfig, WorkerAddr
+
 try:  # tests/ is on sys.path under pytest's default import mode, unless tests/ is a package
     from p4model import INA_OFF, M32, P4Model
 except ImportError:

@@ -14,10 +14,10 @@ from google.rpc import code_pb2
 from p4.v1 import p4runtime_pb2 as pb, p4runtime_pb2_grpc
 
 from controller.p4rt import Connection, election_id
-from spina.p4runtime import encode
-from spina import spec
 from softswitch.dataplane import Dataplane
 from softswitch.p4runtime_server import P4RuntimeServer
+from spina import spec
+from spina.p4runtime import encode
 
 
 @pytest.fixture

@@ -251,6 +251,7 @@ def test_example_smoke(task, policies, tmp_path):
 def test_bad_straggler_rejected_naming_field(spec, name):
     """The straggler injector refuses a bad slowdown naming the field."""
     import torch  # noqa: F401  (installed by make setup)
+
     from ps.train import Straggler, StragglerInjector
     with pytest.raises(ConfigError, match=f"straggler: field '{name}'"):
         StragglerInjector(4, (Straggler(**spec),))

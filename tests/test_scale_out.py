@@ -25,8 +25,7 @@ from softswitch.fabric import TO_GROUP, TO_SENDER, TO_UPSTREAM, Roles
 from softswitch.pipeline import Pipeline
 from softswitch.udp import Faults, UdpSwitch
 from spina import rows, wire
-from spina.config import (Assignment, ConfigError, JobConfig, JobFile, WorkerAddr,
-                          load_worker_file)
+from spina.config import Assignment, ConfigError, JobConfig, JobFile, WorkerAddr, load_worker_file
 
 
 # ---------------------------------------------------------------- the plan

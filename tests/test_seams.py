@@ -32,9 +32,8 @@ from controller.p4rt import Connection
 from controller.state import load
 from softswitch.udp import UdpSwitch
 from spina import spec
-from spina.procs import stop_process
-
 from spina.net import free_ports
+from spina.procs import stop_process
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=str(ROOT))

@@ -10,14 +10,13 @@ import json
 import logging
 import math
 import os
-import sys
 import signal
+import sys
 import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
-
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -26,8 +25,12 @@ from host_agent.agent import SpinaTimeout
 from host_agent.blocks import headroom_bits
 from host_agent.launch import RepeatFilter, local_job, start_subprocess
 from host_agent.local import LocalCluster
-from host_agent.torch_hook import (SpinaHookState, agent_from_env,
-                                   block_aligned_layout, spina_allreduce_hook)
+from host_agent.torch_hook import (
+    SpinaHookState,
+    agent_from_env,
+    block_aligned_layout,
+    spina_allreduce_hook,
+)
 from softswitch.udp import UdpSwitch
 from spina.config import ConfigError, JobFile
 
