@@ -112,7 +112,7 @@ def main():
     rows = []  # per step: bytes_sent, payload, nonzero blocks of this rank's gradients
     t0 = time.perf_counter()
     try:
-        for step in range(args.steps):
+        for _ in range(args.steps):
             tokens, offsets, y = corpus.batch(args.batch, g)
             # This rank's own gradients, to count its non-zero blocks (no_sync: no hook).
             opt.zero_grad(set_to_none=True)

@@ -89,7 +89,7 @@ def train(run: dict, task: Task, args, agent) -> dict:
         model.register_comm_hook(state, spina_vote_hook)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, task.steps)
     step_seconds = []
-    for step, (x, y) in enumerate(task.batches()):
+    for x, y in task.batches():
         t0 = time.perf_counter()
         loss = F.cross_entropy(model(x), y)
         opt.zero_grad(set_to_none=True)

@@ -221,7 +221,7 @@ def main(argv=None) -> int:
     print("| block density | element density | SpINA time | gloo time | SpINA/gloo | bytes sent/worker "
           "| goodput | exact |")
     print("|---|---|---|---|---|---|---|---|")
-    for d, ed, st, gt, sent, good, good_ok, err, resends in rows:
+    for d, ed, st, gt, sent, good, good_ok, _err, _resends in rows:
         print(f"| {d:.1%} | {ed:.3%} | {st * 1e3:.1f} ms | {gt * 1e3:.1f} ms | {st / gt:.2f} | "
               f"{_fmt_bytes(sent)} | {good * 8 / 1e9:.2f} Gbit/s | {'yes' if good_ok else 'NO'} |")
     print()

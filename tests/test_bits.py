@@ -104,7 +104,7 @@ def test_sign_error_feedback_identity_over_steps():
     comps = [make_compressor(method="sign", block_size=B) for _ in range(2)]
     with LocalCluster(2, block_size=B, nlanes=4, nslots=4) as c:
         residual = [np.zeros(layout.length, np.float32) for _ in comps]
-        for step in range(4):
+        for _ in range(4):
             grads = [rng.standard_normal(sum(SIZES)).astype(np.float32) for _ in comps]
             p, own, _, sent, _, _ = _vote(c, comps, layout, grads)
             for r, comp in enumerate(comps):

@@ -152,7 +152,7 @@ def test_frames_are_judged_as_the_p4_parser_judges_them(sent):
     for r in range(2):
         model.admission[(PORT, src(r), JOB, r)] = dict(
             epoch=1, slot_base=0, nslots=2, nworkers=2, block_size=BS, nlanes=K)
-    for rank, f in sent:
+    for _rank, f in sent:
         got = [(out[INA_OFF:], False) for _, out in dp.process(f, PORT)]
         want = [(pkt, multicast) for pkt, multicast in model.process_frame(f, PORT)
                 if not multicast]  # no multicast group configured: results go nowhere

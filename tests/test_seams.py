@@ -140,7 +140,7 @@ class Processes:
         p.wait()
 
     def stop(self) -> None:
-        for name, p in self.procs.items():
+        for p in self.procs.values():
             stop_process(p, 10)
         self.procs.clear()
 
@@ -238,7 +238,7 @@ def run_program(dep: Deployment, seed: int, die: dict[int, int] | None = None,
                 cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out: dict[int, list] = {}
     try:
-        for (job, r), p in procs.items():
+        for (job, _), p in procs.items():
             o, e = p.communicate(timeout=120)
             got = json.loads(o.strip().splitlines()[-1]) if p.returncode == 0 else e[-600:]
             out.setdefault(job, []).append((p.returncode, got))
@@ -280,7 +280,7 @@ def test_every_run_gets_its_own_exact_sums(mode, shape, tmp_path):
         assert_exact(run_program(dep, seed=1))
         assert_exact(run_program(dep, seed=2))  # not the first run's sums
         killed = run_program(dep, seed=3, die={j: 0 for j in jobs_of(dep.doc)}, timeout=8)
-        for job, ranks in killed.items():
+        for ranks in killed.values():
             assert ranks[0][0] == 9, ranks[0]  # the killed rank
             assert all(code != 0 for code, _ in ranks[1:]), ranks  # the others time out
         assert_exact(run_program(dep, seed=4))

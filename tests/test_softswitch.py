@@ -149,7 +149,7 @@ def test_udp_switch_survives_garbage():
     rng = np.random.default_rng(0)
     with LocalCluster(2, rto=5.0, block_size=8, nlanes=2, nslots=2) as c:
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        for n in range(50):
+        for _ in range(50):
             s.sendto(rng.bytes(int(rng.integers(0, 200))), c.switch.address)
         s.close()
         x = [np.arange(100, dtype=np.int32)] * 2

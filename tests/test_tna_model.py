@@ -125,7 +125,7 @@ def test_frames_are_judged_as_the_software_switch_judges_them(sent):
     for r in range(2):
         model.admission[(PORT, src(r), JOB, r)] = dict(
             epoch=1, slot_base=0, nslots=2, nworkers=2, block_size=BS, nlanes=K)
-    for rank, f in sent:
+    for _rank, f in sent:
         if (len(f) >= INA_OFF + wire.HEADER_LEN
                 and (wire.unpack_header(f, INA_OFF).nlanes,
                      wire.unpack_header(f, INA_OFF).block_size) != (K, BS)):
