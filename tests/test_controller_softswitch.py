@@ -19,7 +19,7 @@ from p4.v1 import p4runtime_pb2 as pb
 
 from controller import state as state_mod
 from controller.controller import Controller
-from controller.p4rt import Connection, NotPrimaryError
+from controller.p4rt import Connection, NotPrimaryError, P4RuntimeError
 from host_agent import assignment
 from softswitch.dataplane import Dataplane
 from softswitch.p4runtime_server import P4RuntimeServer
@@ -189,7 +189,7 @@ def test_pipeline_lacking_names_is_rejected(inproc):
     del info.registers[:]
     info.registers.extend(regs)
     with Connection(srv.address) as c:
-        with pytest.raises(Exception) as e:
+        with pytest.raises(P4RuntimeError) as e:
             c.set_pipeline(info, b"", 1)
     assert "INVALID_ARGUMENT" in str(e.value)
     assert "table admission" in str(e.value) and "register slot_round" in str(e.value)

@@ -631,7 +631,7 @@ def test_daemon_applies_its_bound_and_each_calls_layer(tmp_path):
             futs = [c.allreduce_async(x, layer=(0, 3)) for c, x in zip(clients, xs)]
             res = [f.result(timeout=30) for f in futs]
             stats = [c.last_stats for c in clients]
-            with pytest.raises(Exception, match="layer"):
+            with pytest.raises(ValueError, match="layer"):
                 clients[0].allreduce(xs[0], layer=(3, 3))
         finally:
             for c in clients:

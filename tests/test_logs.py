@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from host_agent.agent import SpinaError
 from host_agent.daemon import DaemonClient, status
 from spina import log as spina_log
 
@@ -110,7 +111,7 @@ def test_launcher_and_daemon_lines_parse_and_call_lines_carry_job_call_rank(tmp_
                         [pool.submit(c.allreduce, np.full(600, r + 1.0, np.float32))
                          for r, c in enumerate((c0, c1))]]
                 np.testing.assert_array_equal(outs[0], np.full(600, 3.0, np.float32))
-            with pytest.raises(Exception, match="SpinaTimeout"):
+            with pytest.raises(SpinaError, match="SpinaTimeout"):
                 c0.allreduce(np.ones(600, np.float32))  # rank 1 never calls
         assert status(str(sock))["calls_done"] == 5
     finally:

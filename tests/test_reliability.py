@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from host_agent.agent import SpinaTimeout
 from host_agent.local import LocalCluster
 from softswitch.pipeline import Pipeline
 from softswitch.udp import Faults, UdpSwitch
@@ -201,9 +202,9 @@ def test_worker_dies_mid_call_then_job_restarts():
             cut["on"] = True
             futs = [a.allreduce_async(x) for a, x in zip(c.agents, xs)]
             for f in futs[:2]:
-                with pytest.raises(Exception, match=r"ranks \[2\] never contributed"):
+                with pytest.raises(SpinaTimeout, match=r"ranks \[2\] never contributed"):
                     f.result(timeout=30)
-            with pytest.raises(Exception):
+            with pytest.raises(SpinaTimeout):
                 futs[2].result(timeout=30)
             cut["on"] = False
             new = dataclasses.replace(c.job, epoch=c.job.epoch + 1)
@@ -220,7 +221,6 @@ def test_bounded_loss_worker_dies_the_others_fail_naming_it():
     """Bounded loss: a worker that stops is flushed out of a round, then the switch holds the
     slot's next round until it is heard (docs/reliability.md): the others' calls fail naming
     it (SpinaTimeout.missing), not blaming the switch."""
-    from host_agent.agent import SpinaTimeout
     rng = np.random.default_rng(3)
     cut = {"on": False, "passed": 0}
 
@@ -243,7 +243,7 @@ def test_bounded_loss_worker_dies_the_others_fail_naming_it():
                     f.result(timeout=30)
                 assert e.value.missing == [2]
                 assert "did not answer" not in str(e.value)
-            with pytest.raises(Exception):
+            with pytest.raises(SpinaTimeout):
                 futs[2].result(timeout=30)
         assert sw.pipeline.job_counters(1)["job_held"] > 0
     finally:
