@@ -37,7 +37,8 @@ def import_mininet():
         import mininet.net
     except ImportError:
         if not os.path.isdir(os.path.join(DEBIAN_SITE, "mininet")):
-            raise ImportError("mininet is not installed (Debian: apt-get install mininet)")
+            raise ImportError(
+                "mininet is not installed (Debian: apt-get install mininet)") from None
         sys.path.append(DEBIAN_SITE)
         try:
             for m in ("mininet.net", "mininet.node", "mininet.topo", "mininet.link",
