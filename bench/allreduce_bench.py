@@ -430,7 +430,8 @@ def main(argv=None) -> int:
     meta = dict(command="python -m bench.allreduce_bench " + " ".join(sys.argv[1:] if argv is None
                                                                       else argv),
                 date=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-                host=f"{platform.node()}: {os.cpu_count()} cores, Python {platform.python_version()}",
+                host=f"{platform.node()}: {os.cpu_count()} cores, "
+                     f"Python {platform.python_version()}",
                 load_at_start=_load(os.getloadavg()), repeats=a.repeats, skipped=skipped,
                 base=asdict(base_point(a)))
     measured: dict[tuple, dict] = {}

@@ -1179,7 +1179,8 @@ def main(argv=None) -> int:
                     f"({4 * sum(sizes) / 1e6:.1f} MB) per worker, {len(sizes)} calls per step "
                     "(last layer first, each with its layer position)",
         "SpINA": f"block 256, {NLANES} blocks per datagram, {a.nslots} slots, loss deadline "
-                 f"{a.loss_deadline} s (configurations /auto: from the round latency); congestion threshold {a.qdepth} frames",
+                 f"{a.loss_deadline} s (configurations /auto: from the round latency); "
+                 f"congestion threshold {a.qdepth} frames",
         "timing": f"{a.steps} repeats after a warm-up, each running every configuration once, "
                   "order rotating; a step's time is the slowest worker's",
     }

@@ -38,7 +38,8 @@ METHODS = {"topk@0.01": dict(method="topk", ratio=0.01),
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batches", type=int, nargs="+", default=[32, 64], help="per-rank batch sizes")
-    ap.add_argument("--reps", type=int, default=41, help="repetitions (medians of all but the first)")
+    ap.add_argument("--reps", type=int, default=41,
+                    help="repetitions (medians of all but the first)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "compression_overhead.json"))
     args = ap.parse_args()
     load_start = os.getloadavg()

@@ -35,7 +35,8 @@ def main(argv=None) -> int:
         try:
             reply = status(path)
         except OSError as e:
-            return cli.fail(ap.prog, f"--socket {path}: no daemon answers there ({e.strerror or e})")
+            return cli.fail(ap.prog,
+                            f"--socket {path}: no daemon answers there ({e.strerror or e})")
         print(json.dumps(reply, indent=1))
         return 0
     from spina import cli

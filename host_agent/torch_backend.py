@@ -49,7 +49,8 @@ class SpinaProcessGroup(dist.ProcessGroup):
     def __init__(self, store, rank: int, world_size: int, timeout):
         super().__init__(rank, world_size)
         self._rank, self._world = rank, world_size
-        self.gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, world_size, timeout)
+        self.gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, world_size,
+                                          timeout)
         self.agent = agent_from_env(rank=rank)
         self.spina_calls = 0
 

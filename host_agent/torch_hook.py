@@ -345,7 +345,8 @@ def agent_from_env(job_file: str | None = None, rank: int | None = None, wait: f
         elif dist.is_available() and dist.is_initialized():
             rank = dist.get_rank()
         else:
-            raise ConfigError("rank unknown: pass rank, run under torchrun, or init the process group")
+            raise ConfigError("rank unknown: pass rank, run under torchrun, or init the "
+                              "process group")
     jf = load_worker_file(job_file, rank)  # a job file, or a two-level job's assignment
     world = os.environ.get("WORLD_SIZE")
     if world is not None and int(world) != jf.job.nworkers:

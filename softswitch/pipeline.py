@@ -58,7 +58,8 @@ log = logging.getLogger("spina.softswitch")
 HLEN = wire.HEADER_LEN
 NEXT_DTYPE, DATA_DTYPE = wire.NEXT_DTYPE, wire.DATA_DTYPE
 MSG_CONTRIB, MSG_RESULT, MSG_STATUS = wire.MSG_CONTRIB, wire.MSG_RESULT, wire.MSG_STATUS
-FLAG_RESEND, FLAG_LOSS_TOLERANT, FLAG_LAST = wire.FLAG_RESEND, wire.FLAG_LOSS_TOLERANT, wire.FLAG_LAST
+FLAG_RESEND, FLAG_LOSS_TOLERANT = wire.FLAG_RESEND, wire.FLAG_LOSS_TOLERANT
+FLAG_LAST = wire.FLAG_LAST
 FLAG_PARTIAL, FLAG_MISMATCH, FLAG_REPLAY = wire.FLAG_PARTIAL, wire.FLAG_MISMATCH, wire.FLAG_REPLAY
 # Two-level aggregation (softswitch/fabric.py): what a rack's partial carries into a spine's
 # round besides LAST (a mismatch or a flush in one rack concerns every rack; P4 FLAGS_CARRIED),
@@ -200,7 +201,8 @@ class Pipeline:
         """(slot_base, nslots) of every admission of `job` here."""
         return {(a.slot_base, a.nslots) for a in self.admission.values() if a.job == job}
 
-    def _add_job(self, cfg: JobConfig, sources: dict[int, tuple[int, object]], mcast_grp: int) -> None:
+    def _add_job(self, cfg: JobConfig, sources: dict[int, tuple[int, object]],
+                 mcast_grp: int) -> None:
         self.check_job(cfg)
         self.remove_job(cfg.job)
         adm = Admission(cfg.job, cfg.epoch, cfg.slot_base, cfg.nslots, cfg.nworkers,
@@ -337,7 +339,8 @@ class Pipeline:
         present, nonfinite, exponent, length = t[_PRESENT], t[_NONFINITE], t[_EXPONENT], t[_LENGTH]
         full = (1 << k) - 1
         if present:
-            data = np.frombuffer(pkt, DATA_DTYPE, (size - HLEN) // 4 - k, HLEN + 4 * k).reshape(-1, bs)
+            data = np.frombuffer(pkt, DATA_DTYPE, (size - HLEN) // 4 - k,
+                                 HLEN + 4 * k).reshape(-1, bs)
         if new:
             if present == full:
                 vals[:] = data
@@ -442,7 +445,8 @@ class Pipeline:
         `out`; return its length."""
         k, bs = t[_NLANES], t[_BLOCK_SIZE]
         present = self._r_present[idx]
-        f = list(t)  # the request's identity (version, priority, job ... round); the rest is the slot's
+        # the request's identity (version, priority, job ... round); the rest is the slot's
+        f = list(t)
         f[_MSG_TYPE] = MSG_RESULT
         f[_FLAGS] = self._r_flags[idx] | (t[_FLAGS] & FLAG_LOSS_TOLERANT) | extra_flags
         f[_LENGTH] = self._r_length[idx]

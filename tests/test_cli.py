@@ -26,7 +26,8 @@ def test_spina_help_lists_every_command_and_each_explains_itself(capsys):
     for name in COMMANDS:
         assert f"\n  {name} " in out.stdout
     for argv, words in ((["switch", "udp", "--help"], "--metrics"),
-                        (["deploy", "--help"], "Push the pipeline"), (["status", "--help"], "status"),
+                        (["deploy", "--help"], "Push the pipeline"),
+                        (["status", "--help"], "status"),
                         (["status", "--watch", "1", "--help"], "redraw"),
                         (["agent", "daemon", "--help"], "--metrics"),
                         (["capture", "--help"], "capture"), (["doctor", "--help"], "MTU"),

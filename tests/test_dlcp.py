@@ -369,7 +369,8 @@ def test_default_policy_sends_every_packet_as_before():
         with LocalCluster(2, switch=sw, block_size=16, nlanes=4, nslots=2, priority=3) as c:
             futs = [c.agents[r].allreduce_async(xs[r], layer=(0, 9)) for r in range(2)]
             res = [f.result(timeout=30) for f in futs]
-    assert headers and {(h.priority, h.flags & wire.FLAG_LOSS_TOLERANT) for h in headers} == {(3, 0)}
+    assert headers
+    assert {(h.priority, h.flags & wire.FLAG_LOSS_TOLERANT) for h in headers} == {(3, 0)}
     assert res[0].tobytes() == res[1].tobytes()
 
 
@@ -445,7 +446,8 @@ def test_stats_and_metrics_report_the_loss():
 
     from host_agent.metrics import DaemonMetrics
     m = DaemonMetrics()
-    m.call_done(4, 1, CallStats(blocks_lost=6, partial_rounds=3, loss_tolerant_packets=5), 0.1, True)
+    m.call_done(4, 1, CallStats(blocks_lost=6, partial_rounds=3, loss_tolerant_packets=5), 0.1,
+                True)
     m.call_done(4, 1, CallStats(blocks_lost=2, partial_rounds=1), 0.1, True)
     got = {s.name: s.value for f in m.registry.collect() for s in f.samples
            if s.labels.get("job_id") == "4" and s.name.endswith("_total")}

@@ -164,10 +164,12 @@ def test_kv_and_json_keep_one_record_on_one_line():
         assert [str(r[k]) for k in ("job", "call", "rank", "peer", "pid_")] == \
             ["2", "9", "1", "", "5"] and str(r["pid"]) == str(os.getpid())
         assert r["exc"].startswith("Traceback") and r["exc"].endswith("ValueError: boom")
-    assert 'peer=""' in kv and 'msg="say \\"hi\\"\\\\there\\nrank=3 \\ttab\\u000cpage\\u2028ls"' in kv
+    assert 'peer=""' in kv
+    assert 'msg="say \\"hi\\"\\\\there\\nrank=3 \\ttab\\u000cpage\\u2028ls"' in kv
     text = spina_log.Formatter("text", "switch").format(record)
     assert text.split("\n")[0].endswith(" ERROR spina.test: say \"hi\"\\there")
-    assert "rank=3 \ttab\x0cpage\u2028ls job=2 call=9 rank=1 peer=\"\" pid_=5\nTraceback" in text  # job first
+    # job first
+    assert "rank=3 \ttab\x0cpage\u2028ls job=2 call=9 rank=1 peer=\"\" pid_=5\nTraceback" in text
 
 
 def test_bound_fields_are_read_when_the_line_is_written(caplog):

@@ -48,7 +48,8 @@ def packet(draw, nworkers, k=K, bs=BS):
                                     wire.FLAG_LAST | wire.FLAG_LOSS_TOLERANT,
                                     wire.FLAG_RESEND | wire.FLAG_PARTIAL])),
         job=JOB, epoch=draw(st.sampled_from([1] * 9 + [2])), slot=draw(st.integers(0, 2)),
-        rank=rank, nlanes=k, round=draw(st.integers(1, 4)), length=draw(st.sampled_from([9, 9, 10])),
+        rank=rank, nlanes=k, round=draw(st.integers(1, 4)),
+        length=draw(st.sampled_from([9, 9, 10])),
         block_size=bs, exponent=draw(st.integers(-40, 40)), present=present,
         nonfinite=draw(st.integers(0, (1 << k) - 1)) & present)
     nxt = draw(st.lists(st.sampled_from([0, 1, 5, 9, wire.END]), min_size=k, max_size=k))

@@ -61,7 +61,8 @@ def test_capabilities_and_pipeline_cookie(conn):
 
 
 def test_write_needs_arbitration_and_pipeline(server):
-    """Without a StreamChannel a write is PERMISSION_DENIED; before a pipeline, FAILED_PRECONDITION."""
+    """Without a StreamChannel a write is PERMISSION_DENIED; before a pipeline,
+    FAILED_PRECONDITION."""
     srv, _ = server
     with grpc.insecure_channel(srv.address) as channel:
         stub = p4runtime_pb2_grpc.P4RuntimeStub(channel)

@@ -7,9 +7,9 @@ by RegisterAction (its const tables read from the P4 text). Random packet sequen
 (duplicates, stale and new rounds, flushes, absent lanes, wrong epochs, unadmitted and
 malformed packets; tests/test_p4_model.py's strategy at the TNA sizes) go through it
 and through softswitch.pipeline.Pipeline, with the pipeline's hold of a newer round off (the
-TNA program lacks it: spec.TNA_LACKS, tofino/README.md): every emitted packet, counter and register cell must
-agree after every packet. The sizes the TNA parser does not hold, and the congestion drop's
-loss budget, are compared too.
+TNA program lacks it: spec.TNA_LACKS, tofino/README.md): every emitted packet, counter and
+register cell must agree after every packet. The sizes the TNA parser does not hold, and the
+congestion drop's loss budget, are compared too.
 """
 from __future__ import annotations
 
