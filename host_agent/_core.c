@@ -37,8 +37,9 @@
 #define HEADER_LEN 48
 #define MAX_LANES 64
 #define END_POS 0xFFFFFFFFu
-/* spina/wire.py: byte offsets of the header fields (tests/test_core.py checks them against
- * wire.FIELD_OFFSET), message types and flags */
+/* spina/wire.py's byte offsets of the header fields (HEADER_FIELDS), message types and flags,
+ * copied by hand, not generated: tests/test_core.py checks the header bytes fill_round writes
+ * and the fields recv_answers reads against wire.HEADER_STRUCT, so a wrong one fails there. */
 #define OFF_VERSION 0
 #define OFF_MSG_TYPE 1
 #define OFF_FLAGS 2

@@ -308,7 +308,8 @@ def agent_from_env(job_file: str | None = None, rank: int | None = None, wait: f
         timeout: the agent's per-call timeout in seconds.
         rto: first retransmission timeout. Ranks reach a bucket tens of milliseconds apart
             (their backward passes drift), and a packet waiting at the switch for a slower
-            rank is not lost: the agent's 20 ms default would resend most of them.
+            rank is not lost: the agent's 5 ms default (recovery.MIN_RTO) would resend most
+            of them.
         daemon_socket: go through the host's agent daemon at this Unix socket instead of an
             in-process agent; default `$SPINA_AGENT_SOCKET` (unset: in-process).
         bounded_loss, priority_policy, loss_tolerant_policy, loss_deadline: override the job

@@ -13,7 +13,7 @@ from host_agent.compression.compressors import (
 )
 from host_agent.compression.config import METHODS, CompressionConfig
 
-# The votes (sign, ternary) register themselves with make_compressor when imported.
+# The votes (sign, ternary); make_compressor builds them from votes.py when asked for one.
 from host_agent.compression.votes import SignVote, TernGrad, VoteHookState, spina_vote_hook
 
 __all__ = ["CompressionConfig", "METHODS", "Compressor", "BlockTopK", "RandomK", "ScaledMask",
