@@ -17,6 +17,7 @@ import hashlib
 import json
 import multiprocessing as mp
 import os
+import queue
 import subprocess
 import sys
 import tempfile
@@ -187,7 +188,7 @@ def main(argv=None) -> int:
             while len(reps) < args.workers:
                 try:
                     rep = q.get(timeout=args.timeout * (args.repeats + 2) + 120)
-                except Exception:
+                except queue.Empty:
                     print("FAIL: a worker stopped answering")
                     return 1
                 if "error" in rep:
