@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup core demo test soak bench bench-quick bench-l2 bench-net bench-dlcp bench-collectives profile clean help p4 p4-check tofino testbed deploy serve dissector
+.PHONY: setup core demo lint test soak bench bench-quick bench-l2 bench-net bench-dlcp bench-collectives profile clean help p4 p4-check tofino testbed deploy serve dissector
 
 help:  ## list targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -26,7 +26,10 @@ core:  ## rebuild the C parts (agent core, compression kernels, switch data path
 demo: $(STAMP)  ## the main job: software switch + 4 workers, sparse all-reduce vs gloo
 	$(PY) -m spina_cli.demo $(DEMO_ARGS)
 
-test: $(STAMP)  ## the whole test suite
+lint: $(STAMP)  ## ruff check, as configured in pyproject.toml [tool.ruff]
+	$(PY) -m ruff check .
+
+test: $(STAMP) lint  ## ruff, then the whole test suite
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 soak: $(STAMP)  ## longer soak: 5000 all-reduces of 1M elements at 5% loss (SOAK_CALLS=N)

@@ -49,8 +49,20 @@ import sys
 import time
 from dataclasses import asdict, replace
 
-from bench.paired import (ALL_METHODS, GLOO_METHODS, METHODS, SPINA_METHODS, Cluster, Gloo,
-                          Place, Request, gloo_bytes, mean_over_workers, proc_cpu, slowest)
+from bench.paired import (
+    ALL_METHODS,
+    GLOO_METHODS,
+    METHODS,
+    SPINA_METHODS,
+    Cluster,
+    Gloo,
+    Place,
+    Request,
+    gloo_bytes,
+    mean_over_workers,
+    proc_cpu,
+    slowest,
+)
 from bench.procs import Point
 from spina import wire
 
@@ -235,6 +247,7 @@ def run_spina(p: Point, repeats: int, profile_dir: str | None = None,
     process runs in a network namespace of a bench.netns.Star, iptables dropping p.loss of the
     datagrams each way at every worker."""
     from contextlib import ExitStack
+
     from bench import netns
     with ExitStack() as stack:
         star = None if p.loss is None else stack.enter_context(netns.Star(p.workers))
@@ -251,6 +264,7 @@ def run_points(points: list[Point], repeats: int, methods):
     yields (point, {method: measurements}) as each is done. Loss points run SpINA alone, in
     network namespaces."""
     from contextlib import ExitStack
+
     from bench import netns
     groups: dict[tuple, list[Point]] = {}
     for p in points:
@@ -423,7 +437,8 @@ def main(argv=None) -> int:
     meta = dict(command="python -m bench.allreduce_bench " + " ".join(sys.argv[1:] if argv is None
                                                                       else argv),
                 date=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-                host=f"{platform.node()}: {os.cpu_count()} cores, Python {platform.python_version()}",
+                host=f"{platform.node()}: {os.cpu_count()} cores, "
+                     f"Python {platform.python_version()}",
                 load_at_start=_load(os.getloadavg()), repeats=a.repeats, skipped=skipped,
                 switch_datapath=a.switch_datapath,
                 base=asdict(base_point(a)))

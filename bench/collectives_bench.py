@@ -47,8 +47,7 @@ import numpy as np
 
 from bench.net_topo import Graph, why_no_namespaces
 from bench.paired import BenchError, guarded, recv, slowest, stop_all
-from collectives import plan as planner
-from collectives import topology
+from collectives import plan as planner, topology
 from collectives.schedule import ALGORITHMS, schedule
 from spina.net import free_port
 
@@ -163,8 +162,9 @@ def calibrate(world: int, repeats: int, ina: bool = False, log=print) -> dict:
     """alpha and cpu_per_byte on loopback, where no link limits: per algorithm the median
     all-reduce time of 4 elements over its steps (alpha), and the median time of CAL_BYTES
     less that of 4 elements over the bytes the busiest rank sends plus receives in all steps
-    (cpu); the median of each over the 1-D algorithms. ina: also SpINA's fixed cost per call, the median time of
-    all-reducing 4 elements through the software switch on loopback (ina_call_s)."""
+    (cpu); the median of each over the 1-D algorithms. ina: also SpINA's fixed cost per call,
+    the median time of all-reducing 4 elements through the software switch on loopback
+    (ina_call_s)."""
     algs = ("ring", "halving-doubling", "direct")
     recs = run_ranks([(None, "127.0.0.1", "lo")] * world,
                      dict(algorithms=algs, sizes=[16, CAL_BYTES], repeats=repeats,

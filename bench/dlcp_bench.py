@@ -302,6 +302,7 @@ def aggregator_main(conn, ns: str) -> None:
     (the port by which the leaf's parser knows an INA packet: its priority, its congestion
     drop). Protocol: send our address; receive the JobConfig, admit it; "stop"."""
     import threading
+
     from bench.netns import enter
     from softswitch.udp import UdpSwitch
     try:
@@ -329,6 +330,7 @@ def background_main(conn, ns: str, pps: float, size: int) -> None:
     """Open-loop UDP at `pps` datagrams a second from the background namespace to the core's
     blackhole, paced per millisecond, until "stop" (answers the datagrams sent)."""
     import socket
+
     from bench.netns import enter
     enter(ns)
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -382,6 +384,7 @@ def worker_main(rank: int, ns: str, n: int, sizes: list[int], gloo_port: int, co
 
 def _worker(rank, ns, n, sizes, gloo_port, conn, barrier):
     import dataclasses
+
     from bench.netns import enter
     from host_agent import dlcp
     from host_agent.agent import Agent
@@ -1176,7 +1179,8 @@ def main(argv=None) -> int:
                     f"({4 * sum(sizes) / 1e6:.1f} MB) per worker, {len(sizes)} calls per step "
                     "(last layer first, each with its layer position)",
         "SpINA": f"block 256, {NLANES} blocks per datagram, {a.nslots} slots, loss deadline "
-                 f"{a.loss_deadline} s (configurations /auto: from the round latency); congestion threshold {a.qdepth} frames",
+                 f"{a.loss_deadline} s (configurations /auto: from the round latency); "
+                 f"congestion threshold {a.qdepth} frames",
         "timing": f"{a.steps} repeats after a warm-up, each running every configuration once, "
                   "order rotating; a step's time is the slowest worker's",
     }

@@ -32,8 +32,9 @@ import json, socket, sys, time
 import numpy as np
 sys.path.insert(0, sys.argv[1])
 from spina import wire
-rank, n, rate, seconds, nslots, start_at = (int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]),
-                                            float(sys.argv[5]), int(sys.argv[6]), float(sys.argv[7]))
+rank, n, rate, seconds, nslots, start_at = (int(sys.argv[2]), int(sys.argv[3]),
+                                            float(sys.argv[4]), float(sys.argv[5]),
+                                            int(sys.argv[6]), float(sys.argv[7]))
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 s.bind((f"10.0.0.{rank + 1}", 50000 + rank))
 s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 24)
@@ -144,7 +145,8 @@ def run_rate(rate: float, seconds: float, nworkers: int = 4) -> dict:
         return {"offered_fps": rate, "frames_in": frames_in, "rounds": rounds,
                 "results_min": min(o["results"] for o in outs),
                 "lossless": all(o["results"] == rounds for o in outs),
-                "achieved_fps": round(sum(o["sent"] for o in outs) / max(o["send_seconds"] for o in outs)),
+                "achieved_fps": round(sum(o["sent"] for o in outs)
+                                      / max(o["send_seconds"] for o in outs)),
                 "aggregated": int(c["job_aggregated"][5]), "stale": int(c["job_stale"][5]),
                 "load": os.getloadavg()[0]}
     finally:

@@ -37,8 +37,16 @@ import sys
 import time
 
 from bench.net_topo import SWITCH_IP, Star, kernel_losses, parse_rate, tbf_params
-from bench.paired import (Cluster, Gloo, Place, Request, mean_over_workers, paired_ratios,
-                          proc_cpu, slowest)
+from bench.paired import (
+    Cluster,
+    Gloo,
+    Place,
+    Request,
+    mean_over_workers,
+    paired_ratios,
+    proc_cpu,
+    slowest,
+)
 from bench.procs import Point
 
 METHODS = ("spina", "gloo", "floor")  # the CSV's column prefixes
@@ -99,13 +107,15 @@ def run_workers(n: int, rates, densities, elements: int, repeats: int, tag: str,
                                relay_cpu_s_per_floor_call=relay_cpu)
                     row.update({k: v - k0[k] for k, v in _losses(cl.pids).items()})
                     rows.append(row)
-                    log(f"  MTU {mtu}, {n} workers {rate} {d:>6.2%}: SpINA {row['spina_median_s']:.4f} s, "
+                    log(f"  MTU {mtu}, {n} workers {rate} {d:>6.2%}: "
+                        f"SpINA {row['spina_median_s']:.4f} s, "
                         f"gloo {row['gloo_median_s']:.4f} s, ratio {row['ratio_median']:.3f} "
                         f"[{row['ratio_min']:.3f}-{row['ratio_max']:.3f}], theory "
                         f"{row['ratio_link_theory']:.3f}; floor {row['floor_median_s']:.4f} s, "
                         f"SpINA/floor {row['spina_floor_median']:.3f}, floor/gloo "
                         f"{row['floor_gloo_median']:.3f}; tx {row['tx_bytes_ratio']:.3f}x gloo's; "
-                        f"resends {row['spina_resends']}, tbf/udp drops {row['tbf_drops']}/{row['udp_drops']}, "
+                        f"resends {row['spina_resends']}, "
+                        f"tbf/udp drops {row['tbf_drops']}/{row['udp_drops']}, "
                         f"TCP retrans {row['tcp_retrans']}; load {load0[0]:.1f}", flush=True)
     return rows
 
@@ -187,8 +197,9 @@ def target_lines(rows) -> list[str]:
         if want is None or r["rate"] != TARGET_RATE:
             continue
         ok = float(r["ratio_median"]) <= want
-        out.append(f"- MTU {r['mtu']}, {r['rate']}, {int(r['workers'])} workers, {float(r['density']) * 100:g}% "
-                   f"density: SpINA/gloo = **{float(r['ratio_median']):.3f}x** "
+        out.append(f"- MTU {r['mtu']}, {r['rate']}, {int(r['workers'])} workers, "
+                   f"{float(r['density']) * 100:g}% density: "
+                   f"SpINA/gloo = **{float(r['ratio_median']):.3f}x** "
                    f"[{float(r['ratio_min']):.3f}-{float(r['ratio_max']):.3f}], target "
                    f"<= {want}x: **{'met' if ok else 'NOT met'}** (median)")
     return out
@@ -207,8 +218,8 @@ def summary(rows, meta: dict) -> str:
               "at the link rate (time if the link were the only limit). floor: the simplest "
               "compiled star all-reduce of the dense tensor over the same links (bench/floor.py; "
               "it moves the whole tensor at every density), paired like gloo.", "",
-              "| MTU | workers | rate | density | SpINA s | gloo s | gloo line-rate s | SpINA/gloo time "
-              "| floor s | SpINA/floor | floor/gloo "
+              "| MTU | workers | rate | density | SpINA s | gloo s | gloo line-rate s "
+              "| SpINA/gloo time | floor s | SpINA/floor | floor/gloo "
               "| link theory | SpINA tx/worker | gloo tx/worker | tx ratio | tx theory | "
               "resends | drops tbf, UDP | TCP retrans | CPU s/call SpINA, gloo, switch "
               "| CPU s/call floor, relay | load (1 min) |",
@@ -326,7 +337,8 @@ def main(argv=None) -> int:
             write_csv(rows, os.path.join(a.out, "net_results.csv"))  # keep what is done
     tbf = {r: tbf_params(r, max(a.mtus)) for r in a.rates}
     meta = {
-        "command": "python -m bench.net_bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m bench.net_bench "
+                   + " ".join(argv if argv is not None else sys.argv[1:]),
         "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()) +
                 f"; took {time.time() - t0:.0f} s; host {platform.node()}: {os.cpu_count()} cores, "
                 f"Python {platform.python_version()}",

@@ -46,9 +46,16 @@ from datetime import timedelta
 
 import numpy as np
 
+from bench.procs import (
+    Point,
+    check_result,
+    cpu_seconds,
+    expected_sum,
+    make_tensor,
+    measure_memory,
+    switch_main,
+)
 from host_agent.blocks import nonzero_blocks
-from bench.procs import (Point, check_result, cpu_seconds, expected_sum, make_tensor,
-                         measure_memory, switch_main)
 from spina.net import free_port
 
 METHODS = ("spina", "spina_blocks", "floor", "gloo_allreduce", "gloo_allgather")

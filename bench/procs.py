@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-
 DATA_SEED = 20261129
 
 

@@ -39,7 +39,7 @@ def ncalls(path: str, name: str) -> tuple[int, float, float]:
     built in (cProfile names those "<method 'sendto' of ...>", "<built-in method m.name>")."""
     st = pstats.Stats(path)
     calls = tt = ct = 0
-    for (_, _, fn), (cc, nc, t, c, _) in st.stats.items():
+    for (_, _, fn), (_cc, nc, t, c, _) in st.stats.items():
         if fn == name or (fn.startswith("<") and (f"'{name}'" in fn or fn.endswith(f".{name}>"))):
             calls, tt, ct = calls + nc, tt + t, ct + c
     return calls, tt, ct

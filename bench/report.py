@@ -244,8 +244,9 @@ def summary(rows, meta: dict, plot_prefix: str = "") -> str:
     L = ["# SpINA all-reduce benchmark (loopback)", "",
          f"- command: `{meta.get('command', '?')}`",
          f"- date: {meta.get('date', '?')}; took {meta.get('seconds', '?')} s; "
-         f"host {meta.get('host', '?')}; load average at the start {meta.get('load_at_start', '?')}, "
-         f"at the end {meta.get('load_at_end', '?')} (per point in the tables)"]
+         f"host {meta.get('host', '?')}; load average at the start "
+         f"{meta.get('load_at_start', '?')}, at the end {meta.get('load_at_end', '?')} "
+         "(per point in the tables)"]
     if b:
         L.append(f"- base point: {b.get('workers')} workers, {b.get('elements', 0) / 1e6:g}M "
                  f"float32 elements, {100 * b.get('density', 0):g}% non-zero blocks (data blocks "

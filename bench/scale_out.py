@@ -5,7 +5,8 @@
 
 For each density and sparsity pattern (every rank its own non-zero blocks, or one pattern for
 all), the same 8 tensors are summed (a) through 2 leaves and a spine (software switches in UDP
-mode, this process, programmed by the controller in process) and (b) through one flat software switch.
+mode, this process, programmed by the controller in process) and (b) through one flat software
+switch.
 The spine's datagrams in and out are its links' traffic; the flat switch's are what its links
 would carry if it stood at the spine. Writes scale_out.csv and scale_out_bytes.png to DIR
 (default bench/out). Counts are exact (no timing): the run needs no quiet machine.
@@ -38,7 +39,6 @@ from softswitch.udp import Faults, UdpSwitch
 from spina import cli, wire
 from spina.net import bound_udp_socket
 
-
 _SPINE_NETS = itertools.count()
 
 
@@ -58,8 +58,8 @@ def fabric_doc(racks=2, per_rack=4, spines=2, nslots=4, switch_ports=None, worke
     """A desired state with a fabric: racks r<i> on leaf<i> (`per_rack` workers each, or a
     list of the racks' sizes), spines spine<j>, job 7 sharded evenly over the spines. Leaves
     at `host`, ports `switch_ports` (default from 47001); spine j at spine_addresses[j]
-    (default: new ones, spine_hosts), UDP port 47000; workers from 50000 (ranks rack by rack). P4Runtime at grpc_ports (leaves then
-    spines) on loopback, or none (in process)."""
+    (default: new ones, spine_hosts), UDP port 47000; workers from 50000 (ranks rack by rack).
+    P4Runtime at grpc_ports (leaves then spines) on loopback, or none (in process)."""
     sizes = list(per_rack) if not isinstance(per_rack, int) else [per_rack] * racks
     firsts = [sum(sizes[:i]) for i in range(racks)]
     switch_ports = switch_ports or [47001 + i for i in range(racks)]

@@ -190,7 +190,8 @@ def child(a) -> None:
             fn = LOADS[load]
             fn(pkts, 1)  # warm-up: first touch of registers and socket buffers
             rows = fn(pkts, a.inner)
-            print(json.dumps(dict(load=load, shape=shape, packets=len(pkts), rows=rows)), flush=True)
+            print(json.dumps(dict(load=load, shape=shape, packets=len(pkts), rows=rows)),
+                  flush=True)
 
 
 def profile(a) -> None:
@@ -248,7 +249,8 @@ def main(argv=None) -> int:
         for tree in (trees if rep % 2 == 0 else trees[::-1]):
             # This file run by path with only `tree` on sys.path (not bench/, whose profile.py
             # would shadow the standard library's): `tree` supplies softswitch and spina.
-            run = f"import runpy; runpy.run_path({os.path.abspath(__file__)!r}, run_name='__main__')"
+            run = (f"import runpy; runpy.run_path({os.path.abspath(__file__)!r}, "
+                   "run_name='__main__')")
             loads = a.loads.split(",")
             loads = ",".join(loads if rep % 2 == 0 else loads[::-1])
             cmd = [sys.executable, "-c", run, "--child", "--loads", loads,
@@ -272,7 +274,8 @@ def main(argv=None) -> int:
                 c = [r["cpu_us"] for r in rows]
                 med[load_name, shape, tree] = statistics.median(c)
                 base = med[load_name, shape, trees[0]]
-                ratio = "" if tree == trees[0] else f"cpu {med[load_name, shape, tree] / base:.2f}x the first tree's"
+                ratio = ("" if tree == trees[0] else
+                         f"cpu {med[load_name, shape, tree] / base:.2f}x the first tree's")
                 print(f"  {load_name:9s} {shape:6s} {tree}: wall {statistics.median(w):6.1f} us "
                       f"[{min(w):.1f}-{max(w):.1f}]  cpu {med[load_name, shape, tree]:6.1f} us "
                       f"[{min(c):.1f}-{max(c):.1f}]  {ratio}")

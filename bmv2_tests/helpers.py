@@ -12,8 +12,7 @@ import numpy as np
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
-from spina import spec
-from spina import wire
+from spina import spec, wire
 
 INA = wire.scapy_layer()
 SWITCH_MAC = "02:00:00:00:00:64"

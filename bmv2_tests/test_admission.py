@@ -8,8 +8,19 @@ from __future__ import annotations
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
-from bmv2_tests.helpers import (BS, INA_PORT, JOB, K, SWITCH_IP, SWITCH_MAC, InaEntries, contrib,
-                                expect_nothing, worker_ip, worker_mac)
+from bmv2_tests.helpers import (
+    BS,
+    INA_PORT,
+    JOB,
+    SWITCH_IP,
+    SWITCH_MAC,
+    InaEntries,
+    K,
+    contrib,
+    expect_nothing,
+    worker_ip,
+    worker_mac,
+)
 from spina import wire
 
 

@@ -7,8 +7,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from bmv2_tests.helpers import (BS, JOB, InaEntries, contrib, expect, expect_nothing, reply,
-                                worker_port)
+from bmv2_tests.helpers import (
+    BS,
+    JOB,
+    InaEntries,
+    contrib,
+    expect,
+    expect_nothing,
+    reply,
+    worker_port,
+)
 from spina import wire
 
 END = wire.END

@@ -8,8 +8,7 @@ from __future__ import annotations
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
-from bmv2_tests.helpers import (JOB, MCAST_GRP, InaEntries, contrib, expect, reply, rid,
-                                worker_port)
+from bmv2_tests.helpers import JOB, MCAST_GRP, InaEntries, contrib, expect, reply, rid, worker_port
 
 
 def test_copies_rewritten_per_worker_with_valid_checksums(target):

@@ -6,8 +6,8 @@ Run just this file: python -m pytest bmv2_tests/test_fabric.py
 
 The job has 2 racks of 2 workers (job ranks 0-1, 2-3). As a leaf, the switch under test holds
 rack 1: hosts 2 and 3 on ports 3 and 4, which send their ranks within the rack (0 and 1: the
-leaf's admission, bitmaps and replication ids count local ranks), the spine on port 1. As a spine, it admits the job's two
-leaves (rank = rack index) on ports 1 and 2.
+leaf's admission, bitmaps and replication ids count local ranks), the spine on port 1. As a
+spine, it admits the job's two leaves (rank = rack index) on ports 1 and 2.
 """
 from __future__ import annotations
 
@@ -15,8 +15,22 @@ import numpy as np
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
-from bmv2_tests.helpers import (BS, INA_PORT, JOB, MCAST_GRP, SWITCH_IP, SWITCH_MAC, InaEntries,
-                                contrib, expect, expect_nothing, ina, reply, rid, worker_port)
+from bmv2_tests.helpers import (
+    BS,
+    INA_PORT,
+    JOB,
+    MCAST_GRP,
+    SWITCH_IP,
+    SWITCH_MAC,
+    InaEntries,
+    contrib,
+    expect,
+    expect_nothing,
+    ina,
+    reply,
+    rid,
+    worker_port,
+)
 from spina import wire
 
 END = wire.END
@@ -128,8 +142,8 @@ def test_leaf_sends_one_partial_up(target):
 
 def test_leaf_stores_the_spine_result_and_replicates_it(target):
     """The spine's result goes to every worker of the rack (with the rack's bit: the local
-    ranks of its partial, a completion), is stored in the slot copy (count = rack size + 1), and answers a worker's
-    resend from the leaf; a repeated result is a duplicate."""
+    ranks of its partial, a completion), is stored in the slot copy (count = rack size + 1), and
+    answers a worker's resend from the leaf; a repeated result is a duplicate."""
     setup_leaf(target)
     complete_rack(target)
     target.received(0.5)

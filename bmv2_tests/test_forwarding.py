@@ -9,8 +9,15 @@ from __future__ import annotations
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import ARP, Ether
 
-from bmv2_tests.helpers import (JOB, ForwardingEntries, InaEntries, contrib, expect,
-                                expect_nothing, worker_mac)
+from bmv2_tests.helpers import (
+    JOB,
+    ForwardingEntries,
+    InaEntries,
+    contrib,
+    expect,
+    expect_nothing,
+    worker_mac,
+)
 
 ROUTER = "02:00:00:00:00:fe"
 PAYLOAD = b"not an aggregation packet"

@@ -15,10 +15,16 @@ from __future__ import annotations
 
 import pytest
 
-from bmv2_tests.helpers import (JOB, SWITCH_MAC, ForwardingEntries, InaEntries, contrib, expect,
-                                reply)
-from spina import spec
-from spina import wire
+from bmv2_tests.helpers import (
+    JOB,
+    SWITCH_MAC,
+    ForwardingEntries,
+    InaEntries,
+    contrib,
+    expect,
+    reply,
+)
+from spina import spec, wire
 
 ONE, CAP = spec.LOSS_CREDIT_ONE, spec.LOSS_CREDIT_MAX
 LT = wire.FLAG_LOSS_TOLERANT

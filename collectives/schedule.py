@@ -194,9 +194,9 @@ def _two_d(groups, inner: str, rs: bool):
     """Reduce-scatter (rs) or all-gather over `groups` (equal sizes): `inner` inside each
     group, a ring across the groups among the members of the same local index."""
     g = len(groups[0])
-    # inside group i, member l ends with (starts from) the chunks of local index l everywhere
-    in_units = [tuple(grp[l] for grp in groups) for l in range(g)]
-    across = [[grp[l] for grp in groups] for l in range(g)]
+    # inside group i, member j ends with (starts from) the chunks of local index j everywhere
+    in_units = [tuple(grp[j] for grp in groups) for j in range(g)]
+    across = [[grp[j] for grp in groups] for j in range(g)]
     f_in = _BLOCKS[inner][0 if rs else 1]
     f_x = _BLOCKS["ring"][0 if rs else 1]
     inside = _parallel(*(f_in(list(grp), in_units) for grp in groups))

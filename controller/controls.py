@@ -34,7 +34,6 @@ from spina.config import ConfigError
 from spina.p4runtime import canonical_entry, decode, match_key
 
 
-
 def entry_writes(want: dict, have: dict) -> list:
     """[(Update.Type, Entity)] inserting the entries of `want` missing from `have` and modifying
     those whose action differs (both keyed by match_key, entries in canonical form)."""

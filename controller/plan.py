@@ -34,8 +34,18 @@ from __future__ import annotations
 import pathlib
 from dataclasses import dataclass
 
-from controller.state import (DesiredState, JobOptions, _fields, _int, _list, _mac, _need,
-                              _parse_flat, _str, load as load_state)
+from controller.state import (
+    DesiredState,
+    JobOptions,
+    _fields,
+    _int,
+    _list,
+    _mac,
+    _need,
+    _parse_flat,
+    _str,
+    load as load_state,
+)
 from spina import rows, spec, wire
 from spina.config import JOB_OPTIONS, MAX_RACKS, ConfigError, JobConfig, WorkerAddr, job_options
 

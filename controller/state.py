@@ -249,9 +249,10 @@ class DesiredState:
 
     def job_config(self, job: Job) -> JobConfig:
         """The job as the switch pipeline and the host agents see it."""
+        workers = tuple(WorkerAddr(r, self.workers[m].ip, self.workers[m].udp_port)
+                        for r, m in enumerate(job.members))
         return JobConfig(job=job.id, slot_base=job.slot_base, nslots=job.nslots,
-                         **job.options(), workers=tuple(WorkerAddr(r, self.workers[m].ip, self.workers[m].udp_port)
-                                       for r, m in enumerate(job.members)))
+                         **job.options(), workers=workers)
 
     def resolve(self, p: str | None) -> pathlib.Path | None:
         if p is None:

@@ -21,12 +21,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "examples"))
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import numpy as np
+import torch
+import torch.nn.functional as F
 
-from host_agent.compression import BucketLayout, make_compressor  # noqa: E402
-from train_compressed import MLP, Teacher  # noqa: E402
+from host_agent.compression import BucketLayout, make_compressor
+from train_compressed import MLP, Teacher
 
 METHODS = {"topk@0.01": dict(method="topk", ratio=0.01),
            "topk@0.01 + momentum correction": dict(method="topk", ratio=0.01, momentum=0.9),
@@ -38,7 +38,8 @@ METHODS = {"topk@0.01": dict(method="topk", ratio=0.01),
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batches", type=int, nargs="+", default=[32, 64], help="per-rank batch sizes")
-    ap.add_argument("--reps", type=int, default=41, help="repetitions (medians of all but the first)")
+    ap.add_argument("--reps", type=int, default=41,
+                    help="repetitions (medians of all but the first)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "compression_overhead.json"))
     args = ap.parse_args()
     load_start = os.getloadavg()

@@ -32,11 +32,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from host_agent.local import LocalCluster  # noqa: E402
-from softswitch.udp import Faults, UdpSwitch  # noqa: E402
-from spina import cli, wire  # noqa: E402
+from host_agent.local import LocalCluster
+from softswitch.udp import Faults, UdpSwitch
+from spina import cli, wire
 
 BOUNDS = (0.0, 0.01, 0.1)
 
@@ -140,6 +140,7 @@ def run_mlp(bound: float, args, data) -> dict:
     backward order (last layer first, as DDP's buckets), with its layer position."""
     import torch
     import torch.nn.functional as F
+
     from train_compressed import MLP
     teacher, xte, yte = data
     n = args.workers

@@ -14,10 +14,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from host_agent.agent import SpinaError  # noqa: E402
-from host_agent.assignment import connect  # noqa: E402
-from spina import cli  # noqa: E402
-from spina.config import ConfigError  # noqa: E402
+from host_agent.agent import SpinaError
+from host_agent.assignment import connect
+from spina import cli
+from spina.config import ConfigError
 
 
 def main(argv=None) -> int:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -28,13 +27,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 sys.path.insert(0, str(ROOT / "examples"))
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
 
-from ps.config import PolicyConfig  # noqa: E402
-from ps.train import Straggler, train  # noqa: E402
+from ps.config import PolicyConfig
+from ps.train import Straggler, train
 
 POLICIES = {
     "bsp": dict(policy="bsp"),
@@ -105,7 +104,8 @@ class Seq2Seq(nn.Module):
 class Reverse:
     """Synthetic seq2seq: reverse a sequence of `length` digits."""
 
-    def __init__(self, nworkers: int, batch: int = 32, length: int = 8, vocab: int = 10, seed: int = 0):
+    def __init__(self, nworkers: int, batch: int = 32, length: int = 8, vocab: int = 10,
+                 seed: int = 0):
         self.bs, self.L, self.V, self.seed = batch, length, vocab, seed
         g = torch.Generator().manual_seed(10 ** 6 + seed)
         self.test = torch.randint(0, vocab, (512, length), generator=g)
@@ -156,15 +156,17 @@ def summarize(runs: dict) -> dict:
 
 def markdown_table(summary: dict, runs: dict) -> str:
     """The docs/ps.md table of one experiment."""
-    rows = ["| policy | final acc (%) | s to BSP final - 1 pt | speedup vs BSP | MB pushed | MB pulled "
-            "| iterations/s per worker | mean top-k ratio per worker | load avg (1 min, end) |",
+    rows = ["| policy | final acc (%) | s to BSP final - 1 pt | speedup vs BSP | MB pushed "
+            "| MB pulled | iterations/s per worker | mean top-k ratio per worker "
+            "| load avg (1 min, end) |",
             "|---|---|---|---|---|---|---|---|---|"]
     for name, m in summary.items():
         if name == "target_acc":
             continue
         ratio = " ".join(f"{x:.2f}" for x in m["mean_ratio"] if x is not None)
-        rows.append(f"| {name} | {m['final_acc']:.2f} | {m['time_to_target_s']} | {m['speedup_vs_bsp']} "
-                    f"| {m['mb_pushed']} | {m['mb_pulled']} | {' '.join(map(str, m['iters_per_s']))} "
+        rows.append(f"| {name} | {m['final_acc']:.2f} | {m['time_to_target_s']} "
+                    f"| {m['speedup_vs_bsp']} | {m['mb_pushed']} | {m['mb_pulled']} "
+                    f"| {' '.join(map(str, m['iters_per_s']))} "
                     f"| {ratio} | {runs[name]['loadavg_after'][0]:.1f} |")
     return "\n".join(rows)
 
@@ -206,14 +208,17 @@ def main(argv=None):
     ap.add_argument("--slowdown", type=float, default=3.0)
     ap.add_argument("--slow-midrun", default=None, metavar="W@K",
                     help="also slow worker W (a fast one) by --slowdown from its iteration K on")
-    ap.add_argument("--uplink-mbps", type=float, default=400.0, help="emulated uplink of a fast worker")
+    ap.add_argument("--uplink-mbps", type=float, default=400.0,
+                    help="emulated uplink of a fast worker")
     ap.add_argument("--seconds", type=float, default=60.0, help="wall-clock budget per policy")
-    ap.add_argument("--steps", type=int, default=10 ** 9, help="at most this many iterations per worker")
+    ap.add_argument("--steps", type=int, default=10 ** 9,
+                    help="at most this many iterations per worker")
     ap.add_argument("--lr", type=float, default=None, help="server SGD step (default per task)")
     ap.add_argument("--eval-every", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="OUT.json/OUT.png (default docs/ps_<task>)")
-    ap.add_argument("--table-from", metavar="JSON", help="only print the markdown table of an earlier run")
+    ap.add_argument("--table-from", metavar="JSON",
+                    help="only print the markdown table of an earlier run")
     args = ap.parse_args(argv)
     if args.table_from:
         d = json.loads(Path(args.table_from).read_text())
@@ -233,13 +238,13 @@ def main(argv=None):
         if name not in POLICIES:
             ap.error(f"--policies: unknown policy {name!r}")
         policy = PolicyConfig(lr=lr, **POLICIES[name]).validate()
-        r = train(task, policy, args.workers, args.seconds, args.steps, tuple(slow), args.uplink_mbps,
-                  eval_every=args.eval_every, seed=args.seed)
+        r = train(task, policy, args.workers, args.seconds, args.steps, tuple(slow),
+                  args.uplink_mbps, eval_every=args.eval_every, seed=args.seed)
         r["seconds"] = r["evals"][-1][0]
         runs[name] = r
-        print(f"[{name}] final acc {r['final_acc']:.2f}% after {r['seconds']:.1f} s, steps {r['steps']}, "
-              f"MB pushed {sum(r['bytes_pushed']) / 1e6:.1f}, groups {r['groups']}, "
-              f"load {r['loadavg_after'][0]:.1f}", flush=True)
+        print(f"[{name}] final acc {r['final_acc']:.2f}% after {r['seconds']:.1f} s, "
+              f"steps {r['steps']}, MB pushed {sum(r['bytes_pushed']) / 1e6:.1f}, "
+              f"groups {r['groups']}, load {r['loadavg_after'][0]:.1f}", flush=True)
     summary = summarize(runs)
     out = Path(args.out or ROOT / "docs" / f"ps_{args.task}")
     out.parent.mkdir(parents=True, exist_ok=True)

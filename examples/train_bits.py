@@ -33,18 +33,17 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 sys.path.insert(0, str(ROOT / "examples"))
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
 
-from host_agent.compression import VoteHookState, make_compressor, spina_vote_hook  # noqa: E402
-from host_agent.launch import finish_shared_job, shared_job_file  # noqa: E402
-from host_agent.local_sgd import (LocalSGDOptimizer, LocalSGDState,  # noqa: E402
-                                  spina_local_sgd_hook)
-from host_agent.torch_hook import JOB_FILE_ENV, agent_from_env  # noqa: E402
-from train_compressed import TASKS, Task  # noqa: E402
+from host_agent.compression import VoteHookState, make_compressor, spina_vote_hook
+from host_agent.launch import finish_shared_job, shared_job_file
+from host_agent.local_sgd import LocalSGDOptimizer, LocalSGDState, spina_local_sgd_hook
+from host_agent.torch_hook import JOB_FILE_ENV, agent_from_env
+from train_compressed import TASKS, Task
 
 DEFAULT_RUNS = "dense-gloo,dense-spina,sign,ternary,local@4,postlocal@4:40"
 
@@ -90,7 +89,7 @@ def train(run: dict, task: Task, args, agent) -> dict:
         model.register_comm_hook(state, spina_vote_hook)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, task.steps)
     step_seconds = []
-    for step, (x, y) in enumerate(task.batches()):
+    for x, y in task.batches():
         t0 = time.perf_counter()
         loss = F.cross_entropy(model(x), y)
         opt.zero_grad(set_to_none=True)

@@ -37,20 +37,22 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 sys.path.insert(0, str(ROOT / "examples"))
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.nn as nn  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
 
-from host_agent.compression import make_compressor  # noqa: E402
-from host_agent.compression.hooks import (CompressionHookState, gloo_compressed_hook,  # noqa: E402
-                                          spina_compressed_hook)
-from host_agent.launch import finish_shared_job, shared_job_file  # noqa: E402
-from host_agent.torch_hook import (JOB_FILE_ENV, SpinaHookState, agent_from_env,  # noqa: E402
-                                   spina_allreduce_hook)
-from train_digits import LeNet5, load_data  # noqa: E402
+from host_agent.compression import make_compressor
+from host_agent.compression.hooks import (
+    CompressionHookState,
+    gloo_compressed_hook,
+    spina_compressed_hook,
+)
+from host_agent.launch import finish_shared_job, shared_job_file
+from host_agent.torch_hook import JOB_FILE_ENV, SpinaHookState, agent_from_env, spina_allreduce_hook
+from train_digits import LeNet5, load_data
 
 TASKS = {  # default runs, optimiser and schedule per task
     "digits": dict(runs="dense-gloo,dense-spina,topk@0.01,topk@0.001,randomk@0.01,losscomp@0.01,"
@@ -130,7 +132,8 @@ def parse_run(name: str) -> dict:
         return dict(name=name, transport=base.split("-")[1], method="none", ratio=1.0, mask=mask)
     transport = "gloo" if base.startswith("gloo-") else "spina"
     method, _, ratio = base.removeprefix("gloo-").partition("@")
-    return dict(name=name, transport=transport, method=method, ratio=float(ratio or 0.01), mask=mask)
+    return dict(name=name, transport=transport, method=method, ratio=float(ratio or 0.01),
+                mask=mask)
 
 
 class Task:
@@ -159,7 +162,8 @@ class Task:
         if self.task == "digits":
             for step in range(self.steps):
                 epoch, s = divmod(step, self.steps_per_epoch)
-                perm = torch.randperm(len(self.ytr), generator=torch.Generator().manual_seed(a.seed + epoch))
+                g = torch.Generator().manual_seed(a.seed + epoch)
+                perm = torch.randperm(len(self.ytr), generator=g)
                 idx = perm[self.rank::self.world][s * a.batch:(s + 1) * a.batch]
                 yield self.xtr[idx], self.ytr[idx]
         else:
@@ -274,9 +278,10 @@ def plot(summary: dict, out: Path) -> None:
     a3.barh(names, [h["seconds_per_step"] * 1000 for h in runs], color="tab:blue", label="step")
     a3.barh(names, [h.get("compress_seconds_per_step", 0) * 1000 for h in runs], color="tab:orange",
             label="of which compression")
-    a1.set(xlabel="step", ylabel="test accuracy (%)", title=f"{summary['task']}: {summary['world_size']} workers")
-    a2.set(xscale="log", xlabel="bytes sent per rank and step (log)", ylabel="final test accuracy (%)",
-           title="accuracy vs bytes")
+    a1.set(xlabel="step", ylabel="test accuracy (%)",
+           title=f"{summary['task']}: {summary['world_size']} workers")
+    a2.set(xscale="log", xlabel="bytes sent per rank and step (log)",
+           ylabel="final test accuracy (%)", title="accuracy vs bytes")
     a3.set(xlabel="median time per step (ms)", title="time per step")
     a1.legend(fontsize=7)
     a3.legend(fontsize=7)
@@ -294,14 +299,17 @@ def main():
     ap.add_argument("--steps", type=int, default=200, help="mlp/largebatch: steps")
     ap.add_argument("--batch", type=int, help="per-rank batch (default: the task's)")
     ap.add_argument("--lr", type=float, help="learning rate (default: the task's)")
-    ap.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (compressor's if compressed)")
+    ap.add_argument("--momentum", type=float, default=0.9,
+                    help="SGD momentum (compressor's if compressed)")
     ap.add_argument("--no-momentum-masking", action="store_true",
-                    help="keep the compressor's velocity where blocks were sent (see CompressionConfig)")
+                    help="keep the compressor's velocity where blocks were sent "
+                         "(see CompressionConfig)")
     ap.add_argument("--warmup-steps", type=int, default=0, help="compression warm-up steps (DGC)")
     ap.add_argument("--loss-window", type=int, default=10, help="LossComp's window in steps")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--job-file", default=os.environ.get(JOB_FILE_ENV))
-    ap.add_argument("--out", help="output PNG (default docs/compression_<task>.png); JSON beside it")
+    ap.add_argument("--out",
+                    help="output PNG (default docs/compression_<task>.png); JSON beside it")
     args = ap.parse_args()
     defaults = TASKS[args.task]
     args.opt = defaults["opt"]
@@ -324,20 +332,21 @@ def main():
         finish_shared_job(agent, switch)
     if rank == 0:
         out = Path(args.out or ROOT / "docs" / f"compression_{args.task}.png")
-        summary = {"command": f"torchrun --standalone --nproc_per_node {world} examples/train_compressed.py "
-                              + " ".join(sys.argv[1:]),
+        summary = {"command": f"torchrun --standalone --nproc_per_node {world} "
+                              "examples/train_compressed.py " + " ".join(sys.argv[1:]),
                    "task": args.task, "world_size": world, "steps": task.steps,
                    "args": {k: v for k, v in vars(args).items() if k not in ("job_file", "out")},
                    "compute_seconds_per_step": compute, "runs": results}
         out.with_suffix(".json").write_text(json.dumps(summary, indent=1))
         plot(summary, out)
         for h in results:
-            print(f"{h['name']:>20}: acc {h['final_test_acc']:6.2f}%  {h['bytes_per_step'] / 1e3:10.1f} kB/step  "
+            print(f"{h['name']:>20}: acc {h['final_test_acc']:6.2f}%  "
+                  f"{h['bytes_per_step'] / 1e3:10.1f} kB/step  "
                   f"{h['seconds_per_step'] * 1e3:7.1f} ms/step  compress "
                   f"{h.get('compress_seconds_per_step', 0) * 1e3:6.2f} ms  identical "
                   f"{h['weights_identical_across_ranks']}", flush=True)
-        print(f"compute (forward+backward, no communication): {compute * 1e3:.1f} ms/step; wrote {out}",
-              flush=True)
+        print(f"compute (forward+backward, no communication): {compute * 1e3:.1f} ms/step; "
+              f"wrote {out}", flush=True)
     dist.destroy_process_group()
 
 

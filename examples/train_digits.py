@@ -26,16 +26,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.nn as nn  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
 
-from host_agent.launch import shared_job_file, start_subprocess  # noqa: E402
-from host_agent.torch_hook import (JOB_FILE_ENV, SpinaHookState, agent_from_env,  # noqa: E402
-                                   spina_allreduce_hook)
+from host_agent.launch import shared_job_file, start_subprocess
+from host_agent.torch_hook import JOB_FILE_ENV, SpinaHookState, agent_from_env, spina_allreduce_hook
 
 
 class LeNet5(nn.Module):
@@ -104,8 +103,9 @@ def train(backend: str, args, data, state: SpinaHookState | None) -> dict:
         hist["epoch"].append(epoch + 1)
         hist["test_acc"].append(acc)
         if rank == 0:
-            print(f"[{backend}] epoch {epoch + 1:2d} loss {np.mean(hist['step_loss'][-nsteps:]):.4f} "
-                  f"test acc {acc:.2f}%", flush=True)
+            loss = np.mean(hist['step_loss'][-nsteps:])
+            print(f"[{backend}] epoch {epoch + 1:2d} loss {loss:.4f} test acc {acc:.2f}%",
+                  flush=True)
     hist["seconds"] = time.perf_counter() - t0
     # Every rank must hold the same weights (SpINA results are bit-identical across ranks).
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
@@ -114,7 +114,8 @@ def train(backend: str, args, data, state: SpinaHookState | None) -> dict:
     hist["weights_identical_across_ranks"] = all(torch.equal(g, gathered[0]) for g in gathered)
     if state is not None and backend == "spina":
         hist["spina"] = {"calls": state.calls, "elements": state.elements,
-                         "bytes_sent": state.bytes_sent, "payload_bytes_sent": state.payload_bytes_sent,
+                         "bytes_sent": state.bytes_sent,
+                         "payload_bytes_sent": state.payload_bytes_sent,
                          "seconds_in_allreduce": round(state.seconds, 3)}
     return hist
 
@@ -131,11 +132,12 @@ def plot(runs: list[dict], out: Path, steps_per_epoch: int, world: int, ntest: i
         b = h["backend"]
         steps = np.arange(1, len(h["step_loss"]) + 1) / steps_per_epoch
         a1.plot(steps, h["step_loss"], style[b], label=label[b], lw=1)
-        a2.plot(h["epoch"], h["test_acc"], style[b] + "o", label=f"{label[b]}: {h['test_acc'][-1]:.2f}%",
-                ms=3)
+        a2.plot(h["epoch"], h["test_acc"], style[b] + "o",
+                label=f"{label[b]}: {h['test_acc'][-1]:.2f}%", ms=3)
     a1.set(xlabel="epoch", ylabel="training loss (mean over ranks)", yscale="log",
            title=f"LeNet-5 on digits, {world} workers, DDP under torchrun")
-    a2.set(xlabel="epoch", ylabel="test accuracy (%)", title=f"held-out 20% ({ntest} images), zoomed to 80-100%")
+    a2.set(xlabel="epoch", ylabel="test accuracy (%)",
+           title=f"held-out 20% ({ntest} images), zoomed to 80-100%")
     a2.set_ylim(80, 100)
     for a in (a1, a2):
         a.grid(alpha=0.3)
@@ -205,16 +207,17 @@ def main():
             out = Path(args.out)
             steps_per_epoch = len(runs[0]["step_loss"]) // args.epochs
             plot(runs, out, steps_per_epoch, world, len(data[3]))
-            summary = {"command": "torchrun --standalone --nproc_per_node %d examples/train_digits.py "
-                                  "--backend-compare" % world,
-                       "args": {k: v for k, v in vars(args).items() if k not in ("job_file", "out")},
+            summary = {"command": "torchrun --standalone --nproc_per_node %d "
+                                  "examples/train_digits.py --backend-compare" % world,
+                       "args": {k: v for k, v in vars(args).items()
+                                if k not in ("job_file", "out")},
                        "world_size": world,
                        "final_test_acc": {h["backend"]: h["test_acc"][-1] for h in runs},
                        "runs": runs}
             out.with_suffix(".json").write_text(json.dumps(summary, indent=1))
             diff = abs(runs[0]["test_acc"][-1] - runs[1]["test_acc"][-1])
-            print(f"wrote {out} and {out.with_suffix('.json')}; |accuracy difference| = {diff:.2f} points",
-                  flush=True)
+            print(f"wrote {out} and {out.with_suffix('.json')}; "
+                  f"|accuracy difference| = {diff:.2f} points", flush=True)
     dist.destroy_process_group()
 
 

@@ -25,6 +25,7 @@ def main(argv=None) -> int:
         return launch_main(rest)
     if cmd == "status":
         import json
+
         from host_agent.daemon import DEFAULT_SOCKET, status
         from spina import cli
         ap = cli.ArgumentParser(prog="python -m host_agent status")
@@ -34,7 +35,8 @@ def main(argv=None) -> int:
         try:
             reply = status(path)
         except OSError as e:
-            return cli.fail(ap.prog, f"--socket {path}: no daemon answers there ({e.strerror or e})")
+            return cli.fail(ap.prog,
+                            f"--socket {path}: no daemon answers there ({e.strerror or e})")
         print(json.dumps(reply, indent=1))
         return 0
     from spina import cli

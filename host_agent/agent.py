@@ -31,13 +31,21 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from host_agent import dlcp
-from host_agent.blocks import (NONFINITE_BITS, LanePlan, block_absmax_bits, exponent_of_bits,
-                               gather_blocks, nonzero_blocks, quant_shift, scan_float_blocks,
-                               scatter_blocks)
+from host_agent.blocks import (
+    NONFINITE_BITS,
+    LanePlan,
+    block_absmax_bits,
+    exponent_of_bits,
+    gather_blocks,
+    nonzero_blocks,
+    quant_shift,
+    scan_float_blocks,
+    scatter_blocks,
+)
 from host_agent.recovery import MIN_RTO, Recovery, RttEstimator, Timer, flusher_rank
 from spina import log as spina_log, rendezvous, wire
-from spina.net import bind_own_address, grow_buffers
 from spina.config import LOSS_DEADLINE_AUTO, JobConfig
+from spina.net import bind_own_address, grow_buffers
 
 try:  # the per-datagram work and the socket calls (host_agent/_core.c)
     from host_agent import _core
@@ -422,10 +430,12 @@ class _Call:
 
 
 def _check_block_hint(flat: np.ndarray, blocks: np.ndarray, block_size: int) -> None:
-    """Debug check of an allreduce `blocks` hint: sorted, in range, covering every non-zero block."""
+    """Debug check of an allreduce `blocks` hint: sorted, in range, covering every non-zero
+    block."""
     nblocks = -(-len(flat) // block_size)
     if len(blocks) and (blocks[0] < 0 or blocks[-1] >= nblocks or (np.diff(blocks) <= 0).any()):
-        raise ValueError(f"blocks hint: must be strictly increasing block indices in 0..{nblocks - 1}")
+        raise ValueError("blocks hint: must be strictly increasing block indices in "
+                         f"0..{nblocks - 1}")
     missed = np.setdiff1d(nonzero_blocks(flat, block_size), blocks, assume_unique=True)
     if len(missed):
         raise ValueError(f"blocks hint misses {len(missed)} non-zero block(s) of the tensor, "
@@ -437,8 +447,8 @@ def _finite_rows(rows: np.ndarray) -> np.ndarray:
     return np.where(np.isfinite(rows), rows, np.float32(0))
 
 
-_CODE = {np.dtype(np.float32): "float", np.dtype(np.float16): "float", np.dtype(np.float64): "float",
-         np.dtype(np.int32): "int"}
+_CODE = {np.dtype(np.float32): "float", np.dtype(np.float16): "float",
+         np.dtype(np.float64): "float", np.dtype(np.int32): "int"}
 
 
 class Agent:
@@ -491,10 +501,12 @@ class Agent:
         self.rtt = RttEstimator(rto)  # round latency, kept across calls
         if sock is None:
             me = job.workers[rank]  # this host's own address only, never a wildcard
-            sock = bind_own_address(me.host, me.port, f"job {job.job}: field 'workers[{rank}].host'")
+            sock = bind_own_address(me.host, me.port,
+                                    f"job {job.job}: field 'workers[{rank}].host'")
         self.sock = sock
         grow_buffers(sock)
-        self.rounds = np.zeros(job.nslots, np.int64)  # last round used per slot (persist across calls)
+        # the last round used per slot (persists across calls)
+        self.rounds = np.zeros(job.nslots, np.int64)
         self.call_id = 0
         self.last_stats = CallStats()
         # every line about this agent's calls: job, call and rank as fields (read when written)
@@ -541,7 +553,8 @@ class Agent:
         arr = np.asarray(x)
         kind = _CODE.get(arr.dtype)
         if kind is None:
-            raise TypeError(f"unsupported dtype {arr.dtype}: use float32, float16, float64 or int32")
+            raise TypeError(f"unsupported dtype {arr.dtype}: "
+                            "use float32, float16, float64 or int32")
         if inplace and not (arr.dtype in (np.float32, np.int32) and arr.flags.c_contiguous
                             and arr.flags.writeable):
             raise ValueError("inplace needs a writeable, contiguous float32 or int32 array")
@@ -590,7 +603,8 @@ class Agent:
                         layer=None) -> concurrent.futures.Future:
         """Non-blocking all-reduce; calls run one at a time, in the order they were made."""
         if self._executor is None:
-            self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="spina-agent")
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="spina-agent")
         return self._executor.submit(self.allreduce, x, inplace, blocks, layer)
 
     def close(self) -> None:
@@ -642,7 +656,8 @@ class Agent:
                 try:
                     received, foreign, malformed, answers = recv(fd, ring, _RING_STRIDE, *source)
                 except ConnectionRefusedError:
-                    received = -1  # ICMP port unreachable: the switch is not up (yet); keep resending
+                    # ICMP port unreachable: the switch is not up (yet); keep resending
+                    received = -1
                 else:
                     if not received:  # idle: resend what is due, wait for an answer or a timer
                         now = time.monotonic()

@@ -29,7 +29,8 @@ Config file (JSON; every field optional):
      "loss_deadline": null}
 `metrics` ("[HOST:]PORT", loopback by default) serves Prometheus metrics (host_agent/metrics.py);
 `bounded_loss`, `priority_policy`, `loss_tolerant_policy`, `loss_deadline` (seconds or "auto";
-null: each job file's own) override the DLCP settings of every job this daemon serves (host_agent/dlcp.py, docs/dlcp.md; 0 = exact).
+null: each job file's own) override the DLCP settings of every job this daemon serves
+(host_agent/dlcp.py, docs/dlcp.md; 0 = exact).
 `log_format` is text, kv or json (spina/log.py). Lines about a client or a call carry job, rank
 (and call, client_pid) as fields.
 """
@@ -41,7 +42,6 @@ import os
 import signal
 import socket
 import struct
-import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, replace
@@ -52,12 +52,18 @@ import numpy as np
 from host_agent import dlcp
 from host_agent.agent import Agent, CallStats, SpinaError
 from host_agent.metrics import DaemonMetrics
-from spina import cli, log as spina_log
 from host_agent.recovery import MIN_RTO
-from spina.config import (LOSS_TOLERANT_POLICIES, PRIORITY_POLICIES, ConfigError, JobFile,
-                          load_worker_file, read_json)
+from spina import cli, log as spina_log
+from spina.config import (
+    LOSS_DEADLINE_AUTO,
+    LOSS_TOLERANT_POLICIES,
+    PRIORITY_POLICIES,
+    ConfigError,
+    JobFile,
+    load_worker_file,
+    read_json,
+)
 from spina.metrics import parse_address
-from spina.config import LOSS_DEADLINE_AUTO
 
 log = logging.getLogger("spina.daemon")
 
@@ -231,7 +237,7 @@ def _open_shm(name: str) -> shared_memory.SharedMemory:
     otherwise unlink the client's segment when the daemon exits (and warn about a leak)."""
     shm = shared_memory.SharedMemory(name=name)
     try:
-        resource_tracker.unregister(shm._name, "shared_memory")  # noqa: SLF001 (no public API)
+        resource_tracker.unregister(shm._name, "shared_memory")  # no public API
     except Exception:  # pragma: no cover - tracker details differ between versions
         pass
     return shm
@@ -287,7 +293,8 @@ class Daemon:
             self.metrics_server = self.metrics.serve(cfg.metrics) if cfg.metrics else None
         except (ValueError, OSError) as e:
             self.server.close()
-            raise ConfigError(f"metrics {cfg.metrics}: {getattr(e, 'strerror', None) or e}") from None
+            why = getattr(e, "strerror", None) or e
+            raise ConfigError(f"metrics {cfg.metrics}: {why}") from None
 
     def serve_forever(self) -> None:
         log.info("daemon listening on %s (pid %d)", self.cfg.socket, os.getpid())
@@ -396,7 +403,8 @@ class Daemon:
                         return
                 else:  # status
                     send_msg(conn, {"ok": True, "calls_in_progress": self.calls_in_progress,
-                                    "calls_done": self.calls_done, "clients_lost": self.clients_lost,
+                                    "calls_done": self.calls_done,
+                                    "clients_lost": self.clients_lost,
                                     "agents": len(self._slots),
                                     "foreign_packets": sum(s.agent.foreign_packets
                                                            for s in list(self._slots.values()))})
@@ -533,7 +541,8 @@ class DaemonClient:
     def allreduce_async(self, x, inplace: bool = False, layer=None):
         if self._executor is None:
             import concurrent.futures
-            self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="spina-client")
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="spina-client")
         return self._executor.submit(self.allreduce, x, inplace, layer)
 
     def status(self) -> dict:
@@ -583,7 +592,8 @@ def main(argv=None) -> int:
     ap.add_argument("--config", help="JSON config file (fields: socket, log_file, log_level, "
                                      "log_format, timeout, rto, metrics, bounded_loss, "
                                      "priority_policy, loss_tolerant_policy, loss_deadline)")
-    ap.add_argument("--socket", help=f"Unix socket path (overrides the config; default {DEFAULT_SOCKET})")
+    ap.add_argument("--socket",
+                    help=f"Unix socket path (overrides the config; default {DEFAULT_SOCKET})")
     ap.add_argument("--log-file", help="log to this file (overrides the config; default stderr)")
     spina_log.add_options(ap, level=None, fmt=None)  # None: the config's value applies
     ap.add_argument("--metrics", metavar="[HOST:]PORT",

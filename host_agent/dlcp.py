@@ -191,5 +191,5 @@ def classify(job: JobConfig, plan: LanePlan, magnitude: np.ndarray | None,
     return classes
 
 
-__all__ = ["CallClasses", "classify", "with_policy", "droppable_blocks", "budget_blocks", "layer_priority",
-           "check_layer", "TOP_PRIORITY"]
+__all__ = ["CallClasses", "classify", "with_policy", "droppable_blocks", "budget_blocks",
+           "layer_priority", "check_layer", "TOP_PRIORITY"]

@@ -46,7 +46,8 @@ def local_job(nworkers: int, job: int = 1, host: str = "127.0.0.1", **job_fields
 
 
 class RepeatFilter(logging.Filter):
-    """Let the first `keep` records with the same message and exception type through, count the rest.
+    """Let the first `keep` records with the same message and exception type through, count the
+    rest.
 
     A data-plane bug hit by every resend would otherwise print a traceback per packet and
     bury everything else; `summary()` says how many were held back.
@@ -106,7 +107,8 @@ def serve(job_file: str, nworkers: int, job: int = 1, host: str = "127.0.0.1",
 
 
 def start_subprocess(nworkers: int, job_file: str | None = None, log_level: str = "WARNING",
-                     log_format: str = spina_log.DEFAULT_FORMAT, **kw) -> tuple[subprocess.Popen, str]:
+                     log_format: str = spina_log.DEFAULT_FORMAT,
+                     **kw) -> tuple[subprocess.Popen, str]:
     """Run `python -m host_agent.launch` in a child process; returns (process, job file path).
 
     For examples and tests that want a switch of their own; stop it with `terminate()` (SIGTERM,

@@ -37,7 +37,8 @@ class LocalCluster:
         blocks: optional per-rank list of `Agent.allreduce` block hints (indexed like tensors)."""
         ranks = range(len(self.agents)) if ranks is None else ranks
         hints = blocks if blocks is not None else [None] * len(tensors)
-        futs = [self._pool.submit(self.agents[r].allreduce, tensors[r], False, hints[r]) for r in ranks]
+        futs = [self._pool.submit(self.agents[r].allreduce, tensors[r], False, hints[r])
+                for r in ranks]
         return [f.result() for f in futs]
 
     def close(self) -> None:

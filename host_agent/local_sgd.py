@@ -116,7 +116,8 @@ class LocalSGDOptimizer(torch.optim.Optimizer):
     state_dict work on it as on the optimiser.
     """
 
-    def __init__(self, optim: torch.optim.Optimizer, state: LocalSGDState):  # noqa: super()
+    def __init__(self, optim: torch.optim.Optimizer, state: LocalSGDState):
+        # no super().__init__(): the wrapper shares optim's param_groups and state
         self.optim = optim
         self.local = state
         self.param_groups = optim.param_groups

@@ -10,7 +10,7 @@ Updated once per call from the agent's CallStats (never per packet). Labels: job
     spina_agent_payload_bytes_sent_total             block data only
     spina_agent_resends_total                        retransmissions after a timeout
     spina_agent_foreign_packets_total                datagrams not from the switch, dropped
-    spina_agent_malformed_packets_total              the switch's datagrams failing the header checks
+    spina_agent_malformed_packets_total              the switch's datagrams failing header checks
     spina_agent_partial_rounds_total                 rounds completed without every worker
     spina_agent_blocks_lost_total                    own blocks missing from the sums (bounded loss)
     spina_agent_loss_tolerant_packets_total          packets sent flagged loss-tolerant (DLCP)

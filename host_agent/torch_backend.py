@@ -17,12 +17,21 @@ private.
 """
 import torch
 import torch.distributed as dist
+
 # A Python process group needs these private names; PyTorch's own Python process groups
 # (torch.testing._internal.distributed) import them from the same place.
-from torch._C._distributed_c10d import (AllgatherOptions, AllreduceOptions, AllToAllOptions,
-                                        BarrierOptions, BroadcastOptions, GatherOptions,
-                                        ReduceOptions, ReduceScatterOptions, ScatterOptions,
-                                        _create_work_from_future)
+from torch._C._distributed_c10d import (
+    AllgatherOptions,
+    AllreduceOptions,
+    AllToAllOptions,
+    BarrierOptions,
+    BroadcastOptions,
+    GatherOptions,
+    ReduceOptions,
+    ReduceScatterOptions,
+    ScatterOptions,
+    _create_work_from_future,
+)
 
 from host_agent.torch_hook import agent_from_env, sum_async
 
@@ -40,7 +49,8 @@ class SpinaProcessGroup(dist.ProcessGroup):
     def __init__(self, store, rank: int, world_size: int, timeout):
         super().__init__(rank, world_size)
         self._rank, self._world = rank, world_size
-        self.gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, world_size, timeout)
+        self.gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, world_size,
+                                          timeout)
         self.agent = agent_from_env(rank=rank)
         self.spina_calls = 0
 

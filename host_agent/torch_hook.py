@@ -308,7 +308,8 @@ def agent_from_env(job_file: str | None = None, rank: int | None = None, wait: f
         timeout: the agent's per-call timeout in seconds.
         rto: first retransmission timeout. Ranks reach a bucket tens of milliseconds apart
             (their backward passes drift), and a packet waiting at the switch for a slower
-            rank is not lost: the agent's 20 ms default would resend most of them.
+            rank is not lost: the agent's 5 ms default (recovery.MIN_RTO) would resend most
+            of them.
         daemon_socket: go through the host's agent daemon at this Unix socket instead of an
             in-process agent; default `$SPINA_AGENT_SOCKET` (unset: in-process).
         bounded_loss, priority_policy, loss_tolerant_policy, loss_deadline: override the job
@@ -345,7 +346,8 @@ def agent_from_env(job_file: str | None = None, rank: int | None = None, wait: f
         elif dist.is_available() and dist.is_initialized():
             rank = dist.get_rank()
         else:
-            raise ConfigError("rank unknown: pass rank, run under torchrun, or init the process group")
+            raise ConfigError("rank unknown: pass rank, run under torchrun, or init the "
+                              "process group")
     jf = load_worker_file(job_file, rank)  # a job file, or a two-level job's assignment
     world = os.environ.get("WORLD_SIZE")
     if world is not None and int(world) != jf.job.nworkers:

@@ -42,12 +42,13 @@ class PSClient:
         policy: its `timeout`, `block_size` apply here.
 
     Example:
-        >>> c = PSClient(0, ["127.0.0.1:5001"], [(0, 100)], "127.0.0.1:5000", PolicyConfig())  # doctest: +SKIP
-        >>> w = c.pull(); c.push(1, grad, ratio=1.0); grant = c.tick(1)                         # doctest: +SKIP
+        >>> c = PSClient(0, ["127.0.0.1:5001"], [(0, 100)], "127.0.0.1:5000",
+        ...              PolicyConfig())  # doctest: +SKIP
+        >>> w = c.pull(); c.push(1, grad, ratio=1.0); grant = c.tick(1)  # doctest: +SKIP
     """
 
-    def __init__(self, worker: int, shards: list[str], ranges: list[tuple[int, int]], coordinator: str,
-                 policy: PolicyConfig):
+    def __init__(self, worker: int, shards: list[str], ranges: list[tuple[int, int]],
+                 coordinator: str, policy: PolicyConfig):
         self.worker, self.addrs, self.ranges, self.cfg = worker, list(shards), list(ranges), policy
         self.n = ranges[-1][1]
         self._channels = [grpc.insecure_channel(a, options=GRPC_OPTIONS) for a in shards]

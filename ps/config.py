@@ -54,20 +54,24 @@ class PolicyConfig:
 
     def validate(self) -> "PolicyConfig":
         need = checker("ps policy: ")
-        need(self.policy in POLICIES, "policy", f"{self.policy!r} is not one of {', '.join(POLICIES)}")
-        for name in ("staleness", "ngroups", "warmup", "regroup_every", "block_size", "adjust_every"):
+        need(self.policy in POLICIES, "policy",
+             f"{self.policy!r} is not one of {', '.join(POLICIES)}")
+        for name in ("staleness", "ngroups", "warmup", "regroup_every", "block_size",
+                     "adjust_every"):
             v = getattr(self, name)
             need(isinstance(v, int) and not isinstance(v, bool), name, f"{v!r} is not an integer")
         need(self.staleness >= 0, "staleness", "must be >= 0 clocks")
         need(self.ngroups >= 1, "ngroups", "must be >= 1")
-        need(self.split_ratio > 1.0, "split_ratio", "must be > 1 (a factor between iteration times)")
+        need(self.split_ratio > 1.0, "split_ratio",
+             "must be > 1 (a factor between iteration times)")
         need(self.warmup >= 0, "warmup", "must be >= 0 ticks")
         need(self.regroup_every >= 0, "regroup_every", "must be >= 0 ticks (0: group once)")
         need(self.lr > 0, "lr", "must be positive")
         need(0 < self.topk_ratio <= 1, "topk_ratio", "must be in (0, 1]")
         need(self.block_size >= 1, "block_size", "must be >= 1 element")
         need(isinstance(self.gdtopk, bool), "gdtopk", f"{self.gdtopk!r} is not a boolean")
-        need(not self.gdtopk or self.policy == "gssp", "gdtopk", "needs policy 'gssp' (ratios are per group)")
+        need(not self.gdtopk or self.policy == "gssp", "gdtopk",
+             "needs policy 'gssp' (ratios are per group)")
         need(0 < self.min_ratio <= 1, "min_ratio", "must be in (0, 1]")
         need(self.min_ratio <= self.max_ratio <= 1, "max_ratio", "must be in [min_ratio, 1]")
         need(self.adjust_every >= 1, "adjust_every", "must be >= 1 tick")

@@ -1,7 +1,8 @@
 """A whole parameter server in one process: shards and the coordinator, each its own gRPC
 server on loopback, and clients for the workers (threads of the same process, or others).
 
-    >>> with LocalPS(np.zeros(1000, np.float32), nworkers=4, policy=PolicyConfig()) as ps:  # doctest: +SKIP
+    >>> with LocalPS(np.zeros(1000, np.float32), nworkers=4,
+    ...              policy=PolicyConfig()) as ps:  # doctest: +SKIP
     ...     client = ps.client(0)
 """
 from __future__ import annotations

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-import math
 import threading
 import time
 
@@ -55,9 +54,11 @@ class _GrpcService:
     """A gRPC server on `host:port` (0: any free port) whose methods take and return bytes."""
 
     def __init__(self, service: str, methods: dict, host: str, port: int, threads: int):
-        self._server = grpc.server(concurrent.futures.ThreadPoolExecutor(threads), options=GRPC_OPTIONS)
+        self._server = grpc.server(concurrent.futures.ThreadPoolExecutor(threads),
+                                   options=GRPC_OPTIONS)
         handlers = {name: grpc.unary_unary_rpc_method_handler(fn) for name, fn in methods.items()}
-        self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
+        generic = grpc.method_handlers_generic_handler(service, handlers)
+        self._server.add_generic_rpc_handlers((generic,))
         self.port = self._server.add_insecure_port(f"{host}:{port}")
         self.address = f"{host}:{self.port}"
 
@@ -94,7 +95,8 @@ class ShardServer(_GrpcService):
         self.bytes_in = 0
         self.bytes_out = 0
         self._lock = threading.Lock()
-        super().__init__(SHARD_SERVICE, {"Pull": self._pull, "Push": self._push}, host, port, threads)
+        super().__init__(SHARD_SERVICE, {"Pull": self._pull, "Push": self._push}, host, port,
+                         threads)
 
     def weights(self) -> np.ndarray:
         with self._lock:
@@ -130,7 +132,8 @@ class ShardServer(_GrpcService):
                 (g,) = arrays
                 if len(g) != len(self.w):
                     context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                  f"shard {self.index}: dense push of {len(g)} elements, holds {len(self.w)}")
+                                  f"shard {self.index}: dense push of {len(g)} elements, "
+                                  f"holds {len(self.w)}")
                 self.w -= self.step * g
             self.applied[w] = clock
             self.updates += 1
@@ -160,8 +163,8 @@ class Coordinator(_GrpcService):
         self.history: list[dict] = []
         self.t0 = time.monotonic()
         self._cond = threading.Condition()
-        super().__init__(COORDINATOR_SERVICE, {"Tick": self._tick, "Leave": self._leave}, host, port,
-                         threads or 2 * nworkers + 4)
+        super().__init__(COORDINATOR_SERVICE, {"Tick": self._tick, "Leave": self._leave}, host,
+                         port, threads or 2 * nworkers + 4)
 
     # ----------------------------------------------------------------- policy
     def _members(self, w: int) -> list[int]:
@@ -245,14 +248,15 @@ class Coordinator(_GrpcService):
                     late = [v for v in self._members(w)
                             if mine - (self.clock[v] - self.base[v]) > self.cfg.bound]
                     raise TimeoutError(
-                        f"worker {w} at clock {clock} waited {self.cfg.timeout} s for workers {late} "
-                        f"(clocks {[self.clock[v] for v in late]}) under {self.cfg.policy} with "
-                        f"staleness bound {self.cfg.bound}")
+                        f"worker {w} at clock {clock} waited {self.cfg.timeout} s for workers "
+                        f"{late} (clocks {[self.clock[v] for v in late]}) under "
+                        f"{self.cfg.policy} with staleness bound {self.cfg.bound}")
                 self._cond.wait(left)
             self.grants.append((w, self.clock[w] - self.base[w], self._slowest(w), self.group[w],
                                 self.epoch))
             g = self.group[w]
-            return {"group": g, "epoch": self.epoch, "ratio": self.ratio.get(g, self.cfg.topk_ratio)}
+            return {"group": g, "epoch": self.epoch,
+                    "ratio": self.ratio.get(g, self.cfg.topk_ratio)}
 
     def leave(self, w: int) -> None:
         """Worker `w` stops training: nobody waits for it any more."""

@@ -3,8 +3,8 @@
 `BlockTopK` is deliberately minimal (what GDTopK needs): blocks of `block_size` elements,
 scored by their squared L2 norm, the best ceil(ratio * nblocks) sent, the rest kept in a
 residual that is added to the next gradient (error feedback, so nothing is dropped for good,
-only delayed). docs/ps.md says how it maps onto host_agent/compression's block compressors
-once that package is merged: any compressor that returns (block indices, block values) fits.
+only delayed). docs/ps.md says how it maps onto host_agent/compression's block compressors:
+any compressor that returns (block indices, block values) fits.
 """
 from __future__ import annotations
 

@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from ps.config import PolicyConfig
-from spina.config import checker
 from ps.local import LocalPS
+from spina.config import checker
 
 
 class Task(Protocol):
@@ -47,7 +47,8 @@ class Straggler:
 class StragglerInjector:
     """Slows workers down: sleep (factor - 1) x compute, and bytes / uplink after a push."""
 
-    def __init__(self, nworkers: int, stragglers: tuple[Straggler, ...] = (), uplink_mbps: float | None = None):
+    def __init__(self, nworkers: int, stragglers: tuple[Straggler, ...] = (),
+                 uplink_mbps: float | None = None):
         need = checker("straggler: ")
         need(uplink_mbps is None or uplink_mbps > 0, "uplink_mbps", "must be positive (Mbit/s)")
         self.slow: dict[int, Straggler] = {}
@@ -56,7 +57,8 @@ class StragglerInjector:
             need(s.worker not in self.slow, "worker", f"worker {s.worker} listed twice")
             need(s.factor >= 1.0, "factor", f"{s.factor} < 1 (a slowdown factor)")
             need(s.from_step >= 0, "from_step", "must be >= 0")
-            need(s.uplink_mbps is None or s.uplink_mbps > 0, "uplink_mbps", "must be positive (Mbit/s)")
+            need(s.uplink_mbps is None or s.uplink_mbps > 0, "uplink_mbps",
+                 "must be positive (Mbit/s)")
             self.slow[s.worker] = s
         self.uplink = uplink_mbps
 
@@ -114,8 +116,8 @@ def _worker(w, task, client, injector, stop, max_steps, rec, errors):
 
 
 def train(task: Task, policy: PolicyConfig, nworkers: int, seconds: float, max_steps: int = 10 ** 9,
-          stragglers: tuple[Straggler, ...] = (), uplink_mbps: float | None = None, nshards: int = 2,
-          eval_every: float = 1.0, seed: int = 0) -> dict:
+          stragglers: tuple[Straggler, ...] = (), uplink_mbps: float | None = None,
+          nshards: int = 2, eval_every: float = 1.0, seed: int = 0) -> dict:
     """Train until `seconds` of wall-clock time pass or every worker did `max_steps` iterations.
 
     Returns a JSON-ready dict: "evals" [[seconds, accuracy %, total iterations], ...],
@@ -133,7 +135,8 @@ def train(task: Task, policy: PolicyConfig, nworkers: int, seconds: float, max_s
     with LocalPS(init, nworkers, policy, nshards) as ps:
         clients = [ps.client(w) for w in range(nworkers)]
         threads = [threading.Thread(target=_worker, name=f"ps-worker-{w}",
-                                    args=(w, task, clients[w], injector, stop, max_steps, recs[w], errors))
+                                    args=(w, task, clients[w], injector, stop, max_steps,
+                                          recs[w], errors))
                    for w in range(nworkers)]
 
         def evaluate(t):

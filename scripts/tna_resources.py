@@ -33,10 +33,12 @@ def summarise(out_dir: pathlib.Path, version: str) -> str:
     res = json.loads((logs / "resources.json").read_text())["resources"]
     stages = res["mau"]["mau_stages"]
     lines = ["# tofino/build: bf-p4c resource summary of tofino/spina_tna.p4", "",
-             f"Compiler: `{version.strip()}`" if version.strip() else "Compiler: (version not given)",
+             (f"Compiler: `{version.strip()}`" if version.strip()
+              else "Compiler: (version not given)"),
              f"Target: Tofino 1 (`--target tofino --arch tna`), {res['mau']['nStages']} MAU stages "
              "per pipe (shared by ingress and egress).", "",
-             "| stage | SRAMs | TCAMs | map RAMs | stateful ALUs | stats ALUs | gateways | stateful ALUs used by |",
+             "| stage | SRAMs | TCAMs | map RAMs | stateful ALUs | stats ALUs | gateways "
+             "| stateful ALUs used by |",
              "|---|---|---|---|---|---|---|---|"]
     totals = [0] * 6
     used_stages = 0

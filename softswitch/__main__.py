@@ -15,11 +15,15 @@ import signal
 import sys
 import threading
 
-from softswitch.pipeline import (DEFAULT_POOL_SLOTS, MAX_POOL_SLOTS, MAX_REGISTER_BYTES,
-                                 register_bytes)
+from softswitch.pipeline import (
+    DEFAULT_POOL_SLOTS,
+    MAX_POOL_SLOTS,
+    MAX_REGISTER_BYTES,
+    register_bytes,
+)
 from spina import cli, log as spina_log, wire
-from spina.spec import DEFAULT_SLOT_CAPACITY
 from spina.config import ConfigError, JobConfig
+from spina.spec import DEFAULT_SLOT_CAPACITY
 
 
 def _load(path: str):

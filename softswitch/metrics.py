@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from spina.spec import JOB_COUNTERS, PORT_COUNTERS
 from spina.metrics import MetricsServer, counter_families
+from spina.spec import JOB_COUNTERS, PORT_COUNTERS
 
 
 class SwitchCollector:

@@ -8,9 +8,10 @@ its socket from, so one server serves both and every row it accepts is one the d
 Implemented:
   SetForwardingPipelineConfig  VERIFY, VERIFY_AND_COMMIT, RECONCILE_AND_COMMIT (keeps the
                                state), COMMIT (of the running pipeline: a no-op);
-                               VERIFY_AND_SAVE commits at once (no staged config). The P4Info must declare every table (with
-                               its keys), action (with its parameters), counter and register of
-                               spina/spec.py; otherwise INVALID_ARGUMENT naming what is missing.
+                               VERIFY_AND_SAVE commits at once (no staged config). The P4Info
+                               must declare every table (with its keys), action (with its
+                               parameters), counter and register of spina/spec.py; otherwise
+                               INVALID_ARGUMENT naming what is missing.
                                IDs are taken from the P4Info pushed (p4c's or spec.p4info()'s).
                                A committed pipeline starts with empty tables, zero registers and
                                counters, as on a real switch.
@@ -42,9 +43,9 @@ import grpc
 from google.rpc import code_pb2
 from p4.v1 import p4runtime_pb2 as pb, p4runtime_pb2_grpc
 
+from softswitch.dataplane import Dataplane
 from spina import spec
 from spina.p4runtime import canonical_entry, decode, encode, match_key
-from softswitch.dataplane import Dataplane
 
 log = logging.getLogger("spina.softswitch.p4runtime")
 

@@ -37,18 +37,29 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from spina.spec import (DEFAULT_SLOT_CAPACITY, HEAD_REGISTERS, JOB_COUNTERS,  # noqa: F401
-                        JOB_REGISTERS, LOSS_CREDIT_MAX, LOSS_CREDIT_ONE, MAX_JOBS, MAX_PORTS,
-                        PORT_COUNTERS, REGISTER_NAMES as REGISTERS, TABLES)
 from spina import wire
 from spina.config import ConfigError, JobConfig
+from spina.spec import (  # noqa: F401
+    DEFAULT_SLOT_CAPACITY,
+    HEAD_REGISTERS,
+    JOB_COUNTERS,
+    JOB_REGISTERS,
+    LOSS_CREDIT_MAX,
+    LOSS_CREDIT_ONE,
+    MAX_JOBS,
+    MAX_PORTS,
+    PORT_COUNTERS,
+    REGISTER_NAMES as REGISTERS,
+    TABLES,
+)
 
 log = logging.getLogger("spina.softswitch")
 
 HLEN = wire.HEADER_LEN
 NEXT_DTYPE, DATA_DTYPE = wire.NEXT_DTYPE, wire.DATA_DTYPE
 MSG_CONTRIB, MSG_RESULT, MSG_STATUS = wire.MSG_CONTRIB, wire.MSG_RESULT, wire.MSG_STATUS
-FLAG_RESEND, FLAG_LOSS_TOLERANT, FLAG_LAST = wire.FLAG_RESEND, wire.FLAG_LOSS_TOLERANT, wire.FLAG_LAST
+FLAG_RESEND, FLAG_LOSS_TOLERANT = wire.FLAG_RESEND, wire.FLAG_LOSS_TOLERANT
+FLAG_LAST = wire.FLAG_LAST
 FLAG_PARTIAL, FLAG_MISMATCH, FLAG_REPLAY = wire.FLAG_PARTIAL, wire.FLAG_MISMATCH, wire.FLAG_REPLAY
 # Two-level aggregation (softswitch/fabric.py): what a rack's partial carries into a spine's
 # round besides LAST (a mismatch or a flush in one rack concerns every rack; P4 FLAGS_CARRIED),
@@ -193,7 +204,8 @@ class Pipeline:
         """(slot_base, nslots) of every admission of `job` here."""
         return {(a.slot_base, a.nslots) for a in self.admission.values() if a.job == job}
 
-    def _add_job(self, cfg: JobConfig, sources: dict[int, tuple[int, object]], mcast_grp: int) -> None:
+    def _add_job(self, cfg: JobConfig, sources: dict[int, tuple[int, object]],
+                 mcast_grp: int) -> None:
         self.check_job(cfg)
         self.remove_job(cfg.job)
         adm = Admission(cfg.job, cfg.epoch, cfg.slot_base, cfg.nslots, cfg.nworkers,
@@ -332,7 +344,8 @@ class Pipeline:
         present, nonfinite, exponent, length = t[_PRESENT], t[_NONFINITE], t[_EXPONENT], t[_LENGTH]
         full = (1 << k) - 1
         if present:
-            data = np.frombuffer(pkt, DATA_DTYPE, (size - HLEN) // 4 - k, HLEN + 4 * k).reshape(-1, bs)
+            data = np.frombuffer(pkt, DATA_DTYPE, (size - HLEN) // 4 - k,
+                                 HLEN + 4 * k).reshape(-1, bs)
         if new:
             if present == full:
                 vals[:] = data
@@ -437,7 +450,8 @@ class Pipeline:
         `out`; return its length."""
         k, bs = t[_NLANES], t[_BLOCK_SIZE]
         present = self._r_present[idx]
-        f = list(t)  # the request's identity (version, priority, job ... round); the rest is the slot's
+        # the request's identity (version, priority, job ... round); the rest is the slot's
+        f = list(t)
         f[_MSG_TYPE] = MSG_RESULT
         f[_FLAGS] = self._r_flags[idx] | (t[_FLAGS] & FLAG_LOSS_TOLERANT) | extra_flags
         f[_LENGTH] = self._r_length[idx]

@@ -29,7 +29,8 @@ class ConfigError(ValueError):
 
 
 MAX_RACKS = 32  # a job's racks: the spine's bitmap has one bit per rack (leaf)
-L2_WORKER_FIELDS = ("mac", "switch_port")  # a worker's fields in an L2 switch config (softswitch.l2)
+# a worker's fields in an L2 switch config (softswitch.l2)
+L2_WORKER_FIELDS = ("mac", "switch_port")
 
 # DLCP per-packet classification of a job's contributions (host_agent/dlcp.py, docs/dlcp.md).
 # priority_policy: "fixed" every packet in the job's `priority` queue; "layer" a call's packets
@@ -127,7 +128,8 @@ class JobConfig:
         """How many workers `rank`'s own switch aggregates (its rack's size; flat: all)."""
         return self.rack_of(rank)[1]
 
-    def validate(self, pool_slots: int | None = None, slot_capacity: int | None = None) -> "JobConfig":
+    def validate(self, pool_slots: int | None = None,
+                 slot_capacity: int | None = None) -> "JobConfig":
         def need(cond, fieldname, msg):
             if not cond:
                 raise ConfigError(f"job {self.job}: field '{fieldname}': {msg}", fieldname, msg)
@@ -174,8 +176,9 @@ class JobConfig:
         need(0 <= self.priority < 8, "priority", "must be in 0..7")
         need(0.0 <= self.bounded_loss < 1.0, "bounded_loss", "must be a fraction in [0, 1)")
         need(self.loss_deadline == LOSS_DEADLINE_AUTO or (
-            isinstance(self.loss_deadline, (int, float)) and not isinstance(self.loss_deadline, bool)
-            and self.loss_deadline > 0), "loss_deadline",
+            isinstance(self.loss_deadline, (int, float))
+            and not isinstance(self.loss_deadline, bool) and self.loss_deadline > 0),
+            "loss_deadline",
             f"{self.loss_deadline!r} is neither positive seconds nor '{LOSS_DEADLINE_AUTO}'")
         need(self.priority_policy in PRIORITY_POLICIES, "priority_policy",
              f"{self.priority_policy!r} is not one of {', '.join(PRIORITY_POLICIES)}")
@@ -289,9 +292,11 @@ def dataclass_kwargs(cls, d, what: str) -> dict:
             out[key] = None
             continue
         kind = kinds[0]
-        ok = isinstance(value, _TYPES.get(kind, (object,))) and (kind == "bool" or not isinstance(value, bool))
+        ok = (isinstance(value, _TYPES.get(kind, (object,)))
+              and (kind == "bool" or not isinstance(value, bool)))
         if not ok:
-            raise ConfigError(f"{what}: field '{key}': {value!r} is not a{'n' if kind == 'int' else ''} {kind}")
+            raise ConfigError(f"{what}: field '{key}': {value!r} is not "
+                              f"a{'n' if kind == 'int' else ''} {kind}")
         out[key] = float(value) if kind == "float" else value
     return out
 
@@ -431,7 +436,8 @@ class Assignment:
         if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < jf.job.nworkers:
             raise ConfigError(f"assignment: field 'rank': {rank!r} outside "
                               f"0..{jf.job.nworkers - 1}")
-        derived = {"switch_rank": jf.job.switch_rank(rank), "switch_ranks": jf.job.switch_ranks(rank)}
+        derived = {"switch_rank": jf.job.switch_rank(rank),
+                   "switch_ranks": jf.job.switch_ranks(rank)}
         for k, v in stated.items():
             if v != derived[k] or isinstance(v, bool):
                 raise ConfigError(f"assignment: field '{k}': {v!r}, but rank {rank} of racks "

@@ -16,7 +16,8 @@ keyword that is not one of logging's own (exc_info, stack_info, stacklevel, extr
 field of that line only. A plain logger takes fields too: `extra=log.fields(job=1, rank=0)`.
 
     text  2026-12-01 02:40:00.123 WARNING spina.daemon: call failed: ... job=1 call=7 rank=0
-    kv    ts=2026-12-01T02:40:00.123Z level=warning proc=daemon pid=81 logger=spina.daemon msg="call failed: ..." job=1 call=7 rank=0
+    kv    ts=2026-12-01T02:40:00.123Z level=warning proc=daemon pid=81 logger=spina.daemon
+          msg="call failed: ..." job=1 call=7 rank=0            (one line)
     json  {"ts": "2026-12-01T02:40:00.123Z", "level": "warning", "proc": "daemon", ..., "job": 1}
 
 `kv` is logfmt: a value with a space, `"`, `=`, `\\`, a control character or nothing in it is

@@ -80,7 +80,8 @@ class RendezvousServer:
         class Handler(_Handler):
             server_ref = outer
 
-        self._server = socketserver.ThreadingTCPServer((host, port), Handler, bind_and_activate=False)
+        self._server = socketserver.ThreadingTCPServer((host, port), Handler,
+                                                       bind_and_activate=False)
         self._server.daemon_threads = True
         self._server.allow_reuse_address = True
         self._server.server_bind()
@@ -108,8 +109,9 @@ class RendezvousServer:
                     self.jobs[j] = _Job(n, e)
 
     def start(self) -> "RendezvousServer":
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
-                                        daemon=True, name="spina-rendezvous")
+        self._thread = threading.Thread(target=self._server.serve_forever,
+                                        kwargs={"poll_interval": 0.2}, daemon=True,
+                                        name="spina-rendezvous")
         self._thread.start()
         log.info("run rendezvous on %s:%d", *self.address)
         return self
@@ -160,10 +162,11 @@ class RendezvousServer:
             waiting, job.waiting = job.waiting, {}
             try:
                 self.on_new_run(job_id, epoch)
-            except Exception as e:  # noqa: BLE001 - every rank must hear why
+            except Exception as e:  # every rank must hear why
                 log.error("job %d: could not start run with epoch %d: %s", job_id, epoch, e)
                 for w in waiting.values():
-                    w.reply({"ok": False, "error": f"join: the switch could not start the run: {e}"})
+                    w.reply({"ok": False,
+                             "error": f"join: the switch could not start the run: {e}"})
                 return
             job.epoch = epoch
             self.runs_started += 1

@@ -242,7 +242,7 @@ MAX_JOB_ID = (1 << 16) // wire.MAX_WORKERS - 2  # rid(MAX_JOB_ID, 31) fits egres
 
 
 # ---------------------------------------------------------------- the Tofino 1 program (tofino/)
-# tofino/size.p4's sizes (tests/test_tna_agreement.py checks them): one lane of 16 int32 per
+# tofino/size.p4's sizes (tests/test_tna_agreement.py checks them): one lane of 14 int32 per
 # packet, every element its own stateful ALU, in one ingress pass (the reasons are in size.p4).
 TNA_SIZES = {
     "POOL_SLOTS": 256,

@@ -68,7 +68,8 @@ FLAG_PARTIAL = 0x08        # worker resend: flush request (bounded-loss mode, co
                            # without the missing workers); result: completed without every worker
 FLAG_MISMATCH = 0x10       # result: workers disagreed on the tensor length
 FLAG_REPLAY = 0x20         # leaf to spine: the round's result the leaf stored, sent back up to a
-                           # spine that lost it (a restart); the spine takes it as the round's result
+                           # spine that lost it (a restart); the spine takes it as the round's
+                           # result
 
 FLAG_NAMES = {FLAG_RESEND: "resend", FLAG_LOSS_TOLERANT: "loss_tolerant", FLAG_LAST: "last",
               FLAG_PARTIAL: "partial", FLAG_MISMATCH: "mismatch", FLAG_REPLAY: "replay"}
@@ -206,7 +207,8 @@ def header_error(t: tuple, size: int) -> str | None:
     """Why header fields `t` (HEADER_STRUCT.unpack_from order) are not a well-formed header of
     a packet of `size` bytes, or None if they are. The data path's form of check_header: no
     Header object, no exception on the good path."""
-    version, msg_type, _, _, _, _, _, _, rank, nlanes, _, _, block_size, _, _, present, nonfinite = t
+    (version, msg_type, _, _, _, _, _, _, rank, nlanes, _, _, block_size, _, _, present,
+     nonfinite) = t
     if version != VERSION:
         return f"version {version} != {VERSION}"
     if msg_type not in MSG_NAMES:
@@ -295,7 +297,8 @@ def pack_batch(headers: np.ndarray, next_pos: np.ndarray, data: np.ndarray) -> l
         row_bytes = 4 * bs
         # Each data row goes to its packet's body, after the rows of earlier lanes.
         pkt_of_row = np.repeat(np.arange(n), npresent)
-        row_in_pkt = np.arange(len(pkt_of_row)) - np.repeat(np.cumsum(npresent) - npresent, npresent)
+        first_row = np.cumsum(npresent) - npresent  # of each packet
+        row_in_pkt = np.arange(len(pkt_of_row)) - np.repeat(first_row, npresent)
         row_start = starts[pkt_of_row] + fixed + row_in_pkt * row_bytes
         out[(row_start[:, None] + np.arange(row_bytes)).ravel()] = body
     mv = out.tobytes()
@@ -341,8 +344,18 @@ _scapy_layer = None
 def scapy_layer(udp_port: int = DEFAULT_UDP_PORT):
     """The scapy `INA` Packet class, bound to UDP `udp_port` (both directions)."""
     global _scapy_layer
-    from scapy.fields import (ByteEnumField, ByteField, FieldListField, FlagsField, IntField,
-                              ShortField, SignedShortField, StrField, XIntField, XLongField)
+    from scapy.fields import (
+        ByteEnumField,
+        ByteField,
+        FieldListField,
+        FlagsField,
+        IntField,
+        ShortField,
+        SignedShortField,
+        StrField,
+        XIntField,
+        XLongField,
+    )
     from scapy.layers.inet import UDP
     from scapy.packet import Packet as ScapyPacket, bind_layers
 

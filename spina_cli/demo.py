@@ -17,6 +17,7 @@ import hashlib
 import json
 import multiprocessing as mp
 import os
+import queue
 import subprocess
 import sys
 import tempfile
@@ -116,19 +117,23 @@ def main(argv=None) -> int:
                     help="float32 elements per tensor (default %(default)s)")
     ap.add_argument("--densities", type=float, nargs="+", default=[1.0, 0.1, 0.01, 0.001],
                     help="fractions of non-zero blocks (default %(default)s)")
-    ap.add_argument("--block-size", type=int, default=256, help="elements per block (default %(default)s)")
+    ap.add_argument("--block-size", type=int, default=256,
+                    help="elements per block (default %(default)s)")
     ap.add_argument("--nlanes", type=int, default=0,
                     help="blocks fused per packet (default: as many as fit a 64 KB datagram)")
-    ap.add_argument("--nslots", type=int, default=16, help="window: slots in flight (default %(default)s)")
-    ap.add_argument("--repeats", type=int, default=3, help="timed calls per density (default %(default)s)")
-    ap.add_argument("--timeout", type=float, default=30.0, help="per-call timeout in s (default %(default)s)")
+    ap.add_argument("--nslots", type=int, default=16,
+                    help="window: slots in flight (default %(default)s)")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="timed calls per density (default %(default)s)")
+    ap.add_argument("--timeout", type=float, default=30.0,
+                    help="per-call timeout in s (default %(default)s)")
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args(argv)
     nlanes = args.nlanes or wire.max_lanes_for(args.block_size)
 
     print(f"SpINA demo: {args.workers} workers, {args.elements:,} float32 elements "
-          f"({_fmt_bytes(4 * args.elements)}), blocks of {args.block_size}, {nlanes} blocks/packet, "
-          f"window {args.nslots} slots", flush=True)
+          f"({_fmt_bytes(4 * args.elements)}), blocks of {args.block_size}, "
+          f"{nlanes} blocks/packet, window {args.nslots} slots", flush=True)
     switch_port, grpc_port, runs_port = free_ports(3)
     workers = tuple(WorkerAddr(r, "127.0.0.1", p) for r, p in enumerate(free_ports(args.workers)))
     job = JobConfig(job=1, workers=workers, nslots=args.nslots, block_size=args.block_size,
@@ -146,9 +151,9 @@ def main(argv=None) -> int:
                              "block_size": job.block_size, "nlanes": job.nlanes}],
                    "agents_dir": "agents", "rendezvous": f"127.0.0.1:{runs_port}"}, f, indent=1)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    switch = subprocess.Popen([sys.executable, "-m", "softswitch", "udp", "--port", str(switch_port),
-                               "--grpc", f"127.0.0.1:{grpc_port}"], stdout=subprocess.PIPE,
-                              text=True, env=env)
+    switch = subprocess.Popen([sys.executable, "-m", "softswitch", "udp",
+                               "--port", str(switch_port), "--grpc", f"127.0.0.1:{grpc_port}"],
+                              stdout=subprocess.PIPE, text=True, env=env)
     ok = True
     procs, controller = [], None
     try:
@@ -183,7 +188,7 @@ def main(argv=None) -> int:
             while len(reps) < args.workers:
                 try:
                     rep = q.get(timeout=args.timeout * (args.repeats + 2) + 120)
-                except Exception:
+                except queue.Empty:
                     print("FAIL: a worker stopped answering")
                     return 1
                 if "error" in rep:
@@ -195,15 +200,17 @@ def main(argv=None) -> int:
             identical = len({r["digest"] for r in reps}) == 1
             exact = r0["max_err"] <= r0["bound"]
             ok &= identical and exact
-            spina = float(np.median([max(r["spina"][i] for r in reps) for i in range(args.repeats)]))
+            spina = float(np.median([max(r["spina"][i] for r in reps)
+                                     for i in range(args.repeats)]))
             gloo = float(np.median([max(r["gloo"][i] for r in reps) for i in range(args.repeats)]))
             sent = float(np.mean([r["bytes_sent"] for r in reps]))
             row = (density, r0["elem_density"], spina, gloo, sent, 4 * args.elements / spina,
                    identical and exact, r0["max_err"], sum(r["resends"] for r in reps))
             rows.append(row)
-            print(f"  density {density:7.2%}: spina {spina * 1e3:8.1f} ms, gloo {gloo * 1e3:8.1f} ms, "
-                  f"{_fmt_bytes(sent)} sent/worker, max error {r0['max_err']:.2e} "
-                  f"(bound {r0['bound']:.2e}), ranks identical: {identical}", flush=True)
+            print(f"  density {density:7.2%}: spina {spina * 1e3:8.1f} ms, "
+                  f"gloo {gloo * 1e3:8.1f} ms, {_fmt_bytes(sent)} sent/worker, "
+                  f"max error {r0['max_err']:.2e} (bound {r0['bound']:.2e}), "
+                  f"ranks identical: {identical}", flush=True)
         for p in procs:
             p.join(timeout=60)
     finally:
@@ -218,14 +225,15 @@ def main(argv=None) -> int:
         tmp.cleanup()
 
     print()
-    print("| block density | element density | SpINA time | gloo time | SpINA/gloo | bytes sent/worker "
-          "| goodput | exact |")
+    print("| block density | element density | SpINA time | gloo time | SpINA/gloo "
+          "| bytes sent/worker | goodput | exact |")
     print("|---|---|---|---|---|---|---|---|")
-    for d, ed, st, gt, sent, good, good_ok, err, resends in rows:
+    for d, ed, st, gt, sent, good, good_ok, _err, _resends in rows:
         print(f"| {d:.1%} | {ed:.3%} | {st * 1e3:.1f} ms | {gt * 1e3:.1f} ms | {st / gt:.2f} | "
               f"{_fmt_bytes(sent)} | {good * 8 / 1e9:.2f} Gbit/s | {'yes' if good_ok else 'NO'} |")
     print()
-    print("goodput = tensor bytes / SpINA time; times are the median over repeats of the slowest rank")
+    print("goodput = tensor bytes / SpINA time; times are the median over repeats of the "
+          "slowest rank")
     if ok:
         print(f"PASS: {len(rows)} densities, every result within the quantization bound and "
               f"bit-identical on all {args.workers} ranks")

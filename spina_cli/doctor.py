@@ -31,7 +31,6 @@ import select
 import socket
 import struct
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 

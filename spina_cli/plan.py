@@ -9,8 +9,7 @@ import argparse
 import json
 import sys
 
-from collectives import plan as planner
-from collectives import topology
+from collectives import plan as planner, topology
 from collectives.schedule import COLLECTIVES
 from spina import cli
 
@@ -104,7 +103,8 @@ def main(argv=None) -> int:
     try:
         topo = topology.load(a.topology)
         params = planner.with_params(planner.CostParams(), alpha=a.alpha,
-                                     cpu_per_byte=a.cpu_per_byte, density=a.density, ina_call_s=a.ina_call_s,
+                                     cpu_per_byte=a.cpu_per_byte, density=a.density,
+                                     ina_call_s=a.ina_call_s,
                                      ina_switch_packet_s=a.ina_switch_packet_s,
                                      ina_agent_packet_s=a.ina_agent_packet_s)
         pl = planner.plan(topo, a.collective, a.size, params, itemsize, a.algorithms)

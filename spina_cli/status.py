@@ -27,7 +27,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="desired-state YAML (default %(default)s)")
     ap.add_argument("--watch", type=cli.positive_float, required=True, metavar="SECONDS",
                     help="poll interval")
-    ap.add_argument("--count", type=cli.int_range(1, 1 << 62), metavar="N", help="stop after N polls (default: never)")
+    ap.add_argument("--count", type=cli.int_range(1, 1 << 62), metavar="N",
+                    help="stop after N polls (default: never)")
     ap.add_argument("--timeout", type=cli.positive_float, default=10.0,
                     help="seconds to wait for a switch (default %(default)s)")
     spina_log.add_options(ap, level="WARNING")

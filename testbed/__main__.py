@@ -123,9 +123,10 @@ def spine_link_counters(tb: topos.Testbed) -> dict[str, tuple[int, int]]:
             if intf.name == "lo" or port < 1:
                 continue
             stats = pathlib.Path(f"/sys/class/net/{intf.name}/statistics")
-            read = lambda f: int((stats / f).read_text())
-            out[f"lf{port}-sp{j + 1}"] = (read("tx_packets") + read("rx_packets"),
-                                          read("tx_bytes") + read("rx_bytes"))
+            n = {k: int((stats / k).read_text())
+                 for k in ("tx_packets", "rx_packets", "tx_bytes", "rx_bytes")}
+            out[f"lf{port}-sp{j + 1}"] = (n["tx_packets"] + n["rx_packets"],
+                                          n["tx_bytes"] + n["rx_bytes"])
     return out
 
 

@@ -34,10 +34,11 @@ DEBIAN_SITE = "/usr/lib/python3/dist-packages"
 def import_mininet():
     """The mininet package (module objects: net, node, topo, link); ImportError if absent."""
     try:
-        import mininet.net  # noqa: F401
+        import mininet.net
     except ImportError:
         if not os.path.isdir(os.path.join(DEBIAN_SITE, "mininet")):
-            raise ImportError("mininet is not installed (Debian: apt-get install mininet)")
+            raise ImportError(
+                "mininet is not installed (Debian: apt-get install mininet)") from None
         sys.path.append(DEBIAN_SITE)
         try:
             for m in ("mininet.net", "mininet.node", "mininet.topo", "mininet.link",

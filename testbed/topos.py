@@ -241,7 +241,7 @@ def leafspine(net, leaves: int = 2, spines: int = 2, hosts_per_leaf: int = 2,
                 l2.append(remote_l2_entry(k, i, hosts_per_leaf, spines, spray))
         l2.append({"mac": SWITCH_MAC, "port": hosts_per_leaf + 1})  # INA to the first spine
         leaf.spina_config = {"l2": l2}
-    for j, spine in enumerate(sp):
+    for spine in sp:
         spine.spina_config = {"l2": [{"mac": host_mac(k), "port": leaf_of[k] + 1}
                                      for k in range(n)]}
     sp[0].spina_config["endpoints"] = [SWITCH_IP]
@@ -347,6 +347,7 @@ class FabricTestbed(Testbed):
 
     def start(self) -> None:
         import yaml
+
         from controller.controller import Controller
         from controller.state import load
         super().start()

@@ -116,7 +116,7 @@ def main() -> int:
     import signal
     import traceback
 
-    import torch.distributed  # noqa: F401  (before the fork: imported once for all ranks)
+    import torch.distributed  # before the fork: imported once for all ranks
     if world == 4:  # DDP's constructor loads torch._dynamo: seconds of CPU
         import torch._dynamo  # noqa: F401
     children = []

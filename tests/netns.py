@@ -114,7 +114,8 @@ def run_workers(hosts, job: JobConfig, seed: int = 3, n: int = 6000, timeout: fl
     """
     nw = len(hosts)
     dp = Dataplane()
-    program_star(SoftSwitchServicer(dp), job, SWITCH_IP, [f"02:00:00:00:01:{r:02x}" for r in range(nw)],
+    program_star(SoftSwitchServicer(dp), job, SWITCH_IP,
+                 [f"02:00:00:00:01:{r:02x}" for r in range(nw)],
                  pool_slots=dp.pipeline.pool_slots, slot_capacity=dp.pipeline.slot_capacity)
     jd = json.dumps({"job": job.job, "nslots": job.nslots, "block_size": job.block_size,
                      "nlanes": job.nlanes,

@@ -15,10 +15,10 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from host_agent.agent import Agent  # noqa: E402
-from spina.config import JobConfig  # noqa: E402
+from host_agent.agent import Agent
+from spina.config import JobConfig
 
 
 def tensors(seed: int, n: int, rank: int, density: float = 0.3) -> tuple[np.ndarray, np.ndarray]:

@@ -163,9 +163,11 @@ class P4Model:
             out.present, out.bitmap = present, r["slot_bitmap"][idx]
             out.nonfinite, out.exponent = r["slot_nonfinite"][idx], _s16(r["slot_exponent"][idx])
             out.length = r["slot_length"][idx]
-            nxt = [self.next[lane][idx] for lane in range(h.nlanes)]  # FOR_EACH_LANE(SPINA_LOAD_LANE)
+            # FOR_EACH_LANE(SPINA_LOAD_LANE)
+            nxt = [self.next[lane][idx] for lane in range(h.nlanes)]
             data = b"".join(struct.pack(f">{self.BLOCK_SIZE}I",
-                                        *(self.values[lane][e][idx] for e in range(self.BLOCK_SIZE)))
+                                        *(self.values[lane][e][idx]
+                                          for e in range(self.BLOCK_SIZE)))
                             for lane in range(h.nlanes) if present >> lane & 1)
             return [(wire.pack_header(out) + struct.pack(f">{h.nlanes}I", *nxt) + data, "up")]
         if held != nlocal:

@@ -113,6 +113,7 @@ def ddp(args) -> dict:
     """A DDP step whose gradient is `value` everywhere at this rank: SpINA's average."""
     import torch
     import torch.distributed as dist
+
     from host_agent.torch_hook import SpinaHookState, agent_from_env, spina_allreduce_hook
     dist.init_process_group("gloo", init_method=f"file://{args.pg}", rank=args.rank,
                             world_size=args.world)

@@ -23,8 +23,8 @@ import yaml
 
 from host_agent.agent import Agent
 from host_agent.daemon import MAX_MESSAGE, Daemon, DaemonConfig
-from spina.net import free_ports
 from spina.config import Assignment, ConfigError, JobConfig, JobFile, WorkerAddr
+from spina.net import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
@@ -134,7 +134,8 @@ SOFTSWITCH_CASES = [
 ]
 
 
-@pytest.mark.parametrize("args,names", SOFTSWITCH_CASES, ids=[" ".join(a) for a, _ in SOFTSWITCH_CASES])
+@pytest.mark.parametrize("args,names", SOFTSWITCH_CASES,
+                         ids=[" ".join(a) for a, _ in SOFTSWITCH_CASES])
 def test_softswitch_cli(args, names, files):
     """`python -m softswitch ARGS` exits 2 with one line naming the option, field or file."""
     assert_one_line_error(run_cli("softswitch", args, files), names)
@@ -194,7 +195,8 @@ HOST_AGENT_CASES = [
 ]
 
 
-@pytest.mark.parametrize("args,names", HOST_AGENT_CASES, ids=[" ".join(a) for a, _ in HOST_AGENT_CASES])
+@pytest.mark.parametrize("args,names", HOST_AGENT_CASES,
+                         ids=[" ".join(a) for a, _ in HOST_AGENT_CASES])
 def test_host_agent_cli(args, names, files):
     """`python -m host_agent ARGS` exits 2 with one line naming the option, field or file."""
     assert_one_line_error(run_cli("host_agent", args, files), names)
@@ -235,8 +237,9 @@ CONTROLLER_YAML_CASES = [
     (_set("switches.0.address", 5), "switches[0].address"),
     (_set("switches.0.p4info", ["a"]), "switches[0].p4info"),
     (_set("switches.0.l2", {"mac": "02:00:00:00:00:01", "port": 1}), "switches[0].l2"),
-    (_set("switches.0.routes", [{"prefix": ["10.0.0.0/8"], "port": 1, "src_mac": "02:00:00:00:00:01",
-                                 "dst_mac": "02:00:00:00:00:02"}]), "switches[0].routes[0].prefix"),
+    (_set("switches.0.routes", [{"prefix": ["10.0.0.0/8"], "port": 1,
+                                 "src_mac": "02:00:00:00:00:01", "dst_mac": "02:00:00:00:00:02"}]),
+     "switches[0].routes[0].prefix"),
     (_set("switches", {"name": "s1"}), "switches"),
     (_set("workers.0.name", ["w0"]), "workers[0].name"),
     (_set("workers.0.ip", ["127.0.0.1"]), "workers[0].ip"),
@@ -414,7 +417,7 @@ def test_agent_binds_only_a_local_specific_address(host):
         Agent(job, 0, ("127.0.0.1", 47999))
 
 
-# --------------------------------------------------------------------------- job and assignment files
+# ----------------------------------------------------------------------- job and assignment files
 def _job_file(**changes) -> dict:
     d = {"switch": {"host": "127.0.0.1", "port": 47000}, "job": copy.deepcopy(GOOD_JOB)}
     for path, value in changes.items():

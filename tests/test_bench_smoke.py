@@ -139,7 +139,8 @@ def test_quick_and_bad_args(capsys):
 
 
 def test_bench_loss_sweep_smoke(tmp_path):
-    """The loss sweep at a tiny size: namespaces built and removed, iptables drops, results exact."""
+    """The loss sweep at a tiny size: namespaces built and removed, iptables drops, results
+    exact."""
     if os.geteuid() != 0 or not (shutil.which("ip") and shutil.which("iptables")):
         pytest.skip("the loss sweep needs root, iproute2 and iptables (network namespaces)")
     done = _run("bench.allreduce_bench", "--sweeps", "loss", "--methods", "spina",
@@ -159,7 +160,8 @@ def test_switch_profile_smoke_and_bad_input():
     done = _run("bench.switch_profile", "--rounds", "1", "--repeats", "1", "--inner", "1")
     assert done.returncode == 0, done.stderr
     lines = [ln.split()[:2] for ln in done.stdout.splitlines()[1:]]
-    assert lines == [["pipeline", "full"], ["pipeline", "sparse"], ["udp", "full"], ["udp", "sparse"]]
+    assert lines == [["pipeline", "full"], ["pipeline", "sparse"], ["udp", "full"],
+                     ["udp", "sparse"]]
     for args, name in ((["--repeats", "0"], "--repeats"), (["--loads", "foo"], "--loads"),
                        (["--shapes", "x"], "--shapes"), (["--trees", ".,/nonexistent"], "--trees")):
         bad = _run("bench.switch_profile", *args)

@@ -14,28 +14,33 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 import torch
-import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
-from host_agent.blocks import headroom_bits  # noqa: E402
-from host_agent.compression import BucketLayout, make_compressor  # noqa: E402
-from host_agent.compression.hooks import CompressionHookState, spina_compressed_hook  # noqa: E402
-from host_agent.compression.votes import (BINS, EXP_MIN, VoteHookState,  # noqa: E402
-                                          onehot_message, onehot_scale, per_element,
-                                          spina_vote_hook)
-from host_agent.local import LocalCluster  # noqa: E402
-from host_agent.local_sgd import (LocalSGDOptimizer, LocalSGDState,  # noqa: E402
-                                  spina_local_sgd_hook)
-from host_agent.torch_hook import pack_aligned  # noqa: E402
-from spina.config import ConfigError  # noqa: E402
+from host_agent.blocks import headroom_bits
+from host_agent.compression import BucketLayout, make_compressor
+from host_agent.compression.hooks import CompressionHookState, spina_compressed_hook
+from host_agent.compression.votes import (
+    BINS,
+    EXP_MIN,
+    VoteHookState,
+    onehot_message,
+    onehot_scale,
+    per_element,
+    spina_vote_hook,
+)
+from host_agent.local import LocalCluster
+from host_agent.local_sgd import LocalSGDOptimizer, LocalSGDState, spina_local_sgd_hook
+from host_agent.torch_hook import pack_aligned
+from spina.config import ConfigError
+
 try:  # tests/ is on sys.path under pytest's default import mode
-    from test_compression import job_file  # noqa: E402,F401  (2 workers, blocks of 16)
-    from test_torch_hook import leave_worker  # noqa: E402
+    from test_compression import job_file  # a fixture: 2 workers, blocks of 16
+    from test_torch_hook import leave_worker
 except ImportError:
-    from tests.test_compression import job_file  # noqa: E402,F401
-    from tests.test_torch_hook import leave_worker  # noqa: E402
+    from tests.test_compression import job_file  # noqa: F401
+    from tests.test_torch_hook import leave_worker
 
 B = 16  # a small block size keeps the tests' tensors small
 SIZES = (100, 7, 48)  # three layers: a partial block, a tiny one, whole blocks
@@ -99,7 +104,7 @@ def test_sign_error_feedback_identity_over_steps():
     comps = [make_compressor(method="sign", block_size=B) for _ in range(2)]
     with LocalCluster(2, block_size=B, nlanes=4, nslots=4) as c:
         residual = [np.zeros(layout.length, np.float32) for _ in comps]
-        for step in range(4):
+        for _ in range(4):
             grads = [rng.standard_normal(sum(SIZES)).astype(np.float32) for _ in comps]
             p, own, _, sent, _, _ = _vote(c, comps, layout, grads)
             for r, comp in enumerate(comps):

@@ -40,7 +40,8 @@ def _packets(n=6, seed=3):
 
 
 def test_committed_dissector_is_the_generators_output():
-    """docs/spina.lua is exactly what `python -m spina.dissector` prints (regenerate: make dissector)."""
+    """docs/spina.lua is exactly what `python -m spina.dissector` prints (regenerate: make
+    dissector)."""
     assert LUA.read_text() == dissector.lua()
 
 
@@ -117,13 +118,14 @@ def test_capture_command_prints_one_line_per_ina_packet(tmp_path, capsys):
     h, nxt, data, raw = _packets(1)[0]
     pcap = tmp_path / "mixed.pcap"
     wrpcap(str(pcap), [Ether() / IP() / UDP(sport=1, dport=53) / b"dns?",
-                       Ether() / IP(src="10.0.0.1", dst="10.0.0.2") / UDP(sport=5, dport=47001) / raw])
+                       Ether() / IP(src="10.0.0.1", dst="10.0.0.2") / UDP(sport=5, dport=47001)
+                       / raw])
     assert capture.main([str(pcap), "--port", "47001"]) == 0
     out, err = capsys.readouterr()
+    flags = ",".join(n for b, n in wire.FLAG_NAMES.items() if h.flags & b) or "-"
     assert out.strip() == (f"10.0.0.1:5 > 10.0.0.2:47001 contrib job={h.job} epoch={h.epoch} "
                            f"call={h.call} rank={h.rank} slot={h.slot} round={h.round} "
-                           f"flags={','.join(n for b, n in wire.FLAG_NAMES.items() if h.flags & b) or '-'} "
-                           f"lanes={bin(h.present).count('1')}/{h.nlanes} "
+                           f"flags={flags} lanes={bin(h.present).count('1')}/{h.nlanes} "
                            f"block_size={h.block_size} length={h.length} exponent={h.exponent}")
     assert "1 SpINA packets, 1 other" in err
     assert capture.main([str(tmp_path / "missing.pcap")]) == 2

@@ -11,8 +11,7 @@ import pytest
 import yaml
 
 from netns import hosts  # noqa: F401  (a fixture: hosts in network namespaces)
-from spina.net import free_port
-from spina.net import bound_udp_socket
+from spina.net import bound_udp_socket, free_port
 from spina_cli import doctor, status
 from spina_cli.main import COMMANDS, main
 
@@ -27,7 +26,8 @@ def test_spina_help_lists_every_command_and_each_explains_itself(capsys):
     for name in COMMANDS:
         assert f"\n  {name} " in out.stdout
     for argv, words in ((["switch", "udp", "--help"], "--metrics"),
-                        (["deploy", "--help"], "Push the pipeline"), (["status", "--help"], "status"),
+                        (["deploy", "--help"], "Push the pipeline"),
+                        (["status", "--help"], "status"),
                         (["status", "--watch", "1", "--help"], "redraw"),
                         (["agent", "daemon", "--help"], "--metrics"),
                         (["capture", "--help"], "capture"), (["doctor", "--help"], "MTU"),

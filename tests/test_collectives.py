@@ -5,9 +5,9 @@ Run just this file: python -m pytest tests/test_collectives.py
 The schedules are checked symbolically for every world size 1..9 and grouping (who holds
 which contributions after each step). Then 4 and 8 gloo processes on loopback
 (tests/collectives_worker.py: one process forks the ranks) run every algorithm on lengths
-1, 3, 5, 37 and 1001 (shorter than and not divisible by the world size), also on sub-groups of 6 and 3 ranks; int32 must
-equal numpy's sum, float32 must equal numpy summing in the documented order, bit for bit, on
-every rank; the DDP hook must give DDP's averaged gradients.
+1, 3, 5, 37 and 1001 (shorter than and not divisible by the world size), also on sub-groups of
+6 and 3 ranks; int32 must equal numpy's sum, float32 must equal numpy summing in the documented
+order, bit for bit, on every rank; the DDP hook must give DDP's averaged gradients.
 """
 from __future__ import annotations
 
@@ -18,8 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from collectives.schedule import (ALGORITHMS, ScheduleError, check_groups, chunk_bounds,
-                                  schedule)
+from collectives.schedule import ALGORITHMS, ScheduleError, check_groups, chunk_bounds, schedule
 from collectives_worker import LENGTHS, case_input, cases, grads, model_and_input
 from spina.net import free_port
 

@@ -15,25 +15,27 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 import torch
-import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
-from host_agent.blocks import headroom_bits, nonzero_blocks  # noqa: E402
-from host_agent.compression import (BucketLayout, CompressionConfig, ResidualMemory,  # noqa: E402
-                                    _kernels, kernels, make_compressor)
-from host_agent.compression.hooks import (CompressionHookState, gloo_compressed_hook,  # noqa: E402
-                                          spina_compressed_hook)
-from host_agent.launch import local_job  # noqa: E402
-from host_agent.local import LocalCluster  # noqa: E402
-from host_agent.torch_hook import HookCounters, pack_aligned  # noqa: E402
-from softswitch.udp import Faults, UdpSwitch  # noqa: E402
-from spina.config import ConfigError, JobFile  # noqa: E402
+from host_agent.blocks import headroom_bits, nonzero_blocks
+from host_agent.compression import BucketLayout, ResidualMemory, _kernels, kernels, make_compressor
+from host_agent.compression.hooks import (
+    CompressionHookState,
+    gloo_compressed_hook,
+    spina_compressed_hook,
+)
+from host_agent.launch import local_job
+from host_agent.local import LocalCluster
+from host_agent.torch_hook import HookCounters, pack_aligned
+from softswitch.udp import Faults, UdpSwitch
+from spina.config import ConfigError, JobFile
+
 try:  # tests/ is on sys.path under pytest's default import mode
-    from test_torch_hook import FakeBucket, leave_worker  # noqa: E402
+    from test_torch_hook import FakeBucket, leave_worker
 except ImportError:
-    from tests.test_torch_hook import FakeBucket, leave_worker  # noqa: E402
+    from tests.test_torch_hook import FakeBucket, leave_worker
 
 B = 16  # a small block size keeps the tests' tensors small
 
@@ -298,7 +300,8 @@ def test_topk_picks_the_largest_blocks():
 
 def test_warmup_schedule_lowers_the_ratio_geometrically():
     """Warm-up: k goes 250, 112, 50, 23, 10 blocks of 1000 over 4 steps, then stays at 1%."""
-    comp = make_compressor(method="topk", ratio=0.01, warmup_steps=4, warmup_ratio=0.25, block_size=B)
+    comp = make_compressor(method="topk", ratio=0.01, warmup_steps=4, warmup_ratio=0.25,
+                           block_size=B)
     layout = _layout(1000 * B)
     ks = []
     for _ in range(6):
@@ -367,7 +370,8 @@ def test_losscomp_ratio_follows_the_loss_trend():
     for loss in (4, 4, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1):
         comp.observe_loss(loss)
         ratios.append(comp.current_ratio())
-    np.testing.assert_allclose(ratios[1::2], [0.1, 0.08, 0.064, 0.08, 0.1, 0.125, 0.15625, 0.1953125, 0.2])
+    np.testing.assert_allclose(ratios[1::2],
+                               [0.1, 0.08, 0.064, 0.08, 0.1, 0.125, 0.15625, 0.1953125, 0.2])
 
 
 # ---------------------------------------------------------------- the agent's block hint
@@ -395,7 +399,8 @@ def test_block_hint_gives_the_same_result_and_sends_only_those_blocks(dtype, nnz
         stats = [a.last_stats for a in c.agents]
     for p, h in zip(plain, hinted):
         np.testing.assert_array_equal(p, h)
-    assert [s.nonzero_blocks for s in stats] == plain_blocks == [len(nonzero_blocks(x, B)) for x in xs]
+    assert ([s.nonzero_blocks for s in stats] == plain_blocks
+            == [len(nonzero_blocks(x, B)) for x in xs])
     assert all(s.payload_bytes_sent == s.nonzero_blocks * B * 4 for s in stats)
 
 
@@ -418,7 +423,8 @@ def test_compressed_sum_through_the_switch():
     rng = np.random.default_rng(5)
     layout = _layout(64 * B)
     comps = [make_compressor(method="topk", ratio=0.1, block_size=B) for _ in range(2)]
-    sels = [c.compress(layout, rng.standard_normal(layout.length).astype(np.float32)) for c in comps]
+    sels = [c.compress(layout, rng.standard_normal(layout.length).astype(np.float32))
+            for c in comps]
     with LocalCluster(2, block_size=B, nlanes=4, nslots=4) as c:
         out = c.allreduce([s.send for s in sels], blocks=[s.blocks for s in sels])
         stats = [a.last_stats for a in c.agents]
@@ -639,7 +645,8 @@ def _ddp_worker(rank, tmp):
                 sent2d = sel.send.reshape(-1, B)
                 kept = np.ones(layout.nblocks, bool)
                 kept[sel.blocks] = False
-                np.testing.assert_array_equal(after["residual"].reshape(-1, B)[kept], v.reshape(-1, B)[kept])
+                np.testing.assert_array_equal(after["residual"].reshape(-1, B)[kept],
+                                              v.reshape(-1, B)[kept])
                 assert not after["residual"].reshape(-1, B)[sel.blocks].any()
                 assert not sent2d[kept].any()
             # The averaged gradient is the sum of every rank's send / WORLD.
@@ -690,7 +697,8 @@ def test_ddp_compressed_hooks_no_sync_unused_params_and_identical_ranks(job_file
     nblocks = 2048 // B + 4 + 640 // B + 1 + 64 // B + 1  # fc1, fc2, unused: weights and biases
     assert [r["blocks_total"] for r in report] == [STEPS * nblocks] * len(CONFIGS)
     k = math.ceil(0.1 * nblocks)
-    assert [r["blocks_sent"] for r in report if r["method"] in ("topk", "randomk")] == [STEPS * k] * 3
+    assert ([r["blocks_sent"] for r in report if r["method"] in ("topk", "randomk")]
+            == [STEPS * k] * 3)
     gloo = report[-1]
     assert gloo["bytes_sent"] == STEPS * (WORLD - 1) * k * (B + 1) * 4
 
@@ -704,7 +712,8 @@ def test_example_runs_tiny(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            str(root / "examples" / "train_compressed.py"), "--task", "mlp", "--steps", "2",
            "--batch", "8", "--runs", "topk@0.01,gloo-losscomp@0.01", "--out", str(out)]
-    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=300)  # waits: stopped
+    # waits: stopped
+    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(out.with_suffix(".json").read_text())
     runs = {r["name"]: r for r in summary["runs"]}

@@ -482,7 +482,9 @@ def test_sprayed_l2_entries_name_groups_and_turns(fake, tmp_path):
     got = sorted((table[t.table_id], [m.exact.value for m in t.match],
                   action[t.action.action.action_id], [x.value for x in t.action.action.params])
                  for t in sw.tables.values() if table[t.table_id] in ("l2", "spray_ports"))
-    mac = lambda i: encode(f"02:00:00:00:02:0{i}", 48)
+
+    def mac(i):
+        return encode(f"02:00:00:00:02:0{i}", 48)
     assert got == sorted([
         ("l2", [mac(1)], "spray", [encode(0, 8), encode(2, 8)]),
         ("l2", [mac(2)], "bridge", [encode(2, 9)]),

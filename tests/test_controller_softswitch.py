@@ -19,12 +19,12 @@ from p4.v1 import p4runtime_pb2 as pb
 
 from controller import state as state_mod
 from controller.controller import Controller
-from controller.p4rt import Connection, NotPrimaryError
+from controller.p4rt import Connection, NotPrimaryError, P4RuntimeError
 from host_agent import assignment
-from spina import spec
 from softswitch.dataplane import Dataplane
 from softswitch.p4runtime_server import P4RuntimeServer
 from softswitch.udp import UdpSwitch
+from spina import spec
 from spina.net import free_port
 from spina.procs import stop_process
 
@@ -144,7 +144,8 @@ def test_deploy_two_jobs_remove_restart_redeploy(switch_process, tmp_path):
     sw.stop()
     sw.start()  # same ports, empty tables
     out = cli(cfg, "deploy").stdout
-    assert "pipeline pushed" in out and "6 inserted" in out  # endpoint, group, 2 admission, 2 rewrite
+    # endpoint, group, 2 admission, 2 rewrite
+    assert "pipeline pushed" in out and "6 inserted" in out
     allreduce_all(cfg, [agents / f"job2-rank{r}.json" for r in (0, 1)], seed=2)
     rows = cli(cfg, "status").stdout.split("\n\n")[0].splitlines()
     assert len(rows) == 3 and rows[2].split()[0] == "2"
@@ -189,7 +190,7 @@ def test_pipeline_lacking_names_is_rejected(inproc):
     del info.registers[:]
     info.registers.extend(regs)
     with Connection(srv.address) as c:
-        with pytest.raises(Exception) as e:
+        with pytest.raises(P4RuntimeError) as e:
             c.set_pipeline(info, b"", 1)
     assert "INVALID_ARGUMENT" in str(e.value)
     assert "table admission" in str(e.value) and "register slot_round" in str(e.value)
@@ -211,7 +212,8 @@ def test_removal_clears_only_that_jobs_slots(inproc, tmp_path):
         regs["slot_values"][:8, :4] = 9
         c.set_state(st.without_job(1))
         assert list(regs["slot_round"][:8]) == [0, 0, 0, 0, 5, 5, 5, 5]
-        assert (regs["slot_values"][:4, :4] == 0).all() and (regs["slot_values"][4:8, :4] == 9).all()
+        assert (regs["slot_values"][:4, :4] == 0).all()
+        assert (regs["slot_values"][4:8, :4] == 9).all()
         assert c.session("s1").registers.read("slot_round", 4) == 5
     assert [a.job for a in sw.pipeline.admission.values()] == [2, 2]
 

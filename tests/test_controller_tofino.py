@@ -29,7 +29,7 @@ from spina import spec, wire
 from spina.config import ConfigError
 
 try:
-    from test_controller import FakeSwitch, fake  # noqa: F401  (fake: the fixture)
+    from test_controller import FakeSwitch, fake  # fake: a fixture
     from test_tna_agreement import _canonical
 except ImportError:
     from tests.test_controller import FakeSwitch, fake  # noqa: F401
@@ -274,6 +274,7 @@ def register_fake():
 
     def start(**kw):
         from concurrent import futures
+
         from p4.v1 import p4runtime_pb2_grpc
         sw = RegisterFake(**kw)
         server = grpc.server(futures.ThreadPoolExecutor(4))

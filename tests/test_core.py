@@ -7,9 +7,10 @@ host_agent/blocks.py (gather_blocks, quantize, dequantize, scatter_blocks) give,
 inputs and on the edge cases: NaN/Inf blocks, the zero-padded last block, one to 64 lanes,
 shifts outside float32's scale range (ldexp), int32 tensors, both of the core's loop
 variants; block_scan the per-block largest |x| bits and OR of bits that numpy computes. The
-header fields fill_round writes and the ones recv_answers reads must be spina.wire's (HEADER_STRUCT), and its header checks wire.header_error's; a batch of datagrams
-read with one recvmmsg keeps only the switch's well-formed answers of the call. A datagram
-the agent builds with it must be exactly wire.pack of the reference.
+header fields fill_round writes and the ones recv_answers reads must be spina.wire's
+(HEADER_STRUCT), and its header checks wire.header_error's; a batch of datagrams read with one
+recvmmsg keeps only the switch's well-formed answers of the call. A datagram the agent builds
+with it must be exactly wire.pack of the reference.
 """
 import socket
 import threading
@@ -19,7 +20,7 @@ import pytest
 
 from host_agent import _core
 from host_agent.agent import _A_INDEX, Agent, _Buffers, _Call
-from host_agent.blocks import (LanePlan, dequantize, gather_blocks, quantize, scatter_blocks)
+from host_agent.blocks import LanePlan, dequantize, gather_blocks, quantize, scatter_blocks
 from host_agent.recovery import RttEstimator
 from spina import wire
 from spina.config import JobConfig, WorkerAddr
@@ -110,7 +111,8 @@ def random_case(rng, integer):
     else:
         flat = (rng.uniform(-1, 1, n) * 2.0 ** e).astype(np.float32)
         for b in rng.choice(nblocks, min(nblocks, 3), replace=False):
-            flat[b * B + int(rng.integers(0, min(B, n - b * B)))] = rng.choice([np.nan, np.inf, -np.inf])
+            i = b * B + int(rng.integers(0, min(B, n - b * B)))
+            flat[i] = rng.choice([np.nan, np.inf, -np.inf])
     nz = np.sort(rng.choice(nblocks, int(rng.integers(1, nblocks + 1)), replace=False))
     nz = np.union1d(nz, [nblocks - 1])  # the partial last block, when there is one
     pos_ext, first, order = lane_plan(nz, nslots, k)
@@ -364,14 +366,16 @@ def test_the_agents_datagrams_are_wire_pack_of_the_reference():
     call.slots[0].done = True  # (never started here)
     call.resend_due(False, 0.1, 10.0, ("127.0.0.1", 1))
     flush()
-    assert wire.unpack_header(sent[-1]).flags == wire.FLAG_LAST | wire.FLAG_RESEND | wire.FLAG_PARTIAL
+    assert (wire.unpack_header(sent[-1]).flags
+            == wire.FLAG_LAST | wire.FLAG_RESEND | wire.FLAG_PARTIAL)
     assert sent[-1][wire.HEADER_LEN:] == want[wire.HEADER_LEN:]
     assert sent[-2] == want  # the stored datagram is unchanged
 
 
 def random_header(rng) -> list:
     """Random values for every header field (HEADER_STRUCT order), each within its width."""
-    return [int(rng.integers(0, 2 ** bits, dtype=np.uint64)) - (2 ** (bits - 1) if code.islower() else 0)
+    return [int(rng.integers(0, 2 ** bits, dtype=np.uint64))
+            - (2 ** (bits - 1) if code.islower() else 0)
             for _, code, bits in wire.HEADER_FIELDS]
 
 

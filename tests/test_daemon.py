@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _env():
-    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    return dict(os.environ,
+                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
 
 
 def _wait_for(cond, timeout=20.0, what="condition"):
@@ -77,8 +78,9 @@ def test_two_local_processes_allreduce_and_sigterm(setup):
                     [pool.submit(c.allreduce, x) for c, x in zip((c0, c1), xs)]]
             np.testing.assert_allclose(outs[0], xs[0] * 3, rtol=1e-6)
             np.testing.assert_array_equal(outs[0], outs[1])
-        ints = [f.result(timeout=30) for f in [pool.submit(c.allreduce, np.full(10, r + 5, np.int32))
-                                               for r, c in enumerate((c0, c1))]]
+        ints = [f.result(timeout=30)
+                for f in [pool.submit(c.allreduce, np.full(10, r + 5, np.int32))
+                          for r, c in enumerate((c0, c1))]]
         np.testing.assert_array_equal(ints[0], np.full(10, 11, np.int32))
         assert c0.last_stats.length == 10 and c0.status()["calls_done"] == 6
     _stop(proc, sock, logf)
@@ -109,8 +111,10 @@ def test_survives_a_client_dying_mid_call(setup):
         np.testing.assert_array_equal(c1.allreduce(np.full(5000, 2.0, np.float32)),
                                       np.full(5000, 3.0, np.float32))
         _wait_for(lambda: status(sock)["clients_lost"] == 1, what="the daemon to notice the loss")
-        with DaemonClient(job_file, 0, sock) as c0, concurrent.futures.ThreadPoolExecutor(2) as pool:
-            futs = [pool.submit(c.allreduce, np.full(700, v, np.float32)) for c, v in ((c0, 4.0), (c1, 0.5))]
+        with DaemonClient(job_file, 0, sock) as c0, \
+                concurrent.futures.ThreadPoolExecutor(2) as pool:
+            futs = [pool.submit(c.allreduce, np.full(700, v, np.float32))
+                    for c, v in ((c0, 4.0), (c1, 0.5))]
             for f in futs:
                 np.testing.assert_array_equal(f.result(timeout=30), np.full(700, 4.5, np.float32))
     assert "went away during a call" in Path(logf).read_text()
@@ -120,6 +124,7 @@ def test_survives_a_client_dying_mid_call(setup):
 def test_torch_hook_through_the_daemon(setup):
     """The DDP hook works with agent_from_env(daemon_socket=...) in place of an in-process agent."""
     import torch
+
     from host_agent.torch_hook import SpinaHookState, agent_from_env, spina_allreduce_hook
 
     class Bucket:
@@ -149,7 +154,8 @@ def test_relaunched_job_gets_a_new_agent(setup, tmp_path):
     job_file, sock, proc, logf = setup
     with DaemonClient(job_file, 0, sock) as c0, DaemonClient(job_file, 1, sock) as c1, \
             concurrent.futures.ThreadPoolExecutor(2) as pool:
-        [f.result(timeout=30) for f in [pool.submit(c.allreduce, np.ones(10, np.float32)) for c in (c0, c1)]]
+        [f.result(timeout=30)
+         for f in [pool.submit(c.allreduce, np.ones(10, np.float32)) for c in (c0, c1)]]
     job2 = local_job(2)
     with UdpSwitch(port=0) as sw2:
         sw2.add_job(job2)
@@ -177,8 +183,8 @@ def test_config_errors_name_the_field(tmp_path):
 
 def test_help():
     """`python -m host_agent daemon --help` documents the command."""
-    out = subprocess.run([sys.executable, "-m", "host_agent", "daemon", "--help"], env=_env(), cwd=ROOT,
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-m", "host_agent", "daemon", "--help"], env=_env(),
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "--config" in out.stdout and "SIGTERM" in out.stdout
 
 

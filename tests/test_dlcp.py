@@ -20,8 +20,14 @@ from host_agent import dlcp
 from host_agent.agent import CallStats
 from host_agent.blocks import LanePlan, block_absmax_bits
 from host_agent.local import LocalCluster
-from host_agent.recovery import (AUTO_DEADLINE_MAX, AUTO_DEADLINE_MIN, Recovery, RttEstimator,
-                                 Timer, flusher_rank)
+from host_agent.recovery import (
+    AUTO_DEADLINE_MAX,
+    AUTO_DEADLINE_MIN,
+    Recovery,
+    RttEstimator,
+    Timer,
+    flusher_rank,
+)
 from softswitch.udp import Faults, UdpSwitch
 from spina import wire
 from spina.config import ConfigError, JobConfig, JobFile, WorkerAddr, job_to_dict
@@ -164,6 +170,7 @@ def test_ddp_sends_the_first_layers_bucket_first_class(tmp_path):
     the first layer (DDP's last) goes out at 7, the one holding the last layers at the base."""
     import torch
     import torch.distributed as dist
+
     from host_agent.agent import Agent
     from host_agent.torch_hook import SpinaHookState, spina_allreduce_hook
     from spina.net import bound_udp_socket
@@ -362,7 +369,8 @@ def test_default_policy_sends_every_packet_as_before():
         with LocalCluster(2, switch=sw, block_size=16, nlanes=4, nslots=2, priority=3) as c:
             futs = [c.agents[r].allreduce_async(xs[r], layer=(0, 9)) for r in range(2)]
             res = [f.result(timeout=30) for f in futs]
-    assert headers and {(h.priority, h.flags & wire.FLAG_LOSS_TOLERANT) for h in headers} == {(3, 0)}
+    assert headers
+    assert {(h.priority, h.flags & wire.FLAG_LOSS_TOLERANT) for h in headers} == {(3, 0)}
     assert res[0].tobytes() == res[1].tobytes()
 
 
@@ -435,9 +443,11 @@ def test_bounded_loss_run_drops_exactly_the_marked_packets_identically_on_every_
 def test_stats_and_metrics_report_the_loss():
     """The daemon's counters add each call's blocks lost, partial rounds and tolerant packets."""
     import prometheus_client  # noqa: F401  (installed by make setup)
+
     from host_agent.metrics import DaemonMetrics
     m = DaemonMetrics()
-    m.call_done(4, 1, CallStats(blocks_lost=6, partial_rounds=3, loss_tolerant_packets=5), 0.1, True)
+    m.call_done(4, 1, CallStats(blocks_lost=6, partial_rounds=3, loss_tolerant_packets=5), 0.1,
+                True)
     m.call_done(4, 1, CallStats(blocks_lost=2, partial_rounds=1), 0.1, True)
     got = {s.name: s.value for f in m.registry.collect() for s in f.samples
            if s.labels.get("job_id") == "4" and s.name.endswith("_total")}
@@ -623,7 +633,7 @@ def test_daemon_applies_its_bound_and_each_calls_layer(tmp_path):
             futs = [c.allreduce_async(x, layer=(0, 3)) for c, x in zip(clients, xs)]
             res = [f.result(timeout=30) for f in futs]
             stats = [c.last_stats for c in clients]
-            with pytest.raises(Exception, match="layer"):
+            with pytest.raises(ValueError, match="layer"):
                 clients[0].allreduce(xs[0], layer=(3, 3))
         finally:
             for c in clients:
@@ -643,8 +653,8 @@ def test_daemon_applies_its_bound_and_each_calls_layer(tmp_path):
 def test_example_smoke(tmp_path):
     """examples/dlcp_train.py (a few steps): three runs, weights identical on every worker,
     nothing lost at bound 0, losses within each bound, json and png written."""
-    import sklearn  # noqa: F401  (installed by make setup)
     import matplotlib  # noqa: F401  (installed by make setup)
+    import sklearn  # noqa: F401  (installed by make setup)
     r = subprocess.run([sys.executable, str(ROOT / "examples" / "dlcp_train.py"), "--steps", "3",
                         "--every", "1", "--workers", "2", "--out", str(tmp_path / "d.png")],
                        capture_output=True, text=True, timeout=300, env=ENV, cwd=tmp_path)
@@ -666,8 +676,8 @@ def test_example_mlp_task_smoke(tmp_path):
     """examples/dlcp_train.py --task mlp (the 5.3M-parameter model, 2 steps, 2 workers): three
     runs, weights identical on every worker, nothing lost at bound 0, losses within each bound,
     the bounded runs' deadlines `auto` (from the round latency: 2-50 ms, per call)."""
-    import torch  # noqa: F401  (installed by make setup)
     import matplotlib  # noqa: F401  (installed by make setup)
+    import torch  # noqa: F401  (installed by make setup)
     r = subprocess.run([sys.executable, str(ROOT / "examples" / "dlcp_train.py"), "--task", "mlp",
                         "--steps", "2", "--every", "1", "--workers", "2",
                         "--out", str(tmp_path / "m.png")],

@@ -120,8 +120,15 @@ def test_contribution_dropped_at_a_leaf_becomes_a_partial_round():
     switch: it drops rank 0's loss-tolerant contribution (the budget allowing), and rank 1's
     flush completes the round PARTIAL: both ranks get the same bits, bitmap naming rank 1 only.
     Frame by frame through two software switches (the flush is the one an agent would send)."""
-    from bmv2_tests.helpers import (SWITCH_IP, SWITCH_MAC, InaEntries, contrib, rid, worker_mac,
-                                    worker_port)
+    from bmv2_tests.helpers import (
+        SWITCH_IP,
+        SWITCH_MAC,
+        InaEntries,
+        contrib,
+        rid,
+        worker_mac,
+        worker_port,
+    )
     ina_at = 14 + 20 + 8
     uplink, leaf_port_at_agg = 9, 1
     leaf, agg = Dataplane(pool_slots=8), Dataplane(pool_slots=8)

@@ -18,10 +18,8 @@ import yaml
 from bench.scale_out import fabric_doc, tensors
 from controller import plan
 from host_agent.agent import Agent
-from spina.net import bound_udp_socket
+from spina.net import bound_udp_socket, free_ports
 from spina.procs import stop_process
-
-from spina.net import free_ports
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from host_agent.agent import SpinaError
 from host_agent.daemon import DaemonClient, status
 from spina import log as spina_log
 
@@ -110,7 +111,7 @@ def test_launcher_and_daemon_lines_parse_and_call_lines_carry_job_call_rank(tmp_
                         [pool.submit(c.allreduce, np.full(600, r + 1.0, np.float32))
                          for r, c in enumerate((c0, c1))]]
                 np.testing.assert_array_equal(outs[0], np.full(600, 3.0, np.float32))
-            with pytest.raises(Exception, match="SpinaTimeout"):
+            with pytest.raises(SpinaError, match="SpinaTimeout"):
                 c0.allreduce(np.ones(600, np.float32))  # rank 1 never calls
         assert status(str(sock))["calls_done"] == 5
     finally:
@@ -163,10 +164,12 @@ def test_kv_and_json_keep_one_record_on_one_line():
         assert [str(r[k]) for k in ("job", "call", "rank", "peer", "pid_")] == \
             ["2", "9", "1", "", "5"] and str(r["pid"]) == str(os.getpid())
         assert r["exc"].startswith("Traceback") and r["exc"].endswith("ValueError: boom")
-    assert 'peer=""' in kv and 'msg="say \\"hi\\"\\\\there\\nrank=3 \\ttab\\u000cpage\\u2028ls"' in kv
+    assert 'peer=""' in kv
+    assert 'msg="say \\"hi\\"\\\\there\\nrank=3 \\ttab\\u000cpage\\u2028ls"' in kv
     text = spina_log.Formatter("text", "switch").format(record)
     assert text.split("\n")[0].endswith(" ERROR spina.test: say \"hi\"\\there")
-    assert "rank=3 \ttab\x0cpage\u2028ls job=2 call=9 rank=1 peer=\"\" pid_=5\nTraceback" in text  # job first
+    # job first
+    assert "rank=3 \ttab\x0cpage\u2028ls job=2 call=9 rank=1 peer=\"\" pid_=5\nTraceback" in text
 
 
 def test_bound_fields_are_read_when_the_line_is_written(caplog):

@@ -23,9 +23,7 @@ from softswitch.udp import UdpSwitch
 from spina import wire
 from spina.config import JobConfig, WorkerAddr, job_to_dict
 from spina.metrics import parse_address
-
-from spina.net import free_port
-from spina.net import bound_udp_socket
+from spina.net import bound_udp_socket, free_port
 from spina.procs import stop_process
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -231,6 +229,7 @@ def test_controller_exports_p4_counters_polled_over_p4runtime(tmp_path):
     """The controller's endpoint reports the P4 counters it reads over P4Runtime from a
     software switch after a deployed job's all-reduce: the same values the switch holds."""
     import yaml
+
     from controller.controller import Controller
     from controller.metrics import serve_metrics as serve_controller_metrics
     from controller.state import load
@@ -293,6 +292,7 @@ def test_dashboard_and_docs_name_only_exported_metrics():
     """Every metric the Grafana dashboard queries is in docs/operations.md's table, and every
     family the exporters define is documented there."""
     import re
+
     from host_agent.metrics import DaemonMetrics
     from spina.metrics import JOB_FAMILIES, PORT_FAMILIES
     docs = open(os.path.join(ROOT, "docs", "operations.md")).read()

@@ -16,8 +16,12 @@ import pytest
 
 try:
     from testbed import topos
-    from testbed.__main__ import (first_transmission_bytes, run_allreduce, spine_link_bytes,
-                                  spray_traffic)
+    from testbed.__main__ import (
+        first_transmission_bytes,
+        run_allreduce,
+        spine_link_bytes,
+        spray_traffic,
+    )
     from testbed.mn import import_mininet
     import_mininet()
     WHY = None if os.geteuid() == 0 else "needs root"

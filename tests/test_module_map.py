@@ -63,7 +63,8 @@ def test_imports_follow_the_module_map():
 
 def test_checker_catches_an_upward_import():
     """The checker itself: an upward import, also one inside a function, is reported."""
-    src = "import numpy\nfrom spina import wire\n\ndef f():\n    from host_agent.agent import Agent\n"
+    src = ("import numpy\nfrom spina import wire\n\n"
+           "def f():\n    from host_agent.agent import Agent\n")
     assert violations("controller", "controller/x.py", src) == [
         "controller/x.py:5: imports host_agent (controller may import only controller, spina)"]
     assert violations("spina", "spina/x.py", "import softswitch.udp\n") == [

@@ -20,8 +20,7 @@ import re
 
 import pytest
 
-from spina import spec
-from spina import wire
+from spina import spec, wire
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 P4SRC = ROOT / "p4src"

@@ -18,11 +18,12 @@ import struct
 import numpy as np
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from softswitch.fabric import TO_GROUP, TO_SENDER, TO_UPSTREAM, Roles
 from softswitch.dataplane import Dataplane
+from softswitch.fabric import TO_GROUP, TO_SENDER, TO_UPSTREAM, Roles
 from softswitch.pipeline import Pipeline
 from spina import rows, spec, wire
 from spina.config import JobConfig, WorkerAddr
+
 try:  # tests/ is on sys.path under pytest's default import mode, unless tests/ is a package
     from p4model import INA_OFF, M32, P4Model
 except ImportError:
@@ -47,7 +48,8 @@ def packet(draw, nworkers, k=K, bs=BS):
                                     wire.FLAG_LAST | wire.FLAG_LOSS_TOLERANT,
                                     wire.FLAG_RESEND | wire.FLAG_PARTIAL])),
         job=JOB, epoch=draw(st.sampled_from([1] * 9 + [2])), slot=draw(st.integers(0, 2)),
-        rank=rank, nlanes=k, round=draw(st.integers(1, 4)), length=draw(st.sampled_from([9, 9, 10])),
+        rank=rank, nlanes=k, round=draw(st.integers(1, 4)),
+        length=draw(st.sampled_from([9, 9, 10])),
         block_size=bs, exponent=draw(st.integers(-40, 40)), present=present,
         nonfinite=draw(st.integers(0, (1 << k) - 1)) & present)
     nxt = draw(st.lists(st.sampled_from([0, 1, 5, 9, wire.END]), min_size=k, max_size=k))
@@ -151,7 +153,7 @@ def test_frames_are_judged_as_the_p4_parser_judges_them(sent):
     for r in range(2):
         model.admission[(PORT, src(r), JOB, r)] = dict(
             epoch=1, slot_base=0, nslots=2, nworkers=2, block_size=BS, nlanes=K)
-    for rank, f in sent:
+    for _rank, f in sent:
         got = [(out[INA_OFF:], False) for _, out in dp.process(f, PORT)]
         want = [(pkt, multicast) for pkt, multicast in model.process_frame(f, PORT)
                 if not multicast]  # no multicast group configured: results go nowhere

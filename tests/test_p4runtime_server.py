@@ -13,11 +13,11 @@ import pytest
 from google.rpc import code_pb2
 from p4.v1 import p4runtime_pb2 as pb, p4runtime_pb2_grpc
 
-from controller.p4rt import Connection, election_id
-from spina.p4runtime import encode
-from spina import spec
+from controller.p4rt import Connection, P4RuntimeError, election_id
 from softswitch.dataplane import Dataplane
 from softswitch.p4runtime_server import P4RuntimeServer
+from spina import spec
+from spina.p4runtime import encode
 
 
 @pytest.fixture
@@ -44,10 +44,9 @@ def write(c, kind, entity):
 
 
 def code_of(f) -> grpc.StatusCode:
-    with pytest.raises(Exception) as e:
+    with pytest.raises(P4RuntimeError) as e:
         f()
-    return getattr(e.value, "code", None) if not isinstance(e.value, grpc.RpcError) \
-        else e.value.code()
+    return e.value.code
 
 
 def l2_entry(c, mac="02:00:00:00:00:01", port=1):
@@ -62,7 +61,8 @@ def test_capabilities_and_pipeline_cookie(conn):
 
 
 def test_write_needs_arbitration_and_pipeline(server):
-    """Without a StreamChannel a write is PERMISSION_DENIED; before a pipeline, FAILED_PRECONDITION."""
+    """Without a StreamChannel a write is PERMISSION_DENIED; before a pipeline,
+    FAILED_PRECONDITION."""
     srv, _ = server
     with grpc.insecure_channel(srv.address) as channel:
         stub = p4runtime_pb2_grpc.P4RuntimeStub(channel)
@@ -137,7 +137,7 @@ def test_congestion_entries_and_fixed_defaults(conn, server):
     wide.action.action.params[1].value = b"\x01\x00\x00"  # 65536: one bit too many
     assert code_of(lambda: write(conn, pb.Update.INSERT, pb.Entity(table_entry=wide))) == \
         grpc.StatusCode.INVALID_ARGUMENT
-    with pytest.raises(Exception, match=r"set_congestion\(bound\): value 65536"):
+    with pytest.raises(P4RuntimeError, match=r"set_congestion\(bound\): value 65536"):
         write(conn, pb.Update.INSERT, pb.Entity(table_entry=wide))
     write(conn, pb.Update.DELETE, pb.Entity(table_entry=e))
     assert dp.pipeline.congestion == {}

@@ -4,6 +4,7 @@ Run just this file: python -m pytest tests/test_p4runtime_shell.py
 """
 from __future__ import annotations
 
+import p4runtime_sh.shell as sh
 import pytest
 import yaml
 
@@ -12,8 +13,6 @@ from controller.controller import Controller
 from controller.p4rt import NotPrimaryError
 from softswitch.p4runtime_server import P4RuntimeServer
 from softswitch.udp import UdpSwitch
-
-import p4runtime_sh.shell as sh
 
 
 @pytest.fixture

@@ -13,14 +13,13 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from ps.client import CoordinatorError, PSClient, PSError, ShardError
+from ps.client import CoordinatorError, PSClient, ShardError
 from ps.config import PolicyConfig
 from ps.local import LocalPS
 from ps.server import Coordinator, ShardServer, shard_ranges
@@ -127,20 +126,23 @@ def test_lost_push_is_an_error_naming_the_clocks():
     cfg = PolicyConfig(block_size=4, lr=1.0)
     with LocalPS(np.zeros(8, np.float32), 1, cfg, nshards=1) as ps, ps.client(0) as c:
         c.push(1, np.ones(8, np.float32))
-        with pytest.raises(ShardError, match=r"shard 0.*worker 0 pushed clock 4.*clocks 2\.\.3 were lost"):
+        with pytest.raises(ShardError,
+                           match=r"shard 0.*worker 0 pushed clock 4.*clocks 2\.\.3 were lost"):
             c.push(4, np.ones(8, np.float32))
         np.testing.assert_array_equal(ps.weights(), -np.ones(8))
 
 
 def test_crashed_shard_is_named_in_bounded_time(tmp_path):
     """Kill -9 a shard process: the worker's next pull fails with ShardError naming shard 1
-    (after at most the policy timeout, here 2 s; the test gives it 60 s before calling it a hang)."""
+    (after at most the policy timeout, here 2 s; the test gives it 60 s before calling it a
+    hang)."""
     cfg = PolicyConfig(block_size=4, timeout=2.0)
     ranges = shard_ranges(16, 2, 4)
     policy = tmp_path / "policy.json"
     policy.write_text(json.dumps({"block_size": 4, "timeout": 2.0}))
-    proc = subprocess.Popen([sys.executable, "-m", "ps", "shard", "--index", "1", "--lo", str(ranges[1][0]),
-                             "--size", str(ranges[1][1] - ranges[1][0]), "--nworkers", "1", "--policy", str(policy)],
+    proc = subprocess.Popen([sys.executable, "-m", "ps", "shard", "--index", "1",
+                             "--lo", str(ranges[1][0]), "--size", str(ranges[1][1] - ranges[1][0]),
+                             "--nworkers", "1", "--policy", str(policy)],
                             stdout=subprocess.PIPE, text=True, cwd=ROOT,
                             env=dict(os.environ, PYTHONPATH=str(ROOT)))
     shard0 = ShardServer(0, 0, np.zeros(8, np.float32), 1, cfg).start()
@@ -171,7 +173,8 @@ def test_waiting_on_a_missing_worker_names_it():
     with LocalPS(np.zeros(8, np.float32), 2, cfg, nshards=1) as ps, ps.client(0) as c:
         c.tick(0)
         c.push(1, np.ones(8, np.float32))
-        with pytest.raises(CoordinatorError, match=r"worker 0 at clock 1 waited 1.0 s for workers \[1\]"):
+        with pytest.raises(CoordinatorError,
+                           match=r"worker 0 at clock 1 waited 1.0 s for workers \[1\]"):
             c.tick(1)
 
 
@@ -237,7 +240,8 @@ def test_example_smoke(task, policies, tmp_path):
     subprocess.run([sys.executable, str(ROOT / "examples" / "ps_train.py"), "--task", task,
                     "--policies", policies, "--workers", "2", "--stragglers", "1", "--seconds", "3",
                     "--eval-every", "1", "--out", str(out)],
-                   check=True, timeout=120, capture_output=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                   check=True, timeout=120, capture_output=True,
+                   env=dict(os.environ, PYTHONPATH=str(ROOT)))
     d = json.loads(out.with_suffix(".json").read_text())
     assert set(d["runs"]) == set(policies.split(","))
     for r in d["runs"].values():
@@ -252,6 +256,7 @@ def test_example_smoke(task, policies, tmp_path):
 def test_bad_straggler_rejected_naming_field(spec, name):
     """The straggler injector refuses a bad slowdown naming the field."""
     import torch  # noqa: F401  (installed by make setup)
+
     from ps.train import Straggler, StragglerInjector
     with pytest.raises(ConfigError, match=f"straggler: field '{name}'"):
         StragglerInjector(4, (Straggler(**spec),))

@@ -168,7 +168,7 @@ def test_spurious_fast_retransmits_widen_the_reorder_window():
     for _ in range(5):
         rec.rtt.spurious_fast_retransmit()
     assert rec.rtt.reorder_window == srtt  # at most srtt
-    for i in range(16):
+    for _ in range(16):
         assert rec.rtt.reorder_window == srtt
         rec.rtt.call_done(0, 0)
     assert rec.rtt.reorder_window == srtt / 4

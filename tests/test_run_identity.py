@@ -59,7 +59,8 @@ def run_program(via: str, files, value: float, nranks: int = 2, dtype: str = "fl
             outs.append(out)
             errs.append(err)
         assert all(p.returncode == 0 for p in procs), "\n".join(
-            f"rank {r} exit {p.returncode}: {e[-1500:]}" for r, (p, e) in enumerate(zip(procs, errs)))
+            f"rank {r} exit {p.returncode}: {e[-1500:]}"
+            for r, (p, e) in enumerate(zip(procs, errs)))
         outs = [json.loads(o.strip().splitlines()[-1]) for o in outs]
     finally:
         for p in procs:
@@ -174,7 +175,7 @@ def test_a_replaced_rank_never_mixes_runs(launcher):
 def _capture(box, fn, *a):
     try:
         box.append(fn(*a))
-    except Exception as e:  # noqa: BLE001 - the test inspects it
+    except Exception as e:  # the test inspects it
         box.append(e)
 
 
@@ -187,7 +188,8 @@ def test_ddp_user_sees_the_spina_error_naming_the_missing_rank(launcher, tmp_pat
                         "--pg", str(tmp_path / "pg")],
                        env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 1
-    assert "SpinaTimeout: rank 0: job 1: ranks [1] did not join the run" in p.stderr, p.stderr[-3000:]
+    assert "SpinaTimeout: rank 0: job 1: ranks [1] did not join the run" in p.stderr, \
+        p.stderr[-3000:]
     assert "Unable to cast" not in p.stderr
 
 
@@ -246,8 +248,8 @@ def test_daemon_consecutive_runs_and_a_rank_that_died_between_calls(daemon):
     extra = ("--socket", sock)
     assert_all(run_program("daemon", job_file, 1, extra=extra), 2.0)
     # A broken run: rank 0 makes 2 calls, rank 1 only 1 and exits: rank 0's second call fails.
-    from host_agent.daemon import DaemonClient
     from host_agent.agent import SpinaError
+    from host_agent.daemon import DaemonClient
     c0, c1 = DaemonClient(job_file, 0, sock), DaemonClient(job_file, 1, sock)
     x = np.ones(5000, np.float32)
     t = threading.Thread(target=c1.allreduce, args=(x,))
@@ -275,7 +277,8 @@ def test_controller_serve_gives_each_run_its_own_epoch(tmp_path):
                       "address": "127.0.0.1", "udp_port": sw.address[1]}],
         "workers": [{"name": f"w{i}", "ip": "127.0.0.1", "udp_port": udp[i], "switch_port": 0}
                     for i in range(2)],
-        "jobs": [{"id": 3, "members": ["w0", "w1"], "nslots": 4, "slot_base": 0, "block_size": 64, "nlanes": 8}],
+        "jobs": [{"id": 3, "members": ["w0", "w1"], "nslots": 4, "slot_base": 0,
+                  "block_size": 64, "nlanes": 8}],
         "agents_dir": "agents", "rendezvous": f"127.0.0.1:{ports[0]}"}))
     proc = subprocess.Popen([sys.executable, "-m", "controller", "-c", str(cfg), "serve",
                              "--watch", "0.5"], env=ENV, cwd=ROOT, stdout=subprocess.PIPE,

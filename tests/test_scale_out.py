@@ -25,8 +25,7 @@ from softswitch.fabric import TO_GROUP, TO_SENDER, TO_UPSTREAM, Roles
 from softswitch.pipeline import Pipeline
 from softswitch.udp import Faults, UdpSwitch
 from spina import rows, wire
-from spina.config import (Assignment, ConfigError, JobConfig, JobFile, WorkerAddr,
-                          load_worker_file)
+from spina.config import Assignment, ConfigError, JobConfig, JobFile, WorkerAddr, load_worker_file
 
 
 # ---------------------------------------------------------------- the plan
@@ -318,8 +317,8 @@ def test_leaf_stores_the_spine_result_and_answers_resends_itself():
 def test_resend_before_the_spine_result_resends_the_partial():
     """The designated worker's (the rack's local rank 0's) resend while its rack is complete
     but the spine's result missing makes the leaf resend its partial; the spine's status comes
-    back to the rack as every local rank (only other racks can complete it), its stored result (to a later resend) is stored and multicast
-    as a completion."""
+    back to the rack as every local rank (only other racks can complete it), its stored result
+    (to a later resend) is stored and multicast as a completion."""
     (l0, l1), ups = completed_leaves()
     sp = spine()
     resend = patched(RACK0[0], flags=wire.FLAG_RESEND)
@@ -633,8 +632,8 @@ def test_spine_link_bytes_against_flat(density, shared):
 
 def test_a_new_epoch_on_every_level():
     """A new run (the controller's start_run, as `serve` calls it): every switch of both
-    levels is re-admitted with the new epoch, slots cleared; agents reset to the new epoch sum exactly; an agent still on
-    the old epoch is stale at its leaf and gets nothing."""
+    levels is re-admitted with the new epoch, slots cleared; agents reset to the new epoch sum
+    exactly; an agent still on the old epoch is stale at its leaf and gets nothing."""
     with FabricCluster() as f:
         ints = tensors(0.3, 5, integer=True)
         f.allreduce(ints)
@@ -848,11 +847,12 @@ class L2Fabric:
 
 
 def test_plan_installed_on_l2_switches_aggregates_in_two_levels():
-    """The controller's apply programs two leaves and a spine (L2-mode software switches, through the
-    controller's P4Runtime client); four workers' contributions come back to every worker as
-    one result each, equal to one flat switch's (but for the header's rank: the last sender's
-    at the spine, and the bitmap: the rack's local ranks), with 2 partials up and 2 results down on the spine's links. Installing
-    again writes nothing; a new epoch clears the job's slots on every switch."""
+    """The controller's apply programs two leaves and a spine (L2-mode software switches,
+    through the controller's P4Runtime client); four workers' contributions come back to every
+    worker as one result each, equal to one flat switch's (but for the header's rank: the last
+    sender's at the spine, and the bitmap: the rack's local ranks), with 2 partials up and 2
+    results down on the spine's links. Installing again writes nothing; a new epoch clears the
+    job's slots on every switch."""
     from spina.config import WorkerAddr as W
     fab = L2Fabric(l2_doc())
     counts = fab.install()
@@ -930,7 +930,8 @@ def test_controller_deploys_a_fabric_beside_a_flat_job(tmp_path):
 
     st = {(r["switch"], r["job"]): (r["level"], r["slots"], r["workers"], r["installed"])
           for r in ctl.status()}
-    assert st == {("leaf0", 9): ("flat", "2..3", 2, "yes"), ("leaf0", 7): ("leaf", "0..1", 2, "yes"),
+    assert st == {("leaf0", 9): ("flat", "2..3", 2, "yes"),
+                  ("leaf0", 7): ("leaf", "0..1", 2, "yes"),
                   ("leaf1", 7): ("leaf", "0..1", 2, "yes"),
                   ("spine0", 7): ("spine", "0..1", 2, "yes")}
 

@@ -34,12 +34,11 @@ from bench.scale_out import spine_hosts
 from controller.controller import Controller, program_in_process
 from controller.p4rt import Connection
 from controller.state import load
+from netns import MGMT_IP, SWITCH_IP, hosts, managed_hosts  # noqa: F401  (fixtures)
 from softswitch.udp import UdpSwitch
 from spina import spec
-from spina.procs import stop_process
-
-from netns import MGMT_IP, SWITCH_IP, hosts, managed_hosts  # noqa: F401  (fixtures)
 from spina.net import free_ports
+from spina.procs import stop_process
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -146,7 +145,7 @@ class Processes:
         p.wait()
 
     def stop(self) -> None:
-        for name, p in self.procs.items():
+        for p in self.procs.values():
             stop_process(p, 10)
         self.procs.clear()
 
@@ -271,7 +270,7 @@ def run_program(dep: Deployment, seed: int, die: dict[int, int] | None = None,
                 cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out: dict[int, list] = {}
     try:
-        for (job, r), p in procs.items():
+        for (job, _), p in procs.items():
             o, e = p.communicate(timeout=120)
             got = json.loads(o.strip().splitlines()[-1]) if p.returncode == 0 else e[-600:]
             out.setdefault(job, []).append((p.returncode, got))
@@ -322,7 +321,7 @@ def run_the_phases(dep: Deployment, restart: str, **run) -> None:
     assert_exact(run_program(dep, seed=1, **run))
     assert_exact(run_program(dep, seed=2, **run))  # not the first run's sums
     killed = run_program(dep, seed=3, die={j: 0 for j in jobs_of(dep.doc)}, timeout=8, **run)
-    for job, ranks in killed.items():
+    for ranks in killed.values():
         assert ranks[0][0] == 9, ranks[0]  # the killed rank
         assert all(code != 0 for code, _ in ranks[1:]), ranks  # the others time out
     assert_exact(run_program(dep, seed=4, **run))

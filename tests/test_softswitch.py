@@ -149,7 +149,7 @@ def test_udp_switch_survives_garbage():
     rng = np.random.default_rng(0)
     with LocalCluster(2, rto=5.0, block_size=8, nlanes=2, nslots=2) as c:
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        for n in range(50):
+        for _ in range(50):
             s.sendto(rng.bytes(int(rng.integers(0, 200))), c.switch.address)
         s.close()
         x = [np.arange(100, dtype=np.int32)] * 2
@@ -162,7 +162,8 @@ def test_udp_switch_survives_garbage():
 def test_length_mismatch_is_an_error_on_every_rank():
     """Workers that disagree on the tensor length all get LengthMismatch, not a hang."""
     with LocalCluster(3, rto=5.0, timeout=10, block_size=8, nlanes=2, nslots=2) as c:
-        futs = [a.allreduce_async(np.ones(n, np.float32)) for a, n in zip(c.agents, (100, 100, 120))]
+        futs = [a.allreduce_async(np.ones(n, np.float32))
+                for a, n in zip(c.agents, (100, 100, 120))]
         for f in futs:
             with pytest.raises(LengthMismatch, match="disagree on the tensor length"):
                 f.result(timeout=20)
@@ -184,7 +185,8 @@ def test_missing_worker_times_out_naming_it():
 
 
 def test_no_switch_times_out_clearly():
-    """With no switch listening the call fails within the timeout saying the switch never answered."""
+    """With no switch listening the call fails within the timeout saying the switch never
+    answered."""
     from host_agent.agent import Agent
     from spina.net import bound_udp_socket
     sock = bound_udp_socket()
@@ -199,7 +201,8 @@ def test_no_switch_times_out_clearly():
 def test_softswitch_cli_rejects_bad_job_file(tmp_path):
     """`python -m softswitch udp --jobs` with a bad field exits 2 naming the field."""
     f = tmp_path / "jobs.json"
-    f.write_text(json.dumps({"jobs": [{"job": 1, "nlanes": 500, "workers": [{"host": "127.0.0.1", "port": 1}]}]}))
+    f.write_text(json.dumps({"jobs": [{"job": 1, "nlanes": 500,
+                                       "workers": [{"host": "127.0.0.1", "port": 1}]}]}))
     r = subprocess.run([sys.executable, "-m", "softswitch", "udp", "--port", "0", "--jobs", str(f)],
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "jobs[0]" in r.stderr and "'nlanes'" in r.stderr
@@ -215,8 +218,8 @@ def test_softswitch_cli_serves_and_stops(tmp_path):
     f = tmp_path / "jobs.yaml"
     import yaml
     f.write_text(yaml.safe_dump({"jobs": [cfg]}))
-    proc = subprocess.Popen([sys.executable, "-m", "softswitch", "udp", "--port", "0", "--jobs", str(f)],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "softswitch", "udp", "--port", "0",
+                             "--jobs", str(f)], stdout=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline().split()
         host, port = line[1].rsplit(":", 1)

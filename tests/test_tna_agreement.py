@@ -154,7 +154,8 @@ def _canonical(text: str):
         for field, value in msg.ListFields():
             if field.type != field.TYPE_MESSAGE:
                 continue
-            if field.label == field.LABEL_REPEATED and not field.message_type.GetOptions().map_entry:
+            if (field.label == field.LABEL_REPEATED
+                    and not field.message_type.GetOptions().map_entry):
                 for m in value:
                     sort(m)
                 items = [type(m)() for m in value]

@@ -7,9 +7,9 @@ by RegisterAction (its const tables read from the P4 text). Random packet sequen
 (duplicates, stale and new rounds, flushes, absent lanes, wrong epochs, unadmitted and
 malformed packets; tests/test_p4_model.py's strategy at the TNA sizes) go through it
 and through softswitch.pipeline.Pipeline, with the pipeline's hold of a newer round off (the
-TNA program lacks it: spec.TNA_LACKS, tofino/README.md): every emitted packet, counter and register cell must
-agree after every packet. The sizes the TNA parser does not hold, and the congestion drop's
-loss budget, are compared too.
+TNA program lacks it: spec.TNA_LACKS, tofino/README.md): every emitted packet, counter and
+register cell must agree after every packet. The sizes the TNA parser does not hold, and the
+congestion drop's loss budget, are compared too.
 """
 from __future__ import annotations
 
@@ -21,12 +21,13 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from softswitch.pipeline import Pipeline
 from spina import spec, wire
 from spina.config import JobConfig, WorkerAddr
+
 try:  # tests/ is on sys.path under pytest's default import mode, unless tests/ is a package
-    from tna_model import INA_OFF, M32, TnaModel
     from test_p4_model import JOB, PORT, SWITCH_IP, frames, packet, src
+    from tna_model import INA_OFF, M32, TnaModel
 except ImportError:
-    from tests.tna_model import INA_OFF, M32, TnaModel
     from tests.test_p4_model import JOB, PORT, SWITCH_IP, frames, packet, src
+    from tests.tna_model import INA_OFF, M32, TnaModel
 
 K, BS = spec.TNA_SIZES["NLANES"], spec.TNA_SIZES["BLOCK_SIZE"]
 SLOTS = spec.TNA_SIZES["POOL_SLOTS"]
@@ -124,7 +125,7 @@ def test_frames_are_judged_as_the_software_switch_judges_them(sent):
     for r in range(2):
         model.admission[(PORT, src(r), JOB, r)] = dict(
             epoch=1, slot_base=0, nslots=2, nworkers=2, block_size=BS, nlanes=K)
-    for rank, f in sent:
+    for _rank, f in sent:
         if (len(f) >= INA_OFF + wire.HEADER_LEN
                 and (wire.unpack_header(f, INA_OFF).nlanes,
                      wire.unpack_header(f, INA_OFF).block_size) != (K, BS)):

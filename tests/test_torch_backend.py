@@ -10,16 +10,17 @@ import os
 from pathlib import Path
 
 import torch
-import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
-from host_agent.launch import local_job  # noqa: E402
-from softswitch.udp import UdpSwitch  # noqa: E402
-from spina.config import JobFile  # noqa: E402
+from host_agent.launch import local_job
+from softswitch.udp import UdpSwitch
+from spina.config import JobFile
+
 try:  # tests/ is on sys.path under pytest's default import mode
-    from test_torch_hook import leave_worker  # noqa: E402
+    from test_torch_hook import leave_worker
 except ImportError:
-    from tests.test_torch_hook import leave_worker  # noqa: E402
+    from tests.test_torch_hook import leave_worker
 
 WORLD = 2
 

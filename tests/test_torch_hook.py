@@ -10,26 +10,29 @@ import json
 import logging
 import math
 import os
-import sys
 import signal
+import sys
 import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
-
 import torch
-import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
-from host_agent.agent import SpinaTimeout  # noqa: E402
-from host_agent.blocks import headroom_bits  # noqa: E402
-from host_agent.launch import RepeatFilter, local_job, start_subprocess  # noqa: E402
-from host_agent.local import LocalCluster  # noqa: E402
-from host_agent.torch_hook import (SpinaHookState, agent_from_env,  # noqa: E402
-                                   block_aligned_layout, spina_allreduce_hook)
-from softswitch.udp import UdpSwitch  # noqa: E402
-from spina.config import ConfigError, JobFile  # noqa: E402
+from host_agent.agent import SpinaTimeout
+from host_agent.blocks import headroom_bits
+from host_agent.launch import RepeatFilter, local_job, start_subprocess
+from host_agent.local import LocalCluster
+from host_agent.torch_hook import (
+    SpinaHookState,
+    agent_from_env,
+    block_aligned_layout,
+    spina_allreduce_hook,
+)
+from softswitch.udp import UdpSwitch
+from spina.config import ConfigError, JobFile
 
 WORLD = 2
 STEPS = 4
@@ -48,7 +51,8 @@ class FakeBucket:
 def _model():
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(),
-                               torch.nn.Linear(4 * 6 * 6, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+                               torch.nn.Linear(4 * 6 * 6, 32), torch.nn.ReLU(),
+                               torch.nn.Linear(32, 10))
 
 
 def _ddp_worker(rank, tmp, dtype_name):
@@ -165,7 +169,8 @@ def test_hook_small_buckets_with_a_large_last_block(n):
         xs = [torch.full((n,), 1e-3) for _ in range(WORLD)]
         for x in xs:
             x[-min(n, 256):] = 5.0
-        outs = [f.wait() for f in [spina_allreduce_hook(s, FakeBucket(x)) for s, x in zip(states, xs)]]
+        outs = [f.wait()
+                for f in [spina_allreduce_hook(s, FakeBucket(x)) for s, x in zip(states, xs)]]
     torch.testing.assert_close(outs[0], xs[0], rtol=0, atol=1e-6)
 
 
@@ -223,7 +228,8 @@ def test_agent_from_env_reads_the_job_file(tmp_path, monkeypatch):
 def test_repeat_filter_keeps_the_first_records():
     """The launcher's log filter passes the first 3 identical records and counts the rest."""
     f = RepeatFilter(keep=3)
-    rec = logging.LogRecord("spina.softswitch", logging.ERROR, __file__, 1, "pipeline error %s", (1,), None)
+    rec = logging.LogRecord("spina.softswitch", logging.ERROR, __file__, 1, "pipeline error %s",
+                            (1,), None)
     assert [f.filter(rec) for _ in range(5)] == [True, True, True, False, False]
     assert f.summary() == ["2 more of spina.softswitch: 'pipeline error %s'"]
 

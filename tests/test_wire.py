@@ -18,7 +18,8 @@ def _example(rng, nlanes=5, bs=8):
                     nonfinite=1 if present_mask[0] else 0)
     nxt = rng.integers(0, 2**32, nlanes, dtype=np.uint64).astype(np.uint32)
     nxt[-1] = wire.END
-    data = rng.integers(-2**31, 2**31, (int(present_mask.sum()), bs), dtype=np.int64).astype(np.int32)
+    data = rng.integers(-2**31, 2**31, (int(present_mask.sum()), bs),
+                        dtype=np.int64).astype(np.int32)
     return h, nxt, data
 
 
@@ -51,8 +52,9 @@ def test_batch_packer_matches_single_packer():
     rng = np.random.default_rng(3)
     k, bs, n = 7, 16, 50
     mask = rng.random((n, k)) < 0.4
-    heads = wire.headers_array(n, msg_type=wire.MSG_RESULT, job=9, epoch=2, call=rng.integers(0, 2**32, n),
-                               slot=np.arange(n), rank=3, nlanes=k, round=np.arange(n) * 3,
+    heads = wire.headers_array(n, msg_type=wire.MSG_RESULT, job=9, epoch=2,
+                               call=rng.integers(0, 2**32, n), slot=np.arange(n), rank=3,
+                               nlanes=k, round=np.arange(n) * 3,
                                length=1000, block_size=bs, exponent=rng.integers(-200, 200, n),
                                bitmap=0xF, present=wire.mask_to_lane_bits(mask))
     nxt = rng.integers(0, 2**32, (n, k), dtype=np.uint64).astype(np.uint32)

@@ -1,9 +1,19 @@
 """Gradient compression that rides SpINA's sparse aggregation (README.md in this folder)."""
-from host_agent.compression.compressors import (BlockTopK, BucketLayout, Compressor, DenseCompressor,
-                                                LossComp, RandomK, ResidualMemory, ScaledMask,
-                                                Selection, make_compressor)
+from host_agent.compression.compressors import (
+    BlockTopK,
+    BucketLayout,
+    Compressor,
+    DenseCompressor,
+    LossComp,
+    RandomK,
+    ResidualMemory,
+    ScaledMask,
+    Selection,
+    make_compressor,
+)
 from host_agent.compression.config import METHODS, CompressionConfig
-# The votes (sign, ternary) register themselves with make_compressor when imported.
+
+# The votes (sign, ternary); make_compressor builds them from votes.py when asked for one.
 from host_agent.compression.votes import SignVote, TernGrad, VoteHookState, spina_vote_hook
 
 __all__ = ["CompressionConfig", "METHODS", "Compressor", "BlockTopK", "RandomK", "ScaledMask",

@@ -64,7 +64,8 @@ class CompressionConfig:
         def need(cond, name, msg):
             checker("compression: ")(cond, name, f"{msg} (got {getattr(self, name)!r})")
 
-        need(self.method in METHODS, "method", f"unknown method; choose one of {', '.join(METHODS)}")
+        need(self.method in METHODS, "method",
+             f"unknown method; choose one of {', '.join(METHODS)}")
         for name in ("ratio", "warmup_ratio", "ratio_min", "ratio_max"):
             v = getattr(self, name)
             need(v is None or (isinstance(v, (int, float)) and math.isfinite(v) and 0 < v <= 1),

@@ -146,8 +146,10 @@ def spina_compressed_hook(state: CompressionHookState,
         each sent, divided by the world size. Blocks no rank sent are exact zeros.
 
     Example (with `agent`, e.g. from `host_agent.torch_hook.agent_from_env()`):
-        >>> comp = make_compressor(method="topk", ratio=0.01, block_size=agent.job.block_size)  # doctest: +SKIP
-        >>> model.register_comm_hook(CompressionHookState(comp, agent), spina_compressed_hook)  # doctest: +SKIP
+        >>> comp = make_compressor(method="topk", ratio=0.01,
+        ...                        block_size=agent.job.block_size)  # doctest: +SKIP
+        >>> model.register_comm_hook(CompressionHookState(comp, agent),
+        ...                          spina_compressed_hook)  # doctest: +SKIP
     """
     buf = bucket.buffer()
     layout, sel = _compress_bucket(state, bucket)
