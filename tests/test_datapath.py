@@ -175,14 +175,14 @@ def test_agents_get_exact_sums_through_the_sockets():
                 for _ in range(2):
                     outs = c.allreduce([x.copy() for x in xs])
                 assert sum(a.last_stats.resends for a in c.agents) == 0
-            assert all(np.array_equal(outs[0], o) for o in outs[1:])
-            np.testing.assert_allclose(outs[0], np.sum(xs, axis=0), rtol=0, atol=1e-4)
-            results[datapath] = outs[0]
-            counters = sw.pipeline.job_counters(1)
-            assert sw.packets_in == counters["job_received"] == counters["job_aggregated"]
-            assert sw.packets_out == counters["job_results"]
-            if datapath == "compiled":
-                assert sw.punted == 0 and sw._compiled.stats()["packets_in"] == sw.packets_in
         finally:
-            sw.stop()
+            sw.stop()  # its thread joined: a result's copies are counted once all are sent
+        assert all(np.array_equal(outs[0], o) for o in outs[1:])
+        np.testing.assert_allclose(outs[0], np.sum(xs, axis=0), rtol=0, atol=1e-4)
+        results[datapath] = outs[0]
+        counters = sw.pipeline.job_counters(1)
+        assert sw.packets_in == counters["job_received"] == counters["job_aggregated"]
+        assert sw.packets_out == counters["job_results"]
+        if datapath == "compiled":
+            assert sw.punted == 0 and sw._compiled.stats()["packets_in"] == sw.packets_in
     assert np.array_equal(results["compiled"], results["python"])
