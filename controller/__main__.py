@@ -84,8 +84,8 @@ def _parser(prog: str = "python -m controller") -> argparse.ArgumentParser:
                         description="Per-job and per-port counters of every switch, read without "
                                     "an election id (never contests a running `serve`).")
     st.add_argument("--watch", type=cli.positive_float, metavar="SECONDS",
-                    help="redraw a live per-job table every SECONDS (rates between polls, "
-                         "stalled rounds); Ctrl-C stops. Takes --count N and --timeout too")
+                    help="as `spina status --watch SECONDS`: redraw a live per-job table every "
+                         "SECONDS (rates between polls, stalled rounds); Ctrl-C stops")
     st.add_argument("--count", type=cli.int_range(1, 1 << 62), metavar="N",
                     help="with --watch: stop after N polls (default: never)")
     job = sub.add_parser("job", parents=[common],
@@ -179,12 +179,10 @@ def main(argv=None, prog: str = "python -m controller") -> int:
     for name, value in GLOBAL_DEFAULTS.items():
         if not hasattr(args, name):
             setattr(args, name, value)
-    if args.cmd == "status" and args.watch is not None:  # the live table's own command
-        from spina_cli.status import main as watch_main
-        return watch_main(["-c", args.config, "--watch", str(args.watch),
-                           "--timeout", str(args.timeout)]
-                          + (["--count", str(args.count)] if args.count else [])
-                          + (["--log-level", args.log_level] if args.log_level else []))
+    if args.cmd == "status" and args.watch is not None:
+        # The live table is the `spina` command's (spina_cli/status.py, a layer above this one)
+        return cli.fail(ap.prog, "status --watch: run it as `spina status --watch SECONDS`, "
+                                 "which redraws the table; `status` alone prints it once")
     spina_log.setup("controller", args.log_level or spina_log.verbosity(args.verbose),
                     args.log_format)
     try:

@@ -51,6 +51,9 @@ def main(argv=None) -> int:
     if cmd == "switch":
         from softswitch.__main__ import main as run
         return run(rest)
+    if cmd == "status" and any(a == "--watch" or a.startswith("--watch=") for a in rest):
+        from spina_cli.status import main as run  # the live table (the controller prints once)
+        return run(rest)
     if cmd in ("deploy", "serve", "status", "job", "reset"):
         from controller.__main__ import main as run
         return run([cmd] + rest, prog="spina")
