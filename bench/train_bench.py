@@ -83,7 +83,8 @@ COLUMNS = ("mtu", "workers", "rate", "method", "params", "steps", "step_median_s
            "step_q1_s", "step_q3_s", "step_ratio_median", "step_ratio_q1", "step_ratio_q3",
            "target_acc", "steps_to_target", "time_to_target_s", "time_ratio",
            "final_acc", "best_acc", "tx_bytes_per_step", "rx_bytes_per_step", "link_s",
-           "agent_bytes_per_step", "resends", "blocks_fraction", "worker_cpu_s_per_step",
+           "agent_bytes_per_step", "resends", "blocks_fraction", "agent_s_per_step",
+           "compress_s_per_step", "worker_cpu_s_per_step",
            "switch_cpu_s_per_step", "weights_identical", "tbf_drops", "udp_drops",
            "tcp_retrans", "load_start", "load_end")
 CURVE_COLUMNS = ("mtu", "workers", "rate", "method", "step", "step_s", "cum_s", "test_acc")
@@ -219,9 +220,11 @@ def train_point(rank: int, req: TrainRequest, agent, dist, torch, barrier, floor
         r["crc"] = run.weights_crc()
         if run.state is not None:
             st = run.state
-            r.update(agent_bytes=st.bytes_sent, resends=st.resends, calls=st.calls)
+            r.update(agent_bytes=st.bytes_sent, resends=st.resends, calls=st.calls,
+                     agent_s=st.seconds)
             if m == "topk":
-                r["blocks_fraction"] = st.blocks_sent / max(1, st.blocks_total)
+                r.update(blocks_fraction=st.blocks_sent / max(1, st.blocks_total),
+                         compress_s=st.compress_seconds)
     rec["params"] = sum(p.numel() for p in runs[req.methods[0]].module.parameters())
     return rec
 
@@ -297,8 +300,11 @@ def make_rows(recs: list[dict], req: TrainRequest, common: dict) -> tuple[list, 
         if "agent_bytes" in recs[0][m]:
             row.update(agent_bytes_per_step=statistics.fmean(w[m]["agent_bytes"] for w in recs)
                        / len(t), resends=sum(w[m]["resends"] for w in recs))
+            row["agent_s_per_step"] = statistics.fmean(w[m]["agent_s"] for w in recs) / len(t)
         if "blocks_fraction" in recs[0][m]:
             row["blocks_fraction"] = statistics.fmean(w[m]["blocks_fraction"] for w in recs)
+            row["compress_s_per_step"] = (statistics.fmean(w[m]["compress_s"] for w in recs)
+                                          / len(t))
         rows.append(row)
         cum = 0.0
         acc = recs[0][m]["acc"] if m in SYNCED else [""] * len(t)
@@ -410,12 +416,14 @@ def summary(rows, meta: dict) -> str:
               "tx = bytes a worker's eth0 sent per step (headers included), mean over workers; "
               "link s = the step's bytes at the link rate (the busier direction of the "
               "busiest worker's link: the step's time if the link were the only limit); "
-              "agent = UDP payload the SpINA agent sent per step; CPU per step: one worker "
-              "process (all threads), the switch process.", "",
+              "agent = UDP payload the SpINA agent sent per step; in agent, compression: seconds "
+              "per step inside Agent.allreduce (on the agent's thread, overlapping backward) "
+              "and in the compressor, mean over workers; CPU per step: one worker process (all "
+              "threads, mean over workers), the switch process.", "",
               "| workers | rate | method | step s | step/gloo | steps | to target: steps | s "
               "| /gloo | final acc % | tx/step | link s | agent/step | resends "
-              "| CPU s worker, switch | load |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| s in agent, compression | CPU s worker, switch | load |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         agent = r.get("agent_bytes_per_step")
         lines.append(
@@ -427,6 +435,7 @@ def summary(rows, meta: dict) -> str:
             f"{float(r['tx_bytes_per_step']) / 1e6:.2f} MB | {float(r['link_s']):.3f} | "
             f"{'-' if agent in ('', None) else f'{float(agent) / 1e6:.3f} MB'} | "
             f"{r.get('resends') if r.get('resends') not in ('', None) else '-'} | "
+            f"{_f(r.get('agent_s_per_step'), '.3f')}, {_f(r.get('compress_s_per_step'), '.3f')} | "
             f"{float(r['worker_cpu_s_per_step']):.3f}, {float(r['switch_cpu_s_per_step']):.3f} | "
             f"{r['load_start'].split()[0]}-{r['load_end'].split()[0]} |")
     return "\n".join(lines) + "\n"
