@@ -368,34 +368,39 @@ def write_csv(rows, path: str, columns) -> None:
         w.writerows(rows)
 
 
-def _get(rows, n, rate, method):
-    return next((r for r in rows if int(r["workers"]) == n and r["rate"] == rate
-                 and r["method"] == method), None)
+def point(r) -> tuple[int, int, str]:
+    """(MTU, workers, rate) of a row: one comparison."""
+    return int(r["mtu"]), int(r["workers"]), r["rate"]
+
+
+def _get(rows, pt, method):
+    return next((r for r in rows if point(r) == pt and r["method"] == method), None)
 
 
 def target_lines(rows) -> list[str]:
-    """Per worker count at the target rate: the two targets of issue 27, met or not met."""
+    """Per MTU and worker count at the target rate: issue 27's two targets, met or not met."""
     out = []
-    for n in sorted({int(r["workers"]) for r in rows if r["rate"] == TARGET_RATE}):
-        sp, tk = _get(rows, n, TARGET_RATE, "spina"), _get(rows, n, TARGET_RATE, "topk")
+    for pt in sorted({point(r) for r in rows if r["rate"] == TARGET_RATE}):
+        sp, tk = _get(rows, pt, "spina"), _get(rows, pt, "topk")
+        at = f"- MTU {pt[0]}, {TARGET_RATE}, {pt[1]} workers"
         if sp is not None and sp.get("step_ratio_median") not in ("", None):
             v = float(sp["step_ratio_median"])
-            out.append(f"- {TARGET_RATE}, {n} workers: SpINA dense step = **{v:.3f}x** gloo's "
+            out.append(f"{at}: SpINA dense step = **{v:.3f}x** gloo's "
                        f"(paired, median; quartiles {float(sp['step_ratio_q1']):.3f}-"
                        f"{float(sp['step_ratio_q3']):.3f}), target <= {STEP_TARGET}x: "
                        f"**{'met' if v <= STEP_TARGET else 'NOT met'}**")
         if tk is not None:
             tr = tk.get("time_ratio")
             if tr in ("", None):
-                g = _get(rows, n, TARGET_RATE, "gloo")
+                g = _get(rows, pt, "gloo")
                 who = "top-k" if tk.get("steps_to_target") in ("", None) else "gloo"
                 steps = (tk if who == "top-k" else g)["steps"]
-                out.append(f"- {TARGET_RATE}, {n} workers: {who} did not reach "
+                out.append(f"{at}: {who} did not reach "
                            f"{float(tk['target_acc']):g}% within {steps} steps: the time "
                            "target (<= 0.3x gloo's) **NOT met** (not measurable)")
             else:
-                v, g = float(tr), _get(rows, n, TARGET_RATE, "gloo")
-                out.append(f"- {TARGET_RATE}, {n} workers: SpINA top-k reaches "
+                v, g = float(tr), _get(rows, pt, "gloo")
+                out.append(f"{at}: SpINA top-k reaches "
                            f"{float(tk['target_acc']):g}% in **{v:.3f}x** gloo's time "
                            f"({float(tk['time_to_target_s']):.2f} s, {tk['steps_to_target']} "
                            f"steps, against {float(g['time_to_target_s']):.2f} s, "
@@ -420,14 +425,15 @@ def summary(rows, meta: dict) -> str:
               "per step inside Agent.allreduce (on the agent's thread, overlapping backward) "
               "and in the compressor, mean over workers; CPU per step: one worker process (all "
               "threads, mean over workers), the switch process.", "",
-              "| workers | rate | method | step s | step/gloo | steps | to target: steps | s "
+              "| MTU | workers | rate | method | step s | step/gloo | steps | to target: steps | s "
               "| /gloo | final acc % | tx/step | link s | agent/step | resends "
               "| s in agent, compression | CPU s worker, switch | load |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         agent = r.get("agent_bytes_per_step")
         lines.append(
-            f"| {r['workers']} | {r['rate']} | {r['method']} | {float(r['step_median_s']):.3f} "
+            f"| {r['mtu']} | {r['workers']} | {r['rate']} | {r['method']} | "
+            f"{float(r['step_median_s']):.3f} "
             f"[{float(r['step_q1_s']):.3f}-{float(r['step_q3_s']):.3f}] | "
             f"{_f(r.get('step_ratio_median'), '.3f')} | {r['steps']} | "
             f"{r.get('steps_to_target') or '-'} | {_f(r.get('time_to_target_s'), '.2f')} | "
@@ -442,20 +448,25 @@ def summary(rows, meta: dict) -> str:
 
 
 def plot(rows, curves, path: str) -> None:
-    """Test accuracy over training time, a panel per (workers, rate); step times beside."""
+    """Test accuracy over training time, a panel per (MTU, workers, rate); step times beside."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    points = sorted({(int(r["workers"]), r["rate"]) for r in rows},
-                    key=lambda p: (parse_rate(p[1]), p[0]))
-    fig, axes = plt.subplots(1, len(points) + 1, figsize=(4.2 * (len(points) + 1), 3.8),
-                             squeeze=False)
-    axes = axes[0]
+    points = sorted({point(r) for r in rows}, key=lambda p: (p[0], parse_rate(p[2]), p[1]))
+    mtus = {p[0] for p in points}
+    cols = min(3, len(points) + 1)
+    nrows = -(-(len(points) + 1) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.4 * cols, 3.6 * nrows), squeeze=False)
+    axes = list(axes.flat)
+    for ax in axes[len(points) + 1:]:
+        ax.set_visible(False)
     colors = dict(gloo="C0", spina="C1", topk="C2", compute="C7")
-    for ax, (n, rate) in zip(axes, points):
+    def name(pt):
+        return f"{pt[1]} workers, {pt[2]}" + (f", MTU {pt[0]}" if len(mtus) > 1 else "")
+
+    for ax, pt in zip(axes, points):
         for m in SYNCED:
-            pts = [c for c in curves if int(c["workers"]) == n and c["rate"] == rate
-                   and c["method"] == m]
+            pts = [c for c in curves if point(c) == pt and c["method"] == m]
             if pts:
                 ax.plot([float(c["cum_s"]) for c in pts], [float(c["test_acc"]) for c in pts],
                         color=colors[m], lw=1.2, label=m)
@@ -463,19 +474,19 @@ def plot(rows, curves, path: str) -> None:
         if tgt:
             ax.axhline(tgt[0], color="k", ls="--", lw=0.8)
         ax.set(xlabel="training time (s, summed steps)", ylabel="test accuracy (%)",
-               title=f"{n} workers, {rate}", ylim=(0, 100))
+               title=name(pt), ylim=(0, 100))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="lower right")
-    ax = axes[-1]
+    ax = axes[len(points)]
     methods = [m for m in METHODS if any(r["method"] == m for r in rows)]
     width = 0.8 / max(1, len(methods))
     for i, m in enumerate(methods):
-        ys = [_get(rows, n, rate, m) for n, rate in points]
+        ys = [_get(rows, pt, m) for pt in points]
         ax.bar([j + i * width for j in range(len(points))],
                [float(r["step_median_s"]) * 1e3 if r else 0 for r in ys], width,
                color=colors[m], label=m)
     ax.set_xticks([j + width * (len(methods) - 1) / 2 for j in range(len(points))])
-    ax.set_xticklabels([f"{n}w {rate}" for n, rate in points], fontsize=8)
+    ax.set_xticklabels([name(pt).replace(" workers,", "w") for pt in points], fontsize=7)
     ax.set(ylabel="median step (ms)", title="step time")
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=8)
@@ -505,7 +516,9 @@ def parse_args(argv=None):
                     help="top-k: fraction of 256-element blocks each rank sends (default 0.05; "
                          "bench/README.md says why)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--mtu", type=int, default=9000, help="link MTU (default 9000)")
+    ap.add_argument("--mtus", type=lambda s: [int(v) for v in s.split(",")], default=[9000],
+                    help="comma list of link MTUs, each a run of its own (default 9000: jumbo "
+                         "frames; 65535: no IP fragmentation of SpINA's datagrams)")
     a = ap.parse_args(argv)
     for rate in a.rates:
         parse_rate(rate)
@@ -528,14 +541,17 @@ def main(argv=None) -> int:
                        max_steps=a.max_steps, min_steps=a.min_steps, seed=a.seed)
     t0, load0 = time.time(), os.getloadavg()
     rows, curves = [], []
-    for n in a.workers:
-        print(f"{n} workers: rates {','.join(a.rates)}, methods {','.join(a.methods)}, "
-              f"target {a.target:g}%, at most {a.max_steps} steps", flush=True)
-        r, c = run_workers(n, a.rates, req, f"{a.tag}n{n}", a.mtu, a.nslots, a.nlanes)
-        rows += r
-        curves += c
-        write_csv(rows, os.path.join(a.out, "train_results.csv"), COLUMNS)  # keep what is done
-        write_csv(curves, os.path.join(a.out, "train_curves.csv"), CURVE_COLUMNS)
+    for mtu in a.mtus:
+        for n in a.workers:
+            print(f"MTU {mtu}, {n} workers: rates {','.join(a.rates)}, methods "
+                  f"{','.join(a.methods)}, target {a.target:g}%, at most {a.max_steps} steps",
+                  flush=True)
+            r, c = run_workers(n, a.rates, req, f"{a.tag}n{n}", mtu, a.nslots, a.nlanes)
+            rows += r
+            curves += c
+            # keep what is done
+            write_csv(rows, os.path.join(a.out, "train_results.csv"), COLUMNS)
+            write_csv(curves, os.path.join(a.out, "train_curves.csv"), CURVE_COLUMNS)
     params = rows[0]["params"] if rows else 0
     meta = {
         **run_meta("bench.train_bench", argv, t0, load0),
@@ -545,9 +561,10 @@ def main(argv=None) -> int:
                 f"{a.target:g}% test accuracy, at most {a.max_steps} steps",
         "top-k": f"block top-k at {a.ratio:g} of 256-element blocks, error feedback, DGC "
                  "momentum correction (spina_compressed_hook)",
-        "network": f"one namespace per worker, tbf on both ends of every link, MTU {a.mtu}; "
+        "network": "one namespace per worker, tbf on both ends of every link, MTU "
+                   f"{', '.join(map(str, a.mtus))}; "
                    + "; ".join(f"{r}: burst {p['burst']} B, latency {p['latency_ms']} ms"
-                               for r, p in ((r, tbf_params(r, a.mtu)) for r in a.rates)),
+                               for r, p in ((r, tbf_params(r, max(a.mtus))) for r in a.rates)),
         "SpINA": f"block 256, {a.nlanes} blocks per datagram, {a.nslots} slots, compiled "
                  "switch data path",
     }
