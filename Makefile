@@ -109,7 +109,7 @@ bench-dlcp: $(STAMP)  ## (root; 3 min here) DLCP step time under a congested que
 bench-collectives: $(STAMP)  ## (root; ~10 min here) collectives measured vs the planner's predictions on namespace topologies: bench/out/collectives/
 	$(PY) -m bench.collectives_bench $(COLLECTIVES_BENCH_ARGS)
 
-bench-train: $(STAMP)  ## (root; ~12 min here) DDP training over 1 and 10 Gbit/s links: gloo vs SpINA dense vs top-k, step time and time to accuracy: bench/out/train/
+bench-train: $(STAMP)  ## (root; 4-7 min here) DDP training over 1 and 10 Gbit/s links: gloo vs SpINA dense vs top-k, step time and time to accuracy: bench/out/train/
 	$(PY) -m bench.train_bench $(TRAIN_BENCH_ARGS)
 
 profile: $(STAMP)  ## cProfile + memory of agent and software switch at the base point: bench/out/profile/
