@@ -36,7 +36,7 @@ import statistics
 import sys
 import time
 
-from bench.net_topo import SWITCH_IP, Star, kernel_losses, parse_rate, tbf_params
+from bench.net_topo import SWITCH_IP, Star, kernel_losses_total, parse_rate, tbf_params
 from bench.paired import (
     Cluster,
     Gloo,
@@ -97,7 +97,7 @@ def run_workers(n: int, rates, densities, elements: int, repeats: int, tag: str,
                     load0 = os.getloadavg()
                     drops0, sw0 = star.tbf_drops(), proc_cpu(cl.switch_pid)
                     relay0 = proc_cpu(cl.relay_pid)
-                    k0 = _losses(cl.pids)
+                    k0 = kernel_losses_total(cl.pids)
                     res = cl.measure(Request(p, repeats, PAIRED_METHODS, count_dev=True))
                     sw_cpu = (proc_cpu(cl.switch_pid) - sw0) / (repeats + 1)  # per SpINA call
                     relay_cpu = (proc_cpu(cl.relay_pid) - relay0) / (repeats + 1)  # per floor call
@@ -105,7 +105,7 @@ def run_workers(n: int, rates, densities, elements: int, repeats: int, tag: str,
                                                    star.tbf_drops() - drops0, sw_cpu, load0,
                                                    os.getloadavg()),
                                relay_cpu_s_per_floor_call=relay_cpu)
-                    row.update({k: v - k0[k] for k, v in _losses(cl.pids).items()})
+                    row.update({k: v - k0[k] for k, v in kernel_losses_total(cl.pids).items()})
                     rows.append(row)
                     log(f"  MTU {mtu}, {n} workers {rate} {d:>6.2%}: "
                         f"SpINA {row['spina_median_s']:.4f} s, "
@@ -118,15 +118,6 @@ def run_workers(n: int, rates, densities, elements: int, repeats: int, tag: str,
                         f"tbf/udp drops {row['tbf_drops']}/{row['udp_drops']}, "
                         f"TCP retrans {row['tcp_retrans']}; load {load0[0]:.1f}", flush=True)
     return rows
-
-
-def _losses(pids) -> dict:
-    """Kernel loss counters summed over every namespace (one process in each)."""
-    out = dict(udp_drops=0, tcp_retrans=0)
-    for pid in pids:
-        for k, v in kernel_losses(pid).items():
-            out[k] += v
-    return out
 
 
 def union_fraction(density: float, n: int) -> float:
@@ -290,10 +281,7 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="Needs root (network namespaces, veth, tc).")
-    ap.add_argument("--workers", type=lambda s: [int(v) for v in s.split(",")], default=[4, 8],
-                    help="comma list of worker counts (default 4,8)")
-    ap.add_argument("--rates", type=lambda s: s.split(","), default=["1gbit", "10gbit"],
-                    help="comma list of link rates in tc's units (default 1gbit,10gbit)")
+    add_star_args(ap, "snb", "bench/out/net")
     ap.add_argument("--densities", type=lambda s: [float(v) for v in s.split(",")],
                     default=[1.0, 0.1, 0.01], help="fractions of non-zero blocks per worker")
     ap.add_argument("--elements", type=lambda s: int(float(s)), default=8_000_000,
@@ -303,18 +291,41 @@ def parse_args(argv=None):
                     default=[9000, 65535],
                     help="comma list of link MTUs, each a run of its own (default 9000,65535: "
                          "jumbo frames, and no IP fragmentation of SpINA's datagrams)")
-    ap.add_argument("--nslots", type=int, default=16, help="SpINA switch slots (the window)")
-    ap.add_argument("--nlanes", type=int, default=56, help="SpINA blocks of 256 per datagram")
-    ap.add_argument("--tag", default=f"snb{os.getpid() % 100000}",
-                    help="prefix of the namespaces this run makes")
-    ap.add_argument("--out", default="bench/out/net")
-    ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("--profile-switch", action="store_true",
                     help="cProfile the switch (CPU time of its thread) into --out")
     a = ap.parse_args(argv)
     for rate in a.rates:
         parse_rate(rate)
     return a
+
+
+def add_star_args(ap, tag: str, out: str) -> None:
+    """The options of every benchmark on bench.net_topo's Star (this one, bench.train_bench):
+    worker counts, link rates, SpINA's window and datagram, the namespaces' prefix
+    (`tag` + pid), the output directory."""
+    ap.add_argument("--workers", type=lambda s: [int(v) for v in s.split(",")], default=[4, 8],
+                    help="comma list of worker counts (default 4,8)")
+    ap.add_argument("--rates", type=lambda s: s.split(","), default=["1gbit", "10gbit"],
+                    help="comma list of link rates in tc's units (default 1gbit,10gbit)")
+    ap.add_argument("--nslots", type=int, default=16, help="SpINA switch slots (the window)")
+    ap.add_argument("--nlanes", type=int, default=56, help="SpINA blocks of 256 per datagram")
+    ap.add_argument("--tag", default=f"{tag}{os.getpid() % 100000}",
+                    help="prefix of the namespaces this run makes")
+    ap.add_argument("--out", default=out)
+    ap.add_argument("--no-plots", action="store_true")
+
+
+def run_meta(module: str, argv, t0: float, load0) -> dict:
+    """The summary's first lines: the command, the date and host, the load at both ends."""
+    return {
+        "command": f"python -m {module} " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()) +
+                f"; took {time.time() - t0:.0f} s; host {platform.node()}: {os.cpu_count()} cores, "
+                f"Python {platform.python_version()}",
+        "load average": f"{' '.join(f'{x:.2f}' for x in load0)} at the start, "
+                        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end "
+                        "(per point in the table)",
+    }
 
 
 def main(argv=None) -> int:
@@ -337,14 +348,7 @@ def main(argv=None) -> int:
             write_csv(rows, os.path.join(a.out, "net_results.csv"))  # keep what is done
     tbf = {r: tbf_params(r, max(a.mtus)) for r in a.rates}
     meta = {
-        "command": "python -m bench.net_bench "
-                   + " ".join(argv if argv is not None else sys.argv[1:]),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()) +
-                f"; took {time.time() - t0:.0f} s; host {platform.node()}: {os.cpu_count()} cores, "
-                f"Python {platform.python_version()}",
-        "load average": f"{' '.join(f'{x:.2f}' for x in load0)} at the start, "
-                        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end "
-                        "(per point in the table)",
+        **run_meta("bench.net_bench", argv, t0, load0),
         "topology": "one namespace per worker, one veth each to a switch namespace that routes "
                     "IPv4 (gloo) and runs the UDP-mode software switch (SpINA); tbf on both "
                     f"ends of every link; MTU {', '.join(map(str, a.mtus))}",

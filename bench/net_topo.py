@@ -92,6 +92,15 @@ def kernel_losses(pid: int) -> dict:
                 tcp_retrans=v.get("Tcp:RetransSegs", 0))
 
 
+def kernel_losses_total(pids) -> dict:
+    """kernel_losses summed over processes, one in each namespace of interest."""
+    out = dict(udp_drops=0, tcp_retrans=0)
+    for pid in pids:
+        for k, v in kernel_losses(pid).items():
+            out[k] += v
+    return out
+
+
 class _Namespaces:
     """What Star and Graph share: the namespaces made (`made`), removed by destroy() and on
     leaving a `with` block, which enters by create()."""

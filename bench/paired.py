@@ -126,13 +126,15 @@ def guarded(rank: int, conn, barrier, body, *args):
         raise
 
 
-def worker_main(rank: int, place: Place, gloo: Gloo | None, conn, barrier) -> None:
+def worker_main(rank: int, place: Place, gloo: Gloo | None, conn, barrier, serve=None) -> None:
     """A worker process: bind, report the address, get the job, build the Agent (and the
-    gloo group, and the floor's socket), then measure points on request until "stop"."""
-    guarded(rank, conn, barrier, _worker, rank, place, gloo, conn, barrier)
+    gloo group, and the floor's socket), then answer requests until "stop": each with
+    `serve(rank, request, agent, dist, torch, barrier, floor)` (default measure_point)."""
+    guarded(rank, conn, barrier, _worker, rank, place, gloo, conn, barrier,
+            serve or measure_point)
 
 
-def _worker(rank, place, gloo, conn, barrier):
+def _worker(rank, place, gloo, conn, barrier, serve):
     from bench.netns import enter
     from host_agent.agent import Agent
     from spina.net import bound_udp_socket
@@ -166,7 +168,7 @@ def _worker(rank, place, gloo, conn, barrier):
             req = conn.recv()
             if req == "stop":
                 break
-            conn.send(measure_point(rank, req, agent, dist, torch, barrier, floor))
+            conn.send(serve(rank, req, agent, dist, torch, barrier, floor))
     finally:
         if dist is not None:
             dist.destroy_process_group()
@@ -339,6 +341,9 @@ class Cluster:
         switch_datapath: the software switch's data path, "compiled" or "python" (UdpSwitch).
         floor: also start the floor's relay (bench/floor.py) at switch_place, any free port,
             and a floor socket in every worker (method "floor").
+        serve: what the workers do with a request (`ask`): a module-level function
+            serve(rank, request, agent, dist, torch, barrier, floor) -> record; default
+            measure_point (bench/train_bench.py trains instead).
     After close(), `switch_stats` holds the switch's counters over its whole life, and
     `relay_stats` the relay's (with floor).
     """
@@ -347,8 +352,9 @@ class Cluster:
                  agent_kw: dict | None = None, gloo: Gloo | None = None,
                  switch_place: Place = Place(), worker_places: list[Place] | None = None,
                  switch_profile: str | None = None, floor: bool = False,
-                 switch_datapath: str = "compiled"):
+                 switch_datapath: str = "compiled", serve=None):
         self.n = n
+        self.serve = serve
         self.switch_datapath = switch_datapath
         self.job_args = dict(nslots=nslots, block_size=block_size, nlanes=nlanes)
         self.agent_kw = agent_kw or {}
@@ -394,7 +400,8 @@ class Cluster:
         for r in range(self.n):
             parent, child = ctx.Pipe()
             self.procs.append(ctx.Process(target=worker_main, name=f"bench-worker{r}",
-                                          args=(r, self.worker_places[r], gloo, child, barrier)))
+                                          args=(r, self.worker_places[r], gloo, child, barrier,
+                                                self.serve)))
             self.procs[-1].start()
             self.conns.append(parent)
         addrs = [recv(c, f"rank {r} start") for r, c in enumerate(self.conns)]
@@ -432,11 +439,15 @@ class Cluster:
         """Switch first, then the workers."""
         return [pr.pid for pr in self.procs]
 
-    def measure(self, req: Request) -> list[dict]:
-        """Every worker's record of one point (bench.paired.measure_point), rank order."""
+    def ask(self, req, what: str) -> list:
+        """Send `req` to every worker; their answers (the cluster's `serve`), rank order."""
         for c in self.conns:
             c.send(req)
-        recs = [recv(c, f"rank {r} at {req.point}") for r, c in enumerate(self.conns)]
+        return [recv(c, f"rank {r} at {what}") for r, c in enumerate(self.conns)]
+
+    def measure(self, req: Request) -> list[dict]:
+        """Every worker's record of one point (bench.paired.measure_point), rank order."""
+        recs = self.ask(req, str(req.point))
         for m in set(req.methods) & set(QUANTIZED):
             for r, w in enumerate(recs[1:], 1):
                 if w[m]["crcs"] != recs[0][m]["crcs"]:
