@@ -16,6 +16,7 @@ dissector for the same header is docs/spina.lua (spina/dissector.py generates it
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from spina import wire
@@ -80,12 +81,17 @@ def main(argv=None) -> int:
     except (OSError, Scapy_Exception) as e:  # Scapy_Exception: not a capture file
         print(f"spina capture: error: {args.file}: {e}", file=sys.stderr)
         return 2
-    for p in pkts:
-        line = summary(p, layer)
-        if line is None:
-            other += 1
-        else:
-            print(line)
+    try:
+        for p in pkts:
+            line = summary(p, layer)
+            if line is None:
+                other += 1
+            else:
+                print(line)
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader left (`| head`): stop quietly, as cat does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
+        return 0
     print(f"{len(pkts) - other} SpINA packets, {other} other", file=sys.stderr)
     return 0
 

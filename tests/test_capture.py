@@ -130,3 +130,20 @@ def test_capture_command_prints_one_line_per_ina_packet(tmp_path, capsys):
     assert "1 SpINA packets, 1 other" in err
     assert capture.main([str(tmp_path / "missing.pcap")]) == 2
 
+
+
+def test_capture_into_a_closed_pipe_stops_quietly(tmp_path):
+    """`spina capture FILE | head -1`: one line through, then exit 0 with nothing on stderr
+    (no BrokenPipeError traceback) once head has gone."""
+    raw = _packets(1)[0][3]
+    pcap = tmp_path / "many.pcap"
+    capture.wrpcap(str(pcap), [(("10.0.0.1", 5), ("10.0.0.2", 47000), raw)] * 2000)
+    cap = subprocess.Popen([sys.executable, "-m", "spina.capture", str(pcap)], cwd=ROOT,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+    head = subprocess.run(["head", "-1"], stdin=cap.stdout, capture_output=True, timeout=120)
+    cap.stdout.close()
+    err = cap.stderr.read().decode()
+    assert cap.wait(timeout=120) == 0, err
+    assert head.stdout.decode().count("\n") == 1 and " contrib job=" in head.stdout.decode()
+    assert err == ""
