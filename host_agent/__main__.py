@@ -11,6 +11,14 @@ commands:
 'python -m host_agent COMMAND --help' describes each command's options."""
 
 
+def format_status(path: str, reply: dict) -> str:
+    """A daemon's status reply for people: one line, the counters named."""
+    return (f"daemon at {path}: {'ok' if reply.get('ok') else 'NOT ok'}; "
+            f"{reply['agents']} job agents attached; calls: {reply['calls_in_progress']} in "
+            f"progress, {reply['calls_done']} done; {reply['clients_lost']} clients lost; "
+            f"{reply['foreign_packets']} foreign datagrams dropped")
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
@@ -31,13 +39,16 @@ def main(argv=None) -> int:
         ap = cli.ArgumentParser(prog="python -m host_agent status")
         ap.add_argument("--socket", default=DEFAULT_SOCKET, help="the daemon's Unix socket "
                                                                  "(default %(default)s)")
-        path = ap.parse_args(rest).socket
+        ap.add_argument("--json", action="store_true",
+                        help="print the daemon's reply as JSON (for scripts)")
+        args = ap.parse_args(rest)
         try:
-            reply = status(path)
+            reply = status(args.socket)
         except OSError as e:
             return cli.fail(ap.prog,
-                            f"--socket {path}: no daemon answers there ({e.strerror or e})")
-        print(json.dumps(reply, indent=1))
+                            f"--socket {args.socket}: no daemon answers there "
+                            f"({e.strerror or e})")
+        print(json.dumps(reply, indent=1) if args.json else format_status(args.socket, reply))
         return 0
     from spina import cli
     return cli.fail("python -m host_agent",

@@ -198,3 +198,20 @@ def test_second_daemon_on_a_live_socket_refuses(setup):
     assert out.stderr.strip().endswith(f"socket {sock}: another daemon is serving it (stop it "
                                        "first, or give this one another --socket)"), out.stderr
     assert proc.poll() is None and status(sock)["ok"]
+
+
+def test_agent_status_prints_counters_for_people_and_json_for_scripts(setup):
+    """`spina agent status` names each counter of the running daemon on one line; `--json`
+    prints the daemon's reply as it is."""
+    _, sock, _, _ = setup
+    run = [sys.executable, "-m", "host_agent", "status", "--socket", sock]
+    human = subprocess.run(run, env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=60)
+    reply = status(sock)
+    assert human.returncode == 0
+    assert human.stdout == (f"daemon at {sock}: ok; {reply['agents']} job agents attached; "
+                            f"calls: 0 in progress, {reply['calls_done']} done; "
+                            f"{reply['clients_lost']} clients lost; "
+                            f"{reply['foreign_packets']} foreign datagrams dropped\n")
+    js = subprocess.run(run + ["--json"], env=_env(), cwd=ROOT, capture_output=True, text=True,
+                        timeout=60)
+    assert js.returncode == 0 and json.loads(js.stdout) == status(sock)
