@@ -48,6 +48,42 @@ def _clear_sequence(out) -> str:
         return "\x1b[H\x1b[2J"
 
 
+# The terminal table's columns: (its header, the status row's key); 100 columns wide with a
+# job id of 4 digits and a switch name of up to 14 characters (`spina status` prints every
+# counter in full).
+SCREEN = (("job", "job"), ("switch", "switch"), ("level", "level"), ("ok", "installed"),
+          ("recv", "job_received"), ("recv/s", "job_received/s"), ("results", "job_results"),
+          ("res/s", "job_results/s"), ("dup", "job_duplicates"), ("stale", "job_stale"),
+          ("held", "job_held"), ("cdrop", "job_congestion_drops"))
+LEGEND = ("recv job_received, results job_results (copies sent), dup job_duplicates, stale "
+          "job_stale,\nheld job_held, cdrop job_congestion_drops; /s: per second since the last "
+          "poll; k M G: 1e3 1e6 1e9")
+
+
+def compact(value) -> str:
+    """A counter in at most 6 characters: 12345 -> 12.3k, 1234567890 -> 1.23G."""
+    if not isinstance(value, int) or abs(value) < 100_000:
+        return str(value)
+    for unit, size in (("k", 1e3), ("M", 1e6), ("G", 1e9)):
+        v = value / size
+        if abs(v) < 999.5:  # three digits once rounded
+            return f"{v:.3g}{unit}"
+    return f"{value / 1e9:.0f}G"
+
+
+def screen_rows(rows: list[dict]) -> list[dict]:
+    """The terminal table's rows: SCREEN's columns that the rows have, counters compacted."""
+    out = []
+    for r in rows:
+        row = {}
+        for head, key in SCREEN:
+            if key in r:
+                v = r[key]
+                row[head] = compact(int(v)) if key.startswith("job_") else v
+        out.append(row)
+    return out
+
+
 def with_rates(rows: list[dict], prev: dict, dt: float) -> list[dict]:
     """Rows plus `<counter>/s` columns for job_received and job_results since `prev`."""
     out = []
@@ -78,9 +114,10 @@ def watch(config: str, interval: float, count: int | None = None, out=None,
                 ctl.close()  # reconnect next poll
             stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now))
             if clear:
-                table = format_table(with_rates(rows, prev, now - t_prev if t_prev else 0))
+                table = format_table(screen_rows(with_rates(rows, prev,
+                                                            now - t_prev if t_prev else 0)))
                 out.write(f"{clear}spina status  {config}  every {interval:g}s  {stamp}\n\n"
-                          f"{table}\n" + (f"\nerror: {err}\n" if err else ""))
+                          f"{table}\n\n{LEGEND}\n" + (f"\nerror: {err}\n" if err else ""))
             else:
                 for r in rows:
                     out.write(f"time={stamp} " + " ".join(f"{k}={v}" for k, v in r.items()) + "\n")

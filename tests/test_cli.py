@@ -179,8 +179,29 @@ def test_status_watch_redraws_on_a_terminal_and_prints_lines_otherwise(deployed)
     status.watch(str(cfg), 0.05, count=2, out=tty)
     screens = tty.getvalue().split("spina status")[1:]
     assert len(screens) == 2
-    assert "job_received/s" not in screens[0] and "job_received/s" in screens[1]
+    assert "recv/s" not in screens[0] and "recv/s" in screens[1]
     assert tty.getvalue().count("\x1b[") >= 2  # cleared before each redraw
+    header, _, row = screens[1].split("\n\n")[1].splitlines()[:3]
+    got = dict(zip(header.split(), row.split()))
+    assert got["job"] == "4" and got["switch"] == "s1" and got["recv"] == str(sent)
+    body = screens[1].split("\n\n", 1)[1]  # below the title line (which names the file)
+    assert all(len(line) <= 100 for line in body.splitlines()), body
+
+
+def test_the_watch_table_fits_100_columns_at_its_largest():
+    """Counters of 10 digits, a 4-digit job id, a 14-character switch name, a spine level and
+    both rates: every line of the table and its legend within 100 columns."""
+    from spina.spec import JOB_COUNTERS
+    row = {"job": 2046, "switch": "leaf0-rack1234", "level": "spine", "slots": "240..255",
+           "workers": 32, "installed": "yes", **{c: 9_999_999_999 for c in JOB_COUNTERS},
+           "job_received/s": "1234567", "job_results/s": "123456"}
+    from controller.controller import format_table
+    lines = format_table(status.screen_rows([row])).splitlines() + status.LEGEND.splitlines()
+    assert max(len(line) for line in lines) <= 100
+    assert lines[2].split() == ["2046", "leaf0-rack1234", "spine", "yes", "10G", "1.23M",
+                                "10G", "123k", "10G", "10G", "10G", "10G"]
+    assert [status.compact(v) for v in (99_999, 100_000, 999_999, 1_234_567)] == \
+        ["99999", "100k", "1M", "1.23M"]
 
 
 def test_doctor_passes_a_good_deployment_and_names_what_is_wrong(deployed, capsys):
