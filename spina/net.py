@@ -6,7 +6,9 @@ import errno
 import ipaddress
 import os
 import socket
+import tempfile
 import threading
+import time
 
 from spina.config import ConfigError
 
@@ -31,14 +33,46 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999  # Linux's default
 
 
+# Ports handed out on this machine in the last RESERVE_SECONDS, one empty file each: a port
+# chosen for a job file is bound later, by another process (a worker), and is free meanwhile.
+RESERVE_DIR = os.path.join(tempfile.gettempdir(), "spina-ports")
+RESERVE_SECONDS = 1800
+
+
+def _reserve(port: int) -> bool:
+    """True if `port` was not handed out on this machine in the last RESERVE_SECONDS (it is
+    now, by this process); True as well where the reservations cannot be written."""
+    path = os.path.join(RESERVE_DIR, str(port))
+    for _ in range(2):
+        try:
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+            return True
+        except FileExistsError:
+            try:
+                if time.time() - os.stat(path).st_mtime < RESERVE_SECONDS:
+                    return False
+                os.unlink(path)  # an old reservation: take it over
+            except FileNotFoundError:
+                pass  # another process took it over just now: try once more
+        except OSError:
+            try:
+                os.makedirs(RESERVE_DIR, mode=0o1777, exist_ok=True)
+                os.chmod(RESERVE_DIR, 0o1777)  # every user's choosers share it
+            except OSError:
+                return True  # no shared record here: the free check alone decides
+    return False
+
+
 class _PortChooser:
-    """Hands out ports outside the kernel's ephemeral range, each at most once per process.
+    """Hands out ports outside the kernel's ephemeral range, each at most once per machine in
+    RESERVE_SECONDS.
 
     A port found by binding port 0 and closing is an ephemeral port: any socket bound to port 0
     afterwards (an agent's, a gRPC client's) may be given the same one before its chooser binds
     it, and then a server fails with "Address already in use". Ports below the ephemeral range
-    are never handed to port-0 binds, so only another chooser can take them: this process's
-    never (each port once), another process's rarely (each starts at a place of its own).
+    are never handed to port-0 binds, so only another chooser can take them, and every chooser
+    on the machine records what it hands out (RESERVE_DIR): a port one process wrote into a job
+    file, free until the job's worker binds it, is not handed to another process meanwhile.
     """
 
     def __init__(self):
@@ -54,17 +88,22 @@ class _PortChooser:
                 return self._from_kernel(n, host)
             held, ports = [], []
             try:
-                for _ in range(self.last - self.first + 1):
+                # Reserved ports are passed over; should every one be (a machine that chose
+                # this many lately), a second pass takes free ones whatever their record.
+                for reserved in (_reserve, lambda port: True):
+                    for _ in range(self.last - self.first + 1):
+                        if len(ports) == n:
+                            return ports
+                        port = self.next
+                        self.next = self.first if port == self.last else port + 1
+                        if port in ports:
+                            continue
+                        socks = self._hold(host, port) if reserved(port) else []
+                        if socks:
+                            held += socks
+                            ports.append(port)
                     if len(ports) == n:
                         return ports
-                    port = self.next
-                    self.next = self.first if port == self.last else port + 1
-                    socks = self._hold(host, port)
-                    if socks:
-                        held += socks
-                        ports.append(port)
-                if len(ports) == n:
-                    return ports
                 raise OSError(errno.EADDRINUSE, f"no {n} free ports in {self.first}..{self.last}")
             finally:
                 for s in held:

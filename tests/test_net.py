@@ -1,6 +1,7 @@
 """spina.net's port chooser: the ports tests and the launcher bind right after choosing."""
 from __future__ import annotations
 
+import os
 import socket
 
 from spina import net
@@ -31,3 +32,15 @@ def test_a_port_in_use_is_passed_over():
         t.bind(("127.0.0.1", first))
         again = chooser.choose(1, "127.0.0.1")[0]
     assert again != first
+
+
+def test_a_port_another_process_handed_out_is_passed_over():
+    """A second chooser (as in another process, or a forked child with the same position)
+    never hands out a port the first one did: the machine-wide record (RESERVE_DIR) says so,
+    though the port is still unbound (a job file's worker port before its worker runs)."""
+    first = net.free_ports(3)
+    other = net._PortChooser()
+    other.next = first[0]
+    again = other.choose(3, "127.0.0.1")
+    assert not set(again) & set(first)
+    assert all(os.path.exists(os.path.join(net.RESERVE_DIR, str(p))) for p in first + again)
