@@ -20,7 +20,7 @@ from softswitch.fabric import TO_GROUP, TO_SENDER
 from softswitch.pipeline import DEFAULT_POOL_SLOTS, DEFAULT_SLOT_CAPACITY
 from spina import rows, wire
 from spina.config import JobConfig
-from spina.net import grow_buffers
+from spina.net import bind_retrying, grow_buffers
 
 log = logging.getLogger("spina.softswitch")
 
@@ -121,7 +121,11 @@ class UdpSwitch:
         self.dataplane = Dataplane(pool_slots, slot_capacity, udp_mode=True)
         self.pipeline = self.dataplane.pipeline
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind((host, port))
+        try:
+            bind_retrying(self.sock, (host, port))
+        except OSError:
+            self.sock.close()
+            raise
         grow_buffers(self.sock, 64 << 20)
         self.address = self.sock.getsockname()
         self._compiled = None

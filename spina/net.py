@@ -149,6 +149,26 @@ def free_port(host: str = "127.0.0.1") -> int:
     return free_ports(1, host)[0]
 
 
+BIND_RETRY_SECONDS = 2.0
+
+
+def bind_retrying(sock: socket.socket, addr: tuple[str, int],
+                  seconds: float = BIND_RETRY_SECONDS) -> None:
+    """sock.bind(addr), tried again for up to `seconds` while the port is in use: a port a
+    chooser handed out can be held for a moment by another process's probe (seen in the test
+    suite: free a moment before, free again after). A port another process keeps still fails,
+    with EADDRINUSE, after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            sock.bind(addr)
+            return
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE or addr[1] == 0 or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.05)
+
+
 def bound_udp_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.bind((host, port))
@@ -170,7 +190,7 @@ def bind_own_address(host: str, port: int, field: str) -> socket.socket:
                           "(refusing to bind a wildcard, multicast or broadcast address)")
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
-        sock.bind((host, port))
+        bind_retrying(sock, (host, port))
     except OSError as e:
         sock.close()
         if e.errno == errno.EADDRNOTAVAIL:
