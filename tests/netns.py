@@ -98,6 +98,30 @@ def managed_hosts(hosts):
     _cleanup([], links + [bridge])
 
 
+@pytest.fixture
+def veth_pairs():
+    """make(a, b): a veth pair a <-> b in the root namespace, up (IPv6 off, checksum offload
+    off, as a switch's ports need): the links between two switch processes. Every pair made
+    is removed after the test."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("needs root and iproute2 for veth pairs")
+    made = []
+
+    def make(a: str, b: str) -> tuple[str, str]:
+        _ip("link", "add", a, "type", "veth", "peer", "name", b)
+        made.append(a)
+        for end in (a, b):
+            subprocess.run(["sysctl", "-qw", f"net.ipv6.conf.{end}.disable_ipv6=1"],
+                           check=False, capture_output=True)
+            subprocess.run(["ethtool", "-K", end, "tx", "off"], check=False,
+                           capture_output=True)
+            _ip("link", "set", end, "up")
+        return a, b
+
+    yield make
+    _cleanup([], made)
+
+
 def _cleanup(namespaces, links):
     for link in links:
         _ip("link", "del", link, check=False)

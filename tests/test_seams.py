@@ -10,11 +10,11 @@ this process through their own P4Runtime servicers, which also owns the runs), `
 (`python -m softswitch udp --plan FILE --switch NAME` per switch, `python -m controller serve`),
 `grpc` (`python -m softswitch udp --grpc` per switch, `controller serve` programs them). Every
 program is one process per rank (tests/run_worker.py) taking its agent from the assignment file
-the controller wrote, as a user's program does. The L2 mode and BMv2 meet the same phases with
-the switch on the veths of namespaced hosts (`python -m softswitch l2 --grpc`,
-`simple_switch_grpc --no-p4`; `controller serve` answering the rendezvous on a management
-bridge; BMv2 skips, saying why, where p4c and BMv2 are not installed); the fabric roles in L2
-mode and on BMv2 meet their rows packet by packet in tests/test_scale_out.py and bmv2_tests/.
+the controller wrote, as a user's program does. The L2 mode and BMv2 meet the same phases and shapes
+with a switch process per leaf and spine on the veths of namespaced hosts and on a veth pair
+per leaf-spine link (`python -m softswitch l2 --grpc`, `simple_switch_grpc --no-p4`;
+`controller serve` answering the rendezvous on a management bridge; BMv2 skips, saying why,
+where p4c and BMv2 are not installed).
 """
 from __future__ import annotations
 
@@ -34,10 +34,17 @@ from bench.scale_out import spine_hosts
 from controller.controller import Controller, program_in_process
 from controller.p4rt import Connection
 from controller.state import load
-from netns import MGMT_IP, SWITCH_IP, hosts, managed_hosts  # noqa: F401  (fixtures)
+from netns import (  # noqa: F401  (hosts, managed_hosts, veth_pairs: fixtures)
+    MGMT_IP,
+    SWITCH_MAC,
+    TAG,
+    hosts,
+    managed_hosts,
+    veth_pairs,
+)
 from softswitch.udp import UdpSwitch
 from spina import spec
-from spina.net import free_ports
+from spina.net import free_port, free_ports
 from spina.procs import stop_process
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -153,9 +160,11 @@ class Processes:
 class Deployment:
     """The shape's switches and the controller that owns its runs, in one of the modes."""
 
-    def __init__(self, mode: str, doc: dict, tmp: Path, l2_interfaces: list[str] = ()):
+    def __init__(self, mode: str, doc: dict, tmp: Path,
+                 l2_interfaces: dict[str, list[str]] | None = None):
         self.mode, self.doc = mode, doc
-        self.l2_interfaces = l2_interfaces  # mode "l2": the switch's port p is [p - 1]
+        # modes "l2" and "bmv2": {switch: its interfaces}, the switch's port p on [p - 1]
+        self.l2_interfaces = l2_interfaces or {}
         self.cfg = tmp / "spina.yaml"
         self.cfg.write_text(yaml.safe_dump(doc))
         self.state = load(self.cfg)
@@ -192,11 +201,12 @@ class Deployment:
                              "--switch", name)
             self.procs.wait_line(name, "p4runtime ")
         elif self.mode == "l2":
-            self.procs.start(name, "-m", "softswitch", "l2", *self._ports(), "--grpc", sw.grpc)
+            self.procs.start(name, "-m", "softswitch", "l2", *self._ports(name), "--grpc",
+                             sw.grpc)
             self.procs.wait_line(name, "p4runtime ")
         elif self.mode == "bmv2":  # started empty, as BMv2 starts: deploy pushes the program
             self.procs.start(name, "--device-id", str(sw.device_id), "--no-p4", "--thrift-port",
-                             str(sw.thrift_port), *self._ports(), "--", "--grpc-server-addr",
+                             str(sw.thrift_port), *self._ports(name), "--", "--grpc-server-addr",
                              sw.grpc, "--priority-queues", "8", program="simple_switch_grpc")
             host, port = sw.grpc.rsplit(":", 1)
             deadline = time.monotonic() + 30
@@ -212,9 +222,9 @@ class Deployment:
                              str(sw.udp_port), "--grpc", sw.grpc)
             self.procs.wait_line(name, "p4runtime ")
 
-    def _ports(self) -> list[str]:
-        """-i arguments: the switch's port p on l2_interfaces[p - 1]."""
-        return [a for p, ifname in enumerate(self.l2_interfaces, 1)
+    def _ports(self, name: str) -> list[str]:
+        """-i arguments: switch `name`'s port p on l2_interfaces[name][p - 1]."""
+        return [a for p, ifname in enumerate(self.l2_interfaces[name], 1)
                 for a in ("-i", f"{p}@{ifname}")]
 
     def restart_switch(self, name: str) -> None:
@@ -329,45 +339,106 @@ def run_the_phases(dep: Deployment, restart: str, **run) -> None:
     assert_exact(run_program(dep, seed=5, **run))
 
 
-NAMESPACE_TARGETS = ("l2", "bmv2")
+P4_SIZES = {"block_size": 32, "nlanes": 4}  # a full packet fits a 1500-byte frame
 
 
-@pytest.mark.parametrize("hosts", [3], indirect=True)
-@pytest.mark.parametrize("target", NAMESPACE_TARGETS)
-def test_switches_on_namespaced_hosts_give_each_run_its_own_exact_sums(target, managed_hosts,
-                                                                     tmp_path):
+def on_namespaced_hosts(doc: dict, hosts: list[tuple[str, str]], link, rendezvous: str,
+                        bmv2_program: tuple[Path, Path] | None = None,
+                        ) -> tuple[dict, dict[str, list[str]]]:
+    """A shape's desired state moved onto namespaced hosts: worker k of the document is host
+    k (10.0.0.k+1, its veth on its switch's next port), every leaf linked to every spine by a
+    veth pair `link(a, b)` makes (leaf i's spine ports after its hosts, spine j's port i + 1
+    to leaf i), each switch at an address of its own on the INA port, the jobs at the P4
+    program's sizes, the run rendezvous at `rendezvous`; with `bmv2_program` (its device
+    config and P4Info) every switch is BMv2. Returns the document and {switch: its
+    interfaces by port}."""
+    doc = json.loads(json.dumps(doc))
+    ports: dict[str, list[str]] = {sw["name"]: [] for sw in doc["switches"]}
+    for k, (w, (_, sw_if)) in enumerate(zip(doc["workers"], hosts, strict=True)):
+        ports[w["switch"]].append(sw_if)
+        w.update(ip=f"10.0.0.{k + 1}", udp_port=50000 + k, mac=f"02:00:00:00:01:{k:02x}",
+                 switch_port=len(ports[w["switch"]]))
+    fabric = doc.get("fabric")
+    if fabric:
+        fabric["links"] = []
+        for i, leaf in enumerate(r["leaf"] for r in fabric["racks"]):
+            for j, spine in enumerate(fabric["spines"]):
+                leaf_if, spine_if = link(f"{TAG}l{i}s{j}", f"{TAG}s{j}l{i}")
+                ports[leaf].append(leaf_if)
+                ports[spine].append(spine_if)
+                fabric["links"].append({"leaf": leaf, "leaf_port": len(ports[leaf]),
+                                        "leaf_mac": mac_of(leaf_if), "spine": spine,
+                                        "spine_port": len(ports[spine]),
+                                        "spine_mac": mac_of(spine_if)})
+    thrift = free_ports(len(doc["switches"]))
+    for n, sw in enumerate(doc["switches"]):
+        spine, j = sw["name"].startswith("spine"), int(sw["name"][-1])
+        sw.update(address=f"10.0.0.{(241 if spine else 201) + j}", udp_port=spec.INA_UDP_PORT,
+                  ports=list(range(1, len(ports[sw["name"]]) + 1)))
+        if bmv2_program is not None:
+            sw.update(target="bmv2", thrift_port=thrift[n], device_id=n,
+                      device_config=str(bmv2_program[0]), p4info=str(bmv2_program[1]))
+    address = {sw["name"]: sw["address"] for sw in doc["switches"]}
+    for w, (ns, _) in zip(doc["workers"], hosts):  # static ARP for its switch's address
+        subprocess.run(["ip", "-n", ns, "neigh", "replace", address[w["switch"]], "lladdr",
+                        SWITCH_MAC, "dev", "eth0", "nud", "permanent"], check=True)
+    for job in doc["jobs"] + (fabric or {}).get("jobs", []):
+        job.update(P4_SIZES)
+    doc["rendezvous"] = rendezvous
+    return doc, ports
+
+
+def mac_of(ifname: str) -> str:
+    return Path(f"/sys/class/net/{ifname}/address").read_text().strip()
+
+
+def rank_worker(doc: dict, job: int, rank: int) -> int:
+    """The index in doc["workers"] of job `job`'s rank `rank` (a fabric job's ranks are its
+    racks' workers in order)."""
+    names = next((j["members"] for j in doc["jobs"] if j["id"] == job), None)
+    if names is None:
+        fab = doc["fabric"]
+        racks = next(j["racks"] for j in fab["jobs"] if j["id"] == job)
+        names = [w for r in racks for w in next(x["workers"] for x in fab["racks"]
+                                                if x["name"] == r)]
+    return [w["name"] for w in doc["workers"]].index(names[rank])
+
+
+NAMESPACE_ROWS = [(t, s) for t in ("l2", "bmv2") for s in SHAPES]  # (target, shape)
+
+
+@pytest.fixture(scope="module")
+def bmv2_program(tmp_path_factory) -> tuple[Path, Path]:
+    """The v1model program compiled once for the module's BMv2 rows (p4c takes ~30 s)."""
+    from bmv2_tests import bmv2
+    if bmv2.unavailable() is not None:
+        pytest.skip(bmv2.unavailable())
+    return bmv2.compile_p4(tmp_path_factory.mktemp("p4"))
+
+
+@pytest.mark.parametrize(("target", "shape", "hosts"),
+                         [(t, s, sum(jobs_of(shape_doc(**SHAPES[s][0])).values()))
+                          for t, s in NAMESPACE_ROWS], indirect=["hosts"])
+def test_switches_on_namespaced_hosts_give_each_run_its_own_exact_sums(
+        target, shape, managed_hosts, veth_pairs, request, tmp_path):
     """The L2 software switch (`python -m softswitch l2 -i ... --grpc`) and BMv2
-    (`simple_switch_grpc --no-p4`, the program pushed by deploy) as a user deploys them, on the
-    veths of three namespaced hosts; `controller serve` programs the switch and answers the
-    run rendezvous on the hosts' management bridge; one process per rank in its namespace.
-    The same phases as the UDP modes' matrix: each run exact (after the switch restart too)."""
-    if target == "bmv2":
-        from bmv2_tests import bmv2
-        if bmv2.unavailable() is not None:
-            pytest.skip(bmv2.unavailable())
-        device_config, p4info = bmv2.compile_p4(tmp_path)
-    n = len(managed_hosts)
-    grpc, rdv, thrift = free_ports(3)
-    switch = {"name": "s0", "target": "softswitch", "grpc": f"{HOST}:{grpc}",
-              "address": SWITCH_IP, "udp_port": spec.INA_UDP_PORT,
-              "ports": list(range(1, n + 1))}
-    if target == "bmv2":
-        switch.update(target="bmv2", thrift_port=thrift, p4info=str(p4info),
-                      device_config=str(device_config))
-    doc = {"switches": [switch],
-           "workers": [{"name": f"f{r}", "ip": f"10.0.0.{r + 1}", "udp_port": 50000 + r,
-                        "switch_port": r + 1, "mac": f"02:00:00:00:01:{r:02x}"}
-                       for r in range(n)],
-           "jobs": [{"id": 3, "members": [f"f{r}" for r in range(n)], "nslots": 8,
-                     "slot_base": 0, "block_size": 32, "nlanes": 4}],  # the P4 sizes
-           "agents_dir": "agents", "rendezvous": f"{MGMT_IP}:{rdv}"}
-    dep = Deployment(target, doc, tmp_path, l2_interfaces=[sw_if for _, sw_if in managed_hosts])
-    # BMv2 serves a few hundred packets a second: a smaller tensor (62 packets a call a rank)
-    length = 8_000 if target == "bmv2" else 50_000
+    (`simple_switch_grpc --no-p4`, the program pushed by deploy) as a user deploys them: one
+    process per switch on the veths of namespaced hosts and on the leaf-spine links;
+    `controller serve` programs the switches and answers the run rendezvous on the hosts'
+    management bridge; one process per rank in its namespace. The same phases as the UDP
+    modes' matrix: each run exact (after the switch restart too)."""
+    program = request.getfixturevalue("bmv2_program") if target == "bmv2" else None
+    kwargs, restart = SHAPES[shape]
+    doc, ports = on_namespaced_hosts(shape_doc(**kwargs), managed_hosts, veth_pairs,
+                                     f"{MGMT_IP}:{free_port()}", program)
+    dep = Deployment(target, doc, tmp_path, l2_interfaces=ports)
+    # BMv2: a smaller tensor (62 packets a call a rank)
+    length = 2_000 if target == "bmv2" else 50_000
     try:
         dep.start()
-        run_the_phases(dep, "s0", length=length,
-                       where=lambda job, r: ["ip", "netns", "exec", managed_hosts[r][0]])
+        run_the_phases(dep, restart, length=length,
+                       where=lambda job, r: ["ip", "netns", "exec",
+                                             managed_hosts[rank_worker(doc, job, r)][0]])
     finally:
         dep.stop()
 
