@@ -29,6 +29,7 @@ demo: $(STAMP)  ## the main job: software switch + 4 workers, sparse all-reduce 
 lint: $(STAMP)  ## ruff check, as configured in pyproject.toml [tool.ruff]
 	$(PY) -m ruff check .
 
+PYTEST_ARGS ?= --durations=25  # the slowest tests named in every run: the suite has a 30 min budget
 test: $(STAMP) lint  ## ruff, then the whole test suite
 	$(PY) -m pytest $(PYTEST_ARGS)
 

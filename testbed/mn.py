@@ -86,6 +86,15 @@ def switch_classes():
                 subprocess.run(["sysctl", "-qw", f"net.ipv6.conf.{intf.name}.disable_ipv6=1"],
                                capture_output=True)
 
+        def restart(self) -> None:
+            """The switch process dies (its tables and registers lost) and starts again on
+            the same ports and addresses: what a controller's `serve` reconciles."""
+            if self.proc is not None:
+                self.proc.kill()
+                self.proc.wait()
+                self.proc = None
+            self.start([])
+
         def stop(self, deleteIntfs=True):
             if self.proc is not None:
                 stop_process(self.proc, 5)
@@ -102,8 +111,9 @@ def switch_classes():
 
         def start(self, controllers):
             self.prepare_intfs()
-            if self.serve_p4runtime:  # port 0: the switch picks a free one and prints it
-                tables = ["--grpc", "127.0.0.1:0"]
+            if self.serve_p4runtime:  # port 0 at first: the switch picks a free one and
+                # prints it; a restart keeps it, so a controller finds the switch again
+                tables = ["--grpc", self.grpc_addr or "127.0.0.1:0"]
             else:
                 cfg = self.workdir / "switch.json"
                 cfg.write_text(json.dumps(self.spina_config))
@@ -140,9 +150,13 @@ def switch_classes():
         """simple_switch_grpc with the compiled program (`make p4`), its tables written by the
         controller from the same config. Each needs its own Thrift and gRPC port."""
         next_thrift_port = 9090
+        thrift_port: int | None = None  # this node's, from assign_addresses
 
         def assign_addresses(self) -> None:
-            """This node's Thrift port, device id, gRPC address and program files."""
+            """This node's Thrift port, device id, gRPC address and program files (once: a
+            restart keeps them)."""
+            if self.thrift_port is not None:
+                return
             build = ROOT / "p4src" / "build"
             self.device_config = str(build / "spina_v1model.json")
             self.p4info = str(build / "spina_v1model.p4info.txtpb")

@@ -6,6 +6,7 @@ Everything made is removed again, also when a test fails.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -76,26 +77,48 @@ def managed_hosts(hosts):
     """`hosts`, each also on a management bridge in the root namespace (mgmt0 =
     10.9.0.(r+1)/24; the root's address MGMT_IP): the control traffic a deployment has
     besides the data path (the run rendezvous of `controller serve`)."""
+    try:
+        with management_bridge([ns for ns, _ in hosts]):
+            yield hosts
+    except ManagementError as e:
+        pytest.skip(f"cannot create the management bridge here: {e}")
+
+
+class ManagementError(Exception):
+    """The management bridge could not be made (nothing of it is left)."""
+
+
+@contextlib.contextmanager
+def management_bridge(namespaces: list[str | int]):
+    """A bridge in the root namespace at MGMT_IP/24 and, in each namespace (a name under
+    /var/run/netns, or a process id: a mininet host's), mgmt0 = 10.9.0.(r+1)/24 on a veth to
+    it. Everything made is removed on exit."""
     bridge, links = f"{TAG}br", []
     try:
         _ip("link", "add", bridge, "type", "bridge")
+        links.append(bridge)
         _ip("addr", "add", f"{MGMT_IP}/24", "dev", bridge)
         _ip("link", "set", bridge, "up")
-        for r, (ns, _) in enumerate(hosts):
+        for r, ns in enumerate(namespaces):
             root_if, ns_if = f"{TAG}m{r}", f"{TAG}n{r}"
             _ip("link", "add", root_if, "type", "veth", "peer", "name", ns_if)
             links.append(root_if)
-            _ip("link", "set", ns_if, "netns", ns)
-            _ip("-n", ns, "link", "set", ns_if, "name", "mgmt0")
-            _ip("-n", ns, "addr", "add", f"10.9.0.{r + 1}/24", "dev", "mgmt0")
-            _ip("-n", ns, "link", "set", "mgmt0", "up")
+            _ip("link", "set", ns_if, "netns", str(ns))
+            net = f"/proc/{ns}/ns/net" if isinstance(ns, int) else f"/var/run/netns/{ns}"
+            for args in (("link", "set", ns_if, "name", "mgmt0"),
+                         ("addr", "add", f"10.9.0.{r + 1}/24", "dev", "mgmt0"),
+                         ("link", "set", "mgmt0", "up")):
+                subprocess.run(["nsenter", f"--net={net}", "ip", *args], check=True,
+                               capture_output=True, text=True)
             _ip("link", "set", root_if, "master", bridge)
             _ip("link", "set", root_if, "up")
     except (subprocess.CalledProcessError, OSError) as e:
-        _cleanup([], links + [bridge])
-        pytest.skip(f"cannot create the management bridge here: {getattr(e, 'stderr', e)}")
-    yield hosts
-    _cleanup([], links + [bridge])
+        _cleanup([], links)
+        raise ManagementError(getattr(e, "stderr", None) or str(e)) from None
+    try:
+        yield
+    finally:
+        _cleanup([], links)
 
 
 @pytest.fixture

@@ -14,12 +14,15 @@ the controller wrote, as a user's program does. The L2 mode and BMv2 meet the sa
 with a switch process per leaf and spine on the veths of namespaced hosts and on a veth pair
 per leaf-spine link (`python -m softswitch l2 --grpc`, `simple_switch_grpc --no-p4`;
 `controller serve` answering the rendezvous on a management bridge; BMv2 skips, saying why,
-where p4c and BMv2 are not installed).
+where p4c and BMv2 are not installed). The mininet testbed's two-level networks meet them with
+`controller serve` on the testbed's desired state (mininet and root, or BMv2, else a skip
+saying why).
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -40,6 +43,7 @@ from netns import (  # noqa: F401  (hosts, managed_hosts, veth_pairs: fixtures)
     TAG,
     hosts,
     managed_hosts,
+    management_bridge,
     veth_pairs,
 )
 from softswitch.udp import UdpSwitch
@@ -109,7 +113,7 @@ SHAPES = {  # name -> (shape_doc arguments, the switch restarted in the last pha
 
 def jobs_of(doc: dict) -> dict[int, int]:
     """{job id: ranks} of a shape's jobs."""
-    out = {j["id"]: len(j["members"]) for j in doc["jobs"]}
+    out = {j["id"]: len(j["members"]) for j in doc.get("jobs", [])}
     for j in doc.get("fabric", {}).get("jobs", []):
         out[j["id"]] = sum(len(r["workers"]) for r in doc["fabric"]["racks"]
                            if r["name"] in j["racks"])
@@ -161,10 +165,11 @@ class Deployment:
     """The shape's switches and the controller that owns its runs, in one of the modes."""
 
     def __init__(self, mode: str, doc: dict, tmp: Path,
-                 l2_interfaces: dict[str, list[str]] | None = None):
+                 l2_interfaces: dict[str, list[str]] | None = None, nodes: dict | None = None):
         self.mode, self.doc = mode, doc
         # modes "l2" and "bmv2": {switch: its interfaces}, the switch's port p on [p - 1]
         self.l2_interfaces = l2_interfaces or {}
+        self.nodes = nodes or {}  # mode "mininet": {switch: its started testbed node}
         self.cfg = tmp / "spina.yaml"
         self.cfg.write_text(yaml.safe_dump(doc))
         self.state = load(self.cfg)
@@ -193,6 +198,8 @@ class Deployment:
 
     def start_switch(self, name: str) -> None:
         sw = self.state.switches[name]
+        if self.mode == "mininet":  # the testbed started it (and restarts it)
+            return
         if self.mode == "inprocess":
             self.switches[name] = UdpSwitch(sw.address, sw.udp_port).start()
             return
@@ -236,6 +243,8 @@ class Deployment:
             with self.ctl.lock:
                 self.ctl.close()  # new sessions: the old switch's servicer is gone
                 self.ctl.deploy([name], agent_files=False)
+        elif self.mode == "mininet":
+            self.nodes[name].restart()
         else:
             self.procs.kill(name)
             self.start_switch(name)
@@ -441,6 +450,48 @@ def test_switches_on_namespaced_hosts_give_each_run_its_own_exact_sums(
                                              managed_hosts[rank_worker(doc, job, r)][0]])
     finally:
         dep.stop()
+
+
+# The mininet testbed's two-level networks (testbed/topos.leafspine: every host a worker of
+# one fabric job, racks = leaves): (switch nodes, leaves, spines, hosts per leaf)
+MININET_ROWS = [("soft", 2, 1, 2), ("soft", 3, 2, 1), ("bmv2", 2, 1, 2)]
+
+
+@pytest.mark.parametrize(("switch", "leaves", "spines", "per_leaf"), MININET_ROWS)
+def test_mininet_testbed_gives_each_run_its_own_exact_sums(switch, leaves, spines, per_leaf,
+                                                          tmp_path):
+    """The mininet testbed's leaf/spine network (`python -m testbed leafspine --two-level`),
+    its switch nodes serving P4Runtime, its hosts also on a management bridge;
+    `controller serve` on the testbed's desired state programs every node and answers the
+    run rendezvous: the same phases as the other rows, the restart being a node's process
+    killed and started again on its ports."""
+    mininet = pytest.importorskip("testbed.mn", reason="the testbed needs its package")
+    try:
+        mininet.import_mininet()
+    except ImportError as e:
+        pytest.skip(f"mininet testbed unavailable: {e}")
+    if os.geteuid() != 0:
+        pytest.skip("the mininet testbed needs root")
+    from testbed import topos
+    if switch == "bmv2" and (shutil.which("simple_switch_grpc") is None
+                             or not (ROOT / "p4src/build/spina_v1model.json").exists()):
+        pytest.skip("needs BMv2's simple_switch_grpc on PATH and `make p4` output")
+    tb = topos.leafspine(leaves, spines, per_leaf, two_level=True, switch=switch)
+    tb.add_job(tb.job_config(job=7))
+    try:
+        tb.start()  # the testbed deploys once; `serve` owns the runs from here
+        with management_bridge([h.pid for h in tb.hosts]):
+            doc = dict(tb.desired_state(), rendezvous=f"{MGMT_IP}:{free_port()}")
+            nodes = {n.name: n for n in tb.switches}
+            dep = Deployment("mininet", doc, tmp_path, nodes=nodes)
+            try:
+                dep.start()
+                run_the_phases(dep, tb.spines[0].name, length=8_000,
+                               where=lambda job, r: ["mnexec", "-a", str(tb.hosts[r].pid)])
+            finally:
+                dep.stop()
+    finally:
+        tb.stop()
 
 
 def test_deploy_alone_refuses_a_run_by_name(tmp_path):
