@@ -465,14 +465,14 @@ def test_mininet_testbed_gives_each_run_its_own_exact_sums(switch, leaves, spine
     `controller serve` on the testbed's desired state programs every node and answers the
     run rendezvous: the same phases as the other rows, the restart being a node's process
     killed and started again on its ports."""
-    mininet = pytest.importorskip("testbed.mn", reason="the testbed needs its package")
+    from testbed import topos
+    from testbed.mn import import_mininet
     try:
-        mininet.import_mininet()
+        import_mininet()
     except ImportError as e:
         pytest.skip(f"mininet testbed unavailable: {e}")
     if os.geteuid() != 0:
         pytest.skip("the mininet testbed needs root")
-    from testbed import topos
     if switch == "bmv2" and (shutil.which("simple_switch_grpc") is None
                              or not (ROOT / "p4src/build/spina_v1model.json").exists()):
         pytest.skip("needs BMv2's simple_switch_grpc on PATH and `make p4` output")
