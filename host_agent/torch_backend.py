@@ -32,6 +32,7 @@ from torch._C._distributed_c10d import (
     ScatterOptions,
     _create_work_from_future,
 )
+from torch.distributed.constants import default_pg_timeout
 
 from host_agent.torch_hook import agent_from_env, sum_async
 
@@ -51,7 +52,11 @@ class SpinaProcessGroup(dist.ProcessGroup):
         self._rank, self._world = rank, world_size
         self.gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, world_size,
                                           timeout)
-        self.agent = agent_from_env(rank=rank)
+        # init_process_group(timeout=) bounds each SpINA call too; torch's default (it
+        # passes one always) leaves the agent's: $SPINA_TIMEOUT, else 30 s.
+        given = timeout is not None and timeout != default_pg_timeout
+        self.agent = agent_from_env(rank=rank,
+                                    timeout=timeout.total_seconds() if given else None)
         self.spina_calls = 0
 
     def getBackendName(self):

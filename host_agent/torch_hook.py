@@ -37,6 +37,8 @@ from spina.config import ConfigError, load_worker_file
 
 JOB_FILE_ENV = "SPINA_JOB_FILE"
 DAEMON_SOCKET_ENV = "SPINA_AGENT_SOCKET"
+TIMEOUT_ENV = "SPINA_TIMEOUT"  # the agent's per-call timeout in seconds (agent_from_env)
+DEFAULT_TIMEOUT = 30.0
 
 
 class HookCounters:
@@ -292,7 +294,8 @@ def block_aligned_layout(sizes: list[int], block_size: int) -> tuple[np.ndarray,
 
 
 def agent_from_env(job_file: str | None = None, rank: int | None = None, wait: float = 60.0,
-                   timeout: float = 30.0, rto: float = 0.2, daemon_socket: str | None = None,
+                   timeout: float | None = None, rto: float = 0.2,
+                   daemon_socket: str | None = None,
                    bounded_loss: float | None = None, priority_policy: str | None = None,
                    loss_tolerant_policy: str | None = None,
                    loss_deadline: float | str | None = None):
@@ -301,11 +304,14 @@ def agent_from_env(job_file: str | None = None, rank: int | None = None, wait: f
     Args:
         job_file: path of the JSON job file (spina.config.JobFile), or of this rank's assignment
             (spina.config.Assignment: a two-level job's ranks each have one); default
-            `$SPINA_JOB_FILE`.
+            `$SPINA_JOB_FILE`. `{rank}` in it is this rank: one setting for every node of a
+            multi-host torchrun names each rank's assignment
+            (`/srv/spina/agents/job7-rank{rank}.json`).
         rank: this worker's rank; default `$RANK` as set by torchrun, else the initialised
             process group's rank.
         wait: seconds to wait for the file to appear (the launcher may still be starting).
-        timeout: the agent's per-call timeout in seconds.
+        timeout: the agent's per-call timeout in seconds; default `$SPINA_TIMEOUT`, else
+            30.
         rto: first retransmission timeout. Ranks reach a bucket tens of milliseconds apart
             (their backward passes drift), and a packet waiting at the switch for a slower
             rank is not lost: the agent's 5 ms default (recovery.MIN_RTO) would resend most
@@ -324,8 +330,8 @@ def agent_from_env(job_file: str | None = None, rank: int | None = None, wait: f
         interface as far as the hook is concerned; timeout and rto are then the daemon's).
 
     Raises:
-        ConfigError: no job file given, the file never appeared, or its worker count differs
-            from torchrun's `$WORLD_SIZE`.
+        ConfigError: no job file given, the file never appeared, its worker count differs
+            from torchrun's `$WORLD_SIZE`, or `$SPINA_TIMEOUT` is not a positive number.
 
     Example:
         >>> agent = agent_from_env("/tmp/spina-job.json")  # doctest: +SKIP
@@ -335,11 +341,8 @@ def agent_from_env(job_file: str | None = None, rank: int | None = None, wait: f
     if not job_file:
         raise ConfigError(f"no job file: pass job_file or set ${JOB_FILE_ENV} "
                           "(python -m host_agent.launch writes one)")
-    deadline = time.monotonic() + wait
-    while not os.path.exists(job_file):
-        if time.monotonic() > deadline:
-            raise ConfigError(f"job file {job_file} did not appear within {wait:g} s")
-        time.sleep(0.05)
+    if timeout is None:
+        timeout = timeout_from_env()
     if rank is None:
         if "RANK" in os.environ:
             rank = int(os.environ["RANK"])
@@ -348,6 +351,12 @@ def agent_from_env(job_file: str | None = None, rank: int | None = None, wait: f
         else:
             raise ConfigError("rank unknown: pass rank, run under torchrun, or init the "
                               "process group")
+    job_file = job_file.replace("{rank}", str(rank))
+    deadline = time.monotonic() + wait
+    while not os.path.exists(job_file):
+        if time.monotonic() > deadline:
+            raise ConfigError(f"job file {job_file} did not appear within {wait:g} s")
+        time.sleep(0.05)
     jf = load_worker_file(job_file, rank)  # a job file, or a two-level job's assignment
     world = os.environ.get("WORLD_SIZE")
     if world is not None and int(world) != jf.job.nworkers:
@@ -370,6 +379,20 @@ def agent_from_env(job_file: str | None = None, rank: int | None = None, wait: f
     return Agent(job, rank, jf.switch, timeout=timeout, rto=rto, rendezvous=jf.rendezvous)
 
 
+def timeout_from_env() -> float:
+    """The per-call timeout `$SPINA_TIMEOUT` sets (seconds), else DEFAULT_TIMEOUT."""
+    text = os.environ.get(TIMEOUT_ENV)
+    if text is None:
+        return DEFAULT_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise ConfigError(f"${TIMEOUT_ENV}: {text!r} is not a positive number of seconds")
+    return value
+
+
 __all__ = ["HookCounters", "SpinaHookState", "spina_allreduce_hook", "sum_async", "agent_from_env",
            "block_aligned_layout", "pack_aligned", "unpack_aligned",
-           "JOB_FILE_ENV", "DAEMON_SOCKET_ENV"]
+           "JOB_FILE_ENV", "DAEMON_SOCKET_ENV", "TIMEOUT_ENV", "timeout_from_env"]

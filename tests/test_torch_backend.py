@@ -5,6 +5,7 @@ Run just these tests:  .venv/bin/python -m pytest tests/test_torch_backend.py
 Spawns 2 processes that init_process_group("spina") against a software switch running on a
 thread of this test process (file:// rendezvous in a temp dir).
 """
+import datetime
 import json
 import os
 from pathlib import Path
@@ -26,13 +27,15 @@ WORLD = 2
 
 
 def _worker(rank, tmp):
-    """DDP without a hook on the spina process group; collectives checked against exact values."""
+    """DDP without a hook on the spina process group; collectives checked against exact values;
+    the process group's timeout is the agent's per-call timeout."""
     import host_agent.torch_backend  # noqa: F401  (registers "spina")
     torch.set_num_threads(1)
     os.environ["SPINA_JOB_FILE"] = f"{tmp}/job.json"
     dist.init_process_group("spina", init_method=f"file://{tmp}/rendezvous", rank=rank,
-                            world_size=WORLD)
+                            world_size=WORLD, timeout=datetime.timedelta(seconds=17))
     pg = dist.distributed_c10d._get_default_group()
+    assert pg.agent.timeout == 17.0, "init_process_group(timeout=) bounds each SpINA call"
     t = torch.full((1000,), rank + 1.0, dtype=torch.bfloat16)
     dist.all_reduce(t)  # SpINA
     assert torch.equal(t, torch.full((1000,), 3.0, dtype=torch.bfloat16))

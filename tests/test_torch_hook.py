@@ -32,7 +32,7 @@ from host_agent.torch_hook import (
     spina_allreduce_hook,
 )
 from softswitch.udp import UdpSwitch
-from spina.config import ConfigError, JobFile
+from spina.config import Assignment, ConfigError, JobFile, write_if_changed
 
 WORLD = 2
 STEPS = 4
@@ -223,6 +223,30 @@ def test_agent_from_env_reads_the_job_file(tmp_path, monkeypatch):
         agent_from_env()
     with pytest.raises(ConfigError, match="did not appear"):
         agent_from_env(str(tmp_path / "missing.json"), rank=0, wait=0.1)
+
+
+def test_agent_from_env_takes_each_ranks_assignment_and_the_timeout(tmp_path, monkeypatch):
+    """`{rank}` in $SPINA_JOB_FILE is the rank (one setting for every node of a multi-host
+    torchrun), $SPINA_TIMEOUT the per-call timeout, a bad one refused naming it."""
+    job = local_job(WORLD)
+    for r in range(WORLD):
+        write_if_changed(tmp_path / f"job3-rank{r}.json",
+                         Assignment(job, r, ("127.0.0.1", 47999)).to_dict())
+    monkeypatch.setenv("SPINA_JOB_FILE", str(tmp_path / "job3-rank{rank}.json"))
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("SPINA_TIMEOUT", "12.5")
+    with agent_from_env() as agent:
+        assert (agent.rank, agent.timeout) == (1, 12.5)
+        assert agent.sock.getsockname() == ("127.0.0.1", job.workers[1].port)
+    with agent_from_env(timeout=3) as agent:  # the argument wins
+        assert agent.timeout == 3
+    monkeypatch.delenv("SPINA_TIMEOUT")
+    with agent_from_env() as agent:
+        assert agent.timeout == 30.0
+    for bad in ("0", "-1", "soon", "inf"):
+        monkeypatch.setenv("SPINA_TIMEOUT", bad)
+        with pytest.raises(ConfigError, match=r"^\$SPINA_TIMEOUT: .* not a positive number"):
+            agent_from_env()
 
 
 def test_repeat_filter_keeps_the_first_records():
