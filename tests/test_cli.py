@@ -10,7 +10,6 @@ import sys
 import pytest
 import yaml
 
-from netns import hosts  # noqa: F401  (a fixture: hosts in network namespaces)
 from spina.net import bound_udp_socket, free_port
 from spina_cli import doctor, status
 from spina_cli.main import COMMANDS, main

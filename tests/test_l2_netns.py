@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from netns import hosts, run_workers, workers_job  # noqa: F401  (hosts is a fixture)
+from netns import run_workers, workers_job
 
 
 @pytest.mark.parametrize("hosts", [3], indirect=True)

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from netns import hosts, run_workers, workers_job  # noqa: F401  (hosts is a fixture)
+from netns import run_workers, workers_job
 
 
 def _lossy(p: float):

@@ -33,15 +33,7 @@ from bench.scale_out import spine_hosts
 from controller.controller import Controller, program_in_process
 from controller.p4rt import Connection
 from deployment import ENV, ROOT, Deployment, jobs_of
-from netns import (  # noqa: F401  (hosts, managed_hosts, veth_pairs: fixtures)
-    MGMT_IP,
-    SWITCH_MAC,
-    TAG,
-    hosts,
-    managed_hosts,
-    management_bridge,
-    veth_pairs,
-)
+from netns import MGMT_IP, SWITCH_MAC, TAG, management_bridge
 from softswitch.udp import UdpSwitch
 from spina import spec
 from spina.net import free_port, free_ports
