@@ -64,22 +64,45 @@ def summary(pkt, layer) -> str | None:
             f"block_size={ina.block_size} length={ina.length} exponent={ina.exponent}")
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="spina capture",
-        description="Decode a packet capture (pcap/pcapng, e.g. from tshark or tcpdump): one "
-                    "line per SpINA packet with its header fields; other packets are counted.")
+DESCRIPTION = ("Decode a packet capture (pcap/pcapng, e.g. from tshark or tcpdump): one line "
+               "per SpINA packet with its header fields; other packets are counted.")
+
+
+def parser(prog: str = "python -m spina.capture") -> argparse.ArgumentParser:
+    """The capture command's arguments (`spina capture` adds -c)."""
+    ap = argparse.ArgumentParser(prog=prog, description=DESCRIPTION)
     ap.add_argument("file", help="capture file")
-    ap.add_argument("--port", type=int, action="append", metavar="PORT",
+    ap.add_argument("--port", type=port, action="append", metavar="PORT",
                     help=f"INA UDP port (repeatable; default {wire.DEFAULT_UDP_PORT})")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def port(text: str) -> int:
+    """An argparse type: a UDP port 1..65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a UDP port (1..65535)")
+    return value
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    return decode(args.file, args.port or (wire.DEFAULT_UDP_PORT,))
+
+
+def decode(path: str, ports, prog: str = "spina capture") -> int:
+    """Print one line per INA packet of the capture at `path` (INA: UDP to or from one of
+    `ports`), the count of the others on stderr, and a hint if no packet was INA; exit code."""
     from scapy.error import Scapy_Exception
     from scapy.utils import rdpcap as scapy_rdpcap
-    layer, other = bind(args.port or (wire.DEFAULT_UDP_PORT,)), 0
+    layer, other = bind(ports), 0
     try:
-        pkts = scapy_rdpcap(args.file)
+        pkts = scapy_rdpcap(path)
     except (OSError, Scapy_Exception) as e:  # Scapy_Exception: not a capture file
-        print(f"spina capture: error: {args.file}: {e}", file=sys.stderr)
+        print(f"{prog}: error: {path}: {e}", file=sys.stderr)
         return 2
     try:
         for p in pkts:
@@ -93,6 +116,10 @@ def main(argv=None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
         return 0
     print(f"{len(pkts) - other} SpINA packets, {other} other", file=sys.stderr)
+    if pkts and other == len(pkts):
+        print(f"{prog}: no packet to or from UDP port {', '.join(map(str, sorted(ports)))}: "
+              "if the switch listens on another, pass --port PORT (spina capture -c FILE "
+              "takes the desired state's)", file=sys.stderr)
     return 0
 
 

@@ -72,7 +72,7 @@ def main(argv=None) -> int:
             return 2
         return run(rest)
     if cmd == "capture":
-        from spina.capture import main as run
+        from spina_cli.capture import main as run
         return run(rest)
     if cmd == "doctor":
         from spina_cli.doctor import main as run

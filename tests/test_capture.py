@@ -12,6 +12,7 @@ import sys
 
 import numpy as np
 import pytest
+import yaml
 
 from spina import capture, dissector, wire
 
@@ -130,6 +131,41 @@ def test_capture_command_prints_one_line_per_ina_packet(tmp_path, capsys):
     assert "1 SpINA packets, 1 other" in err
     assert capture.main([str(tmp_path / "missing.pcap")]) == 2
 
+
+
+def test_spina_capture_takes_the_ina_ports_from_the_desired_state(tmp_path, capsys,
+                                                                  monkeypatch):
+    """`spina capture FILE -c spina.yaml` (or ./spina.yaml) decodes on every switch's UDP port;
+    with no INA packet on the ports it used it says to pass --port; a bad port is refused.
+    (Port 47123: scapy's bindings last for the process, and no other test binds it.)"""
+    from spina_cli.main import main as spina
+    raw = _packets(1)[0][3]
+    pcap = tmp_path / "on47123.pcap"
+    capture.wrpcap(str(pcap), [(("10.0.0.1", 5), ("10.0.0.2", 47123), raw)])
+    monkeypatch.chdir(tmp_path)
+    assert spina(["capture", str(pcap)]) == 0  # no desired state: the default port only
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert ("0 SpINA packets, 1 other\nspina capture: no packet to or from UDP port 47000: "
+            "if the switch listens on another, pass --port PORT") in err
+    with pytest.raises(SystemExit) as e:
+        spina(["capture", str(pcap), "--port", "70000"])
+    assert e.value.code == 2
+    assert "argument --port: '70000' is not a UDP port (1..65535)" in capsys.readouterr().err
+    assert spina(["capture", str(pcap), "-c", "none.yaml"]) == 2
+    assert capsys.readouterr().err.startswith("spina capture: error: none.yaml")
+    state = tmp_path / "elsewhere.yaml"
+    state.write_text(yaml.safe_dump({
+        "switches": [{"name": "s0", "target": "softswitch", "grpc": "127.0.0.1:1",
+                      "address": "127.0.0.1", "udp_port": 47123}],
+        "workers": [{"name": "w0", "ip": "127.0.0.1", "udp_port": 50000, "switch_port": 0}]}))
+    assert spina(["capture", str(pcap), "-c", str(state)]) == 0
+    out, err = capsys.readouterr()
+    assert out.count(" contrib job=") == 1
+    assert f"INA ports 47123 (the switches of {state})" in err and "1 SpINA packets, 0 other" in err
+    state.rename(tmp_path / "spina.yaml")  # ./spina.yaml is the default desired state
+    assert spina(["capture", str(pcap)]) == 0
+    assert "INA ports 47123 (the switches of spina.yaml)" in capsys.readouterr().err
 
 
 def test_capture_into_a_closed_pipe_stops_quietly(tmp_path):
