@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from spina import wire
+from spina import log as spina_log, wire
 from spina.config import ConfigError, JobConfig
 from spina.spec import (  # noqa: F401
     DEFAULT_SLOT_CAPACITY,
@@ -69,9 +69,9 @@ RESULT_FLAGS = FLAG_LAST | CARRIED
 _UNPACK, _PACK_INTO = wire.HEADER_STRUCT.unpack_from, wire.HEADER_STRUCT.pack_into
 _header_error = wire.header_error
 # Positions of the header fields in HEADER_STRUCT's tuple, by name (spina/wire.py's order).
-(_MSG_TYPE, _FLAGS, _JOB, _EPOCH, _SLOT, _RANK, _NLANES, _ROUND, _LENGTH, _BLOCK_SIZE, _EXPONENT,
- _BITMAP, _PRESENT, _NONFINITE) = (wire.FIELD_INDEX[f] for f in (
-    "msg_type", "flags", "job", "epoch", "slot", "rank", "nlanes", "round", "length",
+(_MSG_TYPE, _FLAGS, _JOB, _EPOCH, _CALL, _SLOT, _RANK, _NLANES, _ROUND, _LENGTH, _BLOCK_SIZE,
+ _EXPONENT, _BITMAP, _PRESENT, _NONFINITE) = (wire.FIELD_INDEX[f] for f in (
+    "msg_type", "flags", "job", "epoch", "call", "slot", "rank", "nlanes", "round", "length",
     "block_size", "exponent", "bitmap", "present", "nonfinite"))
 _DROP = (0, False, None)
 # Byte offsets of the fields congestion_drop reads from an outgoing packet.
@@ -82,6 +82,11 @@ _MSG_TYPE_AT, _FLAGS_AT, _JOB_AT = (wire.FIELD_OFFSET[f] for f in ("msg_type", "
 DEFAULT_POOL_SLOTS = 256
 MAX_POOL_SLOTS = 1 << 16  # the header's slot field is 16 bits
 MAX_REGISTER_BYTES = 4 << 30  # a bound on the slot registers' memory, against typos
+
+
+def _about(t: tuple) -> dict:
+    """A packet's log fields (spina.log): the job, epoch, call and rank its header names."""
+    return spina_log.fields(job=t[_JOB], epoch=t[_EPOCH], call=t[_CALL], rank=t[_RANK])
 
 
 def register_bytes(pool_slots: int, slot_capacity: int) -> int:
@@ -280,7 +285,8 @@ class Pipeline:
         if (adm is None or not adm.slot_base <= slot < adm.slot_base + adm.nslots
                 or k != adm.nlanes or bs != adm.block_size):
             self._c_unadmitted[port % MAX_PORTS] += 1
-            log.debug("drop unadmitted from %s: job %d rank %d slot %d", src, job, rank, slot)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("drop unadmitted from %s: slot %d", src, slot, extra=_about(t))
             return _DROP
         self._c_received[job] += 1
         if t[_EPOCH] != adm.epoch:
@@ -292,6 +298,9 @@ class Pipeline:
         bit = 1 << rank
         if self.hold_newer_rounds and self._held(slot, rnd, bit, nworkers):
             self._c_held[job] += 1
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("hold slot %d round %d: %d workers not yet at round %d", slot, rnd,
+                          self._h_missing[slot], self._h_round[slot], extra=_about(t))
             return _DROP
         idx = 2 * slot + (rnd & 1)
         # slot_round: a newer round resets this copy, an older one is stale.
@@ -428,7 +437,6 @@ class Pipeline:
         if unheard:  # its sender has the result of head_round, so has the copy's round
             self._h_heard[slot] |= bit
             self._h_missing[slot] = missing - 1
-        log.debug("hold slot %d round %d: %d workers not yet at round %d", slot, rnd, missing, head)
         return True
 
     def _malformed(self, port: int, src, why: str) -> tuple[int, bool, None]:

@@ -191,6 +191,37 @@ def test_bound_fields_are_read_when_the_line_is_written(caplog):
                    ("third", {"job": 3, "call": 5}), ("plain", {"job": 8})]
 
 
+def test_switch_drop_lines_name_the_packets_job_epoch_call_and_rank(caplog):
+    """The software switch's per-packet debug lines (an unadmitted packet, a held newer
+    round) carry the job, epoch, call and rank of the packet's header as fields."""
+    from softswitch.pipeline import Pipeline
+    from spina import wire
+    from spina.config import JobConfig, WorkerAddr
+    src = {r: (0, ("10.0.0.1", 5000 + r)) for r in range(2)}
+    cfg = JobConfig(job=2, workers=tuple(WorkerAddr(r, *src[r][1]) for r in range(2)),
+                    nslots=1, nlanes=1, block_size=4, epoch=3)
+    p = Pipeline(pool_slots=4, slot_capacity=16)
+    p.add_job(cfg, src)
+
+    def packet(job: int, rnd: int, call: int) -> bytes:
+        h = wire.Header(job=job, epoch=3, call=call, rank=0, slot=0, round=rnd, nlanes=1,
+                        block_size=4, length=4)
+        return wire.pack(h, [wire.END], None)
+
+    with caplog.at_level(logging.DEBUG, logger="spina.softswitch"):
+        assert p.process(packet(9, 0, 77), *src[0]) == []  # no job 9 here
+        assert p.process(packet(2, 1, 78), *src[0]) == []  # round 1 starts: rank 1 to come
+        assert p.process(packet(2, 2, 79), *src[0]) == []  # round 2 held: rank 1 not at 1
+    got = [(r.getMessage(), r.spina_fields) for r in caplog.records
+           if r.name == "spina.softswitch" and r.levelno == logging.DEBUG]
+    assert got == [
+        ("drop unadmitted from ('10.0.0.1', 5000): slot 0",
+         {"job": 9, "epoch": 3, "call": 77, "rank": 0}),
+        ("hold slot 0 round 2: 1 workers not yet at round 1",
+         {"job": 2, "epoch": 3, "call": 79, "rank": 0})]
+    assert p.job_counters(2)["job_held"] == 1
+
+
 def test_verbosity_counts_down_from_the_base_level():
     """-v flags: each one level more, never past DEBUG."""
     assert [spina_log.verbosity(n) for n in range(4)] == ["WARNING", "INFO", "DEBUG", "DEBUG"]
