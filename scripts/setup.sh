@@ -8,10 +8,11 @@ cd "$(dirname "$0")/.."
 
 # Debian packages the tests use: iproute2 (ip netns), iptables (loss injection), ethtool,
 # mininet (mnexec and Debian's mininet module), cpp (the P4 agreement tests preprocess p4src/),
-# tshark (the Lua dissector test; ~9 s here) and prometheus (the real-scrape test; ~14 s);
+# tshark (the Lua dissector test; ~9 s here), prometheus (the real-scrape test; ~14 s) and tmux
+# (the live status screen's test, through capture-pane);
 # gcc and python3-dev build the C parts (host_agent/_core.c, softswitch/_datapath.c,
 # host_agent/compression/_kernels.c; setup.py).
-DEBS="iproute2 iptables ethtool mininet cpp tshark prometheus gcc python3-dev"
+DEBS="iproute2 iptables ethtool mininet cpp tshark prometheus tmux gcc python3-dev"
 missing=""
 for p in $DEBS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then

@@ -6,6 +6,7 @@ import io
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
@@ -185,6 +186,41 @@ def test_status_watch_redraws_on_a_terminal_and_prints_lines_otherwise(deployed)
     assert got["job"] == "4" and got["switch"] == "s1" and got["recv"] == str(sent)
     body = screens[1].split("\n\n", 1)[1]  # below the title line (which names the file)
     assert all(len(line) <= 100 for line in body.splitlines()), body
+
+
+def test_status_watch_on_a_real_terminal_shows_the_live_table(deployed):
+    """`spina status --watch` in a 100 x 30 tmux pane (capture-pane): the title, the table's
+    header and job 4's row with the counters the switch holds, the legend, nothing past 100
+    columns and no escape sequence left on screen."""
+    import shlex
+    import shutil
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux not installed (scripts/setup.sh installs it)")
+    cfg, sw = deployed
+    sent = _allreduce(cfg)
+    sock = f"spina-test-{os.getpid()}"
+    cmd = (f"PYTHONPATH={shlex.quote(ROOT)} {shlex.quote(sys.executable)} -m spina_cli status "
+           f"-c {shlex.quote(str(cfg))} --watch 0.2")
+    tmux = ["tmux", "-L", sock, "-f", "/dev/null"]
+    subprocess.run([*tmux, "new-session", "-d", "-s", "watch", "-x", "100", "-y", "30", cmd],
+                   check=True, cwd=ROOT)
+    try:
+        deadline, screen = time.monotonic() + 60, ""
+        while "recv/s" not in screen:  # the second screen: rates known
+            assert time.monotonic() < deadline, screen
+            time.sleep(0.2)
+            screen = subprocess.run([*tmux, "capture-pane", "-p", "-t", "watch"],
+                                    capture_output=True, text=True, check=True).stdout
+    finally:
+        subprocess.run([*tmux, "kill-server"], capture_output=True)
+    lines = screen.splitlines()
+    assert lines[0].startswith("spina status") and str(cfg) in lines[0]
+    header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["job", "switch"])
+    got = dict(zip(lines[header].split(), lines[header + 2].split()))
+    assert (got["job"], got["switch"], got["recv"]) == ("4", "s1", str(sent))
+    assert int(got["recv"]) == sw.pipeline.job_counters(4)["job_received"]
+    assert any(line.startswith("recv job_received") for line in lines)
+    assert all(len(line) <= 100 for line in lines) and "\x1b" not in screen
 
 
 def test_the_watch_table_fits_100_columns_at_its_largest():
