@@ -9,11 +9,9 @@ from host_agent.compression.compressors import (
     ResidualMemory,
     ScaledMask,
     Selection,
-    make_compressor,
 )
 from host_agent.compression.config import METHODS, CompressionConfig
-
-# The votes (sign, ternary); make_compressor builds them from votes.py when asked for one.
+from host_agent.compression.methods import make_compressor
 from host_agent.compression.votes import SignVote, TernGrad, VoteHookState, spina_vote_hook
 
 __all__ = ["CompressionConfig", "METHODS", "Compressor", "BlockTopK", "RandomK", "ScaledMask",

@@ -329,26 +329,3 @@ class LossComp(Compressor):
                 self.ratio = min(hi, max(lo, self.ratio * factor))
             self.prev_window_mean = mean
             self.window.clear()
-
-
-_BY_METHOD = {"none": DenseCompressor, "topk": BlockTopK, "randomk": RandomK, "scaled": ScaledMask,
-              "losscomp": LossComp}
-
-
-def make_compressor(config: CompressionConfig | dict | None = None, block_size: int = 256,
-                    **fields) -> Compressor:
-    """A compressor for `config` (a CompressionConfig, a mapping, or keyword fields).
-
-    Example:
-        >>> c = make_compressor(method="topk", ratio=0.01, momentum=0.9, warmup_steps=100)
-    """
-    if config is None:
-        config = CompressionConfig(**fields)
-    elif isinstance(config, dict):
-        config = CompressionConfig.from_dict({**config, **fields})
-    config = config.validate()
-    if config.method in ("sign", "ternary"):  # votes.py builds on this module: import at call
-        from host_agent.compression import votes
-        return {"sign": votes.SignVote, "ternary": votes.TernGrad}[config.method](
-            config, block_size)
-    return _BY_METHOD[config.method](config, block_size)
