@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from softswitch.egress import EgressQueues, PortRate
-from softswitch.fabric import TO_GROUP, TO_SENDER, LeafJob, Roles
+from softswitch.fabric import TO_GROUP, TO_SENDER, FabricRoles, LeafJob
 from softswitch.pipeline import DEFAULT_POOL_SLOTS, Admission, Pipeline
 from spina import spec, wire
 from spina.rows import SwitchRows
@@ -109,7 +109,7 @@ class Dataplane:
                  ina_udp_port: int = spec.INA_UDP_PORT, ports=None, udp_mode: bool = False):
         self.pipeline = Pipeline(pool_slots, slot_capacity)
         # Two-level aggregation (softswitch/fabric.py): tables job_level and leaf_upstream.
-        self.roles = Roles(self.pipeline)
+        self.roles = FabricRoles(self.pipeline)
         self.ina_udp_port = ina_udp_port
         self.udp_mode = udp_mode
         self.ports = frozenset({UDP_MODE_PORT} if udp_mode else ports or ()) or None

@@ -2,9 +2,11 @@
 
 The software twin of the P4 program's roles (p4src/v1model/fabric.p4 and the fabric
 parts of aggregator.p4): the same packets in give the same packets out, registers and counters.
-The level of each job is chosen per job, as the P4 tables do: `Roles.leaves` (P4 table
-job_level, action as_leaf), `Roles.spines` (as_spine), `Roles.upstream` (leaf_upstream), in the
-L2 and the UDP mode alike (softswitch/dataplane.py writes them from the table rows).
+The level of each job is chosen per job, as the P4 tables do: `FabricRoles.leaves` (P4 table
+job_level, action as_leaf), `FabricRoles.spines` (as_spine), `FabricRoles.upstream`
+(leaf_upstream), in the L2 and the UDP mode alike (softswitch/dataplane.py writes them from the
+table rows). The class has the name of the P4 control it mirrors (fabric.p4), as the
+controller's control of those tables does.
 
 A leaf aggregates its rack's workers with the ordinary pipeline (admitted by their rank
 within the rack, 0..size-1, the rank they send: spina.config.JobConfig.switch_rank; complete
@@ -29,8 +31,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from softswitch.pipeline import CARRIED, MAX_PORTS, RESULT_FLAGS, Pipeline
+from softswitch.pipeline import MAX_PORTS, Pipeline
 from spina import wire
+from spina.spec import FLAGS_CARRIED, FLAGS_RESULT
 
 TO_GROUP, TO_SENDER, TO_UPSTREAM = 1, 2, 3
 _NOTHING = (0, 0, None, 0)
@@ -70,7 +73,7 @@ class LeafJob:
         return stored_bitmap if result else (1 << self.nlocal) - 1
 
 
-class Roles:
+class FabricRoles:
     """The leaf and spine roles on `pipeline`, per job; jobs in neither are flat. Written only
     through the Dataplane's tables job_level and leaf_upstream."""
 
@@ -108,7 +111,7 @@ class Roles:
         carried = 0
         spine = size >= HLEN and job in self.spines
         if spine:
-            carried = pkt[_FLAGS_AT] & CARRIED
+            carried = pkt[_FLAGS_AT] & FLAGS_CARRIED
             if carried:
                 added = int(p.counters["job_aggregated"][job])
         n, multicast, adm = p.process_into(pkt, port, src, out, spine)
@@ -137,7 +140,7 @@ class Roles:
         # resent a round whose spine result is missing: the partial goes up again. Either
         # way no result leaves for the workers (the pipeline counted one per copy).
         p.counters["job_results"][adm.job] -= adm.nworkers if multicast else 1
-        flags = t[_FLAGS] & (RESULT_FLAGS | wire.FLAG_LOSS_TOLERANT)
+        flags = t[_FLAGS] & (FLAGS_RESULT | wire.FLAG_LOSS_TOLERANT)
         if not multicast:  # a resend up: partial only if the worker asks for a flush
             asked = pkt[_FLAGS_AT] & wire.FLAG_PARTIAL
             if not asked and pkt[_AT["rank"]] != 0:
@@ -185,7 +188,7 @@ class Roles:
                 return _NOTHING
             n = p._result_into(out, t, idx, 0)
             out[_AT["msg_type"]] = wire.MSG_CONTRIB
-            out[_FLAGS_AT] = ((r["slot_flags"][idx] & RESULT_FLAGS) | wire.FLAG_RESEND
+            out[_FLAGS_AT] = ((r["slot_flags"][idx] & FLAGS_RESULT) | wire.FLAG_RESEND
                               | wire.FLAG_REPLAY)
             out[_AT["rank"]] = lj.rack
             return n, TO_UPSTREAM, up, 0
@@ -209,7 +212,7 @@ class Roles:
                 vals[:] = data
             else:
                 vals[wire.lane_indices(present, k)] = data
-        flags = t[_FLAGS] & RESULT_FLAGS
+        flags = t[_FLAGS] & FLAGS_RESULT
         for name, value in (("slot_present", present), ("slot_bitmap", bitmap),
                             ("slot_flags", flags), ("slot_count", count + 1)):
             r[name][idx] = value

@@ -41,6 +41,7 @@ from spina import log as spina_log, wire
 from spina.config import ConfigError, JobConfig
 from spina.spec import (  # noqa: F401
     DEFAULT_SLOT_CAPACITY,
+    FLAGS_RESULT,
     HEAD_REGISTERS,
     JOB_COUNTERS,
     JOB_REGISTERS,
@@ -61,11 +62,6 @@ MSG_CONTRIB, MSG_RESULT, MSG_STATUS = wire.MSG_CONTRIB, wire.MSG_RESULT, wire.MS
 FLAG_RESEND, FLAG_LOSS_TOLERANT = wire.FLAG_RESEND, wire.FLAG_LOSS_TOLERANT
 FLAG_LAST = wire.FLAG_LAST
 FLAG_PARTIAL, FLAG_MISMATCH, FLAG_REPLAY = wire.FLAG_PARTIAL, wire.FLAG_MISMATCH, wire.FLAG_REPLAY
-# Two-level aggregation (softswitch/fabric.py): what a rack's partial carries into a spine's
-# round besides LAST (a mismatch or a flush in one rack concerns every rack; P4 FLAGS_CARRIED),
-# and so a stored result's flags (P4 FLAGS_RESULT).
-CARRIED = FLAG_MISMATCH | FLAG_PARTIAL
-RESULT_FLAGS = FLAG_LAST | CARRIED
 _UNPACK, _PACK_INTO = wire.HEADER_STRUCT.unpack_from, wire.HEADER_STRUCT.pack_into
 _header_error = wire.header_error
 # Positions of the header fields in HEADER_STRUCT's tuple, by name (spina/wire.py's order).
@@ -412,7 +408,7 @@ class Pipeline:
         self._r_nonfinite[idx] = t[_NONFINITE]
         self._r_exponent[idx] = t[_EXPONENT]
         self._r_length[idx] = t[_LENGTH]
-        self._r_flags[idx] = t[_FLAGS] & RESULT_FLAGS
+        self._r_flags[idx] = t[_FLAGS] & FLAGS_RESULT
         self._c_results[t[_JOB]] += nworkers
         return self._result_into(out, t, idx, 0)
 

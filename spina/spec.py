@@ -47,6 +47,12 @@ ETHERTYPE_IPV4 = 0x0800
 IP_PROTO_UDP = 17
 INA_UDP_PORT = wire.DEFAULT_UDP_PORT  # the parser recognises INA packets by this dst port
 
+# ---------------------------------------------------------------- flag sets (shared/define.p4)
+# Two-level aggregation: what a rack's partial carries into a spine's round besides LAST (a
+# mismatch or a flush in one rack concerns every rack), and so what a stored result keeps.
+FLAGS_CARRIED = wire.FLAG_MISMATCH | wire.FLAG_PARTIAL
+FLAGS_RESULT = wire.FLAG_LAST | FLAGS_CARRIED
+
 # ---------------------------------------------------------------- registers
 SLOT, HEAD, LANE, VALUE, JOB = "slot", "head", "lane", "value", "job"  # JOB: one cell per job id
 

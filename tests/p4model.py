@@ -5,7 +5,7 @@ numpy, no shortcuts.
 It exists to be compared with the software switch (tests/test_p4_model.py): payloads with
 softswitch.pipeline.Pipeline, whole frames with softswitch.dataplane.Dataplane, the leaf and spine
 roles (FabricRoles, fabric.p4, and the fabric parts of aggregator.p4) with
-softswitch.fabric.Roles. What leaves is (payload, kind): kind True multicast (the job's or the
+softswitch.fabric.FabricRoles. What leaves is (payload, kind): kind True multicast (the job's or the
 rack's group), False back to the sender, "up" to the slot's spine. If the software switch
 and this transliteration of the P4 disagree, one of them is wrong. Keep it as
 close to the P4 text as Python allows; statement order follows aggregator.p4.
@@ -16,6 +16,7 @@ import socket
 import struct
 
 from spina import wire
+from spina.spec import FLAGS_CARRIED, FLAGS_RESULT
 
 M32 = 0xFFFFFFFF
 ETH_LEN, IPV4_LEN, UDP_LEN = 14, 20, 8
@@ -367,8 +368,6 @@ class P4Model:
         return [(frame, kind)]
 
 
-FLAGS_CARRIED = wire.FLAG_MISMATCH | wire.FLAG_PARTIAL  # define.p4
-FLAGS_RESULT = wire.FLAG_LAST | FLAGS_CARRIED
 
 
 def _s16(x: int) -> int:

@@ -19,7 +19,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from softswitch.dataplane import Dataplane
-from softswitch.fabric import TO_GROUP, TO_SENDER, TO_UPSTREAM, Roles
+from softswitch.fabric import TO_GROUP, TO_SENDER, TO_UPSTREAM, FabricRoles
 from softswitch.pipeline import Pipeline
 from spina import rows, spec, wire
 from spina.config import JobConfig, WorkerAddr
@@ -243,7 +243,7 @@ def test_leaf_replay_equals_p4_transliteration():
          | wire.FLAG_REPLAY)] * 2
 
 
-def _leaf(job: JobConfig, rack: int, sources) -> Roles:
+def _leaf(job: JobConfig, rack: int, sources) -> FabricRoles:
     """A software switch holding the rows the plan writes for rack `rack` of `job` at its leaf
     (spina.rows.leaf_job): the rack's workers from `sources` on PORT, both slots' spine
     SPINE_SRC on PORT."""
@@ -332,7 +332,7 @@ def test_spine_role_equals_p4_transliteration(sc):
     nleaves, packets = sc
     job = JobConfig(job=JOB, workers=tuple(WorkerAddr(r, *src(r)) for r in range(nleaves)),
                     slot_base=0, nslots=2, block_size=BS, nlanes=K)
-    roles = Roles(Pipeline(pool_slots=SLOTS, slot_capacity=K * BS))
+    roles = FabricRoles(Pipeline(pool_slots=SLOTS, slot_capacity=K * BS))
     roles.pipeline.add_job(job, {r: (PORT, src(r)) for r in range(nleaves)}, mcast_grp=1)
     roles.spines.add(JOB)
     model = P4Model(SLOTS, K, BS)

@@ -21,7 +21,7 @@ from controller import plan
 from controller.controller import program_in_process
 from host_agent.agent import Agent, SpinaTimeout
 from softswitch.dataplane import Dataplane
-from softswitch.fabric import TO_GROUP, TO_SENDER, TO_UPSTREAM, Roles
+from softswitch.fabric import TO_GROUP, TO_SENDER, TO_UPSTREAM, FabricRoles
 from softswitch.pipeline import Pipeline
 from softswitch.udp import Faults, UdpSwitch
 from spina import rows, wire
@@ -204,7 +204,7 @@ SPINE_JOB = JobConfig(job=1, workers=tuple(WorkerAddr(i, *LEAF[i][1]) for i in r
                       slot_base=0, nslots=2, nlanes=K, block_size=BS, epoch=3)
 
 
-def leaf(rack: int) -> Roles:
+def leaf(rack: int) -> FabricRoles:
     """Leaf `rack` of JOB (job ranks 2*rack, 2*rack+1: local ranks 0, 1), all slots owned by
     SPINE: a switch given the rows the plan writes for it (spina.rows.leaf_job)."""
     dp = Dataplane(pool_slots=4, slot_capacity=K * BS)
@@ -213,7 +213,7 @@ def leaf(rack: int) -> Roles:
     return dp.roles
 
 
-def spine() -> Roles:
+def spine() -> FabricRoles:
     dp = Dataplane(pool_slots=4, slot_capacity=K * BS)
     dp.apply(rows.spine_job(JOB, 0, 2, [rows.Sender(0, *LEAF[i][1]) for i in range(2)]))
     return dp.roles
