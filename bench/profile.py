@@ -75,7 +75,7 @@ def main(argv=None) -> int:
             with open(os.path.join(out, f"{name}.txt"), "w") as f:
                 f.write(top(path, "tottime", a.top))
                 f.write(top(path, "cumulative", a.top))
-        calls = {fn: ncalls(sw, fn) for fn in ("process_into", "_result_into", "sendto",
+        calls = {fn: ncalls(sw, fn) for fn in ("process_into", "result_into", "sendto",
                                                "recvfrom_into", "header_error", "_process")}
         acalls = {fn: ncalls(agent, fn) for fn in ("allreduce", "answer", "on_answer",
                                                    "_next_round", "_queue", "recv_answers",

@@ -85,7 +85,7 @@ def measure_pipeline(pkts, repeats: int, prof: cProfile.Profile | None = None) -
             prof.enable()
         t0, c0 = time.perf_counter(), _cpu()
         for pkt, src in items:
-            n, _, _ = p.process_into(pkt, 0, src, out)
+            n, *_ = p.process_into(pkt, 0, src, out)
             emitted += n > 0
         wall, cpu = time.perf_counter() - t0, _cpu() - c0
         if prof:

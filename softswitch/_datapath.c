@@ -184,7 +184,7 @@ static int held(Datapath *d, uint32_t slot, uint32_t rnd, uint32_t bit, uint32_t
 }
 
 /* The result of the round stored at copy `idx`, in reply to the request `req` (Pipeline.
- * _result_into); its length. */
+ * result_into); its length. */
 static Py_ssize_t result_into(const Datapath *d, uint8_t *out, const uint8_t *req, Py_ssize_t idx,
                               unsigned k, uint32_t bs, uint8_t extra) {
     memcpy(out, req, HEADER_LEN);  /* the request's identity; the rest is the slot's */

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from softswitch.pipeline import MAX_PORTS, Pipeline
+from softswitch.pipeline import ADDED, COMPLETED, MAX_PORTS, Pipeline
 from spina import wire
 from spina.spec import FLAGS_CARRIED, FLAGS_RESULT
 
@@ -108,14 +108,10 @@ class FabricRoles:
             if up is not None:  # a result or status for a leaf's slot: the spine's answer
                 return self._from_spine(pkt, port, src, out, job, up)
         p = self.pipeline
-        carried = 0
         spine = size >= HLEN and job in self.spines
-        if spine:
-            carried = pkt[_FLAGS_AT] & FLAGS_CARRIED
-            if carried:
-                added = int(p.counters["job_aggregated"][job])
-        n, multicast, adm = p.process_into(pkt, port, src, out, spine)
-        if carried and p.counters["job_aggregated"][job] != added:
+        carried = pkt[_FLAGS_AT] & FLAGS_CARRIED if spine else 0
+        n, multicast, adm, outcome = p.process_into(pkt, port, src, out, spine)
+        if carried and outcome in (ADDED, COMPLETED):
             # A rack's mismatch or flush: the round's result says so to every rack.
             t = _UNPACK(pkt)
             p.registers["slot_flags"][2 * t[_SLOT] + (t[_ROUND] & 1)] |= carried
@@ -165,7 +161,7 @@ class FabricRoles:
         t = _UNPACK(pkt)
         err = wire.header_error(t, size)
         if err is not None:
-            return p._malformed(port, src, err)[:2] + (None, 0)
+            return p.drop_malformed(port, src, err)[:2] + (None, 0)
         slot, k, bs = t[_SLOT], t[_NLANES], t[_BLOCK_SIZE]
         lj = self.leaves.get(job)
         c = p.counters
@@ -186,7 +182,7 @@ class FabricRoles:
             # back up, REPLAY, and the spine takes it as the round's result.
             if count <= lj.nlocal or t[_BITMAP] >> lj.rack & 1:
                 return _NOTHING
-            n = p._result_into(out, t, idx, 0)
+            n = p.result_into(out, t, idx, 0)
             out[_AT["msg_type"]] = wire.MSG_CONTRIB
             out[_FLAGS_AT] = ((r["slot_flags"][idx] & FLAGS_RESULT) | wire.FLAG_RESEND
                               | wire.FLAG_REPLAY)
@@ -203,7 +199,7 @@ class FabricRoles:
             return size, TO_GROUP, job, lj.mcast_grp  # every worker of the rack waits for it
         # The result: stored in the slot copy (resends are answered here), then to the rack.
         present = t[_PRESENT]
-        _, _, vals, slot_next = p._views(idx, k, bs)
+        _, _, vals, slot_next = p.views(idx, k, bs)
         slot_next[:] = np.frombuffer(pkt, wire.NEXT_DTYPE, k, HLEN)
         if present:
             data = np.frombuffer(pkt, wire.DATA_DTYPE, (size - HLEN) // 4 - k,

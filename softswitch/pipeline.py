@@ -69,7 +69,12 @@ _header_error = wire.header_error
  _EXPONENT, _BITMAP, _PRESENT, _NONFINITE) = (wire.FIELD_INDEX[f] for f in (
     "msg_type", "flags", "job", "epoch", "call", "slot", "rank", "nlanes", "round", "length",
     "block_size", "exponent", "bitmap", "present", "nonfinite"))
-_DROP = (0, False, None)
+# What process_into did with a packet (aggregator.p4's outcomes, the TNA program's KIND_*):
+# dropped (malformed, unadmitted, stale or held), answered with the stored result (a resend
+# to a complete round), a replay adopted (a spine), a round flushed, a status, added to an
+# incomplete round, added and the round complete.
+DROPPED, ANSWERED, ADOPTED, FLUSHED, STATUS, ADDED, COMPLETED = range(7)
+_DROP = (0, False, None, DROPPED)
 # Byte offsets of the fields congestion_drop reads from an outgoing packet.
 _MSG_TYPE_AT, _FLAGS_AT, _JOB_AT = (wire.FIELD_OFFSET[f] for f in ("msg_type", "flags", "job"))
 
@@ -240,7 +245,7 @@ class Pipeline:
     def process(self, pkt: bytes, port: int, src) -> list[Emit]:
         """Run one packet from ingress `port` and source address `src` through the pipeline."""
         out = bytearray(self.max_packet_len)
-        n, multicast, adm = self.process_into(pkt, port, src, out)
+        n, multicast, adm, _ = self.process_into(pkt, port, src, out)
         if not n:
             return []
         return [Emit(bytes(out[:n]), adm.job, multicast, adm.mcast_grp if multicast else 0)]
@@ -251,12 +256,13 @@ class Pipeline:
         return wire.HEADER_LEN + 4 * wire.MAX_LANES + 4 * self.slot_capacity
 
     def process_into(self, pkt, port: int, src, out,
-                     spine: bool = False) -> tuple[int, bool, Admission | None]:
+                     spine: bool = False) -> tuple[int, bool, Admission | None, int]:
         """`process` without allocation: the packet leaving the pipeline, if any, is written to
         the writable buffer `out` (at least `max_packet_len` bytes).
 
-        Returns (n, multicast, admission): n = 0 if nothing leaves, else the packet is
-        out[:n] and goes to every worker of admission's job (multicast) or back to the sender.
+        Returns (n, multicast, admission, outcome): n = 0 if nothing leaves, else the packet is
+        out[:n] and goes to every worker of admission's job (multicast) or back to the sender;
+        outcome is one of DROPPED ... COMPLETED (above).
         `pkt` may be a reused buffer (bytes, bytearray or memoryview of exactly the datagram):
         nothing keeps a reference to it. `spine`: the job is aggregated here as a spine
         (softswitch/fabric.py), where a leaf's REPLAY partial is taken as the round's result.
@@ -267,14 +273,15 @@ class Pipeline:
         """
         size = len(pkt)
         if size < HLEN:
-            return self._malformed(port, src, f"truncated header: {size} < {HLEN} bytes")
+            return self.drop_malformed(port, src, f"truncated header: {size} < {HLEN} bytes")
         t = _UNPACK(pkt)
         err = _header_error(t, size)
         if err is not None:
-            return self._malformed(port, src, err)
+            return self.drop_malformed(port, src, err)
         msg_type = t[_MSG_TYPE]
         if msg_type != MSG_CONTRIB:
-            return self._malformed(port, src, f"hosts send contributions only, not type {msg_type}")
+            return self.drop_malformed(port, src,
+                                       f"hosts send contributions only, not type {msg_type}")
         job, rank, slot = t[_JOB], t[_RANK], t[_SLOT]
         k, bs = t[_NLANES], t[_BLOCK_SIZE]
         adm = self.admission.get((port, src, job, rank))
@@ -316,11 +323,11 @@ class Pipeline:
             # loss). Either way the stored result goes back to the sender; nothing is added.
             self._c_duplicates[job] += 1
             self._c_results[job] += 1
-            return self._result_into(out, t, idx, FLAG_RESEND), False, adm
+            return self.result_into(out, t, idx, FLAG_RESEND), False, adm, ANSWERED
         if spine and flags & FLAG_REPLAY:
             # A leaf's stored result of a round this spine lost (a restart): it is the round's
             # result, whoever else was added since. Written, not added; complete now.
-            return self._adopt_into(out, pkt, t, idx, nworkers), True, adm
+            return self._adopt_into(out, pkt, t, idx, nworkers), True, adm, ADOPTED
         if old_bitmap & bit:
             self._c_duplicates[job] += 1
             if flags & FLAG_PARTIAL:
@@ -329,7 +336,7 @@ class Pipeline:
                 self._r_count[idx] = nworkers
                 self._r_flags[idx] |= FLAG_PARTIAL
                 self._c_results[job] += nworkers
-                return self._result_into(out, t, idx, 0), True, adm
+                return self.result_into(out, t, idx, 0), True, adm, FLUSHED
             # STATUS: the sender's header and next positions, with the round's bitmap.
             f = list(t)
             f[_MSG_TYPE] = MSG_STATUS
@@ -339,12 +346,12 @@ class Pipeline:
             _PACK_INTO(out, 0, *f)
             n = HLEN + 4 * k
             out[HLEN:n] = pkt[HLEN:n]
-            return n, False, adm
+            return n, False, adm, STATUS
         self._r_bitmap[idx] = old_bitmap | bit
         count = old_count + 1
         self._r_count[idx] = count
 
-        _, _, vals, slot_next = self._views(idx, k, bs)
+        _, _, vals, slot_next = self.views(idx, k, bs)
         nxt = np.frombuffer(pkt, NEXT_DTYPE, k, HLEN)
         present, nonfinite, exponent, length = t[_PRESENT], t[_NONFINITE], t[_EXPONENT], t[_LENGTH]
         full = (1 << k) - 1
@@ -382,17 +389,17 @@ class Pipeline:
             self._r_flags[idx] = new_flags
         self._c_aggregated[job] += 1
         if count < nworkers:
-            return _DROP
+            return 0, False, adm, ADDED
         # P4 counts job_results per replica in egress (before the congestion check): the job's
         # multicast group has exactly its nworkers members.
         self._c_results[job] += nworkers
-        return self._result_into(out, t, idx, 0), True, adm
+        return self.result_into(out, t, idx, 0), True, adm, COMPLETED
 
     def _adopt_into(self, out, pkt, t: tuple, idx: int, nworkers: int) -> int:
         """A spine takes a leaf's replayed result as round `idx`'s result; the result leaves for
         every leaf (job_results per copy, as egress counts them); returns its length."""
         k, bs, present = t[_NLANES], t[_BLOCK_SIZE], t[_PRESENT]
-        _, _, vals, slot_next = self._views(idx, k, bs)
+        _, _, vals, slot_next = self.views(idx, k, bs)
         slot_next[:] = np.frombuffer(pkt, NEXT_DTYPE, k, HLEN)
         vals[:] = 0
         if present:
@@ -410,7 +417,7 @@ class Pipeline:
         self._r_length[idx] = t[_LENGTH]
         self._r_flags[idx] = t[_FLAGS] & FLAGS_RESULT
         self._c_results[t[_JOB]] += nworkers
-        return self._result_into(out, t, idx, 0)
+        return self.result_into(out, t, idx, 0)
 
     def _held(self, slot: int, rnd: int, bit: int, nworkers: int) -> bool:
         """head_*: note that rank `bit` reached round `rnd` of `slot`; True if `rnd` is newer
@@ -435,12 +442,13 @@ class Pipeline:
             self._h_missing[slot] = missing - 1
         return True
 
-    def _malformed(self, port: int, src, why: str) -> tuple[int, bool, None]:
+    def drop_malformed(self, port: int, src, why: str) -> tuple[int, bool, None, int]:
+        """Count and drop a malformed packet from ingress `port` (process_into's return)."""
         self._c_malformed[port % MAX_PORTS] += 1
         log.debug("drop malformed from %s: %s", src, why)
         return _DROP
 
-    def _views(self, idx: int, k: int, bs: int) -> tuple[int, int, np.ndarray, np.ndarray]:
+    def views(self, idx: int, k: int, bs: int) -> tuple[int, int, np.ndarray, np.ndarray]:
         """(k, bs, (k, bs) view of slot_values, (k,) view of slot_next) at copy `idx` (cached)."""
         got = self._view_cache[idx]
         if got is None or got[0] != k or got[1] != bs:
@@ -449,7 +457,7 @@ class Pipeline:
             self._view_cache[idx] = got
         return got
 
-    def _result_into(self, out, t: tuple, idx: int, extra_flags: int) -> int:
+    def result_into(self, out, t: tuple, idx: int, extra_flags: int) -> int:
         """Write the result of the round stored at `idx`, in reply to header fields `t`, into
         `out`; return its length."""
         k, bs = t[_NLANES], t[_BLOCK_SIZE]
@@ -464,7 +472,7 @@ class Pipeline:
         f[_PRESENT] = present
         f[_NONFINITE] = self._r_nonfinite[idx]
         _PACK_INTO(out, 0, *f)
-        _, _, vals, slot_next = self._views(idx, k, bs)
+        _, _, vals, slot_next = self.views(idx, k, bs)
         np.frombuffer(out, NEXT_DTYPE, k, HLEN)[:] = slot_next
         if not present:
             return HLEN + 4 * k
