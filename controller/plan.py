@@ -1,6 +1,6 @@
 """The fabric plan: two-level (leaf, spine) aggregation and slot sharding (docs/scale_out.md).
 
-A `fabric:` section beside the desired state's switches and workers (controller/state.py):
+A `fabric:` section beside the desired state's switches and workers (controller/model.py):
 
     fabric:
       racks:
@@ -34,7 +34,7 @@ from __future__ import annotations
 import pathlib
 from dataclasses import dataclass
 
-from controller.state import (
+from controller.model import (
     DesiredState,
     JobOptions,
     _fields,
@@ -44,7 +44,7 @@ from controller.state import (
     _need,
     _parse_flat,
     _str,
-    load as load_state,
+    load_yaml,
 )
 from spina import rows, spec, wire
 from spina.config import JOB_OPTIONS, MAX_RACKS, ConfigError, JobConfig, WorkerAddr, job_options
@@ -221,7 +221,7 @@ def status(fabric: Fabric, switches: dict) -> dict[str, dict[str, dict[int, dict
 
 def load(path) -> Fabric:
     """The desired state with its `fabric` section from a YAML file (errors name the file)."""
-    return load_state(path, parse)
+    return load_yaml(path, parse)
 
 
 def parse(doc, path: pathlib.Path | None = None) -> Fabric:
