@@ -262,7 +262,9 @@ class Pipeline:
 
         Returns (n, multicast, admission, outcome): n = 0 if nothing leaves, else the packet is
         out[:n] and goes to every worker of admission's job (multicast) or back to the sender;
-        outcome is one of DROPPED ... COMPLETED (above).
+        outcome is one of DROPPED ... COMPLETED (above). The stages are the P4 program's:
+        `ina_check` (InaCheck), `admit` (Admission), `aggregate` (the Aggregator: the hold,
+        slot_round, duplicates and completion, `add_lanes`, the result).
         `pkt` may be a reused buffer (bytes, bytearray or memoryview of exactly the datagram):
         nothing keeps a reference to it. `spine`: the job is aggregated here as a spine
         (softswitch/fabric.py), where a leaf's REPLAY partial is taken as the round's result.
@@ -271,31 +273,54 @@ class Pipeline:
         one struct tuple and scalar registers and counters through memoryviews of their numpy
         arrays (same cells, no numpy scalars), and caches per-slot register views.
         """
+        t = self.ina_check(pkt, port, src)
+        if t is None:
+            return _DROP
+        adm = self.admit(t, port, src)
+        if adm is None:
+            return _DROP
+        return self.aggregate(pkt, t, adm, out, spine)
+
+    def ina_check(self, pkt, port: int, src) -> tuple | None:
+        """InaCheck: the header's fields as a tuple (HEADER_STRUCT's order), or None for a
+        malformed packet (counted in port_malformed)."""
         size = len(pkt)
         if size < HLEN:
-            return self.drop_malformed(port, src, f"truncated header: {size} < {HLEN} bytes")
+            self.drop_malformed(port, src, f"truncated header: {size} < {HLEN} bytes")
+            return None
         t = _UNPACK(pkt)
         err = _header_error(t, size)
+        if err is None and t[_MSG_TYPE] != MSG_CONTRIB:
+            err = f"hosts send contributions only, not type {t[_MSG_TYPE]}"
         if err is not None:
-            return self.drop_malformed(port, src, err)
-        msg_type = t[_MSG_TYPE]
-        if msg_type != MSG_CONTRIB:
-            return self.drop_malformed(port, src,
-                                       f"hosts send contributions only, not type {msg_type}")
-        job, rank, slot = t[_JOB], t[_RANK], t[_SLOT]
-        k, bs = t[_NLANES], t[_BLOCK_SIZE]
-        adm = self.admission.get((port, src, job, rank))
+            self.drop_malformed(port, src, err)
+            return None
+        return t
+
+    def admit(self, t: tuple, port: int, src) -> Admission | None:
+        """Admission: the job's entry for this rank from this source, with the slot and sizes
+        in its range, and the job's current epoch; None otherwise (counted in port_unadmitted,
+        or in job_received and job_stale for another epoch)."""
+        job, slot = t[_JOB], t[_SLOT]
+        adm = self.admission.get((port, src, job, t[_RANK]))
         if (adm is None or not adm.slot_base <= slot < adm.slot_base + adm.nslots
-                or k != adm.nlanes or bs != adm.block_size):
+                or t[_NLANES] != adm.nlanes or t[_BLOCK_SIZE] != adm.block_size):
             self._c_unadmitted[port % MAX_PORTS] += 1
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("drop unadmitted from %s: slot %d", src, slot, extra=_about(t))
-            return _DROP
+            return None
         self._c_received[job] += 1
         if t[_EPOCH] != adm.epoch:
             self._c_stale[job] += 1
-            return _DROP
+            return None
+        return adm
 
+    def aggregate(self, pkt, t: tuple, adm: Admission, out,
+                  spine: bool = False) -> tuple[int, bool, Admission | None, int]:
+        """Aggregator, for an admitted contribution with header fields `t`: the hold of a newer
+        round, the slot copy's round, duplicate detection and completion, the lanes' sums;
+        returns what process_into returns."""
+        job, rank, slot, k = t[_JOB], t[_RANK], t[_SLOT], t[_NLANES]
         rnd, flags = t[_ROUND], t[_FLAGS]
         nworkers = adm.nworkers
         bit = 1 << rank
@@ -351,6 +376,20 @@ class Pipeline:
         count = old_count + 1
         self._r_count[idx] = count
 
+        self.add_lanes(pkt, t, idx, new)
+        self._c_aggregated[job] += 1
+        if count < nworkers:
+            return 0, False, adm, ADDED
+        # P4 counts job_results per replica in egress (before the congestion check): the job's
+        # multicast group has exactly its nworkers members.
+        self._c_results[job] += nworkers
+        return self.result_into(out, t, idx, 0), True, adm, COMPLETED
+
+    def add_lanes(self, pkt, t: tuple, idx: int, new: bool) -> None:
+        """The lanes of contribution `pkt` (header fields `t`) into slot copy `idx`: written
+        into a copy its round starts (`new`), else added (values with int32 wrap-around, the
+        minimum of next positions, ORs, max exponent, LAST and MISMATCH)."""
+        k, bs, flags, size = t[_NLANES], t[_BLOCK_SIZE], t[_FLAGS], len(pkt)
         _, _, vals, slot_next = self.views(idx, k, bs)
         nxt = np.frombuffer(pkt, NEXT_DTYPE, k, HLEN)
         present, nonfinite, exponent, length = t[_PRESENT], t[_NONFINITE], t[_EXPONENT], t[_LENGTH]
@@ -387,13 +426,6 @@ class Pipeline:
             if length != self._r_length[idx]:
                 new_flags |= FLAG_MISMATCH
             self._r_flags[idx] = new_flags
-        self._c_aggregated[job] += 1
-        if count < nworkers:
-            return 0, False, adm, ADDED
-        # P4 counts job_results per replica in egress (before the congestion check): the job's
-        # multicast group has exactly its nworkers members.
-        self._c_results[job] += nworkers
-        return self.result_into(out, t, idx, 0), True, adm, COMPLETED
 
     def _adopt_into(self, out, pkt, t: tuple, idx: int, nworkers: int) -> int:
         """A spine takes a leaf's replayed result as round `idx`'s result; the result leaves for
