@@ -20,11 +20,13 @@ docs/aggregation.md has the details.
 from __future__ import annotations
 
 import concurrent.futures
+import errno
 import logging
 import os
 import select
 import socket
 import struct
+import sys
 import time
 from dataclasses import dataclass, replace
 
@@ -64,6 +66,13 @@ _FLAGS_AT = wire.FIELD_OFFSET["flags"]  # byte offset: a resend sets its flags i
 _RING_STRIDE = 1 << 16  # > wire.MAX_UDP_PAYLOAD: each answer of a batch has its own 64 KiB
 _RING_SLOTS = 32        # answers read per recvmmsg at most
 DATAPATHS = ("compiled", "python")  # Agent(datapath=...): who handles the common answers
+# ICMP errors (Linux IP_RECVERR, <linux/in.h>; Python's socket module does not name it): the
+# socket reports them, and queues each with its errno (struct sock_extended_err first).
+_IP_RECVERR = 11
+_ERRQUEUE_CMSG = 512
+# A switch port that refuses (ICMP port unreachable) this long without an answer in between
+# fails the call: nothing listens there, and waiting the whole timeout tells the user nothing.
+REFUSED_GRACE = 0.5  # s: the first timeout resends go 0.2 and 0.6 s after a call's start
 
 
 class SpinaError(RuntimeError):
@@ -542,6 +551,9 @@ class Agent:
                                     f"job {job.job}: field 'workers[{rank}].host'")
         self.sock = sock
         grow_buffers(sock)
+        if sys.platform.startswith("linux"):  # report a closed switch port (ICMP) on the socket
+            sock.setsockopt(socket.IPPROTO_IP, _IP_RECVERR, 1)
+        self._refused_since: float | None = None  # the switch's port refuses since (this call)
         # the last round used per slot (persists across calls)
         self.rounds = np.zeros(job.nslots, np.int64)
         self.call_id = 0
@@ -690,11 +702,15 @@ class Agent:
             source = (self._switch_ip, self.switch[1], job.job, job.epoch, self.call_id,
                       job.slot_base, len(call.slots))
             next_check = time.monotonic() + 0.001
+            self._refused_since = None
             while pending:
                 try:
                     received, foreign, malformed, answers = recv(fd, ring, _RING_STRIDE, *source)
-                except ConnectionRefusedError:
-                    # ICMP port unreachable: the switch is not up (yet); keep resending
+                except OSError as e:
+                    # an ICMP error (port unreachable: fails the call after REFUSED_GRACE;
+                    # others: lost like any datagram); any other error is the socket's
+                    if not self._icmp_errors(call, e.errno):
+                        raise
                     received = -1
                 else:
                     if not received:  # idle: resend what is due, wait for an answer or a timer
@@ -712,6 +728,8 @@ class Agent:
                         call.stats.foreign_packets += foreign  # not from our switch: never read
                     for index, nbytes in malformed:
                         self._malformed(views[index], nbytes, call)
+                    if answers:
+                        self._refused_since = None
                     # one time for the batch: every answer in it had arrived by then
                     pending -= call.answers(views, answers, time.monotonic())
                     self._flush(call)
@@ -746,6 +764,34 @@ class Agent:
             call.outbox.clear()
             if lost:
                 self.log.debug("%d datagram(s) refused by the host; the timer will resend", lost)
+                self._icmp_errors(call, 0)  # a send may have taken the socket's pending error
+
+    def _icmp_errors(self, call: _Call, err: int) -> bool:
+        """Drain the socket's queue of ICMP errors (`err`: the errno a socket call just
+        raised, 0 if none); whether there were any. Once the switch's port has refused
+        (ECONNREFUSED: ICMP port unreachable) for REFUSED_GRACE seconds with no answer in
+        between, the call fails naming the switch's address."""
+        errors = [err] if err in (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH,
+                                  errno.EHOSTDOWN) else []
+        while hasattr(socket, "MSG_ERRQUEUE"):  # Linux
+            try:
+                _, cmsgs, _, _ = self.sock.recvmsg(1, _ERRQUEUE_CMSG, socket.MSG_ERRQUEUE)
+            except (BlockingIOError, InterruptedError):
+                break
+            errors += [struct.unpack_from("=I", data)[0] for _, _, data in cmsgs
+                       if len(data) >= 4]
+        if errno.ECONNREFUSED in errors:
+            now = time.monotonic()
+            if self._refused_since is None:
+                self._refused_since = now
+            elif now - self._refused_since >= REFUSED_GRACE:
+                job = self.job
+                raise SpinaError(
+                    f"job {job.job} call {call.call_id}: the switch at {self.switch[0]}:"
+                    f"{self.switch[1]} refused every datagram for {now - self._refused_since:.1f}"
+                    " s (ICMP port unreachable: nothing listens on that port): it is not "
+                    "running, or the job file names the wrong address") from None
+        return bool(errors)
 
 
 def _is_torch(x) -> bool:
