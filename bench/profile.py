@@ -77,8 +77,9 @@ def main(argv=None) -> int:
                 f.write(top(path, "cumulative", a.top))
         calls = {fn: ncalls(sw, fn) for fn in ("process_into", "result_into", "sendto",
                                                "recvfrom_into", "header_error", "_process")}
-        acalls = {fn: ncalls(agent, fn) for fn in ("allreduce", "answer", "on_answer",
-                                                   "_next_round", "_queue", "recv_answers",
+        acalls = {fn: ncalls(agent, fn) for fn in ("allreduce", "answer_batch", "answer",
+                                                   "on_answer", "_next_round", "_queue",
+                                                   "recv_answers",
                                                    "send_batch", "_flush", "scan_float_blocks",
                                                    "fill_round", "deliver", "resend_due",
                                                    "build", "select")}

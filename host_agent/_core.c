@@ -17,8 +17,12 @@
  * Per batch: recv_answers reads every datagram waiting (one recvmmsg) and checks each
  * (source address and port, the header checks of spina/wire.py header_error, job, epoch,
  * call, slot), handing the agent the answers' fields; send_batch sends the datagrams the
- * agent queued (one sendmmsg). Which packet gets which priority and flags, and all of loss
- * recovery, stay Python decisions (host_agent/agent.py, recovery.py, dlcp.py).
+ * agent queued (one sendmmsg). answer_batch runs the answer loop's common case (a multicast
+ * result to a round sent once: Recovery.result's and Recovery.sent's bookkeeping, deliver, the
+ * slot's next round, queued) and hands every other answer back to the agent's Python path, in
+ * arrival order; which packet gets which priority and flags, and every loss-recovery decision,
+ * stay Python (host_agent/agent.py, recovery.py, dlcp.py; tests/test_agent_datapath.py runs
+ * both paths and compares them bit for bit).
  *
  * The numpy forms in host_agent/blocks.py (quantize, dequantize, gather_blocks,
  * scatter_blocks) and spina/wire.py (HEADER_STRUCT, header_error) are the reference:
@@ -734,6 +738,360 @@ static PyObject *send_batch(PyObject *self, PyObject *const *args, Py_ssize_t na
     return PyLong_FromSsize_t(lost);
 }
 
+/* ---- the answer loop's common case: result -> deliver -> next round -> queue ---- */
+
+/* Attribute names of the agent's objects this loop reads and writes (host_agent/agent.py
+ * _Slot, CallStats; host_agent/recovery.py Timer, Recovery, RttEstimator), interned once. */
+#define ATTR_NAMES(X) X(done) X(setup) X(round) X(timer) X(pos) X(ptr) X(shift) X(exponent) \
+    X(packet) X(view) X(resends) X(statuses) X(flush) X(group) X(first_sent_at) X(seq)        \
+    X(last_seq) X(timed_out) X(hold_resent) X(progress_at) X(unanswered) X(prev_round)        \
+    X(prev_resends) X(prev_timed_out) X(prev_hold_resent) X(held_for) X(hold_risk)             \
+    X(prev_latency) X(sent_at) X(flushable) X(srtt) X(rttvar) X(timer_from) X(backoff)         \
+    X(recheck) X(packets_received) X(bytes_received) X(rounds) X(packets_sent) X(bytes_sent)   \
+    X(payload_bytes_sent)
+#define ATTR_DECL(n) static PyObject *s_##n;
+ATTR_NAMES(ATTR_DECL)
+#define ATTR_INIT(n) if ((s_##n = PyUnicode_InternFromString(#n)) == NULL) return -1;
+static int init_attr_names(void) {
+    ATTR_NAMES(ATTR_INIT)
+    return 0;
+}
+
+/* setattr(o, name, x), taking over the new reference `x` (NULL: its constructor failed) */
+static int set_attr_new(PyObject *o, PyObject *name, PyObject *x) {
+    if (x == NULL)
+        return -1;
+    int r = PyObject_SetAttr(o, name, x);
+    Py_DECREF(x);
+    return r;
+}
+#define set_attr_ll(o, name, v) set_attr_new(o, name, PyLong_FromLongLong(v))
+#define set_attr_double(o, name, v) set_attr_new(o, name, PyFloat_FromDouble(v))
+
+/* getattr(o, name) as a long long / double / truth value; -1 (-1.0) with an exception on
+ * failure (the caller checks PyErr_Occurred). */
+#define ATTR_GETTER(fn, T, convert, failed)                                                \
+    static T fn(PyObject *o, PyObject *name) {                                              \
+        PyObject *x = PyObject_GetAttr(o, name);                                            \
+        if (x == NULL)                                                                      \
+            return failed;                                                                  \
+        T v = convert(x);                                                                   \
+        Py_DECREF(x);                                                                       \
+        return v;                                                                           \
+    }
+ATTR_GETTER(attr_ll, long long, PyLong_AsLongLong, -1)
+ATTR_GETTER(attr_double, double, PyFloat_AsDouble, -1.0)
+ATTR_GETTER(attr_true, int, PyObject_IsTrue, -1)
+
+static int add_attr_ll(PyObject *o, PyObject *name, long long delta) {
+    if (!delta)
+        return 0;
+    long long v = attr_ll(o, name);
+    return PyErr_Occurred() ? -1 : set_attr_ll(o, name, v + delta);
+}
+
+/* flying.pop(key, None) */
+static int dict_discard(PyObject *d, PyObject *key) {
+    PyObject *v = PyDict_GetItemWithError(d, key);
+    if (v == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    return PyDict_DelItem(d, key);
+}
+
+/* Whether answer `a` (recv_answers' fields) is the common case this loop handles: a
+ * multicast result (not a stored one for a resend, not PARTIAL, no length mismatch) to its
+ * slot's data round in flight, which was sent once and got no status; and the agent has a
+ * latency estimate. 1 yes, 0 no (the agent's Python path takes it), -1 error. */
+static int common_answer(PyObject *a, PyObject *st, PyObject *tm) {
+    long long msg_type = PyLong_AsLongLong(PyTuple_GET_ITEM(a, 2));
+    long long flags = PyLong_AsLongLong(PyTuple_GET_ITEM(a, 3));
+    unsigned long long round_ = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(a, 4));
+    if (PyErr_Occurred())
+        return -1;
+    if (msg_type != MSG_RESULT || (flags & (FLAG_MISMATCH | FLAG_PARTIAL | FLAG_RESEND)))
+        return 0;
+    int v;
+    if ((v = attr_true(st, s_done)) != 0 || (v = attr_true(st, s_setup)) != 0)
+        return v < 0 ? -1 : 0;
+    long long st_round = attr_ll(st, s_round);
+    if (PyErr_Occurred())
+        return -1;
+    if ((unsigned long long)st_round != round_)
+        return 0;
+    if ((v = attr_true(tm, s_resends)) != 0 || (v = attr_true(tm, s_statuses)) != 0
+        || (v = attr_true(tm, s_flush)) != 0)
+        return v < 0 ? -1 : 0;
+    return 1;
+}
+
+/* The context answer_batch takes (agent.py _Call.compiled builds it once per call). */
+enum { C_SLOTS, C_STATS, C_REC, C_RTT, C_FLYING, C_RACK, C_GROUP_SRTT, C_ROUNDS, C_FLAT, C_OUT,
+       C_POS_EXT, C_NONFINITE, C_K, C_B, C_INTEGER, C_NEXT_END, C_PRIORITY, C_OUTBOX, C_BUFS,
+       C_LEN };
+
+PyDoc_STRVAR(answer_batch_doc,
+"answer_batch(ctx, answers, views, start, now) -> (stop, finished)\n\n"
+"Handle answers[start:] (recv_answers' tuples; the i-th datagram in views[answers[i][0]]) in\n"
+"order, as host_agent/agent.py _Call.answer does, while each is the common case: a multicast\n"
+"result to its slot's data round in flight, sent once, no status, the agent's latency\n"
+"estimated. Per answer: Recovery.result's bookkeeping (latency sample, RACK, flying), deliver\n"
+"into the output, then the slot's next round (fill_round) queued as _queue does (Recovery.sent)\n"
+"- or the slot marked done. Stops at the first other answer: the agent's Python path handles\n"
+"it, then calls again after it. `ctx`: _Call.compiled's tuple; `now`: the batch's time.\n"
+"Returns the index it stopped at and how many slots finished.");
+
+static PyObject *answer_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != C_LEN
+        || !PyList_Check(args[1]) || !PyList_Check(args[2]) || !PyFloat_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "answer_batch(ctx tuple, answers list, views list, start, now float)");
+        return NULL;
+    }
+    PyObject *const *ctx = &PyTuple_GET_ITEM(args[0], 0);
+    PyObject *answers = args[1], *views = args[2], *now = args[4];
+    PyObject *slots = ctx[C_SLOTS], *stats = ctx[C_STATS], *rec = ctx[C_REC], *rtt = ctx[C_RTT];
+    PyObject *flying = ctx[C_FLYING], *rack = ctx[C_RACK], *group_srtt = ctx[C_GROUP_SRTT];
+    PyObject *bufs = ctx[C_BUFS], *outbox = ctx[C_OUTBOX];
+    if (!PyList_Check(slots) || !PyDict_Check(flying) || !PyDict_Check(rack)
+        || !PyDict_Check(group_srtt) || !PyList_Check(bufs) || !PyList_Check(outbox)) {
+        PyErr_SetString(PyExc_TypeError, "answer_batch: ctx holds the wrong types");
+        return NULL;
+    }
+    Py_ssize_t i = PyLong_AsSsize_t(args[3]);
+    long long k = PyLong_AsLongLong(ctx[C_K]), bs = PyLong_AsLongLong(ctx[C_B]);
+    long long next_end = PyLong_AsLongLong(ctx[C_NEXT_END]);
+    double t_now = PyFloat_AS_DOUBLE(now);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(answers), nslots = PyList_GET_SIZE(slots);
+    if (i < 0 || i > n) {
+        PyErr_SetString(PyExc_IndexError, "answer_batch: start outside answers");
+        return NULL;
+    }
+    Buf rb;
+    memset(&rb, 0, sizeof rb);
+    if (get_buf(ctx[C_ROUNDS], &rb, 1, 8, "rounds"))
+        goto fail;
+    if (rb.view.len / 8 < nslots) {
+        PyErr_SetString(PyExc_ValueError, "answer_batch: rounds shorter than the slots");
+        goto fail;
+    }
+    int64_t *rounds = (int64_t *)rb.view.buf;
+    PyObject *srtt_obj = PyObject_GetAttr(rtt, s_srtt);
+    if (srtt_obj == NULL)
+        goto fail;
+    int estimated = srtt_obj != Py_None;  /* the first sample is the Python path's */
+    double srtt = estimated ? PyFloat_AsDouble(srtt_obj) : 0.0;
+    Py_DECREF(srtt_obj);
+    double rttvar = attr_double(rtt, s_rttvar);
+    long long seq = attr_ll(rec, s_seq);
+    if (PyErr_Occurred())
+        goto fail;
+    long long received = 0, bytes_received = 0, nrounds = 0, sent = 0, bytes_sent = 0;
+    long long payload = 0, finished = 0;
+    int recheck = 0;
+    for (; estimated && i < n; i++) {
+        PyObject *a = PyList_GET_ITEM(answers, i);
+        if (!PyTuple_Check(a) || PyTuple_GET_SIZE(a) != 11) {
+            PyErr_SetString(PyExc_TypeError, "answer_batch: an answer is not recv_answers' tuple");
+            goto fail;
+        }
+        long long index = PyLong_AsLongLong(PyTuple_GET_ITEM(a, 0));
+        long long s = PyLong_AsLongLong(PyTuple_GET_ITEM(a, 1));
+        long long nbytes = PyLong_AsLongLong(PyTuple_GET_ITEM(a, 10));
+        if (PyErr_Occurred())
+            goto fail;
+        if (s < 0 || s >= nslots || index < 0 || index >= PyList_GET_SIZE(views)) {
+            PyErr_SetString(PyExc_IndexError, "answer_batch: slot or ring index out of range");
+            goto fail;
+        }
+        PyObject *st = PyList_GET_ITEM(slots, s);
+        PyObject *tm = PyObject_GetAttr(st, s_timer);
+        if (tm == NULL)
+            goto fail;
+        int common = common_answer(a, st, tm);
+        if (common <= 0) {
+            Py_DECREF(tm);
+            if (common < 0)
+                goto fail;
+            break;
+        }
+        /* Recovery.result(tm, st.round, now, multicast=True, partial=False, held_for=0) */
+        PyObject *round_obj = PyTuple_GET_ITEM(a, 4);
+        PyObject *group = NULL, *last_seq = NULL, *tm_seq = NULL, *latency_obj = NULL;
+        PyObject *r = NULL, *x = NULL;
+        int err = 1;
+        double first_sent_at = attr_double(tm, s_first_sent_at);
+        if (PyErr_Occurred() || PyObject_SetAttr(tm, s_progress_at, now)
+            || set_attr_ll(tm, s_unanswered, 0)
+            || (last_seq = PyObject_GetAttr(tm, s_last_seq)) == NULL
+            || dict_discard(flying, last_seq) || (group = PyObject_GetAttr(tm, s_group)) == NULL)
+            goto answer_done;
+        /* RttEstimator.sample in its order of operations: bit-identical doubles (no FMA:
+         * this file's baseline x86-64 code cannot contract a * b + c) */
+        double latency = t_now - first_sent_at;
+        rttvar = 0.75 * rttvar + 0.25 * fabs(srtt - latency);
+        srtt = 0.875 * srtt + 0.125 * latency;
+        PyObject *g = PyDict_GetItemWithError(group_srtt, group);
+        if (g == NULL && PyErr_Occurred())
+            goto answer_done;
+        double gs = g == NULL ? latency : 0.875 * PyFloat_AsDouble(g) + 0.125 * latency;
+        if (PyErr_Occurred() || (latency_obj = PyFloat_FromDouble(latency)) == NULL
+            || (x = PyFloat_FromDouble(gs)) == NULL || PyDict_SetItem(group_srtt, group, x))
+            goto answer_done;
+        /* RACK: the latest-sent round known answered, per slot group */
+        if ((tm_seq = PyObject_GetAttr(tm, s_seq)) == NULL)
+            goto answer_done;
+        long long tseq = PyLong_AsLongLong(tm_seq), rack_seq = 0;
+        r = PyDict_GetItemWithError(rack, group);
+        if (r != NULL)
+            rack_seq = PyLong_AsLongLong(PyTuple_GetItem(r, 0));
+        r = NULL;
+        if (PyErr_Occurred())
+            goto answer_done;
+        if (tseq > rack_seq) {
+            if ((r = PyTuple_Pack(2, tm_seq, latency_obj)) == NULL
+                || PyDict_SetItem(rack, group, r))
+                goto answer_done;
+            Py_ssize_t at = 0;
+            PyObject *first, *val;
+            if (PyDict_Next(flying, &at, &first, &val)) {
+                long long f = PyLong_AsLongLong(first);
+                if (PyErr_Occurred())
+                    goto answer_done;
+                recheck |= f < tseq;
+            }
+        }
+        PyObject *timed_out = NULL, *hold_resent = NULL;
+        if ((timed_out = PyObject_GetAttr(tm, s_timed_out)) == NULL
+            || (hold_resent = PyObject_GetAttr(tm, s_hold_resent)) == NULL) {
+            Py_XDECREF(timed_out);
+            goto answer_done;
+        }
+        int e = PyObject_SetAttr(tm, s_prev_round, round_obj)
+            || set_attr_ll(tm, s_prev_resends, 0)
+            || PyObject_SetAttr(tm, s_prev_timed_out, timed_out)
+            || PyObject_SetAttr(tm, s_prev_hold_resent, hold_resent)
+            || set_attr_ll(tm, s_held_for, 0) || PyObject_SetAttr(tm, s_hold_risk, Py_False)
+            || PyObject_SetAttr(tm, s_prev_latency, latency_obj);
+        Py_DECREF(timed_out);
+        Py_DECREF(hold_resent);
+        if (e)
+            goto answer_done;
+        received++;
+        bytes_received += nbytes;
+        /* deliver: the sums into their blocks; st.pos becomes the next round's positions */
+        PyObject *pos = PyObject_GetAttr(st, s_pos), *shift = PyObject_GetAttr(st, s_shift);
+        if (pos == NULL || shift == NULL) {
+            Py_XDECREF(pos);
+            Py_XDECREF(shift);
+            goto answer_done;
+        }
+        PyObject *dargs[8] = {PyList_GET_ITEM(views, index), ctx[C_OUT], pos,
+                              PyTuple_GET_ITEM(a, 7), PyTuple_GET_ITEM(a, 8), shift,
+                              ctx[C_INTEGER], ctx[C_B]};
+        PyObject *done = deliver(NULL, dargs, 8);
+        if (done == NULL) {
+            Py_DECREF(pos);
+            Py_DECREF(shift);
+            goto answer_done;
+        }
+        nrounds++;
+        if (done == Py_True) {
+            Py_DECREF(done);
+            Py_DECREF(pos);
+            Py_DECREF(shift);
+            finished++;
+            err = PyObject_SetAttr(st, s_done, Py_True) < 0;
+            goto answer_done;
+        }
+        Py_DECREF(done);
+        /* _next_round without bounded loss or droppable packets: the job's priority, no
+         * extra flags; _new_round's tag */
+        int64_t tag = rounds[s] + 1;
+        rounds[s] = tag;
+        PyObject *ptr = PyObject_GetAttr(st, s_ptr), *expo = PyObject_GetAttr(st, s_exponent);
+        PyObject *rnd = PyLong_FromUnsignedLongLong((uint64_t)tag & 0xFFFFFFFFu);
+        PyObject *lane0 = PyLong_FromLongLong(s * k), *zero = PyLong_FromLong(0);
+        PyObject *buf = PyList_Check(bufs) && s < PyList_GET_SIZE(bufs)
+            ? PyTuple_GetItem(PyList_GET_ITEM(bufs, s), 0) : NULL;
+        PyObject *filled = NULL;
+        if (ptr && expo && rnd && lane0 && zero && buf && PyObject_SetAttr(st, s_round, rnd) == 0) {
+            PyObject *fargs[14] = {buf, ctx[C_FLAT], ctx[C_POS_EXT], ptr, pos, ctx[C_NONFINITE],
+                                   lane0, shift, ctx[C_INTEGER], ctx[C_B], rnd, zero,
+                                   ctx[C_PRIORITY], expo};
+            filled = fill_round(NULL, fargs, 14);
+        } else if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_IndexError, "answer_batch: no datagram buffer for the slot");
+        }
+        Py_XDECREF(ptr);
+        Py_XDECREF(expo);
+        Py_XDECREF(rnd);
+        Py_XDECREF(lane0);
+        Py_XDECREF(zero);
+        Py_DECREF(pos);
+        Py_DECREF(shift);
+        if (filled == NULL)
+            goto answer_done;
+        long long nrows = PyLong_AsLongLong(PyTuple_GET_ITEM(filled, 2));
+        Py_DECREF(filled);
+        /* _queue: the datagram's view, Recovery.sent(tm, now, flushable=True), the outbox */
+        long long len = next_end + 4 * bs * nrows;
+        PyObject *view = PyObject_GetAttr(st, s_view), *packet = NULL;
+        if (view != NULL)
+            packet = PySequence_GetSlice(view, 0, (Py_ssize_t)len);
+        Py_XDECREF(view);
+        if (packet == NULL)
+            goto answer_done;
+        seq++;
+        PyObject *seq_obj = PyLong_FromLongLong(seq);
+        e = seq_obj == NULL || PyObject_SetAttr(st, s_packet, packet)
+            || dict_discard(flying, last_seq) || PyDict_SetItem(flying, seq_obj, tm)
+            || PyObject_SetAttr(tm, s_seq, seq_obj) || PyObject_SetAttr(tm, s_last_seq, seq_obj)
+            || PyObject_SetAttr(tm, s_first_sent_at, now) || PyObject_SetAttr(tm, s_sent_at, now)
+            || set_attr_ll(tm, s_resends, 0) || set_attr_ll(tm, s_statuses, 0)
+            || PyObject_SetAttr(tm, s_flush, Py_False)
+            || PyObject_SetAttr(tm, s_timed_out, Py_False)
+            || PyObject_SetAttr(tm, s_hold_resent, Py_False)
+            || PyObject_SetAttr(tm, s_flushable, Py_True) || PyList_Append(outbox, packet);
+        Py_XDECREF(seq_obj);
+        Py_DECREF(packet);
+        if (e)
+            goto answer_done;
+        sent++;
+        bytes_sent += len;
+        payload += 4 * bs * nrows;
+        err = 0;
+answer_done:
+        Py_XDECREF(group);
+        Py_XDECREF(last_seq);
+        Py_XDECREF(tm_seq);
+        Py_XDECREF(latency_obj);
+        Py_XDECREF(r);
+        Py_XDECREF(x);
+        Py_DECREF(tm);
+        if (err)
+            goto fail;
+    }
+    release(&rb, 1);
+    /* what the Python path keeps per answer, written back once per batch */
+    if (received && (PyObject_SetAttr(rec, s_timer_from, now) || set_attr_ll(rec, s_backoff, 0)
+                     || set_attr_double(rtt, s_srtt, srtt)
+                     || set_attr_double(rtt, s_rttvar, rttvar)))
+        return NULL;
+    if (set_attr_ll(rec, s_seq, seq) || (recheck && PyObject_SetAttr(rec, s_recheck, Py_True))
+        || add_attr_ll(stats, s_packets_received, received)
+        || add_attr_ll(stats, s_bytes_received, bytes_received)
+        || add_attr_ll(stats, s_rounds, nrounds) || add_attr_ll(stats, s_packets_sent, sent)
+        || add_attr_ll(stats, s_bytes_sent, bytes_sent)
+        || add_attr_ll(stats, s_payload_bytes_sent, payload))
+        return NULL;
+    return Py_BuildValue("(nL)", i, finished);
+fail:
+    release(&rb, 1);
+    return NULL;
+}
+
 PyDoc_STRVAR(set_variant_doc,
 "set_variant(name)\n\nUse the 'avx2' or the 'generic' loops (tests compare both with the reference).");
 
@@ -768,6 +1126,7 @@ static PyMethodDef methods[] = {
     {"check_answer", (PyCFunction)(void (*)(void))check_answer, METH_FASTCALL, check_answer_doc},
     {"recv_answers", (PyCFunction)(void (*)(void))recv_answers, METH_FASTCALL, recv_answers_doc},
     {"send_batch", (PyCFunction)(void (*)(void))send_batch, METH_FASTCALL, send_batch_doc},
+    {"answer_batch", (PyCFunction)(void (*)(void))answer_batch, METH_FASTCALL, answer_batch_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -785,6 +1144,8 @@ PyMODINIT_FUNC PyInit__core(void) {
         scan_blocks = scan_avx2;
     }
 #endif
+    if (init_attr_names() < 0)
+        return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m && PyModule_AddStringConstant(m, "VARIANT", quantize_scaled == quantize_generic
                                         ? "generic" : "avx2") < 0) {

@@ -20,11 +20,13 @@ docs/aggregation.md has the details.
 from __future__ import annotations
 
 import concurrent.futures
+import errno
 import logging
 import os
 import select
 import socket
 import struct
+import sys
 import time
 from dataclasses import dataclass, replace
 
@@ -63,6 +65,14 @@ _UNPACK, _PACK_INTO = wire.HEADER_STRUCT.unpack_from, wire.HEADER_STRUCT.pack_in
 _FLAGS_AT = wire.FIELD_OFFSET["flags"]  # byte offset: a resend sets its flags in place
 _RING_STRIDE = 1 << 16  # > wire.MAX_UDP_PAYLOAD: each answer of a batch has its own 64 KiB
 _RING_SLOTS = 32        # answers read per recvmmsg at most
+DATAPATHS = ("compiled", "python")  # Agent(datapath=...): who handles the common answers
+# ICMP errors (Linux IP_RECVERR, <linux/in.h>; Python's socket module does not name it): the
+# socket reports them, and queues each with its errno (struct sock_extended_err first).
+_IP_RECVERR = 11
+_ERRQUEUE_CMSG = 512
+# A switch port that refuses (ICMP port unreachable) this long without an answer in between
+# fails the call: nothing listens there, and waiting the whole timeout tells the user nothing.
+REFUSED_GRACE = 0.5  # s: the first timeout resends go 0.2 and 0.6 s after a call's start
 
 
 class SpinaError(RuntimeError):
@@ -160,12 +170,13 @@ class _Call:
         rtt: the agent's latency estimator (kept across calls).
         check_blocks: verify a `blocks` hint against a full scan.
         layer: the call's (i, n) layer position for DLCP priorities (host_agent/dlcp.py).
+        compiled: answers take _core.answer_batch where it handles them (Agent's datapath).
     """
 
     def __init__(self, job: JobConfig, rank: int, call_id: int, rounds: np.ndarray,
                  flat: np.ndarray, integer: bool, inplace: bool, blocks: np.ndarray | None,
                  buffers: _Buffers, rtt: RttEstimator, check_blocks: bool = False,
-                 layer: tuple[int, int] | None = None):
+                 layer: tuple[int, int] | None = None, compiled: bool = False):
         self.job, self.rank, self.call_id, self.rounds = job, rank, call_id, rounds
         # Ranks and bitmaps on the wire are the worker's own switch's: in a two-level job its
         # rack's leaf knows ranks rack_first.. as 0..rack_size-1 (flat: the job's ranks).
@@ -229,6 +240,16 @@ class _Call:
                             pos=np.zeros(k, np.int64), timer=timers[s],
                             view=memoryview(self.bufs[s][0]))
                       for s in range(W)]
+        # The compiled answer loop's context (_core.answer_batch): its common case has no
+        # bounded loss (searchsorted skips, flushes) and no droppable packets (DLCP); else
+        # every answer takes the Python path.
+        self.compiled = None
+        if compiled and self.keys_ext is None and self.classes.droppable is None:
+            rec = self.recovery
+            self.compiled = (self.slots, self.stats, rec, rec.rtt, rec.flying, rec.rack,
+                             rec.rtt.group_srtt, rounds, flat, self.out, self.pos_ext,
+                             self.nonfinite, k, B, integer, self.next_end,
+                             self.classes.priority, self.outbox, self.bufs)
 
     def _scan(self, blocks: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The blocks this worker sends (ascending), their largest |x| as bits (floats), and
@@ -253,26 +274,44 @@ class _Call:
             self.bufs[st.index][0], self.flat, self.pos_ext, st.ptr, None, self.nonfinite,
             st.index * self.k, 0, self.integer, self.B, self._new_round(st), 0,
             self.classes.priority, int(self.slot_exp[st.index]))
-        self._queue(st, 0, nrows)
+        self._queue(st, 0, nrows, time.monotonic())
 
-    def answer(self, view, a: tuple) -> bool:
-        """Handle answer `a` (_core.recv_answers' fields) in `view` if it answers its slot's
-        round in flight; True when the slot's stream is done."""
+    def answers(self, views: list, answers: list, now: float) -> int:
+        """Handle a batch of answers (_core.recv_answers' tuples, the datagrams in `views`,
+        received by `now`) in arrival order; returns how many slots' streams are done. The
+        compiled loop takes the common case and hands back at the first other answer."""
+        done = i = 0
+        n = len(answers)
+        while i < n:
+            if self.compiled is not None:
+                i, finished = _core.answer_batch(self.compiled, answers, views, i, now)
+                done += finished
+                if i == n:
+                    break
+            a = answers[i]
+            done += self.answer(views[a[_A_INDEX]], a, now)
+            i += 1
+        return done
+
+    def answer(self, view, a: tuple, now: float | None = None) -> bool:
+        """Handle answer `a` (_core.recv_answers' fields) in `view`, received by `now` (None:
+        the time now), if it answers its slot's round in flight; True when the slot's stream
+        is done."""
         st = self.slots[a[_A_SLOT]]
         if st.done or a[_A_ROUND] != st.round:  # an answer to an earlier round (duplicate result)
             if a[_A_MSG_TYPE] == wire.MSG_RESULT:
                 self.recovery.late_result(st.timer, a[_A_ROUND])
             return False
-        return self.on_answer(view, a, st)
+        return self.on_answer(view, a, st, time.monotonic() if now is None else now)
 
-    def on_answer(self, view, a: tuple, st: _Slot) -> bool:
+    def on_answer(self, view, a: tuple, st: _Slot, now: float) -> bool:
         """Handle a result or status (`a`, _core.recv_answers' fields) to slot `st`'s round in
-        flight; True when the slot's stream is done."""
+        flight, received by `now`; True when the slot's stream is done."""
         stats = self.stats
         stats.packets_received += 1
         stats.bytes_received += a[_A_NBYTES]
         if a[_A_MSG_TYPE] == wire.MSG_STATUS:
-            self.recovery.status(st.timer, a[_A_BITMAP], time.monotonic())
+            self.recovery.status(st.timer, a[_A_BITMAP], now)
             return False
         flags = a[_A_FLAGS]
         if flags & wire.FLAG_MISMATCH:
@@ -281,7 +320,7 @@ class _Call:
                 f"rank {self.rank} has {len(self.flat)} elements, another rank {a[_A_LENGTH]}")
         partial = bool(flags & wire.FLAG_PARTIAL)
         ours_in = bool(a[_A_BITMAP] >> self.wire_rank & 1)
-        self.recovery.result(st.timer, st.round, time.monotonic(),
+        self.recovery.result(st.timer, st.round, now,
                              multicast=not flags & wire.FLAG_RESEND, partial=partial,
                              held_for=(~a[_A_BITMAP] & ((1 << self.rack_size) - 1)
                                        if partial and ours_in else 0))
@@ -302,10 +341,10 @@ class _Call:
         if done:  # every lane is done
             st.done = True
             return True
-        self._next_round(st)
+        self._next_round(st, now)
         return False
 
-    def _next_round(self, st: _Slot) -> None:
+    def _next_round(self, st: _Slot, now: float) -> None:
         """Send this worker's blocks at the positions st.pos (int64, where it has them) and its
         next ones."""
         pos = st.pos
@@ -327,7 +366,7 @@ class _Call:
             self.bufs[st.index][0], self.flat, self.pos_ext, st.ptr, pos, self.nonfinite,
             st.index * self.k, st.shift, self.integer, self.B, self._new_round(st), tolerant,
             priority, st.exponent)
-        self._queue(st, tolerant, nrows)
+        self._queue(st, tolerant, nrows, now)
 
     def _new_round(self, st: _Slot) -> int:
         """The round tag of slot `st`'s next round (also st.round)."""
@@ -336,13 +375,13 @@ class _Call:
         st.round = r & 0xFFFFFFFF
         return st.round
 
-    def _queue(self, st: _Slot, flags: int, nrows: int) -> None:
+    def _queue(self, st: _Slot, flags: int, nrows: int, now: float) -> None:
         """Queue the round of slot `st` just written into its buffer (`nrows` data rows) for
-        sending."""
+        sending (its first transmission: at `now`)."""
         n = self.next_end + 4 * self.B * nrows
         st.packet = st.view[:n]
         # a setup round is never flushed: a missing exponent could overflow its worker's blocks
-        self.recovery.sent(st.timer, time.monotonic(), flushable=not st.setup)
+        self.recovery.sent(st.timer, now, flushable=not st.setup)
         self.outbox.append(st.packet)
         stats = self.stats
         if flags & wire.FLAG_LOSS_TOLERANT:
@@ -472,6 +511,9 @@ class Agent:
             switch) can be taken for this one's. None: every call uses `job.epoch`.
         check_blocks: verify every `blocks` hint of allreduce against a scan of the tensor
             (a debug mode: costs the scan the hint saves). None: $SPINA_CHECK_BLOCKS=1.
+        datapath: "compiled" (the answer loop's common case in host_agent/_core.c, the rest
+            in Python) or "python" (every answer in Python: the reference, for comparison);
+            both give bit-identical results, counters and recovery decisions.
 
     Example:
         >>> agent = Agent(job, rank, ("127.0.0.1", 47000))  # doctest: +SKIP
@@ -480,8 +522,12 @@ class Agent:
 
     def __init__(self, job: JobConfig, rank: int, switch: tuple[str, int],
                  sock: socket.socket | None = None, timeout: float = 10.0, rto: float = MIN_RTO,
-                 rendezvous: tuple[str, int] | None = None, check_blocks: bool | None = None):
+                 rendezvous: tuple[str, int] | None = None, check_blocks: bool | None = None,
+                 datapath: str = "compiled"):
         self.job = job.validate()
+        if datapath not in DATAPATHS:
+            raise ValueError(f"datapath {datapath!r}: one of {', '.join(DATAPATHS)}")
+        self.datapath = datapath
         # Debug: verify every `blocks` hint against a full scan of the tensor (costs that scan).
         self.check_blocks = (os.environ.get("SPINA_CHECK_BLOCKS", "") == "1"
                              if check_blocks is None else check_blocks)
@@ -505,6 +551,9 @@ class Agent:
                                     f"job {job.job}: field 'workers[{rank}].host'")
         self.sock = sock
         grow_buffers(sock)
+        if sys.platform.startswith("linux"):  # report a closed switch port (ICMP) on the socket
+            sock.setsockopt(socket.IPPROTO_IP, _IP_RECVERR, 1)
+        self._refused_since: float | None = None  # the switch's port refuses since (this call)
         # the last round used per slot (persists across calls)
         self.rounds = np.zeros(job.nslots, np.int64)
         self.call_id = 0
@@ -628,7 +677,8 @@ class Agent:
             self._join_run()
         self.call_id = (self.call_id + 1) & 0xFFFFFFFF
         call = _Call(self.job, self.rank, self.call_id, self.rounds, flat, integer, inplace,
-                     blocks, self._buffers, self.rtt, self.check_blocks, layer=layer)
+                     blocks, self._buffers, self.rtt, self.check_blocks, layer=layer,
+                     compiled=self.datapath == "compiled")
         sock = self.sock
         tick = min(0.1, call.recovery.deadline()) if self.job.bounded_loss else 0.1
         # Non-blocking, select() only when nothing is waiting: a socket timeout would cost a
@@ -652,11 +702,15 @@ class Agent:
             source = (self._switch_ip, self.switch[1], job.job, job.epoch, self.call_id,
                       job.slot_base, len(call.slots))
             next_check = time.monotonic() + 0.001
+            self._refused_since = None
             while pending:
                 try:
                     received, foreign, malformed, answers = recv(fd, ring, _RING_STRIDE, *source)
-                except ConnectionRefusedError:
-                    # ICMP port unreachable: the switch is not up (yet); keep resending
+                except OSError as e:
+                    # an ICMP error (port unreachable: fails the call after REFUSED_GRACE;
+                    # others: lost like any datagram); any other error is the socket's
+                    if not self._icmp_errors(call, e.errno):
+                        raise
                     received = -1
                 else:
                     if not received:  # idle: resend what is due, wait for an answer or a timer
@@ -674,9 +728,10 @@ class Agent:
                         call.stats.foreign_packets += foreign  # not from our switch: never read
                     for index, nbytes in malformed:
                         self._malformed(views[index], nbytes, call)
-                    for a in answers:
-                        if call.answer(views[a[_A_INDEX]], a):
-                            pending -= 1
+                    if answers:
+                        self._refused_since = None
+                    # one time for the batch: every answer in it had arrived by then
+                    pending -= call.answers(views, answers, time.monotonic())
                     self._flush(call)
                 if received < 0 or rec.recheck or time.monotonic() >= next_check:
                     wait = call.resend_due(False, tick, self.timeout, self.switch)
@@ -709,6 +764,34 @@ class Agent:
             call.outbox.clear()
             if lost:
                 self.log.debug("%d datagram(s) refused by the host; the timer will resend", lost)
+                self._icmp_errors(call, 0)  # a send may have taken the socket's pending error
+
+    def _icmp_errors(self, call: _Call, err: int) -> bool:
+        """Drain the socket's queue of ICMP errors (`err`: the errno a socket call just
+        raised, 0 if none); whether there were any. Once the switch's port has refused
+        (ECONNREFUSED: ICMP port unreachable) for REFUSED_GRACE seconds with no answer in
+        between, the call fails naming the switch's address."""
+        errors = [err] if err in (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH,
+                                  errno.EHOSTDOWN) else []
+        while hasattr(socket, "MSG_ERRQUEUE"):  # Linux
+            try:
+                _, cmsgs, _, _ = self.sock.recvmsg(1, _ERRQUEUE_CMSG, socket.MSG_ERRQUEUE)
+            except (BlockingIOError, InterruptedError):
+                break
+            errors += [struct.unpack_from("=I", data)[0] for _, _, data in cmsgs
+                       if len(data) >= 4]
+        if errno.ECONNREFUSED in errors:
+            now = time.monotonic()
+            if self._refused_since is None:
+                self._refused_since = now
+            elif now - self._refused_since >= REFUSED_GRACE:
+                job = self.job
+                raise SpinaError(
+                    f"job {job.job} call {call.call_id}: the switch at {self.switch[0]}:"
+                    f"{self.switch[1]} refused every datagram for {now - self._refused_since:.1f}"
+                    " s (ICMP port unreachable: nothing listens on that port): it is not "
+                    "running, or the job file names the wrong address") from None
+        return bool(errors)
 
 
 def _is_torch(x) -> bool:
