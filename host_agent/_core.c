@@ -169,13 +169,10 @@ PyDoc_STRVAR(fill_round_doc,
 "every lane's next position is END (nothing more to send).");
 
 static PyObject *fill_round(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    Buf b[6];
-    memset(b, 0, sizeof b);
+    Buf b[6] = {0};
     PyObject *result = NULL;
-    if (nargs != 14) {
-        PyErr_SetString(PyExc_TypeError, "fill_round takes 14 arguments");
+    if (!nargs_is("fill_round", nargs, 14))
         return NULL;
-    }
     long long lane0 = PyLong_AsLongLong(args[6]);
     long shift = PyLong_AsLong(args[7]);
     int integer = PyObject_IsTrue(args[8]);
@@ -278,13 +275,10 @@ PyDoc_STRVAR(deliver_doc,
 "`done` is whether every one of them is END (the slot's stream is complete).");
 
 static PyObject *deliver(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    Buf b[3];
-    memset(b, 0, sizeof b);
+    Buf b[3] = {0};
     PyObject *result = NULL;
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "deliver takes 8 arguments");
+    if (!nargs_is("deliver", nargs, 8))
         return NULL;
-    }
     unsigned long long present = PyLong_AsUnsignedLongLong(args[3]);
     unsigned long long nf_bits = PyLong_AsUnsignedLongLong(args[4]);
     long shift = PyLong_AsLong(args[5]);
@@ -411,20 +405,13 @@ PyDoc_STRVAR(block_scan_doc,
 "index). Releases the GIL while it reads.");
 
 static PyObject *block_scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    Buf b[4];
-    memset(b, 0, sizeof b);
+    Buf b[4] = {0};
     PyObject *result = NULL;
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "block_scan takes 5 arguments");
+    if (!nargs_is("block_scan", nargs, 5))
         return NULL;
-    }
-    Py_ssize_t bs = PyLong_AsSsize_t(args[1]);
-    if (PyErr_Occurred())
+    Py_ssize_t bs;
+    if (block_size_arg(args[1], "block_scan", &bs) < 0)
         return NULL;
-    if (bs < 1) {
-        PyErr_SetString(PyExc_ValueError, "block_scan: block_size >= 1");
-        return NULL;
-    }
     if (get_buf(args[0], &b[0], 0, 4, "flat") || get_buf(args[2], &b[1], 1, 4, "maxabs")
         || get_buf(args[3], &b[2], 1, 4, "orbits")
         || (args[4] != Py_None && get_buf(args[4], &b[3], 0, 8, "blocks")))
@@ -514,10 +501,8 @@ PyDoc_STRVAR(check_answer_doc,
 "fields as recv_answers gives them, index 0), 2 malformed, 3 not an answer of this call.");
 
 static PyObject *check_answer(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "check_answer takes 7 arguments");
+    if (!nargs_is("check_answer", nargs, 7))
         return NULL;
-    }
     Buf b;
     memset(&b, 0, sizeof b);
     Expect e;
@@ -550,10 +535,8 @@ PyDoc_STRVAR(recv_answers_doc,
 "waiting. Errors of the socket (ECONNREFUSED: the switch's port is closed) raise OSError.");
 
 static PyObject *recv_answers(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 10) {
-        PyErr_SetString(PyExc_TypeError, "recv_answers takes 10 arguments");
+    if (!nargs_is("recv_answers", nargs, 10))
         return NULL;
-    }
     int fd = PyLong_AsLong(args[0]);
     Py_ssize_t stride = PyLong_AsSsize_t(args[2]);
     unsigned long ip = PyLong_AsUnsignedLong(args[3]);
@@ -656,10 +639,8 @@ PyDoc_STRVAR(send_batch_doc,
 "`lost` and left to the agent's retransmission. Other errors raise OSError.");
 
 static PyObject *send_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "send_batch takes 4 arguments");
+    if (!nargs_is("send_batch", nargs, 4))
         return NULL;
-    }
     int fd = PyLong_AsLong(args[0]);
     unsigned long ip = PyLong_AsUnsignedLong(args[2]);
     long port = PyLong_AsLong(args[3]);

@@ -26,6 +26,26 @@ static int get_buf(PyObject *obj, Buf *b, int writable, Py_ssize_t itemsize, con
     return 0;
 }
 
+/* An entry point's argument count: 1 if it is `want`, else 0 with a TypeError naming `fn`. */
+static inline int nargs_is(const char *fn, Py_ssize_t nargs, Py_ssize_t want) {
+    if (nargs == want)
+        return 1;
+    PyErr_Format(PyExc_TypeError, "%s takes %zd arguments (%zd given)", fn, want, nargs);
+    return 0;
+}
+
+/* A block size argument: *bs = int(obj), at least 1; else -1 with an exception naming `fn`. */
+static inline int block_size_arg(PyObject *obj, const char *fn, Py_ssize_t *bs) {
+    *bs = PyLong_AsSsize_t(obj);
+    if (*bs == -1 && PyErr_Occurred())
+        return -1;
+    if (*bs < 1) {
+        PyErr_Format(PyExc_ValueError, "%s: block_size >= 1", fn);
+        return -1;
+    }
+    return 0;
+}
+
 static void release(Buf *bufs, int n) {
     for (int i = 0; i < n; i++)
         if (bufs[i].held)

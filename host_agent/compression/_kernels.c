@@ -108,21 +108,16 @@ PyDoc_STRVAR(accumulate_doc,
 "host_agent/compression/kernels.py. Releases the GIL.");
 
 static PyObject *accumulate(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    Buf b[7];
-    memset(b, 0, sizeof b);
+    Buf b[7] = {0};
     PyObject *result = NULL;
-    if (nargs != 9) {
-        PyErr_SetString(PyExc_TypeError, "accumulate takes 9 arguments");
+    if (!nargs_is("accumulate", nargs, 9))
         return NULL;
-    }
-    Py_ssize_t bs = PyLong_AsSsize_t(args[4]);
+    Py_ssize_t bs;
+    if (block_size_arg(args[4], "accumulate", &bs) < 0)
+        return NULL;
     double m = PyFloat_AsDouble(args[7]);
-    if (PyErr_Occurred())
+    if (m == -1.0 && PyErr_Occurred())
         return NULL;
-    if (bs < 1) {
-        PyErr_SetString(PyExc_ValueError, "accumulate: block_size >= 1");
-        return NULL;
-    }
     if (get_typed(args[0], &b[0], 0, 'f', "grad") || get_typed(args[1], &b[1], 0, 'q', "src")
         || get_typed(args[2], &b[2], 0, 'q', "dst") || get_typed(args[3], &b[3], 0, 'q', "sizes")
         || get_typed(args[5], &b[4], 1, 'f', "v")
@@ -239,13 +234,10 @@ PyDoc_STRVAR(top_blocks_doc,
 "-1). The keys: kernels.norm_keys. Releases the GIL.");
 
 static PyObject *top_blocks(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    Buf b[2];
-    memset(b, 0, sizeof b);
+    Buf b[2] = {0};
     PyObject *result = NULL;
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "top_blocks takes 5 arguments");
+    if (!nargs_is("top_blocks", nargs, 5))
         return NULL;
-    }
     Py_ssize_t k = PyLong_AsSsize_t(args[1]), nsample = PyLong_AsSsize_t(args[2]);
     uint64_t seed = PyLong_AsUnsignedLongLongMask(args[3]);
     if (PyErr_Occurred())
