@@ -213,7 +213,8 @@ def _switch_checks(state, name, sw, ctl):
         s = ctl.session(name)
         cur = s.conn.get_pipeline()
     except (P4RuntimeError, OSError) as e:
-        yield "FAIL", f"switch {name}: no answer at {sw.grpc}: {e}"
+        said = str(e) if sw.grpc in str(e) else f"no answer at {sw.grpc}: {e}"
+        yield "FAIL", f"switch {name}: {said}"
         return
     yield "ok", f"switch {name}: answers P4Runtime at {sw.grpc}"
     info, cfg = load_pipeline(state, sw)

@@ -293,6 +293,32 @@ def test_doctor_probes_workers_and_clocks_through_a_real_switch_process(hosts, t
                for x in lines)
 
 
+def test_a_stopped_switch_is_one_line_naming_its_address(tmp_path):
+    """spina status, deploy and doctor against a P4Runtime port nobody listens on (a stopped
+    switch; --timeout 30): the refusal named with the address, not a 30 s wait: status and
+    deploy exit 2 with one line, doctor's first line is the switch's FAIL and it exits 1."""
+    grpc = f"127.0.0.1:{free_port()}"
+    cfg = tmp_path / "spina.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "switches": [{"name": "s1", "target": "softswitch", "grpc": grpc,
+                      "address": "127.0.0.1", "udp_port": 47000}],
+        "workers": [{"name": "w0", "ip": "127.0.0.1", "switch_port": 0, "udp_port": 41000}],
+        "jobs": [{"id": 1, "members": ["w0"], "nslots": 2, "slot_base": 0}],
+        "agents_dir": str(tmp_path / "agents")}))
+    said = f"no P4Runtime server at {grpc}: Connection refused (is the switch running?)"
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    for cmd in ("status", "deploy"):
+        out = subprocess.run([sys.executable, "-m", "spina_cli", cmd, "-c", str(cfg),
+                              "--timeout", "30"], capture_output=True, text=True, timeout=120,
+                             cwd=ROOT, env=env)
+        assert (out.returncode, out.stderr) == (2, f"spina: error: {said}\n"), cmd
+    out = subprocess.run([sys.executable, "-m", "spina_cli", "doctor", "-c", str(cfg),
+                          "--timeout", "30"], capture_output=True, text=True, timeout=120,
+                         cwd=ROOT, env=env)
+    assert out.returncode == 1
+    assert out.stdout.splitlines()[0] == f"FAIL switch s1: {said}"
+
+
 def test_clock_offset_from_icmp_timestamps():
     """The NTP-style offset: path delay cancels, the sign is theirs minus ours, midnight wraps."""
     assert doctor.clock_offset_ms(1000, 1205, 1206, 1011) == 200.0  # 5 ms each way, +200
@@ -313,7 +339,8 @@ def test_doctor_reports_a_host_that_does_not_answer_by_worker_name(tmp_path):
         "jobs": [{"id": 1, "members": ["far"], "nslots": 2, "slot_base": 0}]}))
     lines = [f"{level} {msg}" for level, msg in doctor.check(str(cfg), timeout=1,
                                                               probe_timeout=0.3)]
-    assert lines[0].startswith("FAIL switch s1: no answer at 127.0.0.1:1")
+    assert lines[0] == ("FAIL switch s1: no P4Runtime server at 127.0.0.1:1: Connection "
+                        "refused (is the switch running?)")
     far = [x for x in lines if "worker far" in x]
     assert far in (["FAIL worker far: no route to 203.0.113.9"],
                    ["FAIL worker far: 203.0.113.9 does not answer ICMP from here "

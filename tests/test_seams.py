@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -32,7 +31,7 @@ import yaml
 
 from bench.scale_out import spine_hosts
 from controller.controller import Controller, program_in_process
-from controller.p4rt import Connection
+from controller.p4rt import Connection, P4RuntimeError, wait_listening
 from controller.state import load
 from netns import MGMT_IP, SWITCH_IP, hosts, managed_hosts  # noqa: F401  (fixtures)
 from softswitch.udp import UdpSwitch
@@ -198,15 +197,10 @@ class Deployment:
             self.procs.start(name, "--device-id", str(sw.device_id), "--no-p4", "--thrift-port",
                              str(sw.thrift_port), *self._ports(), "--", "--grpc-server-addr",
                              sw.grpc, "--priority-queues", "8", program="simple_switch_grpc")
-            host, port = sw.grpc.rsplit(":", 1)
-            deadline = time.monotonic() + 30
-            while True:  # its gRPC server listening
-                try:
-                    socket.create_connection((host, int(port)), 0.5).close()
-                    break
-                except OSError:
-                    assert time.monotonic() < deadline, self.procs.lines[name]
-                    time.sleep(0.1)
+            try:
+                wait_listening(sw.grpc)  # its gRPC server listening
+            except P4RuntimeError as e:
+                raise AssertionError(f"{e}: {self.procs.lines[name]}") from None
         else:
             self.procs.start(name, "-m", "softswitch", "udp", "--host", sw.address, "--port",
                              str(sw.udp_port), "--grpc", sw.grpc)
