@@ -253,7 +253,7 @@ def _deployed_job(tmp_path, switch_metrics: bool = False, **collector):
         "agents_dir": "agents", "rendezvous": f"127.0.0.1:{free_port()}"}))
     swm = serve_metrics(sw.pipeline, sw, "127.0.0.1:0") if switch_metrics else None
     try:
-        with Controller(load(cfg), 1, timeout=20) as ctl, ctl.runs().start():  # as `serve`
+        with Controller(load(cfg), 1, timeout=20) as ctl, ctl.runs():  # as `serve`
             ctl.deploy()
             server = serve_controller_metrics(ctl, "127.0.0.1:0", **collector)
             try:
