@@ -121,13 +121,44 @@ def _start(cmd, want: str, timeout: float = 60.0):
     raise AssertionError(f"{cmd[:4]}: no {want!r} line; stderr: {proc.stderr.read()[-2000:]}")
 
 
-def test_real_prometheus_scrapes_a_running_switch(tmp_path):
-    """A Prometheus server started on loopback scrapes `python -m softswitch udp --metrics`
-    and answers a PromQL query with the number of contributions the workers sent."""
+def prometheus_query(tmp_path, config: dict, want: dict[str, dict]) -> dict[str, dict]:
+    """Run a Prometheus server on loopback with `config` (prometheus.yml's content) until
+    each query of `want` answers its value ({tuple of the result's label values: value}) or
+    90 s pass; the last answers. Skips, saying why, without Debian's prometheus."""
     prom = shutil.which("prometheus")
     if prom is None:
         pytest.skip("prometheus is not on PATH (Debian: apt-get install prometheus; "
                     "scripts/setup.sh installs it as root)")
+    web = f"127.0.0.1:{free_port()}"
+    cfg = tmp_path / "prometheus.yml"
+    cfg.write_text(json.dumps(config))  # JSON is YAML
+    server = subprocess.Popen([prom, f"--config.file={cfg}", f"--web.listen-address={web}",
+                               f"--storage.tsdb.path={tmp_path / 'data'}"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    got: dict[str, dict] = {}
+    deadline = time.time() + 90
+    try:
+        while time.time() < deadline and got != want:
+            for query in want:
+                try:
+                    ans = json.load(urllib.request.urlopen(
+                        f"http://{web}/api/v1/query?query={urllib.parse.quote(query)}",
+                        timeout=5))
+                except OSError:
+                    break  # not listening yet
+                got[query] = {tuple(r["metric"].values()): float(r["value"][1])
+                              for r in ans["data"]["result"]}
+            time.sleep(0.5)
+    finally:
+        assert stop_process(server, 20) == 0, server.stderr.read()[-2000:]
+    return got
+
+
+def test_real_prometheus_scrapes_a_running_switch(tmp_path):
+    """A Prometheus server started on loopback scrapes `python -m softswitch udp --metrics`
+    and answers a PromQL query with the number of contributions the workers sent."""
+    if shutil.which("prometheus") is None:
+        prometheus_query(tmp_path, {}, {})  # skips, saying why, before any process
     socks = [bound_udp_socket() for _ in range(2)]
     job = JobConfig(job=3, workers=tuple(WorkerAddr(r, *s.getsockname())
                                          for r, s in enumerate(socks)), block_size=16, nlanes=4)
@@ -147,30 +178,11 @@ def test_real_prometheus_scrapes_a_running_switch(tmp_path):
         sent = sum(a.last_stats.packets_sent for a in agents)
         for a in agents:
             a.close()
-        web = f"127.0.0.1:{free_port()}"
-        cfg = tmp_path / "prometheus.yml"
-        cfg.write_text("global: {scrape_interval: 1s}\nscrape_configs:\n"
-                       f"  - job_name: spina\n    static_configs: [{{targets: ['{target}']}}]\n")
-        server = subprocess.Popen([prom, f"--config.file={cfg}", f"--web.listen-address={web}",
-                                   f"--storage.tsdb.path={tmp_path / 'data'}"],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        try:
-            query = urllib.parse.quote('sum(spina_job_packets_received_total{job_id="3"})')
-            got, deadline = None, time.time() + 90
-            while time.time() < deadline:
-                try:
-                    ans = json.load(urllib.request.urlopen(
-                        f"http://{web}/api/v1/query?query={query}", timeout=5))
-                    if ans["data"]["result"]:
-                        got = float(ans["data"]["result"][0]["value"][1])
-                        if got == sent:
-                            break
-                except OSError:
-                    pass  # not listening yet
-                time.sleep(0.5)
-            assert got == sent, f"Prometheus answered {got}, the workers sent {sent}"
-        finally:
-            assert stop_process(server, 20) == 0, server.stderr.read()[-2000:]
+        config = {"global": {"scrape_interval": "1s"}, "scrape_configs": [
+            {"job_name": "spina", "static_configs": [{"targets": [target]}]}]}
+        query = 'sum(spina_job_packets_received_total{job_id="3"})'
+        got = prometheus_query(tmp_path, config, {query: {(): sent}})
+        assert got == {query: {(): sent}}, f"Prometheus answered {got}, the workers sent {sent}"
     finally:
         stop_process(sw)
 
@@ -444,6 +456,27 @@ tests:
             exp_annotations:
               summary: "switch s3 does not answer (127.0.0.1:9102)"
 """
+
+
+def test_real_prometheus_with_the_documented_config_sums_each_packet_once(tmp_path):
+    """A Prometheus server scraping switch and controller with docs/operations.md's config
+    (targets moved to the endpoints' ports) answers sum by (switch) of the job's admitted
+    contributions with {s1: the switch's own count}, and both targets are up."""
+    if shutil.which("prometheus") is None:
+        prometheus_query(tmp_path, {}, {})  # skips, saying why, before any process
+    cfg = documented_scrape_config()
+    with _deployed_job(tmp_path, switch_metrics=True) as (sw, server, swm, sent):
+        moved = {"127.0.0.1:9100": "%s:%d" % swm.address[:2],
+                 "127.0.0.1:9102": "%s:%d" % server.address[:2]}
+        for group in cfg["scrape_configs"][0]["static_configs"]:
+            group["targets"] = [moved[t] for t in group["targets"] if t in moved]
+        cfg["global"] = {"scrape_interval": "1s"}
+        own = sw.pipeline.job_counters(4)["job_received"]
+        assert own == sent > 0
+        want = {'sum by (switch) (spina_job_packets_received_total{job_id="4"})': {("s1",): own},
+                "sum(up)": {(): 2.0}}
+        got = prometheus_query(tmp_path, cfg, want)
+        assert got == want, f"Prometheus answered {got}, the switch counted {own}"
 
 
 def test_alert_rules_pass_promtool_and_fire_on_the_series_they_describe(tmp_path):
