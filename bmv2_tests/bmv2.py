@@ -21,7 +21,7 @@ import tempfile
 import time
 
 from bmv2_tests.target import PORTS, P4RuntimeTarget
-from controller.p4rt import Connection
+from controller.p4rt import Connection, wait_listening
 from controller.registers import ThriftRegisters
 from spina import spec
 from spina.procs import stop_process
@@ -98,6 +98,7 @@ class Bmv2Target(P4RuntimeTarget):
                     + [a for p in PORTS for a in ("-i", f"{p}@{self._sw_if(p)}")]
                     + ["--", "--grpc-server-addr", GRPC_ADDR, "--priority-queues", "8"],
                     stdout=log, stderr=subprocess.STDOUT)
+            wait_listening(GRPC_ADDR)  # a Connection to a port not yet listening fails at once
             super().__init__(Connection(GRPC_ADDR, 0, election=1), ThriftRegisters(THRIFT_PORT))
             self.conn.set_pipeline(p4info, js.read_bytes(), cookie=1)
             self._open_sockets()

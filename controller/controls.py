@@ -145,6 +145,12 @@ class Admission(Control):
 
     def installed_jobs(self) -> dict[int, tuple[int, int, int]]:
         """{job: (slot_base, nslots, epoch)} as the switch's admission entries say."""
+        return {j: (p["slot_base"], p["nslots"], p["epoch"])
+                for j, p in self.installed_params().items()}
+
+    def installed_params(self) -> dict[int, dict[str, int]]:
+        """{job: the admit action's parameters (epoch, slot_base, nslots, nworkers,
+        block_size, nlanes, mcast_grp)} as the switch's admission entries say."""
         out = {}
         t = self.index.get("tables", "admission")
         job_field = next(m.id for m in t.match_fields if m.name == "job")
@@ -154,8 +160,7 @@ class Admission(Control):
             if e.action.action.action_id != admit.preamble.id:
                 continue
             job = next(decode(m.exact.value) for m in e.match if m.field_id == job_field)
-            p = {pname[x.param_id]: decode(x.value) for x in e.action.action.params}
-            out[job] = (p["slot_base"], p["nslots"], p["epoch"])
+            out[job] = {pname[x.param_id]: decode(x.value) for x in e.action.action.params}
         return out
 
 

@@ -2,10 +2,13 @@
 state over P4Runtime when Prometheus scrapes (`--metrics [HOST:]PORT` with `serve` or
 `deploy --watch`), so BMv2 and Tofino switches get the same metrics as the software switch.
 
-Names: spina/metrics.py (spina_job_*_total{job_id,switch}, spina_port_drops_total{port,cause,
-switch}), plus
+Only for switches without an endpoint of their own (BMv2, Tofino): a software switch exports
+its own counters (`spina switch --metrics`), and the same counter from two processes would be
+counted twice by any sum (spina/metrics.py). Names: spina/metrics.py
+(spina_job_*_total{job_id,switch}, spina_port_drops_total{port,cause,switch}), plus
 
-    spina_controller_switch_up{switch}    1 if the switch answered the last poll and runs a pipeline
+    spina_controller_switch_up{switch}    1 if the switch answered the last poll and runs a
+                                          pipeline (every switch, software ones too)
     spina_job_slots{job_id,switch}        the desired state's slot share of each job
 """
 from __future__ import annotations
@@ -18,11 +21,18 @@ from spina.metrics import MetricsServer, counter_families
 log = logging.getLogger("spina.controller")
 
 
-class ControllerCollector:
-    """Reads every switch's job and port counters through a Controller at scrape time."""
+def exports_own(sw) -> bool:
+    """True for a switch whose own process serves its counters: the software switch."""
+    return sw.target == "softswitch"
 
-    def __init__(self, ctl):
+
+class ControllerCollector:
+    """Reads the job and port counters of every switch `poll(sw)` picks (by default those not
+    exporting their own) through a Controller at scrape time; every switch's up gauge."""
+
+    def __init__(self, ctl, poll=lambda sw: not exports_own(sw)):
         self.ctl = ctl
+        self.poll = poll
 
     def collect(self):
         from prometheus_client.core import GaugeMetricFamily
@@ -36,12 +46,13 @@ class ControllerCollector:
             state = self.ctl.state
             for name, sw in state.switches.items():
                 jobs = state.jobs_on(sw)
-                for j in jobs:
+                polled = self.poll(sw)
+                for j in jobs if polled else ():
                     slots.add_metric([str(j.id), name], j.nslots)
                 try:
                     s = self.ctl.session(name)
                     ok = s.attach()
-                    if ok:
+                    if ok and polled:
                         jc = s.job_counters([j.id for j in jobs])
                         pc: dict[int, dict[str, int]] = {p: {} for p in sw.ports}
                         for c in (s.ina_check, s.admission):
@@ -58,9 +69,10 @@ class ControllerCollector:
         yield slots
 
 
-def serve_metrics(ctl, address: str) -> MetricsServer:
-    """Start the controller's /metrics endpoint on `address` (HOST:PORT, loopback default)."""
+def serve_metrics(ctl, address: str, **collector) -> MetricsServer:
+    """Start the controller's /metrics endpoint on `address` (HOST:PORT, loopback default);
+    `collector`: ControllerCollector's options (poll)."""
     from prometheus_client import CollectorRegistry
     registry = CollectorRegistry()
-    registry.register(ControllerCollector(ctl))
+    registry.register(ControllerCollector(ctl, **collector))
     return MetricsServer(registry, address)

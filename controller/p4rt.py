@@ -8,7 +8,9 @@ from __future__ import annotations
 import ipaddress
 import logging
 import queue
+import socket
 import threading
+import time
 
 import grpc
 from google.rpc import code_pb2
@@ -120,6 +122,42 @@ def election_id(value: int):
 
 
 # ---------------------------------------------------------------- connection
+def _tcp_address(address: str) -> tuple[str, int] | None:
+    """'host:port' or '[v6]:port' -> (host, port); None for other gRPC targets (unix:...)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "/" in address or address.startswith("unix:"):
+        return None
+    return host.strip("[]"), int(port)
+
+
+def _refused(address: str, timeout: float) -> str | None:
+    """Why a TCP connection to `address` failed at once (refused, no route), or None: it was
+    accepted, or got no answer within `timeout` (a slow network: gRPC waits longer)."""
+    hp = _tcp_address(address)
+    if hp is None:
+        return None
+    try:
+        socket.create_connection(hp, timeout=timeout).close()
+    except socket.timeout:
+        return None
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
+
+
+def wait_listening(address: str, timeout: float = 30.0) -> None:
+    """Wait until a server accepts TCP connections at `address`: for callers that start a
+    P4Runtime server (simple_switch_grpc) and connect at once, since a Connection to a port
+    nobody listens on fails within a second. P4RuntimeError naming the address after
+    `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while (why := _refused(address, 1.0)) is not None:
+        if time.monotonic() >= deadline:
+            raise P4RuntimeError(f"no P4Runtime server listening at {address} within "
+                                 f"{timeout:g} s ({why})")
+        time.sleep(0.05)
+
+
 class Connection:
     """One P4Runtime session with one device: a StreamChannel holding our election id.
 
@@ -130,7 +168,9 @@ class Connection:
             read-only session (status, doctor, metrics): no StreamChannel and no arbitration,
             which P4Runtime reads do not need, so it never contests or takes primary from a
             running controller; writes are refused.
-        timeout: seconds to wait for the server and for arbitration.
+        timeout: seconds to wait for the server and for arbitration. A refused connection
+            (a stopped switch: nothing listens on the port) fails at once instead; a caller that
+            has just started the server waits for its port first (`wait_listening`).
         channel: a gRPC channel to use instead of opening one to `address`.
         stub: answers the calls instead of gRPC (`in_process`: a LocalStub).
     """
@@ -149,6 +189,10 @@ class Connection:
         if stub is not None:  # in-process (LocalStub): no channel to wait for
             self.channel, self.stub = None, stub
         else:
+            why = _refused(address, min(timeout, 1.0)) if channel is None else None
+            if why is not None:  # gRPC would retry with backoff until `timeout`
+                raise P4RuntimeError(f"no P4Runtime server at {address}: {why} (is the switch "
+                                     "running?)")
             self.channel = channel or grpc.insecure_channel(address)
             self.stub = p4runtime_pb2_grpc.P4RuntimeStub(self.channel)
             try:

@@ -37,6 +37,10 @@ class RegisterAdapter:
     def read(self, name: str, index: int) -> int:
         raise NotImplementedError
 
+    def read_cells(self, name: str, start: int, count: int) -> list[int]:
+        """Cells start..start+count-1 of `name` (one request where the target allows)."""
+        return [self.read(name, i) for i in range(start, start + count)]
+
     def reset(self, names: list[str]) -> None:
         """Zero every cell of every register in `names`."""
         raise NotImplementedError
@@ -84,6 +88,18 @@ class P4RuntimeRegisters(RegisterAdapter):
         got = self.conn.read([e])
         return decode(got[0].register_entry.data.bitstring) if got else 0
 
+    def read_cells(self, name, start, count):
+        rid = self.conn.index.id("registers", name)
+        want = []
+        for i in range(start, start + count):
+            e = pb.Entity()
+            e.register_entry.register_id = rid
+            e.register_entry.index.index = i
+            want.append(e)
+        got = {g.register_entry.index.index: decode(g.register_entry.data.bitstring)
+               for g in self.conn.read(want)}
+        return [got.get(i, 0) for i in range(start, start + count)]
+
     def reset(self, names):
         updates = []
         for name in self.selected(names):  # no index: every cell (P4Runtime 9.6)
@@ -122,11 +138,16 @@ class ThriftRegisters(RegisterAdapter):
                    for i in range(start, start + count)])
 
     def read(self, name, index):
-        out = self.run([f"register_read {name} {index}"])
-        for line in out.splitlines():
-            if "=" in line and name in line:
-                return int(line.rsplit("=", 1)[1].strip())
-        raise RuntimeError(f"register_read {name} {index}: {out.strip()}")
+        return self.read_cells(name, index, 1)[0]
+
+    def read_cells(self, name, start, count):  # one CLI session for all of them
+        out = self.run([f"register_read {name} {i}" for i in range(start, start + count)])
+        got = [int(line.rsplit("=", 1)[1].strip()) for line in out.splitlines()
+               if "=" in line and name in line]
+        if len(got) != count:
+            raise RuntimeError(f"register_read {name} {start}..{start + count - 1}: "
+                               f"{out.strip()[-400:]}")
+        return got
 
     def reset(self, names):
         self.run([f"register_reset {n}" for n in names])

@@ -186,5 +186,13 @@ def setup(proc: str, level: str | int = "INFO", fmt: str = DEFAULT_FORMAT,
     return handler
 
 
+def proc_name() -> str:
+    """The role `setup` gave this process (switch, controller, daemon ...), '' before it."""
+    for h in logging.getLogger().handlers:
+        if isinstance(h.formatter, Formatter):
+            return h.formatter.proc
+    return ""
+
+
 __all__ = ["BoundLogger", "DEFAULT_FORMAT", "FORMATS", "Formatter", "LEVELS", "add_options",
-           "bind", "fields", "log_format", "log_level", "setup", "verbosity"]
+           "bind", "fields", "log_format", "log_level", "proc_name", "setup", "verbosity"]

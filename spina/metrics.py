@@ -12,10 +12,20 @@ Names (docs/operations.md lists every metric of every process):
     spina_port_drops_total{port,cause}             cause: malformed | unadmitted
 
 The job label is `job_id`, not `job`: Prometheus gives every target a `job` label of its own.
+
+One owner per switch: a software switch exports its own P4 counters (read in memory at scrape
+time, with or without a controller); the controller exports them only for switches that have
+no endpoint of their own (BMv2, Tofino), so a sum over every scraped series counts each
+contribution once. Every endpoint also serves, through MetricsServer:
+
+    process_cpu_seconds_total, process_resident_memory_bytes, ...   prometheus_client's
+                                                                    process collector (/proc)
+    spina_build_info{version,python,proc}                           always 1
 """
 from __future__ import annotations
 
 import ipaddress
+import platform
 
 DEFAULT_HOST = "127.0.0.1"
 
@@ -62,8 +72,28 @@ def parse_address(text: str, default_port: int | None = None) -> tuple[str, int]
     return host, int(port)
 
 
+class _Served:
+    """What one endpoint serves: the component's registry, then the process's own series (a
+    registry of our own, so the caller's registry is served unchanged anywhere else)."""
+
+    def __init__(self, registry):
+        self.registry = registry
+
+    def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+
+        from spina import log, version
+        yield from self.registry.collect()
+        info = GaugeMetricFamily("spina_build_info", "The running SpINA version; always 1.",
+                                 labels=["version", "python", "proc"])
+        info.add_metric([version(), platform.python_version(), log.proc_name()], 1.0)
+        yield info
+
+
 class MetricsServer:
-    """The /metrics HTTP endpoint of one registry, on its own thread until `stop()`.
+    """The /metrics HTTP endpoint of one registry, on its own thread until `stop()`; beside
+    the registry's own series it serves process_* (CPU, memory, file descriptors, start time)
+    and spina_build_info.
 
     Args:
         registry: a prometheus_client CollectorRegistry (one per component instance).
@@ -71,10 +101,13 @@ class MetricsServer:
     """
 
     def __init__(self, registry, address: str):
-        from prometheus_client import start_http_server
+        from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
         host, port = parse_address(address)
+        served = CollectorRegistry()
+        served.register(_Served(registry))
+        ProcessCollector(registry=served)  # reads /proc at scrape time; nothing elsewhere
         try:
-            self._httpd, self._thread = start_http_server(port, host, registry)
+            self._httpd, self._thread = start_http_server(port, host, served)
         except OSError as e:  # name the address: "Address already in use" alone says nothing
             raise OSError(e.errno, f"metrics address {host}:{port}: {e.strerror}") from None
         self.address = self._httpd.server_address[:2]

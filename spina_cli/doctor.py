@@ -6,6 +6,11 @@ One line per check, `ok`, `warn` or `FAIL`, and exit 1 if any failed:
   - each job is admitted on its switch with the file's slot range and epoch (under `serve`
     each run advances the epoch: a newer one on the switch is reported, not failed), and each
     of its workers has its own admission entry (switch port, address, UDP port, job, rank);
+  - the switch's data port counts a probe (one INA packet from an address it does not
+    admit: port_unadmitted rises);
+  - each rank's agent file matches the switch (address, slots, lanes, its admitted address);
+  - no round of a job waits for workers, unchanged over the probe timeout (stale rounds);
+  - the run rendezvous (`spina serve`) answers at the file's address;
   - a job's largest packet (all lanes present) fits the MTU of the route to its switch (P4
     targets; the UDP-mode software switch takes datagrams up to 64 KB, fragmented by IP);
   - each worker's address is an address of this host, or its host answers ICMP from here
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import ctypes
 import ipaddress
+import json
 import os
 import select
 import socket
@@ -37,14 +43,23 @@ from dataclasses import dataclass
 from controller.controller import Controller, cookie_of, load_pipeline
 from controller.p4rt import P4RuntimeError
 from controller.state import load
-from spina import cli, log as spina_log, wire
-from spina.config import ConfigError
+from spina import cli, log as spina_log, spec, wire
+from spina.config import Assignment, ConfigError
 from spina.p4runtime import decode
 
 IP_UDP = 28  # IPv4 + UDP headers
 CLOCK_TOLERANCE_MS = 100
 ICMP_ECHO_REPLY, ICMP_ECHO, ICMP_TIMESTAMP, ICMP_TIMESTAMP_REPLY = 0, 8, 13, 14
 DAY_MS = 86_400_000
+# Epochs run 1, 2, ..., 2^16 - 1, then 1 again (0 is never used: spina.rendezvous.next_epoch),
+# in the admit action's 16-bit epoch parameter.
+EPOCH_CYCLE = (1 << dict(spec.ACTIONS["admit"].params)["epoch"]) - 1
+
+
+def epoch_runs_after(epoch: int, since: int) -> int:
+    """How many runs `epoch` is after `since` on the epoch cycle, across its wrap-around:
+    0 the same, 1 .. EPOCH_CYCLE // 2 newer, more: older (that many runs newer is no run)."""
+    return (epoch - since) % EPOCH_CYCLE
 
 
 def route_mtu(addr: str) -> tuple[str, int] | None:
@@ -208,12 +223,147 @@ def admitted_workers(s) -> set[tuple]:
     return out
 
 
-def _switch_checks(state, name, sw, ctl):
+def _port_drops(s, ports) -> dict[str, int]:
+    """{port_malformed, port_unadmitted: summed over `ports`} as the switch counts them."""
+    got = {**s.ina_check.read_counters(ports), **s.admission.read_counters(ports)}
+    return {c: sum(got.get(c, {}).values()) for c in ("port_malformed", "port_unadmitted")}
+
+
+def _data_port_checks(state, name, sw, s, timeout: float):
+    """One INA packet from an address the switch does not admit, to its data port: a switch
+    that gets it counts it in port_unadmitted. Nothing else happens to it (no job's slot)."""
+    where = f"{sw.address}:{sw.udp_port}"
+    if not has_route(sw.address):
+        yield "warn", f"switch {name}: data port {where} not probed: no route from here"
+        return
+    ports = list(sw.ports)
+    before = _port_drops(s, ports)
+    job = next(j for j in range(1, 1 << 16) if j not in state.jobs)  # admitted nowhere
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
+        u.sendto(wire.pack(wire.Header(job=job, nlanes=1, block_size=8), [wire.END]),
+                 (sw.address, sw.udp_port))
+    deadline = time.monotonic() + timeout
+    while True:
+        after = _port_drops(s, ports)
+        rose = [f"{c} +{after[c] - before[c]}" for c in after if after[c] > before[c]]
+        if rose:
+            yield "ok", f"switch {name}: data port {where} counts a probe ({', '.join(rose)})"
+            return
+        if time.monotonic() >= deadline:
+            yield "FAIL", (f"switch {name}: a probe to its data port {where} was not counted "
+                           f"within {timeout:g} s (not reachable from here, or not this "
+                           "switch's address and port)")
+            return
+        time.sleep(0.05)
+
+
+ROUND_REGISTERS = ("slot_round", "slot_bitmap", "slot_count")
+
+
+def _stale_round_checks(name, sw, s, jobs, wait: float):
+    """Rounds a job started and its workers have not all joined, unchanged over `wait` s: a
+    slot copy (2 per slot) whose count is above 0 and below the job's worker count (a
+    completed round keeps its count until a newer one takes the copy). `jobs`: (Job, the
+    admit parameters) pairs. Read twice only if a copy waits at the first read."""
+    if not jobs:
+        return
+    if sw.target == "tofino":
+        yield "warn", (f"switch {name}: stale rounds not checked (doctor does not read the "
+                       "TNA program's slot registers)")
+        return
+
+    def copies(j):
+        return list(zip(*(s.registers.read_cells(r, 2 * j.slot_base, 2 * j.nslots)
+                          for r in ROUND_REGISTERS)))
+
+    def waiting(rows, n):
+        return {i: row for i, row in enumerate(rows) if 0 < row[2] < n}
+    first = {j.id: waiting(copies(j), p["nworkers"]) for j, p in jobs}
+    if any(first.values()):
+        time.sleep(wait)
+    for j, p in jobs:
+        if not first[j.id]:
+            yield "ok", f"job {j.id}: no round waits for a worker on {name} ({j.nslots} slots)"
+            continue
+        now = waiting(copies(j), p["nworkers"])
+        stuck = sorted((i, row) for i, row in first[j.id].items() if now.get(i) == row)
+        if not stuck:
+            yield "ok", (f"job {j.id}: its rounds on {name} move ({len(first[j.id])} slot "
+                         f"copies were waiting for workers {wait:g} s before)")
+            continue
+        ranks = sorted({r for _, (_, bits, _) in stuck for r in range(p["nworkers"])
+                        if not bits >> r & 1})
+        slots = sorted({j.slot_base + i // 2 for i, _ in stuck})
+        i, (rnd, _, _) = stuck[0]
+        yield "warn", (f"job {j.id}: {len(slots)} of its {j.nslots} slots on {name} wait for "
+                       f"rank {', '.join(map(str, ranks))} (slot {j.slot_base + i // 2} at "
+                       f"round {rnd} first), unchanged for {wait:g} s: a worker stopped "
+                       "mid-call? The job's next run clears them")
+
+
+def _agent_file_checks(state, name, sw, ctl, j, params: dict, workers: set):
+    """Each rank's agent file against the switch: its address and port, the job's slots,
+    block size and lanes, and the rank's own admitted address; the rendezvous it names."""
+    bad = False
+    for rank, m in enumerate(j.members):
+        path = ctl.agent_path(j.id, rank)
+        try:
+            a = Assignment.load(path)
+        except ConfigError as e:
+            yield "FAIL", f"worker {m}: {e} (`spina deploy` writes it)"
+            bad = True
+            continue
+        wrong = []
+        if a.switch != (sw.address, sw.udp_port):
+            wrong.append(f"switch {a.switch[0]}:{a.switch[1]}, {name} listens on "
+                         f"{sw.address}:{sw.udp_port}")
+        for f in ("slot_base", "nslots", "nworkers", "block_size", "nlanes"):
+            if getattr(a.job, f) != params[f]:
+                wrong.append(f"{f} {getattr(a.job, f)}, {name} has {params[f]}")
+        me = a.job.workers[a.rank] if a.rank < len(a.job.workers) else None
+        if me is None or not any(w[1:] == (me.host, me.port, j.id, a.rank) for w in workers):
+            wrong.append(f"rank {a.rank} at {me.host}:{me.port}, which {name} does not admit"
+                         if me else f"rank {a.rank} has no worker address")
+        if a.rendezvous != state.rendezvous:
+            wrong.append("rendezvous " + (":".join(map(str, a.rendezvous)) if a.rendezvous
+                                          else "none") + ", the file's is "
+                         + ":".join(map(str, state.rendezvous)))
+        if wrong:
+            yield "FAIL", f"worker {m}: {path.name} says {'; '.join(wrong)} (`spina deploy`)"
+            bad = True
+    if not bad:
+        yield "ok", f"job {j.id}: agent files {state.agents_dir}/job{j.id}-rank*.json match {name}"
+
+
+def rendezvous_check(state, timeout: float) -> tuple[str, str]:
+    """Whether a run rendezvous (`spina serve`) answers at the file's address: a request it
+    refuses by name is an answer, and joins nothing."""
+    host, port = state.rendezvous
+    where = f"rendezvous {host}:{port}"
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as c:
+            c.settimeout(timeout)
+            c.sendall(b'{"op": "doctor"}\n')
+            reply = c.makefile("rb").readline()
+    except OSError as e:
+        return "FAIL", (f"{where}: {e.strerror or e}: no `spina serve` answers there (agents "
+                        "stop at their first call)")
+    try:
+        ok = isinstance(json.loads(reply), dict) and "ok" in json.loads(reply)
+    except ValueError:
+        ok = False
+    if not ok:
+        return "FAIL", f"{where}: answered {reply[:60]!r}, not a run rendezvous"
+    return "ok", f"{where}: answers (spina serve starts the jobs' runs)"
+
+
+def _switch_checks(state, name, sw, ctl, probe_timeout: float = 1.0):
     try:  # a switch that does not answer fails here, not with a traceback
         s = ctl.session(name)
         cur = s.conn.get_pipeline()
     except (P4RuntimeError, OSError) as e:
-        yield "FAIL", f"switch {name}: no answer at {sw.grpc}: {e}"
+        said = str(e) if sw.grpc in str(e) else f"no answer at {sw.grpc}: {e}"
+        yield "FAIL", f"switch {name}: {said}"
         return
     yield "ok", f"switch {name}: answers P4Runtime at {sw.grpc}"
     info, cfg = load_pipeline(state, sw)
@@ -226,20 +376,23 @@ def _switch_checks(state, name, sw, ctl):
         yield "FAIL", (f"switch {name}: its pipeline differs from the file's P4Info "
                        "(`spina deploy` pushes it)")
     s.attach()
-    installed = s.admission.installed_jobs()
+    yield from _data_port_checks(state, name, sw, s, probe_timeout)
+    installed = s.admission.installed_params()
     workers = admitted_workers(s)
+    admitted = []
     for j in state.jobs_on(sw):
-        got = installed.get(j.id)
-        if got is None:
+        params = installed.get(j.id)
+        if params is None:
             yield "FAIL", f"job {j.id}: not admitted on switch {name} (`spina deploy`)"
             continue
-        base, n, epoch = got
+        admitted.append((j, params))
+        base, n, epoch = params["slot_base"], params["nslots"], params["epoch"]
         if (base, n) != (j.slot_base, j.nslots):
             yield "FAIL", (f"job {j.id}: switch {name} admits slots {base}..{base + n - 1}"
                            f", the file says {j.slot_base}..{j.slot_base + j.nslots - 1}")
         elif epoch == j.epoch:
             yield "ok", f"job {j.id}: admitted on {name}, slots and epoch {epoch} agree"
-        elif epoch > j.epoch:
+        elif epoch_runs_after(epoch, j.epoch) <= EPOCH_CYCLE // 2:
             yield "warn", (f"job {j.id}: switch {name} runs epoch {epoch}, the file says "
                            f"{j.epoch} (a `serve` run advanced it)")
         else:
@@ -254,6 +407,7 @@ def _switch_checks(state, name, sw, ctl):
                 yield "FAIL", (f"worker {m}: switch {name} does not admit job {j.id} rank "
                                f"{rank} from {w.ip}:{w.udp_port} (port {w.switch_port}); "
                                "`spina deploy`")
+        yield from _agent_file_checks(state, name, sw, ctl, j, params, workers)
         need = IP_UDP + wire.packet_len(j.nlanes, j.block_size, j.nlanes)
         mtu = route_mtu(sw.address)
         if mtu is None:
@@ -266,6 +420,7 @@ def _switch_checks(state, name, sw, ctl):
         else:
             yield "FAIL", (f"job {j.id}: {need}-byte packets exceed MTU {mtu[1]} "
                            f"({mtu[0]}): lower nlanes or block_size")
+    yield from _stale_round_checks(name, sw, s, admitted, probe_timeout)
 
 
 def _host_checks(state, probe_timeout: float):
@@ -309,27 +464,31 @@ def _host_checks(state, probe_timeout: float):
 
 def check(config: str, timeout: float = 10.0, probe_timeout: float = 1.0):
     """Yield (level, message) for every check of the deployment in `config`. Read-only: no
-    election id, so it never contests primary with a running controller."""
+    election id, so it never contests primary with a running controller; the one thing it
+    changes is the switch's port_unadmitted count (+1 per switch, the data port's probe)."""
     state = load(config)
     with Controller(state, None, timeout=timeout) as ctl:
         for name, sw in state.switches.items():
-            yield from _switch_checks(state, name, sw, ctl)
+            yield from _switch_checks(state, name, sw, ctl, probe_timeout)
+    yield rendezvous_check(state, min(timeout, 5.0))
     yield from _host_checks(state, probe_timeout)
 
 
 def main(argv=None) -> int:
     ap = cli.ArgumentParser(prog="spina doctor", description=__doc__.split("\n\n", 1)[0]
-                            + ": the switch answers, its pipeline matches the P4Info, every "
-                            "job is admitted with the file's slots and epoch and every worker "
-                            "with its address, every worker address is local or answers ICMP, "
-                            "packets fit the MTU, clocks agree (ICMP timestamps). Exit 1 if a "
-                            "check fails.")
+                            + ": the switch answers, its pipeline matches the P4Info, its data "
+                            "port counts a probe, every job is admitted with the file's slots "
+                            "and epoch and every worker with its address, the agent files "
+                            "match the switch, no round is stale, the rendezvous answers, "
+                            "every worker address is local or answers ICMP, packets fit the "
+                            "MTU, clocks agree (ICMP timestamps). Exit 1 if a check fails.")
     ap.add_argument("-c", "--config", default="spina.yaml", metavar="FILE",
                     help="desired-state YAML (default %(default)s)")
     ap.add_argument("--timeout", type=cli.positive_float, default=10.0,
                     help="seconds to wait for a switch (default %(default)s)")
     ap.add_argument("--probe-timeout", type=cli.positive_float, default=1.0, metavar="SECONDS",
-                    help="seconds to wait for each host's ICMP reply (default %(default)s)")
+                    help="seconds to wait for each host's ICMP reply, the data port's "
+                         "count and a waiting round to move (default %(default)s)")
     spina_log.add_options(ap, level="WARNING")
     args = ap.parse_args(argv)
     spina_log.setup("doctor", args.log_level, args.log_format)

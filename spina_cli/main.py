@@ -41,11 +41,9 @@ def main(argv=None) -> int:
         print(USAGE)
         return 0
     if argv[0] == "--version":
-        from importlib.metadata import PackageNotFoundError, version
-        try:
-            print(f"spina {version('spina')}")
-        except PackageNotFoundError:  # a clone run without `make setup`
-            print("spina (not installed: run make setup)")
+        from spina import version
+        v = version()
+        print(f"spina {v}" if v != "unknown" else "spina (not installed: run make setup)")
         return 0
     cmd, rest = argv[0], argv[1:]
     if cmd == "switch":

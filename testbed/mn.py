@@ -178,12 +178,14 @@ def switch_classes():
                  "--", "--grpc-server-addr", self.grpc_addr, "--priority-queues", "8"],
                 stdout=log, stderr=subprocess.STDOUT)
             log.close()
-            if self.serve_p4runtime:  # the testbed's Controller deploys (and waits for gRPC)
+            from controller.p4rt import wait_listening
+            wait_listening(self.grpc_addr)  # a Connection to a port not listening fails at once
+            if self.serve_p4runtime:  # the testbed's Controller deploys
                 return
             from controller.controller import Controller
             from controller.state import from_l2_config
             state = from_l2_config(self.spina_config, name=self.name, **self.p4runtime_fields())
-            with Controller(state, timeout=20.0) as c:  # waits for the gRPC server
+            with Controller(state, timeout=20.0) as c:
                 c.deploy(agent_files=False)
 
         def p4runtime_fields(self) -> dict:

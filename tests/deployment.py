@@ -11,7 +11,6 @@ Every process started here is stopped by `stop`.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -21,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from controller.controller import Controller
-from controller.p4rt import Connection
+from controller.p4rt import Connection, P4RuntimeError, wait_listening
 from controller.state import load
 from softswitch.udp import UdpSwitch
 from spina.procs import stop_process
@@ -134,15 +133,10 @@ class Deployment:
             self.procs.start(name, "--device-id", str(sw.device_id), "--no-p4", "--thrift-port",
                              str(sw.thrift_port), *self._ports(name), "--", "--grpc-server-addr",
                              sw.grpc, "--priority-queues", "8", program="simple_switch_grpc")
-            host, port = sw.grpc.rsplit(":", 1)
-            deadline = time.monotonic() + 30
-            while True:  # its gRPC server listening
-                try:
-                    socket.create_connection((host, int(port)), 0.5).close()
-                    break
-                except OSError:
-                    assert time.monotonic() < deadline, self.procs.lines[name]
-                    time.sleep(0.1)
+            try:
+                wait_listening(sw.grpc)  # its gRPC server listening
+            except P4RuntimeError as e:
+                raise AssertionError(f"{e}: {self.procs.lines[name]}") from None
         else:
             self.procs.start(name, "-m", "softswitch", "udp", "--host", sw.address, "--port",
                              str(sw.udp_port), "--grpc", sw.grpc)

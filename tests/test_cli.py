@@ -3,6 +3,7 @@
 Run just this file: .venv/bin/python -m pytest tests/test_cli.py
 """
 import io
+import json
 import os
 import subprocess
 import sys
@@ -121,7 +122,7 @@ def _allreduce(cfg, election: int = 1):
     from host_agent import assignment
     agents = [assignment.connect(cfg.parent / "agents" / f"job4-rank{r}.json", timeout=20)
               for r in range(2)]
-    with Controller(load(cfg), election) as ctl, ctl.runs().start():
+    with Controller(load(cfg), election) as ctl, ctl.runs():
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             list(pool.map(lambda a: a.allreduce(np.arange(2000, dtype=np.int32)), agents))
     sent = sum(a.last_stats.packets_sent for a in agents)
@@ -139,7 +140,7 @@ def test_read_only_tools_never_contest_a_running_controller(deployed):
     from controller.state import load
     cfg, _ = deployed
     env = dict(os.environ, PYTHONPATH=ROOT)
-    with Controller(load(cfg), 1) as serving:
+    with Controller(load(cfg), 1) as serving, serving.runs():
         serving.deploy()
         procs = [subprocess.Popen([sys.executable, "-m", *args, "-c", str(cfg), *tail],
                                   cwd=ROOT, env=env, stdout=subprocess.PIPE,
@@ -239,24 +240,90 @@ def test_the_watch_table_fits_100_columns_at_its_largest():
         ["99999", "100k", "1M", "1.23M"]
 
 
+def _doctor(cfg, capsys) -> tuple[int, list[str]]:
+    """(exit status, output lines) of `spina doctor -c cfg`."""
+    rc = doctor.main(["-c", str(cfg)])
+    return rc, capsys.readouterr().out.splitlines()
+
+
 def test_doctor_passes_a_good_deployment_and_names_what_is_wrong(deployed, capsys):
-    """doctor: every check ok on a deployed job (exit 0); a job in the file that the switch
-    does not admit is a failure (exit 1) naming it."""
-    cfg, _ = deployed
-    assert doctor.main(["-c", str(cfg)]) == 0
-    out = capsys.readouterr().out
-    assert "ok   switch s1: pipeline matches the P4Info" in out
-    assert "ok   job 4: admitted on s1, slots and epoch 1 agree" in out
-    assert "FAIL" not in out
+    """doctor beside `serve`'s rendezvous: every check ok on a deployed job (exit 0), the data
+    port counting its probe; then a round rank 1 never joined is a warning naming the slot
+    and rank, an agent file that differs from the switch and a job the switch does not admit
+    fail naming them, and with the rendezvous stopped that fails too (exit 1)."""
+    from controller.controller import Controller
+    from controller.state import load
+    from spina import wire
+    cfg, sw = deployed
     doc = yaml.safe_load(cfg.read_text())
+    with Controller(load(cfg), 1) as ctl, ctl.runs():
+        rc, lines = _doctor(cfg, capsys)
+        assert rc == 0, lines
+        port = f"127.0.0.1:{sw.address[1]}"
+        rdv = doc["rendezvous"]
+        assert [x for x in lines if x.split()[1] in ("switch", "job", "rendezvous")] == [
+            f"ok   switch s1: answers P4Runtime at {doc['switches'][0]['grpc']}",
+            "ok   switch s1: pipeline matches the P4Info",
+            f"ok   switch s1: data port {port} counts a probe (port_unadmitted +1)",
+            "ok   job 4: admitted on s1, slots and epoch 1 agree",
+            "ok   job 4: agent files agents/job4-rank*.json match s1",
+            "ok   job 4: 604-byte packets fit MTU 65536 (lo)",
+            "ok   job 4: no round waits for a worker on s1 (4 slots)",
+            f"ok   rendezvous {rdv}: answers (spina serve starts the jobs' runs)"]
+        assert sw.pipeline.counters["port_unadmitted"][0] == 1  # the probe, nothing else
+        w0 = doc["workers"][0]
+        s = bound_udp_socket(port=w0["udp_port"])  # rank 0 starts round 0 of slot 1 alone
+        s.sendto(wire.pack(wire.Header(job=4, epoch=1, rank=0, slot=1, round=0, nlanes=4,
+                                       block_size=32, length=128), [wire.END] * 4), sw.address)
+        s.close()
+        f = cfg.parent / "agents" / "job4-rank1.json"
+        bad = json.loads(f.read_text())
+        bad["job"]["nslots"] = 8
+        f.write_text(json.dumps(bad))
+        rc, lines = _doctor(cfg, capsys)
+        assert rc == 1
+        assert "warn job 4: 1 of its 4 slots on s1 wait for rank 1 (slot 1 at round 0 first), " \
+               "unchanged for 1 s: a worker stopped mid-call? The job's next run clears " \
+               "them" in lines, "\n".join(lines)
+        assert "FAIL worker w1: job4-rank1.json says nslots 8, s1 has 4 (`spina deploy`)" in lines
     doc["workers"].append({"name": "w9", "ip": "127.0.0.1", "switch_port": 0, "udp_port": 9})
     doc["jobs"].append({"id": 5, "members": ["w9"], "nslots": 2, "slot_base": 4,
                         "block_size": 32, "nlanes": 4})
     cfg.write_text(yaml.safe_dump(doc))
-    assert doctor.main(["-c", str(cfg)]) == 1
-    out = capsys.readouterr().out
-    assert "FAIL job 5: not admitted on switch s1" in out
-    assert "ok   worker w9: 127.0.0.1 is an address of this host" in out
+    rc, lines = _doctor(cfg, capsys)
+    assert rc == 1
+    assert "FAIL job 5: not admitted on switch s1 (`spina deploy`)" in lines
+    assert "ok   worker w9: 127.0.0.1 is an address of this host" in lines
+    assert (f"FAIL rendezvous {rdv}: Connection refused: no `spina serve` answers there "
+            "(agents stop at their first call)") in lines, "\n".join(lines)
+
+
+def test_doctor_fails_a_data_port_that_counts_nothing(deployed, capsys):
+    """A file whose switch UDP port is not the switch's: the probe to it is not counted and
+    doctor fails naming the address (and the agent files naming the other one)."""
+    cfg, sw = deployed
+    doc = yaml.safe_load(cfg.read_text())
+    wrong = free_port()
+    doc["switches"][0]["udp_port"] = wrong
+    cfg.write_text(yaml.safe_dump(doc))
+    rc, lines = _doctor(cfg, capsys)
+    assert rc == 1
+    assert (f"FAIL switch s1: a probe to its data port 127.0.0.1:{wrong} was not counted "
+            "within 1 s (not reachable from here, or not this switch's address and port)"
+            in lines)
+    assert (f"FAIL worker w0: job4-rank0.json says switch 127.0.0.1:{sw.address[1]}, s1 "
+            f"listens on 127.0.0.1:{wrong} (`spina deploy`)") in lines
+
+
+def test_doctor_epoch_comparison_wraps_with_the_16_bit_epoch():
+    """Epochs cycle 1..65535: 1 is a run after 65535, 65535 a run before 1, half a cycle the
+    border between newer and older."""
+    assert doctor.EPOCH_CYCLE == 65535
+    assert doctor.epoch_runs_after(1, 65535) == 1
+    assert doctor.epoch_runs_after(65535, 1) == 65534
+    assert doctor.epoch_runs_after(7, 7) == 0
+    assert doctor.epoch_runs_after(3, 65000) == 538
+    assert doctor.epoch_runs_after(32768, 1) == doctor.EPOCH_CYCLE // 2  # newest still newer
 
 
 def _start_switch_process():
@@ -322,10 +389,39 @@ def test_doctor_probes_workers_and_clocks_through_a_real_switch_process(hosts, t
     clock = [x for x in lines if x.startswith(f"ok   host {net}.1 (w1): clock ")]
     assert len(clock) == 1, out.stdout
     assert abs(int(clock[0].split("clock ")[1].split()[0])) <= 1  # one kernel, whole ms
-    assert sum(x.startswith("FAIL") for x in lines) == 2
+    assert f"ok   switch s1: data port 127.0.0.1:{port} counts a probe (port_unadmitted +1)" \
+        in lines
+    assert any(x.startswith("FAIL rendezvous ") for x in lines)  # no `serve` here
+    assert sum(x.startswith("FAIL") for x in lines) == 3
     assert any(x.startswith(("ok   this host: clock synchronized",
                              "warn this host: the kernel says the clock is not synchronized"))
                for x in lines)
+
+
+def test_a_stopped_switch_is_one_line_naming_its_address(tmp_path):
+    """spina status, deploy and doctor against a P4Runtime port nobody listens on (a stopped
+    switch; --timeout 30): the refusal named with the address, not a 30 s wait: status and
+    deploy exit 2 with one line, doctor's first line is the switch's FAIL and it exits 1."""
+    grpc = f"127.0.0.1:{free_port()}"
+    cfg = tmp_path / "spina.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "switches": [{"name": "s1", "target": "softswitch", "grpc": grpc,
+                      "address": "127.0.0.1", "udp_port": 47000}],
+        "workers": [{"name": "w0", "ip": "127.0.0.1", "switch_port": 0, "udp_port": 41000}],
+        "jobs": [{"id": 1, "members": ["w0"], "nslots": 2, "slot_base": 0}],
+        "agents_dir": str(tmp_path / "agents")}))
+    said = f"no P4Runtime server at {grpc}: Connection refused (is the switch running?)"
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    for cmd in ("status", "deploy"):
+        out = subprocess.run([sys.executable, "-m", "spina_cli", cmd, "-c", str(cfg),
+                              "--timeout", "30"], capture_output=True, text=True, timeout=120,
+                             cwd=ROOT, env=env)
+        assert (out.returncode, out.stderr) == (2, f"spina: error: {said}\n"), cmd
+    out = subprocess.run([sys.executable, "-m", "spina_cli", "doctor", "-c", str(cfg),
+                          "--timeout", "30"], capture_output=True, text=True, timeout=120,
+                         cwd=ROOT, env=env)
+    assert out.returncode == 1
+    assert out.stdout.splitlines()[0] == f"FAIL switch s1: {said}"
 
 
 def test_clock_offset_from_icmp_timestamps():
@@ -348,7 +444,8 @@ def test_doctor_reports_a_host_that_does_not_answer_by_worker_name(tmp_path):
         "jobs": [{"id": 1, "members": ["far"], "nslots": 2, "slot_base": 0}]}))
     lines = [f"{level} {msg}" for level, msg in doctor.check(str(cfg), timeout=1,
                                                               probe_timeout=0.3)]
-    assert lines[0].startswith("FAIL switch s1: no answer at 127.0.0.1:1")
+    assert lines[0] == ("FAIL switch s1: no P4Runtime server at 127.0.0.1:1: Connection "
+                        "refused (is the switch running?)")
     far = [x for x in lines if "worker far" in x]
     assert far in (["FAIL worker far: no route to 203.0.113.9"],
                    ["FAIL worker far: 203.0.113.9 does not answer ICMP from here "

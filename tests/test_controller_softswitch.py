@@ -293,3 +293,40 @@ def test_watch_restores_a_restarted_switch(switch_process, tmp_path):
     finally:
         watch.terminate()
         watch.wait(10)
+
+
+def test_refused_connection_fails_at_once_naming_the_address():
+    """A Connection to a port nobody listens on raises P4RuntimeError naming the address and
+    the refusal (not gRPC's "within 30 s" after retrying); wait_listening, given 0.2 s,
+    names the address and the refusal too."""
+    addr = f"127.0.0.1:{free_port()}"
+    with pytest.raises(P4RuntimeError) as e:
+        Connection(addr, election=None, timeout=30)
+    assert str(e.value) == f"no P4Runtime server at {addr}: Connection refused (is the " \
+                           "switch running?)"
+    from controller.p4rt import wait_listening
+    with pytest.raises(P4RuntimeError) as e:
+        wait_listening(addr, 0.2)
+    assert str(e.value) == (f"no P4Runtime server listening at {addr} within 0.2 s "
+                            "(Connection refused)")
+
+
+def test_wait_listening_then_connect_to_a_server_still_starting():
+    """A server whose port opens 0.5 s after the caller starts waiting: wait_listening returns
+    once it listens and the Connection that follows reads its (empty) pipeline."""
+    import threading
+
+    from controller.p4rt import wait_listening
+    addr = f"127.0.0.1:{free_port()}"
+    servers = []
+    starter = threading.Timer(0.5, lambda: servers.append(
+        P4RuntimeServer(Dataplane(), addr).start()))
+    starter.start()
+    try:
+        wait_listening(addr, 30)
+        with Connection(addr, election=None, timeout=10) as c:
+            assert c.get_pipeline() is None
+    finally:
+        starter.join()
+        for s in servers:
+            s.stop()

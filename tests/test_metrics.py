@@ -3,8 +3,10 @@ traffic, and let a real Prometheus server (Debian's `prometheus`) scrape a runni
 
 Run just this file: .venv/bin/python -m pytest tests/test_metrics.py
 """
+import contextlib
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -119,13 +121,44 @@ def _start(cmd, want: str, timeout: float = 60.0):
     raise AssertionError(f"{cmd[:4]}: no {want!r} line; stderr: {proc.stderr.read()[-2000:]}")
 
 
-def test_real_prometheus_scrapes_a_running_switch(tmp_path):
-    """A Prometheus server started on loopback scrapes `python -m softswitch udp --metrics`
-    and answers a PromQL query with the number of contributions the workers sent."""
+def prometheus_query(tmp_path, config: dict, want: dict[str, dict]) -> dict[str, dict]:
+    """Run a Prometheus server on loopback with `config` (prometheus.yml's content) until
+    each query of `want` answers its value ({tuple of the result's label values: value}) or
+    90 s pass; the last answers. Skips, saying why, without Debian's prometheus."""
     prom = shutil.which("prometheus")
     if prom is None:
         pytest.skip("prometheus is not on PATH (Debian: apt-get install prometheus; "
                     "scripts/setup.sh installs it as root)")
+    web = f"127.0.0.1:{free_port()}"
+    cfg = tmp_path / "prometheus.yml"
+    cfg.write_text(json.dumps(config))  # JSON is YAML
+    server = subprocess.Popen([prom, f"--config.file={cfg}", f"--web.listen-address={web}",
+                               f"--storage.tsdb.path={tmp_path / 'data'}"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    got: dict[str, dict] = {}
+    deadline = time.time() + 90
+    try:
+        while time.time() < deadline and got != want:
+            for query in want:
+                try:
+                    ans = json.load(urllib.request.urlopen(
+                        f"http://{web}/api/v1/query?query={urllib.parse.quote(query)}",
+                        timeout=5))
+                except OSError:
+                    break  # not listening yet
+                got[query] = {tuple(r["metric"].values()): float(r["value"][1])
+                              for r in ans["data"]["result"]}
+            time.sleep(0.5)
+    finally:
+        assert stop_process(server, 20) == 0, server.stderr.read()[-2000:]
+    return got
+
+
+def test_real_prometheus_scrapes_a_running_switch(tmp_path):
+    """A Prometheus server started on loopback scrapes `python -m softswitch udp --metrics`
+    and answers a PromQL query with the number of contributions the workers sent."""
+    if shutil.which("prometheus") is None:
+        prometheus_query(tmp_path, {}, {})  # skips, saying why, before any process
     socks = [bound_udp_socket() for _ in range(2)]
     job = JobConfig(job=3, workers=tuple(WorkerAddr(r, *s.getsockname())
                                          for r, s in enumerate(socks)), block_size=16, nlanes=4)
@@ -145,30 +178,11 @@ def test_real_prometheus_scrapes_a_running_switch(tmp_path):
         sent = sum(a.last_stats.packets_sent for a in agents)
         for a in agents:
             a.close()
-        web = f"127.0.0.1:{free_port()}"
-        cfg = tmp_path / "prometheus.yml"
-        cfg.write_text("global: {scrape_interval: 1s}\nscrape_configs:\n"
-                       f"  - job_name: spina\n    static_configs: [{{targets: ['{target}']}}]\n")
-        server = subprocess.Popen([prom, f"--config.file={cfg}", f"--web.listen-address={web}",
-                                   f"--storage.tsdb.path={tmp_path / 'data'}"],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        try:
-            query = urllib.parse.quote('sum(spina_job_packets_received_total{job_id="3"})')
-            got, deadline = None, time.time() + 90
-            while time.time() < deadline:
-                try:
-                    ans = json.load(urllib.request.urlopen(
-                        f"http://{web}/api/v1/query?query={query}", timeout=5))
-                    if ans["data"]["result"]:
-                        got = float(ans["data"]["result"][0]["value"][1])
-                        if got == sent:
-                            break
-                except OSError:
-                    pass  # not listening yet
-                time.sleep(0.5)
-            assert got == sent, f"Prometheus answered {got}, the workers sent {sent}"
-        finally:
-            assert stop_process(server, 20) == 0, server.stderr.read()[-2000:]
+        config = {"global": {"scrape_interval": "1s"}, "scrape_configs": [
+            {"job_name": "spina", "static_configs": [{"targets": [target]}]}]}
+        query = 'sum(spina_job_packets_received_total{job_id="3"})'
+        got = prometheus_query(tmp_path, config, {query: {(): sent}})
+        assert got == {query: {(): sent}}, f"Prometheus answered {got}, the workers sent {sent}"
     finally:
         stop_process(sw)
 
@@ -225,9 +239,12 @@ def test_daemon_scrape_counts_calls_packets_and_resends(tmp_path):
             t.join(10)
 
 
-def test_controller_exports_p4_counters_polled_over_p4runtime(tmp_path):
-    """The controller's endpoint reports the P4 counters it reads over P4Runtime from a
-    software switch after a deployed job's all-reduce: the same values the switch holds."""
+@contextlib.contextmanager
+def _deployed_job(tmp_path, switch_metrics: bool = False, **collector):
+    """A software switch with a P4Runtime server (and its own endpoint if `switch_metrics`),
+    a controller deployed as `serve` does with its endpoint (ControllerCollector options
+    `collector`), and one all-reduce of job 4 by 2 ranks done. Yields (switch, controller
+    endpoint, switch endpoint or None, packets the ranks sent); stops all of them."""
     import yaml
 
     from controller.controller import Controller
@@ -235,7 +252,6 @@ def test_controller_exports_p4_counters_polled_over_p4runtime(tmp_path):
     from controller.state import load
     from host_agent import assignment
     from softswitch.p4runtime_server import P4RuntimeServer
-    from softswitch.udp import UdpSwitch
     sw = UdpSwitch("127.0.0.1", 0).start()
     srv = P4RuntimeServer(sw.dataplane, "127.0.0.1:0", servicer=sw.servicer()).start()
     cfg = tmp_path / "spina.yaml"
@@ -247,10 +263,11 @@ def test_controller_exports_p4_counters_polled_over_p4runtime(tmp_path):
         "jobs": [{"id": 4, "members": ["w0", "w1"], "nslots": 4, "slot_base": 0,
                   "block_size": 32, "nlanes": 4}],
         "agents_dir": "agents", "rendezvous": f"127.0.0.1:{free_port()}"}))
+    swm = serve_metrics(sw.pipeline, sw, "127.0.0.1:0") if switch_metrics else None
     try:
-        with Controller(load(cfg), 1, timeout=20) as ctl, ctl.runs().start():  # as `serve`
+        with Controller(load(cfg), 1, timeout=20) as ctl, ctl.runs():  # as `serve`
             ctl.deploy()
-            server = serve_controller_metrics(ctl, "127.0.0.1:0")
+            server = serve_controller_metrics(ctl, "127.0.0.1:0", **collector)
             try:
                 agents = [assignment.connect(tmp_path / "agents" / f"job4-rank{r}.json",
                                              timeout=20) for r in range(2)]
@@ -260,9 +277,21 @@ def test_controller_exports_p4_counters_polled_over_p4runtime(tmp_path):
                 sent = sum(a.last_stats.packets_sent for a in agents)
                 for a in agents:
                     a.close()
-                m = scrape(server.url)
+                yield sw, server, swm, sent
             finally:
                 server.stop()
+    finally:
+        if swm is not None:
+            swm.stop()
+        srv.stop()
+        sw.stop()
+
+
+def test_controller_exports_p4_counters_polled_over_p4runtime(tmp_path):
+    """Told to poll a software switch too, the controller's endpoint reports the P4 counters
+    it reads over P4Runtime after a deployed job's all-reduce: the values the switch holds."""
+    with _deployed_job(tmp_path, poll=lambda sw: True) as (sw, server, _, sent):
+        m = scrape(server.url)
         lab = (("job_id", "4"), ("switch", "s1"))
         assert m[("spina_job_packets_received_total", lab)] == sent
         assert m[("spina_job_results_total", lab)] == sw.pipeline.job_counters(4)["job_results"] > 0
@@ -270,9 +299,66 @@ def test_controller_exports_p4_counters_polled_over_p4runtime(tmp_path):
                                              ("switch", "s1")))] == 0
         assert m[("spina_controller_switch_up", (("switch", "s1"),))] == 1
         assert m[("spina_job_slots", lab)] == 4
-    finally:
-        srv.stop()
-        sw.stop()
+
+
+def documented_scrape_config() -> dict:
+    """The scrape config docs/operations.md gives, parsed."""
+    import re
+
+    import yaml
+    docs = open(os.path.join(ROOT, "docs", "operations.md")).read()
+    block = re.search(r"```yaml\n(scrape_configs:.*?)```", docs, re.S).group(1)
+    return yaml.safe_load(block)
+
+
+def scrape_as_prometheus(config: dict, urls: dict[str, str]) -> list[tuple[str, dict, float]]:
+    """Every sample of every target of `config` as Prometheus stores it: (name, labels, value)
+    with the target's `job`, `instance` and static labels added (a scraped label of the same
+    name becomes exported_NAME, as with honor_labels: false). `urls` maps a documented target
+    to the endpoint standing in for it; targets not in it are not running."""
+    out = []
+    for job in config["scrape_configs"]:
+        for group in job["static_configs"]:
+            for target in group["targets"]:
+                if target not in urls:
+                    continue
+                text = urllib.request.urlopen(urls[target], timeout=10).read().decode()
+                add = {"job": job["job_name"], "instance": target, **group.get("labels", {})}
+                for fam in text_string_to_metric_families(text):
+                    for smp in fam.samples:
+                        labels = {("exported_" + k if k in add else k): v
+                                  for k, v in smp.labels.items()}
+                        out.append((smp.name, {**labels, **add}, smp.value))
+    return out
+
+
+def test_documented_scrape_of_switch_and_controller_counts_each_packet_once(tmp_path):
+    """Switch and controller scraped as docs/operations.md's config says: sum by (switch) of
+    spina_job_packets_received_total{job_id="4"} over every series is {s1: the switch's own
+    count}, each endpoint has spina_build_info and process_max_fds exactly."""
+    import resource
+
+    from spina import version
+    cfg = documented_scrape_config()
+    targets = [t for g in cfg["scrape_configs"][0]["static_configs"] for t in g["targets"]]
+    assert targets == ["127.0.0.1:9100", "127.0.0.1:9101", "127.0.0.1:9102"]
+    with _deployed_job(tmp_path, switch_metrics=True) as (sw, server, swm, sent):
+        series = scrape_as_prometheus(cfg, {"127.0.0.1:9100": swm.url,
+                                            "127.0.0.1:9102": server.url})
+        own = sw.pipeline.job_counters(4)
+    sums: dict[str, float] = {}
+    for name, labels, value in series:
+        if name == "spina_job_packets_received_total" and labels["job_id"] == "4":
+            sums[labels.get("switch")] = sums.get(labels.get("switch"), 0) + value
+    assert own["job_received"] == sent > 0
+    assert sums == {"s1": sent}
+    up = [(lab, v) for n, lab, v in series if n == "spina_controller_switch_up"]
+    assert up == [({"switch": "s1", "job": "spina", "instance": "127.0.0.1:9102"}, 1.0)]
+    for target in ("127.0.0.1:9100", "127.0.0.1:9102"):
+        mine = {n: (lab, v) for n, lab, v in series if lab["instance"] == target}
+        lab, v = mine["spina_build_info"]
+        assert (lab["version"], lab["python"], v) == (version(), platform.python_version(), 1)
+        assert mine["process_max_fds"][1] == resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
 def test_controller_metrics_only_with_long_running_commands(tmp_path):
@@ -306,3 +392,132 @@ def test_dashboard_and_docs_name_only_exported_metrics():
         base = re.sub(r"_(bucket|count|sum)$", "", name)
         assert base in docs or base.replace("_total", "") in docs or \
             re.sub(r"_(received|sent)_total$", "", base) in docs, name
+
+
+PROMTOOL = shutil.which("promtool")
+NO_PROMTOOL = ("promtool is not on PATH (Debian's prometheus package has it: scripts/setup.sh "
+               "installs it as root)")
+ALERT_TESTS = """
+rule_files: [{rules}]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      # job 1: results stop after minute 3 while contributions keep arriving; job 2 healthy
+      - series: 'spina_job_packets_received_total{{job_id="1", switch="s1"}}'
+        values: '0+60x12'
+      - series: 'spina_job_results_total{{job_id="1", switch="s1"}}'
+        values: '0+60x3 180x9'
+      - series: 'spina_job_packets_received_total{{job_id="2", switch="s1"}}'
+        values: '0+60x12'
+      - series: 'spina_job_results_total{{job_id="2", switch="s1"}}'
+        values: '0+60x12'
+      # job 1 resends 2 of 100 packets, job 2 none
+      - series: 'spina_agent_resends_total{{job_id="1", rank="0"}}'
+        values: '0+120x12'
+      - series: 'spina_agent_packets_sent_total{{job_id="1", rank="0"}}'
+        values: '0+6000x12'
+      - series: 'spina_agent_resends_total{{job_id="2", rank="0"}}'
+        values: '0x12'
+      - series: 'spina_agent_packets_sent_total{{job_id="2", rank="0"}}'
+        values: '0+6000x12'
+      # s2's endpoint stops answering at minute 5; the controller reads s3 until minute 8
+      - series: 'up{{job="spina", instance="127.0.0.1:9100", switch="s2"}}'
+        values: '1x4 0x8'
+      - series: 'up{{job="spina", instance="127.0.0.1:9101"}}'
+        values: '0x12'
+      - series: 'spina_controller_switch_up{{job="spina", instance="127.0.0.1:9102", switch="s3"}}'
+        values: '1x7 0x5'
+    alert_rule_test:
+      - {{eval_time: 4m, alertname: SpinaJobRoundsStalled, exp_alerts: []}}
+      - eval_time: 8m
+        alertname: SpinaJobRoundsStalled
+        exp_alerts:
+          - exp_labels: {{severity: critical, job_id: "1"}}
+            exp_annotations:
+              summary: "job 1: contributions arrive, no round completes"
+      - {{eval_time: 4m, alertname: SpinaResendsRising, exp_alerts: []}}
+      - eval_time: 10m
+        alertname: SpinaResendsRising
+        exp_alerts:
+          - exp_labels: {{severity: warning, job_id: "1"}}
+            exp_annotations:
+              summary: "job 1: 2 resends/s, over 1% of packets"
+      - {{eval_time: 5m, alertname: SpinaSwitchDown, exp_alerts: []}}
+      - eval_time: 9m
+        alertname: SpinaSwitchDown
+        exp_alerts:
+          - exp_labels: {{severity: critical, job: spina, instance: "127.0.0.1:9100",
+                         switch: s2}}
+            exp_annotations:
+              summary: "switch s2 does not answer (127.0.0.1:9100)"
+          - exp_labels: {{severity: critical, job: spina, instance: "127.0.0.1:9102",
+                         switch: s3}}
+            exp_annotations:
+              summary: "switch s3 does not answer (127.0.0.1:9102)"
+"""
+
+
+def test_real_prometheus_with_the_documented_config_sums_each_packet_once(tmp_path):
+    """A Prometheus server scraping switch and controller with docs/operations.md's config
+    (targets moved to the endpoints' ports) answers sum by (switch) of the job's admitted
+    contributions with {s1: the switch's own count}, and both targets are up."""
+    if shutil.which("prometheus") is None:
+        prometheus_query(tmp_path, {}, {})  # skips, saying why, before any process
+    cfg = documented_scrape_config()
+    with _deployed_job(tmp_path, switch_metrics=True) as (sw, server, swm, sent):
+        moved = {"127.0.0.1:9100": "%s:%d" % swm.address[:2],
+                 "127.0.0.1:9102": "%s:%d" % server.address[:2]}
+        for group in cfg["scrape_configs"][0]["static_configs"]:
+            group["targets"] = [moved[t] for t in group["targets"] if t in moved]
+        cfg["global"] = {"scrape_interval": "1s"}
+        own = sw.pipeline.job_counters(4)["job_received"]
+        assert own == sent > 0
+        want = {'sum by (switch) (spina_job_packets_received_total{job_id="4"})': {("s1",): own},
+                "sum(up)": {(): 2.0}}
+        got = prometheus_query(tmp_path, cfg, want)
+        assert got == want, f"Prometheus answered {got}, the switch counted {own}"
+
+
+def test_alert_rules_pass_promtool_and_fire_on_the_series_they_describe(tmp_path):
+    """docs/spina-alerts.yml passes `promtool check rules` (3 rules), and `promtool test
+    rules` fires each alert for exactly the job or switch whose series go wrong."""
+    if PROMTOOL is None:
+        pytest.skip(NO_PROMTOOL)
+    rules = os.path.join(ROOT, "docs", "spina-alerts.yml")
+    r = subprocess.run([PROMTOOL, "check", "rules", rules], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and "SUCCESS: 3 rules found" in r.stdout, r.stdout + r.stderr
+    tests = tmp_path / "alerts_test.yml"
+    tests.write_text(ALERT_TESTS.format(rules=rules))
+    r = subprocess.run([PROMTOOL, "test", "rules", str(tests)], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr
+
+
+def test_dashboard_queries_parse_and_filter_on_its_variables(tmp_path):
+    """Every query of docs/grafana-spina.json parses as PromQL (promtool, as recording rules),
+    every series it selects filters on $instance, those with a job_id on $job_id, and both
+    variables are defined."""
+    import re
+    dash = json.load(open(os.path.join(ROOT, "docs", "grafana-spina.json")))
+    assert [v["name"] for v in dash["templating"]["list"]] == ["instance", "job_id"]
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    for e in exprs:
+        for name, sel in re.findall(r"\b((?:spina|process)_\w+)(\{[^}]*\})?", e):
+            if name == "spina_build_info":  # the join's right side: one series per process
+                continue
+            assert 'instance=~"$instance"' in sel, (name, e)
+            if name.startswith(("spina_job_", "spina_agent_")):
+                assert 'job_id=~"$job_id"' in sel, (name, e)
+    if PROMTOOL is None:
+        pytest.skip(NO_PROMTOOL + "; the filters were checked, the PromQL was not parsed")
+    rules = {"groups": [{"name": "dashboard", "rules": [
+        {"record": f"dashboard:q{i}", "expr": e.replace("$instance", ".*")
+         .replace("$job_id", ".*")} for i, e in enumerate(exprs)]}]}
+    f = tmp_path / "dashboard_rules.yml"
+    f.write_text(json.dumps(rules))  # JSON is YAML
+    r = subprocess.run([PROMTOOL, "check", "rules", str(f)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and f"SUCCESS: {len(exprs)} rules found" in r.stdout, \
+        r.stdout + r.stderr
