@@ -554,6 +554,8 @@ class Agent:
         if sys.platform.startswith("linux"):  # report a closed switch port (ICMP) on the socket
             sock.setsockopt(socket.IPPROTO_IP, _IP_RECVERR, 1)
         self._refused_since: float | None = None  # the switch's port refuses since (this call)
+        # serve_metrics: this agent's Prometheus metrics (host_agent/metrics.py), counted per call
+        self.metrics = self._metrics_server = None
         # the last round used per slot (persists across calls)
         self.rounds = np.zeros(job.nslots, np.int64)
         self.call_id = 0
@@ -656,10 +658,24 @@ class Agent:
                 1, thread_name_prefix="spina-agent")
         return self._executor.submit(self.allreduce, x, inplace, blocks, layer)
 
+    def serve_metrics(self, address: str):
+        """Serve this agent's Prometheus metrics (host_agent/metrics.py: calls, packets,
+        bytes, resends, latency, labelled job_id and rank) at http://[HOST:]PORT/metrics until
+        close(); returns the spina.metrics.MetricsServer."""
+        from host_agent.metrics import AgentMetrics
+        metrics = AgentMetrics()
+        metrics.agents.set(1)
+        self._metrics_server = metrics.serve(address)
+        self.metrics = metrics
+        return self._metrics_server
+
     def close(self) -> None:
         if self._executor is not None:
             self._executor.shutdown(wait=True)
         self.sock.close()
+        if self._metrics_server is not None:
+            self._metrics_server.stop()
+            self._metrics_server = None
 
     def __enter__(self):
         return self
@@ -691,6 +707,7 @@ class Agent:
         every = 0.001 if self.job.bounded_loss else min(MIN_RTO, self.rtt.min_rto)
         rec = call.recovery
         job = self.job
+        ok = False  # the call returned its sums (for the metrics)
         try:
             for st in call.slots:  # setup round of every slot
                 call.send_setup(st)
@@ -737,10 +754,14 @@ class Agent:
                     wait = call.resend_due(False, tick, self.timeout, self.switch)
                     self._flush(call)
                     next_check = time.monotonic() + min(wait, every)
+            ok = True
         finally:
             sock.settimeout(tick)
-            self.last_stats = call.finish(time.perf_counter() - t0)  # also for a failed call
+            seconds = time.perf_counter() - t0
+            self.last_stats = call.finish(seconds)  # also for a failed call
             self.foreign_packets += call.stats.foreign_packets
+            if self.metrics is not None:
+                self.metrics.call_done(job.job, self.rank, self.last_stats, seconds, ok)
         self.rtt.call_done(rec.spurious_timeouts, rec.spurious_fast)
         return call.out
 

@@ -11,7 +11,13 @@ from spina.config import Assignment
 
 
 def connect(path, **agent_kwargs):
-    """A host agent for the assignment in `path` (keyword arguments go to Agent)."""
+    """A host agent for the assignment in `path` (keyword arguments go to Agent); with
+    `$SPINA_METRICS` set it serves its metrics (host_agent/metrics.py)."""
     from host_agent.agent import Agent
+    from host_agent.metrics import env_address
     a = Assignment.load(path)
-    return Agent(a.job, a.rank, a.switch, rendezvous=a.rendezvous, **agent_kwargs)
+    where = env_address()
+    agent = Agent(a.job, a.rank, a.switch, rendezvous=a.rendezvous, **agent_kwargs)
+    if where is not None:  # $SPINA_METRICS
+        agent.serve_metrics(where)
+    return agent

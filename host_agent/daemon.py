@@ -51,7 +51,7 @@ import numpy as np
 
 from host_agent import dlcp
 from host_agent.agent import Agent, CallStats, SpinaError
-from host_agent.metrics import DaemonMetrics
+from host_agent.metrics import AgentMetrics
 from host_agent.recovery import MIN_RTO
 from spina import cli, log as spina_log
 from spina.config import (
@@ -267,7 +267,7 @@ class Daemon:
         self.calls_in_progress = 0
         self.calls_done = 0
         self.clients_lost = 0
-        self.metrics = DaemonMetrics()
+        self.metrics = AgentMetrics()
         self.metrics.agents.set_function(lambda: len(self._slots))
         self.metrics.in_progress.set_function(lambda: self.calls_in_progress)
         if os.path.exists(cfg.socket):

@@ -1,4 +1,7 @@
-"""The host agent daemon's Prometheus metrics (`--metrics [HOST:]PORT` or config `metrics`).
+"""The host agents' Prometheus metrics: the daemon's (`--metrics [HOST:]PORT` or config
+`metrics`) and an in-process agent's (the DDP hook's, `assignment.connect`'s: `Agent.serve_metrics`,
+or `$SPINA_METRICS=[HOST:]PORT` for every agent `agent_from_env` and `connect` make; under
+torchrun each process serves at PORT + `$LOCAL_RANK`, so the ranks of one host do not clash).
 
 Updated once per call from the agent's CallStats (never per packet). Labels: job_id, rank.
 
@@ -21,7 +24,11 @@ Updated once per call from the agent's CallStats (never per packet). Labels: job
 """
 from __future__ import annotations
 
-from spina.metrics import MetricsServer
+import os
+
+from spina.metrics import MetricsServer, parse_address
+
+METRICS_ENV = "SPINA_METRICS"  # [HOST:]PORT: in-process agents serve their metrics there
 
 # CallStats field -> (metric name without _total, documentation)
 _PER_CALL = {
@@ -50,8 +57,9 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
                    5.0, 10.0, 30.0)
 
 
-class DaemonMetrics:
-    """One daemon's metrics, in a registry of its own (two daemons in one process stay apart)."""
+class AgentMetrics:
+    """One daemon's or one in-process agent's metrics, in a registry of its own (two in one
+    process stay apart)."""
 
     def __init__(self):
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -83,3 +91,22 @@ class DaemonMetrics:
 
     def serve(self, address: str) -> MetricsServer:
         return MetricsServer(self.registry, address)
+
+
+def env_address() -> str | None:
+    """Where `$SPINA_METRICS` says this process's agent serves its metrics: HOST:PORT with
+    `$LOCAL_RANK` (torchrun's; 0 if unset) added to the port; None when it is unset. A bad
+    value is a ConfigError naming the variable."""
+    from spina.config import ConfigError
+    text = os.environ.get(METRICS_ENV)
+    if not text:
+        return None
+    try:
+        host, port = parse_address(text)
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+    except ValueError as e:
+        raise ConfigError(f"${METRICS_ENV}: {e}") from None
+    if not 0 < port + local < 1 << 16:
+        raise ConfigError(f"${METRICS_ENV}: port {port} + LOCAL_RANK {local} is not a TCP port")
+    return f"{host}:{port + local}"
+

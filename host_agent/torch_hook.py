@@ -331,7 +331,9 @@ def agent_from_env(job_file: str | None = None, rank: int | None = None, wait: f
 
     Raises:
         ConfigError: no job file given, the file never appeared, its worker count differs
-            from torchrun's `$WORLD_SIZE`, or `$SPINA_TIMEOUT` is not a positive number.
+            from torchrun's `$WORLD_SIZE`, or `$SPINA_TIMEOUT` is not a positive number, or
+            `$SPINA_METRICS` (an in-process agent's metrics at [HOST:]PORT + `$LOCAL_RANK`,
+            host_agent/metrics.py) is not an address.
 
     Example:
         >>> agent = agent_from_env("/tmp/spina-job.json")  # doctest: +SKIP
@@ -376,7 +378,12 @@ def agent_from_env(job_file: str | None = None, rank: int | None = None, wait: f
         job = dlcp.with_policy(jf.job, **overrides)
     except ConfigError as e:
         raise ConfigError(f"agent_from_env: {e}") from None
-    return Agent(job, rank, jf.switch, timeout=timeout, rto=rto, rendezvous=jf.rendezvous)
+    from host_agent.metrics import env_address
+    where = env_address()
+    agent = Agent(job, rank, jf.switch, timeout=timeout, rto=rto, rendezvous=jf.rendezvous)
+    if where is not None:  # $SPINA_METRICS: this process's agent serves its metrics
+        agent.serve_metrics(where)
+    return agent
 
 
 def timeout_from_env() -> float:

@@ -444,8 +444,8 @@ def test_stats_and_metrics_report_the_loss():
     """The daemon's counters add each call's blocks lost, partial rounds and tolerant packets."""
     import prometheus_client  # noqa: F401  (installed by make setup)
 
-    from host_agent.metrics import DaemonMetrics
-    m = DaemonMetrics()
+    from host_agent.metrics import AgentMetrics
+    m = AgentMetrics()
     m.call_done(4, 1, CallStats(blocks_lost=6, partial_rounds=3, loss_tolerant_packets=5), 0.1,
                 True)
     m.call_done(4, 1, CallStats(blocks_lost=2, partial_rounds=1), 0.1, True)

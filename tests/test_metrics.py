@@ -239,6 +239,55 @@ def test_daemon_scrape_counts_calls_packets_and_resends(tmp_path):
             t.join(10)
 
 
+def test_an_in_process_agent_serves_its_metrics(tmp_path, monkeypatch):
+    """$SPINA_METRICS makes every agent assignment.connect builds serve its metrics at the
+    port plus $LOCAL_RANK: two calls of rank 1 counted (ok, packets as its stats say, latency
+    count), process_* and build_info served; the endpoint stops with the agent; a bad value
+    is refused naming the variable."""
+    import concurrent.futures
+
+    from host_agent import assignment
+    from host_agent.launch import local_job
+    from host_agent.metrics import env_address
+    from spina.config import Assignment, ConfigError, write_if_changed
+    job = local_job(2)
+    base = free_port()
+    with UdpSwitch(port=0) as sw:
+        sw.add_job(job)
+        for r in range(2):
+            write_if_changed(tmp_path / f"rank{r}.json",
+                             Assignment(job, r, sw.address).to_dict())
+        monkeypatch.setenv("SPINA_METRICS", f"127.0.0.1:{base - 1}")
+        monkeypatch.setenv("LOCAL_RANK", "1")
+        a1 = assignment.connect(tmp_path / "rank1.json", timeout=20)
+        monkeypatch.delenv("SPINA_METRICS")
+        a0 = assignment.connect(tmp_path / "rank0.json", timeout=20)
+        assert a0.metrics is None and a1.metrics is not None
+        x = np.arange(5000, dtype=np.int32)
+        sent = 0
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            for _ in range(2):
+                list(pool.map(lambda a: a.allreduce(x), (a0, a1)))
+                sent += a1.last_stats.packets_sent
+        url = f"http://127.0.0.1:{base}/metrics"
+        m = scrape(url)
+        lab = (("job_id", str(job.job)), ("rank", "1"))
+        assert m[("spina_agent_calls_total", lab[:1] + (("outcome", "ok"), lab[1]))] == 2
+        assert m[("spina_agent_packets_sent_total", lab)] == sent
+        assert m[("spina_agent_elements_total", lab)] == 2 * len(x)
+        assert m[("spina_agent_call_duration_seconds_count", lab[:1])] == 2
+        assert any(name == "process_cpu_seconds_total" for name, _ in m)
+        assert any(name == "spina_build_info" for name, _ in m)
+        a0.close()
+        a1.close()
+    with pytest.raises(OSError):
+        urllib.request.urlopen(url, timeout=2)  # stopped with its agent
+    for bad in ("0.0.0.0:9100", "nine", "127.0.0.1:65535"):
+        monkeypatch.setenv("SPINA_METRICS", bad)
+        with pytest.raises(ConfigError, match=r"^\$SPINA_METRICS: "):
+            env_address()
+
+
 @contextlib.contextmanager
 def _deployed_job(tmp_path, switch_metrics: bool = False, **collector):
     """A software switch with a P4Runtime server (and its own endpoint if `switch_metrics`),
@@ -379,7 +428,7 @@ def test_dashboard_and_docs_name_only_exported_metrics():
     family the exporters define is documented there."""
     import re
 
-    from host_agent.metrics import DaemonMetrics
+    from host_agent.metrics import AgentMetrics
     from spina.metrics import JOB_FAMILIES, PORT_FAMILIES
     docs = open(os.path.join(ROOT, "docs", "operations.md")).read()
     dash = json.load(open(os.path.join(ROOT, "docs", "grafana-spina.json")))
@@ -387,7 +436,7 @@ def test_dashboard_and_docs_name_only_exported_metrics():
             for n in re.findall(r"spina_\w+", t["expr"])}
     exported = {n + "_total" for n, _, _ in (*JOB_FAMILIES.values(), *PORT_FAMILIES.values())}
     exported |= {f.name + ("_total" if f.type == "counter" else "")
-                 for f in DaemonMetrics().registry.collect()}
+                 for f in AgentMetrics().registry.collect()}
     for name in used | exported:
         base = re.sub(r"_(bucket|count|sum)$", "", name)
         assert base in docs or base.replace("_total", "") in docs or \
