@@ -18,7 +18,7 @@ from typing import Callable
 from p4.v1 import p4runtime_pb2 as pb
 
 from controller import controls
-from controller.p4rt import Connection, NotPrimaryError, P4RuntimeError
+from controller.p4rt import Connection, NotPrimaryError, P4RuntimeError, wait_listening
 from controller.registers import RegisterAdapter, adapter_for
 from controller.state import DesiredState, Switch, from_l2_config
 from spina import spec
@@ -324,11 +324,16 @@ class Controller:
                 reports.append(self.session(name).apply(self.state))
             except NotPrimaryError:
                 raise  # another controller writes: never fight it
-            except (P4RuntimeError, OSError) as e:
-                # The switch restarted since this session was opened (its stream is gone): a
-                # new session, which restores the switch's whole state with the run's epoch.
+            except (P4RuntimeError, OSError, ValueError) as e:
+                # The switch restarted since this session was opened (its stream is gone, or
+                # its channel closed; ValueError is gRPC's closed channel), or is restarting
+                # (refused): once its port listens, a new session, which restores the switch's
+                # whole state with the run's epoch.
                 log.info("switch %s: %s; reconnecting", name, e)
-                self.sessions.pop(name).close()
+                old = self.sessions.pop(name, None)
+                if old is not None:
+                    old.close()
+                wait_listening(self.state.switches[name].grpc, self.timeout)
                 reports.append(self.session(name).apply(self.state))
         return reports
 
