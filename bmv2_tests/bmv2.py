@@ -1,9 +1,9 @@
 """The BMv2 target: simple_switch_grpc running p4src/v1model/spina_v1model.p4 on veth pairs.
 
 Tables, default actions, multicast groups and counters go through the controller's P4Runtime
-client (controller.p4rt.Connection, gRPC on 127.0.0.1:9559); registers, counter resets and
+client (controller.p4rt.Connection, gRPC on a free loopback port); registers, counter resets and
 queue rates through the controller's Thrift adapter (controller.registers.ThriftRegisters:
-simple_switch_CLI on port 9090), because BMv2's P4Runtime server answers UNIMPLEMENTED to
+simple_switch_CLI on a free Thrift port), because BMv2's P4Runtime server answers UNIMPLEMENTED to
 register reads and writes.
 
 Needs root (veth pairs, raw sockets), `p4c-bm2-ss`, `simple_switch_grpc` and
@@ -24,12 +24,11 @@ from bmv2_tests.target import PORTS, P4RuntimeTarget
 from controller.p4rt import Connection, wait_listening
 from controller.registers import ThriftRegisters
 from spina import spec
+from spina.net import free_ports
 from spina.procs import stop_process
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 P4_TOP = ROOT / "p4src" / "v1model" / "spina_v1model.p4"
-GRPC_ADDR = "127.0.0.1:9559"
-THRIFT_PORT = 9090
 TOOLS = ("p4c-bm2-ss", "simple_switch_grpc", "simple_switch_CLI")
 CROSS_PORT_GAP = 0.05  # s between frames sent on different ports (see Bmv2Target.send)
 
@@ -61,7 +60,7 @@ def compile_p4(outdir: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
     return js, info
 
 
-# The open target, if any: one switch owns the veth pairs and ports 9559/9090 at a time.
+# The open target, if any: one switch owns the veth pairs at a time.
 _LIVE: list["Bmv2Target"] = []
 
 
@@ -75,7 +74,7 @@ class Bmv2Target(P4RuntimeTarget):
         from google.protobuf import text_format
         from p4.config.v1 import p4info_pb2
 
-        # A second switch would fail to bind 9559/9090 and take the first one's veth pairs
+        # A second switch would take the first one's veth pairs
         # (bmv2_tests' session switch is still up when tests/test_controller_bmv2.py starts its
         # own in the same pytest run): stop the open one first.
         for other in list(_LIVE):
@@ -87,6 +86,10 @@ class Bmv2Target(P4RuntimeTarget):
         self.links: list[str] = []
         self.socks: dict[int, socket.socket] = {}
         self._last_port = None
+        # Ports of its own, never 9559/9090: a switch or controller another test left running
+        # there would otherwise answer in its place.
+        grpc_port, self.thrift_port = free_ports(2)
+        self.grpc_addr = f"127.0.0.1:{grpc_port}"
         try:
             js, info_path = compile_p4(self.tmp)
             p4info = text_format.Parse(info_path.read_text(), p4info_pb2.P4Info())
@@ -94,12 +97,13 @@ class Bmv2Target(P4RuntimeTarget):
             with open(self.tmp / "switch.log", "w") as log:
                 self.proc = subprocess.Popen(
                     ["simple_switch_grpc", "--device-id", "0", "--no-p4", "--thrift-port",
-                     str(THRIFT_PORT)]
+                     str(self.thrift_port)]
                     + [a for p in PORTS for a in ("-i", f"{p}@{self._sw_if(p)}")]
-                    + ["--", "--grpc-server-addr", GRPC_ADDR, "--priority-queues", "8"],
+                    + ["--", "--grpc-server-addr", self.grpc_addr, "--priority-queues", "8"],
                     stdout=log, stderr=subprocess.STDOUT)
-            wait_listening(GRPC_ADDR)  # a Connection to a port not yet listening fails at once
-            super().__init__(Connection(GRPC_ADDR, 0, election=1), ThriftRegisters(THRIFT_PORT))
+            wait_listening(self.grpc_addr)  # a Connection to a port not listening fails at once
+            super().__init__(Connection(self.grpc_addr, 0, election=1),
+                             ThriftRegisters(self.thrift_port))
             self.conn.set_pipeline(p4info, js.read_bytes(), cookie=1)
             self._open_sockets()
         except BaseException:

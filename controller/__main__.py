@@ -3,6 +3,8 @@ remove jobs, reset a job's slots. `python -m controller --help` lists the comman
 from __future__ import annotations
 
 import argparse
+import faulthandler
+import os
 import signal
 import sys
 import threading
@@ -16,6 +18,7 @@ from spina.metrics import parse_address
 from spina.rendezvous import RendezvousServer
 
 DEFAULT_FILE = "spina.yaml"
+STOP_GRACE = 10.0  # seconds from SIGTERM to a forced exit, if the last pass is stuck
 
 
 # The options every command takes, before or after its name (`-c F deploy`, `deploy -c F`).
@@ -117,11 +120,29 @@ def _parser(prog: str = "python -m controller") -> argparse.ArgumentParser:
     return ap
 
 
+def _stopping(stop: threading.Event) -> None:
+    """SIGTERM: finish the current pass and stop; if the process is still here STOP_GRACE s
+    later (a pass blocked on a switch that does not answer), name where it is and exit, so
+    that no stopped controller keeps a switch's primary election."""
+    if stop.is_set():
+        return
+    stop.set()
+
+    def force():
+        print(f"controller: still running {STOP_GRACE:g} s after SIGTERM; exiting now "
+              "(where each thread was follows)", file=sys.stderr, flush=True)
+        faulthandler.dump_traceback(sys.stderr, all_threads=True)
+        os._exit(1)
+    t = threading.Timer(STOP_GRACE, force)
+    t.daemon = True
+    t.start()
+
+
 def watch(args, ctl: Controller, runs: RendezvousServer | None = None) -> int:
     """deploy --watch (and serve): reconcile forever; a lost switch is reconnected and
     redeployed. With `runs`, each job keeps the epoch of its current run."""
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: _stopping(stop))
     try:
         while not stop.is_set():
             try:

@@ -33,9 +33,9 @@ class NotPrimaryError(P4RuntimeError):
     """Another controller is primary for this device: we refuse to write."""
 
 
-def _rpc(what: str, f, *args):
+def _rpc(what: str, f, *args, **kwargs):
     try:
-        return f(*args)
+        return f(*args, **kwargs)
     except grpc.RpcError as e:
         code = e.code()
         cls = NotPrimaryError if code == grpc.StatusCode.PERMISSION_DENIED else P4RuntimeError
@@ -171,13 +171,16 @@ class Connection:
         timeout: seconds to wait for the server and for arbitration. A refused connection
             (a stopped switch: nothing listens on the port) fails at once instead; a caller that
             has just started the server waits for its port first (`wait_listening`).
+        rpc_timeout: seconds any one call may take: a switch that stops answering fails the
+            call (DEADLINE_EXCEEDED) instead of holding its caller, and `serve`'s locks, forever.
         channel: a gRPC channel to use instead of opening one to `address`.
         stub: answers the calls instead of gRPC (`in_process`: a LocalStub).
     """
 
     def __init__(self, address: str, device_id: int = 0, election: int | None = 1,
-                 timeout: float = 10.0, channel=None, stub=None):
+                 timeout: float = 10.0, channel=None, stub=None, rpc_timeout: float = 60.0):
         self.address = address
+        self.rpc_timeout = rpc_timeout
         self.device_id = device_id
         self.election = election
         self._out: queue.Queue = queue.Queue()
@@ -288,8 +291,8 @@ class Connection:
 
     # ------------------------------------------------------------ RPCs
     def capabilities(self) -> str:
-        return _rpc("Capabilities", self.stub.Capabilities,
-                    pb.CapabilitiesRequest()).p4runtime_api_version
+        return _rpc("Capabilities", self.stub.Capabilities, pb.CapabilitiesRequest(),
+                    timeout=self.rpc_timeout).p4runtime_api_version
 
     def get_pipeline(self):
         """The device's ForwardingPipelineConfig (P4Info and cookie), or None if it has none."""
@@ -297,7 +300,7 @@ class Connection:
             device_id=self.device_id,
             response_type=pb.GetForwardingPipelineConfigRequest.P4INFO_AND_COOKIE)
         try:
-            return self.stub.GetForwardingPipelineConfig(req).config
+            return self.stub.GetForwardingPipelineConfig(req, timeout=self.rpc_timeout).config
         except grpc.RpcError as e:
             if e.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND,
                             grpc.StatusCode.UNKNOWN):
@@ -313,7 +316,8 @@ class Connection:
         req.config.p4info.CopyFrom(p4info)
         req.config.p4_device_config = device_config
         req.config.cookie.cookie = cookie
-        _rpc("SetForwardingPipelineConfig", self.stub.SetForwardingPipelineConfig, req)
+        _rpc("SetForwardingPipelineConfig", self.stub.SetForwardingPipelineConfig, req,
+             timeout=self.rpc_timeout)
         self.index = P4InfoIndex(p4info)
 
     def use_pipeline(self, p4info) -> None:
@@ -328,7 +332,7 @@ class Connection:
         for kind, ent in updates:
             u = req.updates.add(type=kind)
             u.entity.CopyFrom(ent)
-        _rpc("Write", self.stub.Write, req)
+        _rpc("Write", self.stub.Write, req, timeout=self.rpc_timeout)
 
     def read(self, entities: list) -> list:
         """Every entity the device returns for the `entities` queried."""
@@ -336,7 +340,8 @@ class Connection:
         req.entities.extend(entities)
 
         def run():
-            return [e for resp in self.stub.Read(req) for e in resp.entities]
+            return [e for resp in self.stub.Read(req, timeout=self.rpc_timeout)
+                    for e in resp.entities]
         return _rpc("Read", run)
 
     # ------------------------------------------------------------ helpers by name
@@ -415,24 +420,25 @@ class LocalStub:
     """P4RuntimeStub's methods answered by a P4RuntimeServicer object in this process.
 
     Any object with the servicer's methods will do (duck-typed: the controller imports no
-    switch). Requests and responses are the same protobuf messages gRPC would carry."""
+    switch). Requests and responses are the same protobuf messages gRPC would carry; a call's
+    `timeout` is taken and ignored (no network in between to hang on)."""
 
     def __init__(self, servicer):
         self.servicer = servicer
 
-    def Capabilities(self, request):
+    def Capabilities(self, request, timeout=None):
         return self.servicer.Capabilities(request, _LocalContext())
 
-    def GetForwardingPipelineConfig(self, request):
+    def GetForwardingPipelineConfig(self, request, timeout=None):
         return self.servicer.GetForwardingPipelineConfig(request, _LocalContext())
 
-    def SetForwardingPipelineConfig(self, request):
+    def SetForwardingPipelineConfig(self, request, timeout=None):
         return self.servicer.SetForwardingPipelineConfig(request, _LocalContext())
 
-    def Write(self, request):
+    def Write(self, request, timeout=None):
         return self.servicer.Write(request, _LocalContext())
 
-    def Read(self, request):
+    def Read(self, request, timeout=None):
         return self.servicer.Read(request, _LocalContext())
 
     def StreamChannel(self, requests):

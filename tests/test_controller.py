@@ -5,6 +5,7 @@ Run just this file: python -m pytest tests/test_controller.py
 """
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import threading
@@ -18,7 +19,7 @@ from p4.v1 import p4runtime_pb2 as pb, p4runtime_pb2_grpc
 
 from controller import state as state_mod
 from controller.controller import Controller, cookie_of, format_table
-from controller.p4rt import NotPrimaryError
+from controller.p4rt import Connection, NotPrimaryError, P4RuntimeError
 from controller.registers import ThriftRegisters
 from spina import spec
 from spina.config import Assignment, ConfigError, JobFile
@@ -580,3 +581,65 @@ def test_wipe_lets_each_control_clear_its_state(fake, tmp_path):
         assert not sw.tables and not sw.groups
         assert [c[1:] for c in regs.cleared[-2:]] == [(0, 2 * 256), (0, 256)]
         assert not c.deploy()[0].pipeline_pushed and sw.tables  # deploy restores
+
+
+class HangingSwitch(FakeSwitch):
+    """Arbitrates and takes the pipeline, then never answers a Write until `release`."""
+
+    def __init__(self):
+        super().__init__()
+        self.writing = threading.Event()
+        self.release = threading.Event()
+
+    def Write(self, request, context):
+        self.writing.set()
+        self.release.wait()
+        return pb.WriteResponse()
+
+
+@pytest.fixture
+def hanging():
+    sw = HangingSwitch()
+    server = grpc.server(futures.ThreadPoolExecutor(4))
+    p4runtime_pb2_grpc.add_P4RuntimeServicer_to_server(sw, server)
+    sw.address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+    server.start()
+    yield sw
+    sw.release.set()
+    server.stop(0).wait()
+
+
+def test_a_call_the_switch_never_answers_fails_at_its_deadline(hanging):
+    """Every RPC carries a deadline: a switch that stops answering fails the call with
+    DEADLINE_EXCEEDED instead of holding the controller (and serve's locks) forever."""
+    conn = Connection(hanging.address, rpc_timeout=0.5)
+    try:
+        with pytest.raises(P4RuntimeError, match="Write: DEADLINE_EXCEEDED") as e:
+            conn.write([(pb.Update.INSERT, pb.Entity())])
+        assert e.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert hanging.writing.is_set()
+    finally:
+        conn.close()
+
+
+def test_sigterm_stops_a_controller_stuck_on_a_switch(hanging, tmp_path):
+    """`deploy --watch` blocked in a Write that never returns still ends on SIGTERM: after
+    STOP_GRACE s it names where each thread was and exits 1, so no stopped controller keeps
+    the switch's primary election (a stuck `serve` once held it through the rest of a CI)."""
+    from controller.__main__ import STOP_GRACE
+    path = tmp_path / "spina.yaml"
+    path.write_text(yaml.safe_dump(doc(hanging.address)))
+    p = subprocess.Popen([sys.executable, "-m", "controller", "-c", str(path), "deploy",
+                          "--watch", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    try:
+        assert hanging.writing.wait(30), "the controller never wrote"
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=STOP_GRACE + 30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 1, err
+    assert f"controller: still running {STOP_GRACE:g} s after SIGTERM; exiting now" in err
+    assert "in write" in err and "Thread 0x" in err  # faulthandler's stacks: the stuck call

@@ -29,8 +29,8 @@ def bmv2_switch():
 def test_deploy_aggregate_remove_on_bmv2(bmv2_switch, tmp_path):
     """Deploy pushes p4c's pipeline and the job; two frames aggregate; removal clears slots."""
     t = bmv2_switch
-    doc = {"switches": [{"name": "s1", "target": "bmv2", "grpc": bmv2.GRPC_ADDR,
-                         "thrift_port": bmv2.THRIFT_PORT, "address": h.SWITCH_IP,
+    doc = {"switches": [{"name": "s1", "target": "bmv2", "grpc": t.grpc_addr,
+                         "thrift_port": t.thrift_port, "address": h.SWITCH_IP,
                          "udp_port": h.INA_PORT, "ports": [1, 2, 3, 4],
                          "p4info": str(t.tmp / "spina_v1model.p4info.txtpb"),
                          "device_config": str(t.tmp / "spina_v1model.json")}],

@@ -32,29 +32,47 @@ def _program(value: float) -> list[str]:
     return out
 
 
-def test_readme_multi_process_path_twice():
+def _stop(p: subprocess.Popen, group: bool = False) -> None:
+    """SIGTERM, then SIGKILL after 20 s: a process this test started never outlives it (a
+    `serve` left running once held port 9559's primary election through the BMv2 tests)."""
+    if p.poll() is not None:
+        return
+    kill = (lambda s: os.killpg(p.pid, s)) if group else p.send_signal
+    kill(signal.SIGTERM)
+    try:
+        p.wait(20)
+    except subprocess.TimeoutExpired:
+        kill(signal.SIGKILL)
+        p.wait(20)
+        raise AssertionError(f"{p.args} ignored SIGTERM for 20 s") from None
+
+
+def test_readme_multi_process_path_twice(tmp_path):
     """Two programs in a row on one switch and one `serve`: 4.0 then 40.0 on every rank."""
     switch = subprocess.Popen([sys.executable, "-m", "softswitch", "udp", "--grpc"], cwd=ROOT,
                               env=ENV, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     serve = None
+    log = tmp_path / "serve.log"
     try:
         assert switch.stdout.readline().startswith("listening 127.0.0.1:47000")
         assert switch.stdout.readline().startswith("p4runtime 127.0.0.1:9559")
         for f in AGENTS.glob("job1-rank*.json"):
             f.unlink()  # only files this serve writes count
-        serve = subprocess.Popen(["make", "serve", f"PY={sys.executable}"], cwd=ROOT, env=ENV,
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                 start_new_session=True)
+        with open(log, "w") as out:
+            serve = subprocess.Popen(["make", "serve", f"PY={sys.executable}"], cwd=ROOT,
+                                     env=ENV, stdout=out, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
         deadline = time.monotonic() + 60
         while len(list(AGENTS.glob("job1-rank*.json"))) < 4:
-            assert serve.poll() is None, f"make serve exited {serve.returncode}"
-            assert time.monotonic() < deadline, "serve wrote no agent files in 60 s"
+            assert serve.poll() is None, f"make serve exited {serve.returncode}: {log.read_text()}"
+            assert time.monotonic() < deadline, f"serve wrote no agent files in 60 s: " \
+                                                f"{log.read_text()}"
             time.sleep(0.1)
-        assert _program(1) == [f"rank {r}: sum 4" for r in range(4)]
-        assert _program(10) == [f"rank {r}: sum 40" for r in range(4)]
+        assert _program(1) == [f"rank {r}: sum 4" for r in range(4)], log.read_text()
+        assert _program(10) == [f"rank {r}: sum 40" for r in range(4)], log.read_text()
     finally:
-        if serve is not None:
-            os.killpg(serve.pid, signal.SIGTERM)
-            serve.wait(20)
-        switch.terminate()
-        switch.wait(20)
+        try:
+            if serve is not None:
+                _stop(serve, group=True)
+        finally:
+            _stop(switch)
