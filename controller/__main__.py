@@ -174,7 +174,7 @@ def watch(args, ctl: Controller, runs: RendezvousServer | None = None) -> int:
 def serve(args, ctl: Controller) -> int:
     """`serve`: deploy, then run the jobs' rendezvous and reconcile until stopped."""
     runs = ctl.runs(lambda line: print(line, flush=True))
-    with runs:  # __enter__ starts it (start() too would run a second serving thread)
+    with runs:  # __enter__ starts it; __exit__ stops it
         print(f"controller: run rendezvous on {runs.address[0]}:{runs.address[1]}", flush=True)
         return watch(args, ctl, runs)
 

@@ -109,6 +109,9 @@ class RendezvousServer:
                     self.jobs[j] = _Job(n, e)
 
     def start(self) -> "RendezvousServer":
+        """Serve in a thread; a second start is a no-op (never two serving threads)."""
+        if self._thread is not None:
+            return self
         self._thread = threading.Thread(target=self._server.serve_forever,
                                         kwargs={"poll_interval": 0.2}, daemon=True,
                                         name="spina-rendezvous")
@@ -117,10 +120,13 @@ class RendezvousServer:
         return self
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        """Stop serving and close the port; safe before start and twice (socketserver's
+        shutdown() waits forever for a serve_forever that never ran)."""
         if self._thread is not None:
+            self._server.shutdown()
             self._thread.join(timeout=2)
+            self._thread = None
+        self._server.server_close()
 
     def __enter__(self):
         return self.start()

@@ -301,3 +301,25 @@ def test_controller_serve_gives_each_run_its_own_epoch(tmp_path):
         srv.stop()
         sw.stop()
     assert "run with epoch 2" in out and "run with epoch 4" in out, (out, err)
+
+
+def test_rendezvous_server_starts_once_and_stops_in_any_state():
+    """A second start() is a no-op (one serving thread); stop() before start() returns at
+    once (socketserver's shutdown() would wait forever) and a second stop() is harmless."""
+    from spina.rendezvous import RendezvousServer
+
+    def serving():
+        return [t for t in threading.enumerate() if t.name == "spina-rendezvous"]
+    never = RendezvousServer("127.0.0.1", 0, {1: (2, 1)}, lambda j, e: None)
+    never.stop()
+    never.stop()
+    srv = RendezvousServer("127.0.0.1", 0, {1: (2, 1)}, lambda j, e: None)
+    before = len(serving())
+    assert srv.start() is srv and srv.start() is srv
+    assert len(serving()) == before + 1
+    socket.create_connection(srv.address, timeout=2).close()  # it answers
+    srv.stop()
+    srv.stop()
+    assert len(serving()) == before
+    with pytest.raises(OSError):
+        socket.create_connection(srv.address, timeout=2)
