@@ -26,7 +26,7 @@ def main(argv=None) -> int:
         return 0
     cmd, rest = argv[0], argv[1:]
     if cmd == "daemon":
-        from host_agent.daemon import main as daemon_main
+        from host_agent.daemon.server import main as daemon_main
         return daemon_main(rest)
     if cmd == "launch":
         from host_agent.launch import main as launch_main
@@ -34,7 +34,7 @@ def main(argv=None) -> int:
     if cmd == "status":
         import json
 
-        from host_agent.daemon import DEFAULT_SOCKET, status
+        from host_agent.daemon.client import DEFAULT_SOCKET, status
         from spina import cli
         ap = cli.ArgumentParser(prog="python -m host_agent status")
         ap.add_argument("--socket", default=DEFAULT_SOCKET, help="the daemon's Unix socket "

@@ -58,7 +58,7 @@ def main() -> None:
             from host_agent.assignment import connect
             agent = connect(args.file, timeout=args.timeout)
         else:
-            from host_agent.daemon import DaemonClient
+            from host_agent.daemon.client import DaemonClient
             agent = DaemonClient(args.file, args.rank, args.socket)
         if args.seed is not None:
             out["checks"] = checked(agent, args)

@@ -22,7 +22,8 @@ import pytest
 import yaml
 
 from host_agent.agent import Agent
-from host_agent.daemon import MAX_MESSAGE, Daemon, DaemonConfig
+from host_agent.daemon.protocol import MAX_MESSAGE
+from host_agent.daemon.server import Daemon, DaemonConfig
 from spina.config import Assignment, ConfigError, JobConfig, JobFile, WorkerAddr
 from spina.net import free_ports
 

@@ -1,4 +1,4 @@
-"""The host agent daemon (host_agent/daemon.py): local clients, a client dying mid-call, SIGTERM.
+"""The host agent daemon (host_agent/daemon/): local clients, a client dying mid-call, SIGTERM.
 
 Run just these tests:  .venv/bin/python -m pytest tests/test_daemon.py
 
@@ -215,3 +215,14 @@ def test_agent_status_prints_counters_for_people_and_json_for_scripts(setup):
     js = subprocess.run(run + ["--json"], env=_env(), cwd=ROOT, capture_output=True, text=True,
                         timeout=60)
     assert js.returncode == 0 and json.loads(js.stdout) == status(sock)
+
+
+def test_a_training_process_imports_the_client_without_the_server():
+    """`from host_agent.daemon import DaemonClient` (the torch hook's import) loads the
+    client and the protocol only: the server (its agents, sockets, DLCP) stays out."""
+    code = ("import sys; from host_agent.daemon import DaemonClient, status; "
+            "print(sorted(m for m in sys.modules if m.startswith('host_agent.daemon')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=ROOT).stdout.strip()
+    assert out == "['host_agent.daemon', 'host_agent.daemon.client', " \
+                  "'host_agent.daemon.protocol']"

@@ -551,7 +551,7 @@ def test_daemon_options_reject_bad_policies(tmp_path, args, names):
 def test_daemon_config_and_overrides(tmp_path):
     """The daemon's config fields are checked by name; its overrides apply to a job, and an
     override that the job cannot take (magnitude without a bound) names the field."""
-    from host_agent.daemon import DaemonConfig
+    from host_agent.daemon.server import DaemonConfig
     path = tmp_path / "d.json"
     path.write_text(json.dumps({"loss_tolerant_policy": "lots"}))
     with pytest.raises(ConfigError, match="field 'loss_tolerant_policy'"):
@@ -613,7 +613,8 @@ def test_daemon_applies_its_bound_and_each_calls_layer(tmp_path):
     """A daemon configured with a bound and both policies: its clients' calls go out with the
     layer's priority and loss-tolerant packets; the reply's stats report them; a bad layer is
     refused naming the field."""
-    from host_agent.daemon import Daemon, DaemonClient, DaemonConfig
+    from host_agent.daemon.client import DaemonClient
+    from host_agent.daemon.server import Daemon, DaemonConfig
     from spina.net import free_ports
     headers = []
     with UdpSwitch(port=0, faults=Faults(drop_in_match=_capture(headers))) as sw:

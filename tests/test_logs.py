@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from host_agent.agent import SpinaError
-from host_agent.daemon import DaemonClient, status
+from host_agent.daemon.client import DaemonClient, status
 from spina import log as spina_log
 
 ROOT = Path(__file__).resolve().parents[1]

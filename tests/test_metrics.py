@@ -191,7 +191,8 @@ def test_daemon_scrape_counts_calls_packets_and_resends(tmp_path):
     """Two ranks each make three calls through an in-process daemon while the switch loses
     10% of arriving packets: the daemon's endpoint reports the calls, the latency histogram's
     count and exactly the packets, bytes and resends the calls' stats add up to."""
-    from host_agent.daemon import Daemon, DaemonClient, DaemonConfig
+    from host_agent.daemon.client import DaemonClient
+    from host_agent.daemon.server import Daemon, DaemonConfig
     from host_agent.launch import local_job
     from softswitch.udp import Faults
     from spina.config import JobFile

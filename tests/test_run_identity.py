@@ -249,7 +249,7 @@ def test_daemon_consecutive_runs_and_a_rank_that_died_between_calls(daemon):
     assert_all(run_program("daemon", job_file, 1, extra=extra), 2.0)
     # A broken run: rank 0 makes 2 calls, rank 1 only 1 and exits: rank 0's second call fails.
     from host_agent.agent import SpinaError
-    from host_agent.daemon import DaemonClient
+    from host_agent.daemon.client import DaemonClient
     c0, c1 = DaemonClient(job_file, 0, sock), DaemonClient(job_file, 1, sock)
     x = np.ones(5000, np.float32)
     t = threading.Thread(target=c1.allreduce, args=(x,))

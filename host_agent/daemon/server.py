@@ -1,26 +1,6 @@
-"""The host agent daemon: one long-lived process per host owns the network side of SpINA.
+"""The daemon's server: `DaemonConfig`, `Daemon` (one thread per connection) and `main`.
 
     python -m host_agent daemon --config /etc/spina/agent.json
-
-Training processes on the host come and go; the daemon keeps the agents (their UDP sockets
-and per-slot round counters) for every (job, rank) a local process has attached to. A client
-talks to it over a Unix-domain stream socket and hands tensors over in shared memory:
-
-    client                                      daemon (one thread per connection)
-    attach {job_file, rank}            ──▶      load the job file, create/reuse the Agent
-                                       ◀──      {ok, job, nworkers}
-    write tensor into its shm segment
-    allreduce {shm, dtype, n[, layer_index, layer_count]}
-                                       ──▶      map the segment (once), Agent.allreduce on a
-                                                numpy view of it, write the sum back in place
-                                       ◀──      {ok, stats}
-    read the sum from the segment
-
-Messages are 4-byte big-endian lengths followed by JSON. A client that dies mid-call costs
-nothing but that call: the daemon finishes the all-reduce (the other ranks need it), finds the
-connection gone when it replies, drops the connection's mappings and frees the rank for the
-next process. Several connections and several jobs are served at once; one (job, rank) runs
-one call at a time (its agent's lock).
 
 Config file (JSON; every field optional):
     {"socket": "/tmp/spina-agent.sock", "log_file": null, "log_level": "INFO",
@@ -36,12 +16,10 @@ null: each job file's own) override the DLCP settings of every job this daemon s
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
 import socket
-import struct
 import threading
 import time
 from dataclasses import asdict, dataclass, replace
@@ -50,7 +28,14 @@ from multiprocessing import resource_tracker, shared_memory
 import numpy as np
 
 from host_agent import dlcp
-from host_agent.agent import Agent, CallStats, SpinaError
+from host_agent.agent import Agent, SpinaError
+from host_agent.daemon.protocol import (
+    DEFAULT_SOCKET,
+    BadMessage,
+    check_request,
+    recv_msg,
+    send_msg,
+)
 from host_agent.metrics import AgentMetrics
 from host_agent.recovery import MIN_RTO
 from spina import cli, log as spina_log
@@ -67,10 +52,7 @@ from spina.metrics import parse_address
 
 log = logging.getLogger("spina.daemon")
 
-DEFAULT_SOCKET = "/tmp/spina-agent.sock"
 _DTYPES = {"float32": np.float32, "int32": np.int32}
-_LEN = struct.Struct("!I")
-MAX_MESSAGE = 1 << 20
 
 
 @dataclass
@@ -156,80 +138,6 @@ class DaemonConfig:
                  f"{v!r} is not one of {', '.join(allowed)}")
         return self
 
-
-# ---------------------------------------------------------------------- framing
-def send_msg(sock: socket.socket, obj: dict) -> None:
-    data = json.dumps(obj).encode()
-    sock.sendall(_LEN.pack(len(data)) + data)
-
-
-class BadMessage(ValueError):
-    """A frame that is not a request. `fatal`: the stream cannot be read further (a length
-    beyond MAX_MESSAGE: its body is never read, so the next frame's start is unknown)."""
-
-    def __init__(self, msg: str, fatal: bool = False):
-        super().__init__(msg)
-        self.fatal = fatal
-
-
-def recv_msg(sock: socket.socket) -> dict | None:
-    """The next message (a JSON object), or None when the peer closed the connection.
-    Raises BadMessage for anything else."""
-    head = _recv_exact(sock, _LEN.size)
-    if head is None:
-        return None
-    (n,) = _LEN.unpack(head)
-    if n > MAX_MESSAGE:
-        raise BadMessage(f"message of {n} bytes exceeds {MAX_MESSAGE}", fatal=True)
-    body = _recv_exact(sock, n)
-    if body is None:
-        return None
-    try:
-        msg = json.loads(body)
-    except (ValueError, RecursionError) as e:  # RecursionError: deeply nested arrays
-        raise BadMessage(f"message is not JSON ({type(e).__name__}: {e})") from None
-    if not isinstance(msg, dict):
-        raise BadMessage(f"message must be a JSON object, got {type(msg).__name__}")
-    return msg
-
-
-# op -> (required fields, optional fields), each field -> its JSON type
-REQUESTS = {
-    "attach": ({"job_file": str, "rank": int}, {"pid": int}),
-    "allreduce": ({"shm": str, "n": int, "dtype": str}, {"layer_index": int, "layer_count": int}),
-    "status": ({}, {}),
-}
-_TYPE_NAMES = {str: "a string", int: "an integer"}
-
-
-def check_request(msg: dict) -> str | None:
-    """Why `msg` is not a well-formed request (naming the field), or None."""
-    op = msg.get("op")
-    if not isinstance(op, str) or op not in REQUESTS:
-        return f"field 'op': unknown op {op!r} (known: {', '.join(REQUESTS)})"
-    required, optional = REQUESTS[op]
-    for k, v in msg.items():
-        if k == "op":
-            continue
-        kind = required.get(k, optional.get(k))
-        if kind is None:
-            return f"{op}: unknown field '{k}' (known: {', '.join(['op', *required, *optional])})"
-        if not isinstance(v, kind) or isinstance(v, bool):
-            return f"{op}: field '{k}': {v!r} is not {_TYPE_NAMES[kind]}"
-    for k in required:
-        if k not in msg:
-            return f"{op}: field '{k}' is missing"
-    return None
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            return None
-        buf += chunk
-    return bytes(buf)
 
 
 def _open_shm(name: str) -> shared_memory.SharedMemory:
@@ -467,112 +375,6 @@ class Daemon:
         return {"ok": True, "stats": stats}
 
 
-# ---------------------------------------------------------------------- client
-class DaemonClient:
-    """A training process's handle on the daemon; quacks like `Agent` for the torch hook.
-
-    Args:
-        job_file: the job file (spina.config.JobFile) of the job to join.
-        rank: this process's rank in it.
-        socket_path: the daemon's Unix socket.
-
-    Example:
-        >>> c = DaemonClient("/tmp/spina-job.json", rank=0)   # doctest: +SKIP
-        >>> c.allreduce(np.ones(1000, np.float32))           # doctest: +SKIP
-    """
-
-    def __init__(self, job_file: str, rank: int, socket_path: str = DEFAULT_SOCKET):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.connect(socket_path)
-        send_msg(self.sock, {"op": "attach", "job_file": os.path.abspath(job_file), "rank": rank,
-                             "pid": os.getpid()})
-        reply = self._reply()
-        self.job = JobFile.from_dict(reply["job"]).job
-        self.rank = rank
-        self.last_stats = CallStats()
-        self._shm: shared_memory.SharedMemory | None = None
-        self._executor = None
-
-    def _reply(self) -> dict:
-        reply = recv_msg(self.sock)
-        if reply is None:
-            raise SpinaError("the daemon closed the connection")
-        if not reply.get("ok"):
-            raise SpinaError(reply.get("error", "daemon error"))
-        return reply
-
-    def allreduce(self, x, inplace: bool = False, layer=None):
-        """Element-wise sum over the job's ranks (float32 or int32 numpy; torch via numpy).
-
-        inplace: also write the sum into `x` (as Agent.allreduce does). layer: (i, n), the
-        tensor's layer position for DLCP priorities (Agent.allreduce)."""
-        layer = dlcp.check_layer(layer)
-        is_torch = type(x).__module__.startswith("torch")
-        if is_torch:
-            import torch
-            arr = x.detach().to(torch.int32 if x.dtype == torch.int32 else torch.float32).numpy()
-        else:
-            arr = np.asarray(x)
-        dtype = np.dtype(np.int32) if arr.dtype == np.int32 else np.dtype(np.float32)
-        n = arr.size
-        nbytes = max(n * 4, 4)
-        if self._shm is None or self._shm.size < nbytes:
-            if self._shm is not None:
-                self._shm.close()
-                self._shm.unlink()
-            self._shm = shared_memory.SharedMemory(create=True, size=nbytes)
-        view = np.ndarray((n,), dtype, buffer=self._shm.buf)
-        view[:] = arr.reshape(-1)
-        req = {"op": "allreduce", "shm": self._shm.name, "n": n, "dtype": dtype.name}
-        if layer is not None:
-            req.update(layer_index=layer[0], layer_count=layer[1])
-        send_msg(self.sock, req)
-        reply = self._reply()
-        self.last_stats = CallStats(**reply["stats"])
-        out = view.copy().reshape(arr.shape)
-        del view
-        if inplace and not is_torch:
-            arr[...] = out
-        if is_torch:
-            import torch
-            return torch.from_numpy(out).to(x.dtype)
-        return out.astype(arr.dtype, copy=False)
-
-    def allreduce_async(self, x, inplace: bool = False, layer=None):
-        if self._executor is None:
-            import concurrent.futures
-            self._executor = concurrent.futures.ThreadPoolExecutor(
-                1, thread_name_prefix="spina-client")
-        return self._executor.submit(self.allreduce, x, inplace, layer)
-
-    def status(self) -> dict:
-        send_msg(self.sock, {"op": "status"})
-        return self._reply()
-
-    def close(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-        self.sock.close()
-        if self._shm is not None:
-            self._shm.close()
-            self._shm.unlink()
-            self._shm = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-
-def status(socket_path: str = DEFAULT_SOCKET) -> dict:
-    """The daemon's counters, without attaching to a job."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.connect(socket_path)
-        send_msg(s, {"op": "status"})
-        return recv_msg(s)
-
-
 # ---------------------------------------------------------------------- CLI
 def _loss_deadline(text: str) -> float | str:
     """--loss-deadline: 'auto' or seconds (DaemonConfig.validate checks the value)."""
@@ -645,4 +447,4 @@ def main(argv=None) -> int:
     return 0
 
 
-__all__ = ["Daemon", "DaemonClient", "DaemonConfig", "main", "status"]
+__all__ = ["Daemon", "DaemonConfig", "main"]

@@ -1,0 +1,55 @@
+"""The host agent daemon: one long-lived process per host owns the network side of SpINA.
+
+    python -m host_agent daemon --config /etc/spina/agent.json
+
+Training processes on the host come and go; the daemon keeps the agents (their UDP sockets
+and per-slot round counters) for every (job, rank) a local process has attached to. A client
+talks to it over a Unix-domain stream socket and hands tensors over in shared memory:
+
+    client                                      daemon (one thread per connection)
+    attach {job_file, rank}            ──▶      load the job file, create/reuse the Agent
+                                       ◀──      {ok, job, nworkers}
+    write tensor into its shm segment
+    allreduce {shm, dtype, n[, layer_index, layer_count]}
+                                       ──▶      map the segment (once), Agent.allreduce on a
+                                                numpy view of it, write the sum back in place
+                                       ◀──      {ok, stats}
+    read the sum from the segment
+
+Messages are 4-byte big-endian lengths followed by JSON. A client that dies mid-call costs
+nothing but that call: the daemon finishes the all-reduce (the other ranks need it), finds the
+connection gone when it replies, drops the connection's mappings and frees the rank for the
+next process. Several connections and several jobs are served at once; one (job, rank) runs
+one call at a time (its agent's lock).
+
+The package keeps the two sides apart: `protocol.py` (framing, the request table), `server.py`
+(`DaemonConfig`, `Daemon`, `main`: the daemon process) and `client.py` (`DaemonClient`,
+`status`: what a training process imports). The names below load their module when first
+asked for, so `from host_agent.daemon import DaemonClient` never imports the server.
+"""
+from __future__ import annotations
+
+import importlib
+
+_OWNERS = {
+    "DEFAULT_SOCKET": "protocol", "MAX_MESSAGE": "protocol", "REQUESTS": "protocol",
+    "BadMessage": "protocol", "check_request": "protocol", "recv_msg": "protocol",
+    "send_msg": "protocol",
+    "DaemonClient": "client", "status": "client",
+    "Daemon": "server", "DaemonConfig": "server", "main": "server",
+}
+
+
+def __getattr__(name: str):
+    """The name from its module, imported on first use (PEP 562)."""
+    owner = _OWNERS.get(name)
+    if owner is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{owner}"), name)
+
+
+def __dir__():
+    return sorted([*globals(), *_OWNERS])
+
+
+__all__ = sorted(_OWNERS)

@@ -1,0 +1,125 @@
+"""The training process's side of the daemon: `DaemonClient` and `status`.
+
+A training process imports this module, never the server (host_agent/daemon/server.py): the
+client needs the protocol, the job file and numpy's view of a shared-memory segment only.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from multiprocessing import shared_memory
+
+import numpy as np
+
+from host_agent import dlcp
+from host_agent.agent import CallStats, SpinaError
+from host_agent.daemon.protocol import DEFAULT_SOCKET, recv_msg, send_msg
+from spina.config import JobFile
+
+
+class DaemonClient:
+    """A training process's handle on the daemon; quacks like `Agent` for the torch hook.
+
+    Args:
+        job_file: the job file (spina.config.JobFile) of the job to join.
+        rank: this process's rank in it.
+        socket_path: the daemon's Unix socket.
+
+    Example:
+        >>> c = DaemonClient("/tmp/spina-job.json", rank=0)   # doctest: +SKIP
+        >>> c.allreduce(np.ones(1000, np.float32))           # doctest: +SKIP
+    """
+
+    def __init__(self, job_file: str, rank: int, socket_path: str = DEFAULT_SOCKET):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(socket_path)
+        send_msg(self.sock, {"op": "attach", "job_file": os.path.abspath(job_file), "rank": rank,
+                             "pid": os.getpid()})
+        reply = self._reply()
+        self.job = JobFile.from_dict(reply["job"]).job
+        self.rank = rank
+        self.last_stats = CallStats()
+        self._shm: shared_memory.SharedMemory | None = None
+        self._executor = None
+
+    def _reply(self) -> dict:
+        reply = recv_msg(self.sock)
+        if reply is None:
+            raise SpinaError("the daemon closed the connection")
+        if not reply.get("ok"):
+            raise SpinaError(reply.get("error", "daemon error"))
+        return reply
+
+    def allreduce(self, x, inplace: bool = False, layer=None):
+        """Element-wise sum over the job's ranks (float32 or int32 numpy; torch via numpy).
+
+        inplace: also write the sum into `x` (as Agent.allreduce does). layer: (i, n), the
+        tensor's layer position for DLCP priorities (Agent.allreduce)."""
+        layer = dlcp.check_layer(layer)
+        is_torch = type(x).__module__.startswith("torch")
+        if is_torch:
+            import torch
+            arr = x.detach().to(torch.int32 if x.dtype == torch.int32 else torch.float32).numpy()
+        else:
+            arr = np.asarray(x)
+        dtype = np.dtype(np.int32) if arr.dtype == np.int32 else np.dtype(np.float32)
+        n = arr.size
+        nbytes = max(n * 4, 4)
+        if self._shm is None or self._shm.size < nbytes:
+            if self._shm is not None:
+                self._shm.close()
+                self._shm.unlink()
+            self._shm = shared_memory.SharedMemory(create=True, size=nbytes)
+        view = np.ndarray((n,), dtype, buffer=self._shm.buf)
+        view[:] = arr.reshape(-1)
+        req = {"op": "allreduce", "shm": self._shm.name, "n": n, "dtype": dtype.name}
+        if layer is not None:
+            req.update(layer_index=layer[0], layer_count=layer[1])
+        send_msg(self.sock, req)
+        reply = self._reply()
+        self.last_stats = CallStats(**reply["stats"])
+        out = view.copy().reshape(arr.shape)
+        del view
+        if inplace and not is_torch:
+            arr[...] = out
+        if is_torch:
+            import torch
+            return torch.from_numpy(out).to(x.dtype)
+        return out.astype(arr.dtype, copy=False)
+
+    def allreduce_async(self, x, inplace: bool = False, layer=None):
+        if self._executor is None:
+            import concurrent.futures
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="spina-client")
+        return self._executor.submit(self.allreduce, x, inplace, layer)
+
+    def status(self) -> dict:
+        send_msg(self.sock, {"op": "status"})
+        return self._reply()
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+        self.sock.close()
+        if self._shm is not None:
+            self._shm.close()
+            self._shm.unlink()
+            self._shm = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def status(socket_path: str = DEFAULT_SOCKET) -> dict:
+    """The daemon's counters, without attaching to a job."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(socket_path)
+        send_msg(s, {"op": "status"})
+        return recv_msg(s)
+
+
+__all__ = ["DaemonClient", "status"]
