@@ -55,6 +55,7 @@ import yaml
 from controller.tofino import FORMATS as TOFINO_FORMATS
 from spina import spec, wire
 from spina.config import JOB_DEFAULTS, JOB_OPTIONS, ConfigError, JobConfig, WorkerAddr, job_options
+from spina.fields import integer, mapping, need, optional_list, string
 from spina.rendezvous import DEFAULT_ADDRESS as DEFAULT_RENDEZVOUS
 
 TARGETS = ("softswitch", "bmv2", "tofino")
@@ -62,67 +63,23 @@ NO_MAC = "00:00:00:00:00:00"
 IN_PROCESS = "in-process"  # grpc of a switch the controller reaches through `connect` only
 
 
-def _need(cond, where: str, msg: str):
-    if not cond:
-        raise ConfigError(f"{where}: {msg}")
-
-
-def _fields(d, where: str, required: set, optional: set) -> dict:
-    _need(isinstance(d, dict), where, "must be a mapping")
-    unknown = set(d) - required - optional
-    _need(not unknown, f"{where}.{sorted(unknown)[0] if unknown else ''}",
-          f"unknown field (known: {', '.join(sorted(required | optional))})")
-    for k in sorted(required):
-        _need(k in d, f"{where}.{k}", "required field is missing")
-    return d
-
-
-def _int(d: dict, key: str, where: str, lo: int, hi: int, default=None) -> int:
-    v = d.get(key, default)
-    _need(isinstance(v, int) and not isinstance(v, bool), f"{where}.{key}",
-          f"must be an integer, got {v!r}")
-    _need(lo <= v <= hi, f"{where}.{key}", f"must be in {lo}..{hi}, got {v}")
-    return v
-
-
-def _float(d: dict, key: str, where: str, default: float) -> float:
-    v = d.get(key, default)
-    _need(isinstance(v, (int, float)) and not isinstance(v, bool), f"{where}.{key}",
-          f"must be a number, got {v!r}")
-    return float(v)
-
-
-def _str(d: dict, key: str, where: str, default=None) -> str:
-    """A non-empty string field (a name, a path): never a number, list or mapping."""
-    v = d.get(key, default)
-    _need(isinstance(v, str) and v, f"{where}.{key}", f"must be a non-empty string, got {v!r}")
-    return v
-
-
-def _list(d: dict, key: str, where: str) -> list:
-    """An optional list field ([] when absent or null)."""
-    v = d.get(key) or []
-    _need(isinstance(v, list), f"{where}.{key}", f"must be a list, got {v!r}")
-    return v
-
-
 def _spray_ports(e: dict, where: str) -> tuple[int, ...]:
     """An l2 entry's `ports`: the spray group's ports in turn order, distinct, 0..511."""
     ports = e["ports"]
-    _need(isinstance(ports, list) and 1 <= len(ports) <= spec.MAX_SPRAY_WAYS, f"{where}.ports",
+    need(isinstance(ports, list) and 1 <= len(ports) <= spec.MAX_SPRAY_WAYS, f"{where}.ports",
           f"must be a list of 1..{spec.MAX_SPRAY_WAYS} port numbers, got {ports!r}")
     for i, p in enumerate(ports):
-        _need(isinstance(p, int) and not isinstance(p, bool) and 0 <= p <= 511,
+        need(isinstance(p, int) and not isinstance(p, bool) and 0 <= p <= 511,
               f"{where}.ports[{i}]", f"must be a port number 0..511, got {p!r}")
     twice = [p for p in ports if ports.count(p) > 1]
-    _need(not twice, f"{where}.ports", f"duplicate port {twice[0] if twice else ''}")
+    need(not twice, f"{where}.ports", f"duplicate port {twice[0] if twice else ''}")
     return tuple(ports)
 
 
 def _ipv4(d: dict, key: str, where: str) -> str:
     v = d[key]
     try:
-        _need(isinstance(v, str), f"{where}.{key}", f"not an IPv4 address: {v!r}")
+        need(isinstance(v, str), f"{where}.{key}", f"not an IPv4 address: {v!r}")
         return str(ipaddress.IPv4Address(v))
     except ValueError:
         raise ConfigError(f"{where}.{key}: not an IPv4 address: {v!r}") from None
@@ -130,10 +87,10 @@ def _ipv4(d: dict, key: str, where: str) -> str:
 
 def _mac(d: dict, key: str, where: str, default=None) -> str:
     v = d.get(key, default)
-    _need(isinstance(v, str), f"{where}.{key}",
+    need(isinstance(v, str), f"{where}.{key}",
           f"not a MAC address aa:bb:cc:dd:ee:ff (quote it in YAML): {v!r}")
     parts = v.split(":")
-    _need(len(parts) == 6 and all(len(p) == 2 for p in parts), f"{where}.{key}",
+    need(len(parts) == 6 and all(len(p) == 2 for p in parts), f"{where}.{key}",
           f"not a MAC address aa:bb:cc:dd:ee:ff: {v!r}")
     try:
         [int(p, 16) for p in parts]
@@ -267,7 +224,7 @@ class DesiredState:
     # ------------------------------------------------------------ edits (job add / remove)
     def with_job(self, job: Job) -> "DesiredState":
         """A copy with `job` added (slot_base allocated first-fit if None); validated."""
-        _need(job.id not in self.jobs, f"jobs[id={job.id}].id", "a job with this id exists")
+        need(job.id not in self.jobs, f"jobs[id={job.id}].id", "a job with this id exists")
         raw = dict(self.raw)
         jd = {"id": job.id, "members": list(job.members), "nslots": job.nslots,
               "block_size": job.block_size, "nlanes": job.nlanes, "epoch": job.epoch,
@@ -293,7 +250,7 @@ class DesiredState:
             jobs = dict(self.jobs)
             jobs[job_id] = replace(jobs[job_id], epoch=epoch)
             return replace(self, jobs=jobs)
-        _need(self.fabric is not None and job_id in self.fabric.jobs, "jobs",
+        need(self.fabric is not None and job_id in self.fabric.jobs, "jobs",
               f"no job {job_id} in the desired state")
         fjobs = dict(self.fabric.jobs)
         fjobs[job_id] = replace(fjobs[job_id], epoch=epoch)
@@ -326,14 +283,14 @@ class DesiredState:
         return spines + [self.fabric.racks[r].leaf for r in job.racks]
 
     def without_job(self, job_id: int) -> "DesiredState":
-        _need(job_id in self.jobs, "id", f"no job {job_id} in the desired state")
+        need(job_id in self.jobs, "id", f"no job {job_id} in the desired state")
         raw = dict(self.raw)
         raw["jobs"] = [j for j in raw.get("jobs") or [] if j.get("id") != job_id]
         return (self.parser or _parse_flat)(raw, self.path)
 
     def allocate(self, job: Job) -> int:
         """The lowest slot_base where `job.nslots` slots are free on its switch."""
-        _need(job.members and job.members[0] in self.workers, "members",
+        need(job.members and job.members[0] in self.workers, "members",
               f"unknown worker {job.members[0] if job.members else None!r}")
         sw = self.switches[self.workers[job.members[0]].switch]
         used = sorted((j.slot_base, j.slot_base + j.nslots) for j in self.jobs_on(sw))
@@ -342,7 +299,7 @@ class DesiredState:
             if base + job.nslots <= lo:
                 break
             base = max(base, hi)
-        _need(base + job.nslots <= sw.pool_slots, "nslots",
+        need(base + job.nslots <= sw.pool_slots, "nslots",
               f"{job.nslots} free slots not found on switch {sw.name} "
               f"(pool of {sw.pool_slots}, in use: {used})")
         return base
@@ -372,158 +329,158 @@ def load_yaml(path, parser) -> DesiredState:
 
 
 def _parse_flat(doc, path: pathlib.Path | None = None) -> DesiredState:
-    _fields(doc, "(top)", {"switches", "workers"}, {"jobs", "agents_dir", "rendezvous",
+    mapping(doc, "(top)", {"switches", "workers"}, {"jobs", "agents_dir", "rendezvous",
                                                    "fabric"})
-    _need(isinstance(doc["switches"], list) and doc["switches"], "switches",
+    need(isinstance(doc["switches"], list) and doc["switches"], "switches",
           "must be a non-empty list")
     switches: dict[str, Switch] = {}
     for i, d in enumerate(doc["switches"]):
         w = f"switches[{i}]"
-        _fields(d, w, {"name", "target", "grpc"},
+        mapping(d, w, {"name", "target", "grpc"},
                 {"device_id", "thrift_port", "address", "udp_port", "pool_slots", "ports",
                  "slot_capacity", "p4info", "device_config", "device_config_format", "l2",
                  "routes", "ina_endpoints", "drop_qdepth"})
-        name = _str(d, "name", w)
-        _need(name not in switches, f"{w}.name", f"duplicate switch {name!r}")
-        _need(d["target"] in TARGETS, f"{w}.target", f"must be one of {', '.join(TARGETS)}")
-        host, sep, port = _str(d, "grpc", w).rpartition(":")
-        _need(d["grpc"] == IN_PROCESS or
+        name = string(d, "name", w)
+        need(name not in switches, f"{w}.name", f"duplicate switch {name!r}")
+        need(d["target"] in TARGETS, f"{w}.target", f"must be one of {', '.join(TARGETS)}")
+        host, sep, port = string(d, "grpc", w).rpartition(":")
+        need(d["grpc"] == IN_PROCESS or
               (sep and port.isdigit() and 0 < int(port) < 1 << 16 and host), f"{w}.grpc",
               f"expected HOST:PORT with a TCP port 1..65535, got {d['grpc']!r}")
         endpoints = None
         if d.get("ina_endpoints") is not None:
             endpoints = tuple(_ipv4({f"ina_endpoints[{k}]": a}, f"ina_endpoints[{k}]", w)
-                              for k, a in enumerate(_list(d, "ina_endpoints", w)))
+                              for k, a in enumerate(optional_list(d, "ina_endpoints", w)))
         ports = d.get("ports", [0])
-        _need(isinstance(ports, list) and ports and all(
+        need(isinstance(ports, list) and ports and all(
             isinstance(p, int) and not isinstance(p, bool) and 0 <= p < 512 for p in ports),
               f"{w}.ports", "must be a non-empty list of port numbers 0..511")
         for k in ("p4info", "device_config"):
             if d.get(k) is not None:
-                _str(d, k, w)
+                string(d, k, w)
         l2, l2_spray = [], []
-        for k, e in enumerate(_list(d, "l2", w)):
+        for k, e in enumerate(optional_list(d, "l2", w)):
             wk = f"{w}.l2[{k}]"
-            _fields(e, wk, {"mac"}, {"port", "ports"})
-            _need(("port" in e) != ("ports" in e), f"{wk}.ports" if "ports" in e else f"{wk}.port",
+            mapping(e, wk, {"mac"}, {"port", "ports"})
+            need(("port" in e) != ("ports" in e), f"{wk}.ports" if "ports" in e else f"{wk}.port",
                   "give either port (bridged) or ports (sprayed per packet), not both"
                   if "ports" in e else "required field is missing (or ports)")
             if "port" in e:
-                l2.append((_mac(e, "mac", wk), _int(e, "port", wk, 0, 511)))
+                l2.append((_mac(e, "mac", wk), integer(e, "port", wk, 0, 511)))
             else:
                 l2_spray.append((_mac(e, "mac", wk), _spray_ports(e, wk)))
-        _need(len({ports for _, ports in l2_spray}) <= spec.P4_SIZES["SPRAY_GROUPS"], f"{w}.l2",
+        need(len({ports for _, ports in l2_spray}) <= spec.P4_SIZES["SPRAY_GROUPS"], f"{w}.l2",
               f"at most {spec.P4_SIZES['SPRAY_GROUPS']} different ports lists (spray groups)")
-        _need(sum(len(g) for g in {ports for _, ports in l2_spray})
+        need(sum(len(g) for g in {ports for _, ports in l2_spray})
               <= spec.P4_SIZES["SPRAY_PORT_ENTRIES"], f"{w}.l2",
               f"the different ports lists hold more than {spec.P4_SIZES['SPRAY_PORT_ENTRIES']} "
               "ports in all (spray_ports entries)")
         routes = []
-        for k, e in enumerate(_list(d, "routes", w)):
+        for k, e in enumerate(optional_list(d, "routes", w)):
             wk = f"{w}.routes[{k}]"
-            _fields(e, wk, {"prefix", "port", "src_mac", "dst_mac"}, set())
+            mapping(e, wk, {"prefix", "port", "src_mac", "dst_mac"}, set())
             try:
-                net = str(ipaddress.IPv4Network(_str(e, "prefix", wk), strict=False))
+                net = str(ipaddress.IPv4Network(string(e, "prefix", wk), strict=False))
             except ValueError:
                 raise ConfigError(f"{wk}.prefix: not an IPv4 prefix: {e['prefix']!r}") from None
-            routes.append((net, _int(e, "port", wk, 0, 511), _mac(e, "src_mac", wk),
+            routes.append((net, integer(e, "port", wk, 0, 511), _mac(e, "src_mac", wk),
                            _mac(e, "dst_mac", wk)))
         if d["target"] != "softswitch":
-            _need(d.get("udp_port", spec.INA_UDP_PORT) == spec.INA_UDP_PORT, f"{w}.udp_port",
+            need(d.get("udp_port", spec.INA_UDP_PORT) == spec.INA_UDP_PORT, f"{w}.udp_port",
                   f"a {d['target']} switch parses INA packets on UDP port {spec.INA_UDP_PORT} "
                   f"only, got {d.get('udp_port')!r}")
         if d["target"] == "bmv2":
-            _need("p4info" in d and "device_config" in d, f"{w}.device_config",
+            need("p4info" in d and "device_config" in d, f"{w}.device_config",
                   "bmv2 needs p4info and device_config (make p4 writes them to p4src/build/)")
         if d["target"] == "tofino":
             for k in ("p4info", "device_config"):
-                _need(d.get(k) is not None, f"{w}.{k}", "required for target tofino (P4Info "
+                need(d.get(k) is not None, f"{w}.{k}", "required for target tofino (P4Info "
                       "from bf-p4c --p4runtime-force-std-externs; device_config: bf-p4c's "
                       "output directory)")
-            _need(d.get("device_config_format") in TOFINO_FORMATS, f"{w}.device_config_format",
+            need(d.get("device_config_format") in TOFINO_FORMATS, f"{w}.device_config_format",
                   f"must be one of {', '.join(TOFINO_FORMATS)} (the P4Runtime server: Stratum "
                   f"or the SDE's bf_switchd), got {d.get('device_config_format')!r}")
         else:
-            _need("device_config_format" not in d, f"{w}.device_config_format",
+            need("device_config_format" not in d, f"{w}.device_config_format",
                   "only for target tofino")
         switches[name] = Switch(
             name=name, target=d["target"], grpc=d["grpc"],
-            device_id=_int(d, "device_id", w, 0, (1 << 64) - 1, 0),
-            thrift_port=_int(d, "thrift_port", w, 1, 65535, 9090),
+            device_id=integer(d, "device_id", w, 0, (1 << 64) - 1, 0),
+            thrift_port=integer(d, "thrift_port", w, 1, 65535, 9090),
             address=_ipv4({"address": d.get("address", "127.0.0.1")}, "address", w),
-            udp_port=_int(d, "udp_port", w, 1, 65535, wire.DEFAULT_UDP_PORT),
-            pool_slots=_int(d, "pool_slots", w, 1, 1 << 15, spec.P4_SIZES["POOL_SLOTS"]),
-            slot_capacity=_int(d, "slot_capacity", w, 1, 1 << 24, spec.DEFAULT_SLOT_CAPACITY),
+            udp_port=integer(d, "udp_port", w, 1, 65535, wire.DEFAULT_UDP_PORT),
+            pool_slots=integer(d, "pool_slots", w, 1, 1 << 15, spec.P4_SIZES["POOL_SLOTS"]),
+            slot_capacity=integer(d, "slot_capacity", w, 1, 1 << 24, spec.DEFAULT_SLOT_CAPACITY),
             ports=tuple(ports), p4info=d.get("p4info"), device_config=d.get("device_config"),
             device_config_format=d.get("device_config_format"),
             l2=tuple(l2), l2_spray=tuple(l2_spray), routes=tuple(routes),
             ina_endpoints=endpoints,
-            drop_qdepth=_int(d, "drop_qdepth", w, 0, spec.QDEPTH_NEVER)
+            drop_qdepth=integer(d, "drop_qdepth", w, 0, spec.QDEPTH_NEVER)
             if d.get("drop_qdepth") is not None else None)
 
-    _need(isinstance(doc["workers"], list), "workers", "must be a list")
+    need(isinstance(doc["workers"], list), "workers", "must be a list")
     workers: dict[str, Worker] = {}
     addrs: dict[tuple, str] = {}
     for i, d in enumerate(doc["workers"]):
         w = f"workers[{i}]"
-        _fields(d, w, {"name", "ip", "udp_port", "switch_port"}, {"mac", "switch", "rank"})
-        name = _str(d, "name", w)
-        _need(name not in workers, f"{w}.name", f"duplicate worker {name!r}")
+        mapping(d, w, {"name", "ip", "udp_port", "switch_port"}, {"mac", "switch", "rank"})
+        name = string(d, "name", w)
+        need(name not in workers, f"{w}.name", f"duplicate worker {name!r}")
         sw = d.get("switch", next(iter(switches)) if len(switches) == 1 else None)
-        _need(isinstance(sw, str) and sw in switches, f"{w}.switch",
+        need(isinstance(sw, str) and sw in switches, f"{w}.switch",
               f"must name one of the switches ({', '.join(switches)})")
-        port = _int(d, "switch_port", w, 0, 511)
-        _need(port in switches[sw].ports, f"{w}.switch_port",
+        port = integer(d, "switch_port", w, 0, 511)
+        need(port in switches[sw].ports, f"{w}.switch_port",
               f"port {port} is not in switch {sw}'s ports {list(switches[sw].ports)}")
         ip = _ipv4(d, "ip", w)
-        udp = _int(d, "udp_port", w, 1, 65535)
-        _need((ip, udp) not in addrs, f"{w}.udp_port",
+        udp = integer(d, "udp_port", w, 1, 65535)
+        need((ip, udp) not in addrs, f"{w}.udp_port",
               f"{ip}:{udp} is also worker {addrs.get((ip, udp))!r}'s address")
         addrs[(ip, udp)] = name
         if switches[sw].target != "softswitch":
-            _need("mac" in d, f"{w}.mac", f"required on a {switches[sw].target} switch")
+            need("mac" in d, f"{w}.mac", f"required on a {switches[sw].target} switch")
         workers[name] = Worker(name, ip, udp, port, _mac(d, "mac", w, NO_MAC), sw,
-                               _int(d, "rank", w, 0, wire.MAX_WORKERS - 1)
+                               integer(d, "rank", w, 0, wire.MAX_WORKERS - 1)
                                if "rank" in d else None)
 
     jobs: dict[int, Job] = {}
     jobs_doc = doc.get("jobs") or []
-    _need(isinstance(jobs_doc, list), "jobs", "must be a list")
+    need(isinstance(jobs_doc, list), "jobs", "must be a list")
     for i, d in enumerate(jobs_doc):
         w = f"jobs[{i}]"
-        _fields(d, w, {"id", "members", "nslots"}, set(JOB_OPTIONS) | {"drop_qdepth"})
-        jid = _int(d, "id", w, 0, spec.MAX_JOB_ID)
-        _need(jid not in jobs, f"{w}.id", f"duplicate job id {jid}")
+        mapping(d, w, {"id", "members", "nslots"}, set(JOB_OPTIONS) | {"drop_qdepth"})
+        jid = integer(d, "id", w, 0, spec.MAX_JOB_ID)
+        need(jid not in jobs, f"{w}.id", f"duplicate job id {jid}")
         members = d["members"]
-        _need(isinstance(members, list) and 1 <= len(members) <= wire.MAX_WORKERS,
+        need(isinstance(members, list) and 1 <= len(members) <= wire.MAX_WORKERS,
               f"{w}.members", f"must list 1..{wire.MAX_WORKERS} worker names")
         for r, m in enumerate(members):
-            _need(isinstance(m, str) and m in workers, f"{w}.members[{r}]", f"unknown worker {m!r}")
+            need(isinstance(m, str) and m in workers, f"{w}.members[{r}]", f"unknown worker {m!r}")
             wk = workers[m]
-            _need(wk.rank is None or wk.rank == r, f"{w}.members[{r}]",
+            need(wk.rank is None or wk.rank == r, f"{w}.members[{r}]",
                   f"worker {m!r} declares rank {wk.rank} but is member {r} (rank = position)")
-        _need(len(set(members)) == len(members), f"{w}.members", "a worker is listed twice")
+        need(len(set(members)) == len(members), f"{w}.members", "a worker is listed twice")
         sws = {workers[m].switch for m in members}
-        _need(len(sws) == 1, f"{w}.members", f"members sit on several switches {sorted(sws)}: "
+        need(len(sws) == 1, f"{w}.members", f"members sit on several switches {sorted(sws)}: "
               "a job aggregates on one switch")
         try:
             options = job_options(d)
         except ConfigError as e:
             raise e.at(w) from None
         job = Job(id=jid, members=tuple(members), **options,
-                  drop_qdepth=_int(d, "drop_qdepth", w, 0, spec.QDEPTH_NEVER)
+                  drop_qdepth=integer(d, "drop_qdepth", w, 0, spec.QDEPTH_NEVER)
                   if "drop_qdepth" in d else None)
-        _need(job.slot_base is not None, f"{w}.slot_base",
+        need(job.slot_base is not None, f"{w}.slot_base",
               "required in the file (`job add` allocates it for you)")
         sw = switches[next(iter(sws))]
-        _need(job.slot_base + job.nslots <= sw.pool_slots, f"{w}.nslots",
+        need(job.slot_base + job.nslots <= sw.pool_slots, f"{w}.nslots",
               f"slots {job.slot_base}..{job.slot_base + job.nslots - 1} exceed switch "
               f"{sw.name}'s pool of {sw.pool_slots}")
         if sw.target != "softswitch":
             sizes = spec.TNA_SIZES if sw.target == "tofino" else spec.P4_SIZES
-            _need(job.block_size == sizes["BLOCK_SIZE"], f"{w}.block_size",
+            need(job.block_size == sizes["BLOCK_SIZE"], f"{w}.block_size",
                   f"the {sw.target} P4 program aggregates blocks of {sizes['BLOCK_SIZE']}")
-            _need(job.nlanes <= sizes["NLANES"], f"{w}.nlanes",
+            need(job.nlanes <= sizes["NLANES"], f"{w}.nlanes",
                   f"the {sw.target} P4 program has {sizes['NLANES']} lanes")
         try:
             JobConfig(job=jid, workers=tuple(WorkerAddr(r, workers[m].ip, workers[m].udp_port)
@@ -541,7 +498,7 @@ def _parse_flat(doc, path: pathlib.Path | None = None) -> DesiredState:
                                   f"{other.slot_base}..{other.slot_base + other.nslots - 1}")
         jobs[jid] = job
     agents_dir = doc.get("agents_dir", "agents")
-    _need(isinstance(agents_dir, str) and agents_dir, "agents_dir", "must be a path")
+    need(isinstance(agents_dir, str) and agents_dir, "agents_dir", "must be a path")
     rendezvous = (_host_port(doc["rendezvous"], "rendezvous") if "rendezvous" in doc
                   else DEFAULT_RENDEZVOUS)
     return DesiredState(switches, workers, jobs, agents_dir, path, raw=doc, rendezvous=rendezvous)
@@ -550,13 +507,13 @@ def _parse_flat(doc, path: pathlib.Path | None = None) -> DesiredState:
 def _host_port(v, where: str) -> tuple[str, int]:
     """'IPV4:PORT' as (host, port); the host must be an address, not a name or a wildcard."""
     host, sep, port = v.rpartition(":") if isinstance(v, str) else ("", "", "")
-    _need(sep and port.isdigit() and 0 < int(port) < 1 << 16, where,
+    need(sep and port.isdigit() and 0 < int(port) < 1 << 16, where,
           f"{v!r}: expected IPV4:PORT, e.g. 127.0.0.1:47100")
     try:
         addr = ipaddress.IPv4Address(host)
     except ValueError:
         raise ConfigError(f"{where}: {host!r} is not an IPv4 address") from None
-    _need(not addr.is_unspecified, where, f"{host}: a wildcard address; give the address the "
+    need(not addr.is_unspecified, where, f"{host}: a wildcard address; give the address the "
           "agents reach the controller at")
     return host, int(port)
 

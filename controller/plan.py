@@ -37,17 +37,13 @@ from dataclasses import dataclass
 from controller.model import (
     DesiredState,
     JobOptions,
-    _fields,
-    _int,
-    _list,
     _mac,
-    _need,
     _parse_flat,
-    _str,
     load_yaml,
 )
 from spina import rows, spec, wire
 from spina.config import JOB_OPTIONS, MAX_RACKS, ConfigError, JobConfig, WorkerAddr, job_options
+from spina.fields import integer, mapping, need, optional_list, string
 
 # A job: up to 32 racks (the spine's bitmap has one bit per rack), each of up to 32 workers
 # (the leaf's bitmap has one bit per worker of its rack, by local rank): 1024 workers.
@@ -149,7 +145,7 @@ class Fabric:
         got = (self.links or {}).get((leaf, spine))
         if got is None:
             udp = all(s.target == "softswitch" and 0 in s.ports for s in (a, b))
-            _need(udp, "fabric.links", f"no link between leaf {leaf!r} and spine {spine!r} "
+            need(udp, "fabric.links", f"no link between leaf {leaf!r} and spine {spine!r} "
                   f"(job {job} needs one on a P4 or L2-mode switch: its ports and MACs)")
             return rows.udp_sender(a.address, a.udp_port), rows.udp_sender(b.address, b.udp_port)
         return (rows.Sender(got.spine_port, a.address, a.udp_port, got.leaf_mac),
@@ -175,16 +171,16 @@ def p4_rows(fabric: Fabric, name: str) -> rows.SwitchRows:
     leaf_upstream per slot to the slot's spine); at a spine, its shard of each job (the job's
     leaves as ranks, job_level as_spine)."""
     level = fabric.levels.get(name)
-    _need(level is not None, f"switches.{name}", "not a leaf or spine of the fabric plan")
+    need(level is not None, f"switches.{name}", "not a leaf or spine of the fabric plan")
     st = fabric.state
     sw = st.switches[name]
     out = rows.SwitchRows()
     for i, job in sorted((i, j) for i, j in enumerate(fabric.jobs.values())):
         where = f"fabric.jobs[{i}]"
         if sw.target != "softswitch":
-            _need(job.block_size == spec.P4_SIZES["BLOCK_SIZE"], f"{where}.block_size",
+            need(job.block_size == spec.P4_SIZES["BLOCK_SIZE"], f"{where}.block_size",
                   f"the P4 program aggregates blocks of {spec.P4_SIZES['BLOCK_SIZE']}")
-            _need(job.nlanes <= spec.P4_SIZES["NLANES"], f"{where}.nlanes",
+            need(job.nlanes <= spec.P4_SIZES["NLANES"], f"{where}.nlanes",
                   f"the P4 program has {spec.P4_SIZES['NLANES']} lanes")
         cfg = fabric.job_config(job)
         if level == LEAF:
@@ -226,51 +222,51 @@ def load(path) -> Fabric:
 
 def parse(doc, path: pathlib.Path | None = None) -> Fabric:
     """The desired state with its `fabric` section, validated (ConfigError names the field)."""
-    _need(isinstance(doc, dict), "(top)", "must be a mapping")
-    _need("fabric" in doc, "fabric", "required field is missing")
+    need(isinstance(doc, dict), "(top)", "must be a mapping")
+    need("fabric" in doc, "fabric", "required field is missing")
     state = _parse_flat(doc, path)  # raw keeps the fabric section: `save` writes it back
-    f = _fields(doc["fabric"], "fabric", {"racks", "spines", "jobs"}, {"links"})
+    f = mapping(doc["fabric"], "fabric", {"racks", "spines", "jobs"}, {"links"})
     switches, workers = state.switches, state.workers
 
     def switch(d, key, where):
-        name = _str(d, key, where)
-        _need(name in switches, f"{where}.{key}",
+        name = string(d, key, where)
+        need(name in switches, f"{where}.{key}",
               f"unknown switch {name!r} (switches: {', '.join(switches)})")
         return name
 
     racks: dict[str, Rack] = {}
     rack_of: dict[str, str] = {}
-    _need(isinstance(f["racks"], list) and f["racks"], "fabric.racks", "must be a non-empty list")
+    need(isinstance(f["racks"], list) and f["racks"], "fabric.racks", "must be a non-empty list")
     for i, d in enumerate(f["racks"]):
         w = f"fabric.racks[{i}]"
-        _fields(d, w, {"name", "leaf", "workers"}, set())
-        name = _str(d, "name", w)
-        _need(name not in racks, f"{w}.name", f"duplicate rack {name!r}")
+        mapping(d, w, {"name", "leaf", "workers"}, set())
+        name = string(d, "name", w)
+        need(name not in racks, f"{w}.name", f"duplicate rack {name!r}")
         leaf = switch(d, "leaf", w)
-        members = _list(d, "workers", w)
-        _need(1 <= len(members) <= MAX_WORKERS_PER_RACK, f"{w}.workers",
+        members = optional_list(d, "workers", w)
+        need(1 <= len(members) <= MAX_WORKERS_PER_RACK, f"{w}.workers",
               f"must list 1..{MAX_WORKERS_PER_RACK} workers (the leaf's rank bitmap), "
               f"got {len(members)}")
         for k, m in enumerate(members):
             wk = f"{w}.workers[{k}]"
-            _need(isinstance(m, str) and m in workers, wk, f"unknown worker {m!r}")
-            _need(m not in rack_of, wk, f"worker {m!r} is also in rack {rack_of.get(m)!r}")
-            _need(workers[m].switch == leaf, wk, f"worker {m!r} sits on switch "
+            need(isinstance(m, str) and m in workers, wk, f"unknown worker {m!r}")
+            need(m not in rack_of, wk, f"worker {m!r} is also in rack {rack_of.get(m)!r}")
+            need(workers[m].switch == leaf, wk, f"worker {m!r} sits on switch "
                   f"{workers[m].switch!r}, not on this rack's leaf {leaf!r}")
             rack_of[m] = name
         racks[name] = Rack(name, leaf, tuple(members))
 
     spines_doc = f["spines"]
-    _need(isinstance(spines_doc, list) and spines_doc, "fabric.spines",
+    need(isinstance(spines_doc, list) and spines_doc, "fabric.spines",
           "must be a non-empty list of switch names")
     leaves = {r.leaf for r in racks.values()}
     for i, name in enumerate(spines_doc):
-        _need(isinstance(name, str) and name in switches, f"fabric.spines[{i}]",
+        need(isinstance(name, str) and name in switches, f"fabric.spines[{i}]",
               f"unknown switch {name!r} (switches: {', '.join(switches)})")
-        _need(spines_doc.index(name) == i, f"fabric.spines[{i}]", f"spine {name!r} listed twice")
-        _need(name not in leaves, f"fabric.spines[{i}]", f"switch {name!r} is also a rack's leaf "
+        need(spines_doc.index(name) == i, f"fabric.spines[{i}]", f"spine {name!r} listed twice")
+        need(name not in leaves, f"fabric.spines[{i}]", f"switch {name!r} is also a rack's leaf "
               "(one level per switch)")
-        _need(switches[name].udp_port == spec.INA_UDP_PORT, f"switches.{name}.udp_port",
+        need(switches[name].udp_port == spec.INA_UDP_PORT, f"switches.{name}.udp_port",
               f"spine {name!r} must listen on the INA UDP port {spec.INA_UDP_PORT}, not "
               f"{switches[name].udp_port}: a leaf names a slot's spine by its IPv4 address (P4: "
               "leaf_upstream's to_spine); give each spine an address of its own (127.0.0.2, "
@@ -280,36 +276,36 @@ def parse(doc, path: pathlib.Path | None = None) -> Fabric:
     for name in sorted(leaves | set(spines)):
         sw = switches[name]
         a = (sw.address, sw.udp_port)
-        _need(a not in addrs, f"switches.{name}.udp_port",
+        need(a not in addrs, f"switches.{name}.udp_port",
               f"{a[0]}:{a[1]} is also switch {addrs.get(a)!r}'s INA endpoint")
         addrs[a] = name
 
     jobs: dict[int, FabricJob] = {}
     jobs_doc = f["jobs"]
-    _need(isinstance(jobs_doc, list), "fabric.jobs", "must be a list")
+    need(isinstance(jobs_doc, list), "fabric.jobs", "must be a list")
     for i, d in enumerate(jobs_doc):
         w = f"fabric.jobs[{i}]"
-        _fields(d, w, {"id", "racks", "slot_base", "nslots", "shards"},
+        mapping(d, w, {"id", "racks", "slot_base", "nslots", "shards"},
                 set(JOB_OPTIONS) | {"drop_qdepth"})
-        jid = _int(d, "id", w, 0, spec.MAX_JOB_ID)
-        _need(jid not in jobs and jid not in state.jobs, f"{w}.id", f"duplicate job id {jid}")
-        job_racks = _list(d, "racks", w)
-        _need(1 <= len(job_racks) <= MAX_RACKS, f"{w}.racks",
+        jid = integer(d, "id", w, 0, spec.MAX_JOB_ID)
+        need(jid not in jobs and jid not in state.jobs, f"{w}.id", f"duplicate job id {jid}")
+        job_racks = optional_list(d, "racks", w)
+        need(1 <= len(job_racks) <= MAX_RACKS, f"{w}.racks",
               f"must list 1..{MAX_RACKS} racks (the spine's rack bitmap), got {len(job_racks)}")
         for k, r in enumerate(job_racks):
-            _need(isinstance(r, str) and r in racks, f"{w}.racks[{k}]", f"unknown rack {r!r}")
-            _need(job_racks.index(r) == k, f"{w}.racks[{k}]", f"rack {r!r} listed twice")
+            need(isinstance(r, str) and r in racks, f"{w}.racks[{k}]", f"unknown rack {r!r}")
+            need(job_racks.index(r) == k, f"{w}.racks[{k}]", f"rack {r!r} listed twice")
             other = next((o for o in job_racks[:k] if racks[o].leaf == racks[r].leaf), None)
-            _need(other is None, f"{w}.racks[{k}]", f"rack {r!r} has the same leaf "
+            need(other is None, f"{w}.racks[{k}]", f"rack {r!r} has the same leaf "
                   f"{racks[r].leaf!r} as rack {other!r}: one rack per leaf in a job")
         try:
             options = job_options(d)
         except ConfigError as e:
             raise e.at(w) from None
-        options.update(slot_base=_int(d, "slot_base", w, 0, 1 << 15),
-                       nslots=_int(d, "nslots", w, 1, 1 << 15))
+        options.update(slot_base=integer(d, "slot_base", w, 0, 1 << 15),
+                       nslots=integer(d, "nslots", w, 1, 1 << 15))
         job = FabricJob(id=jid, racks=tuple(job_racks), shards=(), **options,
-                        drop_qdepth=_int(d, "drop_qdepth", w, 0, spec.QDEPTH_NEVER)
+                        drop_qdepth=integer(d, "drop_qdepth", w, 0, spec.QDEPTH_NEVER)
                         if "drop_qdepth" in d else None)
         job = FabricJob(**{**job.__dict__, "shards": _shards(d, w, job, spines)})
         for s in job.shards:
@@ -318,18 +314,18 @@ def parse(doc, path: pathlib.Path | None = None) -> Fabric:
             _check_pool(state, jobs, job, racks[r].leaf, job.slot_base, job.nslots, w, racks)
         jobs[jid] = job
     links: dict[tuple[str, str], Link] = {}
-    for i, d in enumerate(_list(f, "links", "fabric")):
+    for i, d in enumerate(optional_list(f, "links", "fabric")):
         w = f"fabric.links[{i}]"
-        _fields(d, w, {"leaf", "leaf_port", "leaf_mac", "spine", "spine_port", "spine_mac"},
+        mapping(d, w, {"leaf", "leaf_port", "leaf_mac", "spine", "spine_port", "spine_mac"},
                 set())
-        leaf, spine = _str(d, "leaf", w), _str(d, "spine", w)
-        _need(leaf in leaves, f"{w}.leaf", f"{leaf!r} is no rack's leaf")
-        _need(spine in spines, f"{w}.spine", f"{spine!r} is not one of fabric.spines")
-        _need((leaf, spine) not in links, w, f"a second link between {leaf!r} and {spine!r}")
-        ln = Link(leaf, _int(d, "leaf_port", w, 0, 511), _mac(d, "leaf_mac", w), spine,
-                  _int(d, "spine_port", w, 0, 511), _mac(d, "spine_mac", w))
+        leaf, spine = string(d, "leaf", w), string(d, "spine", w)
+        need(leaf in leaves, f"{w}.leaf", f"{leaf!r} is no rack's leaf")
+        need(spine in spines, f"{w}.spine", f"{spine!r} is not one of fabric.spines")
+        need((leaf, spine) not in links, w, f"a second link between {leaf!r} and {spine!r}")
+        ln = Link(leaf, integer(d, "leaf_port", w, 0, 511), _mac(d, "leaf_mac", w), spine,
+                  integer(d, "spine_port", w, 0, 511), _mac(d, "spine_mac", w))
         for end, port in ((leaf, ln.leaf_port), (spine, ln.spine_port)):
-            _need(port in switches[end].ports, f"{w}.{'leaf' if end == leaf else 'spine'}_port",
+            need(port in switches[end].ports, f"{w}.{'leaf' if end == leaf else 'spine'}_port",
                   f"port {port} is not in switch {end}'s ports {list(switches[end].ports)}")
         links[(leaf, spine)] = ln
     fabric = Fabric(state, racks, spines, jobs, links)
@@ -349,26 +345,26 @@ def _shards(d: dict, w: str, job: FabricJob, spines: tuple[str, ...]) -> tuple[S
     """The job's shards: known spines, inside the job's slots, each slot owned exactly once."""
     owner: dict[int, tuple[int, str]] = {}
     out = []
-    shards = _list(d, "shards", w)
-    _need(shards, f"{w}.shards", "must give at least one {spine, slot_base, nslots}")
+    shards = optional_list(d, "shards", w)
+    need(shards, f"{w}.shards", "must give at least one {spine, slot_base, nslots}")
     for k, s in enumerate(shards):
         ws = f"{w}.shards[{k}]"
-        _fields(s, ws, {"spine", "slot_base", "nslots"}, set())
-        spine = _str(s, "spine", ws)
-        _need(spine in spines, f"{ws}.spine", f"{spine!r} is not one of fabric.spines "
+        mapping(s, ws, {"spine", "slot_base", "nslots"}, set())
+        spine = string(s, "spine", ws)
+        need(spine in spines, f"{ws}.spine", f"{spine!r} is not one of fabric.spines "
               f"({', '.join(spines)})")
-        base, n = _int(s, "slot_base", ws, 0, 1 << 15), _int(s, "nslots", ws, 1, 1 << 15)
-        _need(job.slot_base <= base and base + n <= job.slot_base + job.nslots, f"{ws}.slot_base",
+        base, n = integer(s, "slot_base", ws, 0, 1 << 15), integer(s, "nslots", ws, 1, 1 << 15)
+        need(job.slot_base <= base and base + n <= job.slot_base + job.nslots, f"{ws}.slot_base",
               f"slots {base}..{base + n - 1} outside the job's {job.slot_base}.."
               f"{job.slot_base + job.nslots - 1}")
         for slot in range(base, base + n):
-            _need(slot not in owner, f"{ws}.slot_base", f"slot {slot} is also owned by spine "
+            need(slot not in owner, f"{ws}.slot_base", f"slot {slot} is also owned by spine "
                   f"{owner.get(slot, (0, ''))[1]!r} (shards[{owner.get(slot, (0, ''))[0]}]): "
                   "a slot aggregates at one spine")
             owner[slot] = (k, spine)
         out.append(Shard(spine, base, n))
     missing = [s for s in range(job.slot_base, job.slot_base + job.nslots) if s not in owner]
-    _need(not missing, f"{w}.shards",
+    need(not missing, f"{w}.shards",
           f"slots {missing and missing[0]}.. ({len(missing)} of them) are owned by no spine")
     return tuple(out)
 
@@ -377,7 +373,7 @@ def _check_pool(state: DesiredState, jobs: dict, job: FabricJob, name: str, base
                 w: str, racks: dict) -> None:
     """Slots base..base+n-1 fit switch `name`'s pool and overlap no other job's there."""
     sw = state.switches[name]
-    _need(base + n <= sw.pool_slots, f"{w}.nslots", f"slots {base}..{base + n - 1} exceed "
+    need(base + n <= sw.pool_slots, f"{w}.nslots", f"slots {base}..{base + n - 1} exceed "
           f"switch {name}'s pool of {sw.pool_slots}")
     used = [(j.id, j.slot_base, j.nslots) for j in state.jobs_on(sw)]
     for other in jobs.values():
@@ -385,5 +381,5 @@ def _check_pool(state: DesiredState, jobs: dict, job: FabricJob, name: str, base
         if any(racks[r].leaf == name for r in other.racks):
             used.append((other.id, other.slot_base, other.nslots))
     for jid, b, m in used:
-        _need(not (base < b + m and b < base + n), f"{w}.slot_base",
+        need(not (base < b + m and b < base + n), f"{w}.slot_base",
               f"slots {base}..{base + n - 1} overlap job {jid}'s {b}..{b + m - 1} on switch {name}")

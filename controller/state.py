@@ -14,14 +14,13 @@ from controller.model import (  # noqa: F401  (Job, Switch: re-exported for the 
     DesiredState,
     Job,
     Switch,
-    _int,
     _mac,
-    _need,
     _parse_flat,
     load_yaml,
 )
 from spina import spec, wire
 from spina.config import ConfigError, JobConfig
+from spina.fields import integer, need
 
 
 def load(path) -> DesiredState:
@@ -52,7 +51,7 @@ def _one_switch(sw: dict, jobs: list[tuple[JobConfig, list[tuple[str, int]]]]) -
             mine = {"name": f"{w.host}:{w.port}", "ip": w.host, "udp_port": w.port,
                     "mac": mac, "switch_port": port}
             seen = workers.setdefault((w.host, w.port), mine)
-            _need(seen == mine, f"jobs[{j}].workers[{r}]",
+            need(seen == mine, f"jobs[{j}].workers[{r}]",
                   f"{w.host}:{w.port} is also a worker on port {seen['switch_port']} with MAC "
                   f"{seen['mac']}")
             members.append(mine["name"])
@@ -101,15 +100,15 @@ def from_l2_config(cfg, *, name: str = "s1", target: str = "softswitch", grpc: s
     A job's full packets must fit the links' IP MTU (`mtu`, default 1500): frames, unlike UDP
     datagrams, are not fragmented for us. Errors name the field (ConfigError).
     """
-    _need(isinstance(cfg, dict), "switch config", "must be a mapping of fields")
+    need(isinstance(cfg, dict), "switch config", "must be a mapping of fields")
     for k in cfg:
-        _need(k in L2_CONFIG_FIELDS, f"switch config: field '{k}'",
+        need(k in L2_CONFIG_FIELDS, f"switch config: field '{k}'",
               f"unknown field (known: {', '.join(sorted(L2_CONFIG_FIELDS))})")
     for k in ("endpoints", "l2", "routes", "jobs"):
-        _need(isinstance(cfg.get(k, []), list), f"switch config: field '{k}'", "must be a list")
+        need(isinstance(cfg.get(k, []), list), f"switch config: field '{k}'", "must be a list")
     for k in ("qdepth_threshold", "mtu"):
         if k in cfg:
-            _int(cfg, k, "switch config", 0, 1 << 19)
+            integer(cfg, k, "switch config", 0, 1 << 19)
     mtu = cfg.get("mtu", 1500)
     jobs, ports = [], set()
     for j, jd in enumerate(cfg.get("jobs", ())):
@@ -119,15 +118,15 @@ def from_l2_config(cfg, *, name: str = "s1", target: str = "softswitch", grpc: s
         except ConfigError as e:
             raise ConfigError(f"{where}: {e}") from None
         size = 20 + 8 + wire.packet_len(job.nlanes, job.block_size, job.nlanes)
-        _need(size <= mtu, f"{where}: field 'nlanes'",
+        need(size <= mtu, f"{where}: field 'nlanes'",
               f"{job.nlanes} lanes of {job.block_size} elements make {size}-byte IP packets, "
               f"more than the MTU of {mtu}")
         attach = []
         for r, wd in enumerate(jd["workers"]):
             for k in ("mac", "switch_port"):
-                _need(k in wd, f"{where}.workers[{r}].{k}", "required in a switch config")
+                need(k in wd, f"{where}.workers[{r}].{k}", "required in a switch config")
             attach.append((_mac(wd, "mac", f"{where}.workers[{r}]"),
-                           _int(wd, "switch_port", f"{where}.workers[{r}]", 0, 511)))
+                           integer(wd, "switch_port", f"{where}.workers[{r}]", 0, 511)))
         ports.update(port for _, port in attach)
         jobs.append((job, attach))
     endpoints = cfg.get("endpoints", [])

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from host_agent.torch_hook import _segment_sizes, block_aligned_layout, sum_async
-from spina.config import checker
+from spina.fields import checker
 
 
 class LocalSGDState:

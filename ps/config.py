@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from spina.config import checker, dataclass_kwargs
+from spina.fields import checker, dataclass_kwargs
 
 POLICIES = ("bsp", "asp", "ssp", "gssp")
 

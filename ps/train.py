@@ -22,7 +22,7 @@ import torch
 
 from ps.config import PolicyConfig
 from ps.local import LocalPS
-from spina.config import checker
+from spina.fields import checker
 
 
 class Task(Protocol):

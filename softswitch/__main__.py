@@ -84,15 +84,12 @@ def _queue_rate(text: str) -> tuple[int, int]:
 
 
 def _port_rate(text: str):
+    """PORT:RATE (a cli.parsed_by parser: ValueError names what is wrong)."""
     from softswitch.egress import parse_port_rate
     port, sep, rate = text.partition(":")
     if not sep or not port.isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r}: expected PORT:RATE, e.g. 2:1gbit or "
-                                         "2:8000pps")
-    try:
-        return int(port), parse_port_rate(rate)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+        raise ValueError(f"{text!r}: expected PORT:RATE, e.g. 2:1gbit or 2:8000pps")
+    return int(port), parse_port_rate(rate)
 
 
 def _pool_args(p: argparse.ArgumentParser) -> None:
@@ -275,8 +272,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="limit each priority queue of egress port PORT to PPS frames a second "
                          "(BMv2's set_queue_rate; softswitch/egress.py): frames then queue by "
                          "priority and enq_qdepth is measured; repeatable; default: no limit")
-    l2.add_argument("--port-rate", action="append", type=_port_rate, default=[],
-                    metavar="PORT:RATE",
+    l2.add_argument("--port-rate", action="append", default=[], metavar="PORT:RATE",
+                    type=cli.parsed_by(_port_rate, "port rate"),
                     help="shape egress port PORT as one link of RATE (bits/s: 400mbit, 1gbit; "
                          "frames/s: 8000pps; or both, 8000pps,1gbit): strict priority between "
                          "its queues, a frame's link time taken when it leaves egress, so a "

@@ -19,7 +19,7 @@ import argparse
 import os
 import sys
 
-from spina import wire
+from spina import cli, wire
 
 
 def bind(ports=(wire.DEFAULT_UDP_PORT,)):
@@ -72,20 +72,9 @@ def parser(prog: str = "python -m spina.capture") -> argparse.ArgumentParser:
     """The capture command's arguments (`spina capture` adds -c)."""
     ap = argparse.ArgumentParser(prog=prog, description=DESCRIPTION)
     ap.add_argument("file", help="capture file")
-    ap.add_argument("--port", type=port, action="append", metavar="PORT",
+    ap.add_argument("--port", type=cli.udp_port, action="append", metavar="PORT",
                     help=f"INA UDP port (repeatable; default {wire.DEFAULT_UDP_PORT})")
     return ap
-
-
-def port(text: str) -> int:
-    """An argparse type: a UDP port 1..65535."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a UDP port (1..65535)")
-    return value
 
 
 def main(argv=None) -> int:

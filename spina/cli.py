@@ -50,15 +50,61 @@ def int_range(lo: int, hi: int, what: str = ""):
     return parse
 
 
-def positive_float(text: str) -> float:
-    """An argparse type: a finite number > 0."""
+def udp_port(text: str) -> int:
+    """An argparse type: a UDP port 1..65535."""
+    try:
+        value = int(text, 10)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a UDP port (1..65535)")
+    return value
+
+
+def _finite(text: str) -> float:
     try:
         v = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 < v < float("inf"):
+    if v != v or v in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return v
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number > 0."""
+    v = _finite(text)
+    if not v > 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be a positive number")
     return v
+
+
+def non_negative_float(text: str) -> float:
+    """An argparse type: a finite number >= 0 (seconds, costs)."""
+    v = _finite(text)
+    if not v >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a number >= 0")
+    return v
+
+
+def fraction(text: str) -> float:
+    """An argparse type: a number in (0, 1] (a density, a ratio)."""
+    v = _finite(text)
+    if not 0 < v <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be in (0, 1]")
+    return v
+
+
+def parsed_by(parse, name: str):
+    """An argparse type from a parser that raises ValueError with its own message (a size,
+    a rate): argparse then prints that message, naming the option."""
+    def parse_arg(text: str):
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    parse_arg.__name__ = name
+    return parse_arg
 
 
 def seconds_or_auto(text: str) -> float | str:

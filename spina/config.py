@@ -9,24 +9,7 @@ import pathlib
 from dataclasses import dataclass
 
 from spina import spec, wire
-
-
-class ConfigError(ValueError):
-    """Bad configuration; the message names the offending field. `field` and `detail`, when
-    set, are the field's name and what is wrong with it, so that a file's parser can name the
-    field its own way (`jobs[0].nslots: ...`)."""
-
-    def __init__(self, msg: str, field: str | None = None, detail: str | None = None):
-        super().__init__(msg)
-        self.field, self.detail = field, detail
-
-    def at(self, where: str) -> "ConfigError":
-        """This error named under `where` (e.g. "jobs[0]" -> "jobs[0].nslots: ...")."""
-        if self.field is None:
-            return ConfigError(f"{where}: {self}")
-        return ConfigError(f"{where}.{self.field}: {self.detail}", f"{where}.{self.field}",
-                           self.detail)
-
+from spina.fields import ConfigError, number_field, read_json  # ConfigError: importers name it here
 
 MAX_RACKS = 32  # a job's racks: the spine's bitmap has one bit per rack (leaf)
 # a worker's fields in an L2 switch config (softswitch.l2)
@@ -249,67 +232,6 @@ def job_options(d: dict, where: str = "") -> dict:
         else:
             out[k] = number_field(d, k, int if kind is int else float, where)
     return out
-
-
-def checker(prefix: str):
-    """`need(cond, field, msg)`: raise ConfigError("<prefix>field '<field>': <msg>") unless cond
-    (prefix "" or ending in ": ")."""
-    def need(cond, name: str, msg: str) -> None:
-        if not cond:
-            raise ConfigError(f"{prefix}field '{name}': {msg}")
-    return need
-
-
-def read_json(path, what: str):
-    """The JSON document in `path`; unreadable or not JSON is a ConfigError naming `what`
-    ("job file", "daemon config", ...) and the path."""
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except OSError as e:
-        raise ConfigError(f"{what} {path}: {e.strerror}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{what} {path}: not JSON ({e})") from None
-
-
-_TYPES = {"bool": (bool,), "int": (int,), "float": (int, float), "str": (str,)}
-
-
-def dataclass_kwargs(cls, d, what: str) -> dict:
-    """Keyword arguments for the dataclass `cls` from the mapping `d`: a key `cls` does not have
-    or a value of the wrong type (by the field's annotation: bool, int, float, str, optionally
-    `| None`) is a ConfigError naming `what` and the field. Floats given as integers become
-    floats; a bool is never taken for a number."""
-    if not isinstance(d, dict):
-        raise ConfigError(f"{what}: must be a mapping of field names to values")
-    types = {f.name: str(f.type) for f in dataclasses.fields(cls)}
-    out = {}
-    for key, value in d.items():
-        if key not in types:
-            raise ConfigError(f"{what}: unknown field '{key}' (known: {', '.join(sorted(types))})")
-        kinds = [t.strip() for t in types[key].split("|")]
-        if value is None and "None" in kinds:
-            out[key] = None
-            continue
-        kind = kinds[0]
-        ok = (isinstance(value, _TYPES.get(kind, (object,)))
-              and (kind == "bool" or not isinstance(value, bool)))
-        if not ok:
-            raise ConfigError(f"{what}: field '{key}': {value!r} is not "
-                              f"a{'n' if kind == 'int' else ''} {kind}")
-        out[key] = float(value) if kind == "float" else value
-    return out
-
-
-def number_field(d: dict, key: str, kind: type, where: str = ""):
-    """d[key] if it is an integer (kind int) or a number (kind float); never a bool or string.
-    `where` prefixes the field's name in the error (e.g. "workers[1].")."""
-    v = d[key]
-    ok = isinstance(v, int) or (kind is float and isinstance(v, float))
-    if not ok or isinstance(v, bool):
-        what = f"{v!r} is not {'an integer' if kind is int else 'a number'}"
-        raise ConfigError(f"field '{where}{key}': {what}", f"{where}{key}", what)
-    return kind(v)
 
 
 def _address(d, where: str, extra: tuple = ()) -> tuple[str, int]:

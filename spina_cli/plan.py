@@ -37,52 +37,29 @@ def parse_args(argv):
     ap.add_argument("topology", help="topology file (YAML or JSON)")
     ap.add_argument("--collective", choices=COLLECTIVES, default="all_reduce",
                     help="default: %(default)s")
-    ap.add_argument("--size", required=True, type=_size,
+    ap.add_argument("--size", required=True, type=cli.parsed_by(topology.parse_size, "size"),
                     help="the whole tensor: bytes, or with B, KiB, MiB, GiB, KB, MB, GB")
     ap.add_argument("--dtype", choices=sorted(planner.DTYPE_SIZES), default="float32",
                     help="element type (default: %(default)s; ina sends 4-byte int32 anyway)")
     ap.add_argument("--algorithms", type=lambda s: s.split(","),
                     help="comma-separated candidates (default: every one that fits)")
-    ap.add_argument("--alpha", type=_seconds, help=f"seconds per step (default {d.alpha:g})")
-    ap.add_argument("--cpu-per-byte", type=_seconds, dest="cpu_per_byte",
+    ap.add_argument("--alpha", type=cli.non_negative_float,
+                    help=f"seconds per step (default {d.alpha:g})")
+    ap.add_argument("--cpu-per-byte", type=cli.non_negative_float, dest="cpu_per_byte",
                     help="seconds of a rank's CPU per byte it sends or receives (default "
                          f"{d.cpu_per_byte:g})")
-    ap.add_argument("--density", type=_fraction,
+    ap.add_argument("--density", type=cli.fraction,
                     help="fraction of each rank's blocks that are non-zero, for ina "
                          f"(default {d.density:g})")
-    ap.add_argument("--switch-packet-cost", type=_seconds, dest="ina_switch_packet_s",
+    ap.add_argument("--switch-packet-cost", type=cli.non_negative_float, dest="ina_switch_packet_s",
                     help="ina: switch seconds per datagram in (default "
                          f"{d.ina_switch_packet_s:g}, docs/profile.md)")
-    ap.add_argument("--agent-packet-cost", type=_seconds, dest="ina_agent_packet_s",
+    ap.add_argument("--agent-packet-cost", type=cli.non_negative_float, dest="ina_agent_packet_s",
                     help=f"ina: agent seconds per datagram (default {d.ina_agent_packet_s:g})")
-    ap.add_argument("--ina-call-cost", type=_seconds, dest="ina_call_s",
+    ap.add_argument("--ina-call-cost", type=cli.non_negative_float, dest="ina_call_s",
                     help=f"ina: fixed seconds per call (default {d.ina_call_s:g})")
     ap.add_argument("--json", action="store_true", help="print the plan as JSON")
     return ap.parse_args(argv)
-
-
-def _size(text):
-    try:
-        return topology.parse_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _seconds(text):
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 <= v < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a number >= 0")
-    return v
-
-
-def _fraction(text):
-    v = _seconds(text)
-    if not 0 < v <= 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be in (0, 1]")
-    return v
 
 
 def report(topo, pl: planner.Plan) -> str:

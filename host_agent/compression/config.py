@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from spina.config import checker, dataclass_kwargs
+from spina.fields import checker, dataclass_kwargs
 
 METHODS = ("none", "topk", "randomk", "scaled", "losscomp")
 VOTES = ("sign", "ternary")  # votes.py: integer votes, their own hook (spina_vote_hook)

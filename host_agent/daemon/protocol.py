@@ -10,6 +10,8 @@ import json
 import socket
 import struct
 
+from spina.fields import kind_problem
+
 DEFAULT_SOCKET = "/tmp/spina-agent.sock"
 MAX_MESSAGE = 1 << 20
 _LEN = struct.Struct("!I")
@@ -56,7 +58,6 @@ REQUESTS = {
     "allreduce": ({"shm": str, "n": int, "dtype": str}, {"layer_index": int, "layer_count": int}),
     "status": ({}, {}),
 }
-_TYPE_NAMES = {str: "a string", int: "an integer"}
 
 
 def check_request(msg: dict) -> str | None:
@@ -71,8 +72,9 @@ def check_request(msg: dict) -> str | None:
         kind = required.get(k, optional.get(k))
         if kind is None:
             return f"{op}: unknown field '{k}' (known: {', '.join(['op', *required, *optional])})"
-        if not isinstance(v, kind) or isinstance(v, bool):
-            return f"{op}: field '{k}': {v!r} is not {_TYPE_NAMES[kind]}"
+        problem = kind_problem(v, kind)
+        if problem:
+            return f"{op}: field '{k}': {problem}"
     for k in required:
         if k not in msg:
             return f"{op}: field '{k}' is missing"

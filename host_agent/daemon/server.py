@@ -46,8 +46,8 @@ from spina.config import (
     ConfigError,
     JobFile,
     load_worker_file,
-    read_json,
 )
+from spina.fields import checker, is_kind, read_json
 from spina.metrics import parse_address
 
 log = logging.getLogger("spina.daemon")
@@ -94,12 +94,10 @@ class DaemonConfig:
 
     def validate(self) -> "DaemonConfig":
         """Check every field (also after command-line overrides); errors name the field."""
-        def need(cond, name, msg):
-            if not cond:
-                raise ConfigError(f"field '{name}': {msg}")
+        need = checker("")
         for name in ("timeout", "rto"):
             v = getattr(self, name)
-            need(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf"),
+            need(is_kind(v, float) and 0 < v < float("inf"),
                  name, f"must be a positive number of seconds, got {v!r}")
         need(isinstance(self.log_level, str) and self.log_level in spina_log.LEVELS, "log_level",
              f"{self.log_level!r} is not one of {', '.join(spina_log.LEVELS)}")
@@ -124,11 +122,11 @@ class DaemonConfig:
                 raise ConfigError(f"field 'metrics': {e}") from None
         if self.bounded_loss is not None:
             v = self.bounded_loss
-            need(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1,
+            need(is_kind(v, float) and 0 <= v < 1,
                  "bounded_loss", f"must be a fraction in [0, 1), got {v!r}")
         if self.loss_deadline is not None:
             v = self.loss_deadline
-            need(v == LOSS_DEADLINE_AUTO or (isinstance(v, (int, float)) and not isinstance(v, bool)
+            need(v == LOSS_DEADLINE_AUTO or (is_kind(v, float)
                                              and 0 < v < float("inf")),
                  "loss_deadline", f"{v!r} is neither positive seconds nor '{LOSS_DEADLINE_AUTO}'")
         for name, allowed in (("priority_policy", PRIORITY_POLICIES),
@@ -376,16 +374,6 @@ class Daemon:
 
 
 # ---------------------------------------------------------------------- CLI
-def _loss_deadline(text: str) -> float | str:
-    """--loss-deadline: 'auto' or seconds (DaemonConfig.validate checks the value)."""
-    if text == LOSS_DEADLINE_AUTO:
-        return text
-    try:
-        return float(text)
-    except ValueError:
-        return text  # validate() names it: neither seconds nor 'auto'
-
-
 def main(argv=None) -> int:
     ap = cli.ArgumentParser(
         prog="python -m host_agent daemon",
@@ -409,7 +397,7 @@ def main(argv=None) -> int:
     ap.add_argument("--loss-tolerant-policy",
                     help=f"DLCP: {' | '.join(LOSS_TOLERANT_POLICIES)} for every job served "
                          "(default: each job file's)")
-    ap.add_argument("--loss-deadline", type=_loss_deadline, metavar="SECONDS|auto",
+    ap.add_argument("--loss-deadline", type=cli.seconds_or_auto, metavar="SECONDS|auto",
                     help="DLCP: how long a round may wait for a missing worker before it is "
                          "completed without it (bounded loss only): seconds, or 'auto': twice "
                          "the measured latency of the agent's rounds, at least 2 ms and at most "
