@@ -163,7 +163,12 @@ def test_second_controller_takes_over(inproc, tmp_path):
         first.deploy()
         with Controller(st, election=2) as second:
             second.deploy()
-            time.sleep(0.2)  # the arbitration update reaches the first controller
+            conn1 = first.session("s1").conn
+
+            def demoted():  # the arbitration update has reached the first controller
+                conn1.refresh_arbitration()
+                return not conn1.is_primary
+            assert wait_for(demoted, 10), "the first controller never learnt it was demoted"
             with pytest.raises(NotPrimaryError, match="refusing to write"):
                 first.set_state(st.with_job(state_mod.Job(id=3, members=("w0",), nslots=1)))
             conn = first.session("s1").conn

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-import time
 
 import pytest
 
@@ -36,9 +35,9 @@ def _udp_reaches(src, dst, port=40000) -> bool:
     recv = dst.popen([sys.executable, "-c",
                       "import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "
                       f"s.bind(('{dst.IP()}', {port})); s.settimeout(5); "
-                      "print(s.recvfrom(100)[0].decode())"])
+                      "print('bound', flush=True); print(s.recvfrom(100)[0].decode())"])
     try:
-        time.sleep(0.3)
+        assert recv.stdout.readline().strip() == b"bound"  # listening before anything is sent
         src.cmd(f"{sys.executable} -c \"import socket; socket.socket(socket.AF_INET, "
                 f"socket.SOCK_DGRAM).sendto(b'hello', ('{dst.IP()}', {port}))\"")
         out, _ = recv.communicate(timeout=10)
