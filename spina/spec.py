@@ -2,7 +2,7 @@
 and the tests take them from.
 
 p4src/ declares the same tables, actions, registers and counters (tests/test_p4_agreement.py
-checks both directions), and p4src/shared/size.p4 the same P4 sizes (P4_SIZES below). Keys and
+checks both directions), and p4src/v1model/size.p4 the same P4 sizes (P4_SIZES below). Keys and
 action parameters carry their bit widths, so that a P4Info can be generated from this module and
 compared with the one p4c writes.
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from spina import wire
 
-# ---------------------------------------------------------------- sizes (p4src/shared/size.p4)
+# ---------------------------------------------------------------- sizes (p4src/v1model/size.p4)
 # The P4 program's sizes; the software switch accepts larger blocks and fusion than these.
 P4_SIZES = {
     "POOL_SLOTS": 256,      # slots in the pool; registers hold 2 shadow copies each

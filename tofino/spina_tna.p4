@@ -15,10 +15,12 @@
 #include "../p4src/shared/header.p4"
 #include "include/types.p4"
 #include "include/parser.p4"
+#include "include/ina_check.p4"
 #include "include/admission.p4"
 #include "include/aggregator.p4"
 #include "include/forwarding.p4"
-#include "include/egress.p4"
+#include "include/priority.p4"
+#include "include/egress_rewrite.p4"
 
 control SpinaIngress(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
                      in ingress_intrinsic_metadata_t ig_intr_md,

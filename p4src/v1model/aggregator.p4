@@ -77,7 +77,7 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
     @name(".head_heard")     register<bit<32>>(POOL_SLOTS)  head_heard;
     @name(".head_missing")   register<bit<8>>(POOL_SLOTS)   head_missing;
 
-    // Generated from NLANES and BLOCK_SIZE (shared/size.p4); global names so that the
+    // Generated from NLANES and BLOCK_SIZE (v1model/size.p4); global names so that the
     // controller and the Thrift runtime find them as slot_next_l<L>, slot_values_l<L>_e<E>.
 #define SPINA_NEXT_REG(L) \
     @name(SPINA_XSTR(.slot_next_l##L)) register<bit<32>>(SLOT_COPIES) slot_next_l##L;

@@ -10,7 +10,7 @@
 #include <v1model.p4>
 
 #include "../shared/define.p4"
-#include "../shared/size.p4"
+#include "size.p4"
 #include "../shared/header.p4"
 #include "parser.p4"
 #include "ina_check.p4"

@@ -1,5 +1,5 @@
-/* SpINA on Tofino 1: ordinary forwarding (l2, ipv4_routes) and the INA priority's queue.
- * Same tables, keys and actions as p4src/v1model/forwarding.p4 and priority.p4.
+/* SpINA on Tofino 1: ordinary forwarding (l2, ipv4_routes). Same tables, keys and actions as
+ * p4src/v1model/forwarding.p4.
  */
 #ifndef SPINA_TNA_FORWARDING_P4
 #define SPINA_TNA_FORWARDING_P4
@@ -61,17 +61,6 @@ control Forwarding(inout tna_headers_t hdr,
             } else {
                 drop();
             }
-        }
-    }
-}
-
-// The INA priority class (3 bits, as v1model's priority) picks the egress queue and the
-// ingress class of service; the port's queues are the control plane's (TM configuration).
-control Priority(in tna_headers_t hdr, inout ingress_intrinsic_metadata_for_tm_t ig_tm_md) {
-    apply {
-        if (hdr.ina.isValid()) {
-            ig_tm_md.qid = (QueueId_t)hdr.ina.priority[2:0];
-            ig_tm_md.ingress_cos = hdr.ina.priority[2:0];
         }
     }
 }
