@@ -141,15 +141,20 @@ def headroom_bits(nworkers: int) -> int:
     return math.ceil(math.log2(nworkers)) if nworkers > 1 else 0
 
 
-def quant_shift(exponent: int, nworkers: int) -> int:
-    """Shift S with |x| * 2**S < 2**(30 - headroom): N such values sum below 2**30.
+LANE_DTYPES = {32: np.int32, 16: np.int16, 8: np.int8}  # a lane's width -> its values' type
 
-    The float error of a dequantized sum is at most nworkers * 2**(-S-1) plus the float32
-    rounding of the result (docs/aggregation.md).
+
+def quant_shift(exponent: int, nworkers: int, lane_bits: int = 32) -> int:
+    """Shift S with |x| * 2**S < 2**(lane_bits - 2 - headroom): N such values, rounded, sum
+    to at most 2**(lane_bits - 2) in magnitude, so the sum fits the lane's own width.
+
+    int32 lanes round to nearest: the float error of a dequantized sum is at most
+    nworkers * 2**(-S-1) plus the float32 rounding of the result (docs/aggregation.md).
+    Narrow lanes (16, 8) round stochastically (`stochastic_quantize`): below nworkers * 2**-S.
     """
     if exponent == wire.EXPONENT_NONE:
         return 0
-    return 30 - headroom_bits(nworkers) - exponent
+    return lane_bits - 2 - headroom_bits(nworkers) - exponent
 
 
 def _scale(x: np.ndarray, shift: int, out: np.ndarray) -> np.ndarray:
@@ -179,3 +184,45 @@ def dequantize(data: np.ndarray, shift: int, out: np.ndarray | None = None) -> n
     if out is None:
         out = np.empty(data.shape, np.float32)
     return _scale(data, -shift, out)
+
+
+# ---------------------------------------------------------------- narrow lanes (docs/bits.md)
+# The host's half of 16- and 8-bit lanes: what a rank sends, and the bound on the sum it gets
+# back. The wire format and the switches do not carry narrow lanes yet (docs/bits.md).
+def rounding_noise(seed: int, rank: int, step: int, shape) -> np.ndarray:
+    """Uniform [0, 1) float32 draws for stochastic rounding, a function of (seed, rank,
+    step) only: a rerun sends the same values, and no two ranks or steps share draws."""
+    gen = np.random.Generator(np.random.Philox(key=[seed & (1 << 64) - 1, 0],
+                                               counter=[0, 0, rank, step]))
+    return gen.random(shape, np.float32)
+
+
+def stochastic_quantize(rows: np.ndarray, shift: int, lane_bits: int,
+                        noise: np.ndarray) -> np.ndarray:
+    """floor(rows * 2**shift + noise) as the lane's integer type (LANE_DTYPES): unbiased
+    (E[q] = rows * 2**shift for noise uniform on [0, 1), as QSGD's rounding), each value off
+    by less than one unit. With shift from quant_shift(.., lane_bits) every value, and the
+    sum of nworkers of them, fits the lane's width (|q| <= 2**(lane_bits - 2 - headroom))."""
+    # float64: rows * 2**shift (below 2**14 on a narrow lane) plus a draw (a multiple of 2**-24)
+    # is exact, so the floor is that of the true sum and the rounding stays unbiased.
+    scaled = np.ldexp(rows.astype(np.float64), shift)
+    scaled += noise
+    return np.floor(scaled, out=scaled).astype(LANE_DTYPES[lane_bits])
+
+
+def stochastic_error_bound(nworkers: int, shift: int) -> float:
+    """The bound on |dequantized sum - true sum| of nworkers stochastically rounded values,
+    before the float32 rounding of the result: each rank's value is off by less than 2**-S."""
+    return nworkers * 2.0 ** -shift
+
+
+def quantize_with_feedback(rows: np.ndarray, residual: np.ndarray, shift: int, lane_bits: int,
+                           noise: np.ndarray) -> np.ndarray:
+    """Error feedback around stochastic_quantize: rows + residual is what is quantized, and
+    `residual` (float32, rows' shape, updated in place) keeps what the lane could not carry,
+    so that over any number of steps sum(sent) = sum(rows) - residual: no gradient is lost,
+    only delayed. The shift must be the one for rows + residual (their block maximum)."""
+    target = rows + residual
+    q = stochastic_quantize(target, shift, lane_bits, noise)
+    np.subtract(target, dequantize(q, shift), out=residual)
+    return q
