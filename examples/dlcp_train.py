@@ -34,21 +34,12 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 import numpy as np
 
+from examples.digits import flat_split
 from host_agent.local import LocalCluster
 from softswitch.udp import Faults, UdpSwitch
 from spina import cli, wire
 
 BOUNDS = (0.0, 0.01, 0.1)
-
-
-def load_data(seed: int):
-    """Digits (1797 8x8 images): pixels scaled to 0..1, an 80/20 split."""
-    from sklearn.datasets import load_digits
-    d = load_digits()
-    x = (d.images.reshape(len(d.images), -1) / 16.0).astype(np.float32)
-    perm = np.random.default_rng(seed).permutation(len(x))
-    ntest = len(x) // 5
-    return x[perm[ntest:]], d.target[perm[ntest:]], x[perm[:ntest]], d.target[perm[:ntest]]
 
 
 def init(seed: int) -> list[np.ndarray]:
@@ -262,7 +253,7 @@ def main(argv=None) -> int:
                          "latency, 2-50 ms); default 0.005 (digits), auto (mlp)")
     ap.add_argument("--nlanes", type=cli.int_range(1, wire.MAX_LANES), default=None,
                     help="blocks per packet: default 1 (digits, blocks of 8), 8 (mlp, blocks of "
-                         "256, as bench/dlcp_bench.py: loss-tolerant packets are whole packets, "
+                         "256, as bench/dlcp_bench/: loss-tolerant packets are whole packets, "
                          "so at 56 a 1%% bound marks almost none)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", help="default docs/dlcp_<task>.png (JSON beside it)")
@@ -275,7 +266,7 @@ def main(argv=None) -> int:
     args.out = args.out or str(ROOT / "docs" / f"dlcp_{args.task}.png")
     if not 0 <= args.drop <= 1:
         return cli.fail(ap.prog, f"--drop: {args.drop} is not a probability in [0, 1]")
-    data = mlp_data() if mlp else load_data(args.seed)
+    data = mlp_data() if mlp else flat_split(args.seed)
     runs = []
     for bound in BOUNDS:
         h = (run_mlp if mlp else run)(bound, args, data)

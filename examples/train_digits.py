@@ -33,6 +33,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from examples import digits
 from host_agent.launch import shared_job_file, start_subprocess
 from host_agent.torch_hook import JOB_FILE_ENV, SpinaHookState, agent_from_env, spina_allreduce_hook
 
@@ -57,12 +58,11 @@ class LeNet5(nn.Module):
 
 def load_data(seed: int):
     """Digits (1797 8x8 images, bundled with scikit-learn) upsampled to 32x32; 80/20 split."""
-    from sklearn.datasets import load_digits
-    d = load_digits()
-    x = torch.tensor(d.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    images, labels = digits.images()
+    x = torch.from_numpy(images).unsqueeze(1)
     x = F.interpolate(x, size=32, mode="bilinear", align_corners=False)
     x = (x - x.mean()) / x.std()
-    y = torch.tensor(d.target, dtype=torch.long)
+    y = torch.from_numpy(labels)
     perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
     ntest = len(y) // 5
     test, train = perm[:ntest], perm[ntest:]

@@ -1,4 +1,4 @@
-"""Smoke test of the DLCP congestion experiment (bench/dlcp_bench.py) at a tiny size.
+"""Smoke test of the DLCP congestion experiment (bench/dlcp_bench/) at a tiny size.
 
 Run just this file: python -m pytest tests/test_dlcp_bench.py   (needs root, `ip`, `tc`)
 

@@ -478,34 +478,32 @@ tests:
         values: '0x12'
       - series: 'spina_controller_switch_up{{job="spina", instance="127.0.0.1:9102", switch="s3"}}'
         values: '1x7 0x5'
-    alert_rule_test:
-      - {{eval_time: 4m, alertname: SpinaJobRoundsStalled, exp_alerts: []}}
-      - eval_time: 8m
-        alertname: SpinaJobRoundsStalled
-        exp_alerts:
-          - exp_labels: {{severity: critical, job_id: "1"}}
-            exp_annotations:
-              summary: "job 1: contributions arrive, no round completes"
-      - {{eval_time: 4m, alertname: SpinaResendsRising, exp_alerts: []}}
-      - eval_time: 10m
-        alertname: SpinaResendsRising
-        exp_alerts:
-          - exp_labels: {{severity: warning, job_id: "1"}}
-            exp_annotations:
-              summary: "job 1: 2 resends/s, over 1% of packets"
-      - {{eval_time: 5m, alertname: SpinaSwitchDown, exp_alerts: []}}
-      - eval_time: 9m
-        alertname: SpinaSwitchDown
-        exp_alerts:
-          - exp_labels: {{severity: critical, job: spina, instance: "127.0.0.1:9100",
-                         switch: s2}}
-            exp_annotations:
-              summary: "switch s2 does not answer (127.0.0.1:9100)"
-          - exp_labels: {{severity: critical, job: spina, instance: "127.0.0.1:9102",
-                         switch: s3}}
-            exp_annotations:
-              summary: "switch s3 does not answer (127.0.0.1:9102)"
+    alert_rule_test: {cases}
 """
+
+
+def _alert_cases(alert: str, quiet_at: str, fires_at: str, *fired: tuple[dict, str]) -> list[dict]:
+    """promtool's two cases for one alert: none at `quiet_at`, exactly `fired` (each its labels
+    and summary) at `fires_at`."""
+    return [{"eval_time": quiet_at, "alertname": alert, "exp_alerts": []},
+            {"eval_time": fires_at, "alertname": alert,
+             "exp_alerts": [{"exp_labels": labels, "exp_annotations": {"summary": summary}}
+                            for labels, summary in fired]}]
+
+
+# what ALERT_TESTS' series must fire, as JSON (a YAML flow sequence) in its alert_rule_test
+ALERT_CASES = [
+    *_alert_cases("SpinaJobRoundsStalled", "4m", "8m",
+                  ({"severity": "critical", "job_id": "1"},
+                   "job 1: contributions arrive, no round completes")),
+    *_alert_cases("SpinaResendsRising", "4m", "10m",
+                  ({"severity": "warning", "job_id": "1"},
+                   "job 1: 2 resends/s, over 1% of packets")),
+    *_alert_cases("SpinaSwitchDown", "5m", "9m",
+                  *(({"severity": "critical", "job": "spina", "instance": f"127.0.0.1:{port}",
+                      "switch": sw}, f"switch {sw} does not answer (127.0.0.1:{port})")
+                    for sw, port in (("s2", 9100), ("s3", 9102)))),
+]
 
 
 def test_real_prometheus_with_the_documented_config_sums_each_packet_once(tmp_path):
@@ -539,7 +537,7 @@ def test_alert_rules_pass_promtool_and_fire_on_the_series_they_describe(tmp_path
                        timeout=60)
     assert r.returncode == 0 and "SUCCESS: 3 rules found" in r.stdout, r.stdout + r.stderr
     tests = tmp_path / "alerts_test.yml"
-    tests.write_text(ALERT_TESTS.format(rules=rules))
+    tests.write_text(ALERT_TESTS.format(rules=rules, cases=json.dumps(ALERT_CASES)))
     r = subprocess.run([PROMTOOL, "test", "rules", str(tests)], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr
