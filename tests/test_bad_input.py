@@ -530,8 +530,10 @@ def test_rendezvous_protocol(line, names, runs):
 # spina.fields.dataclass_kwargs reads the compression and PS policy mappings (YAML/JSON).
 TYPED_CASES = [
     ("compression", {"ratio": "0.1"}, "compression: field 'ratio': '0.1' is not a number"),
-    ("compression", {"warmup_steps": 1.5}, "compression: field 'warmup_steps': 1.5 is not an integer"),
-    ("compression", {"error_feedback": 1}, "compression: field 'error_feedback': 1 is not a boolean"),
+    ("compression", {"warmup_steps": 1.5},
+     "compression: field 'warmup_steps': 1.5 is not an integer"),
+    ("compression", {"error_feedback": 1},
+     "compression: field 'error_feedback': 1 is not a boolean"),
     ("compression", {"ratio": True}, "compression: field 'ratio': True is not a number"),
     ("compression", {"ratoi": 0.1}, "compression: unknown field 'ratoi'"),
     ("compression", [0.1], "compression: must be a mapping"),
