@@ -146,9 +146,8 @@ class Dataplane:
         """Insert (or replace) one entry; names and fields as in spina/spec.py TABLES. A row
         this switch cannot honour (class doc) is a ValueError naming it."""
         params = dict(params or {})
-        t = spec.TABLES.get(table)
-        if t is None:
-            raise KeyError(f"no table {table!r} (tables: {', '.join(spec.TABLES)})")
+        add, _ = self._handlers(table)
+        t = spec.TABLES[table]
         if action not in t.actions:
             raise KeyError(f"table {table!r} has no action {action!r} ({', '.join(t.actions)})")
         want = {k.name for k in t.keys}
@@ -158,18 +157,22 @@ class Dataplane:
         if set(params) != want_p:
             raise KeyError(f"action {action!r} needs parameters {sorted(want_p)}, "
                            f"got {sorted(params)}")
-        add = getattr(self, f"_add_{table}", None)
-        if add is None:
-            raise KeyError(f"table {table!r} takes no entries here")
-        add(key, action, params)
+        add(self, key, action, params)
         self.version += 1
 
     def table_delete(self, table: str, key: dict) -> None:
-        delete = getattr(self, f"_delete_{table}", None)
-        if delete is None:
-            raise KeyError(f"no table {table!r} with entries")
-        delete(key)
+        """Delete one entry (no entry: nothing to do, as the tables' dicts)."""
+        _, delete = self._handlers(table)
+        delete(self, key)
         self.version += 1
+
+    def _handlers(self, table: str) -> tuple:
+        """(add, delete) of `table` from TABLE_HANDLERS; a KeyError naming an unknown table."""
+        try:
+            return self.TABLE_HANDLERS[table]
+        except KeyError:
+            raise KeyError(f"no table {table!r} (tables: {', '.join(self.TABLE_HANDLERS)})") \
+                from None
 
     def mcast_group_set(self, grp: int, replicas: list[tuple[int, int]]) -> None:
         """Packet replication engine: group -> [(egress port, replication id)]."""
@@ -215,7 +218,8 @@ class Dataplane:
             raise ValueError("the UDP mode forwards no frames (only INA packets to its socket); "
                              "run the L2 mode for forwarding entries")
 
-    # one method per table: its rows into the structures the data path reads
+    # one add and one delete per table (TABLE_HANDLERS below): its rows into the structures the
+    # data path reads
     def _add_ina_endpoint(self, key, action, params):
         self.ina_endpoint.add(socket.inet_aton(ip_str(key["dst_addr"])))
 
@@ -332,6 +336,20 @@ class Dataplane:
 
     def _delete_leaf_upstream(self, key):
         self.roles.upstream.pop((int(key["job"]), int(key["slot"])), None)
+
+    # table name -> (add, delete), the dispatch of table_add and table_delete: every table of
+    # spina/spec.py TABLES (tests/test_l2_dataplane.py checks both hold the same names).
+    TABLE_HANDLERS = {
+        "ina_endpoint": (_add_ina_endpoint, _delete_ina_endpoint),
+        "admission": (_add_admission, _delete_admission),
+        "congestion": (_add_congestion, _delete_congestion),
+        "l2": (_add_l2, _delete_l2),
+        "spray_ports": (_add_spray_ports, _delete_spray_ports),
+        "ipv4_routes": (_add_ipv4_routes, _delete_ipv4_routes),
+        "worker_rewrite": (_add_worker_rewrite, _delete_worker_rewrite),
+        "job_level": (_add_job_level, _delete_job_level),
+        "leaf_upstream": (_add_leaf_upstream, _delete_leaf_upstream),
+    }
 
     # ------------------------------------------------------------ data plane
     def set_queue_rate(self, port: int, pps: float, now: float | None = None) -> None:

@@ -105,6 +105,19 @@ def test_table_add_checks_names():
         dp.table_add("l2", {"dst_mac": 1}, "bridge", {})
 
 
+def test_table_dispatch_covers_every_table():
+    """table_add's dispatch holds exactly spec's tables; an unknown table is a KeyError naming
+    it and the known ones, on add and on delete."""
+    assert list(Dataplane.TABLE_HANDLERS) == list(spec.TABLES)
+    dp = Dataplane()
+    for call in (lambda: dp.table_add("l3", {}, "bridge", {}), lambda: dp.table_delete("l3", {})):
+        with pytest.raises(KeyError, match=r"no table 'l3' \(tables: ina_endpoint, admission, "):
+            call()
+    dp.table_add("l2", {"dst_mac": 5}, "bridge", {"port": 2})
+    dp.table_delete("l2", {"dst_mac": 5})
+    assert (dp.l2, dp.version) == ({}, 2)
+
+
 def test_register_names_map_onto_arrays():
     """P4 register names read the pipeline's arrays (value lanes at the P4 block size)."""
     dp = Dataplane()
