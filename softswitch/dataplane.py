@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from softswitch.egress import EgressQueues, PortRate
+from softswitch.egress import CongestionDrop, EgressQueues, PortRate
 from softswitch.fabric import TO_GROUP, TO_SENDER, FabricRoles, LeafJob
 from softswitch.pipeline import DEFAULT_POOL_SLOTS, Admission, Pipeline
 from spina import spec, wire
@@ -132,6 +132,9 @@ class Dataplane:
         # (tests exercising the congestion drop without a real queue).
         self.queues = EgressQueues()
         self.qdepth: dict[int, int] = {}
+        # Egress: the congestion drop (table congestion), on the pipeline's counter and
+        # register arrays, which P4Runtime and the metrics read.
+        self.congestion = CongestionDrop(self.pipeline.counters, self.pipeline.job_registers)
 
     # ------------------------------------------------------------ control plane
     @property
@@ -203,7 +206,7 @@ class Dataplane:
         for rid in range(spec.rid(job, 0), spec.rid(job, wire.MAX_WORKERS - 1) + 1):
             self.worker_rewrite.pop(rid, None)
         self.mcast_groups.pop(spec.mcast_grp(job), None)
-        pipe.congestion.pop(job, None)
+        self.congestion.table.pop(job, None)
         self.roles.remove_job(job)
         self.version += 1
 
@@ -301,12 +304,12 @@ class Dataplane:
 
     def _add_congestion(self, key, action, params):
         if action == "NoAction":
-            self.pipeline.congestion.pop(int(key["job"]), None)
+            self.congestion.table.pop(int(key["job"]), None)
             return
-        self.pipeline.congestion[int(key["job"])] = (int(params["qdepth"]), int(params["bound"]))
+        self.congestion.table[int(key["job"])] = (int(params["qdepth"]), int(params["bound"]))
 
     def _delete_congestion(self, key):
-        self.pipeline.congestion.pop(int(key["job"]), None)
+        self.congestion.table.pop(int(key["job"]), None)
 
     def _add_job_level(self, key, action, params):
         job = int(key["job"])
@@ -460,7 +463,7 @@ class Dataplane:
                 return []  # drop_replica
             head[0:6], head[30:34] = rw[0], rw[1]
             head[36:38] = rw[2].to_bytes(2, "big")
-        if self.pipeline.congestion_drop(data, qdepth):
+        if self.congestion.drop(data, qdepth):
             return []
         return [(eport, bytes(with_ipv4_checksum(head)) + data)]
 
@@ -488,7 +491,7 @@ class Dataplane:
 
     def _egress_forwarded(self, eport: int, frame: bytes, ina_valid: bool, qdepth: int):
         """CongestionDrop for a forwarded frame (loss-tolerant INA packets only)."""
-        if ina_valid and self.pipeline.congestion_drop(frame[INA_OFF:], qdepth):
+        if ina_valid and self.congestion.drop(frame[INA_OFF:], qdepth):
             return []
         return [(eport, frame)]
 
