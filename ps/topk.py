@@ -3,14 +3,16 @@
 `BlockTopK` is deliberately minimal (what GDTopK needs): blocks of `block_size` elements,
 scored by their squared L2 norm, the best ceil(ratio * nblocks) sent, the rest kept in a
 residual that is added to the next gradient (error feedback, so nothing is dropped for good,
-only delayed). docs/ps.md says how it maps onto host_agent/compression's block compressors:
-any compressor that returns (block indices, block values) fits.
+only delayed). The selection is host_agent/compression's, `kernels.top_blocks` (the DDP
+compressors' block top-k, compiled): the exact k largest, ties to the lower block index.
 """
 from __future__ import annotations
 
 import math
 
 import numpy as np
+
+from host_agent.compression import kernels
 
 
 class BlockTopK:
@@ -38,11 +40,11 @@ class BlockTopK:
         r[:self.n] += grad
         blocks = r.reshape(self.nblocks, self.B)
         k = min(self.nblocks, max(1, math.ceil(ratio * self.nblocks)))
-        if k == self.nblocks:
+        if k == self.nblocks:  # every block: no scores needed
             idx = np.arange(self.nblocks, dtype=np.int32)
         else:
             score = np.einsum("ij,ij->i", blocks, blocks)
-            idx = np.sort(np.argpartition(score, -k)[-k:]).astype(np.int32)
+            idx = kernels.top_blocks(score, k).astype(np.int32)
         vals = blocks[idx].reshape(-1).copy()
         blocks[idx] = 0.0
         return idx, vals

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from softswitch.egress import EgressQueues, PortRate
+from softswitch.egress import CongestionDrop, EgressQueues, PortRate
 from softswitch.fabric import TO_GROUP, TO_SENDER, FabricRoles, LeafJob
 from softswitch.pipeline import DEFAULT_POOL_SLOTS, Admission, Pipeline
 from spina import spec, wire
@@ -132,6 +132,9 @@ class Dataplane:
         # (tests exercising the congestion drop without a real queue).
         self.queues = EgressQueues()
         self.qdepth: dict[int, int] = {}
+        # Egress: the congestion drop (table congestion), on the pipeline's counter and
+        # register arrays, which P4Runtime and the metrics read.
+        self.congestion = CongestionDrop(self.pipeline.counters, self.pipeline.job_registers)
 
     # ------------------------------------------------------------ control plane
     @property
@@ -146,9 +149,8 @@ class Dataplane:
         """Insert (or replace) one entry; names and fields as in spina/spec.py TABLES. A row
         this switch cannot honour (class doc) is a ValueError naming it."""
         params = dict(params or {})
-        t = spec.TABLES.get(table)
-        if t is None:
-            raise KeyError(f"no table {table!r} (tables: {', '.join(spec.TABLES)})")
+        add, _ = self._handlers(table)
+        t = spec.TABLES[table]
         if action not in t.actions:
             raise KeyError(f"table {table!r} has no action {action!r} ({', '.join(t.actions)})")
         want = {k.name for k in t.keys}
@@ -158,18 +160,22 @@ class Dataplane:
         if set(params) != want_p:
             raise KeyError(f"action {action!r} needs parameters {sorted(want_p)}, "
                            f"got {sorted(params)}")
-        add = getattr(self, f"_add_{table}", None)
-        if add is None:
-            raise KeyError(f"table {table!r} takes no entries here")
-        add(key, action, params)
+        add(self, key, action, params)
         self.version += 1
 
     def table_delete(self, table: str, key: dict) -> None:
-        delete = getattr(self, f"_delete_{table}", None)
-        if delete is None:
-            raise KeyError(f"no table {table!r} with entries")
-        delete(key)
+        """Delete one entry (no entry: nothing to do, as the tables' dicts)."""
+        _, delete = self._handlers(table)
+        delete(self, key)
         self.version += 1
+
+    def _handlers(self, table: str) -> tuple:
+        """(add, delete) of `table` from TABLE_HANDLERS; a KeyError naming an unknown table."""
+        try:
+            return self.TABLE_HANDLERS[table]
+        except KeyError:
+            raise KeyError(f"no table {table!r} (tables: {', '.join(self.TABLE_HANDLERS)})") \
+                from None
 
     def mcast_group_set(self, grp: int, replicas: list[tuple[int, int]]) -> None:
         """Packet replication engine: group -> [(egress port, replication id)]."""
@@ -200,7 +206,7 @@ class Dataplane:
         for rid in range(spec.rid(job, 0), spec.rid(job, wire.MAX_WORKERS - 1) + 1):
             self.worker_rewrite.pop(rid, None)
         self.mcast_groups.pop(spec.mcast_grp(job), None)
-        pipe.congestion.pop(job, None)
+        self.congestion.table.pop(job, None)
         self.roles.remove_job(job)
         self.version += 1
 
@@ -215,7 +221,8 @@ class Dataplane:
             raise ValueError("the UDP mode forwards no frames (only INA packets to its socket); "
                              "run the L2 mode for forwarding entries")
 
-    # one method per table: its rows into the structures the data path reads
+    # one add and one delete per table (TABLE_HANDLERS below): its rows into the structures the
+    # data path reads
     def _add_ina_endpoint(self, key, action, params):
         self.ina_endpoint.add(socket.inet_aton(ip_str(key["dst_addr"])))
 
@@ -297,12 +304,12 @@ class Dataplane:
 
     def _add_congestion(self, key, action, params):
         if action == "NoAction":
-            self.pipeline.congestion.pop(int(key["job"]), None)
+            self.congestion.table.pop(int(key["job"]), None)
             return
-        self.pipeline.congestion[int(key["job"])] = (int(params["qdepth"]), int(params["bound"]))
+        self.congestion.table[int(key["job"])] = (int(params["qdepth"]), int(params["bound"]))
 
     def _delete_congestion(self, key):
-        self.pipeline.congestion.pop(int(key["job"]), None)
+        self.congestion.table.pop(int(key["job"]), None)
 
     def _add_job_level(self, key, action, params):
         job = int(key["job"])
@@ -332,6 +339,20 @@ class Dataplane:
 
     def _delete_leaf_upstream(self, key):
         self.roles.upstream.pop((int(key["job"]), int(key["slot"])), None)
+
+    # table name -> (add, delete), the dispatch of table_add and table_delete: every table of
+    # spina/spec.py TABLES (tests/test_l2_dataplane.py checks both hold the same names).
+    TABLE_HANDLERS = {
+        "ina_endpoint": (_add_ina_endpoint, _delete_ina_endpoint),
+        "admission": (_add_admission, _delete_admission),
+        "congestion": (_add_congestion, _delete_congestion),
+        "l2": (_add_l2, _delete_l2),
+        "spray_ports": (_add_spray_ports, _delete_spray_ports),
+        "ipv4_routes": (_add_ipv4_routes, _delete_ipv4_routes),
+        "worker_rewrite": (_add_worker_rewrite, _delete_worker_rewrite),
+        "job_level": (_add_job_level, _delete_job_level),
+        "leaf_upstream": (_add_leaf_upstream, _delete_leaf_upstream),
+    }
 
     # ------------------------------------------------------------ data plane
     def set_queue_rate(self, port: int, pps: float, now: float | None = None) -> None:
@@ -442,7 +463,7 @@ class Dataplane:
                 return []  # drop_replica
             head[0:6], head[30:34] = rw[0], rw[1]
             head[36:38] = rw[2].to_bytes(2, "big")
-        if self.pipeline.congestion_drop(data, qdepth):
+        if self.congestion.drop(data, qdepth):
             return []
         return [(eport, bytes(with_ipv4_checksum(head)) + data)]
 
@@ -470,7 +491,7 @@ class Dataplane:
 
     def _egress_forwarded(self, eport: int, frame: bytes, ina_valid: bool, qdepth: int):
         """CongestionDrop for a forwarded frame (loss-tolerant INA packets only)."""
-        if ina_valid and self.pipeline.congestion_drop(frame[INA_OFF:], qdepth):
+        if ina_valid and self.congestion.drop(frame[INA_OFF:], qdepth):
             return []
         return [(eport, frame)]
 

@@ -31,6 +31,9 @@ counts, kept for tests and comparisons. `enq_qdepth` and tail drop are as above.
 
 Time is whatever the caller passes as `now` (seconds): the switch passes the monotonic clock,
 tests a virtual one.
+
+After the queues, the egress pipeline's own stage: `CongestionDrop` (priority.p4's control of
+that name, applied in egress on the `enq_qdepth` measured here).
 """
 from __future__ import annotations
 
@@ -38,11 +41,16 @@ import re
 from collections import deque
 from dataclasses import dataclass
 
+from spina import wire
+from spina.spec import LOSS_CREDIT_MAX, LOSS_CREDIT_ONE
+
 PRIORITIES = 8        # v1model priority is 3 bits; simple_switch_grpc --priority-queues 8
 QUEUE_CAPACITY = 64   # frames per priority queue (BMv2's default queue depth)
 WIRE_OVERHEAD = 24    # bytes a frame takes on the wire besides its own: preamble+SFD 8, FCS 4,
 MIN_FRAME = 60        # inter-frame gap 12; and the shortest frame without its FCS (padded)
 _BIT_UNITS = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9}
+# Byte offsets of the INA header fields CongestionDrop reads from an outgoing packet.
+_MSG_TYPE_AT, _FLAGS_AT, _JOB_AT = (wire.FIELD_OFFSET[f] for f in ("msg_type", "flags", "job"))
 
 
 @dataclass(frozen=True)
@@ -224,3 +232,47 @@ class EgressQueues:
         self._last.clear()
         self._size.clear()
         self._queued = 0
+
+
+class CongestionDrop:
+    """P4: CongestionDrop (priority.p4), applied in egress. Table `congestion` (key job, action
+    set_congestion): `table[job] = (queue depth threshold, fixed-point loss bound)`; a job
+    without an entry is never dropped.
+
+    Its counters (job_congestion_seen, job_congestion_drops) and register (job_loss_credit,
+    one cell per job id, which clear_slots and admission leave alone) are cells of the
+    switch's arrays, `counters` and `job_registers` (the Pipeline's), where the P4Runtime
+    server and the metrics read every counter and register.
+    """
+
+    __slots__ = ("table", "counters", "job_registers")
+
+    def __init__(self, counters: dict, job_registers: dict):
+        self.table: dict[int, tuple[int, int]] = {}
+        self.counters = counters
+        self.job_registers = job_registers
+
+    def drop(self, data, qdepth: int) -> bool:
+        """True (and counted) if this INA packet is dropped for congestion: a contribution,
+        loss-tolerant, its queue deeper than its job's threshold at enqueue (`qdepth`, P4's
+        `standard_metadata.enq_qdepth`), and the job's loss credit holds one packet. Results
+        and status packets are never dropped here. One read-modify-write of job_loss_credit
+        per contribution of a job with an entry.
+        """
+        if data[_MSG_TYPE_AT] != wire.MSG_CONTRIB:
+            return False
+        job = data[_JOB_AT] << 8 | data[_JOB_AT + 1]
+        entry = self.table.get(job)
+        if entry is None:
+            return False
+        threshold, bound = entry
+        self.counters["job_congestion_seen"][job] += 1
+        credit_reg = self.job_registers["job_loss_credit"]
+        credit = min(int(credit_reg[job]) + bound, LOSS_CREDIT_MAX)
+        drop = (qdepth > threshold and data[_FLAGS_AT] & wire.FLAG_LOSS_TOLERANT != 0
+                and credit >= LOSS_CREDIT_ONE)
+        if drop:
+            credit -= LOSS_CREDIT_ONE
+            self.counters["job_congestion_drops"][job] += 1
+        credit_reg[job] = credit
+        return drop

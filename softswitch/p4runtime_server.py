@@ -267,7 +267,7 @@ class SoftSwitchServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
         dp.mcast_groups.clear()
         dp.worker_rewrite.clear()
         dp.pipeline.admission.clear()
-        dp.pipeline.congestion.clear()
+        dp.congestion.table.clear()
         dp.roles.clear()  # job_level, leaf_upstream (softswitch/fabric.py)
         for arr in (list(dp.pipeline.registers.values()) + list(dp.pipeline.job_registers.values())
                     + list(dp.spray_registers.values()) + list(dp.pipeline.counters.values())):

@@ -45,8 +45,6 @@ from spina.spec import (  # noqa: F401
     HEAD_REGISTERS,
     JOB_COUNTERS,
     JOB_REGISTERS,
-    LOSS_CREDIT_MAX,
-    LOSS_CREDIT_ONE,
     MAX_JOBS,
     MAX_PORTS,
     PORT_COUNTERS,
@@ -75,8 +73,6 @@ _header_error = wire.header_error
 # incomplete round, added and the round complete.
 DROPPED, ANSWERED, ADOPTED, FLUSHED, STATUS, ADDED, COMPLETED = range(7)
 _DROP = (0, False, None, DROPPED)
-# Byte offsets of the fields congestion_drop reads from an outgoing packet.
-_MSG_TYPE_AT, _FLAGS_AT, _JOB_AT = (wire.FIELD_OFFSET[f] for f in ("msg_type", "flags", "job"))
 
 # Register, table and counter names live in spina/spec.py (imported above); the P4
 # program declares the same (tests/test_p4_agreement.py checks it).
@@ -158,11 +154,8 @@ class Pipeline:
         # The address stays in the form the socket layer gives ('a.b.c.d', port): no per-packet
         # conversion on the data path.
         self.admission: dict[tuple, Admission] = {}
-        # P4: table `congestion` (key job, action set_congestion): job -> (queue depth
-        # threshold, fixed-point loss bound); a job without an entry is never dropped.
-        self.congestion: dict[int, tuple[int, int]] = {}
-        # P4: register job_loss_credit, one cell per job id (not a slot register: clear_slots
-        # and admission leave it alone; LOSS_CREDIT_MAX bounds what a stale cell can buy).
+        # P4: register job_loss_credit, one cell per job id, held here with the other arrays;
+        # the egress's CongestionDrop (softswitch/egress.py) owns its table and writes it.
         self.job_registers = {r.name: np.zeros(MAX_JOBS, np.uint32) for r in JOB_REGISTERS}
         # Data-path handles on the same cells: memoryviews of the 1-D registers and counters
         # (Python ints in and out), cached (values, next) views per slot copy. The arrays are
@@ -515,32 +508,6 @@ class Pipeline:
         n = len(lanes)
         np.frombuffer(out, DATA_DTYPE, n * bs, HLEN + 4 * k).reshape(n, bs)[:] = vals[lanes]
         return HLEN + 4 * k + 4 * n * bs
-
-    def congestion_drop(self, data, qdepth: int) -> bool:
-        """Egress: True (and counted) if this INA contribution is dropped for congestion: it
-        is loss-tolerant, its queue was deeper than its job's threshold at enqueue, and the
-        job's loss credit holds one packet. Results and status packets are never dropped here.
-
-        P4: CongestionDrop (priority.p4) on `standard_metadata.enq_qdepth`; one
-        read-modify-write of job_loss_credit per contribution of a job with an entry.
-        """
-        if data[_MSG_TYPE_AT] != MSG_CONTRIB:
-            return False
-        job = data[_JOB_AT] << 8 | data[_JOB_AT + 1]
-        entry = self.congestion.get(job)
-        if entry is None:
-            return False
-        threshold, bound = entry
-        self.counters["job_congestion_seen"][job] += 1
-        credit_reg = self.job_registers["job_loss_credit"]
-        credit = min(int(credit_reg[job]) + bound, LOSS_CREDIT_MAX)
-        drop = (qdepth > threshold and data[_FLAGS_AT] & FLAG_LOSS_TOLERANT != 0
-                and credit >= LOSS_CREDIT_ONE)
-        if drop:
-            credit -= LOSS_CREDIT_ONE
-            self.counters["job_congestion_drops"][job] += 1
-        credit_reg[job] = credit
-        return drop
 
     # ---------------------------------------------------------------- observation
     def job_counters(self, job: int) -> dict[str, int]:

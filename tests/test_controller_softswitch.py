@@ -241,7 +241,7 @@ def test_l2_dataplane_programmed_by_controller(tmp_path):
     assert dp.mcast_groups == {8: [(1, 225), (2, 226)]}
     assert dp.worker_rewrite[226][2] == d["workers"][1]["udp_port"]
     assert dp.l2 == {bytes.fromhex("020000000100"): 1, bytes.fromhex("020000000101"): 2}
-    assert dp.pipeline.congestion == {7: (64, spec.loss_bound(0.1))}
+    assert dp.congestion.table == {7: (64, spec.loss_bound(0.1))}
     assert {k[0] for k in dp.pipeline.admission} == {1, 2}
 
 

@@ -19,6 +19,7 @@ from hypothesis import given, settings, strategies as st
 from controller.controller import program_in_process
 from controller.state import from_l2_config
 from softswitch.dataplane import Dataplane
+from softswitch.egress import CongestionDrop
 from softswitch.p4runtime_server import SoftSwitchServicer
 from softswitch.pipeline import Pipeline
 from spina import spec, wire
@@ -65,15 +66,16 @@ def test_drops_never_exceed_the_bound(bound, packets):
     floor(seen x bound / ONE), nor, in any run of n of its packets, LOSS_BURST + floor(n x
     bound / ONE); results are never dropped nor seen."""
     p = Pipeline(pool_slots=1, slot_capacity=1)
-    p.congestion = {1: (5, bound), 2: (5, ONE - 1 - bound)}
+    congestion = CongestionDrop(p.counters, p.job_registers)
+    congestion.table = {1: (5, bound), 2: (5, ONE - 1 - bound)}
     dropped = {1: [], 2: []}
     for lt, deep, which in packets:
         job = which + 1
-        if p.congestion_drop(contribution(job, lt, wire.MSG_RESULT), 100):
+        if congestion.drop(contribution(job, lt, wire.MSG_RESULT), 100):
             pytest.fail("a result was dropped")
-        dropped[job].append(p.congestion_drop(contribution(job, lt), 10 if deep else 5))
+        dropped[job].append(congestion.drop(contribution(job, lt), 10 if deep else 5))
     for job, drops in dropped.items():
-        b = p.congestion[job][1]
+        b = congestion.table[job][1]
         c = p.counters
         assert c["job_congestion_seen"][job] == len(drops)
         assert c["job_congestion_drops"][job] == sum(drops) <= len(drops) * b // ONE
@@ -95,7 +97,7 @@ def test_controller_installs_each_jobs_bound():
     dp = Dataplane(pool_slots=8)
     state = from_l2_config(cfg, pool_slots=8, slot_capacity=dp.pipeline.slot_capacity)
     program_in_process(SoftSwitchServicer(dp), state)
-    assert dp.pipeline.congestion == {3: (7, 6553)}
+    assert dp.congestion.table == {3: (7, 6553)}
 
 
 @pytest.mark.parametrize("bound", [1.0, -0.1, 1.5])

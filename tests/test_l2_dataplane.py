@@ -43,7 +43,7 @@ def test_configure_fills_every_table():
     assert dp.ina_endpoint == {bytes([10, 0, 0, 100])}
     assert dp.l2 == {bytes.fromhex("020000000100"): 1, bytes.fromhex("020000000101"): 2}
     assert list(dp.ipv4_routes.values())[0].port == 3
-    assert dp.pipeline.congestion == {3: (9, spec.loss_bound(0.1))}
+    assert dp.congestion.table == {3: (9, spec.loss_bound(0.1))}
     assert dp.mcast_groups == {spec.mcast_grp(3): [(1, spec.rid(3, 0)), (2, spec.rid(3, 1))]}
     assert dp.worker_rewrite[spec.rid(3, 1)] == (bytes.fromhex("020000000101"),
                                                  bytes([10, 0, 0, 2]), 50001)
@@ -58,7 +58,7 @@ def test_configure_without_endpoints_forwards_only():
     that has a loss bound its threshold alone installs no congestion entry (never drops)."""
     dp = Dataplane()
     configure(dp, {"l2": [{"mac": "02:00:00:00:01:00", "port": 1}], "qdepth_threshold": 5})
-    assert (dp.ina_endpoint, dp.l2, dp.pipeline.congestion) == \
+    assert (dp.ina_endpoint, dp.l2, dp.congestion.table) == \
         (set(), {bytes.fromhex("020000000100"): 1}, {})
 
 
@@ -103,6 +103,19 @@ def test_table_add_checks_names():
         dp.table_add("l2", {"mac": 1}, "bridge", {"port": 1})
     with pytest.raises(KeyError, match="needs parameters"):
         dp.table_add("l2", {"dst_mac": 1}, "bridge", {})
+
+
+def test_table_dispatch_covers_every_table():
+    """table_add's dispatch holds exactly spec's tables; an unknown table is a KeyError naming
+    it and the known ones, on add and on delete."""
+    assert list(Dataplane.TABLE_HANDLERS) == list(spec.TABLES)
+    dp = Dataplane()
+    for call in (lambda: dp.table_add("l3", {}, "bridge", {}), lambda: dp.table_delete("l3", {})):
+        with pytest.raises(KeyError, match=r"no table 'l3' \(tables: ina_endpoint, admission, "):
+            call()
+    dp.table_add("l2", {"dst_mac": 5}, "bridge", {"port": 2})
+    dp.table_delete("l2", {"dst_mac": 5})
+    assert (dp.l2, dp.version) == ({}, 2)
 
 
 def test_register_names_map_onto_arrays():

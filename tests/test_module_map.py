@@ -28,6 +28,7 @@ EXCEPTIONS = {
     ("host_agent/launch.py", "softswitch"),
     ("host_agent/local.py", "softswitch"),
     ("softswitch/__main__.py", "controller"),
+    ("ps/topk.py", "host_agent"),
 }
 
 

@@ -128,7 +128,7 @@ def test_congestion_entries_and_fixed_defaults(conn, server):
     e = conn.index.table_entry("congestion", {"job": 7}, "set_congestion",
                                {"qdepth": 12, "bound": 655})
     write(conn, pb.Update.INSERT, pb.Entity(table_entry=e))
-    assert dp.pipeline.congestion == {7: (12, 655)}
+    assert dp.congestion.table == {7: (12, 655)}
     (got,) = conn.read([pb.Entity(table_entry=pb.TableEntry(table_id=e.table_id))])
     assert [p.value for p in got.table_entry.action.action.params] == [b"\x0c", b"\x02\x8f"]
     wide = pb.TableEntry()
@@ -140,7 +140,7 @@ def test_congestion_entries_and_fixed_defaults(conn, server):
     with pytest.raises(P4RuntimeError, match=r"set_congestion\(bound\): value 65536"):
         write(conn, pb.Update.INSERT, pb.Entity(table_entry=wide))
     write(conn, pb.Update.DELETE, pb.Entity(table_entry=e))
-    assert dp.pipeline.congestion == {}
+    assert dp.congestion.table == {}
     fixed = conn.index.table_entry("l2", {}, "bridge", {"port": 1}, default=True)
     assert code_of(lambda: write(conn, pb.Update.MODIFY, pb.Entity(table_entry=fixed))) == \
         grpc.StatusCode.PERMISSION_DENIED

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from host_agent.compression import kernels
 from ps.client import CoordinatorError, PSClient, ShardError
 from ps.config import PolicyConfig
 from ps.local import LocalPS
@@ -218,6 +219,24 @@ def test_block_topk_error_feedback_loses_nothing():
         assert len(idx) == 3  # ceil(0.2 * 13 blocks)
         sent += scatter(101, 8, idx, vals)
     np.testing.assert_array_equal(sent + c.residual[:101], total)
+
+
+def test_block_topk_selects_as_the_compression_kernels():
+    """The parameter server's top-k is host_agent/compression's top_blocks: the k largest
+    norms, ties to the lower block index; importing it loads no torch."""
+    g = np.array([1, 0, 0, 1, 1, 0, 3, 0, 0, 0], np.float32)  # norms 1, 1, 1, 9, 0
+    idx, vals = BlockTopK(10, 2).compress(g, 0.6)
+    assert idx.tolist() == [0, 1, 3]
+    assert vals.tolist() == [1, 0, 0, 1, 3, 0]
+    rng = np.random.default_rng(1)
+    c = BlockTopK(1000, 4)
+    g = rng.integers(-2, 3, 1000).astype(np.float32)  # many ties
+    score = (g.reshape(250, 4) ** 2).sum(1)
+    assert c.compress(g, 0.1)[0].tolist() == kernels.top_blocks(score, 25).tolist()
+    probe = "import sys, ps.topk; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout
+    assert out.strip() == "False"
 
 
 def test_grouping_and_gdtopk_ratios():

@@ -18,6 +18,7 @@ import socket
 import numpy as np
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from softswitch.egress import CongestionDrop
 from softswitch.pipeline import Pipeline
 from spina import spec, wire
 from spina.config import JobConfig, WorkerAddr
@@ -180,14 +181,15 @@ def congested(draw):
 @settings(max_examples=150, deadline=None)
 @given(congested())
 def test_congestion_drop_equals_pipeline(c):
-    """CongestionDrop's earn / earn_and_pay equal Pipeline.congestion_drop (the same drops,
+    """CongestionDrop's earn / earn_and_pay equal the software switch's (the same drops,
     job_congestion_* counters and job_loss_credit after every packet) up to the first drop from
     a saturated budget; that drop leaves exactly credit + bound - LOSS_CREDIT_ONE where the
     software switch leaves LOSS_CREDIT_MAX - LOSS_CREDIT_ONE (tofino/README.md), and on the TNA
     the bound and the burst cap hold over the whole sequence."""
     threshold, bound, packets = c
     fast, model = _admit(1)
-    fast.congestion[JOB] = (threshold, bound)
+    congestion = CongestionDrop(fast.counters, fast.job_registers)
+    congestion.table[JOB] = (threshold, bound)
     model.congestion[JOB] = (threshold, bound)
     diverged = False
     for pkt, qdepth in packets:
@@ -198,7 +200,7 @@ def test_congestion_drop_equals_pipeline(c):
         dropped = model.congestion_drop(pkt, qdepth)
         credit = model.reg["job_loss_credit"][JOB]
         if not diverged:
-            assert dropped == fast.congestion_drop(pkt, qdepth)
+            assert dropped == congestion.drop(pkt, qdepth)
             if saturated_drop:
                 assert dropped
                 assert credit == before + bound - spec.LOSS_CREDIT_ONE

@@ -1,18 +1,22 @@
-"""Gradient compression that rides SpINA's sparse aggregation (README.md in this folder)."""
-from host_agent.compression.compressors import (
-    BlockTopK,
-    BucketLayout,
-    Compressor,
-    DenseCompressor,
-    LossComp,
-    RandomK,
-    ResidualMemory,
-    ScaledMask,
-    Selection,
-)
-from host_agent.compression.config import METHODS, CompressionConfig
-from host_agent.compression.methods import make_compressor
-from host_agent.compression.votes import SignVote, TernGrad, VoteHookState, spina_vote_hook
+"""Gradient compression that rides SpINA's sparse aggregation (README.md in this folder).
+
+The names below load their module when first asked for, so that a user of the kernels alone
+(`host_agent.compression.kernels`: ps/topk.py) imports neither the hooks nor torch.
+"""
+from __future__ import annotations
+
+from spina.lazy import lazy_names
+
+_OWNERS = {
+    **dict.fromkeys(("BlockTopK", "BucketLayout", "Compressor", "DenseCompressor", "LossComp",
+                     "RandomK", "ResidualMemory", "ScaledMask", "Selection"), "compressors"),
+    "METHODS": "config", "CompressionConfig": "config",
+    "make_compressor": "methods",
+    **dict.fromkeys(("SignVote", "TernGrad", "VoteHookState", "spina_vote_hook"), "votes"),
+}
+
+
+__getattr__, __dir__ = lazy_names(__name__, _OWNERS, globals())
 
 __all__ = ["CompressionConfig", "METHODS", "Compressor", "BlockTopK", "RandomK", "ScaledMask",
            "LossComp", "DenseCompressor", "BucketLayout", "Selection", "ResidualMemory",

@@ -29,7 +29,7 @@ asked for, so `from host_agent.daemon import DaemonClient` never imports the ser
 """
 from __future__ import annotations
 
-import importlib
+from spina.lazy import lazy_names
 
 _OWNERS = {
     "DEFAULT_SOCKET": "protocol", "MAX_MESSAGE": "protocol", "REQUESTS": "protocol",
@@ -40,16 +40,6 @@ _OWNERS = {
 }
 
 
-def __getattr__(name: str):
-    """The name from its module, imported on first use (PEP 562)."""
-    owner = _OWNERS.get(name)
-    if owner is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{owner}"), name)
-
-
-def __dir__():
-    return sorted([*globals(), *_OWNERS])
-
+__getattr__, __dir__ = lazy_names(__name__, _OWNERS, globals())
 
 __all__ = sorted(_OWNERS)
