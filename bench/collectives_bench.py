@@ -45,11 +45,12 @@ from datetime import timedelta
 
 import numpy as np
 
-from bench.net_topo import Graph, why_no_namespaces
+from bench.net_topo import Graph
 from bench.paired import BenchError, guarded, recv, slowest, stop_all
 from collectives import plan as planner, topology
 from collectives.schedule import ALGORITHMS, schedule
 from spina.net import free_port
+from spina.netns import why_no_namespaces
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOPOLOGIES = tuple(os.path.join("bench", "topologies", f"{n}.yaml")
@@ -76,7 +77,7 @@ def rank_main(rank, world, ns, ifname, store, job, conn, barrier) -> None:
 
 
 def _rank(rank, world, ns, ifname, store, job, barrier):
-    from bench.netns import enter
+    from spina.netns import enter
     enter(ns)
     import torch
     import torch.distributed as dist

@@ -98,7 +98,7 @@ def relay_main(conn, netns: str | None, host: str, nworkers: int, window: int,
     """The relay in a process of its own (network namespace `netns` if given), bound to
     `host`, any free port. On `conn`: send our address; serve until the parent sends "stop",
     then answer with the relay's counters (bench/_floor.c relay)."""
-    from bench.netns import enter
+    from spina.netns import enter
     try:
         enter(netns)
         sock = bound_udp_socket(host, 0)

@@ -4,13 +4,14 @@ INA frames without loss.
     sudo .venv/bin/python -m bench.l2_rate --rates 10000,30000,50000 --seconds 2
 
 Topology: one network namespace per worker (h0..h3, 10.0.0.r+1/24) with a veth whose other
-end is a port of an L2Switch in the root namespace, as tests/netns.py builds it. Each worker
-process sends, open loop at rate/nworkers frames per second, the contributions of rounds
-1, 2, ... of slots 0..nslots-1 (the P4 sizes: 4 lanes x 32 int32, 618-byte frames), all
-workers the same sequence; a round completes only when the switch took all its contributions,
-so results received / rounds sent is the fraction the switch aggregated without loss. Each
-worker counts the results it receives (one per round). Reported per offered rate: frames in,
-results expected, results received per worker, and the switch's own drop counters.
+end is a port of an L2Switch in the root namespace (spina.netns.port_host, as tests/netns.py
+builds it). Each worker process sends, open loop at rate/nworkers frames per second, the
+contributions of rounds 1, 2, ... of slots 0..nslots-1 (the P4 sizes: 4 lanes x 32 int32,
+618-byte frames), all workers the same sequence; a round completes only when the switch took
+all its contributions, so results received / rounds sent is the fraction the switch
+aggregated without loss. Each worker counts the results it receives (one per round).
+Reported per offered rate: frames in, results expected, results received per worker, and the
+switch's own drop counters.
 Needs root (namespaces, raw sockets).
 """
 from __future__ import annotations
@@ -22,6 +23,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from spina import netns
 
 ROOT = Path(__file__).resolve().parents[1]
 SWITCH_IP, SWITCH_MAC = "10.0.0.100", "02:00:00:00:00:64"
@@ -75,40 +78,14 @@ print(json.dumps({"rank": rank, "sent": nframes, "results": got,
 '''
 
 
-def _ip(*args, check=True):
-    return subprocess.run(["ip", *args], check=check, capture_output=True, text=True)
-
-
-def make_hosts(n: int, tag: str) -> list[tuple[str, str]]:
-    made = []
-    try:
+def make_hosts(n: int, tag: str) -> tuple[netns.Network, list[tuple[str, str]]]:
+    """The namespaces (a Network, to close) and (namespace, switch port) of each worker."""
+    net = netns.Network()
+    with net.building():
         for r in range(n):
-            ns, sw_if, h_if = f"{tag}-h{r}", f"{tag}s{r}", f"{tag}h{r}"
-            _ip("netns", "add", ns)
-            made.append((ns, sw_if))
-            _ip("link", "add", sw_if, "type", "veth", "peer", "name", h_if)
-            _ip("link", "set", h_if, "netns", ns)
-            _ip("-n", ns, "link", "set", h_if, "name", "eth0")
-            _ip("-n", ns, "link", "set", "eth0", "address", f"02:00:00:00:01:{r:02x}")
-            _ip("-n", ns, "addr", "add", f"10.0.0.{r + 1}/24", "dev", "eth0")
-            _ip("-n", ns, "link", "set", "eth0", "up")
-            _ip("-n", ns, "neigh", "add", SWITCH_IP, "lladdr", SWITCH_MAC, "dev", "eth0",
-                "nud", "permanent")
-            subprocess.run(["ip", "netns", "exec", ns, "ethtool", "-K", "eth0", "tx", "off"],
-                           capture_output=True)
-            subprocess.run(["sysctl", "-qw", f"net.ipv6.conf.{sw_if}.disable_ipv6=1"],
-                           capture_output=True)
-            _ip("link", "set", sw_if, "up")
-    except BaseException:
-        remove_hosts(made)
-        raise
-    return made
-
-
-def remove_hosts(hosts) -> None:
-    for ns, sw_if in hosts:
-        _ip("link", "del", sw_if, check=False)
-        _ip("netns", "del", ns, check=False)
+            netns.port_host(net, f"{tag}-h{r}", f"{tag}s{r}", f"10.0.0.{r + 1}/24",
+                            f"02:00:00:00:01:{r:02x}", {SWITCH_IP: SWITCH_MAC})
+    return net, [(f"{tag}-h{r}", f"{tag}s{r}") for r in range(n)]
 
 
 def run_rate(rate: float, seconds: float, nworkers: int = 4) -> dict:
@@ -117,7 +94,7 @@ def run_rate(rate: float, seconds: float, nworkers: int = 4) -> dict:
     from softswitch.l2 import L2Switch
     from softswitch.p4runtime_server import SoftSwitchServicer
     from spina.config import JobConfig, WorkerAddr
-    hosts = make_hosts(nworkers, f"l2r{os.getpid() % 10000}")
+    net, hosts = make_hosts(nworkers, netns.unique_tag("l2r", 10000))
     start_at = time.time() + 3.0 + 0.5 * nworkers  # after the senders' imports
     try:
         dp = Dataplane()
@@ -128,9 +105,9 @@ def run_rate(rate: float, seconds: float, nworkers: int = 4) -> dict:
                      [f"02:00:00:00:01:{r:02x}" for r in range(nworkers)],
                      pool_slots=dp.pipeline.pool_slots, slot_capacity=dp.pipeline.slot_capacity)
         with L2Switch({r + 1: sw_if for r, (_, sw_if) in enumerate(hosts)}, dp) as sw:
-            procs = [subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", SENDER,
-                                       str(ROOT), str(r), str(nworkers), str(rate / nworkers),
-                                       str(seconds), str(NSLOTS), str(start_at)],
+            procs = [subprocess.Popen(netns.command(ns, sys.executable, "-c", SENDER, ROOT, r,
+                                                    nworkers, rate / nworkers, seconds, NSLOTS,
+                                                    start_at),
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                      for r, (ns, _) in enumerate(hosts)]
             outs = []
@@ -150,7 +127,7 @@ def run_rate(rate: float, seconds: float, nworkers: int = 4) -> dict:
                 "aggregated": int(c["job_aggregated"][5]), "stale": int(c["job_stale"][5]),
                 "load": os.getloadavg()[0]}
     finally:
-        remove_hosts(hosts)
+        net.close()
 
 
 def main(argv=None) -> int:

@@ -22,15 +22,12 @@ per host and per switch, a veth per link with tbf at both ends, and the topology
 (bench/collectives_bench.py measures the collectives on it).
 
 Run as root. `Star` and `Graph` are context managers: everything they made is removed on exit,
-also when the body raises.
+also when the body raises (spina.netns.Network; every primitive they use is spina/netns.py's).
 """
 from __future__ import annotations
 
-import contextlib
-import json
-import subprocess
-
 from collectives.topology import Topology, parse_rate  # the one parser of tc's rate units
+from spina import netns
 
 SWITCH_IP = "10.200.255.1"
 WORKER_IF = "eth0"
@@ -50,21 +47,6 @@ def tbf_params(rate: str, mtu: int) -> dict:
     bps = parse_rate(rate)
     burst = max(int(bps / 8 * 1e-3), 128 << 10, 2 * mtu)
     return dict(rate=rate, burst=burst, latency_ms=20)
-
-
-def _run(*cmd, check=True) -> subprocess.CompletedProcess:
-    return subprocess.run(list(cmd), check=check, capture_output=True, text=True)
-
-
-def add_namespace(ns: str, made: list) -> None:
-    """Create namespace `ns` (recorded in `made`, for cleanup) with loopback up and no IPv6:
-    router solicitations and the like would show up in byte counters and queues."""
-    _run("ip", "netns", "add", ns)
-    made.append(ns)
-    _run("ip", "-n", ns, "link", "set", "lo", "up")
-    for key in ("all", "default"):
-        _run("ip", "netns", "exec", ns, "sysctl", "-qw",
-             f"net.ipv6.conf.{key}.disable_ipv6=1", check=False)
 
 
 def dev_bytes(iface: str = WORKER_IF) -> tuple[int, int]:
@@ -101,24 +83,15 @@ def kernel_losses_total(pids) -> dict:
     return out
 
 
-class _Namespaces:
-    """What Star and Graph share: the namespaces made (`made`), removed by destroy() and on
-    leaving a `with` block, which enters by create()."""
-    made: list
+class _Namespaces(netns.Network):
+    """What Star and Graph share: a `with` block enters by create() (which removes all it
+    made if it fails) and leaves by close()."""
 
     def create(self):
         raise NotImplementedError
 
-    def destroy(self) -> None:
-        """Delete every namespace made (their links and qdiscs go with them)."""
-        while self.made:
-            _run("ip", "netns", "del", self.made.pop(), check=False)
-
     def __enter__(self):
         return self.create()
-
-    def __exit__(self, *exc) -> None:
-        self.destroy()
 
 
 class Star(_Namespaces):
@@ -133,9 +106,9 @@ class Star(_Namespaces):
     def __init__(self, n: int, tag: str, mtu: int = 9000):
         if not 1 <= n <= 250:
             raise ValueError(f"workers: need 1..250, got {n}")
+        super().__init__()
         self.n, self.tag, self.mtu = n, tag, mtu
         self.switch_ns = f"{tag}-sw"
-        self.made: list[str] = []
         self.rate: str | None = None
 
     def worker_ns(self, r: int) -> str:
@@ -148,7 +121,7 @@ class Star(_Namespaces):
     def switch_if(self, r: int) -> str:
         return f"s{r}"
 
-    def links(self):
+    def endpoints(self):
         """(namespace, interface) of both ends of every link: the tbf'd egress points."""
         for r in range(self.n):
             yield self.worker_ns(r), WORKER_IF
@@ -156,50 +129,32 @@ class Star(_Namespaces):
 
     # ------------------------------------------------------------------ build / remove
     def create(self) -> "Star":
-        try:
-            self._add_ns(self.switch_ns)
-            sw = self.switch_ns
-            _run("ip", "-n", sw, "addr", "add", f"{SWITCH_IP}/32", "dev", "lo")
-            _run("ip", "netns", "exec", sw, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+        with self.building():
+            sw = self.namespace(self.switch_ns)
+            netns.add_addr("lo", f"{SWITCH_IP}/32", sw)
+            netns.sysctl(sw, "net.ipv4.ip_forward=1")
             for r in range(self.n):
-                ns, sif = self.worker_ns(r), self.switch_if(r)
-                self._add_ns(ns)
-                _run("ip", "link", "add", "name", sif, "netns", sw, "type", "veth",
-                     "peer", "name", WORKER_IF, "netns", ns)
+                ns, sif = self.namespace(self.worker_ns(r)), self.switch_if(r)
+                self.veth(sif, WORKER_IF, a_ns=sw, b_ns=ns)
                 for where, ifc, addr in ((sw, sif, f"10.200.{r}.1/24"),
                                          (ns, WORKER_IF, f"{self.worker_ip(r)}/24")):
-                    _run("ip", "-n", where, "link", "set", ifc, "mtu", str(self.mtu), "up")
-                    _run("ip", "-n", where, "addr", "add", addr, "dev", ifc)
-                _run("ip", "-n", ns, "route", "add", "default", "via", f"10.200.{r}.1")
-        except BaseException:
-            self.destroy()
-            raise
+                    netns.set_link(ifc, where, mtu=self.mtu)
+                    netns.add_addr(ifc, addr, where)
+                netns.add_route("default", ns, via=f"10.200.{r}.1")
         return self
-
-    def _add_ns(self, ns: str) -> None:
-        add_namespace(ns, self.made)
 
     # ------------------------------------------------------------------ rate limits
     def set_rate(self, rate: str) -> dict:
         """Limit both directions of every link to `rate` (tbf); returns tbf's parameters."""
         p = tbf_params(rate, self.mtu)
-        for ns, ifc in self.links():
-            _run("tc", "-n", ns, "qdisc", "replace", "dev", ifc, "root", "tbf", "rate", rate,
-                 "burst", str(p["burst"]), "latency", f"{p['latency_ms']}ms")
+        for ns, ifc in self.endpoints():
+            netns.tbf(ifc, rate, p["burst"], p["latency_ms"], ns)
         self.rate = rate
         return p
 
     def tbf_drops(self) -> int:
         """Packets dropped so far by every link's tbf (queue full or larger than the bucket)."""
-        total = 0
-        for ns, ifc in self.links():
-            out = _run("tc", "-n", ns, "-s", "-j", "qdisc", "show", "dev", ifc, check=False)
-            try:
-                total += sum(q.get("drops", 0) for q in json.loads(out.stdout or "[]")
-                             if q.get("kind") == "tbf")
-            except json.JSONDecodeError:
-                pass
-        return total
+        return sum(netns.qdisc_drops(ifc, ns) for ns, ifc in self.endpoints())
 
 
 class Graph(_Namespaces):
@@ -236,8 +191,8 @@ class Graph(_Namespaces):
                 raise ValueError(f"{topo.source}: field 'links[{i}].burst': tbf needs at least "
                                  f"{need} bytes here (give it, so the planner knows), got "
                                  f"{ln.burst}")
+        super().__init__()
         self.topo, self.tag, self.queue_ms = topo, tag, queue_ms
-        self.made: list[str] = []
         self._first = {}
         for i, ln in enumerate(topo.links):
             for end in (ln.a, ln.b):
@@ -257,67 +212,27 @@ class Graph(_Namespaces):
 
     def create(self) -> "Graph":
         t = self.topo
-        try:
+        with self.building():
             for node in t.hosts + t.switches:
-                ns = self.ns(node)
-                add_namespace(ns, self.made)
-                for key in ("net.ipv4.ip_forward=1", "net.ipv4.conf.all.rp_filter=0",
-                            "net.ipv4.conf.default.rp_filter=0",
-                            "net.ipv4.tcp_congestion_control=reno"):
-                    _run("ip", "netns", "exec", ns, "sysctl", "-qw", key)
+                netns.sysctl(self.namespace(self.ns(node)), "net.ipv4.ip_forward=1",
+                             "net.ipv4.conf.all.rp_filter=0",
+                             "net.ipv4.conf.default.rp_filter=0",
+                             "net.ipv4.tcp_congestion_control=reno")
             for i, ln in enumerate(t.links):
-                _run("ip", "link", "add", "name", f"l{i}", "netns", self.ns(ln.a), "type",
-                     "veth", "peer", "name", f"l{i}", "netns", self.ns(ln.b))
+                self.veth(f"l{i}", f"l{i}", a_ns=self.ns(ln.a), b_ns=self.ns(ln.b))
                 for end in (ln.a, ln.b):
                     ns, ifc = self.ns(end), f"l{i}"
-                    _run("ip", "-n", ns, "link", "set", ifc, "mtu", str(t.mtu), "up")
-                    _run("ip", "-n", ns, "addr", "add", f"{self._addr(i, end)}/24", "dev", ifc)
-                    _run("tc", "-n", ns, "qdisc", "replace", "dev", ifc, "root", "tbf", "rate",
-                         ln.rate_text, "burst", str(ln.burst), "latency", f"{self.queue_ms}ms")
+                    netns.set_link(ifc, ns, mtu=t.mtu)
+                    netns.add_addr(ifc, f"{self._addr(i, end)}/24", ns)
+                    netns.tbf(ifc, ln.rate_text, ln.burst, self.queue_ms, ns)
             for node in t.hosts + t.switches:
                 for h in t.hosts:
                     if h != node:
                         self._add_route(node, h)
-        except BaseException:
-            self.destroy()
-            raise
         return self
 
     def _add_route(self, node: str, host: str) -> None:
         nb, (i, _) = self.topo.next_hop(node, host)
-        cmd = ["ip", "-n", self.ns(node), "route", "replace", f"{self.host_ip(host)}/32",
-               "via", self._addr(i, nb), "dev", f"l{i}"]
-        if node in self.topo.hosts:
-            cmd += ["src", self.host_ip(node)]
-        _run(*cmd)
-
-
-
-def leftover_namespaces(tag: str) -> list[str]:
-    """Namespaces of run `tag` (named `tag-...`; after a run: should be none)."""
-    out = _run("ip", "netns", "list", check=False).stdout
-    return [ln.split()[0] for ln in out.splitlines() if ln.split() and ln.startswith(tag + "-")]
-
-
-@contextlib.contextmanager
-def removing_leftovers(tag: str):
-    """`with removing_leftovers(tag) as left:` run something that builds namespaces of run
-    `tag`; on leaving (also on failure) any of them still there are deleted and listed in
-    `left` (a test asserts it is empty)."""
-    left: list[str] = []
-    try:
-        yield left
-    finally:
-        left += leftover_namespaces(tag)
-        for ns in left:
-            _run("ip", "netns", "del", ns, check=False)
-
-
-def why_no_namespaces() -> str | None:
-    """Why this process cannot build the benches' namespaces, or None."""
-    import os
-    import shutil
-    if os.geteuid() != 0:
-        return "needs root for network namespaces, veth, tc and raw sockets"
-    missing = [t for t in ("ip", "tc") if shutil.which(t) is None]
-    return f"{' and '.join(missing)} not installed (iproute2)" if missing else None
+        netns.add_route(f"{self.host_ip(host)}/32", self.ns(node), via=self._addr(i, nb),
+                        dev=f"l{i}", replace=True,
+                        src=self.host_ip(node) if node in self.topo.hosts else None)

@@ -135,9 +135,9 @@ def worker_main(rank: int, place: Place, gloo: Gloo | None, conn, barrier, serve
 
 
 def _worker(rank, place, gloo, conn, barrier, serve):
-    from bench.netns import enter
     from host_agent.agent import Agent
     from spina.net import bound_udp_socket
+    from spina.netns import enter
 
     enter(place.netns)
     sock = bound_udp_socket(place.host, place.port)

@@ -127,8 +127,8 @@ def switch_main(conn, profile_path: str | None, netns: str | None = None,
     Protocol on `conn`: send our address; receive a JobConfig (admit it, start serving);
     receive "stop" -> reply with packet/byte counters and the CPU time spent serving.
     """
-    from bench.netns import enter
     from softswitch.udp import UdpSwitch
+    from spina.netns import enter
 
     enter(netns)
     sw = UdpSwitch(host, port=0, datapath=datapath)

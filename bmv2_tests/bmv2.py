@@ -23,7 +23,7 @@ import time
 from bmv2_tests.target import PORTS, P4RuntimeTarget
 from controller.p4rt import Connection, wait_listening
 from controller.registers import ThriftRegisters
-from spina import spec
+from spina import netns, spec
 from spina.net import free_ports
 from spina.procs import stop_process
 
@@ -83,7 +83,7 @@ class Bmv2Target(P4RuntimeTarget):
         self.tmp = pathlib.Path(tempfile.mkdtemp(prefix="spina-bmv2-"))
         self.proc = None
         self.conn = None
-        self.links: list[str] = []
+        self.net = netns.Network()  # the veth pairs of its ports
         self.socks: dict[int, socket.socket] = {}
         self._last_port = None
         # Ports of its own, never 9559/9090: a switch or controller another test left running
@@ -122,14 +122,13 @@ class Bmv2Target(P4RuntimeTarget):
     def _setup_links(self):
         for p in PORTS:
             a, b = self._sw_if(p), self._host_if(p)
-            _run("ip", "link", "del", a, check=False)
-            _run("ip", "link", "add", a, "type", "veth", "peer", "name", b)
-            self.links.append(a)
+            netns.ip("link", "del", a, check=False)  # a killed run's
+            self.net.veth(a, b)
             for i in (a, b):
                 # No IPv6 autoconfiguration chatter: tests expect "nothing else" on ports.
-                _run("sysctl", "-w", f"net.ipv6.conf.{i}.disable_ipv6=1", check=False)
-                _run("ip", "link", "set", i, "up")
-                _run("ethtool", "-K", i, "tx", "off", check=False)
+                netns.no_ipv6(i)
+                netns.set_link(i)
+                netns.offload_off(i)
 
     def _open_sockets(self):
         for p in PORTS:
@@ -196,7 +195,5 @@ class Bmv2Target(P4RuntimeTarget):
         if self.proc is not None:
             stop_process(self.proc, 5)
             self.proc = None
-        for a in self.links:
-            _run("ip", "link", "del", a, check=False)
-        self.links.clear()
+        self.net.close()
         shutil.rmtree(self.tmp, ignore_errors=True)

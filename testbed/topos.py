@@ -21,7 +21,6 @@ not answer ARP.
 """
 from __future__ import annotations
 
-import os
 import pathlib
 import re
 import shutil
@@ -29,12 +28,13 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field
 
+from spina import netns
 from testbed.mn import import_mininet, switch_classes
 
 SWITCH_IP, SWITCH_MAC = "10.0.0.100", "02:00:00:00:00:64"
 # Node names make the root-namespace interface names (<node>-eth<N>, at most 15 characters):
 # a per-process tag keeps two testbeds (two CI runs) from taking each other's interfaces.
-TAG = os.getpid() % 10000
+TAG = netns.unique_tag("", 10000)
 WORKER_UDP_BASE = 50000
 JOB_SIZES = {"nslots": 8, "block_size": 32, "nlanes": 4}  # the P4 program's block and lanes
 
@@ -84,6 +84,7 @@ class Testbed:
     agg_ports: list[int] = field(default_factory=list)
     spines: list = field(default_factory=list)  # leafspine: the spine nodes
     _blackhole: str | None = None  # the down veth that random drops are redirected to
+    _made: netns.Network = field(default_factory=netns.Network)  # links outside mininet
 
     def switch_of(self, i: int, jd: dict) -> tuple[dict, tuple[str, int]]:
         """(the job as host i's agent sees it, its switch's INA address and UDP port)."""
@@ -116,9 +117,8 @@ class Testbed:
         try:
             self.net.stop()
         finally:
-            if self._blackhole:
-                subprocess.run(["ip", "link", "del", self._blackhole], capture_output=True)
-                self._blackhole = None
+            self._made.close()
+            self._blackhole = None
 
     def spine_links(self) -> list[str]:
         """The spines' interfaces (root namespace): every leaf-spine link once."""
@@ -135,8 +135,7 @@ class Testbed:
             if "added" not in out:
                 raise RuntimeError(f"{h.name}: iptables failed: {out.strip()}")
         self._blackhole = f"bh{TAG}a"
-        subprocess.run(["ip", "link", "add", self._blackhole, "type", "veth", "peer", "name",
-                        f"bh{TAG}b"], check=True, capture_output=True)
+        self._made.veth(self._blackhole, f"bh{TAG}b")
         for sw in self.switches:
             for intf in sw.intfList():
                 if intf.name == "lo":

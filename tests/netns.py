@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import pathlib
-import shutil
 import subprocess
 import sys
 
@@ -20,53 +18,30 @@ from controller.controller import program_star
 from softswitch.dataplane import Dataplane
 from softswitch.l2 import L2Switch
 from softswitch.p4runtime_server import SoftSwitchServicer
+from spina import netns
 from spina.config import JobConfig, WorkerAddr
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SWITCH_IP, SWITCH_MAC = "10.0.0.100", "02:00:00:00:00:64"
-TAG = f"sp{os.getpid() % 100000}"
-
-
-def _ip(*args, check=True):
-    return subprocess.run(["ip", *args], check=check, capture_output=True, text=True)
-
-
-def _ns_run(ns, *cmd):
-    subprocess.run(["ip", "netns", "exec", ns, *cmd], check=False, capture_output=True)
+TAG = netns.unique_tag("sp")
 
 
 @pytest.fixture
 def hosts(request):
     """n namespaces h0..h(n-1): 10.0.0.(r+1)/24 on eth0, static ARP for the switch."""
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip("needs root and iproute2 for network namespaces")
-    n = request.param
-    made_ns, made_links = [], []
+    why = netns.why_no_namespaces()
+    if why:
+        pytest.skip(why)
+    net = netns.Network()
     try:
-        for r in range(n):
-            ns, sw_if, h_if = f"{TAG}-h{r}", f"{TAG}s{r}", f"{TAG}h{r}"
-            _ip("netns", "add", ns)
-            made_ns.append(ns)
-            _ip("link", "add", sw_if, "type", "veth", "peer", "name", h_if)
-            made_links.append(sw_if)
-            _ip("link", "set", h_if, "netns", ns)
-            _ns_run(ns, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1")
-            _ip("-n", ns, "link", "set", h_if, "name", "eth0")
-            _ip("-n", ns, "link", "set", "eth0", "address", f"02:00:00:00:01:{r:02x}")
-            _ip("-n", ns, "addr", "add", f"10.0.0.{r + 1}/24", "dev", "eth0")
-            _ip("-n", ns, "link", "set", "eth0", "up")
-            _ip("-n", ns, "link", "set", "lo", "up")
-            _ip("-n", ns, "neigh", "add", SWITCH_IP, "lladdr", SWITCH_MAC, "dev", "eth0",
-                "nud", "permanent")
-            _ns_run(ns, "ethtool", "-K", "eth0", "tx", "off")
-            subprocess.run(["sysctl", "-qw", f"net.ipv6.conf.{sw_if}.disable_ipv6=1"],
-                           check=False, capture_output=True)
-            _ip("link", "set", sw_if, "up")
+        for r in range(request.param):
+            netns.port_host(net, f"{TAG}-h{r}", f"{TAG}s{r}", f"10.0.0.{r + 1}/24",
+                            f"02:00:00:00:01:{r:02x}", {SWITCH_IP: SWITCH_MAC})
     except (subprocess.CalledProcessError, OSError) as e:
-        _cleanup(made_ns, made_links)
+        net.close()
         pytest.skip(f"cannot create namespaces/veth here: {getattr(e, 'stderr', e)}")
-    yield [(f"{TAG}-h{r}", f"{TAG}s{r}") for r in range(n)]
-    _cleanup(made_ns, made_links)
+    with net:
+        yield [(f"{TAG}-h{r}", f"{TAG}s{r}") for r in range(request.param)]
 
 
 MGMT_IP = "10.9.0.100"  # the root namespace on the hosts' management bridge
@@ -93,32 +68,22 @@ def management_bridge(namespaces: list[str | int]):
     """A bridge in the root namespace at MGMT_IP/24 and, in each namespace (a name under
     /var/run/netns, or a process id: a mininet host's), mgmt0 = 10.9.0.(r+1)/24 on a veth to
     it. Everything made is removed on exit."""
-    bridge, links = f"{TAG}br", []
+    bridge, net = f"{TAG}br", netns.Network()
     try:
-        _ip("link", "add", bridge, "type", "bridge")
-        links.append(bridge)
-        _ip("addr", "add", f"{MGMT_IP}/24", "dev", bridge)
-        _ip("link", "set", bridge, "up")
+        net.bridge(bridge)
+        netns.add_addr(bridge, f"{MGMT_IP}/24")
+        netns.set_link(bridge)
         for r, ns in enumerate(namespaces):
-            root_if, ns_if = f"{TAG}m{r}", f"{TAG}n{r}"
-            _ip("link", "add", root_if, "type", "veth", "peer", "name", ns_if)
-            links.append(root_if)
-            _ip("link", "set", ns_if, "netns", str(ns))
-            net = f"/proc/{ns}/ns/net" if isinstance(ns, int) else f"/var/run/netns/{ns}"
-            for args in (("link", "set", ns_if, "name", "mgmt0"),
-                         ("addr", "add", f"10.9.0.{r + 1}/24", "dev", "mgmt0"),
-                         ("link", "set", "mgmt0", "up")):
-                subprocess.run(["nsenter", f"--net={net}", "ip", *args], check=True,
-                               capture_output=True, text=True)
-            _ip("link", "set", root_if, "master", bridge)
-            _ip("link", "set", root_if, "up")
+            root_if = f"{TAG}m{r}"
+            net.veth(root_if, "mgmt0", b_ns=ns)
+            netns.add_addr("mgmt0", f"10.9.0.{r + 1}/24", ns)
+            netns.set_link("mgmt0", ns)
+            netns.set_link(root_if, master=bridge)
     except (subprocess.CalledProcessError, OSError) as e:
-        _cleanup([], links)
+        net.close()
         raise ManagementError(getattr(e, "stderr", None) or str(e)) from None
-    try:
+    with net:
         yield
-    finally:
-        _cleanup([], links)
 
 
 @pytest.fixture
@@ -126,30 +91,21 @@ def veth_pairs():
     """make(a, b): a veth pair a <-> b in the root namespace, up (IPv6 off, checksum offload
     off, as a switch's ports need): the links between two switch processes. Every pair made
     is removed after the test."""
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip("needs root and iproute2 for veth pairs")
-    made = []
+    why = netns.why_no_namespaces()
+    if why:
+        pytest.skip(why)
+    net = netns.Network()
 
     def make(a: str, b: str) -> tuple[str, str]:
-        _ip("link", "add", a, "type", "veth", "peer", "name", b)
-        made.append(a)
+        net.veth(a, b)
         for end in (a, b):
-            subprocess.run(["sysctl", "-qw", f"net.ipv6.conf.{end}.disable_ipv6=1"],
-                           check=False, capture_output=True)
-            subprocess.run(["ethtool", "-K", end, "tx", "off"], check=False,
-                           capture_output=True)
-            _ip("link", "set", end, "up")
+            netns.no_ipv6(end)
+            netns.offload_off(end)
+            netns.set_link(end)
         return a, b
 
-    yield make
-    _cleanup([], made)
-
-
-def _cleanup(namespaces, links):
-    for link in links:
-        _ip("link", "del", link, check=False)
-    for ns in namespaces:
-        _ip("netns", "del", ns, check=False)
+    with net:
+        yield make
 
 
 def run_workers(hosts, job: JobConfig, seed: int = 3, n: int = 6000, timeout: float = 90,
@@ -174,9 +130,8 @@ def run_workers(hosts, job: JobConfig, seed: int = 3, n: int = 6000, timeout: fl
                 if setup_ns is not None:
                     setup_ns(ns)
                 procs.append(subprocess.Popen(
-                    ["ip", "netns", "exec", ns, sys.executable,
-                     str(ROOT / "tests" / "netns_worker.py"), jd, str(r), SWITCH_IP, "47000",
-                     str(seed), str(n)],
+                    netns.command(ns, sys.executable, ROOT / "tests" / "netns_worker.py", jd,
+                                  r, SWITCH_IP, 47000, seed, n),
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
             outs = []
             for p in procs:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from bench.dlcp_bench import COLUMNS, CONFIGS
-from bench.net_topo import removing_leftovers, why_no_namespaces
+from spina.netns import removing_leftovers, why_no_namespaces
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 2

@@ -8,7 +8,6 @@ targets); the last test here runs a real L2Switch over veth pairs (root).
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import time
 import pytest
 
 from softswitch.egress import QUEUE_CAPACITY, EgressQueues, PortRate, parse_port_rate
+from spina import netns
 
 
 def drain(q: EgressQueues, until: float, step: float = 0.25):
@@ -247,24 +247,12 @@ def test_dataplane_port_shaper_runs_egress_at_transmission():
 
 # ------------------------------------------------------------------ a real L2Switch
 @pytest.fixture
-def veth_pair_ports():
+def veth_pair_ports(veth_pairs):
     """Two veth pairs in this namespace: switch side sqe1s/sqe2s, host side sqe1h/sqe2h."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create veth pairs")
-    names = []
-    try:
-        for p in (1, 2):
-            a, b = f"sqe{p}s", f"sqe{p}h"
-            subprocess.run(["ip", "link", "del", a], capture_output=True)
-            subprocess.run(["ip", "link", "add", a, "type", "veth", "peer", "name", b], check=True)
-            names.append(a)
-            for i in (a, b):
-                subprocess.run(["sysctl", "-qw", f"net.ipv6.conf.{i}.disable_ipv6=1"], check=False)
-                subprocess.run(["ip", "link", "set", i, "up"], check=True)
-        yield {1: "sqe1s", 2: "sqe2s"}, {1: "sqe1h", 2: "sqe2h"}
-    finally:
-        for a in names:
-            subprocess.run(["ip", "link", "del", a], capture_output=True)
+    for p in (1, 2):
+        netns.ip("link", "del", f"sqe{p}s", check=False)  # a killed run's
+        veth_pairs(f"sqe{p}s", f"sqe{p}h")
+    return {1: "sqe1s", 2: "sqe2s"}, {1: "sqe1h", 2: "sqe2h"}
 
 
 def _paced_arrivals(host_ifs, dst: bytes, n: int = 3) -> list[float]:

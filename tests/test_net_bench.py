@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from bench.net_bench import COLUMNS
-from bench.net_topo import removing_leftovers, why_no_namespaces
+from spina.netns import removing_leftovers, why_no_namespaces
 
 ROOT = Path(__file__).resolve().parents[1]
 

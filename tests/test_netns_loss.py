@@ -6,29 +6,19 @@ Run just this file: python -m pytest tests/test_netns_loss.py   (needs root, `ip
 from __future__ import annotations
 
 import shutil
-import subprocess
 
 import pytest
 
 from netns import run_workers, workers_job
+from spina import netns
 
 
 def _lossy(p: float):
     def setup(ns):
         if shutil.which("iptables") is None:
             pytest.skip("iptables not installed (scripts/setup.sh installs it)")
-        for chain in ("OUTPUT", "INPUT"):  # worker -> switch and switch -> worker
-            subprocess.run(["ip", "netns", "exec", ns, "iptables", "-A", chain, "-p", "udp",
-                            "-m", "statistic", "--mode", "random", "--probability", str(p),
-                            "-j", "DROP"], check=True, capture_output=True)
+        netns.random_drop(ns, p)  # OUTPUT, INPUT: worker -> switch and switch -> worker
     return setup
-
-
-def _dropped(ns: str) -> int:
-    out = subprocess.run(["ip", "netns", "exec", ns, "iptables", "-L", "-v", "-n", "-x"],
-                         capture_output=True, text=True).stdout
-    return sum(int(line.split()[0]) for line in out.splitlines() if "DROP" in line and
-               line.split()[0].isdigit())
 
 
 @pytest.mark.parametrize("loss", [0.01, 0.05, 0.10])
@@ -45,6 +35,6 @@ def test_exact_under_iptables_loss(hosts, loss):
     outs, dp = run_workers(hosts, job, seed=int(loss * 100), n=20000, setup_ns=setup)
     assert all(o["ints_exact"] for o in outs), outs
     assert len({o["ints"] for o in outs}) == 1 and len({o["floats"] for o in outs}) == 1
-    total_dropped = sum(_dropped(ns) for ns, _ in hosts)
+    total_dropped = sum(netns.random_drops(ns) for ns, _ in hosts)
     assert total_dropped > 0, "iptables dropped nothing: the test would prove nothing"
     assert dp.counter("job_duplicates", job.job) > 0

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from bench.net_topo import removing_leftovers, why_no_namespaces
 from bench.paired import BenchError
 from bench.train_bench import (
     COLUMNS,
@@ -27,6 +26,7 @@ from bench.train_bench import (
     make_rows,
     time_to_target,
 )
+from spina.netns import removing_leftovers, why_no_namespaces
 
 ROOT = Path(__file__).resolve().parents[1]
 PARAMS = 1024 * 64 + 64 + 64 * 64 + 64 + 64 * 10 + 10  # MLP 1024-64-64-10

@@ -2,8 +2,8 @@
 background sender, their addresses, links and tbf limits; `Fabric` builds and removes them."""
 from __future__ import annotations
 
-from bench import net_topo
-from bench.net_topo import add_namespace, tbf_params
+from bench.net_topo import tbf_params
+from spina import netns
 
 NET = "10.210"
 CORE_IP = f"{NET}.255.1"          # the aggregator's address (on the core's lo)
@@ -13,8 +13,6 @@ UPLINK = 100                      # the leaf's port toward the core
 WORKER_PORT, GLOO_PORT = 50000, 29500
 MTU = 9000                        # jumbo frames: one SpINA datagram of 8 blocks of 256 per frame
 NLANES = 8                        # 8 x 1 KiB blocks + header < 9000: no IP fragmentation
-
-_run = net_topo._run
 
 
 def worker_ip(r: int) -> str:
@@ -28,15 +26,15 @@ def worker_mac(r: int) -> str:
 BG_IP, BG_MAC = f"{NET}.{BG_NET}.2", "02:00:00:00:02:fe"
 
 
-class Fabric:
+class Fabric(netns.Network):
     """The namespaces of the package docstring; a context manager that removes all it made."""
 
     def __init__(self, n: int, tag: str, rate: str):
         if not 1 <= n <= 200:
             raise ValueError(f"workers: need 1..200, got {n}")
+        super().__init__()
         self.n, self.tag, self.rate = n, tag, rate
         self.leaf, self.core, self.bg = f"{tag}-leaf", f"{tag}-core", f"{tag}-bg"
-        self.made: list[str] = []
 
     def worker_ns(self, r: int) -> str:
         return f"{self.tag}-w{r}"
@@ -56,72 +54,51 @@ class Fabric:
         return e
 
     def __enter__(self) -> "Fabric":
-        try:
+        with self.building():
             self._build()
-        except BaseException:
-            self.destroy()
-            raise
         return self
-
-    def __exit__(self, *exc) -> None:
-        self.destroy()
-
-    def _add_ns(self, ns: str) -> None:
-        add_namespace(ns, self.made)
 
     @staticmethod
     def _plain(ns: str, ifc: str) -> None:
         """No offloads: the leaf reads frames with raw sockets and must see MTU-sized frames
         (TSO/GSO/GRO would hand it 64 KB super-frames it cannot send on), with checksums."""
-        _run("ip", "netns", "exec", ns, "ethtool", "-K", ifc, "tx", "off", "tso", "off", "gso",
-             "off", "gro", "off", check=False)
+        netns.offload_off(ifc, ns, ("tx", "tso", "gso", "gro"))
 
     def _tbf(self, ns: str, ifc: str) -> None:
         p = tbf_params(self.rate, MTU)
-        _run("tc", "-n", ns, "qdisc", "replace", "dev", ifc, "root", "tbf", "rate", self.rate,
-             "burst", str(p["burst"]), "latency", f"{p['latency_ms']}ms")
+        netns.tbf(ifc, self.rate, p["burst"], p["latency_ms"], ns)
 
     def _host(self, ns: str, leaf_if: str, ip: str, mac: str, subnet: int) -> None:
         """A host namespace with eth0 on leaf port `leaf_if`, the core as its gateway."""
-        self._add_ns(ns)
-        _run("ip", "link", "add", "name", leaf_if, "netns", self.leaf, "type", "veth",
-             "peer", "name", "eth0", "netns", ns)
-        _run("ip", "-n", ns, "link", "set", "eth0", "address", mac, "mtu", str(MTU), "up")
-        _run("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", "eth0")
+        self.namespace(ns)
+        self.veth(leaf_if, "eth0", a_ns=self.leaf, b_ns=ns)
+        netns.set_link("eth0", ns, address=mac, mtu=MTU)
+        netns.add_addr("eth0", f"{ip}/24", ns)
         gw = f"{NET}.{subnet}.1"
-        _run("ip", "-n", ns, "neigh", "add", gw, "lladdr", CORE_MAC, "dev", "eth0",
-             "nud", "permanent")
-        _run("ip", "-n", ns, "route", "add", "default", "via", gw)
-        _run("ip", "-n", self.leaf, "link", "set", leaf_if, "mtu", str(MTU), "up")
+        netns.static_arp("eth0", gw, CORE_MAC, ns)
+        netns.add_route("default", ns, via=gw)
+        netns.set_link(leaf_if, self.leaf, mtu=MTU)
         for where, ifc in ((ns, "eth0"), (self.leaf, leaf_if)):
             self._plain(where, ifc)
             self._tbf(where, ifc)
         # the core: this host's subnet, its MAC (no ARP crosses the leaf: static entries)
-        _run("ip", "-n", self.core, "addr", "add", f"{gw}/24", "dev", "up0")
-        _run("ip", "-n", self.core, "neigh", "replace", ip, "lladdr", mac, "dev", "up0",
-             "nud", "permanent")
+        netns.add_addr("up0", f"{gw}/24", self.core)
+        netns.static_arp("up0", ip, mac, self.core, replace=True)
 
     def _build(self) -> None:
-        self._add_ns(self.leaf)
-        self._add_ns(self.core)
-        core = self.core
-        _run("ip", "link", "add", "name", "pup", "netns", self.leaf, "type", "veth",
-             "peer", "name", "up0", "netns", core)
-        _run("ip", "-n", self.leaf, "link", "set", "pup", "mtu", str(MTU), "up")
-        _run("ip", "-n", core, "link", "set", "up0", "address", CORE_MAC, "mtu", str(MTU), "up")
+        self.namespace(self.leaf)
+        core = self.namespace(self.core)
+        self.veth("pup", "up0", a_ns=self.leaf, b_ns=core)
+        netns.set_link("pup", self.leaf, mtu=MTU)
+        netns.set_link("up0", core, address=CORE_MAC, mtu=MTU)
         self._plain(self.leaf, "pup")
         self._plain(core, "up0")
-        _run("ip", "-n", core, "addr", "add", f"{CORE_IP}/32", "dev", "lo")
-        for key in ("net.ipv4.ip_forward=1", "net.ipv4.conf.all.send_redirects=0",
-                    "net.ipv4.conf.up0.send_redirects=0", "net.ipv4.conf.all.rp_filter=0",
-                    "net.ipv4.conf.up0.rp_filter=0"):
-            _run("ip", "netns", "exec", core, "sysctl", "-qw", key)
+        netns.add_addr("lo", f"{CORE_IP}/32", core)
+        netns.sysctl(core, "net.ipv4.ip_forward=1", "net.ipv4.conf.all.send_redirects=0",
+                     "net.ipv4.conf.up0.send_redirects=0", "net.ipv4.conf.all.rp_filter=0",
+                     "net.ipv4.conf.up0.rp_filter=0")
         # the background's destination: dropped silently by the core's routing
-        _run("ip", "-n", core, "route", "add", "blackhole", f"{NET}.254.0/24")
+        netns.ip("route", "add", "blackhole", f"{NET}.254.0/24", ns=core)
         for r in range(self.n):
             self._host(self.worker_ns(r), f"p{r}", worker_ip(r), worker_mac(r), r)
         self._host(self.bg, "pbg", BG_IP, BG_MAC, BG_NET)
-
-    def destroy(self) -> None:
-        while self.made:
-            _run("ip", "netns", "del", self.made.pop(), check=False)

@@ -16,10 +16,10 @@ def leaf_main(conn, ns: str, ports: dict, l2: dict, uplink: tuple, qdepth: int) 
     `conn`: ("bound", fraction) sets the job's congestion entry (0: none, never dropped);
     "counters" -> (congestion drops, seen, tail drops) so far; "stop"."""
     try:
-        from bench.netns import enter
         from softswitch.dataplane import Dataplane
         from softswitch.l2 import L2Switch
         from spina import spec
+        from spina.netns import enter
         enter(ns)
         dp = Dataplane(pool_slots=1)
         for mac, port in l2.items():
@@ -63,8 +63,8 @@ def aggregator_main(conn, ns: str) -> None:
     drop). Protocol: send our address; receive the JobConfig, admit it; "stop"."""
     import threading
 
-    from bench.netns import enter
     from softswitch.udp import UdpSwitch
+    from spina.netns import enter
     try:
         enter(ns)
         sw = UdpSwitch(CORE_IP, spec.INA_UDP_PORT)
@@ -90,7 +90,7 @@ def background_main(conn, ns: str, pps: float, size: int) -> None:
     blackhole, paced per millisecond, until "stop" (answers the datagrams sent)."""
     import socket
 
-    from bench.netns import enter
+    from spina.netns import enter
     enter(ns)
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.bind((BG_IP, 0))

@@ -23,11 +23,11 @@ def worker_main(rank: int, ns: str, n: int, sizes: list[int], gloo_port: int, co
 def _worker(rank, ns, n, sizes, gloo_port, conn, barrier):
     import dataclasses
 
-    from bench.netns import enter
     from host_agent import dlcp
     from host_agent.agent import Agent
     from host_agent.recovery import RttEstimator
     from spina.net import bound_udp_socket
+    from spina.netns import enter
     enter(ns)
     sock = bound_udp_socket(worker_ip(rank), WORKER_PORT)
     conn.send(sock.getsockname())

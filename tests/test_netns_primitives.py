@@ -1,0 +1,112 @@
+"""spina/netns.py: the namespace primitives every test, bench and testbed network is built from.
+
+Run just this file: python -m pytest tests/test_netns_primitives.py   (real namespaces: root)
+"""
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import subprocess
+import time
+
+import pytest
+
+from spina import netns
+
+TAG = netns.unique_tag("snp")
+
+
+def test_command_runs_in_a_named_namespace_a_process_s_or_here():
+    """A name goes through `ip netns exec`, a pid through nsenter, None runs here."""
+    assert netns.command("a", "sysctl", "-qw", 1) == ["ip", "netns", "exec", "a", "sysctl",
+                                                       "-qw", "1"]
+    assert netns.command(42, "ip", "addr") == ["nsenter", "--net=/proc/42/ns/net", "ip", "addr"]
+    assert netns.command(None, "true") == ["true"]
+    assert TAG == f"snp{os.getpid() % 100000}"
+
+
+@pytest.fixture
+def root():
+    why = netns.why_no_namespaces()
+    if why:
+        pytest.skip(why)
+    with netns.removing_leftovers(TAG) as left:
+        yield
+    assert left == [], f"namespaces left behind: {left}"
+
+
+def _link(ns, ifc):
+    return json.loads(netns.ip("-j", "addr", "show", "dev", ifc, ns=ns).stdout)[0]
+
+
+def _interfaces(ns, conn):
+    netns.enter(ns)
+    with open("/proc/thread-self/net/dev") as f:
+        conn.send(sorted(ln.split(":")[0].strip() for ln in f.readlines()[2:]))
+
+
+def test_a_veth_between_two_namespaces_has_its_addresses_mtu_and_tbf(root):
+    """Both ends land in their namespaces with the MTU, address, static ARP and tbf asked for;
+    a child process that enters one sees exactly its interfaces; close() leaves nothing."""
+    a, b = f"{TAG}-a", f"{TAG}-b"
+    with netns.Network() as net:
+        net.namespace(a)
+        net.namespace(b)
+        net.veth("x0", "y0", a_ns=a, b_ns=b, mtu=1400)
+        netns.set_link("x0", a, address="02:00:00:00:0a:01")
+        netns.add_addr("x0", "10.231.0.1/24", a)
+        netns.static_arp("x0", "10.231.0.2", "02:00:00:00:0b:01", a)
+        netns.tbf("x0", "100mbit", 131072, 20, a)
+        info = _link(a, "x0")
+        assert (info["mtu"], info["address"], "UP" in info["flags"]) == (
+            1400, "02:00:00:00:0a:01", True)
+        assert [(x["local"], x["prefixlen"]) for x in info["addr_info"]] == [("10.231.0.1", 24)]
+        assert _link(b, "y0")["mtu"] == 1400
+        neigh = json.loads(netns.ip("-j", "neigh", "show", "dev", "x0", ns=a).stdout)
+        assert [(n["dst"], n["lladdr"], n["state"]) for n in neigh] == [
+            ("10.231.0.2", "02:00:00:00:0b:01", ["PERMANENT"])]
+        q = json.loads(netns.tc("-j", "qdisc", "show", "dev", "x0", ns=a).stdout)[0]
+        assert (q["kind"], q["options"]["rate"]) == ("tbf", 12_500_000)  # bytes/s
+        # the kernel keeps the bucket in clock ticks at the rate: 131072 reads back 131062
+        assert abs(q["options"]["burst"] - 131072) < 16
+        assert netns.qdisc_drops("x0", a) == 0
+        assert netns.in_ns(b, "sysctl", "-n", "net.ipv6.conf.all.disable_ipv6").stdout == "1\n"
+        parent, child = mp.Pipe()
+        p = mp.get_context("fork").Process(target=_interfaces, args=(b, child))
+        p.start()
+        assert parent.recv() == ["lo", "y0"]
+        p.join()
+    assert netns.leftover_namespaces(TAG) == []
+
+
+def test_a_failed_build_removes_its_namespaces_and_root_links(root):
+    """An exception part way through `building()` removes the namespaces and the root end of
+    a veth whose other end is in a namespace not ours (a process's, as mininet's hosts)."""
+    net = netns.Network()
+    sleeper = None
+    with pytest.raises(subprocess.CalledProcessError):
+        with net.building():
+            net.namespace(f"{TAG}-c")
+            sleeper = subprocess.Popen(["unshare", "--net", "sleep", "30"])
+            _wait_unshared(sleeper)
+            net.veth(f"{TAG}r", "m0", b_ns=sleeper.pid)
+            assert netns.ip("link", "show", f"{TAG}r").returncode == 0  # made, in the root
+            net.veth(f"{TAG}q", "m1", b_ns=f"{TAG}-missing")  # fails: no such namespace
+    try:
+        assert netns.leftover_namespaces(TAG) == []
+        assert netns.ip("link", "show", f"{TAG}r", check=False).returncode != 0
+        assert net.namespaces == [] and net.links == []
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def _wait_unshared(proc) -> None:
+    """Until `proc` is in a network namespace other than ours."""
+    mine = os.readlink("/proc/self/ns/net")
+    for _ in range(200):
+        if os.readlink(f"/proc/{proc.pid}/ns/net") != mine:
+            return
+        time.sleep(0.01)
+    raise AssertionError("unshare --net did not give the process its own namespace")
