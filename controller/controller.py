@@ -12,6 +12,7 @@ import hashlib
 import logging
 import pathlib
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -329,13 +330,29 @@ class Controller:
                 # its channel closed; ValueError is gRPC's closed channel), or is restarting
                 # (refused): once its port listens, a new session, which restores the switch's
                 # whole state with the run's epoch.
-                log.info("switch %s: %s; reconnecting", name, e)
-                old = self.sessions.pop(name, None)
-                if old is not None:
-                    old.close()
-                wait_listening(self.state.switches[name].grpc, self.timeout)
-                reports.append(self.session(name).apply(self.state))
+                reports.append(self._reconnect_and_apply(name, e))
         return reports
+
+    def _reconnect_and_apply(self, name: str, why: Exception) -> Report:
+        """A new session to switch `name`, which restores its whole state, retried until
+        `timeout`: a switch that has just restarted may listen and still close a channel or
+        two while it starts (seen once in CI as 'CANCELLED: Channel closed!')."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            log.info("switch %s: %s; reconnecting", name, why)
+            old = self.sessions.pop(name, None)
+            if old is not None:
+                old.close()
+            wait_listening(self.state.switches[name].grpc, max(deadline - time.monotonic(), 0.1))
+            try:
+                return self.session(name).apply(self.state)
+            except NotPrimaryError:
+                raise
+            except (P4RuntimeError, OSError, ValueError) as e:
+                if time.monotonic() >= deadline:
+                    raise
+                why = e
+                time.sleep(0.1)
 
     def runs(self, report: Callable[[str], None] | None = None) -> RendezvousServer:
         """The run rendezvous of this state's jobs, flat and fabric (not started), at the
