@@ -48,6 +48,7 @@ from bench.paired import (
     slowest,
 )
 from bench.procs import Point
+from bench.report import page_head
 
 METHODS = ("spina", "gloo", "floor")  # the CSV's column prefixes
 PAIRED_METHODS = ("spina", "gloo_allreduce", "floor")  # bench.paired's names for them
@@ -197,10 +198,9 @@ def target_lines(rows) -> list[str]:
 
 
 def summary(rows, meta: dict) -> str:
-    lines = ["# Network-bound regime: SpINA vs gloo over rate-limited links", ""]
-    lines += [f"- {k}: {v}" for k, v in meta.items()]
-    lines += ["", "## Targets (issue 12, rate-limited links)", ""] + (target_lines(rows) or
-                                                                      ["- (no target point run)"])
+    lines = page_head("Network-bound regime: SpINA vs gloo over rate-limited links", meta,
+                      "Targets (issue 12, rate-limited links)", target_lines(rows),
+                      "no target point run")
     lines += ["", "## Results", "",
               "time ratio = SpINA/gloo per repeat (paired), median [min-max]; link theory = "
               "busier direction of a worker's link, SpINA's union of non-zero blocks over the "

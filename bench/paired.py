@@ -53,6 +53,7 @@ from bench.procs import (
     expected_sum,
     make_tensor,
     measure_memory,
+    requests,
     switch_main,
 )
 from host_agent.blocks import nonzero_blocks
@@ -162,12 +163,8 @@ def _worker(rank, place, gloo, conn, barrier, serve):
             dist.init_process_group("gloo", init_method=f"tcp://{gloo.host}:{gloo.port}",
                                     rank=rank, world_size=job.nworkers,
                                     timeout=timedelta(seconds=300))
-    conn.send("ready")
     try:
-        while True:
-            req = conn.recv()
-            if req == "stop":
-                break
+        for req in requests(conn):
             conn.send(serve(rank, req, agent, dist, torch, barrier, floor))
     finally:
         if dist is not None:

@@ -112,6 +112,13 @@ def check_result(got: np.ndarray, want: Expected, nworkers: int, quantized: bool
     return worst
 
 
+def requests(conn):
+    """A worker's side of the pipe: say "ready", then yield each request until "stop"."""
+    conn.send("ready")
+    while (req := conn.recv()) != "stop":
+        yield req
+
+
 def cpu_seconds() -> float:
     """CPU seconds (user + system) of this process so far, all threads."""
     ru = resource.getrusage(resource.RUSAGE_SELF)

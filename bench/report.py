@@ -232,6 +232,13 @@ def loss_table(rows) -> list[str]:
     return L + [""]
 
 
+def page_head(title: str, meta: dict, targets_title: str, targets: list[str],
+              none_run: str) -> list[str]:
+    """A bench summary's first lines: the title, the run's meta, and the targets met or not."""
+    return ([f"# {title}", ""] + [f"- {k}: {v}" for k, v in meta.items()]
+            + ["", f"## {targets_title}", ""] + (targets or [f"- ({none_run})"]))
+
+
 def summary(rows, meta: dict, plot_prefix: str = "") -> str:
     """The summary in markdown; plots referenced as plot_prefix + name."""
     sweeps, methods = [], []

@@ -71,6 +71,7 @@ from bench.paired import (
     rotation,
 )
 from bench.procs import cpu_seconds
+from bench.report import page_head
 
 METHODS = ("gloo", "spina", "topk", "compute")
 SYNCED = ("gloo", "spina", "topk")  # trained with DDP: same weights on every rank, accuracy
@@ -410,10 +411,9 @@ def target_lines(rows) -> list[str]:
 
 
 def summary(rows, meta: dict) -> str:
-    lines = ["# DDP training over rate-limited links: gloo, SpINA dense, SpINA top-k", ""]
-    lines += [f"- {k}: {v}" for k, v in meta.items()]
-    lines += ["", "## Targets (issue 27, at 1 Gbit/s)", ""] + (target_lines(rows) or
-                                                              ["- (no 1gbit point run)"])
+    lines = page_head("DDP training over rate-limited links: gloo, SpINA dense, SpINA top-k",
+                      meta, "Targets (issue 27, at 1 Gbit/s)", target_lines(rows),
+                      "no 1gbit point run")
     lines += ["", "## Results", "",
               "step = forward + backward (DDP's communication) + optimiser step, the slowest "
               "worker's, median [quartiles] over the steps; step/gloo paired per round; time to "

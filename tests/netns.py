@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -151,3 +152,19 @@ def workers_job(nw: int, job: int = 5) -> JobConfig:
     return JobConfig(job=job, workers=tuple(WorkerAddr(r, f"10.0.0.{r + 1}", 50000 + r)
                                             for r in range(nw)),
                      nslots=8, block_size=32, nlanes=4)
+
+
+def run_bench(module: str, prefix: str, args: list[str], timeout: float):
+    """`python -m module ARGS --tag TAG` in namespaces tagged prefix + pid, skipping (the reason
+    printed) where namespaces cannot be made; it must exit 0 and leave no namespace behind."""
+    why = netns.why_no_namespaces()
+    if why:
+        print(f"skipping: {why}")
+        pytest.skip(why)
+    tag = f"{prefix}{os.getpid() % 100000}"
+    with netns.removing_leftovers(tag) as left:
+        out = subprocess.run([sys.executable, "-m", module, *args, "--tag", tag], cwd=ROOT,
+                             capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert left == [], f"namespaces left behind: {left}"
+    return out

@@ -13,7 +13,6 @@ training mode (`--train`) working.
 from __future__ import annotations
 
 import csv
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from bench.dlcp_bench import COLUMNS, CONFIGS
-from spina.netns import removing_leftovers, why_no_namespaces
+from netns import run_bench
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 2
@@ -35,17 +34,8 @@ def _read(path: Path) -> list[dict]:
 def _run_bench(tmp_path, prefix: str, *args: str) -> None:
     """Run the bench in namespaces tagged `prefix`+pid (skipping, with the reason printed, where
     it cannot run); it must exit 0 and leave no namespace behind."""
-    why = why_no_namespaces()
-    if why:
-        print(f"skipping: {why}")
-        pytest.skip(why)
-    tag = f"{prefix}{os.getpid() % 100000}"
-    with removing_leftovers(tag) as left:
-        out = subprocess.run([sys.executable, "-m", "bench.dlcp_bench", "--workers", "2", *args,
-                              "--tag", tag, "--out", str(tmp_path), "--no-plots"],
-                             cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert left == [], f"namespaces left behind: {left}"
+    run_bench("bench.dlcp_bench", prefix,
+              ["--workers", "2", *args, "--out", str(tmp_path), "--no-plots"], timeout=120)
 
 
 def test_dlcp_bench_smoke(tmp_path):

@@ -8,33 +8,19 @@ through the real CLI, then the outputs and the machine are checked (no namespace
 from __future__ import annotations
 
 import csv
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from bench.net_bench import COLUMNS
-from spina.netns import removing_leftovers, why_no_namespaces
-
-ROOT = Path(__file__).resolve().parents[1]
+from netns import run_bench
 
 
 def test_net_bench_smoke(tmp_path):
     """2 workers over a 1 Gbit/s star: SpINA, gloo and the floor timed and verified, bytes
     counted, ratios paired, clean."""
-    why = why_no_namespaces()
-    if why:
-        print(f"skipping: {why}")
-        pytest.skip(why)
-    tag = f"snbt{os.getpid() % 100000}"
-    with removing_leftovers(tag) as left:
-        subprocess.run([sys.executable, "-m", "bench.net_bench", "--workers", "2",
-                        "--rates", "1gbit", "--densities", "1,0.01", "--elements", "65536",
-                        "--repeats", "1", "--mtus", "9000", "--tag", tag, "--out",
-                        str(tmp_path)], cwd=ROOT, check=True, timeout=55)
-    assert left == [], f"namespaces left behind: {left}"
+    run_bench("bench.net_bench", "snbt", ["--workers", "2", "--rates", "1gbit", "--densities",
+                                          "1,0.01", "--elements", "65536", "--repeats", "1",
+                                          "--mtus", "9000", "--out", str(tmp_path)], timeout=55)
     with open(tmp_path / "net_results.csv", newline="") as f:
         reader = csv.DictReader(f)
         rows = list(reader)

@@ -10,10 +10,6 @@ is left behind.
 from __future__ import annotations
 
 import csv
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -26,26 +22,17 @@ from bench.train_bench import (
     make_rows,
     time_to_target,
 )
-from spina.netns import removing_leftovers, why_no_namespaces
+from netns import run_bench
 
-ROOT = Path(__file__).resolve().parents[1]
 PARAMS = 1024 * 64 + 64 + 64 * 64 + 64 + 64 * 10 + 10  # MLP 1024-64-64-10
 
 
 def test_train_bench_smoke(tmp_path):
     """2 workers, every method 4 steps: rows and curves as promised, weights identical on
     both ranks, each method's bytes on the wire what its algorithm sends."""
-    why = why_no_namespaces()
-    if why:
-        print(f"skipping: {why}")
-        pytest.skip(why)
-    tag = f"stbt{os.getpid() % 100000}"
-    with removing_leftovers(tag) as left:
-        subprocess.run([sys.executable, "-m", "bench.train_bench", "--workers", "2",
-                        "--rates", "1gbit", "--width", "64", "--max-steps", "4",
-                        "--min-steps", "4", "--tag", tag, "--out", str(tmp_path)],
-                       cwd=ROOT, check=True, timeout=120)
-    assert left == [], f"namespaces left behind: {left}"
+    run_bench("bench.train_bench", "stbt", ["--workers", "2", "--rates", "1gbit", "--width",
+                                            "64", "--max-steps", "4", "--min-steps", "4",
+                                            "--out", str(tmp_path)], timeout=120)
     with open(tmp_path / "train_results.csv", newline="") as f:
         reader = csv.DictReader(f)
         rows = {r["method"]: r for r in reader}

@@ -9,6 +9,7 @@ import numpy as np
 
 from bench.dlcp_bench.configs import CONFIGS
 from bench.paired import BenchError
+from bench.report import page_head
 
 TARGET = 0.5                      # issue 14: p99 with a 10% bound <= half of exact mode's
 
@@ -177,9 +178,8 @@ def table(rows) -> list[str]:
 
 
 def summary(rows, meta: dict, step_rows=()) -> str:
-    lines = ["# DLCP: step time under congestion", ""]
-    lines += [f"- {k}: {v}" for k, v in meta.items()]
-    lines += ["", "## Target (issue 14)", ""] + (target_lines(rows) or ["- (not run)"])
+    lines = page_head("DLCP: step time under congestion", meta, "Target (issue 14)",
+                      target_lines(rows), "not run")
     lines += ["", "## Results", ""] + table(rows)
     lines += ["", "## Paired by repeat (same load)", ""] + (paired_lines(step_rows) or ["- (none)"])
     return "\n".join(lines) + "\n"

@@ -12,6 +12,7 @@ import numpy as np
 from bench.dlcp_bench.fabric import WORKER_PORT, worker_ip
 from bench.dlcp_bench.model import VARIANTS, make_gradient, mlp_accuracy, mlp_grad, mlp_init
 from bench.paired import guarded
+from bench.procs import requests
 from examples.digits import flat_split
 
 
@@ -56,12 +57,8 @@ def _worker(rank, ns, n, sizes, gloo_port, conn, barrier):
     # would have: the auto loss deadline (and every timer) follows its own rounds, not the
     # previous configuration's (the step-by-step interleaving changes it every step).
     rtts = {}
-    conn.send("ready")
     try:
-        while True:
-            req = conn.recv()
-            if req == "stop":
-                break
+        for req in requests(conn):
             cfg, variant = req[:2]
             if cfg.method == "spina":
                 agent.job = dlcp.with_policy(dataclasses.replace(base, priority=cfg.priority),
