@@ -9,7 +9,7 @@ import pathlib
 from dataclasses import dataclass
 
 from spina import spec, wire
-from spina.fields import ConfigError, number_field, read_json  # ConfigError: importers name it here
+from spina.fields import ConfigError, load_json, number_field  # ConfigError: importers name it here
 
 MAX_RACKS = 32  # a job's racks: the spine's bitmap has one bit per rack (leaf)
 # a worker's fields in an L2 switch config (softswitch.l2)
@@ -315,11 +315,7 @@ class JobFile:
 
     @classmethod
     def load(cls, path) -> "JobFile":
-        d = read_json(path, "job file")
-        try:
-            return cls.from_dict(d)
-        except ConfigError as e:
-            raise ConfigError(f"{path}: {e}") from None
+        return load_json(path, "job file", cls.from_dict)
 
 
 @dataclass(frozen=True)
@@ -368,28 +364,22 @@ class Assignment:
 
     @classmethod
     def load(cls, path) -> "Assignment":
-        d = read_json(path, "assignment file")
-        try:
-            return cls.from_dict(d)
-        except ConfigError as e:
-            raise ConfigError(f"{path}: {e}") from None
+        return load_json(path, "assignment file", cls.from_dict)
 
 
 def load_worker_file(path, rank: int) -> JobFile:
     """Rank `rank`'s job and switch from a job file (every rank, one switch) or from the
     controller's assignment file of that rank (a two-level job's ranks send to their own
     rack's leaf, so the controller writes one file per rank and no job file)."""
-    d = read_json(path, "job file")
-    try:
-        if isinstance(d, dict) and "rank" in d:
-            a = Assignment.from_dict(d)
-            if a.rank != rank:
-                raise ConfigError(f"assignment: field 'rank': the file is rank {a.rank}'s, "
-                                  f"this worker is rank {rank}")
-            return JobFile(a.job, a.switch, a.rendezvous)
-        return JobFile.from_dict(d)
-    except ConfigError as e:
-        raise ConfigError(f"{path}: {e}") from None
+    def parse(d) -> JobFile:
+        if not (isinstance(d, dict) and "rank" in d):
+            return JobFile.from_dict(d)
+        a = Assignment.from_dict(d)
+        if a.rank != rank:
+            raise ConfigError(f"assignment: field 'rank': the file is rank {a.rank}'s, "
+                              f"this worker is rank {rank}")
+        return JobFile(a.job, a.switch, a.rendezvous)
+    return load_json(path, "job file", parse)
 
 
 def write_if_changed(path, doc: dict) -> bool:

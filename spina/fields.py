@@ -154,3 +154,12 @@ def read_json(path, what: str):
         raise ConfigError(f"{what} {path}: {e.strerror}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"{what} {path}: not JSON ({e})") from None
+
+
+def load_json(path, what: str, parse):
+    """parse(the JSON document in `path`), its ConfigError prefixed with the path."""
+    d = read_json(path, what)
+    try:
+        return parse(d)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
