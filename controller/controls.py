@@ -6,7 +6,8 @@ exactly as in the P4 program and looked up in the P4Info (never an ID).
     InaEndpoint (admission.p4)      InaEndpoint           table ina_endpoint
     InaCheck (ina_check.p4)         InaCheck              counter port_malformed
     Admission (admission.p4)        Admission             table admission, counter port_unadmitted
-    Aggregator (aggregator.p4)      Aggregator            slot registers, job_* counters
+    Aggregator (aggregator.p4),     Aggregator            slot registers, job_* counters
+      FromSpine (fabric.p4)                               (both declared in slots.p4)
     Forwarding (forwarding.p4)      Forwarding            tables l2, ipv4_routes
     Priority (priority.p4)          (none)                no state: queue = INA priority
     CongestionDrop (priority.p4)    CongestionDrop        table congestion, job_congestion_drops,

@@ -1,7 +1,8 @@
 """Leaf and spine roles of the software switch: two-level aggregation (docs/scale_out.md).
 
-The software twin of the P4 program's roles (p4src/v1model/fabric.p4 and the fabric
-parts of aggregator.p4): the same packets in give the same packets out, registers and counters.
+The software twin of the P4 program's roles (p4src/v1model/fabric.p4: FabricRoles, ToSpine,
+FromSpine; the Aggregator's spine rules): the same packets in give the same packets out,
+registers and counters.
 The level of each job is chosen per job, as the P4 tables do: `FabricRoles.leaves` (P4 table
 job_level, action as_leaf), `FabricRoles.spines` (as_spine), `FabricRoles.upstream`
 (leaf_upstream), in the L2 and the UDP mode alike (softswitch/dataplane.py writes them from the

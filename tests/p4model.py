@@ -4,7 +4,7 @@ numpy, no shortcuts.
 
 It exists to be compared with the software switch (tests/test_p4_model.py): payloads with
 softswitch.pipeline.Pipeline, whole frames with softswitch.dataplane.Dataplane, the leaf and spine
-roles (FabricRoles, fabric.p4, and the fabric parts of aggregator.p4) with
+roles (fabric.p4's FabricRoles, ToSpine and FromSpine, and the Aggregator's spine rules) with
 softswitch.fabric.FabricRoles. What leaves is (payload, kind): kind True multicast (the job's or the
 rack's group), False back to the sender, "up" to the slot's spine. If the software switch
 and this transliteration of the P4 disagree, one of them is wrong. Keep it as
@@ -140,7 +140,7 @@ class P4Model:
         return lane_next, block
 
     def from_spine(self, h, pkt, fab):
-        """aggregator.p4's `if (meta.fab.from_spine)` block: a leaf meets the spine's answer."""
+        """fabric.p4's FromSpine: a leaf meets the spine's answer."""
         r, job = self.reg, h.job
         lane_next, block = self.lanes(h, pkt)
         self.count("job_received", job)

@@ -6,7 +6,7 @@ tests/p4model.py follows p4src/v1model/{ina_check,admission,aggregator}.p4 state
 by statement; here random packet sequences (duplicates, stale and new rounds, sparse lanes,
 wrong epochs, unadmitted and malformed packets) go through both, and every emitted packet,
 counter and register cell must agree after every packet; so do the leaf and spine roles
-(softswitch/fabric.py against fabric.p4 and aggregator.p4's fabric parts). Whole frames
+(softswitch/fabric.py against fabric.p4's controls and the Aggregator's spine rules). Whole frames
 (sizes the P4 parser stops at, frames cut short of their UDP length, Ethernet trailers) go
 through the model's parser and softswitch.dataplane.Dataplane, which must count them alike.
 """
@@ -212,7 +212,7 @@ def leaf_scenario(draw):
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(leaf_scenario())
 def test_leaf_role_equals_p4_transliteration(sc):
-    """softswitch.fabric's leaf equals the P4's (fabric.p4, aggregator.p4): packets out and
+    """softswitch.fabric's leaf equals the P4's (fabric.p4's ToSpine and FromSpine): packets out and
     where they go, counters and registers after every packet."""
     _leaf_agrees(*sc)
 

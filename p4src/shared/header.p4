@@ -108,6 +108,8 @@ struct fabric_t {
     mac_addr_t  up_mac;
     ipv4_addr_t up_addr;
     bool        from_spine;    // a result or status for a slot with a leaf_upstream entry
+    bit<8>      carried;       // a spine: the partial's MISMATCH | PARTIAL, ORed into its round
+    bool        replay;        // a spine: the partial is a leaf's stored result (REPLAY)
 }
 
 struct metadata_t {

@@ -1,25 +1,6 @@
-/* SpINA: the slot registers and the per-packet aggregation (softswitch Pipeline.process).
+/* SpINA: the per-packet aggregation of a contribution (softswitch Pipeline.process_into).
  *
- * Per slot and shadow copy, idx = slot * 2 + (round & 1):
- *   slot_round        round tag of the copy: an older round is stale, a newer one resets the
- *                     copy (slots clean themselves; the control plane never clears them)
- *   slot_bitmap       ranks that contributed to this round (duplicates are not added twice)
- *   slot_count        contributions so far; complete at the job's worker count
- *   slot_values_l*_e* one array per lane and element: the int32 sums (wrap-around)
- *   slot_next_l*      one array per lane: minimum of the workers' next block positions
- *   slot_present      OR of the lanes that carried data
- *   slot_nonfinite    OR of the lanes that held NaN/Inf at some worker
- *   slot_exponent     max of the workers' exponents (signed)
- *   slot_length       tensor length of the round's first packet
- *   slot_flags        LAST (AND over contributions), MISMATCH (some length differed)
- *
- * Per slot, both copies' shared state (the hold of a newer round; softswitch/pipeline.py and
- * docs/reliability.md say why):
- *   head_round        newest round started on the slot
- *   head_heard        ranks heard at head_round (any packet of it, or a held newer one)
- *   head_missing      workers not yet heard at head_round (0 after a clear)
- * A round newer than head_round takes the copy of the round before last only when its
- * sender is the last worker missing or none is; otherwise it is held: dropped, job_held.
+ * The slot registers and job counters it reads and writes: v1model/slots.p4.
  *
  * Every register is read and/or written at most once per packet, at one index, with no
  * loop. The order is not a Tofino pipeline's (slot_bitmap's write depends on slot_count,
@@ -33,78 +14,17 @@
  *   duplicate flagged PARTIAL, incomplete flush: complete now, flag PARTIAL, multicast
  *   duplicate, round incomplete           STATUS with the stored bitmap, unicast back
  *
- * Two-level aggregation (meta.fab, v1model/fabric.p4; softswitch/fabric.py). A leaf's
- * workers send their rank within the rack (0..nlocal-1), a leaf's partial the rack's index:
- * each switch's ranks and bitmaps count its own workers only.
- *   spine   a partial's MISMATCH and PARTIAL flags are ORed into the round it is added to;
- *           a STATUS goes to every leaf (the job's group); a REPLAY partial (a leaf's stored
- *           result of a round this spine lost in a restart) is written as the round's
- *           result, complete, and multicast
- *   leaf    a round completed (or flushed) here goes up to the slot's spine instead of to
- *           the rack: the result with msg_type CONTRIB, rank = the rack's index; a resend
- *           to a complete round whose spine result is missing sends the partial up again
- *           (RESEND, PARTIAL if the worker asked for a flush) when it comes from the rack's
- *           rank 0 or asks for a flush, others' are dropped
- *   leaf, the spine's answer (from_spine): checked against the copy (epoch, round, count
- *           = nlocal: the partial went up, no result stored yet), its rack bitmap turned
- *           into local ranks (this rack's bit: a RESULT names the ranks in the partial,
- *           slot_bitmap; a STATUS every local rank; no bit: none); a RESULT is stored in
- *           the copy (written, not added; slot_count becomes nlocal + 1) and replicated to
- *           the rack, a STATUS only replicated; another rack's STATUS is dropped, unless
- *           the copy stored the result and the status lacks this rack: then the stored
- *           result goes up, REPLAY
+ * The fabric roles (v1model/fabric.p4, softswitch/fabric.py): a spine ORs a rack's MISMATCH and
+ * PARTIAL flags into the round (meta.fab.carried) and adopts a leaf's REPLAY as the round's
+ * result (meta.fab.replay); a leaf sends a round completed here up to the spine (ToSpine)
+ * instead of to the rack; the spine's answer at a leaf is FromSpine's, not this control's.
  */
 #ifndef SPINA_AGGREGATOR_P4
 #define SPINA_AGGREGATOR_P4
 
 control Aggregator(inout headers_t hdr, inout metadata_t meta,
                    inout standard_metadata_t std) {
-    @name(".job_received")   counter(MAX_JOBS, CounterType.packets) job_received;
-    @name(".job_aggregated") counter(MAX_JOBS, CounterType.packets) job_aggregated;
-    @name(".job_duplicates") counter(MAX_JOBS, CounterType.packets) job_duplicates;
-    @name(".job_stale")      counter(MAX_JOBS, CounterType.packets) job_stale;
-    @name(".job_held")       counter(MAX_JOBS, CounterType.packets) job_held;
-
-    @name(".slot_round")     register<bit<32>>(SLOT_COPIES) slot_round;
-    @name(".slot_bitmap")    register<bit<32>>(SLOT_COPIES) slot_bitmap;
-    @name(".slot_count")     register<bit<32>>(SLOT_COPIES) slot_count;
-    @name(".slot_present")   register<bit<64>>(SLOT_COPIES) slot_present;
-    @name(".slot_nonfinite") register<bit<64>>(SLOT_COPIES) slot_nonfinite;
-    @name(".slot_exponent")  register<bit<16>>(SLOT_COPIES) slot_exponent;
-    @name(".slot_length")    register<bit<32>>(SLOT_COPIES) slot_length;
-    @name(".slot_flags")     register<bit<8>>(SLOT_COPIES)  slot_flags;
-    @name(".head_round")     register<bit<32>>(POOL_SLOTS)  head_round;
-    @name(".head_heard")     register<bit<32>>(POOL_SLOTS)  head_heard;
-    @name(".head_missing")   register<bit<8>>(POOL_SLOTS)   head_missing;
-
-    // Generated from NLANES and BLOCK_SIZE (v1model/size.p4); global names so that the
-    // controller and the Thrift runtime find them as slot_next_l<L>, slot_values_l<L>_e<E>.
-#define SPINA_NEXT_REG(L) \
-    @name(SPINA_XSTR(.slot_next_l##L)) register<bit<32>>(SLOT_COPIES) slot_next_l##L;
-    FOR_EACH_LANE(SPINA_NEXT_REG)
-
-#define SPINA_VALUE_REG(L, E) \
-    @name(SPINA_XSTR(.slot_values_l##L##_e##E)) register<bit<32>>(SLOT_COPIES) slot_values_l##L##_e##E;
-#define SPINA_LANE_VALUE_REGS(L) FOR_EACH_ELEM(SPINA_VALUE_REG, L)
-    FOR_EACH_LANE(SPINA_LANE_VALUE_REGS)
-
-    // The reply leaves from the switch's address to the sender's; egress rewrites the
-    // destination of each multicast copy for its worker. @hidden: called from apply only, it is
-    // no control-plane action (p4c would otherwise list it in the P4Info).
-    @hidden action reply_to_sender() {
-        mac_addr_t mac = hdr.ethernet.dst_addr;
-        hdr.ethernet.dst_addr = hdr.ethernet.src_addr;
-        hdr.ethernet.src_addr = mac;
-        ipv4_addr_t addr = hdr.ipv4.dst_addr;
-        hdr.ipv4.dst_addr = hdr.ipv4.src_addr;
-        hdr.ipv4.src_addr = addr;
-        bit<16> port = hdr.udp.dst_port;
-        hdr.udp.dst_port = hdr.udp.src_port;
-        hdr.udp.src_port = port;
-        hdr.udp.checksum = 0;  // RFC 768: zero means "no checksum" over IPv4
-        meta.ipv4_update = true;
-        meta.ina_emitted = true;
-    }
+    ToSpine() to_spine_ctl;
 
     // One element of lane L: a fresh copy starts from 0; this packet's value is added when it
     // carries lane L; the sum goes into the packet when the result leaves with lane L.
@@ -141,27 +61,6 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
 
 #define SPINA_DROP_BLOCK(L) hdr.block[L].setInvalid();
 
-    // The spine's result into lane L of the copy: positions, and the values of a present lane.
-#define SPINA_STORE_ELEM(L, E) slot_values_l##L##_e##E.write(idx, hdr.block[L].e##E);
-#define SPINA_STORE_LANE(L) if (hdr.ina.nlanes > L) {                   \
-        slot_next_l##L.write(idx, hdr.lane_next[L].pos);                \
-        if (hdr.ina.present[L:L] == 1) {                                \
-            FOR_EACH_ELEM(SPINA_STORE_ELEM, L)                          \
-        }                                                               \
-    }
-
-    // The stored result of lane L into the packet (a leaf's replay): positions, present values.
-#define SPINA_LOAD_ELEM(L, E) slot_values_l##L##_e##E.read(hdr.block[L].e##E, idx);
-#define SPINA_LOAD_LANE(L) if (hdr.ina.nlanes > L) {                    \
-        slot_next_l##L.read(hdr.lane_next[L].pos, idx);                 \
-        if (stored_present[L:L] == 1) {                                 \
-            hdr.block[L].setValid();                                    \
-            FOR_EACH_ELEM(SPINA_LOAD_ELEM, L)                           \
-        }                                                               \
-    }
-
-#define SPINA_COUNT_BLOCK(L) if (hdr.block[L].isValid()) { nblocks = nblocks + 1; }
-
     apply {
         bit<32> job = (bit<32>)hdr.ina.job;
         job_received.count(job);
@@ -170,94 +69,7 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
         bit<32> idx = ((bit<32>)hdr.ina.slot << 1) | (hdr.ina.round & 1);
         bit<32> rank_bit = (bit<32>)1 << hdr.ina.rank;
         bit<8> in_flags = hdr.ina.flags;
-        bit<32> held = 0;
-        bit<32> nlocal = (bit<32>)meta.fab.nlocal;
         bool adopt = false;
-        if (meta.fab.from_spine) {
-            // A leaf: the spine's answer for the round this copy holds and sent up.
-            bit<32> held_round;
-            slot_round.read(held_round, idx);
-            if (hdr.ina.epoch != meta.fab.epoch || held_round != hdr.ina.round) {
-                job_stale.count(job);
-                mark_to_drop(std);
-                return;
-            }
-            slot_count.read(held, idx);
-            if (hdr.ina.msg_type == MSG_STATUS && hdr.ina.rank != meta.fab.rack) {
-                // Another rack's status (a spine sends its statuses to every leaf). If this
-                // leaf stored the round's result and the spine lacks this rack, the spine lost
-                // it (a restart) and this rack never sends the round again: the stored result
-                // goes back up, REPLAY, and the spine takes it as the round's result. (A
-                // status carries no blocks: only the stored present lanes become valid.)
-                if (held <= nlocal || (hdr.ina.bitmap >> meta.fab.rack)[0:0] == 1) {
-                    mark_to_drop(std);
-                    return;
-                }
-                bit<64> stored_present;
-                bit<8> stored_flags;
-                slot_present.read(stored_present, idx);
-                slot_flags.read(stored_flags, idx);
-                hdr.ina.msg_type = MSG_CONTRIB;
-                hdr.ina.flags = (stored_flags & FLAGS_RESULT) | FLAG_RESEND | FLAG_REPLAY;
-                hdr.ina.rank = meta.fab.rack;
-                hdr.ina.present = stored_present;
-                slot_bitmap.read(hdr.ina.bitmap, idx);
-                slot_nonfinite.read(hdr.ina.nonfinite, idx);
-                slot_exponent.read(hdr.ina.exponent, idx);
-                slot_length.read(hdr.ina.length, idx);
-                FOR_EACH_LANE(SPINA_LOAD_LANE)
-                bit<16> nblocks = 0;
-                FOR_EACH_LANE(SPINA_COUNT_BLOCK)
-                hdr.udp.length = UDP_HDR_BYTES + INA_HDR_BYTES + 4 * (bit<16>)hdr.ina.nlanes
-                                 + nblocks * BLOCK_BYTES;
-                hdr.ipv4.total_len = IPV4_HDR_BYTES + hdr.udp.length;
-                reply_to_sender();
-                hdr.ethernet.dst_addr = meta.fab.up_mac;
-                hdr.ipv4.dst_addr = meta.fab.up_addr;
-                hdr.udp.dst_port = INA_UDP_PORT;
-                std.egress_spec = meta.fab.up_port;
-                return;
-            }
-            if (held != nlocal) {  // stored already (a duplicate), or never sent up
-                if (held > nlocal) {
-                    job_duplicates.count(job);
-                } else {
-                    job_stale.count(job);
-                }
-                mark_to_drop(std);
-                return;
-            }
-            // The spine's bitmap names racks, the rack's workers know local ranks. With this
-            // rack's bit, a RESULT names the local ranks its partial carried (a flushed rack's
-            // partial lacks some), a STATUS every local rank (the rack is done: only other
-            // racks can complete the round); without it (the spine flushed the round without
-            // this rack's partial), none.
-            bit<32> local_ranks = 0;
-            if ((hdr.ina.bitmap >> meta.fab.rack)[0:0] == 1) {
-                if (hdr.ina.msg_type == MSG_RESULT) {
-                    slot_bitmap.read(local_ranks, idx);
-                } else {
-                    local_ranks = (bit<32>)(((bit<64>)1 << meta.fab.nlocal) - 1);
-                }
-            }
-            hdr.ina.bitmap = local_ranks;
-            if (hdr.ina.msg_type == MSG_RESULT) {
-                bit<8> rflags = in_flags & FLAGS_RESULT;
-                FOR_EACH_LANE(SPINA_STORE_LANE)
-                slot_present.write(idx, hdr.ina.present);
-                slot_bitmap.write(idx, hdr.ina.bitmap);
-                slot_flags.write(idx, rflags);
-                slot_count.write(idx, held + 1);
-                slot_nonfinite.write(idx, hdr.ina.nonfinite);
-                slot_exponent.write(idx, hdr.ina.exponent);
-                slot_length.write(idx, hdr.ina.length);
-                // To the rack as a completion, not as the answer to a resend.
-                hdr.ina.flags = rflags | (in_flags & FLAG_LOSS_TOLERANT);
-            }
-            reply_to_sender();
-            std.mcast_grp = meta.fab.mcast_grp;  // every worker of the rack
-            return;
-        }
         if (hdr.ina.epoch != meta.adm.epoch) {
             job_stale.count(job);
             mark_to_drop(std);
@@ -324,7 +136,7 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
         // workers (the P4 program has no timers: the agent whose deadline passed decides).
         // A spine: a leaf's REPLAY is the result of a round this spine lost (a restart), taken
         // as the round's result whoever else was added since: written, not added, complete.
-        adopt = meta.fab.spine && (in_flags & FLAG_REPLAY) != 0 && !complete;
+        adopt = meta.fab.replay && !complete;
         bool flush = duplicate && !complete && !adopt && (hdr.ina.flags & FLAG_PARTIAL) != 0;
         bool accumulate = !duplicate && !complete && !adopt;
         bool reset = fresh || adopt;  // the copy starts from this packet
@@ -366,7 +178,7 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
             bit<32> length = hdr.ina.length;
             bit<8> sflags = hdr.ina.flags & FLAG_LAST;
             // A spine: a rack's mismatch or flush goes into the round it is added to.
-            bit<8> carried = meta.fab.spine ? in_flags & FLAGS_CARRIED : 8w0;
+            bit<8> carried = meta.fab.carried;
             if (reset) {
                 sflags = sflags | carried;
                 slot_present.write(idx, present);
@@ -422,45 +234,19 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
             hdr.ina.length = length;
         }
 
-        // Lengths of what leaves: header, positions and the blocks now valid.
-        bit<16> nblocks = 0;
-        FOR_EACH_LANE(SPINA_COUNT_BLOCK)
-        hdr.udp.length = UDP_HDR_BYTES + INA_HDR_BYTES + 4 * (bit<16>)hdr.ina.nlanes
-                         + nblocks * BLOCK_BYTES;
-        hdr.ipv4.total_len = IPV4_HDR_BYTES + hdr.udp.length;
-        reply_to_sender();
+        SPINA_SET_LENGTHS
+        reply_to_sender(hdr, meta);
         bool multicast = accumulate || flush || adopt;
-        if (meta.fab.leaf && hdr.ina.msg_type == MSG_RESULT
-                && (multicast || count <= (bit<32>)meta.fab.nlocal)) {
-            // A leaf: the rack's round completed (or was flushed) here, or a worker resent a
-            // round whose spine result is missing: the rack's partial goes up to the spine.
-            hdr.ina.msg_type = MSG_CONTRIB;
-            // A resend goes up only from the rack's designated worker (local rank 0) or as
-            // a flush request (PARTIAL): H workers resending would
-            // cost the spine links H partials. Live: the spine's result is stored nowhere in
-            // the rack, so the designated worker waits for it too and resends. The others'
-            // resends are dropped, counted once in job_duplicates above, as every resend
-            // that adds nothing is (a second count would count one packet twice).
-            bool goes_up = multicast || hdr.ina.rank == 0 || (in_flags & FLAG_PARTIAL) != 0;
-            if (!multicast) {  // a resend up: PARTIAL only if the worker asks for a flush
-                hdr.ina.flags = (hdr.ina.flags & ~(FLAG_PARTIAL | FLAG_RESEND)) | FLAG_RESEND
-                                | (in_flags & FLAG_PARTIAL);
-            }
-            hdr.ina.rank = meta.fab.rack;
-            hdr.ethernet.dst_addr = meta.fab.up_mac;
-            hdr.ipv4.dst_addr = meta.fab.up_addr;
-            hdr.udp.dst_port = INA_UDP_PORT;
-            if (meta.fab.up && goes_up) {
-                std.egress_spec = meta.fab.up_port;
+        bool went_up;  // a leaf: the rack's partial left for the spine (or was dropped)
+        to_spine_ctl.apply(hdr, meta, std, multicast, count, in_flags, went_up);
+        if (!went_up) {
+            if (multicast || (meta.fab.spine && hdr.ina.msg_type == MSG_STATUS)) {
+                // The result, to every worker of the job. A spine's status goes to every leaf
+                // too: one that stored the round's result while this spine lost it replays it.
+                std.mcast_grp = meta.adm.mcast_grp;
             } else {
-                mark_to_drop(std);  // no spine for this slot, or another worker's resend
+                std.egress_spec = std.ingress_port;  // result or status, back to the resender
             }
-        } else if (multicast || (meta.fab.spine && hdr.ina.msg_type == MSG_STATUS)) {
-            // The result, to every worker of the job. A spine's status goes to every leaf
-            // too: one that stored the round's result while this spine lost it replays it.
-            std.mcast_grp = meta.adm.mcast_grp;
-        } else {
-            std.egress_spec = std.ingress_port;  // result or status, back to the resender
         }
     }
 }

@@ -15,6 +15,7 @@
 #include "parser.p4"
 #include "ina_check.p4"
 #include "admission.p4"
+#include "slots.p4"
 #include "fabric.p4"
 #include "aggregator.p4"
 #include "forwarding.p4"
@@ -28,6 +29,7 @@ control SpinaIngress(inout headers_t hdr, inout metadata_t meta,
     FabricRoles() fabric_roles_ctl;
     Admission() admission_ctl;
     Aggregator() aggregator_ctl;
+    FromSpine() from_spine_ctl;
     Forwarding() forwarding_ctl;
     Priority() priority_ctl;
 
@@ -43,7 +45,9 @@ control SpinaIngress(inout headers_t hdr, inout metadata_t meta,
                 mark_to_drop(std);
             } else {
                 admission_ctl.apply(hdr, meta, std);
-                if (meta.adm.hit) {
+                if (meta.adm.hit && meta.fab.from_spine) {
+                    from_spine_ctl.apply(hdr, meta, std);
+                } else if (meta.adm.hit) {
                     aggregator_ctl.apply(hdr, meta, std);
                 } else {
                     mark_to_drop(std);
