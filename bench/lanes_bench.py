@@ -6,6 +6,7 @@ and the machine's cores), so the times compare the widths with each other, not w
 the load average before and after is printed with them.
 
     python -m bench.lanes_bench [--elements 1048576] [--workers 4] [--repeats 7]
+                                [--switch-datapath compiled|python]
 """
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ def main(argv=None) -> int:
     ap.add_argument("--elements", type=int, default=1 << 20)
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--switch-datapath", choices=("compiled", "python"), default="compiled",
+                    help="the switch's UDP data path (narrow packets take Python's either way)")
     args = ap.parse_args(argv)
     n = args.workers
     rng = np.random.default_rng(0)
@@ -36,7 +39,7 @@ def main(argv=None) -> int:
     for job_id, bits in enumerate(wire.LANE_BITS, start=1):
         job = local_job(n, job=job_id, slot_base=16 * (job_id - 1), lane_bits=bits)
         setups[bits] = job
-    sw = UdpSwitch(port=0, pool_slots=64)
+    sw = UdpSwitch(port=0, pool_slots=64, datapath=args.switch_datapath)
     for job in setups.values():
         sw.add_job(job)
     sw.start()
@@ -68,7 +71,8 @@ def main(argv=None) -> int:
                 a.close()
         sw.stop()
     load1 = os.getloadavg()
-    print(f"{n} workers, {args.elements} float32 elements, {args.repeats} calls per width; "
+    print(f"{n} workers, {args.elements} float32 elements, {args.repeats} calls per width, "
+          f"switch data path {args.switch_datapath}; "
           f"load average {load0[0]:.2f} before, {load1[0]:.2f} after ({os.cpu_count()} cores)")
     print("| lanes | bytes sent per rank | data bytes | packets | median call (s) | min (s) |")
     print("|---|---|---|---|---|---|")
