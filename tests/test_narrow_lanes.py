@@ -281,3 +281,19 @@ def test_narrow_lanes_need_a_flat_job():
     """A two-level job keeps int32 lanes (the leaf/spine roles do not parse narrow rows)."""
     with pytest.raises(ConfigError, match="lane_bits.*flat job"):
         local_job(2, racks=(1, 1), lane_bits=16)
+
+
+def test_a_nonfinite_block_is_nan_at_every_rank_and_the_rest_exact():
+    """Rank 1 has a NaN and rank 2 an Inf in block 3: that block is NaN at every rank; every
+    other block is the numpy sum of the quantized integers, the bad values counted as 0."""
+    job = _job(16)
+    xs = _tensors(8)
+    xs[1][3 * B + 5] = np.nan
+    xs[2][3 * B + 9] = np.inf
+    out, _, errors, _ = _run(job, xs)
+    assert errors == [None] * NRANKS
+    clean = [np.where(np.isfinite(x), x, np.float32(0)) for x in xs]
+    want = _expected(job, clean)
+    want[3 * B:4 * B] = np.nan
+    for r in range(NRANKS):
+        assert out[r][0].tobytes() == want.tobytes(), r
