@@ -753,12 +753,12 @@ class Agent:
         self.call_id = 0
 
     def allreduce_async(self, x, inplace: bool = False, blocks=None,
-                        layer=None) -> concurrent.futures.Future:
+                        layer=None, residual=None) -> concurrent.futures.Future:
         """Non-blocking all-reduce; calls run one at a time, in the order they were made."""
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(
                 1, thread_name_prefix="spina-agent")
-        return self._executor.submit(self.allreduce, x, inplace, blocks, layer)
+        return self._executor.submit(self.allreduce, x, inplace, blocks, layer, residual)
 
     def serve_metrics(self, address: str):
         """Serve this agent's Prometheus metrics (host_agent/metrics.py: calls, packets,

@@ -297,3 +297,46 @@ def test_a_nonfinite_block_is_nan_at_every_rank_and_the_rest_exact():
     want[3 * B:4 * B] = np.nan
     for r in range(NRANKS):
         assert out[r][0].tobytes() == want.tobytes(), r
+
+
+class _Bucket:
+    """What the DDP hook uses of a GradBucket, with an index (the residual's key)."""
+
+    def __init__(self, t, index=0):
+        self._t, self._index = t, index
+
+    def buffer(self):
+        return self._t
+
+    def index(self):
+        return self._index
+
+    def is_last(self):
+        return True
+
+
+def test_the_ddp_hook_keeps_a_residual_per_bucket_on_narrow_lanes():
+    """Two ranks, three 8-bit steps of one bucket through the DDP hook: every step's average
+    times 2 is both ranks' bucket plus old residual minus new residual (float32 rounding
+    apart), and the residuals are non-zero; an int32 job keeps none."""
+    import torch
+
+    from host_agent.local import LocalCluster
+    from host_agent.torch_hook import SpinaHookState, spina_allreduce_hook
+    gen = torch.Generator().manual_seed(3)
+    with LocalCluster(2, lane_bits=8, nslots=2, nlanes=4, block_size=B) as c:
+        states = [SpinaHookState(a) for a in c.agents]
+        for _ in range(3):
+            xs = [torch.randn(1000, generator=gen) * 0.01 for _ in range(2)]
+            before = [s.residual_for(_Bucket(x), 1024).copy() for s, x in zip(states, xs)]
+            outs = [f.wait() for f in [spina_allreduce_hook(s, _Bucket(x))
+                                       for s, x in zip(states, xs)]]
+            assert torch.equal(outs[0], outs[1])
+            after = [s.residuals[0] for s in states]
+            carried = sum(np.pad(x.numpy(), (0, 24)) + b - a
+                          for x, b, a in zip(xs, before, after))[:1000]
+            np.testing.assert_allclose(outs[0].numpy() * 2, carried, rtol=0, atol=1e-7)
+            assert all(np.abs(a).max() > 0 for a in after)
+    with LocalCluster(2, nslots=2, nlanes=4, block_size=B) as c:
+        s = SpinaHookState(c.agents[0])
+        assert s.residual_for(_Bucket(torch.ones(3)), 64) is None and s.residuals == {}
