@@ -37,6 +37,7 @@ error names the offending field (`jobs[1].nslots: ...`).
         loss_deadline: 0.05         # seconds, or auto: twice the measured round latency
         priority_policy: fixed      # optional, agents only: fixed | layer (host_agent/dlcp.py)
         loss_tolerant_policy: none  # optional, agents only: none | magnitude (needs bounded_loss)
+        lane_bits: 32               # optional: 32 | 16 | 8, a float value's width on the wire
     agents_dir: agents              # where the controller writes the agents' files
     rendezvous: 127.0.0.1:47100     # where agents join each run (default 127.0.0.1:47100):
                                     # `serve` gives every run of a job a new epoch there
@@ -151,12 +152,14 @@ class JobOptions:
     loss_deadline: float | str = JOB_DEFAULTS["loss_deadline"]  # seconds, or "auto"
     priority_policy: str = JOB_DEFAULTS["priority_policy"]
     loss_tolerant_policy: str = JOB_DEFAULTS["loss_tolerant_policy"]
+    lane_bits: int = JOB_DEFAULTS["lane_bits"]
 
     def options(self) -> dict:
         """These fields as JobConfig keyword arguments (every level of a job shares them)."""
         return {k: getattr(self, k) for k in ("block_size", "nlanes", "epoch", "priority",
                                               "bounded_loss", "loss_deadline",
-                                              "priority_policy", "loss_tolerant_policy")}
+                                              "priority_policy", "loss_tolerant_policy",
+                                              "lane_bits")}
 
 
 @dataclass(frozen=True)

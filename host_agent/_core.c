@@ -461,8 +461,9 @@ static int classify(const unsigned char *d, Py_ssize_t size, const Expect *e, lo
     Py_ssize_t bs = load_be16(d + OFF_BLOCK_SIZE);
     if (d[OFF_VERSION] != WIRE_VERSION || msg_type < MSG_CONTRIB || msg_type > MSG_STATUS
         || nlanes < 1 || nlanes > MAX_LANES || bs == 0 || d[OFF_RANK] >= MAX_WORKERS
-        || (nlanes < 64 && ((present | nf) >> nlanes))
-        || size != HEADER_LEN + 4 * nlanes + 4 * bs * __builtin_popcountll(present))
+        || (nlanes < 64 && ((present | nf) >> nlanes)) || !LANE_ITEM_BYTES(d[OFF_FLAGS])
+        || size != HEADER_LEN + 4 * nlanes
+                   + LANE_ITEM_BYTES(d[OFF_FLAGS]) * bs * __builtin_popcountll(present))
         return VERDICT_MALFORMED;
     long s = (long)load_be16(d + OFF_SLOT) - e->slot_base;
     if (msg_type == MSG_CONTRIB || load_be16(d + OFF_JOB) != e->job

@@ -37,12 +37,15 @@ from host_agent.blocks import (
     NONFINITE_BITS,
     LanePlan,
     block_absmax_bits,
+    dequantize,
     exponent_of_bits,
     gather_blocks,
     nonzero_blocks,
     quant_shift,
+    rounding_noise,
     scan_float_blocks,
     scatter_blocks,
+    stochastic_quantize,
 )
 from host_agent.recovery import MIN_RTO, Recovery, RttEstimator, Timer, flusher_rank
 from spina import log as spina_log, rendezvous, wire
@@ -63,6 +66,8 @@ _UNPACK, _PACK_INTO = wire.HEADER_STRUCT.unpack_from, wire.HEADER_STRUCT.pack_in
 (_A_INDEX, _A_SLOT, _A_MSG_TYPE, _A_FLAGS, _A_ROUND, _A_EXPONENT, _A_BITMAP, _A_PRESENT,
  _A_NONFINITE, _A_LENGTH, _A_NBYTES) = range(11)
 _FLAGS_AT = wire.FIELD_OFFSET["flags"]  # byte offset: a resend sets its flags in place
+# One big-endian struct per header field (the narrow lanes' rounds write theirs from Python).
+_FIELD_STRUCTS = {name: struct.Struct(">" + code) for name, code, _ in wire.HEADER_FIELDS}
 _RING_STRIDE = 1 << 16  # > wire.MAX_UDP_PAYLOAD: each answer of a batch has its own 64 KiB
 _RING_SLOTS = 32        # answers read per recvmmsg at most
 DATAPATHS = ("compiled", "python")  # Agent(datapath=...): who handles the common answers
@@ -171,12 +176,19 @@ class _Call:
         check_blocks: verify a `blocks` hint against a full scan.
         layer: the call's (i, n) layer position for DLCP priorities (host_agent/dlcp.py).
         compiled: answers take _core.answer_batch where it handles them (Agent's datapath).
+        residual: error feedback of a narrow-lane call (Agent.allreduce), or None.
+
+    Narrow lanes (job.lane_bits 16 or 8, a float tensor; docs/bits.md) take the Python path
+    whatever `compiled` says: their rows are stochastically rounded and written here
+    (_fill_narrow) and their results decoded here (_deliver_narrow); _core only reads the
+    socket and checks the headers (their size by the width flag).
     """
 
     def __init__(self, job: JobConfig, rank: int, call_id: int, rounds: np.ndarray,
                  flat: np.ndarray, integer: bool, inplace: bool, blocks: np.ndarray | None,
                  buffers: _Buffers, rtt: RttEstimator, check_blocks: bool = False,
-                 layer: tuple[int, int] | None = None, compiled: bool = False):
+                 layer: tuple[int, int] | None = None, compiled: bool = False,
+                 residual: np.ndarray | None = None):
         self.job, self.rank, self.call_id, self.rounds = job, rank, call_id, rounds
         # Ranks and bitmaps on the wire are the worker's own switch's: in a two-level job its
         # rack's leaf knows ranks rack_first.. as 0..rack_size-1 (flat: the job's ranks).
@@ -185,6 +197,13 @@ class _Call:
         self.outbox: list = []  # datagrams to send (the agent sends them in one batch)
         self.flat, self.integer = flat, integer
         self.B, self.k, W = job.block_size, job.nlanes, job.nslots
+        # The values' width on the wire: int32 tensors always travel as int32.
+        self.lane_bits = 32 if integer else job.lane_bits
+        self.width_flag = wire.LANE_FLAGS[self.lane_bits]
+        self.row_bytes = wire.row_bytes(self.B, self.width_flag)
+        self.residual = residual
+        if residual is not None:  # what is not sent stays; _fill_narrow keeps the rest's error
+            residual[:] = flat
         n = len(flat)
         self.stats = CallStats(length=n)
         if blocks is not None and check_blocks:
@@ -244,7 +263,12 @@ class _Call:
         # bounded loss (searchsorted skips, flushes) and no droppable packets (DLCP); else
         # every answer takes the Python path.
         self.compiled = None
-        if compiled and self.keys_ext is None and self.classes.droppable is None:
+        self.noise = None
+        if self.width_flag:
+            # Stochastic rounding's draws, one row per plan row (pos_ext index - lane), from
+            # (seed = job id, rank, step = call id): a rerun of the job sends the same values.
+            self.noise = rounding_noise(job.job, rank, call_id, (len(plan.pos), B))
+        elif compiled and self.keys_ext is None and self.classes.droppable is None:
             rec = self.recovery
             self.compiled = (self.slots, self.stats, rec, rec.rtt, rec.flying, rec.rack,
                              rec.rtt.group_srtt, rounds, flat, self.out, self.pos_ext,
@@ -272,7 +296,7 @@ class _Call:
         """The slot's setup round: first positions per lane and the slot's exponent."""
         _, _, nrows, _ = _core.fill_round(
             self.bufs[st.index][0], self.flat, self.pos_ext, st.ptr, None, self.nonfinite,
-            st.index * self.k, 0, self.integer, self.B, self._new_round(st), 0,
+            st.index * self.k, 0, self.integer, self.B, self._new_round(st), self.width_flag,
             self.classes.priority, int(self.slot_exp[st.index]))
         self._queue(st, 0, nrows, time.monotonic())
 
@@ -314,10 +338,11 @@ class _Call:
             self.recovery.status(st.timer, a[_A_BITMAP], now)
             return False
         flags = a[_A_FLAGS]
-        if flags & wire.FLAG_MISMATCH:
+        if flags & wire.FLAG_MISMATCH or flags & wire.FLAGS_LANE_WIDTH != self.width_flag:
             raise LengthMismatch(
-                f"job {self.job.job} call {self.call_id}: workers disagree on the tensor length: "
-                f"rank {self.rank} has {len(self.flat)} elements, another rank {a[_A_LENGTH]}")
+                f"job {self.job.job} call {self.call_id}: workers disagree on the tensor length "
+                f"or the lane width: rank {self.rank} has {len(self.flat)} elements in "
+                f"{self.lane_bits}-bit lanes, the result says {a[_A_LENGTH]} elements")
         partial = bool(flags & wire.FLAG_PARTIAL)
         ours_in = bool(a[_A_BITMAP] >> self.wire_rank & 1)
         self.recovery.result(st.timer, st.round, now,
@@ -325,9 +350,10 @@ class _Call:
                              held_for=(~a[_A_BITMAP] & ((1 << self.rack_size) - 1)
                                        if partial and ours_in else 0))
         if partial and not ours_in:  # ours never arrived
-            stats.blocks_lost += (len(st.packet) - self.next_end) // (4 * self.B)
+            stats.blocks_lost += (len(st.packet) - self.next_end) // self.row_bytes
         if st.setup:  # setup result: the exponent every worker quantizes with
-            st.shift = 0 if self.integer else quant_shift(a[_A_EXPONENT], self.job.nworkers)
+            st.shift = 0 if self.integer else quant_shift(a[_A_EXPONENT], self.job.nworkers,
+                                                          self.lane_bits)
             st.exponent = a[_A_EXPONENT]
             st.setup = False
             present = nonfinite = 0
@@ -335,8 +361,11 @@ class _Call:
             present, nonfinite = a[_A_PRESENT], a[_A_NONFINITE]
         # the sums into their blocks (NaN where a worker reported NaN/Inf); st.pos becomes the
         # next round's positions
-        done = _core.deliver(view, self.out, st.pos, present, nonfinite, st.shift, self.integer,
-                             self.B)
+        if self.width_flag:
+            done = self._deliver_narrow(view, st.pos, present, nonfinite, st.shift)
+        else:
+            done = _core.deliver(view, self.out, st.pos, present, nonfinite, st.shift,
+                                 self.integer, self.B)
         stats.rounds += 1
         if done:  # every lane is done
             st.done = True
@@ -362,11 +391,67 @@ class _Call:
         priority, tolerant = self.classes.packet_class(self.pos_ext, st.ptr, pos)  # DLCP
         # gather, quantize and write the rows, next positions and header fields into the
         # datagram; st.ptr steps past the blocks sent
-        _, _, nrows, _ = _core.fill_round(
-            self.bufs[st.index][0], self.flat, self.pos_ext, st.ptr, pos, self.nonfinite,
-            st.index * self.k, st.shift, self.integer, self.B, self._new_round(st), tolerant,
-            priority, st.exponent)
+        if self.width_flag:
+            nrows = self._fill_narrow(st, pos, tolerant, priority)
+        else:
+            _, _, nrows, _ = _core.fill_round(
+                self.bufs[st.index][0], self.flat, self.pos_ext, st.ptr, pos, self.nonfinite,
+                st.index * self.k, st.shift, self.integer, self.B, self._new_round(st),
+                tolerant, priority, st.exponent)
         self._queue(st, tolerant, nrows, now)
+
+    def _fill_narrow(self, st: _Slot, pos: np.ndarray, flags: int, priority: int) -> int:
+        """_core.fill_round for narrow lanes: the rows at the agreed positions `pos` where
+        this worker has them, stochastically rounded to the lane's width (with error feedback
+        into self.residual if given), the next positions and the round's header fields, into
+        slot `st`'s datagram; st.ptr steps past the blocks sent. Returns the rows written."""
+        k, B = self.k, self.B
+        buf, next_view = self.bufs[st.index]
+        own = self.pos_ext[st.ptr]
+        send = (own >= 0) & (own == pos)
+        lanes = np.flatnonzero(send)
+        plan_rows = st.ptr[lanes] - (st.index * k + lanes)
+        blocks = own[lanes]
+        rows = gather_blocks(self.flat, blocks, B)
+        nf = (self.nonfinite[plan_rows].astype(bool) if self.nonfinite is not None
+              else np.zeros(len(lanes), bool))
+        if nf.any():  # NaN/Inf count as 0; every rank's result is NaN there
+            rows = np.where(np.isfinite(rows), rows, np.float32(0))
+        q = stochastic_quantize(rows, st.shift, self.lane_bits, self.noise[plan_rows])
+        if self.residual is not None and len(lanes):
+            err = rows - dequantize(q, st.shift)
+            err[nf] = 0  # a non-finite block's residual is dropped
+            scatter_blocks(self.residual, blocks, err, B)
+        st.ptr[lanes] += 1
+        nxt = self.pos_ext[st.ptr]
+        next_view[:] = np.where(nxt < 0, wire.END, nxt)
+        data_at = self.next_end
+        buf[data_at:data_at + q.nbytes] = q.astype(wire.data_dtype(self.width_flag)).tobytes()
+        lane_bits = 1 << lanes.astype(np.uint64)
+        present = int(np.bitwise_or.reduce(lane_bits)) if len(lanes) else 0
+        nonfinite = int(np.bitwise_or.reduce(lane_bits[nf])) if nf.any() else 0
+        last = wire.FLAG_LAST if (nxt < 0).all() else 0
+        for name, value in (("flags", flags | last | self.width_flag), ("priority", priority),
+                            ("round", self._new_round(st)), ("exponent", st.exponent),
+                            ("bitmap", 0), ("present", present), ("nonfinite", nonfinite)):
+            _FIELD_STRUCTS[name].pack_into(buf, wire.FIELD_OFFSET[name], value)
+        return len(lanes)
+
+    def _deliver_narrow(self, view, pos: np.ndarray, present: int, nonfinite: int,
+                        shift: int) -> bool:
+        """_core.deliver for narrow lanes: the result's rows, dequantized, into their blocks
+        (NaN for the non-finite lanes); pos becomes the next positions; True when every one
+        is END."""
+        k, B = self.k, self.B
+        if present:
+            lanes = wire.lane_indices(present, k)
+            data = np.frombuffer(view, wire.data_dtype(self.width_flag), len(lanes) * B,
+                                 self.next_end).reshape(-1, B)
+            scatter_blocks(self.out, pos[lanes], dequantize(data, shift), B)
+        if nonfinite:
+            scatter_blocks(self.out, pos[wire.lane_indices(nonfinite, k)], np.float32("nan"), B)
+        pos[:] = np.frombuffer(view, wire.NEXT_DTYPE, k, wire.HEADER_LEN)
+        return bool((pos == wire.END).all())
 
     def _new_round(self, st: _Slot) -> int:
         """The round tag of slot `st`'s next round (also st.round)."""
@@ -378,7 +463,7 @@ class _Call:
     def _queue(self, st: _Slot, flags: int, nrows: int, now: float) -> None:
         """Queue the round of slot `st` just written into its buffer (`nrows` data rows) for
         sending (its first transmission: at `now`)."""
-        n = self.next_end + 4 * self.B * nrows
+        n = self.next_end + self.row_bytes * nrows
         st.packet = st.view[:n]
         # a setup round is never flushed: a missing exponent could overflow its worker's blocks
         self.recovery.sent(st.timer, now, flushable=not st.setup)
@@ -388,7 +473,7 @@ class _Call:
             stats.loss_tolerant_packets += 1
         stats.packets_sent += 1
         stats.bytes_sent += n
-        stats.payload_bytes_sent += 4 * self.B * nrows
+        stats.payload_bytes_sent += self.row_bytes * nrows
 
     def resend_due(self, idle: bool, longest: float, timeout: float, switch) -> float:
         """Resend the rounds host_agent/recovery.py finds due; fail if a slot made no progress
@@ -571,7 +656,7 @@ class Agent:
         self._buffers = _Buffers()
 
     # ------------------------------------------------------------------ public API
-    def allreduce(self, x, inplace: bool = False, blocks=None, layer=None):
+    def allreduce(self, x, inplace: bool = False, blocks=None, layer=None, residual=None):
         """Element-wise sum of `x` over all workers; same shape and dtype as `x`.
 
         Accepts numpy arrays (float32, float16, float64, int32) and torch tensors (also
@@ -595,8 +680,24 @@ class Agent:
             layer: (i, n): `x` holds the i-th of n groups of layers in the order the next
                 forward pass needs them (0: first); the job's priority_policy "layer" sets
                 the call's priority from it (host_agent/dlcp.py). None: unknown.
+            residual: error feedback for narrow lanes (job.lane_bits 16 or 8; docs/bits.md):
+                a contiguous float32 numpy array of x's size that the caller keeps per tensor
+                (zeros at first). The call sums x + residual and leaves in `residual` what
+                its lanes did not carry, so nothing is lost across calls, only delayed. Not
+                with `blocks` (the residual's blocks would need sending too) or int32 lanes.
         """
         layer = dlcp.check_layer(layer)
+        if residual is not None:
+            if self.job.lane_bits == 32 or blocks is not None or _is_torch(x):
+                raise ValueError("residual: error feedback needs a narrow-lane job (lane_bits 16 "
+                                 "or 8), a numpy tensor and no blocks hint")
+            if not (isinstance(residual, np.ndarray) and residual.dtype == np.float32
+                    and residual.flags.c_contiguous and residual.flags.writeable
+                    and residual.size == np.size(x)):
+                raise ValueError("residual: must be a writeable, contiguous float32 array of "
+                                 "x's size")
+            x = np.asarray(x, np.float32) + residual.reshape(np.shape(x))
+            inplace = True  # our own sum: the call writes its result there
         if blocks is not None:
             blocks = np.asarray(blocks, np.int64)
         if _is_torch(x):
@@ -614,7 +715,8 @@ class Agent:
         if kind == "float" and flat.dtype != np.float32:
             flat, private = flat.astype(np.float32), True  # our own copy: sum into it
         out = self._allreduce_flat(flat, integer=(kind == "int"), inplace=inplace or private,
-                                   blocks=blocks, layer=layer)
+                                   blocks=blocks, layer=layer,
+                                   residual=None if residual is None else residual.reshape(-1))
         return out.astype(arr.dtype, copy=False).reshape(arr.shape)
 
     def rejoin(self) -> None:
@@ -651,12 +753,12 @@ class Agent:
         self.call_id = 0
 
     def allreduce_async(self, x, inplace: bool = False, blocks=None,
-                        layer=None) -> concurrent.futures.Future:
+                        layer=None, residual=None) -> concurrent.futures.Future:
         """Non-blocking all-reduce; calls run one at a time, in the order they were made."""
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(
                 1, thread_name_prefix="spina-agent")
-        return self._executor.submit(self.allreduce, x, inplace, blocks, layer)
+        return self._executor.submit(self.allreduce, x, inplace, blocks, layer, residual)
 
     def serve_metrics(self, address: str):
         """Serve this agent's Prometheus metrics (host_agent/metrics.py: calls, packets,
@@ -685,7 +787,8 @@ class Agent:
 
     # ------------------------------------------------------------------ one call
     def _allreduce_flat(self, flat: np.ndarray, integer: bool, inplace: bool = False,
-                        blocks: np.ndarray | None = None, layer=None) -> np.ndarray:
+                        blocks: np.ndarray | None = None, layer=None,
+                        residual: np.ndarray | None = None) -> np.ndarray:
         if len(flat) >= 1 << 32:
             raise ValueError(f"tensor of {len(flat)} elements exceeds the 32-bit length field")
         t0 = time.perf_counter()
@@ -694,7 +797,7 @@ class Agent:
         self.call_id = (self.call_id + 1) & 0xFFFFFFFF
         call = _Call(self.job, self.rank, self.call_id, self.rounds, flat, integer, inplace,
                      blocks, self._buffers, self.rtt, self.check_blocks, layer=layer,
-                     compiled=self.datapath == "compiled")
+                     compiled=self.datapath == "compiled", residual=residual)
         sock = self.sock
         tick = min(0.1, call.recovery.deadline()) if self.job.bounded_loss else 0.1
         # Non-blocking, select() only when nothing is waiting: a socket timeout would cost a

@@ -188,7 +188,7 @@ def dequantize(data: np.ndarray, shift: int, out: np.ndarray | None = None) -> n
 
 # ---------------------------------------------------------------- narrow lanes (docs/bits.md)
 # The host's half of 16- and 8-bit lanes: what a rank sends, and the bound on the sum it gets
-# back. The wire format and the switches do not carry narrow lanes yet (docs/bits.md).
+# back (the agent's narrow calls use these: host_agent/agent.py, docs/bits.md).
 def rounding_noise(seed: int, rank: int, step: int, shape) -> np.ndarray:
     """Uniform [0, 1) float32 draws for stochastic rounding, a function of (seed, rank,
     step) only: a rerun sends the same values, and no two ranks or steps share draws."""

@@ -165,6 +165,9 @@ def main(argv=None) -> int:
                     help="address of the switch and the workers (an address of this host)")
     ap.add_argument("--switch-port", type=cli.int_range(0, 65535, " (0: any free)"), default=0,
                     help="switch UDP port (0: any free)")
+    ap.add_argument("--lane-bits", type=int, choices=wire.LANE_BITS, default=32,
+                    help="the width of float values on the wire: 32 (default), 16 or 8 "
+                         "(narrow lanes, docs/bits.md)")
     spina_log.add_options(ap)
     args = ap.parse_args(argv)
     folder = os.path.dirname(os.path.abspath(args.job_file))
@@ -175,7 +178,8 @@ def main(argv=None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        serve(args.job_file, args.nworkers, args.job, args.host, args.switch_port, stop)
+        serve(args.job_file, args.nworkers, args.job, args.host, args.switch_port, stop,
+              lane_bits=args.lane_bits)
     except (ConfigError, OSError) as e:
         return cli.fail(ap.prog, e)
     return 0

@@ -96,15 +96,35 @@ class SpinaHookState(HookCounters):
 
     The hook also learns DDP's bucket count (the last bucket of a backward pass says it is
     last) to give each bucket its layer position (`layer_of`).
+
+    With narrow lanes (the job's lane_bits 16 or 8, an `Agent`) each bucket keeps an error
+    feedback residual (`residuals`, by bucket index, docs/bits.md): what its lanes did not
+    carry goes with the bucket's next call. A bucket whose size changes (DDP rebuilt its
+    buckets) starts a new residual of zeros.
     """
 
-    __slots__ = ("agent", "world_size", "nbuckets")
+    __slots__ = ("agent", "world_size", "nbuckets", "residuals")
 
     def __init__(self, agent: Agent, world_size: int | None = None):
         self.agent = agent
         self.world_size = world_size or agent.job.nworkers
         self.nbuckets = 0  # DDP's buckets per backward pass, once a last bucket was seen
+        self.residuals: dict[int, np.ndarray] = {}  # narrow lanes: bucket index -> residual
         super().__init__()
+
+    def residual_for(self, bucket, n: int) -> np.ndarray | None:
+        """The bucket's error feedback residual (float32, `n`: its block-aligned length), or
+        None: int32 lanes, no bucket index, or an agent that cannot take one (the daemon's)."""
+        if not isinstance(self.agent, Agent) or self.agent.job.lane_bits == 32:
+            return None
+        try:
+            index = bucket.index()
+        except AttributeError:
+            return None
+        got = self.residuals.get(index)
+        if got is None or got.size != n:
+            got = self.residuals[index] = np.zeros(n, np.float32)
+        return got
 
     def _count(self, n: int) -> None:
         self.count_call(self.agent.last_stats, n)
@@ -166,11 +186,12 @@ def spina_allreduce_hook(state: SpinaHookState,
     buf = bucket.buffer()
     return sum_async(state.agent, buf, _segment_sizes(bucket, buf.numel()),
                      divide_by=state.world_size, on_done=state._count,
-                     layer=_layer(state, bucket))
+                     layer=_layer(state, bucket), residual=lambda n: state.residual_for(bucket, n))
 
 
 def sum_async(agent, t: torch.Tensor, sizes: list[int] | None = None, divide_by: int = 1,
-              on_done=None, layer: tuple[int, int] | None = None) -> torch.futures.Future:
+              on_done=None, layer: tuple[int, int] | None = None,
+              residual=None) -> torch.futures.Future:
     """Sum the flat float tensor `t` over all ranks through `agent`, without blocking.
 
     Args:
@@ -181,6 +202,8 @@ def sum_async(agent, t: torch.Tensor, sizes: list[int] | None = None, divide_by:
         divide_by: divide the float32 sum by this before the one rounding to `t.dtype`.
         on_done: called with `t.numel()` after the agent finished, before the future is set.
         layer: the tensor's layer position (Agent.allreduce), for DLCP priorities.
+        residual: None, or a function of the block-aligned length giving the error feedback
+            residual of narrow lanes (Agent.allreduce's `residual`) or None.
 
     Returns:
         A `torch.futures.Future` of a new tensor like `t` holding the (averaged) sum.
@@ -200,7 +223,10 @@ def sum_async(agent, t: torch.Tensor, sizes: list[int] | None = None, divide_by:
         except Exception as e:  # surfaces in DDP's backward on this rank
             fail(result, e)
 
-    agent.allreduce_async(flat, inplace=True, layer=layer).add_done_callback(done)  # flat is ours
+    res = residual(len(flat)) if residual is not None else None
+    fut = (agent.allreduce_async(flat, inplace=True, layer=layer) if res is None  # flat is ours
+           else agent.allreduce_async(flat, layer=layer, residual=res))
+    fut.add_done_callback(done)
     return out
 
 

@@ -215,6 +215,8 @@ static Py_ssize_t process_one(Datapath *d, const uint8_t *pkt, Py_ssize_t size, 
                               uint16_t sport, uint8_t *out, int *to, const Entry **hit) {
     if (size < HEADER_LEN || pkt[OFF_VERSION] != WIRE_VERSION || pkt[OFF_MSG_TYPE] != MSG_CONTRIB)
         return PUNT;
+    if (pkt[OFF_FLAGS] & FLAGS_LANE_WIDTH)  /* narrow lanes: Python's pipeline (docs/bits.md) */
+        return PUNT;
     unsigned k = pkt[OFF_NLANES], rank = pkt[OFF_RANK];
     uint32_t bs = rd16(pkt + OFF_BLOCK_SIZE);
     uint64_t present = rd64(pkt + OFF_PRESENT), nonfinite = rd64(pkt + OFF_NONFINITE);

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from softswitch.pipeline import ADDED, COMPLETED, MAX_PORTS, Pipeline
+from softswitch.pipeline import ADDED, COMPLETED, MAX_PORTS, Pipeline, rows
 from spina import wire
 from spina.spec import FLAGS_CARRIED, FLAGS_RESULT
 
@@ -203,8 +203,7 @@ class FabricRoles:
         _, _, vals, slot_next = p.views(idx, k, bs)
         slot_next[:] = np.frombuffer(pkt, wire.NEXT_DTYPE, k, HLEN)
         if present:
-            data = np.frombuffer(pkt, wire.DATA_DTYPE, (size - HLEN) // 4 - k,
-                                 HLEN + 4 * k).reshape(-1, bs)
+            data = rows(pkt, t)
             if present == (1 << k) - 1:
                 vals[:] = data
             else:

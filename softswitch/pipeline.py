@@ -16,7 +16,9 @@ Per slot and shadow copy (idx = slot*2 + (round & 1)):
   slot_nonfinite  OR of the lanes that held a NaN/Inf at some worker
   slot_exponent   max of the workers' quantization exponents
   slot_length     tensor length of the round's first packet (others must agree)
-  slot_flags      LAST (AND over contributions) and MISMATCH (OR: a length disagreed)
+  slot_flags      LAST (AND over contributions), MISMATCH (OR: a length or lane width
+                  disagreed) and the lane width of the round's first contribution
+                  (wire.FLAGS_LANE_WIDTH: the result's rows have that width, docs/bits.md)
 
 Per slot (both copies): the hold of a newer round. A round newer than any on the slot takes
 the copy of the round before last, which a worker that lost that round's result still needs
@@ -45,6 +47,7 @@ from spina.spec import (  # noqa: F401
     HEAD_REGISTERS,
     JOB_COUNTERS,
     JOB_REGISTERS,
+    LANE_COUNTERS,
     MAX_JOBS,
     MAX_PORTS,
     PORT_COUNTERS,
@@ -60,6 +63,10 @@ MSG_CONTRIB, MSG_RESULT, MSG_STATUS = wire.MSG_CONTRIB, wire.MSG_RESULT, wire.MS
 FLAG_RESEND, FLAG_LOSS_TOLERANT = wire.FLAG_RESEND, wire.FLAG_LOSS_TOLERANT
 FLAG_LAST = wire.FLAG_LAST
 FLAG_PARTIAL, FLAG_MISMATCH, FLAG_REPLAY = wire.FLAG_PARTIAL, wire.FLAG_MISMATCH, wire.FLAG_REPLAY
+FLAGS_LANE_WIDTH = wire.FLAGS_LANE_WIDTH
+# A narrow lane's answer range, by its width flag: sums beyond it saturate (docs/bits.md).
+_LANE_RANGE = {wire.FLAG_LANES16: (-(1 << 15), (1 << 15) - 1),
+               wire.FLAG_LANES8: (-(1 << 7), (1 << 7) - 1)}
 _UNPACK, _PACK_INTO = wire.HEADER_STRUCT.unpack_from, wire.HEADER_STRUCT.pack_into
 _header_error = wire.header_error
 # Positions of the header fields in HEADER_STRUCT's tuple, by name (spina/wire.py's order).
@@ -84,6 +91,14 @@ MAX_REGISTER_BYTES = 4 << 30  # a bound on the slot registers' memory, against t
 def _about(t: tuple) -> dict:
     """A packet's log fields (spina.log): the job, epoch, call and rank its header names."""
     return spina_log.fields(job=t[_JOB], epoch=t[_EPOCH], call=t[_CALL], rank=t[_RANK])
+
+
+def rows(pkt, t: tuple) -> np.ndarray:
+    """The data rows of packet `pkt` (header fields `t`), (present lanes, block_size), of the
+    width its flags name (int32, int16 or int8, big-endian): a view, nothing copied."""
+    bs = t[_BLOCK_SIZE]
+    return np.frombuffer(pkt, wire.data_dtype(t[_FLAGS]), t[_PRESENT].bit_count() * bs,
+                         HLEN + 4 * t[_NLANES]).reshape(-1, bs)
 
 
 def register_bytes(pool_slots: int, slot_capacity: int) -> int:
@@ -149,6 +164,7 @@ class Pipeline:
         self.version = 0
         self.counters = {name: np.zeros(MAX_JOBS, np.uint64) for name in JOB_COUNTERS}
         self.counters.update({name: np.zeros(MAX_PORTS, np.uint64) for name in PORT_COUNTERS})
+        self.counters.update({name: np.zeros(MAX_JOBS, np.uint64) for name in LANE_COUNTERS})
         # admission: (ingress port, (source IPv4, source UDP port), job, rank) -> Admission.
         # P4: table `admission`, keys ingress_port, src_addr, src_port, job, rank (all exact).
         # The address stays in the form the socket layer gives ('a.b.c.d', port): no per-packet
@@ -180,6 +196,8 @@ class Pipeline:
         self._c_aggregated = c["job_aggregated"].data
         self._c_malformed = c["port_malformed"].data
         self._c_unadmitted = c["port_unadmitted"].data
+        self._c_saturated = c["job_lane_saturated"].data
+        self._c_lane_mismatch = c["job_lane_mismatch"].data
         # Per slot copy: (nlanes, block_size, values view, next view) of the last shape used.
         self._view_cache: list[tuple | None] = [None] * n
 
@@ -381,15 +399,15 @@ class Pipeline:
     def add_lanes(self, pkt, t: tuple, idx: int, new: bool) -> None:
         """The lanes of contribution `pkt` (header fields `t`) into slot copy `idx`: written
         into a copy its round starts (`new`), else added (values with int32 wrap-around, the
-        minimum of next positions, ORs, max exponent, LAST and MISMATCH)."""
-        k, bs, flags, size = t[_NLANES], t[_BLOCK_SIZE], t[_FLAGS], len(pkt)
+        minimum of next positions, ORs, max exponent, LAST and MISMATCH). Narrow rows (int16,
+        int8) add into the same int32 registers."""
+        k, bs, flags = t[_NLANES], t[_BLOCK_SIZE], t[_FLAGS]
         _, _, vals, slot_next = self.views(idx, k, bs)
         nxt = np.frombuffer(pkt, NEXT_DTYPE, k, HLEN)
         present, nonfinite, exponent, length = t[_PRESENT], t[_NONFINITE], t[_EXPONENT], t[_LENGTH]
         full = (1 << k) - 1
         if present:
-            data = np.frombuffer(pkt, DATA_DTYPE, (size - HLEN) // 4 - k,
-                                 HLEN + 4 * k).reshape(-1, bs)
+            data = rows(pkt, t)
         if new:
             if present == full:
                 vals[:] = data
@@ -402,7 +420,7 @@ class Pipeline:
             self._r_nonfinite[idx] = nonfinite
             self._r_exponent[idx] = exponent
             self._r_length[idx] = length
-            self._r_flags[idx] = flags & FLAG_LAST
+            self._r_flags[idx] = flags & (FLAG_LAST | FLAGS_LANE_WIDTH)
         else:
             if present == full:
                 np.add(vals, data, out=vals)  # int32 wrap-around, as the switch's 32-bit adders
@@ -418,6 +436,11 @@ class Pipeline:
             new_flags = (old_flags & ~FLAG_LAST) | (old_flags & flags & FLAG_LAST)
             if length != self._r_length[idx]:
                 new_flags |= FLAG_MISMATCH
+            if (flags ^ old_flags) & FLAGS_LANE_WIDTH:
+                # Another lane width than the round's first: its sum means nothing, so the
+                # result says MISMATCH to every rank (one XOR of slot_flags, as P4 can).
+                new_flags |= FLAG_MISMATCH
+                self._c_lane_mismatch[t[_JOB]] += 1
             self._r_flags[idx] = new_flags
 
     def _adopt_into(self, out, pkt, t: tuple, idx: int, nworkers: int) -> int:
@@ -428,8 +451,7 @@ class Pipeline:
         slot_next[:] = np.frombuffer(pkt, NEXT_DTYPE, k, HLEN)
         vals[:] = 0
         if present:
-            data = np.frombuffer(pkt, DATA_DTYPE, (len(pkt) - HLEN) // 4 - k, HLEN + 4 * k)
-            vals[wire.lane_indices(present, k)] = data.reshape(-1, bs)
+            vals[wire.lane_indices(present, k)] = rows(pkt, t)
         # Its contributors: every rack for a whole result; for a PARTIAL one only the replaying
         # rack, if its stored ranks say it was in (the leaf kept no other rack's bit): no rack
         # is told its blocks were summed when they may not have been.
@@ -501,17 +523,27 @@ class Pipeline:
         np.frombuffer(out, NEXT_DTYPE, k, HLEN)[:] = slot_next
         if not present:
             return HLEN + 4 * k
+        width = f[_FLAGS] & FLAGS_LANE_WIDTH
         if present == (1 << k) - 1:
-            np.frombuffer(out, DATA_DTYPE, k * bs, HLEN + 4 * k).reshape(k, bs)[:] = vals
-            return HLEN + 4 * k + 4 * k * bs
-        lanes = wire.lane_indices(present, k)
-        n = len(lanes)
-        np.frombuffer(out, DATA_DTYPE, n * bs, HLEN + 4 * k).reshape(n, bs)[:] = vals[lanes]
-        return HLEN + 4 * k + 4 * n * bs
+            n, sums = k, vals
+        else:
+            lanes = wire.lane_indices(present, k)
+            n, sums = len(lanes), vals[lanes]
+        dst = np.frombuffer(out, wire.data_dtype(width), n * bs, HLEN + 4 * k).reshape(n, bs)
+        if width:
+            # The answer has the contributions' width: an honest job's sums fit it (the shift,
+            # docs/bits.md); others saturate to its range, and the packet is counted.
+            lo, hi = _LANE_RANGE[width]
+            if sums.min() < lo or sums.max() > hi:
+                self._c_saturated[t[_JOB]] += 1
+                sums = np.clip(sums, lo, hi)
+        dst[:] = sums
+        return HLEN + 4 * k + wire.row_bytes(bs, width) * n
 
     # ---------------------------------------------------------------- observation
     def job_counters(self, job: int) -> dict[str, int]:
-        return {name: int(self.counters[name][job]) for name in JOB_COUNTERS}
+        """The P4 programs' job counters and the narrow lanes' (spec.LANE_COUNTERS)."""
+        return {name: int(self.counters[name][job]) for name in JOB_COUNTERS + LANE_COUNTERS}
 
     def port_counters(self, port: int = 0) -> dict[str, int]:
         return {name: int(self.counters[name][port]) for name in PORT_COUNTERS}

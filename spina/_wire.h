@@ -36,5 +36,13 @@
 #define FLAG_LAST 0x04
 #define FLAG_PARTIAL 0x08
 #define FLAG_MISMATCH 0x10
+/* narrow lanes (docs/bits.md): the data rows' width; both set is malformed */
+#define FLAG_LANES16 0x40
+#define FLAG_LANES8 0x80
+#define FLAGS_LANE_WIDTH (FLAG_LANES16 | FLAG_LANES8)
+/* bytes per data value of a packet with these flags (0: both widths set, malformed) */
+#define LANE_ITEM_BYTES(flags) \
+    (((flags) & FLAGS_LANE_WIDTH) == 0 ? 4 : ((flags) & FLAGS_LANE_WIDTH) == FLAG_LANES16 ? 2 \
+     : ((flags) & FLAGS_LANE_WIDTH) == FLAG_LANES8 ? 1 : 0)
 
 #endif

@@ -71,6 +71,9 @@ class JobConfig:
     bitmap), up to MAX_RACKS x MAX_WORKERS workers. () (the default): a flat job, one switch,
     wire rank = job rank, at most MAX_WORKERS workers. The rack sizes are job-wide (the
     same in every rank's file); each rank derives its switch rank from them.
+    lane_bits: the width of a float tensor's values on the wire (wire.LANE_BITS: 32, the
+    default; 16 or 8, narrow lanes: stochastically rounded, docs/bits.md). int32 tensors always
+    travel as int32. Flat jobs only (the leaf/spine roles carry int32 lanes).
     """
     job: int
     workers: tuple[WorkerAddr, ...]
@@ -86,6 +89,7 @@ class JobConfig:
     loss_tolerant_policy: str = "none"
     slot_groups: tuple[int, ...] = ()
     racks: tuple[int, ...] = ()
+    lane_bits: int = 32
 
     @property
     def nworkers(self) -> int:
@@ -167,6 +171,11 @@ class JobConfig:
              f"{self.priority_policy!r} is not one of {', '.join(PRIORITY_POLICIES)}")
         need(self.loss_tolerant_policy in LOSS_TOLERANT_POLICIES, "loss_tolerant_policy",
              f"{self.loss_tolerant_policy!r} is not one of {', '.join(LOSS_TOLERANT_POLICIES)}")
+        need(type(self.lane_bits) is int and self.lane_bits in wire.LANE_BITS, "lane_bits",
+             f"{self.lane_bits!r} is not one of {', '.join(map(str, wire.LANE_BITS))}")
+        need(self.lane_bits == 32 or not self.racks, "lane_bits",
+             f"{self.lane_bits}-bit lanes need a flat job (the leaf/spine roles carry int32 "
+             "lanes only)")
         need(not self.slot_groups or len(self.slot_groups) == self.nslots, "slot_groups",
              f"one group per slot: {len(self.slot_groups)} groups for {self.nslots} slots")
         need(all(type(g) is int and 0 <= g < 256 for g in self.slot_groups), "slot_groups",
@@ -209,7 +218,7 @@ class JobConfig:
 # defaults, `validate`), so no parser keeps a copy of either.
 JOB_OPTIONS = {"slot_base": int, "nslots": int, "block_size": int, "nlanes": int, "epoch": int,
                "priority": int, "bounded_loss": float, "loss_deadline": "seconds",
-               "priority_policy": str, "loss_tolerant_policy": str}
+               "priority_policy": str, "loss_tolerant_policy": str, "lane_bits": int}
 JOB_DEFAULTS = {f.name: f.default for f in dataclasses.fields(JobConfig) if f.name in JOB_OPTIONS}
 
 
@@ -259,7 +268,7 @@ def job_to_dict(job: JobConfig) -> dict:
             "slot_base": job.slot_base, "nslots": job.nslots, "block_size": job.block_size,
             "nlanes": job.nlanes, "bounded_loss": job.bounded_loss,
             "loss_deadline": job.loss_deadline, "priority_policy": job.priority_policy,
-            "loss_tolerant_policy": job.loss_tolerant_policy,
+            "loss_tolerant_policy": job.loss_tolerant_policy, "lane_bits": job.lane_bits,
             **({"slot_groups": list(job.slot_groups)} if job.slot_groups else {}),
             **({"racks": list(job.racks)} if job.racks else {}),
             "workers": [{"host": w.host, "port": w.port} for w in job.workers]}

@@ -45,6 +45,13 @@ JOB_FAMILIES = {
     "job_congestion_seen": ("spina_job_congestion_seen",
                             "Contributions the congestion drop saw (the loss budget's base), "
                             "per job.", None),
+    # narrow lanes (spec.LANE_COUNTERS; the software switch only, docs/bits.md)
+    "job_lane_saturated": ("spina_job_lane_saturated",
+                           "Narrow-lane results with a sum clipped to the lane's range, per job.",
+                           None),
+    "job_lane_mismatch": ("spina_job_lane_mismatch",
+                          "Contributions whose lane width differed from their round's first "
+                          "(the result is marked mismatch), per job.", None),
 }
 PORT_FAMILIES = {
     "port_malformed": ("spina_port_drops", "Packets dropped at ingress, per port and cause.",

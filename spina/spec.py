@@ -122,6 +122,11 @@ JOB_COUNTERS = ("job_received", "job_aggregated", "job_duplicates", "job_results
                 "job_stale", "job_held", "job_congestion_drops", "job_congestion_seen")
 PORT_COUNTERS = ("port_malformed", "port_unadmitted")
 COUNTERS = {**{n: MAX_JOBS for n in JOB_COUNTERS}, **{n: MAX_PORTS for n in PORT_COUNTERS}}
+# Narrow lanes (docs/bits.md): the software switch's only until the P4 programs add them (the
+# doc says what they must do). job_lane_saturated: result packets in which some sum left its
+# lane's range and was clipped to it; job_lane_mismatch: contributions whose lane width
+# (wire.FLAGS_LANE_WIDTH) differed from their round's first (the round's result is MISMATCH).
+LANE_COUNTERS = ("job_lane_saturated", "job_lane_mismatch")
 
 
 # ---------------------------------------------------------------- the loss budget (priority.p4)

@@ -31,8 +31,9 @@ An INA packet is a UDP payload (default port 47000, configurable per deployment)
    +---------------+---------------+---------------+---------------+
 48 |  next[0] ... next[nlanes-1]: u32 block positions              |
    +---------------+---------------+---------------+---------------+
-   |  data: block_size int32 per lane whose present bit is set,     |
-   |  lanes in ascending order                                      |
+   |  data: block_size values per lane whose present bit is set,    |
+   |  lanes in ascending order: int32, or int16 / int8 (flags 0x40 /  |
+   |  0x80: narrow lanes, docs/bits.md)                             |
    +---------------------------------------------------------------+
 
 Every field is big-endian (network order), as a P4 parser sees it. Lane i is bit i of
@@ -73,6 +74,15 @@ FLAG_REPLAY = 0x20         # leaf to spine: the round's result the leaf stored, 
 
 FLAG_NAMES = {FLAG_RESEND: "resend", FLAG_LOSS_TOLERANT: "loss_tolerant", FLAG_LAST: "last",
               FLAG_PARTIAL: "partial", FLAG_MISMATCH: "mismatch", FLAG_REPLAY: "replay"}
+# The width of the data rows (docs/bits.md, narrow lanes): none set, int32; one, int16 or int8,
+# in a contribution and in the result that answers it. Both set is malformed. Apart from
+# FLAG_NAMES because the P4 programs' define.p4 does not have them yet.
+FLAG_LANES16 = 0x40
+FLAG_LANES8 = 0x80
+FLAGS_LANE_WIDTH = FLAG_LANES16 | FLAG_LANES8  # the width's bits (the parser's: one owner)
+LANE_FLAG_NAMES = {FLAG_LANES16: "lanes16", FLAG_LANES8: "lanes8"}
+LANE_BITS = (32, 16, 8)  # the widths a job's `lane_bits` may take
+LANE_FLAGS = {32: 0, 16: FLAG_LANES16, 8: FLAG_LANES8}  # lane_bits -> its flag
 
 END = 0xFFFFFFFF     # `next` sentinel: no further non-zero block in this lane
 MAX_LANES = 64       # present/nonfinite are 64-bit lane bitmaps
@@ -131,8 +141,29 @@ def popcount64(x: int) -> int:
     return bin(x).count("1")
 
 
-def packet_len(nlanes: int, block_size: int, npresent: int) -> int:
-    return HEADER_LEN + 4 * nlanes + 4 * block_size * npresent
+_ROW_ITEM = {0: 4, FLAG_LANES16: 2, FLAG_LANES8: 1}  # width flags -> bytes per value
+_ROW_DTYPE = {0: DATA_DTYPE, FLAG_LANES16: np.dtype(">i2"), FLAG_LANES8: np.dtype("i1")}
+
+
+def lane_item_bytes(flags: int) -> int:
+    """Bytes per data value of a packet with header `flags`: 4, or 2 / 1 for narrow lanes;
+    0 when both width flags are set (no width: malformed). Every packer and parser sizes
+    rows with this (row_bytes, packet_len, data_dtype)."""
+    return _ROW_ITEM.get(flags & FLAGS_LANE_WIDTH, 0)
+
+
+def data_dtype(flags: int) -> np.dtype:
+    """The big-endian dtype of the data values of a packet with header `flags`."""
+    return _ROW_DTYPE[flags & FLAGS_LANE_WIDTH]
+
+
+def row_bytes(block_size: int, flags: int = 0) -> int:
+    """Bytes of one lane's data row (block_size values of the width `flags` names)."""
+    return block_size * lane_item_bytes(flags)
+
+
+def packet_len(nlanes: int, block_size: int, npresent: int, flags: int = 0) -> int:
+    return HEADER_LEN + 4 * nlanes + row_bytes(block_size, flags) * npresent
 
 
 def data_offset(nlanes: int) -> int:
@@ -189,10 +220,11 @@ def unpack_header(buf, offset: int = 0) -> Header:
 
 
 def pack(h: Header, next_pos, data=None) -> bytes:
-    """Encode one packet. `next_pos` has nlanes entries; `data` is (npresent, block_size) int32."""
+    """Encode one packet. `next_pos` has nlanes entries; `data` is (npresent, block_size)
+    integers of the width h.flags names (int32; int16 / int8 for narrow lanes)."""
     parts = [pack_header(h), np.asarray(next_pos, dtype=NEXT_DTYPE).tobytes()]
     if data is not None and len(data):
-        parts.append(np.asarray(data, dtype=DATA_DTYPE).tobytes())
+        parts.append(np.asarray(data).astype(data_dtype(h.flags)).tobytes())
     return b"".join(parts)
 
 
@@ -207,7 +239,7 @@ def header_error(t: tuple, size: int) -> str | None:
     """Why header fields `t` (HEADER_STRUCT.unpack_from order) are not a well-formed header of
     a packet of `size` bytes, or None if they are. The data path's form of check_header: no
     Header object, no exception on the good path."""
-    (version, msg_type, _, _, _, _, _, _, rank, nlanes, _, _, block_size, _, _, present,
+    (version, msg_type, flags, _, _, _, _, _, rank, nlanes, _, _, block_size, _, _, present,
      nonfinite) = t
     if version != VERSION:
         return f"version {version} != {VERSION}"
@@ -221,10 +253,13 @@ def header_error(t: tuple, size: int) -> str | None:
         return f"rank {rank} >= {MAX_WORKERS}"
     if present >> nlanes or nonfinite >> nlanes:
         return "present/nonfinite bits beyond nlanes"
+    if not lane_item_bytes(flags):
+        return "flags name two lane widths (lanes16 and lanes8)"
     npresent = present.bit_count()
-    if size != HEADER_LEN + 4 * nlanes + 4 * block_size * npresent:
-        return (f"length {size} != {packet_len(nlanes, block_size, npresent)} for {nlanes} lanes, "
-                f"{npresent} present blocks of {block_size}")
+    if size != packet_len(nlanes, block_size, npresent, flags):
+        return (f"length {size} != {packet_len(nlanes, block_size, npresent, flags)} for "
+                f"{nlanes} lanes, {npresent} present blocks of {block_size}"
+                f" x {lane_item_bytes(flags)} bytes")
     return None
 
 
@@ -234,7 +269,7 @@ def unpack(buf) -> Packet:
     check_header(h, len(buf))
     nxt = np.frombuffer(buf, NEXT_DTYPE, h.nlanes, HEADER_LEN)
     npresent = popcount64(h.present)
-    data = np.frombuffer(buf, DATA_DTYPE, npresent * h.block_size,
+    data = np.frombuffer(buf, data_dtype(h.flags), npresent * h.block_size,
                          HEADER_LEN + 4 * h.nlanes).reshape(npresent, h.block_size)
     return Packet(h, nxt, data)
 
@@ -273,17 +308,20 @@ def pack_batch(headers: np.ndarray, next_pos: np.ndarray, data: np.ndarray) -> l
     """Encode n packets at once.
 
     headers: (n,) HEADER_DTYPE records (present bits must match `data`);
-    next_pos: (n, nlanes) positions; data: (sum of present lanes, block_size) int32 rows,
-    packet by packet, lanes in ascending order.
+    next_pos: (n, nlanes) positions; data: (sum of present lanes, block_size) integer rows,
+    packet by packet, lanes in ascending order, of the width the first header's flags name
+    (one width per batch, as one job's lane count).
     """
     n = len(headers)
     if n == 0:
         return []
     nlanes = int(headers["nlanes"][0])
     bs = int(headers["block_size"][0])
+    flags = int(headers["flags"][0])
+    row = row_bytes(bs, flags)
     npresent = lane_bits_to_mask(headers["present"], nlanes).sum(axis=1)
     fixed = HEADER_LEN + 4 * nlanes
-    sizes = fixed + 4 * bs * npresent
+    sizes = fixed + row * npresent
     out = np.empty(int(sizes.sum()), np.uint8)
     starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
     # Header+next for all packets in one vectorised copy into a (n, fixed) view.
@@ -293,14 +331,14 @@ def pack_batch(headers: np.ndarray, next_pos: np.ndarray, data: np.ndarray) -> l
     idx = starts[:, None] + np.arange(fixed)
     out[idx.ravel()] = front.ravel()
     if len(data):
-        body = np.ascontiguousarray(data, DATA_DTYPE).view(np.uint8).ravel()
-        row_bytes = 4 * bs
+        body = np.ascontiguousarray(np.asarray(data).astype(data_dtype(flags))).view(np.uint8)
+        body = body.ravel()
         # Each data row goes to its packet's body, after the rows of earlier lanes.
         pkt_of_row = np.repeat(np.arange(n), npresent)
         first_row = np.cumsum(npresent) - npresent  # of each packet
         row_in_pkt = np.arange(len(pkt_of_row)) - np.repeat(first_row, npresent)
-        row_start = starts[pkt_of_row] + fixed + row_in_pkt * row_bytes
-        out[(row_start[:, None] + np.arange(row_bytes)).ravel()] = body
+        row_start = starts[pkt_of_row] + fixed + row_in_pkt * row
+        out[(row_start[:, None] + np.arange(row)).ravel()] = body
     mv = out.tobytes()
     return [mv[s:s + z] for s, z in zip(starts.tolist(), sizes.tolist())]
 
@@ -308,7 +346,8 @@ def pack_batch(headers: np.ndarray, next_pos: np.ndarray, data: np.ndarray) -> l
 def unpack_batch(bufs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Decode n packets of one job: (headers, next (n, nlanes), data rows) as pack_batch takes.
 
-    Raises MalformedPacket if any packet is malformed or the batch mixes lane/block sizes.
+    Raises MalformedPacket if any packet is malformed or the batch mixes lane/block sizes or
+    lane widths. The rows come back as int32 whatever their width on the wire.
     """
     n = len(bufs)
     if n == 0:
@@ -317,11 +356,13 @@ def unpack_batch(bufs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         check_header(unpack_header(b), len(b))
     heads = np.frombuffer(b"".join(bytes(b[:HEADER_LEN]) for b in bufs), HEADER_DTYPE)
     nlanes, bs = int(heads["nlanes"][0]), int(heads["block_size"][0])
-    if (heads["nlanes"] != nlanes).any() or (heads["block_size"] != bs).any():
-        raise MalformedPacket("batch mixes lane counts or block sizes")
+    width = heads["flags"] & FLAGS_LANE_WIDTH
+    if (heads["nlanes"] != nlanes).any() or (heads["block_size"] != bs).any() \
+            or (width != width[0]).any():
+        raise MalformedPacket("batch mixes lane counts, block sizes or lane widths")
     fixed = HEADER_LEN + 4 * nlanes
     nxt = np.frombuffer(b"".join(bytes(b[HEADER_LEN:fixed]) for b in bufs), NEXT_DTYPE)
-    data = np.frombuffer(b"".join(bytes(b[fixed:]) for b in bufs), DATA_DTYPE)
+    data = np.frombuffer(b"".join(bytes(b[fixed:]) for b in bufs), data_dtype(int(width[0])))
     return heads.copy(), nxt.reshape(n, nlanes).astype(np.uint32), \
         data.reshape(-1, bs).astype(np.int32)
 
@@ -360,7 +401,7 @@ def scapy_layer(udp_port: int = DEFAULT_UDP_PORT):
     from scapy.packet import Packet as ScapyPacket, bind_layers
 
     if _scapy_layer is None:
-        flag_names = [FLAG_NAMES.get(1 << i, f"bit{i}") for i in range(8)]
+        flag_names = [{**FLAG_NAMES, **LANE_FLAG_NAMES}.get(1 << i, f"bit{i}") for i in range(8)]
 
         class INA(ScapyPacket):
             name = "SpINA"
@@ -383,11 +424,12 @@ def scapy_layer(udp_port: int = DEFAULT_UDP_PORT):
                 XLongField("present", 0),
                 XLongField("nonfinite", 0),
                 FieldListField("next", [], XIntField("", END), count_from=lambda p: p.nlanes),
-                StrField("data", b""),  # present lanes' int32 blocks, big-endian
+                StrField("data", b""),  # present lanes' blocks, big-endian, of flags' width
             ]
 
             def block_values(self) -> np.ndarray:
-                return np.frombuffer(self.data, DATA_DTYPE).reshape(-1, self.block_size)
+                return np.frombuffer(self.data, data_dtype(int(self.flags))).reshape(
+                    -1, self.block_size)
 
         assert [f.name for f in INA.fields_desc[:len(FIELD_NAMES)]] == list(FIELD_NAMES)
         _scapy_layer = INA

@@ -1,8 +1,7 @@
 """The host's half of 16- and 8-bit lanes (host_agent/blocks.py; docs/bits.md): the shift that
 keeps every rank's value and their sum inside the lane's width, stochastic rounding that is
 unbiased and off by less than one unit, its error bound on a sum, and error feedback that loses
-nothing. The wire and the switches do not carry narrow lanes yet; these are the definitions
-they will be checked against.
+nothing. tests/test_narrow_lanes.py checks the agent and the software switch that use them.
 
 Run just this file: python -m pytest tests/test_lanes.py
 """

@@ -103,3 +103,45 @@ def test_max_lanes_fit_a_datagram():
         k = wire.max_lanes_for(bs)
         assert wire.packet_len(k, bs, k) <= wire.MAX_UDP_PAYLOAD
         assert k == wire.MAX_LANES or wire.packet_len(k + 1, bs, k + 1) > wire.MAX_UDP_PAYLOAD
+
+
+@pytest.mark.parametrize("flag, dtype", [(wire.FLAG_LANES16, ">i2"), (wire.FLAG_LANES8, "i1")])
+def test_narrow_rows_pack_unpack_and_match_scapy_and_the_batch(flag, dtype):
+    """A width flag makes the rows int16 / int8 (big-endian): pack, unpack, the scapy layer and
+    the batch forms agree, and a packet is that much shorter."""
+    from scapy.layers.inet import IP, UDP
+    INA = wire.scapy_layer()
+    rng = np.random.default_rng(6)
+    h, nxt, _ = _example(rng, nlanes=6, bs=10)
+    h.flags |= flag
+    info = np.iinfo(np.dtype(dtype))
+    data = rng.integers(info.min, info.max + 1, (h.present.bit_count(), 10)).astype(dtype)
+    buf = wire.pack(h, nxt, data)
+    item = np.dtype(dtype).itemsize
+    assert len(buf) == wire.packet_len(6, 10, len(data), h.flags) == 48 + 24 + item * data.size
+    assert wire.row_bytes(10, h.flags) == 10 * item
+    p = wire.unpack(buf)
+    assert p.header == h and p.data.dtype == np.dtype(dtype) and (p.data == data).all()
+    pkt = INA(**{n: getattr(h, n) for n in wire.FIELD_NAMES}, next=[int(v) for v in nxt],
+              data=data.tobytes())
+    assert bytes(pkt) == buf
+    dec = IP(bytes(IP(dst="127.0.0.1") / UDP(sport=1, dport=wire.DEFAULT_UDP_PORT) / pkt))
+    assert (dec[INA].block_values() == data).all()
+    heads = np.frombuffer(buf[:wire.HEADER_LEN], wire.HEADER_DTYPE)
+    assert wire.pack_batch(heads, nxt[None], data) == [buf]
+    h2, n2, d2 = wire.unpack_batch([buf, buf])
+    assert (d2 == np.concatenate([data, data])).all() and d2.dtype == np.int32
+
+
+def test_two_widths_and_mixed_batches_are_malformed():
+    """Both width flags set is no width; a batch mixing widths is refused like mixed sizes."""
+    h, nxt, data = _example(np.random.default_rng(7))
+    h.flags |= wire.FLAG_LANES16 | wire.FLAG_LANES8
+    assert wire.lane_item_bytes(h.flags) == 0
+    with pytest.raises(wire.MalformedPacket, match="two lane widths"):
+        wire.unpack(wire.pack_header(h) + nxt.tobytes())
+    h.present = 0
+    plain = wire.pack(h.copy(flags=0), nxt)
+    narrow = wire.pack(h.copy(flags=wire.FLAG_LANES8), nxt)
+    with pytest.raises(wire.MalformedPacket, match="lane widths"):
+        wire.unpack_batch([plain, narrow])

@@ -1,0 +1,342 @@
+"""16- and 8-bit lanes end to end (docs/bits.md): the wire's width flags, the software switch's
+narrow parse, saturating answer and width-mismatch check, and 4 agents through a real
+UdpSwitch whose sums are the quantized integers summed in numpy, bit-identical at every rank,
+at half (quarter) the data bytes of an int32 call.
+
+Run just this file: python -m pytest tests/test_narrow_lanes.py
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from host_agent import agent as agent_mod
+from host_agent.agent import Agent, LengthMismatch
+from host_agent.blocks import (
+    LanePlan,
+    dequantize,
+    exponent_of_bits,
+    gather_blocks,
+    quant_shift,
+    rounding_noise,
+    scatter_blocks,
+    stochastic_quantize,
+)
+from host_agent.launch import local_job
+from softswitch.pipeline import Pipeline
+from softswitch.udp import UdpSwitch
+from spina import wire
+from spina.config import ConfigError, JobConfig
+
+NRANKS, B, K, W = 4, 64, 8, 4
+LENGTH = 5000  # 79 blocks, the last one partial (8 elements)
+NBLOCKS = -(-LENGTH // B)
+# Per rank and call: a setup round per slot, then as many rounds as its fullest lane has
+# blocks (block b is lane b % (W * K)): 4 + 3 + 3 + 2 + 2.
+PACKETS = W + int(np.bincount(np.arange(NBLOCKS) % (W * K)).reshape(W, K).max(axis=1).sum())
+assert PACKETS == 14
+
+
+def _tensors(seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(LENGTH).astype(np.float32) for _ in range(NRANKS)]
+
+
+def _run(job: JobConfig, xs: list[np.ndarray], calls: int = 1, datapath: str = "compiled",
+         switch_datapath: str = "compiled", agent_job=None):
+    """Every rank's results and stats of `calls` calls through one UdpSwitch; the switch."""
+    sw = UdpSwitch(port=0, datapath=switch_datapath)
+    sw.add_job(job)
+    sw.start()
+    agents = [Agent(agent_job(r) if agent_job else job, r, sw.address, timeout=5.0,
+                    datapath=datapath) for r in range(NRANKS)]
+    out = [[None] * calls for _ in range(NRANKS)]
+    stats = [[None] * calls for _ in range(NRANKS)]
+    errors = [None] * NRANKS
+
+    def rank(r):
+        try:
+            for c in range(calls):
+                out[r][c] = agents[r].allreduce(xs[r])
+                stats[r][c] = agents[r].last_stats
+        except Exception as e:  # the test looks at it
+            errors[r] = e
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(NRANKS)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    finally:
+        for a in agents:
+            a.close()
+        sw.stop()
+    return out, stats, errors, sw
+
+
+def _expected(job: JobConfig, xs: list[np.ndarray], call_id: int = 1) -> np.ndarray:
+    """What the agents must return: per rank, every block stochastically rounded with its
+    slot's shift and the rank's draws for its plan row; the integers summed in numpy (int64),
+    then dequantized."""
+    plan, _ = LanePlan.build(np.arange(NBLOCKS), W, K)
+    L = W * K
+    slot_of = (np.arange(NBLOCKS) % L) // K
+    exps = np.stack([exponent_of_bits(np.abs(gather_blocks(x, np.arange(NBLOCKS), B))
+                                      .astype(np.float32).view(np.int32).max(axis=1))
+                     for x in xs])  # (rank, block)
+    slot_exp = np.array([exps[:, slot_of == s].max() for s in range(W)])
+    shift_of_block = np.array([quant_shift(int(slot_exp[s]), NRANKS, job.lane_bits)
+                               for s in slot_of])
+    total = np.zeros((NBLOCKS, B), np.int64)
+    for r, x in enumerate(xs):
+        noise = rounding_noise(job.job, r, call_id, (NBLOCKS, B))
+        rows = gather_blocks(x, plan.pos, B)
+        for j, blk in enumerate(plan.pos):
+            total[blk] += stochastic_quantize(rows[j:j + 1], int(shift_of_block[blk]),
+                                              job.lane_bits, noise[j:j + 1])[0]
+    lo, hi = -(1 << job.lane_bits - 1), (1 << job.lane_bits - 1) - 1
+    assert lo <= total.min() and total.max() <= hi  # an honest job never saturates
+    out = np.zeros(LENGTH, np.float32)
+    for blk in range(NBLOCKS):
+        scatter_blocks(out, np.array([blk]), dequantize(total[blk:blk + 1].astype(np.int32),
+                                                        int(shift_of_block[blk])), B)
+    return out
+
+
+def _job(lane_bits: int) -> JobConfig:
+    return local_job(NRANKS, job=5, nslots=W, block_size=B, nlanes=K, lane_bits=lane_bits)
+
+
+@pytest.mark.parametrize("lane_bits", [16, 8])
+def test_four_ranks_sum_the_quantized_integers_bit_identical(lane_bits):
+    """4 ranks through a UdpSwitch: the numpy sum of the quantized integers, dequantized, at
+    every rank bit for bit; the switch punted every narrow packet to Python and counted
+    nothing saturated or mismatched."""
+    job = _job(lane_bits)
+    xs = _tensors()
+    out, _, errors, sw = _run(job, xs)
+    assert errors == [None] * NRANKS
+    want = _expected(job, xs)
+    for r in range(NRANKS):
+        assert out[r][0].tobytes() == want.tobytes(), r
+    counters = sw.pipeline.job_counters(job.job)
+    assert counters["job_lane_saturated"] == counters["job_lane_mismatch"] == 0
+    assert sw.punted == counters["job_received"] == NRANKS * PACKETS
+
+
+def test_byte_counts_halve_and_quarter_with_the_width():
+    """Per call and rank, the data bytes are 4, 2 and 1 per element of every block sent; the
+    packets and their headers are the same at every width."""
+    xs = _tensors(1)
+    got = {}
+    for bits in (32, 16, 8):
+        _, stats, errors, _ = _run(_job(bits), xs)
+        assert errors == [None] * NRANKS
+        got[bits] = stats[0][0]
+    packets = PACKETS
+    headers = packets * (wire.HEADER_LEN + 4 * K)
+    for bits, item in ((32, 4), (16, 2), (8, 1)):
+        assert got[bits].packets_sent == packets
+        assert got[bits].payload_bytes_sent == NBLOCKS * B * item
+        assert got[bits].bytes_sent == headers + NBLOCKS * B * item
+        assert got[bits].bytes_received == got[bits].bytes_sent
+    assert got[16].payload_bytes_sent * 2 == got[32].payload_bytes_sent
+    assert got[8].payload_bytes_sent * 4 == got[32].payload_bytes_sent
+
+
+def test_narrow_calls_take_the_python_answer_path(monkeypatch):
+    """A compiled agent never hands a narrow call's answers to _core.answer_batch, and gives
+    what the python agent gives, through the compiled and the python switch alike."""
+    def refuse(*a):
+        raise AssertionError("a narrow call used _core.answer_batch")
+    monkeypatch.setattr(agent_mod._core, "answer_batch", refuse)
+    job = _job(16)
+    xs = _tensors(2)
+    compiled, _, e1, _ = _run(job, xs, datapath="compiled")
+    python, _, e2, _ = _run(job, xs, datapath="python", switch_datapath="python")
+    assert e1 == e2 == [None] * NRANKS
+    assert all(compiled[r][0].tobytes() == python[r][0].tobytes() for r in range(NRANKS))
+
+
+def test_a_rerun_sends_the_same_values():
+    """The draws are a function of (job, rank, call): the same calls give the same results."""
+    job = _job(8)
+    xs = _tensors(3)
+    a, _, _, _ = _run(job, xs, calls=2)
+    b, _, _, _ = _run(job, xs, calls=2)
+    assert a[0][0].tobytes() == b[0][0].tobytes() and a[0][1].tobytes() == b[0][1].tobytes()
+    assert a[0][0].tobytes() != a[0][1].tobytes()  # call 2 draws afresh
+
+
+def test_ranks_that_disagree_on_the_width_all_fail_and_the_switch_counts_it():
+    """Rank 3 sends 8-bit lanes into a 16-bit job's rounds: every rank raises LengthMismatch
+    (no wrong sum), and job_lane_mismatch counts rank 3's contributions."""
+    job = _job(16)
+    other = JobConfig(**{**job.__dict__, "lane_bits": 8})
+    _, _, errors, sw = _run(job, _tensors(4), agent_job=lambda r: other if r == 3 else job)
+    assert all(isinstance(e, LengthMismatch) and "lane width" in str(e) for e in errors), errors
+    # the setup round of each slot: rank 3's packet met a round another rank started (else
+    # the other ranks' met rank 3's), and each is counted once
+    assert 1 <= sw.pipeline.job_counters(job.job)["job_lane_mismatch"] <= W * (NRANKS - 1)
+
+
+def test_error_feedback_keeps_what_the_lane_did_not_carry():
+    """One rank, three 8-bit calls with a residual: the new residual is the tensor plus the old
+    residual minus the result, and stays below one unit of its slot."""
+    job = local_job(1, job=6, nslots=1, block_size=B, nlanes=4, lane_bits=8)
+    sw = UdpSwitch(port=0)
+    sw.add_job(job)
+    sw.start()
+    x = np.random.default_rng(5).standard_normal(4 * B).astype(np.float32) * 0.01
+    residual = np.zeros_like(x)
+    try:
+        with Agent(job, 0, sw.address, timeout=5.0) as agent:
+            for _ in range(3):
+                target = x + residual
+                got = agent.allreduce(x, residual=residual)
+                e = int(exponent_of_bits(np.abs(target).view(np.int32).max(keepdims=True))[0])
+                unit = 2.0 ** -quant_shift(e, 1, 8)
+                assert np.abs(residual).max() < unit
+                np.testing.assert_array_equal(residual, target - got)  # float32, as the agent
+                assert np.array_equal(got / unit, np.round(got / unit))  # whole units
+            with pytest.raises(ValueError, match="residual"):
+                agent.allreduce(x, residual=np.zeros(3, np.float32))
+    finally:
+        sw.stop()
+
+
+# ------------------------------------------------------------------ the pipeline, packet by packet
+def _pipeline_job(nworkers: int = 2) -> tuple[Pipeline, JobConfig]:
+    job = local_job(nworkers, job=9, nslots=1, block_size=4, nlanes=2)
+    p = Pipeline(pool_slots=4, slot_capacity=64)
+    p.add_job(job, {r: (0, (w.host, w.port)) for r, w in enumerate(job.workers)})
+    return p, job
+
+
+def _contribution(job: JobConfig, rank: int, flags: int, values) -> tuple[bytes, tuple]:
+    h = wire.Header(flags=flags | wire.FLAG_LAST, job=job.job, epoch=job.epoch, rank=rank,
+                    nlanes=2, round=1, length=8, block_size=4, present=0b11)
+    w = job.workers[rank]
+    return wire.pack(h, [wire.END, wire.END], np.asarray(values).reshape(2, 4)), (w.host, w.port)
+
+
+def test_a_sum_beyond_the_lane_saturates_and_is_counted():
+    """Two 16-bit contributions whose sums leave int16: the answer is clipped to
+    -32768..32767 in 16-bit rows, counted once in job_lane_saturated."""
+    p, job = _pipeline_job()
+    a = [30000, -30000, 1, 2, 32767, -32768, 0, 7]
+    b = [30000, -30000, 3, 4, 1, -1, 0, -7]
+    for rank, vals in ((0, a), (1, b)):
+        pkt, src = _contribution(job, rank, wire.FLAG_LANES16, vals)
+        emits = p.process(pkt, 0, src)
+    (emit,) = emits
+    res = wire.unpack(emit.data)
+    assert res.header.flags & wire.FLAGS_LANE_WIDTH == wire.FLAG_LANES16
+    assert res.data.dtype == np.dtype(">i2")
+    assert res.data.ravel().tolist() == [32767, -32768, 4, 6, 32767, -32768, 0, 0]
+    assert len(emit.data) == wire.packet_len(2, 4, 2, wire.FLAG_LANES16) == 48 + 8 + 16
+    assert p.job_counters(job.job)["job_lane_saturated"] == 1
+    assert p.job_counters(job.job)["job_lane_mismatch"] == 0
+
+
+def test_a_width_that_differs_from_the_rounds_first_is_marked_and_counted():
+    """16-bit then 8-bit in one round: the result is MISMATCH (in the round's 16-bit rows)
+    and job_lane_mismatch is 1; 8-bit rows sum exactly into the int32 registers."""
+    p, job = _pipeline_job()
+    pkt, src = _contribution(job, 0, wire.FLAG_LANES16, [1, 2, 3, 4, 5, 6, 7, 8])
+    assert p.process(pkt, 0, src) == []
+    pkt, src = _contribution(job, 1, wire.FLAG_LANES8, [-1, -2, -3, -4, 100, 0, 0, 0])
+    (emit,) = p.process(pkt, 0, src)
+    res = wire.unpack(emit.data)
+    assert res.header.flags & wire.FLAG_MISMATCH
+    assert res.header.flags & wire.FLAGS_LANE_WIDTH == wire.FLAG_LANES16
+    assert res.data.ravel().tolist() == [0, 0, 0, 0, 105, 6, 7, 8]
+    assert p.job_counters(job.job)["job_lane_mismatch"] == 1
+
+
+def test_metrics_export_the_lane_counters():
+    """The switch's exporter has spina_job_lane_saturated and _mismatch per job."""
+    from softswitch.metrics import SwitchCollector
+    p, job = _pipeline_job()
+    p.counters["job_lane_saturated"][job.job] = 3
+    p.counters["job_lane_mismatch"][job.job] = 2
+    got = {(f.name, s.labels.get("job_id")): s.value for f in SwitchCollector(p).collect()
+           for s in f.samples}
+    assert got[("spina_job_lane_saturated", "9")] == 3
+    assert got[("spina_job_lane_mismatch", "9")] == 2
+
+
+@pytest.mark.parametrize("value", [12, 0, 64, "16", 16.0, True])
+def test_bad_lane_bits_are_refused_naming_the_field(value):
+    """lane_bits outside 32, 16, 8 (or not an int) is a ConfigError naming the field."""
+    with pytest.raises(ConfigError, match="lane_bits"):
+        JobConfig.from_dict({"job": 1, "lane_bits": value,
+                             "workers": [{"host": "127.0.0.1", "port": 50000}]})
+
+
+def test_narrow_lanes_need_a_flat_job():
+    """A two-level job keeps int32 lanes (the leaf/spine roles do not parse narrow rows)."""
+    with pytest.raises(ConfigError, match="lane_bits.*flat job"):
+        local_job(2, racks=(1, 1), lane_bits=16)
+
+
+def test_a_nonfinite_block_is_nan_at_every_rank_and_the_rest_exact():
+    """Rank 1 has a NaN and rank 2 an Inf in block 3: that block is NaN at every rank; every
+    other block is the numpy sum of the quantized integers, the bad values counted as 0."""
+    job = _job(16)
+    xs = _tensors(8)
+    xs[1][3 * B + 5] = np.nan
+    xs[2][3 * B + 9] = np.inf
+    out, _, errors, _ = _run(job, xs)
+    assert errors == [None] * NRANKS
+    clean = [np.where(np.isfinite(x), x, np.float32(0)) for x in xs]
+    want = _expected(job, clean)
+    want[3 * B:4 * B] = np.nan
+    for r in range(NRANKS):
+        assert out[r][0].tobytes() == want.tobytes(), r
+
+
+class _Bucket:
+    """What the DDP hook uses of a GradBucket, with an index (the residual's key)."""
+
+    def __init__(self, t, index=0):
+        self._t, self._index = t, index
+
+    def buffer(self):
+        return self._t
+
+    def index(self):
+        return self._index
+
+    def is_last(self):
+        return True
+
+
+def test_the_ddp_hook_keeps_a_residual_per_bucket_on_narrow_lanes():
+    """Two ranks, three 8-bit steps of one bucket through the DDP hook: every step's average
+    times 2 is both ranks' bucket plus old residual minus new residual (float32 rounding
+    apart), and the residuals are non-zero; an int32 job keeps none."""
+    import torch
+
+    from host_agent.local import LocalCluster
+    from host_agent.torch_hook import SpinaHookState, spina_allreduce_hook
+    gen = torch.Generator().manual_seed(3)
+    with LocalCluster(2, lane_bits=8, nslots=2, nlanes=4, block_size=B) as c:
+        states = [SpinaHookState(a) for a in c.agents]
+        for _ in range(3):
+            xs = [torch.randn(1000, generator=gen) * 0.01 for _ in range(2)]
+            before = [s.residual_for(_Bucket(x), 1024).copy() for s, x in zip(states, xs)]
+            outs = [f.wait() for f in [spina_allreduce_hook(s, _Bucket(x))
+                                       for s, x in zip(states, xs)]]
+            assert torch.equal(outs[0], outs[1])
+            after = [s.residuals[0] for s in states]
+            carried = sum(np.pad(x.numpy(), (0, 24)) + b - a
+                          for x, b, a in zip(xs, before, after))[:1000]
+            np.testing.assert_allclose(outs[0].numpy() * 2, carried, rtol=0, atol=1e-7)
+            assert all(np.abs(a).max() > 0 for a in after)
+    with LocalCluster(2, nslots=2, nlanes=4, block_size=B) as c:
+        s = SpinaHookState(c.agents[0])
+        assert s.residual_for(_Bucket(torch.ones(3)), 64) is None and s.residuals == {}
