@@ -234,20 +234,22 @@ static Py_ssize_t process_one(Datapath *d, const uint8_t *pkt, Py_ssize_t size, 
     if (!e || slot < e->slot_base || slot >= e->slot_base + e->nslots || k != e->nlanes
         || bs != e->block_size)
         return PUNT;  /* Python counts it (port_unadmitted) and logs it */
+    uint32_t rnd = rd32(pkt + OFF_ROUND);
+    Py_ssize_t idx = 2 * (Py_ssize_t)slot + (rnd & 1);
+    if (d->round[idx] == rnd && (d->flags[idx] & FLAGS_LANE_WIDTH))
+        return PUNT;  /* an int32 packet in a round narrow lanes started: Python compares widths */
     *hit = e;
     d->c_received[job]++;
     if (rd16(pkt + OFF_EPOCH) != e->epoch) {
         d->c_stale[job]++;
         return 0;
     }
-    uint32_t rnd = rd32(pkt + OFF_ROUND);
     uint8_t flags = pkt[OFF_FLAGS];
     uint32_t nworkers = e->nworkers, bit = 1u << rank;
     if (d->hold && held(d, slot, rnd, bit, nworkers)) {
         d->c_held[job]++;
         return 0;
     }
-    Py_ssize_t idx = 2 * (Py_ssize_t)slot + (rnd & 1);
     int32_t delta = (int32_t)(rnd - d->round[idx]);  /* slot_round: newer resets, older is stale */
     if (delta < 0) {
         d->c_stale[job]++;

@@ -183,6 +183,19 @@ def test_ranks_that_disagree_on_the_width_all_fail_and_the_switch_counts_it():
     assert 1 <= sw.pipeline.job_counters(job.job)["job_lane_mismatch"] <= W * (NRANKS - 1)
 
 
+@pytest.mark.parametrize("switch_datapath", ["compiled", "python"])
+def test_an_int32_rank_among_narrow_ones_fails_every_rank_on_both_switch_paths(switch_datapath):
+    """Rank 3's job says 32-bit lanes: its packets carry no width flag, so the compiled
+    switch path would serve them; it hands Python every packet of a round narrow lanes
+    started, so both paths mark the rounds MISMATCH and count them, and no rank takes a sum."""
+    job = _job(16)
+    wide = JobConfig(**{**job.__dict__, "lane_bits": 32})
+    _, _, errors, sw = _run(job, _tensors(5), agent_job=lambda r: wide if r == 3 else job,
+                            switch_datapath=switch_datapath)
+    assert all(isinstance(e, LengthMismatch) for e in errors), errors
+    assert 1 <= sw.pipeline.job_counters(job.job)["job_lane_mismatch"] <= W * (NRANKS - 1)
+
+
 def test_error_feedback_keeps_what_the_lane_did_not_carry():
     """One rank, three 8-bit calls with a residual: the new residual is the tensor plus the old
     residual minus the result, and stays below one unit of its slot."""
