@@ -45,18 +45,20 @@ def rid(rank: int, job: int = JOB) -> int:
     return spec.rid(job, rank)
 
 
-def blocks_bytes(blocks: dict[int, list[int]] | None) -> tuple[int, bytes]:
-    """{lane: BS int32 values} -> (present bits, big-endian block bytes in lane order)."""
+def blocks_bytes(blocks: dict[int, list[int]] | None, flags: int = 0) -> tuple[int, bytes]:
+    """{lane: BS values} -> (present bits, big-endian block bytes in lane order), in the lane
+    width `flags` names (int32; int16 or int8 with FLAG_LANES16 or FLAG_LANES8)."""
     present, data = 0, b""
     for lane in sorted(blocks or {}):
         present |= 1 << lane
-        data += np.asarray(blocks[lane], ">i4").tobytes()
+        data += np.asarray(blocks[lane], wire.data_dtype(flags)).tobytes()
     return present, data
 
 
 def ina(**fields):
-    """An INA layer with P4 sizes; `blocks` {lane: values} sets present and data."""
-    present, data = blocks_bytes(fields.pop("blocks", None))
+    """An INA layer with P4 sizes; `blocks` {lane: values} sets present and data (in the
+    width the flags name)."""
+    present, data = blocks_bytes(fields.pop("blocks", None), fields.get("flags", 0))
     fields.setdefault("present", present)
     fields.setdefault("data", data)
     fields.setdefault("nlanes", K)

@@ -167,7 +167,8 @@ class Admission(Control):
 
 class Aggregator(Control):
     """Slot registers (cleared per job on removal and reset) and the per-job counters."""
-    counters = ("job_received", "job_aggregated", "job_duplicates", "job_stale", "job_held")
+    counters = ("job_received", "job_aggregated", "job_duplicates", "job_stale", "job_held",
+                *spec.LANE_COUNTERS)
 
     def __init__(self, conn: Connection, registers: RegisterAdapter):
         super().__init__(conn)

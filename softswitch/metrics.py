@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from spina.metrics import MetricsServer, counter_families
-from spina.spec import JOB_COUNTERS, LANE_COUNTERS, PORT_COUNTERS
+from spina.spec import JOB_COUNTERS, PORT_COUNTERS
 
 
 class SwitchCollector:
@@ -47,7 +47,7 @@ class SwitchCollector:
         for name in PORT_COUNTERS:
             port_ids.update(np.flatnonzero(c[name]).tolist())
         yield from counter_families([(
-            {}, {j: {n: int(c[n][j]) for n in JOB_COUNTERS + LANE_COUNTERS} for j in job_ids},
+            {}, {j: {n: int(c[n][j]) for n in JOB_COUNTERS} for j in job_ids},
             {q: {n: int(c[n][q]) for n in PORT_COUNTERS} for q in port_ids})])
 
         sw = self.sw

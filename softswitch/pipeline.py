@@ -47,7 +47,6 @@ from spina.spec import (  # noqa: F401
     HEAD_REGISTERS,
     JOB_COUNTERS,
     JOB_REGISTERS,
-    LANE_COUNTERS,
     MAX_JOBS,
     MAX_PORTS,
     PORT_COUNTERS,
@@ -164,7 +163,6 @@ class Pipeline:
         self.version = 0
         self.counters = {name: np.zeros(MAX_JOBS, np.uint64) for name in JOB_COUNTERS}
         self.counters.update({name: np.zeros(MAX_PORTS, np.uint64) for name in PORT_COUNTERS})
-        self.counters.update({name: np.zeros(MAX_JOBS, np.uint64) for name in LANE_COUNTERS})
         # admission: (ingress port, (source IPv4, source UDP port), job, rank) -> Admission.
         # P4: table `admission`, keys ingress_port, src_addr, src_port, job, rank (all exact).
         # The address stays in the form the socket layer gives ('a.b.c.d', port): no per-packet
@@ -462,7 +460,7 @@ class Pipeline:
         self._r_nonfinite[idx] = t[_NONFINITE]
         self._r_exponent[idx] = t[_EXPONENT]
         self._r_length[idx] = t[_LENGTH]
-        self._r_flags[idx] = t[_FLAGS] & FLAGS_RESULT
+        self._r_flags[idx] = t[_FLAGS] & (FLAGS_RESULT | FLAGS_LANE_WIDTH)  # rows: its width
         self._c_results[t[_JOB]] += nworkers
         return self.result_into(out, t, idx, 0)
 
@@ -542,8 +540,7 @@ class Pipeline:
 
     # ---------------------------------------------------------------- observation
     def job_counters(self, job: int) -> dict[str, int]:
-        """The P4 programs' job counters and the narrow lanes' (spec.LANE_COUNTERS)."""
-        return {name: int(self.counters[name][job]) for name in JOB_COUNTERS + LANE_COUNTERS}
+        return {name: int(self.counters[name][job]) for name in JOB_COUNTERS}
 
     def port_counters(self, port: int = 0) -> dict[str, int]:
         return {name: int(self.counters[name][port]) for name in PORT_COUNTERS}

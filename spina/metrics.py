@@ -45,7 +45,7 @@ JOB_FAMILIES = {
     "job_congestion_seen": ("spina_job_congestion_seen",
                             "Contributions the congestion drop saw (the loss budget's base), "
                             "per job.", None),
-    # narrow lanes (spec.LANE_COUNTERS; the software switch only, docs/bits.md)
+    # narrow lanes (spec.LANE_COUNTERS; v1model and the software switch, docs/bits.md)
     "job_lane_saturated": ("spina_job_lane_saturated",
                            "Narrow-lane results with a sum clipped to the lane's range, per job.",
                            None),

@@ -118,15 +118,15 @@ def split_p4_register(name: str) -> tuple[str, int | None, int | None]:
 
 
 # ---------------------------------------------------------------- counters
+# Narrow lanes (docs/bits.md; v1model, not TNA): job_lane_saturated: result packets in which
+# some sum left its lane's range and was clipped to it; job_lane_mismatch: contributions whose
+# lane width (wire.FLAGS_LANE_WIDTH) differed from their round's first (the result: MISMATCH).
+LANE_COUNTERS = ("job_lane_saturated", "job_lane_mismatch")
 JOB_COUNTERS = ("job_received", "job_aggregated", "job_duplicates", "job_results",
-                "job_stale", "job_held", "job_congestion_drops", "job_congestion_seen")
+                "job_stale", "job_held", "job_congestion_drops", "job_congestion_seen",
+                *LANE_COUNTERS)
 PORT_COUNTERS = ("port_malformed", "port_unadmitted")
 COUNTERS = {**{n: MAX_JOBS for n in JOB_COUNTERS}, **{n: MAX_PORTS for n in PORT_COUNTERS}}
-# Narrow lanes (docs/bits.md): the software switch's only until the P4 programs add them (the
-# doc says what they must do). job_lane_saturated: result packets in which some sum left its
-# lane's range and was clipped to it; job_lane_mismatch: contributions whose lane width
-# (wire.FLAGS_LANE_WIDTH) differed from their round's first (the round's result is MISMATCH).
-LANE_COUNTERS = ("job_lane_saturated", "job_lane_mismatch")
 
 
 # ---------------------------------------------------------------- the loss budget (priority.p4)
@@ -272,7 +272,8 @@ TNA_SIZES = {
 TNA_TABLES = ("ina_endpoint", "admission", "congestion", "l2", "ipv4_routes", "worker_rewrite")
 # Not in the TNA program yet: the hold of a newer round (the head registers and job_held; its
 # twelve stages are full, tofino/README.md), so a flush there can still strand a worker.
-TNA_LACKS = frozenset({"job_held"} | {r.name for r in REGISTERS if r.shape == HEAD})
+# Nor narrow lanes (v1model only: docs/bits.md).
+TNA_LACKS = frozenset({"job_held", *LANE_COUNTERS} | {r.name for r in REGISTERS if r.shape == HEAD})
 # Nor per-packet spraying (l2's spray, spray_ports, spray_turn): v1model only (tofino/README.md).
 TNA_LACKS_ACTIONS = frozenset({"spray"})
 TNA_COUNTERS = {**{n: TNA_SIZES["MAX_JOBS"] for n in JOB_COUNTERS if n not in TNA_LACKS},

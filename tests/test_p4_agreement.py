@@ -102,8 +102,9 @@ def test_constants_agree():
     assert consts["QDEPTH_NEVER"] == spec.QDEPTH_NEVER
     for code, name in wire.MSG_NAMES.items():
         assert consts[f"MSG_{name.upper()}"] == code
-    for bit, name in wire.FLAG_NAMES.items():
+    for bit, name in {**wire.FLAG_NAMES, **wire.LANE_FLAG_NAMES}.items():
         assert consts[f"FLAG_{name.upper()}"] == bit
+    assert consts["FLAGS_LANE_WIDTH"] == wire.FLAGS_LANE_WIDTH
     assert consts["FLAGS_CARRIED"] == spec.FLAGS_CARRIED  # the roles' flag sets
     assert consts["FLAGS_RESULT"] == spec.FLAGS_RESULT
 
@@ -113,8 +114,7 @@ def test_software_switch_uses_spec_names():
     from softswitch.dataplane import Dataplane
     dp = Dataplane(pool_slots=4, slot_capacity=128)
     assert set(dp.registers) == set(spec.REGISTER_NAMES)
-    # the narrow lanes' counters are the software switch's until the P4 programs add them
-    assert set(dp.counters) == set(spec.COUNTERS) | set(spec.LANE_COUNTERS)
+    assert set(dp.counters) == set(spec.COUNTERS)
     writable = {"ina_endpoint", "admission", "l2", "ipv4_routes", "worker_rewrite", "congestion",
                 "job_level", "leaf_upstream", "spray_ports"}
     assert writable == set(spec.TABLES)

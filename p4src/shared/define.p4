@@ -30,6 +30,10 @@ const bit<8> FLAG_LAST = 0x04;
 const bit<8> FLAG_PARTIAL = 0x08;
 const bit<8> FLAG_MISMATCH = 0x10;
 const bit<8> FLAG_REPLAY = 0x20;
+// Narrow lanes (docs/bits.md): the data rows hold int16 or int8 values; both bits: malformed.
+const bit<8> FLAG_LANES16 = 0x40;
+const bit<8> FLAG_LANES8 = 0x80;
+const bit<8> FLAGS_LANE_WIDTH = 0xc0;  // FLAG_LANES16 | FLAG_LANES8
 
 // Two-level aggregation (v1model/fabric.p4): what a rack's partial carries up besides
 // LAST (a mismatch or a flush in one rack concerns every rack), and a stored result's flags.

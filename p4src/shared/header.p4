@@ -72,13 +72,25 @@ header block_h {
     FOR_EACH_ELEM(SPINA_BLOCK_FIELD, 0)
 }
 
+// The same block in narrow lanes (flags FLAG_LANES16, FLAG_LANES8: docs/bits.md).
+#define SPINA_BLOCK16_FIELD(L, E) bit<16> e##E;
+header block16_h {
+    FOR_EACH_ELEM(SPINA_BLOCK16_FIELD, 0)
+}
+#define SPINA_BLOCK8_FIELD(L, E) bit<8> e##E;
+header block8_h {
+    FOR_EACH_ELEM(SPINA_BLOCK8_FIELD, 0)
+}
+
 struct headers_t {
     ethernet_h          ethernet;
     ipv4_h              ipv4;
     udp_h               udp;
     ina_h               ina;
     lane_next_h[NLANES] lane_next;
-    block_h[NLANES]     block;
+    block_h[NLANES]     block;     // at most one of the three stacks is valid: the
+    block16_h[NLANES]   block16;   // packet's lane width (flags & FLAGS_LANE_WIDTH)
+    block8_h[NLANES]    block8;
 }
 
 // What admission hands the aggregator (the `admit` action's parameters).

@@ -28,12 +28,35 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
 
     // One element of lane L: a fresh copy starts from 0; this packet's value is added when it
     // carries lane L; the sum goes into the packet when the result leaves with lane L.
+    // Narrow lanes: a value is sign-extended into the int32 sum, and the sum leaves in the
+    // round's width (out_width), clipped to its range (saturated: job_lane_saturated).
 #define SPINA_VALUE_CELL(L, E) {                                        \
         bit<32> v = 0;                                                  \
         if (!reset) { slot_values_l##L##_e##E.read(v, idx); }           \
-        if (add_##L) { v = v + hdr.block[L].e##E; }                     \
+        if (add_##L) {                                                  \
+            if (in_width == FLAG_LANES16) {                             \
+                v = v + (bit<32>)(int<32>)(int<16>)hdr.block16[L].e##E; \
+            } else if (in_width == FLAG_LANES8) {                       \
+                v = v + (bit<32>)(int<32>)(int<8>)hdr.block8[L].e##E;   \
+            } else {                                                    \
+                v = v + hdr.block[L].e##E;                              \
+            }                                                           \
+        }                                                               \
         if (reset || add_##L) { slot_values_l##L##_e##E.write(idx, v); } \
-        if (out_##L) { hdr.block[L].e##E = v; }                         \
+        if (out_##L) {                                                  \
+            int<32> s = (int<32>)v;                                     \
+            if (out_width == FLAG_LANES16) {                            \
+                if (s > 32767) { s = 32767; saturated = true; }         \
+                else if (s < -32768) { s = -32768; saturated = true; }  \
+                hdr.block16[L].e##E = (bit<16>)(bit<32>)s;                    \
+            } else if (out_width == FLAG_LANES8) {                      \
+                if (s > 127) { s = 127; saturated = true; }             \
+                else if (s < -128) { s = -128; saturated = true; }      \
+                hdr.block8[L].e##E = (bit<8>)(bit<32>)s;                      \
+            } else {                                                    \
+                hdr.block[L].e##E = v;                                  \
+            }                                                           \
+        }                                                               \
     }
 
 #define SPINA_LANE(L) if (hdr.ina.nlanes > L) {                         \
@@ -52,14 +75,21 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
             }                                                           \
         }                                                               \
         if (send_result) { hdr.lane_next[L].pos = next_##L; }                  \
-        if (out_##L) { hdr.block[L].setValid(); }                       \
+        if (out_##L) {                                                  \
+            if (out_width == FLAG_LANES16) { hdr.block16[L].setValid(); } \
+            else if (out_width == FLAG_LANES8) { hdr.block8[L].setValid(); } \
+            else { hdr.block[L].setValid(); }                           \
+        }                                                               \
         if (reset || add_##L || out_##L) {                              \
             FOR_EACH_ELEM(SPINA_VALUE_CELL, L)                          \
         }                                                               \
-        if (!out_##L) { hdr.block[L].setInvalid(); }                    \
+        if (!out_##L || out_width != 0) { hdr.block[L].setInvalid(); }  \
+        if (!out_##L || out_width != FLAG_LANES16) { hdr.block16[L].setInvalid(); } \
+        if (!out_##L || out_width != FLAG_LANES8) { hdr.block8[L].setInvalid(); } \
     }
 
-#define SPINA_DROP_BLOCK(L) hdr.block[L].setInvalid();
+#define SPINA_DROP_BLOCK(L) hdr.block[L].setInvalid(); hdr.block16[L].setInvalid(); \
+                            hdr.block8[L].setInvalid();
 
     apply {
         bit<32> job = (bit<32>)hdr.ina.job;
@@ -176,7 +206,8 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
             bit<64> nonfinite = hdr.ina.nonfinite;
             bit<16> exponent = hdr.ina.exponent;
             bit<32> length = hdr.ina.length;
-            bit<8> sflags = hdr.ina.flags & FLAG_LAST;
+            // The round's lane width is its first contribution's (docs/bits.md).
+            bit<8> sflags = hdr.ina.flags & (FLAG_LAST | FLAGS_LANE_WIDTH);
             // A spine: a rack's mismatch or flush goes into the round it is added to.
             bit<8> carried = meta.fab.carried;
             if (reset) {
@@ -205,6 +236,11 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
                     if (hdr.ina.length != length) {
                         sflags = sflags | FLAG_MISMATCH;
                     }
+                    if (((hdr.ina.flags ^ sflags) & FLAGS_LANE_WIDTH) != 0) {
+                        // Another lane width than the round's first: its sum means nothing.
+                        sflags = sflags | FLAG_MISMATCH;
+                        job_lane_mismatch.count(job);
+                    }
                     sflags = sflags | carried;
                     slot_flags.write(idx, sflags);
                 } else if (flush) {
@@ -213,8 +249,14 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
                 }
             }
 
-            // Lanes: positions and values.
+            // Lanes: positions and values, read in the packet's width, written in the round's.
+            bit<8> in_width = in_flags & FLAGS_LANE_WIDTH;
+            bit<8> out_width = sflags & FLAGS_LANE_WIDTH;
+            bool saturated = false;
             FOR_EACH_LANE(SPINA_LANE)
+            if (saturated) {
+                job_lane_saturated.count(job);
+            }
 
             if (accumulate) {
                 job_aggregated.count(job);

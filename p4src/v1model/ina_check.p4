@@ -24,9 +24,12 @@ control InaCheck(in headers_t hdr, in metadata_t meta, in standard_metadata_t st
         x = (x + (x >> 4)) & 0x0f0f0f0f0f0f0f0f;
         bit<32> npresent = (bit<32>)((x * 0x0101010101010101) >> 56);
         // wire.packet_len + the UDP header: the only length a switch can trust.
+        // Bytes per value by the lane width (wire.row_bytes): 4, 2 (LANES16) or 1 (LANES8).
+        bit<8> width = hdr.ina.flags & FLAGS_LANE_WIDTH;
+        bit<32> item = width == FLAG_LANES16 ? 32w2 : (width == FLAG_LANES8 ? 32w1 : 32w4);
         bit<32> want = (bit<32>)UDP_HDR_BYTES + (bit<32>)INA_HDR_BYTES
                        + 4 * (bit<32>)hdr.ina.nlanes
-                       + 4 * (bit<32>)hdr.ina.block_size * npresent;
+                       + item * (bit<32>)hdr.ina.block_size * npresent;
         // The frame must hold the whole UDP datagram (ihl is 5: the parser took no options).
         bit<32> frame_needs = (bit<32>)ETH_HDR_BYTES + (bit<32>)IPV4_HDR_BYTES
                               + (bit<32>)hdr.udp.length;
@@ -41,6 +44,7 @@ control InaCheck(in headers_t hdr, in metadata_t meta, in standard_metadata_t st
             || hdr.ina.rank >= WIRE_MAX_WORKERS
             || (hdr.ina.present >> hdr.ina.nlanes) != 0
             || (hdr.ina.nonfinite >> hdr.ina.nlanes) != 0
+            || width == FLAGS_LANE_WIDTH
             || (bit<32>)hdr.udp.length != want
             || std.packet_length < frame_needs;
         if (malformed) {

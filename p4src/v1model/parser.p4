@@ -2,7 +2,7 @@
  *
  * Ethernet -> IPv4 (ihl 5 only) -> UDP -> INA when the UDP destination port is INA_UDP_PORT.
  * The INA header is followed by min(nlanes, NLANES) lane positions and, when block_size is the
- * P4 BLOCK_SIZE, one block per set `present` bit. A packet whose sizes the P4 cannot hold
+ * P4 BLOCK_SIZE, one block per set `present` bit, of 32-, 16- or 8-bit values by the flags. A packet whose sizes the P4 cannot hold
  * stops parsing early: it can never be admitted (the controller only admits P4 sizes), and
  * its malformedness is decided arithmetically by InaCheck, exactly as wire.check_header does.
  * A truncated packet leaves parser_error set (v1model continues into ingress), which InaCheck
@@ -61,9 +61,12 @@ parser SpinaParser(packet_in pkt, out headers_t hdr, inout metadata_t meta,
         transition accept;
     }
 
+    // The rows' width by the flags (both width bits: malformed, InaCheck's).
     state parse_blocks {
-        transition select(hdr.ina.block_size) {
-            BLOCK_SIZE: parse_block_0;
+        transition select(hdr.ina.block_size, hdr.ina.flags[7:6]) {
+            (BLOCK_SIZE, 2w0): parse_block_0;
+            (BLOCK_SIZE, 2w1): parse_block16_0;
+            (BLOCK_SIZE, 2w2): parse_block8_0;
             default: accept;
         }
     }
@@ -83,6 +86,30 @@ parser SpinaParser(packet_in pkt, out headers_t hdr, inout metadata_t meta,
     FOR_EACH_LANE_PAIR(SPINA_BLOCK_STATE)
 
     state parse_block_4 {
+        transition accept;
+    }
+
+#define SPINA_NARROW_BLOCK_STATE(W, L, N)                   \
+    state parse_block##W##_##L {                            \
+        transition select(hdr.ina.present[L:L]) {           \
+            1: extract_block##W##_##L;                      \
+            default: parse_block##W##_##N;                  \
+        }                                                   \
+    }                                                       \
+    state extract_block##W##_##L {                          \
+        pkt.extract(hdr.block##W[L]);                       \
+        transition parse_block##W##_##N;                    \
+    }
+#define SPINA_BLOCK16_STATE(L, N) SPINA_NARROW_BLOCK_STATE(16, L, N)
+#define SPINA_BLOCK8_STATE(L, N) SPINA_NARROW_BLOCK_STATE(8, L, N)
+    FOR_EACH_LANE_PAIR(SPINA_BLOCK16_STATE)
+    FOR_EACH_LANE_PAIR(SPINA_BLOCK8_STATE)
+
+    state parse_block16_4 {
+        transition accept;
+    }
+
+    state parse_block8_4 {
         transition accept;
     }
 }

@@ -35,6 +35,10 @@
 @name(".job_duplicates") counter(MAX_JOBS, CounterType.packets) job_duplicates;
 @name(".job_stale")      counter(MAX_JOBS, CounterType.packets) job_stale;
 @name(".job_held")       counter(MAX_JOBS, CounterType.packets) job_held;
+// Narrow lanes (docs/bits.md): result packets with a sum clipped to its lane's range;
+// contributions of another lane width than their round's first.
+@name(".job_lane_saturated") counter(MAX_JOBS, CounterType.packets) job_lane_saturated;
+@name(".job_lane_mismatch")  counter(MAX_JOBS, CounterType.packets) job_lane_mismatch;
 
 @name(".slot_round")     register<bit<32>>(SLOT_COPIES) slot_round;
 @name(".slot_bitmap")    register<bit<32>>(SLOT_COPIES) slot_bitmap;
@@ -80,11 +84,17 @@ FOR_EACH_LANE(SPINA_LANE_VALUE_REGS)
 
 // A result's lengths: header, positions and the blocks now valid.
 #define SPINA_COUNT_BLOCK(L) if (hdr.block[L].isValid()) { nblocks = nblocks + 1; }
+#define SPINA_COUNT_NARROW(L) if (hdr.block16[L].isValid()) { n16 = n16 + 1; } \
+                              if (hdr.block8[L].isValid()) { n8 = n8 + 1; }
 #define SPINA_SET_LENGTHS {                                                  \
         bit<16> nblocks = 0;                                                 \
+        bit<16> n16 = 0;                                                     \
+        bit<16> n8 = 0;                                                      \
         FOR_EACH_LANE(SPINA_COUNT_BLOCK)                                     \
+        FOR_EACH_LANE(SPINA_COUNT_NARROW)                                    \
         hdr.udp.length = UDP_HDR_BYTES + INA_HDR_BYTES + 4 * (bit<16>)hdr.ina.nlanes \
-                         + nblocks * BLOCK_BYTES;                            \
+                         + nblocks * BLOCK_BYTES + n16 * (BLOCK_BYTES / 2)   \
+                         + n8 * (BLOCK_BYTES / 4);                           \
         hdr.ipv4.total_len = IPV4_HDR_BYTES + hdr.udp.length;                \
     }
 
