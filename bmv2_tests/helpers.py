@@ -91,6 +91,11 @@ def reply(to_rank: int, **fields) -> bytes:
                  / UDP(sport=INA_PORT, dport=worker_udp(to_rank), chksum=0) / ina(**fields))
 
 
+def results_to_all(nworkers: int, **fields) -> dict[int, list[bytes]]:
+    """The result frame with `fields`, once to each of workers 0..nworkers-1 (multicast)."""
+    return {worker_port(r): [reply(r, **fields)] for r in range(nworkers)}
+
+
 class InaEntries:
     """Entries of the INA tables (ina_endpoint, admission, worker_rewrite, multicast)."""
 

@@ -15,6 +15,7 @@ from bmv2_tests.helpers import (
     expect,
     expect_nothing,
     reply,
+    results_to_all,
     worker_port,
 )
 from spina import wire
@@ -28,10 +29,6 @@ def vals(seed: int) -> list[int]:
 
 def add(*blocks) -> list[int]:
     return [int(x) for x in np.sum(np.array(blocks, np.int64), axis=0).astype(np.int32)]
-
-
-def results_to_all(nworkers: int, **fields) -> dict[int, list[bytes]]:
-    return {worker_port(r): [reply(r, **fields)] for r in range(nworkers)}
 
 
 def test_complete_round_multicasts_sum(target):

@@ -17,16 +17,11 @@ from bmv2_tests.helpers import (
     contrib,
     expect,
     expect_nothing,
-    reply,
-    worker_port,
+    results_to_all,
 )
 from spina import wire
 
 L16, L8 = wire.FLAG_LANES16, wire.FLAG_LANES8
-
-
-def results_to_all(nworkers: int, **fields) -> dict[int, list[bytes]]:
-    return {worker_port(r): [reply(r, **fields)] for r in range(nworkers)}
 
 
 def ramp(scale: int, lo: int, hi: int) -> list[int]:
