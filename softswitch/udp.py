@@ -36,6 +36,14 @@ _IDLE, _PUNT = 0, 2  # softswitch/_datapath.c serve()'s outcomes
 MAX_DATAPATH_THREADS = 64
 
 
+def shard_slot_groups(threads: int, nslots: int, slot_base: int = 0) -> tuple[int, ...]:
+    """A job's JobConfig.slot_groups on a switch of `threads` data-path threads: each slot's
+    thread (slot % threads, as _datapath.steer_by_slot steers). Threads complete rounds in no
+    common order, and the agents' fast retransmit takes a round completing out of sending
+    order within a group for a loss (host_agent/recovery.py); () for one thread: one group."""
+    return tuple((slot_base + i) % threads for i in range(nslots)) if threads > 1 else ()
+
+
 class _Shard:
     """One data-path thread's own: its socket, compiled path, lock and Python-side counts.
 
@@ -253,12 +261,8 @@ class UdpSwitch:
         return len(self._shards)
 
     def slot_groups(self, nslots: int, slot_base: int = 0) -> tuple[int, ...]:
-        """A job's JobConfig.slot_groups on this switch: each slot's data-path thread. Threads
-        complete rounds in no common order, and the agents' fast retransmit takes rounds
-        completing out of their sending order within a group for loss (host_agent/recovery.py);
-        () for one thread: one group."""
-        n = len(self._shards)
-        return tuple((slot_base + i) % n for i in range(nslots)) if n > 1 else ()
+        """A job's JobConfig.slot_groups on this switch (shard_slot_groups)."""
+        return shard_slot_groups(len(self._shards), nslots, slot_base)
 
     def shard_stats(self) -> list[dict[str, int]]:
         """Per data-path thread: the datagrams and bytes its socket received and sent (Python
