@@ -252,6 +252,39 @@ def test_two_data_path_threads_give_what_one_gives():
     assert not [t for t in threading.enumerate() if t.name.startswith("spina-softswitch")]
 
 
+def test_the_control_plane_sees_a_still_switch_while_two_threads_serve():
+    """pipeline.lock holds both data-path threads between packets: in every snapshot of the
+    counters taken under it while the threads serve, each datagram is counted whole
+    (received = stale + held + duplicates + aggregated; a packet half through breaks it), and
+    nothing moves while it is held (two reads a moment apart agree)."""
+    socks = [bound_udp_socket() for _ in range(4)]  # 3 workers and a stranger
+    by_port = {s.getsockname()[1]: s for s in socks}
+    cfg = replace(JOBS[0], workers=tuple(WorkerAddr(r, HOST, s.getsockname()[1])
+                                         for r, s in enumerate(socks[:3])))
+    traffic = Traffic(3, (cfg,), stranger=socks[3].getsockname()[1])
+    sw = UdpSwitch(HOST, 0, pool_slots=16, slot_capacity=64, datapath_threads=2)
+    sw.add_job(cfg)
+    sw.start()
+    busy = 0
+    try:
+        for i in range(4000):
+            pkt, src = traffic.packet()
+            by_port[src[1]].sendto(pkt, sw.address)
+            if i % 20 == 19:
+                with sw.pipeline.lock:
+                    c = sw.pipeline.job_counters(cfg.job)
+                    busy += sw.packets_in < i + 1  # some still queued: the threads were busy
+                    time.sleep(0.001)
+                    assert c == sw.pipeline.job_counters(cfg.job)
+                assert c["job_received"] == (c["job_stale"] + c["job_held"]
+                                             + c["job_duplicates"] + c["job_aggregated"]), c
+    finally:
+        sw.stop()
+        for s in socks:
+            s.close()
+    assert busy > 0 and sw.pipeline.job_counters(cfg.job)["job_aggregated"] > 500
+
+
 @pytest.mark.parametrize("threads", [2, 3])
 def test_each_slot_lands_on_its_threads_socket(threads):
     """The kernel's reuseport steering (_datapath.steer_by_slot) hands every datagram of slot s
