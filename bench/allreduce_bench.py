@@ -64,7 +64,8 @@ from bench.paired import (
     slowest,
 )
 from bench.procs import Point
-from spina import wire
+from softswitch.udp import MAX_DATAPATH_THREADS
+from spina import cli, wire
 
 SWEEPS = ("density", "size", "fixed_nnz", "workers", "block_size", "nlanes", "loss")
 SLOT_CAPACITY = 64 * 256  # softswitch.pipeline.DEFAULT_SLOT_CAPACITY: nlanes*block_size bound
@@ -138,7 +139,7 @@ def cluster_key(p: Point) -> tuple:
     return (p.workers, p.block_size, p.nlanes, p.nslots, p.rto, p.loss is not None)
 
 
-SWITCH_DATAPATH = ["compiled"]  # --switch-datapath, for every cluster of the run
+SWITCH_DATAPATH = ["compiled", 1]  # --switch-datapath, --switch-threads: every cluster's
 
 
 def _cluster(p: Point, gloo: bool, star=None, switch_profile: str | None = None,
@@ -154,7 +155,8 @@ def _cluster(p: Point, gloo: bool, star=None, switch_profile: str | None = None,
     return Cluster(p.workers, nslots=p.nslots, block_size=p.block_size, nlanes=p.nlanes,
                    agent_kw={} if p.rto is None else {"rto": p.rto},
                    gloo=Gloo() if gloo else None, switch_profile=switch_profile, floor=floor,
-                   switch_datapath=SWITCH_DATAPATH[0], **places)
+                   switch_datapath=SWITCH_DATAPATH[0], switch_threads=SWITCH_DATAPATH[1],
+                   **places)
 
 
 def measure(cl: Cluster, p: Point, repeats: int, methods, star=None,
@@ -403,6 +405,9 @@ def parse_args(argv=None):
     ap.add_argument("--switch-datapath", choices=("compiled", "python"), default="compiled",
                     help="the software switch's data path (default %(default)s; python: the "
                          "reference pipeline, for comparison)")
+    ap.add_argument("--switch-threads", type=cli.int_range(1, MAX_DATAPATH_THREADS), default=1,
+                    metavar="N", help="the software switch's compiled data-path threads "
+                                      "(UdpSwitch's datapath_threads; default %(default)s)")
     ap.add_argument("--out", default="bench/out")
     ap.add_argument("--no-plots", action="store_true")
     a = ap.parse_args(argv)
@@ -423,7 +428,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     a = parse_args(argv)
-    SWITCH_DATAPATH[0] = a.switch_datapath
+    SWITCH_DATAPATH[:] = a.switch_datapath, a.switch_threads
     os.makedirs(a.out, exist_ok=True)
     points = build_points(a)
     unique: dict[tuple, Point] = {}
@@ -440,7 +445,7 @@ def main(argv=None) -> int:
                 host=f"{platform.node()}: {os.cpu_count()} cores, "
                      f"Python {platform.python_version()}",
                 load_at_start=_load(os.getloadavg()), repeats=a.repeats, skipped=skipped,
-                switch_datapath=a.switch_datapath,
+                switch_datapath=a.switch_datapath, switch_threads=a.switch_threads,
                 base=asdict(base_point(a)))
     measured: dict[tuple, dict] = {}
     path = os.path.join(a.out, "results.csv")

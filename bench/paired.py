@@ -336,6 +336,8 @@ class Cluster:
         switch_place, worker_places: where the processes run (default: 127.0.0.1, any port).
         switch_profile: cProfile the switch's serve loop into this file.
         switch_datapath: the software switch's data path, "compiled" or "python" (UdpSwitch).
+        switch_threads: its data-path threads (UdpSwitch's datapath_threads); the job's slot
+            groups are then the threads' (softswitch.udp.shard_slot_groups).
         floor: also start the floor's relay (bench/floor.py) at switch_place, any free port,
             and a floor socket in every worker (method "floor").
         serve: what the workers do with a request (`ask`): a module-level function
@@ -349,10 +351,11 @@ class Cluster:
                  agent_kw: dict | None = None, gloo: Gloo | None = None,
                  switch_place: Place = Place(), worker_places: list[Place] | None = None,
                  switch_profile: str | None = None, floor: bool = False,
-                 switch_datapath: str = "compiled", serve=None):
+                 switch_datapath: str = "compiled", switch_threads: int = 1, serve=None):
         self.n = n
         self.serve = serve
         self.switch_datapath = switch_datapath
+        self.switch_threads = switch_threads
         self.job_args = dict(nslots=nslots, block_size=block_size, nlanes=nlanes)
         self.agent_kw = agent_kw or {}
         self.gloo = gloo
@@ -380,13 +383,14 @@ class Cluster:
         self.close()
 
     def _start(self) -> None:
+        from softswitch.udp import shard_slot_groups
         from spina.config import JobConfig, WorkerAddr
         ctx = mp.get_context("spawn")  # no child inherits a big parent heap
         self.switch_conn, child = ctx.Pipe()
         sp = self.switch_place
         self.procs.append(ctx.Process(target=switch_main, name="spina-switch",
                                       args=(child, self.switch_profile, sp.netns, sp.host,
-                                            self.switch_datapath)))
+                                            self.switch_datapath, self.switch_threads)))
         self.procs[-1].start()
         switch_addr = recv(self.switch_conn, "switch")
         relay_addr = self._start_relay(ctx) if self.floor else None
@@ -404,6 +408,8 @@ class Cluster:
         addrs = [recv(c, f"rank {r} start") for r, c in enumerate(self.conns)]
         self.job = JobConfig(job=1, workers=tuple(WorkerAddr(r, h, port) for r, (h, port)
                                                   in enumerate(addrs)),
+                             slot_groups=shard_slot_groups(self.switch_threads,
+                                                           self.job_args["nslots"]),
                              **self.job_args).validate()
         self.switch_conn.send(self.job)
         recv(self.switch_conn, "switch admission")

@@ -127,9 +127,10 @@ def cpu_seconds() -> float:
 
 # ----------------------------------------------------------------------------- switch
 def switch_main(conn, profile_path: str | None, netns: str | None = None,
-                host: str = "127.0.0.1", datapath: str = "compiled") -> None:
+                host: str = "127.0.0.1", datapath: str = "compiled", threads: int = 1) -> None:
     """The software switch in its own process, listening on `host` (any free port), in
-    network namespace `netns` if given, running `datapath` (UdpSwitch's).
+    network namespace `netns` if given, running `datapath` on `threads` data-path threads
+    (UdpSwitch's datapath, datapath_threads).
 
     Protocol on `conn`: send our address; receive a JobConfig (admit it, start serving);
     receive "stop" -> reply with packet/byte counters and the CPU time spent serving.
@@ -138,7 +139,7 @@ def switch_main(conn, profile_path: str | None, netns: str | None = None,
     from spina.netns import enter
 
     enter(netns)
-    sw = UdpSwitch(host, port=0, datapath=datapath)
+    sw = UdpSwitch(host, port=0, datapath=datapath, datapath_threads=threads)
     conn.send(sw.address)
     job = conn.recv()
     sw.add_job(job)
@@ -162,7 +163,7 @@ def switch_main(conn, profile_path: str | None, netns: str | None = None,
     cpu, wall = cpu_seconds() - cpu0, time.perf_counter() - wall0
     conn.send(dict(packets_in=sw.packets_in, packets_out=sw.packets_out, bytes_in=sw.bytes_in,
                    bytes_out=sw.bytes_out, cpu_s=cpu, wall_s=wall))
-    sw.sock.close()
+    sw.stop()  # every data-path thread has returned: this closes the sockets
 
 
 def measure_memory(agent, x) -> dict:

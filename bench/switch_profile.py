@@ -13,6 +13,8 @@ Loads (--loads), each with 4 workers of one job (56 lanes of 256, `JobConfig`'s 
             so it serves them back to back, as under a steady load): the tree's default data
             path plus socket calls, results sent as in a run (one unicast per worker and round).
   udp-python  the same with datapath="python" (trees that have the compiled path).
+  udp-2t    the udp load on 2 compiled data-path threads (UdpSwitch(datapath_threads=2), trees
+            that have them): the 16 slots 8 per thread, CPU time that of both.
 Packets are `full` (every lane present) or `sparse` (each worker a random quarter of the
 lanes: the lane-gather paths). Each tree runs in its own child process (PYTHONPATH=tree), the
 trees alternating repeat by repeat; per packet we report wall and process CPU time (CPU
@@ -125,6 +127,10 @@ def measure_udp_python(pkts, repeats: int, prof: cProfile.Profile | None = None)
     return measure_udp(pkts, repeats, prof, datapath="python")
 
 
+def measure_udp_2t(pkts, repeats: int, prof: cProfile.Profile | None = None) -> list[dict]:
+    return measure_udp(pkts, repeats, prof, datapath_threads=2)
+
+
 def measure_udp(pkts, repeats: int, prof: cProfile.Profile | None = None,
                 **switch_kw) -> list[dict]:
     from softswitch.udp import UdpSwitch
@@ -178,7 +184,7 @@ def measure_udp(pkts, repeats: int, prof: cProfile.Profile | None = None,
 
 
 LOADS = {"pipeline": measure_pipeline, "compiled": measure_compiled, "udp": measure_udp,
-         "udp-python": measure_udp_python}
+         "udp-python": measure_udp_python, "udp-2t": measure_udp_2t}
 SHAPES = ("full", "sparse")
 
 
@@ -264,7 +270,8 @@ def main(argv=None) -> int:
                 got.setdefault((d["load"], d["shape"], tree), []).extend(d["rows"])
     with open("/proc/loadavg") as f:
         load = " ".join(f.read().split()[:3])
-    print(f"per packet, median [min-max] over {a.repeats} x {a.inner}; load {load}")
+    print(f"per packet, median [min-max] over {a.repeats} x {a.inner}; load {load}; "
+          "packets per wall and per CPU second of the medians")
     med = {}
     for load_name in a.loads.split(","):
         for shape in a.shapes.split(","):
@@ -278,7 +285,8 @@ def main(argv=None) -> int:
                          f"cpu {med[load_name, shape, tree] / base:.2f}x the first tree's")
                 print(f"  {load_name:9s} {shape:6s} {tree}: wall {statistics.median(w):6.1f} us "
                       f"[{min(w):.1f}-{max(w):.1f}]  cpu {med[load_name, shape, tree]:6.1f} us "
-                      f"[{min(c):.1f}-{max(c):.1f}]  {ratio}")
+                      f"[{min(c):.1f}-{max(c):.1f}]  {1e6 / statistics.median(w):7.0f}/s "
+                      f"{1e6 / med[load_name, shape, tree]:7.0f}/cpu-s  {ratio}")
     return 0
 
 

@@ -21,6 +21,7 @@ from softswitch.pipeline import (
     MAX_REGISTER_BYTES,
     register_bytes,
 )
+from softswitch.udp import MAX_DATAPATH_THREADS
 from spina import cli, log as spina_log, wire
 from spina.config import ConfigError, JobConfig
 from spina.spec import DEFAULT_SLOT_CAPACITY
@@ -133,6 +134,8 @@ def _check_args(ap: argparse.ArgumentParser, args) -> None:
             ap.error(f"argument --grpc: {e}")
         if getattr(args, "jobs", None) or getattr(args, "config", None):
             ap.error("argument --grpc: the controller writes the tables; drop --jobs/--config")
+    if args.mode == "udp" and args.datapath_threads > 1 and args.datapath != "compiled":
+        ap.error("argument --datapath-threads: more than 1 needs --datapath compiled")
     if args.mode == "udp" and (args.plan is None) != (args.switch is None):
         ap.error("argument --plan/--switch: give both (the plan, and which switch of it this is)")
     if args.mode == "udp" and args.plan is not None and (args.jobs or args.grpc):
@@ -209,7 +212,7 @@ def _plan_switch(args):
                           "can start each run of its jobs)") from None
     try:
         sw = UdpSwitch(me.address, me.udp_port, args.pool_slots, args.slot_capacity,
-                       datapath=args.datapath)
+                       datapath=args.datapath, datapath_threads=args.datapath_threads)
     except OSError as e:
         raise ConfigError(f"argument --plan: cannot listen on {me.address}:{me.udp_port} "
                           f"(switch {me.name}): {e.strerror or e}") from None
@@ -256,6 +259,12 @@ def _parser() -> argparse.ArgumentParser:
                           "contributions in C, everything else in Python) or python (every packet "
                           "through the Python pipeline, the reference; for comparison). Default "
                           "%(default)s")
+    udp.add_argument("--datapath-threads", type=cli.int_range(1, MAX_DATAPATH_THREADS),
+                     default=1, metavar="N",
+                     help="compiled data-path threads (1..%d, default %%(default)s), each on its "
+                          "own socket behind the one address, serving the slots s with s %% N "
+                          "equal to its index: a switch that uses N cores; more than 1 needs "
+                          "--datapath compiled" % MAX_DATAPATH_THREADS)
     _pool_args(udp)
 
     l2 = sub.add_parser(
@@ -307,7 +316,7 @@ def main(argv=None) -> int:
             from softswitch.udp import UdpSwitch
             try:
                 sw = UdpSwitch(args.host, args.port, args.pool_slots, args.slot_capacity,
-                               datapath=args.datapath)
+                               datapath=args.datapath, datapath_threads=args.datapath_threads)
             except OSError as e:
                 raise ConfigError(f"argument --host/--port: cannot listen on "
                                   f"{args.host}:{args.port}: {e.strerror or e}") from None

@@ -24,6 +24,7 @@
 #include "../host_agent/_pybuf.h"  /* Python.h, Buf, get_buf, release */
 #include "../spina/_wire.h"        /* HEADER_LEN, OFF_*, MSG_*, FLAG_* (spina/wire.py) */
 #include <arpa/inet.h>
+#include <linux/filter.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -44,6 +45,11 @@
 
 #define BATCH 32
 #define RECV_SIZE (MAX_UDP_PAYLOAD + 1)
+
+/* A counter add. The counters are per job and a job's slots may be served by several threads
+ * (UdpSwitch(datapath_threads=N), each on its own slots): relaxed atomic adds keep every count;
+ * the registers need none, as each slot belongs to one thread. */
+#define BUMP(counter, n) __atomic_fetch_add(&(counter), (uint64_t)(n), __ATOMIC_RELAXED)
 
 static inline uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] << 8 | p[1]); }
 static inline uint32_t rd32(const uint8_t *p) {
@@ -239,20 +245,20 @@ static Py_ssize_t process_one(Datapath *d, const uint8_t *pkt, Py_ssize_t size, 
     if (d->round[idx] == rnd && (d->flags[idx] & FLAGS_LANE_WIDTH))
         return PUNT;  /* an int32 packet in a round narrow lanes started: Python compares widths */
     *hit = e;
-    d->c_received[job]++;
+    BUMP(d->c_received[job], 1);
     if (rd16(pkt + OFF_EPOCH) != e->epoch) {
-        d->c_stale[job]++;
+        BUMP(d->c_stale[job], 1);
         return 0;
     }
     uint8_t flags = pkt[OFF_FLAGS];
     uint32_t nworkers = e->nworkers, bit = 1u << rank;
     if (d->hold && held(d, slot, rnd, bit, nworkers)) {
-        d->c_held[job]++;
+        BUMP(d->c_held[job], 1);
         return 0;
     }
     int32_t delta = (int32_t)(rnd - d->round[idx]);  /* slot_round: newer resets, older is stale */
     if (delta < 0) {
-        d->c_stale[job]++;
+        BUMP(d->c_stale[job], 1);
         return 0;
     }
     int fresh = delta > 0;
@@ -264,17 +270,17 @@ static Py_ssize_t process_one(Datapath *d, const uint8_t *pkt, Py_ssize_t size, 
         old_count = d->count[idx];
     }
     if (old_count >= nworkers) {  /* complete: the stored result back to the sender */
-        d->c_duplicates[job]++;
-        d->c_results[job]++;
+        BUMP(d->c_duplicates[job], 1);
+        BUMP(d->c_results[job], 1);
         *to = TO_SENDER;
         return result_into(d, out, pkt, idx, k, bs, FLAG_RESEND);
     }
     if (old_bitmap & bit) {
-        d->c_duplicates[job]++;
+        BUMP(d->c_duplicates[job], 1);
         if (flags & FLAG_PARTIAL) {  /* a flush (bounded loss): complete without the missing */
             d->count[idx] = nworkers;
             d->flags[idx] |= FLAG_PARTIAL;
-            d->c_results[job] += nworkers;
+            BUMP(d->c_results[job], nworkers);
             *to = TO_GROUP;
             return result_into(d, out, pkt, idx, k, bs, 0);
         }
@@ -334,10 +340,10 @@ static Py_ssize_t process_one(Datapath *d, const uint8_t *pkt, Py_ssize_t size, 
             nf |= FLAG_MISMATCH;
         d->flags[idx] = nf;
     }
-    d->c_aggregated[job]++;
+    BUMP(d->c_aggregated[job], 1);
     if (count < nworkers)
         return 0;
-    d->c_results[job] += nworkers;  /* P4 counts job_results per replica, in egress */
+    BUMP(d->c_results[job], nworkers);  /* P4 counts job_results per replica, in egress */
     *to = TO_GROUP;
     return result_into(d, out, pkt, idx, k, bs, 0);
 }
@@ -712,6 +718,37 @@ static PyObject *Datapath_stats(Datapath *d, PyObject *unused) {
                          "send_errors", d->send_errors);
 }
 
+PyDoc_STRVAR(steer_doc,
+"steer_by_slot(fd, shards)\n\n"
+"Attach to the SO_REUSEPORT group of socket fd a classic BPF program that hands each datagram\n"
+"to the group's socket number (INA header slot % shards), the sockets numbered in the order\n"
+"they were bound. The kernel runs it with the UDP header pulled: offset 0 is the payload. A\n"
+"datagram too short to have a slot goes to socket 0.");
+
+static PyObject *steer_by_slot(PyObject *unused, PyObject *args) {
+    int fd;
+    unsigned int shards;
+    if (!PyArg_ParseTuple(args, "iI", &fd, &shards))
+        return NULL;
+    if (shards < 1 || shards > 1024) {
+        PyErr_SetString(PyExc_ValueError, "shards must be 1..1024");
+        return NULL;
+    }
+    struct sock_filter code[] = {
+        BPF_STMT(BPF_LD | BPF_H | BPF_ABS, OFF_SLOT),  /* big-endian u16; out of bounds: 0 */
+        BPF_STMT(BPF_ALU | BPF_MOD | BPF_K, shards),
+        BPF_STMT(BPF_RET | BPF_A, 0),
+    };
+    struct sock_fprog prog = {.len = sizeof code / sizeof code[0], .filter = code};
+    if (setsockopt(fd, SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, &prog, sizeof prog) < 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef module_methods[] = {
+    {"steer_by_slot", steer_by_slot, METH_VARARGS, steer_doc},
+    {NULL, NULL, 0, NULL}};
+
 static PyMethodDef Datapath_methods[] = {
     {"set_tables", (PyCFunction)Datapath_set_tables, METH_VARARGS, set_tables_doc},
     {"process", (PyCFunction)Datapath_process, METH_VARARGS, process_doc},
@@ -733,7 +770,8 @@ static PyTypeObject DatapathType = {
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_datapath",
-                                    "The software switch's compiled UDP data path.", -1, NULL};
+                                    "The software switch's compiled UDP data path.", -1,
+                                    module_methods};
 
 PyMODINIT_FUNC PyInit__datapath(void) {
     if (PyType_Ready(&DatapathType) < 0)

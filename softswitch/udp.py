@@ -6,7 +6,9 @@ users without a P4 switch and the default target of the demo and of CI.
 """
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import random
 import select
 import socket
@@ -31,6 +33,97 @@ log = logging.getLogger("spina.softswitch")
 DATAPATHS = ("compiled", "python")
 SERVE_BUDGET = 256  # packets per compiled call: the lock is free for the control plane between
 _IDLE, _PUNT = 0, 2  # softswitch/_datapath.c serve()'s outcomes
+MAX_DATAPATH_THREADS = 64
+
+
+def shard_slot_groups(threads: int, nslots: int, slot_base: int = 0) -> tuple[int, ...]:
+    """A job's JobConfig.slot_groups on a switch of `threads` data-path threads: each slot's
+    thread (slot % threads, as _datapath.steer_by_slot steers). Threads complete rounds in no
+    common order, and the agents' fast retransmit takes a round completing out of sending
+    order within a group for a loss (host_agent/recovery.py); () for one thread: one group."""
+    return tuple((slot_base + i) % threads for i in range(nslots)) if threads > 1 else ()
+
+
+class _Shard:
+    """One data-path thread's own: its socket, compiled path, lock and Python-side counts.
+
+    A switch with N shards has N sockets in one SO_REUSEPORT group on its address; the kernel
+    hands each datagram to socket (slot % N) (_datapath.steer_by_slot), so every slot's
+    registers are only ever touched by its shard's thread."""
+
+    def __init__(self, index: int, sock: socket.socket, lock):
+        self.index, self.sock, self.lock = index, sock, lock
+        self.compiled = None
+        self.thread: threading.Thread | None = None
+        # datagrams and bytes the Python loop received and sent (the compiled path counts its
+        # own), and those the compiled path punted: this thread's alone, so no lost updates
+        self.py = dict(packets_in=0, packets_out=0, bytes_in=0, bytes_out=0, punted=0)
+
+
+class _AllShards:
+    """A sharded switch's pipeline.lock: every shard's lock, in index order.
+
+    Why this is safe: a data-path thread holds only its own shard's lock while it serves its
+    slots, and never asks for another lock while holding it; whoever takes pipeline.lock (the
+    control plane's table writes and P4Runtime reads, a punted packet's Python pipeline, a
+    table sync) waits for every thread to finish its batch, so it sees and changes a switch no
+    data path is touching. Always in index order: no two takers deadlock."""
+
+    def __init__(self, locks):
+        self.locks = locks
+
+    def acquire(self) -> bool:
+        for lock in self.locks:
+            lock.acquire()
+        return True
+
+    def release(self) -> None:
+        for lock in reversed(self.locks):
+            lock.release()
+
+    __enter__ = acquire
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+def _foreign_sockets(port: int, ours: set[int]) -> int:
+    """IPv4 UDP sockets of this network namespace bound to `port` that are not `ours` (inodes):
+    a reuseport group joins any socket of the same user on the port, silently."""
+    with open("/proc/net/udp") as f:
+        next(f)
+        return sum(1 for line in f if int(line.split()[1].split(":")[1], 16) == port
+                   and int(line.split()[9]) not in ours)
+
+
+def _reuseport_sockets(host: str, port: int, n: int) -> list[socket.socket]:
+    """n UDP sockets on (host, port) in one SO_REUSEPORT group of their own, steered by slot.
+    Port 0: a free port, found by a socket without SO_REUSEPORT (which the kernel never puts on
+    a port in use, unlike a reuseport one), then taken by the group; tried again if lost."""
+    for _attempt in range(20):
+        want = port
+        if port == 0:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                probe.bind((host, 0))
+                want = probe.getsockname()[1]
+        socks = []
+        try:
+            for _ in range(n):
+                s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                socks.append(s)
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+                bind_retrying(s, (host, want)) if port else s.bind((host, want))
+            if _foreign_sockets(want, {os.fstat(s.fileno()).st_ino for s in socks}):
+                raise OSError(errno.EADDRINUSE, f"port {want} is also bound by another socket")
+            from softswitch import _datapath
+            _datapath.steer_by_slot(socks[0].fileno(), n)
+            return socks
+        except OSError as e:
+            for s in socks:
+                s.close()
+            if port or e.errno != errno.EADDRINUSE:
+                raise
+    raise OSError(errno.EADDRINUSE, "no free port for the data-path sockets")
 
 
 @dataclass
@@ -109,35 +202,52 @@ class UdpSwitch:
         pool_slots / slot_capacity: the register pool's size.
         faults: optional fault injection (tests; runs the Python data path).
         datapath: "compiled" (softswitch/_datapath.c, the default) or "python" (DATAPATHS).
+        datapath_threads: compiled data-path threads, each on its own socket behind the one
+            address and serving the slots s with s % datapath_threads == its index (_Shard).
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = wire.DEFAULT_UDP_PORT,
                  pool_slots: int = DEFAULT_POOL_SLOTS, slot_capacity: int = DEFAULT_SLOT_CAPACITY,
-                 faults: Faults | None = None, datapath: str = "compiled"):
+                 faults: Faults | None = None, datapath: str = "compiled",
+                 datapath_threads: int = 1):
         if datapath not in DATAPATHS:
             raise ValueError(f"datapath {datapath!r}: one of {', '.join(DATAPATHS)}")
+        if not 1 <= datapath_threads <= MAX_DATAPATH_THREADS:
+            raise ValueError(f"datapath_threads {datapath_threads}: 1..{MAX_DATAPATH_THREADS}")
         self.faults = faults
         self.datapath = "python" if faults is not None else datapath
+        if datapath_threads > 1 and self.datapath != "compiled":
+            raise ValueError(f"datapath_threads {datapath_threads}: more than one data-path "
+                             "thread needs the compiled data path (without fault injection)")
         self.dataplane = Dataplane(pool_slots, slot_capacity, udp_mode=True)
         self.pipeline = self.dataplane.pipeline
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
-            bind_retrying(self.sock, (host, port))
-        except OSError:
-            self.sock.close()
-            raise
-        grow_buffers(self.sock, 64 << 20)
-        self.address = self.sock.getsockname()
-        self._compiled = None
-        if self.datapath == "compiled":
-            try:
-                from softswitch import _datapath
-            except ImportError as e:
-                self.sock.close()
+            from softswitch import _datapath
+        except ImportError as e:
+            if self.datapath == "compiled":
                 raise RuntimeError(f"softswitch/_datapath.c is not built here ({e}): run make "
                                    "setup (or make core), or choose the python data path") from None
-            self._compiled = _datapath.Datapath(self.sock.fileno(), self.pipeline.registers,
-                                                self.pipeline.counters, pool_slots, slot_capacity)
+        if datapath_threads == 1:  # today's switch: one socket, the pipeline's own lock
+            socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM)]
+            try:
+                bind_retrying(socks[0], (host, port))
+            except OSError:
+                socks[0].close()
+                raise
+            self._shards = [_Shard(0, socks[0], self.pipeline.lock)]
+        else:
+            socks = _reuseport_sockets(host, port, datapath_threads)
+            self._shards = [_Shard(i, s, threading.RLock()) for i, s in enumerate(socks)]
+            self.pipeline.lock = _AllShards([sh.lock for sh in self._shards])
+        for shard in self._shards:
+            grow_buffers(shard.sock, 64 << 20)
+            if self.datapath == "compiled":
+                shard.compiled = _datapath.Datapath(
+                    shard.sock.fileno(), self.pipeline.registers, self.pipeline.counters,
+                    pool_slots, slot_capacity)
+        self.sock = self._shards[0].sock
+        self.address = self.sock.getsockname()
+        self._compiled = self._shards[0].compiled  # run_one's (every shard has the same tables)
         self._compiled_tables = None  # what the compiled path's tables were built from
         # multicast group -> [(IPv4, UDP port)] of its replicas, derived from the tables
         # whenever they changed (Dataplane.version): no per-packet lookup of worker_rewrite.
@@ -145,12 +255,30 @@ class UdpSwitch:
         self._dest_version = -1
         self._servicer = None
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        # datagrams and bytes the Python loop received and sent (the compiled path counts its own)
-        self._py = dict(packets_in=0, packets_out=0, bytes_in=0, bytes_out=0, punted=0)
+
+    @property
+    def datapath_threads(self) -> int:
+        return len(self._shards)
+
+    def slot_groups(self, nslots: int, slot_base: int = 0) -> tuple[int, ...]:
+        """A job's JobConfig.slot_groups on this switch (shard_slot_groups)."""
+        return shard_slot_groups(len(self._shards), nslots, slot_base)
+
+    def shard_stats(self) -> list[dict[str, int]]:
+        """Per data-path thread: the datagrams and bytes its socket received and sent (Python
+        and compiled) and those it punted."""
+        out = []
+        for sh in self._shards:
+            got = dict(sh.py)
+            if sh.compiled is not None:
+                for name, value in sh.compiled.stats().items():
+                    if name in got:
+                        got[name] += value
+            out.append(got)
+        return out
 
     def _count(self, name: str) -> int:
-        return self._py[name] + (self._compiled.stats()[name] if self._compiled else 0)
+        return sum(got[name] for got in self.shard_stats())
 
     @property
     def packets_in(self) -> int:
@@ -219,13 +347,17 @@ class UdpSwitch:
             dest[grp] = out
         self._dest, self._dest_version = dest, dp.version
 
+    def _tables_now(self) -> tuple:
+        dp, pipe = self.dataplane, self.pipeline
+        return dp.version, pipe.version, pipe.hold_newer_rounds
+
     def _sync_compiled(self) -> None:
-        """The compiled path's tables from the flat jobs' admission rows and destinations,
+        """Every shard's compiled tables from the flat jobs' admission rows and destinations,
         whenever a table, a group or the hold changed (the caller holds pipeline.lock). A job
         with a leaf or spine role is left to the Python pipeline, as is any row the compiled
         path cannot take (logged: Python then serves every packet)."""
         dp, pipe = self.dataplane, self.pipeline
-        now = (dp.version, pipe.version, pipe.hold_newer_rounds)
+        now = self._tables_now()
         if now == self._compiled_tables:
             return
         if dp.version != self._dest_version:
@@ -241,41 +373,85 @@ class UdpSwitch:
             entries.append((src[0], src[1], job, rank, adm.epoch, adm.slot_base, adm.nslots,
                             adm.nworkers, adm.block_size, adm.nlanes, start,
                             len(self._dest.get(adm.mcast_grp, ()))))
-        try:
-            self._compiled.set_tables(entries, dests, pipe.hold_newer_rounds)
-        except (ValueError, TypeError, OverflowError) as e:
-            log.error("compiled data path: %s; the Python pipeline serves every packet", e)
-            self._compiled.set_tables([], [], pipe.hold_newer_rounds)
+        for shard in self._shards:
+            if shard.compiled is None:
+                continue
+            try:
+                shard.compiled.set_tables(entries, dests, pipe.hold_newer_rounds)
+            except (ValueError, TypeError, OverflowError) as e:
+                log.error("compiled data path: %s; the Python pipeline serves every packet", e)
+                shard.compiled.set_tables([], [], pipe.hold_newer_rounds)
         self._compiled_tables = now
 
-    def _serve_compiled(self) -> None:
-        sock, lock, stop, fast = self.sock, self.pipeline.lock, self._stop, self._compiled
+    def _serve_compiled(self, shard: _Shard) -> None:
+        sock, lock, stop, fast = shard.sock, shard.lock, self._stop, shard.compiled
         sock.settimeout(0.0)
         out = bytearray(self.pipeline.max_packet_len)  # the punted packets' results leave here
         out_view = memoryview(out)
-        log.info("software switch listening on %s:%d (compiled data path)", *self.address)
+        log.info("software switch listening on %s:%d (compiled data path, thread %d of %d)",
+                 *self.address, shard.index + 1, len(self._shards))
         while not stop.is_set():
             try:
-                with lock:
-                    self._sync_compiled()
-                    outcome, pkt, src = fast.serve(SERVE_BUDGET)
+                with lock:  # this shard's slots alone (the whole switch when it is the only one)
+                    current = self._tables_now() == self._compiled_tables
+                    if current:
+                        outcome, pkt, src = fast.serve(SERVE_BUDGET)
+                if not current:  # a table changed: every shard's tables, under every lock
+                    with self.pipeline.lock:
+                        self._sync_compiled()
+                    continue
             except Exception:  # a bug must not take the switch down for every job
                 log.exception("compiled data path failed; the Python data path serves from now on")
-                for name, value in fast.stats().items():  # its counts stay the switch's
-                    if name in self._py:
-                        self._py[name] += value
-                self._compiled = None
-                return self.serve_forever()
+                with lock:
+                    for name, value in fast.stats().items():  # its counts stay the switch's
+                        if name in shard.py:
+                            shard.py[name] += value
+                    shard.compiled = None
+                    if shard.index == 0:
+                        self._compiled = None
+                return self._serve_python(shard)
             if outcome == _PUNT:
-                self._py["punted"] += 1
-                self._process(pkt, src, out, out_view)
+                shard.py["punted"] += 1
+                self._process(pkt, src, out, out_view, shard)
             elif outcome == _IDLE:
                 select.select((sock,), (), (), 0.2)
+        # Stopped: a datagram received is still served. Budget 0 ends the batch a punt cut
+        # short (if one did) without reading the socket again.
+        while True:
+            with lock:
+                outcome, pkt, src = fast.serve(0)
+            if outcome != _PUNT:
+                break
+            shard.py["punted"] += 1
+            self._process(pkt, src, out, out_view, shard)
+
+    def _serve_shard(self, shard: _Shard) -> None:
+        if shard.compiled is not None:
+            return self._serve_compiled(shard)
+        return self._serve_python(shard)
 
     def serve_forever(self) -> None:
-        if self._compiled is not None:
-            return self._serve_compiled()
-        sock = self.sock
+        """Serve until shutdown(): shard 0 in this thread, any other in a thread of its own
+        (all joined before this returns)."""
+        others = self._start_threads(self._shards[1:])
+        try:
+            self._serve_shard(self._shards[0])
+        finally:
+            self._stop.set()
+            for t in others:
+                t.join()
+
+    def _start_threads(self, shards) -> list[threading.Thread]:
+        threads = []
+        for shard in shards:
+            shard.thread = threading.Thread(target=self._serve_shard, args=(shard,), daemon=True,
+                                            name=f"spina-softswitch-{shard.index}")
+            shard.thread.start()
+            threads.append(shard.thread)
+        return threads
+
+    def _serve_python(self, shard: _Shard) -> None:
+        sock, counts = shard.sock, shard.py
         held: list = []  # reorder buffer of the fault injector
         # Non-blocking socket, select() only when idle: a socket with a timeout makes CPython
         # poll() before every recvfrom and sendto, one extra system call per datagram.
@@ -297,13 +473,13 @@ class UdpSwitch:
                 if stop.is_set():
                     break
                 continue  # e.g. ICMP errors reported on the socket; never stop serving
-            self._py["packets_in"] += 1
-            self._py["bytes_in"] += nbytes
+            counts["packets_in"] += 1
+            counts["bytes_in"] += nbytes
             if self.faults is None:
-                self._process(view[:nbytes], src, out, out_view)
+                self._process(view[:nbytes], src, out, out_view, shard)
             else:  # the injector may hold a datagram back: give it its own copy
                 for p, s in self.faults.arriving(bytes(view[:nbytes]), src, held):
-                    self._process(p, s, out, out_view)
+                    self._process(p, s, out, out_view, shard)
 
     def _route(self, pkt, src, out) -> tuple[int, tuple]:
         """The Python pipeline on one datagram: (n, destinations) of the packet out[:n] that
@@ -330,16 +506,16 @@ class UdpSwitch:
                 if n >= 0:
                     return [(d, bytes(out[:n])) for d in (dests if to == TO_GROUP else [src])
                             ] if n else []
-                self._py["punted"] += 1
+                self._shards[0].py["punted"] += 1
             n, targets = self._route(pkt, src, out)
         return [(d, bytes(out[:n])) for d in targets]
 
     @property
     def punted(self) -> int:
         """Datagrams the compiled path handed to the Python pipeline."""
-        return self._py["punted"]
+        return self._count("punted")
 
-    def _process(self, pkt, src, out: bytearray, out_view: memoryview) -> None:
+    def _process(self, pkt, src, out: bytearray, out_view: memoryview, shard: _Shard) -> None:
         try:
             with self.pipeline.lock:
                 n, targets = self._route(pkt, src, out)
@@ -349,40 +525,42 @@ class UdpSwitch:
         if not n:
             return
         data = out_view[:n]
-        faults, sendto = self.faults, self.sock.sendto
+        sock, counts, faults = shard.sock, shard.py, self.faults
+        sendto = sock.sendto
         for dst in targets:
             if faults is not None and faults.leaving():
                 continue
             try:
                 sendto(data, dst)
             except BlockingIOError:  # send buffer full (rare for UDP): wait for room once
-                select.select((), (self.sock,), (), 0.2)
+                select.select((), (sock,), (), 0.2)
                 try:
-                    self.sock.sendto(data, dst)
+                    sendto(data, dst)
                 except OSError as err:
                     log.debug("send to %s failed: %s", dst, err)
                     continue
             except OSError as err:
                 log.debug("send to %s failed: %s", dst, err)
                 continue
-            self._py["packets_out"] += 1
-            self._py["bytes_out"] += n
+            counts["packets_out"] += 1
+            counts["bytes_out"] += n
 
     def shutdown(self) -> None:
         """Ask serve_forever() to return (safe from a signal handler)."""
         self._stop.set()
 
     def start(self) -> "UdpSwitch":
-        self._thread = threading.Thread(target=self.serve_forever, name="spina-softswitch",
-                                        daemon=True)
-        self._thread.start()
+        """Serve in the background: one thread per shard."""
+        self._start_threads(self._shards)
         return self
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        self.sock.close()
+        for shard in self._shards:
+            if shard.thread is not None and shard.thread is not threading.current_thread():
+                shard.thread.join(timeout=5)
+        for shard in self._shards:
+            shard.sock.close()
 
     def __enter__(self):
         return self.start()

@@ -100,6 +100,9 @@ SOFTSWITCH_CASES = [
     (["udp", "--pool-slots", "65536"], "--pool-slots/--slot-capacity"),  # 8 GiB of registers
     (["udp", "--pool-slots", "4096", "--slot-capacity", "1000000"], "--slot-capacity"),
     (["udp", "--slot-capacity", "0"], "--slot-capacity"),
+    (["udp", "--datapath-threads", "0"], "--datapath-threads"),
+    (["udp", "--datapath-threads", "two"], "--datapath-threads"),
+    (["udp", "--datapath-threads", "2", "--datapath", "python"], "--datapath-threads"),
     (["udp", "--slot-capacity", "99999999999"], "--slot-capacity"),
     (["udp", "--device-id", "-1"], "--device-id"),
     (["udp", "--port", "0", "--grpc", "127.0.0.1:99999"], "--grpc"),

@@ -3,6 +3,7 @@
 Run just this: python -m pytest tests/test_bench_smoke.py
 """
 import csv
+import json
 import os
 import shutil
 import subprocess
@@ -77,6 +78,26 @@ def test_fixed_nnz_pair_is_measured_interleaved(tmp_path):
     assert text.count("the two points alternating repeat by repeat in one cluster") == 2
     assert "not paired" not in text
     assert "## fixed_nnz, interleaved" in text
+
+
+def test_bench_on_two_switch_threads(tmp_path):
+    """--switch-threads 2: a dense point through a switch of 2 data-path threads, verified,
+    every datagram the workers sent served once (no loss on loopback), and the two loads of
+    bench.switch_profile that compare 1 and 2 threads."""
+    done = _run("bench.allreduce_bench", "--sweeps", "base", "--base-workers", "2",
+                "--base-elements", "65536", "--base-density", "1", "--repeats", "2",
+                "--methods", "spina", "--switch-threads", "2", "--no-plots", "--out",
+                str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    with open(tmp_path / "results.csv", newline="") as f:
+        (spina,) = list(csv.DictReader(f))
+    assert spina["verified"] == "True"
+    assert json.loads((tmp_path / "meta.json").read_text())["switch_threads"] == 2
+    done = _run("bench.switch_profile", "--loads", "udp,udp-2t", "--shapes", "full",
+                "--rounds", "1", "--repeats", "1", "--inner", "1")
+    assert done.returncode == 0, done.stderr
+    assert [ln.split()[:2] for ln in done.stdout.splitlines()[1:]] == [["udp", "full"],
+                                                                       ["udp-2t", "full"]]
 
 
 def test_report_regenerates_doc(tmp_path):

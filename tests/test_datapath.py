@@ -6,6 +6,10 @@ Run just these: .venv/bin/python -m pytest -q tests/test_datapath.py
 """
 from __future__ import annotations
 
+import threading
+import time
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -14,6 +18,7 @@ from softswitch import _datapath
 from softswitch.udp import UdpSwitch
 from spina import wire
 from spina.config import JobConfig, WorkerAddr
+from spina.net import bound_udp_socket
 
 HOST = "127.0.0.1"
 FLAGS = (wire.FLAG_RESEND, wire.FLAG_LOSS_TOLERANT, wire.FLAG_LAST, wire.FLAG_PARTIAL)
@@ -35,14 +40,15 @@ class Traffic:
     unknown sender, slot or shape, a result or status sent by a host, a wrong version or length,
     a truncated header."""
 
-    def __init__(self, seed: int):
+    def __init__(self, seed: int, jobs=JOBS, stranger: int = 43000):
         self.rng = np.random.default_rng(seed)
         self.rounds = {}
-        self.epochs = {cfg.job: cfg.epoch for cfg in JOBS}
+        self.jobs, self.stranger = jobs, stranger  # stranger: a UDP port no job admits
+        self.epochs = {cfg.job: cfg.epoch for cfg in jobs}
 
     def packet(self) -> tuple[bytes, tuple[str, int]]:
         rng = self.rng
-        cfg = JOBS[int(rng.integers(len(JOBS)))]
+        cfg = self.jobs[int(rng.integers(len(self.jobs)))]
         rank = int(rng.integers(cfg.nworkers))
         src = (HOST, cfg.workers[rank].port)
         slot = cfg.slot_base + int(rng.integers(cfg.nslots))
@@ -68,7 +74,7 @@ class Traffic:
         if odd < 0.03:
             h.epoch = (h.epoch + 1) % (1 << 16)
         elif odd < 0.06:
-            src = (HOST, 43000)  # nobody's
+            src = (HOST, self.stranger)  # nobody's
         elif odd < 0.08:
             h.slot = cfg.slot_base + cfg.nslots  # beyond the job's slots
         elif odd < 0.10:
@@ -186,3 +192,158 @@ def test_agents_get_exact_sums_through_the_sockets():
         if datapath == "compiled":
             assert sw.punted == 0 and sw._compiled.stats()["packets_in"] == sw.packets_in
     assert np.array_equal(results["compiled"], results["python"])
+
+
+# --------------------------------------------------------------- data-path threads (shards)
+def _through_sockets(threads: int, seed: int) -> tuple[UdpSwitch, dict]:
+    """Traffic(seed)'s datagrams for two jobs of 4 and 2 slots, each sent by its worker's (or
+    the stranger's) real socket to a switch of `threads` data-path threads, one after another:
+    each slot's datagrams reach the switch in one order whatever the threads. The stopped
+    switch and what each socket received (sorted: slots on different threads interleave)."""
+    socks = [bound_udp_socket() for _ in range(7)]
+    ports = [s.getsockname()[1] for s in socks]
+    jobs = (job_config(3, 3, 0, nslots=4, slot_base=0, block_size=8, nlanes=4),
+            job_config(9, 2, 0, nslots=3, slot_base=6, block_size=5, nlanes=7))
+    jobs = (replace(jobs[0], workers=tuple(WorkerAddr(r, HOST, ports[r]) for r in range(3))),
+            replace(jobs[1], workers=tuple(WorkerAddr(r, HOST, ports[3 + r]) for r in range(2))))
+    by_port = dict(zip(ports, socks))
+    sw = UdpSwitch(HOST, 0, pool_slots=16, slot_capacity=64, datapath_threads=threads)
+    got = {p: [] for p in ports}
+    try:
+        for cfg in jobs:
+            sw.add_job(cfg)
+        sw.start()
+        traffic = Traffic(seed, jobs, stranger=ports[6])
+        n = 3000
+        for _ in range(n):
+            pkt, src = traffic.packet()
+            by_port[src[1]].sendto(pkt, sw.address)
+        deadline = time.monotonic() + 30
+        while sw.packets_in < n and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sw.packets_in == n
+    finally:
+        sw.stop()  # every datagram received is served before its thread returns
+        for s in socks:
+            s.setblocking(False)
+            while True:
+                try:
+                    got[s.getsockname()[1]].append(s.recv(1 << 16))
+                except BlockingIOError:
+                    break
+            s.close()
+    # results keyed by rank, not port: the two runs' sockets differ
+    return sw, {i: sorted(got[p]) for i, p in enumerate(ports)}
+
+
+def test_two_data_path_threads_give_what_one_gives():
+    """The same multi-slot, two-job workload (with refused datagrams, punted to Python) through
+    real sockets: a switch of 2 data-path threads sends every socket the same datagrams as one
+    of 1, and ends with the same registers and counters; each thread served its slots."""
+    one, got_one = _through_sockets(1, seed=11)
+    two, got_two = _through_sockets(2, seed=11)
+    assert got_one == got_two
+    assert sum(map(len, got_one.values())) > 500
+    assert_same_state(one, two)
+    assert one.punted == two.punted > 0
+    assert one.packets_out == two.packets_out
+    shards = two.shard_stats()
+    assert len(shards) == 2 and all(s["packets_in"] > 1000 for s in shards)
+    assert not [t for t in threading.enumerate() if t.name.startswith("spina-softswitch")]
+
+
+def test_the_control_plane_sees_a_still_switch_while_two_threads_serve():
+    """pipeline.lock holds both data-path threads between packets: in every snapshot of the
+    counters taken under it while the threads serve, each datagram is counted whole
+    (received = stale + held + duplicates + aggregated; a packet half through breaks it), and
+    nothing moves while it is held (two reads a moment apart agree)."""
+    socks = [bound_udp_socket() for _ in range(4)]  # 3 workers and a stranger
+    by_port = {s.getsockname()[1]: s for s in socks}
+    cfg = replace(JOBS[0], workers=tuple(WorkerAddr(r, HOST, s.getsockname()[1])
+                                         for r, s in enumerate(socks[:3])))
+    traffic = Traffic(3, (cfg,), stranger=socks[3].getsockname()[1])
+    sw = UdpSwitch(HOST, 0, pool_slots=16, slot_capacity=64, datapath_threads=2)
+    sw.add_job(cfg)
+    sw.start()
+    busy = 0
+    try:
+        for i in range(4000):
+            pkt, src = traffic.packet()
+            by_port[src[1]].sendto(pkt, sw.address)
+            if i % 20 == 19:
+                with sw.pipeline.lock:
+                    c = sw.pipeline.job_counters(cfg.job)
+                    busy += sw.packets_in < i + 1  # some still queued: the threads were busy
+                    time.sleep(0.001)
+                    assert c == sw.pipeline.job_counters(cfg.job)
+                assert c["job_received"] == (c["job_stale"] + c["job_held"]
+                                             + c["job_duplicates"] + c["job_aggregated"]), c
+    finally:
+        sw.stop()
+        for s in socks:
+            s.close()
+    assert busy > 0 and sw.pipeline.job_counters(cfg.job)["job_aggregated"] > 500
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_each_slot_lands_on_its_threads_socket(threads):
+    """The kernel's reuseport steering (_datapath.steer_by_slot) hands every datagram of slot s
+    to data-path thread s % threads: per thread, exactly the datagrams of its slots arrive, and
+    a datagram too short to name a slot lands on thread 0."""
+    sender = bound_udp_socket()
+    sw = UdpSwitch(HOST, 0, pool_slots=16, datapath_threads=threads).start()
+    sent = [0] * threads
+    try:
+        for slot in range(16):
+            for _ in range(slot + 1):  # a different count per slot
+                h = wire.Header(job=5, epoch=1, slot=slot, nlanes=1, block_size=1)
+                sender.sendto(wire.pack(h, np.zeros(1, np.uint32), np.zeros((1, 1), np.int32)),
+                              sw.address)
+                sent[slot % threads] += 1
+        sender.sendto(b"short", sw.address)
+        sent[0] += 1
+        deadline = time.monotonic() + 10
+        while sw.packets_in < sum(sent) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        sw.stop()
+        sender.close()
+    assert [s["packets_in"] for s in sw.shard_stats()] == sent
+    assert sw.punted == sum(sent)  # no job 5: every one refused by Python's pipeline
+    assert all(not sh.thread.is_alive() for sh in sw._shards)
+
+
+def test_agents_get_exact_sums_through_two_data_path_threads():
+    """Four agents, 16 slots over 2 data-path threads (the job's slot groups the threads, so
+    the agents expect no order across them): the same exact sums as one thread, no resend,
+    every datagram counted once in and out, none punted, both threads busy."""
+    rng = np.random.default_rng(6)
+    xs = [rng.standard_normal(200_001).astype(np.float32) for _ in range(4)]
+    outs = {}
+    for threads in (1, 2):
+        sw = UdpSwitch(HOST, 0, datapath_threads=threads).start()
+        try:
+            with LocalCluster(4, switch=sw, rto=5.0, slot_groups=sw.slot_groups(16)) as c:
+                outs[threads] = c.allreduce([x.copy() for x in xs])
+                resends = sum(a.last_stats.resends for a in c.agents)
+        finally:
+            sw.stop()
+        counters = sw.pipeline.job_counters(1)
+        assert resends == 0, (threads, resends, sw.shard_stats())
+        assert sw.packets_in == counters["job_received"] == counters["job_aggregated"], (
+            threads, counters, sw.shard_stats())
+        assert sw.packets_out == counters["job_results"] and sw.punted == 0
+    assert all(np.array_equal(outs[1][0], o) for o in outs[1] + outs[2])
+    assert all(s["packets_in"] > 20 for s in sw.shard_stats())  # 120 datagrams, 16 slots
+
+
+def test_more_than_one_thread_needs_the_compiled_path():
+    """And a slot's group is its thread: slot s on thread s % N; one thread, one group."""
+    with UdpSwitch(HOST, 0, datapath_threads=3) as sw:
+        assert sw.slot_groups(5, slot_base=7) == (1, 2, 0, 1, 2)
+    with UdpSwitch(HOST, 0) as sw:
+        assert sw.slot_groups(5) == ()
+    with pytest.raises(ValueError, match="compiled"):
+        UdpSwitch(HOST, 0, datapath="python", datapath_threads=2)
+    with pytest.raises(ValueError, match="datapath_threads 0"):
+        UdpSwitch(HOST, 0, datapath_threads=0)
