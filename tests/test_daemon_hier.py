@@ -61,7 +61,7 @@ def _hosts(tmp_path, sw, hosts, job=1, **cfg):
 
 
 def _clients(job_file, socks, L):
-    """client[h][l]: local rank l of host h (L > 0), or rank h*... of a flat job (L = 0)."""
+    """client[h][l]: local rank l of the L on host h (socket socks[h])."""
     return [[DaemonClient(job_file, h, s, local_rank=lr, local_size=L) for lr in range(L)]
             for h, s in enumerate(socks)]
 
