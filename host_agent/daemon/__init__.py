@@ -7,7 +7,8 @@ and per-slot round counters) for every (job, rank) a local process has attached 
 talks to it over a Unix-domain stream socket and hands tensors over in shared memory:
 
     client                                      daemon (one thread per connection)
-    attach {job_file, rank}            ──▶      load the job file, create/reuse the Agent
+    attach {job_file, rank[,           ──▶      load the job file, create/reuse the Agent
+            local_rank, local_size]}
                                        ◀──      {ok, job, nworkers}
     write tensor into its shm segment
     allreduce {shm, dtype, n[, layer_index, layer_count]}
@@ -16,6 +17,14 @@ talks to it over a Unix-domain stream socket and hands tensors over in shared me
                                        ◀──      {ok, stats}
     read the sum from the segment
 
+Hierarchical reduction: L processes on the host attach with {job_file, rank, local_rank,
+local_size} as local ranks 0..L-1 of one rank of the job (the job file's workers are then the
+hosts). The daemon waits for all L requests of a call, sums their segments on the host, makes
+the rank's one agent call (the switch sees one contribution per host: 1/L of the packets and
+bytes) and writes the same result into all L segments. `hier.py` says how the float sum keeps
+today's semantics (the headroom covers all hosts x L processes) and what a local process
+that dies or stays silent does to the others' call (it completes or fails; it never hangs).
+
 Messages are 4-byte big-endian lengths followed by JSON. A client that dies mid-call costs
 nothing but that call: the daemon finishes the all-reduce (the other ranks need it), finds the
 connection gone when it replies, drops the connection's mappings and frees the rank for the
@@ -23,9 +32,10 @@ next process. Several connections and several jobs are served at once; one (job,
 one call at a time (its agent's lock).
 
 The package keeps the two sides apart: `protocol.py` (framing, the request table), `server.py`
-(`DaemonConfig`, `Daemon`, `main`: the daemon process) and `client.py` (`DaemonClient`,
-`status`: what a training process imports). The names below load their module when first
-asked for, so `from host_agent.daemon import DaemonClient` never imports the server.
+(`DaemonConfig`, `Daemon`, `main`: the daemon process; `hier.py` its local ranks' gathering and
+host sum) and `client.py` (`DaemonClient`, `status`: what a training process imports). The
+names below load their module when first asked for, so `from host_agent.daemon import
+DaemonClient` never imports the server.
 """
 from __future__ import annotations
 

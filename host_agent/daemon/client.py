@@ -22,22 +22,39 @@ class DaemonClient:
 
     Args:
         job_file: the job file (spina.config.JobFile) of the job to join.
-        rank: this process's rank in it.
+        rank: this process's rank in it (with local ranks: the host's rank).
         socket_path: the daemon's Unix socket.
+        local_rank, local_size: this process is local rank `local_rank` of the `local_size`
+            processes on this host that together are `rank` (hierarchical reduction,
+            host_agent/daemon/hier.py): the daemon sums them on the host and sends one
+            contribution. None: this process alone is `rank`.
 
     Example:
         >>> c = DaemonClient("/tmp/spina-job.json", rank=0)   # doctest: +SKIP
         >>> c.allreduce(np.ones(1000, np.float32))           # doctest: +SKIP
     """
 
-    def __init__(self, job_file: str, rank: int, socket_path: str = DEFAULT_SOCKET):
+    def __init__(self, job_file: str, rank: int, socket_path: str = DEFAULT_SOCKET,
+                 local_rank: int | None = None, local_size: int | None = None):
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.connect(socket_path)
-        send_msg(self.sock, {"op": "attach", "job_file": os.path.abspath(job_file), "rank": rank,
-                             "pid": os.getpid()})
-        reply = self._reply()
+        attach = {"op": "attach", "job_file": os.path.abspath(job_file), "rank": rank,
+                  "pid": os.getpid()}
+        if local_rank is not None:
+            attach["local_rank"] = local_rank
+        if local_size is not None:
+            attach["local_size"] = local_size
+        send_msg(self.sock, attach)
+        try:
+            reply = self._reply()
+        except SpinaError:
+            self.sock.close()
+            raise
         self.job = JobFile.from_dict(reply["job"]).job
         self.rank = rank
+        # the processes a sum is over: the job's ranks are hosts. The DDP hooks average by
+        # job.nworkers unless told: SpinaHookState(client, world_size=client.world_size)
+        self.world_size = self.job.nworkers * (local_size or 1)
         self.last_stats = CallStats()
         self._shm: shared_memory.SharedMemory | None = None
         self._executor = None

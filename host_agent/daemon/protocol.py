@@ -54,7 +54,7 @@ def recv_msg(sock: socket.socket) -> dict | None:
 
 # op -> (required fields, optional fields), each field -> its JSON type
 REQUESTS = {
-    "attach": ({"job_file": str, "rank": int}, {"pid": int}),
+    "attach": ({"job_file": str, "rank": int}, {"pid": int, "local_rank": int, "local_size": int}),
     "allreduce": ({"shm": str, "n": int, "dtype": str}, {"layer_index": int, "layer_count": int}),
     "status": ({}, {}),
 }

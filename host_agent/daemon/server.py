@@ -29,6 +29,7 @@ import numpy as np
 
 from host_agent import dlcp
 from host_agent.agent import Agent, SpinaError
+from host_agent.daemon import hier
 from host_agent.daemon.protocol import (
     DEFAULT_SOCKET,
     BadMessage,
@@ -159,6 +160,19 @@ class _Slot:
         self.rank = rank
         self.log = spina_log.bind(log, job=jf.job.job, epoch=lambda: agent.job.epoch, rank=rank)
         self.lock = threading.Lock()
+        self.local = hier.LocalGroup()  # the processes attached to this rank (local ranks)
+
+
+def _local_fields(msg: dict) -> tuple[int, int]:
+    """attach's (local_rank, local_size): (0, 1) when absent (one process is the rank)."""
+    need = checker("")
+    has_rank, has_size = "local_rank" in msg, "local_size" in msg
+    need(has_rank or not has_size, "local_rank", "is missing (local_size is given)")
+    need(has_size or not has_rank, "local_size", "is missing (local_rank is given)")
+    lr, size = msg.get("local_rank", 0), msg.get("local_size", 1)
+    need(size >= 1, "local_size", f"must be at least 1, got {size}")
+    need(0 <= lr < size, "local_rank", f"must be in 0..{size - 1}, got {lr}")
+    return lr, size
 
 
 class Daemon:
@@ -240,7 +254,9 @@ class Daemon:
         log.info("daemon stopped: %d calls served, %d clients lost mid-call",
                  self.calls_done, self.clients_lost)
 
-    def _slot(self, job_file: str, rank: int) -> tuple[_Slot, JobFile]:
+    def _slot(self, job_file: str, rank: int, conn_id: int, local_rank: int, local_size: int,
+              pid: int | None) -> tuple[_Slot, JobFile]:
+        """The (job, rank)'s slot, with this connection joined as `local_rank` of it."""
         jf = load_worker_file(job_file, rank)  # a job file, or a two-level job's assignment
         key = (jf.job.job, jf.job.epoch, rank)
         with self._lock:
@@ -257,7 +273,11 @@ class Daemon:
                               rto=self.cfg.rto, rendezvous=jf.rendezvous)
                 s = self._slots[key] = _Slot(agent, jf, rank)
                 s.log.info("agent on %s:%d, switch %s:%d", *agent.sock.getsockname(), *jf.switch)
+                s.local.join(conn_id, local_rank, local_size, pid)
             else:
+                refused = s.local.join(conn_id, local_rank, local_size, pid)
+                if refused:  # before rejoin: the attached processes' run goes on untouched
+                    raise ConfigError(refused)
                 # A new process on this rank is a new run: its first call joins the rendezvous
                 # for a fresh epoch, so whatever the previous process left half done (a call the
                 # other ranks made without it) cannot leave the ranks a call apart.
@@ -266,6 +286,7 @@ class Daemon:
 
     def _serve_client(self, conn: socket.socket) -> None:
         slot: _Slot | None = None
+        local_rank = 0
         maps: dict[str, shared_memory.SharedMemory] = {}
         clog = log  # lines about this connection: job, rank and pid once it attached
         try:
@@ -286,19 +307,26 @@ class Daemon:
                     continue
                 op = msg["op"]
                 if op == "attach":
+                    if slot is not None:
+                        slot.local.leave(id(conn))
+                        slot = None
                     try:
-                        slot, jf = self._slot(msg["job_file"], msg["rank"])
+                        local_rank, local_size = _local_fields(msg)
+                        slot, jf = self._slot(msg["job_file"], msg["rank"], id(conn), local_rank,
+                                              local_size, msg.get("pid"))
                     except (ConfigError, OSError, ValueError) as e:
                         send_msg(conn, {"ok": False, "error": f"attach: {e}"})
                         continue
                     clog = spina_log.bind(slot.log, client_pid=msg.get("pid"))
+                    if local_size > 1:
+                        clog = spina_log.bind(clog, local_rank=local_rank)
                     clog.info("client attached")
                     send_msg(conn, {"ok": True, "job": jf.to_dict()})
                 elif op == "allreduce":
                     if slot is None:
                         send_msg(conn, {"ok": False, "error": "allreduce before attach"})
                         continue
-                    reply = self._allreduce(slot, msg, maps, clog)
+                    reply = self._allreduce(slot, local_rank, msg, maps, clog)
                     try:
                         send_msg(conn, reply)
                     except OSError:
@@ -312,16 +340,56 @@ class Daemon:
                                     "calls_done": self.calls_done,
                                     "clients_lost": self.clients_lost,
                                     "agents": len(self._slots),
+                                    # local ranks whose call waits for the host's others
+                                    "local_waiting": sum(len(s.local.round.requests)
+                                                         for s in list(self._slots.values())),
                                     "foreign_packets": sum(s.agent.foreign_packets
                                                            for s in list(self._slots.values()))})
         except (OSError, ValueError) as e:
             clog.warning("connection dropped: %s", e)
         finally:
+            if slot is not None:
+                slot.local.leave(id(conn))
             for shm in maps.values():
                 shm.close()
             conn.close()
 
-    def _allreduce(self, slot: _Slot, msg: dict, maps: dict, clog) -> dict:
+    def _allreduce(self, slot: _Slot, local_rank: int, msg: dict, maps: dict, clog) -> dict:
+        """Serve one allreduce request: as the rank's one process, or as one local rank of
+        it (hier.py: the last local rank to arrive runs the host's call for all)."""
+        req = self._request(msg, maps)
+        if isinstance(req, dict):  # an error reply
+            return req
+        view, layer = req[0], req[3]
+        try:
+            if slot.local.size == 1:
+                return self._call(slot, view, layer, clog)
+            rnd, last = slot.local.arrive(local_rank, req)
+            if not last:
+                return slot.local.wait(rnd, self.cfg.timeout)
+            try:
+                reply = hier.check_requests(rnd.requests)
+                if reply is not None:
+                    reply = {"ok": False, "error": reply}
+                else:
+                    views = [rnd.requests[lr][0] for lr in sorted(rnd.requests)]
+                    hier.host_sum(views)
+                    reply = self._call(slot, views[0], rnd.requests[0][3], clog)
+                    if reply["ok"]:
+                        hier.fan_out(views)
+                    del views
+            except Exception as e:  # a bug here must not leave the other local ranks waiting
+                clog.exception("host call failed")
+                reply = {"ok": False, "error": f"allreduce: {type(e).__name__}: {e}"}
+            rnd.finish(reply)
+            rnd.requests.clear()  # its views: each connection closes its own segments later
+            return reply
+        finally:
+            del view, req
+
+    def _request(self, msg: dict, maps: dict):
+        """(view of the client's segment, n, dtype name, layer) for an allreduce request, or
+        the error reply naming the field."""
         name, n = msg["shm"], msg["n"]
         dtype = _DTYPES.get(msg["dtype"])
         if dtype is None:
@@ -347,7 +415,11 @@ class Daemon:
         if n * np.dtype(dtype).itemsize > shm.size:
             return {"ok": False, "error": f"allreduce: field 'n': {n} {msg['dtype']} elements "
                                           f"exceed the segment's {shm.size} bytes"}
-        view = np.ndarray((n,), dtype, buffer=shm.buf)
+        return np.ndarray((n,), dtype, buffer=shm.buf), n, msg["dtype"], layer
+
+    def _call(self, slot: _Slot, view: np.ndarray, layer, clog) -> dict:
+        """The rank's agent call on `view` (the sum lands in it), one at a time per rank."""
+        n = len(view)
         with slot.lock:
             self.calls_in_progress += 1
             t0, ok = time.perf_counter(), False
@@ -369,7 +441,6 @@ class Daemon:
                 self.calls_done += 1
                 self.metrics.call_done(slot.jf.job.job, slot.rank, slot.agent.last_stats,
                                        time.perf_counter() - t0, ok)
-                del view
         return {"ok": True, "stats": stats}
 
 
