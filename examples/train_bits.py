@@ -13,7 +13,9 @@ teacher task; digits: LeNet-5). Runs (--runs, comma-separated):
                       optimiser then runs without momentum
   local@H             local SGD, the weights averaged through SpINA every H steps
   postlocal@H:S       post-local SGD: S synchronous steps, then local SGD with period H
-SGD with momentum in the optimiser for every run but signum.
+SGD with momentum in the optimiser for every run but signum. Each SpINA run's hook is
+registered by `host_agent.comm_hooks.register_from_job` from the "communication" section a job
+file would carry (docs/bits.md).
 
 Every run of every seed starts from that seed; rank 0 writes docs/bits_<task>.json (all
 numbers: per run and seed the final test accuracy, bytes and switch rounds per step and rank)
@@ -39,9 +41,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from host_agent.compression import VoteHookState, make_compressor, spina_vote_hook
+from host_agent.comm_hooks import register_from_job
+from host_agent.compression import VoteHookState
 from host_agent.launch import finish_shared_job, shared_job_file
-from host_agent.local_sgd import LocalSGDOptimizer, LocalSGDState, spina_local_sgd_hook
+from host_agent.local_sgd import LocalSGDState
 from host_agent.torch_hook import JOB_FILE_ENV, agent_from_env
 from train_compressed import TASKS, Task
 
@@ -73,20 +76,20 @@ def train(run: dict, task: Task, args, agent) -> dict:
     model = DDP(task.model())
     state = None
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    # The job file's "communication" section for the run (one job file serves every run, so
+    # the section is handed to register_from_job instead of read from the file).
     if run["kind"] in ("dense-spina", "local"):  # dense-spina: synchronous to the end
         period, warmup = (1, task.steps) if run["kind"] == "dense-spina" else \
             (run["period"], run["warmup"])
-        state = LocalSGDState(agent, period=period, warmup_steps=warmup)
-        model.register_comm_hook(state, spina_local_sgd_hook)
-        opt = LocalSGDOptimizer(opt, state)
+        section = {"local_sgd": {"period": period, "warmup_steps": warmup}}
     elif run["kind"] == "vote":
-        comp = make_compressor(method=run["method"], error_feedback=run["error_feedback"],
-                               momentum=args.momentum if run["signum"] else 0.0,
-                               seed=args.seed, block_size=agent.job.block_size)
+        section = {"method": run["method"], "error_feedback": run["error_feedback"],
+                   "momentum": args.momentum if run["signum"] else 0.0, "seed": args.seed}
         if run["signum"]:  # the momentum moved into the compressor: the vote is on it
             opt = torch.optim.SGD(model.parameters(), lr=args.lr)
-        state = VoteHookState(comp, agent)
-        model.register_comm_hook(state, spina_vote_hook)
+    if run["kind"] != "dense-gloo":
+        comm = register_from_job(model, agent, opt, communication=section)
+        state, opt = comm.state, comm.optimizer  # local SGD: the wrapper that averages
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, task.steps)
     step_seconds = []
     for x, y in task.batches():

@@ -8,6 +8,8 @@ program that uses the job file gets an epoch of its own, so consecutive programs
 other's sums), writes the job file (spina.config.JobFile) once both listen, and serves until
 SIGTERM or SIGINT (then removes the job file). Training processes then create their agent with
 `host_agent.torch_hook.agent_from_env(job_file)`: no port is ever copied by hand.
+`--communication JSON` puts a communication section in the file (spina/communication.py): the
+DDP hook every worker's `host_agent.comm_hooks.register_from_job` then registers.
 
 Ports are chosen by binding port 0 and releasing it; on loopback the window in which another
 program could take one of them before the worker binds it is small, and a clash shows up as
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import json
 import logging
 import os
 import signal
@@ -31,6 +34,7 @@ from pathlib import Path
 
 from softswitch.udp import UdpSwitch
 from spina import cli, log as spina_log, wire
+from spina.communication import Communication
 from spina.config import ConfigError, JobConfig, JobFile, WorkerAddr
 from spina.net import bind_own_address, free_ports
 from spina.rendezvous import RendezvousServer
@@ -70,9 +74,13 @@ class RepeatFilter(logging.Filter):
 
 
 def serve(job_file: str, nworkers: int, job: int = 1, host: str = "127.0.0.1",
-          switch_port: int = 0, stop: threading.Event | None = None, **job_fields) -> None:
-    """Start a switch for a fresh local job, write `job_file`, serve until `stop` is set."""
+          switch_port: int = 0, stop: threading.Event | None = None,
+          communication: Communication | None = None, **job_fields) -> None:
+    """Start a switch for a fresh local job, write `job_file` (with `communication`, the DDP
+    hook its workers register: spina.communication), serve until `stop` is set."""
     cfg = local_job(nworkers, job, host, **job_fields)
+    if communication is not None:
+        communication.check_lanes(cfg.lane_bits)  # before a switch starts
     repeats = RepeatFilter()
     logging.getLogger("spina.softswitch").addFilter(repeats)
     switch = UdpSwitch(host=host, port=switch_port)
@@ -83,7 +91,7 @@ def serve(job_file: str, nworkers: int, job: int = 1, host: str = "127.0.0.1",
         switch.add_job(replace(cfg, epoch=epoch))
 
     runs = RendezvousServer(host, 0, {cfg.job: (cfg.nworkers, cfg.epoch)}, new_run).start()
-    JobFile(cfg, switch.address, runs.address).write(job_file)
+    JobFile(cfg, switch.address, runs.address, communication).write(job_file)
     log.info("%d workers, switch on %s:%d, run rendezvous on %s:%d, job file %s",
              nworkers, *switch.address, *runs.address, job_file,
              extra=spina_log.fields(job=cfg.job, epoch=cfg.epoch))
@@ -168,6 +176,10 @@ def main(argv=None) -> int:
     ap.add_argument("--lane-bits", type=int, choices=wire.LANE_BITS, default=32,
                     help="the width of float values on the wire: 32 (default), 16 or 8 "
                          "(narrow lanes, docs/bits.md)")
+    ap.add_argument("--communication", type=cli.parsed_by(_communication, "communication"),
+                    help="the job file's communication section, as JSON: how the workers' DDP "
+                         "models communicate, e.g. '{\"method\": \"topk\", \"ratio\": 0.01}' "
+                         "(default dense SpINA; spina/communication.py, docs/bits.md)")
     spina_log.add_options(ap)
     args = ap.parse_args(argv)
     folder = os.path.dirname(os.path.abspath(args.job_file))
@@ -179,10 +191,19 @@ def main(argv=None) -> int:
         signal.signal(sig, lambda *_: stop.set())
     try:
         serve(args.job_file, args.nworkers, args.job, args.host, args.switch_port, stop,
-              lane_bits=args.lane_bits)
+              args.communication, lane_bits=args.lane_bits)
     except (ConfigError, OSError) as e:
         return cli.fail(ap.prog, e)
     return 0
+
+
+def _communication(text: str) -> Communication:
+    """An argparse type: a communication section as JSON (its ConfigError names the field)."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not JSON ({e})") from None
+    return Communication.from_dict(doc)
 
 
 def _local_ipv4(text: str) -> str:

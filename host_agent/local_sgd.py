@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from host_agent.torch_hook import _segment_sizes, block_aligned_layout, sum_async
-from spina.fields import checker
+from spina.communication import LocalSGDConfig
 
 
 class LocalSGDState:
@@ -53,11 +53,7 @@ class LocalSGDState:
                  "average_seconds")
 
     def __init__(self, agent, period: int, warmup_steps: int = 0, world_size: int | None = None):
-        need = checker("local SGD: ")
-        need(isinstance(period, int) and period >= 1, "period",
-             f"must be an integer >= 1 (got {period!r})")
-        need(isinstance(warmup_steps, int) and warmup_steps >= 0, "warmup_steps",
-             f"must be an integer >= 0 (got {warmup_steps!r})")
+        LocalSGDConfig(period, warmup_steps).validate()  # the job file's section checks alike
         self.agent = agent
         self.period = period
         self.warmup_steps = warmup_steps

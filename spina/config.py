@@ -9,6 +9,7 @@ import pathlib
 from dataclasses import dataclass
 
 from spina import spec, wire
+from spina.communication import Communication
 from spina.fields import ConfigError, load_json, number_field  # ConfigError: importers name it here
 
 MAX_RACKS = 32  # a job's racks: the spine's bitmap has one bit per rack (leaf)
@@ -279,21 +280,32 @@ class JobFile:
     """What a launcher hands every worker of a job: the job and where its switch listens.
 
     On disk (JSON): {"switch": {"host": "127.0.0.1", "port": 47000}, "job": {<JobConfig fields,
-    workers as [{"host", "port"}, ...] in rank order>}, "rendezvous": {"host", "port"}}.
+    workers as [{"host", "port"}, ...] in rank order>}, "rendezvous": {"host", "port"},
+    "communication": {"method": "topk", "ratio": 0.01, ...}}.
     Written by the launcher, read by each training process (host_agent.torch_hook.agent_from_env),
     so nobody copies ports by hand. `rendezvous` (optional) names the spina.rendezvous server
     that gives each run of the job its own epoch; without it every run uses the file's epoch,
-    and a second run on the same switch needs a new epoch by hand.
+    and a second run on the same switch needs a new epoch by hand. `communication` (optional,
+    spina.communication.Communication) says which DDP hook every rank registers
+    (host_agent.comm_hooks.register_from_job); without it, dense SpINA. Votes need int32 lanes
+    (Communication.check_lanes).
     """
     job: JobConfig
     switch: tuple[str, int]
     rendezvous: tuple[str, int] | None = None  # spina.rendezvous: where each run gets its epoch
+    communication: Communication | None = None  # which DDP hook; None: dense
+
+    def __post_init__(self):
+        if self.communication is not None:
+            self.communication.check_lanes(self.job.lane_bits)
 
     def to_dict(self) -> dict:
         d = {"switch": {"host": self.switch[0], "port": self.switch[1]},
              "job": job_to_dict(self.job)}
         if self.rendezvous is not None:
             d["rendezvous"] = {"host": self.rendezvous[0], "port": self.rendezvous[1]}
+        if self.communication is not None:
+            d["communication"] = self.communication.to_dict()
         return d
 
     @classmethod
@@ -301,19 +313,26 @@ class JobFile:
         if not isinstance(d, dict):
             raise ConfigError("job file: top level must be an object with 'switch' and 'job'")
         for k in d:
-            if k not in ("switch", "job", "rendezvous"):
-                raise ConfigError(f"job file: unknown field '{k}' (known: job, rendezvous, switch)")
+            if k not in ("switch", "job", "rendezvous", "communication"):
+                raise ConfigError(f"job file: unknown field '{k}' "
+                                  "(known: communication, job, rendezvous, switch)")
         try:
             switch = _address(d.get("switch"), "switch")
             rendezvous = _address(d["rendezvous"], "rendezvous") if "rendezvous" in d else None
+            communication = (Communication.from_dict(d["communication"])
+                             if "communication" in d else None)
         except ConfigError as e:
             raise ConfigError(f"job file: {e}") from None
         if "job" not in d:
             raise ConfigError("job file: field 'job' is required")
         try:
-            return cls(JobConfig.from_dict(d["job"]), switch, rendezvous)
+            job = JobConfig.from_dict(d["job"])
         except ConfigError as e:
             raise ConfigError(f"job file: job: {e}") from None
+        try:
+            return cls(job, switch, rendezvous, communication)
+        except ConfigError as e:  # the section against the job (check_lanes)
+            raise ConfigError(f"job file: {e}") from None
 
     def write(self, path) -> None:
         """Atomically (write + rename): a reader never sees half a file."""
@@ -345,12 +364,16 @@ class Assignment:
     rank: int
     switch: tuple[str, int]
     rendezvous: tuple[str, int] | None = None  # spina.rendezvous: each run's epoch
+    communication: Communication | None = None  # as JobFile's
 
     def to_dict(self) -> dict:
         extra = ({"switch_rank": self.job.switch_rank(self.rank),
                   "switch_ranks": self.job.switch_ranks(self.rank)} if self.job.racks else {})
-        return {"rank": self.rank, **extra,
-                **JobFile(self.job, self.switch, self.rendezvous).to_dict()}
+        return {"rank": self.rank, **extra, **self.job_file().to_dict()}
+
+    def job_file(self) -> "JobFile":
+        """What this worker reads from its assignment: a JobFile (one switch, its own)."""
+        return JobFile(self.job, self.switch, self.rendezvous, self.communication)
 
     @classmethod
     def from_dict(cls, d: dict) -> "Assignment":
@@ -369,7 +392,7 @@ class Assignment:
             if v != derived[k] or isinstance(v, bool):
                 raise ConfigError(f"assignment: field '{k}': {v!r}, but rank {rank} of racks "
                                   f"{list(jf.job.racks) or [jf.job.nworkers]} has {derived[k]}")
-        return cls(jf.job, rank, jf.switch, jf.rendezvous)
+        return cls(jf.job, rank, jf.switch, jf.rendezvous, jf.communication)
 
     @classmethod
     def load(cls, path) -> "Assignment":
@@ -387,7 +410,7 @@ def load_worker_file(path, rank: int) -> JobFile:
         if a.rank != rank:
             raise ConfigError(f"assignment: field 'rank': the file is rank {a.rank}'s, "
                               f"this worker is rank {rank}")
-        return JobFile(a.job, a.switch, a.rendezvous)
+        return a.job_file()
     return load_json(path, "job file", parse)
 
 

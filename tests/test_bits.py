@@ -37,10 +37,10 @@ from spina.config import ConfigError
 
 try:  # tests/ is on sys.path under pytest's default import mode
     from test_compression import job_file  # a fixture: 2 workers, blocks of 16
-    from test_torch_hook import leave_worker
+    from test_torch_hook import finish_worker
 except ImportError:
     from tests.test_compression import job_file  # noqa: F401
-    from tests.test_torch_hook import leave_worker
+    from tests.test_torch_hook import finish_worker
 
 B = 16  # a small block size keeps the tests' tensors small
 SIZES = (100, 7, 48)  # three layers: a partial block, a tiny one, whole blocks
@@ -452,12 +452,7 @@ def _ddp_worker(rank, tmp):
     report = {}
     _ddp_votes(rank, agent, report)
     _ddp_post_local(rank, agent, report)
-    if rank == 0:
-        Path(tmp, "report.json").write_text(json.dumps(report))
-    dist.barrier()
-    agent.close()
-    dist.destroy_process_group()
-    leave_worker()
+    finish_worker(rank, tmp, agent, report)
 
 
 def test_ddp_votes_and_post_local_sgd(job_file):

@@ -33,9 +33,9 @@ from softswitch.udp import Faults, UdpSwitch
 from spina.config import ConfigError, JobFile
 
 try:  # tests/ is on sys.path under pytest's default import mode
-    from test_torch_hook import FakeBucket, leave_worker
+    from test_torch_hook import FakeBucket, finish_worker
 except ImportError:
-    from tests.test_torch_hook import FakeBucket, leave_worker
+    from tests.test_torch_hook import FakeBucket, finish_worker
 
 B = 16  # a small block size keeps the tests' tensors small
 
@@ -671,12 +671,7 @@ def _ddp_worker(rank, tmp):
         assert comp.step == STEPS
         report.append({"transport": transport, **fields, "blocks_sent": state.blocks_sent,
                        "blocks_total": state.blocks_total, "bytes_sent": state.bytes_sent})
-    if rank == 0:
-        Path(tmp, "report.json").write_text(json.dumps(report))
-    dist.barrier()
-    agent.close()
-    dist.destroy_process_group()
-    leave_worker()
+    finish_worker(rank, tmp, agent, report)
 
 
 @pytest.fixture

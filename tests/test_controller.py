@@ -386,6 +386,8 @@ def test_agent_files_name_job_rank_slots_and_switch(fake, tmp_path):
     assert [(w.host, w.port) for w in a.job.workers] == [("10.0.0.1", 50000), ("10.0.0.2", 50001)]
     jf = JobFile.load(tmp_path / "agents" / "job7.json")  # what agent_from_env and the daemon read
     assert (jf.job, jf.switch) == (a.job, a.switch)
+    assert jf.communication is None and a.communication is None  # no section: dense SpINA
+    assert JobFile.from_dict(jf.to_dict()) == jf and Assignment.from_dict(a.to_dict()) == a
 
 
 def test_thrift_adapter_commands():

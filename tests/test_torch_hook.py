@@ -102,8 +102,14 @@ def _ddp_worker(rank, tmp, dtype_name):
         assert all(torch.equal(t, theirs[0]) for t in theirs), f"step {step}: ranks differ"
         opt.step()
         report.append({"step": step, "max_abs_err": worst, "bound": 2.0 ** (e + h - 31)})
+    finish_worker(rank, tmp, agent, {"steps": report, "calls": state.calls})
+
+
+def finish_worker(rank: int, tmp, agent, report) -> None:
+    """The end of a spawned DDP worker: rank 0 writes `report` to tmp/report.json, then every
+    rank waits for the others, closes its agent and leaves (`leave_worker`)."""
     if rank == 0:
-        Path(tmp, "report.json").write_text(json.dumps({"steps": report, "calls": state.calls}))
+        Path(tmp, "report.json").write_text(json.dumps(report))
     dist.barrier()
     agent.close()
     dist.destroy_process_group()
