@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from host_agent.torch_hook import _segment_sizes, block_aligned_layout, sum_async
+from host_agent.torch_hook import _segment_sizes, block_aligned_layout, processes_summed, sum_async
 from spina.communication import LocalSGDConfig
 
 
@@ -57,7 +57,7 @@ class LocalSGDState:
         self.agent = agent
         self.period = period
         self.warmup_steps = warmup_steps
-        self.world_size = world_size or agent.job.nworkers
+        self.world_size = world_size or processes_summed(agent)
         self.step = 0
         self.sync_calls = self.sync_rounds = self.sync_bytes = 0
         self.averages = self.average_rounds = self.average_bytes = 0

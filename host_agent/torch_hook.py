@@ -84,12 +84,20 @@ class HookCounters:
         self.add(calls=1, elements=n, **{f: getattr(stats, f) for f in self._CALL_FIELDS})
 
 
+def processes_summed(agent) -> int:
+    """How many training processes a sum through `agent` adds up: a daemon client's
+    `world_size` (hosts x local ranks, host_agent/daemon/hier.py), else the job's ranks. The
+    hooks' default divisor for averaging."""
+    return getattr(agent, "world_size", None) or agent.job.nworkers
+
+
 class SpinaHookState(HookCounters):
     """State of `spina_allreduce_hook`: the rank's agent and running wire statistics.
 
     Args:
         agent: this rank's `host_agent.agent.Agent` (see `agent_from_env`).
-        world_size: divisor for averaging; default `agent.job.nworkers`.
+        world_size: divisor for averaging; default `processes_summed(agent)` (the job's ranks,
+            or a daemon client's processes when they attach as local ranks of a host).
 
     Attributes: the counters of `HookCounters` (calls, elements, bytes_sent,
     payload_bytes_sent, resends, seconds, partial_rounds, blocks_lost, loss_tolerant_packets).
@@ -107,7 +115,7 @@ class SpinaHookState(HookCounters):
 
     def __init__(self, agent: Agent, world_size: int | None = None):
         self.agent = agent
-        self.world_size = world_size or agent.job.nworkers
+        self.world_size = world_size or processes_summed(agent)
         self.nbuckets = 0  # DDP's buckets per backward pass, once a last bucket was seen
         self.residuals: dict[int, np.ndarray] = {}  # narrow lanes: bucket index -> residual
         super().__init__()

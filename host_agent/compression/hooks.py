@@ -25,7 +25,14 @@ import torch.distributed as dist
 
 from host_agent.agent import Agent
 from host_agent.compression.compressors import BucketLayout, Compressor, Selection
-from host_agent.torch_hook import HookCounters, _segment_sizes, fail, hook_future, unpack_aligned
+from host_agent.torch_hook import (
+    HookCounters,
+    _segment_sizes,
+    fail,
+    hook_future,
+    processes_summed,
+    unpack_aligned,
+)
 from spina.config import ConfigError
 
 
@@ -74,7 +81,7 @@ class CompressionHookState(HookCounters):
         self.agent = agent
         self.process_group = process_group
         if world_size is None:
-            world_size = (agent.job.nworkers if agent is not None
+            world_size = (processes_summed(agent) if agent is not None
                           else dist.get_world_size(process_group))
         self.world_size = world_size
         super().__init__()

@@ -52,8 +52,8 @@ class DaemonClient:
             raise
         self.job = JobFile.from_dict(reply["job"]).job
         self.rank = rank
-        # the processes a sum is over: the job's ranks are hosts. The DDP hooks average by
-        # job.nworkers unless told: SpinaHookState(client, world_size=client.world_size)
+        # the processes a sum is over: the job's ranks are hosts (the DDP hooks average by it:
+        # torch_hook.processes_summed)
         self.world_size = self.job.nworkers * (local_size or 1)
         self.last_stats = CallStats()
         self._shm: shared_memory.SharedMemory | None = None
