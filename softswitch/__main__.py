@@ -261,10 +261,10 @@ def _parser() -> argparse.ArgumentParser:
                           "%(default)s")
     udp.add_argument("--datapath-threads", type=cli.int_range(1, MAX_DATAPATH_THREADS),
                      default=1, metavar="N",
-                     help="compiled data-path threads (1..%d, default %%(default)s), each on its "
-                          "own socket behind the one address, serving the slots s with s %% N "
-                          "equal to its index: a switch that uses N cores; more than 1 needs "
-                          "--datapath compiled" % MAX_DATAPATH_THREADS)
+                     help=f"compiled data-path threads (1..{MAX_DATAPATH_THREADS}, default "
+                          "%(default)s), each on its own socket behind the one address, serving "
+                          "the slots s with s %% N equal to its index: a switch that uses N "
+                          "cores; more than 1 needs --datapath compiled")
     _pool_args(udp)
 
     l2 = sub.add_parser(
