@@ -11,7 +11,7 @@ import csv
 
 import pytest
 
-from bench.net_bench import COLUMNS
+from bench.net_bench import COLUMNS, target_lines
 from netns import run_bench
 
 
@@ -48,5 +48,22 @@ def test_net_bench_smoke(tmp_path):
     assert size <= float(dense["spina_tx_bytes"]) < 1.2 * size  # each byte once
     assert float(sparse["spina_tx_bytes"]) < 0.1 * size          # zero blocks never sent
     text = (tmp_path / "net_summary.md").read_text()
-    assert "target <= 0.75x" in text and "target <= 0.05x" in text
+    assert "## Targets (issue 27, rate-limited links)\n\n- (no target point run)" in text
     assert "| floor s | SpINA/floor | floor/gloo |" in text
+
+
+def test_target_lines_are_issue_27s():
+    """Each (rate, density, workers) point with an issue-27 target gets one line, met or not
+    by its median; other points none."""
+    def row(rate, density, workers, ratio):
+        return {"mtu": "9000", "rate": rate, "density": str(density), "workers": str(workers),
+                "ratio_median": str(ratio), "ratio_min": str(ratio), "ratio_max": str(ratio)}
+    lines = target_lines([row("1gbit", 1, 4, 0.70), row("1gbit", 1, 8, 0.71),
+                          row("1gbit", 0.01, 8, 0.05), row("10gbit", 1, 4, 1.2),
+                          row("10gbit", 0.01, 4, 0.09), row("10gbit", 1, 8, 0.5),
+                          row("1gbit", 0.1, 4, 0.1), row("1gbit", 1, 2, 0.1)])
+    assert [ln.split("target ")[1] for ln in lines] == [
+        "<= 0.7x: **met** (median)", "<= 0.7x: **NOT met** (median)",
+        "<= 0.05x: **met** (median)", "<= 1.0x: **NOT met** (median)",
+        "<= 0.1x: **met** (median)"]
+    assert "10gbit, 4 workers, 1% density: SpINA/gloo = **0.090x**" in lines[4]
