@@ -250,6 +250,31 @@ def test_unpack_refuses_bad_input():
         kernels.unpack(layout, res, out)
 
 
+@pytest.mark.parametrize("clear, with_u", [(True, True), (True, False), (False, False)])
+def test_take_is_numpy_gather_and_clear(clear, with_u):
+    """take: the rows bit for bit as v2d[blocks] (NaN, -0.0 included), exactly those blocks
+    cleared in v (if asked) and u; a block outside v is refused."""
+    rng = np.random.default_rng(3)
+    for k in (0, 1, 37):
+        v = rng.standard_normal(100 * 13).astype(np.float32)
+        v[[5, 6]] = [np.nan, -0.0]
+        u = rng.standard_normal(v.size).astype(np.float32) if with_u else None
+        blocks = np.sort(rng.choice(100, k, replace=False)).astype(np.int64)
+        if k:
+            blocks[0] = 0  # the block with NaN and -0.0
+        v_ref, u_ref = v.reshape(-1, 13).copy(), None if u is None else u.reshape(-1, 13).copy()
+        rows = kernels.take(v, blocks, 13, clear, u)
+        np.testing.assert_array_equal(_bits(rows), _bits(v_ref[blocks]))
+        if clear:
+            v_ref[blocks] = 0
+        if u is not None:
+            u_ref[blocks] = 0
+            np.testing.assert_array_equal(_bits(u), _bits(u_ref.reshape(-1)))
+        np.testing.assert_array_equal(_bits(v), _bits(v_ref.reshape(-1)))
+    with pytest.raises(ValueError, match="take: block 100 outside v's 100 blocks"):
+        kernels.take(v, np.array([3, 100]), 13)
+
+
 def _check_top(norms, k, seed, nsample=kernels.SAMPLE):
     """top_blocks against its numpy definition; returns (candidates, threshold)."""
     out = np.full(len(norms), -7, np.int64)

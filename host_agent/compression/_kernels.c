@@ -10,6 +10,7 @@
  *                leaves fewer than k candidates, among all blocks. The result is always the
  *                exact top k (ties: the lower block index first); the sample only shrinks
  *                the set that is partially sorted.
+ *   take         the selected blocks' rows, and the blocks cleared in the residual (and velocity).
  *   unpack       the summed aligned array back into the bucket (divided by the ranks), and
  *                the blocks the sum wrote cleared, so the hook reuses one send array per bucket
  *                instead of zeroing a fresh one per call.
@@ -19,7 +20,7 @@
  * lanes, lane l summing the squares of elements l, l+8, l+16, ... in order, then
  * ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)); and why this file is built with -ffp-contract=off (no
  * fused multiply-add: every product and sum is rounded as numpy rounds it).
- * All three release the GIL.
+ * All four release the GIL.
  */
 #include "../_pybuf.h"  /* Python.h, Buf, get_buf, release */
 #include <math.h>
@@ -333,6 +334,60 @@ done:
     return result;
 }
 
+/* ---- take ---- */
+
+PyDoc_STRVAR(take_doc,
+"take(v, blocks, block_size, rows, clear, u) -> None\n\n"
+"rows[i] = block blocks[i] of v (float32 v, int64 blocks, float32 rows of len(blocks) x\n"
+"block_size); with `clear` those blocks of v become +0.0, and of u (float32, or None) too:\n"
+"the selection's copy and the error feedback's and DGC masking's clearing in one call\n"
+"(numpy's v2d[blocks], v2d[blocks] = 0, u2d[blocks] = 0). Releases the GIL.");
+
+static PyObject *take(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    Buf b[4] = {0};
+    PyObject *result = NULL;
+    if (!nargs_is("take", nargs, 6))
+        return NULL;
+    Py_ssize_t bs;
+    if (block_size_arg(args[2], "take", &bs) < 0)
+        return NULL;
+    int clear = PyObject_IsTrue(args[4]);
+    if (clear < 0)
+        return NULL;
+    if (get_typed(args[0], &b[0], clear, 'f', "v") || get_typed(args[1], &b[1], 0, 'q', "blocks")
+        || get_typed(args[3], &b[2], 1, 'f', "rows")
+        || (args[5] != Py_None && get_typed(args[5], &b[3], 1, 'f', "u")))
+        goto done;
+    Py_ssize_t nb = b[0].view.len / 4 / bs, k = b[1].view.len / 8;
+    const int64_t *blocks = b[1].view.buf;
+    if (b[2].view.len / 4 != k * bs || (b[3].held && b[3].view.len != b[0].view.len)) {
+        PyErr_Format(PyExc_ValueError, "take: rows need %zd x %zd items, u as many as v", k, bs);
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < k; i++)
+        if (blocks[i] < 0 || blocks[i] >= nb) {
+            PyErr_Format(PyExc_ValueError, "take: block %lld outside v's %zd blocks",
+                         (long long)blocks[i], nb);
+            goto done;
+        }
+    float *v = b[0].view.buf, *rows = b[2].view.buf, *u = b[3].held ? b[3].view.buf : NULL;
+    size_t bytes = (size_t)bs * 4;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < k; i++) {
+        float *at = v + blocks[i] * bs;
+        memcpy(rows + i * bs, at, bytes);
+        if (clear)
+            memset(at, 0, bytes);
+        if (u)
+            memset(u + blocks[i] * bs, 0, bytes);
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_NewRef(Py_None);
+done:
+    release(b, 4);
+    return result;
+}
+
 /* ---- unpack ---- */
 
 PyDoc_STRVAR(unpack_doc,
@@ -440,6 +495,7 @@ static PyMethodDef methods[] = {
     {"set_variant", set_variant, METH_O, set_variant_doc},
     {"accumulate", (PyCFunction)(void (*)(void))accumulate, METH_FASTCALL, accumulate_doc},
     {"top_blocks", (PyCFunction)(void (*)(void))top_blocks, METH_FASTCALL, top_blocks_doc},
+    {"take", (PyCFunction)(void (*)(void))take, METH_FASTCALL, take_doc},
     {"unpack", (PyCFunction)(void (*)(void))unpack, METH_FASTCALL, unpack_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -198,14 +198,12 @@ class Compressor:
         v = mem["residual"] if cfg.error_feedback else np.zeros(layout.length, np.float32)
         u = mem.get("momentum")  # DGC momentum correction: accumulate velocity, not gradient
         norms = kernels.accumulate(layout, grad, v, u, cfg.momentum)
-        v2d = v.reshape(nblocks, B)
         blocks = self.choose(norms, self.blocks_to_send(nblocks), layout, grad)
-        rows = v2d[blocks]  # a copy: k rows, not an array of the whole bucket
+        # k rows copied, not an array of the whole bucket; sent blocks leave the residual,
+        # and with DGC's masking the velocity (sent velocity must not push again)
+        rows = kernels.take(v, blocks, B, cfg.error_feedback,
+                            u if cfg.momentum_masking else None)
         self.rescale(rows, blocks, norms, layout, grad)
-        if cfg.error_feedback:
-            v2d[blocks] = 0
-        if u is not None and cfg.momentum_masking:  # DGC: sent velocity must not push again
-            u.reshape(nblocks, B)[blocks] = 0
         self.bucket_index += 1
         return Selection(blocks, rows, nblocks)
 

@@ -67,6 +67,16 @@ def top_blocks(norms: np.ndarray, k: int, seed: int = 0, nsample: int = SAMPLE) 
     return out[:count]
 
 
+def take(v: np.ndarray, blocks: np.ndarray, block_size: int, clear: bool = True,
+         u: np.ndarray | None = None) -> np.ndarray:
+    """The rows (len(blocks), block_size) of v's `blocks` (int64), those blocks of v (if
+    `clear`) and of u (if given) set to +0.0: the same as v2d[blocks], then v2d[blocks] = 0
+    and u2d[blocks] = 0, in one call."""
+    rows = np.empty((len(blocks), block_size), np.float32)
+    _kernels.take(v, blocks, block_size, rows, clear, u)
+    return rows
+
+
 def unpack(layout, res: np.ndarray, out: np.ndarray, divisor: int = 1) -> None:
     """The summed aligned array `res` back into the bucket `out` (float32, parameters back to
     back), divided by `divisor`; then every block of `res` that held a non-zero bit is +0.0
