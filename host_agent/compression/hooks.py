@@ -167,7 +167,10 @@ def spina_compressed_hook(state: CompressionHookState,
 
     Returns:
         A future of the averaged bucket (same dtype and length): the sum over ranks of what
-        each sent, divided by the world size. Blocks no rank sent are exact zeros.
+        each sent, divided by the world size. Blocks no rank sent are exact zeros. A float32
+        bucket gets it in place (the future's tensor is DDP's bucket buffer, as with
+        torch's allreduce hook; the compressor has read the gradient by then), written by
+        kernels.unpack, which also clears the state's send array for the next step.
 
     Example (with `agent`, e.g. from `host_agent.torch_hook.agent_from_env()`):
         >>> comp = make_compressor(method="topk", ratio=0.01,
