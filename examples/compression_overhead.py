@@ -3,10 +3,14 @@
     python examples/compression_overhead.py            # writes docs/compression_overhead.json
 
 One process, one thread, no communication: each repetition runs forward + backward of one
-batch, then each compressor on that gradient exactly as the hook does (the bucket read piece
-by piece into the residual, block norms, selection, the send array). Interleaving the two
-measurements spreads the machine's load over both. Reports medians and the 1-minute load
-average at the start and the end (the same numbers `uptime` prints).
+batch, then each compressor on that gradient exactly as spina_compressed_hook does before it
+calls the agent (the bucket read piece by piece into the residual, block norms, selection,
+the selected blocks written into the bucket's send array). That array is kept across steps
+as the hook keeps it; the hook's kernels.unpack clears the blocks the sum wrote while it
+copies the sum into DDP's bucket, a pass it makes anyway: here the clearing happens after
+the timed part. Interleaving the two measurements spreads the machine's load over both.
+Reports medians and the 1-minute load average at the start and the end (the same numbers
+`uptime` prints).
 """
 from __future__ import annotations
 
@@ -49,6 +53,7 @@ def main():
     params = list(model.parameters())[::-1]  # DDP's bucket order: reversed
     layout = BucketLayout.of(tuple(range(len(params))), [p.numel() for p in params], 256)
     comps = {name: make_compressor(block_size=256, **cfg) for name, cfg in METHODS.items()}
+    sends = {name: np.zeros(layout.length, np.float32) for name in METHODS}
     teacher, gen = Teacher(), torch.Generator().manual_seed(0)
     compute = {b: [] for b in args.batches}
     compress = {name: [] for name in METHODS}
@@ -62,9 +67,11 @@ def main():
         bucket = torch.cat([p.grad.reshape(-1) for p in params]).numpy()
         for name, comp in comps.items():
             t0 = time.perf_counter()
-            comp.compress(layout, bucket)
+            sel = comp.compress(layout, bucket)
+            sel.write(sends[name])
             comp.end_step()
             compress[name].append(time.perf_counter() - t0)
+            sends[name].reshape(layout.nblocks, -1)[sel.blocks] = 0  # as kernels.unpack does
     ms = lambda v: round(float(np.median(v[1:])) * 1e3, 2)  # noqa: E731  (first rep warms up)
     result = {"params": sum(p.numel() for p in params), "reps": args.reps,
               "load_1min": [round(x, 2) for x in (load_start[0], os.getloadavg()[0])],

@@ -28,7 +28,7 @@ from host_agent.compression.hooks import (
 )
 from host_agent.launch import local_job
 from host_agent.local import LocalCluster
-from host_agent.torch_hook import HookCounters, pack_aligned
+from host_agent.torch_hook import HookCounters, pack_aligned, unpack_aligned
 from softswitch.udp import Faults, UdpSwitch
 from spina.config import ConfigError, JobFile
 
@@ -198,6 +198,81 @@ def test_accumulate_refuses_bad_input():
     with pytest.raises(ValueError, match="norms one item per block"):
         _kernels.accumulate(np.zeros(40, np.float32), layout.src, layout.dst, layout.sizes, B,
                             v, None, 0.0, norms[:-1])
+
+
+@pytest.mark.parametrize("block_size", [256, 16, 13])
+@pytest.mark.parametrize("divisor", [1, 3, 4])
+def test_unpack_is_its_numpy_definition_and_clears_what_the_sum_wrote(block_size, divisor):
+    """The sum back into the bucket, divided: identical bits to numpy and to the dense hook's
+    unpack_aligned (NaN, inf, -0.0, subnormals, a NaN block's padding), and the send array
+    +0.0 everywhere after, so the hook can reuse it."""
+    rng = np.random.default_rng(block_size + divisor)
+    sizes = [300, 77, 1, 2 * block_size, 1000, 8]
+    layout = _layout(*sizes, block_size=block_size)
+    res = (rng.standard_normal(layout.length) * 10.0 ** rng.integers(-3, 3, layout.length))
+    res = res.astype(np.float32).reshape(-1, block_size)
+    res[rng.random(layout.nblocks) < 0.6] = 0  # most blocks: nobody sent them
+    res[1] = np.nan  # a block some rank sent with NaN: the agent writes it whole, padding too
+    res[2] = 0
+    res[2, 3] = -0.0  # a block of zeros but one -0.0: its bits are not zero
+    res = res.reshape(-1)
+    res[[5, 17, 400]] = [np.inf, -np.inf, np.float32(1e-42)]
+    for _, d, k in layout.pieces():  # the padding of other blocks: zero, as the agent's sums
+        res[d + k:d + -(-k // block_size) * block_size] = 0
+    res.reshape(-1, block_size)[1] = np.nan
+    res_ref, dense = res.copy(), res.copy()
+    out = np.full(sum(sizes), 7, np.float32)
+    out_ref = out.copy()
+    kernels.unpack(layout, res, out, divisor)
+    kernels.unpack_reference(layout, res_ref, out_ref, divisor)
+    np.testing.assert_array_equal(_bits(out), _bits(out_ref))
+    assert np.isnan(out).any() and (_bits(out) == _bits(np.float32(-0.0))).any()
+    like = torch.zeros(sum(sizes))
+    old = unpack_aligned(dense, layout.src, layout.dst, like, divisor).numpy()
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(old))
+    finite = ~np.isnan(out)  # NaN payloads aside, every bit as the dense hook's path
+    np.testing.assert_array_equal(_bits(out[finite]), _bits(old[finite]))
+    assert not _bits(res).any() and not _bits(res_ref).any()  # cleared: ready for reuse
+
+
+def test_unpack_refuses_bad_input():
+    """A read-only or wrongly typed array, a piece outside, a divisor below 1: one-line errors."""
+    layout = _layout(40)
+    res, out = np.zeros(layout.length, np.float32), np.zeros(40, np.float32)
+    with pytest.raises(TypeError, match="out: needs float32 items, got format 'd'"):
+        kernels.unpack(layout, res, np.zeros(40))
+    with pytest.raises(ValueError, match=r"piece 0 \(src 0, dst 0, size 40\) outside out \(39\)"):
+        kernels.unpack(layout, res, out[:39])
+    with pytest.raises(ValueError, match="divisor >= 1"):
+        kernels.unpack(layout, res, out, 0)
+    res.flags.writeable = False
+    with pytest.raises((BufferError, ValueError)):
+        kernels.unpack(layout, res, out)
+
+
+@pytest.mark.parametrize("clear, with_u", [(True, True), (True, False), (False, False)])
+def test_take_is_numpy_gather_and_clear(clear, with_u):
+    """take: the rows bit for bit as v2d[blocks] (NaN, -0.0 included), exactly those blocks
+    cleared in v (if asked) and u; a block outside v is refused."""
+    rng = np.random.default_rng(3)
+    for k in (0, 1, 37):
+        v = rng.standard_normal(100 * 13).astype(np.float32)
+        v[[5, 6]] = [np.nan, -0.0]
+        u = rng.standard_normal(v.size).astype(np.float32) if with_u else None
+        blocks = np.sort(rng.choice(100, k, replace=False)).astype(np.int64)
+        if k:
+            blocks[0] = 0  # the block with NaN and -0.0
+        v_ref, u_ref = v.reshape(-1, 13).copy(), None if u is None else u.reshape(-1, 13).copy()
+        rows = kernels.take(v, blocks, 13, clear, u)
+        np.testing.assert_array_equal(_bits(rows), _bits(v_ref[blocks]))
+        if clear:
+            v_ref[blocks] = 0
+        if u is not None:
+            u_ref[blocks] = 0
+            np.testing.assert_array_equal(_bits(u), _bits(u_ref.reshape(-1)))
+        np.testing.assert_array_equal(_bits(v), _bits(v_ref.reshape(-1)))
+    with pytest.raises(ValueError, match="take: block 100 outside v's 100 blocks"):
+        kernels.take(v, np.array([3, 100]), 13)
 
 
 def _check_top(norms, k, seed, nsample=kernels.SAMPLE):
@@ -605,7 +680,7 @@ def _ddp_worker(rank, tmp):
         def recording(layout, grad, original=original, records=records, comp=comp):
             before = {n: b.copy() for n, b in comp.memory.get(layout).items()}
             sel = original(layout, grad)
-            sent = type(sel)(sel.blocks, sel.send.copy(), sel.nblocks)  # the agent sums into send
+            sent = type(sel)(sel.blocks, sel.rows.copy(), sel.nblocks)
             aligned = pack_aligned(torch.from_numpy(grad), layout.src, layout.dst, layout.length)
             records.append((layout, aligned, before, sent,
                             {n: b.copy() for n, b in comp.memory.get(layout).items()}))
@@ -662,6 +737,10 @@ def _ddp_worker(rank, tmp):
                 ref = exact[d:d + size].numpy()
                 tol = 2.0 ** (e + headroom_bits(WORLD) - 31) + 2.0 ** -22 * np.abs(ref)
                 assert (np.abs(got - ref) <= tol).all(), f"{transport} {fields}: step {step}"
+            # The hook's send array, kept across steps, is all +0.0 again (unpack cleared
+            # the union of the ranks' blocks); check_blocks above verified each hint with it.
+            assert transport == "gloo" or len(state.send_arrays) == 1
+            assert not any(a.view(np.uint32).any() for _, a in state.send_arrays.values())
             opt.step()
             flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
             theirs = [torch.empty_like(flat) for _ in range(WORLD)]

@@ -10,13 +10,17 @@
  *                leaves fewer than k candidates, among all blocks. The result is always the
  *                exact top k (ties: the lower block index first); the sample only shrinks
  *                the set that is partially sorted.
+ *   take         the selected blocks' rows, and the blocks cleared in the residual (and velocity).
+ *   unpack       the summed aligned array back into the bucket (divided by the ranks), and
+ *                the blocks the sum wrote cleared, so the hook reuses one send array per bucket
+ *                instead of zeroing a fresh one per call.
  *
  * The numpy definitions are in host_agent/compression/kernels.py; tests/test_compression.py
  * checks that both give identical bits. That is why the norm has a fixed summation order: 8
  * lanes, lane l summing the squares of elements l, l+8, l+16, ... in order, then
  * ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)); and why this file is built with -ffp-contract=off (no
  * fused multiply-add: every product and sum is rounded as numpy rounds it).
- * Both loops release the GIL.
+ * All four release the GIL.
  */
 #include "../_pybuf.h"  /* Python.h, Buf, get_buf, release */
 #include <math.h>
@@ -41,6 +45,33 @@ static int get_typed(PyObject *obj, Buf *b, int writable, char type, const char 
         PyErr_Format(PyExc_TypeError, "%s: needs %s items, got format '%s'", name,
                      type == 'f' ? "float32" : "int64", f);
         return -1;
+    }
+    return 0;
+}
+
+/* Parameter pieces (int64 src, dst, sizes, one item each per piece; their count into
+ * *npieces): piece p is sizes[p] elements at src[p] of the bucket (n elements, `bucket` in
+ * errors) and at dst[p] of the aligned array (length elements, `aligned`), dst[p] on a
+ * block boundary, its blocks inside the aligned array. -1 with a ValueError naming `fn`. */
+static int check_pieces(const char *fn, Buf *b, Py_ssize_t n, const char *bucket,
+                        Py_ssize_t length, const char *aligned, Py_ssize_t bs,
+                        Py_ssize_t *npieces) {
+    Py_ssize_t np_ = *npieces = b[0].view.len / 8;
+    const int64_t *src = b[0].view.buf, *dst = b[1].view.buf, *sizes = b[2].view.buf;
+    if (b[1].view.len != 8 * np_ || b[2].view.len != 8 * np_) {
+        PyErr_Format(PyExc_ValueError, "%s: src, dst and sizes differ in length", fn);
+        return -1;
+    }
+    for (Py_ssize_t p = 0; p < np_; p++) {
+        int64_t k = sizes[p], nb = (sizes[p] + bs - 1) / bs;
+        if (k < 0 || src[p] < 0 || src[p] + k > n || dst[p] < 0 || dst[p] % bs
+            || dst[p] + nb * bs > length) {
+            PyErr_Format(PyExc_ValueError, "%s: piece %zd (src %lld, dst %lld, size %lld) "
+                         "outside %s (%zd) or %s (%zd), or dst not on a block boundary", fn, p,
+                         (long long)src[p], (long long)dst[p], (long long)k, bucket, n,
+                         aligned, length);
+            return -1;
+        }
     }
     return 0;
 }
@@ -124,28 +155,16 @@ static PyObject *accumulate(PyObject *self, PyObject *const *args, Py_ssize_t na
         || (args[6] != Py_None && get_typed(args[6], &b[5], 1, 'f', "u"))
         || get_typed(args[8], &b[6], 1, 'f', "norms"))
         goto done;
-    Py_ssize_t n = b[0].view.len / 4, length = b[4].view.len / 4, npieces = b[1].view.len / 8;
+    Py_ssize_t n = b[0].view.len / 4, length = b[4].view.len / 4, npieces;
     const int64_t *src = b[1].view.buf, *dst = b[2].view.buf, *sizes = b[3].view.buf;
-    if (b[2].view.len != 8 * npieces || b[3].view.len != 8 * npieces) {
-        PyErr_SetString(PyExc_ValueError, "accumulate: src, dst and sizes differ in length");
-        goto done;
-    }
     if (length % bs || b[6].view.len / 4 != length / bs
         || (b[5].held && b[5].view.len / 4 != length)) {
         PyErr_Format(PyExc_ValueError, "accumulate: v (and u) need whole blocks, norms one item "
                      "per block (%zd elements, block_size %zd)", length, bs);
         goto done;
     }
-    for (Py_ssize_t p = 0; p < npieces; p++) {
-        int64_t k = sizes[p], nb = (sizes[p] + bs - 1) / bs;
-        if (k < 0 || src[p] < 0 || src[p] + k > n || dst[p] < 0 || dst[p] % bs
-            || dst[p] + nb * bs > length) {
-            PyErr_Format(PyExc_ValueError, "accumulate: piece %zd (src %lld, dst %lld, size %lld) "
-                         "outside grad (%zd) or v (%zd), or dst not on a block boundary", p,
-                         (long long)src[p], (long long)dst[p], (long long)k, n, length);
-            goto done;
-        }
-    }
+    if (check_pieces("accumulate", &b[1], n, "grad", length, "v", bs, &npieces))
+        goto done;
     const float *g = b[0].view.buf;
     float *v = b[4].view.buf, *norms = b[6].view.buf;
     float *u = b[5].held ? (float *)b[5].view.buf : NULL;
@@ -315,6 +334,138 @@ done:
     return result;
 }
 
+/* ---- take ---- */
+
+PyDoc_STRVAR(take_doc,
+"take(v, blocks, block_size, rows, clear, u) -> None\n\n"
+"rows[i] = block blocks[i] of v (float32 v, int64 blocks, float32 rows of len(blocks) x\n"
+"block_size); with `clear` those blocks of v become +0.0, and of u (float32, or None) too:\n"
+"the selection's copy and the error feedback's and DGC masking's clearing in one call\n"
+"(numpy's v2d[blocks], v2d[blocks] = 0, u2d[blocks] = 0). Releases the GIL.");
+
+static PyObject *take(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    Buf b[4] = {0};
+    PyObject *result = NULL;
+    if (!nargs_is("take", nargs, 6))
+        return NULL;
+    Py_ssize_t bs;
+    if (block_size_arg(args[2], "take", &bs) < 0)
+        return NULL;
+    int clear = PyObject_IsTrue(args[4]);
+    if (clear < 0)
+        return NULL;
+    if (get_typed(args[0], &b[0], clear, 'f', "v") || get_typed(args[1], &b[1], 0, 'q', "blocks")
+        || get_typed(args[3], &b[2], 1, 'f', "rows")
+        || (args[5] != Py_None && get_typed(args[5], &b[3], 1, 'f', "u")))
+        goto done;
+    Py_ssize_t nb = b[0].view.len / 4 / bs, k = b[1].view.len / 8;
+    const int64_t *blocks = b[1].view.buf;
+    if (b[2].view.len / 4 != k * bs || (b[3].held && b[3].view.len != b[0].view.len)) {
+        PyErr_Format(PyExc_ValueError, "take: rows need %zd x %zd items, u as many as v", k, bs);
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < k; i++)
+        if (blocks[i] < 0 || blocks[i] >= nb) {
+            PyErr_Format(PyExc_ValueError, "take: block %lld outside v's %zd blocks",
+                         (long long)blocks[i], nb);
+            goto done;
+        }
+    float *v = b[0].view.buf, *rows = b[2].view.buf, *u = b[3].held ? b[3].view.buf : NULL;
+    size_t bytes = (size_t)bs * 4;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < k; i++) {
+        float *at = v + blocks[i] * bs;
+        memcpy(rows + i * bs, at, bytes);
+        if (clear)
+            memset(at, 0, bytes);
+        if (u)
+            memset(u + blocks[i] * bs, 0, bytes);
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_NewRef(Py_None);
+done:
+    release(b, 4);
+    return result;
+}
+
+/* ---- unpack ---- */
+
+PyDoc_STRVAR(unpack_doc,
+"unpack(res, src, dst, sizes, block_size, out, divisor) -> None\n\n"
+"The summed aligned array `res` (float32) back into the bucket `out` (float32), piece by\n"
+"piece: out[src[p] + i] = res[dst[p] + i] / divisor for i < sizes[p] (float32 division,\n"
+"correctly rounded; divisor 1 copies the bits), the inverse of accumulate's layout. Every\n"
+"block of res that a piece covers and that holds a non-zero bit (NaN, -0.0, a sum) becomes\n"
+"+0.0, so that res, zero outside those blocks, is all zeros again for the next call: the\n"
+"compressed hook reuses one send array per bucket and clears only what the sum wrote, in\n"
+"the pass that reads it anyway. Releases the GIL.");
+
+static PyObject *unpack(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    Buf b[5] = {0};
+    PyObject *result = NULL;
+    if (!nargs_is("unpack", nargs, 7))
+        return NULL;
+    Py_ssize_t bs;
+    if (block_size_arg(args[4], "unpack", &bs) < 0)
+        return NULL;
+    long divisor = PyLong_AsLong(args[6]);
+    if (divisor == -1 && PyErr_Occurred())
+        return NULL;
+    if (divisor < 1) {
+        PyErr_SetString(PyExc_ValueError, "unpack: divisor >= 1");
+        return NULL;
+    }
+    if (get_typed(args[0], &b[0], 1, 'f', "res") || get_typed(args[1], &b[1], 0, 'q', "src")
+        || get_typed(args[2], &b[2], 0, 'q', "dst") || get_typed(args[3], &b[3], 0, 'q', "sizes")
+        || get_typed(args[5], &b[4], 1, 'f', "out"))
+        goto done;
+    Py_ssize_t length = b[0].view.len / 4, n = b[4].view.len / 4, npieces;
+    const int64_t *src = b[1].view.buf, *dst = b[2].view.buf, *sizes = b[3].view.buf;
+    if (check_pieces("unpack", &b[1], n, "out", length, "res", bs, &npieces))
+        goto done;
+    float *res = b[0].view.buf, *out = b[4].view.buf;
+    /* A power of two's reciprocal is exact, and x * (1/d) and x / d are then the same
+     * correctly rounded value (subnormals too): the multiply is the faster one. */
+    int pow2 = (divisor & (divisor - 1)) == 0;
+    float d = (float)divisor, inv = 1.0f / d;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t p = 0; p < npieces; p++)
+        for (int64_t off = 0; off < sizes[p]; off += bs) {
+            Py_ssize_t count = sizes[p] - off < bs ? (Py_ssize_t)(sizes[p] - off) : bs;
+            float *r = res + dst[p] + off, *o = out + src[p] + off;
+            uint32_t any = 0;  /* the block's bits or'ed: zero only if all of it is +0.0 */
+            for (Py_ssize_t i = 0; i < count; i++) {
+                uint32_t bits;
+                memcpy(&bits, &r[i], 4);
+                any |= bits;
+            }
+            if (!any) {  /* most blocks: nobody sent them */
+                memset(o, 0, (size_t)count * 4);
+            } else {
+                if (divisor == 1)
+                    memcpy(o, r, (size_t)count * 4);
+                else if (pow2)
+                    for (Py_ssize_t i = 0; i < count; i++)
+                        o[i] = r[i] * inv;
+                else
+                    for (Py_ssize_t i = 0; i < count; i++)
+                        o[i] = r[i] / d;
+            }
+            for (Py_ssize_t i = count; i < bs; i++) {  /* padding: a NaN block's is NaN */
+                uint32_t bits;
+                memcpy(&bits, &r[i], 4);
+                any |= bits;
+            }
+            if (any)
+                memset(r, 0, (size_t)bs * 4);
+        }
+    Py_END_ALLOW_THREADS
+    result = Py_NewRef(Py_None);
+done:
+    release(b, 5);
+    return result;
+}
+
 /* ---- the module ---- */
 
 PyDoc_STRVAR(set_variant_doc,
@@ -344,6 +495,8 @@ static PyMethodDef methods[] = {
     {"set_variant", set_variant, METH_O, set_variant_doc},
     {"accumulate", (PyCFunction)(void (*)(void))accumulate, METH_FASTCALL, accumulate_doc},
     {"top_blocks", (PyCFunction)(void (*)(void))top_blocks, METH_FASTCALL, top_blocks_doc},
+    {"take", (PyCFunction)(void (*)(void))take, METH_FASTCALL, take_doc},
+    {"unpack", (PyCFunction)(void (*)(void))unpack, METH_FASTCALL, unpack_doc},
     {NULL, NULL, 0, NULL},
 };
 

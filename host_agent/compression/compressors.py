@@ -2,9 +2,9 @@
 
 A compressor sees one bucket at a time as a block-aligned float32 array (every parameter
 starts on a block boundary, `BucketLayout`) and returns a `Selection`: the sorted indices of
-the blocks it sends and the array to hand to the agent (those blocks' values, zeros
-elsewhere), together with `Agent.allreduce(..., blocks=selection.blocks)` so that the agent
-looks at the selected blocks only. The error feedback, the momentum and the block norms are
+the blocks it sends and their values (the hook writes them into the bucket's send array,
+zero elsewhere, and calls `Agent.allreduce(..., blocks=selection.blocks)` so that the agent
+looks at the selected blocks only). The error feedback, the momentum and the block norms are
 one compiled pass over the bucket (kernels.accumulate), the selection a sampled threshold and
 a partial sort of the candidates' norms (kernels.top_blocks); no element is ever sorted.
 
@@ -74,12 +74,32 @@ class Selection:
     """One bucket's compressed form at one rank.
 
     blocks: sorted int64 indices of the blocks sent (None: dense, let the agent scan).
-    send: the aligned float32 array to all-reduce: the selected blocks' values, zeros elsewhere.
+    rows: float32 (len(blocks), block_size): the sent blocks' values, in the order of
+        `blocks`; dense: the whole aligned array (layout.length,).
     nblocks: the bucket's block count.
+
+    The compressor hands over the blocks alone: an aligned array of the whole bucket, zero
+    outside them, is what the agent sums, and the hook keeps one per bucket (`write` puts
+    the rows in; kernels.unpack clears what the sum wrote). `send` builds a fresh one.
     """
     blocks: np.ndarray | None
-    send: np.ndarray
+    rows: np.ndarray
     nblocks: int
+
+    def write(self, out: np.ndarray) -> np.ndarray:
+        """Put the sent values into `out`, a float32 aligned array that is +0.0 outside the
+        selected blocks; returns it. Dense: returns `rows` itself (out unused)."""
+        if self.blocks is None:
+            return self.rows
+        out.reshape(self.nblocks, -1)[self.blocks] = self.rows
+        return out
+
+    @property
+    def send(self) -> np.ndarray:
+        """A new aligned array: the selected blocks' values, zeros elsewhere (dense: rows)."""
+        if self.blocks is None:
+            return self.rows
+        return self.write(np.zeros(self.nblocks * self.rows.shape[1], np.float32))
 
 
 class ResidualMemory:
@@ -169,8 +189,8 @@ class Compressor:
                 layout.sizes.sum()); read, never written. The residual (or velocity) takes
                 it piece by piece, so the bucket is never copied to an aligned array first.
 
-        Returns the blocks to send and the aligned array to all-reduce; the residual (and
-        velocity) lose exactly the sent blocks.
+        Returns the blocks to send and their values; the residual (and velocity) lose
+        exactly the sent blocks.
         """
         cfg = self.config
         B, nblocks = self.block_size, layout.nblocks
@@ -178,18 +198,14 @@ class Compressor:
         v = mem["residual"] if cfg.error_feedback else np.zeros(layout.length, np.float32)
         u = mem.get("momentum")  # DGC momentum correction: accumulate velocity, not gradient
         norms = kernels.accumulate(layout, grad, v, u, cfg.momentum)
-        v2d = v.reshape(nblocks, B)
         blocks = self.choose(norms, self.blocks_to_send(nblocks), layout, grad)
-        send = np.zeros(layout.length, np.float32)
-        send2d = send.reshape(nblocks, B)
-        send2d[blocks] = v2d[blocks]
-        self.rescale(send2d, blocks, norms, layout, grad)
-        if cfg.error_feedback:
-            v2d[blocks] = 0
-        if u is not None and cfg.momentum_masking:  # DGC: sent velocity must not push again
-            u.reshape(nblocks, B)[blocks] = 0
+        # k rows copied, not an array of the whole bucket; sent blocks leave the residual,
+        # and with DGC's masking the velocity (sent velocity must not push again)
+        rows = kernels.take(v, blocks, B, cfg.error_feedback,
+                            u if cfg.momentum_masking else None)
+        self.rescale(rows, blocks, norms, layout, grad)
         self.bucket_index += 1
-        return Selection(blocks, send, nblocks)
+        return Selection(blocks, rows, nblocks)
 
     def end_step(self) -> None:
         """The step's last bucket was compressed (the hooks call this)."""
@@ -203,8 +219,8 @@ class Compressor:
         """Sorted int64 indices of the k blocks to send, given every block's squared norm."""
         raise NotImplementedError
 
-    def rescale(self, send2d, blocks, norms, layout, grad) -> None:
-        """Scale the sent rows in place (only the large-batch method does)."""
+    def rescale(self, rows, blocks, norms, layout, grad) -> None:
+        """Scale the sent rows (k, block_size) in place (only the large-batch method does)."""
 
 
 class DenseCompressor(Compressor):
@@ -255,13 +271,13 @@ class ScaledMask(Compressor):
                          - np.repeat(np.cumsum(per_layer) - per_layer, per_layer))
         return np.sort(order[rank_in_layer < quota[seg[order]]]).astype(np.int64)
 
-    def rescale(self, send2d, blocks, norms, layout, grad):
+    def rescale(self, rows, blocks, norms, layout, grad):
         seg = layout.block_segments()
         nseg = len(layout.sizes)
         fresh = layout.piece_sq_norms(grad)
         sent = np.bincount(seg[blocks], weights=norms[blocks], minlength=nseg)
         scale = np.where(sent > 0, np.sqrt(fresh / np.where(sent > 0, sent, 1)), 1.0)
-        send2d[blocks] *= scale[seg[blocks]].astype(np.float32)[:, None]
+        rows *= scale[seg[blocks]].astype(np.float32)[:, None]
 
 
 class LossComp(Compressor):

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from host_agent.agent import Agent
+from host_agent.compression import kernels
 from host_agent.compression.compressors import BucketLayout, Compressor, Selection
 from host_agent.torch_hook import (
     HookCounters,
@@ -66,7 +67,7 @@ class CompressionHookState(HookCounters):
 
     COUNTERS = HookCounters.COUNTERS + ("blocks_sent", "blocks_total", "compress_seconds")
     __slots__ = ("compressor", "agent", "world_size", "process_group", "blocks_sent",
-                 "blocks_total", "compress_seconds")
+                 "blocks_total", "compress_seconds", "send_arrays")
 
     def __init__(self, compressor: Compressor, agent: Agent | None = None,
                  world_size: int | None = None, process_group=None, optimizer=None):
@@ -84,7 +85,19 @@ class CompressionHookState(HookCounters):
             world_size = (processes_summed(agent) if agent is not None
                           else dist.get_world_size(process_group))
         self.world_size = world_size
+        self.send_arrays: dict = {}  # bucket index -> (layout key, aligned float32 array)
         super().__init__()
+
+    def send_array(self, bucket, layout: BucketLayout) -> np.ndarray:
+        """The bucket's aligned send array, kept across steps: +0.0 everywhere between calls
+        (the selection writes its blocks, kernels.unpack clears the blocks the sum wrote), so
+        no call zeroes a bucket-sized array. One per bucket index, new when its layout
+        changes (DDP's bucket rebuild)."""
+        index = bucket.index() if hasattr(bucket, "index") else 0
+        held = self.send_arrays.get(index)
+        if held is None or held[0] != layout.key:
+            held = self.send_arrays[index] = (layout.key, np.zeros(layout.length, np.float32))
+        return held[1]
 
     def observe_loss(self, loss: float) -> None:
         """Tell the compressor this step's loss (averaged over ranks; LossComp votes with it)."""
@@ -125,19 +138,25 @@ def bucket_layout(bucket, block_size: int) -> BucketLayout:
     return BucketLayout.of(params, sizes, block_size)
 
 
-def _compress_bucket(state: CompressionHookState, bucket) -> tuple[BucketLayout, Selection]:
-    """Pack the bucket block-aligned, compress it, count it; end the step after the last bucket."""
+def _compress_bucket(state: CompressionHookState, bucket,
+                     to_send: bool = False) -> tuple[BucketLayout, Selection, np.ndarray | None]:
+    """Compress the bucket, count it; end the step after the last bucket. `to_send`: also
+    write the selection into the bucket's send array (timed with the compression) and return
+    that array, else None."""
     t0 = time.perf_counter()
     buf = bucket.buffer()
     layout = bucket_layout(bucket, state.compressor.block_size)
     data = buf.detach().reshape(-1).to(torch.float32).numpy()  # a copy for half buckets only
     sel = state.compressor.compress(layout, data)
+    send = None
+    if to_send:  # a dense selection is its own fresh array: no kept one needed
+        send = sel.rows if sel.blocks is None else sel.write(state.send_array(bucket, layout))
     if not hasattr(bucket, "is_last") or bucket.is_last():
         state.compressor.end_step()
     state.add(blocks_total=sel.nblocks,
               blocks_sent=sel.nblocks if sel.blocks is None else len(sel.blocks),
               compress_seconds=time.perf_counter() - t0)
-    return layout, sel
+    return layout, sel, send
 
 
 def spina_compressed_hook(state: CompressionHookState,
@@ -150,7 +169,10 @@ def spina_compressed_hook(state: CompressionHookState,
 
     Returns:
         A future of the averaged bucket (same dtype and length): the sum over ranks of what
-        each sent, divided by the world size. Blocks no rank sent are exact zeros.
+        each sent, divided by the world size. Blocks no rank sent are exact zeros. A float32
+        bucket gets it in place (the future's tensor is DDP's bucket buffer, as with
+        torch's allreduce hook; the compressor has read the gradient by then), written by
+        kernels.unpack, which also clears the state's send array for the next step.
 
     Example (with `agent`, e.g. from `host_agent.torch_hook.agent_from_env()`):
         >>> comp = make_compressor(method="topk", ratio=0.01,
@@ -159,19 +181,28 @@ def spina_compressed_hook(state: CompressionHookState,
         ...                          spina_compressed_hook)  # doctest: +SKIP
     """
     buf = bucket.buffer()
-    layout, sel = _compress_bucket(state, bucket)
+    layout, sel, send = _compress_bucket(state, bucket, to_send=True)
     result, out = hook_future()
 
     def done(f):
         try:
-            res = unpack_aligned(f.result(), layout.src, layout.dst, buf, state.world_size)
+            res = f.result()
+            if buf.dtype == torch.float32 and buf.is_contiguous():
+                # into DDP's bucket in place (the compressor has read it), and the send
+                # array cleared for the next step in the same pass
+                kernels.unpack(layout, res, buf.detach().reshape(-1).numpy(), state.world_size)
+                avg = buf
+            else:
+                avg = unpack_aligned(res, layout.src, layout.dst, buf, state.world_size)
+                send.fill(0)
             # this call's stats: calls run one at a time, and this runs before the next starts
             state.count_call(state.agent.last_stats, buf.numel())
-            result.set_result(res)
+            result.set_result(avg)
         except Exception as e:  # surfaces in DDP's backward on this rank
+            send.fill(0)  # whatever the failed call wrote: the next step needs zeros
             fail(result, e)
 
-    state.agent.allreduce_async(sel.send, inplace=True, blocks=sel.blocks).add_done_callback(done)
+    state.agent.allreduce_async(send, inplace=True, blocks=sel.blocks).add_done_callback(done)
     return out
 
 
@@ -187,11 +218,11 @@ def gloo_compressed_hook(state: CompressionHookState,
     Args / Returns: as `spina_compressed_hook` (no agent needed).
     """
     buf = bucket.buffer()
-    layout, sel = _compress_bucket(state, bucket)
+    layout, sel, _ = _compress_bucket(state, bucket)
     B, world, group = layout.block_size, state.world_size, state.process_group
     t0 = time.perf_counter()
     if sel.blocks is None:
-        dense = torch.from_numpy(sel.send)
+        dense = torch.from_numpy(sel.rows)
         fut = dist.all_reduce(dense, group=group, async_op=True).get_future()
 
         def finish_dense(f):
@@ -202,7 +233,7 @@ def gloo_compressed_hook(state: CompressionHookState,
     k = len(sel.blocks)
     packed = np.empty(k * (B + 1), np.float32)
     packed[:k] = sel.blocks.astype(np.int32).view(np.float32)  # bits travel unchanged
-    packed[k:] = sel.send.reshape(-1, B)[sel.blocks].reshape(-1)
+    packed[k:] = sel.rows.reshape(-1)
     mine = torch.from_numpy(packed)
     gathered = [torch.empty_like(mine) for _ in range(world)]
     fut = dist.all_gather(gathered, mine, group=group, async_op=True).get_future()
