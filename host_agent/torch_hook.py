@@ -194,17 +194,18 @@ def spina_allreduce_hook(state: SpinaHookState,
     buf = bucket.buffer()
     return sum_async(state.agent, buf, _segment_sizes(bucket, buf.numel()),
                      divide_by=state.world_size, on_done=state._count,
-                     layer=_layer(state, bucket), residual=lambda n: state.residual_for(bucket, n))
+                     layer=_layer(state, bucket), residual=lambda n: state.residual_for(bucket, n),
+                     inplace=True)  # DDP's bucket, as torch's own allreduce hook does
 
 
 def sum_async(agent, t: torch.Tensor, sizes: list[int] | None = None, divide_by: int = 1,
               on_done=None, layer: tuple[int, int] | None = None,
-              residual=None) -> torch.futures.Future:
+              residual=None, inplace: bool = False) -> torch.futures.Future:
     """Sum the flat float tensor `t` over all ranks through `agent`, without blocking.
 
     Args:
         agent: an `Agent` (or `DaemonClient`); calls run on its worker thread in call order.
-        t: a flat float32/float16/bfloat16 CPU tensor (read, not written).
+        t: a flat float32/float16/bfloat16 CPU tensor (read, not written unless `inplace`).
         sizes: lengths of the parameters packed in `t` (each starts on a block boundary on
             the wire, see `block_aligned_layout`); None: one piece.
         divide_by: divide the float32 sum by this before the one rounding to `t.dtype`.
@@ -212,15 +213,23 @@ def sum_async(agent, t: torch.Tensor, sizes: list[int] | None = None, divide_by:
         layer: the tensor's layer position (Agent.allreduce), for DLCP priorities.
         residual: None, or a function of the block-aligned length giving the error feedback
             residual of narrow lanes (Agent.allreduce's `residual`) or None.
+        inplace: `t` may hold the result: a contiguous float32 `t` whose pieces already
+            start on block boundaries (every size but the last a multiple of the block) is
+            then summed where it lies, without the aligned copy there and back (two passes
+            over the bucket, and a third for the division, saved per call).
 
     Returns:
-        A `torch.futures.Future` of a new tensor like `t` holding the (averaged) sum.
+        A `torch.futures.Future` of a tensor like `t` holding the (averaged) sum: `t` itself
+        when it was summed in place, else a new one. The values are the same either way.
     """
     n = t.numel()
     src, dst, aligned = block_aligned_layout(sizes or [n], agent.job.block_size)
-    flat = pack_aligned(t, src, dst, aligned)
     # A failure must fail the future DDP holds (see hook_future).
     result, out = hook_future()
+    if (inplace and residual is None and t.dtype == torch.float32 and t.is_contiguous()
+            and np.array_equal(src, dst)):
+        return _sum_in_place(agent, t, divide_by, on_done, layer, result, out)
+    flat = pack_aligned(t, src, dst, aligned)
 
     def done(f):
         try:
@@ -235,6 +244,28 @@ def sum_async(agent, t: torch.Tensor, sizes: list[int] | None = None, divide_by:
     fut = (agent.allreduce_async(flat, inplace=True, layer=layer) if res is None  # flat is ours
            else agent.allreduce_async(flat, layer=layer, residual=res))
     fut.add_done_callback(done)
+    return out
+
+
+def _sum_in_place(agent, t: torch.Tensor, divide_by: int, on_done, layer, result,
+                  out) -> torch.futures.Future:
+    """sum_async for a block-aligned float32 `t` that may hold the result: the agent sums
+    `t`'s memory in place (its blocks are the aligned copy's: the padding after the last
+    piece is the agent's own, zeros), then one in-place division, as unpack_aligned
+    divides its copy, so the values are bit for bit those of the copying path."""
+    def done(f):
+        try:
+            f.result()
+            if divide_by != 1:
+                t.div_(divide_by)
+            if on_done is not None:
+                on_done(t.numel())  # before set_result, as in sum_async
+            result.set_result(t)
+        except Exception as e:  # surfaces in DDP's backward on this rank
+            fail(result, e)
+
+    flat = t.detach().view(-1).numpy()  # t's own memory
+    agent.allreduce_async(flat, inplace=True, layer=layer).add_done_callback(done)
     return out
 
 

@@ -30,6 +30,7 @@ from host_agent.torch_hook import (
     agent_from_env,
     block_aligned_layout,
     spina_allreduce_hook,
+    sum_async,
 )
 from softswitch.udp import UdpSwitch
 from spina.config import Assignment, ConfigError, JobFile, write_if_changed
@@ -178,6 +179,27 @@ def test_hook_small_buckets_with_a_large_last_block(n):
         outs = [f.wait()
                 for f in [spina_allreduce_hook(s, FakeBucket(x)) for s, x in zip(states, xs)]]
     torch.testing.assert_close(outs[0], xs[0], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("sizes, in_place", [([512, 256, 300], True), ([1024], True),
+                                             ([300, 256], False)])
+def test_sum_in_place_matches_the_copying_path(sizes, in_place):
+    """A float32 bucket whose pieces start on block boundaries is summed where it lies (the
+    result is the bucket itself) with the same bits as the aligned copy; others are copied."""
+    n = sum(sizes)
+    gen = torch.Generator().manual_seed(3)
+    xs = [torch.randn(n, generator=gen) for _ in range(WORLD)]
+    xs[0][256:512] = 0  # a block zero at one rank
+    with LocalCluster(WORLD) as c:
+        copies = [f.wait() for f in [sum_async(a, x, sizes, divide_by=WORLD)
+                                     for a, x in zip(c.agents, xs)]]
+        buckets = [x.clone() for x in xs]
+        outs = [f.wait() for f in [sum_async(a, b, sizes, divide_by=WORLD, inplace=True)
+                                   for a, b in zip(c.agents, buckets)]]
+    assert all(torch.equal(o, copies[0]) for o in outs + copies)  # bit for bit, every rank
+    assert all((o is b) == in_place for o, b in zip(outs, buckets))
+    assert all(torch.equal(b, x) != in_place for b, x in zip(buckets, xs))
+    torch.testing.assert_close(copies[0], sum(xs) / WORLD, rtol=0, atol=1e-5)
 
 
 def test_hook_future_fails_when_a_rank_never_calls():
