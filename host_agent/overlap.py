@@ -11,10 +11,13 @@ communication, and then for the optimiser step of every layer. Two parts change 
   rank must make the same calls in the same order (a call is matched at the switch by its
   number), and buckets reach each rank at its own moment; so before each chunk the ranks
   agree on what to send with a small int32 all-reduce through the same switch (the
-  *negotiation*: per key, 1 if handed over here, its priority and chunk count; a key counts
-  once every rank has it). Each chunk announces the whole tensor's exponent per slot
-  (Agent.allreduce's `slot_exponents`) and lies on whole lane spans, so its blocks keep
-  their lanes and their quantization: the sums are bit-identical to one call per tensor.
+  *negotiation*: per key, 1 if handed over here, its priority, chunk count and whether it
+  is the last of its group; a key counts once every rank has it). Once a group's last key
+  (DDP's last bucket of a backward pass) counts, every key of the group does, and nothing
+  more can preempt them: the rest goes in priority order without negotiating. Each chunk
+  announces the whole tensor's exponent per slot (Agent.allreduce's `slot_exponents`) and
+  lies on whole lane spans, so its blocks keep their lanes and their quantization: the
+  sums are bit-identical to one call per tensor.
   `order="fifo"` sends the same chunks in hand-over order, without negotiation (the
   hand-over order is the same on every rank).
 
@@ -87,6 +90,7 @@ class _Entry:
     nchunks: int
     future: concurrent.futures.Future
     arrival: int
+    last: bool = False  # the last key of its group (a backward pass's last bucket)
     sent: int = 0  # chunks done
 
 
@@ -123,8 +127,8 @@ class PrioritySender:
         keys: the keys 0..keys-1 a tensor may be submitted under (the negotiation's length).
         trace: record every call as a `TraceEvent` in `events`.
 
-    Every rank must submit the same keys, with the same sizes and priorities, in the same
-    order (DDP's buckets are); each key at most once at a time.
+    Every rank must submit the same keys, with the same sizes, priorities and `last` flags,
+    in the same order (DDP's buckets are); each key at most once at a time.
 
     Raises:
         ConfigError: naming the field: order, chunk_elements, keys, or the job's lane_bits
@@ -150,13 +154,17 @@ class PrioritySender:
         self.nworkers = job.nworkers
         self.events: list[TraceEvent] | None = [] if trace else None
         self._s = _Shared()
+        self._batch: list[_Entry] = []  # agreed, no negotiation needed: a closed group
         self._thread = threading.Thread(target=self._run, name="spina-priority", daemon=True)
         self._thread.start()
 
     def submit(self, key: int, flat: np.ndarray, priority: int = 0,
-               layer: tuple[int, int] | None = None) -> concurrent.futures.Future:
+               layer: tuple[int, int] | None = None,
+               last: bool = False) -> concurrent.futures.Future:
         """Queue the sum of `flat` (float32, 1-D, contiguous, writeable: the sum is written
-        into it) under `key`; lower `priority` goes first. Returns a future of `flat`."""
+        into it) under `key`; lower `priority` goes first. `last`: no key comes after this
+        one until every key queued so far is sent (DDP's last bucket of a backward pass).
+        `layer`: DLCP's (Agent.allreduce). Returns a future of `flat`."""
         if type(key) is not int or not 0 <= key < self.keys:
             raise ValueError(f"key: need an int in 0..{self.keys - 1}, got {key!r}")
         if type(priority) is not int or not 0 <= priority < MAX_PRIORITY:
@@ -166,7 +174,7 @@ class PrioritySender:
             raise ValueError("flat: need a writeable, contiguous 1-D float32 array")
         fut: concurrent.futures.Future = concurrent.futures.Future()
         entry = _Entry(key, flat, priority, layer, slot_exponents(flat, self.agent.job),
-                       max(1, -(-len(flat) // self.chunk)), fut, 0)
+                       max(1, -(-len(flat) // self.chunk)), fut, 0, bool(last))
         s = self._s
         with s.cond:
             if s.error is not None:
@@ -199,8 +207,11 @@ class PrioritySender:
                     return
                 oldest = min(s.pending.values(), key=lambda e: e.arrival)
             try:
-                entry = oldest if self.order == "fifo" else self._agree()
+                entry = (oldest if self.order == "fifo" else
+                         self._batch[0] if self._batch else self._agree())
                 self._send_chunk(entry)
+                if self._batch and entry.sent == entry.nchunks:
+                    self._batch.remove(entry)
             except BaseException as e:  # every queued future fails: the ranks are out of step
                 with s.cond:
                     s.error = e
@@ -218,27 +229,32 @@ class PrioritySender:
         return out
 
     def _agree(self) -> _Entry:
-        """Negotiate: the most urgent key every rank has handed over (by priority, then key)."""
+        """Negotiate: the most urgent key every rank has handed over (by priority, then key);
+        if a last key is among those, all of them in that order (`_batch`)."""
         K = self.keys
-        vec = np.zeros(3 * K, np.int32)
+        vec = np.zeros(4 * K, np.int32)
         with self._s.cond:
             mine = dict(self._s.pending)
         for key, e in mine.items():
-            vec[key], vec[K + key], vec[2 * K + key] = 1, e.priority, e.nchunks - e.sent
+            vec[key:4 * K:K] = 1, e.priority, e.nchunks - e.sent, e.last
         total = self._traced("negotiate", -1, -1, lambda: self.agent.allreduce(vec))
         n = self.nworkers
         ready = [k for k in np.flatnonzero(total[:K] == n).tolist() if k in mine]
         for k in ready:
             e = mine[k]
-            if total[K + k] != n * e.priority or total[2 * K + k] != n * (e.nchunks - e.sent):
-                raise ValueError(f"key {k}: the ranks disagree on its priority or size "
-                                 f"(priorities summed {total[K + k]}, chunks left summed "
-                                 f"{total[2 * K + k]}, here {e.priority} and "
-                                 f"{e.nchunks - e.sent} of {n} ranks)")
+            if (total[K + k] != n * e.priority or total[2 * K + k] != n * (e.nchunks - e.sent)
+                    or total[3 * K + k] != n * e.last):
+                raise ValueError(f"key {k}: the ranks disagree on its priority, size or last "
+                                 f"flag (summed over {n} ranks: {total[K + k]}, "
+                                 f"{total[2 * K + k]} chunks left, {total[3 * K + k]}; here "
+                                 f"{e.priority}, {e.nchunks - e.sent}, {int(e.last)})")
         if not ready:  # handed over in the same order everywhere, the oldest is common
             raise ValueError(f"keys {sorted(mine)}: no key is queued at every rank: the ranks "
                              "submitted keys in different orders")
-        return mine[min(ready, key=lambda k: (mine[k].priority, k))]
+        ready.sort(key=lambda k: (mine[k].priority, k))
+        if any(mine[k].last for k in ready):  # the group is complete everywhere
+            self._batch = [mine[k] for k in ready]
+        return mine[ready[0]]
 
     def _send_chunk(self, e: _Entry) -> None:
         a = e.sent * self.chunk
@@ -321,7 +337,8 @@ class PriorityOverlap:
         src, dst, aligned = block_aligned_layout([p.numel() for p in params], self.block_size)
         flat = pack_aligned(buf, src, dst, aligned)
         key = bucket.index()
-        fut = self.sender.submit(key, flat, self.sender.keys - 1 - key)  # front layers first
+        fut = self.sender.submit(key, flat, self.sender.keys - 1 - key,  # front layers first
+                                 last=bucket.is_last())
         b = _Bucket(key, params, src, dst, buf, fut)
         for p in params:
             self._pending[p] = b

@@ -47,7 +47,8 @@ def _submit(sender, xs, delay: float) -> list:
     """Hand the tensors over in key order (as DDP does), `delay` seconds apart."""
     futs = []
     for key, x in enumerate(xs):
-        futs.append(sender.submit(key, x.copy(), priority=len(xs) - key))
+        futs.append(sender.submit(key, x.copy(), priority=len(xs) - key,
+                                  last=key == len(xs) - 1))
         time.sleep(delay)
     return futs
 
@@ -142,6 +143,20 @@ def test_urgent_small_tensor_goes_between_chunks_of_a_large_one(order, expected)
     assert negotiations == (len(expected) if order == "priority" else 0)
 
 
+def test_no_negotiation_once_the_last_key_is_everywhere():
+    """Once the group's last key is queued at every rank nothing can preempt: the rest goes
+    in priority order without negotiating (here: 2 negotiations, not 5)."""
+    agent = FakeAgent()
+    sender = PrioritySender(agent, chunk_elements=1024)
+    f0 = sender.submit(0, np.repeat(np.arange(4), 1024).astype(np.float32), priority=9)
+    assert agent.started.wait(10)
+    f5 = sender.submit(5, np.full(200, 500, np.float32), priority=4, last=True)
+    agent.gate.set()
+    f0.result(10), f5.result(10)
+    sender.close()
+    assert agent.calls == ["negotiate", (0, 0), "negotiate", (5, 0), (0, 1), (0, 2), (0, 3)]
+
+
 def test_ranks_that_disagree_on_a_priority_fail_naming_the_key():
     """Every queued future fails with an error naming the key the ranks disagree on."""
     with LocalCluster(WORLD, timeout=5, **SMALL) as c:
@@ -149,7 +164,7 @@ def test_ranks_that_disagree_on_a_priority_fail_naming_the_key():
         futs = [s.submit(3, np.ones(100, np.float32), priority=p)
                 for s, p in zip(senders, (1, 2))]
         for f in futs:
-            with pytest.raises(ValueError, match="key 3: the ranks disagree on its priority"):
+            with pytest.raises(ValueError, match="key 3: the ranks disagree on its priority, "):
                 f.result(10)
         for s in senders:
             s.close()
@@ -246,3 +261,39 @@ def test_ddp_overlap_gives_plain_ddps_weights(tmp_path):
     assert report["identical"] and report["ranks_identical"] and report["moved"] > 1e-3
     assert report["keys"] >= 3 and report["chunks"] > STEPS * report["keys"]
     assert report["steps"] > STEPS  # buckets applied in pre-hooks (DDP rebuilds them after step 1)
+
+
+# ----------------------------------------------------------------------------- the benchmark
+def test_overlap_bench_smoke(tmp_path):
+    """bench/overlap_bench.py with 2 workers over a 1 Gbit/s namespace star, 2 rounds of 2
+    steps: a row per method, ddp's and both overlaps' weights identical, every method's
+    bytes about the model's, the trace and the timeline written."""
+    import csv
+
+    from bench.overlap_bench import COLUMNS, METHODS
+    from netns import run_bench
+    run_bench("bench.overlap_bench", "sovt",
+              ["--workers", "2", "--width", "64", "--depth", "2", "--batch", "8", "--rounds",
+               "2", "--steps", "2", "--chunk", "1", "--nslots", "2", "--nlanes", "2",
+               "--out", str(tmp_path)], timeout=180)
+    with open(tmp_path / "overlap_results.csv", newline="") as f:
+        reader = csv.DictReader(f)
+        rows = {r["method"]: r for r in reader}
+    assert tuple(reader.fieldnames) == COLUMNS and sorted(rows) == sorted(METHODS)
+    params = 1024 * 64 + 64 + 2 * (64 * 64 + 64) + 64 * 10 + 10
+    for m, r in rows.items():
+        assert (r["workers"], r["rate"], r["params"], r["layers"]) == ("2", "1gbit",
+                                                                       str(params), "4")
+        assert r["weights_identical"] == ("" if m == "compute" else "True")
+    tx = {m: float(r["tx_bytes_per_step"]) for m, r in rows.items()}
+    # SpINA sends each non-zero block once (ReLU zeros: fewer), headers on top; chunks of one
+    # lane span add their calls' setup rounds, priority order a negotiation per chunk
+    assert tx["compute"] < 1000
+    for m in ("ddp", "overlap_fifo"):
+        assert 0.3 * 4 * params < tx[m] < 1.5 * 4 * params, (m, tx)
+    assert tx["overlap_fifo"] < tx["overlap"] < 3 * 4 * params, tx
+    assert float(rows["ddp"]["ratio_ddp_median"]) == 1.0
+    trace = json.loads((tmp_path / "overlap_trace.json").read_text())["2 workers, 1gbit"]
+    kinds = {m: {e[0] for e in trace[m]["comm"]} for m in ("ddp", "overlap", "overlap_fifo")}
+    assert kinds == dict(ddp={"chunk"}, overlap={"chunk", "negotiate"}, overlap_fifo={"chunk"})
+    assert (tmp_path / "overlap_timeline_2w_1gbit.png").stat().st_size > 10000
