@@ -8,8 +8,9 @@ Run from the repository root as root:
 
 The fabric and processes are bench/train_bench.py's: one namespace per worker, a tbf-limited
 veth each to a switch namespace with SpINA's software switch (bench/net_topo.py Star,
-bench/paired.py Cluster); the data is its digits (train_bench.digits). The model is an MLP
-1024-W-...-W-10 with `--depth` hidden W x W layers (W 2304: 5.3M parameters each).
+bench/paired.py Cluster); the data is its digits (train_bench.digits) and the model its MLP
+(examples/train_compressed.py) with `--depth` hidden W x W layers: 1024-W-...-W-10 (W
+2304: 5.3M parameters each).
 
 Every worker process trains every method side by side, each its own model from the same
 seed and the same batches:
@@ -107,26 +108,18 @@ class TracingAgent:
         self._pool.shutdown()
 
 
-def mlp(width: int, depth: int, torch):
-    """1024-width-...-width-10: `depth` hidden width x width layers."""
-    nn = torch.nn
-    layers = [nn.Linear(1024, width), nn.ReLU()]
-    for _ in range(depth):
-        layers += [nn.Linear(width, width), nn.ReLU()]
-    return nn.Sequential(*layers, nn.Linear(width, 10))
-
-
 class Run:
     """One method's model, optimiser or overlap state, and batches at one rank."""
 
     def __init__(self, method: str, req: OverlapRequest, agent, rank: int, data, torch):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
+        from examples.train_compressed import MLP
         from host_agent.overlap import PriorityOverlap
         from host_agent.torch_hook import SpinaHookState, spina_allreduce_hook
         self.method, self.xtr, self.ytr, self.torch = method, data[0], data[1], torch
         torch.manual_seed(req.seed)
-        self.module = mlp(req.width, req.depth, torch)
+        self.module = MLP(req.width, inputs=self.xtr.shape[1], depth=req.depth)
         self.model = (self.module if method == "compute"
                       else DDP(self.module, bucket_cap_mb=req.bucket_mb))
         sgd = dict(lr=req.lr, momentum=req.momentum)
