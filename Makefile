@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup core demo lint test soak bench bench-quick bench-l2 bench-net bench-dlcp bench-collectives bench-train profile clean help p4 p4-check tofino testbed deploy serve dissector
+.PHONY: setup core demo lint test soak bench bench-quick bench-l2 bench-net bench-dlcp bench-collectives bench-train bench-overlap profile clean help p4 p4-check tofino testbed deploy serve dissector
 
 help:  ## list targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -115,6 +115,9 @@ bench-collectives: $(STAMP)  ## (root; ~10 min here) collectives measured vs the
 
 bench-train: $(STAMP)  ## (root; 4-7 min here) DDP training over 1 and 10 Gbit/s links: gloo vs SpINA dense vs top-k, step time and time to accuracy: bench/out/train/
 	$(PY) -m bench.train_bench $(TRAIN_BENCH_ARGS)
+
+bench-overlap: $(STAMP)  ## (root; 3 min here) priority overlap vs DDP's default order over 1 Gbit/s links, with a timeline: bench/out/overlap/
+	$(PY) -m bench.overlap_bench $(OVERLAP_BENCH_ARGS)
 
 profile: $(STAMP)  ## cProfile + memory of agent and software switch at the base point: bench/out/profile/
 	$(PY) -m bench.profile $(PROFILE_ARGS)

@@ -65,9 +65,11 @@ TASKS = {  # default runs, optimiser and schedule per task
 
 
 class MLP(nn.Sequential):
-    def __init__(self, width: int, inputs: int = 512, classes: int = 10):
-        super().__init__(nn.Linear(inputs, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
-                         nn.Linear(width, classes))
+    """inputs-width-...-width-classes with `depth` hidden width x width layers."""
+
+    def __init__(self, width: int, inputs: int = 512, classes: int = 10, depth: int = 1):
+        hidden = [m for _ in range(depth) for m in (nn.Linear(width, width), nn.ReLU())]
+        super().__init__(nn.Linear(inputs, width), nn.ReLU(), *hidden, nn.Linear(width, classes))
 
 
 class Teacher:

@@ -175,6 +175,7 @@ class _Call:
         rtt: the agent's latency estimator (kept across calls).
         check_blocks: verify a `blocks` hint against a full scan.
         layer: the call's (i, n) layer position for DLCP priorities (host_agent/dlcp.py).
+        slot_exponents: per slot, the least exponent this worker announces (Agent.allreduce).
         compiled: answers take _core.answer_batch where it handles them (Agent's datapath).
         residual: error feedback of a narrow-lane call (Agent.allreduce), or None.
 
@@ -188,7 +189,7 @@ class _Call:
                  flat: np.ndarray, integer: bool, inplace: bool, blocks: np.ndarray | None,
                  buffers: _Buffers, rtt: RttEstimator, check_blocks: bool = False,
                  layer: tuple[int, int] | None = None, compiled: bool = False,
-                 residual: np.ndarray | None = None):
+                 residual: np.ndarray | None = None, slot_exponents: np.ndarray | None = None):
         self.job, self.rank, self.call_id, self.rounds = job, rank, call_id, rounds
         # Ranks and bitmaps on the wire are the worker's own switch's: in a two-level job its
         # rack's leaf knows ranks rack_first.. as 0..rack_size-1 (flat: the job's ranks).
@@ -224,6 +225,8 @@ class _Call:
             # One sentinel past the end so that empty trailing slots index a valid row.
             exps = np.append(exponent_of_bits(bits[order]), wire.EXPONENT_NONE)
             slot_exp[has] = np.maximum.reduceat(exps, starts)[has]
+        if slot_exponents is not None and not integer:
+            slot_exp = np.maximum(slot_exp, slot_exponents)
         self.slot_exp = slot_exp
         self.nblocks = -(-n // self.B)
         self.out = flat if inplace else np.zeros(n, flat.dtype)
@@ -656,7 +659,8 @@ class Agent:
         self._buffers = _Buffers()
 
     # ------------------------------------------------------------------ public API
-    def allreduce(self, x, inplace: bool = False, blocks=None, layer=None, residual=None):
+    def allreduce(self, x, inplace: bool = False, blocks=None, layer=None, residual=None,
+                  slot_exponents=None):
         """Element-wise sum of `x` over all workers; same shape and dtype as `x`.
 
         Accepts numpy arrays (float32, float16, float64, int32) and torch tensors (also
@@ -685,8 +689,18 @@ class Agent:
                 (zeros at first). The call sums x + residual and leaves in `residual` what
                 its lanes did not carry, so nothing is lost across calls, only delayed. Not
                 with `blocks` (the residual's blocks would need sending too) or int32 lanes.
+            slot_exponents: None, or per slot of the window (int32, job.nslots) the least
+                exponent this worker announces in the slot's setup round (float tensors).
+                host_agent/overlap.py sends a tensor in pieces of whole lane spans with the
+                whole tensor's exponents, so each piece is quantized, and sums, exactly as
+                in one call.
         """
         layer = dlcp.check_layer(layer)
+        if slot_exponents is not None:
+            slot_exponents = np.asarray(slot_exponents)
+            if slot_exponents.shape != (self.job.nslots,) or slot_exponents.dtype != np.int32:
+                raise ValueError(f"slot_exponents: need {self.job.nslots} int32 (one per slot), "
+                                 f"got {slot_exponents.dtype} {slot_exponents.shape}")
         if residual is not None:
             if self.job.lane_bits == 32 or blocks is not None or _is_torch(x):
                 raise ValueError("residual: error feedback needs a narrow-lane job (lane_bits 16 "
@@ -716,7 +730,8 @@ class Agent:
             flat, private = flat.astype(np.float32), True  # our own copy: sum into it
         out = self._allreduce_flat(flat, integer=(kind == "int"), inplace=inplace or private,
                                    blocks=blocks, layer=layer,
-                                   residual=None if residual is None else residual.reshape(-1))
+                                   residual=None if residual is None else residual.reshape(-1),
+                                   slot_exponents=slot_exponents)
         return out.astype(arr.dtype, copy=False).reshape(arr.shape)
 
     def rejoin(self) -> None:
@@ -788,7 +803,8 @@ class Agent:
     # ------------------------------------------------------------------ one call
     def _allreduce_flat(self, flat: np.ndarray, integer: bool, inplace: bool = False,
                         blocks: np.ndarray | None = None, layer=None,
-                        residual: np.ndarray | None = None) -> np.ndarray:
+                        residual: np.ndarray | None = None,
+                        slot_exponents: np.ndarray | None = None) -> np.ndarray:
         if len(flat) >= 1 << 32:
             raise ValueError(f"tensor of {len(flat)} elements exceeds the 32-bit length field")
         t0 = time.perf_counter()
@@ -797,7 +813,8 @@ class Agent:
         self.call_id = (self.call_id + 1) & 0xFFFFFFFF
         call = _Call(self.job, self.rank, self.call_id, self.rounds, flat, integer, inplace,
                      blocks, self._buffers, self.rtt, self.check_blocks, layer=layer,
-                     compiled=self.datapath == "compiled", residual=residual)
+                     compiled=self.datapath == "compiled", residual=residual,
+                     slot_exponents=slot_exponents)
         sock = self.sock
         tick = min(0.1, call.recovery.deadline()) if self.job.bounded_loss else 0.1
         # Non-blocking, select() only when nothing is waiting: a socket timeout would cost a
