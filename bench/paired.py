@@ -219,7 +219,8 @@ def measure_point(rank: int, req: Request, agent, dist, torch, barrier, floor=No
             tx1, rx1 = dev_bytes() if dev_bytes else (0, 0)
             r = rec[m]
             if rank == 0:
-                err = check_result(res, want, p.workers, quantized=(m in QUANTIZED))
+                err = check_result(res, want, p.workers, quantized=(m in QUANTIZED),
+                                   lane_bits=agent.job.lane_bits if m in SPINA_METHODS else 32)
                 r["max_err"] = max(r["max_err"], err)
             if m in QUANTIZED:
                 r["crcs"].append(zlib.crc32(res.view(np.uint8)))
@@ -330,7 +331,8 @@ class Cluster:
 
     Args:
         n: workers.
-        nslots, block_size, nlanes: the job's SpINA parameters.
+        nslots, block_size, nlanes, lane_bits: the job's SpINA parameters (lane_bits 16, 8:
+            narrow lanes, docs/bits.md; the floor stays int32).
         agent_kw: extra Agent keyword arguments (e.g. rto).
         gloo: form a gloo group in the workers (None: SpINA alone, torch not imported).
         switch_place, worker_places: where the processes run (default: 127.0.0.1, any port).
@@ -348,7 +350,7 @@ class Cluster:
     """
 
     def __init__(self, n: int, *, nslots: int = 16, block_size: int = 256, nlanes: int = 56,
-                 agent_kw: dict | None = None, gloo: Gloo | None = None,
+                 lane_bits: int = 32, agent_kw: dict | None = None, gloo: Gloo | None = None,
                  switch_place: Place = Place(), worker_places: list[Place] | None = None,
                  switch_profile: str | None = None, floor: bool = False,
                  switch_datapath: str = "compiled", switch_threads: int = 1, serve=None):
@@ -356,7 +358,8 @@ class Cluster:
         self.serve = serve
         self.switch_datapath = switch_datapath
         self.switch_threads = switch_threads
-        self.job_args = dict(nslots=nslots, block_size=block_size, nlanes=nlanes)
+        self.job_args = dict(nslots=nslots, block_size=block_size, nlanes=nlanes,
+                             lane_bits=lane_bits)
         self.agent_kw = agent_kw or {}
         self.gloo = gloo
         self.switch_place = switch_place

@@ -2,8 +2,9 @@
 
 Run just this file: python -m pytest tests/test_net_bench.py   (needs root, `ip` and `tc`)
 
-Two workers in namespaces, 64K elements, one 1 Gbit/s rate, one MTU, one repeat: end to end
-through the real CLI, then the outputs and the machine are checked (no namespace left).
+Two workers in namespaces, 64K elements, one 1 Gbit/s rate, one MTU, one repeat, 32- and
+16-bit lanes: end to end through the real CLI, then the outputs and the machine are checked
+(no namespace left).
 """
 from __future__ import annotations
 
@@ -16,16 +17,18 @@ from netns import run_bench
 
 
 def test_net_bench_smoke(tmp_path):
-    """2 workers over a 1 Gbit/s star: SpINA, gloo and the floor timed and verified, bytes
-    counted, ratios paired, clean."""
+    """2 workers over a 1 Gbit/s star, 32- and 16-bit lanes: SpINA, gloo and the floor timed
+    and verified, bytes counted (16-bit lanes: half the data), ratios paired, clean."""
     run_bench("bench.net_bench", "snbt", ["--workers", "2", "--rates", "1gbit", "--densities",
                                           "1,0.01", "--elements", "65536", "--repeats", "1",
-                                          "--mtus", "9000", "--out", str(tmp_path)], timeout=55)
+                                          "--mtus", "9000", "--lane-bits", "32,16",
+                                          "--out", str(tmp_path)], timeout=90)
     with open(tmp_path / "net_results.csv", newline="") as f:
         reader = csv.DictReader(f)
         rows = list(reader)
     assert tuple(reader.fieldnames) == COLUMNS
-    assert sorted(float(r["density"]) for r in rows) == [0.01, 1.0]
+    assert sorted((int(r["lane_bits"]), float(r["density"])) for r in rows) == [
+        (16, 0.01), (16, 1.0), (32, 0.01), (32, 1.0)]
     size = 65536 * 4
     for r in rows:
         assert r["verified"] == "True"
@@ -43,10 +46,16 @@ def test_net_bench_smoke(tmp_path):
         assert float(r["spina_floor_median"]) == pytest.approx(spina_t / floor_t, rel=1e-2)
         assert float(r["floor_gloo_median"]) == pytest.approx(floor_t / gloo_t, rel=1e-2)
         assert float(r["relay_cpu_s_per_floor_call"]) >= 0
-    dense = next(r for r in rows if float(r["density"]) == 1.0)
-    sparse = next(r for r in rows if float(r["density"]) == 0.01)
+    def row(bits, density):
+        return next(r for r in rows if (int(r["lane_bits"]), float(r["density"])) == (bits,
+                                                                                      density))
+    dense, dense16 = row(32, 1.0), row(16, 1.0)
     assert size <= float(dense["spina_tx_bytes"]) < 1.2 * size  # each byte once
-    assert float(sparse["spina_tx_bytes"]) < 0.1 * size          # zero blocks never sent
+    assert size / 2 <= float(dense16["spina_tx_bytes"]) < 0.6 * size  # two bytes a value
+    assert float(row(32, 0.01)["spina_tx_bytes"]) < 0.1 * size  # zero blocks never sent
+    assert float(dense16["tx_bytes_ratio_theory"]) == pytest.approx(
+        float(dense["tx_bytes_ratio_theory"]) / 2)
     text = (tmp_path / "net_summary.md").read_text()
     assert "target <= 0.75x" in text and "target <= 0.05x" in text
+    assert "2 workers, 16-bit lanes, 100% density" in text and "target <= 0.4x" in text
     assert "| floor s | SpINA/floor | floor/gloo |" in text
