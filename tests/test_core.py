@@ -228,8 +228,8 @@ def test_deliver_writes_the_reference_values(variant, integer):
                                               (1, 31, 2**32 - 1, 17), (2**40, 2, 5, 8),
                                               (65535, 7, 123456, 70001)])
 def test_the_compiled_draws_are_numpys(seed, rank, step, n):
-    """_core.rounding_noise recomputes numpy's Philox draws of blocks.rounding_noise bit for
-    bit (uneven lengths: a counter's eight draws cut anywhere)."""
+    """_core.rounding_noise computes blocks.rounding_noise's counter-based draws bit for bit
+    (lengths around the vector loops' widths, seeds beyond 32 bits, steps at 2**32 - 1)."""
     got = np.empty(n, np.float32)
     _core.rounding_noise(seed, rank, step, got)
     want = rounding_noise(seed, rank, step, (n,))
@@ -263,7 +263,7 @@ def reference_narrow_fill(flat, pos_ext, ptr, pos, nonfinite, lane0, shift, B, l
 
 
 @pytest.mark.parametrize("lane_bits", [16, 8])
-def test_narrow_fill_round_gives_the_reference_bytes_and_residual(lane_bits):
+def test_narrow_fill_round_gives_the_reference_bytes_and_residual(variant, lane_bits):
     """Random tensors and rounds (NaN/Inf blocks, partial last blocks, shifts through ldexp's
     range): the same 16-/8-bit rows, header fields and pointers as numpy's stochastic
     rounding with rounding_noise's draws for each plan row, and the same residual bytes."""
