@@ -33,8 +33,10 @@ def test_net_bench_smoke(tmp_path):
     for r in rows:
         assert r["verified"] == "True"
         assert float(r["spina_median_s"]) > 0 and float(r["gloo_median_s"]) > 0
-        # within the bounds check_result enforced: small, and never NaN
-        assert 0 <= float(r["spina_max_err"]) < 1e-3 and 0 <= float(r["gloo_max_err"]) < 1e-4
+        # within the bounds check_result enforced: small (16-bit lanes: 2**-9 at a maximum
+        # near 4 with 2 workers), and never NaN
+        limit = 1e-3 if r["lane_bits"] == "32" else 4e-3
+        assert 0 <= float(r["spina_max_err"]) < limit and 0 <= float(r["gloo_max_err"]) < 1e-4
         # bytes on the wire were counted for both methods, headers included
         assert float(r["spina_tx_bytes"]) > 0 and float(r["spina_rx_bytes"]) > 0
         # 2 workers: the ring sends 2(n-1)/n = 1 tensor per worker, plus headers
