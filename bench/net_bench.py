@@ -82,7 +82,7 @@ COLUMNS = ("mtu", "workers", "lane_bits", "rate", "density", "elements", "repeat
 # ----------------------------------------------------------------------------- measuring
 def run_workers(n: int, rates, densities, elements: int, repeats: int, tag: str, mtu: int,
                 nslots: int, nlanes: int, profile_dir: str | None = None,
-                log=print, lane_bits=(32,)) -> list[dict]:
+                log=print, lane_bits=(32,), block_size: int = 256) -> list[dict]:
     """Every (lane width, rate, density) point for `n` workers on one star; a row per point.
 
     The switch, the floor's relay and the workers (bench.paired.Cluster, one per lane width)
@@ -93,26 +93,27 @@ def run_workers(n: int, rates, densities, elements: int, repeats: int, tag: str,
     with Star(n, tag, mtu) as star:
         for bits in lane_bits:
             rows += _run_lanes(star, n, bits, rates, densities, elements, repeats, mtu, nslots,
-                               nlanes, profile_dir, log)
+                               nlanes, block_size, profile_dir, log)
     return rows
 
 
 def _run_lanes(star: Star, n: int, bits: int, rates, densities, elements: int, repeats: int,
-               mtu: int, nslots: int, nlanes: int, profile_dir: str | None, log) -> list[dict]:
+               mtu: int, nslots: int, nlanes: int, block_size: int, profile_dir: str | None,
+               log) -> list[dict]:
     """run_workers' points of one lane width, with a cluster of its own."""
     rows = []
     star.set_rate(rates[0])
     prof = (os.path.join(profile_dir, f"switch-mtu{mtu}-n{n}-l{bits}.prof") if profile_dir
             else None)
     places = [Place(star.worker_ns(r), star.worker_ip(r), WORKER_PORT) for r in range(n)]
-    with Cluster(n, nslots=nslots, block_size=256, nlanes=nlanes, lane_bits=bits,
+    with Cluster(n, nslots=nslots, block_size=block_size, nlanes=nlanes, lane_bits=bits,
                  gloo=Gloo(star.worker_ip(0), GLOO_PORT, "eth0"),
                  switch_place=Place(star.switch_ns, SWITCH_IP), worker_places=places,
                  switch_profile=prof, floor=True) as cl:
         for rate in rates:
             star.set_rate(rate)
             for d in densities:
-                p = Point("net", n, elements, d, 256, nlanes, 256, nslots)
+                p = Point("net", n, elements, d, block_size, nlanes, 256, nslots)
                 load0 = os.getloadavg()
                 drops0, sw0 = star.tbf_drops(), proc_cpu(cl.switch_pid)
                 relay0 = proc_cpu(cl.relay_pid)
@@ -319,6 +320,10 @@ def parse_args(argv=None):
                     default=[9000, 65535],
                     help="comma list of link MTUs, each a run of its own (default 9000,65535: "
                          "jumbo frames, and no IP fragmentation of SpINA's datagrams)")
+    ap.add_argument("--block-size", type=int, default=256,
+                    help="SpINA's block size (default 256); the switch's slots grow to hold "
+                         "nlanes x block_size values (narrow lanes: 512 for 16-bit, 1024 for "
+                         "8-bit give int32's datagram size)")
     ap.add_argument("--lane-bits", type=lambda s: [int(v) for v in s.split(",")], default=[32],
                     help="comma list of SpINA lane widths, 32, 16, 8 (docs/bits.md), each with a "
                          "cluster of its own on the star (default 32)")
@@ -342,7 +347,7 @@ def add_star_args(ap, tag: str, out: str) -> None:
     ap.add_argument("--rates", type=lambda s: s.split(","), default=["1gbit", "10gbit"],
                     help="comma list of link rates in tc's units (default 1gbit,10gbit)")
     ap.add_argument("--nslots", type=int, default=16, help="SpINA switch slots (the window)")
-    ap.add_argument("--nlanes", type=int, default=56, help="SpINA blocks of 256 per datagram")
+    ap.add_argument("--nlanes", type=int, default=56, help="SpINA blocks per datagram")
     ap.add_argument("--tag", default=f"{tag}{os.getpid() % 100000}",
                     help="prefix of the namespaces this run makes")
     ap.add_argument("--out", default=out)
@@ -378,7 +383,8 @@ def main(argv=None) -> int:
                   "repeats", flush=True)
             rows += run_workers(n, a.rates, a.densities, a.elements, a.repeats,
                                 f"{a.tag}n{n}", mtu, a.nslots, a.nlanes,
-                                a.out if a.profile_switch else None, lane_bits=a.lane_bits)
+                                a.out if a.profile_switch else None, lane_bits=a.lane_bits,
+                                block_size=a.block_size)
             write_csv(rows, os.path.join(a.out, "net_results.csv"))  # keep what is done
     tbf = {r: tbf_params(r, max(a.mtus)) for r in a.rates}
     meta = {
@@ -390,7 +396,9 @@ def main(argv=None) -> int:
                          for r, p in tbf.items()),
         "tensor": f"{a.elements} float32 ({4 * a.elements / 1e6:.0f} MB) per worker, data "
                   "blocks of 256 chosen independently per worker",
-        "SpINA": f"block 256, {a.nlanes} blocks per datagram ({a.nlanes * 1024 / 1e3:.0f} KB, "
+        "SpINA": f"block {a.block_size}, {a.nlanes} blocks per datagram "
+                 f"({a.nlanes * 4 * a.block_size / 1e3:.0f} KB in int32 lanes, "
+                 f"lane widths {','.join(map(str, a.lane_bits))}; "
                  f"IP-fragmented below MTU 65535), {a.nslots} slots",
         "timing": f"{a.repeats} paired repeats after a warm-up, the methods' order rotating; "
                   "a repeat's time is the slowest worker's",

@@ -393,7 +393,8 @@ class Cluster:
         sp = self.switch_place
         self.procs.append(ctx.Process(target=switch_main, name="spina-switch",
                                       args=(child, self.switch_profile, sp.netns, sp.host,
-                                            self.switch_datapath, self.switch_threads)))
+                                            self.switch_datapath, self.switch_threads,
+                                            self._slot_capacity())))
         self.procs[-1].start()
         switch_addr = recv(self.switch_conn, "switch")
         relay_addr = self._start_relay(ctx) if self.floor else None
@@ -420,6 +421,12 @@ class Cluster:
             c.send((self.job, switch_addr, self.agent_kw, relay_addr))
         for r, c in enumerate(self.conns):
             recv(c, f"rank {r} ready")
+
+    def _slot_capacity(self) -> int | None:
+        """The switch's slot capacity: its default, or a slot of this job's if larger."""
+        from spina.spec import DEFAULT_SLOT_CAPACITY
+        need = self.job_args["nlanes"] * self.job_args["block_size"]
+        return need if need > DEFAULT_SLOT_CAPACITY else None
 
     def _start_relay(self, ctx) -> tuple[str, int]:
         from bench.floor import chunk_for, relay_main

@@ -130,10 +130,12 @@ def cpu_seconds() -> float:
 
 # ----------------------------------------------------------------------------- switch
 def switch_main(conn, profile_path: str | None, netns: str | None = None,
-                host: str = "127.0.0.1", datapath: str = "compiled", threads: int = 1) -> None:
+                host: str = "127.0.0.1", datapath: str = "compiled", threads: int = 1,
+                slot_capacity: int | None = None) -> None:
     """The software switch in its own process, listening on `host` (any free port), in
     network namespace `netns` if given, running `datapath` on `threads` data-path threads
-    (UdpSwitch's datapath, datapath_threads).
+    (UdpSwitch's datapath, datapath_threads), with slot_capacity values a slot (None: the
+    default).
 
     Protocol on `conn`: send our address; receive a JobConfig (admit it, start serving);
     receive "stop" -> reply with packet/byte counters and the CPU time spent serving.
@@ -142,7 +144,8 @@ def switch_main(conn, profile_path: str | None, netns: str | None = None,
     from spina.netns import enter
 
     enter(netns)
-    sw = UdpSwitch(host, port=0, datapath=datapath, datapath_threads=threads)
+    kw = {} if slot_capacity is None else {"slot_capacity": slot_capacity}
+    sw = UdpSwitch(host, port=0, datapath=datapath, datapath_threads=threads, **kw)
     conn.send(sw.address)
     job = conn.recv()
     sw.add_job(job)

@@ -201,6 +201,10 @@ class _Call:
         # The values' width on the wire: int32 tensors always travel as int32.
         self.lane_bits = 32 if integer else job.lane_bits
         self.width_flag = wire.LANE_FLAGS[self.lane_bits]
+        if wire.packet_len(self.k, self.B, self.k, self.width_flag) > wire.MAX_UDP_PAYLOAD:
+            raise ValueError(f"job {job.job}: an int32 tensor travels in int32 lanes, and "
+                             f"{self.k} lanes of {self.B} exceed a UDP datagram (the job's "
+                             f"{job.lane_bits}-bit lanes carry its float tensors only)")
         self.row_bytes = wire.row_bytes(self.B, self.width_flag)
         self.residual = residual
         if residual is not None:  # what is not sent stays; _fill_narrow keeps the rest's error

@@ -412,3 +412,41 @@ def test_the_ddp_hook_keeps_a_residual_per_bucket_on_narrow_lanes():
     with LocalCluster(2, nslots=2, nlanes=4, block_size=B) as c:
         s = SpinaHookState(c.agents[0])
         assert s.residual_for(_Bucket(torch.ones(3)), 64) is None and s.residuals == {}
+
+
+@pytest.mark.parametrize("datapath", ["compiled", "python"])
+def test_narrow_rows_may_hold_more_values_than_an_int32_datagram(datapath):
+    """An 8-bit job of 56 lanes x 1024 (a 57 KB datagram; int32 rows would need 229 KB) is
+    valid, a 32-bit one is not; two ranks' integer-valued tensors (exact in the lanes: shift
+    0) sum exactly through a switch whose slots hold them, in 57 KB datagrams; an int32
+    tensor on the job is refused naming the lanes."""
+    kw = dict(job=7, nslots=2, block_size=1024, nlanes=56)
+    with pytest.raises(ConfigError, match="at most 15 fit"):
+        local_job(2, lane_bits=32, **kw)
+    job = local_job(2, lane_bits=8, **kw)
+    rng = np.random.default_rng(9)
+    xs = [rng.integers(-31, 32, 300_000).astype(np.float32) for _ in range(2)]
+    sw = UdpSwitch(port=0, slot_capacity=56 * 1024, datapath=datapath)
+    sw.add_job(job)
+    sw.start()
+    try:
+        agents = [Agent(job, r, sw.address, timeout=5.0, datapath=datapath) for r in range(2)]
+        outs = [None, None]
+        threads = [threading.Thread(target=lambda r=r: outs.__setitem__(
+            r, agents[r].allreduce(xs[r]))) for r in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert outs[0].tobytes() == outs[1].tobytes() == (xs[0] + xs[1]).tobytes()
+        stats = agents[0].last_stats
+        assert stats.payload_bytes_sent == -(-300_000 // 1024) * 1024  # one byte a value
+        # 293 blocks over 2 x 56 lanes: a setup and 3 data rounds a slot, 57 KB datagrams
+        assert stats.packets_sent == 2 * (1 + 3)
+        assert stats.bytes_sent == 8 * wire.data_offset(56) + stats.payload_bytes_sent
+        with pytest.raises(ValueError, match="int32 tensor travels in int32 lanes"):
+            agents[0].allreduce(np.ones(10, np.int32))
+    finally:
+        for a in agents:
+            a.close()
+        sw.stop()
