@@ -62,7 +62,7 @@ GLOO_PORT = 29400
 TARGETS = {1.0: 0.75, 0.01: 0.05}  # at 1 Gbit/s: density -> SpINA/gloo at most (issue 12)
 LANE_TARGETS = {16: 0.4, 8: 0.25}  # at 1 Gbit/s, the dense call: lane bits -> at most (issue 32)
 TARGET_RATE = "1gbit"
-COLUMNS = ("mtu", "workers", "lane_bits", "rate", "density", "elements", "repeats",
+COLUMNS = ("mtu", "workers", "lane_bits", "block_size", "rate", "density", "elements", "repeats",
            "spina_median_s", "spina_min_s", "spina_max_s", "gloo_median_s", "gloo_min_s",
            "gloo_max_s", "ratio_median", "ratio_min", "ratio_max", "ratio_link_theory",
            "floor_median_s", "floor_min_s", "floor_max_s", "spina_floor_median",
@@ -157,7 +157,8 @@ def make_row(p: Point, rate: str, repeats: int, res: list[dict], drops: int, sw_
     u = union_fraction(p.density, n)
     bps = parse_rate(rate)
     narrow = lane_bits / 32  # SpINA's bytes a value against gloo's float32
-    row = dict(workers=n, lane_bits=lane_bits, rate=rate, density=p.density,
+    row = dict(workers=n, lane_bits=lane_bits, block_size=p.block_size, rate=rate,
+               density=p.density,
                elements=p.elements, repeats=repeats,
                ratio_median=statistics.median(ratios), ratio_min=min(ratios),
                ratio_max=max(ratios),
