@@ -450,3 +450,22 @@ def test_narrow_rows_may_hold_more_values_than_an_int32_datagram(datapath):
         for a in agents:
             a.close()
         sw.stop()
+
+
+@pytest.mark.parametrize("datapath", ["compiled", "python"])
+def test_lanes_bench_smoke(capsys, datapath):
+    """bench/lanes_bench.py runs (2 workers, 8,192 elements, one call per width) on either
+    path, and reports each width's bytes: 4, 2 and 1 per value of the 32 blocks, and the
+    headers of the same 17 datagrams (a setup round on each of the 16 slots; the 32 blocks
+    are lanes 0-31, slot 0's: one data round)."""
+    from bench import lanes_bench
+    assert lanes_bench.main(["--elements", "8192", "--workers", "2", "--repeats", "1",
+                             "--agent-datapath", datapath, "--switch-datapath", datapath]) == 0
+    out = capsys.readouterr().out
+    lines = {ln.split("|")[1].strip(): ln for ln in out.splitlines() if "-bit |" in ln}
+    for bits, item in ((32, 4), (16, 2), (8, 1)):
+        sent, data, packets = (int(c) for c in lines[f"{bits}-bit"].split("|")[2:5])
+        assert data == 8192 * item, bits
+        if packets == 17:  # no resend (a loaded machine may time one out: then more)
+            assert sent == 17 * wire.data_offset(56) + data, bits
+        assert packets >= 17 and sent >= 17 * wire.data_offset(56) + data, bits
