@@ -431,7 +431,8 @@ static PyObject *fill_round(PyObject *self, PyObject *const *args, Py_ssize_t na
     if (narrow) {
         for (Py_ssize_t r = 0; r < nrows; r++)
             if (jobs[r].row < 0) {
-                PyErr_Format(PyExc_IndexError, "fill_round: plan row %lld < 0", (long long)jobs[r].row);
+                PyErr_Format(PyExc_IndexError, "fill_round: plan row %lld < 0",
+                             (long long)jobs[r].row);
                 goto done;
             }
         Py_BEGIN_ALLOW_THREADS  /* the draws make a narrow row cost several times an int32 one */

@@ -13,13 +13,15 @@
  * pipeline (header checks, admission by a hash of (address, port, job, rank), epoch, the hold of
  * a newer round, the slot copy's round, bitmap and count, the big-endian int32 adds with
  * wrap-around (narrow lanes' int16/int8 rows sign-extended into them, the answer in the
- * round's width, clipped; docs/bits.md), the min of `next`, the ORs, max and flags), build each result in its own buffer
- * and send every copy of every result of the batch with one sendmmsg. The GIL is released
+ * round's width, clipped; docs/bits.md), the min of `next`, the ORs, max and flags), build
+ * each result in its own buffer and send every copy of every result of the batch with one
+ * sendmmsg. The GIL is released
  * throughout; the caller holds the pipeline's lock, so the control plane never sees half a
  * packet and this code never sees half a table change.
  *
  * Layout of a datagram and the header: spina/wire.py (48 bytes, nlanes u32 `next`, present
- * rows of block_size int32, int16 or int8 by the width flag, all big-endian). Register layout: softswitch/pipeline.py.
+ * rows of block_size int32, int16 or int8 by the width flag, all big-endian). Register layout:
+ * softswitch/pipeline.py.
  */
 #define _GNU_SOURCE
 #include "../host_agent/_pybuf.h"  /* Python.h, Buf, get_buf, release */
@@ -109,9 +111,10 @@ static void load_be16(int32_t *dst, const uint8_t *src, Py_ssize_t n) {
 
 __attribute__((target_clones("avx2", "default")))
 static void add_be16(int32_t *dst, const uint8_t *src, Py_ssize_t n) {
-    for (Py_ssize_t i = 0; i < n; i++)
-        dst[i] = (int32_t)((uint32_t)dst[i]
-                           + (uint32_t)(int32_t)(int16_t)(uint16_t)(src[2 * i] << 8 | src[2 * i + 1]));
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int32_t v = (int16_t)(uint16_t)(src[2 * i] << 8 | src[2 * i + 1]);
+        dst[i] = (int32_t)((uint32_t)dst[i] + (uint32_t)v);
+    }
 }
 
 __attribute__((target_clones("avx2", "default")))
@@ -382,7 +385,7 @@ static Py_ssize_t process_one(Datapath *d, const uint8_t *pkt, Py_ssize_t size, 
         d->nonfinite[idx] = nonfinite;
         d->exponent[idx] = exponent;
         d->length[idx] = length;
-        d->flags[idx] = flags & (FLAG_LAST | FLAGS_LANE_WIDTH);  /* the round's width: its first's */
+        d->flags[idx] = flags & (FLAG_LAST | FLAGS_LANE_WIDTH);  /* the round's width: its first */
     } else {
         if (present == full) {
             add_row(vals, pd, (Py_ssize_t)k * bs, item);
