@@ -7,6 +7,7 @@ the load average before and after is printed with them.
 
     python -m bench.lanes_bench [--elements 1048576] [--workers 4] [--repeats 7]
                                 [--switch-datapath compiled|python]
+                                [--agent-datapath compiled|python]
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import time
 
 import numpy as np
 
-from host_agent.agent import Agent
+from host_agent.agent import DATAPATHS, Agent
 from host_agent.launch import local_job
 from softswitch.udp import UdpSwitch
 from spina import wire
@@ -30,7 +31,10 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--switch-datapath", choices=("compiled", "python"), default="compiled",
-                    help="the switch's UDP data path (narrow packets take Python's either way)")
+                    help="the switch's UDP data path")
+    ap.add_argument("--agent-datapath", choices=DATAPATHS, default="compiled",
+                    help="the agents' (Agent(datapath=)): python rounds and decodes narrow "
+                         "lanes in numpy, the reference")
     args = ap.parse_args(argv)
     n = args.workers
     rng = np.random.default_rng(0)
@@ -43,7 +47,7 @@ def main(argv=None) -> int:
     for job in setups.values():
         sw.add_job(job)
     sw.start()
-    agents = {bits: [Agent(job, r, sw.address) for r in range(n)]
+    agents = {bits: [Agent(job, r, sw.address, datapath=args.agent_datapath) for r in range(n)]
               for bits, job in setups.items()}
     times = {bits: [] for bits in setups}
     sent = {}
@@ -72,7 +76,7 @@ def main(argv=None) -> int:
         sw.stop()
     load1 = os.getloadavg()
     print(f"{n} workers, {args.elements} float32 elements, {args.repeats} calls per width, "
-          f"switch data path {args.switch_datapath}; "
+          f"switch data path {args.switch_datapath}, agents' {args.agent_datapath}; "
           f"load average {load0[0]:.2f} before, {load1[0]:.2f} after ({os.cpu_count()} cores)")
     print("| lanes | bytes sent per rank | data bytes | packets | median call (s) | min (s) |")
     print("|---|---|---|---|---|---|")

@@ -6,6 +6,7 @@ Run from the repository root as root (`make bench-net` does):
     python -m bench.net_bench --workers 4 --rates 1gbit --densities 1,0.01 --repeats 3
     python -m bench.net_bench --workers 2 --rates 1gbit --densities 1,0.01 \\
         --elements 65536 --repeats 1 --out /tmp/n           # a smoke run (tests/test_net_bench.py)
+    python -m bench.net_bench --lane-bits 32,16,8 --densities 1 --mtus 65535   # narrow lanes
 
 Every worker is a network namespace with one link to a switch namespace (bench/net_topo.py),
 each link limited by tbf in both directions. The switch namespace routes IPv4 between the
@@ -24,6 +25,9 @@ slowest worker's; the ratios SpINA/gloo, SpINA/floor and floor/gloo are taken pe
 rank 0 within the quantization bound, all ranks bit-identical; gloo: rank 0 within float32
 rounding), the bytes each worker's eth0 sent and received are read around every call,
 resends counted.
+`--lane-bits 32,16,8` measures each lane width (docs/bits.md) with a cluster of its own on
+the same star: SpINA's job has that width, gloo and the floor (int32) are measured again
+beside it, paired as always.
 Outputs in --out: net_results.csv, net_summary.md, net_ratio.png.
 """
 from __future__ import annotations
@@ -49,6 +53,7 @@ from bench.paired import (
 )
 from bench.procs import Point
 from bench.report import page_head
+from spina.wire import LANE_BITS
 
 METHODS = ("spina", "gloo", "floor")  # the CSV's column prefixes
 PAIRED_METHODS = ("spina", "gloo_allreduce", "floor")  # bench.paired's names for them
@@ -58,7 +63,9 @@ GLOO_PORT = 29400
 # At 1 Gbit/s the links' own ratio at 100% is 2(n-1)/n's inverse share, 0.57-0.67 (link theory).
 TARGETS = {("1gbit", 1.0): (0.7, (4, 8)), ("1gbit", 0.01): (0.05, (4, 8)),
            ("10gbit", 1.0): (1.0, (4,)), ("10gbit", 0.01): (0.1, (4,))}
-COLUMNS = ("mtu", "workers", "rate", "density", "elements", "repeats",
+# Issue 32's, for narrow lanes: the dense call at 1 Gbit/s, 4 and 8 workers: lane bits -> at most.
+LANE_TARGETS = {16: 0.4, 8: 0.25}
+COLUMNS = ("mtu", "workers", "lane_bits", "block_size", "rate", "density", "elements", "repeats",
            "spina_median_s", "spina_min_s", "spina_max_s", "gloo_median_s", "gloo_min_s",
            "gloo_max_s", "ratio_median", "ratio_min", "ratio_max", "ratio_link_theory",
            "floor_median_s", "floor_min_s", "floor_max_s", "spina_floor_median",
@@ -78,48 +85,60 @@ COLUMNS = ("mtu", "workers", "rate", "density", "elements", "repeats",
 # ----------------------------------------------------------------------------- measuring
 def run_workers(n: int, rates, densities, elements: int, repeats: int, tag: str, mtu: int,
                 nslots: int, nlanes: int, profile_dir: str | None = None,
-                log=print) -> list[dict]:
-    """Every (rate, density) point for `n` workers on one star; a row per point.
+                log=print, lane_bits=(32,), block_size: int = 256) -> list[dict]:
+    """Every (lane width, rate, density) point for `n` workers on one star; a row per point.
 
-    The switch, the floor's relay and the workers (bench.paired.Cluster) live in the star's
-    namespaces, each worker with an Agent, a gloo group and a floor socket on its eth0.
-    profile_dir: also write the switch's cProfile (CPU time of its thread) there."""
+    The switch, the floor's relay and the workers (bench.paired.Cluster, one per lane width)
+    live in the star's namespaces, each worker with an Agent, a gloo group and a floor socket
+    on its eth0. profile_dir: also write the switch's cProfile (CPU time of its thread)
+    there."""
     rows = []
     with Star(n, tag, mtu) as star:
-        star.set_rate(rates[0])
-        prof = os.path.join(profile_dir, f"switch-mtu{mtu}-n{n}.prof") if profile_dir else None
-        places = [Place(star.worker_ns(r), star.worker_ip(r), WORKER_PORT) for r in range(n)]
-        with Cluster(n, nslots=nslots, block_size=256, nlanes=nlanes,
-                     gloo=Gloo(star.worker_ip(0), GLOO_PORT, "eth0"),
-                     switch_place=Place(star.switch_ns, SWITCH_IP), worker_places=places,
-                     switch_profile=prof, floor=True) as cl:
-            for rate in rates:
-                star.set_rate(rate)
-                for d in densities:
-                    p = Point("net", n, elements, d, 256, nlanes, 256, nslots)
-                    load0 = os.getloadavg()
-                    drops0, sw0 = star.tbf_drops(), proc_cpu(cl.switch_pid)
-                    relay0 = proc_cpu(cl.relay_pid)
-                    k0 = kernel_losses_total(cl.pids)
-                    res = cl.measure(Request(p, repeats, PAIRED_METHODS, count_dev=True))
-                    sw_cpu = (proc_cpu(cl.switch_pid) - sw0) / (repeats + 1)  # per SpINA call
-                    relay_cpu = (proc_cpu(cl.relay_pid) - relay0) / (repeats + 1)  # per floor call
-                    row = dict(mtu=mtu, **make_row(p, rate, repeats, res,
-                                                   star.tbf_drops() - drops0, sw_cpu, load0,
-                                                   os.getloadavg()),
-                               relay_cpu_s_per_floor_call=relay_cpu)
-                    row.update({k: v - k0[k] for k, v in kernel_losses_total(cl.pids).items()})
-                    rows.append(row)
-                    log(f"  MTU {mtu}, {n} workers {rate} {d:>6.2%}: "
-                        f"SpINA {row['spina_median_s']:.4f} s, "
-                        f"gloo {row['gloo_median_s']:.4f} s, ratio {row['ratio_median']:.3f} "
-                        f"[{row['ratio_min']:.3f}-{row['ratio_max']:.3f}], theory "
-                        f"{row['ratio_link_theory']:.3f}; floor {row['floor_median_s']:.4f} s, "
-                        f"SpINA/floor {row['spina_floor_median']:.3f}, floor/gloo "
-                        f"{row['floor_gloo_median']:.3f}; tx {row['tx_bytes_ratio']:.3f}x gloo's; "
-                        f"resends {row['spina_resends']}, "
-                        f"tbf/udp drops {row['tbf_drops']}/{row['udp_drops']}, "
-                        f"TCP retrans {row['tcp_retrans']}; load {load0[0]:.1f}", flush=True)
+        for bits in lane_bits:
+            rows += _run_lanes(star, n, bits, rates, densities, elements, repeats, mtu, nslots,
+                               nlanes, block_size, profile_dir, log)
+    return rows
+
+
+def _run_lanes(star: Star, n: int, bits: int, rates, densities, elements: int, repeats: int,
+               mtu: int, nslots: int, nlanes: int, block_size: int, profile_dir: str | None,
+               log) -> list[dict]:
+    """run_workers' points of one lane width, with a cluster of its own."""
+    rows = []
+    star.set_rate(rates[0])
+    prof = (os.path.join(profile_dir, f"switch-mtu{mtu}-n{n}-l{bits}.prof") if profile_dir
+            else None)
+    places = [Place(star.worker_ns(r), star.worker_ip(r), WORKER_PORT) for r in range(n)]
+    with Cluster(n, nslots=nslots, block_size=block_size, nlanes=nlanes, lane_bits=bits,
+                 gloo=Gloo(star.worker_ip(0), GLOO_PORT, "eth0"),
+                 switch_place=Place(star.switch_ns, SWITCH_IP), worker_places=places,
+                 switch_profile=prof, floor=True) as cl:
+        for rate in rates:
+            star.set_rate(rate)
+            for d in densities:
+                p = Point("net", n, elements, d, block_size, nlanes, 256, nslots)
+                load0 = os.getloadavg()
+                drops0, sw0 = star.tbf_drops(), proc_cpu(cl.switch_pid)
+                relay0 = proc_cpu(cl.relay_pid)
+                k0 = kernel_losses_total(cl.pids)
+                res = cl.measure(Request(p, repeats, PAIRED_METHODS, count_dev=True))
+                sw_cpu = (proc_cpu(cl.switch_pid) - sw0) / (repeats + 1)  # per SpINA call
+                relay_cpu = (proc_cpu(cl.relay_pid) - relay0) / (repeats + 1)  # per floor call
+                row = dict(mtu=mtu, **make_row(p, rate, repeats, res, star.tbf_drops() - drops0,
+                                               sw_cpu, load0, os.getloadavg(), bits),
+                           relay_cpu_s_per_floor_call=relay_cpu)
+                row.update({k: v - k0[k] for k, v in kernel_losses_total(cl.pids).items()})
+                rows.append(row)
+                log(f"  MTU {mtu}, {n} workers, {bits}-bit lanes, {rate} {d:>6.2%}: "
+                    f"SpINA {row['spina_median_s']:.4f} s, "
+                    f"gloo {row['gloo_median_s']:.4f} s, ratio {row['ratio_median']:.3f} "
+                    f"[{row['ratio_min']:.3f}-{row['ratio_max']:.3f}], theory "
+                    f"{row['ratio_link_theory']:.3f}; floor {row['floor_median_s']:.4f} s, "
+                    f"SpINA/floor {row['spina_floor_median']:.3f}, floor/gloo "
+                    f"{row['floor_gloo_median']:.3f}; tx {row['tx_bytes_ratio']:.3f}x gloo's; "
+                    f"resends {row['spina_resends']}, "
+                    f"tbf/udp drops {row['tbf_drops']}/{row['udp_drops']}, "
+                    f"TCP retrans {row['tcp_retrans']}; load {load0[0]:.1f}", flush=True)
     return rows
 
 
@@ -129,8 +148,9 @@ def union_fraction(density: float, n: int) -> float:
 
 
 def make_row(p: Point, rate: str, repeats: int, res: list[dict], drops: int, sw_cpu: float,
-             load0, load1) -> dict:
-    """One CSV row: paired times (slowest worker per repeat), bytes, checks, CPU."""
+             load0, load1, lane_bits: int = 32) -> dict:
+    """One CSV row: paired times (slowest worker per repeat), bytes, checks, CPU. SpINA's
+    link theory counts its values at lane_bits each (gloo's at 32)."""
     n, size = p.workers, 4 * p.elements
     t = {m: slowest(res, pm) for m, pm in zip(METHODS, PAIRED_METHODS)}
     ratios = paired_ratios(t["spina"], t["gloo"])
@@ -139,7 +159,10 @@ def make_row(p: Point, rate: str, repeats: int, res: list[dict], drops: int, sw_
     ring = 2 * (n - 1) / n
     u = union_fraction(p.density, n)
     bps = parse_rate(rate)
-    row = dict(workers=n, rate=rate, density=p.density, elements=p.elements, repeats=repeats,
+    narrow = lane_bits / 32  # SpINA's bytes a value against gloo's float32
+    row = dict(workers=n, lane_bits=lane_bits, block_size=p.block_size, rate=rate,
+               density=p.density,
+               elements=p.elements, repeats=repeats,
                ratio_median=statistics.median(ratios), ratio_min=min(ratios),
                ratio_max=max(ratios),
                spina_floor_median=statistics.median(vs_floor), spina_floor_min=min(vs_floor),
@@ -147,11 +170,12 @@ def make_row(p: Point, rate: str, repeats: int, res: list[dict], drops: int, sw_
                floor_gloo_min=min(floor_gloo), floor_gloo_max=max(floor_gloo),
                # link-bound: the busier direction of a worker's link. SpINA: its union of
                # non-zero blocks comes back (>= what it sends); gloo: 2(n-1)/n each way.
-               ratio_link_theory=u / ring,
-               spina_line_rate_s=u * size * 8 / bps, gloo_line_rate_s=ring * size * 8 / bps,
+               ratio_link_theory=u * narrow / ring,
+               spina_line_rate_s=u * narrow * size * 8 / bps,
+               gloo_line_rate_s=ring * size * 8 / bps,
                tx_bytes_ratio=(mean_over_workers(res, "spina", "tx")
                                / mean_over_workers(res, "gloo_allreduce", "tx")),
-               tx_bytes_ratio_theory=p.density / ring,
+               tx_bytes_ratio_theory=p.density * narrow / ring,
                spina_payload_bytes=mean_over_workers(res, "spina", "bytes_sent"),
                # resends of the warm-up count too
                spina_resends=sum(w["spina"]["warmup"]["resends"] + sum(w["spina"]["resends"])
@@ -184,14 +208,20 @@ def _mb(x: float) -> str:
 
 
 def target_lines(rows) -> list[str]:
-    """One line per point that has an issue-27 target (rate, density, workers): met or not."""
+    """One line per point that has a target: int32 lanes issue 27's (TARGETS: rate, density,
+    workers), narrow lanes issue 32's (LANE_TARGETS: the dense call at 1 Gbit/s); met or not."""
     out = []
     for r in rows:
-        want, workers = TARGETS.get((r["rate"], float(r["density"])), (None, ()))
+        bits = int(r["lane_bits"])
+        if bits == 32:
+            want, workers = TARGETS.get((r["rate"], float(r["density"])), (None, ()))
+        else:
+            dense_1g = float(r["density"]) == 1.0 and r["rate"] == "1gbit"
+            want, workers = (LANE_TARGETS[bits], (4, 8)) if dense_1g else (None, ())
         if want is None or int(r["workers"]) not in workers:
             continue
         ok = float(r["ratio_median"]) <= want
-        out.append(f"- MTU {r['mtu']}, {r['rate']}, {int(r['workers'])} workers, "
+        out.append(f"- MTU {r['mtu']}, {r['rate']}, {int(r['workers'])} workers, {bits}-bit lanes, "
                    f"{float(r['density']) * 100:g}% density: "
                    f"SpINA/gloo = **{float(r['ratio_median']):.3f}x** "
                    f"[{float(r['ratio_min']):.3f}-{float(r['ratio_max']):.3f}], target "
@@ -201,7 +231,8 @@ def target_lines(rows) -> list[str]:
 
 def summary(rows, meta: dict) -> str:
     lines = page_head("Network-bound regime: SpINA vs gloo over rate-limited links", meta,
-                      "Targets (issue 27, rate-limited links)", target_lines(rows),
+                      "Targets (issue 27; narrow lanes: issue 32; rate-limited links)",
+                      target_lines(rows),
                       "no target point run")
     lines += ["", "## Results", "",
               "time ratio = SpINA/gloo per repeat (paired), median [min-max]; link theory = "
@@ -211,16 +242,17 @@ def summary(rows, meta: dict) -> str:
               "at the link rate (time if the link were the only limit). floor: the simplest "
               "compiled star all-reduce of the dense tensor over the same links (bench/floor.py; "
               "it moves the whole tensor at every density), paired like gloo.", "",
-              "| MTU | workers | rate | density | SpINA s | gloo s | gloo line-rate s "
+              "| MTU | workers | lanes | rate | density | SpINA s | gloo s | gloo line-rate s "
               "| SpINA/gloo time | floor s | SpINA/floor | floor/gloo "
               "| link theory | SpINA tx/worker | gloo tx/worker | tx ratio | tx theory | "
               "resends | drops tbf, UDP | TCP retrans | CPU s/call SpINA, gloo, switch "
               "| CPU s/call floor, relay | load (1 min) |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
-              "---|---|"]
+              "---|---|---|"]
     for f in rows:
         lines.append(
-            f"| {f['mtu']} | {f['workers']} | {f['rate']} | {f['density'] * 100:g}% | "
+            f"| {f['mtu']} | {f['workers']} | {f['lane_bits']} | {f['rate']} | "
+            f"{f['density'] * 100:g}% | "
             f"{f['spina_median_s']:.4f} [{f['spina_min_s']:.4f}-{f['spina_max_s']:.4f}] | "
             f"{f['gloo_median_s']:.4f} [{f['gloo_min_s']:.4f}-{f['gloo_max_s']:.4f}] | "
             f"{f['gloo_line_rate_s']:.4f} | **{f['ratio_median']:.3f}x** "
@@ -245,12 +277,14 @@ def plot(rows, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    series = sorted({(int(r["mtu"]), int(r["workers"]), r["rate"]) for r in rows})
-    for i, (mtu, n, rate) in enumerate(series):
+    series = sorted({(int(r["mtu"]), int(r["workers"]), r["rate"], int(r["lane_bits"]))
+                     for r in rows})
+    for i, key in enumerate(series):
+        mtu, n, rate, bits = key
         pts = sorted(((float(r["density"]), r) for r in rows
-                      if (int(r["mtu"]), int(r["workers"]), r["rate"]) == (mtu, n, rate)),
-                     key=lambda dr: dr[0])
-        label = f"{n} workers, {rate}, MTU {mtu}"
+                      if (int(r["mtu"]), int(r["workers"]), r["rate"], int(r["lane_bits"]))
+                      == key), key=lambda dr: dr[0])
+        label = f"{n} workers, {rate}, MTU {mtu}" + (f", {bits}-bit lanes" if bits != 32 else "")
         d = [x for x, _ in pts]
         med = [float(r["ratio_median"]) for _, r in pts]
         err = [[m - float(r["ratio_min"]) for m, (_, r) in zip(med, pts)],
@@ -293,11 +327,21 @@ def parse_args(argv=None):
                     default=[9000, 65535],
                     help="comma list of link MTUs, each a run of its own (default 9000,65535: "
                          "jumbo frames, and no IP fragmentation of SpINA's datagrams)")
+    ap.add_argument("--block-size", type=int, default=256,
+                    help="SpINA's block size (default 256); the switch's slots grow to hold "
+                         "nlanes x block_size values (narrow lanes: 512 for 16-bit, 1024 for "
+                         "8-bit give int32's datagram size)")
+    ap.add_argument("--lane-bits", type=lambda s: [int(v) for v in s.split(",")], default=[32],
+                    help="comma list of SpINA lane widths, 32, 16, 8 (docs/bits.md), each with a "
+                         "cluster of its own on the star (default 32)")
     ap.add_argument("--profile-switch", action="store_true",
                     help="cProfile the switch (CPU time of its thread) into --out")
     a = ap.parse_args(argv)
     for rate in a.rates:
         parse_rate(rate)
+    bad = [b for b in a.lane_bits if b not in LANE_BITS]
+    if bad:
+        ap.error(f"--lane-bits: {bad[0]} is not one of {', '.join(map(str, LANE_BITS))}")
     return a
 
 
@@ -310,7 +354,7 @@ def add_star_args(ap, tag: str, out: str) -> None:
     ap.add_argument("--rates", type=lambda s: s.split(","), default=["1gbit", "10gbit"],
                     help="comma list of link rates in tc's units (default 1gbit,10gbit)")
     ap.add_argument("--nslots", type=int, default=16, help="SpINA switch slots (the window)")
-    ap.add_argument("--nlanes", type=int, default=56, help="SpINA blocks of 256 per datagram")
+    ap.add_argument("--nlanes", type=int, default=56, help="SpINA blocks per datagram")
     ap.add_argument("--tag", default=f"{tag}{os.getpid() % 100000}",
                     help="prefix of the namespaces this run makes")
     ap.add_argument("--out", default=out)
@@ -346,7 +390,8 @@ def main(argv=None) -> int:
                   "repeats", flush=True)
             rows += run_workers(n, a.rates, a.densities, a.elements, a.repeats,
                                 f"{a.tag}n{n}", mtu, a.nslots, a.nlanes,
-                                a.out if a.profile_switch else None)
+                                a.out if a.profile_switch else None, lane_bits=a.lane_bits,
+                                block_size=a.block_size)
             write_csv(rows, os.path.join(a.out, "net_results.csv"))  # keep what is done
     tbf = {r: tbf_params(r, max(a.mtus)) for r in a.rates}
     meta = {
@@ -358,7 +403,9 @@ def main(argv=None) -> int:
                          for r, p in tbf.items()),
         "tensor": f"{a.elements} float32 ({4 * a.elements / 1e6:.0f} MB) per worker, data "
                   "blocks of 256 chosen independently per worker",
-        "SpINA": f"block 256, {a.nlanes} blocks per datagram ({a.nlanes * 1024 / 1e3:.0f} KB, "
+        "SpINA": f"block {a.block_size}, {a.nlanes} blocks per datagram "
+                 f"({a.nlanes * 4 * a.block_size / 1e3:.0f} KB in int32 lanes, "
+                 f"lane widths {','.join(map(str, a.lane_bits))}; "
                  f"IP-fragmented below MTU 65535), {a.nslots} slots",
         "timing": f"{a.repeats} paired repeats after a warm-up, the methods' order rotating; "
                   "a repeat's time is the slowest worker's",

@@ -219,7 +219,8 @@ def measure_point(rank: int, req: Request, agent, dist, torch, barrier, floor=No
             tx1, rx1 = dev_bytes() if dev_bytes else (0, 0)
             r = rec[m]
             if rank == 0:
-                err = check_result(res, want, p.workers, quantized=(m in QUANTIZED))
+                err = check_result(res, want, p.workers, quantized=(m in QUANTIZED),
+                                   lane_bits=agent.job.lane_bits if m in SPINA_METHODS else 32)
                 r["max_err"] = max(r["max_err"], err)
             if m in QUANTIZED:
                 r["crcs"].append(zlib.crc32(res.view(np.uint8)))
@@ -330,7 +331,8 @@ class Cluster:
 
     Args:
         n: workers.
-        nslots, block_size, nlanes: the job's SpINA parameters.
+        nslots, block_size, nlanes, lane_bits: the job's SpINA parameters (lane_bits 16, 8:
+            narrow lanes, docs/bits.md; the floor stays int32).
         agent_kw: extra Agent keyword arguments (e.g. rto).
         gloo: form a gloo group in the workers (None: SpINA alone, torch not imported).
         switch_place, worker_places: where the processes run (default: 127.0.0.1, any port).
@@ -348,7 +350,7 @@ class Cluster:
     """
 
     def __init__(self, n: int, *, nslots: int = 16, block_size: int = 256, nlanes: int = 56,
-                 agent_kw: dict | None = None, gloo: Gloo | None = None,
+                 lane_bits: int = 32, agent_kw: dict | None = None, gloo: Gloo | None = None,
                  switch_place: Place = Place(), worker_places: list[Place] | None = None,
                  switch_profile: str | None = None, floor: bool = False,
                  switch_datapath: str = "compiled", switch_threads: int = 1, serve=None):
@@ -356,7 +358,8 @@ class Cluster:
         self.serve = serve
         self.switch_datapath = switch_datapath
         self.switch_threads = switch_threads
-        self.job_args = dict(nslots=nslots, block_size=block_size, nlanes=nlanes)
+        self.job_args = dict(nslots=nslots, block_size=block_size, nlanes=nlanes,
+                             lane_bits=lane_bits)
         self.agent_kw = agent_kw or {}
         self.gloo = gloo
         self.switch_place = switch_place
@@ -390,7 +393,8 @@ class Cluster:
         sp = self.switch_place
         self.procs.append(ctx.Process(target=switch_main, name="spina-switch",
                                       args=(child, self.switch_profile, sp.netns, sp.host,
-                                            self.switch_datapath, self.switch_threads)))
+                                            self.switch_datapath, self.switch_threads,
+                                            self._slot_capacity())))
         self.procs[-1].start()
         switch_addr = recv(self.switch_conn, "switch")
         relay_addr = self._start_relay(ctx) if self.floor else None
@@ -417,6 +421,12 @@ class Cluster:
             c.send((self.job, switch_addr, self.agent_kw, relay_addr))
         for r, c in enumerate(self.conns):
             recv(c, f"rank {r} ready")
+
+    def _slot_capacity(self) -> int | None:
+        """The switch's slot capacity: its default, or a slot of this job's if larger."""
+        from spina.spec import DEFAULT_SLOT_CAPACITY
+        need = self.job_args["nlanes"] * self.job_args["block_size"]
+        return need if need > DEFAULT_SLOT_CAPACITY else None
 
     def _start_relay(self, ctx) -> tuple[str, int]:
         from bench.floor import chunk_for, relay_main

@@ -8,9 +8,12 @@
  *               half to even) and store big-endian into the datagram; the lane's next own
  *               position after it goes into `next`; the header's per-round fields (flags,
  *               priority, round, exponent, present, nonfinite) are patched into the call's
- *               template, which the agent packs once per call.
- *   deliver     a result: dequantize each present lane's int32 sum (to float32, then
- *               * 2**-shift) and write it to its block of the output; NaN into the blocks a
+ *               template, which the agent packs once per call. Narrow lanes (docs/bits.md):
+ *               16- or 8-bit rows, each value stochastically rounded with the counter-based
+ *               draws of (job, rank, call) (blocks.rounding_noise's), the error kept in the
+ *               caller's residual (error feedback); written without the GIL.
+ *   deliver     a result: dequantize each present lane's int32 (or narrow) sum (to float32,
+ *               then * 2**-shift) and write it to its block of the output; NaN into the blocks a
  *               worker reported non-finite; then the result's `next` positions become the
  *               slot's next round.
  *
@@ -25,8 +28,10 @@
  * both paths and compares them bit for bit).
  *
  * The numpy forms in host_agent/blocks.py (quantize, dequantize, gather_blocks,
- * scatter_blocks) and spina/wire.py (HEADER_STRUCT, header_error) are the reference:
- * tests/test_core.py checks both give identical bytes and verdicts.
+ * scatter_blocks, rounding_noise, stochastic_quantize), the agent's _fill_narrow and
+ * _deliver_narrow, and spina/wire.py (HEADER_STRUCT, header_error) are the reference:
+ * tests/test_core.py and tests/test_narrow_lanes.py check both give identical bytes and
+ * verdicts.
  * Layout of a datagram: spina/wire.py (48-byte header, nlanes u32 `next`, present rows).
  */
 #include "_pybuf.h"  /* Python.h, Buf, get_buf, release */
@@ -153,9 +158,144 @@ static void quantize_row(unsigned char *dst, const void *src, Py_ssize_t count, 
 }
 
 
+/* ---- narrow lanes (docs/bits.md): stochastic rounding with counter-based draws ---- */
+
+/* blocks.rounding_noise's generator: draw i of (seed, rank, step) is (h >> 8) * 2**-24 with
+ * h = mix32(mix32(i + k0) ^ k1), (k0, k1) the low and high half of a splitmix64 chain over
+ * seed, rank and step. Counter-based, so a row's draws need none before them; 32-bit integer
+ * operations only, so gcc vectorises them (numpy's Philox, the first generator, took 2.7 ms
+ * per million draws here and most of a narrow call's CPU). */
+static inline uint64_t splitmix64(uint64_t z) {
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+typedef struct {
+    uint32_t k0, k1;
+} Draws;
+
+static Draws draws_for(uint64_t seed, uint64_t rank, uint64_t step) {
+    uint64_t key = splitmix64(splitmix64(splitmix64(seed) ^ rank) ^ step);
+    return (Draws){(uint32_t)key, (uint32_t)(key >> 32)};
+}
+
+/* lowbias32 (C. Wellons' integer hash search): a bijection of 32-bit words. */
+static inline uint32_t mix32(uint32_t x) {
+    x ^= x >> 16;
+    x *= 0x7FEB352Du;
+    x ^= x >> 15;
+    x *= 0x846CA68Bu;
+    x ^= x >> 16;
+    return x;
+}
+
+static inline float draw_at(uint32_t k0, uint32_t k1, uint32_t i) {
+    return (float)(int32_t)(mix32(mix32(i + k0) ^ k1) >> 8) * 0x1p-24f;
+}
+
+/* The common case of a narrow row, built for AVX2 and for any CPU like the int32 loops:
+ * q = floor(x 2**shift + u) in double (x 2**shift exact, the add rounding once: numpy's
+ * stochastic_quantize), the floor as truncation corrected by one below zero (exact: |q| <=
+ * 2**(lane_bits - 2) by the shift), big-endian `item`-byte values; residual (or NULL):
+ * x - q 2**-shift in float32 (blocks.dequantize). up = 2**shift, down = 2**-shift, both normal. */
+#define NARROW_LOOP(STORE, RESIDUAL)                                                       \
+    for (Py_ssize_t j = 0; j < count; j++) {                                               \
+        float x = src[j];                                                                  \
+        double s = (double)x * up + (double)draw_at(k0, k1, (uint32_t)(first + j));        \
+        int32_t t = (int32_t)s, q = t - (s < (double)t);                                    \
+        STORE;                                                                             \
+        RESIDUAL;                                                                          \
+    }
+#define STORE16 uint16_t v_ = __builtin_bswap16((uint16_t)q); memcpy(dst + 2 * j, &v_, 2)
+#define STORE8 dst[j] = (unsigned char)q
+#define KEEP_ERROR residual[j] = x - (float)q * down
+#define NARROW_BODY                                                                        \
+    if (item == 2 && residual) NARROW_LOOP(STORE16, KEEP_ERROR)                             \
+    else if (item == 2) NARROW_LOOP(STORE16, (void)0)                                      \
+    else if (residual) NARROW_LOOP(STORE8, KEEP_ERROR)                                     \
+    else NARROW_LOOP(STORE8, (void)0)
+#define NARROW_ARGS unsigned char *dst, int item, const float *src, Py_ssize_t count,       \
+    double up, float down, uint32_t k0, uint32_t k1, uint64_t first, float *residual
+
+#ifdef HAVE_AVX2_VARIANT
+__attribute__((target("avx2")))
+static void narrow_avx2(NARROW_ARGS) {
+    NARROW_BODY
+}
+#endif
+static void narrow_generic(NARROW_ARGS) {
+    NARROW_BODY
+}
+static void (*narrow_scaled)(NARROW_ARGS) = narrow_generic;
+
+/* One narrow lane's row of `item` (2 or 1) bytes a value, as agent._fill_narrow writes it:
+ * q = floor(x 2**shift + u) with u the draws from `first` (plan row * bs) on, big-endian;
+ * zero-padded to bs (the padding's floor(0 + u) is 0); NaN/Inf count as 0 in a block reported
+ * non-finite. residual (NULL: none): x - q 2**-shift in float32, 0 for a non-finite block:
+ * what the lane did not carry. Shifts beyond float32's scale and non-finite blocks take a
+ * scalar loop with ldexp, which gives what numpy's does. */
+static void narrow_row(unsigned char *dst, int item, const float *src, Py_ssize_t count,
+                       Py_ssize_t bs, int finite_only, int shift, const Draws *dr, uint64_t first,
+                       float *residual) {
+    uint32_t k0 = dr->k0, k1 = dr->k1;
+    int in_range = -shift >= -126 && -shift <= 127;
+    float down = in_range ? ldexpf(1.0f, -shift) : 0.0f;
+    if (in_range && !finite_only) {
+        narrow_scaled(dst, item, src, count, ldexp(1.0, shift), down, k0, k1, first, residual);
+    } else {
+        for (Py_ssize_t j = 0; j < count; j++) {
+            float x = src[j];
+            if (finite_only && !isfinite(x))
+                x = 0.0f;
+            double sum = ldexp((double)x, shift) + (double)draw_at(k0, k1, (uint32_t)(first + j));
+            int32_t q = (int32_t)floor(sum);
+            if (item == 2)
+                store_be16(dst + 2 * j, (uint16_t)(int16_t)q);
+            else
+                dst[j] = (unsigned char)(int8_t)q;
+            if (residual)
+                residual[j] = finite_only ? 0.0f
+                              : x - (in_range ? (float)q * down : ldexpf((float)q, -shift));
+        }
+    }
+    if (count < bs)
+        memset(dst + item * count, 0, (size_t)(item * (bs - count)));
+}
+
+PyDoc_STRVAR(rounding_noise_doc,
+"rounding_noise(seed, rank, step, out) -> None\n\n"
+"Fill `out` (float32) with blocks.rounding_noise(seed, rank, step, out.shape)'s values, bit\n"
+"for bit (computed as fill_round computes a narrow row's draws).");
+
+static PyObject *rounding_noise(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (!nargs_is("rounding_noise", nargs, 4))
+        return NULL;
+    Draws dr = draws_for(PyLong_AsUnsignedLongLongMask(args[0]),
+                         PyLong_AsUnsignedLongLongMask(args[1]),
+                         PyLong_AsUnsignedLongLongMask(args[2]));
+    Buf b;
+    memset(&b, 0, sizeof b);
+    if (PyErr_Occurred() || get_buf(args[3], &b, 1, 4, "out"))
+        goto fail;
+    float *out = (float *)b.view.buf;
+    Py_ssize_t n = b.view.len / 4;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t j = 0; j < n; j++)
+        out[j] = draw_at(dr.k0, dr.k1, (uint32_t)j);
+    Py_END_ALLOW_THREADS
+    release(&b, 1);
+    Py_RETURN_NONE;
+fail:
+    release(&b, 1);
+    return NULL;
+}
+
 PyDoc_STRVAR(fill_round_doc,
 "fill_round(datagram, flat, pos_ext, ptr, pos, nonfinite, lane0, shift, integer, block_size,\n"
-"           round, flags, priority, exponent) -> (present, nonfinite_bits, nrows, last)\n\n"
+"           round, flags, priority, exponent[, draws, residual])\n"
+"    -> (present, nonfinite_bits, nrows, last)\n\n"
 "Write one contribution's `next` positions and data rows into `datagram` (after its header),\n"
 "and its header's per-round fields: flags (| LAST when nothing more follows), priority, round,\n"
 "exponent, bitmap 0, present, nonfinite; the other header fields are the call's template,\n"
@@ -166,13 +306,27 @@ PyDoc_STRVAR(fill_round_doc,
 "the round's agreed positions; nonfinite: None or uint8 per plan row (row = pos_ext index -\n"
 "lane), 1 where the block holds NaN/Inf; lane0: the slot's first global lane. Returns the\n"
 "present lane bitmap, the non-finite lane bitmap, the number of rows written, and whether\n"
-"every lane's next position is END (nothing more to send).");
+"every lane's next position is END (nothing more to send).\n"
+"A width flag in `flags` (FLAG_LANES16, FLAG_LANES8; float tensors) makes the rows narrow:\n"
+"each value stochastically rounded with draws (seed, rank, step)'s values at plan row *\n"
+"block_size on (blocks.rounding_noise), as agent._fill_narrow does; `residual` (None, or\n"
+"float32 of flat's size) then takes each sent block's error (error feedback). The rows are\n"
+"written without the GIL.");
+
+/* A row fill_round sends: where its block starts in the tensor, its elements, plan row. */
+typedef struct {
+    Py_ssize_t start, count;
+    int64_t row;
+    int finite_only;
+} RowJob;
 
 static PyObject *fill_round(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    Buf b[6] = {0};
+    Buf b[7] = {0};
     PyObject *result = NULL;
-    if (!nargs_is("fill_round", nargs, 14))
+    if (nargs != 14 && nargs != 16) {
+        PyErr_Format(PyExc_TypeError, "fill_round takes 14 or 16 arguments (%zd given)", nargs);
         return NULL;
+    }
     long long lane0 = PyLong_AsLongLong(args[6]);
     long shift = PyLong_AsLong(args[7]);
     int integer = PyObject_IsTrue(args[8]);
@@ -180,18 +334,31 @@ static PyObject *fill_round(PyObject *self, PyObject *const *args, Py_ssize_t na
     unsigned long round_ = PyLong_AsUnsignedLong(args[10]);
     long flags = PyLong_AsLong(args[11]), priority = PyLong_AsLong(args[12]);
     long exponent = PyLong_AsLong(args[13]);
-    if (PyErr_Occurred() || integer < 0)
+    PyObject *draws_obj = nargs == 16 ? args[14] : Py_None;
+    PyObject *residual_obj = nargs == 16 ? args[15] : Py_None;
+    unsigned long long seed = 0, rank = 0, step = 0;
+    if (PyErr_Occurred() || integer < 0
+        || (draws_obj != Py_None && !PyArg_ParseTuple(draws_obj, "KKK", &seed, &rank, &step)))
         return NULL;
+    Draws dr = draws_for(seed, rank, step);
     if (round_ > 0xFFFFFFFFul || flags < 0 || flags > 255 || priority < 0 || priority > 255
         || exponent < -32768 || exponent > 32767) {
         PyErr_SetString(PyExc_ValueError, "fill_round: round, flags, priority or exponent outside its field");
         return NULL;
     }
     int setup = args[4] == Py_None;
+    int item = LANE_ITEM_BYTES(flags), narrow = item < 4;
+    if (!item || (narrow && integer) || (narrow && !setup && draws_obj == Py_None)
+        || (residual_obj != Py_None && !narrow)) {
+        PyErr_SetString(PyExc_ValueError, "fill_round: one lane width; narrow lanes for float "
+                        "tensors, with draws; a residual only with narrow lanes");
+        return NULL;
+    }
     if (get_buf(args[0], &b[0], 1, 0, "datagram") || get_buf(args[1], &b[1], 0, 4, "flat")
         || get_buf(args[2], &b[2], 0, 8, "pos_ext") || get_buf(args[3], &b[3], 1, 8, "ptr")
         || (!setup && get_buf(args[4], &b[4], 0, 8, "pos"))
-        || (args[5] != Py_None && get_buf(args[5], &b[5], 0, 1, "nonfinite")))
+        || (args[5] != Py_None && get_buf(args[5], &b[5], 0, 1, "nonfinite"))
+        || (residual_obj != Py_None && get_buf(residual_obj, &b[6], 1, 4, "residual")))
         goto done;
     Py_ssize_t k = b[3].view.len / 8, n = b[1].view.len / 4, m = b[2].view.len / 8;
     Py_ssize_t nf_len = b[5].held ? b[5].view.len : 0;
@@ -199,8 +366,12 @@ static PyObject *fill_round(PyObject *self, PyObject *const *args, Py_ssize_t na
         PyErr_SetString(PyExc_ValueError, "fill_round: ptr and pos need 1..64 lanes each, block_size >= 1");
         goto done;
     }
+    if (b[6].held && b[6].view.len != b[1].view.len) {
+        PyErr_SetString(PyExc_ValueError, "fill_round: residual must have flat's size");
+        goto done;
+    }
     Py_ssize_t data_at = HEADER_LEN + 4 * k;
-    if (b[0].view.len < data_at + 4 * k * bs) {
+    if (b[0].view.len < data_at + item * k * bs) {
         PyErr_SetString(PyExc_ValueError, "fill_round: datagram too short for every lane's row");
         goto done;
     }
@@ -214,10 +385,12 @@ static PyObject *fill_round(PyObject *self, PyObject *const *args, Py_ssize_t na
     int64_t *ptr = (int64_t *)b[3].view.buf;
     const int64_t *pos = setup ? NULL : (const int64_t *)b[4].view.buf;
     const unsigned char *nonfinite = b[5].held ? (const unsigned char *)b[5].view.buf : NULL;
-    float factor = pow2_f32((int)shift);
+    float *residual = b[6].held ? (float *)b[6].view.buf : NULL;
     uint64_t present = 0, nf_bits = 0;
     Py_ssize_t nrows = 0;
+    RowJob jobs[MAX_LANES];
     int last = 1;
+    /* first which lanes send which block (every index checked), then the rows */
     for (Py_ssize_t i = 0; i < k; i++) {
         int64_t p = ptr[i];
         if (p < 0 || p >= m) {
@@ -230,9 +403,9 @@ static PyObject *fill_round(PyObject *self, PyObject *const *args, Py_ssize_t na
                 PyErr_Format(PyExc_IndexError, "fill_round: block %lld outside the tensor", (long long)own);
                 goto done;
             }
+            int64_t row = p - (lane0 + i);
             int finite_only = 0;
             if (nonfinite) {
-                int64_t row = p - (lane0 + i);
                 if (row < 0 || row >= nf_len) {
                     PyErr_Format(PyExc_IndexError, "fill_round: plan row %lld outside nonfinite", (long long)row);
                     goto done;
@@ -240,9 +413,7 @@ static PyObject *fill_round(PyObject *self, PyObject *const *args, Py_ssize_t na
                 finite_only = nonfinite[row] != 0;
             }
             Py_ssize_t start = (Py_ssize_t)own * bs;
-            Py_ssize_t count = n - start < bs ? n - start : bs;
-            quantize_row(dgram + data_at + 4 * bs * nrows, flat + 4 * start, count, bs, integer,
-                         finite_only, (int)shift, factor);
+            jobs[nrows] = (RowJob){start, n - start < bs ? n - start : bs, row, finite_only};
             present |= 1ull << i;
             if (finite_only)
                 nf_bits |= 1ull << i;
@@ -257,28 +428,54 @@ static PyObject *fill_round(PyObject *self, PyObject *const *args, Py_ssize_t na
         store_be32(dgram + HEADER_LEN + 4 * i, next < 0 ? END_POS : (uint32_t)next);
         last &= next < 0;
     }
+    if (narrow) {
+        for (Py_ssize_t r = 0; r < nrows; r++)
+            if (jobs[r].row < 0) {
+                PyErr_Format(PyExc_IndexError, "fill_round: plan row %lld < 0",
+                             (long long)jobs[r].row);
+                goto done;
+            }
+        Py_BEGIN_ALLOW_THREADS  /* the draws make a narrow row cost several times an int32 one */
+        for (Py_ssize_t r = 0; r < nrows; r++) {
+            const RowJob *jb = &jobs[r];
+            narrow_row(dgram + data_at + item * bs * r, item, (const float *)flat + jb->start,
+                       jb->count, bs, jb->finite_only, (int)shift, &dr, (uint64_t)jb->row * bs,
+                       residual ? residual + jb->start : NULL);
+        }
+        Py_END_ALLOW_THREADS
+    } else {
+        float factor = pow2_f32((int)shift);
+        for (Py_ssize_t r = 0; r < nrows; r++)
+            quantize_row(dgram + data_at + 4 * bs * r, flat + 4 * jobs[r].start, jobs[r].count,
+                         bs, integer, jobs[r].finite_only, (int)shift, factor);
+    }
     write_header(dgram, (int)flags | (last ? FLAG_LAST : 0), (int)priority, (uint32_t)round_,
                  (int)exponent, present, nf_bits);
     result = Py_BuildValue("(KKnO)", (unsigned long long)present, (unsigned long long)nf_bits,
                            nrows, last ? Py_True : Py_False);
 done:
-    release(b, 6);
+    release(b, 7);
     return result;
 }
 
 PyDoc_STRVAR(deliver_doc,
-"deliver(datagram, out, pos, present, nonfinite, shift, integer, block_size) -> done\n\n"
+"deliver(datagram, out, pos, present, nonfinite, shift, integer, block_size[, width]) -> done\n\n"
 "Write a result's rows into `out` (float32, or int32 if integer): the i-th present lane's row\n"
 "goes to block pos[i] (int64 per lane), dequantized by 2**-shift (floats); blocks of the\n"
 "`nonfinite` lanes become NaN. Only the first elements of the partial last block are written.\n"
 "Then `pos` becomes the result's `next` positions (the next round's; END stays 2**32-1), and\n"
-"`done` is whether every one of them is END (the slot's stream is complete).");
+"`done` is whether every one of them is END (the slot's stream is complete).\n"
+"width (optional, 0: int32): the rows' width flag (FLAG_LANES16, FLAG_LANES8; float outputs),\n"
+"dequantized as agent._deliver_narrow does.");
 
 static PyObject *deliver(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     Buf b[3] = {0};
     PyObject *result = NULL;
-    if (!nargs_is("deliver", nargs, 8))
+    if (nargs != 8 && nargs != 9) {
+        PyErr_Format(PyExc_TypeError, "deliver takes 8 or 9 arguments (%zd given)", nargs);
         return NULL;
+    }
+    long width = nargs == 9 ? PyLong_AsLong(args[8]) : 0;
     unsigned long long present = PyLong_AsUnsignedLongLong(args[3]);
     unsigned long long nf_bits = PyLong_AsUnsignedLongLong(args[4]);
     long shift = PyLong_AsLong(args[5]);
@@ -286,6 +483,12 @@ static PyObject *deliver(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     Py_ssize_t bs = PyLong_AsSsize_t(args[7]);
     if (PyErr_Occurred() || integer < 0)
         return NULL;
+    int item = (width & ~FLAGS_LANE_WIDTH) ? 0 : LANE_ITEM_BYTES(width);
+    if (!item || (item < 4 && integer)) {
+        PyErr_SetString(PyExc_ValueError, "deliver: width is 0, FLAG_LANES16 or FLAG_LANES8 "
+                        "(narrow: float outputs)");
+        return NULL;
+    }
     if (get_buf(args[0], &b[0], 0, 0, "datagram") || get_buf(args[1], &b[1], 1, 4, "out")
         || get_buf(args[2], &b[2], 1, 8, "pos"))
         goto done;
@@ -295,7 +498,7 @@ static PyObject *deliver(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         goto done;
     }
     Py_ssize_t data_at = HEADER_LEN + 4 * k;
-    if (b[0].view.len < data_at + 4 * bs * __builtin_popcountll(present)) {
+    if (b[0].view.len < data_at + item * bs * __builtin_popcountll(present)) {
         PyErr_SetString(PyExc_ValueError, "deliver: datagram shorter than its present rows");
         goto done;
     }
@@ -321,8 +524,20 @@ static PyObject *deliver(PyObject *self, PyObject *const *args, Py_ssize_t nargs
             continue;
         Py_ssize_t start = (Py_ssize_t)pos[i] * bs;
         Py_ssize_t count = n - start < bs ? n - start : bs;
-        const unsigned char *src = dgram + data_at + 4 * bs * row++;
-        if (integer) {
+        const unsigned char *src = dgram + data_at + item * bs * row++;
+        if (item < 4) {  /* narrow: int16/int8 to float32, then the exact scale (dequantize) */
+            float *dst = (float *)(out + 4 * start);
+            if (item == 2 && in_range)
+                for (Py_ssize_t j = 0; j < count; j++)
+                    dst[j] = (float)(int16_t)load_be16(src + 2 * j) * factor;
+            else if (in_range)
+                for (Py_ssize_t j = 0; j < count; j++)
+                    dst[j] = (float)(int8_t)src[j] * factor;
+            else
+                for (Py_ssize_t j = 0; j < count; j++)
+                    dst[j] = ldexpf(item == 2 ? (float)(int16_t)load_be16(src + 2 * j)
+                                              : (float)(int8_t)src[j], ishift);
+        } else if (integer) {
             uint32_t *dst = (uint32_t *)(out + 4 * start);
             for (Py_ssize_t j = 0; j < count; j++)
                 dst[j] = load_be32(src + 4 * j);
@@ -782,15 +997,16 @@ static int dict_discard(PyObject *d, PyObject *key) {
 
 /* Whether answer `a` (recv_answers' fields) is the common case this loop handles: a
  * multicast result (not a stored one for a resend, not PARTIAL, no length mismatch) to its
- * slot's data round in flight, which was sent once and got no status; and the agent has a
- * latency estimate. 1 yes, 0 no (the agent's Python path takes it), -1 error. */
-static int common_answer(PyObject *a, PyObject *st, PyObject *tm) {
+ * slot's data round in flight, in the call's lane width, which was sent once and got no
+ * status; and the agent has a latency estimate. 1 yes, 0 no (the agent's Python path takes it), -1 error. */
+static int common_answer(PyObject *a, PyObject *st, PyObject *tm, long width) {
     long long msg_type = PyLong_AsLongLong(PyTuple_GET_ITEM(a, 2));
     long long flags = PyLong_AsLongLong(PyTuple_GET_ITEM(a, 3));
     unsigned long long round_ = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(a, 4));
     if (PyErr_Occurred())
         return -1;
-    if (msg_type != MSG_RESULT || (flags & (FLAG_MISMATCH | FLAG_PARTIAL | FLAG_RESEND)))
+    if (msg_type != MSG_RESULT || (flags & (FLAG_MISMATCH | FLAG_PARTIAL | FLAG_RESEND))
+        || (flags & FLAGS_LANE_WIDTH) != width)  /* another width: the agent raises */
         return 0;
     int v;
     if ((v = attr_true(st, s_done)) != 0 || (v = attr_true(st, s_setup)) != 0)
@@ -809,7 +1025,7 @@ static int common_answer(PyObject *a, PyObject *st, PyObject *tm) {
 /* The context answer_batch takes (agent.py _Call.compiled builds it once per call). */
 enum { C_SLOTS, C_STATS, C_REC, C_RTT, C_FLYING, C_RACK, C_GROUP_SRTT, C_ROUNDS, C_FLAT, C_OUT,
        C_POS_EXT, C_NONFINITE, C_K, C_B, C_INTEGER, C_NEXT_END, C_PRIORITY, C_OUTBOX, C_BUFS,
-       C_LEN };
+       C_WIDTH, C_DRAWS, C_RESIDUAL, C_LEN };
 
 PyDoc_STRVAR(answer_batch_doc,
 "answer_batch(ctx, answers, views, start, now) -> (stop, finished)\n\n"
@@ -842,6 +1058,8 @@ static PyObject *answer_batch(PyObject *self, PyObject *const *args, Py_ssize_t 
     Py_ssize_t i = PyLong_AsSsize_t(args[3]);
     long long k = PyLong_AsLongLong(ctx[C_K]), bs = PyLong_AsLongLong(ctx[C_B]);
     long long next_end = PyLong_AsLongLong(ctx[C_NEXT_END]);
+    long width = PyLong_AsLong(ctx[C_WIDTH]);  /* the call's lane width flag (0: int32) */
+    long long row_bytes = (long long)LANE_ITEM_BYTES(width) * bs;
     double t_now = PyFloat_AS_DOUBLE(now);
     if (PyErr_Occurred())
         return NULL;
@@ -891,7 +1109,7 @@ static PyObject *answer_batch(PyObject *self, PyObject *const *args, Py_ssize_t 
         PyObject *tm = PyObject_GetAttr(st, s_timer);
         if (tm == NULL)
             goto fail;
-        int common = common_answer(a, st, tm);
+        int common = common_answer(a, st, tm, width);
         if (common <= 0) {
             Py_DECREF(tm);
             if (common < 0)
@@ -969,10 +1187,10 @@ static PyObject *answer_batch(PyObject *self, PyObject *const *args, Py_ssize_t 
             Py_XDECREF(shift);
             goto answer_done;
         }
-        PyObject *dargs[8] = {PyList_GET_ITEM(views, index), ctx[C_OUT], pos,
+        PyObject *dargs[9] = {PyList_GET_ITEM(views, index), ctx[C_OUT], pos,
                               PyTuple_GET_ITEM(a, 7), PyTuple_GET_ITEM(a, 8), shift,
-                              ctx[C_INTEGER], ctx[C_B]};
-        PyObject *done = deliver(NULL, dargs, 8);
+                              ctx[C_INTEGER], ctx[C_B], ctx[C_WIDTH]};
+        PyObject *done = deliver(NULL, dargs, 9);
         if (done == NULL) {
             Py_DECREF(pos);
             Py_DECREF(shift);
@@ -989,20 +1207,20 @@ static PyObject *answer_batch(PyObject *self, PyObject *const *args, Py_ssize_t 
         }
         Py_DECREF(done);
         /* _next_round without bounded loss or droppable packets: the job's priority, no
-         * extra flags; _new_round's tag */
+         * extra flags but the lane width; _new_round's tag */
         int64_t tag = rounds[s] + 1;
         rounds[s] = tag;
         PyObject *ptr = PyObject_GetAttr(st, s_ptr), *expo = PyObject_GetAttr(st, s_exponent);
         PyObject *rnd = PyLong_FromUnsignedLongLong((uint64_t)tag & 0xFFFFFFFFu);
-        PyObject *lane0 = PyLong_FromLongLong(s * k), *zero = PyLong_FromLong(0);
+        PyObject *lane0 = PyLong_FromLongLong(s * k);
         PyObject *buf = PyList_Check(bufs) && s < PyList_GET_SIZE(bufs)
             ? PyTuple_GetItem(PyList_GET_ITEM(bufs, s), 0) : NULL;
         PyObject *filled = NULL;
-        if (ptr && expo && rnd && lane0 && zero && buf && PyObject_SetAttr(st, s_round, rnd) == 0) {
-            PyObject *fargs[14] = {buf, ctx[C_FLAT], ctx[C_POS_EXT], ptr, pos, ctx[C_NONFINITE],
-                                   lane0, shift, ctx[C_INTEGER], ctx[C_B], rnd, zero,
-                                   ctx[C_PRIORITY], expo};
-            filled = fill_round(NULL, fargs, 14);
+        if (ptr && expo && rnd && lane0 && buf && PyObject_SetAttr(st, s_round, rnd) == 0) {
+            PyObject *fargs[16] = {buf, ctx[C_FLAT], ctx[C_POS_EXT], ptr, pos, ctx[C_NONFINITE],
+                                   lane0, shift, ctx[C_INTEGER], ctx[C_B], rnd, ctx[C_WIDTH],
+                                   ctx[C_PRIORITY], expo, ctx[C_DRAWS], ctx[C_RESIDUAL]};
+            filled = fill_round(NULL, fargs, 16);
         } else if (!PyErr_Occurred()) {
             PyErr_SetString(PyExc_IndexError, "answer_batch: no datagram buffer for the slot");
         }
@@ -1010,7 +1228,6 @@ static PyObject *answer_batch(PyObject *self, PyObject *const *args, Py_ssize_t 
         Py_XDECREF(expo);
         Py_XDECREF(rnd);
         Py_XDECREF(lane0);
-        Py_XDECREF(zero);
         Py_DECREF(pos);
         Py_DECREF(shift);
         if (filled == NULL)
@@ -1018,7 +1235,7 @@ static PyObject *answer_batch(PyObject *self, PyObject *const *args, Py_ssize_t 
         long long nrows = PyLong_AsLongLong(PyTuple_GET_ITEM(filled, 2));
         Py_DECREF(filled);
         /* _queue: the datagram's view, Recovery.sent(tm, now, flushable=True), the outbox */
-        long long len = next_end + 4 * bs * nrows;
+        long long len = next_end + row_bytes * nrows;
         PyObject *view = PyObject_GetAttr(st, s_view), *packet = NULL;
         if (view != NULL)
             packet = PySequence_GetSlice(view, 0, (Py_ssize_t)len);
@@ -1042,7 +1259,7 @@ static PyObject *answer_batch(PyObject *self, PyObject *const *args, Py_ssize_t 
             goto answer_done;
         sent++;
         bytes_sent += len;
-        payload += 4 * bs * nrows;
+        payload += row_bytes * nrows;
         err = 0;
 answer_done:
         Py_XDECREF(group);
@@ -1085,11 +1302,13 @@ static PyObject *set_variant(PyObject *self, PyObject *arg) {
         quantize_scaled = quantize_generic;
         dequantize_scaled = dequantize_generic;
         scan_blocks = scan_generic;
+        narrow_scaled = narrow_generic;
 #ifdef HAVE_AVX2_VARIANT
     } else if (strcmp(name, "avx2") == 0 && __builtin_cpu_supports("avx2")) {
         quantize_scaled = quantize_avx2;
         dequantize_scaled = dequantize_avx2;
         scan_blocks = scan_avx2;
+        narrow_scaled = narrow_avx2;
 #endif
     } else {
         PyErr_Format(PyExc_ValueError, "variant %R: 'generic', or 'avx2' on a CPU that has it", arg);
@@ -1104,6 +1323,8 @@ static PyMethodDef methods[] = {
     {"set_variant", set_variant, METH_O, set_variant_doc},
     {"fill_round", (PyCFunction)(void (*)(void))fill_round, METH_FASTCALL, fill_round_doc},
     {"deliver", (PyCFunction)(void (*)(void))deliver, METH_FASTCALL, deliver_doc},
+    {"rounding_noise", (PyCFunction)(void (*)(void))rounding_noise, METH_FASTCALL,
+     rounding_noise_doc},
     {"block_scan", (PyCFunction)(void (*)(void))block_scan, METH_FASTCALL, block_scan_doc},
     {"check_answer", (PyCFunction)(void (*)(void))check_answer, METH_FASTCALL, check_answer_doc},
     {"recv_answers", (PyCFunction)(void (*)(void))recv_answers, METH_FASTCALL, recv_answers_doc},
@@ -1124,6 +1345,7 @@ PyMODINIT_FUNC PyInit__core(void) {
         quantize_scaled = quantize_avx2;
         dequantize_scaled = dequantize_avx2;
         scan_blocks = scan_avx2;
+        narrow_scaled = narrow_avx2;
     }
 #endif
     if (init_attr_names() < 0)

@@ -66,7 +66,7 @@ _UNPACK, _PACK_INTO = wire.HEADER_STRUCT.unpack_from, wire.HEADER_STRUCT.pack_in
 (_A_INDEX, _A_SLOT, _A_MSG_TYPE, _A_FLAGS, _A_ROUND, _A_EXPONENT, _A_BITMAP, _A_PRESENT,
  _A_NONFINITE, _A_LENGTH, _A_NBYTES) = range(11)
 _FLAGS_AT = wire.FIELD_OFFSET["flags"]  # byte offset: a resend sets its flags in place
-# One big-endian struct per header field (the narrow lanes' rounds write theirs from Python).
+# One big-endian struct per header field (the narrow lanes' numpy path writes its rounds').
 _FIELD_STRUCTS = {name: struct.Struct(">" + code) for name, code, _ in wire.HEADER_FIELDS}
 _RING_STRIDE = 1 << 16  # > wire.MAX_UDP_PAYLOAD: each answer of a batch has its own 64 KiB
 _RING_SLOTS = 32        # answers read per recvmmsg at most
@@ -179,10 +179,11 @@ class _Call:
         compiled: answers take _core.answer_batch where it handles them (Agent's datapath).
         residual: error feedback of a narrow-lane call (Agent.allreduce), or None.
 
-    Narrow lanes (job.lane_bits 16 or 8, a float tensor; docs/bits.md) take the Python path
-    whatever `compiled` says: their rows are stochastically rounded and written here
-    (_fill_narrow) and their results decoded here (_deliver_narrow); _core only reads the
-    socket and checks the headers (their size by the width flag).
+    Narrow lanes (job.lane_bits 16 or 8, a float tensor; docs/bits.md): with `compiled`, their
+    rows are stochastically rounded in _core.fill_round (the draws recomputed there from
+    `draws`, (seed, rank, step)) and their results decoded by _core.deliver, in the answer
+    loop as int32 rows are; otherwise here in numpy (_fill_narrow, _deliver_narrow: the
+    reference, with the draws of rounding_noise).
     """
 
     def __init__(self, job: JobConfig, rank: int, call_id: int, rounds: np.ndarray,
@@ -201,6 +202,10 @@ class _Call:
         # The values' width on the wire: int32 tensors always travel as int32.
         self.lane_bits = 32 if integer else job.lane_bits
         self.width_flag = wire.LANE_FLAGS[self.lane_bits]
+        if wire.packet_len(self.k, self.B, self.k, self.width_flag) > wire.MAX_UDP_PAYLOAD:
+            raise ValueError(f"job {job.job}: an int32 tensor travels in int32 lanes, and "
+                             f"{self.k} lanes of {self.B} exceed a UDP datagram (the job's "
+                             f"{job.lane_bits}-bit lanes carry its float tensors only)")
         self.row_bytes = wire.row_bytes(self.B, self.width_flag)
         self.residual = residual
         if residual is not None:  # what is not sent stays; _fill_narrow keeps the rest's error
@@ -266,17 +271,22 @@ class _Call:
         # bounded loss (searchsorted skips, flushes) and no droppable packets (DLCP); else
         # every answer takes the Python path.
         self.compiled = None
-        self.noise = None
-        if self.width_flag:
-            # Stochastic rounding's draws, one row per plan row (pos_ext index - lane), from
-            # (seed = job id, rank, step = call id): a rerun of the job sends the same values.
+        # Stochastic rounding's draws (narrow lanes), one row per plan row (pos_ext index -
+        # lane), from (seed = job id, rank, step = call id): a rerun of the job sends the same
+        # values. Compiled: _core.fill_round computes each row's where it sends it; else numpy
+        # draws them all here.
+        self.draws = self.noise = None
+        if self.width_flag and compiled:
+            self.draws = (job.job, rank, call_id)
+        elif self.width_flag:
             self.noise = rounding_noise(job.job, rank, call_id, (len(plan.pos), B))
-        elif compiled and self.keys_ext is None and self.classes.droppable is None:
+        if compiled and self.keys_ext is None and self.classes.droppable is None:
             rec = self.recovery
             self.compiled = (self.slots, self.stats, rec, rec.rtt, rec.flying, rec.rack,
                              rec.rtt.group_srtt, rounds, flat, self.out, self.pos_ext,
                              self.nonfinite, k, B, integer, self.next_end,
-                             self.classes.priority, self.outbox, self.bufs)
+                             self.classes.priority, self.outbox, self.bufs, self.width_flag,
+                             self.draws, self.residual)
 
     def _scan(self, blocks: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The blocks this worker sends (ascending), their largest |x| as bits (floats), and
@@ -364,11 +374,11 @@ class _Call:
             present, nonfinite = a[_A_PRESENT], a[_A_NONFINITE]
         # the sums into their blocks (NaN where a worker reported NaN/Inf); st.pos becomes the
         # next round's positions
-        if self.width_flag:
+        if self.noise is not None:  # narrow lanes, numpy's path
             done = self._deliver_narrow(view, st.pos, present, nonfinite, st.shift)
         else:
             done = _core.deliver(view, self.out, st.pos, present, nonfinite, st.shift,
-                                 self.integer, self.B)
+                                 self.integer, self.B, self.width_flag)
         stats.rounds += 1
         if done:  # every lane is done
             st.done = True
@@ -394,20 +404,21 @@ class _Call:
         priority, tolerant = self.classes.packet_class(self.pos_ext, st.ptr, pos)  # DLCP
         # gather, quantize and write the rows, next positions and header fields into the
         # datagram; st.ptr steps past the blocks sent
-        if self.width_flag:
+        if self.noise is not None:  # narrow lanes, numpy's path
             nrows = self._fill_narrow(st, pos, tolerant, priority)
         else:
             _, _, nrows, _ = _core.fill_round(
                 self.bufs[st.index][0], self.flat, self.pos_ext, st.ptr, pos, self.nonfinite,
                 st.index * self.k, st.shift, self.integer, self.B, self._new_round(st),
-                tolerant, priority, st.exponent)
+                tolerant | self.width_flag, priority, st.exponent, self.draws, self.residual)
         self._queue(st, tolerant, nrows, now)
 
     def _fill_narrow(self, st: _Slot, pos: np.ndarray, flags: int, priority: int) -> int:
-        """_core.fill_round for narrow lanes: the rows at the agreed positions `pos` where
-        this worker has them, stochastically rounded to the lane's width (with error feedback
-        into self.residual if given), the next positions and the round's header fields, into
-        slot `st`'s datagram; st.ptr steps past the blocks sent. Returns the rows written."""
+        """_core.fill_round's narrow lanes in numpy (the reference): the rows at the agreed
+        positions `pos` where this worker has them, stochastically rounded to the lane's width
+        (with error feedback into self.residual if given), the next positions and the round's
+        header fields, into slot `st`'s datagram; st.ptr steps past the blocks sent. Returns
+        the rows written."""
         k, B = self.k, self.B
         buf, next_view = self.bufs[st.index]
         own = self.pos_ext[st.ptr]
@@ -442,9 +453,9 @@ class _Call:
 
     def _deliver_narrow(self, view, pos: np.ndarray, present: int, nonfinite: int,
                         shift: int) -> bool:
-        """_core.deliver for narrow lanes: the result's rows, dequantized, into their blocks
-        (NaN for the non-finite lanes); pos becomes the next positions; True when every one
-        is END."""
+        """_core.deliver's narrow lanes in numpy (the reference): the result's rows,
+        dequantized, into their blocks (NaN for the non-finite lanes); pos becomes the next
+        positions; True when every one is END."""
         k, B = self.k, self.B
         if present:
             lanes = wire.lane_indices(present, k)
@@ -600,8 +611,9 @@ class Agent:
         check_blocks: verify every `blocks` hint of allreduce against a scan of the tensor
             (a debug mode: costs the scan the hint saves). None: $SPINA_CHECK_BLOCKS=1.
         datapath: "compiled" (the answer loop's common case in host_agent/_core.c, the rest
-            in Python) or "python" (every answer in Python: the reference, for comparison);
-            both give bit-identical results, counters and recovery decisions.
+            in Python) or "python" (every answer in Python, and narrow lanes' rounding and
+            decoding in numpy: the reference, for comparison); both give bit-identical
+            results, datagrams, residuals, counters and recovery decisions.
 
     Example:
         >>> agent = Agent(job, rank, ("127.0.0.1", 47000))  # doctest: +SKIP

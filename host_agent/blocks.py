@@ -189,12 +189,42 @@ def dequantize(data: np.ndarray, shift: int, out: np.ndarray | None = None) -> n
 # ---------------------------------------------------------------- narrow lanes (docs/bits.md)
 # The host's half of 16- and 8-bit lanes: what a rank sends, and the bound on the sum it gets
 # back (the agent's narrow calls use these: host_agent/agent.py, docs/bits.md).
+_M64 = (1 << 64) - 1
+
+
+def _splitmix64(z: int) -> int:
+    """splitmix64's output function of z + its increment (Steele, Lea, Flood 2014)."""
+    z = (z + 0x9E3779B97F4A7C15) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+def _mix32(x: np.ndarray) -> np.ndarray:
+    """lowbias32 (C. Wellons' integer hash search), on uint32 arrays (products wrap)."""
+    x = x ^ (x >> np.uint32(16))
+    x *= np.uint32(0x7FEB352D)
+    x ^= x >> np.uint32(15)
+    x *= np.uint32(0x846CA68B)
+    x ^= x >> np.uint32(16)
+    return x
+
+
 def rounding_noise(seed: int, rank: int, step: int, shape) -> np.ndarray:
     """Uniform [0, 1) float32 draws for stochastic rounding, a function of (seed, rank,
-    step) only: a rerun sends the same values, and no two ranks or steps share draws."""
-    gen = np.random.Generator(np.random.Philox(key=[seed & (1 << 64) - 1, 0],
-                                               counter=[0, 0, rank, step]))
-    return gen.random(shape, np.float32)
+    step) only: a rerun sends the same values, and no two ranks or steps share draws.
+
+    Counter-based: draw i (in C order of `shape`) is (h >> 8) * 2**-24 with
+    h = mix32(mix32(i + k0) ^ k1) in 32-bit words, (k0, k1) the halves of
+    splitmix64(splitmix64(splitmix64(seed) ^ rank) ^ step). The agent's compiled core computes
+    each row's draws where it sends the row (host_agent/_core.c, the same function: compared
+    in tests/test_core.py); 32-bit integer operations vectorise there.
+    """
+    key = _splitmix64(_splitmix64(_splitmix64(seed & _M64) ^ rank) ^ step)
+    k0, k1 = np.uint32(key & 0xFFFFFFFF), np.uint32(key >> 32)
+    i = np.arange(int(np.prod(shape)), dtype=np.uint32)
+    h = _mix32(_mix32(i + k0) ^ k1)
+    return ((h >> np.uint32(8)).astype(np.float32) * np.float32(2.0 ** -24)).reshape(shape)
 
 
 def stochastic_quantize(rows: np.ndarray, shift: int, lane_bits: int,

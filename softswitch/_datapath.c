@@ -12,13 +12,16 @@
  * Per call of serve(): receive a batch of datagrams (one recvmmsg), run each through the
  * pipeline (header checks, admission by a hash of (address, port, job, rank), epoch, the hold of
  * a newer round, the slot copy's round, bitmap and count, the big-endian int32 adds with
- * wrap-around, the min of `next`, the ORs, max and flags), build each result in its own buffer
- * and send every copy of every result of the batch with one sendmmsg. The GIL is released
+ * wrap-around (narrow lanes' int16/int8 rows sign-extended into them, the answer in the
+ * round's width, clipped; docs/bits.md), the min of `next`, the ORs, max and flags), build
+ * each result in its own buffer and send every copy of every result of the batch with one
+ * sendmmsg. The GIL is released
  * throughout; the caller holds the pipeline's lock, so the control plane never sees half a
  * packet and this code never sees half a table change.
  *
  * Layout of a datagram and the header: spina/wire.py (48 bytes, nlanes u32 `next`, present
- * rows of block_size int32, all big-endian). Register layout: softswitch/pipeline.py.
+ * rows of block_size int32, int16 or int8 by the width flag, all big-endian). Register layout:
+ * softswitch/pipeline.py.
  */
 #define _GNU_SOURCE
 #include "../host_agent/_pybuf.h"  /* Python.h, Buf, get_buf, release */
@@ -99,6 +102,62 @@ static void store_be(uint8_t *dst, const int32_t *src, Py_ssize_t n) {
     }
 }
 
+/* Narrow lanes (docs/bits.md): int16/int8 rows, sign-extended into the int32 registers. */
+__attribute__((target_clones("avx2", "default")))
+static void load_be16(int32_t *dst, const uint8_t *src, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++)
+        dst[i] = (int16_t)(uint16_t)(src[2 * i] << 8 | src[2 * i + 1]);
+}
+
+__attribute__((target_clones("avx2", "default")))
+static void add_be16(int32_t *dst, const uint8_t *src, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int32_t v = (int16_t)(uint16_t)(src[2 * i] << 8 | src[2 * i + 1]);
+        dst[i] = (int32_t)((uint32_t)dst[i] + (uint32_t)v);
+    }
+}
+
+__attribute__((target_clones("avx2", "default")))
+static void add_8(int32_t *dst, const uint8_t *src, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++)
+        dst[i] = (int32_t)((uint32_t)dst[i] + (uint32_t)(int32_t)(int8_t)src[i]);
+}
+
+static void load_8(int32_t *dst, const uint8_t *src, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++)
+        dst[i] = (int8_t)src[i];
+}
+
+/* A row of `item` bytes a value into the int32 registers: written (a copy a round starts) or
+ * added with wrap-around. */
+static void load_row(int32_t *dst, const uint8_t *src, Py_ssize_t n, int item) {
+    (item == 4 ? load_be : item == 2 ? load_be16 : load_8)(dst, src, n);
+}
+
+static void add_row(int32_t *dst, const uint8_t *src, Py_ssize_t n, int item) {
+    (item == 4 ? add_be : item == 2 ? add_be16 : add_8)(dst, src, n);
+}
+
+/* The sums of a narrow round's row, clipped to the lane's range [lo, hi], as `item`-byte
+ * big-endian values; whether any was clipped (the answer saturated). */
+__attribute__((target_clones("avx2", "default")))
+static int store_narrow(uint8_t *dst, const int32_t *src, Py_ssize_t n, int item) {
+    int32_t hi = item == 2 ? INT16_MAX : INT8_MAX, lo = -hi - 1;
+    int clipped = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int32_t v = src[i];
+        clipped |= v < lo || v > hi;
+        v = v < lo ? lo : v > hi ? hi : v;
+        if (item == 2) {
+            dst[2 * i] = (uint8_t)((uint32_t)v >> 8);
+            dst[2 * i + 1] = (uint8_t)v;
+        } else {
+            dst[i] = (uint8_t)v;
+        }
+    }
+    return clipped;
+}
+
 /* One admission row of a flat job (table `admission`, port 0) with its job's destinations. */
 typedef struct {
     uint32_t ip;  /* host byte order */
@@ -113,13 +172,14 @@ typedef struct {
     PyObject_HEAD
     int fd;
     /* registers (softswitch/pipeline.py), counters indexed by job */
-    Buf bufs[19];
+    Buf bufs[21];
     uint32_t *round, *bitmap, *count, *next, *length, *h_round, *h_heard;
     int32_t *values;
     uint64_t *present, *nonfinite;
     int16_t *exponent;
     uint8_t *flags, *h_missing;
     uint64_t *c_received, *c_stale, *c_held, *c_duplicates, *c_results, *c_aggregated;
+    uint64_t *c_lane_saturated, *c_lane_mismatch;
     Py_ssize_t pool_slots, capacity, njobs;
     int hold;
     /* tables: open addressing, a power-of-two size */
@@ -190,7 +250,8 @@ static int held(Datapath *d, uint32_t slot, uint32_t rnd, uint32_t bit, uint32_t
 }
 
 /* The result of the round stored at copy `idx`, in reply to the request `req` (Pipeline.
- * result_into); its length. */
+ * result_into); its length. A narrow round answers in its width, clipped to its range, the
+ * packet counted once in job_lane_saturated if any sum was clipped. */
 static Py_ssize_t result_into(const Datapath *d, uint8_t *out, const uint8_t *req, Py_ssize_t idx,
                               unsigned k, uint32_t bs, uint8_t extra) {
     memcpy(out, req, HEADER_LEN);  /* the request's identity; the rest is the slot's */
@@ -207,10 +268,17 @@ static Py_ssize_t result_into(const Datapath *d, uint8_t *out, const uint8_t *re
         wr32(out + HEADER_LEN + 4 * i, nx[i]);
     uint8_t *dst = out + HEADER_LEN + 4 * k;
     const int32_t *vals = d->values + idx * d->capacity;
+    int item = LANE_ITEM_BYTES(d->flags[idx]), clipped = 0;
     for (uint64_t p = present; p; p &= p - 1) {
-        store_be(dst, vals + (Py_ssize_t)__builtin_ctzll(p) * bs, bs);
-        dst += 4 * (Py_ssize_t)bs;
+        const int32_t *row = vals + (Py_ssize_t)__builtin_ctzll(p) * bs;
+        if (item == 4)
+            store_be(dst, row, bs);
+        else
+            clipped |= store_narrow(dst, row, bs, item);
+        dst += item * (Py_ssize_t)bs;
     }
+    if (clipped)
+        BUMP(d->c_lane_saturated[rd16(req + OFF_JOB)], 1);
     return dst - out;
 }
 
@@ -221,8 +289,9 @@ static Py_ssize_t process_one(Datapath *d, const uint8_t *pkt, Py_ssize_t size, 
                               uint16_t sport, uint8_t *out, int *to, const Entry **hit) {
     if (size < HEADER_LEN || pkt[OFF_VERSION] != WIRE_VERSION || pkt[OFF_MSG_TYPE] != MSG_CONTRIB)
         return PUNT;
-    if (pkt[OFF_FLAGS] & FLAGS_LANE_WIDTH)  /* narrow lanes: Python's pipeline (docs/bits.md) */
-        return PUNT;
+    int item = LANE_ITEM_BYTES(pkt[OFF_FLAGS]);  /* bytes a value: 4, or narrow lanes' 2, 1 */
+    if (!item)
+        return PUNT;  /* both widths: malformed, Python counts it */
     unsigned k = pkt[OFF_NLANES], rank = pkt[OFF_RANK];
     uint32_t bs = rd16(pkt + OFF_BLOCK_SIZE);
     uint64_t present = rd64(pkt + OFF_PRESENT), nonfinite = rd64(pkt + OFF_NONFINITE);
@@ -232,7 +301,7 @@ static Py_ssize_t process_one(Datapath *d, const uint8_t *pkt, Py_ssize_t size, 
     if ((present & ~full) || (nonfinite & ~full))
         return PUNT;
     unsigned npresent = (unsigned)__builtin_popcountll(present);
-    if ((uint64_t)size != HEADER_LEN + 4ull * k + 4ull * bs * npresent)
+    if ((uint64_t)size != HEADER_LEN + 4ull * k + (uint64_t)item * bs * npresent)
         return PUNT;
     uint16_t job = rd16(pkt + OFF_JOB);
     uint32_t slot = rd16(pkt + OFF_SLOT);
@@ -242,8 +311,6 @@ static Py_ssize_t process_one(Datapath *d, const uint8_t *pkt, Py_ssize_t size, 
         return PUNT;  /* Python counts it (port_unadmitted) and logs it */
     uint32_t rnd = rd32(pkt + OFF_ROUND);
     Py_ssize_t idx = 2 * (Py_ssize_t)slot + (rnd & 1);
-    if (d->round[idx] == rnd && (d->flags[idx] & FLAGS_LANE_WIDTH))
-        return PUNT;  /* an int32 packet in a round narrow lanes started: Python compares widths */
     *hit = e;
     BUMP(d->c_received[job], 1);
     if (rd16(pkt + OFF_EPOCH) != e->epoch) {
@@ -301,15 +368,16 @@ static Py_ssize_t process_one(Datapath *d, const uint8_t *pkt, Py_ssize_t size, 
     int32_t *vals = d->values + idx * d->capacity;
     uint32_t *nx = d->next + idx * MAX_LANES;
     const uint8_t *pn = pkt + HEADER_LEN, *pd = pkt + HEADER_LEN + 4 * k;
+    size_t row_bytes = (size_t)item * bs;
     int16_t exponent = (int16_t)rd16(pkt + OFF_EXPONENT);
     uint32_t length = rd32(pkt + OFF_LENGTH);
     if (fresh) {
         if (present == full) {
-            load_be(vals, pd, (Py_ssize_t)k * bs);
+            load_row(vals, pd, (Py_ssize_t)k * bs, item);
         } else {
             memset(vals, 0, 4 * (size_t)k * bs);
-            for (uint64_t p = present; p; p &= p - 1, pd += 4 * (size_t)bs)
-                load_be(vals + (Py_ssize_t)__builtin_ctzll(p) * bs, pd, bs);
+            for (uint64_t p = present; p; p &= p - 1, pd += row_bytes)
+                load_row(vals + (Py_ssize_t)__builtin_ctzll(p) * bs, pd, bs, item);
         }
         for (unsigned i = 0; i < k; i++)
             nx[i] = rd32(pn + 4 * i);
@@ -317,13 +385,13 @@ static Py_ssize_t process_one(Datapath *d, const uint8_t *pkt, Py_ssize_t size, 
         d->nonfinite[idx] = nonfinite;
         d->exponent[idx] = exponent;
         d->length[idx] = length;
-        d->flags[idx] = flags & FLAG_LAST;
+        d->flags[idx] = flags & (FLAG_LAST | FLAGS_LANE_WIDTH);  /* the round's width: its first */
     } else {
         if (present == full) {
-            add_be(vals, pd, (Py_ssize_t)k * bs);
+            add_row(vals, pd, (Py_ssize_t)k * bs, item);
         } else {
-            for (uint64_t p = present; p; p &= p - 1, pd += 4 * (size_t)bs)
-                add_be(vals + (Py_ssize_t)__builtin_ctzll(p) * bs, pd, bs);
+            for (uint64_t p = present; p; p &= p - 1, pd += row_bytes)
+                add_row(vals + (Py_ssize_t)__builtin_ctzll(p) * bs, pd, bs, item);
         }
         for (unsigned i = 0; i < k; i++) {
             uint32_t v = rd32(pn + 4 * i);
@@ -338,6 +406,10 @@ static Py_ssize_t process_one(Datapath *d, const uint8_t *pkt, Py_ssize_t size, 
         uint8_t nf = (uint8_t)((old & ~FLAG_LAST) | (old & flags & FLAG_LAST));
         if (length != d->length[idx])
             nf |= FLAG_MISMATCH;
+        if ((flags ^ old) & FLAGS_LANE_WIDTH) {  /* another width than the round's first */
+            nf |= FLAG_MISMATCH;
+            BUMP(d->c_lane_mismatch[job], 1);
+        }
         d->flags[idx] = nf;
     }
     BUMP(d->c_aggregated[job], 1);
@@ -446,10 +518,11 @@ static const char *REGISTER_NAMES[] = {"slot_round", "slot_bitmap", "slot_count"
                                        "slot_exponent", "slot_length", "slot_flags",
                                        "head_round", "head_heard", "head_missing"};
 static const char *COUNTER_NAMES[] = {"job_received", "job_stale", "job_held", "job_duplicates",
-                                      "job_results", "job_aggregated"};
+                                      "job_results", "job_aggregated", "job_lane_saturated",
+                                      "job_lane_mismatch"};
 
 static void Datapath_dealloc(Datapath *d) {
-    release(d->bufs, 19);
+    release(d->bufs, 21);
     PyMem_Free(d->table);
     PyMem_Free(d->dests);
     PyMem_Free(d->rbuf);
@@ -514,8 +587,8 @@ static PyObject *Datapath_new(PyTypeObject *type, PyObject *args, PyObject *kw) 
         || !(d->h_missing = array(d, 12, regs, REGISTER_NAMES[12], 1, pool)))
         goto fail;
     uint64_t **c[] = {&d->c_received, &d->c_stale, &d->c_held, &d->c_duplicates, &d->c_results,
-                      &d->c_aggregated};
-    for (int i = 0; i < 6; i++) {
+                      &d->c_aggregated, &d->c_lane_saturated, &d->c_lane_mismatch};
+    for (int i = 0; i < 8; i++) {
         if (!(*c[i] = array(d, 13 + i, ctrs, COUNTER_NAMES[i], 8, 1)))
             goto fail;
         Py_ssize_t cells = d->bufs[13 + i].view.len / 8;

@@ -154,9 +154,13 @@ class JobConfig:
              f"outside the pool of {pool_slots} slots")
         need(1 <= self.block_size < 1 << 16, "block_size", "must be in 1..65535")
         need(1 <= self.nlanes <= wire.MAX_LANES, "nlanes", f"must be in 1..{wire.MAX_LANES}")
-        need(wire.packet_len(self.nlanes, self.block_size, self.nlanes) <= wire.MAX_UDP_PAYLOAD,
-             "nlanes", f"{self.nlanes} lanes of {self.block_size} elements exceed a UDP datagram; "
-             f"at most {wire.max_lanes_for(self.block_size)} fit")
+        # a narrow job's float tensors travel in its width: its rows may hold more values
+        # (its int32 tensors must then fit: host_agent.agent refuses them otherwise)
+        width = wire.LANE_FLAGS.get(self.lane_bits, 0)
+        need(wire.packet_len(self.nlanes, self.block_size, self.nlanes, width)
+             <= wire.MAX_UDP_PAYLOAD, "nlanes",
+             f"{self.nlanes} lanes of {self.block_size} elements exceed a UDP datagram; "
+             f"at most {wire.max_lanes_for(self.block_size, flags=width)} fit")
         if slot_capacity is not None:
             need(self.nlanes * self.block_size <= slot_capacity, "block_size",
                  f"nlanes*block_size = {self.nlanes * self.block_size} exceeds the switch's "

@@ -171,9 +171,10 @@ def data_offset(nlanes: int) -> int:
     return HEADER_LEN + 4 * nlanes
 
 
-def max_lanes_for(block_size: int, limit: int = MAX_UDP_PAYLOAD) -> int:
-    """Most lanes whose all-present packet still fits in `limit` bytes."""
-    return max(0, min(MAX_LANES, (limit - HEADER_LEN) // (4 + 4 * block_size)))
+def max_lanes_for(block_size: int, limit: int = MAX_UDP_PAYLOAD, flags: int = 0) -> int:
+    """Most lanes whose all-present packet (values of the width `flags` names) still fits in
+    `limit` bytes."""
+    return max(0, min(MAX_LANES, (limit - HEADER_LEN) // (4 + row_bytes(block_size, flags))))
 
 
 @dataclass

@@ -20,7 +20,15 @@ import pytest
 
 from host_agent import _core
 from host_agent.agent import _A_INDEX, Agent, _Buffers, _Call
-from host_agent.blocks import LanePlan, dequantize, gather_blocks, quantize, scatter_blocks
+from host_agent.blocks import (
+    LanePlan,
+    dequantize,
+    gather_blocks,
+    quantize,
+    rounding_noise,
+    scatter_blocks,
+    stochastic_quantize,
+)
 from host_agent.recovery import RttEstimator
 from spina import wire
 from spina.config import JobConfig, WorkerAddr
@@ -144,6 +152,7 @@ def test_fill_round_gives_the_reference_bytes(variant, integer):
         round_, flags, priority, exponent = (int(rng.integers(0, 2**32)), int(rng.integers(0, 256)),
                                              int(rng.integers(0, 256)),
                                              int(rng.integers(-2**15, 2**15)))
+        flags &= ~wire.FLAGS_LANE_WIDTH  # int32 rows (narrow ones: test_narrow_fill_round_...)
         got_ptr = ptr.copy()
         got = _core.fill_round(dgram, flat, pos_ext, got_ptr, pos, nonfinite, lane0, shift,
                                integer, B, round_, flags, priority, exponent)
@@ -212,6 +221,135 @@ def test_deliver_writes_the_reference_values(variant, integer):
         # then the next round's positions, and whether every lane is at END
         np.testing.assert_array_equal(got_pos, nxt.astype(np.int64))
         assert done is bool((nxt == wire.END).all())
+
+
+# ------------------------------------------------------------------ narrow lanes (docs/bits.md)
+@pytest.mark.parametrize("seed,rank,step,n", [(5, 0, 1, 37), (7, 3, 99, 1000),
+                                              (1, 31, 2**32 - 1, 17), (2**40, 2, 5, 8),
+                                              (65535, 7, 123456, 70001)])
+def test_the_compiled_draws_are_numpys(seed, rank, step, n):
+    """_core.rounding_noise computes blocks.rounding_noise's counter-based draws bit for bit
+    (lengths around the vector loops' widths, seeds beyond 32 bits, steps at 2**32 - 1)."""
+    got = np.empty(n, np.float32)
+    _core.rounding_noise(seed, rank, step, got)
+    want = rounding_noise(seed, rank, step, (n,))
+    assert got.tobytes() == want.tobytes()
+    assert got.min() >= 0 and got.max() < 1
+
+
+def reference_narrow_fill(flat, pos_ext, ptr, pos, nonfinite, lane0, shift, B, lane_bits, noise,
+                          residual):
+    """fill_round's narrow rows in numpy, as agent._fill_narrow: (body after the header,
+    present, nonfinite bits, nrows, last, new ptr); `residual` updated in place."""
+    k = len(ptr)
+    own = pos_ext[ptr]
+    have = (own >= 0) & (own == pos)
+    rows = np.array(gather_blocks(flat, own[have], B))
+    plan_rows = (ptr - lane0 - np.arange(k))[have]
+    nf = np.zeros(k, bool)
+    nf[have] = nonfinite[plan_rows].astype(bool)
+    rows = np.where(np.isfinite(rows), rows, np.float32(0))
+    q = stochastic_quantize(rows, shift, lane_bits, noise[plan_rows])
+    err = rows - dequantize(q, shift)
+    err[nf[have]] = 0
+    if have.any():
+        scatter_blocks(residual, own[have], err, B)
+    new_ptr = ptr + have
+    nxt = pos_ext[new_ptr]
+    body = (np.where(nxt < 0, wire.END, nxt).astype(wire.NEXT_DTYPE).tobytes()
+            + q.astype(wire.data_dtype(wire.LANE_FLAGS[lane_bits])).tobytes())
+    bits = lambda m: sum(1 << int(i) for i in np.flatnonzero(m))  # noqa: E731
+    return body, bits(have), bits(nf), int(have.sum()), bool((nxt < 0).all()), new_ptr
+
+
+@pytest.mark.parametrize("lane_bits", [16, 8])
+def test_narrow_fill_round_gives_the_reference_bytes_and_residual(variant, lane_bits):
+    """Random tensors and rounds (NaN/Inf blocks, partial last blocks, shifts through ldexp's
+    range): the same 16-/8-bit rows, header fields and pointers as numpy's stochastic
+    rounding with rounding_noise's draws for each plan row, and the same residual bytes."""
+    rng = np.random.default_rng(21 + lane_bits)
+    width = wire.LANE_FLAGS[lane_bits]
+    for _ in range(150):
+        flat, pos_ext, ptr, pos, nonfinite, lane0, shift, B, k = random_case(rng, False)
+        shift -= 30 - lane_bits  # random_case's int32 shift, for this lane's width
+        seed, rank, step = int(rng.integers(0, 2**16)), int(rng.integers(0, 32)), int(
+            rng.integers(0, 2**32))
+        noise = rounding_noise(seed, rank, step, (int((pos_ext >= 0).sum()), B))
+        want_res = rng.standard_normal(len(flat)).astype(np.float32)
+        got_res = want_res.copy()
+        want, present, nf_bits, nrows, last, new_ptr = reference_narrow_fill(
+            flat, pos_ext, ptr, pos, nonfinite, lane0, shift, B, lane_bits, noise, want_res)
+        dgram = bytearray(b"\xaa" * wire.packet_len(k, B, k))
+        got_ptr = ptr.copy()
+        got = _core.fill_round(dgram, flat, pos_ext, got_ptr, pos, nonfinite, lane0, shift,
+                               False, B, 9, wire.FLAG_LOSS_TOLERANT | width, 2, 3,
+                               (seed, rank, step), got_res)
+        assert got == (present, nf_bits, nrows, last)
+        assert bytes(dgram[wire.HEADER_LEN:wire.HEADER_LEN + len(want)]) == want
+        h = wire.unpack_header(dgram)
+        assert h.flags == wire.FLAG_LOSS_TOLERANT | width | (wire.FLAG_LAST if last else 0)
+        np.testing.assert_array_equal(got_ptr, new_ptr)
+        assert got_res.tobytes() == want_res.tobytes()
+
+
+@pytest.mark.parametrize("lane_bits", [16, 8])
+def test_narrow_deliver_writes_the_reference_values(lane_bits):
+    """Random 16-/8-bit results: dequantized as numpy's dequantize (shifts through ldexp's
+    range), NaN lanes, the next positions."""
+    rng = np.random.default_rng(31 + lane_bits)
+    width = wire.LANE_FLAGS[lane_bits]
+    for _ in range(100):
+        B = int(rng.choice([1, 3, 8, 256]))
+        k = int(rng.choice([1, 7, 64]))
+        n = int(rng.integers(k * B, 4 * B * k))
+        nblocks = -(-n // B)
+        # distinct blocks, the partial last one among them
+        pos = np.append(rng.choice(nblocks - 1, k - 1, replace=False), nblocks - 1)
+        present = int(rng.integers(0, 2 ** k, dtype=np.uint64))
+        nonfinite = present & int(rng.integers(0, 2 ** k, dtype=np.uint64))
+        rows = bin(present).count("1")
+        dgram = bytearray(wire.packet_len(k, B, rows, width))
+        data = rng.integers(-2**(lane_bits - 1), 2**(lane_bits - 1), (rows, B))
+        dgram[wire.data_offset(k):] = data.astype(wire.data_dtype(width)).tobytes()
+        nxt = rng.integers(0, 2**32 - 1, k, dtype=np.uint32)
+        dgram[wire.HEADER_LEN:wire.data_offset(k)] = nxt.astype(wire.NEXT_DTYPE).tobytes()
+        shift = int(rng.choice([0, 5, 14, 130, 160, -90]))
+        want = rng.standard_normal(n).astype(np.float32)
+        got = want.copy()
+        if rows:
+            scatter_blocks(want, pos[wire.lane_indices(present, k)],
+                           dequantize(data.astype(wire.data_dtype(width)), shift), B)
+        if nonfinite:
+            scatter_blocks(want, pos[wire.lane_indices(nonfinite, k)], np.nan, B)
+        got_pos = pos.copy()
+        _core.deliver(dgram, got, got_pos, present, nonfinite, shift, False, B, width)
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+        np.testing.assert_array_equal(got_pos, nxt.astype(np.int64))
+
+
+def test_narrow_arguments_are_checked():
+    """Both widths, a narrow int32 tensor, a narrow data round without draws, a residual on
+    int32 lanes or of another size, a bad width for deliver: ValueError, nothing written."""
+    flat = np.ones(8, np.float32)
+    pos_ext = np.array([0, -1], np.int64)
+    dgram = bytearray(wire.packet_len(1, 8, 1))
+    args = (dgram, flat, pos_ext, np.array([0]), np.array([0]), None, 0, 3, False, 8, 1)
+    for flags, integer, draws, res in (
+            (wire.FLAGS_LANE_WIDTH, False, (1, 0, 1), None),
+            (wire.FLAG_LANES16, True, (1, 0, 1), None),
+            (wire.FLAG_LANES8, False, None, None),
+            (0, False, None, np.zeros(8, np.float32))):
+        a = list(args)
+        a[8] = integer
+        with pytest.raises(ValueError, match="lane width"):
+            _core.fill_round(*a, flags, 0, 0, draws, res)
+    with pytest.raises(ValueError, match="flat's size"):
+        _core.fill_round(*args, wire.FLAG_LANES8, 0, 0, (1, 0, 1), np.zeros(9, np.float32))
+    assert dgram == bytearray(wire.packet_len(1, 8, 1))
+    out = np.zeros(8, np.float32)
+    for width, integer in ((wire.FLAGS_LANE_WIDTH, False), (wire.FLAG_LANES16, True), (1, False)):
+        with pytest.raises(ValueError, match="width"):
+            _core.deliver(dgram, out, np.array([0], np.int64), 1, 0, 0, integer, 8, width)
 
 
 def test_bad_arguments_raise_and_write_nothing():

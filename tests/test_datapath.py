@@ -38,13 +38,16 @@ class Traffic:
     current one (duplicates, resends, flush requests, old and far rounds, partial lanes,
     wrapping int32 sums, disagreeing lengths), and some a switch must refuse: wrong epoch,
     unknown sender, slot or shape, a result or status sent by a host, a wrong version or length,
-    a truncated header."""
+    a truncated header. `widths` {job: width flag}: narrow lanes (docs/bits.md), each job's
+    contributions mostly in its width, some in another (a width mismatch) or both (malformed),
+    their values either small or anywhere in the width's range (sums that saturate)."""
 
-    def __init__(self, seed: int, jobs=JOBS, stranger: int = 43000):
+    def __init__(self, seed: int, jobs=JOBS, stranger: int = 43000, widths=None):
         self.rng = np.random.default_rng(seed)
         self.rounds = {}
         self.jobs, self.stranger = jobs, stranger  # stranger: a UDP port no job admits
         self.epochs = {cfg.job: cfg.epoch for cfg in jobs}
+        self.widths = widths
 
     def packet(self) -> tuple[bytes, tuple[str, int]]:
         rng = self.rng
@@ -68,7 +71,19 @@ class Traffic:
                                    if rng.random() < 0.2 else 0),
                         exponent=int(rng.integers(-32768, 32768)))
         npresent = bin(present).count("1")
-        data = rng.integers(-(1 << 31), 1 << 31, (npresent, bs), dtype=np.int64).astype(np.int32)
+        width = both = 0
+        if self.widths is not None:
+            width = self.widths[cfg.job]
+            pick = rng.random()
+            if pick < 0.08:  # another width than the job's (maybe int32)
+                width = int(rng.choice([0, wire.FLAG_LANES16, wire.FLAG_LANES8]))
+            both = pick > 0.99  # both width flags: malformed
+            h.flags |= width
+        bits = 8 * wire.lane_item_bytes(width)
+        top = 1 << bits - 1  # narrow: half the time small values, sums that fit
+        if self.widths is not None and rng.random() < 0.5:
+            top = 1 << min(bits, 16) - 5
+        data = rng.integers(-top, top, (npresent, bs), dtype=np.int64)
         nxt = rng.choice([0, 5, 9, 100, wire.END], k).astype(np.uint32)
         odd = rng.random()
         if odd < 0.03:
@@ -82,6 +97,8 @@ class Traffic:
         elif odd < 0.11:
             h.version = 2
         pkt = wire.pack(h, nxt, data)
+        if both:
+            pkt = pkt[:2] + bytes([pkt[2] | wire.FLAGS_LANE_WIDTH]) + pkt[3:]
         if 0.11 <= odd < 0.12:
             pkt = pkt[:-4]  # a length that does not match the lanes
         elif 0.12 <= odd < 0.125:
@@ -113,13 +130,19 @@ def test_the_compiled_offsets_are_the_wire_format():
     assert len(_datapath.OFFSETS) == len(wire.FIELD_NAMES) - 2  # all but priority and call
 
 
+NARROW = {3: wire.FLAG_LANES16, 9: wire.FLAG_LANES8}  # Traffic's widths: narrow lanes per job
+
+
 @pytest.mark.parametrize("seed", range(4))
-def test_random_sequences_give_the_same_packets_registers_and_counters(seed):
+@pytest.mark.parametrize("widths", [None, NARROW], ids=["int32", "narrow"])
+def test_random_sequences_give_the_same_packets_registers_and_counters(seed, widths):
     """6,000 random datagrams (with a re-admission at a new epoch and the hold switched off
     and on mid-way) through both paths: identical datagrams to identical destinations after
-    every one, identical registers and counters after every 500; most served compiled."""
+    every one, identical registers and counters after every 500; most served compiled. With
+    narrow lanes (a 16-bit and an 8-bit job, another width now and then, both in a few, sums
+    that saturate) widths mismatched and answers saturated on both jobs, alike."""
     fast, ref = switches()
-    traffic = Traffic(seed)
+    traffic = Traffic(seed, widths=widths)
     try:
         for i in range(6000):
             pkt, src = traffic.packet()
@@ -139,6 +162,9 @@ def test_random_sequences_give_the_same_packets_registers_and_counters(seed):
         c = fast.pipeline.job_counters(3)
         assert c["job_aggregated"] > 500 and c["job_results"] > 100 and c["job_held"] > 0
         assert c["job_stale"] > 0 and c["job_duplicates"] > 0
+        for job in NARROW if widths else ():
+            c = fast.pipeline.job_counters(job)
+            assert c["job_lane_mismatch"] > 0 and c["job_lane_saturated"] > 0, (job, c)
     finally:
         fast.stop()
         ref.stop()

@@ -110,6 +110,26 @@ def test_rounding_noise_depends_on_seed_rank_and_step_only():
         assert not np.array_equal(a, other)
 
 
+def test_rounding_noise_is_uniform_and_uncorrelated():
+    """The counter-based draws look like independent uniforms where rounding needs it: 2**20
+    draws fill 256 bins evenly (chi-square), with mean 1/2 and variance 1/12, and neither the
+    next draw nor another rank's, step's or seed's draw of the same element correlates (each
+    within 5 standard errors; fixed seeds, the same numbers every run)."""
+    n = 1 << 20
+    a = rounding_noise(7, 1, 9, n).astype(np.float64)
+    counts = np.bincount((a * 256).astype(np.int64), minlength=256)
+    chi2 = ((counts - n / 256) ** 2 / (n / 256)).sum()
+    assert 255 - 5 * np.sqrt(2 * 255) < chi2 < 255 + 5 * np.sqrt(2 * 255)
+    se = 1 / np.sqrt(n)
+    assert abs(a.mean() - 0.5) < 5 * se * np.sqrt(1 / 12)
+    assert abs(a.var() - 1 / 12) < 5 * se * np.sqrt(1 / 180)  # the variance of (u - 1/2)**2
+    for other in (a[1:], rounding_noise(7, 2, 9, n), rounding_noise(7, 1, 10, n),
+                  rounding_noise(8, 1, 9, n)):
+        b = np.asarray(other, np.float64)
+        m = min(len(a), len(b))
+        assert abs(np.corrcoef(a[:m], b[:m])[0, 1]) < 5 * se
+
+
 @pytest.mark.parametrize("lane_bits", [16, 8])
 def test_error_feedback_loses_nothing_over_steps(lane_bits):
     """sum(sent) = sum(gradients) - residual after every step, and the residual stays below

@@ -1,7 +1,8 @@
 """16- and 8-bit lanes end to end (docs/bits.md): the wire's width flags, the software switch's
 narrow parse, saturating answer and width-mismatch check, and 4 agents through a real
 UdpSwitch whose sums are the quantized integers summed in numpy, bit-identical at every rank,
-at half (quarter) the data bytes of an int32 call.
+at half (quarter) the data bytes of an int32 call; the compiled agent core and switch data
+path against their numpy and Python references, datagram for datagram.
 
 Run just this file: python -m pytest tests/test_narrow_lanes.py
 """
@@ -45,8 +46,9 @@ def _tensors(seed: int = 0) -> list[np.ndarray]:
 
 
 def _run(job: JobConfig, xs: list[np.ndarray], calls: int = 1, datapath: str = "compiled",
-         switch_datapath: str = "compiled", agent_job=None):
-    """Every rank's results and stats of `calls` calls through one UdpSwitch; the switch."""
+         switch_datapath: str = "compiled", agent_job=None, residuals=None):
+    """Every rank's results and stats of `calls` calls through one UdpSwitch (each rank's
+    calls with its residuals[r] if given); the switch."""
     sw = UdpSwitch(port=0, datapath=switch_datapath)
     sw.add_job(job)
     sw.start()
@@ -59,7 +61,8 @@ def _run(job: JobConfig, xs: list[np.ndarray], calls: int = 1, datapath: str = "
     def rank(r):
         try:
             for c in range(calls):
-                out[r][c] = agents[r].allreduce(xs[r])
+                out[r][c] = agents[r].allreduce(
+                    xs[r], residual=None if residuals is None else residuals[r])
                 stats[r][c] = agents[r].last_stats
         except Exception as e:  # the test looks at it
             errors[r] = e
@@ -111,20 +114,23 @@ def _job(lane_bits: int) -> JobConfig:
 
 
 @pytest.mark.parametrize("lane_bits", [16, 8])
-def test_four_ranks_sum_the_quantized_integers_bit_identical(lane_bits):
-    """4 ranks through a UdpSwitch: the numpy sum of the quantized integers, dequantized, at
-    every rank bit for bit; the switch punted every narrow packet to Python and counted
-    nothing saturated or mismatched."""
+@pytest.mark.parametrize("datapath", ["compiled", "python"])
+def test_four_ranks_sum_the_quantized_integers_bit_identical(lane_bits, datapath):
+    """4 ranks through a UdpSwitch, agents and switch both compiled or both Python: the numpy
+    sum of the quantized integers, dequantized, at every rank bit for bit; nothing saturated
+    or mismatched; the compiled switch served every packet itself (none punted)."""
     job = _job(lane_bits)
     xs = _tensors()
-    out, _, errors, sw = _run(job, xs)
+    out, _, errors, sw = _run(job, xs, datapath=datapath, switch_datapath=datapath)
     assert errors == [None] * NRANKS
     want = _expected(job, xs)
     for r in range(NRANKS):
         assert out[r][0].tobytes() == want.tobytes(), r
     counters = sw.pipeline.job_counters(job.job)
     assert counters["job_lane_saturated"] == counters["job_lane_mismatch"] == 0
-    assert sw.punted == counters["job_received"] == NRANKS * PACKETS
+    assert counters["job_received"] == NRANKS * PACKETS
+    if datapath == "compiled":
+        assert sw.punted == 0 and sw._compiled.stats()["packets_in"] == NRANKS * PACKETS
 
 
 def test_byte_counts_halve_and_quarter_with_the_width():
@@ -147,18 +153,71 @@ def test_byte_counts_halve_and_quarter_with_the_width():
     assert got[8].payload_bytes_sent * 4 == got[32].payload_bytes_sent
 
 
-def test_narrow_calls_take_the_python_answer_path(monkeypatch):
-    """A compiled agent never hands a narrow call's answers to _core.answer_batch, and gives
-    what the python agent gives, through the compiled and the python switch alike."""
-    def refuse(*a):
-        raise AssertionError("a narrow call used _core.answer_batch")
-    monkeypatch.setattr(agent_mod._core, "answer_batch", refuse)
-    job = _job(16)
-    xs = _tensors(2)
-    compiled, _, e1, _ = _run(job, xs, datapath="compiled")
-    python, _, e2, _ = _run(job, xs, datapath="python", switch_datapath="python")
-    assert e1 == e2 == [None] * NRANKS
-    assert all(compiled[r][0].tobytes() == python[r][0].tobytes() for r in range(NRANKS))
+def _recorded_run(monkeypatch, datapath: str, lane_bits: int, xs, calls: int = 2):
+    """_run with residuals, recording every datagram the agents send: ({(rank, call, slot,
+    round): first transmission's bytes}, results, residuals after the calls, answers the
+    compiled answer loop handled, stats, the switch)."""
+    sent = {}
+    batches = [0]
+    send, answer_batch = agent_mod._core.send_batch, agent_mod._core.answer_batch
+
+    def record(fd, datagrams, ip, port):
+        for d in datagrams:
+            h = wire.unpack_header(bytes(d))
+            if not h.flags & wire.FLAG_RESEND:
+                key = (h.rank, h.call, h.slot, h.round)
+                assert key not in sent  # one first transmission per round
+                sent[key] = bytes(d)
+        return send(fd, datagrams, ip, port)
+
+    def counted(ctx, answers, views, start, now):
+        stop, finished = answer_batch(ctx, answers, views, start, now)
+        batches[0] += stop - start
+        return stop, finished
+    monkeypatch.setattr(agent_mod._core, "send_batch", record)
+    monkeypatch.setattr(agent_mod._core, "answer_batch", counted)
+    job = _job(lane_bits)
+    residuals = [np.zeros(LENGTH, np.float32) for _ in range(NRANKS)]
+    out, stats, errors, sw = _run(job, xs, calls=calls, datapath=datapath,
+                                  switch_datapath=datapath, residuals=residuals)
+    monkeypatch.undo()
+    assert errors == [None] * NRANKS
+    return sent, out, residuals, batches[0], stats, sw
+
+
+@pytest.mark.parametrize("lane_bits", [16, 8])
+def test_the_compiled_path_sends_and_gets_what_the_reference_does(monkeypatch, lane_bits):
+    """Two calls with error feedback, 4 ranks: the compiled agent core and switch data path
+    against numpy's rounding and the Python pipeline. Every datagram each rank sends (its
+    stochastically rounded rows), every result and every residual, bit for bit; the
+    compiled answer loop took the narrow answers, the compiled switch every packet."""
+    xs = [x * np.float32(0.01) for x in _tensors(2)]
+    xs[1][7 * B + 3] = np.nan  # a non-finite block: its residual dropped at rank 1
+    got = _recorded_run(monkeypatch, "compiled", lane_bits, xs)
+    ref = _recorded_run(monkeypatch, "python", lane_bits, xs)
+    sent, out, residuals, batched, stats, sw = got
+    sent_ref, out_ref, residuals_ref, batched_ref, stats_ref, sw_ref = ref
+    assert len(sent) == 2 * NRANKS * PACKETS and sent.keys() == sent_ref.keys()
+    assert [k for k in sent if sent[k] != sent_ref[k]] == []
+    for r in range(NRANKS):
+        for c in range(2):
+            assert out[r][c].tobytes() == out_ref[r][c].tobytes() == out[0][c].tobytes()
+            assert stats[r][c].bytes_sent == stats_ref[r][c].bytes_sent
+        assert residuals[r].tobytes() == residuals_ref[r].tobytes()
+    assert np.abs(residuals[0]).max() > 0 and not residuals[1][7 * B:8 * B].any()
+    assert batched > NRANKS * (PACKETS - W) and batched_ref == 0
+    assert sw.punted == 0 and sw._compiled.stats()["packets_in"] >= 2 * NRANKS * PACKETS
+    assert_same_registers(sw, sw_ref)
+
+
+def assert_same_registers(a: UdpSwitch, b: UdpSwitch) -> None:
+    """Equal registers, and the counters a resend cannot change (the two switches summed the
+    same contributions; a resend's answer depends on timing)."""
+    for name, reg in a.pipeline.registers.items():
+        np.testing.assert_array_equal(reg, b.pipeline.registers[name], err_msg=name)
+    for name in ("job_aggregated", "job_lane_saturated", "job_lane_mismatch"):
+        np.testing.assert_array_equal(a.pipeline.counters[name], b.pipeline.counters[name],
+                                      err_msg=name)
 
 
 def test_a_rerun_sends_the_same_values():
@@ -185,9 +244,9 @@ def test_ranks_that_disagree_on_the_width_all_fail_and_the_switch_counts_it():
 
 @pytest.mark.parametrize("switch_datapath", ["compiled", "python"])
 def test_an_int32_rank_among_narrow_ones_fails_every_rank_on_both_switch_paths(switch_datapath):
-    """Rank 3's job says 32-bit lanes: its packets carry no width flag, so the compiled
-    switch path would serve them; it hands Python every packet of a round narrow lanes
-    started, so both paths mark the rounds MISMATCH and count them, and no rank takes a sum."""
+    """Rank 3's job says 32-bit lanes: its packets carry no width flag; both switch paths
+    compare each contribution's width with its round's first, mark the rounds MISMATCH and
+    count them, and no rank takes a sum."""
     job = _job(16)
     wide = JobConfig(**{**job.__dict__, "lane_bits": 32})
     _, _, errors, sw = _run(job, _tensors(5), agent_job=lambda r: wide if r == 3 else job,
@@ -353,3 +412,60 @@ def test_the_ddp_hook_keeps_a_residual_per_bucket_on_narrow_lanes():
     with LocalCluster(2, nslots=2, nlanes=4, block_size=B) as c:
         s = SpinaHookState(c.agents[0])
         assert s.residual_for(_Bucket(torch.ones(3)), 64) is None and s.residuals == {}
+
+
+@pytest.mark.parametrize("datapath", ["compiled", "python"])
+def test_narrow_rows_may_hold_more_values_than_an_int32_datagram(datapath):
+    """An 8-bit job of 56 lanes x 1024 (a 57 KB datagram; int32 rows would need 229 KB) is
+    valid, a 32-bit one is not; two ranks' integer-valued tensors (exact in the lanes: shift
+    0) sum exactly through a switch whose slots hold them, in 57 KB datagrams; an int32
+    tensor on the job is refused naming the lanes."""
+    kw = dict(job=7, nslots=2, block_size=1024, nlanes=56)
+    with pytest.raises(ConfigError, match="at most 15 fit"):
+        local_job(2, lane_bits=32, **kw)
+    job = local_job(2, lane_bits=8, **kw)
+    rng = np.random.default_rng(9)
+    xs = [rng.integers(-31, 32, 300_000).astype(np.float32) for _ in range(2)]
+    sw = UdpSwitch(port=0, slot_capacity=56 * 1024, datapath=datapath)
+    sw.add_job(job)
+    sw.start()
+    try:
+        agents = [Agent(job, r, sw.address, timeout=5.0, datapath=datapath) for r in range(2)]
+        outs = [None, None]
+        threads = [threading.Thread(target=lambda r=r: outs.__setitem__(
+            r, agents[r].allreduce(xs[r]))) for r in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert outs[0].tobytes() == outs[1].tobytes() == (xs[0] + xs[1]).tobytes()
+        stats = agents[0].last_stats
+        assert stats.payload_bytes_sent == -(-300_000 // 1024) * 1024  # one byte a value
+        # 293 blocks over 2 x 56 lanes: a setup and 3 data rounds a slot, 57 KB datagrams
+        assert stats.packets_sent == 2 * (1 + 3)
+        assert stats.bytes_sent == 8 * wire.data_offset(56) + stats.payload_bytes_sent
+        with pytest.raises(ValueError, match="int32 tensor travels in int32 lanes"):
+            agents[0].allreduce(np.ones(10, np.int32))
+    finally:
+        for a in agents:
+            a.close()
+        sw.stop()
+
+
+@pytest.mark.parametrize("datapath", ["compiled", "python"])
+def test_lanes_bench_smoke(capsys, datapath):
+    """bench/lanes_bench.py runs (2 workers, 8,192 elements, one call per width) on either
+    path, and reports each width's bytes: 4, 2 and 1 per value of the 32 blocks, and the
+    headers of the same 17 datagrams (a setup round on each of the 16 slots; the 32 blocks
+    are lanes 0-31, slot 0's: one data round)."""
+    from bench import lanes_bench
+    assert lanes_bench.main(["--elements", "8192", "--workers", "2", "--repeats", "1",
+                             "--agent-datapath", datapath, "--switch-datapath", datapath]) == 0
+    out = capsys.readouterr().out
+    lines = {ln.split("|")[1].strip(): ln for ln in out.splitlines() if "-bit |" in ln}
+    for bits, item in ((32, 4), (16, 2), (8, 1)):
+        sent, data, packets = (int(c) for c in lines[f"{bits}-bit"].split("|")[2:5])
+        assert data == 8192 * item, bits
+        if packets == 17:  # no resend (a loaded machine may time one out: then more)
+            assert sent == 17 * wire.data_offset(56) + data, bits
+        assert packets >= 17 and sent >= 17 * wire.data_offset(56) + data, bits
