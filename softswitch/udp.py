@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from softswitch.compiled import core_entries
 from softswitch.dataplane import UDP_MODE_PORT, Dataplane
 from softswitch.fabric import TO_GROUP, TO_SENDER
 from softswitch.pipeline import DEFAULT_POOL_SLOTS, DEFAULT_SLOT_CAPACITY
@@ -362,17 +363,15 @@ class UdpSwitch:
             return
         if dp.version != self._dest_version:
             self._sync()
-        entries, dests, first = [], [], {}
-        for (port, src, job, rank), adm in pipe.admission.items():
-            if port != UDP_MODE_PORT or job in dp.roles.leaves or job in dp.roles.spines:
-                continue
-            if adm.mcast_grp not in first:
-                first[adm.mcast_grp] = len(dests)
-                dests += self._dest.get(adm.mcast_grp, ())
-            start = first[adm.mcast_grp]
-            entries.append((src[0], src[1], job, rank, adm.epoch, adm.slot_base, adm.nslots,
-                            adm.nworkers, adm.block_size, adm.nlanes, start,
-                            len(self._dest.get(adm.mcast_grp, ()))))
+        dests, first = [], {}
+
+        def place(grp: int) -> tuple[int, int]:
+            if grp not in first:
+                first[grp] = len(dests), len(self._dest.get(grp, ()))
+                dests.extend(self._dest.get(grp, ()))
+            return first[grp]
+
+        entries = core_entries(dp, UDP_MODE_PORT, place)
         for shard in self._shards:
             if shard.compiled is None:
                 continue
