@@ -186,7 +186,8 @@ static int frames_loop(FramePath *f, int ps, long budget, int *punt) {
                 return SERVE_BUDGET;
             for (int i = 0; i < f->batch; i++)
                 f->rmsg[i].msg_hdr.msg_namelen = sizeof f->raddr[i];
-            int n = recvmmsg(f->ports[ps].fd, f->rmsg, (unsigned)f->batch, MSG_DONTWAIT, NULL);
+            long want = budget - done < f->batch ? budget - done : f->batch;  /* a turn's frames */
+            int n = recvmmsg(f->ports[ps].fd, f->rmsg, (unsigned)want, MSG_DONTWAIT, NULL);
             if (n <= 0) {
                 if (n < 0 && errno == EINTR)
                     continue;

@@ -18,7 +18,7 @@ import socket
 import threading
 import time
 
-from softswitch.compiled import BUDGET, PUNT
+from softswitch.compiled import PUNT
 from softswitch.dataplane import Dataplane
 from spina.net import grow_buffers
 
@@ -27,6 +27,12 @@ log = logging.getLogger("spina.softswitch.l2")
 _ETH_P_ALL = 0x0003
 _PACKET_OUTGOING = 4
 _SOL_PACKET, _PACKET_IGNORE_OUTGOING = 263, 23
+# Frames a readable port may give per poll wake-up before the next port's turn. After the
+# switch was descheduled every port holds a backlog; draining one port whole first would let its
+# workers' next rounds overtake the others' rounds of the same slots, and the pipeline holds
+# (drops) a round that runs ahead of a slot's unfinished one. Turns of one receive batch keep
+# the ports within a batch of each other, well inside a job's slot window.
+PORT_TURN = 32
 
 
 # ---------------------------------------------------------------- raw sockets
@@ -107,7 +113,7 @@ class L2Switch:
                     continue
                 sock = self.socks[port]
                 recv = sock.recvfrom_into
-                while True:  # drain: one poll wake-up per burst
+                for _ in range(PORT_TURN):  # a port's turn, then the next readable one's
                     try:
                         n, addr = recv(buf)
                     except (BlockingIOError, InterruptedError):
@@ -128,14 +134,14 @@ class L2Switch:
                     self._transmit(outs)
 
     def _serve_compiled(self, port: int) -> bool:
-        """Serve `port`'s socket compiled until it is empty (True), each punted frame through
-        Python's pipeline in its turn; False if the compiled path failed (Python serves from
-        now on)."""
+        """Serve `port`'s turn compiled (PORT_TURN frames, or until its socket is empty), each
+        punted frame through Python's pipeline in its turn: True; False if the compiled path
+        failed (Python serves from now on)."""
         dp, fast = self.dataplane, self._fast
         while True:
             try:
                 with dp.pipeline.lock:
-                    outcome, frame, inport = fast.serve(port)
+                    outcome, frame, inport = fast.serve(port, PORT_TURN)
             except Exception:  # a bug must not take the switch down
                 log.exception("compiled frame path failed; the Python data path serves from now on")
                 self._fast = None
@@ -149,7 +155,7 @@ class L2Switch:
                     log.exception("pipeline error on a frame from port %d; dropped", inport)
                     continue
                 self._transmit(outs)
-            elif outcome != BUDGET:
+            else:  # idle, or its turn is over (a batch a punt cut short is finished first)
                 return True
 
     def _transmit(self, outs: list[tuple[int, bytes]]) -> None:
