@@ -62,11 +62,11 @@ def program(dp: Dataplane, ingress=None, epoch: int = 1) -> None:
 
 
 class Frames:
-    """Traffic's datagrams as frames on their sender's port, and the frames a switch must
-    refuse or forward: a wrong ingress port (unadmitted), padding after the datagram, a UDP
-    length beyond the frame or below 8, another destination (bridged or dropped), IPv4
-    options, TCP, ARP, a truncated frame, 16-bit lanes (docs/bits.md); some duplicated or
-    swapped with the next."""
+    """Traffic's datagrams as frames on their sender's port, some with 16-bit lanes
+    (docs/bits.md) or padding after the datagram, and frames a switch must refuse or forward:
+    a wrong ingress port (unadmitted), a UDP length beyond the frame or below 8, another
+    destination (bridged or dropped), IPv4 options, TCP, ARP, a truncated frame; some
+    duplicated or swapped with the next."""
 
     def __init__(self, seed: int):
         self.traffic = Traffic(seed)
