@@ -14,7 +14,11 @@ aggregated without loss. Each worker counts the results it receives (one per rou
 Reported per offered rate and switch data path (`--datapath`: compiled, python or both, run
 back to back at each rate, their order alternating from rate to rate): frames in, results
 expected, results received per worker, the switch's own drop counters, the switch process's
-CPU time while it served (its frames per CPU-second) and the load before and after.
+CPU time while it served (its frames per CPU-second), the load before and after, and the
+senders' largest skew (`sender_skew_ms`) beside the slot window (`slot_window_ms`: nslots
+frames of one sender): the senders never resend, so when one falls further behind another
+than the window, its contributions arrive after the others' next rounds on the same slots,
+the switch's hold drops those, and rounds are lost however fast the switch is.
 Needs root (namespaces, raw sockets).
 """
 from __future__ import annotations
@@ -55,12 +59,14 @@ for i in range(nframes):
     pkts.append(wire.pack(h, np.full(4, wire.END, np.uint32), data))
 dst = ("10.0.0.100", 47000)
 got = 0
+late = []  # (first frame of a burst, how late it left against the schedule, s)
 while time.time() < start_at:  # every worker starts its round sequence at the same moment
     time.sleep(0.0005)
 t0 = time.perf_counter()
 i = 0
 while i < nframes:  # every millisecond, the frames due by then: no busy wait
     due = min(nframes, int((time.perf_counter() - t0) * rate) + 1)
+    late.append((i, time.perf_counter() - t0 - i / rate))
     for p in pkts[i:due]:
         s.sendto(p, dst)
     i = max(i, due)
@@ -76,9 +82,26 @@ while time.perf_counter() < end:
         s.recv(2048); got += 1
     except BlockingIOError:
         time.sleep(0.001)
-print(json.dumps({"rank": rank, "sent": nframes, "results": got,
+print(json.dumps({"rank": rank, "sent": nframes, "results": got, "late": late,
                   "send_seconds": time.perf_counter() - t0 - 1.0}))
 '''
+
+
+def sender_skew(lates: list[list[tuple[int, float]]], nframes: int) -> float:
+    """The largest gap, in seconds, between the senders at the same point of their common
+    frame sequence (each sender's lateness against its schedule when it reached frame i,
+    sampled every 16 frames): a sender that far behind the others is nslots / its rate behind
+    them when the gap exceeds the slot window, and its rounds' contributions come after the
+    others' next rounds on the same slots, which the switch's hold drops."""
+    import bisect
+    firsts = [[i for i, _ in late] for late in lates]
+    worst = 0.0
+    for i in range(0, nframes, 16):
+        at = [late[bisect.bisect_right(f, i) - 1][1] for late, f in zip(lates, firsts)
+              if f and f[0] <= i]
+        if len(at) == len(lates):
+            worst = max(worst, max(at) - min(at))
+    return worst
 
 
 def make_hosts(n: int, tag: str) -> tuple[netns.Network, list[tuple[str, str]]]:
@@ -136,6 +159,7 @@ def run_rate(rate: float, seconds: float, nworkers: int = 4, datapath: str = "co
         cpu = user + system
         c = dp.pipeline.counters
         rounds = min(o["sent"] for o in outs)
+        skew = sender_skew([o["late"] for o in outs], rounds)
         return {"datapath": datapath, "batch": batch, "nslots": nslots, "offered_fps": rate,
                 "frames_in": frames_in, "rounds": rounds,
                 "results_min": min(o["results"] for o in outs),
@@ -144,6 +168,10 @@ def run_rate(rate: float, seconds: float, nworkers: int = 4, datapath: str = "co
                                       / max(o["send_seconds"] for o in outs)),
                 "aggregated": int(c["job_aggregated"][5]), "stale": int(c["job_stale"][5]),
                 "held": int(c["job_held"][5]),
+                # a worker this far behind another loses rounds to the hold (open loop: no
+                # resends), however fast the switch
+                "sender_skew_ms": round(skew * 1e3, 1),
+                "slot_window_ms": round(nslots / (rate / nworkers) * 1e3, 1),
                 "switch_cpu_s": round(cpu, 3), "switch_user_s": round(user, 3),
                 "switch_system_s": round(system, 3),
                 "frames_per_cpu_s": round(frames_in / cpu) if cpu else None,
