@@ -21,7 +21,7 @@ except ImportError as e:  # not built: core_entries still serves the UDP mode's 
 log = logging.getLogger("spina.softswitch")
 
 SERVE_BUDGET = 256  # packets per compiled call: the lock is free for the control plane between
-IDLE, BUDGET, PUNT = 0, 1, 2  # serve()'s outcomes (_datapath.c SERVE_*)
+IDLE, BUDGET, PUNT = 0, 1, 2  # serve()'s outcomes, both modes' (_datapath.c SERVE_*)
 _IPV4_UDP = 20 + 8
 
 

@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from softswitch.compiled import core_entries
-from softswitch.dataplane import UDP_MODE_PORT, Dataplane
+from softswitch.compiled import IDLE as _IDLE, PUNT as _PUNT, SERVE_BUDGET, core_entries
+from softswitch.dataplane import DATAPATHS, UDP_MODE_PORT, Dataplane
 from softswitch.fabric import TO_GROUP, TO_SENDER
 from softswitch.pipeline import DEFAULT_POOL_SLOTS, DEFAULT_SLOT_CAPACITY
 from spina import rows, wire
@@ -27,13 +27,11 @@ from spina.net import bind_retrying, grow_buffers
 
 log = logging.getLogger("spina.softswitch")
 
-# The data paths a UdpSwitch can run: softswitch/_datapath.c (built by make setup) serves a flat
-# job's contributions and hands every other packet to the Python pipeline, in order, on the same
-# registers; "python" runs every packet through the Python pipeline (the reference, for
-# comparison). Fault injection sits between the socket and the pipeline: Python only.
-DATAPATHS = ("compiled", "python")
-SERVE_BUDGET = 256  # packets per compiled call: the lock is free for the control plane between
-_IDLE, _PUNT = 0, 2  # softswitch/_datapath.c serve()'s outcomes
+# The data paths a UdpSwitch can run (dataplane.DATAPATHS): softswitch/_datapath.c (built by
+# make setup) serves a flat job's contributions and hands every other packet to the Python
+# pipeline, in order, on the same registers; "python" runs every packet through the Python
+# pipeline (the reference, for comparison). Fault injection sits between the socket and the
+# pipeline: Python only. SERVE_BUDGET and serve()'s outcomes: softswitch/compiled.py.
 MAX_DATAPATH_THREADS = 64
 
 
