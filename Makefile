@@ -11,6 +11,7 @@ help:  ## list targets
 
 $(STAMP): pyproject.toml setup.py host_agent/_core.c host_agent/_pybuf.h spina/_wire.h \
           host_agent/compression/_kernels.c bench/_floor.c softswitch/_datapath.c \
+          softswitch/_datapath_l2.c \
           scripts/setup.sh
 	bash scripts/setup.sh $(VENV) $(PYTHON)
 	touch $(STAMP)

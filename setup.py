@@ -17,7 +17,8 @@ FLOOR = [Extension("bench._floor", ["bench/_floor.c"],
 
 # The software switch's UDP data path (softswitch/_datapath.c; softswitch/pipeline.py is the
 # reference it is checked against, tests/test_datapath.py).
-DATAPATH = [Extension("softswitch._datapath", ["softswitch/_datapath.c"], depends=HEADERS,
+DATAPATH = [Extension("softswitch._datapath", ["softswitch/_datapath.c"],
+                      depends=HEADERS + ["softswitch/_datapath_l2.c"],
                       extra_compile_args=["-O3"])]
 
 setup(ext_modules=FLOOR + DATAPATH + [

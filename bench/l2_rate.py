@@ -2,6 +2,7 @@
 INA frames without loss.
 
     sudo .venv/bin/python -m bench.l2_rate --rates 10000,30000,50000 --seconds 2
+    sudo .venv/bin/python -m bench.l2_rate --datapath compiled,python   # paired, per rate
 
 Topology: one network namespace per worker (h0..h3, 10.0.0.r+1/24) with a veth whose other
 end is a port of an L2Switch in the root namespace (spina.netns.port_host, as tests/netns.py
@@ -10,8 +11,14 @@ contributions of rounds 1, 2, ... of slots 0..nslots-1 (the P4 sizes: 4 lanes x 
 618-byte frames), all workers the same sequence; a round completes only when the switch took
 all its contributions, so results received / rounds sent is the fraction the switch
 aggregated without loss. Each worker counts the results it receives (one per round).
-Reported per offered rate: frames in, results expected, results received per worker, and the
-switch's own drop counters.
+Reported per offered rate and switch data path (`--datapath`: compiled, python or both, run
+back to back at each rate, their order alternating from rate to rate): frames in, results
+expected, results received per worker, the switch's own drop counters, the switch process's
+CPU time while it served (its frames per CPU-second), the load before and after, and the
+senders' largest skew (`sender_skew_ms`) beside the slot window (`slot_window_ms`: nslots
+frames of one sender): the senders never resend, so when one falls further behind another
+than the window, its contributions arrive after the others' next rounds on the same slots,
+the switch's hold drops those, and rounds are lost however fast the switch is.
 Needs root (namespaces, raw sockets).
 """
 from __future__ import annotations
@@ -24,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from spina import netns
+from spina import cli, netns
 
 ROOT = Path(__file__).resolve().parents[1]
 SWITCH_IP, SWITCH_MAC = "10.0.0.100", "02:00:00:00:00:64"
@@ -52,12 +59,14 @@ for i in range(nframes):
     pkts.append(wire.pack(h, np.full(4, wire.END, np.uint32), data))
 dst = ("10.0.0.100", 47000)
 got = 0
+late = []  # (first frame of a burst, how late it left against the schedule, s)
 while time.time() < start_at:  # every worker starts its round sequence at the same moment
     time.sleep(0.0005)
 t0 = time.perf_counter()
 i = 0
 while i < nframes:  # every millisecond, the frames due by then: no busy wait
     due = min(nframes, int((time.perf_counter() - t0) * rate) + 1)
+    late.append((i, time.perf_counter() - t0 - i / rate))
     for p in pkts[i:due]:
         s.sendto(p, dst)
     i = max(i, due)
@@ -73,9 +82,26 @@ while time.perf_counter() < end:
         s.recv(2048); got += 1
     except BlockingIOError:
         time.sleep(0.001)
-print(json.dumps({"rank": rank, "sent": nframes, "results": got,
+print(json.dumps({"rank": rank, "sent": nframes, "results": got, "late": late,
                   "send_seconds": time.perf_counter() - t0 - 1.0}))
 '''
+
+
+def sender_skew(lates: list[list[tuple[int, float]]], nframes: int) -> float:
+    """The largest gap, in seconds, between the senders at the same point of their common
+    frame sequence (each sender's lateness against its schedule when it reached frame i,
+    sampled every 16 frames): a sender that far behind the others is nslots / its rate behind
+    them when the gap exceeds the slot window, and its rounds' contributions come after the
+    others' next rounds on the same slots, which the switch's hold drops."""
+    import bisect
+    firsts = [[i for i, _ in late] for late in lates]
+    worst = 0.0
+    for i in range(0, nframes, 16):
+        at = [late[bisect.bisect_right(f, i) - 1][1] for late, f in zip(lates, firsts)
+              if f and f[0] <= i]
+        if len(at) == len(lates):
+            worst = max(worst, max(at) - min(at))
+    return worst
 
 
 def make_hosts(n: int, tag: str) -> tuple[netns.Network, list[tuple[str, str]]]:
@@ -88,8 +114,15 @@ def make_hosts(n: int, tag: str) -> tuple[netns.Network, list[tuple[str, str]]]:
     return net, [(f"{tag}-h{r}", f"{tag}s{r}") for r in range(n)]
 
 
-def run_rate(rate: float, seconds: float, nworkers: int = 4) -> dict:
+def run_rate(rate: float, seconds: float, nworkers: int = 4, datapath: str = "compiled",
+             batch: int | None = None, nslots: int = NSLOTS) -> dict:
+    """One run at `rate` offered frames/s for `seconds` through an L2Switch of `datapath`
+    (`batch`: the compiled path's frames per receive call, default its BATCH) over `nslots`
+    slots."""
+    import resource
+
     from controller.controller import program_star
+    from softswitch.compiled import CompiledFrames
     from softswitch.dataplane import Dataplane
     from softswitch.l2 import L2Switch
     from softswitch.p4runtime_server import SoftSwitchServicer
@@ -97,35 +130,52 @@ def run_rate(rate: float, seconds: float, nworkers: int = 4) -> dict:
     net, hosts = make_hosts(nworkers, netns.unique_tag("l2r", 10000))
     start_at = time.time() + 3.0 + 0.5 * nworkers  # after the senders' imports
     try:
-        dp = Dataplane()
+        dp = Dataplane(datapath=datapath)
+        if batch is not None and dp.compiled is not None:
+            dp.compiled = CompiledFrames(dp, batch)
+        load_before = os.getloadavg()[0]
         job = JobConfig(job=5, workers=tuple(WorkerAddr(r, f"10.0.0.{r + 1}", 50000 + r)
                                              for r in range(nworkers)),
-                        nslots=NSLOTS, block_size=BLOCK, nlanes=NLANES)
+                        nslots=nslots, block_size=BLOCK, nlanes=NLANES)
         program_star(SoftSwitchServicer(dp), job, SWITCH_IP,
                      [f"02:00:00:00:01:{r:02x}" for r in range(nworkers)],
                      pool_slots=dp.pipeline.pool_slots, slot_capacity=dp.pipeline.slot_capacity)
         with L2Switch({r + 1: sw_if for r, (_, sw_if) in enumerate(hosts)}, dp) as sw:
             procs = [subprocess.Popen(netns.command(ns, sys.executable, "-c", SENDER, ROOT, r,
-                                                    nworkers, rate / nworkers, seconds, NSLOTS,
+                                                    nworkers, rate / nworkers, seconds, nslots,
                                                     start_at),
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                      for r, (ns, _) in enumerate(hosts)]
+            cpu0 = resource.getrusage(resource.RUSAGE_SELF)
             outs = []
             for p in procs:
                 out, err = p.communicate(timeout=seconds * 10 + 60)
                 if p.returncode:
                     raise RuntimeError(err[-2000:])
                 outs.append(json.loads(out.strip().splitlines()[-1]))
+            cpu1 = resource.getrusage(resource.RUSAGE_SELF)
             frames_in = sw.frames_in
+        user, system = cpu1.ru_utime - cpu0.ru_utime, cpu1.ru_stime - cpu0.ru_stime
+        cpu = user + system
         c = dp.pipeline.counters
         rounds = min(o["sent"] for o in outs)
-        return {"offered_fps": rate, "frames_in": frames_in, "rounds": rounds,
+        skew = sender_skew([o["late"] for o in outs], rounds)
+        return {"datapath": datapath, "batch": batch, "nslots": nslots, "offered_fps": rate,
+                "frames_in": frames_in, "rounds": rounds,
                 "results_min": min(o["results"] for o in outs),
                 "lossless": all(o["results"] == rounds for o in outs),
                 "achieved_fps": round(sum(o["sent"] for o in outs)
                                       / max(o["send_seconds"] for o in outs)),
                 "aggregated": int(c["job_aggregated"][5]), "stale": int(c["job_stale"][5]),
-                "load": os.getloadavg()[0]}
+                "held": int(c["job_held"][5]),
+                # a worker this far behind another loses rounds to the hold (open loop: no
+                # resends), however fast the switch
+                "sender_skew_ms": round(skew * 1e3, 1),
+                "slot_window_ms": round(nslots / (rate / nworkers) * 1e3, 1),
+                "switch_cpu_s": round(cpu, 3), "switch_user_s": round(user, 3),
+                "switch_system_s": round(system, 3),
+                "frames_per_cpu_s": round(frames_in / cpu) if cpu else None,
+                "load": [load_before, os.getloadavg()[0]]}
     finally:
         net.close()
 
@@ -136,12 +186,24 @@ def main(argv=None) -> int:
     ap.add_argument("--rates", default="10000,20000,30000,40000,50000",
                     help="offered INA frames per second, all workers together (comma list)")
     ap.add_argument("--seconds", type=float, default=2.0, help="sending time per rate")
+    ap.add_argument("--datapath", default="compiled",
+                    help="the switch's data path: compiled, python, or both as a comma list "
+                         "(each run at every rate, paired; default %(default)s)")
+    ap.add_argument("--batch", type=cli.int_range(1, 32), default=None,
+                    help="frames per receive call of the compiled path (1..32; default 32)")
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
         print("bench.l2_rate: error: needs root (network namespaces, raw sockets)", file=sys.stderr)
         return 2
-    for rate in (float(r) for r in args.rates.split(",")):
-        print(json.dumps(run_rate(rate, args.seconds)), flush=True)
+    paths = [p for p in args.datapath.split(",") if p]
+    if not paths or set(paths) - {"compiled", "python"}:
+        print(f"bench.l2_rate: error: argument --datapath: {args.datapath!r}: compiled, python "
+              "or both, comma-separated", file=sys.stderr)
+        return 2
+    for i, rate in enumerate(float(r) for r in args.rates.split(",")):
+        for datapath in paths if i % 2 == 0 else paths[::-1]:
+            print(json.dumps(run_rate(rate, args.seconds, datapath=datapath, batch=args.batch)),
+                  flush=True)
     return 0
 
 

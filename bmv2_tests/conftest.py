@@ -1,8 +1,10 @@
 """The `target` fixture: every conformance test runs once per target.
 
-soft: the software switch in-process (always). bmv2: simple_switch_grpc, when p4c-bm2-ss,
-simple_switch_grpc and simple_switch_CLI are on PATH and we are root; otherwise each BMv2 case
-is skipped with the reason. SPINA_TARGETS=soft (or bmv2) restricts the run to one target.
+soft: the software switch in-process, every frame through its Python pipeline (always).
+soft-compiled: the same switch with its compiled frame path (softswitch/_datapath_l2.c; what
+it punts, Python's), always. bmv2: simple_switch_grpc, when p4c-bm2-ss, simple_switch_grpc and
+simple_switch_CLI are on PATH and we are root; otherwise each BMv2 case is skipped with the
+reason. SPINA_TARGETS (a comma list of soft, soft-compiled, bmv2) restricts the run to those.
 """
 from __future__ import annotations
 
@@ -13,7 +15,9 @@ import pytest
 from bmv2_tests import bmv2
 from bmv2_tests.target import SoftTarget
 
-_TARGETS = [t for t in os.environ.get("SPINA_TARGETS", "soft,bmv2").split(",") if t]
+_TARGETS = [t for t in os.environ.get("SPINA_TARGETS", "soft,soft-compiled,bmv2").split(",")
+            if t]
+_SOFT = {"soft": "python", "soft-compiled": "compiled"}  # target -> its Dataplane's datapath
 
 
 @pytest.fixture(scope="session")
@@ -37,8 +41,8 @@ def _bmv2_switch():
 @pytest.fixture(params=_TARGETS)
 def target(request):
     """A clean switch: no entries, zero counters and registers."""
-    if request.param == "soft":
-        t = SoftTarget()
+    if request.param in _SOFT:
+        t = SoftTarget(_SOFT[request.param])
         yield t
         t.close()
         return

@@ -106,13 +106,15 @@ class P4RuntimeTarget(Target):
 
 class SoftTarget(P4RuntimeTarget):
     """The software switch (softswitch.dataplane.Dataplane), in this process, behind its P4Runtime
-    servicer (no gRPC: Connection.in_process)."""
-    name = "soft"
+    servicer (no gRPC: Connection.in_process). `datapath`: the Dataplane's, "python" (target
+    soft: every frame through the Python pipeline, the reference) or "compiled" (target
+    soft-compiled: the common case in softswitch/_datapath_l2.c, the rest punted to Python)."""
     can_force_qdepth = True
     can_rate_limit = True
 
-    def __init__(self):
-        self.dp = Dataplane()
+    def __init__(self, datapath: str = "python"):
+        self.name = "soft" if datapath == "python" else f"soft-{datapath}"
+        self.dp = Dataplane(datapath=datapath)
         conn = Connection.in_process(SoftSwitchServicer(self.dp))
         super().__init__(conn, P4RuntimeRegisters(conn))
         self._commit()

@@ -1,7 +1,8 @@
 """Conformance: slot registers, completion, duplicates, staleness and self-cleaning slots.
 
 Run just this file: python -m pytest bmv2_tests/test_aggregation.py
-(SPINA_TARGETS=soft or bmv2 to pick one target; default both, BMv2 skips if absent.)
+(SPINA_TARGETS=soft, soft-compiled or bmv2 to pick targets; default all three, BMv2 skips if
+absent.)
 """
 from __future__ import annotations
 

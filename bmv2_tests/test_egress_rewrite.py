@@ -1,7 +1,8 @@
 """Conformance: each result copy is rewritten for its worker (MAC, IPv4, UDP port).
 
 Run just this file: python -m pytest bmv2_tests/test_egress_rewrite.py
-(SPINA_TARGETS=soft or bmv2 to pick one target; default both, BMv2 skips if absent.)
+(SPINA_TARGETS=soft, soft-compiled or bmv2 to pick targets; default all three, BMv2 skips if
+absent.)
 """
 from __future__ import annotations
 

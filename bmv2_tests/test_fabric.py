@@ -2,7 +2,8 @@
 by table entries (job_level, leaf_upstream; p4src/v1model/fabric.p4), packet by packet.
 
 Run just this file: python -m pytest bmv2_tests/test_fabric.py
-(SPINA_TARGETS=soft or bmv2 to pick one target; default both, BMv2 skips if absent.)
+(SPINA_TARGETS=soft, soft-compiled or bmv2 to pick targets; default all three, BMv2 skips if
+absent.)
 
 The job has 2 racks of 2 workers (job ranks 0-1, 2-3). As a leaf, the switch under test holds
 rack 1: hosts 2 and 3 on ports 3 and 4, which send their ranks within the rack (0 and 1: the

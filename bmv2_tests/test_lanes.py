@@ -4,7 +4,8 @@ width than the round's first marks the result MISMATCH (job_lane_mismatch), and 
 names two widths, or rows of another width than it names, is malformed.
 
 Run just this file: python -m pytest bmv2_tests/test_lanes.py
-(SPINA_TARGETS=soft or bmv2 to pick one target; default both, BMv2 skips if absent.)
+(SPINA_TARGETS=soft, soft-compiled or bmv2 to pick targets; default all three, BMv2 skips if
+absent.)
 """
 from __future__ import annotations
 

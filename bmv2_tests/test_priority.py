@@ -2,7 +2,8 @@
 within each job's loss budget (p4src/v1model/priority.p4; docs/dlcp.md, "Switch").
 
 Run just this file: python -m pytest bmv2_tests/test_priority.py
-(SPINA_TARGETS=soft or bmv2 to pick one target; default both, BMv2 skips if absent.)
+(SPINA_TARGETS=soft, soft-compiled or bmv2 to pick targets; default all three, BMv2 skips if
+absent.)
 The queue depth is forced on the software target (those cases skip on BMv2). The `slow_queue`
 cases rate-limit a real egress queue on both targets (BMv2: set_queue_rate over Thrift; the
 software switch: Dataplane.set_queue_rate on a virtual clock) and send a burst into it.

@@ -290,6 +290,14 @@ def _parser() -> argparse.ArgumentParser:
                          "(BMv2's model: each priority queue drained at its own rate, no "
                          "competition between them), which BMv2 lacks; repeatable; a port has "
                          "one or the other")
+    l2.add_argument("--datapath", choices=("compiled", "python"), default="compiled",
+                    help="compiled (softswitch/_datapath_l2.c, built by make setup: a flat job's "
+                         "contribution frames, from an admitted sender to an endpoint, "
+                         "aggregated and their result copies built in C, batched per port; "
+                         "every other frame, and every frame while a port has a --queue-rate "
+                         "or --port-rate, through the Python pipeline in arrival order) or "
+                         "python (every frame through the Python pipeline, the reference; for "
+                         "comparison). Default %(default)s")
     l2.add_argument("--config", metavar="FILE",
                     help="switch config (JSON/YAML): endpoints, l2, routes, jobs, "
                          "qdepth_threshold")
@@ -333,7 +341,8 @@ def main(argv=None) -> int:
             from softswitch.l2 import L2Switch
             ports = dict(args.interface)
             # Rows naming a port this switch lacks are refused (the frames would go nowhere).
-            dp = Dataplane(args.pool_slots, args.slot_capacity, ports=set(ports))
+            dp = Dataplane(args.pool_slots, args.slot_capacity, ports=set(ports),
+                           datapath=args.datapath)
             if args.config:
                 program_from_config(dp, args.config, args.device_id)
             for port, pps in args.queue_rate:

@@ -842,6 +842,9 @@ static PyTypeObject DatapathType = {
     .tp_new = Datapath_new,
 };
 
+/* The L2 mode's frames around process_one (FramePath): its own file, one translation unit. */
+#include "_datapath_l2.c"
+
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_datapath",
                                     "The software switch's compiled UDP data path.", -1,
                                     module_methods};
@@ -855,6 +858,12 @@ PyMODINIT_FUNC PyInit__datapath(void) {
     Py_INCREF(&DatapathType);
     if (PyModule_AddObject(m, "Datapath", (PyObject *)&DatapathType) < 0) {
         Py_DECREF(&DatapathType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (PyType_Ready(&FramePathType) < 0
+        || PyModule_AddObject(m, "FramePath", Py_NewRef((PyObject *)&FramePathType)) < 0) {
+        Py_DECREF(&FramePathType);
         Py_DECREF(m);
         return NULL;
     }

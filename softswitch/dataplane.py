@@ -44,6 +44,7 @@ L4_OFF = ETH_LEN + IPV4_LEN        # UDP header offset
 INA_OFF = L4_OFF + UDP_LEN         # INA header offset
 PRIORITY_AT = INA_OFF + wire.FIELD_OFFSET["priority"]  # the INA priority class byte
 UDP_MODE_PORT = 0  # the UDP mode's one "ingress port": every sender, every copy
+DATAPATHS = ("compiled", "python")  # the frames' data paths (Dataplane's datapath)
 
 
 # ---------------------------------------------------------------- value helpers
@@ -102,11 +103,20 @@ class Dataplane:
         ports: the switch's ports, if known: rows naming another port are refused (None: any).
         udp_mode: the UDP mode's switch: every sender and copy on port 0 (UDP_MODE_PORT), and no
             frame forwarding (l2, spray_ports and ipv4_routes refused).
+        datapath: the frames' data path (DATAPATHS): "compiled" runs the common case, a flat
+            job's contributions, in softswitch/_datapath_l2.c (softswitch.compiled.
+            CompiledFrames) and hands every other frame to the Python pipeline in arrival
+            order, on the same registers; "python" runs every frame through the Python
+            pipeline (`process_python`, the reference). The UDP mode has a compiled path of
+            its own (softswitch/udp.py).
     """
 
     def __init__(self, pool_slots: int = DEFAULT_POOL_SLOTS,
                  slot_capacity: int = spec.DEFAULT_SLOT_CAPACITY,
-                 ina_udp_port: int = spec.INA_UDP_PORT, ports=None, udp_mode: bool = False):
+                 ina_udp_port: int = spec.INA_UDP_PORT, ports=None, udp_mode: bool = False,
+                 datapath: str = "compiled"):
+        if datapath not in DATAPATHS:
+            raise ValueError(f"datapath {datapath!r}: one of {', '.join(DATAPATHS)}")
         self.pipeline = Pipeline(pool_slots, slot_capacity)
         # Two-level aggregation (softswitch/fabric.py): tables job_level and leaf_upstream.
         self.roles = FabricRoles(self.pipeline)
@@ -135,6 +145,11 @@ class Dataplane:
         # Egress: the congestion drop (table congestion), on the pipeline's counter and
         # register arrays, which P4Runtime and the metrics read.
         self.congestion = CongestionDrop(self.pipeline.counters, self.pipeline.job_registers)
+        self.datapath = datapath
+        self.compiled = None  # softswitch.compiled.CompiledFrames: the L2 mode's compiled frames
+        if datapath == "compiled" and not udp_mode:
+            from softswitch.compiled import CompiledFrames
+            self.compiled = CompiledFrames(self)
 
     # ------------------------------------------------------------ control plane
     @property
@@ -369,7 +384,19 @@ class Dataplane:
     def process(self, frame: bytes, port: int, now: float | None = None) -> list[tuple[int, bytes]]:
         """One frame in on `port` at time `now` (default: the monotonic clock); the frames
         out, as (egress port, bytes): this frame's copies to ports without a queue, and
-        whatever queued frames are due by `now`."""
+        whatever queued frames are due by `now`. The compiled path first (while the traffic
+        manager is idle), what it punts through `process_python`."""
+        fast = self.compiled
+        if fast is not None and self.queues.idle:
+            out = fast.process(frame, port)
+            if out is not None:
+                return out
+        return self.process_python(frame, port, now)
+
+    def process_python(self, frame: bytes, port: int,
+                       now: float | None = None) -> list[tuple[int, bytes]]:
+        """`process` in Python only: the reference, and every frame the compiled path
+        punts."""
         queues = self.queues
         tm = not queues.idle  # no rate limit and nothing queued: no traffic manager at all
         out: list[tuple[int, bytes]] = []

@@ -1,6 +1,13 @@
 """The software switch in L2 mode: a Dataplane (softswitch/dataplane.py, the P4 program's whole
 pipeline on Ethernet frames) attached to network interfaces with AF_PACKET raw sockets, numbered
 like BMv2's `-i N@intf`, so it can stand where BMv2 stands (veth, mininet links).
+
+With a compiled Dataplane (the default) the common case never reaches Python: per readable
+port, softswitch/_datapath_l2.c receives a batch of frames (recvmmsg), serves a flat job's
+contributions on the pipeline's registers and sends every result copy (one sendmmsg per egress
+port and batch), the GIL released under the pipeline lock; a frame it cannot serve comes back
+here and goes through `Dataplane.process_python` in arrival order. While a port is
+rate-limited or shaped (softswitch/egress.py) every frame is Python's.
 """
 from __future__ import annotations
 
@@ -11,6 +18,7 @@ import socket
 import threading
 import time
 
+from softswitch.compiled import PUNT
 from softswitch.dataplane import Dataplane
 from spina.net import grow_buffers
 
@@ -19,6 +27,12 @@ log = logging.getLogger("spina.softswitch.l2")
 _ETH_P_ALL = 0x0003
 _PACKET_OUTGOING = 4
 _SOL_PACKET, _PACKET_IGNORE_OUTGOING = 263, 23
+# Frames a readable port may give per poll wake-up before the next port's turn. After the
+# switch was descheduled every port holds a backlog; draining one port whole first would let its
+# workers' next rounds overtake the others' rounds of the same slots, and the pipeline holds
+# (drops) a round that runs ahead of a slot's unfinished one. Turns of one receive batch keep
+# the ports within a batch of each other, well inside a job's slot window.
+PORT_TURN = 32
 
 
 # ---------------------------------------------------------------- raw sockets
@@ -51,7 +65,23 @@ class L2Switch:
         self._by_fd = {s.fileno(): p for p, s in self.socks.items()}
         self._stop_r, self._stop_w = os.pipe()
         self._thread: threading.Thread | None = None
-        self.frames_in = self.frames_out = 0
+        self._py_in = self._py_out = 0  # frames the Python loop received and sent
+        self.punted = 0  # frames the compiled path handed to the Python pipeline
+        self._fast = self.dataplane.compiled
+        if self._fast is not None:
+            with self.dataplane.pipeline.lock:
+                self._fast.attach({p: s.fileno() for p, s in self.socks.items()})
+
+    @property
+    def frames_in(self) -> int:
+        """Frames received (by the compiled path and by Python)."""
+        fast = self.dataplane.compiled
+        return self._py_in + (fast.stats()["frames_in"] if fast is not None else 0)
+
+    @property
+    def frames_out(self) -> int:
+        fast = self.dataplane.compiled
+        return self._py_out + (fast.stats()["frames_out"] if fast is not None else 0)
 
     def serve_forever(self) -> None:
         poller = select.poll()
@@ -79,9 +109,11 @@ class L2Switch:
                 if fd == self._stop_r:
                     return
                 port = self._by_fd[fd]
+                if self._fast is not None and dp.queues.idle and self._serve_compiled(port):
+                    continue
                 sock = self.socks[port]
                 recv = sock.recvfrom_into
-                while True:  # drain: one poll wake-up per burst
+                for _ in range(PORT_TURN):  # a port's turn, then the next readable one's
                     try:
                         n, addr = recv(buf)
                     except (BlockingIOError, InterruptedError):
@@ -92,7 +124,7 @@ class L2Switch:
                     if addr[2] == _PACKET_OUTGOING:
                         continue  # our own transmission seen again (kernels before 4.20)
                     frame = bytes(view[:n])  # the frame's size, not a 64 KiB allocation
-                    self.frames_in += 1
+                    self._py_in += 1
                     try:
                         with dp.pipeline.lock:
                             outs = dp.process(frame, port)
@@ -101,6 +133,31 @@ class L2Switch:
                         continue
                     self._transmit(outs)
 
+    def _serve_compiled(self, port: int) -> bool:
+        """Serve `port`'s turn compiled (PORT_TURN frames, or until its socket is empty), each
+        punted frame through Python's pipeline in its turn: True; False if the compiled path
+        failed (Python serves from now on)."""
+        dp, fast = self.dataplane, self._fast
+        while True:
+            try:
+                with dp.pipeline.lock:
+                    outcome, frame, inport = fast.serve(port, PORT_TURN)
+            except Exception:  # a bug must not take the switch down
+                log.exception("compiled frame path failed; the Python data path serves from now on")
+                self._fast = None
+                return False
+            if outcome == PUNT:
+                self.punted += 1
+                try:
+                    with dp.pipeline.lock:
+                        outs = dp.process_python(frame, inport)
+                except Exception:
+                    log.exception("pipeline error on a frame from port %d; dropped", inport)
+                    continue
+                self._transmit(outs)
+            else:  # idle, or its turn is over (a batch a punt cut short is finished first)
+                return True
+
     def _transmit(self, outs: list[tuple[int, bytes]]) -> None:
         for eport, data in outs:
             out = self.socks.get(eport)
@@ -108,7 +165,7 @@ class L2Switch:
                 continue
             try:
                 out.send(data)
-                self.frames_out += 1
+                self._py_out += 1
             except OSError as e:
                 log.debug("send on port %d failed: %s", eport, e)
 
@@ -124,6 +181,9 @@ class L2Switch:
         self.close()
 
     def close(self) -> None:
+        if getattr(self, "_fast", None) is not None:
+            with self.dataplane.pipeline.lock:
+                self._fast.attach({})  # the sockets close: the compiled path forgets them
         for s in self.socks.values():
             s.close()
         self.socks.clear()

@@ -17,7 +17,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from softswitch.dataplane import UDP_MODE_PORT, Dataplane
+from softswitch.compiled import IDLE as _IDLE, PUNT as _PUNT, SERVE_BUDGET, core_entries
+from softswitch.dataplane import DATAPATHS, UDP_MODE_PORT, Dataplane
 from softswitch.fabric import TO_GROUP, TO_SENDER
 from softswitch.pipeline import DEFAULT_POOL_SLOTS, DEFAULT_SLOT_CAPACITY
 from spina import rows, wire
@@ -26,13 +27,11 @@ from spina.net import bind_retrying, grow_buffers
 
 log = logging.getLogger("spina.softswitch")
 
-# The data paths a UdpSwitch can run: softswitch/_datapath.c (built by make setup) serves a flat
-# job's contributions and hands every other packet to the Python pipeline, in order, on the same
-# registers; "python" runs every packet through the Python pipeline (the reference, for
-# comparison). Fault injection sits between the socket and the pipeline: Python only.
-DATAPATHS = ("compiled", "python")
-SERVE_BUDGET = 256  # packets per compiled call: the lock is free for the control plane between
-_IDLE, _PUNT = 0, 2  # softswitch/_datapath.c serve()'s outcomes
+# The data paths a UdpSwitch can run (dataplane.DATAPATHS): softswitch/_datapath.c (built by
+# make setup) serves a flat job's contributions and hands every other packet to the Python
+# pipeline, in order, on the same registers; "python" runs every packet through the Python
+# pipeline (the reference, for comparison). Fault injection sits between the socket and the
+# pipeline: Python only. SERVE_BUDGET and serve()'s outcomes: softswitch/compiled.py.
 MAX_DATAPATH_THREADS = 64
 
 
@@ -362,17 +361,15 @@ class UdpSwitch:
             return
         if dp.version != self._dest_version:
             self._sync()
-        entries, dests, first = [], [], {}
-        for (port, src, job, rank), adm in pipe.admission.items():
-            if port != UDP_MODE_PORT or job in dp.roles.leaves or job in dp.roles.spines:
-                continue
-            if adm.mcast_grp not in first:
-                first[adm.mcast_grp] = len(dests)
-                dests += self._dest.get(adm.mcast_grp, ())
-            start = first[adm.mcast_grp]
-            entries.append((src[0], src[1], job, rank, adm.epoch, adm.slot_base, adm.nslots,
-                            adm.nworkers, adm.block_size, adm.nlanes, start,
-                            len(self._dest.get(adm.mcast_grp, ()))))
+        dests, first = [], {}
+
+        def place(grp: int) -> tuple[int, int]:
+            if grp not in first:
+                first[grp] = len(dests), len(self._dest.get(grp, ()))
+                dests.extend(self._dest.get(grp, ()))
+            return first[grp]
+
+        entries = core_entries(dp, UDP_MODE_PORT, place)
         for shard in self._shards:
             if shard.compiled is None:
                 continue

@@ -138,10 +138,21 @@ def test_ipv4_checksum_known_value():
 
 @pytest.mark.parametrize("mode", ["udp", "l2"])
 def test_cli_help(mode):
-    """`python -m softswitch <mode> --help` works and describes the mode."""
+    """`python -m softswitch <mode> --help` works and describes the mode, and its choice of
+    data path (compiled by default)."""
     out = subprocess.run([sys.executable, "-m", "softswitch", mode, "--help"],
                          capture_output=True, text=True, check=True).stdout
     assert f"python -m softswitch {mode}" in out
+    assert "--datapath {compiled,python}" in out and "Default compiled" in " ".join(out.split())
+
+
+def test_datapath_is_checked():
+    """A Dataplane's data path is one of DATAPATHS; the L2 mode's compiled one is the default
+    (the UDP mode's Dataplane has none: UdpSwitch runs its own)."""
+    with pytest.raises(ValueError, match="datapath 'fast': one of compiled, python"):
+        Dataplane(datapath="fast")
+    assert Dataplane().compiled is not None and Dataplane(datapath="python").compiled is None
+    assert Dataplane(udp_mode=True).compiled is None
 
 
 def test_job_larger_than_mtu_refused():

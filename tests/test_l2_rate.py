@@ -18,6 +18,8 @@ def test_l2_rate_smoke():
     before = set(os.listdir("/var/run/netns")) if os.path.isdir("/var/run/netns") else set()
     r = run_rate(2000, 1.0)
     assert r["rounds"] == 500 and r["results_min"] == 500 and r["lossless"]
-    assert r["aggregated"] == 4 * 500 and r["stale"] == 0
+    assert r["aggregated"] == 4 * 500 and r["stale"] == 0 and r["held"] == 0
+    assert r["datapath"] == "compiled" and r["frames_in"] == 2000
+    assert r["slot_window_ms"] == 128.0 and 0 <= r["sender_skew_ms"] < 128.0
     after = set(os.listdir("/var/run/netns")) if os.path.isdir("/var/run/netns") else set()
     assert after <= before
