@@ -9,8 +9,7 @@ teacher task; digits: LeNet-5). Runs (--runs, comma-separated):
                       synchronous: the same hook local SGD warms up with, so rounds are counted)
   dense-spina16/8     every bucket summed by SpINA in 16- or 8-bit lanes: a job of its own with
                       lane_bits 16 or 8 (stochastic rounding), the dense hook
-                      (spina_allreduce_hook) keeping each bucket's error feedback residual;
-                      rounds are not counted (that hook's state has no round counter)
+                      (spina_allreduce_hook) keeping each bucket's error feedback residual
   sign, ternary       votes through spina_vote_hook (error feedback on; `-noef` turns it off;
                       ternary clips to 2.5 x each layer's rms first, as TernGrad)
   signum              sign on each rank's local momentum (Signum with majority vote); the
@@ -129,8 +128,8 @@ def train(run: dict, task: Task, args, agent) -> dict:
     elif isinstance(state, VoteHookState):
         rounds, nbytes = state.rounds, state.bytes_sent
         state.close()
-    elif isinstance(state, SpinaHookState):  # narrow lanes: no round counter
-        rounds, nbytes = None, state.bytes_sent
+    elif isinstance(state, SpinaHookState):  # narrow lanes
+        rounds, nbytes = state.rounds, state.bytes_sent
     else:  # gloo: a ring all-reduce, per rank and step
         rounds, nbytes = None, 2 * (world - 1) * nparams * 4 / world * steps
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
