@@ -210,7 +210,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--task", choices=["mlp", "digits"], default="mlp")
     ap.add_argument("--runs", default=DEFAULT_RUNS,
-                    help=f"comma-separated (default {DEFAULT_RUNS})")
+                    help="comma-separated: dense-gloo, dense-spina, dense-spina16, "
+                         "dense-spina8, sign[-noef], signum[-noef], ternary[-noef], local@H, "
+                         f"postlocal@H:S (default {DEFAULT_RUNS})")
     ap.add_argument("--seeds", default="0", help="comma-separated seeds, e.g. 0,1,2")
     ap.add_argument("--epochs", type=int, default=20, help="digits: epochs")
     ap.add_argument("--steps", type=int, default=200, help="mlp: steps")
