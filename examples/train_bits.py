@@ -1,4 +1,4 @@
-"""Fewer bits and fewer rounds through SpINA: sign and ternary votes, local and post-local SGD.
+"""Fewer bits and fewer rounds through SpINA: narrow lanes, sign and ternary votes, local SGD.
 
     torchrun --standalone --nproc_per_node 4 examples/train_bits.py --task mlp --seeds 0,1,2
 
@@ -7,6 +7,9 @@ teacher task; digits: LeNet-5). Runs (--runs, comma-separated):
   dense-gloo          DDP's own all-reduce (the reference)
   dense-spina         every gradient bucket summed by SpINA (spina_local_sgd_hook, always
                       synchronous: the same hook local SGD warms up with, so rounds are counted)
+  dense-spina16/8     every bucket summed by SpINA in 16- or 8-bit lanes: a job of its own with
+                      lane_bits 16 or 8 (stochastic rounding), the dense hook
+                      (spina_allreduce_hook) keeping each bucket's error feedback residual
   sign, ternary       votes through spina_vote_hook (error feedback on; `-noef` turns it off;
                       ternary clips to 2.5 x each layer's rms first, as TernGrad)
   signum              sign on each rank's local momentum (Signum with majority vote); the
@@ -15,7 +18,9 @@ teacher task; digits: LeNet-5). Runs (--runs, comma-separated):
   postlocal@H:S       post-local SGD: S synchronous steps, then local SGD with period H
 SGD with momentum in the optimiser for every run but signum. Each SpINA run's hook is
 registered by `host_agent.comm_hooks.register_from_job` from the "communication" section a job
-file would carry (docs/bits.md).
+file would carry (docs/bits.md). Rank 0 starts one software switch per lane width the runs need;
+with --job-file (a deployed switch) every SpINA run uses that job, whose lane_bits must then be
+the width of every run.
 
 Every run of every seed starts from that seed; rank 0 writes docs/bits_<task>.json (all
 numbers: per run and seed the final test accuracy, bytes and switch rounds per step and rank)
@@ -45,14 +50,24 @@ from host_agent.comm_hooks import register_from_job
 from host_agent.compression import VoteHookState
 from host_agent.launch import finish_shared_job, shared_job_file
 from host_agent.local_sgd import LocalSGDState
-from host_agent.torch_hook import JOB_FILE_ENV, agent_from_env
+from host_agent.torch_hook import JOB_FILE_ENV, SpinaHookState, agent_from_env
 from train_compressed import TASKS, Task
 
 DEFAULT_RUNS = "dense-gloo,dense-spina,sign,ternary,local@4,postlocal@4:40"
 
 
+NARROW = {"dense-spina16": 16, "dense-spina8": 8}  # run -> the lane width of its job
+
+
 def parse_run(name: str) -> dict:
-    """'local@4' -> local SGD, H 4; 'postlocal@4:50' -> S 50; 'sign-noef' -> no feedback."""
+    """'local@4' -> local SGD, H 4; 'postlocal@4:50' -> S 50; 'sign-noef' -> no feedback;
+    'dense-spina8' -> dense SpINA on a job with 8-bit lanes. `lane_bits`: the job's width."""
+    if name in NARROW:
+        return dict(name=name, kind="dense-narrow", lane_bits=NARROW[name])
+    return dict(_parse_int32_run(name), lane_bits=32)
+
+
+def _parse_int32_run(name: str) -> dict:
     if name in ("dense-gloo", "dense-spina"):
         return dict(name=name, kind=name)
     base, _, ef = name.partition("-")
@@ -67,8 +82,9 @@ def parse_run(name: str) -> dict:
         return dict(name=name, kind="local", period=int(period), warmup=0)
     if kind == "postlocal" and period.isdigit() and warmup.isdigit():
         return dict(name=name, kind="local", period=int(period), warmup=int(warmup))
-    raise SystemExit(f"run {name!r}: expected dense-gloo, dense-spina, sign[-noef], "
-                     "signum[-noef], ternary[-noef], local@H or postlocal@H:S")
+    raise SystemExit(f"run {name!r}: expected dense-gloo, dense-spina, dense-spina16, "
+                     "dense-spina8, sign[-noef], signum[-noef], ternary[-noef], local@H or "
+                     "postlocal@H:S")
 
 
 def train(run: dict, task: Task, args, agent) -> dict:
@@ -87,6 +103,8 @@ def train(run: dict, task: Task, args, agent) -> dict:
                    "momentum": args.momentum if run["signum"] else 0.0, "seed": args.seed}
         if run["signum"]:  # the momentum moved into the compressor: the vote is on it
             opt = torch.optim.SGD(model.parameters(), lr=args.lr)
+    elif run["kind"] == "dense-narrow":  # the width is the job's: spina_allreduce_hook, with EF
+        section = {"method": "dense"}
     if run["kind"] != "dense-gloo":
         comm = register_from_job(model, agent, opt, communication=section)
         state, opt = comm.state, comm.optimizer  # local SGD: the wrapper that averages
@@ -110,6 +128,8 @@ def train(run: dict, task: Task, args, agent) -> dict:
     elif isinstance(state, VoteHookState):
         rounds, nbytes = state.rounds, state.bytes_sent
         state.close()
+    elif isinstance(state, SpinaHookState):  # narrow lanes
+        rounds, nbytes = state.rounds, state.bytes_sent
     else:  # gloo: a ring all-reduce, per rank and step
         rounds, nbytes = None, 2 * (world - 1) * nparams * 4 / world * steps
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
@@ -190,14 +210,18 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--task", choices=["mlp", "digits"], default="mlp")
     ap.add_argument("--runs", default=DEFAULT_RUNS,
-                    help=f"comma-separated (default {DEFAULT_RUNS})")
+                    help="comma-separated: dense-gloo, dense-spina, dense-spina16, "
+                         "dense-spina8, sign[-noef], signum[-noef], ternary[-noef], local@H, "
+                         f"postlocal@H:S (default {DEFAULT_RUNS})")
     ap.add_argument("--seeds", default="0", help="comma-separated seeds, e.g. 0,1,2")
     ap.add_argument("--epochs", type=int, default=20, help="digits: epochs")
     ap.add_argument("--steps", type=int, default=200, help="mlp: steps")
     ap.add_argument("--batch", type=int, help="per-rank batch (default: the task's)")
     ap.add_argument("--lr", type=float, help="learning rate (default: the task's)")
     ap.add_argument("--momentum", type=float, default=0.9)
-    ap.add_argument("--job-file", default=os.environ.get(JOB_FILE_ENV))
+    ap.add_argument("--job-file", default=os.environ.get(JOB_FILE_ENV),
+                    help="a deployed switch's job file for every SpINA run (default: rank 0 "
+                         "starts a software switch per lane width the runs need)")
     ap.add_argument("--out", help="output JSON (default docs/bits_<task>.json); PNG beside it")
     ap.add_argument("--replot", nargs="+", metavar="JSON",
                     help="no training: merge these results, plot them to --out (a PNG), print")
@@ -212,16 +236,22 @@ def main():
     torch.set_num_threads(1)  # 4 ranks share a small machine
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    switch, job_file = shared_job_file(args.job_file)
-    agent = agent_from_env(job_file)
+    runs = [parse_run(r) for r in args.runs.split(",")]
+    jobs, agents = [], {}  # (agent, switch) each; lane width -> this rank's agent
     results = []
     try:
+        for bits in sorted({r["lane_bits"] for r in runs if r["kind"] != "dense-gloo"} or {32}):
+            switch, job_file = shared_job_file(args.job_file, lane_bits=bits)
+            jobs.append((agent_from_env(job_file), switch))
+            agents[bits] = jobs[-1][0]
+            if agents[bits].job.lane_bits != bits:  # a deployed job has the width it has
+                raise SystemExit(f"--job-file: job.lane_bits is {agents[bits].job.lane_bits}, "
+                                 f"the runs need {bits}")
         for seed in seeds:
             args.seed = seed
             task = Task(args.task, args, rank, world)
-            runs = [parse_run(r) for r in args.runs.split(",")]
             for run in runs:
-                results.append(train(run, task, args, agent))
+                results.append(train(run, task, args, agents.get(run["lane_bits"])))
                 if rank == 0:
                     h = results[-1]
                     print(f"[seed {seed}] {h['name']:>16}: acc {h['final_test_acc']:6.2f}%  "
@@ -229,7 +259,8 @@ def main():
                           f"{h['rounds_per_step']}  {h['seconds_per_step'] * 1e3:7.1f} ms/step",
                           flush=True)
     finally:
-        finish_shared_job(agent, switch)
+        for agent, switch in jobs:
+            finish_shared_job(agent, switch)
     if rank == 0:
         out = Path(args.out or ROOT / "docs" / f"bits_{args.task}.json")
         cmd = f"torchrun --standalone --nproc_per_node {world} examples/train_bits.py " + \

@@ -133,11 +133,13 @@ def start_subprocess(nworkers: int, job_file: str | None = None, log_level: str 
     return subprocess.Popen(cmd, env=env, cwd=root), job_file
 
 
-def shared_job_file(job_file: str | None = None) -> tuple[subprocess.Popen | None, str]:
+def shared_job_file(job_file: str | None = None,
+                    **options) -> tuple[subprocess.Popen | None, str]:
     """In a torch.distributed group: the job file every rank uses, and the switch process if
     this rank started one. With `job_file` given (a deployed switch), nothing is started;
-    otherwise rank 0 starts a software switch with `start_subprocess` and tells the others
-    where its job file is. Stop the returned process (rank 0 only) after the last call.
+    otherwise rank 0 starts a software switch with `start_subprocess` (`options`: the
+    launcher's, e.g. lane_bits=16) and tells the others where its job file is. Stop the
+    returned process (rank 0 only) after the last call.
     """
     import torch.distributed as dist
     if job_file is not None:
@@ -145,7 +147,7 @@ def shared_job_file(job_file: str | None = None) -> tuple[subprocess.Popen | Non
     switch = None
     box = [None]
     if dist.get_rank() == 0:
-        switch, box[0] = start_subprocess(dist.get_world_size())
+        switch, box[0] = start_subprocess(dist.get_world_size(), **options)
     dist.broadcast_object_list(box, src=0)
     return switch, box[0]
 

@@ -100,7 +100,8 @@ class SpinaHookState(HookCounters):
             or a daemon client's processes when they attach as local ranks of a host).
 
     Attributes: the counters of `HookCounters` (calls, elements, bytes_sent,
-    payload_bytes_sent, resends, seconds, partial_rounds, blocks_lost, loss_tolerant_packets).
+    payload_bytes_sent, resends, seconds, partial_rounds, blocks_lost, loss_tolerant_packets)
+    and `rounds` (switch rounds this rank took part in).
 
     The hook also learns DDP's bucket count (the last bucket of a backward pass says it is
     last) to give each bucket its layer position (`layer_of`).
@@ -111,7 +112,9 @@ class SpinaHookState(HookCounters):
     buckets) starts a new residual of zeros.
     """
 
-    __slots__ = ("agent", "world_size", "nbuckets", "residuals")
+    COUNTERS = HookCounters.COUNTERS + ("rounds",)
+    _CALL_FIELDS = COUNTERS[2:]  # each call's CallStats.rounds too
+    __slots__ = ("agent", "world_size", "nbuckets", "residuals", "rounds")
 
     def __init__(self, agent: Agent, world_size: int | None = None):
         self.agent = agent

@@ -473,19 +473,25 @@ def test_ddp_votes_and_post_local_sgd(job_file):
 
 
 def test_example_runs_tiny(tmp_path):
-    """examples/train_bits.py, 2 ranks, one digits epoch: every kind of run, a report, a plot."""
+    """examples/train_bits.py, 2 ranks, one digits epoch: every kind of run (8-bit lanes on a
+    switch of their own), a report, a plot."""
     import subprocess
     import sys
     root = Path(__file__).resolve().parents[1]
     out = tmp_path / "bits.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            str(root / "examples" / "train_bits.py"), "--task", "digits", "--epochs", "1",
-           "--runs", "dense-spina,signum,ternary,local@4", "--out", str(out)]
+           "--runs", "dense-spina,dense-spina8,signum,ternary,local@4", "--out", str(out)]
     proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=300)  # stopped
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs = {r["name"]: r for r in json.loads(out.read_text())["runs"]}
-    assert list(runs) == ["dense-spina", "signum", "ternary", "local@4"]
+    assert list(runs) == ["dense-spina", "dense-spina8", "signum", "ternary", "local@4"]
     assert all(r["weights_identical_across_ranks"] for r in runs.values())
+    # the 8-bit job's rows are a quarter of int32's, the packets (block 256) as many, headers
+    # the same size: a little over a quarter of the bytes
+    ratio = runs["dense-spina8"]["bytes_per_step"] / runs["dense-spina"]["bytes_per_step"]
+    assert 0.25 < ratio < 0.3, ratio
+    assert runs["dense-spina8"]["lane_bits"] == 8 and runs["dense-spina"]["lane_bits"] == 32
     # every step's gradient against a parameter average every 4 steps (and one at the end)
     assert runs["local@4"]["rounds_per_step"] < 0.35 * runs["dense-spina"]["rounds_per_step"]
     assert out.with_suffix(".png").exists()

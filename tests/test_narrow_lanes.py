@@ -390,7 +390,8 @@ class _Bucket:
 def test_the_ddp_hook_keeps_a_residual_per_bucket_on_narrow_lanes():
     """Two ranks, three 8-bit steps of one bucket through the DDP hook: every step's average
     times 2 is both ranks' bucket plus old residual minus new residual (float32 rounding
-    apart), and the residuals are non-zero; an int32 job keeps none."""
+    apart), and the residuals are non-zero; the states count the calls' rounds; an int32 job
+    keeps none."""
     import torch
 
     from host_agent.local import LocalCluster
@@ -398,17 +399,20 @@ def test_the_ddp_hook_keeps_a_residual_per_bucket_on_narrow_lanes():
     gen = torch.Generator().manual_seed(3)
     with LocalCluster(2, lane_bits=8, nslots=2, nlanes=4, block_size=B) as c:
         states = [SpinaHookState(a) for a in c.agents]
+        rounds = [0, 0]
         for _ in range(3):
             xs = [torch.randn(1000, generator=gen) * 0.01 for _ in range(2)]
             before = [s.residual_for(_Bucket(x), 1024).copy() for s, x in zip(states, xs)]
             outs = [f.wait() for f in [spina_allreduce_hook(s, _Bucket(x))
                                        for s, x in zip(states, xs)]]
             assert torch.equal(outs[0], outs[1])
+            rounds = [r + a.last_stats.rounds for r, a in zip(rounds, c.agents)]
             after = [s.residuals[0] for s in states]
             carried = sum(np.pad(x.numpy(), (0, 24)) + b - a
                           for x, b, a in zip(xs, before, after))[:1000]
             np.testing.assert_allclose(outs[0].numpy() * 2, carried, rtol=0, atol=1e-7)
             assert all(np.abs(a).max() > 0 for a in after)
+        assert [s.rounds for s in states] == rounds and rounds[0] >= 3
     with LocalCluster(2, nslots=2, nlanes=4, block_size=B) as c:
         s = SpinaHookState(c.agents[0])
         assert s.residual_for(_Bucket(torch.ones(3)), 64) is None and s.residuals == {}
