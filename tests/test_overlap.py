@@ -23,7 +23,11 @@ from host_agent.local import LocalCluster
 from host_agent.overlap import PriorityOverlap, PrioritySender, lane_span, slot_exponents
 from softswitch.udp import UdpSwitch
 from spina.config import ConfigError, JobFile
-from tests.test_torch_hook import finish_worker
+
+try:  # tests/ is on sys.path under pytest's default import mode (and in spawned workers)
+    from test_torch_hook import finish_worker
+except ImportError:
+    from tests.test_torch_hook import finish_worker
 
 WORLD = 2
 SMALL = dict(nslots=2, nlanes=2)  # lane span 1024
