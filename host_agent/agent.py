@@ -34,14 +34,13 @@ import numpy as np
 
 from host_agent import dlcp
 from host_agent.blocks import (
-    NONFINITE_BITS,
     LanePlan,
-    block_absmax_bits,
     dequantize,
     exponent_of_bits,
     gather_blocks,
     nonzero_blocks,
     quant_shift,
+    rescale_nonfinite,
     rounding_noise,
     scan_float_blocks,
     scatter_blocks,
@@ -299,11 +298,7 @@ class _Call:
         nz, bits, negzero = scan_float_blocks(flat, B, blocks)
         if self.inplace and len(negzero):
             scatter_blocks(flat, negzero, 0, B)
-        nonfinite = bits >= NONFINITE_BITS
-        if nonfinite.any():  # the scale comes from the finite values of such blocks
-            finite = _finite_rows(gather_blocks(flat, nz[nonfinite], B))
-            bits[nonfinite] = block_absmax_bits(finite.reshape(-1), B)
-        return nz, bits, nonfinite
+        return nz, bits, rescale_nonfinite(flat, nz, bits, B)
 
     def send_setup(self, st: _Slot) -> None:
         """The slot's setup round: first positions per lane and the slot's exponent."""
@@ -578,11 +573,6 @@ def _check_block_hint(flat: np.ndarray, blocks: np.ndarray, block_size: int) -> 
     if len(missed):
         raise ValueError(f"blocks hint misses {len(missed)} non-zero block(s) of the tensor, "
                          f"first {missed[:5].tolist()}: the agent would not send them")
-
-
-def _finite_rows(rows: np.ndarray) -> np.ndarray:
-    """Rows with NaN/Inf replaced by 0 (the block is reported non-finite separately)."""
-    return np.where(np.isfinite(rows), rows, np.float32(0))
 
 
 _CODE = {np.dtype(np.float32): "float", np.dtype(np.float16): "float",

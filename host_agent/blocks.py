@@ -256,3 +256,16 @@ def quantize_with_feedback(rows: np.ndarray, residual: np.ndarray, shift: int, l
     q = stochastic_quantize(target, shift, lane_bits, noise)
     np.subtract(target, dequantize(q, shift), out=residual)
     return q
+
+
+def rescale_nonfinite(flat: np.ndarray, nz: np.ndarray, bits: np.ndarray,
+                      block_size: int) -> np.ndarray:
+    """Which of the blocks `nz` hold NaN/Inf (their `bits` from scan_float_blocks at or above
+    NONFINITE_BITS); their `bits` are replaced in place by the largest |x| of their finite
+    values, the scale a NaN/Inf block is sent with (the block is reported non-finite apart)."""
+    nonfinite = bits >= NONFINITE_BITS
+    if nonfinite.any():
+        rows = gather_blocks(flat, nz[nonfinite], block_size)
+        rows = np.where(np.isfinite(rows), rows, np.float32(0))
+        bits[nonfinite] = block_absmax_bits(rows.reshape(-1), block_size)
+    return nonfinite

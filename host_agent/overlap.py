@@ -41,13 +41,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from host_agent.blocks import (
-    NONFINITE_BITS,
-    block_absmax_bits,
-    exponent_of_bits,
-    gather_blocks,
-    scan_float_blocks,
-)
+from host_agent.blocks import exponent_of_bits, rescale_nonfinite, scan_float_blocks
 from spina import wire
 from spina.config import ConfigError
 
@@ -69,11 +63,7 @@ def slot_exponents(flat: np.ndarray, job) -> np.ndarray:
     agent._Call computes it; EXPONENT_NONE for a slot with none."""
     B, W, k = job.block_size, job.nslots, job.nlanes
     nz, bits, _ = scan_float_blocks(flat, B)
-    bad = bits >= NONFINITE_BITS
-    if bad.any():  # a NaN/Inf block: its scale comes from its finite values
-        rows = gather_blocks(flat, nz[bad], B)
-        rows = np.where(np.isfinite(rows), rows, np.float32(0))
-        bits[bad] = block_absmax_bits(rows.reshape(-1), B)
+    rescale_nonfinite(flat, nz, bits, B)  # a NaN/Inf block's scale: its finite values
     out = np.full(W, wire.EXPONENT_NONE, np.int32)
     np.maximum.at(out, (nz % (W * k)) // k, exponent_of_bits(bits))
     return out
