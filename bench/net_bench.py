@@ -337,12 +337,23 @@ def parse_args(argv=None):
     ap.add_argument("--profile-switch", action="store_true",
                     help="cProfile the switch (CPU time of its thread) into --out")
     a = ap.parse_args(argv)
-    for rate in a.rates:
-        parse_rate(rate)
+    if a.block_size < 1:
+        ap.error(f"--block-size: need at least 1, got {a.block_size}")
     bad = [b for b in a.lane_bits if b not in LANE_BITS]
     if bad:
         ap.error(f"--lane-bits: {bad[0]} is not one of {', '.join(map(str, LANE_BITS))}")
     return a
+
+
+def _rates(text: str) -> list[str]:
+    """--rates: a comma list of tc rates, each checked here so a bad one is a usage error."""
+    rates = text.split(",")
+    for rate in rates:
+        try:
+            parse_rate(rate)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return rates
 
 
 def add_star_args(ap, tag: str, out: str) -> None:
@@ -351,7 +362,7 @@ def add_star_args(ap, tag: str, out: str) -> None:
     (`tag` + pid), the output directory."""
     ap.add_argument("--workers", type=lambda s: [int(v) for v in s.split(",")], default=[4, 8],
                     help="comma list of worker counts (default 4,8)")
-    ap.add_argument("--rates", type=lambda s: s.split(","), default=["1gbit", "10gbit"],
+    ap.add_argument("--rates", type=_rates, default=["1gbit", "10gbit"],
                     help="comma list of link rates in tc's units (default 1gbit,10gbit)")
     ap.add_argument("--nslots", type=int, default=16, help="SpINA switch slots (the window)")
     ap.add_argument("--nlanes", type=int, default=56, help="SpINA blocks per datagram")

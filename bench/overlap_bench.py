@@ -408,8 +408,6 @@ def parse_args(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--mtu", type=int, default=9000)
     a = ap.parse_args(argv)
-    for rate in a.rates:
-        parse_rate(rate)
     bad = [m for m in a.methods if m not in METHODS]
     if bad:
         ap.error(f"--methods: unknown {bad[0]!r} (choose from {', '.join(METHODS)})")

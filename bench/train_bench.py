@@ -520,8 +520,6 @@ def parse_args(argv=None):
                     help="comma list of link MTUs, each a run of its own (default 9000: jumbo "
                          "frames; 65535: no IP fragmentation of SpINA's datagrams)")
     a = ap.parse_args(argv)
-    for rate in a.rates:
-        parse_rate(rate)
     bad = [m for m in a.methods if m not in METHODS]
     if bad:
         ap.error(f"--methods: unknown {bad[0]!r} (choose from {', '.join(METHODS)})")
