@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import threading
+import traceback
 
 from controller.controller import Controller, format_table
 from controller.p4rt import NotPrimaryError, P4RuntimeError
@@ -162,9 +163,16 @@ def watch(args, ctl: Controller, runs: RendezvousServer | None = None) -> int:
                         print(r, flush=True)
             except NotPrimaryError as e:
                 print(f"controller: refusing to write: {e}", file=sys.stderr, flush=True)
-            except (ConfigError, P4RuntimeError, OSError) as e:
+            except (ConfigError, P4RuntimeError, OSError, ValueError) as e:
+                # ValueError: gRPC's closed channel (a switch restarted under a session)
                 print(f"controller: {e}; retrying", file=sys.stderr, flush=True)
                 ctl.close()  # new sessions next round: new streams, new arbitration
+            except Exception as e:  # a reconcile round's bug never ends serve:
+                # its rendezvous would close every waiting rank's join with it
+                print(f"controller: reconcile failed ({type(e).__name__}: {e}); retrying",
+                      file=sys.stderr, flush=True)
+                traceback.print_exc(file=sys.stderr)
+                ctl.close()
             stop.wait(args.watch)
     except KeyboardInterrupt:
         pass

@@ -120,13 +120,17 @@ class RendezvousServer:
         return self
 
     def stop(self) -> None:
-        """Stop serving and close the port; safe before start and twice (socketserver's
-        shutdown() waits forever for a serve_forever that never ran)."""
+        """Stop serving, close the port and the joins still waiting; safe before start and
+        twice (socketserver's shutdown() waits forever for a serve_forever that never ran)."""
         if self._thread is not None:
             self._server.shutdown()
             self._thread.join(timeout=2)
             self._thread = None
         self._server.server_close()
+        with self._lock:  # waiting joins end as at the process's exit: their ranks join again
+            for job in self.jobs.values():
+                for h in job.waiting.values():
+                    h.close()
 
     def __enter__(self):
         return self.start()
@@ -205,6 +209,13 @@ class _Handler(socketserver.StreamRequestHandler):
         except (OSError, ValueError):  # ValueError: the handler closed its file already
             pass  # the agent went away; its rank is dropped when the read side sees it
 
+    def close(self) -> None:
+        """End the connection: the agent sees it closed (its handler then drops the rank)."""
+        try:
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
     def handle(self):
         try:
             for line in self.rfile:
@@ -229,47 +240,79 @@ class _Handler(socketserver.StreamRequestHandler):
 def join(address: tuple[str, int], job: int, rank: int, nworkers: int, timeout: float) -> int:
     """Join the next run of `job` as `rank`; the run's epoch once every rank has joined.
 
+    A connection the server closes before the run started (its `serve` restarted, say) is
+    joined again, once it listens, until `timeout`: the server forgot the rank's join with that
+    connection, so the rank joins afresh and no run can start without it.
+
     Raises RendezvousError naming the ranks that had not joined within `timeout` seconds, or
     the server's reason for refusing.
     """
     host, port = address
     deadline = time.monotonic() + timeout
     joined: list[int] = []
-    try:
-        sock = socket.create_connection((host, port), timeout=min(timeout, 10.0))
-    except OSError as e:
-        raise RendezvousError(f"run rendezvous {host}:{port} of job {job}: cannot connect ({e}); "
-                              "start the job's owner first: `spina serve -c FILE` for a "
-                              "controller's deployment (deploy alone starts no runs), the "
-                              "launcher for its job file") from None
-    with sock:
-        sock.sendall((json.dumps({"op": "join", "job": job, "rank": rank,
-                                  "nworkers": nworkers}) + "\n").encode())
-        f = sock.makefile("rb")
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            sock.settimeout(left)
-            try:
-                line = f.readline()
-            except (socket.timeout, TimeoutError):
-                break
-            except OSError as e:
-                raise RendezvousError(f"run rendezvous {host}:{port}: {e}") from None
-            if not line:
+    closed = 0  # connections the server closed before the run started
+    while True:
+        try:
+            sock = socket.create_connection(
+                (host, port), timeout=max(min(deadline - time.monotonic(), 10.0), 0.1))
+        except OSError as e:
+            if closed:
                 raise RendezvousError(f"run rendezvous {host}:{port} closed the connection "
-                                      f"before job {job}'s run started")
-            msg = json.loads(line)
-            if "waiting" in msg:
-                joined = msg["waiting"]
-                continue
-            if not msg.get("ok"):
-                raise RendezvousError(msg.get("error", "join refused"))
-            return int(msg["epoch"])
+                                      f"before job {job}'s run started and no longer takes "
+                                      f"joins ({e})") from None
+            raise RendezvousError(
+                f"run rendezvous {host}:{port} of job {job}: cannot connect ({e}); start the "
+                "job's owner first: `spina serve -c FILE` for a controller's deployment "
+                "(deploy alone starts no runs), the launcher for its job file") from None
+        with sock:
+            got = _await_run(sock, job, rank, nworkers, deadline)
+        if isinstance(got, int):
+            return got
+        if got is None:  # the deadline passed
+            break
+        joined = got or joined
+        closed += 1
+        if time.monotonic() >= deadline:
+            break
+        log.warning("run rendezvous %s:%d closed rank %d's join of job %d before its run "
+                    "started; joining again", host, port, rank, job)
+        time.sleep(0.1)
     missing = [r for r in range(nworkers) if r not in joined and r != rank]
     raise RendezvousError(f"job {job}: ranks {missing} did not join the run within {timeout:g} s "
                           f"(rendezvous {host}:{port})", missing)
+
+
+def _await_run(sock: socket.socket, job: int, rank: int, nworkers: int,
+               deadline: float) -> int | list[int] | None:
+    """One connection's join: the run's epoch, or (the server closed the connection first)
+    the ranks it said had joined, or None at the deadline."""
+    host, port = sock.getpeername()[:2]
+    sock.sendall((json.dumps({"op": "join", "job": job, "rank": rank,
+                              "nworkers": nworkers}) + "\n").encode())
+    f = sock.makefile("rb")
+    joined: list[int] = []
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        sock.settimeout(left)
+        try:
+            line = f.readline()
+        except (socket.timeout, TimeoutError):
+            return None
+        except ConnectionResetError:
+            return joined
+        except OSError as e:
+            raise RendezvousError(f"run rendezvous {host}:{port}: {e}") from None
+        if not line:
+            return joined
+        msg = json.loads(line)
+        if "waiting" in msg:
+            joined = msg["waiting"]
+            continue
+        if not msg.get("ok"):
+            raise RendezvousError(msg.get("error", "join refused"))
+        return int(msg["epoch"])
 
 
 __all__ = ["RendezvousServer", "RendezvousError", "join", "next_epoch"]

@@ -73,6 +73,15 @@ class Processes:
         p.kill()
         p.wait()
 
+    def tail(self, lines: int = 15) -> str:
+        """The last `lines` lines each process printed, and how it ended if it did."""
+        out = []
+        for name, p in self.procs.items():
+            how = "running" if p.poll() is None else f"exited {p.returncode}"
+            out.append(f"--- {name} ({how}):")
+            out.extend(self.lines[name][-lines:])
+        return "\n".join(out)
+
     def stop(self) -> None:
         for p in self.procs.values():
             stop_process(p, 10)
@@ -161,6 +170,10 @@ class Deployment:
         else:
             self.procs.kill(name)
             self.start_switch(name)
+
+    def processes_tail(self) -> str:
+        """What the deployment's processes printed last (for a failing test's message)."""
+        return self.procs.tail() or f"(mode {self.mode}: no processes of its own)"
 
     def agent_file(self, job: int, rank: int) -> Path:
         return self.cfg.parent / "agents" / f"job{job}-rank{rank}.json"

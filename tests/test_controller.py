@@ -645,3 +645,35 @@ def test_sigterm_stops_a_controller_stuck_on_a_switch(hanging, tmp_path):
     assert p.returncode == 1, err
     assert f"controller: still running {STOP_GRACE:g} s after SIGTERM; exiting now" in err
     assert "in write" in err and "Thread 0x" in err  # faulthandler's stacks: the stuck call
+
+
+def test_a_reconcile_round_that_fails_unexpectedly_never_ends_serve(tmp_path, capsys):
+    """serve's reconcile loop: a round that raises a closed channel's ValueError or any other
+    error says so and tries again next round; its rendezvous keeps serving the waiting ranks
+    (a dead serve would close every rank's join)."""
+    from argparse import Namespace
+
+    from controller.__main__ import watch
+    cfg = tmp_path / "spina.yaml"
+    cfg.write_text(yaml.safe_dump(doc("127.0.0.1:1", [JOB7])))
+
+    class Failing(Controller):
+        rounds = 0
+
+        def deploy(self, switches=None, agent_files=True):
+            Failing.rounds += 1
+            if Failing.rounds == 1:
+                raise ValueError("Cannot invoke RPC on closed channel!")
+            if Failing.rounds == 2:
+                raise KeyError("a bug")
+            raise KeyboardInterrupt  # how a test ends watch's loop
+    ctl = Failing(state_mod.load(cfg))
+    old = signal.getsignal(signal.SIGTERM)
+    try:
+        assert watch(Namespace(config=str(cfg), watch=0.01, switch=None), ctl) == 0
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert Failing.rounds == 3
+    err = capsys.readouterr().err
+    assert "controller: Cannot invoke RPC on closed channel!; retrying" in err
+    assert "controller: reconcile failed (KeyError: 'a bug'); retrying" in err

@@ -323,3 +323,54 @@ def test_rendezvous_server_starts_once_and_stops_in_any_state():
     assert len(serving()) == before
     with pytest.raises(OSError):
         socket.create_connection(srv.address, timeout=2)
+
+
+def test_a_join_the_rendezvous_closes_is_joined_again_once_it_listens():
+    """The rendezvous restarts (serve restarted) while rank 0 waits for rank 1: rank 0's join
+    is forgotten with its connection, so it joins the new server again; the run starts with
+    both ranks and each gets the new server's epoch. A rendezvous that closes and never comes
+    back fails the join with a message saying so."""
+    from spina import rendezvous
+    runs = []
+    first = rendezvous.RendezvousServer("127.0.0.1", 0, {1: (2, 1)},
+                                        lambda j, e: runs.append((j, e))).start()
+    address = first.address
+    got: dict[int, object] = {}
+
+    def rank(r):
+        try:
+            got[r] = rendezvous.join(address, 1, r, 2, timeout=10)
+        except rendezvous.RendezvousError as e:
+            got[r] = e
+    t0 = threading.Thread(target=rank, args=(0,))
+    t0.start()
+    deadline = time.monotonic() + 5
+    while not first.jobs[1].waiting and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert list(first.jobs[1].waiting) == [0]
+    first.stop()  # rank 0's connection closes before its run started
+    second = rendezvous.RendezvousServer(*address, {1: (2, 7)},
+                                         lambda j, e: runs.append((j, e))).start()
+    try:
+        deadline = time.monotonic() + 5
+        while not second.jobs[1].waiting and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert list(second.jobs[1].waiting) == [0]  # rank 0 joined again
+        rank(1)
+        t0.join(10)
+        assert got == {0: 8, 1: 8} and runs == [(1, 8)]
+    finally:
+        second.stop()
+
+    gone = rendezvous.RendezvousServer("127.0.0.1", 0, {1: (2, 1)}, lambda j, e: None).start()
+    t0 = threading.Thread(target=rank, args=(0,))
+    address = gone.address
+    t0.start()
+    deadline = time.monotonic() + 5
+    while not gone.jobs[1].waiting and time.monotonic() < deadline:
+        time.sleep(0.02)
+    gone.stop()
+    t0.join(10)
+    assert isinstance(got[0], rendezvous.RendezvousError)
+    assert "closed the connection before job 1's run started and no longer takes joins" \
+        in str(got[0]), got[0]

@@ -163,7 +163,15 @@ def test_every_run_gets_its_own_exact_sums(mode, shape, tmp_path):
 def run_the_phases(dep: Deployment, restart: str, **run) -> None:
     """First run, second run, a run with a killed worker, a run after it, a run after the
     switch `restart` restarted: each exact, or failing where a worker was killed. `run`:
-    run_program's where and length."""
+    run_program's where and length. A failure also shows what the deployment's processes
+    (controller, switches) printed last."""
+    try:
+        _phases(dep, restart, **run)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{dep.processes_tail()}") from None
+
+
+def _phases(dep: Deployment, restart: str, **run) -> None:
     assert_exact(run_program(dep, seed=1, **run))
     assert_exact(run_program(dep, seed=2, **run))  # not the first run's sums
     killed = run_program(dep, seed=3, die={j: 0 for j in jobs_of(dep.doc)}, timeout=8, **run)
