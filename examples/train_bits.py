@@ -3,7 +3,8 @@
     torchrun --standalone --nproc_per_node 4 examples/train_bits.py --task mlp --seeds 0,1,2
 
 Tasks are examples/train_compressed.py's (mlp: the 5.3M-parameter MLP on the synthetic
-teacher task; digits: LeNet-5). Runs (--runs, comma-separated):
+teacher task; digits: LeNet-5; digits-wide: the 5.4M-parameter WideLeNet on the same digits).
+Runs (--runs, comma-separated):
   dense-gloo          DDP's own all-reduce (the reference)
   dense-spina         every gradient bucket summed by SpINA (spina_local_sgd_hook, always
                       synchronous: the same hook local SGD warms up with, so rounds are counted)
@@ -208,7 +209,7 @@ def replot(paths: list[str], out: str) -> None:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--task", choices=["mlp", "digits"], default="mlp")
+    ap.add_argument("--task", choices=["mlp", "digits", "digits-wide"], default="mlp")
     ap.add_argument("--runs", default=DEFAULT_RUNS,
                     help="comma-separated: dense-gloo, dense-spina, dense-spina16, "
                          "dense-spina8, sign[-noef], signum[-noef], ternary[-noef], local@H, "

@@ -6,6 +6,8 @@
 
 Tasks (data ship or are generated; nothing is downloaded):
   digits      LeNet-5 on scikit-learn's digits (as examples/train_digits.py), SGD, --epochs.
+  digits-wide the same data and schedule with WideLeNet (5.4M parameters: 32/64 channels,
+              1600-2048-1024-10), a second model of at least 5M parameters on real data.
   mlp         a 5.3M-parameter MLP (512-2048-2048-10) on a synthetic task: inputs N(0, 1),
               labels from a fixed random teacher network; SGD, --steps.
   largebatch  a 1.6M-parameter MLP (512-1024-1024-10) on the same task with 8x the batch and
@@ -52,11 +54,12 @@ from host_agent.compression.hooks import (
 )
 from host_agent.launch import finish_shared_job, shared_job_file
 from host_agent.torch_hook import JOB_FILE_ENV, SpinaHookState, agent_from_env, spina_allreduce_hook
-from train_digits import LeNet5, load_data
+from train_digits import LeNet5, WideLeNet, load_data
 
 TASKS = {  # default runs, optimiser and schedule per task
     "digits": dict(runs="dense-gloo,dense-spina,topk@0.01,topk@0.001,randomk@0.01,losscomp@0.01,"
                         "gloo-topk@0.01", opt="sgd", lr=0.02, batch=32),
+    "digits-wide": dict(runs="dense-gloo,dense-spina,topk@0.01", opt="sgd", lr=0.02, batch=32),
     "mlp": dict(runs="dense-gloo,dense-spina,topk@0.01,topk@0.001,randomk@0.01,losscomp@0.01,"
                      "gloo-topk@0.01", opt="sgd", lr=0.05, batch=32),
     "largebatch": dict(runs="dense-gloo,topk@0.01,scaled@0.01+mask,topk@0.01+mask,scaled@0.01",
@@ -143,7 +146,7 @@ class Task:
 
     def __init__(self, task: str, args, rank: int, world: int):
         self.task, self.args, self.rank, self.world = task, args, rank, world
-        if task == "digits":
+        if task.startswith("digits"):
             self.xtr, self.ytr, self.xte, self.yte = load_data(args.seed)
             self.steps_per_epoch = len(self.ytr) // (world * args.batch)
             self.steps = args.epochs * self.steps_per_epoch
@@ -156,12 +159,14 @@ class Task:
 
     def model(self) -> nn.Module:
         torch.manual_seed(self.args.seed)
-        return LeNet5() if self.task == "digits" else MLP(2048 if self.task == "mlp" else 1024)
+        if self.task.startswith("digits"):
+            return WideLeNet() if self.task == "digits-wide" else LeNet5()
+        return MLP(2048 if self.task == "mlp" else 1024)
 
     def batches(self):
         """This rank's batches, the same sequence for every run."""
         a = self.args
-        if self.task == "digits":
+        if self.task.startswith("digits"):
             for step in range(self.steps):
                 epoch, s = divmod(step, self.steps_per_epoch)
                 g = torch.Generator().manual_seed(a.seed + epoch)

@@ -56,6 +56,19 @@ class LeNet5(nn.Module):
         return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
 
 
+class WideLeNet(LeNet5):
+    """LeNet-5's layout at 5.4M parameters (32 and 64 channels, 1600-2048-1024-10): a second
+    model of at least 5M parameters on real data (issue 32), cheap enough for 2 cores."""
+
+    def __init__(self):
+        nn.Module.__init__(self)
+        self.conv1 = nn.Conv2d(1, 32, 5)
+        self.conv2 = nn.Conv2d(32, 64, 5)
+        self.fc1 = nn.Linear(64 * 5 * 5, 2048)
+        self.fc2 = nn.Linear(2048, 1024)
+        self.fc3 = nn.Linear(1024, 10)
+
+
 def load_data(seed: int):
     """Digits (1797 8x8 images, bundled with scikit-learn) upsampled to 32x32; 80/20 split."""
     images, labels = digits.images()

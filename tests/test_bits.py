@@ -495,3 +495,14 @@ def test_example_runs_tiny(tmp_path):
     # every step's gradient against a parameter average every 4 steps (and one at the end)
     assert runs["local@4"]["rounds_per_step"] < 0.35 * runs["dense-spina"]["rounds_per_step"]
     assert out.with_suffix(".png").exists()
+
+
+def test_the_second_task_model_has_over_5m_parameters_and_takes_the_digits():
+    """digits-wide (issue 32's second task): WideLeNet has at least 5M parameters and maps the
+    digits images, as the examples load them, to 10 logits."""
+    from examples.train_digits import WideLeNet, load_data
+    xtr, ytr, xte, yte = load_data(0)
+    model = WideLeNet()
+    assert sum(p.numel() for p in model.parameters()) == 5_439_370
+    assert model(xte[:8]).shape == (8, 10)
+    assert len(ytr) + len(yte) == 1797 and xtr.shape[1:] == (1, 32, 32)
