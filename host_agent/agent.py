@@ -668,7 +668,7 @@ class Agent:
         self._gather_id = 0
         self._gather_last: gather.GatherCall | None = None
         self.last_gather_stats = gather.GatherStats()
-        self._busy = threading.Lock()
+        self._busy = threading.RLock()
         self._idle = threading.Event()
         self._idle.set()
         self._closing = threading.Event()

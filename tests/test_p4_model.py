@@ -4,11 +4,12 @@ Run just this file: python -m pytest tests/test_p4_model.py
 
 tests/p4model.py follows p4src/v1model/{ina_check,admission,aggregator}.p4 statement
 by statement; here random packet sequences (duplicates, stale and new rounds, sparse lanes,
-wrong epochs, unadmitted and malformed packets, all-gather packets) go through both, and every emitted packet,
-counter and register cell must agree after every packet; so do the leaf and spine roles
-(softswitch/fabric.py against fabric.p4's controls and the Aggregator's spine rules). Whole frames
-(sizes the P4 parser stops at, frames cut short of their UDP length, Ethernet trailers) go
-through the model's parser and softswitch.dataplane.Dataplane, which must count them alike.
+wrong epochs, unadmitted and malformed packets, all-gather packets) go through both, and
+every emitted packet, counter and register cell must agree after every packet; so do the
+leaf and spine roles (softswitch/fabric.py against fabric.p4's controls and the
+Aggregator's spine rules). Whole frames (sizes the P4 parser stops at, frames cut short of
+their UDP length, Ethernet trailers) go through the model's parser and
+softswitch.dataplane.Dataplane, which must count them alike.
 """
 from __future__ import annotations
 
