@@ -118,6 +118,7 @@ class GatherCall:
         self.have = np.zeros((n, shard.nchunks), bool)
         self.have[rank] = True
         self.got = np.ones(shard.nchunks, np.int64)  # per chunk: ranks it arrived from
+        self.highest = np.full(n, -1, np.int64)  # per owner: its highest chunk arrived here
         self.missing = (n - 1) * shard.nchunks
         self.complete = 0 if n > 1 else shard.nchunks  # chunks 0..complete-1 from everyone
         self.sent = 0                                   # chunks 0..sent-1 left at least once
@@ -151,11 +152,14 @@ class GatherCall:
             self.sent += 1
 
     def ask(self) -> int:
-        """Requests for the first window of incomplete chunks, one per chunk naming the
-        owners it misses; returns how many."""
+        """Requests for what is missing in the first window of incomplete chunks, one per
+        chunk naming its owners: the chunk that holds the window (`complete`) and the gaps
+        below an owner's highest chunk that arrived (lost: a later one came). A chunk above
+        that may still be on its way (queued at a slow link), and asking for it would only
+        send it twice. Returns how many requests."""
         asked = 0
         for c in range(self.complete, min(self.shard.nchunks, self.complete + self.window)):
-            owners = np.flatnonzero(~self.have[:, c])
+            owners = np.flatnonzero(~self.have[:, c] & ((c < self.highest) | (c == self.complete)))
             if len(owners):
                 self.outbox.append(self._packet(c, 0, bitmap=_bits(owners)))
                 asked += 1
@@ -224,6 +228,7 @@ class GatherCall:
         self.out[sender, at:end] = np.frombuffer(pkt, np.uint8, end - at,
                                                  wire.data_offset(self.job.nlanes))
         self.have[sender, rnd] = True
+        self.highest[sender] = max(self.highest[sender], rnd)
         self.missing -= 1
         self.got[rnd] += 1
         n = self.job.nworkers
