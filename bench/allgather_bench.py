@@ -29,7 +29,7 @@ import time
 import numpy as np
 
 from bench.net_bench import _rates
-from bench.net_topo import SWITCH_IP, Star
+from bench.net_topo import SWITCH_IP, Star, kernel_losses_total
 from bench.paired import Cluster, Gloo, Place
 from collectives.topology import parse_rate, parse_size
 from spina import cli
@@ -38,7 +38,7 @@ from spina.netns import unique_tag, why_no_namespaces
 METHODS = ("spina", "gloo")
 COLUMNS = ("workers", "rate", "shard_bytes", "method", "median_s", "min_s", "max_s",
            "tx_bytes_per_worker", "rx_bytes_per_worker", "link_time_s", "requests", "resends",
-           "times_s", "load_start", "load_end")
+           "tbf_drops", "udp_drops", "tcp_retrans", "times_s", "load_start", "load_end")
 GLOO_PORT = 29531
 
 
@@ -97,9 +97,15 @@ def run(n: int, rates, sizes, repeats: int, nslots: int, mtu: int, tag: str,
                 star.set_rate(rate)
                 for nbytes in sizes:
                     load0 = os.getloadavg()[0]
+                    drops0, k0 = star.tbf_drops(), kernel_losses_total(cl.pids)
                     recs = cl.ask(dict(shard_bytes=nbytes, repeats=repeats),
                                   f"{rate} {nbytes} B")
                     load1 = os.getloadavg()[0]
+                    # losses of the point (both methods; UDP: SpINA's, TCP: gloo's): where
+                    # they happened, tbf's queues or a socket's receive buffer
+                    losses = dict(tbf_drops=star.tbf_drops() - drops0,
+                                  **{k: v - k0[k] for k, v in
+                                     kernel_losses_total(cl.pids).items()})
                     for m in METHODS:
                         times = [max(r[m]["times"][i] for r in recs) for i in range(repeats)]
                         tx = statistics.mean(statistics.mean(r[m]["tx"]) for r in recs)
@@ -112,14 +118,16 @@ def run(n: int, rates, sizes, repeats: int, nslots: int, mtu: int, tag: str,
                             # the busiest direction of a worker's link at the rate
                             link_time_s=max(tx, rx) * 8 / parse_rate(rate),
                             requests=sum(sum(r[m]["requests"]) for r in recs),
-                            resends=sum(sum(r[m]["resends"]) for r in recs),
+                            resends=sum(sum(r[m]["resends"]) for r in recs), **losses,
                             times_s=" ".join(f"{v:.4f}" for v in times),
                             load_start=load0, load_end=load1))
                         row = rows[-1]
                         log(f"{n} workers {rate} shard {nbytes} B {m}: median "
                             f"{row['median_s']:.4f} s [{row['min_s']:.4f}-{row['max_s']:.4f}], "
                             f"tx {tx / nbytes:.2f}x shard, rx {rx / nbytes:.2f}x shard, "
-                            f"requests {row['requests']}; load {load0:.1f}", flush=True)
+                            f"requests {row['requests']}; point's drops: tbf "
+                            f"{losses['tbf_drops']}, udp {losses['udp_drops']}, tcp retrans "
+                            f"{losses['tcp_retrans']}; load {load0:.1f}", flush=True)
     return rows
 
 
@@ -132,7 +140,8 @@ def write(rows, out: str, meta: dict) -> None:
     lines = ["# All-gather: SpINA (switch multicast) vs gloo all_gather", ""]
     lines += [f"- {k}: {v}" for k, v in meta.items()] + [""]
     lines += ["| workers | rate | shard | method | median s | min-max s | tx / worker | "
-              "rx / worker | link time s | requests | time / gloo's |", "|" + "---|" * 11]
+              "rx / worker | link time s | requests | time / gloo's | drops: tbf, udp, tcp "
+              "retrans (the point's) |", "|" + "---|" * 12]
     gloo = {(r["rate"], r["shard_bytes"]): r for r in rows if r["method"] == "gloo"}
     for r in rows:
         g = gloo[(r["rate"], r["shard_bytes"])]
@@ -140,7 +149,8 @@ def write(rows, out: str, meta: dict) -> None:
                      f"{r['median_s']:.4f} | {r['min_s']:.4f}-{r['max_s']:.4f} | "
                      f"{r['tx_bytes_per_worker']} | {r['rx_bytes_per_worker']} | "
                      f"{r['link_time_s']:.4f} | {r['requests']} | "
-                     f"{r['median_s'] / g['median_s']:.2f} |")
+                     f"{r['median_s'] / g['median_s']:.2f} | {r['tbf_drops']}, "
+                     f"{r['udp_drops']}, {r['tcp_retrans']} |")
     with open(os.path.join(out, "summary.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     plot(rows, os.path.join(out, "allgather.png"))

@@ -32,5 +32,6 @@ def test_allgather_bench_smoke(tmp_path):
     for r in (spina, gloo):
         assert 2 * shard <= int(r["rx_bytes_per_worker"]) < 2.5 * shard
         assert float(r["median_s"]) > 0
+        assert min(int(r[k]) for k in ("tbf_drops", "udp_drops", "tcp_retrans")) >= 0
     assert (tmp_path / "summary.md").read_text().count("| 3 | 1gbit | 16384 |") == 2
     assert (tmp_path / "allgather.png").stat().st_size > 0
