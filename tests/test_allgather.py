@@ -65,6 +65,18 @@ def test_allgather_any_dtype_and_shape(dtype, shape):
         assert_gathered(c.allgather(shards), shards)
 
 
+def test_allgather_of_one_worker_or_empty_shards_sends_nothing():
+    """One worker, or shards of 0 bytes: the result at once, not a datagram sent."""
+    with LocalCluster(1, block_size=B, nlanes=K, nslots=W) as c:
+        x = np.arange(10, dtype=np.float32)
+        assert_gathered(c.allgather([x]), [x])
+        assert c.agents[0].last_gather_stats.packets_sent == 0
+    with LocalCluster(2, block_size=B, nlanes=K, nslots=W) as c:
+        e = np.zeros(0, np.float32)
+        assert_gathered(c.allgather([e, e]), [e, e])
+        assert [a.last_gather_stats.packets_sent for a in c.agents] == [0, 0]
+
+
 def test_allgather_packets_and_bytes_are_one_send_per_chunk():
     """Without loss each rank sends each chunk once and receives the others' once; the switch
     takes N*chunks datagrams and sends N*(N-1)*chunks: the sender's own copy never comes
