@@ -30,7 +30,7 @@ import numpy as np
 
 from bench.net_bench import _rates
 from bench.net_topo import SWITCH_IP, Star, kernel_losses_total
-from bench.paired import Cluster, Gloo, Place
+from bench.paired import Cluster, Gloo, Place, proc_cpu
 from collectives.topology import parse_rate, parse_size
 from spina import cli
 from spina.netns import unique_tag, why_no_namespaces
@@ -38,7 +38,8 @@ from spina.netns import unique_tag, why_no_namespaces
 METHODS = ("spina", "gloo")
 COLUMNS = ("workers", "rate", "shard_bytes", "method", "median_s", "min_s", "max_s",
            "tx_bytes_per_worker", "rx_bytes_per_worker", "link_time_s", "requests", "resends",
-           "tbf_drops", "udp_drops", "tcp_retrans", "times_s", "load_start", "load_end")
+           "tbf_drops", "udp_drops", "tcp_retrans", "switch_cpu_s_per_call", "times_s",
+           "load_start", "load_end")
 GLOO_PORT = 29531
 
 
@@ -98,9 +99,13 @@ def run(n: int, rates, sizes, repeats: int, nslots: int, mtu: int, tag: str,
                 for nbytes in sizes:
                     load0 = os.getloadavg()[0]
                     drops0, k0 = star.tbf_drops(), kernel_losses_total(cl.pids)
+                    cpu0 = proc_cpu(cl.switch_pid)
                     recs = cl.ask(dict(shard_bytes=nbytes, repeats=repeats),
                                   f"{rate} {nbytes} B")
                     load1 = os.getloadavg()[0]
+                    # the switch process works for SpINA alone (gloo's TCP is routed by the
+                    # kernel): its CPU per SpINA call, the warm-up included
+                    switch_cpu = (proc_cpu(cl.switch_pid) - cpu0) / (repeats + 1)
                     # losses of the point (both methods; UDP: SpINA's, TCP: gloo's): where
                     # they happened, tbf's queues or a socket's receive buffer
                     losses = dict(tbf_drops=star.tbf_drops() - drops0,
@@ -119,6 +124,7 @@ def run(n: int, rates, sizes, repeats: int, nslots: int, mtu: int, tag: str,
                             link_time_s=max(tx, rx) * 8 / parse_rate(rate),
                             requests=sum(sum(r[m]["requests"]) for r in recs),
                             resends=sum(sum(r[m]["resends"]) for r in recs), **losses,
+                            switch_cpu_s_per_call=switch_cpu if m == "spina" else 0.0,
                             times_s=" ".join(f"{v:.4f}" for v in times),
                             load_start=load0, load_end=load1))
                         row = rows[-1]
@@ -127,7 +133,8 @@ def run(n: int, rates, sizes, repeats: int, nslots: int, mtu: int, tag: str,
                             f"tx {tx / nbytes:.2f}x shard, rx {rx / nbytes:.2f}x shard, "
                             f"requests {row['requests']}; point's drops: tbf "
                             f"{losses['tbf_drops']}, udp {losses['udp_drops']}, tcp retrans "
-                            f"{losses['tcp_retrans']}; load {load0:.1f}", flush=True)
+                            f"{losses['tcp_retrans']}; switch CPU per SpINA call "
+                            f"{switch_cpu:.3f} s; load {load0:.1f}", flush=True)
     return rows
 
 
@@ -141,7 +148,7 @@ def write(rows, out: str, meta: dict) -> None:
     lines += [f"- {k}: {v}" for k, v in meta.items()] + [""]
     lines += ["| workers | rate | shard | method | median s | min-max s | tx / worker | "
               "rx / worker | link time s | requests | time / gloo's | drops: tbf, udp, tcp "
-              "retrans (the point's) |", "|" + "---|" * 12]
+              "retrans (the point's) | switch CPU s / call |", "|" + "---|" * 13]
     gloo = {(r["rate"], r["shard_bytes"]): r for r in rows if r["method"] == "gloo"}
     for r in rows:
         g = gloo[(r["rate"], r["shard_bytes"])]
@@ -150,7 +157,8 @@ def write(rows, out: str, meta: dict) -> None:
                      f"{r['tx_bytes_per_worker']} | {r['rx_bytes_per_worker']} | "
                      f"{r['link_time_s']:.4f} | {r['requests']} | "
                      f"{r['median_s'] / g['median_s']:.2f} | {r['tbf_drops']}, "
-                     f"{r['udp_drops']}, {r['tcp_retrans']} |")
+                     f"{r['udp_drops']}, {r['tcp_retrans']} | "
+                     f"{r['switch_cpu_s_per_call']:.3f} |")
     with open(os.path.join(out, "summary.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     plot(rows, os.path.join(out, "allgather.png"))
