@@ -4,7 +4,7 @@
 --   tshark -X lua_script:docs/spina.lua -r spina.pcap -V
 --   Wireshark: copy into ~/.local/lib/wireshark/plugins/ (other ports: Decode As...)
 local spina = Proto("spina", "SpINA in-network aggregation")
-local msg_names = {[1] = "contrib", [2] = "result", [3] = "status"}
+local msg_names = {[1] = "contrib", [2] = "result", [3] = "status", [4] = "gather"}
 local F = {}
 F.version = ProtoField.uint8("spina.version", "version", base.DEC)
 F.msg_type = ProtoField.uint8("spina.msg_type", "msg_type", base.DEC, msg_names)

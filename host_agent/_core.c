@@ -657,7 +657,8 @@ done:
 /* ---- the socket side: every answer waiting in one recvmmsg, a batch of sends in one sendmmsg */
 
 #define BATCH_MAX 64
-enum { VERDICT_ANSWER = 0, VERDICT_FOREIGN = 1, VERDICT_MALFORMED = 2, VERDICT_OTHER = 3 };
+enum { VERDICT_ANSWER = 0, VERDICT_FOREIGN = 1, VERDICT_MALFORMED = 2, VERDICT_OTHER = 3,
+       VERDICT_GATHER = 4 };
 
 typedef struct {
     long job, epoch, slot_base, nslots;
@@ -666,21 +667,24 @@ typedef struct {
 
 /* What a datagram from the switch is to this call: malformed (spina/wire.py header_error, the
  * reference: tests/test_core.py compares), not an answer of this call (a contribution, another
- * job, epoch, call or slot: dropped unread, as the agent always did), or an answer of slot
- * *slot_index (whether it answers the round in flight is the agent's to decide). */
+ * job, epoch, call or slot: dropped unread, as the agent always did), an all-gather packet
+ * (for the agent's all-gather, host_agent/allgather.py), or an answer of slot *slot_index
+ * (whether it answers the round in flight is the agent's to decide). */
 static int classify(const unsigned char *d, Py_ssize_t size, const Expect *e, long *slot_index) {
     if (size < HEADER_LEN)
         return VERDICT_MALFORMED;
     int msg_type = d[OFF_MSG_TYPE], nlanes = d[OFF_NLANES];
     uint64_t present = load_be64(d + OFF_PRESENT), nf = load_be64(d + OFF_NONFINITE);
     Py_ssize_t bs = load_be16(d + OFF_BLOCK_SIZE);
-    if (d[OFF_VERSION] != WIRE_VERSION || msg_type < MSG_CONTRIB || msg_type > MSG_STATUS
+    if (d[OFF_VERSION] != WIRE_VERSION || msg_type < MSG_CONTRIB || msg_type > MSG_GATHER
         || nlanes < 1 || nlanes > MAX_LANES || bs == 0 || d[OFF_RANK] >= MAX_WORKERS
         || (nlanes < 64 && ((present | nf) >> nlanes)) || !LANE_ITEM_BYTES(d[OFF_FLAGS])
         || size != HEADER_LEN + 4 * nlanes
                    + LANE_ITEM_BYTES(d[OFF_FLAGS]) * bs * __builtin_popcountll(present))
         return VERDICT_MALFORMED;
     long s = (long)load_be16(d + OFF_SLOT) - e->slot_base;
+    if (msg_type == MSG_GATHER)
+        return VERDICT_GATHER;  /* no answer of this call: the agent's last all-gather's */
     if (msg_type == MSG_CONTRIB || load_be16(d + OFF_JOB) != e->job
         || load_be16(d + OFF_EPOCH) != e->epoch || s < 0 || s >= e->nslots
         || load_be32(d + OFF_CALL) != e->call)
@@ -714,7 +718,8 @@ static int parse_expect(PyObject *const *args, Expect *e) {
 PyDoc_STRVAR(check_answer_doc,
 "check_answer(datagram, nbytes, job, epoch, call, slot_base, nslots) -> (verdict, answer)\n\n"
 "recv_answers' verdict on one datagram from the switch: 0 an answer of this call (answer: its\n"
-"fields as recv_answers gives them, index 0), 2 malformed, 3 not an answer of this call.");
+"fields as recv_answers gives them, index 0), 2 malformed, 3 not an answer of this call,\n"
+"4 a well-formed all-gather packet.");
 
 static PyObject *check_answer(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (!nargs_is("check_answer", nargs, 7))
@@ -746,7 +751,8 @@ PyDoc_STRVAR(recv_answers_doc,
 "Read every datagram waiting on the non-blocking UDP socket `fd` (at most len(ring) // stride,\n"
 "at most 64) with one recvmmsg, the i-th into ring[i * stride:]. Datagrams from anyone but\n"
 "switch_ip:switch_port (an IPv4 address as a host-order int) are only counted (`foreign`);\n"
-"`malformed` lists (index, nbytes) of the switch's datagrams that fail the header checks;\n"
+"`malformed` lists (index, nbytes) of the switch's datagrams that fail the header checks and\n"
+"of its all-gather packets (verdict 4: Python hands them to the last all-gather call);\n"
 "`answers` holds one tuple per answer of this call (check_answer's). received 0: nothing was\n"
 "waiting. Errors of the socket (ECONNREFUSED: the switch's port is closed) raise OSError.");
 
@@ -827,7 +833,7 @@ static PyObject *recv_answers(PyObject *self, PyObject *const *args, Py_ssize_t 
         long slot_index = -1;
         int verdict = classify(d, size, &e, &slot_index);
         PyObject *item = NULL;
-        if (verdict == VERDICT_MALFORMED)
+        if (verdict == VERDICT_MALFORMED || verdict == VERDICT_GATHER)
             item = Py_BuildValue("(in)", i, size);
         else if (verdict == VERDICT_ANSWER)
             item = answer_tuple(i, slot_index, d, size);

@@ -27,12 +27,14 @@ import select
 import socket
 import struct
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import numpy as np
 
-from host_agent import dlcp
+from host_agent import allgather as gather, dlcp
 from host_agent.blocks import (
     LanePlan,
     dequantize,
@@ -92,7 +94,7 @@ class SpinaTimeout(SpinaError):
 
 
 class LengthMismatch(SpinaError):
-    """Workers called all-reduce with tensors of different lengths."""
+    """Workers called all-reduce (or all-gather) with tensors of different lengths."""
 
 
 @dataclass
@@ -659,8 +661,128 @@ class Agent:
         self._ring_views = [memoryview(self._ring)[i * _RING_STRIDE:(i + 1) * _RING_STRIDE]
                             for i in range(_RING_SLOTS)]
         self._buffers = _Buffers()
+        # all-gather calls (host_agent/allgather.py): their own numbering, the last call (it
+        # answers late requests for its chunks: in the next all-gather, in an all-reduce, and
+        # between calls in the responder thread, which reads the socket only while no call
+        # runs: `_busy` is held by every call, `_idle` is set between calls)
+        self._gather_id = 0
+        self._gather_last: gather.GatherCall | None = None
+        self.last_gather_stats = gather.GatherStats()
+        self._busy = threading.RLock()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._closing = threading.Event()
+        self._responder: threading.Thread | None = None
 
     # ------------------------------------------------------------------ public API
+    def allgather(self, x):
+        """Every worker's `x`, stacked by rank: shape (nworkers, *x.shape), x's dtype, each
+        row bit for bit what that rank passed (every rank gets the same bytes).
+
+        Through the switch by multicast (docs/protocol.md "All-gather", host_agent/allgather.py):
+        each worker sends its shard once; the switch replicates it to the job's other workers.
+        Every rank must pass the same shape and dtype (a shard of another size raises
+        LengthMismatch naming the rank). A flat job only (no `racks`).
+
+        Args:
+            x: a numpy array of any dtype, or a torch tensor (the result is a torch tensor).
+
+        Example:
+            >>> shards = agent.allgather(np.arange(4, dtype=np.float32))  # doctest: +SKIP
+            >>> shards.shape  # doctest: +SKIP
+            (4, 4)
+        """
+        if self.job.racks:
+            raise SpinaError(f"job {self.job.job}: all-gather needs a flat job (the switch "
+                             "replicates to the job's workers; a leaf or spine refuses it)")
+        if _is_torch(x):
+            import torch
+            t = x.detach().contiguous().cpu()
+            got = self.allgather(t.reshape(-1).view(torch.uint8).numpy())
+            return torch.from_numpy(got).view(t.dtype).reshape((-1,) + tuple(t.shape)).to(
+                x.device)
+        shape = np.shape(x)
+        arr = np.ascontiguousarray(x)  # (at least 1-d: the shape is x's)
+        with self._call():
+            if self.rendezvous is not None and not self._joined:
+                self._join_run()
+            self._gather_id = (self._gather_id + 1) & 0xFFFFFFFF
+            call = gather.GatherCall(self.job, self.job.switch_rank(self.rank), self._gather_id,
+                                     gather.Shard(self.job, arr), self._gather_last)
+            sock = self.sock
+            before = sock.gettimeout()
+            sock.settimeout(0.0)
+            try:
+                out = gather.run(call, sock, self.switch, self._send_gather, self.timeout)
+            except gather.GatherError as e:
+                if e.timed_out:
+                    raise SpinaTimeout(f"rank {self.rank}: {e}", e.missing) from None
+                raise LengthMismatch(f"rank {self.rank}: {e}") from None
+            finally:
+                sock.settimeout(before)
+                self.last_gather_stats = call.stats
+                self.foreign_packets += call.stats.foreign_packets
+            call.previous = None  # one call back is all anyone can still ask for
+            self._gather_last = call
+        if self._responder is None:
+            self._responder = threading.Thread(target=self._serve_between, daemon=True,
+                                               name=f"spina-gather-{self.rank}")
+            self._responder.start()
+        return out.view(arr.dtype).reshape((self.job.nworkers,) + shape)
+
+    @contextmanager
+    def _call(self):
+        """A call owns the socket: the responder thread stays off it meanwhile."""
+        with self._busy:
+            self._idle.clear()
+            try:
+                yield
+            finally:
+                self._idle.set()
+
+    def _send_gather(self, batch: list) -> None:
+        _core.send_batch(self.sock.fileno(), batch, self._switch_ip, self.switch[1])
+
+    def _gather_between(self, view, nbytes: int) -> None:
+        """An all-gather packet outside an all-gather call: the last call answers it."""
+        last = self._gather_last
+        if last is not None:
+            last.between(view, nbytes)
+            if last.outbox:
+                self._send_gather(last.outbox)
+                last.outbox.clear()
+
+    def _serve_between(self) -> None:
+        """The responder thread: between calls, answer requests for the last all-gather's
+        chunks (a worker that returned may be the only one holding what another lacks) and
+        keep chunks of the next call that arrive early."""
+        sock, buf = self.sock, bytearray(wire.MAX_UDP_PAYLOAD + 1)
+        view = memoryview(buf)
+        while not self._closing.is_set():
+            self._idle.wait(0.2)
+            try:
+                ready = select.select((sock,), (), (), 0.05)[0]
+            except (OSError, ValueError):  # closed under us
+                return
+            if not ready or not self._busy.acquire(blocking=False):
+                continue  # nothing waiting, or a call started: it reads the socket now
+            try:
+                before = sock.gettimeout()
+                sock.settimeout(0.0)
+                while True:
+                    try:
+                        nbytes, src = sock.recvfrom_into(buf)
+                    except (BlockingIOError, InterruptedError):
+                        break
+                    if src == self.switch and nbytes >= wire.HEADER_LEN \
+                            and buf[1] == wire.MSG_GATHER:
+                        self._gather_between(view, nbytes)
+                sock.settimeout(before)
+            except OSError:  # closed under us
+                return
+            finally:
+                self._busy.release()
+
     def allreduce(self, x, inplace: bool = False, blocks=None, layer=None, residual=None,
                   slot_exponents=None):
         """Element-wise sum of `x` over all workers; same shape and dtype as `x`.
@@ -752,7 +874,8 @@ class Agent:
             raise SpinaError(f"rank {self.rank}: {e}") from None
         self.job = replace(job, epoch=epoch)
         self.rounds = np.zeros(job.nslots, np.int64)
-        self.call_id = 0
+        self.call_id = self._gather_id = 0
+        self._gather_last = None
         self._joined = True
         self.log.info("run with epoch %d", epoch)
 
@@ -767,7 +890,8 @@ class Agent:
                              f"epoch {self.job.epoch})")
         self.job = job.validate()
         self.rounds = np.zeros(job.nslots, np.int64)
-        self.call_id = 0
+        self.call_id = self._gather_id = 0
+        self._gather_last = None
 
     def allreduce_async(self, x, inplace: bool = False, blocks=None,
                         layer=None, residual=None) -> concurrent.futures.Future:
@@ -791,6 +915,9 @@ class Agent:
     def close(self) -> None:
         if self._executor is not None:
             self._executor.shutdown(wait=True)
+        self._closing.set()
+        if self._responder is not None:
+            self._responder.join()
         self.sock.close()
         if self._metrics_server is not None:
             self._metrics_server.stop()
@@ -807,6 +934,13 @@ class Agent:
                         blocks: np.ndarray | None = None, layer=None,
                         residual: np.ndarray | None = None,
                         slot_exponents: np.ndarray | None = None) -> np.ndarray:
+        with self._call():
+            return self._allreduce_call(flat, integer, inplace, blocks, layer, residual,
+                                        slot_exponents)
+
+    def _allreduce_call(self, flat: np.ndarray, integer: bool, inplace: bool,
+                        blocks: np.ndarray | None, layer, residual: np.ndarray | None,
+                        slot_exponents: np.ndarray | None) -> np.ndarray:
         if len(flat) >= 1 << 32:
             raise ValueError(f"tensor of {len(flat)} elements exceeds the 32-bit length field")
         t0 = time.perf_counter()
@@ -889,7 +1023,12 @@ class Agent:
 
     def _malformed(self, view, nbytes: int, call: _Call) -> None:
         """A datagram from the switch that failed _core's header checks: dropped, counted, and
-        logged with spina.wire's reason."""
+        logged with spina.wire's reason. _core hands all-gather packets over the same way
+        (well formed, no answer of this call): the last all-gather call takes them."""
+        if nbytes >= wire.HEADER_LEN and view[1] == wire.MSG_GATHER \
+                and wire.header_error(_UNPACK(view), nbytes) is None:
+            self._gather_between(view, nbytes)
+            return
         call.stats.malformed_packets += 1
         if nbytes < wire.HEADER_LEN:
             why = f"truncated header: {nbytes} < {wire.HEADER_LEN} bytes"

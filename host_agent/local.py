@@ -41,6 +41,13 @@ class LocalCluster:
                 for r in ranks]
         return [f.result() for f in futs]
 
+    def allgather(self, shards, ranks=None):
+        """Run all-gather on every agent (or on `ranks` only) at once, rank r with shards[r];
+        returns their results."""
+        ranks = range(len(self.agents)) if ranks is None else ranks
+        futs = [self._pool.submit(self.agents[r].allgather, shards[r]) for r in ranks]
+        return [f.result() for f in futs]
+
     def close(self) -> None:
         self._pool.shutdown()
         for a in self.agents:

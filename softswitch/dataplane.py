@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from softswitch.egress import CongestionDrop, EgressQueues, PortRate
-from softswitch.fabric import TO_GROUP, TO_SENDER, FabricRoles, LeafJob
+from softswitch.fabric import TO_GROUP, TO_OTHERS, TO_SENDER, FabricRoles, LeafJob
 from softswitch.pipeline import DEFAULT_POOL_SLOTS, Admission, Pipeline
 from spina import spec, wire
 from spina.rows import SwitchRows
@@ -473,7 +473,7 @@ class Dataplane:
         head[16:18] = (IPV4_LEN + UDP_LEN + n).to_bytes(2, "big")
         if to == TO_SENDER:
             return [(port, self._egress, (0, head, data))]
-        if to == TO_GROUP:
+        if to == TO_GROUP or to == TO_OTHERS:
             return [(eport, self._egress, (rid, bytearray(head), data))
                     for eport, rid in self.mcast_groups.get(grp, ())]
         # TO_UPSTREAM, a leaf's partial: to the spine owning the slot, from the leaf.
@@ -488,6 +488,9 @@ class Dataplane:
             rw = self.worker_rewrite.get(rid)
             if rw is None:
                 return []  # drop_replica
+            if (data[1] == wire.MSG_GATHER and head[30:34] == rw[1]
+                    and head[36:38] == rw[2].to_bytes(2, "big")):
+                return []  # an all-gather packet's copy for its own sender (addressed back)
             head[0:6], head[30:34] = rw[0], rw[1]
             head[36:38] = rw[2].to_bytes(2, "big")
         if self.congestion.drop(data, qdepth):

@@ -19,7 +19,10 @@ workers, plus one rule: a partial's `mismatch` and `partial` flags are ORed into
 
 `process_into` returns (n, to, key) for the packet written to `out[:n]` (n = 0: nothing leaves):
 to TO_GROUP: every (local) worker of job `key`; TO_SENDER: back to the packet's source;
-TO_UPSTREAM: to the spine `key` = (ingress port, (IPv4, UDP port), MAC) that owns the slot.
+TO_UPSTREAM: to the spine `key` = (ingress port, (IPv4, UDP port), MAC) that owns the slot;
+TO_OTHERS: an all-gather packet, unchanged, to every worker of job `key` but its sender. The
+all-gather is a flat job's: at a leaf or a spine of the job it is unadmitted (counted in
+port_unadmitted, as the P4's Admission refuses it).
 `route_into` adds the multicast group of a TO_GROUP packet (the L2 mode's replication).
 
 job_results counts result copies sent to workers, as the P4 egress counts RESULT copies: a
@@ -32,11 +35,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from softswitch.pipeline import ADDED, COMPLETED, MAX_PORTS, Pipeline, rows
+from softswitch.pipeline import ADDED, COMPLETED, GATHERED, MAX_PORTS, Pipeline, rows
 from spina import wire
 from spina.spec import FLAGS_CARRIED, FLAGS_RESULT
 
-TO_GROUP, TO_SENDER, TO_UPSTREAM = 1, 2, 3
+# TO_OTHERS: an all-gather packet, for every worker of the job's group but its sender (the
+# egress drops the replica whose rewrite addresses the sender: egress_rewrite.p4).
+TO_GROUP, TO_SENDER, TO_UPSTREAM, TO_OTHERS = 1, 2, 3, 4
 _NOTHING = (0, 0, None, 0)
 _UNPACK, _PACK_INTO = wire.HEADER_STRUCT.unpack_from, wire.HEADER_STRUCT.pack_into
 (_MSG_TYPE, _FLAGS, _JOB, _EPOCH, _SLOT, _RANK, _NLANES, _ROUND, _BLOCK_SIZE, _BITMAP,
@@ -110,8 +115,14 @@ class FabricRoles:
                 return self._from_spine(pkt, port, src, out, job, up)
         p = self.pipeline
         spine = size >= HLEN and job in self.spines
+        if size >= HLEN and pkt[1] == wire.MSG_GATHER and (spine or job in self.leaves):
+            if p.ina_check(pkt, port, src) is not None:  # malformed first, as InaCheck
+                p.counters["port_unadmitted"][port % MAX_PORTS] += 1
+            return _NOTHING
         carried = pkt[_FLAGS_AT] & FLAGS_CARRIED if spine else 0
         n, multicast, adm, outcome = p.process_into(pkt, port, src, out, spine)
+        if outcome == GATHERED:
+            return n, TO_OTHERS, adm.job, adm.mcast_grp
         if carried and outcome in (ADDED, COMPLETED):
             # A rack's mismatch or flush: the round's result says so to every rack.
             t = _UNPACK(pkt)
@@ -161,6 +172,8 @@ class FabricRoles:
         p, size = self.pipeline, len(pkt)
         t = _UNPACK(pkt)
         err = wire.header_error(t, size)
+        if err is None and t[_MSG_TYPE] == wire.MSG_GATHER:
+            err = "a spine answers with results and statuses only"  # InaCheck's from_spine test
         if err is not None:
             return p.drop_malformed(port, src, err)[:2] + (None, 0)
         slot, k, bs = t[_SLOT], t[_NLANES], t[_BLOCK_SIZE]

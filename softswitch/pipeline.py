@@ -59,6 +59,7 @@ log = logging.getLogger("spina.softswitch")
 HLEN = wire.HEADER_LEN
 NEXT_DTYPE, DATA_DTYPE = wire.NEXT_DTYPE, wire.DATA_DTYPE
 MSG_CONTRIB, MSG_RESULT, MSG_STATUS = wire.MSG_CONTRIB, wire.MSG_RESULT, wire.MSG_STATUS
+MSG_GATHER = wire.MSG_GATHER
 FLAG_RESEND, FLAG_LOSS_TOLERANT = wire.FLAG_RESEND, wire.FLAG_LOSS_TOLERANT
 FLAG_LAST = wire.FLAG_LAST
 FLAG_PARTIAL, FLAG_MISMATCH, FLAG_REPLAY = wire.FLAG_PARTIAL, wire.FLAG_MISMATCH, wire.FLAG_REPLAY
@@ -76,8 +77,8 @@ _header_error = wire.header_error
 # What process_into did with a packet (aggregator.p4's outcomes, the TNA program's KIND_*):
 # dropped (malformed, unadmitted, stale or held), answered with the stored result (a resend
 # to a complete round), a replay adopted (a spine), a round flushed, a status, added to an
-# incomplete round, added and the round complete.
-DROPPED, ANSWERED, ADOPTED, FLUSHED, STATUS, ADDED, COMPLETED = range(7)
+# incomplete round, added and the round complete; an all-gather packet replicated.
+DROPPED, ANSWERED, ADOPTED, FLUSHED, STATUS, ADDED, COMPLETED, GATHERED = range(8)
 _DROP = (0, False, None, DROPPED)
 
 # Register, table and counter names live in spina/spec.py (imported above); the P4
@@ -271,7 +272,7 @@ class Pipeline:
 
         Returns (n, multicast, admission, outcome): n = 0 if nothing leaves, else the packet is
         out[:n] and goes to every worker of admission's job (multicast) or back to the sender;
-        outcome is one of DROPPED ... COMPLETED (above). The stages are the P4 program's:
+        outcome is one of DROPPED ... GATHERED (above). The stages are the P4 program's:
         `ina_check` (InaCheck), `admit` (Admission), `aggregate` (the Aggregator: the hold,
         slot_round, duplicates and completion, `add_lanes`, the result).
         `pkt` may be a reused buffer (bytes, bytearray or memoryview of exactly the datagram):
@@ -299,8 +300,8 @@ class Pipeline:
             return None
         t = _UNPACK(pkt)
         err = _header_error(t, size)
-        if err is None and t[_MSG_TYPE] != MSG_CONTRIB:
-            err = f"hosts send contributions only, not type {t[_MSG_TYPE]}"
+        if err is None and t[_MSG_TYPE] != MSG_CONTRIB and t[_MSG_TYPE] != MSG_GATHER:
+            err = f"hosts send contributions and all-gather packets only, not type {t[_MSG_TYPE]}"
         if err is not None:
             self.drop_malformed(port, src, err)
             return None
@@ -329,6 +330,12 @@ class Pipeline:
         """Aggregator, for an admitted contribution with header fields `t`: the hold of a newer
         round, the slot copy's round, duplicate detection and completion, the lanes' sums;
         returns what process_into returns."""
+        if t[_MSG_TYPE] == MSG_GATHER:
+            # All-gather: the packet leaves as it came, for every other worker of the job
+            # (the egress drops the sender's copy); no register is read or written.
+            n = len(pkt)
+            out[:n] = pkt
+            return n, True, adm, GATHERED
         job, rank, slot, k = t[_JOB], t[_RANK], t[_SLOT], t[_NLANES]
         rnd, flags = t[_ROUND], t[_FLAGS]
         nworkers = adm.nworkers

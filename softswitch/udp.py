@@ -19,7 +19,7 @@ from typing import Callable
 
 from softswitch.compiled import IDLE as _IDLE, PUNT as _PUNT, SERVE_BUDGET, core_entries
 from softswitch.dataplane import DATAPATHS, UDP_MODE_PORT, Dataplane
-from softswitch.fabric import TO_GROUP, TO_SENDER
+from softswitch.fabric import TO_GROUP, TO_OTHERS, TO_SENDER
 from softswitch.pipeline import DEFAULT_POOL_SLOTS, DEFAULT_SLOT_CAPACITY
 from spina import rows, wire
 from spina.config import JobConfig
@@ -487,7 +487,10 @@ class UdpSwitch:
         n, to, key, grp = dp.roles.route_into(pkt, UDP_MODE_PORT, src, out)
         if not n:
             return 0, ()
-        # To the job's (local) workers, back to the sender, or up to the slot's spine.
+        # To the job's (local) workers, back to the sender, up to the slot's spine, or (an
+        # all-gather packet) to every worker but its sender.
+        if to == TO_OTHERS:
+            return n, tuple(d for d in self._dest.get(grp, ()) if d != src)
         return n, (tuple(self._dest.get(grp, ())) if to == TO_GROUP else (src,)
                    if to == TO_SENDER else (key[1],))
 

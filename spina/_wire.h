@@ -31,6 +31,7 @@
 #define MSG_CONTRIB 1
 #define MSG_RESULT 2
 #define MSG_STATUS 3
+#define MSG_GATHER 4
 #define FLAG_RESEND 0x01
 #define FLAG_LOSS_TOLERANT 0x02
 #define FLAG_LAST 0x04

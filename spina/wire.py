@@ -57,8 +57,12 @@ DEFAULT_UDP_PORT = 47000
 MSG_CONTRIB = 1  # a worker's contribution to one round of one slot
 MSG_RESULT = 2   # the switch's aggregate for that round (multicast, or unicast to a resend)
 MSG_STATUS = 3   # the switch's answer to a resend for a round that is still incomplete
+MSG_GATHER = 4   # all-gather: a chunk of the sender's shard (bitmap 0) or a request for chunks
+                 # of the ranks in `bitmap`; the switch replicates it unchanged to every other
+                 # worker of the job and keeps no state (docs/protocol.md "All-gather")
 
-MSG_NAMES = {MSG_CONTRIB: "contrib", MSG_RESULT: "result", MSG_STATUS: "status"}
+MSG_NAMES = {MSG_CONTRIB: "contrib", MSG_RESULT: "result", MSG_STATUS: "status",
+             MSG_GATHER: "gather"}
 
 # Flag bits.
 FLAG_RESEND = 0x01         # a retransmission by the worker (timeout)

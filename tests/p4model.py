@@ -61,7 +61,7 @@ class P4Model:
         """InaCheck's field tests and the UDP length against the header's sizes."""
         want = wire.HEADER_LEN + 4 * h.nlanes + 4 * h.block_size * bin(h.present).count("1")
         bad_type = (h.msg_type not in (wire.MSG_RESULT, wire.MSG_STATUS) if from_spine
-                    else h.msg_type != wire.MSG_CONTRIB)
+                    else h.msg_type not in (wire.MSG_CONTRIB, wire.MSG_GATHER))
         return (h.version != wire.VERSION or bad_type
                 or h.nlanes == 0 or h.nlanes > wire.MAX_LANES or h.block_size == 0
                 or h.rank >= wire.MAX_WORKERS or (h.present >> h.nlanes) != 0
@@ -123,7 +123,9 @@ class P4Model:
                                     and h.nlanes == adm["nlanes"]
                                     and h.block_size == adm["block_size"]
                                     and h.nlanes <= self.NLANES
-                                    and h.block_size == self.BLOCK_SIZE):
+                                    and h.block_size == self.BLOCK_SIZE
+                                    and not (h.msg_type == wire.MSG_GATHER
+                                             and (fab["leaf"] or fab["spine"]))):
             adm = None
         if adm is None:
             self.count("port_unadmitted", port)
@@ -212,6 +214,8 @@ class P4Model:
         if h.epoch != adm["epoch"]:
             self.count("job_stale", job)
             return []
+        if h.msg_type == wire.MSG_GATHER:
+            return [(pkt, True)]  # reply_to_sender, the job's group; no register
         rank_bit = 1 << h.rank
         slot = h.slot
         head, heard, missing = r["head_round"][slot], r["head_heard"][slot], r["head_missing"][slot]

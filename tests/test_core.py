@@ -577,6 +577,13 @@ def test_check_answer_names_what_is_not_this_calls(change):
     assert check(answer_datagram(rng, **change)) == (3, None)
 
 
+def test_check_answer_hands_all_gather_packets_over():
+    """An all-gather packet, of this call's job or not: verdict 4 (the agent's all-gather's)."""
+    rng = np.random.default_rng(1)
+    for change in (dict(), dict(job=8), dict(call=12)):
+        assert check(answer_datagram(rng, msg_type=wire.MSG_GATHER, **change)) == (4, None)
+
+
 @pytest.fixture
 def sockets():
     """An agent's socket (non-blocking), a switch's and a stranger's, all on 127.0.0.1."""

@@ -4,11 +4,12 @@ Run just this file: python -m pytest tests/test_p4_model.py
 
 tests/p4model.py follows p4src/v1model/{ina_check,admission,aggregator}.p4 statement
 by statement; here random packet sequences (duplicates, stale and new rounds, sparse lanes,
-wrong epochs, unadmitted and malformed packets) go through both, and every emitted packet,
-counter and register cell must agree after every packet; so do the leaf and spine roles
-(softswitch/fabric.py against fabric.p4's controls and the Aggregator's spine rules). Whole frames
-(sizes the P4 parser stops at, frames cut short of their UDP length, Ethernet trailers) go
-through the model's parser and softswitch.dataplane.Dataplane, which must count them alike.
+wrong epochs, unadmitted and malformed packets, all-gather packets) go through both, and
+every emitted packet, counter and register cell must agree after every packet; so do the
+leaf and spine roles (softswitch/fabric.py against fabric.p4's controls and the
+Aggregator's spine rules). Whole frames (sizes the P4 parser stops at, frames cut short of
+their UDP length, Ethernet trailers) go through the model's parser and
+softswitch.dataplane.Dataplane, which must count them alike.
 """
 from __future__ import annotations
 
@@ -37,13 +38,16 @@ def src(rank):
 
 
 def packet(draw, nworkers, k=K, bs=BS):
-    """A contribution of `k` lanes of `bs` elements from a random rank (nworkers: not
-    admitted), sometimes of another version, epoch or round, or truncated."""
+    """A contribution (now and then an all-gather packet, a chunk or a request) of `k` lanes
+    of `bs` elements from a random rank (nworkers: not admitted), sometimes of another
+    version, epoch or round, or truncated."""
     rank = draw(st.integers(0, nworkers))          # nworkers: not admitted
     present = draw(st.integers(0, (1 << k) - 1))
     npresent = bin(present).count("1")
     h = wire.Header(
-        version=draw(st.sampled_from([1] * 15 + [2])), msg_type=wire.MSG_CONTRIB,
+        version=draw(st.sampled_from([1] * 15 + [2])),
+        msg_type=draw(st.sampled_from([wire.MSG_CONTRIB] * 6 + [wire.MSG_GATHER])),
+        bitmap=draw(st.sampled_from([0, 0, 0b10])),
         flags=draw(st.sampled_from([0, wire.FLAG_LAST, wire.FLAG_RESEND, wire.FLAG_LOSS_TOLERANT,
                                     wire.FLAG_LAST | wire.FLAG_LOSS_TOLERANT,
                                     wire.FLAG_RESEND | wire.FLAG_PARTIAL])),
@@ -199,13 +203,15 @@ def leaf_scenario(draw):
     for _ in range(draw(st.integers(1, 50))):
         if draw(st.integers(0, 3)) == 0:
             who = draw(st.sampled_from([SPINE_SRC] * 5 + [("10.0.2.9", spec.INA_UDP_PORT)]))
-            mt = draw(st.sampled_from([wire.MSG_RESULT] * 3 + [wire.MSG_STATUS]))
+            mt = draw(st.sampled_from([wire.MSG_RESULT] * 6 + [wire.MSG_STATUS] * 2
+                                      + [wire.MSG_GATHER]))
             out.append((who, role_packet(draw, mt, draw(st.integers(0, len(sizes) - 1)),
                                          len(sizes) + 1)))
         else:
             # The rack's workers send local ranks 0..size-1 (size: not admitted).
             rank = draw(st.integers(0, sizes[rack]))
-            out.append((src(first + rank), role_packet(draw, wire.MSG_CONTRIB, rank, 0)))
+            mt = draw(st.sampled_from([wire.MSG_CONTRIB] * 8 + [wire.MSG_GATHER]))
+            out.append((src(first + rank), role_packet(draw, mt, rank, 0)))
     return sizes, rack, out
 
 
@@ -322,7 +328,8 @@ def test_a_full_rack_of_32_equals_the_p4_transliteration():
 def spine_scenario(draw):
     nleaves = draw(st.integers(1, 3))
     ranks = [draw(st.integers(0, nleaves)) for _ in range(draw(st.integers(1, 40)))]
-    return nleaves, [(r, role_packet(draw, wire.MSG_CONTRIB, r, 4)) for r in ranks]
+    types = [draw(st.sampled_from([wire.MSG_CONTRIB] * 8 + [wire.MSG_GATHER])) for _ in ranks]
+    return nleaves, [(r, role_packet(draw, t, r, 4)) for r, t in zip(ranks, types)]
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -23,6 +23,8 @@ const bit<8> INA_VERSION = 1;
 const bit<8> MSG_CONTRIB = 1;
 const bit<8> MSG_RESULT = 2;
 const bit<8> MSG_STATUS = 3;
+// All-gather (docs/protocol.md): replicated unchanged to the job's other workers, no state.
+const bit<8> MSG_GATHER = 4;
 
 const bit<8> FLAG_RESEND = 0x01;
 const bit<8> FLAG_LOSS_TOLERANT = 0x02;

@@ -11,6 +11,8 @@
  * At a leaf, a spine's answer (meta.fab.from_spine, v1model/fabric.p4) is admitted
  * instead when it comes from the spine owning the slot (leaf_upstream: ingress port, IPv4
  * source, UDP source port INA_UDP_PORT) for a job this switch is a leaf of.
+ * The all-gather (MSG_GATHER) is a flat job's: at a leaf or a spine of the job it is
+ * unadmitted (softswitch FabricRoles.route_into).
  */
 #ifndef SPINA_ADMISSION_P4
 #define SPINA_ADMISSION_P4
@@ -100,7 +102,8 @@ control Admission(in headers_t hdr, inout metadata_t meta, in standard_metadata_
                 || hdr.ina.block_size != meta.adm.block_size
                 // The parser holds NLANES blocks of BLOCK_SIZE: the controller admits no other
                 // sizes; this guard only protects the registers from a wrong entry.
-                || hdr.ina.nlanes > NLANES || hdr.ina.block_size != BLOCK_SIZE)) {
+                || hdr.ina.nlanes > NLANES || hdr.ina.block_size != BLOCK_SIZE
+                || (hdr.ina.msg_type == MSG_GATHER && (meta.fab.leaf || meta.fab.spine)))) {
             meta.adm.hit = false;
         }
         if (!meta.adm.hit) {

@@ -13,6 +13,7 @@
  *   any packet, round already complete    the stored result, unicast back (flag RESEND)
  *   duplicate flagged PARTIAL, incomplete flush: complete now, flag PARTIAL, multicast
  *   duplicate, round incomplete           STATUS with the stored bitmap, unicast back
+ *   an all-gather packet (MSG_GATHER)     unchanged, multicast; no register touched
  *
  * The fabric roles (v1model/fabric.p4, softswitch/fabric.py): a spine ORs a rack's MISMATCH and
  * PARTIAL flags into the round (meta.fab.carried) and adopts a leaf's REPLAY as the round's
@@ -103,6 +104,13 @@ control Aggregator(inout headers_t hdr, inout metadata_t meta,
         if (hdr.ina.epoch != meta.adm.epoch) {
             job_stale.count(job);
             mark_to_drop(std);
+            return;
+        }
+        if (hdr.ina.msg_type == MSG_GATHER) {
+            // All-gather: the packet as it came, to every worker of the job (WorkerRewrite
+            // drops the sender's own copy); no register is read or written.
+            reply_to_sender(hdr, meta);
+            std.mcast_grp = meta.adm.mcast_grp;
             return;
         }
 

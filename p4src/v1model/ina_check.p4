@@ -1,5 +1,6 @@
-/* SpINA: is this a well-formed INA contribution? The same test as wire.check_header plus
- * "hosts send contributions only" (softswitch Pipeline.process), decided from header fields,
+/* SpINA: is this a well-formed INA contribution or all-gather packet? The same test as
+ * wire.check_header plus "hosts send contributions and all-gather packets only" (softswitch
+ * Pipeline.ina_check), decided from header fields,
  * the UDP length and the frame's real length, so that packets whose sizes the P4 cannot parse
  * are judged as the software switch judges them: a frame shorter than its UDP length is
  * malformed even where the parser stopped early and saw no parser_error (softswitch
@@ -38,7 +39,8 @@ control InaCheck(in headers_t hdr, in metadata_t meta, in standard_metadata_t st
             || hdr.ina.version != INA_VERSION
             || (meta.fab.from_spine ? hdr.ina.msg_type != MSG_RESULT
                                       && hdr.ina.msg_type != MSG_STATUS
-                                    : hdr.ina.msg_type != MSG_CONTRIB)
+                                    : hdr.ina.msg_type != MSG_CONTRIB
+                                      && hdr.ina.msg_type != MSG_GATHER)
             || hdr.ina.nlanes == 0 || hdr.ina.nlanes > WIRE_MAX_LANES
             || hdr.ina.block_size == 0
             || hdr.ina.rank >= WIRE_MAX_WORKERS
