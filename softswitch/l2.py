@@ -66,6 +66,7 @@ class L2Switch:
         self._stop_r, self._stop_w = os.pipe()
         self._thread: threading.Thread | None = None
         self._py_in = self._py_out = 0  # frames the Python loop received and sent
+        self._py_send_errors = 0  # frames it could not send
         self.punted = 0  # frames the compiled path handed to the Python pipeline
         self._fast = self.dataplane.compiled
         if self._fast is not None:
@@ -82,6 +83,12 @@ class L2Switch:
     def frames_out(self) -> int:
         fast = self.dataplane.compiled
         return self._py_out + (fast.stats()["frames_out"] if fast is not None else 0)
+
+    @property
+    def send_errors(self) -> int:
+        """Frames the switch could not send (a full socket buffer, a port gone): lost."""
+        fast = self.dataplane.compiled
+        return self._py_send_errors + (fast.stats()["send_errors"] if fast is not None else 0)
 
     def serve_forever(self) -> None:
         poller = select.poll()
@@ -168,6 +175,7 @@ class L2Switch:
                 self._py_out += 1
             except OSError as e:
                 log.debug("send on port %d failed: %s", eport, e)
+                self._py_send_errors += 1
 
     def start(self) -> "L2Switch":
         self._thread = threading.Thread(target=self.serve_forever, name="spina-l2", daemon=True)

@@ -60,6 +60,11 @@ class SwitchCollector:
                                           f"{what} the switch received.", value=getattr(sw, rx))
                 yield CounterMetricFamily(f"spina_switch_{unit}_sent",
                                           f"{what} the switch sent.", value=getattr(sw, tx))
+        if sw is not None and hasattr(sw, "send_errors"):
+            yield CounterMetricFamily("spina_switch_send_errors",
+                                      "Datagrams the switch could not send (send buffer full, "
+                                      "address unreachable): lost, the agents resend.",
+                                      value=sw.send_errors)
         yield GaugeMetricFamily("spina_switch_pool_slots", "Slots in the register pool.",
                                 value=p.pool_slots)
         # An admission entry per (job, rank): one slot range per job.

@@ -56,7 +56,8 @@ class _Shard:
         self.thread: threading.Thread | None = None
         # datagrams and bytes the Python loop received and sent (the compiled path counts its
         # own), and those the compiled path punted: this thread's alone, so no lost updates
-        self.py = dict(packets_in=0, packets_out=0, bytes_in=0, bytes_out=0, punted=0)
+        self.py = dict(packets_in=0, packets_out=0, bytes_in=0, bytes_out=0, punted=0,
+                       send_errors=0)  # datagrams a full send buffer or an error dropped
 
 
 class _AllShards:
@@ -294,6 +295,12 @@ class UdpSwitch:
     @property
     def bytes_out(self) -> int:
         return self._count("bytes_out")
+
+    @property
+    def send_errors(self) -> int:
+        """Datagrams the switch meant to send and could not (a send buffer still full after
+        0.2 s, an unreachable address): the Python and the compiled paths' together."""
+        return self._count("send_errors")
 
     def add_job(self, cfg: JobConfig) -> None:
         """Admit `cfg` in this process (the one-machine path: the launcher, LocalCluster,
@@ -538,9 +545,11 @@ class UdpSwitch:
                     sendto(data, dst)
                 except OSError as err:
                     log.debug("send to %s failed: %s", dst, err)
+                    counts["send_errors"] += 1
                     continue
             except OSError as err:
                 log.debug("send to %s failed: %s", dst, err)
+                counts["send_errors"] += 1
                 continue
             counts["packets_out"] += 1
             counts["bytes_out"] += n

@@ -96,6 +96,7 @@ def test_switch_scrape_counts_known_traffic():
             assert m[("spina_port_drops_total", (("cause", "unadmitted"), ("port", "0")))] == 1
             assert m[("spina_switch_packets_received_total", ())] == sent + 2
             assert m[("spina_switch_packets_sent_total", ())] == results
+            assert m[("spina_switch_send_errors_total", ())] == sw.send_errors == 0
             assert m[("spina_switch_bytes_received_total", ())] == sw.bytes_in
             assert m[("spina_switch_slots_in_use", ())] == 4
             assert m[("spina_job_slots", (("job_id", "5"),))] == 4
