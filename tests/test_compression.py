@@ -120,6 +120,30 @@ def test_momentum_without_masking_at_ratio_one_is_momentum_sgd():
         comp.end_step()
 
 
+@pytest.mark.parametrize("fields", [dict(method="topk", ratio=0.1),
+                                    dict(method="topk", ratio=0.1, momentum=0.9),
+                                    dict(method="randomk", ratio=0.1),
+                                    dict(method="scaled", ratio=0.1)])
+def test_compress_into_the_kept_send_array_is_compress_then_write(fields):
+    """compress(..., send): the same blocks, send array and residual as compress() then
+    Selection.write, over steps, with the array cleared between steps as unpack clears it."""
+    layout = _layout(300, 77, 1000, 8)
+    a, b = make_compressor(block_size=B, **fields), make_compressor(block_size=B, **fields)
+    kept = np.zeros(layout.length, np.float32)
+    rng = np.random.default_rng(5)
+    for step in range(4):
+        g = rng.standard_normal(int(layout.sizes.sum())).astype(np.float32)
+        sa = a.compress(layout, g, kept)
+        sb = b.compress(layout, g)
+        a.end_step(), b.end_step()
+        np.testing.assert_array_equal(sa.blocks, sb.blocks)
+        assert sa.send is kept and sa.write(kept) is kept
+        np.testing.assert_array_equal(_bits(kept), _bits(sb.send))
+        for name, buf in a.memory.get(layout).items():
+            np.testing.assert_array_equal(_bits(buf), _bits(b.memory.get(layout)[name]))
+        kept.reshape(layout.nblocks, -1)[sa.blocks] = 0
+
+
 def test_error_feedback_off_drops_the_rest():
     """error_feedback=False: no residual is kept; the send is the top blocks of the gradient."""
     comp = make_compressor(method="topk", ratio=0.5, error_feedback=False, block_size=2)
@@ -252,10 +276,11 @@ def test_unpack_refuses_bad_input():
 
 @pytest.mark.parametrize("clear, with_u", [(True, True), (True, False), (False, False)])
 def test_take_is_numpy_gather_and_clear(clear, with_u):
-    """take: the rows bit for bit as v2d[blocks] (NaN, -0.0 included), exactly those blocks
-    cleared in v (if asked) and u; a block outside v is refused."""
+    """take: the rows bit for bit as v2d[blocks] (NaN, -0.0 included), or the same blocks of
+    a send array (nothing else of it written), exactly those blocks cleared in v (if asked)
+    and u; a block outside v, a send array of another length are refused."""
     rng = np.random.default_rng(3)
-    for k in (0, 1, 37):
+    for k, into_send in ((0, False), (1, False), (37, False), (0, True), (1, True), (37, True)):
         v = rng.standard_normal(100 * 13).astype(np.float32)
         v[[5, 6]] = [np.nan, -0.0]
         u = rng.standard_normal(v.size).astype(np.float32) if with_u else None
@@ -263,8 +288,15 @@ def test_take_is_numpy_gather_and_clear(clear, with_u):
         if k:
             blocks[0] = 0  # the block with NaN and -0.0
         v_ref, u_ref = v.reshape(-1, 13).copy(), None if u is None else u.reshape(-1, 13).copy()
-        rows = kernels.take(v, blocks, 13, clear, u)
-        np.testing.assert_array_equal(_bits(rows), _bits(v_ref[blocks]))
+        if into_send:
+            send = np.full(v.size, 7, np.float32)  # 7: what take must leave alone
+            assert kernels.take(v, blocks, 13, clear, u, send) is send
+            expect = np.full((100, 13), 7, np.float32)
+            expect[blocks] = v_ref[blocks]
+            np.testing.assert_array_equal(_bits(send), _bits(expect.reshape(-1)))
+        else:
+            rows = kernels.take(v, blocks, 13, clear, u)
+            np.testing.assert_array_equal(_bits(rows), _bits(v_ref[blocks]))
         if clear:
             v_ref[blocks] = 0
         if u is not None:
@@ -273,6 +305,8 @@ def test_take_is_numpy_gather_and_clear(clear, with_u):
         np.testing.assert_array_equal(_bits(v), _bits(v_ref.reshape(-1)))
     with pytest.raises(ValueError, match="take: block 100 outside v's 100 blocks"):
         kernels.take(v, np.array([3, 100]), 13)
+    with pytest.raises(ValueError, match=r"take: dest needs 1300 items \(as v\)"):
+        kernels.take(v, np.array([3]), 13, True, None, np.zeros(1299, np.float32))
 
 
 def _check_top(norms, k, seed, nsample=kernels.SAMPLE):
@@ -677,10 +711,12 @@ def _ddp_worker(rank, tmp):
         records = []
         original = comp.compress
 
-        def recording(layout, grad, original=original, records=records, comp=comp):
+        def recording(layout, grad, send=None, original=original, records=records, comp=comp):
             before = {n: b.copy() for n, b in comp.memory.get(layout).items()}
-            sel = original(layout, grad)
-            sent = type(sel)(sel.blocks, sel.rows.copy(), sel.nblocks)
+            sel = original(layout, grad, send)
+            # a copy of what went out: the hook's unpack clears its kept send array
+            rows = sel.rows if sel.array is None else sel.array.reshape(sel.nblocks, -1)[sel.blocks]
+            sent = type(sel)(sel.blocks, rows.copy(), sel.nblocks)
             aligned = pack_aligned(torch.from_numpy(grad), layout.src, layout.dst, layout.length)
             records.append((layout, aligned, before, sent,
                             {n: b.copy() for n, b in comp.memory.get(layout).items()}))

@@ -337,31 +337,35 @@ done:
 /* ---- take ---- */
 
 PyDoc_STRVAR(take_doc,
-"take(v, blocks, block_size, rows, clear, u) -> None\n\n"
-"rows[i] = block blocks[i] of v (float32 v, int64 blocks, float32 rows of len(blocks) x\n"
-"block_size); with `clear` those blocks of v become +0.0, and of u (float32, or None) too:\n"
-"the selection's copy and the error feedback's and DGC masking's clearing in one call\n"
-"(numpy's v2d[blocks], v2d[blocks] = 0, u2d[blocks] = 0). Releases the GIL.");
+"take(v, blocks, block_size, dest, in_place, clear, u) -> None\n\n"
+"Block blocks[i] of v (float32 v, int64 blocks) copied into dest (float32): into row i of\n"
+"dest as len(blocks) x block_size rows, or with `in_place` into the same block of dest, an\n"
+"array as long as v (the hook's send array: no rows in between). With `clear` those blocks\n"
+"of v become +0.0, and of u (float32, or None) too: the selection's copy and the error\n"
+"feedback's and DGC masking's clearing in one call (numpy's v2d[blocks], v2d[blocks] = 0,\n"
+"u2d[blocks] = 0). Releases the GIL.");
 
 static PyObject *take(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     Buf b[4] = {0};
     PyObject *result = NULL;
-    if (!nargs_is("take", nargs, 6))
+    if (!nargs_is("take", nargs, 7))
         return NULL;
     Py_ssize_t bs;
     if (block_size_arg(args[2], "take", &bs) < 0)
         return NULL;
-    int clear = PyObject_IsTrue(args[4]);
-    if (clear < 0)
+    int in_place = PyObject_IsTrue(args[4]), clear = PyObject_IsTrue(args[5]);
+    if (in_place < 0 || clear < 0)
         return NULL;
     if (get_typed(args[0], &b[0], clear, 'f', "v") || get_typed(args[1], &b[1], 0, 'q', "blocks")
-        || get_typed(args[3], &b[2], 1, 'f', "rows")
-        || (args[5] != Py_None && get_typed(args[5], &b[3], 1, 'f', "u")))
+        || get_typed(args[3], &b[2], 1, 'f', "dest")
+        || (args[6] != Py_None && get_typed(args[6], &b[3], 1, 'f', "u")))
         goto done;
     Py_ssize_t nb = b[0].view.len / 4 / bs, k = b[1].view.len / 8;
     const int64_t *blocks = b[1].view.buf;
-    if (b[2].view.len / 4 != k * bs || (b[3].held && b[3].view.len != b[0].view.len)) {
-        PyErr_Format(PyExc_ValueError, "take: rows need %zd x %zd items, u as many as v", k, bs);
+    if (b[2].view.len != (in_place ? b[0].view.len : k * bs * 4)
+        || (b[3].held && b[3].view.len != b[0].view.len)) {
+        PyErr_Format(PyExc_ValueError, "take: dest needs %zd items (%s), u as many as v",
+                     in_place ? b[0].view.len / 4 : k * bs, in_place ? "as v" : "the rows");
         goto done;
     }
     for (Py_ssize_t i = 0; i < k; i++)
@@ -370,12 +374,12 @@ static PyObject *take(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
                          (long long)blocks[i], nb);
             goto done;
         }
-    float *v = b[0].view.buf, *rows = b[2].view.buf, *u = b[3].held ? b[3].view.buf : NULL;
+    float *v = b[0].view.buf, *dest = b[2].view.buf, *u = b[3].held ? b[3].view.buf : NULL;
     size_t bytes = (size_t)bs * 4;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < k; i++) {
         float *at = v + blocks[i] * bs;
-        memcpy(rows + i * bs, at, bytes);
+        memcpy(dest + (in_place ? blocks[i] : i) * bs, at, bytes);
         if (clear)
             memset(at, 0, bytes);
         if (u)

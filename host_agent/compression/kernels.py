@@ -68,13 +68,18 @@ def top_blocks(norms: np.ndarray, k: int, seed: int = 0, nsample: int = SAMPLE) 
 
 
 def take(v: np.ndarray, blocks: np.ndarray, block_size: int, clear: bool = True,
-         u: np.ndarray | None = None) -> np.ndarray:
+         u: np.ndarray | None = None, send: np.ndarray | None = None) -> np.ndarray:
     """The rows (len(blocks), block_size) of v's `blocks` (int64), those blocks of v (if
     `clear`) and of u (if given) set to +0.0: the same as v2d[blocks], then v2d[blocks] = 0
-    and u2d[blocks] = 0, in one call."""
-    rows = np.empty((len(blocks), block_size), np.float32)
-    _kernels.take(v, blocks, block_size, rows, clear, u)
-    return rows
+    and u2d[blocks] = 0, in one call. `send` (float32, as long as v): the blocks go into the
+    same blocks of it instead (send2d[blocks] = v2d[blocks]), no rows in between; returns
+    send."""
+    if send is None:
+        dest = np.empty((len(blocks), block_size), np.float32)
+    else:
+        dest = send
+    _kernels.take(v, blocks, block_size, dest, send is not None, clear, u)
+    return dest
 
 
 def unpack(layout, res: np.ndarray, out: np.ndarray, divisor: int = 1) -> None:
