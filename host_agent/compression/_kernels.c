@@ -295,14 +295,16 @@ static PyObject *top_blocks(PyObject *self, PyObject *const *args, Py_ssize_t na
         for (Py_ssize_t i = 0; i < nsample; i++) {  /* one block from each stratum */
             uint64_t lo = (uint64_t)i * n / nsample, hi = (uint64_t)(i + 1) * n / nsample;
             uint64_t z = splitmix64(seed + (uint64_t)(i + 1) * 0x9E3779B97F4A7C15ull);
-            work[i] = norm_key(norms[lo + z % (hi - lo)]);
+            /* a multiply, not z % (hi - lo): a 64-bit division took a fifth of the call */
+            work[i] = norm_key(norms[lo + (((z >> 32) * (hi - lo)) >> 32)]);
         }
         nth_largest(work, (size_t)nsample, (size_t)(r - 1));
         uint32_t thr = (uint32_t)work[r - 1];
         ncand = 0;  /* overwrites the sample, which is done with */
-        for (Py_ssize_t i = 0; i < n; i++)
-            if (norm_key(norms[i]) >= thr)
-                out[ncand++] = i;
+        for (Py_ssize_t i = 0; i < n; i++) {  /* without a branch: the scan was half the call */
+            out[ncand] = i;
+            ncand += norm_key(norms[i]) >= thr;
+        }
         if (ncand >= k)
             threshold = thr;
         else

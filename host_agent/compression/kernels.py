@@ -135,7 +135,7 @@ def sample_positions(n: int, nsample: int, seed: int = 0) -> np.ndarray:
     n64, s64 = np.uint64(n), np.uint64(nsample)
     lo, hi = i * n64 // s64, (i + np.uint64(1)) * n64 // s64
     z = _splitmix64(np.uint64(seed & (2 ** 64 - 1)) + (i + np.uint64(1)) * _GOLDEN)
-    return (lo + z % (hi - lo)).astype(np.int64)
+    return (lo + (((z >> np.uint64(32)) * (hi - lo)) >> np.uint64(32))).astype(np.int64)
 
 
 def sample_threshold_reference(norms, k: int, seed: int = 0, nsample: int = SAMPLE):
