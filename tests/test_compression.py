@@ -131,7 +131,7 @@ def test_compress_into_the_kept_send_array_is_compress_then_write(fields):
     a, b = make_compressor(block_size=B, **fields), make_compressor(block_size=B, **fields)
     kept = np.zeros(layout.length, np.float32)
     rng = np.random.default_rng(5)
-    for step in range(4):
+    for _ in range(4):
         g = rng.standard_normal(int(layout.sizes.sum())).astype(np.float32)
         sa = a.compress(layout, g, kept)
         sb = b.compress(layout, g)
@@ -219,9 +219,40 @@ def test_accumulate_refuses_bad_input():
         kernels.accumulate(layout, np.zeros(40), v)
     with pytest.raises(ValueError, match=r"piece 0 \(src 0, dst 0, size 40\) outside grad \(39\)"):
         kernels.accumulate(layout, np.zeros(39, np.float32), v)
-    with pytest.raises(ValueError, match="norms one item per block"):
+    with pytest.raises(ValueError, match=r"norms \(and cand\) one item per block \(48"):
         _kernels.accumulate(np.zeros(40, np.float32), layout.src, layout.dst, layout.sizes, B,
-                            v, None, 0.0, norms[:-1])
+                            v, None, 0.0, norms[:-1], -1, None)
+    with pytest.raises(ValueError, match=r"norms \(and cand\) one item per block"):
+        _kernels.accumulate(np.zeros(40, np.float32), layout.src, layout.dst, layout.sizes, B,
+                            v, None, 0.0, norms, 0, np.zeros(layout.nblocks - 1, np.int64))
+    with pytest.raises(ValueError, match="threshold is a norm key"):
+        _kernels.accumulate(np.zeros(40, np.float32), layout.src, layout.dst, layout.sizes, B,
+                            v, None, 0.0, norms, 0x7FC00001, None)
+    two = _layout(20, 20)  # the second piece's blocks before the first's end: refused
+    with pytest.raises(ValueError, match="before the previous piece's blocks end"):
+        _kernels.accumulate(np.zeros(40, np.float32), two.src, two.dst[::-1].copy(), two.sizes,
+                            B, np.zeros(two.length, np.float32), None, 0.0,
+                            np.zeros(two.nblocks, np.float32), -1, None)
+
+
+def test_accumulate_collects_the_blocks_at_or_above_the_threshold():
+    """The pass's candidates: exactly the blocks whose new norm's key is >= the threshold, in
+    increasing order (NaN, inf and padding-only blocks included); none without one."""
+    rng = np.random.default_rng(4)
+    layout = _layout(300, 77, 1, 2 * B, 1000, 8, block_size=B)
+    g = rng.standard_normal(int(layout.sizes.sum())).astype(np.float32)
+    g[[5, 17]] = [np.nan, np.inf]
+    for thr in (0, 0x3F800000, 0x41000000, 0x7F800000, 0x7FC00000):
+        v = rng.standard_normal(layout.length).astype(np.float32)
+        cand = kernels.Candidates(layout.nblocks)
+        cand.threshold = thr
+        norms = kernels.accumulate(layout, g, v, None, 0.0, cand)
+        expect = np.flatnonzero(kernels.norm_keys(norms) >= thr)
+        assert cand.count == len(expect)
+        np.testing.assert_array_equal(cand.blocks[:cand.count], expect)
+    cand.threshold = -1
+    kernels.accumulate(layout, g, v, None, 0.0, cand)
+    assert cand.count == -1
 
 
 @pytest.mark.parametrize("block_size", [256, 16, 13])
@@ -312,7 +343,7 @@ def test_take_is_numpy_gather_and_clear(clear, with_u):
 def _check_top(norms, k, seed, nsample=kernels.SAMPLE):
     """top_blocks against its numpy definition; returns (candidates, threshold)."""
     out = np.full(len(norms), -7, np.int64)
-    count, cand, thr = _kernels.top_blocks(norms, k, nsample, seed, out)
+    count, cand, thr = _kernels.top_blocks(norms, k, nsample, seed, out, -1, 0)
     sample_thr = kernels.sample_threshold_reference(norms, k, seed, nsample)
     ref, ref_cand, ref_thr = kernels.top_blocks_reference(norms, k, sample_thr)
     assert count == min(k, len(norms))  # the documented bound: exactly k, always
@@ -338,6 +369,40 @@ def test_top_blocks_is_its_numpy_definition():
         sampled += thr >= 0
         assert k <= cand <= n or k >= n
     assert sampled >= 50  # most k = 1% cases went through the sample
+
+
+def test_top_blocks_takes_the_pass_candidates_between_k_and_4k():
+    """Candidates from the pass (k to 4 k of them) replace the sample: the threshold they were
+    collected at is kept, the result is the exact top k; too few or too many: a new sample,
+    the same result. Over training-like steps the kept threshold carries on."""
+    rng = np.random.default_rng(9)
+    n, k = 20577, 206
+    for trial in range(60):
+        norms = (rng.random(n) ** 3).astype(np.float32)
+        if trial % 3 == 0:
+            norms = np.round(norms * 50).astype(np.float32)  # ties
+        if trial % 7 == 0:
+            norms[rng.integers(0, n, 2)] = np.nan
+        keys = kernels.norm_keys(norms)
+        thr = int(np.sort(keys)[n - int(rng.integers(k // 2, 6 * k))])  # k/2 .. 6k candidates
+        given = np.flatnonzero(keys >= thr)
+        cand = kernels.Candidates(n)
+        cand.blocks[:len(given)], cand.count, cand.threshold = given, len(given), thr
+        blocks = kernels.top_blocks(norms, k, seed=trial, candidates=cand)
+        np.testing.assert_array_equal(blocks, kernels.top_blocks_reference(norms, k)[0])
+        if k <= len(given) <= 4 * k:
+            assert cand.threshold == thr  # kept: no sample drawn
+        else:  # a new sample's threshold, as without candidates
+            assert cand.threshold == kernels.top_blocks_reference(
+                norms, k, kernels.sample_threshold_reference(norms, k, trial))[2]
+    # a wrong candidate list is refused (top_blocks reads the blocks it names)
+    out = np.arange(n, dtype=np.int64)
+    out[3] = n
+    with pytest.raises(ValueError, match="given candidate 3 .* outside"):
+        _kernels.top_blocks(norms, k, 1024, 0, out, 2 * k, 0)
+    out[3] = 2
+    with pytest.raises(ValueError, match="given candidate 3 .* not increasing"):
+        _kernels.top_blocks(norms, k, 1024, 0, out, 2 * k, 0)
 
 
 def test_top_blocks_order_ties_and_nan():

@@ -52,7 +52,8 @@ static int get_typed(PyObject *obj, Buf *b, int writable, char type, const char 
 /* Parameter pieces (int64 src, dst, sizes, one item each per piece; their count into
  * *npieces): piece p is sizes[p] elements at src[p] of the bucket (n elements, `bucket` in
  * errors) and at dst[p] of the aligned array (length elements, `aligned`), dst[p] on a
- * block boundary, its blocks inside the aligned array. -1 with a ValueError naming `fn`. */
+ * block boundary, its blocks inside the aligned array and after the previous piece's (so
+ * a pass meets every block once, in order, as BucketLayout lays them out). -1 with a ValueError naming `fn`. */
 static int check_pieces(const char *fn, Buf *b, Py_ssize_t n, const char *bucket,
                         Py_ssize_t length, const char *aligned, Py_ssize_t bs,
                         Py_ssize_t *npieces) {
@@ -62,21 +63,33 @@ static int check_pieces(const char *fn, Buf *b, Py_ssize_t n, const char *bucket
         PyErr_Format(PyExc_ValueError, "%s: src, dst and sizes differ in length", fn);
         return -1;
     }
+    int64_t end = 0;  /* where the previous piece's blocks end */
     for (Py_ssize_t p = 0; p < np_; p++) {
         int64_t k = sizes[p], nb = (sizes[p] + bs - 1) / bs;
-        if (k < 0 || src[p] < 0 || src[p] + k > n || dst[p] < 0 || dst[p] % bs
+        if (k < 0 || src[p] < 0 || src[p] + k > n || dst[p] < end || dst[p] % bs
             || dst[p] + nb * bs > length) {
             PyErr_Format(PyExc_ValueError, "%s: piece %zd (src %lld, dst %lld, size %lld) "
-                         "outside %s (%zd) or %s (%zd), or dst not on a block boundary", fn, p,
-                         (long long)src[p], (long long)dst[p], (long long)k, bucket, n,
-                         aligned, length);
+                         "outside %s (%zd) or %s (%zd), dst not on a block boundary, or "
+                         "before the previous piece's blocks end", fn, p, (long long)src[p],
+                         (long long)dst[p], (long long)k, bucket, n, aligned, length);
             return -1;
         }
+        end = dst[p] + nb * bs;
     }
     return 0;
 }
 
 /* ---- accumulate ---- */
+
+/* A norm's sort key: its bits without the sign (a non-negative float orders like its bits),
+ * every NaN as one value above +inf (NaN blocks are sent first, as numpy sorts NaN last). */
+static inline uint32_t norm_key(float x) {
+    uint32_t k;
+    memcpy(&k, &x, 4);
+    k &= 0x7FFFFFFFu;
+    return k > 0x7F800000u ? 0x7FC00000u : k;
+}
+
 
 /* One block: `count` elements of the bucket x (the rest of the block is padding, read but
  * not written), optionally through the velocity u, added into v; returns the block's
@@ -130,18 +143,22 @@ static float (*block_pass)(float *, float *, const float *, Py_ssize_t, Py_ssize
     block_generic;
 
 PyDoc_STRVAR(accumulate_doc,
-"accumulate(grad, src, dst, sizes, block_size, v, u, momentum, norms) -> None\n\n"
+"accumulate(grad, src, dst, sizes, block_size, v, u, momentum, norms, threshold, cand)\n"
+"    -> count\n\n"
 "For each parameter p (int64 arrays src, dst, sizes): its sizes[p] float32 elements of\n"
 "`grad` starting at src[p] go to the block-aligned offset dst[p] (a multiple of block_size):\n"
 "u = momentum * u + g, x = u if u is not None else x = g; then v += x. norms[b] (float32, one\n"
 "per block of v) becomes the squared L2 norm of block b of the new v, for every block that\n"
 "a parameter covers (ceil(sizes[p] / block_size) blocks from dst[p]), in the lane order of\n"
-"host_agent/compression/kernels.py. Releases the GIL.");
+"host_agent/compression/kernels.py. With threshold >= 0 (a norm key, kernels.norm_keys), every\n"
+"block whose new norm's key is >= threshold is appended to cand (int64, one item per block)\n"
+"in the order the pass meets it, and count is their number (else 0, cand unused): the\n"
+"selection's candidates, found while each norm is in a register. Releases the GIL.");
 
 static PyObject *accumulate(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    Buf b[7] = {0};
+    Buf b[8] = {0};
     PyObject *result = NULL;
-    if (!nargs_is("accumulate", nargs, 9))
+    if (!nargs_is("accumulate", nargs, 11))
         return NULL;
     Py_ssize_t bs;
     if (block_size_arg(args[4], "accumulate", &bs) < 0)
@@ -149,18 +166,28 @@ static PyObject *accumulate(PyObject *self, PyObject *const *args, Py_ssize_t na
     double m = PyFloat_AsDouble(args[7]);
     if (m == -1.0 && PyErr_Occurred())
         return NULL;
+    long long threshold = PyLong_AsLongLong(args[9]);
+    if (threshold == -1 && PyErr_Occurred())
+        return NULL;
+    if (threshold > 0x7FC00000ll || (threshold < 0 && threshold != -1)) {
+        PyErr_SetString(PyExc_ValueError, "accumulate: threshold is a norm key (0 to "
+                        "0x7FC00000) or -1 (none)");
+        return NULL;
+    }
     if (get_typed(args[0], &b[0], 0, 'f', "grad") || get_typed(args[1], &b[1], 0, 'q', "src")
         || get_typed(args[2], &b[2], 0, 'q', "dst") || get_typed(args[3], &b[3], 0, 'q', "sizes")
         || get_typed(args[5], &b[4], 1, 'f', "v")
         || (args[6] != Py_None && get_typed(args[6], &b[5], 1, 'f', "u"))
-        || get_typed(args[8], &b[6], 1, 'f', "norms"))
+        || get_typed(args[8], &b[6], 1, 'f', "norms")
+        || (threshold >= 0 && get_typed(args[10], &b[7], 1, 'q', "cand")))
         goto done;
     Py_ssize_t n = b[0].view.len / 4, length = b[4].view.len / 4, npieces;
     const int64_t *src = b[1].view.buf, *dst = b[2].view.buf, *sizes = b[3].view.buf;
     if (length % bs || b[6].view.len / 4 != length / bs
-        || (b[5].held && b[5].view.len / 4 != length)) {
-        PyErr_Format(PyExc_ValueError, "accumulate: v (and u) need whole blocks, norms one item "
-                     "per block (%zd elements, block_size %zd)", length, bs);
+        || (b[5].held && b[5].view.len / 4 != length)
+        || (b[7].held && b[7].view.len / 8 != length / bs)) {
+        PyErr_Format(PyExc_ValueError, "accumulate: v (and u) need whole blocks, norms (and "
+                     "cand) one item per block (%zd elements, block_size %zd)", length, bs);
         goto done;
     }
     if (check_pieces("accumulate", &b[1], n, "grad", length, "v", bs, &npieces))
@@ -169,30 +196,27 @@ static PyObject *accumulate(PyObject *self, PyObject *const *args, Py_ssize_t na
     float *v = b[4].view.buf, *norms = b[6].view.buf;
     float *u = b[5].held ? (float *)b[5].view.buf : NULL;
     float mf = (float)m;
+    int64_t *cand = b[7].held ? (int64_t *)b[7].view.buf : NULL;
+    uint32_t thr = threshold >= 0 ? (uint32_t)threshold : 0;
+    Py_ssize_t ncand = 0;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t p = 0; p < npieces; p++)
         for (int64_t off = 0; off < sizes[p]; off += bs) {
             Py_ssize_t count = sizes[p] - off < bs ? (Py_ssize_t)(sizes[p] - off) : bs;
             Py_ssize_t at = (Py_ssize_t)(dst[p] + off);
-            norms[at / bs] = block_pass(v + at, u ? u + at : NULL, g + src[p] + off, count, bs, mf);
+            float norm = block_pass(v + at, u ? u + at : NULL, g + src[p] + off, count, bs, mf);
+            norms[at / bs] = norm;
+            if (cand && norm_key(norm) >= thr)  /* blocks are distinct: at most one item each */
+                cand[ncand++] = at / bs;
         }
     Py_END_ALLOW_THREADS
-    result = Py_NewRef(Py_None);
+    result = PyLong_FromSsize_t(ncand);
 done:
-    release(b, 7);
+    release(b, 8);
     return result;
 }
 
 /* ---- top_blocks ---- */
-
-/* A norm's sort key: its bits without the sign (a non-negative float orders like its bits),
- * every NaN as one value above +inf (NaN blocks are sent first, as numpy sorts NaN last). */
-static inline uint32_t norm_key(float x) {
-    uint32_t k;
-    memcpy(&k, &x, 4);
-    k &= 0x7FFFFFFFu;
-    return k > 0x7F800000u ? 0x7FC00000u : k;
-}
 
 static inline uint64_t splitmix64(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -242,7 +266,8 @@ static inline uint64_t rank_key(const float *norms, int64_t b) {
 }
 
 PyDoc_STRVAR(top_blocks_doc,
-"top_blocks(norms, k, nsample, seed, out) -> (count, candidates, threshold)\n\n"
+"top_blocks(norms, k, nsample, seed, out, given, given_threshold)\n"
+"    -> (count, candidates, threshold)\n\n"
 "The sorted indices of the k blocks with the largest norms (float32 `norms`; ties: the lower\n"
 "index first; NaN above +inf) into out[:count] (int64, at least len(norms) items: it also\n"
 "holds the candidates); count = min(k, len(norms)). With 0 < nsample < len(norms) and\n"
@@ -250,23 +275,30 @@ PyDoc_STRVAR(top_blocks_doc,
 "strata by `seed`) give a threshold, their r-th largest key, r = max(8, ceil(2 k nsample /\n"
 "n)); blocks with a key >= threshold are the candidates, and the k largest are chosen among\n"
 "them. Fewer than k candidates, or no sample: among all blocks (candidates = n, threshold\n"
-"-1). The keys: kernels.norm_keys. Releases the GIL.");
+"-1). The keys: kernels.norm_keys. given >= 0: out[:given] already holds the blocks whose\n"
+"key is >= given_threshold, in increasing order (accumulate's cand); with k <= given <=\n"
+"4 k and 2 given <= n they are the candidates and no sample is drawn (threshold =\n"
+"given_threshold), else a sample is drawn as above. The result is the same either way.\n"
+"Releases the GIL.");
 
 static PyObject *top_blocks(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     Buf b[2] = {0};
     PyObject *result = NULL;
-    if (!nargs_is("top_blocks", nargs, 5))
+    if (!nargs_is("top_blocks", nargs, 7))
         return NULL;
     Py_ssize_t k = PyLong_AsSsize_t(args[1]), nsample = PyLong_AsSsize_t(args[2]);
     uint64_t seed = PyLong_AsUnsignedLongLongMask(args[3]);
+    Py_ssize_t given = PyLong_AsSsize_t(args[5]);
+    long long given_thr = PyLong_AsLongLong(args[6]);
     if (PyErr_Occurred())
         return NULL;
     if (get_typed(args[0], &b[0], 0, 'f', "norms") || get_typed(args[4], &b[1], 1, 'q', "out"))
         goto done;
     Py_ssize_t n = b[0].view.len / 4;
-    if (k < 0 || n > 0xFFFFFFFFll || b[1].view.len / 8 < n) {
-        PyErr_Format(PyExc_ValueError, "top_blocks: k >= 0, at most 2**32 - 1 blocks, and out "
-                     "needs %zd items", n);
+    if (k < 0 || n > 0xFFFFFFFFll || b[1].view.len / 8 < n || given > n
+        || (given >= 0 && (given_thr < 0 || given_thr > 0x7FC00000ll))) {
+        PyErr_Format(PyExc_ValueError, "top_blocks: k >= 0, at most 2**32 - 1 blocks, out "
+                     "needs %zd items, given at most as many, given_threshold a norm key", n);
         goto done;
     }
     const float *norms = b[0].view.buf;
@@ -278,8 +310,11 @@ static PyObject *top_blocks(PyObject *self, PyObject *const *args, Py_ssize_t na
         result = Py_BuildValue("nnL", k, n, -1LL);
         goto done;
     }
-    int sampled = nsample > 0 && nsample < n && 2 * k <= n;
-    Py_ssize_t r = 0, ncand = n;
+    /* the pass's candidates: no sample, no scan of the norms (which the pass has pushed out
+     * of the caches); 4 k at most, or the quickselect among them costs more than a sample */
+    int reuse = given >= k && given <= 4 * k && 2 * given <= n;
+    int sampled = !reuse && nsample > 0 && nsample < n && 2 * k <= n;
+    Py_ssize_t r = 0, ncand = reuse ? given : n;
     if (sampled) {
         r = (2 * k * nsample + n - 1) / n;
         r = r < MIN_SAMPLE_RANK ? MIN_SAMPLE_RANK : r;
@@ -289,7 +324,15 @@ static PyObject *top_blocks(PyObject *self, PyObject *const *args, Py_ssize_t na
      * rank keys behind them). A fresh n-sized buffer would be mapped anew by every call, and
      * the page faults cost more than the selection (8 ms against 1 ms for 400,000 blocks). */
     uint64_t *work = (uint64_t *)out;
-    long long threshold = -1;
+    for (Py_ssize_t i = 0; reuse && i < given; i++)  /* what it reads must be what it claims */
+        if (out[i] < (i ? out[i - 1] + 1 : 0) || out[i] >= n
+            || norm_key(norms[out[i]]) < (uint32_t)given_thr) {
+            PyErr_Format(PyExc_ValueError, "top_blocks: given candidate %zd (block %lld) not "
+                         "increasing, outside the %zd blocks, or below given_threshold", i,
+                         (long long)out[i], n);
+            goto done;
+        }
+    long long threshold = reuse ? given_thr : -1;
     Py_BEGIN_ALLOW_THREADS
     if (sampled) {
         for (Py_ssize_t i = 0; i < nsample; i++) {  /* one block from each stratum */

@@ -215,7 +215,7 @@ class Compressor:
         mem = self.memory.get(layout)
         v = mem["residual"] if cfg.error_feedback else np.zeros(layout.length, np.float32)
         u = mem.get("momentum")  # DGC momentum correction: accumulate velocity, not gradient
-        norms = kernels.accumulate(layout, grad, v, u, cfg.momentum)
+        norms = kernels.accumulate(layout, grad, v, u, cfg.momentum, self.candidates(layout))
         blocks = self.choose(norms, self.blocks_to_send(nblocks), layout, grad)
         self.bucket_index += 1
         # k rows copied, not an array of the whole bucket; sent blocks leave the residual,
@@ -243,6 +243,11 @@ class Compressor:
         """Sorted int64 indices of the k blocks to send, given every block's squared norm."""
         raise NotImplementedError
 
+    def candidates(self, layout: BucketLayout) -> kernels.Candidates | None:
+        """The bucket's `kernels.Candidates` the pass fills for `choose`, or None (only the
+        top-k selection uses them)."""
+        return None
+
     rescales = False  # True: `rescale` changes the rows (they are then taken before `send`)
 
     def rescale(self, rows, blocks, norms, layout, grad) -> None:
@@ -264,9 +269,24 @@ class DenseCompressor(Compressor):
 class BlockTopK(Compressor):
     """The k blocks with the largest L2 norm (of gradient + residual)."""
 
+    def __init__(self, config: CompressionConfig, block_size: int):
+        super().__init__(config, block_size)
+        self._candidates: dict[tuple, kernels.Candidates] = {}  # per layout, as the memory
+
+    def candidates(self, layout):
+        key = layout.key
+        held = self._candidates.get(key)
+        if held is None:  # a new layout (DDP's rebuild): forget the ones the memory freed
+            self._candidates = {k: c for k, c in self._candidates.items()
+                                if k in self.memory.buffers}
+            held = self._candidates[key] = kernels.Candidates(layout.nblocks)
+        return held
+
     def choose(self, norms, k, layout, grad):
-        # the sample's seed changes per bucket and step; the result never depends on it
-        return kernels.top_blocks(norms, k, seed=(self.step << 16) + self.bucket_index)
+        # the sample's seed changes per bucket and step; the result never depends on it, nor
+        # on whether the pass's candidates replaced the sample
+        return kernels.top_blocks(norms, k, seed=(self.step << 16) + self.bucket_index,
+                                  candidates=self.candidates(layout))
 
 
 class RandomK(Compressor):

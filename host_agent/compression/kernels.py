@@ -14,7 +14,11 @@ tests/test_compression.py checks both give identical bits on random inputs and e
   those (DGC's hierarchical selection), or among all blocks when the sample left fewer than
   k. The result is always exactly the k largest: the sample only shrinks what is partially
   sorted. Ties go to the lower block index, a NaN norm ranks above +inf (sent, so the agent's
-  non-finite flag reaches every rank).
+  non-finite flag reaches every rank). Across steps (`Candidates`): the next `accumulate`
+  collects the blocks at or above the last sample's threshold while it computes the norms,
+  and `top_blocks` takes those as its candidates when there are between k and 4 k of them
+  (else it draws a new sample): no sample and no scan of the norms after the pass, which
+  has pushed them out of the caches. The result is the same exact top k.
 
 - `unpack`: the hook's way back, the inverse of accumulate's layout: the summed aligned array
   into the bucket, divided by the ranks, and the blocks the sum wrote cleared in the same
@@ -43,8 +47,24 @@ _NAN_KEY = np.uint32(0x7FC00000)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
+class Candidates:
+    """One bucket's selection state, kept across steps (BlockTopK keeps one per layout).
+
+    blocks: int64, one item per block: the blocks the pass found at or above `threshold`
+        (`count` of them, in increasing order), and then top_blocks' workspace and result.
+    threshold: the norm key the next pass collects at (-1: none; top_blocks sets it to the
+        threshold of its last sample, kept while it leaves between k and 4 k candidates).
+    """
+    __slots__ = ("blocks", "count", "threshold")
+
+    def __init__(self, nblocks: int):
+        self.blocks = np.empty(nblocks, np.int64)
+        self.count = -1
+        self.threshold = -1
+
+
 def accumulate(layout, grad: np.ndarray, v: np.ndarray, u: np.ndarray | None = None,
-               momentum: float = 0.0) -> np.ndarray:
+               momentum: float = 0.0, candidates: Candidates | None = None) -> np.ndarray:
     """v += g (u = momentum * u + g first, and v += u, when u is given), piece by piece at the
     layout's aligned offsets; returns the float32 squared norm of every block of the new v.
 
@@ -52,19 +72,34 @@ def accumulate(layout, grad: np.ndarray, v: np.ndarray, u: np.ndarray | None = N
         layout: a `BucketLayout` (src, dst, sizes, length, block_size).
         grad: the bucket as DDP packs it: float32, parameters back to back (read only).
         v, u: float32 arrays of layout.length (written in place); u None: no momentum.
+        candidates: with a threshold, the blocks whose new norm's key is at or above it go
+            into candidates.blocks (count: how many; -1 without a threshold).
     """
     norms = np.empty(layout.nblocks, np.float32)
-    _kernels.accumulate(grad, layout.src, layout.dst, layout.sizes, layout.block_size, v, u,
-                        float(momentum), norms)
+    collect = candidates is not None and candidates.threshold >= 0
+    count = _kernels.accumulate(grad, layout.src, layout.dst, layout.sizes, layout.block_size,
+                                v, u, float(momentum), norms,
+                                candidates.threshold if collect else -1,
+                                candidates.blocks if collect else None)
+    if candidates is not None:
+        candidates.count = count if collect else -1
     return norms
 
 
-def top_blocks(norms: np.ndarray, k: int, seed: int = 0, nsample: int = SAMPLE) -> np.ndarray:
+def top_blocks(norms: np.ndarray, k: int, seed: int = 0, nsample: int = SAMPLE,
+               candidates: Candidates | None = None) -> np.ndarray:
     """Sorted int64 indices of the min(k, len(norms)) blocks with the largest float32 `norms`
-    (module docstring: the order, the sample). `seed` picks the sample, never the result."""
-    out = np.empty(len(norms), np.int64)
-    count, _, _ = _kernels.top_blocks(norms, k, nsample, seed, out)
-    return out[:count]
+    (module docstring: the order, the sample). `seed` picks the sample, `candidates` (the
+    pass's, from `accumulate`) may replace it; neither changes the result."""
+    if candidates is None:
+        out, given, given_thr = np.empty(len(norms), np.int64), -1, 0
+    else:
+        out, given, given_thr = candidates.blocks, candidates.count, candidates.threshold
+    count, _, threshold = _kernels.top_blocks(norms, k, nsample, seed, out, given,
+                                              max(given_thr, 0))
+    if candidates is not None:
+        candidates.threshold = threshold
+    return out[:count].copy() if candidates is not None else out[:count]
 
 
 def take(v: np.ndarray, blocks: np.ndarray, block_size: int, clear: bool = True,
