@@ -237,7 +237,8 @@ def test_accumulate_refuses_bad_input():
 
 def test_accumulate_collects_the_blocks_at_or_above_the_threshold():
     """The pass's candidates: exactly the blocks whose new norm's key is >= the threshold, in
-    increasing order (NaN, inf and padding-only blocks included); none without one."""
+    increasing order, as their rank keys (NaN, inf and padding-only blocks included); none
+    without a threshold."""
     rng = np.random.default_rng(4)
     layout = _layout(300, 77, 1, 2 * B, 1000, 8, block_size=B)
     g = rng.standard_normal(int(layout.sizes.sum())).astype(np.float32)
@@ -249,7 +250,7 @@ def test_accumulate_collects_the_blocks_at_or_above_the_threshold():
         norms = kernels.accumulate(layout, g, v, None, 0.0, cand)
         expect = np.flatnonzero(kernels.norm_keys(norms) >= thr)
         assert cand.count == len(expect)
-        np.testing.assert_array_equal(cand.blocks[:cand.count], expect)
+        np.testing.assert_array_equal(cand.blocks[:cand.count], kernels.rank_keys(norms, expect))
     cand.threshold = -1
     kernels.accumulate(layout, g, v, None, 0.0, cand)
     assert cand.count == -1
@@ -387,7 +388,8 @@ def test_top_blocks_takes_the_pass_candidates_between_k_and_4k():
         thr = int(np.sort(keys)[n - int(rng.integers(k // 2, 6 * k))])  # k/2 .. 6k candidates
         given = np.flatnonzero(keys >= thr)
         cand = kernels.Candidates(n)
-        cand.blocks[:len(given)], cand.count, cand.threshold = given, len(given), thr
+        cand.blocks[:len(given)] = kernels.rank_keys(norms, given)
+        cand.count, cand.threshold = len(given), thr
         blocks = kernels.top_blocks(norms, k, seed=trial, candidates=cand)
         np.testing.assert_array_equal(blocks, kernels.top_blocks_reference(norms, k)[0])
         if k <= len(given) <= 4 * k:
@@ -395,13 +397,20 @@ def test_top_blocks_takes_the_pass_candidates_between_k_and_4k():
         else:  # a new sample's threshold, as without candidates
             assert cand.threshold == kernels.top_blocks_reference(
                 norms, k, kernels.sample_threshold_reference(norms, k, trial))[2]
+    # exactly k candidates: all of them, no partial sort
+    norms = rng.permutation(n).astype(np.float32)
+    given = np.flatnonzero(norms >= n - k)
+    cand = kernels.Candidates(n)
+    cand.blocks[:k], cand.count = kernels.rank_keys(norms, given), k
+    cand.threshold = int(kernels.norm_keys(np.float32([n - k]))[0])
+    np.testing.assert_array_equal(kernels.top_blocks(norms, k, candidates=cand), given)
     # a wrong candidate list is refused (top_blocks reads the blocks it names)
-    out = np.arange(n, dtype=np.int64)
-    out[3] = n
-    with pytest.raises(ValueError, match="given candidate 3 .* outside"):
-        _kernels.top_blocks(norms, k, 1024, 0, out, 2 * k, 0)
-    out[3] = 2
+    out = kernels.rank_keys(norms, np.arange(n))
+    out[3] = kernels.rank_keys(norms, np.array([2]))[0]
     with pytest.raises(ValueError, match="given candidate 3 .* not increasing"):
+        _kernels.top_blocks(norms, k, 1024, 0, out, 2 * k, 0)
+    out[3] = 0xFFFFFFFF - n  # block n
+    with pytest.raises(ValueError, match="given candidate 3 .* outside"):
         _kernels.top_blocks(norms, k, 1024, 0, out, 2 * k, 0)
 
 

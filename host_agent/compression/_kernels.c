@@ -152,8 +152,9 @@ PyDoc_STRVAR(accumulate_doc,
 "a parameter covers (ceil(sizes[p] / block_size) blocks from dst[p]), in the lane order of\n"
 "host_agent/compression/kernels.py. With threshold >= 0 (a norm key, kernels.norm_keys), every\n"
 "block whose new norm's key is >= threshold is appended to cand (int64, one item per block)\n"
-"in the order the pass meets it, and count is their number (else 0, cand unused): the\n"
-"selection's candidates, found while each norm is in a register. Releases the GIL.");
+"in the order the pass meets it, as its rank key (key << 32 | 0xFFFFFFFF - block), and\n"
+"count is their number (else 0, cand unused): the selection's candidates, found while each\n"
+"norm is in a register. Releases the GIL.");
 
 static PyObject *accumulate(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     Buf b[8] = {0};
@@ -183,7 +184,7 @@ static PyObject *accumulate(PyObject *self, PyObject *const *args, Py_ssize_t na
         goto done;
     Py_ssize_t n = b[0].view.len / 4, length = b[4].view.len / 4, npieces;
     const int64_t *src = b[1].view.buf, *dst = b[2].view.buf, *sizes = b[3].view.buf;
-    if (length % bs || b[6].view.len / 4 != length / bs
+    if (length % bs || length / bs > 0xFFFFFFFFll || b[6].view.len / 4 != length / bs
         || (b[5].held && b[5].view.len / 4 != length)
         || (b[7].held && b[7].view.len / 8 != length / bs)) {
         PyErr_Format(PyExc_ValueError, "accumulate: v (and u) need whole blocks, norms (and "
@@ -206,8 +207,9 @@ static PyObject *accumulate(PyObject *self, PyObject *const *args, Py_ssize_t na
             Py_ssize_t at = (Py_ssize_t)(dst[p] + off);
             float norm = block_pass(v + at, u ? u + at : NULL, g + src[p] + off, count, bs, mf);
             norms[at / bs] = norm;
-            if (cand && norm_key(norm) >= thr)  /* blocks are distinct: at most one item each */
-                cand[ncand++] = at / bs;
+            uint32_t key = norm_key(norm);
+            if (cand && key >= thr)  /* its rank key (top_blocks): needs no norm read again */
+                cand[ncand++] = (int64_t)(((uint64_t)key << 32) | (0xFFFFFFFFu - (uint32_t)(at / bs)));
         }
     Py_END_ALLOW_THREADS
     result = PyLong_FromSsize_t(ncand);
@@ -275,8 +277,9 @@ PyDoc_STRVAR(top_blocks_doc,
 "strata by `seed`) give a threshold, their r-th largest key, r = max(8, ceil(2 k nsample /\n"
 "n)); blocks with a key >= threshold are the candidates, and the k largest are chosen among\n"
 "them. Fewer than k candidates, or no sample: among all blocks (candidates = n, threshold\n"
-"-1). The keys: kernels.norm_keys. given >= 0: out[:given] already holds the blocks whose\n"
-"key is >= given_threshold, in increasing order (accumulate's cand); with k <= given <=\n"
+"-1). The keys: kernels.norm_keys. given >= 0: out[:given] already holds the rank keys of\n"
+"the blocks whose key is >= given_threshold, in increasing block order (accumulate's cand,\n"
+"so no norm is read for them); with k <= given <=\n"
 "4 k and 2 given <= n they are the candidates and no sample is drawn (threshold =\n"
 "given_threshold), else a sample is drawn as above. The result is the same either way.\n"
 "Releases the GIL.");
@@ -324,14 +327,17 @@ static PyObject *top_blocks(PyObject *self, PyObject *const *args, Py_ssize_t na
      * rank keys behind them). A fresh n-sized buffer would be mapped anew by every call, and
      * the page faults cost more than the selection (8 ms against 1 ms for 400,000 blocks). */
     uint64_t *work = (uint64_t *)out;
-    for (Py_ssize_t i = 0; reuse && i < given; i++)  /* what it reads must be what it claims */
-        if (out[i] < (i ? out[i - 1] + 1 : 0) || out[i] >= n
-            || norm_key(norms[out[i]]) < (uint32_t)given_thr) {
+    for (Py_ssize_t i = 0; reuse && i < given; i++) {  /* rank keys as accumulate writes them */
+        uint64_t rk = (uint64_t)out[i], prev = i ? (uint64_t)out[i - 1] : 0;
+        int64_t blk = 0xFFFFFFFFu - (uint32_t)rk;
+        if (blk >= n || (i && blk <= (int64_t)(0xFFFFFFFFu - (uint32_t)prev))
+            || (rk >> 32) < (uint64_t)given_thr || (rk >> 32) > 0x7FC00000u) {
             PyErr_Format(PyExc_ValueError, "top_blocks: given candidate %zd (block %lld) not "
-                         "increasing, outside the %zd blocks, or below given_threshold", i,
-                         (long long)out[i], n);
+                         "increasing, outside the %zd blocks, or its key not in [given_threshold,"
+                         " NaN]", i, (long long)blk, n);
             goto done;
         }
+    }
     long long threshold = reuse ? given_thr : -1;
     Py_BEGIN_ALLOW_THREADS
     if (sampled) {
@@ -355,13 +361,16 @@ static PyObject *top_blocks(PyObject *self, PyObject *const *args, Py_ssize_t na
     }
     if (ncand > k && 2 * ncand <= n) {  /* among the candidates, rank keys behind them */
         for (Py_ssize_t i = 0; i < ncand; i++)
-            work[ncand + i] = rank_key(norms, out[i]);
+            work[ncand + i] = reuse ? (uint64_t)out[i] : rank_key(norms, out[i]);
         nth_largest(work + ncand, (size_t)ncand, (size_t)(k - 1));
         uint64_t kth = work[ncand + k - 1];
         Py_ssize_t w = 0;
         for (Py_ssize_t i = 0; i < ncand; i++)  /* w <= i: out[i] is read before it is written */
-            if (rank_key(norms, out[i]) >= kth)
-                out[w++] = out[i];
+            if (reuse ? (uint64_t)out[i] >= kth : rank_key(norms, out[i]) >= kth)
+                out[w++] = reuse ? 0xFFFFFFFFu - (uint32_t)out[i] : out[i];
+    } else if (reuse) {  /* exactly k candidates: all of them, rank keys back to blocks */
+        for (Py_ssize_t i = 0; i < k; i++)
+            out[i] = 0xFFFFFFFFu - (uint32_t)out[i];
     } else if (ncand > k) {  /* among all blocks: the same k, as every one of them is a candidate */
         for (Py_ssize_t i = 0; i < n; i++)
             work[i] = rank_key(norms, i);

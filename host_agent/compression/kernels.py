@@ -51,7 +51,8 @@ class Candidates:
     """One bucket's selection state, kept across steps (BlockTopK keeps one per layout).
 
     blocks: int64, one item per block: the blocks the pass found at or above `threshold`
-        (`count` of them, in increasing order), and then top_blocks' workspace and result.
+        (`count` of them, in increasing order) as their rank keys (`rank_keys`: no norm is
+        read again for them), and then top_blocks' workspace and result.
     threshold: the norm key the next pass collects at (-1: none; top_blocks sets it to the
         threshold of its last sample, kept while it leaves between k and 4 k candidates).
     """
@@ -157,6 +158,13 @@ def norm_keys(norms: np.ndarray) -> np.ndarray:
     return np.where(keys > np.uint32(0x7F800000), _NAN_KEY, keys)
 
 
+def rank_keys(norms: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+    """int64 keys of `blocks` that order them as top_blocks does: the norm key above, the
+    lower block index first (key << 32 | 0xFFFFFFFF - block)."""
+    keys = norm_keys(norms[blocks]).astype(np.uint64) << np.uint64(32)
+    return (keys | (np.uint64(0xFFFFFFFF) - blocks.astype(np.uint64))).astype(np.int64)
+
+
 def _splitmix64(z: np.ndarray) -> np.ndarray:
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
@@ -200,8 +208,7 @@ def top_blocks_reference(norms, k: int, threshold: int | None = None):
     cand = None if threshold is None else np.flatnonzero(keys >= threshold)
     if cand is None or len(cand) < k:
         cand, threshold = np.arange(n), -1
-    rank = (keys[cand].astype(np.uint64) << np.uint64(32)) | \
-        (np.uint64(0xFFFFFFFF) - cand.astype(np.uint64))
+    rank = rank_keys(norms, cand).astype(np.uint64)
     top = np.sort(rank)[len(rank) - k:]
     blocks = np.sort(0xFFFFFFFF - (top & np.uint64(0xFFFFFFFF)).astype(np.int64))
     return blocks, len(cand), threshold
