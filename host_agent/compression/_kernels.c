@@ -3,14 +3,17 @@
  *   accumulate   one pass over the bucket: the error feedback v += x, with DGC's momentum
  *                correction first (u = m * u + g, x = u; else x = g), each parameter's piece
  *                of the unaligned bucket at its block-aligned offset, and each block's
- *                squared L2 norm of the new v, computed while the block is in cache.
- *   top_blocks   the k blocks of largest norm: a threshold from a stratified sample of the
+ *                squared L2 norm of the new v, computed while the block is in cache; given
+ *                a threshold, the rank keys of the blocks at or above it (the candidates).
+ *   top_blocks   the k blocks of largest norm: the pass's candidates when there are k to 4 k
+ *                of them; else a threshold from a stratified sample of the
  *                norms (as DGC estimates its threshold from a sample), the blocks at or above
  *                it as candidates, then exactly the k largest among those; when the sample
  *                leaves fewer than k candidates, among all blocks. The result is always the
  *                exact top k (ties: the lower block index first); the sample only shrinks
  *                the set that is partially sorted.
- *   take         the selected blocks' rows, and the blocks cleared in the residual (and velocity).
+ *   take         the selected blocks into rows or into the same blocks of the send array,
+ *                and cleared in the residual (and velocity).
  *   unpack       the summed aligned array back into the bucket (divided by the ranks), and
  *                the blocks the sum wrote cleared, so the hook reuses one send array per bucket
  *                instead of zeroing a fresh one per call.
