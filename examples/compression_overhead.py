@@ -5,12 +5,12 @@
 One process, one thread, no communication: each repetition runs forward + backward of one
 batch, then each compressor on that gradient exactly as spina_compressed_hook does before it
 calls the agent (the bucket read piece by piece into the residual, block norms, selection,
-the selected blocks written into the bucket's send array). That array is kept across steps
-as the hook keeps it; the hook's kernels.unpack clears the blocks the sum wrote while it
-copies the sum into DDP's bucket, a pass it makes anyway: here the clearing happens after
-the timed part. Interleaving the two measurements spreads the machine's load over both.
-Reports medians and the 1-minute load average at the start and the end (the same numbers
-`uptime` prints).
+the selected blocks copied from the residual straight into the bucket's send array). That
+array is kept across steps as the hook keeps it; the hook's kernels.unpack clears the blocks
+the sum wrote while it copies the sum into DDP's bucket, a pass it makes anyway: here the
+clearing happens after the timed part. Interleaving the two measurements spreads the
+machine's load over both. Reports medians and the 1-minute load average at the start and
+the end (the same numbers `uptime` prints).
 """
 from __future__ import annotations
 
@@ -67,8 +67,7 @@ def main():
         bucket = torch.cat([p.grad.reshape(-1) for p in params]).numpy()
         for name, comp in comps.items():
             t0 = time.perf_counter()
-            sel = comp.compress(layout, bucket)
-            sel.write(sends[name])
+            sel = comp.compress(layout, bucket, sends[name])  # the blocks into the array
             comp.end_step()
             compress[name].append(time.perf_counter() - t0)
             sends[name].reshape(layout.nblocks, -1)[sel.blocks] = 0  # as kernels.unpack does

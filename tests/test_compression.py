@@ -120,6 +120,30 @@ def test_momentum_without_masking_at_ratio_one_is_momentum_sgd():
         comp.end_step()
 
 
+@pytest.mark.parametrize("fields", [dict(method="topk", ratio=0.1),
+                                    dict(method="topk", ratio=0.1, momentum=0.9),
+                                    dict(method="randomk", ratio=0.1),
+                                    dict(method="scaled", ratio=0.1)])
+def test_compress_into_the_kept_send_array_is_compress_then_write(fields):
+    """compress(..., send): the same blocks, send array and residual as compress() then
+    Selection.write, over steps, with the array cleared between steps as unpack clears it."""
+    layout = _layout(300, 77, 1000, 8)
+    a, b = make_compressor(block_size=B, **fields), make_compressor(block_size=B, **fields)
+    kept = np.zeros(layout.length, np.float32)
+    rng = np.random.default_rng(5)
+    for _ in range(4):
+        g = rng.standard_normal(int(layout.sizes.sum())).astype(np.float32)
+        sa = a.compress(layout, g, kept)
+        sb = b.compress(layout, g)
+        a.end_step(), b.end_step()
+        np.testing.assert_array_equal(sa.blocks, sb.blocks)
+        assert sa.send is kept and sa.write(kept) is kept
+        np.testing.assert_array_equal(_bits(kept), _bits(sb.send))
+        for name, buf in a.memory.get(layout).items():
+            np.testing.assert_array_equal(_bits(buf), _bits(b.memory.get(layout)[name]))
+        kept.reshape(layout.nblocks, -1)[sa.blocks] = 0
+
+
 def test_error_feedback_off_drops_the_rest():
     """error_feedback=False: no residual is kept; the send is the top blocks of the gradient."""
     comp = make_compressor(method="topk", ratio=0.5, error_feedback=False, block_size=2)
@@ -195,9 +219,41 @@ def test_accumulate_refuses_bad_input():
         kernels.accumulate(layout, np.zeros(40), v)
     with pytest.raises(ValueError, match=r"piece 0 \(src 0, dst 0, size 40\) outside grad \(39\)"):
         kernels.accumulate(layout, np.zeros(39, np.float32), v)
-    with pytest.raises(ValueError, match="norms one item per block"):
+    with pytest.raises(ValueError, match=r"norms \(and cand\) one item per block \(48"):
         _kernels.accumulate(np.zeros(40, np.float32), layout.src, layout.dst, layout.sizes, B,
-                            v, None, 0.0, norms[:-1])
+                            v, None, 0.0, norms[:-1], -1, None)
+    with pytest.raises(ValueError, match=r"norms \(and cand\) one item per block"):
+        _kernels.accumulate(np.zeros(40, np.float32), layout.src, layout.dst, layout.sizes, B,
+                            v, None, 0.0, norms, 0, np.zeros(layout.nblocks - 1, np.int64))
+    with pytest.raises(ValueError, match="threshold is a norm key"):
+        _kernels.accumulate(np.zeros(40, np.float32), layout.src, layout.dst, layout.sizes, B,
+                            v, None, 0.0, norms, 0x7FC00001, None)
+    two = _layout(20, 20)  # the second piece's blocks before the first's end: refused
+    with pytest.raises(ValueError, match="before the previous piece's blocks end"):
+        _kernels.accumulate(np.zeros(40, np.float32), two.src, two.dst[::-1].copy(), two.sizes,
+                            B, np.zeros(two.length, np.float32), None, 0.0,
+                            np.zeros(two.nblocks, np.float32), -1, None)
+
+
+def test_accumulate_collects_the_blocks_at_or_above_the_threshold():
+    """The pass's candidates: exactly the blocks whose new norm's key is >= the threshold, in
+    increasing order, as their rank keys (NaN, inf and padding-only blocks included); none
+    without a threshold."""
+    rng = np.random.default_rng(4)
+    layout = _layout(300, 77, 1, 2 * B, 1000, 8, block_size=B)
+    g = rng.standard_normal(int(layout.sizes.sum())).astype(np.float32)
+    g[[5, 17]] = [np.nan, np.inf]
+    for thr in (0, 0x3F800000, 0x41000000, 0x7F800000, 0x7FC00000):
+        v = rng.standard_normal(layout.length).astype(np.float32)
+        cand = kernels.Candidates(layout.nblocks)
+        cand.threshold = thr
+        norms = kernels.accumulate(layout, g, v, None, 0.0, cand)
+        expect = np.flatnonzero(kernels.norm_keys(norms) >= thr)
+        assert cand.count == len(expect)
+        np.testing.assert_array_equal(cand.blocks[:cand.count], kernels.rank_keys(norms, expect))
+    cand.threshold = -1
+    kernels.accumulate(layout, g, v, None, 0.0, cand)
+    assert cand.count == -1
 
 
 @pytest.mark.parametrize("block_size", [256, 16, 13])
@@ -252,10 +308,11 @@ def test_unpack_refuses_bad_input():
 
 @pytest.mark.parametrize("clear, with_u", [(True, True), (True, False), (False, False)])
 def test_take_is_numpy_gather_and_clear(clear, with_u):
-    """take: the rows bit for bit as v2d[blocks] (NaN, -0.0 included), exactly those blocks
-    cleared in v (if asked) and u; a block outside v is refused."""
+    """take: the rows bit for bit as v2d[blocks] (NaN, -0.0 included), or the same blocks of
+    a send array (nothing else of it written), exactly those blocks cleared in v (if asked)
+    and u; a block outside v, a send array of another length are refused."""
     rng = np.random.default_rng(3)
-    for k in (0, 1, 37):
+    for k, into_send in ((0, False), (1, False), (37, False), (0, True), (1, True), (37, True)):
         v = rng.standard_normal(100 * 13).astype(np.float32)
         v[[5, 6]] = [np.nan, -0.0]
         u = rng.standard_normal(v.size).astype(np.float32) if with_u else None
@@ -263,8 +320,15 @@ def test_take_is_numpy_gather_and_clear(clear, with_u):
         if k:
             blocks[0] = 0  # the block with NaN and -0.0
         v_ref, u_ref = v.reshape(-1, 13).copy(), None if u is None else u.reshape(-1, 13).copy()
-        rows = kernels.take(v, blocks, 13, clear, u)
-        np.testing.assert_array_equal(_bits(rows), _bits(v_ref[blocks]))
+        if into_send:
+            send = np.full(v.size, 7, np.float32)  # 7: what take must leave alone
+            assert kernels.take(v, blocks, 13, clear, u, send) is send
+            expect = np.full((100, 13), 7, np.float32)
+            expect[blocks] = v_ref[blocks]
+            np.testing.assert_array_equal(_bits(send), _bits(expect.reshape(-1)))
+        else:
+            rows = kernels.take(v, blocks, 13, clear, u)
+            np.testing.assert_array_equal(_bits(rows), _bits(v_ref[blocks]))
         if clear:
             v_ref[blocks] = 0
         if u is not None:
@@ -273,12 +337,14 @@ def test_take_is_numpy_gather_and_clear(clear, with_u):
         np.testing.assert_array_equal(_bits(v), _bits(v_ref.reshape(-1)))
     with pytest.raises(ValueError, match="take: block 100 outside v's 100 blocks"):
         kernels.take(v, np.array([3, 100]), 13)
+    with pytest.raises(ValueError, match=r"take: dest needs 1300 items \(as v\)"):
+        kernels.take(v, np.array([3]), 13, True, None, np.zeros(1299, np.float32))
 
 
 def _check_top(norms, k, seed, nsample=kernels.SAMPLE):
     """top_blocks against its numpy definition; returns (candidates, threshold)."""
     out = np.full(len(norms), -7, np.int64)
-    count, cand, thr = _kernels.top_blocks(norms, k, nsample, seed, out)
+    count, cand, thr = _kernels.top_blocks(norms, k, nsample, seed, out, -1, 0)
     sample_thr = kernels.sample_threshold_reference(norms, k, seed, nsample)
     ref, ref_cand, ref_thr = kernels.top_blocks_reference(norms, k, sample_thr)
     assert count == min(k, len(norms))  # the documented bound: exactly k, always
@@ -304,6 +370,48 @@ def test_top_blocks_is_its_numpy_definition():
         sampled += thr >= 0
         assert k <= cand <= n or k >= n
     assert sampled >= 50  # most k = 1% cases went through the sample
+
+
+def test_top_blocks_takes_the_pass_candidates_between_k_and_4k():
+    """Candidates from the pass (k to 4 k of them) replace the sample: the threshold they were
+    collected at is kept, the result is the exact top k; too few or too many: a new sample,
+    the same result. Over training-like steps the kept threshold carries on."""
+    rng = np.random.default_rng(9)
+    n, k = 20577, 206
+    for trial in range(60):
+        norms = (rng.random(n) ** 3).astype(np.float32)
+        if trial % 3 == 0:
+            norms = np.round(norms * 50).astype(np.float32)  # ties
+        if trial % 7 == 0:
+            norms[rng.integers(0, n, 2)] = np.nan
+        keys = kernels.norm_keys(norms)
+        thr = int(np.sort(keys)[n - int(rng.integers(k // 2, 6 * k))])  # k/2 .. 6k candidates
+        given = np.flatnonzero(keys >= thr)
+        cand = kernels.Candidates(n)
+        cand.blocks[:len(given)] = kernels.rank_keys(norms, given)
+        cand.count, cand.threshold = len(given), thr
+        blocks = kernels.top_blocks(norms, k, seed=trial, candidates=cand)
+        np.testing.assert_array_equal(blocks, kernels.top_blocks_reference(norms, k)[0])
+        if k <= len(given) <= 4 * k:
+            assert cand.threshold == thr  # kept: no sample drawn
+        else:  # a new sample's threshold, as without candidates
+            assert cand.threshold == kernels.top_blocks_reference(
+                norms, k, kernels.sample_threshold_reference(norms, k, trial))[2]
+    # exactly k candidates: all of them, no partial sort
+    norms = rng.permutation(n).astype(np.float32)
+    given = np.flatnonzero(norms >= n - k)
+    cand = kernels.Candidates(n)
+    cand.blocks[:k], cand.count = kernels.rank_keys(norms, given), k
+    cand.threshold = int(kernels.norm_keys(np.float32([n - k]))[0])
+    np.testing.assert_array_equal(kernels.top_blocks(norms, k, candidates=cand), given)
+    # a wrong candidate list is refused (top_blocks reads the blocks it names)
+    out = kernels.rank_keys(norms, np.arange(n))
+    out[3] = kernels.rank_keys(norms, np.array([2]))[0]
+    with pytest.raises(ValueError, match="given candidate 3 .* not increasing"):
+        _kernels.top_blocks(norms, k, 1024, 0, out, 2 * k, 0)
+    out[3] = 0xFFFFFFFF - n  # block n
+    with pytest.raises(ValueError, match="given candidate 3 .* outside"):
+        _kernels.top_blocks(norms, k, 1024, 0, out, 2 * k, 0)
 
 
 def test_top_blocks_order_ties_and_nan():
@@ -677,10 +785,12 @@ def _ddp_worker(rank, tmp):
         records = []
         original = comp.compress
 
-        def recording(layout, grad, original=original, records=records, comp=comp):
+        def recording(layout, grad, send=None, original=original, records=records, comp=comp):
             before = {n: b.copy() for n, b in comp.memory.get(layout).items()}
-            sel = original(layout, grad)
-            sent = type(sel)(sel.blocks, sel.rows.copy(), sel.nblocks)
+            sel = original(layout, grad, send)
+            # a copy of what went out: the hook's unpack clears its kept send array
+            rows = sel.rows if sel.array is None else sel.array.reshape(sel.nblocks, -1)[sel.blocks]
+            sent = type(sel)(sel.blocks, rows.copy(), sel.nblocks)
             aligned = pack_aligned(torch.from_numpy(grad), layout.src, layout.dst, layout.length)
             records.append((layout, aligned, before, sent,
                             {n: b.copy() for n, b in comp.memory.get(layout).items()}))

@@ -75,31 +75,45 @@ class Selection:
 
     blocks: sorted int64 indices of the blocks sent (None: dense, let the agent scan).
     rows: float32 (len(blocks), block_size): the sent blocks' values, in the order of
-        `blocks`; dense: the whole aligned array (layout.length,).
+        `blocks`; dense: the whole aligned array (layout.length,); None when `array`
+        holds them.
     nblocks: the bucket's block count.
+    array: the aligned send array the compressor wrote the blocks into, or None
+        (`Compressor.compress(..., send=...)`).
 
     The compressor hands over the blocks alone: an aligned array of the whole bucket, zero
-    outside them, is what the agent sums, and the hook keeps one per bucket (`write` puts
-    the rows in; kernels.unpack clears what the sum wrote). `send` builds a fresh one.
+    outside them, is what the agent sums, and the hook keeps one per bucket (compress writes
+    the blocks straight into it, or `write` puts the rows in; kernels.unpack clears what the
+    sum wrote). `send` builds a fresh one.
     """
     blocks: np.ndarray | None
-    rows: np.ndarray
+    rows: np.ndarray | None
     nblocks: int
+    array: np.ndarray | None = None
 
     def write(self, out: np.ndarray) -> np.ndarray:
         """Put the sent values into `out`, a float32 aligned array that is +0.0 outside the
         selected blocks; returns it. Dense: returns `rows` itself (out unused)."""
         if self.blocks is None:
             return self.rows
+        if self.array is not None:
+            if self.array is not out:
+                out.reshape(self.nblocks, -1)[self.blocks] = \
+                    self.array.reshape(self.nblocks, -1)[self.blocks]
+            return out
         out.reshape(self.nblocks, -1)[self.blocks] = self.rows
         return out
 
     @property
     def send(self) -> np.ndarray:
-        """A new aligned array: the selected blocks' values, zeros elsewhere (dense: rows)."""
+        """The aligned array: the selected blocks' values, zeros elsewhere (dense: rows; the
+        compressor's `array` if it wrote one, else a new one)."""
         if self.blocks is None:
             return self.rows
-        return self.write(np.zeros(self.nblocks * self.rows.shape[1], np.float32))
+        if self.array is not None:
+            return self.array
+        B = self.rows.shape[1]
+        return self.write(np.zeros(self.nblocks * B, np.float32))
 
 
 class ResidualMemory:
@@ -180,7 +194,8 @@ class Compressor:
         # adding one.
         return min(nblocks, max(1, math.ceil(self.current_ratio() * nblocks - 1e-9)))
 
-    def compress(self, layout: BucketLayout, grad: np.ndarray) -> Selection:
+    def compress(self, layout: BucketLayout, grad: np.ndarray,
+                 send: np.ndarray | None = None) -> Selection:
         """Compress one bucket's fresh local gradient.
 
         Args:
@@ -188,6 +203,9 @@ class Compressor:
             grad: the bucket as DDP packs it (float32, parameters back to back, length
                 layout.sizes.sum()); read, never written. The residual (or velocity) takes
                 it piece by piece, so the bucket is never copied to an aligned array first.
+            send: the bucket's kept send array (float32, layout.length, +0.0 everywhere),
+                or None. Given, the selected blocks go straight into it from the residual
+                (`Selection.array`), without rows in between.
 
         Returns the blocks to send and their values; the residual (and velocity) lose
         exactly the sent blocks.
@@ -197,15 +215,21 @@ class Compressor:
         mem = self.memory.get(layout)
         v = mem["residual"] if cfg.error_feedback else np.zeros(layout.length, np.float32)
         u = mem.get("momentum")  # DGC momentum correction: accumulate velocity, not gradient
-        norms = kernels.accumulate(layout, grad, v, u, cfg.momentum)
+        norms = kernels.accumulate(layout, grad, v, u, cfg.momentum, self.candidates(layout))
         blocks = self.choose(norms, self.blocks_to_send(nblocks), layout, grad)
+        self.bucket_index += 1
         # k rows copied, not an array of the whole bucket; sent blocks leave the residual,
         # and with DGC's masking the velocity (sent velocity must not push again)
-        rows = kernels.take(v, blocks, B, cfg.error_feedback,
-                            u if cfg.momentum_masking else None)
+        u_sent = u if cfg.momentum_masking else None
+        if send is not None and not self.rescales:
+            kernels.take(v, blocks, B, cfg.error_feedback, u_sent, send)
+            return Selection(blocks, None, nblocks, send)
+        rows = kernels.take(v, blocks, B, cfg.error_feedback, u_sent)
         self.rescale(rows, blocks, norms, layout, grad)
-        self.bucket_index += 1
-        return Selection(blocks, rows, nblocks)
+        sel = Selection(blocks, rows, nblocks)
+        if send is not None:
+            sel.array = sel.write(send)
+        return sel
 
     def end_step(self) -> None:
         """The step's last bucket was compressed (the hooks call this)."""
@@ -219,6 +243,13 @@ class Compressor:
         """Sorted int64 indices of the k blocks to send, given every block's squared norm."""
         raise NotImplementedError
 
+    def candidates(self, layout: BucketLayout) -> kernels.Candidates | None:
+        """The bucket's `kernels.Candidates` the pass fills for `choose`, or None (only the
+        top-k selection uses them)."""
+        return None
+
+    rescales = False  # True: `rescale` changes the rows (they are then taken before `send`)
+
     def rescale(self, rows, blocks, norms, layout, grad) -> None:
         """Scale the sent rows (k, block_size) in place (only the large-batch method does)."""
 
@@ -226,7 +257,9 @@ class Compressor:
 class DenseCompressor(Compressor):
     """No compression: the bucket goes as it is and the agent finds its non-zero blocks."""
 
-    def compress(self, layout: BucketLayout, grad: np.ndarray) -> Selection:
+    def compress(self, layout: BucketLayout, grad: np.ndarray,
+                 send: np.ndarray | None = None) -> Selection:
+        """A new aligned array of the bucket (`send` unused: the agent sums this one)."""
         self.bucket_index += 1
         send = np.zeros(layout.length, np.float32)
         kernels.accumulate(layout, grad, send)  # the bucket, block-aligned (norms unused)
@@ -236,9 +269,24 @@ class DenseCompressor(Compressor):
 class BlockTopK(Compressor):
     """The k blocks with the largest L2 norm (of gradient + residual)."""
 
+    def __init__(self, config: CompressionConfig, block_size: int):
+        super().__init__(config, block_size)
+        self._candidates: dict[tuple, kernels.Candidates] = {}  # per layout, as the memory
+
+    def candidates(self, layout):
+        key = layout.key
+        held = self._candidates.get(key)
+        if held is None:  # a new layout (DDP's rebuild): forget the ones the memory freed
+            self._candidates = {k: c for k, c in self._candidates.items()
+                                if k in self.memory.buffers}
+            held = self._candidates[key] = kernels.Candidates(layout.nblocks)
+        return held
+
     def choose(self, norms, k, layout, grad):
-        # the sample's seed changes per bucket and step; the result never depends on it
-        return kernels.top_blocks(norms, k, seed=(self.step << 16) + self.bucket_index)
+        # the sample's seed changes per bucket and step; the result never depends on it, nor
+        # on whether the pass's candidates replaced the sample
+        return kernels.top_blocks(norms, k, seed=(self.step << 16) + self.bucket_index,
+                                  candidates=self.candidates(layout))
 
 
 class RandomK(Compressor):
@@ -260,6 +308,7 @@ class ScaledMask(Compressor):
     zeros, a mask a masked optimiser can use to leave its state for them untouched.
     The residual keeps the unscaled values not sent, as for top-k.
     """
+    rescales = True
 
     def choose(self, norms, k, layout, grad):
         seg = layout.block_segments()

@@ -147,10 +147,11 @@ def _compress_bucket(state: CompressionHookState, bucket,
     buf = bucket.buffer()
     layout = bucket_layout(bucket, state.compressor.block_size)
     data = buf.detach().reshape(-1).to(torch.float32).numpy()  # a copy for half buckets only
-    sel = state.compressor.compress(layout, data)
+    kept = state.send_array(bucket, layout) if to_send else None
+    sel = state.compressor.compress(layout, data, kept)
     send = None
-    if to_send:  # a dense selection is its own fresh array: no kept one needed
-        send = sel.rows if sel.blocks is None else sel.write(state.send_array(bucket, layout))
+    if to_send:  # a dense selection is its own fresh array: the kept one stays unused
+        send = sel.send
     if not hasattr(bucket, "is_last") or bucket.is_last():
         state.compressor.end_step()
     state.add(blocks_total=sel.nblocks,

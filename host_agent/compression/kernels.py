@@ -14,7 +14,11 @@ tests/test_compression.py checks both give identical bits on random inputs and e
   those (DGC's hierarchical selection), or among all blocks when the sample left fewer than
   k. The result is always exactly the k largest: the sample only shrinks what is partially
   sorted. Ties go to the lower block index, a NaN norm ranks above +inf (sent, so the agent's
-  non-finite flag reaches every rank).
+  non-finite flag reaches every rank). Across steps (`Candidates`): the next `accumulate`
+  collects the blocks at or above the last sample's threshold while it computes the norms,
+  and `top_blocks` takes those as its candidates when there are between k and 4 k of them
+  (else it draws a new sample): no sample and no scan of the norms after the pass, which
+  has pushed them out of the caches. The result is the same exact top k.
 
 - `unpack`: the hook's way back, the inverse of accumulate's layout: the summed aligned array
   into the bucket, divided by the ranks, and the blocks the sum wrote cleared in the same
@@ -43,8 +47,25 @@ _NAN_KEY = np.uint32(0x7FC00000)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
+class Candidates:
+    """One bucket's selection state, kept across steps (BlockTopK keeps one per layout).
+
+    blocks: int64, one item per block: the blocks the pass found at or above `threshold`
+        (`count` of them, in increasing order) as their rank keys (`rank_keys`: no norm is
+        read again for them), and then top_blocks' workspace and result.
+    threshold: the norm key the next pass collects at (-1: none; top_blocks sets it to the
+        threshold of its last sample, kept while it leaves between k and 4 k candidates).
+    """
+    __slots__ = ("blocks", "count", "threshold")
+
+    def __init__(self, nblocks: int):
+        self.blocks = np.empty(nblocks, np.int64)
+        self.count = -1
+        self.threshold = -1
+
+
 def accumulate(layout, grad: np.ndarray, v: np.ndarray, u: np.ndarray | None = None,
-               momentum: float = 0.0) -> np.ndarray:
+               momentum: float = 0.0, candidates: Candidates | None = None) -> np.ndarray:
     """v += g (u = momentum * u + g first, and v += u, when u is given), piece by piece at the
     layout's aligned offsets; returns the float32 squared norm of every block of the new v.
 
@@ -52,29 +73,49 @@ def accumulate(layout, grad: np.ndarray, v: np.ndarray, u: np.ndarray | None = N
         layout: a `BucketLayout` (src, dst, sizes, length, block_size).
         grad: the bucket as DDP packs it: float32, parameters back to back (read only).
         v, u: float32 arrays of layout.length (written in place); u None: no momentum.
+        candidates: with a threshold, the blocks whose new norm's key is at or above it go
+            into candidates.blocks (count: how many; -1 without a threshold).
     """
     norms = np.empty(layout.nblocks, np.float32)
-    _kernels.accumulate(grad, layout.src, layout.dst, layout.sizes, layout.block_size, v, u,
-                        float(momentum), norms)
+    collect = candidates is not None and candidates.threshold >= 0
+    count = _kernels.accumulate(grad, layout.src, layout.dst, layout.sizes, layout.block_size,
+                                v, u, float(momentum), norms,
+                                candidates.threshold if collect else -1,
+                                candidates.blocks if collect else None)
+    if candidates is not None:
+        candidates.count = count if collect else -1
     return norms
 
 
-def top_blocks(norms: np.ndarray, k: int, seed: int = 0, nsample: int = SAMPLE) -> np.ndarray:
+def top_blocks(norms: np.ndarray, k: int, seed: int = 0, nsample: int = SAMPLE,
+               candidates: Candidates | None = None) -> np.ndarray:
     """Sorted int64 indices of the min(k, len(norms)) blocks with the largest float32 `norms`
-    (module docstring: the order, the sample). `seed` picks the sample, never the result."""
-    out = np.empty(len(norms), np.int64)
-    count, _, _ = _kernels.top_blocks(norms, k, nsample, seed, out)
-    return out[:count]
+    (module docstring: the order, the sample). `seed` picks the sample, `candidates` (the
+    pass's, from `accumulate`) may replace it; neither changes the result."""
+    if candidates is None:
+        out, given, given_thr = np.empty(len(norms), np.int64), -1, 0
+    else:
+        out, given, given_thr = candidates.blocks, candidates.count, candidates.threshold
+    count, _, threshold = _kernels.top_blocks(norms, k, nsample, seed, out, given,
+                                              max(given_thr, 0))
+    if candidates is not None:
+        candidates.threshold = threshold
+    return out[:count].copy() if candidates is not None else out[:count]
 
 
 def take(v: np.ndarray, blocks: np.ndarray, block_size: int, clear: bool = True,
-         u: np.ndarray | None = None) -> np.ndarray:
+         u: np.ndarray | None = None, send: np.ndarray | None = None) -> np.ndarray:
     """The rows (len(blocks), block_size) of v's `blocks` (int64), those blocks of v (if
     `clear`) and of u (if given) set to +0.0: the same as v2d[blocks], then v2d[blocks] = 0
-    and u2d[blocks] = 0, in one call."""
-    rows = np.empty((len(blocks), block_size), np.float32)
-    _kernels.take(v, blocks, block_size, rows, clear, u)
-    return rows
+    and u2d[blocks] = 0, in one call. `send` (float32, as long as v): the blocks go into the
+    same blocks of it instead (send2d[blocks] = v2d[blocks]), no rows in between; returns
+    send."""
+    if send is None:
+        dest = np.empty((len(blocks), block_size), np.float32)
+    else:
+        dest = send
+    _kernels.take(v, blocks, block_size, dest, send is not None, clear, u)
+    return dest
 
 
 def unpack(layout, res: np.ndarray, out: np.ndarray, divisor: int = 1) -> None:
@@ -117,6 +158,13 @@ def norm_keys(norms: np.ndarray) -> np.ndarray:
     return np.where(keys > np.uint32(0x7F800000), _NAN_KEY, keys)
 
 
+def rank_keys(norms: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+    """int64 keys of `blocks` that order them as top_blocks does: the norm key above, the
+    lower block index first (key << 32 | 0xFFFFFFFF - block)."""
+    keys = norm_keys(norms[blocks]).astype(np.uint64) << np.uint64(32)
+    return (keys | (np.uint64(0xFFFFFFFF) - blocks.astype(np.uint64))).astype(np.int64)
+
+
 def _splitmix64(z: np.ndarray) -> np.ndarray:
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
@@ -130,7 +178,7 @@ def sample_positions(n: int, nsample: int, seed: int = 0) -> np.ndarray:
     n64, s64 = np.uint64(n), np.uint64(nsample)
     lo, hi = i * n64 // s64, (i + np.uint64(1)) * n64 // s64
     z = _splitmix64(np.uint64(seed & (2 ** 64 - 1)) + (i + np.uint64(1)) * _GOLDEN)
-    return (lo + z % (hi - lo)).astype(np.int64)
+    return (lo + (((z >> np.uint64(32)) * (hi - lo)) >> np.uint64(32))).astype(np.int64)
 
 
 def sample_threshold_reference(norms, k: int, seed: int = 0, nsample: int = SAMPLE):
@@ -160,8 +208,7 @@ def top_blocks_reference(norms, k: int, threshold: int | None = None):
     cand = None if threshold is None else np.flatnonzero(keys >= threshold)
     if cand is None or len(cand) < k:
         cand, threshold = np.arange(n), -1
-    rank = (keys[cand].astype(np.uint64) << np.uint64(32)) | \
-        (np.uint64(0xFFFFFFFF) - cand.astype(np.uint64))
+    rank = rank_keys(norms, cand).astype(np.uint64)
     top = np.sort(rank)[len(rank) - k:]
     blocks = np.sort(0xFFFFFFFF - (top & np.uint64(0xFFFFFFFF)).astype(np.int64))
     return blocks, len(cand), threshold

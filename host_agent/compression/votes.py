@@ -135,7 +135,7 @@ class VoteCompressor(Compressor):
         super().__init__(config, block_size)
         self.rank = 0
 
-    def compress(self, layout, grad):
+    def compress(self, layout, grad, send=None):
         raise TypeError(f"method {self.config.method!r} sends votes: register it with "
                         "spina_vote_hook (host_agent.compression.votes), which decodes them")
 
