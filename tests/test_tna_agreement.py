@@ -52,7 +52,8 @@ def test_sizes_agree():
 
 def test_registers_agree(program):
     """Every Register of the program: spec's TNA name, cell width and number of cells."""
-    widths = {"bit<32>": 32, "bit<16>": 16, "bit<8>": 8, "loss_credit_t": 32}
+    widths = {"bit<32>": 32, "bit<16>": 16, "bit<8>": 8, "loss_credit_t": 32,
+              spec.TNA_PAIR_TYPE: spec.TNA_PAIR_WIDTH}
     got = {name: (widths[cell], int(cells)) for name, cell, cells in re.findall(
         r'@name\("\.(\w+)"\) Register<([\w<>]+), [\w<>]+>\((\d+)', program)}
     assert got == {name: (width, cells) for name, width, cells in spec.tna_registers()}
