@@ -112,8 +112,11 @@ def _bf_p4c_shape(text: str) -> dict:
             size = int(re.search(r"\n        size: (\d+)", inst).group(1))
             if kind == "Counter":
                 out["counters"][name] = size
-            elif kind == "Register":
-                width = int(re.search(r"bitwidth: (\d+)", inst).group(1))
+            elif kind == "Register":  # a pair register's cell is a struct (type_info)
+                struct = re.search(r'struct \{\s*name: "(\w+)"', inst)
+                width = (sum(m.type_spec.bitstring.bit.bitwidth
+                             for m in info.type_info.structs[struct.group(1)].members)
+                         if struct else int(re.search(r"bitwidth: (\d+)", inst).group(1)))
                 out["registers"][name] = (width, size)
     return out
 
