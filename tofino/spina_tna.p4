@@ -56,6 +56,8 @@ control SpinaIngress(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
         hdr.bridge.pad1 = 0;
         hdr.bridge.reply_port = 0;
         hdr.bridge.mcast_grp = 0;
+        hdr.bridge.pad2 = 0;
+        hdr.bridge.idx = 0;
         meta.harvest = hdr.harvest.isValid();
         if (meta.harvest) {
             // A reply back from the recirculation port: its harvest pass (aggregator.p4).

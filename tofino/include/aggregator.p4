@@ -402,6 +402,7 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
         hdr.bridge.value_op = meta.value_op;
         hdr.bridge.read_hi = meta.read_hi;
         hdr.bridge.lane_out = 1;
+        hdr.bridge.idx = meta.idx;
         if (hdr.block_e.isValid()) {
             hdr.bridge.block_out = 1;
         }
@@ -480,10 +481,8 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
 // bridged. They change cells only in a packet's first pass (one copy, through the
 // recirculation port's queue); the harvest pass's copies only read the pairs' high halves.
 control EgressSlots(inout tna_headers_t hdr) {
-    copy_index_t idx;
-
 #define SPINA_EGRESS_PAIR(P, LO, HI) \
-    SPINA_PAIR(P, LO, HI, hdr.block_e, hdr.bridge.value_op, hdr.bridge.read_hi, idx)
+    SPINA_PAIR(P, LO, HI, hdr.block_e, hdr.bridge.value_op, hdr.bridge.read_hi, hdr.bridge.idx)
     FOR_EACH_EGRESS_PAIR(SPINA_EGRESS_PAIR)
 
     // ------------------------------------------------------------------ slot_exponent
@@ -532,12 +531,11 @@ control EgressSlots(inout tna_headers_t hdr) {
     };
 
     SPINA_OP_TABLE(exponent, hdr.ina.exponent, hdr.bridge.state_op,
-                   slot_exponent_set, slot_exponent_max, slot_exponent_read, idx)
+                   slot_exponent_set, slot_exponent_max, slot_exponent_read, hdr.bridge.idx)
     SPINA_OP_TABLE(next_l0, hdr.lane_next.pos, hdr.bridge.state_op,
-                   slot_next_l0_set, slot_next_l0_min, slot_next_l0_read, idx)
+                   slot_next_l0_set, slot_next_l0_min, slot_next_l0_read, hdr.bridge.idx)
 
     apply {
-        idx = hdr.ina.slot[7:0] ++ hdr.ina.round[0:0];
         if (hdr.bridge.value_op == OP_READ) {  // READ's half (include/pairs.p4)
 #define SPINA_EGRESS_READ_MARK(P, LO, HI) \
     SPINA_READ_MARK(hdr.block_e, (bit<32>)hdr.bridge.read_hi, P, LO, HI)

@@ -34,6 +34,8 @@ header bridge_h {
     bit<7>  pad1;
     PortId_t reply_port;  // to_harvest: the sender's port (a RESEND goes back there)
     bit<16> mcast_grp;    // to_harvest: the job's group (COMPLETE, FLUSH)
+    bit<7>  pad2;
+    bit<9>  idx;          // the slot copy (meta.idx): egress indexes from its first stage
 }
 
 // Egress -> ingress through the pipe's recirculation port, in front of the Ethernet header:
