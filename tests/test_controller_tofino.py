@@ -444,4 +444,4 @@ def test_the_example_desired_state_loads():
     sw = st.switches["s1"]
     assert (sw.target, sw.device_config_format) == ("tofino", "stratum")
     assert st.resolve(sw.p4info).resolve() == STD_P4INFO
-    assert (st.jobs[1].block_size, st.jobs[1].nlanes) == (14, 1)
+    assert (st.jobs[1].block_size, st.jobs[1].nlanes) == (spec.TNA_SIZES["BLOCK_SIZE"], 1)
