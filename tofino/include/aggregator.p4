@@ -407,7 +407,6 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
             hdr.bridge.block_out = 1;
         }
         if (meta.harvest) {
-            hdr.harvest.setInvalid();
             hdr.bridge.ina_emitted = 1;
             hdr.bridge.ipv4_update = 1;
             if (hdr.harvest.multicast == 1) {
@@ -415,6 +414,7 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
             } else {
                 ig_tm_md.ucast_egress_port = hdr.harvest.port;
             }
+            hdr.harvest.setInvalid();  // after its fields are read (not deparsed onwards)
             return;
         }
         hdr.bridge.state_op = meta.state_op;
