@@ -243,10 +243,10 @@ class TnaModel:
         length_diff = stored_length ^ h.length
         kind = state_op = flags_op = bitmap_op = value_op = 0
         hit = lookup(DECIDE, [round_pred, rank_pred, h.flags, count_delta, h.present & 1])
-        read_mark = False
+        read_zero = False
         if hit is not None:
             kind, state_op, flags_op, bitmap_op, value_op = hit[1]
-            read_mark = hit[0] == "set_outcome_read"  # element 2P + 1 of block_i := 0
+            read_zero = hit[0] == "set_outcome_read"  # both elements of each pair := 0
         flag_bits = 0
         hit = lookup(FLAG_INPUT, [kind, flags_op, h.flags, length_diff])
         if hit is not None:
@@ -266,8 +266,8 @@ class TnaModel:
         if flags_op != OP["NONE"]:
             stored_flags = self._or_register("slot_flags", idx, flags_op, flag_bits)
         blk = list(block) if block is not None else [0] * BLOCK_SIZE  # hdr.block_e ++ block_i
-        if read_mark:
-            self._read_mark(INGRESS_PAIRS, blk, 0)
+        if read_zero:
+            self._read_zero(INGRESS_PAIRS, blk)
         for p in INGRESS_PAIRS:
             self._pair(p, idx, value_op, 0, blk)
 
@@ -297,7 +297,6 @@ class TnaModel:
         # ingress and in each egress copy, when the reply carries the block.
         self._egress_slots(idx, value_op, 0, state_op, blk, out, nxt)
         harvest_op = OP["READ"] if block_out else OP["NONE"]
-        self._read_mark(INGRESS_PAIRS, blk, 1)
         for p in INGRESS_PAIRS:
             self._pair(p, idx, harvest_op, 1, blk)
         payloads = set()
@@ -326,8 +325,8 @@ class TnaModel:
                       blk: list, out, nxt: list) -> None:
         """EgressSlots: the egress pairs, then slot_exponent and slot_next_l0 (their tables
         put the copy's value into hdr.ina.exponent and hdr.lane_next.pos)."""
-        if value_op == OP["READ"]:
-            self._read_mark(EGRESS_PAIRS, blk, read_hi)
+        if value_op == OP["READ"] and not read_hi:
+            self._read_zero(EGRESS_PAIRS, blk)
         for p in EGRESS_PAIRS:
             self._pair(p, idx, value_op, read_hi, blk)
         if state_op != OP["NONE"]:
@@ -347,10 +346,11 @@ class TnaModel:
         return cells[idx]
 
     @staticmethod
-    def _read_mark(pairs, blk: list, mark: int) -> None:
-        """SPINA_READ_MARK: element 2P + 1 of each pair := READ's half (0 low, 1 high)."""
+    def _read_zero(pairs, blk: list) -> None:
+        """SPINA_READ_ZERO: elements 2P and 2P + 1 of each pair := 0 (a READ of the low halves
+        is pair_add of zeros)."""
         for p in pairs:
-            blk[2 * p + 1] = mark
+            blk[2 * p] = blk[2 * p + 1] = 0
 
     def _pair(self, p: int, idx: int, op: int, read_hi: int, blk: list) -> None:
         """pair_p<P>_ops (tofino/include/pairs.p4): one of four RegisterActions on the pair
@@ -362,10 +362,10 @@ class TnaModel:
             lo, hi = blk[lo_e], blk[hi_e]
         elif op == OP["CLEAR"]:                                  # pair_clear
             lo = hi = 0
-        elif op == OP["MERGE"]:                                  # pair_add
+        elif op == OP["MERGE"] or (op == OP["READ"] and not read_hi):  # pair_add
             lo, hi = (lo + blk[lo_e]) & M32, (hi + blk[hi_e]) & M32
-        elif op == OP["READ"]:  # pair_read: its half by its second input (the mark)
-            blk[hi_e if read_hi else lo_e] = hi if blk[hi_e] != 0 else lo
+        elif op == OP["READ"]:                                   # pair_read_hi
+            blk[hi_e] = hi
             return
         else:
             return  # not executed: the header keeps the packet's elements

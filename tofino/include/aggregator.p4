@@ -249,9 +249,9 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
         meta.bitmap_op = bitmap_op;
         meta.value_op = value_op;
     }
-    // The same, for the entries whose values are READ: element 2P + 1 of each ingress pair
-    // becomes 0, READ's mark for the low half (include/pairs.p4).
-#define SPINA_INGRESS_READ_LO(P, LO, HI) SPINA_READ_MARK(hdr.block_i, 0, P, LO, HI)
+    // The same, for the entries whose values are READ: both elements of each ingress pair
+    // become 0, so that MERGE reads the low half (include/pairs.p4).
+#define SPINA_INGRESS_READ_LO(P, LO, HI) SPINA_READ_ZERO(hdr.block_i, P, LO, HI)
     @hidden action set_outcome_read(kind_t kind, op_t state_op, op_t flags_op, op_t bitmap_op,
                                     op_t value_op) {
         meta.kind = kind;
@@ -346,8 +346,6 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
                 meta.value_op = OP_READ;
             }
             meta.read_hi = 1;
-#define SPINA_INGRESS_READ_HI(P, LO, HI) SPINA_READ_MARK(hdr.block_i, 1, P, LO, HI)
-            FOR_EACH_INGRESS_PAIR(SPINA_INGRESS_READ_HI)
         } else {
             job_received.count(job);
             if (meta.gate == GATE_STALE_EPOCH) {
@@ -536,10 +534,9 @@ control EgressSlots(inout tna_headers_t hdr) {
                    slot_next_l0_set, slot_next_l0_min, slot_next_l0_read, hdr.bridge.idx)
 
     apply {
-        if (hdr.bridge.value_op == OP_READ) {  // READ's half (include/pairs.p4)
-#define SPINA_EGRESS_READ_MARK(P, LO, HI) \
-    SPINA_READ_MARK(hdr.block_e, (bit<32>)hdr.bridge.read_hi, P, LO, HI)
-            FOR_EACH_EGRESS_PAIR(SPINA_EGRESS_READ_MARK)
+        if (hdr.bridge.value_op == OP_READ && hdr.bridge.read_hi == 0) {  // include/pairs.p4
+#define SPINA_EGRESS_READ_ZERO(P, LO, HI) SPINA_READ_ZERO(hdr.block_e, P, LO, HI)
+            FOR_EACH_EGRESS_PAIR(SPINA_EGRESS_READ_ZERO)
         }
         FOR_EACH_EGRESS_PAIR(SPINA_APPLY_PAIR)
         exponent_ops.apply();

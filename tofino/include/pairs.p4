@@ -1,13 +1,14 @@
 /* SpINA on Tofino 1: the pair registers that hold a slot copy's sums, two elements per cell.
  *
- * A stateful ALU updates both 32-bit halves of a pair in one pass but returns one word: SET,
- * CLEAR and MERGE return the low half (element 2P); READ returns the low half, or the high
- * half (element 2P + 1) in the harvest pass. Four RegisterActions per register, the most a
- * Tofino 1 stateful ALU holds, and two PHV inputs, which SET and MERGE take (both elements):
- * so READ chooses its half by its second input, element 2P + 1 of the header, which the
- * program sets to 0 (low) or 1 (high) before a READ (SPINA_READ_MARK). One table per register
- * (a Tofino table drives one stateful ALU per index), keyed on the op and the pass, puts the
- * answer into the header.
+ * A stateful ALU updates both 32-bit halves of a pair in one pass but returns one word, and
+ * on Tofino 1 the same word in every branch of a RegisterAction (bf-p4c: "Incompatible
+ * outputs in RegisterAction: mem_hi and mem_lo"): SET, CLEAR and MERGE return the low half
+ * (element 2P); READ_HI the high half (element 2P + 1, the harvest pass). Four
+ * RegisterActions per register, the most a Tofino 1 stateful ALU holds, so a READ of the
+ * low half is MERGE with both elements of the header zeroed first (SPINA_READ_ZERO): the
+ * cell keeps its value and the low half comes back. One table per register (a Tofino table
+ * drives one stateful ALU per index), keyed on the op and the pass, puts the answer into
+ * the header.
  * Expanded by the ingress Aggregator (block_i) and by egress EgressSlots (block_e).
  */
 #ifndef SPINA_TNA_PAIRS_P4
@@ -39,36 +40,31 @@
             rv = value.lo;                                                                    \
         }                                                                                     \
     };                                                                                        \
-    RegisterAction<pair_t, copy_index_t, bit<32>>(slot_values_l0_p##P) pair_read_##P = {     \
+    RegisterAction<pair_t, copy_index_t, bit<32>>(slot_values_l0_p##P) pair_read_hi_##P = {  \
         void apply(inout pair_t value, out bit<32> rv) {                                      \
-            if (BLK.e##HI != 0) {                                                             \
-                rv = value.hi;                                                                \
-            } else {                                                                          \
-                rv = value.lo;                                                                \
-            }                                                                                 \
+            rv = value.hi;                                                                    \
         }                                                                                     \
     };                                                                                        \
     @hidden action pair_do_set_##P() { BLK.e##LO = pair_set_##P.execute(IDX); }               \
     @hidden action pair_do_clear_##P() { BLK.e##LO = pair_clear_##P.execute(IDX); }           \
     @hidden action pair_do_add_##P() { BLK.e##LO = pair_add_##P.execute(IDX); }               \
-    @hidden action pair_do_read_lo_##P() { BLK.e##LO = pair_read_##P.execute(IDX); }          \
-    @hidden action pair_do_read_hi_##P() { BLK.e##HI = pair_read_##P.execute(IDX); }          \
+    @hidden action pair_do_read_hi_##P() { BLK.e##HI = pair_read_hi_##P.execute(IDX); }       \
     @hidden table pair_p##P##_ops {                                                           \
         key = { OP: exact; READ_HI: exact; }                                                  \
         actions = { pair_do_set_##P; pair_do_clear_##P; pair_do_add_##P;                      \
-                    pair_do_read_lo_##P; pair_do_read_hi_##P; @defaultonly NoAction; }        \
+                    pair_do_read_hi_##P; @defaultonly NoAction; }                             \
         const entries = {                                                                     \
             (OP_SET, 0): pair_do_set_##P();                                                   \
             (OP_CLEAR, 0): pair_do_clear_##P();                                               \
             (OP_MERGE, 0): pair_do_add_##P();                                                 \
-            (OP_READ, 0): pair_do_read_lo_##P();                                              \
+            (OP_READ, 0): pair_do_add_##P();  /* inputs zeroed: SPINA_READ_ZERO */           \
             (OP_READ, 1): pair_do_read_hi_##P();                                              \
         }                                                                                     \
         const default_action = NoAction();                                                    \
         size = 8;                                                                             \
     }
 
-// READ's half: element HI of each pair of BLK set to MARK (0: low half, 1: high half).
-#define SPINA_READ_MARK(BLK, MARK, P, LO, HI) BLK.e##HI = MARK;
+// Before a READ of the low halves: both elements of each pair of BLK := 0 (MERGE adds 0).
+#define SPINA_READ_ZERO(BLK, P, LO, HI) BLK.e##LO = 0; BLK.e##HI = 0;
 
 #endif
