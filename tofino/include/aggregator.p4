@@ -8,12 +8,13 @@
  *   slot_count          contributions so far
  *   slot_bitmap         ranks that contributed
  *   slot_present, slot_nonfinite   OR of the lanes (32-bit cells: NLANES = 1)
- *   slot_exponent       max (signed)
+ *   slot_exponent       max (signed; egress: EgressSlots)
  *   slot_flags          FLAG_LAST INVERTED (set: some contribution lacked LAST), MISMATCH,
  *                       PARTIAL; every update is then one OR (an AND and an OR of the same
  *                       cell are two ALU operations). Initial and cleared value: FLAG_LAST.
- *   slot_next_l0        min of the workers' next positions
- *   slot_values_l0_e<E> one array per element: the int32 sums (wrap-around)
+ *   slot_next_l0        min of the workers' next positions (egress: EgressSlots)
+ *   slot_values_l0_p<P> pair registers, elements 2P (lo) and 2P + 1 (hi): the int32 sums
+ *                       (wrap-around); pairs INGRESS_PAIRS.. here, the rest in egress
  *
  * The order a stage pipeline allows (a register's result reaches another register one stage
  * later, and each register is read and written once per packet):
@@ -24,6 +25,12 @@
  *                  slot_length (written on a newer round) beside it
  *   decide         a const table turns those answers into the outcome and each register's op
  *   the rest       set / merge / read, each returning the copy's value after this packet
+ *                  (a pair: its low half; the harvest pass reads the high halves)
+ * Every aggregated packet then crosses egress through the pipe's recirculation port (one
+ * queue, so egress sees a slot copy's packets in ingress order), where EgressSlots adds the
+ * egress pairs, slot_exponent and slot_next_l0. A held contribution is dropped there; a reply
+ * gets a harvest header in front and comes back: the harvest pass reads the high halves of
+ * the ingress pairs and sends it on, and its egress copies read those of the egress pairs.
  * p4src finds duplicates in slot_bitmap itself; here slot_bitmap's write would depend on
  * slot_count, which depends on the duplicate test: slot_rank_round answers that test from
  * header fields alone, in slot_round's stage. Every contribution raises its rank's cell to
@@ -178,28 +185,6 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
     SPINA_OR_REGISTER(slot_present, hdr.ina.present[31:0])
     SPINA_OR_REGISTER(slot_nonfinite, hdr.ina.nonfinite[31:0])
 
-    // ------------------------------------------------------------------ slot_exponent
-    @name(".slot_exponent") Register<bit<16>, copy_index_t>(SLOT_COPIES, 0) slot_exponent;
-    RegisterAction<bit<16>, copy_index_t, bit<16>>(slot_exponent) slot_exponent_set = {
-        void apply(inout bit<16> value, out bit<16> rv) {
-            value = hdr.ina.exponent;
-            rv = value;
-        }
-    };
-    RegisterAction<bit<16>, copy_index_t, bit<16>>(slot_exponent) slot_exponent_max = {
-        void apply(inout bit<16> value, out bit<16> rv) {
-            if ((int<16>)hdr.ina.exponent > (int<16>)value) {
-                value = hdr.ina.exponent;
-            }
-            rv = value;
-        }
-    };
-    RegisterAction<bit<16>, copy_index_t, bit<16>>(slot_exponent) slot_exponent_read = {
-        void apply(inout bit<16> value, out bit<16> rv) {
-            rv = value;
-        }
-    };
-
     // ------------------------------------------------------------------ slot_flags
     @name(".slot_flags") Register<bit<8>, copy_index_t>(SLOT_COPIES, FLAG_LAST) slot_flags;
     RegisterAction<bit<8>, copy_index_t, bit<8>>(slot_flags) slot_flags_set = {
@@ -220,92 +205,19 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
         }
     };
 
-    // ------------------------------------------------------------------ slot_next_l0
-#define SPINA_NEXT_REGISTER(L)                                                                \
-    @name(SPINA_XSTR(.slot_next_l##L)) Register<bit<32>, copy_index_t>(SLOT_COPIES, 0)       \
-        slot_next_l##L;                                                                       \
-    RegisterAction<bit<32>, copy_index_t, bit<32>>(slot_next_l##L) slot_next_l##L##_set = {  \
-        void apply(inout bit<32> value, out bit<32> rv) {                                     \
-            value = hdr.lane_next.pos;                                                        \
-            rv = value;                                                                       \
-        }                                                                                     \
-    };                                                                                        \
-    RegisterAction<bit<32>, copy_index_t, bit<32>>(slot_next_l##L) slot_next_l##L##_min = {  \
-        void apply(inout bit<32> value, out bit<32> rv) {                                     \
-            if (hdr.lane_next.pos < value) {                                                  \
-                value = hdr.lane_next.pos;                                                    \
-            }                                                                                 \
-            rv = value;                                                                       \
-        }                                                                                     \
-    };                                                                                        \
-    RegisterAction<bit<32>, copy_index_t, bit<32>>(slot_next_l##L) slot_next_l##L##_read = { \
-        void apply(inout bit<32> value, out bit<32> rv) {                                     \
-            rv = value;                                                                       \
-        }                                                                                     \
-    };
-    FOR_EACH_LANE(SPINA_NEXT_REGISTER)
-
-    // ------------------------------------------------------------------ slot_values_l0_e<E>
-    // One register, four RegisterActions and one table per element: the table runs the
-    // element's op and puts the copy's value into the packet.
-#define SPINA_VALUE_REGISTER(L, E)                                                            \
-    @name(SPINA_XSTR(.slot_values_l##L##_e##E)) Register<bit<32>, copy_index_t>(SLOT_COPIES, 0) \
-        slot_values_l##L##_e##E;                                                              \
-    RegisterAction<bit<32>, copy_index_t, bit<32>>(slot_values_l##L##_e##E) value_set_##E = { \
-        void apply(inout bit<32> value, out bit<32> rv) {                                     \
-            value = hdr.block.e##E;                                                           \
-            rv = value;                                                                       \
-        }                                                                                     \
-    };                                                                                        \
-    RegisterAction<bit<32>, copy_index_t, bit<32>>(slot_values_l##L##_e##E) value_clear_##E = { \
-        void apply(inout bit<32> value, out bit<32> rv) {                                     \
-            value = 0;                                                                        \
-            rv = 0;                                                                           \
-        }                                                                                     \
-    };                                                                                        \
-    RegisterAction<bit<32>, copy_index_t, bit<32>>(slot_values_l##L##_e##E) value_add_##E = { \
-        void apply(inout bit<32> value, out bit<32> rv) {                                     \
-            value = value + hdr.block.e##E;                                                   \
-            rv = value;                                                                       \
-        }                                                                                     \
-    };                                                                                        \
-    RegisterAction<bit<32>, copy_index_t, bit<32>>(slot_values_l##L##_e##E) value_read_##E = { \
-        void apply(inout bit<32> value, out bit<32> rv) {                                     \
-            rv = value;                                                                       \
-        }                                                                                     \
-    };                                                                                        \
-
-#define SPINA_LANE_VALUE_REGISTERS(L) FOR_EACH_ELEM(SPINA_VALUE_REGISTER, L)
-    FOR_EACH_LANE(SPINA_LANE_VALUE_REGISTERS)
-
-#define SPINA_VALUE_TABLE(L, E)                                                               \
-    @hidden action value_do_set_##E() { hdr.block.e##E = value_set_##E.execute(meta.idx); }   \
-    @hidden action value_do_clear_##E() { hdr.block.e##E = value_clear_##E.execute(meta.idx); } \
-    @hidden action value_do_add_##E() { hdr.block.e##E = value_add_##E.execute(meta.idx); }   \
-    @hidden action value_do_read_##E() { hdr.block.e##E = value_read_##E.execute(meta.idx); } \
-    @hidden table value_e##E##_ops {                                                          \
-        key = { meta.value_op: exact; }                                                       \
-        actions = { value_do_set_##E; value_do_clear_##E; value_do_add_##E;                   \
-                    value_do_read_##E; @defaultonly NoAction; }                               \
-        const entries = {                                                                     \
-            OP_SET: value_do_set_##E();                                                       \
-            OP_CLEAR: value_do_clear_##E();                                                   \
-            OP_MERGE: value_do_add_##E();                                                     \
-            OP_READ: value_do_read_##E();                                                     \
-        }                                                                                     \
-        const default_action = NoAction();                                                    \
-        size = 4;                                                                             \
-    }
-    FOR_EACH_ELEM(SPINA_VALUE_TABLE, 0)
-
+    // ------------------------------------------------------------------ slot_values_l0_p<P>
+    // The ingress pairs (include/pairs.p4): elements of block_i.
+#define SPINA_INGRESS_PAIR(P, LO, HI) \
+    SPINA_PAIR(P, LO, HI, hdr.block_i, meta.value_op, meta.read_hi, meta.idx)
+    FOR_EACH_INGRESS_PAIR(SPINA_INGRESS_PAIR)
 
     // ------------------------------------------------------------------ op tables
     // One table per register (a Tofino table drives one stateful ALU per index), keyed on
     // the op `decide` chose; each action runs one RegisterAction and keeps its answer.
-#define SPINA_OP_TABLE(NAME, DEST, KEY, SET, MERGE, READ)                                     \
-    @hidden action NAME##_do_set() { DEST = SET.execute(meta.idx); }                          \
-    @hidden action NAME##_do_merge() { DEST = MERGE.execute(meta.idx); }                      \
-    @hidden action NAME##_do_read() { DEST = READ.execute(meta.idx); }                        \
+#define SPINA_OP_TABLE(NAME, DEST, KEY, SET, MERGE, READ, IDX)                                     \
+    @hidden action NAME##_do_set() { DEST = SET.execute(IDX); }                               \
+    @hidden action NAME##_do_merge() { DEST = MERGE.execute(IDX); }                           \
+    @hidden action NAME##_do_read() { DEST = READ.execute(IDX); }                             \
     @hidden table NAME##_ops {                                                                \
         key = { KEY: exact; }                                                                 \
         actions = { NAME##_do_set; NAME##_do_merge; NAME##_do_read; @defaultonly NoAction; }  \
@@ -318,17 +230,13 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
         size = 4;                                                                             \
     }
     SPINA_OP_TABLE(bitmap, hdr.ina.bitmap, meta.bitmap_op,
-                   slot_bitmap_set, slot_bitmap_or, slot_bitmap_read)
+                   slot_bitmap_set, slot_bitmap_or, slot_bitmap_read, meta.idx)
     SPINA_OP_TABLE(present, meta.present, meta.state_op,
-                   slot_present_set, slot_present_or, slot_present_read)
+                   slot_present_set, slot_present_or, slot_present_read, meta.idx)
     SPINA_OP_TABLE(nonfinite, meta.nonfinite, meta.state_op,
-                   slot_nonfinite_set, slot_nonfinite_or, slot_nonfinite_read)
-    SPINA_OP_TABLE(exponent, hdr.ina.exponent, meta.state_op,
-                   slot_exponent_set, slot_exponent_max, slot_exponent_read)
-    SPINA_OP_TABLE(next_l0, hdr.lane_next.pos, meta.state_op,
-                   slot_next_l0_set, slot_next_l0_min, slot_next_l0_read)
+                   slot_nonfinite_set, slot_nonfinite_or, slot_nonfinite_read, meta.idx)
     SPINA_OP_TABLE(flags, meta.stored_flags, meta.flags_op,
-                   slot_flags_set, slot_flags_or, slot_flags_read)
+                   slot_flags_set, slot_flags_or, slot_flags_read, meta.idx)
 
     // ------------------------------------------------------------------ decide
     // Pipeline.process's branches from the three answers (and the PARTIAL flag and lane 0's
@@ -341,6 +249,18 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
         meta.bitmap_op = bitmap_op;
         meta.value_op = value_op;
     }
+    // The same, for the entries whose values are READ: both elements of each ingress pair
+    // become 0, so that MERGE reads the low half (include/pairs.p4).
+#define SPINA_INGRESS_READ_LO(P, LO, HI) SPINA_READ_ZERO(hdr.block_i, P, LO, HI)
+    @hidden action set_outcome_read(kind_t kind, op_t state_op, op_t flags_op, op_t bitmap_op,
+                                    op_t value_op) {
+        meta.kind = kind;
+        meta.state_op = state_op;
+        meta.flags_op = flags_op;
+        meta.bitmap_op = bitmap_op;
+        meta.value_op = value_op;
+        FOR_EACH_INGRESS_PAIR(SPINA_INGRESS_READ_LO)
+    }
     @hidden table decide {
         key = {
             meta.round_pred:        ternary;
@@ -349,7 +269,7 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
             meta.count_delta:       ternary;
             hdr.ina.present[0:0]:   ternary;
         }
-        actions = { set_outcome; @defaultonly NoAction; }
+        actions = { set_outcome; set_outcome_read; @defaultonly NoAction; }
         const entries = {
             // A newer round: the copy starts afresh with this packet (a round of one worker
             // completes at once).
@@ -360,13 +280,13 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
             // The same round, a rank not seen (slot_rank_round's cell was not round + 1: its
             // PRED_LO bit is clear): added while incomplete, else the stored result.
             (PRED_LO, 0 &&& PRED_LO, _, 0xffffffff, 1): set_outcome(KIND_COMPLETE, OP_MERGE, OP_MERGE, OP_MERGE, OP_MERGE);
-            (PRED_LO, 0 &&& PRED_LO, _, 0xffffffff, 0): set_outcome(KIND_COMPLETE, OP_MERGE, OP_MERGE, OP_MERGE, OP_READ);
+            (PRED_LO, 0 &&& PRED_LO, _, 0xffffffff, 0): set_outcome_read(KIND_COMPLETE, OP_MERGE, OP_MERGE, OP_MERGE, OP_READ);
             (PRED_LO, 0 &&& PRED_LO, _, 0x80000000 &&& 0x80000000, 1): set_outcome(KIND_HOLD, OP_MERGE, OP_MERGE, OP_MERGE, OP_MERGE);
             (PRED_LO, 0 &&& PRED_LO, _, 0x80000000 &&& 0x80000000, 0): set_outcome(KIND_HOLD, OP_MERGE, OP_MERGE, OP_MERGE, OP_NONE);
-            (PRED_LO, 0 &&& PRED_LO, _, _, _): set_outcome(KIND_RESEND, OP_READ, OP_READ, OP_READ, OP_READ);
+            (PRED_LO, 0 &&& PRED_LO, _, _, _): set_outcome_read(KIND_RESEND, OP_READ, OP_READ, OP_READ, OP_READ);
             // A duplicate: the stored result when complete, a flush, or a status.
-            (PRED_LO, PRED_LO &&& PRED_LO, _, 0x00000000 &&& 0x80000000, _): set_outcome(KIND_RESEND, OP_READ, OP_READ, OP_READ, OP_READ);
-            (PRED_LO, PRED_LO &&& PRED_LO, FLAG_PARTIAL &&& FLAG_PARTIAL, _, _): set_outcome(KIND_FLUSH, OP_READ, OP_MERGE, OP_READ, OP_READ);
+            (PRED_LO, PRED_LO &&& PRED_LO, _, 0x00000000 &&& 0x80000000, _): set_outcome_read(KIND_RESEND, OP_READ, OP_READ, OP_READ, OP_READ);
+            (PRED_LO, PRED_LO &&& PRED_LO, FLAG_PARTIAL &&& FLAG_PARTIAL, _, _): set_outcome_read(KIND_FLUSH, OP_READ, OP_MERGE, OP_READ, OP_READ);
             (PRED_LO, PRED_LO &&& PRED_LO, _, _, _): set_outcome(KIND_STATUS, OP_NONE, OP_NONE, OP_READ, OP_NONE);
         }
         const default_action = NoAction();  // stale: kind stays KIND_NONE
@@ -418,55 +338,90 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
 
     apply {
         job_index_t job = hdr.ina.job[10:0];
-        job_received.count(job);
-        if (meta.gate == GATE_STALE_EPOCH) {
-            job_stale.count(job);
-            ig_dprsr_md.drop_ctl = 1;
-            return;
-        }
-        meta.round_pred = check_round.execute(meta.idx);
-        meta.rank_pred = mark_rank.execute(meta.rank_idx);
-        if (meta.round_pred == PRED_NONE) {
-            job_stale.count(job);
-            ig_dprsr_md.drop_ctl = 1;
-            return;
-        }
-        if (meta.round_pred == PRED_HI) {
-            meta.stored_length = set_length.execute(meta.idx);
-            meta.count_delta = count_first.execute(meta.idx);
-        } else {
-            meta.stored_length = read_length.execute(meta.idx);
-            if (meta.rank_pred == PRED_LO) {  // equal, so not newer: a duplicate
-                meta.count_delta = count_duplicate.execute(meta.idx);
-            } else {
-                meta.count_delta = count_rank.execute(meta.idx);
+        meta.read_hi = 0;
+        if (meta.harvest) {
+            // The harvest pass: the first pass chose everything; read the high halves.
+            meta.value_op = OP_NONE;
+            if (hdr.block_i.isValid()) {
+                meta.value_op = OP_READ;
             }
-        }
-        meta.length_diff = meta.stored_length ^ hdr.ina.length;
-        meta.kind = KIND_NONE;
-        meta.state_op = OP_NONE;
-        meta.flags_op = OP_NONE;
-        meta.bitmap_op = OP_NONE;
-        meta.value_op = OP_NONE;
-        decide.apply();
-        meta.flag_bits = 0;
-        flag_input.apply();
-        // A result's flags: the stored ones with LAST turned the right way up, RESEND when it
-        // answers a resend, and the packet's LOSS_TOLERANT (one ALU operation per stage).
-        meta.flags_xor = FLAG_LAST;
-        if (meta.kind == KIND_RESEND) {
-            meta.flags_xor = FLAG_LAST | FLAG_RESEND;
+            meta.read_hi = 1;
+        } else {
+            job_received.count(job);
+            if (meta.gate == GATE_STALE_EPOCH) {
+                job_stale.count(job);
+                ig_dprsr_md.drop_ctl = 1;
+                return;
+            }
+            meta.round_pred = check_round.execute(meta.idx);
+            meta.rank_pred = mark_rank.execute(meta.rank_idx);
+            if (meta.round_pred == PRED_NONE) {
+                job_stale.count(job);
+                ig_dprsr_md.drop_ctl = 1;
+                return;
+            }
+            if (meta.round_pred == PRED_HI) {
+                meta.stored_length = set_length.execute(meta.idx);
+                meta.count_delta = count_first.execute(meta.idx);
+            } else {
+                meta.stored_length = read_length.execute(meta.idx);
+                if (meta.rank_pred == PRED_LO) {  // equal, so not newer: a duplicate
+                    meta.count_delta = count_duplicate.execute(meta.idx);
+                } else {
+                    meta.count_delta = count_rank.execute(meta.idx);
+                }
+            }
+            meta.length_diff = meta.stored_length ^ hdr.ina.length;
+            meta.kind = KIND_NONE;
+            meta.state_op = OP_NONE;
+            meta.flags_op = OP_NONE;
+            meta.bitmap_op = OP_NONE;
+            meta.value_op = OP_NONE;
+            decide.apply();
+            meta.flag_bits = 0;
+            flag_input.apply();
+            // A result's flags: the stored ones with LAST turned the right way up, RESEND when
+            // it answers a resend, and the packet's LOSS_TOLERANT (one ALU operation per stage).
+            meta.flags_xor = FLAG_LAST;
+            if (meta.kind == KIND_RESEND) {
+                meta.flags_xor = FLAG_LAST | FLAG_RESEND;
+            }
+            present_ops.apply();
+            nonfinite_ops.apply();
+            bitmap_ops.apply();
+            flags_ops.apply();
         }
 
-        // The element registers first: they are most of the stateful ALUs left.
-#define SPINA_APPLY_VALUE(L, E) value_e##E##_ops.apply();
-        FOR_EACH_ELEM(SPINA_APPLY_VALUE, 0)
-        present_ops.apply();
-        nonfinite_ops.apply();
-        exponent_ops.apply();
-        next_l0_ops.apply();
-        bitmap_ops.apply();
-        flags_ops.apply();
+        // The ingress pairs: most of the stateful ALUs left.
+#define SPINA_APPLY_PAIR(P, LO, HI) pair_p##P##_ops.apply();
+        FOR_EACH_INGRESS_PAIR(SPINA_APPLY_PAIR)
+
+        // Egress adds block_e and runs slot_exponent and slot_next_l0 with these ops.
+        hdr.bridge.value_op = meta.value_op;
+        hdr.bridge.read_hi = meta.read_hi;
+        hdr.bridge.lane_out = 1;
+        hdr.bridge.idx = meta.idx;
+        if (hdr.block_e.isValid()) {
+            hdr.bridge.block_out = 1;
+        }
+        if (meta.harvest) {
+            hdr.bridge.ina_emitted = 1;
+            hdr.bridge.ipv4_update = 1;
+            if (hdr.harvest.multicast == 1) {
+                ig_tm_md.mcast_grp_a = hdr.harvest.mcast_grp;
+            } else {
+                ig_tm_md.ucast_egress_port = hdr.harvest.port;
+            }
+            hdr.harvest.setInvalid();  // after its fields are read (not deparsed onwards)
+            return;
+        }
+        hdr.bridge.state_op = meta.state_op;
+        // Every aggregated packet's first pass crosses egress through this pipe's
+        // recirculation port, in one queue: the egress half of a slot copy then sees the
+        // packets in ingress order (a fresh copy's SET before the MERGEs, every MERGE of a
+        // round before the reply that reads it). Priority leaves this queue alone.
+        ig_tm_md.ucast_egress_port = ig_intr_md.ingress_port[8:7] ++ (bit<7>)RECIRC_PORT;
+        ig_tm_md.qid = 0;
 
         if (meta.kind == KIND_HOLD || meta.kind == KIND_COMPLETE) {
             job_aggregated.count(job);
@@ -474,7 +429,7 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
             job_duplicates.count(job);
         }
         if (meta.kind == KIND_HOLD) {
-            ig_dprsr_md.drop_ctl = 1;
+            hdr.bridge.hold_drop = 1;  // egress adds its part, then drops it
             return;
         }
         if (meta.kind == KIND_STATUS) {
@@ -482,7 +437,9 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
             hdr.ina.flags = hdr.ina.flags & ~(FLAG_LAST | FLAG_PARTIAL);
             hdr.ina.present = 0;
             hdr.ina.nonfinite = 0;
-            hdr.block.setInvalid();
+            hdr.block_e.setInvalid();
+            hdr.block_i.setInvalid();
+            hdr.bridge.block_out = 0;
         } else {
             hdr.ina.msg_type = MSG_RESULT;
             hdr.ina.flags = meta.stored_flags ^ meta.flags_xor;
@@ -490,13 +447,17 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
             hdr.ina.nonfinite = 32w0 ++ meta.nonfinite;
             hdr.ina.length = meta.stored_length;
             if (meta.present[0:0] == 1) {
-                hdr.block.setValid();
+                hdr.block_e.setValid();
+                hdr.block_i.setValid();
+                hdr.bridge.block_out = 1;
             } else {
-                hdr.block.setInvalid();
+                hdr.block_e.setInvalid();
+                hdr.block_i.setInvalid();
+                hdr.bridge.block_out = 0;
             }
         }
         // Lengths of what leaves: header, one position and the block if it is valid.
-        if (hdr.block.isValid()) {
+        if (hdr.bridge.block_out == 1) {
             hdr.udp.length = UDP_HDR_BYTES + INA_HDR_BYTES + 4 * NLANES + BLOCK_BYTES;
         } else {
             hdr.udp.length = UDP_HDR_BYTES + INA_HDR_BYTES + 4 * NLANES;
@@ -504,11 +465,82 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
         hdr.ipv4.total_len = IPV4_HDR_BYTES + hdr.udp.length;
         hdr.ina.flags = hdr.ina.flags | meta.loss_tolerant;
         reply_to_sender();
+        // The harvest pass sends it on: the result to every worker, else back to the sender.
+        hdr.bridge.to_harvest = 1;
+        hdr.bridge.reply_port = ig_intr_md.ingress_port;
+        hdr.bridge.mcast_grp = meta.adm.mcast_grp;
         if (meta.kind == KIND_COMPLETE || meta.kind == KIND_FLUSH) {
-            ig_tm_md.mcast_grp_a = meta.adm.mcast_grp;  // the result, to every worker
-        } else {
-            ig_tm_md.ucast_egress_port = ig_intr_md.ingress_port;  // back to the sender
+            hdr.bridge.multicast = 1;
         }
+    }
+}
+
+// Egress: the egress pairs (block_e), slot_exponent and slot_next_l0, with the ops ingress
+// bridged. They change cells only in a packet's first pass (one copy, through the
+// recirculation port's queue); the harvest pass's copies only read the pairs' high halves.
+control EgressSlots(inout tna_headers_t hdr) {
+#define SPINA_EGRESS_PAIR(P, LO, HI) \
+    SPINA_PAIR(P, LO, HI, hdr.block_e, hdr.bridge.value_op, hdr.bridge.read_hi, hdr.bridge.idx)
+    FOR_EACH_EGRESS_PAIR(SPINA_EGRESS_PAIR)
+
+    // ------------------------------------------------------------------ slot_exponent
+    @name(".slot_exponent") Register<bit<16>, copy_index_t>(SLOT_COPIES, 0) slot_exponent;
+    RegisterAction<bit<16>, copy_index_t, bit<16>>(slot_exponent) slot_exponent_set = {
+        void apply(inout bit<16> value, out bit<16> rv) {
+            value = hdr.ina.exponent;
+            rv = value;
+        }
+    };
+    RegisterAction<bit<16>, copy_index_t, bit<16>>(slot_exponent) slot_exponent_max = {
+        void apply(inout bit<16> value, out bit<16> rv) {
+            if ((int<16>)hdr.ina.exponent > (int<16>)value) {
+                value = hdr.ina.exponent;
+            }
+            rv = value;
+        }
+    };
+    RegisterAction<bit<16>, copy_index_t, bit<16>>(slot_exponent) slot_exponent_read = {
+        void apply(inout bit<16> value, out bit<16> rv) {
+            rv = value;
+        }
+    };
+
+
+    // ------------------------------------------------------------------ slot_next_l0
+    @name(".slot_next_l0") Register<bit<32>, copy_index_t>(SLOT_COPIES, 0) slot_next_l0;
+    RegisterAction<bit<32>, copy_index_t, bit<32>>(slot_next_l0) slot_next_l0_set = {
+        void apply(inout bit<32> value, out bit<32> rv) {
+            value = hdr.lane_next.pos;
+            rv = value;
+        }
+    };
+    RegisterAction<bit<32>, copy_index_t, bit<32>>(slot_next_l0) slot_next_l0_min = {
+        void apply(inout bit<32> value, out bit<32> rv) {
+            if (hdr.lane_next.pos < value) {
+                value = hdr.lane_next.pos;
+            }
+            rv = value;
+        }
+    };
+    RegisterAction<bit<32>, copy_index_t, bit<32>>(slot_next_l0) slot_next_l0_read = {
+        void apply(inout bit<32> value, out bit<32> rv) {
+            rv = value;
+        }
+    };
+
+    SPINA_OP_TABLE(exponent, hdr.ina.exponent, hdr.bridge.state_op,
+                   slot_exponent_set, slot_exponent_max, slot_exponent_read, hdr.bridge.idx)
+    SPINA_OP_TABLE(next_l0, hdr.lane_next.pos, hdr.bridge.state_op,
+                   slot_next_l0_set, slot_next_l0_min, slot_next_l0_read, hdr.bridge.idx)
+
+    apply {
+        if (hdr.bridge.value_op == OP_READ && hdr.bridge.read_hi == 0) {  // include/pairs.p4
+#define SPINA_EGRESS_READ_ZERO(P, LO, HI) SPINA_READ_ZERO(hdr.block_e, P, LO, HI)
+            FOR_EACH_EGRESS_PAIR(SPINA_EGRESS_READ_ZERO)
+        }
+        FOR_EACH_EGRESS_PAIR(SPINA_APPLY_PAIR)
+        exponent_ops.apply();
+        next_l0_ops.apply();
     }
 }
 

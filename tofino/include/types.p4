@@ -1,27 +1,81 @@
 /* SpINA on Tofino 1: the header struct and metadata of the TNA program.
  *
  * The header types are p4src/shared/header.p4's (the wire format is spina/wire.py's, on every
- * target); only the containers differ: one lane (NLANES = 1) as single headers, and a bridged
- * header that tells egress what ingress did (TNA metadata does not cross the traffic manager).
+ * target); only the containers differ: one lane (NLANES = 1) as single headers with its block
+ * split where ingress and egress add it (block_e, block_i), a bridged header that tells
+ * egress what ingress did (TNA metadata does not cross the traffic manager), and the harvest
+ * header a reply carries through the recirculation port.
  */
 #ifndef SPINA_TNA_TYPES_P4
 #define SPINA_TNA_TYPES_P4
 
+// What a slot register does for this packet (its RegisterAction).
+typedef bit<3> op_t;
+const op_t OP_NONE = 0;
+const op_t OP_SET = 1;    // fresh copy: this packet's value
+const op_t OP_MERGE = 2;  // add, OR, min or max this packet's value into the copy
+const op_t OP_READ = 3;   // pairs: the low half, or the high half in the harvest pass
+const op_t OP_CLEAR = 4;  // values only: fresh copy, lane absent: 0
+
 // Ingress -> egress, in front of the Ethernet header (never on the wire outside the switch).
+// Egress runs the egress pairs, slot_exponent and slot_next_l0 with the ops ingress chose.
 header bridge_h {
-    bit<6> pad;
-    bit<1> ina_emitted;  // a result or status this switch wrote: egress rewrites and counts it
-    bit<1> ipv4_update;  // the IPv4 header changed: the egress deparser recomputes its checksum
+    bit<1>  ina_emitted;  // a result or status this switch wrote: egress rewrites and counts it
+    bit<1>  ipv4_update;  // the IPv4 header changed: the egress deparser recomputes its checksum
+    bit<1>  hold_drop;    // a held contribution: egress adds its part, then drops it
+    bit<1>  to_harvest;   // a reply with a block, first pass: egress adds, then recirculates
+    bit<1>  lane_out;     // lane_next follows the INA header (every aggregated packet)
+    bit<1>  block_out;    // block_e and block_i follow lane_next
+    bit<1>  read_hi;      // the harvest pass: OP_READ returns the pairs' high halves
+    bit<1>  multicast;    // to_harvest: the reply goes to mcast_grp, else to reply_port
+    op_t    value_op;     // the egress pairs' op
+    op_t    state_op;     // slot_exponent's and slot_next_l0's op
+    bit<2>  pad0;
+    bit<7>  pad1;
+    PortId_t reply_port;  // to_harvest: the sender's port (a RESEND goes back there)
+    bit<16> mcast_grp;    // to_harvest: the job's group (COMPLETE, FLUSH)
+    bit<7>  pad2;
+    bit<9>  idx;          // the slot copy (meta.idx): egress indexes from its first stage
+}
+
+// Egress -> ingress through the pipe's recirculation port, in front of the Ethernet header:
+// where the harvested reply goes (from bridge_h).
+header harvest_h {
+    bit<7>   pad0;
+    bit<1>   multicast;
+    bit<7>   pad1;
+    PortId_t port;
+    bit<16>  mcast_grp;
+}
+
+// The block of BLOCK_SIZE int32 in two headers: block_e (elements 0 .. 2 * EGRESS_PAIRS - 1,
+// added in egress) and block_i (the rest, added in ingress). The ingress parser extracts both
+// (a frame cut short is a parser error there); the egress parser only block_e (block_i
+// follows as payload).
+#define SPINA_ELEM_FIELD(E) bit<32> e##E;
+header block_e_h {
+    FOR_EACH_EGRESS_ELEM(SPINA_ELEM_FIELD)
+}
+header block_i_h {
+    FOR_EACH_INGRESS_ELEM(SPINA_ELEM_FIELD)
 }
 
 struct tna_headers_t {
     bridge_h    bridge;
+    harvest_h   harvest;    // the harvest pass only (ingress), and its way back (egress)
     ethernet_h  ethernet;
     ipv4_h      ipv4;
     udp_h       udp;
     ina_h       ina;
     lane_next_h lane_next;  // lane 0's next position (NLANES = 1)
-    block_h     block;      // lane 0's block, when present bit 0 is set
+    block_e_h   block_e;    // lane 0's block, when present bit 0 is set
+    block_i_h   block_i;
+}
+
+// A pair register's cell: element 2P (lo) and 2P + 1 (hi).
+struct pair_t {
+    bit<32> lo;
+    bit<32> hi;
 }
 
 // Outcome of one contribution, chosen by the `decide` const table from what slot_round,
@@ -33,14 +87,6 @@ const kind_t KIND_COMPLETE = 2;  // added, round complete: the result to every w
 const kind_t KIND_RESEND = 3;    // round complete before: the stored result back (RESEND)
 const kind_t KIND_FLUSH = 4;     // duplicate flagged PARTIAL: complete now, to every worker
 const kind_t KIND_STATUS = 5;    // duplicate, round incomplete: the bitmap back
-
-// What a slot register does for this packet (its RegisterAction).
-typedef bit<3> op_t;
-const op_t OP_NONE = 0;
-const op_t OP_SET = 1;    // fresh copy: this packet's value
-const op_t OP_MERGE = 2;  // add, OR, min or max this packet's value into the copy
-const op_t OP_READ = 3;
-const op_t OP_CLEAR = 4;  // values only: fresh copy, lane absent: 0
 
 // What the packet is, after stage 0's lookups (Admission's `gate` table).
 typedef bit<3> gate_t;
@@ -64,6 +110,8 @@ const pred_t PRED_HI = 4;    // the second condition only
 struct tna_ingress_md_t {
     admission_t adm;
     bool        ina_local;
+    bool        harvest;       // the harvest pass (a recirculated reply)
+    bit<1>      read_hi;       // OP_READ returns the pairs' high halves (the harvest pass)
     bool        malformed;     // InaCheck
     gate_t      gate;
     bit<16>     slot_below;    // slot_base - slot, saturated at 0: non-zero below the range
