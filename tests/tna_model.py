@@ -2,8 +2,9 @@
 SpinaIngressParser's INA states, InaCheck, Admission, Aggregator, and egress's EgressSlots,
 WorkerRewrite counter and CongestionDrop) into plain Python, RegisterAction by RegisterAction,
 pass by pass: every aggregated packet crosses egress (EgressSlots) through the recirculation
-port; a held contribution is dropped there, a reply comes back for its harvest pass (ingress,
-then egress once per copy), which reads the pairs' high halves when it carries the block.
+port; a held contribution is dropped there, a reply goes round twice more: its second pass
+reads the pairs' high halves (ingress, then egress) when it carries the block, its third sends
+it on.
 
 tests/test_tna_model.py compares it with the software switch (softswitch.pipeline.Pipeline at
 the TNA sizes). Each RegisterAction is a method that takes the cell, returns (new cell, rv),
@@ -265,6 +266,9 @@ class TnaModel:
             nonfinite = self._or_register("slot_nonfinite", idx, state_op, h.nonfinite & M32)
         if flags_op != OP["NONE"]:
             stored_flags = self._or_register("slot_flags", idx, flags_op, flag_bits)
+        if state_op != OP["NONE"]:  # exponent_ops, next_l0_ops: into the header
+            out.exponent = _s16(self._exponent(idx, state_op, out.exponent & 0xFFFF))
+            nxt[0] = self._next(idx, state_op, nxt[0])
         blk = list(block) if block is not None else [0] * BLOCK_SIZE  # hdr.block_e ++ block_i
         if read_zero:
             self._read_zero(INGRESS_PAIRS, blk)
@@ -276,7 +280,7 @@ class TnaModel:
         else:
             self.count("job_duplicates", job)
         if kind == KIND["HOLD"]:  # to the recirculation port: EgressSlots, then dropped
-            self._egress_slots(idx, value_op, 0, state_op, blk, out, nxt)
+            self._egress_slots(idx, value_op, 0, blk)
             return []
         block_out = False
         if kind == KIND["STATUS"]:
@@ -292,21 +296,19 @@ class TnaModel:
             block_out = bool(present & 1)
         multicast = kind in (KIND["COMPLETE"], KIND["FLUSH"])
         copies = nworkers if multicast else 1
-        # First pass: egress through the recirculation port (one copy: the egress pairs,
-        # slot_exponent, slot_next_l0); then the harvest pass reads the pairs' high halves in
-        # ingress and in each egress copy, when the reply carries the block.
-        self._egress_slots(idx, value_op, 0, state_op, blk, out, nxt)
+        # Pass 1's egress (recirculation port): the egress pairs with the bridged op; a READ
+        # whose reply has no block is not bridged (its block_e would be unparsed bytes).
+        if value_op == OP["READ"] and not block_out:
+            value_op = OP["NONE"]
+        self._egress_slots(idx, value_op, 0, blk)
+        # Pass 2 (ingress, then egress, through the recirculation port): the high halves.
         harvest_op = OP["READ"] if block_out else OP["NONE"]
         for p in INGRESS_PAIRS:
             self._pair(p, idx, harvest_op, 1, blk)
-        payloads = set()
-        for _ in range(copies):  # each copy runs EgressSlots itself: the same answer
-            o, n, b = out.copy(), list(nxt), list(blk)
-            self._egress_slots(idx, harvest_op, 1, OP["NONE"], b, o, n)
-            data = struct.pack(f">{BLOCK_SIZE}I", *b) if block_out else b""
-            payloads.add(wire.pack_header(o) + struct.pack(">I", n[0]) + data)
-        assert len(payloads) == 1, "egress copies of one reply differ"
-        payload = payloads.pop()
+        self._egress_slots(idx, harvest_op, 1, blk)
+        # Pass 3: to every worker or back to the sender; no register is touched.
+        data = struct.pack(f">{BLOCK_SIZE}I", *blk) if block_out else b""
+        payload = wire.pack_header(out) + struct.pack(">I", nxt[0]) + data
         if out.msg_type == wire.MSG_RESULT:  # egress WorkerRewrite: job_results per copy
             for _ in range(copies):
                 self.count("job_results", job)
@@ -321,17 +323,13 @@ class TnaModel:
             cells[idx] |= value
         return cells[idx]
 
-    def _egress_slots(self, idx: int, value_op: int, read_hi: int, state_op: int,
-                      blk: list, out, nxt: list) -> None:
-        """EgressSlots: the egress pairs, then slot_exponent and slot_next_l0 (their tables
-        put the copy's value into hdr.ina.exponent and hdr.lane_next.pos)."""
+    def _egress_slots(self, idx: int, value_op: int, read_hi: int, blk: list) -> None:
+        """EgressSlots: the egress pairs (block_e). A READ of the low halves adds the zeros the
+        egress parser puts into block_e (zero_front)."""
         if value_op == OP["READ"] and not read_hi:
             self._read_zero(EGRESS_PAIRS, blk)
         for p in EGRESS_PAIRS:
             self._pair(p, idx, value_op, read_hi, blk)
-        if state_op != OP["NONE"]:
-            out.exponent = _s16(self._exponent(idx, state_op, out.exponent & 0xFFFF))
-            nxt[0] = self._next(idx, state_op, nxt[0])
 
     def _exponent(self, idx: int, op: int, exponent: int) -> int:
         cells = self.reg["slot_exponent"]

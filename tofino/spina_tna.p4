@@ -5,9 +5,9 @@
  * flat jobs at this program's sizes (size.p4: one lane of BLOCK_SIZE int32 per packet).
  * Ingress: an INA packet for this switch (ina_endpoint) is checked, admitted and aggregated
  * (its block_i elements); everything else is forwarded (l2, then ipv4_routes). Egress: the
- * block_e elements, slot_exponent and slot_next_l0 (EgressSlots); then a held contribution is
- * dropped, a reply's first pass goes round the recirculation port into its harvest pass, and
- * every other packet gets the per-worker rewrite of result copies, the result counter and the
+ * block_e elements (EgressSlots) on a pass through the recirculation port; then a held
+ * contribution is dropped, a reply goes round into its next pass (three in all), and every
+ * packet that leaves gets the per-worker rewrite of result copies, the result counter and the
  * loss-tolerant drop under congestion.
  */
 #include <core.p4>
@@ -21,9 +21,9 @@
 #include "include/ina_check.p4"
 #include "include/admission.p4"
 #include "include/pairs.p4"
+#include "include/priority.p4"
 #include "include/aggregator.p4"
 #include "include/forwarding.p4"
-#include "include/priority.p4"
 #include "include/egress_rewrite.p4"
 
 control SpinaIngress(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
@@ -46,17 +46,16 @@ control SpinaIngress(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
         hdr.bridge.ipv4_update = 0;
         hdr.bridge.hold_drop = 0;
         hdr.bridge.to_harvest = 0;
-        hdr.bridge.lane_out = 0;
-        hdr.bridge.block_out = 0;
+        hdr.bridge.block_front = 0;
         hdr.bridge.read_hi = 0;
-        hdr.bridge.multicast = 0;
-        hdr.bridge.value_op = OP_NONE;
-        hdr.bridge.state_op = OP_NONE;
-        hdr.bridge.pad0 = 0;
+        hdr.bridge.last = 0;
+        hdr.bridge.zero_front = 0;
         hdr.bridge.pad1 = 0;
+        hdr.bridge.value_op = OP_NONE;
+        hdr.bridge.pad2 = 0;
         hdr.bridge.reply_port = 0;
         hdr.bridge.mcast_grp = 0;
-        hdr.bridge.pad2 = 0;
+        hdr.bridge.pad3 = 0;
         hdr.bridge.idx = 0;
         meta.harvest = hdr.harvest.isValid();
         if (meta.harvest) {
@@ -73,13 +72,13 @@ control SpinaIngress(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
         slot_index_ctl.apply(hdr, meta);
         if (meta.gate == GATE_FORWARD) {
             forwarding_ctl.apply(hdr, ig_dprsr_md, ig_tm_md);
+            priority_ctl.apply(hdr, ig_tm_md);
         } else if (meta.gate == GATE_MALFORMED || meta.gate == GATE_UNADMITTED
                    || meta.slot_room == 0) {  // slot_room 0: above the job's slot range
             port_counters_ctl.apply(meta, ig_intr_md.ingress_port, ig_dprsr_md);
         } else {
             aggregator_ctl.apply(hdr, meta, ig_intr_md, ig_dprsr_md, ig_tm_md);
         }
-        priority_ctl.apply(hdr, ig_tm_md);
     }
 }
 
@@ -97,11 +96,21 @@ control SpinaEgress(inout tna_headers_t hdr, inout tna_egress_md_t meta,
         if (hdr.bridge.hold_drop == 1) {
             eg_dprsr_md.drop_ctl = 1;  // a held contribution: added, nothing leaves
         } else if (hdr.bridge.to_harvest == 1) {
-            // Through the recirculation port into the harvest pass (aggregator.p4).
+            // Round the recirculation port into the reply's next pass (include/parser.p4).
             hdr.harvest.setValid();
             hdr.harvest.pad0 = 0;
-            hdr.harvest.multicast = hdr.bridge.multicast;
             hdr.harvest.pad1 = 0;
+            hdr.harvest.pad2 = 0;
+            if (hdr.bridge.last == 1) {
+                hdr.harvest.last = 1;
+            } else {
+                hdr.harvest.last = 0;
+            }
+            if (hdr.block_e.isValid()) {
+                hdr.harvest.block = 1;
+            } else {
+                hdr.harvest.block = 0;
+            }
             hdr.harvest.port = hdr.bridge.reply_port;
             hdr.harvest.mcast_grp = hdr.bridge.mcast_grp;
         } else {

@@ -8,11 +8,11 @@
  *   slot_count          contributions so far
  *   slot_bitmap         ranks that contributed
  *   slot_present, slot_nonfinite   OR of the lanes (32-bit cells: NLANES = 1)
- *   slot_exponent       max (signed; egress: EgressSlots)
+ *   slot_exponent       max (signed)
  *   slot_flags          FLAG_LAST INVERTED (set: some contribution lacked LAST), MISMATCH,
  *                       PARTIAL; every update is then one OR (an AND and an OR of the same
  *                       cell are two ALU operations). Initial and cleared value: FLAG_LAST.
- *   slot_next_l0        min of the workers' next positions (egress: EgressSlots)
+ *   slot_next_l0        min of the workers' next positions
  *   slot_values_l0_p<P> pair registers, elements 2P (lo) and 2P + 1 (hi): the int32 sums
  *                       (wrap-around); pairs INGRESS_PAIRS.. here, the rest in egress
  *
@@ -25,12 +25,13 @@
  *                  slot_length (written on a newer round) beside it
  *   decide         a const table turns those answers into the outcome and each register's op
  *   the rest       set / merge / read, each returning the copy's value after this packet
- *                  (a pair: its low half; the harvest pass reads the high halves)
+ *                  (a pair: its low half; a reply's second pass reads the high halves)
  * Every aggregated packet then crosses egress through the pipe's recirculation port (one
  * queue, so egress sees a slot copy's packets in ingress order), where EgressSlots adds the
- * egress pairs, slot_exponent and slot_next_l0. A held contribution is dropped there; a reply
- * gets a harvest header in front and comes back: the harvest pass reads the high halves of
- * the ingress pairs and sends it on, and its egress copies read those of the egress pairs.
+ * egress pairs (block_e, in front of the packet). A held contribution is dropped there; a
+ * reply gets a harvest header in front and comes back: its second pass reads the high halves
+ * of the ingress pairs, then (round again) of the egress pairs; its third puts block_e back
+ * at its wire position and sends the reply on.
  * p4src finds duplicates in slot_bitmap itself; here slot_bitmap's write would depend on
  * slot_count, which depends on the duplicate test: slot_rank_round answers that test from
  * header fields alone, in slot_round's stage. Every contribution raises its rank's cell to
@@ -49,7 +50,9 @@ typedef bit<11> job_index_t;    // MAX_JOBS = 2048
 
 // The register indexes and inputs that depend on header fields (and admission) only, applied
 // before any branch so that they are ready when slot_round's stage comes.
-control SlotIndex(in tna_headers_t hdr, inout tna_ingress_md_t meta) {
+control SlotIndex(inout tna_headers_t hdr, inout tna_ingress_md_t meta) {
+    Hash<copy_index_t>(HashAlgorithm_t.IDENTITY) copy_index;
+    Hash<copy_index_t>(HashAlgorithm_t.IDENTITY) copy_index_bridged;
     @hidden action set_rank_bit(bit<32> bit_of_rank) {
         meta.rank_bit = bit_of_rank;
     }
@@ -65,7 +68,11 @@ control SlotIndex(in tna_headers_t hdr, inout tna_ingress_md_t meta) {
     }
 
     apply {
-        meta.idx = hdr.ina.slot[7:0] ++ hdr.ina.round[0:0];
+        // The copy index slot * 2 + (round & 1) through an identity hash: one source for the
+        // bridged copy egress indexes by (a concatenation in an action has two, and the
+        // bridged header's byte beside it would be a third).
+        meta.idx = copy_index.get({hdr.ina.slot[7:0], hdr.ina.round[0:0]});
+        hdr.bridge.idx = copy_index_bridged.get({hdr.ina.slot[7:0], hdr.ina.round[0:0]});
         meta.rank_idx = hdr.ina.slot[7:0] ++ hdr.ina.round[0:0] ++ hdr.ina.rank[4:0];
         meta.round_next = hdr.ina.round + 1;
         meta.loss_tolerant = hdr.ina.flags & FLAG_LOSS_TOLERANT;
@@ -83,6 +90,7 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
                    in ingress_intrinsic_metadata_t ig_intr_md,
                    inout ingress_intrinsic_metadata_for_deparser_t ig_dprsr_md,
                    inout ingress_intrinsic_metadata_for_tm_t ig_tm_md) {
+    Priority() priority_ctl;  // a reply's last pass leaves in its priority class
     @name(".job_received")   Counter<bit<32>, job_index_t>(MAX_JOBS, CounterType_t.PACKETS) job_received;
     @name(".job_aggregated") Counter<bit<32>, job_index_t>(MAX_JOBS, CounterType_t.PACKETS) job_aggregated;
     @name(".job_duplicates") Counter<bit<32>, job_index_t>(MAX_JOBS, CounterType_t.PACKETS) job_duplicates;
@@ -185,6 +193,53 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
     SPINA_OR_REGISTER(slot_present, hdr.ina.present[31:0])
     SPINA_OR_REGISTER(slot_nonfinite, hdr.ina.nonfinite[31:0])
 
+    // ------------------------------------------------------------------ slot_exponent
+    @name(".slot_exponent") Register<bit<16>, copy_index_t>(SLOT_COPIES, 0) slot_exponent;
+    RegisterAction<bit<16>, copy_index_t, bit<16>>(slot_exponent) slot_exponent_set = {
+        void apply(inout bit<16> value, out bit<16> rv) {
+            value = hdr.ina.exponent;
+            rv = value;
+        }
+    };
+    RegisterAction<bit<16>, copy_index_t, bit<16>>(slot_exponent) slot_exponent_max = {
+        void apply(inout bit<16> value, out bit<16> rv) {
+            if ((int<16>)hdr.ina.exponent > (int<16>)value) {
+                value = hdr.ina.exponent;
+            }
+            rv = value;
+        }
+    };
+    RegisterAction<bit<16>, copy_index_t, bit<16>>(slot_exponent) slot_exponent_read = {
+        void apply(inout bit<16> value, out bit<16> rv) {
+            rv = value;
+        }
+    };
+
+    // ------------------------------------------------------------------ slot_next_l0
+#define SPINA_NEXT_REGISTER(L)                                                                \
+    @name(SPINA_XSTR(.slot_next_l##L)) Register<bit<32>, copy_index_t>(SLOT_COPIES, 0)       \
+        slot_next_l##L;                                                                       \
+    RegisterAction<bit<32>, copy_index_t, bit<32>>(slot_next_l##L) slot_next_l##L##_set = {  \
+        void apply(inout bit<32> value, out bit<32> rv) {                                     \
+            value = hdr.lane_next.pos;                                                        \
+            rv = value;                                                                       \
+        }                                                                                     \
+    };                                                                                        \
+    RegisterAction<bit<32>, copy_index_t, bit<32>>(slot_next_l##L) slot_next_l##L##_min = {  \
+        void apply(inout bit<32> value, out bit<32> rv) {                                     \
+            if (hdr.lane_next.pos < value) {                                                  \
+                value = hdr.lane_next.pos;                                                    \
+            }                                                                                 \
+            rv = value;                                                                       \
+        }                                                                                     \
+    };                                                                                        \
+    RegisterAction<bit<32>, copy_index_t, bit<32>>(slot_next_l##L) slot_next_l##L##_read = { \
+        void apply(inout bit<32> value, out bit<32> rv) {                                     \
+            rv = value;                                                                       \
+        }                                                                                     \
+    };
+    FOR_EACH_LANE(SPINA_NEXT_REGISTER)
+
     // ------------------------------------------------------------------ slot_flags
     @name(".slot_flags") Register<bit<8>, copy_index_t>(SLOT_COPIES, FLAG_LAST) slot_flags;
     RegisterAction<bit<8>, copy_index_t, bit<8>>(slot_flags) slot_flags_set = {
@@ -208,7 +263,7 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
     // ------------------------------------------------------------------ slot_values_l0_p<P>
     // The ingress pairs (include/pairs.p4): elements of block_i.
 #define SPINA_INGRESS_PAIR(P, LO, HI) \
-    SPINA_PAIR(P, LO, HI, hdr.block_i, meta.value_op, meta.read_hi, meta.idx)
+    SPINA_PAIR(P, LO, HI, hdr.block_i, meta.value_op, meta.read_hi, meta.idx, )
     FOR_EACH_INGRESS_PAIR(SPINA_INGRESS_PAIR)
 
     // ------------------------------------------------------------------ op tables
@@ -231,12 +286,16 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
     }
     SPINA_OP_TABLE(bitmap, hdr.ina.bitmap, meta.bitmap_op,
                    slot_bitmap_set, slot_bitmap_or, slot_bitmap_read, meta.idx)
-    SPINA_OP_TABLE(present, meta.present, meta.state_op,
+    SPINA_OP_TABLE(present, hdr.ina.present[31:0], meta.state_op,
                    slot_present_set, slot_present_or, slot_present_read, meta.idx)
-    SPINA_OP_TABLE(nonfinite, meta.nonfinite, meta.state_op,
+    SPINA_OP_TABLE(nonfinite, hdr.ina.nonfinite[31:0], meta.state_op,
                    slot_nonfinite_set, slot_nonfinite_or, slot_nonfinite_read, meta.idx)
     SPINA_OP_TABLE(flags, meta.stored_flags, meta.flags_op,
                    slot_flags_set, slot_flags_or, slot_flags_read, meta.idx)
+    SPINA_OP_TABLE(exponent, hdr.ina.exponent, meta.state_op,
+                   slot_exponent_set, slot_exponent_max, slot_exponent_read, meta.idx)
+    SPINA_OP_TABLE(next_l0, hdr.lane_next.pos, meta.state_op,
+                   slot_next_l0_set, slot_next_l0_min, slot_next_l0_read, meta.idx)
 
     // ------------------------------------------------------------------ decide
     // Pipeline.process's branches from the three answers (and the PARTIAL flag and lane 0's
@@ -249,8 +308,10 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
         meta.bitmap_op = bitmap_op;
         meta.value_op = value_op;
     }
-    // The same, for the entries whose values are READ: both elements of each ingress pair
-    // become 0, so that MERGE reads the low half (include/pairs.p4).
+    // The same, for the entries whose values are READ: both elements of each pair become 0,
+    // so that MERGE reads the low half (include/pairs.p4): block_i here (made valid: a packet
+    // without a block may read a stored one); block_e is not sent, the egress parser makes
+    // it zeros (zero_front).
 #define SPINA_INGRESS_READ_LO(P, LO, HI) SPINA_READ_ZERO(hdr.block_i, P, LO, HI)
     @hidden action set_outcome_read(kind_t kind, op_t state_op, op_t flags_op, op_t bitmap_op,
                                     op_t value_op) {
@@ -259,6 +320,8 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
         meta.flags_op = flags_op;
         meta.bitmap_op = bitmap_op;
         meta.value_op = value_op;
+        hdr.block_e.setInvalid();
+        hdr.block_i.setValid();
         FOR_EACH_INGRESS_PAIR(SPINA_INGRESS_READ_LO)
     }
     @hidden table decide {
@@ -339,10 +402,30 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
     apply {
         job_index_t job = hdr.ina.job[10:0];
         meta.read_hi = 0;
+        // decide's defaults (a stale packet), written before the chain so that decide follows
+        // slot_count directly.
+        meta.kind = KIND_NONE;
+        meta.state_op = OP_NONE;
+        meta.flags_op = OP_NONE;
+        meta.bitmap_op = OP_NONE;
+        meta.value_op = OP_NONE;
         if (meta.harvest) {
-            // The harvest pass: the first pass chose everything; read the high halves.
-            meta.value_op = OP_NONE;
-            if (hdr.block_i.isValid()) {
+            if (hdr.harvest.last == 1) {
+                // A reply's third pass: block_w holds the egress part at its wire position;
+                // send it on (no register is touched).
+                hdr.bridge.ina_emitted = 1;
+                hdr.bridge.ipv4_update = 1;
+                priority_ctl.apply(hdr, ig_tm_md);
+                if (hdr.harvest.mcast_grp != 0) {
+                    ig_tm_md.mcast_grp_a = hdr.harvest.mcast_grp;  // to every worker
+                } else {
+                    ig_tm_md.ucast_egress_port = hdr.harvest.port;  // back to the sender
+                }
+                hdr.harvest.setInvalid();  // after its fields are read (not deparsed onwards)
+                return;
+            }
+            // A reply's second pass: the first chose everything; read the high halves.
+            if (hdr.harvest.block == 1) {
                 meta.value_op = OP_READ;
             }
             meta.read_hi = 1;
@@ -371,13 +454,8 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
                     meta.count_delta = count_rank.execute(meta.idx);
                 }
             }
-            meta.length_diff = meta.stored_length ^ hdr.ina.length;
-            meta.kind = KIND_NONE;
-            meta.state_op = OP_NONE;
-            meta.flags_op = OP_NONE;
-            meta.bitmap_op = OP_NONE;
-            meta.value_op = OP_NONE;
             decide.apply();
+            meta.length_diff = meta.stored_length ^ hdr.ina.length;
             meta.flag_bits = 0;
             flag_input.apply();
             // A result's flags: the stored ones with LAST turned the right way up, RESEND when
@@ -388,6 +466,8 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
             }
             present_ops.apply();
             nonfinite_ops.apply();
+            exponent_ops.apply();
+            next_l0_ops.apply();
             bitmap_ops.apply();
             flags_ops.apply();
         }
@@ -396,32 +476,26 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
 #define SPINA_APPLY_PAIR(P, LO, HI) pair_p##P##_ops.apply();
         FOR_EACH_INGRESS_PAIR(SPINA_APPLY_PAIR)
 
-        // Egress adds block_e and runs slot_exponent and slot_next_l0 with these ops.
-        hdr.bridge.value_op = meta.value_op;
-        hdr.bridge.read_hi = meta.read_hi;
-        hdr.bridge.lane_out = 1;
-        hdr.bridge.idx = meta.idx;
-        if (hdr.block_e.isValid()) {
-            hdr.bridge.block_out = 1;
-        }
-        if (meta.harvest) {
-            hdr.bridge.ina_emitted = 1;
-            hdr.bridge.ipv4_update = 1;
-            if (hdr.harvest.multicast == 1) {
-                ig_tm_md.mcast_grp_a = hdr.harvest.mcast_grp;
-            } else {
-                ig_tm_md.ucast_egress_port = hdr.harvest.port;
-            }
-            hdr.harvest.setInvalid();  // after its fields are read (not deparsed onwards)
-            return;
-        }
-        hdr.bridge.state_op = meta.state_op;
-        // Every aggregated packet's first pass crosses egress through this pipe's
-        // recirculation port, in one queue: the egress half of a slot copy then sees the
-        // packets in ingress order (a fresh copy's SET before the MERGEs, every MERGE of a
-        // round before the reply that reads it). Priority leaves this queue alone.
+        // Every pass that adds or reads pairs crosses egress through this pipe's recirculation
+        // port, in one queue: the egress pairs of a slot copy then see the packets in ingress
+        // order (a fresh copy's SET before the MERGEs, every MERGE of a round before the reply
+        // that reads it). Priority leaves this queue alone. Egress runs block_e's pairs with
+        // these ops (block_e right behind the bridged header: egress parses no further).
         ig_tm_md.ucast_egress_port = ig_intr_md.ingress_port[8:7] ++ (bit<7>)RECIRC_PORT;
         ig_tm_md.qid = 0;
+        hdr.bridge.value_op = meta.value_op;
+        if (meta.harvest) {
+            hdr.bridge.read_hi = 1;
+            hdr.bridge.to_harvest = 1;
+            hdr.bridge.last = 1;
+            if (hdr.harvest.block == 1) {
+                hdr.bridge.block_front = 1;
+            }
+            hdr.bridge.reply_port = hdr.harvest.port;
+            hdr.bridge.mcast_grp = hdr.harvest.mcast_grp;
+            hdr.harvest.setInvalid();
+            return;
+        }
 
         if (meta.kind == KIND_HOLD || meta.kind == KIND_COMPLETE) {
             job_aggregated.count(job);
@@ -430,6 +504,9 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
         }
         if (meta.kind == KIND_HOLD) {
             hdr.bridge.hold_drop = 1;  // egress adds its part, then drops it
+            if (hdr.block_e.isValid()) {
+                hdr.bridge.block_front = 1;
+            }
             return;
         }
         if (meta.kind == KIND_STATUS) {
@@ -439,25 +516,24 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
             hdr.ina.nonfinite = 0;
             hdr.block_e.setInvalid();
             hdr.block_i.setInvalid();
-            hdr.bridge.block_out = 0;
         } else {
             hdr.ina.msg_type = MSG_RESULT;
             hdr.ina.flags = meta.stored_flags ^ meta.flags_xor;
-            hdr.ina.present = 32w0 ++ meta.present;
-            hdr.ina.nonfinite = 32w0 ++ meta.nonfinite;
             hdr.ina.length = meta.stored_length;
-            if (meta.present[0:0] == 1) {
-                hdr.block_e.setValid();
-                hdr.block_i.setValid();
-                hdr.bridge.block_out = 1;
-            } else {
+            if (hdr.ina.present[0:0] == 0) {
                 hdr.block_e.setInvalid();
                 hdr.block_i.setInvalid();
-                hdr.bridge.block_out = 0;
+                if (meta.value_op == OP_READ) {
+                    hdr.bridge.value_op = OP_NONE;  // no block_e reaches egress to add
+                }
+            } else if (meta.value_op == OP_READ) {
+                hdr.bridge.zero_front = 1;  // egress reads the low halves with zeros
+            } else {
+                hdr.bridge.block_front = 1;  // this packet's own block (SET, MERGE)
             }
         }
         // Lengths of what leaves: header, one position and the block if it is valid.
-        if (hdr.bridge.block_out == 1) {
+        if (hdr.block_i.isValid()) {
             hdr.udp.length = UDP_HDR_BYTES + INA_HDR_BYTES + 4 * NLANES + BLOCK_BYTES;
         } else {
             hdr.udp.length = UDP_HDR_BYTES + INA_HDR_BYTES + 4 * NLANES;
@@ -465,82 +541,29 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
         hdr.ipv4.total_len = IPV4_HDR_BYTES + hdr.udp.length;
         hdr.ina.flags = hdr.ina.flags | meta.loss_tolerant;
         reply_to_sender();
-        // The harvest pass sends it on: the result to every worker, else back to the sender.
+        // Round the recirculation port twice more (include/parser.p4); the third pass sends
+        // the result to every worker, or back to the sender.
         hdr.bridge.to_harvest = 1;
         hdr.bridge.reply_port = ig_intr_md.ingress_port;
-        hdr.bridge.mcast_grp = meta.adm.mcast_grp;
+        hdr.bridge.mcast_grp = 0;
         if (meta.kind == KIND_COMPLETE || meta.kind == KIND_FLUSH) {
-            hdr.bridge.multicast = 1;
+            hdr.bridge.mcast_grp = meta.adm.mcast_grp;
         }
     }
 }
 
-// Egress: the egress pairs (block_e), slot_exponent and slot_next_l0, with the ops ingress
-// bridged. They change cells only in a packet's first pass (one copy, through the
-// recirculation port's queue); the harvest pass's copies only read the pairs' high halves.
+// Egress: the egress pairs (block_e), with the op ingress bridged, in a pass through the
+// recirculation port: a first pass adds (or reads the low halves), a reply's second pass
+// reads the high halves.
 control EgressSlots(inout tna_headers_t hdr) {
 #define SPINA_EGRESS_PAIR(P, LO, HI) \
-    SPINA_PAIR(P, LO, HI, hdr.block_e, hdr.bridge.value_op, hdr.bridge.read_hi, hdr.bridge.idx)
+    SPINA_PAIR(P, LO, HI, hdr.block_e, hdr.bridge.value_op, hdr.bridge.read_hi, hdr.bridge.idx, \
+               @stage(SPINA_EGRESS_PAIR_STAGE_##P))
     FOR_EACH_EGRESS_PAIR(SPINA_EGRESS_PAIR)
 
-    // ------------------------------------------------------------------ slot_exponent
-    @name(".slot_exponent") Register<bit<16>, copy_index_t>(SLOT_COPIES, 0) slot_exponent;
-    RegisterAction<bit<16>, copy_index_t, bit<16>>(slot_exponent) slot_exponent_set = {
-        void apply(inout bit<16> value, out bit<16> rv) {
-            value = hdr.ina.exponent;
-            rv = value;
-        }
-    };
-    RegisterAction<bit<16>, copy_index_t, bit<16>>(slot_exponent) slot_exponent_max = {
-        void apply(inout bit<16> value, out bit<16> rv) {
-            if ((int<16>)hdr.ina.exponent > (int<16>)value) {
-                value = hdr.ina.exponent;
-            }
-            rv = value;
-        }
-    };
-    RegisterAction<bit<16>, copy_index_t, bit<16>>(slot_exponent) slot_exponent_read = {
-        void apply(inout bit<16> value, out bit<16> rv) {
-            rv = value;
-        }
-    };
-
-
-    // ------------------------------------------------------------------ slot_next_l0
-    @name(".slot_next_l0") Register<bit<32>, copy_index_t>(SLOT_COPIES, 0) slot_next_l0;
-    RegisterAction<bit<32>, copy_index_t, bit<32>>(slot_next_l0) slot_next_l0_set = {
-        void apply(inout bit<32> value, out bit<32> rv) {
-            value = hdr.lane_next.pos;
-            rv = value;
-        }
-    };
-    RegisterAction<bit<32>, copy_index_t, bit<32>>(slot_next_l0) slot_next_l0_min = {
-        void apply(inout bit<32> value, out bit<32> rv) {
-            if (hdr.lane_next.pos < value) {
-                value = hdr.lane_next.pos;
-            }
-            rv = value;
-        }
-    };
-    RegisterAction<bit<32>, copy_index_t, bit<32>>(slot_next_l0) slot_next_l0_read = {
-        void apply(inout bit<32> value, out bit<32> rv) {
-            rv = value;
-        }
-    };
-
-    SPINA_OP_TABLE(exponent, hdr.ina.exponent, hdr.bridge.state_op,
-                   slot_exponent_set, slot_exponent_max, slot_exponent_read, hdr.bridge.idx)
-    SPINA_OP_TABLE(next_l0, hdr.lane_next.pos, hdr.bridge.state_op,
-                   slot_next_l0_set, slot_next_l0_min, slot_next_l0_read, hdr.bridge.idx)
-
     apply {
-        if (hdr.bridge.value_op == OP_READ && hdr.bridge.read_hi == 0) {  // include/pairs.p4
-#define SPINA_EGRESS_READ_ZERO(P, LO, HI) SPINA_READ_ZERO(hdr.block_e, P, LO, HI)
-            FOR_EACH_EGRESS_PAIR(SPINA_EGRESS_READ_ZERO)
-        }
+        // A READ of the low halves adds the zeros ingress wrote into block_e (decide).
         FOR_EACH_EGRESS_PAIR(SPINA_APPLY_PAIR)
-        exponent_ops.apply();
-        next_l0_ops.apply();
     }
 }
 

@@ -15,8 +15,9 @@
 #define SPINA_TNA_PAIRS_P4
 
 // P: the pair; LO, HI: its elements (2P, 2P + 1); BLK: the header holding them; OP: the op;
-// READ_HI: 1 in the harvest pass (READ's answer goes to element HI); IDX: the slot copy.
-#define SPINA_PAIR(P, LO, HI, BLK, OP, READ_HI, IDX)                                         \
+// READ_HI: 1 in the harvest pass (READ's answer goes to element HI); IDX: the slot copy;
+// PLACE: the table's annotations (its stage).
+#define SPINA_PAIR(P, LO, HI, BLK, OP, READ_HI, IDX, PLACE)                                       \
     @name(SPINA_XSTR(.slot_values_l0_p##P)) Register<pair_t, copy_index_t>(SLOT_COPIES)       \
         slot_values_l0_p##P;                                                                  \
     RegisterAction<pair_t, copy_index_t, bit<32>>(slot_values_l0_p##P) pair_set_##P = {      \
@@ -49,7 +50,7 @@
     @hidden action pair_do_clear_##P() { BLK.e##LO = pair_clear_##P.execute(IDX); }           \
     @hidden action pair_do_add_##P() { BLK.e##LO = pair_add_##P.execute(IDX); }               \
     @hidden action pair_do_read_hi_##P() { BLK.e##HI = pair_read_hi_##P.execute(IDX); }       \
-    @hidden table pair_p##P##_ops {                                                           \
+    PLACE @hidden table pair_p##P##_ops {                                                         \
         key = { OP: exact; READ_HI: exact; }                                                  \
         actions = { pair_do_set_##P; pair_do_clear_##P; pair_do_add_##P;                      \
                     pair_do_read_hi_##P; @defaultonly NoAction; }                             \
