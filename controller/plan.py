@@ -220,6 +220,13 @@ def load(path) -> Fabric:
     return load_yaml(path, parse)
 
 
+def _fabric_target(sw, where: str, role: str) -> None:
+    """The Tofino program has no fabric roles: refuse a tofino switch as a leaf or spine."""
+    need(sw.target != "tofino", where, f"switch {sw.name!r} is a tofino switch, and the TNA "
+          f"program has no {role} role: no job_level / leaf_upstream tables (tofino/README.md, "
+          "'What each target supports': its stages are full)")
+
+
 def parse(doc, path: pathlib.Path | None = None) -> Fabric:
     """The desired state with its `fabric` section, validated (ConfigError names the field)."""
     need(isinstance(doc, dict), "(top)", "must be a mapping")
@@ -243,6 +250,7 @@ def parse(doc, path: pathlib.Path | None = None) -> Fabric:
         name = string(d, "name", w)
         need(name not in racks, f"{w}.name", f"duplicate rack {name!r}")
         leaf = switch(d, "leaf", w)
+        _fabric_target(switches[leaf], f"{w}.leaf", "leaf")
         members = optional_list(d, "workers", w)
         need(1 <= len(members) <= MAX_WORKERS_PER_RACK, f"{w}.workers",
               f"must list 1..{MAX_WORKERS_PER_RACK} workers (the leaf's rank bitmap), "
@@ -264,6 +272,7 @@ def parse(doc, path: pathlib.Path | None = None) -> Fabric:
         need(isinstance(name, str) and name in switches, f"fabric.spines[{i}]",
               f"unknown switch {name!r} (switches: {', '.join(switches)})")
         need(spines_doc.index(name) == i, f"fabric.spines[{i}]", f"spine {name!r} listed twice")
+        _fabric_target(switches[name], f"fabric.spines[{i}]", "spine")
         need(name not in leaves, f"fabric.spines[{i}]", f"switch {name!r} is also a rack's leaf "
               "(one level per switch)")
         need(switches[name].udp_port == spec.INA_UDP_PORT, f"switches.{name}.udp_port",

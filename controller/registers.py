@@ -68,16 +68,26 @@ class P4RuntimeRegisters(RegisterAdapter):
     def write(self, updates: list) -> None:
         self.conn.write(updates)
 
+    def fill(self, data, r, value: int) -> None:
+        """P4Data `data` for register `r` holding `value`: a bitstring, or for a struct cell
+        (the TNA program's pair registers) every member holding it."""
+        if r.type_spec.HasField("struct"):
+            struct = self.conn.index.p4info.type_info.structs[r.type_spec.struct.name]
+            for m in struct.members:
+                data.struct.members.add().bitstring = encode(
+                    value, m.type_spec.bitstring.bit.bitwidth)
+        else:
+            data.bitstring = encode(value, r.type_spec.bitstring.bit.bitwidth)
+
     def clear(self, names, start, count):
         updates = []
         for name in self.selected(names):
             r = self.conn.index.get("registers", name)
-            value = encode(self.empty(name), r.type_spec.bitstring.bit.bitwidth)
             for i in self.cells(name, start, count):
                 e = pb.Entity()
                 e.register_entry.register_id = r.preamble.id
                 e.register_entry.index.index = i
-                e.register_entry.data.bitstring = value
+                self.fill(e.register_entry.data, r, self.empty(name))
                 updates.append((pb.Update.MODIFY, e))
         self.write(updates)
 
@@ -106,8 +116,7 @@ class P4RuntimeRegisters(RegisterAdapter):
             r = self.conn.index.get("registers", name)
             e = pb.Entity()
             e.register_entry.register_id = r.preamble.id
-            e.register_entry.data.bitstring = encode(self.empty(name),
-                                                     r.type_spec.bitstring.bit.bitwidth)
+            self.fill(e.register_entry.data, r, self.empty(name))
             updates.append((pb.Update.MODIFY, e))
         self.write(updates)
 
@@ -160,7 +169,8 @@ class TofinoRegisters(P4RuntimeRegisters):
       some of p4src's slot registers), plus `slot_rank_round` when it declares that;
     - empty values: FLAG_LAST in `slot_flags` (the TNA program stores LAST inverted,
       spec.TNA_FLAGS_INVERTED), zero elsewhere, each as wide as the P4Info says (the lane
-      bitmaps slot_present and slot_nonfinite are 32-bit cells there);
+      bitmaps slot_present and slot_nonfinite are 32-bit cells there; the value registers
+      slot_values_l0_p<P> are pairs, P4 structs of two 32-bit halves, both zeroed);
     - `slot_rank_round` has one cell per slot copy and rank at copy * 32 + rank
       (`meta.rank_idx` in tofino/include/aggregator.p4: slot ++ round[0] ++ rank), so
       copies start..start+count-1 own cells start * 32 .. (start + count) * 32 - 1.

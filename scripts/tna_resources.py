@@ -4,13 +4,22 @@ Usage: python3 scripts/tna_resources.py OUT_DIR [COMPILER_VERSION_LINE] > tofino
 
 OUT_DIR is bf-p4c's -o directory; its pipe/logs/resources.json (per MAU stage: RAMs, TCAMs,
 stateful (meter) ALUs, statistics ALUs, gateways, and the tables using them) and
-pipe/logs/metrics.json (PHV containers) are read. Standard library only.
+pipe/logs/metrics.json (PHV containers) are read, and tofino/size.p4 for the int32 elements a
+packet carries. Standard library only.
 """
 from __future__ import annotations
 
 import json
 import pathlib
+import re
 import sys
+
+SIZE_P4 = pathlib.Path(__file__).resolve().parents[1] / "tofino" / "size.p4"
+
+
+def _sizes() -> dict:
+    """tofino/size.p4's numeric #defines."""
+    return {k: int(v) for k, v in re.findall(r"#define (\w+) (\d+)\s", SIZE_P4.read_text())}
 
 
 def _usages(units) -> list:
@@ -55,7 +64,14 @@ def summarise(out_dir: pathlib.Path, version: str) -> str:
         salu = ", ".join(sorted(_names(st.get("meter_alus", {}).get("meters"))))
         lines.append(f"| {st['stage_number']} | " + " | ".join(map(str, counts)) + f" | {salu} |")
     lines.append("| total | " + " | ".join(map(str, totals)) + " | |")
-    lines += ["", f"Stages with any resource in use: {used_stages} of {res['mau']['nStages']}."]
+    lines += ["", f"Stages with any resource in use: {used_stages} of {res['mau']['nStages']}; "
+              f"stateful ALUs: {totals[3]} of {4 * res['mau']['nStages']}."]
+    s = _sizes()
+    if "BLOCK_SIZE" in s:
+        lines += ["", f"int32 per packet: {s['NLANES'] * s['BLOCK_SIZE']} ({s['NLANES']} lane x "
+                  f"{s['BLOCK_SIZE']}), in pair registers slot_values_l0_p<P> (two int32 per "
+                  f"stateful ALU): {s.get('EGRESS_PAIRS', 0)} in egress, "
+                  f"{s.get('INGRESS_PAIRS', 0)} in ingress (tofino/size.p4)."]
     metrics = logs / "metrics.json"
     if metrics.exists():
         phv = json.loads(metrics.read_text()).get("phv", {})

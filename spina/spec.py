@@ -107,11 +107,14 @@ def register_cells(name: str, pool_slots: int = P4_SIZES["POOL_SLOTS"]) -> int:
 
 
 def split_p4_register(name: str) -> tuple[str, int | None, int | None]:
-    """'slot_values_l1_e5' -> ('slot_values', 1, 5); 'slot_next_l2' -> ('slot_next', 2, None)."""
+    """'slot_values_l1_e5' -> ('slot_values', 1, 5); 'slot_next_l2' -> ('slot_next', 2, None);
+    a TNA pair register 'slot_values_l0_p3' (elements 6 and 7) -> ('slot_values', 0, 6)."""
     parts = name.split("_")
     lane = elem = None
     if parts[-1].startswith("e") and parts[-1][1:].isdigit():
         elem = int(parts.pop()[1:])
+    elif parts[-1].startswith("p") and parts[-1][1:].isdigit():
+        elem = 2 * int(parts.pop()[1:])
     if parts[-1].startswith("l") and parts[-1][1:].isdigit():
         lane = int(parts.pop()[1:])
     return "_".join(parts), lane, elem
@@ -253,11 +256,15 @@ MAX_JOB_ID = (1 << 16) // wire.MAX_WORKERS - 2  # rid(MAX_JOB_ID, 31) fits egres
 
 
 # ---------------------------------------------------------------- the Tofino 1 program (tofino/)
-# tofino/size.p4's sizes (tests/test_tna_agreement.py checks them): one lane of 14 int32 per
-# packet, every element its own stateful ALU, in one ingress pass (the reasons are in size.p4).
+# tofino/size.p4's sizes (tests/test_tna_agreement.py checks them): one lane of 46 int32 per
+# packet in 23 pair registers (two elements per stateful ALU), EGRESS_PAIRS of them added in
+# egress and the rest in ingress; a reply takes two more passes, the first for the pairs'
+# high halves (the reasons are in size.p4 and tofino/README.md; 64 needs 13-14 stages).
 TNA_SIZES = {
     "POOL_SLOTS": 256,
-    "BLOCK_SIZE": 14,       # int32 elements per block: one stateful ALU each
+    "BLOCK_SIZE": 46,       # int32 elements per block: 2 * (EGRESS_PAIRS + INGRESS_PAIRS)
+    "EGRESS_PAIRS": 15,     # pair registers in egress: elements 0 .. 2 * EGRESS_PAIRS - 1
+    "INGRESS_PAIRS": 8,     # pair registers in ingress: the rest
     "NLANES": 1,            # blocks per packet
     "MAX_WORKERS": 32,
     "MAX_JOBS": 2048,       # counters and job_loss_credit: admitted job ids are <= MAX_JOB_ID
@@ -268,6 +275,8 @@ TNA_SIZES = {
     "ADMISSION_ENTRIES": 1024,
     "RANK_CELLS": 16384,    # slot_rank_round: one cell per slot copy and rank
 }
+TNA_PAIR_WIDTH = 64  # a pair register's cell: struct pair_t { bit<32> lo; bit<32> hi; }
+TNA_PAIR_TYPE = "pair_t"
 # Flat jobs only: the leaf and spine roles (job_level, leaf_upstream) are not in the TNA program.
 TNA_TABLES = ("ina_endpoint", "admission", "congestion", "l2", "ipv4_routes", "worker_rewrite")
 # Not in the TNA program yet: the hold of a newer round (the head registers and job_held; its
@@ -292,12 +301,19 @@ def tna_registers() -> list[tuple[str, int, int]]:
     """(name, cell width, cells) of every register array of the TNA program."""
     widths = {r.name: TNA_REGISTER_WIDTHS.get(r.name, r.width) for r in REGISTERS}
     copies = 2 * TNA_SIZES["POOL_SLOTS"]
-    out = [(n, widths[split_p4_register(n)[0]], copies)
-           for n in p4_register_names(TNA_SIZES["NLANES"], TNA_SIZES["BLOCK_SIZE"])
-           if n not in TNA_LACKS]
+    out = [(n, widths[split_p4_register(n)[0]], copies)  # block_size 0: no per-element arrays
+           for n in p4_register_names(TNA_SIZES["NLANES"], 0) if n not in TNA_LACKS]
+    out += [(n, TNA_PAIR_WIDTH, copies) for n in tna_pair_registers()]
     out.append((TNA_RANK_REGISTER.name, TNA_RANK_REGISTER.width, TNA_SIZES["RANK_CELLS"]))
     out += [(r.name, r.width, TNA_SIZES["MAX_JOBS"]) for r in JOB_REGISTERS]
     return out
+
+
+def tna_pair_registers() -> list[str]:
+    """The TNA program's value registers: slot_values_l0_p<P> holds elements 2P (its low
+    half) and 2P + 1 (its high half); pairs below EGRESS_PAIRS live in egress."""
+    pairs = TNA_SIZES["EGRESS_PAIRS"] + TNA_SIZES["INGRESS_PAIRS"]
+    return [f"slot_values_l0_p{p}" for p in range(pairs)]
 
 
 # ---------------------------------------------------------------- P4Info
@@ -328,6 +344,15 @@ def tna_p4info():
     tables = [Table(t.name, t.keys, tuple(a for a in t.actions if a not in TNA_LACKS_ACTIONS),
                     t.default, t.size) for t in (TABLES[n] for n in TNA_TABLES)]
     return _p4info(tables, TNA_COUNTERS, tna_registers())
+
+
+def p4info_register_width(info, r) -> int:
+    """Register `r`'s cell width in P4Info `info`: its bitstring's, or the sum of its struct's
+    members (the TNA pair registers: two 32-bit halves)."""
+    if r.type_spec.HasField("struct"):
+        members = info.type_info.structs[r.type_spec.struct.name].members
+        return sum(m.type_spec.bitstring.bit.bitwidth for m in members)
+    return r.type_spec.bitstring.bit.bitwidth
 
 
 def _p4info(tables, counters: dict, registers):
@@ -363,6 +388,13 @@ def _p4info(tables, counters: dict, registers):
     for name, width, size in registers:
         pr = info.registers.add()
         pr.preamble.id, pr.preamble.name = _p4_id("register", name), name
-        pr.type_spec.bitstring.bit.bitwidth = width
+        if width == TNA_PAIR_WIDTH:  # two 32-bit halves, as a P4 struct (bf-p4c's form)
+            pr.type_spec.struct.name = TNA_PAIR_TYPE
+            if TNA_PAIR_TYPE not in info.type_info.structs:
+                pair = info.type_info.structs[TNA_PAIR_TYPE]
+                for half in ("lo", "hi"):
+                    pair.members.add(name=half).type_spec.bitstring.bit.bitwidth = 32
+        else:
+            pr.type_spec.bitstring.bit.bitwidth = width
         pr.size = size
     return info

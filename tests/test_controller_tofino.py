@@ -201,11 +201,16 @@ def test_reset_writes_the_tna_empty_values(fake, tmp_path, tna_p4info, which):
     for u in regs_w.updates:
         assert u.type == pb.Update.MODIFY
         r = u.entity.register_entry
-        got[(r.register_id, r.index.index)] = r.data.bitstring
+        got[(r.register_id, r.index.index)] = (
+            r.data.bitstring if r.data.HasField("bitstring")
+            else tuple(m.bitstring for m in r.data.struct.members))  # a pair: lo, hi
     assert len(got) == len(regs_w.updates)  # no cell twice
     slot_registers = [n for n, _, cells in spec.tna_registers() if cells == 512]
-    assert len(slot_registers) == 23 and "slot_values_l0_e13" in slot_registers
-    want = {(rid[n], i): b"\x04" if n == "slot_flags" else b"\x00"
+    pairs = spec.tna_pair_registers()
+    npairs = len(spec.tna_pair_registers())
+    assert len(slot_registers) == 9 + npairs and f"slot_values_l0_p{npairs - 1}" in slot_registers
+    want = {(rid[n], i): b"\x04" if n == "slot_flags" else
+            (b"\x00", b"\x00") if n in pairs else b"\x00"
             for n in slot_registers for i in range(8, 12)}
     want.update({(rid["slot_rank_round"], i): b"\x00" for i in range(256, 384)})
     assert got == want
@@ -233,7 +238,7 @@ def test_job_removal_clears_its_slots_after_the_deletes(fake, tmp_path, tna_p4in
     cells = sorted(u.entity.register_entry.index.index for u in clear.updates
                    if u.entity.register_entry.register_id == rank)
     assert cells == list(range(256, 384))
-    assert len(clear.updates) == 23 * 4 + 128
+    assert len(clear.updates) == (9 + len(spec.tna_pair_registers())) * 4 + 128
 
 
 class RegisterFake(FakeSwitch):
@@ -345,7 +350,7 @@ def test_tofino_jobs_use_the_tna_sizes(tmp_path):
     doc = tofino_doc("127.0.0.1:1", tmp_path / "p4info.txtpb", tmp_path / "out",
                      jobs=[dict(JOB7, block_size=32)])
     with pytest.raises(ConfigError, match=r"^jobs\[0\]\.block_size: the tofino P4 program "
-                                          r"aggregates blocks of 14$"):
+                                          rf"aggregates blocks of {spec.TNA_SIZES['BLOCK_SIZE']}$"):
         state_mod.parse(doc)
 
 
@@ -404,7 +409,7 @@ def test_committed_std_p4info_names_the_tna_registers():
     controller finds by name (tables too)."""
     info = text_format.Parse(STD_P4INFO.read_text(), spec.tna_p4info().__class__(),
                              allow_unknown_field=True)
-    assert sorted((r.preamble.name, r.type_spec.bitstring.bit.bitwidth, r.size)
+    assert sorted((r.preamble.name, spec.p4info_register_width(info, r), r.size)
                   for r in info.registers) == sorted(spec.tna_registers())
     assert {c.preamble.name: c.size for c in info.counters} == spec.TNA_COUNTERS
     assert {t.preamble.name for t in info.tables} == set(spec.TNA_TABLES)
@@ -440,4 +445,4 @@ def test_the_example_desired_state_loads():
     sw = st.switches["s1"]
     assert (sw.target, sw.device_config_format) == ("tofino", "stratum")
     assert st.resolve(sw.p4info).resolve() == STD_P4INFO
-    assert (st.jobs[1].block_size, st.jobs[1].nlanes) == (14, 1)
+    assert (st.jobs[1].block_size, st.jobs[1].nlanes) == (spec.TNA_SIZES["BLOCK_SIZE"], 1)

@@ -64,6 +64,18 @@ def _big_rack(doc):
     doc["fabric"]["racks"][0]["workers"] += [f"xw{i}" for i in range(29)]
 
 
+def _tofino(name):
+    """Switch `name` becomes a tofino switch (the TNA program: no leaf or spine role)."""
+    def edit(doc):
+        sw = next(s for s in doc["switches"] if s["name"] == name)
+        sw.update(target="tofino", grpc="127.0.0.1:9559", p4info="p4info.txtpb", udp_port=47000,
+                  device_config="out", device_config_format="stratum")
+        for i, w in enumerate(doc["workers"]):
+            if w["switch"] == name:
+                w["mac"] = f"02:00:00:00:00:{i:02x}"
+    return edit
+
+
 WRONG_PLANS = [
     # (edit, the field the error names, words of the message)
     (lambda d: d["fabric"]["jobs"][0]["shards"].__setitem__(
@@ -97,6 +109,9 @@ WRONG_PLANS = [
     (lambda d: d["fabric"]["jobs"][0].__setitem__("racks", ["r0", "r0"]),
      "fabric.jobs[0].racks[1]", "listed twice"),
     (lambda d: d.pop("fabric"), "fabric", "required field"),
+    # Issue 28: the TNA program has no fabric roles; the plan says so before any deploy.
+    (_tofino("leaf0"), "fabric.racks[0].leaf", "TNA program has no leaf role"),
+    (_tofino("spine1"), "fabric.spines[1]", "TNA program has no spine role"),
 ]
 
 

@@ -37,7 +37,7 @@ def shape(info) -> dict:
         "actions": {a.preamble.name: tuple((p.name, p.bitwidth) for p in a.params)
                     for a in info.actions},
         "counters": {c.preamble.name: c.size for c in info.counters},
-        "registers": {r.preamble.name: (r.type_spec.bitstring.bit.bitwidth, r.size)
+        "registers": {r.preamble.name: (spec.p4info_register_width(info, r), r.size)
                       for r in info.registers},
     }
 

@@ -52,7 +52,8 @@ def test_sizes_agree():
 
 def test_registers_agree(program):
     """Every Register of the program: spec's TNA name, cell width and number of cells."""
-    widths = {"bit<32>": 32, "bit<16>": 16, "bit<8>": 8, "loss_credit_t": 32}
+    widths = {"bit<32>": 32, "bit<16>": 16, "bit<8>": 8, "loss_credit_t": 32,
+              spec.TNA_PAIR_TYPE: spec.TNA_PAIR_WIDTH}
     got = {name: (widths[cell], int(cells)) for name, cell, cells in re.findall(
         r'@name\("\.(\w+)"\) Register<([\w<>]+), [\w<>]+>\((\d+)', program)}
     assert got == {name: (width, cells) for name, width, cells in spec.tna_registers()}
@@ -111,8 +112,11 @@ def _bf_p4c_shape(text: str) -> dict:
             size = int(re.search(r"\n        size: (\d+)", inst).group(1))
             if kind == "Counter":
                 out["counters"][name] = size
-            elif kind == "Register":
-                width = int(re.search(r"bitwidth: (\d+)", inst).group(1))
+            elif kind == "Register":  # a pair register's cell is a struct (type_info)
+                struct = re.search(r'struct \{\s*name: "(\w+)"', inst)
+                width = (sum(m.type_spec.bitstring.bit.bitwidth
+                             for m in info.type_info.structs[struct.group(1)].members)
+                         if struct else int(re.search(r"bitwidth: (\d+)", inst).group(1)))
                 out["registers"][name] = (width, size)
     return out
 

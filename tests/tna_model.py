@@ -1,6 +1,10 @@
 """A statement-by-statement transliteration of the Tofino 1 program's INA path (tofino/:
-SpinaIngressParser's INA states, InaCheck, Admission, Aggregator, and egress's WorkerRewrite
-counter and CongestionDrop) into plain Python, RegisterAction by RegisterAction.
+SpinaIngressParser's INA states, InaCheck, Admission, Aggregator, and egress's EgressSlots,
+WorkerRewrite counter and CongestionDrop) into plain Python, RegisterAction by RegisterAction,
+pass by pass: every aggregated packet crosses egress (EgressSlots) through the recirculation
+port; a held contribution is dropped there, a reply goes round twice more: its second pass
+reads the pairs' high halves (ingress, then egress) when it carries the block, its third sends
+it on.
 
 tests/test_tna_model.py compares it with the software switch (softswitch.pipeline.Pipeline at
 the TNA sizes). Each RegisterAction is a method that takes the cell, returns (new cell, rv),
@@ -22,6 +26,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 TOFINO = ROOT / "tofino"
 S = spec.TNA_SIZES
 NLANES, BLOCK_SIZE, BLOCK_BYTES = S["NLANES"], S["BLOCK_SIZE"], 4 * S["BLOCK_SIZE"]
+PAIRS = S["EGRESS_PAIRS"] + S["INGRESS_PAIRS"]
+EGRESS_PAIRS = range(S["EGRESS_PAIRS"])          # elements of block_e
+INGRESS_PAIRS = range(S["EGRESS_PAIRS"], PAIRS)  # elements of block_i
 JOB_MASK = S["MAX_JOBS"] - 1
 UDP_HDR_BYTES = 8
 ETH_LEN, IPV4_LEN = 14, 20
@@ -104,8 +111,8 @@ class TnaModel:
     def __init__(self):
         copies = 2 * S["POOL_SLOTS"]
         self.reg: dict[str, list[int]] = {}
-        for name, _width, cells in spec.tna_registers():
-            self.reg[name] = [0] * cells
+        for name, width, cells in spec.tna_registers():
+            self.reg[name] = [(0, 0) if width == spec.TNA_PAIR_WIDTH else 0] * cells
         self.reg["slot_flags"] = [LAST] * copies  # Register(..., FLAG_LAST): the empty value
         self.counters: dict[tuple[str, int], int] = {}
         self.admission: dict[tuple, dict] = {}
@@ -113,6 +120,10 @@ class TnaModel:
 
     def count(self, name: str, index: int) -> None:
         self.counters[(name, index)] = self.counters.get((name, index), 0) + 1
+
+    def values(self, e: int) -> list[int]:
+        """Element e's sums, one per slot copy (the low or high half of its pair)."""
+        return [cell[e & 1] for cell in self.reg[f"slot_values_l0_p{e // 2}"]]
 
     def spec_view(self, name: str) -> list[int]:
         """A register as spec.REGISTERS means it (slot_flags with FLAG_LAST the right way up)."""
@@ -233,15 +244,17 @@ class TnaModel:
         length_diff = stored_length ^ h.length
         kind = state_op = flags_op = bitmap_op = value_op = 0
         hit = lookup(DECIDE, [round_pred, rank_pred, h.flags, count_delta, h.present & 1])
+        read_zero = False
         if hit is not None:
             kind, state_op, flags_op, bitmap_op, value_op = hit[1]
+            read_zero = hit[0] == "set_outcome_read"  # both elements of each pair := 0
         flag_bits = 0
         hit = lookup(FLAG_INPUT, [kind, flags_op, h.flags, length_diff])
         if hit is not None:
             flag_bits = hit[1][0]
 
         out = h.copy()
-        out_next = lane_next
+        nxt = [lane_next]  # hdr.lane_next.pos
         bitmap = None
         if bitmap_op != OP["NONE"]:
             bitmap = self._or_register("slot_bitmap", idx, bitmap_op, rank_bit)
@@ -251,34 +264,53 @@ class TnaModel:
         if state_op != OP["NONE"]:
             present = self._or_register("slot_present", idx, state_op, h.present & M32)
             nonfinite = self._or_register("slot_nonfinite", idx, state_op, h.nonfinite & M32)
-            out.exponent = _s16(self._exponent(idx, state_op, h.exponent & 0xFFFF))
-            out_next = self._next(idx, state_op, lane_next)
         if flags_op != OP["NONE"]:
             stored_flags = self._or_register("slot_flags", idx, flags_op, flag_bits)
-        values = [self._value(e, idx, value_op, block) for e in range(BLOCK_SIZE)]
+        if state_op != OP["NONE"]:  # exponent_ops, next_l0_ops: into the header
+            out.exponent = _s16(self._exponent(idx, state_op, out.exponent & 0xFFFF))
+            nxt[0] = self._next(idx, state_op, nxt[0])
+        blk = list(block) if block is not None else [0] * BLOCK_SIZE  # hdr.block_e ++ block_i
+        if read_zero:
+            self._read_zero(INGRESS_PAIRS, blk)
+        for p in INGRESS_PAIRS:
+            self._pair(p, idx, value_op, 0, blk)
 
         if kind in (KIND["HOLD"], KIND["COMPLETE"]):
             self.count("job_aggregated", job)
         else:
             self.count("job_duplicates", job)
-        if kind == KIND["HOLD"]:
+        if kind == KIND["HOLD"]:  # to the recirculation port: EgressSlots, then dropped
+            self._egress_slots(idx, value_op, 0, blk)
             return []
+        block_out = False
         if kind == KIND["STATUS"]:
             out.msg_type = wire.MSG_STATUS
             out.flags = h.flags & ~(LAST | PARTIAL) & 0xFF
             out.present = out.nonfinite = 0
-            data = b""
         else:
             extra = RESEND if kind == KIND["RESEND"] else 0
             out.msg_type = wire.MSG_RESULT
             out.flags = (stored_flags ^ LAST) | (h.flags & LOSS_TOLERANT) | extra
             out.present, out.nonfinite = present, nonfinite
             out.length = stored_length
-            data = struct.pack(f">{BLOCK_SIZE}I", *values) if present & 1 else b""
-        payload = wire.pack_header(out) + struct.pack(">I", out_next) + data
+            block_out = bool(present & 1)
         multicast = kind in (KIND["COMPLETE"], KIND["FLUSH"])
+        copies = nworkers if multicast else 1
+        # Pass 1's egress (recirculation port): the egress pairs with the bridged op; a READ
+        # whose reply has no block is not bridged (its block_e would be unparsed bytes).
+        if value_op == OP["READ"] and not block_out:
+            value_op = OP["NONE"]
+        self._egress_slots(idx, value_op, 0, blk)
+        # Pass 2 (ingress, then egress, through the recirculation port): the high halves.
+        harvest_op = OP["READ"] if block_out else OP["NONE"]
+        for p in INGRESS_PAIRS:
+            self._pair(p, idx, harvest_op, 1, blk)
+        self._egress_slots(idx, harvest_op, 1, blk)
+        # Pass 3: to every worker or back to the sender; no register is touched.
+        data = struct.pack(f">{BLOCK_SIZE}I", *blk) if block_out else b""
+        payload = wire.pack_header(out) + struct.pack(">I", nxt[0]) + data
         if out.msg_type == wire.MSG_RESULT:  # egress WorkerRewrite: job_results per copy
-            for _ in range(nworkers if multicast else 1):
+            for _ in range(copies):
                 self.count("job_results", job)
         return [(payload, multicast)]
 
@@ -290,6 +322,14 @@ class TnaModel:
         elif op == OP["MERGE"]:
             cells[idx] |= value
         return cells[idx]
+
+    def _egress_slots(self, idx: int, value_op: int, read_hi: int, blk: list) -> None:
+        """EgressSlots: the egress pairs (block_e). A READ of the low halves adds the zeros the
+        egress parser puts into block_e (zero_front)."""
+        if value_op == OP["READ"] and not read_hi:
+            self._read_zero(EGRESS_PAIRS, blk)
+        for p in EGRESS_PAIRS:
+            self._pair(p, idx, value_op, read_hi, blk)
 
     def _exponent(self, idx: int, op: int, exponent: int) -> int:
         cells = self.reg["slot_exponent"]
@@ -303,18 +343,32 @@ class TnaModel:
             cells[idx] = pos
         return cells[idx]
 
-    def _value(self, e: int, idx: int, op: int, block) -> int:
-        """value_e<E>: the element's table runs one of four RegisterActions (or none)."""
-        cells = self.reg[f"slot_values_l0_e{e}"]
-        if op == OP["SET"]:
-            cells[idx] = block[e]
-        elif op == OP["CLEAR"]:
-            cells[idx] = 0
-        elif op == OP["MERGE"]:
-            cells[idx] = (cells[idx] + block[e]) & M32
-        elif op == OP["NONE"]:
-            return 0  # not executed: the header field keeps the packet's (it is not sent)
-        return cells[idx]
+    @staticmethod
+    def _read_zero(pairs, blk: list) -> None:
+        """SPINA_READ_ZERO: elements 2P and 2P + 1 of each pair := 0 (a READ of the low halves
+        is pair_add of zeros)."""
+        for p in pairs:
+            blk[2 * p] = blk[2 * p + 1] = 0
+
+    def _pair(self, p: int, idx: int, op: int, read_hi: int, blk: list) -> None:
+        """pair_p<P>_ops (tofino/include/pairs.p4): one of four RegisterActions on the pair
+        of elements 2P (lo) and 2P + 1 (hi); its answer goes into the header's element."""
+        cells = self.reg[f"slot_values_l0_p{p}"]
+        lo_e, hi_e = 2 * p, 2 * p + 1
+        lo, hi = cells[idx]
+        if op == OP["SET"]:                                      # pair_set
+            lo, hi = blk[lo_e], blk[hi_e]
+        elif op == OP["CLEAR"]:                                  # pair_clear
+            lo = hi = 0
+        elif op == OP["MERGE"] or (op == OP["READ"] and not read_hi):  # pair_add
+            lo, hi = (lo + blk[lo_e]) & M32, (hi + blk[hi_e]) & M32
+        elif op == OP["READ"]:                                   # pair_read_hi
+            blk[hi_e] = hi
+            return
+        else:
+            return  # not executed: the header keeps the packet's elements
+        cells[idx] = (lo, hi)
+        blk[lo_e] = lo
 
     # ------------------------------------------------------------ egress CongestionDrop
     def congestion_drop(self, pkt: bytes, qdepth: int) -> bool:

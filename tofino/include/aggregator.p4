@@ -13,7 +13,8 @@
  *                       PARTIAL; every update is then one OR (an AND and an OR of the same
  *                       cell are two ALU operations). Initial and cleared value: FLAG_LAST.
  *   slot_next_l0        min of the workers' next positions
- *   slot_values_l0_e<E> one array per element: the int32 sums (wrap-around)
+ *   slot_values_l0_p<P> pair registers, elements 2P (lo) and 2P + 1 (hi): the int32 sums
+ *                       (wrap-around); pairs INGRESS_PAIRS.. here, the rest in egress
  *
  * The order a stage pipeline allows (a register's result reaches another register one stage
  * later, and each register is read and written once per packet):
@@ -24,6 +25,13 @@
  *                  slot_length (written on a newer round) beside it
  *   decide         a const table turns those answers into the outcome and each register's op
  *   the rest       set / merge / read, each returning the copy's value after this packet
+ *                  (a pair: its low half; a reply's second pass reads the high halves)
+ * Every aggregated packet then crosses egress through the pipe's recirculation port (one
+ * queue, so egress sees a slot copy's packets in ingress order), where EgressSlots adds the
+ * egress pairs (block_e, in front of the packet). A held contribution is dropped there; a
+ * reply gets a harvest header in front and comes back: its second pass reads the high halves
+ * of the ingress pairs, then (round again) of the egress pairs; its third puts block_e back
+ * at its wire position and sends the reply on.
  * p4src finds duplicates in slot_bitmap itself; here slot_bitmap's write would depend on
  * slot_count, which depends on the duplicate test: slot_rank_round answers that test from
  * header fields alone, in slot_round's stage. Every contribution raises its rank's cell to
@@ -42,7 +50,9 @@ typedef bit<11> job_index_t;    // MAX_JOBS = 2048
 
 // The register indexes and inputs that depend on header fields (and admission) only, applied
 // before any branch so that they are ready when slot_round's stage comes.
-control SlotIndex(in tna_headers_t hdr, inout tna_ingress_md_t meta) {
+control SlotIndex(inout tna_headers_t hdr, inout tna_ingress_md_t meta) {
+    Hash<copy_index_t>(HashAlgorithm_t.IDENTITY) copy_index;
+    Hash<copy_index_t>(HashAlgorithm_t.IDENTITY) copy_index_bridged;
     @hidden action set_rank_bit(bit<32> bit_of_rank) {
         meta.rank_bit = bit_of_rank;
     }
@@ -58,7 +68,11 @@ control SlotIndex(in tna_headers_t hdr, inout tna_ingress_md_t meta) {
     }
 
     apply {
-        meta.idx = hdr.ina.slot[7:0] ++ hdr.ina.round[0:0];
+        // The copy index slot * 2 + (round & 1) through an identity hash: one source for the
+        // bridged copy egress indexes by (a concatenation in an action has two, and the
+        // bridged header's byte beside it would be a third).
+        meta.idx = copy_index.get({hdr.ina.slot[7:0], hdr.ina.round[0:0]});
+        hdr.bridge.idx = copy_index_bridged.get({hdr.ina.slot[7:0], hdr.ina.round[0:0]});
         meta.rank_idx = hdr.ina.slot[7:0] ++ hdr.ina.round[0:0] ++ hdr.ina.rank[4:0];
         meta.round_next = hdr.ina.round + 1;
         meta.loss_tolerant = hdr.ina.flags & FLAG_LOSS_TOLERANT;
@@ -76,6 +90,7 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
                    in ingress_intrinsic_metadata_t ig_intr_md,
                    inout ingress_intrinsic_metadata_for_deparser_t ig_dprsr_md,
                    inout ingress_intrinsic_metadata_for_tm_t ig_tm_md) {
+    Priority() priority_ctl;  // a reply's last pass leaves in its priority class
     @name(".job_received")   Counter<bit<32>, job_index_t>(MAX_JOBS, CounterType_t.PACKETS) job_received;
     @name(".job_aggregated") Counter<bit<32>, job_index_t>(MAX_JOBS, CounterType_t.PACKETS) job_aggregated;
     @name(".job_duplicates") Counter<bit<32>, job_index_t>(MAX_JOBS, CounterType_t.PACKETS) job_duplicates;
@@ -200,26 +215,6 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
         }
     };
 
-    // ------------------------------------------------------------------ slot_flags
-    @name(".slot_flags") Register<bit<8>, copy_index_t>(SLOT_COPIES, FLAG_LAST) slot_flags;
-    RegisterAction<bit<8>, copy_index_t, bit<8>>(slot_flags) slot_flags_set = {
-        void apply(inout bit<8> value, out bit<8> rv) {
-            value = meta.flag_bits;
-            rv = value;
-        }
-    };
-    RegisterAction<bit<8>, copy_index_t, bit<8>>(slot_flags) slot_flags_or = {
-        void apply(inout bit<8> value, out bit<8> rv) {
-            value = value | meta.flag_bits;
-            rv = value;
-        }
-    };
-    RegisterAction<bit<8>, copy_index_t, bit<8>>(slot_flags) slot_flags_read = {
-        void apply(inout bit<8> value, out bit<8> rv) {
-            rv = value;
-        }
-    };
-
     // ------------------------------------------------------------------ slot_next_l0
 #define SPINA_NEXT_REGISTER(L)                                                                \
     @name(SPINA_XSTR(.slot_next_l##L)) Register<bit<32>, copy_index_t>(SLOT_COPIES, 0)       \
@@ -245,67 +240,39 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
     };
     FOR_EACH_LANE(SPINA_NEXT_REGISTER)
 
-    // ------------------------------------------------------------------ slot_values_l0_e<E>
-    // One register, four RegisterActions and one table per element: the table runs the
-    // element's op and puts the copy's value into the packet.
-#define SPINA_VALUE_REGISTER(L, E)                                                            \
-    @name(SPINA_XSTR(.slot_values_l##L##_e##E)) Register<bit<32>, copy_index_t>(SLOT_COPIES, 0) \
-        slot_values_l##L##_e##E;                                                              \
-    RegisterAction<bit<32>, copy_index_t, bit<32>>(slot_values_l##L##_e##E) value_set_##E = { \
-        void apply(inout bit<32> value, out bit<32> rv) {                                     \
-            value = hdr.block.e##E;                                                           \
-            rv = value;                                                                       \
-        }                                                                                     \
-    };                                                                                        \
-    RegisterAction<bit<32>, copy_index_t, bit<32>>(slot_values_l##L##_e##E) value_clear_##E = { \
-        void apply(inout bit<32> value, out bit<32> rv) {                                     \
-            value = 0;                                                                        \
-            rv = 0;                                                                           \
-        }                                                                                     \
-    };                                                                                        \
-    RegisterAction<bit<32>, copy_index_t, bit<32>>(slot_values_l##L##_e##E) value_add_##E = { \
-        void apply(inout bit<32> value, out bit<32> rv) {                                     \
-            value = value + hdr.block.e##E;                                                   \
-            rv = value;                                                                       \
-        }                                                                                     \
-    };                                                                                        \
-    RegisterAction<bit<32>, copy_index_t, bit<32>>(slot_values_l##L##_e##E) value_read_##E = { \
-        void apply(inout bit<32> value, out bit<32> rv) {                                     \
-            rv = value;                                                                       \
-        }                                                                                     \
-    };                                                                                        \
+    // ------------------------------------------------------------------ slot_flags
+    @name(".slot_flags") Register<bit<8>, copy_index_t>(SLOT_COPIES, FLAG_LAST) slot_flags;
+    RegisterAction<bit<8>, copy_index_t, bit<8>>(slot_flags) slot_flags_set = {
+        void apply(inout bit<8> value, out bit<8> rv) {
+            value = meta.flag_bits;
+            rv = value;
+        }
+    };
+    RegisterAction<bit<8>, copy_index_t, bit<8>>(slot_flags) slot_flags_or = {
+        void apply(inout bit<8> value, out bit<8> rv) {
+            value = value | meta.flag_bits;
+            rv = value;
+        }
+    };
+    RegisterAction<bit<8>, copy_index_t, bit<8>>(slot_flags) slot_flags_read = {
+        void apply(inout bit<8> value, out bit<8> rv) {
+            rv = value;
+        }
+    };
 
-#define SPINA_LANE_VALUE_REGISTERS(L) FOR_EACH_ELEM(SPINA_VALUE_REGISTER, L)
-    FOR_EACH_LANE(SPINA_LANE_VALUE_REGISTERS)
-
-#define SPINA_VALUE_TABLE(L, E)                                                               \
-    @hidden action value_do_set_##E() { hdr.block.e##E = value_set_##E.execute(meta.idx); }   \
-    @hidden action value_do_clear_##E() { hdr.block.e##E = value_clear_##E.execute(meta.idx); } \
-    @hidden action value_do_add_##E() { hdr.block.e##E = value_add_##E.execute(meta.idx); }   \
-    @hidden action value_do_read_##E() { hdr.block.e##E = value_read_##E.execute(meta.idx); } \
-    @hidden table value_e##E##_ops {                                                          \
-        key = { meta.value_op: exact; }                                                       \
-        actions = { value_do_set_##E; value_do_clear_##E; value_do_add_##E;                   \
-                    value_do_read_##E; @defaultonly NoAction; }                               \
-        const entries = {                                                                     \
-            OP_SET: value_do_set_##E();                                                       \
-            OP_CLEAR: value_do_clear_##E();                                                   \
-            OP_MERGE: value_do_add_##E();                                                     \
-            OP_READ: value_do_read_##E();                                                     \
-        }                                                                                     \
-        const default_action = NoAction();                                                    \
-        size = 4;                                                                             \
-    }
-    FOR_EACH_ELEM(SPINA_VALUE_TABLE, 0)
-
+    // ------------------------------------------------------------------ slot_values_l0_p<P>
+    // The ingress pairs (include/pairs.p4): elements of block_i.
+#define SPINA_INGRESS_PAIR(P, LO, HI) \
+    SPINA_PAIR(P, LO, HI, hdr.block_i, meta.value_op, meta.read_hi, meta.idx, )
+    FOR_EACH_INGRESS_PAIR(SPINA_INGRESS_PAIR)
 
     // ------------------------------------------------------------------ op tables
     // One table per register (a Tofino table drives one stateful ALU per index), keyed on
     // the op `decide` chose; each action runs one RegisterAction and keeps its answer.
-#define SPINA_OP_TABLE(NAME, DEST, KEY, SET, MERGE, READ)                                     \
-    @hidden action NAME##_do_set() { DEST = SET.execute(meta.idx); }                          \
-    @hidden action NAME##_do_merge() { DEST = MERGE.execute(meta.idx); }                      \
-    @hidden action NAME##_do_read() { DEST = READ.execute(meta.idx); }                        \
+#define SPINA_OP_TABLE(NAME, DEST, KEY, SET, MERGE, READ, IDX)                                     \
+    @hidden action NAME##_do_set() { DEST = SET.execute(IDX); }                               \
+    @hidden action NAME##_do_merge() { DEST = MERGE.execute(IDX); }                           \
+    @hidden action NAME##_do_read() { DEST = READ.execute(IDX); }                             \
     @hidden table NAME##_ops {                                                                \
         key = { KEY: exact; }                                                                 \
         actions = { NAME##_do_set; NAME##_do_merge; NAME##_do_read; @defaultonly NoAction; }  \
@@ -318,17 +285,17 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
         size = 4;                                                                             \
     }
     SPINA_OP_TABLE(bitmap, hdr.ina.bitmap, meta.bitmap_op,
-                   slot_bitmap_set, slot_bitmap_or, slot_bitmap_read)
-    SPINA_OP_TABLE(present, meta.present, meta.state_op,
-                   slot_present_set, slot_present_or, slot_present_read)
-    SPINA_OP_TABLE(nonfinite, meta.nonfinite, meta.state_op,
-                   slot_nonfinite_set, slot_nonfinite_or, slot_nonfinite_read)
-    SPINA_OP_TABLE(exponent, hdr.ina.exponent, meta.state_op,
-                   slot_exponent_set, slot_exponent_max, slot_exponent_read)
-    SPINA_OP_TABLE(next_l0, hdr.lane_next.pos, meta.state_op,
-                   slot_next_l0_set, slot_next_l0_min, slot_next_l0_read)
+                   slot_bitmap_set, slot_bitmap_or, slot_bitmap_read, meta.idx)
+    SPINA_OP_TABLE(present, hdr.ina.present[31:0], meta.state_op,
+                   slot_present_set, slot_present_or, slot_present_read, meta.idx)
+    SPINA_OP_TABLE(nonfinite, hdr.ina.nonfinite[31:0], meta.state_op,
+                   slot_nonfinite_set, slot_nonfinite_or, slot_nonfinite_read, meta.idx)
     SPINA_OP_TABLE(flags, meta.stored_flags, meta.flags_op,
-                   slot_flags_set, slot_flags_or, slot_flags_read)
+                   slot_flags_set, slot_flags_or, slot_flags_read, meta.idx)
+    SPINA_OP_TABLE(exponent, hdr.ina.exponent, meta.state_op,
+                   slot_exponent_set, slot_exponent_max, slot_exponent_read, meta.idx)
+    SPINA_OP_TABLE(next_l0, hdr.lane_next.pos, meta.state_op,
+                   slot_next_l0_set, slot_next_l0_min, slot_next_l0_read, meta.idx)
 
     // ------------------------------------------------------------------ decide
     // Pipeline.process's branches from the three answers (and the PARTIAL flag and lane 0's
@@ -341,6 +308,22 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
         meta.bitmap_op = bitmap_op;
         meta.value_op = value_op;
     }
+    // The same, for the entries whose values are READ: both elements of each pair become 0,
+    // so that MERGE reads the low half (include/pairs.p4): block_i here (made valid: a packet
+    // without a block may read a stored one); block_e is not sent, the egress parser makes
+    // it zeros (zero_front).
+#define SPINA_INGRESS_READ_LO(P, LO, HI) SPINA_READ_ZERO(hdr.block_i, P, LO, HI)
+    @hidden action set_outcome_read(kind_t kind, op_t state_op, op_t flags_op, op_t bitmap_op,
+                                    op_t value_op) {
+        meta.kind = kind;
+        meta.state_op = state_op;
+        meta.flags_op = flags_op;
+        meta.bitmap_op = bitmap_op;
+        meta.value_op = value_op;
+        hdr.block_e.setInvalid();
+        hdr.block_i.setValid();
+        FOR_EACH_INGRESS_PAIR(SPINA_INGRESS_READ_LO)
+    }
     @hidden table decide {
         key = {
             meta.round_pred:        ternary;
@@ -349,7 +332,7 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
             meta.count_delta:       ternary;
             hdr.ina.present[0:0]:   ternary;
         }
-        actions = { set_outcome; @defaultonly NoAction; }
+        actions = { set_outcome; set_outcome_read; @defaultonly NoAction; }
         const entries = {
             // A newer round: the copy starts afresh with this packet (a round of one worker
             // completes at once).
@@ -360,13 +343,13 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
             // The same round, a rank not seen (slot_rank_round's cell was not round + 1: its
             // PRED_LO bit is clear): added while incomplete, else the stored result.
             (PRED_LO, 0 &&& PRED_LO, _, 0xffffffff, 1): set_outcome(KIND_COMPLETE, OP_MERGE, OP_MERGE, OP_MERGE, OP_MERGE);
-            (PRED_LO, 0 &&& PRED_LO, _, 0xffffffff, 0): set_outcome(KIND_COMPLETE, OP_MERGE, OP_MERGE, OP_MERGE, OP_READ);
+            (PRED_LO, 0 &&& PRED_LO, _, 0xffffffff, 0): set_outcome_read(KIND_COMPLETE, OP_MERGE, OP_MERGE, OP_MERGE, OP_READ);
             (PRED_LO, 0 &&& PRED_LO, _, 0x80000000 &&& 0x80000000, 1): set_outcome(KIND_HOLD, OP_MERGE, OP_MERGE, OP_MERGE, OP_MERGE);
             (PRED_LO, 0 &&& PRED_LO, _, 0x80000000 &&& 0x80000000, 0): set_outcome(KIND_HOLD, OP_MERGE, OP_MERGE, OP_MERGE, OP_NONE);
-            (PRED_LO, 0 &&& PRED_LO, _, _, _): set_outcome(KIND_RESEND, OP_READ, OP_READ, OP_READ, OP_READ);
+            (PRED_LO, 0 &&& PRED_LO, _, _, _): set_outcome_read(KIND_RESEND, OP_READ, OP_READ, OP_READ, OP_READ);
             // A duplicate: the stored result when complete, a flush, or a status.
-            (PRED_LO, PRED_LO &&& PRED_LO, _, 0x00000000 &&& 0x80000000, _): set_outcome(KIND_RESEND, OP_READ, OP_READ, OP_READ, OP_READ);
-            (PRED_LO, PRED_LO &&& PRED_LO, FLAG_PARTIAL &&& FLAG_PARTIAL, _, _): set_outcome(KIND_FLUSH, OP_READ, OP_MERGE, OP_READ, OP_READ);
+            (PRED_LO, PRED_LO &&& PRED_LO, _, 0x00000000 &&& 0x80000000, _): set_outcome_read(KIND_RESEND, OP_READ, OP_READ, OP_READ, OP_READ);
+            (PRED_LO, PRED_LO &&& PRED_LO, FLAG_PARTIAL &&& FLAG_PARTIAL, _, _): set_outcome_read(KIND_FLUSH, OP_READ, OP_MERGE, OP_READ, OP_READ);
             (PRED_LO, PRED_LO &&& PRED_LO, _, _, _): set_outcome(KIND_STATUS, OP_NONE, OP_NONE, OP_READ, OP_NONE);
         }
         const default_action = NoAction();  // stale: kind stays KIND_NONE
@@ -418,55 +401,101 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
 
     apply {
         job_index_t job = hdr.ina.job[10:0];
-        job_received.count(job);
-        if (meta.gate == GATE_STALE_EPOCH) {
-            job_stale.count(job);
-            ig_dprsr_md.drop_ctl = 1;
-            return;
-        }
-        meta.round_pred = check_round.execute(meta.idx);
-        meta.rank_pred = mark_rank.execute(meta.rank_idx);
-        if (meta.round_pred == PRED_NONE) {
-            job_stale.count(job);
-            ig_dprsr_md.drop_ctl = 1;
-            return;
-        }
-        if (meta.round_pred == PRED_HI) {
-            meta.stored_length = set_length.execute(meta.idx);
-            meta.count_delta = count_first.execute(meta.idx);
-        } else {
-            meta.stored_length = read_length.execute(meta.idx);
-            if (meta.rank_pred == PRED_LO) {  // equal, so not newer: a duplicate
-                meta.count_delta = count_duplicate.execute(meta.idx);
-            } else {
-                meta.count_delta = count_rank.execute(meta.idx);
-            }
-        }
-        meta.length_diff = meta.stored_length ^ hdr.ina.length;
+        meta.read_hi = 0;
+        // decide's defaults (a stale packet), written before the chain so that decide follows
+        // slot_count directly.
         meta.kind = KIND_NONE;
         meta.state_op = OP_NONE;
         meta.flags_op = OP_NONE;
         meta.bitmap_op = OP_NONE;
         meta.value_op = OP_NONE;
-        decide.apply();
-        meta.flag_bits = 0;
-        flag_input.apply();
-        // A result's flags: the stored ones with LAST turned the right way up, RESEND when it
-        // answers a resend, and the packet's LOSS_TOLERANT (one ALU operation per stage).
-        meta.flags_xor = FLAG_LAST;
-        if (meta.kind == KIND_RESEND) {
-            meta.flags_xor = FLAG_LAST | FLAG_RESEND;
+        if (meta.harvest) {
+            if (hdr.harvest.last == 1) {
+                // A reply's third pass: block_w holds the egress part at its wire position;
+                // send it on (no register is touched).
+                hdr.bridge.ina_emitted = 1;
+                hdr.bridge.ipv4_update = 1;
+                priority_ctl.apply(hdr, ig_tm_md);
+                if (hdr.harvest.mcast_grp != 0) {
+                    ig_tm_md.mcast_grp_a = hdr.harvest.mcast_grp;  // to every worker
+                } else {
+                    ig_tm_md.ucast_egress_port = hdr.harvest.port;  // back to the sender
+                }
+                hdr.harvest.setInvalid();  // after its fields are read (not deparsed onwards)
+                return;
+            }
+            // A reply's second pass: the first chose everything; read the high halves.
+            if (hdr.harvest.block == 1) {
+                meta.value_op = OP_READ;
+            }
+            meta.read_hi = 1;
+        } else {
+            job_received.count(job);
+            if (meta.gate == GATE_STALE_EPOCH) {
+                job_stale.count(job);
+                ig_dprsr_md.drop_ctl = 1;
+                return;
+            }
+            meta.round_pred = check_round.execute(meta.idx);
+            meta.rank_pred = mark_rank.execute(meta.rank_idx);
+            if (meta.round_pred == PRED_NONE) {
+                job_stale.count(job);
+                ig_dprsr_md.drop_ctl = 1;
+                return;
+            }
+            if (meta.round_pred == PRED_HI) {
+                meta.stored_length = set_length.execute(meta.idx);
+                meta.count_delta = count_first.execute(meta.idx);
+            } else {
+                meta.stored_length = read_length.execute(meta.idx);
+                if (meta.rank_pred == PRED_LO) {  // equal, so not newer: a duplicate
+                    meta.count_delta = count_duplicate.execute(meta.idx);
+                } else {
+                    meta.count_delta = count_rank.execute(meta.idx);
+                }
+            }
+            decide.apply();
+            meta.length_diff = meta.stored_length ^ hdr.ina.length;
+            meta.flag_bits = 0;
+            flag_input.apply();
+            // A result's flags: the stored ones with LAST turned the right way up, RESEND when
+            // it answers a resend, and the packet's LOSS_TOLERANT (one ALU operation per stage).
+            meta.flags_xor = FLAG_LAST;
+            if (meta.kind == KIND_RESEND) {
+                meta.flags_xor = FLAG_LAST | FLAG_RESEND;
+            }
+            present_ops.apply();
+            nonfinite_ops.apply();
+            exponent_ops.apply();
+            next_l0_ops.apply();
+            bitmap_ops.apply();
+            flags_ops.apply();
         }
 
-        // The element registers first: they are most of the stateful ALUs left.
-#define SPINA_APPLY_VALUE(L, E) value_e##E##_ops.apply();
-        FOR_EACH_ELEM(SPINA_APPLY_VALUE, 0)
-        present_ops.apply();
-        nonfinite_ops.apply();
-        exponent_ops.apply();
-        next_l0_ops.apply();
-        bitmap_ops.apply();
-        flags_ops.apply();
+        // The ingress pairs: most of the stateful ALUs left.
+#define SPINA_APPLY_PAIR(P, LO, HI) pair_p##P##_ops.apply();
+        FOR_EACH_INGRESS_PAIR(SPINA_APPLY_PAIR)
+
+        // Every pass that adds or reads pairs crosses egress through this pipe's recirculation
+        // port, in one queue: the egress pairs of a slot copy then see the packets in ingress
+        // order (a fresh copy's SET before the MERGEs, every MERGE of a round before the reply
+        // that reads it). Priority leaves this queue alone. Egress runs block_e's pairs with
+        // these ops (block_e right behind the bridged header: egress parses no further).
+        ig_tm_md.ucast_egress_port = ig_intr_md.ingress_port[8:7] ++ (bit<7>)RECIRC_PORT;
+        ig_tm_md.qid = 0;
+        hdr.bridge.value_op = meta.value_op;
+        if (meta.harvest) {
+            hdr.bridge.read_hi = 1;
+            hdr.bridge.to_harvest = 1;
+            hdr.bridge.last = 1;
+            if (hdr.harvest.block == 1) {
+                hdr.bridge.block_front = 1;
+            }
+            hdr.bridge.reply_port = hdr.harvest.port;
+            hdr.bridge.mcast_grp = hdr.harvest.mcast_grp;
+            hdr.harvest.setInvalid();
+            return;
+        }
 
         if (meta.kind == KIND_HOLD || meta.kind == KIND_COMPLETE) {
             job_aggregated.count(job);
@@ -474,7 +503,10 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
             job_duplicates.count(job);
         }
         if (meta.kind == KIND_HOLD) {
-            ig_dprsr_md.drop_ctl = 1;
+            hdr.bridge.hold_drop = 1;  // egress adds its part, then drops it
+            if (hdr.block_e.isValid()) {
+                hdr.bridge.block_front = 1;
+            }
             return;
         }
         if (meta.kind == KIND_STATUS) {
@@ -482,21 +514,26 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
             hdr.ina.flags = hdr.ina.flags & ~(FLAG_LAST | FLAG_PARTIAL);
             hdr.ina.present = 0;
             hdr.ina.nonfinite = 0;
-            hdr.block.setInvalid();
+            hdr.block_e.setInvalid();
+            hdr.block_i.setInvalid();
         } else {
             hdr.ina.msg_type = MSG_RESULT;
             hdr.ina.flags = meta.stored_flags ^ meta.flags_xor;
-            hdr.ina.present = 32w0 ++ meta.present;
-            hdr.ina.nonfinite = 32w0 ++ meta.nonfinite;
             hdr.ina.length = meta.stored_length;
-            if (meta.present[0:0] == 1) {
-                hdr.block.setValid();
+            if (hdr.ina.present[0:0] == 0) {
+                hdr.block_e.setInvalid();
+                hdr.block_i.setInvalid();
+                if (meta.value_op == OP_READ) {
+                    hdr.bridge.value_op = OP_NONE;  // no block_e reaches egress to add
+                }
+            } else if (meta.value_op == OP_READ) {
+                hdr.bridge.zero_front = 1;  // egress reads the low halves with zeros
             } else {
-                hdr.block.setInvalid();
+                hdr.bridge.block_front = 1;  // this packet's own block (SET, MERGE)
             }
         }
         // Lengths of what leaves: header, one position and the block if it is valid.
-        if (hdr.block.isValid()) {
+        if (hdr.block_i.isValid()) {
             hdr.udp.length = UDP_HDR_BYTES + INA_HDR_BYTES + 4 * NLANES + BLOCK_BYTES;
         } else {
             hdr.udp.length = UDP_HDR_BYTES + INA_HDR_BYTES + 4 * NLANES;
@@ -504,11 +541,29 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
         hdr.ipv4.total_len = IPV4_HDR_BYTES + hdr.udp.length;
         hdr.ina.flags = hdr.ina.flags | meta.loss_tolerant;
         reply_to_sender();
+        // Round the recirculation port twice more (include/parser.p4); the third pass sends
+        // the result to every worker, or back to the sender.
+        hdr.bridge.to_harvest = 1;
+        hdr.bridge.reply_port = ig_intr_md.ingress_port;
+        hdr.bridge.mcast_grp = 0;
         if (meta.kind == KIND_COMPLETE || meta.kind == KIND_FLUSH) {
-            ig_tm_md.mcast_grp_a = meta.adm.mcast_grp;  // the result, to every worker
-        } else {
-            ig_tm_md.ucast_egress_port = ig_intr_md.ingress_port;  // back to the sender
+            hdr.bridge.mcast_grp = meta.adm.mcast_grp;
         }
+    }
+}
+
+// Egress: the egress pairs (block_e), with the op ingress bridged, in a pass through the
+// recirculation port: a first pass adds (or reads the low halves), a reply's second pass
+// reads the high halves.
+control EgressSlots(inout tna_headers_t hdr) {
+#define SPINA_EGRESS_PAIR(P, LO, HI) \
+    SPINA_PAIR(P, LO, HI, hdr.block_e, hdr.bridge.value_op, hdr.bridge.read_hi, hdr.bridge.idx, \
+               @stage(SPINA_EGRESS_PAIR_STAGE_##P))
+    FOR_EACH_EGRESS_PAIR(SPINA_EGRESS_PAIR)
+
+    apply {
+        // A READ of the low halves adds the zeros ingress wrote into block_e (decide).
+        FOR_EACH_EGRESS_PAIR(SPINA_APPLY_PAIR)
     }
 }
 

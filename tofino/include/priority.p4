@@ -7,6 +7,9 @@
 
 // The INA priority class (3 bits, as v1model's priority) picks the egress queue and the
 // ingress class of service; the port's queues are the control plane's (TM configuration).
+// Applied to forwarded packets and to a reply's last pass only: the passes through the
+// recirculation port keep queue 0 (aggregator.p4), and no condition here waits for the
+// aggregator's last writes (which would take two more stages).
 control Priority(in tna_headers_t hdr, inout ingress_intrinsic_metadata_for_tm_t ig_tm_md) {
     apply {
         if (hdr.ina.isValid()) {
