@@ -37,16 +37,16 @@ def src(rank):
     return (f"10.0.0.{rank + 1}", 5000 + rank)
 
 
-def packet(draw, nworkers, k=K, bs=BS):
-    """A contribution (now and then an all-gather packet, a chunk or a request) of `k` lanes
-    of `bs` elements from a random rank (nworkers: not admitted), sometimes of another
-    version, epoch or round, or truncated."""
+def packet(draw, nworkers, k=K, bs=BS, gather=True):
+    """A contribution (now and then, if `gather`, an all-gather packet, a chunk or a request)
+    of `k` lanes of `bs` elements from a random rank (nworkers: not admitted), sometimes of
+    another version, epoch or round, or truncated."""
     rank = draw(st.integers(0, nworkers))          # nworkers: not admitted
     present = draw(st.integers(0, (1 << k) - 1))
     npresent = bin(present).count("1")
     h = wire.Header(
         version=draw(st.sampled_from([1] * 15 + [2])),
-        msg_type=draw(st.sampled_from([wire.MSG_CONTRIB] * 6 + [wire.MSG_GATHER])),
+        msg_type=draw(st.sampled_from([wire.MSG_CONTRIB] * 6 + [wire.MSG_GATHER] * gather)),
         bitmap=draw(st.sampled_from([0, 0, 0b10])),
         flags=draw(st.sampled_from([0, wire.FLAG_LAST, wire.FLAG_RESEND, wire.FLAG_LOSS_TOLERANT,
                                     wire.FLAG_LAST | wire.FLAG_LOSS_TOLERANT,

@@ -66,7 +66,9 @@ def _same_state(fast: Pipeline, model: TnaModel) -> None:
 @st.composite
 def scenario(draw):
     nworkers = draw(st.integers(1, 3))
-    return nworkers, [packet(draw, nworkers, K, BS) for _ in range(draw(st.integers(1, 40)))]
+    # contributions only: TNA has no all-gather (test_a_gather_packet_is_malformed_on_tna)
+    return nworkers, [packet(draw, nworkers, K, BS, gather=False)
+                      for _ in range(draw(st.integers(1, 40)))]
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -214,3 +216,16 @@ def test_congestion_drop_equals_pipeline(c):
         drops = model.counters.get(("job_congestion_drops", JOB), 0)
         assert drops * spec.LOSS_CREDIT_ONE <= seen * bound
         assert 0 <= credit <= spec.LOSS_CREDIT_MAX
+
+
+def test_a_gather_packet_is_malformed_on_tna():
+    """The TNA program has no all-gather (tofino/README.md): a well-formed gather chunk of an
+    admitted job is replicated by the software switch, and counted malformed by the TNA
+    program, which sends nothing."""
+    fast, model = _admit(2)
+    h = wire.Header(msg_type=wire.MSG_GATHER, job=JOB, epoch=1, slot=0, rank=0, nlanes=K,
+                    round=0, length=BS, block_size=BS, present=1)
+    pkt = wire.pack(h, [0] + [wire.END] * (K - 1), np.arange(BS, dtype=np.int32).reshape(1, BS))
+    assert len(fast.process(pkt, PORT, src(0))) == 1  # replicated to the job's group
+    assert model.process(pkt, PORT, src(0)) == []
+    assert model.counters[("port_malformed", PORT)] == 1
