@@ -385,10 +385,12 @@ def _p4info(tables, counters: dict, registers):
         pc.preamble.id, pc.preamble.name = _p4_id("counter", name), name
         pc.spec.unit = p4info_pb2.CounterSpec.PACKETS
         pc.size = size
+    pairs = set(tna_pair_registers())
     for name, width, size in registers:
         pr = info.registers.add()
         pr.preamble.id, pr.preamble.name = _p4_id("register", name), name
-        if width == TNA_PAIR_WIDTH:  # two 32-bit halves, as a P4 struct (bf-p4c's form)
+        if name in pairs:  # two 32-bit halves, as a P4 struct (bf-p4c's form); a 64-bit
+            # bitstring register (v1model's slot_present) stays a bitstring
             pr.type_spec.struct.name = TNA_PAIR_TYPE
             if TNA_PAIR_TYPE not in info.type_info.structs:
                 pair = info.type_info.structs[TNA_PAIR_TYPE]

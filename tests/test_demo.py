@@ -2,15 +2,25 @@
 
 Run just this file: .venv/bin/python -m pytest tests/test_demo.py
 """
+import os
+import signal
 import subprocess
 import sys
 
 
 def test_demo_passes_small():
-    """`python -m spina_cli.demo` runs end to end, prints the table with gloo times and PASS."""
-    r = subprocess.run([sys.executable, "-m", "spina_cli.demo", "--elements", "300001",
-                        "--repeats", "1", "--densities", "1.0", "0.01", "0"],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "| block density |" in r.stdout and "gloo" in r.stdout
-    assert r.stdout.strip().splitlines()[-1].startswith("PASS: 3 densities")
+    """`python -m spina_cli.demo` runs end to end, prints the table with gloo times and PASS.
+    On a timeout its whole process group goes (its switch and controller too)."""
+    p = subprocess.Popen([sys.executable, "-m", "spina_cli.demo", "--elements", "300001",
+                          "--repeats", "1", "--densities", "1.0", "0.01", "0"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate()
+        raise AssertionError(f"the demo ran over 300 s: {out[-2000:]} {err[-2000:]}") from None
+    assert p.returncode == 0, out + err
+    assert "| block density |" in out and "gloo" in out
+    assert out.strip().splitlines()[-1].startswith("PASS: 3 densities")

@@ -68,3 +68,14 @@ def test_p4info_is_current(tmp_path):
                     "--p4runtime-files", str(out), str(ROOT / "p4src/v1model/spina_v1model.p4")],
                    check=True)
     assert out.read_text() == P4INFO.read_text()
+
+
+def test_only_the_tna_pair_registers_are_structs():
+    """The TNA program's pair registers are P4 structs of two 32-bit halves; every register of
+    the v1model pipeline, 64-bit slot_present included, stays a bitstring (the software
+    switch's P4Runtime server refuses a struct write to it: the demo's deploy failed so)."""
+    kinds = {r.preamble.name: r.type_spec.WhichOneof("type_spec") for r in spec.p4info().registers}
+    assert set(kinds.values()) == {"bitstring"} and "slot_present" in kinds
+    tna = {r.preamble.name: r.type_spec.WhichOneof("type_spec")
+           for r in spec.tna_p4info().registers}
+    assert {n for n, k in tna.items() if k == "struct"} == set(spec.tna_pair_registers())
