@@ -18,6 +18,7 @@ import json
 import multiprocessing as mp
 import os
 import queue
+import select
 import subprocess
 import sys
 import tempfile
@@ -168,9 +169,13 @@ def main(argv=None) -> int:
                                        "serve"], stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True, env=env)
         served = controller.stdout.readline().strip()  # "controller: run rendezvous on ..."
-        deployed = controller.stdout.readline().strip()  # the first deploy's report
+        # the first deploy's report; a deploy that keeps failing is retried by serve forever
+        ready, _, _ = select.select([controller.stdout], [], [], 60)
+        deployed = controller.stdout.readline().strip() if ready else ""
         if controller.poll() is not None or not deployed.startswith("switch s1:"):
-            print(f"FAIL: controller serve: {served} {deployed} {controller.stderr.read()}")
+            controller.kill()
+            print(f"FAIL: controller serve did not deploy within 60 s: {served} {deployed} "
+                  f"{controller.communicate()[1][-2000:]}")
             return 1
         print(f"{served.removesuffix('.')}; {deployed}", flush=True)
         files = [os.path.join(tmp.name, "agents", f"job{job.job}-rank{r}.json")
