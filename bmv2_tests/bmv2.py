@@ -11,6 +11,8 @@ Needs root (veth pairs, raw sockets), `p4c-bm2-ss`, `simple_switch_grpc` and
 """
 from __future__ import annotations
 
+import atexit
+import hashlib
 import os
 import pathlib
 import select
@@ -52,12 +54,32 @@ def _run(*cmd, check=True, **kw):
     return subprocess.run(cmd, check=check, capture_output=True, text=True, **kw)
 
 
+# One compile per source text and process: p4c takes 30-50 s, and a test run asks for the same
+# program in several places (the conformance target, the seams rows, the controller test,
+# test_p4info). Keyed by the sources' bytes, so an edited program is compiled again.
+_COMPILED: dict[str, pathlib.Path] = {}
+
+
+def _sources_digest() -> str:
+    digest = hashlib.sha256()
+    for path in sorted((ROOT / "p4src").rglob("*.p4")):
+        digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
 def compile_p4(outdir: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
-    """p4c-bm2-ss -> (BMv2 JSON, P4Info text)."""
-    js, info = outdir / "spina_v1model.json", outdir / "spina_v1model.p4info.txtpb"
-    _run("p4c-bm2-ss", "--arch", "v1model", "-o", str(js), "--p4runtime-files", str(info),
-         str(P4_TOP))
-    return js, info
+    """p4c-bm2-ss -> (BMv2 JSON, P4Info text), written into outdir."""
+    names = ("spina_v1model.json", "spina_v1model.p4info.txtpb")
+    key = _sources_digest()
+    if key not in _COMPILED:
+        build = pathlib.Path(tempfile.mkdtemp(prefix="spina-p4c-"))
+        atexit.register(shutil.rmtree, build, True)
+        _run("p4c-bm2-ss", "--arch", "v1model", "-o", str(build / names[0]),
+             "--p4runtime-files", str(build / names[1]), str(P4_TOP))
+        _COMPILED[key] = build
+    for name in names:
+        shutil.copyfile(_COMPILED[key] / name, outdir / name)
+    return outdir / names[0], outdir / names[1]
 
 
 # The open target, if any: one switch owns the veth pairs at a time.
