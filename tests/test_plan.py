@@ -49,6 +49,22 @@ def test_example_topologies_load_with_their_routes():
     assert {ln.burst for ln in pkg.links} == {128 << 10} and pkg.mtu == 9000
 
 
+def test_the_larger_validation_topologies_route_and_plan():
+    """torus4x4: 16 hosts, 32 links, rings closing around (h00 to h03 is one hop, h00 to h22
+    four); leafspine: every route between the racks crosses one spine, the same one both
+    ways. The planner's picks there (docs/collectives.md measured them within 10% of the
+    best): 2-D at 1 MiB and up."""
+    torus = topology.load(str(TOPOS / "torus4x4.yaml"))
+    assert len(torus.ranks) == 16 and len(torus.links) == 32 and len(torus.groups) == 4
+    assert [torus.link_end(h) for h in torus.path("h00", "h03")] == [("h00", "h03")]
+    assert len(torus.path("h00", "h22")) == 4
+    assert plan.plan(torus, "all_reduce", 4 << 20, QUIET).best in ("2d-ring", "2d-direct")
+    ls = topology.load(str(TOPOS / "leafspine.yaml"))
+    there = [ls.link_end(h) for h in ls.path("h0", "h3")]
+    back = [ls.link_end(h) for h in ls.path("h3", "h0")]
+    assert len(there) == 4 and there[1][1] in ("s0", "s1") and back[1][1] == there[1][1]
+    assert plan.plan(ls, "all_reduce", 8 << 20, QUIET).best in ("2d-ring", "2d-direct")
+
 def test_local_devices_become_ranks_on_a_local_mesh():
     """devices: 2 -> ranks h/0, h/1 linked to each other and to the host's NIC; one group
     per host by default."""
