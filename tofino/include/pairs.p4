@@ -1,6 +1,7 @@
 /* SpINA on Tofino 1: the pair registers that hold a slot copy's sums, two elements per cell.
  *
- * A stateful ALU updates both 32-bit halves of a pair in one pass but returns one word, and
+ * A stateful ALU updates both halves of a pair in one pass (32-bit halves; 16- or 8-bit in a
+ * narrow-lane profile, size.p4 SPINA_LANE_BITS) but returns one word, and
  * on Tofino 1 the same word in every branch of a RegisterAction (bf-p4c: "Incompatible
  * outputs in RegisterAction: mem_hi and mem_lo"): SET, CLEAR and MERGE return the low half
  * (element 2P); READ_HI the high half (element 2P + 1, the harvest pass). Four
