@@ -11,6 +11,8 @@ the TNA sizes). Each RegisterAction is a method that takes the cell, returns (ne
 as the stateful ALU does; the const tables `decide`, `flag_input` and `rank_to_bit` are not
 copied here but read from tofino/include/aggregator.p4's text, so that the model follows the
 P4 entries as written. If the software switch and this model disagree, one of them is wrong.
+`TnaModel(lane_bits=16)` (or 8) is the program compiled with -DSPINA_LANE_BITS=16 (or 8):
+elements of that width, another width malformed, pair cells that saturate at each add.
 """
 from __future__ import annotations
 
