@@ -66,22 +66,29 @@ BF_P4C    ?= bf-p4c
 TNA_TOP   := tofino/spina_tna.p4
 TNA_OUT   := tofino/build
 TNA_WORK  ?= /tmp/spina-tna-build
+# The lane-width profile (tofino/size.p4 SPINA_LANE_BITS): 32 (default), 16 or 8. A narrow
+# profile's files are named after it (spina_tna16.*, resources16.md).
+TNA_LANE_BITS ?= 32
+TNA_SUFFIX := $(filter-out 32,$(TNA_LANE_BITS))
+TNA_NAME  := spina_tna$(TNA_SUFFIX)
+TNA_FLAGS := --target tofino --arch tna -DSPINA_LANE_BITS=$(TNA_LANE_BITS)
 
-tofino:  ## compile tofino/ for Tofino 1 (P4Info, BF-RT JSON, resources) when bf-p4c is on PATH
+tofino:  ## compile tofino/ for Tofino 1 (P4Info, BF-RT JSON, resources) when bf-p4c is on PATH; TNA_LANE_BITS=16|8: a narrow-lane profile
 	@if ! command -v $(BF_P4C) >/dev/null 2>&1; then \
 	  echo "make tofino: '$(BF_P4C)' is not on PATH, so the TNA program was NOT compiled."; \
 	  echo "             Build p4c's open-source Tofino backend by hand (see tofino/README.md), then rerun."; \
 	  exit 0; \
 	fi; \
 	rm -rf $(TNA_WORK) && mkdir -p $(TNA_WORK) $(TNA_OUT) && \
-	$(BF_P4C) --target tofino --arch tna -g --verbose 1 -o $(TNA_WORK) \
-	  --p4runtime-files $(TNA_OUT)/spina_tna.p4info.txtpb $(TNA_TOP) && \
-	cp $(TNA_WORK)/bfrt.json $(TNA_OUT)/spina_tna.bfrt.json && \
-	$(PYTHON) scripts/tna_resources.py $(TNA_WORK) "$$($(BF_P4C) --version)" > $(TNA_OUT)/resources.md && \
-	$(BF_P4C) --target tofino --arch tna -o $(TNA_WORK)/p4runtime --p4runtime-force-std-externs \
-	  --p4runtime-files $(TNA_OUT)/spina_tna.std.p4info.txtpb $(TNA_TOP) && \
-	echo "make tofino: wrote $(TNA_OUT)/spina_tna.p4info.txtpb, spina_tna.std.p4info.txtpb," \
-	  "spina_tna.bfrt.json and resources.md; device config files in $(TNA_WORK)/p4runtime"
+	$(BF_P4C) $(TNA_FLAGS) -g --verbose 1 -o $(TNA_WORK) \
+	  --p4runtime-files $(TNA_OUT)/$(TNA_NAME).p4info.txtpb $(TNA_TOP) && \
+	cp $(TNA_WORK)/bfrt.json $(TNA_OUT)/$(TNA_NAME).bfrt.json && \
+	$(PYTHON) scripts/tna_resources.py $(TNA_WORK) "$$($(BF_P4C) --version)" $(TNA_LANE_BITS) \
+	  > $(TNA_OUT)/resources$(TNA_SUFFIX).md && \
+	$(BF_P4C) $(TNA_FLAGS) -o $(TNA_WORK)/p4runtime --p4runtime-force-std-externs \
+	  --p4runtime-files $(TNA_OUT)/$(TNA_NAME).std.p4info.txtpb $(TNA_TOP) && \
+	echo "make tofino: wrote $(TNA_OUT)/$(TNA_NAME).p4info.txtpb, $(TNA_NAME).std.p4info.txtpb," \
+	  "$(TNA_NAME).bfrt.json and resources$(TNA_SUFFIX).md; device config files in $(TNA_WORK)/p4runtime"
 
 TOPO ?= single
 testbed: $(STAMP)  ## mininet testbed (root): TOPO=single|leafspine ARGS="--hosts 4 --cli"

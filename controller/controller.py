@@ -66,6 +66,11 @@ def load_pipeline(state: DesiredState, sw: Switch):
             raise ConfigError(f"{where} 'p4info': {path} declares {' and '.join(tofino_externs)}"
                               " as Tofino externs, which P4Runtime servers do not serve: "
                               "compile with bf-p4c --p4runtime-force-std-externs")
+        compiled = tofino.lane_bits(info)
+        if compiled is not None and compiled != sw.lane_bits:
+            raise ConfigError(f"{where} 'lane_bits': {sw.lane_bits}, but {path} is the TNA "
+                              f"program compiled for {compiled}-bit lanes (its pair registers' "
+                              "halves; tofino/size.p4 SPINA_LANE_BITS)")
         try:
             cfg = tofino.device_config(state.resolve(sw.device_config), sw.device_config_format)
         except ConfigError as e:

@@ -17,6 +17,9 @@ error names the offending field (`jobs[1].nslots: ...`).
         device_config: p4src/build/spina_v1model.json    # optional (bmv2: required)
                                     # tofino: bf-p4c's output directory (required)
         device_config_format: stratum   # tofino only (required): stratum | bf_switchd
+        lane_bits: 32               # tofino only: the lane width the TNA program was compiled
+                                    # for (bf-p4c -DSPINA_LANE_BITS=16|8; default 32); its jobs
+                                    # must have this lane_bits (tofino/README.md, "Narrow lanes")
         l2: [{mac: "02:..", port: 1}]                     # optional extra forwarding
             # or {mac: "02:..", ports: [3, 4]}: sprayed per packet, round-robin over the ports
             # (v1model only: l2's spray and spray_ports, p4src/v1model/forwarding.p4)
@@ -115,6 +118,7 @@ class Switch:
     p4info: str | None = None
     device_config: str | None = None
     device_config_format: str | None = None  # tofino: controller.tofino.FORMATS
+    lane_bits: int = 32  # tofino: the width its TNA program serves (tofino/size.p4 SPINA_LANE_BITS)
     l2: tuple[tuple[str, int], ...] = ()
     l2_spray: tuple[tuple[str, tuple[int, ...]], ...] = ()  # (mac, ports in turn order)
     routes: tuple[tuple[str, int, str, str], ...] = ()
@@ -342,7 +346,7 @@ def _parse_flat(doc, path: pathlib.Path | None = None) -> DesiredState:
         mapping(d, w, {"name", "target", "grpc"},
                 {"device_id", "thrift_port", "address", "udp_port", "pool_slots", "ports",
                  "slot_capacity", "p4info", "device_config", "device_config_format", "l2",
-                 "routes", "ina_endpoints", "drop_qdepth"})
+                 "routes", "ina_endpoints", "drop_qdepth", "lane_bits"})
         name = string(d, "name", w)
         need(name not in switches, f"{w}.name", f"duplicate switch {name!r}")
         need(d["target"] in TARGETS, f"{w}.target", f"must be one of {', '.join(TARGETS)}")
@@ -403,9 +407,12 @@ def _parse_flat(doc, path: pathlib.Path | None = None) -> DesiredState:
             need(d.get("device_config_format") in TOFINO_FORMATS, f"{w}.device_config_format",
                   f"must be one of {', '.join(TOFINO_FORMATS)} (the P4Runtime server: Stratum "
                   f"or the SDE's bf_switchd), got {d.get('device_config_format')!r}")
+            need(d.get("lane_bits", 32) in wire.LANE_BITS, f"{w}.lane_bits",
+                  f"must be one of {', '.join(map(str, wire.LANE_BITS))} (the TNA program's "
+                  f"SPINA_LANE_BITS), got {d.get('lane_bits')!r}")
         else:
-            need("device_config_format" not in d, f"{w}.device_config_format",
-                  "only for target tofino")
+            for k in ("device_config_format", "lane_bits"):
+                need(k not in d, f"{w}.{k}", "only for target tofino")
         switches[name] = Switch(
             name=name, target=d["target"], grpc=d["grpc"],
             device_id=integer(d, "device_id", w, 0, (1 << 64) - 1, 0),
@@ -416,6 +423,7 @@ def _parse_flat(doc, path: pathlib.Path | None = None) -> DesiredState:
             slot_capacity=integer(d, "slot_capacity", w, 1, 1 << 24, spec.DEFAULT_SLOT_CAPACITY),
             ports=tuple(ports), p4info=d.get("p4info"), device_config=d.get("device_config"),
             device_config_format=d.get("device_config_format"),
+            lane_bits=d.get("lane_bits", 32),
             l2=tuple(l2), l2_spray=tuple(l2_spray), routes=tuple(routes),
             ina_endpoints=endpoints,
             drop_qdepth=integer(d, "drop_qdepth", w, 0, spec.QDEPTH_NEVER)
@@ -485,6 +493,11 @@ def _parse_flat(doc, path: pathlib.Path | None = None) -> DesiredState:
                   f"the {sw.target} P4 program aggregates blocks of {sizes['BLOCK_SIZE']}")
             need(job.nlanes <= sizes["NLANES"], f"{w}.nlanes",
                   f"the {sw.target} P4 program has {sizes['NLANES']} lanes")
+        if sw.target == "tofino":
+            need(job.lane_bits == sw.lane_bits, f"{w}.lane_bits",
+                  f"{job.lane_bits}-bit lanes on switch {sw.name!r}, whose TNA program serves "
+                  f"{sw.lane_bits}-bit lanes only (its lane_bits; one program holds one width "
+                  "and takes a packet of another as malformed: tofino/README.md, 'Narrow lanes')")
         try:
             JobConfig(job=jid, workers=tuple(WorkerAddr(r, workers[m].ip, workers[m].udp_port)
                                              for r, m in enumerate(members)),

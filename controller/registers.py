@@ -23,6 +23,7 @@ import grpc
 from p4.v1 import p4runtime_pb2 as pb
 
 from controller.p4rt import Connection, P4RuntimeError
+from controller.tofino import bitwidth
 from spina import spec
 from spina.p4runtime import decode, encode
 
@@ -74,8 +75,7 @@ class P4RuntimeRegisters(RegisterAdapter):
         if r.type_spec.HasField("struct"):
             struct = self.conn.index.p4info.type_info.structs[r.type_spec.struct.name]
             for m in struct.members:
-                data.struct.members.add().bitstring = encode(
-                    value, m.type_spec.bitstring.bit.bitwidth)
+                data.struct.members.add().bitstring = encode(value, bitwidth(m.type_spec))
         else:
             data.bitstring = encode(value, r.type_spec.bitstring.bit.bitwidth)
 

@@ -37,7 +37,10 @@ import pathlib
 import struct
 from dataclasses import dataclass
 
+from spina import spec
 from spina.config import ConfigError
+
+PAIR_TYPE = spec.TNA_PAIR_TYPE
 
 FORMATS = ("stratum", "bf_switchd")
 TOFINO1_PIPES = 4
@@ -140,6 +143,19 @@ def bf_switchd_config(build: TofinoBuild) -> bytes:
     (p,) = build.profiles
     return b"".join(struct.pack("<I", len(part)) + part
                     for part in (build.program.encode(), p.binary, p.context))
+
+
+def bitwidth(type_spec) -> int:
+    """The width of a P4Info bitstring type (bit<W> or int<W>)."""
+    bits = type_spec.bitstring
+    return getattr(bits, bits.WhichOneof("type_spec")).bitwidth
+
+
+def lane_bits(p4info) -> int | None:
+    """The lane width the TNA program in `p4info` was compiled for (tofino/size.p4
+    SPINA_LANE_BITS): its pair registers' halves, `pair_t.lo`; None without pair registers."""
+    struct = p4info.type_info.structs.get(PAIR_TYPE)
+    return None if struct is None else bitwidth(struct.members[0].type_spec)
 
 
 def device_config(directory, fmt: str) -> bytes:

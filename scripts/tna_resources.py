@@ -1,11 +1,12 @@
 """Summarise bf-p4c's resource logs of the TNA program as Markdown (make tofino).
 
-Usage: python3 scripts/tna_resources.py OUT_DIR [COMPILER_VERSION_LINE] > tofino/build/resources.md
+Usage: python3 scripts/tna_resources.py OUT_DIR [COMPILER_VERSION_LINE [LANE_BITS]]
+         > tofino/build/resources.md   (resources16.md, resources8.md: -DSPINA_LANE_BITS=16, 8)
 
 OUT_DIR is bf-p4c's -o directory; its pipe/logs/resources.json (per MAU stage: RAMs, TCAMs,
 stateful (meter) ALUs, statistics ALUs, gateways, and the tables using them) and
-pipe/logs/metrics.json (PHV containers) are read, and tofino/size.p4 for the int32 elements a
-packet carries. Standard library only.
+pipe/logs/metrics.json (PHV containers) are read, and tofino/size.p4 for the elements a packet
+carries (LANE_BITS: the lane-width profile compiled, default 32). Standard library only.
 """
 from __future__ import annotations
 
@@ -37,11 +38,12 @@ def _names(units) -> set:
     return out
 
 
-def summarise(out_dir: pathlib.Path, version: str) -> str:
+def summarise(out_dir: pathlib.Path, version: str, lane_bits: int = 32) -> str:
     logs = out_dir / "pipe" / "logs"
     res = json.loads((logs / "resources.json").read_text())["resources"]
     stages = res["mau"]["mau_stages"]
-    lines = ["# tofino/build: bf-p4c resource summary of tofino/spina_tna.p4", "",
+    profile = "" if lane_bits == 32 else f" -DSPINA_LANE_BITS={lane_bits}"
+    lines = [f"# tofino/build: bf-p4c resource summary of tofino/spina_tna.p4{profile}", "",
              (f"Compiler: `{version.strip()}`" if version.strip()
               else "Compiler: (version not given)"),
              f"Target: Tofino 1 (`--target tofino --arch tna`), {res['mau']['nStages']} MAU stages "
@@ -68,9 +70,12 @@ def summarise(out_dir: pathlib.Path, version: str) -> str:
               f"stateful ALUs: {totals[3]} of {4 * res['mau']['nStages']}."]
     s = _sizes()
     if "BLOCK_SIZE" in s:
-        lines += ["", f"int32 per packet: {s['NLANES'] * s['BLOCK_SIZE']} ({s['NLANES']} lane x "
-                  f"{s['BLOCK_SIZE']}), in pair registers slot_values_l0_p<P> (two int32 per "
-                  f"stateful ALU): {s.get('EGRESS_PAIRS', 0)} in egress, "
+        lane = f"int{lane_bits}"
+        lines += ["", f"{lane} per packet: {s['NLANES'] * s['BLOCK_SIZE']} ({s['NLANES']} lane x "
+                  f"{s['BLOCK_SIZE']}, {s['NLANES'] * s['BLOCK_SIZE'] * lane_bits // 8} bytes), in "
+                  f"pair registers slot_values_l0_p<P> (two {lane} per stateful ALU"
+                  + ("" if lane_bits == 32 else ", saturating add") + "): "
+                  f"{s.get('EGRESS_PAIRS', 0)} in egress, "
                   f"{s.get('INGRESS_PAIRS', 0)} in ingress (tofino/size.p4)."]
     metrics = logs / "metrics.json"
     if metrics.exists():
@@ -85,13 +90,18 @@ def summarise(out_dir: pathlib.Path, version: str) -> str:
 
 def main(argv: list[str]) -> int:
     if len(argv) < 2:
-        print("usage: tna_resources.py OUT_DIR [COMPILER_VERSION_LINE]", file=sys.stderr)
+        print("usage: tna_resources.py OUT_DIR [COMPILER_VERSION_LINE [LANE_BITS]]",
+              file=sys.stderr)
         return 2
     out_dir = pathlib.Path(argv[1])
     if not (out_dir / "pipe" / "logs" / "resources.json").exists():
         print(f"tna_resources.py: no pipe/logs/resources.json under {out_dir}", file=sys.stderr)
         return 2
-    sys.stdout.write(summarise(out_dir, argv[2] if len(argv) > 2 else ""))
+    lane_bits = int(argv[3]) if len(argv) > 3 else 32
+    if lane_bits not in (32, 16, 8):
+        print(f"tna_resources.py: LANE_BITS {argv[3]!r}: must be 32, 16 or 8", file=sys.stderr)
+        return 2
+    sys.stdout.write(summarise(out_dir, argv[2] if len(argv) > 2 else "", lane_bits))
     return 0
 
 

@@ -281,7 +281,9 @@ TNA_PAIR_TYPE = "pair_t"
 TNA_TABLES = ("ina_endpoint", "admission", "congestion", "l2", "ipv4_routes", "worker_rewrite")
 # Not in the TNA program yet: the hold of a newer round (the head registers and job_held; its
 # twelve stages are full, tofino/README.md), so a flush there can still strand a worker.
-# Nor narrow lanes (v1model only: docs/bits.md).
+# Nor the lane counters: its narrow-lane profiles (tofino/size.p4 SPINA_LANE_BITS) take one
+# width, another is malformed (no job_lane_mismatch), and saturate in the registers without
+# counting it (no job_lane_saturated; tofino/README.md, "Narrow lanes").
 TNA_LACKS = frozenset({"job_held", *LANE_COUNTERS} | {r.name for r in REGISTERS if r.shape == HEAD})
 # Nor per-packet spraying (l2's spray, spray_ports, spray_turn): v1model only (tofino/README.md).
 TNA_LACKS_ACTIONS = frozenset({"spray"})

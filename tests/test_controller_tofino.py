@@ -446,3 +446,80 @@ def test_the_example_desired_state_loads():
     assert (sw.target, sw.device_config_format) == ("tofino", "stratum")
     assert st.resolve(sw.p4info).resolve() == STD_P4INFO
     assert (st.jobs[1].block_size, st.jobs[1].nlanes) == (spec.TNA_SIZES["BLOCK_SIZE"], 1)
+
+
+# ---------------------------------------------------------------- lane widths
+@pytest.mark.parametrize("edit,field,msg", [
+    (lambda s: s.update(lane_bits=12), "switches[0].lane_bits", "must be one of 32, 16, 8"),
+    (lambda s: s.update(lane_bits="16"), "switches[0].lane_bits", "must be one of 32, 16, 8"),
+    (lambda s: (s.pop("device_config_format"), s.update(target="bmv2", lane_bits=16)),
+     "switches[0].lane_bits", "only for target tofino"),
+])
+def test_the_switch_lane_width_is_validated(tmp_path, edit, field, msg):
+    test_switch_fields_are_validated(tmp_path, edit, field, msg)
+
+
+@pytest.mark.parametrize("switch_bits,job_bits", [(32, 16), (32, 8), (16, 32), (16, 8), (8, 16)])
+def test_a_job_of_another_lane_width_is_refused(tmp_path, switch_bits, job_bits):
+    """One TNA program serves one lane width (tofino/size.p4 SPINA_LANE_BITS): a job of another
+    is refused naming its lane_bits and why; a job of the switch's width is taken."""
+    doc = tofino_doc("127.0.0.1:1", tmp_path / "p4info.txtpb", tmp_path / "out",
+                     jobs=[dict(JOB7, lane_bits=job_bits)])
+    doc["switches"][0]["lane_bits"] = switch_bits
+    with pytest.raises(ConfigError) as e:
+        state_mod.parse(doc)
+    assert str(e.value) == (
+        f"jobs[0].lane_bits: {job_bits}-bit lanes on switch 's1', whose TNA program serves "
+        f"{switch_bits}-bit lanes only (its lane_bits; one program holds one width and takes a "
+        "packet of another as malformed: tofino/README.md, 'Narrow lanes')")
+    doc["jobs"][0]["lane_bits"] = switch_bits
+    assert state_mod.parse(doc).jobs[7].lane_bits == switch_bits
+
+
+def _narrow_info(bits: int):
+    """spec's TNA P4Info with pair_t's halves int<bits>, as bf-p4c -DSPINA_LANE_BITS=bits
+    declares them."""
+    info = spec.tna_p4info()
+    for m in info.type_info.structs[spec.TNA_PAIR_TYPE].members:
+        m.type_spec.bitstring.int.bitwidth = bits  # the oneof: bit -> int
+    return info
+
+
+def _narrow_p4info(tmp_path, bits: int) -> pathlib.Path:
+    p = tmp_path / f"spina_tna{bits}.p4info.txtpb"
+    p.write_text(text_format.MessageToString(_narrow_info(bits)))
+    return p
+
+
+def test_the_p4info_must_be_compiled_for_the_switch_lane_width(tmp_path, tna_p4info):
+    """Where the switch's lane_bits meets the program: the P4Info's pair registers' halves."""
+    build = fake_bf_p4c_output(tmp_path / "out")
+    for p4info, bits, compiled in ((tna_p4info, 16, 32), (_narrow_p4info(tmp_path, 16), 32, 16),
+                                   (_narrow_p4info(tmp_path, 8), 16, 8)):
+        doc = tofino_doc("127.0.0.1:1", p4info, build)
+        doc["switches"][0]["lane_bits"] = bits
+        st = write_state(tmp_path, doc)
+        with pytest.raises(ConfigError) as e:
+            load_pipeline(st, st.switches["s1"])
+        assert str(e.value) == (
+            f"switch s1: field 'lane_bits': {bits}, but {p4info} is the TNA program compiled "
+            f"for {compiled}-bit lanes (its pair registers' halves; tofino/size.p4 "
+            "SPINA_LANE_BITS)")
+    doc["switches"][0]["lane_bits"] = 8
+    st = write_state(tmp_path, doc)
+    info, _ = load_pipeline(st, st.switches["s1"])
+    assert tofino.lane_bits(info) == 8
+
+
+def test_a_narrow_program_pair_registers_are_cleared_at_their_width(register_fake):
+    """A 16-bit program's pair_t halves are int<16>: a slot clear writes both as 16-bit zeros."""
+    sw = register_fake()
+    info = _narrow_info(16)
+    with Connection(sw.address) as conn:
+        conn.set_pipeline(info, b"", 1)
+        TofinoRegisters(conn).clear(["slot_values_l0_p0"], 0, 1)
+    (req,) = sw.calls("Write")
+    pair_id = ids(info, "registers")["slot_values_l0_p0"]
+    (update,) = [u for u in req.updates if u.entity.register_entry.register_id == pair_id]
+    members = update.entity.register_entry.data.struct.members
+    assert [m.bitstring for m in members] == [b"\x00", b"\x00"]

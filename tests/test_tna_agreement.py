@@ -18,7 +18,7 @@ import subprocess
 
 import pytest
 
-from spina import spec
+from spina import spec, wire
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TOFINO = ROOT / "tofino"
@@ -42,11 +42,17 @@ def program(tmp_path_factory) -> str:
 
 def test_sizes_agree():
     """tofino/size.p4's defines equal spec.TNA_SIZES (text: the names are gone after bf-p4c)."""
-    defines = dict(re.findall(r"#define (\w+) (\d+)\s", (TOFINO / "size.p4").read_text()))
+    text = (TOFINO / "size.p4").read_text()
+    defines = dict(re.findall(r"#define (\w+) (\d+)\s", text))
     for name, value in S.items():
         assert int(defines[name]) == value, name
     assert int(defines["SLOT_COPIES"]) == 2 * S["POOL_SLOTS"]
-    assert int(defines["BLOCK_BYTES"]) == 4 * S["BLOCK_SIZE"]
+    # each lane-width profile (-DSPINA_LANE_BITS): its width flag and block bytes as wire has them
+    profiles = re.findall(r"SPINA_LANE_BITS == (\d+)\n#define LANE_FLAG (\w+)\n"
+                          r"#define BLOCK_BYTES (\d+)\n", text)
+    assert {int(b): (int(f, 0), int(n)) for b, f, n in profiles} == {
+        b: (wire.LANE_FLAGS[b], wire.row_bytes(S["BLOCK_SIZE"], wire.LANE_FLAGS[b]))
+        for b in wire.LANE_BITS}
     assert S["RANK_CELLS"] == 2 * S["POOL_SLOTS"] * S["MAX_WORKERS"]
 
 

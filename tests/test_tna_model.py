@@ -9,7 +9,9 @@ malformed packets; tests/test_p4_model.py's strategy at the TNA sizes) go throug
 and through softswitch.pipeline.Pipeline, with the pipeline's hold of a newer round off (the
 TNA program lacks it: spec.TNA_LACKS, tofino/README.md): every emitted packet, counter and
 register cell must agree after every packet. The sizes the TNA parser does not hold, and the
-congestion drop's loss budget, are compared too.
+congestion drop's loss budget, are compared too. The narrow-lane profiles
+(-DSPINA_LANE_BITS=16 and 8, tofino/README.md "Narrow lanes") are compared the same way on
+honest rounds of their width, and their differences (another width, saturation) are pinned.
 """
 from __future__ import annotations
 
@@ -34,14 +36,15 @@ K, BS = spec.TNA_SIZES["NLANES"], spec.TNA_SIZES["BLOCK_SIZE"]
 SLOTS = spec.TNA_SIZES["POOL_SLOTS"]
 
 
-def _admit(nworkers: int, nslots: int = 2):
-    """The same job in both: Pipeline.add_job and the model's admission entries."""
+def _admit(nworkers: int, nslots: int = 2, lane_bits: int = 32):
+    """The same job in both: Pipeline.add_job and the model's admission entries (the model
+    compiled for `lane_bits`, the job's lanes as wide)."""
     job = JobConfig(job=JOB, workers=tuple(WorkerAddr(r, *src(r)) for r in range(nworkers)),
-                    slot_base=0, nslots=nslots, block_size=BS, nlanes=K)
+                    slot_base=0, nslots=nslots, block_size=BS, nlanes=K, lane_bits=lane_bits)
     fast = Pipeline(pool_slots=SLOTS, slot_capacity=K * BS)
     fast.hold_newer_rounds = False  # the TNA program lacks the hold (spec.TNA_LACKS)
     fast.add_job(job, {r: (PORT, src(r)) for r in range(nworkers)}, mcast_grp=1)
-    model = TnaModel()
+    model = TnaModel(lane_bits)
     for r in range(nworkers):
         model.admission[(PORT, src(r), JOB, r)] = dict(
             epoch=1, slot_base=0, nslots=nslots, nworkers=nworkers, block_size=BS, nlanes=K)
@@ -56,11 +59,16 @@ def _same_state(fast: Pipeline, model: TnaModel) -> None:
     reg = fast.registers
     for name in ("slot_round", "slot_bitmap", "slot_count", "slot_present", "slot_nonfinite",
                  "slot_exponent", "slot_length", "slot_flags"):
-        width = {"slot_exponent": 0xFFFF}.get(name, (1 << 64) - 1)
+        # slot_flags: the TNA program stores no lane width (one program holds one width); the
+        # software switch's cells hold the program's width or none (a copy never set)
+        width = {"slot_exponent": 0xFFFF,
+                 "slot_flags": 0xFF & ~wire.FLAGS_LANE_WIDTH}.get(name, (1 << 64) - 1)
         assert [int(x) & width for x in reg[name]] == model.spec_view(name), name
+    assert {int(x) & wire.FLAGS_LANE_WIDTH for x in reg["slot_flags"]} <= {0, model.lane_flag}
     assert [int(x) for x in reg["slot_next"][:, 0]] == model.reg["slot_next_l0"]
     for e in range(BS):
-        assert [int(x) & M32 for x in reg["slot_values"][:, e]] == model.values(e), e
+        assert [int(x) & M32 for x in reg["slot_values"][:, e]] == \
+            [v & M32 for v in model.values(e)], e
 
 
 @st.composite
@@ -229,3 +237,116 @@ def test_a_gather_packet_is_malformed_on_tna():
     assert len(fast.process(pkt, PORT, src(0))) == 1  # replicated to the job's group
     assert model.process(pkt, PORT, src(0)) == []
     assert model.counters[("port_malformed", PORT)] == 1
+
+
+# ---------------------------------------------------------------- narrow-lane profiles
+def _narrow(rank, lane_bits, **kw):
+    """A contribution of `rank` in `lane_bits` lanes (values: kw's `data`, one block)."""
+    data = kw.pop("data", None)
+    h = wire.Header(msg_type=wire.MSG_CONTRIB, job=JOB, epoch=1, slot=0, rank=rank, nlanes=K,
+                    round=1, length=9, block_size=BS, present=0 if data is None else 1,
+                    **{**kw, "flags": kw.get("flags", 0) | wire.LANE_FLAGS[lane_bits]})
+    return wire.pack(h, [wire.END], None if data is None else np.array([data]))
+
+
+@st.composite
+def narrow_scenario(draw):
+    """An honest job's rounds in one lane width: every value at most 1/3 of the lane's range,
+    so the sums of up to 3 ranks fit (the agent's shift makes it so, docs/bits.md) and neither
+    the software switch nor the TNA profile saturates."""
+    lane_bits = draw(st.sampled_from([16, 8]))
+    nworkers = draw(st.integers(1, 3))
+    bound = (1 << (lane_bits - 1)) // 3
+    packets = []
+    for _ in range(draw(st.integers(1, 30))):
+        rank, pkt = packet(draw, nworkers, K, BS, gather=False)  # its header, in this width
+        h = wire.unpack_header(pkt)
+        full = len(pkt) == wire.packet_len(K, BS, h.present & 1)
+        h.flags |= wire.LANE_FLAGS[lane_bits]
+        data = (np.array([draw(st.lists(st.integers(-bound, bound), min_size=BS, max_size=BS))])
+                if h.present & 1 else None)
+        narrow = wire.pack(h, [draw(st.sampled_from([0, 1, 5, 9, wire.END]))], data)
+        packets.append((rank, narrow if full else narrow[:-1]))  # cut short: malformed
+    return lane_bits, nworkers, packets
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(narrow_scenario())
+def test_narrow_profile_equals_pipeline(sc):
+    """-DSPINA_LANE_BITS=16 / 8: an honest job's packets in the program's width give the same
+    packets out (rows in the lane's width), counters and register cells after every packet as
+    the software switch (which adds them into int32 cells and answers in the same width)."""
+    lane_bits, nworkers, packets = sc
+    fast, model = _admit(nworkers, lane_bits=lane_bits)
+    for rank, pkt in packets:
+        got = [(bytes(e.data), e.multicast) for e in fast.process(pkt, PORT, src(rank))]
+        assert model.process(pkt, PORT, src(rank)) == got
+        _same_state(fast, model)
+
+
+def test_narrow_profile_sums_and_answers_in_its_width():
+    """Two ranks in 16-bit lanes: the result is the exact sum with mixed signs, as int16 rows
+    with FLAG_LANES16, from both; the sum at the lane's bounds is not clipped."""
+    for lane_bits in (16, 8):
+        top = 1 << (lane_bits - 1)
+        a = [top - 1 - e for e in range(BS)]
+        b = [-(e % 7) for e in range(BS)]
+        fast, model = _admit(2, lane_bits=lane_bits)
+        for rank, data in ((0, a), (1, b)):
+            pkt = _narrow(rank, lane_bits, data=data, flags=wire.FLAG_LAST)
+            got = [(bytes(e.data), e.multicast) for e in fast.process(pkt, PORT, src(rank))]
+            assert model.process(pkt, PORT, src(rank)) == got
+        (result, multicast), = got
+        got = wire.unpack(result)
+        h, rows = got.header, got.data
+        assert multicast and h.msg_type == wire.MSG_RESULT
+        assert h.flags == wire.FLAG_LAST | wire.LANE_FLAGS[lane_bits]
+        assert len(result) == wire.HEADER_LEN + 4 + BS * lane_bits // 8
+        assert [int(x) for x in rows[0]] == [x + y for x, y in zip(a, b)]
+        _same_state(fast, model)
+
+
+def test_another_width_is_malformed_on_a_narrow_profile():
+    """Known difference (tofino/README.md): a contribution whose width is not the program's
+    is malformed on the TNA program (one program holds one width), where the software switch
+    adds it, marks the round MISMATCH and counts job_lane_mismatch."""
+    for lane_bits, other in ((16, 32), (16, 8), (8, 16), (32, 16)):
+        fast, model = _admit(2, lane_bits=lane_bits)
+        first = _narrow(0, lane_bits, data=[1] * BS)
+        odd = _narrow(1, other, data=[2] * BS)
+        fast.process(first, PORT, src(0))
+        model.process(first, PORT, src(0))
+        (result,) = fast.process(odd, PORT, src(1))
+        assert wire.unpack_header(result.data).flags & wire.FLAG_MISMATCH
+        assert int(fast.counters["job_lane_mismatch"][JOB]) == 1
+        assert model.process(odd, PORT, src(1)) == []
+        assert model.counters[("port_malformed", PORT)] == 1
+        # no block: malformed too (the width flags are checked, not only the UDP length)
+        assert model.process(_narrow(1, other), PORT, src(1)) == []
+        assert model.counters[("port_malformed", PORT)] == 2
+
+
+def test_narrow_profile_saturates_each_add():
+    """Known difference (tofino/README.md): the TNA cells are lane-wide and saturate at each
+    add (|+|), the software switch's are int32 and clip the answer once. Sums of one sign
+    beyond the lane agree in the answer (the lane's bound), but only the software switch
+    counts job_lane_saturated; a running sum that leaves the lane and comes back differs."""
+    top = (1 << 15) - 1
+    fast, model = _admit(3, lane_bits=16)
+    outs = []
+    for rank, v in ((0, 30000), (1, 30000), (2, 30000)):  # one sign: 90000 -> 32767 on both
+        pkt = _narrow(rank, 16, data=[v] * BS)
+        outs = [fast.process(pkt, PORT, src(rank)), model.process(pkt, PORT, src(rank))]
+    (soft,), (tna,) = outs
+    assert bytes(soft.data) == tna[0]
+    assert [int(x) for x in wire.unpack(tna[0]).data[0]] == [top] * BS
+    assert int(fast.counters["job_lane_saturated"][JOB]) == 1  # the result packet, once
+    assert ("job_lane_saturated", JOB) not in model.counters
+    assert model.values(0)[1] == top and int(fast.registers["slot_values"][1, 0]) == 90000
+    fast, model = _admit(3, lane_bits=16)
+    for rank, v in ((0, 30000), (1, 30000), (2, -30000)):  # 32767 - 30000 on the TNA
+        pkt = _narrow(rank, 16, data=[v] * BS)
+        outs = [fast.process(pkt, PORT, src(rank)), model.process(pkt, PORT, src(rank))]
+    (soft,), (tna,) = outs
+    assert [int(x) for x in wire.unpack(bytes(soft.data)).data[0]] == [30000] * BS
+    assert [int(x) for x in wire.unpack(tna[0]).data[0]] == [top - 30000] * BS

@@ -11,6 +11,8 @@ the TNA sizes). Each RegisterAction is a method that takes the cell, returns (ne
 as the stateful ALU does; the const tables `decide`, `flag_input` and `rank_to_bit` are not
 copied here but read from tofino/include/aggregator.p4's text, so that the model follows the
 P4 entries as written. If the software switch and this model disagree, one of them is wrong.
+`TnaModel(lane_bits=16)` (or 8) is the program compiled with -DSPINA_LANE_BITS=16 (or 8):
+elements of that width, another width malformed, pair cells that saturate at each add.
 """
 from __future__ import annotations
 
@@ -25,7 +27,11 @@ M32 = 0xFFFFFFFF
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TOFINO = ROOT / "tofino"
 S = spec.TNA_SIZES
-NLANES, BLOCK_SIZE, BLOCK_BYTES = S["NLANES"], S["BLOCK_SIZE"], 4 * S["BLOCK_SIZE"]
+NLANES, BLOCK_SIZE = S["NLANES"], S["BLOCK_SIZE"]
+# tofino/size.p4's lane-width profiles (-DSPINA_LANE_BITS): the struct format of one element on
+# the wire (int32 as unsigned words, as the pairs add them with wrap-around; narrow lanes signed,
+# as the pairs add them with the stateful ALU's saturating add).
+LANE_FORMAT = {32: "I", 16: "h", 8: "b"}
 PAIRS = S["EGRESS_PAIRS"] + S["INGRESS_PAIRS"]
 EGRESS_PAIRS = range(S["EGRESS_PAIRS"])          # elements of block_e
 INGRESS_PAIRS = range(S["EGRESS_PAIRS"], PAIRS)  # elements of block_i
@@ -108,7 +114,11 @@ def _s32(x: int) -> int:
 class TnaModel:
     """The TNA program's registers (by their P4 names), counters, tables, and its decisions."""
 
-    def __init__(self):
+    def __init__(self, lane_bits: int = 32):
+        self.lane_bits = lane_bits
+        self.lane_flag = wire.LANE_FLAGS[lane_bits]            # size.p4 LANE_FLAG
+        self.block_bytes = wire.row_bytes(BLOCK_SIZE, self.lane_flag)  # size.p4 BLOCK_BYTES
+        self.block_format = f">{BLOCK_SIZE}{LANE_FORMAT[lane_bits]}"
         copies = 2 * S["POOL_SLOTS"]
         self.reg: dict[str, list[int]] = {}
         for name, width, cells in spec.tna_registers():
@@ -143,14 +153,15 @@ class TnaModel:
         if h.nlanes == NLANES and h.block_size == BLOCK_SIZE:  # parse_lane_next
             extracted += 4
             if h.present & 1:                                  # parse_block
-                extracted += BLOCK_BYTES
+                extracted += self.block_bytes
         if len(pkt) < extracted:
             return True  # parser_err
         want = UDP_HDR_BYTES + wire.HEADER_LEN + 4 * NLANES
         if h.present & 1:
-            want += BLOCK_BYTES
+            want += self.block_bytes
         return (h.version != wire.VERSION or h.msg_type != wire.MSG_CONTRIB
                 or h.nlanes != NLANES or h.block_size != BLOCK_SIZE
+                or h.flags & wire.FLAGS_LANE_WIDTH != self.lane_flag
                 or h.rank >= wire.MAX_WORKERS
                 or h.present >> NLANES != 0 or h.nonfinite >> NLANES != 0
                 or udp_len != want)
@@ -218,7 +229,7 @@ class TnaModel:
         count_limit = nworkers if h.flags & PARTIAL else 0
         rank_bit = 1 << h.rank  # rank_to_bit (tests/test_tna_agreement.py checks its entries)
         lane_next = struct.unpack_from(">I", pkt, wire.HEADER_LEN)[0]
-        block = (list(struct.unpack_from(f">{BLOCK_SIZE}I", pkt, wire.HEADER_LEN + 4))
+        block = (list(struct.unpack_from(self.block_format, pkt, wire.HEADER_LEN + 4))
                  if h.present & 1 else None)
 
         r["slot_round"][idx], round_pred = self.check_round(r["slot_round"][idx], h.round)
@@ -290,7 +301,7 @@ class TnaModel:
         else:
             extra = RESEND if kind == KIND["RESEND"] else 0
             out.msg_type = wire.MSG_RESULT
-            out.flags = (stored_flags ^ LAST) | (h.flags & LOSS_TOLERANT) | extra
+            out.flags = (stored_flags ^ (LAST | self.lane_flag)) | (h.flags & LOSS_TOLERANT) | extra
             out.present, out.nonfinite = present, nonfinite
             out.length = stored_length
             block_out = bool(present & 1)
@@ -307,7 +318,7 @@ class TnaModel:
             self._pair(p, idx, harvest_op, 1, blk)
         self._egress_slots(idx, harvest_op, 1, blk)
         # Pass 3: to every worker or back to the sender; no register is touched.
-        data = struct.pack(f">{BLOCK_SIZE}I", *blk) if block_out else b""
+        data = struct.pack(self.block_format, *blk) if block_out else b""
         payload = wire.pack_header(out) + struct.pack(">I", nxt[0]) + data
         if out.msg_type == wire.MSG_RESULT:  # egress WorkerRewrite: job_results per copy
             for _ in range(copies):
@@ -343,6 +354,14 @@ class TnaModel:
             cells[idx] = pos
         return cells[idx]
 
+    def _add(self, cell: int, x: int) -> int:
+        """SPINA_LANE_ADD: int32 wraps around; a narrow cell saturates at its lane's range
+        (|+| on int<W>)."""
+        if self.lane_bits == 32:
+            return (cell + x) & M32
+        top = 1 << (self.lane_bits - 1)
+        return min(max(cell + x, -top), top - 1)
+
     @staticmethod
     def _read_zero(pairs, blk: list) -> None:
         """SPINA_READ_ZERO: elements 2P and 2P + 1 of each pair := 0 (a READ of the low halves
@@ -361,7 +380,7 @@ class TnaModel:
         elif op == OP["CLEAR"]:                                  # pair_clear
             lo = hi = 0
         elif op == OP["MERGE"] or (op == OP["READ"] and not read_hi):  # pair_add
-            lo, hi = (lo + blk[lo_e]) & M32, (hi + blk[hi_e]) & M32
+            lo, hi = self._add(lo, blk[lo_e]), self._add(hi, blk[hi_e])
         elif op == OP["READ"]:                                   # pair_read_hi
             blk[hi_e] = hi
             return

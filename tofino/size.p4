@@ -53,7 +53,26 @@
 #define SPINA_EGRESS_PAIR_STAGE_13 4
 #define SPINA_EGRESS_PAIR_STAGE_14 5
 #define BLOCK_SIZE 46
+// The lane width: a compile-time profile (-DSPINA_LANE_BITS=16 or 8; default 32, int32 lanes).
+// One program serves one width: its parser holds one size, and a packet whose width flags
+// (FLAG_LANES16, FLAG_LANES8) are not the program's is malformed. A narrow program keeps the
+// 46 values per packet in fewer bytes (92 or 46) and sums them in pair registers of two
+// lane-wide halves with the stateful ALU's saturating add (tofino/README.md, "Narrow lanes").
+#ifndef SPINA_LANE_BITS
+#define SPINA_LANE_BITS 32
+#endif
+#if SPINA_LANE_BITS == 32
+#define LANE_FLAG 0x00
 #define BLOCK_BYTES 184
+#elif SPINA_LANE_BITS == 16
+#define LANE_FLAG 0x40
+#define BLOCK_BYTES 92
+#elif SPINA_LANE_BITS == 8
+#define LANE_FLAG 0x80
+#define BLOCK_BYTES 46
+#else
+#error "SPINA_LANE_BITS must be 32, 16 or 8"
+#endif
 #define PAIRS 23
 #define EGRESS_PAIRS 15
 #define INGRESS_PAIRS 8

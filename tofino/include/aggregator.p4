@@ -458,11 +458,12 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
             meta.length_diff = meta.stored_length ^ hdr.ina.length;
             meta.flag_bits = 0;
             flag_input.apply();
-            // A result's flags: the stored ones with LAST turned the right way up, RESEND when
-            // it answers a resend, and the packet's LOSS_TOLERANT (one ALU operation per stage).
-            meta.flags_xor = FLAG_LAST;
+            // A result's flags: the stored ones with LAST turned the right way up, the program's
+            // lane width (every contribution admitted here has it: InaCheck), RESEND when it
+            // answers a resend, and the packet's LOSS_TOLERANT (one ALU operation per stage).
+            meta.flags_xor = FLAG_LAST | LANE_FLAG;
             if (meta.kind == KIND_RESEND) {
-                meta.flags_xor = FLAG_LAST | FLAG_RESEND;
+                meta.flags_xor = FLAG_LAST | LANE_FLAG | FLAG_RESEND;
             }
             present_ops.apply();
             nonfinite_ops.apply();

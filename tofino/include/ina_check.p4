@@ -3,7 +3,10 @@
  * A packet with other sizes is malformed (port_malformed), where the software switch and
  * p4src find such a packet well formed and then unadmitted (port_unadmitted): the parser
  * holds one lane of BLOCK_SIZE elements, so the UDP length cannot be checked against other
- * sizes without a multiplier. Either way it is dropped and counted per ingress port.
+ * sizes without a multiplier. Either way it is dropped and counted per ingress port. The
+ * same for a lane width other than the program's (size.p4 SPINA_LANE_BITS, the width flags
+ * FLAG_LANES16 / FLAG_LANES8 of wire.LANE_FLAGS): the software switch adds such a packet
+ * and marks the round MISMATCH; one program holds one width.
  */
 #ifndef SPINA_TNA_INA_CHECK_P4
 #define SPINA_TNA_INA_CHECK_P4
@@ -28,6 +31,7 @@ control InaCheck(in tna_headers_t hdr, in bit<16> parser_err, inout tna_ingress_
             hdr.ina.msg_type:    ternary;
             hdr.ina.nlanes:      ternary;
             hdr.ina.block_size:  ternary;
+            hdr.ina.flags:       ternary;
             hdr.ina.rank:        ternary;
             hdr.ina.present:     ternary;
             hdr.ina.nonfinite:   ternary;
@@ -35,9 +39,11 @@ control InaCheck(in tna_headers_t hdr, in bit<16> parser_err, inout tna_ingress_
         }
         actions = { well_formed; @defaultonly mark_malformed; }
         const entries = {
-            (0, true, INA_VERSION, MSG_CONTRIB, NLANES, BLOCK_SIZE, 0 &&& RANK_HIGH_BITS, 0,
+            (0, true, INA_VERSION, MSG_CONTRIB, NLANES, BLOCK_SIZE, LANE_FLAG &&& FLAGS_LANE_WIDTH,
+             0 &&& RANK_HIGH_BITS, 0,
              0 &&& LANE_HIGH_BITS, UDP_HDR_BYTES + INA_HDR_BYTES + 4 * NLANES): well_formed();
-            (0, true, INA_VERSION, MSG_CONTRIB, NLANES, BLOCK_SIZE, 0 &&& RANK_HIGH_BITS, 1,
+            (0, true, INA_VERSION, MSG_CONTRIB, NLANES, BLOCK_SIZE, LANE_FLAG &&& FLAGS_LANE_WIDTH,
+             0 &&& RANK_HIGH_BITS, 1,
              0 &&& LANE_HIGH_BITS, UDP_HDR_BYTES + INA_HDR_BYTES + 4 * NLANES + BLOCK_BYTES):
                 well_formed();
         }

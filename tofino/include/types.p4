@@ -69,7 +69,15 @@ header harvest_h {
 // the bridged header as `block_e` and parses it back from there after a recirculation; in a
 // reply's last pass the ingress parser extracts those bytes into `block_w` instead, which the
 // deparser emits at the wire position (behind lane_next, before block_i).
-#define SPINA_ELEM_FIELD(E) bit<32> e##E;
+// An element as the wire carries it at this program's lane width (size.p4 SPINA_LANE_BITS):
+// int32 as bit<32> (the pairs add with wrap-around, as every target), int16 and int8 signed
+// (the pairs add with the stateful ALU's saturating add, |+|: include/pairs.p4).
+#if SPINA_LANE_BITS == 32
+typedef bit<32> lane_t;
+#else
+typedef int<SPINA_LANE_BITS> lane_t;
+#endif
+#define SPINA_ELEM_FIELD(E) lane_t e##E;
 header block_e_h {
     FOR_EACH_EGRESS_ELEM(SPINA_ELEM_FIELD)
 }
@@ -90,10 +98,10 @@ struct tna_headers_t {
     block_i_h   block_i;    // the ingress part, when present bit 0 is set
 }
 
-// A pair register's cell: element 2P (lo) and 2P + 1 (hi).
+// A pair register's cell: element 2P (lo) and 2P + 1 (hi), each as wide as a lane.
 struct pair_t {
-    bit<32> lo;
-    bit<32> hi;
+    lane_t lo;
+    lane_t hi;
 }
 
 // Outcome of one contribution, chosen by the `decide` const table from what slot_round,
