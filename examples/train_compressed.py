@@ -18,7 +18,10 @@ SpINA hook, no compression), `<method>@<ratio>` (compressed, through SpINA:
 spina_compressed_hook), `gloo-<method>@<ratio>` (the same compressor over gloo all_gather:
 the control), with method topk, randomk, scaled or losscomp. With SGD, compressed runs move
 the momentum into the compressor (DGC momentum correction) and the optimiser runs without.
-`+mask` after a LAMB run's name makes LAMB leave its moments untouched where no rank sent.
+Flags after a run's name (LAMB runs; see parse_run): `+mask` makes LAMB leave its moments
+untouched where no rank sent; `+dense<W>` sends the first W steps dense through SpINA, then
+compresses; `+freeze<W>` freezes LAMB's second moment after W steps and `+trust<W>` each
+layer's trust ratio (1-bit LAMB), e.g. `topk@0.01+dense10+freeze10+trust10`.
 
 Every run starts from the same seed; rank 0 writes docs/compression_<task>.json (all
 numbers) and docs/compression_<task>.png (accuracy over training; accuracy vs bytes per step;
