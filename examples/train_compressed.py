@@ -18,7 +18,10 @@ SpINA hook, no compression), `<method>@<ratio>` (compressed, through SpINA:
 spina_compressed_hook), `gloo-<method>@<ratio>` (the same compressor over gloo all_gather:
 the control), with method topk, randomk, scaled or losscomp. With SGD, compressed runs move
 the momentum into the compressor (DGC momentum correction) and the optimiser runs without.
-`+mask` after a LAMB run's name makes LAMB leave its moments untouched where no rank sent.
+Flags after a run's name (LAMB runs; see parse_run): `+mask` makes LAMB leave its moments
+untouched where no rank sent; `+dense<W>` sends the first W steps dense through SpINA, then
+compresses; `+freeze<W>` freezes LAMB's second moment after W steps and `+trust<W>` each
+layer's trust ratio (1-bit LAMB), e.g. `topk@0.01+dense10+freeze10+trust10`.
 
 Every run starts from the same seed; rank 0 writes docs/compression_<task>.json (all
 numbers) and docs/compression_<task>.png (accuracy over training; accuracy vs bytes per step;
@@ -31,6 +34,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -93,13 +97,25 @@ class Lamb(torch.optim.Optimizer):
     """LAMB (You et al. 2020): Adam's direction, scaled per layer by ||w|| / ||direction||.
 
     mask_unsent: elements whose gradient is exactly zero (no rank sent their block) keep their
-    moments and do not move, so that compression's zeros do not decay LAMB's state.
+        moments and do not move, so that compression's zeros do not decay LAMB's state.
+    freeze_after: after this many steps the second moment v stays as it is (1-bit Adam /
+        1-bit LAMB: a variance learnt in a warm-up, then frozen, makes the update linear in
+        the gradient, so that error feedback's delayed blocks add up to what they would have
+        moved; a live v turns each delayed block into a full-size step and decays between its
+        visits). Its bias correction stays that of the step it froze at. None: never.
+    trust_after: after this many steps each layer's trust ratio is the mean of its trust
+        ratios over those steps (1-bit LAMB's frozen LAMB coefficient): a live ratio
+        ||w|| / ||update|| gives a layer the same step norm whether its update holds all its
+        elements or the few blocks compression delivered, which is again not linear in the
+        gradient. None: never.
     """
 
     def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01,
-                 mask_unsent=False):
+                 mask_unsent=False, freeze_after=None, trust_after=None):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
         self.mask_unsent = mask_unsent
+        self.freeze_after = freeze_after
+        self.trust_after = trust_after
 
     @torch.no_grad()
     def step(self):
@@ -113,32 +129,86 @@ class Lamb(torch.optim.Optimizer):
                     st["t"], st["m"], st["v"] = 0, torch.zeros_like(p), torch.zeros_like(p)
                 st["t"] += 1
                 m, v = st["m"], st["v"]
+                learn_v = self.freeze_after is None or st["t"] <= self.freeze_after
+                if learn_v:
+                    st["tv"] = st["t"]  # v's bias correction: the step v last learnt at
                 if self.mask_unsent:
                     live = g != 0
                     m.copy_(torch.where(live, b1 * m + (1 - b1) * g, m))
-                    v.copy_(torch.where(live, b2 * v + (1 - b2) * g * g, v))
+                    if learn_v:
+                        v.copy_(torch.where(live, b2 * v + (1 - b2) * g * g, v))
                 else:
                     m.mul_(b1).add_(g, alpha=1 - b1)
-                    v.mul_(b2).addcmul_(g, g, value=1 - b2)
-                r = (m / (1 - b1 ** st["t"])) / ((v / (1 - b2 ** st["t"])).sqrt() + group["eps"])
+                    if learn_v:
+                        v.mul_(b2).addcmul_(g, g, value=1 - b2)
+                r = (m / (1 - b1 ** st["t"])) / ((v / (1 - b2 ** st["tv"])).sqrt() + group["eps"])
                 r.add_(p, alpha=group["weight_decay"])
                 if self.mask_unsent:
                     r.mul_(live)
-                wn, rn = p.norm().item(), r.norm().item()
-                trust = wn / rn if wn > 0 and rn > 0 else 1.0
+                if self.trust_after is None or st["t"] <= self.trust_after:
+                    wn, rn = p.norm().item(), r.norm().item()
+                    trust = wn / rn if wn > 0 and rn > 0 else 1.0
+                    st["trust_sum"] = st.get("trust_sum", 0.0) + trust
+                else:
+                    trust = st["trust_sum"] / self.trust_after
                 p.sub_(r, alpha=group["lr"] * trust)
 
 
+RUN_FLAGS = ("mask", "dense<W>", "freeze<W>", "trust<W>")
+
+
 def parse_run(name: str) -> dict:
-    """'gloo-topk@0.01+mask' -> transport gloo, method topk, ratio 0.01, mask True."""
-    mask = name.endswith("+mask")
-    base = name.removesuffix("+mask")
+    """'gloo-topk@0.01+mask' -> transport gloo, method topk, ratio 0.01, mask True.
+
+    Flags after the name, each '+FLAG' (LAMB runs): `mask` (LAMB leaves the moments of unsent
+    elements untouched), `dense<W>` (the first W steps dense through SpINA, then compressed),
+    `freeze<W>` (LAMB's second moment frozen after W steps), `trust<W>` (each layer's trust
+    ratio, after W steps, the mean of its first W). A bad flag: ValueError naming it.
+    """
+    base, *flags = name.split("+")
+    run = dict(name=name, mask=False, dense_steps=0, freeze_after=None, trust_after=None)
+    for flag in flags:
+        m = re.fullmatch(r"(mask|dense|freeze|trust)(\d*)", flag)
+        if m is None or (m[1] == "mask") != (m[2] == "") or (m[2] and int(m[2]) < 1):
+            raise ValueError(f"run {name!r}: flag '+{flag}': expected one of "
+                             + ", ".join("+" + f for f in RUN_FLAGS) + ", W >= 1")
+        if m[1] == "mask":
+            run["mask"] = True
+        else:
+            run[{"dense": "dense_steps", "freeze": "freeze_after",
+                 "trust": "trust_after"}[m[1]]] = int(m[2])
     if base in ("dense-gloo", "dense-spina"):
-        return dict(name=name, transport=base.split("-")[1], method="none", ratio=1.0, mask=mask)
+        if run["dense_steps"]:
+            raise ValueError(f"run {name!r}: flag '+dense': compressed runs only")
+        return dict(run, transport=base.split("-")[1], method="none", ratio=1.0)
     transport = "gloo" if base.startswith("gloo-") else "spina"
     method, _, ratio = base.removeprefix("gloo-").partition("@")
-    return dict(name=name, transport=transport, method=method, ratio=float(ratio or 0.01),
-                mask=mask)
+    if run["dense_steps"] and transport != "spina":
+        raise ValueError(f"run {name!r}: flag '+dense': compressed SpINA runs only")
+    return dict(run, transport=transport, method=method, ratio=float(ratio or 0.01))
+
+
+class DenseThenCompressed:
+    """Hook state: the first `dense_steps` steps dense through SpINA, the rest compressed.
+
+    1-bit Adam's warm-up: the uncompressed steps let LAMB learn its second moment (and the
+    model leave its first steps) before compression starts. Counters: each phase's state.
+    """
+
+    def __init__(self, dense: SpinaHookState, compressed: CompressionHookState,
+                 dense_steps: int):
+        self.dense, self.compressed, self.dense_steps = dense, compressed, dense_steps
+        self.step = 0  # completed steps (the last bucket of each)
+
+
+def dense_then_compressed_hook(state: DenseThenCompressed, bucket):
+    if state.step < state.dense_steps:
+        fut = spina_allreduce_hook(state.dense, bucket)
+    else:
+        fut = spina_compressed_hook(state.compressed, bucket)
+    if bucket.is_last():
+        state.step += 1
+    return fut
 
 
 class Task:
@@ -206,8 +276,9 @@ def train(run: dict, task: Task, args, agent) -> dict:
         opt = torch.optim.SGD(model.parameters(), lr=args.lr,
                               momentum=args.momentum if run["method"] == "none" else 0.0)
     else:
-        opt = Lamb(model.parameters(), lr=args.lr, mask_unsent=run["mask"])
-    state = None
+        opt = Lamb(model.parameters(), lr=args.lr, mask_unsent=run["mask"],
+                   freeze_after=run["freeze_after"], trust_after=run["trust_after"])
+    state = phased = None
     if run["method"] == "none":
         if run["transport"] == "spina":
             state = SpinaHookState(agent)
@@ -220,8 +291,12 @@ def train(run: dict, task: Task, args, agent) -> dict:
                                loss_window=args.loss_window, block_size=agent.job.block_size)
         state = CompressionHookState(comp, agent if run["transport"] == "spina" else None,
                                      optimizer=opt)  # refuses a double momentum
-        model.register_comm_hook(state, spina_compressed_hook if run["transport"] == "spina"
-                                 else gloo_compressed_hook)
+        if run["dense_steps"]:
+            phased = DenseThenCompressed(SpinaHookState(agent), state, run["dense_steps"])
+            model.register_comm_hook(phased, dense_then_compressed_hook)
+        else:
+            model.register_comm_hook(state, spina_compressed_hook if run["transport"] == "spina"
+                                     else gloo_compressed_hook)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, task.steps)
     hist = dict(run, params=nparams, step_loss=[], eval_step=[], test_acc=[], step_seconds=[])
     for step, (x, y) in enumerate(task.batches()):
@@ -249,12 +324,15 @@ def train(run: dict, task: Task, args, agent) -> dict:
     if state is None:
         bytes_per_step = dense_bytes
     else:
-        bytes_per_step = state.bytes_sent / steps
+        bytes_per_step = (state.bytes_sent + (phased.dense.bytes_sent if run["dense_steps"]
+                                              else 0)) / steps
     hist.update(bytes_per_step=bytes_per_step, ring_dense_bytes_per_step=dense_bytes,
                 seconds_per_step=float(np.median(hist["step_seconds"])),
                 final_test_acc=hist["test_acc"][-1] if hist["test_acc"] else None)
     if isinstance(state, CompressionHookState):
-        hist.update(blocks_fraction=state.blocks_sent / state.blocks_total,
+        # the dense steps sent every block: as many per step as the compressed steps had
+        dense = run["dense_steps"] * state.blocks_total / max(1, steps - run["dense_steps"])
+        hist.update(blocks_fraction=(state.blocks_sent + dense) / (state.blocks_total + dense),
                     compress_seconds_per_step=state.compress_seconds / steps)
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     gathered = [torch.empty_like(flat) for _ in range(world)]
@@ -322,7 +400,10 @@ def main():
     args.opt = defaults["opt"]
     args.batch = args.batch or defaults["batch"]
     args.lr = args.lr or defaults["lr"]
-    runs = [parse_run(r) for r in (args.runs or defaults["runs"]).split(",")]
+    try:
+        runs = [parse_run(r) for r in (args.runs or defaults["runs"]).split(",")]
+    except ValueError as e:
+        ap.error(f"--runs: {e}")  # one line, exit 2
 
     torch.set_num_threads(1)  # 4 ranks share a small machine
     dist.init_process_group("gloo")
