@@ -77,12 +77,13 @@ class Hosts:
         self.switch_ns = star.switch_ns if star else None
         self.switch_ip = SWITCH_IP if star else "127.0.0.1"
 
-    def job(self, ranks: int, job: int) -> JobConfig:
-        """The job of `ranks` ranks (H: a rank per host; H*L: L consecutive ranks a host)."""
+    def job(self, ranks: int, job: int, nslots: int) -> JobConfig:
+        """The job of `ranks` ranks (H: a rank per host; H*L: L consecutive ranks a host),
+        `nslots` slots (every agent's window)."""
         if self.star is None:
-            return local_job(ranks, job=job)
+            return local_job(ranks, job=job, nslots=nslots)
         per = ranks // self.H
-        return JobConfig(job=job, workers=tuple(
+        return JobConfig(job=job, nslots=nslots, workers=tuple(
             WorkerAddr(r, self.star.worker_ip(r // per), WORKER_PORT + r)
             for r in range(ranks))).validate()
 
@@ -133,9 +134,9 @@ class _Switch:
 
 
 def run_mode(hosts: Hosts, tmp: Path, mode: str, L: int, n: int, calls: int, job: int,
-             rto: float, timeout: float) -> dict:
+             rto: float, timeout: float, nslots: int) -> dict:
     H = hosts.H
-    jobcfg = hosts.job(H if mode == "hier" else H * L, job)
+    jobcfg = hosts.job(H if mode == "hier" else H * L, job, nslots)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH",
                                                                                   "")]))
     socks = [str(tmp / f"{mode}{h}.sock") for h in range(H)]
@@ -167,12 +168,25 @@ def run_mode(hosts: Hosts, tmp: Path, mode: str, L: int, n: int, calls: int, job
                     rank, socks[h], local[0], local[1], n, calls, h * L + lr),
                     env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True))
         end = time.monotonic() + timeout
-        outs = [json.loads(p.communicate(timeout=max(1.0, end - time.monotonic()))[0])
-                for p in procs]
+        outs = []
+        for i, p in enumerate(procs):
+            text = p.communicate(timeout=max(1.0, end - time.monotonic()))[0]
+            if p.returncode:
+                raise RuntimeError(f"{mode}: training process {i} (host {i // L}) exited "
+                                   f"{p.returncode}: its error is above")
+            outs.append(json.loads(text))
         if hosts.star:
             link = [(b - a) / calls for a, b in zip(link0, hosts.link_bytes(pids))]
             drops = [b - a for a, b in zip(drops0, hosts.drops(pids + [sw.proc.pid]))]
         counts = sw.stop()
+    except Exception:
+        if hosts.star and daemons and all(d.poll() is None for d in daemons):
+            tbf, udp = hosts.drops([d.pid for d in daemons] + [sw.proc.pid])
+            print(f"{mode}: failed; since the namespaces were made: {tbf} packets dropped by "
+                  f"tbf, {udp} UDP datagrams dropped by the kernels (receive buffer or IP "
+                  f"reassembly)",
+                  file=sys.stderr)
+        raise
     finally:
         for p in procs + daemons:
             if p.poll() is None:
@@ -202,8 +216,8 @@ def run_mode(hosts: Hosts, tmp: Path, mode: str, L: int, n: int, calls: int, job
 def measure(args, hosts: Hosts) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         return [run_mode(hosts, Path(tmp), mode, args.local, args.elements, args.calls, job,
-                         args.rto, args.timeout)
-                for job, mode in enumerate(("flat", "hier"), 1)]
+                         args.rto, args.timeout, args.nslots)
+                for job, mode in enumerate(args.modes, 1)]
 
 
 def main(argv=None) -> int:
@@ -218,6 +232,8 @@ def main(argv=None) -> int:
     ap.add_argument("--elements", type=int, default=1 << 20)
     ap.add_argument("--calls", type=int, default=6)
     ap.add_argument("--rto", type=float, default=0.05, help="the daemons' rto floor (s)")
+    ap.add_argument("--nslots", type=int, default=16,
+                    help="the jobs' slots: each agent's window of rounds in flight")
     ap.add_argument("--timeout", type=float, default=300,
                     help="seconds a mode's training processes may take in all")
     ap.add_argument("--netns", action="store_true",
@@ -225,8 +241,13 @@ def main(argv=None) -> int:
     ap.add_argument("--rate", default="1gbit", help="with --netns: each link's rate (tc units)")
     ap.add_argument("--mtu", type=int, default=9000, help="with --netns: the links' MTU")
     ap.add_argument("--tag", default=None, help="with --netns: prefix of the namespace names")
+    ap.add_argument("--modes", type=lambda v: v.split(","), default=["flat", "hier"],
+                    help="flat,hier (default), or one of them")
     args = ap.parse_args(argv)
-    for name in ("hosts", "local", "elements", "calls"):
+    if not args.modes or not set(args.modes) <= {"flat", "hier"} or len(set(args.modes)) < len(
+            args.modes):
+        ap.error(f"--modes: flat, hier or both, got {','.join(args.modes)}")
+    for name in ("hosts", "local", "elements", "calls", "nslots"):
         if getattr(args, name) < (2 if name == "calls" else 1):
             ap.error(f"--{name}: too small: {getattr(args, name)}")
     load0 = os.getloadavg()
@@ -246,7 +267,8 @@ def main(argv=None) -> int:
         rows = measure(args, Hosts(args.hosts))
     load1 = os.getloadavg()
     print(f"{args.hosts} hosts x {args.local} processes, {where}, {args.elements} float32 "
-          f"elements (dense), {args.calls} calls, rto {args.rto} s; load average "
+          f"elements (dense), {args.calls} calls, {args.nslots} slots a job, rto {args.rto} s; "
+          f"load average "
           f"{load0[0]:.2f} at start, {load1[0]:.2f} at end, {os.cpu_count()} cores")
     veth = args.netns
     print("| mode | switch datagrams/call | switch bytes/call | agents' bytes on each host's "
@@ -261,6 +283,8 @@ def main(argv=None) -> int:
         print(f"| {r['mode']} | {r['switch_packets']:.0f} | {r['switch_bytes']:.0f} | "
               f"{', '.join(f'{b:.0f}' for b in r['host_bytes'])} | {extra}{r['resends']} | "
               f"{r['median_ms']:.1f} |")
+    if len(rows) < 2:
+        return 0
     f, h = rows
     print(f"hier/flat: switch datagrams {h['switch_packets'] / f['switch_packets']:.4f}, "
           f"bytes {h['switch_bytes'] / f['switch_bytes']:.4f}, host link bytes "
