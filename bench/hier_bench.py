@@ -2,7 +2,8 @@
 rate-limited links between network namespaces.
 
     python -m bench.hier_bench [--hosts 4] [--local 4] [--elements N] [--calls C]
-    python -m bench.hier_bench --netns --rate 1gbit [--tag T]        # as root
+    python -m bench.hier_bench --netns --rate 1gbit [--mtu 9000] [--tag T]   # as root
+    ... [--nslots 16] [--modes flat,hier]   # each agent's window; one mode alone
 
 H "hosts" are H daemon processes (`python -m host_agent daemon`, each its own socket), each
 with L training processes (DaemonClients, one process each); one software switch (a process
