@@ -1,19 +1,33 @@
-"""Hierarchical reduction through the daemon vs one rank per process, on loopback.
+"""Hierarchical reduction through the daemon vs one rank per process, on loopback or over
+rate-limited links between network namespaces.
 
     python -m bench.hier_bench [--hosts 4] [--local 4] [--elements N] [--calls C]
+    python -m bench.hier_bench --netns --rate 1gbit [--mtu 9000] [--tag T]   # as root
+    ... [--nslots 16] [--modes flat,hier]   # each agent's window; one mode alone
 
 H "hosts" are H daemon processes (`python -m host_agent daemon`, each its own socket), each
-with L training processes (DaemonClients, one process each); one software switch (a thread
-of this process). `flat`: every process is its own rank of an H*L-rank job (today's mode);
-`hier`: the L processes of a host are local ranks of one rank of an H-rank job
-(host_agent/daemon/hier.py). Both sum the same dense float32 tensors; printed per mode: the
-switch's datagrams and bytes in+out per call (exact counts), the bytes each host's agents
-put on and took off its link per call (exact), and the median call time of the calls after
-the first (wall clock: the load average is printed too). docs/collectives.md shows a run.
+with L training processes (DaemonClients, one process each); one software switch (a process
+of its own, bench.procs.switch_main, one per mode). `flat`: every process is its own rank of
+an H*L-rank job (today's mode); `hier`: the L processes of a host are local ranks of one rank
+of an H-rank job (host_agent/daemon/hier.py). Both sum the same dense float32 tensors.
+
+On loopback every process is in this namespace. With --netns each host is a namespace of
+bench/net_topo.py's Star, its one veth to the switch namespace limited by tbf to --rate in
+both directions; the host's daemon and its L training processes run in its namespace (the
+daemon's unix socket is on the shared filesystem), the job's worker addresses are the hosts'
+namespace addresses, and the switch runs in the switch namespace. Everything is removed on
+exit, also on errors.
+
+Printed per mode: the switch's datagrams and bytes in+out per call (exact counts), the bytes
+each host's agents put on and took off its link per call (exact UDP payload; with --netns also
+the veth's own tx+rx bytes, headers and IP fragments included, and the tbf and kernel UDP
+drops), and the median call time of the calls after the first (wall clock: the load average
+is printed too). docs/collectives.md shows runs.
 """
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
 import os
 import statistics
 import subprocess
@@ -24,10 +38,12 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.net_topo import SWITCH_IP, Star, dev_bytes, kernel_losses_total, tbf_params
+from bench.paired import stop_all
+from bench.procs import switch_main
 from host_agent.launch import local_job
-from softswitch.udp import UdpSwitch
-from spina import cli
-from spina.config import JobFile
+from spina import cli, netns
+from spina.config import JobConfig, JobFile, WorkerAddr
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,48 +65,160 @@ def worker(job_file: str, rank: int, sock: str, local_rank: int, local_size: int
     print(json.dumps({"times": times, "bytes": nbytes, "resends": resends}), flush=True)
 
 
-def run_mode(sw, tmp: Path, mode: str, H: int, L: int, n: int, calls: int, job: int,
-             rto: float) -> dict:
-    ranks = H if mode == "hier" else H * L
-    jobcfg = local_job(ranks, job=job, slot_base=16 * (job - 1))
-    sw.add_job(jobcfg)
-    job_file = tmp / f"{mode}.json"
-    JobFile(jobcfg, sw.address).write(job_file)
+WORKER_PORT = 50000  # the namespaces are new: rank r's agent binds WORKER_PORT + r
+
+
+class Hosts:
+    """Where the H hosts and the switch live: this namespace (`star` None, loopback) or a
+    namespace of `star` each (its host namespaces' addresses, the switch on SWITCH_IP)."""
+
+    def __init__(self, H: int, star: Star | None = None):
+        self.H, self.star = H, star
+        self.ns = [star.worker_ns(h) if star else None for h in range(H)]
+        self.switch_ns = star.switch_ns if star else None
+        self.switch_ip = SWITCH_IP if star else "127.0.0.1"
+
+    def job(self, ranks: int, job: int, nslots: int) -> JobConfig:
+        """The job of `ranks` ranks (H: a rank per host; H*L: L consecutive ranks a host),
+        `nslots` slots (every agent's window)."""
+        if self.star is None:
+            return local_job(ranks, job=job, nslots=nslots)
+        per = ranks // self.H
+        return JobConfig(job=job, nslots=nslots, workers=tuple(
+            WorkerAddr(r, self.star.worker_ip(r // per), WORKER_PORT + r)
+            for r in range(ranks))).validate()
+
+    def link_bytes(self, pids: list[int]) -> list[int]:
+        """tx + rx bytes of every host's veth so far (pids[h]: a process in host h's ns)."""
+        return [sum(dev_bytes(pid=p)) for p in pids]
+
+    def drops(self, pids: list[int]) -> tuple[int, int]:
+        """(packets every link's tbf dropped, UDP datagrams the kernels of `pids`' namespaces
+        dropped on receive or failed to reassemble) so far."""
+        return self.star.tbf_drops(), kernel_losses_total(pids)["udp_drops"]
+
+
+class _Switch:
+    """The software switch process of one mode (bench.procs.switch_main) at `hosts`' switch
+    place; stop() returns its counters, close() ends it whatever happened."""
+
+    def __init__(self, hosts: Hosts):
+        ctx = mp.get_context("spawn")
+        self.stopped = False
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=switch_main, name="spina-switch",
+                                args=(child, None, hosts.switch_ns, hosts.switch_ip))
+        self.proc.start()
+        self.address = self._recv("its address")
+
+    def _recv(self, what: str):
+        if not self.conn.poll(60):
+            raise RuntimeError(f"switch: no {what} within 60 s")
+        return self.conn.recv()
+
+    def admit(self, job: JobConfig) -> None:
+        self.conn.send(job)
+        self._recv("admission")
+
+    def stop(self) -> dict:
+        self.stopped = True
+        self.conn.send("stop")
+        return self._recv("counters")
+
+    def close(self) -> None:
+        if not self.stopped and self.proc.is_alive():
+            try:
+                self.conn.send("stop")
+            except OSError:
+                pass
+        stop_all([self.proc])
+
+
+def run_mode(hosts: Hosts, tmp: Path, mode: str, L: int, n: int, calls: int, job: int,
+             rto: float, timeout: float, nslots: int) -> dict:
+    H = hosts.H
+    jobcfg = hosts.job(H if mode == "hier" else H * L, job, nslots)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH",
                                                                                   "")]))
     socks = [str(tmp / f"{mode}{h}.sock") for h in range(H)]
-    daemons = []
-    for h, s in enumerate(socks):
-        cfg = tmp / f"{mode}{h}.json"  # rto: fewer timer resends on a loaded 2-core machine
-        cfg.write_text(json.dumps({"socket": s, "log_level": "WARNING", "rto": rto}))
-        daemons.append(subprocess.Popen([sys.executable, "-m", "host_agent", "daemon",
-                                         "--config", str(cfg)], env=env, cwd=ROOT))
+    daemons, procs = [], []
+    sw = _Switch(hosts)
     try:
+        sw.admit(jobcfg)
+        job_file = tmp / f"{mode}.json"
+        JobFile(jobcfg, sw.address).write(job_file)
+        for h, s in enumerate(socks):
+            cfg = tmp / f"{mode}{h}.json"  # rto: fewer timer resends on a loaded 2-core machine
+            cfg.write_text(json.dumps({"socket": s, "log_level": "WARNING", "rto": rto}))
+            daemons.append(subprocess.Popen(netns.command(
+                hosts.ns[h], sys.executable, "-m", "host_agent", "daemon", "--config", cfg),
+                env=env, cwd=ROOT))
+        deadline = time.monotonic() + 60
         while not all(os.path.exists(s) for s in socks):
+            if time.monotonic() > deadline or any(d.poll() is not None for d in daemons):
+                raise RuntimeError("a daemon did not come up (its stderr is above)")
             time.sleep(0.05)
-        before = (sw.packets_in + sw.packets_out, sw.bytes_in + sw.bytes_out)
-        procs = []
+        pids = [d.pid for d in daemons]  # `ip netns exec` execs: the daemon is the pid
+        if hosts.star:
+            link0, drops0 = hosts.link_bytes(pids), hosts.drops(pids + [sw.proc.pid])
         for h in range(H):
             for lr in range(L):
                 rank, local = (h, (lr, L)) if mode == "hier" else (h * L + lr, (0, 0))
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "bench.hier_bench", "--worker", str(job_file),
-                     str(rank), socks[h], str(local[0]), str(local[1]), str(n), str(calls),
-                     str(h * L + lr)], env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True))
-        outs = [json.loads(p.communicate(timeout=600)[0]) for p in procs]
-        after = (sw.packets_in + sw.packets_out, sw.bytes_in + sw.bytes_out)
+                procs.append(subprocess.Popen(netns.command(
+                    hosts.ns[h], sys.executable, "-m", "bench.hier_bench", "--worker", job_file,
+                    rank, socks[h], local[0], local[1], n, calls, h * L + lr),
+                    env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True))
+        end = time.monotonic() + timeout
+        outs = []
+        for i, p in enumerate(procs):
+            text = p.communicate(timeout=max(1.0, end - time.monotonic()))[0]
+            if p.returncode:
+                raise RuntimeError(f"{mode}: training process {i} (host {i // L}) exited "
+                                   f"{p.returncode}: its error is above")
+            outs.append(json.loads(text))
+        if hosts.star:
+            link = [(b - a) / calls for a, b in zip(link0, hosts.link_bytes(pids))]
+            drops = [b - a for a, b in zip(drops0, hosts.drops(pids + [sw.proc.pid]))]
+        counts = sw.stop()
+    except Exception:
+        if hosts.star and daemons and all(d.poll() is None for d in daemons):
+            tbf, udp = hosts.drops([d.pid for d in daemons] + [sw.proc.pid])
+            print(f"{mode}: failed; since the namespaces were made: {tbf} packets dropped by "
+                  f"tbf, {udp} UDP datagrams dropped by the kernels (receive buffer or IP "
+                  f"reassembly)",
+                  file=sys.stderr)
+        raise
     finally:
-        for d in daemons:
-            d.terminate()
-            d.wait()
+        for p in procs + daemons:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs + daemons:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        sw.close()
     # per call: hier: each local process reports its host agent's stats; flat: its own agent's
     per_host = [sum(outs[h * L]["bytes"]) / calls if mode == "hier" else
                 sum(sum(o["bytes"]) for o in outs[h * L:(h + 1) * L]) / calls for h in range(H)]
     # hier: the L local processes of a host report the same resends (their one agent's)
-    return {"mode": mode, "switch_packets": (after[0] - before[0]) / calls,
-            "switch_bytes": (after[1] - before[1]) / calls, "host_bytes": per_host,
-            "resends": sum(o["resends"] for o in outs[::L if mode == "hier" else 1]),
-            "median_ms": 1e3 * statistics.median(t for o in outs for t in o["times"][1:])}
+    row = {"mode": mode,
+           "switch_packets": (counts["packets_in"] + counts["packets_out"]) / calls,
+           "switch_bytes": (counts["bytes_in"] + counts["bytes_out"]) / calls,
+           "host_bytes": per_host,
+           "resends": sum(o["resends"] for o in outs[::L if mode == "hier" else 1]),
+           "median_ms": 1e3 * statistics.median(t for o in outs for t in o["times"][1:])}
+    if hosts.star:
+        row.update(link_bytes=link, drops=drops)
+    return row
+
+
+def measure(args, hosts: Hosts) -> list[dict]:
+    with tempfile.TemporaryDirectory() as tmp:
+        return [run_mode(hosts, Path(tmp), mode, args.local, args.elements, args.calls, job,
+                         args.rto, args.timeout, args.nslots)
+                for job, mode in enumerate(args.modes, 1)]
 
 
 def main(argv=None) -> int:
@@ -105,29 +233,65 @@ def main(argv=None) -> int:
     ap.add_argument("--elements", type=int, default=1 << 20)
     ap.add_argument("--calls", type=int, default=6)
     ap.add_argument("--rto", type=float, default=0.05, help="the daemons' rto floor (s)")
+    ap.add_argument("--nslots", type=int, default=16,
+                    help="the jobs' slots: each agent's window of rounds in flight")
+    ap.add_argument("--timeout", type=float, default=300,
+                    help="seconds a mode's training processes may take in all")
+    ap.add_argument("--netns", action="store_true",
+                    help="hosts in network namespaces with rate-limited links (root)")
+    ap.add_argument("--rate", default="1gbit", help="with --netns: each link's rate (tc units)")
+    ap.add_argument("--mtu", type=int, default=9000, help="with --netns: the links' MTU")
+    ap.add_argument("--tag", default=None, help="with --netns: prefix of the namespace names")
+    ap.add_argument("--modes", type=lambda v: v.split(","), default=["flat", "hier"],
+                    help="flat,hier (default), or one of them")
     args = ap.parse_args(argv)
+    if not args.modes or not set(args.modes) <= {"flat", "hier"} or len(set(args.modes)) < len(
+            args.modes):
+        ap.error(f"--modes: flat, hier or both, got {','.join(args.modes)}")
+    for name in ("hosts", "local", "elements", "calls", "nslots"):
+        if getattr(args, name) < (2 if name == "calls" else 1):
+            ap.error(f"--{name}: too small: {getattr(args, name)}")
     load0 = os.getloadavg()
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp, UdpSwitch(port=0) as sw:
-        for job, mode in enumerate(("flat", "hier"), 1):
-            rows.append(run_mode(sw, Path(tmp), mode, args.hosts, args.local, args.elements,
-                                 args.calls, job, args.rto))
+    where = "loopback"
+    if args.netns:
+        why = netns.why_no_namespaces()
+        if why:
+            print(f"--netns: {why}", file=sys.stderr)
+            return 2
+        tbf = tbf_params(args.rate, args.mtu)
+        with Star(args.hosts, args.tag or netns.unique_tag("hb"), args.mtu) as star:
+            star.set_rate(args.rate)
+            rows = measure(args, Hosts(args.hosts, star))
+        where = (f"namespaces, {args.rate} links (tbf both ways, burst {tbf['burst']} B, "
+                 f"queue {tbf['latency_ms']} ms), MTU {args.mtu}")
+    else:
+        rows = measure(args, Hosts(args.hosts))
     load1 = os.getloadavg()
-    print(f"{args.hosts} hosts x {args.local} processes, {args.elements} float32 elements "
-          f"(dense), {args.calls} calls, rto {args.rto} s; load average {load0[0]:.2f} at start, "
-          f"{load1[0]:.2f} at end, {os.cpu_count()} cores")
-    print("| mode | switch datagrams/call | switch bytes/call | bytes on each host's link/call "
-          "| resends (all calls) | median call (ms) |")
-    print("|---|---|---|---|---|---|")
+    print(f"{args.hosts} hosts x {args.local} processes, {where}, {args.elements} float32 "
+          f"elements (dense), {args.calls} calls, {args.nslots} slots a job, rto {args.rto} s; "
+          f"load average "
+          f"{load0[0]:.2f} at start, {load1[0]:.2f} at end, {os.cpu_count()} cores")
+    veth = args.netns
+    print("| mode | switch datagrams/call | switch bytes/call | agents' bytes on each host's "
+          "link/call " + ("| veth bytes of each host/call | tbf / UDP drops (all calls) " if veth
+                        else "")
+          + "| resends (all calls) | median call (ms) |")
+    print("|---|---|---|---|---|---|" + ("---|---|" if veth else ""))
     for r in rows:
+        extra = (f"{', '.join(f'{b:.0f}' for b in r['link_bytes'])} | {r['drops'][0]} / "
+                 f"{r['drops'][1]} | "
+                 if veth else "")
         print(f"| {r['mode']} | {r['switch_packets']:.0f} | {r['switch_bytes']:.0f} | "
-              f"{', '.join(f'{b:.0f}' for b in r['host_bytes'])} | {r['resends']} | "
+              f"{', '.join(f'{b:.0f}' for b in r['host_bytes'])} | {extra}{r['resends']} | "
               f"{r['median_ms']:.1f} |")
+    if len(rows) < 2:
+        return 0
     f, h = rows
     print(f"hier/flat: switch datagrams {h['switch_packets'] / f['switch_packets']:.4f}, "
           f"bytes {h['switch_bytes'] / f['switch_bytes']:.4f}, host link bytes "
-          f"{sum(h['host_bytes']) / sum(f['host_bytes']):.4f}, call time "
-          f"{h['median_ms'] / f['median_ms']:.2f}")
+          f"{sum(h['host_bytes']) / sum(f['host_bytes']):.4f}"
+          + (f", veth bytes {sum(h['link_bytes']) / sum(f['link_bytes']):.4f}" if veth else "")
+          + f", call time {h['median_ms'] / f['median_ms']:.2f}")
     return 0
 
 

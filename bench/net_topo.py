@@ -49,10 +49,11 @@ def tbf_params(rate: str, mtu: int) -> dict:
     return dict(rate=rate, burst=burst, latency_ms=20)
 
 
-def dev_bytes(iface: str = WORKER_IF) -> tuple[int, int]:
-    """(tx_bytes, rx_bytes) of `iface` in the calling thread's namespace (link-layer bytes:
-    Ethernet + IP + UDP/TCP headers included, as /sys/class/net/*/statistics count them)."""
-    with open("/proc/thread-self/net/dev") as f:
+def dev_bytes(iface: str = WORKER_IF, pid: int | None = None) -> tuple[int, int]:
+    """(tx_bytes, rx_bytes) of `iface` in the calling thread's namespace, or in the one process
+    `pid` lives in (link-layer bytes: Ethernet + IP + UDP/TCP headers included, as
+    /sys/class/net/*/statistics count them)."""
+    with open(f"/proc/{pid}/net/dev" if pid else "/proc/thread-self/net/dev") as f:
         for line in f:
             name, _, rest = line.partition(":")
             if name.strip() == iface:
