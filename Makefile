@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup core demo lint test soak bench bench-quick bench-l2 bench-net bench-dlcp bench-collectives bench-allgather bench-train bench-overlap profile clean help p4 p4-check tofino testbed deploy serve dissector
+.PHONY: setup core demo lint test soak bench bench-quick bench-l2 bench-net bench-dlcp bench-collectives bench-allgather bench-hier-gather bench-train bench-overlap profile clean help p4 p4-check tofino testbed deploy serve dissector
 
 help:  ## list targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -123,6 +123,9 @@ bench-collectives: $(STAMP)  ## (root; ~10 min here) collectives measured vs the
 
 bench-allgather: $(STAMP)  ## (root; 2 min here) all-gather through the switch vs gloo's all_gather over 1 and 10 Gbit/s links: bench/out/allgather/
 	$(PY) -m bench.allgather_bench --rates 1gbit,10gbit --sizes 64KiB,1MiB,8MiB,32MiB $(ALLGATHER_BENCH_ARGS)
+
+bench-hier-gather: $(STAMP)  ## (root; 1 min here) hierarchical all-gather vs the flat switch all-gather, 2-D, ring and gloo on two groups under a switch: bench/out/hier_gather/
+	$(PY) -m bench.hier_gather_bench $(HIER_GATHER_BENCH_ARGS)
 
 bench-train: $(STAMP)  ## (root; 4-7 min here) DDP training over 1 and 10 Gbit/s links: gloo vs SpINA dense vs top-k, step time and time to accuracy: bench/out/train/
 	$(PY) -m bench.train_bench $(TRAIN_BENCH_ARGS)

@@ -163,13 +163,15 @@ class Graph(_Namespaces):
 
     Link i joins interface l<i> in both namespaces: 10.201.<i>.1/24 at its first end,
     .2 at the other (at most 250 links). A host's address (`host_ip`) is the one on its
-    first link, and gloo binds that interface (`host_if`). Every node gets a /32 route to
-    every host along the topology's route (Topology.next_hop, so the packets take exactly
-    the paths the planner prices); a host's routes carry its own address as source, so
-    replies need no other routes. Every namespace forwards IPv4 (hosts forward in a torus);
-    reverse-path filtering is off (routes may be asymmetric). Each link is limited by tbf
-    at its rate in both directions, with the link's `burst` as tbf's bucket, so that the
-    planner prices the bucket the links have; it must be at least tbf_params' burst.
+    first link, and gloo binds that interface (`host_if`); an aggregating switch's address
+    (`node_ip`, where the software switch listens) likewise. Every node gets a /32 route to
+    every host and aggregating switch along the topology's route (Topology.next_hop, so the
+    packets take exactly the paths the planner prices); a host's routes carry its own
+    address as source, so replies need no other routes. Every namespace forwards IPv4
+    (hosts forward in a torus); reverse-path filtering is off (routes may be asymmetric).
+    Each link is limited by tbf at its rate in both directions, with the link's `burst` as
+    tbf's bucket, so that the planner prices the bucket the links have; it must be at least
+    tbf_params' burst.
 
     The queue is `queue_ms` at line rate, 2 ms by default, not tbf_params' 20 ms: in an
     exchange both directions of a link carry data, so each flow's ACKs wait behind the
@@ -205,8 +207,11 @@ class Graph(_Namespaces):
     def _addr(self, i: int, node: str) -> str:
         return f"10.201.{i}.{1 if self.topo.links[i].a == node else 2}"
 
-    def host_ip(self, host: str) -> str:
-        return self._addr(self._first[host], host)
+    def node_ip(self, node: str) -> str:
+        """The address of a host or switch: the one on its first link."""
+        return self._addr(self._first[node], node)
+
+    host_ip = node_ip
 
     def host_if(self, host: str) -> str:
         return f"l{self._first[host]}"
@@ -227,7 +232,7 @@ class Graph(_Namespaces):
                     netns.add_addr(ifc, f"{self._addr(i, end)}/24", ns)
                     netns.tbf(ifc, ln.rate_text, ln.burst, self.queue_ms, ns)
             for node in t.hosts + t.switches:
-                for h in t.hosts:
+                for h in t.hosts + t.aggregating:
                     if h != node:
                         self._add_route(node, h)
         return self

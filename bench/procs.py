@@ -137,7 +137,8 @@ def switch_main(conn, profile_path: str | None, netns: str | None = None,
     (UdpSwitch's datapath, datapath_threads), with slot_capacity values a slot (None: the
     default).
 
-    Protocol on `conn`: send our address; receive a JobConfig (admit it, start serving);
+    Protocol on `conn`: send our address; receive a JobConfig or a list of them (admit them,
+    start serving);
     receive "stop" -> reply with packet/byte counters and the CPU time spent serving.
     """
     from softswitch.udp import UdpSwitch
@@ -147,8 +148,9 @@ def switch_main(conn, profile_path: str | None, netns: str | None = None,
     kw = {} if slot_capacity is None else {"slot_capacity": slot_capacity}
     sw = UdpSwitch(host, port=0, datapath=datapath, datapath_threads=threads, **kw)
     conn.send(sw.address)
-    job = conn.recv()
-    sw.add_job(job)
+    jobs = conn.recv()
+    for job in jobs if isinstance(jobs, list) else [jobs]:
+        sw.add_job(job)
     conn.send("admitted")
     cpu0, wall0 = cpu_seconds(), time.perf_counter()
 
@@ -168,7 +170,7 @@ def switch_main(conn, profile_path: str | None, netns: str | None = None,
     t.join()
     cpu, wall = cpu_seconds() - cpu0, time.perf_counter() - wall0
     conn.send(dict(packets_in=sw.packets_in, packets_out=sw.packets_out, bytes_in=sw.bytes_in,
-                   bytes_out=sw.bytes_out, cpu_s=cpu, wall_s=wall))
+                   bytes_out=sw.bytes_out, send_errors=sw.send_errors, cpu_s=cpu, wall_s=wall))
     sw.stop()  # every data-path thread has returned: this closes the sockets
 
 

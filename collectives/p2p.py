@@ -17,7 +17,17 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from collectives.schedule import Schedule, chunk_bounds, schedule
+from collectives.schedule import (
+    LEADER,
+    Schedule,
+    ScheduleError,
+    check_groups,
+    chunk_bounds,
+    leader_phases,
+    schedule,
+)
+
+SWITCH, LEADER_SWITCH = "switch", "leader-switch"  # all-gathers through Agent.allgather
 
 
 def _views(flat: torch.Tensor, bounds) -> list[torch.Tensor]:
@@ -114,10 +124,19 @@ def reduce_scatter(tensor: torch.Tensor, algorithm: str = "ring", group=None,
 
 
 def all_gather(shard: torch.Tensor, total: int, algorithm: str = "ring", group=None,
-               groups=None) -> torch.Tensor:
+               groups=None, agent=None) -> torch.Tensor:
     """All ranks' shards concatenated in rank order: a new 1-D tensor of `total` elements.
     Rank r's shard is chunk r of numpy.array_split(range(total), p), so
-    all_gather(reduce_scatter(t), t.numel()) is all_reduce(t)."""
+    all_gather(reduce_scatter(t), t.numel()) is all_reduce(t).
+
+    Besides the schedules' algorithms (and "leader-ring"), two go through the switch by
+    Agent.allgather (host_agent/allgather.py), with `agent`:
+        "switch"         every rank's agent, of a job whose workers are the ranks in order
+        "leader-switch"  the leader-ring all-gather whose middle phase (the leaders'
+                         exchange) is an Agent.allgather among the leaders: each group's
+                         leader (its first rank) passes its agent, of a job whose worker i is
+                         the leader of groups[i]; the other ranks pass none
+    Both are bit for bit the same tensor as every other algorithm's."""
     rank, p = _world(group)
     flat = _flat(shard, "shard")
     if not isinstance(total, int) or total < 0:
@@ -128,4 +147,55 @@ def all_gather(shard: torch.Tensor, total: int, algorithm: str = "ring", group=N
                          f"{total} elements, got {flat.numel()}")
     out = torch.empty(total, dtype=flat.dtype)
     out[b[rank]:b[rank + 1]] = flat
+    if algorithm == SWITCH:
+        return _switch_gather(out, b, range(p), _agent(agent, p, rank, "switch"), rank)
+    if algorithm == LEADER_SWITCH:
+        return _leader_switch(out, p, rank, group, groups, agent)
     return run(schedule("all_gather", algorithm, p, groups), out, rank, group)
+
+
+def _agent(agent, workers: int, rank: int, algorithm: str):
+    """`agent`, checked against what the call needs of its job: `workers` workers, `rank`."""
+    if agent is None:
+        raise ValueError(f"agent: algorithm {algorithm} needs this rank's Agent")
+    if agent.job.nworkers != workers or agent.rank != rank:
+        raise ValueError(f"agent: algorithm {algorithm} needs rank {rank} of a job of "
+                         f"{workers} workers here, got rank {agent.rank} of job "
+                         f"{agent.job.job}'s {agent.job.nworkers}")
+    return agent
+
+
+def _switch_gather(out: torch.Tensor, bounds, ranks, agent, me: int) -> torch.Tensor:
+    """Agent.allgather of this worker's chunks (worker `me` of the agent's job, whose worker i
+    holds the chunks of ranks[i]) into `out` (every chunk at its place). Equal shards on the
+    wire: each padded to the longest, the padding dropped on arrival."""
+    ranks = [r if isinstance(r, tuple) else (r,) for r in ranks]
+    sizes = [sum(bounds[c + 1] - bounds[c] for c in cs) for cs in ranks]
+    if not max(sizes):  # nothing anywhere (every rank knows): no call
+        return out
+    mine = torch.zeros(max(sizes), dtype=out.dtype)
+    if sizes[me]:
+        mine[:sizes[me]] = torch.cat([out[bounds[c]:bounds[c + 1]] for c in ranks[me]])
+    rows = agent.allgather(mine)
+    for i, cs in enumerate(ranks):
+        at = 0
+        for c in cs:
+            n = bounds[c + 1] - bounds[c]
+            out[bounds[c]:bounds[c + 1]] = rows[i, at:at + n]
+            at += n
+    return out
+
+
+def _leader_switch(out: torch.Tensor, p: int, rank: int, group, groups, agent) -> torch.Tensor:
+    if groups is None:
+        raise ScheduleError(f"groups: algorithm {LEADER_SWITCH} needs the groups of ranks")
+    groups = check_groups(groups, p)
+    inside, _, fan_out = leader_phases(groups)
+    run(Schedule("all_gather", LEADER, p, groups, tuple(map(tuple, inside))), out, rank, group)
+    leaders = [grp[0] for grp in groups]
+    if rank in leaders:
+        i = leaders.index(rank)
+        _switch_gather(out, chunk_bounds(out.numel(), p), groups,
+                       _agent(agent, len(groups), i, LEADER_SWITCH), i)
+    return run(Schedule("all_gather", LEADER, p, groups, tuple(map(tuple, fan_out))), out, rank,
+               group)

@@ -33,16 +33,33 @@ and each agent `ina_agent_packet_s` per datagram it handles; the three pipeline 
 full token bucket goes at once here too), so
 
     ina = ina_call_s + 2 x route latency + max(link term, switch term, agent term)
+
+The all-gather through the switch ("switch", Agent.allgather, when a switch aggregates) is
+priced the same way: every rank sends its shard up once in datagrams of `ina_elements` values
+and receives every other rank's down; the switch pays `gather_copy_s` per datagram it sends
+out (it replicates each one to the job's other workers), each agent `ina_agent_packet_s` per
+datagram it sends or receives. "leader-switch" is the leader all-gather whose middle phase
+is that multicast among the group leaders alone, each sending its group's chunks: its inside
+and out phases are priced as schedule steps ("leader-ring"'s first and last), its middle as
+"switch" on the leaders.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
 
-from collectives.schedule import ALGORITHMS, HIERARCHICAL, chunk_bounds, schedule
+from collectives.schedule import (
+    ALGORITHMS,
+    HIERARCHICAL,
+    LEADER,
+    chunk_bounds,
+    leader_phases,
+    schedule,
+)
 from collectives.topology import Topology
 
 INA = "ina"
+SWITCH, LEADER_SWITCH = "switch", "leader-switch"  # collectives.p2p's names
 TCP_HEADERS = 14 + 20 + 32  # Ethernet, IPv4, TCP with timestamps: per segment
 UDP_HEADERS = 14 + 20       # per IPv4 fragment of a datagram (plus 8 for UDP, once)
 DTYPE_SIZES = {"float32": 4, "int32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
@@ -62,6 +79,9 @@ class CostParams:
     ina_elements: int = 56 * 256       # values per datagram: JobConfig's nlanes x block_size
     ina_overhead: int = 48 + 56 * 4    # SpINA header + one 4-byte `next` per lane
     density: float = 1.0               # fraction of each rank's blocks that are non-zero (ina)
+    # the software switch's CPU per all-gather datagram it sends out: 0.10 s per call of
+    # 4 x 147 datagrams in, 3 copies out each (docs/collectives.md, 8 MiB shards at 1 Gbit/s)
+    gather_copy_s: float = 58e-6
 
     def check(self) -> "CostParams":
         for k, v in self.__dict__.items():
@@ -125,6 +145,10 @@ def algorithms(topo: Topology, collective: str) -> list[str]:
     out = [a for a in ALGORITHMS if a not in HIERARCHICAL or topo.groups is not None]
     if collective == "all_reduce" and topo.aggregating:
         out.append(INA)
+    if collective == "all_gather":
+        out += [LEADER] if topo.groups is not None else []
+        if topo.aggregating:
+            out += [SWITCH] + ([LEADER_SWITCH] if topo.groups is not None else [])
     return out
 
 
@@ -138,13 +162,22 @@ def predict(topo: Topology, collective: str, nbytes: int, algorithm: str,
     """The predicted time of `algorithm` for `collective` of `nbytes` (the whole tensor)."""
     if algorithm == INA:
         return _predict_ina(topo, collective, nbytes, params, itemsize)
+    if algorithm in (SWITCH, LEADER_SWITCH):
+        return _predict_switch_gather(topo, collective, nbytes, algorithm, params, itemsize)
+    sched = schedule(collective, algorithm, topo.world, topo.groups)
+    steps: list[StepCost] = []
+    now = _price_steps(topo, sched.steps, nbytes // itemsize, params, itemsize, steps)
+    return Prediction(algorithm, now, tuple(steps))
+
+
+def _price_steps(topo, sched_steps, elements: int, params, itemsize: int, steps: list,
+                 now: float = 0.0, bucket=None) -> float:
+    """Price schedule steps from time `now` (token buckets in `bucket`, link -> (bytes, at
+    time); None: full); appends a StepCost per step to `steps`, returns the end time."""
     p = topo.world
-    sched = schedule(collective, algorithm, p, topo.groups)
-    bounds = chunk_bounds(nbytes // itemsize, p)
-    now = 0.0
-    bucket: dict[tuple[int, int], tuple[float, float]] = {}  # link -> (bytes, at time)
-    steps = []
-    for step in sched.steps:
+    bounds = chunk_bounds(elements, p)
+    bucket = {} if bucket is None else bucket
+    for step in sched_steps:
         load: dict[tuple[int, int], float] = {}
         moves, moved = [], [0] * p
         for t in step:
@@ -172,7 +205,62 @@ def predict(topo: Topology, collective: str, nbytes: int, algorithm: str,
         end = start + slowest
         steps.append(StepCost(end - now, neck, sum(s for _, s in moves)))
         now = end
-    return Prediction(algorithm, now, tuple(steps))
+    return now
+
+
+def _predict_switch_gather(topo, collective, nbytes, algorithm, params, itemsize) -> Prediction:
+    if collective != "all_gather" or not topo.aggregating:
+        raise ValueError(f"algorithm: {algorithm} needs an all_gather and a switch with "
+                         "aggregate: true")
+    p, elements = topo.world, nbytes // itemsize
+    bounds = chunk_bounds(elements, p)
+    if algorithm == SWITCH:
+        inside, out, senders = [], [], [(r,) for r in range(p)]
+    else:
+        if topo.groups is None:
+            raise ValueError(f"algorithm: {LEADER_SWITCH} needs groups in the topology")
+        inside, _, out = leader_phases(topo.groups)
+        senders = list(topo.groups)
+    best = None
+    for sw in topo.aggregating:
+        steps: list[StepCost] = []
+        bucket: dict = {}
+        now = _price_steps(topo, inside, elements, params, itemsize, steps, 0.0, bucket)
+        mid = _multicast(topo, sw, senders, bounds, params, itemsize, now, bucket)
+        steps.append(mid)
+        now = _price_steps(topo, out, elements, params, itemsize, steps, now + mid.seconds,
+                           bucket)
+        if best is None or now < best.seconds:
+            best = Prediction(algorithm, now, tuple(steps))
+    return best
+
+
+def _multicast(topo, switch, senders, bounds, params, itemsize, now, bucket) -> StepCost:
+    """One Agent.allgather through `switch` among the ranks senders[i][0], each sending the
+    chunks senders[i] (padded to the longest, as collectives.p2p sends them)."""
+    size = max(sum(bounds[c + 1] - bounds[c] for c in cs) for cs in senders) * itemsize
+    per = params.ina_elements * 4  # the agent sends raw bytes in datagrams of this payload
+    n = math.ceil(size / per)
+    full, last = n - 1, size - (n - 1) * per
+    wire = full * udp_wire_bytes(per + params.ina_overhead, topo.mtu) + (
+        udp_wire_bytes(last + params.ina_overhead, topo.mtu) if n else 0)
+    m = len(senders)
+    load: dict[tuple[int, int], float] = {}
+    lat = 0.0
+    for cs in senders:
+        node = topo.ranks[cs[0]]
+        up, down = topo.path(node, switch), topo.path(switch, node)
+        for route, b in ((up, wire), (down, (m - 1) * wire)):
+            for hop in route:
+                load[hop] = load.get(hop, 0) + b
+        lat = max(lat, sum(topo.links[i].latency for i, _ in up + down))
+    start = now + params.ina_call_s
+    link = {h: _drain(topo.links[h[0]], bucket, h, start, b) for h, b in load.items()}
+    neck = max(link, key=link.get)
+    bound = max((link[neck], _link_name(topo, neck)),
+                (m * n * (m - 1) * params.gather_copy_s, f"switch {switch} CPU"),
+                (m * n * params.ina_agent_packet_s, "agent CPU"))
+    return StepCost(params.ina_call_s + lat + bound[0], bound[1], m * size)
 
 
 def _drain(link, bucket, hop, start: float, nbytes: float) -> float:

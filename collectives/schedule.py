@@ -28,6 +28,14 @@ recursive doubling all-gather); "direct" (full mesh: one step, every pair exchan
 "2d-ring" / "2d-direct" (hierarchical: a ring or a full mesh inside each group of ranks, a
 ring across the groups among the ranks with the same index in their group). All-reduce is the
 reduce-scatter followed by the all-gather of the same algorithm.
+
+"leader-ring" is an all-gather only (LEADER): inside each group the members exchange their
+chunks over a full mesh (the fast links), then only each group's first rank, its leader,
+crosses the groups: a ring among the leaders passing whole groups' chunks, then each leader
+sends the chunks of the other groups to its members. Between the groups it moves what the
+2-D all-gather moves, but on the leaders' links alone; `leader_phases` gives its three
+phases, so that collectives.p2p can run the middle one through the switch instead
+("leader-switch", Agent.allgather among the leaders).
 """
 from __future__ import annotations
 
@@ -36,6 +44,7 @@ from dataclasses import dataclass
 
 ALGORITHMS = ("ring", "halving-doubling", "direct", "2d-ring", "2d-direct")
 HIERARCHICAL = ("2d-ring", "2d-direct")
+LEADER = "leader-ring"  # all-gather only; groups required
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
 
 
@@ -226,9 +235,24 @@ def check_groups(groups, p: int) -> tuple[tuple[int, ...], ...]:
     return out
 
 
+def leader_phases(groups) -> tuple[list, list, list]:
+    """The leader all-gather's three phases over `groups` (checked, equal sizes), each a list
+    of steps: inside (every member gets its group's chunks over a full mesh), across (a ring
+    among the leaders, grp[0], passing whole groups' chunks), out (each leader sends its
+    members the other groups' chunks, one transfer each)."""
+    inside = _parallel(*(_direct_ag(list(grp), [(c,) for c in grp]) for grp in groups))
+    across = _ring_ag([grp[0] for grp in groups], [tuple(grp) for grp in groups])
+    out = [[Transfer(grp[0], m, tuple(c for j, other in enumerate(groups) if j != i
+                                      for c in other), False)
+            for i, grp in enumerate(groups) for m in grp[1:]]]
+    return inside, across, out if len(groups) > 1 else []
+
+
 @functools.lru_cache(maxsize=256)
 def _build(collective: str, algorithm: str, p: int, groups) -> Schedule:
-    if algorithm in HIERARCHICAL:
+    if algorithm == LEADER:
+        rs, ag = [], [s for phase in leader_phases(groups) for s in phase]
+    elif algorithm in HIERARCHICAL:
         inner = algorithm[3:]
         rs = _two_d(groups, inner, True)
         ag = _two_d(groups, inner, False)
@@ -247,11 +271,15 @@ def schedule(collective: str, algorithm: str, p: int, groups=None) -> Schedule:
     a group size or lists of ranks, see check_groups)."""
     if collective not in COLLECTIVES:
         raise ScheduleError(f"collective: {collective!r} is not one of {', '.join(COLLECTIVES)}")
-    if algorithm not in ALGORITHMS:
-        raise ScheduleError(f"algorithm: {algorithm!r} is not one of {', '.join(ALGORITHMS)}")
+    if algorithm == LEADER:
+        if collective != "all_gather":
+            raise ScheduleError(f"algorithm: {LEADER} is an all_gather, not a {collective}")
+    elif algorithm not in ALGORITHMS:
+        raise ScheduleError(f"algorithm: {algorithm!r} is not one of "
+                            f"{', '.join(ALGORITHMS + (LEADER,))}")
     if not isinstance(p, int) or p < 1:
         raise ScheduleError(f"world size: need at least 1 rank, got {p!r}")
-    if algorithm in HIERARCHICAL:
+    if algorithm in HIERARCHICAL or algorithm == LEADER:
         if groups is None:
             raise ScheduleError(f"groups: algorithm {algorithm} needs the groups of ranks")
         groups = check_groups(groups, p)

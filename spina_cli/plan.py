@@ -24,7 +24,10 @@ slowest transfer (its route's latency + the bytes its busiest link carries in th
 the link's rate, TCP headers included), or the busiest rank's CPU per byte moved if that
 takes longer. "ina" is SpINA through an aggregating switch: its link, switch-CPU and
 agent-CPU terms pipeline, the largest counts (collectives/plan.py; docs/collectives.md has
-the measurements that validate the model).
+the measurements that validate the model). For all_gather, "switch" is the multicast
+all-gather through an aggregating switch (each shard up once, replicated down) and, with
+groups, "leader-ring" and "leader-switch" the hierarchical ones: inside the groups, then one
+leader per group across (a ring, or the switch), then out to the members.
 
 Exit status 0; 2 on bad input (one line naming the option or field)."""
 

@@ -1,7 +1,10 @@
 """The ranks of tests/test_collectives.py, as processes on loopback gloo: each runs every
 collective case and saves what it got to OUT/rank<R>.npz (the test compares with numpy).
 
-    python tests/collectives_worker.py WORLD PORT OUT
+    python tests/collectives_worker.py WORLD PORT OUT [SWITCH_PORT,UDP_PORTS...]
+
+With the last argument (the test's software switch and 4 + 2 free UDP ports), 4 ranks also
+run the all-gathers through the switch (switch_jobs: the flat job and the leaders' job).
 """
 import os
 import sys
@@ -40,6 +43,78 @@ def cases(world: int):
     return out
 
 
+SWITCH_GROUPS = ((0, 2), (1, 3))  # the leader-switch grouping: leaders 0 and 1, blocks apart
+
+
+def gather_cases(world: int):
+    """(key, group ranks or None, algorithm, groups) of the all-gather-only cases."""
+    out = [(f"world-leader-ring-g{g}", None, "leader-ring", g)
+           for g in range(1, world + 1) if world % g == 0]
+    if world == 4:
+        out.append(("world-leader-ring-apart", None, "leader-ring", [list(g) for g in
+                                                                      SWITCH_GROUPS]))
+    if world == 8:
+        out += [("sub6-leader-ring-g3", list(range(6)), "leader-ring", 3),
+                ("sub6-leader-ring-g2", list(range(6)), "leader-ring", 2)]
+    return out
+
+
+SWITCH_CASES = (("switch", None), ("leader-switch", SWITCH_GROUPS))
+
+
+def switch_jobs(ports):
+    """The flat job (worker r: rank r, ports[r]) and the leaders' job (worker i: the leader of
+    SWITCH_GROUPS[i], ports[4 + i]) of the 4-rank switch cases."""
+    from spina.config import JobConfig, WorkerAddr
+    flat = JobConfig(job=1, workers=tuple(WorkerAddr(r, "127.0.0.1", ports[r]) for r in range(4)))
+    leaders = JobConfig(job=2, slot_base=flat.nslots,  # the switch's slots beside job 1's
+                        workers=tuple(WorkerAddr(i, "127.0.0.1", ports[4 + i])
+                                      for i in range(len(SWITCH_GROUPS))))
+    return flat.validate(), leaders.validate()
+
+
+def switch_gathers(rank: int, switch_port: int, ports, group_call) -> dict:
+    """This rank's results of SWITCH_CASES, its agents on the given ports."""
+    import socket
+
+    import torch
+
+    import collectives
+    from host_agent.agent import Agent
+    from spina.net import bind_retrying, grow_buffers
+
+    def agent(job, r, port):
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        bind_retrying(s, ("127.0.0.1", port))
+        grow_buffers(s)
+        return Agent(job, r, ("127.0.0.1", switch_port), sock=s, timeout=30.0)
+
+    flat, lead = switch_jobs(ports)
+    mine = agent(flat, rank, ports[rank])
+    leaders = [g[0] for g in SWITCH_GROUPS]
+    leader = agent(lead, leaders.index(rank), ports[4 + leaders.index(rank)]) \
+        if rank in leaders else None
+    res = {}
+    try:
+        group_call()  # every rank's agents exist before any sends
+        for alg, groups in SWITCH_CASES:
+            a = mine if alg == "switch" else leader
+            for n in LENGTHS:
+                m = len(np.array_split(np.arange(n), 4)[rank])
+                x = torch.from_numpy(case_input(rank, n, "float32", 3)[:m].copy())
+                res[f"{alg}/ag/float32/{n}"] = collectives.all_gather(
+                    x, n, alg, None, groups, agent=a).numpy()
+            m = len(np.array_split(np.arange(37), 4)[rank])
+            xi = torch.from_numpy(case_input(rank, 37, "int32", 3)[:m].copy())
+            res[f"{alg}/ag/int32/37"] = collectives.all_gather(xi, 37, alg, None, groups,
+                                                               agent=a).numpy()
+    finally:
+        mine.close()
+        if leader is not None:
+            leader.close()
+    return res
+
+
 def model_and_input(rank: int):
     """A small two-layer model and rank `rank`'s batch. Integer weights and inputs: every
     gradient sum is exact in float32, whatever its order."""
@@ -74,7 +149,7 @@ def ddp_grads(rank: int, algorithm: str, groups):
     return grads(ddp, x), state.calls - first
 
 
-def run_rank(rank: int, world: int, port: int, out: str) -> None:
+def run_rank(rank: int, world: int, port: int, out: str, switch=None) -> None:
     import torch
     import torch.distributed as dist
 
@@ -97,6 +172,18 @@ def run_rank(rank: int, world: int, port: int, out: str) -> None:
             res[f"{key}/ag/float32/{n}"] = collectives.all_gather(
                 torch.from_numpy(case_input(rank, n, "float32", 3))[:mine.numel()].clone(),
                 n, alg, group, groups).numpy()
+    for key, ranks, alg, groups in gather_cases(world):
+        group = dist.new_group(ranks) if ranks is not None else None
+        if ranks is not None and rank not in ranks:
+            continue
+        for n in LENGTHS:
+            m = len(np.array_split(np.arange(n), len(ranks or range(world)))[
+                (ranks or list(range(world))).index(rank)])
+            res[f"{key}/ag/float32/{n}"] = collectives.all_gather(
+                torch.from_numpy(case_input(rank, n, "float32", 3)[:m].copy()), n, alg, group,
+                groups).numpy()
+    if switch is not None:
+        res.update(switch_gathers(rank, switch[0], switch[1:], dist.barrier))
     if world == 4:
         for alg, groups in (("ring", None), ("halving-doubling", None), ("direct", None),
                             ("2d-ring", 2), ("2d-direct", [[0, 2], [1, 3]])):
@@ -112,6 +199,7 @@ def main() -> int:
     """Import torch once, then fork the other ranks (torch's import is most of a rank's
     start-up here); this process is rank 0 and waits for the others. A rank dies with it."""
     world, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    switch = [int(v) for v in sys.argv[4].split(",")] if len(sys.argv) > 4 else None
     import ctypes
     import signal
     import traceback
@@ -126,7 +214,7 @@ def main() -> int:
             code = 1
             try:
                 ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-                run_rank(rank, world, port, out)
+                run_rank(rank, world, port, out, switch)
                 code = 0
             except BaseException:
                 traceback.print_exc()
@@ -136,7 +224,7 @@ def main() -> int:
                 os._exit(code)
         children.append(pid)
     try:
-        run_rank(0, world, port, out)
+        run_rank(0, world, port, out, switch)
     finally:
         failed = [pid for pid in children if os.waitpid(pid, 0)[1] != 0]
     return 1 if failed else 0

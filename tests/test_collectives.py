@@ -19,8 +19,18 @@ import numpy as np
 import pytest
 
 from collectives.schedule import ALGORITHMS, ScheduleError, check_groups, chunk_bounds, schedule
-from collectives_worker import LENGTHS, case_input, cases, grads, model_and_input
-from spina.net import free_port
+from collectives_worker import (
+    LENGTHS,
+    SWITCH_CASES,
+    case_input,
+    cases,
+    gather_cases,
+    grads,
+    model_and_input,
+    switch_jobs,
+)
+from softswitch.udp import UdpSwitch
+from spina.net import free_port, free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "collectives_worker.py"
@@ -153,12 +163,19 @@ def reference(xs, alg, groups):
 
 
 # ----------------------------------------------------------------------------- processes
-def run_world(world: int, out: Path) -> list[dict]:
+def run_world(world: int, out: Path, switch: UdpSwitch | None = None) -> list[dict]:
     """Run `world` ranks on loopback gloo (one process that forks the others); return their
-    results. The process is stopped, also when it fails; its ranks die with it."""
+    results. The process is stopped, also when it fails; its ranks die with it. With
+    `switch` (4 ranks), the ranks' agents' jobs are admitted to it first."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, str(WORKER), str(world), str(port), str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    extra = []
+    if switch is not None:
+        ports = free_ports(6)
+        for job in switch_jobs(ports):
+            switch.add_job(job)
+        extra = [",".join(map(str, [switch.address[1], *ports]))]
+    proc = subprocess.Popen([sys.executable, str(WORKER), str(world), str(port), str(out),
+                             *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         err = proc.communicate(timeout=300)[1]
         assert proc.returncode == 0, err[-3000:]
@@ -171,7 +188,15 @@ def run_world(world: int, out: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def world4(tmp_path_factory):
-    return run_world(4, tmp_path_factory.mktemp("w4"))
+    """4 ranks, with the software switch for the all-gathers through it (its counters kept
+    in the results' first dict under "switch/...")."""
+    sw = UdpSwitch(port=0).start()
+    try:
+        res = run_world(4, tmp_path_factory.mktemp("w4"), sw)
+        res[0]["switch/packets_in"] = sw.packets_in
+    finally:
+        sw.stop()
+    return res
 
 
 @pytest.fixture(scope="module")
@@ -214,15 +239,56 @@ def check_world(res: list[dict], world: int) -> int:
     return checked
 
 
+def gathered(ranks, n, dtype="float32", seed=3) -> np.ndarray:
+    """The flat all-gather's result: each rank's shard (chunk i of n), concatenated."""
+    b = chunk_bounds(n, len(ranks))
+    return np.concatenate([case_input(j, n, dtype, seed)[:b[k + 1] - b[k]]
+                           for k, j in enumerate(ranks)])
+
+
+def check_gathers(res: list[dict], world: int) -> int:
+    """The all-gather-only cases (leader-ring): every rank the flat result, bit for bit."""
+    checked = 0
+    for key, ranks, _, _ in gather_cases(world):
+        ranks = list(range(world)) if ranks is None else ranks
+        for n in LENGTHS:
+            want = gathered(ranks, n)
+            for r in ranks:
+                assert res[r][f"{key}/ag/float32/{n}"].tobytes() == want.tobytes(), (key, n, r)
+                checked += 1
+    return checked
+
+
 def test_four_ranks_exact(world4):
     """4 ranks (2d: 2 x 2): int32 exact, float32 bit-identical to the documented order."""
     assert check_world(world4, 4) == len(cases(4)) * len(LENGTHS) * 4 * 4
+    assert check_gathers(world4, 4) == len(gather_cases(4)) * len(LENGTHS) * 4
 
 
 def test_eight_ranks_and_subgroups_exact(world8):
     """8 ranks (2d: 2 x 4 and 4 x 2), sub-groups of 6 (2 x 3, 3 x 2) and 3 ranks."""
     ranks = sum(8 if r is None else len(r) for _, r, _, _ in cases(8))
     assert check_world(world8, 8) == ranks * len(LENGTHS) * 4
+    ranks = sum(8 if r is None else len(r) for _, r, _, _ in gather_cases(8))
+    assert check_gathers(world8, 8) == ranks * len(LENGTHS)
+
+
+def test_all_gathers_through_the_switch(world4):
+    """"switch" (Agent.allgather of every rank) and "leader-switch" (inside the groups
+    {0, 2} and {1, 3} over gloo, between the leaders 0 and 1 through the switch): every rank
+    holds the flat all-gather's result bit for bit, float32 on every length (shards of
+    unequal sizes, padded on the wire) and int32; the switch saw their packets."""
+    for alg, _ in SWITCH_CASES:
+        for r in range(4):
+            for n in LENGTHS:
+                got = world4[r][f"{alg}/ag/float32/{n}"]
+                assert got.tobytes() == gathered(range(4), n).tobytes(), (alg, r, n)
+            got = world4[r][f"{alg}/ag/int32/37"]
+            assert got.dtype == np.int32
+            assert got.tobytes() == gathered(range(4), 37, "int32").tobytes(), (alg, r)
+    # one packet per rank (flat: 4) or leader (2) and call, every shard under one chunk
+    calls = len(LENGTHS) + 1
+    assert world4[0]["switch/packets_in"] >= calls * (4 + 2)
 
 
 def test_order_matters_so_the_check_can_fail():

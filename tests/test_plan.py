@@ -205,6 +205,67 @@ def test_ina_by_hand():
         plan.predict(t, "all_gather", n, "ina", p)
 
 
+def two_groups_switch(host="1gbit", slow="100mbit"):
+    """h0, h1 on sa and h2, h3 on sb (fast links); sa and sb each on the aggregating s0 (slow
+    links); no latency, no token bucket: the hand-worked times below are bytes over rates."""
+    return from_dict(dict(
+        hosts=["h0", "h1", "h2", "h3"],
+        switches={"sa": {}, "sb": {}, "s0": {"aggregate": True}},
+        links=[*(dict(ends=[h, s], rate=host, latency="0s") for h, s in
+                 (("h0", "sa"), ("h1", "sa"), ("h2", "sb"), ("h3", "sb"))),
+               dict(ends=["sa", "s0"], rate=slow, latency="0s"),
+               dict(ends=["sb", "s0"], rate=slow, latency="0s")],
+        groups=[["h0", "h1"], ["h2", "h3"]]), "two groups, a switch above")
+
+
+def test_all_gathers_through_the_switch_by_hand():
+    """"switch": every rank's shard up once, the other 3 down to each rank, so a group's slow
+    downlink carries 2 x 3 shards. "leader-switch": the full mesh inside the groups (one TCP
+    shard over a fast link each way), the leaders' multicast (a group's 2 shards up, the
+    other group's 2 down: a third of the flat downlink's bytes), the leader's 2 outside
+    shards to its member. Only with an aggregating switch; leader-* only with groups."""
+    t = two_groups_switch()
+    p = CostParams(alpha=0.0, cpu_per_byte=0.0, ina_call_s=1e-3)
+    per = 14336 * 4  # bytes of a full datagram's data
+    n = 4 * per * 10  # a shard of exactly 10 full datagrams
+    d = udp_wire_bytes(per + p.ina_overhead, t.mtu)
+    flat = plan.predict(t, "all_gather", n, "switch", p)
+    assert flat.seconds == pytest.approx(1e-3 + 2 * 3 * 10 * d * 8 / 100e6)
+    assert flat.bottleneck == "s0->sa"
+    lead = plan.predict(t, "all_gather", n, "leader-switch", p)
+    fast = tcp_wire_bytes(per * 10, t.mtu) * 8 / 1e9  # one shard over a fast link
+    assert len(lead.steps) == 3
+    assert lead.steps[0].seconds == pytest.approx(fast)
+    assert lead.steps[1].seconds == pytest.approx(1e-3 + 20 * d * 8 / 100e6)
+    assert lead.steps[1].bottleneck == "sa->s0"  # up and down carry the same 20 datagrams
+    assert lead.steps[2].seconds == pytest.approx(tcp_wire_bytes(2 * per * 10, t.mtu) * 8 / 1e9)
+    assert lead.seconds < flat.seconds / 2
+    # the switch's CPU: 4 x 10 datagrams in, each sent to 3 others
+    cpu = plan.predict(two_groups_switch("100gbit", "100gbit"), "all_gather", n, "switch", p)
+    assert cpu.seconds == pytest.approx(1e-3 + 4 * 10 * 3 * p.gather_copy_s)
+    assert cpu.bottleneck == "switch s0 CPU"
+    assert plan.algorithms(t, "all_gather")[-3:] == ["leader-ring", "switch", "leader-switch"]
+    assert "switch" not in plan.algorithms(t, "all_reduce")
+    assert plan.algorithms(star(aggregate=True), "all_gather")[-1] == "switch"
+    assert "leader-ring" not in plan.algorithms(star(), "all_gather")
+    pl = plan.plan(t, "all_gather", 8 << 20, QUIET)
+    assert pl.seconds["leader-switch"] < pl.seconds["switch"]
+    with pytest.raises(ValueError, match="algorithm: switch needs an all_gather"):
+        plan.predict(t, "all_reduce", n, "switch", p)
+
+
+def test_leader_ring_by_hand():
+    """leader-ring on two groups of 2: the full mesh inside (one shard each way per fast
+    link), the leaders' ring (2 shards each way, over sa->s0->sb: the slow link rules),
+    the leader's 2 outside shards to its member."""
+    t = two_groups_switch()
+    n = 4 * 1000 * 4
+    got = plan.predict(t, "all_gather", n, "leader-ring", QUIET)
+    one, two = (tcp_wire_bytes(b, t.mtu) * 8 for b in (4000, 8000))  # a group's 2 shards
+    assert [s.seconds for s in got.steps] == pytest.approx([one / 1e9, two / 100e6, two / 1e9])
+    assert got.steps[1].bottleneck == "sa->s0"
+
+
 def test_ina_defaults_follow_spina():
     """The ina datagram defaults are SpINA's: JobConfig's lanes and blocks, wire's header."""
     from spina import wire
@@ -256,7 +317,7 @@ def test_spina_plan_prints_and_picks():
     out = json.loads(r.stdout)
     assert out["bytes"] == 1 << 30 and out["collective"] == "all_gather"
     assert set(out["predictions"]) == {"ring", "halving-doubling", "direct", "2d-ring",
-                                       "2d-direct"}
+                                       "2d-direct", "leader-ring"}
     assert out["pick"] == min(out["predictions"], key=lambda a: out["predictions"][a]["seconds"])
     assert math.isfinite(out["predictions"]["ring"]["seconds"])
 
