@@ -350,8 +350,8 @@ def merge_results(paths: list[str]) -> tuple[list[dict], list[dict]]:
 
 
 def _span(values, fmt: str = "{:.2f}") -> str:
-    """'mean (min..max)', or the one value."""
-    if len(values) == 1:
+    """'mean (min..max)', or the one value (one seed, or the same at every seed)."""
+    if min(values) == max(values):
         return fmt.format(values[0])
     return f"{fmt.format(np.mean(values))} ({fmt.format(min(values))}..{fmt.format(max(values))})"
 
@@ -431,7 +431,9 @@ def merge(paths: list[str], out: str | None) -> None:
         usage_error(f"--merge: no such file {missing[0]!r}")
     runs, summaries = merge_results(paths)
     first = summaries[0]
-    summary = dict(first, command=[s["command"] for s in summaries], merged=paths, runs=runs)
+    summary = dict(first, command=[s["command"] for s in summaries],
+                   loadavg=[s.get("loadavg") for s in summaries],
+                   merged=[Path(p).name for p in paths], runs=runs)
     out = Path(out)
     out.with_suffix(".json").write_text(json.dumps(summary, indent=1))
     plot(summary, out)
