@@ -52,7 +52,7 @@ from host_agent.compression import VoteHookState
 from host_agent.launch import finish_shared_job, shared_job_file
 from host_agent.local_sgd import LocalSGDState
 from host_agent.torch_hook import JOB_FILE_ENV, SpinaHookState, agent_from_env
-from train_compressed import TASKS, Task
+from train_compressed import TASKS, Task, merge_results
 
 DEFAULT_RUNS = "dense-gloo,dense-spina,sign,ternary,local@4,postlocal@4:40"
 
@@ -194,14 +194,8 @@ def plot(results: list[dict], out: Path, title: str) -> None:
 
 def replot(paths: list[str], out: str) -> None:
     """Merge earlier JSONs (a run and seed measured twice: the first one counts), plot, print."""
-    results, seen, task = [], set(), None
-    for path in paths:
-        summary = json.loads(Path(path).read_text())
-        task = summary["task"]
-        for r in summary["runs"]:
-            if (r["name"], r["seed"]) not in seen:
-                seen.add((r["name"], r["seed"]))
-                results.append(r)
+    results, summaries = merge_results(paths)
+    task = summaries[-1]["task"]
     plot(results, Path(out), f"{task}: {', '.join(Path(p).name for p in paths)}")
     print("\n".join(summarise(results)))
     print(f"wrote {out}")

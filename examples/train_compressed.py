@@ -22,11 +22,19 @@ Flags after a run's name (LAMB runs; see parse_run): `+mask` makes LAMB leave it
 untouched where no rank sent; `+dense<W>` sends the first W steps dense through SpINA, then
 compresses; `+freeze<W>` freezes LAMB's second moment after W steps and `+trust<W>` each
 layer's trust ratio (1-bit LAMB), e.g. `topk@0.01+dense10+freeze10+trust10`.
+`:FIELD=VALUE` after a compressed run's name sets one of LossComp's knobs (CompressionConfig's
+ratio_min, ratio_max, ratio_step, trend_threshold, temperature, credit_weight, loss_window),
+e.g. `losscomp@0.01:ratio_max=0.01:trend_threshold=0.01`.
 
-Every run starts from the same seed; rank 0 writes docs/compression_<task>.json (all
-numbers) and docs/compression_<task>.png (accuracy over training; accuracy vs bytes per step;
-time per step). Bytes are per rank and step: SpINA as its agent counted them (UDP payloads),
-gloo computed for a ring (all-reduce 2 (N-1)/N x the tensor, all-gather (N-1) x the message).
+Every run of a seed (--seeds 0,1,2) starts from that seed: the model's weights, the batches,
+the digits' split and the compressor's random stream (random-k, LossComp). Rank 0 writes
+docs/compression_<task>.json (all numbers, per run and seed) and docs/compression_<task>.png
+(accuracy over training; accuracy vs bytes per step; time per step; with several seeds the
+mean and min..max) and prints a table: the mean over seeds, its min..max and each seed's value.
+`--merge A.json B.json --out C.png` merges earlier results (one command per seed, say) into
+C.json and C.png and prints the table. Bytes are per rank and step: SpINA as its agent counted
+them (UDP payloads), gloo computed for a ring (all-reduce 2 (N-1)/N x the tensor, all-gather
+(N-1) x the message).
 """
 from __future__ import annotations
 
@@ -50,7 +58,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from host_agent.compression import make_compressor
+from host_agent.compression import CompressionConfig, make_compressor
 from host_agent.compression.hooks import (
     CompressionHookState,
     gloo_compressed_hook,
@@ -154,23 +162,38 @@ class Lamb(torch.optim.Optimizer):
                 p.sub_(r, alpha=group["lr"] * trust)
 
 
+KNOBS = {"ratio_min": float, "ratio_max": float, "ratio_step": float, "trend_threshold": float,
+         "temperature": float, "credit_weight": float, "loss_window": int}  # `:FIELD=VALUE`
+
+
+def usage_error(msg: str) -> None:
+    """Bad input on the command line: one line naming it, exit status 2."""
+    print(f"train_compressed.py: {msg}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 RUN_FLAGS = ("mask", "dense<W>", "freeze<W>", "trust<W>")
 
 
 def parse_run(name: str) -> dict:
-    """'gloo-topk@0.01+mask' -> transport gloo, method topk, ratio 0.01, mask True.
+    """'gloo-topk@0.01+mask' -> transport gloo, method topk, ratio 0.01, mask True;
+    'losscomp@0.01:ratio_max=0.01' -> knobs {'ratio_max': 0.01}.
 
     Flags after the name, each '+FLAG' (LAMB runs): `mask` (LAMB leaves the moments of unsent
     elements untouched), `dense<W>` (the first W steps dense through SpINA, then compressed),
     `freeze<W>` (LAMB's second moment frozen after W steps), `trust<W>` (each layer's trust
-    ratio, after W steps, the mean of its first W). A bad flag: ValueError naming it.
+    ratio, after W steps, the mean of its first W). Knobs after the flags, each ':FIELD=VALUE'.
+    Anything wrong: ValueError naming --runs, the run and the flag or field.
     """
-    base, *flags = name.split("+")
-    run = dict(name=name, mask=False, dense_steps=0, freeze_after=None, trust_after=None)
+    head, *knob_specs = name.split(":")
+    base, *flags = head.split("+")
+    where = f"--runs {name!r}"
+    run = dict(name=name, mask=False, dense_steps=0, freeze_after=None, trust_after=None,
+               knobs={})
     for flag in flags:
         m = re.fullmatch(r"(mask|dense|freeze|trust)(\d*)", flag)
         if m is None or (m[1] == "mask") != (m[2] == "") or (m[2] and int(m[2]) < 1):
-            raise ValueError(f"run {name!r}: flag '+{flag}': expected one of "
+            raise ValueError(f"{where}: flag '+{flag}': expected one of "
                              + ", ".join("+" + f for f in RUN_FLAGS) + ", W >= 1")
         if m[1] == "mask":
             run["mask"] = True
@@ -179,13 +202,29 @@ def parse_run(name: str) -> dict:
                  "trust": "trust_after"}[m[1]]] = int(m[2])
     if base in ("dense-gloo", "dense-spina"):
         if run["dense_steps"]:
-            raise ValueError(f"run {name!r}: flag '+dense': compressed runs only")
+            raise ValueError(f"{where}: flag '+dense': compressed runs only")
+        if knob_specs:
+            raise ValueError(f"{where}: only a compressed run takes :FIELD=VALUE")
         return dict(run, transport=base.split("-")[1], method="none", ratio=1.0)
     transport = "gloo" if base.startswith("gloo-") else "spina"
     method, _, ratio = base.removeprefix("gloo-").partition("@")
     if run["dense_steps"] and transport != "spina":
-        raise ValueError(f"run {name!r}: flag '+dense': compressed SpINA runs only")
-    return dict(run, transport=transport, method=method, ratio=float(ratio or 0.01))
+        raise ValueError(f"{where}: flag '+dense': compressed SpINA runs only")
+    for spec in knob_specs:
+        field, _, value = spec.partition("=")
+        if field not in KNOBS:
+            raise ValueError(f"{where}: unknown field {field!r}; choose one of "
+                             f"{', '.join(KNOBS)}")
+        try:
+            run["knobs"][field] = KNOBS[field](value)
+        except ValueError:
+            raise ValueError(f"{where}: field {field!r} needs a number, got {value!r}") from None
+    try:
+        ratio = float(ratio or 0.01)
+    except ValueError:
+        raise ValueError(f"{where}: the ratio after @ must be a number") from None
+    CompressionConfig(method=method, ratio=ratio, **run["knobs"]).validate(where)
+    return dict(run, transport=transport, method=method, ratio=ratio)
 
 
 class DenseThenCompressed:
@@ -209,6 +248,17 @@ def dense_then_compressed_hook(state: DenseThenCompressed, bucket):
     if bucket.is_last():
         state.step += 1
     return fut
+
+
+def parse_seeds(text: str) -> list[int]:
+    """'0,1,2' -> [0, 1, 2]; anything else exits 2 naming --seeds."""
+    try:
+        seeds = [int(s) for s in text.split(",")]
+    except ValueError:
+        usage_error(f"--seeds {text!r}: expected comma-separated integers, e.g. 0,1,2")
+    if len(set(seeds)) != len(seeds) or min(seeds) < 0:
+        usage_error(f"--seeds {text!r}: expected distinct non-negative integers")
+    return seeds
 
 
 class Task:
@@ -284,11 +334,12 @@ def train(run: dict, task: Task, args, agent) -> dict:
             state = SpinaHookState(agent)
             model.register_comm_hook(state, spina_allreduce_hook)
     else:
-        comp = make_compressor(method=run["method"], ratio=run["ratio"],
-                               momentum=args.momentum if sgd else 0.0,
-                               momentum_masking=not args.no_momentum_masking,
-                               warmup_steps=args.warmup_steps, warmup_ratio=max(run["ratio"], 0.25),
-                               loss_window=args.loss_window, block_size=agent.job.block_size)
+        fields = dict(method=run["method"], ratio=run["ratio"],
+                      momentum=args.momentum if sgd else 0.0,
+                      momentum_masking=not args.no_momentum_masking,
+                      warmup_steps=args.warmup_steps, warmup_ratio=max(run["ratio"], 0.25),
+                      loss_window=args.loss_window, seed=args.seed)
+        comp = make_compressor(block_size=agent.job.block_size, **{**fields, **run["knobs"]})
         state = CompressionHookState(comp, agent if run["transport"] == "spina" else None,
                                      optimizer=opt)  # refuses a double momentum
         if run["dense_steps"]:
@@ -298,7 +349,8 @@ def train(run: dict, task: Task, args, agent) -> dict:
             model.register_comm_hook(state, spina_compressed_hook if run["transport"] == "spina"
                                      else gloo_compressed_hook)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, task.steps)
-    hist = dict(run, params=nparams, step_loss=[], eval_step=[], test_acc=[], step_seconds=[])
+    hist = dict(run, seed=args.seed, params=nparams, step_loss=[], eval_step=[], test_acc=[],
+                step_seconds=[])
     for step, (x, y) in enumerate(task.batches()):
         t0 = time.perf_counter()
         loss = F.cross_entropy(model(x), y)
@@ -317,8 +369,9 @@ def train(run: dict, task: Task, args, agent) -> dict:
             hist["eval_step"].append(step + 1)
             hist["test_acc"].append(task.accuracy(model.module))
             if rank == 0:
-                print(f"[{run['name']}] step {step + 1} loss {hist['step_loss'][-1]:.4f} "
-                      f"test acc {hist['test_acc'][-1]:.2f}%", flush=True)
+                print(f"[seed {args.seed}] [{run['name']}] step {step + 1} loss "
+                      f"{hist['step_loss'][-1]:.4f} test acc {hist['test_acc'][-1]:.2f}%",
+                      flush=True)
     steps = task.steps
     dense_bytes = 2 * (world - 1) * nparams * 4 / world  # ring all-reduce, per rank and step
     if state is None:
@@ -348,32 +401,120 @@ def train(run: dict, task: Task, args, agent) -> dict:
     return hist
 
 
+def by_run(runs: list[dict]) -> dict[str, list[dict]]:
+    """Run name -> its results, one per seed, in the order first seen."""
+    by = {}
+    for h in runs:
+        by.setdefault(h["name"], []).append(h)
+    return by
+
+
+def merge_results(paths: list[str]) -> tuple[list[dict], list[dict]]:
+    """The runs of earlier JSONs, one per (run, seed): a pair measured twice, the first one
+    counts. Returns them and the files' summaries. JSONs from before --seeds carry the seed
+    in their args only."""
+    runs, seen, summaries = [], set(), []
+    for path in paths:
+        summary = json.loads(Path(path).read_text())
+        summaries.append(summary)
+        for h in summary["runs"]:
+            h.setdefault("seed", summary.get("args", {}).get("seed", 0))
+            if (h["name"], h["seed"]) not in seen:
+                seen.add((h["name"], h["seed"]))
+                runs.append(h)
+    return runs, summaries
+
+
+def _span(values, fmt: str = "{:.2f}") -> str:
+    """'mean (min..max)', or the one value (one seed, or the same at every seed)."""
+    if min(values) == max(values):
+        return fmt.format(values[0])
+    return f"{fmt.format(np.mean(values))} ({fmt.format(min(values))}..{fmt.format(max(values))})"
+
+
+def summarise(runs: list[dict]) -> list[str]:
+    """A markdown row per run: accuracy as the mean over seeds (min..max) and per seed, the
+    difference to dense gloo's accuracy at the same seed, and the means of bytes and times."""
+    by = by_run(runs)
+    ref = {h["seed"]: h["final_test_acc"] for h in by.get("dense-gloo", [])}
+    spina = [h["bytes_per_step"] for h in by.get("dense-spina", [])]
+    lines = ["| run | seeds | test acc (%): mean (min..max) | per seed | vs dense gloo at "
+             "the same seed | blocks sent | bytes/step/rank | vs dense SpINA | vs gloo ring | "
+             "ms/step | compression ms/step |", "|---" * 11 + "|"]
+    for name, hs in by.items():
+        acc = [h["final_test_acc"] for h in hs]
+        diff = [h["final_test_acc"] - ref[h["seed"]] for h in hs if h["seed"] in ref]
+        nbytes = np.mean([h["bytes_per_step"] for h in hs])
+        blocks = [h["blocks_fraction"] * 100 for h in hs if "blocks_fraction" in h]
+        comp = [h["compress_seconds_per_step"] * 1e3 for h in hs
+                if "compress_seconds_per_step" in h]
+        lines.append(
+            f"| {name} | {','.join(str(h['seed']) for h in hs)} | {_span(acc)} | "
+            f"{' / '.join(f'{a:.2f}' for a in acc)} | "
+            f"{_span(diff, '{:+.2f}') if diff else '-'} | "
+            f"{_span(blocks) + '%' if blocks else 'all'} | {nbytes / 1e3:,.1f} kB | "
+            f"{f'{nbytes / np.mean(spina):.2%}' if spina else '-'} | "
+            f"{nbytes / hs[0]['ring_dense_bytes_per_step']:.2%} | "
+            f"{np.mean([h['seconds_per_step'] for h in hs]) * 1e3:.1f} | "
+            f"{f'{np.mean(comp):.2f}' if comp else '-'} |")
+    return lines
+
+
 def plot(summary: dict, out: Path) -> None:
+    """Accuracy over training (the mean over seeds), final accuracy vs bytes (mean, min..max
+    over seeds) and time per step (mean over seeds), one entry per run."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    runs = summary["runs"]
+    by = by_run(summary["runs"])
     fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(16, 4.5))
-    for h in runs:
-        a1.plot(h["eval_step"], h["test_acc"], "-o", ms=2, lw=1, label=h["name"])
-        a2.scatter(h["bytes_per_step"], h["final_test_acc"], s=30)
-        a2.annotate(h["name"], (h["bytes_per_step"], h["final_test_acc"]), fontsize=7,
-                    xytext=(3, 3), textcoords="offset points")
-    names = [h["name"] for h in runs]
-    a3.barh(names, [h["seconds_per_step"] * 1000 for h in runs], color="tab:blue", label="step")
-    a3.barh(names, [h.get("compress_seconds_per_step", 0) * 1000 for h in runs], color="tab:orange",
-            label="of which compression")
-    a1.set(xlabel="step", ylabel="test accuracy (%)",
-           title=f"{summary['task']}: {summary['world_size']} workers")
+    for name, hs in by.items():
+        curve = np.mean([h["test_acc"] for h in hs], axis=0)
+        a1.plot(hs[0]["eval_step"], curve, "-o", ms=2, lw=1, label=name)
+        acc = np.array([h["final_test_acc"] for h in hs])
+        nbytes = np.mean([h["bytes_per_step"] for h in hs])
+        a2.errorbar(nbytes, acc.mean(), yerr=[[acc.mean() - acc.min()], [acc.max() - acc.mean()]],
+                    fmt="o", ms=5, capsize=3)
+        a2.annotate(name, (nbytes, acc.mean()), fontsize=7, xytext=(3, 3),
+                    textcoords="offset points")
+    names = list(by)
+    a3.barh(names, [np.mean([h["seconds_per_step"] for h in by[n]]) * 1000 for n in names],
+            color="tab:blue", label="step")
+    a3.barh(names, [np.mean([h.get("compress_seconds_per_step", 0) for h in by[n]]) * 1000
+                    for n in names], color="tab:orange", label="of which compression")
+    seeds = sorted({h["seed"] for h in summary["runs"]})
+    a1.set(xlabel="step", ylabel="test accuracy (%), mean over seeds",
+           title=f"{summary['task']}: {summary['world_size']} workers, seeds "
+                 f"{','.join(map(str, seeds))}")
     a2.set(xscale="log", xlabel="bytes sent per rank and step (log)",
-           ylabel="final test accuracy (%)", title="accuracy vs bytes")
-    a3.set(xlabel="median time per step (ms)", title="time per step")
+           ylabel="final test accuracy (%): mean, min..max", title="accuracy vs bytes")
+    a3.set(xlabel="median time per step (ms), mean over seeds", title="time per step")
     a1.legend(fontsize=7)
     a3.legend(fontsize=7)
+    a3.invert_yaxis()
     for a in (a1, a2, a3):
         a.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(out, dpi=100)
+
+
+def merge(paths: list[str], out: str | None) -> None:
+    """No training: merge earlier JSONs into out's JSON and PNG, print the table."""
+    if not out:
+        usage_error("--merge needs --out (the merged PNG; its JSON beside it)")
+    missing = [p for p in paths if not Path(p).is_file()]
+    if missing:
+        usage_error(f"--merge: no such file {missing[0]!r}")
+    runs, summaries = merge_results(paths)
+    first = summaries[0]
+    summary = dict(first, command=[s["command"] for s in summaries],
+                   loadavg=[s.get("loadavg") for s in summaries],
+                   merged=[Path(p).name for p in paths], runs=runs)
+    out = Path(out)
+    out.with_suffix(".json").write_text(json.dumps(summary, indent=1))
+    plot(summary, out)
+    print("\n".join(summarise(runs)))
+    print(f"wrote {out} and {out.with_suffix('.json')}")
 
 
 def main():
@@ -391,31 +532,39 @@ def main():
                          "(see CompressionConfig)")
     ap.add_argument("--warmup-steps", type=int, default=0, help="compression warm-up steps (DGC)")
     ap.add_argument("--loss-window", type=int, default=10, help="LossComp's window in steps")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", default="0", help="comma-separated seeds, e.g. 0,1,2 (default 0)")
     ap.add_argument("--job-file", default=os.environ.get(JOB_FILE_ENV))
     ap.add_argument("--out",
                     help="output PNG (default docs/compression_<task>.png); JSON beside it")
+    ap.add_argument("--merge", nargs="+", metavar="JSON",
+                    help="no training: merge these results into --out (PNG and JSON), print")
     args = ap.parse_args()
+    if args.merge:
+        return merge(args.merge, args.out)
     defaults = TASKS[args.task]
     args.opt = defaults["opt"]
     args.batch = args.batch or defaults["batch"]
     args.lr = args.lr or defaults["lr"]
     try:
         runs = [parse_run(r) for r in (args.runs or defaults["runs"]).split(",")]
-    except ValueError as e:
-        ap.error(f"--runs: {e}")  # one line, exit 2
+    except ValueError as e:  # names --runs, the run and the flag or field
+        usage_error(str(e))
+    seeds = parse_seeds(args.seeds)
 
     torch.set_num_threads(1)  # 4 ranks share a small machine
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     switch, job_file = shared_job_file(args.job_file)
     agent = agent_from_env(job_file)
-    task = Task(args.task, args, rank, world)
     results = []
     try:
-        compute = compute_seconds(task)
-        for run in runs:
-            results.append(train(run, task, args, agent))
+        for seed in seeds:
+            args.seed = seed
+            task = Task(args.task, args, rank, world)
+            if seed == seeds[0]:
+                compute = compute_seconds(task)
+            for run in runs:
+                results.append(train(run, task, args, agent))
     finally:
         finish_shared_job(agent, switch)
     if rank == 0:
@@ -423,16 +572,19 @@ def main():
         summary = {"command": f"torchrun --standalone --nproc_per_node {world} "
                               "examples/train_compressed.py " + " ".join(sys.argv[1:]),
                    "task": args.task, "world_size": world, "steps": task.steps,
-                   "args": {k: v for k, v in vars(args).items() if k not in ("job_file", "out")},
+                   "args": {k: v for k, v in vars(args).items()
+                            if k not in ("job_file", "out", "merge", "seed")},
+                   "loadavg": Path("/proc/loadavg").read_text().split()[:3],
                    "compute_seconds_per_step": compute, "runs": results}
         out.with_suffix(".json").write_text(json.dumps(summary, indent=1))
         plot(summary, out)
         for h in results:
-            print(f"{h['name']:>20}: acc {h['final_test_acc']:6.2f}%  "
+            print(f"[seed {h['seed']}] {h['name']:>20}: acc {h['final_test_acc']:6.2f}%  "
                   f"{h['bytes_per_step'] / 1e3:10.1f} kB/step  "
                   f"{h['seconds_per_step'] * 1e3:7.1f} ms/step  compress "
                   f"{h.get('compress_seconds_per_step', 0) * 1e3:6.2f} ms  identical "
                   f"{h['weights_identical_across_ranks']}", flush=True)
+        print("\n".join(summarise(results)))
         print(f"compute (forward+backward, no communication): {compute * 1e3:.1f} ms/step; "
               f"wrote {out}", flush=True)
     dist.destroy_process_group()

@@ -888,24 +888,59 @@ def test_ddp_compressed_hooks_no_sync_unused_params_and_identical_ranks(job_file
 
 
 def test_example_runs_tiny(tmp_path):
-    """examples/train_compressed.py, 2 ranks x 2 steps of the 5M MLP: runs, reports, agrees."""
+    """examples/train_compressed.py, 2 ranks x 2 steps of the 5M MLP at 2 seeds: runs, reports,
+    agrees; a LossComp knob reaches the compressor; --merge keeps one result per run and seed."""
     import subprocess
     import sys
     root = Path(__file__).resolve().parents[1]
     out = tmp_path / "smoke.png"
+    knob = "gloo-losscomp@0.01:ratio_max=0.01:temperature=0.5"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            str(root / "examples" / "train_compressed.py"), "--task", "mlp", "--steps", "2",
-           "--batch", "8", "--runs", "topk@0.01,gloo-losscomp@0.01", "--out", str(out)]
+           "--batch", "8", "--runs", f"topk@0.01,{knob}", "--seeds", "0,1", "--out", str(out)]
     # waits: stopped
     proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(out.with_suffix(".json").read_text())
-    runs = {r["name"]: r for r in summary["runs"]}
-    assert list(runs) == ["topk@0.01", "gloo-losscomp@0.01"] and out.exists()
-    assert all(r["weights_identical_across_ranks"] for r in runs.values())
+    assert [(r["name"], r["seed"]) for r in summary["runs"]] == [
+        ("topk@0.01", 0), (knob, 0), ("topk@0.01", 1), (knob, 1)]
+    assert summary["runs"][1]["knobs"] == {"ratio_max": 0.01, "temperature": 0.5}
+    # another seed: other weights and batches, so another loss at the first step
+    assert summary["runs"][0]["step_loss"][0] != summary["runs"][2]["step_loss"][0]
+    assert f"| {knob} | 0,1 |" in proc.stdout and out.exists()
+    runs = {r["name"]: r for r in summary["runs"] if r["seed"] == 0}
+    assert all(r["weights_identical_across_ranks"] for r in summary["runs"])
     assert runs["topk@0.01"]["params"] == 512 * 2048 + 2048 + 2048 * 2048 + 2048 + 2048 * 10 + 10
     nblocks = sum(-(-s // 256) for s in (512 * 2048, 2048, 2048 * 2048, 2048, 2048 * 10, 10))
     # ceil(1% of each bucket's blocks): DDP splits the model into a few buckets
     assert 0.01 <= runs["topk@0.01"]["blocks_fraction"] <= 0.01 + 3 / nblocks
     dense = 4 * runs["topk@0.01"]["params"]  # what one rank sends of a dense gradient, at least
     assert runs["topk@0.01"]["bytes_per_step"] < 0.03 * dense
+
+    merged = tmp_path / "merged.png"
+    proc = subprocess.run([sys.executable, str(root / "examples" / "train_compressed.py"),
+                           "--merge", str(out.with_suffix(".json")), str(out.with_suffix(".json")),
+                           "--out", str(merged)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    again = json.loads(merged.with_suffix(".json").read_text())
+    assert again["runs"] == summary["runs"] and merged.exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--runs", "losscomp@0.01:ratio_max=0.005"], "field 'ratio_min'"),
+    (["--runs", "losscomp@0.01:cooling=2"], "unknown field 'cooling'"),
+    (["--runs", "losscomp@0.01:temperature=warm"], "field 'temperature' needs a number"),
+    (["--runs", "dense-gloo:ratio_max=0.5"], "only a compressed run"),
+    (["--runs", "topk@1%"], "the ratio after @"),
+    (["--seeds", "0,0"], "--seeds '0,0'"),
+    (["--seeds", "one"], "--seeds 'one'"),
+])
+def test_example_refuses_bad_runs_and_seeds_in_one_line(args, message):
+    """train_compressed.py checks --runs and --seeds before it starts anything: exit 2, one
+    line naming the option and the field."""
+    import subprocess
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, str(root / "examples" / "train_compressed.py"), *args],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert message in proc.stderr and proc.stderr.startswith("train_compressed.py: --")
