@@ -144,6 +144,19 @@ def watch(args, ctl: Controller, runs: RendezvousServer | None = None) -> int:
     redeployed. With `runs`, each job keeps the epoch of its current run."""
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: _stopping(stop))
+    # Python runs a signal handler only when the main thread is back in Python, and a pass can
+    # sit in a gRPC call for up to its rpc_timeout (60 s): the wakeup fd gets the signal's
+    # number at once, so a thread starts the stop (and its STOP_GRACE exit) meanwhile.
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    old_wakeup = signal.set_wakeup_fd(wake_w)
+
+    def on_wakeup():
+        while data := os.read(wake_r, 64):
+            if signal.SIGTERM in data:
+                _stopping(stop)
+        os.close(wake_r)
+    threading.Thread(target=on_wakeup, name="sigterm", daemon=True).start()
     try:
         while not stop.is_set():
             try:
@@ -176,6 +189,9 @@ def watch(args, ctl: Controller, runs: RendezvousServer | None = None) -> int:
             stop.wait(args.watch)
     except KeyboardInterrupt:
         pass
+    finally:
+        signal.set_wakeup_fd(old_wakeup)
+        os.close(wake_w)  # on_wakeup reads b"" and ends
     return 0
 
 
