@@ -26,6 +26,7 @@ is printed too). docs/collectives.md shows runs.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import multiprocessing as mp
 import os
@@ -38,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.net_topo import SWITCH_IP, Star, dev_bytes, kernel_losses_total, tbf_params
+from bench.net_topo import SWITCH_IP, Star, dev_bytes, kernel_losses_total, parse_rate, tbf_params
 from bench.paired import stop_all
 from bench.procs import switch_main
 from host_agent.launch import local_job
@@ -221,6 +222,15 @@ def measure(args, hosts: Hosts) -> list[dict]:
                 for job, mode in enumerate(args.modes, 1)]
 
 
+def _rate(text: str) -> str:
+    """--rate: one tc rate, checked here so that a bad one is a usage error (exit 2)."""
+    try:
+        parse_rate(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--worker":
@@ -239,7 +249,8 @@ def main(argv=None) -> int:
                     help="seconds a mode's training processes may take in all")
     ap.add_argument("--netns", action="store_true",
                     help="hosts in network namespaces with rate-limited links (root)")
-    ap.add_argument("--rate", default="1gbit", help="with --netns: each link's rate (tc units)")
+    ap.add_argument("--rate", type=_rate, default="1gbit",
+                    help="with --netns: each link's rate (tc units)")
     ap.add_argument("--mtu", type=int, default=9000, help="with --netns: the links' MTU")
     ap.add_argument("--tag", default=None, help="with --netns: prefix of the namespace names")
     ap.add_argument("--modes", type=lambda v: v.split(","), default=["flat", "hier"],
