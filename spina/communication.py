@@ -85,8 +85,9 @@ class CompressionConfig:
                  name, "must be in (0, 1]")
         need(self.warmup_ratio >= self.ratio or self.warmup_steps == 0, "warmup_ratio",
              f"must be at least ratio={self.ratio} (warm-up starts denser)")
-        need(self.ratio_bounds[0] <= self.ratio <= self.ratio_bounds[1], "ratio_min",
-             "ratio_min <= ratio <= ratio_max must hold")
+        lo, hi = self.ratio_bounds
+        need(lo <= self.ratio, "ratio_min", f"must be at most ratio={self.ratio}")
+        need(self.ratio <= hi, "ratio_max", f"must be at least ratio={self.ratio}")
         need(0 <= self.momentum < 1, "momentum", "must be in [0, 1)")
         need(math.isfinite(self.clip_sigma) and self.clip_sigma >= 0, "clip_sigma",
              "must be a finite number >= 0")

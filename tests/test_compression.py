@@ -51,6 +51,8 @@ def _layout(*sizes, block_size=B):
     ({"momentum": 1.0}, "momentum"), ({"warmup_steps": -1}, "warmup_steps"),
     ({"ratio": 0.5, "warmup_steps": 10, "warmup_ratio": 0.1}, "warmup_ratio"),
     ({"ratio_max": 2.0}, "ratio_max"), ({"ratio_step": 1.0}, "ratio_step"),
+    ({"ratio": 0.1, "ratio_max": 0.05}, "ratio_max"),
+    ({"ratio": 0.1, "ratio_min": 0.2}, "ratio_min"),
 ])
 def test_bad_configuration_is_rejected_naming_the_field(fields, name):
     """Ratios outside (0, 1], unknown methods and other bad fields fail naming the field."""
@@ -927,7 +929,7 @@ def test_example_runs_tiny(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--runs", "losscomp@0.01:ratio_max=0.005"], "field 'ratio_min'"),
+    (["--runs", "losscomp@0.01:ratio_max=0.005"], "field 'ratio_max': must be at least"),
     (["--runs", "losscomp@0.01:cooling=2"], "unknown field 'cooling'"),
     (["--runs", "losscomp@0.01:temperature=warm"], "field 'temperature' needs a number"),
     (["--runs", "dense-gloo:ratio_max=0.5"], "only a compressed run"),
