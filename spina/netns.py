@@ -21,7 +21,9 @@ import ctypes
 import json
 import os
 import shutil
+import signal
 import subprocess
+import threading
 
 _CLONE_NEWNET = 0x40000000
 
@@ -171,18 +173,58 @@ def enter(ns: str | None) -> None:
         os.close(fd)
 
 
+class _TermUnwinds:
+    """While a Network holds namespaces, SIGTERM in the process that made them raises
+    SystemExit, so `with` blocks and finally clauses remove them (a bench stopped by
+    `timeout` used to leave its namespaces behind). Installed only over the default
+    handler and from the main thread; the default comes back when the last Network closes.
+    A forked child that inherits the handler dies of SIGTERM as before."""
+    users = 0
+    owner: int | None = None
+    installed = False
+
+    @classmethod
+    def hold(cls) -> None:
+        cls.users += 1
+        if (cls.users == 1 and threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL):
+            cls.owner, cls.installed = os.getpid(), True
+            signal.signal(signal.SIGTERM, cls._on_term)
+
+    @classmethod
+    def release(cls) -> None:
+        cls.users = max(0, cls.users - 1)
+        if (cls.users == 0 and cls.installed and os.getpid() == cls.owner
+                and threading.current_thread() is threading.main_thread()):
+            cls.installed = False
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    @classmethod
+    def _on_term(cls, signum, frame):
+        if os.getpid() != cls.owner:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        raise SystemExit(128 + signum)
+
+
 class Network:
     """What one builder made: namespaces and root-namespace links. close() deletes them all
     (links first, then namespaces, each last made first; a namespace takes its devices, veth
-    peers and qdiscs with it). A context manager: leaving the `with` closes."""
+    peers and qdiscs with it). A context manager: leaving the `with` closes. While it holds
+    namespaces, SIGTERM unwinds the process that made them (_TermUnwinds), so they go too."""
 
     def __init__(self):
         self.namespaces: list[str] = []
         self.links: list[str] = []
+        self._holds_term = False
 
     def namespace(self, name: str) -> str:
         """A new namespace with loopback up and IPv6 off (router solicitations and the like
         would show up in byte counters and queues)."""
+        if not self._holds_term:
+            _TermUnwinds.hold()
+            self._holds_term = True
         ip("netns", "add", name)
         self.namespaces.append(name)
         ip("link", "set", "lo", "up", ns=name)
@@ -220,6 +262,9 @@ class Network:
             ip("link", "del", self.links.pop(), check=False)
         while self.namespaces:
             ip("netns", "del", self.namespaces.pop(), check=False)
+        if self._holds_term:
+            self._holds_term = False
+            _TermUnwinds.release()
 
     def __enter__(self):
         return self

@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -110,3 +112,54 @@ def _wait_unshared(proc) -> None:
             return
         time.sleep(0.01)
     raise AssertionError("unshare --net did not give the process its own namespace")
+
+
+_TERMED = """
+import multiprocessing as mp, signal, sys, time
+from spina import netns
+tag = sys.argv[1]
+def child(conn):
+    conn.send(signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL)
+    time.sleep(30)
+with netns.Network() as net:
+    net.namespace(tag + "-t0")
+    net.namespace(tag + "-t1")
+    there, mine = mp.Pipe()
+    kid = mp.get_context("fork").Process(target=child, args=(mine,))
+    kid.start()
+    assert there.recv()  # the child inherited the handler
+    print(kid.pid, flush=True)
+    time.sleep(30)
+"""
+
+
+def test_sigterm_removes_the_namespaces_of_the_process_that_made_them(root):
+    """A bench stopped by `timeout` (SIGTERM) removes what it made: the `with` block unwinds
+    (exit 143); a forked child that inherited the handler dies of SIGTERM as before; and
+    after the last Network closes, SIGTERM's handler is the default again."""
+    proc = subprocess.Popen([sys.executable, "-c", _TERMED, TAG], stdout=subprocess.PIPE,
+                            text=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+    kid = int(proc.stdout.readline())
+    assert sorted(netns.leftover_namespaces(TAG)) == [f"{TAG}-t0", f"{TAG}-t1"]
+    os.kill(kid, signal.SIGTERM)
+    _wait_gone(kid)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=20) == 143
+    assert netns.leftover_namespaces(TAG) == []
+    with netns.Network() as net:
+        net.namespace(f"{TAG}-t2")
+        assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def _wait_gone(pid: int) -> None:
+    """Until process `pid` (not our child) has exited or is a zombie."""
+    for _ in range(500):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return
+        except FileNotFoundError:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} ignored SIGTERM")
