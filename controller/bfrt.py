@@ -344,7 +344,7 @@ class BfrtConnection:
         req = self.bf.WriteRequest(target=self._target(), client_id=self.client_id,
                                    p4_name=self.program)
         for kind, ent in updates:
-            for bf_kind, entry in self._to_bfrt(kind, ent):
+            for bf_kind, entry in self._by_name(self._to_bfrt, kind, ent):
                 req.updates.add(type=bf_kind).entity.table_entry.CopyFrom(entry)
         _rpc("Write", self.stub.Write, req, timeout=self.rpc_timeout)
 
@@ -367,10 +367,10 @@ class BfrtConnection:
             if kind == "packet_replication_engine_entry":
                 grp = q.packet_replication_engine_entry.multicast_group_entry.multicast_group_id
                 out += [pb.Entity(packet_replication_engine_entry=pb.PacketReplicationEngineEntry(
-                    multicast_group_entry=g)) for g in self._groups()
+                    multicast_group_entry=g)) for g in self._by_name(self._groups)
                     if grp in (0, g.multicast_group_id)]
                 continue
-            query, back = self._query(kind, getattr(q, kind))
+            query, back = self._by_name(self._query, kind, getattr(q, kind))
             out += [back(e) for e in self._read_bfrt([query])]
         return out
 
@@ -389,9 +389,17 @@ class BfrtConnection:
                 for e in self.read(qs)} if qs else {}
 
     def read_groups(self) -> list:
-        return self._groups()
+        return self._by_name(self._groups)
 
     # ------------------------------------------------------------ P4Runtime -> BF Runtime
+    def _by_name(self, f, *args):
+        """f(*args), a name the BF-RT JSON lacks (KeyError) as one line naming it."""
+        try:
+            return f(*args)
+        except KeyError as e:
+            raise ConfigError(f"{self.address}: {e.args[0]} (is the switch's bfrt.json from the "
+                              "compile that wrote the P4Info?)") from None
+
     def _table_of(self, kind: str, obj_id: int) -> tuple[str, BfrtTable]:
         name = self.index.name(kind, obj_id)
         try:
@@ -525,8 +533,8 @@ class BfrtConnection:
                 m.exact.value = encode(decode(k.exact.value), f.bitwidth)
         for a in (self.index.get("actions", self.index.name("actions", ref.id))
                   for ref in info.action_refs):
-            aid, params = t.action(a.preamble.name)
-            if aid != e.data.action_id:
+            aid, params = t.actions.get(a.preamble.name.rsplit(".", 1)[-1], (None, {}))
+            if aid is None or aid != e.data.action_id:
                 continue
             te.action.action.action_id = a.preamble.id
             by_id = {params[p.name][0]: p for p in a.params}
@@ -550,16 +558,18 @@ class BfrtConnection:
         f_rid, f_port = node.field("$MULTICAST_RID")[0], node.field("$DEV_PORT")[0]
         for e in self._read_bfrt([self.bf.TableEntry(table_id=node.id)]):
             d = {f.field_id: f for f in e.data.fields}
+            ports = list(d[f_port].int_arr_val.val) if f_port in d else []
             nodes[decode(e.key.fields[0].exact.value)] = (
-                d[f_port].int_arr_val.val[0], decode(d[f_rid].stream))
+                ports[0] if ports else None, decode(d[f_rid].stream) if f_rid in d else 0)
         f_nodes = mgid.field("$MULTICAST_NODE_ID")[0]
         out = []
         for e in self._read_bfrt([self.bf.TableEntry(table_id=mgid.id)]):
             g = pb.MulticastGroupEntry(multicast_group_id=decode(e.key.fields[0].exact.value))
             ids = next(f.int_arr_val.val for f in e.data.fields if f.field_id == f_nodes)
             for n in ids:
-                port, rid = nodes[n]
-                g.replicas.add(egress_port=port, instance=rid)
+                port, rid = nodes.get(n, (None, 0))
+                if port is not None:  # a node we did not write (no port, or gone): not ours
+                    g.replicas.add(egress_port=port, instance=rid)
             out.append(g)
         return out
 

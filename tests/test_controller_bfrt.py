@@ -495,7 +495,8 @@ def test_cli_without_the_sdes_modules_exits_2_with_one_line(tmp_path):
 
 @needs_sde
 def test_a_bfrt_json_without_a_table_is_named(bfrt_server, tmp_path):
-    """A bfrt.json from another compile (no admission table): one line naming the table."""
+    """A bfrt.json from another compile (no admission table; a key field of another name): one
+    line naming what it lacks."""
     sw = bfrt_server()
     st = bfrt_state(tmp_path, sw.address)
     doc = json.loads(BFRT_JSON.read_text())
@@ -505,6 +506,16 @@ def test_a_bfrt_json_without_a_table_is_named(bfrt_server, tmp_path):
         c.deploy()
     assert str(e.value) == ("the switch's BF-RT JSON has no table 'admission' (the P4Info's "
                             "table 'admission': is bfrt.json from the same compile?)")
+    doc = json.loads(BFRT_JSON.read_text())
+    for t in doc["tables"]:  # every table, but a key field of another name
+        if t["name"] == "pipe.worker_rewrite":
+            t["key"][0]["name"] = "replica"
+    (tmp_path / "out" / "bfrt.json").write_text(json.dumps(doc))
+    with Controller(st) as c, pytest.raises(ConfigError) as e:
+        c.deploy()
+    assert str(e.value) == (f"{sw.address}: BF-RT table pipe.worker_rewrite has no key field "
+                            "'rid' (is the switch's bfrt.json from the compile that wrote the "
+                            "P4Info?)")
 
 
 @needs_sde
