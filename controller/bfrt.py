@@ -29,8 +29,8 @@ that content with our P4Info, so the controller pushes only what differs, as ove
 No election either: a client owns a program by binding to it, and the server refuses a second
 (ALREADY_EXISTS), which this client reports as another primary (NotPrimaryError). So a
 read-only session (status) cannot bind while `serve` holds the program. Register reads take
-the first pipe's value (the server answers one per pipe). Tested against a fake server in
-tests/test_controller_bfrt.py only: no bf_switchd or Tofino model runs here.
+the first pipe's value (the server repeats the data field once per pipe). Tested against a
+fake server in tests/test_controller_bfrt.py only: no bf_switchd or Tofino model runs here.
 """
 from __future__ import annotations
 
@@ -221,29 +221,39 @@ class BfrtConnection:
                 from None
         # The stream makes us a known client (the server forgets an unsubscribed one).
         self._out: queue.Queue = queue.Queue()
-        self._answers: queue.Queue = queue.Queue()
+        self._answers: queue.Queue = queue.Queue()  # Subscribe answers
+        self._commits: queue.Queue = queue.Queue()  # a push's WARM_INIT_FINISHED notices
         self._stream = self.stub.StreamChannel(iter(self._out.get, None))
         self._reader = threading.Thread(target=self._read_stream, daemon=True,
                                         name=f"bfrt-{address}")
         self._reader.start()
-        self._out.put(self.bf.StreamMessageRequest(
-            client_id=self.client_id, subscribe=self.bf.Subscribe(device_id=device_id)))
         try:
-            sub = self._answers.get(timeout=timeout)
+            self._subscribe()
+        except P4RuntimeError:
+            self.close()
+            raise
+
+    def _subscribe(self) -> None:
+        self._out.put(self.bf.StreamMessageRequest(
+            client_id=self.client_id, subscribe=self.bf.Subscribe(device_id=self.device_id)))
+        try:
+            sub = self._answers.get(timeout=self.timeout)
         except queue.Empty:
-            raise P4RuntimeError(f"{address}: no answer to Subscribe within {timeout:g} s") \
-                from None
+            raise P4RuntimeError(f"{self.address}: no answer to Subscribe within "
+                                 f"{self.timeout:g} s") from None
         if isinstance(sub, grpc.RpcError):
-            raise P4RuntimeError(f"{address}: Subscribe: {sub.code().name}: {sub.details()}",
-                                 sub.code())
+            raise P4RuntimeError(f"{self.address}: Subscribe: {sub.code().name}: "
+                                 f"{sub.details()}", sub.code())
         if sub.status.code != 0:
-            raise P4RuntimeError(f"{address}: Subscribe refused: {sub.status.message}")
+            raise P4RuntimeError(f"{self.address}: Subscribe refused: {sub.status.message}")
 
     def _read_stream(self):
         try:
             for msg in self._stream:
                 if msg.HasField("subscribe"):
                     self._answers.put(msg.subscribe)
+                elif msg.HasField("set_forwarding_pipeline_config_response"):
+                    self._commits.put(msg.set_forwarding_pipeline_config_response)
         except grpc.RpcError as e:
             if e.code() != grpc.StatusCode.CANCELLED:
                 self._answers.put(e)
@@ -295,14 +305,26 @@ class BfrtConnection:
 
     def set_pipeline(self, p4info, device_config: bytes, cookie: int) -> None:
         """Push bf-p4c's files (VERIFY_AND_WARM_INIT_BEGIN_AND_END: the device starts the
-        program with empty tables), then bind to it. `cookie` is implied by the content."""
+        program with empty tables), wait for the server's WARM_INIT_FINISHED on our stream
+        (the RPC returns before the device is ready, as the SDE's own client knows), then bind
+        to it. `cookie` is implied by the content."""
         self.require_primary()
         req = self.bf.SetForwardingPipelineConfigRequest(
             device_id=self.device_id, client_id=self.client_id,
             action=self.bf.SetForwardingPipelineConfigRequest.VERIFY_AND_WARM_INIT_BEGIN_AND_END)
         req.config.add().ParseFromString(device_config)
+        while not self._commits.empty():  # notices of earlier pushes
+            self._commits.get_nowait()
         _rpc("SetForwardingPipelineConfig", self.stub.SetForwardingPipelineConfig, req,
              timeout=self.rpc_timeout)
+        finished = self.bf.SetForwardingPipelineConfigResponseType.Value("WARM_INIT_FINISHED")
+        try:
+            while self._commits.get(timeout=self.timeout) \
+                    .set_forwarding_pipeline_config_response_type != finished:
+                pass
+        except queue.Empty:
+            raise P4RuntimeError(f"{self.address}: pushed {self.program}, but no "
+                                 f"WARM_INIT_FINISHED within {self.timeout:g} s") from None
         self.use_pipeline(p4info)
 
     def use_pipeline(self, p4info) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import queue
 import shutil
 import subprocess
 import sys
@@ -30,7 +31,7 @@ from p4.v1 import p4runtime_pb2 as pb
 
 from controller import bfrt, state as state_mod, tofino
 from controller.controller import Controller
-from controller.p4rt import NotPrimaryError
+from controller.p4rt import NotPrimaryError, P4RuntimeError
 from spina import spec
 from spina.config import ConfigError
 from spina.p4runtime import decode
@@ -89,7 +90,9 @@ class FakeBfRuntime:
     and value width against the BF-RT JSON it runs (bfrt.json pushed, FIXED), binds one client
     per program, and records each request as (method, request)."""
 
-    def __init__(self):
+    def __init__(self, notify: bool = True):
+        self.notify = notify  # tell the clients' streams when a push is done
+        self.streams: dict[int, queue.Queue] = {}
         self.requests: list = []
         self.config = None
         self.tables: dict[int, dict] = {}
@@ -102,10 +105,22 @@ class FakeBfRuntime:
 
     # ------------------------------------------------------------ RPCs
     def StreamChannel(self, request_iterator, context):
-        for req in request_iterator:
-            if req.HasField("subscribe"):
-                yield BF.StreamMessageResponse(subscribe=BF.Subscribe(
-                    device_id=req.subscribe.device_id, status=status_pb2.Status(code=0)))
+        out: queue.Queue = queue.Queue()
+
+        def take():  # the client's messages, while we answer on `out`
+            try:
+                for req in request_iterator:
+                    if req.HasField("subscribe"):
+                        self.streams[req.client_id] = out
+                        out.put(BF.StreamMessageResponse(subscribe=BF.Subscribe(
+                            device_id=req.subscribe.device_id,
+                            status=status_pb2.Status(code=0))))
+            except grpc.RpcError:  # the client cancelled its stream
+                pass
+            out.put(None)
+        threading.Thread(target=take, daemon=True).start()
+        context.add_callback(lambda: out.put(None))
+        yield from iter(out.get, None)
 
     def SetForwardingPipelineConfig(self, request, context):
         with self.lock:
@@ -122,6 +137,12 @@ class FakeBfRuntime:
             else:
                 self.config, self.tables = cfg, {}
                 self.schema = bfrt.BfrtSchema(cfg.bfruntime_info, FIXED)
+                done = BF.StreamMessageResponse()
+                done.set_forwarding_pipeline_config_response \
+                    .set_forwarding_pipeline_config_response_type = \
+                    BF.SetForwardingPipelineConfigResponseType.Value("WARM_INIT_FINISHED")
+                for stream in self.streams.values() if self.notify else ():
+                    stream.put(done)
         return BF.SetForwardingPipelineConfigResponse()
 
     def GetForwardingPipelineConfig(self, request, context):
@@ -248,7 +269,8 @@ def named(server: FakeBfRuntime, e) -> tuple:
 @pytest.fixture
 def bfrt_server(grpc_servers):
     """A fake BF Runtime server on a free loopback port, stopped afterwards."""
-    return lambda: grpc_servers(FakeBfRuntime(), BF_GRPC.add_BfRuntimeServicer_to_server, 8)
+    return lambda **kw: grpc_servers(FakeBfRuntime(**kw), BF_GRPC.add_BfRuntimeServicer_to_server,
+                                     8)
 
 
 def bf_build(tmp_path) -> pathlib.Path:
@@ -577,3 +599,18 @@ def test_a_changed_group_is_rewritten_node_by_node(bfrt_server, tmp_path):
         [("INSERT", "$pre.mgid", (("$MGID", 8),))]
     assert [(g.multicast_group_id, [(r.egress_port, r.instance) for r in g.replicas])
             for g in groups] == [(8, [(r + 1, 225 + r) for r in range(4)])]
+
+
+@needs_sde
+def test_a_push_the_device_never_finishes_is_an_error(bfrt_server, tmp_path):
+    """The push RPC returns before the device is ready: without WARM_INIT_FINISHED on the
+    stream the deploy stops with one line, binding and writing nothing."""
+    sw = bfrt_server(notify=False)
+    with Controller(bfrt_state(tmp_path, sw.address), timeout=0.5) as c, \
+            pytest.raises(P4RuntimeError) as e:
+        c.deploy()
+    assert str(e.value) == (f"{sw.address}: pushed spina_tna, but no WARM_INIT_FINISHED "
+                            "within 0.5 s")
+    assert [r.action for r in sw.calls("SetForwardingPipelineConfig")] == \
+        [BF.SetForwardingPipelineConfigRequest.VERIFY_AND_WARM_INIT_BEGIN_AND_END]
+    assert sw.calls("Write") == []
