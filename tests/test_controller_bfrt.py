@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 
 import grpc
 import pytest
@@ -108,15 +109,19 @@ class FakeBfRuntime:
         out: queue.Queue = queue.Queue()
 
         def take():  # the client's messages, while we answer on `out`
+            client = None
             try:
                 for req in request_iterator:
                     if req.HasField("subscribe"):
-                        self.streams[req.client_id] = out
+                        client, self.streams[req.client_id] = req.client_id, out
                         out.put(BF.StreamMessageResponse(subscribe=BF.Subscribe(
                             device_id=req.subscribe.device_id,
                             status=status_pb2.Status(code=0))))
             except grpc.RpcError:  # the client cancelled its stream
                 pass
+            with self.lock:  # a client gone releases its program
+                if client is not None and self.owner == client:
+                    self.owner = None
             out.put(None)
         threading.Thread(target=take, daemon=True).start()
         context.add_callback(lambda: out.put(None))
@@ -538,6 +543,27 @@ def test_a_bfrt_json_without_a_table_is_named(bfrt_server, tmp_path):
     assert str(e.value) == (f"{sw.address}: BF-RT table pipe.worker_rewrite has no key field "
                             "'rid' (is the switch's bfrt.json from the compile that wrote the "
                             "P4Info?)")
+
+
+@needs_sde
+def test_status_reads_without_writing_once_the_controller_is_gone(bfrt_server, tmp_path):
+    """`status` (no election: client 0) binds once the deploying client's stream has ended,
+    reads the job's entries and counters, and writes nothing."""
+    sw = bfrt_server()
+    st = bfrt_state(tmp_path, sw.address)
+    with Controller(st) as c:
+        c.deploy()
+    sw.put("job_aggregated", {"$COUNTER_INDEX": 7}, {"$COUNTER_SPEC_PKTS": 5})
+    n = len(sw.calls("Write"))
+    deadline = time.monotonic() + 5
+    while sw.owner is not None and time.monotonic() < deadline:  # the server sees it go
+        time.sleep(0.01)
+    with Controller(st, election=None) as c:
+        (row,) = c.status()
+    assert (row["installed"], row["workers"], row["job_aggregated"]) == ("yes", 3, 5)
+    assert len(sw.calls("Write")) == n
+    last = sw.calls("SetForwardingPipelineConfig")[-1]
+    assert (last.action, last.client_id) == (BF.SetForwardingPipelineConfigRequest.BIND, 0)
 
 
 @needs_sde
