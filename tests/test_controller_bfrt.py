@@ -640,3 +640,14 @@ def test_a_push_the_device_never_finishes_is_an_error(bfrt_server, tmp_path):
     assert [r.action for r in sw.calls("SetForwardingPipelineConfig")] == \
         [BF.SetForwardingPipelineConfigRequest.VERIFY_AND_WARM_INIT_BEGIN_AND_END]
     assert sw.calls("Write") == []
+
+
+def test_the_example_desired_state_loads():
+    """controller/examples/tofino_bfrt.yaml (make deploy TARGET=tofino_bfrt) is a valid
+    desired state naming BF Runtime and the std-externs P4Info."""
+    st = state_mod.load(ROOT / "controller" / "examples" / "tofino_bfrt.yaml")
+    sw = st.switches["s1"]
+    assert (sw.target, sw.api, sw.device_config_format, sw.grpc) == \
+        ("tofino", "bfrt", None, "127.0.0.1:50052")
+    assert st.resolve(sw.p4info).resolve() == STD_P4INFO
+    assert (st.jobs[1].block_size, st.jobs[1].nlanes) == (spec.TNA_SIZES["BLOCK_SIZE"], 1)
