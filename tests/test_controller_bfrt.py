@@ -1,8 +1,8 @@
 """The controller's Tofino target over BF Runtime (`api: bfrt`, controller/bfrt.py) without a
 Tofino: a fake BF Runtime gRPC server (the SDE's generated BfRuntimeServicer) keeps the tables
 of the committed bf-p4c schema (tofino/build/spina_tna.bfrt.json) and the PRE's fixed tables,
-refuses ids, key fields and value widths that schema lacks, records every request and answers
-reads. The tests check the pipeline pushed, the exact entries, register cells and counters
+refuses ids, key fields and value widths that schema lacks and PRE groups naming nodes that do
+not exist (or nodes deleted from a group), records every request and answers reads. The tests check the pipeline pushed, the exact entries, register cells and counters
 written for a job's deploy, a new run and a reset, and the refusals of bad input.
 
 Needs the SDE's Python modules (bfruntime_pb2{,_grpc}.py under $SDE_INSTALL/lib/python3.*/
@@ -183,6 +183,26 @@ class FakeBfRuntime:
                               f"{t.name}: data field {f.field_id} ({f.WhichOneof('value')})")
         return t
 
+    def _check_pre(self, context, t, kind, e):
+        """The PRE's references: a group names only nodes that exist, a node in a group
+        cannot go."""
+        node, mgid = self.schema.table("$pre.node"), self.schema.table("$pre.mgid")
+        members = node.key("$MULTICAST_NODE_ID")[0]
+        in_groups = {n for g in self.tables.get(mgid.id, {}).values() for f in g.data.fields
+                     if f.field_id == mgid.field("$MULTICAST_NODE_ID")[0]
+                     for n in f.int_arr_val.val}
+        if t is mgid and kind != BF.Update.DELETE:
+            for f in e.data.fields:
+                for n in (f.int_arr_val.val if f.field_id == mgid.field("$MULTICAST_NODE_ID")[0]
+                          else ()):
+                    key = BF.TableEntry()
+                    key.key.fields.add(field_id=members).exact.value = n.to_bytes(4, "big")
+                    if self.key_of(key) not in self.tables.get(node.id, {}):
+                        context.abort(grpc.StatusCode.NOT_FOUND, f"$pre.mgid: no node {n}")
+        if t is node and kind == BF.Update.DELETE and \
+                decode(e.key.fields[0].exact.value) in in_groups:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "$pre.node: in a group")
+
     @staticmethod
     def key_of(e) -> bytes:
         return b"".join(k.SerializeToString() for k in sorted(e.key.fields,
@@ -204,6 +224,7 @@ class FakeBfRuntime:
                 if u.type in (BF.Update.MODIFY, BF.Update.DELETE) and k not in rows \
                         and not cell:
                     context.abort(grpc.StatusCode.NOT_FOUND, f"{t.name}: no such entry")
+                self._check_pre(context, t, u.type, e)
                 if u.type == BF.Update.DELETE:
                     rows.pop(k, None)
                 else:
