@@ -338,13 +338,11 @@ class BfrtConnection:
             try:
                 self.stub.SetForwardingPipelineConfig(req, timeout=self.rpc_timeout)
             except grpc.RpcError as e:
-                cls = NotPrimaryError if e.code() == grpc.StatusCode.ALREADY_EXISTS \
-                    else P4RuntimeError
-                raise cls(f"{self.address}: binding to {self.program}: {e.code().name}: "
-                          f"{e.details()} (another client owns the program; refusing to write)"
-                          if cls is NotPrimaryError else
-                          f"{self.address}: binding to {self.program}: {e.code().name}: "
-                          f"{e.details()}", e.code()) from None
+                why = f"{self.address}: binding to {self.program}: {e.code().name}: {e.details()}"
+                if e.code() == grpc.StatusCode.ALREADY_EXISTS:  # another client owns it
+                    raise NotPrimaryError(f"{why} (another client owns the program; refusing "
+                                          "to write)", e.code()) from None
+                raise P4RuntimeError(why, e.code()) from None
             self._bound = True
         cur, fixed = self._switch_config()
         if cur is None:

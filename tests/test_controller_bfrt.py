@@ -2,8 +2,9 @@
 Tofino: a fake BF Runtime gRPC server (the SDE's generated BfRuntimeServicer) keeps the tables
 of the committed bf-p4c schema (tofino/build/spina_tna.bfrt.json) and the PRE's fixed tables,
 refuses ids, key fields and value widths that schema lacks and PRE groups naming nodes that do
-not exist (or nodes deleted from a group), records every request and answers reads. The tests check the pipeline pushed, the exact entries, register cells and counters
-written for a job's deploy, a new run and a reset, and the refusals of bad input.
+not exist (or nodes deleted from a group), records every request and answers reads. The
+tests check the pipeline pushed, the exact entries, register cells and counters written for a
+job's deploy, a new run, a reset, a removal and a group change, and the refusals of bad input.
 
 Needs the SDE's Python modules (bfruntime_pb2{,_grpc}.py under $SDE_INSTALL/lib/python3.*/
 site-packages/tofino/bfrt_grpc; controller/README.md "BF Runtime"): without them the tests
