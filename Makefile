@@ -97,10 +97,10 @@ testbed: $(STAMP)  ## mininet testbed (root): TOPO=single|leafspine ARGS="--host
 # The controller makes a running switch hold controller/examples/$(TARGET).yaml (or DEPLOY=FILE).
 TARGET ?= softswitch
 DEPLOY ?= controller/examples/$(TARGET).yaml
-deploy: $(STAMP)  ## push pipeline and jobs: TARGET=softswitch|bmv2|tofino (switch running; controller/README.md)
+deploy: $(STAMP)  ## push pipeline and jobs: TARGET=softswitch|bmv2|tofino|tofino_bfrt (switch running; controller/README.md)
 	$(PY) -m controller -c $(DEPLOY) deploy
 
-serve: $(STAMP)  ## deploy, then give every run of a job its own epoch until Ctrl-C: TARGET=softswitch|bmv2|tofino
+serve: $(STAMP)  ## deploy, then give every run of a job its own epoch until Ctrl-C: TARGET=softswitch|bmv2|tofino|tofino_bfrt
 	$(PY) -m controller -c $(DEPLOY) serve
 
 bench: $(STAMP)  ## SpINA vs gloo, paired, in place (8 min here): bench/out/{results.csv,summary.md,*.png}

@@ -1,5 +1,7 @@
 """The controller: turns the desired state (controller/state.py) into switch state over
-P4Runtime, the same way for the software switch, BMv2 and Tofino (Tofino: unverified on a switch).
+P4Runtime, the same way for the software switch, BMv2 and Tofino (Tofino: unverified on a switch),
+or for a Tofino with `api: bfrt` over the SDE's BF Runtime (controller/bfrt.py: the same
+entities, translated).
 
 `Controller(state).deploy()` is idempotent: it pushes the pipeline only when the switch's cookie
 differs, diffs every table and multicast group with what the switch holds and writes only the
@@ -72,7 +74,8 @@ def load_pipeline(state: DesiredState, sw: Switch):
                               f"program compiled for {compiled}-bit lanes (its pair registers' "
                               "halves; tofino/size.p4 SPINA_LANE_BITS)")
         try:
-            cfg = tofino.device_config(state.resolve(sw.device_config), sw.device_config_format)
+            fmt = sw.device_config_format if sw.api == "p4runtime" else "bfrt"
+            cfg = tofino.device_config(state.resolve(sw.device_config), fmt)
         except ConfigError as e:
             raise ConfigError(f"{where} 'device_config': {e}") from None
         return info, cfg
@@ -274,10 +277,23 @@ class Controller:
         s = self.sessions.get(name)
         if s is None:
             sw = self.state.switches[name]
-            s = SwitchSession(sw, self.election, self._registers.get(name), self.timeout,
-                              self._connect(sw) if self._connect else None)
+            conn = self._connect(sw) if self._connect else None
+            if conn is None and sw.api == "bfrt":
+                conn = self._bfrt_connection(sw)
+            s = SwitchSession(sw, self.election, self._registers.get(name), self.timeout, conn)
             self.sessions[name] = s
         return s
+
+    def _bfrt_connection(self, sw: Switch):
+        """A BF Runtime session (controller/bfrt.py) for a tofino switch with `api: bfrt`: it
+        binds to the program the switch's files name, and translates the controls' entities."""
+        from controller.bfrt import BfrtConnection
+        info, cfg = load_pipeline(self.state, sw)
+        try:
+            return BfrtConnection(sw.grpc, sw.device_id, self.election, self.timeout,
+                                  p4info=info, device_config=cfg)
+        except ConfigError as e:  # the SDE's modules are missing
+            raise ConfigError(f"switch {sw.name}: field 'api': bfrt: {e}") from None
 
     def close(self) -> None:
         for s in self.sessions.values():

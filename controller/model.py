@@ -16,7 +16,9 @@ error names the offending field (`jobs[1].nslots: ...`).
         p4info: p4src/build/spina_v1model.p4info.txtpb   # optional: default spec.p4info()
         device_config: p4src/build/spina_v1model.json    # optional (bmv2: required)
                                     # tofino: bf-p4c's output directory (required)
-        device_config_format: stratum   # tofino only (required): stratum | bf_switchd
+        api: p4runtime              # tofino only: p4runtime (default) | bfrt (the SDE's BF
+                                    # Runtime gRPC server in bf_switchd: controller/bfrt.py)
+        device_config_format: stratum   # tofino, api p4runtime (required): stratum | bf_switchd
         lane_bits: 32               # tofino only: the lane width the TNA program was compiled
                                     # for (bf-p4c -DSPINA_LANE_BITS=16|8; default 32); its jobs
                                     # must have this lane_bits (tofino/README.md, "Narrow lanes")
@@ -63,6 +65,7 @@ from spina.fields import integer, mapping, need, optional_list, string
 from spina.rendezvous import DEFAULT_ADDRESS as DEFAULT_RENDEZVOUS
 
 TARGETS = ("softswitch", "bmv2", "tofino")
+APIS = ("p4runtime", "bfrt")  # a tofino switch's control API: P4Runtime, or the SDE's BF Runtime
 NO_MAC = "00:00:00:00:00:00"
 IN_PROCESS = "in-process"  # grpc of a switch the controller reaches through `connect` only
 
@@ -117,7 +120,8 @@ class Switch:
     ports: tuple[int, ...] = (0,)
     p4info: str | None = None
     device_config: str | None = None
-    device_config_format: str | None = None  # tofino: controller.tofino.FORMATS
+    device_config_format: str | None = None  # tofino, api p4runtime: controller.tofino.FORMATS
+    api: str = "p4runtime"  # tofino: APIS, how the controller talks to the switch
     lane_bits: int = 32  # tofino: the width its TNA program serves (tofino/size.p4 SPINA_LANE_BITS)
     l2: tuple[tuple[str, int], ...] = ()
     l2_spray: tuple[tuple[str, tuple[int, ...]], ...] = ()  # (mac, ports in turn order)
@@ -346,7 +350,7 @@ def _parse_flat(doc, path: pathlib.Path | None = None) -> DesiredState:
         mapping(d, w, {"name", "target", "grpc"},
                 {"device_id", "thrift_port", "address", "udp_port", "pool_slots", "ports",
                  "slot_capacity", "p4info", "device_config", "device_config_format", "l2",
-                 "routes", "ina_endpoints", "drop_qdepth", "lane_bits"})
+                 "routes", "ina_endpoints", "drop_qdepth", "lane_bits", "api"})
         name = string(d, "name", w)
         need(name not in switches, f"{w}.name", f"duplicate switch {name!r}")
         need(d["target"] in TARGETS, f"{w}.target", f"must be one of {', '.join(TARGETS)}")
@@ -404,14 +408,22 @@ def _parse_flat(doc, path: pathlib.Path | None = None) -> DesiredState:
                 need(d.get(k) is not None, f"{w}.{k}", "required for target tofino (P4Info "
                       "from bf-p4c --p4runtime-force-std-externs; device_config: bf-p4c's "
                       "output directory)")
-            need(d.get("device_config_format") in TOFINO_FORMATS, f"{w}.device_config_format",
-                  f"must be one of {', '.join(TOFINO_FORMATS)} (the P4Runtime server: Stratum "
-                  f"or the SDE's bf_switchd), got {d.get('device_config_format')!r}")
+            need(d.get("api", "p4runtime") in APIS, f"{w}.api",
+                  f"must be one of {', '.join(APIS)} (P4Runtime, or the SDE's BF Runtime gRPC "
+                  f"server), got {d.get('api')!r}")
+            if d.get("api", "p4runtime") == "p4runtime":
+                need(d.get("device_config_format") in TOFINO_FORMATS,
+                      f"{w}.device_config_format",
+                      f"must be one of {', '.join(TOFINO_FORMATS)} (the P4Runtime server: "
+                      f"Stratum or the SDE's bf_switchd), got {d.get('device_config_format')!r}")
+            else:  # BF Runtime carries bf-p4c's files in its own message: one format
+                need("device_config_format" not in d, f"{w}.device_config_format",
+                      "only for api p4runtime (BF Runtime takes bf-p4c's files as they are)")
             need(d.get("lane_bits", 32) in wire.LANE_BITS, f"{w}.lane_bits",
                   f"must be one of {', '.join(map(str, wire.LANE_BITS))} (the TNA program's "
                   f"SPINA_LANE_BITS), got {d.get('lane_bits')!r}")
         else:
-            for k in ("device_config_format", "lane_bits"):
+            for k in ("device_config_format", "lane_bits", "api"):
                 need(k not in d, f"{w}.{k}", "only for target tofino")
         switches[name] = Switch(
             name=name, target=d["target"], grpc=d["grpc"],
@@ -423,6 +435,7 @@ def _parse_flat(doc, path: pathlib.Path | None = None) -> DesiredState:
             slot_capacity=integer(d, "slot_capacity", w, 1, 1 << 24, spec.DEFAULT_SLOT_CAPACITY),
             ports=tuple(ports), p4info=d.get("p4info"), device_config=d.get("device_config"),
             device_config_format=d.get("device_config_format"),
+            api=d.get("api", "p4runtime"),
             lane_bits=d.get("lane_bits", 32),
             l2=tuple(l2), l2_spray=tuple(l2_spray), routes=tuple(routes),
             ina_endpoints=endpoints,

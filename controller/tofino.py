@@ -22,10 +22,16 @@ Two servers take these files, each in its own format (the switch's `device_confi
   config_builders/tofino.py and in Stratum's BfPipelineConfigToPiConfig
   (stratum/hal/lib/barefoot/bf_pipeline_utils.cc), which converts its own format to this one.
 
-Pipe scope (Stratum): every hardware pipe runs one of the program's profiles; with n profiles
-on Tofino 1's 4 pipes, profile i gets pipes i, i + n, ... (as the compiler's own
-p4c-gen-bfrt-conf assigns them: a 32Q folded system pairs pipes 0/2 and 1/3). Our program has
-one profile, `pipe`, on pipes 0..3.
+A third server, the SDE's BF Runtime gRPC server in bf_switchd (a switch's `api: bfrt`,
+controller/bfrt.py), takes the files in its own `bfrt_proto.ForwardingPipelineConfig`
+(bf-drivers src/bf_rt/proto/bfruntime.proto): p4_name = 1, bfruntime_info = 2, repeated
+Profile profiles = 3, and Profile as above, field for field. Stratum's message was made after
+it, so the `stratum` bytes are that message too (`bfrt_config`).
+
+Pipe scope (Stratum, BF Runtime): every hardware pipe runs one of the program's profiles;
+with n profiles on Tofino 1's 4 pipes, profile i gets pipes i, i + n, ... (as the compiler's
+own p4c-gen-bfrt-conf assigns them: a 32Q folded system pairs pipes 0/2 and 1/3). Our program
+has one profile, `pipe`, on pipes 0..3.
 
 Not verified against a running bf_switchd or Stratum (no SDE here); the tests check the bytes
 against the layouts above.
@@ -134,6 +140,12 @@ def stratum_config(build: TofinoBuild) -> bytes:
     return out
 
 
+def bfrt_config(build: TofinoBuild) -> bytes:
+    """The build as a serialized BF Runtime ForwardingPipelineConfig: the same fields and
+    numbers as Stratum's BfPipelineConfig (module docstring)."""
+    return stratum_config(build)
+
+
 def bf_switchd_config(build: TofinoBuild) -> bytes:
     """The build as the SDE's PI server takes it: name, tofino.bin, context.json, each after
     its length (uint32, little-endian)."""
@@ -158,9 +170,12 @@ def lane_bits(p4info) -> int | None:
     return None if struct is None else bitwidth(struct.members[0].type_spec)
 
 
+ENCODERS = {"stratum": stratum_config, "bf_switchd": bf_switchd_config, "bfrt": bfrt_config}
+
+
 def device_config(directory, fmt: str) -> bytes:
-    """`p4_device_config` for the bf-p4c output in `directory`, in format `fmt`."""
-    if fmt not in FORMATS:
+    """The bf-p4c output in `directory` encoded as `fmt`: a P4Runtime `p4_device_config`
+    (FORMATS) or, for "bfrt", a BF Runtime ForwardingPipelineConfig."""
+    if fmt not in ENCODERS:
         raise ConfigError(f"format {fmt!r}: must be one of {', '.join(FORMATS)}")
-    build = load_build(directory)
-    return stratum_config(build) if fmt == "stratum" else bf_switchd_config(build)
+    return ENCODERS[fmt](load_build(directory))

@@ -125,22 +125,28 @@ class FakeSwitch(p4runtime_pb2_grpc.P4RuntimeServicer):
 
 
 @pytest.fixture
-def fake():
-    """A fake P4Runtime switch on a free loopback port, stopped afterwards."""
+def grpc_servers():
+    """serve(servicer, add_to_server): the servicer on a free loopback port, its `address`
+    set; every server stopped afterwards (the fake switches of the controller tests)."""
     servers = []
 
-    def start(primary=True):
-        sw = FakeSwitch(primary)
-        server = grpc.server(futures.ThreadPoolExecutor(4))
-        p4runtime_pb2_grpc.add_P4RuntimeServicer_to_server(sw, server)
-        port = server.add_insecure_port("127.0.0.1:0")
+    def serve(sw, add_to_server, workers=4):
+        server = grpc.server(futures.ThreadPoolExecutor(workers))
+        add_to_server(sw, server)
+        sw.address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
         server.start()
         servers.append(server)
-        sw.address = f"127.0.0.1:{port}"
         return sw
-    yield start
+    yield serve
     for s in servers:
         s.stop(0).wait()
+
+
+@pytest.fixture
+def fake(grpc_servers):
+    """A fake P4Runtime switch on a free loopback port, stopped afterwards."""
+    return lambda primary=True: grpc_servers(FakeSwitch(primary),
+                                             p4runtime_pb2_grpc.add_P4RuntimeServicer_to_server)
 
 
 class RecordingRegisters:

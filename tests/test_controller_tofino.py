@@ -29,10 +29,10 @@ from spina import spec, wire
 from spina.config import ConfigError
 
 try:
-    from test_controller import FakeSwitch, fake  # fake: a fixture
+    from test_controller import FakeSwitch, fake, grpc_servers  # fake, grpc_servers: fixtures
     from test_tna_agreement import _canonical
 except ImportError:
-    from tests.test_controller import FakeSwitch, fake  # noqa: F401
+    from tests.test_controller import FakeSwitch, fake, grpc_servers  # noqa: F401
     from tests.test_tna_agreement import _canonical
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -274,23 +274,10 @@ class RegisterFake(FakeSwitch):
 
 
 @pytest.fixture
-def register_fake():
-    servers = []
-
-    def start(**kw):
-        from concurrent import futures
-
-        from p4.v1 import p4runtime_pb2_grpc
-        sw = RegisterFake(**kw)
-        server = grpc.server(futures.ThreadPoolExecutor(4))
-        p4runtime_pb2_grpc.add_P4RuntimeServicer_to_server(sw, server)
-        sw.address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
-        server.start()
-        servers.append(server)
-        return sw
-    yield start
-    for s in servers:
-        s.stop(0).wait()
+def register_fake(grpc_servers):
+    from p4.v1 import p4runtime_pb2_grpc
+    return lambda **kw: grpc_servers(RegisterFake(**kw),
+                                     p4runtime_pb2_grpc.add_P4RuntimeServicer_to_server)
 
 
 def test_only_registers_the_p4info_declares_are_written(register_fake):
