@@ -256,15 +256,15 @@ MAX_JOB_ID = (1 << 16) // wire.MAX_WORKERS - 2  # rid(MAX_JOB_ID, 31) fits egres
 
 
 # ---------------------------------------------------------------- the Tofino 1 program (tofino/)
-# tofino/size.p4's sizes (tests/test_tna_agreement.py checks them): one lane of 46 int32 per
-# packet in 23 pair registers (two elements per stateful ALU), EGRESS_PAIRS of them added in
+# tofino/size.p4's sizes (tests/test_tna_agreement.py checks them): one lane of 64 int32 per
+# packet in 32 pair registers (two elements per stateful ALU), EGRESS_PAIRS of them added in
 # egress and the rest in ingress; a reply takes two more passes, the first for the pairs'
-# high halves (the reasons are in size.p4 and tofino/README.md; 64 needs 13-14 stages).
+# high halves (the reasons are in size.p4 and tofino/README.md).
 TNA_SIZES = {
     "POOL_SLOTS": 256,
-    "BLOCK_SIZE": 46,       # int32 elements per block: 2 * (EGRESS_PAIRS + INGRESS_PAIRS)
+    "BLOCK_SIZE": 64,       # int32 elements per block: 2 * (EGRESS_PAIRS + INGRESS_PAIRS)
     "EGRESS_PAIRS": 15,     # pair registers in egress: elements 0 .. 2 * EGRESS_PAIRS - 1
-    "INGRESS_PAIRS": 8,     # pair registers in ingress: the rest
+    "INGRESS_PAIRS": 17,    # pair registers in ingress: the rest
     "NLANES": 1,            # blocks per packet
     "MAX_WORKERS": 32,
     "MAX_JOBS": 2048,       # counters and job_loss_credit: admitted job ids are <= MAX_JOB_ID

@@ -23,15 +23,19 @@
 // ends in `decide` (stage 5: admission 0, gate 1, slot range 2, slot_round and slot_rank_round
 // 3, slot_count and slot_length 4); stages 6-11 hold slot_bitmap, slot_present,
 // slot_nonfinite, slot_flags, slot_exponent, slot_next_l0 and the INGRESS_PAIRS ingress pairs
-// (header block_i). EGRESS_PAIRS pairs (elements 0 .. 2 * EGRESS_PAIRS - 1, header block_e)
-// are added in egress, in the stateful ALUs of stages 0-5 that ingress leaves free, keyed on
-// the op ingress bridges. Tofino 1's egress parser reaches 160 bytes, 27 of them intrinsic
-// metadata: ingress emits block_e right behind the 8-byte bridged header, 27 + 8 + 8 * 15 =
-// 155, so 15 egress pairs at most. Every aggregated packet crosses egress through the
-// recirculation port (a held one is dropped there); a reply goes round twice more (the high
-// halves, then back to wire order: include/parser.p4, aggregator.p4).
-// As compiled by bf-p4c 1.2.5.16 (tofino/build/resources.md): 15 + 8 pairs = 46 elements
-// fit 12 stages; 15 + 12 (54) and 15 + 17 (64) need 13 and 14 (tofino/README.md).
+// (header block_i): 23 of their 24 stateful ALUs. EGRESS_PAIRS pairs (elements 0 ..
+// 2 * EGRESS_PAIRS - 1, header block_e) are added in egress, in the stateful ALUs of stages
+// 0-5 that ingress leaves free, keyed on the op ingress bridges. Tofino 1's egress parser
+// reaches 160 bytes, 27 of them intrinsic metadata: ingress emits block_e right behind the
+// 8-byte bridged header, 27 + 8 + 8 * 15 = 155, so 15 egress pairs at most. Every aggregated
+// packet crosses egress through the recirculation port (a held one is dropped there); a reply
+// goes round twice more (the high halves, then back to wire order: include/parser.p4,
+// aggregator.p4).
+// As compiled by bf-p4c 1.2.5.16 (tofino/build/resources.md): 15 + 17 pairs = 64 elements fit
+// 12 stages once the tables after decide form one flat sequence and the egress pairs a branch
+// of their own (aggregator.p4, spina_tna.p4: on Tofino 1 bf-p4c places no more of a sequence
+// while a branch nested in it is being placed; tofino/README.md, "Toward 64"). The lists
+// below also hold 46 (15 + 8) and 54 (15 + 12) elements.
 // The egress pairs' stages, asked of bf-p4c (it places ingress and egress tables together
 // and would otherwise give ingress's stages 6-11 to egress pairs): 4 + 4 + 2 + 2 + 2 + 1,
 // beside job_loss_credit (egress), slot_round and slot_rank_round (3), slot_count and
@@ -52,30 +56,30 @@
 #define SPINA_EGRESS_PAIR_STAGE_12 4
 #define SPINA_EGRESS_PAIR_STAGE_13 4
 #define SPINA_EGRESS_PAIR_STAGE_14 5
-#define BLOCK_SIZE 46
+#define BLOCK_SIZE 64
 // The lane width: a compile-time profile (-DSPINA_LANE_BITS=16 or 8; default 32, int32 lanes).
 // One program serves one width: its parser holds one size, and a packet whose width flags
 // (FLAG_LANES16, FLAG_LANES8) are not the program's is malformed. A narrow program keeps the
-// 46 values per packet in fewer bytes (92 or 46) and sums them in pair registers of two
+// 64 values per packet in fewer bytes (128 or 64) and sums them in pair registers of two
 // lane-wide halves with the stateful ALU's saturating add (tofino/README.md, "Narrow lanes").
 #ifndef SPINA_LANE_BITS
 #define SPINA_LANE_BITS 32
 #endif
 #if SPINA_LANE_BITS == 32
 #define LANE_FLAG 0x00
-#define BLOCK_BYTES 184
+#define BLOCK_BYTES 256
 #elif SPINA_LANE_BITS == 16
 #define LANE_FLAG 0x40
-#define BLOCK_BYTES 92
+#define BLOCK_BYTES 128
 #elif SPINA_LANE_BITS == 8
 #define LANE_FLAG 0x80
-#define BLOCK_BYTES 46
+#define BLOCK_BYTES 64
 #else
 #error "SPINA_LANE_BITS must be 32, 16 or 8"
 #endif
-#define PAIRS 23
+#define PAIRS 32
 #define EGRESS_PAIRS 15
-#define INGRESS_PAIRS 8
+#define INGRESS_PAIRS 17
 
 // Blocks per packet: one (one next position, one present bit).
 #define NLANES 1

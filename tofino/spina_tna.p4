@@ -92,27 +92,34 @@ control SpinaEgress(inout tna_headers_t hdr, inout tna_egress_md_t meta,
     CongestionDrop() congestion_drop_ctl;
 
     apply {
-        egress_slots_ctl.apply(hdr);
-        if (hdr.bridge.hold_drop == 1) {
-            eg_dprsr_md.drop_ctl = 1;  // a held contribution: added, nothing leaves
-        } else if (hdr.bridge.to_harvest == 1) {
-            // Round the recirculation port into the reply's next pass (include/parser.p4).
-            hdr.harvest.setValid();
-            hdr.harvest.pad0 = 0;
-            hdr.harvest.pad1 = 0;
-            hdr.harvest.pad2 = 0;
-            if (hdr.bridge.last == 1) {
-                hdr.harvest.last = 1;
+        // A pass through the recirculation port (the only passes whose value_op is not
+        // OP_NONE) and the others (forwarded packets, a reply's last pass) in the two branches
+        // of one if: bf-p4c then places the egress pairs beside CongestionDrop's stages (on
+        // Tofino 1 a sequence waits for a branch nested in it once that has begun:
+        // tofino/README.md, "Toward 64").
+        if (hdr.bridge.hold_drop == 1 || hdr.bridge.to_harvest == 1) {
+            egress_slots_ctl.apply(hdr);
+            if (hdr.bridge.hold_drop == 1) {
+                eg_dprsr_md.drop_ctl = 1;  // a held contribution: added, nothing leaves
             } else {
-                hdr.harvest.last = 0;
+                // Round the recirculation port into the reply's next pass (include/parser.p4).
+                hdr.harvest.setValid();
+                hdr.harvest.pad0 = 0;
+                hdr.harvest.pad1 = 0;
+                hdr.harvest.pad2 = 0;
+                if (hdr.bridge.last == 1) {
+                    hdr.harvest.last = 1;
+                } else {
+                    hdr.harvest.last = 0;
+                }
+                if (hdr.block_e.isValid()) {
+                    hdr.harvest.block = 1;
+                } else {
+                    hdr.harvest.block = 0;
+                }
+                hdr.harvest.port = hdr.bridge.reply_port;
+                hdr.harvest.mcast_grp = hdr.bridge.mcast_grp;
             }
-            if (hdr.block_e.isValid()) {
-                hdr.harvest.block = 1;
-            } else {
-                hdr.harvest.block = 0;
-            }
-            hdr.harvest.port = hdr.bridge.reply_port;
-            hdr.harvest.mcast_grp = hdr.bridge.mcast_grp;
         } else {
             worker_rewrite_ctl.apply(hdr, eg_intr_md, eg_dprsr_md);
             congestion_drop_ctl.apply(hdr, meta, eg_intr_md, eg_dprsr_md);

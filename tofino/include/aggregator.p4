@@ -397,6 +397,11 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
         hdr.udp.checksum = 0;  // RFC 768: zero means "no checksum" over IPv4
         hdr.bridge.ipv4_update = 1;
         hdr.bridge.ina_emitted = 1;
+        // Round the recirculation port twice more (include/parser.p4); the third pass sends
+        // the result to every worker, or back to the sender. In this action: a second table
+        // under the same condition writing the bridged flags' byte went a stage later.
+        hdr.bridge.to_harvest = 1;
+        hdr.bridge.reply_port = ig_intr_md.ingress_port;
     }
 
     apply {
@@ -455,23 +460,31 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
                 }
             }
             decide.apply();
-            meta.length_diff = meta.stored_length ^ hdr.ina.length;
-            meta.flag_bits = 0;
-            flag_input.apply();
-            // A result's flags: the stored ones with LAST turned the right way up, the program's
-            // lane width (every contribution admitted here has it: InaCheck), RESEND when it
-            // answers a resend, and the packet's LOSS_TOLERANT (one ALU operation per stage).
-            meta.flags_xor = FLAG_LAST | LANE_FLAG;
-            if (meta.kind == KIND_RESEND) {
-                meta.flags_xor = FLAG_LAST | LANE_FLAG | FLAG_RESEND;
-            }
-            present_ops.apply();
-            nonfinite_ops.apply();
-            exponent_ops.apply();
-            next_l0_ops.apply();
-            bitmap_ops.apply();
-            flags_ops.apply();
         }
+        // After the join, one flat sequence: the op tables, the pairs and the reply's header
+        // writes, each condition over one table. On Tofino 1 (tables chained by next-table
+        // only) bf-p4c places no more of a sequence once a branch nested in it has begun,
+        // until that branch is placed: behind the reply's branches (several stages each) the
+        // pairs started two stages after decide and ran out of stages (tofino/README.md,
+        // "Toward 64"). A harvest or stale packet keeps decide's defaults (KIND_NONE,
+        // OP_NONE): flag_input, every op table and every kind test below miss.
+        meta.length_diff = meta.stored_length ^ hdr.ina.length;
+        meta.flag_bits = 0;
+        flag_input.apply();
+        // A result's flags: the stored ones with LAST turned the right way up, the program's
+        // lane width (every contribution admitted here has it: InaCheck), RESEND when it
+        // answers a resend, and the packet's LOSS_TOLERANT (one ALU operation per stage).
+        if (meta.kind == KIND_RESEND) {
+            meta.flags_xor = FLAG_LAST | LANE_FLAG | FLAG_RESEND;
+        } else {
+            meta.flags_xor = FLAG_LAST | LANE_FLAG;
+        }
+        present_ops.apply();
+        nonfinite_ops.apply();
+        exponent_ops.apply();
+        next_l0_ops.apply();
+        bitmap_ops.apply();
+        flags_ops.apply();
 
         // The ingress pairs: most of the stateful ALUs left.
 #define SPINA_APPLY_PAIR(P, LO, HI) pair_p##P##_ops.apply();
@@ -485,30 +498,34 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
         ig_tm_md.ucast_egress_port = ig_intr_md.ingress_port[8:7] ++ (bit<7>)RECIRC_PORT;
         ig_tm_md.qid = 0;
         hdr.bridge.value_op = meta.value_op;
+
+        // A reply's second pass: round again, the next pass sends it on.
         if (meta.harvest) {
             hdr.bridge.read_hi = 1;
             hdr.bridge.to_harvest = 1;
             hdr.bridge.last = 1;
-            if (hdr.harvest.block == 1) {
-                hdr.bridge.block_front = 1;
-            }
             hdr.bridge.reply_port = hdr.harvest.port;
             hdr.bridge.mcast_grp = hdr.harvest.mcast_grp;
-            hdr.harvest.setInvalid();
-            return;
+        }
+        if (meta.harvest && hdr.harvest.block == 1) {
+            hdr.bridge.block_front = 1;
+        }
+        if (meta.harvest) {
+            hdr.harvest.setInvalid();  // after its fields are read (not deparsed onwards)
         }
 
+        // A first pass (kind set by decide).
         if (meta.kind == KIND_HOLD || meta.kind == KIND_COMPLETE) {
             job_aggregated.count(job);
-        } else {
+        }
+        if (meta.kind >= KIND_RESEND) {  // RESEND, FLUSH, STATUS
             job_duplicates.count(job);
         }
         if (meta.kind == KIND_HOLD) {
             hdr.bridge.hold_drop = 1;  // egress adds its part, then drops it
-            if (hdr.block_e.isValid()) {
-                hdr.bridge.block_front = 1;
-            }
-            return;
+        }
+        if (meta.kind == KIND_HOLD && hdr.block_e.isValid()) {
+            hdr.bridge.block_front = 1;
         }
         if (meta.kind == KIND_STATUS) {
             hdr.ina.msg_type = MSG_STATUS;
@@ -517,38 +534,48 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
             hdr.ina.nonfinite = 0;
             hdr.block_e.setInvalid();
             hdr.block_i.setInvalid();
-        } else {
+        }
+        // A result: COMPLETE, RESEND, FLUSH.
+        if (meta.kind >= KIND_COMPLETE && meta.kind <= KIND_FLUSH) {
             hdr.ina.msg_type = MSG_RESULT;
             hdr.ina.flags = meta.stored_flags ^ meta.flags_xor;
             hdr.ina.length = meta.stored_length;
-            if (hdr.ina.present[0:0] == 0) {
-                hdr.block_e.setInvalid();
-                hdr.block_i.setInvalid();
-                if (meta.value_op == OP_READ) {
-                    hdr.bridge.value_op = OP_NONE;  // no block_e reaches egress to add
-                }
-            } else if (meta.value_op == OP_READ) {
-                hdr.bridge.zero_front = 1;  // egress reads the low halves with zeros
-            } else {
-                hdr.bridge.block_front = 1;  // this packet's own block (SET, MERGE)
-            }
         }
-        // Lengths of what leaves: header, one position and the block if it is valid.
-        if (hdr.block_i.isValid()) {
+        if (meta.kind >= KIND_COMPLETE && meta.kind <= KIND_FLUSH && hdr.ina.present[0:0] == 0) {
+            hdr.block_e.setInvalid();
+            hdr.block_i.setInvalid();
+        }
+        if (meta.kind >= KIND_COMPLETE && meta.kind <= KIND_FLUSH && hdr.ina.present[0:0] == 0
+                && meta.value_op == OP_READ) {
+            hdr.bridge.value_op = OP_NONE;  // no block_e reaches egress to add
+        }
+        if (meta.kind >= KIND_COMPLETE && meta.kind <= KIND_FLUSH && hdr.ina.present[0:0] == 1
+                && meta.value_op == OP_READ) {
+            hdr.bridge.zero_front = 1;  // egress reads the low halves with zeros
+        }
+        if (meta.kind >= KIND_COMPLETE && meta.kind <= KIND_FLUSH && hdr.ina.present[0:0] == 1
+                && meta.value_op != OP_READ) {
+            hdr.bridge.block_front = 1;  // this packet's own block (SET, MERGE)
+        }
+        // A reply (a result or a status). Lengths of what leaves: header, one position and
+        // the block if it is valid.
+        if (meta.kind >= KIND_COMPLETE && hdr.block_i.isValid()) {
             hdr.udp.length = UDP_HDR_BYTES + INA_HDR_BYTES + 4 * NLANES + BLOCK_BYTES;
-        } else {
+        }
+        if (meta.kind >= KIND_COMPLETE && !hdr.block_i.isValid()) {
             hdr.udp.length = UDP_HDR_BYTES + INA_HDR_BYTES + 4 * NLANES;
         }
-        hdr.ipv4.total_len = IPV4_HDR_BYTES + hdr.udp.length;
-        hdr.ina.flags = hdr.ina.flags | meta.loss_tolerant;
-        reply_to_sender();
-        // Round the recirculation port twice more (include/parser.p4); the third pass sends
-        // the result to every worker, or back to the sender.
-        hdr.bridge.to_harvest = 1;
-        hdr.bridge.reply_port = ig_intr_md.ingress_port;
-        hdr.bridge.mcast_grp = 0;
+        if (meta.kind >= KIND_COMPLETE) {
+            hdr.ipv4.total_len = IPV4_HDR_BYTES + hdr.udp.length;
+        }
+        if (meta.kind >= KIND_COMPLETE) {
+            hdr.ina.flags = hdr.ina.flags | meta.loss_tolerant;
+        }
+        if (meta.kind >= KIND_COMPLETE) {
+            reply_to_sender();
+        }
         if (meta.kind == KIND_COMPLETE || meta.kind == KIND_FLUSH) {
-            hdr.bridge.mcast_grp = meta.adm.mcast_grp;
+            hdr.bridge.mcast_grp = meta.adm.mcast_grp;  // else 0, as the bridge starts
         }
     }
 }
@@ -563,7 +590,7 @@ control EgressSlots(inout tna_headers_t hdr) {
     FOR_EACH_EGRESS_PAIR(SPINA_EGRESS_PAIR)
 
     apply {
-        // A READ of the low halves adds the zeros ingress wrote into block_e (decide).
+        // A READ of the low halves adds the zeros the egress parser wrote into block_e.
         FOR_EACH_EGRESS_PAIR(SPINA_APPLY_PAIR)
     }
 }
