@@ -9,11 +9,10 @@ import json
 
 import pytest
 import yaml
-
-from bench.scale_out import fabric_doc
 from google.protobuf import text_format
 from p4.config.v1 import p4info_pb2
 
+from bench.scale_out import fabric_doc
 from controller import plan, tofino
 from spina import spec
 from spina.config import Assignment, ConfigError, JobConfig, JobFile, load_worker_file
