@@ -58,11 +58,11 @@ BFRT_NAMES = ("bfrt.json", "bf-rt.json")  # bf-p4c's name, the SDE's installed n
 # far has either; these say why, for the controller's refusals.
 ROLE_TABLES = ("job_level", "leaf_upstream")
 HOLD_REGISTER = "head_round"
-NO_ROLES = ("a spine turns a rack bitmap into ranks and a leaf stores its spine's result; "
-            "the twelve stages are full (tofino/README.md, 'What each target supports')")
+NO_ROLES = ("not written for Tofino: a leaf stores its spine's result, a spine adopts a "
+            "leaf's replay (tofino/README.md, 'The hold and the roles on Tofino 1')")
 NO_HOLD = ("a flush could strand a worker whose result was lost (docs/reliability.md); on "
            "Tofino 1 the hold's update needs 3 comparisons in one stateful ALU, which has 2 "
-           "(bf-p4c's message in tofino/README.md, 'What each target supports')")
+           "(bf-p4c's message in tofino/README.md, 'The hold and the roles on Tofino 1')")
 
 
 @dataclass(frozen=True)
