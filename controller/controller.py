@@ -33,22 +33,13 @@ log = logging.getLogger("spina.controller")
 JOB_COUNTERS = spec.JOB_COUNTERS
 
 
-def load_pipeline(state: DesiredState, sw: Switch):
-    """(P4Info, device config bytes) for `sw`: its files, or the software switch's spec. A
-    tofino switch's device config is built from bf-p4c's output directory
-    (controller/tofino.py) in its `device_config_format`."""
+def read_p4info(path: pathlib.Path, target: str, where: str):
+    """The P4Info in `path` (text, or binary for .bin / .pb); ConfigError naming `where` (e.g.
+    "switch s1: field") and the file when it is missing or is not a P4Info."""
     from google.protobuf import text_format
     from p4.config.v1 import p4info_pb2
-    if sw.p4info is None:
-        return spec.p4info(), b""
-    path = state.resolve(sw.p4info)
-    where = f"switch {sw.name}: field"
-    for what, p in (("p4info", path), ("device_config", state.resolve(sw.device_config))):
-        if p is not None and not p.exists():
-            built_by = ("make tofino writes the P4Info to tofino/build/ and bf-p4c's output "
-                        "directory to TNA_WORK/p4runtime" if sw.target == "tofino" else
-                        "make p4 writes it where p4c-bm2-ss is installed")
-            raise ConfigError(f"{where} '{what}': {p} does not exist ({built_by})")
+    if not path.exists():
+        raise ConfigError(f"{where} 'p4info': {path} does not exist ({_built_by(target)})")
     info = p4info_pb2.P4Info()
     try:
         if path.suffix in (".bin", ".pb"):
@@ -57,9 +48,32 @@ def load_pipeline(state: DesiredState, sw: Switch):
             text_format.Parse(path.read_text(), info, allow_unknown_field=True)
     except (text_format.ParseError, ValueError) as e:
         hint = (": a TNA P4Info with Tofino-specific externs does not parse here; compile "
-                "with bf-p4c --p4runtime-force-std-externs" if sw.target == "tofino" else "")
+                "with bf-p4c --p4runtime-force-std-externs" if target == "tofino" else "")
         raise ConfigError(f"{where} 'p4info': {path}: not a P4Info "
                           f"({str(e).splitlines()[0]}){hint}") from None
+    return info
+
+
+def _built_by(target: str) -> str:
+    return ("make tofino writes the P4Info to tofino/build/ and bf-p4c's output directory to "
+            "TNA_WORK/p4runtime" if target == "tofino" else
+            "make p4 writes it where p4c-bm2-ss is installed")
+
+
+def load_pipeline(state: DesiredState, sw: Switch):
+    """(P4Info, device config bytes) for `sw`: its files, or the software switch's spec. A
+    tofino switch's device config is built from bf-p4c's output directory
+    (controller/tofino.py) in its `device_config_format`; its program must have what the
+    switch's jobs need (a bounded-loss job: the hold of a newer round)."""
+    if sw.p4info is None:
+        return spec.p4info(), b""
+    path = state.resolve(sw.p4info)
+    where = f"switch {sw.name}: field"
+    device_config = state.resolve(sw.device_config)
+    for what, p in (("p4info", path), ("device_config", device_config)):
+        if p is not None and not p.exists():
+            raise ConfigError(f"{where} '{what}': {p} does not exist ({_built_by(sw.target)})")
+    info = read_p4info(path, sw.target, where)
     if sw.target == "tofino":
         from controller import tofino
         tofino_externs = sorted({x.extern_type_name for x in info.externs
@@ -73,13 +87,19 @@ def load_pipeline(state: DesiredState, sw: Switch):
             raise ConfigError(f"{where} 'lane_bits': {sw.lane_bits}, but {path} is the TNA "
                               f"program compiled for {compiled}-bit lanes (its pair registers' "
                               "halves; tofino/size.p4 SPINA_LANE_BITS)")
+        for job in state.jobs_on(sw):
+            if job.bounded_loss and not tofino.has_hold(info):
+                raise ConfigError(
+                    f"job {job.id}: field 'bounded_loss': {job.bounded_loss}, but switch "
+                    f"{sw.name}'s TNA program ({path}) has no hold of a newer round (no "
+                    f"{tofino.HOLD_REGISTER} register): {tofino.NO_HOLD}")
         try:
             fmt = sw.device_config_format if sw.api == "p4runtime" else "bfrt"
-            cfg = tofino.device_config(state.resolve(sw.device_config), fmt)
+            cfg = tofino.device_config(device_config, fmt)
         except ConfigError as e:
             raise ConfigError(f"{where} 'device_config': {e}") from None
         return info, cfg
-    cfg = state.resolve(sw.device_config).read_bytes() if sw.device_config else b""
+    cfg = device_config.read_bytes() if sw.device_config else b""
     return info, cfg
 
 

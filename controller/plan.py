@@ -178,10 +178,11 @@ def p4_rows(fabric: Fabric, name: str) -> rows.SwitchRows:
     for i, job in sorted((i, j) for i, j in enumerate(fabric.jobs.values())):
         where = f"fabric.jobs[{i}]"
         if sw.target != "softswitch":
-            need(job.block_size == spec.P4_SIZES["BLOCK_SIZE"], f"{where}.block_size",
-                  f"the P4 program aggregates blocks of {spec.P4_SIZES['BLOCK_SIZE']}")
-            need(job.nlanes <= spec.P4_SIZES["NLANES"], f"{where}.nlanes",
-                  f"the P4 program has {spec.P4_SIZES['NLANES']} lanes")
+            sizes = spec.TNA_SIZES if sw.target == "tofino" else spec.P4_SIZES
+            need(job.block_size == sizes["BLOCK_SIZE"], f"{where}.block_size",
+                  f"the P4 program aggregates blocks of {sizes['BLOCK_SIZE']}")
+            need(job.nlanes <= sizes["NLANES"], f"{where}.nlanes",
+                  f"the P4 program has {sizes['NLANES']} lanes")
         cfg = fabric.job_config(job)
         if level == LEAF:
             for k, rname in enumerate(job.racks):
@@ -220,11 +221,21 @@ def load(path) -> Fabric:
     return load_yaml(path, parse)
 
 
-def _fabric_target(sw, where: str, role: str) -> None:
-    """The Tofino program has no fabric roles: refuse a tofino switch as a leaf or spine."""
-    need(sw.target != "tofino", where, f"switch {sw.name!r} is a tofino switch, and the TNA "
-          f"program has no {role} role: no job_level / leaf_upstream tables (tofino/README.md, "
-          "'What each target supports': its stages are full)")
+def _fabric_target(state, sw, where: str, role: str) -> None:
+    """A tofino switch is a leaf or spine only if its TNA program has the fabric roles, as its
+    P4Info says (controller/tofino.py has_roles): no program compiled so far has them."""
+    if sw.target != "tofino":
+        return
+    from controller import tofino
+    from controller.controller import read_p4info
+    path = state.resolve(sw.p4info)
+    need(path is not None and path.exists(), where,
+          f"switch {sw.name!r} is a tofino switch, and its P4Info {path} does not exist: the "
+          f"plan cannot tell whether its TNA program has the {role} role")
+    info = read_p4info(path, sw.target, f"switch {sw.name}: field")
+    need(tofino.has_roles(info), where, f"switch {sw.name!r} is a tofino switch, and its TNA "
+          f"program ({path}) has no {role} role: its P4Info declares no "
+          f"{' / '.join(tofino.ROLE_TABLES)} tables ({tofino.NO_ROLES})")
 
 
 def parse(doc, path: pathlib.Path | None = None) -> Fabric:
@@ -250,7 +261,7 @@ def parse(doc, path: pathlib.Path | None = None) -> Fabric:
         name = string(d, "name", w)
         need(name not in racks, f"{w}.name", f"duplicate rack {name!r}")
         leaf = switch(d, "leaf", w)
-        _fabric_target(switches[leaf], f"{w}.leaf", "leaf")
+        _fabric_target(state, switches[leaf], f"{w}.leaf", "leaf")
         members = optional_list(d, "workers", w)
         need(1 <= len(members) <= MAX_WORKERS_PER_RACK, f"{w}.workers",
               f"must list 1..{MAX_WORKERS_PER_RACK} workers (the leaf's rank bitmap), "
@@ -272,7 +283,7 @@ def parse(doc, path: pathlib.Path | None = None) -> Fabric:
         need(isinstance(name, str) and name in switches, f"fabric.spines[{i}]",
               f"unknown switch {name!r} (switches: {', '.join(switches)})")
         need(spines_doc.index(name) == i, f"fabric.spines[{i}]", f"spine {name!r} listed twice")
-        _fabric_target(switches[name], f"fabric.spines[{i}]", "spine")
+        _fabric_target(state, switches[name], f"fabric.spines[{i}]", "spine")
         need(name not in leaves, f"fabric.spines[{i}]", f"switch {name!r} is also a rack's leaf "
               "(one level per switch)")
         need(switches[name].udp_port == spec.INA_UDP_PORT, f"switches.{name}.udp_port",

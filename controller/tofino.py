@@ -52,6 +52,18 @@ FORMATS = ("stratum", "bf_switchd")
 TOFINO1_PIPES = 4
 BFRT_NAMES = ("bfrt.json", "bf-rt.json")  # bf-p4c's name, the SDE's installed name
 
+# What a TNA program has, read from its P4Info (tofino/README.md, "What each target supports"):
+# the fabric roles are p4src's job_level and leaf_upstream tables (p4src/v1model/fabric.p4),
+# the hold of a newer round needs head_round (spec.HEAD_REGISTERS). No TNA program compiled so
+# far has either; these say why, for the controller's refusals.
+ROLE_TABLES = ("job_level", "leaf_upstream")
+HOLD_REGISTER = "head_round"
+NO_ROLES = ("not written for Tofino: a leaf stores its spine's result, a spine adopts a "
+            "leaf's replay (tofino/README.md, 'The hold and the roles on Tofino 1')")
+NO_HOLD = ("a flush could strand a worker whose result was lost (docs/reliability.md); on "
+           "Tofino 1 the hold's update needs 3 comparisons in one stateful ALU, which has 2 "
+           "(bf-p4c's message in tofino/README.md, 'The hold and the roles on Tofino 1')")
+
 
 @dataclass(frozen=True)
 class Profile:
@@ -179,3 +191,19 @@ def device_config(directory, fmt: str) -> bytes:
     if fmt not in ENCODERS:
         raise ConfigError(f"format {fmt!r}: must be one of {', '.join(FORMATS)}")
     return ENCODERS[fmt](load_build(directory))
+
+
+def _declared(entities) -> set[str]:
+    """The names of P4Info entities without their control prefix (bf-p4c's P4Info names
+    them pipe.Control.name, its standard-externs P4Info by the @name given)."""
+    return {e.preamble.name.rsplit(".", 1)[-1] for e in entities}
+
+
+def has_roles(p4info) -> bool:
+    """The TNA program in `p4info` has the fabric roles (ROLE_TABLES)."""
+    return set(ROLE_TABLES) <= _declared(p4info.tables)
+
+
+def has_hold(p4info) -> bool:
+    """The TNA program in `p4info` has the hold of a newer round (HOLD_REGISTER)."""
+    return HOLD_REGISTER in _declared(p4info.registers)

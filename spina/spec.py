@@ -279,8 +279,9 @@ TNA_PAIR_WIDTH = 64  # a pair register's cell: struct pair_t { bit<32> lo; bit<3
 TNA_PAIR_TYPE = "pair_t"
 # Flat jobs only: the leaf and spine roles (job_level, leaf_upstream) are not in the TNA program.
 TNA_TABLES = ("ina_endpoint", "admission", "congestion", "l2", "ipv4_routes", "worker_rewrite")
-# Not in the TNA program yet: the hold of a newer round (the head registers and job_held; its
-# twelve stages are full, tofino/README.md), so a flush there can still strand a worker.
+# Not in the TNA program: the hold of a newer round (the head registers and job_held; its
+# update does not fit a Tofino 1 stateful ALU, tofino/README.md), so the controller refuses a
+# bounded-loss job on it (a flush there could strand a worker).
 # Nor the lane counters: its narrow-lane profiles (tofino/size.p4 SPINA_LANE_BITS) take one
 # width, another is malformed (no job_lane_mismatch), and saturate in the registers without
 # counting it (no job_lane_saturated; tofino/README.md, "Narrow lanes").

@@ -401,6 +401,9 @@ def test_committed_std_p4info_names_the_tna_registers():
     assert {c.preamble.name: c.size for c in info.counters} == spec.TNA_COUNTERS
     assert {t.preamble.name for t in info.tables} == set(spec.TNA_TABLES)
     assert [x.extern_type_name for x in info.externs] == ["PortMetadata"]
+    # Issue 28 item 2: this program has neither the fabric roles nor the hold of a newer round
+    # (tofino/README.md, "What each target supports"), which the controller reads here.
+    assert not tofino.has_roles(info) and not tofino.has_hold(info)
 
 
 def test_real_bf_p4c_output(tmp_path):
@@ -510,3 +513,29 @@ def test_a_narrow_program_pair_registers_are_cleared_at_their_width(register_fak
     (update,) = [u for u in req.updates if u.entity.register_entry.register_id == pair_id]
     members = update.entity.register_entry.data.struct.members
     assert [m.bitstring for m in members] == [b"\x00", b"\x00"]
+
+
+def test_a_bounded_loss_job_needs_a_program_with_the_hold(tmp_path, tna_p4info):
+    """Issue 28 item 2: without the hold of a newer round a flush could strand a worker whose
+    result was lost (docs/reliability.md). A bounded-loss job on a tofino switch whose P4Info
+    declares no head_round register is refused naming the job, the field, the file and why;
+    an exact job on it is taken, and so is the bounded-loss job on a program with head_round."""
+    build = fake_bf_p4c_output(tmp_path / "out")
+    lossy = dict(JOB7, bounded_loss=0.01, loss_deadline=0.01)
+    st = write_state(tmp_path, tofino_doc("127.0.0.1:1", tna_p4info, build, jobs=[lossy]))
+    with pytest.raises(ConfigError) as e:
+        load_pipeline(st, st.switches["s1"])
+    assert str(e.value) == (
+        f"job 7: field 'bounded_loss': 0.01, but switch s1's TNA program ({tna_p4info}) has no "
+        f"hold of a newer round (no head_round register): {tofino.NO_HOLD}")
+    st = write_state(tmp_path, tofino_doc("127.0.0.1:1", tna_p4info, build, jobs=[JOB7]))
+    info, _ = load_pipeline(st, st.switches["s1"])
+    assert not tofino.has_hold(info)
+    held = spec.tna_p4info()
+    held.registers.add().preamble.CopyFrom(
+        held.registers[0].preamble.__class__(id=0x03ff0000, name="head_round"))
+    with_hold = tmp_path / "with_hold.p4info.txtpb"
+    with_hold.write_text(text_format.MessageToString(held))
+    st = write_state(tmp_path, tofino_doc("127.0.0.1:1", with_hold, build, jobs=[lossy]))
+    info, _ = load_pipeline(st, st.switches["s1"])
+    assert tofino.has_hold(info)

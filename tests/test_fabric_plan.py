@@ -9,9 +9,12 @@ import json
 
 import pytest
 import yaml
+from google.protobuf import text_format
+from p4.config.v1 import p4info_pb2
 
 from bench.scale_out import fabric_doc
-from controller import plan
+from controller import plan, tofino
+from spina import spec
 from spina.config import Assignment, ConfigError, JobConfig, JobFile, load_worker_file
 
 
@@ -64,11 +67,11 @@ def _big_rack(doc):
     doc["fabric"]["racks"][0]["workers"] += [f"xw{i}" for i in range(29)]
 
 
-def _tofino(name):
-    """Switch `name` becomes a tofino switch (the TNA program: no leaf or spine role)."""
+def _tofino(name, p4info="p4info.txtpb"):
+    """Switch `name` becomes a tofino switch whose P4Info is `p4info` (a missing file here)."""
     def edit(doc):
         sw = next(s for s in doc["switches"] if s["name"] == name)
-        sw.update(target="tofino", grpc="127.0.0.1:9559", p4info="p4info.txtpb", udp_port=47000,
+        sw.update(target="tofino", grpc="127.0.0.1:9559", p4info=str(p4info), udp_port=47000,
                   device_config="out", device_config_format="stratum")
         for i, w in enumerate(doc["workers"]):
             if w["switch"] == name:
@@ -109,9 +112,12 @@ WRONG_PLANS = [
     (lambda d: d["fabric"]["jobs"][0].__setitem__("racks", ["r0", "r0"]),
      "fabric.jobs[0].racks[1]", "listed twice"),
     (lambda d: d.pop("fabric"), "fabric", "required field"),
-    # Issue 28: the TNA program has no fabric roles; the plan says so before any deploy.
-    (_tofino("leaf0"), "fabric.racks[0].leaf", "TNA program has no leaf role"),
-    (_tofino("spine1"), "fabric.spines[1]", "TNA program has no spine role"),
+    # Issue 28: a tofino leaf or spine needs a TNA program with the roles, which the plan
+    # reads in its P4Info (test_a_tofino_leaf_or_spine_needs_a_program_with_the_roles).
+    (_tofino("leaf0"), "fabric.racks[0].leaf",
+     "the plan cannot tell whether its TNA program has the leaf role"),
+    (_tofino("spine1"), "fabric.spines[1]",
+     "the plan cannot tell whether its TNA program has the spine role"),
 ]
 
 
@@ -121,6 +127,52 @@ def test_wrong_plan_names_the_field(edit, field, words):
     with pytest.raises(ConfigError) as e:
         plan.parse(_edit(edit))
     assert str(e.value).startswith(f"{field}: ") and words in str(e.value), str(e.value)
+
+
+def _p4info_file(path, tables=()):
+    """The TNA program's P4Info (spec.tna_p4info: what bf-p4c declares) with `tables` added."""
+    info = spec.tna_p4info()
+    for i, name in enumerate(tables):
+        info.tables.add().preamble.CopyFrom(
+            p4info_pb2.Preamble(id=0x02ff0000 + i, name=name, alias=name))
+    path.write_text(text_format.MessageToString(info))
+    return path
+
+
+@pytest.mark.parametrize("switch,field,role", [("leaf0", "fabric.racks[0].leaf", "leaf"),
+                                               ("spine1", "fabric.spines[1]", "spine")])
+def test_a_tofino_leaf_or_spine_needs_a_program_with_the_roles(tmp_path, switch, field, role):
+    """Issue 28: the plan reads a tofino switch's P4Info. The TNA program (no job_level or
+    leaf_upstream table) is refused as a leaf or spine, naming the field, the file and why;
+    a program whose P4Info declares both tables is taken, and a tofino leaf's jobs must have
+    the TNA block size."""
+    tna = _p4info_file(tmp_path / "spina_tna.p4info.txtpb")
+    with pytest.raises(ConfigError) as e:
+        plan.parse(_edit(_tofino(switch, tna)))
+    assert str(e.value) == (
+        f"{field}: switch {switch!r} is a tofino switch, and its TNA program ({tna}) has no "
+        f"{role} role: its P4Info declares no job_level / leaf_upstream tables ("
+        f"{tofino.NO_ROLES})")
+    roles = _p4info_file(tmp_path / "roles.p4info.txtpb", tofino.ROLE_TABLES)
+    f = plan.parse(_edit(_tofino(switch, roles)))
+    assert f.levels[switch] == role
+    with pytest.raises(ConfigError) as e:
+        plan.p4_rows(f, switch)
+    assert str(e.value) == (f"fabric.jobs[0].block_size: the P4 program aggregates blocks of "
+                            f"{spec.TNA_SIZES['BLOCK_SIZE']}")
+
+    def tna_job(doc):
+        _tofino(switch, roles)(doc)
+        doc["fabric"]["jobs"][0].update(block_size=spec.TNA_SIZES["BLOCK_SIZE"], nlanes=1)
+        doc["fabric"]["links"] = [  # a P4 switch's rows name each link's ports and MACs
+            {"leaf": f"leaf{a}", "leaf_port": 10 + b, "leaf_mac": f"02:00:00:00:0{a}:0{b}",
+             "spine": f"spine{b}", "spine_port": 20 + a, "spine_mac": f"02:00:00:00:1{b}:0{a}"}
+            for a in range(2) for b in range(2)]
+        for sw in doc["switches"]:
+            sw["ports"] = sorted({*sw.get("ports", [0]), 0, 10, 11, 20, 21})
+    rows = plan.p4_rows(plan.parse(_edit(tna_job)), switch)
+    (level,) = rows.table("job_level")
+    assert level[1] == f"as_{role}"
 
 
 def test_plan_of_more_than_32_workers_in_a_job():

@@ -185,3 +185,28 @@ def _canonical(text: str):
     bodies = [blk.rstrip("\n")[:-1].split("  instances {") for blk in blocks]  # without "}"
     externs = sorted((b[0], tuple(sorted(x.rstrip() for x in b[1:]))) for b in bodies)
     return info.SerializeToString(deterministic=True), externs
+
+
+HOLD_COMPARISONS = ("RegisterAction hold.apply needs 3 comparisons but the device only has 2 "
+                    "comparison units")
+
+
+@pytest.mark.parametrize("variant,errors", [
+    (1, ["mask operand must be a constant", HOLD_COMPARISONS]),
+    (2, [HOLD_COMPARISONS]),
+])
+def test_the_hold_does_not_fit_one_stateful_alu(tmp_path, variant, errors):
+    """Issue 28 item 2, where bf-p4c is on PATH: the hold of a newer round as one Tofino 1
+    RegisterAction (tofino/experiments/hold.p4) is refused with exactly the messages
+    tofino/README.md quotes ("The hold and the roles on Tofino 1"), and no others."""
+    if shutil.which("bf-p4c") is None:
+        pytest.skip("bf-p4c not on PATH: the hold's RegisterAction cannot be compiled here")
+    out = subprocess.run(["bf-p4c", "--target", "tofino", "--arch", "tna",
+                          f"-DVARIANT={variant}", "-o", str(tmp_path),
+                          str(TOFINO / "experiments" / "hold.p4")],
+                         capture_output=True, text=True)
+    assert out.returncode != 0
+    got = [line.split("error: : ", 1)[1] for line in out.stderr.splitlines()
+           if "error: : " in line]
+    assert [g.split(". To make")[0] for g in got] == errors, out.stderr
+    assert f"{len(errors)} error" in out.stderr
