@@ -11,6 +11,8 @@ checks its result against numpy's sum of all N ranks' tensors and prints, per ca
 an int32 sum is exact, a float32 sum's largest error against the quantization bound of
 docs/aggregation.md, and a digest of the result's bytes (bit-identity across ranks).
 --die-after K: exit at once, without closing anything, after K calls (a killed worker).
+--later-timeout S: the agent's timeout from the second call on (the others' call that a killed
+worker never joins fails after S seconds; the join and first call keep --timeout).
 """
 import argparse
 import hashlib
@@ -41,6 +43,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, help="random tensors checked against numpy (above)")
     ap.add_argument("--nranks", type=int, default=2, help="the job's ranks (--seed)")
     ap.add_argument("--die-after", type=int, help="exit abruptly after this many calls")
+    ap.add_argument("--later-timeout", type=float,
+                    help="the agent's timeout (s) from the second call on (--seed)")
     ap.add_argument("--length", type=int, default=N,
                     help="elements per tensor (--seed; a multiple of 250)")
     args = ap.parse_args()
@@ -90,6 +94,8 @@ def checked(agent, args) -> list[dict]:
     for call in range(args.calls):
         if args.die_after is not None and call == args.die_after:
             os._exit(9)  # killed: no close, no goodbye
+        if call == 1 and args.later_timeout is not None:
+            agent.timeout = args.later_timeout
         xs = [tensor(args.seed, call, r, args.length) for r in range(args.nranks)]
         got = agent.allreduce(xs[args.rank])
         item = {"digest": hashlib.sha256(got.tobytes()).hexdigest()[:16], "dtype": str(got.dtype)}

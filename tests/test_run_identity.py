@@ -155,8 +155,9 @@ def test_a_replaced_rank_never_mixes_runs(launcher):
     t.join()
     assert box[0][0] == 2.0
     old[1].close()
+    # its join fails when rank 0 is not there within --timeout (the default, 20 s, only idles)
     new1 = subprocess.Popen([sys.executable, WORKER, "--via", "jobfile", launcher, "--rank", "1",
-                             "--value", "5", "--calls", "1"], env=ENV, cwd=ROOT,
+                             "--value", "5", "--calls", "1", "--timeout", "3"], env=ENV, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         with pytest.raises(SpinaTimeout) as exc:
