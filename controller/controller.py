@@ -239,12 +239,13 @@ class SwitchSession:
         return rep
 
     def wipe(self) -> int:
-        """Every control clears its own state: entries, groups, the whole slot
-        pool. The pipeline stays; `deploy` puts the desired state back. Returns deletes sent."""
+        """Every control clears its own state: entries, groups, every slot register (all
+        cells, the pool and beyond). The pipeline stays; `deploy` puts the desired state back.
+        Returns deletes sent."""
         self.conn.require_primary()
         deletes = [u for c in self.controls for u in c.clear()]
         self.conn.write(deletes)
-        self.aggregator.clear_slots(0, self.sw.pool_slots)
+        self.aggregator.clear_all()
         return len(deletes)
 
     def clear_job(self, job_id: int, slot_base: int, nslots: int) -> None:

@@ -179,6 +179,11 @@ class Aggregator(Control):
         names = [r.preamble.name.rsplit(".", 1)[-1] for r in self.index.p4info.registers]
         return [n for n in names if spec.split_p4_register(n)[0] in spec.REGISTER_NAMES]
 
+    def clear_all(self) -> None:
+        """Zero every cell of every slot register: one index-less write per register (a
+        cell-by-cell clear of a whole pool is hundreds of thousands of updates)."""
+        self.registers.reset(self.register_names())
+
     def clear_slots(self, slot_base: int, nslots: int) -> None:
         """Zero slots slot_base.. in every slot register: both shadow copies of each slot in
         the per-copy registers, the slot's one cell in the head registers."""

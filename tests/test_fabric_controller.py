@@ -219,9 +219,14 @@ def test_controller_deploys_a_fabric_beside_a_flat_job(tmp_path):
 
     ctl.set_state(state)
     assert rows("leaf0", "job_level") == 1
+    for dp in fab.dps.values():  # cells a wipe must zero, inside the pool and past it
+        dp.pipeline.registers["slot_count"][[3, 200]] = 5
+        dp.pipeline.registers["slot_values"][3, 7] = -9
     ctl.wipe()
     assert all(rows(n, t) == 0 for n in fab.conns for t in ("admission", "job_level",
                                                              "leaf_upstream", "worker_rewrite"))
+    assert all(dp.register("slot_count", i) == 0 for dp in fab.dps.values() for i in (3, 200))
+    assert all(not dp.pipeline.registers["slot_values"].any() for dp in fab.dps.values())
     ctl.close()
 
 
