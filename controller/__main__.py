@@ -143,7 +143,7 @@ def watch(args, ctl: Controller, runs: RendezvousServer | None = None) -> int:
     """deploy --watch (and serve): reconcile forever; a lost switch is reconnected and
     redeployed. With `runs`, each job keeps the epoch of its current run."""
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: _stopping(stop))
+    old_term = signal.signal(signal.SIGTERM, lambda *_: _stopping(stop))
     # Python runs a signal handler only when the main thread is back in Python, and a pass can
     # sit in a gRPC call for up to its rpc_timeout (60 s): the wakeup fd gets the signal's
     # number at once, so a thread starts the stop (and its STOP_GRACE exit) meanwhile.
@@ -191,6 +191,7 @@ def watch(args, ctl: Controller, runs: RendezvousServer | None = None) -> int:
         pass
     finally:
         signal.set_wakeup_fd(old_wakeup)
+        signal.signal(signal.SIGTERM, old_term)  # called in-process (tests): leave it as found
         os.close(wake_w)  # on_wakeup reads b"" and ends
     return 0
 
