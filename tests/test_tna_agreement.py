@@ -210,3 +210,33 @@ def test_the_hold_does_not_fit_one_stateful_alu(tmp_path, variant, errors):
            if "error: : " in line]
     assert [g.split(". To make")[0] for g in got] == errors, out.stderr
     assert f"{len(errors)} error" in out.stderr
+
+
+ROLES_REFUSALS = {
+    1: [],  # slot_count's fourth RegisterAction (a leaf's store) fits
+    2: ["Roles.pair: too many RegisterActions attached to the Register"],
+    3: ["condition expression too complex"],
+    4: [],  # a spine's carried flags ORed in slot_flags' stateful ALU fit
+    5: ["Could not place table tbl_roles82: The table tbl_roles82 could not fit within the "
+        "input crossbar by itself: Roles.slot_count requires more than 2 PHV inputs"],
+}
+
+
+@pytest.mark.parametrize("variant", sorted(ROLES_REFUSALS))
+def test_role_pieces_on_one_stateful_alu(tmp_path, variant):
+    """Issue 28 item 2, where bf-p4c is on PATH: the fabric roles' pieces in
+    tofino/experiments/roles.p4 compile, or are refused with exactly the message
+    tofino/README.md quotes ("The hold and the roles on Tofino 1"), and no other."""
+    if shutil.which("bf-p4c") is None:
+        pytest.skip("bf-p4c not on PATH: the roles' pieces cannot be compiled here")
+    out = subprocess.run(["bf-p4c", "--target", "tofino", "--arch", "tna",
+                          f"-DVARIANT={variant}", "-o", str(tmp_path),
+                          str(TOFINO / "experiments" / "roles.p4")],
+                         capture_output=True, text=True)
+    errors = ROLES_REFUSALS[variant]
+    got = [re.split(r"error: (?:\S+\(\d+\): |: )?", line, maxsplit=1)[1]
+           for line in out.stderr.splitlines() if "error: " in line
+           and not re.search(r"\d+ errors?, \d+ warnings? generated", line)]
+    assert got == errors, out.stderr
+    assert (out.returncode == 0) == (not errors), out.stderr
+    assert f"{len(errors)} error" in out.stderr
