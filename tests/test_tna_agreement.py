@@ -26,18 +26,23 @@ P4INFO = TOFINO / "build" / "spina_tna.p4info.txtpb"
 S = spec.TNA_SIZES
 
 
-@pytest.fixture(scope="module")
-def program(tmp_path_factory) -> str:
+def _preprocessed(tmp_path_factory, *defines: str) -> str:
     """tofino/spina_tna.p4 after cpp (core.p4 and tna.p4 stubbed out: only our text counts)."""
     if shutil.which("cpp") is None:
         pytest.skip("cpp not on PATH: the TNA program's macros cannot be expanded here")
     stubs = tmp_path_factory.mktemp("p4include")
     for name in ("core.p4", "tna.p4"):
         (stubs / name).write_text("")
-    out = subprocess.run(["cpp", "-P", "-undef", "-nostdinc", f"-I{stubs}",
+    out = subprocess.run(["cpp", "-P", "-undef", "-nostdinc", f"-I{stubs}", *defines,
                           str(TOFINO / "spina_tna.p4")],
                          check=True, capture_output=True, text=True).stdout
     return re.sub(r"\s+", " ", out)
+
+
+@pytest.fixture(scope="module")
+def program(tmp_path_factory) -> str:
+    """The program as compiled by default."""
+    return _preprocessed(tmp_path_factory)
 
 
 def test_sizes_agree():
@@ -240,3 +245,20 @@ def test_role_pieces_on_one_stateful_alu(tmp_path, variant):
     assert got == errors, out.stderr
     assert (out.returncode == 0) == (not errors), out.stderr
     assert f"{len(errors)} error" in out.stderr
+
+
+def _tables(text: str) -> dict:
+    return {name: re.findall(r': (\w+) @name\("(\w+)"\);', keys) for name, keys in
+            re.findall(r'@name\("\.(\w+)"\) table \w+ \{ key = \{ (.*?) \}', text)}
+
+
+def test_roles_profile_adds_the_role_tables(program, tmp_path_factory):
+    """-DSPINA_TNA_ROLES (the roles' measurement profile) adds exactly p4src's job_level and
+    leaf_upstream, with p4src's key names, to the program's control-plane tables; the
+    default program declares neither (the controller's has_roles reads that)."""
+    roles = _tables(_preprocessed(tmp_path_factory, "-DSPINA_TNA_ROLES"))
+    flat = _tables(program)
+    assert set(roles) - set(flat) == {"job_level", "leaf_upstream"}
+    assert {name: roles[name] for name in flat} == flat
+    for name in ("job_level", "leaf_upstream"):
+        assert roles[name] == [(k.match, k.name) for k in spec.TABLES[name].keys], name
