@@ -26,18 +26,23 @@ P4INFO = TOFINO / "build" / "spina_tna.p4info.txtpb"
 S = spec.TNA_SIZES
 
 
-@pytest.fixture(scope="module")
-def program(tmp_path_factory) -> str:
+def _preprocessed(tmp_path_factory, *defines: str) -> str:
     """tofino/spina_tna.p4 after cpp (core.p4 and tna.p4 stubbed out: only our text counts)."""
     if shutil.which("cpp") is None:
         pytest.skip("cpp not on PATH: the TNA program's macros cannot be expanded here")
     stubs = tmp_path_factory.mktemp("p4include")
     for name in ("core.p4", "tna.p4"):
         (stubs / name).write_text("")
-    out = subprocess.run(["cpp", "-P", "-undef", "-nostdinc", f"-I{stubs}",
+    out = subprocess.run(["cpp", "-P", "-undef", "-nostdinc", f"-I{stubs}", *defines,
                           str(TOFINO / "spina_tna.p4")],
                          check=True, capture_output=True, text=True).stdout
     return re.sub(r"\s+", " ", out)
+
+
+@pytest.fixture(scope="module")
+def program(tmp_path_factory) -> str:
+    """The program as compiled by default."""
+    return _preprocessed(tmp_path_factory)
 
 
 def test_sizes_agree():
@@ -210,3 +215,50 @@ def test_the_hold_does_not_fit_one_stateful_alu(tmp_path, variant, errors):
            if "error: : " in line]
     assert [g.split(". To make")[0] for g in got] == errors, out.stderr
     assert f"{len(errors)} error" in out.stderr
+
+
+ROLES_REFUSALS = {
+    1: [],  # slot_count's fourth RegisterAction (a leaf's store) fits
+    2: ["Roles.pair: too many RegisterActions attached to the Register"],
+    3: ["condition expression too complex"],
+    4: [],  # a spine's carried flags ORed in slot_flags' stateful ALU fit
+    5: ["Could not place table tbl_roles82: The table tbl_roles82 could not fit within the "
+        "input crossbar by itself: Roles.slot_count requires more than 2 PHV inputs"],
+}
+
+
+@pytest.mark.parametrize("variant", sorted(ROLES_REFUSALS))
+def test_role_pieces_on_one_stateful_alu(tmp_path, variant):
+    """Issue 28 item 2, where bf-p4c is on PATH: the fabric roles' pieces in
+    tofino/experiments/roles.p4 compile, or are refused with exactly the message
+    tofino/README.md quotes ("The hold and the roles on Tofino 1"), and no other."""
+    if shutil.which("bf-p4c") is None:
+        pytest.skip("bf-p4c not on PATH: the roles' pieces cannot be compiled here")
+    out = subprocess.run(["bf-p4c", "--target", "tofino", "--arch", "tna",
+                          f"-DVARIANT={variant}", "-o", str(tmp_path),
+                          str(TOFINO / "experiments" / "roles.p4")],
+                         capture_output=True, text=True)
+    errors = ROLES_REFUSALS[variant]
+    got = [re.split(r"error: (?:\S+\(\d+\): |: )?", line, maxsplit=1)[1]
+           for line in out.stderr.splitlines() if "error: " in line
+           and not re.search(r"\d+ errors?, \d+ warnings? generated", line)]
+    assert got == errors, out.stderr
+    assert (out.returncode == 0) == (not errors), out.stderr
+    assert f"{len(errors)} error" in out.stderr
+
+
+def _tables(text: str) -> dict:
+    return {name: re.findall(r': (\w+) @name\("(\w+)"\);', keys) for name, keys in
+            re.findall(r'@name\("\.(\w+)"\) table \w+ \{ key = \{ (.*?) \}', text)}
+
+
+def test_roles_profile_adds_the_role_tables(program, tmp_path_factory):
+    """-DSPINA_TNA_ROLES (the roles' measurement profile) adds exactly p4src's job_level and
+    leaf_upstream, with p4src's key names, to the program's control-plane tables; the
+    default program declares neither (the controller's has_roles reads that)."""
+    roles = _tables(_preprocessed(tmp_path_factory, "-DSPINA_TNA_ROLES"))
+    flat = _tables(program)
+    assert set(roles) - set(flat) == {"job_level", "leaf_upstream"}
+    assert {name: roles[name] for name in flat} == flat
+    for name in ("job_level", "leaf_upstream"):
+        assert roles[name] == [(k.match, k.name) for k in spec.TABLES[name].keys], name

@@ -82,7 +82,10 @@ def _ternary(text: str):
 
 def const_entries(table: str) -> list[tuple[list, str, list[int]]]:
     """`table`'s const entries in aggregator.p4, in priority order: (keys, action, args)."""
-    text = (TOFINO / "include/aggregator.p4").read_text()
+    # The default program: the roles' profile (-DSPINA_TNA_ROLES) pads each entry with its
+    # keys' wildcards (SPINA_*_ANY, empty by default) and adds entries by macro only.
+    text = re.sub(r"\s*SPINA_(?:ROLE|CARRY)_ANY\b", "",
+                  (TOFINO / "include/aggregator.p4").read_text())
     body = re.search(r"table " + table + r" \{.*?const entries = \{(.*?)\n\s*\}\n", text, re.S)
     out = []
     for keys, action, args in re.findall(r"\(([^)]*)\):\s*(\w+)\(([^)]*)\);", body.group(1)):

@@ -56,7 +56,11 @@
 #define SPINA_EGRESS_PAIR_STAGE_12 4
 #define SPINA_EGRESS_PAIR_STAGE_13 4
 #define SPINA_EGRESS_PAIR_STAGE_14 5
+// BLOCK_SIZE and INGRESS_PAIRS may be given when compiling (-DBLOCK_SIZE=46 -DINGRESS_PAIRS=8,
+// or 54 and 12: the lists below) to measure a smaller block; the program is 64.
+#ifndef BLOCK_SIZE
 #define BLOCK_SIZE 64
+#endif
 // The lane width: a compile-time profile (-DSPINA_LANE_BITS=16 or 8; default 32, int32 lanes).
 // One program serves one width: its parser holds one size, and a packet whose width flags
 // (FLAG_LANES16, FLAG_LANES8) are not the program's is malformed. A narrow program keeps the
@@ -79,7 +83,9 @@
 #endif
 #define PAIRS 32
 #define EGRESS_PAIRS 15
+#ifndef INGRESS_PAIRS
 #define INGRESS_PAIRS 17
+#endif
 
 // Blocks per packet: one (one next position, one present bit).
 #define NLANES 1

@@ -22,6 +22,9 @@
 #include "include/admission.p4"
 #include "include/pairs.p4"
 #include "include/priority.p4"
+#ifdef SPINA_TNA_ROLES
+#include "include/fabric.p4"
+#endif
 #include "include/aggregator.p4"
 #include "include/forwarding.p4"
 #include "include/egress_rewrite.p4"
@@ -39,8 +42,14 @@ control SpinaIngress(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
     Aggregator() aggregator_ctl;
     Forwarding() forwarding_ctl;
     Priority() priority_ctl;
+#ifdef SPINA_TNA_ROLES
+    FabricRoles() fabric_roles_ctl;
+#endif
 
     apply {
+#ifdef SPINA_TNA_ROLES
+        fabric_roles_ctl.apply(hdr, meta);
+#endif
         hdr.bridge.setValid();
         hdr.bridge.ina_emitted = 0;
         hdr.bridge.ipv4_update = 0;
