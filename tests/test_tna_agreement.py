@@ -204,17 +204,25 @@ def test_the_hold_does_not_fit_one_stateful_alu(tmp_path, variant, errors):
     """Issue 28 item 2, where bf-p4c is on PATH: the hold of a newer round as one Tofino 1
     RegisterAction (tofino/experiments/hold.p4) is refused with exactly the messages
     tofino/README.md quotes ("The hold and the roles on Tofino 1"), and no others."""
-    if shutil.which("bf-p4c") is None:
-        pytest.skip("bf-p4c not on PATH: the hold's RegisterAction cannot be compiled here")
-    out = subprocess.run(["bf-p4c", "--target", "tofino", "--arch", "tna",
-                          f"-DVARIANT={variant}", "-o", str(tmp_path),
-                          str(TOFINO / "experiments" / "hold.p4")],
-                         capture_output=True, text=True)
+    out, got = _compile_experiment(tmp_path, "hold.p4", variant, "the hold's RegisterAction")
     assert out.returncode != 0
-    got = [line.split("error: : ", 1)[1] for line in out.stderr.splitlines()
-           if "error: : " in line]
     assert [g.split(". To make")[0] for g in got] == errors, out.stderr
     assert f"{len(errors)} error" in out.stderr
+
+
+def _compile_experiment(tmp_path, name: str, variant: int, what: str):
+    """bf-p4c on tofino/experiments/NAME with -DVARIANT=variant: (the completed process, each
+    error's message without its location); a skip naming `what` without bf-p4c."""
+    if shutil.which("bf-p4c") is None:
+        pytest.skip(f"bf-p4c not on PATH: {what} cannot be compiled here")
+    out = subprocess.run(["bf-p4c", "--target", "tofino", "--arch", "tna",
+                          f"-DVARIANT={variant}", "-o", str(tmp_path),
+                          str(TOFINO / "experiments" / name)],
+                         capture_output=True, text=True)
+    got = [re.split(r"error: (?:\S+\(\d+\): |: )?", line, maxsplit=1)[1]
+           for line in out.stderr.splitlines() if "error: " in line
+           and not re.search(r"\d+ errors?, \d+ warnings? generated", line)]
+    return out, got
 
 
 ROLES_REFUSALS = {
@@ -232,16 +240,8 @@ def test_role_pieces_on_one_stateful_alu(tmp_path, variant):
     """Issue 28 item 2, where bf-p4c is on PATH: the fabric roles' pieces in
     tofino/experiments/roles.p4 compile, or are refused with exactly the message
     tofino/README.md quotes ("The hold and the roles on Tofino 1"), and no other."""
-    if shutil.which("bf-p4c") is None:
-        pytest.skip("bf-p4c not on PATH: the roles' pieces cannot be compiled here")
-    out = subprocess.run(["bf-p4c", "--target", "tofino", "--arch", "tna",
-                          f"-DVARIANT={variant}", "-o", str(tmp_path),
-                          str(TOFINO / "experiments" / "roles.p4")],
-                         capture_output=True, text=True)
+    out, got = _compile_experiment(tmp_path, "roles.p4", variant, "the roles' pieces")
     errors = ROLES_REFUSALS[variant]
-    got = [re.split(r"error: (?:\S+\(\d+\): |: )?", line, maxsplit=1)[1]
-           for line in out.stderr.splitlines() if "error: " in line
-           and not re.search(r"\d+ errors?, \d+ warnings? generated", line)]
     assert got == errors, out.stderr
     assert (out.returncode == 0) == (not errors), out.stderr
     assert f"{len(errors)} error" in out.stderr
