@@ -249,7 +249,7 @@ def join(address: tuple[str, int], job: int, rank: int, nworkers: int, timeout: 
     """
     host, port = address
     deadline = time.monotonic() + timeout
-    joined: list[int] = []
+    joined: list[int] = []  # the ranks the server last said had joined (kept past a timeout)
     closed = 0  # connections the server closed before the run started
     while True:
         try:
@@ -265,12 +265,11 @@ def join(address: tuple[str, int], job: int, rank: int, nworkers: int, timeout: 
                 "job's owner first: `spina serve -c FILE` for a controller's deployment "
                 "(deploy alone starts no runs), the launcher for its job file") from None
         with sock:
-            got = _await_run(sock, job, rank, nworkers, deadline)
-        if isinstance(got, int):
+            got = _await_run(sock, job, rank, nworkers, deadline, joined)
+        if got is not None:
             return got
-        if got is None:  # the deadline passed
+        if time.monotonic() >= deadline:
             break
-        joined = got or joined
         closed += 1
         if time.monotonic() >= deadline:
             break
@@ -283,14 +282,14 @@ def join(address: tuple[str, int], job: int, rank: int, nworkers: int, timeout: 
 
 
 def _await_run(sock: socket.socket, job: int, rank: int, nworkers: int,
-               deadline: float) -> int | list[int] | None:
-    """One connection's join: the run's epoch, or (the server closed the connection first)
-    the ranks it said had joined, or None at the deadline."""
+               deadline: float, joined: list[int]) -> int | None:
+    """One connection's join: the run's epoch, or None when the server closed the connection
+    first or the deadline passed. `joined` is kept as the ranks the server last said had
+    joined: a timeout names the others, not every rank but this one."""
     host, port = sock.getpeername()[:2]
     sock.sendall((json.dumps({"op": "join", "job": job, "rank": rank,
                               "nworkers": nworkers}) + "\n").encode())
     f = sock.makefile("rb")
-    joined: list[int] = []
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
@@ -298,17 +297,15 @@ def _await_run(sock: socket.socket, job: int, rank: int, nworkers: int,
         sock.settimeout(left)
         try:
             line = f.readline()
-        except (socket.timeout, TimeoutError):
+        except (socket.timeout, TimeoutError, ConnectionResetError):
             return None
-        except ConnectionResetError:
-            return joined
         except OSError as e:
             raise RendezvousError(f"run rendezvous {host}:{port}: {e}") from None
         if not line:
-            return joined
+            return None
         msg = json.loads(line)
         if "waiting" in msg:
-            joined = msg["waiting"]
+            joined[:] = msg["waiting"]
             continue
         if not msg.get("ok"):
             raise RendezvousError(msg.get("error", "join refused"))

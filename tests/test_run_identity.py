@@ -375,3 +375,26 @@ def test_a_join_the_rendezvous_closes_is_joined_again_once_it_listens():
     assert isinstance(got[0], rendezvous.RendezvousError)
     assert "closed the connection before job 1's run started and no longer takes joins" \
         in str(got[0]), got[0]
+
+
+def test_a_join_that_times_out_names_only_the_ranks_that_never_joined():
+    """Three ranks, rank 2 never joins (no switch needed): ranks 0 and 1 both fail naming
+    [2], the rank the rendezvous never heard from, not each other."""
+    from spina import rendezvous
+    with rendezvous.RendezvousServer("127.0.0.1", 0, {5: (3, 1)}, lambda j, e: None) as srv:
+        got: dict[int, rendezvous.RendezvousError] = {}
+
+        def rank(r):
+            try:
+                rendezvous.join(srv.address, 5, r, 3, timeout=1.5)
+            except rendezvous.RendezvousError as e:
+                got[r] = e
+        ts = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(10)
+    assert sorted(got) == [0, 1]
+    for r in (0, 1):
+        assert got[r].missing == [2], got[r]
+        assert str(got[r]).startswith("job 5: ranks [2] did not join the run within 1.5 s"), got[r]
