@@ -9,6 +9,7 @@ second training run would be.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -266,42 +267,78 @@ def test_daemon_consecutive_runs_and_a_rank_that_died_between_calls(daemon):
 
 
 # --------------------------------------------------------------------------- controller
-def test_controller_serve_gives_each_run_its_own_epoch(tmp_path):
-    """Two programs on one controller deployment (`controller serve`): each gets its own sums,
-    and the file's epoch stays while each run gets a new one at the switch."""
+@contextlib.contextmanager
+def served(tmp_path: Path, nworkers: int = 2):
+    """`controller serve` (a subprocess, watch 0.5 s) over a software switch in this process
+    with job 3 of `nworkers` ranks: (switch, the agent files by rank, serve's process). Its
+    output is read only after it stopped."""
     sw = UdpSwitch("127.0.0.1", 0).start()
     srv = P4RuntimeServer(sw.dataplane, "127.0.0.1:0", servicer=sw.servicer()).start()
-    ports, udp = free_ports(3), free_ports(2)
+    ports, udp = free_ports(1), free_ports(nworkers)
+    names = [f"w{i}" for i in range(nworkers)]
     cfg = tmp_path / "spina.yaml"
     cfg.write_text(yaml.safe_dump({
         "switches": [{"name": "s1", "target": "softswitch", "grpc": srv.address,
                       "address": "127.0.0.1", "udp_port": sw.address[1]}],
-        "workers": [{"name": f"w{i}", "ip": "127.0.0.1", "udp_port": udp[i], "switch_port": 0}
-                    for i in range(2)],
-        "jobs": [{"id": 3, "members": ["w0", "w1"], "nslots": 4, "slot_base": 0,
+        "workers": [{"name": n, "ip": "127.0.0.1", "udp_port": udp[i], "switch_port": 0}
+                    for i, n in enumerate(names)],
+        "jobs": [{"id": 3, "members": names, "nslots": 4, "slot_base": 0,
                   "block_size": 64, "nlanes": 8}],
         "agents_dir": "agents", "rendezvous": f"127.0.0.1:{ports[0]}"}))
     proc = subprocess.Popen([sys.executable, "-m", "controller", "-c", str(cfg), "serve",
                              "--watch", "0.5"], env=ENV, cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
-        files = [tmp_path / "agents" / f"job3-rank{r}.json" for r in (0, 1)]
+        files = [tmp_path / "agents" / f"job3-rank{r}.json" for r in range(nworkers)]
         for f in files:
             _wait_for(f)
         assert json.loads(files[0].read_text())["rendezvous"] == {"host": "127.0.0.1",
                                                                    "port": ports[0]}
+        yield sw, files, proc
+    finally:
+        stop_process(proc, 10)
+        srv.stop()
+        sw.stop()
+
+
+def test_controller_serve_gives_each_run_its_own_epoch(tmp_path):
+    """Two programs on one controller deployment (`controller serve`): each gets its own sums,
+    and the file's epoch stays while each run gets a new one at the switch."""
+    with served(tmp_path) as (sw, files, proc):
         assert_all(run_program("assignment", files, 1, dtype="int32"), 2.0)
         epoch1 = next(iter(sw.pipeline.admission.values())).epoch
         assert_all(run_program("assignment", files, 10, dtype="int32"), 20.0)
         epoch2 = next(iter(sw.pipeline.admission.values())).epoch
         assert (epoch1, epoch2) == (2, 3)  # the file's epoch is 1; each run the next
         assert_all(run_program("assignment", files, 0.5), 1.0)
-    finally:
-        stop_process(proc, 10)
-        out, err = proc.communicate()
-        srv.stop()
-        sw.stop()
+    out, err = proc.communicate()
     assert "run with epoch 2" in out and "run with epoch 4" in out, (out, err)
+
+
+def test_daemon_under_serve_second_run_after_serve_rewrote_the_files(tmp_path):
+    """Two programs in sequence through one daemon under `controller serve` (4 ranks, one
+    process each): serve writes the run's epoch into the agent files after the first run;
+    the second program (same files, new processes) still gets its own exact sums, because
+    the daemon released each rank's agent (and its port) when its client closed."""
+    sock = tmp_path / "agent.sock"
+    daemon = subprocess.Popen([sys.executable, "-m", "host_agent", "daemon", "--socket",
+                               str(sock), "--log-file", str(tmp_path / "daemon.log")],
+                              env=ENV, cwd=ROOT)
+    try:
+        _wait_for(sock)
+        with served(tmp_path, nworkers=4) as (sw, files, proc):
+            extra = ("--socket", str(sock))
+            assert_all(run_program("daemon", files, 1, nranks=4, extra=extra), 4.0)
+            from host_agent.daemon.client import status
+            assert status(str(sock))["agents"] == 0  # every client closed: no agent kept
+            deadline = time.monotonic() + 30  # serve's next pass writes the run's epoch
+            while json.loads(files[0].read_text())["job"]["epoch"] == 1:
+                assert time.monotonic() < deadline, "serve never rewrote the agent file"
+                time.sleep(0.05)
+            assert_all(run_program("daemon", files, 10, nranks=4, extra=extra), 40.0)
+            assert status(str(sock))["agents"] == 0
+    finally:
+        stop_process(daemon, 10)
 
 
 def test_rendezvous_server_starts_once_and_stops_in_any_state():
