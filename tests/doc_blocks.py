@@ -154,7 +154,8 @@ class Outcome:
 
 def _script(runnable: list[Block], work: Path) -> str:
     """One bash script: each block between two sentinels, its commands watched by an ERR trap."""
-    parts = ["set -E", "trap 'echo \"@@fail $? $BASH_COMMAND\"' ERR"]
+    # -m: job control as in a terminal (`kill %1` signals the job's process group)
+    parts = ["set -mE", "trap 'echo \"@@fail $? $BASH_COMMAND\"' ERR"]
     for n, b in enumerate(runnable):
         for rep in range(2 if b.twice else 1):
             parts.append(f"echo '@@begin {n} {rep}'")

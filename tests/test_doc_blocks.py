@@ -114,3 +114,19 @@ def test_page_runs_as_written(page, capsys):
     assert not failed, "\n\n".join(failed)
     assert len(outcomes) == sum(2 if b.twice else 1 for b in runnable)
     assert not left
+
+
+def test_make_demo_as_written(tmp_path):
+    """README's first command, `make demo` as its quick start writes it, ends in PASS (the
+    quick-start block itself is skipped: its other command is this suite)."""
+    _namespace_or_skip()
+    quick = next(b for b in blocks(ROOT / "README.md") if "make demo" in b.text)
+    line = next(ln for ln in quick.text.splitlines() if ln.startswith("make demo"))
+    page = tmp_path / "demo.md"
+    page.write_text(f"<!-- doc-test: expect: ^PASS: 4 densities -->\n"
+                    f"<!-- doc-test: timeout: 300 -->\n```sh\n{line}\n```\n")
+    tag = netns.unique_tag("doc")
+    with netns.removing_leftovers(tag) as left, netns.Network() as net:
+        (out,) = run_page(page, net.namespace(f"{tag}-demo"))
+    assert out.error is None, f"{out.error}\n{out.output[-3000:]}"
+    assert not left
