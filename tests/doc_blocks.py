@@ -1,8 +1,9 @@
 """The docs' command blocks as tests: read a page's fenced blocks and run them as a user who
 pastes them would, in a fresh copy of the tree, in a network namespace of its own.
 
-What runs: every ```sh, ```bash and ```python block, in page order, in one shell (a block's
-background processes live on into the next, as in a terminal). Output and data (```text,
+What runs: every ```sh, ```bash and ```python block, in page order, pasted into one bash
+(`bash -s` reading the blocks as they are pasted; a block's background processes live on into
+the next, as in a terminal), each once the one before it has finished. Output and data (```text,
 ```console, ```yaml, ...) never run. A fence without a language is refused on the pages the
 tests follow: a reader cannot tell whether to paste it, and neither can the test. An HTML
 comment on the lines just above a block's fence steers it (rendered pages do not show it):
@@ -10,6 +11,8 @@ comment on the lines just above a block's fence steers it (rendered pages do not
     <!-- doc-test: skip: WHY -->       not meant to run here (the test prints WHY)
     <!-- doc-test: twice -->           pasted twice in a row: a second run must work too
     <!-- doc-test: expect: REGEX -->   its output must match REGEX (one marker per pattern)
+    <!-- doc-test: wait-for: REGEX --> paste it once the output so far matches REGEX (what a
+                                       reader waits to see, e.g. a server saying it listens)
     <!-- doc-test: timeout: SECONDS --> how long the block may take (default 120)
     <!-- doc-test: fails -->           a command in it is meant to fail (shown as an example)
 
@@ -52,6 +55,7 @@ class Block:
     fails: bool = False
     timeout: float = DEFAULT_TIMEOUT
     expect: list[str] = field(default_factory=list)
+    wait_for: list[str] = field(default_factory=list)
 
     @property
     def where(self) -> str:
@@ -114,11 +118,14 @@ def _apply(b: Block, mark: str, where: str) -> None:
     elif key == "expect" and value:
         re.compile(value)
         b.expect.append(value)
+    elif key == "wait-for" and value:
+        re.compile(value)
+        b.wait_for.append(value)
     elif key == "timeout" and value:
         b.timeout = float(value)
     else:
         raise MarkerError(f"{where}: unknown doc-test marker {mark!r} (skip: WHY, twice, fails, "
-                          f"expect: REGEX, timeout: SECONDS)")
+                          f"expect: REGEX, wait-for: REGEX, timeout: SECONDS)")
 
 
 def fresh_tree(dest: Path) -> Path:
@@ -152,39 +159,38 @@ class Outcome:
     error: str | None  # why it failed, None when it passed
 
 
-def _script(runnable: list[Block], work: Path) -> str:
-    """One bash script: each block between two sentinels, its commands watched by an ERR trap."""
-    # -m: job control as in a terminal (`kill %1` signals the job's process group)
-    parts = ["set -mE", "trap 'echo \"@@fail $? $BASH_COMMAND\"' ERR"]
-    for n, b in enumerate(runnable):
-        for rep in range(2 if b.twice else 1):
-            parts.append(f"echo '@@begin {n} {rep}'")
-            if b.lang == "python":
-                f = work / f"block{n}.py"
-                f.write_text(b.text)
-                parts.append(f".venv/bin/python {f}")
-            else:
-                parts.append(b.text)
-            parts.append(f"echo '@@end {n} {rep}'")
-    return "\n".join(parts) + "\n"
+# -m: job control as in a terminal (`kill %1` signals the job's process group); the ERR trap
+# names each command that failed, between the sentinels of its block.
+PREAMBLE = "set -mE\ntrap 'echo \"@@fail $? $BASH_COMMAND\"' ERR\n"
+
+
+def _paste(b: Block, n: int, rep: int, work: Path) -> str:
+    """What pasting block `n` puts into the shell, between two sentinels."""
+    text = b.text
+    if b.lang == "python":
+        f = work / f"block{n}.py"
+        f.write_text(b.text)
+        text = f".venv/bin/python {f}\n"
+    return f"echo '@@begin {n} {rep}'\n{text}echo '@@end {n} {rep}'\n"
 
 
 def run_page(page: Path, ns: str, keep: Path | None = None) -> list[Outcome]:
-    """Run `page`'s runnable blocks in namespace `ns`; one Outcome per run block, in order
-    (a block run twice has one Outcome per run). Every process is stopped before returning."""
+    """Paste `page`'s runnable blocks into one bash in namespace `ns`, each once the one
+    before it has finished (and its `wait-for` output has come); one Outcome per pasted block
+    (a block run twice has two). Every process is stopped before returning."""
     runnable = [b for b in blocks(page) if b.lang and not b.skip]
     with tempfile.TemporaryDirectory(prefix="spina-doc-") as tmp:
         work = Path(tmp)
         tree = fresh_tree(work / "spina")
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SPINA_", "PYTEST"))}
         env["PYTHONPATH"] = str(tree)
-        shell = subprocess.Popen(["ip", "netns", "exec", ns, "bash", "-c", _script(runnable, work)],
-                                 cwd=tree, env=env, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 start_new_session=True)
+        shell = subprocess.Popen(["ip", "netns", "exec", ns, "bash", "-s"], cwd=tree, env=env,
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
         reader = _Reader(shell)
         try:
-            outcomes = _watch(runnable, reader, shell)
+            shell.stdin.write(PREAMBLE.encode())
+            outcomes = _feed(runnable, reader, shell, work)
         finally:
             _stop_namespace(ns, shell)
         if keep is not None:
@@ -203,41 +209,65 @@ class _Reader:
 
     def until(self, marker: str, deadline: float) -> bool:
         """Read until `marker` is in the text (True), the pipe closes or the deadline passes."""
-        while marker not in self.text and not self.closed:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([self.fd], [], [], left)[0]:
+        while marker not in self.text:
+            if self.closed or not self._more(deadline):
                 return False
-            chunk = os.read(self.fd, 65536)
-            self.closed = not chunk
-            self.text += chunk.decode(errors="replace")
-        return marker in self.text
+        return True
+
+    def until_match(self, pattern: str, deadline: float) -> bool:
+        """Read until the text so far matches `pattern` (a regex, multi-line)."""
+        while not re.search(pattern, self.text, re.M):
+            if self.closed or not self._more(deadline):
+                return False
+        return True
+
+    def _more(self, deadline: float) -> bool:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([self.fd], [], [], left)[0]:
+            return False
+        chunk = os.read(self.fd, 65536)
+        self.closed = not chunk
+        self.text += chunk.decode(errors="replace")
+        return True
 
 
-def _watch(runnable: list[Block], reader: _Reader, shell: subprocess.Popen) -> list[Outcome]:
-    """Follow the output block by block, each within its own timeout."""
-    runs = [(b, rep) for b in runnable for rep in range(2 if b.twice else 1)]
+def _feed(runnable: list[Block], reader: _Reader, shell: subprocess.Popen,
+          work: Path) -> list[Outcome]:
+    """Paste block by block, each within its own timeout; stop at the first that hangs."""
     outcomes: list[Outcome] = []
-    for b, rep in runs:
-        idx = runnable.index(b)
-        begin, end = f"@@begin {idx} {rep}\n", f"@@end {idx} {rep}\n"
-        done = reader.until(end, time.monotonic() + b.timeout)
-        body = reader.text.partition(begin)[2].partition(end)[0]
-        error = None
-        if not done:
-            error = (f"did not finish within {b.timeout:g} s" if not reader.closed
-                     else f"the shell exited ({shell.wait()}) inside the block")
-        fails = [ln for ln in body.splitlines() if ln.startswith("@@fail ")]
-        if error is None and fails and not b.fails:
-            error = "a command failed: " + "; ".join(ln[len("@@fail "):] for ln in fails)
-        if error is None and b.fails and not fails:
-            error = "marked `fails` but every command succeeded"
-        for pattern in b.expect:
-            if error is None and not re.search(pattern, body, re.M):
-                error = f"output does not match {pattern!r}"
-        outcomes.append(Outcome(b, body, error))
-        if not done:
-            break
+    for idx, b in enumerate(runnable):
+        for rep in range(2 if b.twice else 1):
+            deadline = time.monotonic() + b.timeout
+            begin, end = f"@@begin {idx} {rep}\n", f"@@end {idx} {rep}\n"
+            waited = all(reader.until_match(p, deadline) for p in b.wait_for)
+            if waited:
+                shell.stdin.write(_paste(b, idx, rep, work).encode())
+                shell.stdin.flush()
+            done = waited and reader.until(end, deadline)
+            body = reader.text.partition(begin)[2].partition(end)[0]
+            outcomes.append(Outcome(b, body, _judge(b, body, done, waited, reader, shell)))
+            if not done:
+                return outcomes
     return outcomes
+
+
+def _judge(b: Block, body: str, done: bool, waited: bool, reader: _Reader,
+           shell: subprocess.Popen) -> str | None:
+    """Why the block failed, or None."""
+    if not waited:
+        return f"the output never matched its wait-for within {b.timeout:g} s"
+    if not done:
+        return (f"did not finish within {b.timeout:g} s" if not reader.closed
+                else f"the shell exited ({shell.wait()}) inside the block")
+    fails = [ln[len("@@fail "):] for ln in body.splitlines() if ln.startswith("@@fail ")]
+    if fails and not b.fails:
+        return "a command failed: " + "; ".join(fails)
+    if b.fails and not fails:
+        return "marked `fails` but every command succeeded"
+    for pattern in b.expect:
+        if not re.search(pattern, body, re.M):
+            return f"output does not match {pattern!r}"
+    return None
 
 
 def _stop_namespace(ns: str, shell: subprocess.Popen) -> None:

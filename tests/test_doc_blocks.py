@@ -41,7 +41,7 @@ def test_every_page_marker_is_known():
 
 
 def test_markers_are_read(tmp_path):
-    """The parser takes skip, twice, expect and timeout from the lines above a fence, runs sh,
+    """The parser takes skip, twice, expect, wait-for and timeout from the lines above a fence, runs sh,
     bash and python blocks, and refuses a marker it does not know or one above output."""
     page = tmp_path / "p.md"
     page.write_text("text\n<!-- doc-test: twice -->\n<!-- doc-test: expect: ^sum 4$ -->\n"
@@ -74,6 +74,8 @@ def test_runner_catches_failures_hangs_and_mismatches(tmp_path):
     _namespace_or_skip()
     page = tmp_path / "p.md"
     page.write_text("<!-- doc-test: twice -->\n```sh\nsleep 300 &\necho ok\n```\n"
+                    "```sh\n(sleep 1; echo ready) &\n```\n"
+                    "<!-- doc-test: wait-for: ^ready$ -->\n```sh\necho after ready\n```\n"
                     "<!-- doc-test: expect: ^nope$ -->\n```sh\necho yes\n```\n"
                     "```sh\nfalse\necho after\n```\n"
                     "<!-- doc-test: fails -->\n```sh\nls /nonexistent-path\n```\n"
@@ -86,11 +88,12 @@ def test_runner_catches_failures_hangs_and_mismatches(tmp_path):
         assert subprocess.run(["ip", "netns", "pids", ns], capture_output=True,
                               text=True).stdout == ""
     errors = [o.error for o in out]
-    assert errors[:3] == [None, None, "output does not match '^nope$'"]
-    assert errors[3].startswith("a command failed: 1 false"), errors[3]
-    assert errors[4:] == [None, "marked `fails` but every command succeeded",
+    assert errors[:5] == [None, None, None, None, "output does not match '^nope$'"]
+    assert errors[5].startswith("a command failed: 1 false"), errors[5]
+    assert errors[6:] == [None, "marked `fails` but every command succeeded",
                           "did not finish within 1 s"]
-    assert out[0].output.splitlines() == ["ok"] and "after" in out[3].output
+    assert out[0].output.splitlines() == ["ok"] and "after" in out[5].output
+    assert out[3].output.splitlines() == ["after ready"]
 
 
 @pytest.mark.parametrize("page", PAGES)
