@@ -26,15 +26,8 @@ from host_agent.local_sgd import LocalSGDOptimizer, LocalSGDState, spina_local_s
 from host_agent.torch_hook import SpinaHookState, spina_allreduce_hook
 from spina.communication import Communication, CompressionConfig, LocalSGDConfig
 from spina.config import Assignment, ConfigError, JobFile
-
-try:  # tests/ is on sys.path under pytest's default import mode
-    from test_bits import _Net
-    from test_compression import job_file  # a fixture: 2 workers, blocks of 16
-    from test_torch_hook import finish_worker
-except ImportError:
-    from tests.test_bits import _Net
-    from tests.test_compression import job_file  # noqa: F401
-    from tests.test_torch_hook import finish_worker
+from tests.test_bits import _Net
+from tests.test_torch_hook import finish_worker
 
 B = 16
 SECTIONS = {  # one of each kind, as a job file says them
