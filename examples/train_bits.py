@@ -18,7 +18,7 @@ Runs (--runs, comma-separated):
   local@H             local SGD, the weights averaged through SpINA every H steps
   postlocal@H:S       post-local SGD: S synchronous steps, then local SGD with period H
 SGD with momentum in the optimiser for every run but signum. Each SpINA run's hook is
-registered by `host_agent.comm_hooks.register_from_job` from the "communication" section a job
+registered by `host_agent.hooks.register_from_job` from the "communication" section a job
 file would carry (docs/bits.md). Rank 0 starts one software switch per lane width the runs need;
 with --job-file (a deployed switch) every SpINA run uses that job, whose lane_bits must then be
 the width of every run.
@@ -47,11 +47,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from host_agent.comm_hooks import register_from_job
-from host_agent.compression import VoteHookState
+from host_agent.assignment import JOB_FILE_ENV, agent_from_env
+from host_agent.hooks import LocalSGDState, SpinaHookState, VoteHookState, register_from_job
 from host_agent.launch import finish_shared_job, shared_job_file
-from host_agent.local_sgd import LocalSGDState
-from host_agent.torch_hook import JOB_FILE_ENV, SpinaHookState, agent_from_env
 from train_compressed import TASKS, Task, merge_results
 
 DEFAULT_RUNS = "dense-gloo,dense-spina,sign,ternary,local@4,postlocal@4:40"

@@ -59,14 +59,16 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from host_agent.assignment import JOB_FILE_ENV, agent_from_env
 from host_agent.compression import CompressionConfig, make_compressor
-from host_agent.compression.hooks import (
+from host_agent.hooks import (
     CompressionHookState,
+    SpinaHookState,
     gloo_compressed_hook,
+    spina_allreduce_hook,
     spina_compressed_hook,
 )
 from host_agent.launch import finish_shared_job, shared_job_file
-from host_agent.torch_hook import JOB_FILE_ENV, SpinaHookState, agent_from_env, spina_allreduce_hook
 from train_digits import LeNet5, WideLeNet, load_data
 
 TASKS = {  # default runs, optimiser and schedule per task

@@ -35,8 +35,9 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from examples import digits
+from host_agent.assignment import JOB_FILE_ENV, agent_from_env
+from host_agent.hooks import SpinaHookState, spina_allreduce_hook
 from host_agent.launch import shared_job_file, start_subprocess
-from host_agent.torch_hook import JOB_FILE_ENV, SpinaHookState, agent_from_env, spina_allreduce_hook
 
 
 class LeNet5(nn.Module):

@@ -13,6 +13,8 @@ RESULTS = os.path.join(ROOT, "bench", "results")
 # docs/ keeps prose and what a user loads into other tools (issue 43): nothing measured.
 ASSETS = {"grafana-spina.json", "spina-alerts.yml", "spina.lua"}
 LINK = re.compile(r"\]\(([^)\s]+)\)")
+# a command: quoted inline or a line of a code block
+COMMAND = re.compile(r"(^|`)(python |torchrun |make |\.venv/bin/)", re.M)
 
 
 def _markdown_files():
@@ -54,16 +56,16 @@ def test_docs_readme_indexes_every_page():
     assert pages - linked == set()
 
 
-def test_every_results_folder_has_its_readme():
-    """Each folder under bench/results/ that holds results has a README.md with a command,
-    itself or its parent (a benchmark's README covers its run subfolders)."""
+def test_every_results_folder_says_its_command():
+    """Each folder under bench/results/ that holds results has a README.md or summary.md that
+    names a command, itself or its parent (a benchmark's README covers its run subfolders)."""
     missing = []
     for d, _, files in os.walk(RESULTS):
         if not [f for f in files if not f.endswith(".md")]:
             continue
-        readmes = [os.path.join(p, "README.md") for p in (d, os.path.dirname(d))]
+        folders = [d] + ([os.path.dirname(d)] if os.path.dirname(d) != RESULTS else [])
+        readmes = [os.path.join(p, n) for p in folders for n in ("README.md", "summary.md")]
         found = [r for r in readmes if os.path.exists(r)]
-        if not found or not any("python" in open(r).read() or "make " in open(r).read()
-                                for r in found):
+        if not any(COMMAND.search(open(r).read()) for r in found):
             missing.append(os.path.relpath(d, ROOT))
     assert missing == []
