@@ -41,8 +41,8 @@ def test_every_page_marker_is_known():
 
 
 def test_markers_are_read(tmp_path):
-    """The parser takes skip, twice, expect, wait-for and timeout from the lines above a fence, runs sh,
-    bash and python blocks, and refuses a marker it does not know or one above output."""
+    """The parser takes skip, twice, expect, wait-for and timeout from the lines above a fence,
+    runs sh, bash and python blocks, and refuses a marker it does not know or one above output."""
     page = tmp_path / "p.md"
     page.write_text("text\n<!-- doc-test: twice -->\n<!-- doc-test: expect: ^sum 4$ -->\n"
                     "```sh\necho sum 4\n```\n\n```\noutput\n```\n<!-- doc-test: skip: why -->\n"
