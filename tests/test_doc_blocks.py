@@ -12,11 +12,7 @@ import subprocess
 import pytest
 
 from spina import netns
-
-try:  # tests/ is on sys.path under pytest's default import mode
-    from doc_blocks import ROOT, MarkerError, blocks, run_page
-except ImportError:
-    from tests.doc_blocks import ROOT, MarkerError, blocks, run_page
+from tests.doc_blocks import ROOT, MarkerError, blocks, run_page
 
 # The pages a new user follows, in the order they meet them.
 PAGES = ["README.md", "docs/operations.md", "examples/README.md", "controller/README.md",
