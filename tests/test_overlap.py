@@ -23,11 +23,7 @@ from host_agent.launch import local_job
 from host_agent.local import LocalCluster
 from softswitch.udp import UdpSwitch
 from spina.config import ConfigError, JobFile
-
-try:  # tests/ is on sys.path under pytest's default import mode (and in spawned workers)
-    from test_torch_hook import finish_worker
-except ImportError:
-    from tests.test_torch_hook import finish_worker
+from tests.test_torch_hook import finish_worker
 
 WORLD = 2
 SMALL = dict(nslots=2, nlanes=2)  # lane span 1024
@@ -276,7 +272,7 @@ def test_overlap_bench_smoke(tmp_path):
     import csv
 
     from bench.overlap_bench import COLUMNS, METHODS
-    from netns import run_bench
+    from tests.netns import run_bench
     run_bench("bench.overlap_bench", "sovt",
               ["--workers", "2", "--width", "64", "--depth", "2", "--batch", "8", "--rounds",
                "2", "--steps", "2", "--chunk", "1", "--nslots", "2", "--nlanes", "2",
