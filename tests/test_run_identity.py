@@ -320,6 +320,7 @@ def test_daemon_under_serve_second_run_after_serve_rewrote_the_files(tmp_path):
     process each): serve writes the run's epoch into the agent files after the first run;
     the second program (same files, new processes) still gets its own exact sums, because
     the daemon released each rank's agent (and its port) when its client closed."""
+    from test_daemon import agents_once_detached
     sock = tmp_path / "agent.sock"
     daemon = subprocess.Popen([sys.executable, "-m", "host_agent", "daemon", "--socket",
                                str(sock), "--log-file", str(tmp_path / "daemon.log")],
@@ -329,14 +330,13 @@ def test_daemon_under_serve_second_run_after_serve_rewrote_the_files(tmp_path):
         with served(tmp_path, nworkers=4) as (sw, files, proc):
             extra = ("--socket", str(sock))
             assert_all(run_program("daemon", files, 1, nranks=4, extra=extra), 4.0)
-            from host_agent.daemon.client import status
-            assert status(str(sock))["agents"] == 0  # every client closed: no agent kept
+            assert agents_once_detached(sock, 0) == 0  # every client closed: no agent kept
             deadline = time.monotonic() + 30  # serve's next pass writes the run's epoch
             while json.loads(files[0].read_text())["job"]["epoch"] == 1:
                 assert time.monotonic() < deadline, "serve never rewrote the agent file"
                 time.sleep(0.05)
             assert_all(run_program("daemon", files, 10, nranks=4, extra=extra), 40.0)
-            assert status(str(sock))["agents"] == 0
+            assert agents_once_detached(sock, 0) == 0
     finally:
         stop_process(daemon, 10)
 
