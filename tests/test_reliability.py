@@ -372,6 +372,7 @@ def test_switch_process_killed_and_restarted_mid_call_completes_exactly(tmp_path
     import threading
 
     from deployment import Deployment
+
     from host_agent.assignment import connect
     from spina.net import free_ports
 

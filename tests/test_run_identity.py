@@ -315,12 +315,21 @@ def test_controller_serve_gives_each_run_its_own_epoch(tmp_path):
     assert "run with epoch 2" in out and "run with epoch 4" in out, (out, err)
 
 
+def agents_once_detached(sock, want: int, timeout: float = 10.0) -> int:
+    """The daemon's agent count once it is `want` (a closed client is detached by the
+    daemon's thread for it, a moment after the close), or what it still is at `timeout`."""
+    from host_agent.daemon.client import status
+    deadline = time.monotonic() + timeout
+    while (n := status(str(sock))["agents"]) != want and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return n
+
+
 def test_daemon_under_serve_second_run_after_serve_rewrote_the_files(tmp_path):
     """Two programs in sequence through one daemon under `controller serve` (4 ranks, one
     process each): serve writes the run's epoch into the agent files after the first run;
     the second program (same files, new processes) still gets its own exact sums, because
     the daemon released each rank's agent (and its port) when its client closed."""
-    from test_daemon import agents_once_detached
     sock = tmp_path / "agent.sock"
     daemon = subprocess.Popen([sys.executable, "-m", "host_agent", "daemon", "--socket",
                                str(sock), "--log-file", str(tmp_path / "daemon.log")],

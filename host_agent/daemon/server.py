@@ -299,13 +299,16 @@ class Daemon:
         return s, jf
 
     def _detach(self, slot: _Slot, conn_id: int) -> None:
-        """The connection left its rank; the rank's last one releases the agent (its socket
-        and ports): the next program's rank gets a new agent on them, whatever epoch serve
-        gave the run meanwhile."""
+        """The connection left its rank. With a rendezvous the rank's last one releases the
+        agent (its socket and ports): a new process of the rank starts a new run anyway, and
+        gets a new agent on those ports whatever epoch serve gave the run meanwhile. Without
+        one the agent stays: its call and round counters keep the rank in step with the
+        others when a new process takes the rank over (a new epoch in the file replaces it)."""
         slot.local.leave(conn_id)
         with self._lock:
             key = (slot.jf.job.job, slot.rank)
-            if slot.local.members or self._slots.get(key) is not slot:
+            if slot.local.members or slot.jf.rendezvous is None \
+                    or self._slots.get(key) is not slot:
                 return
             del self._slots[key]
             with slot.lock:
