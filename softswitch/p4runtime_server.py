@@ -33,6 +33,7 @@ PERMISSION_DENIED. The server binds loopback only unless told otherwise by the c
 """
 from __future__ import annotations
 
+import errno
 import ipaddress
 import logging
 import queue
@@ -44,7 +45,7 @@ from google.rpc import code_pb2
 from p4.v1 import p4runtime_pb2 as pb, p4runtime_pb2_grpc
 
 from softswitch.dataplane import Dataplane
-from spina import spec
+from spina import owner, spec
 from spina.p4runtime import canonical_entry, decode, encode, match_key
 
 log = logging.getLogger("spina.softswitch.p4runtime")
@@ -681,6 +682,9 @@ def _check_free(host: str, port: str) -> None:
         try:
             s.bind((host.strip("[]"), int(port)))
         except OSError as e:
+            if e.errno == errno.EADDRINUSE:  # who holds it: another switch, perhaps
+                raise owner.AddressInUse("cannot serve P4Runtime: " + owner.in_use(
+                    "tcp", host.strip("[]"), int(port), "P4Runtime port")) from None
             raise OSError(e.errno, f"cannot serve P4Runtime on {host}:{port}: {e.strerror}") \
                 from None
 

@@ -712,3 +712,27 @@ def test_serve_says_its_rendezvous_listens_once_the_agent_files_are_written(tmp_
     assert line == (f"controller: run rendezvous on {rendezvous}, agent files in "
                     f"{tmp_path / 'agents'}")
     assert files == ["job7-rank0.json", "job7-rank1.json", "job7.json"]
+
+
+def test_serve_names_another_deployments_rendezvous_on_its_address(tmp_path):
+    """A second deployment's serve on the address another controller's rendezvous holds: one
+    line naming that controller (its jobs, pid and file), exit 2, no agent file written."""
+    import os
+
+    from spina.rendezvous import RendezvousServer
+    other = RendezvousServer("127.0.0.1", 0, {1: (4, 1)}, lambda j, e: None,
+                             owner="controller", source="/srv/other/spina.yaml").start()
+    host, port = other.address
+    cfg = tmp_path / "spina.yaml"
+    cfg.write_text(yaml.safe_dump(dict(doc("127.0.0.1:1", [JOB7]),
+                                       rendezvous=f"{host}:{port}")))
+    try:
+        out = subprocess.run([sys.executable, "-m", "controller", "-c", str(cfg), "serve"],
+                             capture_output=True, text=True, timeout=60)
+    finally:
+        other.stop()
+    assert out.returncode == 2, out
+    assert out.stderr == (f"python -m controller: error: {host}:{port} is the rendezvous of "
+                          f"another controller (jobs [1], pid {os.getpid()}, file "
+                          "/srv/other/spina.yaml)\n")
+    assert not (tmp_path / "agents").exists()

@@ -444,3 +444,28 @@ def test_a_join_that_times_out_names_only_the_ranks_that_never_joined():
     for r in (0, 1):
         assert got[r].missing == [2], got[r]
         assert str(got[r]).startswith("job 5: ranks [2] did not join the run within 1.5 s"), got[r]
+
+
+def test_another_deployments_rendezvous_is_named_not_taken_for_ours():
+    """A second deployment on the address of a controller's rendezvous: its rendezvous cannot
+    bind and names the first (owner, jobs, pid, file); joins of jobs the first does not serve
+    as they are fail naming it; `probe` says whose it is."""
+    from spina import owner, rendezvous
+    first = rendezvous.RendezvousServer("127.0.0.1", 0, {1: (4, 1)}, lambda j, e: None,
+                                        owner="controller", source="/srv/a/spina.yaml").start()
+    host, port = first.address
+    whose = f"controller (jobs [1], pid {os.getpid()}, file /srv/a/spina.yaml)"
+    try:
+        assert rendezvous.probe(first.address) == {
+            "owner": "controller", "pid": os.getpid(), "source": "/srv/a/spina.yaml",
+            "jobs": {"1": 4}}
+        with pytest.raises(owner.AddressInUse) as e:
+            rendezvous.RendezvousServer(host, port, {7: (2, 1)}, lambda j, e: None)
+        assert str(e.value) == f"{host}:{port} is the rendezvous of another {whose}"
+        for job, n, why in ((7, 2, "job 7 is not served here (jobs: [1])"),
+                            (1, 2, "job 1 has 4 workers, the agent's job file says 2")):
+            with pytest.raises(rendezvous.RendezvousError) as e:
+                rendezvous.join(first.address, job, 0, n, timeout=5)
+            assert str(e.value) == f"join: {why}: this is the rendezvous of a {whose}"
+    finally:
+        first.stop()
