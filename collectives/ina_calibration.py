@@ -118,13 +118,15 @@ def load(root: Path = RESULTS) -> list[Point]:
 
 
 def _counts(a: m.Assumptions, p: Point):
-    """(elements, datagrams, fragments) one rank handles, and the switch's datagrams and
-    fragments in, as ina_model.machine counts them."""
-    a = a.with_(block=p.block)
-    up, down = m.rank_bytes(p.collective, p.workers, p.nbytes, p.density, p.lane_bits)
-    nu, fu, _ = m._software_stream(a, up, p.lane_bits, p.mtu)
-    nd, fd, _ = m._software_stream(a, down, p.lane_bits, p.mtu)
-    return (p.nbytes // 4, nu + nd, fu + fd), (p.workers * nu, p.workers * fu)
+    """(values, values in narrow lanes, datagrams, fragments) one rank handles, and
+    (datagrams, fragments) the
+    switch takes in, as ina_model.machine counts them."""
+    nu, nd, fu, fd, _, _ = m.machine_streams(a.with_(block=p.block), p.collective,
+                                             p.workers, p.nbytes, p.density, p.lane_bits,
+                                             p.mtu)
+    values = p.nbytes // 4
+    return (values, values * (p.lane_bits < 32), nu + nd, fu + fd), \
+        (p.workers * nu, p.workers * fu)
 
 
 def _least_squares(x: list, y: list) -> np.ndarray:
@@ -148,8 +150,9 @@ def fit(points: list[Point], base: m.Assumptions | None = None) -> m.Assumptions
     counts = [_counts(base, p) for p in ar]
     agent = _least_squares([c[0] for c in counts], [p.agent_cpu_s for p in ar])
     switch = _least_squares([c[1] for c in counts], [p.switch_cpu_s for p in ar])
-    a = base.with_(agent_s_per_element=float(agent[0]), agent_s_per_datagram=float(agent[1]),
-                   agent_s_per_fragment=float(agent[2]),
+    a = base.with_(agent_s_per_element=float(agent[0]),
+                   agent_s_per_narrow_value=float(agent[1]),
+                   agent_s_per_datagram=float(agent[2]), agent_s_per_fragment=float(agent[3]),
                    switch_s_per_datagram=float(switch[0]),
                    switch_s_per_fragment=float(switch[1]))
     # all-gather: the switch's CPU beyond the datagrams in is its copies out
