@@ -103,17 +103,19 @@ deploy: $(STAMP)  ## push pipeline and jobs: TARGET=softswitch|bmv2|tofino|tofin
 serve: $(STAMP)  ## deploy, then give every run of a job its own epoch until Ctrl-C: TARGET=softswitch|bmv2|tofino|tofino_bfrt
 	$(PY) -m controller -c $(DEPLOY) serve
 
-bench: $(STAMP)  ## SpINA vs gloo, paired, in place (8 min here): bench/out/{results.csv,summary.md,*.png}
-	$(PY) -m bench.allreduce_bench $(BENCH_ARGS)
+# Every bench is `python -m bench WHAT` (bench/README.md: the options and columns are the same
+# for every WHAT); results in bench/results/<name>/ (CSV, plot, summary.md, command.txt).
+bench: $(STAMP)  ## SpINA vs the floor and gloo all-reduce on loopback, 4 ranks, 1-256 MiB, 4 densities: bench/results/all_reduce/
+	$(PY) -m bench all_reduce -b 1M -e 256M -f 4 -d 1,0.1,0.01,0.001 -g 4 -m spina,spina_blocks,floor,gloo_allreduce,gloo_allgather $(BENCH_ARGS)
 
-bench-quick: $(STAMP)  ## the density sweep of `make bench`, SpINA vs the floor and gloo all_reduce (2 min)
-	$(PY) -m bench.allreduce_bench --quick $(BENCH_ARGS)
+bench-quick: $(STAMP)  ## 4 ranks x 25M elements (100 MB) at 4 densities, SpINA vs the floor and gloo all_reduce: bench/results/all_reduce_quick/
+	$(PY) -m bench all_reduce -b 100000000 -e 100000000 -d 1,0.1,0.01,0.001 -g 4 --name all_reduce_quick $(BENCH_ARGS)
 
 bench-l2: $(STAMP)  ## (root) L2-mode switch: lossless INA frame rate of 4 namespaced workers
 	$(PY) -m bench.l2_rate $(BENCH_ARGS)
 
-bench-net: $(STAMP)  ## network-bound regime (root; 3-10 min here): namespaces, tbf links, SpINA vs gloo: bench/out/net/
-	$(PY) -m bench.net_bench $(NET_BENCH_ARGS)
+bench-net: $(STAMP)  ## (root) all-reduce over rate-limited links (star4.yaml at 1 and 10 Gbit/s): bench/results/all_reduce_star4/
+	$(PY) -m bench all_reduce -t bench/topologies/star4.yaml --rates 1gbit,10gbit -b 1M -e 64M -f 8 -d 1,0.01 --name all_reduce_star4 $(NET_BENCH_ARGS)
 
 bench-dlcp: $(STAMP)  ## (root; 3 min here) DLCP step time under a congested queue: exact vs 1%/10% bounds, priorities, gloo: bench/out/dlcp/
 	$(PY) -m bench.dlcp_bench $(DLCP_BENCH_ARGS)

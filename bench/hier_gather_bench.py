@@ -38,7 +38,7 @@ import numpy as np
 
 from bench.allgather_bench import _sizes
 from bench.collectives_bench import GLOO, idle_seconds
-from bench.net_topo import Graph
+from bench.net_topo import Graph, link_ifnames
 from bench.paired import BenchError, guarded, recv, stop_all, stop_server
 from bench.procs import switch_main
 from collectives import plan as planner, topology
@@ -74,13 +74,14 @@ def link_bytes(topo, where: dict[str, int]) -> dict[str, int]:
     """{"a->b": bytes so far} for every link with an end in a namespace of `where` (node ->
     a pid there): a->b is the tx of a's interface, or the rx of b's."""
     dev = {node: net_dev(pid) for node, pid in where.items()}
+    ifs = link_ifnames(topo)
     out = {}
     for i, ln in enumerate(topo.links):
         for a, b in ((ln.a, ln.b), (ln.b, ln.a)):
             if a in dev:
-                out[f"{a}->{b}"] = dev[a][f"l{i}"][0]
+                out[f"{a}->{b}"] = dev[a][ifs[i, a]][0]
             elif b in dev:
-                out[f"{a}->{b}"] = dev[b][f"l{i}"][1]
+                out[f"{a}->{b}"] = dev[b][ifs[i, b]][1]
     return out
 
 
@@ -213,7 +214,7 @@ def run(topo_path: str, sizes, repeats: int, methods, tag: str, queue_ms: float,
             for c in conns:
                 c.send((flat, lead, switch_addr, where, job))
             recs = [recv(c, f"rank {r}", timeout=600) for r, c in enumerate(conns)]
-            drops = sum(qdisc_drops(f"l{i}", g.ns(n)) for i, ln in enumerate(topo.links)
+            drops = sum(qdisc_drops(g.ifname(i, n), g.ns(n)) for i, ln in enumerate(topo.links)
                         for n in (ln.a, ln.b))
         finally:
             stop_all(procs[1:])

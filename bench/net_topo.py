@@ -84,6 +84,17 @@ def kernel_losses_total(pids) -> dict:
     return out
 
 
+def link_ifnames(topo: Topology) -> dict[tuple[int, str], str]:
+    """{(link index, node): interface}: eth<k> for a node's k-th link in file order."""
+    out: dict[tuple[int, str], str] = {}
+    count: dict[str, int] = {}
+    for i, ln in enumerate(topo.links):
+        for end in (ln.a, ln.b):
+            out[i, end] = f"eth{count.get(end, 0)}"
+            count[end] = count.get(end, 0) + 1
+    return out
+
+
 class _Namespaces(netns.Network):
     """What Star and Graph share: a `with` block enters by create() (which removes all it
     made if it fails) and leaves by close()."""
@@ -161,9 +172,11 @@ class Star(_Namespaces):
 class Graph(_Namespaces):
     """A namespace per host and switch of `topo`, a veth per link, tbf on both ends.
 
-    Link i joins interface l<i> in both namespaces: 10.201.<i>.1/24 at its first end,
-    .2 at the other (at most 250 links). A host's address (`host_ip`) is the one on its
-    first link, and gloo binds that interface (`host_if`); an aggregating switch's address
+    Link i joins interface eth<k> in each end's namespace, k counting that node's links in
+    file order (`ifname`: a host's first link is its eth0, as on a real host):
+    10.201.<i>.1/24 at its first end, .2 at the other (at most 250 links). A host's address
+    (`host_ip`) is the one on its first link, and gloo binds that interface (`host_if`,
+    eth0); an aggregating switch's address
     (`node_ip`, where the software switch listens) likewise. Every node gets a /32 route to
     every host and aggregating switch along the topology's route (Topology.next_hop, so the
     packets take exactly the paths the planner prices); a host's routes carry its own
@@ -196,10 +209,11 @@ class Graph(_Namespaces):
                                  f"{ln.burst}")
         super().__init__()
         self.topo, self.tag, self.queue_ms = topo, tag, queue_ms
-        self._first = {}
+        self._first, self._ifs = {}, link_ifnames(topo)
         for i, ln in enumerate(topo.links):
             for end in (ln.a, ln.b):
                 self._first.setdefault(end, i)
+        self.rate: str | None = None  # set_rate's: every link at one rate
 
     def ns(self, node: str) -> str:
         return f"{self.tag}-{node}"
@@ -213,8 +227,31 @@ class Graph(_Namespaces):
 
     host_ip = node_ip
 
+    def ifname(self, i: int, node: str) -> str:
+        """The interface of link i in `node`'s namespace."""
+        return self._ifs[i, node]
+
     def host_if(self, host: str) -> str:
-        return f"l{self._first[host]}"
+        return self.ifname(self._first[host], host)
+
+    def endpoints(self):
+        """(namespace, interface) of both ends of every link: the tbf'd egress points."""
+        for i, ln in enumerate(self.topo.links):
+            for end in (ln.a, ln.b):
+                yield self.ns(end), self.ifname(i, end)
+
+    def set_rate(self, rate: str) -> None:
+        """Every link at `rate` instead of the file's (tbf's bucket: the link's burst, or
+        tbf_params' if that is larger at this rate)."""
+        for i, ln in enumerate(self.topo.links):
+            burst = max(ln.burst, tbf_params(rate, self.topo.mtu)["burst"])
+            for end in (ln.a, ln.b):
+                netns.tbf(self.ifname(i, end), rate, burst, self.queue_ms, self.ns(end))
+        self.rate = rate
+
+    def tbf_drops(self) -> int:
+        """Packets dropped so far by every link's tbf."""
+        return sum(netns.qdisc_drops(ifc, ns) for ns, ifc in self.endpoints())
 
     def create(self) -> "Graph":
         t = self.topo
@@ -225,9 +262,10 @@ class Graph(_Namespaces):
                              "net.ipv4.conf.default.rp_filter=0",
                              "net.ipv4.tcp_congestion_control=reno")
             for i, ln in enumerate(t.links):
-                self.veth(f"l{i}", f"l{i}", a_ns=self.ns(ln.a), b_ns=self.ns(ln.b))
+                self.veth(self.ifname(i, ln.a), self.ifname(i, ln.b), a_ns=self.ns(ln.a),
+                          b_ns=self.ns(ln.b))
                 for end in (ln.a, ln.b):
-                    ns, ifc = self.ns(end), f"l{i}"
+                    ns, ifc = self.ns(end), self.ifname(i, end)
                     netns.set_link(ifc, ns, mtu=t.mtu)
                     netns.add_addr(ifc, f"{self._addr(i, end)}/24", ns)
                     netns.tbf(ifc, ln.rate_text, ln.burst, self.queue_ms, ns)
@@ -240,5 +278,5 @@ class Graph(_Namespaces):
     def _add_route(self, node: str, host: str) -> None:
         nb, (i, _) = self.topo.next_hop(node, host)
         netns.add_route(f"{self.host_ip(host)}/32", self.ns(node), via=self._addr(i, nb),
-                        dev=f"l{i}", replace=True,
+                        dev=self.ifname(i, node), replace=True,
                         src=self.host_ip(node) if node in self.topo.hosts else None)

@@ -1,0 +1,144 @@
+"""The benchmark harness (`python -m bench WHAT`): each WHAT at a tiny size, its columns, its
+results folder, and bad input answered in one line.
+
+Run just this: python -m pytest tests/test_bench.py
+(the namespace cases need root and take the shared lock: flock /work/heavy.lock ...)
+"""
+import csv
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import harness
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def bench(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "bench", *args], cwd=ROOT, timeout=timeout,
+                          capture_output=True, text=True)
+
+
+def read(out: Path) -> tuple[list[str], list[dict]]:
+    with open(out / "results.csv", newline="") as f:
+        r = csv.DictReader(f)
+        return list(r.fieldnames), list(r)
+
+
+def check_common(out: Path, what: str, rows_expected: int) -> list[dict]:
+    """The harness's part, the same for every WHAT: columns, folder, command, #wrong."""
+    columns, rows = read(out)
+    extra = tuple(harness.load(what).module.EXTRA_COLUMNS)
+    assert tuple(columns) == harness.COLUMNS + extra
+    assert len(rows) == rows_expected
+    for r in rows:
+        assert r["what"] == what and r["wrong"] == "0"
+        assert float(r["time_min_us"]) <= float(r["time_us"]) <= float(r["time_max_us"])
+        assert int(r["size"]) == 4 * int(r["elements"]) and r["dtype"] == "float32"
+        assert len(r["load"].split("-")) == 2
+    command = (out / "command.txt").read_text().splitlines()
+    assert command[0].startswith(f"command: python -m bench {what} ")
+    assert command[1].startswith("commit: ") and len(command[1].split()[1]) >= 40
+    assert any(ln.startswith("load at end: ") for ln in command)
+    summary = (out / "summary.md").read_text()
+    assert summary.startswith(f"# bench {what}\n") and summary.endswith("#wrong: 0\n")
+    return rows
+
+
+def test_all_reduce_loopback(tmp_path):
+    """all_reduce on loopback, 2 ranks, two sizes and two densities: a row per point and
+    method, busbw = algbw x 2(n-1)/n, the ratios paired, gloo's bytes its ring's."""
+    out = tmp_path / "ar"
+    done = bench("all_reduce", "-b", "64K", "-e", "128K", "-f", "2", "-d", "1,0.01", "-g", "2",
+                 "-n", "2", "-m", "spina,floor,gloo_allreduce", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    rows = check_common(out, "all_reduce", 2 * 2 * 3)
+    assert [(int(r["size"]), float(r["density"]), r["method"]) for r in rows[:3]] == [
+        (65536, 1.0, "spina"), (65536, 1.0, "floor"), (65536, 1.0, "gloo_allreduce")]
+    assert {int(r["size"]) for r in rows} == {65536, 131072}
+    for r in rows:
+        algbw = int(r["size"]) / (float(r["time_us"]) * 1e-6) / 1e9
+        assert float(r["algbw_GBps"]) == pytest.approx(algbw, rel=1e-3)
+        assert r["busbw_GBps"] == r["algbw_GBps"]  # 2(n-1)/n = 1 at n = 2
+        assert r["rate"] == "" and r["lane_bits"] == "32" and r["repeats"] == "2"
+    by = {(int(r["size"]), float(r["density"]), r["method"]): r for r in rows}
+    gloo = by[65536, 1.0, "gloo_allreduce"]
+    assert gloo["vs_gloo"] == "" and gloo["bytes_per_link"] == "65536"  # ring: 2(n-1)/n = 1
+    assert gloo["bytes_source"] == "model"
+    floor = by[65536, 1.0, "floor"]  # dense: 2 chunks of 56 x 256 int32 behind 4-byte indices
+    assert (floor["bytes_per_link"], floor["packets_per_link"]) == (str(65536 + 2 * 4), "2")
+    assert floor["vs_floor"] == "" and float(floor["vs_gloo"]) > 0
+    sparse = by[131072, 0.01, "spina"]  # 1% of the blocks: far below the tensor
+    assert 0 < int(sparse["bytes_per_link"]) < 131072 // 4
+    assert int(sparse["spurious_resends"]) == int(sparse["resends"])  # loopback: no loss
+    assert (out / "plot.png").stat().st_size > 0
+
+
+def test_bad_input_is_one_line(tmp_path):
+    """Unknown WHAT, method or size, -e below -b, a topology that is not a star: exit 2, one
+    line naming the option; nothing written."""
+    star = tmp_path / "ring.yaml"
+    star.write_text("hosts: [h0, h1]\nswitches: [s0]\nlinks:\n  - {ends: [h0, h1], rate: 1gbit}\n"
+                    "  - {ends: [h0, s0], rate: 1gbit}\n")
+    for args, name in ((["sorting"], "WHAT"), (["all_reduce", "-m", "mpi"], "--methods"),
+                       (["all_reduce", "-b", "12X"], "--begin"),
+                       (["all_reduce", "-b", "1M", "-e", "64K"], "-e/--end"),
+                       (["all_reduce", "-d", "0"], "--densities"),
+                       (["all_reduce", "--rates", "1gbit"], "--rates"),
+                       (["all_reduce", "-t", str(tmp_path / "none.yaml")], "--topology"),
+                       (["all_reduce", "-t", str(star)], "--topology")):
+        done = bench(*args, "--out", str(tmp_path / "o"))
+        assert done.returncode == 2 and done.stdout == "", (args, done)
+        assert done.stderr.count("\n") == 1 and name in done.stderr, (args, done.stderr)
+    assert not (tmp_path / "o").exists()
+
+
+def test_sizes_and_bus_factors():
+    """-b -e -f as nccl-tests (1024-based units), and busbw's factors per collective."""
+    assert harness.parse_size("64K") == 65536 and harness.parse_size("1M") == 1 << 20
+    assert harness.parse_size("8MiB") == 8 << 20 and harness.parse_size("100") == 100
+    assert harness.sizes(65536, 1 << 20, 4) == [65536, 262144, 1048576]
+    assert harness.sizes(100, 100, 2) == [100]
+    assert harness.BUS_FACTOR["all_reduce"](4) == 1.5
+    assert harness.BUS_FACTOR["all_gather"](4) == 0.75
+    rows = harness.method_rows("x", dict(size=4000, workers=4), {
+        "spina": [1.0, 2.0, 4.0], "gloo_allreduce": [2.0, 2.0, 2.0], "floor": [1.0, 1.0, 2.0]},
+        bus="all_reduce", wrong={"spina": 1})
+    spina = rows[0]
+    assert (spina["time_us"], spina["time_min_us"], spina["time_max_us"]) == (2e6, 1e6, 4e6)
+    assert spina["vs_gloo"] == 1.0 and spina["vs_floor"] == 2.0  # medians of paired ratios
+    assert spina["algbw_GBps"] == 2e-6 and spina["busbw_GBps"] == 3e-6
+    assert (spina["wrong"], rows[1]["wrong"]) == (1, 0)
+
+
+def test_spina_bench_is_the_harness(tmp_path):
+    """`spina bench WHAT` runs the same harness (its usage lists the WHATs)."""
+    done = subprocess.run([sys.executable, "-m", "spina_cli.main", "bench"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "all_reduce" in done.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("tc"),
+                    reason="namespaces need root and iproute2's tc")
+def test_all_reduce_on_a_topology_file(tmp_path):
+    """all_reduce on bench/topologies/star4.yaml built in namespaces at a rate of --rates:
+    link counters as bytes_per_link, every namespace removed afterwards."""
+    from spina.netns import removing_leftovers, unique_tag
+    out, tag = tmp_path / "star", unique_tag("tb")
+    with removing_leftovers(tag) as left:
+        done = bench("all_reduce", "-t", "bench/topologies/star4.yaml", "--rates", "1gbit",
+                     "-b", "64K", "-e", "64K", "-d", "1", "-n", "1", "--tag", tag, "--out",
+                     str(out))
+    assert done.returncode == 0, done.stderr
+    assert left == []
+    rows = check_common(out, "all_reduce", 3)
+    for r in rows:
+        assert r["rate"] == "1gbit" and r["workers"] == "4"
+        assert r["bytes_source"] == "link counters" and int(r["bytes_per_link"]) > 0
+        assert float(r["busbw_GBps"]) == pytest.approx(float(r["algbw_GBps"]) * 1.5, rel=1e-3)
+    gloo = next(r for r in rows if r["method"] == "gloo_allreduce")
+    assert int(gloo["bytes_per_link"]) >= 65536 * 2 * 3 // 4  # the ring's share, plus headers
