@@ -123,8 +123,8 @@ bench-dlcp: $(STAMP)  ## (root; 3 min here) DLCP step time under a congested que
 bench-collectives: $(STAMP)  ## (root; ~10 min here) collectives measured vs the planner's predictions on namespace topologies: bench/out/collectives/
 	$(PY) -m bench.collectives_bench $(COLLECTIVES_BENCH_ARGS)
 
-bench-allgather: $(STAMP)  ## (root; 2 min here) all-gather through the switch vs gloo's all_gather over 1 and 10 Gbit/s links: bench/out/allgather/
-	$(PY) -m bench.allgather_bench --rates 1gbit,10gbit --sizes 64KiB,1MiB,8MiB,32MiB $(ALLGATHER_BENCH_ARGS)
+bench-allgather: $(STAMP)  ## (root) all-gather through the switch vs gloo's all_gather on star4.yaml at 1 and 10 Gbit/s: bench/results/all_gather/
+	$(PY) -m bench all_gather -t bench/topologies/star4.yaml --rates 1gbit,10gbit -b 256K -e 128M -f 8 $(ALLGATHER_BENCH_ARGS)
 
 bench-hier-gather: $(STAMP)  ## (root; 1 min here) hierarchical all-gather vs the flat switch all-gather, 2-D, ring and gloo on two groups under a switch: bench/out/hier_gather/
 	$(PY) -m bench.hier_gather_bench $(HIER_GATHER_BENCH_ARGS)

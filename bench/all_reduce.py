@@ -30,18 +30,19 @@ tensor); `bytes_source` says which.
 from __future__ import annotations
 
 import os
+import statistics
 from contextlib import ExitStack
 
-from bench.allreduce_bench import summarize
 from bench.harness import method_rows
 from bench.paired import (
     ALL_METHODS,
+    SPINA_METHODS,
     Cluster,
-    Gloo,
-    Place,
     Request,
+    gloo_bytes,
     mean_over_workers,
     proc_cpu,
+    slowest,
 )
 from bench.procs import Point
 
@@ -51,7 +52,8 @@ DEFAULTS = dict(methods="spina,floor,gloo_allreduce")
 EXTRA_COLUMNS = ("block_size", "nlanes", "nslots", "bytes_source", "payload_bytes_per_link",
                  "packets_per_link", "resends", "spurious_resends", "timeout_resends",
                  "max_abs_err", "cpu_s_per_rank", "switch_cpu_s", "switch_pkts_per_cpu_s",
-                 "tbf_drops")
+                 "tbf_drops", "loss", "dropped", "resends_per_rank",
+                 "timeout_resends_per_rank")
 GLOO_PORT = 29400
 
 
@@ -81,35 +83,12 @@ def nlanes_for(block_size: int, wanted: int | None = None) -> int:
     return min(56 if wanted is None else wanted, most)
 
 
-def star_of(topo) -> tuple[str, list[str]] | str:
-    """(the aggregating switch, the hosts) of a star topology, or why it is not one."""
-    if len(topo.aggregating) != 1 or max(topo.devices) != 1:
-        return "needs one aggregating switch and hosts of one device"
-    sw = topo.aggregating[0]
-    if sorted(tuple(sorted((ln.a, ln.b))) for ln in topo.links) != sorted(
-            tuple(sorted((h, sw))) for h in topo.hosts):
-        return f"needs one link from every host to {sw} and no other"
-    return sw, list(topo.hosts)
-
-
 def check_options(a) -> str | None:
+    from bench.net_topo import check_star
     if a.topo is None:
         return "argument --rates: needs -t/--topology (loopback has no links)" if a.rates \
             else None
-    star = star_of(a.topo)
-    if isinstance(star, str):
-        return f"argument -t/--topology: {a.topology}: {star}"
-    if a.workers != [len(star[1])]:
-        return (f"argument -g/--workers: {a.topology} has {len(star[1])} hosts (give -g "
-                f"{len(star[1])} or another file)")
-    from spina.netns import why_no_namespaces
-    why = why_no_namespaces()
-    return f"argument -t/--topology: {why}" if why else None
-
-
-def file_rate(topo) -> str:
-    rates = {ln.rate_text for ln in topo.links}
-    return rates.pop() if len(rates) == 1 else "file"
+    return check_star(a)
 
 
 def run(a, log):
@@ -127,15 +106,9 @@ def run(a, log):
 
 
 def _cluster_points(a, n: int, bits: int, graph, log):
+    from bench.net_topo import star_places
     nlanes = nlanes_for(a.block_size, a.nlanes)
-    places = {}
-    if graph is not None:
-        sw, hosts = star_of(graph.topo)
-        places = dict(switch_place=Place(graph.ns(sw), graph.node_ip(sw)),
-                      worker_places=[Place(graph.ns(h), graph.host_ip(h)) for h in hosts])
-        gloo = Gloo(graph.host_ip(hosts[0]), GLOO_PORT, graph.host_if(hosts[0]))
-    else:
-        gloo = Gloo()
+    places, gloo = star_places(graph, GLOO_PORT)
     use_gloo = any(m.startswith("gloo") for m in a.methods)
     with Cluster(n, nslots=a.nslots, block_size=a.block_size, nlanes=nlanes, lane_bits=bits,
                  agent_kw={} if a.rto is None else {"rto": a.rto},
@@ -145,12 +118,13 @@ def _cluster_points(a, n: int, bits: int, graph, log):
         for rate in (a.rates or [None]) if graph is not None else [None]:
             if rate is not None:
                 graph.set_rate(rate)
-            rate_text = "" if graph is None else rate or file_rate(graph.topo)
+            rate_text = "" if graph is None else rate or graph.file_rate()
             for d in a.densities:
                 for size in a.sizes:
-                    p = Point("all_reduce", n, size // 4, d, a.block_size, nlanes, 256,
-                              a.nslots, a.rto)
-                    yield measure(cl, p, a, bits, rate_text, graph)
+                    for loss in getattr(a, "losses", [None]):  # bench/loss.py's
+                        p = Point(a.what, n, size // 4, d, a.block_size, nlanes, 256,
+                                  a.nslots, a.rto, loss)
+                        yield measure(cl, p, a, bits, rate_text, graph)
 
 
 def measure(cl: Cluster, p: Point, a, bits: int, rate: str, graph) -> list[dict]:
@@ -159,11 +133,14 @@ def measure(cl: Cluster, p: Point, a, bits: int, rate: str, graph) -> list[dict]
     sw0 = proc_cpu(cl.switch_pid)
     relay0 = proc_cpu(cl.relay_pid) if cl.relay_pid else 0.0
     drops0 = graph.tbf_drops() if graph is not None else 0
+    if p.loss is not None:
+        graph.set_loss(p.loss)  # new rules: their counters start at 0
     recs = cl.measure(Request(p, a.repeats, tuple(a.methods), count_dev=graph is not None,
                               count_wrong=True))
     sw_cpu = proc_cpu(cl.switch_pid) - sw0
     relay_cpu = proc_cpu(cl.relay_pid) - relay0 if cl.relay_pid else float("nan")
     drops = graph.tbf_drops() - drops0 if graph is not None else ""
+    dropped = graph.dropped() if p.loss is not None else ""
     load = f"{load0[0]:.2f}-{os.getloadavg()[0]:.2f}"
     stats = summarize(p, recs, a.methods, sw_cpu, relay_cpu)
     times, sent, wrong, extras = {}, {}, {}, {}
@@ -183,10 +160,13 @@ def measure(cl: Cluster, p: Point, a, bits: int, rate: str, graph) -> list[dict]
                          max_abs_err=s["max_err"], cpu_s_per_rank=round(s["cpu"], 6),
                          switch_cpu_s=_round(s.get("switch_cpu"), 4),
                          switch_pkts_per_cpu_s=_round(s.get("switch_pkt_rate")),
-                         tbf_drops=drops)
+                         tbf_drops=drops, loss="" if p.loss is None else p.loss,
+                         dropped=dropped,
+                         resends_per_rank=_round(s.get("resends_per_rank"), 3),
+                         timeout_resends_per_rank=_round(s.get("timeouts_per_rank"), 3))
     point = dict(size=4 * p.elements, elements=p.elements, dtype="float32", density=p.density,
                  workers=p.workers, lane_bits=bits, rate=rate)
-    return method_rows("all_reduce", point, times, bus="all_reduce", sent=sent, wrong=wrong,
+    return method_rows(a.what, point, times, bus="all_reduce", sent=sent, wrong=wrong,
                        load=load, extras=extras)
 
 
@@ -194,3 +174,78 @@ def _round(x, nd: int = 0):
     if x is None or x == "" or x != x:
         return ""
     return round(x, nd) if nd else round(x)
+
+
+def summarize(p: Point, recs: list[dict], methods, switch_cpu: float,
+              relay_cpu: float = float("nan")) -> dict:
+    """Per method: the repeat times (slowest worker), CPU, bytes, resends, checks; the
+    floor's relay in the switch's columns."""
+    out = {}
+    nonzeros = max(w["nonzeros"] for w in recs)
+    for m in methods:
+        cpu = statistics.fmean(statistics.median(w[m]["cpu"]) for w in recs)
+        d = dict(times=slowest(recs, m), cpu=cpu, verified=True, max_err=recs[0][m]["max_err"])
+        if m == "floor":
+            out[m] = d | floor_counts(recs, relay_cpu)
+            continue
+        if m not in SPINA_METHODS:
+            d.update(bytes=gloo_bytes(m, p, nonzeros), bytes_source="model")
+            out[m] = d
+            continue
+        mean = lambda k, m=m: mean_over_workers(recs, m, k)  # noqa: E731
+        # Every call, warm-up included: what the switch served while its CPU was measured
+        # (with both SpINA methods in a point, it served both: the rates are of the total).
+        total = lambda k: sum(w[n]["warmup"][k] + sum(w[n][k])  # noqa: E731
+                              for w in recs for n in methods if n in SPINA_METHODS)
+        own = lambda k, m=m: sum(w[m]["warmup"][k] + sum(w[m][k]) for w in recs)  # noqa: E731
+        timed_calls = p.workers * len(d["times"])
+        resends = own("resends")
+        d.update(bytes=mean("bytes_sent"), bytes_source="measured",
+                 payload=mean("payload_bytes_sent"), packets=mean("packets_sent"),
+                 nonzero_blocks=mean("nonzero_blocks"), resends=resends,
+                 timeout_resends=own("timeout_resends"),
+                 # Without loss every resend is spurious; with loss, those the agents found so.
+                 spurious=resends if not p.loss else own("spurious_resends"),
+                 resends_per_rank=sum(sum(w[m]["resends"]) for w in recs) / timed_calls,
+                 timeouts_per_rank=sum(sum(w[m]["timeout_resends"])
+                                       for w in recs) / timed_calls,
+                 switch_packets=total("packets_sent"), switch_cpu=switch_cpu,
+                 switch_pkt_rate=(total("packets_sent") / switch_cpu if switch_cpu
+                                  else float("nan")),
+                 switch_gbit=(8e-9 * total("payload_bytes_sent") / switch_cpu if switch_cpu
+                              else float("nan")),
+                 memory=[w.get("memory") for w in recs])
+        out[m] = d
+    return out
+
+
+def floor_counts(recs: list[dict], relay_cpu: float) -> dict:
+    """The floor's bytes and datagrams per worker and call (measured), and its relay's
+    datagrams and payload (every call, warm-up included) per CPU-second of the relay."""
+    packets, sent = (sum(w["floor"]["warmup"][k] + sum(w["floor"][k]) for w in recs)
+                     for k in ("packets_sent", "bytes_sent"))
+    mean = lambda k: mean_over_workers(recs, "floor", k)  # noqa: E731
+    per_cpu = lambda x: x / relay_cpu if relay_cpu else float("nan")  # noqa: E731
+    # payload: the datagrams less their 4-byte chunk index
+    return dict(bytes=mean("bytes_sent"), bytes_source="measured",
+                payload=mean("bytes_sent") - 4 * mean("packets_sent"),
+                packets=mean("packets_sent"), switch_packets=packets, switch_cpu=relay_cpu,
+                switch_pkt_rate=per_cpu(packets),
+                switch_gbit=per_cpu(8e-9 * (sent - 4 * packets)))
+
+
+def run_spina(p: Point, repeats: int, profile_dir: str | None = None,
+              memory: bool = False) -> dict:
+    """SpINA alone at one point on loopback, in a cluster of its own (bench/profile.py's
+    runner): summarize's measurements plus "switch", the switch's own counters; with
+    profile_dir, the switch's and rank 0's cProfile there (switch.prof, agent0.prof)."""
+    sw_prof = os.path.join(profile_dir, "switch.prof") if profile_dir else None
+    ag_prof = os.path.join(profile_dir, "agent0.prof") if profile_dir else None
+    with Cluster(p.workers, nslots=p.nslots, block_size=p.block_size, nlanes=p.nlanes,
+                 agent_kw={} if p.rto is None else {"rto": p.rto},
+                 switch_profile=sw_prof) as cl:
+        sw0 = proc_cpu(cl.switch_pid)
+        recs = cl.measure(Request(p, repeats, ("spina",), profile_path=ag_prof, memory=memory))
+        m = summarize(p, recs, ("spina",), proc_cpu(cl.switch_pid) - sw0)["spina"]
+    m["switch"] = cl.switch_stats
+    return m

@@ -44,7 +44,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "bench", "results")
 
 # WHAT -> module of this package (each: DESCRIPTION, METHODS, DEFAULTS, run; see the docstring)
-WHATS = {"all_reduce": "bench.all_reduce"}
+WHATS = {"all_reduce": "bench.all_reduce", "all_gather": "bench.all_gather",
+         "loss": "bench.loss"}
 
 # nccl-tests' bus bandwidth factors (its doc/PERFORMANCE.md), by collective, for n ranks.
 BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n,
@@ -258,8 +259,8 @@ def commit() -> str:
 class Results:
     """bench/results/<name>/: results.csv, plot.png, summary.md, command.txt."""
 
-    def __init__(self, a, argv, columns):
-        self.a, self.columns, self.rows = a, columns, []
+    def __init__(self, a, argv, columns, point_columns=()):
+        self.a, self.columns, self.point_columns, self.rows = a, columns, point_columns, []
         os.makedirs(a.out, exist_ok=True)
         self.t0, self.load0 = time.time(), os.getloadavg()
         self.command = "python -m bench " + shlex.join([a.what] + list(argv))
@@ -293,28 +294,46 @@ class Results:
         files = [self.csv_path, os.path.join(self.a.out, "summary.md"),
                  os.path.join(self.a.out, "command.txt")]
         with open(files[1], "w") as f:
-            f.write(summary(self.rows, self.head, self.columns))
+            f.write(summary(self.a.what, self.rows, self.head, self.point_columns))
         if plots and self.rows:
-            files.append(plot(self.rows, os.path.join(self.a.out, "plot.png")))
+            files.append(plot(self.rows, os.path.join(self.a.out, "plot.png"),
+                              self.point_columns))
         return files
 
 
-def _group_key(r: dict) -> tuple:
-    return (r["workers"], r["lane_bits"], r["rate"], r["density"])
+GROUP = ("workers", "lane_bits", "rate", "density")  # a table and a plot panel each
 
 
-def summary(rows: list[dict], head: list[str], columns) -> str:
-    """summary.md: the command lines, then per (workers, lane bits, rate, density) a table of
-    sizes x methods in the common columns."""
-    out = [f"# bench {rows[0]['what'] if rows else ''}", ""] + [f"- {h}" for h in head] + [""]
-    groups: dict[tuple, list[dict]] = {}
+def page_head(title: str, meta: dict, targets_title: str, targets: list[str],
+              none_run: str) -> list[str]:
+    """The first lines of a summary of the programs not yet in the harness (train_bench,
+    overlap_bench, net_bench, dlcp_bench): title, the run's meta, the targets met or not."""
+    return ([f"# {title}", ""] + [f"- {k}: {v}" for k, v in meta.items()]
+            + ["", f"## {targets_title}", ""] + (targets or [f"- ({none_run})"]))
+
+
+def _groups(rows: list[dict], extra=()) -> dict[tuple, list[dict]]:
+    """Rows by GROUP and a WHAT's own point columns (its POINT_COLUMNS: loss, ...)."""
+    out: dict[tuple, list[dict]] = {}
     for r in rows:
-        groups.setdefault(_group_key(r), []).append(r)
+        out.setdefault(tuple((k, r[k]) for k in GROUP + tuple(extra)), []).append(r)
+    return out
+
+
+def _title(key: tuple) -> str:
+    d = dict(key)
+    return ", ".join([f"{d.pop('workers')} workers", f"{d.pop('lane_bits')}-bit lanes",
+                      d.pop("rate") or "loopback"] + [f"{k} {v}" for k, v in d.items()])
+
+
+def summary(what: str, rows: list[dict], head: list[str], extra=()) -> str:
+    """summary.md: the command lines, then per group (GROUP and the WHAT's point columns) a
+    table of sizes x methods in the common columns."""
+    out = [f"# bench {what}", ""] + [f"- {h}" for h in head] + [""]
     cols = ("size", "elements", "method", "time_us", "algbw_GBps", "busbw_GBps", "vs_gloo",
             "vs_floor", "bytes_per_link", "wrong", "load")
-    for (n, bits, rate, dens), rs in groups.items():
-        out += [f"## {n} workers, {bits}-bit lanes, {rate or 'loopback'}, density {dens}", "",
-                "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for key, rs in _groups(rows, extra).items():
+        out += [f"## {_title(key)}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
         out += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rs]
         out.append("")
     wrong = sum(int(r["wrong"]) for r in rows)
@@ -322,14 +341,12 @@ def summary(rows: list[dict], head: list[str], columns) -> str:
     return "\n".join(out) + "\n"
 
 
-def plot(rows: list[dict], path: str) -> str:
+def plot(rows: list[dict], path: str, extra=()) -> str:
     """plot.png: time and busbw against size, a line per method, a panel pair per group."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    groups: dict[tuple, list[dict]] = {}
-    for r in rows:
-        groups.setdefault(_group_key(r), []).append(r)
+    groups = _groups(rows, extra)
     fig, axes = plt.subplots(len(groups), 2, figsize=(10, 3.2 * len(groups)), squeeze=False)
     for (key, rs), (ax_t, ax_b) in zip(groups.items(), axes):
         for m in dict.fromkeys(r["method"] for r in rs):
@@ -338,12 +355,11 @@ def plot(rows: list[dict], path: str) -> str:
             xs = [p[0] for p in pts]
             ax_t.plot(xs, [p[1] for p in pts], "o-", label=m)
             ax_b.plot(xs, [p[2] for p in pts], "o-", label=m)
-        n, bits, rate, dens = key
         for ax, y in ((ax_t, "time (us)"), (ax_b, "busbw (GB/s)")):
             ax.set_xscale("log", base=2)
             ax.set_xlabel("size (bytes)")
             ax.set_ylabel(y)
-            ax.set_title(f"n={n}, {bits}-bit, {rate or 'loopback'}, density {dens}", fontsize=9)
+            ax.set_title(_title(key), fontsize=9)
             ax.grid(alpha=0.3)
         ax_t.set_yscale("log")
         ax_t.legend(fontsize=8)
@@ -390,7 +406,7 @@ def main(argv=None) -> int:
     what = load(argv[0])
     a = parse_args(what, argv[1:])
     columns = COLUMNS + tuple(getattr(what.module, "EXTRA_COLUMNS", ()))
-    res = Results(a, argv[1:], columns)
+    res = Results(a, argv[1:], columns, tuple(getattr(what.module, "POINT_COLUMNS", ())))
     print(f"# {res.command}\n# {res.head[1]}\n# results: {a.out}\n" + TABLE_HEAD, flush=True)
     try:
         for rows in what.module.run(a, log=lambda s: print("# " + s, flush=True)):

@@ -36,7 +36,6 @@ from datetime import timedelta
 
 import numpy as np
 
-from bench.allgather_bench import _sizes
 from bench.collectives_bench import GLOO, idle_seconds
 from bench.net_topo import Graph, link_ifnames
 from bench.paired import BenchError, guarded, recv, stop_all, stop_server
@@ -283,6 +282,11 @@ def _methods(text: str) -> list[str]:
         if m not in METHODS:
             raise argparse.ArgumentTypeError(f"method {m!r} is not one of {', '.join(METHODS)}")
     return out
+
+
+def _sizes(text: str) -> list[int]:
+    """--sizes: a comma list of sizes (collectives/topology.py's units), each checked here."""
+    return [cli.parsed_by(topology.parse_size, "size")(v) for v in text.split(",")]
 
 
 def parse_args(argv=None):

@@ -40,6 +40,7 @@ import statistics
 import sys
 import time
 
+from bench.harness import page_head
 from bench.net_topo import SWITCH_IP, Star, kernel_losses_total, parse_rate, tbf_params
 from bench.paired import (
     Cluster,
@@ -52,7 +53,6 @@ from bench.paired import (
     slowest,
 )
 from bench.procs import Point
-from bench.report import page_head
 from spina.wire import LANE_BITS
 
 METHODS = ("spina", "gloo", "floor")  # the CSV's column prefixes

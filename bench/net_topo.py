@@ -249,6 +249,21 @@ class Graph(_Namespaces):
                 netns.tbf(self.ifname(i, end), rate, burst, self.queue_ms, self.ns(end))
         self.rate = rate
 
+    def set_loss(self, p: float) -> None:
+        """Drop UDP datagrams at random with probability `p` each way at every host
+        (iptables in the host's namespace: this kernel has no netem)."""
+        for h in self.topo.hosts:
+            netns.random_drop(self.ns(h), p, flush=True)
+
+    def dropped(self) -> int:
+        """Datagrams set_loss's rules discarded since they were set, all hosts, both ways."""
+        return sum(netns.random_drops(self.ns(h)) for h in self.topo.hosts)
+
+    def file_rate(self) -> str:
+        """The links' rate: set_rate's, else the file's if it has one, else 'file'."""
+        rates = {ln.rate_text for ln in self.topo.links}
+        return self.rate or (rates.pop() if len(rates) == 1 else "file")
+
     def tbf_drops(self) -> int:
         """Packets dropped so far by every link's tbf."""
         return sum(netns.qdisc_drops(ifc, ns) for ns, ifc in self.endpoints())
@@ -280,3 +295,40 @@ class Graph(_Namespaces):
         netns.add_route(f"{self.host_ip(host)}/32", self.ns(node), via=self._addr(i, nb),
                         dev=self.ifname(i, node), replace=True,
                         src=self.host_ip(node) if node in self.topo.hosts else None)
+
+
+# ----------------------------------------------------------------------------- stars
+def star_of(topo: Topology) -> tuple[str, list[str]] | str:
+    """(the aggregating switch, the hosts) of a star topology, or why it is not one."""
+    if len(topo.aggregating) != 1 or max(topo.devices) != 1:
+        return "needs one aggregating switch and hosts of one device"
+    sw = topo.aggregating[0]
+    if sorted(tuple(sorted((ln.a, ln.b))) for ln in topo.links) != sorted(
+            tuple(sorted((h, sw))) for h in topo.hosts):
+        return f"needs one link from every host to {sw} and no other"
+    return sw, list(topo.hosts)
+
+
+def check_star(a) -> str | None:
+    """A harness option error if -t is not a star of -g hosts or namespaces cannot be built."""
+    star = star_of(a.topo)
+    if isinstance(star, str):
+        return f"argument -t/--topology: {a.topology}: {star}"
+    if a.workers != [len(star[1])]:
+        return (f"argument -g/--workers: {a.topology} has {len(star[1])} hosts (give -g "
+                f"{len(star[1])} or another file)")
+    why = netns.why_no_namespaces()
+    return f"argument -t/--topology: {why}" if why else None
+
+
+def star_places(graph: "Graph | None", gloo_port: int):
+    """bench.paired.Cluster's places (the switch and the floor's relay at the aggregating
+    switch, a rank per host) and its Gloo (rank 0's store on its host, every rank on its
+    eth0) for a star Graph; on loopback (None) the defaults."""
+    from bench.paired import Gloo, Place
+    if graph is None:
+        return {}, Gloo()
+    sw, hosts = star_of(graph.topo)
+    places = dict(switch_place=Place(graph.ns(sw), graph.node_ip(sw)),
+                  worker_places=[Place(graph.ns(h), graph.host_ip(h)) for h in hosts])
+    return places, Gloo(graph.host_ip(hosts[0]), gloo_port, graph.host_if(hosts[0]))

@@ -50,10 +50,10 @@ import time
 import zlib
 from dataclasses import asdict, dataclass
 
+from bench.harness import page_head
 from bench.net_bench import add_star_args, run_meta
 from bench.net_topo import SWITCH_IP, Star, dev_bytes, kernel_losses_total, parse_rate, tbf_params
 from bench.paired import BenchError, Cluster, Gloo, Place, paired_ratios, rotation
-from bench.report import page_head
 from bench.train_bench import digits, quartiles, write_csv
 
 METHODS = ("ddp", "overlap", "overlap_fifo", "compute")

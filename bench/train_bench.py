@@ -52,6 +52,7 @@ import time
 import zlib
 from dataclasses import dataclass, replace
 
+from bench.harness import page_head
 from bench.net_bench import add_star_args, run_meta
 from bench.net_topo import (
     SWITCH_IP,
@@ -71,7 +72,6 @@ from bench.paired import (
     rotation,
 )
 from bench.procs import cpu_seconds
-from bench.report import page_head
 
 METHODS = ("gloo", "spina", "topk", "compute")
 SYNCED = ("gloo", "spina", "topk")  # trained with DDP: same weights on every rank, accuracy

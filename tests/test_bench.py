@@ -115,6 +115,33 @@ def test_sizes_and_bus_factors():
     assert (spina["wrong"], rows[1]["wrong"]) == (1, 0)
 
 
+def test_rotation_and_paired_ratio():
+    """Each method goes first once every len(methods) repeats; ratios pair repeat i with i."""
+    from bench.paired import paired_ratios, rotation
+    m = ("spina", "gloo_allreduce", "gloo_allgather")
+    assert [rotation(m, i) for i in range(4)] == [
+        m, ("gloo_allreduce", "gloo_allgather", "spina"),
+        ("gloo_allgather", "spina", "gloo_allreduce"), m]
+    assert rotation(("spina", "gloo"), 1) == ("gloo", "spina")
+    assert paired_ratios([1.0, 3.0], [2.0, 1.5]) == [0.5, 2.0]
+    with pytest.raises(ValueError):
+        paired_ratios([1.0], [1.0, 2.0])
+
+
+def test_all_reduce_on_two_switch_threads(tmp_path):
+    """--switch-threads 2: a dense point through a switch of 2 data-path threads, every
+    method's results right, SpINA's datagrams all served (no resend on loopback needed)."""
+    out = tmp_path / "t2"
+    done = bench("all_reduce", "-b", "256K", "-e", "256K", "-d", "1", "-g", "2", "-n", "2",
+                 "-m", "spina,spina_blocks", "--switch-threads", "2", "--no-plots",
+                 "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    rows = check_common(out, "all_reduce", 2)
+    assert rows[0]["payload_bytes_per_link"] == rows[1]["payload_bytes_per_link"] == str(
+        256 << 10)  # dense: the whole tensor, the caller's blocks or not
+    assert "--switch-threads 2" in (out / "command.txt").read_text()
+
+
 def test_spina_bench_is_the_harness(tmp_path):
     """`spina bench WHAT` runs the same harness (its usage lists the WHATs)."""
     done = subprocess.run([sys.executable, "-m", "spina_cli.main", "bench"], cwd=ROOT,
@@ -122,19 +149,59 @@ def test_spina_bench_is_the_harness(tmp_path):
     assert done.returncode == 0 and "all_reduce" in done.stdout
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("tc"),
-                    reason="namespaces need root and iproute2's tc")
+NEEDS_NETNS = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("tc"),
+                                 reason="namespaces need root and iproute2's tc")
+
+
+def star_file(tmp_path: Path, n: int) -> Path:
+    """A star of n hosts on one aggregating switch, 1 Gbit/s links: a topology file."""
+    path = tmp_path / f"star{n}.yaml"
+    path.write_text(f"hosts: [{', '.join(f'h{i}' for i in range(n))}]\n"
+                    "switches: {s0: {aggregate: true}}\nlinks:\n" + "".join(
+                        f"  - {{ends: [h{i}, s0], rate: 1gbit, latency: 20us, burst: 128KiB}}\n"
+                        for i in range(n)) + "mtu: 9000\n")
+    return path
+
+
+def bench_netns(what: str, *args) -> subprocess.CompletedProcess:
+    """python -m bench WHAT in namespaces of a fresh tag; every one removed afterwards."""
+    from spina.netns import removing_leftovers, unique_tag
+    tag = unique_tag("tb")
+    with removing_leftovers(tag) as left:
+        done = bench(what, *args, "--tag", tag)
+    assert left == [], f"{what} left namespaces {left}"
+    return done
+
+
+@NEEDS_NETNS
+def test_all_gather_on_a_star(tmp_path):
+    """all_gather over a 1 Gbit/s star of 3, 16 KiB shards: every result bit for bit (wrong
+    0), busbw = algbw x (n-1)/n; each SpINA rank sends its shard once (plus headers) where
+    gloo's ring sends it twice, and both receive two shards."""
+    out = tmp_path / "ag"
+    done = bench_netns("all_gather", "-t", str(star_file(tmp_path, 3)), "-g", "3", "-b", "48K",
+                       "-e", "48K", "-n", "1", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    rows = {r["method"]: r for r in check_common(out, "all_gather", 2)}
+    shard = 16384
+    assert sorted(rows) == ["gloo", "spina"] and rows["spina"]["shard_bytes"] == str(shard)
+    assert shard <= int(rows["spina"]["bytes_per_link"]) < 1.2 * shard
+    assert 2 * shard <= int(rows["gloo"]["bytes_per_link"]) < 2.5 * shard
+    for r in rows.values():
+        assert 2 * shard <= int(r["rx_bytes_per_link"]) < 2.5 * shard
+        assert r["size"] == str(3 * shard) and r["rate"] == "1gbit"
+        assert float(r["busbw_GBps"]) == pytest.approx(float(r["algbw_GBps"]) * 2 / 3, rel=1e-3)
+    assert rows["gloo"]["vs_gloo"] == "" and float(rows["spina"]["vs_gloo"]) > 0
+
+
+@NEEDS_NETNS
 def test_all_reduce_on_a_topology_file(tmp_path):
     """all_reduce on bench/topologies/star4.yaml built in namespaces at a rate of --rates:
     link counters as bytes_per_link, every namespace removed afterwards."""
-    from spina.netns import removing_leftovers, unique_tag
-    out, tag = tmp_path / "star", unique_tag("tb")
-    with removing_leftovers(tag) as left:
-        done = bench("all_reduce", "-t", "bench/topologies/star4.yaml", "--rates", "1gbit",
-                     "-b", "64K", "-e", "64K", "-d", "1", "-n", "1", "--tag", tag, "--out",
-                     str(out))
+    out = tmp_path / "star"
+    done = bench_netns("all_reduce", "-t", "bench/topologies/star4.yaml", "--rates", "1gbit",
+                       "-b", "64K", "-e", "64K", "-d", "1", "-n", "1", "--out", str(out))
     assert done.returncode == 0, done.stderr
-    assert left == []
     rows = check_common(out, "all_reduce", 3)
     for r in rows:
         assert r["rate"] == "1gbit" and r["workers"] == "4"
@@ -142,3 +209,26 @@ def test_all_reduce_on_a_topology_file(tmp_path):
         assert float(r["busbw_GBps"]) == pytest.approx(float(r["algbw_GBps"]) * 1.5, rel=1e-3)
     gloo = next(r for r in rows if r["method"] == "gloo_allreduce")
     assert int(gloo["bytes_per_link"]) >= 65536 * 2 * 3 // 4  # the ring's share, plus headers
+
+
+@NEEDS_NETNS
+def test_loss_on_a_star(tmp_path):
+    """loss at 0 and 10% each way on a 2-host star: results exact (wrong 0), the rules drop
+    datagrams only when set, SpINA resends what they dropped, vs_lossless against loss 0."""
+    topo = tmp_path / "star2.yaml"
+    topo.write_text("hosts: [h0, h1]\nswitches: {s0: {aggregate: true}}\nlinks:\n"
+                    + "".join(f"  - {{ends: [h{i}, s0], rate: 10gbit, latency: 0us, "
+                              "burst: 1250KB}\n" for i in range(2)) + "mtu: 65000\n")
+    out = tmp_path / "loss"
+    done = bench_netns("loss", "-t", str(topo), "-g", "2", "-b", "256K", "-e", "256K", "-d", "1",
+                       "--losses", "0,0.1", "-n", "2", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    rows = check_common(out, "loss", 2)
+    assert [(r["method"], float(r["loss"])) for r in rows] == [("spina", 0.0), ("spina", 0.1)]
+    lossless, lossy = rows
+    assert int(lossless["dropped"]) == 0 < int(lossy["dropped"])
+    assert int(lossy["resends"]) > 0 and lossless["vs_lossless"] == "1.0"
+    assert float(lossy["vs_lossless"]) == pytest.approx(
+        float(lossy["time_us"]) / float(lossless["time_us"]), rel=1e-2)
+    assert "## 2 workers, 32-bit lanes, 10gbit, density 1.0, loss 0.1" in (
+        out / "summary.md").read_text()

@@ -8,8 +8,8 @@ import statistics
 import numpy as np
 
 from bench.dlcp_bench.configs import CONFIGS
+from bench.harness import page_head
 from bench.paired import BenchError
-from bench.report import page_head
 
 TARGET = 0.5                      # issue 14: p99 with a 10% bound <= half of exact mode's
 
