@@ -45,7 +45,7 @@ RESULTS = os.path.join(ROOT, "bench", "results")
 
 # WHAT -> module of this package (each: DESCRIPTION, METHODS, DEFAULTS, run; see the docstring)
 WHATS = {"all_reduce": "bench.all_reduce", "all_gather": "bench.all_gather",
-         "loss": "bench.loss"}
+         "loss": "bench.loss", "switch": "bench.switch"}
 
 # nccl-tests' bus bandwidth factors (its doc/PERFORMANCE.md), by collective, for n ranks.
 BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n,

@@ -142,6 +142,25 @@ def test_all_reduce_on_two_switch_threads(tmp_path):
     assert "--switch-threads 2" in (out / "command.txt").read_text()
 
 
+def test_switch_alone(tmp_path):
+    """switch: three loads at full and quarter lanes, 2 workers, one round of 16 slots: every
+    result datagram counted (wrong 0), time = datagrams x wall time per datagram."""
+    out = tmp_path / "sw"
+    done = bench("switch", "-g", "2", "-d", "1,0.25", "-n", "2", "-m", "pipeline,compiled,udp",
+                 "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    rows = check_common(out, "switch", 6)
+    assert [(r["method"], float(r["density"])) for r in rows] == [
+        (m, d) for d in (1.0, 0.25) for m in ("pipeline", "compiled", "udp")]
+    for r in rows:
+        assert r["packets"] == str(2 * 16) and r["size"] == str(16 * 56 * 256 * 4)
+        assert r["tree"] == "." and r["busbw_GBps"] == r["algbw_GBps"]
+        assert float(r["time_us"]) == pytest.approx(32 * float(r["wall_us_per_packet"]),
+                                                    rel=0.05)
+    bad = bench("switch", "--trees", ".,/nonexistent", "--out", str(tmp_path / "bad"))
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--trees" in bad.stderr
+
+
 def test_spina_bench_is_the_harness(tmp_path):
     """`spina bench WHAT` runs the same harness (its usage lists the WHATs)."""
     done = subprocess.run([sys.executable, "-m", "spina_cli.main", "bench"], cwd=ROOT,
