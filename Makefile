@@ -120,8 +120,8 @@ bench-net: $(STAMP)  ## (root) all-reduce over rate-limited links (star4.yaml at
 bench-dlcp: $(STAMP)  ## (root; 3 min here) DLCP step time under a congested queue: exact vs 1%/10% bounds, priorities, gloo: bench/out/dlcp/
 	$(PY) -m bench.dlcp_bench $(DLCP_BENCH_ARGS)
 
-bench-collectives: $(STAMP)  ## (root; ~10 min here) collectives measured vs the planner's predictions on namespace topologies: bench/out/collectives/
-	$(PY) -m bench.collectives_bench $(COLLECTIVES_BENCH_ARGS)
+bench-collectives: $(STAMP)  ## (root; ~10 min here) the planner checked: every all-reduce algorithm measured vs predicted on four topology files: bench/results/plan_<file>/
+	for t in package4 two_groups torus2x2 star4; do $(PY) -m bench plan -t bench/topologies/$$t.yaml --name plan_$$t $(COLLECTIVES_BENCH_ARGS) || exit 1; done
 
 bench-allgather: $(STAMP)  ## (root) all-gather through the switch vs gloo's all_gather on star4.yaml at 1 and 10 Gbit/s: bench/results/all_gather/
 	$(PY) -m bench all_gather -t bench/topologies/star4.yaml --rates 1gbit,10gbit -b 256K -e 128M -f 8 $(ALLGATHER_BENCH_ARGS)

@@ -45,7 +45,7 @@ RESULTS = os.path.join(ROOT, "bench", "results")
 
 # WHAT -> module of this package (each: DESCRIPTION, METHODS, DEFAULTS, run; see the docstring)
 WHATS = {"all_reduce": "bench.all_reduce", "all_gather": "bench.all_gather",
-         "loss": "bench.loss", "switch": "bench.switch"}
+         "loss": "bench.loss", "switch": "bench.switch", "plan": "bench.plan"}
 
 # nccl-tests' bus bandwidth factors (its doc/PERFORMANCE.md), by collective, for n ranks.
 BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n,
@@ -289,7 +289,9 @@ class Results:
             w.writeheader()
             w.writerows(self.rows)
 
-    def finish(self, plots: bool) -> list[str]:
+    def finish(self, plots: bool, finish=None) -> list[str]:
+        """Write summary.md, command.txt's end and the plot; `finish(rows, a)`: a WHAT's own
+        further outputs (their paths)."""
         self._write_command(end=os.getloadavg())
         files = [self.csv_path, os.path.join(self.a.out, "summary.md"),
                  os.path.join(self.a.out, "command.txt")]
@@ -298,7 +300,7 @@ class Results:
         if plots and self.rows:
             files.append(plot(self.rows, os.path.join(self.a.out, "plot.png"),
                               self.point_columns))
-        return files
+        return files + (finish(self.rows, self.a) if finish else [])
 
 
 GROUP = ("workers", "lane_bits", "rate", "density")  # a table and a plot panel each
@@ -420,7 +422,7 @@ def main(argv=None) -> int:
         res.finish(plots=False)
         print(f"python -m bench {what.name}: error: {cli.one_line(e)}", file=sys.stderr)
         return 1
-    files = res.finish(plots=not a.no_plots)
+    files = res.finish(plots=not a.no_plots, finish=getattr(what.module, "finish", None))
     wrong = sum(int(r["wrong"]) for r in res.rows)
     print(f"# #wrong: {wrong}\n# wrote " + ", ".join(files))
     if wrong:

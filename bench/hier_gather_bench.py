@@ -36,9 +36,9 @@ from datetime import timedelta
 
 import numpy as np
 
-from bench.collectives_bench import GLOO, idle_seconds
 from bench.net_topo import Graph, link_ifnames
 from bench.paired import BenchError, guarded, recv, stop_all, stop_server
+from bench.plan import GLOO, idle_seconds
 from bench.procs import switch_main
 from collectives import plan as planner, topology
 from spina import cli

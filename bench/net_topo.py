@@ -19,7 +19,7 @@ root namespace; deleting the namespaces removes the links and qdiscs with them.
 
 `Graph` builds any collectives topology (collectives/topology.py) the same way: a namespace
 per host and per switch, a veth per link with tbf at both ends, and the topology's own routes
-(bench/collectives_bench.py measures the collectives on it).
+(bench/plan.py measures the collectives on it).
 
 Run as root. `Star` and `Graph` are context managers: everything they made is removed on exit,
 also when the body raises (spina.netns.Network; every primitive they use is spina/netns.py's).

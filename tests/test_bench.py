@@ -251,3 +251,28 @@ def test_loss_on_a_star(tmp_path):
         float(lossy["time_us"]) / float(lossless["time_us"]), rel=1e-2)
     assert "## 2 workers, 32-bit lanes, 10gbit, density 1.0, loss 0.1" in (
         out / "summary.md").read_text()
+
+
+@NEEDS_NETNS
+def test_plan_on_a_pair(tmp_path):
+    """plan on 2 hosts joined by a 100 Mbit/s link, 16 KiB, one repeat: every algorithm
+    measured, checked (wrong 0) and predicted, the planner's pick and the best marked."""
+    topo = tmp_path / "pair.yaml"
+    topo.write_text("hosts: [a, b]\nlinks:\n  - {ends: [a, b], rate: 100mbit, latency: 20us, "
+                    "burst: 128KiB}\nmtu: 9000\n")
+    out = tmp_path / "plan"
+    done = bench_netns("plan", "-t", str(topo), "-g", "2", "-b", "16K", "-e", "16K", "-n", "1",
+                       "--calibration-repeats", "1", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    rows = check_common(out, "plan", 4)  # no aggregating switch: no ina
+    assert [r["method"] for r in rows] == ["ring", "halving-doubling", "direct", "gloo"]
+    for r in rows:
+        assert r["topology"] == "pair" and r["size"] == str(16 << 10) and r["rate"] == "100mbit"
+        if r["method"] != "gloo":
+            # 2 ranks: one exchange each way to reduce-scatter, one to all-gather
+            assert int(r["steps"]) == 2 and float(r["predicted_us"]) > 0
+            assert r["bottleneck"] in ("a->b", "b->a", "cpu")
+    assert sum(r["planner_pick"] == "yes" for r in rows) == 1
+    assert sum(r["best_measured"] == "yes" for r in rows) == 1
+    assert (out / "predicted_vs_measured.png").stat().st_size > 0
+
