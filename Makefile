@@ -129,8 +129,8 @@ bench-allgather: $(STAMP)  ## (root) all-gather through the switch vs gloo's all
 bench-hier-gather: $(STAMP)  ## (root; 1 min here) hierarchical all-gather vs the flat switch all-gather, 2-D, ring and gloo on two groups under a switch: bench/out/hier_gather/
 	$(PY) -m bench.hier_gather_bench $(HIER_GATHER_BENCH_ARGS)
 
-bench-train: $(STAMP)  ## (root; 4-7 min here) DDP training over 1 and 10 Gbit/s links: gloo vs SpINA dense vs top-k, step time and time to accuracy: bench/out/train/
-	$(PY) -m bench.train_bench $(TRAIN_BENCH_ARGS)
+bench-train: $(STAMP)  ## (root; 4-7 min here) DDP training over star4.yaml at 1 and 10 Gbit/s: gloo vs SpINA dense vs top-k, step time and time to accuracy: bench/results/training/
+	$(PY) -m bench training -t bench/topologies/star4.yaml --rates 1gbit,10gbit $(TRAIN_BENCH_ARGS)
 
 bench-overlap: $(STAMP)  ## (root; 3 min here) priority overlap vs DDP's default order over 1 Gbit/s links, with a timeline: bench/out/overlap/
 	$(PY) -m bench.overlap_bench $(OVERLAP_BENCH_ARGS)

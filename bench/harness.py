@@ -45,7 +45,8 @@ RESULTS = os.path.join(ROOT, "bench", "results")
 
 # WHAT -> module of this package (each: DESCRIPTION, METHODS, DEFAULTS, run; see the docstring)
 WHATS = {"all_reduce": "bench.all_reduce", "all_gather": "bench.all_gather",
-         "loss": "bench.loss", "switch": "bench.switch", "plan": "bench.plan"}
+         "loss": "bench.loss", "switch": "bench.switch", "plan": "bench.plan",
+         "training": "bench.training"}
 
 # nccl-tests' bus bandwidth factors (its doc/PERFORMANCE.md), by collective, for n ranks.
 BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n,
@@ -232,10 +233,13 @@ def method_rows(what: str, point: dict, times: dict, *, bus: str, sent: dict | N
 
 
 def _ratio(a, b) -> str | float:
+    """Median over the repeats both ran (training's methods stop at different steps) of
+    a's time over b's in the same repeat."""
     if not b:
         return ""
     from bench.paired import paired_ratios
-    return _sig(statistics.median(paired_ratios(a, b)))
+    k = min(len(a), len(b))
+    return _sig(statistics.median(paired_ratios(a[:k], b[:k])))
 
 
 def _sig(x: float) -> float:
@@ -308,8 +312,8 @@ GROUP = ("workers", "lane_bits", "rate", "density")  # a table and a plot panel 
 
 def page_head(title: str, meta: dict, targets_title: str, targets: list[str],
               none_run: str) -> list[str]:
-    """The first lines of a summary of the programs not yet in the harness (train_bench,
-    overlap_bench, net_bench, dlcp_bench): title, the run's meta, the targets met or not."""
+    """The first lines of a summary of the programs not yet in the harness (overlap_bench,
+    dlcp_bench): title, the run's meta, the targets met or not."""
     return ([f"# {title}", ""] + [f"- {k}: {v}" for k, v in meta.items()]
             + ["", f"## {targets_title}", ""] + (targets or [f"- ({none_run})"]))
 

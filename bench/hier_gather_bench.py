@@ -302,8 +302,8 @@ def parse_args(argv=None):
     ap.add_argument("--nslots", type=cli.int_range(1, 256), default=4,
                     help="the jobs' window: chunks per worker in flight (default 4)")
     ap.add_argument("--queue-ms", type=float, default=20.0,
-                    help="tbf queue at line rate (default 20 ms, net_bench's: the switch's "
-                         "window of 57 KB datagrams needs room)")
+                    help="tbf queue at line rate (default 20 ms, the all_reduce WHAT's: the "
+                         "switch's window of 57 KB datagrams needs room)")
     ap.add_argument("--progress", action="store_true",
                     help="rank 0 prints every call's time to stderr as it goes")
     ap.add_argument("--tag", default=unique_tag("hg"))

@@ -1,4 +1,5 @@
-"""A star of network namespaces with rate-limited links: the fabric of bench/net_bench.py.
+"""Networks of namespaces with rate-limited links: `Graph` builds a topology file (every WHAT
+of the harness given -t); `Star` the hand-made star of overlap_bench and hier_bench:
 
 ```
   ns <tag>-w0: eth0 10.200.0.2/24 ──veth── s0 10.200.0.1/24 ┐

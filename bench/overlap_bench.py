@@ -6,9 +6,10 @@ Run from the repository root as root:
     python -m bench.overlap_bench --workers 2 --width 64 --depth 2 --batch 8 --rounds 2 \\
         --steps 2 --out /tmp/o           # a smoke run (tests/test_overlap.py)
 
-The fabric and processes are bench/train_bench.py's: one namespace per worker, a tbf-limited
+The fabric and processes are those bench/train_bench.py had (now bench/training.py, on a
+topology file): one namespace per worker, a tbf-limited
 veth each to a switch namespace with SpINA's software switch (bench/net_topo.py Star,
-bench/paired.py Cluster); the data is its digits (train_bench.digits) and the model its MLP
+bench/paired.py Cluster); the data is its digits (training.digits) and the model its MLP
 (examples/train_compressed.py) with `--depth` hidden W x W layers: 1024-W-...-W-10 (W
 2304: 5.3M parameters each).
 
@@ -44,6 +45,7 @@ import argparse
 import concurrent.futures
 import json
 import os
+import platform
 import statistics
 import sys
 import time
@@ -51,10 +53,9 @@ import zlib
 from dataclasses import asdict, dataclass
 
 from bench.harness import page_head
-from bench.net_bench import add_star_args, run_meta
 from bench.net_topo import SWITCH_IP, Star, dev_bytes, kernel_losses_total, parse_rate, tbf_params
 from bench.paired import BenchError, Cluster, Gloo, Place, paired_ratios, rotation
-from bench.train_bench import digits, quartiles, write_csv
+from bench.training import digits, quartiles, write_csv
 
 METHODS = ("ddp", "overlap", "overlap_fifo", "compute")
 SYNCED = ("ddp", "overlap", "overlap_fifo")
@@ -383,6 +384,47 @@ def summary(rows, meta: dict) -> str:
 
 
 # ----------------------------------------------------------------------------- main
+def _rates(text: str) -> list[str]:
+    """--rates: a comma list of tc rates, each checked here so a bad one is a usage error."""
+    rates = text.split(",")
+    for rate in rates:
+        try:
+            parse_rate(rate)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return rates
+
+
+def add_star_args(ap, tag: str, out: str) -> None:
+    """The options of this benchmark on bench.net_topo's Star (before the harness, every
+    star benchmark's):
+    worker counts, link rates, SpINA's window and datagram, the namespaces' prefix
+    (`tag` + pid), the output directory."""
+    ap.add_argument("--workers", type=lambda s: [int(v) for v in s.split(",")], default=[4, 8],
+                    help="comma list of worker counts (default 4,8)")
+    ap.add_argument("--rates", type=_rates, default=["1gbit", "10gbit"],
+                    help="comma list of link rates in tc's units (default 1gbit,10gbit)")
+    ap.add_argument("--nslots", type=int, default=16, help="SpINA switch slots (the window)")
+    ap.add_argument("--nlanes", type=int, default=56, help="SpINA blocks per datagram")
+    ap.add_argument("--tag", default=f"{tag}{os.getpid() % 100000}",
+                    help="prefix of the namespaces this run makes")
+    ap.add_argument("--out", default=out)
+    ap.add_argument("--no-plots", action="store_true")
+
+
+def run_meta(module: str, argv, t0: float, load0) -> dict:
+    """The summary's first lines: the command, the date and host, the load at both ends."""
+    return {
+        "command": f"python -m {module} " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()) +
+                f"; took {time.time() - t0:.0f} s; host {platform.node()}: {os.cpu_count()} cores, "
+                f"Python {platform.python_version()}",
+        "load average": f"{' '.join(f'{x:.2f}' for x in load0)} at the start, "
+                        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end "
+                        "(per point in the table)",
+    }
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -442,7 +484,7 @@ def main(argv=None) -> int:
     params = rows[0]["params"] if rows else 0
     meta = {**run_meta("bench.overlap_bench", argv, t0, load0),
             "task": f"MLP 1024-{'-'.join([str(a.width)] * (a.depth + 1))}-10 ({params:,} "
-                    f"parameters) on train_bench's digits; SGD lr {a.lr:g}, momentum "
+                    f"parameters) on training.py's digits; SGD lr {a.lr:g}, momentum "
                     f"{a.momentum:g}, batch {a.batch} per rank; {a.rounds} rounds of {a.steps} "
                     "consecutive steps per method",
             "network": f"one namespace per worker, tbf on both ends of every link, MTU {a.mtu}; "

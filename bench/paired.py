@@ -353,7 +353,7 @@ class Cluster:
             and a floor socket in every worker (method "floor").
         serve: what the workers do with a request (`ask`): a module-level function
             serve(rank, request, agent, dist, torch, barrier, floor) -> record; default
-            measure_point (bench/train_bench.py trains instead).
+            measure_point (bench/training.py trains instead).
     After close(), `switch_stats` holds the switch's counters over its whole life, and
     `relay_stats` the relay's (with floor).
     """

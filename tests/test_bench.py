@@ -276,3 +276,76 @@ def test_plan_on_a_pair(tmp_path):
     assert sum(r["best_measured"] == "yes" for r in rows) == 1
     assert (out / "predicted_vs_measured.png").stat().st_size > 0
 
+
+
+@NEEDS_NETNS
+def test_training_on_a_star(tmp_path):
+    """training: 2 ranks over a 1 Gbit/s star, the MLP of width 64 (its gradient the size),
+    every method 4 steps: weights identical on both ranks (wrong 0), each method's bytes on
+    the wire what its algorithm sends, curves.csv a row per step."""
+    from bench.training import CURVE_COLUMNS, METHODS, params_of
+    params = params_of(64)
+    out = tmp_path / "train"
+    done = bench_netns("training", "-t", str(star_file(tmp_path, 2)), "-g", "2", "--rates",
+                       "1gbit", "-b", str(4 * params), "-e", str(4 * params), "--max-steps",
+                       "4", "--min-steps", "4", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    rows = {r["method"]: r for r in check_common(out, "training", 4)}
+    assert sorted(rows) == sorted(METHODS)
+    size = 4 * params
+    for r in rows.values():
+        assert (r["params"], r["width"], r["steps"], r["repeats"]) == (str(params), "64", "4",
+                                                                       "4")
+        assert r["size"] == str(size) and r["rate"] == "1gbit"
+    # 2 ranks: the ring sends 2(n-1)/n = one gradient per step, SpINA each non-zero block
+    # once, top-k 5% of the blocks; headers on top, and what was sent again: the agents'
+    # resends (a datagram of up to 57 KB each) and TCP's retransmits
+    spare = (int(rows["spina"]["resends"]) + int(rows["topk"]["resends"])) * 58_000 / 4
+    tcp = int(rows["gloo"]["tcp_retrans"]) * 66_000 / 4
+    tx = {m: int(r["bytes_per_link"]) for m, r in rows.items()}
+    assert 0.99 * size <= tx["gloo"] < 1.2 * size + tcp, (tx, rows["gloo"])
+    assert 0.5 * size < tx["spina"] < 1.2 * size + spare, (tx, rows["spina"])
+    assert 0 < tx["topk"] < 0.2 * size + spare, (tx, rows["topk"])
+    assert tx["compute"] < 1000  # nothing but a stray ACK of the step before
+    assert 0.05 <= float(rows["topk"]["blocks_fraction"]) < 0.06, rows["topk"]
+    assert rows["gloo"]["vs_gloo"] == "" and float(rows["spina"]["vs_gloo"]) > 0
+    with open(out / "curves.csv", newline="") as f:
+        reader = csv.DictReader(f)
+        curves = list(reader)
+    assert tuple(reader.fieldnames) == CURVE_COLUMNS
+    for m in METHODS:
+        pts = [c for c in curves if c["method"] == m]
+        assert [int(c["step"]) for c in pts] == [1, 2, 3, 4]
+        assert float(pts[-1]["cum_s"]) == pytest.approx(sum(float(c["step_s"]) for c in pts),
+                                                        rel=1e-4)
+        if m != "compute":
+            assert float(pts[-1]["test_acc"]) == float(rows[m]["final_acc"])
+    assert (out / "curves.png").stat().st_size > 0
+
+
+def test_training_time_to_target_and_wrong_weights():
+    """Time to target sums the steps up to the first one at the target (None if never); a
+    rank whose weights or accuracies differ from rank 0's is a wrong one."""
+    from bench.training import TrainRequest, make_rows, time_to_target, width_for
+    assert time_to_target([1.0, 2.0, 4.0, 8.0], [50.0, 96.0, 90.0, 97.0], 95.0) == (2, 3.0)
+    assert time_to_target([1.0, 2.0], [95.0, 99.0], 95.0) == (1, 1.0)
+    assert time_to_target([1.0, 2.0], [50.0, 94.9], 95.0) == (None, None)
+    assert width_for(4 * 70410) == 64 and width_for(4 * 6_313_994) == 2048
+
+    def rec(crc: int, acc: list[float]) -> dict:
+        k = len(acc)
+        return dict(times=[0.1] * k, tx=[10] * k, rx=[10] * k, cpu=[0.05] * k,
+                    switch_cpu=[0.0] * k, acc=acc, crc=crc)
+
+    req = TrainRequest(methods=("gloo",), width=64, batch=4, lr=0.1, momentum=0.9, ratio=0.05,
+                       target=95.0, max_steps=2, min_steps=1, seed=0)
+    point = dict(size=40, elements=10, dtype="float32", density=1.0, workers=3,
+                 lane_bits=32, rate="1gbit")
+    good = dict(gloo=rec(7, [90.0, 96.0]), params=10)
+    (row,), curves = make_rows([good, good, good], req, point, "training", "0-0", {})
+    assert (row["steps_to_target"], row["time_to_target_s"], row["wrong"]) == (2, 0.2, 0)
+    assert len(curves) == 2 and row["time_us"] == 1e5
+    bad = [good, dict(gloo=rec(8, [90.0, 96.0]), params=10),
+           dict(gloo=rec(7, [90.0, 95.0]), params=10)]
+    (row,), _ = make_rows(bad, req, point, "training", "0-0", {})
+    assert row["wrong"] == 2
