@@ -117,8 +117,8 @@ bench-l2: $(STAMP)  ## (root) L2-mode switch: lossless INA frame rate of 4 names
 bench-net: $(STAMP)  ## (root) all-reduce over rate-limited links (star4.yaml at 1 and 10 Gbit/s): bench/results/all_reduce_star4/
 	$(PY) -m bench all_reduce -t bench/topologies/star4.yaml --rates 1gbit,10gbit -b 1M -e 64M -f 8 -d 1,0.01 --name all_reduce_star4 $(NET_BENCH_ARGS)
 
-bench-dlcp: $(STAMP)  ## (root; 3 min here) DLCP step time under a congested queue: exact vs 1%/10% bounds, priorities, gloo: bench/out/dlcp/
-	$(PY) -m bench.dlcp_bench $(DLCP_BENCH_ARGS)
+bench-dlcp: $(STAMP)  ## (root; 3 min here) DLCP step time under a congested queue: exact vs 1%/10% bounds, priorities, gloo: bench/results/dlcp/
+	$(PY) -m bench dlcp $(DLCP_BENCH_ARGS)
 
 bench-collectives: $(STAMP)  ## (root; ~10 min here) the planner checked: every all-reduce algorithm measured vs predicted on four topology files: bench/results/plan_<file>/
 	for t in package4 two_groups torus2x2 star4; do $(PY) -m bench plan -t bench/topologies/$$t.yaml --name plan_$$t $(COLLECTIVES_BENCH_ARGS) || exit 1; done

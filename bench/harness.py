@@ -46,7 +46,7 @@ RESULTS = os.path.join(ROOT, "bench", "results")
 # WHAT -> module of this package (each: DESCRIPTION, METHODS, DEFAULTS, run; see the docstring)
 WHATS = {"all_reduce": "bench.all_reduce", "all_gather": "bench.all_gather",
          "loss": "bench.loss", "switch": "bench.switch", "plan": "bench.plan",
-         "training": "bench.training"}
+         "training": "bench.training", "dlcp": "bench.dlcp"}
 
 # nccl-tests' bus bandwidth factors (its doc/PERFORMANCE.md), by collective, for n ranks.
 BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n,
@@ -133,7 +133,8 @@ def parser(what: What) -> argparse.ArgumentParser:
                     help="comma list of SpINA lane widths, 32, 16, 8 (default %(default)s)")
     ap.add_argument("-m", "--methods", type=_list(_method(what), "methods"),
                     default=d["methods"],
-                    help=f"comma list of {', '.join(what.methods)} (default %(default)s)")
+                    help=f"comma list of {', '.join(what.methods)}".replace("%", "%%")
+                    + " (default %(default)s)")
     ap.add_argument("-n", "--repeats", type=cli.int_range(1, 10_000), default=d["repeats"],
                     help="paired repeats per point, after one warm-up (default %(default)s)")
     ap.add_argument("-t", "--topology", default=d["topology"],
@@ -413,6 +414,7 @@ def main(argv=None) -> int:
     a = parse_args(what, argv[1:])
     columns = COLUMNS + tuple(getattr(what.module, "EXTRA_COLUMNS", ()))
     res = Results(a, argv[1:], columns, tuple(getattr(what.module, "POINT_COLUMNS", ())))
+    a.command = res.command  # for a WHAT's own outputs (finish)
     print(f"# {res.command}\n# {res.head[1]}\n# results: {a.out}\n" + TABLE_HEAD, flush=True)
     try:
         for rows in what.module.run(a, log=lambda s: print("# " + s, flush=True)):
