@@ -105,32 +105,32 @@ serve: $(STAMP)  ## deploy, then give every run of a job its own epoch until Ctr
 
 # Every bench is `python -m bench WHAT` (bench/README.md: the options and columns are the same
 # for every WHAT); results in bench/results/<name>/ (CSV, plot, summary.md, command.txt).
-bench: $(STAMP)  ## SpINA vs the floor and gloo all-reduce on loopback, 4 ranks, 1-256 MiB, 4 densities: bench/results/all_reduce/
-	$(PY) -m bench all_reduce -b 1M -e 256M -f 4 -d 1,0.1,0.01,0.001 -g 4 -m spina,spina_blocks,floor,gloo_allreduce,gloo_allgather $(BENCH_ARGS)
+bench: $(STAMP)  ## SpINA vs the floor and gloo all-reduce on loopback, 4 ranks, 1-256 MiB, 4 densities: bench/results/all_reduce_loopback/sizes/
+	$(PY) -m bench all_reduce -b 1M -e 256M -f 4 -d 1,0.1,0.01,0.001 -g 4 -m spina,spina_blocks,floor,gloo_allreduce,gloo_allgather --name all_reduce_loopback/sizes $(BENCH_ARGS)
 
-bench-quick: $(STAMP)  ## 4 ranks x 25M elements (100 MB) at 4 densities, SpINA vs the floor and gloo all_reduce: bench/results/all_reduce_quick/
-	$(PY) -m bench all_reduce -b 100000000 -e 100000000 -d 1,0.1,0.01,0.001 -g 4 --name all_reduce_quick $(BENCH_ARGS)
+bench-quick: $(STAMP)  ## 4 ranks x 25M elements (100 MB) at 4 densities, SpINA vs the floor and gloo all_reduce: bench/results/all_reduce_loopback/quick/
+	$(PY) -m bench all_reduce -b 100000000 -e 100000000 -d 1,0.1,0.01,0.001 -g 4 --name all_reduce_loopback/quick $(BENCH_ARGS)
 
 bench-l2: $(STAMP)  ## (root) L2-mode switch: lossless INA frame rate of 4 namespaced workers
 	$(PY) -m bench.l2_rate $(BENCH_ARGS)
 
-bench-net: $(STAMP)  ## (root) all-reduce over rate-limited links (star4.yaml at 1 and 10 Gbit/s): bench/results/all_reduce_star4/
-	$(PY) -m bench all_reduce -t bench/topologies/star4.yaml --rates 1gbit,10gbit -b 1M -e 64M -f 8 -d 1,0.01 --name all_reduce_star4 $(NET_BENCH_ARGS)
+bench-net: $(STAMP)  ## (root) all-reduce over rate-limited links (star4.yaml at 1 and 10 Gbit/s): bench/results/all_reduce_net/star4/
+	$(PY) -m bench all_reduce -t bench/topologies/star4.yaml --rates 1gbit,10gbit -b 1M -e 64M -f 8 -d 1,0.01 --name all_reduce_net/star4 $(NET_BENCH_ARGS)
 
-bench-dlcp: $(STAMP)  ## (root; 3 min here) DLCP step time under a congested queue: exact vs 1%/10% bounds, priorities, gloo: bench/results/dlcp/
-	$(PY) -m bench dlcp $(DLCP_BENCH_ARGS)
+bench-dlcp: $(STAMP)  ## (root; 3 min here) DLCP step time under a congested queue: exact vs 1%/10% bounds, priorities, gloo: bench/results/dlcp_congestion/default/
+	$(PY) -m bench dlcp --name dlcp_congestion/default $(DLCP_BENCH_ARGS)
 
-bench-collectives: $(STAMP)  ## (root; ~10 min here) the planner checked: every all-reduce algorithm measured vs predicted on four topology files: bench/results/plan_<file>/
-	for t in package4 two_groups torus2x2 star4; do $(PY) -m bench plan -t bench/topologies/$$t.yaml --name plan_$$t $(COLLECTIVES_BENCH_ARGS) || exit 1; done
+bench-collectives: $(STAMP)  ## (root; ~10 min here) the planner checked: every all-reduce algorithm measured vs predicted on four topology files: bench/results/collectives_planner/<file>/
+	for t in package4 two_groups torus2x2 star4; do $(PY) -m bench plan -t bench/topologies/$$t.yaml --name collectives_planner/$$t $(COLLECTIVES_BENCH_ARGS) || exit 1; done
 
-bench-allgather: $(STAMP)  ## (root) all-gather through the switch vs gloo's all_gather on star4.yaml at 1 and 10 Gbit/s: bench/results/all_gather/
-	$(PY) -m bench all_gather -t bench/topologies/star4.yaml --rates 1gbit,10gbit -b 256K -e 128M -f 8 $(ALLGATHER_BENCH_ARGS)
+bench-allgather: $(STAMP)  ## (root) all-gather through the switch vs gloo's all_gather on star4.yaml at 1 and 10 Gbit/s: bench/results/all_gather_net/star4/
+	$(PY) -m bench all_gather -t bench/topologies/star4.yaml --rates 1gbit,10gbit -b 256K -e 128M -f 8 --name all_gather_net/star4 $(ALLGATHER_BENCH_ARGS)
 
 bench-hier-gather: $(STAMP)  ## (root; 1 min here) hierarchical all-gather vs the flat switch all-gather, 2-D, ring and gloo on two groups under a switch: bench/out/hier_gather/
 	$(PY) -m bench.hier_gather_bench $(HIER_GATHER_BENCH_ARGS)
 
-bench-train: $(STAMP)  ## (root; 4-7 min here) DDP training over star4.yaml at 1 and 10 Gbit/s: gloo vs SpINA dense vs top-k, step time and time to accuracy: bench/results/training/
-	$(PY) -m bench training -t bench/topologies/star4.yaml --rates 1gbit,10gbit $(TRAIN_BENCH_ARGS)
+bench-train: $(STAMP)  ## (root; 4-7 min here) DDP training over star4.yaml at 1 and 10 Gbit/s: gloo vs SpINA dense vs top-k, step time and time to accuracy: bench/results/training_net/star4/
+	$(PY) -m bench training -t bench/topologies/star4.yaml --rates 1gbit,10gbit --name training_net/star4 $(TRAIN_BENCH_ARGS)
 
 bench-overlap: $(STAMP)  ## (root; 3 min here) priority overlap vs DDP's default order over 1 Gbit/s links, with a timeline: bench/out/overlap/
 	$(PY) -m bench.overlap_bench $(OVERLAP_BENCH_ARGS)

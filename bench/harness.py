@@ -145,13 +145,22 @@ def parser(what: What) -> argparse.ArgumentParser:
                     "topology's, each a point (default: the file's)")
     ap.add_argument("--tag", default=None,
                     help="prefix of the namespaces' names (default: a unique one)")
-    ap.add_argument("--name", default=what.name,
-                    help="results folder bench/results/NAME (default %(default)s)")
+    ap.add_argument("--name", type=_name, default=what.name,
+                    help="results folder bench/results/NAME, NAME a benchmark's folder and "
+                    "optionally /RUN (default %(default)s)")
     ap.add_argument("--out", default=None, help="results folder (default bench/results/NAME)")
     ap.add_argument("--no-plots", action="store_true", help="write no plot.png")
     if hasattr(what.module, "add_options"):
         what.module.add_options(ap)
     return ap
+
+
+def _name(text: str) -> str:
+    """--name: one or two path segments of letters, digits, _ . - (bench/results/NAME)."""
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)?", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not BENCHMARK or BENCHMARK/RUN "
+                                         "(letters, digits, _ . -)")
+    return text
 
 
 def _lane_bits(text: str) -> int:
