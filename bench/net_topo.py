@@ -1,37 +1,25 @@
-"""Networks of namespaces with rate-limited links: `Graph` builds a topology file (every WHAT
-of the harness given -t); `Star` the hand-made star of overlap_bench and hier_bench:
+"""A topology file (collectives/topology.py) in network namespaces: `Graph`, the one builder of
+the benchmarks' routed networks (every WHAT of the harness given -t, overlap_bench, hier_bench,
+hier_gather_bench).
 
-```
-  ns <tag>-w0: eth0 10.200.0.2/24 ──veth── s0 10.200.0.1/24 ┐
-  ns <tag>-w1: eth0 10.200.1.2/24 ──veth── s1 10.200.1.1/24 ├ ns <tag>-sw: IPv4 router
-  ...                                                       │  + SpINA's UdpSwitch on
-  ns <tag>-w<n-1>: eth0 10.200.<n-1>.2/24 ──veth── s<n-1>  ┘    10.200.255.1 (on lo)
-```
+A namespace per host and per switch, a veth per link with tbf at both ends (full-duplex: each
+direction limited, as a real port), addresses per link, and the topology's own routes in every
+namespace (Topology.next_hop: the packets take exactly the paths the planner prices). The
+aggregating switch's namespace holds SpINA's software switch (on its first link's address) and
+forwards IPv4 for gloo's TCP, so both methods cross the same links. Both veth ends are created
+directly inside their namespaces, so nothing is added to the root namespace; deleting the
+namespaces removes the links and qdiscs with them. A link's `latency` is priced by the planner
+but not emulated here (this kernel has no netem); loss is (`Graph.set_loss`: iptables).
 
-Every worker has its own namespace and one link to the switch namespace, which routes
-between the workers' /24 subnets (kernel forwarding: the path of gloo's TCP ring) and holds
-SpINA's software switch on an address of its own (the path of SpINA's datagrams). Both
-methods therefore cross the same links. Each link is limited in BOTH directions by a tbf
-qdisc: on the worker's eth0 (worker -> switch) and on the switch side s<r> (switch ->
-worker), as a full-duplex port of a real top-of-rack switch.
-
-Both veth ends are created directly inside their namespaces, so nothing is added to the
-root namespace; deleting the namespaces removes the links and qdiscs with them.
-
-`Graph` builds any collectives topology (collectives/topology.py) the same way: a namespace
-per host and per switch, a veth per link with tbf at both ends, and the topology's own routes
-(bench/plan.py measures the collectives on it).
-
-Run as root. `Star` and `Graph` are context managers: everything they made is removed on exit,
-also when the body raises (spina.netns.Network; every primitive they use is spina/netns.py's).
+Run as root. `Graph` is a context manager: everything it made is removed on exit, also when the
+body raises (spina.netns.Network; every primitive it uses is spina/netns.py's).
 """
 from __future__ import annotations
 
 from collectives.topology import Topology, parse_rate  # the one parser of tc's rate units
 from spina import netns
 
-SWITCH_IP = "10.200.255.1"
-WORKER_IF = "eth0"
+WORKER_IF = "eth0"  # a host's first link (Graph.ifname): where dev_bytes counts
 
 
 def tbf_params(rate: str, mtu: int) -> dict:
@@ -96,81 +84,7 @@ def link_ifnames(topo: Topology) -> dict[tuple[int, str], str]:
     return out
 
 
-class _Namespaces(netns.Network):
-    """What Star and Graph share: a `with` block enters by create() (which removes all it
-    made if it fails) and leaves by close()."""
-
-    def create(self):
-        raise NotImplementedError
-
-    def __enter__(self):
-        return self.create()
-
-
-class Star(_Namespaces):
-    """n worker namespaces around one switch namespace; see the module docstring.
-
-    Args:
-        n: workers.
-        tag: prefix of the namespace names (unique per run; tests look for leftovers by it).
-        mtu: MTU of every link (bench/README.md says why 9000 by default).
-    """
-
-    def __init__(self, n: int, tag: str, mtu: int = 9000):
-        if not 1 <= n <= 250:
-            raise ValueError(f"workers: need 1..250, got {n}")
-        super().__init__()
-        self.n, self.tag, self.mtu = n, tag, mtu
-        self.switch_ns = f"{tag}-sw"
-        self.rate: str | None = None
-
-    def worker_ns(self, r: int) -> str:
-        return f"{self.tag}-w{r}"
-
-    @staticmethod
-    def worker_ip(r: int) -> str:
-        return f"10.200.{r}.2"
-
-    def switch_if(self, r: int) -> str:
-        return f"s{r}"
-
-    def endpoints(self):
-        """(namespace, interface) of both ends of every link: the tbf'd egress points."""
-        for r in range(self.n):
-            yield self.worker_ns(r), WORKER_IF
-            yield self.switch_ns, self.switch_if(r)
-
-    # ------------------------------------------------------------------ build / remove
-    def create(self) -> "Star":
-        with self.building():
-            sw = self.namespace(self.switch_ns)
-            netns.add_addr("lo", f"{SWITCH_IP}/32", sw)
-            netns.sysctl(sw, "net.ipv4.ip_forward=1")
-            for r in range(self.n):
-                ns, sif = self.namespace(self.worker_ns(r)), self.switch_if(r)
-                self.veth(sif, WORKER_IF, a_ns=sw, b_ns=ns)
-                for where, ifc, addr in ((sw, sif, f"10.200.{r}.1/24"),
-                                         (ns, WORKER_IF, f"{self.worker_ip(r)}/24")):
-                    netns.set_link(ifc, where, mtu=self.mtu)
-                    netns.add_addr(ifc, addr, where)
-                netns.add_route("default", ns, via=f"10.200.{r}.1")
-        return self
-
-    # ------------------------------------------------------------------ rate limits
-    def set_rate(self, rate: str) -> dict:
-        """Limit both directions of every link to `rate` (tbf); returns tbf's parameters."""
-        p = tbf_params(rate, self.mtu)
-        for ns, ifc in self.endpoints():
-            netns.tbf(ifc, rate, p["burst"], p["latency_ms"], ns)
-        self.rate = rate
-        return p
-
-    def tbf_drops(self) -> int:
-        """Packets dropped so far by every link's tbf (queue full or larger than the bucket)."""
-        return sum(netns.qdisc_drops(ifc, ns) for ns, ifc in self.endpoints())
-
-
-class Graph(_Namespaces):
+class Graph(netns.Network):
     """A namespace per host and switch of `topo`, a veth per link, tbf on both ends.
 
     Link i joins interface eth<k> in each end's namespace, k counting that node's links in
@@ -268,6 +182,9 @@ class Graph(_Namespaces):
     def tbf_drops(self) -> int:
         """Packets dropped so far by every link's tbf."""
         return sum(netns.qdisc_drops(ifc, ns) for ns, ifc in self.endpoints())
+
+    def __enter__(self) -> "Graph":
+        return self.create()  # which removes all it made if it fails
 
     def create(self) -> "Graph":
         t = self.topo

@@ -8,7 +8,8 @@ Run from the repository root as root:
 
 The fabric and processes are those bench/train_bench.py had (now bench/training.py, on a
 topology file): one namespace per worker, a tbf-limited
-veth each to a switch namespace with SpINA's software switch (bench/net_topo.py Star,
+veth each to a switch namespace with SpINA's software switch (a star topology file, default
+bench/topologies/star4.yaml, built by bench/net_topo.py Graph;
 bench/paired.py Cluster); the data is its digits (training.digits) and the model its MLP
 (examples/train_compressed.py) with `--depth` hidden W x W layers: 1024-W-...-W-10 (W
 2304: 5.3M parameters each).
@@ -53,13 +54,19 @@ import zlib
 from dataclasses import asdict, dataclass
 
 from bench.harness import page_head
-from bench.net_topo import SWITCH_IP, Star, dev_bytes, kernel_losses_total, parse_rate, tbf_params
-from bench.paired import BenchError, Cluster, Gloo, Place, paired_ratios, rotation
+from bench.net_topo import (
+    Graph,
+    dev_bytes,
+    kernel_losses_total,
+    parse_rate,
+    star_places,
+    tbf_params,
+)
+from bench.paired import BenchError, Cluster, paired_ratios, rotation
 from bench.training import digits, quartiles, write_csv
 
 METHODS = ("ddp", "overlap", "overlap_fifo", "compute")
 SYNCED = ("ddp", "overlap", "overlap_fifo")
-WORKER_PORT = 50000
 GLOO_PORT = 29600
 COLUMNS = ("workers", "rate", "method", "params", "layers", "rounds", "steps_per_round",
            "step_median_s", "step_q1_s", "step_q3_s", "ratio_ddp_median", "ratio_ddp_q1",
@@ -271,20 +278,20 @@ def make_rows(recs: list[dict], req: OverlapRequest, common: dict) -> list[dict]
     return rows
 
 
-def run_point(req: OverlapRequest, n: int, rate: str, tag: str, mtu: int, nslots: int,
-              nlanes: int, log=print) -> tuple[list, dict]:
-    """The comparison on one star: rows and rank 0's traces."""
-    with Star(n, tag, mtu) as star:
-        star.set_rate(rate)
-        places = [Place(star.worker_ns(r), star.worker_ip(r), WORKER_PORT) for r in range(n)]
+def run_point(req: OverlapRequest, topo, rate: str, tag: str, nslots: int, nlanes: int,
+              log=print) -> tuple[list, dict]:
+    """The comparison on the star `topo` (a topology file, built by net_topo.Graph) at link
+    rate `rate`: rows and rank 0's traces."""
+    n = topo.world
+    with Graph(topo, tag, queue_ms=20) as g:
+        g.set_rate(rate)
+        places, gloo = star_places(g, GLOO_PORT)
         with Cluster(n, nslots=nslots, block_size=256, nlanes=nlanes, agent_kw=dict(rto=0.2),
-                     gloo=Gloo(star.worker_ip(0), GLOO_PORT, "eth0"),
-                     switch_place=Place(star.switch_ns, SWITCH_IP), worker_places=places,
-                     serve=overlap_point) as cl:
-            load0, drops0, k0 = os.getloadavg(), star.tbf_drops(), kernel_losses_total(cl.pids)
+                     gloo=gloo, serve=overlap_point, **places) as cl:
+            load0, drops0, k0 = os.getloadavg(), g.tbf_drops(), kernel_losses_total(cl.pids)
             recs = cl.ask(req, f"{n} workers, {rate}")
             k1 = kernel_losses_total(cl.pids)
-            common = dict(workers=n, rate=rate, tbf_drops=star.tbf_drops() - drops0,
+            common = dict(workers=n, rate=rate, tbf_drops=g.tbf_drops() - drops0,
                           udp_drops=k1["udp_drops"] - k0["udp_drops"],
                           load_start=" ".join(f"{x:.2f}" for x in load0),
                           load_end=" ".join(f"{x:.2f}" for x in os.getloadavg()))
@@ -395,14 +402,13 @@ def _rates(text: str) -> list[str]:
 
 
 def add_star_args(ap, tag: str, out: str) -> None:
-    """The options of this benchmark on bench.net_topo's Star (before the harness, every
-    star benchmark's):
-    worker counts, link rates, SpINA's window and datagram, the namespaces' prefix
-    (`tag` + pid), the output directory."""
-    ap.add_argument("--workers", type=lambda s: [int(v) for v in s.split(",")], default=[4, 8],
-                    help="comma list of worker counts (default 4,8)")
-    ap.add_argument("--rates", type=_rates, default=["1gbit", "10gbit"],
-                    help="comma list of link rates in tc's units (default 1gbit,10gbit)")
+    """The network options: a star topology file, link rates, SpINA's window and datagram,
+    the namespaces' prefix (`tag` + pid), the output directory."""
+    ap.add_argument("--topology", default="bench/topologies/star4.yaml",
+                    help="a star topology file (one aggregating switch, a link per host; "
+                    "default %(default)s): its hosts are the workers")
+    ap.add_argument("--rates", type=_rates, default=["1gbit"],
+                    help="comma list of link rates in tc's units (default 1gbit)")
     ap.add_argument("--nslots", type=int, default=16, help="SpINA switch slots (the window)")
     ap.add_argument("--nlanes", type=int, default=56, help="SpINA blocks per datagram")
     ap.add_argument("--tag", default=f"{tag}{os.getpid() % 100000}",
@@ -429,7 +435,6 @@ def parse_args(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="Needs root (network namespaces, veth, tc).")
     add_star_args(ap, "sov", "bench/out/overlap")
-    ap.set_defaults(workers=[4], rates=["1gbit"])
     ap.add_argument("--methods", type=lambda s: tuple(s.split(",")), default=METHODS,
                     help=f"comma list of {', '.join(METHODS)} (default all)")
     ap.add_argument("--width", type=int, default=2304,
@@ -447,8 +452,15 @@ def parse_args(argv=None):
                     help="DDP's bucket cap in MiB, every method (default 16: one hidden layer "
                          "of 21 MB per bucket)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--mtu", type=int, default=9000)
     a = ap.parse_args(argv)
+    from bench.net_topo import star_of
+    from collectives.topology import TopologyError, load
+    try:
+        a.topo = load(a.topology)
+    except TopologyError as e:
+        ap.error(f"--topology: {' '.join(str(e).split())}")
+    if isinstance(star_of(a.topo), str):
+        ap.error(f"--topology: {a.topology}: {star_of(a.topo)}")
     bad = [m for m in a.methods if m not in METHODS]
     if bad:
         ap.error(f"--methods: unknown {bad[0]!r} (choose from {', '.join(METHODS)})")
@@ -470,14 +482,14 @@ def main(argv=None) -> int:
                          chunk=a.chunk, bucket_mb=a.bucket_mb, seed=a.seed)
     t0, load0 = time.time(), os.getloadavg()
     rows, traces = [], {}
-    for n in a.workers:
-        for rate in a.rates:
-            print(f"{n} workers, {rate}: {a.rounds} rounds of {a.steps} steps, methods "
-                  f"{','.join(a.methods)}", flush=True)
-            r, tr = run_point(req, n, rate, f"{a.tag}n{n}", a.mtu, a.nslots, a.nlanes)
-            rows += r
-            traces[f"{n} workers, {rate}"] = tr
-            write_csv(rows, os.path.join(a.out, "overlap_results.csv"), COLUMNS)
+    n = a.topo.world
+    for rate in a.rates:
+        print(f"{n} workers, {rate}: {a.rounds} rounds of {a.steps} steps, methods "
+              f"{','.join(a.methods)}", flush=True)
+        r, tr = run_point(req, a.topo, rate, a.tag, a.nslots, a.nlanes)
+        rows += r
+        traces[f"{n} workers, {rate}"] = tr
+        write_csv(rows, os.path.join(a.out, "overlap_results.csv"), COLUMNS)
     with open(os.path.join(a.out, "overlap_trace.json"), "w") as f:
         json.dump(traces, f)
     params = rows[0]["params"] if rows else 0
@@ -486,9 +498,11 @@ def main(argv=None) -> int:
                     f"parameters) on training.py's digits; SGD lr {a.lr:g}, momentum "
                     f"{a.momentum:g}, batch {a.batch} per rank; {a.rounds} rounds of {a.steps} "
                     "consecutive steps per method",
-            "network": f"one namespace per worker, tbf on both ends of every link, MTU {a.mtu}; "
+            "network": f"{a.topology} in namespaces (net_topo.Graph), tbf on both ends of "
+                       f"every link, MTU {a.topo.mtu}; "
                        + "; ".join(f"{r}: burst {p['burst']} B, latency {p['latency_ms']} ms"
-                                   for r, p in ((r, tbf_params(r, a.mtu)) for r in a.rates)),
+                                   for r, p in ((r, tbf_params(r, a.topo.mtu))
+                                                for r in a.rates)),
             "SpINA": f"block 256, {a.nlanes} blocks per datagram, {a.nslots} slots; overlap "
                      f"chunks of {a.chunk} elements rounded up to lane spans; DDP buckets of at "
                      f"most {a.bucket_mb:g} MiB",

@@ -277,8 +277,12 @@ def test_overlap_bench_smoke(tmp_path):
 
     from bench.overlap_bench import COLUMNS, METHODS
     from netns import run_bench
+    star = tmp_path / "star2.yaml"  # two hosts on one aggregating switch, 1 Gbit/s links
+    star.write_text("hosts: [h0, h1]\nswitches: {s0: {aggregate: true}}\nlinks:\n"
+                    + "".join(f"  - {{ends: [h{i}, s0], rate: 1gbit, latency: 20us, "
+                              "burst: 128KiB}\n" for i in range(2)) + "mtu: 9000\n")
     run_bench("bench.overlap_bench", "sovt",
-              ["--workers", "2", "--width", "64", "--depth", "2", "--batch", "8", "--rounds",
+              ["--topology", str(star), "--width", "64", "--depth", "2", "--batch", "8", "--rounds",
                "2", "--steps", "2", "--chunk", "1", "--nslots", "2", "--nlanes", "2",
                "--out", str(tmp_path)], timeout=180)
     with open(tmp_path / "overlap_results.csv", newline="") as f:
