@@ -46,7 +46,7 @@ RESULTS = os.path.join(ROOT, "bench", "results")
 # WHAT -> module of this package (each: DESCRIPTION, METHODS, DEFAULTS, run; see the docstring)
 WHATS = {"all_reduce": "bench.all_reduce", "all_gather": "bench.all_gather",
          "loss": "bench.loss", "switch": "bench.switch", "plan": "bench.plan",
-         "training": "bench.training", "dlcp": "bench.dlcp"}
+         "training": "bench.training", "dlcp": "bench.dlcp", "hier_gather": "bench.hier_gather"}
 
 # nccl-tests' bus bandwidth factors (its doc/PERFORMANCE.md), by collective, for n ranks.
 BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n,
