@@ -132,8 +132,8 @@ bench-hier-gather: $(STAMP)  ## (root; 1 min here) hierarchical all-gather vs th
 bench-train: $(STAMP)  ## (root; 4-7 min here) DDP training over star4.yaml at 1 and 10 Gbit/s: gloo vs SpINA dense vs top-k, step time and time to accuracy: bench/results/training_net/star4/
 	$(PY) -m bench training -t bench/topologies/star4.yaml --rates 1gbit,10gbit --name training_net/star4 $(TRAIN_BENCH_ARGS)
 
-bench-overlap: $(STAMP)  ## (root; 3 min here) priority overlap vs DDP's default order over 1 Gbit/s links, with a timeline: bench/out/overlap/
-	$(PY) -m bench.overlap_bench $(OVERLAP_BENCH_ARGS)
+bench-overlap: $(STAMP)  ## (root; 3 min here) priority overlap vs DDP's default order over star4.yaml at 1 Gbit/s, with a timeline: bench/results/overlap/star4/
+	$(PY) -m bench overlap --name overlap/star4 $(OVERLAP_BENCH_ARGS)
 
 profile: $(STAMP)  ## cProfile + memory of agent and software switch at the base point: bench/out/profile/
 	$(PY) -m bench.profile $(PROFILE_ARGS)

@@ -46,7 +46,8 @@ RESULTS = os.path.join(ROOT, "bench", "results")
 # WHAT -> module of this package (each: DESCRIPTION, METHODS, DEFAULTS, run; see the docstring)
 WHATS = {"all_reduce": "bench.all_reduce", "all_gather": "bench.all_gather",
          "loss": "bench.loss", "switch": "bench.switch", "plan": "bench.plan",
-         "training": "bench.training", "dlcp": "bench.dlcp", "hier_gather": "bench.hier_gather"}
+         "training": "bench.training", "dlcp": "bench.dlcp", "hier_gather": "bench.hier_gather",
+         "overlap": "bench.overlap"}
 
 # nccl-tests' bus bandwidth factors (its doc/PERFORMANCE.md), by collective, for n ranks.
 BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n,
@@ -322,8 +323,8 @@ GROUP = ("workers", "lane_bits", "rate", "density")  # a table and a plot panel 
 
 def page_head(title: str, meta: dict, targets_title: str, targets: list[str],
               none_run: str) -> list[str]:
-    """The first lines of a summary of the programs not yet in the harness (overlap_bench,
-    dlcp_bench): title, the run's meta, the targets met or not."""
+    """The first lines of a WHAT's own summary beside the harness's (overlap_summary.md,
+    dlcp_summary.md): title, the run's meta, the targets met or not."""
     return ([f"# {title}", ""] + [f"- {k}: {v}" for k, v in meta.items()]
             + ["", f"## {targets_title}", ""] + (targets or [f"- ({none_run})"]))
 
