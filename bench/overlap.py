@@ -52,7 +52,7 @@ from dataclasses import asdict, dataclass
 from bench.harness import method_rows, page_head
 from bench.net_topo import dev_bytes, kernel_losses_total, parse_rate, tbf_params
 from bench.paired import Cluster, paired_ratios, rotation
-from bench.training import digits, quartiles
+from bench.training import add_ddp_options, check_ddp, digits, quartiles
 
 METHODS = ("ddp", "overlap", "overlap_fifo", "compute")
 SYNCED = ("ddp", "overlap", "overlap_fifo")
@@ -71,10 +71,6 @@ def add_options(ap) -> None:
     from spina import cli
     ap.add_argument("--depth", type=cli.int_range(1, 64), default=3,
                     help="hidden width x width layers (default %(default)s)")
-    ap.add_argument("--batch", type=cli.int_range(1, 100_000), default=128,
-                    help="per rank and step (default %(default)s)")
-    ap.add_argument("--lr", type=cli.positive_float, default=0.02)
-    ap.add_argument("--momentum", type=cli.non_negative_float, default=0.9)
     ap.add_argument("--steps", type=cli.int_range(1, 10_000), default=4,
                     help="consecutive steps per round (default %(default)s)")
     ap.add_argument("--chunk", type=cli.int_range(1, 1 << 30), default=1 << 20,
@@ -82,20 +78,11 @@ def add_options(ap) -> None:
     ap.add_argument("--bucket-mb", type=cli.positive_float, default=16.0,
                     help="DDP's bucket cap in MiB, every method (default 16: one hidden layer "
                          "of 21 MB per bucket)")
-    ap.add_argument("--seed", type=cli.int_range(0, 2 ** 31), default=0)
-    ap.add_argument("--nslots", type=cli.int_range(1, 4096), default=16,
-                    help="SpINA switch slots: the window (default %(default)s)")
-    ap.add_argument("--nlanes", type=cli.int_range(1, 63), default=56,
-                    help="SpINA blocks per datagram (default %(default)s)")
+    add_ddp_options(ap, batch=128, lr=0.02)
 
 
 def check_options(a) -> str | None:
-    from bench.net_topo import check_star
-    if a.topo is None:
-        return "argument -t/--topology: overlap runs in namespaces (give a star file)"
-    if a.densities != [1.0]:
-        return "argument -d/--densities: DDP's gradients are dense (give -d 1)"
-    return check_star(a)
+    return check_ddp(a)
 
 
 def width_for(size: int, depth: int) -> int:

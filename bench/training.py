@@ -72,6 +72,30 @@ EXTRA_COLUMNS = ("params", "width", "steps", "step_q1_us", "step_q3_us", "target
 CURVE_COLUMNS = ("workers", "rate", "width", "method", "step", "step_s", "cum_s", "test_acc")
 
 
+def add_ddp_options(ap, batch: int, lr: float) -> None:
+    """The options of every WHAT that trains with DDP on a star (training, overlap)."""
+    from spina import cli
+    ap.add_argument("--batch", type=cli.int_range(1, 100_000), default=batch,
+                    help="per rank and step (default %(default)s)")
+    ap.add_argument("--lr", type=cli.positive_float, default=lr)
+    ap.add_argument("--momentum", type=cli.non_negative_float, default=0.9)
+    ap.add_argument("--seed", type=cli.int_range(0, 2 ** 31), default=0)
+    ap.add_argument("--nslots", type=cli.int_range(1, 4096), default=16,
+                    help="SpINA switch slots: the window (default %(default)s)")
+    ap.add_argument("--nlanes", type=cli.int_range(1, 63), default=56,
+                    help="SpINA blocks per datagram (default %(default)s)")
+
+
+def check_ddp(a) -> str | None:
+    """A WHAT that trains with DDP runs on a star file in namespaces, dense."""
+    from bench.net_topo import check_star
+    if a.topo is None:
+        return f"argument -t/--topology: {a.what} runs in namespaces (give a star file)"
+    if a.densities != [1.0]:
+        return "argument -d/--densities: DDP's gradients are dense (give -d 1)"
+    return check_star(a)
+
+
 def add_options(ap) -> None:
     from spina import cli
     ap.add_argument("--target", type=cli.positive_float, default=95.0,
@@ -80,30 +104,16 @@ def add_options(ap) -> None:
                     help="rounds at most (default %(default)s)")
     ap.add_argument("--min-steps", type=cli.int_range(1, 100_000), default=20,
                     help="steps every method runs, for its step time (default %(default)s)")
-    ap.add_argument("--batch", type=cli.int_range(1, 100_000), default=32,
-                    help="per rank and step (default %(default)s)")
-    ap.add_argument("--lr", type=cli.positive_float, default=0.05)
-    ap.add_argument("--momentum", type=cli.non_negative_float, default=0.9)
     ap.add_argument("--ratio", type=cli.fraction, default=0.05,
                     help="top-k: fraction of 256-element blocks each rank sends (default "
                     "%(default)s; bench/README.md says why)")
-    ap.add_argument("--seed", type=cli.int_range(0, 2 ** 31), default=0)
-    ap.add_argument("--nslots", type=cli.int_range(1, 4096), default=16,
-                    help="SpINA switch slots: the window (default %(default)s)")
-    ap.add_argument("--nlanes", type=cli.int_range(1, 63), default=56,
-                    help="SpINA blocks per datagram (default %(default)s)")
+    add_ddp_options(ap, batch=32, lr=0.05)
 
 
 def check_options(a) -> str | None:
-    from bench.net_topo import check_star
-    if a.topo is None:
-        return "argument -t/--topology: training runs in namespaces (give a star file)"
-    if a.densities != [1.0]:
-        return "argument -d/--densities: DDP's gradients are dense (give -d 1; top-k is " \
-               "--ratio)"
     if a.min_steps > a.max_steps:
         return f"argument --min-steps: above --max-steps ({a.max_steps})"
-    return check_star(a)
+    return check_ddp(a)
 
 
 def width_for(size: int) -> int:
