@@ -105,8 +105,8 @@ serve: $(STAMP)  ## deploy, then give every run of a job its own epoch until Ctr
 
 # Every bench is `python -m bench WHAT` (bench/README.md: the options and columns are the same
 # for every WHAT); results in bench/results/<name>/ (CSV, plot, summary.md, command.txt).
-bench: $(STAMP)  ## SpINA vs the floor and gloo all-reduce on loopback, 4 ranks, 1-256 MiB, 4 densities: bench/results/all_reduce_loopback/sizes/
-	$(PY) -m bench all_reduce -b 1M -e 256M -f 4 -d 1,0.1,0.01,0.001 -g 4 -m spina,spina_blocks,floor,gloo_allreduce,gloo_allgather --name all_reduce_loopback/sizes $(BENCH_ARGS)
+bench: $(STAMP)  ## SpINA vs the floor and gloo all-reduce on loopback, 4 ranks, 1-64 MiB, 4 densities: bench/results/all_reduce_loopback/sizes/
+	$(PY) -m bench all_reduce -b 1M -e 64M -f 4 -d 1,0.1,0.01,0.001 -g 4 -m spina,spina_blocks,floor,gloo_allreduce,gloo_allgather --name all_reduce_loopback/sizes $(BENCH_ARGS)
 
 bench-quick: $(STAMP)  ## 4 ranks x 25M elements (100 MB) at 4 densities, SpINA vs the floor and gloo all_reduce: bench/results/all_reduce_loopback/quick/
 	$(PY) -m bench all_reduce -b 100000000 -e 100000000 -d 1,0.1,0.01,0.001 -g 4 --name all_reduce_loopback/quick $(BENCH_ARGS)
