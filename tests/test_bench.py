@@ -161,6 +161,20 @@ def test_switch_alone(tmp_path):
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--trees" in bad.stderr
 
 
+@pytest.mark.parametrize("what", sorted(harness.WHATS))
+def test_every_what_takes_the_common_options(what):
+    """Every WHAT declares its methods and defaults and takes the harness's options (the
+    same flags everywhere); its own smoke run is in this file or its neighbour's."""
+    w = harness.load(what)
+    assert w.methods and w.module.DESCRIPTION and callable(w.module.run)
+    assert set(w.module.DEFAULTS) <= {"begin", "end", "factor", "densities", "workers",
+                                      "lane_bits", "methods", "repeats", "topology", "rates"}
+    flags = {o for a in harness.parser(w)._actions for o in a.option_strings}
+    assert {"-b", "-e", "-f", "-d", "-g", "-l", "-m", "-n", "-t", "--rates", "--name",
+            "--out", "--tag", "--no-plots"} <= flags
+    assert not set(getattr(w.module, "EXTRA_COLUMNS", ())) & set(harness.COLUMNS)
+
+
 def test_spina_bench_is_the_harness(tmp_path):
     """`spina bench WHAT` runs the same harness (its usage lists the WHATs)."""
     done = subprocess.run([sys.executable, "-m", "spina_cli.main", "bench"], cwd=ROOT,
