@@ -39,7 +39,7 @@ DEFAULTS = dict(methods=",".join(DEFAULT_CONFIGS), densities="1", repeats=50,
 _SAME = ("config", "method", "workers", "elements", "steps", "min_s", "max_s", "median_s",
          "load_min", "load_max", "verified")
 EXTRA_COLUMNS = tuple(c for c in COLUMNS if c not in _SAME) + (
-    "seconds_to_target", "steps_to_target", "final_accuracy")
+    "seconds_to_target", "steps_to_target", "final_accuracy", "congestion_drops")  # --train
 
 
 def add_options(ap) -> None:
