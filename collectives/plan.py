@@ -27,7 +27,8 @@ measures alpha and cpu_per_byte on loopback, where no link limits (docs/collecti
 
 In-network aggregation ("ina", all-reduce only, when a switch has `aggregate: true`) is
 SpINA through that switch: every rank sends its non-zero blocks as int32 once up and receives
-the union of all ranks' non-zero blocks once down, in datagrams of `ina_elements` values;
+the union of all ranks' non-zero blocks once down, in the protocol's rounds (one datagram
+per round each way, lanes of `ina_elements` values in all: collectives.ina_model.rounds);
 the switch pays `ina_switch_packet_s` per datagram in (its CPU per packet, docs/profile.md)
 and each agent `ina_agent_packet_s` per datagram it handles; the three pipeline (a link's
 full token bucket goes at once here too), so
@@ -48,6 +49,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from collectives import ina_model
 from collectives.schedule import (
     ALGORITHMS,
     HIERARCHICAL,
@@ -288,35 +290,32 @@ def _predict_ina(topo, collective, nbytes, params, itemsize) -> Prediction:
 
 def _ina_via(topo, switch, elements, params) -> Prediction:
     p = topo.world
-    up_blocks = params.density
-    down_blocks = 1 - (1 - params.density) ** p  # the union of the ranks' non-zero blocks
-    full = params.ina_elements * 4 + params.ina_overhead
-
-    def datagrams(fraction):
-        n = math.ceil(elements * fraction / params.ina_elements)
-        return n, n * udp_wire_bytes(full, topo.mtu)
-
-    n_up, wire_up = datagrams(up_blocks)
-    n_down, wire_down = datagrams(down_blocks)
+    a = ina_model.Assumptions()  # SpINA's block and slots (lanes: ina_elements / block)
+    packets = ina_model.rounds(p, elements, params.density, params.ina_elements // a.block,
+                               a.block, a.slots)
+    up = params.density * elements * 4
+    _, wire_up = ina_model.stream(up, packets, params.ina_overhead, topo.mtu)
+    _, wire_down = ina_model.stream(ina_model.union(params.density, p) * elements * 4,
+                                    packets, params.ina_overhead, topo.mtu)
     load: dict[tuple[int, int], float] = {}
     lat = 0.0
     for r in topo.ranks:
-        up, down = topo.path(r, switch), topo.path(switch, r)
-        for route, wire in ((up, wire_up), (down, wire_down)):
+        up_route, down_route = topo.path(r, switch), topo.path(switch, r)
+        for route, wire in ((up_route, wire_up), (down_route, wire_down)):
             for hop in route:
                 load[hop] = load.get(hop, 0) + wire
-        lat = max(lat, sum(topo.links[i].latency for i, _ in up + down))
+        lat = max(lat, sum(topo.links[i].latency for i, _ in up_route + down_route))
     # full token buckets at the start, as for the host algorithms' first step
     link = {h: max(0.0, b - topo.links[h[0]].burst) * 8 / topo.links[h[0]].rate
             for h, b in load.items()}
     neck = max(link, key=link.get)
     link_s = link[neck]
-    switch_s = p * n_up * params.ina_switch_packet_s
-    agent_s = (n_up + n_down) * params.ina_agent_packet_s
+    switch_s = p * packets * params.ina_switch_packet_s
+    agent_s = 2 * packets * params.ina_agent_packet_s
     bound = max((link_s, _link_name(topo, neck)), (switch_s, f"switch {switch} CPU"),
                 (agent_s, "agent CPU"))
     seconds = params.ina_call_s + lat + bound[0]
-    return Prediction(INA, seconds, (StepCost(seconds, bound[1], p * n_up * full),))
+    return Prediction(INA, seconds, (StepCost(seconds, bound[1], round(p * up)),))
 
 
 def plan(topo: Topology, collective: str, nbytes: int, params: CostParams = CostParams(),

@@ -23,7 +23,7 @@ import pytest
 from bench import harness
 from bench.dlcp import EXTRA_COLUMNS
 from bench.dlcp_bench import CONFIGS
-from netns import run_bench
+from tests.netns import run_bench
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 2

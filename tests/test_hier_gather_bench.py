@@ -15,7 +15,7 @@ import pytest
 
 from bench import harness
 from bench.hier_gather import EXTRA_COLUMNS, METHODS
-from netns import run_bench
+from tests.netns import run_bench
 
 
 def test_hier_gather_bench_smoke(tmp_path):

@@ -23,11 +23,7 @@ from host_agent.launch import local_job
 from host_agent.local import LocalCluster
 from softswitch.udp import UdpSwitch
 from spina.config import ConfigError, JobFile
-
-try:  # tests/ is on sys.path under pytest's default import mode (and in spawned workers)
-    from test_torch_hook import finish_worker
-except ImportError:
-    from tests.test_torch_hook import finish_worker
+from tests.test_torch_hook import finish_worker
 
 WORLD = 2
 SMALL = dict(nslots=2, nlanes=2)  # lane span 1024
@@ -277,7 +273,7 @@ def test_overlap_bench_smoke(tmp_path):
 
     from bench import harness
     from bench.overlap import EXTRA_COLUMNS, METHODS
-    from netns import run_bench
+    from tests.netns import run_bench
     star = tmp_path / "star2.yaml"  # two hosts on one aggregating switch, 1 Gbit/s links
     star.write_text("hosts: [h0, h1]\nswitches: {s0: {aggregate: true}}\nlinks:\n"
                     + "".join(f"  - {{ends: [h{i}, s0], rate: 1gbit, latency: 20us, "
