@@ -22,7 +22,7 @@ rate while the link is idle.
 alpha is the fixed cost of a step at a rank (posting, waiting, Python), the network term
 counts TCP's wire bytes (payload plus Ethernet, IPv4 and TCP headers per MSS segment of the
 link MTU), the cpu term what a rank's processor does per byte it moves (kernel copies,
-gloo, the adds and concatenations; it overlaps the network). bench/collectives_bench.py
+gloo, the adds and concatenations; it overlaps the network). bench/plan.py
 measures alpha and cpu_per_byte on loopback, where no link limits (docs/collectives.md).
 
 In-network aggregation ("ina", all-reduce only, when a switch has `aggregate: true`) is
@@ -73,7 +73,7 @@ _CALIBRATED = ("ina_switch_packet_s", "ina_agent_packet_s", "gather_copy_s")
 @dataclass(frozen=True)
 class CostParams:
     """The model's constants (seconds, bytes). alpha, cpu_per_byte and ina_call_s are
-    bench/collectives_bench.py's loopback calibration on this 2-core machine with 4 ranks
+    bench/plan.py's loopback calibration on this 2-core machine with 4 ranks
     and other sessions' load of about 8 (docs/collectives.md): a quieter or larger machine
     has smaller ones, so measure yours and pass them (`spina plan --alpha ...`)."""
     alpha: float = 4.7e-3              # per step and rank, the p2p collectives
