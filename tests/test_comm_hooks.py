@@ -41,15 +41,8 @@ from host_agent.hooks import (
 from host_agent.local import LocalCluster
 from spina.communication import Communication, CompressionConfig, LocalSGDConfig
 from spina.config import Assignment, ConfigError, JobFile
-
-try:  # tests/ is on sys.path under pytest's default import mode
-    from test_bits import _Net
-    from test_compression import job_file  # a fixture: 2 workers, blocks of 16
-    from test_torch_hook import finish_worker
-except ImportError:
-    from tests.test_bits import _Net
-    from tests.test_compression import job_file  # noqa: F401
-    from tests.test_torch_hook import finish_worker
+from tests.test_bits import _Net
+from tests.test_torch_hook import finish_worker
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 B = 16
