@@ -25,17 +25,17 @@ MODULES = {
         bmv2_tests/test_egress_rewrite.py bmv2_tests/test_fabric.py bmv2_tests/test_forwarding.py
         bmv2_tests/test_gather.py bmv2_tests/test_lanes.py bmv2_tests/test_priority.py
         tests/test_agent_datapath.py tests/test_agent_refused.py tests/test_allgather.py
-        tests/test_allreduce.py tests/test_bad_input.py tests/test_bits.py tests/test_capture.py
-        tests/test_collectives.py tests/test_comm_hooks.py tests/test_compression.py
-        tests/test_controller.py tests/test_controller_bfrt.py tests/test_controller_tofino.py
-        tests/test_core.py tests/test_datapath.py tests/test_datapath_l2.py tests/test_dlcp.py
-        tests/test_dlcp_switch.py tests/test_doc_blocks.py tests/test_doc_links.py
-        tests/test_egress.py tests/test_fabric_controller.py tests/test_fabric_end_to_end.py
-        tests/test_fabric_plan.py tests/test_fabric_roles.py tests/test_floor.py
-        tests/test_ina_model.py tests/test_l2_dataplane.py tests/test_lanes.py
-        tests/test_largebatch_lamb.py tests/test_logs.py tests/test_metrics.py
-        tests/test_module_map.py tests/test_narrow_lanes.py tests/test_net.py
-        tests/test_net_bench.py tests/test_overlap.py tests/test_p4_agreement.py
+        tests/test_allreduce.py tests/test_bad_input.py tests/test_bench.py tests/test_bits.py
+        tests/test_capture.py tests/test_collectives.py tests/test_comm_hooks.py
+        tests/test_compression.py tests/test_controller.py tests/test_controller_bfrt.py
+        tests/test_controller_tofino.py tests/test_core.py tests/test_datapath.py
+        tests/test_datapath_l2.py tests/test_dlcp.py tests/test_dlcp_switch.py
+        tests/test_doc_blocks.py tests/test_doc_links.py tests/test_egress.py
+        tests/test_fabric_controller.py tests/test_fabric_end_to_end.py tests/test_fabric_plan.py
+        tests/test_fabric_roles.py tests/test_floor.py tests/test_ina_model.py
+        tests/test_l2_dataplane.py tests/test_lanes.py tests/test_largebatch_lamb.py
+        tests/test_logs.py tests/test_metrics.py tests/test_module_map.py tests/test_narrow_lanes.py
+        tests/test_net.py tests/test_net_bench.py tests/test_overlap.py tests/test_p4_agreement.py
         tests/test_p4_model.py tests/test_p4info.py tests/test_p4runtime_server.py
         tests/test_p4runtime_shell.py tests/test_plan.py tests/test_ps.py tests/test_recovery.py
         tests/test_reliability.py tests/test_run_identity.py tests/test_softswitch.py
@@ -63,6 +63,10 @@ TESTS = {
     "processes": """
         tests/test_bad_input.py::test_controller_* tests/test_bad_input.py::test_host_agent_cli
         tests/test_bad_input.py::test_softswitch_cli tests/test_bad_input.py::test_testbed_cli
+        tests/test_bench.py::test_all_reduce_loopback
+        tests/test_bench.py::test_all_reduce_on_two_switch_threads
+        tests/test_bench.py::test_bad_input_is_one_line
+        tests/test_bench.py::test_spina_bench_is_the_harness tests/test_bench.py::test_switch_alone
         tests/test_bits.py::test_ddp_* tests/test_bits.py::test_example_*
         tests/test_capture.py::test_capture_into_a_closed_pipe_*
         tests/test_capture.py::test_rdpcap_* tests/test_capture.py::test_tshark_*
@@ -95,6 +99,10 @@ TESTS = {
         tests/test_torch_hook.py::test_launcher_*
     """,
     "netns": """
+        tests/test_bench.py::test_all_gather_on_a_star
+        tests/test_bench.py::test_all_reduce_on_a_topology_file
+        tests/test_bench.py::test_loss_on_a_star tests/test_bench.py::test_plan_on_a_pair
+        tests/test_bench.py::test_training_on_a_star
         tests/test_bench_smoke.py::test_bench_loss_sweep_smoke
         tests/test_datapath_l2.py::test_the_switch_sends_every_port_the_same_frames_on_both_paths
         tests/test_doc_blocks.py::test_make_demo_as_written
