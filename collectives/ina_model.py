@@ -21,7 +21,13 @@ latency plus the largest of them (the bottleneck):
 - the worker's link: its wire bytes up, and down, at the rate;
 - the worker's agent: a scan of the tensor per element and a cost per packet it sends or
   receives, on `agent_cores` cores (both measured on this machine);
-- the window: the job's bytes in flight (slots x a slot's payload) per round trip;
+- the window: a slot's packets follow one another, a round trip each.
+
+The packets are the protocol's rounds (docs/aggregation.md, `rounds`): per slot a setup
+round, then one round per position of its lanes that some rank holds, every rank sending a
+packet in each (header-only where it holds no block); so a sparse call's packets follow
+the union of the ranks' blocks. The last term is
+
 - each switch of the aggregation tree (fan-in k: `software_fan_in` children, or on Tofino
   the smaller of `tofino_ports_per_pipe` and `ranks_per_switch`; levels = ceil(log_k N)),
   whose children send their unions up and receive the result down:
@@ -50,7 +56,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields, replace
 
-from collectives.plan import TCP_HEADERS, udp_wire_bytes
+import numpy as np
+
+# plan prices `ina` with rounds() and stream(); its wire constants are read at call time
+from collectives import plan
 from collectives.schedule import COLLECTIVES
 from spina.wire import LANE_BITS
 
@@ -82,15 +91,17 @@ class Assumptions:
     slots: int = _c(16, "datagrams in flight per rank: JobConfig.nslots")
     # this machine: collectives/ina_calibration.py fits them from bench/results/;
     # tests/test_ina_model.py checks that these are its fit
-    agent_s_per_element: float = _c(4.4e-10, "measured here: the agent's CPU per value "
+    agent_s_per_element: float = _c(1.8e-10, "measured here: the agent's CPU per value "
                                      "(scan, quantize, unpack)")
-    agent_s_per_datagram: float = _c(2.3e-5, "measured here: the agent's CPU per datagram "
+    agent_s_per_narrow_value: float = _c(1.2e-9, "measured here: more per value in 16- or "
+                                         "8-bit lanes (quantize and pack)")
+    agent_s_per_datagram: float = _c(1.7e-5, "measured here: the agent's CPU per datagram "
                                       "sent or received (kernel UDP)")
-    agent_s_per_fragment: float = _c(3.2e-6, "measured here: ... and per IPv4 fragment")
-    switch_s_per_datagram: float = _c(1.6e-5, "measured here: the compiled software "
+    agent_s_per_fragment: float = _c(3.1e-6, "measured here: ... and per IPv4 fragment")
+    switch_s_per_datagram: float = _c(9.9e-6, "measured here: the compiled software "
                                        "switch's CPU per datagram in")
-    switch_s_per_fragment: float = _c(5.8e-6, "measured here: ... and per IPv4 fragment")
-    gather_s_per_copy: float = _c(3.5e-5, "measured here: the switch's CPU per all-gather "
+    switch_s_per_fragment: float = _c(4.9e-6, "measured here: ... and per IPv4 fragment")
+    gather_s_per_copy: float = _c(3.9e-5, "measured here: the switch's CPU per all-gather "
                                    "datagram copied out (its Python path)")
     call_s: float = _c(3.5e-3, "measured here: an all-reduce's fixed time (loopback "
                        "calibration, 4 values, 4 ranks)")
@@ -168,26 +179,69 @@ def rank_bytes(collective: str, n: int, nbytes: int, density: float = 1.0,
     raise ValueError(f"collective: one of {', '.join(COLLECTIVES)}, got {collective!r}")
 
 
-def datagram(a: Assumptions, lane_bits: int = 32) -> int:
-    """Payload bytes of a full software-switch datagram."""
-    return a.header + 4 * a.lanes + a.lanes * a.block * lane_bits // 8
-
-
 def fragments(size: int, mtu: int) -> int:
+    """IPv4 fragments of a UDP datagram of `size` bytes of payload at `mtu`."""
     return math.ceil((size + 8) / ((mtu - 20) // 8 * 8))
 
 
-def _software_stream(a: Assumptions, payload: float, lane_bits: int, mtu: int):
-    """(datagrams, fragments, wire bytes) of `payload` bytes in software datagrams: full
-    ones and a shorter last one."""
-    hdr = a.header + 4 * a.lanes
-    per = datagram(a, lane_bits) - hdr
-    n = math.ceil(payload / per) if payload > 0 else 0
-    if n == 0:
-        return 0, 0, 0
-    last = hdr + math.ceil(payload - (n - 1) * per)
-    frags = (n - 1) * fragments(per + hdr, mtu) + fragments(last, mtu)
-    return n, frags, (n - 1) * udp_wire_bytes(per + hdr, mtu) + udp_wire_bytes(last, mtu)
+def expected_max(k: int, m: int, p: float) -> float:
+    """E[the largest of k independent Binomial(m, p)] = sum over j < m of 1 - F(j)^k."""
+    if p <= 0 or m == 0:
+        return 0.0
+    if p >= 1:
+        return float(m)
+    if k == 1:
+        return m * p
+    j = np.arange(m + 1)
+    steps = np.log((m - j[:-1]) / (j[:-1] + 1)) + math.log(p) - math.log1p(-p)
+    logpmf = m * math.log1p(-p) + np.concatenate(([0.0], np.cumsum(steps)))
+    cdf = np.minimum(np.cumsum(np.exp(logpmf - logpmf.max())) * math.exp(logpmf.max()), 1.0)
+    return float(np.sum(1.0 - cdf[:-1] ** k))
+
+
+def rounds(n: int, elements: int, density: float, lanes: int, block: int,
+           slots: int) -> float:
+    """Packets one rank sends in an all-reduce (docs/aggregation.md): a setup round per
+    slot, then in each slot that holds blocks one round per position its `lanes` lanes
+    visit: the largest count of blocks some rank holds among a lane's positions. Block b
+    is lane b mod (slots x lanes): the first `extra` lanes have one position more."""
+    blocks, total = math.ceil(elements / block), slots * lanes
+    m, extra = divmod(blocks, total)
+    longer = math.ceil(extra / lanes)  # slots holding a lane of m + 1 positions
+    shorter = slots - longer if m else 0
+    u = union(density, n)
+    return slots + longer * expected_max(lanes, m + 1, u) + shorter * expected_max(lanes, m, u)
+
+
+def stream(payload: float, packets: float, header: int, mtu: int, gap: int = 0):
+    """(fragments, wire bytes) of `packets` UDP datagrams of `header` bytes each carrying
+    `payload` bytes in all (evenly), IPv4-fragmented at `mtu`, `gap` more per frame."""
+    if packets <= 0:
+        return 0.0, 0.0
+    f = fragments(math.ceil(header + payload / packets), mtu)
+    return packets * f, payload + packets * (header + 8 + f * (plan.UDP_HEADERS + gap))
+
+
+def _packets(collective: str, n: int, nbytes: int, density: float, lanes: int, block: int,
+             slots: int) -> tuple[float, float]:
+    """Packets one rank sends up and receives down: an all-reduce's rounds (a
+    reduce-scatter's results only for its shard), an all-gather's chunks."""
+    if collective == "all_gather":
+        per = lanes * block * 4
+        return math.ceil(nbytes / n / per), (n - 1) * math.ceil(nbytes / n / per)
+    d = rounds(n, nbytes // 4, density, lanes, block, slots)
+    return d, (d / n if collective == "reduce_scatter" else d)
+
+
+def machine_streams(a: Assumptions, collective: str, n: int, nbytes: int, density: float,
+                    lane_bits: int, mtu: int):
+    """One rank's packets up and down, their IPv4 fragments and wire bytes through the
+    software switch: (up, down, fragments up, fragments down, wire up, wire down)."""
+    up, down = rank_bytes(collective, n, nbytes, density, lane_bits)
+    nu, nd = _packets(collective, n, nbytes, density, a.lanes, a.block, a.slots)
+    (fu, wu), (fd, wd) = (stream(b, k, a.header + 4 * a.lanes, mtu)
+                          for b, k in ((up, nu), (down, nd)))
+    return nu, nd, fu, fd, wu, wd
 
 
 def machine(a: Assumptions, collective: str, n: int, nbytes: int, rate: float,
@@ -195,13 +249,11 @@ def machine(a: Assumptions, collective: str, n: int, nbytes: int, rate: float,
     """One call on this machine's namespace star (or loopback: rate inf): n agents and the
     software switch share `machine_cores` cores; the links are busy before the call (the
     benchmarks run calls back to back: tbf's bucket is empty, its burst buys nothing)."""
-    up, down = rank_bytes(collective, n, nbytes, density, lane_bits)
-    if collective == "all_gather":
-        lane_bits = 32  # raw bytes in datagrams of lanes x block words
-    nu, fu, wu = _software_stream(a, up, lane_bits, mtu)
-    nd, fd, wd = _software_stream(a, down, lane_bits, mtu)
+    nu, nd, fu, fd, wu, wd = machine_streams(a, collective, n, nbytes, density, lane_bits,
+                                             mtu)
     elements = 0 if collective == "all_gather" else nbytes // 4
-    agents = n * (elements * a.agent_s_per_element + (nu + nd) * a.agent_s_per_datagram
+    per_value = a.agent_s_per_element + (a.agent_s_per_narrow_value if lane_bits < 32 else 0)
+    agents = n * (elements * per_value + (nu + nd) * a.agent_s_per_datagram
                   + (fu + fd) * a.agent_s_per_fragment)
     switch = n * (nu * a.switch_s_per_datagram + fu * a.switch_s_per_fragment)
     if collective == "all_gather":
@@ -245,26 +297,25 @@ def predict(a: Assumptions, workers: int, nbytes: int, rate: float, density: flo
     levels = _levels(n, fan)
     rtt = (a.rtt_s if switch == "software" else a.tofino_rtt_s) \
         + (len(levels) - 1) * a.level_rtt_s
-    terms: dict[str, float] = {}
     if switch == "software":
-        full = datagram(a, lane_bits)
-        per_byte = udp_wire_bytes(full, a.mtu) / (full - a.header - 4 * a.lanes)
-        per_byte += fragments(full, a.mtu) * a.frame_gap / (full - a.header - 4 * a.lanes)
-        values = a.lanes * a.block
-        inflight = a.slots * (full - a.header - 4 * a.lanes)
-    else:
-        payload = a.tofino_values * 4
-        per_byte = (a.tofino_packet + a.frame_gap) / payload
-        values = a.tofino_values
-        inflight = a.tofino_slots * payload
-    terms["link"] = max(up, down) * per_byte * 8 / rate
-    packets = (up + down) / (values * lane_bits / 8)
+        lanes, block, slots, gap = a.lanes, a.block, a.slots, a.frame_gap
+        header, mtu, agent_pkt = a.header + 4 * a.lanes, a.mtu, a.agent_s_per_datagram
+    else:  # one block of 64 int32 per packet, in frames below any MTU
+        lanes, block, slots, gap = 1, a.tofino_values, a.tofino_slots, a.frame_gap
+        header, mtu = a.tofino_packet - 4 * a.tofino_values - plan.UDP_HEADERS - 8, 1 << 20
+        agent_pkt = a.tofino_agent_s_per_packet
+    nu, nd = _packets(collective, n, nbytes, density, lanes, block, slots)
+
+    def wire(payload, packets):
+        return stream(payload, packets, header, mtu, gap)[1]
+    terms: dict[str, float] = {"link": max(wire(up, nu), wire(down, nd)) * 8 / rate}
     elements = 0 if collective == "all_gather" else nbytes / 4
-    agent_pkt = a.agent_s_per_datagram if switch == "software" else a.tofino_agent_s_per_packet
-    terms["agent"] = (elements * a.agent_s_per_element + packets * agent_pkt) / a.agent_cores
-    terms["window"] = max(up, down) / (inflight / rtt)
+    per_value = a.agent_s_per_element + (a.agent_s_per_narrow_value if lane_bits < 32 else 0)
+    terms["agent"] = (elements * per_value + (nu + nd) * agent_pkt) / a.agent_cores
+    terms["window"] = max(nu, nd) / slots * rtt  # a slot's packets follow one another
     # each level's switches: k children, each with `sub` workers under it, send up what
-    # their subtrees hold and receive what their subtrees need
+    # their subtrees hold and receive what their subtrees need, in as many packets as a
+    # rank (the rounds are the job's: every child sends one per round)
     def give(sub):  # payload bytes a subtree of `sub` workers sends up
         sub = min(sub, n)
         return sub * up if collective == "all_gather" else \
@@ -275,27 +326,34 @@ def predict(a: Assumptions, workers: int, nbytes: int, rate: float, density: flo
         return {"all_reduce": down, "reduce_scatter": down * sub,
                 "all_gather": (n - sub) / n * nbytes}[collective]
 
+    def sent(sub):  # packets a subtree sends up
+        return nu * min(sub, n) if collective == "all_gather" else nu
+
+    def got(sub):  # packets a subtree receives down
+        return nd * min(sub, n) if collective == "reduce_scatter" else nd
+
     sub = 1
     for i, k in enumerate(levels):
         top = i == len(levels) - 1
         name = f"L{i + 1} switch"
-        # one child's link, and (below the top) this switch's link to its parent
-        ports = max(give(sub), need(sub), 0 if top else give(sub * k),
-                    0 if top else need(sub * k)) * per_byte * 8 / rate
+        child = max(wire(give(sub), sent(sub)), wire(need(sub), got(sub)))
+        parent = 0 if top else max(wire(give(sub * k), sent(sub * k)),
+                                   wire(need(sub * k), got(sub * k)))
+        ports = max(child, parent) * 8 / rate  # a child's link, the link to the parent
         if switch == "software":
-            nic_in = k * give(sub) + (0 if top else need(sub * k))
-            nic_out = k * need(sub) + (0 if top else give(sub * k))
-            full = datagram(a, lane_bits)
-            dg_in = nic_in / (full - a.header - 4 * a.lanes)
-            cpu = dg_in * (a.switch_s_per_datagram + fragments(full, a.mtu)
-                           * a.switch_s_per_fragment) / a.server_cores
-            terms[name] = max(max(nic_in, nic_out) * per_byte * 8 / rate, cpu)
+            nic_in = k * wire(give(sub), sent(sub)) + (0 if top else wire(need(sub * k),
+                                                                           got(sub * k)))
+            nic_out = k * wire(need(sub), got(sub)) + (0 if top else wire(give(sub * k),
+                                                                           sent(sub * k)))
+            dg_in = k * sent(sub) + (0 if top else got(sub * k))
+            frags_in = k * stream(give(sub), sent(sub), header, mtu)[0]
+            cpu = (dg_in * a.switch_s_per_datagram + frags_in * a.switch_s_per_fragment) \
+                / a.server_cores
+            terms[name] = max(max(nic_in, nic_out) * 8 / rate, cpu)
         elif switch == "tofino":
             # every contribution crosses the recirculation port once, a reply once more
-            payload = values * 4
-            crossings = (k * give(sub) + give(sub * k)) / payload
-            terms[name] = max(ports, crossings * (a.tofino_packet + a.frame_gap) * 8
-                              / a.tofino_recirc_bps)
+            crossings = k * wire(give(sub), sent(sub)) + wire(give(sub * k), sent(sub))
+            terms[name] = max(ports, crossings * 8 / a.tofino_recirc_bps)
         else:
             terms[name] = ports
         sub *= k
@@ -325,7 +383,7 @@ def ring(a: Assumptions, workers: int, nbytes: int, rate: float,
     steps = 2 * (n - 1) if collective == "all_reduce" else n - 1
     payload = steps * nbytes / n
     mss = a.mtu - 52
-    wire = payload + math.ceil(payload / mss) * (TCP_HEADERS + a.frame_gap)
+    wire = payload + math.ceil(payload / mss) * (plan.TCP_HEADERS + a.frame_gap)
     link = wire * 8 / rate
     return Cost(steps * a.ring_step_s + link, "link", {"link": link,
                                                         "steps": steps * a.ring_step_s})
