@@ -371,10 +371,10 @@ def test_switch_process_killed_and_restarted_mid_call_completes_exactly(tmp_path
     import logging
     import threading
 
-    from deployment import Deployment
-
     from host_agent.assignment import connect
     from spina.net import free_ports
+    from tests.deployment import Deployment
+    from tests.waits import until
 
     udp, grpc, workers = free_ports(1), free_ports(2), free_ports(3)
     doc = {"switches": [{"name": "s0", "target": "softswitch", "grpc": f"127.0.0.1:{grpc[0]}",
@@ -403,13 +403,14 @@ def test_switch_process_killed_and_restarted_mid_call_completes_exactly(tmp_path
                 xs = [sparse(rng, 200_000, 0.5) for _ in range(3)]
                 early = [pool.submit(agents[r].allreduce, xs[r]) for r in (0, 1)]
                 if call == 1:  # the kill comes while ranks 0 and 1 resend into a dead port
-                    while not all(a.call_id == 2 for a in agents[:2]):
-                        assert not any(f.done() for f in early), [f.result() for f in early]
-                        threading.Event().wait(0.01)
+                    def ended(early=early):  # a rank's call ended: its result says why
+                        return any(f.done() for f in early)
+                    until(lambda: all(a.call_id == 2 for a in agents[:2]) or ended(),
+                          "ranks 0 and 1 in their call")
+                    assert not ended(), [f.result() for f in early]
                     dep.procs.kill("s0")
-                    while not refused.wait(0.01):  # (or a rank's call ended: said below)
-                        if any(f.done() for f in early):
-                            break
+                    until(lambda: refused.is_set() or ended(),
+                          "an agent to see the dead switch's refusals")
                     dep.start_switch("s0")
                 late = pool.submit(agents[2].allreduce, xs[2])
                 res = [f.result(60) for f in early + [late]]

@@ -309,37 +309,29 @@ def test_controller_serve_gives_each_run_its_own_epoch(tmp_path):
     assert "run with epoch 2" in out and "run with epoch 4" in out, (out, err)
 
 
-def agents_once_detached(sock, want: int, timeout: float = 10.0) -> int:
-    """The daemon's agent count once it is `want` (a closed client is detached by the
-    daemon's thread for it, a moment after the close), or what it still is at `timeout`."""
-    from host_agent.daemon.client import status
-    deadline = time.monotonic() + timeout
-    while (n := status(str(sock))["agents"]) != want and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return n
-
-
 def test_daemon_under_serve_second_run_after_serve_rewrote_the_files(tmp_path):
     """Two programs in sequence through one daemon under `controller serve` (4 ranks, one
     process each): serve writes the run's epoch into the agent files after the first run;
     the second program (same files, new processes) still gets its own exact sums, because
     the daemon released each rank's agent (and its port) when its client closed."""
+    from host_agent.daemon.client import status
     sock = tmp_path / "agent.sock"
+
+    def no_agents():  # a closed client is detached by the daemon a moment after the close
+        return status(str(sock))["agents"] == 0
     daemon = subprocess.Popen([sys.executable, "-m", "host_agent", "daemon", "--socket",
                                str(sock), "--log-file", str(tmp_path / "daemon.log")],
                               env=ENV, cwd=ROOT)
     try:
-        _wait_for(sock)
+        file_appears(sock)
         with served(tmp_path, nworkers=4) as (sw, files, proc):
             extra = ("--socket", str(sock))
             assert_all(run_program("daemon", files, 1, nranks=4, extra=extra), 4.0)
-            assert agents_once_detached(sock, 0) == 0  # every client closed: no agent kept
-            deadline = time.monotonic() + 30  # serve's next pass writes the run's epoch
-            while json.loads(files[0].read_text())["job"]["epoch"] == 1:
-                assert time.monotonic() < deadline, "serve never rewrote the agent file"
-                time.sleep(0.05)
+            until(no_agents, "the daemon to release every closed client's agent", 10)
+            until(lambda: json.loads(files[0].read_text())["job"]["epoch"] != 1,
+                  "serve to write the run's epoch into the agent file")
             assert_all(run_program("daemon", files, 10, nranks=4, extra=extra), 40.0)
-            assert agents_once_detached(sock, 0) == 0
+            until(no_agents, "the daemon to release every closed client's agent", 10)
     finally:
         stop_process(daemon, 10)
 
