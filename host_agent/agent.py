@@ -602,8 +602,8 @@ class Agent:
             switch) can be taken for this one's. None: every call uses `job.epoch`.
         check_blocks: verify every `blocks` hint of allreduce against a scan of the tensor
             (a debug mode: costs the scan the hint saves). None: $SPINA_CHECK_BLOCKS=1.
-        datapath: "compiled" (the answer loop's common case in host_agent/_core.c, the rest
-            in Python) or "python" (every answer in Python, and narrow lanes' rounding and
+        datapath: "compiled" (the answer loop's common case in host_agent/_core_answers.c, the
+            rest in Python) or "python" (every answer in Python, and narrow lanes' rounding and
             decoding in numpy: the reference, for comparison); both give bit-identical
             results, datagrams, residuals, counters and recovery decisions.
 
