@@ -10,7 +10,7 @@
  * every loss-recovery decision, stay Python (host_agent/agent.py, recovery.py, dlcp.py;
  * tests/test_agent_datapath.py runs both paths and compares them bit for bit).
  *
- * The numpy forms in host_agent/blocks.py, agent.py (_fill_narrow, _deliver_narrow) and
+ * The numpy forms in host_agent/blocks.py, host_agent/narrow.py (NumpyRounds) and
  * spina/wire.py (HEADER_STRUCT, header_error) are the reference: tests/test_core.py and
  * tests/test_narrow_lanes.py check both give identical bytes and verdicts.
  */

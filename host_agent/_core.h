@@ -4,7 +4,8 @@
  *
  *   _core_blocks.c   host_agent/blocks.py: the block scan, quantize/dequantize rows, the
  *                    narrow lanes' counter-based draws and stochastic rounding
- *   _core_rounds.c   the rounds of host_agent/agent.py's _Call, narrow rows included:
+ *   _core_rounds.c   the rounds of host_agent/agent.py's _Call, narrow rows included
+ *                    (host_agent/narrow.py's NumpyRounds their reference):
  *                    fill_round (a contribution), deliver (a result)
  *   _core_io.c       the agent's socket side: recv_answers (one recvmmsg; each datagram checked
  *                    as spina/wire.py header_error does), check_answer, send_batch (sendmmsg)

@@ -139,7 +139,7 @@ static void narrow_generic(NARROW_ARGS) {
 }
 static void (*narrow_scaled)(NARROW_ARGS) = narrow_generic;
 
-/* One narrow lane's row of `item` (2 or 1) bytes a value, as agent._fill_narrow writes it:
+/* One narrow lane's row of `item` (2 or 1) bytes a value, as narrow.NumpyRounds.fill writes it:
  * q = floor(x 2**shift + u) with u the draws from `first` (plan row * bs) on, big-endian;
  * zero-padded to bs (the padding's floor(0 + u) is 0); NaN/Inf count as 0 in a block reported
  * non-finite. residual (NULL: none): x - q 2**-shift in float32, 0 for a non-finite block:
@@ -203,7 +203,7 @@ fail:
 
 /* One present lane's row of a result into its block `dst` (`count` elements): int32 copied
  * (integer tensors), else dequantized to float32 and scaled by 2**ishift exactly as
- * blocks.dequantize does; narrow rows (item 2 or 1 bytes a value) as agent._deliver_narrow
+ * blocks.dequantize does; narrow rows (item 2 or 1 bytes a value) as narrow.NumpyRounds.deliver
  * does. factor = pow2_f32(ishift). */
 void dequantize_row(char *dst, const unsigned char *src, Py_ssize_t count, int item, int integer,
                     int ishift, float factor) {

@@ -1,6 +1,6 @@
 /* The rounds of the host agent's compiled core, one C call per datagram and direction, each
  * reading and writing every byte once (the twins of host_agent/agent.py's _Call rounds, its
- * narrow rows those of _fill_narrow and _deliver_narrow; tests/test_core.py and
+ * narrow rows those of host_agent/narrow.py's NumpyRounds; tests/test_core.py and
  * tests/test_narrow_lanes.py check both give identical bytes):
  *
  *   fill_round  a contribution: per lane, is this worker's next own block the round's agreed
@@ -53,7 +53,7 @@ PyDoc_STRVAR(fill_round_doc,
 "every lane's next position is END (nothing more to send).\n"
 "A width flag in `flags` (FLAG_LANES16, FLAG_LANES8; float tensors) makes the rows narrow:\n"
 "each value stochastically rounded with draws (seed, rank, step)'s values at plan row *\n"
-"block_size on (blocks.rounding_noise), as agent._fill_narrow does; `residual` (None, or\n"
+"block_size on (blocks.rounding_noise), as narrow.NumpyRounds.fill does; `residual` (None, or\n"
 "float32 of flat's size) then takes each sent block's error (error feedback). The rows are\n"
 "written without the GIL.");
 
@@ -252,7 +252,7 @@ PyDoc_STRVAR(deliver_doc,
 "Then `pos` becomes the result's `next` positions (the next round's; END stays 2**32-1), and\n"
 "`done` is whether every one of them is END (the slot's stream is complete).\n"
 "width (optional, 0: int32): the rows' width flag (FLAG_LANES16, FLAG_LANES8; float outputs),\n"
-"dequantized as agent._deliver_narrow does.");
+"dequantized as narrow.NumpyRounds.deliver does.");
 
 PyObject *deliver(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     Buf b[3] = {0};
