@@ -61,20 +61,35 @@ static inline uint16_t load_be16(const unsigned char *p) {
     return __builtin_bswap16(v);
 }
 
-/* ---- _core_blocks.c: the per-element kernels ---- */
+/* ---- _core_blocks.c: the per-element kernels, a datagram's rows per call ---- */
 /* The narrow lanes' draws of (seed, rank, step): blocks.rounding_noise's key. */
 typedef struct {
     uint32_t k0, k1;
 } Draws;
 
+/* A row a contribution sends: where its block starts in the tensor, its elements (the partial
+ * last block: fewer than the block size), its plan row (the narrow draws' counter), and
+ * whether the block holds NaN/Inf (sent as 0). */
+typedef struct {
+    Py_ssize_t start, count;
+    int64_t row;
+    int finite_only;
+} RowJob;
+
 Draws draws_for(uint64_t seed, uint64_t rank, uint64_t step);
-float pow2_f32(int shift);
-void quantize_row(unsigned char *dst, const void *src, Py_ssize_t count, Py_ssize_t bs,
-                  int integer, int finite_only, int shift, float factor);
-void narrow_row(unsigned char *dst, int item, const float *src, Py_ssize_t count, Py_ssize_t bs,
-                int finite_only, int shift, const Draws *dr, uint64_t first, float *residual);
-void dequantize_row(char *out, const unsigned char *src, Py_ssize_t count, int item, int integer,
-                    int ishift, float factor);
+/* blocks.gather_blocks + quantize: `nrows` rows of `bs` 4-byte values into dst, one after
+ * another (int32 tensors copied: integer) */
+void quantize_rows(unsigned char *dst, const char *flat, const RowJob *rows, Py_ssize_t nrows,
+                   Py_ssize_t bs, int integer, int shift);
+/* the same in `item`-byte narrow values (stochastic_quantize with the draws dr; residual: the
+ * error feedback, or NULL); touches no Python object (the caller may release the GIL) */
+void narrow_rows(unsigned char *dst, int item, const float *flat, const RowJob *rows,
+                 Py_ssize_t nrows, Py_ssize_t bs, int shift, const Draws *dr, float *residual);
+/* dequantize + blocks.scatter_blocks: present lane i's row (in order) into block pos[i] of
+ * `out` (n 4-byte values) */
+void dequantize_rows(char *out, Py_ssize_t n, const unsigned char *src, uint64_t present,
+                     const int64_t *pos, Py_ssize_t k, Py_ssize_t bs, int item, int integer,
+                     int shift);
 /* the AVX2 loops (1) or the generic ones (0); 0 when asked for AVX2 on a CPU without it */
 int use_avx2_loops(int on);
 extern PyMethodDef core_blocks_methods[];

@@ -12,7 +12,7 @@ static inline float scale_f32(float x, int shift, float factor) {
 }
 
 /* 2**shift as a float32 multiplier; 0 outside the normal range (the callers use ldexpf there) */
-float pow2_f32(int shift) {
+static float pow2_f32(int shift) {
     return (shift >= -126 && shift <= 127) ? ldexpf(1.0f, shift) : 0.0f;
 }
 
@@ -47,8 +47,8 @@ static void (*dequantize_scaled)(float *, const unsigned char *, Py_ssize_t, flo
 
 /* One lane's row: quantize (or copy, integer) `count` elements of `src`, zero-pad to `bs`,
  * big-endian into `dst`. */
-void quantize_row(unsigned char *dst, const void *src, Py_ssize_t count, Py_ssize_t bs,
-                  int integer, int finite_only, int shift, float factor) {
+static void quantize_row(unsigned char *dst, const void *src, Py_ssize_t count, Py_ssize_t bs,
+                         int integer, int finite_only, int shift, float factor) {
     Py_ssize_t j;
     if (integer) {
         const uint32_t *s = (const uint32_t *)src;
@@ -145,8 +145,9 @@ static void (*narrow_scaled)(NARROW_ARGS) = narrow_generic;
  * non-finite. residual (NULL: none): x - q 2**-shift in float32, 0 for a non-finite block:
  * what the lane did not carry. Shifts beyond float32's scale and non-finite blocks take a
  * scalar loop with ldexp, which gives what numpy's does. */
-void narrow_row(unsigned char *dst, int item, const float *src, Py_ssize_t count, Py_ssize_t bs,
-                int finite_only, int shift, const Draws *dr, uint64_t first, float *residual) {
+static void narrow_row(unsigned char *dst, int item, const float *src, Py_ssize_t count,
+                       Py_ssize_t bs, int finite_only, int shift, const Draws *dr, uint64_t first,
+                       float *residual) {
     uint32_t k0 = dr->k0, k1 = dr->k1;
     int in_range = -shift >= -126 && -shift <= 127;
     float down = in_range ? ldexpf(1.0f, -shift) : 0.0f;
@@ -205,8 +206,8 @@ fail:
  * (integer tensors), else dequantized to float32 and scaled by 2**ishift exactly as
  * blocks.dequantize does; narrow rows (item 2 or 1 bytes a value) as narrow.NumpyRounds.deliver
  * does. factor = pow2_f32(ishift). */
-void dequantize_row(char *dst, const unsigned char *src, Py_ssize_t count, int item, int integer,
-                    int ishift, float factor) {
+static void dequantize_row(char *dst, const unsigned char *src, Py_ssize_t count, int item,
+                           int integer, int ishift, float factor) {
     int in_range = ishift >= -126 && ishift <= 127;
     float *f = (float *)dst;
     if (item < 4) {  /* narrow: int16/int8 to float32, then the exact scale (dequantize) */
@@ -229,6 +230,37 @@ void dequantize_row(char *dst, const unsigned char *src, Py_ssize_t count, int i
     } else {
         for (Py_ssize_t j = 0; j < count; j++)
             f[j] = ldexpf((float)(int32_t)load_be32(src + 4 * j), ishift);
+    }
+}
+
+void quantize_rows(unsigned char *dst, const char *flat, const RowJob *rows, Py_ssize_t nrows,
+                   Py_ssize_t bs, int integer, int shift) {
+    float factor = pow2_f32(shift);
+    for (Py_ssize_t r = 0; r < nrows; r++)
+        quantize_row(dst + 4 * bs * r, flat + 4 * rows[r].start, rows[r].count, bs, integer,
+                     rows[r].finite_only, shift, factor);
+}
+
+void narrow_rows(unsigned char *dst, int item, const float *flat, const RowJob *rows,
+                 Py_ssize_t nrows, Py_ssize_t bs, int shift, const Draws *dr, float *residual) {
+    for (Py_ssize_t r = 0; r < nrows; r++)
+        narrow_row(dst + item * bs * r, item, flat + rows[r].start, rows[r].count, bs,
+                   rows[r].finite_only, shift, dr, (uint64_t)rows[r].row * bs,
+                   residual ? residual + rows[r].start : NULL);
+}
+
+void dequantize_rows(char *out, Py_ssize_t n, const unsigned char *src, uint64_t present,
+                     const int64_t *pos, Py_ssize_t k, Py_ssize_t bs, int item, int integer,
+                     int shift) {
+    int ishift = -shift;
+    float factor = pow2_f32(ishift);
+    Py_ssize_t row = 0;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        if (!(present >> i & 1))
+            continue;
+        Py_ssize_t start = (Py_ssize_t)pos[i] * bs;
+        dequantize_row(out + 4 * start, src + item * bs * row++, n - start < bs ? n - start : bs,
+                       item, integer, ishift, factor);
     }
 }
 

@@ -106,13 +106,6 @@ static int fill_args(PyObject *const *args, Py_ssize_t nargs, FillArgs *fa) {
     return 0;
 }
 
-/* A row fill_round sends: where its block starts in the tensor, its elements, plan row. */
-typedef struct {
-    Py_ssize_t start, count;
-    int64_t row;
-    int finite_only;
-} RowJob;
-
 /* The round's plan: which lanes send which block (every index checked), each lane's `next`
  * written into the datagram and its ptr advanced past the block it sends. */
 typedef struct {
@@ -181,21 +174,13 @@ static int plan_round(RoundPlan *pl, unsigned char *dgram, const FillArgs *fa, B
  * make a narrow row cost several times an int32 one). */
 static void write_rows(unsigned char *rows, const RoundPlan *pl, const FillArgs *fa,
                        const char *flat, float *residual) {
-    Py_ssize_t bs = fa->bs;
     if (fa->narrow) {
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t r = 0; r < pl->nrows; r++) {
-            const RowJob *jb = &pl->jobs[r];
-            narrow_row(rows + fa->item * bs * r, fa->item, (const float *)flat + jb->start,
-                       jb->count, bs, jb->finite_only, (int)fa->shift, &fa->dr,
-                       (uint64_t)jb->row * bs, residual ? residual + jb->start : NULL);
-        }
+        narrow_rows(rows, fa->item, (const float *)flat, pl->jobs, pl->nrows, fa->bs,
+                    (int)fa->shift, &fa->dr, residual);
         Py_END_ALLOW_THREADS
     } else {
-        float factor = pow2_f32((int)fa->shift);
-        for (Py_ssize_t r = 0; r < pl->nrows; r++)
-            quantize_row(rows + 4 * bs * r, flat + 4 * pl->jobs[r].start, pl->jobs[r].count,
-                         bs, fa->integer, pl->jobs[r].finite_only, (int)fa->shift, factor);
+        quantize_rows(rows, flat, pl->jobs, pl->nrows, fa->bs, fa->integer, (int)fa->shift);
     }
 }
 
@@ -301,16 +286,7 @@ PyObject *deliver(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
             goto done;
         }
     }
-    int ishift = -(int)shift;
-    float factor = pow2_f32(ishift);
-    Py_ssize_t row = 0;
-    for (Py_ssize_t i = 0; i < k; i++) {
-        if (!(present >> i & 1))
-            continue;
-        Py_ssize_t start = (Py_ssize_t)pos[i] * bs;
-        dequantize_row(out + 4 * start, dgram + data_at + item * bs * row++,
-                       n - start < bs ? n - start : bs, item, integer, ishift, factor);
-    }
+    dequantize_rows(out, n, dgram + data_at, present, pos, k, bs, item, integer, (int)shift);
     if (nf_bits && !integer) {
         for (Py_ssize_t i = 0; i < k; i++) {
             if (!(nf_bits >> i & 1))
