@@ -9,16 +9,16 @@ STAMP  := $(VENV)/.installed
 help:  ## list targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-$(STAMP): pyproject.toml setup.py host_agent/_core.c host_agent/_pybuf.h spina/_wire.h \
-          host_agent/compression/_kernels.c bench/_floor.c softswitch/_datapath.c \
-          softswitch/_datapath_l2.c \
-          scripts/setup.sh
+# Every C source and header of the packages (setup.py builds them): a new one needs no edit here.
+C_FILES := $(wildcard */*.c */*.h */*/*.c */*/*.h)
+
+$(STAMP): pyproject.toml setup.py $(C_FILES) scripts/setup.sh
 	bash scripts/setup.sh $(VENV) $(PYTHON)
 	touch $(STAMP)
 
 setup: $(STAMP)  ## create .venv, install Debian and Python dependencies, build the C parts
 
-# The compiled parts (host_agent/_core.c, host_agent/compression/_kernels.c,
+# The compiled parts (host_agent/_core*.c, host_agent/compression/_kernels.c,
 # softswitch/_datapath.c, bench/_floor.c), rebuilt in this tree (a worktree sharing another
 # tree's venv: `make core PY=/path/to/python`).
 core:  ## rebuild the C parts (agent core, compression kernels, switch data path, floor) in place
