@@ -6,7 +6,7 @@ Tiers, cheapest first (pyproject.toml declares them as markers):
   netns      needs root: network namespaces, veths, iptables, mininet (skips, saying why, elsewhere)
   p4         needs p4c, BMv2, bf-p4c or the Tofino SDE (skips, saying why, where they are missing)
   soak       the long soak (1000 calls in `make test`, SPINA_SOAK_CALLS to change)
-`make check` runs unit and processes; `make test` runs every tier; `pytest -m TIER` one.
+`make check` runs unit; `make test` runs every tier; `pytest -m TIER` one.
 
 A test's tier is its module's (MODULES), raised by what it uses (FIXTURES, PARAMS) or by name
 (TESTS); a test module listed nowhere stops the collection, so no new file escapes a tier.
