@@ -133,6 +133,22 @@ def test_capture_command_prints_one_line_per_ina_packet(tmp_path, capsys):
 
 
 
+def test_capture_port_filters_out_the_default_port(tmp_path, capsys):
+    """`--port 47999` on a capture of port 47000 prints no packet and the hint naming 47999
+    (issue 44 item 3: scapy's import-time binding to 47000 decoded them all, rc 0)."""
+    raw = _packets(1)[0][3]
+    pcap = tmp_path / "on47000.pcap"
+    capture.wrpcap(str(pcap), [(WORKER, SWITCH, raw), (SWITCH, WORKER, raw)])
+    assert capture.main([str(pcap), "--port", "47999"]) == 0
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == ("0 SpINA packets, 2 other\nspina capture: no packet to or from UDP port 47999: "
+                   "if the switch listens on another, pass --port PORT (spina capture -c FILE "
+                   "takes the desired state's)\n")
+    assert capture.main([str(pcap), "--port", "47999", "--port", "47000"]) == 0
+    assert capsys.readouterr().out.count(" contrib job=") == 2
+
+
 def test_spina_capture_takes_the_ina_ports_from_the_desired_state(tmp_path, capsys,
                                                                   monkeypatch):
     """`spina capture FILE -c spina.yaml` (or ./spina.yaml) decodes on every switch's UDP port;
