@@ -75,7 +75,7 @@ DESCRIPTION = ("Decode a packet capture (pcap/pcapng, e.g. from tshark or tcpdum
 def parser(prog: str = "python -m spina.capture") -> argparse.ArgumentParser:
     """The capture command's arguments (`spina capture` adds -c)."""
     ap = cli.ArgumentParser(prog=prog, description=DESCRIPTION)
-    ap.add_argument("file", help="capture file")
+    ap.add_argument("file", type=cli.input_file, help="capture file")
     ap.add_argument("--port", type=cli.udp_port, action="append", metavar="PORT",
                     help=f"INA UDP port (repeatable; default {wire.DEFAULT_UDP_PORT})")
     return ap
