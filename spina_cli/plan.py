@@ -10,7 +10,7 @@ import json
 import sys
 
 from collectives import plan as planner, topology
-from collectives.schedule import COLLECTIVES
+from collectives.schedule import ALGORITHMS, COLLECTIVES, LEADER
 from spina import cli
 
 EPILOG = """\
@@ -32,19 +32,24 @@ leader per group across (a ring, or the switch), then out to the members.
 Exit status 0; 2 on bad input (one line naming the option or field)."""
 
 
-def parse_args(argv):
+# every algorithm name the planner knows (which fit a topology and collective: planner.plan)
+KNOWN = (*ALGORITHMS, LEADER, planner.INA, planner.SWITCH, planner.LEADER_SWITCH)
+
+
+def parser(prog: str = "spina plan") -> argparse.ArgumentParser:
     d = planner.CostParams()
-    ap = cli.ArgumentParser(prog="spina plan", description="Predict the time of every "
+    ap = cli.ArgumentParser(prog=prog, description="Predict the time of every "
                             "collective algorithm on a topology and pick the fastest.",
                             epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("topology", help="topology file (YAML or JSON)")
+    ap.add_argument("topology", type=cli.input_file, help="topology file (YAML or JSON)")
     ap.add_argument("--collective", choices=COLLECTIVES, default="all_reduce",
                     help="default: %(default)s")
-    ap.add_argument("--size", required=True, type=cli.parsed_by(topology.parse_size, "size"),
+    ap.add_argument("--size", required=True,
+                    type=cli.parsed_by(topology.parse_size, "size", bad=("x", "0", "-5")),
                     help="the whole tensor: bytes, or with B, KiB, MiB, GiB, KB, MB, GB")
     ap.add_argument("--dtype", choices=sorted(planner.DTYPE_SIZES), default="float32",
                     help="element type (default: %(default)s; ina sends 4-byte int32 anyway)")
-    ap.add_argument("--algorithms", type=lambda s: s.split(","),
+    ap.add_argument("--algorithms", type=cli.names(KNOWN),
                     help="comma-separated candidates (default: every one that fits)")
     ap.add_argument("--alpha", type=cli.non_negative_float,
                     help=f"seconds per step (default {d.alpha:g})")
@@ -62,7 +67,7 @@ def parse_args(argv):
     ap.add_argument("--ina-call-cost", type=cli.non_negative_float, dest="ina_call_s",
                     help=f"ina: fixed seconds per call (default {d.ina_call_s:g})")
     ap.add_argument("--json", action="store_true", help="print the plan as JSON")
-    return ap.parse_args(argv)
+    return ap
 
 
 def report(topo, pl: planner.Plan) -> str:
@@ -77,8 +82,8 @@ def report(topo, pl: planner.Plan) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    a = parse_args(sys.argv[1:] if argv is None else argv)
+def main(argv=None, prog: str = "spina plan") -> int:
+    a = parser(prog).parse_args(sys.argv[1:] if argv is None else argv)
     itemsize = planner.DTYPE_SIZES[a.dtype]
     try:
         topo = topology.load(a.topology)
@@ -89,7 +94,7 @@ def main(argv=None) -> int:
                                      ina_agent_packet_s=a.ina_agent_packet_s)
         pl = planner.plan(topo, a.collective, a.size, params, itemsize, a.algorithms)
     except (topology.TopologyError, ValueError) as e:
-        return cli.fail("spina plan", e)
+        return cli.fail(prog, e)
     if a.json:
         print(json.dumps(dict(collective=pl.collective, bytes=pl.nbytes, dtype=a.dtype,
                               pick=pl.best, ranks=topo.world,

@@ -266,7 +266,7 @@ def test_doctor_passes_a_good_deployment_and_names_what_is_wrong(deployed, capsy
             "ok   switch s1: pipeline matches the P4Info",
             f"ok   switch s1: data port {port} counts a probe (port_unadmitted +1)",
             "ok   job 4: admitted on s1, slots and epoch 1 agree",
-            "ok   job 4: agent files agents/job4-rank*.json match s1",
+            f"ok   job 4: agent files {cfg.parent / 'agents'}/job4-rank*.json match s1",
             "ok   job 4: 604-byte packets fit MTU 65536 (lo)",
             "ok   job 4: no round waits for a worker on s1 (4 slots)",
             f"ok   rendezvous {rdv}: answers (spina serve starts the jobs' runs)"]
@@ -285,7 +285,7 @@ def test_doctor_passes_a_good_deployment_and_names_what_is_wrong(deployed, capsy
         assert "warn job 4: 1 of its 4 slots on s1 wait for rank 1 (slot 1 at round 0 first), " \
                "unchanged for 1 s: a worker stopped mid-call? The job's next run clears " \
                "them" in lines, "\n".join(lines)
-        assert "FAIL worker w1: job4-rank1.json says nslots 8, s1 has 4 (`spina deploy`)" in lines
+        assert f"FAIL worker w1: {f} says nslots 8, s1 has 4 (`spina deploy`)" in lines
     doc["workers"].append({"name": "w9", "ip": "127.0.0.1", "switch_port": 0, "udp_port": 9})
     doc["jobs"].append({"id": 5, "members": ["w9"], "nslots": 2, "slot_base": 4,
                         "block_size": 32, "nlanes": 4})
@@ -311,7 +311,7 @@ def test_doctor_fails_a_data_port_that_counts_nothing(deployed, capsys):
     assert (f"FAIL switch s1: a probe to its data port 127.0.0.1:{wrong} was not counted "
             "within 1 s (not reachable from here, or not this switch's address and port)"
             in lines)
-    assert (f"FAIL worker w0: job4-rank0.json says switch 127.0.0.1:{sw.address[1]}, s1 "
+    assert (f"FAIL worker w0: {cfg.parent / 'agents' / 'job4-rank0.json'} says switch 127.0.0.1:{sw.address[1]}, s1 "
             f"listens on 127.0.0.1:{wrong} (`spina deploy`)") in lines
 
 
@@ -416,7 +416,7 @@ def test_a_stopped_switch_is_one_line_naming_its_address(tmp_path):
         out = subprocess.run([sys.executable, "-m", "spina_cli", cmd, "-c", str(cfg),
                               "--timeout", "30"], capture_output=True, text=True, timeout=120,
                              cwd=ROOT, env=env)
-        assert (out.returncode, out.stderr) == (2, f"spina: error: {said}\n"), cmd
+        assert (out.returncode, out.stderr) == (2, f"spina {cmd}: error: {said}\n"), cmd
     out = subprocess.run([sys.executable, "-m", "spina_cli", "doctor", "-c", str(cfg),
                           "--timeout", "30"], capture_output=True, text=True, timeout=120,
                          cwd=ROOT, env=env)
