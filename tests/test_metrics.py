@@ -222,6 +222,7 @@ def test_daemon_scrape_counts_calls_packets_and_resends(tmp_path):
             for c in clients:
                 c.close()
             m = scrape(d.metrics_server.url)
+            assert [k for k in m if k[0].endswith("_created")] == []  # undocumented series
             jid = str(job.job)
             assert sum(s.resends for r in stats for s in stats[r]) > 0, "the loss caused resends"
             for r in (0, 1):
