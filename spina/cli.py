@@ -210,6 +210,18 @@ def name(text: str) -> str:
     return text
 
 
+def comma_list(parse, name: str):
+    """An argparse type: a comma-separated list, each item parsed by the argparse type `parse`
+    (spaces around items ignored; an empty list refused)."""
+    def parse_list(text: str):
+        items = [t for t in text.split(",") if t.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"{text!r} is an empty list")
+        return [parse(t.strip()) for t in items]
+    parse_list.__name__ = name
+    return refuses("", ",", *getattr(parse, "bad_values", ()))(parse_list)
+
+
 def names(choices=None):
     """An argparse type: a comma-separated list of names (of `choices` when given)."""
     def parse(text: str) -> list[str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import csv
 
 from bench.allgather_bench import COLUMNS
-from netns import run_bench
+from tests.netns import run_bench
 
 
 def test_allgather_bench_smoke(tmp_path):

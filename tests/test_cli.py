@@ -311,7 +311,8 @@ def test_doctor_fails_a_data_port_that_counts_nothing(deployed, capsys):
     assert (f"FAIL switch s1: a probe to its data port 127.0.0.1:{wrong} was not counted "
             "within 1 s (not reachable from here, or not this switch's address and port)"
             in lines)
-    assert (f"FAIL worker w0: {cfg.parent / 'agents' / 'job4-rank0.json'} says switch 127.0.0.1:{sw.address[1]}, s1 "
+    rank0 = cfg.parent / "agents" / "job4-rank0.json"
+    assert (f"FAIL worker w0: {rank0} says switch 127.0.0.1:{sw.address[1]}, s1 "
             f"listens on 127.0.0.1:{wrong} (`spina deploy`)") in lines
 
 

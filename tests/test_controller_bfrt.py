@@ -37,25 +37,13 @@ from controller.p4rt import NotPrimaryError, P4RuntimeError
 from spina import spec
 from spina.config import ConfigError
 from spina.p4runtime import decode
-
-try:
-    from test_controller import fake, grpc_servers  # fixtures
-    from test_controller_tofino import (
-        JOB7,
-        STD_P4INFO,
-        fake_bf_p4c_output,
-        test_switch_fields_are_validated as switch_field_refused,
-        tofino_doc,
-    )
-except ImportError:
-    from tests.test_controller import fake, grpc_servers  # noqa: F401
-    from tests.test_controller_tofino import (
-        JOB7,
-        STD_P4INFO,
-        fake_bf_p4c_output,
-        test_switch_fields_are_validated as switch_field_refused,
-        tofino_doc,
-    )
+from tests.test_controller_tofino import (
+    JOB7,
+    STD_P4INFO,
+    fake_bf_p4c_output,
+    test_switch_fields_are_validated as switch_field_refused,
+    tofino_doc,
+)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BFRT_JSON = ROOT / "tofino" / "build" / "spina_tna.bfrt.json"

@@ -17,7 +17,7 @@ import pytest
 from softswitch.dataplane import Dataplane, ipv4_checksum
 from softswitch.l2 import L2Switch
 from spina import netns, rows, spec, wire
-from test_datapath import HOST, JOBS, Traffic, assert_same_state, job_config
+from tests.test_datapath import HOST, JOBS, Traffic, assert_same_state, job_config
 
 SWITCH_MAC = bytes.fromhex("020000000064")
 SWITCH_IP = "10.0.0.100"

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from bench.dlcp_bench import COLUMNS, CONFIGS
-from netns import run_bench
+from tests.netns import run_bench
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 2

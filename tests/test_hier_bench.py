@@ -10,7 +10,7 @@ nothing dropped, no namespace left.
 """
 from __future__ import annotations
 
-from netns import run_bench
+from tests.netns import run_bench
 
 
 def rows(stdout: str) -> dict[str, list[str]]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import csv
 
 from bench.hier_gather_bench import COLUMNS, METHODS
-from netns import run_bench
+from tests.netns import run_bench
 
 
 def test_hier_gather_bench_smoke(tmp_path):

@@ -13,7 +13,7 @@ import csv
 import pytest
 
 from bench.net_bench import COLUMNS, target_lines
-from netns import run_bench
+from tests.netns import run_bench
 
 
 def test_net_bench_smoke(tmp_path):

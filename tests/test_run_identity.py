@@ -32,7 +32,7 @@ from spina.procs import stop_process
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=str(ROOT))
-WORKER = str(ROOT / "tests" / "run_worker.py")
+WORKER = ("-m", "tests.run_worker")  # run from ROOT (cwd=ROOT)
 
 
 def _wait_for(path: Path, timeout: float = 30.0) -> None:
@@ -49,7 +49,7 @@ def run_program(via: str, files, value: float, nranks: int = 2, dtype: str = "fl
     for r in range(nranks):
         f = files[r] if isinstance(files, list) else files
         procs.append(subprocess.Popen(
-            [sys.executable, WORKER, "--via", via, str(f), "--rank", str(r), "--value", str(value),
+            [sys.executable, *WORKER, "--via", via, str(f), "--rank", str(r), "--value", str(value),
              "--dtype", dtype, "--calls", str(calls), *extra],
             env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     outs, errs = [], []
@@ -156,7 +156,7 @@ def test_a_replaced_rank_never_mixes_runs(launcher):
     assert box[0][0] == 2.0
     old[1].close()
     # its join fails when rank 0 is not there within --timeout (the default, 20 s, only idles)
-    new1 = subprocess.Popen([sys.executable, WORKER, "--via", "jobfile", launcher, "--rank", "1",
+    new1 = subprocess.Popen([sys.executable, *WORKER, "--via", "jobfile", launcher, "--rank", "1",
                              "--value", "5", "--calls", "1", "--timeout", "3"], env=ENV, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -184,7 +184,7 @@ def _capture(box, fn, *a):
 def test_ddp_user_sees_the_spina_error_naming_the_missing_rank(launcher, tmp_path):
     """A DDP step whose peer never joins fails in backward with SpinaTimeout's message naming
     rank 1, not with 'Unable to cast ... to Tensor'."""
-    p = subprocess.run([sys.executable, WORKER, "--via", "ddp", launcher, "--rank", "0",
+    p = subprocess.run([sys.executable, *WORKER, "--via", "ddp", launcher, "--rank", "0",
                         "--value", "1", "--calls", "1", "--world", "1", "--timeout", "2",
                         "--pg", str(tmp_path / "pg")],
                        env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -24,13 +24,8 @@ from softswitch.egress import CongestionDrop
 from softswitch.pipeline import Pipeline
 from spina import spec, wire
 from spina.config import JobConfig, WorkerAddr
-
-try:  # tests/ is on sys.path under pytest's default import mode, unless tests/ is a package
-    from test_p4_model import JOB, PORT, SWITCH_IP, frames, packet, src
-    from tna_model import INA_OFF, M32, TnaModel
-except ImportError:
-    from tests.test_p4_model import JOB, PORT, SWITCH_IP, frames, packet, src
-    from tests.tna_model import INA_OFF, M32, TnaModel
+from tests.test_p4_model import JOB, PORT, SWITCH_IP, frames, packet, src
+from tests.tna_model import INA_OFF, M32, TnaModel
 
 K, BS = spec.TNA_SIZES["NLANES"], spec.TNA_SIZES["BLOCK_SIZE"]
 SLOTS = spec.TNA_SIZES["POOL_SLOTS"]

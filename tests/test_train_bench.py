@@ -22,7 +22,7 @@ from bench.train_bench import (
     make_rows,
     time_to_target,
 )
-from netns import run_bench
+from tests.netns import run_bench
 
 PARAMS = 1024 * 64 + 64 + 64 * 64 + 64 + 64 * 10 + 10  # MLP 1024-64-64-10
 
