@@ -41,10 +41,13 @@ def test_spina_help_lists_every_command_and_each_explains_itself(capsys):
     assert main(["nonsense"]) == 2 and "unknown command" in capsys.readouterr().err
 
 
-def test_controller_options_may_come_before_or_after_the_command():
+def test_controller_options_may_come_before_or_after_the_command(tmp_path, monkeypatch):
     """`spina deploy -c F --election-id=3` and `python -m controller -c F deploy` parse alike,
     and an option given before the command is not reset by the command's copy of it."""
     from controller.__main__ import GLOBAL_DEFAULTS, _parser
+    monkeypatch.chdir(tmp_path)  # -c names a file that exists (its type checks)
+    for name in ("f.yaml", "x"):
+        (tmp_path / name).write_text("")
     ap = _parser("spina")
     after = ap.parse_args(["deploy", "-c", "f.yaml", "--watch", "2", "--election-id=3"])
     before = ap.parse_args(["-c", "f.yaml", "--election-id=3", "deploy", "--watch", "2"])
