@@ -612,9 +612,30 @@ def _commands():
         yield prog, _parser_of(ref, prog)
 
 
+# The other command lines a user types: each module's parser(prog).
+MODULE_PARSERS = {"python -m ps": "ps.__main__:parser",
+                  "python -m testbed": "testbed.__main__:parser"}
+
+
+def _scripts():
+    """(prog, parser) of every example script with options (each defines parser())."""
+    for path in sorted((ROOT / "examples").glob("*.py")):
+        if "ArgumentParser" in path.read_text():
+            module = importlib.import_module(f"examples.{path.stem}")
+            assert hasattr(module, "parser"), f"{path}: define parser() (its options are walked)"
+            yield f"examples/{path.name}", module.parser()
+
+
+def _all_parsers():
+    yield from _commands()
+    for prog, ref in MODULE_PARSERS.items():
+        yield prog, _parser_of(ref, prog)
+    yield from _scripts()
+
+
 def _option_cases():
     cases = []
-    for prog, parser in _commands():
+    for prog, parser in _all_parsers():
         for words, action in _walk(parser):
             label = " ".join((prog, *words, "/".join(action.option_strings) or action.dest))
             bad = tuple(getattr(action.type, "bad_values", ()))
@@ -650,7 +671,7 @@ def test_every_option_refuses_bad_values(parser, words, action, bad, tmp_path, m
         lines = err.getvalue().rstrip("\n").split("\n")
         assert e.value.code == 2 and len(lines) == 1, (argv, err.getvalue())
         assert f": error: argument {_name(action)}: " in lines[0], (argv, lines[0])
-        assert lines[0].startswith("spina") or lines[0].startswith("examples/"), lines[0]
+        assert lines[0].startswith(("spina", "python -m", "examples/")), lines[0]
 
 
 def test_every_command_has_its_parser_walked():
@@ -669,7 +690,8 @@ def test_each_spina_command_answers_with_its_parser(tmp_path):
     for case in _option_cases():
         parser, words, action, bad = case.values
         key = (parser.prog, words[:1])  # each subcommand too (udp, l2; deploy, serve, ...)
-        if not bad or key in seen or parser.prog == "spina" and not words:
+        if (not bad or key in seen or parser.prog == "spina" and not words
+                or not parser.prog.startswith("spina")):
             continue  # (`spina` takes the controller's options after the command only)
         seen.add(key)
         head = parser.prog.split()[1:]  # the words after `spina`
@@ -772,3 +794,22 @@ def test_one_rank_with_its_address_taken(tmp_path):
                              cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=60)
     assert_one_line_error(out, f"examples/one_rank.py: error: job 1: field 'workers[1].host': "
                                f"127.0.0.1:{ports[1]}: Address already in use")
+
+
+def test_each_example_answers_with_its_parser(tmp_path):
+    """`python examples/X.py OPT BAD` (the first option of each script with a declared bad
+    value): the line its parser gives in-process, exit 2, nothing on stdout."""
+    done = set()
+    for case in _option_cases():
+        parser, words, action, bad = case.values
+        if not parser.prog.startswith("examples/") or parser.prog in done or not bad:
+            continue
+        done.add(parser.prog)
+        argv = ([action.option_strings[-1], bad[0]] if action.option_strings else [bad[0]])
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), pytest.raises(SystemExit):
+            parser.parse_args(argv)
+        out = subprocess.run([sys.executable, str(ROOT / parser.prog), *argv], cwd=tmp_path,
+                             env=ENV, capture_output=True, text=True, timeout=120)
+        assert (out.returncode, out.stdout, out.stderr) == (2, "", err.getvalue()), argv
+    assert len(done) == len(list(_scripts()))
