@@ -58,7 +58,8 @@ from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
-from collectives.plan import TCP_HEADERS, UDP_HEADERS
+# plan prices `ina` with rounds() and stream(); its wire constants are read at call time
+from collectives import plan
 from collectives.schedule import COLLECTIVES
 from spina.wire import LANE_BITS
 
@@ -178,12 +179,8 @@ def rank_bytes(collective: str, n: int, nbytes: int, density: float = 1.0,
     raise ValueError(f"collective: one of {', '.join(COLLECTIVES)}, got {collective!r}")
 
 
-def datagram(a: Assumptions, lane_bits: int = 32) -> int:
-    """Payload bytes of a full software-switch datagram."""
-    return a.header + 4 * a.lanes + a.lanes * a.block * lane_bits // 8
-
-
 def fragments(size: int, mtu: int) -> int:
+    """IPv4 fragments of a UDP datagram of `size` bytes of payload at `mtu`."""
     return math.ceil((size + 8) / ((mtu - 20) // 8 * 8))
 
 
@@ -206,25 +203,27 @@ def rounds(n: int, elements: int, density: float, lanes: int, block: int,
            slots: int) -> float:
     """Packets one rank sends in an all-reduce (docs/aggregation.md): a setup round per
     slot, then in each slot that holds blocks one round per position its `lanes` lanes
-    visit: the largest count of blocks some rank holds among a lane's m positions (block
-    b is lane b mod (slots x lanes))."""
-    blocks = math.ceil(elements / block)
-    m = math.ceil(blocks / (slots * lanes))
-    used = math.ceil(min(blocks, slots * lanes) / lanes)
-    return slots + used * expected_max(lanes, m, union(density, n))
+    visit: the largest count of blocks some rank holds among a lane's positions. Block b
+    is lane b mod (slots x lanes): the first `extra` lanes have one position more."""
+    blocks, total = math.ceil(elements / block), slots * lanes
+    m, extra = divmod(blocks, total)
+    longer = math.ceil(extra / lanes)  # slots holding a lane of m + 1 positions
+    shorter = slots - longer if m else 0
+    u = union(density, n)
+    return slots + longer * expected_max(lanes, m + 1, u) + shorter * expected_max(lanes, m, u)
 
 
-def _stream(payload: float, packets: float, header: int, mtu: int, gap: int = 0):
+def stream(payload: float, packets: float, header: int, mtu: int, gap: int = 0):
     """(fragments, wire bytes) of `packets` UDP datagrams of `header` bytes each carrying
     `payload` bytes in all (evenly), IPv4-fragmented at `mtu`, `gap` more per frame."""
     if packets <= 0:
         return 0.0, 0.0
     f = fragments(math.ceil(header + payload / packets), mtu)
-    return packets * f, payload + packets * (header + 8 + f * (UDP_HEADERS + gap))
+    return packets * f, payload + packets * (header + 8 + f * (plan.UDP_HEADERS + gap))
 
 
-def _packets(a: Assumptions, collective: str, n: int, nbytes: int, density: float,
-             lane_bits: int, lanes: int, block: int, slots: int) -> tuple[float, float]:
+def _packets(collective: str, n: int, nbytes: int, density: float, lanes: int, block: int,
+             slots: int) -> tuple[float, float]:
     """Packets one rank sends up and receives down: an all-reduce's rounds (a
     reduce-scatter's results only for its shard), an all-gather's chunks."""
     if collective == "all_gather":
@@ -239,8 +238,8 @@ def machine_streams(a: Assumptions, collective: str, n: int, nbytes: int, densit
     """One rank's packets up and down, their IPv4 fragments and wire bytes through the
     software switch: (up, down, fragments up, fragments down, wire up, wire down)."""
     up, down = rank_bytes(collective, n, nbytes, density, lane_bits)
-    nu, nd = _packets(a, collective, n, nbytes, density, lane_bits, a.lanes, a.block, a.slots)
-    (fu, wu), (fd, wd) = (_stream(b, k, a.header + 4 * a.lanes, mtu)
+    nu, nd = _packets(collective, n, nbytes, density, a.lanes, a.block, a.slots)
+    (fu, wu), (fd, wd) = (stream(b, k, a.header + 4 * a.lanes, mtu)
                           for b, k in ((up, nu), (down, nd)))
     return nu, nd, fu, fd, wu, wd
 
@@ -303,12 +302,12 @@ def predict(a: Assumptions, workers: int, nbytes: int, rate: float, density: flo
         header, mtu, agent_pkt = a.header + 4 * a.lanes, a.mtu, a.agent_s_per_datagram
     else:  # one block of 64 int32 per packet, in frames below any MTU
         lanes, block, slots, gap = 1, a.tofino_values, a.tofino_slots, a.frame_gap
-        header, mtu = a.tofino_packet - 4 * a.tofino_values - UDP_HEADERS - 8, 1 << 20
+        header, mtu = a.tofino_packet - 4 * a.tofino_values - plan.UDP_HEADERS - 8, 1 << 20
         agent_pkt = a.tofino_agent_s_per_packet
-    nu, nd = _packets(a, collective, n, nbytes, density, lane_bits, lanes, block, slots)
+    nu, nd = _packets(collective, n, nbytes, density, lanes, block, slots)
 
     def wire(payload, packets):
-        return _stream(payload, packets, header, mtu, gap)[1]
+        return stream(payload, packets, header, mtu, gap)[1]
     terms: dict[str, float] = {"link": max(wire(up, nu), wire(down, nd)) * 8 / rate}
     elements = 0 if collective == "all_gather" else nbytes / 4
     per_value = a.agent_s_per_element + (a.agent_s_per_narrow_value if lane_bits < 32 else 0)
@@ -347,7 +346,7 @@ def predict(a: Assumptions, workers: int, nbytes: int, rate: float, density: flo
             nic_out = k * wire(need(sub), got(sub)) + (0 if top else wire(give(sub * k),
                                                                            sent(sub * k)))
             dg_in = k * sent(sub) + (0 if top else got(sub * k))
-            frags_in = k * _stream(give(sub), sent(sub), header, mtu)[0]
+            frags_in = k * stream(give(sub), sent(sub), header, mtu)[0]
             cpu = (dg_in * a.switch_s_per_datagram + frags_in * a.switch_s_per_fragment) \
                 / a.server_cores
             terms[name] = max(max(nic_in, nic_out) * 8 / rate, cpu)
@@ -384,7 +383,7 @@ def ring(a: Assumptions, workers: int, nbytes: int, rate: float,
     steps = 2 * (n - 1) if collective == "all_reduce" else n - 1
     payload = steps * nbytes / n
     mss = a.mtu - 52
-    wire = payload + math.ceil(payload / mss) * (TCP_HEADERS + a.frame_gap)
+    wire = payload + math.ceil(payload / mss) * (plan.TCP_HEADERS + a.frame_gap)
     link = wire * 8 / rate
     return Cost(steps * a.ring_step_s + link, "link", {"link": link,
                                                         "steps": steps * a.ring_step_s})
