@@ -202,6 +202,19 @@ def output_file(text: str) -> str:
     return text
 
 
+@refuses("/dev/null/out")
+def output_dir(text: str) -> str:
+    """An argparse type: a folder to write into, made if missing: its nearest existing
+    ancestor is a directory we may write in."""
+    up = os.path.abspath(text)
+    while not os.path.exists(up):
+        up = os.path.dirname(up)
+    if not os.path.isdir(up) or not os.access(up, os.W_OK):
+        raise argparse.ArgumentTypeError(f"{text}: cannot be made ({up} is not a directory "
+                                         "we may write in)")
+    return text
+
+
 @refuses("", "two words", "a,b")
 def name(text: str) -> str:
     """An argparse type: a name (of a switch, a worker): not empty, no space or comma."""

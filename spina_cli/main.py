@@ -47,6 +47,7 @@ PARSERS = {
     "agent status": "host_agent.__main__:status_parser",
     "status --watch": "spina_cli.status:parser",
     "demo": "spina_cli.demo:parser",
+    "bench": "bench.harness:command_parser",  # each WHAT a subcommand
     "capture": "spina_cli.capture:parser",
     "doctor": "spina_cli.doctor:parser",
     "plan": "spina_cli.plan:parser",
@@ -83,7 +84,7 @@ def main(argv=None) -> int:
             print("spina bench: error: the bench/ package is not importable; run it from a "
                   "clone of the repository (make bench)", file=sys.stderr)
             return 2
-        return run(rest)
+        return run(rest, "spina bench")
     if cmd in MAINS:
         return importlib.import_module(MAINS[cmd]).main(rest, f"spina {cmd}")
     print(f"spina: error: unknown command {cmd!r} (spina --help lists them)", file=sys.stderr)
