@@ -38,9 +38,10 @@ pipeline (a link's full token bucket goes at once here too), so
 
 The all-gather through the switch ("switch", Agent.allgather, when a switch aggregates) is
 priced the same way: every rank sends its shard up once in datagrams of `ina_elements` values
-and receives every other rank's down; the switch pays its calibrated CPU per datagram in and
-per copy it sends out (`gather_copy_s` when given: it replicates each one to the job's other
-workers), each agent its CPU per datagram it sends or receives. "leader-switch" is the
+and receives every other rank's down, after a fixed cost per call (`gather_call_s`); the
+switch pays its CPU per datagram in and per copy it sends out (`gather_copy_s`: it
+replicates each one to the job's other workers), each agent its CPU per datagram it sends or
+receives (all calibrated unless given). "leader-switch" is the
 leader all-gather whose middle phase is that multicast among the group leaders alone, each
 sending its group's chunks: its inside
 and out phases are priced as schedule steps ("leader-ring"'s first and last), its middle as
@@ -67,7 +68,7 @@ SWITCH, LEADER_SWITCH = "switch", "leader-switch"  # collectives.p2p's names
 TCP_HEADERS = 14 + 20 + 32  # Ethernet, IPv4, TCP with timestamps: per segment
 UDP_HEADERS = 14 + 20       # per IPv4 fragment of a datagram (plus 8 for UDP, once)
 DTYPE_SIZES = {"float32": 4, "int32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
-_CALIBRATED = ("ina_switch_packet_s", "ina_agent_packet_s", "gather_copy_s")
+_CALIBRATED = ("ina_switch_packet_s", "ina_agent_packet_s", "gather_copy_s", "gather_call_s")
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,7 @@ class CostParams:
     ina_overhead: int = 48 + 56 * 4    # SpINA header + one 4-byte `next` per lane
     density: float = 1.0               # fraction of each rank's blocks that are non-zero (ina)
     gather_copy_s: float | None = None  # the switch, per all-gather datagram it sends out
+    gather_call_s: float | None = None  # an all-gather's fixed cost per call
 
     def check(self) -> "CostParams":
         for k, v in self.__dict__.items():
@@ -269,12 +271,13 @@ def _multicast(topo, switch, senders, bounds, params, itemsize, now, bucket) -> 
             for hop in route:
                 load[hop] = load.get(hop, 0) + b
         lat = max(lat, sum(topo.links[i].latency for i, _ in up + down))
-    start = now + params.ina_call_s
+    call = a.gather_call_s if params.gather_call_s is None else params.gather_call_s
+    start = now + call
     link = {h: _drain(topo.links[h[0]], bucket, h, start, b) for h, b in load.items()}
     neck = max(link, key=link.get)
     bound = max((link[neck], _link_name(topo, neck)),
                 (switch_s, f"switch {switch} CPU"), (agent_s, "agent CPU"))
-    return StepCost(params.ina_call_s + lat + bound[0], bound[1], m * size)
+    return StepCost(call + lat + bound[0], bound[1], m * size)
 
 
 def _drain(link, bucket, hop, start: float, nbytes: float) -> float:

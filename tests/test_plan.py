@@ -238,7 +238,7 @@ def test_all_gathers_through_the_switch_by_hand():
     other group's 2 down: a third of the flat downlink's bytes), the leader's 2 outside
     shards to its member. Only with an aggregating switch; leader-* only with groups."""
     t = two_groups_switch()
-    p = CostParams(alpha=0.0, cpu_per_byte=0.0, ina_call_s=1e-3, gather_copy_s=58e-6,
+    p = CostParams(alpha=0.0, cpu_per_byte=0.0, gather_call_s=1e-3, gather_copy_s=58e-6,
                    ina_agent_packet_s=28e-6)
     per = 14336 * 4  # bytes of a full datagram's data
     n = 4 * per * 10  # a shard of exactly 10 full datagrams

@@ -44,113 +44,6 @@
 #ifndef SPINA_TNA_AGGREGATOR_P4
 #define SPINA_TNA_AGGREGATOR_P4
 
-typedef bit<9> copy_index_t;    // SLOT_COPIES = 512
-typedef bit<14> rank_index_t;   // RANK_CELLS = 16384
-typedef bit<11> job_index_t;    // MAX_JOBS = 2048
-
-// The register indexes and inputs that depend on header fields (and admission) only, applied
-// before any branch so that they are ready when slot_round's stage comes.
-control SlotIndex(inout tna_headers_t hdr, inout tna_ingress_md_t meta) {
-    Hash<copy_index_t>(HashAlgorithm_t.IDENTITY) copy_index;
-    Hash<copy_index_t>(HashAlgorithm_t.IDENTITY) copy_index_bridged;
-    @hidden action set_rank_bit(bit<32> bit_of_rank) {
-        meta.rank_bit = bit_of_rank;
-    }
-#define SPINA_RANK_ENTRY(R) R: set_rank_bit(32w1 << R);
-    @hidden table rank_to_bit {
-        key = { hdr.ina.rank: exact; }
-        actions = { set_rank_bit; @defaultonly NoAction; }
-        const entries = {
-            FOR_EACH_RANK(SPINA_RANK_ENTRY)
-        }
-        const default_action = NoAction();
-        size = MAX_WORKERS;
-    }
-
-#ifdef SPINA_TNA_ROLES
-    @hidden action set_all_ranks(bit<32> mask) {
-        meta.fab.all_ranks = mask;
-    }
-#define SPINA_ALL_RANKS_ENTRY(R) (R + 1): set_all_ranks((bit<32>)((33w1 << (R + 1)) - 1));
-    @hidden table all_ranks {
-        key = { meta.adm.nworkers: exact; }
-        actions = { set_all_ranks; @defaultonly NoAction; }
-        const entries = {
-            FOR_EACH_RANK(SPINA_ALL_RANKS_ENTRY)
-        }
-        const default_action = NoAction();
-        size = MAX_WORKERS;
-    }
-
-    // A spine adopting a leaf's REPLAY: the copy, fresh or incomplete, is raised to nworkers
-    // by count_duplicate (a spine's count never exceeds nworkers; count_first cannot take
-    // nworkers as a third input: experiments/roles.p4 -DVARIANT=5), and slot_bitmap is set
-    // to the replay's ranks (every rack for a whole result, the replaying rack for a PARTIAL
-    // one that names ranks, none otherwise). A leaf storing its spine's result sets no bit of
-    // its own. One lookup: `if`s here delayed slot_round by three stages (tofino/README.md).
-    @hidden action bitmap_rank_bit() {
-        meta.fab.bitmap_in = meta.rank_bit;
-    }
-    @hidden action bitmap_all_ranks() {
-        meta.fab.bitmap_in = meta.fab.all_ranks;
-        meta.count_limit = meta.nworkers;
-    }
-    @hidden action bitmap_replaying_rack() {
-        meta.fab.bitmap_in = meta.rank_bit;
-        meta.count_limit = meta.nworkers;
-    }
-    @hidden action bitmap_none() {
-        meta.fab.bitmap_in = 0;
-    }
-    @hidden action bitmap_none_limit() {
-        meta.fab.bitmap_in = 0;
-        meta.count_limit = meta.nworkers;
-    }
-    @hidden table role_inputs {
-        key = {
-            meta.fab.replay:      ternary;
-            meta.fab.from_spine:  ternary;
-            hdr.ina.flags:        ternary;
-            hdr.ina.bitmap:       ternary;
-        }
-        actions = { bitmap_rank_bit; bitmap_all_ranks; bitmap_replaying_rack; bitmap_none;
-                    bitmap_none_limit; @defaultonly NoAction; }
-        const entries = {
-            (true, _, 0 &&& FLAG_PARTIAL, _): bitmap_all_ranks();
-            (true, _, _, 0): bitmap_none_limit();
-            (true, _, _, _): bitmap_replaying_rack();
-            (_, true, _, _): bitmap_none();
-        }
-        const default_action = NoAction();
-        size = 4;
-    }
-#endif
-
-    apply {
-        // The copy index slot * 2 + (round & 1) through an identity hash: one source for the
-        // bridged copy egress indexes by (a concatenation in an action has two, and the
-        // bridged header's byte beside it would be a third).
-        meta.idx = copy_index.get({hdr.ina.slot[7:0], hdr.ina.round[0:0]});
-        hdr.bridge.idx = copy_index_bridged.get({hdr.ina.slot[7:0], hdr.ina.round[0:0]});
-        meta.rank_idx = hdr.ina.slot[7:0] ++ hdr.ina.round[0:0] ++ hdr.ina.rank[4:0];
-        meta.round_next = hdr.ina.round + 1;
-        meta.loss_tolerant = hdr.ina.flags & FLAG_LOSS_TOLERANT;
-        meta.rank_bit = 0;
-        rank_to_bit.apply();
-        // count_duplicate's limit: nworkers when the packet asks for a flush.
-        meta.count_limit = 0;
-        if ((hdr.ina.flags & FLAG_PARTIAL) != 0) {
-            meta.count_limit = meta.nworkers;
-        }
-#ifdef SPINA_TNA_ROLES
-        meta.fab.all_ranks = 0;
-        all_ranks.apply();
-        meta.fab.bitmap_in = meta.rank_bit;
-        role_inputs.apply();
-#endif
-    }
-}
-
 control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
                    in ingress_intrinsic_metadata_t ig_intr_md,
                    inout ingress_intrinsic_metadata_for_deparser_t ig_dprsr_md,
@@ -175,15 +68,7 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
         }
     };
 
-#ifdef SPINA_TNA_ROLES
-    // A spine's answer at a leaf: for the round this copy holds (PRED_LO), else stale; never
-    // takes the copy.
-    RegisterAction<bit<32>, copy_index_t, pred_t>(slot_round) peek_round = {
-        void apply(inout bit<32> value, out pred_t rv) {
-            rv = this.predicate(value == hdr.ina.round);
-        }
-    };
-#endif
+    SPINA_ROLE_ROUND_ACTIONS  // roles' profile: peek_round
 
     // ------------------------------------------------------------------ slot_rank_round
     @name(".slot_rank_round") Register<bit<32>, rank_index_t>(RANK_CELLS, 0) slot_rank_round;
@@ -242,20 +127,7 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
         }
     };
 
-#ifdef SPINA_TNA_ROLES
-    // A leaf storing its spine's RESULT: only a copy whose partial went up (count = nlocal,
-    // the leaf's nworkers) takes it, and counts nlocal + 1 (stored: a later RESULT is a
-    // duplicate, a worker's resend gets it). slot_count's fourth RegisterAction, the most one
-    // Tofino 1 register holds.
-    RegisterAction<bit<32>, copy_index_t, bit<32>>(slot_count) count_store = {
-        void apply(inout bit<32> value, out bit<32> rv) {
-            rv = value - meta.nworkers;
-            if (value == meta.nworkers) {
-                value = value + 1;
-            }
-        }
-    };
-#endif
+    SPINA_ROLE_COUNT_ACTIONS  // roles' profile: count_store
 
     // ------------------------------------------------------------------ OR registers
     // slot_bitmap, slot_present, slot_nonfinite: set on a fresh copy, ORed when added, read
@@ -279,11 +151,7 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
             rv = value;                                                                  \
         }                                                                                \
     };
-#ifdef SPINA_TNA_ROLES
-    SPINA_OR_REGISTER(slot_bitmap, meta.fab.bitmap_in)
-#else
-    SPINA_OR_REGISTER(slot_bitmap, meta.rank_bit)
-#endif
+    SPINA_OR_REGISTER(slot_bitmap, SPINA_ROLE_BITMAP_INPUT(meta.rank_bit))
     SPINA_OR_REGISTER(slot_present, hdr.ina.present[31:0])
     SPINA_OR_REGISTER(slot_nonfinite, hdr.ina.nonfinite[31:0])
 
@@ -391,200 +259,7 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
     SPINA_OP_TABLE(next_l0, hdr.lane_next.pos, meta.state_op,
                    slot_next_l0_set, slot_next_l0_min, slot_next_l0_read, meta.idx)
 
-    // ------------------------------------------------------------------ decide
-    // Pipeline.process's branches from the three answers (and the PARTIAL flag and lane 0's
-    // present bit); value_op also says whether lane 0's block is added, set or cleared.
-    @hidden action set_outcome(kind_t kind, op_t state_op, op_t flags_op, op_t bitmap_op,
-                               op_t value_op) {
-        meta.kind = kind;
-        meta.state_op = state_op;
-        meta.flags_op = flags_op;
-        meta.bitmap_op = bitmap_op;
-        meta.value_op = value_op;
-    }
-    // The same, for the entries whose values are READ: both elements of each pair become 0,
-    // so that MERGE reads the low half (include/pairs.p4): block_i here (made valid: a packet
-    // without a block may read a stored one); block_e is not sent, the egress parser makes
-    // it zeros (zero_front).
-#define SPINA_INGRESS_READ_LO(P, LO, HI) SPINA_READ_ZERO(hdr.block_i, P, LO, HI)
-    @hidden action set_outcome_read(kind_t kind, op_t state_op, op_t flags_op, op_t bitmap_op,
-                                    op_t value_op) {
-        meta.kind = kind;
-        meta.state_op = state_op;
-        meta.flags_op = flags_op;
-        meta.bitmap_op = bitmap_op;
-        meta.value_op = value_op;
-        hdr.block_e.setInvalid();
-        hdr.block_i.setValid();
-        FOR_EACH_INGRESS_PAIR(SPINA_INGRESS_READ_LO)
-    }
-#ifdef SPINA_TNA_ROLES
-    // The roles' outcomes (p4src/v1model/fabric.p4, aggregator.p4's role branches), before
-    // the flat entries: a leaf sends what completes here up (the reply goes to its spine,
-    // up_reply), stores its spine's RESULT, turns the spine's rack bitmap into local ranks
-    // and replays a stored result the spine lacks; a spine adopts a leaf's REPLAY.
-    @hidden action set_outcome_up(kind_t kind, op_t state_op, op_t flags_op, op_t bitmap_op,
-                                  op_t value_op) {
-        set_outcome(kind, state_op, flags_op, bitmap_op, value_op);
-        meta.fab.up_reply = 1;
-    }
-    @hidden action set_outcome_read_up(kind_t kind, op_t state_op, op_t flags_op,
-                                       op_t bitmap_op, op_t value_op) {
-        set_outcome_read(kind, state_op, flags_op, bitmap_op, value_op);
-        meta.fab.up_reply = 1;
-    }
-    // A spine's STATUS about this rack, to the rack: every local rank (the rack is done), or
-    // none when the spine's bitmap lacks the rack.
-    @hidden action set_status_rack() {
-        set_outcome(KIND_STATUS, OP_NONE, OP_NONE, OP_NONE, OP_NONE);
-        hdr.ina.bitmap = meta.fab.all_local;
-    }
-    @hidden action set_status_rack_none() {
-        set_outcome(KIND_STATUS, OP_NONE, OP_NONE, OP_NONE, OP_NONE);
-        hdr.ina.bitmap = 0;
-    }
-    // A leaf's stored result up to a spine that lacks it: RESEND | REPLAY (REPLAY where the
-    // packet's LOSS_TOLERANT would be ORed in: one write of the flags fewer).
-    @hidden action set_outcome_replay() {
-        set_outcome_read_up(KIND_RESEND, OP_READ, OP_READ, OP_READ, OP_READ);
-        meta.loss_tolerant = FLAG_REPLAY;
-    }
-    @hidden action set_drop() {
-        set_outcome(KIND_DROP, OP_NONE, OP_NONE, OP_NONE, OP_NONE);
-    }
-#define SPINA_ROLE_ACTIONS set_outcome_up; set_outcome_read_up; set_outcome_replay; \
-    set_status_rack; set_status_rack_none; set_drop;
-#define SPINA_ROLE_ANY , _, _, _, _, _, _, _
-#define DECIDE_ENTRIES 48
-// keys: round, rank, flags, count_delta, present, leaf, from_spine, replay, msg_type,
-// rack_hit, rank_diff, rank
-#define SPINA_ROLE_ENTRIES \
-    /* a leaf, its spine's RESULT for the copy whose partial went up: stored, to the rack */ \
-    (PRED_LO, _, _, 0, 1, true, true, _, MSG_RESULT, 0, _, _): set_outcome(KIND_COMPLETE, OP_SET, OP_SET, OP_SET, OP_SET); \
-    (PRED_LO, _, _, 0, 0, true, true, _, MSG_RESULT, 0, _, _): set_outcome(KIND_COMPLETE, OP_SET, OP_SET, OP_SET, OP_CLEAR); \
-    (PRED_LO, _, _, 0, 1, true, true, _, MSG_RESULT, _, _, _): set_outcome(KIND_COMPLETE, OP_SET, OP_SET, OP_READ, OP_SET); \
-    (PRED_LO, _, _, 0, 0, true, true, _, MSG_RESULT, _, _, _): set_outcome(KIND_COMPLETE, OP_SET, OP_SET, OP_READ, OP_CLEAR); \
-    /* its spine's STATUS about this rack, for the copy whose partial went up: to the rack */ \
-    (PRED_LO, _, _, 0, _, true, true, _, MSG_STATUS, 0, 0, _): set_status_rack_none(); \
-    (PRED_LO, _, _, 0, _, true, true, _, MSG_STATUS, _, 0, _): set_status_rack(); \
-    /* another rack's STATUS lacking this rack, where the copy stored the result: REPLAY up */ \
-    (PRED_LO, _, _, 0x00000001, _, true, true, _, MSG_STATUS, 0, _, _): set_outcome_replay(); \
-    (_, _, _, _, _, true, true, _, _, _, _, _): set_drop(); \
-    /* a leaf, a worker's packet that completes the round here: the partial goes up */ \
-    (PRED_HI, _, _, 0xffffffff, 1, true, false, _, _, _, _, _): set_outcome_up(KIND_COMPLETE, OP_SET, OP_SET, OP_SET, OP_SET); \
-    (PRED_HI, _, _, 0xffffffff, 0, true, false, _, _, _, _, _): set_outcome_up(KIND_COMPLETE, OP_SET, OP_SET, OP_SET, OP_CLEAR); \
-    (PRED_LO, 0 &&& PRED_LO, _, 0xffffffff, 1, true, false, _, _, _, _, _): set_outcome_up(KIND_COMPLETE, OP_MERGE, OP_MERGE, OP_MERGE, OP_MERGE); \
-    (PRED_LO, 0 &&& PRED_LO, _, 0xffffffff, 0, true, false, _, _, _, _, _): set_outcome_read_up(KIND_COMPLETE, OP_MERGE, OP_MERGE, OP_MERGE, OP_READ); \
-    /* a resend to a round complete here whose spine result is missing (count = nlocal): */ \
-    /* up again from local rank 0 or as a flush request, others' dropped */ \
-    (PRED_LO, _, _, 0, _, true, false, _, _, _, _, 0): set_outcome_read_up(KIND_RESEND, OP_READ, OP_READ, OP_READ, OP_READ); \
-    (PRED_LO, _, FLAG_PARTIAL &&& FLAG_PARTIAL, 0, _, true, false, _, _, _, _, _): set_outcome_read_up(KIND_RESEND, OP_READ, OP_READ, OP_READ, OP_READ); \
-    (PRED_LO, _, _, 0, _, true, false, _, _, _, _, _): set_drop(); \
-    /* a flush here: the partial goes up */ \
-    (PRED_LO, PRED_LO &&& PRED_LO, FLAG_PARTIAL &&& FLAG_PARTIAL, 0x80000000 &&& 0x80000000, _, true, false, _, _, _, _, _): set_outcome_read_up(KIND_FLUSH, OP_READ, OP_MERGE, OP_READ, OP_READ); \
-    /* a spine, a leaf's REPLAY of a round not complete here: written as its result */ \
-    (PRED_HI, _, _, _, 1, _, _, true, _, _, _, _): set_outcome(KIND_COMPLETE, OP_SET, OP_SET, OP_SET, OP_SET); \
-    (PRED_HI, _, _, _, 0, _, _, true, _, _, _, _): set_outcome(KIND_COMPLETE, OP_SET, OP_SET, OP_SET, OP_CLEAR); \
-    (PRED_LO, _, _, 0x80000000 &&& 0x80000000, 1, _, _, true, _, _, _, _): set_outcome(KIND_COMPLETE, OP_SET, OP_SET, OP_SET, OP_SET); \
-    (PRED_LO, _, _, 0x80000000 &&& 0x80000000, 0, _, _, true, _, _, _, _): set_outcome(KIND_COMPLETE, OP_SET, OP_SET, OP_SET, OP_CLEAR);
-#else
-#define SPINA_ROLE_ACTIONS
-#define SPINA_ROLE_ANY
-#define SPINA_ROLE_ENTRIES
-#define DECIDE_ENTRIES 16
-#endif
-    @hidden table decide {
-        key = {
-            meta.round_pred:        ternary;
-            meta.rank_pred:         ternary;
-            hdr.ina.flags:          ternary;
-            meta.count_delta:       ternary;
-            hdr.ina.present[0:0]:   ternary;
-#ifdef SPINA_TNA_ROLES
-            meta.fab.leaf:          ternary;
-            meta.fab.from_spine:    ternary;
-            meta.fab.replay:        ternary;
-            hdr.ina.msg_type:       ternary;
-            meta.fab.rack_hit:      ternary;
-            meta.fab.rank_diff:     ternary;
-            hdr.ina.rank:           ternary;
-#endif
-        }
-        actions = { set_outcome; set_outcome_read; SPINA_ROLE_ACTIONS @defaultonly NoAction; }
-        const entries = {
-            SPINA_ROLE_ENTRIES
-            // A newer round: the copy starts afresh with this packet (a round of one worker
-            // completes at once).
-            (PRED_HI, _, _, 0xffffffff, 1 SPINA_ROLE_ANY): set_outcome(KIND_COMPLETE, OP_SET, OP_SET, OP_SET, OP_SET);
-            (PRED_HI, _, _, 0xffffffff, 0 SPINA_ROLE_ANY): set_outcome(KIND_COMPLETE, OP_SET, OP_SET, OP_SET, OP_CLEAR);
-            (PRED_HI, _, _, _, 1 SPINA_ROLE_ANY): set_outcome(KIND_HOLD, OP_SET, OP_SET, OP_SET, OP_SET);
-            (PRED_HI, _, _, _, 0 SPINA_ROLE_ANY): set_outcome(KIND_HOLD, OP_SET, OP_SET, OP_SET, OP_CLEAR);
-            // The same round, a rank not seen (slot_rank_round's cell was not round + 1: its
-            // PRED_LO bit is clear): added while incomplete, else the stored result.
-            (PRED_LO, 0 &&& PRED_LO, _, 0xffffffff, 1 SPINA_ROLE_ANY): set_outcome(KIND_COMPLETE, OP_MERGE, OP_MERGE, OP_MERGE, OP_MERGE);
-            (PRED_LO, 0 &&& PRED_LO, _, 0xffffffff, 0 SPINA_ROLE_ANY): set_outcome_read(KIND_COMPLETE, OP_MERGE, OP_MERGE, OP_MERGE, OP_READ);
-            (PRED_LO, 0 &&& PRED_LO, _, 0x80000000 &&& 0x80000000, 1 SPINA_ROLE_ANY): set_outcome(KIND_HOLD, OP_MERGE, OP_MERGE, OP_MERGE, OP_MERGE);
-            (PRED_LO, 0 &&& PRED_LO, _, 0x80000000 &&& 0x80000000, 0 SPINA_ROLE_ANY): set_outcome(KIND_HOLD, OP_MERGE, OP_MERGE, OP_MERGE, OP_NONE);
-            (PRED_LO, 0 &&& PRED_LO, _, _, _ SPINA_ROLE_ANY): set_outcome_read(KIND_RESEND, OP_READ, OP_READ, OP_READ, OP_READ);
-            // A duplicate: the stored result when complete, a flush, or a status.
-            (PRED_LO, PRED_LO &&& PRED_LO, _, 0x00000000 &&& 0x80000000, _ SPINA_ROLE_ANY): set_outcome_read(KIND_RESEND, OP_READ, OP_READ, OP_READ, OP_READ);
-            (PRED_LO, PRED_LO &&& PRED_LO, FLAG_PARTIAL &&& FLAG_PARTIAL, _, _ SPINA_ROLE_ANY): set_outcome_read(KIND_FLUSH, OP_READ, OP_MERGE, OP_READ, OP_READ);
-            (PRED_LO, PRED_LO &&& PRED_LO, _, _, _ SPINA_ROLE_ANY): set_outcome(KIND_STATUS, OP_NONE, OP_NONE, OP_READ, OP_NONE);
-        }
-        const default_action = NoAction();  // stale: kind stays KIND_NONE
-        size = DECIDE_ENTRIES;
-    }
-
-#ifdef SPINA_TNA_ROLES
-// A spine ORs a partial's MISMATCH and PARTIAL into the round; a leaf stores its spine's
-// result's flags (SET). C: the carried flags, one entry per combination (a const ternary
-// table: its entries are the only way to "OR a field into an input" without a stage).
-#define SPINA_CARRY_ANY , _
-#define SPINA_CARRIED(C) \
-    (_, OP_SET, FLAG_LAST | C &&& FLAG_LAST | FLAGS_CARRIED, _, true): set_flag_bits(C); \
-    (_, OP_SET, C &&& FLAG_LAST | FLAGS_CARRIED, _, true): set_flag_bits(FLAG_LAST | C); \
-    (_, OP_MERGE, FLAG_LAST | C &&& FLAG_LAST | FLAGS_CARRIED, 0, true): set_flag_bits(C); \
-    (_, OP_MERGE, FLAG_LAST | C &&& FLAG_LAST | FLAGS_CARRIED, _, true): set_flag_bits(FLAG_MISMATCH | C); \
-    (_, OP_MERGE, C &&& FLAG_LAST | FLAGS_CARRIED, 0, true): set_flag_bits(FLAG_LAST | C); \
-    (_, OP_MERGE, C &&& FLAG_LAST | FLAGS_CARRIED, _, true): set_flag_bits(FLAG_LAST | FLAG_MISMATCH | C);
-#define SPINA_CARRIED_FLAG_ENTRIES \
-    SPINA_CARRIED(0) SPINA_CARRIED(FLAG_MISMATCH) SPINA_CARRIED(FLAG_PARTIAL) \
-    SPINA_CARRIED(FLAGS_CARRIED)
-#define FLAG_INPUT_ENTRIES 32
-#else
-#define SPINA_CARRY_ANY
-#define SPINA_CARRIED_FLAG_ENTRIES
-#define FLAG_INPUT_ENTRIES 8
-#endif
-    // slot_flags' input: FLAG_LAST when this contribution lacks it (inverted), MISMATCH when
-    // its length differs from the copy's, PARTIAL for a flush.
-    @hidden action set_flag_bits(bit<8> bits) {
-        meta.flag_bits = bits;
-    }
-    @hidden table flag_input {
-        key = {
-            meta.kind:        ternary;
-            meta.flags_op:    ternary;
-            hdr.ina.flags:    ternary;
-            meta.length_diff: ternary;
-#ifdef SPINA_TNA_ROLES
-            meta.fab.carry:   ternary;
-#endif
-        }
-        actions = { set_flag_bits; @defaultonly NoAction; }
-        const entries = {
-            (KIND_FLUSH, _, _, _ SPINA_CARRY_ANY): set_flag_bits(FLAG_PARTIAL);
-            SPINA_CARRIED_FLAG_ENTRIES
-            (_, OP_SET, FLAG_LAST &&& FLAG_LAST, _ SPINA_CARRY_ANY): set_flag_bits(0);
-            (_, OP_SET, _, _ SPINA_CARRY_ANY): set_flag_bits(FLAG_LAST);
-            (_, OP_MERGE, FLAG_LAST &&& FLAG_LAST, 0 SPINA_CARRY_ANY): set_flag_bits(0);
-            (_, OP_MERGE, FLAG_LAST &&& FLAG_LAST, _ SPINA_CARRY_ANY): set_flag_bits(FLAG_MISMATCH);
-            (_, OP_MERGE, _, 0 SPINA_CARRY_ANY): set_flag_bits(FLAG_LAST);
-            (_, OP_MERGE, _, _ SPINA_CARRY_ANY): set_flag_bits(FLAG_LAST | FLAG_MISMATCH);
-        }
-        const default_action = NoAction();
-        size = FLAG_INPUT_ENTRIES;
-    }
+#include "decide.p4"
 
     // The reply leaves from the switch's address to the sender's; egress rewrites the
     // destination of each multicast copy for its worker.
@@ -608,52 +283,7 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
         hdr.bridge.reply_port = ig_intr_md.ingress_port;
     }
 
-#ifdef SPINA_TNA_ROLES
-    // A result's header, or (a leaf) its partial's going up as one contribution of the rack:
-    // one table keyed on the kind and up_reply (two `if`s writing msg_type are not known
-    // to exclude each other, and cost a stage).
-    @hidden action to_result() {
-        hdr.ina.msg_type = MSG_RESULT;
-        hdr.ina.flags = meta.stored_flags ^ meta.flags_xor;
-        hdr.ina.length = meta.stored_length;
-    }
-    @hidden action to_spine_contrib() {
-        hdr.ina.msg_type = MSG_CONTRIB;
-        hdr.ina.rank = meta.fab.rack;
-        hdr.ina.flags = meta.stored_flags ^ meta.flags_xor;
-        hdr.ina.length = meta.stored_length;
-    }
-    @hidden table result_header {
-        key = { meta.kind: exact; meta.fab.up_reply: exact; }
-        actions = { to_result; to_spine_contrib; @defaultonly NoAction; }
-        const entries = {
-            (KIND_COMPLETE, 0): to_result();
-            (KIND_RESEND, 0): to_result();
-            (KIND_FLUSH, 0): to_result();
-            (KIND_COMPLETE, 1): to_spine_contrib();
-            (KIND_RESEND, 1): to_spine_contrib();
-            (KIND_FLUSH, 1): to_spine_contrib();
-        }
-        const default_action = NoAction();
-        size = 8;
-    }
-    // A leaf's reply that goes up instead (ToSpine): from this switch to the slot's spine, as
-    // one contribution of the rack (rank = the rack's index); the third pass unicasts it to
-    // the spine's port (harvest mcast_grp 0).
-    @hidden action reply_up() {
-        hdr.ethernet.src_addr = hdr.ethernet.dst_addr;
-        hdr.ethernet.dst_addr = meta.fab.up_mac;
-        hdr.ipv4.src_addr = hdr.ipv4.dst_addr;
-        hdr.ipv4.dst_addr = meta.fab.up_addr;
-        hdr.udp.src_port = hdr.udp.dst_port;
-        hdr.udp.dst_port = INA_UDP_PORT;
-        hdr.udp.checksum = 0;
-        hdr.bridge.ipv4_update = 1;
-        hdr.bridge.ina_emitted = 1;
-        hdr.bridge.to_harvest = 1;
-        hdr.bridge.reply_port = meta.fab.up_port;
-    }
-#endif
+    SPINA_ROLE_REPLY_ACTIONS  // roles' profile: result_header, reply_up
 
     apply {
         job_index_t job = hdr.ina.job[10:0];
@@ -692,51 +322,27 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
                 ig_dprsr_md.drop_ctl = 1;
                 return;
             }
-#ifdef SPINA_TNA_ROLES
-            // A spine's answer at a leaf reads the copy's round and marks no rank.
-            if (meta.fab.from_spine) {
-                meta.round_pred = peek_round.execute(meta.idx);
-                meta.rank_pred = PRED_NONE;
-            } else {
-                meta.round_pred = check_round.execute(meta.idx);
-                meta.rank_pred = mark_rank.execute(meta.rank_idx);
-            }
-#else
+            SPINA_ROLE_ROUND_CHECK(
             meta.round_pred = check_round.execute(meta.idx);
-            meta.rank_pred = mark_rank.execute(meta.rank_idx);
-#endif
+            meta.rank_pred = mark_rank.execute(meta.rank_idx);)
             if (meta.round_pred == PRED_NONE) {
                 job_stale.count(job);
                 ig_dprsr_md.drop_ctl = 1;
                 return;
             }
-#ifdef SPINA_TNA_ROLES
-            if (meta.round_pred == PRED_HI && meta.fab.replay) {
-                meta.stored_length = set_length.execute(meta.idx);
-                meta.count_delta = count_duplicate.execute(meta.idx);
-            } else if (meta.round_pred == PRED_HI) {
-#else
+            SPINA_ROLE_REPLAY_FIRST  // roles' profile: a leaf's REPLAY at a spine
             if (meta.round_pred == PRED_HI) {
-#endif
                 meta.stored_length = set_length.execute(meta.idx);
                 meta.count_delta = count_first.execute(meta.idx);
             } else {
                 meta.stored_length = read_length.execute(meta.idx);
-#ifdef SPINA_TNA_ROLES
-                if (meta.fab.store) {
-                    meta.count_delta = count_store.execute(meta.idx);
-                } else if (meta.rank_pred == PRED_LO || meta.fab.dup) {
+                SPINA_ROLE_STORE  // roles' profile: the spine's RESULT at a leaf
+                // Equal, so not newer: a duplicate.
+                if (meta.rank_pred == PRED_LO SPINA_ROLE_OR_DUP) {
                     meta.count_delta = count_duplicate.execute(meta.idx);
                 } else {
                     meta.count_delta = count_rank.execute(meta.idx);
                 }
-#else
-                if (meta.rank_pred == PRED_LO) {  // equal, so not newer: a duplicate
-                    meta.count_delta = count_duplicate.execute(meta.idx);
-                } else {
-                    meta.count_delta = count_rank.execute(meta.idx);
-                }
-#endif
             }
             decide.apply();
         }
@@ -766,7 +372,6 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
         flags_ops.apply();
 
         // The ingress pairs: most of the stateful ALUs left.
-#define SPINA_APPLY_PAIR(P, LO, HI) pair_p##P##_ops.apply();
         FOR_EACH_INGRESS_PAIR(SPINA_APPLY_PAIR)
 
         // Every pass that adds or reads pairs crosses egress through this pipe's recirculation
@@ -803,11 +408,7 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
         if (meta.kind == KIND_HOLD) {
             hdr.bridge.hold_drop = 1;  // egress adds its part, then drops it
         }
-#ifdef SPINA_TNA_ROLES
-        if (meta.kind == KIND_DROP) {
-            hdr.bridge.hold_drop = 1;  // egress drops it (nothing to add: value_op NONE)
-        }
-#endif
+        SPINA_ROLE_DROP  // roles' profile: KIND_DROP
         if (meta.kind == KIND_HOLD && hdr.block_e.isValid()) {
             hdr.bridge.block_front = 1;
         }
@@ -820,15 +421,12 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
             hdr.block_i.setInvalid();
         }
         // A result: COMPLETE, RESEND, FLUSH.
-#ifdef SPINA_TNA_ROLES
-        result_header.apply();  // a result, or a leaf's partial going up
-#else
+        SPINA_ROLE_RESULT_HEADER(
         if (meta.kind >= KIND_COMPLETE && meta.kind <= KIND_FLUSH) {
             hdr.ina.msg_type = MSG_RESULT;
             hdr.ina.flags = meta.stored_flags ^ meta.flags_xor;
             hdr.ina.length = meta.stored_length;
-        }
-#endif
+        })
         if (meta.kind >= KIND_COMPLETE && meta.kind <= KIND_FLUSH && hdr.ina.present[0:0] == 0) {
             hdr.block_e.setInvalid();
             hdr.block_i.setInvalid();
@@ -859,46 +457,13 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
         if (meta.kind >= KIND_COMPLETE) {
             hdr.ina.flags = hdr.ina.flags | meta.loss_tolerant;
         }
-#ifdef SPINA_TNA_ROLES
-        // A result to every worker (or, at a leaf, to the rack); a spine's STATUS to every
-        // leaf, a leaf's to the rack. One condition: two writes would take two stages.
-        if (((meta.kind == KIND_COMPLETE || meta.kind == KIND_FLUSH) && meta.fab.up_reply == 0)
-                || (meta.kind == KIND_STATUS && meta.fab.carry)) {
-            hdr.bridge.mcast_grp = meta.adm.mcast_grp;  // else 0, as the bridge starts
-        }
-        // Back to the sender, or a leaf's partial up to its spine: exclusive branches (two
-        // `if`s writing the addresses took two stages; a table keyed on kind and up_reply
-        // found no room in stages 6-11 and went to a 13th), last in the sequence.
-        if (meta.kind >= KIND_COMPLETE) {
-            if (meta.fab.up_reply == 0) {
-                reply_to_sender();
-            } else {
-                reply_up();
-            }
-        }
-#else
+        SPINA_ROLE_REPLY(
         if (meta.kind >= KIND_COMPLETE) {
             reply_to_sender();
         }
         if (meta.kind == KIND_COMPLETE || meta.kind == KIND_FLUSH) {
             hdr.bridge.mcast_grp = meta.adm.mcast_grp;  // else 0, as the bridge starts
-        }
-#endif
-    }
-}
-
-// Egress: the egress pairs (block_e), with the op ingress bridged, in a pass through the
-// recirculation port: a first pass adds (or reads the low halves), a reply's second pass
-// reads the high halves.
-control EgressSlots(inout tna_headers_t hdr) {
-#define SPINA_EGRESS_PAIR(P, LO, HI) \
-    SPINA_PAIR(P, LO, HI, hdr.block_e, hdr.bridge.value_op, hdr.bridge.read_hi, hdr.bridge.idx, \
-               @stage(SPINA_EGRESS_PAIR_STAGE_##P))
-    FOR_EACH_EGRESS_PAIR(SPINA_EGRESS_PAIR)
-
-    apply {
-        // A READ of the low halves adds the zeros the egress parser wrote into block_e.
-        FOR_EACH_EGRESS_PAIR(SPINA_APPLY_PAIR)
+        })
     }
 }
 
