@@ -749,7 +749,7 @@ def test_serve_names_another_deployments_rendezvous_on_its_address(tmp_path):
     finally:
         other.stop()
     assert out.returncode == 2, out
-    assert out.stderr == (f"python -m controller: error: {host}:{port} is the rendezvous of "
+    assert out.stderr == (f"python -m controller serve: error: {host}:{port} is the rendezvous of "
                           f"another controller (jobs [1], pid {os.getpid()}, file "
                           "/srv/other/spina.yaml)\n")
     assert not (tmp_path / "agents").exists()

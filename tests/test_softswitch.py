@@ -307,7 +307,7 @@ def test_a_second_switch_on_a_port_names_the_switch_that_holds_it():
         stop_process(first, 10)
     assert out.returncode == 2, out
     assert out.stderr == (
-        f"python -m softswitch: error: argument --host/--port: cannot listen on "
+        f"python -m softswitch udp: error: argument --host/--port: cannot listen on "
         f"127.0.0.1:{port}: 127.0.0.1:{port} (the switch's UDP port) is held by another SpINA "
         f"process: the software switch (pid {first.pid}: python -m softswitch udp --port "
         f"{port})\n")
