@@ -47,7 +47,7 @@ RESULTS = os.path.join(ROOT, "bench", "results")
 WHATS = {"all_reduce": "bench.all_reduce", "all_gather": "bench.all_gather",
          "loss": "bench.loss", "switch": "bench.switch", "plan": "bench.plan",
          "training": "bench.training", "dlcp": "bench.dlcp", "hier_gather": "bench.hier_gather",
-         "overlap": "bench.overlap"}
+         "overlap": "bench.overlap", "lanes": "bench.lanes"}
 
 # nccl-tests' bus bandwidth factors (its doc/PERFORMANCE.md), by collective, for n ranks.
 BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n,
@@ -389,12 +389,13 @@ def plot(rows: list[dict], path: str, extra=()) -> str:
 def table_line(r: dict) -> str:
     """The console line of a row, nccl-tests' table."""
     return (f"{r['size']:>12} {r['elements']:>10} {r['dtype']:>8} {r['density']:>7g} "
-            f"{r['method']:>16} {r['time_us']:>11.1f} {r['algbw_GBps']:>8.3f} "
+            f"{r['lane_bits']:>4} {r['method']:>16} {r['time_us']:>11.1f} {r['algbw_GBps']:>8.3f} "
             f"{r['busbw_GBps']:>8.3f} {_fmt(r['vs_gloo']):>7} {_fmt(r['vs_floor']):>7} "
             f"{r['wrong']:>6}")
 
 
-TABLE_HEAD = (f"{'size':>12} {'count':>10} {'type':>8} {'density':>7} {'method':>16} "
+TABLE_HEAD = (f"{'size':>12} {'count':>10} {'type':>8} {'density':>7} {'bits':>4} "
+              f"{'method':>16} "
               f"{'time(us)':>11} {'algbw':>8} {'busbw':>8} {'/gloo':>7} {'/floor':>7} "
               f"{'#wrong':>6}")
 
