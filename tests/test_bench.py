@@ -175,6 +175,18 @@ def test_every_what_takes_the_common_options(what):
     assert not set(getattr(w.module, "EXTRA_COLUMNS", ())) & set(harness.COLUMNS)
 
 
+def test_first_touch(tmp_path):
+    """first_touch: the four ways to deliver a result at 4% of the blocks of 1 MiB, each
+    checked element for element (wrong 0), its page faults counted."""
+    out = tmp_path / "ft"
+    done = bench("first_touch", "-b", "1M", "-e", "1M", "-n", "2", "--no-plots", "--out",
+                 str(out))
+    assert done.returncode == 0, done.stderr
+    rows = check_common(out, "first_touch", 4)
+    assert [r["method"] for r in rows] == ["fresh", "fresh_filled", "reused", "in_place"]
+    assert all(r["density"] == "0.04" and int(r["minor_faults"]) >= 0 for r in rows)
+
+
 def test_spina_bench_is_the_harness(tmp_path):
     """`spina bench WHAT` runs the same harness (its usage lists the WHATs)."""
     done = subprocess.run([sys.executable, "-m", "spina_cli.main", "bench"], cwd=ROOT,
