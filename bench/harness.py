@@ -48,7 +48,8 @@ WHATS = {"all_reduce": "bench.all_reduce", "all_gather": "bench.all_gather",
          "loss": "bench.loss", "switch": "bench.switch", "plan": "bench.plan",
          "training": "bench.training", "dlcp": "bench.dlcp", "hier_gather": "bench.hier_gather",
          "overlap": "bench.overlap", "lanes": "bench.lanes", "agent": "bench.agent",
-         "first_touch": "bench.first_touch", "hier": "bench.hier"}
+         "first_touch": "bench.first_touch", "hier": "bench.hier",
+         "scale_out": "bench.scale_out"}
 
 # nccl-tests' bus bandwidth factors (its doc/PERFORMANCE.md), by collective, for n ranks.
 BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n,
