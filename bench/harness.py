@@ -44,12 +44,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "bench", "results")
 
 # WHAT -> module of this package (each: DESCRIPTION, METHODS, DEFAULTS, run; see the docstring)
-WHATS = {"all_reduce": "bench.all_reduce", "all_gather": "bench.all_gather",
-         "loss": "bench.loss", "switch": "bench.switch", "plan": "bench.plan",
-         "training": "bench.training", "dlcp": "bench.dlcp", "hier_gather": "bench.hier_gather",
-         "overlap": "bench.overlap", "lanes": "bench.lanes", "agent": "bench.agent",
-         "first_touch": "bench.first_touch", "hier": "bench.hier",
-         "scale_out": "bench.scale_out"}
+WHATS = {w: f"bench.{w}" for w in (
+    "agent", "all_gather", "all_reduce", "dlcp", "first_touch", "hier", "hier_gather", "lanes",
+    "loss", "overlap", "plan", "scale_out", "switch", "training")}
 
 # nccl-tests' bus bandwidth factors (its doc/PERFORMANCE.md), by collective, for n ranks.
 BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n,
@@ -429,15 +426,13 @@ def main(argv=None) -> int:
     res = Results(a, argv[1:], columns, tuple(getattr(what.module, "POINT_COLUMNS", ())))
     a.command = res.command  # for a WHAT's own outputs (finish)
     print(f"# {res.command}\n# {res.head[1]}\n# results: {a.out}\n" + TABLE_HEAD, flush=True)
+    from bench.paired import BenchError
     try:
         for rows in what.module.run(a, log=lambda s: print("# " + s, flush=True)):
             for r in rows:
                 print(table_line(r), flush=True)
             res.add(rows)
-    except Exception as e:
-        from bench.paired import BenchError
-        if not isinstance(e, BenchError):
-            raise
+    except BenchError as e:  # a process failed or hung: what was measured stays written
         res.finish(plots=False)
         print(f"python -m bench {what.name}: error: {cli.one_line(e)}", file=sys.stderr)
         return 1
