@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup core demo lint test soak bench bench-quick bench-l2 bench-net bench-dlcp bench-collectives bench-allgather bench-hier-gather bench-train bench-overlap profile clean help p4 p4-check tofino testbed deploy serve dissector
+.PHONY: setup core demo lint check test soak bench bench-quick bench-l2 bench-net bench-dlcp bench-collectives bench-allgather bench-hier-gather bench-train bench-overlap profile clean help p4 p4-check tofino testbed deploy serve dissector
 
 help:  ## list targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -30,8 +30,13 @@ demo: $(STAMP)  ## the main job: software switch + 4 workers, sparse all-reduce 
 lint: $(STAMP)  ## ruff check, as configured in pyproject.toml [tool.ruff]
 	$(PY) -m ruff check .
 
-PYTEST_ARGS ?= --durations=25  # the slowest tests named in every run: the suite has a 30 min budget
-test: $(STAMP) lint  ## ruff, then the whole test suite
+# Tiers (conftest.py gives every test one): unit, processes, netns (root), p4 (p4c/BMv2/bf-p4c), soak.
+PYTEST_ARGS ?= --durations=25  # the slowest tests named in every run: the suite has a 25 min budget
+CHECK_TIERS ?= unit or processes
+check: $(STAMP) lint  ## ruff, then the fast tiers (unit, processes): the edit-test loop
+	$(PY) -m pytest -m "$(CHECK_TIERS)" $(PYTEST_ARGS)
+
+test: $(STAMP) lint  ## ruff, then every tier: unit, processes, netns (root), p4, the soak (CI runs this)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 soak: $(STAMP)  ## longer soak: 5000 all-reduces of 1M elements at 5% loss (SOAK_CALLS=N)

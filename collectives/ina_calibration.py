@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from collectives import ina_model as m
+from collectives import ina_model as m, plan, topology
 from collectives.plan import CostParams
 from collectives.topology import parse_rate
 
@@ -34,6 +34,8 @@ NET_RUNS = ("all_reduce_net/compiled_switch", "all_reduce_net/lanes_merged_quiet
 LOOPBACK_RUNS = ("all_reduce_loopback/quick_compiled_switch",
                  "all_reduce_loopback/quick_compiled_switch_rerun")
 GATHER_RUN = "all_gather_net"
+HIER_RUN = "hier_gather"  # SpINA's all-gathers on a topology: the topology planner's points
+HIER_TOPOLOGY = str(RESULTS.parents[0] / "topologies" / "two_groups_switch.yaml")
 STAR_RUN = "collectives_planner/four_topologies"
 EXCLUDED = {  # run -> why its SpINA points are not in the table
     "all_reduce_net/" + r: "the Python switch (replaced by the compiled one since d656634)"
@@ -42,8 +44,10 @@ EXCLUDED = {  # run -> why its SpINA points are not in the table
 EXCLUDED.update({
     "all_reduce_loopback/" + r: "the Python switch (replaced by the compiled one since d656634)"
     for r in ("quick_python_switch", "quick_floor_load4", "quick_floor_load10", "sweep")})
+EXCLUDED["all_reduce_loopback/sweep"] += "; its packet counts check ina_model.rounds"
 EXCLUDED["collectives_planner/torus4x4, leafspine"] = "no SpINA point (not a star)"
-EXCLUDED["hier_gather"] = "the hierarchical all-gather: no model here (collectives/plan.py)"
+EXCLUDED["training_net, overlap, dlcp_*, compression, bits, ps, train_digits, scale_out"] = \
+    "training steps, accuracy or bytes: no single call's time"
 STAR = dict(workers=4, rate="200mbit", mtu=9000)  # bench/topologies/star4.yaml
 TARGET = 0.20  # issue 47: within 20% of every measured SpINA point
 
@@ -62,12 +66,17 @@ class Point:
     measured_s: float    # median of the repeats
     agent_cpu_s: float | None   # per rank and call
     switch_cpu_s: float | None  # per call
+    topology: str = ""   # a topology file: priced by the topology planner (collectives.plan)
+    algorithm: str = ""  # ... as this algorithm
 
     @property
     def cells(self) -> list[str]:
         """The table's columns that name the point."""
         rate = "loopback" if math.isinf(self.rate) else f"{self.rate / 1e9:g} Gbit/s"
-        return [self.collective, str(self.workers), _size(self.nbytes), rate, str(self.mtu),
+        if self.topology:
+            rate = Path(self.topology).stem
+        what = f"{self.collective} ({self.algorithm})" if self.algorithm else self.collective
+        return [what, str(self.workers), _size(self.nbytes), rate, str(self.mtu),
                 f"{self.density:g}", f"{self.lane_bits} x {self.block}"]
 
 
@@ -109,6 +118,10 @@ def load(root: Path = RESULTS) -> list[Point]:
             out.append(Point(GATHER_RUN, "all_gather", n, n * int(r["shard_bytes"]),
                              parse_rate(r["rate"]), 9000, 1.0, 32, 256,
                              float(r["median_s"]), None, float(r["switch_cpu_s_per_call"])))
+    for r in _rows(root / HIER_RUN / "hier_gather.csv"):
+        if r["method"] in (plan.SWITCH, plan.LEADER_SWITCH):
+            out.append(Point(HIER_RUN, "all_gather", 4, int(r["bytes"]), 0.0, 9000, 1.0, 32, 256,
+                             float(r["median_s"]), None, None, HIER_TOPOLOGY, r["method"]))
     for r in _rows(root / STAR_RUN / "collectives.csv"):
         if r["topology"] == "star4" and r["algorithm"] == "ina":
             out.append(Point(STAR_RUN, "all_reduce", STAR["workers"], int(r["bytes"]),
@@ -146,6 +159,7 @@ def _least_squares(x: list, y: list) -> np.ndarray:
 def fit(points: list[Point], base: m.Assumptions | None = None) -> m.Assumptions:
     """The machine constants from the points' CPU columns and times (module docstring)."""
     base = base or m.Assumptions()
+    points = [p for p in points if not p.topology]  # the topology planner's: not fitted
     ar = [p for p in points if p.collective == "all_reduce" and p.agent_cpu_s is not None]
     counts = [_counts(base, p) for p in ar]
     agent = _least_squares([c[0] for c in counts], [p.agent_cpu_s for p in ar])
@@ -186,13 +200,18 @@ def loopback_call_s(root: Path = RESULTS) -> float:
 
 
 def predict(a: m.Assumptions, p: Point) -> m.Cost:
-    """`p` as ina_model.machine prices it (its block size)."""
+    """`p` as ina_model.machine prices it (its block size), or on its topology file as the
+    topology planner does (its default constants, which take SpINA's from Assumptions)."""
+    if p.topology:
+        got = plan.predict(topology.load(p.topology), p.collective, p.nbytes, p.algorithm)
+        return m.Cost(got.seconds, got.bottleneck, {})
     return m.machine(a.with_(block=p.block), p.collective, p.workers, p.nbytes, p.rate,
                      p.density, p.lane_bits, p.mtu)
 
 
 def _key(p: Point):
-    return (p.collective, p.workers, p.nbytes, p.rate, p.mtu, p.density, p.lane_bits, p.block)
+    return (p.collective, p.algorithm, p.topology, p.workers, p.nbytes, p.rate, p.mtu,
+            p.density, p.lane_bits, p.block)
 
 
 def errors(a: m.Assumptions, points: list[Point]) -> list[dict]:
@@ -230,4 +249,6 @@ def table(rows: list[dict]) -> str:
                  f"{statistics.median(errs):.0%}, largest {errs[-1]:.0%}. "
                  f"{len(noisy)} points were measured in more than one run; their medians "
                  f"differ by up to {max(r['spread'] for r in noisy):.2f}x between runs.")
+    lines += ["", "Not in the table (bench/results/):"]
+    lines += [f"- {run}: {why}" for run, why in EXCLUDED.items()]
     return "\n".join(lines)

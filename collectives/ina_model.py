@@ -179,12 +179,8 @@ def rank_bytes(collective: str, n: int, nbytes: int, density: float = 1.0,
     raise ValueError(f"collective: one of {', '.join(COLLECTIVES)}, got {collective!r}")
 
 
-def datagram(a: Assumptions, lane_bits: int = 32) -> int:
-    """Payload bytes of a full software-switch datagram."""
-    return a.header + 4 * a.lanes + a.lanes * a.block * lane_bits // 8
-
-
 def fragments(size: int, mtu: int) -> int:
+    """IPv4 fragments of a UDP datagram of `size` bytes of payload at `mtu`."""
     return math.ceil((size + 8) / ((mtu - 20) // 8 * 8))
 
 
@@ -226,8 +222,8 @@ def stream(payload: float, packets: float, header: int, mtu: int, gap: int = 0):
     return packets * f, payload + packets * (header + 8 + f * (plan.UDP_HEADERS + gap))
 
 
-def _packets(a: Assumptions, collective: str, n: int, nbytes: int, density: float,
-             lane_bits: int, lanes: int, block: int, slots: int) -> tuple[float, float]:
+def _packets(collective: str, n: int, nbytes: int, density: float, lanes: int, block: int,
+             slots: int) -> tuple[float, float]:
     """Packets one rank sends up and receives down: an all-reduce's rounds (a
     reduce-scatter's results only for its shard), an all-gather's chunks."""
     if collective == "all_gather":
@@ -242,7 +238,7 @@ def machine_streams(a: Assumptions, collective: str, n: int, nbytes: int, densit
     """One rank's packets up and down, their IPv4 fragments and wire bytes through the
     software switch: (up, down, fragments up, fragments down, wire up, wire down)."""
     up, down = rank_bytes(collective, n, nbytes, density, lane_bits)
-    nu, nd = _packets(a, collective, n, nbytes, density, lane_bits, a.lanes, a.block, a.slots)
+    nu, nd = _packets(collective, n, nbytes, density, a.lanes, a.block, a.slots)
     (fu, wu), (fd, wd) = (stream(b, k, a.header + 4 * a.lanes, mtu)
                           for b, k in ((up, nu), (down, nd)))
     return nu, nd, fu, fd, wu, wd
@@ -308,7 +304,7 @@ def predict(a: Assumptions, workers: int, nbytes: int, rate: float, density: flo
         lanes, block, slots, gap = 1, a.tofino_values, a.tofino_slots, a.frame_gap
         header, mtu = a.tofino_packet - 4 * a.tofino_values - plan.UDP_HEADERS - 8, 1 << 20
         agent_pkt = a.tofino_agent_s_per_packet
-    nu, nd = _packets(a, collective, n, nbytes, density, lane_bits, lanes, block, slots)
+    nu, nd = _packets(collective, n, nbytes, density, lanes, block, slots)
 
     def wire(payload, packets):
         return stream(payload, packets, header, mtu, gap)[1]

@@ -78,10 +78,10 @@ def parse_args(argv):
                     help="fraction of each rank's blocks that are non-zero, for ina "
                          f"(default {d.density:g})")
     ap.add_argument("--switch-packet-cost", type=cli.non_negative_float, dest="ina_switch_packet_s",
-                    help="ina: switch seconds per datagram in (default "
-                         f"{d.ina_switch_packet_s:g}, docs/profile.md)")
+                    help="ina: switch seconds per datagram in, flat (default: this machine's "
+                         "calibration per datagram and IPv4 fragment, collectives/ina_model.py)")
     ap.add_argument("--agent-packet-cost", type=cli.non_negative_float, dest="ina_agent_packet_s",
-                    help=f"ina: agent seconds per datagram (default {d.ina_agent_packet_s:g})")
+                    help="ina: agent seconds per datagram, flat (default: the calibration)")
     ap.add_argument("--ina-call-cost", type=cli.non_negative_float, dest="ina_call_s",
                     help=f"ina: fixed seconds per call (default {d.ina_call_s:g})")
     ap.add_argument("--json", action="store_true", help="print the plan as JSON")

@@ -2,8 +2,8 @@
 
 Run just this file: python -m pytest tests/test_tna_model.py
 
-tests/tna_model.py transliterates tofino/include/{admission,aggregator,priority}.p4 RegisterAction
-by RegisterAction (its const tables read from the P4 text). Random packet sequences
+tests/tna_model.py transliterates tofino/include/{admission,aggregator,decide,priority}.p4
+RegisterAction by RegisterAction (its const tables read from the P4 text). Random packet sequences
 (duplicates, stale and new rounds, flushes, absent lanes, wrong epochs, unadmitted and
 malformed packets; tests/test_p4_model.py's strategy at the TNA sizes) go through it
 and through softswitch.pipeline.Pipeline, with the pipeline's hold of a newer round off (the
