@@ -6,7 +6,7 @@ Tiers, cheapest first (pyproject.toml declares them as markers):
   netns      needs root: network namespaces, veths, iptables, mininet (skips, saying why, elsewhere)
   p4         needs p4c, BMv2, bf-p4c or the Tofino SDE (skips, saying why, where they are missing)
   soak       the long soak (1000 calls in `make test`, SPINA_SOAK_CALLS to change)
-`make check` runs unit and processes; `make test` runs every tier; `pytest -m TIER` one.
+`make check` runs unit; `make test` runs every tier; `pytest -m TIER` one.
 
 A test's tier is its module's (MODULES), raised by what it uses (FIXTURES, PARAMS) or by name
 (TESTS); a test module listed nowhere stops the collection, so no new file escapes a tier.
@@ -63,6 +63,9 @@ TESTS = {
     "processes": """
         tests/test_bad_input.py::test_controller_* tests/test_bad_input.py::test_host_agent_cli
         tests/test_bad_input.py::test_softswitch_cli tests/test_bad_input.py::test_testbed_cli
+        tests/test_bad_input.py::test_each_* tests/test_bad_input.py::test_one_rank_*
+        tests/test_bad_input.py::test_ps_* tests/test_bad_input.py::test_spina_refuses_*
+        tests/test_bad_input.py::test_switch_with_a_busy_*
         tests/test_bench.py::test_all_reduce_loopback
         tests/test_bench.py::test_all_reduce_on_two_switch_threads
         tests/test_bench.py::test_bad_input_is_one_line
@@ -87,6 +90,7 @@ TESTS = {
         tests/test_largebatch_lamb.py::test_dense_warmup_then_frozen_run
         tests/test_logs.py::test_a_bad_log_option_* tests/test_logs.py::test_daemon_config_*
         tests/test_logs.py::test_launcher_* tests/test_logs.py::test_switch_and_controller_*
+        tests/test_metrics.py::test_agent_launch_serves_*
         tests/test_metrics.py::test_alert_* tests/test_metrics.py::test_controller_metrics_only_*
         tests/test_metrics.py::test_dashboard_queries_*
         tests/test_metrics.py::test_real_prometheus_* tests/test_metrics.py::test_switch_cli_*

@@ -90,7 +90,11 @@ class _Served:
         from prometheus_client.core import GaugeMetricFamily
 
         from spina import log, version
-        yield from self.registry.collect()
+        for family in self.registry.collect():
+            # prometheus_client adds a `*_created` sample (a start time) to each counter and
+            # histogram: series nobody asked for and docs/operations.md does not list
+            family.samples = [s for s in family.samples if not s.name.endswith("_created")]
+            yield family
         info = GaugeMetricFamily("spina_build_info", "The running SpINA version; always 1.",
                                  labels=["version", "python", "proc"])
         info.add_metric([version(), platform.python_version(), log.proc_name()], 1.0)

@@ -176,6 +176,22 @@ def bound_udp_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     return sock
 
 
+def check_tcp_free(host: str, port: int, what: str) -> None:
+    """OSError "cannot serve WHAT on HOST:PORT: ..." if a TCP listener holds the address (a
+    gRPC server would print its own multi-line complaint first; a second server on one port
+    must not start). Port 0 is always free."""
+    if port == 0:
+        return
+    fam = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    with socket.socket(fam, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is no listener
+        try:
+            s.bind((host.strip("[]"), port))
+        except OSError as e:
+            raise OSError(e.errno, f"cannot serve {what} on {host}:{port}: {e.strerror}") \
+                from None
+
+
 def bind_own_address(host: str, port: int, field: str) -> socket.socket:
     """A UDP socket bound to (host, port), which must be one specific address of this host.
 

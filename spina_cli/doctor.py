@@ -29,6 +29,7 @@ compared, and without either the reachability of other hosts is a warning, not a
 """
 from __future__ import annotations
 
+import argparse
 import ctypes
 import ipaddress
 import json
@@ -329,10 +330,12 @@ def _agent_file_checks(state, name, sw, ctl, j, params: dict, workers: set):
                                           else "none") + ", the file's is "
                          + ":".join(map(str, state.rendezvous)))
         if wrong:
-            yield "FAIL", f"worker {m}: {path.name} says {'; '.join(wrong)} (`spina deploy`)"
+            yield "FAIL", f"worker {m}: {path} says {'; '.join(wrong)} (`spina deploy`)"
             bad = True
     if not bad:
-        yield "ok", f"job {j.id}: agent files {state.agents_dir}/job{j.id}-rank*.json match {name}"
+        # the folder as found from here (agents_dir is relative to the YAML file)
+        folder = os.path.normpath(ctl.agent_path(j.id, 0).parent)
+        yield "ok", f"job {j.id}: agent files {folder}/job{j.id}-rank*.json match {name}"
 
 
 def rendezvous_check(state, timeout: float) -> tuple[str, str]:
@@ -474,27 +477,32 @@ def check(config: str, timeout: float = 10.0, probe_timeout: float = 1.0):
     yield from _host_checks(state, probe_timeout)
 
 
-def main(argv=None) -> int:
-    ap = cli.ArgumentParser(prog="spina doctor", description=__doc__.split("\n\n", 1)[0]
+def parser(prog: str = "spina doctor") -> argparse.ArgumentParser:
+    ap = cli.ArgumentParser(prog=prog, description=__doc__.split("\n\n", 1)[0]
                             + ": the switch answers, its pipeline matches the P4Info, its data "
                             "port counts a probe, every job is admitted with the file's slots "
                             "and epoch and every worker with its address, the agent files "
                             "match the switch, no round is stale, the rendezvous answers, "
                             "every worker address is local or answers ICMP, packets fit the "
                             "MTU, clocks agree (ICMP timestamps). Exit 1 if a check fails.")
-    ap.add_argument("-c", "--config", default="spina.yaml", metavar="FILE",
-                    help="desired-state YAML (default %(default)s)")
+    ap.add_argument("-c", "--config", metavar="FILE", type=cli.input_file,
+                    help="desired-state YAML (default spina.yaml)")
     ap.add_argument("--timeout", type=cli.positive_float, default=10.0,
                     help="seconds to wait for a switch (default %(default)s)")
     ap.add_argument("--probe-timeout", type=cli.positive_float, default=1.0, metavar="SECONDS",
                     help="seconds to wait for each host's ICMP reply, the data port's "
                          "count and a waiting round to move (default %(default)s)")
     spina_log.add_options(ap, level="WARNING")
+    return ap
+
+
+def main(argv=None, prog: str = "spina doctor") -> int:
+    ap = parser(prog)
     args = ap.parse_args(argv)
     spina_log.setup("doctor", args.log_level, args.log_format)
     failed = False
     try:
-        for level, msg in check(args.config, args.timeout, args.probe_timeout):
+        for level, msg in check(args.config or "spina.yaml", args.timeout, args.probe_timeout):
             failed |= level == "FAIL"
             print(f"{level:<4} {msg}", flush=True)
     except (ConfigError, OSError) as e:

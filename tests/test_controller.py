@@ -399,6 +399,23 @@ def test_agent_files_name_job_rank_slots_and_switch(fake, tmp_path):
     assert JobFile.from_dict(jf.to_dict()) == jf and Assignment.from_dict(a.to_dict()) == a
 
 
+def test_deploy_report_counts_agent_files_written_and_removed(fake, tmp_path):
+    """The report says how many agent files a deploy wrote and how many it removed: after a
+    job left, "removed", never "written" for an emptied folder (issue 44 item 7)."""
+    sw = fake()
+    with Controller(new_state(tmp_path, sw.address, [JOB7]),
+                    registers={"s1": RecordingRegisters()}) as c:
+        first = c.deploy()[0]
+    assert (first.agent_files, first.agent_files_removed) == (3, 0)  # job7.json, 2 ranks
+    assert str(first).endswith("; agent files: 3 written")
+    with Controller(new_state(tmp_path, sw.address),
+                    registers={"s1": RecordingRegisters()}) as c:
+        gone = c.deploy()[0]
+    assert (gone.agent_files, gone.agent_files_removed) == (0, 3)
+    assert str(gone).endswith("; agent files: 3 removed")
+    assert list((tmp_path / "agents").iterdir()) == []
+
+
 def test_thrift_adapter_commands():
     """The BMv2 adapter clears cells with one register_write per cell in one CLI session, and
     resets whole registers with register_reset."""

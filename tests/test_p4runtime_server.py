@@ -273,6 +273,22 @@ def test_duplicate_election_id_is_refused(server):
         assert got == [grpc.StatusCode.INVALID_ARGUMENT]
 
 
+def test_controller_with_a_held_election_id_is_not_primary(server):
+    """The controller's session given an election id another client holds: NotPrimaryError
+    (exit 3, as controller/README.md says) naming the other controller and --election-id
+    (issue 44 item 7: a plain P4RuntimeError, exit 2)."""
+    from controller.p4rt import NotPrimaryError
+    srv, _ = server
+    with Connection(srv.address, election=1):
+        with pytest.raises(NotPrimaryError) as e:
+            Connection(srv.address, election=1)
+    msg = str(e.value)
+    assert msg.startswith(f"{srv.address}: election id 1 is held by another controller of "
+                          "this switch (a running `serve` or `deploy --watch`?)")
+    assert msg.endswith("stop it, or pass another --election-id (the highest connected one "
+                        "writes)")
+
+
 def _drain(stream):
     try:
         for _ in stream:

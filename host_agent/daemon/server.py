@@ -16,6 +16,7 @@ null: each job file's own) override the DLCP settings of every job this daemon s
 """
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import signal
@@ -445,35 +446,54 @@ class Daemon:
 
 
 # ---------------------------------------------------------------------- CLI
-def main(argv=None) -> int:
+def _field(name: str, convert=str, bad: tuple[str, ...] = ()):
+    """An argparse type for the option that overrides the config's field `name`: the value
+    checked by DaemonConfig.validate, as the file's would be."""
+    def parse(text: str):
+        value = convert(text)
+        DaemonConfig(**{name: value}).validate()
+        return value
+    return cli.parsed_by(parse, name, bad)
+
+
+def parser(prog: str = "python -m host_agent daemon") -> argparse.ArgumentParser:
     ap = cli.ArgumentParser(
-        prog="python -m host_agent daemon",
+        prog=prog,
         description="SpINA host agent daemon: serves all-reduce to local training processes "
                     "(Unix socket + shared memory). Stops cleanly on SIGTERM or SIGINT.")
-    ap.add_argument("--config", help="JSON config file (fields: socket, log_file, log_level, "
-                                     "log_format, timeout, rto, metrics, bounded_loss, "
-                                     "priority_policy, loss_tolerant_policy, loss_deadline)")
+    ap.add_argument("--config", type=cli.input_file,
+                    help="JSON config file (fields: socket, log_file, log_level, "
+                         "log_format, timeout, rto, metrics, bounded_loss, "
+                         "priority_policy, loss_tolerant_policy, loss_deadline)")
     ap.add_argument("--socket",
+                    type=_field("socket", bad=("no-such-dir/a.sock", "/tmp/" + "s" * 120)),
                     help=f"Unix socket path (overrides the config; default {DEFAULT_SOCKET})")
-    ap.add_argument("--log-file", help="log to this file (overrides the config; default stderr)")
+    ap.add_argument("--log-file", type=_field("log_file", bad=("no-such-dir/d.log",)),
+                    help="log to this file (overrides the config; default stderr)")
     spina_log.add_options(ap, level=None, fmt=None)  # None: the config's value applies
-    ap.add_argument("--metrics", metavar="[HOST:]PORT",
+    ap.add_argument("--metrics", metavar="[HOST:]PORT", type=cli.metrics_address,
                     help="serve Prometheus metrics at http://HOST:PORT/metrics (overrides the "
                          "config; host default 127.0.0.1; a wildcard address is refused)")
-    ap.add_argument("--bounded-loss", type=float,
+    ap.add_argument("--bounded-loss", type=_field("bounded_loss", cli.finite, ("x", "1", "-0.5")),
                     metavar="FRACTION", help="DLCP: the loss bound of every job served (0 = exact; "
                                              "default: each job file's)")
-    ap.add_argument("--priority-policy", help=f"DLCP: {' | '.join(PRIORITY_POLICIES)} for every "
-                                              "job served (default: each job file's)")
-    ap.add_argument("--loss-tolerant-policy",
-                    help=f"DLCP: {' | '.join(LOSS_TOLERANT_POLICIES)} for every job served "
-                         "(default: each job file's)")
+    ap.add_argument("--priority-policy", choices=PRIORITY_POLICIES,
+                    help="DLCP: the priority policy of every job served (default: each job "
+                         "file's)")
+    ap.add_argument("--loss-tolerant-policy", choices=LOSS_TOLERANT_POLICIES,
+                    help="DLCP: which packets may be dropped, for every job served (default: "
+                         "each job file's)")
     ap.add_argument("--loss-deadline", type=cli.seconds_or_auto, metavar="SECONDS|auto",
                     help="DLCP: how long a round may wait for a missing worker before it is "
                          "completed without it (bounded loss only): seconds, or 'auto': twice "
                          "the measured latency of the agent's rounds, at least 2 ms and at most "
                          "50 ms, so a round is given up when it is clearly late on this fabric "
                          "(default: each job file's; the job file's default is 0.05)")
+    return ap
+
+
+def main(argv=None, prog: str = "python -m host_agent daemon") -> int:
+    ap = parser(prog)
     args = ap.parse_args(argv)
     overrides = {k: v for k, v in (("socket", args.socket), ("log_file", args.log_file),
                                    ("log_level", args.log_level), ("log_format", args.log_format),
@@ -485,11 +505,6 @@ def main(argv=None) -> int:
     if args.loss_deadline is not None:
         overrides["loss_deadline"] = args.loss_deadline
     try:
-        for k, v in overrides.items():
-            try:
-                DaemonConfig(**{k: v}).validate()
-            except ConfigError as e:
-                raise ConfigError(f"--{k.replace('_', '-')}: {e}") from None
         cfg = replace(DaemonConfig.load(args.config), **overrides)
         spina_log.setup("daemon", cfg.log_level, cfg.log_format, cfg.log_file)
     except (ConfigError, OSError) as e:
