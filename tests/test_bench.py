@@ -175,6 +175,44 @@ def test_every_what_takes_the_common_options(what):
     assert not set(getattr(w.module, "EXTRA_COLUMNS", ())) & set(harness.COLUMNS)
 
 
+def test_first_touch(tmp_path):
+    """first_touch: the four ways to deliver a result at 4% of the blocks of 1 MiB, each
+    checked element for element (wrong 0), its page faults counted."""
+    out = tmp_path / "ft"
+    done = bench("first_touch", "-b", "1M", "-e", "1M", "-n", "2", "--no-plots", "--out",
+                 str(out))
+    assert done.returncode == 0, done.stderr
+    rows = check_common(out, "first_touch", 4)
+    assert [r["method"] for r in rows] == ["fresh", "fresh_filled", "reused", "in_place"]
+    assert all(r["density"] == "0.04" and int(r["minor_faults"]) >= 0 for r in rows)
+
+
+def test_scale_out_counts_and_loss(tmp_path):
+    """scale_out: 8 ranks in 2 racks at 1% and 100% of the blocks, both patterns: the spine
+    carries exactly a quarter of the flat switch's datagrams (and, dense, of its bytes), the
+    two-level sums bit-identical to the flat ones (wrong 0); --loss-timing: exact sums under
+    1% loss, 1 spine and 2, resends counted."""
+    out = tmp_path / "so"
+    done = bench("scale_out", "-b", "256K", "-e", "256K", "-d", "0.01,1", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    rows = check_common(out, "scale_out", 8)
+    two = [r for r in rows if r["method"] == "two_level"]
+    assert [(r["pattern"], float(r["density"])) for r in two] == [
+        ("own", 0.01), ("own", 1.0), ("shared", 0.01), ("shared", 1.0)]
+    for r in two:
+        assert r["packet_ratio"] == "0.25" and r["racks"] == "2" and r["resends"] == "0"
+        if r["density"] == "1.0":
+            assert r["byte_ratio"] == "0.25"
+    assert (out / "scale_out_bytes.png").stat().st_size > 0
+    done = bench("scale_out", "--loss-timing", "-g", "4", "-b", "64K", "-e", "64K", "-d", "1",
+                 "-n", "1", "--no-plots", "--out", str(tmp_path / "loss"))
+    assert done.returncode == 0, done.stderr
+    _, rows = read(tmp_path / "loss")
+    assert [r["method"] for r in rows] == ["spines1", "spines2"]
+    assert all(r["wrong"] == "0" and r["dtype"] == "int32" for r in rows)
+    assert all(int(r["resends"]) >= int(r["fast"]) + int(r["timeout"]) for r in rows)
+
+
 def test_spina_bench_is_the_harness(tmp_path):
     """`spina bench WHAT` runs the same harness (its usage lists the WHATs)."""
     done = subprocess.run([sys.executable, "-m", "spina_cli.main", "bench"], cwd=ROOT,
