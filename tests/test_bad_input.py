@@ -735,8 +735,9 @@ def test_spina_refuses_before_starting(args, said, tmp_path):
 
 @pytest.mark.parametrize("flag", ["--grpc", "--metrics"])
 def test_switch_with_a_busy_address_says_one_line(flag, tmp_path):
-    """A P4Runtime or metrics address in use: one line naming the option, and no `listening`
-    line before it (every address is bound before anything is printed)."""
+    """A P4Runtime or metrics address in use: one line naming the option and who holds the
+    address (this test's process), and no `listening` line before it (every address is bound
+    before anything is printed)."""
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen()
@@ -744,7 +745,9 @@ def test_switch_with_a_busy_address_says_one_line(flag, tmp_path):
         value = f"127.0.0.1:{port}" if flag == "--grpc" else str(port)
         out = run_cli("spina_cli", ["switch", "udp", "--port", "0", flag, value], tmp_path)
     assert_one_line_error(out, f"spina switch udp: error: argument {flag}: ")
-    assert f"127.0.0.1:{port}: Address already in use" in out.stderr and out.stdout == ""
+    what = "P4Runtime port" if flag == "--grpc" else "metrics port"
+    assert f"127.0.0.1:{port} ({what}) is held by pid {os.getpid()}: " in out.stderr
+    assert out.stdout == ""
 
 
 POLICIES = {"unknown.json": '{"policy": "fifo"}', "negative.json": '{"staleness": -3}',
@@ -767,19 +770,19 @@ def test_ps_bad_policy_file(role, policy, said, tmp_path):
 
 
 def test_ps_busy_port(tmp_path):
-    """A port in use: one line naming it (no gRPC log lines before it)."""
+    """A port in use: one line naming it and who holds it (no gRPC log lines before it)."""
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen()
         port = held.getsockname()[1]
         out = run_cli("ps", ["coordinator", "--nworkers", "1", "--port", str(port)], tmp_path)
-    assert_one_line_error(out, f"cannot serve the coordinator on 127.0.0.1:{port}: Address "
-                               "already in use")
+    assert_one_line_error(out, f"cannot serve the coordinator: 127.0.0.1:{port} (the "
+                               f"coordinator port) is held by pid {os.getpid()}: ")
 
 
 def test_one_rank_with_its_address_taken(tmp_path):
-    """examples/one_rank.py whose rank's UDP port is held: one line naming the field and the
-    address, exit 2 (was an OSError traceback)."""
+    """examples/one_rank.py whose rank's UDP port is held: one line naming the field, the
+    address and who holds it, exit 2 (was an OSError traceback)."""
     ports = free_ports(2)
     job = JobConfig(job=1, workers=tuple(WorkerAddr(r, "127.0.0.1", p)
                                          for r, p in enumerate(ports)),
@@ -792,7 +795,8 @@ def test_one_rank_with_its_address_taken(tmp_path):
         out = subprocess.run([sys.executable, str(ROOT / "examples" / "one_rank.py"), str(path)],
                              cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=60)
     assert_one_line_error(out, f"examples/one_rank.py: error: job 1: field 'workers[1].host': "
-                               f"127.0.0.1:{ports[1]}: Address already in use")
+                               f"127.0.0.1:{ports[1]} (the worker's port) is held by pid "
+                               f"{os.getpid()}: ")
 
 
 def test_each_example_answers_with_its_parser(tmp_path):
