@@ -213,6 +213,24 @@ def test_scale_out_counts_and_loss(tmp_path):
     assert all(int(r["resends"]) >= int(r["fast"]) + int(r["timeout"]) for r in rows)
 
 
+def test_profile(tmp_path):
+    """profile: 2 ranks at 1 MiB, 1% and 100%: a row per density (wrong 0), the profiler's
+    text reports and the memory per call written."""
+    import json
+    out = tmp_path / "pf"
+    done = bench("profile", "-g", "2", "-b", "1M", "-e", "1M", "-n", "1", "--memory-sizes",
+                 "65536", "--top", "5", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    rows = check_common(out, "profile", 2)
+    assert [(r["density"], r["reports"]) for r in rows] == [("0.01", "d0.01"), ("1.0", "d1")]
+    for r in rows:
+        assert float(r["profiled_time_us"]) > 0 and int(r["packets_per_link"]) > 0
+        assert "function calls" in (out / r["reports"] / "agent0.txt").read_text()
+    memory = json.loads((out / "memory.json").read_text())
+    assert [(m["elements"], m["density"]) for m in memory] == [(65536, 0.01), (65536, 1.0)]
+    assert set(json.loads((out / "profile.json").read_text())) == {"d0.01", "d1"}
+
+
 def test_spina_bench_is_the_harness(tmp_path):
     """`spina bench WHAT` runs the same harness (its usage lists the WHATs)."""
     done = subprocess.run([sys.executable, "-m", "spina_cli.main", "bench"], cwd=ROOT,
