@@ -97,6 +97,43 @@ def test_bad_input_is_one_line(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+class _OffByOne:
+    """An agent of one worker whose every result is one off in its last element, the next
+    call right: what a wrong all-reduce looks like to bench.paired."""
+
+    def __init__(self):
+        from types import SimpleNamespace
+
+        from bench.paired import SPINA_STATS
+        self.job = SimpleNamespace(lane_bits=32)
+        self.last_stats = SimpleNamespace(**{k: 0 for k in SPINA_STATS})
+        self.calls = 0
+
+    def allreduce(self, buf, inplace=False, blocks=None):
+        self.calls += 1
+        if self.calls % 2:
+            buf[-1] += 1.0
+        return buf
+
+
+def test_wrong_results_are_counted_not_fatal():
+    """bench.paired.measure_point counts the calls whose result fails the check (wrong), warm-up
+    included, when the harness asks (count_wrong); the programs that did not ask stop at the
+    first."""
+    import threading
+
+    from bench.paired import Request, measure_point
+    from bench.procs import Point
+    p = Point("t", 1, 1024, 1.0, 256, 4, 256)
+    rec = measure_point(0, Request(p, 3, ("spina",), count_wrong=True), _OffByOne(), None,
+                        None, threading.Barrier(1))
+    assert rec["spina"]["wrong"] == 2 and len(rec["spina"]["times"]) == 3  # calls 1 and 3
+    assert "wrong elements" in rec["spina"]["first_wrong"]
+    with pytest.raises(AssertionError, match="wrong elements"):
+        measure_point(0, Request(p, 3, ("spina",)), _OffByOne(), None, None,
+                      threading.Barrier(1))
+
+
 def test_sizes_and_bus_factors():
     """-b -e -f as nccl-tests (1024-based units), and busbw's factors per collective."""
     assert harness.parse_size("64K") == 65536 and harness.parse_size("1M") == 1 << 20
