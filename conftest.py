@@ -71,6 +71,7 @@ TESTS = {
         tests/test_bench.py::test_bad_input_is_one_line
         tests/test_bench.py::test_spina_bench_is_the_harness tests/test_bench.py::test_switch_alone
         tests/test_bench.py::test_first_touch tests/test_bench.py::test_scale_out_*
+        tests/test_bench.py::test_profile
         tests/test_bits.py::test_ddp_* tests/test_bits.py::test_example_*
         tests/test_capture.py::test_capture_into_a_closed_pipe_*
         tests/test_capture.py::test_rdpcap_* tests/test_capture.py::test_tshark_*
