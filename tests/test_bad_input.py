@@ -436,7 +436,8 @@ def test_agent_binds_only_a_local_specific_address(host):
 
 # ----------------------------------------------------------------------- job and assignment files
 def _job_file(**changes) -> dict:
-    d = {"switch": {"host": "127.0.0.1", "port": 47000}, "job": copy.deepcopy(GOOD_JOB)}
+    d = {"switch": {"host": "127.0.0.1", "port": 47000}, "job": copy.deepcopy(GOOD_JOB),
+         "rendezvous": {"host": "127.0.0.1", "port": 47100}}
     for path, value in changes.items():
         _set(path.replace("__", "."), value)(d)
     return d
@@ -483,6 +484,12 @@ JOBFILE_CASES = [
     (_job_file(rendezvous={"host": "127.0.0.1", "port": 0}), "rendezvous.port"),
     (_job_file(rendezvous={"host": "launcher", "port": 47100}), "rendezvous.host"),
     (_job_file(rendezvous={"host": "127.0.0.1", "port": "47100"}), "rendezvous.port"),
+    # issue 44 item 8: no rendezvous is a choice the file states, never an omission
+    ({k: v for k, v in _job_file().items() if k != "rendezvous"},
+     "field 'rendezvous' is missing: without it every run uses the file's epoch"),
+    (_job_file(epochs="caller"), "field 'epochs'"),
+    (dict({k: v for k, v in _job_file().items() if k != "rendezvous"}, epochs="manual"),
+     "field 'epochs': 'manual'"),
 ]
 
 
@@ -505,6 +512,11 @@ def test_job_file_good_input_unchanged(tmp_path):
     a = Assignment.load(path)
     assert (a.rank, a.switch, a.job.workers[1].port, a.job.nslots) == (1, ("127.0.0.1", 47000),
                                                                       50001, 4)
+    # without a rendezvous, saying that the caller manages the epochs: loads, and says so again
+    doc = {k: v for k, v in _job_file().items() if k != "rendezvous"}
+    path.write_text(json.dumps(dict(doc, epochs="caller")))
+    jf = JobFile.load(path)
+    assert jf.rendezvous is None and jf.to_dict()["epochs"] == "caller"
 
 
 # --------------------------------------------------------------------------- run rendezvous
