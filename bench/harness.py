@@ -44,10 +44,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "bench", "results")
 
 # WHAT -> module of this package (each: DESCRIPTION, METHODS, DEFAULTS, run; see the docstring)
-WHATS = {"all_reduce": "bench.all_reduce", "all_gather": "bench.all_gather",
-         "loss": "bench.loss", "switch": "bench.switch", "plan": "bench.plan",
-         "training": "bench.training", "dlcp": "bench.dlcp", "hier_gather": "bench.hier_gather",
-         "overlap": "bench.overlap"}
+WHATS = {w: f"bench.{w}" for w in (
+    "agent", "all_gather", "all_reduce", "dlcp", "first_touch", "hier", "hier_gather", "lanes",
+    "loss", "overlap", "plan", "profile", "scale_out", "switch", "training")}
 
 # nccl-tests' bus bandwidth factors (its doc/PERFORMANCE.md), by collective, for n ranks.
 BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n,
@@ -397,12 +396,13 @@ def plot(rows: list[dict], path: str, extra=()) -> str:
 def table_line(r: dict) -> str:
     """The console line of a row, nccl-tests' table."""
     return (f"{r['size']:>12} {r['elements']:>10} {r['dtype']:>8} {r['density']:>7g} "
-            f"{r['method']:>16} {r['time_us']:>11.1f} {r['algbw_GBps']:>8.3f} "
+            f"{r['lane_bits']:>4} {r['method']:>16} {r['time_us']:>11.1f} {r['algbw_GBps']:>8.3f} "
             f"{r['busbw_GBps']:>8.3f} {_fmt(r['vs_gloo']):>7} {_fmt(r['vs_floor']):>7} "
             f"{r['wrong']:>6}")
 
 
-TABLE_HEAD = (f"{'size':>12} {'count':>10} {'type':>8} {'density':>7} {'method':>16} "
+TABLE_HEAD = (f"{'size':>12} {'count':>10} {'type':>8} {'density':>7} {'bits':>4} "
+              f"{'method':>16} "
               f"{'time(us)':>11} {'algbw':>8} {'busbw':>8} {'/gloo':>7} {'/floor':>7} "
               f"{'#wrong':>6}")
 
@@ -434,15 +434,13 @@ def main(argv=None, prog: str = "python -m bench") -> int:
     res = Results(a, argv[1:], columns, tuple(getattr(what.module, "POINT_COLUMNS", ())))
     a.command = res.command  # for a WHAT's own outputs (finish)
     print(f"# {res.command}\n# {res.head[1]}\n# results: {a.out}\n" + TABLE_HEAD, flush=True)
+    from bench.paired import BenchError
     try:
         for rows in what.module.run(a, log=lambda s: print("# " + s, flush=True)):
             for r in rows:
                 print(table_line(r), flush=True)
             res.add(rows)
-    except Exception as e:
-        from bench.paired import BenchError
-        if not isinstance(e, BenchError):
-            raise
+    except BenchError as e:  # a process failed or hung: what was measured stays written
         res.finish(plots=False)
         print(f"{prog} {what.name}: error: {cli.one_line(e)}", file=sys.stderr)
         return 1

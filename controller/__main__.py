@@ -198,10 +198,16 @@ def watch(args, ctl: Controller, runs: RendezvousServer | None = None) -> int:
 
 
 def serve(args, ctl: Controller) -> int:
-    """`serve`: deploy, then run the jobs' rendezvous and reconcile until stopped."""
+    """`serve`: run the jobs' rendezvous, write the agents' files, then deploy and reconcile
+    until stopped. The line "controller: run rendezvous on HOST:PORT, agent files in DIR" comes
+    once both are there, so a script that waits for it can start its ranks at once (the
+    switches are programmed at each run's start anyway)."""
     runs = ctl.runs(lambda line: print(line, flush=True))
     with runs:  # __enter__ starts it; __exit__ stops it
-        print(f"controller: run rendezvous on {runs.address[0]}:{runs.address[1]}", flush=True)
+        with ctl.lock:
+            ctl.write_agent_files()
+        print(f"controller: run rendezvous on {runs.address[0]}:{runs.address[1]}, agent files "
+              f"in {ctl.state.resolve(ctl.state.agents_dir)}", flush=True)
         return watch(args, ctl, runs)
 
 

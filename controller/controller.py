@@ -409,7 +409,9 @@ class Controller:
             with self.lock:
                 for r in self.start_run(job, epoch):
                     report(f"{r} (job {job}: run with epoch {epoch})")
-        return RendezvousServer(*self.state.rendezvous, self.state.run_jobs(), new_run)
+        path = self.state.path
+        return RendezvousServer(*self.state.rendezvous, self.state.run_jobs(), new_run,
+                                owner="controller", source=str(path.resolve()) if path else None)
 
     def reset(self, job_ids=None) -> list[tuple[int, int, int]]:
         """Clear the slot registers and zero the counters of jobs (default: all), on every

@@ -102,7 +102,8 @@ def serve(job_file: str, nworkers: int, job: int = 1, host: str = "127.0.0.1",
     def new_run(job: int, epoch: int) -> None:  # re-admit with the run's epoch: slots cleared
         switch.add_job(replace(cfg, epoch=epoch))
 
-    runs = RendezvousServer(host, 0, {cfg.job: (cfg.nworkers, cfg.epoch)}, new_run).start()
+    runs = RendezvousServer(host, 0, {cfg.job: (cfg.nworkers, cfg.epoch)}, new_run,
+                            owner="launcher", source=os.path.abspath(job_file)).start()
     JobFile(cfg, switch.address, runs.address, communication).write(job_file)
     log.info("%d workers, switch on %s:%d, run rendezvous on %s:%d, job file %s",
              nworkers, *switch.address, *runs.address, job_file,

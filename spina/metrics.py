@@ -24,8 +24,11 @@ contribution once. Every endpoint also serves, through MetricsServer:
 """
 from __future__ import annotations
 
+import errno
 import ipaddress
 import platform
+
+from spina import owner
 
 DEFAULT_HOST = "127.0.0.1"
 
@@ -120,6 +123,9 @@ class MetricsServer:
         try:
             self._httpd, self._thread = start_http_server(port, host, served)
         except OSError as e:  # name the address: "Address already in use" alone says nothing
+            if e.errno == errno.EADDRINUSE:  # and who holds it (another SpINA process?)
+                raise owner.AddressInUse("cannot serve metrics: " + owner.in_use(
+                    "tcp", host, port, "metrics port")) from None
             raise OSError(e.errno, f"metrics address {host}:{port}: {e.strerror}") from None
         self.address = self._httpd.server_address[:2]
 

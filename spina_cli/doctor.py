@@ -10,7 +10,8 @@ One line per check, `ok`, `warn` or `FAIL`, and exit 1 if any failed:
     admit: port_unadmitted rises);
   - each rank's agent file matches the switch (address, slots, lanes, its admitted address);
   - no round of a job waits for workers, unchanged over the probe timeout (stale rounds);
-  - the run rendezvous (`spina serve`) answers at the file's address;
+  - the run rendezvous at the file's address is this file's (`spina serve`): its jobs and
+    file, not another deployment's;
   - a job's largest packet (all lanes present) fits the MTU of the route to its switch (P4
     targets; the UDP-mode software switch takes datagrams up to 64 KB, fragmented by IP);
   - each worker's address is an address of this host, or its host answers ICMP from here
@@ -32,7 +33,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import ipaddress
-import json
 import os
 import select
 import socket
@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from controller.controller import Controller, cookie_of, load_pipeline
 from controller.p4rt import P4RuntimeError
 from controller.state import load
-from spina import cli, log as spina_log, spec, wire
+from spina import cli, log as spina_log, rendezvous, spec, wire
 from spina.config import Assignment, ConfigError
 from spina.p4runtime import decode
 
@@ -339,25 +339,29 @@ def _agent_file_checks(state, name, sw, ctl, j, params: dict, workers: set):
 
 
 def rendezvous_check(state, timeout: float) -> tuple[str, str]:
-    """Whether a run rendezvous (`spina serve`) answers at the file's address: a request it
-    refuses by name is an answer, and joins nothing."""
+    """Whether the run rendezvous at the file's address is this file's (`spina serve -c
+    FILE`): it answers `hello` with this file's jobs and worker counts, and with this file
+    as its source; another deployment's rendezvous on the address is named, not taken for
+    ours. It joins nothing."""
     host, port = state.rendezvous
     where = f"rendezvous {host}:{port}"
     try:
-        with socket.create_connection((host, port), timeout=timeout) as c:
-            c.settimeout(timeout)
-            c.sendall(b'{"op": "doctor"}\n')
-            reply = c.makefile("rb").readline()
+        info = rendezvous.probe((host, port), timeout)
     except OSError as e:
         return "FAIL", (f"{where}: {e.strerror or e}: no `spina serve` answers there (agents "
                         "stop at their first call)")
-    try:
-        ok = isinstance(json.loads(reply), dict) and "ok" in json.loads(reply)
-    except ValueError:
-        ok = False
-    if not ok:
-        return "FAIL", f"{where}: answered {reply[:60]!r}, not a run rendezvous"
-    return "ok", f"{where}: answers (spina serve starts the jobs' runs)"
+    if info is None:
+        return "FAIL", f"{where}: answers, but not as a SpINA run rendezvous"
+    ours = {j: n for j, (n, _) in state.run_jobs().items()}
+    theirs = {int(j): n for j, n in info.get("jobs", {}).items()}
+    mine = str(state.path.resolve()) if state.path else None
+    whose = rendezvous.describe(info)
+    if theirs != ours or (info.get("source") and mine and info["source"] != mine):
+        return "FAIL", (f"{where}: is {whose}, not this file's (jobs {sorted(ours)}, "
+                        f"{mine}): another deployment holds the address; agents would join "
+                        "its runs (give this file another `rendezvous`)")
+    return "ok", f"{where}: serves this file's jobs {sorted(ours)} ({info.get('owner')} pid " \
+                 f"{info.get('pid')})"
 
 
 def _switch_checks(state, name, sw, ctl, probe_timeout: float = 1.0):

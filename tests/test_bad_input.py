@@ -437,7 +437,8 @@ def test_agent_binds_only_a_local_specific_address(host):
 
 # ----------------------------------------------------------------------- job and assignment files
 def _job_file(**changes) -> dict:
-    d = {"switch": {"host": "127.0.0.1", "port": 47000}, "job": copy.deepcopy(GOOD_JOB)}
+    d = {"switch": {"host": "127.0.0.1", "port": 47000}, "job": copy.deepcopy(GOOD_JOB),
+         "rendezvous": {"host": "127.0.0.1", "port": 47100}}
     for path, value in changes.items():
         _set(path.replace("__", "."), value)(d)
     return d
@@ -484,6 +485,12 @@ JOBFILE_CASES = [
     (_job_file(rendezvous={"host": "127.0.0.1", "port": 0}), "rendezvous.port"),
     (_job_file(rendezvous={"host": "launcher", "port": 47100}), "rendezvous.host"),
     (_job_file(rendezvous={"host": "127.0.0.1", "port": "47100"}), "rendezvous.port"),
+    # issue 44 item 8: no rendezvous is a choice the file states, never an omission
+    ({k: v for k, v in _job_file().items() if k != "rendezvous"},
+     "field 'rendezvous' is missing: without it every run uses the file's epoch"),
+    (_job_file(epochs="caller"), "field 'epochs'"),
+    (dict({k: v for k, v in _job_file().items() if k != "rendezvous"}, epochs="manual"),
+     "field 'epochs': 'manual'"),
 ]
 
 
@@ -506,6 +513,11 @@ def test_job_file_good_input_unchanged(tmp_path):
     a = Assignment.load(path)
     assert (a.rank, a.switch, a.job.workers[1].port, a.job.nslots) == (1, ("127.0.0.1", 47000),
                                                                       50001, 4)
+    # without a rendezvous, saying that the caller manages the epochs: loads, and says so again
+    doc = {k: v for k, v in _job_file().items() if k != "rendezvous"}
+    path.write_text(json.dumps(dict(doc, epochs="caller")))
+    jf = JobFile.load(path)
+    assert jf.rendezvous is None and jf.to_dict()["epochs"] == "caller"
 
 
 # --------------------------------------------------------------------------- run rendezvous
@@ -737,8 +749,9 @@ def test_spina_refuses_before_starting(args, said, tmp_path):
 
 @pytest.mark.parametrize("flag", ["--grpc", "--metrics"])
 def test_switch_with_a_busy_address_says_one_line(flag, tmp_path):
-    """A P4Runtime or metrics address in use: one line naming the option, and no `listening`
-    line before it (every address is bound before anything is printed)."""
+    """A P4Runtime or metrics address in use: one line naming the option and who holds the
+    address (this test's process), and no `listening` line before it (every address is bound
+    before anything is printed)."""
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen()
@@ -746,7 +759,9 @@ def test_switch_with_a_busy_address_says_one_line(flag, tmp_path):
         value = f"127.0.0.1:{port}" if flag == "--grpc" else str(port)
         out = run_cli("spina_cli", ["switch", "udp", "--port", "0", flag, value], tmp_path)
     assert_one_line_error(out, f"spina switch udp: error: argument {flag}: ")
-    assert f"127.0.0.1:{port}: Address already in use" in out.stderr and out.stdout == ""
+    what = "P4Runtime port" if flag == "--grpc" else "metrics port"
+    assert f"127.0.0.1:{port} ({what}) is held by pid {os.getpid()}: " in out.stderr
+    assert out.stdout == ""
 
 
 POLICIES = {"unknown.json": '{"policy": "fifo"}', "negative.json": '{"staleness": -3}',
@@ -769,19 +784,19 @@ def test_ps_bad_policy_file(role, policy, said, tmp_path):
 
 
 def test_ps_busy_port(tmp_path):
-    """A port in use: one line naming it (no gRPC log lines before it)."""
+    """A port in use: one line naming it and who holds it (no gRPC log lines before it)."""
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen()
         port = held.getsockname()[1]
         out = run_cli("ps", ["coordinator", "--nworkers", "1", "--port", str(port)], tmp_path)
-    assert_one_line_error(out, f"cannot serve the coordinator on 127.0.0.1:{port}: Address "
-                               "already in use")
+    assert_one_line_error(out, f"cannot serve the coordinator: 127.0.0.1:{port} (the "
+                               f"coordinator port) is held by pid {os.getpid()}: ")
 
 
 def test_one_rank_with_its_address_taken(tmp_path):
-    """examples/one_rank.py whose rank's UDP port is held: one line naming the field and the
-    address, exit 2 (was an OSError traceback)."""
+    """examples/one_rank.py whose rank's UDP port is held: one line naming the field, the
+    address and who holds it, exit 2 (was an OSError traceback)."""
     ports = free_ports(2)
     job = JobConfig(job=1, workers=tuple(WorkerAddr(r, "127.0.0.1", p)
                                          for r, p in enumerate(ports)),
@@ -794,7 +809,8 @@ def test_one_rank_with_its_address_taken(tmp_path):
         out = subprocess.run([sys.executable, str(ROOT / "examples" / "one_rank.py"), str(path)],
                              cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=60)
     assert_one_line_error(out, f"examples/one_rank.py: error: job 1: field 'workers[1].host': "
-                               f"127.0.0.1:{ports[1]}: Address already in use")
+                               f"127.0.0.1:{ports[1]} (the worker's port) is held by pid "
+                               f"{os.getpid()}: ")
 
 
 def test_each_example_answers_with_its_parser(tmp_path):

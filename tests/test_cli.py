@@ -271,7 +271,7 @@ def test_doctor_passes_a_good_deployment_and_names_what_is_wrong(deployed, capsy
             f"ok   job 4: agent files {cfg.parent / 'agents'}/job4-rank*.json match s1",
             "ok   job 4: 604-byte packets fit MTU 65536 (lo)",
             "ok   job 4: no round waits for a worker on s1 (4 slots)",
-            f"ok   rendezvous {rdv}: answers (spina serve starts the jobs' runs)"]
+            f"ok   rendezvous {rdv}: serves this file's jobs [4] (controller pid {os.getpid()})"]
         assert sw.pipeline.counters["port_unadmitted"][0] == 1  # the probe, nothing else
         w0 = doc["workers"][0]
         s = bound_udp_socket(port=w0["udp_port"])  # rank 0 starts round 0 of slot 1 alone
@@ -453,3 +453,34 @@ def test_doctor_reports_a_host_that_does_not_answer_by_worker_name(tmp_path):
     assert far in (["FAIL worker far: no route to 203.0.113.9"],
                    ["FAIL worker far: 203.0.113.9 does not answer ICMP from here "
                     "(no reply in 0.3 s)"]), lines
+
+
+def test_doctor_names_another_deployments_rendezvous(tmp_path):
+    """doctor's rendezvous check: a rendezvous on the file's address that serves other jobs
+    (another deployment's serve) fails naming it; this file's own passes."""
+    from controller.state import load
+    from spina.rendezvous import RendezvousServer
+    cfg = tmp_path / "spina.yaml"
+    other = RendezvousServer("127.0.0.1", 0, {1: (4, 1)}, lambda j, e: None,
+                             owner="controller", source="/srv/other/spina.yaml").start()
+    rdv = "{}:{}".format(*other.address)
+    try:
+        cfg.write_text(yaml.safe_dump({
+            "switches": [{"name": "s1", "target": "softswitch", "grpc": "127.0.0.1:1",
+                          "address": "127.0.0.1", "udp_port": 9}],
+            "workers": [{"name": f"w{i}", "ip": "127.0.0.1", "switch_port": 0,
+                         "udp_port": 10 + i} for i in range(2)],
+            "jobs": [{"id": 4, "members": ["w0", "w1"], "nslots": 4, "slot_base": 0}],
+            "agents_dir": "agents", "rendezvous": rdv}))
+        state = load(cfg)
+        assert doctor.rendezvous_check(state, 2) == ("FAIL", (
+            f"rendezvous {rdv}: is the rendezvous of a controller (jobs [1], pid {os.getpid()}, "
+            f"file /srv/other/spina.yaml), not this file's (jobs [4], {cfg.resolve()}): another "
+            "deployment holds the address; agents would join its runs (give this file another "
+            "`rendezvous`)"))
+    finally:
+        other.stop()
+    from controller.controller import Controller
+    with Controller(state) as ctl, ctl.runs():
+        assert doctor.rendezvous_check(state, 2) == (
+            "ok", f"rendezvous {rdv}: serves this file's jobs [4] (controller pid {os.getpid()})")

@@ -704,3 +704,52 @@ def test_a_reconcile_round_that_fails_unexpectedly_never_ends_serve(tmp_path, ca
     err = capsys.readouterr().err
     assert "controller: Cannot invoke RPC on closed channel!; retrying" in err
     assert "controller: reconcile failed (KeyError: 'a bug'); retrying" in err
+
+
+def test_serve_says_its_rendezvous_listens_once_the_agent_files_are_written(tmp_path):
+    """serve's "run rendezvous on" line (the one a script waits for before it starts its
+    ranks) comes after the agent files exist and names their folder, even while no switch
+    answers yet (its first deploy retries)."""
+    from pathlib import Path
+
+    from spina.net import free_port
+    from spina.procs import stop_process
+    root = Path(__file__).resolve().parents[1]
+    cfg = tmp_path / "spina.yaml"
+    rendezvous = f"127.0.0.1:{free_port()}"
+    cfg.write_text(yaml.safe_dump(dict(doc("127.0.0.1:1", [JOB7]), rendezvous=rendezvous)))
+    proc = subprocess.Popen([sys.executable, "-m", "controller", "-c", str(cfg), "--timeout",
+                             "1", "serve"], cwd=root, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = proc.stdout.readline().strip()
+        files = sorted(p.name for p in (tmp_path / "agents").glob("*.json"))
+    finally:
+        stop_process(proc, 10)
+    assert line == (f"controller: run rendezvous on {rendezvous}, agent files in "
+                    f"{tmp_path / 'agents'}")
+    assert files == ["job7-rank0.json", "job7-rank1.json", "job7.json"]
+
+
+def test_serve_names_another_deployments_rendezvous_on_its_address(tmp_path):
+    """A second deployment's serve on the address another controller's rendezvous holds: one
+    line naming that controller (its jobs, pid and file), exit 2, no agent file written."""
+    import os
+
+    from spina.rendezvous import RendezvousServer
+    other = RendezvousServer("127.0.0.1", 0, {1: (4, 1)}, lambda j, e: None,
+                             owner="controller", source="/srv/other/spina.yaml").start()
+    host, port = other.address
+    cfg = tmp_path / "spina.yaml"
+    cfg.write_text(yaml.safe_dump(dict(doc("127.0.0.1:1", [JOB7]),
+                                       rendezvous=f"{host}:{port}")))
+    try:
+        out = subprocess.run([sys.executable, "-m", "controller", "-c", str(cfg), "serve"],
+                             capture_output=True, text=True, timeout=60)
+    finally:
+        other.stop()
+    assert out.returncode == 2, out
+    assert out.stderr == (f"python -m controller serve: error: {host}:{port} is the rendezvous of "
+                          f"another controller (jobs [1], pid {os.getpid()}, file "
+                          "/srv/other/spina.yaml)\n")
+    assert not (tmp_path / "agents").exists()

@@ -374,10 +374,13 @@ def test_value_registers_beyond_the_slot_capacity_read_zero():
 
 def test_a_second_server_on_a_port_in_use_is_refused_naming_it():
     """Two software switches on one P4Runtime address would both listen (SO_REUSEPORT) and the
-    controller would talk to either: the second is refused, naming the address."""
+    controller would talk to either: the second is refused, naming the address and who holds
+    it (here: this process)."""
+    import os
     first = P4RuntimeServer(Dataplane(), "127.0.0.1:0").start()
     try:
-        with pytest.raises(OSError, match=rf"cannot serve P4Runtime on {first.address}: "):
+        with pytest.raises(OSError, match=rf"^cannot serve P4Runtime: {first.address} "
+                           rf"\(P4Runtime port\) is held by this process \(pid {os.getpid()}\)$"):
             P4RuntimeServer(Dataplane(), first.address)
     finally:
         first.stop()

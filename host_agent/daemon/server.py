@@ -164,6 +164,15 @@ class _Slot:
         self.local = hier.LocalGroup()  # the processes attached to this rank (local ranks)
 
 
+def _same_run_owner(old: JobFile, new: JobFile) -> bool:
+    """Whether a rank's agent for `old` serves `new`: the same file, or one that differs only
+    in the epoch when a rendezvous gives each run its epoch (`serve` writes the current run's
+    epoch into the files it owns; the agent takes its epoch from the rendezvous anyway)."""
+    if new.rendezvous is not None and new.job.epoch != old.job.epoch:
+        new = replace(new, job=replace(new.job, epoch=old.job.epoch))
+    return old == new
+
+
 def _local_fields(msg: dict) -> tuple[int, int]:
     """attach's (local_rank, local_size): (0, 1) when absent (one process is the rank)."""
     need = checker("")
@@ -181,7 +190,9 @@ class Daemon:
 
     def __init__(self, cfg: DaemonConfig):
         self.cfg = cfg
-        self._slots: dict[tuple[int, int, int], _Slot] = {}  # (job, epoch, rank)
+        # (job, rank) -> its agent while a client is attached: the ports are the rank's, so
+        # a rank has one agent at a time, whatever run (epoch) its job file names
+        self._slots: dict[tuple[int, int], _Slot] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -259,15 +270,18 @@ class Daemon:
               pid: int | None) -> tuple[_Slot, JobFile]:
         """The (job, rank)'s slot, with this connection joined as `local_rank` of it."""
         jf = load_worker_file(job_file, rank)  # a job file, or a two-level job's assignment
-        key = (jf.job.job, jf.job.epoch, rank)
+        key = (jf.job.job, rank)
         with self._lock:
             s = self._slots.get(key)
-            if s is not None and s.jf != jf:
-                # The same job id and epoch relaunched elsewhere (new switch or ports): the old
-                # agent's socket and round counters belong to the old incarnation.
-                s.log.info("job file changed, new agent")
+            if s is not None and not _same_run_owner(s.jf, jf):
+                # The job relaunched elsewhere (new switch or ports), or, with no rendezvous,
+                # a new epoch: the old agent's socket and round counters belong to the old
+                # incarnation, and its ports are the ones the new agent needs.
+                s.log.info("job file changed (attached: %s), new agent",
+                           ", ".join(s.local.who()) or "none")
                 with s.lock:
                     s.agent.close()
+                del self._slots[key]
                 s = None
             if s is None:
                 agent = Agent(self.cfg.job(jf.job), rank, jf.switch, timeout=self.cfg.timeout,
@@ -284,6 +298,23 @@ class Daemon:
                 # other ranks made without it) cannot leave the ranks a call apart.
                 s.agent.rejoin()
         return s, jf
+
+    def _detach(self, slot: _Slot, conn_id: int) -> None:
+        """The connection left its rank. With a rendezvous the rank's last one releases the
+        agent (its socket and ports): a new process of the rank starts a new run anyway, and
+        gets a new agent on those ports whatever epoch serve gave the run meanwhile. Without
+        one the agent stays: its call and round counters keep the rank in step with the
+        others when a new process takes the rank over (a new epoch in the file replaces it)."""
+        slot.local.leave(conn_id)
+        with self._lock:
+            key = (slot.jf.job.job, slot.rank)
+            if slot.local.members or slot.jf.rendezvous is None \
+                    or self._slots.get(key) is not slot:
+                return
+            del self._slots[key]
+            with slot.lock:
+                slot.agent.close()
+        slot.log.info("last client detached, agent released")
 
     def _serve_client(self, conn: socket.socket) -> None:
         slot: _Slot | None = None
@@ -309,7 +340,7 @@ class Daemon:
                 op = msg["op"]
                 if op == "attach":
                     if slot is not None:
-                        slot.local.leave(id(conn))
+                        self._detach(slot, id(conn))
                         slot = None
                     try:
                         local_rank, local_size = _local_fields(msg)
@@ -350,7 +381,7 @@ class Daemon:
             clog.warning("connection dropped: %s", e)
         finally:
             if slot is not None:
-                slot.local.leave(id(conn))
+                self._detach(slot, id(conn))
             for shm in maps.values():
                 shm.close()
             conn.close()
