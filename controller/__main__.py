@@ -10,7 +10,7 @@ import sys
 import threading
 import traceback
 
-from controller.controller import Controller, format_table
+from controller.controller import Controller, format_table, run_switches
 from controller.p4rt import NotPrimaryError, P4RuntimeError
 from controller.state import Job, load
 from spina import cli, log as spina_log, spec
@@ -163,7 +163,7 @@ def watch(args, ctl: Controller, runs: RendezvousServer | None = None) -> int:
             try:
                 state = load(args.config)  # `job add` elsewhere shows up here
                 if runs is not None:  # (outside ctl.lock: a run's start holds its lock, then ours)
-                    runs.set_jobs(state.run_jobs())
+                    runs.set_jobs(state.run_jobs(), run_switches(state))
                 with ctl.lock:
                     if runs is not None:  # a job keeps the epoch of its current run
                         current = ctl.state.run_jobs()
