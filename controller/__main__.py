@@ -11,8 +11,9 @@ import threading
 import traceback
 
 from controller.controller import Controller, format_table
+from controller.model import Job
 from controller.p4rt import NotPrimaryError, P4RuntimeError
-from controller.state import Job, load
+from controller.state import load
 from spina import cli, log as spina_log
 from spina.config import ConfigError
 from spina.metrics import parse_address

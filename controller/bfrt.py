@@ -48,6 +48,7 @@ import grpc
 from p4.v1 import p4runtime_pb2 as pb
 
 from controller.p4rt import NotPrimaryError, P4InfoIndex, P4RuntimeError, _refused, _rpc
+from controller.pipeline import cookie_of
 from spina.config import ConfigError
 from spina.p4runtime import decode, encode
 
@@ -293,9 +294,8 @@ class BfrtConnection:
 
     def get_pipeline(self):
         """The program the switch runs as P4Runtime's ForwardingPipelineConfig: our P4Info, and
-        the cookie of the switch's content (controller.cookie_of), None if it runs no program
-        of our name."""
-        from controller.controller import cookie_of  # the one definition of a cookie
+        the cookie of the switch's content (controller.pipeline.cookie_of), None if it runs no
+        program of our name."""
         cur, _ = self._switch_config()
         if cur is None:
             return None

@@ -27,9 +27,9 @@ from __future__ import annotations
 from p4.v1 import p4runtime_pb2 as pb
 
 from controller import plan
+from controller.model import NO_MAC, DesiredState, Job, Switch
 from controller.p4rt import Connection
 from controller.registers import RegisterAdapter
-from controller.state import NO_MAC, DesiredState, Job, Switch
 from spina import rows, spec
 from spina.config import ConfigError
 from spina.p4runtime import canonical_entry, decode, match_key

@@ -17,9 +17,10 @@ import yaml
 from google.rpc import code_pb2
 from p4.v1 import p4runtime_pb2 as pb, p4runtime_pb2_grpc
 
-from controller import state as state_mod
-from controller.controller import Controller, cookie_of, format_table
+from controller import model, state as state_mod
+from controller.controller import Controller, format_table
 from controller.p4rt import Connection, NotPrimaryError, P4RuntimeError
+from controller.pipeline import cookie_of
 from controller.registers import ThriftRegisters
 from spina import spec
 from spina.config import Assignment, ConfigError, JobFile
@@ -513,11 +514,11 @@ def test_sprayed_l2_entries_name_groups_and_turns(fake, tmp_path):
 def test_job_add_allocates_non_overlapping_ranges():
     """with_job allocates the first free slot range; ranges of jobs never overlap."""
     st = state_mod.parse(doc("127.0.0.1:1", [dict(JOB7)]))  # JOB7: slots 4..5
-    st = st.with_job(state_mod.Job(id=8, members=("w2",), nslots=4))
-    st = st.with_job(state_mod.Job(id=9, members=("w3",), nslots=3))
+    st = st.with_job(model.Job(id=8, members=("w2",), nslots=4))
+    st = st.with_job(model.Job(id=9, members=("w3",), nslots=3))
     assert [(j.slot_base, j.nslots) for j in st.jobs.values()] == [(4, 2), (0, 4), (6, 3)]
     with pytest.raises(ConfigError, match="nslots"):
-        st.with_job(state_mod.Job(id=10, members=("w0",), nslots=250))
+        st.with_job(model.Job(id=10, members=("w0",), nslots=250))
     assert 8 not in st.without_job(8).jobs
 
 
