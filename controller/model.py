@@ -54,13 +54,21 @@ from __future__ import annotations
 
 import ipaddress
 import pathlib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, make_dataclass, replace
 
 import yaml
 
 from controller.tofino import FORMATS as TOFINO_FORMATS
 from spina import spec, wire
-from spina.config import JOB_DEFAULTS, JOB_OPTIONS, ConfigError, JobConfig, WorkerAddr, job_options
+from spina.config import (
+    JOB_FIELDS,
+    JOB_OPTIONS,
+    JOB_SHARED_OPTIONS,
+    ConfigError,
+    JobConfig,
+    WorkerAddr,
+    job_options,
+)
 from spina.fields import integer, mapping, need, optional_list, string
 from spina.rendezvous import DEFAULT_ADDRESS as DEFAULT_RENDEZVOUS
 
@@ -146,28 +154,20 @@ class Worker:
     rank: int | None = None
 
 
-@dataclass(frozen=True, kw_only=True)
-class JobOptions:
-    """The job fields a desired-state job (flat or of a fabric plan) shares with
-    spina.config.JobConfig, with JobConfig's defaults (spina.config.JOB_OPTIONS), plus the
-    switch-side drop threshold."""
-    block_size: int = JOB_DEFAULTS["block_size"]
-    nlanes: int = JOB_DEFAULTS["nlanes"]
-    epoch: int = JOB_DEFAULTS["epoch"]
-    priority: int = JOB_DEFAULTS["priority"]
-    drop_qdepth: int | None = None
-    bounded_loss: float = JOB_DEFAULTS["bounded_loss"]
-    loss_deadline: float | str = JOB_DEFAULTS["loss_deadline"]  # seconds, or "auto"
-    priority_policy: str = JOB_DEFAULTS["priority_policy"]
-    loss_tolerant_policy: str = JOB_DEFAULTS["loss_tolerant_policy"]
-    lane_bits: int = JOB_DEFAULTS["lane_bits"]
+def _options(self) -> dict:
+    """These fields as JobConfig keyword arguments (every level of a job shares them)."""
+    return {k: getattr(self, k) for k in JOB_SHARED_OPTIONS}
 
-    def options(self) -> dict:
-        """These fields as JobConfig keyword arguments (every level of a job shares them)."""
-        return {k: getattr(self, k) for k in ("block_size", "nlanes", "epoch", "priority",
-                                              "bounded_loss", "loss_deadline",
-                                              "priority_policy", "loss_tolerant_policy",
-                                              "lane_bits")}
+
+# The job options every level of a desired-state job (flat or of a fabric plan) shares with
+# spina.config.JobConfig, made from its declaration (JOB_SHARED_OPTIONS: types and defaults
+# included), so a new JobConfig option is a field here too; plus the switch-side drop threshold.
+JobOptions = make_dataclass(
+    "JobOptions",
+    [(k, JOB_FIELDS[k].type, field(default=JOB_FIELDS[k].default)) for k in JOB_SHARED_OPTIONS]
+    + [("drop_qdepth", "int | None", field(default=None))],
+    namespace={"options": _options}, frozen=True, kw_only=True)
+JobOptions.__module__ = __name__
 
 
 @dataclass(frozen=True)
@@ -238,19 +238,10 @@ class DesiredState:
         need(job.id not in self.jobs, f"jobs[id={job.id}].id", "a job with this id exists")
         raw = dict(self.raw)
         jd = {"id": job.id, "members": list(job.members), "nslots": job.nslots,
-              "block_size": job.block_size, "nlanes": job.nlanes, "epoch": job.epoch,
-              "priority": job.priority}
+              "slot_base": self.allocate(job) if job.slot_base is None else job.slot_base,
+              **job.options()}
         if job.drop_qdepth is not None:
             jd["drop_qdepth"] = job.drop_qdepth
-        if job.bounded_loss:
-            jd.update(bounded_loss=job.bounded_loss, loss_deadline=job.loss_deadline)
-        if (job.priority_policy, job.loss_tolerant_policy) != ("fixed", "none"):
-            jd.update(priority_policy=job.priority_policy,
-                      loss_tolerant_policy=job.loss_tolerant_policy)
-        if job.slot_base is not None:
-            jd["slot_base"] = job.slot_base
-        else:
-            jd["slot_base"] = self.allocate(job)
         raw["jobs"] = list(raw.get("jobs") or []) + [jd]
         return (self.parser or parse_flat)(raw, self.path)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from controller.model import IN_PROCESS, NO_MAC, DesiredState, mac_address
 from controller.state import parse
 from spina import spec, wire
-from spina.config import ConfigError, JobConfig
+from spina.config import JOB_OPTIONS, ConfigError, JobConfig
 from spina.fields import integer, need
 
 
@@ -27,12 +27,8 @@ def _one_switch(sw: dict, jobs: list[tuple[JobConfig, list[tuple[str, int]]]]) -
                   f"{w.host}:{w.port} is also a worker on port {seen['switch_port']} with MAC "
                   f"{seen['mac']}")
             members.append(mine["name"])
-        raw_jobs.append({"id": job.job, "members": members, "nslots": job.nslots,
-                         "slot_base": job.slot_base, "block_size": job.block_size,
-                         "nlanes": job.nlanes, "epoch": job.epoch, "priority": job.priority,
-                         "bounded_loss": job.bounded_loss, "loss_deadline": job.loss_deadline,
-                         "priority_policy": job.priority_policy,
-                         "loss_tolerant_policy": job.loss_tolerant_policy})
+        raw_jobs.append({"id": job.job, "members": members,
+                         **{k: getattr(job, k) for k in JOB_OPTIONS}})
     return parse({"switches": [sw], "workers": list(workers.values()), "jobs": raw_jobs})
 
 
