@@ -32,8 +32,6 @@ from spina.rendezvous import RendezvousServer
 
 log = logging.getLogger("spina.controller")
 
-JOB_COUNTERS = spec.JOB_COUNTERS
-
 
 @dataclass
 class Report:
@@ -132,10 +130,11 @@ class SwitchSession:
         self.conn.require_primary()
         rep.pipeline_pushed = self.ensure_pipeline(state)
         before = self.admission.installed_jobs()
-        want = controls.job_rows(state, self.sw).jobs  # flat jobs, and this switch's share
+        share = controls.job_rows(state, self.sw)  # flat jobs, and this switch's share
+        want = share.jobs
         deletes, writes = [], []
         for c in self.controls:
-            d, w = c.diff(state, self.sw)
+            d, w = c.diff(state, self.sw, share)
             deletes += d
             writes = w + writes
         # Deletes first (admission first: traffic of a leaving job stops before its slots are
@@ -179,7 +178,7 @@ class SwitchSession:
         self.conn.require_primary()
         self.aggregator.clear_slots(slot_base, nslots)
         ups = []
-        for name in JOB_COUNTERS:
+        for name in spec.JOB_COUNTERS:
             if self.conn.index.has("counters", name):
                 e = pb.Entity()
                 e.counter_entry.counter_id = self.conn.index.id("counters", name)

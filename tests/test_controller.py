@@ -17,7 +17,7 @@ import yaml
 from google.rpc import code_pb2
 from p4.v1 import p4runtime_pb2 as pb, p4runtime_pb2_grpc
 
-from controller import model, state as state_mod
+from controller import controls, model, state as state_mod
 from controller.controller import Controller, format_table
 from controller.p4rt import Connection, NotPrimaryError, P4RuntimeError
 from controller.pipeline import cookie_of
@@ -382,6 +382,26 @@ def test_status_reads_job_counters(fake, tmp_path):
     assert {(q.counter_id, q.index.index) for q in reads} == \
         {(cid[n], 7) for n in spec.JOB_COUNTERS} | {(cid[n], 0) for n in spec.PORT_COUNTERS}
     assert "job_received" in format_table(rows).splitlines()[0]
+
+
+def test_one_apply_computes_the_job_rows_once(fake, tmp_path, monkeypatch):
+    """A deploy computes a switch's job rows (controls.job_rows) once for all its controls."""
+    real, calls = controls.job_rows, []
+    monkeypatch.setattr(controls, "job_rows", lambda st, s: calls.append(s.name) or real(st, s))
+    sw = fake()
+    with Controller(new_state(tmp_path, sw.address, [JOB7]),
+                    registers={"s1": RecordingRegisters()}) as c:
+        c.deploy()
+    assert calls == ["s1"]
+    # written: the endpoint, the group, and per worker its rewrite and admission
+    assert len([u for w in sw.calls("Write") for u in w.updates]) == 6
+
+
+def test_controls_read_the_counters_spec_gives_them():
+    """Each counter is read by the control spina.spec.COUNTER_CONTROLS names, and only so."""
+    read = {n: c.__name__ for c in controls.Control.__subclasses__() for n in c.counters}
+    assert read == spec.COUNTER_CONTROLS
+    assert set(spec.COUNTER_CONTROLS) == set(spec.JOB_COUNTERS + spec.PORT_COUNTERS)
 
 
 def test_agent_files_name_job_rank_slots_and_switch(fake, tmp_path):

@@ -165,3 +165,51 @@ def test_checker_catches_a_circle():
     assert circles(graph) == [["p.a", "p.b", "p.c"]]
     modules["p.c"] = "def g():\n    pass\n"
     assert circles(module_imports(modules)) == []
+
+
+# Private imports left to another change, which removes them with their files: the DDP hooks
+# package (issue 42 item 3) makes segment_sizes public.
+PRIVATE_IMPORTS_LEFT = {("host_agent/local_sgd.py", "host_agent.torch_hook._segment_sizes"),
+                        ("host_agent/compression/hooks.py", "host_agent.torch_hook._segment_sizes")}
+
+
+def private_imports(rel: str, source: str, modules: set[str]) -> list[str]:
+    """`from X import _name` in `source` (the file `rel`) where `_name` is a private name of
+    another module of ours, not a module itself (a compiled extension such as host_agent._core is a
+    module: importing it is no reach into another module's insides)."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            for a in node.names:
+                full = f"{node.module}.{a.name}"
+                if a.name.startswith("_") and not a.name.startswith("__") \
+                        and node.module.split(".")[0] in OURS and full not in modules \
+                        and (rel, full) not in PRIVATE_IMPORTS_LEFT:
+                    out.append(f"{rel}:{node.lineno}: imports {node.module}'s private {a.name}")
+    return out
+
+
+def test_no_module_imports_another_modules_private_names():
+    """No module of the packages takes a private name (`_x`) from another module: what two
+    modules share is public in its owner."""
+    found = []
+    for package in sorted(set(ALLOWED) | {"spina_cli"}):
+        files = sorted((ROOT / package).rglob("*.py"))
+        modules = {".".join(f.relative_to(ROOT).with_suffix("").parts) for f in files}
+        # compiled extensions: their C sources or built modules sit beside the Python files
+        modules |= {".".join(f.relative_to(ROOT).parts).split(".cpython")[0].removesuffix(".c")
+                    for f in (ROOT / package).rglob("_*.c")}
+        for f in files:
+            rel = f.relative_to(ROOT).as_posix()
+            found += private_imports(rel, f.read_text(), modules)
+    assert not found, "\n".join(found)
+
+
+def test_checker_catches_a_private_import():
+    """The private-import checker itself: a private function is reported, a private module
+    (an extension), a dunder and another project's private name are not."""
+    src = ("from controller.p4rt import Connection, _rpc\n"
+           "from host_agent import _core\nfrom spina import __version__\n"
+           "from torch._C import _private\n")
+    assert private_imports("controller/x.py", src, {"host_agent._core"}) == [
+        "controller/x.py:1: imports controller.p4rt's private _rpc"]
