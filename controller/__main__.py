@@ -11,6 +11,7 @@ import threading
 import traceback
 
 from controller.controller import Controller, format_table
+from controller.metrics import serve_metrics
 from controller.model import Job
 from controller.p4rt import NotPrimaryError, P4RuntimeError
 from controller.state import load
@@ -230,7 +231,6 @@ def _with_metrics(args, ctl: Controller) -> int:
     """serve / deploy --watch, with the metrics endpoint running around it if asked."""
     metrics = None
     if args.metrics:
-        from controller.metrics import serve_metrics
         metrics = serve_metrics(ctl, args.metrics)
         print(f"metrics {metrics.url}", flush=True)
     try:
