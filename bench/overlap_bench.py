@@ -15,10 +15,10 @@ bench/paired.py Cluster); the data is its digits (train_bench.digits) and the mo
 Every worker process trains every method side by side, each its own model from the same
 seed and the same batches:
 
-  ddp           DDP with the SpINA hook (torch_hook.spina_allreduce_hook): buckets sent
+  ddp           DDP with the SpINA hook (host_agent.hooks.spina_allreduce_hook): buckets sent
                 whole in DDP's order (last layers first), backward returns when all are
                 summed, then optimizer.step()
-  overlap       host_agent/overlap.py PriorityOverlap: chunks by priority (front layers
+  overlap       host_agent/hooks/overlap.py PriorityOverlap: chunks by priority (front layers
                 first, negotiated), backward returns at once, per-parameter steps in the
                 next forward's pre-hooks
   overlap_fifo  the same with order="fifo": the chunks in DDP's order (what priority adds)
@@ -115,8 +115,7 @@ class Run:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         from examples.train_compressed import MLP
-        from host_agent.overlap import PriorityOverlap
-        from host_agent.torch_hook import SpinaHookState, spina_allreduce_hook
+        from host_agent.hooks import PriorityOverlap, SpinaHookState, spina_allreduce_hook
         self.method, self.xtr, self.ytr, self.torch = method, data[0], data[1], torch
         torch.manual_seed(req.seed)
         self.module = MLP(req.width, inputs=self.xtr.shape[1], depth=req.depth)

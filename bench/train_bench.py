@@ -22,8 +22,8 @@ rotating round by round, each step between two barriers, only the step timed (fo
 backward with DDP's communication, optimiser step):
 
   gloo     DDP's own all-reduce (the gloo ring)
-  spina    DDP with the SpINA hook (host_agent/torch_hook.py spina_allreduce_hook)
-  topk     DDP with the compression hook (host_agent/compression/hooks.py
+  spina    DDP with the SpINA hook (host_agent/hooks/dense.py spina_allreduce_hook)
+  topk     DDP with the compression hook (host_agent/hooks/compressed.py
            spina_compressed_hook): block top-k of 256-element blocks at --ratio, error
            feedback and DGC momentum correction (the optimiser then has none)
   compute  the same model without DDP (no communication): the step's compute alone
@@ -118,11 +118,12 @@ class Run:
 
         from examples.train_compressed import MLP
         from host_agent.compression import make_compressor
-        from host_agent.compression.hooks import (
+        from host_agent.hooks import (
             CompressionHookState,
+            SpinaHookState,
+            spina_allreduce_hook,
             spina_compressed_hook,
         )
-        from host_agent.torch_hook import SpinaHookState, spina_allreduce_hook
 
         self.method, self.xtr, self.ytr = method, data[0], data[1]
         torch.manual_seed(req.seed)  # the same initial weights for every method

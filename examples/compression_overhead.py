@@ -1,6 +1,6 @@
 """Compression overhead on the 5.3M-parameter MLP: compressor time against forward + backward.
 
-    python examples/compression_overhead.py            # writes docs/compression_overhead.json
+    python examples/compression_overhead.py   # writes bench/results/compression/overhead.json
 
 One process, one thread, no communication: each repetition runs forward + backward of one
 batch, then each compressor on that gradient exactly as spina_compressed_hook does before it
@@ -44,7 +44,8 @@ def main():
     ap.add_argument("--batches", type=int, nargs="+", default=[32, 64], help="per-rank batch sizes")
     ap.add_argument("--reps", type=int, default=41,
                     help="repetitions (medians of all but the first)")
-    ap.add_argument("--out", default=str(ROOT / "docs" / "compression_overhead.json"))
+    ap.add_argument("--out",
+                    default=str(ROOT / "bench" / "results" / "compression" / "overhead.json"))
     args = ap.parse_args()
     load_start = os.getloadavg()
     torch.set_num_threads(1)  # as each of the 4 ranks in the examples

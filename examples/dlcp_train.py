@@ -1,8 +1,8 @@
 """Training with bounded loss: accuracy vs step at loss bounds 0, 1% and 10% (DLCP, docs/dlcp.md).
 
-    python examples/dlcp_train.py                     # writes docs/dlcp_digits.{json,png}
+    python examples/dlcp_train.py             # writes bench/results/dlcp_training/digits.{json,png}
     python examples/dlcp_train.py --steps 5 --out /tmp/x.png   # a smoke run
-    python examples/dlcp_train.py --task mlp          # writes docs/dlcp_mlp.{json,png}
+    python examples/dlcp_train.py --task mlp  # writes bench/results/dlcp_training/mlp.{json,png}
 
 Tasks: `digits`, a 64-64-10 MLP in numpy on scikit-learn's digits; `mlp`, the larger model of
 the compression work (examples/train_compressed.py --task mlp: a 5.3M-parameter 512-2048-2048-10
@@ -256,14 +256,14 @@ def main(argv=None) -> int:
                          "256, as bench/dlcp_bench/: loss-tolerant packets are whole packets, "
                          "so at 56 a 1%% bound marks almost none)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", help="default docs/dlcp_<task>.png (JSON beside it)")
+    ap.add_argument("--out", help="default bench/results/dlcp_training/<task>.png (JSON beside it)")
     args = ap.parse_args(argv)
     mlp = args.task == "mlp"
     args.steps = args.steps or (200 if mlp else 300)
     args.lr = args.lr or (0.05 if mlp else 0.5)
     args.deadline = args.deadline or ("auto" if mlp else 0.005)
     args.nlanes = args.nlanes or (8 if mlp else 1)
-    args.out = args.out or str(ROOT / "docs" / f"dlcp_{args.task}.png")
+    args.out = args.out or str(ROOT / "bench" / "results" / "dlcp_training" / f"{args.task}.png")
     if not 0 <= args.drop <= 1:
         return cli.fail(ap.prog, f"--drop: {args.drop} is not a probability in [0, 1]")
     data = mlp_data() if mlp else flat_split(args.seed)

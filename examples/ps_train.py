@@ -216,7 +216,8 @@ def main(argv=None):
     ap.add_argument("--lr", type=float, default=None, help="server SGD step (default per task)")
     ap.add_argument("--eval-every", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=None, help="OUT.json/OUT.png (default docs/ps_<task>)")
+    ap.add_argument("--out", default=None,
+                    help="OUT.json/OUT.png (default bench/results/ps/<task>)")
     ap.add_argument("--table-from", metavar="JSON",
                     help="only print the markdown table of an earlier run")
     args = ap.parse_args(argv)
@@ -246,7 +247,7 @@ def main(argv=None):
               f"steps {r['steps']}, MB pushed {sum(r['bytes_pushed']) / 1e6:.1f}, "
               f"groups {r['groups']}, load {r['loadavg_after'][0]:.1f}", flush=True)
     summary = summarize(runs)
-    out = Path(args.out or ROOT / "docs" / f"ps_{args.task}")
+    out = Path(args.out or ROOT / "bench" / "results" / "ps" / args.task)
     out.parent.mkdir(parents=True, exist_ok=True)
     cmd = "python examples/ps_train.py " + " ".join(argv if argv is not None else sys.argv[1:])
     out.with_suffix(".json").write_text(json.dumps(

@@ -36,9 +36,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from host_agent.assignment import JOB_FILE_ENV, agent_from_env
 from host_agent.blocks import nonzero_blocks
+from host_agent.hooks import SpinaHookState, spina_allreduce_hook
 from host_agent.launch import finish_shared_job, shared_job_file
-from host_agent.torch_hook import JOB_FILE_ENV, SpinaHookState, agent_from_env, spina_allreduce_hook
 
 
 class BagOfWords(nn.Module):

@@ -18,12 +18,12 @@ Runs (--runs, comma-separated):
   local@H             local SGD, the weights averaged through SpINA every H steps
   postlocal@H:S       post-local SGD: S synchronous steps, then local SGD with period H
 SGD with momentum in the optimiser for every run but signum. Each SpINA run's hook is
-registered by `host_agent.comm_hooks.register_from_job` from the "communication" section a job
+registered by `host_agent.hooks.register_from_job` from the "communication" section a job
 file would carry (docs/bits.md). Rank 0 starts one software switch per lane width the runs need;
 with --job-file (a deployed switch) every SpINA run uses that job, whose lane_bits must then be
 the width of every run.
 
-Every run of every seed starts from that seed; rank 0 writes docs/bits_<task>.json (all
+Every run of every seed starts from that seed; rank 0 writes bench/results/bits/<task>.json (all
 numbers: per run and seed the final test accuracy, bytes and switch rounds per step and rank)
 and .png (accuracy with its spread, rounds per step), and prints a table with the mean and
 spread (min..max) over seeds. `--replot A.json B.json --out C.png` merges earlier results.
@@ -47,11 +47,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from host_agent.comm_hooks import register_from_job
-from host_agent.compression import VoteHookState
+from host_agent.assignment import JOB_FILE_ENV, agent_from_env
+from host_agent.hooks import LocalSGDState, SpinaHookState, VoteHookState, register_from_job
 from host_agent.launch import finish_shared_job, shared_job_file
-from host_agent.local_sgd import LocalSGDState
-from host_agent.torch_hook import JOB_FILE_ENV, SpinaHookState, agent_from_env
 from train_compressed import TASKS, Task, merge_results
 
 DEFAULT_RUNS = "dense-gloo,dense-spina,sign,ternary,local@4,postlocal@4:40"
@@ -217,7 +215,8 @@ def main():
     ap.add_argument("--job-file", default=os.environ.get(JOB_FILE_ENV),
                     help="a deployed switch's job file for every SpINA run (default: rank 0 "
                          "starts a software switch per lane width the runs need)")
-    ap.add_argument("--out", help="output JSON (default docs/bits_<task>.json); PNG beside it")
+    ap.add_argument("--out",
+                    help="output JSON (default bench/results/bits/<task>.json); PNG beside it")
     ap.add_argument("--replot", nargs="+", metavar="JSON",
                     help="no training: merge these results, plot them to --out (a PNG), print")
     args = ap.parse_args()
@@ -257,7 +256,7 @@ def main():
         for agent, switch in jobs:
             finish_shared_job(agent, switch)
     if rank == 0:
-        out = Path(args.out or ROOT / "docs" / f"bits_{args.task}.json")
+        out = Path(args.out or ROOT / "bench" / "results" / "bits" / f"{args.task}.json")
         cmd = f"torchrun --standalone --nproc_per_node {world} examples/train_bits.py " + \
             " ".join(sys.argv[1:])
         out.write_text(json.dumps({"command": cmd, "task": args.task, "world_size": world,

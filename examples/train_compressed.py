@@ -28,9 +28,10 @@ e.g. `losscomp@0.01:ratio_max=0.01:trend_threshold=0.01`.
 
 Every run of a seed (--seeds 0,1,2) starts from that seed: the model's weights, the batches,
 the digits' split and the compressor's random stream (random-k, LossComp). Rank 0 writes
-docs/compression_<task>.json (all numbers, per run and seed) and docs/compression_<task>.png
-(accuracy over training; accuracy vs bytes per step; time per step; with several seeds the
-mean and min..max) and prints a table: the mean over seeds, its min..max and each seed's value.
+bench/results/compression/<task>.json (all numbers, per run and seed) and
+bench/results/compression/<task>.png (accuracy over training; accuracy vs bytes per step;
+time per step; with several seeds the mean and min..max) and prints a table: the mean over
+seeds, its min..max and each seed's value.
 `--merge A.json B.json --out C.png` merges earlier results (one command per seed, say) into
 C.json and C.png and prints the table. Bytes are per rank and step: SpINA as its agent counted
 them (UDP payloads), gloo computed for a ring (all-reduce 2 (N-1)/N x the tensor, all-gather
@@ -58,14 +59,16 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from host_agent.assignment import JOB_FILE_ENV, agent_from_env
 from host_agent.compression import CompressionConfig, make_compressor
-from host_agent.compression.hooks import (
+from host_agent.hooks import (
     CompressionHookState,
+    SpinaHookState,
     gloo_compressed_hook,
+    spina_allreduce_hook,
     spina_compressed_hook,
 )
 from host_agent.launch import finish_shared_job, shared_job_file
-from host_agent.torch_hook import JOB_FILE_ENV, SpinaHookState, agent_from_env, spina_allreduce_hook
 from train_digits import LeNet5, WideLeNet, load_data
 
 TASKS = {  # default runs, optimiser and schedule per task
@@ -535,7 +538,8 @@ def main():
     ap.add_argument("--seeds", default="0", help="comma-separated seeds, e.g. 0,1,2 (default 0)")
     ap.add_argument("--job-file", default=os.environ.get(JOB_FILE_ENV))
     ap.add_argument("--out",
-                    help="output PNG (default docs/compression_<task>.png); JSON beside it")
+                    help="output PNG (default bench/results/compression/<task>.png); JSON "
+                         "beside it")
     ap.add_argument("--merge", nargs="+", metavar="JSON",
                     help="no training: merge these results into --out (PNG and JSON), print")
     args = ap.parse_args()
@@ -568,7 +572,7 @@ def main():
     finally:
         finish_shared_job(agent, switch)
     if rank == 0:
-        out = Path(args.out or ROOT / "docs" / f"compression_{args.task}.png")
+        out = Path(args.out or ROOT / "bench" / "results" / "compression" / f"{args.task}.png")
         summary = {"command": f"torchrun --standalone --nproc_per_node {world} "
                               "examples/train_compressed.py " + " ".join(sys.argv[1:]),
                    "task": args.task, "world_size": world, "steps": task.steps,

@@ -6,8 +6,9 @@ Every rank trains on its shard of the data with DistributedDataParallel on a glo
 group. With `--backend spina` (default) the gradient buckets go through the SpINA DDP hook
 and a software switch; everything else (initial broadcast, the loss average for the log)
 goes through gloo. `--backend-compare` trains twice from the same seed, first through SpINA,
-then with DDP's plain gloo all-reduce, and rank 0 writes docs/train_digits.png (loss and
-test accuracy of both runs) and docs/train_digits.json.
+then with DDP's plain gloo all-reduce, and rank 0 writes
+bench/results/train_digits/train_digits.png (loss and test accuracy of both runs) and
+bench/results/train_digits/train_digits.json.
 
 The switch: without `--job-file`, rank 0 starts `python -m host_agent.launch` as a
 subprocess (a software switch on 127.0.0.1 with this job admitted) and stops it at the end.
@@ -34,8 +35,9 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from examples import digits
+from host_agent.assignment import JOB_FILE_ENV, agent_from_env
+from host_agent.hooks import SpinaHookState, spina_allreduce_hook
 from host_agent.launch import shared_job_file, start_subprocess
-from host_agent.torch_hook import JOB_FILE_ENV, SpinaHookState, agent_from_env, spina_allreduce_hook
 
 
 class LeNet5(nn.Module):
@@ -172,7 +174,8 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--job-file", default=os.environ.get(JOB_FILE_ENV),
                     help="job file of a job launched beforehand (default: rank 0 starts a switch)")
-    ap.add_argument("--out", default=str(ROOT / "docs" / "train_digits.png"))
+    ap.add_argument("--out",
+                    default=str(ROOT / "bench" / "results" / "train_digits" / "train_digits.png"))
     args = ap.parse_args()
 
     torch.set_num_threads(1)  # 4 ranks share a small machine

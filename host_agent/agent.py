@@ -815,7 +815,7 @@ class Agent:
                 with `blocks` (the residual's blocks would need sending too) or int32 lanes.
             slot_exponents: None, or per slot of the window (int32, job.nslots) the least
                 exponent this worker announces in the slot's setup round (float tensors).
-                host_agent/overlap.py sends a tensor in pieces of whole lane spans with the
+                host_agent/hooks/overlap.py sends a tensor in pieces of whole lane spans with the
                 whole tensor's exponents, so each piece is quantized, and sums, exactly as
                 in one call.
         """

@@ -7,9 +7,9 @@ switch (softswitch.udp.UdpSwitch), starts the job's run rendezvous (spina.rendez
 program that uses the job file gets an epoch of its own, so consecutive programs never see each
 other's sums), writes the job file (spina.config.JobFile) once both listen, and serves until
 SIGTERM or SIGINT (then removes the job file). Training processes then create their agent with
-`host_agent.torch_hook.agent_from_env(job_file)`: no port is ever copied by hand.
+`host_agent.assignment.agent_from_env(job_file)`: no port is ever copied by hand.
 `--communication JSON` puts a communication section in the file (spina/communication.py): the
-DDP hook every worker's `host_agent.comm_hooks.register_from_job` then registers.
+DDP hook every worker's `host_agent.hooks.register_from_job` then registers.
 
 Ports are chosen by binding port 0 and releasing it; on loopback the window in which another
 program could take one of them before the worker binds it is small, and a clash shows up as

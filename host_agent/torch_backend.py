@@ -4,7 +4,7 @@
     dist.init_process_group("spina")  # under torchrun, with $SPINA_JOB_FILE set
 
 Every all-reduce of CPU float32/float16/bfloat16 tensors with ReduceOp.SUM travels through
-the switch (`host_agent.torch_hook.sum_async`); everything else (broadcast, all-gather,
+the switch (`host_agent.hooks.common.sum_async`); everything else (broadcast, all-gather,
 barrier, other reduce ops, int tensors) is forwarded to a gloo process group built on the
 same store. DDP then needs no hook: its default bucket all-reduce is a float SUM.
 
@@ -34,7 +34,8 @@ from torch._C._distributed_c10d import (
 )
 from torch.distributed.constants import default_pg_timeout
 
-from host_agent.torch_hook import agent_from_env, sum_async
+from host_agent.assignment import agent_from_env
+from host_agent.hooks.common import sum_async
 
 BACKEND = "spina"
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)

@@ -5,7 +5,7 @@ Python, with no sockets. One Dataplane is one switch, whatever carries its packe
 tables, so a row this switch accepts is a row its data path uses.
 
 `process` is the frame pipeline: the P4 parser, ina_endpoint, InaCheck, admission and the
-aggregator (softswitch.pipeline.Pipeline), the leaf and spine roles (softswitch.fabric.Roles),
+aggregator (softswitch.pipeline.Pipeline), the leaf and spine roles (softswitch.fabric.FabricRoles),
 l2/ipv4_routes forwarding with per-packet spraying, the packet replication engine (multicast
 groups of (port, rid)), worker_rewrite, the congestion drop and the IPv4 checksum. bmv2_tests
 drive it in process, behind its P4Runtime servicer.

@@ -1,6 +1,6 @@
 """How a job's DDP model communicates: the job file's optional "communication" section and
 the settings it delegates to (compression and votes, local SGD), validated in one place; errors
-name the field. Data only: host_agent.comm_hooks builds and registers the hook a section names.
+name the field. Data only: host_agent.hooks.registry builds and registers the hook a section names.
 
     "communication": {"method": "dense"}                                  # the default
     "communication": {"method": "topk", "ratio": 0.01, "momentum": 0.9}   # CompressionConfig's
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from spina.fields import ConfigError, checker, dataclass_kwargs, mapping
 
 METHODS = ("none", "topk", "randomk", "scaled", "losscomp")
-VOTES = ("sign", "ternary")  # votes.py: integer votes, their own hook (spina_vote_hook)
+VOTES = ("sign", "ternary")  # compression/votes.py: integer votes, their own hook (spina_vote_hook)
 METHODS += VOTES
 
 
@@ -31,7 +31,7 @@ class CompressionConfig:
         random blocks, the same on every rank: a control), "scaled" (per-layer block top-k,
         each layer's sent gradient rescaled to the norm of its fresh gradient: for LAMB/LARS),
         "losscomp" (blocks sampled by norm and by loss credit; the ratio follows the loss trend).
-        Votes (votes.py, with spina_vote_hook; ratio is not used): "sign" (signSGD with
+        Votes (compression/votes.py, with spina_vote_hook; ratio is not used): "sign" (signSGD with
         majority vote, EF-signSGD's error feedback), "ternary" (TernGrad, a shared scale).
     ratio: fraction of a bucket's blocks each rank sends per step, in (0, 1].
     error_feedback: keep what was not sent in a residual and add it to the next gradient.
@@ -119,7 +119,7 @@ class CompressionConfig:
 
 @dataclass(frozen=True)
 class LocalSGDConfig:
-    """Local SGD's schedule (host_agent/local_sgd.py): every `period` (H >= 1) steps the
+    """Local SGD's schedule (host_agent/hooks/local_sgd.py): every `period` (H >= 1) steps the
     weights are averaged; the first `warmup_steps` (S >= 0) steps are synchronous (post-local
     SGD; 0: local SGD from the first step)."""
     period: int
@@ -142,7 +142,7 @@ class LocalSGDConfig:
         return {"period": self.period, "warmup_steps": self.warmup_steps}
 
 
-DENSE = "dense"  # every bucket summed through SpINA as it is (host_agent.torch_hook)
+DENSE = "dense"  # every bucket summed through SpINA as it is (host_agent.hooks.dense)
 # The section's methods: dense, or a compressor or vote by CompressionConfig's name ("none",
 # its dense compressor, would be a second name for dense).
 COMM_METHODS = (DENSE,) + tuple(m for m in METHODS if m != "none")
@@ -158,7 +158,7 @@ class Communication:
     compression: the compressor's or vote's settings (None for dense). In the file they sit
         beside "method", by CompressionConfig's field names, which validates them.
     local_sgd: (post-)local SGD's schedule, {"period": H, "warmup_steps": S}; dense only
-        (its synchronous steps sum dense gradients, local_sgd.py).
+        (its synchronous steps sum dense gradients, hooks/local_sgd.py).
     """
     method: str = DENSE
     compression: CompressionConfig | None = None

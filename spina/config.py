@@ -297,12 +297,12 @@ class JobFile:
     On disk (JSON): {"switch": {"host": "127.0.0.1", "port": 47000}, "job": {<JobConfig fields,
     workers as [{"host", "port"}, ...] in rank order>}, "rendezvous": {"host", "port"},
     "communication": {"method": "topk", "ratio": 0.01, ...}}.
-    Written by the launcher, read by each training process (host_agent.torch_hook.agent_from_env),
+    Written by the launcher, read by each training process (host_agent.assignment.agent_from_env),
     so nobody copies ports by hand. `rendezvous` (optional) names the spina.rendezvous server
     that gives each run of the job its own epoch; without it every run uses the file's epoch,
     and a second run on the same switch needs a new epoch by hand. `communication` (optional,
     spina.communication.Communication) says which DDP hook every rank registers
-    (host_agent.comm_hooks.register_from_job); without it, dense SpINA. Votes need int32 lanes
+    (host_agent.hooks.register_from_job); without it, dense SpINA. Votes need int32 lanes
     (Communication.check_lanes).
     """
     job: JobConfig

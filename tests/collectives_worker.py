@@ -138,7 +138,7 @@ def ddp_grads(rank: int, algorithm: str, groups):
     second step: DDP's first step uses one bucket, then rebuilds them (small caps: two)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from collectives.hooks import CollectiveHookState, collective_allreduce_hook
+    from host_agent.hooks import CollectiveHookState, collective_allreduce_hook
     model, x = model_and_input(rank)
     ddp = DDP(model, bucket_cap_mb=0.002)
     state = CollectiveHookState(algorithm, groups)

@@ -120,7 +120,8 @@ def ddp(args) -> dict:
     import torch
     import torch.distributed as dist
 
-    from host_agent.torch_hook import SpinaHookState, agent_from_env, spina_allreduce_hook
+    from host_agent.assignment import agent_from_env
+    from host_agent.hooks import SpinaHookState, spina_allreduce_hook
     dist.init_process_group("gloo", init_method=f"file://{args.pg}", rank=args.rank,
                             world_size=args.world)
     agent = agent_from_env(args.file, rank=args.rank, timeout=args.timeout)

@@ -20,19 +20,18 @@ import torch.multiprocessing as mp
 
 from host_agent.blocks import headroom_bits
 from host_agent.compression import BucketLayout, make_compressor
-from host_agent.compression.hooks import CompressionHookState, spina_compressed_hook
-from host_agent.compression.votes import (
-    BINS,
-    EXP_MIN,
+from host_agent.compression.votes import BINS, EXP_MIN, onehot_message, onehot_scale, per_element
+from host_agent.hooks import (
+    CompressionHookState,
+    LocalSGDOptimizer,
+    LocalSGDState,
     VoteHookState,
-    onehot_message,
-    onehot_scale,
-    per_element,
+    pack_aligned,
+    spina_compressed_hook,
+    spina_local_sgd_hook,
     spina_vote_hook,
 )
 from host_agent.local import LocalCluster
-from host_agent.local_sgd import LocalSGDOptimizer, LocalSGDState, spina_local_sgd_hook
-from host_agent.torch_hook import pack_aligned
 from spina.config import ConfigError
 
 try:  # tests/ is on sys.path under pytest's default import mode
@@ -447,7 +446,7 @@ def _ddp_worker(rank, tmp):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank,
                             world_size=WORLD)
-    from host_agent.torch_hook import agent_from_env
+    from host_agent.assignment import agent_from_env
     agent = agent_from_env(f"{tmp}/job.json", rank=rank, timeout=20)
     report = {}
     _ddp_votes(rank, agent, report)

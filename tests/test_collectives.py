@@ -1,4 +1,5 @@
-"""The collectives (collectives/schedule.py, p2p.py, hooks.py): exact against numpy.
+"""The collectives (collectives/schedule.py, p2p.py) and their DDP hook
+(host_agent/hooks/collective.py): exact against numpy.
 
 Run just this file: python -m pytest tests/test_collectives.py
 

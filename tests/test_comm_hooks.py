@@ -1,4 +1,5 @@
-"""The job file's "communication" section and register_from_job (docs/bits.md, issue 32).
+"""The job file's "communication" section, register_from_job and the hooks' registry
+(host_agent/hooks/registry.py; docs/bits.md, issues 32 and 42).
 
 Run just these tests:
     PYTHONPATH=$PWD .venv/bin/python -m pytest -q tests/test_comm_hooks.py
@@ -7,7 +8,12 @@ The section's parsing and the hook choice run in this process (LocalCluster agen
 spawns 2 DDP processes (gloo, file:// rendezvous) against a software switch in this process and
 compares each method through register_from_job with the same hook registered by hand.
 """
+import importlib
+import inspect
 import json
+import pathlib
+import subprocess
+import sys
 import threading
 import time
 
@@ -16,14 +22,23 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from host_agent import launch
-from host_agent.comm_hooks import register_from_job
+from host_agent import hooks, launch
 from host_agent.compression import BlockTopK, SignVote, TernGrad, make_compressor
-from host_agent.compression.hooks import CompressionHookState, spina_compressed_hook
-from host_agent.compression.votes import VoteHookState, spina_vote_hook
+from host_agent.hooks import (
+    HOOKS,
+    CompressionHookState,
+    LocalSGDOptimizer,
+    LocalSGDState,
+    SpinaHookState,
+    VoteHookState,
+    hook_for,
+    register_from_job,
+    spina_allreduce_hook,
+    spina_compressed_hook,
+    spina_local_sgd_hook,
+    spina_vote_hook,
+)
 from host_agent.local import LocalCluster
-from host_agent.local_sgd import LocalSGDOptimizer, LocalSGDState, spina_local_sgd_hook
-from host_agent.torch_hook import SpinaHookState, spina_allreduce_hook
 from spina.communication import Communication, CompressionConfig, LocalSGDConfig
 from spina.config import Assignment, ConfigError, JobFile
 
@@ -36,6 +51,7 @@ except ImportError:
     from tests.test_compression import job_file  # noqa: F401
     from tests.test_torch_hook import finish_worker
 
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 B = 16
 SECTIONS = {  # one of each kind, as a job file says them
     "dense": {"method": "dense"},
@@ -201,21 +217,25 @@ def test_register_from_job_picks_the_hook_of_each_method():
     with LocalCluster(2, block_size=B, nlanes=4, nslots=2) as c:
         agent = c.agents[1]
         comm, opt = _register(agent, "dense")
+        assert comm.kind is HOOKS["dense"]
         assert comm.hook is spina_allreduce_hook and type(comm.state) is SpinaHookState
         assert comm.optimizer is opt and comm.state.agent is agent
         comm, opt = _register(agent, "topk")
+        assert comm.kind is HOOKS["compressed"]
         assert comm.hook is spina_compressed_hook and type(comm.state) is CompressionHookState
         comp = comm.state.compressor
         assert type(comp) is BlockTopK and comp.block_size == B and comp.config.ratio == 0.1
         assert comm.optimizer is opt
         for name, cls in (("sign", SignVote), ("ternary", TernGrad)):
             comm, _ = _register(agent, name)
+            assert comm.kind is HOOKS["votes"]
             assert comm.hook is spina_vote_hook and type(comm.state) is VoteHookState
             assert type(comm.state.compressor) is cls and comm.state.compressor.rank == 1
             assert comm.state.compressor.config == Communication.from_dict(
                 SECTIONS[name]).compression
             comm.close()
         comm, opt = _register(agent, "local", momentum=0.9)
+        assert comm.kind is HOOKS["local_sgd"]
         assert comm.hook is spina_local_sgd_hook and type(comm.state) is LocalSGDState
         assert (comm.state.period, comm.state.warmup_steps) == (2, 1)
         assert type(comm.optimizer) is LocalSGDOptimizer and comm.optimizer.optim is opt
@@ -255,6 +275,62 @@ def test_register_from_job_checks_what_must_agree():
             with pytest.raises(ConfigError, match="field 'momentum': the compressor applies "
                                                   "momentum 0.9"):
                 _register(agent, name, momentum=0.5)
+
+
+# ---------------------------------------------------------------- the package and its registry
+def test_the_registry_names_every_hook_of_the_package():
+    """HOOKS: the 7 hooks, each (state, bucket) with Args/Returns, its state all __slots__;
+    every public *_hook function of the package's modules is in it."""
+    names = {t.name: (t.module, t.hook) for t in HOOKS.values()}
+    assert names == {
+        "dense": ("dense", "spina_allreduce_hook"),
+        "compressed": ("compressed", "spina_compressed_hook"),
+        "gloo_compressed": ("compressed", "gloo_compressed_hook"),
+        "votes": ("votes", "spina_vote_hook"),
+        "local_sgd": ("local_sgd", "spina_local_sgd_hook"),
+        "overlap": ("overlap", "overlap_hook"),
+        "collective": ("collective", "collective_allreduce_hook")}
+    for t in HOOKS.values():
+        hook, state = t.load()
+        assert getattr(hooks, t.hook) is hook and getattr(hooks, t.state) is state, t.name
+        assert list(inspect.signature(hook).parameters) == ["state", "bucket"], t.name
+        assert "Args:" in hook.__doc__ and "Returns:" in hook.__doc__, t.name
+        assert all("__slots__" in vars(c) for c in state.__mro__[:-1]), t.name  # no __dict__
+    found = {name for module in hooks._MODULES
+             for name in importlib.import_module(f"host_agent.hooks.{module}").__all__
+             if name.endswith("_hook")}
+    assert found == {t.hook for t in HOOKS.values()}
+
+
+def test_the_package_loads_each_name_from_its_module():
+    """host_agent.hooks.X is the X of the module _MODULES names, whose __all__ it lists."""
+    for module, names in hooks._MODULES.items():
+        m = importlib.import_module(f"host_agent.hooks.{module}")
+        assert sorted(m.__all__) == sorted(names), module
+        for name in names:
+            assert getattr(hooks, name) is getattr(m, name), name
+    assert set(hooks.__all__) <= set(dir(hooks))
+    with pytest.raises(AttributeError, match="'host_agent.hooks' has no attribute 'nope'"):
+        hooks.nope  # noqa: B018
+
+
+def test_hook_for_each_section():
+    """The section's method (and local_sgd) picks the registry's hook."""
+    kinds = {name: hook_for(Communication.from_dict(doc)).name for name, doc in SECTIONS.items()}
+    assert kinds == {"dense": "dense", "topk": "compressed", "sign": "votes",
+                     "ternary": "votes", "local": "local_sgd"}
+
+
+def test_the_registry_and_the_layout_import_no_torch():
+    """The package, its registry, the layout, the priority sender and agent_from_env's module
+    load without torch (a hook's module loads it when asked for)."""
+    probe = ("import sys, host_agent.hooks, host_agent.hooks.registry, host_agent.hooks.layout,"
+             " host_agent.hooks.overlap, host_agent.assignment, host_agent.compression.compressors;"
+             " host_agent.hooks.hook_for; host_agent.hooks.block_aligned_layout;"
+             " print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout
+    assert out.strip() == "False"
 
 
 # ---------------------------------------------------------------- DDP: the same as by hand
@@ -306,7 +382,7 @@ def _ddp_worker(rank, tmp):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank,
                             world_size=WORLD)
-    from host_agent.torch_hook import agent_from_env
+    from host_agent.assignment import agent_from_env
     agent = agent_from_env(f"{tmp}/job.json", rank=rank, timeout=20)
     torch.manual_seed(0)
     start = torch.cat([p.detach().reshape(-1) for p in _Net().parameters()])

@@ -21,14 +21,16 @@ import torch.multiprocessing as mp
 
 from host_agent.blocks import headroom_bits, nonzero_blocks
 from host_agent.compression import BucketLayout, ResidualMemory, _kernels, kernels, make_compressor
-from host_agent.compression.hooks import (
+from host_agent.hooks import (
     CompressionHookState,
+    HookCounters,
     gloo_compressed_hook,
+    pack_aligned,
     spina_compressed_hook,
+    unpack_aligned,
 )
 from host_agent.launch import local_job
 from host_agent.local import LocalCluster
-from host_agent.torch_hook import HookCounters, pack_aligned, unpack_aligned
 from softswitch.udp import Faults, UdpSwitch
 from spina.config import ConfigError, JobFile
 
@@ -772,7 +774,7 @@ def _ddp_worker(rank, tmp):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank,
                             world_size=WORLD)
-    from host_agent.torch_hook import agent_from_env
+    from host_agent.assignment import agent_from_env
     agent = agent_from_env(f"{tmp}/job.json", rank=rank, timeout=20)
     agent.check_blocks = True  # every hint is verified against a full scan
     report = []

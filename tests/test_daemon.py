@@ -125,7 +125,8 @@ def test_torch_hook_through_the_daemon(setup):
     """The DDP hook works with agent_from_env(daemon_socket=...) in place of an in-process agent."""
     import torch
 
-    from host_agent.torch_hook import SpinaHookState, agent_from_env, spina_allreduce_hook
+    from host_agent.assignment import agent_from_env
+    from host_agent.hooks import SpinaHookState, spina_allreduce_hook
 
     class Bucket:
         def __init__(self, t):

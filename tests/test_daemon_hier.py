@@ -115,7 +115,7 @@ def test_hosts_of_local_processes_sum_exactly_and_identically(tmp_path, L):
                 np.testing.assert_array_equal(o, want)
             assert [status(s)["calls_done"] for s in socks] == [3, 3]  # one agent call per host
             assert clients[1][0].world_size == H * L  # what a DDP hook must average by
-            from host_agent.torch_hook import SpinaHookState  # torch: only this check needs it
+            from host_agent.hooks import SpinaHookState  # torch: only this check needs it
             assert SpinaHookState(clients[1][0]).world_size == H * L  # the hooks' default
         finally:
             for row in clients:

@@ -151,11 +151,11 @@ def test_layer_priority_orders_layers_needed_first_highest():
 
 def test_ddp_buckets_map_last_bucket_to_first_layers():
     """DDP's last bucket holds the first layers: it gets layer position 0 (most urgent)."""
-    from host_agent import torch_hook
+    from host_agent.hooks import SpinaHookState
 
     class _Agent:
         job = _job()
-    state = torch_hook.SpinaHookState(_Agent())
+    state = SpinaHookState(_Agent())
     first_pass = [state.layer_of(i, i == 2) for i in range(3)]
     assert first_pass == [None, None, (0, 3)]  # count unknown until the last bucket
     assert [state.layer_of(i, i == 2) for i in range(3)] == [(2, 3), (1, 3), (0, 3)]
@@ -172,7 +172,7 @@ def test_ddp_sends_the_first_layers_bucket_first_class(tmp_path):
     import torch.distributed as dist
 
     from host_agent.agent import Agent
-    from host_agent.torch_hook import SpinaHookState, spina_allreduce_hook
+    from host_agent.hooks import SpinaHookState, spina_allreduce_hook
     from spina.net import bound_udp_socket
     headers = []
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rv", rank=0, world_size=1)
@@ -576,23 +576,23 @@ def test_daemon_config_and_overrides(tmp_path):
 def test_hook_overrides_are_validated(tmp_path):
     """agent_from_env's DLCP arguments override the job file, validated by field name; with a
     daemon they are refused (the daemon owns the agent)."""
-    from host_agent import torch_hook
+    from host_agent.assignment import agent_from_env
     from spina.net import free_port
     port = free_port()
     path = tmp_path / "job.json"
     JobFile(_job(workers=(WorkerAddr(0, "127.0.0.1", port),)), ("127.0.0.1", 47000)).write(path)
     with pytest.raises(ConfigError, match="field 'priority_policy'"):
-        torch_hook.agent_from_env(str(path), rank=0, priority_policy="soon")
+        agent_from_env(str(path), rank=0, priority_policy="soon")
     with pytest.raises(ConfigError, match="field 'bounded_loss'"):
-        torch_hook.agent_from_env(str(path), rank=0, bounded_loss=2.0)
+        agent_from_env(str(path), rank=0, bounded_loss=2.0)
     with pytest.raises(ConfigError, match="field 'loss_deadline': 'fast' is neither"):
-        torch_hook.agent_from_env(str(path), rank=0, loss_deadline="fast")
+        agent_from_env(str(path), rank=0, loss_deadline="fast")
     with pytest.raises(ConfigError, match="field 'bounded_loss'.*daemon"):
-        torch_hook.agent_from_env(str(path), rank=0, bounded_loss=0.1,
-                                  daemon_socket=str(tmp_path / "none.sock"))
-    agent = torch_hook.agent_from_env(str(path), rank=0, bounded_loss=0.1,
-                                      loss_tolerant_policy="magnitude", priority_policy="layer",
-                                      loss_deadline="auto")
+        agent_from_env(str(path), rank=0, bounded_loss=0.1,
+                       daemon_socket=str(tmp_path / "none.sock"))
+    agent = agent_from_env(str(path), rank=0, bounded_loss=0.1,
+                           loss_tolerant_policy="magnitude", priority_policy="layer",
+                           loss_deadline="auto")
     try:
         assert (agent.job.bounded_loss, agent.job.loss_tolerant_policy,
                 agent.job.priority_policy, agent.job.loss_deadline) == \

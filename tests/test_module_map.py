@@ -30,6 +30,7 @@ EXCEPTIONS = {
     ("host_agent/local.py", "softswitch"),
     ("softswitch/__main__.py", "controller"),
     ("ps/topk.py", "host_agent"),
+    ("host_agent/hooks/collective.py", "collectives"),
 }
 
 

@@ -394,8 +394,8 @@ def test_the_ddp_hook_keeps_a_residual_per_bucket_on_narrow_lanes():
     keeps none."""
     import torch
 
+    from host_agent.hooks import SpinaHookState, spina_allreduce_hook
     from host_agent.local import LocalCluster
-    from host_agent.torch_hook import SpinaHookState, spina_allreduce_hook
     gen = torch.Generator().manual_seed(3)
     with LocalCluster(2, lane_bits=8, nslots=2, nlanes=4, block_size=B) as c:
         states = [SpinaHookState(a) for a in c.agents]

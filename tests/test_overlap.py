@@ -1,4 +1,4 @@
-"""Priority overlap (host_agent/overlap.py): the priority send queue and DDP's overlap scheme.
+"""Priority overlap (host_agent/hooks/overlap.py): the priority send queue and DDP's overlap scheme.
 
 Run just these tests:  .venv/bin/python -m pytest tests/test_overlap.py
 
@@ -18,9 +18,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from host_agent.hooks import PriorityOverlap, PrioritySender, lane_span, slot_exponents
 from host_agent.launch import local_job
 from host_agent.local import LocalCluster
-from host_agent.overlap import PriorityOverlap, PrioritySender, lane_span, slot_exponents
 from softswitch.udp import UdpSwitch
 from spina.config import ConfigError, JobFile
 
@@ -216,7 +216,8 @@ def _model():
 def _ddp_worker(rank, tmp):
     """STEPS steps of plain DDP + SpINA hook + SGD, then STEPS of PriorityOverlap with the same
     data; both models' weights, and every rank's, compared bit for bit."""
-    from host_agent.torch_hook import SpinaHookState, agent_from_env, spina_allreduce_hook
+    from host_agent.assignment import agent_from_env
+    from host_agent.hooks import SpinaHookState, spina_allreduce_hook
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank,
                             world_size=WORLD)

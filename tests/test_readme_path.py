@@ -19,7 +19,8 @@ AGENTS = ROOT / "build" / "agents"  # the example file's agents_dir
 
 
 def _program(value: float) -> list[str]:
-    """The README's `for r in 0 1 2 3; do ... one_rank.py ... & done; wait`: each rank's line."""
+    """The README's `for r in 0 1 2 3; do ... one_rank.py ... & done; wait $ranks`: each
+    rank's line."""
     procs = [subprocess.Popen([sys.executable, "examples/one_rank.py",
                                str(AGENTS / f"job1-rank{r}.json"), "--value", str(value)],
                               cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -1,4 +1,5 @@
-"""The PyTorch DDP communication hook (host_agent/torch_hook.py) and the job-file launcher.
+"""The dense DDP hook (host_agent/hooks/dense.py, with hooks/common.py and hooks/layout.py),
+agent_from_env (host_agent/assignment.py) and the job-file launcher.
 
 Run just these tests:  .venv/bin/python -m pytest tests/test_torch_hook.py
 
@@ -22,16 +23,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from host_agent.agent import SpinaTimeout
+from host_agent.assignment import agent_from_env
 from host_agent.blocks import headroom_bits
+from host_agent.hooks import SpinaHookState, block_aligned_layout, spina_allreduce_hook, sum_async
 from host_agent.launch import RepeatFilter, local_job, start_subprocess
 from host_agent.local import LocalCluster
-from host_agent.torch_hook import (
-    SpinaHookState,
-    agent_from_env,
-    block_aligned_layout,
-    spina_allreduce_hook,
-    sum_async,
-)
 from softswitch.udp import UdpSwitch
 from spina.config import Assignment, ConfigError, JobFile, write_if_changed
 

@@ -22,6 +22,7 @@ import numpy as np
 
 from host_agent.compression import kernels
 from host_agent.compression.config import CompressionConfig
+from host_agent.hooks.layout import block_aligned_layout
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,6 @@ class BucketLayout:
     @classmethod
     def of(cls, params, sizes, block_size: int) -> "BucketLayout":
         """Layout of parameters packed back to back, each padded to whole blocks."""
-        from host_agent.torch_hook import block_aligned_layout
         src, dst, length = block_aligned_layout(sizes, block_size)
         return cls(tuple(params), src, dst, np.asarray(sizes, np.int64), length, block_size)
 

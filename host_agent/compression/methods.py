@@ -1,5 +1,6 @@
 """Every compression method by name: `make_compressor` builds the one a config names (the
-compressors of compressors.py, the votes of votes.py, which build on the former)."""
+compressors of compressors.py, the votes of votes.py, which build on the former; their hooks
+are host_agent.hooks')."""
 from __future__ import annotations
 
 from host_agent.compression.compressors import (

@@ -1,7 +1,7 @@
 """Sign and ternary votes: signSGD with majority vote and TernGrad, summed exactly by SpINA.
 
     comp = make_compressor(method="sign", block_size=agent.job.block_size)   # or "ternary"
-    model.register_comm_hook(VoteHookState(comp, agent), spina_vote_hook)
+    model.register_comm_hook(VoteHookState(comp, agent), spina_vote_hook)    # host_agent.hooks
 
 Each rank turns its bucket p (the fresh gradient, or with `momentum` its local momentum
 u = m u + g as in Signum; plus, with error feedback, its residual) into integers in
@@ -37,18 +37,14 @@ finite drops its residual, so a step the loss scaler skips does not poison the s
 Bytes: int32 lanes carry a vote in 4 bytes, as much as a dense float; ternary skips blocks that
 are zero at every rank. Narrow lanes (docs/bits.md) are what turns the votes into fewer bytes.
 """
-# No `from __future__ import annotations`: DDP compares the hook's annotations as objects.
-import concurrent.futures
-import time
+from __future__ import annotations
+
 from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from host_agent.compression.compressors import BucketLayout, Compressor
-from host_agent.compression.hooks import CompressionHookState, bucket_layout
-from host_agent.torch_hook import fail, hook_future, unpack_aligned
 
 EXP_MIN = -128   # ternary's one-hot bins: exponents EXP_MIN .. EXP_MIN + BINS - 1; a smaller
 BINS = 256       # max|p| takes EXP_MIN (still >= it); above 2**127 counts as not finite
@@ -137,7 +133,7 @@ class VoteCompressor(Compressor):
 
     def compress(self, layout, grad, send=None):
         raise TypeError(f"method {self.config.method!r} sends votes: register it with "
-                        "spina_vote_hook (host_agent.compression.votes), which decodes them")
+                        "spina_vote_hook (host_agent.hooks.votes), which decodes them")
 
     def prepare(self, layout: BucketLayout, grad: np.ndarray) -> tuple[Ballot, np.ndarray]:
         cfg = self.config
@@ -255,81 +251,4 @@ def _add_pieces(layout: BucketLayout, aligned: np.ndarray, bucket: np.ndarray,
             torch.add(b[s:s + k], a[d:d + k], alpha=scale, out=a[d:d + k])
 
 
-class VoteHookState(CompressionHookState):
-    """State of `spina_vote_hook`: a `CompressionHookState` plus the hook's own thread.
-
-    Args: as `CompressionHookState` (the agent is required). blocks_sent counts the blocks
-    of votes that were not all zero; bytes_sent, resends, seconds and `rounds` (switch rounds)
-    add up both calls.
-    """
-
-    COUNTERS = CompressionHookState.COUNTERS + ("rounds",)
-    __slots__ = ("executor", "rounds")
-
-    def __init__(self, compressor: VoteCompressor, agent, world_size: int | None = None):
-        if not isinstance(compressor, VoteCompressor):
-            raise TypeError("spina_vote_hook needs method 'sign' or 'ternary', got "
-                            f"{compressor.config.method!r}")
-        super().__init__(compressor, agent, world_size)  # refuses another block size
-        compressor.rank = agent.rank
-        self.executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="spina-vote")
-
-    def close(self) -> None:
-        self.executor.shutdown(wait=True)
-
-
-def spina_vote_hook(state: VoteHookState,
-                    bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """Vote on a DDP gradient bucket through the SpINA switch (sign or ternary).
-
-    Args:
-        state: a `VoteHookState` with this rank's agent and a `SignVote` or `TernGrad`.
-        bucket: DDP's GradBucket.
-
-    Returns:
-        A future of the decoded bucket (same dtype and length), bit-identical at every rank.
-
-    Example (with `agent`, e.g. from `host_agent.torch_hook.agent_from_env()`):
-        >>> comp = make_compressor(method="sign", block_size=agent.job.block_size)  # doctest: +SKIP
-        >>> model.register_comm_hook(VoteHookState(comp, agent), spina_vote_hook)  # doctest: +SKIP
-    """
-    t0 = time.perf_counter()
-    comp, agent, world = state.compressor, state.agent, state.world_size
-    buf = bucket.buffer()
-    layout = bucket_layout(bucket, comp.block_size)
-    data = buf.detach().reshape(-1).to(torch.float32).numpy()
-    ballot, message = comp.prepare(layout, data)  # reads the bucket now: DDP may reuse it
-    if not hasattr(bucket, "is_last") or bucket.is_last():
-        comp.end_step()
-    state.add(compress_seconds=time.perf_counter() - t0)
-    result, out = hook_future()
-
-    def run():
-        try:
-            summed = agent.allreduce(message, inplace=True)
-            s1 = agent.last_stats
-            t1 = time.perf_counter()
-            scale = comp.agreed_scale(ballot, summed, world)
-            votes = comp.encode(ballot, scale)
-            t2 = time.perf_counter()
-            total = agent.allreduce(votes, inplace=True)
-            s2 = agent.last_stats
-            t3 = time.perf_counter()
-            res = unpack_aligned(comp.decode(ballot, total, scale, world), layout.src,
-                                 layout.dst, buf)
-            state.count_call(s2, buf.numel())  # the votes' call, as the dense state counts
-            state.add(compress_seconds=(t2 - t1) + (time.perf_counter() - t3),
-                      seconds=s1.seconds, bytes_sent=s1.bytes_sent,
-                      payload_bytes_sent=s1.payload_bytes_sent, resends=s1.resends,
-                      rounds=s1.rounds + s2.rounds, blocks_total=layout.nblocks,
-                      blocks_sent=s2.nonzero_blocks)
-            result.set_result(res)
-        except Exception as e:  # surfaces in DDP's backward on this rank
-            fail(result, e)
-
-    state.executor.submit(run)
-    return out
-
-
-__all__ = ["Ballot", "SignVote", "TernGrad", "VoteCompressor", "VoteHookState", "spina_vote_hook",
-           "onehot_message", "onehot_scale"]
+__all__ = ["Ballot", "SignVote", "TernGrad", "VoteCompressor", "onehot_message", "onehot_scale"]

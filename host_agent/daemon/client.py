@@ -53,7 +53,7 @@ class DaemonClient:
         self.job = JobFile.from_dict(reply["job"]).job
         self.rank = rank
         # the processes a sum is over: the job's ranks are hosts (the DDP hooks average by it:
-        # torch_hook.processes_summed)
+        # hooks.common.processes_summed)
         self.world_size = self.job.nworkers * (local_size or 1)
         self.last_stats = CallStats()
         self._shm: shared_memory.SharedMemory | None = None

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from host_agent.blocks import exponent_of_bits, rescale_nonfinite, scan_float_blocks
+from host_agent.hooks.layout import block_aligned_layout
 from spina import wire
 from spina.config import ConfigError
 
@@ -288,7 +289,7 @@ class PriorityOverlap:
             gradient and state only (SGD, Adam, ...; not LAMB's or LARS's whole-model norms
             across parameters) steps exactly as one optimiser over all parameters.
         chunk_elements, order: the `PrioritySender`'s.
-        world_size: divisor for averaging; default torch_hook.processes_summed(agent).
+        world_size: divisor for averaging; default hooks.common.processes_summed(agent).
         trace: record the sender's calls (`sender.events`) and this side's waits and
             optimiser steps (`events`: TraceEvent kind "wait" or "step", key = bucket).
 
@@ -296,10 +297,13 @@ class PriorityOverlap:
         ConfigError: naming the field (the sender's, or `optimizer_class` not a class).
     """
 
+    __slots__ = ("sender", "block_size", "world_size", "optimizers", "_pending", "events",
+                 "wait_seconds", "_handles")
+
     def __init__(self, model, agent, optimizer_class, chunk_elements: int = DEFAULT_CHUNK,
                  order: str = "priority", world_size: int | None = None, trace: bool = False,
                  **optimizer_kwargs):
-        from host_agent.torch_hook import processes_summed
+        from host_agent.hooks.common import processes_summed  # torch: the DDP side only
         if not isinstance(optimizer_class, type):
             raise ConfigError(f"field 'optimizer_class': need an optimiser class such as "
                               f"torch.optim.SGD, got {optimizer_class!r}")
@@ -318,7 +322,7 @@ class PriorityOverlap:
 
     def hand_over(self, bucket) -> None:
         """The comm hook's work: copy the bucket's gradients out and queue their sum."""
-        from host_agent.torch_hook import block_aligned_layout, pack_aligned
+        from host_agent.hooks.common import pack_aligned
         params = list(bucket.parameters())
         for p in params:  # a parameter still waiting from the step before (its module never ran)
             if p in self._pending:
@@ -341,7 +345,7 @@ class PriorityOverlap:
 
     def _apply(self, b: _Bucket) -> None:
         """Wait for bucket `b`'s sum, average it into its parameters' gradients, step them."""
-        from host_agent.torch_hook import unpack_aligned
+        from host_agent.hooks.common import unpack_aligned
         t0 = time.perf_counter()
         res = b.future.result()
         t1 = time.perf_counter()
@@ -376,7 +380,16 @@ class PriorityOverlap:
 def overlap_hook(state, bucket):
     """DDP comm hook of `PriorityOverlap` (registered by it): queue the bucket's sum and
     give DDP its own bucket back at once; the averaged gradients are applied later, in the
-    forward pre-hooks. Unannotated: DDP checks annotations only when present."""
+    forward pre-hooks. Unannotated (DDP checks annotations only when present), so that this
+    module imports no torch until a DDP model uses it.
+
+    Args:
+        state: the `PriorityOverlap`.
+        bucket: DDP's `torch.distributed.GradBucket`.
+
+    Returns:
+        A completed `torch.futures.Future` of `bucket.buffer()` itself, unchanged.
+    """
     import torch
     state.hand_over(bucket)
     fut = torch.futures.Future()

@@ -1,4 +1,4 @@
-"""DDP communication hooks that compress each gradient bucket, then sum it by SpINA or gloo.
+"""The compressed hooks: each gradient bucket compressed, then summed by SpINA or gloo.
 
     agent = agent_from_env()
     compressor = make_compressor(method="topk", ratio=0.01, momentum=0.9,
@@ -26,14 +26,14 @@ import torch.distributed as dist
 from host_agent.agent import Agent
 from host_agent.compression import kernels
 from host_agent.compression.compressors import BucketLayout, Compressor, Selection
-from host_agent.torch_hook import (
+from host_agent.hooks.common import (
     HookCounters,
-    _segment_sizes,
     fail,
     hook_future,
     processes_summed,
     unpack_aligned,
 )
+from host_agent.hooks.layout import segment_sizes
 from spina.config import ConfigError
 
 
@@ -57,7 +57,7 @@ class CompressionHookState(HookCounters):
 
     Attributes (summed over buckets since construction or `reset_stats()`, under a lock: the
     gloo control's buckets finish on several threads at once): the counters of
-    `host_agent.torch_hook.HookCounters` (calls, elements, bytes_sent, resends, seconds, ...:
+    `host_agent.hooks.common.HookCounters` (calls, elements, bytes_sent, resends, seconds, ...:
     for SpINA the agent's CallStats, as the dense hook's state; for gloo, bytes_sent is a
     ring all-gather's (N-1) x the packed indices and values and seconds the time from the
     collective's start to its end), and:
@@ -128,7 +128,7 @@ def check_single_momentum(compressor: Compressor, optimizer) -> None:
 
 def bucket_layout(bucket, block_size: int) -> BucketLayout:
     """The bucket's block-aligned layout, parameters named by id() (every compressed hook's)."""
-    sizes = _segment_sizes(bucket, bucket.buffer().numel())
+    sizes = segment_sizes(bucket, bucket.buffer().numel())
     try:
         params = tuple(id(p) for p in bucket.parameters())
     except AttributeError:
@@ -175,7 +175,7 @@ def spina_compressed_hook(state: CompressionHookState,
         torch's allreduce hook; the compressor has read the gradient by then), written by
         kernels.unpack, which also clears the state's send array for the next step.
 
-    Example (with `agent`, e.g. from `host_agent.torch_hook.agent_from_env()`):
+    Example (with `agent`, e.g. from `host_agent.assignment.agent_from_env()`):
         >>> comp = make_compressor(method="topk", ratio=0.01,
         ...                        block_size=agent.job.block_size)  # doctest: +SKIP
         >>> model.register_comm_hook(CompressionHookState(comp, agent),
@@ -216,7 +216,12 @@ def gloo_compressed_hook(state: CompressionHookState,
     All ranks send the same number of blocks (a ratio agreed through the config and, for
     LossComp, the averaged loss). Dense ("none") buckets go through all_reduce.
 
-    Args / Returns: as `spina_compressed_hook` (no agent needed).
+    Args:
+        state: a `CompressionHookState` (no agent needed: the process group's).
+        bucket: DDP's GradBucket.
+
+    Returns:
+        A future of the averaged bucket (same dtype and length), as `spina_compressed_hook`'s.
     """
     buf = bucket.buffer()
     layout, sel, _ = _compress_bucket(state, bucket)
@@ -251,5 +256,5 @@ def gloo_compressed_hook(state: CompressionHookState,
     return fut.then(finish)
 
 
-__all__ = ["CompressionHookState", "check_single_momentum", "spina_compressed_hook",
-           "gloo_compressed_hook"]
+__all__ = ["CompressionHookState", "check_single_momentum", "bucket_layout",
+           "spina_compressed_hook", "gloo_compressed_hook"]

@@ -1,6 +1,6 @@
-"""DDP communication hook: gradient buckets averaged by one of collectives.ALGORITHMS.
+"""The host collectives' hook: gradient buckets averaged by one of collectives.ALGORITHMS.
 
-    from collectives.hooks import CollectiveHookState, collective_allreduce_hook
+    from host_agent.hooks import CollectiveHookState, collective_allreduce_hook
     model.register_comm_hook(CollectiveHookState("2d-ring", groups=4),
                              collective_allreduce_hook)
 
@@ -9,6 +9,11 @@ by the world size (DDP's default divides first; dividing the sum once rounds onc
 rank applies the same float operations to bit-identical sums, so gradients stay
 bit-identical across ranks). It runs inside the hook, before DDP's next bucket: no overlap
 with the backward pass yet (issue 31 item 4 is to bring priority overlap).
+
+Why here and not in collectives/: every DDP hook lives in host_agent.hooks, named by one
+registry (`HOOKS`); collectives/ keeps the algorithms and their transport over
+torch.distributed and imports no host_agent. This module's import of collectives is the one
+place the two meet (docs/architecture.md, the module map's exceptions).
 """
 # No `from __future__ import annotations`: DDP.register_comm_hook compares the hook's
 # annotations with dist.GradBucket and torch.futures.Future[torch.Tensor] as objects.
@@ -69,3 +74,6 @@ def collective_allreduce_hook(state: CollectiveHookState,
     fut = torch.futures.Future()
     fut.set_result(buf)
     return fut
+
+
+__all__ = ["CollectiveHookState", "collective_allreduce_hook"]

@@ -27,7 +27,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from host_agent.torch_hook import _segment_sizes, block_aligned_layout, processes_summed, sum_async
+from host_agent.hooks.common import processes_summed, sum_async
+from host_agent.hooks.layout import block_aligned_layout, segment_sizes
 from spina.communication import LocalSGDConfig
 
 
@@ -90,11 +91,17 @@ def spina_local_sgd_hook(state: LocalSGDState,
     """DDP hook of (post-)local SGD: the bucket averaged through SpINA while synchronous,
     this rank's own gradient untouched after (no communication at all).
 
-    Args / Returns: as `host_agent.torch_hook.spina_allreduce_hook`, with a `LocalSGDState`.
+    Args:
+        state: the `LocalSGDState` the `LocalSGDOptimizer` steps.
+        bucket: DDP's `torch.distributed.GradBucket`.
+
+    Returns:
+        A `torch.futures.Future` of the bucket: averaged over the ranks (as
+        `spina_allreduce_hook`'s) while `state.synchronous`, else this rank's own, at once.
     """
     buf = bucket.buffer()
     if state.synchronous:
-        return sum_async(state.agent, buf, _segment_sizes(bucket, buf.numel()),
+        return sum_async(state.agent, buf, segment_sizes(bucket, buf.numel()),
                          divide_by=state.world_size, on_done=state._count_sync)
     fut = torch.futures.Future()
     fut.set_result(buf)
