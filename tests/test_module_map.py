@@ -168,12 +168,6 @@ def test_checker_catches_a_circle():
     assert circles(module_imports(modules)) == []
 
 
-# Private imports left to another change, which removes them with their files: the DDP hooks
-# package (issue 42 item 3) makes segment_sizes public.
-PRIVATE_IMPORTS_LEFT = {("host_agent/local_sgd.py", "host_agent.torch_hook._segment_sizes"),
-                        ("host_agent/compression/hooks.py", "host_agent.torch_hook._segment_sizes")}
-
-
 def private_imports(rel: str, source: str, modules: set[str]) -> list[str]:
     """`from X import _name` in `source` (the file `rel`) where `_name` is a private name of
     another module of ours, not a module itself (a compiled extension such as host_agent._core is a
@@ -184,8 +178,7 @@ def private_imports(rel: str, source: str, modules: set[str]) -> list[str]:
             for a in node.names:
                 full = f"{node.module}.{a.name}"
                 if a.name.startswith("_") and not a.name.startswith("__") \
-                        and node.module.split(".")[0] in OURS and full not in modules \
-                        and (rel, full) not in PRIVATE_IMPORTS_LEFT:
+                        and node.module.split(".")[0] in OURS and full not in modules:
                     out.append(f"{rel}:{node.lineno}: imports {node.module}'s private {a.name}")
     return out
 
