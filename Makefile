@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup core demo lint test soak bench bench-quick bench-l2 bench-net bench-dlcp bench-collectives bench-allgather bench-hier-gather bench-train bench-overlap profile clean help p4 p4-check tofino testbed deploy serve dissector
+.PHONY: setup core demo lint check test soak bench bench-quick bench-l2 bench-net bench-dlcp bench-collectives bench-allgather bench-hier-gather bench-train bench-overlap profile clean help p4 p4-check tofino testbed deploy serve dissector
 
 help:  ## list targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -30,8 +30,13 @@ demo: $(STAMP)  ## the main job: software switch + 4 workers, sparse all-reduce 
 lint: $(STAMP)  ## ruff check, as configured in pyproject.toml [tool.ruff]
 	$(PY) -m ruff check .
 
-PYTEST_ARGS ?= --durations=25  # the slowest tests named in every run: the suite has a 30 min budget
-test: $(STAMP) lint  ## ruff, then the whole test suite
+# Tiers (conftest.py gives every test one): unit, processes, netns (root), p4 (p4c/BMv2/bf-p4c), soak.
+PYTEST_ARGS ?= --durations=25  # the slowest tests named in every run: the suite has a 25 min budget
+CHECK_TIERS ?= unit or processes
+check: $(STAMP) lint  ## ruff, then the fast tiers (unit, processes): the edit-test loop
+	$(PY) -m pytest -m "$(CHECK_TIERS)" $(PYTEST_ARGS)
+
+test: $(STAMP) lint  ## ruff, then every tier: unit, processes, netns (root), p4, the soak (CI runs this)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 soak: $(STAMP)  ## longer soak: 5000 all-reduces of 1M elements at 5% loss (SOAK_CALLS=N)
@@ -103,35 +108,37 @@ deploy: $(STAMP)  ## push pipeline and jobs: TARGET=softswitch|bmv2|tofino|tofin
 serve: $(STAMP)  ## deploy, then give every run of a job its own epoch until Ctrl-C: TARGET=softswitch|bmv2|tofino|tofino_bfrt
 	$(PY) -m controller -c $(DEPLOY) serve
 
-bench: $(STAMP)  ## SpINA vs gloo, paired, in place (8 min here): bench/out/{results.csv,summary.md,*.png}
-	$(PY) -m bench.allreduce_bench $(BENCH_ARGS)
+# Every bench is `python -m bench WHAT` (bench/README.md: the options and columns are the same
+# for every WHAT); results in bench/results/<name>/ (CSV, plot, summary.md, command.txt).
+bench: $(STAMP)  ## SpINA vs the floor and gloo all-reduce on loopback, 4 ranks, 1-64 MiB, 4 densities: bench/results/all_reduce_loopback/sizes/
+	$(PY) -m bench all_reduce -b 1M -e 64M -f 4 -d 1,0.1,0.01,0.001 -g 4 -m spina,spina_blocks,floor,gloo_allreduce,gloo_allgather --name all_reduce_loopback/sizes $(BENCH_ARGS)
 
-bench-quick: $(STAMP)  ## the density sweep of `make bench`, SpINA vs the floor and gloo all_reduce (2 min)
-	$(PY) -m bench.allreduce_bench --quick $(BENCH_ARGS)
+bench-quick: $(STAMP)  ## 4 ranks x 25M elements (100 MB) at 4 densities, SpINA vs the floor and gloo all_reduce: bench/results/all_reduce_loopback/quick/
+	$(PY) -m bench all_reduce -b 100000000 -e 100000000 -d 1,0.1,0.01,0.001 -g 4 --name all_reduce_loopback/quick $(BENCH_ARGS)
 
 bench-l2: $(STAMP)  ## (root) L2-mode switch: lossless INA frame rate of 4 namespaced workers
 	$(PY) -m bench.l2_rate $(BENCH_ARGS)
 
-bench-net: $(STAMP)  ## network-bound regime (root; 3-10 min here): namespaces, tbf links, SpINA vs gloo: bench/out/net/
-	$(PY) -m bench.net_bench $(NET_BENCH_ARGS)
+bench-net: $(STAMP)  ## (root) all-reduce over rate-limited links (star4.yaml at 1 and 10 Gbit/s): bench/results/all_reduce_net/star4/
+	$(PY) -m bench all_reduce -t bench/topologies/star4.yaml --rates 1gbit,10gbit -b 1M -e 64M -f 8 -d 1,0.01 --name all_reduce_net/star4 $(NET_BENCH_ARGS)
 
-bench-dlcp: $(STAMP)  ## (root; 3 min here) DLCP step time under a congested queue: exact vs 1%/10% bounds, priorities, gloo: bench/out/dlcp/
-	$(PY) -m bench.dlcp_bench $(DLCP_BENCH_ARGS)
+bench-dlcp: $(STAMP)  ## (root; 3 min here) DLCP step time under a congested queue: exact vs 1%/10% bounds, priorities, gloo: bench/results/dlcp_congestion/default/
+	$(PY) -m bench dlcp --name dlcp_congestion/default $(DLCP_BENCH_ARGS)
 
-bench-collectives: $(STAMP)  ## (root; ~10 min here) collectives measured vs the planner's predictions on namespace topologies: bench/out/collectives/
-	$(PY) -m bench.collectives_bench $(COLLECTIVES_BENCH_ARGS)
+bench-collectives: $(STAMP)  ## (root; ~10 min here) the planner checked: every all-reduce algorithm measured vs predicted on four topology files: bench/results/collectives_planner/<file>/
+	for t in package4 two_groups torus2x2 star4; do $(PY) -m bench plan -t bench/topologies/$$t.yaml --name collectives_planner/$$t $(COLLECTIVES_BENCH_ARGS) || exit 1; done
 
-bench-allgather: $(STAMP)  ## (root; 2 min here) all-gather through the switch vs gloo's all_gather over 1 and 10 Gbit/s links: bench/out/allgather/
-	$(PY) -m bench.allgather_bench --rates 1gbit,10gbit --sizes 64KiB,1MiB,8MiB,32MiB $(ALLGATHER_BENCH_ARGS)
+bench-allgather: $(STAMP)  ## (root) all-gather through the switch vs gloo's all_gather on star4.yaml at 1 and 10 Gbit/s: bench/results/all_gather_net/star4/
+	$(PY) -m bench all_gather -t bench/topologies/star4.yaml --rates 1gbit,10gbit -b 256K -e 128M -f 8 --name all_gather_net/star4 $(ALLGATHER_BENCH_ARGS)
 
-bench-hier-gather: $(STAMP)  ## (root; 1 min here) hierarchical all-gather vs the flat switch all-gather, 2-D, ring and gloo on two groups under a switch: bench/out/hier_gather/
-	$(PY) -m bench.hier_gather_bench $(HIER_GATHER_BENCH_ARGS)
+bench-hier-gather: $(STAMP)  ## (root; 1 min here) hierarchical all-gather vs the flat switch all-gather, 2-D, ring and gloo on two groups under a switch: bench/results/hier_gather/two_groups_switch/
+	$(PY) -m bench hier_gather --name hier_gather/two_groups_switch $(HIER_GATHER_BENCH_ARGS)
 
-bench-train: $(STAMP)  ## (root; 4-7 min here) DDP training over 1 and 10 Gbit/s links: gloo vs SpINA dense vs top-k, step time and time to accuracy: bench/out/train/
-	$(PY) -m bench.train_bench $(TRAIN_BENCH_ARGS)
+bench-train: $(STAMP)  ## (root; 4-7 min here) DDP training over star4.yaml at 1 and 10 Gbit/s: gloo vs SpINA dense vs top-k, step time and time to accuracy: bench/results/training_net/star4/
+	$(PY) -m bench training -t bench/topologies/star4.yaml --rates 1gbit,10gbit --name training_net/star4 $(TRAIN_BENCH_ARGS)
 
-bench-overlap: $(STAMP)  ## (root; 3 min here) priority overlap vs DDP's default order over 1 Gbit/s links, with a timeline: bench/out/overlap/
-	$(PY) -m bench.overlap_bench $(OVERLAP_BENCH_ARGS)
+bench-overlap: $(STAMP)  ## (root; 3 min here) priority overlap vs DDP's default order over star4.yaml at 1 Gbit/s, with a timeline: bench/results/overlap/star4/
+	$(PY) -m bench overlap --name overlap/star4 $(OVERLAP_BENCH_ARGS)
 
 profile: $(STAMP)  ## cProfile + memory of agent and software switch at the base point: bench/out/profile/
 	$(PY) -m bench.profile $(PROFILE_ARGS)

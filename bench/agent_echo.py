@@ -91,7 +91,7 @@ def main(argv=None) -> int:
     sw = ctx.Process(target=echo_switch, args=(q,), daemon=True)
     sw.start()
     port = q.get(timeout=30)
-    B, k, W = 256, 56, 16  # the benchmark's base point (bench/allreduce_bench.py)
+    B, k, W = 256, 56, 16  # the all-reduce benchmark's base point (block 256, 56 lanes, 16 slots)
     rng = np.random.default_rng(0)
     report = {"load_before": open("/proc/loadavg").read().split()[:3]}
     for d in densities:

@@ -2,7 +2,8 @@
 rate-limited links between network namespaces.
 
     python -m bench.hier_bench [--hosts 4] [--local 4] [--elements N] [--calls C]
-    python -m bench.hier_bench --netns --rate 1gbit [--mtu 9000] [--tag T]   # as root
+    python -m bench.hier_bench --topology bench/topologies/star4.yaml [--rate 1gbit] [--tag T]
+                                                                      # as root
     ... [--nslots 16] [--modes flat,hier]   # each agent's window; one mode alone
 
 H "hosts" are H daemon processes (`python -m host_agent daemon`, each its own socket), each
@@ -11,15 +12,16 @@ of its own, bench.procs.switch_main, one per mode). `flat`: every process is its
 an H*L-rank job (today's mode); `hier`: the L processes of a host are local ranks of one rank
 of an H-rank job (host_agent/daemon/hier.py). Both sum the same dense float32 tensors.
 
-On loopback every process is in this namespace. With --netns each host is a namespace of
-bench/net_topo.py's Star, its one veth to the switch namespace limited by tbf to --rate in
-both directions; the host's daemon and its L training processes run in its namespace (the
-daemon's unix socket is on the shared filesystem), the job's worker addresses are the hosts'
-namespace addresses, and the switch runs in the switch namespace. Everything is removed on
-exit, also on errors.
+On loopback every process is in this namespace. With --topology (a star file: one aggregating
+switch, a link per host; its hosts are the H hosts) each host is a namespace of the file built
+by bench/net_topo.py's Graph, its one veth to the switch namespace limited by tbf to the
+file's rate (or --rate) in both directions; the host's daemon and its L training processes
+run in its namespace (the daemon's unix socket is on the shared filesystem), the job's worker
+addresses are the hosts' namespace addresses, and the switch runs in the switch namespace.
+Everything is removed on exit, also on errors.
 
 Printed per mode: the switch's datagrams and bytes in+out per call (exact counts), the bytes
-each host's agents put on and took off its link per call (exact UDP payload; with --netns also
+each host's agents put on and took off its link per call (exact UDP payload; with --topology also
 the veth's own tx+rx bytes, headers and IP fragments included, and the tbf and kernel UDP
 drops), and the median call time of the calls after the first (wall clock: the load average
 is printed too). docs/collectives.md shows runs.
@@ -39,7 +41,14 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.net_topo import SWITCH_IP, Star, dev_bytes, kernel_losses_total, parse_rate, tbf_params
+from bench.net_topo import (
+    Graph,
+    dev_bytes,
+    kernel_losses_total,
+    parse_rate,
+    star_of,
+    tbf_params,
+)
 from bench.paired import stop_all
 from bench.procs import switch_main
 from host_agent.launch import local_job
@@ -70,14 +79,19 @@ WORKER_PORT = 50000  # the namespaces are new: rank r's agent binds WORKER_PORT 
 
 
 class Hosts:
-    """Where the H hosts and the switch live: this namespace (`star` None, loopback) or a
-    namespace of `star` each (its host namespaces' addresses, the switch on SWITCH_IP)."""
+    """Where the H hosts and the switch live: this namespace (`graph` None, loopback) or a
+    namespace each of the star `graph` (its hosts' addresses, the switch at the aggregating
+    switch's)."""
 
-    def __init__(self, H: int, star: Star | None = None):
-        self.H, self.star = H, star
-        self.ns = [star.worker_ns(h) if star else None for h in range(H)]
-        self.switch_ns = star.switch_ns if star else None
-        self.switch_ip = SWITCH_IP if star else "127.0.0.1"
+    def __init__(self, H: int, graph: Graph | None = None):
+        self.H, self.star = H, graph
+        if graph is None:
+            self.ns, self.switch_ns, self.switch_ip, self.ips = [None] * H, None, "127.0.0.1", []
+            return
+        sw, hosts = star_of(graph.topo)
+        self.ns = [graph.ns(h) for h in hosts]
+        self.switch_ns, self.switch_ip = graph.ns(sw), graph.node_ip(sw)
+        self.ips = [graph.host_ip(h) for h in hosts]
 
     def job(self, ranks: int, job: int, nslots: int) -> JobConfig:
         """The job of `ranks` ranks (H: a rank per host; H*L: L consecutive ranks a host),
@@ -86,7 +100,7 @@ class Hosts:
             return local_job(ranks, job=job, nslots=nslots)
         per = ranks // self.H
         return JobConfig(job=job, nslots=nslots, workers=tuple(
-            WorkerAddr(r, self.star.worker_ip(r // per), WORKER_PORT + r)
+            WorkerAddr(r, self.ips[r // per], WORKER_PORT + r)
             for r in range(ranks))).validate()
 
     def link_bytes(self, pids: list[int]) -> list[int]:
@@ -247,12 +261,13 @@ def main(argv=None) -> int:
                     help="the jobs' slots: each agent's window of rounds in flight")
     ap.add_argument("--timeout", type=float, default=300,
                     help="seconds a mode's training processes may take in all")
-    ap.add_argument("--netns", action="store_true",
-                    help="hosts in network namespaces with rate-limited links (root)")
-    ap.add_argument("--rate", type=_rate, default="1gbit",
-                    help="with --netns: each link's rate (tc units)")
-    ap.add_argument("--mtu", type=int, default=9000, help="with --netns: the links' MTU")
-    ap.add_argument("--tag", default=None, help="with --netns: prefix of the namespace names")
+    ap.add_argument("--topology", default=None,
+                    help="a star topology file: its hosts in network namespaces with its "
+                    "rate-limited links (root; --hosts is then its hosts)")
+    ap.add_argument("--rate", type=_rate, default=None,
+                    help="with --topology: each link's rate instead of the file's (tc units)")
+    ap.add_argument("--tag", default=None,
+                    help="with --topology: prefix of the namespace names")
     ap.add_argument("--modes", type=lambda v: v.split(","), default=["flat", "hier"],
                     help="flat,hier (default), or one of them")
     args = ap.parse_args(argv)
@@ -264,17 +279,28 @@ def main(argv=None) -> int:
             ap.error(f"--{name}: too small: {getattr(args, name)}")
     load0 = os.getloadavg()
     where = "loopback"
-    if args.netns:
+    if args.topology:
+        from collectives.topology import TopologyError, load
+        try:
+            topo = load(args.topology)
+        except TopologyError as e:
+            ap.error(f"argument --topology: {cli.one_line(e)}")
+        star = star_of(topo)
+        if isinstance(star, str):
+            ap.error(f"argument --topology: {args.topology}: {star}")
         why = netns.why_no_namespaces()
         if why:
-            print(f"--netns: {why}", file=sys.stderr)
+            print(f"--topology: {why}", file=sys.stderr)
             return 2
-        tbf = tbf_params(args.rate, args.mtu)
-        with Star(args.hosts, args.tag or netns.unique_tag("hb"), args.mtu) as star:
-            star.set_rate(args.rate)
-            rows = measure(args, Hosts(args.hosts, star))
-        where = (f"namespaces, {args.rate} links (tbf both ways, burst {tbf['burst']} B, "
-                 f"queue {tbf['latency_ms']} ms), MTU {args.mtu}")
+        args.hosts = len(star[1])
+        with Graph(topo, args.tag or netns.unique_tag("hb"), queue_ms=20) as g:
+            if args.rate:
+                g.set_rate(args.rate)
+            rate = g.file_rate()
+            rows = measure(args, Hosts(args.hosts, g))
+        tbf = tbf_params(rate, topo.mtu)
+        where = (f"namespaces of {args.topology}, {rate} links (tbf both ways, burst at least "
+                 f"{tbf['burst']} B, queue 20 ms), MTU {topo.mtu}")
     else:
         rows = measure(args, Hosts(args.hosts))
     load1 = os.getloadavg()
@@ -282,7 +308,7 @@ def main(argv=None) -> int:
           f"elements (dense), {args.calls} calls, {args.nslots} slots a job, rto {args.rto} s; "
           f"load average "
           f"{load0[0]:.2f} at start, {load1[0]:.2f} at end, {os.cpu_count()} cores")
-    veth = args.netns
+    veth = bool(args.topology)
     print("| mode | switch datagrams/call | switch bytes/call | agents' bytes on each host's "
           "link/call " + ("| veth bytes of each host/call | tbf / UDP drops (all calls) " if veth
                         else "")

@@ -1,36 +1,24 @@
-"""A star of network namespaces with rate-limited links: the fabric of bench/net_bench.py.
+"""A topology file (collectives/topology.py) in network namespaces: `Graph`, the one builder of
+the benchmarks' routed networks (every WHAT of the harness given -t, and hier_bench).
 
-```
-  ns <tag>-w0: eth0 10.200.0.2/24 ──veth── s0 10.200.0.1/24 ┐
-  ns <tag>-w1: eth0 10.200.1.2/24 ──veth── s1 10.200.1.1/24 ├ ns <tag>-sw: IPv4 router
-  ...                                                       │  + SpINA's UdpSwitch on
-  ns <tag>-w<n-1>: eth0 10.200.<n-1>.2/24 ──veth── s<n-1>  ┘    10.200.255.1 (on lo)
-```
+A namespace per host and per switch, a veth per link with tbf at both ends (full-duplex: each
+direction limited, as a real port), addresses per link, and the topology's own routes in every
+namespace (Topology.next_hop: the packets take exactly the paths the planner prices). The
+aggregating switch's namespace holds SpINA's software switch (on its first link's address) and
+forwards IPv4 for gloo's TCP, so both methods cross the same links. Both veth ends are created
+directly inside their namespaces, so nothing is added to the root namespace; deleting the
+namespaces removes the links and qdiscs with them. A link's `latency` is priced by the planner
+but not emulated here (this kernel has no netem); loss is (`Graph.set_loss`: iptables).
 
-Every worker has its own namespace and one link to the switch namespace, which routes
-between the workers' /24 subnets (kernel forwarding: the path of gloo's TCP ring) and holds
-SpINA's software switch on an address of its own (the path of SpINA's datagrams). Both
-methods therefore cross the same links. Each link is limited in BOTH directions by a tbf
-qdisc: on the worker's eth0 (worker -> switch) and on the switch side s<r> (switch ->
-worker), as a full-duplex port of a real top-of-rack switch.
-
-Both veth ends are created directly inside their namespaces, so nothing is added to the
-root namespace; deleting the namespaces removes the links and qdiscs with them.
-
-`Graph` builds any collectives topology (collectives/topology.py) the same way: a namespace
-per host and per switch, a veth per link with tbf at both ends, and the topology's own routes
-(bench/collectives_bench.py measures the collectives on it).
-
-Run as root. `Star` and `Graph` are context managers: everything they made is removed on exit,
-also when the body raises (spina.netns.Network; every primitive they use is spina/netns.py's).
+Run as root. `Graph` is a context manager: everything it made is removed on exit, also when the
+body raises (spina.netns.Network; every primitive it uses is spina/netns.py's).
 """
 from __future__ import annotations
 
 from collectives.topology import Topology, parse_rate  # the one parser of tc's rate units
 from spina import netns
 
-SWITCH_IP = "10.200.255.1"
-WORKER_IF = "eth0"
+WORKER_IF = "eth0"  # a host's first link (Graph.ifname): where dev_bytes counts
 
 
 def tbf_params(rate: str, mtu: int) -> dict:
@@ -84,86 +72,25 @@ def kernel_losses_total(pids) -> dict:
     return out
 
 
-class _Namespaces(netns.Network):
-    """What Star and Graph share: a `with` block enters by create() (which removes all it
-    made if it fails) and leaves by close()."""
-
-    def create(self):
-        raise NotImplementedError
-
-    def __enter__(self):
-        return self.create()
-
-
-class Star(_Namespaces):
-    """n worker namespaces around one switch namespace; see the module docstring.
-
-    Args:
-        n: workers.
-        tag: prefix of the namespace names (unique per run; tests look for leftovers by it).
-        mtu: MTU of every link (bench/README.md says why 9000 by default).
-    """
-
-    def __init__(self, n: int, tag: str, mtu: int = 9000):
-        if not 1 <= n <= 250:
-            raise ValueError(f"workers: need 1..250, got {n}")
-        super().__init__()
-        self.n, self.tag, self.mtu = n, tag, mtu
-        self.switch_ns = f"{tag}-sw"
-        self.rate: str | None = None
-
-    def worker_ns(self, r: int) -> str:
-        return f"{self.tag}-w{r}"
-
-    @staticmethod
-    def worker_ip(r: int) -> str:
-        return f"10.200.{r}.2"
-
-    def switch_if(self, r: int) -> str:
-        return f"s{r}"
-
-    def endpoints(self):
-        """(namespace, interface) of both ends of every link: the tbf'd egress points."""
-        for r in range(self.n):
-            yield self.worker_ns(r), WORKER_IF
-            yield self.switch_ns, self.switch_if(r)
-
-    # ------------------------------------------------------------------ build / remove
-    def create(self) -> "Star":
-        with self.building():
-            sw = self.namespace(self.switch_ns)
-            netns.add_addr("lo", f"{SWITCH_IP}/32", sw)
-            netns.sysctl(sw, "net.ipv4.ip_forward=1")
-            for r in range(self.n):
-                ns, sif = self.namespace(self.worker_ns(r)), self.switch_if(r)
-                self.veth(sif, WORKER_IF, a_ns=sw, b_ns=ns)
-                for where, ifc, addr in ((sw, sif, f"10.200.{r}.1/24"),
-                                         (ns, WORKER_IF, f"{self.worker_ip(r)}/24")):
-                    netns.set_link(ifc, where, mtu=self.mtu)
-                    netns.add_addr(ifc, addr, where)
-                netns.add_route("default", ns, via=f"10.200.{r}.1")
-        return self
-
-    # ------------------------------------------------------------------ rate limits
-    def set_rate(self, rate: str) -> dict:
-        """Limit both directions of every link to `rate` (tbf); returns tbf's parameters."""
-        p = tbf_params(rate, self.mtu)
-        for ns, ifc in self.endpoints():
-            netns.tbf(ifc, rate, p["burst"], p["latency_ms"], ns)
-        self.rate = rate
-        return p
-
-    def tbf_drops(self) -> int:
-        """Packets dropped so far by every link's tbf (queue full or larger than the bucket)."""
-        return sum(netns.qdisc_drops(ifc, ns) for ns, ifc in self.endpoints())
+def link_ifnames(topo: Topology) -> dict[tuple[int, str], str]:
+    """{(link index, node): interface}: eth<k> for a node's k-th link in file order."""
+    out: dict[tuple[int, str], str] = {}
+    count: dict[str, int] = {}
+    for i, ln in enumerate(topo.links):
+        for end in (ln.a, ln.b):
+            out[i, end] = f"eth{count.get(end, 0)}"
+            count[end] = count.get(end, 0) + 1
+    return out
 
 
-class Graph(_Namespaces):
+class Graph(netns.Network):
     """A namespace per host and switch of `topo`, a veth per link, tbf on both ends.
 
-    Link i joins interface l<i> in both namespaces: 10.201.<i>.1/24 at its first end,
-    .2 at the other (at most 250 links). A host's address (`host_ip`) is the one on its
-    first link, and gloo binds that interface (`host_if`); an aggregating switch's address
+    Link i joins interface eth<k> in each end's namespace, k counting that node's links in
+    file order (`ifname`: a host's first link is its eth0, as on a real host):
+    10.201.<i>.1/24 at its first end, .2 at the other (at most 250 links). A host's address
+    (`host_ip`) is the one on its first link, and gloo binds that interface (`host_if`,
+    eth0); an aggregating switch's address
     (`node_ip`, where the software switch listens) likewise. Every node gets a /32 route to
     every host and aggregating switch along the topology's route (Topology.next_hop, so the
     packets take exactly the paths the planner prices); a host's routes carry its own
@@ -196,10 +123,11 @@ class Graph(_Namespaces):
                                  f"{ln.burst}")
         super().__init__()
         self.topo, self.tag, self.queue_ms = topo, tag, queue_ms
-        self._first = {}
+        self._first, self._ifs = {}, link_ifnames(topo)
         for i, ln in enumerate(topo.links):
             for end in (ln.a, ln.b):
                 self._first.setdefault(end, i)
+        self.rate: str | None = None  # set_rate's: every link at one rate
 
     def ns(self, node: str) -> str:
         return f"{self.tag}-{node}"
@@ -213,8 +141,49 @@ class Graph(_Namespaces):
 
     host_ip = node_ip
 
+    def ifname(self, i: int, node: str) -> str:
+        """The interface of link i in `node`'s namespace."""
+        return self._ifs[i, node]
+
     def host_if(self, host: str) -> str:
-        return f"l{self._first[host]}"
+        return self.ifname(self._first[host], host)
+
+    def endpoints(self):
+        """(namespace, interface) of both ends of every link: the tbf'd egress points."""
+        for i, ln in enumerate(self.topo.links):
+            for end in (ln.a, ln.b):
+                yield self.ns(end), self.ifname(i, end)
+
+    def set_rate(self, rate: str) -> None:
+        """Every link at `rate` instead of the file's (tbf's bucket: the link's burst, or
+        tbf_params' if that is larger at this rate)."""
+        for i, ln in enumerate(self.topo.links):
+            burst = max(ln.burst, tbf_params(rate, self.topo.mtu)["burst"])
+            for end in (ln.a, ln.b):
+                netns.tbf(self.ifname(i, end), rate, burst, self.queue_ms, self.ns(end))
+        self.rate = rate
+
+    def set_loss(self, p: float) -> None:
+        """Drop UDP datagrams at random with probability `p` each way at every host
+        (iptables in the host's namespace: this kernel has no netem)."""
+        for h in self.topo.hosts:
+            netns.random_drop(self.ns(h), p, flush=True)
+
+    def dropped(self) -> int:
+        """Datagrams set_loss's rules discarded since they were set, all hosts, both ways."""
+        return sum(netns.random_drops(self.ns(h)) for h in self.topo.hosts)
+
+    def file_rate(self) -> str:
+        """The links' rate: set_rate's, else the file's if it has one, else 'file'."""
+        rates = {ln.rate_text for ln in self.topo.links}
+        return self.rate or (rates.pop() if len(rates) == 1 else "file")
+
+    def tbf_drops(self) -> int:
+        """Packets dropped so far by every link's tbf."""
+        return sum(netns.qdisc_drops(ifc, ns) for ns, ifc in self.endpoints())
+
+    def __enter__(self) -> "Graph":
+        return self.create()  # which removes all it made if it fails
 
     def create(self) -> "Graph":
         t = self.topo
@@ -225,9 +194,10 @@ class Graph(_Namespaces):
                              "net.ipv4.conf.default.rp_filter=0",
                              "net.ipv4.tcp_congestion_control=reno")
             for i, ln in enumerate(t.links):
-                self.veth(f"l{i}", f"l{i}", a_ns=self.ns(ln.a), b_ns=self.ns(ln.b))
+                self.veth(self.ifname(i, ln.a), self.ifname(i, ln.b), a_ns=self.ns(ln.a),
+                          b_ns=self.ns(ln.b))
                 for end in (ln.a, ln.b):
-                    ns, ifc = self.ns(end), f"l{i}"
+                    ns, ifc = self.ns(end), self.ifname(i, end)
                     netns.set_link(ifc, ns, mtu=t.mtu)
                     netns.add_addr(ifc, f"{self._addr(i, end)}/24", ns)
                     netns.tbf(ifc, ln.rate_text, ln.burst, self.queue_ms, ns)
@@ -240,5 +210,42 @@ class Graph(_Namespaces):
     def _add_route(self, node: str, host: str) -> None:
         nb, (i, _) = self.topo.next_hop(node, host)
         netns.add_route(f"{self.host_ip(host)}/32", self.ns(node), via=self._addr(i, nb),
-                        dev=f"l{i}", replace=True,
+                        dev=self.ifname(i, node), replace=True,
                         src=self.host_ip(node) if node in self.topo.hosts else None)
+
+
+# ----------------------------------------------------------------------------- stars
+def star_of(topo: Topology) -> tuple[str, list[str]] | str:
+    """(the aggregating switch, the hosts) of a star topology, or why it is not one."""
+    if len(topo.aggregating) != 1 or max(topo.devices) != 1:
+        return "needs one aggregating switch and hosts of one device"
+    sw = topo.aggregating[0]
+    if sorted(tuple(sorted((ln.a, ln.b))) for ln in topo.links) != sorted(
+            tuple(sorted((h, sw))) for h in topo.hosts):
+        return f"needs one link from every host to {sw} and no other"
+    return sw, list(topo.hosts)
+
+
+def check_star(a) -> str | None:
+    """A harness option error if -t is not a star of -g hosts or namespaces cannot be built."""
+    star = star_of(a.topo)
+    if isinstance(star, str):
+        return f"argument -t/--topology: {a.topology}: {star}"
+    if a.workers != [len(star[1])]:
+        return (f"argument -g/--workers: {a.topology} has {len(star[1])} hosts (give -g "
+                f"{len(star[1])} or another file)")
+    why = netns.why_no_namespaces()
+    return f"argument -t/--topology: {why}" if why else None
+
+
+def star_places(graph: "Graph | None", gloo_port: int):
+    """bench.paired.Cluster's places (the switch and the floor's relay at the aggregating
+    switch, a rank per host) and its Gloo (rank 0's store on its host, every rank on its
+    eth0) for a star Graph; on loopback (None) the defaults."""
+    from bench.paired import Gloo, Place
+    if graph is None:
+        return {}, Gloo()
+    sw, hosts = star_of(graph.topo)
+    places = dict(switch_place=Place(graph.ns(sw), graph.node_ip(sw)),
+                  worker_places=[Place(graph.ns(h), graph.host_ip(h)) for h in hosts])
+    return places, Gloo(graph.host_ip(hosts[0]), gloo_port, graph.host_if(hosts[0]))

@@ -23,7 +23,7 @@ import pstats
 import sys
 from dataclasses import replace
 
-from bench.allreduce_bench import nlanes_for, run_spina
+from bench.all_reduce import nlanes_for, run_spina
 from bench.procs import Point
 
 

@@ -22,24 +22,28 @@ rate while the link is idle.
 alpha is the fixed cost of a step at a rank (posting, waiting, Python), the network term
 counts TCP's wire bytes (payload plus Ethernet, IPv4 and TCP headers per MSS segment of the
 link MTU), the cpu term what a rank's processor does per byte it moves (kernel copies,
-gloo, the adds and concatenations; it overlaps the network). bench/collectives_bench.py
+gloo, the adds and concatenations; it overlaps the network). bench/plan.py
 measures alpha and cpu_per_byte on loopback, where no link limits (docs/collectives.md).
 
 In-network aggregation ("ina", all-reduce only, when a switch has `aggregate: true`) is
 SpINA through that switch: every rank sends its non-zero blocks as int32 once up and receives
-the union of all ranks' non-zero blocks once down, in datagrams of `ina_elements` values;
-the switch pays `ina_switch_packet_s` per datagram in (its CPU per packet, docs/profile.md)
-and each agent `ina_agent_packet_s` per datagram it handles; the three pipeline (a link's
-full token bucket goes at once here too), so
+the union of all ranks' non-zero blocks once down, in the protocol's rounds (one datagram
+per round each way, lanes of `ina_elements` values in all: collectives.ina_model.rounds);
+the switch and each agent pay this machine's calibrated CPU per datagram and per IPv4
+fragment, and the agent its scan per value (collectives.ina_model.Assumptions; or a flat
+`ina_switch_packet_s` and `ina_agent_packet_s` per datagram when given); the three
+pipeline (a link's full token bucket goes at once here too), so
 
     ina = ina_call_s + 2 x route latency + max(link term, switch term, agent term)
 
 The all-gather through the switch ("switch", Agent.allgather, when a switch aggregates) is
 priced the same way: every rank sends its shard up once in datagrams of `ina_elements` values
-and receives every other rank's down; the switch pays `gather_copy_s` per datagram it sends
-out (it replicates each one to the job's other workers), each agent `ina_agent_packet_s` per
-datagram it sends or receives. "leader-switch" is the leader all-gather whose middle phase
-is that multicast among the group leaders alone, each sending its group's chunks: its inside
+and receives every other rank's down, after a fixed cost per call (`gather_call_s`); the
+switch pays its CPU per datagram in and per copy it sends out (`gather_copy_s`: it
+replicates each one to the job's other workers), each agent its CPU per datagram it sends or
+receives (all calibrated unless given). "leader-switch" is the
+leader all-gather whose middle phase is that multicast among the group leaders alone, each
+sending its group's chunks: its inside
 and out phases are priced as schedule steps ("leader-ring"'s first and last), its middle as
 "switch" on the leaders.
 """
@@ -48,6 +52,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from collectives import ina_model
 from collectives.schedule import (
     ALGORITHMS,
     HIERARCHICAL,
@@ -63,28 +68,33 @@ SWITCH, LEADER_SWITCH = "switch", "leader-switch"  # collectives.p2p's names
 TCP_HEADERS = 14 + 20 + 32  # Ethernet, IPv4, TCP with timestamps: per segment
 UDP_HEADERS = 14 + 20       # per IPv4 fragment of a datagram (plus 8 for UDP, once)
 DTYPE_SIZES = {"float32": 4, "int32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+_CALIBRATED = ("ina_switch_packet_s", "ina_agent_packet_s", "gather_copy_s", "gather_call_s")
 
 
 @dataclass(frozen=True)
 class CostParams:
     """The model's constants (seconds, bytes). alpha, cpu_per_byte and ina_call_s are
-    bench/collectives_bench.py's loopback calibration on this 2-core machine with 4 ranks
+    bench/plan.py's loopback calibration on this 2-core machine with 4 ranks
     and other sessions' load of about 8 (docs/collectives.md): a quieter or larger machine
     has smaller ones, so measure yours and pass them (`spina plan --alpha ...`)."""
     alpha: float = 4.7e-3              # per step and rank, the p2p collectives
     cpu_per_byte: float = 3.0e-9       # per byte a rank sends or receives
     ina_call_s: float = 5.6e-3         # SpINA's fixed cost per call
-    ina_switch_packet_s: float = 17.6e-6  # software switch CPU per datagram in (profile.md)
-    ina_agent_packet_s: float = 28e-6  # agent CPU per datagram (docs/profile.md)
+    # SpINA's CPU: None prices it with this machine's calibration (collectives.ina_model:
+    # per datagram and per IPv4 fragment, the agent's scan; the switch's copies out for an
+    # all-gather); a number is the seconds per datagram, flat
+    ina_switch_packet_s: float | None = None  # the software switch, per datagram in
+    ina_agent_packet_s: float | None = None   # an agent, per datagram it sends or receives
     ina_elements: int = 56 * 256       # values per datagram: JobConfig's nlanes x block_size
     ina_overhead: int = 48 + 56 * 4    # SpINA header + one 4-byte `next` per lane
     density: float = 1.0               # fraction of each rank's blocks that are non-zero (ina)
-    # the software switch's CPU per all-gather datagram it sends out: 0.10 s per call of
-    # 4 x 147 datagrams in, 3 copies out each (docs/collectives.md, 8 MiB shards at 1 Gbit/s)
-    gather_copy_s: float = 58e-6
+    gather_copy_s: float | None = None  # the switch, per all-gather datagram it sends out
+    gather_call_s: float | None = None  # an all-gather's fixed cost per call
 
     def check(self) -> "CostParams":
         for k, v in self.__dict__.items():
+            if v is None and k in _CALIBRATED:
+                continue
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"{k}: must be a number >= 0, got {v!r}")
         if not 0 < self.density <= 1:
@@ -245,6 +255,13 @@ def _multicast(topo, switch, senders, bounds, params, itemsize, now, bucket) -> 
     wire = full * udp_wire_bytes(per + params.ina_overhead, topo.mtu) + (
         udp_wire_bytes(last + params.ina_overhead, topo.mtu) if n else 0)
     m = len(senders)
+    a = ina_model.Assumptions()
+    frags = ina_model.fragments(per + params.ina_overhead, topo.mtu)  # of a full datagram
+    agent_s = m * n * (a.agent_s_per_datagram + frags * a.agent_s_per_fragment
+                       if params.ina_agent_packet_s is None else params.ina_agent_packet_s)
+    switch_s = m * n * (m - 1) * params.gather_copy_s if params.gather_copy_s is not None \
+        else m * n * ((m - 1) * a.gather_s_per_copy + a.switch_s_per_datagram
+                      + frags * a.switch_s_per_fragment)
     load: dict[tuple[int, int], float] = {}
     lat = 0.0
     for cs in senders:
@@ -254,13 +271,13 @@ def _multicast(topo, switch, senders, bounds, params, itemsize, now, bucket) -> 
             for hop in route:
                 load[hop] = load.get(hop, 0) + b
         lat = max(lat, sum(topo.links[i].latency for i, _ in up + down))
-    start = now + params.ina_call_s
+    call = a.gather_call_s if params.gather_call_s is None else params.gather_call_s
+    start = now + call
     link = {h: _drain(topo.links[h[0]], bucket, h, start, b) for h, b in load.items()}
     neck = max(link, key=link.get)
     bound = max((link[neck], _link_name(topo, neck)),
-                (m * n * (m - 1) * params.gather_copy_s, f"switch {switch} CPU"),
-                (m * n * params.ina_agent_packet_s, "agent CPU"))
-    return StepCost(params.ina_call_s + lat + bound[0], bound[1], m * size)
+                (switch_s, f"switch {switch} CPU"), (agent_s, "agent CPU"))
+    return StepCost(call + lat + bound[0], bound[1], m * size)
 
 
 def _drain(link, bucket, hop, start: float, nbytes: float) -> float:
@@ -288,35 +305,36 @@ def _predict_ina(topo, collective, nbytes, params, itemsize) -> Prediction:
 
 def _ina_via(topo, switch, elements, params) -> Prediction:
     p = topo.world
-    up_blocks = params.density
-    down_blocks = 1 - (1 - params.density) ** p  # the union of the ranks' non-zero blocks
-    full = params.ina_elements * 4 + params.ina_overhead
-
-    def datagrams(fraction):
-        n = math.ceil(elements * fraction / params.ina_elements)
-        return n, n * udp_wire_bytes(full, topo.mtu)
-
-    n_up, wire_up = datagrams(up_blocks)
-    n_down, wire_down = datagrams(down_blocks)
+    a = ina_model.Assumptions()  # SpINA's block and slots (lanes: ina_elements / block)
+    packets = ina_model.rounds(p, elements, params.density, params.ina_elements // a.block,
+                               a.block, a.slots)
+    up = params.density * elements * 4
+    frags_up, wire_up = ina_model.stream(up, packets, params.ina_overhead, topo.mtu)
+    frags_down, wire_down = ina_model.stream(ina_model.union(params.density, p) * elements * 4,
+                                             packets, params.ina_overhead, topo.mtu)
     load: dict[tuple[int, int], float] = {}
     lat = 0.0
     for r in topo.ranks:
-        up, down = topo.path(r, switch), topo.path(switch, r)
-        for route, wire in ((up, wire_up), (down, wire_down)):
+        up_route, down_route = topo.path(r, switch), topo.path(switch, r)
+        for route, wire in ((up_route, wire_up), (down_route, wire_down)):
             for hop in route:
                 load[hop] = load.get(hop, 0) + wire
-        lat = max(lat, sum(topo.links[i].latency for i, _ in up + down))
+        lat = max(lat, sum(topo.links[i].latency for i, _ in up_route + down_route))
     # full token buckets at the start, as for the host algorithms' first step
     link = {h: max(0.0, b - topo.links[h[0]].burst) * 8 / topo.links[h[0]].rate
             for h, b in load.items()}
     neck = max(link, key=link.get)
     link_s = link[neck]
-    switch_s = p * n_up * params.ina_switch_packet_s
-    agent_s = (n_up + n_down) * params.ina_agent_packet_s
+    switch_s = p * packets * params.ina_switch_packet_s \
+        if params.ina_switch_packet_s is not None \
+        else p * (packets * a.switch_s_per_datagram + frags_up * a.switch_s_per_fragment)
+    agent_s = 2 * packets * params.ina_agent_packet_s if params.ina_agent_packet_s is not None \
+        else (elements * a.agent_s_per_element + 2 * packets * a.agent_s_per_datagram
+              + (frags_up + frags_down) * a.agent_s_per_fragment)
     bound = max((link_s, _link_name(topo, neck)), (switch_s, f"switch {switch} CPU"),
                 (agent_s, "agent CPU"))
     seconds = params.ina_call_s + lat + bound[0]
-    return Prediction(INA, seconds, (StepCost(seconds, bound[1], p * n_up * full),))
+    return Prediction(INA, seconds, (StepCost(seconds, bound[1], round(p * up)),))
 
 
 def plan(topo: Topology, collective: str, nbytes: int, params: CostParams = CostParams(),

@@ -176,7 +176,7 @@ class TofinoRegisters(P4RuntimeRegisters):
       bitmaps slot_present and slot_nonfinite are 32-bit cells there; the value registers
       slot_values_l0_p<P> are pairs, P4 structs of two 32-bit halves, both zeroed);
     - `slot_rank_round` has one cell per slot copy and rank at copy * 32 + rank
-      (`meta.rank_idx` in tofino/include/aggregator.p4: slot ++ round[0] ++ rank), so
+      (`meta.rank_idx` in tofino/include/slot_index.p4: slot ++ round[0] ++ rank), so
       copies start..start+count-1 own cells start * 32 .. (start + count) * 32 - 1.
 
     Needs a P4Info with standard register entries (bf-p4c --p4runtime-force-std-externs).

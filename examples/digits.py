@@ -1,6 +1,6 @@
 """scikit-learn's digits (1797 8x8 images, bundled with it: no download), the one loader of the
 examples and the benchmarks (examples/train_digits.py, examples/dlcp_train.py,
-bench/dlcp_bench/worker.py; bench/train_bench.py through train_digits).
+bench/dlcp_bench/worker.py; bench/training.py through train_digits).
 
     from examples.digits import flat_split
     xtr, ytr, xte, yte = flat_split(seed=0)   # 1438 training and 359 test images

@@ -1,5 +1,6 @@
 """A package's names loaded from their modules on first use (PEP 562), so importing one part
-of a package does not import the rest (host_agent.daemon, host_agent.compression)."""
+of a package does not import the rest (host_agent.daemon, host_agent.compression,
+host_agent.hooks)."""
 from __future__ import annotations
 
 import importlib

@@ -1,5 +1,5 @@
 """Network namespaces and the links between them: the one owner of the primitives that the
-tests (tests/netns.py), the benchmarks (bench/netns.py, bench/net_topo.py, bench/dlcp_bench/,
+tests (tests/netns.py), the benchmarks (bench/net_topo.py, bench/dlcp_bench/fabric.py,
 bench/l2_rate.py) and the testbed build their networks from.
 
 Every command is iproute2's (`ip`, `tc`) or a tool run inside a namespace (`sysctl`, `ethtool`,

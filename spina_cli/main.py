@@ -24,7 +24,7 @@ COMMANDS = {
     "reset": "controller: clear job slots and counters (--wipe: everything)",
     "agent": "host agent: launch | daemon | status",
     "demo": "software switch + 4 workers all-reduce, against gloo",
-    "bench": "SpINA against gloo sweep (needs a clone: bench/ is not installed)",
+    "bench": "the benchmark harness: spina bench WHAT (needs a clone: bench/ is not installed)",
     "capture": "decode a packet capture's SpINA packets (pcap from tshark/tcpdump)",
     "doctor": "check a deployment: switch, pipeline, admission, addresses, MTU, epochs",
     "plan": "predict each collective algorithm's time on a topology file and pick one",
@@ -63,7 +63,7 @@ def main(argv=None) -> int:
         return run(rest)
     if cmd == "bench":
         try:
-            from bench.allreduce_bench import main as run
+            from bench.harness import main as run
         except ImportError:
             print("spina bench: error: the bench/ package is not importable; run it from a "
                   "clone of the repository (make bench)", file=sys.stderr)

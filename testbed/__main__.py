@@ -31,7 +31,7 @@ def run_allreduce(tb: topos.Testbed, jd: dict, seed: int = 1, n: int = 20000,
     procs = []
     for i, h in enumerate(tb.hosts):
         job, (addr, port) = tb.switch_of(i, jd)
-        procs.append(h.popen([sys.executable, str(ROOT / "tests" / "netns_worker.py"),
+        procs.append(h.popen([sys.executable, "-m", "tests.netns_worker",
                               json.dumps(job), str(i), addr, str(port), str(seed), str(n),
                               str(density), calls], cwd=str(ROOT)))
     out = []

@@ -1,7 +1,7 @@
 """The ranks of tests/test_collectives.py, as processes on loopback gloo: each runs every
 collective case and saves what it got to OUT/rank<R>.npz (the test compares with numpy).
 
-    python tests/collectives_worker.py WORLD PORT OUT [SWITCH_PORT,UDP_PORTS...]
+    python -m tests.collectives_worker WORLD PORT OUT [SWITCH_PORT,UDP_PORTS...]
 
 With the last argument (the test's software switch and 4 + 2 free UDP ports), 4 ranks also
 run the all-gathers through the switch (switch_jobs: the flat job and the leaders' job).
@@ -10,8 +10,6 @@ import os
 import sys
 
 import numpy as np
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 LENGTHS = (1, 3, 5, 37, 1001)  # shorter than, and not divisible by, the world sizes
 

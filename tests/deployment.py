@@ -14,7 +14,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import yaml
@@ -24,6 +23,7 @@ from controller.p4rt import Connection, P4RuntimeError, wait_listening
 from controller.state import load
 from softswitch.udp import UdpSwitch
 from spina.procs import stop_process
+from tests.waits import file_appears, until
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -58,15 +58,12 @@ class Processes:
             self.lines[name].append(line.rstrip())
 
     def wait_line(self, name: str, prefix: str, timeout: float = 30) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def line():
             got = [x for x in self.lines[name] if x.startswith(prefix)]
-            if got:
-                return got[-1]
             p = self.procs[name]
-            assert p.poll() is None, f"{name} exited {p.returncode}: {self.lines[name]}"
-            time.sleep(0.05)
-        raise AssertionError(f"{name}: no line {prefix!r} in {timeout} s: {self.lines[name]}")
+            assert got or p.poll() is None, f"{name} exited {p.returncode}: {self.lines[name]}"
+            return got[-1] if got else None
+        return until(line, f"{name}'s line {prefix!r}", timeout)
 
     def kill(self, name: str) -> None:
         p = self.procs.pop(name)
@@ -121,7 +118,7 @@ class Deployment:
             self.procs.wait_line("controller", "controller: run rendezvous on")
             for job, n in jobs_of(self.doc).items():
                 for r in range(n):
-                    self.wait_file(self.agent_file(job, r))
+                    file_appears(self.agent_file(job, r))
 
     def start_switch(self, name: str) -> None:
         sw = self.state.switches[name]
@@ -177,13 +174,6 @@ class Deployment:
 
     def agent_file(self, job: int, rank: int) -> Path:
         return self.cfg.parent / "agents" / f"job{job}-rank{rank}.json"
-
-    @staticmethod
-    def wait_file(path: Path, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while not path.exists():
-            assert time.monotonic() < deadline, f"{path} never appeared"
-            time.sleep(0.05)
 
     def stop(self) -> None:
         if self.runs is not None:

@@ -131,9 +131,9 @@ def run_workers(hosts, job: JobConfig, seed: int = 3, n: int = 6000, timeout: fl
                 if setup_ns is not None:
                     setup_ns(ns)
                 procs.append(subprocess.Popen(
-                    netns.command(ns, sys.executable, ROOT / "tests" / "netns_worker.py", jd,
+                    netns.command(ns, sys.executable, "-m", "tests.netns_worker", jd,
                                   r, SWITCH_IP, 47000, seed, n),
-                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+                    cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
             outs = []
             for p in procs:
                 out, err = p.communicate(timeout=timeout)

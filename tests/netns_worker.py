@@ -1,6 +1,6 @@
 """One worker of an integration test, run inside a host's network namespace.
 
-    python tests/netns_worker.py JOB_JSON RANK SWITCH_IP SWITCH_PORT SEED N [DENSITY [CALLS]]
+    python -m tests.netns_worker JOB_JSON RANK SWITCH_IP SWITCH_PORT SEED N [DENSITY [CALLS]]
 
 Runs one int32 and one float32 all-reduce (CALLS "ints": the int32 one only) of the
 deterministic tensors `tensors(seed, n, rank, density)` (DENSITY: the fraction of non-zero
@@ -10,10 +10,7 @@ compare exactly, and each call's wire counts (packets, resends).
 from __future__ import annotations
 
 import json
-import pathlib
 import sys
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import numpy as np
 

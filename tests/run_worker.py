@@ -2,8 +2,8 @@
 and prints what it got as JSON. Used by tests/test_run_identity.py to run the same job twice
 from new processes, through each way a program finds its job, and by tests/test_seams.py.
 
-    python tests/run_worker.py --via jobfile|assignment|daemon|ddp FILE --rank R --value V
-    python tests/run_worker.py --via assignment FILE --rank R --seed S --nranks N [--die-after K]
+    python -m tests.run_worker --via jobfile|assignment|daemon|ddp FILE --rank R --value V
+    python -m tests.run_worker --via assignment FILE --rank R --seed S --nranks N [--die-after K]
 
 With --seed, each call all-reduces rank R's own random tensor (int32 at 30% block density,
 then float32 dense, alternating), which every rank can rebuild for every rank: the worker
@@ -19,11 +19,8 @@ import hashlib
 import json
 import math
 import os
-import sys
 
 import numpy as np
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 N = 50_000
 

@@ -33,13 +33,7 @@ from host_agent.hooks import (
 )
 from host_agent.local import LocalCluster
 from spina.config import ConfigError
-
-try:  # tests/ is on sys.path under pytest's default import mode
-    from test_compression import job_file  # a fixture: 2 workers, blocks of 16
-    from test_torch_hook import finish_worker
-except ImportError:
-    from tests.test_compression import job_file  # noqa: F401
-    from tests.test_torch_hook import finish_worker
+from tests.test_torch_hook import finish_worker
 
 B = 16  # a small block size keeps the tests' tensors small
 SIZES = (100, 7, 48)  # three layers: a partial block, a tiny one, whole blocks

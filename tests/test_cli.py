@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 import yaml
@@ -15,6 +14,7 @@ import yaml
 from spina.net import bound_udp_socket, free_port
 from spina_cli import doctor, status
 from spina_cli.main import COMMANDS, main
+from tests.waits import until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -206,12 +206,11 @@ def test_status_watch_on_a_real_terminal_shows_the_live_table(deployed):
     subprocess.run([*tmux, "new-session", "-d", "-s", "watch", "-x", "100", "-y", "30", cmd],
                    check=True, cwd=ROOT)
     try:
-        deadline, screen = time.monotonic() + 60, ""
-        while "recv/s" not in screen:  # the second screen: rates known
-            assert time.monotonic() < deadline, screen
-            time.sleep(0.2)
-            screen = subprocess.run([*tmux, "capture-pane", "-p", "-t", "watch"],
-                                    capture_output=True, text=True, check=True).stdout
+        def screen():  # the second screen: rates known
+            got = subprocess.run([*tmux, "capture-pane", "-p", "-t", "watch"],
+                                 capture_output=True, text=True, check=True).stdout
+            return got if "recv/s" in got else None
+        screen = until(screen, "the watch's second screen (recv/s)", 60, every=0.2)
     finally:
         subprocess.run([*tmux, "kill-server"], capture_output=True)
     lines = screen.splitlines()

@@ -20,7 +20,9 @@ import numpy as np
 import pytest
 
 from collectives.schedule import ALGORITHMS, ScheduleError, check_groups, chunk_bounds, schedule
-from collectives_worker import (
+from softswitch.udp import UdpSwitch
+from spina.net import free_port, free_ports
+from tests.collectives_worker import (
     LENGTHS,
     SWITCH_CASES,
     case_input,
@@ -30,11 +32,9 @@ from collectives_worker import (
     model_and_input,
     switch_jobs,
 )
-from softswitch.udp import UdpSwitch
-from spina.net import free_port, free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
-WORKER = ROOT / "tests" / "collectives_worker.py"
+WORKER = ("-m", "tests.collectives_worker")  # run from ROOT (cwd=ROOT)
 
 
 # ----------------------------------------------------------------------------- schedules
@@ -175,8 +175,8 @@ def run_world(world: int, out: Path, switch: UdpSwitch | None = None) -> list[di
         for job in switch_jobs(ports):
             switch.add_job(job)
         extra = [",".join(map(str, [switch.address[1], *ports]))]
-    proc = subprocess.Popen([sys.executable, str(WORKER), str(world), str(port), str(out),
-                             *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, *WORKER, str(world), str(port), str(out), *extra],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         err = proc.communicate(timeout=300)[1]
         assert proc.returncode == 0, err[-3000:]

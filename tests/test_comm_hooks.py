@@ -15,7 +15,6 @@ import pathlib
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 import torch
@@ -41,15 +40,9 @@ from host_agent.hooks import (
 from host_agent.local import LocalCluster
 from spina.communication import Communication, CompressionConfig, LocalSGDConfig
 from spina.config import Assignment, ConfigError, JobFile
-
-try:  # tests/ is on sys.path under pytest's default import mode
-    from test_bits import _Net
-    from test_compression import job_file  # a fixture: 2 workers, blocks of 16
-    from test_torch_hook import finish_worker
-except ImportError:
-    from tests.test_bits import _Net
-    from tests.test_compression import job_file  # noqa: F401
-    from tests.test_torch_hook import finish_worker
+from tests.test_bits import _Net
+from tests.test_torch_hook import finish_worker
+from tests.waits import file_appears
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 B = 16
@@ -178,10 +171,7 @@ def test_launch_writes_the_section(tmp_path):
                          kwargs={"stop": stop, "communication": comm})
     t.start()
     try:
-        deadline = time.monotonic() + 20
-        while not path.exists():
-            assert time.monotonic() < deadline, "the launcher wrote no job file"
-            time.sleep(0.02)
+        file_appears(path, 20)
         assert json.loads(path.read_text())["communication"] == SECTIONS["topk"]
         assert JobFile.load(path).communication == comm
     finally:

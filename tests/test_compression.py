@@ -29,15 +29,10 @@ from host_agent.hooks import (
     spina_compressed_hook,
     unpack_aligned,
 )
-from host_agent.launch import local_job
 from host_agent.local import LocalCluster
 from softswitch.udp import Faults, UdpSwitch
-from spina.config import ConfigError, JobFile
-
-try:  # tests/ is on sys.path under pytest's default import mode
-    from test_torch_hook import FakeBucket, finish_worker
-except ImportError:
-    from tests.test_torch_hook import FakeBucket, finish_worker
+from spina.config import ConfigError
+from tests.test_torch_hook import FakeBucket, finish_worker
 
 B = 16  # a small block size keeps the tests' tensors small
 
@@ -865,16 +860,6 @@ def _ddp_worker(rank, tmp):
         report.append({"transport": transport, **fields, "blocks_sent": state.blocks_sent,
                        "blocks_total": state.blocks_total, "bytes_sent": state.bytes_sent})
     finish_worker(rank, tmp, agent, report)
-
-
-@pytest.fixture
-def job_file(tmp_path):
-    """A software switch (thread in this process) with a 2-worker job of 16-element blocks."""
-    job = local_job(WORLD, block_size=B, nlanes=8, nslots=4)
-    with UdpSwitch(port=0) as sw:
-        sw.add_job(job)
-        JobFile(job, sw.address).write(tmp_path / "job.json")
-        yield tmp_path / "job.json"
 
 
 def test_ddp_compressed_hooks_no_sync_unused_params_and_identical_ranks(job_file):

@@ -22,7 +22,6 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 
 import grpc
 import pytest
@@ -37,25 +36,14 @@ from controller.p4rt import NotPrimaryError, P4RuntimeError
 from spina import spec
 from spina.config import ConfigError
 from spina.p4runtime import decode
-
-try:
-    from test_controller import fake, grpc_servers  # fixtures
-    from test_controller_tofino import (
-        JOB7,
-        STD_P4INFO,
-        fake_bf_p4c_output,
-        test_switch_fields_are_validated as switch_field_refused,
-        tofino_doc,
-    )
-except ImportError:
-    from tests.test_controller import fake, grpc_servers  # noqa: F401
-    from tests.test_controller_tofino import (
-        JOB7,
-        STD_P4INFO,
-        fake_bf_p4c_output,
-        test_switch_fields_are_validated as switch_field_refused,
-        tofino_doc,
-    )
+from tests.test_controller_tofino import (
+    JOB7,
+    STD_P4INFO,
+    fake_bf_p4c_output,
+    test_switch_fields_are_validated as switch_field_refused,
+    tofino_doc,
+)
+from tests.waits import until
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BFRT_JSON = ROOT / "tofino" / "build" / "spina_tna.bfrt.json"
@@ -577,9 +565,7 @@ def test_status_reads_without_writing_once_the_controller_is_gone(bfrt_server, t
         c.deploy()
     sw.put("job_aggregated", {"$COUNTER_INDEX": 7}, {"$COUNTER_SPEC_PKTS": 5})
     n = len(sw.calls("Write"))
-    deadline = time.monotonic() + 5
-    while sw.owner is not None and time.monotonic() < deadline:  # the server sees it go
-        time.sleep(0.01)
+    until(lambda: sw.owner is None, "the server to see the deploying client go", 5)
     with Controller(st, election=None) as c:
         (row,) = c.status()
     assert (row["installed"], row["workers"], row["job_aggregated"]) == ("yes", 3, 5)

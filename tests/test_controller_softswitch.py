@@ -9,7 +9,6 @@ import concurrent.futures
 import os
 import subprocess
 import sys
-import time
 
 import grpc
 import numpy as np
@@ -27,6 +26,7 @@ from softswitch.udp import UdpSwitch
 from spina import spec
 from spina.net import free_port
 from spina.procs import stop_process
+from tests.waits import until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONPATH=ROOT)
@@ -168,7 +168,7 @@ def test_second_controller_takes_over(inproc, tmp_path):
             def demoted():  # the arbitration update has reached the first controller
                 conn1.refresh_arbitration()
                 return not conn1.is_primary
-            assert wait_for(demoted, 10), "the first controller never learnt it was demoted"
+            until(demoted, "the first controller to learn it was demoted", 10)
             with pytest.raises(NotPrimaryError, match="refusing to write"):
                 first.set_state(st.with_job(model.Job(id=3, members=("w0",), nslots=1)))
             conn = first.session("s1").conn
@@ -267,15 +267,6 @@ def admitted_jobs(grpc_addr: str) -> set[int]:
         return set()
 
 
-def wait_for(cond, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.2)
-    return False
-
-
 def test_watch_restores_a_restarted_switch(switch_process, tmp_path):
     """`deploy --watch` redeploys by itself after a switch restart and picks up `job add`."""
     sw = switch_process.start()
@@ -288,13 +279,13 @@ def test_watch_restores_a_restarted_switch(switch_process, tmp_path):
                               "--watch", "0.2"], cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
     try:
-        assert wait_for(lambda: admitted_jobs(addr) == {1})
+        until(lambda: admitted_jobs(addr) == {1}, "the watch to deploy job 1")
         sw.stop()
         sw.start()
-        assert wait_for(lambda: admitted_jobs(addr) == {1})
+        until(lambda: admitted_jobs(addr) == {1}, "the watch to restore job 1 after a restart")
         d["jobs"].append({"id": 2, "members": ["w2", "w3"], "nslots": 2, "slot_base": 2})
         cfg.write_text(yaml.safe_dump(d))
-        assert wait_for(lambda: admitted_jobs(addr) == {1, 2})
+        until(lambda: admitted_jobs(addr) == {1, 2}, "the watch to add job 2")
     finally:
         watch.terminate()
         watch.wait(10)

@@ -28,13 +28,8 @@ from controller.pipeline import cookie_of, load_pipeline
 from controller.registers import TofinoRegisters
 from spina import spec, wire
 from spina.config import ConfigError
-
-try:
-    from test_controller import FakeSwitch, fake, grpc_servers  # fake, grpc_servers: fixtures
-    from test_tna_agreement import _canonical
-except ImportError:
-    from tests.test_controller import FakeSwitch, fake, grpc_servers  # noqa: F401
-    from tests.test_tna_agreement import _canonical
+from tests.test_controller import FakeSwitch
+from tests.test_tna_agreement import _canonical
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 STD_P4INFO = ROOT / "tofino" / "build" / "spina_tna.std.p4info.txtpb"

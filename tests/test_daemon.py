@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +20,7 @@ from host_agent.daemon import DaemonClient, DaemonConfig, status
 from host_agent.launch import local_job
 from softswitch.udp import UdpSwitch
 from spina.config import ConfigError, JobFile
+from tests.waits import until
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,14 +28,6 @@ ROOT = Path(__file__).resolve().parents[1]
 def _env():
     return dict(os.environ,
                 PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-
-
-def _wait_for(cond, timeout=20.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -52,7 +44,7 @@ def setup(tmp_path):
         proc = subprocess.Popen([sys.executable, "-m", "host_agent", "daemon", "--config",
                                  str(tmp_path / "daemon.json")], env=_env(), cwd=ROOT)
         try:
-            _wait_for(sock.exists, what="the daemon's socket")
+            until(sock.exists, "the daemon's socket", 20)
             yield str(job_file), str(sock), proc, logf
         finally:
             if proc.poll() is None:
@@ -99,7 +91,7 @@ def test_survives_a_client_dying_mid_call(setup):
     job_file, sock, proc, logf = setup
     victim = subprocess.Popen([sys.executable, "-c", CLIENT, job_file, sock], env=_env(), cwd=ROOT)
     try:
-        _wait_for(lambda: status(sock)["calls_in_progress"] == 1, what="the victim's call")
+        until(lambda: status(sock)["calls_in_progress"] == 1, "the victim's call", 20)
         victim.kill()
         victim.wait()
     finally:
@@ -110,7 +102,7 @@ def test_survives_a_client_dying_mid_call(setup):
         # Rank 1 completes the orphaned call: the dead client's 1.0 + this 2.0.
         np.testing.assert_array_equal(c1.allreduce(np.full(5000, 2.0, np.float32)),
                                       np.full(5000, 3.0, np.float32))
-        _wait_for(lambda: status(sock)["clients_lost"] == 1, what="the daemon to notice the loss")
+        until(lambda: status(sock)["clients_lost"] == 1, "the daemon to notice the loss", 20)
         with DaemonClient(job_file, 0, sock) as c0, \
                 concurrent.futures.ThreadPoolExecutor(2) as pool:
             futs = [pool.submit(c.allreduce, np.full(700, v, np.float32))

@@ -19,6 +19,7 @@ from softswitch.udp import UdpSwitch
 from spina import wire
 from spina.config import JobConfig, WorkerAddr
 from spina.net import bound_udp_socket
+from tests.waits import until
 
 HOST = "127.0.0.1"
 FLAGS = (wire.FLAG_RESEND, wire.FLAG_LOSS_TOLERANT, wire.FLAG_LAST, wire.FLAG_PARTIAL)
@@ -244,9 +245,7 @@ def _through_sockets(threads: int, seed: int) -> tuple[UdpSwitch, dict]:
         for _ in range(n):
             pkt, src = traffic.packet()
             by_port[src[1]].sendto(pkt, sw.address)
-        deadline = time.monotonic() + 30
-        while sw.packets_in < n and time.monotonic() < deadline:
-            time.sleep(0.01)
+        until(lambda: sw.packets_in >= n, f"the switch to take {n} packets", 30)
         assert sw.packets_in == n
     finally:
         sw.stop()  # every datagram received is served before its thread returns
@@ -328,9 +327,7 @@ def test_each_slot_lands_on_its_threads_socket(threads):
                 sent[slot % threads] += 1
         sender.sendto(b"short", sw.address)
         sent[0] += 1
-        deadline = time.monotonic() + 10
-        while sw.packets_in < sum(sent) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        until(lambda: sw.packets_in >= sum(sent), f"the switch to take {sum(sent)} packets", 10)
     finally:
         sw.stop()
         sender.close()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import socket
 import struct
-import time
 
 import numpy as np
 import pytest
@@ -17,7 +16,8 @@ import pytest
 from softswitch.dataplane import Dataplane, ipv4_checksum
 from softswitch.l2 import L2Switch
 from spina import netns, rows, spec, wire
-from test_datapath import HOST, JOBS, Traffic, assert_same_state, job_config
+from tests.test_datapath import HOST, JOBS, Traffic, assert_same_state, job_config
+from tests.waits import until
 
 SWITCH_MAC = bytes.fromhex("020000000064")
 SWITCH_IP = "10.0.0.100"
@@ -211,19 +211,22 @@ def _through_sockets(datapath: str, seed: int, n: int = 2400) -> tuple[L2Switch,
             for start in range(0, n, 100):
                 for _ in range(100):
                     socks[1].send(next(frames)[0])
-                deadline = time.monotonic() + 10
-                while sw.frames_in < start + 100 and time.monotonic() < deadline:
-                    time.sleep(0.001)
-                assert sw.frames_in == start + 100, (start, sw.frames_in)
-            time.sleep(0.05)
-        for p, s in socks.items():
-            while True:
-                try:
-                    data, addr = s.recvfrom(1 << 16)
-                except BlockingIOError:
-                    break
-                if addr[2] != 4:  # PACKET_OUTGOING: what this test sent
-                    got[p].append(data)
+                want = start + 100
+                until(lambda w=want: sw.frames_in >= w, f"the switch to take frame {want}", 10,
+                      every=0.001)
+                assert sw.frames_in == want, (start, sw.frames_in)
+
+        def received():  # every frame the stopped switch sent, at the host ends
+            for p, s in socks.items():
+                while True:
+                    try:
+                        data, addr = s.recvfrom(1 << 16)
+                    except BlockingIOError:
+                        break
+                    if addr[2] != 4:  # PACKET_OUTGOING: what this test sent
+                        got[p].append(data)
+            return sum(map(len, got.values())) >= sw.frames_out
+        until(received, f"the {sw.frames_out} frames the switch sent", 10)
         return sw, got
     finally:
         for s in socks.values():

@@ -12,11 +12,11 @@ import pytest
 
 from bench.scale_out import fabric_doc
 from controller import plan
-from fabric_packets import header, patched
 from softswitch.dataplane import Dataplane
 from softswitch.pipeline import Pipeline
 from spina import wire
 from spina.config import Assignment, ConfigError, JobConfig
+from tests.fabric_packets import header, patched
 
 
 # ---------------------------------------------------------------- P4 tables through the controller

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -19,6 +18,7 @@ from controller.controller import program_in_process
 from host_agent.agent import Agent, SpinaTimeout
 from softswitch.udp import Faults, UdpSwitch
 from spina import wire
+from tests.waits import until
 
 
 # ---------------------------------------------------------------- end to end: 8 workers, 2 racks
@@ -222,9 +222,8 @@ def test_spine_restarted_mid_call():
         ints = tensors(1.0, 7, n=1 << 19, integer=True)  # 64 rounds per slot
         futs = [f.pool.submit(a.allreduce, t) for a, t in zip(f.agents, ints)]
         old = f.spines[0]
-        deadline = time.monotonic() + 30
-        while old.pipeline.registers["slot_round"].max() < 8 and time.monotonic() < deadline:
-            time.sleep(0.001)
+        until(lambda: old.pipeline.registers["slot_round"].max() >= 8, "round 8 at the spine",
+              30, every=0.001)
         old.stop()
         stopped_at = int(old.pipeline.registers["slot_round"].max())
         new = _restart_spine(f, UdpSwitch(*old.address))

@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from fabric_packets import (
+from softswitch.fabric import TO_GROUP, TO_SENDER, TO_UPSTREAM
+from softswitch.pipeline import Pipeline
+from spina import wire
+from spina.config import JobConfig
+from tests.fabric_packets import (
     BS,
     JOB,
     LEAF,
@@ -29,10 +33,6 @@ from fabric_packets import (
     run,
     spine,
 )
-from softswitch.fabric import TO_GROUP, TO_SENDER, TO_UPSTREAM
-from softswitch.pipeline import Pipeline
-from spina import wire
-from spina.config import JobConfig
 
 
 # ---------------------------------------------------------------- the roles, packet by packet

@@ -1,5 +1,5 @@
 """Smoke test of the hierarchical-reduction benchmark's namespace mode (bench/hier_bench.py
---netns) at its tiniest size.
+--topology, a star file) at its tiniest size.
 
 Run just this file: python -m pytest tests/test_hier_bench.py   (needs root, `ip` and `tc`)
 
@@ -10,7 +10,7 @@ nothing dropped, no namespace left.
 """
 from __future__ import annotations
 
-from netns import run_bench
+from tests.netns import run_bench
 
 
 def rows(stdout: str) -> dict[str, list[str]]:
@@ -23,11 +23,15 @@ def rows(stdout: str) -> dict[str, list[str]]:
     return out
 
 
-def test_hier_bench_netns_smoke():
+def test_hier_bench_netns_smoke(tmp_path):
     """flat (4 ranks) vs hier (2 ranks x 2 local): the switch's datagrams and bytes and each
     host's link bytes halve exactly; the veth carries those bytes plus headers."""
+    star = tmp_path / "star2.yaml"  # two hosts on one aggregating switch, 1 Gbit/s links
+    star.write_text("hosts: [h0, h1]\nswitches: {s0: {aggregate: true}}\nlinks:\n"
+                    + "".join(f"  - {{ends: [h{i}, s0], rate: 1gbit, latency: 20us, "
+                              "burst: 128KiB}\n" for i in range(2)) + "mtu: 9000\n")
     out = run_bench("bench.hier_bench", "shb", [
-        "--netns", "--rate", "1gbit", "--hosts", "2", "--local", "2", "--elements", "65536",
+        "--topology", str(star), "--local", "2", "--elements", "65536",
         "--calls", "3", "--rto", "2", "--timeout", "60"], timeout=120)
     t = rows(out.stdout)
     assert sorted(t) == ["flat", "hier"], out.stdout
@@ -42,4 +46,5 @@ def test_hier_bench_netns_smoke():
         # UDP payload + Ethernet/IP/UDP headers of each datagram's fragments (and a few ARP)
         assert agent < veth < 1.02 * agent
     assert float(fms) > 0 and float(hms) > 0
-    assert "namespaces, 1gbit links" in out.stdout and "load average" in out.stdout
+    assert "namespaces of " in out.stdout and ", 1gbit links" in out.stdout
+    assert "load average" in out.stdout

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from netns import run_workers, workers_job
+from tests.netns import run_workers, workers_job
 
 
 @pytest.mark.parametrize("hosts", [3], indirect=True)

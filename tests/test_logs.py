@@ -16,7 +16,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +24,7 @@ import pytest
 from host_agent.agent import SpinaError
 from host_agent.daemon.client import DaemonClient, status
 from spina import log as spina_log
+from tests.waits import until
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
@@ -77,14 +77,6 @@ def check_common_fields(records: list[dict], proc: str) -> None:
         assert r["proc"] == proc and int(r["pid"]) > 0 and r["logger"].startswith("spina."), r
 
 
-def _wait_for(cond, what, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
 @pytest.mark.parametrize("fmt", ["json", "kv"])
 def test_launcher_and_daemon_lines_parse_and_call_lines_carry_job_call_rank(tmp_path, fmt):
     """A launcher (switch + rendezvous) and a daemon with --log-format FMT: every line parses with
@@ -102,7 +94,7 @@ def test_launcher_and_daemon_lines_parse_and_call_lines_carry_job_call_rank(tmp_
          "--socket", str(sock), "--log-file", str(daemon_log), "--log-format", fmt,
          "--log-level", "DEBUG"], env=ENV, cwd=ROOT)
     try:
-        _wait_for(lambda: job_file.exists() and sock.exists(), "the job file and the socket")
+        until(lambda: job_file.exists() and sock.exists(), "the job file and the socket")
         with DaemonClient(str(job_file), 0, str(sock)) as c0, \
                 DaemonClient(str(job_file), 1, str(sock)) as c1, \
                 concurrent.futures.ThreadPoolExecutor(2) as pool:

@@ -27,6 +27,7 @@ from spina.config import JobConfig, WorkerAddr, job_to_dict
 from spina.metrics import parse_address
 from spina.net import bound_udp_socket, free_port
 from spina.procs import stop_process
+from tests.waits import until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "PYTHONPATH": ROOT}
@@ -82,9 +83,7 @@ def test_switch_scrape_counts_known_traffic():
             stray.sendto(b"not an INA packet", sw.address)
             stray.sendto(wire.pack(wire.Header(job=5, rank=0, nlanes=1, block_size=8),
                                    [wire.END]), sw.address)
-            deadline = time.time() + 10
-            while sw.packets_in < sent + 2 and time.time() < deadline:
-                time.sleep(0.02)
+            until(lambda: sw.packets_in >= sent + 2, "the switch to take the 2 strays", 10)
             stray.close()
             m = scrape(server.url)
             assert m[("spina_job_packets_received_total", (("job_id", "5"),))] == sent

@@ -9,8 +9,8 @@ import shutil
 
 import pytest
 
-from netns import run_workers, workers_job
 from spina import netns
+from tests.netns import run_workers, workers_job
 
 
 def _lossy(p: float):

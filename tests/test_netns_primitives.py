@@ -10,11 +10,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from spina import netns
+from tests.waits import until
 
 TAG = netns.unique_tag("snp")
 
@@ -107,11 +107,8 @@ def test_a_failed_build_removes_its_namespaces_and_root_links(root):
 def _wait_unshared(proc) -> None:
     """Until `proc` is in a network namespace other than ours."""
     mine = os.readlink("/proc/self/ns/net")
-    for _ in range(200):
-        if os.readlink(f"/proc/{proc.pid}/ns/net") != mine:
-            return
-        time.sleep(0.01)
-    raise AssertionError("unshare --net did not give the process its own namespace")
+    until(lambda: os.readlink(f"/proc/{proc.pid}/ns/net") != mine,
+          "unshare --net to give the process its own namespace", 10)
 
 
 _TERMED = """
@@ -142,7 +139,7 @@ def test_sigterm_removes_the_namespaces_of_the_process_that_made_them(root):
     kid = int(proc.stdout.readline())
     assert sorted(netns.leftover_namespaces(TAG)) == [f"{TAG}-t0", f"{TAG}-t1"]
     os.kill(kid, signal.SIGTERM)
-    _wait_gone(kid)
+    until(lambda: _gone(kid), f"process {kid} to end on SIGTERM", 10)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=20) == 143
     assert netns.leftover_namespaces(TAG) == []
@@ -163,14 +160,10 @@ def test_sigterm_removes_the_namespaces_of_the_process_that_made_them(root):
         signal.signal(signal.SIGTERM, before)
 
 
-def _wait_gone(pid: int) -> None:
-    """Until process `pid` (not our child) has exited or is a zombie."""
-    for _ in range(500):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    return
-        except FileNotFoundError:
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"process {pid} ignored SIGTERM")
+def _gone(pid: int) -> bool:
+    """Process `pid` (not our child) has exited or is a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True

@@ -23,11 +23,7 @@ from host_agent.launch import local_job
 from host_agent.local import LocalCluster
 from softswitch.udp import UdpSwitch
 from spina.config import ConfigError, JobFile
-
-try:  # tests/ is on sys.path under pytest's default import mode (and in spawned workers)
-    from test_torch_hook import finish_worker
-except ImportError:
-    from tests.test_torch_hook import finish_worker
+from tests.test_torch_hook import finish_worker
 
 WORLD = 2
 SMALL = dict(nslots=2, nlanes=2)  # lane span 1024
@@ -270,35 +266,43 @@ def test_ddp_overlap_gives_plain_ddps_weights(tmp_path):
 
 # ----------------------------------------------------------------------------- the benchmark
 def test_overlap_bench_smoke(tmp_path):
-    """bench/overlap_bench.py with 2 workers over a 1 Gbit/s namespace star, 2 rounds of 2
-    steps: a row per method, ddp's and both overlaps' weights identical, every method's
-    bytes about the model's, the trace and the timeline written."""
+    """`python -m bench overlap` with 2 ranks over a 1 Gbit/s namespace star, a warm-up and 1
+    round of 2 steps: a row per method, ddp's and both overlaps' weights identical (wrong
+    0), every method's bytes about the model's, the trace and the timeline written."""
     import csv
 
-    from bench.overlap_bench import COLUMNS, METHODS
-    from netns import run_bench
-    run_bench("bench.overlap_bench", "sovt",
-              ["--workers", "2", "--width", "64", "--depth", "2", "--batch", "8", "--rounds",
-               "2", "--steps", "2", "--chunk", "1", "--nslots", "2", "--nlanes", "2",
-               "--out", str(tmp_path)], timeout=180)
-    with open(tmp_path / "overlap_results.csv", newline="") as f:
+    from bench import harness
+    from bench.overlap import EXTRA_COLUMNS, METHODS
+    from tests.netns import run_bench
+    star = tmp_path / "star2.yaml"  # two hosts on one aggregating switch, 1 Gbit/s links
+    star.write_text("hosts: [h0, h1]\nswitches: {s0: {aggregate: true}}\nlinks:\n"
+                    + "".join(f"  - {{ends: [h{i}, s0], rate: 1gbit, latency: 20us, "
+                              "burst: 128KiB}\n" for i in range(2)) + "mtu: 9000\n")
+    params = 1024 * 64 + 64 + 2 * (64 * 64 + 64) + 64 * 10 + 10  # width 64, depth 2
+    run_bench("bench", "sovt",
+              ["overlap", "-t", str(star), "-g", "2", "-b", str(4 * params), "-e",
+               str(4 * params), "--depth", "2", "--batch", "8", "-n", "1", "--steps", "2",
+               "--chunk", "1", "--nslots", "2", "--nlanes", "2", "--out", str(tmp_path)],
+              timeout=180)
+    with open(tmp_path / "results.csv", newline="") as f:
         reader = csv.DictReader(f)
         rows = {r["method"]: r for r in reader}
-    assert tuple(reader.fieldnames) == COLUMNS and sorted(rows) == sorted(METHODS)
-    params = 1024 * 64 + 64 + 2 * (64 * 64 + 64) + 64 * 10 + 10
-    for m, r in rows.items():
-        assert (r["workers"], r["rate"], r["params"], r["layers"]) == ("2", "1gbit",
-                                                                       str(params), "4")
-        assert r["weights_identical"] == ("" if m == "compute" else "True")
-    tx = {m: float(r["tx_bytes_per_step"]) for m, r in rows.items()}
+    assert tuple(reader.fieldnames) == harness.COLUMNS + EXTRA_COLUMNS
+    assert sorted(rows) == sorted(METHODS)
+    for r in rows.values():
+        assert (r["workers"], r["rate"], r["params"], r["layers"], r["width"]) == (
+            "2", "1gbit", str(params), "4", "64")
+        assert r["wrong"] == "0" and r["size"] == str(4 * params)
+    tx = {m: float(r["bytes_per_link"]) for m, r in rows.items()}
     # SpINA sends each non-zero block once (ReLU zeros: fewer), headers on top; chunks of one
     # lane span add their calls' setup rounds, priority order a negotiation per chunk
     assert tx["compute"] < 1000
     for m in ("ddp", "overlap_fifo"):
         assert 0.3 * 4 * params < tx[m] < 1.5 * 4 * params, (m, tx)
     assert tx["overlap_fifo"] < tx["overlap"] < 3 * 4 * params, tx
-    assert float(rows["ddp"]["ratio_ddp_median"]) == 1.0
+    assert float(rows["ddp"]["vs_ddp"]) == 1.0
     trace = json.loads((tmp_path / "overlap_trace.json").read_text())["2 workers, 1gbit"]
     kinds = {m: {e[0] for e in trace[m]["comm"]} for m in ("ddp", "overlap", "overlap_fifo")}
     assert kinds == dict(ddp={"chunk"}, overlap={"chunk", "negotiate"}, overlap_fifo={"chunk"})
     assert (tmp_path / "overlap_timeline_2w_1gbit.png").stat().st_size > 10000
+    assert "priority overlap's step" in (tmp_path / "overlap_summary.md").read_text()

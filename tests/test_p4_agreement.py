@@ -88,9 +88,10 @@ def test_p4_packet_fits_mtu():
 
 
 def test_constants_agree():
-    """define.p4's protocol constants equal spina/wire.py and spina/spec.py (text: p4c folds
-    them into the code)."""
-    text = (P4SRC / "shared" / "define.p4").read_text()
+    """define.p4's protocol constants (and define_v1model.p4's QDEPTH_NEVER) equal
+    spina/wire.py and spina/spec.py (text: p4c folds them into the code)."""
+    text = "".join((P4SRC / f).read_text() for f in ("shared/define.p4",
+                                                     "v1model/define_v1model.p4"))
     consts = {n: int(v, 0) for n, v in re.findall(r"const \w+(?:<\d+>)?\s+(\w+) = (\w+);", text)}
     assert consts["INA_UDP_PORT"] == wire.DEFAULT_UDP_PORT == spec.INA_UDP_PORT
     assert consts["ETHERTYPE_IPV4"] == spec.ETHERTYPE_IPV4

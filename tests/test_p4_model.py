@@ -24,11 +24,7 @@ from softswitch.fabric import TO_GROUP, TO_SENDER, TO_UPSTREAM, FabricRoles
 from softswitch.pipeline import Pipeline
 from spina import rows, spec, wire
 from spina.config import JobConfig, WorkerAddr
-
-try:  # tests/ is on sys.path under pytest's default import mode, unless tests/ is a package
-    from p4model import INA_OFF, M32, P4Model
-except ImportError:
-    from tests.p4model import INA_OFF, M32, P4Model
+from tests.p4model import INA_OFF, M32, P4Model
 
 K, BS, SLOTS, JOB, PORT = 4, 4, 4, 3, 1
 

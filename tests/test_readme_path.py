@@ -10,8 +10,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from tests.waits import until
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -63,12 +64,10 @@ def test_readme_multi_process_path_twice(tmp_path):
             serve = subprocess.Popen(["make", "serve", f"PY={sys.executable}"], cwd=ROOT,
                                      env=ENV, stdout=out, stderr=subprocess.STDOUT,
                                      start_new_session=True)
-        deadline = time.monotonic() + 60
-        while len(list(AGENTS.glob("job1-rank*.json"))) < 4:
+        def agent_files():
             assert serve.poll() is None, f"make serve exited {serve.returncode}: {log.read_text()}"
-            assert time.monotonic() < deadline, f"serve wrote no agent files in 60 s: " \
-                                                f"{log.read_text()}"
-            time.sleep(0.1)
+            return len(list(AGENTS.glob("job1-rank*.json"))) == 4
+        until(agent_files, "serve's 4 agent files", 60, every=0.1)
         assert _program(1) == [f"rank {r}: sum 4" for r in range(4)], log.read_text()
         assert _program(10) == [f"rank {r}: sum 40" for r in range(4)], log.read_text()
     finally:

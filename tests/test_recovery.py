@@ -1,6 +1,6 @@
 """Loss recovery (host_agent/recovery.py): no resends without loss, no resend storm through a
 slow switch, and the fast retransmit and timeout decisions themselves. Speed under loss is
-measured by the benchmark (`python -m bench.allreduce_bench --sweeps loss`), not asserted here.
+measured by the benchmark (`python -m bench loss`), not asserted here.
 
 Run just this file: .venv/bin/python -m pytest tests/test_recovery.py
 """

@@ -29,17 +29,11 @@ from softswitch.udp import UdpSwitch
 from spina import wire
 from spina.net import free_ports
 from spina.procs import stop_process
+from tests.waits import file_appears, until
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=str(ROOT))
-WORKER = str(ROOT / "tests" / "run_worker.py")
-
-
-def _wait_for(path: Path, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.05)
+WORKER = ("-m", "tests.run_worker")  # run from ROOT (cwd=ROOT)
 
 
 def run_program(via: str, files, value: float, nranks: int = 2, dtype: str = "float32",
@@ -49,7 +43,7 @@ def run_program(via: str, files, value: float, nranks: int = 2, dtype: str = "fl
     for r in range(nranks):
         f = files[r] if isinstance(files, list) else files
         procs.append(subprocess.Popen(
-            [sys.executable, WORKER, "--via", via, str(f), "--rank", str(r), "--value", str(value),
+            [sys.executable, *WORKER, "--via", via, str(f), "--rank", str(r), "--value", str(value),
              "--dtype", dtype, "--calls", str(calls), *extra],
             env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     outs, errs = [], []
@@ -117,7 +111,7 @@ def launcher(tmp_path):
     """`python -m host_agent.launch` for a 2-rank job; its job file."""
     proc, job_file = start_subprocess(2, str(tmp_path / "job.json"))
     try:
-        _wait_for(Path(job_file))
+        file_appears(job_file)
         yield job_file
     finally:
         stop_process(proc, 10)
@@ -156,7 +150,7 @@ def test_a_replaced_rank_never_mixes_runs(launcher):
     assert box[0][0] == 2.0
     old[1].close()
     # its join fails when rank 0 is not there within --timeout (the default, 20 s, only idles)
-    new1 = subprocess.Popen([sys.executable, WORKER, "--via", "jobfile", launcher, "--rank", "1",
+    new1 = subprocess.Popen([sys.executable, *WORKER, "--via", "jobfile", launcher, "--rank", "1",
                              "--value", "5", "--calls", "1", "--timeout", "3"], env=ENV, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -184,7 +178,7 @@ def _capture(box, fn, *a):
 def test_ddp_user_sees_the_spina_error_naming_the_missing_rank(launcher, tmp_path):
     """A DDP step whose peer never joins fails in backward with SpinaTimeout's message naming
     rank 1, not with 'Unable to cast ... to Tensor'."""
-    p = subprocess.run([sys.executable, WORKER, "--via", "ddp", launcher, "--rank", "0",
+    p = subprocess.run([sys.executable, *WORKER, "--via", "ddp", launcher, "--rank", "0",
                         "--value", "1", "--calls", "1", "--world", "1", "--timeout", "2",
                         "--pg", str(tmp_path / "pg")],
                        env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -236,7 +230,7 @@ def daemon(tmp_path, launcher):
     proc = subprocess.Popen([sys.executable, "-m", "host_agent", "daemon", "--config",
                              str(tmp_path / "daemon.json")], env=ENV, cwd=ROOT)
     try:
-        _wait_for(sock)
+        file_appears(sock)
         yield launcher, str(sock)
     finally:
         stop_process(proc, 10)
@@ -287,7 +281,7 @@ def test_controller_serve_gives_each_run_its_own_epoch(tmp_path):
     try:
         files = [tmp_path / "agents" / f"job3-rank{r}.json" for r in (0, 1)]
         for f in files:
-            _wait_for(f)
+            file_appears(f)
         assert json.loads(files[0].read_text())["rendezvous"] == {"host": "127.0.0.1",
                                                                    "port": ports[0]}
         assert_all(run_program("assignment", files, 1, dtype="int32"), 2.0)
@@ -345,17 +339,13 @@ def test_a_join_the_rendezvous_closes_is_joined_again_once_it_listens():
             got[r] = e
     t0 = threading.Thread(target=rank, args=(0,))
     t0.start()
-    deadline = time.monotonic() + 5
-    while not first.jobs[1].waiting and time.monotonic() < deadline:
-        time.sleep(0.02)
+    until(lambda: first.jobs[1].waiting, "rank 0's join", 5)
     assert list(first.jobs[1].waiting) == [0]
     first.stop()  # rank 0's connection closes before its run started
     second = rendezvous.RendezvousServer(*address, {1: (2, 7)},
                                          lambda j, e: runs.append((j, e))).start()
     try:
-        deadline = time.monotonic() + 5
-        while not second.jobs[1].waiting and time.monotonic() < deadline:
-            time.sleep(0.02)
+        until(lambda: second.jobs[1].waiting, "rank 0's join again", 5)
         assert list(second.jobs[1].waiting) == [0]  # rank 0 joined again
         rank(1)
         t0.join(10)
@@ -367,9 +357,7 @@ def test_a_join_the_rendezvous_closes_is_joined_again_once_it_listens():
     t0 = threading.Thread(target=rank, args=(0,))
     address = gone.address
     t0.start()
-    deadline = time.monotonic() + 5
-    while not gone.jobs[1].waiting and time.monotonic() < deadline:
-        time.sleep(0.02)
+    until(lambda: gone.jobs[1].waiting, "rank 0's join", 5)
     gone.stop()
     t0.join(10)
     assert isinstance(got[0], rendezvous.RendezvousError)

@@ -32,13 +32,13 @@ import pytest
 from bench.scale_out import spine_hosts
 from controller.controller import Controller, program_in_process
 from controller.p4rt import Connection
-from deployment import ENV, ROOT, Deployment, jobs_of
-from netns import MGMT_IP, SWITCH_MAC, TAG, management_bridge
 from softswitch.udp import UdpSwitch
 from spina import spec
 from spina.net import free_port, free_ports
+from tests.deployment import ENV, ROOT, Deployment, jobs_of
+from tests.netns import MGMT_IP, SWITCH_MAC, TAG, management_bridge
 
-WORKER = str(ROOT / "tests" / "run_worker.py")
+WORKER = ("-m", "tests.run_worker")  # run from ROOT (cwd=ROOT)
 HOST = "127.0.0.1"
 CALLS = 2  # an int32 call, then a float32 call (run_worker.tensor)
 # s: the others' call that a killed rank never joins fails after this long without progress.
@@ -116,7 +116,7 @@ def run_program(dep: Deployment, seed: int, die: dict[int, int] | None = None,
                 if die[job] == r:
                     extra += ["--die-after", "1"]
             procs[(job, r)] = subprocess.Popen(
-                [*(where(job, r) if where else ()), sys.executable, WORKER,
+                [*(where(job, r) if where else ()), sys.executable, *WORKER,
                  "--via", "assignment", str(dep.agent_file(job, r)), "--rank", str(r),
                  "--value", "0", "--seed", str(seed), "--nranks", str(n),
                  "--calls", str(CALLS), "--timeout", str(timeout), "--length", str(length),

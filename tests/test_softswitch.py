@@ -7,7 +7,6 @@ import json
 import socket
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -175,13 +174,11 @@ def test_length_mismatch_is_an_error_on_every_rank():
 def test_missing_worker_times_out_naming_it():
     """If rank 2 never calls, the others fail after the timeout with an error naming rank 2."""
     with LocalCluster(3, rto=0.05, timeout=1.0, block_size=8, nlanes=2, nslots=2) as c:
-        t0 = time.monotonic()
         futs = [c.agents[r].allreduce_async(np.ones(100, np.float32)) for r in (0, 1)]
         for f in futs:
             with pytest.raises(SpinaTimeout, match=r"ranks \[2\] never contributed") as ei:
-                f.result(timeout=20)
+                f.result(timeout=20)  # a bound on a hang: the agents' timeout is 1 s
             assert ei.value.missing == [2]
-        assert time.monotonic() - t0 < 10
 
 
 def test_no_switch_times_out_clearly():

@@ -19,6 +19,7 @@ import subprocess
 import pytest
 
 from spina import spec, wire
+from tests.test_p4info import shape
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TOFINO = ROOT / "tofino"
@@ -102,10 +103,6 @@ def _bf_p4c_shape(text: str) -> dict:
     those blocks are read as text; names carry the pipe's prefix ("pipe.admission")."""
     from google.protobuf import text_format
     from p4.config.v1 import p4info_pb2
-    try:
-        from test_p4info import shape
-    except ImportError:
-        from tests.test_p4info import shape
     blocks = re.findall(r"^externs \{\n.*?^\}\n", text, re.S | re.M)
     rest = text
     for b in blocks:
@@ -135,10 +132,6 @@ def _bf_p4c_shape(text: str) -> dict:
 def test_bf_p4c_p4info_equals_spec():
     """bf-p4c's P4Info (tofino/build/, committed by `make tofino`) and spec.tna_p4info() are
     the same by name: tables, keys, actions and scopes, sizes, counters, registers."""
-    try:
-        from test_p4info import shape
-    except ImportError:
-        from tests.test_p4info import shape
     if not P4INFO.exists():
         pytest.skip(f"{P4INFO.relative_to(ROOT)} is not committed: the TNA program has not "
                     "been compiled by bf-p4c")

@@ -2,8 +2,8 @@
 
 Run just this file: python -m pytest tests/test_tna_model.py
 
-tests/tna_model.py transliterates tofino/include/{admission,aggregator,priority}.p4 RegisterAction
-by RegisterAction (its const tables read from the P4 text). Random packet sequences
+tests/tna_model.py transliterates tofino/include/{admission,aggregator,decide,priority}.p4
+RegisterAction by RegisterAction (its const tables read from the P4 text). Random packet sequences
 (duplicates, stale and new rounds, flushes, absent lanes, wrong epochs, unadmitted and
 malformed packets; tests/test_p4_model.py's strategy at the TNA sizes) go through it
 and through softswitch.pipeline.Pipeline, with the pipeline's hold of a newer round off (the
@@ -24,13 +24,8 @@ from softswitch.egress import CongestionDrop
 from softswitch.pipeline import Pipeline
 from spina import spec, wire
 from spina.config import JobConfig, WorkerAddr
-
-try:  # tests/ is on sys.path under pytest's default import mode, unless tests/ is a package
-    from test_p4_model import JOB, PORT, SWITCH_IP, frames, packet, src
-    from tna_model import INA_OFF, M32, TnaModel
-except ImportError:
-    from tests.test_p4_model import JOB, PORT, SWITCH_IP, frames, packet, src
-    from tests.tna_model import INA_OFF, M32, TnaModel
+from tests.test_p4_model import JOB, PORT, SWITCH_IP, frames, packet, src
+from tests.tna_model import INA_OFF, M32, TnaModel
 
 K, BS = spec.TNA_SIZES["NLANES"], spec.TNA_SIZES["BLOCK_SIZE"]
 SLOTS = spec.TNA_SIZES["POOL_SLOTS"]

@@ -17,11 +17,7 @@ import torch.multiprocessing as mp
 from host_agent.launch import local_job
 from softswitch.udp import UdpSwitch
 from spina.config import JobFile
-
-try:  # tests/ is on sys.path under pytest's default import mode
-    from test_torch_hook import leave_worker
-except ImportError:
-    from tests.test_torch_hook import leave_worker
+from tests.test_torch_hook import leave_worker
 
 WORLD = 2
 

@@ -15,10 +15,10 @@ import subprocess
 
 import pytest
 
-from deployment import ENV, ROOT, Deployment
-from netns import MGMT_IP, SWITCH_IP
 from spina import spec
 from spina.net import free_ports
+from tests.deployment import ENV, ROOT, Deployment
+from tests.netns import MGMT_IP, SWITCH_IP
 
 NODES, PER_NODE = 2, 2
 TORCHRUN = str(ROOT / ".venv" / "bin" / "torchrun")

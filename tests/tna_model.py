@@ -8,9 +8,10 @@ it on.
 
 tests/test_tna_model.py compares it with the software switch (softswitch.pipeline.Pipeline at
 the TNA sizes). Each RegisterAction is a method that takes the cell, returns (new cell, rv),
-as the stateful ALU does; the const tables `decide`, `flag_input` and `rank_to_bit` are not
-copied here but read from tofino/include/aggregator.p4's text, so that the model follows the
-P4 entries as written. If the software switch and this model disagree, one of them is wrong.
+as the stateful ALU does; the const tables `decide` and `flag_input` are not copied here
+but read from tofino/include/decide.p4's text, so that the model follows the P4 entries as
+written (`rank_to_bit`'s entries, tofino/include/slot_index.p4, tests/test_tna_agreement.py
+checks). If the software switch and this model disagree, one of them is wrong.
 `TnaModel(lane_bits=16)` (or 8) is the program compiled with -DSPINA_LANE_BITS=16 (or 8):
 elements of that width, another width malformed, pair cells that saturate at each add.
 """
@@ -81,11 +82,11 @@ def _ternary(text: str):
 
 
 def const_entries(table: str) -> list[tuple[list, str, list[int]]]:
-    """`table`'s const entries in aggregator.p4, in priority order: (keys, action, args)."""
+    """`table`'s const entries in decide.p4, in priority order: (keys, action, args)."""
     # The default program: the roles' profile (-DSPINA_TNA_ROLES) pads each entry with its
     # keys' wildcards (SPINA_*_ANY, empty by default) and adds entries by macro only.
     text = re.sub(r"\s*SPINA_(?:ROLE|CARRY)_ANY\b", "",
-                  (TOFINO / "include/aggregator.p4").read_text())
+                  (TOFINO / "include/decide.p4").read_text())
     body = re.search(r"table " + table + r" \{.*?const entries = \{(.*?)\n\s*\}\n", text, re.S)
     out = []
     for keys, action, args in re.findall(r"\(([^)]*)\):\s*(\w+)\(([^)]*)\);", body.group(1)):

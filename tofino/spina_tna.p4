@@ -14,6 +14,7 @@
 #include <tna.p4>
 
 #include "../p4src/shared/define.p4"
+#include "include/define_tna.p4"
 #include "size.p4"
 #include "../p4src/shared/header.p4"
 #include "include/types.p4"
@@ -25,7 +26,9 @@
 #ifdef SPINA_TNA_ROLES
 #include "include/fabric.p4"
 #endif
+#include "include/slot_index.p4"
 #include "include/aggregator.p4"
+#include "include/egress_slots.p4"
 #include "include/forwarding.p4"
 #include "include/egress_rewrite.p4"
 

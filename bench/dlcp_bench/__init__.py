@@ -1,10 +1,11 @@
 """DLCP under congestion: step time of one gradient all-reduce per step, exact vs bounded loss,
 fixed vs layer priorities, and gloo, over the same congested queue (docs/dlcp.md).
 
+The parts of the harness's `dlcp` WHAT (bench/dlcp.py: its options, columns and outputs).
 Run from the repository root as root (`make bench-dlcp` does):
 
-    python -m bench.dlcp_bench                                  # the documented run (2.5 min)
-    python -m bench.dlcp_bench --workers 2 --model 64,64,10 --steps 2 --out /tmp/d   # smoke
+    python -m bench dlcp                                        # the documented run (2.5 min)
+    python -m bench dlcp -g 2 --model 64,64,10 -n 2 --out /tmp/d           # smoke
 
 The fabric (namespaces, built and removed by fabric.py):
 
@@ -67,7 +68,7 @@ the background sender, each a process in its namespace), `worker.py` (a worker p
 agent and gloo group, the timed step, the training loop), `model.py` (the MLP: layer sizes,
 the synthetic gradients, the numpy forward and backward; the data is examples/digits.py's),
 `run.py` (the fabric and the processes for one run), `report.py` (rows, CSV, summary, plots)
-and `cli.py` (the options and `main`, which `python -m bench.dlcp_bench` runs).
+and `cli.py` (the options of `python -m bench dlcp`).
 """
 from __future__ import annotations
 

@@ -31,7 +31,8 @@ CONFIGS = (Config("exact/fixed", "spina"), Config("exact/layer", "spina", priori
            *(Config(f"b{b:.0%}/{pol}/auto", "spina", b, pol, "magnitude", loss_deadline="auto")
              for b in (0.01, 0.1) for pol in ("fixed", "layer")))
 DEFAULT_CONFIGS = tuple(c.name for c in CONFIGS)
-STEP_COLUMNS = ("repeat", "order", "config", "step_s", "worker_max_s", "worker_min_s",
+STEP_COLUMNS = ("repeat", "order", "config", "step_s", "wrong_step", "worker_max_s",
+                "worker_min_s",
                 "blocks", "blocks_lost", "wrong_blocks", "partial_rounds",
                 "loss_tolerant_packets", "resends", "timeout_resends", "loss_deadline_ms",
                 "congestion_drops",

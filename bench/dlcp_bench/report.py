@@ -8,8 +8,7 @@ import statistics
 import numpy as np
 
 from bench.dlcp_bench.configs import CONFIGS
-from bench.paired import BenchError
-from bench.report import page_head
+from bench.harness import page_head
 
 TARGET = 0.5                      # issue 14: p99 with a 10% bound <= half of exact mode's
 
@@ -25,19 +24,15 @@ def call_blocks(sizes: list[int]) -> list[int]:
 
 
 def step_row(rep, k, cfg, recs, c0, c1, load, sizes) -> dict:
-    """One step's CSV row; raises BenchError when a result is wrong: SpINA's results differ
+    """One step's CSV row; `wrong_step` is 1 when a result is wrong: SpINA's results differ
     between ranks, or an exact mode's result is off the exact sum. Whether the blocks lost
     fit the bound is recorded (`within_bound`): per call, the blocks of the result missing a
     contribution (rank 0's comparison with the exact sum) and each rank's `blocks_lost` at
     most floor(bound x the call's blocks), the agents' flush budget."""
     spina = cfg.method == "spina"
-    if spina and len({w["crc"] for w in recs}) != 1:
-        raise BenchError(f"step {rep} {cfg.name}: SpINA results differ between ranks "
-                         f"(crc32 {[w['crc'] for w in recs]})")
     wrong = recs[0]["wrong"]
-    if cfg.bounded_loss == 0 and any(wrong):
-        raise BenchError(f"step {rep} {cfg.name}: {sum(wrong)} blocks off the exact sum in a "
-                         "mode that must be exact")
+    bad = (spina and len({w["crc"] for w in recs}) != 1) or (cfg.bounded_loss == 0
+                                                            and any(wrong))
     allowed = [int(np.floor(cfg.bounded_loss * nb + 1e-9)) for nb in call_blocks(sizes)]
     within = all(wr <= al for wr, al in zip(wrong, allowed))
     if spina:
@@ -45,7 +40,7 @@ def step_row(rep, k, cfg, recs, c0, c1, load, sizes) -> dict:
                                 for lost, al in zip(w["calls_lost"], allowed))
     lost_calls = [sum(c) for c in zip(*[w["calls_lost"] for w in recs])] if spina else []
     times = [w["time"] for w in recs]
-    return dict(repeat=rep, order=k, config=cfg.name, step_s=max(times),
+    return dict(repeat=rep, order=k, config=cfg.name, step_s=max(times), wrong_step=int(bad),
                 worker_max_s=max(times), worker_min_s=min(times), blocks=recs[0]["blocks"],
                 blocks_lost=sum(lost_calls), blocks_lost_max_call=max(lost_calls, default=0),
                 wrong_blocks=sum(wrong), wrong_blocks_max_call=max(wrong, default=0),
@@ -95,7 +90,8 @@ def summarize(rows: list[dict], a, sizes: list[int]) -> list[dict]:
             loss_deadline_ms=per("loss_deadline_ms"),
             tail_drops_per_step=per("tail_drops"), load_min=min(r["load1"] for r in rs),
             load_max=max(r["load1"] for r in rs),
-            within_bound=all(r["within_bound"] for r in rs), verified=True))
+            within_bound=all(r["within_bound"] for r in rs),
+            verified=not any(r["wrong_step"] for r in rs)))
     ref = next((r for r in out if r["config"] == "exact/fixed"), None)
     for r in out:
         r["p99_vs_exact_fixed"] = r["p99_s"] / ref["p99_s"] if ref else ""
@@ -220,14 +216,12 @@ def plot(step_rows, rows, path: str) -> None:
 
 
 def train_outputs(train: list[dict], a) -> tuple[list[dict], list[dict]]:
-    """Rows of the curves and one summary row per configuration; raises BenchError when a
-    SpINA run's ranks ended with different weights."""
+    """Rows of the curves and one summary row per configuration (weights_identical: every
+    rank ended with the same weights)."""
     curves, rows = [], []
     for t in train:
         recs, curve = t["recs"], t["recs"][0]["curve"]
-        same = len({r["crc"] for r in recs}) == 1
-        if not same and t["config"] != "gloo":
-            raise BenchError(f"training {t['config']}: the workers' weights differ")
+        same = len({r["crc"] for r in recs}) == 1  # weights_identical False: a wrong run
         curves += [dict(config=t["config"], step=st, seconds=sec, test_accuracy=acc)
                    for st, sec, acc in curve]
         hit = next(((st, sec) for st, sec, acc in curve if acc >= a.target_accuracy), None)

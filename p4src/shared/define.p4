@@ -3,15 +3,15 @@
  * Names follow p4src/README.md: types end in _t, constants are UPPER_SNAKE. The values mirror
  * spina/wire.py (message types, flag bits) and spina/spec.py (protocol numbers, INA port);
  * tests/test_p4_agreement.py checks them.
+ *
+ * No architecture widths here: each target's define file types its ports and queue depths
+ * (p4src/v1model/define_v1model.p4, tofino/include/define_tna.p4).
  */
 #ifndef SPINA_DEFINE_P4
 #define SPINA_DEFINE_P4
 
 typedef bit<48> mac_addr_t;
 typedef bit<32> ipv4_addr_t;
-typedef bit<9>  port_t;      // v1model port width
-typedef bit<16> mcast_grp_t; // v1model multicast group / replication id width
-typedef bit<19> qdepth_t;    // v1model enq_qdepth width
 
 const bit<16> ETHERTYPE_IPV4 = 0x0800;
 const bit<8>  IP_PROTO_UDP = 17;
@@ -41,9 +41,6 @@ const bit<8> FLAGS_LANE_WIDTH = 0xc0;  // FLAG_LANES16 | FLAG_LANES8
 // LAST (a mismatch or a flush in one rack concerns every rack), and a stored result's flags.
 const bit<8> FLAGS_CARRIED = 0x18;  // FLAG_MISMATCH | FLAG_PARTIAL
 const bit<8> FLAGS_RESULT = 0x1c;   // FLAG_LAST | FLAGS_CARRIED
-
-// enq_qdepth never exceeds this: the congestion threshold that never drops.
-const qdepth_t QDEPTH_NEVER = 0x7ffff;
 
 const bit<8> WIRE_MAX_LANES = 64;   // present/nonfinite are 64-bit lane bitmaps
 const bit<8> WIRE_MAX_WORKERS = 32; // bitmap is a 32-bit rank bitmap

@@ -10,6 +10,7 @@
 #include <v1model.p4>
 
 #include "../shared/define.p4"
+#include "define_v1model.p4"
 #include "size.p4"
 #include "../shared/header.p4"
 #include "parser.p4"

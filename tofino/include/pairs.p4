@@ -76,6 +76,9 @@
         size = 8;                                                                             \
     }
 
+// Applies pair P's op table (ingress Aggregator, egress EgressSlots).
+#define SPINA_APPLY_PAIR(P, LO, HI) pair_p##P##_ops.apply();
+
 // Before a READ of the low halves: both elements of each pair of BLK := 0 (MERGE adds 0).
 #define SPINA_READ_ZERO(BLK, P, LO, HI) BLK.e##LO = 0; BLK.e##HI = 0;
 

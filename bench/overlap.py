@@ -1,16 +1,16 @@
 """Priority overlap against DDP's default order, over rate-limited links (issue 31 item 4).
 
-Run from the repository root as root:
+    python -m bench overlap -t bench/topologies/star4.yaml --rates 1gbit      # root
+    python -m bench overlap -t STAR2.yaml -b 298280 -e 298280 --depth 2 --batch 8 -n 1 \
+        --steps 2 --out /tmp/o           # a smoke run (tests/test_overlap.py): width 64
 
-    python -m bench.overlap_bench                                  # 4 workers, 1 Gbit/s
-    python -m bench.overlap_bench --workers 2 --width 64 --depth 2 --batch 8 --rounds 2 \\
-        --steps 2 --out /tmp/o           # a smoke run (tests/test_overlap.py)
-
-The fabric and processes are bench/train_bench.py's: one namespace per worker, a tbf-limited
-veth each to a switch namespace with SpINA's software switch (bench/net_topo.py Star,
-bench/paired.py Cluster); the data is its digits (train_bench.digits) and the model its MLP
-(examples/train_compressed.py) with `--depth` hidden W x W layers: 1024-W-...-W-10 (W
-2304: 5.3M parameters each).
+The fabric and processes are the training WHAT's (bench/training.py): a star topology file
+(default bench/topologies/star4.yaml; its hosts are the ranks) in namespaces, a tbf-limited
+veth per rank to the switch's namespace with SpINA's software switch (bench/net_topo.py
+Graph, bench/paired.py Cluster); the data is its digits (training.digits) and the model its
+MLP (examples/train_compressed.py) with `--depth` hidden W x W layers: 1024-W-...-W-10, W the
+width whose float32 gradient comes nearest the size (-b/-e; the default W 2304 at depth 3:
+5.3M parameters per hidden layer, 18.3M in all, 73 MB).
 
 Every worker process trains every method side by side, each its own model from the same
 seed and the same batches:
@@ -25,46 +25,71 @@ seed and the same batches:
   compute       the model without DDP: the compute alone
 
 A round runs --steps consecutive steps of each method (the order rotating round by round)
-between two barriers, timed as a whole (the first round a warm-up, checked, not timed):
+between two barriers, timed as a whole (-n rounds after a warm-up round, checked, not timed):
 an overlap method's last step ends with synchronize() (its last sums applied), so every
 method's round does the same work. A
 method's step time in a round = the slowest worker's round time / steps; overlap's ratio to
-ddp is paired per round. After every round the three synchronised methods' weights are
+ddp is paired per round (`vs_ddp`). After the rounds the synchronised methods' weights are
 compared (crc32): ddp and overlap must be bit-identical (same sums, same float operations),
-and the same on every rank, or the run stops.
+and the same on every rank; `wrong` counts the ranks (and methods against ddp) that were not.
 
 Rank 0 traces its last round of each method: forward, backward, optimiser step and waits on
 the main thread, every SpINA call (chunk or negotiation) on the sending thread.
-Outputs in --out: overlap_results.csv (a row per method), overlap_trace.json,
-overlap_summary.md, overlap_timeline_<N>w_<rate>.png per point.
+Besides the harness's outputs: overlap_trace.json, overlap_summary.md (overlap against ddp)
+and overlap_timeline_<N>w_<rate>.png per point.
 """
 from __future__ import annotations
 
-import argparse
 import concurrent.futures
 import json
+import math
 import os
 import statistics
-import sys
 import time
 import zlib
 from dataclasses import asdict, dataclass
 
-from bench.net_bench import add_star_args, run_meta
-from bench.net_topo import SWITCH_IP, Star, dev_bytes, kernel_losses_total, parse_rate, tbf_params
-from bench.paired import BenchError, Cluster, Gloo, Place, paired_ratios, rotation
-from bench.report import page_head
-from bench.train_bench import digits, quartiles, write_csv
+from bench.harness import method_rows, page_head
+from bench.net_topo import dev_bytes, kernel_losses_total, parse_rate, tbf_params
+from bench.paired import Cluster, paired_ratios, rotation
+from bench.training import add_ddp_options, check_ddp, digits, quartiles
 
 METHODS = ("ddp", "overlap", "overlap_fifo", "compute")
 SYNCED = ("ddp", "overlap", "overlap_fifo")
-WORKER_PORT = 50000
 GLOO_PORT = 29600
-COLUMNS = ("workers", "rate", "method", "params", "layers", "rounds", "steps_per_round",
-           "step_median_s", "step_q1_s", "step_q3_s", "ratio_ddp_median", "ratio_ddp_q1",
-           "ratio_ddp_q3", "tx_bytes_per_step", "rx_bytes_per_step", "link_s",
-           "wait_s_per_step", "weights_identical", "tbf_drops", "udp_drops", "load_start",
-           "load_end")
+DESCRIPTION = "priority overlap vs DDP's default order over a topology's links (root)"
+DEFAULTS = dict(methods=",".join(METHODS), densities="1", repeats=5,
+                # width 2304 at depth 3: 18,316,810 parameters
+                begin="73267240", end="73267240",
+                topology="bench/topologies/star4.yaml", rates="1gbit")
+EXTRA_COLUMNS = ("vs_ddp", "vs_ddp_q1", "vs_ddp_q3", "params", "width", "layers",
+                 "steps_per_round", "step_q1_us", "step_q3_us", "rx_bytes_per_link", "link_s",
+                 "wait_s_per_step", "tbf_drops", "udp_drops")
+
+
+def add_options(ap) -> None:
+    from spina import cli
+    ap.add_argument("--depth", type=cli.int_range(1, 64), default=3,
+                    help="hidden width x width layers (default %(default)s)")
+    ap.add_argument("--steps", type=cli.int_range(1, 10_000), default=4,
+                    help="consecutive steps per round (default %(default)s)")
+    ap.add_argument("--chunk", type=cli.int_range(1, 1 << 30), default=1 << 20,
+                    help="overlap: elements per chunk, rounded up to lane spans (default 1M)")
+    ap.add_argument("--bucket-mb", type=cli.positive_float, default=16.0,
+                    help="DDP's bucket cap in MiB, every method (default 16: one hidden layer "
+                         "of 21 MB per bucket)")
+    add_ddp_options(ap, batch=128, lr=0.02)
+
+
+def check_options(a) -> str | None:
+    return check_ddp(a)
+
+
+def width_for(size: int, depth: int) -> int:
+    """The width W whose MLP 1024-W-...-W-10 (`depth` W x W layers) has the float32 gradient
+    nearest `size` bytes: depth W^2 + (1035 + depth) W + 10 parameters."""
+    b = 1035 + depth
+    return max(1, round((-b + math.sqrt(b * b + 4 * depth * (size / 4 - 10))) / (2 * depth)))
 
 
 @dataclass(frozen=True)
@@ -233,68 +258,108 @@ def overlap_point(rank: int, req: OverlapRequest, agent, dist, torch, barrier,
 
 
 # ----------------------------------------------------------------------------- parent side
-def check_weights(recs: list[dict], methods) -> bool:
-    """Every rank's synchronised methods hold the same weights after every round."""
+def wrong_weights(recs: list[dict], methods) -> dict:
+    """Per method: the ranks whose weights differ from rank 0's, and (the overlaps) 1 if rank
+    0's differ from the first synchronised method's (ddp: the same sums, bit for bit)."""
     synced = [m for m in methods if m in SYNCED]
+    out = {m: 0 for m in methods}
     for m in synced:
-        for r, w in enumerate(recs[1:], 1):
-            if w[m]["crc"] != recs[0][m]["crc"]:
-                raise BenchError(f"{m}: rank {r}'s weights differ from rank 0's")
+        out[m] = sum(w[m]["crc"] != recs[0][m]["crc"] for w in recs[1:])
     for m in synced[1:]:
-        if recs[0][m]["crc"] != recs[0][synced[0]]["crc"]:
-            raise BenchError(f"{m}'s weights differ from {synced[0]}'s (crc32 "
-                             f"{recs[0][m]['crc']} vs {recs[0][synced[0]]['crc']})")
-    return True
+        out[m] += recs[0][m]["crc"] != recs[0][synced[0]]["crc"]
+    return out
 
 
-def make_rows(recs: list[dict], req: OverlapRequest, common: dict) -> list[dict]:
-    """One row per method."""
-    identical = check_weights(recs, req.methods)
+def make_rows(recs: list[dict], req: OverlapRequest, point: dict, what: str, load: str,
+              common: dict) -> list[dict]:
+    """The harness's rows, one per method."""
+    wrong = wrong_weights(recs, req.methods)
     times = {m: [max(v) for v in zip(*(w[m]["times"] for w in recs))] for m in req.methods}
-    rows = []
+    extras, sent = {}, {}
+    rate = parse_rate(point["rate"])
     for m in req.methods:
-        q1, med, q3 = quartiles(times[m])
-        row = dict(common, method=m, params=recs[0]["params"], layers=req.depth + 2,
-                   rounds=req.rounds, steps_per_round=req.steps, step_median_s=med,
-                   step_q1_s=q1, step_q3_s=q3,
-                   tx_bytes_per_step=statistics.fmean(x for w in recs for x in w[m]["tx"]),
-                   rx_bytes_per_step=statistics.fmean(x for w in recs for x in w[m]["rx"]),
-                   wait_s_per_step=statistics.fmean(x for w in recs for x in w[m]["wait"]),
-                   weights_identical=identical if m in SYNCED else "")
-        row["link_s"] = (max(row["tx_bytes_per_step"], row["rx_bytes_per_step"]) * 8
-                         / parse_rate(common["rate"]))
+        q1, _, q3 = quartiles(times[m])
+        tx = statistics.fmean(x for w in recs for x in w[m]["tx"])
+        rx = statistics.fmean(x for w in recs for x in w[m]["rx"])
+        sent[m] = round(tx)
+        e = dict(common, params=recs[0]["params"], width=req.width, layers=req.depth + 2,
+                 steps_per_round=req.steps, step_q1_us=round(q1 * 1e6, 1),
+                 step_q3_us=round(q3 * 1e6, 1), rx_bytes_per_link=round(rx),
+                 # the step's bytes at line rate, the busier direction
+                 link_s=round(max(tx, rx) * 8 / rate, 5),
+                 wait_s_per_step=round(statistics.fmean(x for w in recs for x in w[m]["wait"]),
+                                       5))
         if "ddp" in times:
             rq1, rmed, rq3 = quartiles(paired_ratios(times[m], times["ddp"]))
-            row.update(ratio_ddp_median=rmed, ratio_ddp_q1=rq1, ratio_ddp_q3=rq3)
-        rows.append(row)
-    return rows
+            e.update(vs_ddp=round(rmed, 4), vs_ddp_q1=round(rq1, 4), vs_ddp_q3=round(rq3, 4))
+        extras[m] = e
+    return method_rows(what, point, times, bus="all_reduce", sent=sent, wrong=wrong, load=load,
+                       extras=extras)
 
 
-def run_point(req: OverlapRequest, n: int, rate: str, tag: str, mtu: int, nslots: int,
-              nlanes: int, log=print) -> tuple[list, dict]:
-    """The comparison on one star: rows and rank 0's traces."""
-    with Star(n, tag, mtu) as star:
-        star.set_rate(rate)
-        places = [Place(star.worker_ns(r), star.worker_ip(r), WORKER_PORT) for r in range(n)]
-        with Cluster(n, nslots=nslots, block_size=256, nlanes=nlanes, agent_kw=dict(rto=0.2),
-                     gloo=Gloo(star.worker_ip(0), GLOO_PORT, "eth0"),
-                     switch_place=Place(star.switch_ns, SWITCH_IP), worker_places=places,
-                     serve=overlap_point) as cl:
-            load0, drops0, k0 = os.getloadavg(), star.tbf_drops(), kernel_losses_total(cl.pids)
-            recs = cl.ask(req, f"{n} workers, {rate}")
-            k1 = kernel_losses_total(cl.pids)
-            common = dict(workers=n, rate=rate, tbf_drops=star.tbf_drops() - drops0,
-                          udp_drops=k1["udp_drops"] - k0["udp_drops"],
-                          load_start=" ".join(f"{x:.2f}" for x in load0),
-                          load_end=" ".join(f"{x:.2f}" for x in os.getloadavg()))
-    rows = make_rows(recs, req, common)
-    for r in rows:
-        log(f"  {r['method']:>12}: step {r['step_median_s']:.3f} s "
-            f"[{r['step_q1_s']:.3f}-{r['step_q3_s']:.3f}], "
-            f"{r.get('ratio_ddp_median', float('nan')):.3f}x ddp, tx "
-            f"{r['tx_bytes_per_step'] / 1e6:.1f} MB/step, link {r['link_s']:.3f} s, "
-            f"waits {r['wait_s_per_step']:.3f} s/step", flush=True)
-    return rows, recs[0]["trace"]
+def run(a, log):
+    """Per rate one comparison on the star."""
+    from bench.net_topo import Graph, star_places
+    n = a.topo.world
+    w = width_for(a.sizes[0], a.depth)
+    req = OverlapRequest(methods=tuple(a.methods), width=w, depth=a.depth, batch=a.batch,
+                         lr=a.lr, momentum=a.momentum, rounds=a.repeats + 1, steps=a.steps,
+                         chunk=a.chunk, bucket_mb=a.bucket_mb, seed=a.seed)
+    a.overlap = dict(traces={}, rows=[], req=req)
+    with Graph(a.topo, a.tag, queue_ms=20) as g:
+        places, gloo = star_places(g, GLOO_PORT)
+        with Cluster(n, nslots=a.nslots, block_size=256, nlanes=a.nlanes,
+                     agent_kw=dict(rto=0.2), gloo=gloo, serve=overlap_point, **places) as cl:
+            for rate in a.rates or [None]:
+                if rate is not None:
+                    g.set_rate(rate)
+                rate = g.file_rate()
+                log(f"{n} workers, {rate}: {req.rounds} rounds of {req.steps} steps, width {w}")
+                load0, drops0, k0 = os.getloadavg()[0], g.tbf_drops(), kernel_losses_total(
+                    cl.pids)
+                recs = cl.ask(req, f"{n} workers, {rate}")
+                k1 = kernel_losses_total(cl.pids)
+                common = dict(tbf_drops=g.tbf_drops() - drops0,
+                              udp_drops=k1["udp_drops"] - k0["udp_drops"])
+                params = recs[0]["params"]
+                point = dict(size=4 * params, elements=params, dtype="float32", density=1.0,
+                             workers=n, lane_bits=32, rate=rate)
+                rows = make_rows(recs, req, point, a.what,
+                                 f"{load0:.2f}-{os.getloadavg()[0]:.2f}", common)
+                a.overlap["traces"][f"{n} workers, {rate}"] = recs[0]["trace"]
+                a.overlap["rows"] += rows
+                yield rows
+
+
+def finish(rows, a) -> list[str]:
+    """overlap_trace.json, overlap_summary.md and a timeline per point."""
+    if not getattr(a, "overlap", None) or not rows:
+        return []
+    o = a.overlap
+    paths = [os.path.join(a.out, "overlap_trace.json"), os.path.join(a.out, "overlap_summary.md")]
+    with open(paths[0], "w") as f:
+        json.dump(o["traces"], f)
+    req = o["req"]
+    task = (f"MLP 1024-{'-'.join([str(req.width)] * (req.depth + 1))}-10 "
+            f"({rows[0]['params']:,} parameters) on training.py's digits; SGD lr {req.lr:g}, "
+            f"momentum {req.momentum:g}, batch {req.batch} per rank; {req.rounds} rounds (the "
+            f"first a warm-up) of {req.steps} consecutive steps per method")
+    meta = {"command": a.command, "task": task,
+            "network": f"{a.topology} in namespaces (net_topo.Graph), tbf on both ends of "
+                       f"every link, MTU {a.topo.mtu}; " + "; ".join(
+                           f"{r}: burst {p['burst']} B, latency {p['latency_ms']} ms"
+                           for r, p in ((r, tbf_params(r, a.topo.mtu))
+                                        for r in dict.fromkeys(x["rate"] for x in rows))),
+            "SpINA": f"block 256, {a.nlanes} blocks per datagram, {a.nslots} slots; overlap "
+                     f"chunks of {req.chunk} elements rounded up to lane spans; DDP buckets "
+                     f"of at most {req.bucket_mb:g} MiB",
+            "request": json.dumps(asdict(req))}
+    with open(paths[1], "w") as f:
+        f.write(summary(rows, meta))
+    for key, tr in ({} if a.no_plots else o["traces"]).items():
+        paths.append(os.path.join(a.out, timeline_name(key)))
+        timeline(tr, paths[-1], f"{key}, rank 0: {task}")
+    return paths
 
 
 # ----------------------------------------------------------------------------- outputs
@@ -358,110 +423,24 @@ def target_lines(rows) -> list[str]:
         if "overlap" not in by or "ddp" not in by:
             continue
         o = by["overlap"]
-        v = o["ratio_ddp_median"]
+        v = o["vs_ddp"]
         out.append(f"- {pt[0]} workers, {pt[1]}: priority overlap's step = **{v:.3f}x** DDP's "
-                   f"default order (paired, median; quartiles {o['ratio_ddp_q1']:.3f}-"
-                   f"{o['ratio_ddp_q3']:.3f}): **{'faster' if v < 1 else 'not faster'}**")
+                   f"default order (paired, median; quartiles {o['vs_ddp_q1']:.3f}-"
+                   f"{o['vs_ddp_q3']:.3f}): **{'faster' if v < 1 else 'not faster'}**")
     return out
 
 
 def summary(rows, meta: dict) -> str:
     lines = page_head("Priority overlap against DDP's default order", meta,
                       "Result", target_lines(rows), "overlap and ddp not both run")
-    lines += ["", "| workers | rate | method | step s [quartiles] | /ddp | tx MB/step | link s "
-              "| waits s/step | weights identical | load |", "|---" * 10 + "|"]
+    lines += ["", "| workers | rate | method | step ms [quartiles] | /ddp | tx MB/step | link s "
+              "| waits s/step | wrong | load |", "|---" * 10 + "|"]
     for r in rows:
-        ratio = r.get("ratio_ddp_median")
+        ratio = r.get("vs_ddp")
         lines.append(f"| {r['workers']} | {r['rate']} | {r['method']} | "
-                     f"{r['step_median_s']:.3f} [{r['step_q1_s']:.3f}-{r['step_q3_s']:.3f}] | "
-                     f"{'-' if ratio is None else f'{ratio:.3f}'} | "
-                     f"{r['tx_bytes_per_step'] / 1e6:.1f} | {r['link_s']:.3f} | "
-                     f"{r['wait_s_per_step']:.3f} | {r['weights_identical']} | "
-                     f"{r['load_start'].split()[0]}-{r['load_end'].split()[0]} |")
+                     f"{r['time_us'] / 1e3:.1f} [{r['step_q1_us'] / 1e3:.1f}-"
+                     f"{r['step_q3_us'] / 1e3:.1f}] | "
+                     f"{'-' if ratio in (None, '') else f'{ratio:.3f}'} | "
+                     f"{r['bytes_per_link'] / 1e6:.1f} | {r['link_s']:.3f} | "
+                     f"{r['wait_s_per_step']:.3f} | {r['wrong']} | {r['load']} |")
     return "\n".join(lines) + "\n"
-
-
-# ----------------------------------------------------------------------------- main
-def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="Needs root (network namespaces, veth, tc).")
-    add_star_args(ap, "sov", "bench/out/overlap")
-    ap.set_defaults(workers=[4], rates=["1gbit"])
-    ap.add_argument("--methods", type=lambda s: tuple(s.split(",")), default=METHODS,
-                    help=f"comma list of {', '.join(METHODS)} (default all)")
-    ap.add_argument("--width", type=int, default=2304,
-                    help="hidden width (default 2304: 5.3M parameters per hidden layer)")
-    ap.add_argument("--depth", type=int, default=3, help="hidden width x width layers (default 3)")
-    ap.add_argument("--batch", type=int, default=128, help="per rank and step (default 128)")
-    ap.add_argument("--lr", type=float, default=0.02)
-    ap.add_argument("--momentum", type=float, default=0.9)
-    ap.add_argument("--rounds", type=int, default=6,
-                    help="rounds, the first a warm-up (default 6)")
-    ap.add_argument("--steps", type=int, default=4, help="consecutive steps per round (default 4)")
-    ap.add_argument("--chunk", type=int, default=1 << 20,
-                    help="overlap: elements per chunk, rounded up to lane spans (default 1M)")
-    ap.add_argument("--bucket-mb", type=float, default=16.0,
-                    help="DDP's bucket cap in MiB, every method (default 16: one hidden layer "
-                         "of 21 MB per bucket)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--mtu", type=int, default=9000)
-    a = ap.parse_args(argv)
-    bad = [m for m in a.methods if m not in METHODS]
-    if bad:
-        ap.error(f"--methods: unknown {bad[0]!r} (choose from {', '.join(METHODS)})")
-    for name in ("width", "depth", "batch", "rounds", "steps", "chunk"):
-        if getattr(a, name) < 1 + (name == "rounds"):
-            ap.error(f"--{name}: need at least {1 + (name == 'rounds')}, got "
-                     f"{getattr(a, name)}")
-    return a
-
-
-def main(argv=None) -> int:
-    a = parse_args(argv)
-    if os.geteuid() != 0:
-        print("bench.overlap_bench needs root (network namespaces, veth, tc)", file=sys.stderr)
-        return 2
-    os.makedirs(a.out, exist_ok=True)
-    req = OverlapRequest(methods=a.methods, width=a.width, depth=a.depth, batch=a.batch,
-                         lr=a.lr, momentum=a.momentum, rounds=a.rounds, steps=a.steps,
-                         chunk=a.chunk, bucket_mb=a.bucket_mb, seed=a.seed)
-    t0, load0 = time.time(), os.getloadavg()
-    rows, traces = [], {}
-    for n in a.workers:
-        for rate in a.rates:
-            print(f"{n} workers, {rate}: {a.rounds} rounds of {a.steps} steps, methods "
-                  f"{','.join(a.methods)}", flush=True)
-            r, tr = run_point(req, n, rate, f"{a.tag}n{n}", a.mtu, a.nslots, a.nlanes)
-            rows += r
-            traces[f"{n} workers, {rate}"] = tr
-            write_csv(rows, os.path.join(a.out, "overlap_results.csv"), COLUMNS)
-    with open(os.path.join(a.out, "overlap_trace.json"), "w") as f:
-        json.dump(traces, f)
-    params = rows[0]["params"] if rows else 0
-    meta = {**run_meta("bench.overlap_bench", argv, t0, load0),
-            "task": f"MLP 1024-{'-'.join([str(a.width)] * (a.depth + 1))}-10 ({params:,} "
-                    f"parameters) on train_bench's digits; SGD lr {a.lr:g}, momentum "
-                    f"{a.momentum:g}, batch {a.batch} per rank; {a.rounds} rounds of {a.steps} "
-                    "consecutive steps per method",
-            "network": f"one namespace per worker, tbf on both ends of every link, MTU {a.mtu}; "
-                       + "; ".join(f"{r}: burst {p['burst']} B, latency {p['latency_ms']} ms"
-                                   for r, p in ((r, tbf_params(r, a.mtu)) for r in a.rates)),
-            "SpINA": f"block 256, {a.nlanes} blocks per datagram, {a.nslots} slots; overlap "
-                     f"chunks of {a.chunk} elements rounded up to lane spans; DDP buckets of at "
-                     f"most {a.bucket_mb:g} MiB",
-            "request": json.dumps(asdict(req))}
-    with open(os.path.join(a.out, "overlap_summary.md"), "w") as f:
-        f.write(summary(rows, meta))
-    pngs = []
-    for key, tr in ({} if a.no_plots else traces).items():
-        pngs.append(timeline_name(key))
-        timeline(tr, os.path.join(a.out, pngs[-1]), f"{key}, rank 0: {meta['task']}")
-    print(f"wrote {a.out}/overlap_results.csv, overlap_trace.json, overlap_summary.md"
-          + "".join(f", {p}" for p in pngs))
-    print("\n".join(target_lines(rows)))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

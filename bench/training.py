@@ -1,0 +1,435 @@
+"""training: DDP training where the network is the limit: gloo, SpINA dense and SpINA with
+block top-k, stepped side by side in the same processes.
+
+    python -m bench training -t bench/topologies/star4.yaml --rates 1gbit,10gbit     # root
+    python -m bench training -t bench/topologies/star4.yaml --rates 1gbit -b 280K -e 280K \
+        --max-steps 4 --min-steps 4 --out /tmp/t                    # a smoke run (tests)
+
+The network is a star topology file in namespaces (bench/net_topo.py Graph: tbf both ways on
+every link; the aggregating switch's namespace routes IPv4 for gloo's ring and runs SpINA's
+software switch in UDP mode; the processes: bench/paired.py Cluster).
+
+The task: an MLP 1024-w-w-10 (examples/train_compressed.py's MLP) whose gradient is the
+point's size: -b/-e/-f give sizes in bytes, each the float32 gradient of the width w that
+comes nearest (w = 2048: 6.3M parameters, 25 MB), on scikit-learn's digits upsampled to 32x32
+(examples/train_digits.py's load_data: 1438 training and 359 test images; nothing is
+downloaded). SGD, momentum 0.9, a constant learning rate, a per-rank batch drawn with
+replacement from the whole training set.
+
+Every rank trains every method side by side (each its own model from the same seed, its own
+optimiser, the same batches): a round runs one step of each method, the order rotating
+round by round, each step between two barriers, only the step timed (forward, backward with
+DDP's communication, optimiser step):
+
+  gloo     DDP's own all-reduce (the gloo ring)
+  spina    DDP with the SpINA hook (host_agent/hooks/dense.py spina_allreduce_hook)
+  topk     DDP with the compression hook (host_agent/hooks/compressed.py
+           spina_compressed_hook): block top-k of 256-element blocks at --ratio, error
+           feedback and DGC momentum correction (the optimiser then has none)
+  compute  the same model without DDP (no communication): the step's compute alone
+
+A step's time is the slowest rank's; the harness's repeats are the steps (time = the median
+step, vs_gloo paired per round over the rounds both ran). After every round each method's
+test accuracy is measured (each rank a share of the test set, the counts summed over gloo;
+not timed). Time to accuracy = the method's summed step times up to the first step at which
+its test accuracy reaches --target. A method stops once it has reached the target and run
+--min-steps steps (compute: after --min-steps); a point ends when all have, or after
+--max-steps rounds (-n is not used: the steps are the repeats). At the end every rank's
+weights are compared (crc32) and the ranks' accuracies: each synchronised method must end
+bit-identical on all ranks; `wrong` counts the ranks that did not. Besides the harness's
+columns: parameters, steps, step quartiles, steps and seconds to the target and their ratio
+to gloo's, accuracies, link and agent bytes, resends, top-k's block fraction, CPU per step,
+drops. curves.csv (a row per step: time, cumulative time, test accuracy) and curves.png
+beside the harness's outputs.
+"""
+from __future__ import annotations
+
+import csv
+import math
+import os
+import statistics
+import time
+import zlib
+from dataclasses import dataclass
+
+from bench.harness import method_rows
+from bench.net_topo import dev_bytes, kernel_losses_total, parse_rate
+from bench.paired import Cluster, proc_cpu, rotation
+from bench.procs import cpu_seconds
+
+METHODS = ("gloo", "spina", "topk", "compute")
+SYNCED = ("gloo", "spina", "topk")  # trained with DDP: same weights on every rank, accuracy
+GLOO_PORT = 29500
+DESCRIPTION = "DDP training over a topology's links: gloo vs SpINA dense vs top-k (root)"
+DEFAULTS = dict(methods=",".join(METHODS), densities="1",
+                begin="25264168", end="25264168",  # 4 x params_of(2048): 6,316,042 parameters
+                topology="bench/topologies/star4.yaml", rates="1gbit,10gbit")
+EXTRA_COLUMNS = ("params", "width", "steps", "step_q1_us", "step_q3_us", "target_acc",
+                 "steps_to_target", "time_to_target_s", "time_ratio", "final_acc", "best_acc",
+                 "rx_bytes_per_link", "agent_bytes_per_step", "resends", "blocks_fraction",
+                 "agent_s_per_step", "compress_s_per_step", "worker_cpu_s_per_step",
+                 "switch_cpu_s_per_step", "tbf_drops", "udp_drops", "tcp_retrans")
+CURVE_COLUMNS = ("workers", "rate", "width", "method", "step", "step_s", "cum_s", "test_acc")
+
+
+def add_ddp_options(ap, batch: int, lr: float) -> None:
+    """The options of every WHAT that trains with DDP on a star (training, overlap)."""
+    from spina import cli
+    ap.add_argument("--batch", type=cli.int_range(1, 100_000), default=batch,
+                    help="per rank and step (default %(default)s)")
+    ap.add_argument("--lr", type=cli.positive_float, default=lr)
+    ap.add_argument("--momentum", type=cli.non_negative_float, default=0.9)
+    ap.add_argument("--seed", type=cli.int_range(0, 2 ** 31), default=0)
+    ap.add_argument("--nslots", type=cli.int_range(1, 4096), default=16,
+                    help="SpINA switch slots: the window (default %(default)s)")
+    ap.add_argument("--nlanes", type=cli.int_range(1, 63), default=56,
+                    help="SpINA blocks per datagram (default %(default)s)")
+
+
+def check_ddp(a) -> str | None:
+    """A WHAT that trains with DDP runs on a star file in namespaces, dense."""
+    from bench.net_topo import check_star
+    if a.topo is None:
+        return f"argument -t/--topology: {a.what} runs in namespaces (give a star file)"
+    if a.densities != [1.0]:
+        return "argument -d/--densities: DDP's gradients are dense (give -d 1)"
+    return check_star(a)
+
+
+def add_options(ap) -> None:
+    from spina import cli
+    ap.add_argument("--target", type=cli.positive_float, default=95.0,
+                    help="test accuracy (%%) to reach (default %(default)s)")
+    ap.add_argument("--max-steps", type=cli.int_range(1, 100_000), default=120,
+                    help="rounds at most (default %(default)s)")
+    ap.add_argument("--min-steps", type=cli.int_range(1, 100_000), default=20,
+                    help="steps every method runs, for its step time (default %(default)s)")
+    ap.add_argument("--ratio", type=cli.fraction, default=0.05,
+                    help="top-k: fraction of 256-element blocks each rank sends (default "
+                    "%(default)s; bench/README.md says why)")
+    add_ddp_options(ap, batch=32, lr=0.05)
+
+
+def check_options(a) -> str | None:
+    if a.min_steps > a.max_steps:
+        return f"argument --min-steps: above --max-steps ({a.max_steps})"
+    return check_ddp(a)
+
+
+def width_for(size: int) -> int:
+    """The hidden width w whose MLP 1024-w-w-10 has the float32 gradient nearest `size`
+    bytes: its parameters are w^2 + 1036 w + 10."""
+    return max(1, round((-1036 + math.sqrt(1036 ** 2 + 4 * (size / 4 - 10))) / 2))
+
+
+def params_of(w: int) -> int:
+    return w * w + 1036 * w + 10
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    """One training comparison, sent to every worker."""
+    methods: tuple[str, ...]
+    width: int          # the MLP's hidden width (2048: 6.3M parameters)
+    batch: int          # per rank and step
+    lr: float
+    momentum: float
+    ratio: float        # top-k's fraction of blocks
+    target: float       # test accuracy (%) that ends a method
+    max_steps: int
+    min_steps: int
+    seed: int
+    switch_pid: int | None = None  # read its CPU time around every step (rank 0)
+    count_dev: bool = True         # eth0's tx/rx bytes around every step (namespaces)
+
+
+# ----------------------------------------------------------------------------- worker side
+class Run:
+    """One method's model, optimiser, hook state and batches at one rank."""
+
+    def __init__(self, method: str, req: TrainRequest, agent, rank: int, data):
+        import torch
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        from examples.train_compressed import MLP
+        from host_agent.compression import make_compressor
+        from host_agent.hooks import (
+            CompressionHookState,
+            SpinaHookState,
+            spina_allreduce_hook,
+            spina_compressed_hook,
+        )
+
+        self.method, self.xtr, self.ytr = method, data[0], data[1]
+        torch.manual_seed(req.seed)  # the same initial weights for every method
+        self.module = MLP(req.width, inputs=self.xtr.shape[1])
+        self.model = self.module if method == "compute" else DDP(self.module)
+        compressed = method == "topk"
+        self.opt = torch.optim.SGD(self.module.parameters(), lr=req.lr,
+                                   momentum=0.0 if compressed else req.momentum)
+        self.state = None
+        if method == "spina":
+            self.state = SpinaHookState(agent)
+            self.model.register_comm_hook(self.state, spina_allreduce_hook)
+        elif compressed:
+            comp = make_compressor(method="topk", ratio=req.ratio, momentum=req.momentum,
+                                   block_size=agent.job.block_size)
+            self.state = CompressionHookState(comp, agent, optimizer=self.opt)
+            self.model.register_comm_hook(self.state, spina_compressed_hook)
+        self.gen = torch.Generator().manual_seed(1000 * req.seed + rank)  # same for every method
+        self.batch = req.batch
+
+    def next_batch(self):
+        import torch
+        idx = torch.randint(len(self.ytr), (self.batch,), generator=self.gen)
+        return self.xtr[idx], self.ytr[idx]
+
+    def step(self, x, y) -> None:
+        import torch.nn.functional as F
+        loss = F.cross_entropy(self.model(x), y)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()  # DDP: returns once every bucket is all-reduced
+        self.opt.step()
+
+    def correct(self, x, y) -> int:
+        import torch
+        with torch.no_grad():
+            return int((self.module(x).argmax(1) == y).sum())
+
+    def weights_crc(self) -> int:
+        import torch
+        flat = torch.cat([p.detach().reshape(-1) for p in self.module.parameters()])
+        return zlib.crc32(flat.numpy().tobytes())
+
+
+def digits(seed: int):
+    """examples/train_digits.py's data (32x32, normalised), flattened to 1024 inputs."""
+    from examples.train_digits import load_data
+    xtr, ytr, xte, yte = load_data(seed)
+    return xtr.flatten(1), ytr, xte.flatten(1), yte
+
+
+def train_point(rank: int, req: TrainRequest, agent, dist, torch, barrier, floor=None) -> dict:
+    """This worker's side of one comparison (see the module docstring): {method: record}."""
+    n = agent.job.nworkers
+    xtr, ytr, xte, yte = digits(req.seed)
+    runs = {m: Run(m, req, agent, rank, (xtr, ytr)) for m in req.methods}
+    mine_x, mine_y = xte[rank::n], yte[rank::n]  # this rank's share of the test set
+    rec = {m: dict(times=[], tx=[], rx=[], cpu=[], switch_cpu=[], acc=[]) for m in req.methods}
+    reached = {m: False for m in req.methods}
+    active = list(req.methods)
+    step = 0
+    while active and step < req.max_steps:
+        for m in rotation(tuple(active), step):
+            r, run = rec[m], runs[m]
+            x, y = run.next_batch()
+            barrier.wait()
+            tx0, rx0 = dev_bytes() if req.count_dev else (0, 0)
+            s0 = proc_cpu(req.switch_pid) if req.switch_pid and rank == 0 else 0.0
+            c0, t0 = cpu_seconds(), time.perf_counter()
+            run.step(x, y)
+            dt, dc = time.perf_counter() - t0, cpu_seconds() - c0
+            barrier.wait()  # every worker done (the switch too: every rank has its sums)
+            tx1, rx1 = dev_bytes() if req.count_dev else (0, 0)
+            s1 = proc_cpu(req.switch_pid) if req.switch_pid and rank == 0 else 0.0
+            r["times"].append(dt)
+            r["cpu"].append(dc)
+            r["tx"].append(tx1 - tx0)
+            r["rx"].append(rx1 - rx0)
+            r["switch_cpu"].append(s1 - s0)
+        step += 1
+        # not timed: each rank counts its share of the test set, gloo sums the counts
+        synced = [m for m in active if m in SYNCED]
+        counts = torch.tensor([runs[m].correct(mine_x, mine_y) for m in synced],
+                              dtype=torch.int64)
+        if synced:
+            dist.all_reduce(counts)
+        for m, c in zip(synced, counts.tolist()):
+            rec[m]["acc"].append(100.0 * c / len(yte))
+            reached[m] = reached[m] or rec[m]["acc"][-1] >= req.target
+        # the same decision on every rank: the accuracies are the summed counts
+        active = [m for m in active if step < req.min_steps
+                  or (m in SYNCED and not reached[m])]
+        if not any(m in SYNCED for m in active):
+            active = []
+    for m, run in runs.items():
+        r = rec[m]
+        r["crc"] = run.weights_crc()
+        if run.state is not None:
+            st = run.state
+            r.update(agent_bytes=st.bytes_sent, resends=st.resends, calls=st.calls,
+                     agent_s=st.seconds)
+            if m == "topk":
+                r.update(blocks_fraction=st.blocks_sent / max(1, st.blocks_total),
+                         compress_s=st.compress_seconds)
+    rec["params"] = sum(p.numel() for p in runs[req.methods[0]].module.parameters())
+    return rec
+
+
+# ----------------------------------------------------------------------------- parent side
+def quartiles(xs: list[float]) -> tuple[float, float, float]:
+    """(first quartile, median, third quartile); a single value thrice."""
+    if len(xs) < 2:
+        return (xs[0],) * 3
+    q1, q2, q3 = statistics.quantiles(xs, n=4, method="inclusive")
+    return q1, q2, q3
+
+
+def per_step(recs: list[dict], method: str, key: str) -> list[float]:
+    """Per step, the slowest worker's value of `key` (times: the step's time)."""
+    return [max(v) for v in zip(*(w[method][key] for w in recs))]
+
+
+def mean_per_step(recs: list[dict], method: str, key: str) -> float:
+    """Mean over workers and steps."""
+    return statistics.fmean(statistics.fmean(w[method][key]) for w in recs)
+
+
+def time_to_target(times: list[float], acc: list[float], target: float):
+    """(steps, seconds) up to the first step whose accuracy reaches `target`, or (None, None)."""
+    for i, a in enumerate(acc):
+        if a >= target:
+            return i + 1, sum(times[:i + 1])
+    return None, None
+
+
+def make_rows(recs: list[dict], req: TrainRequest, point: dict, what: str, load: str,
+              common: dict) -> tuple[list, list]:
+    """The harness's rows (one per method) and curve rows (one per method and step) of one
+    point; `common`: the point's extra columns (drops)."""
+    wrong = {}
+    for m in req.methods:
+        # synchronised methods: every rank's weights and accuracies must equal rank 0's
+        wrong[m] = sum(w[m]["crc"] != recs[0][m]["crc"] or w[m]["acc"] != recs[0][m]["acc"]
+                       for w in recs[1:]) if m in SYNCED else 0
+    times = {m: per_step(recs, m, "times") for m in req.methods}
+    ttt = {m: time_to_target(times[m], recs[0][m]["acc"], req.target) if m in SYNCED
+           else (None, None) for m in req.methods}
+    extras, sent, curves = {}, {}, []
+    for m in req.methods:
+        t = times[m]
+        q1, _, q3 = quartiles(t)
+        sent[m] = round(mean_per_step(recs, m, "tx"))
+        e = dict(common, params=recs[0]["params"], width=req.width, steps=len(t),
+                 step_q1_us=round(q1 * 1e6, 1), step_q3_us=round(q3 * 1e6, 1),
+                 target_acc=req.target, rx_bytes_per_link=round(mean_per_step(recs, m, "rx")),
+                 worker_cpu_s_per_step=round(mean_per_step(recs, m, "cpu"), 4),
+                 switch_cpu_s_per_step=round(statistics.fmean(recs[0][m]["switch_cpu"]), 4))
+        if m in SYNCED:
+            acc = recs[0][m]["acc"]
+            steps, secs = ttt[m]
+            gsecs = ttt.get("gloo", (None, None))[1]
+            e.update(steps_to_target=steps if steps is not None else "",
+                     time_to_target_s=round(secs, 4) if secs is not None else "",
+                     time_ratio=round(secs / gsecs, 4) if secs is not None and gsecs else "",
+                     final_acc=acc[-1], best_acc=max(acc))
+        if "agent_bytes" in recs[0][m]:
+            e.update(agent_bytes_per_step=round(statistics.fmean(
+                w[m]["agent_bytes"] for w in recs) / len(t)),
+                resends=sum(w[m]["resends"] for w in recs),
+                agent_s_per_step=round(statistics.fmean(w[m]["agent_s"] for w in recs)
+                                       / len(t), 4))
+        if "blocks_fraction" in recs[0][m]:
+            e["blocks_fraction"] = round(statistics.fmean(w[m]["blocks_fraction"]
+                                                          for w in recs), 4)
+            e["compress_s_per_step"] = round(statistics.fmean(
+                w[m]["compress_s"] for w in recs) / len(t), 4)
+        extras[m] = e
+        cum = 0.0
+        acc = recs[0][m]["acc"] if m in SYNCED else [""] * len(t)
+        for i, (dt, x) in enumerate(zip(t, acc)):
+            cum += dt
+            curves.append(dict(workers=point["workers"], rate=point["rate"], width=req.width,
+                               method=m, step=i + 1, step_s=round(dt, 6), cum_s=round(cum, 6),
+                               test_acc=x))
+    rows = method_rows(what, point, times, bus="all_reduce", sent=sent, wrong=wrong, load=load,
+                       extras=extras)
+    return rows, curves
+
+
+def run(a, log):
+    """Per rate and size (a model width) one comparison in one cluster on the star."""
+    from bench.net_topo import Graph, star_places
+    n = a.workers[0]
+    a.curves = []
+    with Graph(a.topo, a.tag, queue_ms=20) as graph:
+        places, gloo = star_places(graph, GLOO_PORT)
+        with Cluster(n, nslots=a.nslots, block_size=256, nlanes=a.nlanes,
+                     agent_kw=dict(rto=0.2), gloo=gloo, serve=train_point, **places) as cl:
+            for rate in a.rates or [None]:
+                if rate is not None:
+                    graph.set_rate(rate)
+                for size in a.sizes:
+                    w = width_for(size)
+                    req = TrainRequest(methods=tuple(a.methods), width=w, batch=a.batch,
+                                       lr=a.lr, momentum=a.momentum, ratio=a.ratio,
+                                       target=a.target, max_steps=a.max_steps,
+                                       min_steps=a.min_steps, seed=a.seed,
+                                       switch_pid=cl.switch_pid)
+                    load0, drops0 = os.getloadavg()[0], graph.tbf_drops()
+                    k0 = kernel_losses_total(cl.pids)
+                    recs = cl.ask(req, f"{n} workers, {graph.file_rate()}, width {w}")
+                    k1 = kernel_losses_total(cl.pids)
+                    common = dict(tbf_drops=graph.tbf_drops() - drops0,
+                                  **{k: k1[k] - k0[k] for k in k0})
+                    params = params_of(w)
+                    point = dict(size=4 * params, elements=params, dtype="float32",
+                                 density=1.0, workers=n, lane_bits=32, rate=graph.file_rate())
+                    rows, curves = make_rows(recs, req, point, a.what,
+                                             f"{load0:.2f}-{os.getloadavg()[0]:.2f}", common)
+                    a.curves += curves
+                    yield rows
+
+
+def finish(rows, a) -> list[str]:
+    """curves.csv (every step of every method) and curves.png."""
+    path = os.path.join(a.out, "curves.csv")
+    write_csv(getattr(a, "curves", []), path, CURVE_COLUMNS)
+    out = [path]
+    if not a.no_plots and rows:
+        out.append(os.path.join(a.out, "curves.png"))
+        plot(rows, a.curves, out[-1])
+    return out
+
+
+def write_csv(rows, path: str, columns) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, columns)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def _point(r) -> tuple:
+    """(workers, rate, width) of a row or curve: one comparison."""
+    return int(r["workers"]), r["rate"], int(r["width"])
+
+
+def plot(rows, curves, path: str) -> None:
+    """Test accuracy over training time, a panel per (workers, rate, width)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    points = sorted({_point(r) for r in rows}, key=lambda p: (parse_rate(p[1]), p[0], p[2]))
+    cols = min(3, len(points))
+    nrows = -(-len(points) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.4 * cols, 3.6 * nrows), squeeze=False)
+    axes = list(axes.flat)
+    for ax in axes[len(points):]:
+        ax.set_visible(False)
+    colors = dict(gloo="C0", spina="C1", topk="C2", compute="C7")
+    for ax, pt in zip(axes, points):
+        for m in SYNCED:
+            pts = [c for c in curves if _point(c) == pt and c["method"] == m]
+            if pts:
+                ax.plot([c["cum_s"] for c in pts], [c["test_acc"] for c in pts],
+                        color=colors[m], lw=1.2, label=m)
+        tgt = [r["target_acc"] for r in rows if r["method"] in SYNCED]
+        if tgt:
+            ax.axhline(tgt[0], color="k", ls="--", lw=0.8)
+        ax.set(xlabel="training time (s, summed steps)", ylabel="test accuracy (%)",
+               title=f"{pt[0]} workers, {pt[1]}, width {pt[2]}", ylim=(0, 100))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,365 @@
+"""The benchmark harness (`python -m bench WHAT`): each WHAT at a tiny size, its columns, its
+results folder, and bad input answered in one line.
+
+Run just this: python -m pytest tests/test_bench.py
+(the namespace cases need root and take the shared lock: flock /work/heavy.lock ...)
+"""
+import csv
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import harness
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def bench(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "bench", *args], cwd=ROOT, timeout=timeout,
+                          capture_output=True, text=True)
+
+
+def read(out: Path) -> tuple[list[str], list[dict]]:
+    with open(out / "results.csv", newline="") as f:
+        r = csv.DictReader(f)
+        return list(r.fieldnames), list(r)
+
+
+def check_common(out: Path, what: str, rows_expected: int) -> list[dict]:
+    """The harness's part, the same for every WHAT: columns, folder, command, #wrong."""
+    columns, rows = read(out)
+    extra = tuple(harness.load(what).module.EXTRA_COLUMNS)
+    assert tuple(columns) == harness.COLUMNS + extra
+    assert len(rows) == rows_expected
+    for r in rows:
+        assert r["what"] == what and r["wrong"] == "0"
+        assert float(r["time_min_us"]) <= float(r["time_us"]) <= float(r["time_max_us"])
+        assert int(r["size"]) == 4 * int(r["elements"]) and r["dtype"] == "float32"
+        assert len(r["load"].split("-")) == 2
+    command = (out / "command.txt").read_text().splitlines()
+    assert command[0].startswith(f"command: python -m bench {what} ")
+    assert command[1].startswith("commit: ") and len(command[1].split()[1]) >= 40
+    assert any(ln.startswith("load at end: ") for ln in command)
+    summary = (out / "summary.md").read_text()
+    assert summary.startswith(f"# bench {what}\n") and summary.endswith("#wrong: 0\n")
+    return rows
+
+
+def test_all_reduce_loopback(tmp_path):
+    """all_reduce on loopback, 2 ranks, two sizes and two densities: a row per point and
+    method, busbw = algbw x 2(n-1)/n, the ratios paired, gloo's bytes its ring's."""
+    out = tmp_path / "ar"
+    done = bench("all_reduce", "-b", "64K", "-e", "128K", "-f", "2", "-d", "1,0.01", "-g", "2",
+                 "-n", "2", "-m", "spina,floor,gloo_allreduce", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    rows = check_common(out, "all_reduce", 2 * 2 * 3)
+    assert [(int(r["size"]), float(r["density"]), r["method"]) for r in rows[:3]] == [
+        (65536, 1.0, "spina"), (65536, 1.0, "floor"), (65536, 1.0, "gloo_allreduce")]
+    assert {int(r["size"]) for r in rows} == {65536, 131072}
+    for r in rows:
+        algbw = int(r["size"]) / (float(r["time_us"]) * 1e-6) / 1e9
+        assert float(r["algbw_GBps"]) == pytest.approx(algbw, rel=1e-3)
+        assert r["busbw_GBps"] == r["algbw_GBps"]  # 2(n-1)/n = 1 at n = 2
+        assert r["rate"] == "" and r["lane_bits"] == "32" and r["repeats"] == "2"
+    by = {(int(r["size"]), float(r["density"]), r["method"]): r for r in rows}
+    gloo = by[65536, 1.0, "gloo_allreduce"]
+    assert gloo["vs_gloo"] == "" and gloo["bytes_per_link"] == "65536"  # ring: 2(n-1)/n = 1
+    assert gloo["bytes_source"] == "model"
+    floor = by[65536, 1.0, "floor"]  # dense: 2 chunks of 56 x 256 int32 behind 4-byte indices
+    assert (floor["bytes_per_link"], floor["packets_per_link"]) == (str(65536 + 2 * 4), "2")
+    assert floor["vs_floor"] == "" and float(floor["vs_gloo"]) > 0
+    sparse = by[131072, 0.01, "spina"]  # 1% of the blocks: far below the tensor
+    assert 0 < int(sparse["bytes_per_link"]) < 131072 // 4
+    assert int(sparse["spurious_resends"]) == int(sparse["resends"])  # loopback: no loss
+    assert (out / "plot.png").stat().st_size > 0
+
+
+def test_bad_input_is_one_line(tmp_path):
+    """Unknown WHAT, method or size, -e below -b, a topology that is not a star: exit 2, one
+    line naming the option; nothing written."""
+    star = tmp_path / "ring.yaml"
+    star.write_text("hosts: [h0, h1]\nswitches: [s0]\nlinks:\n  - {ends: [h0, h1], rate: 1gbit}\n"
+                    "  - {ends: [h0, s0], rate: 1gbit}\n")
+    for args, name in ((["sorting"], "WHAT"), (["all_reduce", "-m", "mpi"], "--methods"),
+                       (["all_reduce", "-b", "12X"], "--begin"),
+                       (["all_reduce", "-b", "1M", "-e", "64K"], "-e/--end"),
+                       (["all_reduce", "-d", "0"], "--densities"),
+                       (["all_reduce", "--rates", "1gbit"], "--rates"),
+                       (["all_reduce", "-t", str(tmp_path / "none.yaml")], "--topology"),
+                       (["all_reduce", "-t", str(star)], "--topology")):
+        done = bench(*args, "--out", str(tmp_path / "o"))
+        assert done.returncode == 2 and done.stdout == "", (args, done)
+        assert done.stderr.count("\n") == 1 and name in done.stderr, (args, done.stderr)
+    assert not (tmp_path / "o").exists()
+
+
+def test_sizes_and_bus_factors():
+    """-b -e -f as nccl-tests (1024-based units), and busbw's factors per collective."""
+    assert harness.parse_size("64K") == 65536 and harness.parse_size("1M") == 1 << 20
+    assert harness.parse_size("8MiB") == 8 << 20 and harness.parse_size("100") == 100
+    assert harness.sizes(65536, 1 << 20, 4) == [65536, 262144, 1048576]
+    assert harness.sizes(100, 100, 2) == [100]
+    assert harness.BUS_FACTOR["all_reduce"](4) == 1.5
+    assert harness.BUS_FACTOR["all_gather"](4) == 0.75
+    rows = harness.method_rows("x", dict(size=4000, workers=4), {
+        "spina": [1.0, 2.0, 4.0], "gloo_allreduce": [2.0, 2.0, 2.0], "floor": [1.0, 1.0, 2.0]},
+        bus="all_reduce", wrong={"spina": 1})
+    spina = rows[0]
+    assert (spina["time_us"], spina["time_min_us"], spina["time_max_us"]) == (2e6, 1e6, 4e6)
+    assert spina["vs_gloo"] == 1.0 and spina["vs_floor"] == 2.0  # medians of paired ratios
+    assert spina["algbw_GBps"] == 2e-6 and spina["busbw_GBps"] == 3e-6
+    assert (spina["wrong"], rows[1]["wrong"]) == (1, 0)
+
+
+def test_rotation_and_paired_ratio():
+    """Each method goes first once every len(methods) repeats; ratios pair repeat i with i."""
+    from bench.paired import paired_ratios, rotation
+    m = ("spina", "gloo_allreduce", "gloo_allgather")
+    assert [rotation(m, i) for i in range(4)] == [
+        m, ("gloo_allreduce", "gloo_allgather", "spina"),
+        ("gloo_allgather", "spina", "gloo_allreduce"), m]
+    assert rotation(("spina", "gloo"), 1) == ("gloo", "spina")
+    assert paired_ratios([1.0, 3.0], [2.0, 1.5]) == [0.5, 2.0]
+    with pytest.raises(ValueError):
+        paired_ratios([1.0], [1.0, 2.0])
+
+
+def test_all_reduce_on_two_switch_threads(tmp_path):
+    """--switch-threads 2: a dense point through a switch of 2 data-path threads, every
+    method's results right, SpINA's datagrams all served (no resend on loopback needed)."""
+    out = tmp_path / "t2"
+    done = bench("all_reduce", "-b", "256K", "-e", "256K", "-d", "1", "-g", "2", "-n", "2",
+                 "-m", "spina,spina_blocks", "--switch-threads", "2", "--no-plots",
+                 "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    rows = check_common(out, "all_reduce", 2)
+    assert rows[0]["payload_bytes_per_link"] == rows[1]["payload_bytes_per_link"] == str(
+        256 << 10)  # dense: the whole tensor, the caller's blocks or not
+    assert "--switch-threads 2" in (out / "command.txt").read_text()
+
+
+def test_switch_alone(tmp_path):
+    """switch: three loads at full and quarter lanes, 2 workers, one round of 16 slots: every
+    result datagram counted (wrong 0), time = datagrams x wall time per datagram."""
+    out = tmp_path / "sw"
+    done = bench("switch", "-g", "2", "-d", "1,0.25", "-n", "2", "-m", "pipeline,compiled,udp",
+                 "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    rows = check_common(out, "switch", 6)
+    assert [(r["method"], float(r["density"])) for r in rows] == [
+        (m, d) for d in (1.0, 0.25) for m in ("pipeline", "compiled", "udp")]
+    for r in rows:
+        assert r["packets"] == str(2 * 16) and r["size"] == str(16 * 56 * 256 * 4)
+        assert r["tree"] == "." and r["busbw_GBps"] == r["algbw_GBps"]
+        assert float(r["time_us"]) == pytest.approx(32 * float(r["wall_us_per_packet"]),
+                                                    rel=0.05)
+    bad = bench("switch", "--trees", ".,/nonexistent", "--out", str(tmp_path / "bad"))
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--trees" in bad.stderr
+
+
+@pytest.mark.parametrize("what", sorted(harness.WHATS))
+def test_every_what_takes_the_common_options(what):
+    """Every WHAT declares its methods and defaults and takes the harness's options (the
+    same flags everywhere); its own smoke run is in this file or its neighbour's."""
+    w = harness.load(what)
+    assert w.methods and w.module.DESCRIPTION and callable(w.module.run)
+    assert set(w.module.DEFAULTS) <= {"begin", "end", "factor", "densities", "workers",
+                                      "lane_bits", "methods", "repeats", "topology", "rates"}
+    flags = {o for a in harness.parser(w)._actions for o in a.option_strings}
+    assert {"-b", "-e", "-f", "-d", "-g", "-l", "-m", "-n", "-t", "--rates", "--name",
+            "--out", "--tag", "--no-plots"} <= flags
+    assert not set(getattr(w.module, "EXTRA_COLUMNS", ())) & set(harness.COLUMNS)
+
+
+def test_spina_bench_is_the_harness(tmp_path):
+    """`spina bench WHAT` runs the same harness (its usage lists the WHATs)."""
+    done = subprocess.run([sys.executable, "-m", "spina_cli.main", "bench"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "all_reduce" in done.stdout
+
+
+NEEDS_NETNS = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("tc"),
+                                 reason="namespaces need root and iproute2's tc")
+
+
+def star_file(tmp_path: Path, n: int) -> Path:
+    """A star of n hosts on one aggregating switch, 1 Gbit/s links: a topology file."""
+    path = tmp_path / f"star{n}.yaml"
+    path.write_text(f"hosts: [{', '.join(f'h{i}' for i in range(n))}]\n"
+                    "switches: {s0: {aggregate: true}}\nlinks:\n" + "".join(
+                        f"  - {{ends: [h{i}, s0], rate: 1gbit, latency: 20us, burst: 128KiB}}\n"
+                        for i in range(n)) + "mtu: 9000\n")
+    return path
+
+
+def bench_netns(what: str, *args) -> subprocess.CompletedProcess:
+    """python -m bench WHAT in namespaces of a fresh tag; every one removed afterwards."""
+    from spina.netns import removing_leftovers, unique_tag
+    tag = unique_tag("tb")
+    with removing_leftovers(tag) as left:
+        done = bench(what, *args, "--tag", tag)
+    assert left == [], f"{what} left namespaces {left}"
+    return done
+
+
+@NEEDS_NETNS
+def test_all_gather_on_a_star(tmp_path):
+    """all_gather over a 1 Gbit/s star of 3, 16 KiB shards: every result bit for bit (wrong
+    0), busbw = algbw x (n-1)/n; each SpINA rank sends its shard once (plus headers) where
+    gloo's ring sends it twice, and both receive two shards."""
+    out = tmp_path / "ag"
+    done = bench_netns("all_gather", "-t", str(star_file(tmp_path, 3)), "-g", "3", "-b", "48K",
+                       "-e", "48K", "-n", "1", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    rows = {r["method"]: r for r in check_common(out, "all_gather", 2)}
+    shard = 16384
+    assert sorted(rows) == ["gloo", "spina"] and rows["spina"]["shard_bytes"] == str(shard)
+    assert shard <= int(rows["spina"]["bytes_per_link"]) < 1.2 * shard
+    assert 2 * shard <= int(rows["gloo"]["bytes_per_link"]) < 2.5 * shard
+    for r in rows.values():
+        assert 2 * shard <= int(r["rx_bytes_per_link"]) < 2.5 * shard
+        assert r["size"] == str(3 * shard) and r["rate"] == "1gbit"
+        assert float(r["busbw_GBps"]) == pytest.approx(float(r["algbw_GBps"]) * 2 / 3, rel=1e-3)
+    assert rows["gloo"]["vs_gloo"] == "" and float(rows["spina"]["vs_gloo"]) > 0
+
+
+@NEEDS_NETNS
+def test_all_reduce_on_a_topology_file(tmp_path):
+    """all_reduce on bench/topologies/star4.yaml built in namespaces at a rate of --rates:
+    link counters as bytes_per_link, every namespace removed afterwards."""
+    out = tmp_path / "star"
+    done = bench_netns("all_reduce", "-t", "bench/topologies/star4.yaml", "--rates", "1gbit",
+                       "-b", "64K", "-e", "64K", "-d", "1", "-n", "1", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    rows = check_common(out, "all_reduce", 3)
+    for r in rows:
+        assert r["rate"] == "1gbit" and r["workers"] == "4"
+        assert r["bytes_source"] == "link counters" and int(r["bytes_per_link"]) > 0
+        assert float(r["busbw_GBps"]) == pytest.approx(float(r["algbw_GBps"]) * 1.5, rel=1e-3)
+    gloo = next(r for r in rows if r["method"] == "gloo_allreduce")
+    assert int(gloo["bytes_per_link"]) >= 65536 * 2 * 3 // 4  # the ring's share, plus headers
+
+
+@NEEDS_NETNS
+def test_loss_on_a_star(tmp_path):
+    """loss at 0 and 10% each way on a 2-host star: results exact (wrong 0), the rules drop
+    datagrams only when set, SpINA resends what they dropped, vs_lossless against loss 0."""
+    topo = tmp_path / "star2.yaml"
+    topo.write_text("hosts: [h0, h1]\nswitches: {s0: {aggregate: true}}\nlinks:\n"
+                    + "".join(f"  - {{ends: [h{i}, s0], rate: 10gbit, latency: 0us, "
+                              "burst: 1250KB}\n" for i in range(2)) + "mtu: 65000\n")
+    out = tmp_path / "loss"
+    done = bench_netns("loss", "-t", str(topo), "-g", "2", "-b", "256K", "-e", "256K", "-d", "1",
+                       "--losses", "0,0.1", "-n", "2", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    rows = check_common(out, "loss", 2)
+    assert [(r["method"], float(r["loss"])) for r in rows] == [("spina", 0.0), ("spina", 0.1)]
+    lossless, lossy = rows
+    assert int(lossless["dropped"]) == 0 < int(lossy["dropped"])
+    assert int(lossy["resends"]) > 0 and lossless["vs_lossless"] == "1.0"
+    assert float(lossy["vs_lossless"]) == pytest.approx(
+        float(lossy["time_us"]) / float(lossless["time_us"]), rel=1e-2)
+    assert "## 2 workers, 32-bit lanes, 10gbit, density 1.0, loss 0.1" in (
+        out / "summary.md").read_text()
+
+
+@NEEDS_NETNS
+def test_plan_on_a_pair(tmp_path):
+    """plan on 2 hosts joined by a 100 Mbit/s link, 16 KiB, one repeat: every algorithm
+    measured, checked (wrong 0) and predicted, the planner's pick and the best marked."""
+    topo = tmp_path / "pair.yaml"
+    topo.write_text("hosts: [a, b]\nlinks:\n  - {ends: [a, b], rate: 100mbit, latency: 20us, "
+                    "burst: 128KiB}\nmtu: 9000\n")
+    out = tmp_path / "plan"
+    done = bench_netns("plan", "-t", str(topo), "-g", "2", "-b", "16K", "-e", "16K", "-n", "1",
+                       "--calibration-repeats", "1", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    rows = check_common(out, "plan", 4)  # no aggregating switch: no ina
+    assert [r["method"] for r in rows] == ["ring", "halving-doubling", "direct", "gloo"]
+    for r in rows:
+        assert r["topology"] == "pair" and r["size"] == str(16 << 10) and r["rate"] == "100mbit"
+        if r["method"] != "gloo":
+            # 2 ranks: one exchange each way to reduce-scatter, one to all-gather
+            assert int(r["steps"]) == 2 and float(r["predicted_us"]) > 0
+            assert r["bottleneck"] in ("a->b", "b->a", "cpu")
+    assert sum(r["planner_pick"] == "yes" for r in rows) == 1
+    assert sum(r["best_measured"] == "yes" for r in rows) == 1
+    assert (out / "predicted_vs_measured.png").stat().st_size > 0
+
+
+
+@NEEDS_NETNS
+def test_training_on_a_star(tmp_path):
+    """training: 2 ranks over a 1 Gbit/s star, the MLP of width 64 (its gradient the size),
+    every method 4 steps: weights identical on both ranks (wrong 0), each method's bytes on
+    the wire what its algorithm sends, curves.csv a row per step."""
+    from bench.training import CURVE_COLUMNS, METHODS, params_of
+    params = params_of(64)
+    out = tmp_path / "train"
+    done = bench_netns("training", "-t", str(star_file(tmp_path, 2)), "-g", "2", "--rates",
+                       "1gbit", "-b", str(4 * params), "-e", str(4 * params), "--max-steps",
+                       "4", "--min-steps", "4", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    rows = {r["method"]: r for r in check_common(out, "training", 4)}
+    assert sorted(rows) == sorted(METHODS)
+    size = 4 * params
+    for r in rows.values():
+        assert (r["params"], r["width"], r["steps"], r["repeats"]) == (str(params), "64", "4",
+                                                                       "4")
+        assert r["size"] == str(size) and r["rate"] == "1gbit"
+    # 2 ranks: the ring sends 2(n-1)/n = one gradient per step, SpINA each non-zero block
+    # once, top-k 5% of the blocks; headers on top, and what was sent again: the agents'
+    # resends (a datagram of up to 57 KB each) and TCP's retransmits
+    spare = (int(rows["spina"]["resends"]) + int(rows["topk"]["resends"])) * 58_000 / 4
+    tcp = int(rows["gloo"]["tcp_retrans"]) * 66_000 / 4
+    tx = {m: int(r["bytes_per_link"]) for m, r in rows.items()}
+    assert 0.99 * size <= tx["gloo"] < 1.2 * size + tcp, (tx, rows["gloo"])
+    assert 0.5 * size < tx["spina"] < 1.2 * size + spare, (tx, rows["spina"])
+    assert 0 < tx["topk"] < 0.2 * size + spare, (tx, rows["topk"])
+    assert tx["compute"] < 1000  # nothing but a stray ACK of the step before
+    assert 0.05 <= float(rows["topk"]["blocks_fraction"]) < 0.06, rows["topk"]
+    assert rows["gloo"]["vs_gloo"] == "" and float(rows["spina"]["vs_gloo"]) > 0
+    with open(out / "curves.csv", newline="") as f:
+        reader = csv.DictReader(f)
+        curves = list(reader)
+    assert tuple(reader.fieldnames) == CURVE_COLUMNS
+    for m in METHODS:
+        pts = [c for c in curves if c["method"] == m]
+        assert [int(c["step"]) for c in pts] == [1, 2, 3, 4]
+        assert float(pts[-1]["cum_s"]) == pytest.approx(sum(float(c["step_s"]) for c in pts),
+                                                        rel=1e-4)
+        if m != "compute":
+            assert float(pts[-1]["test_acc"]) == float(rows[m]["final_acc"])
+    assert (out / "curves.png").stat().st_size > 0
+
+
+def test_training_time_to_target_and_wrong_weights():
+    """Time to target sums the steps up to the first one at the target (None if never); a
+    rank whose weights or accuracies differ from rank 0's is a wrong one."""
+    from bench.training import TrainRequest, make_rows, time_to_target, width_for
+    assert time_to_target([1.0, 2.0, 4.0, 8.0], [50.0, 96.0, 90.0, 97.0], 95.0) == (2, 3.0)
+    assert time_to_target([1.0, 2.0], [95.0, 99.0], 95.0) == (1, 1.0)
+    assert time_to_target([1.0, 2.0], [50.0, 94.9], 95.0) == (None, None)
+    assert width_for(4 * 70410) == 64 and width_for(4 * 6_313_994) == 2048
+
+    def rec(crc: int, acc: list[float]) -> dict:
+        k = len(acc)
+        return dict(times=[0.1] * k, tx=[10] * k, rx=[10] * k, cpu=[0.05] * k,
+                    switch_cpu=[0.0] * k, acc=acc, crc=crc)
+
+    req = TrainRequest(methods=("gloo",), width=64, batch=4, lr=0.1, momentum=0.9, ratio=0.05,
+                       target=95.0, max_steps=2, min_steps=1, seed=0)
+    point = dict(size=40, elements=10, dtype="float32", density=1.0, workers=3,
+                 lane_bits=32, rate="1gbit")
+    good = dict(gloo=rec(7, [90.0, 96.0]), params=10)
+    (row,), curves = make_rows([good, good, good], req, point, "training", "0-0", {})
+    assert (row["steps_to_target"], row["time_to_target_s"], row["wrong"]) == (2, 0.2, 0)
+    assert len(curves) == 2 and row["time_us"] == 1e5
+    bad = [good, dict(gloo=rec(8, [90.0, 96.0]), params=10),
+           dict(gloo=rec(7, [90.0, 95.0]), params=10)]
+    (row,), _ = make_rows(bad, req, point, "training", "0-0", {})
+    assert row["wrong"] == 2
