@@ -2,15 +2,22 @@
 software switch.
 
 `make setup` (pip install -e .) builds them with the system C compiler; `make core` rebuilds
-them in place after a change. host_agent/_core.c is the agent's per-datagram work:
--fno-math-errno lets gcc inline rintf and vectorise the quantize loop; the operations stay
-the IEEE ones numpy does (tests/test_core.py). host_agent/compression/_kernels.c is the
-compressor's pass over a bucket: -ffp-contract=off keeps gcc from fusing a multiply and an
-add, so every result is the one its numpy definition gives (tests/test_compression.py).
+them in place after a change. host_agent._core is the agent's per-datagram work, one C file
+per Python module it is the twin of (host_agent/_core.h lists them): -fno-math-errno lets gcc
+inline rintf and vectorise the quantize loop; the operations stay the IEEE ones numpy does
+(tests/test_core.py); -fvisibility=hidden keeps the functions its files share to itself.
+host_agent/compression/_kernels.c is the compressor's pass over a bucket: -ffp-contract=off
+keeps gcc from fusing a multiply and an add, so every result is the one its numpy definition
+gives (tests/test_compression.py).
 """
+from glob import glob
+
 from setuptools import Extension, setup
 
-HEADERS = ["host_agent/_pybuf.h", "spina/_wire.h"]  # shared: a change rebuilds them
+HEADERS = sorted(glob("spina/_*.h"))  # shared by every extension: a change rebuilds them
+CORE = sorted(glob("host_agent/_core*.c"))  # _core.c, the module, and its parts
+if not CORE:
+    raise SystemExit("setup.py: run it from the repository's root (host_agent/_core*.c not found)")
 # The benchmarks' floor (bench/floor.py): a minimal compiled star all-reduce beside SpINA's.
 FLOOR = [Extension("bench._floor", ["bench/_floor.c"],
                    extra_compile_args=["-O3", "-fno-math-errno"])]
@@ -22,7 +29,7 @@ DATAPATH = [Extension("softswitch._datapath", ["softswitch/_datapath.c"],
                       extra_compile_args=["-O3"])]
 
 setup(ext_modules=FLOOR + DATAPATH + [
-    Extension("host_agent._core", ["host_agent/_core.c"], depends=HEADERS,
-              extra_compile_args=["-O3", "-fno-math-errno"]),
+    Extension("host_agent._core", CORE, depends=HEADERS + ["host_agent/_core.h"],
+              extra_compile_args=["-O3", "-fno-math-errno", "-fvisibility=hidden"]),
     Extension("host_agent.compression._kernels", ["host_agent/compression/_kernels.c"],
               depends=HEADERS, extra_compile_args=["-O3", "-ffp-contract=off"])])

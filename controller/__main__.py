@@ -15,9 +15,8 @@ from controller.metrics import serve_metrics
 from controller.model import Job
 from controller.p4rt import NotPrimaryError, P4RuntimeError
 from controller.state import load
-from spina import cli, log as spina_log
+from spina import cli, log as spina_log, spec
 from spina.config import JOB_FIELDS, ConfigError
-from spina.metrics import parse_address
 from spina.rendezvous import RendezvousServer
 
 DEFAULT_FILE = "spina.yaml"
@@ -33,15 +32,15 @@ def _global_options(ap: argparse.ArgumentParser) -> None:
     """Add the options every command takes, with no defaults of their own (GLOBAL_DEFAULTS
     fills them in after parsing: a command's copy must not overwrite what came before it)."""
     no = argparse.SUPPRESS
-    ap.add_argument("-c", "--config", default=no, metavar="FILE",
+    ap.add_argument("-c", "--config", default=no, metavar="FILE", type=cli.input_file,
                     help=f"desired-state YAML (default {DEFAULT_FILE})")
-    ap.add_argument("--election-id", type=int, default=no,
+    ap.add_argument("--election-id", type=cli.int_range(1, (1 << 128) - 1), default=no,
                     help="our P4Runtime election id; the highest connected controller is "
                          "primary and only the primary writes (default 1; status reads "
                          "without one)")
-    ap.add_argument("--timeout", type=float, default=no,
+    ap.add_argument("--timeout", type=cli.positive_float, default=no,
                     help="seconds to wait for a switch (default 10)")
-    ap.add_argument("--metrics", metavar="[HOST:]PORT", default=no,
+    ap.add_argument("--metrics", metavar="[HOST:]PORT", default=no, type=cli.metrics_address,
                     help="with serve or deploy --watch: serve Prometheus metrics polled from "
                          "every switch's P4 counters at http://HOST:PORT/metrics (host default "
                          "127.0.0.1; a wildcard address is refused)")
@@ -70,7 +69,7 @@ def _parser(prog: str = "python -m controller") -> argparse.ArgumentParser:
                                    "runs: agents join each run at the file's `rendezvous`, "
                                    "which `serve` answers (without it they stop at their "
                                    "first call, naming `serve`).")
-    d.add_argument("--switch", action="append", metavar="NAME",
+    d.add_argument("--switch", action="append", metavar="NAME", type=cli.name,
                    help="only this switch (repeatable; default all)")
     d.add_argument("--watch", type=cli.positive_float, metavar="SECONDS",
                    help="keep going: re-read the file and deploy every SECONDS, reconnecting "
@@ -92,7 +91,7 @@ def _parser(prog: str = "python -m controller") -> argparse.ArgumentParser:
     st.add_argument("--watch", type=cli.positive_float, metavar="SECONDS",
                     help="as `spina status --watch SECONDS`: redraw a live per-job table every "
                          "SECONDS (rates between polls, stalled rounds); Ctrl-C stops")
-    st.add_argument("--count", type=cli.int_range(1, 1 << 62), metavar="N",
+    st.add_argument("--count", type=cli.int_range(1), metavar="N",
                     help="with --watch: stop after N polls (default: never)")
     job = sub.add_parser("job", parents=[common],
                          help="add or remove a job (updates the file, then applies it)")
@@ -108,10 +107,11 @@ def _parser(prog: str = "python -m controller") -> argparse.ArgumentParser:
                           "(default: the switch's)")
     rm = jsub.add_parser("remove", parents=[common],
                          help="remove a job; its slots are cleared and freed")
-    rm.add_argument("--id", type=int, required=True)
+    rm.add_argument("--id", type=cli.int_range(0, spec.MAX_JOB_ID), required=True)
     rs = sub.add_parser("reset", parents=[common],
                         help="clear jobs' slot registers and zero their counters")
-    rs.add_argument("--job", type=int, action="append", metavar="ID",
+    rs.add_argument("--job", type=cli.int_range(0, spec.MAX_JOB_ID), action="append",
+                    metavar="ID",
                     help="only this job (repeatable; default all)")
     rs.add_argument("--wipe", action="store_true",
                     help="instead: every control clears its own state on every switch (entries, "
@@ -220,10 +220,16 @@ def watch(args, ctl: Controller, runs: RendezvousServer | None = None) -> int:
 
 
 def serve(args, ctl: Controller) -> int:
-    """`serve`: deploy, then run the jobs' rendezvous and reconcile until stopped."""
+    """`serve`: run the jobs' rendezvous, write the agents' files, then deploy and reconcile
+    until stopped. The line "controller: run rendezvous on HOST:PORT, agent files in DIR" comes
+    once both are there, so a script that waits for it can start its ranks at once (the
+    switches are programmed at each run's start anyway)."""
     runs = ctl.runs(lambda line: print(line, flush=True))
     with runs:  # __enter__ starts it; __exit__ stops it
-        print(f"controller: run rendezvous on {runs.address[0]}:{runs.address[1]}", flush=True)
+        with ctl.lock:
+            ctl.write_agent_files()
+        print(f"controller: run rendezvous on {runs.address[0]}:{runs.address[1]}, agent files "
+              f"in {ctl.state.resolve(ctl.state.agents_dir)}", flush=True)
         return watch(args, ctl, runs)
 
 
@@ -259,10 +265,6 @@ def main(argv=None, prog: str = "python -m controller") -> int:
             if not long_running:
                 raise ConfigError("--metrics: only with `serve` or `deploy --watch` (a one-shot "
                                   "command exits before anything scrapes it)")
-            try:
-                parse_address(args.metrics)
-            except ValueError as e:
-                raise ConfigError(f"--metrics: {e}") from None
         state = load(args.config)
         # `status` only reads: no election id, so it never contests primary with `serve`.
         election = None if args.cmd == "status" else args.election_id
@@ -297,10 +299,10 @@ def main(argv=None, prog: str = "python -m controller") -> int:
                 for r in ctl.set_state(new):
                     print(r)
     except NotPrimaryError as e:
-        print(f"controller: refusing to write: {e}", file=sys.stderr)
+        print(f"{ap.prog} {args.cmd}: refusing to write: {cli.one_line(e)}", file=sys.stderr)
         return 3
     except (ConfigError, P4RuntimeError, OSError) as e:
-        return cli.fail(ap.prog, e)
+        return cli.fail(f"{ap.prog} {args.cmd}", e)
     return 0
 
 

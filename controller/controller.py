@@ -42,12 +42,13 @@ class Report:
     modifies: int = 0
     deletes: int = 0
     cleared: list = field(default_factory=list)   # [(job, slot_base, nslots)]
-    agent_files: int = 0
+    agent_files: int = 0          # agent files written (new or changed)
+    agent_files_removed: int = 0  # stale ones deleted (a job or worker that left)
 
     @property
     def changed(self) -> bool:
         return bool(self.pipeline_pushed or self.inserts or self.modifies or self.deletes
-                    or self.cleared or self.agent_files)
+                    or self.cleared or self.agent_files or self.agent_files_removed)
 
     def __str__(self):
         parts = [f"switch {self.switch}:"]
@@ -57,8 +58,10 @@ class Report:
         if self.cleared:
             parts.append("; slots cleared: " + ", ".join(
                 f"job {j} {b}..{b + n - 1}" for j, b, n in self.cleared))
-        if self.agent_files:
-            parts.append(f"; {self.agent_files} agent files written")
+        files = [f"{n} {what}" for n, what in ((self.agent_files, "written"),
+                                                (self.agent_files_removed, "removed")) if n]
+        if files:
+            parts.append(f"; agent files: {', '.join(files)}")
         return " ".join(parts)
 
 
@@ -259,9 +262,9 @@ class Controller:
         for name in switches or list(self.state.switches):
             reports.append(self.session(name).apply(self.state))
         if agent_files:
-            n = self.write_agent_files()
+            n, gone = self.write_agent_files()
             if reports:
-                reports[0].agent_files = n
+                reports[0].agent_files, reports[0].agent_files_removed = n, gone
         return reports
 
     def adopt(self, state: DesiredState) -> None:
@@ -330,7 +333,9 @@ class Controller:
             with self.lock:
                 for r in self.start_run(job, epoch):
                     report(f"{r} (job {job}: run with epoch {epoch})")
-        return RendezvousServer(*self.state.rendezvous, self.state.run_jobs(), new_run)
+        path = self.state.path
+        return RendezvousServer(*self.state.rendezvous, self.state.run_jobs(), new_run,
+                                owner="controller", source=str(path.resolve()) if path else None)
 
     def reset(self, job_ids=None) -> list[tuple[int, int, int]]:
         """Clear the slot registers and zero the counters of jobs (default: all), on every
@@ -410,9 +415,10 @@ class Controller:
         name = f"job{job_id}.json" if rank is None else f"job{job_id}-rank{rank}.json"
         return self.state.resolve(self.state.agents_dir) / name
 
-    def write_agent_files(self) -> int:
-        """Per job its JobFile, per worker its assignment; stale ones removed. Files changed."""
-        changed = 0
+    def write_agent_files(self) -> tuple[int, int]:
+        """Per job its JobFile, per worker its assignment; stale ones removed. (Files written,
+        files removed)."""
+        changed = removed = 0
         keep = set()
         for job in self.state.jobs.values():
             sw = self.state.switch_of(job)
@@ -440,8 +446,8 @@ class Controller:
             for p in list(d.glob("job*.json")):
                 if p.name not in keep:
                     p.unlink()
-                    changed += 1
-        return changed
+                    removed += 1
+        return changed, removed
 
 
 def program_in_process(servicers, state: DesiredState,

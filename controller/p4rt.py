@@ -278,6 +278,14 @@ class Connection:
             raise P4RuntimeError(f"{self.address}: no arbitration answer within {timeout:g} s") \
                 from None
         if isinstance(a, grpc.RpcError):
+            if a.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                # P4Runtime's answer to an election id another client holds (we use no roles):
+                # another controller is here, as when primary is taken (exit 3, README)
+                raise NotPrimaryError(
+                    f"{self.address}: election id {self.election} is held by another "
+                    f"controller of this switch (a running `serve` or `deploy --watch`?): "
+                    f"{a.details()}; stop it, or pass another --election-id (the highest "
+                    "connected one writes)", a.code())
             raise P4RuntimeError(f"{self.address}: arbitration: {a.code().name}: {a.details()}",
                                  a.code())
         self._apply_arbitration(a)

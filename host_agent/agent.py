@@ -34,19 +34,15 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from host_agent import allgather as gather, dlcp
+from host_agent import allgather as gather, dlcp, narrow
 from host_agent.blocks import (
     LanePlan,
-    dequantize,
     exponent_of_bits,
-    gather_blocks,
     nonzero_blocks,
     quant_shift,
     rescale_nonfinite,
-    rounding_noise,
     scan_float_blocks,
     scatter_blocks,
-    stochastic_quantize,
 )
 from host_agent.recovery import MIN_RTO, Recovery, RttEstimator, Timer, flusher_rank
 from spina import log as spina_log, rendezvous, wire
@@ -67,8 +63,6 @@ _UNPACK, _PACK_INTO = wire.HEADER_STRUCT.unpack_from, wire.HEADER_STRUCT.pack_in
 (_A_INDEX, _A_SLOT, _A_MSG_TYPE, _A_FLAGS, _A_ROUND, _A_EXPONENT, _A_BITMAP, _A_PRESENT,
  _A_NONFINITE, _A_LENGTH, _A_NBYTES) = range(11)
 _FLAGS_AT = wire.FIELD_OFFSET["flags"]  # byte offset: a resend sets its flags in place
-# One big-endian struct per header field (the narrow lanes' numpy path writes its rounds').
-_FIELD_STRUCTS = {name: struct.Struct(">" + code) for name, code, _ in wire.HEADER_FIELDS}
 _RING_STRIDE = 1 << 16  # > wire.MAX_UDP_PAYLOAD: each answer of a batch has its own 64 KiB
 _RING_SLOTS = 32        # answers read per recvmmsg at most
 DATAPATHS = ("compiled", "python")  # Agent(datapath=...): who handles the common answers
@@ -76,9 +70,6 @@ DATAPATHS = ("compiled", "python")  # Agent(datapath=...): who handles the commo
 # socket reports them, and queues each with its errno (struct sock_extended_err first).
 _IP_RECVERR = 11
 _ERRQUEUE_CMSG = 512
-# A switch port that refuses (ICMP port unreachable) this long without an answer in between
-# fails the call: nothing listens there, and waiting the whole timeout tells the user nothing.
-REFUSED_GRACE = 0.5  # s: the first timeout resends go 0.2 and 0.6 s after a call's start
 
 
 class SpinaError(RuntimeError):
@@ -180,11 +171,10 @@ class _Call:
         compiled: answers take _core.answer_batch where it handles them (Agent's datapath).
         residual: error feedback of a narrow-lane call (Agent.allreduce), or None.
 
-    Narrow lanes (job.lane_bits 16 or 8, a float tensor; docs/bits.md): with `compiled`, their
-    rows are stochastically rounded in _core.fill_round (the draws recomputed there from
-    `draws`, (seed, rank, step)) and their results decoded by _core.deliver, in the answer
-    loop as int32 rows are; otherwise here in numpy (_fill_narrow, _deliver_narrow: the
-    reference, with the draws of rounding_noise).
+    Narrow lanes (job.lane_bits 16 or 8, a float tensor; host_agent/narrow.py): with
+    `compiled`, their rows are stochastically rounded in _core.fill_round (the draws recomputed
+    there from `draws`, (seed, rank, step)) and their results decoded by _core.deliver, in the
+    answer loop as int32 rows are; otherwise in numpy (narrow.NumpyRounds, the reference).
     """
 
     def __init__(self, job: JobConfig, rank: int, call_id: int, rounds: np.ndarray,
@@ -201,15 +191,11 @@ class _Call:
         self.flat, self.integer = flat, integer
         self.B, self.k, W = job.block_size, job.nlanes, job.nslots
         # The values' width on the wire: int32 tensors always travel as int32.
-        self.lane_bits = 32 if integer else job.lane_bits
+        self.lane_bits = narrow.call_lane_bits(job, integer)
         self.width_flag = wire.LANE_FLAGS[self.lane_bits]
-        if wire.packet_len(self.k, self.B, self.k, self.width_flag) > wire.MAX_UDP_PAYLOAD:
-            raise ValueError(f"job {job.job}: an int32 tensor travels in int32 lanes, and "
-                             f"{self.k} lanes of {self.B} exceed a UDP datagram (the job's "
-                             f"{job.lane_bits}-bit lanes carry its float tensors only)")
         self.row_bytes = wire.row_bytes(self.B, self.width_flag)
         self.residual = residual
-        if residual is not None:  # what is not sent stays; _fill_narrow keeps the rest's error
+        if residual is not None:  # what is not sent stays; a sent row keeps its rounding error
             residual[:] = flat
         n = len(flat)
         self.stats = CallStats(length=n)
@@ -275,12 +261,14 @@ class _Call:
         # Stochastic rounding's draws (narrow lanes), one row per plan row (pos_ext index -
         # lane), from (seed = job id, rank, step = call id): a rerun of the job sends the same
         # values. Compiled: _core.fill_round computes each row's where it sends it; else numpy
-        # draws them all here.
-        self.draws = self.noise = None
+        # draws them all (narrow.NumpyRounds).
+        self.draws = self.narrow = None
         if self.width_flag and compiled:
             self.draws = (job.job, rank, call_id)
         elif self.width_flag:
-            self.noise = rounding_noise(job.job, rank, call_id, (len(plan.pos), B))
+            self.narrow = narrow.NumpyRounds(job, rank, call_id, self.lane_bits, flat, self.out,
+                                             residual, self.pos_ext, self.nonfinite,
+                                             self.next_end)
         if compiled and self.keys_ext is None and self.classes.droppable is None:
             rec = self.recovery
             self.compiled = (self.slots, self.stats, rec, rec.rtt, rec.flying, rec.rack,
@@ -371,8 +359,8 @@ class _Call:
             present, nonfinite = a[_A_PRESENT], a[_A_NONFINITE]
         # the sums into their blocks (NaN where a worker reported NaN/Inf); st.pos becomes the
         # next round's positions
-        if self.noise is not None:  # narrow lanes, numpy's path
-            done = self._deliver_narrow(view, st.pos, present, nonfinite, st.shift)
+        if self.narrow is not None:  # narrow lanes, numpy's path
+            done = self.narrow.deliver(view, st.pos, present, nonfinite, st.shift)
         else:
             done = _core.deliver(view, self.out, st.pos, present, nonfinite, st.shift,
                                  self.integer, self.B, self.width_flag)
@@ -401,68 +389,16 @@ class _Call:
         priority, tolerant = self.classes.packet_class(self.pos_ext, st.ptr, pos)  # DLCP
         # gather, quantize and write the rows, next positions and header fields into the
         # datagram; st.ptr steps past the blocks sent
-        if self.noise is not None:  # narrow lanes, numpy's path
-            nrows = self._fill_narrow(st, pos, tolerant, priority)
+        if self.narrow is not None:  # narrow lanes, numpy's path
+            buf, next_view = self.bufs[st.index]
+            nrows = self.narrow.fill(st, buf, next_view, pos, tolerant, priority,
+                                     self._new_round(st))
         else:
             _, _, nrows, _ = _core.fill_round(
                 self.bufs[st.index][0], self.flat, self.pos_ext, st.ptr, pos, self.nonfinite,
                 st.index * self.k, st.shift, self.integer, self.B, self._new_round(st),
                 tolerant | self.width_flag, priority, st.exponent, self.draws, self.residual)
         self._queue(st, tolerant, nrows, now)
-
-    def _fill_narrow(self, st: _Slot, pos: np.ndarray, flags: int, priority: int) -> int:
-        """_core.fill_round's narrow lanes in numpy (the reference): the rows at the agreed
-        positions `pos` where this worker has them, stochastically rounded to the lane's width
-        (with error feedback into self.residual if given), the next positions and the round's
-        header fields, into slot `st`'s datagram; st.ptr steps past the blocks sent. Returns
-        the rows written."""
-        k, B = self.k, self.B
-        buf, next_view = self.bufs[st.index]
-        own = self.pos_ext[st.ptr]
-        send = (own >= 0) & (own == pos)
-        lanes = np.flatnonzero(send)
-        plan_rows = st.ptr[lanes] - (st.index * k + lanes)
-        blocks = own[lanes]
-        rows = gather_blocks(self.flat, blocks, B)
-        nf = (self.nonfinite[plan_rows].astype(bool) if self.nonfinite is not None
-              else np.zeros(len(lanes), bool))
-        if nf.any():  # NaN/Inf count as 0; every rank's result is NaN there
-            rows = np.where(np.isfinite(rows), rows, np.float32(0))
-        q = stochastic_quantize(rows, st.shift, self.lane_bits, self.noise[plan_rows])
-        if self.residual is not None and len(lanes):
-            err = rows - dequantize(q, st.shift)
-            err[nf] = 0  # a non-finite block's residual is dropped
-            scatter_blocks(self.residual, blocks, err, B)
-        st.ptr[lanes] += 1
-        nxt = self.pos_ext[st.ptr]
-        next_view[:] = np.where(nxt < 0, wire.END, nxt)
-        data_at = self.next_end
-        buf[data_at:data_at + q.nbytes] = q.astype(wire.data_dtype(self.width_flag)).tobytes()
-        lane_bits = 1 << lanes.astype(np.uint64)
-        present = int(np.bitwise_or.reduce(lane_bits)) if len(lanes) else 0
-        nonfinite = int(np.bitwise_or.reduce(lane_bits[nf])) if nf.any() else 0
-        last = wire.FLAG_LAST if (nxt < 0).all() else 0
-        for name, value in (("flags", flags | last | self.width_flag), ("priority", priority),
-                            ("round", self._new_round(st)), ("exponent", st.exponent),
-                            ("bitmap", 0), ("present", present), ("nonfinite", nonfinite)):
-            _FIELD_STRUCTS[name].pack_into(buf, wire.FIELD_OFFSET[name], value)
-        return len(lanes)
-
-    def _deliver_narrow(self, view, pos: np.ndarray, present: int, nonfinite: int,
-                        shift: int) -> bool:
-        """_core.deliver's narrow lanes in numpy (the reference): the result's rows,
-        dequantized, into their blocks (NaN for the non-finite lanes); pos becomes the next
-        positions; True when every one is END."""
-        k, B = self.k, self.B
-        if present:
-            lanes = wire.lane_indices(present, k)
-            data = np.frombuffer(view, wire.data_dtype(self.width_flag), len(lanes) * B,
-                                 self.next_end).reshape(-1, B)
-            scatter_blocks(self.out, pos[lanes], dequantize(data, shift), B)
-        if nonfinite:
-            scatter_blocks(self.out, pos[wire.lane_indices(nonfinite, k)], np.float32("nan"), B)
-        pos[:] = np.frombuffer(view, wire.NEXT_DTYPE, k, wire.HEADER_LEN)
-        return bool((pos == wire.END).all())
 
     def _new_round(self, st: _Slot) -> int:
         """The round tag of slot `st`'s next round (also st.round)."""
@@ -602,8 +538,8 @@ class Agent:
             switch) can be taken for this one's. None: every call uses `job.epoch`.
         check_blocks: verify every `blocks` hint of allreduce against a scan of the tensor
             (a debug mode: costs the scan the hint saves). None: $SPINA_CHECK_BLOCKS=1.
-        datapath: "compiled" (the answer loop's common case in host_agent/_core.c, the rest
-            in Python) or "python" (every answer in Python, and narrow lanes' rounding and
+        datapath: "compiled" (the answer loop's common case in host_agent/_core_answers.c, the
+            rest in Python) or "python" (every answer in Python, and narrow lanes' rounding and
             decoding in numpy: the reference, for comparison); both give bit-identical
             results, datagrams, residuals, counters and recovery decisions.
 
@@ -645,7 +581,9 @@ class Agent:
         grow_buffers(sock)
         if sys.platform.startswith("linux"):  # report a closed switch port (ICMP) on the socket
             sock.setsockopt(socket.IPPROTO_IP, _IP_RECVERR, 1)
-        self._refused_since: float | None = None  # the switch's port refuses since (this call)
+        # when the switch's port began refusing in this call (None: it does not), and last did
+        self._refused_since: float | None = None
+        self._refused_last = 0.0
         # serve_metrics: this agent's Prometheus metrics (host_agent/metrics.py), counted per call
         self.metrics = self._metrics_server = None
         # the last round used per slot (persists across calls)
@@ -661,18 +599,19 @@ class Agent:
         self._ring_views = [memoryview(self._ring)[i * _RING_STRIDE:(i + 1) * _RING_STRIDE]
                             for i in range(_RING_SLOTS)]
         self._buffers = _Buffers()
-        # all-gather calls (host_agent/allgather.py): their own numbering, the last call (it
-        # answers late requests for its chunks: in the next all-gather, in an all-reduce, and
-        # between calls in the responder thread, which reads the socket only while no call
-        # runs: `_busy` is held by every call, `_idle` is set between calls)
-        self._gather_id = 0
-        self._gather_last: gather.GatherCall | None = None
-        self.last_gather_stats = gather.GatherStats()
+        # Every call holds `_busy` while it owns the socket; `_idle` is set between calls,
+        # when the all-gather's responder thread reads it (host_agent/allgather.py Gatherer:
+        # its calls' numbering, the last call that answers late requests for its chunks).
         self._busy = threading.RLock()
         self._idle = threading.Event()
         self._idle.set()
-        self._closing = threading.Event()
-        self._responder: threading.Thread | None = None
+        self._gather = gather.Gatherer(sock, self.switch, self._send_gather, self._busy,
+                                       self._idle, name=f"spina-gather-{rank}")
+
+    @property
+    def last_gather_stats(self) -> gather.GatherStats:
+        """What the last all-gather call put on the wire and got back."""
+        return self._gather.stats
 
     # ------------------------------------------------------------------ public API
     def allgather(self, x):
@@ -706,28 +645,16 @@ class Agent:
         with self._call():
             if self.rendezvous is not None and not self._joined:
                 self._join_run()
-            self._gather_id = (self._gather_id + 1) & 0xFFFFFFFF
-            call = gather.GatherCall(self.job, self.job.switch_rank(self.rank), self._gather_id,
-                                     gather.Shard(self.job, arr), self._gather_last)
-            sock = self.sock
-            before = sock.gettimeout()
-            sock.settimeout(0.0)
+            call = self._gather.start(self.job, self.rank, arr)
             try:
-                out = gather.run(call, sock, self.switch, self._send_gather, self.timeout)
+                out = self._gather.run(call, self.timeout)
             except gather.GatherError as e:
                 if e.timed_out:
                     raise SpinaTimeout(f"rank {self.rank}: {e}", e.missing) from None
                 raise LengthMismatch(f"rank {self.rank}: {e}") from None
             finally:
-                sock.settimeout(before)
-                self.last_gather_stats = call.stats
                 self.foreign_packets += call.stats.foreign_packets
-            call.previous = None  # one call back is all anyone can still ask for
-            self._gather_last = call
-        if self._responder is None:
-            self._responder = threading.Thread(target=self._serve_between, daemon=True,
-                                               name=f"spina-gather-{self.rank}")
-            self._responder.start()
+        self._gather.serve()  # the responder answers for this call between calls
         return out.view(arr.dtype).reshape((self.job.nworkers,) + shape)
 
     @contextmanager
@@ -742,46 +669,6 @@ class Agent:
 
     def _send_gather(self, batch: list) -> None:
         _core.send_batch(self.sock.fileno(), batch, self._switch_ip, self.switch[1])
-
-    def _gather_between(self, view, nbytes: int) -> None:
-        """An all-gather packet outside an all-gather call: the last call answers it."""
-        last = self._gather_last
-        if last is not None:
-            last.between(view, nbytes)
-            if last.outbox:
-                self._send_gather(last.outbox)
-                last.outbox.clear()
-
-    def _serve_between(self) -> None:
-        """The responder thread: between calls, answer requests for the last all-gather's
-        chunks (a worker that returned may be the only one holding what another lacks) and
-        keep chunks of the next call that arrive early."""
-        sock, buf = self.sock, bytearray(wire.MAX_UDP_PAYLOAD + 1)
-        view = memoryview(buf)
-        while not self._closing.is_set():
-            self._idle.wait(0.2)
-            try:
-                ready = select.select((sock,), (), (), 0.05)[0]
-            except (OSError, ValueError):  # closed under us
-                return
-            if not ready or not self._busy.acquire(blocking=False):
-                continue  # nothing waiting, or a call started: it reads the socket now
-            try:
-                before = sock.gettimeout()
-                sock.settimeout(0.0)
-                while True:
-                    try:
-                        nbytes, src = sock.recvfrom_into(buf)
-                    except (BlockingIOError, InterruptedError):
-                        break
-                    if src == self.switch and nbytes >= wire.HEADER_LEN \
-                            and buf[1] == wire.MSG_GATHER:
-                        self._gather_between(view, nbytes)
-                sock.settimeout(before)
-            except OSError:  # closed under us
-                return
-            finally:
-                self._busy.release()
 
     def allreduce(self, x, inplace: bool = False, blocks=None, layer=None, residual=None,
                   slot_exponents=None):
@@ -825,16 +712,8 @@ class Agent:
             if slot_exponents.shape != (self.job.nslots,) or slot_exponents.dtype != np.int32:
                 raise ValueError(f"slot_exponents: need {self.job.nslots} int32 (one per slot), "
                                  f"got {slot_exponents.dtype} {slot_exponents.shape}")
-        if residual is not None:
-            if self.job.lane_bits == 32 or blocks is not None or _is_torch(x):
-                raise ValueError("residual: error feedback needs a narrow-lane job (lane_bits 16 "
-                                 "or 8), a numpy tensor and no blocks hint")
-            if not (isinstance(residual, np.ndarray) and residual.dtype == np.float32
-                    and residual.flags.c_contiguous and residual.flags.writeable
-                    and residual.size == np.size(x)):
-                raise ValueError("residual: must be a writeable, contiguous float32 array of "
-                                 "x's size")
-            x = np.asarray(x, np.float32) + residual.reshape(np.shape(x))
+        if residual is not None:  # error feedback (host_agent/narrow.py)
+            x = narrow.with_residual(self.job, x, residual, blocks is not None or _is_torch(x))
             inplace = True  # our own sum: the call writes its result there
         if blocks is not None:
             blocks = np.asarray(blocks, np.int64)
@@ -874,8 +753,8 @@ class Agent:
             raise SpinaError(f"rank {self.rank}: {e}") from None
         self.job = replace(job, epoch=epoch)
         self.rounds = np.zeros(job.nslots, np.int64)
-        self.call_id = self._gather_id = 0
-        self._gather_last = None
+        self.call_id = 0
+        self._gather.restart()
         self._joined = True
         self.log.info("run with epoch %d", epoch)
 
@@ -890,8 +769,8 @@ class Agent:
                              f"epoch {self.job.epoch})")
         self.job = job.validate()
         self.rounds = np.zeros(job.nslots, np.int64)
-        self.call_id = self._gather_id = 0
-        self._gather_last = None
+        self.call_id = 0
+        self._gather.restart()
 
     def allreduce_async(self, x, inplace: bool = False, blocks=None,
                         layer=None, residual=None) -> concurrent.futures.Future:
@@ -915,9 +794,7 @@ class Agent:
     def close(self) -> None:
         if self._executor is not None:
             self._executor.shutdown(wait=True)
-        self._closing.set()
-        if self._responder is not None:
-            self._responder.join()
+        self._gather.close()
         self.sock.close()
         if self._metrics_server is not None:
             self._metrics_server.stop()
@@ -980,8 +857,9 @@ class Agent:
                 try:
                     received, foreign, malformed, answers = recv(fd, ring, _RING_STRIDE, *source)
                 except OSError as e:
-                    # an ICMP error (port unreachable: fails the call after REFUSED_GRACE;
-                    # others: lost like any datagram); any other error is the socket's
+                    # an ICMP error (port unreachable: a switch restarting, ridden through
+                    # until the call's timeout; others: lost like any datagram); any other
+                    # error is the socket's
                     if not self._icmp_errors(call, e.errno):
                         raise
                     received = -1
@@ -1001,8 +879,8 @@ class Agent:
                         call.stats.foreign_packets += foreign  # not from our switch: never read
                     for index, nbytes in malformed:
                         self._malformed(views[index], nbytes, call)
-                    if answers:
-                        self._refused_since = None
+                    if answers and self._refused_since is not None:
+                        self._refused_over(call)
                     # one time for the batch: every answer in it had arrived by then
                     pending -= call.answers(views, answers, time.monotonic())
                     self._flush(call)
@@ -1011,6 +889,12 @@ class Agent:
                     self._flush(call)
                     next_check = time.monotonic() + min(wait, every)
             ok = True
+        except SpinaTimeout:
+            # still refusing (resends go at most max_rto apart): no rank to blame, nothing listens
+            if self._refused_since is None or \
+                    time.monotonic() - self._refused_last > 2 * self.rtt.max_rto:
+                raise
+            raise self._refused_error(call) from None
         finally:
             sock.settimeout(tick)
             seconds = time.perf_counter() - t0
@@ -1027,7 +911,7 @@ class Agent:
         (well formed, no answer of this call): the last all-gather call takes them."""
         if nbytes >= wire.HEADER_LEN and view[1] == wire.MSG_GATHER \
                 and wire.header_error(_UNPACK(view), nbytes) is None:
-            self._gather_between(view, nbytes)
+            self._gather.between(view, nbytes)
             return
         call.stats.malformed_packets += 1
         if nbytes < wire.HEADER_LEN:
@@ -1050,9 +934,10 @@ class Agent:
 
     def _icmp_errors(self, call: _Call, err: int) -> bool:
         """Drain the socket's queue of ICMP errors (`err`: the errno a socket call just
-        raised, 0 if none); whether there were any. Once the switch's port has refused
-        (ECONNREFUSED: ICMP port unreachable) for REFUSED_GRACE seconds with no answer in
-        between, the call fails naming the switch's address."""
+        raised, 0 if none); whether there were any. A refusal (ECONNREFUSED: ICMP port
+        unreachable, nothing listens on the switch's port) is not fatal: a switch process that
+        restarts refuses until it listens again, and the rounds resent then complete the call
+        (docs/reliability.md). The call fails only at its timeout, saying the switch refused."""
         errors = [err] if err in (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH,
                                   errno.EHOSTDOWN) else []
         while hasattr(socket, "MSG_ERRQUEUE"):  # Linux
@@ -1062,18 +947,32 @@ class Agent:
                 break
             errors += [struct.unpack_from("=I", data)[0] for _, _, data in cmsgs
                        if len(data) >= 4]
-        if errno.ECONNREFUSED in errors:
-            now = time.monotonic()
-            if self._refused_since is None:
-                self._refused_since = now
-            elif now - self._refused_since >= REFUSED_GRACE:
-                job = self.job
-                raise SpinaError(
-                    f"job {job.job} call {call.call_id}: the switch at {self.switch[0]}:"
-                    f"{self.switch[1]} refused every datagram for {now - self._refused_since:.1f}"
-                    " s (ICMP port unreachable: nothing listens on that port): it is not "
-                    "running, or the job file names the wrong address") from None
-        return bool(errors)
+        if errno.ECONNREFUSED not in errors:
+            return bool(errors)
+        self._refused_last = time.monotonic()
+        if self._refused_since is None:
+            self._refused_since = self._refused_last
+            self.log.warning("job %d call %d: the switch at %s:%d refuses datagrams (ICMP port "
+                             "unreachable: nothing listens there); resending until it answers "
+                             "or %g s pass without progress", self.job.job, call.call_id,
+                             *self.switch, self.timeout)
+        return True
+
+    def _refused_over(self, call: _Call) -> None:
+        """The switch answers again after refusing: say for how long it refused."""
+        self.log.warning("job %d call %d: the switch at %s:%d answers again after refusing "
+                         "datagrams for %.1f s", self.job.job, call.call_id, *self.switch,
+                         time.monotonic() - self._refused_since)
+        self._refused_since = None
+
+    def _refused_error(self, call: _Call) -> SpinaError:
+        """The call's timeout while the switch's port refused: nothing listens there."""
+        return SpinaError(
+            f"job {self.job.job} call {call.call_id}: the switch at {self.switch[0]}:"
+            f"{self.switch[1]} refused every datagram for "
+            f"{time.monotonic() - self._refused_since:.1f} s (ICMP port unreachable: nothing "
+            f"listens on that port) until the call's timeout ({self.timeout:g} s without "
+            "progress): it is not running, or the job file names the wrong address")
 
 
 def _is_torch(x) -> bool:

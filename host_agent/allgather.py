@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import select
 import socket
+import threading
 import time
 from dataclasses import dataclass
 
@@ -319,3 +320,110 @@ def run(call: GatherCall, sock: socket.socket, switch: tuple[str, int], send, ti
             call.send_due()
     st.seconds = time.perf_counter() - t0
     return call.out
+
+
+class Gatherer:
+    """An agent's all-gather side (Agent.allgather): its calls' numbering, its last call
+    (which answers late requests for its chunks and keeps early chunks of the next call) and
+    the responder thread that serves that call between calls.
+
+    The agent's socket is one: every call (all-reduce or all-gather) holds `busy` while it
+    reads it and clears `idle`; the responder reads it only between calls. Inside an
+    all-reduce the agent's answer loop hands all-gather packets to `between`.
+
+    Args:
+        sock: the agent's UDP socket.
+        switch: the switch's (numeric address, port): packets from anyone else are ignored.
+        send: send(datagrams) puts a batch on the wire to the switch.
+        busy, idle: the agent's call lock and its between-calls event.
+        name: the responder thread's name.
+    """
+
+    def __init__(self, sock: socket.socket, switch: tuple[str, int], send,
+                 busy: threading.RLock, idle: threading.Event, name: str):
+        self.sock, self.switch, self.send = sock, switch, send
+        self.name = name
+        self.call_id = 0
+        self.last: GatherCall | None = None
+        self.stats = GatherStats()  # the last call's
+        self._busy, self._idle = busy, idle
+        self._closing = threading.Event()
+        self._responder: threading.Thread | None = None
+
+    def restart(self) -> None:
+        """A new run or incarnation of the job: calls numbered afresh, the last one dropped."""
+        self.call_id = 0
+        self.last = None
+
+    def start(self, job: JobConfig, rank: int, data: np.ndarray) -> GatherCall:
+        """The next call of job rank `rank` (its switch rank on the wire) with shard `data`."""
+        self.call_id = (self.call_id + 1) & 0xFFFFFFFF
+        return GatherCall(job, job.switch_rank(rank), self.call_id, Shard(job, data), self.last)
+
+    def run(self, call: GatherCall, timeout: float) -> np.ndarray:
+        """Run `call` (the caller holds `busy`) until this worker holds every shard; it then
+        becomes the last call. Raises GatherError as run() does."""
+        sock = self.sock
+        before = sock.gettimeout()
+        sock.settimeout(0.0)
+        try:
+            out = run(call, sock, self.switch, self.send, timeout)
+        finally:
+            sock.settimeout(before)
+            self.stats = call.stats
+        call.previous = None  # one call back is all anyone can still ask for
+        self.last = call
+        return out
+
+    def between(self, view, nbytes: int) -> None:
+        """An all-gather packet outside an all-gather call: the last call answers it."""
+        last = self.last
+        if last is not None:
+            last.between(view, nbytes)
+            if last.outbox:
+                self.send(last.outbox)
+                last.outbox.clear()
+
+    def serve(self) -> None:
+        """Start the responder thread (once)."""
+        if self._responder is None:
+            self._responder = threading.Thread(target=self._serve_between, daemon=True,
+                                               name=self.name)
+            self._responder.start()
+
+    def close(self) -> None:
+        """Stop the responder thread (before the socket closes)."""
+        self._closing.set()
+        if self._responder is not None:
+            self._responder.join()
+
+    def _serve_between(self) -> None:
+        """The responder thread: between calls, answer requests for the last all-gather's
+        chunks (a worker that returned may be the only one holding what another lacks) and
+        keep chunks of the next call that arrive early."""
+        sock, buf = self.sock, bytearray(wire.MAX_UDP_PAYLOAD + 1)
+        view = memoryview(buf)
+        while not self._closing.is_set():
+            self._idle.wait(0.2)
+            try:
+                ready = select.select((sock,), (), (), 0.05)[0]
+            except (OSError, ValueError):  # closed under us
+                return
+            if not ready or not self._busy.acquire(blocking=False):
+                continue  # nothing waiting, or a call started: it reads the socket now
+            try:
+                before = sock.gettimeout()
+                sock.settimeout(0.0)
+                while True:
+                    try:
+                        nbytes, src = sock.recvfrom_into(buf)
+                    except (BlockingIOError, InterruptedError):
+                        break
+                    if src == self.switch and nbytes >= wire.HEADER_LEN \
+                            and buf[1] == wire.MSG_GATHER:
+                        self.between(view, nbytes)
+                sock.settimeout(before)
+            except OSError:  # closed under us
+                return
+            finally:
+                self._busy.release()

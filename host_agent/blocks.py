@@ -14,7 +14,7 @@ import numpy as np
 
 from spina import wire
 
-try:  # the scan (host_agent/_core.c)
+try:  # the scan (host_agent/_core_blocks.c)
     from host_agent import _core
 except ImportError as e:
     raise ImportError("host_agent._core (host_agent/_core.c) is not built: run `make setup` "
@@ -29,7 +29,7 @@ def block_scan(flat: np.ndarray, block_size: int, blocks: np.ndarray | None = No
     +-0.0; >= NONFINITE_BITS: a NaN or Inf); the second is non-zero where any bit is set
     (an int32 block with a value, a float block with a value or a -0.0).
 
-    One compiled, memory-bound pass (host_agent/_core.c block_scan; docs/profile.md).
+    One compiled, memory-bound pass (host_agent/_core_blocks.c block_scan; docs/profile.md).
     """
     if blocks is not None:
         blocks = np.ascontiguousarray(blocks, np.int64)
@@ -217,8 +217,8 @@ def rounding_noise(seed: int, rank: int, step: int, shape) -> np.ndarray:
     Counter-based: draw i (in C order of `shape`) is (h >> 8) * 2**-24 with
     h = mix32(mix32(i + k0) ^ k1) in 32-bit words, (k0, k1) the halves of
     splitmix64(splitmix64(splitmix64(seed) ^ rank) ^ step). The agent's compiled core computes
-    each row's draws where it sends the row (host_agent/_core.c, the same function: compared
-    in tests/test_core.py); 32-bit integer operations vectorise there.
+    each row's draws where it sends the row (host_agent/_core_blocks.c, the same function:
+    compared in tests/test_core.py); 32-bit integer operations vectorise there.
     """
     key = _splitmix64(_splitmix64(_splitmix64(seed & _M64) ^ rank) ^ step)
     k0, k1 = np.uint32(key & 0xFFFFFFFF), np.uint32(key >> 32)

@@ -24,7 +24,7 @@
  * softswitch/pipeline.py.
  */
 #define _GNU_SOURCE
-#include "../host_agent/_pybuf.h"  /* Python.h, Buf, get_buf, release */
+#include "../spina/_pybuf.h"       /* Python.h, Buf, get_buf, release */
 #include "../spina/_wire.h"        /* HEADER_LEN, OFF_*, MSG_*, FLAG_* (spina/wire.py) */
 #include <arpa/inet.h>
 #include <linux/filter.h>

@@ -45,6 +45,7 @@ from p4.v1 import p4runtime_pb2 as pb, p4runtime_pb2_grpc
 
 from softswitch.dataplane import Dataplane
 from spina import spec
+from spina.net import check_tcp_free
 from spina.p4runtime import P4RuntimeError, canonical_entry, decode, encode, match_key
 
 log = logging.getLogger("spina.softswitch.p4runtime")
@@ -636,7 +637,8 @@ class P4RuntimeServer:
                                   options=[("grpc.so_reuseport", 0)])
         p4runtime_pb2_grpc.add_P4RuntimeServicer_to_server(self.servicer, self.server)
         host, _, port = address.rpartition(":")
-        _check_free(host, port)
+        if port.isdigit():  # (check_loopback refuses the rest)
+            check_tcp_free(host, int(port), "P4Runtime")
         try:
             bound = self.server.add_insecure_port(address)
         except RuntimeError:  # grpcio >= 1.5x raises where older ones returned 0
@@ -659,22 +661,6 @@ class P4RuntimeServer:
 
     def __exit__(self, *exc):
         self.stop()
-
-
-def _check_free(host: str, port: str) -> None:
-    """OSError naming the address if a TCP listener holds it (gRPC would print its own
-    multi-line complaint first; a second server on one port must not start)."""
-    if not port.isdigit() or int(port) == 0:
-        return
-    import socket
-    fam = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
-    with socket.socket(fam, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is no listener
-        try:
-            s.bind((host.strip("[]"), int(port)))
-        except OSError as e:
-            raise OSError(e.errno, f"cannot serve P4Runtime on {host}:{port}: {e.strerror}") \
-                from None
 
 
 def check_loopback(address: str) -> str:

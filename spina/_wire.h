@@ -1,4 +1,4 @@
-/* The INA header as the C parts read and write it (host_agent/_core.c, softswitch/_datapath.c):
+/* The INA header as the C parts read and write it (host_agent/_core*.c, softswitch/_datapath.c):
  * spina/wire.py is the definition; these are copied from it by hand, and tests/test_core.py and
  * tests/test_datapath.py check them against wire.FIELD_OFFSET and the constants there. */
 #ifndef SPINA_WIRE_H

@@ -420,6 +420,23 @@ def test_agent_files_name_job_rank_slots_and_switch(fake, tmp_path):
     assert JobFile.from_dict(jf.to_dict()) == jf and Assignment.from_dict(a.to_dict()) == a
 
 
+def test_deploy_report_counts_agent_files_written_and_removed(fake, tmp_path):
+    """The report says how many agent files a deploy wrote and how many it removed: after a
+    job left, "removed", never "written" for an emptied folder (issue 44 item 7)."""
+    sw = fake()
+    with Controller(new_state(tmp_path, sw.address, [JOB7]),
+                    registers={"s1": RecordingRegisters()}) as c:
+        first = c.deploy()[0]
+    assert (first.agent_files, first.agent_files_removed) == (3, 0)  # job7.json, 2 ranks
+    assert str(first).endswith("; agent files: 3 written")
+    with Controller(new_state(tmp_path, sw.address),
+                    registers={"s1": RecordingRegisters()}) as c:
+        gone = c.deploy()[0]
+    assert (gone.agent_files, gone.agent_files_removed) == (0, 3)
+    assert str(gone).endswith("; agent files: 3 removed")
+    assert list((tmp_path / "agents").iterdir()) == []
+
+
 def test_thrift_adapter_commands():
     """The BMv2 adapter clears cells with one register_write per cell in one CLI session, and
     resets whole registers with register_reset."""
@@ -708,3 +725,52 @@ def test_a_reconcile_round_that_fails_unexpectedly_never_ends_serve(tmp_path, ca
     err = capsys.readouterr().err
     assert "controller: Cannot invoke RPC on closed channel!; retrying" in err
     assert "controller: reconcile failed (KeyError: 'a bug'); retrying" in err
+
+
+def test_serve_says_its_rendezvous_listens_once_the_agent_files_are_written(tmp_path):
+    """serve's "run rendezvous on" line (the one a script waits for before it starts its
+    ranks) comes after the agent files exist and names their folder, even while no switch
+    answers yet (its first deploy retries)."""
+    from pathlib import Path
+
+    from spina.net import free_port
+    from spina.procs import stop_process
+    root = Path(__file__).resolve().parents[1]
+    cfg = tmp_path / "spina.yaml"
+    rendezvous = f"127.0.0.1:{free_port()}"
+    cfg.write_text(yaml.safe_dump(dict(doc("127.0.0.1:1", [JOB7]), rendezvous=rendezvous)))
+    proc = subprocess.Popen([sys.executable, "-m", "controller", "-c", str(cfg), "--timeout",
+                             "1", "serve"], cwd=root, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = proc.stdout.readline().strip()
+        files = sorted(p.name for p in (tmp_path / "agents").glob("*.json"))
+    finally:
+        stop_process(proc, 10)
+    assert line == (f"controller: run rendezvous on {rendezvous}, agent files in "
+                    f"{tmp_path / 'agents'}")
+    assert files == ["job7-rank0.json", "job7-rank1.json", "job7.json"]
+
+
+def test_serve_names_another_deployments_rendezvous_on_its_address(tmp_path):
+    """A second deployment's serve on the address another controller's rendezvous holds: one
+    line naming that controller (its jobs, pid and file), exit 2, no agent file written."""
+    import os
+
+    from spina.rendezvous import RendezvousServer
+    other = RendezvousServer("127.0.0.1", 0, {1: (4, 1)}, lambda j, e: None,
+                             owner="controller", source="/srv/other/spina.yaml").start()
+    host, port = other.address
+    cfg = tmp_path / "spina.yaml"
+    cfg.write_text(yaml.safe_dump(dict(doc("127.0.0.1:1", [JOB7]),
+                                       rendezvous=f"{host}:{port}")))
+    try:
+        out = subprocess.run([sys.executable, "-m", "controller", "-c", str(cfg), "serve"],
+                             capture_output=True, text=True, timeout=60)
+    finally:
+        other.stop()
+    assert out.returncode == 2, out
+    assert out.stderr == (f"python -m controller serve: error: {host}:{port} is the rendezvous of "
+                          f"another controller (jobs [1], pid {os.getpid()}, file "
+                          "/srv/other/spina.yaml)\n")
+    assert not (tmp_path / "agents").exists()

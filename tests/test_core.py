@@ -239,7 +239,7 @@ def test_the_compiled_draws_are_numpys(seed, rank, step, n):
 
 def reference_narrow_fill(flat, pos_ext, ptr, pos, nonfinite, lane0, shift, B, lane_bits, noise,
                           residual):
-    """fill_round's narrow rows in numpy, as agent._fill_narrow: (body after the header,
+    """fill_round's narrow rows in numpy, as narrow.NumpyRounds.fill: (body after the header,
     present, nonfinite bits, nrows, last, new ptr); `residual` updated in place."""
     k = len(ptr)
     own = pos_ext[ptr]

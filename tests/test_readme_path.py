@@ -66,7 +66,7 @@ def test_readme_multi_process_path_twice(tmp_path):
                                      start_new_session=True)
         def agent_files():
             assert serve.poll() is None, f"make serve exited {serve.returncode}: {log.read_text()}"
-            return len(list(AGENTS.glob("job1-rank*.json"))) == 4
+            return len(list(AGENTS.glob("job1-rank*.json"))) >= 4
         until(agent_files, "serve's 4 agent files", 60, every=0.1)
         assert _program(1) == [f"rank {r}: sum 4" for r in range(4)], log.read_text()
         assert _program(10) == [f"rank {r}: sum 40" for r in range(4)], log.read_text()

@@ -27,15 +27,16 @@ P4INFO = TOFINO / "build" / "spina_tna.p4info.txtpb"
 S = spec.TNA_SIZES
 
 
-def _preprocessed(tmp_path_factory, *defines: str) -> str:
-    """tofino/spina_tna.p4 after cpp (core.p4 and tna.p4 stubbed out: only our text counts)."""
+def _preprocessed(tmp_path_factory, *defines: str, top: str = "spina_tna.p4") -> str:
+    """A top file of tofino/ (the default profile's unless `top`) after cpp (core.p4 and tna.p4
+    stubbed out: only our text counts)."""
     if shutil.which("cpp") is None:
         pytest.skip("cpp not on PATH: the TNA program's macros cannot be expanded here")
     stubs = tmp_path_factory.mktemp("p4include")
     for name in ("core.p4", "tna.p4"):
         (stubs / name).write_text("")
     out = subprocess.run(["cpp", "-P", "-undef", "-nostdinc", f"-I{stubs}", *defines,
-                          str(TOFINO / "spina_tna.p4")],
+                          str(TOFINO / top)],
                          check=True, capture_output=True, text=True).stdout
     return re.sub(r"\s+", " ", out)
 
@@ -246,12 +247,32 @@ def _tables(text: str) -> dict:
 
 
 def test_roles_profile_adds_the_role_tables(program, tmp_path_factory):
-    """-DSPINA_TNA_ROLES (the roles' measurement profile) adds exactly p4src's job_level and
-    leaf_upstream, with p4src's key names, to the program's control-plane tables; the
-    default program declares neither (the controller's has_roles reads that)."""
-    roles = _tables(_preprocessed(tmp_path_factory, "-DSPINA_TNA_ROLES"))
+    """tofino/spina_tna_roles.p4 (the roles' measurement profile) adds exactly p4src's
+    job_level and leaf_upstream, with p4src's key names, to the program's control-plane
+    tables; the default program declares neither (the controller's has_roles reads that)."""
+    roles = _tables(_preprocessed(tmp_path_factory, top="spina_tna_roles.p4"))
     flat = _tables(program)
     assert set(roles) - set(flat) == {"job_level", "leaf_upstream"}
     assert {name: roles[name] for name in flat} == flat
     for name in ("job_level", "leaf_upstream"):
         assert roles[name] == [(k.match, k.name) for k in spec.TABLES[name].keys], name
+
+
+def _macros(path: pathlib.Path) -> set[str]:
+    return set(re.findall(r"^#define (\w+)", path.read_text(), re.M))
+
+
+def test_profiles_define_the_same_hooks():
+    """include/profile_flat.p4 and profile_roles.p4 define the same hooks (the roles' helper
+    macros aside), and every SPINA_ROLE_* name a shared file of tofino/ expands is one of
+    them; no shared file selects a profile by #ifdef."""
+    inc = TOFINO / "include"
+    flat, roles = _macros(inc / "profile_flat.p4"), _macros(inc / "profile_roles.p4")
+    guards = {"SPINA_TNA_PROFILE_FLAT_P4", "SPINA_TNA_PROFILE_ROLES_P4"}
+    helpers = {"SPINA_ALL_RANKS_ENTRY", "SPINA_CARRIED"}  # used by roles' hooks only
+    assert flat - guards == roles - guards - helpers
+    shared = [p for p in [*inc.glob("*.p4"), *TOFINO.glob("*.p4")]
+              if not p.name.startswith("profile_")]
+    used = {m for p in shared for m in re.findall(r"\bSPINA_ROLE_\w+", p.read_text())}
+    assert used and used <= flat
+    assert not [p.name for p in shared if "#ifdef SPINA_TNA_ROLES" in p.read_text()]

@@ -83,8 +83,8 @@ def _ternary(text: str):
 
 def const_entries(table: str) -> list[tuple[list, str, list[int]]]:
     """`table`'s const entries in decide.p4, in priority order: (keys, action, args)."""
-    # The default program: the roles' profile (-DSPINA_TNA_ROLES) pads each entry with its
-    # keys' wildcards (SPINA_*_ANY, empty by default) and adds entries by macro only.
+    # The default program: the roles' profile (include/profile_roles.p4) pads each entry with
+    # its keys' wildcards (SPINA_*_ANY, empty in profile_flat.p4) and adds entries by macro only.
     text = re.sub(r"\s*SPINA_(?:ROLE|CARRY)_ANY\b", "",
                   (TOFINO / "include/decide.p4").read_text())
     body = re.search(r"table " + table + r" \{.*?const entries = \{(.*?)\n\s*\}\n", text, re.S)

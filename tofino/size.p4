@@ -33,7 +33,7 @@
 // aggregator.p4).
 // As compiled by bf-p4c 1.2.5.16 (tofino/build/resources.md): 15 + 17 pairs = 64 elements fit
 // 12 stages once the tables after decide form one flat sequence and the egress pairs a branch
-// of their own (aggregator.p4, spina_tna.p4: on Tofino 1 bf-p4c places no more of a sequence
+// of their own (aggregator.p4, include/pipe.p4: on Tofino 1 bf-p4c places no more of a sequence
 // while a branch nested in it is being placed; tofino/README.md, "Toward 64"). The lists
 // below also hold 46 (15 + 8) and 54 (15 + 12) elements.
 // The egress pairs' stages, asked of bf-p4c (it places ingress and egress tables together

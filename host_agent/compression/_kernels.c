@@ -25,7 +25,7 @@
  * fused multiply-add: every product and sum is rounded as numpy rounds it).
  * All four release the GIL.
  */
-#include "../_pybuf.h"  /* Python.h, Buf, get_buf, release */
+#include "../../spina/_pybuf.h"  /* Python.h, Buf, get_buf, release */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>

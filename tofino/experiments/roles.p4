@@ -1,7 +1,7 @@
 /* Pieces of the fabric roles (p4src/v1model/fabric.p4) on Tofino 1, each in a minimal TNA
  * pipeline, compiled to read what bf-p4c says (tofino/README.md, "The hold and the roles on
  * Tofino 1"; tests/test_tna_agreement.py compiles each where bf-p4c is on PATH). Not part of
- * the program; the program's profile -DSPINA_TNA_ROLES is the whole.
+ * the program; the program's roles profile (tofino/spina_tna_roles.p4) is the whole.
  *   -DVARIANT=1: slot_count with the fourth RegisterAction a leaf needs to store its spine's
  *                result (count_store: nlocal -> nlocal + 1, beside count_first, count_rank,
  *                count_duplicate): fits

@@ -87,13 +87,6 @@ control Admission(in tna_headers_t hdr, inout tna_ingress_md_t meta, in PortId_t
     // The slot's lower bound (slot_below == 0) and the admitted sizes are tested here;
     // the sizes are the parser's (InaCheck let only those through): the controller admits no
     // other sizes, so this guards the registers from a wrong entry, as p4src does.
-#ifdef SPINA_TNA_ROLES
-#define SPINA_GATE_ANY , _, _, _
-#define GATE_ENTRIES 8
-#else
-#define SPINA_GATE_ANY
-#define GATE_ENTRIES 4
-#endif
     @hidden table gate {
         key = {
             meta.ina_local:        ternary;
@@ -103,24 +96,13 @@ control Admission(in tna_headers_t hdr, inout tna_ingress_md_t meta, in PortId_t
             meta.epoch_diff:       ternary;
             meta.adm.nlanes:       ternary;
             meta.adm.block_size:   ternary;
-#ifdef SPINA_TNA_ROLES
-            // A spine's RESULT or STATUS at a leaf (leaf_upstream hit, not a CONTRIB) carries
-            // the spine's epoch for the job (as_leaf), not the rack's (admission).
-            meta.fab.up:           ternary;
-            hdr.ina.msg_type:      ternary;
-            meta.fab.epoch_diff:   ternary;
-#endif
+            SPINA_ROLE_GATE_KEYS  // roles' profile: up, msg_type, the spine's epoch
         }
         actions = { set_gate; }
         const entries = {
             (false, _, _, _, _, _, _ SPINA_GATE_ANY): set_gate(GATE_FORWARD);
             (true, true, _, _, _, _, _ SPINA_GATE_ANY): set_gate(GATE_MALFORMED);
-#ifdef SPINA_TNA_ROLES
-            (true, false, true, 0, _, NLANES, BLOCK_SIZE, true, MSG_RESULT, 0): set_gate(GATE_AGGREGATE);
-            (true, false, true, 0, _, NLANES, BLOCK_SIZE, true, MSG_STATUS, 0): set_gate(GATE_AGGREGATE);
-            (true, false, true, 0, _, NLANES, BLOCK_SIZE, true, MSG_RESULT, _): set_gate(GATE_STALE_EPOCH);
-            (true, false, true, 0, _, NLANES, BLOCK_SIZE, true, MSG_STATUS, _): set_gate(GATE_STALE_EPOCH);
-#endif
+            SPINA_ROLE_GATE_ENTRIES  // roles' profile: the spine's answers at a leaf
             (true, false, true, 0, 0, NLANES, BLOCK_SIZE SPINA_GATE_ANY): set_gate(GATE_AGGREGATE);
             (true, false, true, 0, _, NLANES, BLOCK_SIZE SPINA_GATE_ANY): set_gate(GATE_STALE_EPOCH);
         }

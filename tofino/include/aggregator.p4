@@ -68,15 +68,7 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
         }
     };
 
-#ifdef SPINA_TNA_ROLES
-    // A spine's answer at a leaf: for the round this copy holds (PRED_LO), else stale; never
-    // takes the copy.
-    RegisterAction<bit<32>, copy_index_t, pred_t>(slot_round) peek_round = {
-        void apply(inout bit<32> value, out pred_t rv) {
-            rv = this.predicate(value == hdr.ina.round);
-        }
-    };
-#endif
+    SPINA_ROLE_ROUND_ACTIONS  // roles' profile: peek_round
 
     // ------------------------------------------------------------------ slot_rank_round
     @name(".slot_rank_round") Register<bit<32>, rank_index_t>(RANK_CELLS, 0) slot_rank_round;
@@ -135,20 +127,7 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
         }
     };
 
-#ifdef SPINA_TNA_ROLES
-    // A leaf storing its spine's RESULT: only a copy whose partial went up (count = nlocal,
-    // the leaf's nworkers) takes it, and counts nlocal + 1 (stored: a later RESULT is a
-    // duplicate, a worker's resend gets it). slot_count's fourth RegisterAction, the most one
-    // Tofino 1 register holds.
-    RegisterAction<bit<32>, copy_index_t, bit<32>>(slot_count) count_store = {
-        void apply(inout bit<32> value, out bit<32> rv) {
-            rv = value - meta.nworkers;
-            if (value == meta.nworkers) {
-                value = value + 1;
-            }
-        }
-    };
-#endif
+    SPINA_ROLE_COUNT_ACTIONS  // roles' profile: count_store
 
     // ------------------------------------------------------------------ OR registers
     // slot_bitmap, slot_present, slot_nonfinite: set on a fresh copy, ORed when added, read
@@ -172,11 +151,7 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
             rv = value;                                                                  \
         }                                                                                \
     };
-#ifdef SPINA_TNA_ROLES
-    SPINA_OR_REGISTER(slot_bitmap, meta.fab.bitmap_in)
-#else
-    SPINA_OR_REGISTER(slot_bitmap, meta.rank_bit)
-#endif
+    SPINA_OR_REGISTER(slot_bitmap, SPINA_ROLE_BITMAP_INPUT(meta.rank_bit))
     SPINA_OR_REGISTER(slot_present, hdr.ina.present[31:0])
     SPINA_OR_REGISTER(slot_nonfinite, hdr.ina.nonfinite[31:0])
 
@@ -308,52 +283,7 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
         hdr.bridge.reply_port = ig_intr_md.ingress_port;
     }
 
-#ifdef SPINA_TNA_ROLES
-    // A result's header, or (a leaf) its partial's going up as one contribution of the rack:
-    // one table keyed on the kind and up_reply (two `if`s writing msg_type are not known
-    // to exclude each other, and cost a stage).
-    @hidden action to_result() {
-        hdr.ina.msg_type = MSG_RESULT;
-        hdr.ina.flags = meta.stored_flags ^ meta.flags_xor;
-        hdr.ina.length = meta.stored_length;
-    }
-    @hidden action to_spine_contrib() {
-        hdr.ina.msg_type = MSG_CONTRIB;
-        hdr.ina.rank = meta.fab.rack;
-        hdr.ina.flags = meta.stored_flags ^ meta.flags_xor;
-        hdr.ina.length = meta.stored_length;
-    }
-    @hidden table result_header {
-        key = { meta.kind: exact; meta.fab.up_reply: exact; }
-        actions = { to_result; to_spine_contrib; @defaultonly NoAction; }
-        const entries = {
-            (KIND_COMPLETE, 0): to_result();
-            (KIND_RESEND, 0): to_result();
-            (KIND_FLUSH, 0): to_result();
-            (KIND_COMPLETE, 1): to_spine_contrib();
-            (KIND_RESEND, 1): to_spine_contrib();
-            (KIND_FLUSH, 1): to_spine_contrib();
-        }
-        const default_action = NoAction();
-        size = 8;
-    }
-    // A leaf's reply that goes up instead (ToSpine): from this switch to the slot's spine, as
-    // one contribution of the rack (rank = the rack's index); the third pass unicasts it to
-    // the spine's port (harvest mcast_grp 0).
-    @hidden action reply_up() {
-        hdr.ethernet.src_addr = hdr.ethernet.dst_addr;
-        hdr.ethernet.dst_addr = meta.fab.up_mac;
-        hdr.ipv4.src_addr = hdr.ipv4.dst_addr;
-        hdr.ipv4.dst_addr = meta.fab.up_addr;
-        hdr.udp.src_port = hdr.udp.dst_port;
-        hdr.udp.dst_port = INA_UDP_PORT;
-        hdr.udp.checksum = 0;
-        hdr.bridge.ipv4_update = 1;
-        hdr.bridge.ina_emitted = 1;
-        hdr.bridge.to_harvest = 1;
-        hdr.bridge.reply_port = meta.fab.up_port;
-    }
-#endif
+    SPINA_ROLE_REPLY_ACTIONS  // roles' profile: result_header, reply_up
 
     apply {
         job_index_t job = hdr.ina.job[10:0];
@@ -392,51 +322,27 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
                 ig_dprsr_md.drop_ctl = 1;
                 return;
             }
-#ifdef SPINA_TNA_ROLES
-            // A spine's answer at a leaf reads the copy's round and marks no rank.
-            if (meta.fab.from_spine) {
-                meta.round_pred = peek_round.execute(meta.idx);
-                meta.rank_pred = PRED_NONE;
-            } else {
-                meta.round_pred = check_round.execute(meta.idx);
-                meta.rank_pred = mark_rank.execute(meta.rank_idx);
-            }
-#else
+            SPINA_ROLE_ROUND_CHECK(
             meta.round_pred = check_round.execute(meta.idx);
-            meta.rank_pred = mark_rank.execute(meta.rank_idx);
-#endif
+            meta.rank_pred = mark_rank.execute(meta.rank_idx);)
             if (meta.round_pred == PRED_NONE) {
                 job_stale.count(job);
                 ig_dprsr_md.drop_ctl = 1;
                 return;
             }
-#ifdef SPINA_TNA_ROLES
-            if (meta.round_pred == PRED_HI && meta.fab.replay) {
-                meta.stored_length = set_length.execute(meta.idx);
-                meta.count_delta = count_duplicate.execute(meta.idx);
-            } else if (meta.round_pred == PRED_HI) {
-#else
+            SPINA_ROLE_REPLAY_FIRST  // roles' profile: a leaf's REPLAY at a spine
             if (meta.round_pred == PRED_HI) {
-#endif
                 meta.stored_length = set_length.execute(meta.idx);
                 meta.count_delta = count_first.execute(meta.idx);
             } else {
                 meta.stored_length = read_length.execute(meta.idx);
-#ifdef SPINA_TNA_ROLES
-                if (meta.fab.store) {
-                    meta.count_delta = count_store.execute(meta.idx);
-                } else if (meta.rank_pred == PRED_LO || meta.fab.dup) {
+                SPINA_ROLE_STORE  // roles' profile: the spine's RESULT at a leaf
+                // Equal, so not newer: a duplicate.
+                if (meta.rank_pred == PRED_LO SPINA_ROLE_OR_DUP) {
                     meta.count_delta = count_duplicate.execute(meta.idx);
                 } else {
                     meta.count_delta = count_rank.execute(meta.idx);
                 }
-#else
-                if (meta.rank_pred == PRED_LO) {  // equal, so not newer: a duplicate
-                    meta.count_delta = count_duplicate.execute(meta.idx);
-                } else {
-                    meta.count_delta = count_rank.execute(meta.idx);
-                }
-#endif
             }
             decide.apply();
         }
@@ -502,11 +408,7 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
         if (meta.kind == KIND_HOLD) {
             hdr.bridge.hold_drop = 1;  // egress adds its part, then drops it
         }
-#ifdef SPINA_TNA_ROLES
-        if (meta.kind == KIND_DROP) {
-            hdr.bridge.hold_drop = 1;  // egress drops it (nothing to add: value_op NONE)
-        }
-#endif
+        SPINA_ROLE_DROP  // roles' profile: KIND_DROP
         if (meta.kind == KIND_HOLD && hdr.block_e.isValid()) {
             hdr.bridge.block_front = 1;
         }
@@ -519,15 +421,12 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
             hdr.block_i.setInvalid();
         }
         // A result: COMPLETE, RESEND, FLUSH.
-#ifdef SPINA_TNA_ROLES
-        result_header.apply();  // a result, or a leaf's partial going up
-#else
+        SPINA_ROLE_RESULT_HEADER(
         if (meta.kind >= KIND_COMPLETE && meta.kind <= KIND_FLUSH) {
             hdr.ina.msg_type = MSG_RESULT;
             hdr.ina.flags = meta.stored_flags ^ meta.flags_xor;
             hdr.ina.length = meta.stored_length;
-        }
-#endif
+        })
         if (meta.kind >= KIND_COMPLETE && meta.kind <= KIND_FLUSH && hdr.ina.present[0:0] == 0) {
             hdr.block_e.setInvalid();
             hdr.block_i.setInvalid();
@@ -558,31 +457,13 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
         if (meta.kind >= KIND_COMPLETE) {
             hdr.ina.flags = hdr.ina.flags | meta.loss_tolerant;
         }
-#ifdef SPINA_TNA_ROLES
-        // A result to every worker (or, at a leaf, to the rack); a spine's STATUS to every
-        // leaf, a leaf's to the rack. One condition: two writes would take two stages.
-        if (((meta.kind == KIND_COMPLETE || meta.kind == KIND_FLUSH) && meta.fab.up_reply == 0)
-                || (meta.kind == KIND_STATUS && meta.fab.carry)) {
-            hdr.bridge.mcast_grp = meta.adm.mcast_grp;  // else 0, as the bridge starts
-        }
-        // Back to the sender, or a leaf's partial up to its spine: exclusive branches (two
-        // `if`s writing the addresses took two stages; a table keyed on kind and up_reply
-        // found no room in stages 6-11 and went to a 13th), last in the sequence.
-        if (meta.kind >= KIND_COMPLETE) {
-            if (meta.fab.up_reply == 0) {
-                reply_to_sender();
-            } else {
-                reply_up();
-            }
-        }
-#else
+        SPINA_ROLE_REPLY(
         if (meta.kind >= KIND_COMPLETE) {
             reply_to_sender();
         }
         if (meta.kind == KIND_COMPLETE || meta.kind == KIND_FLUSH) {
             hdr.bridge.mcast_grp = meta.adm.mcast_grp;  // else 0, as the bridge starts
-        }
-#endif
+        })
     }
 }
 

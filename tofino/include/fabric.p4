@@ -1,8 +1,9 @@
 /* SpINA on Tofino 1: the fabric roles' lookups (p4src/v1model/fabric.p4's FabricRoles), in the
- * compile-time profile -DSPINA_TNA_ROLES only. That profile is a measurement of what the
- * leaf and spine roles cost on Tofino 1 (tofino/README.md, "The hold and the roles on
- * Tofino 1"): bf-p4c's answer, not a program the controller deploys or a transliteration
- * checks; the default program has no roles.
+ * roles' profile only (tofino/spina_tna_roles.p4; what the roles add to the other controls is
+ * include/profile_roles.p4's). That profile is a measurement of what the leaf and spine roles
+ * cost on Tofino 1 (tofino/README.md, "The hold and the roles on Tofino 1"): bf-p4c's answer,
+ * not a program the controller deploys or a transliteration checks; the default program has
+ * no roles.
  *
  * job_level (job): as_leaf carries the rack's bit and its local ranks' mask as action data
  * (Tofino 1 has no variable shift); leaf_upstream (job, slot): the slot's spine. Stage 0,
@@ -11,6 +12,10 @@
  */
 #ifndef SPINA_TNA_FABRIC_P4
 #define SPINA_TNA_FABRIC_P4
+
+// What the roles add to decide's kinds: a packet that ends here (another worker's resend of
+// a round whose spine result is missing goes up only from local rank 0 or as a flush).
+const kind_t KIND_DROP = 6;
 
 control FabricRoles(in tna_headers_t hdr, inout tna_ingress_md_t meta) {
     @name(".as_leaf")

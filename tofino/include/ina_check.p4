@@ -46,26 +46,10 @@ control InaCheck(in tna_headers_t hdr, in bit<16> parser_err, inout tna_ingress_
              0 &&& RANK_HIGH_BITS, 1,
              0 &&& LANE_HIGH_BITS, UDP_HDR_BYTES + INA_HDR_BYTES + 4 * NLANES + BLOCK_BYTES):
                 well_formed();
-#ifdef SPINA_TNA_ROLES
-            // A spine's RESULT (with or without the block) and STATUS, for a leaf (FromSpine).
-            (0, true, INA_VERSION, MSG_RESULT, NLANES, BLOCK_SIZE, LANE_FLAG &&& FLAGS_LANE_WIDTH,
-             0 &&& RANK_HIGH_BITS, 0,
-             0 &&& LANE_HIGH_BITS, UDP_HDR_BYTES + INA_HDR_BYTES + 4 * NLANES): well_formed();
-            (0, true, INA_VERSION, MSG_RESULT, NLANES, BLOCK_SIZE, LANE_FLAG &&& FLAGS_LANE_WIDTH,
-             0 &&& RANK_HIGH_BITS, 1,
-             0 &&& LANE_HIGH_BITS, UDP_HDR_BYTES + INA_HDR_BYTES + 4 * NLANES + BLOCK_BYTES):
-                well_formed();
-            (0, true, INA_VERSION, MSG_STATUS, NLANES, BLOCK_SIZE, LANE_FLAG &&& FLAGS_LANE_WIDTH,
-             0 &&& RANK_HIGH_BITS, 0,
-             0 &&& LANE_HIGH_BITS, UDP_HDR_BYTES + INA_HDR_BYTES + 4 * NLANES): well_formed();
-#endif
+            SPINA_ROLE_WELL_FORMED  // roles' profile: the spine's RESULT and STATUS
         }
         const default_action = mark_malformed();
-#ifdef SPINA_TNA_ROLES
-        size = 8;
-#else
-        size = 2;
-#endif
+        size = INA_CHECK_ENTRIES;
     }
 
     apply {

@@ -29,64 +29,8 @@ control SlotIndex(inout tna_headers_t hdr, inout tna_ingress_md_t meta) {
         size = MAX_WORKERS;
     }
 
-#ifdef SPINA_TNA_ROLES
-    @hidden action set_all_ranks(bit<32> mask) {
-        meta.fab.all_ranks = mask;
-    }
-#define SPINA_ALL_RANKS_ENTRY(R) (R + 1): set_all_ranks((bit<32>)((33w1 << (R + 1)) - 1));
-    @hidden table all_ranks {
-        key = { meta.adm.nworkers: exact; }
-        actions = { set_all_ranks; @defaultonly NoAction; }
-        const entries = {
-            FOR_EACH_RANK(SPINA_ALL_RANKS_ENTRY)
-        }
-        const default_action = NoAction();
-        size = MAX_WORKERS;
-    }
+    SPINA_ROLE_SLOT_INDEX  // roles' profile: all_ranks, role_inputs
 
-    // A spine adopting a leaf's REPLAY: the copy, fresh or incomplete, is raised to nworkers
-    // by count_duplicate (a spine's count never exceeds nworkers; count_first cannot take
-    // nworkers as a third input: experiments/roles.p4 -DVARIANT=5), and slot_bitmap is set
-    // to the replay's ranks (every rack for a whole result, the replaying rack for a PARTIAL
-    // one that names ranks, none otherwise). A leaf storing its spine's result sets no bit of
-    // its own. One lookup: `if`s here delayed slot_round by three stages (tofino/README.md).
-    @hidden action bitmap_rank_bit() {
-        meta.fab.bitmap_in = meta.rank_bit;
-    }
-    @hidden action bitmap_all_ranks() {
-        meta.fab.bitmap_in = meta.fab.all_ranks;
-        meta.count_limit = meta.nworkers;
-    }
-    @hidden action bitmap_replaying_rack() {
-        meta.fab.bitmap_in = meta.rank_bit;
-        meta.count_limit = meta.nworkers;
-    }
-    @hidden action bitmap_none() {
-        meta.fab.bitmap_in = 0;
-    }
-    @hidden action bitmap_none_limit() {
-        meta.fab.bitmap_in = 0;
-        meta.count_limit = meta.nworkers;
-    }
-    @hidden table role_inputs {
-        key = {
-            meta.fab.replay:      ternary;
-            meta.fab.from_spine:  ternary;
-            hdr.ina.flags:        ternary;
-            hdr.ina.bitmap:       ternary;
-        }
-        actions = { bitmap_rank_bit; bitmap_all_ranks; bitmap_replaying_rack; bitmap_none;
-                    bitmap_none_limit; @defaultonly NoAction; }
-        const entries = {
-            (true, _, 0 &&& FLAG_PARTIAL, _): bitmap_all_ranks();
-            (true, _, _, 0): bitmap_none_limit();
-            (true, _, _, _): bitmap_replaying_rack();
-            (_, true, _, _): bitmap_none();
-        }
-        const default_action = NoAction();
-        size = 4;
-    }
-#endif
 
     apply {
         // The copy index slot * 2 + (round & 1) through an identity hash: one source for the
@@ -104,12 +48,7 @@ control SlotIndex(inout tna_headers_t hdr, inout tna_ingress_md_t meta) {
         if ((hdr.ina.flags & FLAG_PARTIAL) != 0) {
             meta.count_limit = meta.nworkers;
         }
-#ifdef SPINA_TNA_ROLES
-        meta.fab.all_ranks = 0;
-        all_ranks.apply();
-        meta.fab.bitmap_in = meta.rank_bit;
-        role_inputs.apply();
-#endif
+        SPINA_ROLE_SLOT_INDEX_APPLY  // roles' profile: slot_bitmap's input
     }
 }
 

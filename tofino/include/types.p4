@@ -133,37 +133,6 @@ const pred_t PRED_NONE = 1;  // neither condition
 const pred_t PRED_LO = 2;    // the first condition only
 const pred_t PRED_HI = 4;    // the second condition only
 
-#ifdef SPINA_TNA_ROLES
-// The fabric roles (include/fabric.p4; p4src/v1model/fabric.p4's meta.fab), at this program's
-// sizes: a rack's bit and its local ranks' mask come as action data (no variable shift).
-struct tna_fabric_md_t {
-    bool        leaf;
-    bool        spine;
-    bit<8>      rack;
-    bit<32>     rack_bit;      // 1 << rack
-    bit<32>     all_local;     // (1 << nlocal) - 1
-    bit<16>     epoch_diff;    // epoch ^ the spine's epoch for the job (as_leaf)
-    bool        up;            // leaf_upstream hit: the slot's spine
-    PortId_t    up_port;
-    bit<48>     up_mac;
-    bit<32>     up_addr;
-    bool        from_spine;    // a RESULT or STATUS from the slot's spine
-    bit<32>     rack_hit;      // the spine's bitmap & rack_bit
-    bit<8>      rank_diff;     // rank ^ rack: 0 for a STATUS about this rack
-    bool        carry;         // a spine's MISMATCH / PARTIAL (or a leaf's stored result)
-    bool        store;         // a spine's RESULT at a leaf: slot_count's count_store
-    bool        replay;        // a leaf's REPLAY at a spine
-    bool        dup;           // slot_count's count_duplicate: a replay, or the spine's answer
-    bit<32>     all_ranks;     // (1 << nworkers) - 1: a whole replay's ranks
-    bit<32>     bitmap_in;     // slot_bitmap's input: rank_bit, or a replay's ranks
-    bit<1>      up_reply;      // decide: the reply goes up to the spine (a leaf)
-}
-
-// What the roles add to decide's kinds: a packet that ends here (another worker's resend of
-// a round whose spine result is missing goes up only from local rank 0 or as a flush).
-const kind_t KIND_DROP = 6;
-#endif
-
 struct tna_ingress_md_t {
     admission_t adm;
     bool        ina_local;
@@ -198,9 +167,7 @@ struct tna_ingress_md_t {
     bit<8>      stored_flags;
     bit<8>      flags_xor;     // FLAG_LAST (| FLAG_RESEND): stored flags -> a result's
     bit<8>      loss_tolerant; // the packet's FLAG_LOSS_TOLERANT, kept for the reply
-#ifdef SPINA_TNA_ROLES
-    tna_fabric_md_t fab;       // include/fabric.p4 (the roles' measurement profile)
-#endif
+    SPINA_ROLE_INGRESS_MD      // the roles' profile: fab (include/profile_roles.p4)
 }
 
 struct tna_egress_md_t {

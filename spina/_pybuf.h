@@ -1,5 +1,6 @@
-/* Buffer arguments of the host agent's C extensions (host_agent/_core.c,
- * host_agent/compression/_kernels.c): a C-contiguous view held until release(). */
+/* Buffer arguments of the C extensions (host_agent/_core*.c, host_agent/compression/_kernels.c,
+ * softswitch/_datapath.c): a C-contiguous view held until release(). Shared, so it lives in
+ * spina/ beside _wire.h, the one package every other may include from (docs/architecture.md). */
 #ifndef SPINA_PYBUF_H
 #define SPINA_PYBUF_H
 #define PY_SSIZE_T_CLEAN
@@ -13,7 +14,7 @@ typedef struct {
 /* The C-contiguous buffer of `obj` (writable if asked) into *b; `itemsize` > 0: its length
  * must be a whole number of such items. -1 with an exception naming `name` on failure (the
  * caller still release()s b). */
-static int get_buf(PyObject *obj, Buf *b, int writable, Py_ssize_t itemsize, const char *name) {
+static inline int get_buf(PyObject *obj, Buf *b, int writable, Py_ssize_t itemsize, const char *name) {
     if (PyObject_GetBuffer(obj, &b->view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT
                            | (writable ? PyBUF_WRITABLE : 0)) < 0)
         return -1;
@@ -46,7 +47,7 @@ static inline int block_size_arg(PyObject *obj, const char *fn, Py_ssize_t *bs) 
     return 0;
 }
 
-static void release(Buf *bufs, int n) {
+static inline void release(Buf *bufs, int n) {
     for (int i = 0; i < n; i++)
         if (bufs[i].held)
             PyBuffer_Release(&bufs[i].view);
