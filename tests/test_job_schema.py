@@ -116,7 +116,8 @@ def test_yaml_parse_save_and_agent_files_keep_every_option(tmp_path):
     st.save()
     again = state_mod.load(tmp_path / "spina.yaml")
     assert dropped(again.job_config(again.jobs[7]), FLAT) == []
-    assert Controller(again).write_agent_files() == 3  # the job file and two assignments
+    # written: the job file and two assignments; none removed
+    assert Controller(again).write_agent_files() == (3, 0)
     for rank in range(2):
         got = load_worker_file(tmp_path / "agents" / f"job7-rank{rank}.json", rank).job
         assert dropped(got, FLAT) == []
