@@ -10,7 +10,7 @@ import sys
 import threading
 import traceback
 
-from controller.controller import Controller, format_table
+from controller.controller import Controller, format_table, run_switches
 from controller.metrics import serve_metrics
 from controller.model import Job
 from controller.p4rt import NotPrimaryError, P4RuntimeError
@@ -98,11 +98,12 @@ def _parser(prog: str = "python -m controller") -> argparse.ArgumentParser:
     jsub = job.add_subparsers(dest="job_cmd", required=True, metavar="{add,remove}")
     add = jsub.add_parser("add", parents=[common],
                           help="add a job; its slot range is allocated if not given")
-    add.add_argument("--id", type=int, required=True, help="job id")
-    add.add_argument("--members", required=True,
+    add.add_argument("--id", type=cli.int_range(0, spec.MAX_JOB_ID), required=True,
+                     help="job id")
+    add.add_argument("--members", required=True, type=cli.names(),
                      help="comma-separated worker names, in rank order")
     _job_options(add)
-    add.add_argument("--drop-qdepth", type=int,
+    add.add_argument("--drop-qdepth", type=cli.int_range(0, spec.QDEPTH_NEVER),
                      help="drop this job's loss-tolerant packets above this queue depth "
                           "(default: the switch's)")
     rm = jsub.add_parser("remove", parents=[common],
@@ -140,7 +141,7 @@ def _job_options(add: argparse.ArgumentParser) -> None:
 
 def job_from_args(args) -> Job:
     """The job `job add` was given (its slot range allocated later if --slot-base is absent)."""
-    return Job(id=args.id, members=tuple(m for m in args.members.split(",") if m),
+    return Job(id=args.id, members=tuple(args.members),
                drop_qdepth=args.drop_qdepth, **{k: getattr(args, k) for k in JOB_FIELDS})
 
 
@@ -185,7 +186,7 @@ def watch(args, ctl: Controller, runs: RendezvousServer | None = None) -> int:
             try:
                 state = load(args.config)  # `job add` elsewhere shows up here
                 if runs is not None:  # (outside ctl.lock: a run's start holds its lock, then ours)
-                    runs.set_jobs(state.run_jobs())
+                    runs.set_jobs(state.run_jobs(), run_switches(state))
                 with ctl.lock:
                     if runs is not None:  # a job keeps the epoch of its current run
                         current = ctl.state.run_jobs()
