@@ -524,8 +524,8 @@ def test_cli_without_the_sdes_modules_exits_2_with_one_line(tmp_path):
     out = subprocess.run([sys.executable, "-m", "controller", "-c", str(p), "deploy"],
                          capture_output=True, text=True, cwd=ROOT, timeout=60, env=env)
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
-    assert out.stderr.startswith("python -m controller: error: switch s1: field 'api': bfrt: "
-                                 "BF Runtime client: no "
+    assert out.stderr.startswith("python -m controller deploy: error: switch s1: field 'api': "
+                                 "bfrt: BF Runtime client: no "
                                  "tofino/bfrt_grpc/bfruntime_pb2.py and bfruntime_pb2_grpc.py "
                                  f"under {tmp_path / 'no-sde'}/lib/python3.*/site-packages")
 
