@@ -141,8 +141,8 @@ bench-train: $(STAMP)  ## (root; 4-7 min here) DDP training over star4.yaml at 1
 bench-overlap: $(STAMP)  ## (root; 3 min here) priority overlap vs DDP's default order over star4.yaml at 1 Gbit/s, with a timeline: bench/results/overlap/star4/
 	$(PY) -m bench overlap --name overlap/star4 $(OVERLAP_BENCH_ARGS)
 
-profile: $(STAMP)  ## cProfile + memory of agent and software switch at the base point: bench/out/profile/
-	$(PY) -m bench.profile $(PROFILE_ARGS)
+profile: $(STAMP)  ## cProfile + memory of agent and software switch at the base point (4 ranks, 25M elements): bench/results/profile/base/
+	$(PY) -m bench profile --name profile/base $(PROFILE_ARGS)
 
 dissector:  ## regenerate docs/spina.lua (Wireshark dissector) from spina/wire.py HEADER_FIELDS
 	$(PY) -m spina.dissector > docs/spina.lua

@@ -33,23 +33,24 @@ MODULES = {
         tests/test_doc_blocks.py tests/test_doc_links.py tests/test_egress.py
         tests/test_fabric_controller.py tests/test_fabric_end_to_end.py tests/test_fabric_plan.py
         tests/test_fabric_roles.py tests/test_floor.py tests/test_ina_model.py
-        tests/test_l2_dataplane.py tests/test_lanes.py tests/test_largebatch_lamb.py
+        tests/test_job_schema.py tests/test_l2_dataplane.py tests/test_lanes.py
+        tests/test_largebatch_lamb.py
         tests/test_logs.py tests/test_metrics.py tests/test_module_map.py tests/test_narrow_lanes.py
-        tests/test_net.py tests/test_net_bench.py tests/test_overlap.py tests/test_p4_agreement.py
+        tests/test_net.py tests/test_overlap.py tests/test_p4_agreement.py
         tests/test_p4_model.py tests/test_p4info.py tests/test_p4runtime_server.py
         tests/test_p4runtime_shell.py tests/test_plan.py tests/test_ps.py tests/test_recovery.py
         tests/test_reliability.py tests/test_run_identity.py tests/test_softswitch.py
         tests/test_tna_agreement.py tests/test_tna_model.py tests/test_torch_hook.py
-        tests/test_train_bench.py tests/test_wire.py
+        tests/test_wire.py
     """,
     "processes": """
-        tests/test_agent_echo.py tests/test_bench_smoke.py tests/test_cli.py
+        tests/test_agent_echo.py tests/test_cli.py
         tests/test_controller_softswitch.py tests/test_daemon.py tests/test_daemon_hier.py
         tests/test_demo.py tests/test_fabric_processes.py tests/test_fsdp_example.py
         tests/test_readme_path.py tests/test_seams.py tests/test_torch_backend.py
     """,
     "netns": """
-        tests/test_allgather_bench.py tests/test_collectives_bench.py tests/test_dlcp_bench.py
+        tests/test_dlcp_bench.py
         tests/test_hier_bench.py tests/test_hier_gather_bench.py tests/test_l2_netns.py
         tests/test_l2_rate.py tests/test_mininet.py tests/test_netns_loss.py
         tests/test_netns_primitives.py tests/test_torchrun_multihost.py
@@ -63,10 +64,15 @@ TESTS = {
     "processes": """
         tests/test_bad_input.py::test_controller_* tests/test_bad_input.py::test_host_agent_cli
         tests/test_bad_input.py::test_softswitch_cli tests/test_bad_input.py::test_testbed_cli
+        tests/test_bad_input.py::test_each_* tests/test_bad_input.py::test_one_rank_*
+        tests/test_bad_input.py::test_ps_* tests/test_bad_input.py::test_spina_refuses_*
+        tests/test_bad_input.py::test_switch_with_a_busy_*
         tests/test_bench.py::test_all_reduce_loopback
         tests/test_bench.py::test_all_reduce_on_two_switch_threads
         tests/test_bench.py::test_bad_input_is_one_line
         tests/test_bench.py::test_spina_bench_is_the_harness tests/test_bench.py::test_switch_alone
+        tests/test_bench.py::test_first_touch tests/test_bench.py::test_scale_out_*
+        tests/test_bench.py::test_profile
         tests/test_bits.py::test_ddp_* tests/test_bits.py::test_example_*
         tests/test_capture.py::test_capture_into_a_closed_pipe_*
         tests/test_capture.py::test_rdpcap_* tests/test_capture.py::test_tshark_*
@@ -86,6 +92,7 @@ TESTS = {
         tests/test_largebatch_lamb.py::test_dense_warmup_then_frozen_run
         tests/test_logs.py::test_a_bad_log_option_* tests/test_logs.py::test_daemon_config_*
         tests/test_logs.py::test_launcher_* tests/test_logs.py::test_switch_and_controller_*
+        tests/test_metrics.py::test_agent_launch_serves_*
         tests/test_metrics.py::test_alert_* tests/test_metrics.py::test_controller_metrics_only_*
         tests/test_metrics.py::test_dashboard_queries_*
         tests/test_metrics.py::test_real_prometheus_* tests/test_metrics.py::test_switch_cli_*
@@ -103,13 +110,11 @@ TESTS = {
         tests/test_bench.py::test_all_reduce_on_a_topology_file
         tests/test_bench.py::test_loss_on_a_star tests/test_bench.py::test_plan_on_a_pair
         tests/test_bench.py::test_training_on_a_star
-        tests/test_bench_smoke.py::test_bench_loss_sweep_smoke
         tests/test_datapath_l2.py::test_the_switch_sends_every_port_the_same_frames_on_both_paths
         tests/test_doc_blocks.py::test_make_demo_as_written
         tests/test_doc_blocks.py::test_page_runs_* tests/test_doc_blocks.py::test_runner_catches_*
-        tests/test_net_bench.py::test_net_bench_smoke tests/test_overlap.py::test_overlap_bench_*
+        tests/test_overlap.py::test_overlap_bench_*
         tests/test_seams.py::test_mininet_* tests/test_seams.py::test_switches_on_namespaced_hosts_*
-        tests/test_train_bench.py::test_train_bench_smoke
     """,
     "p4": """
         tests/test_controller_bfrt.py::test_a_*

@@ -153,24 +153,25 @@ def measure(cl: Cluster, p: Point, a, bits: int, rate: str, graph) -> list[dict]
             sent[m], source = round(s["bytes"]), s["bytes_source"]
         extras[m] = dict(block_size=p.block_size, nlanes=p.nlanes, nslots=p.nslots,
                          bytes_source=source,
-                         payload_bytes_per_link=_round(s.get("payload")),
-                         packets_per_link=_round(s.get("packets")),
+                         payload_bytes_per_link=round_or_blank(s.get("payload")),
+                         packets_per_link=round_or_blank(s.get("packets")),
                          resends=s.get("resends", ""), spurious_resends=s.get("spurious", ""),
                          timeout_resends=s.get("timeout_resends", ""),
                          max_abs_err=s["max_err"], cpu_s_per_rank=round(s["cpu"], 6),
-                         switch_cpu_s=_round(s.get("switch_cpu"), 4),
-                         switch_pkts_per_cpu_s=_round(s.get("switch_pkt_rate")),
+                         switch_cpu_s=round_or_blank(s.get("switch_cpu"), 4),
+                         switch_pkts_per_cpu_s=round_or_blank(s.get("switch_pkt_rate")),
                          tbf_drops=drops, loss="" if p.loss is None else p.loss,
                          dropped=dropped,
-                         resends_per_rank=_round(s.get("resends_per_rank"), 3),
-                         timeout_resends_per_rank=_round(s.get("timeouts_per_rank"), 3))
+                         resends_per_rank=round_or_blank(s.get("resends_per_rank"), 3),
+                         timeout_resends_per_rank=round_or_blank(s.get("timeouts_per_rank"), 3))
     point = dict(size=4 * p.elements, elements=p.elements, dtype="float32", density=p.density,
                  workers=p.workers, lane_bits=bits, rate=rate)
     return method_rows(a.what, point, times, bus="all_reduce", sent=sent, wrong=wrong,
                        load=load, extras=extras)
 
 
-def _round(x, nd: int = 0):
+def round_or_blank(x, nd: int = 0):
+    """x rounded (to nd digits), or "" when there is none (None, "" or NaN: nothing measured)."""
     if x is None or x == "" or x != x:
         return ""
     return round(x, nd) if nd else round(x)
@@ -237,7 +238,8 @@ def floor_counts(recs: list[dict], relay_cpu: float) -> dict:
 def run_spina(p: Point, repeats: int, profile_dir: str | None = None,
               memory: bool = False) -> dict:
     """SpINA alone at one point on loopback, in a cluster of its own (bench/profile.py's
-    runner): summarize's measurements plus "switch", the switch's own counters; with
+    runner): summarize's measurements plus "switch", the switch's own counters, and "wrong",
+    the calls whose results failed their check; with
     profile_dir, the switch's and rank 0's cProfile there (switch.prof, agent0.prof)."""
     sw_prof = os.path.join(profile_dir, "switch.prof") if profile_dir else None
     ag_prof = os.path.join(profile_dir, "agent0.prof") if profile_dir else None
@@ -245,7 +247,8 @@ def run_spina(p: Point, repeats: int, profile_dir: str | None = None,
                  agent_kw={} if p.rto is None else {"rto": p.rto},
                  switch_profile=sw_prof) as cl:
         sw0 = proc_cpu(cl.switch_pid)
-        recs = cl.measure(Request(p, repeats, ("spina",), profile_path=ag_prof, memory=memory))
+        recs = cl.measure(Request(p, repeats, ("spina",), profile_path=ag_prof, memory=memory,
+                                  count_wrong=True))
         m = summarize(p, recs, ("spina",), proc_cpu(cl.switch_pid) - sw0)["spina"]
-    m["switch"] = cl.switch_stats
+    m["switch"], m["wrong"] = cl.switch_stats, sum(w["spina"]["wrong"] for w in recs)
     return m

@@ -44,10 +44,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "bench", "results")
 
 # WHAT -> module of this package (each: DESCRIPTION, METHODS, DEFAULTS, run; see the docstring)
-WHATS = {"all_reduce": "bench.all_reduce", "all_gather": "bench.all_gather",
-         "loss": "bench.loss", "switch": "bench.switch", "plan": "bench.plan",
-         "training": "bench.training", "dlcp": "bench.dlcp", "hier_gather": "bench.hier_gather",
-         "overlap": "bench.overlap"}
+WHATS = {w: f"bench.{w}" for w in (
+    "agent", "all_gather", "all_reduce", "dlcp", "first_touch", "hier", "hier_gather", "lanes",
+    "loss", "overlap", "plan", "profile", "scale_out", "switch", "training")}
 
 # nccl-tests' bus bandwidth factors (its doc/PERFORMANCE.md), by collective, for n ranks.
 BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n,
@@ -84,15 +83,7 @@ def sizes(begin: int, end: int, factor: float) -> list[int]:
     return out
 
 
-def _list(kind, name: str):
-    """An argparse type: a comma list of `kind` values."""
-    def parse(text: str):
-        try:
-            return [kind(v) for v in text.split(",")]
-        except (ValueError, argparse.ArgumentTypeError) as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-    parse.__name__ = name
-    return parse
+_list = cli.comma_list  # an argparse type: a comma list of `kind` values
 
 
 @dataclass
@@ -110,16 +101,16 @@ def load(name: str) -> What:
     return What(name, importlib.import_module(WHATS[name]))
 
 
-def parser(what: What) -> argparse.ArgumentParser:
+def parser(what: What, prog: str | None = None) -> argparse.ArgumentParser:
     """The options every WHAT takes (its DEFAULTS fill in the defaults), plus its own."""
     d = dict(begin="64K", end="4M", factor=4.0, densities="1,0.01", workers="4",
              lane_bits="32", methods=",".join(what.methods), repeats=5, topology=None,
              rates=None) | dict(what.module.DEFAULTS)
-    ap = cli.ArgumentParser(prog=f"python -m bench {what.name}",
+    ap = cli.ArgumentParser(prog=prog or f"python -m bench {what.name}",
                             description=what.module.DESCRIPTION)
-    ap.add_argument("-b", "--begin", type=cli.parsed_by(parse_size, "size"),
+    ap.add_argument("-b", "--begin", type=cli.parsed_by(parse_size, "size", bad=("x", "0")),
                     default=d["begin"], help=f"first size in bytes (default {d['begin']})")
-    ap.add_argument("-e", "--end", type=cli.parsed_by(parse_size, "size"),
+    ap.add_argument("-e", "--end", type=cli.parsed_by(parse_size, "size", bad=("x", "0")),
                     default=d["end"], help=f"last size in bytes (default {d['end']})")
     ap.add_argument("-f", "--factor", type=cli.positive_float, default=d["factor"],
                     help="size factor from one point to the next (default %(default)s)")
@@ -138,24 +129,26 @@ def parser(what: What) -> argparse.ArgumentParser:
                     + " (default %(default)s)")
     ap.add_argument("-n", "--repeats", type=cli.int_range(1, 10_000), default=d["repeats"],
                     help="paired repeats per point, after one warm-up (default %(default)s)")
-    ap.add_argument("-t", "--topology", default=d["topology"],
+    ap.add_argument("-t", "--topology", default=d["topology"], type=cli.input_file,
                     help="topology file (bench/topologies/): the network the ranks run on, "
                     "built in namespaces (root); default: " + (d["topology"] or "loopback"))
     ap.add_argument("--rates", type=_list(_rate, "rates"), default=d["rates"],
                     help="comma list of link rates (tc's units: 1gbit) overriding the "
                     "topology's, each a point (default: the file's)")
-    ap.add_argument("--tag", default=None,
+    ap.add_argument("--tag", default=None, type=cli.name,
                     help="prefix of the namespaces' names (default: a unique one)")
     ap.add_argument("--name", type=_name, default=what.name,
                     help="results folder bench/results/NAME, NAME a benchmark's folder and "
                     "optionally /RUN (default %(default)s)")
-    ap.add_argument("--out", default=None, help="results folder (default bench/results/NAME)")
+    ap.add_argument("--out", default=None, type=cli.output_dir,
+                    help="results folder (default bench/results/NAME)")
     ap.add_argument("--no-plots", action="store_true", help="write no plot.png")
     if hasattr(what.module, "add_options"):
         what.module.add_options(ap)
     return ap
 
 
+@cli.refuses("", "a/b/c", "../x")
 def _name(text: str) -> str:
     """--name: one or two path segments of letters, digits, _ . - (bench/results/NAME)."""
     if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)?", text):
@@ -164,6 +157,7 @@ def _name(text: str) -> str:
     return text
 
 
+@cli.refuses("12", "x")
 def _lane_bits(text: str) -> int:
     from spina.wire import LANE_BITS
     if text.strip() not in {str(b) for b in LANE_BITS}:
@@ -172,9 +166,13 @@ def _lane_bits(text: str) -> int:
     return int(text)
 
 
+@cli.refuses("x", "0mbit")
 def _rate(text: str) -> str:
     from collectives.topology import parse_rate
-    parse_rate(text)
+    try:
+        parse_rate(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
     return text.strip()
 
 
@@ -184,11 +182,20 @@ def _method(what: What):
             raise argparse.ArgumentTypeError(f"{text!r} is not a method of {what.name} "
                                              f"({', '.join(what.methods)})")
         return text
-    return parse
+    return cli.refuses("no-such-method")(parse)
 
 
-def parse_args(what: What, argv) -> argparse.Namespace:
-    ap = parser(what)
+def command_parser(prog: str = "python -m bench") -> argparse.ArgumentParser:
+    """Every WHAT's parser as a subcommand of `prog` (tests/test_bad_input.py walks them)."""
+    ap = cli.ArgumentParser(prog=prog)
+    sub = ap.add_subparsers(dest="what", required=True)
+    for name in WHATS:
+        sub.add_parser(name, parents=[parser(load(name), f"{prog} {name}")], add_help=False)
+    return ap
+
+
+def parse_args(what: What, argv, prog: str | None = None) -> argparse.Namespace:
+    ap = parser(what, prog)
     a = ap.parse_args(argv)
     try:
         a.sizes = sizes(a.begin, a.end, a.factor)
@@ -389,12 +396,13 @@ def plot(rows: list[dict], path: str, extra=()) -> str:
 def table_line(r: dict) -> str:
     """The console line of a row, nccl-tests' table."""
     return (f"{r['size']:>12} {r['elements']:>10} {r['dtype']:>8} {r['density']:>7g} "
-            f"{r['method']:>16} {r['time_us']:>11.1f} {r['algbw_GBps']:>8.3f} "
+            f"{r['lane_bits']:>4} {r['method']:>16} {r['time_us']:>11.1f} {r['algbw_GBps']:>8.3f} "
             f"{r['busbw_GBps']:>8.3f} {_fmt(r['vs_gloo']):>7} {_fmt(r['vs_floor']):>7} "
             f"{r['wrong']:>6}")
 
 
-TABLE_HEAD = (f"{'size':>12} {'count':>10} {'type':>8} {'density':>7} {'method':>16} "
+TABLE_HEAD = (f"{'size':>12} {'count':>10} {'type':>8} {'density':>7} {'bits':>4} "
+              f"{'method':>16} "
               f"{'time(us)':>11} {'algbw':>8} {'busbw':>8} {'/gloo':>7} {'/floor':>7} "
               f"{'#wrong':>6}")
 
@@ -412,37 +420,35 @@ def usage() -> str:
             + "\n\n'python -m bench WHAT --help' lists the options (the same for every WHAT).")
 
 
-def main(argv=None) -> int:
+def main(argv=None, prog: str = "python -m bench") -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(usage())
         return 0
     if argv[0] not in WHATS:
-        return cli.fail("python -m bench", f"WHAT: unknown {argv[0]!r} (one of "
+        return cli.fail(prog, f"WHAT: unknown {argv[0]!r} (one of "
                         f"{', '.join(WHATS)})")
     what = load(argv[0])
-    a = parse_args(what, argv[1:])
+    a = parse_args(what, argv[1:], f"{prog} {what.name}")
     columns = COLUMNS + tuple(getattr(what.module, "EXTRA_COLUMNS", ()))
     res = Results(a, argv[1:], columns, tuple(getattr(what.module, "POINT_COLUMNS", ())))
     a.command = res.command  # for a WHAT's own outputs (finish)
     print(f"# {res.command}\n# {res.head[1]}\n# results: {a.out}\n" + TABLE_HEAD, flush=True)
+    from bench.paired import BenchError
     try:
         for rows in what.module.run(a, log=lambda s: print("# " + s, flush=True)):
             for r in rows:
                 print(table_line(r), flush=True)
             res.add(rows)
-    except Exception as e:
-        from bench.paired import BenchError
-        if not isinstance(e, BenchError):
-            raise
+    except BenchError as e:  # a process failed or hung: what was measured stays written
         res.finish(plots=False)
-        print(f"python -m bench {what.name}: error: {cli.one_line(e)}", file=sys.stderr)
+        print(f"{prog} {what.name}: error: {cli.one_line(e)}", file=sys.stderr)
         return 1
     files = res.finish(plots=not a.no_plots, finish=getattr(what.module, "finish", None))
     wrong = sum(int(r["wrong"]) for r in res.rows)
     print(f"# #wrong: {wrong}\n# wrote " + ", ".join(files))
     if wrong:
-        print(f"python -m bench {what.name}: {wrong} wrong results (the rows' wrong column)",
+        print(f"{prog} {what.name}: {wrong} wrong results (the rows' wrong column)",
               file=sys.stderr)
         return 1
     return 0

@@ -26,7 +26,7 @@ POINT_COLUMNS = ("loss",)  # a table and a plot panel per loss
 def add_options(ap) -> None:
     from spina import cli
     all_reduce.add_options(ap)
-    ap.add_argument("--losses", type=lambda s: [cli.non_negative_float(v) for v in s.split(",")],
+    ap.add_argument("--losses", type=cli.comma_list(cli.non_negative_float, "losses"),
                     default="0,0.01,0.05,0.1",
                     help="comma list of random loss probabilities each way (default "
                     "%(default)s; 0 first gives vs_lossless its reference)")

@@ -1,5 +1,5 @@
 """A topology file (collectives/topology.py) in network namespaces: `Graph`, the one builder of
-the benchmarks' routed networks (every WHAT of the harness given -t, and hier_bench).
+the benchmarks' routed networks (every WHAT of the harness given -t).
 
 A namespace per host and per switch, a veth per link with tbf at both ends (full-duplex: each
 direction limited, as a real port), addresses per link, and the topology's own routes in every

@@ -1,30 +1,74 @@
-"""Profile the host agent and the software switch, and measure the agent's memory per call.
+"""profile: cProfile of the host agent and the software switch, and the agent's memory per
+call.
 
-    python -m bench.profile                    # base point (4 workers, 25M), 1% and 100%
-    python -m bench.profile --elements 1e6 --workers 2 --repeats 1 --memory-sizes 1e6
-                                               # a quick run while developing
+    python -m bench profile                       # 4 ranks, 25M elements, 1% and 100%
+    python -m bench profile -g 2 -b 4M -e 4M -n 1 --memory-sizes 1e6      # while developing
+    python -m bench profile --pyspy RAW           # only summarize a py-spy record
 
-Same processes as the benchmark (bench/procs.py): the switch and every worker in its own
-process on 127.0.0.1. cProfile wraps the switch's serve loop (timer: the thread's CPU time, so
-idle waits in recvfrom do not count) and rank 0's allreduce calls (timer: the thread's CPU
-time too; timed calls only, not the warm-up); the .prof files and text reports land in
---out/<density>/. cProfile adds a fixed cost per Python function call, so per-call costs
-of small functions are inflated; the switch's packet rates are also reported from a run
-without the profiler. Memory: one extra call per worker under tracemalloc (numpy reports
-its buffers to it), peak above the start of the call, for each size in --memory-sizes.
+Same processes as the all_reduce WHAT (bench/paired.py): the switch and every rank in its own
+process on 127.0.0.1, SpINA alone. Per size and density two clusters: a plain one (the row's
+time, bytes, the switch's packet rate per CPU-second) and one under cProfile, which wraps
+the switch's serve loop (timer: the thread's CPU time, so idle waits in recvfrom do not
+count) and rank 0's allreduce calls (timer: the thread's CPU time too; timed calls only, not
+the warm-up); the .prof files and text reports land in the results folder's d<density>/
+(profile.json: the calls of the hot functions). cProfile adds a fixed cost per Python
+function call, so per-call costs of small functions are inflated (`profiled_time_us` beside
+`time_us` shows by how much). Memory: one extra call per rank under tracemalloc (numpy
+reports its buffers to it), peak above the start of the call, for each size in
+--memory-sizes (memory.json). Every result is checked as all_reduce's (`wrong`).
 """
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import os
 import pstats
-import sys
-from dataclasses import replace
 
-from bench.all_reduce import nlanes_for, run_spina
+from bench.all_reduce import nlanes_for, round_or_blank, run_spina
+from bench.harness import method_rows
 from bench.procs import Point
+
+DESCRIPTION = "cProfile of the agent and the switch at a point, and the agent's memory per call"
+METHODS = ("spina",)
+DEFAULTS = dict(methods="spina", densities="0.01,1", begin="100000000", end="100000000",
+                repeats=3)
+EXTRA_COLUMNS = ("profiled_time_us", "switch_pkts_per_cpu_s", "switch_payload_gbit_per_cpu_s",
+                 "agent_cpu_s", "packets_per_link", "resends", "reports")
+HOT_SWITCH = ("process_into", "result_into", "sendto", "recvfrom_into", "header_error",
+              "_process")
+HOT_AGENT = ("allreduce", "answer_batch", "answer", "on_answer", "_next_round", "_queue",
+             "recv_answers", "send_batch", "_flush", "scan_float_blocks", "fill_round",
+             "deliver", "resend_due", "build", "select")
+
+
+def add_options(ap) -> None:
+    from spina import cli
+    ap.add_argument("--memory-sizes", default="1e6,5e6,25e6",
+                    type=cli.parsed_by(_counts, "counts", bad=("x", "1e6,y")),
+                    help="comma list of element counts whose memory per call is measured "
+                    "('' for none; default %(default)s)")
+    ap.add_argument("--top", type=cli.int_range(1, 1000), default=25,
+                    help="functions per text report (default %(default)s)")
+    ap.add_argument("--pyspy", metavar="RAW", type=cli.input_file,
+                    help="only summarize a `py-spy record "
+                    "--subprocesses -f raw` file into pyspy.txt (sampling rate: --pyspy-rate)")
+    ap.add_argument("--pyspy-rate", type=cli.positive_float, default=250.0)
+
+
+def check_options(a) -> str | None:
+    if a.topo is not None or a.rates:
+        return "argument -t/--topology: the profile runs on loopback"
+    if len(a.workers) != 1:
+        return "argument -g/--workers: one count"
+    return None
+
+
+def _counts(text: str) -> list[int]:
+    """--memory-sizes: a comma list of element counts ('' for none)."""
+    try:
+        return [int(float(v)) for v in text.split(",") if v]
+    except ValueError:
+        raise ValueError(f"{text!r} is not a comma list of numbers") from None
 
 
 def top(path: str, sort: str, n: int) -> str:
@@ -45,78 +89,75 @@ def ncalls(path: str, name: str) -> tuple[int, float, float]:
     return calls, tt, ct
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--workers", type=int, default=4)
-    ap.add_argument("--elements", type=lambda s: int(float(s)), default=25_000_000)
-    ap.add_argument("--densities", default="0.01,1.0")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--memory-sizes", default="1e6,5e6,25e6")
-    ap.add_argument("--top", type=int, default=25)
-    ap.add_argument("--out", default="bench/out/profile")
-    ap.add_argument("--skip-profile", action="store_true", help="memory measurement only")
-    ap.add_argument("--pyspy", metavar="RAW", help="only summarize a `py-spy record "
-                    "--subprocesses -f raw` file (sampling rate: --pyspy-rate)")
-    ap.add_argument("--pyspy-rate", type=float, default=250.0)
-    a = ap.parse_args(argv)
+def run(a, log):
     if a.pyspy:
-        print(summarize_pyspy(a.pyspy, a.pyspy_rate))
-        return 0
-    base = Point("profile", a.workers, a.elements, 0.01, 256, nlanes_for(256, 56), 256)
-    summary = {"profile": {}, "memory": []}
-    for d in ([] if a.skip_profile else (float(v) for v in a.densities.split(","))):
-        p = replace(base, density=d)
-        out = os.path.join(a.out, f"d{d:g}")
-        os.makedirs(out, exist_ok=True)
-        plain = run_spina(p, a.repeats)
-        prof = run_spina(p, a.repeats, profile_dir=out)
-        sw, agent = os.path.join(out, "switch.prof"), os.path.join(out, "agent0.prof")
-        for name, path in (("switch", sw), ("agent0", agent)):
-            with open(os.path.join(out, f"{name}.txt"), "w") as f:
-                f.write(top(path, "tottime", a.top))
-                f.write(top(path, "cumulative", a.top))
-        calls = {fn: ncalls(sw, fn) for fn in ("process_into", "result_into", "sendto",
-                                               "recvfrom_into", "header_error", "_process")}
-        acalls = {fn: ncalls(agent, fn) for fn in ("allreduce", "answer_batch", "answer",
-                                                   "on_answer", "_next_round", "_queue",
-                                                   "recv_answers",
-                                                   "send_batch", "_flush", "scan_float_blocks",
-                                                   "fill_round", "deliver", "resend_due",
-                                                   "build", "select")}
-        summary["profile"][f"{d:g}"] = dict(
-            point=str(p),
-            plain=dict(median_s=sorted(plain["times"])[len(plain["times"]) // 2],
-                       times=plain["times"], switch=plain["switch"],
-                       switch_pkts_per_cpu_s=plain["switch_pkt_rate"],
-                       switch_payload_gbit_per_cpu_s=plain["switch_gbit"],
-                       agent_cpu_s=plain["cpu"], packets_per_worker=plain["packets"],
-                       bytes_per_worker=plain["bytes"], resends=plain["resends"]),
-            profiled=dict(times=prof["times"], switch=prof["switch"]),
-            switch_calls=calls, agent_calls=acalls)
-        print(f"density {d:g}: plain {plain['times']}, profiled {prof['times']}; reports in {out}")
-    for n in (int(float(v)) for v in a.memory_sizes.split(",") if v):
-        for d in (float(v) for v in a.densities.split(",")):
-            p = replace(base, elements=n, density=d)
-            m = run_spina(p, 1, memory=True)["memory"]
-            tensor = 4 * n
+        with open(os.path.join(a.out, "pyspy.txt"), "w") as f:
+            f.write(summarize_pyspy(a.pyspy, a.pyspy_rate) + "\n")
+        log(f"wrote {a.out}/pyspy.txt")
+        return
+    n = a.workers[0]
+    a.profile = {"profile": {}, "memory": []}
+    for size in a.sizes:
+        for d in a.densities:
+            yield profile_point(a, Point("profile", n, size // 4, d, 256, nlanes_for(256, 56),
+                                         256), log)
+    for elements in a.memory_sizes:
+        for d in a.densities:
+            m = run_spina(Point("memory", n, elements, d, 256, nlanes_for(256, 56), 256), 1,
+                          memory=True)["memory"]
+            tensor = 4 * elements
             peak = max(w["peak_traced"] for w in m)
             rss = max(w["rss_growth"] for w in m)
-            summary["memory"].append(dict(elements=n, density=d, tensor_bytes=tensor,
-                                          peak_traced=peak, peak_over_tensor=peak / tensor,
-                                          rss_growth=rss, rss_over_tensor=rss / tensor))
-            print(f"memory {n:,} elements, density {d:g}: peak {peak / tensor:.2f}x tensor, "
-                  f"RSS growth {rss / tensor:.2f}x")
-    os.makedirs(a.out, exist_ok=True)
+            a.profile["memory"].append(dict(elements=elements, density=d, tensor_bytes=tensor,
+                                            peak_traced=peak, peak_over_tensor=peak / tensor,
+                                            rss_growth=rss, rss_over_tensor=rss / tensor))
+            log(f"memory {elements:,} elements, density {d:g}: peak {peak / tensor:.2f}x "
+                f"tensor, RSS growth {rss / tensor:.2f}x")
+
+
+def profile_point(a, p: Point, log) -> list[dict]:
+    """The plain and the profiled cluster of one point: its row; reports in d<density>/."""
+    out = os.path.join(a.out, f"d{p.density:g}" + ("" if len(a.sizes) == 1 else
+                                                   f"_{4 * p.elements}"))
+    os.makedirs(out, exist_ok=True)
+    load0 = os.getloadavg()[0]
+    plain = run_spina(p, a.repeats)
+    prof = run_spina(p, a.repeats, profile_dir=out)
+    sw, agent = os.path.join(out, "switch.prof"), os.path.join(out, "agent0.prof")
+    for name, path in (("switch", sw), ("agent0", agent)):
+        with open(os.path.join(out, f"{name}.txt"), "w") as f:
+            f.write(top(path, "tottime", a.top))
+            f.write(top(path, "cumulative", a.top))
+    a.profile["profile"][os.path.basename(out)] = dict(
+        point=str(p), switch=plain["switch"], profiled_switch=prof["switch"],
+        switch_calls={fn: ncalls(sw, fn) for fn in HOT_SWITCH},
+        agent_calls={fn: ncalls(agent, fn) for fn in HOT_AGENT})
+    log(f"density {p.density:g}: reports in {out}")
+    point = dict(size=4 * p.elements, elements=p.elements, dtype="float32", density=p.density,
+                 workers=p.workers, lane_bits=32, rate="")
+    med = sorted(prof["times"])[len(prof["times"]) // 2]
+    extras = {"spina": dict(profiled_time_us=round(med * 1e6, 1),
+                            switch_pkts_per_cpu_s=round_or_blank(plain["switch_pkt_rate"]),
+                            switch_payload_gbit_per_cpu_s=round_or_blank(plain["switch_gbit"],
+                                                                         3),
+                            agent_cpu_s=round(plain["cpu"], 4),
+                            packets_per_link=round(plain["packets"]),
+                            resends=plain["resends"], reports=os.path.relpath(out, a.out))}
+    return method_rows(a.what, point, {"spina": plain["times"]}, bus="all_reduce",
+                       sent={"spina": round(plain["bytes"])},
+                       wrong={"spina": plain["wrong"] + prof["wrong"]},
+                       load=f"{load0:.2f}-{os.getloadavg()[0]:.2f}", extras=extras)
+
+
+def finish(rows, a) -> list[str]:
+    """profile.json (the hot functions' calls per point) and memory.json."""
+    out = []
     for part in ("profile", "memory"):
-        if summary[part]:
-            with open(os.path.join(a.out, f"{part}.json"), "w") as f:
-                json.dump(summary[part], f, indent=1, default=str)
-            print(f"wrote {a.out}/{part}.json")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        if getattr(a, "profile", {}).get(part):
+            out.append(os.path.join(a.out, f"{part}.json"))
+            with open(out[-1], "w") as f:
+                json.dump(a.profile[part], f, indent=1, default=str)
+    return out
 
 
 # ----------------------------------------------------------------------------- py-spy

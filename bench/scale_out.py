@@ -1,34 +1,38 @@
-"""Bytes and packets on the spine's links: two-level aggregation vs one flat switch.
+"""scale_out: bytes and packets on the spine's links, two-level aggregation vs one flat switch
+(and time under loss, 1 spine vs 2); and the one-machine leaf/spine fabric the scale-out
+tests use too (`FabricCluster`).
 
-    python -m bench.scale_out [--elements N] [--out DIR]
-    python -m bench.scale_out --loss-timing [--racks R] [--per-rack H] [--seeds S,S,..]
+    python -m bench scale_out                           # 8 ranks in 2 racks, 1 MiB, 5 densities
+    python -m bench scale_out --loss-timing -g 40 -b 256K -e 256K -d 1 -n 3     # under loss
 
-For each density and sparsity pattern (every rank its own non-zero blocks, or one pattern for
-all), the same 8 tensors are summed (a) through 2 leaves and a spine (software switches in UDP
-mode, this process, programmed by the controller in process) and (b) through one flat software
-switch.
-The spine's datagrams in and out are its links' traffic; the flat switch's are what its links
-would carry if it stood at the spine. Writes scale_out.csv and scale_out_bytes.png to DIR
-(default bench/out). Counts are exact (no timing): the run needs no quiet machine.
-docs/scale_out.md shows the committed run.
+Methods `two_level` and `flat`: for each density and sparsity pattern (--patterns: `own`,
+every rank its own non-zero blocks; `shared`, one pattern for all), the same -g tensors are
+summed (a) through --racks leaves and a spine (software switches in UDP mode, threads of this
+process, programmed by the controller in process) and (b) through one flat software switch,
+alternating repeat by repeat, a fabric of its own per call (its switches' counts are exact once
+they stopped). The spine's datagrams and bytes in and out are its links' traffic
+(`bytes_per_link`); the flat switch's are what its links would carry if it stood at the spine.
+The counts are exact; time is the call's wall time (informative on a shared machine). Every
+two-level result must be bit-identical to the flat one (`wrong` counts those that are not).
 
---loss-timing: time under loss instead, 1 spine against 2 (the slots sharded): R racks of H
-workers, 1% of datagrams dropped into and out of every switch, 1% duplicated, 1% reordered
-(seeded per switch from each seed), `--calls` dense int32 calls of `--elements` per seed; prints
-per call the seconds and the agents' resends by trigger (fast, timeout, spurious) and writes
-scale_out_loss.csv. Wall-clock times: run it on a quiet machine. docs/reliability.md shows a run.
+--loss-timing: time under loss instead, methods `spines1` and `spines2` (the slots sharded):
+-g ranks in --racks racks, 1% of datagrams dropped into and out of every switch, 1%
+duplicated, 1% reordered (seeded per switch from each repeat's seed), dense int32 calls;
+the agents' resends by trigger (fast, timeout, spurious) as columns; every result exact or
+`wrong`. Wall-clock times: run it on a quiet machine. docs/reliability.md and
+docs/scale_out.md show runs.
 """
 from __future__ import annotations
 
 import concurrent.futures
-import csv
 import itertools
 import os
-import sys
+import statistics
 import time
 
 import numpy as np
 
+from bench.harness import method_rows
 from controller import plan
 from controller.controller import Controller, program_in_process
 from controller.p4rt import Connection
@@ -36,7 +40,7 @@ from host_agent.agent import Agent
 from host_agent.local import LocalCluster
 from host_agent.recovery import MIN_RTO
 from softswitch.udp import Faults, UdpSwitch
-from spina import cli, wire
+from spina import wire
 from spina.net import bound_udp_socket
 
 _SPINE_NETS = itertools.count()
@@ -189,40 +193,107 @@ def tensors(density: float, seed: int, n: int = 1 << 17, nranks: int = 8, intege
     return out
 
 
-def flat(ts, timeout: float = 30, rto: float = MIN_RTO) -> tuple[list, tuple[int, int], int]:
+def flat(ts, timeout: float = 30, rto: float = MIN_RTO,
+         seconds: list | None = None) -> tuple[list, tuple[int, int], int]:
     """The same all-reduce through one flat software switch: results, (datagrams, bytes) in
-    and out of it, the agents' resends."""
+    and out of it, the agents' resends; the call's wall time appended to `seconds`."""
     with LocalCluster(len(ts), nslots=4, nlanes=8, block_size=256, timeout=timeout,
                       rto=rto) as c:
+        t0 = time.perf_counter()
         res = c.allreduce(ts)
+        if seconds is not None:
+            seconds.append(time.perf_counter() - t0)
     sw = c.switch  # counted once its thread has stopped: its last sends are in
     return (res, (sw.packets_in + sw.packets_out, sw.bytes_in + sw.bytes_out),
             sum(a.last_stats.resends for a in c.agents))
 
 
-DENSITIES = (0.001, 0.01, 0.1, 0.3, 1.0)
+DESCRIPTION = "two-level aggregation vs one flat switch: spine bytes (and time under loss)"
+METHODS = ("two_level", "flat", "spines1", "spines2")
+DEFAULTS = dict(methods="two_level,flat", workers="8", densities="0.001,0.01,0.1,0.3,1",
+                begin="1M", end="1M", repeats=1)
+EXTRA_COLUMNS = ("pattern", "racks", "packets_per_call", "packet_ratio", "byte_ratio",
+                 "resends", "fast", "timeout", "spurious", "srtt_ms")
+POINT_COLUMNS = ("pattern",)
 
 
-def measure(elements: int) -> list[dict]:
-    rows = []
-    for shared in (False, True):
-        for density in DENSITIES:
-            ts = tensors(density, 1, elements, shared=shared)
-            with FabricCluster(rto=5.0) as fc:  # no loss here: a long timeout, no resends
-                got = fc.allreduce(ts)
-            packets, nbytes = fc.spine_traffic()  # once the switches' threads have stopped
-            resends = sum(a.last_stats.resends for a in fc.agents)
-            want, (fpackets, fbytes), fresends = flat(ts, rto=5.0)
-            if any(g.tobytes() != w.tobytes() for g, w in zip(got, want)):
-                raise RuntimeError(f"density {density}: two-level result differs from flat")
-            rows.append({"pattern": "shared" if shared else "own", "density": density,
-                         "spine_packets": packets, "spine_bytes": nbytes,
-                         "flat_packets": fpackets, "flat_bytes": fbytes,
-                         "packet_ratio": round(packets / fpackets, 4),
-                         "byte_ratio": round(nbytes / fbytes, 4),
-                         "resends": resends + fresends})
-            print(rows[-1], flush=True)
-    return rows
+def add_options(ap) -> None:
+    from spina import cli
+    ap.add_argument("--racks", type=cli.int_range(1, 32), default=2,
+                    help="racks (leaves); -g must be a multiple (default %(default)s)")
+    ap.add_argument("--patterns", type=cli.names(("own", "shared")), default="own,shared",
+                    help="own (every rank its own blocks), shared (one for all), or both")
+    ap.add_argument("--loss-timing", action="store_true",
+                    help="time dense int32 calls under 1%% loss, 1 spine vs 2 (see above)")
+
+
+def check_options(a) -> str | None:
+    if a.topo is not None or a.rates:
+        return "argument -t/--topology: the fabric is threads of this process on loopback"
+    if len(a.workers) != 1 or a.workers[0] % a.racks:
+        return f"argument -g/--workers: one count, a multiple of --racks {a.racks}"
+    if not a.patterns or set(a.patterns) - {"own", "shared"}:
+        return f"argument --patterns: own, shared or both, got {','.join(a.patterns)}"
+    pair = ("spines1", "spines2") if a.loss_timing else ("two_level", "flat")
+    if a.methods == ["two_level", "flat"] and a.loss_timing:
+        a.methods = list(pair)  # the default methods of --loss-timing
+    if set(a.methods) - set(pair):
+        return f"argument -m/--methods: {'--loss-timing takes' if a.loss_timing else 'takes'} " \
+               f"{', '.join(pair)}"
+    return None
+
+
+def run(a, log):
+    n, racks = a.workers[0], a.racks
+    if a.loss_timing:
+        for size in a.sizes:
+            yield loss_rows(a, n, racks, size // 4)
+        return
+    for pattern in a.patterns:
+        for density in a.densities:
+            for size in a.sizes:
+                yield count_rows(a, n, racks, size // 4, density, pattern)
+
+
+def count_rows(a, n: int, racks: int, elements: int, density: float, pattern: str):
+    """Spine and flat-switch traffic of one point, both methods alternating per repeat."""
+    ts = tensors(density, 1, elements, nranks=n, shared=pattern == "shared")
+    times = {m: [] for m in a.methods}
+    counts = {m: [] for m in a.methods}
+    resends = {m: 0 for m in a.methods}
+    wrong = {m: 0 for m in a.methods}
+    load0 = os.getloadavg()[0]
+    for r in range(a.repeats):
+        got = {}
+        for m in a.methods if r % 2 == 0 else a.methods[::-1]:
+            if m == "two_level":
+                with FabricCluster(racks=racks, per_rack=n // racks, rto=5.0) as fc:
+                    t0 = time.perf_counter()  # no loss here: a long timeout, no resends
+                    got[m] = fc.allreduce(ts)
+                    times[m].append(time.perf_counter() - t0)
+                counts[m].append(fc.spine_traffic())  # once the switches' threads stopped
+                resends[m] += sum(ag.last_stats.resends for ag in fc.agents)
+            else:
+                got[m], one, res = flat(ts, rto=5.0, seconds=times[m])
+                counts[m].append(one)
+                resends[m] += res
+        if len(got) == 2:
+            wrong["two_level"] += any(g.tobytes() != w.tobytes()
+                                      for g, w in zip(got["two_level"], got["flat"]))
+    mean = {m: (statistics.fmean(c[0] for c in counts[m]), statistics.fmean(c[1] for c in
+                                                                            counts[m]))
+            for m in a.methods}
+    extras = {m: dict(pattern=pattern, racks=racks, packets_per_call=round(mean[m][0]),
+                      resends=resends[m]) for m in a.methods}
+    if len(mean) == 2:
+        extras["two_level"].update(
+            packet_ratio=round(mean["two_level"][0] / mean["flat"][0], 4),
+            byte_ratio=round(mean["two_level"][1] / mean["flat"][1], 4))
+    point = dict(size=4 * elements, elements=elements, dtype="float32", density=density,
+                 workers=n, lane_bits=32, rate="")
+    return method_rows(a.what, point, times, bus="all_reduce",
+                       sent={m: round(mean[m][1]) for m in a.methods}, wrong=wrong,
+                       load=f"{load0:.2f}-{os.getloadavg()[0]:.2f}", extras=extras)
 
 
 def lossy(seed: int):
@@ -231,98 +302,65 @@ def lossy(seed: int):
                             seed=seed + i)
 
 
-def loss_timing(racks: int, per_rack: int, seeds, calls: int, elements: int) -> list[dict]:
-    """Seconds and resends per dense call under loss (`lossy`), 1 spine and 2 spines: only
-    the all-reduce is timed; the two spine counts run one after the other (unpaired)."""
-    rows = []
-    n = racks * per_rack
-    for spines in (1, 2):
-        for seed in seeds:
-            with FabricCluster(racks=racks, per_rack=per_rack, spines=spines,
+def loss_rows(a, n: int, racks: int, elements: int):
+    """Seconds and resends of dense int32 calls under loss (`lossy`), 1 spine and 2 spines:
+    only the all-reduce is timed; repeat r uses seed 70 + 10 r, the spine counts one after
+    the other within it."""
+    times = {m: [] for m in a.methods}
+    wrong = {m: 0 for m in a.methods}
+    tally = {m: dict(fast=0, timeout=0, spurious=0, resends=0, srtt_ms=0.0) for m in a.methods}
+    load0 = os.getloadavg()[0]
+    for r in range(a.repeats):
+        seed = 70 + 10 * r
+        ints = tensors(1.0, seed, elements, nranks=n, integer=True)
+        want = np.sum(ints, axis=0, dtype=np.int32)
+        for m in a.methods:
+            with FabricCluster(racks=racks, per_rack=n // racks, spines=int(m[-1]),
                                faults=lossy(seed), nlanes=4) as fc:
-                for call in range(calls):
-                    ints = tensors(1.0, seed + call, elements, nranks=n, integer=True)
-                    want = np.sum(ints, axis=0, dtype=np.int32)
-                    t = time.monotonic()
-                    got = fc.allreduce(ints)
-                    seconds = time.monotonic() - t
-                    if any(not np.array_equal(g, want) for g in got):
-                        raise RuntimeError(f"seed {seed} call {call}: a result is not exact")
-                    st = [a.last_stats for a in fc.agents]
-                    rows.append({"workers": n, "racks": racks, "spines": spines, "seed": seed,
-                                 "call": call, "seconds": round(seconds, 3),
-                                 "rounds_per_worker": st[0].rounds,
-                                 "fast": sum(s.fast_resends for s in st),
-                                 "timeout": sum(s.timeout_resends for s in st),
-                                 "spurious": sum(s.spurious_resends for s in st),
-                                 "srtt_ms": round(1000 * max(a.rtt.srtt or 0
-                                                             for a in fc.agents), 1)})
-                    print(rows[-1], flush=True)
-    return rows
+                t0 = time.monotonic()
+                got = fc.allreduce(ints)
+                times[m].append(time.monotonic() - t0)
+                wrong[m] += any(not np.array_equal(g, want) for g in got)
+                st = [ag.last_stats for ag in fc.agents]
+                t = tally[m]
+                t["fast"] += sum(s.fast_resends for s in st)
+                t["timeout"] += sum(s.timeout_resends for s in st)
+                t["spurious"] += sum(s.spurious_resends for s in st)
+                t["resends"] += sum(s.resends for s in st)
+                t["srtt_ms"] = max(t["srtt_ms"], round(1000 * max(ag.rtt.srtt or 0
+                                                                   for ag in fc.agents), 1))
+    point = dict(size=4 * elements, elements=elements, dtype="int32", density=1.0, workers=n,
+                 lane_bits=32, rate="")
+    extras = {m: dict(tally[m], pattern="own", racks=racks) for m in a.methods}
+    return method_rows(a.what, point, times, bus="all_reduce", wrong=wrong,
+                       load=f"{load0:.2f}-{os.getloadavg()[0]:.2f}", extras=extras)
 
 
-def plot(rows: list[dict], path: str) -> None:
+def finish(rows, a) -> list[str]:
+    """scale_out_bytes.png: spine links over flat links against density, per pattern."""
+    pts = [r for r in rows if r["method"] == "two_level" and r.get("byte_ratio") != ""]
+    if a.no_plots or not pts:
+        return []
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6, 3.6))
     for pattern, label in (("own", "each rank its own blocks"), ("shared", "one pattern")):
-        r = [x for x in rows if x["pattern"] == pattern]
-        ax.plot([x["density"] for x in r], [x["byte_ratio"] for x in r], "o-",
-                label=f"bytes, {label}")
-    r = [x for x in rows if x["pattern"] == "own"]
-    ax.plot([x["density"] for x in r], [x["packet_ratio"] for x in r], "k--", label="packets")
+        r = [x for x in pts if x["pattern"] == pattern]
+        if r:
+            ax.plot([x["density"] for x in r], [x["byte_ratio"] for x in r], "o-",
+                    label=f"bytes, {label}")
+            ax.plot([x["density"] for x in r], [x["packet_ratio"] for x in r], "--",
+                    label=f"packets, {label}")
     ax.axhline(0.25, color="grey", lw=0.8)
     ax.set_xscale("log")
     ax.set_ylim(0, 0.5)
     ax.set_xlabel("density (fraction of non-zero 256-element blocks)")
     ax.set_ylabel("spine links / flat switch links")
-    ax.set_title("8 workers, 2 racks of 4: two-level vs flat aggregation")
+    ax.set_title(f"{pts[0]['workers']} workers, {a.racks} racks: two-level vs flat")
     ax.legend(fontsize=8)
     fig.tight_layout()
+    path = os.path.join(a.out, "scale_out_bytes.png")
     fig.savefig(path, dpi=110)
-
-
-def main(argv=None) -> int:
-    ap = cli.ArgumentParser(prog="python -m bench.scale_out", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--elements", type=cli.int_range(256, 1 << 24), default=None,
-                    help="elements per tensor (default 262144; --loss-timing: 65536)")
-    ap.add_argument("--out", default="bench/out", help="output directory (default %(default)s)")
-    ap.add_argument("--loss-timing", action="store_true",
-                    help="time dense calls under 1%% loss, 1 spine vs 2 (see above)")
-    ap.add_argument("--racks", type=cli.int_range(1, 32), default=2,
-                    help="--loss-timing: racks (default %(default)s)")
-    ap.add_argument("--per-rack", type=cli.int_range(1, 32), default=20,
-                    help="--loss-timing: workers per rack (default %(default)s)")
-    ap.add_argument("--seeds", default="70,80,90",
-                    help="--loss-timing: fault seeds, comma-separated (default %(default)s)")
-    ap.add_argument("--calls", type=cli.int_range(1, 100), default=3,
-                    help="--loss-timing: calls per seed (default %(default)s)")
-    args = ap.parse_args(argv)
-    try:
-        seeds = [int(x) for x in args.seeds.split(",")]
-    except ValueError:
-        ap.error(f"--seeds: {args.seeds!r} is not a comma-separated list of integers")
-    try:
-        os.makedirs(args.out, exist_ok=True)
-        if args.loss_timing:
-            rows = loss_timing(args.racks, args.per_rack, seeds, args.calls,
-                               args.elements or 1 << 16)
-            with open(os.path.join(args.out, "scale_out_loss.csv"), "w", newline="") as f:
-                w = csv.DictWriter(f, fieldnames=list(rows[0]))
-                w.writeheader()
-                w.writerows(rows)
-            return 0
-        rows = measure(args.elements or 1 << 18)
-        with open(os.path.join(args.out, "scale_out.csv"), "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
-        plot(rows, os.path.join(args.out, "scale_out_bytes.png"))
-    except OSError as e:
-        return cli.fail(ap.prog, e)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    plt.close(fig)
+    return [path]

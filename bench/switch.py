@@ -244,7 +244,7 @@ POINT_COLUMNS = ("tree",)
 
 def add_options(ap) -> None:
     from spina import cli
-    ap.add_argument("--trees", default=".",
+    ap.add_argument("--trees", default=".", type=cli.comma_list(cli.existing_path, "trees"),
                     help="comma list of source trees to compare, alternating (default: this one)")
     ap.add_argument("--profile", action="store_true",
                     help="also cProfile every load on this tree into profile.txt")
@@ -257,7 +257,7 @@ def check_options(a) -> str | None:
         return "argument -t/--topology: the switch alone runs on loopback"
     if a.lane_bits != [32]:
         return "argument -l/--lane-bits: the switch's datagrams here are 32-bit"
-    a.trees = [os.path.abspath(t) for t in a.trees.split(",")]
+    a.trees = [os.path.abspath(t) for t in a.trees]
     for tree in a.trees:
         if not os.path.isfile(os.path.join(tree, "softswitch", "pipeline.py")):
             return f"argument --trees: {tree!r} is not a SpINA source tree (no softswitch/)"

@@ -146,8 +146,11 @@ def _mapping(v, src, where, known):
 
 def _named(v, src, where, what) -> dict:
     """A list of names or a mapping name -> fields, as {name: fields}."""
-    if isinstance(v, list):
-        v = {n: {} for n in v} if all(isinstance(n, str) for n in v) else v
+    if isinstance(v, list) and all(isinstance(n, str) for n in v):
+        for i, n in enumerate(v):
+            if n in v[:i]:  # a dict would keep one: a plan for fewer ranks, silently
+                _fail(src, f"{where}[{i}]", f"{n!r} is also {where}[{v.index(n)}]")
+        v = {n: {} for n in v}
     if not isinstance(v, dict):
         _fail(src, where, f"must be a list of {what} names or a mapping of them, got {v!r}")
     for name in v:

@@ -10,12 +10,13 @@ import sys
 import threading
 import traceback
 
-from controller.controller import Controller, format_table
+from controller.controller import Controller, format_table, run_switches
+from controller.metrics import serve_metrics
+from controller.model import Job
 from controller.p4rt import NotPrimaryError, P4RuntimeError
-from controller.state import Job, load
-from spina import cli, log as spina_log
-from spina.config import ConfigError
-from spina.metrics import parse_address
+from controller.state import load
+from spina import cli, log as spina_log, spec
+from spina.config import JOB_FIELDS, ConfigError
 from spina.rendezvous import RendezvousServer
 
 DEFAULT_FILE = "spina.yaml"
@@ -31,15 +32,15 @@ def _global_options(ap: argparse.ArgumentParser) -> None:
     """Add the options every command takes, with no defaults of their own (GLOBAL_DEFAULTS
     fills them in after parsing: a command's copy must not overwrite what came before it)."""
     no = argparse.SUPPRESS
-    ap.add_argument("-c", "--config", default=no, metavar="FILE",
+    ap.add_argument("-c", "--config", default=no, metavar="FILE", type=cli.input_file,
                     help=f"desired-state YAML (default {DEFAULT_FILE})")
-    ap.add_argument("--election-id", type=int, default=no,
+    ap.add_argument("--election-id", type=cli.int_range(1, (1 << 128) - 1), default=no,
                     help="our P4Runtime election id; the highest connected controller is "
                          "primary and only the primary writes (default 1; status reads "
                          "without one)")
-    ap.add_argument("--timeout", type=float, default=no,
+    ap.add_argument("--timeout", type=cli.positive_float, default=no,
                     help="seconds to wait for a switch (default 10)")
-    ap.add_argument("--metrics", metavar="[HOST:]PORT", default=no,
+    ap.add_argument("--metrics", metavar="[HOST:]PORT", default=no, type=cli.metrics_address,
                     help="with serve or deploy --watch: serve Prometheus metrics polled from "
                          "every switch's P4 counters at http://HOST:PORT/metrics (host default "
                          "127.0.0.1; a wildcard address is refused)")
@@ -68,7 +69,7 @@ def _parser(prog: str = "python -m controller") -> argparse.ArgumentParser:
                                    "runs: agents join each run at the file's `rendezvous`, "
                                    "which `serve` answers (without it they stop at their "
                                    "first call, naming `serve`).")
-    d.add_argument("--switch", action="append", metavar="NAME",
+    d.add_argument("--switch", action="append", metavar="NAME", type=cli.name,
                    help="only this switch (repeatable; default all)")
     d.add_argument("--watch", type=cli.positive_float, metavar="SECONDS",
                    help="keep going: re-read the file and deploy every SECONDS, reconnecting "
@@ -90,35 +91,58 @@ def _parser(prog: str = "python -m controller") -> argparse.ArgumentParser:
     st.add_argument("--watch", type=cli.positive_float, metavar="SECONDS",
                     help="as `spina status --watch SECONDS`: redraw a live per-job table every "
                          "SECONDS (rates between polls, stalled rounds); Ctrl-C stops")
-    st.add_argument("--count", type=cli.int_range(1, 1 << 62), metavar="N",
+    st.add_argument("--count", type=cli.int_range(1), metavar="N",
                     help="with --watch: stop after N polls (default: never)")
     job = sub.add_parser("job", parents=[common],
                          help="add or remove a job (updates the file, then applies it)")
     jsub = job.add_subparsers(dest="job_cmd", required=True, metavar="{add,remove}")
     add = jsub.add_parser("add", parents=[common],
                           help="add a job; its slot range is allocated if not given")
-    add.add_argument("--id", type=int, required=True, help="job id")
-    add.add_argument("--members", required=True,
+    add.add_argument("--id", type=cli.int_range(0, spec.MAX_JOB_ID), required=True,
+                     help="job id")
+    add.add_argument("--members", required=True, type=cli.names(),
                      help="comma-separated worker names, in rank order")
-    add.add_argument("--nslots", type=int, required=True, help="share of the slot pool")
-    add.add_argument("--slot-base", type=int, help="first slot (default: first free range)")
-    add.add_argument("--block-size", type=int, default=256)
-    add.add_argument("--nlanes", type=int, default=56)
-    add.add_argument("--epoch", type=int, default=1)
-    add.add_argument("--priority", type=int, default=0, help="egress queue 0..7")
-    add.add_argument("--drop-qdepth", type=int,
-                     help="drop this job's loss-tolerant packets above this queue depth")
+    _job_options(add)
+    add.add_argument("--drop-qdepth", type=cli.int_range(0, spec.QDEPTH_NEVER),
+                     help="drop this job's loss-tolerant packets above this queue depth "
+                          "(default: the switch's)")
     rm = jsub.add_parser("remove", parents=[common],
                          help="remove a job; its slots are cleared and freed")
-    rm.add_argument("--id", type=int, required=True)
+    rm.add_argument("--id", type=cli.int_range(0, spec.MAX_JOB_ID), required=True)
     rs = sub.add_parser("reset", parents=[common],
                         help="clear jobs' slot registers and zero their counters")
-    rs.add_argument("--job", type=int, action="append", metavar="ID",
+    rs.add_argument("--job", type=cli.int_range(0, spec.MAX_JOB_ID), action="append",
+                    metavar="ID",
                     help="only this job (repeatable; default all)")
     rs.add_argument("--wipe", action="store_true",
                     help="instead: every control clears its own state on every switch (entries, "
                          "groups, threshold, whole slot pool); `deploy` restores the file's state")
     return ap
+
+
+# A job option's argparse type by its kind (spina.config.JOB_OPTIONS); its limits are
+# JobConfig.validate's, which names the field when the new desired state is read.
+OPTION_TYPES = {int: cli.int_range(0, (1 << 31) - 1), float: cli.non_negative_float,
+                str: str, "seconds": cli.seconds_or_auto}
+
+
+def _job_options(add: argparse.ArgumentParser) -> None:
+    """One flag per job option (spina.config.JOB_FIELDS), with its help, default and choices:
+    `job add` takes every option a job in the YAML file takes."""
+    for name, f in JOB_FIELDS.items():
+        meta = f.metadata
+        default = None if name == "slot_base" else f.default  # None: allocated first-fit
+        shown = "the first free range" if default is None else default
+        one_of = f"one of {', '.join(map(str, meta['choices']))}; " if meta["choices"] else ""
+        add.add_argument(f"--{name.replace('_', '-')}", type=OPTION_TYPES[meta["kind"]],
+                         default=default, choices=meta["choices"] or None, metavar=name.upper(),
+                         help=f"{meta['help']} ({one_of}default: {shown})")
+
+
+def job_from_args(args) -> Job:
+    """The job `job add` was given (its slot range allocated later if --slot-base is absent)."""
+    return Job(id=args.id, members=tuple(args.members),
+               drop_qdepth=args.drop_qdepth, **{k: getattr(args, k) for k in JOB_FIELDS})
 
 
 def _stopping(stop: threading.Event) -> None:
@@ -162,7 +186,7 @@ def watch(args, ctl: Controller, runs: RendezvousServer | None = None) -> int:
             try:
                 state = load(args.config)  # `job add` elsewhere shows up here
                 if runs is not None:  # (outside ctl.lock: a run's start holds its lock, then ours)
-                    runs.set_jobs(state.run_jobs())
+                    runs.set_jobs(state.run_jobs(), run_switches(state))
                 with ctl.lock:
                     if runs is not None:  # a job keeps the epoch of its current run
                         current = ctl.state.run_jobs()
@@ -197,10 +221,16 @@ def watch(args, ctl: Controller, runs: RendezvousServer | None = None) -> int:
 
 
 def serve(args, ctl: Controller) -> int:
-    """`serve`: deploy, then run the jobs' rendezvous and reconcile until stopped."""
+    """`serve`: run the jobs' rendezvous, write the agents' files, then deploy and reconcile
+    until stopped. The line "controller: run rendezvous on HOST:PORT, agent files in DIR" comes
+    once both are there, so a script that waits for it can start its ranks at once (the
+    switches are programmed at each run's start anyway)."""
     runs = ctl.runs(lambda line: print(line, flush=True))
     with runs:  # __enter__ starts it; __exit__ stops it
-        print(f"controller: run rendezvous on {runs.address[0]}:{runs.address[1]}", flush=True)
+        with ctl.lock:
+            ctl.write_agent_files()
+        print(f"controller: run rendezvous on {runs.address[0]}:{runs.address[1]}, agent files "
+              f"in {ctl.state.resolve(ctl.state.agents_dir)}", flush=True)
         return watch(args, ctl, runs)
 
 
@@ -208,7 +238,6 @@ def _with_metrics(args, ctl: Controller) -> int:
     """serve / deploy --watch, with the metrics endpoint running around it if asked."""
     metrics = None
     if args.metrics:
-        from controller.metrics import serve_metrics
         metrics = serve_metrics(ctl, args.metrics)
         print(f"metrics {metrics.url}", flush=True)
     try:
@@ -237,10 +266,6 @@ def main(argv=None, prog: str = "python -m controller") -> int:
             if not long_running:
                 raise ConfigError("--metrics: only with `serve` or `deploy --watch` (a one-shot "
                                   "command exits before anything scrapes it)")
-            try:
-                parse_address(args.metrics)
-            except ValueError as e:
-                raise ConfigError(f"--metrics: {e}") from None
         state = load(args.config)
         # `status` only reads: no election id, so it never contests primary with `serve`.
         election = None if args.cmd == "status" else args.election_id
@@ -261,11 +286,7 @@ def main(argv=None, prog: str = "python -m controller") -> int:
                 for jid, base, n in ctl.reset(args.job):
                     print(f"job {jid}: slots {base}..{base + n - 1} cleared, counters zeroed")
             elif args.job_cmd == "add":
-                job = Job(id=args.id, members=tuple(m for m in args.members.split(",") if m),
-                          nslots=args.nslots, slot_base=args.slot_base,
-                          block_size=args.block_size, nlanes=args.nlanes, epoch=args.epoch,
-                          priority=args.priority, drop_qdepth=args.drop_qdepth)
-                new = state.with_job(job)
+                new = state.with_job(job_from_args(args))
                 new.save()  # the desired state first: a later `deploy` finishes a failed apply
                 j = new.jobs[args.id]
                 print(f"job {j.id} added to {args.config}: slots {j.slot_base}.."
@@ -279,10 +300,10 @@ def main(argv=None, prog: str = "python -m controller") -> int:
                 for r in ctl.set_state(new):
                     print(r)
     except NotPrimaryError as e:
-        print(f"controller: refusing to write: {e}", file=sys.stderr)
+        print(f"{ap.prog} {args.cmd}: refusing to write: {cli.one_line(e)}", file=sys.stderr)
         return 3
     except (ConfigError, P4RuntimeError, OSError) as e:
-        return cli.fail(ap.prog, e)
+        return cli.fail(f"{ap.prog} {args.cmd}", e)
     return 0
 
 

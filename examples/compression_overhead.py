@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from host_agent.compression import BucketLayout, make_compressor
+from spina import cli
 from train_compressed import MLP, Teacher
 
 METHODS = {"topk@0.01": dict(method="topk", ratio=0.01),
@@ -39,13 +40,19 @@ METHODS = {"topk@0.01": dict(method="topk", ratio=0.01),
            "losscomp@0.01": dict(method="losscomp", ratio=0.01)}
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--batches", type=int, nargs="+", default=[32, 64], help="per-rank batch sizes")
-    ap.add_argument("--reps", type=int, default=41,
+def parser(prog: str = "examples/compression_overhead.py") -> argparse.ArgumentParser:
+    ap = cli.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batches", type=cli.int_range(1), nargs="+", default=[32, 64],
+                    help="per-rank batch sizes")
+    ap.add_argument("--reps", type=cli.int_range(2), default=41,
                     help="repetitions (medians of all but the first)")
-    ap.add_argument("--out",
+    ap.add_argument("--out", type=cli.output_file,
                     default=str(ROOT / "bench" / "results" / "compression" / "overhead.json"))
+    return ap
+
+
+def main():
+    ap = parser()
     args = ap.parse_args()
     load_start = os.getloadavg()
     torch.set_num_threads(1)  # as each of the 4 ranks in the examples

@@ -233,8 +233,8 @@ def _tally(hist: dict, agents) -> None:
         hist["loss_tolerant_packets"] += s.loss_tolerant_packets
 
 
-def main(argv=None) -> int:
-    ap = cli.ArgumentParser(prog="examples/dlcp_train.py", description=__doc__.split("\n\n")[0])
+def parser(prog: str = "examples/dlcp_train.py") -> cli.ArgumentParser:
+    ap = cli.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     ap.add_argument("--task", choices=("digits", "mlp"), default="digits",
                     help="digits: 64-64-10 MLP on digits; mlp: the 5.3M-parameter MLP of "
                          "examples/train_compressed.py on its synthetic task")
@@ -246,7 +246,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=cli.int_range(1, 256), default=32, help="per worker")
     ap.add_argument("--lr", type=cli.positive_float, default=None,
                     help="default: 0.5 (digits), 0.05 (mlp, as examples/train_compressed.py)")
-    ap.add_argument("--drop", type=float, default=0.5,
+    ap.add_argument("--drop", type=cli.unit_interval, default=0.5,
                     help="probability that an arriving loss-tolerant packet is dropped")
     ap.add_argument("--deadline", type=cli.seconds_or_auto, default=None, metavar="SECONDS|auto",
                     help="the job's loss_deadline: seconds, or 'auto' (twice the measured round "
@@ -255,8 +255,14 @@ def main(argv=None) -> int:
                     help="blocks per packet: default 1 (digits, blocks of 8), 8 (mlp, blocks of "
                          "256, as bench/dlcp_bench/: loss-tolerant packets are whole packets, "
                          "so at 56 a 1%% bound marks almost none)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", help="default bench/results/dlcp_training/<task>.png (JSON beside it)")
+    ap.add_argument("--seed", type=cli.int_range(0), default=0)
+    ap.add_argument("--out", type=cli.output_file,
+                    help="default bench/results/dlcp_training/<task>.png (JSON beside it)")
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = parser()
     args = ap.parse_args(argv)
     mlp = args.task == "mlp"
     args.steps = args.steps or (200 if mlp else 300)

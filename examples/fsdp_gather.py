@@ -30,6 +30,7 @@ import torch
 
 from examples.digits import flat_split
 from host_agent.local import LocalCluster
+from spina import cli
 
 
 def model() -> torch.nn.Module:
@@ -98,17 +99,23 @@ def train(workers: int, epochs: int, batch: int, lr: float) -> dict:
                 shard_bytes=shard_bytes, seconds=time.perf_counter() - t0)
 
 
+def parser(prog: str = "examples/fsdp_gather.py") -> argparse.ArgumentParser:
+    ap = cli.ArgumentParser(prog=prog, description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workers", type=cli.int_range(1, 32), default=4)
+    ap.add_argument("--epochs", type=cli.int_range(1), default=5)
+    ap.add_argument("--batch", type=cli.int_range(1), default=64,
+                    help="the global batch, at least --workers")
+    ap.add_argument("--lr", type=cli.positive_float, default=0.1)
+    ap.add_argument("--json", type=cli.output_file, help="also write the report here")
+    return ap
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workers", type=int, default=4)
-    ap.add_argument("--epochs", type=int, default=5)
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--lr", type=float, default=0.1)
-    ap.add_argument("--json", help="also write the report here")
+    ap = parser()
     a = ap.parse_args(argv)
-    if not 1 <= a.workers <= 32 or a.epochs < 1 or a.batch < a.workers:
-        ap.error("--workers: 1..32, --epochs: at least 1, --batch: at least --workers")
+    if a.batch < a.workers:
+        ap.error(f"argument --batch: {a.batch} is less than --workers ({a.workers})")
     torch.set_num_threads(1)
     rep = train(a.workers, a.epochs, a.batch, a.lr)
     for k, v in rep.items():

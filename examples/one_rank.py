@@ -20,18 +20,24 @@ from spina import cli
 from spina.config import ConfigError
 
 
-def main(argv=None) -> int:
-    ap = cli.ArgumentParser(prog="examples/one_rank.py", description=__doc__.split("\n\n")[0])
-    ap.add_argument("assignment", help="the rank's file, agents_dir/job<ID>-rank<R>.json")
-    ap.add_argument("--value", type=float, default=1.0, help="every element's value")
+def parser(prog: str = "examples/one_rank.py"):
+    ap = cli.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    ap.add_argument("assignment", type=cli.input_file,
+                    help="the rank's file, agents_dir/job<ID>-rank<R>.json")
+    ap.add_argument("--value", type=cli.finite, default=1.0, help="every element's value")
     ap.add_argument("--elements", type=cli.int_range(1, 1 << 28), default=1 << 20,
                     help="tensor length (default %(default)s)")
     ap.add_argument("--timeout", type=cli.positive_float, default=30.0,
                     help="seconds to wait for the other ranks (default %(default)s)")
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = parser()
     args = ap.parse_args(argv)
     try:
         agent = connect(args.assignment, timeout=args.timeout)
-    except ConfigError as e:
+    except (ConfigError, OSError) as e:  # OSError: the rank's address is taken
         return cli.fail(ap.prog, e)
     try:
         got = agent.allreduce(np.full(args.elements, args.value, np.float32))

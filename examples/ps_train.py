@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 from ps.config import PolicyConfig
 from ps.train import Straggler, train
+from spina import cli
 
 POLICIES = {
     "bsp": dict(policy="bsp"),
@@ -42,6 +43,14 @@ POLICIES = {
     "gssp": dict(policy="gssp", staleness=3, ngroups=2),
     "gssp+gdtopk": dict(policy="gssp", staleness=3, ngroups=2, gdtopk=True, min_ratio=0.05),
 }
+
+
+def _worker_at(text: str) -> tuple[int, int]:
+    """W@K: worker W from its iteration K on."""
+    w, sep, k = text.partition("@")
+    if not (sep and w.isdigit() and k.isdigit()):
+        raise ValueError(f"{text!r}: expected W@K, a worker and an iteration, e.g. 0@50")
+    return int(w), int(k)
 
 
 class Digits:
@@ -198,29 +207,37 @@ def plot(runs: dict, summary: dict, out: Path, title: str) -> None:
     fig.savefig(out, dpi=100)
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parser(prog: str = "examples/ps_train.py") -> argparse.ArgumentParser:
+    ap = cli.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     ap.add_argument("--task", choices=sorted(TASKS), default="digits")
-    ap.add_argument("--policies", default="bsp,ssp,gssp,gssp+gdtopk",
+    ap.add_argument("--policies", default="bsp,ssp,gssp,gssp+gdtopk", type=cli.names(POLICIES),
                     help=f"comma-separated, of {', '.join(POLICIES)}")
-    ap.add_argument("--workers", type=int, default=4)
-    ap.add_argument("--stragglers", type=int, default=2, help="the last N workers are slow")
-    ap.add_argument("--slowdown", type=float, default=3.0)
-    ap.add_argument("--slow-midrun", default=None, metavar="W@K",
+    ap.add_argument("--workers", type=cli.int_range(1), default=4)
+    ap.add_argument("--stragglers", type=cli.int_range(0), default=2,
+                    help="the last N workers are slow")
+    ap.add_argument("--slowdown", type=cli.positive_float, default=3.0)
+    ap.add_argument("--slow-midrun", default=None,
+                    type=cli.parsed_by(_worker_at, "W@K", bad=("x", "1@", "-1@5")), metavar="W@K",
                     help="also slow worker W (a fast one) by --slowdown from its iteration K on")
-    ap.add_argument("--uplink-mbps", type=float, default=400.0,
+    ap.add_argument("--uplink-mbps", type=cli.positive_float, default=400.0,
                     help="emulated uplink of a fast worker")
-    ap.add_argument("--seconds", type=float, default=60.0, help="wall-clock budget per policy")
-    ap.add_argument("--steps", type=int, default=10 ** 9,
+    ap.add_argument("--seconds", type=cli.positive_float, default=60.0,
+                    help="wall-clock budget per policy")
+    ap.add_argument("--steps", type=cli.int_range(1), default=10 ** 9,
                     help="at most this many iterations per worker")
-    ap.add_argument("--lr", type=float, default=None, help="server SGD step (default per task)")
-    ap.add_argument("--eval-every", type=float, default=1.0)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=None,
+    ap.add_argument("--lr", type=cli.positive_float, default=None,
+                    help="server SGD step (default per task)")
+    ap.add_argument("--eval-every", type=cli.positive_float, default=1.0)
+    ap.add_argument("--seed", type=cli.int_range(0), default=0)
+    ap.add_argument("--out", default=None, type=cli.output_file,
                     help="OUT.json/OUT.png (default bench/results/ps/<task>)")
-    ap.add_argument("--table-from", metavar="JSON",
+    ap.add_argument("--table-from", metavar="JSON", type=cli.input_file,
                     help="only print the markdown table of an earlier run")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
     if args.table_from:
         d = json.loads(Path(args.table_from).read_text())
         print(markdown_table(d["summary"], d["runs"]))
@@ -232,12 +249,10 @@ def main(argv=None):
     slow = [Straggler(w, args.slowdown, 0, args.uplink_mbps / args.slowdown)
             for w in range(args.workers - args.stragglers, args.workers)]
     if args.slow_midrun:
-        w, k = (int(x) for x in args.slow_midrun.split("@"))
+        w, k = args.slow_midrun
         slow.append(Straggler(w, args.slowdown, k, args.uplink_mbps / args.slowdown))
     runs = {}
-    for name in args.policies.split(","):
-        if name not in POLICIES:
-            ap.error(f"--policies: unknown policy {name!r}")
+    for name in args.policies:
         policy = PolicyConfig(lr=lr, **POLICIES[name]).validate()
         r = train(task, policy, args.workers, args.seconds, args.steps, tuple(slow),
                   args.uplink_mbps, eval_every=args.eval_every, seed=args.seed)

@@ -40,6 +40,7 @@ from host_agent.assignment import JOB_FILE_ENV, agent_from_env
 from host_agent.blocks import nonzero_blocks
 from host_agent.hooks import SpinaHookState, spina_allreduce_hook
 from host_agent.launch import finish_shared_job, shared_job_file
+from spina import cli
 
 
 class BagOfWords(nn.Module):
@@ -84,16 +85,23 @@ def dense_through_spina(agent, grads: list[torch.Tensor]) -> tuple[int, int]:
     return agent.last_stats.bytes_sent, agent.last_stats.payload_bytes_sent
 
 
+def parser(prog: str = "examples/sparse_embedding.py") -> argparse.ArgumentParser:
+    ap = cli.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    ap.add_argument("--vocab", type=cli.int_range(1), default=100_000)
+    ap.add_argument("--dim", type=cli.int_range(1), default=64)
+    ap.add_argument("--classes", type=cli.int_range(2), default=4)
+    ap.add_argument("--batch", type=cli.int_range(1), default=32,
+                    help="documents per rank and step")
+    ap.add_argument("--steps", type=cli.int_range(1), default=30)
+    ap.add_argument("--lr", type=cli.positive_float, default=2.0)
+    ap.add_argument("--job-file", type=cli.input_file, default=os.environ.get(JOB_FILE_ENV))
+    ap.add_argument("--out", type=cli.output_file,
+                    default=str(ROOT / "docs" / "sparse_embedding.md"))
+    return ap
+
+
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--vocab", type=int, default=100_000)
-    ap.add_argument("--dim", type=int, default=64)
-    ap.add_argument("--classes", type=int, default=4)
-    ap.add_argument("--batch", type=int, default=32, help="documents per rank and step")
-    ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--lr", type=float, default=2.0)
-    ap.add_argument("--job-file", default=os.environ.get(JOB_FILE_ENV))
-    ap.add_argument("--out", default=str(ROOT / "docs" / "sparse_embedding.md"))
+    ap = parser()
     args = ap.parse_args()
 
     torch.set_num_threads(1)

@@ -50,6 +50,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from host_agent.assignment import JOB_FILE_ENV, agent_from_env
 from host_agent.hooks import LocalSGDState, SpinaHookState, VoteHookState, register_from_job
 from host_agent.launch import finish_shared_job, shared_job_file
+from spina import cli
 from train_compressed import TASKS, Task, merge_results
 
 DEFAULT_RUNS = "dense-gloo,dense-spina,sign,ternary,local@4,postlocal@4:40"
@@ -72,7 +73,7 @@ def _parse_int32_run(name: str) -> dict:
     base, _, ef = name.partition("-")
     if base in ("sign", "signum", "ternary"):
         if ef not in ("", "noef"):
-            raise SystemExit(f"run {name!r}: only '-noef' may follow {base}")
+            raise ValueError(f"run {name!r}: only '-noef' may follow {base}")
         return dict(name=name, kind="vote", method=base.replace("signum", "sign"),
                     signum=base == "signum", error_feedback=ef != "noef")
     kind, _, spec = name.partition("@")
@@ -81,9 +82,16 @@ def _parse_int32_run(name: str) -> dict:
         return dict(name=name, kind="local", period=int(period), warmup=0)
     if kind == "postlocal" and period.isdigit() and warmup.isdigit():
         return dict(name=name, kind="local", period=int(period), warmup=int(warmup))
-    raise SystemExit(f"run {name!r}: expected dense-gloo, dense-spina, dense-spina16, "
+    raise ValueError(f"run {name!r}: expected dense-gloo, dense-spina, dense-spina16, "
                      "dense-spina8, sign[-noef], signum[-noef], ternary[-noef], local@H or "
                      "postlocal@H:S")
+
+
+def _runs(text: str) -> str:
+    """--runs, each run checked by parse_run (a ValueError naming the run)."""
+    for name in text.split(","):
+        parse_run(name)
+    return text
 
 
 def train(run: dict, task: Task, args, agent) -> dict:
@@ -199,33 +207,40 @@ def replot(paths: list[str], out: str) -> None:
     print(f"wrote {out}")
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parser(prog: str = "examples/train_bits.py") -> argparse.ArgumentParser:
+    ap = cli.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     ap.add_argument("--task", choices=["mlp", "digits", "digits-wide"], default="mlp")
     ap.add_argument("--runs", default=DEFAULT_RUNS,
+                    type=cli.parsed_by(_runs, "runs", bad=("", "sign-x", "local@")),
                     help="comma-separated: dense-gloo, dense-spina, dense-spina16, "
                          "dense-spina8, sign[-noef], signum[-noef], ternary[-noef], local@H, "
                          f"postlocal@H:S (default {DEFAULT_RUNS})")
-    ap.add_argument("--seeds", default="0", help="comma-separated seeds, e.g. 0,1,2")
-    ap.add_argument("--epochs", type=int, default=20, help="digits: epochs")
-    ap.add_argument("--steps", type=int, default=200, help="mlp: steps")
-    ap.add_argument("--batch", type=int, help="per-rank batch (default: the task's)")
-    ap.add_argument("--lr", type=float, help="learning rate (default: the task's)")
-    ap.add_argument("--momentum", type=float, default=0.9)
-    ap.add_argument("--job-file", default=os.environ.get(JOB_FILE_ENV),
+    ap.add_argument("--seeds", default="0", type=cli.comma_list(cli.int_range(0), "seeds"),
+                    help="comma-separated seeds, e.g. 0,1,2")
+    ap.add_argument("--epochs", type=cli.int_range(1), default=20, help="digits: epochs")
+    ap.add_argument("--steps", type=cli.int_range(1), default=200, help="mlp: steps")
+    ap.add_argument("--batch", type=cli.int_range(1), help="per-rank batch (default: the task's)")
+    ap.add_argument("--lr", type=cli.positive_float, help="learning rate (default: the task's)")
+    ap.add_argument("--momentum", type=cli.unit_interval, default=0.9)
+    ap.add_argument("--job-file", type=cli.input_file, default=os.environ.get(JOB_FILE_ENV),
                     help="a deployed switch's job file for every SpINA run (default: rank 0 "
                          "starts a software switch per lane width the runs need)")
-    ap.add_argument("--out",
+    ap.add_argument("--out", type=cli.output_file,
                     help="output JSON (default bench/results/bits/<task>.json); PNG beside it")
-    ap.add_argument("--replot", nargs="+", metavar="JSON",
+    ap.add_argument("--replot", nargs="+", type=cli.input_file, metavar="JSON",
                     help="no training: merge these results, plot them to --out (a PNG), print")
+    return ap
+
+
+def main():
+    ap = parser()
     args = ap.parse_args()
     if args.replot:
         return replot(args.replot, args.out or "bits.png")
     defaults = TASKS[args.task]
     args.batch = args.batch or defaults["batch"]
     args.lr = args.lr or defaults["lr"]
-    seeds = [int(s) for s in args.seeds.split(",")]
+    seeds = args.seeds
 
     torch.set_num_threads(1)  # 4 ranks share a small machine
     dist.init_process_group("gloo")

@@ -69,6 +69,7 @@ from host_agent.hooks import (
     spina_compressed_hook,
 )
 from host_agent.launch import finish_shared_job, shared_job_file
+from spina import cli
 from train_digits import LeNet5, WideLeNet, load_data
 
 TASKS = {  # default runs, optimiser and schedule per task
@@ -171,8 +172,7 @@ KNOBS = {"ratio_min": float, "ratio_max": float, "ratio_step": float, "trend_thr
 
 def usage_error(msg: str) -> None:
     """Bad input on the command line: one line naming it, exit status 2."""
-    print(f"train_compressed.py: {msg}", file=sys.stderr)
-    raise SystemExit(2)
+    raise SystemExit(cli.fail("examples/train_compressed.py", msg))
 
 
 RUN_FLAGS = ("mask", "dense<W>", "freeze<W>", "trust<W>")
@@ -190,7 +190,7 @@ def parse_run(name: str) -> dict:
     """
     head, *knob_specs = name.split(":")
     base, *flags = head.split("+")
-    where = f"--runs {name!r}"
+    where = f"run {name!r}"
     run = dict(name=name, mask=False, dense_steps=0, freeze_after=None, trust_after=None,
                knobs={})
     for flag in flags:
@@ -254,14 +254,21 @@ def dense_then_compressed_hook(state: DenseThenCompressed, bucket):
 
 
 def parse_seeds(text: str) -> list[int]:
-    """'0,1,2' -> [0, 1, 2]; anything else exits 2 naming --seeds."""
+    """'0,1,2' -> [0, 1, 2]; anything else is a ValueError (--seeds' type names it)."""
     try:
         seeds = [int(s) for s in text.split(",")]
     except ValueError:
-        usage_error(f"--seeds {text!r}: expected comma-separated integers, e.g. 0,1,2")
+        raise ValueError(f"{text!r}: expected comma-separated integers, e.g. 0,1,2") from None
     if len(set(seeds)) != len(seeds) or min(seeds) < 0:
-        usage_error(f"--seeds {text!r}: expected distinct non-negative integers")
+        raise ValueError(f"{text!r}: expected distinct non-negative integers")
     return seeds
+
+
+def _runs(text: str) -> str:
+    """--runs, each run checked by parse_run (its ValueError names the run and the flag)."""
+    for name in text.split(","):
+        parse_run(name)
+    return text
 
 
 class Task:
@@ -520,28 +527,39 @@ def merge(paths: list[str], out: str | None) -> None:
     print(f"wrote {out} and {out.with_suffix('.json')}")
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parser(prog: str = "examples/train_compressed.py") -> argparse.ArgumentParser:
+    ap = cli.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     ap.add_argument("--task", choices=sorted(TASKS), default="digits")
-    ap.add_argument("--runs", help="comma-separated run names (default: the task's set)")
-    ap.add_argument("--epochs", type=int, default=20, help="digits: epochs")
-    ap.add_argument("--steps", type=int, default=200, help="mlp/largebatch: steps")
-    ap.add_argument("--batch", type=int, help="per-rank batch (default: the task's)")
-    ap.add_argument("--lr", type=float, help="learning rate (default: the task's)")
-    ap.add_argument("--momentum", type=float, default=0.9,
+    ap.add_argument("--runs", type=cli.parsed_by(_runs, "runs",
+                                                 bad=("", "topk@0.01+dens10")),
+                    help="comma-separated run names (default: the task's set)")
+    ap.add_argument("--epochs", type=cli.int_range(1), default=20, help="digits: epochs")
+    ap.add_argument("--steps", type=cli.int_range(1), default=200, help="mlp/largebatch: steps")
+    ap.add_argument("--batch", type=cli.int_range(1), help="per-rank batch (default: the task's)")
+    ap.add_argument("--lr", type=cli.positive_float, help="learning rate (default: the task's)")
+    ap.add_argument("--momentum", type=cli.unit_interval, default=0.9,
                     help="SGD momentum (compressor's if compressed)")
     ap.add_argument("--no-momentum-masking", action="store_true",
                     help="keep the compressor's velocity where blocks were sent "
                          "(see CompressionConfig)")
-    ap.add_argument("--warmup-steps", type=int, default=0, help="compression warm-up steps (DGC)")
-    ap.add_argument("--loss-window", type=int, default=10, help="LossComp's window in steps")
-    ap.add_argument("--seeds", default="0", help="comma-separated seeds, e.g. 0,1,2 (default 0)")
-    ap.add_argument("--job-file", default=os.environ.get(JOB_FILE_ENV))
-    ap.add_argument("--out",
+    ap.add_argument("--warmup-steps", type=cli.int_range(0), default=0,
+                    help="compression warm-up steps (DGC)")
+    ap.add_argument("--loss-window", type=cli.int_range(1), default=10,
+                    help="LossComp's window in steps")
+    ap.add_argument("--seeds", default="0",
+                    type=cli.parsed_by(parse_seeds, "seeds", bad=("x", "-1", "1,1")),
+                    help="comma-separated seeds, e.g. 0,1,2 (default 0)")
+    ap.add_argument("--job-file", type=cli.input_file, default=os.environ.get(JOB_FILE_ENV))
+    ap.add_argument("--out", type=cli.output_file,
                     help="output PNG (default bench/results/compression/<task>.png); JSON "
                          "beside it")
-    ap.add_argument("--merge", nargs="+", metavar="JSON",
+    ap.add_argument("--merge", nargs="+", type=cli.input_file, metavar="JSON",
                     help="no training: merge these results into --out (PNG and JSON), print")
+    return ap
+
+
+def main():
+    ap = parser()
     args = ap.parse_args()
     if args.merge:
         return merge(args.merge, args.out)
@@ -549,11 +567,8 @@ def main():
     args.opt = defaults["opt"]
     args.batch = args.batch or defaults["batch"]
     args.lr = args.lr or defaults["lr"]
-    try:
-        runs = [parse_run(r) for r in (args.runs or defaults["runs"]).split(",")]
-    except ValueError as e:  # names --runs, the run and the flag or field
-        usage_error(str(e))
-    seeds = parse_seeds(args.seeds)
+    runs = [parse_run(r) for r in (args.runs or defaults["runs"]).split(",")]
+    seeds = args.seeds  # (parse_seeds, as --seeds' type)
 
     torch.set_num_threads(1)  # 4 ranks share a small machine
     dist.init_process_group("gloo")

@@ -38,6 +38,7 @@ from examples import digits
 from host_agent.assignment import JOB_FILE_ENV, agent_from_env
 from host_agent.hooks import SpinaHookState, spina_allreduce_hook
 from host_agent.launch import shared_job_file, start_subprocess
+from spina import cli
 
 
 class LeNet5(nn.Module):
@@ -161,21 +162,26 @@ def plot(runs: list[dict], out: Path, steps_per_epoch: int, world: int, ntest: i
     fig.savefig(out, dpi=110)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parser(prog: str = "examples/train_digits.py") -> argparse.ArgumentParser:
+    ap = cli.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     ap.add_argument("--backend", choices=["spina", "gloo", "spina-pg"], default="spina",
                     help="spina: gloo process group + SpINA DDP hook (default); gloo: plain DDP; "
                          "spina-pg: the 'spina' process-group backend, no hook")
     ap.add_argument("--backend-compare", action="store_true",
                     help="train through SpINA, then with gloo all-reduce; plot both")
-    ap.add_argument("--epochs", type=int, default=20)
-    ap.add_argument("--batch", type=int, default=32, help="per-rank batch size")
-    ap.add_argument("--lr", type=float, default=0.02)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--job-file", default=os.environ.get(JOB_FILE_ENV),
+    ap.add_argument("--epochs", type=cli.int_range(1), default=20)
+    ap.add_argument("--batch", type=cli.int_range(1), default=32, help="per-rank batch size")
+    ap.add_argument("--lr", type=cli.positive_float, default=0.02)
+    ap.add_argument("--seed", type=cli.int_range(0), default=0)
+    ap.add_argument("--job-file", type=cli.input_file, default=os.environ.get(JOB_FILE_ENV),
                     help="job file of a job launched beforehand (default: rank 0 starts a switch)")
-    ap.add_argument("--out",
+    ap.add_argument("--out", type=cli.output_file,
                     default=str(ROOT / "bench" / "results" / "train_digits" / "train_digits.png"))
+    return ap
+
+
+def main():
+    ap = parser()
     args = ap.parse_args()
 
     torch.set_num_threads(1)  # 4 ranks share a small machine

@@ -19,29 +19,37 @@ def format_status(path: str, reply: dict) -> str:
             f"{reply['foreign_packets']} foreign datagrams dropped")
 
 
-def main(argv=None) -> int:
+def status_parser(prog: str = "python -m host_agent status"):
+    from host_agent.daemon.client import DEFAULT_SOCKET
+    from spina import cli
+    ap = cli.ArgumentParser(prog=prog, description="Print a running daemon's counters.")
+    ap.add_argument("--socket", type=cli.existing_path,
+                    help=f"the daemon's Unix socket (default {DEFAULT_SOCKET})")
+    ap.add_argument("--json", action="store_true",
+                    help="print the daemon's reply as JSON (for scripts)")
+    return ap
+
+
+def main(argv=None, prog: str = "python -m host_agent") -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE)
+        print(USAGE.replace("python -m host_agent", prog))
         return 0
     cmd, rest = argv[0], argv[1:]
     if cmd == "daemon":
         from host_agent.daemon.server import main as daemon_main
-        return daemon_main(rest)
+        return daemon_main(rest, f"{prog} daemon")
     if cmd == "launch":
         from host_agent.launch import main as launch_main
-        return launch_main(rest)
+        return launch_main(rest, f"{prog} launch")
+    from spina import cli
     if cmd == "status":
         import json
 
         from host_agent.daemon.client import DEFAULT_SOCKET, status
-        from spina import cli
-        ap = cli.ArgumentParser(prog="python -m host_agent status")
-        ap.add_argument("--socket", default=DEFAULT_SOCKET, help="the daemon's Unix socket "
-                                                                 "(default %(default)s)")
-        ap.add_argument("--json", action="store_true",
-                        help="print the daemon's reply as JSON (for scripts)")
+        ap = status_parser(f"{prog} status")
         args = ap.parse_args(rest)
+        args.socket = args.socket or DEFAULT_SOCKET
         try:
             reply = status(args.socket)
         except OSError as e:
@@ -50,10 +58,7 @@ def main(argv=None) -> int:
                             f"({e.strerror or e})")
         print(json.dumps(reply, indent=1) if args.json else format_status(args.socket, reply))
         return 0
-    from spina import cli
-    return cli.fail("python -m host_agent",
-                    f"unknown command {cmd!r} (choose from daemon, launch, status; --help)")
-
+    return cli.fail(prog, f"unknown command {cmd!r} (choose from daemon, launch, status; --help)")
 
 if __name__ == "__main__":
     sys.exit(main())

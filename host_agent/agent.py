@@ -70,9 +70,6 @@ DATAPATHS = ("compiled", "python")  # Agent(datapath=...): who handles the commo
 # socket reports them, and queues each with its errno (struct sock_extended_err first).
 _IP_RECVERR = 11
 _ERRQUEUE_CMSG = 512
-# A switch port that refuses (ICMP port unreachable) this long without an answer in between
-# fails the call: nothing listens there, and waiting the whole timeout tells the user nothing.
-REFUSED_GRACE = 0.5  # s: the first timeout resends go 0.2 and 0.6 s after a call's start
 
 
 class SpinaError(RuntimeError):
@@ -584,7 +581,9 @@ class Agent:
         grow_buffers(sock)
         if sys.platform.startswith("linux"):  # report a closed switch port (ICMP) on the socket
             sock.setsockopt(socket.IPPROTO_IP, _IP_RECVERR, 1)
-        self._refused_since: float | None = None  # the switch's port refuses since (this call)
+        # when the switch's port began refusing in this call (None: it does not), and last did
+        self._refused_since: float | None = None
+        self._refused_last = 0.0
         # serve_metrics: this agent's Prometheus metrics (host_agent/metrics.py), counted per call
         self.metrics = self._metrics_server = None
         # the last round used per slot (persists across calls)
@@ -747,7 +746,8 @@ class Agent:
         """Wait until every rank of the job has joined the next run; take its epoch."""
         job = self.job
         try:
-            epoch = rendezvous.join(self.rendezvous, job.job, self.rank, job.nworkers, self.timeout)
+            epoch = rendezvous.join(self.rendezvous, job.job, self.rank, job.nworkers, self.timeout,
+                                    self.switch)
         except rendezvous.RendezvousError as e:
             if e.missing:
                 raise SpinaTimeout(f"rank {self.rank}: {e}", e.missing) from None
@@ -858,8 +858,9 @@ class Agent:
                 try:
                     received, foreign, malformed, answers = recv(fd, ring, _RING_STRIDE, *source)
                 except OSError as e:
-                    # an ICMP error (port unreachable: fails the call after REFUSED_GRACE;
-                    # others: lost like any datagram); any other error is the socket's
+                    # an ICMP error (port unreachable: a switch restarting, ridden through
+                    # until the call's timeout; others: lost like any datagram); any other
+                    # error is the socket's
                     if not self._icmp_errors(call, e.errno):
                         raise
                     received = -1
@@ -879,8 +880,8 @@ class Agent:
                         call.stats.foreign_packets += foreign  # not from our switch: never read
                     for index, nbytes in malformed:
                         self._malformed(views[index], nbytes, call)
-                    if answers:
-                        self._refused_since = None
+                    if answers and self._refused_since is not None:
+                        self._refused_over(call)
                     # one time for the batch: every answer in it had arrived by then
                     pending -= call.answers(views, answers, time.monotonic())
                     self._flush(call)
@@ -889,6 +890,12 @@ class Agent:
                     self._flush(call)
                     next_check = time.monotonic() + min(wait, every)
             ok = True
+        except SpinaTimeout:
+            # still refusing (resends go at most max_rto apart): no rank to blame, nothing listens
+            if self._refused_since is None or \
+                    time.monotonic() - self._refused_last > 2 * self.rtt.max_rto:
+                raise
+            raise self._refused_error(call) from None
         finally:
             sock.settimeout(tick)
             seconds = time.perf_counter() - t0
@@ -928,9 +935,10 @@ class Agent:
 
     def _icmp_errors(self, call: _Call, err: int) -> bool:
         """Drain the socket's queue of ICMP errors (`err`: the errno a socket call just
-        raised, 0 if none); whether there were any. Once the switch's port has refused
-        (ECONNREFUSED: ICMP port unreachable) for REFUSED_GRACE seconds with no answer in
-        between, the call fails naming the switch's address."""
+        raised, 0 if none); whether there were any. A refusal (ECONNREFUSED: ICMP port
+        unreachable, nothing listens on the switch's port) is not fatal: a switch process that
+        restarts refuses until it listens again, and the rounds resent then complete the call
+        (docs/reliability.md). The call fails only at its timeout, saying the switch refused."""
         errors = [err] if err in (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH,
                                   errno.EHOSTDOWN) else []
         while hasattr(socket, "MSG_ERRQUEUE"):  # Linux
@@ -940,18 +948,32 @@ class Agent:
                 break
             errors += [struct.unpack_from("=I", data)[0] for _, _, data in cmsgs
                        if len(data) >= 4]
-        if errno.ECONNREFUSED in errors:
-            now = time.monotonic()
-            if self._refused_since is None:
-                self._refused_since = now
-            elif now - self._refused_since >= REFUSED_GRACE:
-                job = self.job
-                raise SpinaError(
-                    f"job {job.job} call {call.call_id}: the switch at {self.switch[0]}:"
-                    f"{self.switch[1]} refused every datagram for {now - self._refused_since:.1f}"
-                    " s (ICMP port unreachable: nothing listens on that port): it is not "
-                    "running, or the job file names the wrong address") from None
-        return bool(errors)
+        if errno.ECONNREFUSED not in errors:
+            return bool(errors)
+        self._refused_last = time.monotonic()
+        if self._refused_since is None:
+            self._refused_since = self._refused_last
+            self.log.warning("job %d call %d: the switch at %s:%d refuses datagrams (ICMP port "
+                             "unreachable: nothing listens there); resending until it answers "
+                             "or %g s pass without progress", self.job.job, call.call_id,
+                             *self.switch, self.timeout)
+        return True
+
+    def _refused_over(self, call: _Call) -> None:
+        """The switch answers again after refusing: say for how long it refused."""
+        self.log.warning("job %d call %d: the switch at %s:%d answers again after refusing "
+                         "datagrams for %.1f s", self.job.job, call.call_id, *self.switch,
+                         time.monotonic() - self._refused_since)
+        self._refused_since = None
+
+    def _refused_error(self, call: _Call) -> SpinaError:
+        """The call's timeout while the switch's port refused: nothing listens there."""
+        return SpinaError(
+            f"job {self.job.job} call {call.call_id}: the switch at {self.switch[0]}:"
+            f"{self.switch[1]} refused every datagram for "
+            f"{time.monotonic() - self._refused_since:.1f} s (ICMP port unreachable: nothing "
+            f"listens on that port) until the call's timeout ({self.timeout:g} s without "
+            "progress): it is not running, or the job file names the wrong address")
 
 
 def _is_torch(x) -> bool:

@@ -75,22 +75,36 @@ class RepeatFilter(logging.Filter):
 
 def serve(job_file: str, nworkers: int, job: int = 1, host: str = "127.0.0.1",
           switch_port: int = 0, stop: threading.Event | None = None,
-          communication: Communication | None = None, **job_fields) -> None:
+          communication: Communication | None = None, metrics: str | None = None,
+          **job_fields) -> None:
     """Start a switch for a fresh local job, write `job_file` (with `communication`, the DDP
-    hook its workers register: spina.communication), serve until `stop` is set."""
+    hook its workers register: spina.communication), serve until `stop` is set. With
+    `metrics` ([HOST:]PORT) the switch's counters are served there, as `spina switch
+    --metrics` serves them."""
     cfg = local_job(nworkers, job, host, **job_fields)
     if communication is not None:
         communication.check_lanes(cfg.lane_bits)  # before a switch starts
     repeats = RepeatFilter()
     logging.getLogger("spina.softswitch").addFilter(repeats)
     switch = UdpSwitch(host=host, port=switch_port)
+    endpoint = None
+    if metrics is not None:
+        from softswitch.metrics import serve_metrics
+        try:
+            endpoint = serve_metrics(switch.pipeline, switch, metrics)
+        except OSError as e:
+            switch.stop()
+            raise ConfigError(f"--metrics: {e.strerror or e}") from None
+        print(f"metrics {endpoint.url}", flush=True)
     switch.add_job(cfg)
     switch.start()
 
     def new_run(job: int, epoch: int) -> None:  # re-admit with the run's epoch: slots cleared
         switch.add_job(replace(cfg, epoch=epoch))
 
-    runs = RendezvousServer(host, 0, {cfg.job: (cfg.nworkers, cfg.epoch)}, new_run).start()
+    runs = RendezvousServer(host, 0, {cfg.job: (cfg.nworkers, cfg.epoch)}, new_run,
+                            owner="launcher", source=os.path.abspath(job_file),
+                            switches={cfg.job: {"{}:{}".format(*switch.address)}}).start()
     JobFile(cfg, switch.address, runs.address, communication).write(job_file)
     log.info("%d workers, switch on %s:%d, run rendezvous on %s:%d, job file %s",
              nworkers, *switch.address, *runs.address, job_file,
@@ -101,6 +115,8 @@ def serve(job_file: str, nworkers: int, job: int = 1, host: str = "127.0.0.1",
             pass
     finally:
         runs.stop()
+        if endpoint is not None:
+            endpoint.stop()
         switch.stop()
         try:
             os.unlink(job_file)  # the job is gone: no file may point workers at a dead switch
@@ -163,13 +179,13 @@ def finish_shared_job(agent, switch: subprocess.Popen | None) -> None:
         switch.wait(timeout=10)  # the launcher removes its job file
 
 
-def main(argv=None) -> int:
-    ap = cli.ArgumentParser(prog="python -m host_agent.launch",
-                            description=__doc__.split("\n\n")[0])
+def parser(prog: str = "python -m host_agent.launch") -> argparse.ArgumentParser:
+    ap = cli.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     ap.add_argument("--nworkers", type=cli.int_range(1, wire.MAX_WORKERS), required=True,
                     help=f"ranks in the job (1..{wire.MAX_WORKERS}: the launcher runs one flat "
                          "switch; more workers need a leaf/spine fabric, docs/scale_out.md)")
-    ap.add_argument("--job-file", required=True, help="where to write the job file (JSON)")
+    ap.add_argument("--job-file", required=True, type=cli.output_file,
+                    help="where to write the job file (JSON)")
     ap.add_argument("--job", type=cli.int_range(0, 65535), default=1, help="job id (default 1)")
     ap.add_argument("--host", type=_local_ipv4, default="127.0.0.1",
                     help="address of the switch and the workers (an address of this host)")
@@ -178,22 +194,29 @@ def main(argv=None) -> int:
     ap.add_argument("--lane-bits", type=int, choices=wire.LANE_BITS, default=32,
                     help="the width of float values on the wire: 32 (default), 16 or 8 "
                          "(narrow lanes, docs/bits.md)")
-    ap.add_argument("--communication", type=cli.parsed_by(_communication, "communication"),
+    ap.add_argument("--communication", type=cli.parsed_by(
+                        _communication, "communication", bad=("{", "[]", '{"method": "x"}')),
                     help="the job file's communication section, as JSON: how the workers' DDP "
                          "models communicate, e.g. '{\"method\": \"topk\", \"ratio\": 0.01}' "
                          "(default dense SpINA; spina/communication.py, docs/bits.md)")
+    ap.add_argument("--metrics", metavar="[HOST:]PORT", type=cli.metrics_address,
+                    help="serve the switch's Prometheus metrics at http://HOST:PORT/metrics "
+                         "(as `spina switch --metrics`; host default 127.0.0.1, port 0 picks "
+                         "one and prints it)")
     spina_log.add_options(ap)
+    return ap
+
+
+def main(argv=None, prog: str = "python -m host_agent.launch") -> int:
+    ap = parser(prog)
     args = ap.parse_args(argv)
-    folder = os.path.dirname(os.path.abspath(args.job_file))
-    if not os.path.isdir(folder):
-        ap.error(f"argument --job-file: directory {folder} does not exist")
     spina_log.setup("launch", args.log_level, args.log_format)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
         serve(args.job_file, args.nworkers, args.job, args.host, args.switch_port, stop,
-              args.communication, lane_bits=args.lane_bits)
+              args.communication, args.metrics, lane_bits=args.lane_bits)
     except (ConfigError, OSError) as e:
         return cli.fail(ap.prog, e)
     return 0
@@ -208,6 +231,7 @@ def _communication(text: str) -> Communication:
     return Communication.from_dict(doc)
 
 
+@cli.refuses("0.0.0.0", "192.0.2.1", "my-laptop")
 def _local_ipv4(text: str) -> str:
     """An argparse type: one IPv4 address of this host (the workers bind it; no wildcard)."""
     try:

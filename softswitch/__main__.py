@@ -69,6 +69,7 @@ def load_jobs(path: str) -> list[JobConfig]:
 MAX_SLOT_CAPACITY = wire.MAX_LANES * 65535  # the largest nlanes * block_size a job can ask for
 
 
+@cli.refuses("lo", "x@lo", "1@")
 def _interface(text: str) -> tuple[int, str]:
     port, sep, name = text.partition("@")
     if not sep or not port.isdigit() or not name:
@@ -76,6 +77,7 @@ def _interface(text: str) -> tuple[int, str]:
     return int(port), name
 
 
+@cli.refuses("1", "1:0", "x:100")
 def _queue_rate(text: str) -> tuple[int, int]:
     port, sep, pps = text.partition(":")
     if not sep or not port.isdigit() or not pps.isdigit() or int(pps) < 1:
@@ -105,12 +107,14 @@ def _pool_args(p: argparse.ArgumentParser) -> None:
                         f"(about 8 bytes x pool slots x capacity) may take at most "
                         f"{MAX_REGISTER_BYTES >> 30} GiB")
     p.add_argument("--grpc", nargs="?", const="127.0.0.1:9559", metavar="ADDR",
+                   type=cli.parsed_by(_loopback, "address", bad=("0.0.0.0:9559", "127.0.0.1:x",
+                                                                  "127.0.0.1:99999")),
                    help="serve P4Runtime on ADDR (default 127.0.0.1:9559 when given without "
                         "one; loopback only; port 0 picks a free one) so the controller writes "
                         "the tables")
     p.add_argument("--device-id", type=cli.int_range(0, (1 << 64) - 1), default=0,
                    help="P4Runtime device id (default %(default)s)")
-    p.add_argument("--metrics", metavar="[HOST:]PORT",
+    p.add_argument("--metrics", metavar="[HOST:]PORT", type=cli.metrics_address,
                    help="serve Prometheus metrics at http://HOST:PORT/metrics (host default "
                         "127.0.0.1; a wildcard address is refused; port 0 picks one and prints "
                         "it). Names: docs/operations.md")
@@ -127,11 +131,6 @@ def _check_args(ap: argparse.ArgumentParser, args) -> None:
                  f"{args.slot_capacity} elements need {need / (1 << 30):.1f} GiB of slot "
                  f"registers, more than the bound of {MAX_REGISTER_BYTES >> 30} GiB")
     if args.grpc:
-        from softswitch.p4runtime_server import check_loopback
-        try:
-            check_loopback(args.grpc)
-        except ValueError as e:
-            ap.error(f"argument --grpc: {e}")
         if getattr(args, "jobs", None) or getattr(args, "config", None):
             ap.error("argument --grpc: the controller writes the tables; drop --jobs/--config")
     if args.mode == "udp" and args.datapath_threads > 1 and args.datapath != "compiled":
@@ -158,8 +157,8 @@ def _program(servicer, state, path: str) -> None:
 
 def program_from_config(dp, path: str, device_id: int = 0) -> None:
     """Fill an L2 Dataplane's tables from the switch config in `path` (softswitch/README.md),
-    made a desired state by controller.state.from_l2_config."""
-    from controller.state import from_l2_config
+    made a desired state by controller.softswitch_files.from_l2_config."""
+    from controller.softswitch_files import from_l2_config
     from softswitch.p4runtime_server import SoftSwitchServicer
     doc = _load(path)
     try:
@@ -171,9 +170,9 @@ def program_from_config(dp, path: str, device_id: int = 0) -> None:
 
 
 def program_udp_jobs(sw, jobs: list[JobConfig], path: str, device_id: int = 0) -> None:
-    """Admit the jobs of `path` on a UdpSwitch: controller.state.from_udp_jobs, written through
-    the switch's own P4Runtime servicer."""
-    from controller.state import from_udp_jobs
+    """Admit the jobs of `path` on a UdpSwitch: controller.softswitch_files.from_udp_jobs,
+    written through the switch's own P4Runtime servicer."""
+    from controller.softswitch_files import from_udp_jobs
     try:
         state = from_udp_jobs(jobs, address=sw.address[0], udp_port=sw.address[1],
                               pool_slots=sw.pipeline.pool_slots,
@@ -227,9 +226,14 @@ def _plan_switch(args):
     return sw, server, level
 
 
-def _parser() -> argparse.ArgumentParser:
+def _loopback(text: str) -> str:
+    from softswitch.p4runtime_server import check_loopback  # (grpc: imported when asked)
+    return check_loopback(text)
+
+
+def parser(prog: str = "python -m softswitch") -> argparse.ArgumentParser:
     ap = cli.ArgumentParser(
-        prog="python -m softswitch",
+        prog=prog,
         description="SpINA software switch: sums the non-zero gradient blocks of every admitted "
                     "job's workers and multicasts the results. Same pipeline as the P4 program.")
     sub = ap.add_subparsers(dest="mode", required=True, metavar="{udp,l2}")
@@ -244,15 +248,16 @@ def _parser() -> argparse.ArgumentParser:
     udp.add_argument("--port", type=cli.int_range(0, 65535, " (0: any free)"),
                      default=wire.DEFAULT_UDP_PORT,
                      help="UDP port (default %(default)s; 0 picks a free one and prints it)")
-    udp.add_argument("--jobs", metavar="FILE", help="JSON/YAML file of jobs to admit at start")
-    udp.add_argument("--plan", metavar="FILE",
+    udp.add_argument("--jobs", metavar="FILE", type=cli.input_file,
+                     help="JSON/YAML file of jobs to admit at start")
+    udp.add_argument("--plan", metavar="FILE", type=cli.input_file,
                      help="a controller desired state, with or without a `fabric` section "
                           "(docs/scale_out.md): serve as the switch named by --switch, at its "
                           "address and UDP port in the file, with P4Runtime at its `grpc` "
                           "address (loopback HOST:PORT; `python -m controller -c FILE serve` "
                           "starts each run there), programmed with its share of the file at "
                           "start (flat jobs, leaf or spine roles)")
-    udp.add_argument("--switch", metavar="NAME",
+    udp.add_argument("--switch", metavar="NAME", type=cli.name,
                      help="with --plan: which of the file's switches this is")
     udp.add_argument("--datapath", choices=("compiled", "python"), default="compiled",
                      help="compiled (softswitch/_datapath.c, built by make setup: a flat job's "
@@ -282,7 +287,7 @@ def _parser() -> argparse.ArgumentParser:
                          "(BMv2's set_queue_rate; softswitch/egress.py): frames then queue by "
                          "priority and enq_qdepth is measured; repeatable; default: no limit")
     l2.add_argument("--port-rate", action="append", default=[], metavar="PORT:RATE",
-                    type=cli.parsed_by(_port_rate, "port rate"),
+                    type=cli.parsed_by(_port_rate, "port rate", bad=("1", "x:1gbit", "1:fast")),
                     help="shape egress port PORT as one link of RATE (bits/s: 400mbit, 1gbit; "
                          "frames/s: 8000pps; or both, 8000pps,1gbit): strict priority between "
                          "its queues, a frame's link time taken when it leaves egress, so a "
@@ -298,27 +303,27 @@ def _parser() -> argparse.ArgumentParser:
                          "or --port-rate, through the Python pipeline in arrival order) or "
                          "python (every frame through the Python pipeline, the reference; for "
                          "comparison). Default %(default)s")
-    l2.add_argument("--config", metavar="FILE",
+    l2.add_argument("--config", metavar="FILE", type=cli.input_file,
                     help="switch config (JSON/YAML): endpoints, l2, routes, jobs, "
                          "qdepth_threshold")
     _pool_args(l2)
     return ap
 
 
-def main(argv=None) -> int:
-    ap = _parser()
+def main(argv=None, prog: str = "python -m softswitch") -> int:
+    ap = parser(prog)
     args = ap.parse_args(argv)
     _check_args(ap, args)
     spina_log.setup("switch", args.log_level or spina_log.verbosity(args.verbose, "INFO"),
                     args.log_format)
-    server = metrics = None
+    server = metrics = sw = None
+    lines = []  # printed once every address is bound: on a failure its error is the one line
     try:
         if args.mode == "udp" and args.plan:
             sw, server, level = _plan_switch(args)
-            print(f"listening {sw.address[0]}:{sw.address[1]} as {level} {args.switch}",
-                  flush=True)
+            lines.append(f"listening {sw.address[0]}:{sw.address[1]} as {level} {args.switch}")
             server.start()
-            print(f"p4runtime {server.address} device {server.servicer.device_id}", flush=True)
+            lines.append(f"p4runtime {server.address} device {server.servicer.device_id}")
         elif args.mode == "udp":
             jobs = load_jobs(args.jobs) if args.jobs else []
             from softswitch.udp import UdpSwitch
@@ -329,13 +334,9 @@ def main(argv=None) -> int:
                 raise ConfigError(f"argument --host/--port: cannot listen on "
                                   f"{args.host}:{args.port}: {e.strerror or e}") from None
             if jobs:
-                try:
-                    program_udp_jobs(sw, jobs, args.jobs, args.device_id)
-                except ConfigError:
-                    sw.stop()
-                    raise
+                program_udp_jobs(sw, jobs, args.jobs, args.device_id)
             dp = sw.dataplane
-            print(f"listening {sw.address[0]}:{sw.address[1]}", flush=True)
+            lines.append(f"listening {sw.address[0]}:{sw.address[1]}")
         else:
             from softswitch.dataplane import Dataplane
             from softswitch.l2 import L2Switch
@@ -359,20 +360,30 @@ def main(argv=None) -> int:
                                       "--queue-rate; a port has one or the other")
                 dp.set_port_rate(port, rate)
             sw = L2Switch(ports, dp)
-            print("switching " + " ".join(f"{p}@{i}" for p, i in args.interface), flush=True)
+            lines.append("switching " + " ".join(f"{p}@{i}" for p, i in args.interface))
         if args.metrics:
             from softswitch.metrics import serve_metrics
-            metrics = serve_metrics(sw.pipeline if args.mode == "udp" else dp.pipeline, sw,
-                                    args.metrics)
-            print(f"metrics {metrics.url}", flush=True)
+            try:
+                metrics = serve_metrics(sw.pipeline if args.mode == "udp" else dp.pipeline, sw,
+                                        args.metrics)
+            except OSError as e:
+                raise ConfigError(f"argument --metrics: {e.strerror or e}") from None
+            lines.append(f"metrics {metrics.url}")
         if args.grpc:
             from softswitch.p4runtime_server import P4RuntimeServer
-            server = P4RuntimeServer(dp, args.grpc, args.device_id,
-                                     servicer=sw.servicer(args.device_id)
-                                     if args.mode == "udp" else None).start()
-            print(f"p4runtime {server.address} device {args.device_id}", flush=True)
+            try:
+                server = P4RuntimeServer(dp, args.grpc, args.device_id,
+                                         servicer=sw.servicer(args.device_id)
+                                         if args.mode == "udp" else None).start()
+            except OSError as e:
+                raise ConfigError(f"argument --grpc: {e.strerror or e}") from None
+            lines.append(f"p4runtime {server.address} device {args.device_id}")
     except (ConfigError, OSError, ValueError) as e:
-        return cli.fail(ap.prog, e)
+        for started in (server, metrics, sw):
+            if started is not None:
+                started.stop()
+        return cli.fail(f"{ap.prog} {args.mode}", e)
+    print("\n".join(lines), flush=True)
     done = threading.Event()
     # Ctrl-C and SIGTERM both end the wait; the shutdown below then runs without a
     # KeyboardInterrupt landing in the middle of stopping the servers.

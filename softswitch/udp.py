@@ -112,7 +112,8 @@ def _reuseport_sockets(host: str, port: int, n: int) -> list[socket.socket]:
                 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
                 socks.append(s)
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-                bind_retrying(s, (host, want)) if port else s.bind((host, want))
+                bind_retrying(s, (host, want), what="the switch's UDP port") if port \
+                    else s.bind((host, want))
             if _foreign_sockets(want, {os.fstat(s.fileno()).st_ino for s in socks}):
                 raise OSError(errno.EADDRINUSE, f"port {want} is also bound by another socket")
             from softswitch import _datapath
@@ -230,7 +231,7 @@ class UdpSwitch:
         if datapath_threads == 1:  # today's switch: one socket, the pipeline's own lock
             socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM)]
             try:
-                bind_retrying(socks[0], (host, port))
+                bind_retrying(socks[0], (host, port), what="the switch's UDP port")
             except OSError:
                 socks[0].close()
                 raise

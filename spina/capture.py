@@ -48,12 +48,16 @@ def wrpcap(path: str, datagrams) -> None:
                         / Raw(bytes(p)) for s, d, p in datagrams])
 
 
-def summary(pkt, layer) -> str | None:
+def summary(pkt, layer, ports=None) -> str | None:
     """One line for a captured frame holding an INA packet (None for anything else);
-    `layer` is the INA class `bind` returned."""
+    `layer` is the INA class `bind` returned. With `ports`, only UDP to or from one of them
+    counts: scapy's bindings accumulate for the process (this module binds the default port on
+    import), so a layer alone would also decode the ports the caller did not ask for."""
     if layer not in pkt:
         return None
     from scapy.layers.inet import IP, UDP
+    if ports is not None and not (UDP in pkt and {pkt[UDP].sport, pkt[UDP].dport} & set(ports)):
+        return None
     ina = pkt[layer]
     flags = ",".join(n for b, n in wire.FLAG_NAMES.items() if int(ina.flags) & b) or "-"
     where = (f"{pkt[IP].src}:{pkt[UDP].sport} > {pkt[IP].dst}:{pkt[UDP].dport} "
@@ -70,8 +74,8 @@ DESCRIPTION = ("Decode a packet capture (pcap/pcapng, e.g. from tshark or tcpdum
 
 def parser(prog: str = "python -m spina.capture") -> argparse.ArgumentParser:
     """The capture command's arguments (`spina capture` adds -c)."""
-    ap = argparse.ArgumentParser(prog=prog, description=DESCRIPTION)
-    ap.add_argument("file", help="capture file")
+    ap = cli.ArgumentParser(prog=prog, description=DESCRIPTION)
+    ap.add_argument("file", type=cli.input_file, help="capture file")
     ap.add_argument("--port", type=cli.udp_port, action="append", metavar="PORT",
                     help=f"INA UDP port (repeatable; default {wire.DEFAULT_UDP_PORT})")
     return ap
@@ -95,7 +99,7 @@ def decode(path: str, ports, prog: str = "spina capture") -> int:
         return 2
     try:
         for p in pkts:
-            line = summary(p, layer)
+            line = summary(p, layer, ports)
             if line is None:
                 other += 1
             else:

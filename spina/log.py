@@ -33,6 +33,8 @@ import json
 import logging
 import sys
 
+from spina import cli
+
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 FORMATS = ("text", "kv", "json")
 DEFAULT_FORMAT = "text"
@@ -41,6 +43,7 @@ _CALL_FIELDS = {"job": 0, "epoch": 1, "call": 2, "rank": 3}  # first, in this or
 _LOGGING_KWARGS = frozenset(("exc_info", "stack_info", "stacklevel", "extra"))
 
 
+@cli.refuses("LOUD", "debug")
 def log_level(text: str) -> str:
     """An argparse type (and the config files' check): a logging level name."""
     if text not in LEVELS:
@@ -49,6 +52,7 @@ def log_level(text: str) -> str:
     return text
 
 
+@cli.refuses("xml", "")
 def log_format(text: str) -> str:
     """An argparse type (and the config files' check): one of FORMATS."""
     if text not in FORMATS:

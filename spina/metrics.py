@@ -24,8 +24,11 @@ contribution once. Every endpoint also serves, through MetricsServer:
 """
 from __future__ import annotations
 
+import errno
 import ipaddress
 import platform
+
+from spina import owner
 
 DEFAULT_HOST = "127.0.0.1"
 
@@ -90,7 +93,11 @@ class _Served:
         from prometheus_client.core import GaugeMetricFamily
 
         from spina import log, version
-        yield from self.registry.collect()
+        for family in self.registry.collect():
+            # prometheus_client adds a `*_created` sample (a start time) to each counter and
+            # histogram: series nobody asked for and docs/operations.md does not list
+            family.samples = [s for s in family.samples if not s.name.endswith("_created")]
+            yield family
         info = GaugeMetricFamily("spina_build_info", "The running SpINA version; always 1.",
                                  labels=["version", "python", "proc"])
         info.add_metric([version(), platform.python_version(), log.proc_name()], 1.0)
@@ -116,6 +123,9 @@ class MetricsServer:
         try:
             self._httpd, self._thread = start_http_server(port, host, served)
         except OSError as e:  # name the address: "Address already in use" alone says nothing
+            if e.errno == errno.EADDRINUSE:  # and who holds it (another SpINA process?)
+                raise owner.AddressInUse("cannot serve metrics: " + owner.in_use(
+                    "tcp", host, port, "metrics port")) from None
             raise OSError(e.errno, f"metrics address {host}:{port}: {e.strerror}") from None
         self.address = self._httpd.server_address[:2]
 

@@ -10,6 +10,7 @@ import tempfile
 import threading
 import time
 
+from spina import owner
 from spina.config import ConfigError
 
 _SO_SNDBUFFORCE, _SO_RCVBUFFORCE = 32, 33  # Linux: root may exceed net.core.[rw]mem_max
@@ -153,19 +154,22 @@ BIND_RETRY_SECONDS = 2.0
 
 
 def bind_retrying(sock: socket.socket, addr: tuple[str, int],
-                  seconds: float = BIND_RETRY_SECONDS) -> None:
+                  seconds: float = BIND_RETRY_SECONDS, what: str = "port") -> None:
     """sock.bind(addr), tried again for up to `seconds` while the port is in use: a port a
     chooser handed out can be held for a moment by another process's probe (seen in the test
-    suite: free a moment before, free again after). A port another process keeps still fails,
-    with EADDRINUSE, after `seconds`."""
+    suite: free a moment before, free again after). A port another process keeps still fails
+    after `seconds`, with owner.AddressInUse naming `what` the port is and who holds it."""
     deadline = time.monotonic() + seconds
     while True:
         try:
             sock.bind(addr)
             return
         except OSError as e:
-            if e.errno != errno.EADDRINUSE or addr[1] == 0 or time.monotonic() >= deadline:
+            if e.errno != errno.EADDRINUSE or addr[1] == 0:
                 raise
+            if time.monotonic() >= deadline:
+                proto = "udp" if sock.type == socket.SOCK_DGRAM else "tcp"
+                raise owner.AddressInUse(owner.in_use(proto, *addr[:2], what)) from None
             time.sleep(0.05)
 
 
@@ -174,6 +178,25 @@ def bound_udp_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     sock.bind((host, port))
     grow_buffers(sock)
     return sock
+
+
+def check_tcp_free(host: str, port: int, what: str) -> None:
+    """OSError "cannot serve WHAT on HOST:PORT: ..." if a TCP listener holds the address (a
+    gRPC server would print its own multi-line complaint first; a second server on one port
+    must not start). Port 0 is always free."""
+    if port == 0:
+        return
+    fam = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    with socket.socket(fam, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is no listener
+        try:
+            s.bind((host.strip("[]"), port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:  # and who holds it: another SpINA process?
+                raise owner.AddressInUse(f"cannot serve {what}: " + owner.in_use(
+                    "tcp", host.strip("[]"), port, f"{what} port")) from None
+            raise OSError(e.errno, f"cannot serve {what} on {host}:{port}: {e.strerror}") \
+                from None
 
 
 def bind_own_address(host: str, port: int, field: str) -> socket.socket:
@@ -190,7 +213,10 @@ def bind_own_address(host: str, port: int, field: str) -> socket.socket:
                           "(refusing to bind a wildcard, multicast or broadcast address)")
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
-        bind_retrying(sock, (host, port))
+        bind_retrying(sock, (host, port), what="the worker's port")
+    except owner.AddressInUse as e:  # who holds it: another agent or daemon, perhaps
+        sock.close()
+        raise owner.AddressInUse(f"{field}: {e}") from None
     except OSError as e:
         sock.close()
         if e.errno == errno.EADDRNOTAVAIL:

@@ -12,9 +12,17 @@ only then answers every rank with that epoch. Packets of the earlier run carry t
 and are dropped by the switch as stale; results of the new run carry the new one.
 
 Protocol: TCP, one JSON object per line.
-    agent  -> server  {"op": "join", "job": J, "rank": R, "nworkers": N}
+    agent  -> server  {"op": "join", "job": J, "rank": R, "nworkers": N, "switch": "H:P"}
     server -> agent   {"waiting": [ranks joined so far]}    (zero or more, as ranks arrive)
     server -> agent   {"ok": true, "epoch": E}  or  {"ok": false, "error": "..."}
+    anyone -> server  {"op": "hello"}
+    server -> anyone  {"ok": true, "rendezvous": {"owner": "controller", "pid": P,
+                       "source": FILE or null, "jobs": {"J": N, ...}}}
+"switch" (optional) is the switch the agent's file names: a rendezvous that knows its jobs'
+switches refuses a join naming another (the same job id and size in another deployment).
+`hello` says whose rendezvous this is: a second deployment on the machine (another `serve` on
+the default address) is then named, not taken for ours: by a `serve` that cannot bind the
+address, by a join it refuses, and by `spina doctor`.
 
 A rank that joins again before the others have (its process restarted) replaces its earlier
 join. A join of a job whose run is under way starts the next run: the ranks still in the old
@@ -22,13 +30,17 @@ run find their packets stale and fail with a timeout, never with another run's s
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import os
 import socket
 import socketserver
 import threading
 import time
 from typing import Callable
+
+from spina import owner as owners
 
 log = logging.getLogger("spina.rendezvous")
 
@@ -67,12 +79,22 @@ class RendezvousServer:
         on_new_run: called as on_new_run(job, epoch) before the ranks are told the epoch; it
             must make the switch admit the job with that epoch and clear its slots. An
             exception fails the join at every rank with its message.
+        owner: who runs it ("controller", "launcher", ...) and `source`, the file it serves
+            (a desired state, a job file): what `hello` answers, so that another deployment
+            beside it can name it.
+        switches: {job id: the switches ("HOST:PORT") its agents send to}, if known: a join
+            whose file names another switch is another deployment's, and is refused.
+
+    Raises owner.AddressInUse naming the other rendezvous (or process) holding the address.
     """
 
     def __init__(self, host: str, port: int, jobs: dict[int, tuple[int, int]],
-                 on_new_run: Callable[[int, int], None]):
+                 on_new_run: Callable[[int, int], None], owner: str = "program",
+                 source: str | None = None, switches: dict[int, set[str]] | None = None):
         self.jobs = {j: _Job(n, e) for j, (n, e) in jobs.items()}
         self.on_new_run = on_new_run
+        self.owner, self.source = owner, source
+        self.switches = dict(switches or {})
         self.runs_started = 0
         self._lock = threading.Lock()
         outer = self
@@ -84,8 +106,14 @@ class RendezvousServer:
                                                        bind_and_activate=False)
         self._server.daemon_threads = True
         self._server.allow_reuse_address = True
-        self._server.server_bind()
-        self._server.server_activate()
+        try:
+            self._server.server_bind()
+            self._server.server_activate()
+        except OSError as e:
+            self._server.server_close()
+            if e.errno != errno.EADDRINUSE:
+                raise
+            raise owners.AddressInUse(held(host, port)) from None
         self._thread: threading.Thread | None = None
 
     @property
@@ -95,11 +123,14 @@ class RendezvousServer:
     def epoch(self, job: int) -> int:
         return self.jobs[job].epoch
 
-    def set_jobs(self, jobs: dict[int, tuple[int, int]]) -> None:
+    def set_jobs(self, jobs: dict[int, tuple[int, int]],
+                 switches: dict[int, set[str]] | None = None) -> None:
         """Serve exactly `jobs` ({job: (nworkers, epoch)}) from now on: new ones are added,
         gone ones dropped (their waiting ranks are told); a kept job keeps its current epoch
-        unless its worker count changed."""
+        unless its worker count changed. `switches`, if given, replaces the jobs' switches."""
         with self._lock:
+            if switches is not None:
+                self.switches = dict(switches)
             for j in list(self.jobs):
                 if j not in jobs or jobs[j][0] != self.jobs[j].nworkers:
                     for w in self.jobs.pop(j).waiting.values():
@@ -138,6 +169,15 @@ class RendezvousServer:
     def __exit__(self, *exc):
         self.stop()
 
+    def hello(self) -> dict:
+        """Who this rendezvous is (the `hello` reply's "rendezvous")."""
+        with self._lock:
+            return self._hello()
+
+    def _hello(self) -> dict:  # under self._lock
+        jobs = {str(j): job.nworkers for j, job in sorted(self.jobs.items())}
+        return {"owner": self.owner, "pid": os.getpid(), "source": self.source, "jobs": jobs}
+
     # ------------------------------------------------------------ joins
     def _join(self, h: "_Handler", msg: dict) -> None:
         job_id, rank, nworkers = msg.get("job"), msg.get("rank"), msg.get("nworkers")
@@ -149,11 +189,20 @@ class RendezvousServer:
             job = self.jobs.get(job_id)
             if job is None:
                 h.reply({"ok": False, "error": f"join: job {job_id} is not served here "
-                                               f"(jobs: {sorted(self.jobs)})"})
+                                               f"(jobs: {sorted(self.jobs)}): this is "
+                                               f"{describe(self._hello())}"})
                 return
             if nworkers != job.nworkers:
                 h.reply({"ok": False, "error": f"join: job {job_id} has {job.nworkers} workers, "
-                                               f"the agent's job file says {nworkers}"})
+                                               f"the agent's job file says {nworkers}: this "
+                                               f"is {describe(self._hello())}"})
+                return
+            switch = msg.get("switch")
+            if isinstance(switch, str) and switch not in self.switches.get(job_id, {switch}):
+                h.reply({"ok": False, "error": f"join: job {job_id} aggregates at "
+                                               f"{', '.join(sorted(self.switches[job_id]))} "
+                                               f"here, the agent's file names {switch}: this is "
+                                               f"{describe(self._hello())}"})
                 return
             if not 0 <= rank < job.nworkers:
                 h.reply({"ok": False, "error": f"join: rank {rank} outside 0..{job.nworkers - 1}"})
@@ -227,6 +276,9 @@ class _Handler(socketserver.StreamRequestHandler):
                 except (ValueError, UnicodeDecodeError):
                     self.reply({"ok": False, "error": "join: request is not JSON"})
                     return
+                if isinstance(msg, dict) and msg.get("op") == "hello":
+                    self.reply({"ok": True, "rendezvous": self.server_ref.hello()})
+                    continue
                 if not isinstance(msg, dict) or msg.get("op") != "join":
                     self.reply({"ok": False, "error": "join: expected {\"op\": \"join\", ...}"})
                     return
@@ -237,8 +289,10 @@ class _Handler(socketserver.StreamRequestHandler):
             self.server_ref._leave(self)
 
 
-def join(address: tuple[str, int], job: int, rank: int, nworkers: int, timeout: float) -> int:
+def join(address: tuple[str, int], job: int, rank: int, nworkers: int, timeout: float,
+         switch: tuple[str, int] | None = None) -> int:
     """Join the next run of `job` as `rank`; the run's epoch once every rank has joined.
+    `switch`: the switch the agent's file names (another deployment's rendezvous refuses it).
 
     A connection the server closes before the run started (its `serve` restarted, say) is
     joined again, once it listens, until `timeout`: the server forgot the rank's join with that
@@ -249,7 +303,7 @@ def join(address: tuple[str, int], job: int, rank: int, nworkers: int, timeout: 
     """
     host, port = address
     deadline = time.monotonic() + timeout
-    joined: list[int] = []
+    joined: list[int] = []  # the ranks the server last said had joined (kept past a timeout)
     closed = 0  # connections the server closed before the run started
     while True:
         try:
@@ -265,12 +319,11 @@ def join(address: tuple[str, int], job: int, rank: int, nworkers: int, timeout: 
                 "job's owner first: `spina serve -c FILE` for a controller's deployment "
                 "(deploy alone starts no runs), the launcher for its job file") from None
         with sock:
-            got = _await_run(sock, job, rank, nworkers, deadline)
-        if isinstance(got, int):
+            got = _await_run(sock, job, rank, nworkers, deadline, joined, switch)
+        if got is not None:
             return got
-        if got is None:  # the deadline passed
+        if time.monotonic() >= deadline:
             break
-        joined = got or joined
         closed += 1
         if time.monotonic() >= deadline:
             break
@@ -283,14 +336,17 @@ def join(address: tuple[str, int], job: int, rank: int, nworkers: int, timeout: 
 
 
 def _await_run(sock: socket.socket, job: int, rank: int, nworkers: int,
-               deadline: float) -> int | list[int] | None:
-    """One connection's join: the run's epoch, or (the server closed the connection first)
-    the ranks it said had joined, or None at the deadline."""
+               deadline: float, joined: list[int],
+               switch: tuple[str, int] | None = None) -> int | None:
+    """One connection's join: the run's epoch, or None when the server closed the connection
+    first or the deadline passed. `joined` is kept as the ranks the server last said had
+    joined: a timeout names the others, not every rank but this one."""
     host, port = sock.getpeername()[:2]
-    sock.sendall((json.dumps({"op": "join", "job": job, "rank": rank,
-                              "nworkers": nworkers}) + "\n").encode())
+    msg = {"op": "join", "job": job, "rank": rank, "nworkers": nworkers}
+    if switch is not None:
+        msg["switch"] = f"{switch[0]}:{switch[1]}"
+    sock.sendall((json.dumps(msg) + "\n").encode())
     f = sock.makefile("rb")
-    joined: list[int] = []
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
@@ -298,21 +354,54 @@ def _await_run(sock: socket.socket, job: int, rank: int, nworkers: int,
         sock.settimeout(left)
         try:
             line = f.readline()
-        except (socket.timeout, TimeoutError):
+        except (socket.timeout, TimeoutError, ConnectionResetError):
             return None
-        except ConnectionResetError:
-            return joined
         except OSError as e:
             raise RendezvousError(f"run rendezvous {host}:{port}: {e}") from None
         if not line:
-            return joined
+            return None
         msg = json.loads(line)
         if "waiting" in msg:
-            joined = msg["waiting"]
+            joined[:] = msg["waiting"]
             continue
         if not msg.get("ok"):
             raise RendezvousError(msg.get("error", "join refused"))
         return int(msg["epoch"])
 
 
-__all__ = ["RendezvousServer", "RendezvousError", "join", "next_epoch"]
+def probe(address: tuple[str, int], timeout: float = 2.0) -> dict | None:
+    """What the rendezvous at `address` says of itself (`hello`: owner, pid, source, jobs),
+    or None when nothing there answers as a SpINA rendezvous. OSError when nothing listens."""
+    with socket.create_connection(address, timeout=timeout) as sock:
+        sock.settimeout(timeout)
+        sock.sendall(b'{"op": "hello"}\n')
+        try:
+            line = sock.makefile("rb").readline(4096)
+            reply = json.loads(line)
+        except (OSError, ValueError):
+            return None
+    info = reply.get("rendezvous") if isinstance(reply, dict) else None
+    return info if isinstance(info, dict) else None
+
+
+def describe(info: dict) -> str:
+    """'the rendezvous of a controller (jobs [1], pid N, file F)'."""
+    jobs = sorted(int(j) for j in info.get("jobs", {}))
+    source = f", file {info['source']}" if info.get("source") else ""
+    return (f"the rendezvous of a {info.get('owner', 'program')} (jobs {jobs}, "
+            f"pid {info.get('pid')}{source})")
+
+
+def held(host: str, port: int) -> str:
+    """Why (host, port) cannot be our rendezvous: the SpINA rendezvous there, named, or the
+    process holding it (spina.owner)."""
+    try:
+        info = probe((host, port))
+    except OSError:
+        info = None
+    if info is not None:
+        return f"{host}:{port} is {describe(info).replace(' a ', ' another ', 1)}"
+    return owners.in_use("tcp", host, port, "rendezvous")
+
+
+__all__ = ["RendezvousServer", "RendezvousError", "join", "next_epoch", "probe", "held", "describe"]

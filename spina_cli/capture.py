@@ -6,19 +6,24 @@ from __future__ import annotations
 import os
 import sys
 
-from spina import wire
-from spina.capture import decode, parser
+from spina import cli, wire
+from spina.capture import decode, parser as capture_parser
 from spina.config import ConfigError
 
 DEFAULT_STATE = "spina.yaml"  # the controller's default desired state (controller/__main__.py)
 
 
-def main(argv=None) -> int:
-    ap = parser(prog="spina capture")
-    ap.add_argument("-c", "--config", metavar="FILE",
+def parser(prog: str = "spina capture"):
+    """spina.capture's arguments and -c."""
+    ap = capture_parser(prog)
+    ap.add_argument("-c", "--config", metavar="FILE", type=cli.input_file,
                     help="desired state whose switches' UDP ports are the INA ports (default: "
                          f"./{DEFAULT_STATE} if it exists; --port wins)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None, prog: str = "spina capture") -> int:
+    args = parser(prog).parse_args(argv)
     ports = args.port
     if ports is None:
         path = args.config or (DEFAULT_STATE if os.path.exists(DEFAULT_STATE) else None)
@@ -28,12 +33,11 @@ def main(argv=None) -> int:
             try:
                 state = load(path)
             except (ConfigError, OSError) as e:
-                print(f"spina capture: error: {path}: {e}", file=sys.stderr)
-                return 2
+                return cli.fail(prog, f"{path}: {e}")
             ports = sorted({sw.udp_port for sw in state.switches.values()})
-            print(f"spina capture: INA ports {', '.join(map(str, ports))} (the switches of "
+            print(f"{prog}: INA ports {', '.join(map(str, ports))} (the switches of "
                   f"{path})", file=sys.stderr)
-    return decode(args.file, ports)
+    return decode(args.file, ports, prog)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ pipeline, admits the job from a desired-state file and starts the workers' run (
 and each worker builds its agent from the assignment file the controller wrote
 (host_agent.assignment).
 
-    python -m spina_cli.demo --help
+    spina demo --help
 """
 from __future__ import annotations
 
@@ -26,9 +26,12 @@ import time
 
 import numpy as np
 
-from spina import wire
-from spina.config import JobConfig, WorkerAddr
+from spina import cli, wire
+from spina.config import ConfigError, JobConfig, WorkerAddr
 from spina.net import free_port, free_ports, init_loopback_gloo
+from spina.spec import DEFAULT_SLOT_CAPACITY
+
+MAX_ELEMENTS = (1 << 32) - 1  # the INA header's `length` is 32 bits
 
 
 def make_tensor(n: int, block_size: int, density: float, rank: int, seed: int) -> np.ndarray:
@@ -107,30 +110,50 @@ def _fmt_bytes(b: float) -> str:
     return str(b)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m spina_cli.demo",
+def parser(prog: str = "spina demo") -> argparse.ArgumentParser:
+    from softswitch.pipeline import DEFAULT_POOL_SLOTS
+    ap = cli.ArgumentParser(
+        prog=prog,
         description="SpINA demo: software switch + N worker processes on loopback; sparse "
                     "all-reduce at several block densities, checked against numpy, compared with "
                     "torch.distributed gloo all-reduce of the same tensor.")
-    ap.add_argument("--workers", type=int, default=4, help="worker processes (default %(default)s)")
-    ap.add_argument("--elements", type=int, default=25_000_000,
+    ap.add_argument("--workers", type=cli.int_range(1, wire.MAX_WORKERS), default=4,
+                    help=f"worker processes (1..{wire.MAX_WORKERS}, default %(default)s)")
+    ap.add_argument("--elements", type=cli.int_range(1, MAX_ELEMENTS), default=25_000_000,
                     help="float32 elements per tensor (default %(default)s)")
-    ap.add_argument("--densities", type=float, nargs="+", default=[1.0, 0.1, 0.01, 0.001],
-                    help="fractions of non-zero blocks (default %(default)s)")
-    ap.add_argument("--block-size", type=int, default=256,
+    ap.add_argument("--densities", type=cli.unit_interval, nargs="+",
+                    default=[1.0, 0.1, 0.01, 0.001],
+                    help="fractions of non-zero blocks, each in [0, 1] (default %(default)s)")
+    ap.add_argument("--block-size", type=cli.int_range(1, 65535), default=256,
                     help="elements per block (default %(default)s)")
-    ap.add_argument("--nlanes", type=int, default=0,
-                    help="blocks fused per packet (default: as many as fit a 64 KB datagram)")
-    ap.add_argument("--nslots", type=int, default=16,
-                    help="window: slots in flight (default %(default)s)")
-    ap.add_argument("--repeats", type=int, default=3,
+    ap.add_argument("--nlanes", type=cli.int_range(0, wire.MAX_LANES, " (0: as many as fit)"),
+                    default=0, help="blocks fused per packet (default: as many as fit a 64 KB "
+                                    "datagram)")
+    ap.add_argument("--nslots", type=cli.int_range(1, DEFAULT_POOL_SLOTS, " (the switch's pool)"),
+                    default=16, help="window: slots in flight (default %(default)s)")
+    ap.add_argument("--repeats", type=cli.int_range(1), default=3,
                     help="timed calls per density (default %(default)s)")
-    ap.add_argument("--timeout", type=float, default=30.0,
+    ap.add_argument("--timeout", type=cli.positive_float, default=30.0,
                     help="per-call timeout in s (default %(default)s)")
-    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--seed", type=cli.int_range(0), default=1)
+    ap.add_argument("--metrics", metavar="[HOST:]PORT", type=cli.metrics_address,
+                    help="the software switch serves Prometheus metrics at "
+                         "http://HOST:PORT/metrics while the demo runs (as `spina switch "
+                         "--metrics`; port 0 picks one and prints it)")
+    return ap
+
+
+def main(argv=None, prog: str = "spina demo") -> int:
+    ap = parser(prog)
     args = ap.parse_args(argv)
     nlanes = args.nlanes or wire.max_lanes_for(args.block_size)
+    try:  # the job these options make, checked before anything starts
+        JobConfig(job=1, workers=tuple(WorkerAddr(r, "127.0.0.1", 1 + r)
+                                       for r in range(args.workers)),
+                  nslots=args.nslots, block_size=args.block_size,
+                  nlanes=nlanes).validate(slot_capacity=DEFAULT_SLOT_CAPACITY)
+    except ConfigError as e:
+        return cli.fail(ap.prog, f"--block-size/--nlanes: {e.detail or e}")
 
     print(f"SpINA demo: {args.workers} workers, {args.elements:,} float32 elements "
           f"({_fmt_bytes(4 * args.elements)}), blocks of {args.block_size}, "
@@ -152,19 +175,19 @@ def main(argv=None) -> int:
                              "block_size": job.block_size, "nlanes": job.nlanes}],
                    "agents_dir": "agents", "rendezvous": f"127.0.0.1:{runs_port}"}, f, indent=1)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    switch = subprocess.Popen([sys.executable, "-m", "softswitch", "udp",
-                               "--port", str(switch_port), "--grpc", f"127.0.0.1:{grpc_port}"],
+    metrics = ["--metrics", args.metrics] if args.metrics else []
+    switch = subprocess.Popen([sys.executable, "-m", "softswitch", "udp", "--port",
+                               str(switch_port), "--grpc", f"127.0.0.1:{grpc_port}", *metrics],
                               stdout=subprocess.PIPE, text=True, env=env)
     ok = True
     procs, controller = [], None
     try:
-        line = switch.stdout.readline()
-        grpc_line = switch.stdout.readline()
-        if not line.startswith("listening") or not grpc_line.startswith("p4runtime"):
-            print(f"FAIL: software switch did not start ({line.strip()!r})")
+        # "listening ...", "metrics URL" (with --metrics), "p4runtime ..." (softswitch main)
+        started = [switch.stdout.readline().strip() for _ in range(2 + bool(metrics))]
+        if not started[0].startswith("listening") or not started[-1].startswith("p4runtime"):
+            print(f"FAIL: software switch did not start ({started[0]!r})")
             return 1
-        print(f"software switch (pid {switch.pid}) {line.strip()}, {grpc_line.strip()}",
-              flush=True)
+        print(f"software switch (pid {switch.pid}) {', '.join(started)}", flush=True)
         controller = subprocess.Popen([sys.executable, "-m", "controller", "-c", desired,
                                        "serve"], stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True, env=env)

@@ -10,7 +10,8 @@ One line per check, `ok`, `warn` or `FAIL`, and exit 1 if any failed:
     admit: port_unadmitted rises);
   - each rank's agent file matches the switch (address, slots, lanes, its admitted address);
   - no round of a job waits for workers, unchanged over the probe timeout (stale rounds);
-  - the run rendezvous (`spina serve`) answers at the file's address;
+  - the run rendezvous at the file's address is this file's (`spina serve`): its jobs and
+    file, not another deployment's;
   - a job's largest packet (all lanes present) fits the MTU of the route to its switch (P4
     targets; the UDP-mode software switch takes datagrams up to 64 KB, fragmented by IP);
   - each worker's address is an address of this host, or its host answers ICMP from here
@@ -29,9 +30,9 @@ compared, and without either the reachability of other hosts is a warning, not a
 """
 from __future__ import annotations
 
+import argparse
 import ctypes
 import ipaddress
-import json
 import os
 import select
 import socket
@@ -40,10 +41,11 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-from controller.controller import Controller, cookie_of, load_pipeline
+from controller.controller import Controller
 from controller.p4rt import P4RuntimeError
+from controller.pipeline import cookie_of, load_pipeline
 from controller.state import load
-from spina import cli, log as spina_log, spec, wire
+from spina import cli, log as spina_log, rendezvous, spec, wire
 from spina.config import Assignment, ConfigError
 from spina.p4runtime import decode
 
@@ -329,32 +331,38 @@ def _agent_file_checks(state, name, sw, ctl, j, params: dict, workers: set):
                                           else "none") + ", the file's is "
                          + ":".join(map(str, state.rendezvous)))
         if wrong:
-            yield "FAIL", f"worker {m}: {path.name} says {'; '.join(wrong)} (`spina deploy`)"
+            yield "FAIL", f"worker {m}: {path} says {'; '.join(wrong)} (`spina deploy`)"
             bad = True
     if not bad:
-        yield "ok", f"job {j.id}: agent files {state.agents_dir}/job{j.id}-rank*.json match {name}"
+        # the folder as found from here (agents_dir is relative to the YAML file)
+        folder = os.path.normpath(ctl.agent_path(j.id, 0).parent)
+        yield "ok", f"job {j.id}: agent files {folder}/job{j.id}-rank*.json match {name}"
 
 
 def rendezvous_check(state, timeout: float) -> tuple[str, str]:
-    """Whether a run rendezvous (`spina serve`) answers at the file's address: a request it
-    refuses by name is an answer, and joins nothing."""
+    """Whether the run rendezvous at the file's address is this file's (`spina serve -c
+    FILE`): it answers `hello` with this file's jobs and worker counts, and with this file
+    as its source; another deployment's rendezvous on the address is named, not taken for
+    ours. It joins nothing."""
     host, port = state.rendezvous
     where = f"rendezvous {host}:{port}"
     try:
-        with socket.create_connection((host, port), timeout=timeout) as c:
-            c.settimeout(timeout)
-            c.sendall(b'{"op": "doctor"}\n')
-            reply = c.makefile("rb").readline()
+        info = rendezvous.probe((host, port), timeout)
     except OSError as e:
         return "FAIL", (f"{where}: {e.strerror or e}: no `spina serve` answers there (agents "
                         "stop at their first call)")
-    try:
-        ok = isinstance(json.loads(reply), dict) and "ok" in json.loads(reply)
-    except ValueError:
-        ok = False
-    if not ok:
-        return "FAIL", f"{where}: answered {reply[:60]!r}, not a run rendezvous"
-    return "ok", f"{where}: answers (spina serve starts the jobs' runs)"
+    if info is None:
+        return "FAIL", f"{where}: answers, but not as a SpINA run rendezvous"
+    ours = {j: n for j, (n, _) in state.run_jobs().items()}
+    theirs = {int(j): n for j, n in info.get("jobs", {}).items()}
+    mine = str(state.path.resolve()) if state.path else None
+    whose = rendezvous.describe(info)
+    if theirs != ours or (info.get("source") and mine and info["source"] != mine):
+        return "FAIL", (f"{where}: is {whose}, not this file's (jobs {sorted(ours)}, "
+                        f"{mine}): another deployment holds the address; agents would join "
+                        "its runs (give this file another `rendezvous`)")
+    return "ok", f"{where}: serves this file's jobs {sorted(ours)} ({info.get('owner')} pid " \
+                 f"{info.get('pid')})"
 
 
 def _switch_checks(state, name, sw, ctl, probe_timeout: float = 1.0):
@@ -474,27 +482,32 @@ def check(config: str, timeout: float = 10.0, probe_timeout: float = 1.0):
     yield from _host_checks(state, probe_timeout)
 
 
-def main(argv=None) -> int:
-    ap = cli.ArgumentParser(prog="spina doctor", description=__doc__.split("\n\n", 1)[0]
+def parser(prog: str = "spina doctor") -> argparse.ArgumentParser:
+    ap = cli.ArgumentParser(prog=prog, description=__doc__.split("\n\n", 1)[0]
                             + ": the switch answers, its pipeline matches the P4Info, its data "
                             "port counts a probe, every job is admitted with the file's slots "
                             "and epoch and every worker with its address, the agent files "
                             "match the switch, no round is stale, the rendezvous answers, "
                             "every worker address is local or answers ICMP, packets fit the "
                             "MTU, clocks agree (ICMP timestamps). Exit 1 if a check fails.")
-    ap.add_argument("-c", "--config", default="spina.yaml", metavar="FILE",
-                    help="desired-state YAML (default %(default)s)")
+    ap.add_argument("-c", "--config", metavar="FILE", type=cli.input_file,
+                    help="desired-state YAML (default spina.yaml)")
     ap.add_argument("--timeout", type=cli.positive_float, default=10.0,
                     help="seconds to wait for a switch (default %(default)s)")
     ap.add_argument("--probe-timeout", type=cli.positive_float, default=1.0, metavar="SECONDS",
                     help="seconds to wait for each host's ICMP reply, the data port's "
                          "count and a waiting round to move (default %(default)s)")
     spina_log.add_options(ap, level="WARNING")
+    return ap
+
+
+def main(argv=None, prog: str = "spina doctor") -> int:
+    ap = parser(prog)
     args = ap.parse_args(argv)
     spina_log.setup("doctor", args.log_level, args.log_format)
     failed = False
     try:
-        for level, msg in check(args.config, args.timeout, args.probe_timeout):
+        for level, msg in check(args.config or "spina.yaml", args.timeout, args.probe_timeout):
             failed |= level == "FAIL"
             print(f"{level:<4} {msg}", flush=True)
     except (ConfigError, OSError) as e:

@@ -35,7 +35,32 @@ USAGE = "usage: spina COMMAND [options]\n\ncommands:\n" + "\n".join(
     "the version; docs/operations.md walks through a deployment.")
 
 
+# Every command's argparse parser, as "module:function" called with the prog the user typed;
+# tests/test_bad_input.py walks each one's options (and its subcommands'), so an option added
+# anywhere is fed bad values. Each command of COMMANDS is here, under its own name or as the
+# first word of its entries.
+PARSERS = {
+    "switch": "softswitch.__main__:parser",
+    "deploy": "controller.__main__:_parser",  # one parser: deploy, serve, status, job, reset
+    "agent launch": "host_agent.launch:parser",
+    "agent daemon": "host_agent.daemon.server:parser",
+    "agent status": "host_agent.__main__:status_parser",
+    "status --watch": "spina_cli.status:parser",
+    "demo": "spina_cli.demo:parser",
+    "bench": "bench.harness:command_parser",  # each WHAT a subcommand
+    "capture": "spina_cli.capture:parser",
+    "doctor": "spina_cli.doctor:parser",
+    "plan": "spina_cli.plan:parser",
+}
+CONTROLLER = ("deploy", "serve", "status", "job", "reset")  # controller/__main__.py's commands
+# command -> the module whose main(argv, prog) runs it
+MAINS = {"switch": "softswitch.__main__", "agent": "host_agent.__main__",
+         "demo": "spina_cli.demo", "capture": "spina_cli.capture", "doctor": "spina_cli.doctor",
+         "plan": "spina_cli.plan"}
+
+
 def main(argv=None) -> int:
+    import importlib
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
@@ -46,21 +71,12 @@ def main(argv=None) -> int:
         print(f"spina {v}" if v != "unknown" else "spina (not installed: run make setup)")
         return 0
     cmd, rest = argv[0], argv[1:]
-    if cmd == "switch":
-        from softswitch.__main__ import main as run
-        return run(rest)
     if cmd == "status" and any(a == "--watch" or a.startswith("--watch=") for a in rest):
         from spina_cli.status import main as run  # the live table (the controller prints once)
-        return run(rest)
-    if cmd in ("deploy", "serve", "status", "job", "reset"):
+        return run(rest, "spina status")
+    if cmd in CONTROLLER:
         from controller.__main__ import main as run
         return run([cmd] + rest, prog="spina")
-    if cmd == "agent":
-        from host_agent.__main__ import main as run
-        return run(rest)
-    if cmd == "demo":
-        from spina_cli.demo import main as run
-        return run(rest)
     if cmd == "bench":
         try:
             from bench.harness import main as run
@@ -68,19 +84,11 @@ def main(argv=None) -> int:
             print("spina bench: error: the bench/ package is not importable; run it from a "
                   "clone of the repository (make bench)", file=sys.stderr)
             return 2
-        return run(rest)
-    if cmd == "capture":
-        from spina_cli.capture import main as run
-        return run(rest)
-    if cmd == "doctor":
-        from spina_cli.doctor import main as run
-        return run(rest)
-    if cmd == "plan":
-        from spina_cli.plan import main as run
-        return run(rest)
+        return run(rest, "spina bench")
+    if cmd in MAINS:
+        return importlib.import_module(MAINS[cmd]).main(rest, f"spina {cmd}")
     print(f"spina: error: unknown command {cmd!r} (spina --help lists them)", file=sys.stderr)
     return 2
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -14,7 +14,7 @@ import json
 import sys
 
 from collectives import ina_model, plan as planner, topology
-from collectives.schedule import COLLECTIVES
+from collectives.schedule import ALGORITHMS, COLLECTIVES, LEADER
 from spina import cli
 
 EPILOG = """\
@@ -42,32 +42,27 @@ machine (bench/results/).
 Exit status 0; 2 on bad input (one line naming the option or field)."""
 
 
-def _list(parse, name: str):
-    """An argparse type: a comma-separated list, each item parsed by `parse`."""
-    def parse_list(text: str):
-        items = [t for t in text.split(",") if t.strip()]
-        if not items:
-            raise argparse.ArgumentTypeError(f"{text!r} is an empty list")
-        return [parse(t.strip()) for t in items]
-    parse_list.__name__ = name
-    return parse_list
+# every algorithm name the planner knows (which fit a topology and collective: planner.plan)
+KNOWN = (*ALGORITHMS, LEADER, planner.INA, planner.SWITCH, planner.LEADER_SWITCH)
 
 
-def parse_args(argv):
+def parser(prog: str = "spina plan") -> argparse.ArgumentParser:
     d = planner.CostParams()
-    ap = cli.ArgumentParser(prog="spina plan", description="Predict the time of every "
+    ap = cli.ArgumentParser(prog=prog, description="Predict the time of every "
                             "collective algorithm on a topology and pick the fastest.",
                             epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("topology", nargs="?", help="topology file (YAML or JSON); not with "
+    ap.add_argument("topology", nargs="?", type=cli.input_file,
+                    help="topology file (YAML or JSON); not with "
                     "--scale or --calibration")
     ap.add_argument("--collective", choices=COLLECTIVES, default="all_reduce",
                     help="default: %(default)s")
-    ap.add_argument("--size", type=cli.parsed_by(topology.parse_size, "size"),
+    ap.add_argument("--size", type=cli.parsed_by(topology.parse_size, "size",
+                                                 bad=("x", "0", "-5")),
                     help="the whole tensor: bytes, or with B, KiB, MiB, GiB, KB, MB, GB "
                          "(required with a topology; --scale: default 1GiB)")
     ap.add_argument("--dtype", choices=sorted(planner.DTYPE_SIZES), default="float32",
                     help="element type (default: %(default)s; ina sends 4-byte int32 anyway)")
-    ap.add_argument("--algorithms", type=lambda s: s.split(","),
+    ap.add_argument("--algorithms", type=cli.names(KNOWN),
                     help="comma-separated candidates (default: every one that fits)")
     ap.add_argument("--alpha", type=cli.non_negative_float,
                     help=f"seconds per step (default {d.alpha:g})")
@@ -91,18 +86,18 @@ def parse_args(argv):
                     help="SpINA against the ring from 8 to 1024 workers (no topology)")
     sc.add_argument("--calibration", action="store_true",
                     help="the model's error at every SpINA point measured here")
-    sc.add_argument("--rate", type=cli.parsed_by(topology.parse_rate, "rate"),
+    sc.add_argument("--rate", type=cli.parsed_by(topology.parse_rate, "rate", bad=("x", "0mbit")),
                     default=100e9, help="every link's rate (default 100gbit)")
-    sc.add_argument("--workers", type=_list(cli.int_range(2, 1 << 20), "workers"),
+    sc.add_argument("--workers", type=cli.comma_list(cli.int_range(2, 1 << 20), "workers"),
                     default=list(ina_model.WORKERS), help="comma-separated (default "
                     f"{','.join(map(str, ina_model.WORKERS))})")
-    sc.add_argument("--densities", type=_list(cli.fraction, "densities"),
+    sc.add_argument("--densities", type=cli.comma_list(cli.fraction, "densities"),
                     default=list(ina_model.DENSITIES), help="comma-separated block "
                     f"densities (default {','.join(map(str, ina_model.DENSITIES))})")
     sc.add_argument("--lane-bits", type=int, choices=ina_model.LANE_BITS, default=32,
                     dest="lane_bits", help="software switches' lane width (default 32; "
                     "the TNA program has 32 only)")
-    sc.add_argument("--switches", type=_list(_switch, "switches"),
+    sc.add_argument("--switches", type=cli.comma_list(_switch, "switches"),
                     default=["tofino", "software"],
                     help=f"comma-separated, of {', '.join(ina_model.SWITCHES)} "
                          "(default tofino,software)")
@@ -116,6 +111,12 @@ def parse_args(argv):
                     help=f"a software switch server's cores (default {a.server_cores})")
     sc.add_argument("--fan-in", type=cli.int_range(2, 1024), dest="software_fan_in",
                     help=f"children per software switch (default {a.software_fan_in})")
+    return ap
+
+
+def parse_args(argv, prog: str = "spina plan"):
+    """The options, with the checks between them (a topology or --scale or --calibration)."""
+    ap = parser(prog)
     args = ap.parse_args(argv)
     if args.scale and args.calibration:
         ap.error("--scale and --calibration: choose one")
@@ -131,6 +132,7 @@ def parse_args(argv):
     return args
 
 
+@cli.refuses("no-such-switch")
 def _switch(text: str) -> str:
     if text not in ina_model.SWITCHES:
         raise argparse.ArgumentTypeError(f"{text!r} is not one of "
@@ -224,8 +226,8 @@ def run_calibration(args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    a = parse_args(sys.argv[1:] if argv is None else argv)
+def main(argv=None, prog: str = "spina plan") -> int:
+    a = parse_args(sys.argv[1:] if argv is None else argv, prog)
     if a.scale:
         return run_scale(a)
     if a.calibration:
@@ -240,7 +242,7 @@ def main(argv=None) -> int:
                                      ina_agent_packet_s=a.ina_agent_packet_s)
         pl = planner.plan(topo, a.collective, a.size, params, itemsize, a.algorithms)
     except (topology.TopologyError, ValueError) as e:
-        return cli.fail("spina plan", e)
+        return cli.fail(prog, e)
     if a.json:
         print(json.dumps(dict(collective=pl.collective, bytes=pl.nbytes, dtype=a.dtype,
                               pick=pl.best, ranks=topo.world,

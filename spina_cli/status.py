@@ -17,17 +17,17 @@ from spina import cli, log as spina_log
 from spina.config import ConfigError
 
 
-def _parser() -> argparse.ArgumentParser:
+def parser(prog: str = "spina status") -> argparse.ArgumentParser:
     ap = cli.ArgumentParser(
-        prog="spina status --watch",
+        prog=prog,
         description="Poll every switch's per-job counters over P4Runtime every SECONDS and "
                     "redraw them as a table (on a terminal, with per-second rates) or print "
                     "one key=value line per job and poll (otherwise). Ctrl-C stops.")
-    ap.add_argument("-c", "--config", default="spina.yaml", metavar="FILE",
-                    help="desired-state YAML (default %(default)s)")
+    ap.add_argument("-c", "--config", metavar="FILE", type=cli.input_file,
+                    help="desired-state YAML (default spina.yaml)")
     ap.add_argument("--watch", type=cli.positive_float, required=True, metavar="SECONDS",
                     help="poll interval")
-    ap.add_argument("--count", type=cli.int_range(1, 1 << 62), metavar="N",
+    ap.add_argument("--count", type=cli.int_range(1), metavar="N",
                     help="stop after N polls (default: never)")
     ap.add_argument("--timeout", type=cli.positive_float, default=10.0,
                     help="seconds to wait for a switch (default %(default)s)")
@@ -131,12 +131,13 @@ def watch(config: str, interval: float, count: int | None = None, out=None,
     return 0
 
 
-def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
+def main(argv=None, prog: str = "spina status") -> int:
+    ap = parser(prog)
+    args = ap.parse_args(argv)
     spina_log.setup("status", args.log_level, args.log_format)
     try:
-        return watch(args.config, args.watch, args.count, timeout=args.timeout)
+        return watch(args.config or "spina.yaml", args.watch, args.count, timeout=args.timeout)
     except KeyboardInterrupt:
         return 0
     except (ConfigError, P4RuntimeError, OSError) as e:
-        return cli.fail("spina status", e)
+        return cli.fail(ap.prog, e)

@@ -176,8 +176,8 @@ def spray_traffic(spray: bool, spines: int = 2, hosts_per_leaf: int = 1, switch:
     return out
 
 
-def main(argv=None) -> int:
-    p = cli.ArgumentParser(prog="python -m testbed", description=__doc__.split("\n\n")[0])
+def parser(prog: str = "python -m testbed") -> cli.ArgumentParser:
+    p = cli.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     p.add_argument("topology", choices=["single", "leafspine"])
     p.add_argument("--switch", choices=["soft", "bmv2"], default="soft",
                    help="switch nodes: the software switch in L2 mode (default) or BMv2")
@@ -192,11 +192,11 @@ def main(argv=None) -> int:
                    help="leafspine: each leaf aggregates its hosts, the job's slots sharded over "
                         "the spines; every switch programmed by the controller's deploy over "
                         "P4Runtime (the desired state is printed)")
-    p.add_argument("--loss", type=float, default=0.0, metavar="P",
+    p.add_argument("--loss", type=cli.unit_interval, default=0.0, metavar="P",
                    help="drop this fraction of the frames on every link, each direction")
-    p.add_argument("--density", type=float, default=0.3,
+    p.add_argument("--density", type=cli.fraction, default=0.3,
                    help="fraction of non-zero blocks in each worker's tensors")
-    p.add_argument("--elements", type=int,
+    p.add_argument("--elements", type=cli.int_range(1),
                    help="elements per tensor (default 20000; --spine-bytes: 32768)")
     p.add_argument("--spine-bytes", action="store_true",
                    help="leafspine: run one dense int32 call flat and one two-level, print the "
@@ -210,9 +210,14 @@ def main(argv=None) -> int:
                         "leaf-spine link's frames and bytes")
     p.add_argument("--datagrams", type=cli.int_range(1, 10**6), default=2000,
                    help="--spray-traffic: UDP datagrams of 1000 bytes")
-    p.add_argument("--tcp-seconds", type=float, default=0.0,
+    p.add_argument("--tcp-seconds", type=cli.non_negative_float, default=0.0,
                    help="--spray-traffic: also time one iperf TCP stream this long")
     p.add_argument("--cli", action="store_true", help="open the mininet CLI instead")
+    return p
+
+
+def main(argv=None) -> int:
+    p = parser()
     a = p.parse_args(argv)
     if a.topology != "leafspine" and (a.spray or a.spray_traffic):
         p.error("argument --spray/--spray-traffic: only for the leafspine topology")
@@ -225,12 +230,8 @@ def main(argv=None) -> int:
         return 0
     if not 0.0 <= a.loss < 1.0:
         p.error("argument --loss: must be a fraction in [0, 1)")
-    if not 0.0 < a.density <= 1.0:
-        p.error("argument --density: must be a fraction in (0, 1]")
     if a.elements is None:
         a.elements = 32768 if a.spine_bytes else 20000
-    if a.elements < 1:
-        p.error("argument --elements: must be at least 1")
     if a.topology != "leafspine" and (a.two_level or a.spine_bytes):
         p.error("argument --two-level/--spine-bytes: only for the leafspine topology")
     hosts = a.leaves * a.hosts_per_leaf

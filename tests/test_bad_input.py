@@ -8,7 +8,11 @@ Protocol cases send raw frames to a Daemon on a thread of this process; job-file
 the loaders. Also the regression test of defect 4 (a job file naming 0.0.0.0 made the daemon
 bind the wildcard).
 """
+import argparse
+import contextlib
 import copy
+import importlib
+import io
 import json
 import os
 import socket
@@ -26,6 +30,7 @@ from host_agent.daemon.protocol import MAX_MESSAGE
 from host_agent.daemon.server import Daemon, DaemonConfig
 from spina.config import Assignment, ConfigError, JobConfig, JobFile, WorkerAddr
 from spina.net import free_ports
+from spina_cli.main import COMMANDS, PARSERS
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
@@ -431,7 +436,8 @@ def test_agent_binds_only_a_local_specific_address(host):
 
 # ----------------------------------------------------------------------- job and assignment files
 def _job_file(**changes) -> dict:
-    d = {"switch": {"host": "127.0.0.1", "port": 47000}, "job": copy.deepcopy(GOOD_JOB)}
+    d = {"switch": {"host": "127.0.0.1", "port": 47000}, "job": copy.deepcopy(GOOD_JOB),
+         "rendezvous": {"host": "127.0.0.1", "port": 47100}}
     for path, value in changes.items():
         _set(path.replace("__", "."), value)(d)
     return d
@@ -478,6 +484,12 @@ JOBFILE_CASES = [
     (_job_file(rendezvous={"host": "127.0.0.1", "port": 0}), "rendezvous.port"),
     (_job_file(rendezvous={"host": "launcher", "port": 47100}), "rendezvous.host"),
     (_job_file(rendezvous={"host": "127.0.0.1", "port": "47100"}), "rendezvous.port"),
+    # issue 44 item 8: no rendezvous is a choice the file states, never an omission
+    ({k: v for k, v in _job_file().items() if k != "rendezvous"},
+     "field 'rendezvous' is missing: without it every run uses the file's epoch"),
+    (_job_file(epochs="caller"), "field 'epochs'"),
+    (dict({k: v for k, v in _job_file().items() if k != "rendezvous"}, epochs="manual"),
+     "field 'epochs': 'manual'"),
 ]
 
 
@@ -500,6 +512,11 @@ def test_job_file_good_input_unchanged(tmp_path):
     a = Assignment.load(path)
     assert (a.rank, a.switch, a.job.workers[1].port, a.job.nslots) == (1, ("127.0.0.1", 47000),
                                                                       50001, 4)
+    # without a rendezvous, saying that the caller manages the epochs: loads, and says so again
+    doc = {k: v for k, v in _job_file().items() if k != "rendezvous"}
+    path.write_text(json.dumps(dict(doc, epochs="caller")))
+    jf = JobFile.load(path)
+    assert jf.rendezvous is None and jf.to_dict()["epochs"] == "caller"
 
 
 # --------------------------------------------------------------------------- run rendezvous
@@ -571,3 +588,240 @@ def test_typed_config_good_values():
     from host_agent.compression import CompressionConfig
     c = CompressionConfig.from_dict({"ratio": 1, "ratio_min": None, "warmup_steps": 0})
     assert c.ratio == 1.0 and isinstance(c.ratio, float) and c.ratio_min is None
+
+
+# ------------------------------------------------------- every option of every command (Build 4)
+# The options come from the argparse parsers themselves (spina_cli.main.PARSERS, the example
+# scripts' parser()), so an option added anywhere is fed the bad values its type declares
+# (spina.cli.refuses); an option whose type declares none (a bare int, float or free text)
+# fails here until it gets a type from spina/cli.py.
+NO_SUCH_CHOICE = "no-such-choice"
+# commands whose parser is not in PARSERS, each with the reason (printed by the test)
+NOT_WALKED: dict[str, str] = {}
+
+
+def _parser_of(ref: str, prog: str) -> argparse.ArgumentParser:
+    module, function = ref.split(":")
+    return getattr(importlib.import_module(module), function)(prog)
+
+
+def _walk(parser: argparse.ArgumentParser, words: tuple = ()):
+    """(subcommand words, action) of every option and positional that takes a value."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for word, sub in action.choices.items():
+                yield from _walk(sub, words + (word,))
+        elif not (action.option_strings and action.nargs == 0):  # flags take no value
+            yield words, action
+
+
+def _commands():
+    """(prog, parser) of every `spina` command, with the prog spina_cli.main gives it."""
+    for name, ref in PARSERS.items():
+        prog = ("spina" if ref.startswith("controller.")  # its parser's subcommands: deploy ...
+                else "spina status" if name == "status --watch" else f"spina {name}")
+        yield prog, _parser_of(ref, prog)
+
+
+# The other command lines a user types: each module's parser(prog).
+MODULE_PARSERS = {"python -m ps": "ps.__main__:parser",
+                  "python -m testbed": "testbed.__main__:parser"}
+
+
+def _scripts():
+    """(prog, parser) of every example script with options (each defines parser())."""
+    for path in sorted((ROOT / "examples").glob("*.py")):
+        if "ArgumentParser" in path.read_text():
+            module = importlib.import_module(f"examples.{path.stem}")
+            assert hasattr(module, "parser"), f"{path}: define parser() (its options are walked)"
+            yield f"examples/{path.name}", module.parser()
+
+
+def _all_parsers():
+    yield from _commands()
+    for prog, ref in MODULE_PARSERS.items():
+        yield prog, _parser_of(ref, prog)
+    yield from _scripts()
+
+
+def _option_cases():
+    cases = []
+    for prog, parser in _all_parsers():
+        for words, action in _walk(parser):
+            label = " ".join((prog, *words, "/".join(action.option_strings) or action.dest))
+            bad = tuple(getattr(action.type, "bad_values", ()))
+            if action.choices is not None:
+                bad += (NO_SUCH_CHOICE,)
+            cases.append(pytest.param(parser, words, action, bad, id=label))
+    return cases
+
+
+def _name(action) -> str:
+    """How argparse names the action in its errors."""
+    if action.option_strings:
+        return "/".join(action.option_strings)
+    return action.metavar or action.dest
+
+
+@pytest.mark.parametrize("parser,words,action,bad", _option_cases())
+def test_every_option_refuses_bad_values(parser, words, action, bad, tmp_path, monkeypatch):
+    """Each bad value of the option's type: exit 2, one line `PROG: error: argument OPT: ...`,
+    decided while parsing (so before the command starts anything)."""
+    assert bad, (f"{_name(action)} takes any text: give it a type from spina/cli.py that "
+                 "declares the values it refuses (cli.refuses), or choices")
+    monkeypatch.chdir(tmp_path)  # relative paths (no-such-file.json) are nobody's
+    for value in bad:
+        argv = [*words] + ([action.option_strings[-1], value] if action.option_strings
+                           else [value])
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as e:
+            parser.parse_args(argv)
+        lines = err.getvalue().rstrip("\n").split("\n")
+        assert e.value.code == 2 and len(lines) == 1, (argv, err.getvalue())
+        assert f": error: argument {_name(action)}: " in lines[0], (argv, lines[0])
+        assert lines[0].startswith(("spina", "python -m", "examples/")), lines[0]
+
+
+def test_every_command_has_its_parser_walked():
+    """Every command `spina --help` lists is in spina_cli.main.PARSERS (or says why not)."""
+    walked = {name.split()[0] for name in PARSERS} | {"serve", "status", "job", "reset"}
+    for name, why in NOT_WALKED.items():
+        print(f"spina {name}: options not walked: {why}")
+    assert set(COMMANDS) - walked == set(NOT_WALKED)
+
+
+def test_each_spina_command_answers_with_its_parser(tmp_path):
+    """Through the real `spina` process, each command refuses its first option's first bad
+    value with the line its parser gives in-process (so PARSERS is what `spina` runs, under
+    the name the user typed)."""
+    seen = set()
+    for case in _option_cases():
+        parser, words, action, bad = case.values
+        key = (parser.prog, words[:1])  # each subcommand too (udp, l2; deploy, serve, ...)
+        if (not bad or key in seen or parser.prog == "spina" and not words
+                or not parser.prog.startswith("spina")):
+            continue  # (`spina` takes the controller's options after the command only)
+        seen.add(key)
+        head = parser.prog.split()[1:]  # the words after `spina`
+        argv = [*head, *words] + ([action.option_strings[-1], bad[0]] if action.option_strings
+                                  else [bad[0]])
+        if head == ["status"] and "--watch" not in argv:
+            argv += ["--watch", "1"]  # spina_cli.status: the live table's parser
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), pytest.raises(SystemExit):
+            parser.parse_args([*words] + argv[len(head) + len(words):])
+        out = run_cli("spina_cli", argv, tmp_path)
+        assert (out.returncode, out.stdout, out.stderr) == (2, "", err.getvalue()), argv
+    assert len({prog for prog, _ in seen}) == len(PARSERS), seen
+
+
+# The inputs issue 44 found late or as tracebacks: through the real process, one line, exit 2,
+# nothing printed on stdout (nothing started).
+SPINA_CASES = [
+    (["status", "--timeout", "-1"], "argument --timeout: '-1' must be a positive number"),
+    (["status", "--watch", "1", "--count", "0"], "argument --count: 0 is less than 1"),
+    (["demo", "--workers", "0"], "argument --workers: 0 is not in 1..32"),
+    (["demo", "--elements", "-5"], "argument --elements: -5 is not in 1..4294967295"),
+    (["demo", "--densities", "2", "-1"], "argument --densities: '2' must be in [0, 1]"),
+    (["demo", "--densities", "2"], "argument --densities: '2' must be in [0, 1]"),
+    (["demo", "--block-size", "1024", "--nlanes", "60"],
+     "--block-size/--nlanes: 60 lanes of 1024 elements exceed a UDP datagram; at most 15 fit"),
+    (["demo", "--metrics", "0.0.0.0:9100"], "argument --metrics: metrics address"),
+    (["deploy", "--election-id", "0"], "argument --election-id: 0 is not in 1..2**128-1"),
+    (["switch", "udp", "--metrics", "0.0.0.0:1"], "spina switch udp: error: argument --metrics"),
+    (["agent", "launch", "--nworkers", "2", "--job-file", "j.json", "--metrics", "x"],
+     "spina agent launch: error: argument --metrics"),
+]
+
+
+@pytest.mark.parametrize("args,said", SPINA_CASES, ids=[" ".join(a) for a, _ in SPINA_CASES])
+def test_spina_refuses_before_starting(args, said, tmp_path):
+    """`spina ARGS`: exit 2, one line (stdout empty: no switch, no worker started)."""
+    out = run_cli("spina_cli", args, tmp_path)
+    assert_one_line_error(out, said)
+    assert out.stdout == "" and out.stderr.startswith(f"spina {args[0]}"), out
+
+
+@pytest.mark.parametrize("flag", ["--grpc", "--metrics"])
+def test_switch_with_a_busy_address_says_one_line(flag, tmp_path):
+    """A P4Runtime or metrics address in use: one line naming the option and who holds the
+    address (this test's process), and no `listening` line before it (every address is bound
+    before anything is printed)."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        value = f"127.0.0.1:{port}" if flag == "--grpc" else str(port)
+        out = run_cli("spina_cli", ["switch", "udp", "--port", "0", flag, value], tmp_path)
+    assert_one_line_error(out, f"spina switch udp: error: argument {flag}: ")
+    what = "P4Runtime port" if flag == "--grpc" else "metrics port"
+    assert f"127.0.0.1:{port} ({what}) is held by pid {os.getpid()}: " in out.stderr
+    assert out.stdout == ""
+
+
+POLICIES = {"unknown.json": '{"policy": "fifo"}', "negative.json": '{"staleness": -3}',
+            "text.json": "staleness: 3"}
+
+
+@pytest.mark.parametrize("role", ["coordinator", "shard"])
+@pytest.mark.parametrize("policy,said", [
+    ("unknown.json", "field 'policy': 'fifo' is not one of bsp, asp, ssp, gssp"),
+    ("negative.json", "field 'staleness': must be >= 0 clocks"),
+    ("text.json", "not JSON"),
+])
+def test_ps_bad_policy_file(role, policy, said, tmp_path):
+    """`python -m ps ROLE --policy BAD`: one line naming --policy, the file and the field."""
+    (tmp_path / policy).write_text(POLICIES[policy])
+    extra = ["--index", "0", "--size", "4"] if role == "shard" else []
+    out = run_cli("ps", [role, "--nworkers", "1", *extra, "--policy", policy], tmp_path)
+    assert_one_line_error(out, f"python -m ps {role}: error: argument --policy: {policy}: ")
+    assert said in out.stderr
+
+
+def test_ps_busy_port(tmp_path):
+    """A port in use: one line naming it and who holds it (no gRPC log lines before it)."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        out = run_cli("ps", ["coordinator", "--nworkers", "1", "--port", str(port)], tmp_path)
+    assert_one_line_error(out, f"cannot serve the coordinator: 127.0.0.1:{port} (the "
+                               f"coordinator port) is held by pid {os.getpid()}: ")
+
+
+def test_one_rank_with_its_address_taken(tmp_path):
+    """examples/one_rank.py whose rank's UDP port is held: one line naming the field, the
+    address and who holds it, exit 2 (was an OSError traceback)."""
+    ports = free_ports(2)
+    job = JobConfig(job=1, workers=tuple(WorkerAddr(r, "127.0.0.1", p)
+                                         for r, p in enumerate(ports)),
+                    nslots=2, block_size=32, nlanes=4)
+    path = tmp_path / "rank1.json"
+    JobFile(job, ("127.0.0.1", 47999), ("127.0.0.1", 47998)).write(str(path))
+    path.write_text(json.dumps(dict(json.loads(path.read_text()), rank=1)))
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as held:
+        held.bind(("127.0.0.1", ports[1]))
+        out = subprocess.run([sys.executable, str(ROOT / "examples" / "one_rank.py"), str(path)],
+                             cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=60)
+    assert_one_line_error(out, f"examples/one_rank.py: error: job 1: field 'workers[1].host': "
+                               f"127.0.0.1:{ports[1]} (the worker's port) is held by pid "
+                               f"{os.getpid()}: ")
+
+
+def test_each_example_answers_with_its_parser(tmp_path):
+    """`python examples/X.py OPT BAD` (the first option of each script with a declared bad
+    value): the line its parser gives in-process, exit 2, nothing on stdout."""
+    done = set()
+    for case in _option_cases():
+        parser, words, action, bad = case.values
+        if not parser.prog.startswith("examples/") or parser.prog in done or not bad:
+            continue
+        done.add(parser.prog)
+        argv = ([action.option_strings[-1], bad[0]] if action.option_strings else [bad[0]])
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), pytest.raises(SystemExit):
+            parser.parse_args(argv)
+        out = subprocess.run([sys.executable, str(ROOT / parser.prog), *argv], cwd=tmp_path,
+                             env=ENV, capture_output=True, text=True, timeout=120)
+        assert (out.returncode, out.stdout, out.stderr) == (2, "", err.getvalue()), argv
+    assert len(done) == len(list(_scripts()))

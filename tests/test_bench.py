@@ -97,6 +97,43 @@ def test_bad_input_is_one_line(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+class _OffByOne:
+    """An agent of one worker whose every result is one off in its last element, the next
+    call right: what a wrong all-reduce looks like to bench.paired."""
+
+    def __init__(self):
+        from types import SimpleNamespace
+
+        from bench.paired import SPINA_STATS
+        self.job = SimpleNamespace(lane_bits=32)
+        self.last_stats = SimpleNamespace(**{k: 0 for k in SPINA_STATS})
+        self.calls = 0
+
+    def allreduce(self, buf, inplace=False, blocks=None):
+        self.calls += 1
+        if self.calls % 2:
+            buf[-1] += 1.0
+        return buf
+
+
+def test_wrong_results_are_counted_not_fatal():
+    """bench.paired.measure_point counts the calls whose result fails the check (wrong), warm-up
+    included, when the harness asks (count_wrong); the programs that did not ask stop at the
+    first."""
+    import threading
+
+    from bench.paired import Request, measure_point
+    from bench.procs import Point
+    p = Point("t", 1, 1024, 1.0, 256, 4, 256)
+    rec = measure_point(0, Request(p, 3, ("spina",), count_wrong=True), _OffByOne(), None,
+                        None, threading.Barrier(1))
+    assert rec["spina"]["wrong"] == 2 and len(rec["spina"]["times"]) == 3  # calls 1 and 3
+    assert "wrong elements" in rec["spina"]["first_wrong"]
+    with pytest.raises(AssertionError, match="wrong elements"):
+        measure_point(0, Request(p, 3, ("spina",)), _OffByOne(), None, None,
+                      threading.Barrier(1))
+
+
 def test_sizes_and_bus_factors():
     """-b -e -f as nccl-tests (1024-based units), and busbw's factors per collective."""
     assert harness.parse_size("64K") == 65536 and harness.parse_size("1M") == 1 << 20
@@ -173,6 +210,62 @@ def test_every_what_takes_the_common_options(what):
     assert {"-b", "-e", "-f", "-d", "-g", "-l", "-m", "-n", "-t", "--rates", "--name",
             "--out", "--tag", "--no-plots"} <= flags
     assert not set(getattr(w.module, "EXTRA_COLUMNS", ())) & set(harness.COLUMNS)
+
+
+def test_first_touch(tmp_path):
+    """first_touch: the four ways to deliver a result at 4% of the blocks of 1 MiB, each
+    checked element for element (wrong 0), its page faults counted."""
+    out = tmp_path / "ft"
+    done = bench("first_touch", "-b", "1M", "-e", "1M", "-n", "2", "--no-plots", "--out",
+                 str(out))
+    assert done.returncode == 0, done.stderr
+    rows = check_common(out, "first_touch", 4)
+    assert [r["method"] for r in rows] == ["fresh", "fresh_filled", "reused", "in_place"]
+    assert all(r["density"] == "0.04" and int(r["minor_faults"]) >= 0 for r in rows)
+
+
+def test_scale_out_counts_and_loss(tmp_path):
+    """scale_out: 8 ranks in 2 racks at 1% and 100% of the blocks, both patterns: the spine
+    carries exactly a quarter of the flat switch's datagrams (and, dense, of its bytes), the
+    two-level sums bit-identical to the flat ones (wrong 0); --loss-timing: exact sums under
+    1% loss, 1 spine and 2, resends counted."""
+    out = tmp_path / "so"
+    done = bench("scale_out", "-b", "256K", "-e", "256K", "-d", "0.01,1", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    rows = check_common(out, "scale_out", 8)
+    two = [r for r in rows if r["method"] == "two_level"]
+    assert [(r["pattern"], float(r["density"])) for r in two] == [
+        ("own", 0.01), ("own", 1.0), ("shared", 0.01), ("shared", 1.0)]
+    for r in two:
+        assert r["packet_ratio"] == "0.25" and r["racks"] == "2" and r["resends"] == "0"
+        if r["density"] == "1.0":
+            assert r["byte_ratio"] == "0.25"
+    assert (out / "scale_out_bytes.png").stat().st_size > 0
+    done = bench("scale_out", "--loss-timing", "-g", "4", "-b", "64K", "-e", "64K", "-d", "1",
+                 "-n", "1", "--no-plots", "--out", str(tmp_path / "loss"))
+    assert done.returncode == 0, done.stderr
+    _, rows = read(tmp_path / "loss")
+    assert [r["method"] for r in rows] == ["spines1", "spines2"]
+    assert all(r["wrong"] == "0" and r["dtype"] == "int32" for r in rows)
+    assert all(int(r["resends"]) >= int(r["fast"]) + int(r["timeout"]) for r in rows)
+
+
+def test_profile(tmp_path):
+    """profile: 2 ranks at 1 MiB, 1% and 100%: a row per density (wrong 0), the profiler's
+    text reports and the memory per call written."""
+    import json
+    out = tmp_path / "pf"
+    done = bench("profile", "-g", "2", "-b", "1M", "-e", "1M", "-n", "1", "--memory-sizes",
+                 "65536", "--top", "5", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    rows = check_common(out, "profile", 2)
+    assert [(r["density"], r["reports"]) for r in rows] == [("0.01", "d0.01"), ("1.0", "d1")]
+    for r in rows:
+        assert float(r["profiled_time_us"]) > 0 and int(r["packets_per_link"]) > 0
+        assert "function calls" in (out / r["reports"] / "agent0.txt").read_text()
+    memory = json.loads((out / "memory.json").read_text())
+    assert [(m["elements"], m["density"]) for m in memory] == [(65536, 0.01), (65536, 1.0)]
+    assert set(json.loads((out / "profile.json").read_text())) == {"d0.01", "d1"}
 
 
 def test_spina_bench_is_the_harness(tmp_path):

@@ -129,8 +129,28 @@ def test_capture_command_prints_one_line_per_ina_packet(tmp_path, capsys):
                            f"flags={flags} lanes={bin(h.present).count('1')}/{h.nlanes} "
                            f"block_size={h.block_size} length={h.length} exponent={h.exponent}")
     assert "1 SpINA packets, 1 other" in err
-    assert capture.main([str(tmp_path / "missing.pcap")]) == 2
+    with pytest.raises(SystemExit) as e:  # checked by the option's type, before reading
+        capture.main([str(tmp_path / "missing.pcap")])
+    assert e.value.code == 2
+    assert capsys.readouterr().err == ("python -m spina.capture: error: argument file: "
+                                       f"{tmp_path / 'missing.pcap'}: no such file\n")
 
+
+
+def test_capture_port_filters_out_the_default_port(tmp_path, capsys):
+    """`--port 47999` on a capture of port 47000 prints no packet and the hint naming 47999
+    (issue 44 item 3: scapy's import-time binding to 47000 decoded them all, rc 0)."""
+    raw = _packets(1)[0][3]
+    pcap = tmp_path / "on47000.pcap"
+    capture.wrpcap(str(pcap), [(WORKER, SWITCH, raw), (SWITCH, WORKER, raw)])
+    assert capture.main([str(pcap), "--port", "47999"]) == 0
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == ("0 SpINA packets, 2 other\nspina capture: no packet to or from UDP port 47999: "
+                   "if the switch listens on another, pass --port PORT (spina capture -c FILE "
+                   "takes the desired state's)\n")
+    assert capture.main([str(pcap), "--port", "47999", "--port", "47000"]) == 0
+    assert capsys.readouterr().out.count(" contrib job=") == 2
 
 
 def test_spina_capture_takes_the_ina_ports_from_the_desired_state(tmp_path, capsys,
@@ -152,8 +172,11 @@ def test_spina_capture_takes_the_ina_ports_from_the_desired_state(tmp_path, caps
         spina(["capture", str(pcap), "--port", "70000"])
     assert e.value.code == 2
     assert "argument --port: '70000' is not a UDP port (1..65535)" in capsys.readouterr().err
-    assert spina(["capture", str(pcap), "-c", "none.yaml"]) == 2
-    assert capsys.readouterr().err.startswith("spina capture: error: none.yaml")
+    with pytest.raises(SystemExit) as e:
+        spina(["capture", str(pcap), "-c", "none.yaml"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err == ("spina capture: error: argument -c/--config: none.yaml: "
+                                       "no such file\n")
     state = tmp_path / "elsewhere.yaml"
     state.write_text(yaml.safe_dump({
         "switches": [{"name": "s0", "target": "softswitch", "grpc": "127.0.0.1:1",

@@ -41,10 +41,13 @@ def test_spina_help_lists_every_command_and_each_explains_itself(capsys):
     assert main(["nonsense"]) == 2 and "unknown command" in capsys.readouterr().err
 
 
-def test_controller_options_may_come_before_or_after_the_command():
+def test_controller_options_may_come_before_or_after_the_command(tmp_path, monkeypatch):
     """`spina deploy -c F --election-id=3` and `python -m controller -c F deploy` parse alike,
     and an option given before the command is not reset by the command's copy of it."""
     from controller.__main__ import GLOBAL_DEFAULTS, _parser
+    monkeypatch.chdir(tmp_path)  # -c names a file that exists (its type checks)
+    for name in ("f.yaml", "x"):
+        (tmp_path / name).write_text("")
     ap = _parser("spina")
     after = ap.parse_args(["deploy", "-c", "f.yaml", "--watch", "2", "--election-id=3"])
     before = ap.parse_args(["-c", "f.yaml", "--election-id=3", "deploy", "--watch", "2"])
@@ -265,10 +268,10 @@ def test_doctor_passes_a_good_deployment_and_names_what_is_wrong(deployed, capsy
             "ok   switch s1: pipeline matches the P4Info",
             f"ok   switch s1: data port {port} counts a probe (port_unadmitted +1)",
             "ok   job 4: admitted on s1, slots and epoch 1 agree",
-            "ok   job 4: agent files agents/job4-rank*.json match s1",
+            f"ok   job 4: agent files {cfg.parent / 'agents'}/job4-rank*.json match s1",
             "ok   job 4: 604-byte packets fit MTU 65536 (lo)",
             "ok   job 4: no round waits for a worker on s1 (4 slots)",
-            f"ok   rendezvous {rdv}: answers (spina serve starts the jobs' runs)"]
+            f"ok   rendezvous {rdv}: serves this file's jobs [4] (controller pid {os.getpid()})"]
         assert sw.pipeline.counters["port_unadmitted"][0] == 1  # the probe, nothing else
         w0 = doc["workers"][0]
         s = bound_udp_socket(port=w0["udp_port"])  # rank 0 starts round 0 of slot 1 alone
@@ -284,7 +287,7 @@ def test_doctor_passes_a_good_deployment_and_names_what_is_wrong(deployed, capsy
         assert "warn job 4: 1 of its 4 slots on s1 wait for rank 1 (slot 1 at round 0 first), " \
                "unchanged for 1 s: a worker stopped mid-call? The job's next run clears " \
                "them" in lines, "\n".join(lines)
-        assert "FAIL worker w1: job4-rank1.json says nslots 8, s1 has 4 (`spina deploy`)" in lines
+        assert f"FAIL worker w1: {f} says nslots 8, s1 has 4 (`spina deploy`)" in lines
     doc["workers"].append({"name": "w9", "ip": "127.0.0.1", "switch_port": 0, "udp_port": 9})
     doc["jobs"].append({"id": 5, "members": ["w9"], "nslots": 2, "slot_base": 4,
                         "block_size": 32, "nlanes": 4})
@@ -310,7 +313,8 @@ def test_doctor_fails_a_data_port_that_counts_nothing(deployed, capsys):
     assert (f"FAIL switch s1: a probe to its data port 127.0.0.1:{wrong} was not counted "
             "within 1 s (not reachable from here, or not this switch's address and port)"
             in lines)
-    assert (f"FAIL worker w0: job4-rank0.json says switch 127.0.0.1:{sw.address[1]}, s1 "
+    rank0 = cfg.parent / "agents" / "job4-rank0.json"
+    assert (f"FAIL worker w0: {rank0} says switch 127.0.0.1:{sw.address[1]}, s1 "
             f"listens on 127.0.0.1:{wrong} (`spina deploy`)") in lines
 
 
@@ -362,7 +366,10 @@ def test_doctor_probes_workers_and_clocks_through_a_real_switch_process(hosts, t
                            {"name": "w2", "ip": f"{net}.99", "switch_port": 0, "udp_port": 41002}],
                "jobs": [{"id": 4, "members": ["w0", "w1", "w2"], "nslots": 4, "slot_base": 0,
                          "block_size": 32, "nlanes": 4}],
-               "agents_dir": str(tmp_path / "agents")}
+               "agents_dir": str(tmp_path / "agents"),
+               # a rendezvous port of its own, where nothing answers: not the default 47100,
+               # which another deployment on this host may serve (issue 44 item 6)
+               "rendezvous": f"127.0.0.1:{free_port()}"}
         cfg.write_text(yaml.safe_dump(doc))
         with Controller(load(cfg), 1, timeout=20) as ctl:
             ctl.deploy()
@@ -415,7 +422,7 @@ def test_a_stopped_switch_is_one_line_naming_its_address(tmp_path):
         out = subprocess.run([sys.executable, "-m", "spina_cli", cmd, "-c", str(cfg),
                               "--timeout", "30"], capture_output=True, text=True, timeout=120,
                              cwd=ROOT, env=env)
-        assert (out.returncode, out.stderr) == (2, f"spina: error: {said}\n"), cmd
+        assert (out.returncode, out.stderr) == (2, f"spina {cmd}: error: {said}\n"), cmd
     out = subprocess.run([sys.executable, "-m", "spina_cli", "doctor", "-c", str(cfg),
                           "--timeout", "30"], capture_output=True, text=True, timeout=120,
                          cwd=ROOT, env=env)
@@ -449,3 +456,34 @@ def test_doctor_reports_a_host_that_does_not_answer_by_worker_name(tmp_path):
     assert far in (["FAIL worker far: no route to 203.0.113.9"],
                    ["FAIL worker far: 203.0.113.9 does not answer ICMP from here "
                     "(no reply in 0.3 s)"]), lines
+
+
+def test_doctor_names_another_deployments_rendezvous(tmp_path):
+    """doctor's rendezvous check: a rendezvous on the file's address that serves other jobs
+    (another deployment's serve) fails naming it; this file's own passes."""
+    from controller.state import load
+    from spina.rendezvous import RendezvousServer
+    cfg = tmp_path / "spina.yaml"
+    other = RendezvousServer("127.0.0.1", 0, {1: (4, 1)}, lambda j, e: None,
+                             owner="controller", source="/srv/other/spina.yaml").start()
+    rdv = "{}:{}".format(*other.address)
+    try:
+        cfg.write_text(yaml.safe_dump({
+            "switches": [{"name": "s1", "target": "softswitch", "grpc": "127.0.0.1:1",
+                          "address": "127.0.0.1", "udp_port": 9}],
+            "workers": [{"name": f"w{i}", "ip": "127.0.0.1", "switch_port": 0,
+                         "udp_port": 10 + i} for i in range(2)],
+            "jobs": [{"id": 4, "members": ["w0", "w1"], "nslots": 4, "slot_base": 0}],
+            "agents_dir": "agents", "rendezvous": rdv}))
+        state = load(cfg)
+        assert doctor.rendezvous_check(state, 2) == ("FAIL", (
+            f"rendezvous {rdv}: is the rendezvous of a controller (jobs [1], pid {os.getpid()}, "
+            f"file /srv/other/spina.yaml), not this file's (jobs [4], {cfg.resolve()}): another "
+            "deployment holds the address; agents would join its runs (give this file another "
+            "`rendezvous`)"))
+    finally:
+        other.stop()
+    from controller.controller import Controller
+    with Controller(state) as ctl, ctl.runs():
+        assert doctor.rendezvous_check(state, 2) == (
+            "ok", f"rendezvous {rdv}: serves this file's jobs [4] (controller pid {os.getpid()})")

@@ -17,9 +17,10 @@ import yaml
 from google.rpc import code_pb2
 from p4.v1 import p4runtime_pb2 as pb, p4runtime_pb2_grpc
 
-from controller import state as state_mod
-from controller.controller import Controller, cookie_of, format_table
+from controller import controls, model, state as state_mod
+from controller.controller import Controller, format_table
 from controller.p4rt import Connection, NotPrimaryError, P4RuntimeError
+from controller.pipeline import cookie_of
 from controller.registers import ThriftRegisters
 from spina import spec
 from spina.config import Assignment, ConfigError, JobFile
@@ -383,6 +384,26 @@ def test_status_reads_job_counters(fake, tmp_path):
     assert "job_received" in format_table(rows).splitlines()[0]
 
 
+def test_one_apply_computes_the_job_rows_once(fake, tmp_path, monkeypatch):
+    """A deploy computes a switch's job rows (controls.job_rows) once for all its controls."""
+    real, calls = controls.job_rows, []
+    monkeypatch.setattr(controls, "job_rows", lambda st, s: calls.append(s.name) or real(st, s))
+    sw = fake()
+    with Controller(new_state(tmp_path, sw.address, [JOB7]),
+                    registers={"s1": RecordingRegisters()}) as c:
+        c.deploy()
+    assert calls == ["s1"]
+    # written: the endpoint, the group, and per worker its rewrite and admission
+    assert len([u for w in sw.calls("Write") for u in w.updates]) == 6
+
+
+def test_controls_read_the_counters_spec_gives_them():
+    """Each counter is read by the control spina.spec.COUNTER_CONTROLS names, and only so."""
+    read = {n: c.__name__ for c in controls.Control.__subclasses__() for n in c.counters}
+    assert read == spec.COUNTER_CONTROLS
+    assert set(spec.COUNTER_CONTROLS) == set(spec.JOB_COUNTERS + spec.PORT_COUNTERS)
+
+
 def test_agent_files_name_job_rank_slots_and_switch(fake, tmp_path):
     """deploy writes a JobFile per job and an assignment per worker: job, rank, slots, switch."""
     sw = fake()
@@ -397,6 +418,23 @@ def test_agent_files_name_job_rank_slots_and_switch(fake, tmp_path):
     assert (jf.job, jf.switch) == (a.job, a.switch)
     assert jf.communication is None and a.communication is None  # no section: dense SpINA
     assert JobFile.from_dict(jf.to_dict()) == jf and Assignment.from_dict(a.to_dict()) == a
+
+
+def test_deploy_report_counts_agent_files_written_and_removed(fake, tmp_path):
+    """The report says how many agent files a deploy wrote and how many it removed: after a
+    job left, "removed", never "written" for an emptied folder (issue 44 item 7)."""
+    sw = fake()
+    with Controller(new_state(tmp_path, sw.address, [JOB7]),
+                    registers={"s1": RecordingRegisters()}) as c:
+        first = c.deploy()[0]
+    assert (first.agent_files, first.agent_files_removed) == (3, 0)  # job7.json, 2 ranks
+    assert str(first).endswith("; agent files: 3 written")
+    with Controller(new_state(tmp_path, sw.address),
+                    registers={"s1": RecordingRegisters()}) as c:
+        gone = c.deploy()[0]
+    assert (gone.agent_files, gone.agent_files_removed) == (0, 3)
+    assert str(gone).endswith("; agent files: 3 removed")
+    assert list((tmp_path / "agents").iterdir()) == []
 
 
 def test_thrift_adapter_commands():
@@ -513,11 +551,11 @@ def test_sprayed_l2_entries_name_groups_and_turns(fake, tmp_path):
 def test_job_add_allocates_non_overlapping_ranges():
     """with_job allocates the first free slot range; ranges of jobs never overlap."""
     st = state_mod.parse(doc("127.0.0.1:1", [dict(JOB7)]))  # JOB7: slots 4..5
-    st = st.with_job(state_mod.Job(id=8, members=("w2",), nslots=4))
-    st = st.with_job(state_mod.Job(id=9, members=("w3",), nslots=3))
+    st = st.with_job(model.Job(id=8, members=("w2",), nslots=4))
+    st = st.with_job(model.Job(id=9, members=("w3",), nslots=3))
     assert [(j.slot_base, j.nslots) for j in st.jobs.values()] == [(4, 2), (0, 4), (6, 3)]
     with pytest.raises(ConfigError, match="nslots"):
-        st.with_job(state_mod.Job(id=10, members=("w0",), nslots=250))
+        st.with_job(model.Job(id=10, members=("w0",), nslots=250))
     assert 8 not in st.without_job(8).jobs
 
 
@@ -687,3 +725,52 @@ def test_a_reconcile_round_that_fails_unexpectedly_never_ends_serve(tmp_path, ca
     err = capsys.readouterr().err
     assert "controller: Cannot invoke RPC on closed channel!; retrying" in err
     assert "controller: reconcile failed (KeyError: 'a bug'); retrying" in err
+
+
+def test_serve_says_its_rendezvous_listens_once_the_agent_files_are_written(tmp_path):
+    """serve's "run rendezvous on" line (the one a script waits for before it starts its
+    ranks) comes after the agent files exist and names their folder, even while no switch
+    answers yet (its first deploy retries)."""
+    from pathlib import Path
+
+    from spina.net import free_port
+    from spina.procs import stop_process
+    root = Path(__file__).resolve().parents[1]
+    cfg = tmp_path / "spina.yaml"
+    rendezvous = f"127.0.0.1:{free_port()}"
+    cfg.write_text(yaml.safe_dump(dict(doc("127.0.0.1:1", [JOB7]), rendezvous=rendezvous)))
+    proc = subprocess.Popen([sys.executable, "-m", "controller", "-c", str(cfg), "--timeout",
+                             "1", "serve"], cwd=root, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = proc.stdout.readline().strip()
+        files = sorted(p.name for p in (tmp_path / "agents").glob("*.json"))
+    finally:
+        stop_process(proc, 10)
+    assert line == (f"controller: run rendezvous on {rendezvous}, agent files in "
+                    f"{tmp_path / 'agents'}")
+    assert files == ["job7-rank0.json", "job7-rank1.json", "job7.json"]
+
+
+def test_serve_names_another_deployments_rendezvous_on_its_address(tmp_path):
+    """A second deployment's serve on the address another controller's rendezvous holds: one
+    line naming that controller (its jobs, pid and file), exit 2, no agent file written."""
+    import os
+
+    from spina.rendezvous import RendezvousServer
+    other = RendezvousServer("127.0.0.1", 0, {1: (4, 1)}, lambda j, e: None,
+                             owner="controller", source="/srv/other/spina.yaml").start()
+    host, port = other.address
+    cfg = tmp_path / "spina.yaml"
+    cfg.write_text(yaml.safe_dump(dict(doc("127.0.0.1:1", [JOB7]),
+                                       rendezvous=f"{host}:{port}")))
+    try:
+        out = subprocess.run([sys.executable, "-m", "controller", "-c", str(cfg), "serve"],
+                             capture_output=True, text=True, timeout=60)
+    finally:
+        other.stop()
+    assert out.returncode == 2, out
+    assert out.stderr == (f"python -m controller serve: error: {host}:{port} is the rendezvous of "
+                          f"another controller (jobs [1], pid {os.getpid()}, file "
+                          "/srv/other/spina.yaml)\n")
+    assert not (tmp_path / "agents").exists()

@@ -30,7 +30,7 @@ from google.protobuf import text_format
 from google.rpc import status_pb2
 from p4.v1 import p4runtime_pb2 as pb
 
-from controller import bfrt, state as state_mod, tofino
+from controller import bfrt, model, state as state_mod, tofino
 from controller.controller import Controller
 from controller.p4rt import NotPrimaryError, P4RuntimeError
 from spina import spec
@@ -295,7 +295,7 @@ def bf_build(tmp_path) -> pathlib.Path:
     return build
 
 
-def bfrt_state(tmp_path, address, jobs=(JOB7,)) -> state_mod.DesiredState:
+def bfrt_state(tmp_path, address, jobs=(JOB7,)) -> model.DesiredState:
     doc = tofino_doc(address, STD_P4INFO, bf_build(tmp_path), jobs=list(jobs))
     sw = doc["switches"][0]
     del sw["device_config_format"]
@@ -524,8 +524,8 @@ def test_cli_without_the_sdes_modules_exits_2_with_one_line(tmp_path):
     out = subprocess.run([sys.executable, "-m", "controller", "-c", str(p), "deploy"],
                          capture_output=True, text=True, cwd=ROOT, timeout=60, env=env)
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
-    assert out.stderr.startswith("python -m controller: error: switch s1: field 'api': bfrt: "
-                                 "BF Runtime client: no "
+    assert out.stderr.startswith("python -m controller deploy: error: switch s1: field 'api': "
+                                 "bfrt: BF Runtime client: no "
                                  "tofino/bfrt_grpc/bfruntime_pb2.py and bfruntime_pb2_grpc.py "
                                  f"under {tmp_path / 'no-sde'}/lib/python3.*/site-packages")
 

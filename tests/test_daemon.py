@@ -143,12 +143,13 @@ def test_torch_hook_through_the_daemon(setup):
 
 
 def test_relaunched_job_gets_a_new_agent(setup, tmp_path):
-    """Same job id and epoch relaunched on another switch and ports: the daemon follows the file."""
+    """Same job id and epoch relaunched on another switch and ports: the daemon follows the
+    file (a new agent per rank, the old one closed, also while its client is attached)."""
     job_file, sock, proc, logf = setup
-    with DaemonClient(job_file, 0, sock) as c0, DaemonClient(job_file, 1, sock) as c1, \
-            concurrent.futures.ThreadPoolExecutor(2) as pool:
+    old = [DaemonClient(job_file, r, sock) for r in (0, 1)]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
         [f.result(timeout=30)
-         for f in [pool.submit(c.allreduce, np.ones(10, np.float32)) for c in (c0, c1)]]
+         for f in [pool.submit(c.allreduce, np.ones(10, np.float32)) for c in old]]
     job2 = local_job(2)
     with UdpSwitch(port=0) as sw2:
         sw2.add_job(job2)
@@ -157,9 +158,13 @@ def test_relaunched_job_gets_a_new_agent(setup, tmp_path):
                 concurrent.futures.ThreadPoolExecutor(2) as pool:
             outs = [f.result(timeout=30) for f in
                     [pool.submit(c.allreduce, np.full(10, 2.0, np.float32)) for c in (c0, c1)]]
+            assert status(sock)["agents"] == 2
         np.testing.assert_array_equal(outs[0], np.full(10, 4.0, np.float32))
-        assert sw2.packets_in > 0 and status(sock)["agents"] == 2
+        assert sw2.packets_in > 0
+    for c in old:
+        c.close()
     assert "job file changed" in Path(logf).read_text()
+    assert status(sock)["agents"] == 2  # no rendezvous: the ranks' agents stay for the next
     _stop(proc, sock, logf)
 
 

@@ -9,10 +9,12 @@ import sys
 
 
 def test_demo_passes_small():
-    """`python -m spina_cli.demo` runs end to end, prints the table with gloo times and PASS.
+    """`python -m spina_cli.demo` runs end to end, prints the table with gloo times and PASS;
+    with --metrics its switch serves them.
     On a timeout its whole process group goes (its switch and controller too)."""
     p = subprocess.Popen([sys.executable, "-m", "spina_cli.demo", "--elements", "300001",
-                          "--repeats", "1", "--densities", "1.0", "0.01", "0"],
+                          "--repeats", "1", "--densities", "1.0", "0.01", "0",
+                          "--metrics", "0"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          start_new_session=True)
     try:
@@ -23,4 +25,5 @@ def test_demo_passes_small():
         raise AssertionError(f"the demo ran over 300 s: {out[-2000:]} {err[-2000:]}") from None
     assert p.returncode == 0, out + err
     assert "| block density |" in out and "gloo" in out
+    assert ", metrics http://127.0.0.1:" in out  # its switch served them (docs/operations.md)
     assert out.strip().splitlines()[-1].startswith("PASS: 3 densities")

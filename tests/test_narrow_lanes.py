@@ -457,19 +457,25 @@ def test_narrow_rows_may_hold_more_values_than_an_int32_datagram(datapath):
 
 
 @pytest.mark.parametrize("datapath", ["compiled", "python"])
-def test_lanes_bench_smoke(capsys, datapath):
-    """bench/lanes_bench.py runs (2 workers, 8,192 elements, one call per width) on either
-    path, and reports each width's bytes: 4, 2 and 1 per value of the 32 blocks, and the
-    headers of the same 17 datagrams (a setup round on each of the 16 slots; the 32 blocks
-    are lanes 0-31, slot 0's: one data round)."""
-    from bench import lanes_bench
-    assert lanes_bench.main(["--elements", "8192", "--workers", "2", "--repeats", "1",
-                             "--agent-datapath", datapath, "--switch-datapath", datapath]) == 0
-    out = capsys.readouterr().out
-    lines = {ln.split("|")[1].strip(): ln for ln in out.splitlines() if "-bit |" in ln}
+def test_lanes_bench_smoke(tmp_path, datapath):
+    """`python -m bench lanes` runs (2 ranks, 8,192 elements, one call per width) on either
+    path, every result within its width's bound (wrong 0), and reports each width's bytes: 4,
+    2 and 1 per value of the 32 blocks, and the headers of the same 17 datagrams (a setup round
+    on each of the 16 slots; the 32 blocks are lanes 0-31, slot 0's: one data round)."""
+    import csv
+
+    from bench import harness
+    assert harness.main(["lanes", "-b", "32K", "-e", "32K", "-g", "2", "-n", "1",
+                         "--agent-datapath", datapath, "--switch-datapath", datapath,
+                         "--no-plots", "--out", str(tmp_path)]) == 0
+    with open(tmp_path / "results.csv", newline="") as f:
+        rows = {int(r["lane_bits"]): r for r in csv.DictReader(f)}
+    assert sorted(rows) == [8, 16, 32] and rows[32]["vs_32bit"] == "1.0"
     for bits, item in ((32, 4), (16, 2), (8, 1)):
-        sent, data, packets = (int(c) for c in lines[f"{bits}-bit"].split("|")[2:5])
-        assert data == 8192 * item, bits
+        r = rows[bits]
+        sent, data, packets = (int(r[k]) for k in ("bytes_per_link", "payload_bytes_per_link",
+                                                   "packets_per_link"))
+        assert data == 8192 * item and r["wrong"] == "0", bits
         if packets == 17:  # no resend (a loaded machine may time one out: then more)
             assert sent == 17 * wire.data_offset(56) + data, bits
         assert packets >= 17 and sent >= 17 * wire.data_offset(56) + data, bits

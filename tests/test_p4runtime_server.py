@@ -49,6 +49,13 @@ def code_of(f) -> grpc.StatusCode:
     return e.value.code
 
 
+def test_one_p4runtime_error():
+    """The server refuses and the client fails with one error type (spina.p4runtime's)."""
+    from softswitch import p4runtime_server
+    from spina import p4runtime
+    assert P4RuntimeError is p4runtime.P4RuntimeError is p4runtime_server.P4RuntimeError
+
+
 def l2_entry(c, mac="02:00:00:00:00:01", port=1):
     return pb.Entity(table_entry=c.index.table_entry("l2", {"dst_mac": mac}, "bridge",
                                                      {"port": port}))
@@ -273,6 +280,22 @@ def test_duplicate_election_id_is_refused(server):
         assert got == [grpc.StatusCode.INVALID_ARGUMENT]
 
 
+def test_controller_with_a_held_election_id_is_not_primary(server):
+    """The controller's session given an election id another client holds: NotPrimaryError
+    (exit 3, as controller/README.md says) naming the other controller and --election-id
+    (issue 44 item 7: a plain P4RuntimeError, exit 2)."""
+    from controller.p4rt import NotPrimaryError
+    srv, _ = server
+    with Connection(srv.address, election=1):
+        with pytest.raises(NotPrimaryError) as e:
+            Connection(srv.address, election=1)
+    msg = str(e.value)
+    assert msg.startswith(f"{srv.address}: election id 1 is held by another controller of "
+                          "this switch (a running `serve` or `deploy --watch`?)")
+    assert msg.endswith("stop it, or pass another --election-id (the highest connected one "
+                        "writes)")
+
+
 def _drain(stream):
     try:
         for _ in stream:
@@ -358,10 +381,13 @@ def test_value_registers_beyond_the_slot_capacity_read_zero():
 
 def test_a_second_server_on_a_port_in_use_is_refused_naming_it():
     """Two software switches on one P4Runtime address would both listen (SO_REUSEPORT) and the
-    controller would talk to either: the second is refused, naming the address."""
+    controller would talk to either: the second is refused, naming the address and who holds
+    it (here: this process)."""
+    import os
     first = P4RuntimeServer(Dataplane(), "127.0.0.1:0").start()
     try:
-        with pytest.raises(OSError, match=rf"cannot serve P4Runtime on {first.address}: "):
+        with pytest.raises(OSError, match=rf"^cannot serve P4Runtime: {first.address} "
+                           rf"\(P4Runtime port\) is held by this process \(pid {os.getpid()}\)$"):
             P4RuntimeServer(Dataplane(), first.address)
     finally:
         first.stop()

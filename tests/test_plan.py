@@ -100,6 +100,8 @@ def test_local_devices_become_ranks_on_a_local_mesh():
     (dict(mtu=100), "field 'mtu': must be an integer in 576..65535"),
     (dict(hosts={"h0": {"devices": 0}}), "field 'hosts.h0.devices': must be an integer"),
     (dict(switches={"s": {"aggregate": "yes"}}), "field 'switches.s.aggregate': must be true"),
+    (dict(hosts=["h0", "h1", "h2", "h1"]), "field 'hosts[3]': 'h1' is also hosts[1]"),
+    (dict(switches=["s", "s"]), "field 'switches[1]': 's' is also switches[0]"),
 ])
 def test_bad_topologies_name_the_field(change, msg):
     """Each mistake is a TopologyError naming the file and the field, on one line."""

@@ -359,3 +359,68 @@ def test_switch_restart_mid_call_recovers():
             assert all((r == np.sum(xs, 0, dtype=np.int32)).all() for r in res)
             res = c.allreduce(xs)  # and the next call too
             assert all((r == np.sum(xs, 0, dtype=np.int32)).all() for r in res)
+
+
+def test_switch_process_killed_and_restarted_mid_call_completes_exactly(tmp_path):
+    """A real switch process (`python -m softswitch udp --grpc`) is killed while ranks 0 and 1
+    are in a call (rank 2 has not called yet, so the call cannot be over) and started again;
+    `controller serve` restores its tables with the run's epoch. The agents ride through the
+    refusals of the dead port: the call completes exactly at every rank, and so does the
+    next. (test_switch_restart_mid_call_recovers restarts inside one process: the port never
+    closes there.)"""
+    import logging
+    import threading
+
+    from host_agent.assignment import connect
+    from spina.net import free_ports
+    from tests.deployment import Deployment
+    from tests.waits import until
+
+    udp, grpc, workers = free_ports(1), free_ports(2), free_ports(3)
+    doc = {"switches": [{"name": "s0", "target": "softswitch", "grpc": f"127.0.0.1:{grpc[0]}",
+                         "address": "127.0.0.1", "udp_port": udp[0]}],
+           "workers": [{"name": f"w{r}", "ip": "127.0.0.1", "udp_port": workers[r],
+                        "switch_port": 0, "switch": "s0"} for r in range(3)],
+           "jobs": [{"id": 3, "members": ["w0", "w1", "w2"], "nslots": 4, "slot_base": 0,
+                     "block_size": 256, "nlanes": 8}],
+           "agents_dir": "agents", "rendezvous": f"127.0.0.1:{grpc[1]}"}
+    rng = np.random.default_rng(9)
+    refused = threading.Event()
+
+    class Refusals(logging.Handler):
+        def emit(self, record):
+            if "refuses datagrams" in record.getMessage():
+                refused.set()
+    seen = Refusals()
+    logging.getLogger("spina.agent").addHandler(seen)
+    dep = Deployment("grpc", doc, tmp_path)
+    agents = []
+    try:
+        dep.start()
+        agents = [connect(dep.agent_file(3, r), timeout=30, rto=0.02) for r in range(3)]
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            for call in range(3):  # the first joins the run; the switch dies in the second
+                xs = [sparse(rng, 200_000, 0.5) for _ in range(3)]
+                early = [pool.submit(agents[r].allreduce, xs[r]) for r in (0, 1)]
+                if call == 1:  # the kill comes while ranks 0 and 1 resend into a dead port
+                    def ended(early=early):  # a rank's call ended: its result says why
+                        return any(f.done() for f in early)
+                    until(lambda: all(a.call_id == 2 for a in agents[:2]) or ended(),
+                          "ranks 0 and 1 in their call")
+                    assert not ended(), [f.result() for f in early]
+                    dep.procs.kill("s0")
+                    until(lambda: refused.is_set() or ended(),
+                          "an agent to see the dead switch's refusals")
+                    dep.start_switch("s0")
+                late = pool.submit(agents[2].allreduce, xs[2])
+                res = [f.result(60) for f in early + [late]]
+                exact = np.sum(np.stack(xs), axis=0, dtype=np.int32)
+                for r in res:
+                    assert (r == exact).all()
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{dep.processes_tail()}") from None
+    finally:
+        logging.getLogger("spina.agent").removeHandler(seen)
+        for a in agents:
+            a.close()
+        dep.stop()

@@ -9,6 +9,7 @@ second training run would be.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -260,42 +261,79 @@ def test_daemon_consecutive_runs_and_a_rank_that_died_between_calls(daemon):
 
 
 # --------------------------------------------------------------------------- controller
-def test_controller_serve_gives_each_run_its_own_epoch(tmp_path):
-    """Two programs on one controller deployment (`controller serve`): each gets its own sums,
-    and the file's epoch stays while each run gets a new one at the switch."""
+@contextlib.contextmanager
+def served(tmp_path: Path, nworkers: int = 2):
+    """`controller serve` (a subprocess, watch 0.5 s) over a software switch in this process
+    with job 3 of `nworkers` ranks: (switch, the agent files by rank, serve's process). Its
+    output is read only after it stopped."""
     sw = UdpSwitch("127.0.0.1", 0).start()
     srv = P4RuntimeServer(sw.dataplane, "127.0.0.1:0", servicer=sw.servicer()).start()
-    ports, udp = free_ports(3), free_ports(2)
+    ports, udp = free_ports(1), free_ports(nworkers)
+    names = [f"w{i}" for i in range(nworkers)]
     cfg = tmp_path / "spina.yaml"
     cfg.write_text(yaml.safe_dump({
         "switches": [{"name": "s1", "target": "softswitch", "grpc": srv.address,
                       "address": "127.0.0.1", "udp_port": sw.address[1]}],
-        "workers": [{"name": f"w{i}", "ip": "127.0.0.1", "udp_port": udp[i], "switch_port": 0}
-                    for i in range(2)],
-        "jobs": [{"id": 3, "members": ["w0", "w1"], "nslots": 4, "slot_base": 0,
+        "workers": [{"name": n, "ip": "127.0.0.1", "udp_port": udp[i], "switch_port": 0}
+                    for i, n in enumerate(names)],
+        "jobs": [{"id": 3, "members": names, "nslots": 4, "slot_base": 0,
                   "block_size": 64, "nlanes": 8}],
         "agents_dir": "agents", "rendezvous": f"127.0.0.1:{ports[0]}"}))
     proc = subprocess.Popen([sys.executable, "-m", "controller", "-c", str(cfg), "serve",
                              "--watch", "0.5"], env=ENV, cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
-        files = [tmp_path / "agents" / f"job3-rank{r}.json" for r in (0, 1)]
+        files = [tmp_path / "agents" / f"job3-rank{r}.json" for r in range(nworkers)]
         for f in files:
             file_appears(f)
         assert json.loads(files[0].read_text())["rendezvous"] == {"host": "127.0.0.1",
                                                                    "port": ports[0]}
+        yield sw, files, proc
+    finally:
+        stop_process(proc, 10)
+        srv.stop()
+        sw.stop()
+
+
+def test_controller_serve_gives_each_run_its_own_epoch(tmp_path):
+    """Two programs on one controller deployment (`controller serve`): each gets its own sums,
+    and the file's epoch stays while each run gets a new one at the switch."""
+    with served(tmp_path) as (sw, files, proc):
         assert_all(run_program("assignment", files, 1, dtype="int32"), 2.0)
         epoch1 = next(iter(sw.pipeline.admission.values())).epoch
         assert_all(run_program("assignment", files, 10, dtype="int32"), 20.0)
         epoch2 = next(iter(sw.pipeline.admission.values())).epoch
         assert (epoch1, epoch2) == (2, 3)  # the file's epoch is 1; each run the next
         assert_all(run_program("assignment", files, 0.5), 1.0)
-    finally:
-        stop_process(proc, 10)
-        out, err = proc.communicate()
-        srv.stop()
-        sw.stop()
+    out, err = proc.communicate()
     assert "run with epoch 2" in out and "run with epoch 4" in out, (out, err)
+
+
+def test_daemon_under_serve_second_run_after_serve_rewrote_the_files(tmp_path):
+    """Two programs in sequence through one daemon under `controller serve` (4 ranks, one
+    process each): serve writes the run's epoch into the agent files after the first run;
+    the second program (same files, new processes) still gets its own exact sums, because
+    the daemon released each rank's agent (and its port) when its client closed."""
+    from host_agent.daemon.client import status
+    sock = tmp_path / "agent.sock"
+
+    def no_agents():  # a closed client is detached by the daemon a moment after the close
+        return status(str(sock))["agents"] == 0
+    daemon = subprocess.Popen([sys.executable, "-m", "host_agent", "daemon", "--socket",
+                               str(sock), "--log-file", str(tmp_path / "daemon.log")],
+                              env=ENV, cwd=ROOT)
+    try:
+        file_appears(sock)
+        with served(tmp_path, nworkers=4) as (sw, files, proc):
+            extra = ("--socket", str(sock))
+            assert_all(run_program("daemon", files, 1, nranks=4, extra=extra), 4.0)
+            until(no_agents, "the daemon to release every closed client's agent", 10)
+            until(lambda: json.loads(files[0].read_text())["job"]["epoch"] != 1,
+                  "serve to write the run's epoch into the agent file")
+            assert_all(run_program("daemon", files, 10, nranks=4, extra=extra), 40.0)
+            until(no_agents, "the daemon to release every closed client's agent", 10)
+    finally:
+        stop_process(daemon, 10)
 
 
 def test_rendezvous_server_starts_once_and_stops_in_any_state():
@@ -363,3 +401,58 @@ def test_a_join_the_rendezvous_closes_is_joined_again_once_it_listens():
     assert isinstance(got[0], rendezvous.RendezvousError)
     assert "closed the connection before job 1's run started and no longer takes joins" \
         in str(got[0]), got[0]
+
+
+def test_a_join_that_times_out_names_only_the_ranks_that_never_joined():
+    """Three ranks, rank 2 never joins (no switch needed): ranks 0 and 1 both fail naming
+    [2], the rank the rendezvous never heard from, not each other."""
+    from spina import rendezvous
+    with rendezvous.RendezvousServer("127.0.0.1", 0, {5: (3, 1)}, lambda j, e: None) as srv:
+        got: dict[int, rendezvous.RendezvousError] = {}
+
+        def rank(r):
+            try:
+                rendezvous.join(srv.address, 5, r, 3, timeout=1.5)
+            except rendezvous.RendezvousError as e:
+                got[r] = e
+        ts = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(10)
+    assert sorted(got) == [0, 1]
+    for r in (0, 1):
+        assert got[r].missing == [2], got[r]
+        assert str(got[r]).startswith("job 5: ranks [2] did not join the run within 1.5 s"), got[r]
+
+
+def test_another_deployments_rendezvous_is_named_not_taken_for_ours():
+    """A second deployment on the address of a controller's rendezvous: its rendezvous cannot
+    bind and names the first (owner, jobs, pid, file); joins of jobs the first does not serve
+    as they are (another id, size or switch) fail naming it; `probe` says whose it is."""
+    from spina import owner, rendezvous
+    first = rendezvous.RendezvousServer("127.0.0.1", 0, {1: (4, 1)}, lambda j, e: None,
+                                        owner="controller", source="/srv/a/spina.yaml",
+                                        switches={1: {"127.0.0.1:47000"}}).start()
+    host, port = first.address
+    whose = f"controller (jobs [1], pid {os.getpid()}, file /srv/a/spina.yaml)"
+    try:
+        assert rendezvous.probe(first.address) == {
+            "owner": "controller", "pid": os.getpid(), "source": "/srv/a/spina.yaml",
+            "jobs": {"1": 4}}
+        with pytest.raises(owner.AddressInUse) as e:
+            rendezvous.RendezvousServer(host, port, {7: (2, 1)}, lambda j, e: None)
+        assert str(e.value) == f"{host}:{port} is the rendezvous of another {whose}"
+        for job, n, why in ((7, 2, "job 7 is not served here (jobs: [1])"),
+                            (1, 2, "job 1 has 4 workers, the agent's job file says 2")):
+            with pytest.raises(rendezvous.RendezvousError) as e:
+                rendezvous.join(first.address, job, 0, n, timeout=5, switch=("127.0.0.1", 47000))
+            assert str(e.value) == f"join: {why}: this is the rendezvous of a {whose}"
+        # the same job id and size, another deployment's switch: refused, named
+        with pytest.raises(rendezvous.RendezvousError) as e:
+            rendezvous.join(first.address, 1, 0, 4, timeout=5, switch=("127.0.0.1", 47001))
+        assert str(e.value) == ("join: job 1 aggregates at 127.0.0.1:47000 here, the agent's "
+                                f"file names 127.0.0.1:47001: this is the rendezvous of a {whose}")
+        assert first.jobs[1].waiting == {}
+    finally:
+        first.stop()

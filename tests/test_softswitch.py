@@ -289,3 +289,25 @@ def test_udp_switch_serves_a_queued_burst_like_the_pipeline():
     finally:
         for s in socks:
             s.close()
+
+
+def test_a_second_switch_on_a_port_names_the_switch_that_holds_it():
+    """`python -m softswitch udp --port P` while another switch process holds P: one line,
+    exit 2, naming that process as another SpINA software switch with its pid and command."""
+    from spina.net import free_port
+    from spina.procs import stop_process
+    port = free_port()
+    first = subprocess.Popen([sys.executable, "-m", "softswitch", "udp", "--port", str(port)],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert first.stdout.readline().startswith("listening")
+        out = subprocess.run([sys.executable, "-m", "softswitch", "udp", "--port", str(port)],
+                             capture_output=True, text=True, timeout=60)
+    finally:
+        stop_process(first, 10)
+    assert out.returncode == 2, out
+    assert out.stderr == (
+        f"python -m softswitch udp: error: argument --host/--port: cannot listen on "
+        f"127.0.0.1:{port}: 127.0.0.1:{port} (the switch's UDP port) is held by another SpINA "
+        f"process: the software switch (pid {first.pid}: python -m softswitch udp --port "
+        f"{port})\n")

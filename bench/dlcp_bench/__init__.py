@@ -55,9 +55,9 @@ interleaved step by step (the order rotating each repeat), in the same processes
 
 A step's time is the slowest worker's (barriers around it). Checked per step: SpINA's results
 bit-identical on every rank; rank 0 counts the blocks of each call's result that differ from
-the exact float64 sum by more than the quantization bound (exact modes: none, else the run
-fails; bounded modes: recorded with `within_bound`, floor(bound x the call's blocks)); gloo
-within float32 rounding. Recorded per step: CallStats (blocks lost, partial
+the exact float64 sum by more than the quantization bound (exact modes: none, else the step
+is wrong, `wrong_step`; bounded modes: recorded with `within_bound`, floor(bound x the call's
+blocks)); gloo within float32 rounding. Recorded per step: CallStats (blocks lost, partial
 rounds, loss-tolerant packets, resends), the leaf's congestion drops and tail drops, the load
 average. Outputs in --out: dlcp_steps.csv (every step), dlcp_congestion.csv (per
 configuration), dlcp_summary.md, dlcp_congestion.png.

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 
 from bench.dlcp_bench.model import layer_sizes
+from spina import cli
 
 
+@cli.refuses("x", "10", "0,10")
 def _widths(text: str) -> list[int]:
     try:
         w = [int(v) for v in text.split(",")]
@@ -19,6 +21,7 @@ def _widths(text: str) -> list[int]:
     return w
 
 
+@cli.refuses("x", "0mbit")
 def _port_rate(text: str):
     from softswitch.egress import parse_port_rate
     try:
@@ -37,7 +40,7 @@ def _positive(kind, lo, hi):
             raise argparse.ArgumentTypeError(f"{v} outside {lo}..{hi}")
         return v
     parse.__name__ = kind.__name__
-    return parse
+    return cli.refuses("x", str(lo - 1), str(hi * 2))(parse)
 
 
 def add_options(ap) -> None:

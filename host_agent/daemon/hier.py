@@ -91,7 +91,7 @@ class LocalGroup:
         with self.cond:
             if self.members and size != self.size:
                 return (f"field 'local_size': {size} differs from the {self.size} the attached "
-                        f"local ranks ({', '.join(self._who())}) gave")
+                        f"local ranks ({', '.join(self.who())}) gave")
             if size > 1:
                 for lr, p in self.members.values():
                     if lr == local_rank:
@@ -136,7 +136,7 @@ class LocalGroup:
             rnd.done.wait()
         return rnd.reply
 
-    def _who(self) -> list[str]:
+    def who(self) -> list[str]:
         return [f"local rank {lr} pid {p}" for lr, p in sorted(self.members.values(),
                                                                key=lambda m: m[0])]
 

@@ -16,6 +16,7 @@ null: each job file's own) override the DLCP settings of every job this daemon s
 """
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import signal
@@ -163,6 +164,15 @@ class _Slot:
         self.local = hier.LocalGroup()  # the processes attached to this rank (local ranks)
 
 
+def _same_run_owner(old: JobFile, new: JobFile) -> bool:
+    """Whether a rank's agent for `old` serves `new`: the same file, or one that differs only
+    in the epoch when a rendezvous gives each run its epoch (`serve` writes the current run's
+    epoch into the files it owns; the agent takes its epoch from the rendezvous anyway)."""
+    if new.rendezvous is not None and new.job.epoch != old.job.epoch:
+        new = replace(new, job=replace(new.job, epoch=old.job.epoch))
+    return old == new
+
+
 def _local_fields(msg: dict) -> tuple[int, int]:
     """attach's (local_rank, local_size): (0, 1) when absent (one process is the rank)."""
     need = checker("")
@@ -180,7 +190,9 @@ class Daemon:
 
     def __init__(self, cfg: DaemonConfig):
         self.cfg = cfg
-        self._slots: dict[tuple[int, int, int], _Slot] = {}  # (job, epoch, rank)
+        # (job, rank) -> its agent while a client is attached: the ports are the rank's, so
+        # a rank has one agent at a time, whatever run (epoch) its job file names
+        self._slots: dict[tuple[int, int], _Slot] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -258,15 +270,18 @@ class Daemon:
               pid: int | None) -> tuple[_Slot, JobFile]:
         """The (job, rank)'s slot, with this connection joined as `local_rank` of it."""
         jf = load_worker_file(job_file, rank)  # a job file, or a two-level job's assignment
-        key = (jf.job.job, jf.job.epoch, rank)
+        key = (jf.job.job, rank)
         with self._lock:
             s = self._slots.get(key)
-            if s is not None and s.jf != jf:
-                # The same job id and epoch relaunched elsewhere (new switch or ports): the old
-                # agent's socket and round counters belong to the old incarnation.
-                s.log.info("job file changed, new agent")
+            if s is not None and not _same_run_owner(s.jf, jf):
+                # The job relaunched elsewhere (new switch or ports), or, with no rendezvous,
+                # a new epoch: the old agent's socket and round counters belong to the old
+                # incarnation, and its ports are the ones the new agent needs.
+                s.log.info("job file changed (attached: %s), new agent",
+                           ", ".join(s.local.who()) or "none")
                 with s.lock:
                     s.agent.close()
+                del self._slots[key]
                 s = None
             if s is None:
                 agent = Agent(self.cfg.job(jf.job), rank, jf.switch, timeout=self.cfg.timeout,
@@ -283,6 +298,23 @@ class Daemon:
                 # other ranks made without it) cannot leave the ranks a call apart.
                 s.agent.rejoin()
         return s, jf
+
+    def _detach(self, slot: _Slot, conn_id: int) -> None:
+        """The connection left its rank. With a rendezvous the rank's last one releases the
+        agent (its socket and ports): a new process of the rank starts a new run anyway, and
+        gets a new agent on those ports whatever epoch serve gave the run meanwhile. Without
+        one the agent stays: its call and round counters keep the rank in step with the
+        others when a new process takes the rank over (a new epoch in the file replaces it)."""
+        slot.local.leave(conn_id)
+        with self._lock:
+            key = (slot.jf.job.job, slot.rank)
+            if slot.local.members or slot.jf.rendezvous is None \
+                    or self._slots.get(key) is not slot:
+                return
+            del self._slots[key]
+            with slot.lock:
+                slot.agent.close()
+        slot.log.info("last client detached, agent released")
 
     def _serve_client(self, conn: socket.socket) -> None:
         slot: _Slot | None = None
@@ -308,7 +340,7 @@ class Daemon:
                 op = msg["op"]
                 if op == "attach":
                     if slot is not None:
-                        slot.local.leave(id(conn))
+                        self._detach(slot, id(conn))
                         slot = None
                     try:
                         local_rank, local_size = _local_fields(msg)
@@ -349,7 +381,7 @@ class Daemon:
             clog.warning("connection dropped: %s", e)
         finally:
             if slot is not None:
-                slot.local.leave(id(conn))
+                self._detach(slot, id(conn))
             for shm in maps.values():
                 shm.close()
             conn.close()
@@ -445,35 +477,54 @@ class Daemon:
 
 
 # ---------------------------------------------------------------------- CLI
-def main(argv=None) -> int:
+def _field(name: str, convert=str, bad: tuple[str, ...] = ()):
+    """An argparse type for the option that overrides the config's field `name`: the value
+    checked by DaemonConfig.validate, as the file's would be."""
+    def parse(text: str):
+        value = convert(text)
+        DaemonConfig(**{name: value}).validate()
+        return value
+    return cli.parsed_by(parse, name, bad)
+
+
+def parser(prog: str = "python -m host_agent daemon") -> argparse.ArgumentParser:
     ap = cli.ArgumentParser(
-        prog="python -m host_agent daemon",
+        prog=prog,
         description="SpINA host agent daemon: serves all-reduce to local training processes "
                     "(Unix socket + shared memory). Stops cleanly on SIGTERM or SIGINT.")
-    ap.add_argument("--config", help="JSON config file (fields: socket, log_file, log_level, "
-                                     "log_format, timeout, rto, metrics, bounded_loss, "
-                                     "priority_policy, loss_tolerant_policy, loss_deadline)")
+    ap.add_argument("--config", type=cli.input_file,
+                    help="JSON config file (fields: socket, log_file, log_level, "
+                         "log_format, timeout, rto, metrics, bounded_loss, "
+                         "priority_policy, loss_tolerant_policy, loss_deadline)")
     ap.add_argument("--socket",
+                    type=_field("socket", bad=("no-such-dir/a.sock", "/tmp/" + "s" * 120)),
                     help=f"Unix socket path (overrides the config; default {DEFAULT_SOCKET})")
-    ap.add_argument("--log-file", help="log to this file (overrides the config; default stderr)")
+    ap.add_argument("--log-file", type=_field("log_file", bad=("no-such-dir/d.log",)),
+                    help="log to this file (overrides the config; default stderr)")
     spina_log.add_options(ap, level=None, fmt=None)  # None: the config's value applies
-    ap.add_argument("--metrics", metavar="[HOST:]PORT",
+    ap.add_argument("--metrics", metavar="[HOST:]PORT", type=cli.metrics_address,
                     help="serve Prometheus metrics at http://HOST:PORT/metrics (overrides the "
                          "config; host default 127.0.0.1; a wildcard address is refused)")
-    ap.add_argument("--bounded-loss", type=float,
+    ap.add_argument("--bounded-loss", type=_field("bounded_loss", cli.finite, ("x", "1", "-0.5")),
                     metavar="FRACTION", help="DLCP: the loss bound of every job served (0 = exact; "
                                              "default: each job file's)")
-    ap.add_argument("--priority-policy", help=f"DLCP: {' | '.join(PRIORITY_POLICIES)} for every "
-                                              "job served (default: each job file's)")
-    ap.add_argument("--loss-tolerant-policy",
-                    help=f"DLCP: {' | '.join(LOSS_TOLERANT_POLICIES)} for every job served "
-                         "(default: each job file's)")
+    ap.add_argument("--priority-policy", choices=PRIORITY_POLICIES,
+                    help="DLCP: the priority policy of every job served (default: each job "
+                         "file's)")
+    ap.add_argument("--loss-tolerant-policy", choices=LOSS_TOLERANT_POLICIES,
+                    help="DLCP: which packets may be dropped, for every job served (default: "
+                         "each job file's)")
     ap.add_argument("--loss-deadline", type=cli.seconds_or_auto, metavar="SECONDS|auto",
                     help="DLCP: how long a round may wait for a missing worker before it is "
                          "completed without it (bounded loss only): seconds, or 'auto': twice "
                          "the measured latency of the agent's rounds, at least 2 ms and at most "
                          "50 ms, so a round is given up when it is clearly late on this fabric "
                          "(default: each job file's; the job file's default is 0.05)")
+    return ap
+
+
+def main(argv=None, prog: str = "python -m host_agent daemon") -> int:
+    ap = parser(prog)
     args = ap.parse_args(argv)
     overrides = {k: v for k, v in (("socket", args.socket), ("log_file", args.log_file),
                                    ("log_level", args.log_level), ("log_format", args.log_format),
@@ -485,11 +536,6 @@ def main(argv=None) -> int:
     if args.loss_deadline is not None:
         overrides["loss_deadline"] = args.loss_deadline
     try:
-        for k, v in overrides.items():
-            try:
-                DaemonConfig(**{k: v}).validate()
-            except ConfigError as e:
-                raise ConfigError(f"--{k.replace('_', '-')}: {e}") from None
         cfg = replace(DaemonConfig.load(args.config), **overrides)
         spina_log.setup("daemon", cfg.log_level, cfg.log_format, cfg.log_file)
     except (ConfigError, OSError) as e:

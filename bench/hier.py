@@ -1,34 +1,36 @@
-"""Hierarchical reduction through the daemon vs one rank per process, on loopback or over
-rate-limited links between network namespaces.
+"""hier: hierarchical reduction through the daemon vs one rank per process, on loopback or
+over rate-limited links between network namespaces.
 
-    python -m bench.hier_bench [--hosts 4] [--local 4] [--elements N] [--calls C]
-    python -m bench.hier_bench --topology bench/topologies/star4.yaml [--rate 1gbit] [--tag T]
-                                                                      # as root
-    ... [--nslots 16] [--modes flat,hier]   # each agent's window; one mode alone
+    python -m bench hier                                   # 16 processes, 4 per host, 4 MiB
+    python -m bench hier -t bench/topologies/star4.yaml -g 16 --local 4      # as root
+    ... -m hier                                            # one mode alone
 
-H "hosts" are H daemon processes (`python -m host_agent daemon`, each its own socket), each
-with L training processes (DaemonClients, one process each); one software switch (a process
-of its own, bench.procs.switch_main, one per mode). `flat`: every process is its own rank of
-an H*L-rank job (today's mode); `hier`: the L processes of a host are local ranks of one rank
-of an H-rank job (host_agent/daemon/hier.py). Both sum the same dense float32 tensors.
+-g training processes in -g/--local "hosts", each host a daemon process (`python -m
+host_agent daemon`, its own socket) with --local training processes (DaemonClients, one
+process each); one software switch (a process of its own, bench.procs.switch_main, one per
+mode). Methods: `flat`: every process is its own rank of a g-rank job (today's mode); `hier`:
+the L processes of a host are local ranks of one rank of an H-rank job
+(host_agent/daemon/hier.py). Both sum the same dense float32 tensors of the size.
 
-On loopback every process is in this namespace. With --topology (a star file: one aggregating
-switch, a link per host; its hosts are the H hosts) each host is a namespace of the file built
+On loopback every process is in this namespace. With -t (a star file: one aggregating
+switch, a link per host; its hosts are the hosts) each host is a namespace of the file built
 by bench/net_topo.py's Graph, its one veth to the switch namespace limited by tbf to the
-file's rate (or --rate) in both directions; the host's daemon and its L training processes
+file's rate (or --rates) in both directions; the host's daemon and its L training processes
 run in its namespace (the daemon's unix socket is on the shared filesystem), the job's worker
 addresses are the hosts' namespace addresses, and the switch runs in the switch namespace.
 Everything is removed on exit, also on errors.
 
-Printed per mode: the switch's datagrams and bytes in+out per call (exact counts), the bytes
-each host's agents put on and took off its link per call (exact UDP payload; with --topology also
-the veth's own tx+rx bytes, headers and IP fragments included, and the tbf and kernel UDP
-drops), and the median call time of the calls after the first (wall clock: the load average
-is printed too). docs/collectives.md shows runs.
+The modes run one after the other (not paired: each needs its own processes); time is the
+median call of every process after its first (-n calls after one). Columns besides the
+harness's: the switch's datagrams and bytes in+out per call (exact counts), each host's
+agents' bytes on its link per call (exact UDP payload; `bytes_per_link` their mean), the
+resends, and with -t each host's veth tx+rx bytes per call (headers and IP fragments
+included) and the tbf and kernel UDP drops. Every sum is checked in every training process
+against numpy's float64 sum, within 1e-5 of it relatively (`wrong`). docs/collectives.md shows
+runs.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing as mp
 import os
@@ -41,38 +43,48 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.harness import method_rows
 from bench.net_topo import (
     Graph,
     dev_bytes,
     kernel_losses_total,
-    parse_rate,
     star_of,
-    tbf_params,
 )
 from bench.paired import stop_all
 from bench.procs import switch_main
 from host_agent.launch import local_job
-from spina import cli, netns
+from spina import netns
 from spina.config import JobConfig, JobFile, WorkerAddr
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def data(seed: int, n: int) -> np.ndarray:
+    """Training process `seed`'s tensor (values in 0.5..1.5)."""
+    return (np.random.default_rng(seed).random(n) + 0.5).astype(np.float32)
+
+
 def worker(job_file: str, rank: int, sock: str, local_rank: int, local_size: int, n: int,
-           calls: int, seed: int) -> None:
-    """One training process: `calls` all-reduces; prints its times and last stats as JSON."""
+           calls: int, seed: int, nprocs: int) -> None:
+    """One training process: `calls` all-reduces, each result checked against numpy's sum of
+    every process's tensor; prints its times, last stats and wrong calls as JSON."""
     from host_agent.daemon import DaemonClient
-    x = (np.random.default_rng(seed).random(n) + 0.5).astype(np.float32)
+    x = data(seed, n)
+    want = np.sum([data(s, n).astype(np.float64) for s in range(nprocs)], axis=0)
     kw = dict(local_rank=local_rank, local_size=local_size) if local_size else {}
-    times, nbytes, resends = [], [], 0
+    times, nbytes, resends, wrong = [], [], 0, 0
     with DaemonClient(job_file, rank, sock, **kw) as c:
         for _ in range(calls):
             t0 = time.perf_counter()
-            c.allreduce(x)
+            got = c.allreduce(x)
             times.append(time.perf_counter() - t0)
+            # float32 sums of nprocs values in 0.5..1.5, quantized on the way (2^-31 of the
+            # largest: docs/aggregation.md): far within 1e-5 of the float64 sum, relatively
+            wrong += int((np.abs(np.asarray(got, np.float64) - want) > 1e-5 * want).any())
             nbytes.append(c.last_stats.bytes_sent + c.last_stats.bytes_received)
             resends += c.last_stats.resends
-    print(json.dumps({"times": times, "bytes": nbytes, "resends": resends}), flush=True)
+    print(json.dumps({"times": times, "bytes": nbytes, "resends": resends, "wrong": wrong}),
+          flush=True)
 
 
 WORKER_PORT = 50000  # the namespaces are new: rank r's agent binds WORKER_PORT + r
@@ -180,8 +192,8 @@ def run_mode(hosts: Hosts, tmp: Path, mode: str, L: int, n: int, calls: int, job
             for lr in range(L):
                 rank, local = (h, (lr, L)) if mode == "hier" else (h * L + lr, (0, 0))
                 procs.append(subprocess.Popen(netns.command(
-                    hosts.ns[h], sys.executable, "-m", "bench.hier_bench", "--worker", job_file,
-                    rank, socks[h], local[0], local[1], n, calls, h * L + lr),
+                    hosts.ns[h], sys.executable, "-m", "bench.hier", "--worker", job_file,
+                    rank, socks[h], local[0], local[1], n, calls, h * L + lr, H * L),
                     env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True))
         end = time.monotonic() + timeout
         outs = []
@@ -223,114 +235,92 @@ def run_mode(hosts: Hosts, tmp: Path, mode: str, L: int, n: int, calls: int, job
            "switch_bytes": (counts["bytes_in"] + counts["bytes_out"]) / calls,
            "host_bytes": per_host,
            "resends": sum(o["resends"] for o in outs[::L if mode == "hier" else 1]),
-           "median_ms": 1e3 * statistics.median(t for o in outs for t in o["times"][1:])}
+           "times": [t for o in outs for t in o["times"][1:]],
+           "wrong": sum(o["wrong"] for o in outs)}
     if hosts.star:
         row.update(link_bytes=link, drops=drops)
     return row
 
 
-def measure(args, hosts: Hosts) -> list[dict]:
-    with tempfile.TemporaryDirectory() as tmp:
-        return [run_mode(hosts, Path(tmp), mode, args.local, args.elements, args.calls, job,
-                         args.rto, args.timeout, args.nslots)
-                for job, mode in enumerate(args.modes, 1)]
+DESCRIPTION = "hierarchical reduction through the daemon vs one rank per process"
+METHODS = ("flat", "hier")
+DEFAULTS = dict(methods="flat,hier", workers="16", densities="1", begin="4M", end="4M",
+                repeats=5)
+EXTRA_COLUMNS = ("hosts", "local", "switch_packets_per_call", "switch_bytes_per_call",
+                 "host_bytes_per_call", "resends", "veth_bytes_per_call", "tbf_drops",
+                 "udp_drops")
 
 
-def _rate(text: str) -> str:
-    """--rate: one tc rate, checked here so that a bad one is a usage error (exit 2)."""
-    try:
-        parse_rate(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    return text
-
-
-def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "--worker":
-        a = argv[1:]
-        worker(a[0], int(a[1]), a[2], int(a[3]), int(a[4]), int(a[5]), int(a[6]), int(a[7]))
-        return 0
-    ap = cli.ArgumentParser(prog="python -m bench.hier_bench", description=__doc__.split("\n")[0])
-    ap.add_argument("--hosts", type=int, default=4)
-    ap.add_argument("--local", type=int, default=4, help="training processes per host")
-    ap.add_argument("--elements", type=int, default=1 << 20)
-    ap.add_argument("--calls", type=int, default=6)
-    ap.add_argument("--rto", type=float, default=0.05, help="the daemons' rto floor (s)")
-    ap.add_argument("--nslots", type=int, default=16,
+def add_options(ap) -> None:
+    from spina import cli
+    ap.add_argument("--local", type=cli.int_range(1, 64), default=4,
+                    help="training processes per host (default %(default)s)")
+    ap.add_argument("--rto", type=cli.positive_float, default=0.05,
+                    help="the daemons' rto floor in s (default %(default)s)")
+    ap.add_argument("--nslots", type=cli.int_range(1, 4096), default=16,
                     help="the jobs' slots: each agent's window of rounds in flight")
-    ap.add_argument("--timeout", type=float, default=300,
+    ap.add_argument("--timeout", type=cli.positive_float, default=300,
                     help="seconds a mode's training processes may take in all")
-    ap.add_argument("--topology", default=None,
-                    help="a star topology file: its hosts in network namespaces with its "
-                    "rate-limited links (root; --hosts is then its hosts)")
-    ap.add_argument("--rate", type=_rate, default=None,
-                    help="with --topology: each link's rate instead of the file's (tc units)")
-    ap.add_argument("--tag", default=None,
-                    help="with --topology: prefix of the namespace names")
-    ap.add_argument("--modes", type=lambda v: v.split(","), default=["flat", "hier"],
-                    help="flat,hier (default), or one of them")
-    args = ap.parse_args(argv)
-    if not args.modes or not set(args.modes) <= {"flat", "hier"} or len(set(args.modes)) < len(
-            args.modes):
-        ap.error(f"--modes: flat, hier or both, got {','.join(args.modes)}")
-    for name in ("hosts", "local", "elements", "calls", "nslots"):
-        if getattr(args, name) < (2 if name == "calls" else 1):
-            ap.error(f"--{name}: too small: {getattr(args, name)}")
-    load0 = os.getloadavg()
-    where = "loopback"
-    if args.topology:
-        from collectives.topology import TopologyError, load
-        try:
-            topo = load(args.topology)
-        except TopologyError as e:
-            ap.error(f"argument --topology: {cli.one_line(e)}")
-        star = star_of(topo)
-        if isinstance(star, str):
-            ap.error(f"argument --topology: {args.topology}: {star}")
-        why = netns.why_no_namespaces()
-        if why:
-            print(f"--topology: {why}", file=sys.stderr)
-            return 2
-        args.hosts = len(star[1])
-        with Graph(topo, args.tag or netns.unique_tag("hb"), queue_ms=20) as g:
-            if args.rate:
-                g.set_rate(args.rate)
-            rate = g.file_rate()
-            rows = measure(args, Hosts(args.hosts, g))
-        tbf = tbf_params(rate, topo.mtu)
-        where = (f"namespaces of {args.topology}, {rate} links (tbf both ways, burst at least "
-                 f"{tbf['burst']} B, queue 20 ms), MTU {topo.mtu}")
-    else:
-        rows = measure(args, Hosts(args.hosts))
-    load1 = os.getloadavg()
-    print(f"{args.hosts} hosts x {args.local} processes, {where}, {args.elements} float32 "
-          f"elements (dense), {args.calls} calls, {args.nslots} slots a job, rto {args.rto} s; "
-          f"load average "
-          f"{load0[0]:.2f} at start, {load1[0]:.2f} at end, {os.cpu_count()} cores")
-    veth = bool(args.topology)
-    print("| mode | switch datagrams/call | switch bytes/call | agents' bytes on each host's "
-          "link/call " + ("| veth bytes of each host/call | tbf / UDP drops (all calls) " if veth
-                        else "")
-          + "| resends (all calls) | median call (ms) |")
-    print("|---|---|---|---|---|---|" + ("---|---|" if veth else ""))
-    for r in rows:
-        extra = (f"{', '.join(f'{b:.0f}' for b in r['link_bytes'])} | {r['drops'][0]} / "
-                 f"{r['drops'][1]} | "
-                 if veth else "")
-        print(f"| {r['mode']} | {r['switch_packets']:.0f} | {r['switch_bytes']:.0f} | "
-              f"{', '.join(f'{b:.0f}' for b in r['host_bytes'])} | {extra}{r['resends']} | "
-              f"{r['median_ms']:.1f} |")
-    if len(rows) < 2:
-        return 0
-    f, h = rows
-    print(f"hier/flat: switch datagrams {h['switch_packets'] / f['switch_packets']:.4f}, "
-          f"bytes {h['switch_bytes'] / f['switch_bytes']:.4f}, host link bytes "
-          f"{sum(h['host_bytes']) / sum(f['host_bytes']):.4f}"
-          + (f", veth bytes {sum(h['link_bytes']) / sum(f['link_bytes']):.4f}" if veth else "")
-          + f", call time {h['median_ms'] / f['median_ms']:.2f}")
-    return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def check_options(a) -> str | None:
+    if a.densities != [1.0]:
+        return "argument -d/--densities: the tensors are dense (give -d 1)"
+    if len(a.workers) != 1 or a.workers[0] % a.local:
+        return f"argument -g/--workers: one count, a multiple of --local {a.local}"
+    a.hosts = a.workers[0] // a.local
+    if a.topo is None:
+        return "argument --rates: needs -t/--topology" if a.rates else None
+    star = star_of(a.topo)
+    if isinstance(star, str):
+        return f"argument -t/--topology: {a.topology}: {star}"
+    if len(star[1]) != a.hosts:
+        return (f"argument -g/--workers: {a.topology} has {len(star[1])} hosts: give -g "
+                f"{len(star[1]) * a.local} (--local {a.local})")
+    why = netns.why_no_namespaces()
+    return f"argument -t/--topology: {why}" if why else None
+
+
+def run(a, log):
+    from contextlib import ExitStack
+    with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
+        g, rate = None, ""
+        if a.topo is not None:
+            g = stack.enter_context(Graph(a.topo, a.tag, queue_ms=20))
+        for r in (a.rates or [None]) if g is not None else [None]:
+            if r is not None:
+                g.set_rate(r)
+            if g is not None:
+                rate = g.file_rate()
+            for size in a.sizes:
+                yield measure(a, Hosts(a.hosts, g), Path(tmp), size // 4, rate)
+
+
+def measure(a, hosts: Hosts, tmp: Path, n: int, rate: str) -> list[dict]:
+    """Both modes at one size: the harness's rows."""
+    load0 = os.getloadavg()[0]
+    got = {mode: run_mode(hosts, tmp, mode, a.local, n, a.repeats + 1, job, a.rto, a.timeout,
+                          a.nslots)
+           for job, mode in enumerate(a.methods, 1)}
+    times = {m: r["times"] for m, r in got.items()}
+    extras = {m: dict(hosts=hosts.H, local=a.local,
+                      switch_packets_per_call=round(r["switch_packets"]),
+                      switch_bytes_per_call=round(r["switch_bytes"]),
+                      host_bytes_per_call=" ".join(f"{b:.0f}" for b in r["host_bytes"]),
+                      resends=r["resends"],
+                      veth_bytes_per_call=" ".join(f"{b:.0f}" for b in r.get("link_bytes", [])),
+                      tbf_drops=r["drops"][0] if "drops" in r else "",
+                      udp_drops=r["drops"][1] if "drops" in r else "") for m, r in got.items()}
+    point = dict(size=4 * n, elements=n, dtype="float32", density=1.0,
+                 workers=hosts.H * a.local, lane_bits=32, rate=rate)
+    return method_rows(a.what, point, times, bus="all_reduce",
+                       sent={m: round(statistics.fmean(r["host_bytes"])) for m, r in got.items()},
+                       wrong={m: r["wrong"] for m, r in got.items()},
+                       load=f"{load0:.2f}-{os.getloadavg()[0]:.2f}", extras=extras)
+
+
+if __name__ == "__main__":  # a training process (run_mode starts them)
+    a = sys.argv[1:]
+    if a and a[0] == "--worker":
+        worker(a[1], int(a[2]), a[3], int(a[4]), int(a[5]), int(a[6]), int(a[7]), int(a[8]),
+               int(a[9]))
