@@ -32,7 +32,7 @@ lint: $(STAMP)  ## ruff check, as configured in pyproject.toml [tool.ruff]
 
 # Tiers (conftest.py gives every test one): unit, processes, netns (root), p4 (p4c/BMv2/bf-p4c), soak.
 PYTEST_ARGS ?= --durations=25  # the slowest tests named in every run: the suite has a 25 min budget
-# check: the unit tier (about 6 min of pytest under load 5 here; the processes tier alone took 13)
+# check: the unit tier, 4.9-5.5 min of pytest under load 5-7 here (the processes tier: 11-14 min)
 CHECK_TIERS ?= unit
 check: $(STAMP) lint  ## ruff, then the unit tier (one process; CHECK_TIERS="unit or processes" adds more): the edit-test loop
 	$(PY) -m pytest -m "$(CHECK_TIERS)" $(PYTEST_ARGS)

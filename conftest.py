@@ -33,7 +33,8 @@ MODULES = {
         tests/test_doc_blocks.py tests/test_doc_links.py tests/test_egress.py
         tests/test_fabric_controller.py tests/test_fabric_end_to_end.py tests/test_fabric_plan.py
         tests/test_fabric_roles.py tests/test_floor.py tests/test_ina_model.py
-        tests/test_l2_dataplane.py tests/test_lanes.py tests/test_largebatch_lamb.py
+        tests/test_job_schema.py tests/test_l2_dataplane.py tests/test_lanes.py
+        tests/test_largebatch_lamb.py
         tests/test_logs.py tests/test_metrics.py tests/test_module_map.py tests/test_narrow_lanes.py
         tests/test_net.py tests/test_overlap.py tests/test_p4_agreement.py
         tests/test_p4_model.py tests/test_p4info.py tests/test_p4runtime_server.py

@@ -9,7 +9,8 @@ import pathlib
 
 import pytest
 
-from controller.p4rt import P4InfoIndex
+from controller.p4rt import P4InfoError, P4InfoIndex
+from spina.config import ConfigError
 from spina.p4runtime import encode
 
 P4INFO = pathlib.Path(__file__).resolve().parents[1] / "p4src" / "build" / \
@@ -62,9 +63,55 @@ def test_lpm_entry_fields(index):
     assert (e.match[0].lpm.value, e.match[0].lpm.prefix_len) == (b"\x0a\x01\x00\x00", 16)
 
 
+def refusal(f) -> P4InfoError:
+    with pytest.raises(P4InfoError) as e:
+        f()
+    return e.value
+
+
 def test_unknown_names_are_refused(index):
-    """A key or parameter the P4Info lacks is an error naming it, never silently dropped."""
-    with pytest.raises(KeyError, match="has no key"):
-        index.table_entry("l2", {"mac": "02:00:00:00:00:01"}, "bridge", {"port": 1})
-    with pytest.raises(KeyError, match="needs parameter 'port'"):
-        index.table_entry("l2", {"dst_mac": "02:00:00:00:00:01"}, "bridge", {})
+    """A table, action, register or counter, a key or a parameter the P4Info lacks is one
+    P4InfoError naming it and the names the P4Info has, never silently dropped."""
+    e = refusal(lambda: index.get("tables", "admision"))
+    assert (str(e), e.kind, e.name) == (
+        "P4Info has no table named 'admision' (tables: admission, congestion, ina_endpoint, "
+        "ipv4_routes, job_level, l2, leaf_upstream, spray_ports, worker_rewrite)",
+        "tables", "admision")
+    assert str(refusal(lambda: index.table_entry("l2", {"dst_mac": 1}, "brige", {}))) == (
+        "P4Info has no action named 'brige' (actions: NoAction, accept_ina, admit, as_leaf, "
+        "as_spine, bridge, drop, drop_replica, reject, rewrite_for_worker, route, "
+        "set_congestion, spray, to_spine)")
+    assert str(refusal(lambda: index.id("counters", "job_recieved"))) == (
+        "P4Info has no counter named 'job_recieved' (counters: job_aggregated, "
+        "job_congestion_drops, job_congestion_seen, job_duplicates, job_held, "
+        "job_lane_mismatch, job_lane_saturated, job_received, job_results, job_stale, "
+        "port_malformed, port_unadmitted)")
+    # 145 registers: the closest names and how many there are
+    e = refusal(lambda: index.id("registers", "slot_values_l9_e0"))
+    assert str(e).startswith("P4Info has no register named 'slot_values_l9_e0' (registers: "
+                             "slot_values_l") and str(e).endswith(", ... 145 in all)")
+    assert str(refusal(lambda: index.table_entry(
+        "l2", {"mac": "02:00:00:00:00:01"}, "bridge", {"port": 1}))) == (
+        "table 'l2' has no key field 'mac' (its keys: dst_mac)")
+    assert str(refusal(lambda: index.table_entry(
+        "l2", {"dst_mac": "02:00:00:00:00:01"}, "bridge", {}))) == (
+        "action 'bridge' needs parameter 'port' (its parameters: port)")
+    assert str(refusal(lambda: index.table_entry(
+        "l2", {"dst_mac": "02:00:00:00:00:01"}, "bridge", {"port": 1, "prot": 2}))) == (
+        "action 'bridge' has no parameter 'prot' (its parameters: port)")
+    assert str(refusal(lambda: index.name("tables", 12345))) == (
+        "P4Info has no table with id 12345")
+
+
+def test_values_too_wide_name_their_field(index):
+    """A key or parameter value that does not fit its width is a P4InfoError naming the
+    table's key or the action's parameter (and a config error: one line, exit 2)."""
+    e = refusal(lambda: index.table_entry(
+        "l2", {"dst_mac": "02:00:00:00:00:01"}, "bridge", {"port": 512}))
+    assert (str(e), e.kind, e.name) == (
+        "action 'bridge' parameter 'port': 512 does not fit in 9 bits", "actions", "bridge")
+    assert isinstance(e, ConfigError)
+    assert str(refusal(lambda: index.table_entry("admission", {"job": 1 << 16}))) == (
+        "table 'admission' key 'job': 65536 does not fit in 16 bits")
+    assert str(refusal(lambda: index.table_entry("ipv4_routes", {"dst_addr": "10.0.0.0/33"}))) \
+        == "table 'ipv4_routes' key 'dst_addr': '33' is not a valid netmask"

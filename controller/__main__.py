@@ -11,10 +11,12 @@ import threading
 import traceback
 
 from controller.controller import Controller, format_table, run_switches
+from controller.metrics import serve_metrics
+from controller.model import Job
 from controller.p4rt import NotPrimaryError, P4RuntimeError
-from controller.state import Job, load
+from controller.state import load
 from spina import cli, log as spina_log, spec
-from spina.config import ConfigError
+from spina.config import JOB_FIELDS, ConfigError
 from spina.rendezvous import RendezvousServer
 
 DEFAULT_FILE = "spina.yaml"
@@ -100,14 +102,10 @@ def _parser(prog: str = "python -m controller") -> argparse.ArgumentParser:
                      help="job id")
     add.add_argument("--members", required=True, type=cli.names(),
                      help="comma-separated worker names, in rank order")
-    add.add_argument("--nslots", type=int, required=True, help="share of the slot pool")
-    add.add_argument("--slot-base", type=int, help="first slot (default: first free range)")
-    add.add_argument("--block-size", type=int, default=256)
-    add.add_argument("--nlanes", type=int, default=56)
-    add.add_argument("--epoch", type=int, default=1)
-    add.add_argument("--priority", type=int, default=0, help="egress queue 0..7")
+    _job_options(add)
     add.add_argument("--drop-qdepth", type=cli.int_range(0, spec.QDEPTH_NEVER),
-                     help="drop this job's loss-tolerant packets above this queue depth")
+                     help="drop this job's loss-tolerant packets above this queue depth "
+                          "(default: the switch's)")
     rm = jsub.add_parser("remove", parents=[common],
                          help="remove a job; its slots are cleared and freed")
     rm.add_argument("--id", type=cli.int_range(0, spec.MAX_JOB_ID), required=True)
@@ -120,6 +118,31 @@ def _parser(prog: str = "python -m controller") -> argparse.ArgumentParser:
                     help="instead: every control clears its own state on every switch (entries, "
                          "groups, threshold, whole slot pool); `deploy` restores the file's state")
     return ap
+
+
+# A job option's argparse type by its kind (spina.config.JOB_OPTIONS); its limits are
+# JobConfig.validate's, which names the field when the new desired state is read.
+OPTION_TYPES = {int: cli.int_range(0, (1 << 31) - 1), float: cli.non_negative_float,
+                str: str, "seconds": cli.seconds_or_auto}
+
+
+def _job_options(add: argparse.ArgumentParser) -> None:
+    """One flag per job option (spina.config.JOB_FIELDS), with its help, default and choices:
+    `job add` takes every option a job in the YAML file takes."""
+    for name, f in JOB_FIELDS.items():
+        meta = f.metadata
+        default = None if name == "slot_base" else f.default  # None: allocated first-fit
+        shown = "the first free range" if default is None else default
+        one_of = f"one of {', '.join(map(str, meta['choices']))}; " if meta["choices"] else ""
+        add.add_argument(f"--{name.replace('_', '-')}", type=OPTION_TYPES[meta["kind"]],
+                         default=default, choices=meta["choices"] or None, metavar=name.upper(),
+                         help=f"{meta['help']} ({one_of}default: {shown})")
+
+
+def job_from_args(args) -> Job:
+    """The job `job add` was given (its slot range allocated later if --slot-base is absent)."""
+    return Job(id=args.id, members=tuple(args.members),
+               drop_qdepth=args.drop_qdepth, **{k: getattr(args, k) for k in JOB_FIELDS})
 
 
 def _stopping(stop: threading.Event) -> None:
@@ -215,7 +238,6 @@ def _with_metrics(args, ctl: Controller) -> int:
     """serve / deploy --watch, with the metrics endpoint running around it if asked."""
     metrics = None
     if args.metrics:
-        from controller.metrics import serve_metrics
         metrics = serve_metrics(ctl, args.metrics)
         print(f"metrics {metrics.url}", flush=True)
     try:
@@ -264,11 +286,7 @@ def main(argv=None, prog: str = "python -m controller") -> int:
                 for jid, base, n in ctl.reset(args.job):
                     print(f"job {jid}: slots {base}..{base + n - 1} cleared, counters zeroed")
             elif args.job_cmd == "add":
-                job = Job(id=args.id, members=tuple(args.members),
-                          nslots=args.nslots, slot_base=args.slot_base,
-                          block_size=args.block_size, nlanes=args.nlanes, epoch=args.epoch,
-                          priority=args.priority, drop_qdepth=args.drop_qdepth)
-                new = state.with_job(job)
+                new = state.with_job(job_from_args(args))
                 new.save()  # the desired state first: a later `deploy` finishes a failed apply
                 j = new.jobs[args.id]
                 print(f"job {j.id} added to {args.config}: slots {j.slot_base}.."

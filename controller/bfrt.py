@@ -47,7 +47,8 @@ import types
 import grpc
 from p4.v1 import p4runtime_pb2 as pb
 
-from controller.p4rt import NotPrimaryError, P4InfoIndex, P4RuntimeError, _refused, _rpc
+from controller.p4rt import NotPrimaryError, P4InfoIndex, P4RuntimeError, refused, rpc
+from controller.pipeline import cookie_of
 from spina.config import ConfigError
 from spina.p4runtime import decode, encode
 
@@ -207,7 +208,7 @@ class BfrtConnection:
         self.schema: BfrtSchema | None = None
         self._bound = False
         self.stream_lost: str | None = None
-        why = _refused(address, min(timeout, 1.0))
+        why = refused(address, min(timeout, 1.0))
         if why is not None:
             raise P4RuntimeError(f"no BF Runtime server at {address}: {why} (is bf_switchd "
                                  "running?)")
@@ -284,7 +285,7 @@ class BfrtConnection:
     # ------------------------------------------------------------ pipeline
     def _switch_config(self):
         """(the switch's config of our program or None, its fixed tables' BF-RT JSON)."""
-        resp = _rpc("GetForwardingPipelineConfig", self.stub.GetForwardingPipelineConfig,
+        resp = rpc("GetForwardingPipelineConfig", self.stub.GetForwardingPipelineConfig,
                     self.bf.GetForwardingPipelineConfigRequest(device_id=self.device_id,
                                                                client_id=self.client_id),
                     timeout=self.rpc_timeout)
@@ -293,9 +294,8 @@ class BfrtConnection:
 
     def get_pipeline(self):
         """The program the switch runs as P4Runtime's ForwardingPipelineConfig: our P4Info, and
-        the cookie of the switch's content (controller.cookie_of), None if it runs no program
-        of our name."""
-        from controller.controller import cookie_of  # the one definition of a cookie
+        the cookie of the switch's content (controller.pipeline.cookie_of), None if it runs no
+        program of our name."""
         cur, _ = self._switch_config()
         if cur is None:
             return None
@@ -315,7 +315,7 @@ class BfrtConnection:
         req.config.add().ParseFromString(device_config)
         while not self._commits.empty():  # notices of earlier pushes
             self._commits.get_nowait()
-        _rpc("SetForwardingPipelineConfig", self.stub.SetForwardingPipelineConfig, req,
+        rpc("SetForwardingPipelineConfig", self.stub.SetForwardingPipelineConfig, req,
              timeout=self.rpc_timeout)
         finished = self.bf.SetForwardingPipelineConfigResponseType.Value("WARM_INIT_FINISHED")
         try:
@@ -366,7 +366,7 @@ class BfrtConnection:
         for kind, ent in updates:
             for bf_kind, entry in self._by_name(self._to_bfrt, kind, ent):
                 req.updates.add(type=bf_kind).entity.table_entry.CopyFrom(entry)
-        _rpc("Write", self.stub.Write, req, timeout=self.rpc_timeout)
+        rpc("Write", self.stub.Write, req, timeout=self.rpc_timeout)
 
     def _read_bfrt(self, entries: list) -> list:
         req = self.bf.ReadRequest(target=self._target(), client_id=self.client_id,
@@ -377,7 +377,7 @@ class BfrtConnection:
         def run():
             return [e.table_entry for resp in self.stub.Read(req, timeout=self.rpc_timeout)
                     for e in resp.entities]
-        return _rpc("Read", run)
+        return rpc("Read", run)
 
     def read(self, entities: list) -> list:
         """The P4Runtime entities the switch holds for the P4Runtime `entities` queried."""

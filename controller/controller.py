@@ -10,7 +10,6 @@ file per worker. After a switch restart the same call restores everything.
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import pathlib
 import threading
@@ -21,92 +20,17 @@ from typing import Callable
 from p4.v1 import p4runtime_pb2 as pb
 
 from controller import controls
+from controller.bfrt import BfrtConnection
+from controller.model import DesiredState, Switch
 from controller.p4rt import Connection, NotPrimaryError, P4RuntimeError, wait_listening
+from controller.pipeline import cookie_of, load_pipeline
 from controller.registers import RegisterAdapter, adapter_for
-from controller.state import DesiredState, Switch, from_l2_config
+from controller.softswitch_files import from_l2_config
 from spina import spec
 from spina.config import Assignment, ConfigError, JobFile, job_to_dict, write_if_changed
 from spina.rendezvous import RendezvousServer
 
 log = logging.getLogger("spina.controller")
-
-JOB_COUNTERS = spec.JOB_COUNTERS
-
-
-def read_p4info(path: pathlib.Path, target: str, where: str):
-    """The P4Info in `path` (text, or binary for .bin / .pb); ConfigError naming `where` (e.g.
-    "switch s1: field") and the file when it is missing or is not a P4Info."""
-    from google.protobuf import text_format
-    from p4.config.v1 import p4info_pb2
-    if not path.exists():
-        raise ConfigError(f"{where} 'p4info': {path} does not exist ({_built_by(target)})")
-    info = p4info_pb2.P4Info()
-    try:
-        if path.suffix in (".bin", ".pb"):
-            info.ParseFromString(path.read_bytes())
-        else:
-            text_format.Parse(path.read_text(), info, allow_unknown_field=True)
-    except (text_format.ParseError, ValueError) as e:
-        hint = (": a TNA P4Info with Tofino-specific externs does not parse here; compile "
-                "with bf-p4c --p4runtime-force-std-externs" if target == "tofino" else "")
-        raise ConfigError(f"{where} 'p4info': {path}: not a P4Info "
-                          f"({str(e).splitlines()[0]}){hint}") from None
-    return info
-
-
-def _built_by(target: str) -> str:
-    return ("make tofino writes the P4Info to tofino/build/ and bf-p4c's output directory to "
-            "TNA_WORK/p4runtime" if target == "tofino" else
-            "make p4 writes it where p4c-bm2-ss is installed")
-
-
-def load_pipeline(state: DesiredState, sw: Switch):
-    """(P4Info, device config bytes) for `sw`: its files, or the software switch's spec. A
-    tofino switch's device config is built from bf-p4c's output directory
-    (controller/tofino.py) in its `device_config_format`; its program must have what the
-    switch's jobs need (a bounded-loss job: the hold of a newer round)."""
-    if sw.p4info is None:
-        return spec.p4info(), b""
-    path = state.resolve(sw.p4info)
-    where = f"switch {sw.name}: field"
-    device_config = state.resolve(sw.device_config)
-    for what, p in (("p4info", path), ("device_config", device_config)):
-        if p is not None and not p.exists():
-            raise ConfigError(f"{where} '{what}': {p} does not exist ({_built_by(sw.target)})")
-    info = read_p4info(path, sw.target, where)
-    if sw.target == "tofino":
-        from controller import tofino
-        tofino_externs = sorted({x.extern_type_name for x in info.externs
-                                 if x.extern_type_name in ("Register", "Counter")})
-        if tofino_externs:
-            raise ConfigError(f"{where} 'p4info': {path} declares {' and '.join(tofino_externs)}"
-                              " as Tofino externs, which P4Runtime servers do not serve: "
-                              "compile with bf-p4c --p4runtime-force-std-externs")
-        compiled = tofino.lane_bits(info)
-        if compiled is not None and compiled != sw.lane_bits:
-            raise ConfigError(f"{where} 'lane_bits': {sw.lane_bits}, but {path} is the TNA "
-                              f"program compiled for {compiled}-bit lanes (its pair registers' "
-                              "halves; tofino/size.p4 SPINA_LANE_BITS)")
-        for job in state.jobs_on(sw):
-            if job.bounded_loss and not tofino.has_hold(info):
-                raise ConfigError(
-                    f"job {job.id}: field 'bounded_loss': {job.bounded_loss}, but switch "
-                    f"{sw.name}'s TNA program ({path}) has no hold of a newer round (no "
-                    f"{tofino.HOLD_REGISTER} register): {tofino.NO_HOLD}")
-        try:
-            fmt = sw.device_config_format if sw.api == "p4runtime" else "bfrt"
-            cfg = tofino.device_config(device_config, fmt)
-        except ConfigError as e:
-            raise ConfigError(f"{where} 'device_config': {e}") from None
-        return info, cfg
-    cfg = device_config.read_bytes() if sw.device_config else b""
-    return info, cfg
-
-
-def cookie_of(p4info, device_config: bytes) -> int:
-    """A 64-bit cookie naming a pipeline, so `deploy` pushes it only when it changed."""
-    h = hashlib.sha256(p4info.SerializeToString(deterministic=True) + device_config).digest()
-    return int.from_bytes(h[:8], "big") >> 1
 
 
 @dataclass
@@ -209,10 +133,11 @@ class SwitchSession:
         self.conn.require_primary()
         rep.pipeline_pushed = self.ensure_pipeline(state)
         before = self.admission.installed_jobs()
-        want = controls.job_rows(state, self.sw).jobs  # flat jobs, and this switch's share
+        share = controls.job_rows(state, self.sw)  # flat jobs, and this switch's share
+        want = share.jobs
         deletes, writes = [], []
         for c in self.controls:
-            d, w = c.diff(state, self.sw)
+            d, w = c.diff(state, self.sw, share)
             deletes += d
             writes = w + writes
         # Deletes first (admission first: traffic of a leaving job stops before its slots are
@@ -256,7 +181,7 @@ class SwitchSession:
         self.conn.require_primary()
         self.aggregator.clear_slots(slot_base, nslots)
         ups = []
-        for name in JOB_COUNTERS:
+        for name in spec.JOB_COUNTERS:
             if self.conn.index.has("counters", name):
                 e = pb.Entity()
                 e.counter_entry.counter_id = self.conn.index.id("counters", name)
@@ -311,7 +236,6 @@ class Controller:
     def _bfrt_connection(self, sw: Switch):
         """A BF Runtime session (controller/bfrt.py) for a tofino switch with `api: bfrt`: it
         binds to the program the switch's files name, and translates the controls' entities."""
-        from controller.bfrt import BfrtConnection
         info, cfg = load_pipeline(self.state, sw)
         try:
             return BfrtConnection(sw.grpc, sw.device_id, self.election, self.timeout,

@@ -27,9 +27,9 @@ from __future__ import annotations
 from p4.v1 import p4runtime_pb2 as pb
 
 from controller import plan
+from controller.model import NO_MAC, DesiredState, Job, Switch
 from controller.p4rt import Connection
 from controller.registers import RegisterAdapter
-from controller.state import NO_MAC, DesiredState, Job, Switch
 from spina import rows, spec
 from spina.config import ConfigError
 from spina.p4runtime import canonical_entry, decode, match_key
@@ -61,9 +61,14 @@ def job_rows(state: DesiredState, sw: Switch) -> rows.SwitchRows:
 
 
 class Control:
-    """A P4 control's controller-side twin. Subclasses name their tables and counters."""
+    """A P4 control's controller-side twin, named as the P4 control. Subclasses name their
+    tables; their counters are those spina.spec.COUNTER_CONTROLS gives the class's name."""
     tables: tuple[str, ...] = ()
     counters: tuple[str, ...] = ()
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.counters = tuple(n for n, c in spec.COUNTER_CONTROLS.items() if c == cls.__name__)
 
     def __init__(self, conn: Connection):
         self.conn = conn
@@ -72,14 +77,15 @@ class Control:
     def index(self):
         return self.conn.index
 
-    def entries(self, state: DesiredState, sw: Switch) -> list:
-        """The TableEntries this control's tables should hold (not default actions)."""
+    def entries(self, state: DesiredState, sw: Switch, share: rows.SwitchRows) -> list:
+        """The TableEntries this control's tables should hold (not default actions); `share`:
+        every job's rows on `sw` (job_rows, computed once per apply)."""
         return []
 
-    def job_entries(self, state: DesiredState, sw: Switch) -> list:
+    def job_entries(self, sw: Switch, share: rows.SwitchRows) -> list:
         """The jobs' rows of this control's tables on `sw` (job_rows), as TableEntries."""
         out = []
-        for t, k, a, p in job_rows(state, sw).entries:
+        for t, k, a, p in share.entries:
             if t not in self.tables:
                 continue
             if not self.index.has("tables", t):
@@ -98,9 +104,10 @@ class Control:
         return [canonical_entry(e) for t in self.tables if self.index.has("tables", t)
                 for e in self.conn.read_table(t)]
 
-    def diff(self, state: DesiredState, sw: Switch) -> tuple[list, list]:
-        """(deletes, inserts and modifies) as [(Update.Type, Entity)] to reach `state`."""
-        want = {match_key(e): e for e in self.entries(state, sw)}
+    def diff(self, state: DesiredState, sw: Switch, share: rows.SwitchRows) -> tuple[list, list]:
+        """(deletes, inserts and modifies) as [(Update.Type, Entity)] to reach `state`, whose
+        jobs' rows on `sw` are `share`."""
+        want = {match_key(e): e for e in self.entries(state, sw, share)}
         have = {match_key(e): e for e in self.installed()}
         deletes = [(pb.Update.DELETE, pb.Entity(table_entry=e))
                    for k, e in have.items() if k not in want]
@@ -126,23 +133,21 @@ class InaEndpoint(Control):
     """INA packets addressed to one of the switch's own addresses are aggregated here."""
     tables = ("ina_endpoint",)
 
-    def entries(self, state, sw):
+    def entries(self, state, sw, share):
         return [self.index.table_entry("ina_endpoint", {"dst_addr": a}, "accept_ina")
                 for a in sw.endpoints]
 
 
 class InaCheck(Control):
     """Malformed INA packets, counted per ingress port."""
-    counters = ("port_malformed",)
 
 
 class Admission(Control):
     """(ingress port, source address, UDP port, job, rank) -> the job's slot range and sizes."""
     tables = ("admission",)
-    counters = ("port_unadmitted",)
 
-    def entries(self, state, sw):
-        return self.job_entries(state, sw)
+    def entries(self, state, sw, share):
+        return self.job_entries(sw, share)
 
     def installed_jobs(self) -> dict[int, tuple[int, int, int]]:
         """{job: (slot_base, nslots, epoch)} as the switch's admission entries say."""
@@ -167,8 +172,6 @@ class Admission(Control):
 
 class Aggregator(Control):
     """Slot registers (cleared per job on removal and reset) and the per-job counters."""
-    counters = ("job_received", "job_aggregated", "job_duplicates", "job_stale", "job_held",
-                *spec.LANE_COUNTERS)
 
     def __init__(self, conn: Connection, registers: RegisterAdapter):
         super().__init__(conn)
@@ -201,7 +204,7 @@ class Forwarding(Control):
     spray_ports holds the group's port for each turn."""
     tables = ("l2", "ipv4_routes", "spray_ports")
 
-    def entries(self, state, sw):
+    def entries(self, state, sw, share):
         l2 = {w.mac: ("bridge", {"port": w.switch_port})
               for w in state.workers_on(sw) if w.mac != NO_MAC}
         l2.update((mac, ("bridge", {"port": port})) for mac, port in sw.l2)
@@ -238,7 +241,6 @@ class CongestionDrop(Control):
     queue at any switch on its way to the aggregating one; a job without an entry (bound 0) is
     never dropped."""
     tables = ("congestion",)
-    counters = ("job_congestion_drops", "job_congestion_seen")
 
     @staticmethod
     def threshold(job: Job, sw: Switch) -> int:
@@ -247,7 +249,7 @@ class CongestionDrop(Control):
             return job.drop_qdepth
         return spec.QDEPTH_NEVER if sw.drop_qdepth is None else sw.drop_qdepth
 
-    def entries(self, state, sw):
+    def entries(self, state, sw, share):
         return [self.index.table_entry("congestion", {"job": job.id}, "set_congestion",
                                        {"qdepth": self.threshold(job, sw),
                                         "bound": spec.loss_bound(job.bounded_loss)})
@@ -257,10 +259,9 @@ class CongestionDrop(Control):
 class WorkerRewrite(Control):
     """Egress: a result copy's replication id -> that worker's MAC, IPv4 and UDP port."""
     tables = ("worker_rewrite",)
-    counters = ("job_results",)
 
-    def entries(self, state, sw):
-        return self.job_entries(state, sw)
+    def entries(self, state, sw, share):
+        return self.job_entries(sw, share)
 
 
 class FabricRoles(Control):
@@ -269,8 +270,8 @@ class FabricRoles(Control):
     a job's slots. Only the fabric plan puts rows here; without one they hold nothing."""
     tables = ("job_level", "leaf_upstream")
 
-    def entries(self, state, sw):
-        return self.job_entries(state, sw)
+    def entries(self, state, sw, share):
+        return self.job_entries(sw, share)
 
     def installed_jobs(self) -> set[int]:
         """The jobs with a job_level entry on the switch: the fabric's jobs there."""
@@ -287,9 +288,9 @@ class Replication(Control):
         return pb.Entity(packet_replication_engine_entry=pb.PacketReplicationEngineEntry(
             multicast_group_entry=g))
 
-    def diff(self, state, sw):
+    def diff(self, state, sw, share):
         want = {}
-        for grp, replicas in job_rows(state, sw).groups.items():
+        for grp, replicas in share.groups.items():
             g = want[grp] = pb.MulticastGroupEntry(multicast_group_id=grp)
             for port, rid in replicas:
                 g.replicas.add(egress_port=port, instance=rid)

@@ -54,13 +54,21 @@ from __future__ import annotations
 
 import ipaddress
 import pathlib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, make_dataclass, replace
 
 import yaml
 
 from controller.tofino import FORMATS as TOFINO_FORMATS
 from spina import spec, wire
-from spina.config import JOB_DEFAULTS, JOB_OPTIONS, ConfigError, JobConfig, WorkerAddr, job_options
+from spina.config import (
+    JOB_FIELDS,
+    JOB_OPTIONS,
+    JOB_SHARED_OPTIONS,
+    ConfigError,
+    JobConfig,
+    WorkerAddr,
+    job_options,
+)
 from spina.fields import integer, mapping, need, optional_list, string
 from spina.rendezvous import DEFAULT_ADDRESS as DEFAULT_RENDEZVOUS
 
@@ -92,7 +100,7 @@ def _ipv4(d: dict, key: str, where: str) -> str:
         raise ConfigError(f"{where}.{key}: not an IPv4 address: {v!r}") from None
 
 
-def _mac(d: dict, key: str, where: str, default=None) -> str:
+def mac_address(d: dict, key: str, where: str, default=None) -> str:
     v = d.get(key, default)
     need(isinstance(v, str), f"{where}.{key}",
           f"not a MAC address aa:bb:cc:dd:ee:ff (quote it in YAML): {v!r}")
@@ -146,28 +154,20 @@ class Worker:
     rank: int | None = None
 
 
-@dataclass(frozen=True, kw_only=True)
-class JobOptions:
-    """The job fields a desired-state job (flat or of a fabric plan) shares with
-    spina.config.JobConfig, with JobConfig's defaults (spina.config.JOB_OPTIONS), plus the
-    switch-side drop threshold."""
-    block_size: int = JOB_DEFAULTS["block_size"]
-    nlanes: int = JOB_DEFAULTS["nlanes"]
-    epoch: int = JOB_DEFAULTS["epoch"]
-    priority: int = JOB_DEFAULTS["priority"]
-    drop_qdepth: int | None = None
-    bounded_loss: float = JOB_DEFAULTS["bounded_loss"]
-    loss_deadline: float | str = JOB_DEFAULTS["loss_deadline"]  # seconds, or "auto"
-    priority_policy: str = JOB_DEFAULTS["priority_policy"]
-    loss_tolerant_policy: str = JOB_DEFAULTS["loss_tolerant_policy"]
-    lane_bits: int = JOB_DEFAULTS["lane_bits"]
+def _options(self) -> dict:
+    """These fields as JobConfig keyword arguments (every level of a job shares them)."""
+    return {k: getattr(self, k) for k in JOB_SHARED_OPTIONS}
 
-    def options(self) -> dict:
-        """These fields as JobConfig keyword arguments (every level of a job shares them)."""
-        return {k: getattr(self, k) for k in ("block_size", "nlanes", "epoch", "priority",
-                                              "bounded_loss", "loss_deadline",
-                                              "priority_policy", "loss_tolerant_policy",
-                                              "lane_bits")}
+
+# The job options every level of a desired-state job (flat or of a fabric plan) shares with
+# spina.config.JobConfig, made from its declaration (JOB_SHARED_OPTIONS: types and defaults
+# included), so a new JobConfig option is a field here too; plus the switch-side drop threshold.
+JobOptions = make_dataclass(
+    "JobOptions",
+    [(k, JOB_FIELDS[k].type, field(default=JOB_FIELDS[k].default)) for k in JOB_SHARED_OPTIONS]
+    + [("drop_qdepth", "int | None", field(default=None))],
+    namespace={"options": _options}, frozen=True, kw_only=True)
+JobOptions.__module__ = __name__
 
 
 @dataclass(frozen=True)
@@ -238,21 +238,12 @@ class DesiredState:
         need(job.id not in self.jobs, f"jobs[id={job.id}].id", "a job with this id exists")
         raw = dict(self.raw)
         jd = {"id": job.id, "members": list(job.members), "nslots": job.nslots,
-              "block_size": job.block_size, "nlanes": job.nlanes, "epoch": job.epoch,
-              "priority": job.priority}
+              "slot_base": self.allocate(job) if job.slot_base is None else job.slot_base,
+              **job.options()}
         if job.drop_qdepth is not None:
             jd["drop_qdepth"] = job.drop_qdepth
-        if job.bounded_loss:
-            jd.update(bounded_loss=job.bounded_loss, loss_deadline=job.loss_deadline)
-        if (job.priority_policy, job.loss_tolerant_policy) != ("fixed", "none"):
-            jd.update(priority_policy=job.priority_policy,
-                      loss_tolerant_policy=job.loss_tolerant_policy)
-        if job.slot_base is not None:
-            jd["slot_base"] = job.slot_base
-        else:
-            jd["slot_base"] = self.allocate(job)
         raw["jobs"] = list(raw.get("jobs") or []) + [jd]
-        return (self.parser or _parse_flat)(raw, self.path)
+        return (self.parser or parse_flat)(raw, self.path)
 
     def with_epoch(self, job_id: int, epoch: int) -> "DesiredState":
         """A copy whose job `job_id`, flat or of the fabric plan, runs with `epoch` (a run
@@ -297,7 +288,7 @@ class DesiredState:
         need(job_id in self.jobs, "id", f"no job {job_id} in the desired state")
         raw = dict(self.raw)
         raw["jobs"] = [j for j in raw.get("jobs") or [] if j.get("id") != job_id]
-        return (self.parser or _parse_flat)(raw, self.path)
+        return (self.parser or parse_flat)(raw, self.path)
 
     def allocate(self, job: Job) -> int:
         """The lowest slot_base where `job.nslots` slots are free on its switch."""
@@ -339,198 +330,239 @@ def load_yaml(path, parser) -> DesiredState:
         raise ConfigError(f"{path}: {e}") from None
 
 
-def _parse_flat(doc, path: pathlib.Path | None = None) -> DesiredState:
+def parse_flat(doc, path: pathlib.Path | None = None) -> DesiredState:
+    """The switches, workers and flat jobs of `doc` (a YAML document), validated; ConfigError
+    names the field. A `fabric:` section is kept in `raw` for controller/plan.py."""
     mapping(doc, "(top)", {"switches", "workers"}, {"jobs", "agents_dir", "rendezvous",
                                                    "fabric"})
     need(isinstance(doc["switches"], list) and doc["switches"], "switches",
           "must be a non-empty list")
     switches: dict[str, Switch] = {}
     for i, d in enumerate(doc["switches"]):
-        w = f"switches[{i}]"
-        mapping(d, w, {"name", "target", "grpc"},
-                {"device_id", "thrift_port", "address", "udp_port", "pool_slots", "ports",
-                 "slot_capacity", "p4info", "device_config", "device_config_format", "l2",
-                 "routes", "ina_endpoints", "drop_qdepth", "lane_bits", "api"})
-        name = string(d, "name", w)
-        need(name not in switches, f"{w}.name", f"duplicate switch {name!r}")
-        need(d["target"] in TARGETS, f"{w}.target", f"must be one of {', '.join(TARGETS)}")
-        host, sep, port = string(d, "grpc", w).rpartition(":")
-        need(d["grpc"] == IN_PROCESS or
-              (sep and port.isdigit() and 0 < int(port) < 1 << 16 and host), f"{w}.grpc",
-              f"expected HOST:PORT with a TCP port 1..65535, got {d['grpc']!r}")
-        endpoints = None
-        if d.get("ina_endpoints") is not None:
-            endpoints = tuple(_ipv4({f"ina_endpoints[{k}]": a}, f"ina_endpoints[{k}]", w)
-                              for k, a in enumerate(optional_list(d, "ina_endpoints", w)))
-        ports = d.get("ports", [0])
-        need(isinstance(ports, list) and ports and all(
-            isinstance(p, int) and not isinstance(p, bool) and 0 <= p < 512 for p in ports),
-              f"{w}.ports", "must be a non-empty list of port numbers 0..511")
-        for k in ("p4info", "device_config"):
-            if d.get(k) is not None:
-                string(d, k, w)
-        l2, l2_spray = [], []
-        for k, e in enumerate(optional_list(d, "l2", w)):
-            wk = f"{w}.l2[{k}]"
-            mapping(e, wk, {"mac"}, {"port", "ports"})
-            need(("port" in e) != ("ports" in e), f"{wk}.ports" if "ports" in e else f"{wk}.port",
-                  "give either port (bridged) or ports (sprayed per packet), not both"
-                  if "ports" in e else "required field is missing (or ports)")
-            if "port" in e:
-                l2.append((_mac(e, "mac", wk), integer(e, "port", wk, 0, 511)))
-            else:
-                l2_spray.append((_mac(e, "mac", wk), _spray_ports(e, wk)))
-        need(len({ports for _, ports in l2_spray}) <= spec.P4_SIZES["SPRAY_GROUPS"], f"{w}.l2",
-              f"at most {spec.P4_SIZES['SPRAY_GROUPS']} different ports lists (spray groups)")
-        need(sum(len(g) for g in {ports for _, ports in l2_spray})
-              <= spec.P4_SIZES["SPRAY_PORT_ENTRIES"], f"{w}.l2",
-              f"the different ports lists hold more than {spec.P4_SIZES['SPRAY_PORT_ENTRIES']} "
-              "ports in all (spray_ports entries)")
-        routes = []
-        for k, e in enumerate(optional_list(d, "routes", w)):
-            wk = f"{w}.routes[{k}]"
-            mapping(e, wk, {"prefix", "port", "src_mac", "dst_mac"}, set())
-            try:
-                net = str(ipaddress.IPv4Network(string(e, "prefix", wk), strict=False))
-            except ValueError:
-                raise ConfigError(f"{wk}.prefix: not an IPv4 prefix: {e['prefix']!r}") from None
-            routes.append((net, integer(e, "port", wk, 0, 511), _mac(e, "src_mac", wk),
-                           _mac(e, "dst_mac", wk)))
-        if d["target"] != "softswitch":
-            need(d.get("udp_port", spec.INA_UDP_PORT) == spec.INA_UDP_PORT, f"{w}.udp_port",
-                  f"a {d['target']} switch parses INA packets on UDP port {spec.INA_UDP_PORT} "
-                  f"only, got {d.get('udp_port')!r}")
-        if d["target"] == "bmv2":
-            need("p4info" in d and "device_config" in d, f"{w}.device_config",
-                  "bmv2 needs p4info and device_config (make p4 writes them to p4src/build/)")
-        if d["target"] == "tofino":
-            for k in ("p4info", "device_config"):
-                need(d.get(k) is not None, f"{w}.{k}", "required for target tofino (P4Info "
-                      "from bf-p4c --p4runtime-force-std-externs; device_config: bf-p4c's "
-                      "output directory)")
-            need(d.get("api", "p4runtime") in APIS, f"{w}.api",
-                  f"must be one of {', '.join(APIS)} (P4Runtime, or the SDE's BF Runtime gRPC "
-                  f"server), got {d.get('api')!r}")
-            if d.get("api", "p4runtime") == "p4runtime":
-                need(d.get("device_config_format") in TOFINO_FORMATS,
-                      f"{w}.device_config_format",
-                      f"must be one of {', '.join(TOFINO_FORMATS)} (the P4Runtime server: "
-                      f"Stratum or the SDE's bf_switchd), got {d.get('device_config_format')!r}")
-            else:  # BF Runtime carries bf-p4c's files in its own message: one format
-                need("device_config_format" not in d, f"{w}.device_config_format",
-                      "only for api p4runtime (BF Runtime takes bf-p4c's files as they are)")
-            need(d.get("lane_bits", 32) in wire.LANE_BITS, f"{w}.lane_bits",
-                  f"must be one of {', '.join(map(str, wire.LANE_BITS))} (the TNA program's "
-                  f"SPINA_LANE_BITS), got {d.get('lane_bits')!r}")
-        else:
-            for k in ("device_config_format", "lane_bits", "api"):
-                need(k not in d, f"{w}.{k}", "only for target tofino")
-        switches[name] = Switch(
-            name=name, target=d["target"], grpc=d["grpc"],
-            device_id=integer(d, "device_id", w, 0, (1 << 64) - 1, 0),
-            thrift_port=integer(d, "thrift_port", w, 1, 65535, 9090),
-            address=_ipv4({"address": d.get("address", "127.0.0.1")}, "address", w),
-            udp_port=integer(d, "udp_port", w, 1, 65535, wire.DEFAULT_UDP_PORT),
-            pool_slots=integer(d, "pool_slots", w, 1, 1 << 15, spec.P4_SIZES["POOL_SLOTS"]),
-            slot_capacity=integer(d, "slot_capacity", w, 1, 1 << 24, spec.DEFAULT_SLOT_CAPACITY),
-            ports=tuple(ports), p4info=d.get("p4info"), device_config=d.get("device_config"),
-            device_config_format=d.get("device_config_format"),
-            api=d.get("api", "p4runtime"),
-            lane_bits=d.get("lane_bits", 32),
-            l2=tuple(l2), l2_spray=tuple(l2_spray), routes=tuple(routes),
-            ina_endpoints=endpoints,
-            drop_qdepth=integer(d, "drop_qdepth", w, 0, spec.QDEPTH_NEVER)
-            if d.get("drop_qdepth") is not None else None)
-
+        sw = _parse_switch(d, f"switches[{i}]", switches)
+        switches[sw.name] = sw
     need(isinstance(doc["workers"], list), "workers", "must be a list")
     workers: dict[str, Worker] = {}
-    addrs: dict[tuple, str] = {}
     for i, d in enumerate(doc["workers"]):
-        w = f"workers[{i}]"
-        mapping(d, w, {"name", "ip", "udp_port", "switch_port"}, {"mac", "switch", "rank"})
-        name = string(d, "name", w)
-        need(name not in workers, f"{w}.name", f"duplicate worker {name!r}")
-        sw = d.get("switch", next(iter(switches)) if len(switches) == 1 else None)
-        need(isinstance(sw, str) and sw in switches, f"{w}.switch",
-              f"must name one of the switches ({', '.join(switches)})")
-        port = integer(d, "switch_port", w, 0, 511)
-        need(port in switches[sw].ports, f"{w}.switch_port",
-              f"port {port} is not in switch {sw}'s ports {list(switches[sw].ports)}")
-        ip = _ipv4(d, "ip", w)
-        udp = integer(d, "udp_port", w, 1, 65535)
-        need((ip, udp) not in addrs, f"{w}.udp_port",
-              f"{ip}:{udp} is also worker {addrs.get((ip, udp))!r}'s address")
-        addrs[(ip, udp)] = name
-        if switches[sw].target != "softswitch":
-            need("mac" in d, f"{w}.mac", f"required on a {switches[sw].target} switch")
-        workers[name] = Worker(name, ip, udp, port, _mac(d, "mac", w, NO_MAC), sw,
-                               integer(d, "rank", w, 0, wire.MAX_WORKERS - 1)
-                               if "rank" in d else None)
-
+        wk = _parse_worker(d, f"workers[{i}]", switches, workers)
+        workers[wk.name] = wk
     jobs: dict[int, Job] = {}
     jobs_doc = doc.get("jobs") or []
     need(isinstance(jobs_doc, list), "jobs", "must be a list")
     for i, d in enumerate(jobs_doc):
-        w = f"jobs[{i}]"
-        mapping(d, w, {"id", "members", "nslots"}, set(JOB_OPTIONS) | {"drop_qdepth"})
-        jid = integer(d, "id", w, 0, spec.MAX_JOB_ID)
-        need(jid not in jobs, f"{w}.id", f"duplicate job id {jid}")
-        members = d["members"]
-        need(isinstance(members, list) and 1 <= len(members) <= wire.MAX_WORKERS,
-              f"{w}.members", f"must list 1..{wire.MAX_WORKERS} worker names")
-        for r, m in enumerate(members):
-            need(isinstance(m, str) and m in workers, f"{w}.members[{r}]", f"unknown worker {m!r}")
-            wk = workers[m]
-            need(wk.rank is None or wk.rank == r, f"{w}.members[{r}]",
-                  f"worker {m!r} declares rank {wk.rank} but is member {r} (rank = position)")
-        need(len(set(members)) == len(members), f"{w}.members", "a worker is listed twice")
-        sws = {workers[m].switch for m in members}
-        need(len(sws) == 1, f"{w}.members", f"members sit on several switches {sorted(sws)}: "
-              "a job aggregates on one switch")
-        try:
-            options = job_options(d)
-        except ConfigError as e:
-            raise e.at(w) from None
-        job = Job(id=jid, members=tuple(members), **options,
-                  drop_qdepth=integer(d, "drop_qdepth", w, 0, spec.QDEPTH_NEVER)
-                  if "drop_qdepth" in d else None)
-        need(job.slot_base is not None, f"{w}.slot_base",
-              "required in the file (`job add` allocates it for you)")
-        sw = switches[next(iter(sws))]
-        need(job.slot_base + job.nslots <= sw.pool_slots, f"{w}.nslots",
-              f"slots {job.slot_base}..{job.slot_base + job.nslots - 1} exceed switch "
-              f"{sw.name}'s pool of {sw.pool_slots}")
-        if sw.target != "softswitch":
-            sizes = spec.TNA_SIZES if sw.target == "tofino" else spec.P4_SIZES
-            need(job.block_size == sizes["BLOCK_SIZE"], f"{w}.block_size",
-                  f"the {sw.target} P4 program aggregates blocks of {sizes['BLOCK_SIZE']}")
-            need(job.nlanes <= sizes["NLANES"], f"{w}.nlanes",
-                  f"the {sw.target} P4 program has {sizes['NLANES']} lanes")
-        if sw.target == "tofino":
-            need(job.lane_bits == sw.lane_bits, f"{w}.lane_bits",
-                  f"{job.lane_bits}-bit lanes on switch {sw.name!r}, whose TNA program serves "
-                  f"{sw.lane_bits}-bit lanes only (its lane_bits; one program holds one width "
-                  "and takes a packet of another as malformed: tofino/README.md, 'Narrow lanes')")
-        try:
-            JobConfig(job=jid, workers=tuple(WorkerAddr(r, workers[m].ip, workers[m].udp_port)
-                                             for r, m in enumerate(members)),
-                      slot_base=job.slot_base, nslots=job.nslots, **job.options()).validate(
-                          sw.pool_slots, sw.slot_capacity if sw.target == "softswitch" else None)
-        except ConfigError as e:
-            raise e.at(w) from None
-        for other in jobs.values():
-            if workers[other.members[0]].switch == sw.name and \
-                    job.slot_base < other.slot_base + other.nslots and \
-                    other.slot_base < job.slot_base + job.nslots:
-                raise ConfigError(f"{w}.slot_base: slots {job.slot_base}.."
-                                  f"{job.slot_base + job.nslots - 1} overlap job {other.id}'s "
-                                  f"{other.slot_base}..{other.slot_base + other.nslots - 1}")
-        jobs[jid] = job
+        job = _parse_job(d, f"jobs[{i}]", switches, workers, jobs)
+        jobs[job.id] = job
     agents_dir = doc.get("agents_dir", "agents")
     need(isinstance(agents_dir, str) and agents_dir, "agents_dir", "must be a path")
     rendezvous = (_host_port(doc["rendezvous"], "rendezvous") if "rendezvous" in doc
                   else DEFAULT_RENDEZVOUS)
     return DesiredState(switches, workers, jobs, agents_dir, path, raw=doc, rendezvous=rendezvous)
+
+
+def _parse_switch(d, w: str, switches: dict[str, Switch]) -> Switch:
+    """The switch `d` (named `w`, e.g. "switches[0]" in errors), not one of `switches`."""
+    mapping(d, w, {"name", "target", "grpc"},
+            {"device_id", "thrift_port", "address", "udp_port", "pool_slots", "ports",
+             "slot_capacity", "p4info", "device_config", "device_config_format", "l2",
+             "routes", "ina_endpoints", "drop_qdepth", "lane_bits", "api"})
+    name = string(d, "name", w)
+    need(name not in switches, f"{w}.name", f"duplicate switch {name!r}")
+    need(d["target"] in TARGETS, f"{w}.target", f"must be one of {', '.join(TARGETS)}")
+    host, sep, port = string(d, "grpc", w).rpartition(":")
+    need(d["grpc"] == IN_PROCESS or
+          (sep and port.isdigit() and 0 < int(port) < 1 << 16 and host), f"{w}.grpc",
+          f"expected HOST:PORT with a TCP port 1..65535, got {d['grpc']!r}")
+    endpoints = None
+    if d.get("ina_endpoints") is not None:
+        endpoints = tuple(_ipv4({f"ina_endpoints[{k}]": a}, f"ina_endpoints[{k}]", w)
+                          for k, a in enumerate(optional_list(d, "ina_endpoints", w)))
+    ports = d.get("ports", [0])
+    need(isinstance(ports, list) and ports and all(
+        isinstance(p, int) and not isinstance(p, bool) and 0 <= p < 512 for p in ports),
+          f"{w}.ports", "must be a non-empty list of port numbers 0..511")
+    for k in ("p4info", "device_config"):
+        if d.get(k) is not None:
+            string(d, k, w)
+    l2, l2_spray = _switch_l2(d, w)
+    routes = _switch_routes(d, w)
+    _switch_target(d, w)
+    return Switch(
+        name=name, target=d["target"], grpc=d["grpc"],
+        device_id=integer(d, "device_id", w, 0, (1 << 64) - 1, 0),
+        thrift_port=integer(d, "thrift_port", w, 1, 65535, 9090),
+        address=_ipv4({"address": d.get("address", "127.0.0.1")}, "address", w),
+        udp_port=integer(d, "udp_port", w, 1, 65535, wire.DEFAULT_UDP_PORT),
+        pool_slots=integer(d, "pool_slots", w, 1, 1 << 15, spec.P4_SIZES["POOL_SLOTS"]),
+        slot_capacity=integer(d, "slot_capacity", w, 1, 1 << 24, spec.DEFAULT_SLOT_CAPACITY),
+        ports=tuple(ports), p4info=d.get("p4info"), device_config=d.get("device_config"),
+        device_config_format=d.get("device_config_format"),
+        api=d.get("api", "p4runtime"),
+        lane_bits=d.get("lane_bits", 32),
+        l2=tuple(l2), l2_spray=tuple(l2_spray), routes=tuple(routes),
+        ina_endpoints=endpoints,
+        drop_qdepth=integer(d, "drop_qdepth", w, 0, spec.QDEPTH_NEVER)
+        if d.get("drop_qdepth") is not None else None)
+
+
+def _switch_l2(d: dict, w: str) -> tuple[list, list]:
+    """A switch's extra forwarding: (bridged (mac, port)s, sprayed (mac, ports)s)."""
+    l2, l2_spray = [], []
+    for k, e in enumerate(optional_list(d, "l2", w)):
+        wk = f"{w}.l2[{k}]"
+        mapping(e, wk, {"mac"}, {"port", "ports"})
+        need(("port" in e) != ("ports" in e), f"{wk}.ports" if "ports" in e else f"{wk}.port",
+              "give either port (bridged) or ports (sprayed per packet), not both"
+              if "ports" in e else "required field is missing (or ports)")
+        if "port" in e:
+            l2.append((mac_address(e, "mac", wk), integer(e, "port", wk, 0, 511)))
+        else:
+            l2_spray.append((mac_address(e, "mac", wk), _spray_ports(e, wk)))
+    need(len({ports for _, ports in l2_spray}) <= spec.P4_SIZES["SPRAY_GROUPS"], f"{w}.l2",
+          f"at most {spec.P4_SIZES['SPRAY_GROUPS']} different ports lists (spray groups)")
+    need(sum(len(g) for g in {ports for _, ports in l2_spray})
+          <= spec.P4_SIZES["SPRAY_PORT_ENTRIES"], f"{w}.l2",
+          f"the different ports lists hold more than {spec.P4_SIZES['SPRAY_PORT_ENTRIES']} "
+          "ports in all (spray_ports entries)")
+    return l2, l2_spray
+
+
+def _switch_routes(d: dict, w: str) -> list[tuple[str, int, str, str]]:
+    """A switch's IPv4 routes: (prefix, port, src_mac, dst_mac)."""
+    routes = []
+    for k, e in enumerate(optional_list(d, "routes", w)):
+        wk = f"{w}.routes[{k}]"
+        mapping(e, wk, {"prefix", "port", "src_mac", "dst_mac"}, set())
+        try:
+            net = str(ipaddress.IPv4Network(string(e, "prefix", wk), strict=False))
+        except ValueError:
+            raise ConfigError(f"{wk}.prefix: not an IPv4 prefix: {e['prefix']!r}") from None
+        routes.append((net, integer(e, "port", wk, 0, 511), mac_address(e, "src_mac", wk),
+                       mac_address(e, "dst_mac", wk)))
+    return routes
+
+
+def _switch_target(d: dict, w: str) -> None:
+    """The fields a switch's target needs, and none that only another target takes."""
+    if d["target"] != "softswitch":
+        need(d.get("udp_port", spec.INA_UDP_PORT) == spec.INA_UDP_PORT, f"{w}.udp_port",
+              f"a {d['target']} switch parses INA packets on UDP port {spec.INA_UDP_PORT} "
+              f"only, got {d.get('udp_port')!r}")
+    if d["target"] == "bmv2":
+        need("p4info" in d and "device_config" in d, f"{w}.device_config",
+              "bmv2 needs p4info and device_config (make p4 writes them to p4src/build/)")
+    if d["target"] != "tofino":
+        for k in ("device_config_format", "lane_bits", "api"):
+            need(k not in d, f"{w}.{k}", "only for target tofino")
+        return
+    for k in ("p4info", "device_config"):
+        need(d.get(k) is not None, f"{w}.{k}", "required for target tofino (P4Info "
+              "from bf-p4c --p4runtime-force-std-externs; device_config: bf-p4c's "
+              "output directory)")
+    need(d.get("api", "p4runtime") in APIS, f"{w}.api",
+          f"must be one of {', '.join(APIS)} (P4Runtime, or the SDE's BF Runtime gRPC "
+          f"server), got {d.get('api')!r}")
+    if d.get("api", "p4runtime") == "p4runtime":
+        need(d.get("device_config_format") in TOFINO_FORMATS,
+              f"{w}.device_config_format",
+              f"must be one of {', '.join(TOFINO_FORMATS)} (the P4Runtime server: "
+              f"Stratum or the SDE's bf_switchd), got {d.get('device_config_format')!r}")
+    else:  # BF Runtime carries bf-p4c's files in its own message: one format
+        need("device_config_format" not in d, f"{w}.device_config_format",
+              "only for api p4runtime (BF Runtime takes bf-p4c's files as they are)")
+    need(d.get("lane_bits", 32) in wire.LANE_BITS, f"{w}.lane_bits",
+          f"must be one of {', '.join(map(str, wire.LANE_BITS))} (the TNA program's "
+          f"SPINA_LANE_BITS), got {d.get('lane_bits')!r}")
+
+
+def _parse_worker(d, w: str, switches: dict[str, Switch], workers: dict[str, Worker]) -> Worker:
+    """The worker `d` (named `w` in errors) on one of `switches`, its name and address not
+    those of any of `workers`."""
+    mapping(d, w, {"name", "ip", "udp_port", "switch_port"}, {"mac", "switch", "rank"})
+    name = string(d, "name", w)
+    need(name not in workers, f"{w}.name", f"duplicate worker {name!r}")
+    sw = d.get("switch", next(iter(switches)) if len(switches) == 1 else None)
+    need(isinstance(sw, str) and sw in switches, f"{w}.switch",
+          f"must name one of the switches ({', '.join(switches)})")
+    port = integer(d, "switch_port", w, 0, 511)
+    need(port in switches[sw].ports, f"{w}.switch_port",
+          f"port {port} is not in switch {sw}'s ports {list(switches[sw].ports)}")
+    ip = _ipv4(d, "ip", w)
+    udp = integer(d, "udp_port", w, 1, 65535)
+    other = next((o.name for o in workers.values() if (o.ip, o.udp_port) == (ip, udp)), None)
+    need(other is None, f"{w}.udp_port", f"{ip}:{udp} is also worker {other!r}'s address")
+    if switches[sw].target != "softswitch":
+        need("mac" in d, f"{w}.mac", f"required on a {switches[sw].target} switch")
+    return Worker(name, ip, udp, port, mac_address(d, "mac", w, NO_MAC), sw,
+                  integer(d, "rank", w, 0, wire.MAX_WORKERS - 1) if "rank" in d else None)
+
+
+def _parse_job(d, w: str, switches: dict[str, Switch], workers: dict[str, Worker],
+               jobs: dict[int, Job]) -> Job:
+    """The flat job `d` (named `w` in errors): its members among `workers`, all on one switch,
+    whose program it fits, its slots overlapping none of `jobs` there."""
+    mapping(d, w, {"id", "members", "nslots"}, set(JOB_OPTIONS) | {"drop_qdepth"})
+    jid = integer(d, "id", w, 0, spec.MAX_JOB_ID)
+    need(jid not in jobs, f"{w}.id", f"duplicate job id {jid}")
+    members = d["members"]
+    need(isinstance(members, list) and 1 <= len(members) <= wire.MAX_WORKERS,
+          f"{w}.members", f"must list 1..{wire.MAX_WORKERS} worker names")
+    for r, m in enumerate(members):
+        need(isinstance(m, str) and m in workers, f"{w}.members[{r}]", f"unknown worker {m!r}")
+        wk = workers[m]
+        need(wk.rank is None or wk.rank == r, f"{w}.members[{r}]",
+              f"worker {m!r} declares rank {wk.rank} but is member {r} (rank = position)")
+    need(len(set(members)) == len(members), f"{w}.members", "a worker is listed twice")
+    sws = {workers[m].switch for m in members}
+    need(len(sws) == 1, f"{w}.members", f"members sit on several switches {sorted(sws)}: "
+          "a job aggregates on one switch")
+    try:
+        options = job_options(d)
+    except ConfigError as e:
+        raise e.at(w) from None
+    job = Job(id=jid, members=tuple(members), **options,
+              drop_qdepth=integer(d, "drop_qdepth", w, 0, spec.QDEPTH_NEVER)
+              if "drop_qdepth" in d else None)
+    need(job.slot_base is not None, f"{w}.slot_base",
+          "required in the file (`job add` allocates it for you)")
+    sw = switches[next(iter(sws))]
+    need(job.slot_base + job.nslots <= sw.pool_slots, f"{w}.nslots",
+          f"slots {job.slot_base}..{job.slot_base + job.nslots - 1} exceed switch "
+          f"{sw.name}'s pool of {sw.pool_slots}")
+    fits_program(job, sw, w)
+    try:
+        JobConfig(job=jid, workers=tuple(WorkerAddr(r, workers[m].ip, workers[m].udp_port)
+                                         for r, m in enumerate(members)),
+                  slot_base=job.slot_base, nslots=job.nslots, **job.options()).validate(
+                      sw.pool_slots, sw.slot_capacity if sw.target == "softswitch" else None)
+    except ConfigError as e:
+        raise e.at(w) from None
+    for other in jobs.values():
+        if workers[other.members[0]].switch == sw.name and \
+                job.slot_base < other.slot_base + other.nslots and \
+                other.slot_base < job.slot_base + job.nslots:
+            raise ConfigError(f"{w}.slot_base: slots {job.slot_base}.."
+                              f"{job.slot_base + job.nslots - 1} overlap job {other.id}'s "
+                              f"{other.slot_base}..{other.slot_base + other.nslots - 1}")
+    return job
+
+
+def fits_program(job: JobOptions, sw: Switch, where: str) -> None:
+    """Refuse (ConfigError naming `where`'s field) a job, flat or of the fabric plan, that the
+    P4 program `sw` runs cannot hold: a P4 target's block size and lane count (spec.P4_SIZES,
+    spec.TNA_SIZES) and a TNA program's one lane width. The software switch holds any (its
+    slot capacity is JobConfig.validate's)."""
+    if sw.target == "softswitch":
+        return
+    sizes = spec.TNA_SIZES if sw.target == "tofino" else spec.P4_SIZES
+    need(job.block_size == sizes["BLOCK_SIZE"], f"{where}.block_size",
+          f"the {sw.target} P4 program aggregates blocks of {sizes['BLOCK_SIZE']}")
+    need(job.nlanes <= sizes["NLANES"], f"{where}.nlanes",
+          f"the {sw.target} P4 program has {sizes['NLANES']} lanes")
+    if sw.target == "tofino":
+        need(job.lane_bits == sw.lane_bits, f"{where}.lane_bits",
+              f"{job.lane_bits}-bit lanes on switch {sw.name!r}, whose TNA program serves "
+              f"{sw.lane_bits}-bit lanes only (its lane_bits; one program holds one width "
+              "and takes a packet of another as malformed: tofino/README.md, 'Narrow lanes')")
 
 
 def _host_port(v, where: str) -> tuple[str, int]:

@@ -5,6 +5,7 @@ Many instances may live in one process (one per switch): no module-level client.
 """
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import logging
 import queue
@@ -16,24 +17,41 @@ import grpc
 from google.rpc import code_pb2
 from p4.v1 import p4runtime_pb2 as pb, p4runtime_pb2_grpc
 
-from spina.p4runtime import encode
+from spina.fields import ConfigError
+from spina.p4runtime import P4RuntimeError, encode
 
 log = logging.getLogger("spina.controller.p4rt")
-
-
-class P4RuntimeError(RuntimeError):
-    """A P4Runtime call failed; `code` is the gRPC status code."""
-
-    def __init__(self, msg: str, code: grpc.StatusCode | None = None):
-        super().__init__(msg)
-        self.code = code
+SHOWN_NAMES = 16  # an unknown name's error lists the known ones up to this many
 
 
 class NotPrimaryError(P4RuntimeError):
     """Another controller is primary for this device: we refuse to write."""
 
 
-def _rpc(what: str, f, *args, **kwargs):
+class P4InfoError(ConfigError):
+    """What the P4Info does not have: a table, action, counter or register (`kind`, `name`),
+    a table's key field or an action's parameter, or a value too wide for its field. The
+    message is one line naming it and, for a name, the names the P4Info has (the closest
+    first, when there are many)."""
+
+    def __init__(self, msg: str, kind: str, name: str):
+        super().__init__(msg)
+        self.kind, self.name = kind, name
+
+
+def known_names(name: str, names) -> str:
+    """`names` for an error about `name`: all of them sorted, or, when there are more than
+    SHOWN_NAMES, the closest few and how many there are."""
+    names = sorted(set(names))
+    if len(names) <= SHOWN_NAMES:
+        return ", ".join(names) or "none"
+    close = difflib.get_close_matches(name, names, n=4, cutoff=0.5)
+    return f"{', '.join(close) + ', ' if close else ''}... {len(names)} in all"
+
+
+def rpc(what: str, f, *args, **kwargs):
+    """f(*args, **kwargs), a gRPC call; its failure as P4RuntimeError (NotPrimaryError when
+    another controller is primary) naming `what` and the status."""
     try:
         return f(*args, **kwargs)
     except grpc.RpcError as e:
@@ -60,9 +78,13 @@ class P4InfoIndex:
                 self._by[kind].setdefault(name.rsplit(".", 1)[-1], obj)
 
     def get(self, kind: str, name: str):
+        """The P4Info object of `kind` (KINDS) named `name`; P4InfoError naming both and the
+        names it has."""
         obj = self._by[kind].get(name)
         if obj is None:
-            raise KeyError(f"P4Info has no {kind[:-1]} named {name!r}")
+            short = (o.preamble.name.rsplit(".", 1)[-1] for o in getattr(self.p4info, kind))
+            raise P4InfoError(f"P4Info has no {kind[:-1]} named {name!r} ({kind}: "
+                              f"{known_names(name, short)})", kind, name)
         return obj
 
     def id(self, kind: str, name: str) -> int:
@@ -72,10 +94,19 @@ class P4InfoIndex:
         for obj in getattr(self.p4info, kind):
             if obj.preamble.id == obj_id:
                 return obj.preamble.name.rsplit(".", 1)[-1]
-        raise KeyError(f"P4Info has no {kind[:-1]} with id {obj_id}")
+        raise P4InfoError(f"P4Info has no {kind[:-1]} with id {obj_id}", kind, str(obj_id))
 
     def has(self, kind: str, name: str) -> bool:
         return name in self._by[kind]
+
+    @staticmethod
+    def encode(value, width: int, what: str, kind: str, name: str) -> bytes:
+        """`value` as the canonical bytestring of a bit<`width`> field (spina.p4runtime);
+        P4InfoError naming the field (`what`) when it does not fit or is no value."""
+        try:
+            return encode(value, width)
+        except ValueError as e:
+            raise P4InfoError(f"{what}: {e}", kind, name) from None
 
     # ------------------------------------------------------------ builders
     def table_entry(self, table: str, key: dict, action: str | None = None,
@@ -84,36 +115,49 @@ class P4InfoIndex:
         t = self.get("tables", table)
         e = pb.TableEntry(table_id=t.preamble.id, is_default_action=default)
         fields = {m.name: m for m in t.match_fields}
-        unknown = set(key) - set(fields)
+        unknown = sorted(set(key) - set(fields))
         if unknown:
-            raise KeyError(f"table {table!r} has no key {sorted(unknown)}")
+            raise P4InfoError(f"table {table!r} has no key field {unknown[0]!r} (its keys: "
+                              f"{known_names(unknown[0], fields)})", "tables", table)
         for f in t.match_fields:  # in P4Info order: the entry's bytes are deterministic
             if f.name not in key:
                 continue
             v = key[f.name]
+            what = f"table {table!r} key {f.name!r}"
             m = e.match.add(field_id=f.id)
             if f.match_type == f.LPM:
-                net = ipaddress.IPv4Network(v, strict=False)
+                try:
+                    net = ipaddress.IPv4Network(v, strict=False)
+                except ValueError as err:
+                    raise P4InfoError(f"{what}: {err}", "tables", table) from None
                 if net.prefixlen == 0:  # LPM don't-care: the field is omitted
                     del e.match[-1]
                     continue
-                m.lpm.value = encode(int(net.network_address), f.bitwidth)
+                m.lpm.value = self.encode(int(net.network_address), f.bitwidth, what,
+                                          "tables", table)
                 m.lpm.prefix_len = net.prefixlen
             elif f.match_type == f.EXACT:
-                m.exact.value = encode(v, f.bitwidth)
+                m.exact.value = self.encode(v, f.bitwidth, what, "tables", table)
             else:
-                raise ValueError(f"{table}.{f.name}: match type {f.match_type} not supported")
+                raise P4InfoError(f"{what}: match type {f.match_type} not supported",
+                                  "tables", table)
         if action is not None:
             a = self.get("actions", action)
             e.action.action.action_id = a.preamble.id
             params = dict(params or {})
+            names = [p.name for p in a.params]
             for p in a.params:
                 if p.name not in params:
-                    raise KeyError(f"action {action!r} needs parameter {p.name!r}")
-                e.action.action.params.add(param_id=p.id,
-                                           value=encode(params.pop(p.name), p.bitwidth))
+                    raise P4InfoError(f"action {action!r} needs parameter {p.name!r} (its "
+                                      f"parameters: {known_names(p.name, names)})",
+                                      "actions", action)
+                e.action.action.params.add(param_id=p.id, value=self.encode(
+                    params.pop(p.name), p.bitwidth, f"action {action!r} parameter {p.name!r}",
+                    "actions", action))
             if params:
-                raise KeyError(f"action {action!r} has no parameter {sorted(params)}")
+                extra = sorted(params)[0]
+                raise P4InfoError(f"action {action!r} has no parameter {extra!r} (its "
+                                  f"parameters: {known_names(extra, names)})", "actions", action)
         return e
 
 
@@ -130,7 +174,7 @@ def _tcp_address(address: str) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
-def _refused(address: str, timeout: float) -> str | None:
+def refused(address: str, timeout: float) -> str | None:
     """Why a TCP connection to `address` failed at once (refused, no route), or None: it was
     accepted, or got no answer within `timeout` (a slow network: gRPC waits longer)."""
     hp = _tcp_address(address)
@@ -151,7 +195,7 @@ def wait_listening(address: str, timeout: float = 30.0) -> None:
     nobody listens on fails within a second. P4RuntimeError naming the address after
     `timeout` s."""
     deadline = time.monotonic() + timeout
-    while (why := _refused(address, 1.0)) is not None:
+    while (why := refused(address, 1.0)) is not None:
         if time.monotonic() >= deadline:
             raise P4RuntimeError(f"no P4Runtime server listening at {address} within "
                                  f"{timeout:g} s ({why})")
@@ -192,7 +236,7 @@ class Connection:
         if stub is not None:  # in-process (LocalStub): no channel to wait for
             self.channel, self.stub = None, stub
         else:
-            why = _refused(address, min(timeout, 1.0)) if channel is None else None
+            why = refused(address, min(timeout, 1.0)) if channel is None else None
             if why is not None:  # gRPC would retry with backoff until `timeout`
                 raise P4RuntimeError(f"no P4Runtime server at {address}: {why} (is the switch "
                                      "running?)")
@@ -299,7 +343,7 @@ class Connection:
 
     # ------------------------------------------------------------ RPCs
     def capabilities(self) -> str:
-        return _rpc("Capabilities", self.stub.Capabilities, pb.CapabilitiesRequest(),
+        return rpc("Capabilities", self.stub.Capabilities, pb.CapabilitiesRequest(),
                     timeout=self.rpc_timeout).p4runtime_api_version
 
     def get_pipeline(self):
@@ -324,7 +368,7 @@ class Connection:
         req.config.p4info.CopyFrom(p4info)
         req.config.p4_device_config = device_config
         req.config.cookie.cookie = cookie
-        _rpc("SetForwardingPipelineConfig", self.stub.SetForwardingPipelineConfig, req,
+        rpc("SetForwardingPipelineConfig", self.stub.SetForwardingPipelineConfig, req,
              timeout=self.rpc_timeout)
         self.index = P4InfoIndex(p4info)
 
@@ -340,7 +384,7 @@ class Connection:
         for kind, ent in updates:
             u = req.updates.add(type=kind)
             u.entity.CopyFrom(ent)
-        _rpc("Write", self.stub.Write, req, timeout=self.rpc_timeout)
+        rpc("Write", self.stub.Write, req, timeout=self.rpc_timeout)
 
     def read(self, entities: list) -> list:
         """Every entity the device returns for the `entities` queried."""
@@ -350,7 +394,7 @@ class Connection:
         def run():
             return [e for resp in self.stub.Read(req, timeout=self.rpc_timeout)
                     for e in resp.entities]
-        return _rpc("Read", run)
+        return rpc("Read", run)
 
     # ------------------------------------------------------------ helpers by name
     def read_table(self, table: str) -> list:

@@ -34,13 +34,16 @@ from __future__ import annotations
 import pathlib
 from dataclasses import dataclass
 
+from controller import tofino
 from controller.model import (
     DesiredState,
     JobOptions,
-    _mac,
-    _parse_flat,
+    fits_program,
     load_yaml,
+    mac_address,
+    parse_flat,
 )
+from controller.pipeline import read_p4info
 from spina import rows, spec, wire
 from spina.config import JOB_OPTIONS, MAX_RACKS, ConfigError, JobConfig, WorkerAddr, job_options
 from spina.fields import integer, mapping, need, optional_list, string
@@ -177,12 +180,7 @@ def p4_rows(fabric: Fabric, name: str) -> rows.SwitchRows:
     out = rows.SwitchRows()
     for i, job in sorted((i, j) for i, j in enumerate(fabric.jobs.values())):
         where = f"fabric.jobs[{i}]"
-        if sw.target != "softswitch":
-            sizes = spec.TNA_SIZES if sw.target == "tofino" else spec.P4_SIZES
-            need(job.block_size == sizes["BLOCK_SIZE"], f"{where}.block_size",
-                  f"the P4 program aggregates blocks of {sizes['BLOCK_SIZE']}")
-            need(job.nlanes <= sizes["NLANES"], f"{where}.nlanes",
-                  f"the P4 program has {sizes['NLANES']} lanes")
+        fits_program(job, sw, where)
         cfg = fabric.job_config(job)
         if level == LEAF:
             for k, rname in enumerate(job.racks):
@@ -226,8 +224,6 @@ def _fabric_target(state, sw, where: str, role: str) -> None:
     P4Info says (controller/tofino.py has_roles): no program compiled so far has them."""
     if sw.target != "tofino":
         return
-    from controller import tofino
-    from controller.controller import read_p4info
     path = state.resolve(sw.p4info)
     need(path is not None and path.exists(), where,
           f"switch {sw.name!r} is a tofino switch, and its P4Info {path} does not exist: the "
@@ -242,7 +238,7 @@ def parse(doc, path: pathlib.Path | None = None) -> Fabric:
     """The desired state with its `fabric` section, validated (ConfigError names the field)."""
     need(isinstance(doc, dict), "(top)", "must be a mapping")
     need("fabric" in doc, "fabric", "required field is missing")
-    state = _parse_flat(doc, path)  # raw keeps the fabric section: `save` writes it back
+    state = parse_flat(doc, path)  # raw keeps the fabric section: `save` writes it back
     f = mapping(doc["fabric"], "fabric", {"racks", "spines", "jobs"}, {"links"})
     switches, workers = state.switches, state.workers
 
@@ -342,8 +338,8 @@ def parse(doc, path: pathlib.Path | None = None) -> Fabric:
         need(leaf in leaves, f"{w}.leaf", f"{leaf!r} is no rack's leaf")
         need(spine in spines, f"{w}.spine", f"{spine!r} is not one of fabric.spines")
         need((leaf, spine) not in links, w, f"a second link between {leaf!r} and {spine!r}")
-        ln = Link(leaf, integer(d, "leaf_port", w, 0, 511), _mac(d, "leaf_mac", w), spine,
-                  integer(d, "spine_port", w, 0, 511), _mac(d, "spine_mac", w))
+        ln = Link(leaf, integer(d, "leaf_port", w, 0, 511), mac_address(d, "leaf_mac", w), spine,
+                  integer(d, "spine_port", w, 0, 511), mac_address(d, "spine_mac", w))
         for end, port in ((leaf, ln.leaf_port), (spine, ln.spine_port)):
             need(port in switches[end].ports, f"{w}.{'leaf' if end == leaf else 'spine'}_port",
                   f"port {port} is not in switch {end}'s ports {list(switches[end].ports)}")

@@ -22,10 +22,10 @@ import subprocess
 import grpc
 from p4.v1 import p4runtime_pb2 as pb
 
-from controller.p4rt import Connection, P4RuntimeError
+from controller.p4rt import Connection, P4InfoIndex, P4RuntimeError
 from controller.tofino import bitwidth
 from spina import spec
-from spina.p4runtime import decode, encode
+from spina.p4runtime import decode
 
 
 class RegisterAdapter:
@@ -72,12 +72,16 @@ class P4RuntimeRegisters(RegisterAdapter):
     def fill(self, data, r, value: int) -> None:
         """P4Data `data` for register `r` holding `value`: a bitstring, or for a struct cell
         (the TNA program's pair registers) every member holding it."""
+        name = r.preamble.name.rsplit(".", 1)[-1]
+        what = f"register {name!r}"
         if r.type_spec.HasField("struct"):
             struct = self.conn.index.p4info.type_info.structs[r.type_spec.struct.name]
             for m in struct.members:
-                data.struct.members.add().bitstring = encode(value, bitwidth(m.type_spec))
+                data.struct.members.add().bitstring = P4InfoIndex.encode(
+                    value, bitwidth(m.type_spec), f"{what} member {m.name!r}", "registers", name)
         else:
-            data.bitstring = encode(value, r.type_spec.bitstring.bit.bitwidth)
+            data.bitstring = P4InfoIndex.encode(value, r.type_spec.bitstring.bit.bitwidth, what,
+                                                "registers", name)
 
     def clear(self, names, start, count):
         updates = []

@@ -157,8 +157,8 @@ def _program(servicer, state, path: str) -> None:
 
 def program_from_config(dp, path: str, device_id: int = 0) -> None:
     """Fill an L2 Dataplane's tables from the switch config in `path` (softswitch/README.md),
-    made a desired state by controller.state.from_l2_config."""
-    from controller.state import from_l2_config
+    made a desired state by controller.softswitch_files.from_l2_config."""
+    from controller.softswitch_files import from_l2_config
     from softswitch.p4runtime_server import SoftSwitchServicer
     doc = _load(path)
     try:
@@ -170,9 +170,9 @@ def program_from_config(dp, path: str, device_id: int = 0) -> None:
 
 
 def program_udp_jobs(sw, jobs: list[JobConfig], path: str, device_id: int = 0) -> None:
-    """Admit the jobs of `path` on a UdpSwitch: controller.state.from_udp_jobs, written through
-    the switch's own P4Runtime servicer."""
-    from controller.state import from_udp_jobs
+    """Admit the jobs of `path` on a UdpSwitch: controller.softswitch_files.from_udp_jobs,
+    written through the switch's own P4Runtime servicer."""
+    from controller.softswitch_files import from_udp_jobs
     try:
         state = from_udp_jobs(jobs, address=sw.address[0], udp_port=sw.address[1],
                               pool_slots=sw.pipeline.pool_slots,

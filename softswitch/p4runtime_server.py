@@ -46,7 +46,7 @@ from p4.v1 import p4runtime_pb2 as pb, p4runtime_pb2_grpc
 from softswitch.dataplane import Dataplane
 from spina import spec
 from spina.net import check_tcp_free
-from spina.p4runtime import canonical_entry, decode, encode, match_key
+from spina.p4runtime import P4RuntimeError, canonical_entry, decode, encode, match_key
 
 log = logging.getLogger("spina.softswitch.p4runtime")
 
@@ -55,18 +55,10 @@ DEFAULT_ADDR = "127.0.0.1:9559"
 _READ_CHUNK = 1024  # entities per ReadResponse: a wildcard counter read has 65536 cells
 
 
-class P4RuntimeError(Exception):
-    """A request the server refuses; `code` is the gRPC status to answer with."""
-
-    def __init__(self, code: grpc.StatusCode, msg: str):
-        super().__init__(msg)
-        self.code = code
-
-
 def _fits(v: int, width: int, what: str) -> int:
     if v >> width:
-        raise P4RuntimeError(grpc.StatusCode.INVALID_ARGUMENT,
-                             f"{what}: value {v} does not fit in {width} bits")
+        raise P4RuntimeError(f"{what}: value {v} does not fit in {width} bits",
+                             grpc.StatusCode.INVALID_ARGUMENT)
     return v
 
 
@@ -177,20 +169,20 @@ class SoftSwitchServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
                         continue  # packet-out, digest acks: not implemented
                     a = req.arbitration
                     if a.device_id != self.device_id:
-                        q.put(P4RuntimeError(grpc.StatusCode.NOT_FOUND,
-                                             f"no device {a.device_id} (this is {self.device_id})"))
+                        q.put(P4RuntimeError(f"no device {a.device_id} (this is {self.device_id})",
+                                             grpc.StatusCode.NOT_FOUND))
                         return
                     if a.role.name:
-                        q.put(P4RuntimeError(grpc.StatusCode.UNIMPLEMENTED,
-                                             "roles are not supported: use the default role"))
+                        q.put(P4RuntimeError("roles are not supported: use the default role",
+                                             grpc.StatusCode.UNIMPLEMENTED))
                         return
                     election = a.election_id.high << 64 | a.election_id.low
                     with self.lock:
                         taken = [e for s, (e, _) in self.streams.items() if s != sid]
                         if election in taken:
-                            q.put(P4RuntimeError(grpc.StatusCode.INVALID_ARGUMENT,
-                                                 f"election id {election} is in use by another "
-                                                 "client"))
+                            q.put(P4RuntimeError(f"election id {election} is in use by another "
+                                                 "client",
+                                                 grpc.StatusCode.INVALID_ARGUMENT))
                             return
                         self.streams[sid] = (election, q)
                         self._arbitration_update(election, q)
@@ -218,16 +210,16 @@ class SoftSwitchServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
 
     def _check_writer(self, device_id: int, election_id) -> None:
         if device_id != self.device_id:
-            raise P4RuntimeError(grpc.StatusCode.NOT_FOUND,
-                                 f"no device {device_id} (this is {self.device_id})")
+            raise P4RuntimeError(f"no device {device_id} (this is {self.device_id})",
+                                 grpc.StatusCode.NOT_FOUND)
         election = election_id.high << 64 | election_id.low
         primary = self.primary_election_id()
         if primary is None or election != primary:
             raise P4RuntimeError(
-                grpc.StatusCode.PERMISSION_DENIED,
                 f"election id {election} is not the primary's "
                 f"({'no primary' if primary is None else primary}): open a StreamChannel and "
-                "win arbitration first")
+                "win arbitration first",
+                grpc.StatusCode.PERMISSION_DENIED)
 
     # ------------------------------------------------------------ pipeline
     def SetForwardingPipelineConfig(self, request, context):
@@ -236,17 +228,17 @@ class SoftSwitchServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
                 self._check_writer(request.device_id, request.election_id)
                 A = pb.SetForwardingPipelineConfigRequest
                 if request.action == A.UNSPECIFIED:
-                    raise P4RuntimeError(grpc.StatusCode.INVALID_ARGUMENT, "action unspecified")
+                    raise P4RuntimeError("action unspecified", grpc.StatusCode.INVALID_ARGUMENT)
                 if request.action == A.COMMIT:
                     if self.pipe is None:
-                        raise P4RuntimeError(grpc.StatusCode.FAILED_PRECONDITION,
-                                             "COMMIT without a saved pipeline")
+                        raise P4RuntimeError("COMMIT without a saved pipeline",
+                                             grpc.StatusCode.FAILED_PRECONDITION)
                     return pb.SetForwardingPipelineConfigResponse()
                 missing = missing_from(request.config.p4info)
                 if missing:
                     raise P4RuntimeError(
-                        grpc.StatusCode.INVALID_ARGUMENT,
-                        "P4Info lacks what the software switch implements: " + ", ".join(missing))
+                        "P4Info lacks what the software switch implements: " + ", ".join(missing),
+                        grpc.StatusCode.INVALID_ARGUMENT)
                 if request.action == A.VERIFY:
                     return pb.SetForwardingPipelineConfigResponse()
                 self.pipe = _Pipeline(request.config)
@@ -304,14 +296,14 @@ class SoftSwitchServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
             with self.lock, self.dp.pipeline.lock:  # atomic to the data path
                 self._check_writer(request.device_id, request.election_id)
                 if self.pipe is None:
-                    raise P4RuntimeError(grpc.StatusCode.FAILED_PRECONDITION,
-                                         "no pipeline: SetForwardingPipelineConfig first")
+                    raise P4RuntimeError("no pipeline: SetForwardingPipelineConfig first",
+                                         grpc.StatusCode.FAILED_PRECONDITION)
                 try:
                     for i, up in enumerate(request.updates):
                         try:
                             self._apply(up)
                         except P4RuntimeError as e:
-                            raise P4RuntimeError(e.code, f"update {i}: {e}") from None
+                            raise P4RuntimeError(f"update {i}: {e}", e.code) from None
                 finally:
                     self.dp.version += 1  # whatever applied: the UDP mode derives again
             return pb.WriteResponse()
@@ -325,27 +317,27 @@ class SoftSwitchServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
         elif which == "packet_replication_engine_entry":
             pre = up.entity.packet_replication_engine_entry
             if pre.WhichOneof("type") != "multicast_group_entry":
-                raise P4RuntimeError(grpc.StatusCode.UNIMPLEMENTED,
-                                     "only multicast groups in the packet replication engine")
+                raise P4RuntimeError("only multicast groups in the packet replication engine",
+                                     grpc.StatusCode.UNIMPLEMENTED)
             self._write_group(up.type, pre.multicast_group_entry)
         elif which == "register_entry":
             if up.type != pb.Update.MODIFY:
-                raise P4RuntimeError(grpc.StatusCode.INVALID_ARGUMENT,
-                                     "register entries take MODIFY only")
+                raise P4RuntimeError("register entries take MODIFY only",
+                                     grpc.StatusCode.INVALID_ARGUMENT)
             self._write_register(up.entity.register_entry)
         elif which == "counter_entry":
             if up.type != pb.Update.MODIFY:
-                raise P4RuntimeError(grpc.StatusCode.INVALID_ARGUMENT,
-                                     "counter entries take MODIFY only")
+                raise P4RuntimeError("counter entries take MODIFY only",
+                                     grpc.StatusCode.INVALID_ARGUMENT)
             self._write_counter(up.entity.counter_entry)
         else:
-            raise P4RuntimeError(grpc.StatusCode.UNIMPLEMENTED, f"{which} is not implemented")
+            raise P4RuntimeError(f"{which} is not implemented", grpc.StatusCode.UNIMPLEMENTED)
 
     # tables -----------------------------------------------------
     def _table(self, table_id: int):
         t = self.pipe.tables.get(table_id)
         if t is None:
-            raise P4RuntimeError(grpc.StatusCode.NOT_FOUND, f"no table with id {table_id}")
+            raise P4RuntimeError(f"no table with id {table_id}", grpc.StatusCode.NOT_FOUND)
         return t, spec.TABLES[t.preamble.name]
 
     def _decode_match(self, info, st, entry) -> dict:
@@ -355,52 +347,52 @@ class SoftSwitchServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
         for m in entry.match:
             f = by_id.get(m.field_id)
             if f is None:
-                raise P4RuntimeError(grpc.StatusCode.INVALID_ARGUMENT,
-                                     f"table {st.name}: no match field id {m.field_id}")
+                raise P4RuntimeError(f"table {st.name}: no match field id {m.field_id}",
+                                     grpc.StatusCode.INVALID_ARGUMENT)
             kind = m.WhichOneof("field_match_type")
             key = next(k for k in st.keys if k.name == f.name)
             if kind != key.match:
-                raise P4RuntimeError(grpc.StatusCode.INVALID_ARGUMENT,
-                                     f"table {st.name}: key {f.name} is {key.match}, not {kind}")
+                raise P4RuntimeError(f"table {st.name}: key {f.name} is {key.match}, not {kind}",
+                                     grpc.StatusCode.INVALID_ARGUMENT)
             if kind == "exact":
                 got[f.name] = _fits(decode(m.exact.value), key.width, f"{st.name}.{f.name}")
             elif kind == "lpm":
                 v = _fits(decode(m.lpm.value), key.width, f"{st.name}.{f.name}")
                 plen = m.lpm.prefix_len
                 if not 0 < plen <= key.width:
-                    raise P4RuntimeError(grpc.StatusCode.INVALID_ARGUMENT,
-                                         f"{st.name}.{f.name}: prefix_len {plen}")
+                    raise P4RuntimeError(f"{st.name}.{f.name}: prefix_len {plen}",
+                                         grpc.StatusCode.INVALID_ARGUMENT)
                 got[f.name] = f"{ipaddress.IPv4Address(v)}/{plen}"
             else:
-                raise P4RuntimeError(grpc.StatusCode.UNIMPLEMENTED, f"{kind} match")
+                raise P4RuntimeError(f"{kind} match", grpc.StatusCode.UNIMPLEMENTED)
         for k in st.keys:  # an omitted LPM field is the wildcard: prefix length 0
             if k.match == "lpm" and k.name not in got:
                 got[k.name] = "0.0.0.0/0"
         need = {k.name for k in st.keys}
         if set(got) != need and not (entry.is_default_action and not entry.match):
-            raise P4RuntimeError(grpc.StatusCode.INVALID_ARGUMENT,
-                                 f"table {st.name}: needs keys {sorted(need)}, got {sorted(got)}")
+            raise P4RuntimeError(f"table {st.name}: needs keys {sorted(need)}, got {sorted(got)}",
+                                 grpc.StatusCode.INVALID_ARGUMENT)
         return got
 
     def _decode_action(self, st, entry) -> tuple[str, dict]:
         if entry.action.WhichOneof("type") != "action":
-            raise P4RuntimeError(grpc.StatusCode.INVALID_ARGUMENT,
-                                 f"table {st.name}: a direct action is required")
+            raise P4RuntimeError(f"table {st.name}: a direct action is required",
+                                 grpc.StatusCode.INVALID_ARGUMENT)
         act = entry.action.action
         info = self.pipe.actions.get(act.action_id)
         if info is None:
-            raise P4RuntimeError(grpc.StatusCode.NOT_FOUND, f"no action with id {act.action_id}")
+            raise P4RuntimeError(f"no action with id {act.action_id}", grpc.StatusCode.NOT_FOUND)
         name = info.preamble.name
         if name not in st.actions:
-            raise P4RuntimeError(grpc.StatusCode.INVALID_ARGUMENT,
-                                 f"table {st.name} has no action {name}")
+            raise P4RuntimeError(f"table {st.name} has no action {name}",
+                                 grpc.StatusCode.INVALID_ARGUMENT)
         by_id = {p.id: p for p in info.params}
         params = {}
         for p in act.params:
             pi = by_id.get(p.param_id)
             if pi is None:
-                raise P4RuntimeError(grpc.StatusCode.INVALID_ARGUMENT,
-                                     f"action {name}: no parameter id {p.param_id}")
+                raise P4RuntimeError(f"action {name}: no parameter id {p.param_id}",
+                                     grpc.StatusCode.INVALID_ARGUMENT)
             params[pi.name] = _fits(decode(p.value), pi.bitwidth, f"{name}({pi.name})")
         return name, params
 
@@ -410,58 +402,58 @@ class SoftSwitchServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
         entries = self.entries.setdefault(st.name, {})
         if entry.is_default_action:
             if kind != pb.Update.MODIFY:
-                raise P4RuntimeError(grpc.StatusCode.INVALID_ARGUMENT,
-                                     f"table {st.name}: the default action takes MODIFY only")
+                raise P4RuntimeError(f"table {st.name}: the default action takes MODIFY only",
+                                     grpc.StatusCode.INVALID_ARGUMENT)
             if entry.action.WhichOneof("type") is None:  # reset to the P4 default
                 self.defaults.pop(st.name, None)
                 return
             action, params = self._decode_action(st, entry)
             if action != st.default or params:
-                raise P4RuntimeError(grpc.StatusCode.PERMISSION_DENIED,
-                                     f"table {st.name}: default action is fixed to {st.default}")
+                raise P4RuntimeError(f"table {st.name}: default action is fixed to {st.default}",
+                                     grpc.StatusCode.PERMISSION_DENIED)
             self.defaults[st.name] = canonical_entry(entry)
             return
         mk = match_key(entry)
         exists = mk in entries
         if kind == pb.Update.INSERT and exists:
-            raise P4RuntimeError(grpc.StatusCode.ALREADY_EXISTS, f"table {st.name}: entry exists")
+            raise P4RuntimeError(f"table {st.name}: entry exists", grpc.StatusCode.ALREADY_EXISTS)
         if kind in (pb.Update.MODIFY, pb.Update.DELETE) and not exists:
-            raise P4RuntimeError(grpc.StatusCode.NOT_FOUND, f"table {st.name}: no such entry")
+            raise P4RuntimeError(f"table {st.name}: no such entry", grpc.StatusCode.NOT_FOUND)
         if kind == pb.Update.DELETE:
             self.dp.table_delete(st.name, key)
             del entries[mk]
             return
         if kind not in (pb.Update.INSERT, pb.Update.MODIFY):
-            raise P4RuntimeError(grpc.StatusCode.INVALID_ARGUMENT, "update type unspecified")
+            raise P4RuntimeError("update type unspecified", grpc.StatusCode.INVALID_ARGUMENT)
         action, params = self._decode_action(st, entry)
         if not exists and len(entries) >= st.size:
-            raise P4RuntimeError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                 f"table {st.name} is full ({st.size} entries)")
+            raise P4RuntimeError(f"table {st.name} is full ({st.size} entries)",
+                                 grpc.StatusCode.RESOURCE_EXHAUSTED)
         try:
             self.dp.table_add(st.name, key, action, params)
         except (KeyError, ValueError) as e:
-            raise P4RuntimeError(grpc.StatusCode.INVALID_ARGUMENT,
-                                 f"table {st.name}: {e}") from None
+            raise P4RuntimeError(f"table {st.name}: {e}",
+                                 grpc.StatusCode.INVALID_ARGUMENT) from None
         entries[mk] = canonical_entry(entry)
 
     # multicast ----------------------------------------------------
     def _write_group(self, kind, g) -> None:
         gid = g.multicast_group_id
         if gid == 0:
-            raise P4RuntimeError(grpc.StatusCode.INVALID_ARGUMENT, "multicast group id 0")
+            raise P4RuntimeError("multicast group id 0", grpc.StatusCode.INVALID_ARGUMENT)
         exists = gid in self.groups
         if kind == pb.Update.INSERT and exists:
-            raise P4RuntimeError(grpc.StatusCode.ALREADY_EXISTS, f"multicast group {gid} exists")
+            raise P4RuntimeError(f"multicast group {gid} exists", grpc.StatusCode.ALREADY_EXISTS)
         if kind in (pb.Update.MODIFY, pb.Update.DELETE) and not exists:
-            raise P4RuntimeError(grpc.StatusCode.NOT_FOUND, f"no multicast group {gid}")
+            raise P4RuntimeError(f"no multicast group {gid}", grpc.StatusCode.NOT_FOUND)
         if kind == pb.Update.DELETE:
             self.dp.mcast_group_set(gid, [])
             del self.groups[gid]
             return
         replicas = [(r.egress_port, r.instance) for r in g.replicas]
         if len(set(replicas)) != len(replicas):
-            raise P4RuntimeError(grpc.StatusCode.INVALID_ARGUMENT,
-                                 f"multicast group {gid}: duplicate replica")
+            raise P4RuntimeError(f"multicast group {gid}: duplicate replica",
+                                 grpc.StatusCode.INVALID_ARGUMENT)
         self.dp.mcast_group_set(gid, replicas)
         self.groups[gid] = type(g)()
         self.groups[gid].CopyFrom(g)
@@ -471,7 +463,7 @@ class SoftSwitchServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
         """(P4 name, numpy array, column or None, width, indices) of a register entry."""
         info = self.pipe.registers.get(reg_id)
         if info is None:
-            raise P4RuntimeError(grpc.StatusCode.NOT_FOUND, f"no register with id {reg_id}")
+            raise P4RuntimeError(f"no register with id {reg_id}", grpc.StatusCode.NOT_FOUND)
         name = info.preamble.name
         job_reg = {r.name: r for r in spec.JOB_REGISTERS}.get(name)
         spray_reg = {r.name: r for r in spec.SPRAY_REGISTERS}.get(name)
@@ -485,8 +477,8 @@ class SoftSwitchServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
             base, lane, elem = spec.split_p4_register(name)
             reg = {r.name: r for r in spec.REGISTERS}.get(base)
             if reg is None:
-                raise P4RuntimeError(grpc.StatusCode.NOT_FOUND,
-                                     f"register {name} is not implemented by the software switch")
+                raise P4RuntimeError(f"register {name} is not implemented by the software switch",
+                                     grpc.StatusCode.NOT_FOUND)
             arr = self.dp.pipeline.registers[base]
         col = None
         if reg.shape == spec.LANE:
@@ -498,8 +490,8 @@ class SoftSwitchServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
             idx = range(size)
         else:
             if not 0 <= index < size:
-                raise P4RuntimeError(grpc.StatusCode.OUT_OF_RANGE,
-                                     f"register {name}: index {index} outside 0..{size - 1}")
+                raise P4RuntimeError(f"register {name}: index {index} outside 0..{size - 1}",
+                                     grpc.StatusCode.OUT_OF_RANGE)
             idx = [index]
         return name, arr, col, reg.width, idx
 
@@ -507,8 +499,8 @@ class SoftSwitchServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
         index = r.index.index if r.HasField("index") else None
         name, arr, col, width, idx = self._register_cells(r.register_id, index)
         if r.data.WhichOneof("data") != "bitstring":
-            raise P4RuntimeError(grpc.StatusCode.INVALID_ARGUMENT,
-                                 f"register {name}: data must be a bitstring")
+            raise P4RuntimeError(f"register {name}: data must be a bitstring",
+                                 grpc.StatusCode.INVALID_ARGUMENT)
         v = _fits(decode(r.data.bitstring), width, f"register {name}")
         if arr.dtype.kind == "i" and v >> (width - 1):  # the P4's bits of a signed array
             v -= 1 << width
@@ -518,14 +510,14 @@ class SoftSwitchServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
         elif col < arr.shape[1]:
             arr[cells, col] = v
         elif v:  # an element beyond --slot-capacity: no such cell here, it reads 0
-            raise P4RuntimeError(grpc.StatusCode.OUT_OF_RANGE,
-                                 f"register {name}: element {col} is beyond this switch's slot "
-                                 f"capacity of {arr.shape[1]}")
+            raise P4RuntimeError(f"register {name}: element {col} is beyond this switch's slot "
+                                 f"capacity of {arr.shape[1]}",
+                                 grpc.StatusCode.OUT_OF_RANGE)
 
     def _write_counter(self, c) -> None:
         info = self.pipe.counters.get(c.counter_id)
         if info is None:
-            raise P4RuntimeError(grpc.StatusCode.NOT_FOUND, f"no counter with id {c.counter_id}")
+            raise P4RuntimeError(f"no counter with id {c.counter_id}", grpc.StatusCode.NOT_FOUND)
         arr = self.dp.pipeline.counters[info.preamble.name]
         if c.HasField("index"):
             arr[c.index.index] = c.data.packet_count
@@ -537,11 +529,11 @@ class SoftSwitchServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
         try:
             with self.lock:
                 if request.device_id != self.device_id:
-                    raise P4RuntimeError(grpc.StatusCode.NOT_FOUND,
-                                         f"no device {request.device_id}")
+                    raise P4RuntimeError(f"no device {request.device_id}",
+                                         grpc.StatusCode.NOT_FOUND)
                 if self.pipe is None:
-                    raise P4RuntimeError(grpc.StatusCode.FAILED_PRECONDITION,
-                                         "no pipeline committed yet")
+                    raise P4RuntimeError("no pipeline committed yet",
+                                         grpc.StatusCode.FAILED_PRECONDITION)
                 out = []
                 for ent in request.entities:
                     out += self._read(ent)
@@ -580,13 +572,13 @@ class SoftSwitchServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
             for cid in ids:
                 info = self.pipe.counters.get(cid)
                 if info is None:
-                    raise P4RuntimeError(grpc.StatusCode.NOT_FOUND, f"no counter with id {cid}")
+                    raise P4RuntimeError(f"no counter with id {cid}", grpc.StatusCode.NOT_FOUND)
                 arr = self.dp.pipeline.counters[info.preamble.name]
                 idx = [q.index.index] if q.HasField("index") else range(len(arr))
                 for i in idx:
                     if not 0 <= i < len(arr):
-                        raise P4RuntimeError(grpc.StatusCode.OUT_OF_RANGE,
-                                             f"counter {info.preamble.name}: index {i}")
+                        raise P4RuntimeError(f"counter {info.preamble.name}: index {i}",
+                                             grpc.StatusCode.OUT_OF_RANGE)
                     e = pb.Entity()
                     c = e.counter_entry
                     c.counter_id, c.index.index = cid, i
@@ -621,7 +613,7 @@ class SoftSwitchServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
                     r.data.bitstring = encode(int(v) & ((1 << width) - 1), width)
                     out.append(e)
             return out
-        raise P4RuntimeError(grpc.StatusCode.UNIMPLEMENTED, f"reading {which} is not implemented")
+        raise P4RuntimeError(f"reading {which} is not implemented", grpc.StatusCode.UNIMPLEMENTED)
 
 
 class P4RuntimeServer:

@@ -16,14 +16,11 @@ MAX_RACKS = 32  # a job's racks: the spine's bitmap has one bit per rack (leaf)
 # a worker's fields in an L2 switch config (softswitch.l2)
 L2_WORKER_FIELDS = ("mac", "switch_port")
 
-# DLCP per-packet classification of a job's contributions (host_agent/dlcp.py, docs/dlcp.md).
-# priority_policy: "fixed" every packet in the job's `priority` queue; "layer" a call's packets
-#   go higher the sooner the next forward pass needs its layers (`priority` .. 7).
-# loss_tolerant_policy: "none" no packet may be dropped; "magnitude" the packets of smallest
-#   gradient magnitude, within the job's `bounded_loss`, carry the loss-tolerant flag.
+# DLCP per-packet classification of a job's contributions (host_agent/dlcp.py, docs/dlcp.md):
+# the values of JobConfig's priority_policy and loss_tolerant_policy (their help says what each
+# means), and loss_deadline's word for a deadline that follows the measured round latency of
+# its slot group (host_agent/recovery.py, RttEstimator.loss_deadline).
 PRIORITY_POLICIES = ("fixed", "layer")
-# loss_deadline: seconds (fixed), or this: each round's deadline follows the measured round
-#   latency of its slot group (host_agent/recovery.py, RttEstimator.loss_deadline).
 LOSS_DEADLINE_AUTO = "auto"
 LOSS_TOLERANT_POLICIES = ("none", "magnitude")
 
@@ -46,21 +43,22 @@ class WorkerAddr:
     port: int
 
 
+def _option(default, kind, help: str, choices: tuple = ()):
+    """A JobConfig field that is a job option (JOB_OPTIONS): every job file, desired-state job
+    (flat or of a fabric plan) and `spina job add` flag takes it, with this default, `kind`
+    (int, float, str, or "seconds": a number of seconds or LOSS_DEADLINE_AUTO), `help` (the
+    flag's) and, if given, its only allowed values; limits beyond those are `validate`'s."""
+    return dataclasses.field(default=default, metadata={"kind": kind, "help": help,
+                                                        "choices": choices})
+
+
 @dataclass(frozen=True)
 class JobConfig:
     """One aggregation job as the switch and its agents see it.
 
-    job: job id (16 bits on the wire). epoch: incarnation of the job; packets of another
-    epoch are stale. workers: one address per rank 0..n-1. slot_base/nslots: the job's share
-    of the switch's slot pool (also the agent's window: one outstanding packet per slot).
-    block_size: elements per block (B). nlanes: blocks fused per packet (k).
-    bounded_loss: opt-in DLCP mode: at most this fraction of a call's blocks may be completed
-    without every worker (0: off, every result exact). loss_deadline: seconds a round may wait
-    for missing workers before an agent asks the switch to complete it anyway, or "auto"
-    (LOSS_DEADLINE_AUTO): twice the measured latency of the round's slot group, 2-50 ms.
-    priority_policy, loss_tolerant_policy: how agents set each packet's priority and
-    loss-tolerant flag (PRIORITY_POLICIES, LOSS_TOLERANT_POLICIES; host_agent/dlcp.py). The
-    defaults ("fixed", "none") send every packet as before: the job's priority, never droppable.
+    The job options (slot_base .. lane_bits: JOB_OPTIONS) say what they mean in their `help`;
+    the rest:
+    job: job id (16 bits on the wire). workers: one address per rank 0..n-1.
     slot_groups: per slot of the job (in order), the group whose rounds complete in the order
     they were sent: the spine aggregating the slot when a two-level job's slots are sharded
     (docs/scale_out.md). The agent's fast retransmit compares rounds within a group only; ()
@@ -72,25 +70,38 @@ class JobConfig:
     bitmap), up to MAX_RACKS x MAX_WORKERS workers. () (the default): a flat job, one switch,
     wire rank = job rank, at most MAX_WORKERS workers. The rack sizes are job-wide (the
     same in every rank's file); each rank derives its switch rank from them.
-    lane_bits: the width of a float tensor's values on the wire (wire.LANE_BITS: 32, the
-    default; 16 or 8, narrow lanes: stochastically rounded, docs/bits.md). int32 tensors always
-    travel as int32. Flat jobs only (the leaf/spine roles carry int32 lanes).
     """
     job: int
     workers: tuple[WorkerAddr, ...]
-    slot_base: int = 0
-    nslots: int = 16
-    block_size: int = 256
-    nlanes: int = 56
-    epoch: int = 1
-    priority: int = 0
-    bounded_loss: float = 0.0
-    loss_deadline: float | str = 0.05
-    priority_policy: str = "fixed"
-    loss_tolerant_policy: str = "none"
+    slot_base: int = _option(0, int, "the job's first slot in the switch's slot pool")
+    nslots: int = _option(16, int, "the job's share of the slot pool (also each agent's "
+                          "window: one packet in flight per slot)")
+    block_size: int = _option(256, int, "elements per block (B)")
+    nlanes: int = _option(56, int, "blocks fused per packet (k)")
+    epoch: int = _option(1, int, "the job's incarnation: packets of another epoch are stale")
+    priority: int = _option(0, int, "egress queue 0..7 of the job's packets")
+    bounded_loss: float = _option(
+        0.0, float, "DLCP bounded-loss mode: at most this fraction of a call's blocks may "
+        "complete without every worker (0: off, every result exact)")
+    loss_deadline: float | str = _option(
+        0.05, "seconds", "seconds a round waits for missing workers before an agent asks the "
+        f"switch to complete it anyway, or '{LOSS_DEADLINE_AUTO}': twice the measured latency "
+        "of the round's slot group, 2-50 ms")
+    priority_policy: str = _option(
+        "fixed", str, "how agents set each packet's priority (host_agent/dlcp.py): fixed, the "
+        "job's priority; layer, a call's packets higher (priority .. 7) the sooner the next "
+        "forward pass needs their layers",
+        PRIORITY_POLICIES)
+    loss_tolerant_policy: str = _option(
+        "none", str, "which packets agents flag loss-tolerant (host_agent/dlcp.py): none; "
+        "magnitude, those of smallest gradient magnitude within bounded_loss",
+        LOSS_TOLERANT_POLICIES)
     slot_groups: tuple[int, ...] = ()
     racks: tuple[int, ...] = ()
-    lane_bits: int = 32
+    lane_bits: int = _option(
+        32, int, "the width of a float tensor's values on the wire (docs/bits.md): 16 or 8 "
+        "are narrow lanes, stochastically rounded; int32 tensors always travel as int32; "
+        "flat jobs only (the leaf/spine roles carry int32 lanes)", wire.LANE_BITS)
 
     @property
     def nworkers(self) -> int:
@@ -194,7 +205,7 @@ class JobConfig:
     def from_dict(cls, d: dict) -> "JobConfig":
         """A job from its JSON/YAML form; every wrong type or value is a ConfigError naming
         the field. Values are taken as they are (no rounding, no str -> int conversion)."""
-        known = set(JOB_OPTIONS) | {"job", "workers", "slot_groups", "racks"}
+        known = {f.name for f in dataclasses.fields(cls)}
         if not isinstance(d, dict):
             raise ConfigError(f"a job must be a mapping of fields, got {d!r}")
         for k in d:
@@ -218,13 +229,17 @@ class JobConfig:
         return cls(workers=workers, **kw).validate()
 
 
-# The one job schema: the fields every job file, desired-state job (flat or of a fabric plan)
-# and job option may set, with their kinds; defaults and limits are JobConfig's (its fields'
-# defaults, `validate`), so no parser keeps a copy of either.
-JOB_OPTIONS = {"slot_base": int, "nslots": int, "block_size": int, "nlanes": int, "epoch": int,
-               "priority": int, "bounded_loss": float, "loss_deadline": "seconds",
-               "priority_policy": str, "loss_tolerant_policy": str, "lane_bits": int}
-JOB_DEFAULTS = {f.name: f.default for f in dataclasses.fields(JobConfig) if f.name in JOB_OPTIONS}
+# The one job schema, derived from JobConfig's fields: its options (`_option`: the fields every
+# job file, desired-state job, flat or of a fabric plan, and `spina job add` flag may set) with
+# their declarations (default, kind, help, choices); limits beyond those are `validate`'s, so
+# no parser or writer keeps a copy of any of them.
+JOB_FIELDS = {f.name: f for f in dataclasses.fields(JobConfig) if "kind" in f.metadata}
+JOB_OPTIONS = {k: f.metadata["kind"] for k, f in JOB_FIELDS.items()}
+JOB_DEFAULTS = {k: f.default for k, f in JOB_FIELDS.items()}
+# Each switch's own share of the slot pool (a fabric job's spines each hold a shard of it); the
+# other options every level of a job shares.
+JOB_SLOT_OPTIONS = ("slot_base", "nslots")
+JOB_SHARED_OPTIONS = tuple(k for k in JOB_OPTIONS if k not in JOB_SLOT_OPTIONS)
 
 
 def job_options(d: dict, where: str = "") -> dict:
@@ -269,11 +284,7 @@ def _address(d, where: str, extra: tuple = ()) -> tuple[str, int]:
 
 def job_to_dict(job: JobConfig) -> dict:
     """The inverse of `JobConfig.from_dict` (JSON-ready)."""
-    return {"job": job.job, "epoch": job.epoch, "priority": job.priority,
-            "slot_base": job.slot_base, "nslots": job.nslots, "block_size": job.block_size,
-            "nlanes": job.nlanes, "bounded_loss": job.bounded_loss,
-            "loss_deadline": job.loss_deadline, "priority_policy": job.priority_policy,
-            "loss_tolerant_policy": job.loss_tolerant_policy, "lane_bits": job.lane_bits,
+    return {"job": job.job, **{k: getattr(job, k) for k in JOB_OPTIONS},
             **({"slot_groups": list(job.slot_groups)} if job.slot_groups else {}),
             **({"racks": list(job.racks)} if job.racks else {}),
             "workers": [{"host": w.host, "port": w.port} for w in job.workers]}

@@ -1,5 +1,6 @@
-"""P4Runtime values: the one encoding the controller's client (controller/p4rt.py), the software
-switch's P4Runtime server (softswitch/p4runtime_server.py) and the conformance tests share.
+"""P4Runtime values and errors: the one encoding and the one error type the controller's client
+(controller/p4rt.py), the software switch's P4Runtime server (softswitch/p4runtime_server.py)
+and the conformance tests share.
 
 P4Runtime spec v1.4, section 8.4 "Bytestrings": a value of a bit<W> field travels as a
 big-endian bytestring, canonically the shortest one (no leading zero bytes, at least one byte).
@@ -9,6 +10,16 @@ canonical form (`canonical_entry`) and identified by their match fields (`match_
 from __future__ import annotations
 
 import ipaddress
+
+
+class P4RuntimeError(RuntimeError):
+    """A P4Runtime call that failed, or a request a server refuses; `code` is its gRPC status
+    (a grpc.StatusCode: the client's from the server's answer, the server's to answer with;
+    None when no call was answered, e.g. no server listening)."""
+
+    def __init__(self, msg: str, code=None):
+        super().__init__(msg)
+        self.code = code
 
 
 def encode(value, width: int) -> bytes:

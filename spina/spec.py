@@ -125,10 +125,17 @@ def split_p4_register(name: str) -> tuple[str, int | None, int | None]:
 # some sum left its lane's range and was clipped to it; job_lane_mismatch: contributions whose
 # lane width (wire.FLAGS_LANE_WIDTH) differed from their round's first (the result: MISMATCH).
 LANE_COUNTERS = ("job_lane_saturated", "job_lane_mismatch")
-JOB_COUNTERS = ("job_received", "job_aggregated", "job_duplicates", "job_results",
-                "job_stale", "job_held", "job_congestion_drops", "job_congestion_seen",
-                *LANE_COUNTERS)
-PORT_COUNTERS = ("port_malformed", "port_unadmitted")
+# Every counter (job_*: indexed by job; port_*: by ingress port) by the P4 control that counts
+# it (p4src/v1model/; FromSpine, fabric.p4, counts some of the Aggregator's too): the
+# controller's class of that name (controller/controls.py) reads it.
+COUNTER_CONTROLS = {
+    "job_received": "Aggregator", "job_aggregated": "Aggregator",
+    "job_duplicates": "Aggregator", "job_results": "WorkerRewrite", "job_stale": "Aggregator",
+    "job_held": "Aggregator", "job_congestion_drops": "CongestionDrop",
+    "job_congestion_seen": "CongestionDrop", **{n: "Aggregator" for n in LANE_COUNTERS},
+    "port_malformed": "InaCheck", "port_unadmitted": "Admission"}
+JOB_COUNTERS = tuple(n for n in COUNTER_CONTROLS if n.startswith("job_"))
+PORT_COUNTERS = tuple(n for n in COUNTER_CONTROLS if n.startswith("port_"))
 COUNTERS = {**{n: MAX_JOBS for n in JOB_COUNTERS}, **{n: MAX_PORTS for n in PORT_COUNTERS}}
 
 

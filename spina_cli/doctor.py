@@ -41,8 +41,9 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-from controller.controller import Controller, cookie_of, load_pipeline
+from controller.controller import Controller
 from controller.p4rt import P4RuntimeError
+from controller.pipeline import cookie_of, load_pipeline
 from controller.state import load
 from spina import cli, log as spina_log, rendezvous, spec, wire
 from spina.config import Assignment, ConfigError

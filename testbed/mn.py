@@ -59,7 +59,8 @@ def switch_classes():
 
     class SpinaSwitch(Switch):
         """A switch process on this node's ports; `spina_config` is its table contents
-        (controller.state.from_l2_config format), set by the topology builder before start."""
+        (controller.softswitch_files.from_l2_config format), set by the topology builder
+        before start."""
 
         def __init__(self, name, **params):
             params["inNamespace"] = False  # a process in the root namespace, like BMv2
@@ -183,7 +184,7 @@ def switch_classes():
             if self.serve_p4runtime:  # the testbed's Controller deploys
                 return
             from controller.controller import Controller
-            from controller.state import from_l2_config
+            from controller.softswitch_files import from_l2_config
             state = from_l2_config(self.spina_config, name=self.name, **self.p4runtime_fields())
             with Controller(state, timeout=20.0) as c:
                 c.deploy(agent_files=False)

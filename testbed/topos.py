@@ -28,7 +28,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field
 
-from spina import netns
+from spina import netns, spec
 from testbed.mn import import_mininet, switch_classes
 
 SWITCH_IP, SWITCH_MAC = "10.0.0.100", "02:00:00:00:00:64"
@@ -36,7 +36,9 @@ SWITCH_IP, SWITCH_MAC = "10.0.0.100", "02:00:00:00:00:64"
 # a per-process tag keeps two testbeds (two CI runs) from taking each other's interfaces.
 TAG = netns.unique_tag("", 10000)
 WORKER_UDP_BASE = 50000
-JOB_SIZES = {"nslots": 8, "block_size": 32, "nlanes": 4}  # the P4 program's block and lanes
+# the jobs' sizes: the P4 program's block and lanes (spina.spec), 8 slots
+JOB_SIZES = {"nslots": 8, "block_size": spec.P4_SIZES["BLOCK_SIZE"],
+             "nlanes": spec.P4_SIZES["NLANES"]}
 
 
 MAX_HOSTS = 99  # hosts 10.0.0.1..99: below the flat INA endpoint 10.0.0.100

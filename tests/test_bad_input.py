@@ -25,7 +25,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-import controller.__main__ as controller_main
 from host_agent.agent import Agent
 from host_agent.daemon.protocol import MAX_MESSAGE
 from host_agent.daemon.server import Daemon, DaemonConfig
@@ -668,10 +667,6 @@ def _name(action) -> str:
 def test_every_option_refuses_bad_values(parser, words, action, bad, tmp_path, monkeypatch):
     """Each bad value of the option's type: exit 2, one line `PROG: error: argument OPT: ...`,
     decided while parsing (so before the command starts anything)."""
-    if not bad and words == ("job", "add") and not hasattr(controller_main, "_job_options"):
-        pytest.skip("job add's job options are being derived from JobConfig's declaration by "
-                    "the schema work (issue 42 item 1, controller/__main__.py _job_options), "
-                    "which gives them their types")
     assert bad, (f"{_name(action)} takes any text: give it a type from spina/cli.py that "
                  "declares the values it refuses (cli.refuses), or choices")
     monkeypatch.chdir(tmp_path)  # relative paths (no-such-file.json) are nobody's

@@ -17,9 +17,10 @@ import yaml
 from google.rpc import code_pb2
 from p4.v1 import p4runtime_pb2 as pb, p4runtime_pb2_grpc
 
-from controller import state as state_mod
-from controller.controller import Controller, cookie_of, format_table
+from controller import controls, model, state as state_mod
+from controller.controller import Controller, format_table
 from controller.p4rt import Connection, NotPrimaryError, P4RuntimeError
+from controller.pipeline import cookie_of
 from controller.registers import ThriftRegisters
 from spina import spec
 from spina.config import Assignment, ConfigError, JobFile
@@ -383,6 +384,26 @@ def test_status_reads_job_counters(fake, tmp_path):
     assert "job_received" in format_table(rows).splitlines()[0]
 
 
+def test_one_apply_computes_the_job_rows_once(fake, tmp_path, monkeypatch):
+    """A deploy computes a switch's job rows (controls.job_rows) once for all its controls."""
+    real, calls = controls.job_rows, []
+    monkeypatch.setattr(controls, "job_rows", lambda st, s: calls.append(s.name) or real(st, s))
+    sw = fake()
+    with Controller(new_state(tmp_path, sw.address, [JOB7]),
+                    registers={"s1": RecordingRegisters()}) as c:
+        c.deploy()
+    assert calls == ["s1"]
+    # written: the endpoint, the group, and per worker its rewrite and admission
+    assert len([u for w in sw.calls("Write") for u in w.updates]) == 6
+
+
+def test_controls_read_the_counters_spec_gives_them():
+    """Each counter is read by the control spina.spec.COUNTER_CONTROLS names, and only so."""
+    read = {n: c.__name__ for c in controls.Control.__subclasses__() for n in c.counters}
+    assert read == spec.COUNTER_CONTROLS
+    assert set(spec.COUNTER_CONTROLS) == set(spec.JOB_COUNTERS + spec.PORT_COUNTERS)
+
+
 def test_agent_files_name_job_rank_slots_and_switch(fake, tmp_path):
     """deploy writes a JobFile per job and an assignment per worker: job, rank, slots, switch."""
     sw = fake()
@@ -530,11 +551,11 @@ def test_sprayed_l2_entries_name_groups_and_turns(fake, tmp_path):
 def test_job_add_allocates_non_overlapping_ranges():
     """with_job allocates the first free slot range; ranges of jobs never overlap."""
     st = state_mod.parse(doc("127.0.0.1:1", [dict(JOB7)]))  # JOB7: slots 4..5
-    st = st.with_job(state_mod.Job(id=8, members=("w2",), nslots=4))
-    st = st.with_job(state_mod.Job(id=9, members=("w3",), nslots=3))
+    st = st.with_job(model.Job(id=8, members=("w2",), nslots=4))
+    st = st.with_job(model.Job(id=9, members=("w3",), nslots=3))
     assert [(j.slot_base, j.nslots) for j in st.jobs.values()] == [(4, 2), (0, 4), (6, 3)]
     with pytest.raises(ConfigError, match="nslots"):
-        st.with_job(state_mod.Job(id=10, members=("w0",), nslots=250))
+        st.with_job(model.Job(id=10, members=("w0",), nslots=250))
     assert 8 not in st.without_job(8).jobs
 
 

@@ -30,7 +30,7 @@ from google.protobuf import text_format
 from google.rpc import status_pb2
 from p4.v1 import p4runtime_pb2 as pb
 
-from controller import bfrt, state as state_mod, tofino
+from controller import bfrt, model, state as state_mod, tofino
 from controller.controller import Controller
 from controller.p4rt import NotPrimaryError, P4RuntimeError
 from spina import spec
@@ -295,7 +295,7 @@ def bf_build(tmp_path) -> pathlib.Path:
     return build
 
 
-def bfrt_state(tmp_path, address, jobs=(JOB7,)) -> state_mod.DesiredState:
+def bfrt_state(tmp_path, address, jobs=(JOB7,)) -> model.DesiredState:
     doc = tofino_doc(address, STD_P4INFO, bf_build(tmp_path), jobs=list(jobs))
     sw = doc["switches"][0]
     del sw["device_config_format"]

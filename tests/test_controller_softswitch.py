@@ -16,7 +16,7 @@ import pytest
 import yaml
 from p4.v1 import p4runtime_pb2 as pb
 
-from controller import state as state_mod
+from controller import model, state as state_mod
 from controller.controller import Controller
 from controller.p4rt import Connection, NotPrimaryError, P4RuntimeError
 from host_agent import assignment
@@ -170,7 +170,7 @@ def test_second_controller_takes_over(inproc, tmp_path):
                 return not conn1.is_primary
             until(demoted, "the first controller to learn it was demoted", 10)
             with pytest.raises(NotPrimaryError, match="refusing to write"):
-                first.set_state(st.with_job(state_mod.Job(id=3, members=("w0",), nslots=1)))
+                first.set_state(st.with_job(model.Job(id=3, members=("w0",), nslots=1)))
             conn = first.session("s1").conn
             req = pb.WriteRequest(device_id=0, election_id=pb.Uint128(low=1))
             req.updates.add(type=pb.Update.INSERT).entity.table_entry.CopyFrom(

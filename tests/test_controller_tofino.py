@@ -21,9 +21,10 @@ import yaml
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, text_format
 from p4.v1 import p4runtime_pb2 as pb
 
-from controller import state as state_mod, tofino
-from controller.controller import Controller, cookie_of, load_pipeline
+from controller import model, state as state_mod, tofino
+from controller.controller import Controller
 from controller.p4rt import Connection, P4RuntimeError
+from controller.pipeline import cookie_of, load_pipeline
 from controller.registers import TofinoRegisters
 from spina import spec, wire
 from spina.config import ConfigError
@@ -103,7 +104,7 @@ def tna_p4info(tmp_path) -> pathlib.Path:
     return p
 
 
-def write_state(tmp_path, doc) -> state_mod.DesiredState:
+def write_state(tmp_path, doc) -> model.DesiredState:
     p = tmp_path / "spina.yaml"
     p.write_text(yaml.safe_dump(doc))
     return state_mod.load(p)

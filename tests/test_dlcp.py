@@ -479,7 +479,7 @@ def test_bad_policy_in_a_job_file_names_the_field(tmp_path, field, value, why):
 
 def test_policies_round_trip_through_job_files_and_the_controller_yaml(tmp_path):
     """The job file, the controller's YAML and its agent files carry both policies."""
-    from controller import state as state_mod
+    from controller import softswitch_files, state as state_mod
     job = _job(bounded_loss=0.05, priority_policy="layer", loss_tolerant_policy="magnitude")
     assert JobConfig.from_dict(job_to_dict(job)) == job
     auto = _job(bounded_loss=0.05, loss_deadline="auto")
@@ -502,8 +502,8 @@ def test_policies_round_trip_through_job_files_and_the_controller_yaml(tmp_path)
     assert added.jobs[7].priority_policy == "layer"
     assert added.raw["jobs"][0]["loss_deadline"] == "auto"
     assert added.raw["jobs"][0]["loss_tolerant_policy"] == "magnitude"
-    one = state_mod.from_udp_jobs([cfg], address="127.0.0.1", udp_port=47000, pool_slots=16,
-                                  slot_capacity=16384)
+    one = softswitch_files.from_udp_jobs([cfg], address="127.0.0.1", udp_port=47000,
+                                         pool_slots=16, slot_capacity=16384)
     assert one.job_config(one.jobs[7]).loss_tolerant_policy == "magnitude"
 
 

@@ -17,7 +17,7 @@ import yaml
 from hypothesis import given, settings, strategies as st
 
 from controller.controller import program_in_process
-from controller.state import from_l2_config
+from controller.softswitch_files import from_l2_config
 from softswitch.dataplane import Dataplane
 from softswitch.egress import CongestionDrop
 from softswitch.p4runtime_server import SoftSwitchServicer

@@ -246,7 +246,8 @@ def test_fabric_plan_needs_the_role_tables():
     state = parse(l2_doc())
     with pytest.raises(ConfigError, match=r"^switches\.leaf0\.p4info: the program has no "
                                           r"table 'job_level'"):
-        controls.FabricRoles(Conn()).entries(state, state.switches["leaf0"])
+        leaf = state.switches["leaf0"]
+        controls.FabricRoles(Conn()).entries(state, leaf, controls.job_rows(state, leaf))
 
 
 def test_slot_groups_round_trip_and_bad_values_name_the_field():

@@ -158,8 +158,8 @@ def test_a_tofino_leaf_or_spine_needs_a_program_with_the_roles(tmp_path, switch,
     assert f.levels[switch] == role
     with pytest.raises(ConfigError) as e:
         plan.p4_rows(f, switch)
-    assert str(e.value) == (f"fabric.jobs[0].block_size: the P4 program aggregates blocks of "
-                            f"{spec.TNA_SIZES['BLOCK_SIZE']}")
+    assert str(e.value) == ("fabric.jobs[0].block_size: the tofino P4 program aggregates "
+                            f"blocks of {spec.TNA_SIZES['BLOCK_SIZE']}")
 
     def tna_job(doc):
         _tofino(switch, roles)(doc)

@@ -234,7 +234,7 @@ def test_spina_plan_calibration_prints_the_error_table():
 
 
 @pytest.mark.parametrize("args, msg", [
-    (("--scale", "--workers", "1"), "argument --workers: 1 outside 2.."),
+    (("--scale", "--workers", "1"), "argument --workers: 1 is not in 2.."),
     (("--scale", "--densities", "0"), "argument --densities"),
     (("--scale", "--switches", "fpga"), "argument --switches: 'fpga' is not one of"),
     (("--scale", "--lane-bits", "12"), "argument --lane-bits"),

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from controller.controller import program_in_process
-from controller.state import from_l2_config
+from controller.softswitch_files import from_l2_config
 from softswitch.dataplane import Dataplane, ipv4_checksum
 from softswitch.p4runtime_server import SoftSwitchServicer
 from spina import spec

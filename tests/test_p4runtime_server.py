@@ -49,6 +49,13 @@ def code_of(f) -> grpc.StatusCode:
     return e.value.code
 
 
+def test_one_p4runtime_error():
+    """The server refuses and the client fails with one error type (spina.p4runtime's)."""
+    from softswitch import p4runtime_server
+    from spina import p4runtime
+    assert P4RuntimeError is p4runtime.P4RuntimeError is p4runtime_server.P4RuntimeError
+
+
 def l2_entry(c, mac="02:00:00:00:00:01", port=1):
     return pb.Entity(table_entry=c.index.table_entry("l2", {"dst_mac": mac}, "bridge",
                                                      {"port": port}))
