@@ -483,7 +483,7 @@ def check(config: str, timeout: float = 10.0, probe_timeout: float = 1.0):
 
 
 def parser(prog: str = "spina doctor") -> argparse.ArgumentParser:
-    ap = cli.ArgumentParser(prog=prog, description=__doc__.split("\n\n", 1)[0]
+    ap = cli.ArgumentParser(prog=prog, description=__doc__.split("\n\n", 1)[0].rstrip(".")
                             + ": the switch answers, its pipeline matches the P4Info, its data "
                             "port counts a probe, every job is admitted with the file's slots "
                             "and epoch and every worker with its address, the agent files "
