@@ -59,8 +59,8 @@ from dataclasses import dataclass, field, fields, replace
 import numpy as np
 
 # plan prices `ina` with rounds() and stream(); its wire constants are read at call time
-from collectives import plan
 from collectives.schedule import COLLECTIVES
+from collectives.topology import TCP_HEADERS, UDP_HEADERS
 from spina.wire import LANE_BITS
 
 SWITCHES = ("tofino", "software", "tofino-line")
@@ -219,7 +219,7 @@ def stream(payload: float, packets: float, header: int, mtu: int, gap: int = 0):
     if packets <= 0:
         return 0.0, 0.0
     f = fragments(math.ceil(header + payload / packets), mtu)
-    return packets * f, payload + packets * (header + 8 + f * (plan.UDP_HEADERS + gap))
+    return packets * f, payload + packets * (header + 8 + f * (UDP_HEADERS + gap))
 
 
 def _packets(collective: str, n: int, nbytes: int, density: float, lanes: int, block: int,
@@ -302,7 +302,7 @@ def predict(a: Assumptions, workers: int, nbytes: int, rate: float, density: flo
         header, mtu, agent_pkt = a.header + 4 * a.lanes, a.mtu, a.agent_s_per_datagram
     else:  # one block of 64 int32 per packet, in frames below any MTU
         lanes, block, slots, gap = 1, a.tofino_values, a.tofino_slots, a.frame_gap
-        header, mtu = a.tofino_packet - 4 * a.tofino_values - plan.UDP_HEADERS - 8, 1 << 20
+        header, mtu = a.tofino_packet - 4 * a.tofino_values - UDP_HEADERS - 8, 1 << 20
         agent_pkt = a.tofino_agent_s_per_packet
     nu, nd = _packets(collective, n, nbytes, density, lanes, block, slots)
 
@@ -383,7 +383,7 @@ def ring(a: Assumptions, workers: int, nbytes: int, rate: float,
     steps = 2 * (n - 1) if collective == "all_reduce" else n - 1
     payload = steps * nbytes / n
     mss = a.mtu - 52
-    wire = payload + math.ceil(payload / mss) * (plan.TCP_HEADERS + a.frame_gap)
+    wire = payload + math.ceil(payload / mss) * (TCP_HEADERS + a.frame_gap)
     link = wire * 8 / rate
     return Cost(steps * a.ring_step_s + link, "link", {"link": link,
                                                         "steps": steps * a.ring_step_s})

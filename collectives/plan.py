@@ -61,12 +61,10 @@ from collectives.schedule import (
     leader_phases,
     schedule,
 )
-from collectives.topology import Topology
+from collectives.topology import TCP_HEADERS, UDP_HEADERS, Topology
 
 INA = "ina"
 SWITCH, LEADER_SWITCH = "switch", "leader-switch"  # collectives.p2p's names
-TCP_HEADERS = 14 + 20 + 32  # Ethernet, IPv4, TCP with timestamps: per segment
-UDP_HEADERS = 14 + 20       # per IPv4 fragment of a datagram (plus 8 for UDP, once)
 DTYPE_SIZES = {"float32": 4, "int32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 _CALIBRATED = ("ina_switch_packet_s", "ina_agent_packet_s", "gather_copy_s", "gather_call_s")
 

@@ -42,6 +42,9 @@ _SIZE_UNITS = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "K
                "MB": 10 ** 6, "GB": 10 ** 9}
 DEFAULT_LOCAL = {"rate": "100gbit", "latency": "1us"}
 DEFAULT_MTU = 1500
+# Header bytes a link carries besides the payload (the host planner's and SpINA's pricing)
+TCP_HEADERS = 14 + 20 + 32  # Ethernet, IPv4, TCP with timestamps: per segment
+UDP_HEADERS = 14 + 20       # per IPv4 fragment of a datagram (plus 8 for UDP, once)
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}")
 
 
