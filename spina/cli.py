@@ -248,11 +248,32 @@ def names(choices=None):
     return refuses("", "a,,b", *(() if choices is None else ("no-such-name",)))(parse)
 
 
+METRICS_HOST = "127.0.0.1"  # a metrics endpoint's host when its address names none
+
+
+def parse_address(text: str, default_port: int | None = None) -> tuple[str, int]:
+    """'HOST:PORT', 'PORT' (loopback) or '[V6]:PORT' -> (host, port). A wildcard host is
+    refused: the endpoint has no authentication, so it binds one chosen address."""
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        host, port = METRICS_HOST, text
+    host = host.strip("[]") or METRICS_HOST
+    if not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"metrics address {text!r}: expected [HOST:]PORT, e.g. 127.0.0.1:9100")
+    try:
+        wildcard = host != "localhost" and ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        raise ValueError(f"metrics address {text!r}: {host!r} is not an IP address") from None
+    if wildcard:
+        raise ValueError(f"metrics address {text!r}: a wildcard address would expose the "
+                         f"metrics on every interface; give one address (default {METRICS_HOST})")
+    return host, int(port)
+
+
 @refuses("0.0.0.0:9100", "x", "127.0.0.1:70000")
 def metrics_address(text: str) -> str:
-    """An argparse type: a metrics endpoint, [HOST:]PORT (spina.metrics.parse_address; a
-    wildcard host is refused). Returns the text as given: the processes parse it again."""
-    from spina.metrics import parse_address
+    """An argparse type: a metrics endpoint, [HOST:]PORT (parse_address; a wildcard host is
+    refused). Returns the text as given: the processes parse it again (spina.metrics)."""
     try:
         parse_address(text)
     except ValueError as e:

@@ -25,12 +25,10 @@ contribution once. Every endpoint also serves, through MetricsServer:
 from __future__ import annotations
 
 import errno
-import ipaddress
 import platform
 
 from spina import owner
-
-DEFAULT_HOST = "127.0.0.1"
+from spina.cli import parse_address
 
 # P4 counter name -> (metric name, documentation, extra label). One family may gather several
 # counters under a `cause` label (drops), as Prometheus naming asks.
@@ -62,24 +60,6 @@ PORT_FAMILIES = {
     "port_unadmitted": ("spina_port_drops", None, "unadmitted"),
 }
 
-
-def parse_address(text: str, default_port: int | None = None) -> tuple[str, int]:
-    """'HOST:PORT', 'PORT' (loopback) or '[V6]:PORT' -> (host, port). A wildcard host is
-    refused: the endpoint has no authentication, so it binds one chosen address."""
-    host, sep, port = text.rpartition(":")
-    if not sep:
-        host, port = DEFAULT_HOST, text
-    host = host.strip("[]") or DEFAULT_HOST
-    if not port.isdigit() or int(port) > 65535:
-        raise ValueError(f"metrics address {text!r}: expected [HOST:]PORT, e.g. 127.0.0.1:9100")
-    try:
-        wildcard = host != "localhost" and ipaddress.ip_address(host).is_unspecified
-    except ValueError:
-        raise ValueError(f"metrics address {text!r}: {host!r} is not an IP address") from None
-    if wildcard:
-        raise ValueError(f"metrics address {text!r}: a wildcard address would expose the "
-                         f"metrics on every interface; give one address (default {DEFAULT_HOST})")
-    return host, int(port)
 
 
 class _Served:
