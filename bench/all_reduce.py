@@ -106,7 +106,7 @@ def run(a, log):
 
 
 def _cluster_points(a, n: int, bits: int, graph, log):
-    from bench.net_topo import star_places
+    from bench.paired import star_places
     nlanes = nlanes_for(a.block_size, a.nlanes)
     places, gloo = star_places(graph, GLOO_PORT)
     use_gloo = any(m.startswith("gloo") for m in a.methods)

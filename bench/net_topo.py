@@ -236,16 +236,3 @@ def check_star(a) -> str | None:
                 f"{len(star[1])} or another file)")
     why = netns.why_no_namespaces()
     return f"argument -t/--topology: {why}" if why else None
-
-
-def star_places(graph: "Graph | None", gloo_port: int):
-    """bench.paired.Cluster's places (the switch and the floor's relay at the aggregating
-    switch, a rank per host) and its Gloo (rank 0's store on its host, every rank on its
-    eth0) for a star Graph; on loopback (None) the defaults."""
-    from bench.paired import Gloo, Place
-    if graph is None:
-        return {}, Gloo()
-    sw, hosts = star_of(graph.topo)
-    places = dict(switch_place=Place(graph.ns(sw), graph.node_ip(sw)),
-                  worker_places=[Place(graph.ns(h), graph.host_ip(h)) for h in hosts])
-    return places, Gloo(graph.host_ip(hosts[0]), gloo_port, graph.host_if(hosts[0]))

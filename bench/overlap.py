@@ -299,7 +299,8 @@ def make_rows(recs: list[dict], req: OverlapRequest, point: dict, what: str, loa
 
 def run(a, log):
     """Per rate one comparison on the star."""
-    from bench.net_topo import Graph, star_places
+    from bench.net_topo import Graph
+    from bench.paired import star_places
     n = a.topo.world
     w = width_for(a.sizes[0], a.depth)
     req = OverlapRequest(methods=tuple(a.methods), width=w, depth=a.depth, batch=a.batch,

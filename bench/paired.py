@@ -46,6 +46,7 @@ from datetime import timedelta
 
 import numpy as np
 
+from bench.net_topo import Graph, dev_bytes as link_bytes, star_of
 from bench.procs import (
     Point,
     check_result,
@@ -182,9 +183,7 @@ def measure_point(rank: int, req: Request, agent, dist, torch, barrier, floor=No
     buf = np.empty_like(x)
     t = torch.from_numpy(buf) if torch is not None else None  # same memory as buf
     want = expected_sum(p) if rank == 0 else None
-    dev_bytes = None
-    if req.count_dev:
-        from bench.net_topo import dev_bytes
+    dev_bytes = link_bytes if req.count_dev else None
     known = nonzero_blocks(x, p.block_size)  # what a caller that knows its blocks passes
     calls = {"spina": lambda: agent.allreduce(buf, inplace=True),
              "spina_blocks": lambda: agent.allreduce(buf, inplace=True, blocks=known),
@@ -521,3 +520,15 @@ def slowest(recs: list[dict], method: str) -> list[float]:
 def mean_over_workers(recs: list[dict], method: str, key: str) -> float:
     """Mean over workers of each worker's mean over timed calls of `key`."""
     return statistics.fmean(statistics.fmean(w[method][key]) for w in recs)
+
+
+def star_places(graph: "Graph | None", gloo_port: int):
+    """bench.paired.Cluster's places (the switch and the floor's relay at the aggregating
+    switch, a rank per host) and its Gloo (rank 0's store on its host, every rank on its
+    eth0) for a star Graph; on loopback (None) the defaults."""
+    if graph is None:
+        return {}, Gloo()
+    sw, hosts = star_of(graph.topo)
+    places = dict(switch_place=Place(graph.ns(sw), graph.node_ip(sw)),
+                  worker_places=[Place(graph.ns(h), graph.host_ip(h)) for h in hosts])
+    return places, Gloo(graph.host_ip(hosts[0]), gloo_port, graph.host_if(hosts[0]))

@@ -337,8 +337,8 @@ def measure_ina(topo, sizes, repeats: int, tag: str, log) -> dict:
     """SpINA's all-reduce through the software switch on the star `topo` in namespaces of its
     own (20 ms tbf queues: SpINA's window): per size (the slowest rank's time per repeat,
     wrong calls), dense float32."""
-    from bench.net_topo import star_places, tbf_params
-    from bench.paired import Cluster, Request
+    from bench.net_topo import tbf_params
+    from bench.paired import Cluster, Request, star_places
     from bench.procs import Point
     link = topo.links[0]
     tbf = tbf_params(link.rate_text, topo.mtu)

@@ -349,7 +349,8 @@ def make_rows(recs: list[dict], req: TrainRequest, point: dict, what: str, load:
 
 def run(a, log):
     """Per rate and size (a model width) one comparison in one cluster on the star."""
-    from bench.net_topo import Graph, star_places
+    from bench.net_topo import Graph
+    from bench.paired import star_places
     n = a.workers[0]
     a.curves = []
     with Graph(a.topo, a.tag, queue_ms=20) as graph:
