@@ -94,7 +94,7 @@ def parser(prog: str = "examples/sparse_embedding.py") -> argparse.ArgumentParse
                     help="documents per rank and step")
     ap.add_argument("--steps", type=cli.int_range(1), default=30)
     ap.add_argument("--lr", type=cli.positive_float, default=2.0)
-    ap.add_argument("--job-file", type=cli.input_file, default=os.environ.get(JOB_FILE_ENV))
+    ap.add_argument("--job-file", type=cli.job_file, default=os.environ.get(JOB_FILE_ENV))
     ap.add_argument("--out", type=cli.output_file,
                     default=str(ROOT / "docs" / "sparse_embedding.md"))
     return ap

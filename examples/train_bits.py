@@ -222,7 +222,7 @@ def parser(prog: str = "examples/train_bits.py") -> argparse.ArgumentParser:
     ap.add_argument("--batch", type=cli.int_range(1), help="per-rank batch (default: the task's)")
     ap.add_argument("--lr", type=cli.positive_float, help="learning rate (default: the task's)")
     ap.add_argument("--momentum", type=cli.unit_interval, default=0.9)
-    ap.add_argument("--job-file", type=cli.input_file, default=os.environ.get(JOB_FILE_ENV),
+    ap.add_argument("--job-file", type=cli.job_file, default=os.environ.get(JOB_FILE_ENV),
                     help="a deployed switch's job file for every SpINA run (default: rank 0 "
                          "starts a software switch per lane width the runs need)")
     ap.add_argument("--out", type=cli.output_file,

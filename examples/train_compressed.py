@@ -549,7 +549,7 @@ def parser(prog: str = "examples/train_compressed.py") -> argparse.ArgumentParse
     ap.add_argument("--seeds", default="0",
                     type=cli.parsed_by(parse_seeds, "seeds", bad=("x", "-1", "1,1")),
                     help="comma-separated seeds, e.g. 0,1,2 (default 0)")
-    ap.add_argument("--job-file", type=cli.input_file, default=os.environ.get(JOB_FILE_ENV))
+    ap.add_argument("--job-file", type=cli.job_file, default=os.environ.get(JOB_FILE_ENV))
     ap.add_argument("--out", type=cli.output_file,
                     help="output PNG (default bench/results/compression/<task>.png); JSON "
                          "beside it")

@@ -173,7 +173,7 @@ def parser(prog: str = "examples/train_digits.py") -> argparse.ArgumentParser:
     ap.add_argument("--batch", type=cli.int_range(1), default=32, help="per-rank batch size")
     ap.add_argument("--lr", type=cli.positive_float, default=0.02)
     ap.add_argument("--seed", type=cli.int_range(0), default=0)
-    ap.add_argument("--job-file", type=cli.input_file, default=os.environ.get(JOB_FILE_ENV),
+    ap.add_argument("--job-file", type=cli.job_file, default=os.environ.get(JOB_FILE_ENV),
                     help="job file of a job launched beforehand (default: rank 0 starts a switch)")
     ap.add_argument("--out", type=cli.output_file,
                     default=str(ROOT / "bench" / "results" / "train_digits" / "train_digits.png"))

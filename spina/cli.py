@@ -183,6 +183,17 @@ def input_file(text: str) -> str:
     return text
 
 
+@refuses("no-such-file.json", ".")
+def job_file(text: str) -> str:
+    """An argparse type: a job or assignment file that exists. `{rank}` in its name stands for
+    each process's $RANK (host_agent.assignment.agent_from_env's template: one setting for every
+    torchrun node), so the file checked is this process's; without $RANK it is not checked."""
+    if "{rank}" in text and "RANK" not in os.environ:
+        return text
+    input_file(text.replace("{rank}", os.environ.get("RANK", "")))
+    return text
+
+
 @refuses("no-such-path")
 def existing_path(text: str) -> str:
     """An argparse type: a path that exists (a Unix socket, a directory, a file)."""

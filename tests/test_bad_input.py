@@ -28,6 +28,7 @@ import yaml
 from host_agent.agent import Agent
 from host_agent.daemon.protocol import MAX_MESSAGE
 from host_agent.daemon.server import Daemon, DaemonConfig
+from spina import cli
 from spina.config import Assignment, ConfigError, JobConfig, JobFile, WorkerAddr
 from spina.net import free_ports
 from spina_cli.main import COMMANDS, PARSERS
@@ -825,3 +826,20 @@ def test_each_example_answers_with_its_parser(tmp_path):
                              env=ENV, capture_output=True, text=True, timeout=120)
         assert (out.returncode, out.stdout, out.stderr) == (2, "", err.getvalue()), argv
     assert len(done) == len(list(_scripts()))
+
+
+def test_job_file_type_checks_this_ranks_file(tmp_path, monkeypatch):
+    """cli.job_file: `{rank}` stands for $RANK (as agent_from_env reads it), so a template
+    whose rank's file exists passes and one whose does not is refused naming that file;
+    without $RANK a template is left to agent_from_env."""
+    (tmp_path / "job3-rank1.json").write_text("{}")
+    template = str(tmp_path / "job3-rank{rank}.json")
+    monkeypatch.setenv("RANK", "1")
+    assert cli.job_file(template) == template
+    monkeypatch.setenv("RANK", "2")
+    with pytest.raises(argparse.ArgumentTypeError, match="job3-rank2.json: no such file"):
+        cli.job_file(template)
+    monkeypatch.delenv("RANK")
+    assert cli.job_file(template) == template
+    with pytest.raises(argparse.ArgumentTypeError, match="no such file"):
+        cli.job_file(str(tmp_path / "job3-rank0.json"))
