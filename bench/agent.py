@@ -30,7 +30,7 @@ import numpy as np
 
 from bench.harness import method_rows
 from bench.paired import paired_ratios
-from spina import wire
+from spina import cli, wire
 from spina.config import JobConfig, WorkerAddr
 
 DESCRIPTION = "the agent's CPU per call against an echo switch (and an older checkout's)"
@@ -41,7 +41,7 @@ EXTRA_COLUMNS = ("vs_old", "packets", "cpu_us_per_packet")
 
 
 def add_options(ap) -> None:
-    ap.add_argument("--baseline", metavar="DIR",
+    ap.add_argument("--baseline", metavar="DIR", type=cli.existing_path,
                     help="an older checkout whose agent runs beside this one (method old)")
 
 

@@ -44,11 +44,13 @@ HOT_AGENT = ("allreduce", "answer_batch", "answer", "on_answer", "_next_round", 
 def add_options(ap) -> None:
     from spina import cli
     ap.add_argument("--memory-sizes", default="1e6,5e6,25e6",
+                    type=cli.parsed_by(_counts, "counts", bad=("x", "1e6,y")),
                     help="comma list of element counts whose memory per call is measured "
                     "('' for none; default %(default)s)")
     ap.add_argument("--top", type=cli.int_range(1, 1000), default=25,
                     help="functions per text report (default %(default)s)")
-    ap.add_argument("--pyspy", metavar="RAW", help="only summarize a `py-spy record "
+    ap.add_argument("--pyspy", metavar="RAW", type=cli.input_file,
+                    help="only summarize a `py-spy record "
                     "--subprocesses -f raw` file into pyspy.txt (sampling rate: --pyspy-rate)")
     ap.add_argument("--pyspy-rate", type=cli.positive_float, default=250.0)
 
@@ -58,13 +60,15 @@ def check_options(a) -> str | None:
         return "argument -t/--topology: the profile runs on loopback"
     if len(a.workers) != 1:
         return "argument -g/--workers: one count"
-    try:
-        a.memory_sizes = [int(float(v)) for v in a.memory_sizes.split(",") if v]
-    except ValueError:
-        return f"argument --memory-sizes: {a.memory_sizes!r} is not a comma list of numbers"
-    if a.pyspy and not os.path.isfile(a.pyspy):
-        return f"argument --pyspy: {a.pyspy!r}: no such file"
     return None
+
+
+def _counts(text: str) -> list[int]:
+    """--memory-sizes: a comma list of element counts ('' for none)."""
+    try:
+        return [int(float(v)) for v in text.split(",") if v]
+    except ValueError:
+        raise ValueError(f"{text!r} is not a comma list of numbers") from None
 
 
 def top(path: str, sort: str, n: int) -> str:

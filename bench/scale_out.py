@@ -221,7 +221,7 @@ def add_options(ap) -> None:
     from spina import cli
     ap.add_argument("--racks", type=cli.int_range(1, 32), default=2,
                     help="racks (leaves); -g must be a multiple (default %(default)s)")
-    ap.add_argument("--patterns", type=lambda v: v.split(","), default="own,shared",
+    ap.add_argument("--patterns", type=cli.names(("own", "shared")), default="own,shared",
                     help="own (every rank its own blocks), shared (one for all), or both")
     ap.add_argument("--loss-timing", action="store_true",
                     help="time dense int32 calls under 1%% loss, 1 spine vs 2 (see above)")

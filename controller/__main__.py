@@ -10,7 +10,7 @@ import sys
 import threading
 import traceback
 
-from controller.controller import Controller, format_table
+from controller.controller import Controller, format_table, run_switches
 from controller.p4rt import NotPrimaryError, P4RuntimeError
 from controller.state import Job, load
 from spina import cli, log as spina_log, spec
@@ -96,8 +96,9 @@ def _parser(prog: str = "python -m controller") -> argparse.ArgumentParser:
     jsub = job.add_subparsers(dest="job_cmd", required=True, metavar="{add,remove}")
     add = jsub.add_parser("add", parents=[common],
                           help="add a job; its slot range is allocated if not given")
-    add.add_argument("--id", type=int, required=True, help="job id")
-    add.add_argument("--members", required=True,
+    add.add_argument("--id", type=cli.int_range(0, spec.MAX_JOB_ID), required=True,
+                     help="job id")
+    add.add_argument("--members", required=True, type=cli.names(),
                      help="comma-separated worker names, in rank order")
     add.add_argument("--nslots", type=int, required=True, help="share of the slot pool")
     add.add_argument("--slot-base", type=int, help="first slot (default: first free range)")
@@ -105,7 +106,7 @@ def _parser(prog: str = "python -m controller") -> argparse.ArgumentParser:
     add.add_argument("--nlanes", type=int, default=56)
     add.add_argument("--epoch", type=int, default=1)
     add.add_argument("--priority", type=int, default=0, help="egress queue 0..7")
-    add.add_argument("--drop-qdepth", type=int,
+    add.add_argument("--drop-qdepth", type=cli.int_range(0, spec.QDEPTH_NEVER),
                      help="drop this job's loss-tolerant packets above this queue depth")
     rm = jsub.add_parser("remove", parents=[common],
                          help="remove a job; its slots are cleared and freed")
@@ -162,7 +163,7 @@ def watch(args, ctl: Controller, runs: RendezvousServer | None = None) -> int:
             try:
                 state = load(args.config)  # `job add` elsewhere shows up here
                 if runs is not None:  # (outside ctl.lock: a run's start holds its lock, then ours)
-                    runs.set_jobs(state.run_jobs())
+                    runs.set_jobs(state.run_jobs(), run_switches(state))
                 with ctl.lock:
                     if runs is not None:  # a job keeps the epoch of its current run
                         current = ctl.state.run_jobs()
@@ -263,7 +264,7 @@ def main(argv=None, prog: str = "python -m controller") -> int:
                 for jid, base, n in ctl.reset(args.job):
                     print(f"job {jid}: slots {base}..{base + n - 1} cleared, counters zeroed")
             elif args.job_cmd == "add":
-                job = Job(id=args.id, members=tuple(m for m in args.members.split(",") if m),
+                job = Job(id=args.id, members=tuple(args.members),
                           nslots=args.nslots, slot_base=args.slot_base,
                           block_size=args.block_size, nlanes=args.nlanes, epoch=args.epoch,
                           priority=args.priority, drop_qdepth=args.drop_qdepth)

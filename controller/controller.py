@@ -411,7 +411,8 @@ class Controller:
                     report(f"{r} (job {job}: run with epoch {epoch})")
         path = self.state.path
         return RendezvousServer(*self.state.rendezvous, self.state.run_jobs(), new_run,
-                                owner="controller", source=str(path.resolve()) if path else None)
+                                owner="controller", source=str(path.resolve()) if path else None,
+                                switches=run_switches(self.state))
 
     def reset(self, job_ids=None) -> list[tuple[int, int, int]]:
         """Clear the slot registers and zero the counters of jobs (default: all), on every
@@ -524,6 +525,20 @@ class Controller:
                     p.unlink()
                     removed += 1
         return changed, removed
+
+
+def run_switches(state: DesiredState) -> dict[int, set[str]]:
+    """{job: the switches ("HOST:PORT") its agents send to}, flat and fabric: the run
+    rendezvous refuses a join whose file names another (another deployment's job of the same
+    id and size)."""
+    out = {}
+    for j in state.jobs.values():
+        sw = state.switch_of(j)
+        out[j.id] = {f"{sw.address}:{sw.udp_port}"}
+    fabric = state.fabric
+    for fjob in (fabric.jobs.values() if fabric is not None else ()):
+        out[fjob.id] = {"{}:{}".format(*fabric.agent_switch(w)) for w in fabric.members(fjob)}
+    return out
 
 
 def program_in_process(servicers, state: DesiredState,

@@ -746,7 +746,8 @@ class Agent:
         """Wait until every rank of the job has joined the next run; take its epoch."""
         job = self.job
         try:
-            epoch = rendezvous.join(self.rendezvous, job.job, self.rank, job.nworkers, self.timeout)
+            epoch = rendezvous.join(self.rendezvous, job.job, self.rank, job.nworkers, self.timeout,
+                                    self.switch)
         except rendezvous.RendezvousError as e:
             if e.missing:
                 raise SpinaTimeout(f"rank {self.rank}: {e}", e.missing) from None

@@ -103,7 +103,8 @@ def serve(job_file: str, nworkers: int, job: int = 1, host: str = "127.0.0.1",
         switch.add_job(replace(cfg, epoch=epoch))
 
     runs = RendezvousServer(host, 0, {cfg.job: (cfg.nworkers, cfg.epoch)}, new_run,
-                            owner="launcher", source=os.path.abspath(job_file)).start()
+                            owner="launcher", source=os.path.abspath(job_file),
+                            switches={cfg.job: {"{}:{}".format(*switch.address)}}).start()
     JobFile(cfg, switch.address, runs.address, communication).write(job_file)
     log.info("%d workers, switch on %s:%d, run rendezvous on %s:%d, job file %s",
              nworkers, *switch.address, *runs.address, job_file,

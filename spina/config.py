@@ -279,6 +279,10 @@ def job_to_dict(job: JobConfig) -> dict:
             "workers": [{"host": w.host, "port": w.port} for w in job.workers]}
 
 
+# A job file without a rendezvous says so: its caller changes the epoch between runs (JobFile).
+EPOCHS_CALLER = "caller"
+
+
 @dataclass(frozen=True)
 class JobFile:
     """What a launcher hands every worker of a job: the job and where its switch listens.
@@ -287,9 +291,12 @@ class JobFile:
     workers as [{"host", "port"}, ...] in rank order>}, "rendezvous": {"host", "port"},
     "communication": {"method": "topk", "ratio": 0.01, ...}}.
     Written by the launcher, read by each training process (host_agent.assignment.agent_from_env),
-    so nobody copies ports by hand. `rendezvous` (optional) names the spina.rendezvous server
-    that gives each run of the job its own epoch; without it every run uses the file's epoch,
-    and a second run on the same switch needs a new epoch by hand. `communication` (optional,
+    so nobody copies ports by hand. `rendezvous` names the spina.rendezvous server that gives
+    each run of the job its own epoch. A file on disk must name one, or say `"epochs":
+    "caller"` instead (EPOCHS_CALLER): then every run uses the file's epoch, and the caller
+    changes it between runs on a long-lived switch, or the second program gets the first's
+    sums; a file with neither is refused, so that choice is never made by omission
+    (rendezvous=None in code writes "epochs": "caller"). `communication` (optional,
     spina.communication.Communication) says which DDP hook every rank registers
     (host_agent.hooks.register_from_job); without it, dense SpINA. Votes need int32 lanes
     (Communication.check_lanes).
@@ -308,6 +315,8 @@ class JobFile:
              "job": job_to_dict(self.job)}
         if self.rendezvous is not None:
             d["rendezvous"] = {"host": self.rendezvous[0], "port": self.rendezvous[1]}
+        else:
+            d["epochs"] = EPOCHS_CALLER
         if self.communication is not None:
             d["communication"] = self.communication.to_dict()
         return d
@@ -317,9 +326,20 @@ class JobFile:
         if not isinstance(d, dict):
             raise ConfigError("job file: top level must be an object with 'switch' and 'job'")
         for k in d:
-            if k not in ("switch", "job", "rendezvous", "communication"):
+            if k not in ("switch", "job", "rendezvous", "epochs", "communication"):
                 raise ConfigError(f"job file: unknown field '{k}' "
-                                  "(known: communication, job, rendezvous, switch)")
+                                  "(known: communication, epochs, job, rendezvous, switch)")
+        if "epochs" in d and (d["epochs"] != EPOCHS_CALLER or "rendezvous" in d):
+            raise ConfigError(f"job file: field 'epochs': {d['epochs']!r}: the only value is "
+                              f"{EPOCHS_CALLER!r}, and only in a file without a 'rendezvous' "
+                              "(whose epochs the rendezvous gives)")
+        if "rendezvous" not in d and "epochs" not in d:
+            raise ConfigError(
+                "job file: field 'rendezvous' is missing: without it every run uses the "
+                "file's epoch, and a second program on a long-lived switch gets the first "
+                "one's sums. Name the rendezvous of the job's owner (`spina serve` and "
+                "`python -m host_agent launch` write it), or say \"epochs\": \"caller\" if "
+                "your program changes the job's epoch between runs")
         try:
             switch = _address(d.get("switch"), "switch")
             rendezvous = _address(d["rendezvous"], "rendezvous") if "rendezvous" in d else None

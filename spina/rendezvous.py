@@ -12,12 +12,14 @@ only then answers every rank with that epoch. Packets of the earlier run carry t
 and are dropped by the switch as stale; results of the new run carry the new one.
 
 Protocol: TCP, one JSON object per line.
-    agent  -> server  {"op": "join", "job": J, "rank": R, "nworkers": N}
+    agent  -> server  {"op": "join", "job": J, "rank": R, "nworkers": N, "switch": "H:P"}
     server -> agent   {"waiting": [ranks joined so far]}    (zero or more, as ranks arrive)
     server -> agent   {"ok": true, "epoch": E}  or  {"ok": false, "error": "..."}
     anyone -> server  {"op": "hello"}
     server -> anyone  {"ok": true, "rendezvous": {"owner": "controller", "pid": P,
                        "source": FILE or null, "jobs": {"J": N, ...}}}
+"switch" (optional) is the switch the agent's file names: a rendezvous that knows its jobs'
+switches refuses a join naming another (the same job id and size in another deployment).
 `hello` says whose rendezvous this is: a second deployment on the machine (another `serve` on
 the default address) is then named, not taken for ours: by a `serve` that cannot bind the
 address, by a join it refuses, and by `spina doctor`.
@@ -80,16 +82,19 @@ class RendezvousServer:
         owner: who runs it ("controller", "launcher", ...) and `source`, the file it serves
             (a desired state, a job file): what `hello` answers, so that another deployment
             beside it can name it.
+        switches: {job id: the switches ("HOST:PORT") its agents send to}, if known: a join
+            whose file names another switch is another deployment's, and is refused.
 
     Raises owner.AddressInUse naming the other rendezvous (or process) holding the address.
     """
 
     def __init__(self, host: str, port: int, jobs: dict[int, tuple[int, int]],
                  on_new_run: Callable[[int, int], None], owner: str = "program",
-                 source: str | None = None):
+                 source: str | None = None, switches: dict[int, set[str]] | None = None):
         self.jobs = {j: _Job(n, e) for j, (n, e) in jobs.items()}
         self.on_new_run = on_new_run
         self.owner, self.source = owner, source
+        self.switches = dict(switches or {})
         self.runs_started = 0
         self._lock = threading.Lock()
         outer = self
@@ -118,11 +123,14 @@ class RendezvousServer:
     def epoch(self, job: int) -> int:
         return self.jobs[job].epoch
 
-    def set_jobs(self, jobs: dict[int, tuple[int, int]]) -> None:
+    def set_jobs(self, jobs: dict[int, tuple[int, int]],
+                 switches: dict[int, set[str]] | None = None) -> None:
         """Serve exactly `jobs` ({job: (nworkers, epoch)}) from now on: new ones are added,
         gone ones dropped (their waiting ranks are told); a kept job keeps its current epoch
-        unless its worker count changed."""
+        unless its worker count changed. `switches`, if given, replaces the jobs' switches."""
         with self._lock:
+            if switches is not None:
+                self.switches = dict(switches)
             for j in list(self.jobs):
                 if j not in jobs or jobs[j][0] != self.jobs[j].nworkers:
                     for w in self.jobs.pop(j).waiting.values():
@@ -188,6 +196,13 @@ class RendezvousServer:
                 h.reply({"ok": False, "error": f"join: job {job_id} has {job.nworkers} workers, "
                                                f"the agent's job file says {nworkers}: this "
                                                f"is {describe(self._hello())}"})
+                return
+            switch = msg.get("switch")
+            if isinstance(switch, str) and switch not in self.switches.get(job_id, {switch}):
+                h.reply({"ok": False, "error": f"join: job {job_id} aggregates at "
+                                               f"{', '.join(sorted(self.switches[job_id]))} "
+                                               f"here, the agent's file names {switch}: this is "
+                                               f"{describe(self._hello())}"})
                 return
             if not 0 <= rank < job.nworkers:
                 h.reply({"ok": False, "error": f"join: rank {rank} outside 0..{job.nworkers - 1}"})
@@ -274,8 +289,10 @@ class _Handler(socketserver.StreamRequestHandler):
             self.server_ref._leave(self)
 
 
-def join(address: tuple[str, int], job: int, rank: int, nworkers: int, timeout: float) -> int:
+def join(address: tuple[str, int], job: int, rank: int, nworkers: int, timeout: float,
+         switch: tuple[str, int] | None = None) -> int:
     """Join the next run of `job` as `rank`; the run's epoch once every rank has joined.
+    `switch`: the switch the agent's file names (another deployment's rendezvous refuses it).
 
     A connection the server closes before the run started (its `serve` restarted, say) is
     joined again, once it listens, until `timeout`: the server forgot the rank's join with that
@@ -302,7 +319,7 @@ def join(address: tuple[str, int], job: int, rank: int, nworkers: int, timeout: 
                 "job's owner first: `spina serve -c FILE` for a controller's deployment "
                 "(deploy alone starts no runs), the launcher for its job file") from None
         with sock:
-            got = _await_run(sock, job, rank, nworkers, deadline, joined)
+            got = _await_run(sock, job, rank, nworkers, deadline, joined, switch)
         if got is not None:
             return got
         if time.monotonic() >= deadline:
@@ -319,13 +336,16 @@ def join(address: tuple[str, int], job: int, rank: int, nworkers: int, timeout: 
 
 
 def _await_run(sock: socket.socket, job: int, rank: int, nworkers: int,
-               deadline: float, joined: list[int]) -> int | None:
+               deadline: float, joined: list[int],
+               switch: tuple[str, int] | None = None) -> int | None:
     """One connection's join: the run's epoch, or None when the server closed the connection
     first or the deadline passed. `joined` is kept as the ranks the server last said had
     joined: a timeout names the others, not every rank but this one."""
     host, port = sock.getpeername()[:2]
-    sock.sendall((json.dumps({"op": "join", "job": job, "rank": rank,
-                              "nworkers": nworkers}) + "\n").encode())
+    msg = {"op": "join", "job": job, "rank": rank, "nworkers": nworkers}
+    if switch is not None:
+        msg["switch"] = f"{switch[0]}:{switch[1]}"
+    sock.sendall((json.dumps(msg) + "\n").encode())
     f = sock.makefile("rb")
     while True:
         left = deadline - time.monotonic()

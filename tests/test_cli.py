@@ -366,7 +366,10 @@ def test_doctor_probes_workers_and_clocks_through_a_real_switch_process(hosts, t
                            {"name": "w2", "ip": f"{net}.99", "switch_port": 0, "udp_port": 41002}],
                "jobs": [{"id": 4, "members": ["w0", "w1", "w2"], "nslots": 4, "slot_base": 0,
                          "block_size": 32, "nlanes": 4}],
-               "agents_dir": str(tmp_path / "agents")}
+               "agents_dir": str(tmp_path / "agents"),
+               # a rendezvous port of its own, where nothing answers: not the default 47100,
+               # which another deployment on this host may serve (issue 44 item 6)
+               "rendezvous": f"127.0.0.1:{free_port()}"}
         cfg.write_text(yaml.safe_dump(doc))
         with Controller(load(cfg), 1, timeout=20) as ctl:
             ctl.deploy()

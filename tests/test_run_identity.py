@@ -429,10 +429,11 @@ def test_a_join_that_times_out_names_only_the_ranks_that_never_joined():
 def test_another_deployments_rendezvous_is_named_not_taken_for_ours():
     """A second deployment on the address of a controller's rendezvous: its rendezvous cannot
     bind and names the first (owner, jobs, pid, file); joins of jobs the first does not serve
-    as they are fail naming it; `probe` says whose it is."""
+    as they are (another id, size or switch) fail naming it; `probe` says whose it is."""
     from spina import owner, rendezvous
     first = rendezvous.RendezvousServer("127.0.0.1", 0, {1: (4, 1)}, lambda j, e: None,
-                                        owner="controller", source="/srv/a/spina.yaml").start()
+                                        owner="controller", source="/srv/a/spina.yaml",
+                                        switches={1: {"127.0.0.1:47000"}}).start()
     host, port = first.address
     whose = f"controller (jobs [1], pid {os.getpid()}, file /srv/a/spina.yaml)"
     try:
@@ -445,7 +446,13 @@ def test_another_deployments_rendezvous_is_named_not_taken_for_ours():
         for job, n, why in ((7, 2, "job 7 is not served here (jobs: [1])"),
                             (1, 2, "job 1 has 4 workers, the agent's job file says 2")):
             with pytest.raises(rendezvous.RendezvousError) as e:
-                rendezvous.join(first.address, job, 0, n, timeout=5)
+                rendezvous.join(first.address, job, 0, n, timeout=5, switch=("127.0.0.1", 47000))
             assert str(e.value) == f"join: {why}: this is the rendezvous of a {whose}"
+        # the same job id and size, another deployment's switch: refused, named
+        with pytest.raises(rendezvous.RendezvousError) as e:
+            rendezvous.join(first.address, 1, 0, 4, timeout=5, switch=("127.0.0.1", 47001))
+        assert str(e.value) == ("join: job 1 aggregates at 127.0.0.1:47000 here, the agent's "
+                                f"file names 127.0.0.1:47001: this is the rendezvous of a {whose}")
+        assert first.jobs[1].waiting == {}
     finally:
         first.stop()
