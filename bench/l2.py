@@ -197,7 +197,7 @@ ROUND_BYTES = NLANES * BLOCK * 4  # a round's data: 4 lanes of 32 int32
 
 def add_options(ap) -> None:
     from spina import cli
-    ap.add_argument("--offered", type=lambda v: [cli.positive_float(x) for x in v.split(",")],
+    ap.add_argument("--offered", type=cli.comma_list(cli.positive_float, "frames per second"),
                     default="10000,20000,30000,40000,50000",
                     help="offered INA frames per second, all workers together (comma list)")
     ap.add_argument("--seconds", type=cli.positive_float, default=2.0,
