@@ -30,7 +30,8 @@ def test_l2_rate_smoke():
 
 def test_l2_through_the_harness(tmp_path):
     """The same through the harness, both data paths at one offered rate: a row each in the
-    common columns, lossless, right."""
+    common columns, every result received right (wrong 0), the rounds lost counted (whether
+    any are is a measurement: on a loaded machine a sender falls behind the slot window)."""
     if os.geteuid() != 0 or shutil.which("ip") is None:
         pytest.skip("needs root and iproute2 for network namespaces")
     assert harness.main(["l2", "-g", "2", "-m", "compiled,python", "--offered", "1000",
@@ -41,5 +42,6 @@ def test_l2_through_the_harness(tmp_path):
     assert tuple(reader.fieldnames) == harness.COLUMNS + EXTRA_COLUMNS
     assert sorted(rows) == ["compiled", "python"]
     for r in rows.values():
-        assert (r["lossless"], r["lost_rounds"], r["wrong"]) == ("True", "0", "0")
-        assert (r["rounds"], r["frames_in"], r["size"]) == ("500", "1000", "512")
+        assert r["wrong"] == "0" and (r["rounds"], r["size"]) == ("500", "512")
+        assert int(r["results_min"]) + int(r["lost_rounds"]) == 500
+        assert r["lossless"] == str(r["lost_rounds"] == "0")
