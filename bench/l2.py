@@ -16,7 +16,8 @@ checked: each lane the sum of the workers' ones (`wrong` counts those that are n
 the switch's data path, compiled or python, run back to back at each offered rate, their
 order alternating from rate to rate (-n runs of each). time: the switch process's CPU per
 round (what limits the rate on this machine; its frames per CPU-second beside it). Besides:
-frames in, rounds, results received by the slowest worker, the switch's own counters, the
+frames in, rounds, results received by the slowest worker, the rounds the switch completed
+(`completed`: its job_results over the workers), the switch's own counters, the
 load, and the senders' largest skew (`sender_skew_ms`) beside the slot window
 (`slot_window_ms`: nslots frames of one sender): the senders never resend, so when one falls
 further behind another than the window, its contributions arrive after the others' next
@@ -171,6 +172,7 @@ def run_rate(rate: float, seconds: float, nworkers: int = 4, datapath: str = "co
                 "lossless": all(o["results"] == rounds for o in outs),
                 "achieved_fps": round(sum(o["sent"] for o in outs)
                                       / max(o["send_seconds"] for o in outs)),
+                "completed": int(c["job_results"][5]) // nworkers,
                 "aggregated": int(c["job_aggregated"][5]), "stale": int(c["job_stale"][5]),
                 "held": int(c["job_held"][5]),
                 # a worker this far behind another loses rounds to the hold (open loop: no
@@ -189,8 +191,9 @@ DESCRIPTION = "the L2-mode switch's lossless INA frame rate with namespaced work
 METHODS = ("compiled", "python")
 DEFAULTS = dict(methods="compiled", densities="1", begin="512", end="512", repeats=1)
 EXTRA_COLUMNS = ("offered_fps", "achieved_fps", "lossless", "lost_rounds", "frames_in",
-                 "rounds", "results_min", "aggregated", "stale", "held", "sender_skew_ms",
-                 "slot_window_ms", "switch_cpu_s", "frames_per_cpu_s", "batch", "nslots")
+                 "rounds", "results_min", "completed", "aggregated", "stale", "held",
+                 "sender_skew_ms", "slot_window_ms", "switch_cpu_s", "frames_per_cpu_s", "batch",
+                 "nslots")
 POINT_COLUMNS = ("offered_fps",)
 ROUND_BYTES = NLANES * BLOCK * 4  # a round's data: 4 lanes of 32 int32
 
@@ -232,7 +235,8 @@ def run(a, log):
         for m, rs in got.items():
             last = rs[-1]
             extras[m] = {k: last[k] for k in ("achieved_fps", "frames_in", "rounds",
-                                              "results_min", "aggregated", "stale", "held",
+                                              "results_min", "completed", "aggregated",
+                                              "stale", "held",
                                               "sender_skew_ms", "slot_window_ms",
                                               "switch_cpu_s", "frames_per_cpu_s", "nslots")}
             extras[m].update(offered_fps=rate, lossless=all(r["lossless"] for r in rs),
