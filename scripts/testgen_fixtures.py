@@ -101,11 +101,14 @@ def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
-    source = open(argv[0]).read()
+    try:
+        source, command = open(argv[0]).read(), open(argv[1]).read()
+    except OSError as e:
+        print(f"testgen_fixtures: {e.filename}: {e.strerror}", file=sys.stderr)
+        return 2
     tests = [fixture(c, source) for c in ast.parse(source).body
              if isinstance(c, ast.ClassDef) and re.fullmatch(r"Test\d+", c.name)]
-    command = open(argv[1]).read().strip().splitlines()
-    json.dump({"generator": command, "tests": tests}, sys.stdout, indent=1)
+    json.dump({"generator": command.strip().splitlines(), "tests": tests}, sys.stdout, indent=1)
     print()
     return 0
 
