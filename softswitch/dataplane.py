@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from softswitch.egress import CongestionDrop, EgressQueues, PortRate, scatter_owners, scatter_strip
+from softswitch.egress import CongestionDrop, EgressQueues, PortRate, scatter_strip
 from softswitch.fabric import TO_GROUP, TO_OTHERS, TO_SENDER, FabricRoles, LeafJob
 from softswitch.pipeline import DEFAULT_POOL_SLOTS, Admission, Pipeline
 from spina import spec, wire
@@ -466,7 +466,7 @@ class Dataplane:
         data = bytes(buf[:n])
         # ReduceScatter: the ranks owning the round's blocks (0: all); a reply to a sender that
         # owns none of them is stripped here, a multicast copy in egress (by its rid's rank).
-        owners = scatter_owners(payload) if data[1] == wire.MSG_RESULT else 0
+        owners = self.roles.owners(payload, data)
         if owners and to == TO_SENDER and not owners >> payload[_RANK_AT] & 1:
             data, n = scatter_strip(data), wire.data_offset(data[_NLANES_AT])
         # reply_to_sender: swap addresses, new lengths, UDP checksum 0.

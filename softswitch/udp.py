@@ -19,7 +19,7 @@ from typing import Callable
 
 from softswitch.compiled import IDLE as _IDLE, PUNT as _PUNT, SERVE_BUDGET, core_entries
 from softswitch.dataplane import DATAPATHS, UDP_MODE_PORT, Dataplane
-from softswitch.egress import scatter_owners, scatter_strip
+from softswitch.egress import scatter_strip
 from softswitch.fabric import TO_GROUP, TO_OTHERS, TO_SENDER
 from softswitch.pipeline import DEFAULT_POOL_SLOTS, DEFAULT_SLOT_CAPACITY
 from spina import rows, spec, wire
@@ -505,7 +505,7 @@ class UdpSwitch:
         # all-gather packet) to every worker but its sender.
         if to == TO_OTHERS:
             return n, tuple(d for d in self._dest.get(grp, ()) if d != src), None
-        owners = scatter_owners(pkt) if out[1] == wire.MSG_RESULT else 0
+        owners = dp.roles.owners(pkt, out)
         if owners and to == TO_GROUP:
             dests, ranks = self._dest.get(grp, ()), self._dest_ranks.get(grp, ())
             mine = tuple(d for d, r in zip(dests, ranks) if owners >> r & 1)

@@ -299,3 +299,21 @@ def test_l2_dataplane_strips_the_copies_of_non_owners_on_both_paths():
             assert pkt.header.present == 0 and len(pkt.data) == 0
         else:
             assert pkt.header.present == 0b1111 and (pkt.data == 6).all()
+
+
+def test_owners_are_a_flat_jobs_only():
+    """FabricRoles.owners: a result of a reduce-scatter contribution names its owners; of an
+    all-reduce contribution (bitmap 0) none; at a spine none (a leaf's partial carries its
+    rack's contributors in bitmap, not owners); a status none."""
+    from softswitch.dataplane import Dataplane
+    from tests.test_datapath import JOBS
+    roles = Dataplane(pool_slots=16, slot_capacity=64, datapath="python").roles
+    rs, ar = _contribs(JOBS[0], 0b100)[0], _contribs(JOBS[0], 0)[0]
+    result = bytearray(rs)
+    result[1] = wire.MSG_RESULT
+    assert roles.owners(rs, result) == 0b100 and roles.owners(ar, result) == 0
+    result[1] = wire.MSG_STATUS
+    assert roles.owners(rs, result) == 0
+    result[1] = wire.MSG_RESULT
+    roles.spines.add(JOBS[0].job)
+    assert roles.owners(rs, result) == 0
