@@ -42,7 +42,6 @@ loads it on first use).
 """
 from __future__ import annotations
 
-import threading
 import time
 
 import numpy as np
@@ -53,7 +52,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatt
 
 from host_agent.compression.compressors import BucketLayout, Compressor
 from host_agent.compression.methods import make_compressor
-from host_agent.hooks.common import processes_summed
+from host_agent.hooks.common import HookCounters, processes_summed
 from spina.config import ConfigError
 
 # gradient dtypes the agent sums (Agent.allreduce's; bf16 and fp16 through float32)
@@ -61,9 +60,9 @@ _SUMMED = (torch.float32, torch.bfloat16, torch.float16)
 _CARRIED_OPS = ("SUM", "AVG")
 
 
-class FSDPCounters:
-    """What a model's SpINA collectives did, summed over modules and steps (under a lock: the
-    modules' calls may come from FSDP's threads).
+class FSDPCounters(HookCounters):
+    """What a model's SpINA collectives did, summed over modules and steps (HookCounters'
+    lock and `add`, with counters of its own).
 
     Attributes:
         gather_calls, gather_bytes_sent, gather_seconds: all-gathers through the switch, the
@@ -77,17 +76,7 @@ class FSDPCounters:
     COUNTERS = ("gather_calls", "gather_bytes_sent", "gather_seconds", "scatter_calls",
                 "scatter_bytes_sent", "scatter_seconds", "blocks_sent", "blocks_total",
                 "gloo_calls")
-    __slots__ = COUNTERS + ("_lock",)
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        for name in self.COUNTERS:
-            setattr(self, name, 0.0 if name.endswith("seconds") else 0)
-
-    def add(self, **amounts) -> None:
-        with self._lock:
-            for name, amount in amounts.items():
-                setattr(self, name, getattr(self, name) + amount)
+    __slots__ = COUNTERS
 
     def as_dict(self) -> dict:
         with self._lock:
