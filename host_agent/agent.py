@@ -648,14 +648,19 @@ class Agent:
             if self.rendezvous is not None and not self._joined:
                 self._join_run()
             call = self._gather.start(self.job, self.rank, arr)
+            t0, ok = time.perf_counter(), False
             try:
                 out = self._gather.run(call, self.timeout)
+                ok = True
             except gather.GatherError as e:
                 if e.timed_out:
                     raise SpinaTimeout(f"rank {self.rank}: {e}", e.missing) from None
                 raise LengthMismatch(f"rank {self.rank}: {e}") from None
             finally:
                 self.foreign_packets += call.stats.foreign_packets
+                if self.metrics is not None:
+                    self.metrics.call_done(self.job.job, self.rank, call.stats,
+                                           time.perf_counter() - t0, ok, op="allgather")
         self._gather.serve()  # the responder answers for this call between calls
         return out.view(arr.dtype).reshape((self.job.nworkers,) + shape)
 
