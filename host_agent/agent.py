@@ -94,9 +94,10 @@ class CallStats:
     length: int = 0
     nonzero_blocks: int = 0
     packets_sent: int = 0
-    bytes_sent: int = 0          # whole UDP payloads
+    bytes_sent: int = 0          # whole UDP payloads (resends included)
     payload_bytes_sent: int = 0  # block data only
     resends: int = 0
+    bytes_resent: int = 0        # the resends' share of bytes_sent
     fast_resends: int = 0        # resends by trigger: fast retransmit, timeout, a round the
     timeout_resends: int = 0     # switch may hold after a partial one (the rest: bounded-loss
     hold_resends: int = 0        # flushes)
@@ -440,6 +441,7 @@ class _Call:
             stats.resends += 1
             stats.packets_sent += 1
             stats.bytes_sent += len(pkt)
+            stats.bytes_resent += len(pkt)
         return rec.wait(flying, now, longest)
 
     def finish(self, seconds: float) -> CallStats:
