@@ -47,7 +47,8 @@ MODULES = {
     "processes": """
         tests/test_agent_echo.py tests/test_cli.py
         tests/test_controller_softswitch.py tests/test_daemon.py tests/test_daemon_hier.py
-        tests/test_demo.py tests/test_fabric_processes.py tests/test_fsdp_example.py
+        tests/test_demo.py tests/test_fabric_processes.py tests/test_fsdp.py
+        tests/test_fsdp_example.py
         tests/test_readme_path.py tests/test_seams.py tests/test_torch_backend.py
     """,
     "netns": """
