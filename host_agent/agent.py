@@ -95,9 +95,10 @@ class CallStats:
     length: int = 0
     nonzero_blocks: int = 0
     packets_sent: int = 0
-    bytes_sent: int = 0          # whole UDP payloads
+    bytes_sent: int = 0          # whole UDP payloads (resends included)
     payload_bytes_sent: int = 0  # block data only
     resends: int = 0
+    bytes_resent: int = 0        # the resends' share of bytes_sent
     fast_resends: int = 0        # resends by trigger: fast retransmit, timeout, a round the
     timeout_resends: int = 0     # switch may hold after a partial one (the rest: bounded-loss
     hold_resends: int = 0        # flushes)
@@ -446,6 +447,7 @@ class _Call:
             stats.resends += 1
             stats.packets_sent += 1
             stats.bytes_sent += len(pkt)
+            stats.bytes_resent += len(pkt)
         return rec.wait(flying, now, longest)
 
     def finish(self, seconds: float) -> CallStats:
@@ -652,14 +654,19 @@ class Agent:
             if self.rendezvous is not None and not self._joined:
                 self._join_run()
             call = self._gather.start(self.job, self.rank, arr)
+            t0, ok = time.perf_counter(), False
             try:
                 out = self._gather.run(call, self.timeout)
+                ok = True
             except gather.GatherError as e:
                 if e.timed_out:
                     raise SpinaTimeout(f"rank {self.rank}: {e}", e.missing) from None
                 raise LengthMismatch(f"rank {self.rank}: {e}") from None
             finally:
                 self.foreign_packets += call.stats.foreign_packets
+                if self.metrics is not None:
+                    self.metrics.call_done(self.job.job, self.rank, call.stats,
+                                           time.perf_counter() - t0, ok, op="allgather")
         self._gather.serve()  # the responder answers for this call between calls
         return out.view(arr.dtype).reshape((self.job.nworkers,) + shape)
 

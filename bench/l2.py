@@ -1,29 +1,31 @@
-"""How fast the software switch's L2 mode (where BMv2 or a Tofino would stand) aggregates
+"""l2: how fast the software switch's L2 mode (where BMv2 or a Tofino would stand) aggregates
 INA frames without loss.
 
-    sudo .venv/bin/python -m bench.l2_rate --rates 10000,30000,50000 --seconds 2
-    sudo .venv/bin/python -m bench.l2_rate --datapath compiled,python   # paired, per rate
+    python -m bench l2 --offered 10000,30000,50000 --seconds 2         # root
+    python -m bench l2 -m compiled,python                               # both data paths
 
-Topology: one network namespace per worker (h0..h3, 10.0.0.r+1/24) with a veth whose other
-end is a port of an L2Switch in the root namespace (spina.netns.port_host, as tests/netns.py
-builds it). Each worker process sends, open loop at rate/nworkers frames per second, the
-contributions of rounds 1, 2, ... of slots 0..nslots-1 (the P4 sizes: 4 lanes x 32 int32,
-618-byte frames), all workers the same sequence; a round completes only when the switch took
+Topology: one network namespace per worker (-g workers; h0..h3, 10.0.0.r+1/24) with a veth
+whose other end is a port of an L2Switch in the root namespace (spina.netns.port_host, as
+tests/netns.py builds it: not a topology file yet). Each worker process sends, open loop at
+offered/workers frames per second, the contributions of rounds 1, 2, ... of slots
+0..nslots-1 (the P4 sizes: 4 lanes x 32 int32, 618-byte frames; the size column is a round's
+data, 512 bytes), all workers the same sequence; a round completes only when the switch took
 all its contributions, so results received / rounds sent is the fraction the switch
-aggregated without loss. Each worker counts the results it receives (one per round).
-Reported per offered rate and switch data path (`--datapath`: compiled, python or both, run
-back to back at each rate, their order alternating from rate to rate): frames in, results
-expected, results received per worker, the switch's own drop counters, the switch process's
-CPU time while it served (its frames per CPU-second), the load before and after, and the
-senders' largest skew (`sender_skew_ms`) beside the slot window (`slot_window_ms`: nslots
-frames of one sender): the senders never resend, so when one falls further behind another
-than the window, its contributions arrive after the others' next rounds on the same slots,
-the switch's hold drops those, and rounds are lost however fast the switch is.
-Needs root (namespaces, raw sockets).
+aggregated without loss (`lossless`, `lost_rounds`). Every result a worker receives is
+checked: each lane the sum of the workers' ones (`wrong` counts those that are not). Methods:
+the switch's data path, compiled or python, run back to back at each offered rate, their
+order alternating from rate to rate (-n runs of each). time: the switch process's CPU per
+round (what limits the rate on this machine; its frames per CPU-second beside it). Besides:
+frames in, rounds, results received by the slowest worker, the rounds the switch completed
+(`completed`: its job_results over the workers), the switch's own counters, the
+load, and the senders' largest skew (`sender_skew_ms`) beside the slot window
+(`slot_window_ms`: nslots frames of one sender): the senders never resend, so when one falls
+further behind another than the window, its contributions arrive after the others' next
+rounds on the same slots, the switch's hold drops those, and rounds are lost however fast the
+switch is. Needs root (namespaces, raw sockets).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -31,7 +33,8 @@ import sys
 import time
 from pathlib import Path
 
-from spina import cli, netns
+from bench.harness import method_rows
+from spina import netns
 
 ROOT = Path(__file__).resolve().parents[1]
 SWITCH_IP, SWITCH_MAC = "10.0.0.100", "02:00:00:00:00:64"
@@ -58,7 +61,7 @@ for i in range(nframes):
                     length=1 << 20, block_size=32, present=0xF)
     pkts.append(wire.pack(h, np.full(4, wire.END, np.uint32), data))
 dst = ("10.0.0.100", 47000)
-got = 0
+got = []
 late = []  # (first frame of a burst, how late it left against the schedule, s)
 while time.time() < start_at:  # every worker starts its round sequence at the same moment
     time.sleep(0.0005)
@@ -72,18 +75,20 @@ while i < nframes:  # every millisecond, the frames due by then: no busy wait
     i = max(i, due)
     while True:
         try:
-            s.recv(2048); got += 1
+            got.append(s.recv(2048))
         except BlockingIOError:
             break
     time.sleep(0.001)
 end = time.perf_counter() + 1.0
 while time.perf_counter() < end:
     try:
-        s.recv(2048); got += 1
+        got.append(s.recv(2048))
     except BlockingIOError:
         time.sleep(0.001)
-print(json.dumps({"rank": rank, "sent": nframes, "results": got, "late": late,
-                  "send_seconds": time.perf_counter() - t0 - 1.0}))
+send_seconds = time.perf_counter() - t0 - 1.0
+wrong = sum(not (wire.unpack(r).data == n).all() for r in got)  # each lane: n workers' ones
+print(json.dumps({"rank": rank, "sent": nframes, "results": len(got), "wrong": int(wrong),
+                  "late": late, "send_seconds": send_seconds}))
 '''
 
 
@@ -163,9 +168,11 @@ def run_rate(rate: float, seconds: float, nworkers: int = 4, datapath: str = "co
         return {"datapath": datapath, "batch": batch, "nslots": nslots, "offered_fps": rate,
                 "frames_in": frames_in, "rounds": rounds,
                 "results_min": min(o["results"] for o in outs),
+                "wrong": sum(o["wrong"] for o in outs),
                 "lossless": all(o["results"] == rounds for o in outs),
                 "achieved_fps": round(sum(o["sent"] for o in outs)
                                       / max(o["send_seconds"] for o in outs)),
+                "completed": int(c["job_results"][5]) // nworkers,
                 "aggregated": int(c["job_aggregated"][5]), "stale": int(c["job_stale"][5]),
                 "held": int(c["job_held"][5]),
                 # a worker this far behind another loses rounds to the hold (open loop: no
@@ -180,32 +187,63 @@ def run_rate(rate: float, seconds: float, nworkers: int = 4, datapath: str = "co
         net.close()
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.l2_rate",
-                                 description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rates", default="10000,20000,30000,40000,50000",
+DESCRIPTION = "the L2-mode switch's lossless INA frame rate with namespaced workers (root)"
+METHODS = ("compiled", "python")
+DEFAULTS = dict(methods="compiled", densities="1", begin="512", end="512", repeats=1)
+EXTRA_COLUMNS = ("offered_fps", "achieved_fps", "lossless", "lost_rounds", "frames_in",
+                 "rounds", "results_min", "completed", "aggregated", "stale", "held",
+                 "sender_skew_ms", "slot_window_ms", "switch_cpu_s", "frames_per_cpu_s", "batch",
+                 "nslots")
+POINT_COLUMNS = ("offered_fps",)
+ROUND_BYTES = NLANES * BLOCK * 4  # a round's data: 4 lanes of 32 int32
+
+
+def add_options(ap) -> None:
+    from spina import cli
+    ap.add_argument("--offered", type=cli.comma_list(cli.positive_float, "frames per second"),
+                    default="10000,20000,30000,40000,50000",
                     help="offered INA frames per second, all workers together (comma list)")
-    ap.add_argument("--seconds", type=float, default=2.0, help="sending time per rate")
-    ap.add_argument("--datapath", default="compiled",
-                    help="the switch's data path: compiled, python, or both as a comma list "
-                         "(each run at every rate, paired; default %(default)s)")
+    ap.add_argument("--seconds", type=cli.positive_float, default=2.0,
+                    help="sending time per rate (default %(default)s)")
     ap.add_argument("--batch", type=cli.int_range(1, 32), default=None,
                     help="frames per receive call of the compiled path (1..32; default 32)")
-    args = ap.parse_args(argv)
-    if os.geteuid() != 0:
-        print("bench.l2_rate: error: needs root (network namespaces, raw sockets)", file=sys.stderr)
-        return 2
-    paths = [p for p in args.datapath.split(",") if p]
-    if not paths or set(paths) - {"compiled", "python"}:
-        print(f"bench.l2_rate: error: argument --datapath: {args.datapath!r}: compiled, python "
-              "or both, comma-separated", file=sys.stderr)
-        return 2
-    for i, rate in enumerate(float(r) for r in args.rates.split(",")):
-        for datapath in paths if i % 2 == 0 else paths[::-1]:
-            print(json.dumps(run_rate(rate, args.seconds, datapath=datapath, batch=args.batch)),
-                  flush=True)
-    return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def check_options(a) -> str | None:
+    if a.topo is not None or a.rates:
+        return "argument -t/--topology: l2's hosts are ports of the switch (not a file yet)"
+    if a.sizes != [ROUND_BYTES] or a.densities != [1.0] or a.lane_bits != [32]:
+        return (f"argument -b/--begin: l2 sends the P4 program's frames: {ROUND_BYTES} bytes "
+                "a round, dense, 32-bit (give no -b/-e/-d/-l)")
+    if len(a.workers) != 1 or not 1 <= a.workers[0] <= 200:
+        return "argument -g/--workers: one count, 1..200"
+    why = netns.why_no_namespaces()
+    return f"l2: {why}" if why else None
+
+
+def run(a, log):
+    n = a.workers[0]
+    for i, rate in enumerate(a.offered):
+        got = {m: [] for m in a.methods}
+        load0 = os.getloadavg()[0]
+        for _ in range(a.repeats):
+            for m in a.methods if i % 2 == 0 else a.methods[::-1]:
+                got[m].append(run_rate(rate, a.seconds, n, datapath=m, batch=a.batch))
+        times = {m: [r["switch_cpu_s"] / max(1, r["rounds"]) for r in rs] for m, rs in
+                 got.items()}
+        extras = {}
+        for m, rs in got.items():
+            last = rs[-1]
+            extras[m] = {k: last[k] for k in ("achieved_fps", "frames_in", "rounds",
+                                              "results_min", "completed", "aggregated",
+                                              "stale", "held",
+                                              "sender_skew_ms", "slot_window_ms",
+                                              "switch_cpu_s", "frames_per_cpu_s", "nslots")}
+            extras[m].update(offered_fps=rate, lossless=all(r["lossless"] for r in rs),
+                             lost_rounds=sum(r["rounds"] - r["results_min"] for r in rs),
+                             batch=a.batch or "")
+        point = dict(size=ROUND_BYTES, elements=ROUND_BYTES // 4, dtype="int32", density=1.0,
+                     workers=n, lane_bits=32, rate="")
+        yield method_rows(a.what, point, times, bus="all_reduce",
+                          wrong={m: sum(r["wrong"] for r in rs) for m, rs in got.items()},
+                          load=f"{load0:.2f}-{os.getloadavg()[0]:.2f}", extras=extras)
