@@ -167,3 +167,30 @@ def _gone(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] == "Z"
     except FileNotFoundError:
         return True
+
+
+def test_a_packet_socket_receives_its_interface_s_frames_only(root):
+    """packet_socket(y1) takes the frame that arrives on y1 and not the one sent at the same
+    time over another veth pair (it never listens on every interface, not even before bind)."""
+    x1, y1, x2, y2 = (f"{TAG}{n}" for n in ("x1", "y1", "x2", "y2"))
+    with netns.Network() as net:
+        for a, b in ((x1, y1), (x2, y2)):
+            net.veth(a, b)
+            for end in (a, b):
+                netns.no_ipv6(end)
+                netns.set_link(end)
+        rx = netns.packet_socket(y1)
+        tx = [netns.packet_socket(x) for x in (x2, x1)]
+        try:
+            frames = [bytes.fromhex("02000000fe01020000000001") + b"\x88\xb5" + bytes([i]) * 50
+                      for i in (2, 1)]
+            for s, f in zip(tx, frames):
+                s.send(f)
+            rx.settimeout(5)
+            assert rx.recv(2048) == frames[1]
+            rx.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                rx.recv(2048)
+        finally:
+            for s in (rx, *tx):
+                s.close()
