@@ -397,7 +397,8 @@ def test_training_on_a_star(tmp_path):
     out = tmp_path / "train"
     done = bench_netns("training", "-t", str(star_file(tmp_path, 2)), "-g", "2", "--rates",
                        "1gbit", "-b", str(4 * params), "-e", str(4 * params), "--max-steps",
-                       "4", "--min-steps", "4", "--out", str(out))
+                       "4", "--min-steps", "4", "--methods", ",".join(METHODS), "--out",
+                       str(out))
     assert done.returncode == 0, done.stderr
     rows = {r["method"]: r for r in check_common(out, "training", len(METHODS))}
     assert sorted(rows) == sorted(METHODS)
@@ -409,12 +410,13 @@ def test_training_on_a_star(tmp_path):
     # 2 ranks: the ring sends 2(n-1)/n = one gradient per step, SpINA each non-zero block
     # once, top-k 5% of the blocks; headers on top, and what was sent again: the agents'
     # resends (a datagram of up to 57 KB each) and TCP's retransmits
-    spare = (int(rows["spina"]["resends"]) + int(rows["topk"]["resends"])) * 58_000 / 4
+    spare = sum(int(rows[m]["resends"]) for m in ("spina", "topk", "losscomp")) * 58_000 / 4
     tcp = int(rows["gloo"]["tcp_retrans"]) * 66_000 / 4
     tx = {m: int(r["bytes_per_link"]) for m, r in rows.items()}
     assert 0.99 * size <= tx["gloo"] < 1.2 * size + tcp, (tx, rows["gloo"])
     assert 0.5 * size < tx["spina"] < 1.2 * size + spare, (tx, rows["spina"])
     assert 0 < tx["topk"] < 0.2 * size + spare, (tx, rows["topk"])
+    assert 0 < tx["losscomp"] < 0.2 * size + spare, (tx, rows["losscomp"])
     # what the torch hooks handed to gloo per step, and the ring's bytes for it (2 ranks:
     # once), a few hundred bytes of headers per message on top (PowerSGD: 3 all-reduces)
     sent = {m: int(r["allreduced_bytes_per_step"]) for m, r in rows.items()
@@ -440,6 +442,8 @@ def test_training_on_a_star(tmp_path):
         assert 0.99 * sent[m] <= tx[m] < 1.2 * sent[m] + tcp + 3000, (m, tx[m], sent[m])
     assert tx["compute"] < 1000  # nothing but a stray ACK of the step before
     assert 0.05 <= float(rows["topk"]["blocks_fraction"]) < 0.06, rows["topk"]
+    # LossComp's ratio held at --ratio by the defaults' rule: the same k blocks per bucket
+    assert rows["losscomp"]["blocks_fraction"] == rows["topk"]["blocks_fraction"]
     assert rows["gloo"]["vs_gloo"] == "" and float(rows["spina"]["vs_gloo"]) > 0
     with open(out / "curves.csv", newline="") as f:
         reader = csv.DictReader(f)
