@@ -107,7 +107,8 @@ DESCRIPTION = ("DDP training over a topology's links: gloo vs SpINA dense vs top
 DEFAULTS = dict(methods=",".join(m.name for m in METHOD_LIST if m.default), densities="1",
                 begin="25264168", end="25264168",  # 4 x params_of(2048): 6,316,042 parameters
                 topology="bench/topologies/star4.yaml", rates="1gbit,10gbit")
-EXTRA_COLUMNS = ("model", "params", "width", "steps", "step_q1_us", "step_q3_us", "target_acc",
+EXTRA_COLUMNS = ("model", "seed", "params", "width", "steps", "step_q1_us", "step_q3_us",
+                 "target_acc",
                  "steps_to_target", "time_to_target_s", "time_ratio", "final_acc", "best_acc",
                  "rx_bytes_per_link", "allreduced_bytes_per_step", "agent_bytes_per_step",
                  "resends", "blocks_fraction",
@@ -430,7 +431,8 @@ def make_rows(recs: list[dict], req: TrainRequest, point: dict, what: str, load:
         t = times[m]
         q1, _, q3 = quartiles(t)
         sent[m] = round(mean_per_step(recs, m, "tx"))
-        e = dict(common, model=req.model, params=recs[0]["params"], width=req.width, steps=len(t),
+        e = dict(common, model=req.model, seed=req.seed, params=recs[0]["params"],
+                 width=req.width, steps=len(t),
                  step_q1_us=round(q1 * 1e6, 1), step_q3_us=round(q3 * 1e6, 1),
                  target_acc=req.target, rx_bytes_per_link=round(mean_per_step(recs, m, "rx")),
                  worker_cpu_s_per_step=round(mean_per_step(recs, m, "cpu"), 4),
@@ -561,3 +563,36 @@ def plot(rows, curves, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def seed_table(paths: list[str]) -> str:
+    """A markdown table over runs that differ only by --seed (their results.csv files), a
+    row per model and method: final test accuracy, mean (min..max) over the seeds and its
+    difference to gloo at the same seed, bytes per link and step (mean; and as a share of
+    gloo's), the median step time (mean over the seeds). docs/compression.md's table:
+        python -c 'from bench.training import seed_table as t; print(t([...]))'"""
+    rows = []
+    for p in paths:
+        with open(p, newline="") as f:
+            rows += list(csv.DictReader(f))
+    by = {}
+    for r in rows:
+        by.setdefault((r["model"], r["method"]), {})[int(r["seed"])] = r
+    out = ["| model | method | test acc (%), mean (min..max) | vs gloo, same seed | "
+           "bytes/link/step | vs gloo's bytes | step ms | seeds |", "|---" * 8 + "|"]
+
+    def spread(xs: list[float], sign: str = "") -> str:
+        return f"{statistics.fmean(xs):{sign}.2f} ({min(xs):{sign}.2f}..{max(xs):{sign}.2f})"
+
+    for (model, method), seeds in by.items():
+        gloo = by.get((model, "gloo"), {})
+        acc = [float(r["final_acc"]) for r in seeds.values()]
+        diff = [float(r["final_acc"]) - float(gloo[s]["final_acc"]) for s, r in seeds.items()
+                if s in gloo]
+        sent = statistics.fmean(int(r["bytes_per_link"]) for r in seeds.values())
+        gsent = statistics.fmean(int(r["bytes_per_link"]) for r in gloo.values()) if gloo else 0
+        step = statistics.fmean(float(r["time_us"]) for r in seeds.values()) / 1e3
+        out.append(f"| {model} | {method} | {spread(acc)} | {spread(diff, '+')} | "
+                   f"{sent / 1e3:,.1f} kB | {100 * sent / gsent:.2f}% | {step:.1f} | "
+                   f"{', '.join(map(str, sorted(seeds)))} |")
+    return "\n".join(out)

@@ -488,3 +488,28 @@ def test_training_time_to_target_and_wrong_weights():
            dict(gloo=rec(7, [90.0, 95.0]), params=10)]
     (row,), _ = make_rows(bad, req, point, "training", "0-0", {})
     assert row["wrong"] == 2
+
+
+def test_training_model_families():
+    """Each --model family's parameter formula counts its module's parameters, width_for
+    inverts it (the nearest width), and the sequence task is what its docstring says: 6
+    tokens of the class, 3 of another, the same data for a seed."""
+    import torch
+
+    from bench.train_models import FAMILIES, SEQ_LEN, SIGNAL, sequences
+    for f in FAMILIES.values():
+        for w in (f.min_width, f.min_width + 37):
+            assert f.params(w) == sum(p.numel() for p in f.build(w).parameters()), f.name
+        w = f.width_for(12_200_000)
+        assert f.params(w) >= 3_000_000, f.name  # the issue's "at least 3M"
+        assert abs(4 * f.params(w) - 12_200_000) <= abs(4 * f.params(w + 1) - 12_200_000)
+        assert abs(4 * f.params(w) - 12_200_000) <= abs(4 * f.params(w - 1) - 12_200_000)
+    assert FAMILIES["mlp"].width_for(4 * 70410) == 64
+    xtr, ytr, xte, yte = sequences(3, 5000)
+    assert xtr.shape == (20_000, SEQ_LEN) and xte.shape == (1_000, SEQ_LEN)
+    assert int(xtr.min()) >= 0 and int(xtr.max()) < 5000
+    signal = xtr < SIGNAL
+    assert (signal.sum(1) == 9).all()
+    same = ((xtr % 10 == ytr[:, None]) & signal).sum(1)
+    assert (same == 6).all()
+    assert torch.equal(sequences(3, 5000)[0], xtr) and not torch.equal(sequences(4, 5000)[0], xtr)
