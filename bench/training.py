@@ -9,12 +9,14 @@ The network is a star topology file in namespaces (bench/net_topo.py Graph: tbf 
 every link; the aggregating switch's namespace routes IPv4 for gloo's ring and runs SpINA's
 software switch in UDP mode; the processes: bench/paired.py Cluster).
 
-The task: an MLP 1024-w-w-10 (examples/train_compressed.py's MLP) whose gradient is the
-point's size: -b/-e/-f give sizes in bytes, each the float32 gradient of the width w that
-comes nearest (w = 2048: 6.3M parameters, 25 MB), on scikit-learn's digits upsampled to 32x32
-(examples/train_digits.py's load_data: 1438 training and 359 test images; nothing is
-downloaded). SGD, momentum 0.9, a constant learning rate, a per-rank batch drawn with
-replacement from the whole training set.
+The task (--model, bench/train_models.py): by default an MLP 1024-w-w-10
+(examples/train_compressed.py's MLP) whose gradient is the point's size: -b/-e give sizes in
+bytes, each the float32 gradient of the width w that comes nearest (w = 2048: 6.3M
+parameters, 25 MB), on scikit-learn's digits upsampled to 32x32 (examples/train_digits.py's
+load_data: 1438 training and 359 test images; nothing is downloaded); `cnn` a LeNet-shaped
+CNN on the same images, `seq` an embedding-heavy model with attention pooling on a
+generated sequence task, their widths likewise from the size. SGD, --momentum, a constant
+learning rate, a per-rank batch drawn with replacement from the whole training set.
 
 Every rank trains every method side by side (each its own model from the same seed, its own
 optimiser, the same batches): a round runs one step of each method, the order rotating
@@ -24,8 +26,13 @@ DDP's communication, optimiser step):
   gloo     DDP's own all-reduce (the gloo ring)
   spina    DDP with the SpINA hook (host_agent/hooks/dense.py spina_allreduce_hook)
   topk     DDP with the compression hook (host_agent/hooks/compressed.py
-           spina_compressed_hook): block top-k of 256-element blocks at --ratio, error
-           feedback and DGC momentum correction (the optimiser then has none)
+           spina_compressed_hook): block top-k of 256-element blocks at --ratio, the rest
+           by the defaults' rule (spina.communication.compression_defaults: warm-up over 10%
+           of --max-steps, error feedback, DGC momentum correction: the optimiser then has
+           none)
+  losscomp the same hook with LossComp by the same rule (its ratio held at --ratio; the
+           loss averaged over the ranks with gloo after each step, not timed); not run
+           unless --methods names it
   powersgd1, powersgd4
            PyTorch's own PowerSGD hook on gloo (ddp_comm_hooks.powerSGD_hook) at matrix rank
            1 and 4, its other settings its defaults (error feedback, warm start, minimum

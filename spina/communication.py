@@ -131,12 +131,12 @@ def compression_defaults(method: str, *, steps: int, momentum: float = 0.0,
 
     ratio: `ratio` (1%); warm-up: ceil(10% of `steps`) steps from 25% of the blocks down to
     the ratio (none when that is under 2 steps); error feedback on; momentum correction =
-    `momentum` (the optimiser then runs without it), DGC's masking on; LossComp (never the
-    default method: it lost to top-k at the same bytes on the digits, the MLP and the
-    sequence task): its ratio held at `ratio` (ratio_min = ratio_max: its controller only
-    traded accuracy for bytes), a trend window of steps / 50 (at least 5), the rest its
-    class defaults. Steps is the run's number of optimiser steps; the rule uses no model
-    size: the ratio is a fraction of every bucket's blocks and at least 1 block.
+    `momentum` (the optimiser then runs without it), DGC's masking on; LossComp (not the
+    default method: docs/compression.md says where it lost to top-k at the same bytes): its
+    ratio held at `ratio` (ratio_min = ratio_max: its controller only traded accuracy for
+    bytes), a trend window of steps / 50 (at least 5), the rest its class defaults. Steps is
+    the run's number of optimiser steps; the rule uses no model size: the ratio is a
+    fraction of every bucket's blocks and at least 1 block.
     """
     warmup = math.ceil(WARMUP_FRACTION * steps)
     fields = dict(method=method, ratio=ratio, error_feedback=True, momentum=momentum,
