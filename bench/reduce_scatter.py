@@ -15,14 +15,17 @@ only the collective timed:
 
   spina   Agent.reduce_scatter(x): every rank sends its non-zero blocks (of its lanes' width),
           receives its own shard's rounds whole and the others' as headers
-  gloo    dist.reduce_scatter_tensor(out, t): gloo's ring, dense float32
+  gloo    dist.reduce_scatter_tensor(out, t): dense float32; gloo runs it as an all-reduce
+          and keeps the rank's part (its link counters on the star read 2(n-1)/n of the tensor
+          each way, an all-reduce's ring, not a ring reduce-scatter's (n-1)/n)
 
 No floor: bench/floor.py's star all-reduce multicasts the whole sum, it is no reduce-scatter.
 Every rank's shard is checked against numpy's float64 sum (SpINA within the quantization
 bound of its lanes, gloo within float32 rounding); `wrong` counts the calls that failed.
 bytes_per_link: on a topology the link-layer bytes the rank's interface sent per call
 (rx_bytes_per_link: received), on loopback SpINA's UDP payload as the agent counted it and
-gloo's from its ring ((n-1)/n of the tensor each way); `bytes_source` says which.
+gloo's from its algorithm (2(n-1)/n of the tensor each way, as measured on a star);
+`bytes_source` says which.
 """
 from __future__ import annotations
 
@@ -105,8 +108,8 @@ def serve(rank, req, agent, dist, torch, barrier, floor=None) -> dict:
                 r["resends"].append(st.resends)
                 if not count:
                     tx1, rx1 = st.bytes_sent, st.bytes_received
-            elif not count:  # gloo's ring: (n-1)/n of the tensor out and in
-                tx1 = rx1 = 4 * p.elements * (n - 1) // n
+            elif not count:  # gloo's all-reduce ring: 2(n-1)/n of the tensor out and in
+                tx1 = rx1 = 4 * p.elements * 2 * (n - 1) // n
             r["tx"].append(tx1 - tx0)
             r["rx"].append(rx1 - rx0)
     return rec

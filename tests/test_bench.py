@@ -81,8 +81,8 @@ def test_all_reduce_loopback(tmp_path):
 
 def test_reduce_scatter_loopback(tmp_path):
     """reduce_scatter on loopback, 2 ranks, 64 KiB dense and 1%: a row per point and method,
-    every shard checked (#wrong 0), busbw = algbw x (n-1)/n, gloo's bytes its ring's, SpINA's
-    measured: at 1% far below the tensor each way."""
+    every shard checked (#wrong 0), busbw = algbw x (n-1)/n, gloo's bytes its all-reduce
+    ring's (2(n-1)/n), SpINA's measured: at 1% far below the tensor each way."""
     out = tmp_path / "rs"
     done = bench("reduce_scatter", "-b", "64K", "-e", "64K", "-d", "1,0.01", "-g", "2",
                  "-n", "2", "--out", str(out))
@@ -94,7 +94,7 @@ def test_reduce_scatter_loopback(tmp_path):
         assert float(r["busbw_GBps"]) == pytest.approx(algbw / 2, rel=2e-3)
         assert r["shard_bytes"] == "32768" and r["rate"] == ""
     gloo = by[1.0, "gloo"]
-    assert (gloo["bytes_per_link"], gloo["rx_bytes_per_link"]) == ("32768", "32768")
+    assert (gloo["bytes_per_link"], gloo["rx_bytes_per_link"]) == ("65536", "65536")
     assert gloo["bytes_source"] == "model" and gloo["vs_gloo"] == ""
     sparse = by[0.01, "spina"]
     assert sparse["bytes_source"] == "measured" and float(sparse["vs_gloo"]) > 0
