@@ -277,22 +277,6 @@ class Network:
         self.close()
 
 
-def port_host(net: Network, ns: str, port: str, cidr: str, mac: str,
-              neighbours: dict[str, str]) -> None:
-    """Host namespace `ns` on a switch port: eth0 (`mac`, address `cidr`, static ARP for
-    `neighbours`, ip -> mac, checksum offload off) on a veth whose other end `port` stays in
-    the root namespace, up with IPv6 off, for a switch process there (raw sockets)."""
-    net.namespace(ns)
-    net.veth(port, "eth0", b_ns=ns)
-    set_link("eth0", ns, address=mac)
-    add_addr("eth0", cidr, ns)
-    for addr, lladdr in neighbours.items():
-        static_arp("eth0", addr, lladdr, ns)
-    offload_off("eth0", ns)
-    no_ipv6(port)
-    set_link(port)
-
-
 ETH_P_ALL = 0x0003  # every protocol: a switch port's or a test host's raw socket
 
 

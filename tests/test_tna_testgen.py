@@ -11,8 +11,11 @@ frame.
 """
 from __future__ import annotations
 
+import contextlib
+import json
 import socket
 
+import numpy as np
 from hypothesis import HealthCheck, given, settings
 
 from spina import wire
@@ -75,7 +78,6 @@ def test_a_reply_goes_round_twice_with_its_block_in_front():
     """A one-worker round: the first pass leaves towards the recirculation port with the
     harvest header and block_e (the egress pairs' sums) in front, the second with the high
     halves read, the third sends the result to the job's group."""
-    import numpy as np
     pipe, _ = _admitted(1)
     data = np.arange(64, dtype=np.int32).reshape(1, 64) + 1000
     pkt = wire.pack(wire.Header(msg_type=wire.MSG_CONTRIB, job=JOB, epoch=1, slot=1, rank=0,
@@ -89,3 +91,154 @@ def test_a_reply_goes_round_twice_with_its_block_in_front():
     assert second.port == 68 and second.frame[:2] == bytes([1, 1])  # last, block
     third = pipe.run(68, second.frame)
     assert (third.port, third.mcast_grp) == (None, MCAST_GRP)
+
+
+# ---------------------------------------------------------------- P4Testgen's fixtures
+def _configured(t: dict) -> TnaPipe:
+    """A pipe with the fixture's table entries, default actions and register cells."""
+    pipe = TnaPipe()
+    m = pipe.model
+    for e in t["entries"]:
+        k, p, table, action = e["keys"], e["params"], e["table"], e["action"]
+        if table == "ina_endpoint":
+            pipe.ina_endpoint.add(k["dst_addr"])
+        elif table == "admission" and action == "admit":
+            src_ip = socket.inet_ntoa(k["src_addr"].to_bytes(4, "big"))
+            m.admission[(k["ingress_port"], (src_ip, k["src_port"]), k["job"], k["rank"])] = p
+        elif table == "admission":  # reject: as no entry
+            continue
+        elif table == "l2":
+            pipe.l2[k["dst_mac"]] = p["port"]
+        elif table == "ipv4_routes":
+            pipe.ipv4_routes.append((*k["dst_addr"], action, p))
+        elif table == "worker_rewrite":
+            pipe.worker_rewrite[k["rid"]] = (p["dst_mac"], p["dst_addr"], p["dst_port"])
+        elif table == "congestion":
+            m.congestion[k["job"]] = (p["qdepth"], p["bound"])
+        else:
+            raise AssertionError(f"{t['name']}: an entry of table {table} the replay cannot set")
+    for d in t["defaults"]:
+        assert d["table"] == "ipv4_routes", d
+        pipe.ipv4_default = (d["action"], d["params"])
+    for r in t["registers"]:
+        m.reg[r["name"]][r["index"]] = tuple(r["value"]) if isinstance(r["value"], list) \
+            else r["value"]
+    return pipe
+
+
+def _replayed(t: dict) -> str | None:
+    """Why the pass's output differs from the fixture's expectation, or None."""
+    out = _configured(t).run(t["port"], bytes.fromhex(t["frame"]))
+    want = t["expect"]
+    if want is None:
+        return None if out.port is None else f"expected nothing, got port {out.port}"
+    if out.port != want["port"]:
+        return f"expected port {want['port']}, got {out.port}"
+    exp, care = bytes.fromhex(want["frame"]), bytes.fromhex(want["care"])
+    if len(out.frame) != len(exp):
+        return f"expected {len(exp)} bytes, got {len(out.frame)}"
+    bad = [i for i, (a, b, c) in enumerate(zip(out.frame, exp, care)) if (a ^ b) & c]
+    return f"bytes differ at {bad[:8]}" if bad else None
+
+
+# A PTF test class in the shape P4Testgen's Tofino target writes (its test_backend/ptf.cpp
+# template), made by hand to pin the converter and the replay: a contribution of rank 0 of a
+# two-worker job, held (nothing leaves), and a forwarded frame routed out of port 9.
+_PTF = '''
+class Test0(AbstractTest):
+    # Current statement coverage: 0.25
+    def setupCtrlPlane(self):
+        self.setRegisterValue('pipe.SpinaIngress.aggregator_ctl.slot_round', 0x00000002, 0x0003)
+        self.setRegisterValue('pipe.SpinaIngress.aggregator_ctl.slot_values_l0_p20',
+                              [('slot_values_l0_p20.lo', 0x5), ('slot_values_l0_p20.hi', 0x6)], 3)
+        # Table SpinaIngress.ina_endpoint_ctl.ina_endpoint
+        self.insertTableEntry(
+            'pipe.SpinaIngress.ina_endpoint_ctl.ina_endpoint',
+            [gc.KeyTuple('dst_addr', 0x0a000064)], 'SpinaIngress.ina_endpoint_ctl.accept_ina', [])
+        self.insertTableEntry(
+            'pipe.SpinaIngress.admission_ctl.admission',
+            [gc.KeyTuple('ingress_port', 0x003), gc.KeyTuple('src_addr', 0x0a000001),
+             gc.KeyTuple('src_port', 0x1388), gc.KeyTuple('job', 0x0007),
+             gc.KeyTuple('rank', 0x00)],
+            'SpinaIngress.admission_ctl.admit',
+            [gc.DataTuple('epoch', 0x0001), gc.DataTuple('slot_base', 0x0000),
+             gc.DataTuple('nslots', 0x0004), gc.DataTuple('nworkers', 0x02),
+             gc.DataTuple('block_size', 0x0040), gc.DataTuple('nlanes', 0x01),
+             gc.DataTuple('mcast_grp', 0x0003)])
+
+    def sendPacket(self):
+        ig_port = 3
+        pkt = b'%s'
+        send_packet(self, ig_port, pkt)
+
+    def verifyPackets(self):
+        pass
+
+
+class Test1(AbstractTest):
+    # Current statement coverage: 0.3
+    def setupCtrlPlane(self):
+        self.insertTableEntry(
+            'pipe.SpinaIngress.forwarding_ctl.ipv4_routes',
+            [gc.KeyTuple('dst_addr', 0x0a000000, prefix_len=8)],
+            'SpinaIngress.forwarding_ctl.route',
+            [gc.DataTuple('port', 0x009), gc.DataTuple('src_mac', 0x1),
+             gc.DataTuple('dst_mac', 0x2)])
+
+    def sendPacket(self):
+        ig_port = 4
+        pkt = b'%s'
+        send_packet(self, ig_port, pkt)
+
+    def verifyPackets(self):
+        eg_port = 9
+        exp_pkt = b'%s'
+        exp_pkt = Mask(exp_pkt)
+        exp_pkt.set_do_not_care(192, 16)
+        verify_packet(self, exp_pkt, eg_port)
+'''
+
+
+def _hex_escaped(data: bytes) -> str:
+    return "".join(f"\\x{b:02x}" for b in data)
+
+
+def test_a_ptf_file_becomes_fixtures_that_replay(tmp_path):
+    """scripts/testgen_fixtures.py reads P4Testgen's PTF shape (entries, struct register cells,
+    masks) into fixtures, and the replay sets the tables and cells they name: the held
+    contribution leaves nothing (and its pair cell took the packet's elements 40 and 41 onto
+    [5, 6]), the routed frame leaves port 9 with its TTL less one."""
+    from scripts.testgen_fixtures import main
+    data = np.arange(64, dtype=np.int32).reshape(1, 64)
+    pkt = wire.pack(wire.Header(msg_type=wire.MSG_CONTRIB, job=7, epoch=1, slot=1, rank=0,
+                                nlanes=1, round=3, length=5, block_size=64, present=1), [9], data)
+    held = frame(0, pkt, 8 + len(pkt))
+    routed = frame(1, b"x" * 30, 38)
+    expected = bytearray(routed)
+    expected[:12] = (2).to_bytes(6, "big") + (1).to_bytes(6, "big")
+    expected[22] -= 1  # TTL; the checksum (bytes 24-25) is not compared
+    ptf = tmp_path / "spina_tna.py"
+    ptf.write_text(_PTF % (_hex_escaped(held), _hex_escaped(routed), _hex_escaped(expected)))
+    cmd = tmp_path / "command"
+    cmd.write_text("p4testgen 1.2.5.16\np4testgen --target tofino ...\n")
+    out = tmp_path / "fixtures.json"
+    with out.open("w") as f, contextlib.redirect_stdout(f):
+        assert main([str(ptf), str(cmd)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["generator"] == ["p4testgen 1.2.5.16", "p4testgen --target tofino ..."]
+    t0, t1 = doc["tests"]
+    assert (t0["name"], t0["coverage"], t0["port"], t0["expect"]) == ("Test0", 0.25, 3, None)
+    assert t0["registers"] == [{"name": "slot_round", "index": 3, "value": 2},
+                               {"name": "slot_values_l0_p20", "index": 3, "value": [5, 6]}]
+    assert [e["table"] for e in t0["entries"]] == ["ina_endpoint", "admission"]
+    assert t0["entries"][1]["params"]["mcast_grp"] == 3
+    assert t1["entries"][0]["keys"] == {"dst_addr": [0x0A000000, 8]}
+    care = bytes.fromhex(t1["expect"]["care"])
+    assert care[22:26] == b"\xff\xff\x00\x00" and t1["expect"]["port"] == 9
+    assert [_replayed(t) for t in (t0, t1)] == [None, None]
+    unrouted = dict(t1, expect=dict(t1["expect"], frame=routed.hex()))  # MACs and TTL as sent
+    assert _replayed(unrouted) == "bytes differ at [0, 1, 2, 3, 4, 6, 7, 8]"
+    pipe = _configured(t0)
+    pipe.run(t0["port"], bytes.fromhex(t0["frame"]))
+    assert pipe.model.reg["slot_values_l0_p20"][3] == (40, 41)  # a newer round: SET
+    assert pipe.model.reg["slot_round"][3] == 3

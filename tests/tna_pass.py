@@ -128,6 +128,7 @@ class TnaPipe:
     ina_endpoint: set[int] = field(default_factory=set)  # IPv4 dst_addr
     l2: dict[int, int] = field(default_factory=dict)      # dst MAC -> port
     ipv4_routes: list[tuple] = field(default_factory=list)  # (prefix, plen, action, params)
+    ipv4_default: tuple = ("drop", {})  # the table's default action (a control plane may set it)
     worker_rewrite: dict[int, tuple] = field(default_factory=dict)  # rid -> (mac, ip, port)
 
     # ------------------------------------------------------------ one pass
@@ -292,7 +293,9 @@ class TnaPipe:
                 mask = (M32 << (32 - plen)) & M32
                 if ip["dst_addr"] & mask == prefix & mask and (best is None or plen > best[0]):
                     best = (plen, action, params)
-            if best is None or best[1] == "drop":
+            if best is None:
+                best = (0, *self.ipv4_default)
+            if best[1] == "drop":
                 tm["drop"] = 1
                 return
             params = best[2]
