@@ -117,8 +117,8 @@ bench: $(STAMP)  ## SpINA vs the floor and gloo all-reduce on loopback, 4 ranks,
 bench-quick: $(STAMP)  ## 4 ranks x 25M elements (100 MB) at 4 densities, SpINA vs the floor and gloo all_reduce: bench/results/all_reduce_loopback/quick/
 	$(PY) -m bench all_reduce -b 100000000 -e 100000000 -d 1,0.1,0.01,0.001 -g 4 --name all_reduce_loopback/quick $(BENCH_ARGS)
 
-bench-l2: $(STAMP)  ## (root) L2-mode switch: lossless INA frame rate of 4 namespaced workers
-	$(PY) -m bench.l2_rate $(BENCH_ARGS)
+bench-l2: $(STAMP)  ## (root) L2-mode switch: lossless INA frame rate of 4 namespaced workers: bench/results/l2/rates/
+	$(PY) -m bench l2 --name l2/rates $(BENCH_ARGS)
 
 bench-net: $(STAMP)  ## (root) all-reduce over rate-limited links (star4.yaml at 1 and 10 Gbit/s): bench/results/all_reduce_net/star4/
 	$(PY) -m bench all_reduce -t bench/topologies/star4.yaml --rates 1gbit,10gbit -b 1M -e 64M -f 8 -d 1,0.01 --name all_reduce_net/star4 $(NET_BENCH_ARGS)
@@ -135,7 +135,7 @@ bench-allgather: $(STAMP)  ## (root) all-gather through the switch vs gloo's all
 bench-hier-gather: $(STAMP)  ## (root; 1 min here) hierarchical all-gather vs the flat switch all-gather, 2-D, ring and gloo on two groups under a switch: bench/results/hier_gather/two_groups_switch/
 	$(PY) -m bench hier_gather --name hier_gather/two_groups_switch $(HIER_GATHER_BENCH_ARGS)
 
-bench-train: $(STAMP)  ## (root; 4-7 min here) DDP training over star4.yaml at 1 and 10 Gbit/s: gloo vs SpINA dense vs top-k, step time and time to accuracy: bench/results/training_net/star4/
+bench-train: $(STAMP)  ## (root; 4-7 min here) DDP training over star4.yaml at 1 and 10 Gbit/s: gloo vs SpINA dense vs top-k vs PowerSGD/fp16/bf16 hooks, step time and time to accuracy: bench/results/training_net/star4/
 	$(PY) -m bench training -t bench/topologies/star4.yaml --rates 1gbit,10gbit --name training_net/star4 $(TRAIN_BENCH_ARGS)
 
 bench-overlap: $(STAMP)  ## (root; 3 min here) priority overlap vs DDP's default order over star4.yaml at 1 Gbit/s, with a timeline: bench/results/overlap/star4/

@@ -1,5 +1,5 @@
-"""training: DDP training where the network is the limit: gloo, SpINA dense and SpINA with
-block top-k, stepped side by side in the same processes.
+"""training: DDP training where the network is the limit: gloo, SpINA dense, SpINA with
+block top-k and PyTorch's own compression hooks, stepped side by side in the same processes.
 
     python -m bench training -t bench/topologies/star4.yaml --rates 1gbit,10gbit     # root
     python -m bench training -t bench/topologies/star4.yaml --rates 1gbit -b 280K -e 280K \
@@ -26,7 +26,20 @@ DDP's communication, optimiser step):
   topk     DDP with the compression hook (host_agent/hooks/compressed.py
            spina_compressed_hook): block top-k of 256-element blocks at --ratio, error
            feedback and DGC momentum correction (the optimiser then has none)
+  powersgd1, powersgd4
+           PyTorch's own PowerSGD hook on gloo (ddp_comm_hooks.powerSGD_hook) at matrix rank
+           1 and 4, its other settings its defaults (error feedback, warm start, minimum
+           compression rate 2); vanilla all-reduce for the first --powersgd-start steps, by
+           default 10% of --max-steps (at least 2), as its documentation advises
+  fp16, bf16
+           PyTorch's fp16_compress_hook and bf16_compress_hook on gloo: the bucket cast to
+           16 bits, all-reduced, cast back
   compute  the same model without DDP (no communication): the step's compute alone
+
+The torch hooks are wrapped to count what they hand to gloo per step (`allreduced_bytes`:
+the 16-bit bucket; PowerSGD's uncompressed tensors, Ps and Qs, from its own counter
+total_numel_after_compression, or the whole bucket in its warm-up); gloo's is 4 bytes a
+parameter.
 
 A step's time is the slowest rank's; the harness's repeats are the steps (time = the median
 step, vs_gloo paired per round over the rounds both ran). After every round each method's
@@ -57,16 +70,43 @@ from bench.net_topo import dev_bytes, kernel_losses_total, parse_rate
 from bench.paired import Cluster, proc_cpu, rotation
 from bench.procs import cpu_seconds
 
-METHODS = ("gloo", "spina", "topk", "compute")
-SYNCED = ("gloo", "spina", "topk")  # trained with DDP: same weights on every rank, accuracy
+
+@dataclass(frozen=True)
+class Method:
+    """One way a step communicates. hook: None (DDP's own gloo all-reduce), "compute" (no
+    DDP), "spina", "topk", or one of PyTorch's hooks on gloo ("powersgd", "fp16", "bf16");
+    rank: PowerSGD's matrix approximation rank; color: its curve's."""
+    name: str
+    hook: str | None
+    color: str
+    rank: int = 0
+
+
+METHOD_LIST = (
+    Method("gloo", None, "C0"),
+    Method("spina", "spina", "C1"),
+    Method("topk", "topk", "C2"),
+    Method("powersgd1", "powersgd", "C3", rank=1),
+    Method("powersgd4", "powersgd", "C4", rank=4),
+    Method("fp16", "fp16", "C5"),
+    Method("bf16", "bf16", "C6"),
+    Method("compute", "compute", "C7"),
+)
+BY_NAME = {m.name: m for m in METHOD_LIST}
+METHODS = tuple(BY_NAME)
+# trained with DDP: same weights on every rank, accuracy
+SYNCED = tuple(m.name for m in METHOD_LIST if m.hook != "compute")
+TORCH_HOOKS = ("powersgd", "fp16", "bf16")  # PyTorch's own, on gloo: counted by TorchHookCount
 GLOO_PORT = 29500
-DESCRIPTION = "DDP training over a topology's links: gloo vs SpINA dense vs top-k (root)"
+DESCRIPTION = ("DDP training over a topology's links: gloo vs SpINA dense vs top-k vs "
+               "PyTorch's PowerSGD and fp16/bf16 hooks (root)")
 DEFAULTS = dict(methods=",".join(METHODS), densities="1",
                 begin="25264168", end="25264168",  # 4 x params_of(2048): 6,316,042 parameters
                 topology="bench/topologies/star4.yaml", rates="1gbit,10gbit")
 EXTRA_COLUMNS = ("params", "width", "steps", "step_q1_us", "step_q3_us", "target_acc",
                  "steps_to_target", "time_to_target_s", "time_ratio", "final_acc", "best_acc",
-                 "rx_bytes_per_link", "agent_bytes_per_step", "resends", "blocks_fraction",
+                 "rx_bytes_per_link", "allreduced_bytes_per_step", "agent_bytes_per_step",
+                 "resends", "blocks_fraction",
                  "agent_s_per_step", "compress_s_per_step", "worker_cpu_s_per_step",
                  "switch_cpu_s_per_step", "tbf_drops", "udp_drops", "tcp_retrans")
 CURVE_COLUMNS = ("workers", "rate", "width", "method", "step", "step_s", "cum_s", "test_acc")
@@ -107,6 +147,10 @@ def add_options(ap) -> None:
     ap.add_argument("--ratio", type=cli.fraction, default=0.05,
                     help="top-k: fraction of 256-element blocks each rank sends (default "
                     "%(default)s; bench/README.md says why)")
+    ap.add_argument("--powersgd-start", type=cli.int_range(2, 100_000), default=None,
+                    help="PowerSGD's start_powerSGD_iter: vanilla all-reduce before this step "
+                    "(default: 10%% of --max-steps, at least 2, as torch's documentation "
+                    "advises)")
     add_ddp_options(ap, batch=32, lr=0.05)
 
 
@@ -114,6 +158,13 @@ def check_options(a) -> str | None:
     if a.min_steps > a.max_steps:
         return f"argument --min-steps: above --max-steps ({a.max_steps})"
     return check_ddp(a)
+
+
+def powersgd_start(max_steps: int, given: int | None = None) -> int:
+    """PowerSGD's warm-up (start_powerSGD_iter): `given`, else 10% of the run's steps as
+    torch's documentation suggests to start with, at least 2 (its minimum with error
+    feedback and warm start)."""
+    return given if given is not None else max(2, max_steps // 10)
 
 
 def width_for(size: int) -> int:
@@ -139,11 +190,43 @@ class TrainRequest:
     max_steps: int
     min_steps: int
     seed: int
+    powersgd_start: int = 2  # PowerSGD's start_powerSGD_iter
     switch_pid: int | None = None  # read its CPU time around every step (rank 0)
     count_dev: bool = True         # eth0's tx/rx bytes around every step (namespaces)
 
 
 # ----------------------------------------------------------------------------- worker side
+class TorchHookCount:
+    """One of PyTorch's hooks on gloo and the bytes it handed to gloo (`bytes_sent`, per
+    rank, summed over calls): fp16/bf16 2 bytes an element of the bucket; PowerSGD the
+    elements its own counter adds (uncompressed tensors, Ps and Qs) or, in its warm-up, the
+    float32 bucket."""
+    __slots__ = ("hook", "state", "powersgd", "bytes_sent", "calls")
+
+    def __init__(self, kind: str, state):
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+        self.hook = dict(powersgd=powerSGD_hook.powerSGD_hook,
+                         fp16=default_hooks.fp16_compress_hook,
+                         bf16=default_hooks.bf16_compress_hook)[kind]
+        self.state, self.powersgd = state, kind == "powersgd"
+        self.bytes_sent = self.calls = 0
+
+
+def counted_hook(count: TorchHookCount, bucket):
+    """DDP hook: `count`'s torch hook, its bytes counted."""
+    n = bucket.buffer().numel()
+    st = count.state
+    if count.powersgd and st.iter >= st.start_powerSGD_iter:
+        before = st.total_numel_after_compression
+        fut = count.hook(st, bucket)  # counts its Ps, Qs and uncompressed tensors now
+        count.bytes_sent += 4 * (st.total_numel_after_compression - before)
+    else:
+        fut = count.hook(st, bucket)
+        count.bytes_sent += n * (4 if count.powersgd else 2)
+    count.calls += 1
+    return fut
+
+
 class Run:
     """One method's model, optimiser, hook state and batches at one rank."""
 
@@ -160,15 +243,16 @@ class Run:
             spina_compressed_hook,
         )
 
+        kind = BY_NAME[method].hook
         self.method, self.xtr, self.ytr = method, data[0], data[1]
         torch.manual_seed(req.seed)  # the same initial weights for every method
         self.module = MLP(req.width, inputs=self.xtr.shape[1])
-        self.model = self.module if method == "compute" else DDP(self.module)
-        compressed = method == "topk"
+        self.model = self.module if kind == "compute" else DDP(self.module)
+        compressed = kind == "topk"
         self.opt = torch.optim.SGD(self.module.parameters(), lr=req.lr,
                                    momentum=0.0 if compressed else req.momentum)
         self.state = None
-        if method == "spina":
+        if kind == "spina":
             self.state = SpinaHookState(agent)
             self.model.register_comm_hook(self.state, spina_allreduce_hook)
         elif compressed:
@@ -176,6 +260,17 @@ class Run:
                                    block_size=agent.job.block_size)
             self.state = CompressionHookState(comp, agent, optimizer=self.opt)
             self.model.register_comm_hook(self.state, spina_compressed_hook)
+        elif kind in TORCH_HOOKS:
+            hook_state = None  # fp16/bf16: the default process group
+            if kind == "powersgd":
+                from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import (
+                    PowerSGDState,
+                )
+                hook_state = PowerSGDState(process_group=None,
+                                           matrix_approximation_rank=BY_NAME[method].rank,
+                                           start_powerSGD_iter=req.powersgd_start)
+            self.state = TorchHookCount(kind, hook_state)
+            self.model.register_comm_hook(self.state, counted_hook)
         self.gen = torch.Generator().manual_seed(1000 * req.seed + rank)  # same for every method
         self.batch = req.batch
 
@@ -255,7 +350,9 @@ def train_point(rank: int, req: TrainRequest, agent, dist, torch, barrier, floor
     for m, run in runs.items():
         r = rec[m]
         r["crc"] = run.weights_crc()
-        if run.state is not None:
+        if isinstance(run.state, TorchHookCount):
+            r.update(allreduced_bytes=run.state.bytes_sent)
+        elif run.state is not None:
             st = run.state
             r.update(agent_bytes=st.bytes_sent, resends=st.resends, calls=st.calls,
                      agent_s=st.seconds)
@@ -323,6 +420,11 @@ def make_rows(recs: list[dict], req: TrainRequest, point: dict, what: str, load:
                      time_to_target_s=round(secs, 4) if secs is not None else "",
                      time_ratio=round(secs / gsecs, 4) if secs is not None and gsecs else "",
                      final_acc=acc[-1], best_acc=max(acc))
+        if m == "gloo" or "allreduced_bytes" in recs[0][m]:
+            # gloo: DDP all-reduces every float32 gradient once a step
+            e["allreduced_bytes_per_step"] = round(statistics.fmean(
+                w[m]["allreduced_bytes"] for w in recs) / len(t)) if m != "gloo" \
+                else 4 * recs[0]["params"]
         if "agent_bytes" in recs[0][m]:
             e.update(agent_bytes_per_step=round(statistics.fmean(
                 w[m]["agent_bytes"] for w in recs) / len(t)),
@@ -366,6 +468,8 @@ def run(a, log):
                                        lr=a.lr, momentum=a.momentum, ratio=a.ratio,
                                        target=a.target, max_steps=a.max_steps,
                                        min_steps=a.min_steps, seed=a.seed,
+                                       powersgd_start=powersgd_start(a.max_steps,
+                                                                     a.powersgd_start),
                                        switch_pid=cl.switch_pid)
                     load0, drops0 = os.getloadavg()[0], graph.tbf_drops()
                     k0 = kernel_losses_total(cl.pids)
@@ -417,13 +521,12 @@ def plot(rows, curves, path: str) -> None:
     axes = list(axes.flat)
     for ax in axes[len(points):]:
         ax.set_visible(False)
-    colors = dict(gloo="C0", spina="C1", topk="C2", compute="C7")
     for ax, pt in zip(axes, points):
         for m in SYNCED:
             pts = [c for c in curves if _point(c) == pt and c["method"] == m]
             if pts:
                 ax.plot([c["cum_s"] for c in pts], [c["test_acc"] for c in pts],
-                        color=colors[m], lw=1.2, label=m)
+                        color=BY_NAME[m].color, lw=1.2, label=m)
         tgt = [r["target_acc"] for r in rows if r["method"] in SYNCED]
         if tgt:
             ax.axhline(tgt[0], color="k", ls="--", lw=0.8)

@@ -62,6 +62,8 @@ from collectives.schedule import (
     schedule,
 )
 from collectives.topology import TCP_HEADERS, UDP_HEADERS, Topology
+from spina import wire
+from spina.config import JOB_DEFAULTS
 
 INA = "ina"
 SWITCH, LEADER_SWITCH = "switch", "leader-switch"  # collectives.p2p's names
@@ -83,8 +85,10 @@ class CostParams:
     # all-gather); a number is the seconds per datagram, flat
     ina_switch_packet_s: float | None = None  # the software switch, per datagram in
     ina_agent_packet_s: float | None = None   # an agent, per datagram it sends or receives
-    ina_elements: int = 56 * 256       # values per datagram: JobConfig's nlanes x block_size
-    ina_overhead: int = 48 + 56 * 4    # SpINA header + one 4-byte `next` per lane
+    # values per datagram and the bytes around them (header, one 4-byte `next` per lane) of a
+    # job with the schema's default nlanes and block_size
+    ina_elements: int = JOB_DEFAULTS["nlanes"] * JOB_DEFAULTS["block_size"]
+    ina_overhead: int = wire.data_offset(JOB_DEFAULTS["nlanes"])
     density: float = 1.0               # fraction of each rank's blocks that are non-zero (ina)
     gather_copy_s: float | None = None  # the switch, per all-gather datagram it sends out
     gather_call_s: float | None = None  # an all-gather's fixed cost per call
@@ -314,9 +318,9 @@ def _ina_via(topo, switch, elements, params) -> Prediction:
     lat = 0.0
     for r in topo.ranks:
         up_route, down_route = topo.path(r, switch), topo.path(switch, r)
-        for route, wire in ((up_route, wire_up), (down_route, wire_down)):
+        for route, on_wire in ((up_route, wire_up), (down_route, wire_down)):
             for hop in route:
-                load[hop] = load.get(hop, 0) + wire
+                load[hop] = load.get(hop, 0) + on_wire
         lat = max(lat, sum(topo.links[i].latency for i, _ in up_route + down_route))
     # full token buckets at the start, as for the host algorithms' first step
     link = {h: max(0.0, b - topo.links[h[0]].burst) * 8 / topo.links[h[0]].rate

@@ -35,7 +35,7 @@ from pathlib import Path
 from softswitch.udp import UdpSwitch
 from spina import cli, log as spina_log, wire
 from spina.communication import Communication
-from spina.config import ConfigError, JobConfig, JobFile, WorkerAddr
+from spina.config import JOB_FIELDS, ConfigError, JobConfig, JobFile, WorkerAddr
 from spina.net import bind_own_address, free_ports
 from spina.rendezvous import RendezvousServer
 
@@ -191,9 +191,10 @@ def parser(prog: str = "python -m host_agent.launch") -> argparse.ArgumentParser
                     help="address of the switch and the workers (an address of this host)")
     ap.add_argument("--switch-port", type=cli.int_range(0, 65535, " (0: any free)"), default=0,
                     help="switch UDP port (0: any free)")
-    ap.add_argument("--lane-bits", type=int, choices=wire.LANE_BITS, default=32,
-                    help="the width of float values on the wire: 32 (default), 16 or 8 "
-                         "(narrow lanes, docs/bits.md)")
+    lanes = JOB_FIELDS["lane_bits"]  # the job schema's declaration, not a copy of it
+    ap.add_argument("--lane-bits", type=int, choices=lanes.metadata["choices"],
+                    default=lanes.default,
+                    help=f"{lanes.metadata['help']} (default: {lanes.default})")
     ap.add_argument("--communication", type=cli.parsed_by(
                         _communication, "communication", bad=("{", "[]", '{"method": "x"}')),
                     help="the job file's communication section, as JSON: how the workers' DDP "

@@ -21,6 +21,18 @@ Updated once per call from the agent's CallStats (never per packet). Labels: job
     spina_agent_elements_total                       tensor elements reduced
     spina_agent_agents                               (job, rank) agents the daemon holds
     spina_agent_clients_lost_total                   clients gone during a call
+
+The all-gather's calls (Agent.allgather, the daemon's allgather op) are counted the same way,
+once per call from its GatherStats, under spina_agent_gather_*:
+
+    spina_agent_gather_calls_total{job_id,rank,outcome}
+    spina_agent_gather_call_duration_seconds{job_id}
+    spina_agent_gather_packets_sent_total / _received_total, _bytes_sent_total / _received_total
+    spina_agent_gather_shard_bytes_total             bytes of this rank's shards gathered
+    spina_agent_gather_requests_total                chunks re-requested from their owners
+    spina_agent_gather_resends_total                 own chunks sent again on a request
+    spina_agent_gather_duplicates_total              chunks received twice
+    spina_agent_gather_foreign_packets_total / _malformed_packets_total
 """
 from __future__ import annotations
 
@@ -52,6 +64,25 @@ _PER_CALL = {
     "nonzero_blocks": ("spina_agent_nonzero_blocks", "Non-zero blocks this rank sent."),
     "length": ("spina_agent_elements", "Tensor elements reduced."),
 }
+# GatherStats field -> (metric name without _total, documentation)
+_PER_GATHER = {
+    "packets_sent": ("spina_agent_gather_packets_sent",
+                     "All-gather packets sent: chunks, their resends and requests."),
+    "packets_received": ("spina_agent_gather_packets_received",
+                         "All-gather packets taken from the switch."),
+    "bytes_sent": ("spina_agent_gather_bytes_sent", "All-gather UDP payload bytes sent."),
+    "bytes_received": ("spina_agent_gather_bytes_received",
+                       "All-gather UDP payload bytes received."),
+    "shard_bytes": ("spina_agent_gather_shard_bytes", "Bytes of this rank's shards gathered."),
+    "requests": ("spina_agent_gather_requests",
+                 "Chunks re-requested from their owners (one request packet each)."),
+    "resends": ("spina_agent_gather_resends", "Own chunks sent again because a rank asked."),
+    "duplicates": ("spina_agent_gather_duplicates", "Chunks received a second time."),
+    "foreign_packets": ("spina_agent_gather_foreign_packets",
+                        "Datagrams from anyone but the switch during an all-gather, dropped."),
+    "malformed_packets": ("spina_agent_gather_malformed_packets",
+                          "All-gather datagrams failing the header checks, dropped."),
+}
 # Call latency: loopback calls of a few KB take ~1 ms, 100 MB tensors seconds.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
                    5.0, 10.0, 30.0)
@@ -65,13 +96,19 @@ class AgentMetrics:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
         self.registry = CollectorRegistry()
         labels = ("job_id", "rank")
-        self.calls = Counter("spina_agent_calls", "All-reduce calls served, by outcome.",
-                             labels + ("outcome",), registry=self.registry)
-        self.per_call = {f: Counter(name, doc, labels, registry=self.registry)
-                         for f, (name, doc) in _PER_CALL.items()}
-        self.latency = Histogram("spina_agent_call_duration_seconds",
-                                 "All-reduce call latency in the daemon.", ("job_id",),
-                                 buckets=LATENCY_BUCKETS, registry=self.registry)
+        # op -> (calls by outcome, the per-call counters, latency): the all-reduce's series
+        # and the all-gather's, the same shapes under two prefixes
+        self.ops = {}
+        for op, prefix, per_call, what in (("allreduce", "spina_agent", _PER_CALL, "All-reduce"),
+                                           ("allgather", "spina_agent_gather", _PER_GATHER,
+                                            "All-gather")):
+            self.ops[op] = (
+                Counter(f"{prefix}_calls", f"{what} calls served, by outcome.",
+                        labels + ("outcome",), registry=self.registry),
+                {f: Counter(name, doc, labels, registry=self.registry)
+                 for f, (name, doc) in per_call.items()},
+                Histogram(f"{prefix}_call_duration_seconds", f"{what} call latency.",
+                          ("job_id",), buckets=LATENCY_BUCKETS, registry=self.registry))
         self.in_progress = Gauge("spina_agent_calls_in_progress", "Calls running now.",
                                  registry=self.registry)
         self.agents = Gauge("spina_agent_agents", "(job, rank) agents the daemon holds.",
@@ -80,13 +117,16 @@ class AgentMetrics:
                                     "Clients that went away during a call.",
                                     registry=self.registry)
 
-    def call_done(self, job: int, rank: int, stats, seconds: float, ok: bool) -> None:
-        """Count one finished call: its CallStats (ok) or only its outcome (error)."""
+    def call_done(self, job: int, rank: int, stats, seconds: float, ok: bool,
+                  op: str = "allreduce") -> None:
+        """Count one finished call of `op` (allreduce: CallStats, allgather: GatherStats): its
+        stats (ok) or only its outcome (error)."""
+        calls, per_call, latency = self.ops[op]
         j, r = str(job), str(rank)
-        self.calls.labels(j, r, "ok" if ok else "error").inc()
-        self.latency.labels(j).observe(seconds)
+        calls.labels(j, r, "ok" if ok else "error").inc()
+        latency.labels(j).observe(seconds)
         if ok:
-            for f, counter in self.per_call.items():
+            for f, counter in per_call.items():
                 counter.labels(j, r).inc(getattr(stats, f))
 
     def serve(self, address: str) -> MetricsServer:

@@ -289,6 +289,8 @@ static Py_ssize_t process_one(Datapath *d, const uint8_t *pkt, Py_ssize_t size, 
                               uint16_t sport, uint8_t *out, int *to, const Entry **hit) {
     if (size < HEADER_LEN || pkt[OFF_VERSION] != WIRE_VERSION || pkt[OFF_MSG_TYPE] != MSG_CONTRIB)
         return PUNT;
+    if (rd32(pkt + OFF_BITMAP))
+        return PUNT;  /* a reduce-scatter round (owners in bitmap): Python's egress strips copies */
     int item = LANE_ITEM_BYTES(pkt[OFF_FLAGS]);  /* bytes a value: 4, or narrow lanes' 2, 1 */
     if (!item)
         return PUNT;  /* both widths: malformed, Python counts it */

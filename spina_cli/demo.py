@@ -27,7 +27,7 @@ import time
 import numpy as np
 
 from spina import cli, wire
-from spina.config import ConfigError, JobConfig, WorkerAddr
+from spina.config import JOB_DEFAULTS, ConfigError, JobConfig, WorkerAddr
 from spina.net import free_port, free_ports, init_loopback_gloo
 from spina.spec import DEFAULT_SLOT_CAPACITY
 
@@ -124,13 +124,15 @@ def parser(prog: str = "spina demo") -> argparse.ArgumentParser:
     ap.add_argument("--densities", type=cli.unit_interval, nargs="+",
                     default=[1.0, 0.1, 0.01, 0.001],
                     help="fractions of non-zero blocks, each in [0, 1] (default %(default)s)")
-    ap.add_argument("--block-size", type=cli.int_range(1, 65535), default=256,
+    ap.add_argument("--block-size", type=cli.int_range(1, 65535),
+                    default=JOB_DEFAULTS["block_size"],
                     help="elements per block (default %(default)s)")
     ap.add_argument("--nlanes", type=cli.int_range(0, wire.MAX_LANES, " (0: as many as fit)"),
                     default=0, help="blocks fused per packet (default: as many as fit a 64 KB "
                                     "datagram)")
     ap.add_argument("--nslots", type=cli.int_range(1, DEFAULT_POOL_SLOTS, " (the switch's pool)"),
-                    default=16, help="window: slots in flight (default %(default)s)")
+                    default=JOB_DEFAULTS["nslots"],
+                    help="window: slots in flight (default %(default)s)")
     ap.add_argument("--repeats", type=cli.int_range(1), default=3,
                     help="timed calls per density (default %(default)s)")
     ap.add_argument("--timeout", type=cli.positive_float, default=30.0,

@@ -379,6 +379,10 @@ DAEMON_PROTOCOL_CASES = [
     ({"op": "allreduce", "shm": ["x"], "n": 1, "dtype": "float32"}, "field 'shm'"),
     ({"op": "allreduce", "shm": "x", "n": "1", "dtype": "float32"}, "field 'n'"),
     ({"op": "allreduce", "shm": "x", "n": 1}, "field 'dtype'"),
+    ({"op": "allgather", "shm": "x", "n": 1}, "before attach"),
+    ({"op": "allgather", "shm": "x", "n": 1.5}, "field 'n'"),
+    ({"op": "allgather", "n": 1}, "field 'shm'"),
+    ({"op": "allgather", "shm": "x", "n": 1, "dtype": "float32"}, "field 'dtype'"),
 ]
 
 

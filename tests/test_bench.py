@@ -5,6 +5,7 @@ Run just this: python -m pytest tests/test_bench.py
 (the namespace cases need root and take the shared lock: flock /work/heavy.lock ...)
 """
 import csv
+import math
 import os
 import shutil
 import subprocess
@@ -389,7 +390,8 @@ def test_plan_on_a_pair(tmp_path):
 def test_training_on_a_star(tmp_path):
     """training: 2 ranks over a 1 Gbit/s star, the MLP of width 64 (its gradient the size),
     every method 4 steps: weights identical on both ranks (wrong 0), each method's bytes on
-    the wire what its algorithm sends, curves.csv a row per step."""
+    the wire what its algorithm sends (fp16/bf16 half of gloo's, PowerSGD's Ps and Qs from
+    the layer shapes after its 2 warm-up steps), curves.csv a row per step."""
     from bench.training import CURVE_COLUMNS, METHODS, params_of
     params = params_of(64)
     out = tmp_path / "train"
@@ -397,7 +399,7 @@ def test_training_on_a_star(tmp_path):
                        "1gbit", "-b", str(4 * params), "-e", str(4 * params), "--max-steps",
                        "4", "--min-steps", "4", "--out", str(out))
     assert done.returncode == 0, done.stderr
-    rows = {r["method"]: r for r in check_common(out, "training", 4)}
+    rows = {r["method"]: r for r in check_common(out, "training", len(METHODS))}
     assert sorted(rows) == sorted(METHODS)
     size = 4 * params
     for r in rows.values():
@@ -413,6 +415,29 @@ def test_training_on_a_star(tmp_path):
     assert 0.99 * size <= tx["gloo"] < 1.2 * size + tcp, (tx, rows["gloo"])
     assert 0.5 * size < tx["spina"] < 1.2 * size + spare, (tx, rows["spina"])
     assert 0 < tx["topk"] < 0.2 * size + spare, (tx, rows["topk"])
+    # what the torch hooks handed to gloo per step, and the ring's bytes for it (2 ranks:
+    # once), a few hundred bytes of headers per message on top (PowerSGD: 3 all-reduces)
+    sent = {m: int(r["allreduced_bytes_per_step"]) for m, r in rows.items()
+            if r["allreduced_bytes_per_step"]}
+    shapes = [(64, 1024), (64,), (64, 64), (64,), (10, 64), (10,)]  # 1024-64-64-10
+
+    def powersgd(rank: int) -> int:
+        """Elements PowerSGD all-reduces in a compressed step: P (n x r) and Q (m x r) of
+        each matrix worth compressing, the rest (vectors) as they are."""
+        total = 0
+        for shape in shapes:
+            n, m = shape[0], math.prod(shape[1:])
+            r = min(n, m, rank)
+            total += (n + m) * r if (n + m) * r * 2 < n * m else n * m
+        return total
+    assert (powersgd(1), powersgd(4)) == (138 + 64 + 64 + 10 + 1024 + 64 + 64,
+                                          138 + 4 * (64 + 64 + 10 + 1024 + 64 + 64))
+    # start_powerSGD_iter 2 (10% of 4 steps, at least 2): steps 1 and 2 all-reduce it all
+    assert sent == {"gloo": size, "fp16": size // 2, "bf16": size // 2,
+                    "powersgd1": (2 * size + 2 * 4 * powersgd(1)) // 4,
+                    "powersgd4": (2 * size + 2 * 4 * powersgd(4)) // 4}, sent
+    for m in ("fp16", "bf16", "powersgd1", "powersgd4"):
+        assert 0.99 * sent[m] <= tx[m] < 1.2 * sent[m] + tcp + 3000, (m, tx[m], sent[m])
     assert tx["compute"] < 1000  # nothing but a stray ACK of the step before
     assert 0.05 <= float(rows["topk"]["blocks_fraction"]) < 0.06, rows["topk"]
     assert rows["gloo"]["vs_gloo"] == "" and float(rows["spina"]["vs_gloo"]) > 0
@@ -434,7 +459,9 @@ def test_training_on_a_star(tmp_path):
 def test_training_time_to_target_and_wrong_weights():
     """Time to target sums the steps up to the first one at the target (None if never); a
     rank whose weights or accuracies differ from rank 0's is a wrong one."""
-    from bench.training import TrainRequest, make_rows, time_to_target, width_for
+    from bench.training import TrainRequest, make_rows, powersgd_start, time_to_target, width_for
+    # PowerSGD's warm-up: 10% of the run's steps, at least 2, unless given
+    assert (powersgd_start(4), powersgd_start(1000), powersgd_start(1000, 7)) == (2, 100, 7)
     assert time_to_target([1.0, 2.0, 4.0, 8.0], [50.0, 96.0, 90.0, 97.0], 95.0) == (2, 3.0)
     assert time_to_target([1.0, 2.0], [95.0, 99.0], 95.0) == (1, 1.0)
     assert time_to_target([1.0, 2.0], [50.0, 94.9], 95.0) == (None, None)

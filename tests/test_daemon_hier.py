@@ -66,11 +66,12 @@ def _clients(job_file, socks, L):
             for h, s in enumerate(socks)]
 
 
-def _allreduce_all(clients, xs):
-    """Every client's allreduce of its tensor, at once: their results in the same layout."""
+def _allreduce_all(clients, xs, op="allreduce"):
+    """Every client's allreduce (or `op`) of its tensor, at once: their results in the same
+    layout."""
     flat = [c for row in clients for c in row]
     with concurrent.futures.ThreadPoolExecutor(len(flat)) as pool:
-        futs = [pool.submit(c.allreduce, x) for c, x in zip(flat, xs)]
+        futs = [pool.submit(getattr(c, op), x) for c, x in zip(flat, xs)]
         outs = [f.result(timeout=60) for f in futs]
     return outs
 
@@ -151,6 +152,60 @@ def test_switch_sees_hosts_one_Lth_of_the_packets_and_bytes(tmp_path):
                 assert o.tobytes() == outs[0].tobytes()
     assert counts["hier"][0] > 0
     assert [c * L for c in counts["hier"]] == counts["flat"], counts
+
+
+@pytest.mark.parametrize("L", [1, 3])
+def test_local_processes_all_gather_every_shard_bit_for_bit(tmp_path, L):
+    """2 hosts x L local processes all-gather through their daemons: every process gets all
+    2L shards in process order (host x L + local rank) bit for bit, float32 of every bit
+    pattern (NaNs too) and an odd number of int16 bytes; the switch sees one shard per host
+    (its chunks, plus exactly the requests and resends the hosts' stats count)."""
+    H = 2
+    rng = np.random.default_rng(L)
+    with UdpSwitch(port=0) as sw, _hosts(tmp_path, sw, H) as (job_file, socks):
+        clients = _clients(job_file, socks, L)
+        job = JobFile.load(job_file).job
+        try:
+            for dtype, n in ((np.float32, 1001), (np.int16, 7)):
+                bits = np.uint32 if dtype == np.float32 else np.uint16  # every bit pattern
+                xs = [rng.integers(0, np.iinfo(bits).max, n, dtype=bits, endpoint=True)
+                      .view(dtype) for _ in range(H * L)]
+                before = sw.packets_in
+                outs = _allreduce_all(clients, xs, "allgather")
+                want = np.stack(xs)
+                for o in outs:
+                    assert o.dtype == dtype and o.shape == (H * L, n)
+                    assert o.tobytes() == want.tobytes()
+                blocks = -(-L * want[0].nbytes // (4 * job.block_size))
+                chunks = -(-blocks // job.nlanes)
+                extra = sum(c[0].last_gather_stats.requests + c[0].last_gather_stats.resends
+                            for c in clients)
+                assert sw.packets_in - before == H * chunks + extra
+                assert clients[0][0].last_gather_stats.shard_bytes == L * want[0].nbytes
+            assert [status(s)["calls_done"] for s in socks] == [2, 2]  # one agent call per host
+        finally:
+            for row in clients:
+                for c in row:
+                    c.close()
+
+
+def test_local_ranks_calling_different_collectives_all_fail(tmp_path):
+    """One local rank's allreduce against another's allgather: both fail naming 'op'."""
+    with UdpSwitch(port=0) as sw, _hosts(tmp_path, sw, 1) as (job_file, socks):
+        clients = _clients(job_file, socks, 2)
+        try:
+            with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                futs = [pool.submit(getattr(c, op), np.ones(10, np.float32))
+                        for c, op in zip(clients[0], ("allreduce", "allgather"))]
+                for f in futs:
+                    with pytest.raises(SpinaError, match=r"field 'op': the local ranks disagree "
+                                                         r"on the collective \(local rank 0: "
+                                                         r"allreduce, local rank 1: allgather\)"):
+                        f.result(timeout=30)
+            assert sw.packets_in == 0
+        finally:
+            for c in clients[0]:
+                c.close()
 
 
 def test_bad_local_fields_are_refused_by_name(tmp_path):
@@ -276,3 +331,53 @@ def test_a_local_process_dying_fails_or_completes_the_call(tmp_path):
             with pytest.raises(SpinaError, match=r"allreduce: local ranks \[1\] did not call "
                                                  r"within 1 s"):
                 c0.allreduce(np.ones(10, np.float32))
+
+
+LEADER = """
+import sys, numpy as np, torch, torch.distributed as dist
+import collectives
+from collectives.schedule import chunk_bounds
+from host_agent.daemon import DaemonClient
+rank, port, job_file, socks, out = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4:6], \\
+    sys.argv[6]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=4)
+total = 1001
+b = chunk_bounds(total, 4)
+full = np.random.default_rng(3).standard_normal(total).astype(np.float32)
+agent = DaemonClient(job_file, rank, socks[rank]) if rank < 2 else None  # leaders 0, 1
+got = collectives.all_gather(torch.from_numpy(full[b[rank]:b[rank + 1]]), total,
+                             "leader-switch", groups=[[0, 2], [1, 3]], agent=agent)
+np.save(out, got.numpy())
+print("stats", agent.last_gather_stats.shard_bytes if agent else 0, flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_the_hierarchical_all_gather_reaches_the_switch_through_the_daemons(tmp_path):
+    """collectives' "leader-switch" with each group's leader a DaemonClient (groups {0, 2},
+    {1, 3}; leaders 0 and 1 on two hosts' daemons): every one of 4 ranks holds the whole
+    tensor bit for bit, and the leaders' shards (their group's two chunks, 1001 float32 in
+    four chunks) went through the switch."""
+    from collectives.schedule import chunk_bounds
+    from spina.net import free_port
+    full = np.random.default_rng(3).standard_normal(1001).astype(np.float32)
+    with UdpSwitch(port=0) as sw, _hosts(tmp_path, sw, 2) as (job_file, socks):
+        port = free_port()
+        procs = [subprocess.Popen([sys.executable, "-c", LEADER, str(r), str(port), job_file,
+                                   *socks, str(tmp_path / f"r{r}.npy")], env=_env(), cwd=ROOT,
+                                  stdout=subprocess.PIPE, text=True) for r in range(4)]
+        try:
+            outs = [p.communicate(timeout=120)[0] for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        assert [p.returncode for p in procs] == [0] * 4, outs
+        b = chunk_bounds(1001, 4)
+        longest = max(b[g + 1] - b[g] + b[g + 3] - b[g + 2] for g in (0, 1))
+        assert [o.split()[-1] for o in outs] == [str(4 * longest)] * 2 + ["0"] * 2
+        for r in range(4):
+            assert np.load(tmp_path / f"r{r}.npy").tobytes() == full.tobytes(), r
+        assert sw.packets_in >= 2  # a shard of each leader
+        assert [status(s)["calls_done"] for s in socks] == [1, 1]

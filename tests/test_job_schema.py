@@ -206,3 +206,16 @@ def test_software_switch_files_keep_every_option():
     l2 = from_l2_config({"endpoints": ["10.0.0.100"], "jobs": [jd], "mtu": 65535},
                         slot_capacity=16384)
     assert dropped(l2.job_config(l2.jobs[7]), FLAT) == []
+
+
+def test_other_programs_take_job_defaults_from_the_schema():
+    """The launcher's --lane-bits and the demo's --block-size/--nslots are the schema's
+    declarations (choices, default), not copies that could drift from it."""
+    from host_agent.launch import parser as launch_parser
+    from spina_cli.demo import parser as demo_parser
+    lanes = {a.dest: a for a in launch_parser()._actions}["lane_bits"]
+    assert (tuple(lanes.choices), lanes.default) == (JOB_FIELDS["lane_bits"].metadata["choices"],
+                                                      JOB_FIELDS["lane_bits"].default)
+    demo = {a.dest: a.default for a in demo_parser()._actions}
+    assert (demo["block_size"], demo["nslots"]) == (JOB_FIELDS["block_size"].default,
+                                                    JOB_FIELDS["nslots"].default)

@@ -187,58 +187,100 @@ def test_real_prometheus_scrapes_a_running_switch(tmp_path):
         stop_process(sw)
 
 
-def test_daemon_scrape_counts_calls_packets_and_resends(tmp_path):
-    """Two ranks each make three calls through an in-process daemon while the switch loses
-    10% of arriving packets: the daemon's endpoint reports the calls, the latency histogram's
-    count and exactly the packets, bytes and resends the calls' stats add up to."""
-    from host_agent.daemon.client import DaemonClient
+@contextlib.contextmanager
+def _lossy_daemon(tmp_path, seed: int):
+    """(job, daemon, [client of rank 0, 1]): a 2-rank job on a switch that drops 10% of what
+    arrives, an in-process daemon serving its metrics, a client per rank (closed by the test)."""
+    import threading
+
+    from host_agent.daemon import DaemonClient
     from host_agent.daemon.server import Daemon, DaemonConfig
     from host_agent.launch import local_job
     from softswitch.udp import Faults
     from spina.config import JobFile
     job = local_job(2)
-    with UdpSwitch(port=0, faults=Faults(drop_in=0.1, seed=4)) as sw:
+    with UdpSwitch(port=0, faults=Faults(drop_in=0.1, seed=seed)) as sw:
         sw.add_job(job)
         JobFile(job, sw.address).write(tmp_path / "job.json")
         d = Daemon(DaemonConfig(socket=str(tmp_path / "a.sock"), timeout=20, rto=0.02,
                                 metrics="127.0.0.1:0"))
-        import threading
         t = threading.Thread(target=d.serve_forever, daemon=True)
         t.start()
         try:
-            clients = [DaemonClient(str(tmp_path / "job.json"), r, str(tmp_path / "a.sock"))
-                       for r in range(2)]
-            stats = {0: [], 1: []}
-            x = np.linspace(-1, 1, 20000, dtype=np.float32)
-
-            def run(c):
-                for _ in range(3):
-                    c.allreduce(x)
-                    stats[c.rank].append(c.last_stats)
-            import concurrent.futures
-            with concurrent.futures.ThreadPoolExecutor(2) as pool:
-                list(pool.map(run, clients))
-            for c in clients:
-                c.close()
-            m = scrape(d.metrics_server.url)
-            assert [k for k in m if k[0].endswith("_created")] == []  # undocumented series
-            jid = str(job.job)
-            assert sum(s.resends for r in stats for s in stats[r]) > 0, "the loss caused resends"
-            for r in (0, 1):
-                lab = (("job_id", jid), ("rank", str(r)))
-                assert m[("spina_agent_calls_total", lab[:1] + (("outcome", "ok"), lab[1]))] == 3
-                for field, metric in (("packets_sent", "packets_sent"), ("resends", "resends"),
-                                      ("bytes_received", "bytes_received"),
-                                      ("malformed_packets", "malformed_packets"),
-                                      ("length", "elements")):
-                    want = sum(getattr(s, field) for s in stats[r])
-                    assert m[(f"spina_agent_{metric}_total", lab)] == want, metric
-            assert m[("spina_agent_call_duration_seconds_count", (("job_id", jid),))] == 6
-            assert m[("spina_agent_agents", ())] == 2
-            assert m[("spina_agent_calls_in_progress", ())] == 0
+            yield job, d, [DaemonClient(str(tmp_path / "job.json"), r, str(tmp_path / "a.sock"))
+                           for r in range(2)]
         finally:
             d.stop()
             t.join(10)
+
+
+def test_daemon_scrape_counts_calls_packets_and_resends(tmp_path):
+    """Two ranks each make three calls through an in-process daemon while the switch loses
+    10% of arriving packets: the daemon's endpoint reports the calls, the latency histogram's
+    count and exactly the packets, bytes and resends the calls' stats add up to."""
+    with _lossy_daemon(tmp_path, seed=4) as (job, d, clients):
+        stats = {0: [], 1: []}
+        x = np.linspace(-1, 1, 20000, dtype=np.float32)
+
+        def run(c):
+            for _ in range(3):
+                c.allreduce(x)
+                stats[c.rank].append(c.last_stats)
+        import concurrent.futures
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            list(pool.map(run, clients))
+        for c in clients:
+            c.close()
+        m = scrape(d.metrics_server.url)
+        assert [k for k in m if k[0].endswith("_created")] == []  # undocumented series
+        jid = str(job.job)
+        assert sum(s.resends for r in stats for s in stats[r]) > 0, "the loss caused resends"
+        for r in (0, 1):
+            lab = (("job_id", jid), ("rank", str(r)))
+            assert m[("spina_agent_calls_total", lab[:1] + (("outcome", "ok"), lab[1]))] == 3
+            for field, metric in (("packets_sent", "packets_sent"), ("resends", "resends"),
+                                  ("bytes_received", "bytes_received"),
+                                  ("malformed_packets", "malformed_packets"),
+                                  ("length", "elements")):
+                want = sum(getattr(s, field) for s in stats[r])
+                assert m[(f"spina_agent_{metric}_total", lab)] == want, metric
+        assert m[("spina_agent_call_duration_seconds_count", (("job_id", jid),))] == 6
+        assert m[("spina_agent_agents", ())] == 2
+        assert m[("spina_agent_calls_in_progress", ())] == 0
+
+
+def test_daemon_counts_the_all_gather_like_the_all_reduce(tmp_path):
+    """Three all-gathers of 2 ranks through a daemon under 10% loss at the switch: the
+    spina_agent_gather_* series are the sums of the calls' GatherStats (chunks re-requested
+    and resent too: the loss made some), three ok calls per rank, six latencies."""
+    with _lossy_daemon(tmp_path, seed=5) as (job, d, clients):
+        stats = {0: [], 1: []}
+        x = np.arange(300_000, dtype=np.float32)  # 1.2 MB: tens of chunks a call
+
+        def run(c):
+            for _ in range(3):
+                np.testing.assert_array_equal(c.allgather(x), np.stack([x, x]))
+                stats[c.rank].append(c.last_gather_stats)
+        import concurrent.futures
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            list(pool.map(run, clients))
+        for c in clients:
+            c.close()
+        m = scrape(d.metrics_server.url)
+        jid = str(job.job)
+        assert sum(s.requests for r in stats for s in stats[r]) > 0, "the loss cost chunks"
+        for r in (0, 1):
+            lab = (("job_id", jid), ("rank", str(r)))
+            assert m[("spina_agent_gather_calls_total",
+                      lab[:1] + (("outcome", "ok"), lab[1]))] == 3
+            for field in ("packets_sent", "packets_received", "bytes_sent", "requests",
+                          "resends", "duplicates", "shard_bytes"):
+                want = sum(getattr(s, field) for s in stats[r])
+                assert m[(f"spina_agent_gather_{field}_total", lab)] == want, field
+            assert m[("spina_agent_gather_shard_bytes_total", lab)] == 3 * x.nbytes
+        assert m[("spina_agent_gather_call_duration_seconds_count", (("job_id", jid),))] == 6
+        assert ("spina_agent_calls_total", (("job_id", jid), ("outcome", "ok"),
+                                            ("rank", "0"))) not in m  # no all-reduce
 
 
 def test_an_in_process_agent_serves_its_metrics(tmp_path, monkeypatch):
@@ -271,6 +313,8 @@ def test_an_in_process_agent_serves_its_metrics(tmp_path, monkeypatch):
             for _ in range(2):
                 list(pool.map(lambda a: a.allreduce(x), (a0, a1)))
                 sent += a1.last_stats.packets_sent
+            list(pool.map(lambda a: a.allgather(x), (a0, a1)))  # counted as an all-gather
+        gathered = a1.last_gather_stats
         url = f"http://127.0.0.1:{base}/metrics"
         m = scrape(url)
         lab = (("job_id", str(job.job)), ("rank", "1"))
@@ -278,6 +322,10 @@ def test_an_in_process_agent_serves_its_metrics(tmp_path, monkeypatch):
         assert m[("spina_agent_packets_sent_total", lab)] == sent
         assert m[("spina_agent_elements_total", lab)] == 2 * len(x)
         assert m[("spina_agent_call_duration_seconds_count", lab[:1])] == 2
+        assert m[("spina_agent_gather_calls_total", lab[:1] + (("outcome", "ok"), lab[1]))] == 1
+        assert m[("spina_agent_gather_shard_bytes_total", lab)] == x.nbytes
+        assert m[("spina_agent_gather_packets_sent_total", lab)] == gathered.packets_sent > 0
+        assert m[("spina_agent_gather_call_duration_seconds_count", lab[:1])] == 1
         assert any(name == "process_cpu_seconds_total" for name, _ in m)
         assert any(name == "spina_build_info" for name, _ in m)
         a0.close()

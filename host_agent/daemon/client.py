@@ -13,6 +13,7 @@ import numpy as np
 
 from host_agent import dlcp
 from host_agent.agent import CallStats, SpinaError
+from host_agent.allgather import GatherStats
 from host_agent.daemon.protocol import DEFAULT_SOCKET, recv_msg, send_msg
 from spina.config import JobFile
 
@@ -56,6 +57,7 @@ class DaemonClient:
         # hooks.common.processes_summed)
         self.world_size = self.job.nworkers * (local_size or 1)
         self.last_stats = CallStats()
+        self.last_gather_stats = GatherStats()
         self._shm: shared_memory.SharedMemory | None = None
         self._executor = None
 
@@ -81,13 +83,7 @@ class DaemonClient:
             arr = np.asarray(x)
         dtype = np.dtype(np.int32) if arr.dtype == np.int32 else np.dtype(np.float32)
         n = arr.size
-        nbytes = max(n * 4, 4)
-        if self._shm is None or self._shm.size < nbytes:
-            if self._shm is not None:
-                self._shm.close()
-                self._shm.unlink()
-            self._shm = shared_memory.SharedMemory(create=True, size=nbytes)
-        view = np.ndarray((n,), dtype, buffer=self._shm.buf)
+        view = np.ndarray((n,), dtype, buffer=self._segment(n * 4).buf)
         view[:] = arr.reshape(-1)
         req = {"op": "allreduce", "shm": self._shm.name, "n": n, "dtype": dtype.name}
         if layer is not None:
@@ -103,6 +99,38 @@ class DaemonClient:
             import torch
             return torch.from_numpy(out).to(x.dtype)
         return out.astype(arr.dtype, copy=False)
+
+    def allgather(self, x):
+        """Every process's `x`, stacked: shape (world_size, *x.shape), x's dtype, row p bit
+        for bit what process p passed (as Agent.allgather; with local ranks the processes are
+        ordered rank x local_size + local_rank, host_agent/daemon/hier.py). numpy or torch."""
+        if type(x).__module__.startswith("torch"):
+            import torch
+            t = x.detach().contiguous().cpu()
+            got = self.allgather(t.reshape(-1).view(torch.uint8).numpy())
+            return torch.from_numpy(got).view(t.dtype).reshape(
+                (self.world_size,) + tuple(t.shape)).to(x.device)
+        arr = np.ascontiguousarray(x)
+        n = arr.nbytes
+        seg = self._segment(n * self.world_size)
+        view = np.ndarray((n * self.world_size,), np.uint8, buffer=seg.buf)
+        view[:n] = arr.reshape(-1).view(np.uint8)
+        send_msg(self.sock, {"op": "allgather", "shm": seg.name, "n": n})
+        reply = self._reply()
+        self.last_gather_stats = GatherStats(**reply["stats"])
+        out = view.copy().view(arr.dtype).reshape((self.world_size,) + arr.shape)
+        del view
+        return out
+
+    def _segment(self, nbytes: int) -> shared_memory.SharedMemory:
+        """This client's shared-memory segment, grown to at least `nbytes` (never 0)."""
+        nbytes = max(nbytes, 4)
+        if self._shm is None or self._shm.size < nbytes:
+            if self._shm is not None:
+                self._shm.close()
+                self._shm.unlink()
+            self._shm = shared_memory.SharedMemory(create=True, size=nbytes)
+        return self._shm
 
     def allreduce_async(self, x, inplace: bool = False, layer=None):
         if self._executor is None:

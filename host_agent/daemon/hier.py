@@ -1,4 +1,5 @@
-"""Hierarchical reduction: the L local processes of one host rank, summed on the host.
+"""Hierarchical reduction and all-gather: the L local processes of one host rank, summed (or
+their shards joined) on the host.
 
 Processes that attach with {rank, local_rank, local_size} are local ranks 0..L-1 of ONE rank of
 the job (the job file's workers are hosts): each call waits until every local rank has handed
@@ -26,6 +27,12 @@ once naming it (the daemon sees its connection close); the host sends nothing, s
 hosts' call fails after the agent's timeout naming this rank. A local rank that stays
 attached but never calls fails the others after the daemon's `timeout`, naming it.
 Local ranks whose lengths or dtypes disagree all fail, naming the field.
+
+All-gather: the L local shards (n bytes each, local-rank order) are joined into the host
+rank's shard of L*n bytes (`host_shard`), the rank's one agent all-gather carries it through
+the switch (one copy per host on the wire, replicated to the H hosts), and every local segment
+gets all H*L shards in the order of the job's processes, h*L + l (`gather_out`): process p's
+shard at bytes p*n.. of every segment, the same bytes everywhere.
 """
 from __future__ import annotations
 
@@ -55,6 +62,19 @@ def host_sum(views: list[np.ndarray]) -> np.ndarray:
     return out
 
 
+def host_shard(views: list[np.ndarray], n: int) -> np.ndarray:
+    """The host rank's all-gather shard: the first `n` bytes of each local segment, joined in
+    local-rank order (a new array: the gathered result overwrites the segments)."""
+    return np.concatenate([v[:n] for v in views])
+
+
+def gather_out(views: list[np.ndarray], rows: np.ndarray) -> None:
+    """Every local segment gets the gathered shards (the host ranks' rows, in order)."""
+    flat = rows.reshape(-1)
+    for v in views:
+        v[:len(flat)] = flat
+
+
 def fan_out(views: list[np.ndarray]) -> None:
     """Every local segment gets views[0]'s bits."""
     for v in views[1:]:
@@ -65,7 +85,7 @@ class Round:
     """One call of a host rank's local processes: each one's request, then the reply."""
 
     def __init__(self):
-        self.requests: dict[int, tuple] = {}  # local rank -> (view, n, dtype name, layer)
+        self.requests: dict[int, tuple] = {}  # local rank -> (view, n, dtype name, layer, op)
         self.reply: dict | None = None
         self.done = threading.Event()
 
@@ -109,8 +129,8 @@ class LocalGroup:
             rnd = self.round
             if lr is not None and rnd.requests and lr not in rnd.requests:
                 self.round = Round()
-                rnd.finish({"ok": False, "error": f"allreduce: local rank {lr} (pid {pid}) went "
-                                                  "away before its call; this call fails"})
+                rnd.finish({"ok": False, "error": f"{_op(rnd)}: local rank {lr} (pid {pid}) "
+                                                  "went away before its call; this call fails"})
 
     def arrive(self, local_rank: int, request: tuple) -> tuple[Round, bool]:
         """Hand this local rank's request to the call being gathered: (its round, whether this
@@ -131,7 +151,7 @@ class LocalGroup:
                 if rnd is self.round and not rnd.done.is_set():
                     missing = [lr for lr in range(self.size) if lr not in rnd.requests]
                     self.round = Round()
-                    rnd.finish({"ok": False, "error": f"allreduce: local ranks {missing} did "
+                    rnd.finish({"ok": False, "error": f"{_op(rnd)}: local ranks {missing} did "
                                                       f"not call within {timeout:g} s"})
             rnd.done.wait()
         return rnd.reply
@@ -141,12 +161,20 @@ class LocalGroup:
                                                                key=lambda m: m[0])]
 
 
+def _op(rnd: Round) -> str:
+    """The collective a round's requests asked for (the first one's)."""
+    return next(iter(rnd.requests.values()))[4]
+
+
 def check_requests(requests: dict[int, tuple]) -> str | None:
-    """Why the local ranks' requests of one call cannot be summed (naming the field), or None."""
+    """Why the local ranks' requests of one call cannot be served together (naming the
+    field), or None."""
     order = sorted(requests)
-    for i, field, what in ((1, "n", "tensor length"), (2, "dtype", "dtype")):
+    op = requests[order[0]][4]
+    for i, field, what in ((4, "op", "collective"), (1, "n", "tensor length"),
+                           (2, "dtype", "dtype")):
         values = {requests[lr][i] for lr in order}
         if len(values) > 1:
             each = ", ".join(f"local rank {lr}: {requests[lr][i]}" for lr in order)
-            return f"allreduce: field '{field}': the local ranks disagree on the {what} ({each})"
+            return f"{op}: field '{field}': the local ranks disagree on the {what} ({each})"
     return None

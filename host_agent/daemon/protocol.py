@@ -56,6 +56,9 @@ def recv_msg(sock: socket.socket) -> dict | None:
 REQUESTS = {
     "attach": ({"job_file": str, "rank": int}, {"pid": int, "local_rank": int, "local_size": int}),
     "allreduce": ({"shm": str, "n": int, "dtype": str}, {"layer_index": int, "layer_count": int}),
+    # n: the bytes of this process's shard, at the segment's start; the segment holds every
+    # process's (the job's ranks x local_size), where the gathered shards land in order
+    "allgather": ({"shm": str, "n": int}, {}),
     "status": ({}, {}),
 }
 

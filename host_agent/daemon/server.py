@@ -354,11 +354,11 @@ class Daemon:
                         clog = spina_log.bind(clog, local_rank=local_rank)
                     clog.info("client attached")
                     send_msg(conn, {"ok": True, "job": jf.to_dict()})
-                elif op == "allreduce":
+                elif op in ("allreduce", "allgather"):
                     if slot is None:
-                        send_msg(conn, {"ok": False, "error": "allreduce before attach"})
+                        send_msg(conn, {"ok": False, "error": f"{op} before attach"})
                         continue
-                    reply = self._allreduce(slot, local_rank, msg, maps, clog)
+                    reply = self._collective(slot, local_rank, msg, maps, clog)
                     try:
                         send_msg(conn, reply)
                     except OSError:
@@ -386,16 +386,15 @@ class Daemon:
                 shm.close()
             conn.close()
 
-    def _allreduce(self, slot: _Slot, local_rank: int, msg: dict, maps: dict, clog) -> dict:
-        """Serve one allreduce request: as the rank's one process, or as one local rank of
-        it (hier.py: the last local rank to arrive runs the host's call for all)."""
-        req = self._request(msg, maps)
+    def _collective(self, slot: _Slot, local_rank: int, msg: dict, maps: dict, clog) -> dict:
+        """Serve one allreduce or allgather request: as the rank's one process, or as one local
+        rank of it (hier.py: the last local rank to arrive runs the host's call for all)."""
+        req = self._request(slot, msg, maps)
         if isinstance(req, dict):  # an error reply
             return req
-        view, layer = req[0], req[3]
         try:
             if slot.local.size == 1:
-                return self._call(slot, view, layer, clog)
+                return self._call(slot, [req[0]], req, clog)
             rnd, last = slot.local.arrive(local_rank, req)
             if not last:
                 return slot.local.wait(rnd, self.cfg.timeout)
@@ -405,30 +404,33 @@ class Daemon:
                     reply = {"ok": False, "error": reply}
                 else:
                     views = [rnd.requests[lr][0] for lr in sorted(rnd.requests)]
-                    hier.host_sum(views)
-                    reply = self._call(slot, views[0], rnd.requests[0][3], clog)
-                    if reply["ok"]:
-                        hier.fan_out(views)
+                    reply = self._call(slot, views, rnd.requests[0], clog)
                     del views
             except Exception as e:  # a bug here must not leave the other local ranks waiting
                 clog.exception("host call failed")
-                reply = {"ok": False, "error": f"allreduce: {type(e).__name__}: {e}"}
+                reply = {"ok": False, "error": f"{msg['op']}: {type(e).__name__}: {e}"}
             rnd.finish(reply)
             rnd.requests.clear()  # its views: each connection closes its own segments later
             return reply
         finally:
-            del view, req
+            del req
 
-    def _request(self, msg: dict, maps: dict):
-        """(view of the client's segment, n, dtype name, layer) for an allreduce request, or
-        the error reply naming the field."""
-        name, n = msg["shm"], msg["n"]
-        dtype = _DTYPES.get(msg["dtype"])
-        if dtype is None:
-            return {"ok": False, "error": f"allreduce: field 'dtype': {msg['dtype']!r} is not "
-                                          f"one of {', '.join(_DTYPES)}"}
+    def _request(self, slot: _Slot, msg: dict, maps: dict):
+        """(view of the client's segment, n, dtype name, layer, op) for an allreduce or
+        allgather request, or the error reply naming the field. An allgather's view is the
+        segment's bytes that the gathered shards fill (n bytes of each of the job's
+        processes)."""
+        op, name, n = msg["op"], msg["shm"], msg["n"]
+        if op == "allgather":
+            dtype, dname, count = np.uint8, "bytes", n * slot.agent.job.nworkers * slot.local.size
+        else:
+            dtype, dname = _DTYPES.get(msg["dtype"]), msg["dtype"]
+            count = n
+            if dtype is None:
+                return {"ok": False, "error": f"allreduce: field 'dtype': {msg['dtype']!r} is "
+                                              f"not one of {', '.join(_DTYPES)}"}
         if n < 0:
-            return {"ok": False, "error": f"allreduce: field 'n': {n} is negative"}
+            return {"ok": False, "error": f"{op}: field 'n': {n} is negative"}
         try:
             shm = maps.get(name)
             if shm is None:
@@ -437,42 +439,56 @@ class Daemon:
                 maps.clear()
                 shm = maps[name] = _open_shm(name)
         except (OSError, ValueError) as e:
-            return {"ok": False, "error": f"allreduce: field 'shm': {name!r}: {e}"}
+            return {"ok": False, "error": f"{op}: field 'shm': {name!r}: {e}"}
         layer = None
         if "layer_index" in msg or "layer_count" in msg:
             try:
                 layer = dlcp.check_layer((msg.get("layer_index"), msg.get("layer_count")))
             except ValueError as e:
                 return {"ok": False, "error": f"allreduce: field 'layer_index': {e}"}
-        if n * np.dtype(dtype).itemsize > shm.size:
-            return {"ok": False, "error": f"allreduce: field 'n': {n} {msg['dtype']} elements "
-                                          f"exceed the segment's {shm.size} bytes"}
-        return np.ndarray((n,), dtype, buffer=shm.buf), n, msg["dtype"], layer
+        if count * np.dtype(dtype).itemsize > shm.size:
+            what = (f"{n} {dname} elements" if op == "allreduce" else
+                    f"{n} bytes from each of {count // max(n, 1)} processes")
+            return {"ok": False, "error": f"{op}: field 'n': {what} exceed the segment's "
+                                          f"{shm.size} bytes"}
+        return np.ndarray((count,), dtype, buffer=shm.buf), n, dname, layer, op
 
-    def _call(self, slot: _Slot, view: np.ndarray, layer, clog) -> dict:
-        """The rank's agent call on `view` (the sum lands in it), one at a time per rank."""
-        n = len(view)
+    def _call(self, slot: _Slot, views: list[np.ndarray], req: tuple, clog) -> dict:
+        """The rank's agent call for its local segments `views` (one per local rank), one call
+        at a time per rank. allreduce: the host sum of the views, the result in every one;
+        allgather: the views' shards joined, every process's shard in every view."""
+        n, layer, op = req[1], req[3], req[4]
+        agent = slot.agent
         with slot.lock:
             self.calls_in_progress += 1
             t0, ok = time.perf_counter(), False
             try:
-                slot.agent.allreduce(view, inplace=True, layer=layer)  # the sum lands in shm
-                stats, ok = asdict(slot.agent.last_stats), True
-                clog.debug("call done: %d elements, %d packets sent, %d resends, %.1f ms",
-                           n, stats["packets_sent"], stats["resends"], 1e3 * stats["seconds"],
-                           call=slot.agent.call_id)
-                if stats["partial_rounds"]:  # bounded loss: what this call lost, every time
+                if op == "allreduce":
+                    hier.host_sum(views)
+                    agent.allreduce(views[0], inplace=True, layer=layer)  # the sum lands in shm
+                    hier.fan_out(views)
+                    st = agent.last_stats
+                else:
+                    hier.gather_out(views, agent.allgather(hier.host_shard(views, n)))
+                    st = agent.last_gather_stats
+                stats, ok = asdict(st), True
+                clog.debug("%s done: %d %s, %d packets sent, %d resends, %.1f ms", op, n,
+                           "elements" if op == "allreduce" else "bytes", stats["packets_sent"],
+                           stats["resends"], 1e3 * (time.perf_counter() - t0),
+                           call=agent.call_id)
+                if stats.get("partial_rounds"):  # bounded loss: what this call lost, every time
                     clog.info("call completed partially: %d partial rounds, %d own blocks lost",
-                              stats["partial_rounds"], stats["blocks_lost"],
-                              call=slot.agent.call_id)
+                              stats["partial_rounds"], stats["blocks_lost"], call=agent.call_id)
             except SpinaError as e:
-                clog.warning("call failed: %s: %s", type(e).__name__, e, call=slot.agent.call_id)
+                clog.warning("call failed: %s: %s", type(e).__name__, e, call=agent.call_id)
                 return {"ok": False, "error": f"{type(e).__name__}: {e}"}
             finally:
                 self.calls_in_progress -= 1
                 self.calls_done += 1
-                self.metrics.call_done(slot.jf.job.job, slot.rank, slot.agent.last_stats,
-                                       time.perf_counter() - t0, ok)
+                self.metrics.call_done(slot.jf.job.job, slot.rank,
+                                       agent.last_stats if op == "allreduce"
+                                       else agent.last_gather_stats,
+                                       time.perf_counter() - t0, ok, op=op)
         return {"ok": True, "stats": stats}
 
 
@@ -490,8 +506,9 @@ def _field(name: str, convert=str, bad: tuple[str, ...] = ()):
 def parser(prog: str = "python -m host_agent daemon") -> argparse.ArgumentParser:
     ap = cli.ArgumentParser(
         prog=prog,
-        description="SpINA host agent daemon: serves all-reduce to local training processes "
-                    "(Unix socket + shared memory). Stops cleanly on SIGTERM or SIGINT.")
+        description="SpINA host agent daemon: serves all-reduce and all-gather to local "
+                    "training processes (Unix socket + shared memory). Stops cleanly on "
+                    "SIGTERM or SIGINT.")
     ap.add_argument("--config", type=cli.input_file,
                     help="JSON config file (fields: socket, log_file, log_level, "
                          "log_format, timeout, rto, metrics, bounded_loss, "
