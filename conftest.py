@@ -24,6 +24,7 @@ MODULES = {
         bmv2_tests/test_admission.py bmv2_tests/test_aggregation.py bmv2_tests/test_bmv2_client.py
         bmv2_tests/test_egress_rewrite.py bmv2_tests/test_fabric.py bmv2_tests/test_forwarding.py
         bmv2_tests/test_gather.py bmv2_tests/test_lanes.py bmv2_tests/test_priority.py
+        bmv2_tests/test_scatter.py
         tests/test_agent_datapath.py tests/test_agent_refused.py tests/test_allgather.py
         tests/test_allreduce.py tests/test_bad_input.py tests/test_bench.py tests/test_bits.py
         tests/test_capture.py tests/test_collectives.py tests/test_comm_hooks.py
@@ -39,14 +40,17 @@ MODULES = {
         tests/test_net.py tests/test_overlap.py tests/test_p4_agreement.py
         tests/test_p4_model.py tests/test_p4info.py tests/test_p4runtime_server.py
         tests/test_p4runtime_shell.py tests/test_plan.py tests/test_ps.py tests/test_recovery.py
+        tests/test_reduce_scatter.py
         tests/test_reliability.py tests/test_run_identity.py tests/test_softswitch.py
-        tests/test_tna_agreement.py tests/test_tna_model.py tests/test_torch_hook.py
+        tests/test_tna_agreement.py tests/test_tna_model.py tests/test_tna_testgen.py
+        tests/test_torch_hook.py
         tests/test_wire.py
     """,
     "processes": """
         tests/test_agent_echo.py tests/test_cli.py
         tests/test_controller_softswitch.py tests/test_daemon.py tests/test_daemon_hier.py
-        tests/test_demo.py tests/test_fabric_processes.py tests/test_fsdp_example.py
+        tests/test_demo.py tests/test_fabric_processes.py tests/test_fsdp.py
+        tests/test_fsdp_example.py
         tests/test_readme_path.py tests/test_seams.py tests/test_torch_backend.py
     """,
     "netns": """

@@ -154,8 +154,7 @@ class Bmv2Target(P4RuntimeTarget):
 
     def _open_sockets(self):
         for p in PORTS:
-            s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
-            s.bind((self._host_if(p), 0))
+            s = netns.packet_socket(self._host_if(p))  # its frames only, none of another's
             s.setblocking(False)
             self.socks[p] = s
         time.sleep(0.2)

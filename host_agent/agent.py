@@ -30,11 +30,11 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from host_agent import allgather as gather, dlcp, narrow
+from host_agent import allgather as gather, dlcp, narrow, scatter
 from host_agent.blocks import (
     LanePlan,
     exponent_of_bits,
@@ -63,6 +63,7 @@ _UNPACK, _PACK_INTO = wire.HEADER_STRUCT.unpack_from, wire.HEADER_STRUCT.pack_in
 (_A_INDEX, _A_SLOT, _A_MSG_TYPE, _A_FLAGS, _A_ROUND, _A_EXPONENT, _A_BITMAP, _A_PRESENT,
  _A_NONFINITE, _A_LENGTH, _A_NBYTES) = range(11)
 _FLAGS_AT = wire.FIELD_OFFSET["flags"]  # byte offset: a resend sets its flags in place
+_BITMAP_AT, _BITMAP_STRUCT = wire.FIELD_OFFSET["bitmap"], struct.Struct(">I")
 _RING_STRIDE = 1 << 16  # > wire.MAX_UDP_PAYLOAD: each answer of a batch has its own 64 KiB
 _RING_SLOTS = 32        # answers read per recvmmsg at most
 DATAPATHS = ("compiled", "python")  # Agent(datapath=...): who handles the common answers
@@ -94,9 +95,10 @@ class CallStats:
     length: int = 0
     nonzero_blocks: int = 0
     packets_sent: int = 0
-    bytes_sent: int = 0          # whole UDP payloads
+    bytes_sent: int = 0          # whole UDP payloads (resends included)
     payload_bytes_sent: int = 0  # block data only
     resends: int = 0
+    bytes_resent: int = 0        # the resends' share of bytes_sent
     fast_resends: int = 0        # resends by trigger: fast retransmit, timeout, a round the
     timeout_resends: int = 0     # switch may hold after a partial one (the rest: bounded-loss
     hold_resends: int = 0        # flushes)
@@ -115,6 +117,17 @@ class CallStats:
     foreign_packets: int = 0     # datagrams from anyone but the switch: dropped unread
     malformed_packets: int = 0   # datagrams from the switch failing the header checks: dropped
     seconds: float = 0.0
+    # The call's timeline (docs/profile.md "A sparse call's timeline"): seconds since the call
+    # began at which each phase ended (PHASES), and how long the loop slept in select.
+    phases: dict = field(default_factory=dict)
+
+
+# A call's phases in order, each ending at the time CallStats.phases gives it: the scan of the
+# tensor (and its NaN/Inf check), the call's plan (lanes, classes, buffers), the setup rounds
+# written and sent, the last setup result received, the last answer received, the call
+# returned. "waited": seconds spent asleep in select for an answer; "cpu": this thread's CPU
+# seconds for the whole call; "batches": answer batches received.
+PHASES = ("scan", "plan", "setup_sent", "setup_done", "answers", "end")
 
 
 @dataclass
@@ -181,8 +194,10 @@ class _Call:
                  flat: np.ndarray, integer: bool, inplace: bool, blocks: np.ndarray | None,
                  buffers: _Buffers, rtt: RttEstimator, check_blocks: bool = False,
                  layer: tuple[int, int] | None = None, compiled: bool = False,
-                 residual: np.ndarray | None = None, slot_exponents: np.ndarray | None = None):
+                 residual: np.ndarray | None = None, slot_exponents: np.ndarray | None = None,
+                 owners: scatter.Owners | None = None):
         self.job, self.rank, self.call_id, self.rounds = job, rank, call_id, rounds
+        self.owners = owners  # a reduce-scatter: each data round names its blocks' owners
         # Ranks and bitmaps on the wire are the worker's own switch's: in a two-level job its
         # rack's leaf knows ranks rack_first.. as 0..rack_size-1 (flat: the job's ranks).
         self.rack_first, self.rack_size = job.rack_of(rank)
@@ -203,6 +218,8 @@ class _Call:
             _check_block_hint(flat, blocks, self.B)
         self.inplace = inplace
         nz, bits, nonfinite = self._scan(blocks)
+        self.t_scan = time.monotonic()
+        self.t_setup_done = 0.0
         self.stats.nonzero_blocks = len(nz)
         self.plan, order = LanePlan.build(nz, W, self.k)
         # per plan row, 1 where the block holds NaN/Inf (_core.fill_round sends those as 0)
@@ -221,6 +238,7 @@ class _Call:
             slot_exp = np.maximum(slot_exp, slot_exponents)
         self.slot_exp = slot_exp
         self.nblocks = -(-n // self.B)
+        self.setups = max(1, min(W, -(-self.nblocks // self.k)))  # setup results to come
         self.out = flat if inplace else np.zeros(n, flat.dtype)
         # Data-path layout. pos_ext: the plan's positions lane by lane, each lane followed by
         # a sentinel -1 (never a position, and END once cast to the wire's u32), so a lane's
@@ -254,6 +272,18 @@ class _Call:
                             pos=np.zeros(k, np.int64), timer=timers[s],
                             view=memoryview(self.bufs[s][0]))
                       for s in range(W)]
+        # Slots whose lanes hold no position of the tensor (lane l holds positions l, l + W*k,
+        # ...: slot s is empty when s*k >= nblocks) have nothing to sum at any worker of the
+        # same length: they send nothing, not even a setup round (a 16 KiB call: 1 datagram per
+        # worker and round instead of 16). Slot 0 always runs, so a length mismatch is still
+        # found. A skipped slot's round tag still advances by one, as if its setup round had
+        # run, so every worker's tags stay equal even when workers disagree on the length
+        # (they each sent or skipped that one round), and a slot's next round is newer than
+        # every round it stored (docs/aggregation.md).
+        self.active = self.setups
+        for st in self.slots[self.active:]:
+            self._new_round(st)
+            st.done = True
         # The compiled answer loop's context (_core.answer_batch): its common case has no
         # bounded loss (searchsorted skips, flushes) and no droppable packets (DLCP); else
         # every answer takes the Python path.
@@ -275,7 +305,8 @@ class _Call:
                              rec.rtt.group_srtt, rounds, flat, self.out, self.pos_ext,
                              self.nonfinite, k, B, integer, self.next_end,
                              self.classes.priority, self.outbox, self.bufs, self.width_flag,
-                             self.draws, self.residual)
+                             self.draws, self.residual,
+                             None if owners is None else (owners.n, owners.chunk, B))
 
     def _scan(self, blocks: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The blocks this worker sends (ascending), their largest |x| as bits (floats), and
@@ -350,6 +381,9 @@ class _Call:
         if partial and not ours_in:  # ours never arrived
             stats.blocks_lost += (len(st.packet) - self.next_end) // self.row_bytes
         if st.setup:  # setup result: the exponent every worker quantizes with
+            self.setups -= 1
+            if not self.setups:
+                self.t_setup_done = now
             st.shift = 0 if self.integer else quant_shift(a[_A_EXPONENT], self.job.nworkers,
                                                           self.lane_bits)
             st.exponent = a[_A_EXPONENT]
@@ -398,6 +432,8 @@ class _Call:
                 self.bufs[st.index][0], self.flat, self.pos_ext, st.ptr, pos, self.nonfinite,
                 st.index * self.k, st.shift, self.integer, self.B, self._new_round(st),
                 tolerant | self.width_flag, priority, st.exponent, self.draws, self.residual)
+        if self.owners is not None:  # reduce-scatter: the ranks the round's sums go to
+            _BITMAP_STRUCT.pack_into(self.bufs[st.index][0], _BITMAP_AT, self.owners.of(pos))
         self._queue(st, tolerant, nrows, now)
 
     def _new_round(self, st: _Slot) -> int:
@@ -440,6 +476,7 @@ class _Call:
             stats.resends += 1
             stats.packets_sent += 1
             stats.bytes_sent += len(pkt)
+            stats.bytes_resent += len(pkt)
         return rec.wait(flying, now, longest)
 
     def finish(self, seconds: float) -> CallStats:
@@ -725,22 +762,59 @@ class Agent:
         if _is_torch(x):
             return _torch_allreduce(self, x, blocks, layer)
         arr = np.asarray(x)
-        kind = _CODE.get(arr.dtype)
-        if kind is None:
-            raise TypeError(f"unsupported dtype {arr.dtype}: "
-                            "use float32, float16, float64 or int32")
-        if inplace and not (arr.dtype in (np.float32, np.int32) and arr.flags.c_contiguous
-                            and arr.flags.writeable):
-            raise ValueError("inplace needs a writeable, contiguous float32 or int32 array")
-        flat = arr.reshape(-1) if inplace else np.ascontiguousarray(arr.reshape(-1))
-        private = False
-        if kind == "float" and flat.dtype != np.float32:
-            flat, private = flat.astype(np.float32), True  # our own copy: sum into it
-        out = self._allreduce_flat(flat, integer=(kind == "int"), inplace=inplace or private,
+        flat, integer, private = _flat_for_sum(arr, inplace)
+        out = self._allreduce_flat(flat, integer=integer, inplace=inplace or private,
                                    blocks=blocks, layer=layer,
                                    residual=None if residual is None else residual.reshape(-1),
                                    slot_exponents=slot_exponents)
         return out.astype(arr.dtype, copy=False).reshape(arr.shape)
+
+    def reduce_scatter(self, x, blocks=None, residual=None):
+        """This rank's shard of the element-wise sum of `x` over all workers: the flat sum's
+        elements [rank * c, (rank + 1) * c), c = ceil(x.size / nworkers), cut at x.size
+        (torch.chunk's split, FSDP2's: with x.size a multiple of nworkers, the even split;
+        otherwise the last ranks' shards are shorter or empty). A 1-d array of x's dtype.
+
+        Through the switch (docs/protocol.md "Reduce-scatter"): every worker sends its
+        non-zero blocks of the whole tensor, the switch sums them as for an all-reduce and
+        sends each round's sums only to the ranks owning its blocks; the others get the
+        round's header (it is done, where the lanes go next). Sums, quantization bound,
+        NaN/Inf, dtypes, narrow lanes, loss recovery and errors as `allreduce`; each shard
+        is bit for bit that part of what `allreduce` returns for the same tensors. A flat job
+        only (no `racks`).
+
+        Args:
+            x: the tensor to sum (numpy float32, float16, float64, int32; torch also bfloat16:
+                a torch tensor back).
+            blocks: `allreduce`'s hint: sorted indices of the blocks of the flat tensor that
+                may be non-zero (every other block all +0.0).
+            residual: `allreduce`'s error feedback for narrow lanes (job.lane_bits 16 or 8).
+
+        Example:
+            >>> shard = agent.reduce_scatter(np.ones(8, np.float32))  # doctest: +SKIP
+            >>> shard.shape  # 4 workers  # doctest: +SKIP
+            (2,)
+        """
+        if self.job.racks:
+            raise SpinaError(f"job {self.job.job}: reduce-scatter needs a flat job (a leaf "
+                             "multicasts its rack's results whole)")
+        if residual is not None:
+            x = narrow.with_residual(self.job, x, residual, blocks is not None or _is_torch(x))
+            residual = residual.reshape(-1)
+        if blocks is not None:
+            blocks = np.asarray(blocks, np.int64)
+        if _is_torch(x):
+            import torch
+            shard = self.reduce_scatter(_torch_to_numpy(x), blocks)
+            return torch.from_numpy(shard).to(dtype=x.dtype, device=x.device)
+        arr = np.asarray(x)
+        flat, integer, private = _flat_for_sum(arr, False)
+        n, nworkers = len(flat), self.job.nworkers
+        owners = scatter.Owners(n, nworkers, self.job.block_size)
+        out = self._allreduce_flat(flat, integer=integer, inplace=private or residual is not None,
+                                   blocks=blocks, residual=residual, owners=owners)
+        lo, hi = scatter.shard_bounds(n, nworkers, self.rank)
+        return out[lo:hi].astype(arr.dtype)
 
     def rejoin(self) -> None:
         """Start a new run with the next call: join the rendezvous again for a fresh epoch
@@ -816,24 +890,28 @@ class Agent:
     def _allreduce_flat(self, flat: np.ndarray, integer: bool, inplace: bool = False,
                         blocks: np.ndarray | None = None, layer=None,
                         residual: np.ndarray | None = None,
-                        slot_exponents: np.ndarray | None = None) -> np.ndarray:
+                        slot_exponents: np.ndarray | None = None,
+                        owners: scatter.Owners | None = None) -> np.ndarray:
         with self._call():
             return self._allreduce_call(flat, integer, inplace, blocks, layer, residual,
-                                        slot_exponents)
+                                        slot_exponents, owners)
 
     def _allreduce_call(self, flat: np.ndarray, integer: bool, inplace: bool,
                         blocks: np.ndarray | None, layer, residual: np.ndarray | None,
-                        slot_exponents: np.ndarray | None) -> np.ndarray:
+                        slot_exponents: np.ndarray | None,
+                        owners: scatter.Owners | None = None) -> np.ndarray:
         if len(flat) >= 1 << 32:
             raise ValueError(f"tensor of {len(flat)} elements exceeds the 32-bit length field")
         t0 = time.perf_counter()
         if self.rendezvous is not None and not self._joined:
             self._join_run()
+        m0, c0 = time.monotonic(), time.thread_time()  # the timeline's origin (CallStats.phases)
         self.call_id = (self.call_id + 1) & 0xFFFFFFFF
         call = _Call(self.job, self.rank, self.call_id, self.rounds, flat, integer, inplace,
                      blocks, self._buffers, self.rtt, self.check_blocks, layer=layer,
                      compiled=self.datapath == "compiled", residual=residual,
-                     slot_exponents=slot_exponents)
+                     slot_exponents=slot_exponents, owners=owners)
+        t_plan = time.monotonic()
         sock = self.sock
         tick = min(0.1, call.recovery.deadline()) if self.job.bounded_loss else 0.1
         # Non-blocking, select() only when nothing is waiting: a socket timeout would cost a
@@ -847,11 +925,13 @@ class Agent:
         rec = call.recovery
         job = self.job
         ok = False  # the call returned its sums (for the metrics)
+        waited, batches, t_answer, t_setup = 0.0, 0, m0, m0
         try:
-            for st in call.slots:  # setup round of every slot
+            for st in call.slots[:call.active]:  # setup round of every slot in use
                 call.send_setup(st)
             self._flush(call)
-            pending = len(call.slots)
+            t_setup = time.monotonic()
+            pending = call.active
             recv, fd, ring, views = _core.recv_answers, sock.fileno(), self._ring, self._ring_views
             # every answer of this call comes from the switch's (address, port), and is a
             # result or status of this job, epoch, call and one of its slots (checked in C)
@@ -880,6 +960,7 @@ class Agent:
                         else:
                             wait = next_check - now
                         select.select((sock,), (), (), wait)
+                        waited += time.monotonic() - now
                         continue
                     if foreign:
                         call.stats.foreign_packets += foreign  # not from our switch: never read
@@ -888,7 +969,9 @@ class Agent:
                     if answers and self._refused_since is not None:
                         self._refused_over(call)
                     # one time for the batch: every answer in it had arrived by then
-                    pending -= call.answers(views, answers, time.monotonic())
+                    t_answer = time.monotonic()
+                    batches += 1
+                    pending -= call.answers(views, answers, t_answer)
                     self._flush(call)
                 if received < 0 or rec.recheck or time.monotonic() >= next_check:
                     wait = call.resend_due(False, tick, self.timeout, self.switch)
@@ -905,6 +988,11 @@ class Agent:
             sock.settimeout(tick)
             seconds = time.perf_counter() - t0
             self.last_stats = call.finish(seconds)  # also for a failed call
+            m1 = time.monotonic()
+            self.last_stats.phases = dict(
+                scan=call.t_scan - m0, plan=t_plan - m0, setup_sent=t_setup - m0,
+                setup_done=max(call.t_setup_done - m0, 0.0), answers=t_answer - m0, end=m1 - m0,
+                waited=waited, cpu=time.thread_time() - c0, batches=batches)
             self.foreign_packets += call.stats.foreign_packets
             if self.metrics is not None:
                 self.metrics.call_done(job.job, self.rank, self.last_stats, seconds, ok)
@@ -985,16 +1073,35 @@ def _is_torch(x) -> bool:
     return type(x).__module__.startswith("torch")
 
 
-def _torch_allreduce(agent: Agent, t, blocks=None, layer=None):
+def _torch_to_numpy(t) -> np.ndarray:
+    """A torch tensor as the numpy array a sum takes: float32 (any float dtype) or int32."""
     import torch
     if t.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
-        arr = t.detach().to(torch.float32).contiguous().cpu().numpy()
-    elif t.dtype == torch.int32:
-        arr = t.detach().contiguous().cpu().numpy()
-    else:
-        raise TypeError(f"unsupported dtype {t.dtype}")
-    res = agent.allreduce(arr, blocks=blocks, layer=layer)
+        return t.detach().to(torch.float32).contiguous().cpu().numpy()
+    if t.dtype == torch.int32:
+        return t.detach().contiguous().cpu().numpy()
+    raise TypeError(f"unsupported dtype {t.dtype}")
+
+
+def _torch_allreduce(agent: Agent, t, blocks=None, layer=None):
+    import torch
+    res = agent.allreduce(_torch_to_numpy(t), blocks=blocks, layer=layer)
     return torch.from_numpy(res).to(dtype=t.dtype, device=t.device)
+
+
+def _flat_for_sum(arr: np.ndarray, inplace: bool) -> tuple[np.ndarray, bool, bool]:
+    """(flat, integer, private) of a numpy array to sum: flat is float32 or int32, contiguous
+    (arr's own memory when `inplace`); private: a copy of ours the call may sum into."""
+    kind = _CODE.get(arr.dtype)
+    if kind is None:
+        raise TypeError(f"unsupported dtype {arr.dtype}: use float32, float16, float64 or int32")
+    if inplace and not (arr.dtype in (np.float32, np.int32) and arr.flags.c_contiguous
+                        and arr.flags.writeable):
+        raise ValueError("inplace needs a writeable, contiguous float32 or int32 array")
+    flat = arr.reshape(-1) if inplace else np.ascontiguousarray(arr.reshape(-1))
+    if kind == "float" and flat.dtype != np.float32:
+        return flat.astype(np.float32), False, True  # our own copy: sum into it
+    return flat, kind == "int", False
 
 
 __all__ = ["Agent", "CallStats", "SpinaError", "SpinaTimeout", "LengthMismatch"]

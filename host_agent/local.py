@@ -41,6 +41,15 @@ class LocalCluster:
                 for r in ranks]
         return [f.result() for f in futs]
 
+    def reduce_scatter(self, tensors, ranks=None, blocks=None):
+        """Run reduce-scatter on every agent (or on `ranks` only) at once, rank r with
+        tensors[r] (and blocks[r], if given); returns their shards."""
+        ranks = range(len(self.agents)) if ranks is None else ranks
+        hints = blocks if blocks is not None else [None] * len(tensors)
+        futs = [self._pool.submit(self.agents[r].reduce_scatter, tensors[r], hints[r])
+                for r in ranks]
+        return [f.result() for f in futs]
+
     def allgather(self, shards, ranks=None):
         """Run all-gather on every agent (or on `ranks` only) at once, rank r with shards[r];
         returns their results."""

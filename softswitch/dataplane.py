@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from softswitch.egress import CongestionDrop, EgressQueues, PortRate
+from softswitch.egress import CongestionDrop, EgressQueues, PortRate, scatter_strip
 from softswitch.fabric import TO_GROUP, TO_OTHERS, TO_SENDER, FabricRoles, LeafJob
 from softswitch.pipeline import DEFAULT_POOL_SLOTS, Admission, Pipeline
 from spina import spec, wire
@@ -43,6 +43,7 @@ ETH_LEN, IPV4_LEN, UDP_LEN = 14, 20, 8
 L4_OFF = ETH_LEN + IPV4_LEN        # UDP header offset
 INA_OFF = L4_OFF + UDP_LEN         # INA header offset
 PRIORITY_AT = INA_OFF + wire.FIELD_OFFSET["priority"]  # the INA priority class byte
+_RANK_AT, _NLANES_AT = wire.FIELD_OFFSET["rank"], wire.FIELD_OFFSET["nlanes"]
 UDP_MODE_PORT = 0  # the UDP mode's one "ingress port": every sender, every copy
 DATAPATHS = ("compiled", "python")  # the frames' data paths (Dataplane's datapath)
 
@@ -463,6 +464,11 @@ class Dataplane:
         if not n:
             return []
         data = bytes(buf[:n])
+        # ReduceScatter: the ranks owning the round's blocks (0: all); a reply to a sender that
+        # owns none of them is stripped here, a multicast copy in egress (by its rid's rank).
+        owners = self.roles.owners(payload, data)
+        if owners and to == TO_SENDER and not owners >> payload[_RANK_AT] & 1:
+            data, n = scatter_strip(data), wire.data_offset(data[_NLANES_AT])
         # reply_to_sender: swap addresses, new lengths, UDP checksum 0.
         head = bytearray(frame[:INA_OFF])
         head[0:6], head[6:12] = frame[6:12], frame[0:6]
@@ -472,18 +478,25 @@ class Dataplane:
         head[40:42] = b"\0\0"
         head[16:18] = (IPV4_LEN + UDP_LEN + n).to_bytes(2, "big")
         if to == TO_SENDER:
-            return [(port, self._egress, (0, head, data))]
+            return [(port, self._egress, (0, head, data, 0))]
         if to == TO_GROUP or to == TO_OTHERS:
-            return [(eport, self._egress, (rid, bytearray(head), data))
+            return [(eport, self._egress, (rid, bytearray(head), data, owners))
                     for eport, rid in self.mcast_groups.get(grp, ())]
         # TO_UPSTREAM, a leaf's partial: to the spine owning the slot, from the leaf.
         eport, (addr, udp_port), mac = key
         head[0:6], head[30:34] = mac, socket.inet_aton(addr)
         head[36:38] = udp_port.to_bytes(2, "big")
-        return [(eport, self._egress, (0, head, data))]
+        return [(eport, self._egress, (0, head, data, 0))]
 
-    def _egress(self, eport: int, rid: int, head: bytearray, data: bytes, qdepth: int):
-        """WorkerRewrite, CongestionDrop, then the checksum, for one copy the switch wrote."""
+    def _egress(self, eport: int, rid: int, head: bytearray, data: bytes, owners: int,
+                qdepth: int):
+        """WorkerRewrite, ScatterStrip (a copy of a reduce-scatter result for a rank outside
+        `owners`: header and next positions only), CongestionDrop, then the checksum, for one
+        copy the switch wrote."""
+        if owners and not owners >> spec.rid_rank(rid) & 1:
+            data = scatter_strip(data)
+            head[38:40] = (UDP_LEN + len(data)).to_bytes(2, "big")
+            head[16:18] = (IPV4_LEN + UDP_LEN + len(data)).to_bytes(2, "big")
         if rid:
             rw = self.worker_rewrite.get(rid)
             if rw is None:

@@ -276,3 +276,32 @@ class CongestionDrop:
             self.counters["job_congestion_drops"][job] += 1
         credit_reg[job] = credit
         return drop
+
+
+# ReduceScatter (docs/protocol.md "Reduce-scatter"): a contribution's `bitmap` names the ranks
+# owning the blocks of its round (0: every rank, an all-reduce). A result's copy for a rank
+# outside that set keeps its header and next positions only: the rank learns that the round is
+# done and where its lanes go next, and no block crosses its downlink. P4: the ingress carries
+# the owners to egress in metadata; egress strips the data lanes of a replica whose rank (the
+# low bits of its rid, spina.spec.rid) is not among them.
+_PRESENT_AT, _NONFINITE_AT, _NLANES_AT, _BITMAP_AT = (wire.FIELD_OFFSET[f] for f in (
+    "present", "nonfinite", "nlanes", "bitmap"))
+_NO_LANES = bytes(16)  # present and nonfinite, 64 bits each, side by side in the header
+assert _NONFINITE_AT == _PRESENT_AT + 8
+
+
+def scatter_owners(pkt) -> int:
+    """The ranks owning a contribution's round (its `bitmap`; 0 for every other packet, and
+    for a contribution to an all-reduce: every rank gets the whole result)."""
+    if len(pkt) < wire.HEADER_LEN or pkt[1] != wire.MSG_CONTRIB:
+        return 0
+    return int.from_bytes(pkt[_BITMAP_AT:_BITMAP_AT + 4], "big")
+
+
+def scatter_strip(result) -> bytes:
+    """ScatterStrip: the copy of `result` (a result or status) for a rank that owns none of its
+    round's blocks: the header with present and nonfinite 0 and the next positions, no data."""
+    n = wire.data_offset(result[_NLANES_AT])
+    out = bytearray(result[:n])
+    out[_PRESENT_AT:_PRESENT_AT + 16] = _NO_LANES
+    return bytes(out)

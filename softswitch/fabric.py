@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from softswitch.egress import scatter_owners
 from softswitch.pipeline import ADDED, COMPLETED, GATHERED, MAX_PORTS, Pipeline, rows
 from spina import wire
 from spina.spec import FLAGS_CARRIED, FLAGS_RESULT
@@ -104,6 +105,16 @@ class FabricRoles:
     def process_into(self, pkt, port: int, src, out) -> tuple[int, int, object]:
         """One packet from ingress `port`, source `src`; the caller holds pipeline.lock."""
         return self.route_into(pkt, port, src, out)[:3]
+
+    def owners(self, pkt, out) -> int:
+        """ReduceScatter: the ranks that get the result `out` (made of `pkt`) whole
+        (egress.scatter_owners; 0: every copy whole). A spine's contributions are leaves'
+        partials, whose bitmap is their rack's contributors: never owners."""
+        if out[1] != wire.MSG_RESULT:
+            return 0
+        owners = scatter_owners(pkt)
+        return owners if owners and (pkt[_JOB_AT] << 8 | pkt[_JOB_AT + 1]) not in self.spines \
+            else 0
 
     def route_into(self, pkt, port: int, src, out) -> tuple[int, int, object, int]:
         """`process_into` plus the multicast group of a TO_GROUP packet."""

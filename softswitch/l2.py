@@ -21,10 +21,10 @@ import time
 from softswitch.compiled import PUNT
 from softswitch.dataplane import Dataplane
 from spina.net import grow_buffers
+from spina.netns import packet_socket
 
 log = logging.getLogger("spina.softswitch.l2")
 
-_ETH_P_ALL = 0x0003
 _PACKET_OUTGOING = 4
 _SOL_PACKET, _PACKET_IGNORE_OUTGOING = 263, 23
 # Frames a readable port may give per poll wake-up before the next port's turn. After the
@@ -49,15 +49,14 @@ class L2Switch:
         self.socks: dict[int, socket.socket] = {}
         try:
             for port, ifname in interfaces.items():
-                s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(_ETH_P_ALL))
+                s = packet_socket(ifname)  # this port's frames only, none of another's
+                self.socks[port] = s
                 try:  # Linux >= 4.20: our own transmissions are not handed back to us
                     s.setsockopt(_SOL_PACKET, _PACKET_IGNORE_OUTGOING, 1)
                 except OSError:
                     pass  # older kernels: serve_forever skips them (PACKET_OUTGOING)
                 grow_buffers(s)  # a burst of every worker's frames must fit while we work
-                s.bind((ifname, 0))
                 s.setblocking(False)
-                self.socks[port] = s
         except OSError:
             self.close()
             raise

@@ -19,9 +19,10 @@ from typing import Callable
 
 from softswitch.compiled import IDLE as _IDLE, PUNT as _PUNT, SERVE_BUDGET, core_entries
 from softswitch.dataplane import DATAPATHS, UDP_MODE_PORT, Dataplane
+from softswitch.egress import scatter_strip
 from softswitch.fabric import TO_GROUP, TO_OTHERS, TO_SENDER
 from softswitch.pipeline import DEFAULT_POOL_SLOTS, DEFAULT_SLOT_CAPACITY
-from spina import rows, wire
+from spina import rows, spec, wire
 from spina.config import JobConfig
 from spina.net import bind_retrying, grow_buffers
 
@@ -33,6 +34,7 @@ log = logging.getLogger("spina.softswitch")
 # pipeline (the reference, for comparison). Fault injection sits between the socket and the
 # pipeline: Python only. SERVE_BUDGET and serve()'s outcomes: softswitch/compiled.py.
 MAX_DATAPATH_THREADS = 64
+_RANK_AT = wire.FIELD_OFFSET["rank"]  # a contribution's sender: whose copy a reply is
 
 
 def shard_slot_groups(threads: int, nslots: int, slot_base: int = 0) -> tuple[int, ...]:
@@ -253,6 +255,7 @@ class UdpSwitch:
         # multicast group -> [(IPv4, UDP port)] of its replicas, derived from the tables
         # whenever they changed (Dataplane.version): no per-packet lookup of worker_rewrite.
         self._dest: dict[int, list[tuple[str, int]]] = {}
+        self._dest_ranks: dict[int, list[int]] = {}  # the rank of each of a group's _dest
         self._dest_version = -1
         self._servicer = None
         self._stop = threading.Event()
@@ -344,15 +347,16 @@ class UdpSwitch:
         """Each multicast group's destinations, from its replicas' worker_rewrite rows (the
         caller holds pipeline.lock)."""
         dp = self.dataplane
-        dest = {}
+        dest, ranks = {}, {}
         for grp, replicas in dp.mcast_groups.items():
-            out = []
+            out, rk = [], []
             for _port, rid in replicas:
                 rw = dp.worker_rewrite.get(rid)
                 if rw is not None:  # P4: a replica without a rewrite is dropped
                     out.append((socket.inet_ntoa(rw[1]), rw[2]))
-            dest[grp] = out
-        self._dest, self._dest_version = dest, dp.version
+                    rk.append(spec.rid_rank(rid))
+            dest[grp], ranks[grp] = out, rk
+        self._dest, self._dest_ranks, self._dest_version = dest, ranks, dp.version
 
     def _tables_now(self) -> tuple:
         dp, pipe = self.dataplane, self.pipeline
@@ -372,9 +376,10 @@ class UdpSwitch:
         dests, first = [], {}
 
         def place(grp: int) -> tuple[int, int]:
-            if grp not in first:
+            if grp not in first:  # (ip, port, rank): the rank for reduce-scatter's ScatterStrip
                 first[grp] = len(dests), len(self._dest.get(grp, ()))
-                dests.extend(self._dest.get(grp, ()))
+                dests.extend((*d, r) for d, r in zip(self._dest.get(grp, ()),
+                                                     self._dest_ranks.get(grp, ())))
             return first[grp]
 
         entries = core_entries(dp, UDP_MODE_PORT, place)
@@ -382,7 +387,7 @@ class UdpSwitch:
             if shard.compiled is None:
                 continue
             try:
-                shard.compiled.set_tables(entries, dests, pipe.hold_newer_rounds)
+                shard.compiled.set_tables(entries, dests, pipe.hold_newer_rounds, True)
             except (ValueError, TypeError, OverflowError) as e:
                 log.error("compiled data path: %s; the Python pipeline serves every packet", e)
                 shard.compiled.set_tables([], [], pipe.hold_newer_rounds)
@@ -486,21 +491,31 @@ class UdpSwitch:
                 for p, s in self.faults.arriving(bytes(view[:nbytes]), src, held):
                     self._process(p, s, out, out_view, shard)
 
-    def _route(self, pkt, src, out) -> tuple[int, tuple]:
-        """The Python pipeline on one datagram: (n, destinations) of the packet out[:n] that
-        leaves (n = 0: none). The caller holds pipeline.lock."""
+    def _route(self, pkt, src, out) -> tuple[int, tuple, tuple | None]:
+        """The Python pipeline on one datagram: (n, destinations, stripped) of the packet
+        out[:n] that leaves (n = 0: none); stripped: None, or (datagram, destinations) of a
+        reduce-scatter result's header-only copy for the ranks owning none of its blocks
+        (egress.scatter_strip). The caller holds pipeline.lock."""
         dp = self.dataplane
         if dp.version != self._dest_version:
             self._sync()
         n, to, key, grp = dp.roles.route_into(pkt, UDP_MODE_PORT, src, out)
         if not n:
-            return 0, ()
+            return 0, (), None
         # To the job's (local) workers, back to the sender, up to the slot's spine, or (an
         # all-gather packet) to every worker but its sender.
         if to == TO_OTHERS:
-            return n, tuple(d for d in self._dest.get(grp, ()) if d != src)
+            return n, tuple(d for d in self._dest.get(grp, ()) if d != src), None
+        owners = dp.roles.owners(pkt, out)
+        if owners and to == TO_GROUP:
+            dests, ranks = self._dest.get(grp, ()), self._dest_ranks.get(grp, ())
+            mine = tuple(d for d, r in zip(dests, ranks) if owners >> r & 1)
+            rest = tuple(d for d, r in zip(dests, ranks) if not owners >> r & 1)
+            return n, mine, (scatter_strip(out[:n]), rest) if rest else None
+        if owners and to == TO_SENDER and not owners >> pkt[_RANK_AT] & 1:
+            return n, (), (scatter_strip(out[:n]), (src,))
         return n, (tuple(self._dest.get(grp, ())) if to == TO_GROUP else (src,)
-                   if to == TO_SENDER else (key[1],))
+                   if to == TO_SENDER else (key[1],)), None
 
     def run_one(self, pkt, src) -> list[tuple[tuple[str, int], bytes]]:
         """One datagram from `src` through this switch's data path, without sockets: the
@@ -510,13 +525,15 @@ class UdpSwitch:
         with self.pipeline.lock:
             if self._compiled is not None:
                 self._sync_compiled()
-                n, to, dests = self._compiled.process(pkt, src, out)
+                n, to, dests, stripped = self._compiled.process(pkt, src, out)
                 if n >= 0:
+                    head = scatter_strip(out[:n]) if stripped else b""
                     return [(d, bytes(out[:n])) for d in (dests if to == TO_GROUP else [src])
-                            ] if n else []
+                            ] + [(d, head) for d in stripped] if n else []
                 self._shards[0].py["punted"] += 1
-            n, targets = self._route(pkt, src, out)
-        return [(d, bytes(out[:n])) for d in targets]
+            n, targets, stripped = self._route(pkt, src, out)
+        return [(d, bytes(out[:n])) for d in targets] + (
+            [(d, stripped[0]) for d in stripped[1]] if stripped else [])
 
     @property
     def punted(self) -> int:
@@ -526,13 +543,18 @@ class UdpSwitch:
     def _process(self, pkt, src, out: bytearray, out_view: memoryview, shard: _Shard) -> None:
         try:
             with self.pipeline.lock:
-                n, targets = self._route(pkt, src, out)
+                n, targets, stripped = self._route(pkt, src, out)
         except Exception:  # a bug must not take the switch down for every job
             log.exception("pipeline error on a packet from %s; dropped", src)
             return
-        if not n:
-            return
-        data = out_view[:n]
+        if n:
+            self._send(shard, out_view[:n], targets)
+        if stripped:
+            self._send(shard, *stripped)
+
+    def _send(self, shard: _Shard, data, targets) -> None:
+        """Send `data` to each of `targets` (the fault injector may lose a copy)."""
+        n = len(data)
         sock, counts, faults = shard.sock, shard.py, self.faults
         sendto = sock.sendto
         for dst in targets:

@@ -7,6 +7,9 @@ Every command is iproute2's (`ip`, `tc`) or a tool run inside a namespace (`sysc
 message in `.stderr`. A namespace `ns` is a name under /var/run/netns, a process id (the
 namespace that process lives in: a mininet host's), or None for the root namespace.
 
+`packet_socket` opens the raw socket of one port (a switch's, a test host's) that takes that
+interface's frames and no other's.
+
 `Network` records what a builder made and removes it all on close(), also when the build fails
 part way (`with net.building():`). A child process joins a namespace with `enter()` before it
 opens a socket. Needs root.
@@ -22,6 +25,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import threading
 
@@ -273,20 +277,21 @@ class Network:
         self.close()
 
 
-def port_host(net: Network, ns: str, port: str, cidr: str, mac: str,
-              neighbours: dict[str, str]) -> None:
-    """Host namespace `ns` on a switch port: eth0 (`mac`, address `cidr`, static ARP for
-    `neighbours`, ip -> mac, checksum offload off) on a veth whose other end `port` stays in
-    the root namespace, up with IPv6 off, for a switch process there (raw sockets)."""
-    net.namespace(ns)
-    net.veth(port, "eth0", b_ns=ns)
-    set_link("eth0", ns, address=mac)
-    add_addr("eth0", cidr, ns)
-    for addr, lladdr in neighbours.items():
-        static_arp("eth0", addr, lladdr, ns)
-    offload_off("eth0", ns)
-    no_ipv6(port)
-    set_link(port)
+ETH_P_ALL = 0x0003  # every protocol: a switch port's or a test host's raw socket
+
+
+def packet_socket(ifname: str) -> socket.socket:
+    """An AF_PACKET raw socket that receives every frame of `ifname` and of no other interface:
+    opened with protocol 0 (it takes nothing) and given ETH_P_ALL when bound. One opened with
+    ETH_P_ALL takes every interface's frames until bind(), and keeps them queued: another
+    run's, on a shared machine."""
+    s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
+    try:
+        s.bind((ifname, ETH_P_ALL))  # (Python puts the protocol in network order itself)
+    except OSError:
+        s.close()
+        raise
+    return s
 
 
 def leftover_namespaces(tag: str) -> list[str]:

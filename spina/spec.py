@@ -259,6 +259,12 @@ def rid(job: int, rank: int) -> int:
     return job * wire.MAX_WORKERS + rank + 1
 
 
+def rid_rank(rid: int) -> int:
+    """The rank whose copy replication id `rid` is (rid's low 5 bits, less one: P4 reads them
+    as a bit slice of egress_rid)."""
+    return (rid - 1) % wire.MAX_WORKERS
+
+
 MAX_JOB_ID = (1 << 16) // wire.MAX_WORKERS - 2  # rid(MAX_JOB_ID, 31) fits egress_rid (16 bits)
 
 

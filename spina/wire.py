@@ -54,7 +54,9 @@ VERSION = 1
 DEFAULT_UDP_PORT = 47000
 
 # Message types.
-MSG_CONTRIB = 1  # a worker's contribution to one round of one slot
+MSG_CONTRIB = 1  # a worker's contribution to one round of one slot; its bitmap: 0 (all-reduce)
+                 # or the ranks owning the round's blocks (reduce-scatter: the switch strips
+                 # the data of the others' copies; docs/protocol.md "Reduce-scatter")
 MSG_RESULT = 2   # the switch's aggregate for that round (multicast, or unicast to a resend)
 MSG_STATUS = 3   # the switch's answer to a resend for a round that is still incomplete
 MSG_GATHER = 4   # all-gather: a chunk of the sender's shard (bitmap 0) or a request for chunks

@@ -198,13 +198,18 @@ def main() -> int:
     start-up here); this process is rank 0 and waits for the others. A rank dies with it."""
     world, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     switch = [int(v) for v in sys.argv[4].split(",")] if len(sys.argv) > 4 else None
-    import ctypes
-    import signal
-    import traceback
-
     import torch.distributed  # before the fork: imported once for all ranks
     if world == 4:  # DDP's constructor loads torch._dynamo: seconds of CPU
         import torch._dynamo  # noqa: F401
+    return fork_ranks(world, lambda rank: run_rank(rank, world, port, out, switch))
+
+
+def fork_ranks(world: int, run) -> int:
+    """run(rank) in this process as rank 0 and in a forked child for each other rank (a child
+    dies with this process); waits for them all. 1 if any rank failed."""
+    import ctypes
+    import signal
+    import traceback
     children = []
     for rank in range(1, world):
         pid = os.fork()
@@ -212,7 +217,7 @@ def main() -> int:
             code = 1
             try:
                 ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-                run_rank(rank, world, port, out, switch)
+                run(rank)
                 code = 0
             except BaseException:
                 traceback.print_exc()
@@ -222,7 +227,7 @@ def main() -> int:
                 os._exit(code)
         children.append(pid)
     try:
-        run_rank(0, world, port, out, switch)
+        run(0)
     finally:
         failed = [pid for pid in children if os.waitpid(pid, 0)[1] != 0]
     return 1 if failed else 0

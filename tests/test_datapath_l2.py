@@ -195,9 +195,8 @@ def _through_sockets(datapath: str, seed: int, n: int = 2400) -> tuple[L2Switch,
                     netns.no_ipv6(i)  # no router solicitations on the ports
                     netns.set_link(i)
         for p, ifc in host_if.items():
-            socks[p] = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
+            socks[p] = netns.packet_socket(ifc)  # its frames only: not another run's
             socks[p].setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 24)
-            socks[p].bind((ifc, 0))
             socks[p].setblocking(False)
         dp = Dataplane(pool_slots=16, slot_capacity=64, datapath=datapath)
         program(dp)

@@ -8,7 +8,6 @@ targets); the last test here runs a real L2Switch over veth pairs (root).
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -248,19 +247,17 @@ def test_dataplane_port_shaper_runs_egress_at_transmission():
 # ------------------------------------------------------------------ a real L2Switch
 @pytest.fixture
 def veth_pair_ports(veth_pairs):
-    """Two veth pairs in this namespace: switch side sqe1s/sqe2s, host side sqe1h/sqe2h."""
+    """Two veth pairs in this namespace: switch side <tag>1s/<tag>2s, host side <tag>1h/<tag>2h
+    (the tag this process's: two runs on one machine do not share interfaces)."""
+    tag = netns.unique_tag("sqe")
     for p in (1, 2):
-        netns.ip("link", "del", f"sqe{p}s", check=False)  # a killed run's
-        veth_pairs(f"sqe{p}s", f"sqe{p}h")
-    return {1: "sqe1s", 2: "sqe2s"}, {1: "sqe1h", 2: "sqe2h"}
+        veth_pairs(f"{tag}{p}s", f"{tag}{p}h")
+    return {p: f"{tag}{p}s" for p in (1, 2)}, {p: f"{tag}{p}h" for p in (1, 2)}
 
 
 def _paced_arrivals(host_ifs, dst: bytes, n: int = 3) -> list[float]:
     """Send n frames to `dst` on host port 1; when each arrived on host port 2."""
-    tx = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
-    tx.bind((host_ifs[1], 0))
-    rx = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
-    rx.bind((host_ifs[2], 0))
+    tx, rx = netns.packet_socket(host_ifs[1]), netns.packet_socket(host_ifs[2])
     rx.settimeout(5.0)
     frames = [dst + bytes.fromhex("020000000001") + b"\x88\xb5" + bytes([i]) * 50 for i in range(n)]
     try:

@@ -91,8 +91,11 @@
 #define NLANES 1
 
 // The recirculation port of each pipe (Tofino 1: local port 68; the pipe is port[8:7]). A
-// packet arriving there carries a harvest header in front of its Ethernet header.
+// packet arriving there carries a harvest header in front of its Ethernet header. The Tofino 2
+// profile (spina_t2na_roles.p4) defines its own before this file.
+#ifndef RECIRC_PORT
 #define RECIRC_PORT 68
+#endif
 #define RECIRC_PORT_MASK 0x7f
 
 // Ranks per job: slot_bitmap is 32 bits; rank -> bit is a const table (no variable shift).

@@ -9,6 +9,8 @@ torch.distributed.algorithms.ddp_comm_hooks), every hook named by one registry:
     overlap.py     overlap_hook of PriorityOverlap: the next forward pass overlaps the
                    last step's communication, sent in priority order (PrioritySender)
     collective.py  collective_allreduce_hook: one of collectives.ALGORITHMS over gloo
+    fsdp.py        shard_on_spina: an FSDP2 model's all-gather and reduce-scatter through
+                   SpINA (FSDP's custom collectives, not a DDP hook)
     registry.py    HOOKS (name -> hook and state) and register_from_job (the hook a job
                    file's "communication" section names, built and registered)
     common.py      what the families share (HookCounters, sum_async, hook_future, fail,
@@ -37,6 +39,8 @@ _MODULES = {
     "overlap": ("PrioritySender", "PriorityOverlap", "overlap_hook", "TraceEvent", "lane_span",
                 "slot_exponents", "ORDERS", "DEFAULT_CHUNK"),
     "collective": ("CollectiveHookState", "collective_allreduce_hook"),
+    "fsdp": ("FSDPCounters", "SpinaAllGather", "SpinaReduceScatter", "fsdp_modules",
+             "shard_on_spina"),
     "registry": ("HOOKS", "HookType", "RegisteredHook", "communication_of", "hook_for",
                  "register_from_job"),
     "common": ("HookCounters", "processes_summed", "sum_async", "hook_future", "fail",

@@ -1,0 +1,244 @@
+"""The Tofino 1 program pass by pass, byte for byte (tests/tna_pass.py), against the passes'
+composition in tests/tna_model.py.
+
+Run just this file: python -m pytest tests/test_tna_testgen.py
+
+tests/tna_pass.py runs one frame through one pass of the pipe (parsers, controls, deparsers,
+the bridged and harvest headers, block_e in front): the grain of P4Testgen's tests. Chained
+through the recirculation port, its passes must give what TnaModel.process_frame gives for the
+whole packet: the same UDP payloads out (and where), counters and register cells after every
+frame.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+
+from spina import wire
+from tests.test_p4_model import JOB, PORT, SWITCH_IP, frame, src
+from tests.test_tna_model import scenario
+from tests.tna_model import INA_OFF, TnaModel
+from tests.tna_pass import IPV4, TnaPipe, ipv4_checksum, unpack
+
+MCAST_GRP = 7
+
+
+def _admitted(nworkers: int) -> tuple[TnaPipe, TnaModel]:
+    """The job of tests/test_tna_model.py admitted in a pipe and in a model of its own, with a
+    multicast group whose replicas go back to the ranks' ports (replication id rank + 1)."""
+    pipe, model = TnaPipe(), TnaModel()
+    pipe.ina_endpoint.add(int.from_bytes(socket.inet_aton(SWITCH_IP), "big"))
+    for r in range(nworkers):
+        entry = dict(epoch=1, slot_base=0, nslots=2, nworkers=nworkers, block_size=64, nlanes=1,
+                     mcast_grp=MCAST_GRP)
+        pipe.model.admission[(PORT, src(r), JOB, r)] = entry
+        model.admission[(PORT, src(r), JOB, r)] = entry
+        ip = int.from_bytes(socket.inet_aton(src(r)[0]), "big")
+        pipe.worker_rewrite[r + 1] = (0x020000000000 + r, ip, src(r)[1])
+    return pipe, model
+
+
+def _leaving(pipe: TnaPipe, port: int, f: bytes, nworkers: int) -> list[tuple[bytes, bool]]:
+    """What leaves the pipe for frame `f` from `port`, as TnaModel.process_frame says it:
+    (UDP payload, multicast); every replica of a multicast result goes through egress."""
+    out = []
+    for o in pipe.forward(port, f):
+        frames = ([pipe.egress_pass(o.frame, PORT, egress_rid=r + 1).frame
+                   for r in range(nworkers)] if o.mcast_grp else [o.frame])
+        for fr in frames:
+            ip = unpack(IPV4, fr[14:34])
+            assert ip["hdr_checksum"] == ipv4_checksum(ip)
+        udp_len = int.from_bytes(frames[0][INA_OFF - 4:INA_OFF - 2], "big")
+        payloads = {fr[INA_OFF:INA_OFF + udp_len - 8] for fr in frames}
+        assert len(payloads) == 1  # replicas differ in their addresses only
+        out.append((payloads.pop(), bool(o.mcast_grp)))
+    return out
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenario())
+def test_the_passes_compose_to_the_model(sc):
+    """Random contributions (tests/test_tna_model.py's scenarios) as frames: the chained passes
+    send what the model sends, and leave the same counters and register cells."""
+    nworkers, packets = sc
+    pipe, model = _admitted(nworkers)
+    for rank, pkt in packets:
+        f = frame(rank, pkt, 8 + len(pkt))
+        want = model.process_frame(f, PORT)
+        assert _leaving(pipe, PORT, f, nworkers) == want
+        assert pipe.model.counters == model.counters
+        assert pipe.model.reg == model.reg
+
+
+def test_a_reply_goes_round_twice_with_its_block_in_front():
+    """A one-worker round: the first pass leaves towards the recirculation port with the
+    harvest header and block_e (the egress pairs' sums) in front, the second with the high
+    halves read, the third sends the result to the job's group."""
+    pipe, _ = _admitted(1)
+    data = np.arange(64, dtype=np.int32).reshape(1, 64) + 1000
+    pkt = wire.pack(wire.Header(msg_type=wire.MSG_CONTRIB, job=JOB, epoch=1, slot=1, rank=0,
+                                nlanes=1, round=3, length=5, block_size=64, present=1,
+                                flags=wire.FLAG_LAST), [9], data)
+    first = pipe.run(PORT, frame(0, pkt, 8 + len(pkt)))
+    assert first.port == 68
+    assert first.frame[:6] == bytes([0, 1, 0, PORT, 0, MCAST_GRP])  # harvest: block, port, grp
+    assert first.frame[6:6 + 120] == data[0, :30].astype(">i4").tobytes()
+    second = pipe.run(68, first.frame)
+    assert second.port == 68 and second.frame[:2] == bytes([1, 1])  # last, block
+    third = pipe.run(68, second.frame)
+    assert (third.port, third.mcast_grp) == (None, MCAST_GRP)
+
+
+# ---------------------------------------------------------------- P4Testgen's fixtures
+def _configured(t: dict) -> TnaPipe:
+    """A pipe with the fixture's table entries, default actions and register cells."""
+    pipe = TnaPipe()
+    m = pipe.model
+    for e in t["entries"]:
+        k, p, table, action = e["keys"], e["params"], e["table"], e["action"]
+        if table == "ina_endpoint":
+            pipe.ina_endpoint.add(k["dst_addr"])
+        elif table == "admission" and action == "admit":
+            src_ip = socket.inet_ntoa(k["src_addr"].to_bytes(4, "big"))
+            m.admission[(k["ingress_port"], (src_ip, k["src_port"]), k["job"], k["rank"])] = p
+        elif table == "admission":  # reject: as no entry
+            continue
+        elif table == "l2":
+            pipe.l2[k["dst_mac"]] = p["port"]
+        elif table == "ipv4_routes":
+            pipe.ipv4_routes.append((*k["dst_addr"], action, p))
+        elif table == "worker_rewrite":
+            pipe.worker_rewrite[k["rid"]] = (p["dst_mac"], p["dst_addr"], p["dst_port"])
+        elif table == "congestion":
+            m.congestion[k["job"]] = (p["qdepth"], p["bound"])
+        else:
+            raise AssertionError(f"{t['name']}: an entry of table {table} the replay cannot set")
+    for d in t["defaults"]:
+        assert d["table"] == "ipv4_routes", d
+        pipe.ipv4_default = (d["action"], d["params"])
+    for r in t["registers"]:
+        m.reg[r["name"]][r["index"]] = tuple(r["value"]) if isinstance(r["value"], list) \
+            else r["value"]
+    return pipe
+
+
+def _replayed(t: dict) -> str | None:
+    """Why the pass's output differs from the fixture's expectation, or None."""
+    out = _configured(t).run(t["port"], bytes.fromhex(t["frame"]))
+    want = t["expect"]
+    if want is None:
+        return None if out.port is None else f"expected nothing, got port {out.port}"
+    if out.port != want["port"]:
+        return f"expected port {want['port']}, got {out.port}"
+    exp, care = bytes.fromhex(want["frame"]), bytes.fromhex(want["care"])
+    if len(out.frame) != len(exp):
+        return f"expected {len(exp)} bytes, got {len(out.frame)}"
+    bad = [i for i, (a, b, c) in enumerate(zip(out.frame, exp, care)) if (a ^ b) & c]
+    return f"bytes differ at {bad[:8]}" if bad else None
+
+
+# A PTF test class in the shape P4Testgen's Tofino target writes (its test_backend/ptf.cpp
+# template), made by hand to pin the converter and the replay: a contribution of rank 0 of a
+# two-worker job, held (nothing leaves), and a forwarded frame routed out of port 9.
+_PTF = '''
+class Test0(AbstractTest):
+    # Current statement coverage: 0.25
+    def setupCtrlPlane(self):
+        self.setRegisterValue('pipe.SpinaIngress.aggregator_ctl.slot_round', 0x00000002, 0x0003)
+        self.setRegisterValue('pipe.SpinaIngress.aggregator_ctl.slot_values_l0_p20',
+                              [('slot_values_l0_p20.lo', 0x5), ('slot_values_l0_p20.hi', 0x6)], 3)
+        # Table SpinaIngress.ina_endpoint_ctl.ina_endpoint
+        self.insertTableEntry(
+            'pipe.SpinaIngress.ina_endpoint_ctl.ina_endpoint',
+            [gc.KeyTuple('dst_addr', 0x0a000064)], 'SpinaIngress.ina_endpoint_ctl.accept_ina', [])
+        self.insertTableEntry(
+            'pipe.SpinaIngress.admission_ctl.admission',
+            [gc.KeyTuple('ingress_port', 0x003), gc.KeyTuple('src_addr', 0x0a000001),
+             gc.KeyTuple('src_port', 0x1388), gc.KeyTuple('job', 0x0007),
+             gc.KeyTuple('rank', 0x00)],
+            'SpinaIngress.admission_ctl.admit',
+            [gc.DataTuple('epoch', 0x0001), gc.DataTuple('slot_base', 0x0000),
+             gc.DataTuple('nslots', 0x0004), gc.DataTuple('nworkers', 0x02),
+             gc.DataTuple('block_size', 0x0040), gc.DataTuple('nlanes', 0x01),
+             gc.DataTuple('mcast_grp', 0x0003)])
+
+    def sendPacket(self):
+        ig_port = 3
+        pkt = b'%s'
+        send_packet(self, ig_port, pkt)
+
+    def verifyPackets(self):
+        pass
+
+
+class Test1(AbstractTest):
+    # Current statement coverage: 0.3
+    def setupCtrlPlane(self):
+        self.insertTableEntry(
+            'pipe.SpinaIngress.forwarding_ctl.ipv4_routes',
+            [gc.KeyTuple('dst_addr', 0x0a000000, prefix_len=8)],
+            'SpinaIngress.forwarding_ctl.route',
+            [gc.DataTuple('port', 0x009), gc.DataTuple('src_mac', 0x1),
+             gc.DataTuple('dst_mac', 0x2)])
+
+    def sendPacket(self):
+        ig_port = 4
+        pkt = b'%s'
+        send_packet(self, ig_port, pkt)
+
+    def verifyPackets(self):
+        eg_port = 9
+        exp_pkt = b'%s'
+        exp_pkt = Mask(exp_pkt)
+        exp_pkt.set_do_not_care(192, 16)
+        verify_packet(self, exp_pkt, eg_port)
+'''
+
+
+def _hex_escaped(data: bytes) -> str:
+    return "".join(f"\\x{b:02x}" for b in data)
+
+
+def test_a_ptf_file_becomes_fixtures_that_replay(tmp_path):
+    """scripts/testgen_fixtures.py reads P4Testgen's PTF shape (entries, struct register cells,
+    masks) into fixtures, and the replay sets the tables and cells they name: the held
+    contribution leaves nothing (and its pair cell took the packet's elements 40 and 41 onto
+    [5, 6]), the routed frame leaves port 9 with its TTL less one."""
+    from scripts.testgen_fixtures import main
+    data = np.arange(64, dtype=np.int32).reshape(1, 64)
+    pkt = wire.pack(wire.Header(msg_type=wire.MSG_CONTRIB, job=7, epoch=1, slot=1, rank=0,
+                                nlanes=1, round=3, length=5, block_size=64, present=1), [9], data)
+    held = frame(0, pkt, 8 + len(pkt))
+    routed = frame(1, b"x" * 30, 38)
+    expected = bytearray(routed)
+    expected[:12] = (2).to_bytes(6, "big") + (1).to_bytes(6, "big")
+    expected[22] -= 1  # TTL; the checksum (bytes 24-25) is not compared
+    ptf = tmp_path / "spina_tna.py"
+    ptf.write_text(_PTF % (_hex_escaped(held), _hex_escaped(routed), _hex_escaped(expected)))
+    cmd = tmp_path / "command"
+    cmd.write_text("p4testgen 1.2.5.16\np4testgen --target tofino ...\n")
+    out = tmp_path / "fixtures.json"
+    with out.open("w") as f, contextlib.redirect_stdout(f):
+        assert main([str(ptf), str(cmd)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["generator"] == ["p4testgen 1.2.5.16", "p4testgen --target tofino ..."]
+    t0, t1 = doc["tests"]
+    assert (t0["name"], t0["coverage"], t0["port"], t0["expect"]) == ("Test0", 0.25, 3, None)
+    assert t0["registers"] == [{"name": "slot_round", "index": 3, "value": 2},
+                               {"name": "slot_values_l0_p20", "index": 3, "value": [5, 6]}]
+    assert [e["table"] for e in t0["entries"]] == ["ina_endpoint", "admission"]
+    assert t0["entries"][1]["params"]["mcast_grp"] == 3
+    assert t1["entries"][0]["keys"] == {"dst_addr": [0x0A000000, 8]}
+    care = bytes.fromhex(t1["expect"]["care"])
+    assert care[22:26] == b"\xff\xff\x00\x00" and t1["expect"]["port"] == 9
+    assert [_replayed(t) for t in (t0, t1)] == [None, None]
+    unrouted = dict(t1, expect=dict(t1["expect"], frame=routed.hex()))  # MACs and TTL as sent
+    assert _replayed(unrouted) == "bytes differ at [0, 1, 2, 3, 4, 6, 7, 8]"
+    pipe = _configured(t0)
+    pipe.run(t0["port"], bytes.fromhex(t0["frame"]))
+    assert pipe.model.reg["slot_values_l0_p20"][3] == (40, 41)  # a newer round: SET
+    assert pipe.model.reg["slot_round"][3] == 3
