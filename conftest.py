@@ -24,6 +24,7 @@ MODULES = {
         bmv2_tests/test_admission.py bmv2_tests/test_aggregation.py bmv2_tests/test_bmv2_client.py
         bmv2_tests/test_egress_rewrite.py bmv2_tests/test_fabric.py bmv2_tests/test_forwarding.py
         bmv2_tests/test_gather.py bmv2_tests/test_lanes.py bmv2_tests/test_priority.py
+        bmv2_tests/test_scatter.py
         tests/test_agent_datapath.py tests/test_agent_refused.py tests/test_allgather.py
         tests/test_allreduce.py tests/test_bad_input.py tests/test_bench.py tests/test_bits.py
         tests/test_capture.py tests/test_collectives.py tests/test_comm_hooks.py

@@ -79,6 +79,30 @@ def test_all_reduce_loopback(tmp_path):
     assert (out / "plot.png").stat().st_size > 0
 
 
+def test_reduce_scatter_loopback(tmp_path):
+    """reduce_scatter on loopback, 2 ranks, 64 KiB dense and 1%: a row per point and method,
+    every shard checked (#wrong 0), busbw = algbw x (n-1)/n, gloo's bytes its all-reduce
+    ring's (2(n-1)/n), SpINA's measured: at 1% far below the tensor each way."""
+    out = tmp_path / "rs"
+    done = bench("reduce_scatter", "-b", "64K", "-e", "64K", "-d", "1,0.01", "-g", "2",
+                 "-n", "2", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    rows = check_common(out, "reduce_scatter", 2 * 2)
+    by = {(float(r["density"]), r["method"]): r for r in rows}
+    for r in rows:
+        algbw = float(r["algbw_GBps"])
+        assert float(r["busbw_GBps"]) == pytest.approx(algbw / 2, rel=2e-3)
+        assert r["shard_bytes"] == "32768" and r["rate"] == ""
+    gloo = by[1.0, "gloo"]
+    assert (gloo["bytes_per_link"], gloo["rx_bytes_per_link"]) == ("65536", "65536")
+    assert gloo["bytes_source"] == "model" and gloo["vs_gloo"] == ""
+    sparse = by[0.01, "spina"]
+    assert sparse["bytes_source"] == "measured" and float(sparse["vs_gloo"]) > 0
+    assert 0 < int(sparse["bytes_per_link"]) < 65536 // 4
+    assert 0 < int(sparse["rx_bytes_per_link"]) < 65536 // 4
+    assert int(by[1.0, "spina"]["bytes_per_link"]) > 65536  # dense: the whole tensor up
+
+
 def test_bad_input_is_one_line(tmp_path):
     """Unknown WHAT, method or size, -e below -b, a topology that is not a star: exit 2, one
     line naming the option; nothing written."""

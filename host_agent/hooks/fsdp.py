@@ -149,7 +149,8 @@ class SpinaReduceScatter(_Alloc, ReduceScatter):
         if (name not in _CARRIED_OPS or input_tensor.dtype not in _SUMMED
                 or not hasattr(self.agent, "reduce_scatter")):
             self.counters.add(gloo_calls=1)
-            dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group)
+            dist.reduce_scatter_single(output=output_tensor, input=input_tensor, op=op,
+                                       group=group)
             return None
         t0 = time.perf_counter()
         grad = input_tensor.detach().reshape(-1).to(torch.float32).numpy()
