@@ -299,14 +299,14 @@ class _Call:
             self.narrow = narrow.NumpyRounds(job, rank, call_id, self.lane_bits, flat, self.out,
                                              residual, self.pos_ext, self.nonfinite,
                                              self.next_end)
-        if compiled and self.keys_ext is None and self.classes.droppable is None \
-                and owners is None:
+        if compiled and self.keys_ext is None and self.classes.droppable is None:
             rec = self.recovery
             self.compiled = (self.slots, self.stats, rec, rec.rtt, rec.flying, rec.rack,
                              rec.rtt.group_srtt, rounds, flat, self.out, self.pos_ext,
                              self.nonfinite, k, B, integer, self.next_end,
                              self.classes.priority, self.outbox, self.bufs, self.width_flag,
-                             self.draws, self.residual)
+                             self.draws, self.residual,
+                             None if owners is None else (owners.n, owners.chunk, B))
 
     def _scan(self, blocks: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The blocks this worker sends (ascending), their largest |x| as bits (floats), and
