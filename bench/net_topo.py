@@ -188,7 +188,14 @@ class Graph(netns.Network):
 
     def _prefix(self, i: int, node: str) -> int:
         on = self._segment_end(i, node)
-        return 24 if on is None else self.topo.segments[on[0]].subnet.prefixlen
+        return 24 if on is None else self.topo.segment_prefix(on[0])
+
+    def _gateway_of(self, i: int, node: str) -> str | None:
+        """The gateway's address for `node` when link i puts it on a gateway leaf's port."""
+        on = self._segment_end(i, node)
+        if on is None or self.topo.segments[on[0]].gateway in (None, node):
+            return None
+        return str(self.topo.port_net(*on).network_address + 1)
 
     def node_ip(self, node: str) -> str | None:
         """The address of a host or switch: the one on its first link (a segment switch's:
@@ -221,10 +228,12 @@ class Graph(netns.Network):
             for end in (ln.a, ln.b):
                 yield self.ns(end), self.ifname(i, end)
 
-    def set_rate(self, rate: str) -> None:
-        """Every link at `rate` instead of the file's (tbf's bucket: the link's burst, or
-        tbf_params' if that is larger at this rate)."""
+    def set_rate(self, rate: str, links=None) -> None:
+        """Every link (or those of index in `links`) at `rate` instead of the file's (tbf's
+        bucket: the link's burst, or tbf_params' if that is larger at this rate)."""
         for i, ln in enumerate(self.topo.links):
+            if links is not None and i not in links:
+                continue
             burst = max(ln.burst, tbf_params(rate, self.topo.mtu)["burst"])
             for end in (ln.a, ln.b):
                 netns.tbf(self.ifname(i, end), rate, burst, self.queue_ms, self.ns(end))
@@ -259,9 +268,13 @@ class Graph(netns.Network):
             for node in routed:
                 if node in self.at:
                     continue  # a namespace someone else made and set
+                # no redirects: a gateway sends its leaf's traffic back out of the port it
+                # came in by, and its nodes must keep going through it
                 netns.sysctl(self.namespace(self.ns(node)), "net.ipv4.ip_forward=1",
                              "net.ipv4.conf.all.rp_filter=0",
                              "net.ipv4.conf.default.rp_filter=0",
+                             "net.ipv4.conf.all.send_redirects=0",
+                             "net.ipv4.conf.default.send_redirects=0",
                              "net.ipv4.tcp_congestion_control=reno")
             for s, seg in t.segments.items():
                 if not seg.root:
@@ -302,8 +315,12 @@ class Graph(netns.Network):
         netns.set_link(ifc, ns, mtu=t.mtu, address=self.mac(i, end),
                        master=self._bridge(end) if seg is not None and seg.kind == "bridge"
                        else None)
-        addr = self._addr(i, end)
-        if addr is not None:
+        on = self._segment_end(i, end)
+        if on is not None and t.segments[on[0]].gateway == end:
+            addrs = t.gateway_addresses(on[0])  # one per port of the leaf: all on this one
+        else:
+            addrs = [a for a in (self._addr(i, end),) if a is not None]
+        for addr in addrs:
             netns.add_addr(ifc, f"{addr}/{self._prefix(i, end)}", ns)
         if l2 is not None and l2.kind == "l2":
             # a raw-socket switch must see MTU-sized frames with their checksums
@@ -312,23 +329,35 @@ class Graph(netns.Network):
 
     def _neighbours(self, switch: str, seg) -> None:
         """Static neighbours on a segment: every node on a port knows the addresses and MACs
-        of the others and of the switch itself (no ARP crosses an L2 switch)."""
-        known = [(self.topo.segment_address(switch, p), self.topo.segment_mac(switch, p), p)
-                 for p in self.topo.ports(switch)]
+        of the others and of the switch itself (no ARP crosses an L2 switch); on a gateway's
+        leaf, a node knows the gateway at its .1 (and its default route goes there), the
+        gateway every node."""
+        t = self.topo
+        known = [(t.segment_address(switch, p), t.segment_mac(switch, p), p, node)
+                 for p, (_, node) in t.ports(switch).items()]
         if seg.address is not None:
-            known.append((seg.address, seg.mac, None))
-        for p, (i, node) in self.topo.ports(switch).items():
-            if node in self.topo.segments:
+            known.append((seg.address, seg.mac, None, None))
+        gw = {node: mac for _, mac, _, node in known if node == seg.gateway}
+        for p, (i, node) in t.ports(switch).items():
+            if node in t.segments:
                 continue
-            for addr, mac, q in known:
+            ifc, ns = self.ifname(i, node), self.ns(node)
+            if seg.gateway is not None and node != seg.gateway:
+                via = self._gateway_of(i, node)
+                if gw[seg.gateway] is not None:
+                    netns.static_arp(ifc, via, gw[seg.gateway], ns, replace=True)
+                netns.add_route("default", ns, via=via, dev=ifc, replace=True)
+                continue
+            for addr, mac, q, _ in known:
                 if addr is not None and mac is not None and q != p:
-                    netns.static_arp(self.ifname(i, node), addr, mac, self.ns(node),
-                                     replace=True)
+                    netns.static_arp(ifc, addr, mac, ns, replace=True)
 
     def _add_route(self, node: str, host: str) -> None:
         """A /32 route at `node` to `host` along the topology's route, via the first IP node
         on the way (segment switches are crossed, not routed by)."""
         nb, (i, _) = self.topo.next_hop(node, host)
+        if self._gateway_of(i, node) is not None:
+            return  # on a gateway's leaf: its default route goes there
         via, j = nb, i
         while via in self.topo.segments:
             via, (j, _) = self.topo.next_hop(via, host)
