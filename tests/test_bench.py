@@ -449,7 +449,8 @@ def test_training_on_a_star(tmp_path):
     out = tmp_path / "train"
     done = bench_netns("training", "-t", str(star_file(tmp_path, 2)), "-g", "2", "--rates",
                        "1gbit", "-b", str(4 * params), "-e", str(4 * params), "--max-steps",
-                       "4", "--min-steps", "4", "--out", str(out))
+                       "4", "--min-steps", "4", "--methods", ",".join(METHODS), "--out",
+                       str(out))
     assert done.returncode == 0, done.stderr
     rows = {r["method"]: r for r in check_common(out, "training", len(METHODS))}
     assert sorted(rows) == sorted(METHODS)
@@ -461,12 +462,13 @@ def test_training_on_a_star(tmp_path):
     # 2 ranks: the ring sends 2(n-1)/n = one gradient per step, SpINA each non-zero block
     # once, top-k 5% of the blocks; headers on top, and what was sent again: the agents'
     # resends (a datagram of up to 57 KB each) and TCP's retransmits
-    spare = (int(rows["spina"]["resends"]) + int(rows["topk"]["resends"])) * 58_000 / 4
+    spare = sum(int(rows[m]["resends"]) for m in ("spina", "topk", "losscomp")) * 58_000 / 4
     tcp = int(rows["gloo"]["tcp_retrans"]) * 66_000 / 4
     tx = {m: int(r["bytes_per_link"]) for m, r in rows.items()}
     assert 0.99 * size <= tx["gloo"] < 1.2 * size + tcp, (tx, rows["gloo"])
     assert 0.5 * size < tx["spina"] < 1.2 * size + spare, (tx, rows["spina"])
     assert 0 < tx["topk"] < 0.2 * size + spare, (tx, rows["topk"])
+    assert 0 < tx["losscomp"] < 0.2 * size + spare, (tx, rows["losscomp"])
     # what the torch hooks handed to gloo per step, and the ring's bytes for it (2 ranks:
     # once), a few hundred bytes of headers per message on top (PowerSGD: 3 all-reduces)
     sent = {m: int(r["allreduced_bytes_per_step"]) for m, r in rows.items()
@@ -492,6 +494,8 @@ def test_training_on_a_star(tmp_path):
         assert 0.99 * sent[m] <= tx[m] < 1.2 * sent[m] + tcp + 3000, (m, tx[m], sent[m])
     assert tx["compute"] < 1000  # nothing but a stray ACK of the step before
     assert 0.05 <= float(rows["topk"]["blocks_fraction"]) < 0.06, rows["topk"]
+    # LossComp's ratio held at --ratio by the defaults' rule: the same k blocks per bucket
+    assert rows["losscomp"]["blocks_fraction"] == rows["topk"]["blocks_fraction"]
     assert rows["gloo"]["vs_gloo"] == "" and float(rows["spina"]["vs_gloo"]) > 0
     with open(out / "curves.csv", newline="") as f:
         reader = csv.DictReader(f)
@@ -536,3 +540,28 @@ def test_training_time_to_target_and_wrong_weights():
            dict(gloo=rec(7, [90.0, 95.0]), params=10)]
     (row,), _ = make_rows(bad, req, point, "training", "0-0", {})
     assert row["wrong"] == 2
+
+
+def test_training_model_families():
+    """Each --model family's parameter formula counts its module's parameters, width_for
+    inverts it (the nearest width), and the sequence task is what its docstring says: 6
+    tokens of the class, 3 of another, the same data for a seed."""
+    import torch
+
+    from bench.train_models import FAMILIES, SEQ_LEN, SIGNAL, sequences
+    for f in FAMILIES.values():
+        for w in (f.min_width, f.min_width + 37):
+            assert f.params(w) == sum(p.numel() for p in f.build(w).parameters()), f.name
+        w = f.width_for(12_200_000)
+        assert f.params(w) >= 3_000_000, f.name  # the issue's "at least 3M"
+        assert abs(4 * f.params(w) - 12_200_000) <= abs(4 * f.params(w + 1) - 12_200_000)
+        assert abs(4 * f.params(w) - 12_200_000) <= abs(4 * f.params(w - 1) - 12_200_000)
+    assert FAMILIES["mlp"].width_for(4 * 70410) == 64
+    xtr, ytr, xte, yte = sequences(3, 5000)
+    assert xtr.shape == (20_000, SEQ_LEN) and xte.shape == (1_000, SEQ_LEN)
+    assert int(xtr.min()) >= 0 and int(xtr.max()) < 5000
+    signal = xtr < SIGNAL
+    assert (signal.sum(1) == 9).all()
+    same = ((xtr % 10 == ytr[:, None]) & signal).sum(1)
+    assert (same == 6).all()
+    assert torch.equal(sequences(3, 5000)[0], xtr) and not torch.equal(sequences(4, 5000)[0], xtr)
