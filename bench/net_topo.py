@@ -79,24 +79,26 @@ def kernel_losses_total(pids) -> dict:
     return out
 
 
-def link_ifnames(topo: Topology, tag: str = "",
-                 prefix: str = "eth") -> dict[tuple[int, str], str]:
+def link_ifnames(topo: Topology, tag: str = "", prefix: str = "eth",
+                 in_root: frozenset = frozenset()) -> dict[tuple[int, str], str]:
     """{(link index, node): interface}: eth<k> (`prefix`<k>) for a node's k-th link in file
-    order; a
-    segment switch's port p: p<p>, or <tag>s<j>p<p> in the root namespace (j: the switch's
-    index in the file; names there must be unique on the machine)."""
+    order; a segment switch's port p: p<p>, or <tag>s<j>p<p> in the root namespace (j: the
+    switch's index in the file; names there must be unique on the machine); a host in the
+    root namespace (`in_root`): <tag><host>e<k>."""
     out: dict[tuple[int, str], str] = {}
     count: dict[str, int] = {}
     for i, ln in enumerate(topo.links):
         for end in (ln.a, ln.b):
+            k = count.get(end, 0)
             seg = topo.segments.get(end)
-            if seg is None:
-                out[i, end] = f"{prefix}{count.get(end, 0)}"
+            if end in in_root:
+                out[i, end] = f"{tag}{end}e{k}"
+            elif seg is None:
+                out[i, end] = f"{prefix}{k}"
             else:
-                port = count.get(end, 0) + 1
-                out[i, end] = (f"{tag}s{topo.switches.index(end)}p{port}" if seg.root
-                               else f"p{port}")
-            count[end] = count.get(end, 0) + 1
+                out[i, end] = f"{tag}s{topo.switches.index(end)}p{k + 1}" if seg.root \
+                    else f"p{k + 1}"
+            count[end] = k + 1
     return out
 
 
@@ -113,9 +115,10 @@ class Graph(netns.Network):
     packets take exactly the paths the planner prices); a host's routes carry its own
     address as source, so replies need no other routes. Every namespace forwards IPv4
     (hosts forward in a torus); reverse-path filtering is off (routes may be asymmetric).
-    `at` ({host: namespace name or process id}) builds the file's links onto namespaces that
-    exist already (a mininet host's, another Graph's), with interfaces `if_prefix`<k> so they do
-    not clash with those there; a link needs an end that this Graph made or in the root
+    `at` ({host: namespace name or process id; None: the root namespace, its interfaces
+    <tag><host>e<k>}) builds the file's links onto namespaces that exist already (a mininet
+    host's, another Graph's), with interfaces `if_prefix`<k> so they do not clash with those
+    there; a link needs an end that this Graph made or in the root
     namespace (close() removes the links through those). Each link is limited by tbf at its
     rate in both directions, with the link's `burst` as
     tbf's bucket, so that the planner prices the bucket the links have; it must be at least
@@ -141,7 +144,8 @@ class Graph(netns.Network):
         if not set(self.at) <= set(topo.hosts):
             raise ValueError(f"at: {sorted(set(self.at) - set(topo.hosts))} not hosts of "
                              f"{topo.source}")
-        self._ifs = link_ifnames(topo, tag, if_prefix)
+        self._ifs = link_ifnames(topo, tag, if_prefix,
+                                 frozenset(h for h, ns in self.at.items() if ns is None))
         too_long = [n for n in self._ifs.values() if len(n) > 15]
         if too_long:
             raise ValueError(f"tag: {tag!r} makes interface names of more than 15 characters "
