@@ -31,7 +31,7 @@ from spina.procs import stop_process
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 P4_TOP = ROOT / "p4src" / "v1model" / "spina_v1model.p4"
-PORTS_FILE = ROOT / "bench" / "topologies" / "bmv2_ports4.yaml"  # its ports' network
+PORTS_FILE = ROOT / "bench" / "topologies" / "ports4.yaml"  # its ports' network
 TOOLS = ("p4c-bm2-ss", "simple_switch_grpc", "simple_switch_CLI")
 CROSS_PORT_GAP = 0.05  # s between frames sent on different ports (see Bmv2Target.send)
 
@@ -135,7 +135,7 @@ class Bmv2Target(P4RuntimeTarget):
 
     # ------------------------------------------------------------ plumbing
     def _setup_links(self):
-        """The ports' veth pairs: bench/topologies/bmv2_ports4.yaml, both ends in the root
+        """The ports' veth pairs: bench/topologies/ports4.yaml, both ends in the root
         namespace (IPv6 off: tests expect "nothing else" on ports; offloads off)."""
         from bench.net_topo import Graph
         from collectives.topology import load

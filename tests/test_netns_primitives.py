@@ -243,7 +243,7 @@ def test_a_graph_builds_an_l2_star_file_and_a_management_bridge_onto_its_hosts(r
 
 
 def test_the_bmv2_ports_file_builds_veth_pairs_in_the_root_namespace(root):
-    """bench/topologies/bmv2_ports4.yaml as bmv2_tests/bmv2.py builds it (no BMv2 needed):
+    """bench/topologies/ports4.yaml as bmv2_tests/bmv2.py builds it (no BMv2 needed):
     ports 1..4, both ends of each pair in the root namespace, up, IPv6 off, no address, and a
     frame written on a host end arrives on its switch port; closing removes all eight."""
     from bench.net_topo import Graph
