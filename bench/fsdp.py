@@ -72,12 +72,12 @@ class FsdpRun:
         import torch
         from torch.distributed.fsdp import fully_shard
 
-        from examples.train_compressed import MLP
+        from bench.train_models import FAMILIES
         from host_agent.hooks.fsdp import shard_on_spina
 
         self.method, self.xtr, self.ytr = method, data[0], data[1]
         torch.manual_seed(req.seed)  # the same initial weights for every method
-        self.module = MLP(req.width, inputs=self.xtr.shape[1])
+        self.module = FAMILIES[req.model].build(req.width)  # the MLP: a Sequential
         self.params = sum(p.numel() for p in self.module.parameters())
         for layer in self.module:
             if isinstance(layer, torch.nn.Linear):
@@ -108,7 +108,8 @@ def train_point(rank: int, req: training.TrainRequest, agent, dist, torch, barri
                 floor=None) -> dict:
     """This worker's side of one comparison: {method: record} as training.train_point's."""
     n = agent.job.nworkers
-    xtr, ytr, xte, yte = training.digits(req.seed)
+    from bench.train_models import FAMILIES
+    xtr, ytr, xte, yte = FAMILIES[req.model].data(req.seed, req.width)
     runs = {m: FsdpRun(m, req, agent, rank, (xtr, ytr)) for m in req.methods}
     mine_x, mine_y = xte[rank::n], yte[rank::n]  # this rank's share of the test set
     rec = {m: dict(times=[], tx=[], rx=[], cpu=[], switch_cpu=[], acc=[]) for m in req.methods}
