@@ -79,24 +79,26 @@ def kernel_losses_total(pids) -> dict:
     return out
 
 
-def link_ifnames(topo: Topology, tag: str = "",
-                 prefix: str = "eth") -> dict[tuple[int, str], str]:
+def link_ifnames(topo: Topology, tag: str = "", prefix: str = "eth",
+                 in_root: frozenset = frozenset()) -> dict[tuple[int, str], str]:
     """{(link index, node): interface}: eth<k> (`prefix`<k>) for a node's k-th link in file
-    order; a
-    segment switch's port p: p<p>, or <tag>s<j>p<p> in the root namespace (j: the switch's
-    index in the file; names there must be unique on the machine)."""
+    order; a segment switch's port p: p<p>, or <tag>s<j>p<p> in the root namespace (j: the
+    switch's index in the file; names there must be unique on the machine); a host in the
+    root namespace (`in_root`): <tag><host>e<k>."""
     out: dict[tuple[int, str], str] = {}
     count: dict[str, int] = {}
     for i, ln in enumerate(topo.links):
         for end in (ln.a, ln.b):
+            k = count.get(end, 0)
             seg = topo.segments.get(end)
-            if seg is None:
-                out[i, end] = f"{prefix}{count.get(end, 0)}"
+            if end in in_root:
+                out[i, end] = f"{tag}{end}e{k}"
+            elif seg is None:
+                out[i, end] = f"{prefix}{k}"
             else:
-                port = count.get(end, 0) + 1
-                out[i, end] = (f"{tag}s{topo.switches.index(end)}p{port}" if seg.root
-                               else f"p{port}")
-            count[end] = count.get(end, 0) + 1
+                out[i, end] = f"{tag}s{topo.switches.index(end)}p{k + 1}" if seg.root \
+                    else f"p{k + 1}"
+            count[end] = k + 1
     return out
 
 
@@ -113,9 +115,10 @@ class Graph(netns.Network):
     packets take exactly the paths the planner prices); a host's routes carry its own
     address as source, so replies need no other routes. Every namespace forwards IPv4
     (hosts forward in a torus); reverse-path filtering is off (routes may be asymmetric).
-    `at` ({host: namespace name or process id}) builds the file's links onto namespaces that
-    exist already (a mininet host's, another Graph's), with interfaces `if_prefix`<k> so they do
-    not clash with those there; a link needs an end that this Graph made or in the root
+    `at` ({host: namespace name or process id; None: the root namespace, its interfaces
+    <tag><host>e<k>}) builds the file's links onto namespaces that exist already (a mininet
+    host's, another Graph's), with interfaces `if_prefix`<k> so they do not clash with those
+    there; a link needs an end that this Graph made or in the root
     namespace (close() removes the links through those). Each link is limited by tbf at its
     rate in both directions, with the link's `burst` as
     tbf's bucket, so that the planner prices the bucket the links have; it must be at least
@@ -141,7 +144,8 @@ class Graph(netns.Network):
         if not set(self.at) <= set(topo.hosts):
             raise ValueError(f"at: {sorted(set(self.at) - set(topo.hosts))} not hosts of "
                              f"{topo.source}")
-        self._ifs = link_ifnames(topo, tag, if_prefix)
+        self._ifs = link_ifnames(topo, tag, if_prefix,
+                                 frozenset(h for h, ns in self.at.items() if ns is None))
         too_long = [n for n in self._ifs.values() if len(n) > 15]
         if too_long:
             raise ValueError(f"tag: {tag!r} makes interface names of more than 15 characters "
@@ -188,7 +192,14 @@ class Graph(netns.Network):
 
     def _prefix(self, i: int, node: str) -> int:
         on = self._segment_end(i, node)
-        return 24 if on is None else self.topo.segments[on[0]].subnet.prefixlen
+        return 24 if on is None else self.topo.segment_prefix(on[0])
+
+    def _gateway_of(self, i: int, node: str) -> str | None:
+        """The gateway's address for `node` when link i puts it on a gateway leaf's port."""
+        on = self._segment_end(i, node)
+        if on is None or self.topo.segments[on[0]].gateway in (None, node):
+            return None
+        return str(self.topo.port_net(*on).network_address + 1)
 
     def node_ip(self, node: str) -> str | None:
         """The address of a host or switch: the one on its first link (a segment switch's:
@@ -221,10 +232,12 @@ class Graph(netns.Network):
             for end in (ln.a, ln.b):
                 yield self.ns(end), self.ifname(i, end)
 
-    def set_rate(self, rate: str) -> None:
-        """Every link at `rate` instead of the file's (tbf's bucket: the link's burst, or
-        tbf_params' if that is larger at this rate)."""
+    def set_rate(self, rate: str, links=None) -> None:
+        """Every link (or those of index in `links`) at `rate` instead of the file's (tbf's
+        bucket: the link's burst, or tbf_params' if that is larger at this rate)."""
         for i, ln in enumerate(self.topo.links):
+            if links is not None and i not in links:
+                continue
             burst = max(ln.burst, tbf_params(rate, self.topo.mtu)["burst"])
             for end in (ln.a, ln.b):
                 netns.tbf(self.ifname(i, end), rate, burst, self.queue_ms, self.ns(end))
@@ -259,9 +272,13 @@ class Graph(netns.Network):
             for node in routed:
                 if node in self.at:
                     continue  # a namespace someone else made and set
+                # no redirects: a gateway sends its leaf's traffic back out of the port it
+                # came in by, and its nodes must keep going through it
                 netns.sysctl(self.namespace(self.ns(node)), "net.ipv4.ip_forward=1",
                              "net.ipv4.conf.all.rp_filter=0",
                              "net.ipv4.conf.default.rp_filter=0",
+                             "net.ipv4.conf.all.send_redirects=0",
+                             "net.ipv4.conf.default.send_redirects=0",
                              "net.ipv4.tcp_congestion_control=reno")
             for s, seg in t.segments.items():
                 if not seg.root:
@@ -302,8 +319,12 @@ class Graph(netns.Network):
         netns.set_link(ifc, ns, mtu=t.mtu, address=self.mac(i, end),
                        master=self._bridge(end) if seg is not None and seg.kind == "bridge"
                        else None)
-        addr = self._addr(i, end)
-        if addr is not None:
+        on = self._segment_end(i, end)
+        if on is not None and t.segments[on[0]].gateway == end:
+            addrs = t.gateway_addresses(on[0])  # one per port of the leaf: all on this one
+        else:
+            addrs = [a for a in (self._addr(i, end),) if a is not None]
+        for addr in addrs:
             netns.add_addr(ifc, f"{addr}/{self._prefix(i, end)}", ns)
         if l2 is not None and l2.kind == "l2":
             # a raw-socket switch must see MTU-sized frames with their checksums
@@ -312,23 +333,35 @@ class Graph(netns.Network):
 
     def _neighbours(self, switch: str, seg) -> None:
         """Static neighbours on a segment: every node on a port knows the addresses and MACs
-        of the others and of the switch itself (no ARP crosses an L2 switch)."""
-        known = [(self.topo.segment_address(switch, p), self.topo.segment_mac(switch, p), p)
-                 for p in self.topo.ports(switch)]
+        of the others and of the switch itself (no ARP crosses an L2 switch); on a gateway's
+        leaf, a node knows the gateway at its .1 (and its default route goes there), the
+        gateway every node."""
+        t = self.topo
+        known = [(t.segment_address(switch, p), t.segment_mac(switch, p), p, node)
+                 for p, (_, node) in t.ports(switch).items()]
         if seg.address is not None:
-            known.append((seg.address, seg.mac, None))
-        for p, (i, node) in self.topo.ports(switch).items():
-            if node in self.topo.segments:
+            known.append((seg.address, seg.mac, None, None))
+        gw = {node: mac for _, mac, _, node in known if node == seg.gateway}
+        for p, (i, node) in t.ports(switch).items():
+            if node in t.segments:
                 continue
-            for addr, mac, q in known:
+            ifc, ns = self.ifname(i, node), self.ns(node)
+            if seg.gateway is not None and node != seg.gateway:
+                via = self._gateway_of(i, node)
+                if gw[seg.gateway] is not None:
+                    netns.static_arp(ifc, via, gw[seg.gateway], ns, replace=True)
+                netns.add_route("default", ns, via=via, dev=ifc, replace=True)
+                continue
+            for addr, mac, q, _ in known:
                 if addr is not None and mac is not None and q != p:
-                    netns.static_arp(self.ifname(i, node), addr, mac, self.ns(node),
-                                     replace=True)
+                    netns.static_arp(ifc, addr, mac, ns, replace=True)
 
     def _add_route(self, node: str, host: str) -> None:
         """A /32 route at `node` to `host` along the topology's route, via the first IP node
         on the way (segment switches are crossed, not routed by)."""
         nb, (i, _) = self.topo.next_hop(node, host)
+        if self._gateway_of(i, node) is not None:
+            return  # on a gateway's leaf: its default route goes there
         via, j = nb, i
         while via in self.topo.segments:
             via, (j, _) = self.topo.next_hop(via, host)

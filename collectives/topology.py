@@ -39,7 +39,11 @@ is required; a bridge has its own); `host_macs`
 (optional): the MAC of port 1's node, port p's counting up from it. There is no ARP across
 these switches: the builder writes the segment's addresses and MACs as static neighbours.
 `root: true`: its ports are interfaces of the root namespace (where a test's switch, a
-benchmark's or simple_switch_grpc opens them), not of a namespace of its own.
+benchmark's or simple_switch_grpc opens them), not of a namespace of its own. `gateway: NODE`
+(a router on one of its ports; no `address` then): a leaf whose nodes reach everything, each
+other too, through that router, as a rack behind its core: port p's node has the p-th /24 of
+`subnet` to itself, at .2, with the gateway at .1 (every such address on the gateway's one
+port) as its default route, so all its traffic crosses the gateway's link.
 
 Routes are fixed shortest paths: fewest hops, then the lowest latency, then node names in
 order; per destination one tree, so a node forwards everything for a destination the same way
@@ -68,7 +72,7 @@ UDP_HEADERS = 14 + 20       # per IPv4 fragment of a datagram (plus 8 for UDP, o
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}")
 _MAC = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}")
 SWITCH_KINDS = ("router", "l2", "bridge")  # see the module docstring
-_SEGMENT_FIELDS = ("subnet", "address", "mac", "host_macs", "root")
+_SEGMENT_FIELDS = ("subnet", "address", "mac", "host_macs", "root", "gateway")
 
 
 class TopologyError(ValueError):
@@ -121,6 +125,7 @@ class Segment:
     mac: str | None
     host_macs: int | None
     root: bool
+    gateway: str | None = None
 
 
 @dataclass(frozen=True)
@@ -173,9 +178,32 @@ class Topology:
         return next(p for p, (i, _) in self.ports(switch).items() if i == link)
 
     def segment_address(self, switch: str, port: int) -> str | None:
-        """The address of the node on `port` of a segment switch (None: no subnet)."""
+        """The address of the node on `port` of a segment switch (None: no subnet; a
+        gateway's: the .1 of port 1's /24, or port 2's if the gateway is on port 1)."""
+        seg = self.segments[switch]
+        if seg.subnet is None:
+            return None
+        if seg.gateway is None:
+            return str(seg.subnet.network_address + port)
+        if self.ports(switch)[port][1] == seg.gateway:
+            return self.gateway_addresses(switch)[0]
+        return str(self.port_net(switch, port).network_address + 2)
+
+    def segment_prefix(self, switch: str) -> int:
+        """The prefix length of the addresses on a segment's ports (a gateway's leaf: 24)."""
+        seg = self.segments[switch]
+        return 24 if seg.gateway is not None else seg.subnet.prefixlen
+
+    def port_net(self, switch: str, port: int) -> ipaddress.IPv4Network:
+        """A gateway leaf's /24 of `port`: the p-th of its subnet."""
         net = self.segments[switch].subnet
-        return None if net is None else str(net.network_address + port)
+        return ipaddress.IPv4Network((int(net.network_address) + (port << 8), 24))
+
+    def gateway_addresses(self, switch: str) -> list[str]:
+        """A gateway leaf's router addresses, .1 of every other port's /24, in port order."""
+        gw = self.segments[switch].gateway
+        return [str(self.port_net(switch, p).network_address + 1)
+                for p, (_, node) in self.ports(switch).items() if node != gw]
 
     def segment_mac(self, switch: str, port: int) -> str | None:
         """The MAC of the node on `port` of a segment switch (None: the file gives none)."""
@@ -223,8 +251,9 @@ def _mac_text(v: int) -> str:
     return ":".join(f"{b:02x}" for b in v.to_bytes(6, "big"))
 
 
-def _segment(spec: dict, kind: str, nports: int, src: str, where: str) -> Segment:
-    """An l2 or bridge switch's segment fields, checked against its `nports` ports."""
+def _segment(spec: dict, kind: str, on_ports: list[str], src: str, where: str) -> Segment:
+    """An l2 or bridge switch's segment fields, checked against the nodes on its ports."""
+    nports = len(on_ports)
     net = addr = mac = base = None
     if "subnet" in spec:
         net = _convert(lambda v: ipaddress.IPv4Network(str(v)), spec["subnet"], src,
@@ -261,7 +290,15 @@ def _segment(spec: dict, kind: str, nports: int, src: str, where: str) -> Segmen
     root = spec.get("root", False)
     if not isinstance(root, bool):
         _fail(src, f"{where}.root", f"must be true or false, got {root!r}")
-    return Segment(kind, net, addr, mac, base, root)
+    gateway = spec.get("gateway")
+    if gateway is not None:
+        if gateway not in on_ports:
+            _fail(src, f"{where}.gateway", f"{gateway!r} is on none of its ports")
+        if net is None or addr is not None or net.prefixlen > 24 or \
+                (nports + 1) << 8 > net.num_addresses:
+            _fail(src, f"{where}.gateway", "needs a subnet with a /24 for each port (port p's "
+                                           "is the p-th) and no address of the switch")
+    return Segment(kind, net, addr, mac, base, root, gateway)
 
 
 def _convert(fn, v, src, where):
@@ -352,8 +389,9 @@ def from_dict(d, source: str = "topology") -> Topology:
             if "burst" in spec else 0
         links.append(Link(ends[0], ends[1], rate, lat, str(spec["rate"]), burst))
     groups = _groups(d.get("groups"), src, hosts, devices, ranks)
-    segments = {s: _segment(spec, kind, sum(s in (ln.a, ln.b) for ln in links), src,
-                            f"switches.{s}") for s, (kind, spec) in segment_specs.items()}
+    segments = {s: _segment(spec, kind, [ln.b if ln.a == s else ln.a for ln in links
+                                         if s in (ln.a, ln.b)], src, f"switches.{s}")
+                for s, (kind, spec) in segment_specs.items()}
     topo = Topology(tuple(hosts), tuple(devices), tuple(switches), tuple(aggregating),
                     tuple(links), groups, mtu, tuple(ranks), source, segments)
     _route(topo, src)
@@ -417,17 +455,21 @@ def _route(topo: Topology, src: str) -> None:
     object.__setattr__(topo, "_adj", adj)
 
 
-def first_hosts(topo: Topology, n: int) -> Topology:
-    """`topo` with its first `n` hosts only (hosts of one device; no groups): the other hosts'
-    links gone, everything else as the file has it (a switch's ports keep the order of its
-    remaining links). A file of the most hosts a network shape takes, for a run of fewer."""
-    if max(topo.devices) != 1 or not 1 <= n <= len(topo.hosts):
+def first_hosts(topo: Topology, n: int, keep: tuple[str, ...] = ()) -> Topology:
+    """`topo` with its first `n` hosts only, and the hosts named in `keep` (hosts of one
+    device; no groups): the other hosts' links gone, everything else as the file has it (a
+    switch's ports keep the order of its remaining links). A file of the most hosts a network
+    shape takes, for a run of fewer."""
+    if max(topo.devices) != 1 or not 1 <= n <= len(topo.hosts) or \
+            not set(keep) <= set(topo.hosts):
         raise TopologyError(f"{topo.source}: field 'hosts': the first {n} of "
-                            f"{len(topo.hosts)} hosts of one device each cannot be taken")
-    gone = set(topo.hosts[n:])
-    out = Topology(topo.hosts[:n], topo.devices[:n], topo.switches, topo.aggregating,
+                            f"{len(topo.hosts)} hosts of one device each (and "
+                            f"{', '.join(keep) or 'no other'}) cannot be taken")
+    hosts = tuple(h for i, h in enumerate(topo.hosts) if i < n or h in keep)
+    gone = set(topo.hosts) - set(hosts)
+    out = Topology(hosts, (1,) * len(hosts), topo.switches, topo.aggregating,
                    tuple(ln for ln in topo.links if ln.a not in gone and ln.b not in gone),
-                   None, topo.mtu, topo.hosts[:n], topo.source, topo.segments)
+                   None, topo.mtu, hosts, topo.source, topo.segments)
     _route(out, topo.source)
     return out
 

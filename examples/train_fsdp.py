@@ -8,7 +8,8 @@ Every rank keeps 1/N of the parameters (`fully_shard` on each layer and on the m
 process group on CPU). `shard_on_spina` (host_agent/hooks/fsdp.py) makes FSDP2 gather each
 layer's parameters before its forward and backward through the switch's all-gather and
 reduce-scatter its gradients through the switch; `--compression topk:RATIO` sends only the
-top RATIO of each layer's gradient blocks (error feedback keeps the rest for later steps);
+top RATIO of each layer's gradient blocks (error feedback keeps the rest for later steps),
+`--lane-bits 16` (or 8) narrow lanes with error feedback;
 `--collectives gloo` leaves FSDP2's own gloo collectives in place (the control). Each rank
 trains on its slice of every global batch.
 
@@ -75,7 +76,7 @@ def train(args) -> dict:
     fully_shard(model)
     switch = agent = counters = None
     if args.collectives == "spina":
-        switch, job_file = shared_job_file(args.job_file)
+        switch, job_file = shared_job_file(args.job_file, lane_bits=args.lane_bits)
         agent = agent_from_env(job_file, rank)
         counters = shard_on_spina(model, agent, compression=args.compression)
     xtr, ytr, xte, yte = (torch.from_numpy(a) for a in flat_split(seed=0))
@@ -126,6 +127,9 @@ def parser(prog: str = "examples/train_fsdp.py") -> argparse.ArgumentParser:
                     metavar="topk:RATIO",
                     help="block top-k of each layer's gradient with error feedback (default: "
                          "dense)")
+    ap.add_argument("--lane-bits", type=int, choices=(32, 16, 8), default=32,
+                    help="the switch's lanes when this run starts it: 16 or 8 send narrow "
+                         "lanes with error feedback (default 32; with --job-file the job's)")
     ap.add_argument("--steps", type=cli.int_range(1), default=40)
     ap.add_argument("--batch", type=cli.int_range(1), default=64,
                     help="the global batch, a multiple of the ranks")

@@ -1,6 +1,6 @@
 """Network namespaces and the links between them: the one owner of the primitives that the
-tests (tests/netns.py), the benchmarks (bench/net_topo.py, bench/dlcp_bench/fabric.py,
-bench/l2.py) and the testbed build their networks from.
+benchmarks' and tests' topology files (bench/net_topo.py `Graph`), the BMv2 target's ports
+(bmv2_tests/bmv2.py) and the testbed build their networks from.
 
 Every command is iproute2's (`ip`, `tc`) or a tool run inside a namespace (`sysctl`, `ethtool`,
 `iptables`), its output captured; a failing one raises CalledProcessError carrying the tool's

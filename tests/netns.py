@@ -30,6 +30,7 @@ from spina.config import JobConfig, WorkerAddr
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 L2_STAR = topology.load(str(ROOT / "bench/topologies/l2_star8.yaml"))
 MGMT = topology.load(str(ROOT / "bench/topologies/mgmt8.yaml"))
+PORTS4 = topology.load(str(ROOT / "bench/topologies/ports4.yaml"))
 SWITCH = "s0"  # the file's L2 switch: the tests run it (an L2Switch) on its ports
 SWITCH_IP, SWITCH_MAC = L2_STAR.segments[SWITCH].address, L2_STAR.segments[SWITCH].mac
 MGMT_IP = MGMT.segments["m0"].address  # the root namespace on the hosts' management bridge
@@ -94,6 +95,18 @@ def management_bridge(namespaces: list[str | int]):
         raise ManagementError(getattr(e, "stderr", None) or str(e)) from None
     try:
         yield
+    finally:
+        g.close()
+
+
+@contextlib.contextmanager
+def root_ports(n: int, tag: str):
+    """ports4.yaml's first n ports, both ends of each veth pair in the root namespace, named
+    by `tag`: ({port: the switch's interface}, {port: the test's}), removed on exit."""
+    topo = topology.first_hosts(PORTS4, n)
+    g = Graph(topo, tag, at={h: None for h in topo.hosts}).create()
+    try:
+        yield g.ports("s0"), {p: g.ifname(i, h) for p, (i, h) in topo.ports("s0").items()}
     finally:
         g.close()
 

@@ -411,6 +411,34 @@ def test_plan_on_a_pair(tmp_path):
 
 
 @NEEDS_NETNS
+def test_fsdp_on_a_star(tmp_path):
+    """fsdp: 2 ranks over a 1 Gbit/s star, the MLP of width 64 sharded by FSDP2, every method
+    3 steps: gathered parameters identical on both ranks (wrong 0), SpINA's steps counted by
+    its collectives (agent bytes), fewer bytes on the link than gloo's (the switch's all-gather
+    and reduce-scatter send a shard and the gradient up), top-k fewer still; curves.csv a row
+    per step."""
+    from bench.fsdp import CURVE_COLUMNS, METHODS
+    from bench.training import params_of
+    params = params_of(64)
+    out = tmp_path / "fsdp"
+    done = bench_netns("fsdp", "-t", str(star_file(tmp_path, 2)), "-g", "2", "--rates",
+                       "1gbit", "-b", str(4 * params), "-e", str(4 * params), "--max-steps",
+                       "3", "--min-steps", "3", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    rows = {r["method"]: r for r in check_common(out, "fsdp", len(METHODS))}
+    assert sorted(rows) == sorted(METHODS)
+    for r in rows.values():
+        assert (r["params"], r["width"], r["steps"]) == (str(params), "64", "3")
+    tx = {m: int(r["bytes_per_link"]) for m, r in rows.items()}
+    assert 0 < tx["topk"] < tx["spina"] < tx["gloo"], tx
+    assert int(rows["spina"]["agent_bytes_per_step"]) > 0
+    assert float(rows["topk"]["blocks_fraction"]) < 0.5
+    with open(out / "curves.csv", newline="") as f:
+        curves = list(csv.DictReader(f))
+    assert tuple(curves[0]) == CURVE_COLUMNS and len(curves) == 3 * len(METHODS)
+
+
+@NEEDS_NETNS
 def test_training_on_a_star(tmp_path):
     """training: 2 ranks over a 1 Gbit/s star, the MLP of width 64 (its gradient the size),
     every method 4 steps: weights identical on both ranks (wrong 0), each method's bytes on

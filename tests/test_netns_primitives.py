@@ -240,3 +240,34 @@ def test_a_graph_builds_an_l2_star_file_and_a_management_bridge_onto_its_hosts(r
         assert os.path.exists(f"/sys/class/net/{TAG}s0p1")  # the star's are still there
     assert not os.path.exists(f"/sys/class/net/{TAG}s0p1")
     assert netns.leftover_namespaces(TAG) == []
+
+
+def test_the_bmv2_ports_file_builds_veth_pairs_in_the_root_namespace(root):
+    """bench/topologies/ports4.yaml as bmv2_tests/bmv2.py builds it (no BMv2 needed):
+    ports 1..4, both ends of each pair in the root namespace, up, IPv6 off, no address, and a
+    frame written on a host end arrives on its switch port; closing removes all eight."""
+    from bench.net_topo import Graph
+    from bmv2_tests.bmv2 import PORTS_FILE
+    from bmv2_tests.target import PORTS
+    from collectives import topology
+    topo = topology.load(str(PORTS_FILE))
+    with Graph(topo, TAG, at={h: None for h in topo.hosts}) as g:
+        sw = g.ports("s0")
+        hosts = {p: g.ifname(i, h) for p, (i, h) in topo.ports("s0").items()}
+        assert tuple(sw) == PORTS and sw[1] == f"{TAG}s0p1" and hosts[1] == f"{TAG}h1e0"
+        for ifc in (*sw.values(), *hosts.values()):
+            info = _link(None, ifc)
+            assert "UP" in info["flags"] and info["addr_info"] == [], ifc
+            with open(f"/proc/sys/net/ipv6/conf/{ifc}/disable_ipv6") as f:
+                assert f.read() == "1\n", ifc
+        rx, tx = netns.packet_socket(sw[3]), netns.packet_socket(hosts[3])
+        try:
+            frame = bytes.fromhex("02000000fe03020000000003") + b"\x88\xb5" + bytes(50)
+            tx.send(frame)
+            rx.settimeout(5)
+            assert rx.recv(2048) == frame
+        finally:
+            rx.close()
+            tx.close()
+    assert not any(os.path.exists(f"/sys/class/net/{ifc}")
+                   for ifc in (*sw.values(), *hosts.values()))

@@ -88,6 +88,29 @@ def test_an_l2_switch_numbers_its_ports_and_gives_their_nodes_its_segment():
     assert m.segment_address("m0", 2) == "10.9.0.2" and m.segment_mac("m0", 2) is None
 
 
+def test_a_gateway_leaf_gives_each_port_a_subnet_routed_by_its_gateway():
+    """dlcp_leaf16.yaml with 2 workers and the background sender: ports in file order (the
+    core's last), port p's node at .2 of the p-th /24, the core at every .1 of them (its
+    address: port 1's), MACs from host_macs; a leaf with a gateway is refused an address."""
+    t = topology.first_hosts(topology.load(str(TOPOS / "dlcp_leaf16.yaml")), 2, keep=("bg",))
+    assert t.hosts == ("w0", "w1", "bg") and t.segments["leaf"].gateway == "core"
+    assert t.ports("leaf") == {1: (0, "w0"), 2: (1, "w1"), 3: (2, "bg"), 4: (3, "core")}
+    assert [t.segment_address("leaf", p) for p in (1, 2, 3, 4)] == [
+        "10.210.1.2", "10.210.2.2", "10.210.3.2", "10.210.1.1"]
+    assert t.gateway_addresses("leaf") == ["10.210.1.1", "10.210.2.1", "10.210.3.1"]
+    assert t.segment_prefix("leaf") == 24 and t.segment_mac("leaf", 4) == "02:00:00:00:02:03"
+    bad = dict(hosts=["h0"], switches={"l": {"kind": "l2", "subnet": "10.1.0.0/16",
+                                             "gateway": "r", "address": "10.1.0.9",
+                                             "mac": "02:00:00:00:00:09"}, "r": {}},
+               links=[dict(ends=["h0", "l"], rate="1gbit", latency="1us"),
+                      dict(ends=["l", "r"], rate="1gbit", latency="1us")])
+    with pytest.raises(TopologyError, match="'switches.l.gateway': needs a subnet with a /24"):
+        from_dict(bad)
+    bad["switches"]["l"] = {"kind": "l2", "subnet": "10.1.0.0/16", "gateway": "h9"}
+    with pytest.raises(TopologyError, match="'switches.l.gateway': 'h9' is on none of its"):
+        from_dict(bad)
+
+
 def test_local_devices_become_ranks_on_a_local_mesh():
     """devices: 2 -> ranks h/0, h/1 linked to each other and to the host's NIC; one group
     per host by default."""
