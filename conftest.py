@@ -24,6 +24,7 @@ MODULES = {
         bmv2_tests/test_admission.py bmv2_tests/test_aggregation.py bmv2_tests/test_bmv2_client.py
         bmv2_tests/test_egress_rewrite.py bmv2_tests/test_fabric.py bmv2_tests/test_forwarding.py
         bmv2_tests/test_gather.py bmv2_tests/test_lanes.py bmv2_tests/test_priority.py
+        bmv2_tests/test_scatter.py
         tests/test_agent_datapath.py tests/test_agent_refused.py tests/test_allgather.py
         tests/test_allreduce.py tests/test_bad_input.py tests/test_bench.py tests/test_bits.py
         tests/test_capture.py tests/test_collectives.py tests/test_comm_hooks.py
@@ -112,7 +113,7 @@ TESTS = {
         tests/test_bench.py::test_all_gather_on_a_star
         tests/test_bench.py::test_all_reduce_on_a_topology_file
         tests/test_bench.py::test_loss_on_a_star tests/test_bench.py::test_plan_on_a_pair
-        tests/test_bench.py::test_training_on_a_star
+        tests/test_bench.py::test_fsdp_on_a_star tests/test_bench.py::test_training_on_a_star
         tests/test_datapath_l2.py::test_the_switch_sends_every_port_the_same_frames_on_both_paths
         tests/test_doc_blocks.py::test_make_demo_as_written
         tests/test_doc_blocks.py::test_page_runs_* tests/test_doc_blocks.py::test_runner_catches_*

@@ -49,11 +49,15 @@ from bench.procs import Point
 DESCRIPTION = "SpINA's all-reduce vs gloo and the floor, paired (loopback or a topology)"
 METHODS = ALL_METHODS
 DEFAULTS = dict(methods="spina,floor,gloo_allreduce")
+# A SpINA call's timeline (host_agent.agent.PHASES): milliseconds per phase, medians over every
+# rank's timed calls; rounds per slot, the call's thread CPU and its sleep in select.
+PHASE_COLUMNS = ("scan_ms", "plan_ms", "setup_ms", "data_ms", "tail_ms", "waited_ms",
+                 "call_cpu_ms", "rounds_per_slot")
 EXTRA_COLUMNS = ("block_size", "nlanes", "nslots", "bytes_source", "payload_bytes_per_link",
                  "packets_per_link", "resends", "spurious_resends", "timeout_resends",
                  "max_abs_err", "cpu_s_per_rank", "switch_cpu_s", "switch_pkts_per_cpu_s",
                  "tbf_drops", "loss", "dropped", "resends_per_rank",
-                 "timeout_resends_per_rank")
+                 "timeout_resends_per_rank") + PHASE_COLUMNS
 GLOO_PORT = 29400
 
 
@@ -164,10 +168,25 @@ def measure(cl: Cluster, p: Point, a, bits: int, rate: str, graph) -> list[dict]
                          dropped=dropped,
                          resends_per_rank=round_or_blank(s.get("resends_per_rank"), 3),
                          timeout_resends_per_rank=round_or_blank(s.get("timeouts_per_rank"), 3))
+        if m in SPINA_METHODS:
+            extras[m].update(phase_medians(recs, m, p.nslots))
     point = dict(size=4 * p.elements, elements=p.elements, dtype="float32", density=p.density,
                  workers=p.workers, lane_bits=bits, rate=rate)
     return method_rows(a.what, point, times, bus="all_reduce", sent=sent, wrong=wrong,
                        load=load, extras=extras)
+
+
+def phase_medians(recs: list[dict], method: str, nslots: int) -> dict:
+    """PHASE_COLUMNS of `method`: each the median over every rank's timed calls."""
+    def med(f):
+        return round(statistics.median(f(ph, r) for w in recs
+                                       for ph, r in zip(w[method]["phases"],
+                                                        w[method]["rounds"])), 3)
+    ms = lambda a, b=None: (lambda ph, r: 1e3 * (ph[a] - (ph[b] if b else 0.0)))  # noqa: E731
+    return dict(scan_ms=med(ms("scan")), plan_ms=med(ms("plan", "scan")),
+                setup_ms=med(ms("setup_done", "plan")), data_ms=med(ms("answers", "setup_done")),
+                tail_ms=med(ms("end", "answers")), waited_ms=med(ms("waited")),
+                call_cpu_ms=med(ms("cpu")), rounds_per_slot=med(lambda ph, r: r / nslots))
 
 
 def round_or_blank(x, nd: int = 0):

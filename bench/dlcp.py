@@ -48,8 +48,8 @@ def add_options(ap) -> None:
 
 def check_options(a) -> str | None:
     if a.topo is not None:
-        return ("argument -t/--topology: dlcp's fabric is its L2 leaf and core "
-                "(bench/dlcp_bench/fabric.py), not a topology file yet")
+        return ("argument -t/--topology: dlcp's fabric is its own file, "
+                "bench/topologies/dlcp_leaf16.yaml (give no -t)")
     if len(a.rates) != 1:
         return "argument --rates: dlcp takes one worker-link rate"
     if a.densities != [1.0]:

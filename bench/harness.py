@@ -45,8 +45,9 @@ RESULTS = os.path.join(ROOT, "bench", "results")
 
 # WHAT -> module of this package (each: DESCRIPTION, METHODS, DEFAULTS, run; see the docstring)
 WHATS = {w: f"bench.{w}" for w in (
-    "agent", "all_gather", "all_reduce", "dlcp", "first_touch", "hier", "hier_gather", "l2",
-    "lanes", "loss", "overlap", "plan", "profile", "scale_out", "switch", "training")}
+    "agent", "all_gather", "all_reduce", "dlcp", "first_touch", "fsdp", "hier", "hier_gather",
+    "l2", "lanes", "loss", "overlap", "plan", "profile", "reduce_scatter", "scale_out",
+    "switch", "training")}
 
 # nccl-tests' bus bandwidth factors (its doc/PERFORMANCE.md), by collective, for n ranks.
 BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n,

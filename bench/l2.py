@@ -4,9 +4,10 @@ INA frames without loss.
     python -m bench l2 --offered 10000,30000,50000 --seconds 2         # root
     python -m bench l2 -m compiled,python                               # both data paths
 
-Topology: one network namespace per worker (-g workers; h0..h3, 10.0.0.r+1/24) with a veth
-whose other end is a port of an L2Switch in the root namespace (spina.netns.port_host, as
-tests/netns.py builds it: not a topology file yet). Each worker process sends, open loop at
+Topology: -t, an L2 star file, by default bench/topologies/l2_star8.yaml (the namespace tests'
+hosts too): -g workers are its first hosts, each a namespace whose veth ends in a port of its
+L2 switch, left in the root namespace for the L2Switch this process runs there; the hosts
+reach the switch's aggregator at the file's address. Each worker process sends, open loop at
 offered/workers frames per second, the contributions of rounds 1, 2, ... of slots
 0..nslots-1 (the P4 sizes: 4 lanes x 32 int32, 618-byte frames; the size column is a round's
 data, 512 bytes), all workers the same sequence; a round completes only when the switch took
@@ -34,10 +35,12 @@ import time
 from pathlib import Path
 
 from bench.harness import method_rows
+from bench.net_topo import Graph
+from collectives.topology import Topology, first_hosts, load as load_topology
 from spina import netns
 
 ROOT = Path(__file__).resolve().parents[1]
-SWITCH_IP, SWITCH_MAC = "10.0.0.100", "02:00:00:00:00:64"
+L2_STAR = "bench/topologies/l2_star8.yaml"  # the default -t: hosts on one L2 switch's ports
 NSLOTS, NLANES, BLOCK = 64, 4, 32  # 64 slots: 128 frames of slack per sender (two copies)
 
 SENDER = r'''
@@ -48,8 +51,9 @@ from spina import wire
 rank, n, rate, seconds, nslots, start_at = (int(sys.argv[2]), int(sys.argv[3]),
                                             float(sys.argv[4]), float(sys.argv[5]),
                                             int(sys.argv[6]), float(sys.argv[7]))
+me, switch_ip = sys.argv[8], sys.argv[9]
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-s.bind((f"10.0.0.{rank + 1}", 50000 + rank))
+s.bind((me, 50000 + rank))
 s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 24)
 s.setblocking(False)
 data = np.ones((4, 32), np.int32)
@@ -60,7 +64,7 @@ for i in range(nframes):
     h = wire.Header(job=5, epoch=1, call=1, slot=slot, rank=rank, nlanes=4, round=rnd,
                     length=1 << 20, block_size=32, present=0xF)
     pkts.append(wire.pack(h, np.full(4, wire.END, np.uint32), data))
-dst = ("10.0.0.100", 47000)
+dst = (switch_ip, 47000)
 got = []
 late = []  # (first frame of a burst, how late it left against the schedule, s)
 while time.time() < start_at:  # every worker starts its round sequence at the same moment
@@ -109,21 +113,26 @@ def sender_skew(lates: list[list[tuple[int, float]]], nframes: int) -> float:
     return worst
 
 
-def make_hosts(n: int, tag: str) -> tuple[netns.Network, list[tuple[str, str]]]:
-    """The namespaces (a Network, to close) and (namespace, switch port) of each worker."""
-    net = netns.Network()
-    with net.building():
-        for r in range(n):
-            netns.port_host(net, f"{tag}-h{r}", f"{tag}s{r}", f"10.0.0.{r + 1}/24",
-                            f"02:00:00:00:01:{r:02x}", {SWITCH_IP: SWITCH_MAC})
-    return net, [(f"{tag}-h{r}", f"{tag}s{r}") for r in range(n)]
+def l2_star(topo: Topology) -> str | None:
+    """`topo`'s L2 switch when it is an L2 star (one aggregating l2 switch, its ports in the
+    root namespace, its own address; every host on it and on nothing else), else None."""
+    if len(topo.segments) != 1 or max(topo.devices) != 1:
+        return None
+    (sw, seg), = topo.segments.items()
+    hosts = sorted(node for _, node in topo.ports(sw).values())
+    ok = (seg.kind == "l2" and seg.root and seg.address is not None and sw in topo.aggregating
+          and topo.switches == (sw,) and hosts == sorted(topo.hosts)
+          and len(topo.links) == len(hosts) and topo.segment_mac(sw, 1) is not None)
+    return sw if ok else None
 
 
 def run_rate(rate: float, seconds: float, nworkers: int = 4, datapath: str = "compiled",
-             batch: int | None = None, nslots: int = NSLOTS) -> dict:
+             batch: int | None = None, nslots: int = NSLOTS, topo: Topology | None = None,
+             tag: str | None = None) -> dict:
     """One run at `rate` offered frames/s for `seconds` through an L2Switch of `datapath`
     (`batch`: the compiled path's frames per receive call, default its BATCH) over `nslots`
-    slots."""
+    slots, the workers the first `nworkers` hosts of L2 star `topo` (default L2_STAR's) in
+    namespaces named `tag`-... (default a unique one)."""
     import resource
 
     from controller.controller import program_star
@@ -132,25 +141,30 @@ def run_rate(rate: float, seconds: float, nworkers: int = 4, datapath: str = "co
     from softswitch.l2 import L2Switch
     from softswitch.p4runtime_server import SoftSwitchServicer
     from spina.config import JobConfig, WorkerAddr
-    net, hosts = make_hosts(nworkers, netns.unique_tag("l2r", 10000))
+    topo = first_hosts(topo or load_topology(str(ROOT / L2_STAR)), nworkers)
+    sw_name = l2_star(topo)
+    seg = topo.segments[sw_name]
+    net = Graph(topo, tag or netns.unique_tag("l2r", 10000)).create()
+    ports = net.ports(sw_name)
+    ips = [topo.segment_address(sw_name, r + 1) for r in range(nworkers)]
     start_at = time.time() + 3.0 + 0.5 * nworkers  # after the senders' imports
     try:
         dp = Dataplane(datapath=datapath)
         if batch is not None and dp.compiled is not None:
             dp.compiled = CompiledFrames(dp, batch)
         load_before = os.getloadavg()[0]
-        job = JobConfig(job=5, workers=tuple(WorkerAddr(r, f"10.0.0.{r + 1}", 50000 + r)
+        job = JobConfig(job=5, workers=tuple(WorkerAddr(r, ips[r], 50000 + r)
                                              for r in range(nworkers)),
                         nslots=nslots, block_size=BLOCK, nlanes=NLANES)
-        program_star(SoftSwitchServicer(dp), job, SWITCH_IP,
-                     [f"02:00:00:00:01:{r:02x}" for r in range(nworkers)],
+        program_star(SoftSwitchServicer(dp), job, seg.address,
+                     [topo.segment_mac(sw_name, r + 1) for r in range(nworkers)],
                      pool_slots=dp.pipeline.pool_slots, slot_capacity=dp.pipeline.slot_capacity)
-        with L2Switch({r + 1: sw_if for r, (_, sw_if) in enumerate(hosts)}, dp) as sw:
-            procs = [subprocess.Popen(netns.command(ns, sys.executable, "-c", SENDER, ROOT, r,
-                                                    nworkers, rate / nworkers, seconds, nslots,
-                                                    start_at),
+        with L2Switch(ports, dp) as sw:
+            procs = [subprocess.Popen(netns.command(net.ns(h), sys.executable, "-c", SENDER,
+                                                    ROOT, r, nworkers, rate / nworkers, seconds,
+                                                    nslots, start_at, ips[r], seg.address),
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                     for r, (ns, _) in enumerate(hosts)]
+                     for r, h in enumerate(topo.hosts)]
             cpu0 = resource.getrusage(resource.RUSAGE_SELF)
             outs = []
             for p in procs:
@@ -189,7 +203,8 @@ def run_rate(rate: float, seconds: float, nworkers: int = 4, datapath: str = "co
 
 DESCRIPTION = "the L2-mode switch's lossless INA frame rate with namespaced workers (root)"
 METHODS = ("compiled", "python")
-DEFAULTS = dict(methods="compiled", densities="1", begin="512", end="512", repeats=1)
+DEFAULTS = dict(methods="compiled", densities="1", begin="512", end="512", repeats=1,
+                topology=L2_STAR)
 EXTRA_COLUMNS = ("offered_fps", "achieved_fps", "lossless", "lost_rounds", "frames_in",
                  "rounds", "results_min", "completed", "aggregated", "stale", "held",
                  "sender_skew_ms", "slot_window_ms", "switch_cpu_s", "frames_per_cpu_s", "batch",
@@ -210,13 +225,17 @@ def add_options(ap) -> None:
 
 
 def check_options(a) -> str | None:
-    if a.topo is not None or a.rates:
-        return "argument -t/--topology: l2's hosts are ports of the switch (not a file yet)"
+    if a.rates:
+        return "argument --rates: l2 offers frame rates (--offered); its links are the file's"
+    if l2_star(a.topo) is None:
+        return (f"argument -t/--topology: {a.topology} is no L2 star (one aggregating l2 "
+                "switch with its address, root: true and host_macs, every host on it alone)")
     if a.sizes != [ROUND_BYTES] or a.densities != [1.0] or a.lane_bits != [32]:
         return (f"argument -b/--begin: l2 sends the P4 program's frames: {ROUND_BYTES} bytes "
                 "a round, dense, 32-bit (give no -b/-e/-d/-l)")
-    if len(a.workers) != 1 or not 1 <= a.workers[0] <= 200:
-        return "argument -g/--workers: one count, 1..200"
+    if len(a.workers) != 1 or not 1 <= a.workers[0] <= len(a.topo.hosts):
+        return f"argument -g/--workers: one count, 1..{len(a.topo.hosts)} (the hosts of " \
+               f"{a.topology})"
     why = netns.why_no_namespaces()
     return f"l2: {why}" if why else None
 
@@ -228,7 +247,8 @@ def run(a, log):
         load0 = os.getloadavg()[0]
         for _ in range(a.repeats):
             for m in a.methods if i % 2 == 0 else a.methods[::-1]:
-                got[m].append(run_rate(rate, a.seconds, n, datapath=m, batch=a.batch))
+                got[m].append(run_rate(rate, a.seconds, n, datapath=m, batch=a.batch,
+                                       topo=a.topo, tag=a.tag))
         times = {m: [r["switch_cpu_s"] / max(1, r["rounds"]) for r in rs] for m, rs in
                  got.items()}
         extras = {}

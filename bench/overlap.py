@@ -7,7 +7,7 @@
 The fabric and processes are the training WHAT's (bench/training.py): a star topology file
 (default bench/topologies/star4.yaml; its hosts are the ranks) in namespaces, a tbf-limited
 veth per rank to the switch's namespace with SpINA's software switch (bench/net_topo.py
-Graph, bench/paired.py Cluster); the data is its digits (training.digits) and the model its
+Graph, bench/paired.py Cluster); the data is its digits (train_models.digits_flat) and the model its
 MLP (examples/train_compressed.py) with `--depth` hidden W x W layers: 1024-W-...-W-10, W the
 width whose float32 gradient comes nearest the size (-b/-e; the default W 2304 at depth 3:
 5.3M parameters per hidden layer, 18.3M in all, 73 MB).
@@ -52,7 +52,8 @@ from dataclasses import asdict, dataclass
 from bench.harness import method_rows, page_head
 from bench.net_topo import dev_bytes, kernel_losses_total, parse_rate, tbf_params
 from bench.paired import Cluster, paired_ratios, rotation
-from bench.training import add_ddp_options, check_ddp, digits, quartiles
+from bench.train_models import digits_flat
+from bench.training import add_ddp_options, check_ddp, quartiles
 
 METHODS = ("ddp", "overlap", "overlap_fifo", "compute")
 SYNCED = ("ddp", "overlap", "overlap_fifo")
@@ -219,7 +220,7 @@ class Run:
 def overlap_point(rank: int, req: OverlapRequest, agent, dist, torch, barrier,
                   floor=None) -> dict:
     """This worker's side of one comparison (the module docstring): {method: record}."""
-    xtr, ytr, _, _ = digits(req.seed)
+    xtr, ytr, _, _ = digits_flat(req.seed)
     runs = {m: Run(m, req, agent, rank, (xtr, ytr), torch) for m in req.methods}
     rec = {m: dict(times=[], tx=[], rx=[], wait=[], crc=[]) for m in req.methods}
     trace = {}
@@ -342,7 +343,7 @@ def finish(rows, a) -> list[str]:
         json.dump(o["traces"], f)
     req = o["req"]
     task = (f"MLP 1024-{'-'.join([str(req.width)] * (req.depth + 1))}-10 "
-            f"({rows[0]['params']:,} parameters) on training.py's digits; SGD lr {req.lr:g}, "
+            f"({rows[0]['params']:,} parameters) on train_models.py's digits; SGD lr {req.lr:g}, "
             f"momentum {req.momentum:g}, batch {req.batch} per rank; {req.rounds} rounds (the "
             f"first a warm-up) of {req.steps} consecutive steps per method")
     meta = {"command": a.command, "task": task,

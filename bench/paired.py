@@ -268,7 +268,7 @@ def _reduced(y, dist) -> np.ndarray:
 
 # What the agent reports per call (host_agent.agent.CallStats), recorded per timed call.
 SPINA_STATS = ("bytes_sent", "payload_bytes_sent", "packets_sent", "nonzero_blocks",
-               "resends", "spurious_resends", "timeout_resends")
+               "resends", "spurious_resends", "timeout_resends", "rounds", "phases")
 
 
 def gloo_allgather_sum(x, n: int, dist, torch):

@@ -9,12 +9,14 @@ The network is a star topology file in namespaces (bench/net_topo.py Graph: tbf 
 every link; the aggregating switch's namespace routes IPv4 for gloo's ring and runs SpINA's
 software switch in UDP mode; the processes: bench/paired.py Cluster).
 
-The task: an MLP 1024-w-w-10 (examples/train_compressed.py's MLP) whose gradient is the
-point's size: -b/-e/-f give sizes in bytes, each the float32 gradient of the width w that
-comes nearest (w = 2048: 6.3M parameters, 25 MB), on scikit-learn's digits upsampled to 32x32
-(examples/train_digits.py's load_data: 1438 training and 359 test images; nothing is
-downloaded). SGD, momentum 0.9, a constant learning rate, a per-rank batch drawn with
-replacement from the whole training set.
+The task (--model, bench/train_models.py): by default an MLP 1024-w-w-10
+(examples/train_compressed.py's MLP) whose gradient is the point's size: -b/-e give sizes in
+bytes, each the float32 gradient of the width w that comes nearest (w = 2048: 6.3M
+parameters, 25 MB), on scikit-learn's digits upsampled to 32x32 (examples/train_digits.py's
+load_data: 1438 training and 359 test images; nothing is downloaded); `cnn` a LeNet-shaped
+CNN on the same images, `seq` an embedding-heavy model with attention pooling on a
+generated sequence task, their widths likewise from the size. SGD, --momentum, a constant
+learning rate, a per-rank batch drawn with replacement from the whole training set.
 
 Every rank trains every method side by side (each its own model from the same seed, its own
 optimiser, the same batches): a round runs one step of each method, the order rotating
@@ -24,8 +26,13 @@ DDP's communication, optimiser step):
   gloo     DDP's own all-reduce (the gloo ring)
   spina    DDP with the SpINA hook (host_agent/hooks/dense.py spina_allreduce_hook)
   topk     DDP with the compression hook (host_agent/hooks/compressed.py
-           spina_compressed_hook): block top-k of 256-element blocks at --ratio, error
-           feedback and DGC momentum correction (the optimiser then has none)
+           spina_compressed_hook): block top-k of 256-element blocks at --ratio, the rest
+           by the defaults' rule (spina.communication.compression_defaults: warm-up over 10%
+           of --max-steps, error feedback, DGC momentum correction: the optimiser then has
+           none)
+  losscomp the same hook with LossComp by the same rule (its ratio held at --ratio; the
+           loss averaged over the ranks with gloo after each step, not timed); not run
+           unless --methods names it
   powersgd1, powersgd4
            PyTorch's own PowerSGD hook on gloo (ddp_comm_hooks.powerSGD_hook) at matrix rank
            1 and 4, its other settings its defaults (error feedback, warm start, minimum
@@ -58,7 +65,6 @@ beside the harness's outputs.
 from __future__ import annotations
 
 import csv
-import math
 import os
 import statistics
 import time
@@ -74,18 +80,22 @@ from bench.procs import cpu_seconds
 @dataclass(frozen=True)
 class Method:
     """One way a step communicates. hook: None (DDP's own gloo all-reduce), "compute" (no
-    DDP), "spina", "topk", or one of PyTorch's hooks on gloo ("powersgd", "fp16", "bf16");
-    rank: PowerSGD's matrix approximation rank; color: its curve's."""
+    DDP), "spina", a compressor on SpINA ("topk", "losscomp"), or one of PyTorch's hooks on
+    gloo ("powersgd", "fp16", "bf16");
+    rank: PowerSGD's matrix approximation rank; color: its curve's; default: run unless
+    --methods says otherwise (LossComp is off by default, docs/compression.md)."""
     name: str
     hook: str | None
     color: str
     rank: int = 0
+    default: bool = True
 
 
 METHOD_LIST = (
     Method("gloo", None, "C0"),
     Method("spina", "spina", "C1"),
     Method("topk", "topk", "C2"),
+    Method("losscomp", "losscomp", "C8", default=False),
     Method("powersgd1", "powersgd", "C3", rank=1),
     Method("powersgd4", "powersgd", "C4", rank=4),
     Method("fp16", "fp16", "C5"),
@@ -97,19 +107,22 @@ METHODS = tuple(BY_NAME)
 # trained with DDP: same weights on every rank, accuracy
 SYNCED = tuple(m.name for m in METHOD_LIST if m.hook != "compute")
 TORCH_HOOKS = ("powersgd", "fp16", "bf16")  # PyTorch's own, on gloo: counted by TorchHookCount
+COMPRESSORS = ("topk", "losscomp")  # spina_compressed_hook, settings by compression_defaults
 GLOO_PORT = 29500
 DESCRIPTION = ("DDP training over a topology's links: gloo vs SpINA dense vs top-k vs "
                "PyTorch's PowerSGD and fp16/bf16 hooks (root)")
-DEFAULTS = dict(methods=",".join(METHODS), densities="1",
+DEFAULTS = dict(methods=",".join(m.name for m in METHOD_LIST if m.default), densities="1",
                 begin="25264168", end="25264168",  # 4 x params_of(2048): 6,316,042 parameters
                 topology="bench/topologies/star4.yaml", rates="1gbit,10gbit")
-EXTRA_COLUMNS = ("params", "width", "steps", "step_q1_us", "step_q3_us", "target_acc",
+EXTRA_COLUMNS = ("model", "seed", "params", "width", "steps", "step_q1_us", "step_q3_us",
+                 "target_acc",
                  "steps_to_target", "time_to_target_s", "time_ratio", "final_acc", "best_acc",
                  "rx_bytes_per_link", "allreduced_bytes_per_step", "agent_bytes_per_step",
                  "resends", "blocks_fraction",
                  "agent_s_per_step", "compress_s_per_step", "worker_cpu_s_per_step",
                  "switch_cpu_s_per_step", "tbf_drops", "udp_drops", "tcp_retrans")
-CURVE_COLUMNS = ("workers", "rate", "width", "method", "step", "step_s", "cum_s", "test_acc")
+CURVE_COLUMNS = ("workers", "rate", "model", "width", "method", "step", "step_s", "cum_s",
+                 "test_acc")
 
 
 def add_ddp_options(ap, batch: int, lr: float) -> None:
@@ -137,7 +150,11 @@ def check_ddp(a) -> str | None:
 
 
 def add_options(ap) -> None:
+    from bench.train_models import FAMILIES
     from spina import cli
+    ap.add_argument("--model", choices=tuple(FAMILIES), default="mlp",
+                    help="the model family and its data (bench/train_models.py; default "
+                    "%(default)s); -b/-e pick its width")
     ap.add_argument("--target", type=cli.positive_float, default=95.0,
                     help="test accuracy (%%) to reach (default %(default)s)")
     ap.add_argument("--max-steps", type=cli.int_range(1, 100_000), default=120,
@@ -167,21 +184,23 @@ def powersgd_start(max_steps: int, given: int | None = None) -> int:
     return given if given is not None else max(2, max_steps // 10)
 
 
-def width_for(size: int) -> int:
-    """The hidden width w whose MLP 1024-w-w-10 has the float32 gradient nearest `size`
-    bytes: its parameters are w^2 + 1036 w + 10."""
-    return max(1, round((-1036 + math.sqrt(1036 ** 2 + 4 * (size / 4 - 10))) / 2))
+def width_for(size: int, model: str = "mlp") -> int:
+    """The width of `model` whose float32 gradient is nearest `size` bytes (the MLP
+    1024-w-w-10: w^2 + 1036 w + 10 parameters)."""
+    from bench.train_models import FAMILIES
+    return FAMILIES[model].width_for(size)
 
 
-def params_of(w: int) -> int:
-    return w * w + 1036 * w + 10
+def params_of(w: int, model: str = "mlp") -> int:
+    from bench.train_models import FAMILIES
+    return FAMILIES[model].params(w)
 
 
 @dataclass(frozen=True)
 class TrainRequest:
     """One training comparison, sent to every worker."""
     methods: tuple[str, ...]
-    width: int          # the MLP's hidden width (2048: 6.3M parameters)
+    width: int          # the model's width (the MLP's 2048: 6.3M parameters)
     batch: int          # per rank and step
     lr: float
     momentum: float
@@ -191,6 +210,7 @@ class TrainRequest:
     min_steps: int
     seed: int
     powersgd_start: int = 2  # PowerSGD's start_powerSGD_iter
+    model: str = "mlp"       # bench/train_models.py FAMILIES
     switch_pid: int | None = None  # read its CPU time around every step (rank 0)
     count_dev: bool = True         # eth0's tx/rx bytes around every step (namespaces)
 
@@ -200,8 +220,8 @@ class TorchHookCount:
     """One of PyTorch's hooks on gloo and the bytes it handed to gloo (`bytes_sent`, per
     rank, summed over calls): fp16/bf16 2 bytes an element of the bucket; PowerSGD the
     elements its own counter adds (uncompressed tensors, Ps and Qs) or, in its warm-up, the
-    float32 bucket."""
-    __slots__ = ("hook", "state", "powersgd", "bytes_sent", "calls")
+    float32 bucket. `pending`: PowerSGD's future of the step's previous bucket."""
+    __slots__ = ("hook", "state", "powersgd", "bytes_sent", "calls", "pending")
 
     def __init__(self, kind: str, state):
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
@@ -210,16 +230,26 @@ class TorchHookCount:
                          bf16=default_hooks.bf16_compress_hook)[kind]
         self.state, self.powersgd = state, kind == "powersgd"
         self.bytes_sent = self.calls = 0
+        self.pending = None
 
 
 def counted_hook(count: TorchHookCount, bucket):
-    """DDP hook: `count`'s torch hook, its bytes counted."""
+    """DDP hook: `count`'s torch hook, its bytes counted.
+
+    PowerSGD starts a bucket only once the previous bucket's result is in: its hook starts
+    the Qs' all-reduce in a callback on gloo's threads, and with two buckets in flight the
+    ranks issued them in different orders (gloo: "Received data size doesn't match expected
+    size", 5256 vs 1304 bytes, on the 3M MLP's two buckets)."""
     n = bucket.buffer().numel()
     st = count.state
+    if count.pending is not None:
+        count.pending.wait()
+        count.pending = None
     if count.powersgd and st.iter >= st.start_powerSGD_iter:
         before = st.total_numel_after_compression
         fut = count.hook(st, bucket)  # counts its Ps, Qs and uncompressed tensors now
         count.bytes_sent += 4 * (st.total_numel_after_compression - before)
+        count.pending = None if bucket.is_last() else fut
     else:
         fut = count.hook(st, bucket)
         count.bytes_sent += n * (4 if count.powersgd else 2)
@@ -234,7 +264,7 @@ class Run:
         import torch
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        from examples.train_compressed import MLP
+        from bench.train_models import FAMILIES
         from host_agent.compression import make_compressor
         from host_agent.hooks import (
             CompressionHookState,
@@ -242,13 +272,14 @@ class Run:
             spina_allreduce_hook,
             spina_compressed_hook,
         )
+        from spina.communication import compression_defaults
 
         kind = BY_NAME[method].hook
         self.method, self.xtr, self.ytr = method, data[0], data[1]
         torch.manual_seed(req.seed)  # the same initial weights for every method
-        self.module = MLP(req.width, inputs=self.xtr.shape[1])
+        self.module = FAMILIES[req.model].build(req.width)
         self.model = self.module if kind == "compute" else DDP(self.module)
-        compressed = kind == "topk"
+        compressed = kind in COMPRESSORS
         self.opt = torch.optim.SGD(self.module.parameters(), lr=req.lr,
                                    momentum=0.0 if compressed else req.momentum)
         self.state = None
@@ -256,7 +287,8 @@ class Run:
             self.state = SpinaHookState(agent)
             self.model.register_comm_hook(self.state, spina_allreduce_hook)
         elif compressed:
-            comp = make_compressor(method="topk", ratio=req.ratio, momentum=req.momentum,
+            comp = make_compressor(compression_defaults(kind, steps=req.max_steps,
+                                                        momentum=req.momentum, ratio=req.ratio),
                                    block_size=agent.job.block_size)
             self.state = CompressionHookState(comp, agent, optimizer=self.opt)
             self.model.register_comm_hook(self.state, spina_compressed_hook)
@@ -279,12 +311,14 @@ class Run:
         idx = torch.randint(len(self.ytr), (self.batch,), generator=self.gen)
         return self.xtr[idx], self.ytr[idx]
 
-    def step(self, x, y) -> None:
+    def step(self, x, y):
+        """One training step; its loss (a tensor)."""
         import torch.nn.functional as F
         loss = F.cross_entropy(self.model(x), y)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()  # DDP: returns once every bucket is all-reduced
         self.opt.step()
+        return loss.detach()
 
     def correct(self, x, y) -> int:
         import torch
@@ -297,17 +331,11 @@ class Run:
         return zlib.crc32(flat.numpy().tobytes())
 
 
-def digits(seed: int):
-    """examples/train_digits.py's data (32x32, normalised), flattened to 1024 inputs."""
-    from examples.train_digits import load_data
-    xtr, ytr, xte, yte = load_data(seed)
-    return xtr.flatten(1), ytr, xte.flatten(1), yte
-
-
 def train_point(rank: int, req: TrainRequest, agent, dist, torch, barrier, floor=None) -> dict:
     """This worker's side of one comparison (see the module docstring): {method: record}."""
     n = agent.job.nworkers
-    xtr, ytr, xte, yte = digits(req.seed)
+    from bench.train_models import FAMILIES
+    xtr, ytr, xte, yte = FAMILIES[req.model].data(req.seed, req.width)
     runs = {m: Run(m, req, agent, rank, (xtr, ytr)) for m in req.methods}
     mine_x, mine_y = xte[rank::n], yte[rank::n]  # this rank's share of the test set
     rec = {m: dict(times=[], tx=[], rx=[], cpu=[], switch_cpu=[], acc=[]) for m in req.methods}
@@ -322,7 +350,7 @@ def train_point(rank: int, req: TrainRequest, agent, dist, torch, barrier, floor
             tx0, rx0 = dev_bytes() if req.count_dev else (0, 0)
             s0 = proc_cpu(req.switch_pid) if req.switch_pid and rank == 0 else 0.0
             c0, t0 = cpu_seconds(), time.perf_counter()
-            run.step(x, y)
+            loss = run.step(x, y)
             dt, dc = time.perf_counter() - t0, cpu_seconds() - c0
             barrier.wait()  # every worker done (the switch too: every rank has its sums)
             tx1, rx1 = dev_bytes() if req.count_dev else (0, 0)
@@ -332,6 +360,9 @@ def train_point(rank: int, req: TrainRequest, agent, dist, torch, barrier, floor
             r["tx"].append(tx1 - tx0)
             r["rx"].append(rx1 - rx0)
             r["switch_cpu"].append(s1 - s0)
+            if BY_NAME[m].hook == "losscomp":  # its controller: the loss averaged over ranks
+                dist.all_reduce(loss)
+                run.state.observe_loss(float(loss) / n)
         step += 1
         # not timed: each rank counts its share of the test set, gloo sums the counts
         synced = [m for m in active if m in SYNCED]
@@ -356,7 +387,7 @@ def train_point(rank: int, req: TrainRequest, agent, dist, torch, barrier, floor
             st = run.state
             r.update(agent_bytes=st.bytes_sent, resends=st.resends, calls=st.calls,
                      agent_s=st.seconds)
-            if m == "topk":
+            if m in COMPRESSORS:
                 r.update(blocks_fraction=st.blocks_sent / max(1, st.blocks_total),
                          compress_s=st.compress_seconds)
     rec["params"] = sum(p.numel() for p in runs[req.methods[0]].module.parameters())
@@ -407,7 +438,8 @@ def make_rows(recs: list[dict], req: TrainRequest, point: dict, what: str, load:
         t = times[m]
         q1, _, q3 = quartiles(t)
         sent[m] = round(mean_per_step(recs, m, "tx"))
-        e = dict(common, params=recs[0]["params"], width=req.width, steps=len(t),
+        e = dict(common, model=req.model, seed=req.seed, params=recs[0]["params"],
+                 width=req.width, steps=len(t),
                  step_q1_us=round(q1 * 1e6, 1), step_q3_us=round(q3 * 1e6, 1),
                  target_acc=req.target, rx_bytes_per_link=round(mean_per_step(recs, m, "rx")),
                  worker_cpu_s_per_step=round(mean_per_step(recs, m, "cpu"), 4),
@@ -441,7 +473,8 @@ def make_rows(recs: list[dict], req: TrainRequest, point: dict, what: str, load:
         acc = recs[0][m]["acc"] if m in SYNCED else [""] * len(t)
         for i, (dt, x) in enumerate(zip(t, acc)):
             cum += dt
-            curves.append(dict(workers=point["workers"], rate=point["rate"], width=req.width,
+            curves.append(dict(workers=point["workers"], rate=point["rate"], model=req.model,
+                               width=req.width,
                                method=m, step=i + 1, step_s=round(dt, 6), cum_s=round(cum, 6),
                                test_acc=x))
     rows = method_rows(what, point, times, bus="all_reduce", sent=sent, wrong=wrong, load=load,
@@ -463,21 +496,21 @@ def run(a, log):
                 if rate is not None:
                     graph.set_rate(rate)
                 for size in a.sizes:
-                    w = width_for(size)
+                    w = width_for(size, a.model)
                     req = TrainRequest(methods=tuple(a.methods), width=w, batch=a.batch,
                                        lr=a.lr, momentum=a.momentum, ratio=a.ratio,
                                        target=a.target, max_steps=a.max_steps,
                                        min_steps=a.min_steps, seed=a.seed,
                                        powersgd_start=powersgd_start(a.max_steps,
                                                                      a.powersgd_start),
-                                       switch_pid=cl.switch_pid)
+                                       model=a.model, switch_pid=cl.switch_pid)
                     load0, drops0 = os.getloadavg()[0], graph.tbf_drops()
                     k0 = kernel_losses_total(cl.pids)
-                    recs = cl.ask(req, f"{n} workers, {graph.file_rate()}, width {w}")
+                    recs = cl.ask(req, f"{n} workers, {graph.file_rate()}, {a.model} width {w}")
                     k1 = kernel_losses_total(cl.pids)
                     common = dict(tbf_drops=graph.tbf_drops() - drops0,
                                   **{k: k1[k] - k0[k] for k in k0})
-                    params = params_of(w)
+                    params = params_of(w, a.model)
                     point = dict(size=4 * params, elements=params, dtype="float32",
                                  density=1.0, workers=n, lane_bits=32, rate=graph.file_rate())
                     rows, curves = make_rows(recs, req, point, a.what,
@@ -537,3 +570,36 @@ def plot(rows, curves, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def seed_table(paths: list[str]) -> str:
+    """A markdown table over runs that differ only by --seed (their results.csv files), a
+    row per model and method: final test accuracy, mean (min..max) over the seeds and its
+    difference to gloo at the same seed, bytes per link and step (mean; and as a share of
+    gloo's), the median step time (mean over the seeds). docs/compression.md's table:
+        python -c 'from bench.training import seed_table as t; print(t([...]))'"""
+    rows = []
+    for p in paths:
+        with open(p, newline="") as f:
+            rows += list(csv.DictReader(f))
+    by = {}
+    for r in rows:
+        by.setdefault((r["model"], r["method"]), {})[int(r["seed"])] = r
+    out = ["| model | method | test acc (%), mean (min..max) | vs gloo, same seed | "
+           "bytes/link/step | vs gloo's bytes | step ms | seeds |", "|---" * 8 + "|"]
+
+    def spread(xs: list[float], sign: str = "") -> str:
+        return f"{statistics.fmean(xs):{sign}.2f} ({min(xs):{sign}.2f}..{max(xs):{sign}.2f})"
+
+    for (model, method), seeds in by.items():
+        gloo = by.get((model, "gloo"), {})
+        acc = [float(r["final_acc"]) for r in seeds.values()]
+        diff = [float(r["final_acc"]) - float(gloo[s]["final_acc"]) for s, r in seeds.items()
+                if s in gloo]
+        sent = statistics.fmean(int(r["bytes_per_link"]) for r in seeds.values())
+        gsent = statistics.fmean(int(r["bytes_per_link"]) for r in gloo.values()) if gloo else 0
+        step = statistics.fmean(float(r["time_us"]) for r in seeds.values()) / 1e3
+        out.append(f"| {model} | {method} | {spread(acc)} | {spread(diff, '+')} | "
+                   f"{sent / 1e3:,.1f} kB | {100 * sent / gsent:.2f}% | {step:.1f} | "
+                   f"{', '.join(map(str, sorted(seeds)))} |")
+    return "\n".join(out)

@@ -31,6 +31,7 @@ from spina.procs import stop_process
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 P4_TOP = ROOT / "p4src" / "v1model" / "spina_v1model.p4"
+PORTS_FILE = ROOT / "bench" / "topologies" / "ports4.yaml"  # its ports' network
 TOOLS = ("p4c-bm2-ss", "simple_switch_grpc", "simple_switch_CLI")
 CROSS_PORT_GAP = 0.05  # s between frames sent on different ports (see Bmv2Target.send)
 
@@ -105,7 +106,7 @@ class Bmv2Target(P4RuntimeTarget):
         self.tmp = pathlib.Path(tempfile.mkdtemp(prefix="spina-bmv2-"))
         self.proc = None
         self.conn = None
-        self.net = netns.Network()  # the veth pairs of its ports
+        self.net = None  # the veth pairs of its ports (a Graph of PORTS_FILE)
         self.socks: dict[int, socket.socket] = {}
         self._last_port = None
         # Ports of its own, never 9559/9090: a switch or controller another test left running
@@ -133,24 +134,24 @@ class Bmv2Target(P4RuntimeTarget):
             raise
 
     # ------------------------------------------------------------ plumbing
-    @staticmethod
-    def _sw_if(p):
-        return f"sptf{p}s"
-
-    @staticmethod
-    def _host_if(p):
-        return f"sptf{p}h"
-
     def _setup_links(self):
-        for p in PORTS:
-            a, b = self._sw_if(p), self._host_if(p)
-            netns.ip("link", "del", a, check=False)  # a killed run's
-            self.net.veth(a, b)
-            for i in (a, b):
-                # No IPv6 autoconfiguration chatter: tests expect "nothing else" on ports.
-                netns.no_ipv6(i)
-                netns.set_link(i)
-                netns.offload_off(i)
+        """The ports' veth pairs: bench/topologies/ports4.yaml, both ends in the root
+        namespace (IPv6 off: tests expect "nothing else" on ports; offloads off)."""
+        from bench.net_topo import Graph
+        from collectives.topology import load
+        topo = load(str(PORTS_FILE))
+        self.net = Graph(topo, netns.unique_tag("bm"), at={h: None for h in topo.hosts})
+        self.net.create()
+        self._sw_ifs = self.net.ports("s0")
+        self._host_ifs = {p: self.net.ifname(i, h) for p, (i, h) in topo.ports("s0").items()}
+        if tuple(self._sw_ifs) != PORTS:
+            raise ValueError(f"{PORTS_FILE}: ports {tuple(self._sw_ifs)}, the tests use {PORTS}")
+
+    def _sw_if(self, p):
+        return self._sw_ifs[p]
+
+    def _host_if(self, p):
+        return self._host_ifs[p]
 
     def _open_sockets(self):
         for p in PORTS:
@@ -216,5 +217,6 @@ class Bmv2Target(P4RuntimeTarget):
         if self.proc is not None:
             stop_process(self.proc, 5)
             self.proc = None
-        self.net.close()
+        if self.net is not None:
+            self.net.close()
         shutil.rmtree(self.tmp, ignore_errors=True)

@@ -22,6 +22,29 @@ tbit: bits per second), latencies ns, us, ms or s (one way). `burst` (optional, 
 64KiB, 1MB, ...) is a token bucket: an idle link sends that much at once, then its rate, as
 tc's tbf does (the namespace links of bench/net_topo.py; real links have none: default 0).
 
+A switch is a router by default (`kind: router`: bench/net_topo.py gives it a namespace that
+forwards IPv4 along the routes below). `kind: l2` is a switch process on raw sockets (SpINA's
+software switch in L2 mode, BMv2) and `kind: bridge` a Linux bridge: their links end in ports
+numbered 1, 2, ... in file order (BMv2's `-i N@intf`), unaddressed, and the nodes on their ports
+share one Ethernet segment:
+
+    switches:
+      s0: {kind: l2, aggregate: true, subnet: 10.0.0.0/24, address: 10.0.0.100,
+           mac: "02:00:00:00:00:64", host_macs: "02:00:00:00:01:00", root: true}
+
+`subnet` (optional): the node on port p has the subnet's address p (10.0.0.1 on port 1);
+`address` (optional): the switch's own, where its nodes reach it (an L2 SpINA switch's
+aggregator; a bridge's address in the namespace that holds it) with its `mac` (an l2 switch's
+is required; a bridge has its own); `host_macs`
+(optional): the MAC of port 1's node, port p's counting up from it. There is no ARP across
+these switches: the builder writes the segment's addresses and MACs as static neighbours.
+`root: true`: its ports are interfaces of the root namespace (where a test's switch, a
+benchmark's or simple_switch_grpc opens them), not of a namespace of its own. `gateway: NODE`
+(a router on one of its ports; no `address` then): a leaf whose nodes reach everything, each
+other too, through that router, as a rack behind its core: port p's node has the p-th /24 of
+`subnet` to itself, at .2, with the gateway at .1 (every such address on the gateway's one
+port) as its default route, so all its traffic crosses the gateway's link.
+
 Routes are fixed shortest paths: fewest hops, then the lowest latency, then node names in
 order; per destination one tree, so a node forwards everything for a destination the same way
 (bench/net_topo.py installs exactly these routes in its namespaces). Every error names the
@@ -30,6 +53,7 @@ file and the field, on one line.
 from __future__ import annotations
 
 import heapq
+import ipaddress
 import json
 import re
 from dataclasses import dataclass, field
@@ -46,6 +70,9 @@ DEFAULT_MTU = 1500
 TCP_HEADERS = 14 + 20 + 32  # Ethernet, IPv4, TCP with timestamps: per segment
 UDP_HEADERS = 14 + 20       # per IPv4 fragment of a datagram (plus 8 for UDP, once)
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}")
+_MAC = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}")
+SWITCH_KINDS = ("router", "l2", "bridge")  # see the module docstring
+_SEGMENT_FIELDS = ("subnet", "address", "mac", "host_macs", "root", "gateway")
 
 
 class TopologyError(ValueError):
@@ -89,6 +116,19 @@ class Link:
 
 
 @dataclass(frozen=True)
+class Segment:
+    """An `l2` or `bridge` switch's segment (the module docstring): its subnet, its own
+    address and MAC, the MAC of port 1's node (an int, port p's: + p - 1), where its ports are."""
+    kind: str
+    subnet: ipaddress.IPv4Network | None
+    address: str | None
+    mac: str | None
+    host_macs: int | None
+    root: bool
+    gateway: str | None = None
+
+
+@dataclass(frozen=True)
 class Topology:
     """A validated description: see the module docstring. `ranks[r]` is rank r's node;
     `links` are undirected; a directed link is (link index, 0 for a->b or 1 for b->a)."""
@@ -101,6 +141,7 @@ class Topology:
     mtu: int
     ranks: tuple[str, ...]
     source: str = "topology"
+    segments: dict = field(default_factory=dict)  # switch -> Segment: its l2 and bridge ones
     _next: dict = field(default=None, compare=False, repr=False)  # set by _route
     _adj: dict = field(default=None, compare=False, repr=False)
 
@@ -124,6 +165,50 @@ class Topology:
     def next_hop(self, node: str, dst: str) -> tuple[str, tuple[int, int]]:
         """(neighbour, directed link) that `node` forwards to for destination `dst`."""
         return self._next[dst][node]
+
+    def ports(self, switch: str) -> dict[int, tuple[int, str]]:
+        """{port: (link index, the node on it)} of an l2 or bridge switch: its links in file
+        order, from port 1."""
+        links = [(i, ln.b if ln.a == switch else ln.a) for i, ln in enumerate(self.links)
+                 if switch in (ln.a, ln.b)]
+        return {p: il for p, il in enumerate(links, 1)}
+
+    def port_of(self, switch: str, link: int) -> int:
+        """The port of `switch` that link `link` ends in."""
+        return next(p for p, (i, _) in self.ports(switch).items() if i == link)
+
+    def segment_address(self, switch: str, port: int) -> str | None:
+        """The address of the node on `port` of a segment switch (None: no subnet; a
+        gateway's: the .1 of port 1's /24, or port 2's if the gateway is on port 1)."""
+        seg = self.segments[switch]
+        if seg.subnet is None:
+            return None
+        if seg.gateway is None:
+            return str(seg.subnet.network_address + port)
+        if self.ports(switch)[port][1] == seg.gateway:
+            return self.gateway_addresses(switch)[0]
+        return str(self.port_net(switch, port).network_address + 2)
+
+    def segment_prefix(self, switch: str) -> int:
+        """The prefix length of the addresses on a segment's ports (a gateway's leaf: 24)."""
+        seg = self.segments[switch]
+        return 24 if seg.gateway is not None else seg.subnet.prefixlen
+
+    def port_net(self, switch: str, port: int) -> ipaddress.IPv4Network:
+        """A gateway leaf's /24 of `port`: the p-th of its subnet."""
+        net = self.segments[switch].subnet
+        return ipaddress.IPv4Network((int(net.network_address) + (port << 8), 24))
+
+    def gateway_addresses(self, switch: str) -> list[str]:
+        """A gateway leaf's router addresses, .1 of every other port's /24, in port order."""
+        gw = self.segments[switch].gateway
+        return [str(self.port_net(switch, p).network_address + 1)
+                for p, (_, node) in self.ports(switch).items() if node != gw]
+
+    def segment_mac(self, switch: str, port: int) -> str | None:
+        """The MAC of the node on `port` of a segment switch (None: the file gives none)."""
+        base = self.segments[switch].host_macs
+        return None if base is None else _mac_text(base + port - 1)
 
     def link_end(self, hop: tuple[int, int]) -> tuple[str, str]:
         """(sender, receiver) of a directed link."""
@@ -160,6 +245,60 @@ def _named(v, src, where, what) -> dict:
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             _fail(src, where, f"{name!r} is not a name (letters, digits, _ . -; at most 32)")
     return v
+
+
+def _mac_text(v: int) -> str:
+    return ":".join(f"{b:02x}" for b in v.to_bytes(6, "big"))
+
+
+def _segment(spec: dict, kind: str, on_ports: list[str], src: str, where: str) -> Segment:
+    """An l2 or bridge switch's segment fields, checked against the nodes on its ports."""
+    nports = len(on_ports)
+    net = addr = mac = base = None
+    if "subnet" in spec:
+        net = _convert(lambda v: ipaddress.IPv4Network(str(v)), spec["subnet"], src,
+                       f"{where}.subnet")
+        if nports >= net.num_addresses - 1:
+            _fail(src, f"{where}.subnet", f"{net} has no address for each of its {nports} "
+                                          "ports (port p's node takes address p)")
+    if "mac" in spec and "address" not in spec:
+        _fail(src, f"{where}.address", "is required with its mac")
+    if kind == "l2" and "address" in spec and "mac" not in spec:
+        _fail(src, f"{where}.mac", "is required with an l2 switch's address (its nodes know "
+                                   "it as a static neighbour: no ARP crosses the switch)")
+    if "address" in spec:
+        if net is None:
+            _fail(src, f"{where}.address", "needs the switch's subnet")
+        addr = _convert(lambda v: ipaddress.IPv4Address(str(v)), spec["address"], src,
+                        f"{where}.address")
+        if addr not in net or not nports < int(addr) - int(net.network_address) < \
+                net.num_addresses - 1:
+            _fail(src, f"{where}.address", f"{addr} must be in {net} above its ports' "
+                                           f"addresses (1..{nports}) and not its broadcast")
+        addr = str(addr)
+    for k in ("mac", "host_macs"):
+        if k in spec:
+            v = str(spec[k]).lower()
+            if not _MAC.fullmatch(v):
+                _fail(src, f"{where}.{k}", f"{spec[k]!r} is not a MAC (six hex bytes with :)")
+            if k == "mac":
+                mac = v
+            else:
+                base = int(v.replace(":", ""), 16)
+                if base + nports > 1 << 48:
+                    _fail(src, f"{where}.host_macs", f"{v} has no room for {nports} ports")
+    root = spec.get("root", False)
+    if not isinstance(root, bool):
+        _fail(src, f"{where}.root", f"must be true or false, got {root!r}")
+    gateway = spec.get("gateway")
+    if gateway is not None:
+        if gateway not in on_ports:
+            _fail(src, f"{where}.gateway", f"{gateway!r} is on none of its ports")
+        if net is None or addr is not None or net.prefixlen > 24 or \
+                (nports + 1) << 8 > net.num_addresses:
+            _fail(src, f"{where}.gateway", "needs a subnet with a /24 for each port (port p's "
+                                           "is the p-th) and no address of the switch")
+    return Segment(kind, net, addr, mac, base, root, gateway)
 
 
 def _convert(fn, v, src, where):
@@ -204,14 +343,24 @@ def from_dict(d, source: str = "topology") -> Topology:
             links.append(Link(h, dv, rate, lat, str(loc["rate"])))
             links += [Link(dv, o, rate, lat, str(loc["rate"])) for o in devs[i + 1:]]
     sw_in = _named(d.get("switches") or {}, src, "switches", "switch")
-    switches, aggregating = [], []
+    switches, aggregating, segment_specs = [], [], {}
     for s, spec in sw_in.items():
-        spec = _mapping(spec, src, f"switches.{s}", {"aggregate"})
+        where = f"switches.{s}"
+        spec = _mapping(spec, src, where, {"aggregate", "kind", *_SEGMENT_FIELDS})
         if s in hosts_in:
-            _fail(src, f"switches.{s}", "is also a host's name")
+            _fail(src, where, "is also a host's name")
         agg = spec.get("aggregate", False)
         if not isinstance(agg, bool):
-            _fail(src, f"switches.{s}.aggregate", f"must be true or false, got {agg!r}")
+            _fail(src, f"{where}.aggregate", f"must be true or false, got {agg!r}")
+        kind = spec.get("kind", "router")
+        if kind not in SWITCH_KINDS:
+            _fail(src, f"{where}.kind", f"must be one of {', '.join(SWITCH_KINDS)}, got {kind!r}")
+        if kind == "router":
+            for k in _SEGMENT_FIELDS:
+                if k in spec:
+                    _fail(src, f"{where}.{k}", "is a field of an l2 or bridge switch")
+        else:
+            segment_specs[s] = (kind, spec)  # checked once its ports are known
         switches.append(s)
         if agg:
             aggregating.append(s)
@@ -240,8 +389,11 @@ def from_dict(d, source: str = "topology") -> Topology:
             if "burst" in spec else 0
         links.append(Link(ends[0], ends[1], rate, lat, str(spec["rate"]), burst))
     groups = _groups(d.get("groups"), src, hosts, devices, ranks)
+    segments = {s: _segment(spec, kind, [ln.b if ln.a == s else ln.a for ln in links
+                                         if s in (ln.a, ln.b)], src, f"switches.{s}")
+                for s, (kind, spec) in segment_specs.items()}
     topo = Topology(tuple(hosts), tuple(devices), tuple(switches), tuple(aggregating),
-                    tuple(links), groups, mtu, tuple(ranks), source)
+                    tuple(links), groups, mtu, tuple(ranks), source, segments)
     _route(topo, src)
     return topo
 
@@ -301,6 +453,25 @@ def _route(topo: Topology, src: str) -> None:
                 raise TopologyError(f"{src}: field 'links': no path from {r} to {d}")
     object.__setattr__(topo, "_next", nxt)
     object.__setattr__(topo, "_adj", adj)
+
+
+def first_hosts(topo: Topology, n: int, keep: tuple[str, ...] = ()) -> Topology:
+    """`topo` with its first `n` hosts only, and the hosts named in `keep` (hosts of one
+    device; no groups): the other hosts' links gone, everything else as the file has it (a
+    switch's ports keep the order of its remaining links). A file of the most hosts a network
+    shape takes, for a run of fewer."""
+    if max(topo.devices) != 1 or not 1 <= n <= len(topo.hosts) or \
+            not set(keep) <= set(topo.hosts):
+        raise TopologyError(f"{topo.source}: field 'hosts': the first {n} of "
+                            f"{len(topo.hosts)} hosts of one device each (and "
+                            f"{', '.join(keep) or 'no other'}) cannot be taken")
+    hosts = tuple(h for i, h in enumerate(topo.hosts) if i < n or h in keep)
+    gone = set(topo.hosts) - set(hosts)
+    out = Topology(hosts, (1,) * len(hosts), topo.switches, topo.aggregating,
+                   tuple(ln for ln in topo.links if ln.a not in gone and ln.b not in gone),
+                   None, topo.mtu, hosts, topo.source, topo.segments)
+    _route(out, topo.source)
+    return out
 
 
 def load(path: str) -> Topology:

@@ -95,7 +95,7 @@ static int common_answer(PyObject *a, PyObject *st, PyObject *tm, long width) {
 /* The context answer_batch takes (agent.py _Call.compiled builds it once per call). */
 enum { C_SLOTS, C_STATS, C_REC, C_RTT, C_FLYING, C_RACK, C_GROUP_SRTT, C_ROUNDS, C_FLAT, C_OUT,
        C_POS_EXT, C_NONFINITE, C_K, C_B, C_INTEGER, C_NEXT_END, C_PRIORITY, C_OUTBOX, C_BUFS,
-       C_WIDTH, C_DRAWS, C_RESIDUAL, C_LEN };
+       C_WIDTH, C_DRAWS, C_RESIDUAL, C_OWNERS, C_LEN };
 
 PyDoc_STRVAR(answer_batch_doc,
 "answer_batch(ctx, answers, views, start, now) -> (stop, finished)\n\n"
@@ -206,6 +206,46 @@ static int deliver_answer(Batch *bt, PyObject *a, PyObject *view, PyObject *pos,
     return complete;
 }
 
+/* A reduce-scatter's round (ctx[C_OWNERS] = (length, shard size, block size): scatter.Owners):
+ * the bitmap of the ranks owning any element of the blocks at the round's positions `pos`
+ * (int64, k lanes; negative or END: none) into the datagram `buf`'s header, as
+ * host_agent/scatter.py Owners.of computes it. 0, or -1 with an exception. */
+static int write_owners(Batch *bt, PyObject *buf, PyObject *pos) {
+    PyObject *own = bt->ctx[C_OWNERS];
+    long long n = PyLong_AsLongLong(PyTuple_GetItem(own, 0));
+    long long chunk = PyLong_AsLongLong(PyTuple_GetItem(own, 1));
+    long long bs = PyLong_AsLongLong(PyTuple_GetItem(own, 2));
+    if (PyErr_Occurred())
+        return -1;
+    Buf pb;
+    memset(&pb, 0, sizeof pb);
+    if (get_buf(pos, &pb, 0, 8, "pos") < 0 || pb.view.len / 8 < bt->k
+        || !PyByteArray_Check(buf) || PyByteArray_GET_SIZE(buf) < HEADER_LEN || chunk < 1) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "answer_batch: owners need k positions, a "
+                            "datagram buffer and a shard size >= 1");
+        release(&pb, 1);
+        return -1;
+    }
+    const int64_t *p = pb.view.buf;
+    uint64_t bits = 0;
+    for (long long i = 0; i < bt->k; i++) {
+        if (p[i] < 0 || p[i] >= (int64_t)END_POS)
+            continue;
+        long long first = p[i] * bs, last = first + bs < n ? first + bs : n;
+        long long lo = first / chunk, hi = (last - 1) / chunk;
+        bits |= (2ull << hi) - (1ull << lo);
+    }
+    release(&pb, 1);
+    unsigned char *h = (unsigned char *)PyByteArray_AS_STRING(buf);
+    uint32_t v = (uint32_t)bits;
+    h[OFF_BITMAP] = (unsigned char)(v >> 24);
+    h[OFF_BITMAP + 1] = (unsigned char)(v >> 16);
+    h[OFF_BITMAP + 2] = (unsigned char)(v >> 8);
+    h[OFF_BITMAP + 3] = (unsigned char)v;
+    return 0;
+}
+
 /* _next_round without bounded loss or droppable packets (the job's priority, no flags but the
  * lane width), tagged as _new_round tags it: fill_round into slot s's datagram buffer. The
  * number of rows written, or -1 with an exception. */
@@ -237,6 +277,8 @@ static long long fill_next_round(Batch *bt, long long s, PyObject *st, PyObject 
         return -1;
     long long nrows = PyLong_AsLongLong(PyTuple_GET_ITEM(filled, 2));
     Py_DECREF(filled);
+    if (ctx[C_OWNERS] != Py_None && write_owners(bt, buf, pos) < 0)
+        return -1;
     return nrows;
 }
 

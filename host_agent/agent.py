@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -117,6 +117,17 @@ class CallStats:
     foreign_packets: int = 0     # datagrams from anyone but the switch: dropped unread
     malformed_packets: int = 0   # datagrams from the switch failing the header checks: dropped
     seconds: float = 0.0
+    # The call's timeline (docs/profile.md "A sparse call's timeline"): seconds since the call
+    # began at which each phase ended (PHASES), and how long the loop slept in select.
+    phases: dict = field(default_factory=dict)
+
+
+# A call's phases in order, each ending at the time CallStats.phases gives it: the scan of the
+# tensor (and its NaN/Inf check), the call's plan (lanes, classes, buffers), the setup rounds
+# written and sent, the last setup result received, the last answer received, the call
+# returned. "waited": seconds spent asleep in select for an answer; "cpu": this thread's CPU
+# seconds for the whole call; "batches": answer batches received.
+PHASES = ("scan", "plan", "setup_sent", "setup_done", "answers", "end")
 
 
 @dataclass
@@ -207,6 +218,8 @@ class _Call:
             _check_block_hint(flat, blocks, self.B)
         self.inplace = inplace
         nz, bits, nonfinite = self._scan(blocks)
+        self.t_scan = time.monotonic()
+        self.t_setup_done = 0.0
         self.stats.nonzero_blocks = len(nz)
         self.plan, order = LanePlan.build(nz, W, self.k)
         # per plan row, 1 where the block holds NaN/Inf (_core.fill_round sends those as 0)
@@ -225,6 +238,7 @@ class _Call:
             slot_exp = np.maximum(slot_exp, slot_exponents)
         self.slot_exp = slot_exp
         self.nblocks = -(-n // self.B)
+        self.setups = max(1, min(W, -(-self.nblocks // self.k)))  # setup results to come
         self.out = flat if inplace else np.zeros(n, flat.dtype)
         # Data-path layout. pos_ext: the plan's positions lane by lane, each lane followed by
         # a sentinel -1 (never a position, and END once cast to the wire's u32), so a lane's
@@ -258,6 +272,18 @@ class _Call:
                             pos=np.zeros(k, np.int64), timer=timers[s],
                             view=memoryview(self.bufs[s][0]))
                       for s in range(W)]
+        # Slots whose lanes hold no position of the tensor (lane l holds positions l, l + W*k,
+        # ...: slot s is empty when s*k >= nblocks) have nothing to sum at any worker of the
+        # same length: they send nothing, not even a setup round (a 16 KiB call: 1 datagram per
+        # worker and round instead of 16). Slot 0 always runs, so a length mismatch is still
+        # found. A skipped slot's round tag still advances by one, as if its setup round had
+        # run, so every worker's tags stay equal even when workers disagree on the length
+        # (they each sent or skipped that one round), and a slot's next round is newer than
+        # every round it stored (docs/aggregation.md).
+        self.active = self.setups
+        for st in self.slots[self.active:]:
+            self._new_round(st)
+            st.done = True
         # The compiled answer loop's context (_core.answer_batch): its common case has no
         # bounded loss (searchsorted skips, flushes) and no droppable packets (DLCP); else
         # every answer takes the Python path.
@@ -273,14 +299,14 @@ class _Call:
             self.narrow = narrow.NumpyRounds(job, rank, call_id, self.lane_bits, flat, self.out,
                                              residual, self.pos_ext, self.nonfinite,
                                              self.next_end)
-        if compiled and self.keys_ext is None and self.classes.droppable is None \
-                and owners is None:
+        if compiled and self.keys_ext is None and self.classes.droppable is None:
             rec = self.recovery
             self.compiled = (self.slots, self.stats, rec, rec.rtt, rec.flying, rec.rack,
                              rec.rtt.group_srtt, rounds, flat, self.out, self.pos_ext,
                              self.nonfinite, k, B, integer, self.next_end,
                              self.classes.priority, self.outbox, self.bufs, self.width_flag,
-                             self.draws, self.residual)
+                             self.draws, self.residual,
+                             None if owners is None else (owners.n, owners.chunk, B))
 
     def _scan(self, blocks: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The blocks this worker sends (ascending), their largest |x| as bits (floats), and
@@ -355,6 +381,9 @@ class _Call:
         if partial and not ours_in:  # ours never arrived
             stats.blocks_lost += (len(st.packet) - self.next_end) // self.row_bytes
         if st.setup:  # setup result: the exponent every worker quantizes with
+            self.setups -= 1
+            if not self.setups:
+                self.t_setup_done = now
             st.shift = 0 if self.integer else quant_shift(a[_A_EXPONENT], self.job.nworkers,
                                                           self.lane_bits)
             st.exponent = a[_A_EXPONENT]
@@ -876,11 +905,13 @@ class Agent:
         t0 = time.perf_counter()
         if self.rendezvous is not None and not self._joined:
             self._join_run()
+        m0, c0 = time.monotonic(), time.thread_time()  # the timeline's origin (CallStats.phases)
         self.call_id = (self.call_id + 1) & 0xFFFFFFFF
         call = _Call(self.job, self.rank, self.call_id, self.rounds, flat, integer, inplace,
                      blocks, self._buffers, self.rtt, self.check_blocks, layer=layer,
                      compiled=self.datapath == "compiled", residual=residual,
                      slot_exponents=slot_exponents, owners=owners)
+        t_plan = time.monotonic()
         sock = self.sock
         tick = min(0.1, call.recovery.deadline()) if self.job.bounded_loss else 0.1
         # Non-blocking, select() only when nothing is waiting: a socket timeout would cost a
@@ -894,11 +925,13 @@ class Agent:
         rec = call.recovery
         job = self.job
         ok = False  # the call returned its sums (for the metrics)
+        waited, batches, t_answer, t_setup = 0.0, 0, m0, m0
         try:
-            for st in call.slots:  # setup round of every slot
+            for st in call.slots[:call.active]:  # setup round of every slot in use
                 call.send_setup(st)
             self._flush(call)
-            pending = len(call.slots)
+            t_setup = time.monotonic()
+            pending = call.active
             recv, fd, ring, views = _core.recv_answers, sock.fileno(), self._ring, self._ring_views
             # every answer of this call comes from the switch's (address, port), and is a
             # result or status of this job, epoch, call and one of its slots (checked in C)
@@ -927,6 +960,7 @@ class Agent:
                         else:
                             wait = next_check - now
                         select.select((sock,), (), (), wait)
+                        waited += time.monotonic() - now
                         continue
                     if foreign:
                         call.stats.foreign_packets += foreign  # not from our switch: never read
@@ -935,7 +969,9 @@ class Agent:
                     if answers and self._refused_since is not None:
                         self._refused_over(call)
                     # one time for the batch: every answer in it had arrived by then
-                    pending -= call.answers(views, answers, time.monotonic())
+                    t_answer = time.monotonic()
+                    batches += 1
+                    pending -= call.answers(views, answers, t_answer)
                     self._flush(call)
                 if received < 0 or rec.recheck or time.monotonic() >= next_check:
                     wait = call.resend_due(False, tick, self.timeout, self.switch)
@@ -952,6 +988,11 @@ class Agent:
             sock.settimeout(tick)
             seconds = time.perf_counter() - t0
             self.last_stats = call.finish(seconds)  # also for a failed call
+            m1 = time.monotonic()
+            self.last_stats.phases = dict(
+                scan=call.t_scan - m0, plan=t_plan - m0, setup_sent=t_setup - m0,
+                setup_done=max(call.t_setup_done - m0, 0.0), answers=t_answer - m0, end=m1 - m0,
+                waited=waited, cpu=time.thread_time() - c0, batches=batches)
             self.foreign_packets += call.stats.foreign_packets
             if self.metrics is not None:
                 self.metrics.call_done(job.job, self.rank, self.last_stats, seconds, ok)

@@ -186,7 +186,10 @@ typedef struct {
     Entry *table;
     uint32_t table_mask;
     struct sockaddr_in *dests;
+    uint8_t *dest_rank;  /* each destination's rank (NO_RANK: unknown, every copy whole) */
     uint32_t ndests;
+    int scatter;         /* reduce-scatter rounds served here (UDP mode), else punted */
+    uint8_t *hbuf;       /* per packet of a batch: its header-only copy (ScatterStrip) */
     /* receive batch */
     uint8_t *rbuf;
     struct mmsghdr rmsg[BATCH];
@@ -289,8 +292,8 @@ static Py_ssize_t process_one(Datapath *d, const uint8_t *pkt, Py_ssize_t size, 
                               uint16_t sport, uint8_t *out, int *to, const Entry **hit) {
     if (size < HEADER_LEN || pkt[OFF_VERSION] != WIRE_VERSION || pkt[OFF_MSG_TYPE] != MSG_CONTRIB)
         return PUNT;
-    if (rd32(pkt + OFF_BITMAP))
-        return PUNT;  /* a reduce-scatter round (owners in bitmap): Python's egress strips copies */
+    if (rd32(pkt + OFF_BITMAP) && !d->scatter)
+        return PUNT;  /* a reduce-scatter round: the L2 mode's replicas are Python's to strip */
     int item = LANE_ITEM_BYTES(pkt[OFF_FLAGS]);  /* bytes a value: 4, or narrow lanes' 2, 1 */
     if (!item)
         return PUNT;  /* both widths: malformed, Python counts it */
@@ -422,6 +425,32 @@ static Py_ssize_t process_one(Datapath *d, const uint8_t *pkt, Py_ssize_t size, 
     return result_into(d, out, pkt, idx, k, bs, 0);
 }
 
+/* ------------------------------------------------------------------ ScatterStrip */
+/* A reduce-scatter (docs/protocol.md "Reduce-scatter"): the contribution's bitmap names the
+ * ranks owning its round's blocks. A result's copy for any other rank is its header and next
+ * positions only (softswitch/egress.py scatter_strip). */
+#define NO_RANK 0xFF
+#define HEAD_MAX (HEADER_LEN + 4 * MAX_LANES)
+
+/* The owners of the result `out` made of contribution `pkt` (0: every copy whole). */
+static inline uint32_t owners_of(const uint8_t *pkt, const uint8_t *out) {
+    return out[OFF_MSG_TYPE] == MSG_RESULT ? rd32(pkt + OFF_BITMAP) : 0;
+}
+
+static inline int owns(uint32_t owners, unsigned rank) {
+    return !owners || rank >= MAX_WORKERS || (owners >> rank & 1);
+}
+
+/* The header-only copy of result `out` into `dst` (may be `out`); its length. */
+static Py_ssize_t strip_into(uint8_t *dst, const uint8_t *out) {
+    Py_ssize_t n = HEADER_LEN + 4 * (Py_ssize_t)out[OFF_NLANES];
+    if (dst != out)
+        memcpy(dst, out, (size_t)n);
+    wr64(dst + OFF_PRESENT, 0);
+    wr64(dst + OFF_NONFINITE, 0);
+    return n;
+}
+
 /* ------------------------------------------------------------------ sockets */
 static void queue_send(Datapath *d, uint8_t *data, Py_ssize_t n, const struct sockaddr_in *to) {
     int i = d->scount++;
@@ -504,12 +533,27 @@ static int serve_loop(Datapath *d, long budget, int *punt) {
         d->rnext++;
         done++;
         if (n > 0) {
+            const uint8_t *pkt = d->rbuf + (Py_ssize_t)i * RECV_SIZE;
+            uint32_t owners = owners_of(pkt, out);
+            uint8_t *head = d->hbuf + (Py_ssize_t)d->oused * HEAD_MAX;
+            Py_ssize_t hn = 0;
             d->oused++;
-            if (to == TO_SENDER)
+            if (to == TO_SENDER) {
+                if (!owns(owners, pkt[OFF_RANK]))
+                    n = strip_into(out, out);
                 queue_send(d, out, n, src);
-            else
-                for (uint32_t j = 0; j < e->dest_count; j++)
-                    queue_send(d, out, n, &d->dests[e->dest_first + j]);
+            } else {
+                for (uint32_t j = 0; j < e->dest_count; j++) {
+                    uint32_t x = e->dest_first + j;
+                    if (owns(owners, d->dest_rank[x])) {
+                        queue_send(d, out, n, &d->dests[x]);
+                    } else {
+                        if (!hn)
+                            hn = strip_into(head, out);
+                        queue_send(d, head, hn, &d->dests[x]);
+                    }
+                }
+            }
         }
     }
 }
@@ -527,6 +571,8 @@ static void Datapath_dealloc(Datapath *d) {
     release(d->bufs, 21);
     PyMem_Free(d->table);
     PyMem_Free(d->dests);
+    PyMem_Free(d->dest_rank);
+    PyMem_Free(d->hbuf);
     PyMem_Free(d->rbuf);
     PyMem_Free(d->obuf);
     PyMem_Free(d->smsg);
@@ -601,10 +647,11 @@ static PyObject *Datapath_new(PyTypeObject *type, PyObject *args, PyObject *kw) 
     size_t nsend = (size_t)BATCH * MAX_WORKERS;
     d->rbuf = PyMem_Malloc((size_t)BATCH * RECV_SIZE);
     d->obuf = PyMem_Malloc((size_t)BATCH * (size_t)d->out_len);
+    d->hbuf = PyMem_Malloc((size_t)BATCH * HEAD_MAX);
     d->smsg = PyMem_Calloc(nsend, sizeof *d->smsg);
     d->siov = PyMem_Calloc(nsend, sizeof *d->siov);
     d->saddr = PyMem_Calloc(nsend, sizeof *d->saddr);
-    if (!d->rbuf || !d->obuf || !d->smsg || !d->siov || !d->saddr) {
+    if (!d->rbuf || !d->obuf || !d->hbuf || !d->smsg || !d->siov || !d->saddr) {
         PyErr_NoMemory();
         goto fail;
     }
@@ -636,16 +683,19 @@ static int parse_ipv4(PyObject *host, uint32_t *ip) {
 }
 
 PyDoc_STRVAR(set_tables_doc,
-"set_tables(entries, destinations, hold)\n\n"
+"set_tables(entries, destinations, hold[, scatter])\n\n"
 "Replace the flat jobs' admission rows: entries are (ip, udp_port, job, rank, epoch, slot_base,\n"
 "nslots, nworkers, block_size, nlanes, dest_first, dest_count); a result of an entry's job goes\n"
-"to destinations[dest_first:dest_first + dest_count], each (ip, udp_port). hold: the pipeline's\n"
-"hold_newer_rounds.");
+"to destinations[dest_first:dest_first + dest_count], each (ip, udp_port[, rank]). hold: the\n"
+"pipeline's hold_newer_rounds. scatter: serve reduce-scatter rounds (a contribution's bitmap\n"
+"names the owners; a destination of another rank gets the result's header only), else punt\n"
+"them.");
 
 static PyObject *Datapath_set_tables(Datapath *d, PyObject *args) {
     PyObject *entries, *dests;
-    int hold;
-    if (!PyArg_ParseTuple(args, "O!O!p", &PyList_Type, &entries, &PyList_Type, &dests, &hold))
+    int hold, scatter = 0;
+    if (!PyArg_ParseTuple(args, "O!O!p|p", &PyList_Type, &entries, &PyList_Type, &dests, &hold,
+                          &scatter))
         return NULL;
     Py_ssize_t ne = PyList_GET_SIZE(entries), nd = PyList_GET_SIZE(dests);
     uint32_t size = 16;
@@ -653,18 +703,21 @@ static PyObject *Datapath_set_tables(Datapath *d, PyObject *args) {
         size <<= 1;
     Entry *table = PyMem_Calloc(size, sizeof *table);
     struct sockaddr_in *addrs = PyMem_Calloc(nd ? (size_t)nd : 1, sizeof *addrs);
-    if (!table || !addrs) {
+    uint8_t *ranks = PyMem_Malloc(nd ? (size_t)nd : 1);
+    if (!table || !addrs || !ranks) {
         PyMem_Free(table);
         PyMem_Free(addrs);
+        PyMem_Free(ranks);
         return PyErr_NoMemory();
     }
     for (Py_ssize_t i = 0; i < nd; i++) {
         PyObject *host;
-        int port;
+        int port, rank = NO_RANK;
         uint32_t ip;
-        if (!PyArg_ParseTuple(PyList_GET_ITEM(dests, i), "Oi", &host, &port)
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(dests, i), "Oi|i", &host, &port, &rank)
             || parse_ipv4(host, &ip) < 0)
             goto fail;
+        ranks[i] = (uint8_t)(rank >= 0 && rank < MAX_WORKERS ? rank : NO_RANK);
         addrs[i].sin_family = AF_INET;
         addrs[i].sin_addr.s_addr = htonl(ip);
         addrs[i].sin_port = htons((uint16_t)port);
@@ -701,15 +754,19 @@ static PyObject *Datapath_set_tables(Datapath *d, PyObject *args) {
     }
     PyMem_Free(d->table);
     PyMem_Free(d->dests);
+    PyMem_Free(d->dest_rank);
     d->table = table;
     d->table_mask = size - 1;
     d->dests = addrs;
+    d->dest_rank = ranks;
     d->ndests = (uint32_t)nd;
     d->hold = hold;
+    d->scatter = scatter;
     Py_RETURN_NONE;
 fail:
     PyMem_Free(table);
     PyMem_Free(addrs);
+    PyMem_Free(ranks);
     return NULL;
 }
 
@@ -720,10 +777,12 @@ static PyObject *address(const struct sockaddr_in *a) {
 }
 
 PyDoc_STRVAR(process_doc,
-"process(packet, source, out) -> (n, to, destinations)\n\n"
+"process(packet, source, out) -> (n, to, destinations, stripped)\n\n"
 "Run one datagram from source (ip, udp_port) as serve() would, without sockets: n = -1 if\n"
 "Python's pipeline must take it (nothing was read or written), else the packet out[:n] (n = 0:\n"
-"none) goes to = 1: every destination listed, 2: back to the source.");
+"none) goes to = 1: every destination listed, 2: back to the source (a reduce-scatter reply\n"
+"to a rank owning none of its round's blocks: out[:n] is the header-only copy already);\n"
+"stripped: the destinations of a reduce-scatter result's header-only copy (ScatterStrip).");
 
 static PyObject *Datapath_process(Datapath *d, PyObject *args) {
     Buf b[2];
@@ -744,20 +803,28 @@ static PyObject *Datapath_process(Datapath *d, PyObject *args) {
     const Entry *e = NULL;
     Py_ssize_t n = process_one(d, b[0].view.buf, b[0].view.len, ip, (uint16_t)port,
                                b[1].view.buf, &to, &e);
-    PyObject *dests = PyList_New(0);
-    if (!dests)
+    PyObject *dests = PyList_New(0), *stripped = PyList_New(0);
+    if (!dests || !stripped) {
+        Py_XDECREF(dests);
+        Py_XDECREF(stripped);
         goto done;
+    }
+    uint32_t owners = n > 0 ? owners_of(b[0].view.buf, b[1].view.buf) : 0;
+    if (n > 0 && to == TO_SENDER && !owns(owners, ((const uint8_t *)b[0].view.buf)[OFF_RANK]))
+        n = strip_into(b[1].view.buf, b[1].view.buf);
     if (n > 0 && to == TO_GROUP)
         for (uint32_t j = 0; j < e->dest_count; j++) {
-            PyObject *a = address(&d->dests[e->dest_first + j]);
-            if (!a || PyList_Append(dests, a) < 0) {
+            uint32_t x = e->dest_first + j;
+            PyObject *a = address(&d->dests[x]);
+            if (!a || PyList_Append(owns(owners, d->dest_rank[x]) ? dests : stripped, a) < 0) {
                 Py_XDECREF(a);
                 Py_DECREF(dests);
+                Py_DECREF(stripped);
                 goto done;
             }
             Py_DECREF(a);
         }
-    ret = Py_BuildValue("(niN)", n, to, dests);
+    ret = Py_BuildValue("(niNN)", n, to, dests, stripped);
 done:
     release(b, 2);
     return ret;

@@ -376,9 +376,10 @@ class UdpSwitch:
         dests, first = [], {}
 
         def place(grp: int) -> tuple[int, int]:
-            if grp not in first:
+            if grp not in first:  # (ip, port, rank): the rank for reduce-scatter's ScatterStrip
                 first[grp] = len(dests), len(self._dest.get(grp, ()))
-                dests.extend(self._dest.get(grp, ()))
+                dests.extend((*d, r) for d, r in zip(self._dest.get(grp, ()),
+                                                     self._dest_ranks.get(grp, ())))
             return first[grp]
 
         entries = core_entries(dp, UDP_MODE_PORT, place)
@@ -386,7 +387,7 @@ class UdpSwitch:
             if shard.compiled is None:
                 continue
             try:
-                shard.compiled.set_tables(entries, dests, pipe.hold_newer_rounds)
+                shard.compiled.set_tables(entries, dests, pipe.hold_newer_rounds, True)
             except (ValueError, TypeError, OverflowError) as e:
                 log.error("compiled data path: %s; the Python pipeline serves every packet", e)
                 shard.compiled.set_tables([], [], pipe.hold_newer_rounds)
@@ -524,10 +525,11 @@ class UdpSwitch:
         with self.pipeline.lock:
             if self._compiled is not None:
                 self._sync_compiled()
-                n, to, dests = self._compiled.process(pkt, src, out)
+                n, to, dests, stripped = self._compiled.process(pkt, src, out)
                 if n >= 0:
+                    head = scatter_strip(out[:n]) if stripped else b""
                     return [(d, bytes(out[:n])) for d in (dests if to == TO_GROUP else [src])
-                            ] if n else []
+                            ] + [(d, head) for d in stripped] if n else []
                 self._shards[0].py["punted"] += 1
             n, targets, stripped = self._route(pkt, src, out)
         return [(d, bytes(out[:n])) for d in targets] + (

@@ -117,6 +117,36 @@ class CompressionConfig:
                 if getattr(self, f.name) != f.default}
 
 
+# The defaults by rule (docs/compression.md "Defaults by rule"): one place, pinned by
+# tests/test_compression.py::test_defaults_follow_the_rule.
+DEFAULT_RATIO = 0.01          # 1% of the blocks: the bytes target (<= 3% of dense) with room
+WARMUP_FRACTION = 0.1         # DGC's warm-up over the first 10% of the steps
+LOSS_WINDOWS = 50             # LossComp: a trend window is 1/50 of the run, at least 5 steps
+
+
+def compression_defaults(method: str, *, steps: int, momentum: float = 0.0,
+                         ratio: float = DEFAULT_RATIO) -> CompressionConfig:
+    """The settings a model gets by rule, given how many steps it trains and the momentum of
+    its SGD (which moves into the compressor: DGC's momentum correction).
+
+    ratio: `ratio` (1%); warm-up: ceil(10% of `steps`) steps from 25% of the blocks down to
+    the ratio (none when that is under 2 steps); error feedback on; momentum correction =
+    `momentum` (the optimiser then runs without it), DGC's masking on; LossComp (not the
+    default method: docs/compression.md says where it lost to top-k at the same bytes): its
+    ratio held at `ratio` (ratio_min = ratio_max: its controller only traded accuracy for
+    bytes), a trend window of steps / 50 (at least 5), the rest its class defaults. Steps is
+    the run's number of optimiser steps; the rule uses no model size: the ratio is a
+    fraction of every bucket's blocks and at least 1 block.
+    """
+    warmup = math.ceil(WARMUP_FRACTION * steps)
+    fields = dict(method=method, ratio=ratio, error_feedback=True, momentum=momentum,
+                  warmup_steps=warmup if warmup >= 2 else 0)
+    if method == "losscomp":
+        fields.update(ratio_min=ratio, ratio_max=ratio,
+                      loss_window=max(5, steps // LOSS_WINDOWS))
+    return CompressionConfig(**fields).validate()
+
+
 @dataclass(frozen=True)
 class LocalSGDConfig:
     """Local SGD's schedule (host_agent/hooks/local_sgd.py): every `period` (H >= 1) steps the

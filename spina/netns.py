@@ -1,6 +1,6 @@
 """Network namespaces and the links between them: the one owner of the primitives that the
-tests (tests/netns.py), the benchmarks (bench/net_topo.py, bench/dlcp_bench/fabric.py,
-bench/l2.py) and the testbed build their networks from.
+benchmarks' and tests' topology files (bench/net_topo.py `Graph`), the BMv2 target's ports
+(bmv2_tests/bmv2.py) and the testbed build their networks from.
 
 Every command is iproute2's (`ip`, `tc`) or a tool run inside a namespace (`sysctl`, `ethtool`,
 `iptables`), its output captured; a failing one raises CalledProcessError carrying the tool's
@@ -275,22 +275,6 @@ class Network:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def port_host(net: Network, ns: str, port: str, cidr: str, mac: str,
-              neighbours: dict[str, str]) -> None:
-    """Host namespace `ns` on a switch port: eth0 (`mac`, address `cidr`, static ARP for
-    `neighbours`, ip -> mac, checksum offload off) on a veth whose other end `port` stays in
-    the root namespace, up with IPv6 off, for a switch process there (raw sockets)."""
-    net.namespace(ns)
-    net.veth(port, "eth0", b_ns=ns)
-    set_link("eth0", ns, address=mac)
-    add_addr("eth0", cidr, ns)
-    for addr, lladdr in neighbours.items():
-        static_arp("eth0", addr, lladdr, ns)
-    offload_off("eth0", ns)
-    no_ipv6(port)
-    set_link(port)
 
 
 ETH_P_ALL = 0x0003  # every protocol: a switch port's or a test host's raw socket

@@ -1,8 +1,11 @@
-"""Test hosts in network namespaces: one veth each to a switch port (imported by tests).
+"""Test hosts in network namespaces, built from topology files (bench/net_topo.py `Graph`):
+`hosts` are the first n hosts of bench/topologies/l2_star8.yaml, on the ports of an L2 switch
+that stay in the root namespace; `managed_hosts` puts them also on bench/topologies/mgmt8.yaml's
+management bridge (imported by tests).
 
-Each host h<r> is a namespace with eth0 = 10.0.0.(r+1)/24, MAC 02:00:00:00:01:<r>, and a
-static ARP entry for the switch; the switch end of its veth stays in the root namespace.
-Everything made is removed again, also when a test fails.
+Host h<r> is a namespace with eth0 = 10.0.0.(r+1)/24, MAC 02:00:00:00:01:<r>, and static
+neighbours for the switch and the other hosts (the file's segment); the switch end of its veth
+is port r+1. Everything made is removed again, also when a test fails.
 """
 from __future__ import annotations
 
@@ -15,6 +18,8 @@ import sys
 
 import pytest
 
+from bench.net_topo import Graph
+from collectives import topology
 from controller.controller import program_star
 from softswitch.dataplane import Dataplane
 from softswitch.l2 import L2Switch
@@ -23,36 +28,49 @@ from spina import netns
 from spina.config import JobConfig, WorkerAddr
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-SWITCH_IP, SWITCH_MAC = "10.0.0.100", "02:00:00:00:00:64"
+L2_STAR = topology.load(str(ROOT / "bench/topologies/l2_star8.yaml"))
+MGMT = topology.load(str(ROOT / "bench/topologies/mgmt8.yaml"))
+PORTS4 = topology.load(str(ROOT / "bench/topologies/ports4.yaml"))
+SWITCH = "s0"  # the file's L2 switch: the tests run it (an L2Switch) on its ports
+SWITCH_IP, SWITCH_MAC = L2_STAR.segments[SWITCH].address, L2_STAR.segments[SWITCH].mac
+MGMT_IP = MGMT.segments["m0"].address  # the root namespace on the hosts' management bridge
 TAG = netns.unique_tag("sp")
+
+
+def host_mac(r: int) -> str:
+    """Host h<r>'s MAC on the switch (the file's)."""
+    return L2_STAR.segment_mac(SWITCH, r + 1)
+
+
+def host_ip(r: int) -> str:
+    """Host h<r>'s address on the switch (the file's)."""
+    return L2_STAR.segment_address(SWITCH, r + 1)
 
 
 @pytest.fixture
 def hosts(request):
-    """n namespaces h0..h(n-1): 10.0.0.(r+1)/24 on eth0, static ARP for the switch."""
+    """n namespaces h0..h(n-1) (the file's first n): [(namespace, its switch port's
+    interface)]."""
     why = netns.why_no_namespaces()
     if why:
         pytest.skip(why)
-    net = netns.Network()
+    g = Graph(topology.first_hosts(L2_STAR, request.param), TAG)
     try:
-        for r in range(request.param):
-            netns.port_host(net, f"{TAG}-h{r}", f"{TAG}s{r}", f"10.0.0.{r + 1}/24",
-                            f"02:00:00:00:01:{r:02x}", {SWITCH_IP: SWITCH_MAC})
+        g.create()  # which removes all it made if it fails
     except (subprocess.CalledProcessError, OSError) as e:
-        net.close()
         pytest.skip(f"cannot create namespaces/veth here: {getattr(e, 'stderr', e)}")
-    with net:
-        yield [(f"{TAG}-h{r}", f"{TAG}s{r}") for r in range(request.param)]
-
-
-MGMT_IP = "10.9.0.100"  # the root namespace on the hosts' management bridge
+    ports = g.ports(SWITCH)
+    try:
+        yield [(g.ns(h), ports[r + 1]) for r, h in enumerate(g.topo.hosts)]
+    finally:
+        g.close()
 
 
 @pytest.fixture
 def managed_hosts(hosts):
-    """`hosts`, each also on a management bridge in the root namespace (mgmt0 =
-    10.9.0.(r+1)/24; the root's address MGMT_IP): the control traffic a deployment has
-    besides the data path (the run rendezvous of `controller serve`)."""
+    """`hosts`, each also on the management bridge (mgmt0 = 10.9.0.(r+1)/24; the root's
+    address MGMT_IP): the control traffic a deployment has besides the data path (the run
+    rendezvous of `controller serve`)."""
     try:
         with management_bridge([ns for ns, _ in hosts]):
             yield hosts
@@ -66,25 +84,31 @@ class ManagementError(Exception):
 
 @contextlib.contextmanager
 def management_bridge(namespaces: list[str | int]):
-    """A bridge in the root namespace at MGMT_IP/24 and, in each namespace (a name under
-    /var/run/netns, or a process id: a mininet host's), mgmt0 = 10.9.0.(r+1)/24 on a veth to
-    it. Everything made is removed on exit."""
-    bridge, net = f"{TAG}br", netns.Network()
+    """mgmt8.yaml's bridge in the root namespace at MGMT_IP/24 and, in each namespace (a name
+    under /var/run/netns, or a process id: a mininet host's), mgmt0 = 10.9.0.(r+1)/24 on a
+    veth to it. Everything made is removed on exit."""
+    topo = topology.first_hosts(MGMT, len(namespaces))
+    g = Graph(topo, f"{TAG}m", at=dict(zip(topo.hosts, namespaces)), if_prefix="mgmt")
     try:
-        net.bridge(bridge)
-        netns.add_addr(bridge, f"{MGMT_IP}/24")
-        netns.set_link(bridge)
-        for r, ns in enumerate(namespaces):
-            root_if = f"{TAG}m{r}"
-            net.veth(root_if, "mgmt0", b_ns=ns)
-            netns.add_addr("mgmt0", f"10.9.0.{r + 1}/24", ns)
-            netns.set_link("mgmt0", ns)
-            netns.set_link(root_if, master=bridge)
+        g.create()
     except (subprocess.CalledProcessError, OSError) as e:
-        net.close()
         raise ManagementError(getattr(e, "stderr", None) or str(e)) from None
-    with net:
+    try:
         yield
+    finally:
+        g.close()
+
+
+@contextlib.contextmanager
+def root_ports(n: int, tag: str):
+    """ports4.yaml's first n ports, both ends of each veth pair in the root namespace, named
+    by `tag`: ({port: the switch's interface}, {port: the test's}), removed on exit."""
+    topo = topology.first_hosts(PORTS4, n)
+    g = Graph(topo, tag, at={h: None for h in topo.hosts}).create()
+    try:
+        yield g.ports("s0"), {p: g.ifname(i, h) for p, (i, h) in topo.ports("s0").items()}
+    finally:
+        g.close()
 
 
 @pytest.fixture
@@ -119,7 +143,7 @@ def run_workers(hosts, job: JobConfig, seed: int = 3, n: int = 6000, timeout: fl
     nw = len(hosts)
     dp = Dataplane()
     program_star(SoftSwitchServicer(dp), job, SWITCH_IP,
-                 [f"02:00:00:00:01:{r:02x}" for r in range(nw)],
+                 [host_mac(r) for r in range(nw)],
                  pool_slots=dp.pipeline.pool_slots, slot_capacity=dp.pipeline.slot_capacity)
     jd = json.dumps({"job": job.job, "nslots": job.nslots, "block_size": job.block_size,
                      "nlanes": job.nlanes,
@@ -149,7 +173,7 @@ def run_workers(hosts, job: JobConfig, seed: int = 3, n: int = 6000, timeout: fl
 
 def workers_job(nw: int, job: int = 5) -> JobConfig:
     """A job of the hosts' agents with the P4 program's sizes."""
-    return JobConfig(job=job, workers=tuple(WorkerAddr(r, f"10.0.0.{r + 1}", 50000 + r)
+    return JobConfig(job=job, workers=tuple(WorkerAddr(r, host_ip(r), 50000 + r)
                                             for r in range(nw)),
                      nslots=8, block_size=32, nlanes=4)
 

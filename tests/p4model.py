@@ -98,6 +98,23 @@ class P4Model:
             return []
         return self.admit(pkt, port, src, fab)
 
+    def scatter_strip(self, pkt: bytes, out: bytes, rid: int) -> bytes:
+        """ScatterStrip (v1model/scatter_strip.p4) on the copy `out` of what contribution `pkt`
+        made, for replica `rid` (0: the reply to its sender). SpinaIngress keeps a
+        contribution's bitmap in meta.owners (not at a spine: this model's flat path)."""
+        h_in = wire.unpack_header(pkt)
+        owners = h_in.bitmap if h_in.msg_type == wire.MSG_CONTRIB else 0
+        h = wire.unpack_header(out)
+        if owners != 0 and h.msg_type == wire.MSG_RESULT:
+            rank = h.rank & 31                   # bit<5> rank = (bit<5>)hdr.ina.rank;
+            if rid != 0:
+                rank = (rid - 1) & 31            # rank = (bit<5>)(std.egress_rid - 1);
+            if ((owners >> rank) & 1) == 0:
+                h.present = 0                    # FOR_EACH_LANE(SPINA_DROP_BLOCK), lengths
+                h.nonfinite = 0
+                return wire.pack_header(h) + out[wire.HEADER_LEN:wire.HEADER_LEN + 4 * h.nlanes]
+        return out
+
     def process_frame(self, frame: bytes, port: int) -> list[tuple[bytes, bool]]:
         """One INA frame addressed to this switch on `port`; what it emits as UDP payloads."""
         if self.malformed_frame(frame):

@@ -24,12 +24,15 @@ def sparse(rng, n, density, bs=B, dtype=np.float32):
 
 
 def expected_rounds(tensors, bs=B, k=K, w=W):
-    """Rounds the protocol needs: per slot, a setup round plus its busiest lane's union blocks."""
+    """Rounds the protocol needs: per slot in use, a setup round plus its busiest lane's union
+    blocks; the slots in use are those whose lanes hold a position of the tensor (slot 0
+    always)."""
     union = np.unique(np.concatenate([nonzero_blocks(t.view(np.int32) if t.dtype == np.float32
                                                      else t, bs) for t in tensors]))
     lanes = union % (w * k)
     per_lane = np.bincount(lanes, minlength=w * k).reshape(w, k)
-    return int((1 + per_lane.max(axis=1)).sum())
+    used = max(1, min(w, -(-len(tensors[0]) // (bs * k))))
+    return int((1 + per_lane.max(axis=1))[:used].sum())
 
 
 def float_bound(tensors):

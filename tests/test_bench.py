@@ -79,6 +79,30 @@ def test_all_reduce_loopback(tmp_path):
     assert (out / "plot.png").stat().st_size > 0
 
 
+def test_reduce_scatter_loopback(tmp_path):
+    """reduce_scatter on loopback, 2 ranks, 64 KiB dense and 1%: a row per point and method,
+    every shard checked (#wrong 0), busbw = algbw x (n-1)/n, gloo's bytes its all-reduce
+    ring's (2(n-1)/n), SpINA's measured: at 1% far below the tensor each way."""
+    out = tmp_path / "rs"
+    done = bench("reduce_scatter", "-b", "64K", "-e", "64K", "-d", "1,0.01", "-g", "2",
+                 "-n", "2", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    rows = check_common(out, "reduce_scatter", 2 * 2)
+    by = {(float(r["density"]), r["method"]): r for r in rows}
+    for r in rows:
+        algbw = float(r["algbw_GBps"])
+        assert float(r["busbw_GBps"]) == pytest.approx(algbw / 2, rel=2e-3)
+        assert r["shard_bytes"] == "32768" and r["rate"] == ""
+    gloo = by[1.0, "gloo"]
+    assert (gloo["bytes_per_link"], gloo["rx_bytes_per_link"]) == ("65536", "65536")
+    assert gloo["bytes_source"] == "model" and gloo["vs_gloo"] == ""
+    sparse = by[0.01, "spina"]
+    assert sparse["bytes_source"] == "measured" and float(sparse["vs_gloo"]) > 0
+    assert 0 < int(sparse["bytes_per_link"]) < 65536 // 4
+    assert 0 < int(sparse["rx_bytes_per_link"]) < 65536 // 4
+    assert int(by[1.0, "spina"]["bytes_per_link"]) > 65536  # dense: the whole tensor up
+
+
 def test_bad_input_is_one_line(tmp_path):
     """Unknown WHAT, method or size, -e below -b, a topology that is not a star: exit 2, one
     line naming the option; nothing written."""
@@ -387,6 +411,34 @@ def test_plan_on_a_pair(tmp_path):
 
 
 @NEEDS_NETNS
+def test_fsdp_on_a_star(tmp_path):
+    """fsdp: 2 ranks over a 1 Gbit/s star, the MLP of width 64 sharded by FSDP2, every method
+    3 steps: gathered parameters identical on both ranks (wrong 0), SpINA's steps counted by
+    its collectives (agent bytes), fewer bytes on the link than gloo's (the switch's all-gather
+    and reduce-scatter send a shard and the gradient up), top-k fewer still; curves.csv a row
+    per step."""
+    from bench.fsdp import CURVE_COLUMNS, METHODS
+    from bench.training import params_of
+    params = params_of(64)
+    out = tmp_path / "fsdp"
+    done = bench_netns("fsdp", "-t", str(star_file(tmp_path, 2)), "-g", "2", "--rates",
+                       "1gbit", "-b", str(4 * params), "-e", str(4 * params), "--max-steps",
+                       "3", "--min-steps", "3", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    rows = {r["method"]: r for r in check_common(out, "fsdp", len(METHODS))}
+    assert sorted(rows) == sorted(METHODS)
+    for r in rows.values():
+        assert (r["params"], r["width"], r["steps"]) == (str(params), "64", "3")
+    tx = {m: int(r["bytes_per_link"]) for m, r in rows.items()}
+    assert 0 < tx["topk"] < tx["spina"] < tx["gloo"], tx
+    assert int(rows["spina"]["agent_bytes_per_step"]) > 0
+    assert float(rows["topk"]["blocks_fraction"]) < 0.5
+    with open(out / "curves.csv", newline="") as f:
+        curves = list(csv.DictReader(f))
+    assert tuple(curves[0]) == CURVE_COLUMNS and len(curves) == 3 * len(METHODS)
+
+
+@NEEDS_NETNS
 def test_training_on_a_star(tmp_path):
     """training: 2 ranks over a 1 Gbit/s star, the MLP of width 64 (its gradient the size),
     every method 4 steps: weights identical on both ranks (wrong 0), each method's bytes on
@@ -397,7 +449,8 @@ def test_training_on_a_star(tmp_path):
     out = tmp_path / "train"
     done = bench_netns("training", "-t", str(star_file(tmp_path, 2)), "-g", "2", "--rates",
                        "1gbit", "-b", str(4 * params), "-e", str(4 * params), "--max-steps",
-                       "4", "--min-steps", "4", "--out", str(out))
+                       "4", "--min-steps", "4", "--methods", ",".join(METHODS), "--out",
+                       str(out))
     assert done.returncode == 0, done.stderr
     rows = {r["method"]: r for r in check_common(out, "training", len(METHODS))}
     assert sorted(rows) == sorted(METHODS)
@@ -409,12 +462,13 @@ def test_training_on_a_star(tmp_path):
     # 2 ranks: the ring sends 2(n-1)/n = one gradient per step, SpINA each non-zero block
     # once, top-k 5% of the blocks; headers on top, and what was sent again: the agents'
     # resends (a datagram of up to 57 KB each) and TCP's retransmits
-    spare = (int(rows["spina"]["resends"]) + int(rows["topk"]["resends"])) * 58_000 / 4
+    spare = sum(int(rows[m]["resends"]) for m in ("spina", "topk", "losscomp")) * 58_000 / 4
     tcp = int(rows["gloo"]["tcp_retrans"]) * 66_000 / 4
     tx = {m: int(r["bytes_per_link"]) for m, r in rows.items()}
     assert 0.99 * size <= tx["gloo"] < 1.2 * size + tcp, (tx, rows["gloo"])
     assert 0.5 * size < tx["spina"] < 1.2 * size + spare, (tx, rows["spina"])
     assert 0 < tx["topk"] < 0.2 * size + spare, (tx, rows["topk"])
+    assert 0 < tx["losscomp"] < 0.2 * size + spare, (tx, rows["losscomp"])
     # what the torch hooks handed to gloo per step, and the ring's bytes for it (2 ranks:
     # once), a few hundred bytes of headers per message on top (PowerSGD: 3 all-reduces)
     sent = {m: int(r["allreduced_bytes_per_step"]) for m, r in rows.items()
@@ -440,6 +494,8 @@ def test_training_on_a_star(tmp_path):
         assert 0.99 * sent[m] <= tx[m] < 1.2 * sent[m] + tcp + 3000, (m, tx[m], sent[m])
     assert tx["compute"] < 1000  # nothing but a stray ACK of the step before
     assert 0.05 <= float(rows["topk"]["blocks_fraction"]) < 0.06, rows["topk"]
+    # LossComp's ratio held at --ratio by the defaults' rule: the same k blocks per bucket
+    assert rows["losscomp"]["blocks_fraction"] == rows["topk"]["blocks_fraction"]
     assert rows["gloo"]["vs_gloo"] == "" and float(rows["spina"]["vs_gloo"]) > 0
     with open(out / "curves.csv", newline="") as f:
         reader = csv.DictReader(f)
@@ -484,3 +540,28 @@ def test_training_time_to_target_and_wrong_weights():
            dict(gloo=rec(7, [90.0, 95.0]), params=10)]
     (row,), _ = make_rows(bad, req, point, "training", "0-0", {})
     assert row["wrong"] == 2
+
+
+def test_training_model_families():
+    """Each --model family's parameter formula counts its module's parameters, width_for
+    inverts it (the nearest width), and the sequence task is what its docstring says: 6
+    tokens of the class, 3 of another, the same data for a seed."""
+    import torch
+
+    from bench.train_models import FAMILIES, SEQ_LEN, SIGNAL, sequences
+    for f in FAMILIES.values():
+        for w in (f.min_width, f.min_width + 37):
+            assert f.params(w) == sum(p.numel() for p in f.build(w).parameters()), f.name
+        w = f.width_for(12_200_000)
+        assert f.params(w) >= 3_000_000, f.name  # the issue's "at least 3M"
+        assert abs(4 * f.params(w) - 12_200_000) <= abs(4 * f.params(w + 1) - 12_200_000)
+        assert abs(4 * f.params(w) - 12_200_000) <= abs(4 * f.params(w - 1) - 12_200_000)
+    assert FAMILIES["mlp"].width_for(4 * 70410) == 64
+    xtr, ytr, xte, yte = sequences(3, 5000)
+    assert xtr.shape == (20_000, SEQ_LEN) and xte.shape == (1_000, SEQ_LEN)
+    assert int(xtr.min()) >= 0 and int(xtr.max()) < 5000
+    signal = xtr < SIGNAL
+    assert (signal.sum(1) == 9).all()
+    same = ((xtr % 10 == ytr[:, None]) & signal).sum(1)
+    assert (same == 6).all()
+    assert torch.equal(sequences(3, 5000)[0], xtr) and not torch.equal(sequences(4, 5000)[0], xtr)

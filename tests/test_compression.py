@@ -934,3 +934,26 @@ def test_example_refuses_bad_runs_and_seeds_in_one_line(args, message):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert message in proc.stderr
     assert proc.stderr.startswith("examples/train_compressed.py: error: argument --")
+
+
+def test_defaults_follow_the_rule():
+    """compression_defaults is docs/compression.md's rule: 1% of the blocks, DGC's warm-up
+    over ceil(10%) of the steps (none under 2 steps), error feedback, the SGD's momentum as
+    DGC's correction; LossComp's ratio held at the ratio, its window a 50th of the steps
+    (at least 5)."""
+    from spina.communication import compression_defaults
+    c = compression_defaults("topk", steps=200, momentum=0.9)
+    assert (c.method, c.ratio, c.warmup_steps, c.warmup_ratio, c.error_feedback, c.momentum,
+            c.momentum_masking) == ("topk", 0.01, 20, 0.25, True, 0.9, True)
+    assert compression_defaults("topk", steps=1000).warmup_steps == 100
+    assert compression_defaults("topk", steps=1001).warmup_steps == 101  # ceil
+    assert compression_defaults("topk", steps=15).warmup_steps == 2
+    assert compression_defaults("topk", steps=10).warmup_steps == 0  # 1 step: no warm-up
+    assert compression_defaults("topk", steps=200).momentum == 0.0  # plain SGD: none
+    lc = compression_defaults("losscomp", steps=1000, momentum=0.9, ratio=0.02)
+    assert (lc.ratio, lc.ratio_bounds, lc.loss_window, lc.warmup_steps) == (
+        0.02, (0.02, 0.02), 20, 100)
+    assert compression_defaults("losscomp", steps=200).loss_window == 5
+    # the compressor built from it runs the warm-up it says: 25% of blocks at step 0
+    comp = make_compressor(compression_defaults("topk", steps=200, momentum=0.9))
+    assert comp.config.warmup_steps == 20

@@ -39,7 +39,8 @@ class Traffic:
     current one (duplicates, resends, flush requests, old and far rounds, partial lanes,
     wrapping int32 sums, disagreeing lengths), and some a switch must refuse: wrong epoch,
     unknown sender, slot or shape, a result or status sent by a host, a wrong version or length,
-    a truncated header. `widths` {job: width flag}: narrow lanes (docs/bits.md), each job's
+    a truncated header; a third of the contributions are a reduce-scatter's (random owners in
+    their bitmap). `widths` {job: width flag}: narrow lanes (docs/bits.md), each job's
     contributions mostly in its width, some in another (a width mismatch) or both (malformed),
     their values either small or anywhere in the width's range (sums that saturate)."""
 
@@ -70,7 +71,9 @@ class Traffic:
                         priority=int(rng.integers(8)), present=present,
                         nonfinite=(present & int(rng.integers(0, 1 << k))
                                    if rng.random() < 0.2 else 0),
-                        exponent=int(rng.integers(-32768, 32768)))
+                        exponent=int(rng.integers(-32768, 32768)),
+                        bitmap=(int(rng.integers(1, 1 << cfg.nworkers))
+                                if rng.random() < 0.33 else 0))
         npresent = bin(present).count("1")
         width = both = 0
         if self.widths is not None:

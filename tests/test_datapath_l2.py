@@ -7,6 +7,7 @@ Run just these: .venv/bin/python -m pytest -q tests/test_datapath_l2.py
 """
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
 
@@ -16,6 +17,7 @@ import pytest
 from softswitch.dataplane import Dataplane, ipv4_checksum
 from softswitch.l2 import L2Switch
 from spina import netns, rows, spec, wire
+from tests.netns import root_ports
 from tests.test_datapath import HOST, JOBS, Traffic, assert_same_state, job_config
 from tests.waits import until
 
@@ -182,20 +184,13 @@ def _through_sockets(datapath: str, seed: int, n: int = 2400) -> tuple[L2Switch,
     """Frames(seed)'s frames, all sent into port 1 of an L2Switch of `datapath` on four veth
     pairs (every sender admitted there too; copies go to each rank's own port), in chunks the
     switch takes before the next: the stopped switch and the frames each port sent, in order."""
-    tag = netns.unique_tag("l2c")
-    sw_if, host_if = {p: f"{tag}s{p}" for p in range(1, 5)}, {p: f"{tag}h{p}" for p in range(1, 5)}
-    net = netns.Network()
     socks: dict[int, socket.socket] = {}
-    got: dict[int, list[bytes]] = {p: [] for p in sw_if}
-    try:
-        with net.building():
-            for p in sw_if:
-                net.veth(sw_if[p], host_if[p])
-                for i in (sw_if[p], host_if[p]):
-                    netns.no_ipv6(i)  # no router solicitations on the ports
-                    netns.set_link(i)
+    with contextlib.ExitStack() as made:  # the sockets closed, then the ports removed
+        # ports4.yaml's: IPv6 off (no router solicitations on the ports)
+        sw_if, host_if = made.enter_context(root_ports(4, netns.unique_tag("l2c")))
+        got: dict[int, list[bytes]] = {p: [] for p in sw_if}
         for p, ifc in host_if.items():
-            socks[p] = netns.packet_socket(ifc)  # its frames only: not another run's
+            socks[p] = made.enter_context(netns.packet_socket(ifc))  # its frames only
             socks[p].setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 24)
             socks[p].setblocking(False)
         dp = Dataplane(pool_slots=16, slot_capacity=64, datapath=datapath)
@@ -227,10 +222,6 @@ def _through_sockets(datapath: str, seed: int, n: int = 2400) -> tuple[L2Switch,
             return sum(map(len, got.values())) >= sw.frames_out
         until(received, f"the {sw.frames_out} frames the switch sent", 10)
         return sw, got
-    finally:
-        for s in socks.values():
-            s.close()
-        net.close()
 
 
 def test_the_switch_sends_every_port_the_same_frames_on_both_paths():

@@ -16,6 +16,7 @@ import pytest
 
 from softswitch.egress import QUEUE_CAPACITY, EgressQueues, PortRate, parse_port_rate
 from spina import netns
+from tests.netns import root_ports
 
 
 def drain(q: EgressQueues, until: float, step: float = 0.25):
@@ -246,13 +247,14 @@ def test_dataplane_port_shaper_runs_egress_at_transmission():
 
 # ------------------------------------------------------------------ a real L2Switch
 @pytest.fixture
-def veth_pair_ports(veth_pairs):
-    """Two veth pairs in this namespace: switch side <tag>1s/<tag>2s, host side <tag>1h/<tag>2h
-    (the tag this process's: two runs on one machine do not share interfaces)."""
-    tag = netns.unique_tag("sqe")
-    for p in (1, 2):
-        veth_pairs(f"{tag}{p}s", f"{tag}{p}h")
-    return {p: f"{tag}{p}s" for p in (1, 2)}, {p: f"{tag}{p}h" for p in (1, 2)}
+def veth_pair_ports():
+    """ports4.yaml's first two ports in this namespace: ({port: switch side}, {port: host
+    side}), named by this process's tag (two runs on one machine do not share interfaces)."""
+    why = netns.why_no_namespaces()
+    if why:
+        pytest.skip(why)
+    with root_ports(2, netns.unique_tag("sqe")) as ports:
+        yield ports
 
 
 def _paced_arrivals(host_ifs, dst: bytes, n: int = 3) -> list[float]:

@@ -20,7 +20,7 @@ def test_l2_rate_smoke():
         pytest.skip("needs root and iproute2 for network namespaces")
     before = set(os.listdir("/var/run/netns")) if os.path.isdir("/var/run/netns") else set()
     r = run_rate(2000, 1.0)
-    assert r["rounds"] == r["results_min"] == r["completed"] == 500 and r["lossless"]
+    assert r["rounds"] == r["results_min"] == r["completed"] == 500 and r["lossless"], r
     assert r["aggregated"] == 4 * 500 and r["stale"] == 0 and r["held"] == 0
     assert r["datapath"] == "compiled" and r["frames_in"] == 2000 and r["wrong"] == 0
     assert r["slot_window_ms"] == 128.0 and 0 <= r["sender_skew_ms"] < 128.0

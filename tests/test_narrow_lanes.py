@@ -481,8 +481,9 @@ def test_narrow_rows_may_hold_more_values_than_an_int32_datagram(datapath):
 def test_lanes_bench_smoke(tmp_path, datapath):
     """`python -m bench lanes` runs (2 ranks, 8,192 elements, one call per width) on either
     path, every result within its width's bound (wrong 0), and reports each width's bytes: 4,
-    2 and 1 per value of the 32 blocks, and the headers of the same 17 datagrams (a setup round
-    on each of the 16 slots; the 32 blocks are lanes 0-31, slot 0's: one data round)."""
+    2 and 1 per value of the 32 blocks, and the headers of the same 2 datagrams (the 32 blocks
+    are lanes 0-31, slot 0's: its setup round and one data round; the other 15 slots hold no
+    block of the tensor and send nothing)."""
     import csv
 
     from bench import harness
@@ -497,6 +498,6 @@ def test_lanes_bench_smoke(tmp_path, datapath):
         sent, data, packets = (int(r[k]) for k in ("bytes_per_link", "payload_bytes_per_link",
                                                    "packets_per_link"))
         assert data == 8192 * item and r["wrong"] == "0", bits
-        if packets == 17:  # no resend (a loaded machine may time one out: then more)
-            assert sent == 17 * wire.data_offset(56) + data, bits
-        assert packets >= 17 and sent >= 17 * wire.data_offset(56) + data, bits
+        if packets == 2:  # no resend (a loaded machine may time one out: then more)
+            assert sent == 2 * wire.data_offset(56) + data, bits
+        assert packets >= 2 and sent >= 2 * wire.data_offset(56) + data, bits

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -194,3 +195,79 @@ def test_a_packet_socket_receives_its_interface_s_frames_only(root):
         finally:
             for s in (rx, *tx):
                 s.close()
+
+
+def test_a_graph_builds_an_l2_star_file_and_a_management_bridge_onto_its_hosts(root):
+    """bench/net_topo.py `Graph` on l2_star8.yaml's first 2 hosts: the switch's ports in the
+    root namespace (tbf on them), each host's eth0 with the segment's address and MAC and
+    static neighbours for the switch and the other host; mgmt8.yaml built onto the same
+    namespaces (`at`): mgmt0 on a root bridge at 10.9.0.100 that carries a datagram from h1 to
+    the root namespace; closing both leaves nothing."""
+    import socket
+
+    from bench.net_topo import Graph
+    from collectives import topology
+    topos = pathlib.Path(__file__).resolve().parents[1] / "bench" / "topologies"
+    star = topology.first_hosts(topology.load(str(topos / "l2_star8.yaml")), 2)
+    mgmt = topology.first_hosts(topology.load(str(topos / "mgmt8.yaml")), 2)
+    with Graph(star, TAG) as g:
+        assert g.ports("s0") == {1: f"{TAG}s0p1", 2: f"{TAG}s0p2"}
+        assert [g.ns(h) for h in ("s0", "h0", "h1")] == [None, f"{TAG}-h0", f"{TAG}-h1"]
+        info = _link(g.ns("h1"), "eth0")
+        assert (info["address"], [(x["local"], x["prefixlen"]) for x in info["addr_info"]]) \
+            == ("02:00:00:00:01:01", [("10.0.0.2", 24)])
+        neigh = json.loads(netns.ip("-j", "neigh", "show", "dev", "eth0", ns=g.ns("h1")).stdout)
+        assert sorted((n["dst"], n["lladdr"], n["state"]) for n in neigh) == [
+            ("10.0.0.1", "02:00:00:00:01:00", ["PERMANENT"]),
+            ("10.0.0.100", "02:00:00:00:00:64", ["PERMANENT"])]
+        q = json.loads(netns.tc("-j", "qdisc", "show", "dev", f"{TAG}s0p2").stdout)[0]
+        assert (q["kind"], q["options"]["rate"]) == ("tbf", 1_250_000_000)  # 10gbit in B/s
+        with Graph(mgmt, f"{TAG}m", at={h: g.ns(h) for h in mgmt.hosts}, if_prefix="mgmt") as m:
+            assert m.ns("h1") == g.ns("h1") and m.ports("m0") == {1: f"{TAG}ms0p1",
+                                                                  2: f"{TAG}ms0p2"}
+            addr = _link(g.ns("h1"), "mgmt0")["addr_info"]
+            assert [(x["local"], x["prefixlen"]) for x in addr] == [("10.9.0.2", 24)]
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as rx:
+                rx.bind(("10.9.0.100", 0))
+                rx.settimeout(10)
+                netns.in_ns(g.ns("h1"), sys.executable, "-c",
+                            "import socket, sys; socket.socket(socket.AF_INET, "
+                            "socket.SOCK_DGRAM).sendto(b'mgmt', ('10.9.0.100', int(sys.argv[1])))",
+                            rx.getsockname()[1])
+                data, src = rx.recvfrom(16)
+            assert (data, src[0]) == (b"mgmt", "10.9.0.2")
+        assert not os.path.exists(f"/sys/class/net/{TAG}ms0p1")  # its links went with it
+        assert os.path.exists(f"/sys/class/net/{TAG}s0p1")  # the star's are still there
+    assert not os.path.exists(f"/sys/class/net/{TAG}s0p1")
+    assert netns.leftover_namespaces(TAG) == []
+
+
+def test_the_bmv2_ports_file_builds_veth_pairs_in_the_root_namespace(root):
+    """bench/topologies/ports4.yaml as bmv2_tests/bmv2.py builds it (no BMv2 needed):
+    ports 1..4, both ends of each pair in the root namespace, up, IPv6 off, no address, and a
+    frame written on a host end arrives on its switch port; closing removes all eight."""
+    from bench.net_topo import Graph
+    from bmv2_tests.bmv2 import PORTS_FILE
+    from bmv2_tests.target import PORTS
+    from collectives import topology
+    topo = topology.load(str(PORTS_FILE))
+    with Graph(topo, TAG, at={h: None for h in topo.hosts}) as g:
+        sw = g.ports("s0")
+        hosts = {p: g.ifname(i, h) for p, (i, h) in topo.ports("s0").items()}
+        assert tuple(sw) == PORTS and sw[1] == f"{TAG}s0p1" and hosts[1] == f"{TAG}h1e0"
+        for ifc in (*sw.values(), *hosts.values()):
+            info = _link(None, ifc)
+            assert "UP" in info["flags"] and info["addr_info"] == [], ifc
+            with open(f"/proc/sys/net/ipv6/conf/{ifc}/disable_ipv6") as f:
+                assert f.read() == "1\n", ifc
+        rx, tx = netns.packet_socket(sw[3]), netns.packet_socket(hosts[3])
+        try:
+            frame = bytes.fromhex("02000000fe03020000000003") + b"\x88\xb5" + bytes(50)
+            tx.send(frame)
+            rx.settimeout(5)
+            assert rx.recv(2048) == frame
+        finally:
+            rx.close()
+            tx.close()
+    assert not any(os.path.exists(f"/sys/class/net/{ifc}")
+                   for ifc in (*sw.values(), *hosts.values()))

@@ -20,6 +20,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from softswitch.dataplane import Dataplane
+from softswitch.egress import scatter_owners, scatter_strip
 from softswitch.fabric import TO_GROUP, TO_SENDER, TO_UPSTREAM, FabricRoles
 from softswitch.pipeline import Pipeline
 from spina import rows, spec, wire
@@ -43,7 +44,7 @@ def packet(draw, nworkers, k=K, bs=BS, gather=True):
     h = wire.Header(
         version=draw(st.sampled_from([1] * 15 + [2])),
         msg_type=draw(st.sampled_from([wire.MSG_CONTRIB] * 6 + [wire.MSG_GATHER] * gather)),
-        bitmap=draw(st.sampled_from([0, 0, 0b10])),
+        bitmap=draw(st.sampled_from([0, 0, 0b10, 0b11, 0b101])),  # reduce-scatter owners
         flags=draw(st.sampled_from([0, wire.FLAG_LAST, wire.FLAG_RESEND, wire.FLAG_LOSS_TOLERANT,
                                     wire.FLAG_LAST | wire.FLAG_LOSS_TOLERANT,
                                     wire.FLAG_RESEND | wire.FLAG_PARTIAL])),
@@ -70,7 +71,8 @@ def scenario(draw):
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenario())
 def test_pipeline_equals_p4_transliteration(sc):
-    """Same packets out, same counters, same register cells, after every packet."""
+    """Same packets out, same counters, same register cells, after every packet; and every
+    copy of a reduce-scatter's result stripped for the same ranks (ScatterStrip)."""
     nworkers, packets = sc
     job = JobConfig(job=JOB, workers=tuple(WorkerAddr(r, *src(r)) for r in range(nworkers)),
                     slot_base=0, nslots=2, block_size=BS, nlanes=K)
@@ -84,6 +86,12 @@ def test_pipeline_equals_p4_transliteration(sc):
         got = [(bytes(e.data), e.multicast) for e in fast.process(pkt, PORT, src(rank))]
         assert got == model.process(pkt, PORT, src(rank))
         _same_state(fast, model)
+        for data, multicast in got:  # each copy through ScatterStrip, as egress sends it
+            owners = scatter_owners(pkt) if data[1] == wire.MSG_RESULT else 0
+            for r in range(nworkers) if multicast else (rank,):
+                copy = data if not owners or owners >> r & 1 else scatter_strip(data)
+                assert copy == model.scatter_strip(pkt, data, spec.rid(JOB, r) if multicast
+                                                   else 0)
 
 
 def _same_state(fast, model):

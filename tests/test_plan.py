@@ -65,6 +65,52 @@ def test_the_larger_validation_topologies_route_and_plan():
     assert len(there) == 4 and there[1][1] in ("s0", "s1") and back[1][1] == there[1][1]
     assert plan.plan(ls, "all_reduce", 8 << 20, QUIET).best in ("2d-ring", "2d-direct")
 
+def test_an_l2_switch_numbers_its_ports_and_gives_their_nodes_its_segment():
+    """l2_star8.yaml: s0's ports are its links in file order, host h<r> on port r+1 with the
+    subnet's address r+1 and MAC host_macs + r; the switch's own address and MAC; the first 3
+    hosts keep their ports; mgmt8.yaml's bridge has an address and no MACs."""
+    t = topology.load(str(TOPOS / "l2_star8.yaml"))
+    seg = t.segments["s0"]
+    assert (seg.kind, seg.root, seg.address, seg.mac) == ("l2", True, "10.0.0.100",
+                                                          "02:00:00:00:00:64")
+    assert t.ports("s0") == {r + 1: (r, f"h{r}") for r in range(8)} and t.aggregating == ("s0",)
+    assert [t.segment_address("s0", p) for p in (1, 8)] == ["10.0.0.1", "10.0.0.8"]
+    assert [t.segment_mac("s0", p) for p in (1, 8)] == ["02:00:00:00:01:00",
+                                                        "02:00:00:00:01:07"]
+    three = topology.first_hosts(t, 3)
+    assert three.hosts == three.ranks == ("h0", "h1", "h2") and len(three.links) == 3
+    assert three.ports("s0") == {1: (0, "h0"), 2: (1, "h1"), 3: (2, "h2")}
+    assert [three.link_end(h) for h in three.path("h2", "h0")] == [("h2", "s0"), ("s0", "h0")]
+    with pytest.raises(TopologyError, match="field 'hosts': the first 9 of 8 hosts"):
+        topology.first_hosts(t, 9)
+    m = topology.load(str(TOPOS / "mgmt8.yaml"))
+    assert (m.segments["m0"].kind, m.segments["m0"].address) == ("bridge", "10.9.0.100")
+    assert m.segment_address("m0", 2) == "10.9.0.2" and m.segment_mac("m0", 2) is None
+
+
+def test_a_gateway_leaf_gives_each_port_a_subnet_routed_by_its_gateway():
+    """dlcp_leaf16.yaml with 2 workers and the background sender: ports in file order (the
+    core's last), port p's node at .2 of the p-th /24, the core at every .1 of them (its
+    address: port 1's), MACs from host_macs; a leaf with a gateway is refused an address."""
+    t = topology.first_hosts(topology.load(str(TOPOS / "dlcp_leaf16.yaml")), 2, keep=("bg",))
+    assert t.hosts == ("w0", "w1", "bg") and t.segments["leaf"].gateway == "core"
+    assert t.ports("leaf") == {1: (0, "w0"), 2: (1, "w1"), 3: (2, "bg"), 4: (3, "core")}
+    assert [t.segment_address("leaf", p) for p in (1, 2, 3, 4)] == [
+        "10.210.1.2", "10.210.2.2", "10.210.3.2", "10.210.1.1"]
+    assert t.gateway_addresses("leaf") == ["10.210.1.1", "10.210.2.1", "10.210.3.1"]
+    assert t.segment_prefix("leaf") == 24 and t.segment_mac("leaf", 4) == "02:00:00:00:02:03"
+    bad = dict(hosts=["h0"], switches={"l": {"kind": "l2", "subnet": "10.1.0.0/16",
+                                             "gateway": "r", "address": "10.1.0.9",
+                                             "mac": "02:00:00:00:00:09"}, "r": {}},
+               links=[dict(ends=["h0", "l"], rate="1gbit", latency="1us"),
+                      dict(ends=["l", "r"], rate="1gbit", latency="1us")])
+    with pytest.raises(TopologyError, match="'switches.l.gateway': needs a subnet with a /24"):
+        from_dict(bad)
+    bad["switches"]["l"] = {"kind": "l2", "subnet": "10.1.0.0/16", "gateway": "h9"}
+    with pytest.raises(TopologyError, match="'switches.l.gateway': 'h9' is on none of its"):
+        from_dict(bad)
+
+
 def test_local_devices_become_ranks_on_a_local_mesh():
     """devices: 2 -> ranks h/0, h/1 linked to each other and to the host's NIC; one group
     per host by default."""
@@ -102,6 +148,25 @@ def test_local_devices_become_ranks_on_a_local_mesh():
     (dict(switches={"s": {"aggregate": "yes"}}), "field 'switches.s.aggregate': must be true"),
     (dict(hosts=["h0", "h1", "h2", "h1"]), "field 'hosts[3]': 'h1' is also hosts[1]"),
     (dict(switches=["s", "s"]), "field 'switches[1]': 's' is also switches[0]"),
+    (dict(switches={"s": {"kind": "hub"}}), "field 'switches.s.kind': must be one of router, "),
+    (dict(switches={"s": {"subnet": "10.0.0.0/24"}}),
+     "field 'switches.s.subnet': is a field of an l2 or bridge switch"),
+    (dict(switches={"s": {"kind": "l2", "subnet": "10.0.0.0/30"}}),
+     "field 'switches.s.subnet': 10.0.0.0/30 has no address for each of its 4 ports"),
+    (dict(switches={"s": {"kind": "l2", "subnet": "10.0.0"}}), "field 'switches.s.subnet': "),
+    (dict(switches={"s": {"kind": "l2", "subnet": "10.0.0.0/24", "address": "10.0.0.4",
+                          "mac": "02:00:00:00:00:64"}}),
+     "field 'switches.s.address': 10.0.0.4 must be in 10.0.0.0/24 above its ports' addresses"),
+    (dict(switches={"s": {"kind": "l2", "subnet": "10.0.0.0/24", "address": "10.0.0.100"}}),
+     "field 'switches.s.mac': is required with an l2 switch's address"),
+    (dict(switches={"s": {"kind": "bridge", "mac": "02:00:00:00:00:64"}}),
+     "field 'switches.s.address': is required with its mac"),
+    (dict(switches={"s": {"kind": "l2", "host_macs": "02:00:00:00:01"}}),
+     "field 'switches.s.host_macs': '02:00:00:00:01' is not a MAC"),
+    (dict(switches={"s": {"kind": "l2", "host_macs": "ff:ff:ff:ff:ff:fe"}}),
+     "field 'switches.s.host_macs': ff:ff:ff:ff:ff:fe has no room for 4 ports"),
+    (dict(switches={"s": {"kind": "bridge", "root": "yes"}}),
+     "field 'switches.s.root': must be true or false"),
 ])
 def test_bad_topologies_name_the_field(change, msg):
     """Each mistake is a TopologyError naming the file and the field, on one line."""

@@ -36,7 +36,7 @@ from softswitch.udp import UdpSwitch
 from spina import spec
 from spina.net import free_port, free_ports
 from tests.deployment import ENV, ROOT, Deployment, jobs_of
-from tests.netns import MGMT_IP, SWITCH_MAC, TAG, management_bridge
+from tests.netns import MGMT_IP, SWITCH_MAC, TAG, host_ip, host_mac, management_bridge
 
 WORKER = ("-m", "tests.run_worker")  # run from ROOT (cwd=ROOT)
 HOST = "127.0.0.1"
@@ -209,7 +209,7 @@ def on_namespaced_hosts(doc: dict, hosts: list[tuple[str, str]], link, rendezvou
     ports: dict[str, list[str]] = {sw["name"]: [] for sw in doc["switches"]}
     for k, (w, (_, sw_if)) in enumerate(zip(doc["workers"], hosts, strict=True)):
         ports[w["switch"]].append(sw_if)
-        w.update(ip=f"10.0.0.{k + 1}", udp_port=50000 + k, mac=f"02:00:00:00:01:{k:02x}",
+        w.update(ip=host_ip(k), udp_port=50000 + k, mac=host_mac(k),
                  switch_port=len(ports[w["switch"]]))
     fabric = doc.get("fabric")
     if fabric:

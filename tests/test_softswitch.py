@@ -171,6 +171,21 @@ def test_length_mismatch_is_an_error_on_every_rank():
         assert (res[0] == 3).all()
 
 
+def test_length_mismatch_over_different_slots_leaves_the_job_working():
+    """Rank 2's tensor spans both slots, the others' only slot 0 (the slots a call uses follow
+    its length): every rank gets LengthMismatch, and later calls over both slots still sum."""
+    with LocalCluster(3, rto=0.05, timeout=10, block_size=8, nlanes=2, nslots=2) as c:
+        futs = [a.allreduce_async(np.ones(n, np.float32)) for a, n in zip(c.agents, (10, 10, 100))]
+        for f in futs:
+            with pytest.raises(LengthMismatch, match="disagree on the tensor length"):
+                f.result(timeout=20)
+        assert [a.last_stats.packets_sent - a.last_stats.resends for a in c.agents] == [1, 1, 2]
+        for _ in range(3):
+            x = np.arange(100, dtype=np.float32)
+            res = c.allreduce([x] * 3)
+            assert all(np.abs(r - 3 * x).max() <= 1e-3 for r in res)
+
+
 def test_missing_worker_times_out_naming_it():
     """If rank 2 never calls, the others fail after the timeout with an error naming rank 2."""
     with LocalCluster(3, rto=0.05, timeout=1.0, block_size=8, nlanes=2, nslots=2) as c:

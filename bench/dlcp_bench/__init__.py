@@ -7,13 +7,14 @@ Run from the repository root as root (`make bench-dlcp` does):
     python -m bench dlcp                                        # the documented run (2.5 min)
     python -m bench dlcp -g 2 --model 64,64,10 -n 2 --out /tmp/d           # smoke
 
-The fabric (namespaces, built and removed by fabric.py):
+The fabric (namespaces: the file bench/topologies/dlcp_leaf16.yaml, built and removed by
+fabric.py with bench/net_topo.py's Graph):
 
 ```
   w0 eth0 -tbf-+                               +- core: IPv4 router between the workers'
   w1 eth0 -tbf-+ leaf: L2-mode software switch |  subnets (gloo's ring), SpINA's aggregator
-  ...          + (softswitch.l2), its uplink  -+  (UDP-mode software switch) on 10.210.255.1,
-  bg eth0 -tbf-+ rate-limited (--port-rate)    |  a blackhole for the background traffic
+  ...          + (softswitch.l2), its uplink  -+  (UDP-mode software switch) on its address
+  bg eth0 -tbf-+ rate-limited (--port-rate)    |  there, a blackhole for the background traffic
 ```
 
 Every frame a worker sends goes through the leaf's uplink to the core (the leaf bridges by MAC

@@ -27,13 +27,14 @@ def run(a) -> tuple[list[dict], list[dict], dict]:
         try:
             sw_conn, child = ctx.Pipe()
             procs.append(ctx.Process(target=aggregator_main, name="dlcp-aggregator",
-                                     args=(child, fab.core)))
+                                     args=(child, fab.core, fab.core_ip)))
             procs[-1].start()
             switch_addr = recv(sw_conn, "aggregator", 60)
             leaf_conn, child = ctx.Pipe()
             procs.append(ctx.Process(target=leaf_main, name="dlcp-leaf",
-                                     args=(child, fab.leaf, fab.ports(), fab.l2_entries(),
-                                           uplink_spec(a), a.qdepth)))
+                                     args=(child, fab.leaf, fab.ports("leaf"),
+                                           fab.l2_entries(), fab.uplink, uplink_spec(a),
+                                           a.qdepth)))
             procs[-1].start()
             recv(leaf_conn, "leaf", 60)
             barrier = ctx.Barrier(n)
@@ -42,7 +43,8 @@ def run(a) -> tuple[list[dict], list[dict], dict]:
                 parent, child = ctx.Pipe()
                 procs.append(ctx.Process(target=worker_main, name=f"dlcp-worker{r}",
                                          args=(r, fab.worker_ns(r), n, sizes, gloo_port, child,
-                                               barrier)))
+                                               barrier, fab.worker_ip(r), fab.worker_ip(0),
+                                               fab.host_if(f"w{r}"))))
                 procs[-1].start()
                 conns.append(parent)
             from spina.config import JobConfig, WorkerAddr
@@ -59,7 +61,8 @@ def run(a) -> tuple[list[dict], list[dict], dict]:
                 recv(c, f"rank {r} ready", 300)
             bg_conn, child = ctx.Pipe()
             procs.append(ctx.Process(target=background_main, name="dlcp-background",
-                                     args=(child, fab.bg, a.background, a.bg_size)))
+                                     args=(child, fab.bg, fab.bg_ip, a.background,
+                                           a.bg_size)))
             procs[-1].start()
             recv(bg_conn, "background", 60)
             configs = [c for c in CONFIGS if c.name in a.configs]

@@ -5,12 +5,14 @@ from __future__ import annotations
 import time
 
 from bench.dlcp_bench.configs import JOB
-from bench.dlcp_bench.fabric import BG_IP, BLACKHOLE, CORE_IP, UPLINK
+from bench.dlcp_bench.fabric import BLACKHOLE
 from spina import spec
 
 
-def leaf_main(conn, ns: str, ports: dict, l2: dict, uplink: tuple, qdepth: int) -> None:
-    """The leaf switch in namespace `ns`: L2 bridging, the uplink rate-limited: `uplink` is
+def leaf_main(conn, ns: str, ports: dict, l2: dict, uplink_port: int, uplink: tuple,
+              qdepth: int) -> None:
+    """The leaf switch in namespace `ns`: L2 bridging, the uplink (`uplink_port`, to the core)
+    rate-limited: `uplink` is
     ("shaper", PortRate) (a port shaper: one link rate, strict priority, link time taken after
     egress) or ("bmv2", pps) (BMv2's model: each priority queue at its own rate). Commands on
     `conn`: ("bound", fraction) sets the job's congestion entry (0: none, never dropped);
@@ -25,9 +27,9 @@ def leaf_main(conn, ns: str, ports: dict, l2: dict, uplink: tuple, qdepth: int) 
         for mac, port in l2.items():
             dp.table_add("l2", {"dst_mac": mac}, "bridge", {"port": port})
         if uplink[0] == "shaper":
-            dp.set_port_rate(UPLINK, uplink[1])
+            dp.set_port_rate(uplink_port, uplink[1])
         else:
-            dp.set_queue_rate(UPLINK, uplink[1])
+            dp.set_queue_rate(uplink_port, uplink[1])
         sw = L2Switch(ports, dp).start()
         conn.send("ready")
     except BaseException as e:
@@ -57,8 +59,8 @@ def leaf_main(conn, ns: str, ports: dict, l2: dict, uplink: tuple, qdepth: int) 
         sw.stop()
 
 
-def aggregator_main(conn, ns: str) -> None:
-    """SpINA's UDP-mode software switch in the core namespace on CORE_IP and the INA UDP port
+def aggregator_main(conn, ns: str, address: str) -> None:
+    """SpINA's UDP-mode software switch in the core namespace on `address` and the INA UDP port
     (the port by which the leaf's parser knows an INA packet: its priority, its congestion
     drop). Protocol: send our address; receive the JobConfig, admit it; "stop"."""
     import threading
@@ -67,7 +69,7 @@ def aggregator_main(conn, ns: str) -> None:
     from spina.netns import enter
     try:
         enter(ns)
-        sw = UdpSwitch(CORE_IP, spec.INA_UDP_PORT)
+        sw = UdpSwitch(address, spec.INA_UDP_PORT)
         conn.send(sw.address)
         sw.add_job(conn.recv())
         conn.send("admitted")
@@ -85,7 +87,7 @@ def aggregator_main(conn, ns: str) -> None:
     sw.sock.close()
 
 
-def background_main(conn, ns: str, pps: float, size: int) -> None:
+def background_main(conn, ns: str, address: str, pps: float, size: int) -> None:
     """Open-loop UDP at `pps` datagrams a second from the background namespace to the core's
     blackhole, paced per millisecond, until "stop" (answers the datagrams sent)."""
     import socket
@@ -93,7 +95,7 @@ def background_main(conn, ns: str, pps: float, size: int) -> None:
     from spina.netns import enter
     enter(ns)
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.bind((BG_IP, 0))
+    s.bind((address, 0))
     s.setblocking(False)
     payload = bytes(size)
     sent = 0

@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import numpy as np
 
-from bench.dlcp_bench.fabric import WORKER_PORT, worker_ip
+from bench.dlcp_bench.fabric import WORKER_PORT
 from bench.dlcp_bench.model import VARIANTS, make_gradient, mlp_accuracy, mlp_grad, mlp_init
 from bench.paired import guarded
 from bench.procs import requests
@@ -17,11 +17,14 @@ from examples.digits import flat_split
 
 
 def worker_main(rank: int, ns: str, n: int, sizes: list[int], gloo_port: int, conn,
-                barrier) -> None:
-    guarded(rank, conn, barrier, _worker, rank, ns, n, sizes, gloo_port, conn, barrier)
+                barrier, ip: str, ip0: str, ifname: str) -> None:
+    """Rank `rank` in namespace `ns` at `ip` on interface `ifname` (rank 0's address `ip0`:
+    gloo's store)."""
+    guarded(rank, conn, barrier, _worker, rank, ns, n, sizes, gloo_port, conn, barrier, ip,
+            ip0, ifname)
 
 
-def _worker(rank, ns, n, sizes, gloo_port, conn, barrier):
+def _worker(rank, ns, n, sizes, gloo_port, conn, barrier, ip, ip0, ifname):
     import dataclasses
 
     from host_agent import dlcp
@@ -30,15 +33,15 @@ def _worker(rank, ns, n, sizes, gloo_port, conn, barrier):
     from spina.net import bound_udp_socket
     from spina.netns import enter
     enter(ns)
-    sock = bound_udp_socket(worker_ip(rank), WORKER_PORT)
+    sock = bound_udp_socket(ip, WORKER_PORT)
     conn.send(sock.getsockname())
     job, switch_addr = conn.recv()
     agent = Agent(job, rank, switch_addr, sock=sock, timeout=60.0)
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)
-    os.environ["GLOO_SOCKET_IFNAME"] = "eth0"
-    dist.init_process_group("gloo", init_method=f"tcp://{worker_ip(0)}:{gloo_port}", rank=rank,
+    os.environ["GLOO_SOCKET_IFNAME"] = ifname
+    dist.init_process_group("gloo", init_method=f"tcp://{ip0}:{gloo_port}", rank=rank,
                             world_size=n, timeout=timedelta(seconds=300))
     grads = [make_gradient(sizes, rank, v) for v in range(VARIANTS)]
     exact = None

@@ -69,13 +69,16 @@ class FSDPCounters(HookCounters):
             UDP payload bytes this rank sent for them (GatherStats), wall time in them.
         scatter_calls, scatter_bytes_sent, scatter_seconds: reduce-scatters through the switch
             (CallStats' bytes_sent), as above.
-        blocks_sent, blocks_total: with compression, blocks this rank sent / had.
+        resends: packets both sent again (the all-gather's chunks on request, the
+            reduce-scatter's after a timeout).
+        blocks_sent, blocks_total, compress_seconds: with compression, blocks this rank
+            sent / had, and the time in the compressor (inside scatter_seconds).
         gloo_calls: reduce-scatters gloo carried (what SpINA does not: see the module).
     """
 
     COUNTERS = ("gather_calls", "gather_bytes_sent", "gather_seconds", "scatter_calls",
-                "scatter_bytes_sent", "scatter_seconds", "blocks_sent", "blocks_total",
-                "gloo_calls")
+                "scatter_bytes_sent", "scatter_seconds", "resends", "blocks_sent",
+                "blocks_total", "compress_seconds", "gloo_calls")
     __slots__ = COUNTERS
 
     def as_dict(self) -> dict:
@@ -118,8 +121,9 @@ class SpinaAllGather(_Alloc, AllGather):
         t0 = time.perf_counter()
         rows = self.agent.allgather(input_tensor)  # (N, n): rank r's shard in row r
         output_tensor.copy_(rows.reshape(-1))
+        st = self.agent.last_gather_stats
         self.counters.add(gather_calls=1, gather_seconds=time.perf_counter() - t0,
-                          gather_bytes_sent=self.agent.last_gather_stats.bytes_sent)
+                          gather_bytes_sent=st.bytes_sent, resends=st.resends)
         return None  # done: FSDP waits on a Work only
 
 
@@ -149,7 +153,8 @@ class SpinaReduceScatter(_Alloc, ReduceScatter):
         if (name not in _CARRIED_OPS or input_tensor.dtype not in _SUMMED
                 or not hasattr(self.agent, "reduce_scatter")):
             self.counters.add(gloo_calls=1)
-            dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group)
+            dist.reduce_scatter_single(output=output_tensor, input=input_tensor, op=op,
+                                       group=group)
             return None
         t0 = time.perf_counter()
         grad = input_tensor.detach().reshape(-1).to(torch.float32).numpy()
@@ -158,8 +163,9 @@ class SpinaReduceScatter(_Alloc, ReduceScatter):
         if name == "AVG":
             out = out / group.size()
         output_tensor.copy_(out.reshape(output_tensor.shape))
+        st = self.agent.last_stats
         self.counters.add(scatter_calls=1, scatter_seconds=time.perf_counter() - t0,
-                          scatter_bytes_sent=self.agent.last_stats.bytes_sent)
+                          scatter_bytes_sent=st.bytes_sent, resends=st.resends)
         return None
 
     def _dense(self, grad: np.ndarray) -> np.ndarray:
@@ -176,8 +182,10 @@ class SpinaReduceScatter(_Alloc, ReduceScatter):
         layout = BucketLayout.of((id(self),), [len(grad)], comp.block_size)
         if self.send is None or len(self.send) != layout.length:
             self.send = np.zeros(layout.length, np.float32)
+        t0 = time.perf_counter()
         sel = comp.compress(layout, grad, self.send)
         comp.end_step()  # one call per module and step: the compressor is this module's
+        self.counters.add(compress_seconds=time.perf_counter() - t0)
         send = sel.send
         try:
             return self.agent.reduce_scatter(send[:len(grad)], blocks=sel.blocks)

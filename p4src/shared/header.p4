@@ -130,6 +130,8 @@ struct metadata_t {
     bool        ina_local;    // an INA packet addressed to this switch (ina_endpoint hit)
     bool        ina_emitted;  // a result/status this switch wrote (counted in egress)
     bool        ipv4_update;  // the IPv4 header changed: recompute its checksum
+    bit<32>     owners;       // a reduce-scatter round's owners (its contribution's bitmap;
+                              // 0: every copy whole): v1model/scatter_strip.p4
 }
 
 #endif

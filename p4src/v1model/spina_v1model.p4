@@ -3,8 +3,9 @@
  *
  * Ingress: an INA packet for this switch (ina_endpoint) is checked, admitted and aggregated;
  * everything else is forwarded (l2, then ipv4_routes). The job's level on this switch (flat,
- * leaf or spine: FabricRoles, by table entries) decides where a completed round goes. Egress: per-worker rewrite of result
- * copies, then the loss-tolerant drop under congestion.
+ * leaf or spine: FabricRoles, by table entries) decides where a completed round goes. Egress: a
+ * reduce-scatter result's copies stripped for the ranks owning none of its blocks (ScatterStrip),
+ * per-worker rewrite of result copies, then the loss-tolerant drop under congestion.
  */
 #include <core.p4>
 #include <v1model.p4>
@@ -21,6 +22,7 @@
 #include "aggregator.p4"
 #include "forwarding.p4"
 #include "priority.p4"
+#include "scatter_strip.p4"
 #include "egress_rewrite.p4"
 
 control SpinaIngress(inout headers_t hdr, inout metadata_t meta,
@@ -37,6 +39,7 @@ control SpinaIngress(inout headers_t hdr, inout metadata_t meta,
     apply {
         meta.ina_emitted = false;
         meta.ipv4_update = false;
+        meta.owners = 0;
         ina_endpoint_ctl.apply(hdr, meta);
         if (meta.ina_local) {
             fabric_roles_ctl.apply(hdr, meta);
@@ -49,6 +52,9 @@ control SpinaIngress(inout headers_t hdr, inout metadata_t meta,
                 if (meta.adm.hit && meta.fab.from_spine) {
                     from_spine_ctl.apply(hdr, meta, std);
                 } else if (meta.adm.hit) {
+                    if (hdr.ina.msg_type == MSG_CONTRIB && !meta.fab.spine) {
+                        meta.owners = hdr.ina.bitmap;  // before the Aggregator writes it
+                    }
                     aggregator_ctl.apply(hdr, meta, std);
                 } else {
                     mark_to_drop(std);
@@ -63,10 +69,12 @@ control SpinaIngress(inout headers_t hdr, inout metadata_t meta,
 
 control SpinaEgress(inout headers_t hdr, inout metadata_t meta,
                     inout standard_metadata_t std) {
+    ScatterStrip() scatter_strip_ctl;
     WorkerRewrite() worker_rewrite_ctl;
     CongestionDrop() congestion_drop_ctl;
 
     apply {
+        scatter_strip_ctl.apply(hdr, meta, std);
         worker_rewrite_ctl.apply(hdr, meta, std);
         congestion_drop_ctl.apply(hdr, std);
     }
