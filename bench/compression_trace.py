@@ -22,7 +22,6 @@ parameter's blocks and how many of them any rank sent (coverage). docs/compressi
 from __future__ import annotations
 
 import csv
-import math
 import sys
 
 import numpy as np
@@ -104,7 +103,7 @@ def simulate(model: str, width: int, *, seed: int = 0, steps: int = 150, lr: flo
                 for r in range(workers):
                     flat = np.concatenate([grads[r][i] for i in bucket]).astype(np.float32)
                     total += comps[r].compress(layout, flat).send
-                for (s, d, k), i in zip(layout.pieces(), bucket):
+                for (_, d, k), i in zip(layout.pieces(), bucket):
                     piece = total[d:d + k] / np.float32(workers)
                     update[i] = piece
                     nb = -(-k // B)
@@ -136,17 +135,12 @@ def simulate(model: str, width: int, *, seed: int = 0, steps: int = 150, lr: flo
 
 def _memory_by_param(comp, params) -> dict:
     """{parameter index: (residual norm, velocity norm)} of one compressor's memory."""
-    where = comp.memory._where
     out = {}
     for i, p in enumerate(params):
-        if id(p) not in where:
-            continue
-        key, d = where[id(p)]
-        bufs = comp.memory.buffers[key]
-        k = p.numel()
-        norm = [float(np.linalg.norm(bufs[n][d:d + k])) if n in bufs else 0.0
-                for n in ("residual", "momentum")]
-        out[i] = tuple(norm)
+        bufs = comp.memory.of_param(id(p))
+        if bufs:
+            out[i] = tuple(float(np.linalg.norm(bufs[n])) if n in bufs else 0.0
+                           for n in ("residual", "momentum"))
     return out
 
 
@@ -175,11 +169,13 @@ def main(argv=None) -> int:
         import dataclasses
         import json
 
-        from spina.communication import compression_defaults
+        from spina.communication import CompressionConfig, compression_defaults
         from spina.fields import ConfigError
         fields = {}
         for item in a.set:
             name, _, value = item.partition("=")
+            if name not in {f.name for f in dataclasses.fields(CompressionConfig)}:
+                return cli.fail(ap.prog, f"argument --set: unknown field {name!r}")
             try:
                 fields[name] = json.loads(value)
             except ValueError:

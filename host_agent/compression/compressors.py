@@ -151,6 +151,16 @@ class ResidualMemory:
         self._users[key] = len(layout.params)
         return bufs
 
+    def of_param(self, param) -> dict[str, np.ndarray]:
+        """{name: view of the parameter's slice} of its current buffers ({}: none yet)."""
+        where = self._where.get(param)
+        if where is None:
+            return {}
+        key, d = where
+        layout_sizes = dict(zip(key[:len(key) // 2], key[len(key) // 2:]))
+        size = layout_sizes[param]
+        return {n: b[d:d + size] for n, b in self.buffers[key].items()}
+
 
 def top_scores(score: np.ndarray, k: int) -> np.ndarray:
     """Sorted indices of the k largest of any float scores (LossComp's signed log weights;
