@@ -253,6 +253,14 @@ class Graph(netns.Network):
         """Datagrams set_loss's rules discarded since they were set, all hosts, both ways."""
         return sum(netns.random_drops(self.ns(h)) for h in self.topo.hosts)
 
+    def each_rate(self, rates):
+        """Every link at each of `rates` in turn (none given: the file's own, once); yields
+        the links' rate (file_rate) for each."""
+        for rate in rates or [None]:
+            if rate is not None:
+                self.set_rate(rate)
+            yield self.file_rate()
+
     def file_rate(self) -> str:
         """The links' rate: set_rate's, else the file's if it has one, else 'file'."""
         rates = {ln.rate_text for ln in self.topo.links}

@@ -69,7 +69,9 @@ beside the harness's outputs.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
+import functools
 import os
 import statistics
 import time
@@ -272,7 +274,8 @@ def counted_hook(count: TorchHookCount, bucket):
 class Run:
     """One method's model, optimiser, hook state and batches at one rank."""
 
-    def __init__(self, method: str, req: TrainRequest, agents: dict, rank: int, data):
+    def __init__(self, method: str, req: TrainRequest, agent, rank: int, data,
+                 lanes: dict | None = None):
         import torch
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -287,7 +290,8 @@ class Run:
         from spina.communication import compression_defaults
 
         kind = BY_NAME[method].hook
-        agent = agents[BY_NAME[method].lane_bits]  # the job of its lane width
+        # a narrow-lane method's agent: the job of its width (bench.paired.Cluster's lanes)
+        agent = {32: agent, **(lanes or {})}[BY_NAME[method].lane_bits]
         self.method, self.xtr, self.ytr = method, data[0], data[1]
         torch.manual_seed(req.seed)  # the same initial weights for every method
         self.module = FAMILIES[req.model].build(req.width)
@@ -344,15 +348,15 @@ class Run:
         return zlib.crc32(flat.numpy().tobytes())
 
 
-def train_point(rank: int, req: TrainRequest, agent, dist, torch, barrier, floor=None,
-                lanes=None) -> dict:
-    """This worker's side of one comparison (see the module docstring): {method: record}.
-    lanes: the narrow-lane jobs' agents by lane width (bench.paired.Cluster's `lanes`)."""
+def train_loop(rank: int, req: TrainRequest, agent, dist, torch, barrier, make_run):
+    """The rounds of one comparison at this rank (the module docstring): every method's
+    `make_run(method, req, agent, rank, (xtr, ytr))` (Run's interface; methods named as
+    METHOD_LIST's) stepped side by side until the stopping rules end it. Returns (runs,
+    {method: record}); each record its step times, link bytes, CPU and test accuracies."""
     n = agent.job.nworkers
     from bench.train_models import FAMILIES
     xtr, ytr, xte, yte = FAMILIES[req.model].data(req.seed, req.width)
-    agents = {32: agent, **(lanes or {})}
-    runs = {m: Run(m, req, agents, rank, (xtr, ytr)) for m in req.methods}
+    runs = {m: make_run(m, req, agent, rank, (xtr, ytr)) for m in req.methods}
     mine_x, mine_y = xte[rank::n], yte[rank::n]  # this rank's share of the test set
     rec = {m: dict(times=[], tx=[], rx=[], cpu=[], switch_cpu=[], acc=[]) for m in req.methods}
     reached = {m: False for m in req.methods}
@@ -371,16 +375,15 @@ def train_point(rank: int, req: TrainRequest, agent, dist, torch, barrier, floor
             barrier.wait()  # every worker done (the switch too: every rank has its sums)
             tx1, rx1 = dev_bytes() if req.count_dev else (0, 0)
             s1 = proc_cpu(req.switch_pid) if req.switch_pid and rank == 0 else 0.0
-            r["times"].append(dt)
-            r["cpu"].append(dc)
-            r["tx"].append(tx1 - tx0)
-            r["rx"].append(rx1 - rx0)
-            r["switch_cpu"].append(s1 - s0)
+            for key, v in (("times", dt), ("cpu", dc), ("tx", tx1 - tx0), ("rx", rx1 - rx0),
+                           ("switch_cpu", s1 - s0)):
+                r[key].append(v)
             if BY_NAME[m].hook == "losscomp":  # its controller: the loss averaged over ranks
                 dist.all_reduce(loss)
                 run.state.observe_loss(float(loss) / n)
         step += 1
-        # not timed: each rank counts its share of the test set, gloo sums the counts
+        # not timed: each rank counts its share of the test set, gloo sums the counts (every
+        # rank evaluates the same methods in the same order: FSDP gathers in the forward)
         synced = [m for m in active if m in SYNCED]
         counts = torch.tensor([runs[m].correct(mine_x, mine_y) for m in synced],
                               dtype=torch.int64)
@@ -394,6 +397,15 @@ def train_point(rank: int, req: TrainRequest, agent, dist, torch, barrier, floor
                   or (m in SYNCED and not reached[m])]
         if not any(m in SYNCED for m in active):
             active = []
+    return runs, rec
+
+
+def train_point(rank: int, req: TrainRequest, agent, dist, torch, barrier, floor=None,
+                lanes=None) -> dict:
+    """This worker's side of one comparison (see the module docstring): {method: record}.
+    lanes: the narrow-lane jobs' agents by lane width (bench.paired.Cluster's `lanes`)."""
+    runs, rec = train_loop(rank, req, agent, dist, torch, barrier,
+                           functools.partial(Run, lanes=lanes))
     for m, run in runs.items():
         r = rec[m]
         r["crc"] = run.weights_crc()
@@ -498,43 +510,57 @@ def make_rows(recs: list[dict], req: TrainRequest, point: dict, what: str, load:
     return rows, curves
 
 
-def run(a, log):
-    """Per rate and size (a model width) one comparison in one cluster on the star."""
+def lane_jobs(methods) -> tuple[tuple[int, int], ...]:
+    """bench.paired.Cluster's `lanes` for `methods`: (lane_bits, block_size) of every narrow
+    width a method of METHOD_LIST's names (spina16, spina8)."""
+    bits = {BY_NAME[m].lane_bits for m in methods if m in BY_NAME} - {32}
+    return tuple((b, LANE_BLOCKS[b]) for b in sorted(bits))
+
+
+@contextlib.contextmanager
+def ddp_star(a, gloo_port: int, serve):
+    """(graph, cluster): the star file -t in namespaces (tbf queues of 20 ms) and a worker per
+    host serving `serve` (a module-level point function), the agents' window and lanes
+    add_ddp_options' (every WHAT that trains on a star: training, fsdp, overlap)."""
     from bench.net_topo import Graph
     from bench.paired import star_places
+    with Graph(a.topo, a.tag, queue_ms=20) as graph:
+        places, gloo = star_places(graph, gloo_port)
+        with Cluster(a.workers[0], nslots=a.nslots, block_size=256, nlanes=a.nlanes,
+                     lanes=lane_jobs(a.methods), agent_kw=dict(rto=0.2), gloo=gloo,
+                     serve=serve, **places) as cl:
+            yield graph, cl
+
+
+def run(a, log, serve=None, gloo_port: int = GLOO_PORT):
+    """Per rate and size (a model width) one comparison in one cluster on the star, its
+    workers serving `serve` (default train_point; bench/fsdp.py passes its own)."""
     n = a.workers[0]
     a.curves = []
-    with Graph(a.topo, a.tag, queue_ms=20) as graph:
-        places, gloo = star_places(graph, GLOO_PORT)
-        lanes = tuple((b, LANE_BLOCKS[b]) for b in sorted({BY_NAME[m].lane_bits
-                                                           for m in a.methods} - {32}))
-        with Cluster(n, nslots=a.nslots, block_size=256, nlanes=a.nlanes, lanes=lanes,
-                     agent_kw=dict(rto=0.2), gloo=gloo, serve=train_point, **places) as cl:
-            for rate in a.rates or [None]:
-                if rate is not None:
-                    graph.set_rate(rate)
-                for size in a.sizes:
-                    w = width_for(size, a.model)
-                    req = TrainRequest(methods=tuple(a.methods), width=w, batch=a.batch,
-                                       lr=a.lr, momentum=a.momentum, ratio=a.ratio,
-                                       target=a.target, max_steps=a.max_steps,
-                                       min_steps=a.min_steps, seed=a.seed,
-                                       powersgd_start=powersgd_start(a.max_steps,
-                                                                     a.powersgd_start),
-                                       model=a.model, switch_pid=cl.switch_pid)
-                    load0, drops0 = os.getloadavg()[0], graph.tbf_drops()
-                    k0 = kernel_losses_total(cl.pids)
-                    recs = cl.ask(req, f"{n} workers, {graph.file_rate()}, {a.model} width {w}")
-                    k1 = kernel_losses_total(cl.pids)
-                    common = dict(tbf_drops=graph.tbf_drops() - drops0,
-                                  **{k: k1[k] - k0[k] for k in k0})
-                    params = params_of(w, a.model)
-                    point = dict(size=4 * params, elements=params, dtype="float32",
-                                 density=1.0, workers=n, lane_bits=32, rate=graph.file_rate())
-                    rows, curves = make_rows(recs, req, point, a.what,
-                                             f"{load0:.2f}-{os.getloadavg()[0]:.2f}", common)
-                    a.curves += curves
-                    yield rows
+    with ddp_star(a, gloo_port, serve or train_point) as (graph, cl):
+        for rate in graph.each_rate(a.rates):
+            for size in a.sizes:
+                w = width_for(size, a.model)
+                req = TrainRequest(methods=tuple(a.methods), width=w, batch=a.batch,
+                                   lr=a.lr, momentum=a.momentum, ratio=a.ratio,
+                                   target=a.target, max_steps=a.max_steps,
+                                   min_steps=a.min_steps, seed=a.seed,
+                                   powersgd_start=powersgd_start(a.max_steps,
+                                                                 a.powersgd_start),
+                                   model=a.model, switch_pid=cl.switch_pid)
+                load0, drops0 = os.getloadavg()[0], graph.tbf_drops()
+                k0 = kernel_losses_total(cl.pids)
+                recs = cl.ask(req, f"{n} workers, {rate}, {a.model} width {w}")
+                k1 = kernel_losses_total(cl.pids)
+                common = dict(tbf_drops=graph.tbf_drops() - drops0,
+                              **{k: k1[k] - k0[k] for k in k0})
+                params = params_of(w, a.model)
+                point = dict(size=4 * params, elements=params, dtype="float32",
+                             density=1.0, workers=n, lane_bits=32, rate=rate)
+                rows, curves = make_rows(recs, req, point, a.what,
+                                         f"{load0:.2f}-{os.getloadavg()[0]:.2f}", common)
+                a.curves += curves
+                yield rows
 
 
 def finish(rows, a) -> list[str]:
