@@ -222,7 +222,8 @@ def test_the_compiled_path_sends_and_gets_what_the_reference_does(monkeypatch, l
     for r in range(NRANKS):
         for c in range(2):
             assert out[r][c].tobytes() == out_ref[r][c].tobytes() == out[0][c].tobytes()
-            # first sends only: a resend on a loaded machine adds its bytes to one run, not the other
+            # first sends only: a resend on a loaded machine adds its bytes to one run,
+            # not the other
             assert (stats[r][c].bytes_sent - stats[r][c].bytes_resent
                     == stats_ref[r][c].bytes_sent - stats_ref[r][c].bytes_resent)
         assert residuals[r].tobytes() == residuals_ref[r].tobytes()
