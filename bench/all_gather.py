@@ -91,9 +91,7 @@ def run(a, log):
     with Graph(a.topo, a.tag, queue_ms=20) as graph:
         places, gloo = star_places(graph, GLOO_PORT)
         with Cluster(n, nslots=a.nslots, gloo=gloo, serve=serve, **places) as cl:
-            for rate in a.rates or [None]:
-                if rate is not None:
-                    graph.set_rate(rate)
+            for _ in graph.each_rate(a.rates):
                 for size in a.sizes:
                     yield measure(cl, graph, a, size)
 

@@ -284,14 +284,10 @@ def check_options(a) -> str | None:
 def run(a, log):
     from contextlib import ExitStack
     with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
-        g, rate = None, ""
+        g = None
         if a.topo is not None:
             g = stack.enter_context(Graph(a.topo, a.tag, queue_ms=20))
-        for r in (a.rates or [None]) if g is not None else [None]:
-            if r is not None:
-                g.set_rate(r)
-            if g is not None:
-                rate = g.file_rate()
+        for rate in g.each_rate(a.rates) if g is not None else [""]:
             for size in a.sizes:
                 yield measure(a, Hosts(a.hosts, g), Path(tmp), size // 4, rate)
 

@@ -557,3 +557,24 @@ def star_places(graph: "Graph | None", gloo_port: int):
     places = dict(switch_place=Place(graph.ns(sw), graph.node_ip(sw)),
                   worker_places=[Place(graph.ns(h), graph.host_ip(h)) for h in hosts])
     return places, Gloo(graph.host_ip(hosts[0]), gloo_port, graph.host_if(hosts[0]))
+
+
+def star_clusters(a, gloo_port: int, log, gloo: bool = True, **cluster_kw):
+    """The collectives' loop (all_reduce, loss, reduce_scatter): -t's star in namespaces
+    (tbf queues of 20 ms; no -t: loopback), per (-g workers, lane bits) one Cluster of n
+    ranks at those bits (gloo's ranks on the star's hosts unless `gloo` is false;
+    `cluster_kw` the rest), and in it per --rates rate (set on every link) one
+    (cluster, n, bits, graph, rate): graph None on loopback, rate the links' ('' there)."""
+    from contextlib import ExitStack
+    with ExitStack() as stack:
+        graph = None
+        if a.topo is not None:
+            graph = stack.enter_context(Graph(a.topo, a.tag, queue_ms=20))
+            log(f"{a.topology}: namespaces {graph.tag}-*")
+        places, gloo_at = star_places(graph, gloo_port)
+        for n in a.workers:
+            for bits in a.lane_bits:
+                with Cluster(n, lane_bits=bits, gloo=gloo_at if gloo else None, **cluster_kw,
+                             **places) as cl:
+                    for rate in graph.each_rate(a.rates) if graph is not None else [""]:
+                        yield cl, n, bits, graph, rate
