@@ -85,8 +85,8 @@ def serve(rank, req, agent, dist, torch, barrier, floor=None) -> dict:
 
 
 def run(a, log):
-    from bench.net_topo import Graph
     from bench.paired import star_places
+    from spina.netgraph import Graph
     n = a.workers[0]
     with Graph(a.topo, a.tag, queue_ms=20) as graph:
         places, gloo = star_places(graph, GLOO_PORT)

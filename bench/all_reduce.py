@@ -6,7 +6,7 @@
 Every rank is a process holding a SpINA Agent, a gloo group and a socket of the floor
 (bench/paired.py); the software switch and the floor's relay run in processes of their own.
 On loopback everything talks over 127.0.0.1; with -t the file's star (one aggregating switch,
-a link per host) is built in namespaces (bench/net_topo.py `Graph`: tbf at both ends of every
+a link per host) is built in namespaces (spina/netgraph.py `Graph`: tbf at both ends of every
 link), the switch and the relay in the switch's namespace, each rank in its host's. Per
 repeat every method runs once on the same buffer, the order rotating, between barriers, only
 the collective timed:

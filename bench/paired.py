@@ -46,7 +46,7 @@ from datetime import timedelta
 
 import numpy as np
 
-from bench.net_topo import Graph, dev_bytes as link_bytes, star_of
+from bench.net_topo import dev_bytes as link_bytes, star_of
 from bench.procs import (
     Point,
     check_result,
@@ -59,6 +59,7 @@ from bench.procs import (
 )
 from host_agent.blocks import nonzero_blocks
 from spina.net import free_port
+from spina.netgraph import Graph
 
 METHODS = ("spina", "spina_blocks", "floor", "gloo_allreduce", "gloo_allgather")
 OLD_TIMING = ("spina_alloc", "gloo_allreduce_clone")

@@ -5,7 +5,7 @@ block top-k and PyTorch's own compression hooks, stepped side by side in the sam
     python -m bench training -t bench/topologies/star4.yaml --rates 1gbit -b 280K -e 280K \
         --max-steps 4 --min-steps 4 --out /tmp/t                    # a smoke run (tests)
 
-The network is a star topology file in namespaces (bench/net_topo.py Graph: tbf both ways on
+The network is a star topology file in namespaces (spina/netgraph.py Graph: tbf both ways on
 every link; the aggregating switch's namespace routes IPv4 for gloo's ring and runs SpINA's
 software switch in UDP mode; the processes: bench/paired.py Cluster).
 
@@ -79,9 +79,10 @@ import zlib
 from dataclasses import dataclass
 
 from bench.harness import method_rows
-from bench.net_topo import dev_bytes, kernel_losses_total, parse_rate
+from bench.net_topo import dev_bytes, kernel_losses_total
 from bench.paired import Cluster, proc_cpu, rotation
 from bench.procs import cpu_seconds
+from spina.topology import parse_rate
 
 
 @dataclass(frozen=True)
@@ -522,8 +523,8 @@ def ddp_star(a, gloo_port: int, serve):
     """(graph, cluster): the star file -t in namespaces (tbf queues of 20 ms) and a worker per
     host serving `serve` (a module-level point function), the agents' window and lanes
     add_ddp_options' (every WHAT that trains on a star: training, fsdp, overlap)."""
-    from bench.net_topo import Graph
     from bench.paired import star_places
+    from spina.netgraph import Graph
     with Graph(a.topo, a.tag, queue_ms=20) as graph:
         places, gloo = star_places(graph, gloo_port)
         with Cluster(a.workers[0], nslots=a.nslots, block_size=256, nlanes=a.nlanes,

@@ -1,4 +1,4 @@
-"""Test hosts in network namespaces, built from topology files (bench/net_topo.py `Graph`):
+"""Test hosts in network namespaces, built from topology files (spina/netgraph.py `Graph`):
 `hosts` are the first n hosts of bench/topologies/l2_star8.yaml, on the ports of an L2 switch
 that stay in the root namespace; `managed_hosts` puts them also on bench/topologies/mgmt8.yaml's
 management bridge (imported by tests).
@@ -18,14 +18,13 @@ import sys
 
 import pytest
 
-from bench.net_topo import Graph
-from collectives import topology
 from controller.controller import program_star
 from softswitch.dataplane import Dataplane
 from softswitch.l2 import L2Switch
 from softswitch.p4runtime_server import SoftSwitchServicer
-from spina import netns
+from spina import netns, topology
 from spina.config import JobConfig, WorkerAddr
+from spina.netgraph import Graph
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 L2_STAR = topology.load(str(ROOT / "bench/topologies/l2_star8.yaml"))

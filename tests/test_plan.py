@@ -1,4 +1,4 @@
-"""The planner: topology files (collectives/topology.py), the cost model (collectives/plan.py)
+"""The planner: topology files (spina/topology.py), the cost model (collectives/plan.py)
 and `spina plan` (spina_cli/plan.py).
 
 Run just this file: python -m pytest tests/test_plan.py
@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from collectives import plan, topology
+from collectives import plan
 from collectives.plan import CostParams, tcp_wire_bytes, udp_wire_bytes
-from collectives.topology import TopologyError, from_dict
+from spina import topology
+from spina.topology import TopologyError, from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 TOPOS = ROOT / "bench" / "topologies"

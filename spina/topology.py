@@ -20,9 +20,9 @@ linked to every other and to the NIC by `local` links (`{rate, latency}`, defaul
 1us): several accelerators per host on fast links. Rates use tc's units (kbit, mbit, gbit,
 tbit: bits per second), latencies ns, us, ms or s (one way). `burst` (optional, bytes:
 64KiB, 1MB, ...) is a token bucket: an idle link sends that much at once, then its rate, as
-tc's tbf does (the namespace links of bench/net_topo.py; real links have none: default 0).
+tc's tbf does (the namespace links of spina/netgraph.py; real links have none: default 0).
 
-A switch is a router by default (`kind: router`: bench/net_topo.py gives it a namespace that
+A switch is a router by default (`kind: router`: spina/netgraph.py gives it a namespace that
 forwards IPv4 along the routes below). `kind: l2` is a switch process on raw sockets (SpINA's
 software switch in L2 mode, BMv2) and `kind: bridge` a Linux bridge: their links end in ports
 numbered 1, 2, ... in file order (BMv2's `-i N@intf`), unaddressed, and the nodes on their ports
@@ -47,7 +47,7 @@ port) as its default route, so all its traffic crosses the gateway's link.
 
 Routes are fixed shortest paths: fewest hops, then the lowest latency, then node names in
 order; per destination one tree, so a node forwards everything for a destination the same way
-(bench/net_topo.py installs exactly these routes in its namespaces). Every error names the
+(spina/netgraph.py installs exactly these routes in its namespaces). Every error names the
 file and the field, on one line.
 """
 from __future__ import annotations
