@@ -310,7 +310,8 @@ class Graph(netns.Network):
         gateway every node."""
         t = self.topo
         known = [(t.segment_address(switch, p), t.segment_mac(switch, p), p, node)
-                 for p, (_, node) in t.ports(switch).items()]
+                 for p, (_, node) in t.ports(switch).items()
+                 if node not in t.segments]  # another L2 switch on a port has no address
         if seg.address is not None:
             known.append((seg.address, seg.mac, None, None))
         gw = {node: mac for _, mac, _, node in known if node == seg.gateway}
