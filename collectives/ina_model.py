@@ -95,25 +95,25 @@ class Assumptions:
     slots: int = _c(16, "datagrams in flight per rank: JobConfig.nslots")
     # this machine: collectives/ina_calibration.py fits them from bench/results/;
     # tests/test_ina_model.py checks that these are its fit
-    agent_s_per_call: float = _c(3.0e-4, "measured here: the agent's CPU per call (its "
-                                 "plan, buffers, Python)")
-    agent_s_per_element: float = _c(1.8e-10, "measured here: the agent's CPU per value "
+    agent_s_per_call: float = _c(0.00032, "measured here: the agent's CPU per call (its "
+                                 "plan, buffers, Python): inside call_s, not priced again")
+    agent_s_per_element: float = _c(2.2e-10, "measured here: the agent's CPU per value "
                                      "(scan, quantize, unpack)")
-    agent_s_per_narrow_value: float = _c(1.2e-9, "measured here: more per value in 16- or "
-                                         "8-bit lanes (quantize and pack)")
-    agent_s_per_datagram: float = _c(1.7e-5, "measured here: the agent's CPU per datagram "
+    agent_s_per_narrow_value: float = _c(0.0, "measured here: more per value in 16- or "
+                                         "8-bit lanes (quantize and pack; fitted: none)")
+    agent_s_per_datagram: float = _c(5.7e-06, "measured here: the agent's CPU per datagram "
                                       "sent or received (kernel UDP)")
-    agent_s_per_fragment: float = _c(3.1e-6, "measured here: ... and per IPv4 fragment")
-    switch_s_per_datagram: float = _c(9.9e-6, "measured here: the compiled software "
+    agent_s_per_fragment: float = _c(8.3e-06, "measured here: ... and per IPv4 fragment")
+    switch_s_per_datagram: float = _c(9.7e-06, "measured here: the compiled software "
                                        "switch's CPU per datagram in")
-    switch_s_per_fragment: float = _c(4.9e-6, "measured here: ... and per IPv4 fragment")
-    gather_s_per_copy: float = _c(3.9e-5, "measured here: the switch's CPU per all-gather "
+    switch_s_per_fragment: float = _c(6.5e-06, "measured here: ... and per IPv4 fragment")
+    gather_s_per_copy: float = _c(3.6e-05, "measured here: the switch's CPU per all-gather "
                                    "datagram copied out (its Python path)")
-    call_s: float = _c(3.5e-3, "measured here: an all-reduce's fixed time (4 values, 4 "
+    call_s: float = _c(0.00085, "measured here: an all-reduce's fixed time (4 values, 4 "
                        "ranks on loopback, less their CPU terms)")
-    gather_call_s: float = _c(1.1e-3, "fitted here: an all-gather's fixed time")
+    gather_call_s: float = _c(0.0001, "fitted here: an all-gather's fixed time")
     machine_cores: int = _c(2, "this machine: every agent and the switch share them")
-    machine_share: float = _c(1.0, "fitted here: the share of those cores a run got (other "
+    machine_share: float = _c(0.34, "fitted here: the share of those cores a run got (other "
                               "sessions' work shares them too)")
     # the Tofino program
     tofino_values: int = _c(64, "int32 per packet, one block: tofino/size.p4 BLOCK_SIZE")
@@ -224,11 +224,13 @@ def rounds(n: int, elements: int, density: float, lanes: int, block: int,
     one position more."""
     blocks, total = math.ceil(elements / block), slots * lanes
     m, extra = divmod(blocks, total)
-    longer = math.ceil(extra / lanes)  # slots holding a lane of m + 1 positions
-    shorter = slots - longer if m else 0
+    full, part = divmod(extra, lanes)  # slots whose lanes all have m + 1 positions; one more
+    shorter = slots - full - (part > 0) if m else 0
     u = union(density, n)
+    # the slot of `part` longer lanes: its lanes of m positions are empty when m is 0
+    partial = expected_max(part if m == 0 else lanes, m + 1, u) if part else 0.0
     return active_slots(elements, lanes, block, slots) \
-        + longer * expected_max(lanes, m + 1, u) + shorter * expected_max(lanes, m, u)
+        + full * expected_max(lanes, m + 1, u) + partial + shorter * expected_max(lanes, m, u)
 
 
 def stream(payload: float, packets: float, header: int, mtu: int, gap: int = 0):
@@ -273,8 +275,8 @@ def machine(a: Assumptions, collective: str, n: int, nbytes: int, rate: float,
                                              mtu)
     elements = 0 if collective == "all_gather" else nbytes // 4
     per_value = a.agent_s_per_element + (a.agent_s_per_narrow_value if lane_bits < 32 else 0)
-    agents = n * (a.agent_s_per_call + elements * per_value
-                  + (nu + nd) * a.agent_s_per_datagram + (fu + fd) * a.agent_s_per_fragment)
+    agents = n * (elements * per_value + (nu + nd) * a.agent_s_per_datagram
+                  + (fu + fd) * a.agent_s_per_fragment)
     switch = n * (nu * a.switch_s_per_datagram + fu * a.switch_s_per_fragment)
     if collective == "all_gather":
         switch += n * nu * (n - 1) * a.gather_s_per_copy
@@ -333,8 +335,11 @@ def predict(a: Assumptions, workers: int, nbytes: int, rate: float, density: flo
     terms: dict[str, float] = {"link": max(wire(up, nu), wire(down, nd)) * 8 / rate}
     elements = 0 if collective == "all_gather" else nbytes / 4
     per_value = a.agent_s_per_element + (a.agent_s_per_narrow_value if lane_bits < 32 else 0)
-    terms["agent"] = (a.agent_s_per_call + elements * per_value + (nu + nd) * agent_pkt) \
-        / a.agent_cores
+    # kernel UDP (software) pays per IPv4 fragment too; a Tofino's packets fit one frame
+    frags = sum(stream(b, k, header, mtu)[0] for b, k in ((up, nu), (down, nd))) \
+        if switch == "software" else 0
+    terms["agent"] = (elements * per_value + (nu + nd) * agent_pkt
+                      + frags * a.agent_s_per_fragment) / a.agent_cores
     terms["window"] = max(nu, nd) / slots * rtt  # a slot's packets follow one another
     # each level's switches: k children, each with `sub` workers under it, send up what
     # their subtrees hold and receive what their subtrees need, in as many packets as a
