@@ -31,13 +31,9 @@ payload), blocks_fraction top-k's, compress_s_per_step its compressor's time.
 """
 from __future__ import annotations
 
-import time
 import zlib
 
 from bench import training
-from bench.net_topo import dev_bytes
-from bench.paired import proc_cpu, rotation
-from bench.procs import cpu_seconds
 
 METHODS = ("gloo", "spina", "topk")
 GLOO_PORT = 29501
@@ -62,6 +58,8 @@ def add_options(ap) -> None:
                     help="top-k: fraction of 256-element blocks each rank sends (default "
                     "%(default)s)")
     training.add_ddp_options(ap, batch=32, lr=0.05)
+    # training.run's request reads them: FsdpRun shards the MLP's Linear layers, no PowerSGD
+    ap.set_defaults(model="mlp", powersgd_start=None)
 
 
 class FsdpRun:
@@ -107,40 +105,7 @@ class FsdpRun:
 def train_point(rank: int, req: training.TrainRequest, agent, dist, torch, barrier,
                 floor=None) -> dict:
     """This worker's side of one comparison: {method: record} as training.train_point's."""
-    n = agent.job.nworkers
-    from bench.train_models import FAMILIES
-    xtr, ytr, xte, yte = FAMILIES[req.model].data(req.seed, req.width)
-    runs = {m: FsdpRun(m, req, agent, rank, (xtr, ytr)) for m in req.methods}
-    mine_x, mine_y = xte[rank::n], yte[rank::n]  # this rank's share of the test set
-    rec = {m: dict(times=[], tx=[], rx=[], cpu=[], switch_cpu=[], acc=[]) for m in req.methods}
-    reached = {m: False for m in req.methods}
-    active = list(req.methods)
-    step = 0
-    while active and step < req.max_steps:
-        for m in rotation(tuple(active), step):
-            r, run = rec[m], runs[m]
-            x, y = run.next_batch()
-            barrier.wait()
-            tx0, rx0 = dev_bytes() if req.count_dev else (0, 0)
-            s0 = proc_cpu(req.switch_pid) if req.switch_pid and rank == 0 else 0.0
-            c0, t0 = cpu_seconds(), time.perf_counter()
-            run.step(x, y)
-            dt, dc = time.perf_counter() - t0, cpu_seconds() - c0
-            barrier.wait()
-            tx1, rx1 = dev_bytes() if req.count_dev else (0, 0)
-            s1 = proc_cpu(req.switch_pid) if req.switch_pid and rank == 0 else 0.0
-            for key, v in (("times", dt), ("cpu", dc), ("tx", tx1 - tx0), ("rx", rx1 - rx0),
-                           ("switch_cpu", s1 - s0)):
-                r[key].append(v)
-        step += 1
-        # not timed; every rank evaluates every active method (FSDP gathers in the forward)
-        counts = torch.tensor([runs[m].correct(mine_x, mine_y) for m in active],
-                              dtype=torch.int64)
-        dist.all_reduce(counts)
-        for m, c in zip(active, counts.tolist()):
-            rec[m]["acc"].append(100.0 * c / len(yte))
-            reached[m] = reached[m] or rec[m]["acc"][-1] >= req.target
-        active = [m for m in active if step < req.min_steps or not reached[m]]
+    runs, rec = training.train_loop(rank, req, agent, dist, torch, barrier, FsdpRun)
     for m, run in runs.items():
         r = rec[m]
         r["crc"] = run.weights_crc()
@@ -157,39 +122,6 @@ def train_point(rank: int, req: training.TrainRequest, agent, dist, torch, barri
 
 
 def run(a, log):
-    """Per rate and size (a model width) one comparison in one cluster on the star (as
-    training.run, the workers serving train_point)."""
-    import os
-
-    from bench.net_topo import Graph, kernel_losses_total
-    from bench.paired import Cluster, star_places
-    n = a.workers[0]
-    a.curves = []
-    with Graph(a.topo, a.tag, queue_ms=20) as graph:
-        places, gloo = star_places(graph, GLOO_PORT)
-        with Cluster(n, nslots=a.nslots, block_size=256, nlanes=a.nlanes,
-                     agent_kw=dict(rto=0.2), gloo=gloo, serve=train_point, **places) as cl:
-            for rate in a.rates or [None]:
-                if rate is not None:
-                    graph.set_rate(rate)
-                for size in a.sizes:
-                    w = training.width_for(size)
-                    req = training.TrainRequest(
-                        methods=tuple(a.methods), width=w, batch=a.batch, lr=a.lr,
-                        momentum=a.momentum, ratio=a.ratio, target=a.target,
-                        max_steps=a.max_steps, min_steps=a.min_steps, seed=a.seed,
-                        switch_pid=cl.switch_pid)
-                    load0, drops0 = os.getloadavg()[0], graph.tbf_drops()
-                    k0 = kernel_losses_total(cl.pids)
-                    recs = cl.ask(req, f"{n} workers, {graph.file_rate()}, width {w}")
-                    k1 = kernel_losses_total(cl.pids)
-                    common = dict(tbf_drops=graph.tbf_drops() - drops0,
-                                  **{k: k1[k] - k0[k] for k in k0})
-                    params = training.params_of(w)
-                    point = dict(size=4 * params, elements=params, dtype="float32",
-                                 density=1.0, workers=n, lane_bits=32, rate=graph.file_rate())
-                    rows, curves = training.make_rows(
-                        recs, req, point, a.what, f"{load0:.2f}-{os.getloadavg()[0]:.2f}",
-                        common)
-                    a.curves += curves
-                    yield rows
+    """Per rate and size (a model width) one comparison in one cluster on the star:
+    training.run, the workers serving train_point."""
+    return training.run(a, log, serve=train_point, gloo_port=GLOO_PORT)

@@ -27,8 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-from collectives import ina_model as m, plan, topology
-from collectives.topology import parse_rate
+from collectives import ina_model as m, plan
+from spina import topology
+from spina.topology import parse_rate
 
 RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
 TOPOLOGIES = RESULTS.parents[0] / "topologies"
@@ -124,10 +125,10 @@ def _rows(path: Path):
 
 def _network(topo: str | None, rate: str) -> dict:
     """A run's links: rate (bits per second), MTU and tbf's bucket (bytes) on loopback or
-    on its topology file's links at `rate` (bench/net_topo.Graph.set_rate's bucket)."""
+    on its topology file's links at `rate` (spina/netgraph.Graph.set_rate's bucket)."""
     if topo is None:
         return dict(rate=math.inf, mtu=LOOPBACK_MTU)
-    from bench.net_topo import tbf_params
+    from spina.netgraph import tbf_params
     t = topology.load(str(TOPOLOGIES / topo))
     return dict(rate=parse_rate(rate), mtu=t.mtu,
                 burst=max(max(ln.burst for ln in t.links), tbf_params(rate, t.mtu)["burst"]))
