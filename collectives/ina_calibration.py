@@ -41,6 +41,7 @@ ALL_REDUCE_RUNS = {"ina_calibration/loopback_small": None,
                    "ina_calibration/star4_lanes": "star4.yaml",
                    "ina_calibration/star8": "star8.yaml"}
 REDUCE_SCATTER_RUNS = {"ina_calibration/reduce_scatter_star4": "star4.yaml",
+                       "ina_calibration/reduce_scatter_star8": "star8.yaml",
                        "reduce_scatter/star4_compiled": "star4.yaml",  # its own runs
                        "reduce_scatter/star8_1gbit": "star8.yaml"}
 GATHER_RUNS = {"ina_calibration/all_gather_star4": "star4.yaml"}
