@@ -31,7 +31,9 @@ rules, the columns and curves.csv/curves.png are bench/training.py's: a method s
 it has reached --target and run --min-steps steps, or after --max-steps. `wrong` counts the
 ranks whose gathered parameters (crc32 of every full_tensor) or accuracies differ from rank
 0's at the end. agent_bytes_per_step is what the agent sent for both collectives (UDP
-payload), blocks_fraction top-k's, compress_s_per_step its compressor's time.
+payload), agent_s_per_step the time in them, gather_s_per_step and scatter_s_per_step that
+time's two parts (all of them the timed steps' only: the evaluation gathers too),
+blocks_fraction top-k's, compress_s_per_step its compressor's time.
 """
 from __future__ import annotations
 
@@ -44,7 +46,8 @@ GLOO_PORT = 29501
 DESCRIPTION = ("FSDP2 training over a topology's links: its gloo collectives vs its "
                "all-gather and reduce-scatter through SpINA, dense and top-k (root)")
 DEFAULTS = dict(training.DEFAULTS, methods=",".join(METHODS), rates="1gbit")
-EXTRA_COLUMNS = training.EXTRA_COLUMNS + ("reshard_after_forward",)
+EXTRA_COLUMNS = training.EXTRA_COLUMNS + ("reshard_after_forward", "gather_s_per_step",
+                                           "scatter_s_per_step")
 CURVE_COLUMNS = training.CURVE_COLUMNS
 check_options = training.check_options
 finish = training.finish
@@ -91,7 +94,7 @@ class FsdpRun:
         fully_shard(self.module, reshard_after_forward=self.reshard)
         self.model = self.module
         self.opt = torch.optim.SGD(self.module.parameters(), lr=req.lr, momentum=req.momentum)
-        self.state = None
+        self.state, self.timed = None, {}
         if method != "gloo":
             compression = {"method": "topk", "ratio": req.ratio} if method == "topk" else None
             self.state = shard_on_spina(self.module, agent, compression=compression)
@@ -99,7 +102,17 @@ class FsdpRun:
         self.batch = req.batch
 
     next_batch = training.Run.next_batch
-    step = training.Run.step
+
+    def step(self, x, y):
+        """training.Run's; the change of the SpINA counters kept in `timed` (the timed steps'
+        alone: the evaluation's forward gathers too)."""
+        if self.state is None:
+            return training.Run.step(self, x, y)
+        before = self.state.as_dict()
+        loss = training.Run.step(self, x, y)
+        for k, v in self.state.as_dict().items():
+            self.timed[k] = self.timed.get(k, 0) + v - before[k]
+        return loss
 
     def correct(self, x, y) -> int:
         """training.Run's; without resharding after forward the evaluation's forward leaves
@@ -126,14 +139,15 @@ def train_point(rank: int, req: training.TrainRequest, agent, dist, torch, barri
     for m, run in runs.items():
         r = rec[m]
         r["crc"] = run.weights_crc()
-        if run.state is not None:
-            c = run.state
-            r.update(agent_bytes=c.gather_bytes_sent + c.scatter_bytes_sent,
-                     resends=c.resends, calls=c.gather_calls + c.scatter_calls,
-                     agent_s=c.gather_seconds + c.scatter_seconds)
+        if run.state is not None:  # the timed steps' counters
+            c = run.timed
+            r.update(agent_bytes=c["gather_bytes_sent"] + c["scatter_bytes_sent"],
+                     resends=c["resends"], calls=c["gather_calls"] + c["scatter_calls"],
+                     agent_s=c["gather_seconds"] + c["scatter_seconds"],
+                     per_step=dict(gather_s=c["gather_seconds"], scatter_s=c["scatter_seconds"]))
             if m == "topk":
-                r.update(blocks_fraction=c.blocks_sent / max(1, c.blocks_total),
-                         compress_s=c.compress_seconds)
+                r.update(blocks_fraction=c["blocks_sent"] / max(1, c["blocks_total"]),
+                         compress_s=c["compress_seconds"])
     rec["params"] = runs[req.methods[0]].params
     return rec
 

@@ -473,6 +473,9 @@ def make_rows(recs: list[dict], req: TrainRequest, point: dict, what: str, load:
                 resends=sum(w[m]["resends"] for w in recs),
                 agent_s_per_step=round(statistics.fmean(w[m]["agent_s"] for w in recs)
                                        / len(t), 4))
+        for k in recs[0][m].get("per_step", ()):  # a WHAT's own sums, per step (fsdp's)
+            e[f"{k}_per_step"] = round(statistics.fmean(w[m]["per_step"][k] for w in recs)
+                                       / len(t), 4)
         if "blocks_fraction" in recs[0][m]:
             e["blocks_fraction"] = round(statistics.fmean(w[m]["blocks_fraction"]
                                                           for w in recs), 4)
