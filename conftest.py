@@ -135,7 +135,7 @@ TESTS = {
     """,
 }
 
-FIXTURES = {"hosts": "netns", "managed_hosts": "netns", "veth_pairs": "netns"}  # tests/netns.py
+FIXTURES = {"hosts": "netns", "managed_hosts": "netns"}  # tests/netns.py
 PARAMS = {("target", "bmv2"): "p4", ("switch", "bmv2"): "p4"}  # a parametrized run on BMv2
 
 _MODULE_TIER = {m: tier for tier, text in MODULES.items() for m in text.split()}

@@ -6,7 +6,7 @@
 
 The fabric and processes are the training WHAT's (bench/training.py): a star topology file
 (default bench/topologies/star4.yaml; its hosts are the ranks) in namespaces, a tbf-limited
-veth per rank to the switch's namespace with SpINA's software switch (bench/net_topo.py
+veth per rank to the switch's namespace with SpINA's software switch (spina/netgraph.py
 Graph, bench/paired.py Cluster); the data is its digits (train_models.digits_flat) and the model its
 MLP (examples/train_compressed.py) with `--depth` hidden W x W layers: 1024-W-...-W-10, W the
 width whose float32 gradient comes nearest the size (-b/-e; the default W 2304 at depth 3:
@@ -50,10 +50,12 @@ import zlib
 from dataclasses import asdict, dataclass
 
 from bench.harness import method_rows, page_head
-from bench.net_topo import dev_bytes, kernel_losses_total, parse_rate, tbf_params
+from bench.net_topo import dev_bytes, kernel_losses_total
 from bench.paired import paired_ratios, rotation
 from bench.train_models import digits_flat
 from bench.training import add_ddp_options, check_ddp, ddp_star, quartiles
+from spina.netgraph import tbf_params
+from spina.topology import parse_rate
 
 METHODS = ("ddp", "overlap", "overlap_fifo", "compute")
 SYNCED = ("ddp", "overlap", "overlap_fifo")
@@ -338,7 +340,7 @@ def finish(rows, a) -> list[str]:
             f"momentum {req.momentum:g}, batch {req.batch} per rank; {req.rounds} rounds (the "
             f"first a warm-up) of {req.steps} consecutive steps per method")
     meta = {"command": a.command, "task": task,
-            "network": f"{a.topology} in namespaces (net_topo.Graph), tbf on both ends of "
+            "network": f"{a.topology} in namespaces (netgraph.Graph), tbf on both ends of "
                        f"every link, MTU {a.topo.mtu}; " + "; ".join(
                            f"{r}: burst {p['burst']} B, latency {p['latency_ms']} ms"
                            for r, p in ((r, tbf_params(r, a.topo.mtu))

@@ -35,11 +35,10 @@ import os
 import statistics
 import time
 import warnings
-from contextlib import ExitStack
 
 from bench.all_reduce import PHASE_COLUMNS, nlanes_for, phase_medians
 from bench.harness import method_rows
-from bench.paired import Cluster, proc_cpu
+from bench.paired import proc_cpu, star_clusters
 from bench.procs import Expected, Point, check_result, expected_sum, make_tensor
 
 DESCRIPTION = "reduce-scatter through the switch vs gloo's reduce_scatter_tensor, paired"
@@ -122,27 +121,13 @@ def serve(rank, req, agent, dist, torch, barrier, floor=None) -> dict:
 def run(a, log):
     """Rows per point: per (workers, lane bits) one cluster; per rate, density and size a
     point measured in it."""
-    from bench.paired import star_places
-    with ExitStack() as stack:
-        graph = None
-        if a.topo is not None:
-            from bench.net_topo import Graph
-            graph = stack.enter_context(Graph(a.topo, a.tag, queue_ms=20))
-            log(f"{a.topology}: namespaces {graph.tag}-*")
-        places, gloo = star_places(graph, GLOO_PORT)
-        nlanes = nlanes_for(256)
-        for n in a.workers:
-            for bits in a.lane_bits:
-                with Cluster(n, nslots=a.nslots, nlanes=nlanes, lane_bits=bits, gloo=gloo,
-                             serve=serve, **places) as cl:
-                    for rate in (a.rates or [None]) if graph is not None else [None]:
-                        if rate is not None:
-                            graph.set_rate(rate)
-                        for d in a.densities:
-                            for size in a.sizes:
-                                p = Point(a.what, n, size // 4, d, 256, nlanes, 256,
-                                          a.nslots)
-                                yield measure(cl, graph, a, p, bits, rate)
+    nlanes = nlanes_for(256)
+    for cl, n, bits, graph, rate in star_clusters(a, GLOO_PORT, log, nslots=a.nslots,
+                                                  nlanes=nlanes, serve=serve):
+        for d in a.densities:
+            for size in a.sizes:
+                p = Point(a.what, n, size // 4, d, 256, nlanes, 256, a.nslots)
+                yield measure(cl, graph, a, p, bits, rate)
 
 
 def measure(cl, graph, a, p: Point, bits: int, rate) -> list[dict]:
@@ -174,8 +159,7 @@ def measure(cl, graph, a, p: Point, bits: int, rate) -> list[dict]:
     if firsts:
         print(f"reduce_scatter: wrong results, first: {firsts[0]}", flush=True)
     point = dict(size=4 * p.elements, elements=p.elements, dtype="float32", density=p.density,
-                 workers=p.workers, lane_bits=bits,
-                 rate="" if graph is None else rate or graph.file_rate())
+                 workers=p.workers, lane_bits=bits, rate=rate)
     return method_rows(a.what, point, times, bus="reduce_scatter", sent=sent, wrong=wrong,
                        load=f"{load0:.2f}-{os.getloadavg()[0]:.2f}", extras=extras)
 

@@ -5,7 +5,7 @@ block top-k and PyTorch's own compression hooks, stepped side by side in the sam
     python -m bench training -t bench/topologies/star4.yaml --rates 1gbit -b 280K -e 280K \
         --max-steps 4 --min-steps 4 --out /tmp/t                    # a smoke run (tests)
 
-The network is a star topology file in namespaces (bench/net_topo.py Graph: tbf both ways on
+The network is a star topology file in namespaces (spina/netgraph.py Graph: tbf both ways on
 every link; the aggregating switch's namespace routes IPv4 for gloo's ring and runs SpINA's
 software switch in UDP mode; the processes: bench/paired.py Cluster).
 
@@ -25,6 +25,11 @@ DDP's communication, optimiser step):
 
   gloo     DDP's own all-reduce (the gloo ring)
   spina    DDP with the SpINA hook (host_agent/hooks/dense.py spina_allreduce_hook)
+  spina16, spina8
+           the same hook on a job of 16- or 8-bit lanes (docs/bits.md: stochastic rounding,
+           the bucket's error feedback residual) with blocks of 512 or 1024 elements, so that
+           a datagram holds int32's 57 KB (LANE_BLOCKS): a half and a quarter of the
+           datagrams and bytes; each its own job and agent on the same switch
   topk     DDP with the compression hook (host_agent/hooks/compressed.py
            spina_compressed_hook): block top-k of 256-element blocks at --ratio, the rest
            by the defaults' rule (spina.communication.compression_defaults: warm-up over 10%
@@ -66,6 +71,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import functools
 import os
 import statistics
 import time
@@ -73,9 +79,10 @@ import zlib
 from dataclasses import dataclass
 
 from bench.harness import method_rows
-from bench.net_topo import dev_bytes, kernel_losses_total, parse_rate
+from bench.net_topo import dev_bytes, kernel_losses_total
 from bench.paired import Cluster, proc_cpu, rotation
 from bench.procs import cpu_seconds
+from spina.topology import parse_rate
 
 
 @dataclass(frozen=True)
@@ -84,17 +91,21 @@ class Method:
     DDP), "spina", a compressor on SpINA ("topk", "losscomp"), or one of PyTorch's hooks on
     gloo ("powersgd", "fp16", "bf16");
     rank: PowerSGD's matrix approximation rank; color: its curve's; default: run unless
-    --methods says otherwise (LossComp is off by default, docs/compression.md)."""
+    --methods says otherwise (LossComp is off by default, docs/compression.md); lane_bits:
+    SpINA's lane width (16, 8: a narrow-lane job of LANE_BLOCKS' block size)."""
     name: str
     hook: str | None
     color: str
     rank: int = 0
     default: bool = True
+    lane_bits: int = 32
 
 
 METHOD_LIST = (
     Method("gloo", None, "C0"),
     Method("spina", "spina", "C1"),
+    Method("spina16", "spina", "C9", lane_bits=16),
+    Method("spina8", "spina", "olive", lane_bits=8),
     Method("topk", "topk", "C2"),
     Method("losscomp", "losscomp", "C8", default=False),
     Method("powersgd1", "powersgd", "C3", rank=1),
@@ -109,6 +120,9 @@ METHODS = tuple(BY_NAME)
 SYNCED = tuple(m.name for m in METHOD_LIST if m.hook != "compute")
 TORCH_HOOKS = ("powersgd", "fp16", "bf16")  # PyTorch's own, on gloo: counted by TorchHookCount
 COMPRESSORS = ("topk", "losscomp")  # spina_compressed_hook, settings by compression_defaults
+# A narrow lane's block: 56 rows of it fill int32's 57 KB datagram (docs/bits.md measured
+# these against 256-element narrow rows: fewer, fuller datagrams paid at 10 Gbit/s).
+LANE_BLOCKS = {16: 512, 8: 1024}
 GLOO_PORT = 29500
 DESCRIPTION = ("DDP training over a topology's links: gloo vs SpINA dense vs top-k vs "
                "PyTorch's PowerSGD and fp16/bf16 hooks (root)")
@@ -262,7 +276,8 @@ def counted_hook(count: TorchHookCount, bucket):
 class Run:
     """One method's model, optimiser, hook state and batches at one rank."""
 
-    def __init__(self, method: str, req: TrainRequest, agent, rank: int, data):
+    def __init__(self, method: str, req: TrainRequest, agent, rank: int, data,
+                 lanes: dict | None = None):
         import torch
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -277,6 +292,8 @@ class Run:
         from spina.communication import compression_defaults
 
         kind = BY_NAME[method].hook
+        # a narrow-lane method's agent: the job of its width (bench.paired.Cluster's lanes)
+        agent = {32: agent, **(lanes or {})}[BY_NAME[method].lane_bits]
         self.method, self.xtr, self.ytr = method, data[0], data[1]
         torch.manual_seed(req.seed)  # the same initial weights for every method
         self.module = FAMILIES[req.model].build(req.width)
@@ -385,9 +402,12 @@ def train_loop(rank: int, req: TrainRequest, agent, dist, torch, barrier, make_r
     return runs, rec
 
 
-def train_point(rank: int, req: TrainRequest, agent, dist, torch, barrier, floor=None) -> dict:
-    """This worker's side of one comparison (see the module docstring): {method: record}."""
-    runs, rec = train_loop(rank, req, agent, dist, torch, barrier, Run)
+def train_point(rank: int, req: TrainRequest, agent, dist, torch, barrier, floor=None,
+                lanes=None) -> dict:
+    """This worker's side of one comparison (see the module docstring): {method: record}.
+    lanes: the narrow-lane jobs' agents by lane width (bench.paired.Cluster's `lanes`)."""
+    runs, rec = train_loop(rank, req, agent, dist, torch, barrier,
+                           functools.partial(Run, lanes=lanes))
     for m, run in runs.items():
         r = rec[m]
         r["crc"] = run.weights_crc()
@@ -449,7 +469,7 @@ def make_rows(recs: list[dict], req: TrainRequest, point: dict, what: str, load:
         q1, _, q3 = quartiles(t)
         sent[m] = round(mean_per_step(recs, m, "tx"))
         e = dict(common, model=req.model, seed=req.seed, params=recs[0]["params"],
-                 width=req.width, steps=len(t),
+                 width=req.width, steps=len(t), lane_bits=BY_NAME[m].lane_bits,
                  step_q1_us=round(q1 * 1e6, 1), step_q3_us=round(q3 * 1e6, 1),
                  target_acc=req.target, rx_bytes_per_link=round(mean_per_step(recs, m, "rx")),
                  worker_cpu_s_per_step=round(mean_per_step(recs, m, "cpu"), 4),
@@ -495,17 +515,25 @@ def make_rows(recs: list[dict], req: TrainRequest, point: dict, what: str, load:
     return rows, curves
 
 
+def lane_jobs(methods) -> tuple[tuple[int, int], ...]:
+    """bench.paired.Cluster's `lanes` for `methods`: (lane_bits, block_size) of every narrow
+    width a method of METHOD_LIST's names (spina16, spina8)."""
+    bits = {BY_NAME[m].lane_bits for m in methods if m in BY_NAME} - {32}
+    return tuple((b, LANE_BLOCKS[b]) for b in sorted(bits))
+
+
 @contextlib.contextmanager
 def ddp_star(a, gloo_port: int, serve):
     """(graph, cluster): the star file -t in namespaces (tbf queues of 20 ms) and a worker per
     host serving `serve` (a module-level point function), the agents' window and lanes
     add_ddp_options' (every WHAT that trains on a star: training, fsdp, overlap)."""
-    from bench.net_topo import Graph
     from bench.paired import star_places
+    from spina.netgraph import Graph
     with Graph(a.topo, a.tag, queue_ms=20) as graph:
         places, gloo = star_places(graph, gloo_port)
         with Cluster(a.workers[0], nslots=a.nslots, block_size=256, nlanes=a.nlanes,
-                     agent_kw=dict(rto=0.2), gloo=gloo, serve=serve, **places) as cl:
+                     lanes=lane_jobs(a.methods), agent_kw=dict(rto=0.2), gloo=gloo,
+                     serve=serve, **places) as cl:
             yield graph, cl
 
 

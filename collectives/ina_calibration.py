@@ -24,9 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
-from collectives import ina_model as m, plan, topology
+from collectives import ina_model as m, plan
 from collectives.plan import CostParams
-from collectives.topology import parse_rate
+from spina import topology
+from spina.topology import parse_rate
 
 RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
 NET_RUNS = ("all_reduce_net/compiled_switch", "all_reduce_net/lanes_merged_quiet",

@@ -60,7 +60,7 @@ import numpy as np
 
 # plan prices `ina` with rounds() and stream(); its wire constants are read at call time
 from collectives.schedule import COLLECTIVES
-from collectives.topology import TCP_HEADERS, UDP_HEADERS
+from spina.topology import TCP_HEADERS, UDP_HEADERS
 from spina.wire import LANE_BITS
 
 SWITCHES = ("tofino", "software", "tofino-line")

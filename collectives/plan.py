@@ -1,12 +1,13 @@
 """The planner: each algorithm's time on a topology by an alpha-beta cost model; pick the least.
 
-    from collectives import plan, topology
+    from collectives import plan
+    from spina import topology
     topo = topology.load("bench/topologies/two_groups.yaml")
     choice = plan.plan(topo, "all_reduce", 64 << 20)        # bytes of float32
     choice.best, choice.seconds                             # 'ring', {'ring': 0.61, ...}
 
 The model prices the very schedule collectives.p2p runs (collectives/schedule.py), step by
-step. In a step every transfer follows its fixed route (collectives/topology.py); a directed
+step. In a step every transfer follows its fixed route (spina/topology.py); a directed
 link carries the wire bytes of every transfer that crosses it in that step, and a transfer
 ends when its busiest link has sent them all:
 
@@ -61,9 +62,9 @@ from collectives.schedule import (
     leader_phases,
     schedule,
 )
-from collectives.topology import TCP_HEADERS, UDP_HEADERS, Topology
 from spina import wire
 from spina.config import JOB_DEFAULTS
+from spina.topology import TCP_HEADERS, UDP_HEADERS, Topology
 
 INA = "ina"
 SWITCH, LEADER_SWITCH = "switch", "leader-switch"  # collectives.p2p's names

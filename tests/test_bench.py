@@ -468,11 +468,18 @@ def test_training_on_a_star(tmp_path):
     # 2 ranks: the ring sends 2(n-1)/n = one gradient per step, SpINA each non-zero block
     # once, top-k 5% of the blocks; headers on top, and what was sent again: the agents'
     # resends (a datagram of up to 57 KB each) and TCP's retransmits
-    spare = sum(int(rows[m]["resends"]) for m in ("spina", "topk", "losscomp")) * 58_000 / 4
+    spare = sum(int(rows[m]["resends"])
+                for m in ("spina", "spina16", "spina8", "topk", "losscomp")) * 58_000 / 4
     tcp = int(rows["gloo"]["tcp_retrans"]) * 66_000 / 4
     tx = {m: int(r["bytes_per_link"]) for m, r in rows.items()}
     assert 0.99 * size <= tx["gloo"] < 1.2 * size + tcp, (tx, rows["gloo"])
     assert 0.5 * size < tx["spina"] < 1.2 * size + spare, (tx, rows["spina"])
+    # narrow lanes: 2 and 1 bytes a value, each parameter padded to a block of 512 or 1024
+    # (72K and 74K values of the 70K here), each on its own job: lane_bits says which
+    assert 0.25 * size < tx["spina16"] < 0.6 * size + spare, (tx, rows["spina16"])
+    assert 0.12 * size < tx["spina8"] < 0.35 * size + spare, (tx, rows["spina8"])
+    assert [rows[m]["lane_bits"] for m in ("gloo", "spina", "spina16", "spina8")] == \
+        ["32", "32", "16", "8"]
     assert 0 < tx["topk"] < 0.2 * size + spare, (tx, rows["topk"])
     assert 0 < tx["losscomp"] < 0.2 * size + spare, (tx, rows["losscomp"])
     # what the torch hooks handed to gloo per step, and the ring's bytes for it (2 ranks:

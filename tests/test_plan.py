@@ -1,4 +1,4 @@
-"""The planner: topology files (collectives/topology.py), the cost model (collectives/plan.py)
+"""The planner: topology files (spina/topology.py), the cost model (collectives/plan.py)
 and `spina plan` (spina_cli/plan.py).
 
 Run just this file: python -m pytest tests/test_plan.py
@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from collectives import plan, topology
+from collectives import plan
 from collectives.plan import CostParams, tcp_wire_bytes, udp_wire_bytes
-from collectives.topology import TopologyError, from_dict
+from spina import topology
+from spina.topology import TopologyError, from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 TOPOS = ROOT / "bench" / "topologies"
@@ -177,6 +178,38 @@ def test_bad_topologies_name_the_field(change, msg):
         from_dict(d, "t.yaml")
     assert str(e.value).startswith("t.yaml: ") and msg in str(e.value)
     assert "\n" not in str(e.value)
+
+
+def test_leaves_of_one_fabric_share_a_subnet_by_their_host_addresses():
+    """host_addresses: two L2 leaves on one /24, each port's node counting up from its leaf's
+    first address (leaf b's from 10.0.0.3), the switches' own addresses above them, a spine
+    between the leaves; a first address outside the subnet, or one that leaves no room for
+    the ports, names the field."""
+    leaf = dict(kind="l2", root=True, subnet="10.0.0.0/24", mac="02:00:00:00:00:64")
+    d = dict(hosts=["h0", "h1", "h2", "h3"],
+             switches=dict(la=dict(leaf, address="10.0.0.201", host_addresses="10.0.0.1"),
+                           lb=dict(leaf, address="10.0.0.202", host_addresses="10.0.0.3"),
+                           sp=dict(kind="l2", root=True)),
+             links=[dict(ends=[f"h{r}", "la" if r < 2 else "lb"], rate="1gbit", latency="1us")
+                    for r in range(4)]
+             + [dict(ends=[x, "sp"], rate="1gbit", latency="1us") for x in ("la", "lb")])
+    t = from_dict(d, "f.yaml")
+    assert [t.segment_address(s, p) for s in ("la", "lb") for p in (1, 2)] == [
+        "10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]
+    assert t.ports("la")[3] == (4, "sp") and t.ports("sp") == {1: (4, "la"), 2: (5, "lb")}
+    for change, msg in (
+            (dict(host_addresses="10.0.1.1"), "field 'switches.la.host_addresses': 10.0.1.1 is "
+                                              "not a host address of 10.0.0.0/24"),
+            (dict(host_addresses="10.0.0.253"), "field 'switches.la.subnet': 10.0.0.0/24 has "
+                                                "no address for each of its 3 ports"),
+            (dict(address="10.0.0.2"), "field 'switches.la.address': 10.0.0.2 must be in "
+                                       "10.0.0.0/24 above its ports' addresses (1..3)"),
+            (dict(gateway="h0"), "field 'switches.la.host_addresses': needs the switch's "
+                                 "subnet and no gateway")):
+        bad = dict(d, switches=dict(d["switches"], la=dict(d["switches"]["la"], **change)))
+        with pytest.raises(TopologyError) as e:
+            from_dict(bad, "f.yaml")
+        assert msg in str(e.value), str(e.value)
 
 
 def test_bad_files(tmp_path):

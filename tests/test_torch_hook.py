@@ -198,6 +198,38 @@ def test_sum_in_place_matches_the_copying_path(sizes, in_place):
     torch.testing.assert_close(copies[0], sum(xs) / WORLD, rtol=0, atol=1e-5)
 
 
+def test_narrow_sum_in_place_matches_the_copying_path():
+    """16-bit lanes with error feedback: an aligned bucket summed where it lies (t + residual
+    formed in t) gives the copying path's sums and residuals bit for bit, call after call
+    (each path on a fresh cluster, so the calls' rounding draws are the same)."""
+    sizes = [512, 256, 300]  # aligned: the last piece padded to 1280 on the copying path
+    n = sum(sizes)
+    gen = torch.Generator().manual_seed(4)
+    steps = [[torch.randn(n, generator=gen) * 1e-2 for _ in range(WORLD)] for _ in range(3)]
+    got = {}
+    for inplace in (False, True):
+        with LocalCluster(WORLD, lane_bits=16) as c:
+            res = [{} for _ in range(WORLD)]
+
+            def residual(r, res=res):
+                return lambda k: res[r].setdefault(k, np.zeros(k, np.float32))
+            outs = []
+            for xs in steps:
+                buckets = [x.clone() for x in xs]
+                outs.append([f.wait() for f in [
+                    sum_async(a, b, sizes, divide_by=WORLD, residual=residual(r),
+                              inplace=inplace) for r, (a, b) in enumerate(zip(c.agents,
+                                                                               buckets))]])
+                assert all((o is b) == inplace for o, b in zip(outs[-1], buckets))
+        (length, r0), = res[0].items()
+        assert length == (n if inplace else 1280) and np.abs(r0).max() > 0
+        got[inplace] = outs, [next(iter(d.values()))[:n] for d in res]
+    (copied, copied_res), (inplace, inplace_res) = got[False], got[True]
+    for a, b in zip(copied, inplace):
+        assert all(torch.equal(x, y) for x, y in zip(a + b, a[:1] * (2 * WORLD)))
+    assert all(x.tobytes() == y.tobytes() for x, y in zip(copied_res, inplace_res))
+
+
 def test_hook_future_fails_when_a_rank_never_calls():
     """The agent's SpinaTimeout comes out of the hook's future (DDP raises it in backward)."""
     with LocalCluster(WORLD, timeout=0.5) as c:

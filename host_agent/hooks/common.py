@@ -80,7 +80,8 @@ def sum_async(agent, t: torch.Tensor, sizes: list[int] | None = None, divide_by:
         inplace: `t` may hold the result: a contiguous float32 `t` whose pieces already
             start on block boundaries (every size but the last a multiple of the block) is
             then summed where it lies, without the aligned copy there and back (two passes
-            over the bucket, and a third for the division, saved per call).
+            over the bucket, and a third for the division, saved per call); with a residual
+            too (t + residual formed in t).
 
     Returns:
         A `torch.futures.Future` of a tensor like `t` holding the (averaged) sum: `t` itself
@@ -90,9 +91,10 @@ def sum_async(agent, t: torch.Tensor, sizes: list[int] | None = None, divide_by:
     src, dst, aligned = block_aligned_layout(sizes or [n], agent.job.block_size)
     # A failure must fail the future DDP holds (see hook_future).
     result, out = hook_future()
-    if (inplace and residual is None and t.dtype == torch.float32 and t.is_contiguous()
+    if (inplace and t.dtype == torch.float32 and t.is_contiguous()
             and np.array_equal(src, dst)):
-        return _sum_in_place(agent, t, divide_by, on_done, layer, result, out)
+        res = residual(n) if residual is not None else None
+        return _sum_in_place(agent, t, divide_by, on_done, layer, result, out, res)
     flat = pack_aligned(t, src, dst, aligned)
 
     def done(f):
@@ -112,11 +114,13 @@ def sum_async(agent, t: torch.Tensor, sizes: list[int] | None = None, divide_by:
 
 
 def _sum_in_place(agent, t: torch.Tensor, divide_by: int, on_done, layer, result,
-                  out) -> torch.futures.Future:
+                  out, residual: np.ndarray | None = None) -> torch.futures.Future:
     """sum_async for a block-aligned float32 `t` that may hold the result: the agent sums
     `t`'s memory in place (its blocks are the aligned copy's: the padding after the last
     piece is the agent's own, zeros), then one in-place division, as unpack_aligned
-    divides its copy, so the values are bit for bit those of the copying path."""
+    divides its copy, so the values are bit for bit those of the copying path. A narrow
+    lane's `residual` (t's length: the padding's residual is zero either way, zeros
+    rounding to zero) is added into `t` by the agent (Agent.allreduce's inplace)."""
     def done(f):
         try:
             f.result()
@@ -129,7 +133,9 @@ def _sum_in_place(agent, t: torch.Tensor, divide_by: int, on_done, layer, result
             fail(result, e)
 
     flat = t.detach().view(-1).numpy()  # t's own memory
-    agent.allreduce_async(flat, inplace=True, layer=layer).add_done_callback(done)
+    fut = (agent.allreduce_async(flat, inplace=True, layer=layer) if residual is None
+           else agent.allreduce_async(flat, inplace=True, layer=layer, residual=residual))
+    fut.add_done_callback(done)  # (a DaemonClient's allreduce_async takes no residual)
     return out
 
 

@@ -66,7 +66,8 @@ class SpinaHookState(HookCounters):
         super().__init__()
 
     def residual_for(self, bucket, n: int) -> np.ndarray | None:
-        """The bucket's error feedback residual (float32, `n`: its block-aligned length), or
+        """The bucket's error feedback residual (float32, `n`: the length summed: the bucket's
+        own when it is summed in place, else its block-aligned copy's), or
         None: int32 lanes, no bucket index, or an agent that cannot take one (the daemon's)."""
         if not isinstance(self.agent, Agent) or self.agent.job.lane_bits == 32:
             return None
