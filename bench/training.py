@@ -32,9 +32,9 @@ DDP's communication, optimiser step):
            datagrams and bytes; each its own job and agent on the same switch
   topk     DDP with the compression hook (host_agent/hooks/compressed.py
            spina_compressed_hook): block top-k of 256-element blocks at --ratio, the rest
-           by the defaults' rule (spina.communication.compression_defaults: warm-up over 10%
-           of --max-steps, error feedback, DGC momentum correction: the optimiser then has
-           none)
+           by the defaults' rule (spina.communication.compression_defaults: at least a block
+           per tensor of a bucket, warm-up over 10% of --max-steps, error feedback, DGC
+           momentum correction masking only blocks that waited: the optimiser then has none)
   losscomp the same hook with LossComp by the same rule (its ratio held at --ratio; the
            loss averaged over the ranks with gloo after each step, not timed); not run
            unless --methods names it
