@@ -51,10 +51,10 @@ pass up to the compute time.
 
 On this machine (`machine`: 2 cores shared by every agent and the software switch) the
 same terms add up on the cores instead: call + max(link, (N x agent + switch) / (cores x
-share)), the share being what the cores give a call whose agents and switch wait on one
-another every round (and other sessions' work); collectives/ina_calibration.py fits the
-constants from bench/results/ and reports every point's error (docs/collectives.md, "SpINA
-at cluster scale").
+share)) + rounds per slot x a round's wait, the share and the wait being what the cores
+give a call whose agents and switch wait on one another every round (and on other
+sessions' work); collectives/ina_calibration.py fits the constants from bench/results/
+and reports every point's error (docs/collectives.md, "SpINA at cluster scale").
 """
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ class Assumptions:
     # this machine: collectives/ina_calibration.py fits them from bench/results/;
     # tests/test_ina_model.py checks that these are its fit
     agent_s_per_call: float = _c(0.00032, "measured here: the agent's CPU per call (its "
-                                 "plan, buffers, Python): inside call_s, not priced again")
+                                 "plan, buffers, Python)")
     agent_s_per_element: float = _c(2.2e-10, "measured here: the agent's CPU per value "
                                      "(scan, quantize, unpack)")
     agent_s_per_narrow_value: float = _c(0.0, "measured here: more per value in 16- or "
@@ -109,12 +109,14 @@ class Assumptions:
     switch_s_per_fragment: float = _c(6.5e-06, "measured here: ... and per IPv4 fragment")
     gather_s_per_copy: float = _c(3.6e-05, "measured here: the switch's CPU per all-gather "
                                    "datagram copied out (its Python path)")
-    call_s: float = _c(0.00085, "measured here: an all-reduce's fixed time (4 values, 4 "
-                       "ranks on loopback, less their CPU terms)")
-    gather_call_s: float = _c(0.0001, "fitted here: an all-gather's fixed time")
+    call_s: float = _c(0.0, "measured here: an all-reduce's fixed time (calls of 4 KiB "
+                       "at most, 4 ranks on loopback, less their CPU and rounds)")
+    gather_call_s: float = _c(0.0, "fitted here: an all-gather's fixed time")
     machine_cores: int = _c(2, "this machine: every agent and the switch share them")
-    machine_share: float = _c(0.34, "fitted here: the share of those cores a run got (other "
+    machine_share: float = _c(0.5, "fitted here: the share of those cores a run got (other "
                               "sessions' work shares them too)")
+    machine_round_s: float = _c(0.0013, "fitted here: a slot's round waits this long more (its "
+                                "agents and the switch each wait for a core)")
     # the Tofino program
     tofino_values: int = _c(64, "int32 per packet, one block: tofino/size.p4 BLOCK_SIZE")
     tofino_packet: int = _c(350, "bytes on the wire: 14 + 20 + 8 + 48 + 4 + 256 "
@@ -253,6 +255,12 @@ def _packets(collective: str, n: int, nbytes: int, density: float, lanes: int, b
     return d, d  # a reduce-scatter's rank gets every round: others' shards header-only
 
 
+def _in_flight(collective: str, nbytes: int, lanes: int, block: int, slots: int) -> int:
+    """Slots in use: an all-gather's window, or the slots an all-reduce's length fills."""
+    return slots if collective == "all_gather" else active_slots(nbytes // 4, lanes, block,
+                                                                 slots)
+
+
 def machine_streams(a: Assumptions, collective: str, n: int, nbytes: int, density: float,
                     lane_bits: int, mtu: int):
     """One rank's packets up and down, their IPv4 fragments and wire bytes through the
@@ -275,16 +283,18 @@ def machine(a: Assumptions, collective: str, n: int, nbytes: int, rate: float,
                                              mtu)
     elements = 0 if collective == "all_gather" else nbytes // 4
     per_value = a.agent_s_per_element + (a.agent_s_per_narrow_value if lane_bits < 32 else 0)
-    agents = n * (elements * per_value + (nu + nd) * a.agent_s_per_datagram
-                  + (fu + fd) * a.agent_s_per_fragment)
+    agents = n * (a.agent_s_per_call + elements * per_value
+                  + (nu + nd) * a.agent_s_per_datagram + (fu + fd) * a.agent_s_per_fragment)
     switch = n * (nu * a.switch_s_per_datagram + fu * a.switch_s_per_fragment)
     if collective == "all_gather":
         switch += n * nu * (n - 1) * a.gather_s_per_copy
     link = max(0.0, max(wu, wd) - burst) * 8 / rate
     cpu = (agents + switch) / (a.machine_cores * a.machine_share)
-    terms = {"link": link, "cpu": cpu, "agents": agents, "switch": switch}
+    window = max(nu, nd) / _in_flight(collective, nbytes, a.lanes, a.block, a.slots) \
+        * a.machine_round_s  # a slot's rounds, one after another
+    terms = {"link": link, "cpu": cpu, "agents": agents, "switch": switch, "window": window}
     call = a.gather_call_s if collective == "all_gather" else a.call_s
-    return Cost(call + max(link, cpu), "link" if link >= cpu else "cpu", terms)
+    return Cost(call + max(link, cpu) + window, "link" if link >= cpu else "cpu", terms)
 
 
 def _levels(n: int, fan_in: int) -> list[int]:
@@ -338,9 +348,10 @@ def predict(a: Assumptions, workers: int, nbytes: int, rate: float, density: flo
     # kernel UDP (software) pays per IPv4 fragment too; a Tofino's packets fit one frame
     frags = sum(stream(b, k, header, mtu)[0] for b, k in ((up, nu), (down, nd))) \
         if switch == "software" else 0
-    terms["agent"] = (elements * per_value + (nu + nd) * agent_pkt
+    terms["agent"] = (a.agent_s_per_call + elements * per_value + (nu + nd) * agent_pkt
                       + frags * a.agent_s_per_fragment) / a.agent_cores
-    terms["window"] = max(nu, nd) / slots * rtt  # a slot's packets follow one another
+    # a slot's packets follow one another
+    terms["window"] = max(nu, nd) / _in_flight(collective, nbytes, lanes, block, slots) * rtt
     # each level's switches: k children, each with `sub` workers under it, send up what
     # their subtrees hold and receive what their subtrees need, in as many packets as a
     # rank (the rounds are the job's: every child sends one per round)

@@ -333,7 +333,8 @@ def _ina_via(topo, switch, elements, params) -> Prediction:
         if params.ina_switch_packet_s is not None \
         else p * (packets * a.switch_s_per_datagram + frags_up * a.switch_s_per_fragment)
     agent_s = 2 * packets * params.ina_agent_packet_s if params.ina_agent_packet_s is not None \
-        else (elements * a.agent_s_per_element + 2 * packets * a.agent_s_per_datagram
+        else (a.agent_s_per_call + elements * a.agent_s_per_element
+              + 2 * packets * a.agent_s_per_datagram
               + (frags_up + frags_down) * a.agent_s_per_fragment)
     bound = max((link_s, _link_name(topo, neck)), (switch_s, f"switch {switch} CPU"),
                 (agent_s, "agent CPU"))
