@@ -9,11 +9,12 @@ The runs it reads are today's code's (`bench/results/ina_calibration/`, and the
 reduce-scatter's own runs): the harness's all_reduce, all_gather and reduce_scatter WHATs on
 loopback and on the namespace stars. The agents' and the switch's CPU columns give the CPU
 per call, per value, per datagram and per IPv4 fragment (least squares of the relative
-error), the all-gather runs the switch's CPU per copy out. Two constants are fitted to
-times: the share of the 2 cores the runs got (`machine_share`: the agents and the switch
-wait on one another every round, and other sessions' work shares the cores), and with it
-an all-reduce's fixed time (the smallest loopback call, less what the model prices for its
-CPU); an all-gather's fixed time likewise. Every point's time is then predicted with
+error), the all-gather runs the switch's CPU per copy out. Fitted to the all-reduces'
+times: the share of the 2 cores the runs got and a round's wait (`machine_share`,
+`machine_round_s`: the agents and the switch wait on one another every round, and other
+sessions' work shares the cores), then an all-reduce's fixed time (the small loopback
+calls less what the rest prices for them); an all-gather's fixed time likewise. Every
+point's time, the reduce-scatters' and all-gathers' too, is then predicted with
 `ina_model.machine` and compared with its measured median. Runs of older code are listed
 in EXCLUDED, with why.
 """
