@@ -472,10 +472,11 @@ class Daemon:
                     hier.gather_out(views, agent.allgather(hier.host_shard(views, n)))
                     st = agent.last_gather_stats
                 stats, ok = asdict(st), True
-                clog.debug("%s done: %d %s, %d packets sent, %d resends, %.1f ms", op, n,
-                           "elements" if op == "allreduce" else "bytes", stats["packets_sent"],
-                           stats["resends"], 1e3 * (time.perf_counter() - t0),
-                           call=agent.call_id)
+                # one wording for every op (docs/operations.md's log lines): the unit names it
+                clog.debug("call done: %d %s, %d packets sent, %d resends, %.1f ms", n,
+                           "elements" if op == "allreduce" else "bytes gathered",
+                           stats["packets_sent"], stats["resends"],
+                           1e3 * (time.perf_counter() - t0), call=agent.call_id)
                 if stats.get("partial_rounds"):  # bounded loss: what this call lost, every time
                     clog.info("call completed partially: %d partial rounds, %d own blocks lost",
                               stats["partial_rounds"], stats["blocks_lost"], call=agent.call_id)
