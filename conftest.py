@@ -42,6 +42,7 @@ MODULES = {
         tests/test_p4runtime_shell.py tests/test_plan.py tests/test_ps.py tests/test_recovery.py
         tests/test_reduce_scatter.py
         tests/test_reliability.py tests/test_run_identity.py tests/test_softswitch.py
+        tests/test_testbed_topos.py
         tests/test_tna_agreement.py tests/test_tna_model.py tests/test_tna_testgen.py
         tests/test_torch_hook.py
         tests/test_wire.py
@@ -135,7 +136,7 @@ TESTS = {
     """,
 }
 
-FIXTURES = {"hosts": "netns", "managed_hosts": "netns", "veth_pairs": "netns"}  # tests/netns.py
+FIXTURES = {"hosts": "netns", "managed_hosts": "netns"}  # tests/netns.py
 PARAMS = {("target", "bmv2"): "p4", ("switch", "bmv2"): "p4"}  # a parametrized run on BMv2
 
 _MODULE_TIER = {m: tier for tier, text in MODULES.items() for m in text.split()}

@@ -85,15 +85,13 @@ def serve(rank, req, agent, dist, torch, barrier, floor=None) -> dict:
 
 
 def run(a, log):
-    from bench.net_topo import Graph
     from bench.paired import star_places
+    from spina.netgraph import Graph
     n = a.workers[0]
     with Graph(a.topo, a.tag, queue_ms=20) as graph:
         places, gloo = star_places(graph, GLOO_PORT)
         with Cluster(n, nslots=a.nslots, gloo=gloo, serve=serve, **places) as cl:
-            for rate in a.rates or [None]:
-                if rate is not None:
-                    graph.set_rate(rate)
+            for _ in graph.each_rate(a.rates):
                 for size in a.sizes:
                     yield measure(cl, graph, a, size)
 

@@ -6,7 +6,7 @@
 Every rank is a process holding a SpINA Agent, a gloo group and a socket of the floor
 (bench/paired.py); the software switch and the floor's relay run in processes of their own.
 On loopback everything talks over 127.0.0.1; with -t the file's star (one aggregating switch,
-a link per host) is built in namespaces (bench/net_topo.py `Graph`: tbf at both ends of every
+a link per host) is built in namespaces (spina/netgraph.py `Graph`: tbf at both ends of every
 link), the switch and the relay in the switch's namespace, each rank in its host's. Per
 repeat every method runs once on the same buffer, the order rotating, between barriers, only
 the collective timed:
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import os
 import statistics
-from contextlib import ExitStack
 
 from bench.harness import method_rows
 from bench.paired import (
@@ -43,6 +42,7 @@ from bench.paired import (
     mean_over_workers,
     proc_cpu,
     slowest,
+    star_clusters,
 )
 from bench.procs import Point
 
@@ -98,37 +98,19 @@ def check_options(a) -> str | None:
 def run(a, log):
     """Rows per point: per (workers, lane bits) one cluster; per rate, density and size a
     point measured in it."""
-    with ExitStack() as stack:
-        graph = None
-        if a.topo is not None:
-            from bench.net_topo import Graph
-            graph = stack.enter_context(Graph(a.topo, a.tag, queue_ms=20))
-            log(f"{a.topology}: namespaces {graph.tag}-*")
-        for n in a.workers:
-            for bits in a.lane_bits:
-                yield from _cluster_points(a, n, bits, graph, log)
-
-
-def _cluster_points(a, n: int, bits: int, graph, log):
-    from bench.paired import star_places
     nlanes = nlanes_for(a.block_size, a.nlanes)
-    places, gloo = star_places(graph, GLOO_PORT)
-    use_gloo = any(m.startswith("gloo") for m in a.methods)
-    with Cluster(n, nslots=a.nslots, block_size=a.block_size, nlanes=nlanes, lane_bits=bits,
-                 agent_kw={} if a.rto is None else {"rto": a.rto},
-                 gloo=gloo if use_gloo else None, floor="floor" in a.methods,
-                 switch_datapath=a.switch_datapath, switch_threads=a.switch_threads,
-                 **places) as cl:
-        for rate in (a.rates or [None]) if graph is not None else [None]:
-            if rate is not None:
-                graph.set_rate(rate)
-            rate_text = "" if graph is None else rate or graph.file_rate()
-            for d in a.densities:
-                for size in a.sizes:
-                    for loss in getattr(a, "losses", [None]):  # bench/loss.py's
-                        p = Point(a.what, n, size // 4, d, a.block_size, nlanes, 256,
-                                  a.nslots, a.rto, loss)
-                        yield measure(cl, p, a, bits, rate_text, graph)
+    clusters = star_clusters(
+        a, GLOO_PORT, log, gloo=any(m.startswith("gloo") for m in a.methods),
+        nslots=a.nslots, block_size=a.block_size, nlanes=nlanes,
+        agent_kw={} if a.rto is None else {"rto": a.rto}, floor="floor" in a.methods,
+        switch_datapath=a.switch_datapath, switch_threads=a.switch_threads)
+    for cl, n, bits, graph, rate in clusters:
+        for d in a.densities:
+            for size in a.sizes:
+                for loss in getattr(a, "losses", [None]):  # bench/loss.py's
+                    p = Point(a.what, n, size // 4, d, a.block_size, nlanes, 256,
+                              a.nslots, a.rto, loss)
+                    yield measure(cl, p, a, bits, rate, graph)
 
 
 def measure(cl: Cluster, p: Point, a, bits: int, rate: str, graph) -> list[dict]:

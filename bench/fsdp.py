@@ -3,6 +3,7 @@ its all-gather and reduce-scatter through SpINA (dense, and block top-k of the g
 stepped side by side in the same processes.
 
     python -m bench fsdp -t bench/topologies/star4.yaml --rates 1gbit              # root
+    python -m bench fsdp -t bench/topologies/star4.yaml --rates 1gbit --no-reshard # 1 gather
     python -m bench fsdp -t bench/topologies/star4.yaml --rates 1gbit -b 280K -e 280K \
         --max-steps 3 --min-steps 3 --out /tmp/f                    # a smoke run (tests)
 
@@ -11,7 +12,10 @@ namespaces, tbf both ways on every link, the software switch in the aggregating 
 namespace, a worker per host; the MLP 1024-w-w-10 whose float32 gradient is the point's
 size, on digits upsampled to 32x32; SGD with momentum, the same batches for every method).
 Each method's model is sharded by FSDP2 (`fully_shard` on each Linear and on the model, one
-gloo group of the ranks on their eth0):
+gloo group of the ranks on their eth0), with FSDP2's default reshard_after_forward=True (each
+module's parameters gathered for its forward and again for its backward) or, --no-reshard,
+False (gathered once a step, kept unsharded from forward to backward: memory for one
+all-gather; docs/collectives.md "FSDP2 on SpINA" has the arithmetic of both):
 
   gloo     FSDP2's own collectives (gloo's all_gather_single and reduce_scatter_single)
   spina    host_agent/hooks/fsdp.py shard_on_spina: every module's all-gather through
@@ -27,24 +31,23 @@ rules, the columns and curves.csv/curves.png are bench/training.py's: a method s
 it has reached --target and run --min-steps steps, or after --max-steps. `wrong` counts the
 ranks whose gathered parameters (crc32 of every full_tensor) or accuracies differ from rank
 0's at the end. agent_bytes_per_step is what the agent sent for both collectives (UDP
-payload), blocks_fraction top-k's, compress_s_per_step its compressor's time.
+payload), agent_s_per_step the time in them, gather_s_per_step and scatter_s_per_step that
+time's two parts (all of them the timed steps' only: the evaluation gathers too),
+blocks_fraction top-k's, compress_s_per_step its compressor's time.
 """
 from __future__ import annotations
 
-import time
 import zlib
 
 from bench import training
-from bench.net_topo import dev_bytes
-from bench.paired import proc_cpu, rotation
-from bench.procs import cpu_seconds
 
 METHODS = ("gloo", "spina", "topk")
 GLOO_PORT = 29501
 DESCRIPTION = ("FSDP2 training over a topology's links: its gloo collectives vs its "
                "all-gather and reduce-scatter through SpINA, dense and top-k (root)")
 DEFAULTS = dict(training.DEFAULTS, methods=",".join(METHODS), rates="1gbit")
-EXTRA_COLUMNS = training.EXTRA_COLUMNS
+EXTRA_COLUMNS = training.EXTRA_COLUMNS + ("reshard_after_forward", "gather_s_per_step",
+                                           "scatter_s_per_step")
 CURVE_COLUMNS = training.CURVE_COLUMNS
 check_options = training.check_options
 finish = training.finish
@@ -61,7 +64,12 @@ def add_options(ap) -> None:
     ap.add_argument("--ratio", type=cli.fraction, default=0.05,
                     help="top-k: fraction of 256-element blocks each rank sends (default "
                     "%(default)s)")
+    ap.add_argument("--no-reshard", action="store_true",
+                    help="FSDP2's reshard_after_forward=False: each module gathered once a step "
+                    "(default: True, FSDP2's, twice)")
     training.add_ddp_options(ap, batch=32, lr=0.05)
+    # training.run's request reads them: FsdpRun shards the MLP's Linear layers, no PowerSGD
+    ap.set_defaults(model="mlp", powersgd_start=None)
 
 
 class FsdpRun:
@@ -79,13 +87,14 @@ class FsdpRun:
         torch.manual_seed(req.seed)  # the same initial weights for every method
         self.module = FAMILIES[req.model].build(req.width)  # the MLP: a Sequential
         self.params = sum(p.numel() for p in self.module.parameters())
+        self.reshard = req.reshard_after_forward
         for layer in self.module:
             if isinstance(layer, torch.nn.Linear):
-                fully_shard(layer)
-        fully_shard(self.module)
+                fully_shard(layer, reshard_after_forward=self.reshard)
+        fully_shard(self.module, reshard_after_forward=self.reshard)
         self.model = self.module
         self.opt = torch.optim.SGD(self.module.parameters(), lr=req.lr, momentum=req.momentum)
-        self.state = None
+        self.state, self.timed = None, {}
         if method != "gloo":
             compression = {"method": "topk", "ratio": req.ratio} if method == "topk" else None
             self.state = shard_on_spina(self.module, agent, compression=compression)
@@ -93,8 +102,27 @@ class FsdpRun:
         self.batch = req.batch
 
     next_batch = training.Run.next_batch
-    step = training.Run.step
-    correct = training.Run.correct
+
+    def step(self, x, y):
+        """training.Run's; the change of the SpINA counters kept in `timed` (the timed steps'
+        alone: the evaluation's forward gathers too)."""
+        if self.state is None:
+            return training.Run.step(self, x, y)
+        before = self.state.as_dict()
+        loss = training.Run.step(self, x, y)
+        for k, v in self.state.as_dict().items():
+            self.timed[k] = self.timed.get(k, 0) + v - before[k]
+        return loss
+
+    def correct(self, x, y) -> int:
+        """training.Run's; without resharding after forward the evaluation's forward leaves
+        the parameters gathered: reshard them, so the next timed step gathers as any other."""
+        from host_agent.hooks.fsdp import fsdp_modules
+        got = training.Run.correct(self, x, y)
+        if not self.reshard:
+            for m in fsdp_modules(self.module):
+                m.reshard()
+        return got
 
     def weights_crc(self) -> int:
         """crc32 of the full parameters (gathered over gloo: every rank's shards)."""
@@ -107,89 +135,27 @@ class FsdpRun:
 def train_point(rank: int, req: training.TrainRequest, agent, dist, torch, barrier,
                 floor=None) -> dict:
     """This worker's side of one comparison: {method: record} as training.train_point's."""
-    n = agent.job.nworkers
-    from bench.train_models import FAMILIES
-    xtr, ytr, xte, yte = FAMILIES[req.model].data(req.seed, req.width)
-    runs = {m: FsdpRun(m, req, agent, rank, (xtr, ytr)) for m in req.methods}
-    mine_x, mine_y = xte[rank::n], yte[rank::n]  # this rank's share of the test set
-    rec = {m: dict(times=[], tx=[], rx=[], cpu=[], switch_cpu=[], acc=[]) for m in req.methods}
-    reached = {m: False for m in req.methods}
-    active = list(req.methods)
-    step = 0
-    while active and step < req.max_steps:
-        for m in rotation(tuple(active), step):
-            r, run = rec[m], runs[m]
-            x, y = run.next_batch()
-            barrier.wait()
-            tx0, rx0 = dev_bytes() if req.count_dev else (0, 0)
-            s0 = proc_cpu(req.switch_pid) if req.switch_pid and rank == 0 else 0.0
-            c0, t0 = cpu_seconds(), time.perf_counter()
-            run.step(x, y)
-            dt, dc = time.perf_counter() - t0, cpu_seconds() - c0
-            barrier.wait()
-            tx1, rx1 = dev_bytes() if req.count_dev else (0, 0)
-            s1 = proc_cpu(req.switch_pid) if req.switch_pid and rank == 0 else 0.0
-            for key, v in (("times", dt), ("cpu", dc), ("tx", tx1 - tx0), ("rx", rx1 - rx0),
-                           ("switch_cpu", s1 - s0)):
-                r[key].append(v)
-        step += 1
-        # not timed; every rank evaluates every active method (FSDP gathers in the forward)
-        counts = torch.tensor([runs[m].correct(mine_x, mine_y) for m in active],
-                              dtype=torch.int64)
-        dist.all_reduce(counts)
-        for m, c in zip(active, counts.tolist()):
-            rec[m]["acc"].append(100.0 * c / len(yte))
-            reached[m] = reached[m] or rec[m]["acc"][-1] >= req.target
-        active = [m for m in active if step < req.min_steps or not reached[m]]
+    runs, rec = training.train_loop(rank, req, agent, dist, torch, barrier, FsdpRun)
     for m, run in runs.items():
         r = rec[m]
         r["crc"] = run.weights_crc()
-        if run.state is not None:
-            c = run.state
-            r.update(agent_bytes=c.gather_bytes_sent + c.scatter_bytes_sent,
-                     resends=c.resends, calls=c.gather_calls + c.scatter_calls,
-                     agent_s=c.gather_seconds + c.scatter_seconds)
+        if run.state is not None:  # the timed steps' counters
+            c = run.timed
+            r.update(agent_bytes=c["gather_bytes_sent"] + c["scatter_bytes_sent"],
+                     resends=c["resends"], calls=c["gather_calls"] + c["scatter_calls"],
+                     agent_s=c["gather_seconds"] + c["scatter_seconds"],
+                     per_step=dict(gather_s=c["gather_seconds"], scatter_s=c["scatter_seconds"]))
             if m == "topk":
-                r.update(blocks_fraction=c.blocks_sent / max(1, c.blocks_total),
-                         compress_s=c.compress_seconds)
+                r.update(blocks_fraction=c["blocks_sent"] / max(1, c["blocks_total"]),
+                         compress_s=c["compress_seconds"])
     rec["params"] = runs[req.methods[0]].params
     return rec
 
 
 def run(a, log):
-    """Per rate and size (a model width) one comparison in one cluster on the star (as
-    training.run, the workers serving train_point)."""
-    import os
-
-    from bench.net_topo import Graph, kernel_losses_total
-    from bench.paired import Cluster, star_places
-    n = a.workers[0]
-    a.curves = []
-    with Graph(a.topo, a.tag, queue_ms=20) as graph:
-        places, gloo = star_places(graph, GLOO_PORT)
-        with Cluster(n, nslots=a.nslots, block_size=256, nlanes=a.nlanes,
-                     agent_kw=dict(rto=0.2), gloo=gloo, serve=train_point, **places) as cl:
-            for rate in a.rates or [None]:
-                if rate is not None:
-                    graph.set_rate(rate)
-                for size in a.sizes:
-                    w = training.width_for(size)
-                    req = training.TrainRequest(
-                        methods=tuple(a.methods), width=w, batch=a.batch, lr=a.lr,
-                        momentum=a.momentum, ratio=a.ratio, target=a.target,
-                        max_steps=a.max_steps, min_steps=a.min_steps, seed=a.seed,
-                        switch_pid=cl.switch_pid)
-                    load0, drops0 = os.getloadavg()[0], graph.tbf_drops()
-                    k0 = kernel_losses_total(cl.pids)
-                    recs = cl.ask(req, f"{n} workers, {graph.file_rate()}, width {w}")
-                    k1 = kernel_losses_total(cl.pids)
-                    common = dict(tbf_drops=graph.tbf_drops() - drops0,
-                                  **{k: k1[k] - k0[k] for k in k0})
-                    params = training.params_of(w)
-                    point = dict(size=4 * params, elements=params, dtype="float32",
-                                 density=1.0, workers=n, lane_bits=32, rate=graph.file_rate())
-                    rows, curves = training.make_rows(
-                        recs, req, point, a.what, f"{load0:.2f}-{os.getloadavg()[0]:.2f}",
-                        common)
-                    a.curves += curves
-                    yield rows
+    """Per rate and size (a model width) one comparison in one cluster on the star:
+    training.run, the workers serving train_point."""
+    reshard = not a.no_reshard
+    for rows in training.run(a, log, serve=train_point, gloo_port=GLOO_PORT,
+                             reshard_after_forward=reshard):
+        yield [dict(r, reshard_after_forward=reshard) for r in rows]

@@ -169,7 +169,7 @@ def _lane_bits(text: str) -> int:
 
 @cli.refuses("x", "0mbit")
 def _rate(text: str) -> str:
-    from collectives.topology import parse_rate
+    from spina.topology import parse_rate
     try:
         parse_rate(text)
     except ValueError as e:
@@ -203,7 +203,7 @@ def parse_args(what: What, argv, prog: str | None = None) -> argparse.Namespace:
     except ValueError as e:
         ap.error(str(e))
     if a.topology is not None:
-        from collectives.topology import TopologyError, load as load_topology
+        from spina.topology import TopologyError, load as load_topology
         try:
             a.topo = load_topology(a.topology)
         except (OSError, TopologyError) as e:

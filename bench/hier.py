@@ -14,7 +14,7 @@ the L processes of a host are local ranks of one rank of an H-rank job
 
 On loopback every process is in this namespace. With -t (a star file: one aggregating
 switch, a link per host; its hosts are the hosts) each host is a namespace of the file built
-by bench/net_topo.py's Graph, its one veth to the switch namespace limited by tbf to the
+by spina/netgraph.py's Graph, its one veth to the switch namespace limited by tbf to the
 file's rate (or --rates) in both directions; the host's daemon and its L training processes
 run in its namespace (the daemon's unix socket is on the shared filesystem), the job's worker
 addresses are the hosts' namespace addresses, and the switch runs in the switch namespace.
@@ -44,17 +44,13 @@ from pathlib import Path
 import numpy as np
 
 from bench.harness import method_rows
-from bench.net_topo import (
-    Graph,
-    dev_bytes,
-    kernel_losses_total,
-    star_of,
-)
+from bench.net_topo import dev_bytes, kernel_losses_total, star_of
 from bench.paired import stop_all
 from bench.procs import switch_main
 from host_agent.launch import local_job
 from spina import netns
 from spina.config import JobConfig, JobFile, WorkerAddr
+from spina.netgraph import Graph
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -284,14 +280,10 @@ def check_options(a) -> str | None:
 def run(a, log):
     from contextlib import ExitStack
     with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
-        g, rate = None, ""
+        g = None
         if a.topo is not None:
             g = stack.enter_context(Graph(a.topo, a.tag, queue_ms=20))
-        for r in (a.rates or [None]) if g is not None else [None]:
-            if r is not None:
-                g.set_rate(r)
-            if g is not None:
-                rate = g.file_rate()
+        for rate in g.each_rate(a.rates) if g is not None else [""]:
             for size in a.sizes:
                 yield measure(a, Hosts(a.hosts, g), Path(tmp), size // 4, rate)
 

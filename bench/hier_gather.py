@@ -6,7 +6,7 @@ ring all-gathers and gloo's all_gather, on a topology file of groups joined by s
     python -m bench hier_gather                       # two_groups_switch.yaml, 64K-4M (root)
     python -m bench hier_gather -b 64K -e 64K -n 1 --out /tmp/hg      # a smoke run
 
-bench.net_topo.Graph builds the topology file (a namespace per host and switch, a veth per
+spina.netgraph.Graph builds the topology file (a namespace per host and switch, a veth per
 link with tbf both ways, the planner's routes); the software switch (UDP mode) runs in the
 aggregating switch's namespace and serves two jobs: every rank (the flat "switch") and the
 groups' leaders (their first ranks: "leader-switch"'s middle phase). One process per rank
@@ -35,11 +35,12 @@ from datetime import timedelta
 import numpy as np
 
 from bench.harness import method_rows
-from bench.net_topo import Graph, link_ifnames
 from bench.paired import guarded, recv, stop_all, stop_server
 from bench.plan import GLOO, idle_seconds
 from bench.procs import switch_main
-from collectives import plan as planner, topology
+from collectives import plan as planner
+from spina import topology
+from spina.netgraph import Graph, link_ifnames
 from spina.netns import qdisc_drops
 
 METHODS = ("switch", "leader-switch", "leader-ring", "2d-ring", "ring", GLOO)

@@ -35,9 +35,9 @@ import time
 from pathlib import Path
 
 from bench.harness import method_rows
-from bench.net_topo import Graph
-from collectives.topology import Topology, first_hosts, load as load_topology
 from spina import netns
+from spina.netgraph import Graph
+from spina.topology import Topology, first_hosts, load as load_topology
 
 ROOT = Path(__file__).resolve().parents[1]
 L2_STAR = "bench/topologies/l2_star8.yaml"  # the default -t: hosts on one L2 switch's ports

@@ -6,7 +6,7 @@
 
 The fabric and processes are the training WHAT's (bench/training.py): a star topology file
 (default bench/topologies/star4.yaml; its hosts are the ranks) in namespaces, a tbf-limited
-veth per rank to the switch's namespace with SpINA's software switch (bench/net_topo.py
+veth per rank to the switch's namespace with SpINA's software switch (spina/netgraph.py
 Graph, bench/paired.py Cluster); the data is its digits (train_models.digits_flat) and the model its
 MLP (examples/train_compressed.py) with `--depth` hidden W x W layers: 1024-W-...-W-10, W the
 width whose float32 gradient comes nearest the size (-b/-e; the default W 2304 at depth 3:
@@ -50,10 +50,12 @@ import zlib
 from dataclasses import asdict, dataclass
 
 from bench.harness import method_rows, page_head
-from bench.net_topo import dev_bytes, kernel_losses_total, parse_rate, tbf_params
-from bench.paired import Cluster, paired_ratios, rotation
+from bench.net_topo import dev_bytes, kernel_losses_total
+from bench.paired import paired_ratios, rotation
 from bench.train_models import digits_flat
-from bench.training import add_ddp_options, check_ddp, quartiles
+from bench.training import add_ddp_options, check_ddp, ddp_star, quartiles
+from spina.netgraph import tbf_params
+from spina.topology import parse_rate
 
 METHODS = ("ddp", "overlap", "overlap_fifo", "compute")
 SYNCED = ("ddp", "overlap", "overlap_fifo")
@@ -300,37 +302,28 @@ def make_rows(recs: list[dict], req: OverlapRequest, point: dict, what: str, loa
 
 def run(a, log):
     """Per rate one comparison on the star."""
-    from bench.net_topo import Graph
-    from bench.paired import star_places
     n = a.topo.world
     w = width_for(a.sizes[0], a.depth)
     req = OverlapRequest(methods=tuple(a.methods), width=w, depth=a.depth, batch=a.batch,
                          lr=a.lr, momentum=a.momentum, rounds=a.repeats + 1, steps=a.steps,
                          chunk=a.chunk, bucket_mb=a.bucket_mb, seed=a.seed)
     a.overlap = dict(traces={}, rows=[], req=req)
-    with Graph(a.topo, a.tag, queue_ms=20) as g:
-        places, gloo = star_places(g, GLOO_PORT)
-        with Cluster(n, nslots=a.nslots, block_size=256, nlanes=a.nlanes,
-                     agent_kw=dict(rto=0.2), gloo=gloo, serve=overlap_point, **places) as cl:
-            for rate in a.rates or [None]:
-                if rate is not None:
-                    g.set_rate(rate)
-                rate = g.file_rate()
-                log(f"{n} workers, {rate}: {req.rounds} rounds of {req.steps} steps, width {w}")
-                load0, drops0, k0 = os.getloadavg()[0], g.tbf_drops(), kernel_losses_total(
-                    cl.pids)
-                recs = cl.ask(req, f"{n} workers, {rate}")
-                k1 = kernel_losses_total(cl.pids)
-                common = dict(tbf_drops=g.tbf_drops() - drops0,
-                              udp_drops=k1["udp_drops"] - k0["udp_drops"])
-                params = recs[0]["params"]
-                point = dict(size=4 * params, elements=params, dtype="float32", density=1.0,
-                             workers=n, lane_bits=32, rate=rate)
-                rows = make_rows(recs, req, point, a.what,
-                                 f"{load0:.2f}-{os.getloadavg()[0]:.2f}", common)
-                a.overlap["traces"][f"{n} workers, {rate}"] = recs[0]["trace"]
-                a.overlap["rows"] += rows
-                yield rows
+    with ddp_star(a, GLOO_PORT, overlap_point) as (g, cl):
+        for rate in g.each_rate(a.rates):
+            log(f"{n} workers, {rate}: {req.rounds} rounds of {req.steps} steps, width {w}")
+            load0, drops0, k0 = os.getloadavg()[0], g.tbf_drops(), kernel_losses_total(cl.pids)
+            recs = cl.ask(req, f"{n} workers, {rate}")
+            k1 = kernel_losses_total(cl.pids)
+            common = dict(tbf_drops=g.tbf_drops() - drops0,
+                          udp_drops=k1["udp_drops"] - k0["udp_drops"])
+            params = recs[0]["params"]
+            point = dict(size=4 * params, elements=params, dtype="float32", density=1.0,
+                         workers=n, lane_bits=32, rate=rate)
+            rows = make_rows(recs, req, point, a.what,
+                             f"{load0:.2f}-{os.getloadavg()[0]:.2f}", common)
+            a.overlap["traces"][f"{n} workers, {rate}"] = recs[0]["trace"]
+            a.overlap["rows"] += rows
+            yield rows
 
 
 def finish(rows, a) -> list[str]:
@@ -347,7 +340,7 @@ def finish(rows, a) -> list[str]:
             f"momentum {req.momentum:g}, batch {req.batch} per rank; {req.rounds} rounds (the "
             f"first a warm-up) of {req.steps} consecutive steps per method")
     meta = {"command": a.command, "task": task,
-            "network": f"{a.topology} in namespaces (net_topo.Graph), tbf on both ends of "
+            "network": f"{a.topology} in namespaces (netgraph.Graph), tbf on both ends of "
                        f"every link, MTU {a.topo.mtu}; " + "; ".join(
                            f"{r}: burst {p['burst']} B, latency {p['latency_ms']} ms"
                            for r, p in ((r, tbf_params(r, a.topo.mtu))

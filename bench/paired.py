@@ -46,7 +46,7 @@ from datetime import timedelta
 
 import numpy as np
 
-from bench.net_topo import Graph, dev_bytes as link_bytes, star_of
+from bench.net_topo import dev_bytes as link_bytes, star_of
 from bench.procs import (
     Point,
     check_result,
@@ -59,6 +59,7 @@ from bench.procs import (
 )
 from host_agent.blocks import nonzero_blocks
 from spina.net import free_port
+from spina.netgraph import Graph
 
 METHODS = ("spina", "spina_blocks", "floor", "gloo_allreduce", "gloo_allgather")
 OLD_TIMING = ("spina_alloc", "gloo_allreduce_clone")
@@ -129,24 +130,31 @@ def guarded(rank: int, conn, barrier, body, *args):
         raise
 
 
-def worker_main(rank: int, place: Place, gloo: Gloo | None, conn, barrier, serve=None) -> None:
+def worker_main(rank: int, place: Place, gloo: Gloo | None, conn, barrier, serve=None,
+                lane_jobs: int = 0) -> None:
     """A worker process: bind, report the address, get the job, build the Agent (and the
     gloo group, and the floor's socket), then answer requests until "stop": each with
-    `serve(rank, request, agent, dist, torch, barrier, floor)` (default measure_point)."""
+    `serve(rank, request, agent, dist, torch, barrier, floor)` (default measure_point), and
+    `lanes={lane_bits: Agent}` after them when the cluster has `lane_jobs` narrow-lane jobs
+    (Cluster's `lanes`: an agent and a socket of its own each)."""
     guarded(rank, conn, barrier, _worker, rank, place, gloo, conn, barrier,
-            serve or measure_point)
+            serve or measure_point, lane_jobs)
 
 
-def _worker(rank, place, gloo, conn, barrier, serve):
+def _worker(rank, place, gloo, conn, barrier, serve, lane_jobs=0):
     from host_agent.agent import Agent
     from spina.net import bound_udp_socket
     from spina.netns import enter
 
     enter(place.netns)
-    sock = bound_udp_socket(place.host, place.port)
-    conn.send(sock.getsockname())
-    job, switch_addr, agent_kw, relay_addr = conn.recv()
-    agent = Agent(job, rank, switch_addr, sock=sock, timeout=60.0, **agent_kw)
+    socks = [bound_udp_socket(place.host, place.port)]
+    socks += [bound_udp_socket(place.host, 0) for _ in range(lane_jobs)]
+    conn.send([s.getsockname() for s in socks])
+    jobs, switch_addr, agent_kw, relay_addr = conn.recv()
+    agent, *narrow = [Agent(j, rank, switch_addr, sock=s, timeout=60.0, **agent_kw)
+                      for j, s in zip(jobs, socks)]
+    lanes = {a.job.lane_bits: a for a in narrow}
+    job = agent.job
     floor = None
     if relay_addr is not None:
         from bench.floor import FloorWorker, chunk_for
@@ -166,14 +174,16 @@ def _worker(rank, place, gloo, conn, barrier, serve):
                                     rank=rank, world_size=job.nworkers,
                                     timeout=timedelta(seconds=300))
     try:
+        kw = {"lanes": lanes} if lanes else {}
         for req in requests(conn):
-            conn.send(serve(rank, req, agent, dist, torch, barrier, floor))
+            conn.send(serve(rank, req, agent, dist, torch, barrier, floor, **kw))
     finally:
         if dist is not None:
             dist.destroy_process_group()
         if floor is not None:
             floor.close()
-        agent.close()
+        for a in (agent, *narrow):
+            a.close()
 
 
 def measure_point(rank: int, req: Request, agent, dist, torch, barrier, floor=None) -> dict:
@@ -348,6 +358,10 @@ class Cluster:
         switch_datapath: the software switch's data path, "compiled" or "python" (UdpSwitch).
         switch_threads: its data-path threads (UdpSwitch's datapath_threads); the job's slot
             groups are then the threads' (softswitch.udp.shard_slot_groups).
+        lanes: narrow-lane jobs beside the main one, (lane_bits, block_size) each: jobs 2, 3,
+            ... on the same switch, the main job's nslots and nlanes, the slots after its
+            own; every worker holds an Agent of each on a socket of its own, which `serve`
+            gets as `lanes={lane_bits: Agent}` (bench/training.py's spina16 and spina8).
         floor: also start the floor's relay (bench/floor.py) at switch_place, any free port,
             and a floor socket in every worker (method "floor").
         serve: what the workers do with a request (`ask`): a module-level function
@@ -361,8 +375,10 @@ class Cluster:
                  lane_bits: int = 32, agent_kw: dict | None = None, gloo: Gloo | None = None,
                  switch_place: Place = Place(), worker_places: list[Place] | None = None,
                  switch_profile: str | None = None, floor: bool = False,
-                 switch_datapath: str = "compiled", switch_threads: int = 1, serve=None):
+                 switch_datapath: str = "compiled", switch_threads: int = 1, serve=None,
+                 lanes: tuple[tuple[int, int], ...] = ()):
         self.n = n
+        self.lanes = tuple(lanes)
         self.serve = serve
         self.switch_datapath = switch_datapath
         self.switch_threads = switch_threads
@@ -414,26 +430,36 @@ class Cluster:
             parent, child = ctx.Pipe()
             self.procs.append(ctx.Process(target=worker_main, name=f"bench-worker{r}",
                                           args=(r, self.worker_places[r], gloo, child, barrier,
-                                                self.serve)))
+                                                self.serve, len(self.lanes))))
             self.procs[-1].start()
             self.conns.append(parent)
         addrs = [recv(c, f"rank {r} start") for r, c in enumerate(self.conns)]
-        self.job = JobConfig(job=1, workers=tuple(WorkerAddr(r, h, port) for r, (h, port)
-                                                  in enumerate(addrs)),
-                             slot_groups=shard_slot_groups(self.switch_threads,
-                                                           self.job_args["nslots"]),
-                             **self.job_args).validate()
-        self.switch_conn.send(self.job)
+        nslots = self.job_args["nslots"]
+        jobs = [JobConfig(job=1 + j, workers=tuple(WorkerAddr(r, *a[j])
+                                                   for r, a in enumerate(addrs)),
+                          slot_base=j * nslots,
+                          slot_groups=shard_slot_groups(self.switch_threads, nslots,
+                                                        j * nslots),
+                          **args).validate()
+                for j, args in enumerate(self._jobs_args())]
+        self.job = jobs[0]
+        self.switch_conn.send(jobs)
         recv(self.switch_conn, "switch admission")
         for c in self.conns:
-            c.send((self.job, switch_addr, self.agent_kw, relay_addr))
+            c.send((jobs, switch_addr, self.agent_kw, relay_addr))
         for r, c in enumerate(self.conns):
             recv(c, f"rank {r} ready")
 
+    def _jobs_args(self) -> list[dict]:
+        """JobConfig's arguments of the main job, then of each narrow-lane job."""
+        return [self.job_args] + [dict(self.job_args, lane_bits=bits, block_size=block)
+                                  for bits, block in self.lanes]
+
     def _slot_capacity(self) -> int | None:
-        """The switch's slot capacity: its default, or a slot of this job's if larger."""
+        """The switch's slot capacity: its default, or the largest slot of the jobs' if
+        larger."""
         from spina.spec import DEFAULT_SLOT_CAPACITY
-        need = self.job_args["nlanes"] * self.job_args["block_size"]
+        need = max(a["nlanes"] * a["block_size"] for a in self._jobs_args())
         return need if need > DEFAULT_SLOT_CAPACITY else None
 
     def _start_relay(self, ctx) -> tuple[str, int]:
@@ -532,3 +558,24 @@ def star_places(graph: "Graph | None", gloo_port: int):
     places = dict(switch_place=Place(graph.ns(sw), graph.node_ip(sw)),
                   worker_places=[Place(graph.ns(h), graph.host_ip(h)) for h in hosts])
     return places, Gloo(graph.host_ip(hosts[0]), gloo_port, graph.host_if(hosts[0]))
+
+
+def star_clusters(a, gloo_port: int, log, gloo: bool = True, **cluster_kw):
+    """The collectives' loop (all_reduce, loss, reduce_scatter): -t's star in namespaces
+    (tbf queues of 20 ms; no -t: loopback), per (-g workers, lane bits) one Cluster of n
+    ranks at those bits (gloo's ranks on the star's hosts unless `gloo` is false;
+    `cluster_kw` the rest), and in it per --rates rate (set on every link) one
+    (cluster, n, bits, graph, rate): graph None on loopback, rate the links' ('' there)."""
+    from contextlib import ExitStack
+    with ExitStack() as stack:
+        graph = None
+        if a.topo is not None:
+            graph = stack.enter_context(Graph(a.topo, a.tag, queue_ms=20))
+            log(f"{a.topology}: namespaces {graph.tag}-*")
+        places, gloo_at = star_places(graph, gloo_port)
+        for n in a.workers:
+            for bits in a.lane_bits:
+                with Cluster(n, lane_bits=bits, gloo=gloo_at if gloo else None, **cluster_kw,
+                             **places) as cl:
+                    for rate in graph.each_rate(a.rates) if graph is not None else [""]:
+                        yield cl, n, bits, graph, rate

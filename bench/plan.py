@@ -9,7 +9,7 @@ First the model's host constants are measured on loopback (no tbf, no link limit
 same number of processes; calibrate()): alpha per step from all-reduces of 4 elements, the
 cpu per byte from all-reduces of 32 MiB, and, when SpINA is measured, its fixed cost per
 call through the software switch; the predictions use them (the CSV also has the prediction
-with the file defaults). Then bench.net_topo.Graph builds the topology (a namespace per host
+with the file defaults). Then spina.netgraph.Graph builds the topology (a namespace per host
 and switch, a veth per link with tbf both ways, the topology's own routes) and one process
 per rank joins its host's namespace and a gloo group on its host's address. Per size every
 algorithm (methods: the planner's candidates for the file, and gloo's own dist.all_reduce
@@ -38,11 +38,13 @@ from datetime import timedelta
 import numpy as np
 
 from bench.harness import method_rows
-from bench.net_topo import Graph, star_of
+from bench.net_topo import star_of
 from bench.paired import guarded, recv, slowest, stop_all
-from collectives import plan as planner, topology
+from collectives import plan as planner
 from collectives.schedule import ALGORITHMS, schedule
+from spina import topology
 from spina.net import free_port
+from spina.netgraph import Graph
 
 GLOO = "gloo"  # dist.all_reduce, measured for reference (not a planner candidate)
 GLOO_PORT = 29500
@@ -337,9 +339,9 @@ def measure_ina(topo, sizes, repeats: int, tag: str, log) -> dict:
     """SpINA's all-reduce through the software switch on the star `topo` in namespaces of its
     own (20 ms tbf queues: SpINA's window): per size (the slowest rank's time per repeat,
     wrong calls), dense float32."""
-    from bench.net_topo import tbf_params
     from bench.paired import Cluster, Request, star_places
     from bench.procs import Point
+    from spina.netgraph import tbf_params
     link = topo.links[0]
     tbf = tbf_params(link.rate_text, topo.mtu)
     queue = link.rate / 8 * tbf["latency_ms"] / 1e3 + tbf["burst"]

@@ -25,7 +25,9 @@ bound of its lanes, gloo within float32 rounding); `wrong` counts the calls that
 bytes_per_link: on a topology the link-layer bytes the rank's interface sent per call
 (rx_bytes_per_link: received), on loopback SpINA's UDP payload as the agent counted it and
 gloo's from its algorithm (2(n-1)/n of the tensor each way, as measured on a star);
-`bytes_source` says which.
+`bytes_source` says which. scan_ms ... rounds_per_slot: SpINA's call timeline, as
+bench/all_reduce.py's (CallStats.phases, medians over every rank's timed calls;
+docs/profile.md "A sparse call's timeline").
 """
 from __future__ import annotations
 
@@ -33,18 +35,17 @@ import os
 import statistics
 import time
 import warnings
-from contextlib import ExitStack
 
-from bench.all_reduce import nlanes_for
+from bench.all_reduce import PHASE_COLUMNS, nlanes_for, phase_medians
 from bench.harness import method_rows
-from bench.paired import Cluster, proc_cpu
+from bench.paired import proc_cpu, star_clusters
 from bench.procs import Expected, Point, check_result, expected_sum, make_tensor
 
 DESCRIPTION = "reduce-scatter through the switch vs gloo's reduce_scatter_tensor, paired"
 METHODS = ("spina", "gloo")
 DEFAULTS = dict(methods="spina,gloo", begin="64K", end="8M")
 EXTRA_COLUMNS = ("shard_bytes", "bytes_source", "rx_bytes_per_link", "packets_per_link",
-                 "resends", "max_abs_err", "tbf_drops", "switch_cpu_s_per_call")
+                 "resends", "max_abs_err", "tbf_drops", "switch_cpu_s_per_call") + PHASE_COLUMNS
 GLOO_PORT = 29541
 
 
@@ -81,8 +82,8 @@ def serve(rank, req, agent, dist, torch, barrier, floor=None) -> dict:
     warnings.filterwarnings("ignore", "`torch.distributed.reduce_scatter_tensor` is deprecated",
                             FutureWarning)
     count = req["count_dev"]
-    rec = {m: dict(times=[], tx=[], rx=[], packets=[], resends=[], max_err=0.0, wrong=0)
-           for m in methods}
+    rec = {m: dict(times=[], tx=[], rx=[], packets=[], resends=[], phases=[], rounds=[],
+                   max_err=0.0, wrong=0) for m in methods}
     for i in range(repeats + 1):  # i == 0: warm-up, checked, not recorded
         for m in methods if i % 2 == 0 else methods[::-1]:
             barrier.wait()  # the last call is over everywhere: the links are quiet
@@ -106,6 +107,8 @@ def serve(rank, req, agent, dist, torch, barrier, floor=None) -> dict:
                 st = agent.last_stats
                 r["packets"].append(st.packets_sent)
                 r["resends"].append(st.resends)
+                r["phases"].append(st.phases)  # the call's timeline (bench.all_reduce's)
+                r["rounds"].append(st.rounds)
                 if not count:
                     tx1, rx1 = st.bytes_sent, st.bytes_received
             elif not count:  # gloo's all-reduce ring: 2(n-1)/n of the tensor out and in
@@ -118,27 +121,13 @@ def serve(rank, req, agent, dist, torch, barrier, floor=None) -> dict:
 def run(a, log):
     """Rows per point: per (workers, lane bits) one cluster; per rate, density and size a
     point measured in it."""
-    from bench.paired import star_places
-    with ExitStack() as stack:
-        graph = None
-        if a.topo is not None:
-            from bench.net_topo import Graph
-            graph = stack.enter_context(Graph(a.topo, a.tag, queue_ms=20))
-            log(f"{a.topology}: namespaces {graph.tag}-*")
-        places, gloo = star_places(graph, GLOO_PORT)
-        nlanes = nlanes_for(256)
-        for n in a.workers:
-            for bits in a.lane_bits:
-                with Cluster(n, nslots=a.nslots, nlanes=nlanes, lane_bits=bits, gloo=gloo,
-                             serve=serve, **places) as cl:
-                    for rate in (a.rates or [None]) if graph is not None else [None]:
-                        if rate is not None:
-                            graph.set_rate(rate)
-                        for d in a.densities:
-                            for size in a.sizes:
-                                p = Point(a.what, n, size // 4, d, 256, nlanes, 256,
-                                          a.nslots)
-                                yield measure(cl, graph, a, p, bits, rate)
+    nlanes = nlanes_for(256)
+    for cl, n, bits, graph, rate in star_clusters(a, GLOO_PORT, log, nslots=a.nslots,
+                                                  nlanes=nlanes, serve=serve):
+        for d in a.densities:
+            for size in a.sizes:
+                p = Point(a.what, n, size // 4, d, 256, nlanes, 256, a.nslots)
+                yield measure(cl, graph, a, p, bits, rate)
 
 
 def measure(cl, graph, a, p: Point, bits: int, rate) -> list[dict]:
@@ -164,13 +153,13 @@ def measure(cl, graph, a, p: Point, bits: int, rate) -> list[dict]:
                          packets_per_link=round(mean(m, "packets")) if spina else "",
                          resends=sum(sum(r[m]["resends"]) for r in recs) if spina else "",
                          max_abs_err=max(r[m]["max_err"] for r in recs), tbf_drops=drops,
-                         switch_cpu_s_per_call=round(switch_cpu, 4) if spina else "")
+                         switch_cpu_s_per_call=round(switch_cpu, 4) if spina else "",
+                         **(phase_medians(recs, m, p.nslots) if spina else {}))
     firsts = [r[m]["first_wrong"] for r in recs for m in methods if "first_wrong" in r[m]]
     if firsts:
         print(f"reduce_scatter: wrong results, first: {firsts[0]}", flush=True)
     point = dict(size=4 * p.elements, elements=p.elements, dtype="float32", density=p.density,
-                 workers=p.workers, lane_bits=bits,
-                 rate="" if graph is None else rate or graph.file_rate())
+                 workers=p.workers, lane_bits=bits, rate=rate)
     return method_rows(a.what, point, times, bus="reduce_scatter", sent=sent, wrong=wrong,
                        load=f"{load0:.2f}-{os.getloadavg()[0]:.2f}", extras=extras)
 

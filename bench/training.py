@@ -5,7 +5,7 @@ block top-k and PyTorch's own compression hooks, stepped side by side in the sam
     python -m bench training -t bench/topologies/star4.yaml --rates 1gbit -b 280K -e 280K \
         --max-steps 4 --min-steps 4 --out /tmp/t                    # a smoke run (tests)
 
-The network is a star topology file in namespaces (bench/net_topo.py Graph: tbf both ways on
+The network is a star topology file in namespaces (spina/netgraph.py Graph: tbf both ways on
 every link; the aggregating switch's namespace routes IPv4 for gloo's ring and runs SpINA's
 software switch in UDP mode; the processes: bench/paired.py Cluster).
 
@@ -25,11 +25,16 @@ DDP's communication, optimiser step):
 
   gloo     DDP's own all-reduce (the gloo ring)
   spina    DDP with the SpINA hook (host_agent/hooks/dense.py spina_allreduce_hook)
+  spina16, spina8
+           the same hook on a job of 16- or 8-bit lanes (docs/bits.md: stochastic rounding,
+           the bucket's error feedback residual) with blocks of 512 or 1024 elements, so that
+           a datagram holds int32's 57 KB (LANE_BLOCKS): a half and a quarter of the
+           datagrams and bytes; each its own job and agent on the same switch
   topk     DDP with the compression hook (host_agent/hooks/compressed.py
            spina_compressed_hook): block top-k of 256-element blocks at --ratio, the rest
-           by the defaults' rule (spina.communication.compression_defaults: warm-up over 10%
-           of --max-steps, error feedback, DGC momentum correction: the optimiser then has
-           none)
+           by the defaults' rule (spina.communication.compression_defaults: at least a block
+           per tensor of a bucket, warm-up over 10% of --max-steps, error feedback, DGC
+           momentum correction masking only blocks that waited: the optimiser then has none)
   losscomp the same hook with LossComp by the same rule (its ratio held at --ratio; the
            loss averaged over the ranks with gloo after each step, not timed); not run
            unless --methods names it
@@ -64,7 +69,9 @@ beside the harness's outputs.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
+import functools
 import os
 import statistics
 import time
@@ -72,9 +79,10 @@ import zlib
 from dataclasses import dataclass
 
 from bench.harness import method_rows
-from bench.net_topo import dev_bytes, kernel_losses_total, parse_rate
+from bench.net_topo import dev_bytes, kernel_losses_total
 from bench.paired import Cluster, proc_cpu, rotation
 from bench.procs import cpu_seconds
+from spina.topology import parse_rate
 
 
 @dataclass(frozen=True)
@@ -83,17 +91,21 @@ class Method:
     DDP), "spina", a compressor on SpINA ("topk", "losscomp"), or one of PyTorch's hooks on
     gloo ("powersgd", "fp16", "bf16");
     rank: PowerSGD's matrix approximation rank; color: its curve's; default: run unless
-    --methods says otherwise (LossComp is off by default, docs/compression.md)."""
+    --methods says otherwise (LossComp is off by default, docs/compression.md); lane_bits:
+    SpINA's lane width (16, 8: a narrow-lane job of LANE_BLOCKS' block size)."""
     name: str
     hook: str | None
     color: str
     rank: int = 0
     default: bool = True
+    lane_bits: int = 32
 
 
 METHOD_LIST = (
     Method("gloo", None, "C0"),
     Method("spina", "spina", "C1"),
+    Method("spina16", "spina", "C9", lane_bits=16),
+    Method("spina8", "spina", "olive", lane_bits=8),
     Method("topk", "topk", "C2"),
     Method("losscomp", "losscomp", "C8", default=False),
     Method("powersgd1", "powersgd", "C3", rank=1),
@@ -108,6 +120,9 @@ METHODS = tuple(BY_NAME)
 SYNCED = tuple(m.name for m in METHOD_LIST if m.hook != "compute")
 TORCH_HOOKS = ("powersgd", "fp16", "bf16")  # PyTorch's own, on gloo: counted by TorchHookCount
 COMPRESSORS = ("topk", "losscomp")  # spina_compressed_hook, settings by compression_defaults
+# A narrow lane's block: 56 rows of it fill int32's 57 KB datagram (docs/bits.md measured
+# these against 256-element narrow rows: fewer, fuller datagrams paid at 10 Gbit/s).
+LANE_BLOCKS = {16: 512, 8: 1024}
 GLOO_PORT = 29500
 DESCRIPTION = ("DDP training over a topology's links: gloo vs SpINA dense vs top-k vs "
                "PyTorch's PowerSGD and fp16/bf16 hooks (root)")
@@ -213,6 +228,7 @@ class TrainRequest:
     model: str = "mlp"       # bench/train_models.py FAMILIES
     switch_pid: int | None = None  # read its CPU time around every step (rank 0)
     count_dev: bool = True         # eth0's tx/rx bytes around every step (namespaces)
+    reshard_after_forward: bool = True  # FSDP2's (bench/fsdp.py --no-reshard)
 
 
 # ----------------------------------------------------------------------------- worker side
@@ -260,7 +276,8 @@ def counted_hook(count: TorchHookCount, bucket):
 class Run:
     """One method's model, optimiser, hook state and batches at one rank."""
 
-    def __init__(self, method: str, req: TrainRequest, agent, rank: int, data):
+    def __init__(self, method: str, req: TrainRequest, agent, rank: int, data,
+                 lanes: dict | None = None):
         import torch
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -275,6 +292,8 @@ class Run:
         from spina.communication import compression_defaults
 
         kind = BY_NAME[method].hook
+        # a narrow-lane method's agent: the job of its width (bench.paired.Cluster's lanes)
+        agent = {32: agent, **(lanes or {})}[BY_NAME[method].lane_bits]
         self.method, self.xtr, self.ytr = method, data[0], data[1]
         torch.manual_seed(req.seed)  # the same initial weights for every method
         self.module = FAMILIES[req.model].build(req.width)
@@ -331,12 +350,15 @@ class Run:
         return zlib.crc32(flat.numpy().tobytes())
 
 
-def train_point(rank: int, req: TrainRequest, agent, dist, torch, barrier, floor=None) -> dict:
-    """This worker's side of one comparison (see the module docstring): {method: record}."""
+def train_loop(rank: int, req: TrainRequest, agent, dist, torch, barrier, make_run):
+    """The rounds of one comparison at this rank (the module docstring): every method's
+    `make_run(method, req, agent, rank, (xtr, ytr))` (Run's interface; methods named as
+    METHOD_LIST's) stepped side by side until the stopping rules end it. Returns (runs,
+    {method: record}); each record its step times, link bytes, CPU and test accuracies."""
     n = agent.job.nworkers
     from bench.train_models import FAMILIES
     xtr, ytr, xte, yte = FAMILIES[req.model].data(req.seed, req.width)
-    runs = {m: Run(m, req, agent, rank, (xtr, ytr)) for m in req.methods}
+    runs = {m: make_run(m, req, agent, rank, (xtr, ytr)) for m in req.methods}
     mine_x, mine_y = xte[rank::n], yte[rank::n]  # this rank's share of the test set
     rec = {m: dict(times=[], tx=[], rx=[], cpu=[], switch_cpu=[], acc=[]) for m in req.methods}
     reached = {m: False for m in req.methods}
@@ -355,16 +377,15 @@ def train_point(rank: int, req: TrainRequest, agent, dist, torch, barrier, floor
             barrier.wait()  # every worker done (the switch too: every rank has its sums)
             tx1, rx1 = dev_bytes() if req.count_dev else (0, 0)
             s1 = proc_cpu(req.switch_pid) if req.switch_pid and rank == 0 else 0.0
-            r["times"].append(dt)
-            r["cpu"].append(dc)
-            r["tx"].append(tx1 - tx0)
-            r["rx"].append(rx1 - rx0)
-            r["switch_cpu"].append(s1 - s0)
+            for key, v in (("times", dt), ("cpu", dc), ("tx", tx1 - tx0), ("rx", rx1 - rx0),
+                           ("switch_cpu", s1 - s0)):
+                r[key].append(v)
             if BY_NAME[m].hook == "losscomp":  # its controller: the loss averaged over ranks
                 dist.all_reduce(loss)
                 run.state.observe_loss(float(loss) / n)
         step += 1
-        # not timed: each rank counts its share of the test set, gloo sums the counts
+        # not timed: each rank counts its share of the test set, gloo sums the counts (every
+        # rank evaluates the same methods in the same order: FSDP gathers in the forward)
         synced = [m for m in active if m in SYNCED]
         counts = torch.tensor([runs[m].correct(mine_x, mine_y) for m in synced],
                               dtype=torch.int64)
@@ -378,6 +399,15 @@ def train_point(rank: int, req: TrainRequest, agent, dist, torch, barrier, floor
                   or (m in SYNCED and not reached[m])]
         if not any(m in SYNCED for m in active):
             active = []
+    return runs, rec
+
+
+def train_point(rank: int, req: TrainRequest, agent, dist, torch, barrier, floor=None,
+                lanes=None) -> dict:
+    """This worker's side of one comparison (see the module docstring): {method: record}.
+    lanes: the narrow-lane jobs' agents by lane width (bench.paired.Cluster's `lanes`)."""
+    runs, rec = train_loop(rank, req, agent, dist, torch, barrier,
+                           functools.partial(Run, lanes=lanes))
     for m, run in runs.items():
         r = rec[m]
         r["crc"] = run.weights_crc()
@@ -439,7 +469,7 @@ def make_rows(recs: list[dict], req: TrainRequest, point: dict, what: str, load:
         q1, _, q3 = quartiles(t)
         sent[m] = round(mean_per_step(recs, m, "tx"))
         e = dict(common, model=req.model, seed=req.seed, params=recs[0]["params"],
-                 width=req.width, steps=len(t),
+                 width=req.width, steps=len(t), lane_bits=BY_NAME[m].lane_bits,
                  step_q1_us=round(q1 * 1e6, 1), step_q3_us=round(q3 * 1e6, 1),
                  target_acc=req.target, rx_bytes_per_link=round(mean_per_step(recs, m, "rx")),
                  worker_cpu_s_per_step=round(mean_per_step(recs, m, "cpu"), 4),
@@ -463,6 +493,9 @@ def make_rows(recs: list[dict], req: TrainRequest, point: dict, what: str, load:
                 resends=sum(w[m]["resends"] for w in recs),
                 agent_s_per_step=round(statistics.fmean(w[m]["agent_s"] for w in recs)
                                        / len(t), 4))
+        for k in recs[0][m].get("per_step", ()):  # a WHAT's own sums, per step (fsdp's)
+            e[f"{k}_per_step"] = round(statistics.fmean(w[m]["per_step"][k] for w in recs)
+                                       / len(t), 4)
         if "blocks_fraction" in recs[0][m]:
             e["blocks_fraction"] = round(statistics.fmean(w[m]["blocks_fraction"]
                                                           for w in recs), 4)
@@ -482,41 +515,58 @@ def make_rows(recs: list[dict], req: TrainRequest, point: dict, what: str, load:
     return rows, curves
 
 
-def run(a, log):
-    """Per rate and size (a model width) one comparison in one cluster on the star."""
-    from bench.net_topo import Graph
+def lane_jobs(methods) -> tuple[tuple[int, int], ...]:
+    """bench.paired.Cluster's `lanes` for `methods`: (lane_bits, block_size) of every narrow
+    width a method of METHOD_LIST's names (spina16, spina8)."""
+    bits = {BY_NAME[m].lane_bits for m in methods if m in BY_NAME} - {32}
+    return tuple((b, LANE_BLOCKS[b]) for b in sorted(bits))
+
+
+@contextlib.contextmanager
+def ddp_star(a, gloo_port: int, serve):
+    """(graph, cluster): the star file -t in namespaces (tbf queues of 20 ms) and a worker per
+    host serving `serve` (a module-level point function), the agents' window and lanes
+    add_ddp_options' (every WHAT that trains on a star: training, fsdp, overlap)."""
     from bench.paired import star_places
+    from spina.netgraph import Graph
+    with Graph(a.topo, a.tag, queue_ms=20) as graph:
+        places, gloo = star_places(graph, gloo_port)
+        with Cluster(a.workers[0], nslots=a.nslots, block_size=256, nlanes=a.nlanes,
+                     lanes=lane_jobs(a.methods), agent_kw=dict(rto=0.2), gloo=gloo,
+                     serve=serve, **places) as cl:
+            yield graph, cl
+
+
+def run(a, log, serve=None, gloo_port: int = GLOO_PORT, **request):
+    """Per rate and size (a model width) one comparison in one cluster on the star, its
+    workers serving `serve` (default train_point; bench/fsdp.py passes its own and the
+    TrainRequest fields of its own options, `request`)."""
     n = a.workers[0]
     a.curves = []
-    with Graph(a.topo, a.tag, queue_ms=20) as graph:
-        places, gloo = star_places(graph, GLOO_PORT)
-        with Cluster(n, nslots=a.nslots, block_size=256, nlanes=a.nlanes,
-                     agent_kw=dict(rto=0.2), gloo=gloo, serve=train_point, **places) as cl:
-            for rate in a.rates or [None]:
-                if rate is not None:
-                    graph.set_rate(rate)
-                for size in a.sizes:
-                    w = width_for(size, a.model)
-                    req = TrainRequest(methods=tuple(a.methods), width=w, batch=a.batch,
-                                       lr=a.lr, momentum=a.momentum, ratio=a.ratio,
-                                       target=a.target, max_steps=a.max_steps,
-                                       min_steps=a.min_steps, seed=a.seed,
-                                       powersgd_start=powersgd_start(a.max_steps,
-                                                                     a.powersgd_start),
-                                       model=a.model, switch_pid=cl.switch_pid)
-                    load0, drops0 = os.getloadavg()[0], graph.tbf_drops()
-                    k0 = kernel_losses_total(cl.pids)
-                    recs = cl.ask(req, f"{n} workers, {graph.file_rate()}, {a.model} width {w}")
-                    k1 = kernel_losses_total(cl.pids)
-                    common = dict(tbf_drops=graph.tbf_drops() - drops0,
-                                  **{k: k1[k] - k0[k] for k in k0})
-                    params = params_of(w, a.model)
-                    point = dict(size=4 * params, elements=params, dtype="float32",
-                                 density=1.0, workers=n, lane_bits=32, rate=graph.file_rate())
-                    rows, curves = make_rows(recs, req, point, a.what,
-                                             f"{load0:.2f}-{os.getloadavg()[0]:.2f}", common)
-                    a.curves += curves
-                    yield rows
+    with ddp_star(a, gloo_port, serve or train_point) as (graph, cl):
+        for rate in graph.each_rate(a.rates):
+            for size in a.sizes:
+                w = width_for(size, a.model)
+                req = TrainRequest(methods=tuple(a.methods), width=w, batch=a.batch,
+                                   lr=a.lr, momentum=a.momentum, ratio=a.ratio,
+                                   target=a.target, max_steps=a.max_steps,
+                                   min_steps=a.min_steps, seed=a.seed,
+                                   powersgd_start=powersgd_start(a.max_steps,
+                                                                 a.powersgd_start),
+                                   model=a.model, switch_pid=cl.switch_pid, **request)
+                load0, drops0 = os.getloadavg()[0], graph.tbf_drops()
+                k0 = kernel_losses_total(cl.pids)
+                recs = cl.ask(req, f"{n} workers, {rate}, {a.model} width {w}")
+                k1 = kernel_losses_total(cl.pids)
+                common = dict(tbf_drops=graph.tbf_drops() - drops0,
+                              **{k: k1[k] - k0[k] for k in k0})
+                params = params_of(w, a.model)
+                point = dict(size=4 * params, elements=params, dtype="float32",
+                             density=1.0, workers=n, lane_bits=32, rate=rate)
+                rows, curves = make_rows(recs, req, point, a.what,
+                                         f"{load0:.2f}-{os.getloadavg()[0]:.2f}", common)
+                a.curves += curves
+                yield rows
 
 
 def finish(rows, a) -> list[str]:

@@ -137,8 +137,8 @@ class Bmv2Target(P4RuntimeTarget):
     def _setup_links(self):
         """The ports' veth pairs: bench/topologies/ports4.yaml, both ends in the root
         namespace (IPv6 off: tests expect "nothing else" on ports; offloads off)."""
-        from bench.net_topo import Graph
-        from collectives.topology import load
+        from spina.netgraph import Graph
+        from spina.topology import load
         topo = load(str(PORTS_FILE))
         self.net = Graph(topo, netns.unique_tag("bm"), at={h: None for h in topo.hosts})
         self.net.create()

@@ -88,3 +88,24 @@ def test_status_and_bitmap_zero_unchanged(target):
         target.send(worker_port(r), contrib(r, slot=1, blocks={0: vals(r)}))
     expect(target, copies(2, 0b11, slot=1, rank=1, bitmap=0b11,
                           blocks={0: add(vals(0), vals(1))}))
+
+
+def test_status_and_flush_carry_no_other_owners_data(target):
+    """A status never carries data: the slot holds the owner's blocks (rank 1 of 3), and a
+    resend of non-owner rank 0 to the incomplete round gets the status, header and next
+    positions only. Its flush (FLAG_PARTIAL) completes the round: the owner gets the partial
+    sum whole, ranks 0 and 2 its header only (the result's flags: the slot's PARTIAL)."""
+    InaEntries(target).setup_job(3)
+    target.send(worker_port(1), contrib(1, bitmap=0b010, blocks={0: vals(1)}, next=NEXT))
+    target.send(worker_port(0), contrib(0, bitmap=0b010, blocks={0: vals(0)}, next=NEXT))
+    expect(target, {})  # the round waits for rank 2
+    target.send(worker_port(0), contrib(0, bitmap=0b010, blocks={0: vals(0)}, next=NEXT,
+                                        flags=wire.FLAG_RESEND))
+    expect(target, {worker_port(0): [reply(0, msg_type=wire.MSG_STATUS, rank=0, bitmap=0b011,
+                                           flags=wire.FLAG_RESEND, next=NEXT)]})
+    flush = wire.FLAG_RESEND | wire.FLAG_PARTIAL
+    target.send(worker_port(0), contrib(0, bitmap=0b010, blocks={0: vals(0)}, next=NEXT,
+                                        flags=flush))
+    expect(target, copies(3, 0b010, rank=0, bitmap=0b011, flags=wire.FLAG_PARTIAL,
+                          blocks={0: add(vals(0), vals(1))}, next=NEXT))
+    assert target.counter("job_duplicates", JOB) == 2

@@ -3,7 +3,8 @@
     import collectives
     collectives.all_reduce(t, "ring")       # torch.distributed isend/irecv (collectives/p2p.py)
 
-    from collectives import plan, topology
+    from collectives import plan
+    from spina import topology
     plan.plan(topology.load("topo.yaml"), "all_reduce", 64 << 20).best
 
 The schedules (collectives/schedule.py) import no torch; `all_reduce`, `reduce_scatter` and

@@ -1,12 +1,13 @@
 """The planner: each algorithm's time on a topology by an alpha-beta cost model; pick the least.
 
-    from collectives import plan, topology
+    from collectives import plan
+    from spina import topology
     topo = topology.load("bench/topologies/two_groups.yaml")
     choice = plan.plan(topo, "all_reduce", 64 << 20)        # bytes of float32
     choice.best, choice.seconds                             # 'ring', {'ring': 0.61, ...}
 
 The model prices the very schedule collectives.p2p runs (collectives/schedule.py), step by
-step. In a step every transfer follows its fixed route (collectives/topology.py); a directed
+step. In a step every transfer follows its fixed route (spina/topology.py); a directed
 link carries the wire bytes of every transfer that crosses it in that step, and a transfer
 ends when its busiest link has sent them all:
 
@@ -61,9 +62,9 @@ from collectives.schedule import (
     leader_phases,
     schedule,
 )
-from collectives.topology import TCP_HEADERS, UDP_HEADERS, Topology
 from spina import wire
 from spina.config import JOB_DEFAULTS
+from spina.topology import TCP_HEADERS, UDP_HEADERS, Topology
 
 INA = "ina"
 SWITCH, LEADER_SWITCH = "switch", "leader-switch"  # collectives.p2p's names
@@ -73,13 +74,14 @@ _CALIBRATED = ("ina_switch_packet_s", "ina_agent_packet_s", "gather_copy_s", "ga
 
 @dataclass(frozen=True)
 class CostParams:
-    """The model's constants (seconds, bytes). alpha, cpu_per_byte and ina_call_s are
-    bench/plan.py's loopback calibration on this 2-core machine with 4 ranks
-    and other sessions' load of about 8 (docs/collectives.md): a quieter or larger machine
-    has smaller ones, so measure yours and pass them (`spina plan --alpha ...`)."""
+    """The model's constants (seconds, bytes). alpha and cpu_per_byte are bench/plan.py's
+    loopback calibration on this 2-core machine with 4 ranks and other sessions' load of
+    about 8 (docs/collectives.md); ina_call_s is SpINA's model's (ina_model.Assumptions.call_s,
+    its one owner). A quieter or larger machine has smaller ones, so measure yours and pass
+    them (`spina plan --alpha ...`)."""
     alpha: float = 4.7e-3              # per step and rank, the p2p collectives
     cpu_per_byte: float = 3.0e-9       # per byte a rank sends or receives
-    ina_call_s: float = 5.6e-3         # SpINA's fixed cost per call
+    ina_call_s: float = ina_model.Assumptions().call_s  # SpINA's fixed cost per call
     # SpINA's CPU: None prices it with this machine's calibration (collectives.ina_model:
     # per datagram and per IPv4 fragment, the agent's scan; the switch's copies out for an
     # all-gather); a number is the seconds per datagram, flat
@@ -331,7 +333,8 @@ def _ina_via(topo, switch, elements, params) -> Prediction:
         if params.ina_switch_packet_s is not None \
         else p * (packets * a.switch_s_per_datagram + frags_up * a.switch_s_per_fragment)
     agent_s = 2 * packets * params.ina_agent_packet_s if params.ina_agent_packet_s is not None \
-        else (elements * a.agent_s_per_element + 2 * packets * a.agent_s_per_datagram
+        else (a.agent_s_per_call + elements * a.agent_s_per_element
+              + 2 * packets * a.agent_s_per_datagram
               + (frags_up + frags_down) * a.agent_s_per_fragment)
     bound = max((link_s, _link_name(topo, neck)), (switch_s, f"switch {switch} CPU"),
                 (agent_s, "agent CPU"))

@@ -19,47 +19,13 @@
 #ifndef SPINA_CORE_H
 #define SPINA_CORE_H
 #include "../spina/_pybuf.h"  /* Python.h, Buf, get_buf, release */
-#include "../spina/_wire.h"   /* HEADER_LEN, OFF_*, MSG_*, FLAG_* (spina/wire.py) */
+#include "../spina/_wire.h"   /* HEADER_LEN, OFF_*, MSG_*, FLAG_*, load_be/store_be */
 #include <stdint.h>
 #include <string.h>
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define HAVE_AVX2_VARIANT 1  /* the hot loops are built twice: for AVX2 and for any CPU */
 #endif
-
-/* ---- byte order: the wire is big-endian ---- */
-static inline void store_be32(unsigned char *p, uint32_t v) {
-    v = __builtin_bswap32(v);
-    memcpy(p, &v, 4);
-}
-
-static inline uint32_t load_be32(const unsigned char *p) {
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return __builtin_bswap32(v);
-}
-
-static inline void store_be16(unsigned char *p, uint16_t v) {
-    v = __builtin_bswap16(v);
-    memcpy(p, &v, 2);
-}
-
-static inline void store_be64(unsigned char *p, uint64_t v) {
-    v = __builtin_bswap64(v);
-    memcpy(p, &v, 8);
-}
-
-static inline uint64_t load_be64(const unsigned char *p) {
-    uint64_t v;
-    memcpy(&v, p, 8);
-    return __builtin_bswap64(v);
-}
-
-static inline uint16_t load_be16(const unsigned char *p) {
-    uint16_t v;
-    memcpy(&v, p, 2);
-    return __builtin_bswap16(v);
-}
 
 /* ---- _core_blocks.c: the per-element kernels, a datagram's rows per call ---- */
 /* The narrow lanes' draws of (seed, rank, step): blocks.rounding_noise's key. */

@@ -742,6 +742,8 @@ class Agent:
                 (zeros at first). The call sums x + residual and leaves in `residual` what
                 its lanes did not carry, so nothing is lost across calls, only delayed. Not
                 with `blocks` (the residual's blocks would need sending too) or int32 lanes.
+                With `inplace` (x a contiguous float32 numpy array) x + residual is formed
+                in x and summed there: no tensor-sized copy.
             slot_exponents: None, or per slot of the window (int32, job.nslots) the least
                 exponent this worker announces in the slot's setup round (float tensors).
                 host_agent/hooks/overlap.py sends a tensor in pieces of whole lane spans with the
@@ -755,8 +757,9 @@ class Agent:
                 raise ValueError(f"slot_exponents: need {self.job.nslots} int32 (one per slot), "
                                  f"got {slot_exponents.dtype} {slot_exponents.shape}")
         if residual is not None:  # error feedback (host_agent/narrow.py)
-            x = narrow.with_residual(self.job, x, residual, blocks is not None or _is_torch(x))
-            inplace = True  # our own sum: the call writes its result there
+            x = narrow.with_residual(self.job, x, residual, blocks is not None or _is_torch(x),
+                                     inplace)
+            inplace = True  # x + residual, ours or the caller's x: the call sums it there
         if blocks is not None:
             blocks = np.asarray(blocks, np.int64)
         if _is_torch(x):

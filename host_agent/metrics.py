@@ -42,47 +42,42 @@ from spina.metrics import MetricsServer, parse_address
 
 METRICS_ENV = "SPINA_METRICS"  # [HOST:]PORT: in-process agents serve their metrics there
 
-# CallStats field -> (metric name without _total, documentation)
-_PER_CALL = {
-    "packets_sent": ("spina_agent_packets_sent", "INA packets sent, resends included."),
-    "packets_received": ("spina_agent_packets_received", "Result packets taken from the switch."),
-    "bytes_sent": ("spina_agent_bytes_sent", "UDP payload bytes sent."),
-    "bytes_received": ("spina_agent_bytes_received", "UDP payload bytes received."),
-    "payload_bytes_sent": ("spina_agent_payload_bytes_sent", "Block data bytes sent."),
-    "resends": ("spina_agent_resends", "Packets sent again after a timeout."),
-    "foreign_packets": ("spina_agent_foreign_packets",
-                        "Datagrams from anyone but the switch, dropped unread."),
-    "malformed_packets": ("spina_agent_malformed_packets",
-                          "Datagrams from the switch failing the header checks, dropped."),
-    "partial_rounds": ("spina_agent_partial_rounds",
-                       "Rounds the switch completed without every worker (bounded loss)."),
-    "blocks_lost": ("spina_agent_blocks_lost",
-                    "This rank's blocks missing from the sums: sent in a round completed "
-                    "without it, or skipped by one (bounded loss)."),
-    "loss_tolerant_packets": ("spina_agent_loss_tolerant_packets",
-                              "Packets sent flagged loss-tolerant (DLCP, host_agent/dlcp.py)."),
-    "nonzero_blocks": ("spina_agent_nonzero_blocks", "Non-zero blocks this rank sent."),
-    "length": ("spina_agent_elements", "Tensor elements reduced."),
-}
-# GatherStats field -> (metric name without _total, documentation)
-_PER_GATHER = {
-    "packets_sent": ("spina_agent_gather_packets_sent",
-                     "All-gather packets sent: chunks, their resends and requests."),
-    "packets_received": ("spina_agent_gather_packets_received",
-                         "All-gather packets taken from the switch."),
-    "bytes_sent": ("spina_agent_gather_bytes_sent", "All-gather UDP payload bytes sent."),
-    "bytes_received": ("spina_agent_gather_bytes_received",
-                       "All-gather UDP payload bytes received."),
-    "shard_bytes": ("spina_agent_gather_shard_bytes", "Bytes of this rank's shards gathered."),
-    "requests": ("spina_agent_gather_requests",
-                 "Chunks re-requested from their owners (one request packet each)."),
-    "resends": ("spina_agent_gather_resends", "Own chunks sent again because a rank asked."),
-    "duplicates": ("spina_agent_gather_duplicates", "Chunks received a second time."),
-    "foreign_packets": ("spina_agent_gather_foreign_packets",
-                        "Datagrams from anyone but the switch during an all-gather, dropped."),
-    "malformed_packets": ("spina_agent_gather_malformed_packets",
-                          "All-gather datagrams failing the header checks, dropped."),
-}
+# Each call's counters, one row a counter of both ops where their stats share the field:
+# (stats field, metric name after the op's prefix (without _total), the all-reduce's help
+# (CallStats), the all-gather's (GatherStats)); None: that op's stats have no such field.
+_COUNTERS = (
+    ("packets_sent", "packets_sent", "INA packets sent, resends included.",
+     "All-gather packets sent: chunks, their resends and requests."),
+    ("packets_received", "packets_received", "Result packets taken from the switch.",
+     "All-gather packets taken from the switch."),
+    ("bytes_sent", "bytes_sent", "UDP payload bytes sent.", "All-gather UDP payload bytes sent."),
+    ("bytes_received", "bytes_received", "UDP payload bytes received.",
+     "All-gather UDP payload bytes received."),
+    ("payload_bytes_sent", "payload_bytes_sent", "Block data bytes sent.", None),
+    ("shard_bytes", "shard_bytes", None, "Bytes of this rank's shards gathered."),
+    ("requests", "requests", None,
+     "Chunks re-requested from their owners (one request packet each)."),
+    ("resends", "resends", "Packets sent again after a timeout.",
+     "Own chunks sent again because a rank asked."),
+    ("duplicates", "duplicates", None, "Chunks received a second time."),
+    ("foreign_packets", "foreign_packets", "Datagrams from anyone but the switch, dropped unread.",
+     "Datagrams from anyone but the switch during an all-gather, dropped."),
+    ("malformed_packets", "malformed_packets",
+     "Datagrams from the switch failing the header checks, dropped.",
+     "All-gather datagrams failing the header checks, dropped."),
+    ("partial_rounds", "partial_rounds",
+     "Rounds the switch completed without every worker (bounded loss).", None),
+    ("blocks_lost", "blocks_lost",
+     "This rank's blocks missing from the sums: sent in a round completed without it, or "
+     "skipped by one (bounded loss).", None),
+    ("loss_tolerant_packets", "loss_tolerant_packets",
+     "Packets sent flagged loss-tolerant (DLCP, host_agent/dlcp.py).", None),
+    ("nonzero_blocks", "nonzero_blocks", "Non-zero blocks this rank sent.", None),
+    ("length", "elements", "Tensor elements reduced.", None),
+)
+# op -> (its metrics' prefix, its name in the help, its help column in _COUNTERS)
+_OPS = {"allreduce": ("spina_agent", "All-reduce", 2),
+        "allgather": ("spina_agent_gather", "All-gather", 3)}
 # Call latency: loopback calls of a few KB take ~1 ms, 100 MB tensors seconds.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
                    5.0, 10.0, 30.0)
@@ -99,14 +94,12 @@ class AgentMetrics:
         # op -> (calls by outcome, the per-call counters, latency): the all-reduce's series
         # and the all-gather's, the same shapes under two prefixes
         self.ops = {}
-        for op, prefix, per_call, what in (("allreduce", "spina_agent", _PER_CALL, "All-reduce"),
-                                           ("allgather", "spina_agent_gather", _PER_GATHER,
-                                            "All-gather")):
+        for op, (prefix, what, col) in _OPS.items():
             self.ops[op] = (
                 Counter(f"{prefix}_calls", f"{what} calls served, by outcome.",
                         labels + ("outcome",), registry=self.registry),
-                {f: Counter(name, doc, labels, registry=self.registry)
-                 for f, (name, doc) in per_call.items()},
+                {row[0]: Counter(f"{prefix}_{row[1]}", row[col], labels, registry=self.registry)
+                 for row in _COUNTERS if row[col] is not None},
                 Histogram(f"{prefix}_call_duration_seconds", f"{what} call latency.",
                           ("job_id",), buckets=LATENCY_BUCKETS, registry=self.registry))
         self.in_progress = Gauge("spina_agent_calls_in_progress", "Calls running now.",

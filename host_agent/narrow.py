@@ -41,10 +41,13 @@ def call_lane_bits(job: JobConfig, integer: bool) -> int:
     return bits
 
 
-def with_residual(job: JobConfig, x, residual, refused: bool) -> np.ndarray:
+def with_residual(job: JobConfig, x, residual, refused: bool,
+                  inplace: bool = False) -> np.ndarray:
     """Agent.allreduce's `residual` checked, and x + residual: a float32 array of its own that
-    the call sums in place. `refused`: the call has a blocks hint or a torch tensor, which
-    error feedback does not take."""
+    the call sums in place, or with `inplace` x itself (a writeable, contiguous float32 numpy
+    array) holding it: the sum then lands in x, as an in-place call's does, without a
+    tensor-sized copy (the DDP hook's aligned bucket). `refused`: the call has a blocks hint
+    or a torch tensor, which error feedback does not take."""
     if job.lane_bits == 32 or refused:
         raise ValueError("residual: error feedback needs a narrow-lane job (lane_bits 16 "
                          "or 8), a numpy tensor and no blocks hint")
@@ -53,7 +56,13 @@ def with_residual(job: JobConfig, x, residual, refused: bool) -> np.ndarray:
             and residual.size == np.size(x)):
         raise ValueError("residual: must be a writeable, contiguous float32 array of "
                          "x's size")
-    return np.asarray(x, np.float32) + residual.reshape(np.shape(x))
+    if not inplace:
+        return np.asarray(x, np.float32) + residual.reshape(np.shape(x))
+    if not (isinstance(x, np.ndarray) and x.dtype == np.float32 and x.flags.c_contiguous
+            and x.flags.writeable):
+        raise ValueError("inplace with residual: x must be a writeable, contiguous float32 "
+                         "numpy array")
+    return np.add(x, residual.reshape(x.shape), out=x)  # the same float32 adds as above
 
 
 class NumpyRounds:

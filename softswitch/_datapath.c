@@ -25,7 +25,7 @@
  */
 #define _GNU_SOURCE
 #include "../spina/_pybuf.h"       /* Python.h, Buf, get_buf, release */
-#include "../spina/_wire.h"        /* HEADER_LEN, OFF_*, MSG_*, FLAG_* (spina/wire.py) */
+#include "../spina/_wire.h"        /* HEADER_LEN, OFF_*, MSG_*, FLAG_*, load_be/store_be */
 #include <arpa/inet.h>
 #include <linux/filter.h>
 #include <errno.h>
@@ -37,10 +37,11 @@
 
 #define MAX_UDP_PAYLOAD 65507
 
-/* What process_one decided (softswitch/fabric.py's TO_GROUP, TO_SENDER). */
+/* What process_one decided (softswitch/fabric.py's TO_GROUP, TO_SENDER, TO_OTHERS). */
 #define PUNT (-1)
 #define TO_GROUP 1
 #define TO_SENDER 2
+#define TO_OTHERS 4  /* an all-gather packet: the job's workers but its sender */
 /* serve()'s outcomes */
 #define SERVE_IDLE 0    /* nothing more to read now */
 #define SERVE_BUDGET 1  /* the packet budget is spent; more may wait */
@@ -54,30 +55,9 @@
  * the registers need none, as each slot belongs to one thread. */
 #define BUMP(counter, n) __atomic_fetch_add(&(counter), (uint64_t)(n), __ATOMIC_RELAXED)
 
-static inline uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] << 8 | p[1]); }
-static inline uint32_t rd32(const uint8_t *p) {
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return __builtin_bswap32(v);
-}
-static inline uint64_t rd64(const uint8_t *p) {
-    uint64_t v;
-    memcpy(&v, p, 8);
-    return __builtin_bswap64(v);
-}
-static inline void wr16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)(v >> 8); p[1] = (uint8_t)v; }
-static inline void wr32(uint8_t *p, uint32_t v) {
-    v = __builtin_bswap32(v);
-    memcpy(p, &v, 4);
-}
-static inline void wr64(uint8_t *p, uint64_t v) {
-    v = __builtin_bswap64(v);
-    memcpy(p, &v, 8);
-}
-
 /* The three loops over a block's values, built for AVX2 and for any x86-64 (chosen at load). */
 __attribute__((target_clones("avx2", "default")))
-static void load_be(int32_t *dst, const uint8_t *src, Py_ssize_t n) {
+static void load_row32(int32_t *dst, const uint8_t *src, Py_ssize_t n) {
     for (Py_ssize_t i = 0; i < n; i++) {
         uint32_t v;
         memcpy(&v, src + 4 * i, 4);
@@ -86,7 +66,7 @@ static void load_be(int32_t *dst, const uint8_t *src, Py_ssize_t n) {
 }
 
 __attribute__((target_clones("avx2", "default")))
-static void add_be(int32_t *dst, const uint8_t *src, Py_ssize_t n) {
+static void add_row32(int32_t *dst, const uint8_t *src, Py_ssize_t n) {
     for (Py_ssize_t i = 0; i < n; i++) {  /* wrap-around, as the switch's 32-bit adders */
         uint32_t v;
         memcpy(&v, src + 4 * i, 4);
@@ -95,7 +75,7 @@ static void add_be(int32_t *dst, const uint8_t *src, Py_ssize_t n) {
 }
 
 __attribute__((target_clones("avx2", "default")))
-static void store_be(uint8_t *dst, const int32_t *src, Py_ssize_t n) {
+static void store_row32(uint8_t *dst, const int32_t *src, Py_ssize_t n) {
     for (Py_ssize_t i = 0; i < n; i++) {
         uint32_t v = __builtin_bswap32((uint32_t)src[i]);
         memcpy(dst + 4 * i, &v, 4);
@@ -104,13 +84,13 @@ static void store_be(uint8_t *dst, const int32_t *src, Py_ssize_t n) {
 
 /* Narrow lanes (docs/bits.md): int16/int8 rows, sign-extended into the int32 registers. */
 __attribute__((target_clones("avx2", "default")))
-static void load_be16(int32_t *dst, const uint8_t *src, Py_ssize_t n) {
+static void load_row16(int32_t *dst, const uint8_t *src, Py_ssize_t n) {
     for (Py_ssize_t i = 0; i < n; i++)
         dst[i] = (int16_t)(uint16_t)(src[2 * i] << 8 | src[2 * i + 1]);
 }
 
 __attribute__((target_clones("avx2", "default")))
-static void add_be16(int32_t *dst, const uint8_t *src, Py_ssize_t n) {
+static void add_row16(int32_t *dst, const uint8_t *src, Py_ssize_t n) {
     for (Py_ssize_t i = 0; i < n; i++) {
         int32_t v = (int16_t)(uint16_t)(src[2 * i] << 8 | src[2 * i + 1]);
         dst[i] = (int32_t)((uint32_t)dst[i] + (uint32_t)v);
@@ -118,12 +98,12 @@ static void add_be16(int32_t *dst, const uint8_t *src, Py_ssize_t n) {
 }
 
 __attribute__((target_clones("avx2", "default")))
-static void add_8(int32_t *dst, const uint8_t *src, Py_ssize_t n) {
+static void add_row8(int32_t *dst, const uint8_t *src, Py_ssize_t n) {
     for (Py_ssize_t i = 0; i < n; i++)
         dst[i] = (int32_t)((uint32_t)dst[i] + (uint32_t)(int32_t)(int8_t)src[i]);
 }
 
-static void load_8(int32_t *dst, const uint8_t *src, Py_ssize_t n) {
+static void load_row8(int32_t *dst, const uint8_t *src, Py_ssize_t n) {
     for (Py_ssize_t i = 0; i < n; i++)
         dst[i] = (int8_t)src[i];
 }
@@ -131,11 +111,11 @@ static void load_8(int32_t *dst, const uint8_t *src, Py_ssize_t n) {
 /* A row of `item` bytes a value into the int32 registers: written (a copy a round starts) or
  * added with wrap-around. */
 static void load_row(int32_t *dst, const uint8_t *src, Py_ssize_t n, int item) {
-    (item == 4 ? load_be : item == 2 ? load_be16 : load_8)(dst, src, n);
+    (item == 4 ? load_row32 : item == 2 ? load_row16 : load_row8)(dst, src, n);
 }
 
 static void add_row(int32_t *dst, const uint8_t *src, Py_ssize_t n, int item) {
-    (item == 4 ? add_be : item == 2 ? add_be16 : add_8)(dst, src, n);
+    (item == 4 ? add_row32 : item == 2 ? add_row16 : add_row8)(dst, src, n);
 }
 
 /* The sums of a narrow round's row, clipped to the lane's range [lo, hi], as `item`-byte
@@ -260,28 +240,28 @@ static Py_ssize_t result_into(const Datapath *d, uint8_t *out, const uint8_t *re
     memcpy(out, req, HEADER_LEN);  /* the request's identity; the rest is the slot's */
     out[OFF_MSG_TYPE] = MSG_RESULT;
     out[OFF_FLAGS] = (uint8_t)(d->flags[idx] | (req[OFF_FLAGS] & FLAG_LOSS_TOLERANT) | extra);
-    wr32(out + OFF_LENGTH, d->length[idx]);
-    wr16(out + OFF_EXPONENT, (uint16_t)d->exponent[idx]);
-    wr32(out + OFF_BITMAP, d->bitmap[idx]);
+    store_be32(out + OFF_LENGTH, d->length[idx]);
+    store_be16(out + OFF_EXPONENT, (uint16_t)d->exponent[idx]);
+    store_be32(out + OFF_BITMAP, d->bitmap[idx]);
     uint64_t present = d->present[idx];
-    wr64(out + OFF_PRESENT, present);
-    wr64(out + OFF_NONFINITE, d->nonfinite[idx]);
+    store_be64(out + OFF_PRESENT, present);
+    store_be64(out + OFF_NONFINITE, d->nonfinite[idx]);
     const uint32_t *nx = d->next + idx * MAX_LANES;
     for (unsigned i = 0; i < k; i++)
-        wr32(out + HEADER_LEN + 4 * i, nx[i]);
+        store_be32(out + HEADER_LEN + 4 * i, nx[i]);
     uint8_t *dst = out + HEADER_LEN + 4 * k;
     const int32_t *vals = d->values + idx * d->capacity;
     int item = LANE_ITEM_BYTES(d->flags[idx]), clipped = 0;
     for (uint64_t p = present; p; p &= p - 1) {
         const int32_t *row = vals + (Py_ssize_t)__builtin_ctzll(p) * bs;
         if (item == 4)
-            store_be(dst, row, bs);
+            store_row32(dst, row, bs);
         else
             clipped |= store_narrow(dst, row, bs, item);
         dst += item * (Py_ssize_t)bs;
     }
     if (clipped)
-        BUMP(d->c_lane_saturated[rd16(req + OFF_JOB)], 1);
+        BUMP(d->c_lane_saturated[load_be16(req + OFF_JOB)], 1);
     return dst - out;
 }
 
@@ -290,16 +270,20 @@ static Py_ssize_t result_into(const Datapath *d, uint8_t *out, const uint8_t *re
  * Python's pipeline must process it. Pipeline.process_into's order and operations exactly. */
 static Py_ssize_t process_one(Datapath *d, const uint8_t *pkt, Py_ssize_t size, uint32_t ip,
                               uint16_t sport, uint8_t *out, int *to, const Entry **hit) {
-    if (size < HEADER_LEN || pkt[OFF_VERSION] != WIRE_VERSION || pkt[OFF_MSG_TYPE] != MSG_CONTRIB)
+    if (size < HEADER_LEN || pkt[OFF_VERSION] != WIRE_VERSION)
         return PUNT;
-    if (rd32(pkt + OFF_BITMAP) && !d->scatter)
+    /* an all-gather packet: served in the UDP mode (the L2 mode's frames of it are Python's) */
+    int gather = pkt[OFF_MSG_TYPE] == MSG_GATHER && d->scatter;
+    if (pkt[OFF_MSG_TYPE] != MSG_CONTRIB && !gather)
+        return PUNT;
+    if (load_be32(pkt + OFF_BITMAP) && !d->scatter)
         return PUNT;  /* a reduce-scatter round: the L2 mode's replicas are Python's to strip */
     int item = LANE_ITEM_BYTES(pkt[OFF_FLAGS]);  /* bytes a value: 4, or narrow lanes' 2, 1 */
     if (!item)
         return PUNT;  /* both widths: malformed, Python counts it */
     unsigned k = pkt[OFF_NLANES], rank = pkt[OFF_RANK];
-    uint32_t bs = rd16(pkt + OFF_BLOCK_SIZE);
-    uint64_t present = rd64(pkt + OFF_PRESENT), nonfinite = rd64(pkt + OFF_NONFINITE);
+    uint32_t bs = load_be16(pkt + OFF_BLOCK_SIZE);
+    uint64_t present = load_be64(pkt + OFF_PRESENT), nonfinite = load_be64(pkt + OFF_NONFINITE);
     if (k < 1 || k > MAX_LANES || bs == 0 || rank >= MAX_WORKERS)
         return PUNT;
     uint64_t full = k == 64 ? ~0ull : (1ull << k) - 1;
@@ -308,19 +292,24 @@ static Py_ssize_t process_one(Datapath *d, const uint8_t *pkt, Py_ssize_t size, 
     unsigned npresent = (unsigned)__builtin_popcountll(present);
     if ((uint64_t)size != HEADER_LEN + 4ull * k + (uint64_t)item * bs * npresent)
         return PUNT;
-    uint16_t job = rd16(pkt + OFF_JOB);
-    uint32_t slot = rd16(pkt + OFF_SLOT);
+    uint16_t job = load_be16(pkt + OFF_JOB);
+    uint32_t slot = load_be16(pkt + OFF_SLOT);
     const Entry *e = lookup(d, ip, sport, job, (uint8_t)rank);
     if (!e || slot < e->slot_base || slot >= e->slot_base + e->nslots || k != e->nlanes
         || bs != e->block_size)
         return PUNT;  /* Python counts it (port_unadmitted) and logs it */
-    uint32_t rnd = rd32(pkt + OFF_ROUND);
+    uint32_t rnd = load_be32(pkt + OFF_ROUND);
     Py_ssize_t idx = 2 * (Py_ssize_t)slot + (rnd & 1);
     *hit = e;
     BUMP(d->c_received[job], 1);
-    if (rd16(pkt + OFF_EPOCH) != e->epoch) {
+    if (load_be16(pkt + OFF_EPOCH) != e->epoch) {
         BUMP(d->c_stale[job], 1);
         return 0;
+    }
+    if (gather) {  /* Aggregator: it leaves as it came, no register read or written */
+        memcpy(out, pkt, (size_t)size);
+        *to = TO_OTHERS;
+        return size;
     }
     uint8_t flags = pkt[OFF_FLAGS];
     uint32_t nworkers = e->nworkers, bit = 1u << rank;
@@ -360,9 +349,9 @@ static Py_ssize_t process_one(Datapath *d, const uint8_t *pkt, Py_ssize_t size, 
         memcpy(out, pkt, HEADER_LEN + 4 * k);
         out[OFF_MSG_TYPE] = MSG_STATUS;
         out[OFF_FLAGS] = flags & (uint8_t)~(FLAG_LAST | FLAG_PARTIAL);
-        wr32(out + OFF_BITMAP, old_bitmap);
-        wr64(out + OFF_PRESENT, 0);
-        wr64(out + OFF_NONFINITE, 0);
+        store_be32(out + OFF_BITMAP, old_bitmap);
+        store_be64(out + OFF_PRESENT, 0);
+        store_be64(out + OFF_NONFINITE, 0);
         *to = TO_SENDER;
         return HEADER_LEN + 4 * k;
     }
@@ -374,8 +363,8 @@ static Py_ssize_t process_one(Datapath *d, const uint8_t *pkt, Py_ssize_t size, 
     uint32_t *nx = d->next + idx * MAX_LANES;
     const uint8_t *pn = pkt + HEADER_LEN, *pd = pkt + HEADER_LEN + 4 * k;
     size_t row_bytes = (size_t)item * bs;
-    int16_t exponent = (int16_t)rd16(pkt + OFF_EXPONENT);
-    uint32_t length = rd32(pkt + OFF_LENGTH);
+    int16_t exponent = (int16_t)load_be16(pkt + OFF_EXPONENT);
+    uint32_t length = load_be32(pkt + OFF_LENGTH);
     if (fresh) {
         if (present == full) {
             load_row(vals, pd, (Py_ssize_t)k * bs, item);
@@ -385,7 +374,7 @@ static Py_ssize_t process_one(Datapath *d, const uint8_t *pkt, Py_ssize_t size, 
                 load_row(vals + (Py_ssize_t)__builtin_ctzll(p) * bs, pd, bs, item);
         }
         for (unsigned i = 0; i < k; i++)
-            nx[i] = rd32(pn + 4 * i);
+            nx[i] = load_be32(pn + 4 * i);
         d->present[idx] = present;
         d->nonfinite[idx] = nonfinite;
         d->exponent[idx] = exponent;
@@ -399,7 +388,7 @@ static Py_ssize_t process_one(Datapath *d, const uint8_t *pkt, Py_ssize_t size, 
                 add_row(vals + (Py_ssize_t)__builtin_ctzll(p) * bs, pd, bs, item);
         }
         for (unsigned i = 0; i < k; i++) {
-            uint32_t v = rd32(pn + 4 * i);
+            uint32_t v = load_be32(pn + 4 * i);
             if (v < nx[i])
                 nx[i] = v;
         }
@@ -434,11 +423,15 @@ static Py_ssize_t process_one(Datapath *d, const uint8_t *pkt, Py_ssize_t size, 
 
 /* The owners of the result `out` made of contribution `pkt` (0: every copy whole). */
 static inline uint32_t owners_of(const uint8_t *pkt, const uint8_t *out) {
-    return out[OFF_MSG_TYPE] == MSG_RESULT ? rd32(pkt + OFF_BITMAP) : 0;
+    return out[OFF_MSG_TYPE] == MSG_RESULT ? load_be32(pkt + OFF_BITMAP) : 0;
 }
 
 static inline int owns(uint32_t owners, unsigned rank) {
     return !owners || rank >= MAX_WORKERS || (owners >> rank & 1);
+}
+
+static inline int same_address(const struct sockaddr_in *a, const struct sockaddr_in *b) {
+    return a->sin_addr.s_addr == b->sin_addr.s_addr && a->sin_port == b->sin_port;
 }
 
 /* The header-only copy of result `out` into `dst` (may be `out`); its length. */
@@ -446,8 +439,8 @@ static Py_ssize_t strip_into(uint8_t *dst, const uint8_t *out) {
     Py_ssize_t n = HEADER_LEN + 4 * (Py_ssize_t)out[OFF_NLANES];
     if (dst != out)
         memcpy(dst, out, (size_t)n);
-    wr64(dst + OFF_PRESENT, 0);
-    wr64(dst + OFF_NONFINITE, 0);
+    store_be64(dst + OFF_PRESENT, 0);
+    store_be64(dst + OFF_NONFINITE, 0);
     return n;
 }
 
@@ -545,6 +538,8 @@ static int serve_loop(Datapath *d, long budget, int *punt) {
             } else {
                 for (uint32_t j = 0; j < e->dest_count; j++) {
                     uint32_t x = e->dest_first + j;
+                    if (to == TO_OTHERS && same_address(&d->dests[x], src))
+                        continue;  /* an all-gather packet's sender has it */
                     if (owns(owners, d->dest_rank[x])) {
                         queue_send(d, out, n, &d->dests[x]);
                     } else {
@@ -687,9 +682,10 @@ PyDoc_STRVAR(set_tables_doc,
 "Replace the flat jobs' admission rows: entries are (ip, udp_port, job, rank, epoch, slot_base,\n"
 "nslots, nworkers, block_size, nlanes, dest_first, dest_count); a result of an entry's job goes\n"
 "to destinations[dest_first:dest_first + dest_count], each (ip, udp_port[, rank]). hold: the\n"
-"pipeline's hold_newer_rounds. scatter: serve reduce-scatter rounds (a contribution's bitmap\n"
-"names the owners; a destination of another rank gets the result's header only), else punt\n"
-"them.");
+"pipeline's hold_newer_rounds. scatter: the UDP mode's own copies, served: reduce-scatter\n"
+"rounds (a contribution's bitmap names the owners; a destination of another rank gets the\n"
+"result's header only) and all-gather packets (to the job's workers but the sender); else\n"
+"punted (the L2 mode's replicas are Python's).");
 
 static PyObject *Datapath_set_tables(Datapath *d, PyObject *args) {
     PyObject *entries, *dests;
@@ -781,7 +777,8 @@ PyDoc_STRVAR(process_doc,
 "Run one datagram from source (ip, udp_port) as serve() would, without sockets: n = -1 if\n"
 "Python's pipeline must take it (nothing was read or written), else the packet out[:n] (n = 0:\n"
 "none) goes to = 1: every destination listed, 2: back to the source (a reduce-scatter reply\n"
-"to a rank owning none of its round's blocks: out[:n] is the header-only copy already);\n"
+"to a rank owning none of its round's blocks: out[:n] is the header-only copy already), 4: every\n"
+"destination listed (an all-gather packet, the job's workers but the source);\n"
 "stripped: the destinations of a reduce-scatter result's header-only copy (ScatterStrip).");
 
 static PyObject *Datapath_process(Datapath *d, PyObject *args) {
@@ -812,9 +809,13 @@ static PyObject *Datapath_process(Datapath *d, PyObject *args) {
     uint32_t owners = n > 0 ? owners_of(b[0].view.buf, b[1].view.buf) : 0;
     if (n > 0 && to == TO_SENDER && !owns(owners, ((const uint8_t *)b[0].view.buf)[OFF_RANK]))
         n = strip_into(b[1].view.buf, b[1].view.buf);
-    if (n > 0 && to == TO_GROUP)
+    struct sockaddr_in from = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                               .sin_addr.s_addr = htonl(ip)};
+    if (n > 0 && (to == TO_GROUP || to == TO_OTHERS))
         for (uint32_t j = 0; j < e->dest_count; j++) {
             uint32_t x = e->dest_first + j;
+            if (to == TO_OTHERS && same_address(&d->dests[x], &from))
+                continue;
             PyObject *a = address(&d->dests[x]);
             if (!a || PyList_Append(owns(owners, d->dest_rank[x]) ? dests : stripped, a) < 0) {
                 Py_XDECREF(a);

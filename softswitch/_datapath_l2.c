@@ -71,10 +71,10 @@ static void ipv4_checksum(uint8_t *f) {  /* RFC 791, as dataplane.with_ipv4_chec
     f[24] = f[25] = 0;
     uint32_t s = 0;
     for (int i = ETH_LEN; i < L4_OFF; i += 2)
-        s += rd16(f + i);
+        s += load_be16(f + i);
     s = (s & 0xFFFF) + (s >> 16);
     s = (s & 0xFFFF) + (s >> 16);
-    wr16(f + 24, (uint16_t)~s);
+    store_be16(f + 24, (uint16_t)~s);
 }
 
 /* reply_to_sender: the frame's first INA_OFF bytes with addresses and ports swapped and the
@@ -87,16 +87,16 @@ static void reply_head(uint8_t *h, const uint8_t *fr, Py_ssize_t n) {
     memcpy(h + 30, fr + 26, 4);
     memcpy(h + 34, fr + 36, 2);
     memcpy(h + 36, fr + 34, 2);
-    wr16(h + 38, (uint16_t)(8 + n));
-    wr16(h + 40, 0);
-    wr16(h + 16, (uint16_t)(28 + n));
+    store_be16(h + 38, (uint16_t)(8 + n));
+    store_be16(h + 40, 0);
+    store_be16(h + 16, (uint16_t)(28 + n));
 }
 
 /* worker_rewrite's row for one replica (Dataplane._egress), then the checksum. */
 static void rewrite(uint8_t *h, const Replica *r) {
     memcpy(h, r->mac, 6);
-    wr32(h + 30, r->ip);
-    wr16(h + 36, r->udp);
+    store_be32(h + 30, r->ip);
+    store_be16(h + 36, r->udp);
     ipv4_checksum(h);
 }
 
@@ -106,16 +106,16 @@ static Py_ssize_t frame_one(FramePath *f, int ps, const uint8_t *fr, Py_ssize_t 
                             uint8_t *out, int *to, const Entry **e) {
     Datapath *core = f->ports[ps].core;
     if (!core || size < INA_OFF || fr[12] != 0x08 || fr[13] != 0x00 || (fr[14] & 0x0F) != 5
-        || fr[23] != 17 || rd16(fr + 36) != f->udp_port)
+        || fr[23] != 17 || load_be16(fr + 36) != f->udp_port)
         return PUNT;
-    uint32_t dst = rd32(fr + 30);
+    uint32_t dst = load_be32(fr + 30);
     int endpoint = 0;
     for (int i = 0; i < f->nendpoints && !endpoint; i++)
         endpoint = f->endpoints[i] == dst;
-    Py_ssize_t udp_len = rd16(fr + 38);
+    Py_ssize_t udp_len = load_be16(fr + 38);
     if (!endpoint || udp_len < 8 || L4_OFF + udp_len > size)
         return PUNT;  /* forwarded, or malformed (Python counts it) */
-    return process_one(core, fr + INA_OFF, udp_len - 8, rd32(fr + 26), rd16(fr + 34), out, to, e);
+    return process_one(core, fr + INA_OFF, udp_len - 8, load_be32(fr + 26), load_be16(fr + 34), out, to, e);
 }
 
 /* The replicas of a result: [first, first + count) of f->reps (checked: the cores' rows and

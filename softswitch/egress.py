@@ -299,8 +299,9 @@ def scatter_owners(pkt) -> int:
 
 
 def scatter_strip(result) -> bytes:
-    """ScatterStrip: the copy of `result` (a result or status) for a rank that owns none of its
-    round's blocks: the header with present and nonfinite 0 and the next positions, no data."""
+    """ScatterStrip: the copy of `result` (a MSG_RESULT, as the P4's) for a rank that owns none
+    of its round's blocks: the header with present and nonfinite 0 and the next positions, no
+    data. A status is never stripped: the Aggregator drops every block of it (no rank's data)."""
     n = wire.data_offset(result[_NLANES_AT])
     out = bytearray(result[:n])
     out[_PRESENT_AT:_PRESENT_AT + 16] = _NO_LANES

@@ -1,8 +1,11 @@
 /* The INA header as the C parts read and write it (host_agent/_core*.c, softswitch/_datapath.c):
  * spina/wire.py is the definition; these are copied from it by hand, and tests/test_core.py and
- * tests/test_datapath.py check them against wire.FIELD_OFFSET and the constants there. */
+ * tests/test_datapath.py check them against wire.FIELD_OFFSET and the constants there. Below
+ * them the one set of big-endian loads and stores every C part reads and writes the wire with. */
 #ifndef SPINA_WIRE_H
 #define SPINA_WIRE_H
+#include <stdint.h>
+#include <string.h>
 
 #define HEADER_LEN 48
 #define MAX_LANES 64
@@ -45,5 +48,39 @@
 #define LANE_ITEM_BYTES(flags) \
     (((flags) & FLAGS_LANE_WIDTH) == 0 ? 4 : ((flags) & FLAGS_LANE_WIDTH) == FLAG_LANES16 ? 2 \
      : ((flags) & FLAGS_LANE_WIDTH) == FLAG_LANES8 ? 1 : 0)
+
+/* byte order: the wire is big-endian */
+static inline void store_be32(unsigned char *p, uint32_t v) {
+    v = __builtin_bswap32(v);
+    memcpy(p, &v, 4);
+}
+
+static inline uint32_t load_be32(const unsigned char *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return __builtin_bswap32(v);
+}
+
+static inline void store_be16(unsigned char *p, uint16_t v) {
+    v = __builtin_bswap16(v);
+    memcpy(p, &v, 2);
+}
+
+static inline void store_be64(unsigned char *p, uint64_t v) {
+    v = __builtin_bswap64(v);
+    memcpy(p, &v, 8);
+}
+
+static inline uint64_t load_be64(const unsigned char *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return __builtin_bswap64(v);
+}
+
+static inline uint16_t load_be16(const unsigned char *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return __builtin_bswap16(v);
+}
 
 #endif

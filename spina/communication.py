@@ -41,6 +41,12 @@ class CompressionConfig:
     momentum_masking: DGC's momentum factor masking: clear u where blocks were sent. True is
         DGC; False keeps u, so that the total sent is exactly momentum SGD's total update (at
         ratio 1 it is momentum SGD; with masking it degrades to SGD without momentum).
+    mask_repeats: with momentum_masking, also clear u of a block the bucket sent in its
+        previous step too (True: DGC). False masks only blocks that waited: a block sent step
+        after step carries no stale velocity, and clearing it makes it plain SGD (the
+        sequence model's dense head lost 19 points that way, docs/compression.md).
+    min_blocks_per_param: each bucket sends at least this many blocks per parameter (tensor)
+        in it, chosen by norm across the bucket (0: only the ratio's, at least 1 block).
     warmup_steps / warmup_ratio: the ratio starts at warmup_ratio and falls geometrically to
         `ratio` over warmup_steps steps (DGC's warm-up); 0 steps turns it off.
     seed: random-k's and LossComp's random stream (the same seed on every rank).
@@ -60,6 +66,8 @@ class CompressionConfig:
     error_feedback: bool = True
     momentum: float = 0.0
     momentum_masking: bool = True
+    mask_repeats: bool = True
+    min_blocks_per_param: int = 0
     warmup_steps: int = 0
     warmup_ratio: float = 0.25
     seed: int = 0
@@ -91,8 +99,9 @@ class CompressionConfig:
         need(0 <= self.momentum < 1, "momentum", "must be in [0, 1)")
         need(math.isfinite(self.clip_sigma) and self.clip_sigma >= 0, "clip_sigma",
              "must be a finite number >= 0")
-        need(isinstance(self.warmup_steps, int) and self.warmup_steps >= 0, "warmup_steps",
-             "must be a non-negative integer")
+        for name in ("warmup_steps", "min_blocks_per_param"):
+            v = getattr(self, name)
+            need(type(v) is int and v >= 0, name, "must be a non-negative integer")
         need(isinstance(self.loss_window, int) and self.loss_window >= 1, "loss_window",
              "must be a positive integer")
         need(self.temperature > 0, "temperature", "must be positive")
@@ -122,6 +131,7 @@ class CompressionConfig:
 DEFAULT_RATIO = 0.01          # 1% of the blocks: the bytes target (<= 3% of dense) with room
 WARMUP_FRACTION = 0.1         # DGC's warm-up over the first 10% of the steps
 LOSS_WINDOWS = 50             # LossComp: a trend window is 1/50 of the run, at least 5 steps
+MIN_BLOCKS_PER_PARAM = 1      # a bucket's k: at least a block per tensor in it (DGC: per tensor)
 
 
 def compression_defaults(method: str, *, steps: int, momentum: float = 0.0,
@@ -129,9 +139,11 @@ def compression_defaults(method: str, *, steps: int, momentum: float = 0.0,
     """The settings a model gets by rule, given how many steps it trains and the momentum of
     its SGD (which moves into the compressor: DGC's momentum correction).
 
-    ratio: `ratio` (1%); warm-up: ceil(10% of `steps`) steps from 25% of the blocks down to
-    the ratio (none when that is under 2 steps); error feedback on; momentum correction =
-    `momentum` (the optimiser then runs without it), DGC's masking on; LossComp (not the
+    ratio: `ratio` (1%), and a bucket sends at least one block per parameter in it;
+    warm-up: ceil(10% of `steps`) steps from 25% of the blocks down to the ratio (none when
+    that is under 2 steps); error feedback on; momentum correction = `momentum` (the
+    optimiser then runs without it), DGC's masking only for blocks that waited (a block sent
+    in the bucket's previous step too keeps its velocity); LossComp (not the
     default method: docs/compression.md says where it lost to top-k at the same bytes): its
     ratio held at `ratio` (ratio_min = ratio_max: its controller only traded accuracy for
     bytes), a trend window of steps / 50 (at least 5), the rest its class defaults. Steps is
@@ -140,7 +152,8 @@ def compression_defaults(method: str, *, steps: int, momentum: float = 0.0,
     """
     warmup = math.ceil(WARMUP_FRACTION * steps)
     fields = dict(method=method, ratio=ratio, error_feedback=True, momentum=momentum,
-                  warmup_steps=warmup if warmup >= 2 else 0)
+                  warmup_steps=warmup if warmup >= 2 else 0, mask_repeats=False,
+                  min_blocks_per_param=MIN_BLOCKS_PER_PARAM)
     if method == "losscomp":
         fields.update(ratio_min=ratio, ratio_max=ratio,
                       loss_window=max(5, steps // LOSS_WINDOWS))

@@ -1,5 +1,5 @@
 """Network namespaces and the links between them: the one owner of the primitives that the
-benchmarks' and tests' topology files (bench/net_topo.py `Graph`), the BMv2 target's ports
+benchmarks' and tests' topology files (spina/netgraph.py `Graph`), the BMv2 target's ports
 (bmv2_tests/bmv2.py) and the testbed build their networks from.
 
 Every command is iproute2's (`ip`, `tc`) or a tool run inside a namespace (`sysctl`, `ethtool`,

@@ -13,14 +13,14 @@ import argparse
 import json
 import sys
 
-from collectives import ina_model, plan as planner, topology
+from collectives import ina_model, plan as planner
 from collectives.schedule import ALGORITHMS, COLLECTIVES, LEADER
-from spina import cli
+from spina import cli, topology
 
 EPILOG = """\
 The topology file (YAML or JSON) lists hosts (with their local devices), switches (which
 aggregate: SpINA in the network), links with rate and latency, and optionally groups for the
-hierarchical algorithms; collectives/topology.py documents the format and
+hierarchical algorithms; spina/topology.py documents the format and
 bench/topologies/ has examples.
 
 Each algorithm's steps are priced on the topology's fixed routes: per step alpha + the

@@ -13,6 +13,9 @@ over all spines; the testbed writes the whole network as one desired state with 
 section (`FabricTestbed.desired_state`, saved as YAML) and `controller.Controller(state)
 .deploy()` programs every switch node over P4Runtime gRPC.
 Nodes are named h<tag>n<i>, s<tag>n1, sp<tag>n<j>, lf<tag>n<i> (tag: process id mod 10000).
+Both networks are topology documents of spina/topology.py's format (`single_topology`,
+`leafspine_topology`: the sizes are the command's), which `build` turns into mininet nodes and
+links; tests/test_testbed_topos.py checks what it builds without mininet.
 
 Hosts: h<i> at 10.0.0.<i+1>/24, MAC 02:00:00:00:01:<i>; the flat INA endpoint is 10.0.0.100
 with MAC 02:00:00:00:00:64; in two-level mode leaf i's INA address is 10.0.0.<201+i> (MAC
@@ -180,8 +183,61 @@ def _network(switch: str):
     return net
 
 
-def _add_hosts(net, n: int):
-    return [net.addHost(f"h{TAG}n{i}", ip=f"{host_ip(i)}/24", mac=host_mac(i)) for i in range(n)]
+# ----------------------------------------------------------------------------- networks
+# The testbed's networks are topology documents (spina/topology.py: the format every namespace
+# network's file is written in, bench/topologies/), made for the sizes asked and built into
+# mininet by build(); the node names are mininet's.
+_L2 = {"kind": "l2", "subnet": "10.0.0.0/24"}
+_LINK = {"rate": "1gbit", "latency": "0us"}  # mininet's links are not shaped: for the planner
+
+
+def single_topology(nhosts: int):
+    """One switch s<tag>n1, hosts h<tag>n<i> on its ports 1..n at host_ip(i), host_mac(i)."""
+    from spina.topology import from_dict
+    hosts = [f"h{TAG}n{i}" for i in range(nhosts)]
+    sw = f"s{TAG}n1"
+    return from_dict({"hosts": hosts,
+                      "switches": {sw: dict(_L2, aggregate=True, host_macs=host_mac(0))},
+                      "links": [dict(_LINK, ends=[h, sw]) for h in hosts]}, "testbed single")
+
+
+def leafspine_topology(leaves: int, spines: int, hosts_per_leaf: int):
+    """Spines sp<tag>n<j+1>, leaves lf<tag>n<i+1>, hosts h<tag>n<k>: host k on leaf
+    k // hosts_per_leaf at port k % hosts_per_leaf + 1 (at host_ip(k), host_mac(k): the leaves
+    share the /24, each counting from its first host), spine j on leaf i's port
+    hosts_per_leaf + 1 + j and leaf i on spine j's port i + 1."""
+    from spina.topology import from_dict
+    h = hosts_per_leaf
+    hosts = [f"h{TAG}n{k}" for k in range(leaves * h)]
+    sp = [f"sp{TAG}n{j + 1}" for j in range(spines)]
+    lf = [f"lf{TAG}n{i + 1}" for i in range(leaves)]
+    switches = {s: {"kind": "l2"} for s in sp}
+    switches.update({leaf: dict(_L2, host_addresses=host_ip(i * h), host_macs=host_mac(i * h))
+                     for i, leaf in enumerate(lf)})
+    links = [dict(_LINK, ends=[host, lf[k // h]]) for k, host in enumerate(hosts)]
+    links += [dict(_LINK, ends=[leaf, spine]) for leaf in lf for spine in sp]
+    return from_dict({"hosts": hosts, "switches": switches, "links": links},
+                     "testbed leafspine")
+
+
+def build(net, topo) -> dict:
+    """`topo` (l2 switches, each host on one of them) as mininet nodes of `net`: a host with
+    its segment's address and MAC, a switch node per switch, a link per link on the file's
+    ports (a host's end: its first interface). {name: node}."""
+    nodes = {}
+    for h in topo.hosts:
+        sw, (i, _) = topo.neighbours(h)[0]
+        port = topo.port_of(sw, i)
+        nodes[h] = net.addHost(h, ip=f"{topo.segment_address(sw, port)}/"
+                                     f"{topo.segment_prefix(sw)}",
+                               mac=topo.segment_mac(sw, port))
+    for s in topo.switches:
+        nodes[s] = net.addSwitch(s)
+    for i, ln in enumerate(topo.links):
+        net.addLink(nodes[ln.a], nodes[ln.b],
+                    port1=topo.port_of(ln.a, i) if ln.a in topo.segments else None,
+                    port2=topo.port_of(ln.b, i) if ln.b in topo.segments else None)
+    return nodes
 
 
 def _stop_on_error(build):
@@ -200,10 +256,9 @@ def _stop_on_error(build):
 @_stop_on_error
 def single(net, nhosts: int = 3) -> Testbed:
     """One switch s1, hosts h0..h(n-1) on ports 1..n (`switch=` soft or bmv2)."""
-    hosts = _add_hosts(net, nhosts)
-    s1 = net.addSwitch(f"s{TAG}n1")
-    for i, h in enumerate(hosts):
-        net.addLink(h, s1, port2=i + 1)
+    topo = single_topology(nhosts)
+    nodes = build(net, topo)
+    hosts, s1 = [nodes[h] for h in topo.hosts], nodes[topo.switches[0]]
     net.build()
     s1.spina_config = {"endpoints": [SWITCH_IP],
                        "l2": [{"mac": host_mac(i), "port": i + 1} for i in range(nhosts)]}
@@ -218,15 +273,11 @@ def leafspine(net, leaves: int = 2, spines: int = 2, hosts_per_leaf: int = 2,
     hosts, the spines their shares of the slots (`switch=` soft or bmv2). `spray`: a leaf
     sprays the frames to remote hosts over every spine, per packet (remote_l2_entry)."""
     n = leaves * hosts_per_leaf
-    hosts = _add_hosts(net, n)
-    sp = [net.addSwitch(f"sp{TAG}n{j + 1}") for j in range(spines)]
-    lf = [net.addSwitch(f"lf{TAG}n{i + 1}") for i in range(leaves)]
+    topo = leafspine_topology(leaves, spines, hosts_per_leaf)
+    nodes = build(net, topo)
+    hosts = [nodes[h] for h in topo.hosts]
+    sp, lf = [nodes[s] for s in topo.switches[:spines]], [nodes[s] for s in topo.switches[spines:]]
     leaf_of = [i // hosts_per_leaf for i in range(n)]
-    for i, h in enumerate(hosts):
-        net.addLink(h, lf[leaf_of[i]], port2=i % hosts_per_leaf + 1)
-    for i, leaf in enumerate(lf):
-        for j, spine in enumerate(sp):
-            net.addLink(leaf, spine, port1=hosts_per_leaf + 1 + j, port2=i + 1)
     net.build()
     if two_level:
         for node in sp + lf:

@@ -1,5 +1,5 @@
-"""Fixtures test files in more than one module take by name: hosts in network namespaces,
-their management bridge and veth pairs between switch processes (tests/netns.py); the fake
+"""Fixtures test files in more than one module take by name: hosts in network namespaces and
+their management bridge (tests/netns.py); the fake
 P4Runtime switches of the controller tests (tests/test_controller.py); a 2-worker job file
 on an in-process software switch (the compressed hooks' tests)."""
 import pytest
@@ -7,7 +7,7 @@ import pytest
 from host_agent.launch import local_job
 from softswitch.udp import UdpSwitch
 from spina.config import JobFile
-from tests.netns import hosts, managed_hosts, veth_pairs  # noqa: F401  (fixtures, found by name)
+from tests.netns import hosts, managed_hosts  # noqa: F401  (fixtures, found by name)
 from tests.test_controller import fake, grpc_servers  # noqa: F401  (fixtures, found by name)
 
 

@@ -3,11 +3,13 @@ small model, each under FSDP2 (`fully_shard` per layer and the root), train side
 the same batches, one on gloo (the reference) and one through SpINA (`shard_on_spina`); each
 rank saves both copies' full parameters after every step to OUT/rank<R>.npz.
 
-    python -m tests.fsdp_worker WORLD GLOO_PORT OUT JOB_FILE[,JOB_FILE...] CASE[,CASE...]
+    python -m tests.fsdp_worker WORLD GLOO_PORT OUT JOB_FILE[,JOB_FILE...] CASE[,CASE...] \
+        [DAEMON_SOCKET]
 
 A case is MODE/DATA/STEPS: MODE gather (SpINA all-gather, gloo reduce-scatter), dense,
-narrow (the second job file's 16-bit lanes), topk1 (block top-k keeping every block) or
-topk (ratio 0.25); DATA float (normal inputs and initial weights) or int (small integers,
+narrow (the second job file's 16-bit lanes), topk1 (block top-k keeping every block),
+topk (ratio 0.25) or daemon (dense, through the daemon at DAEMON_SOCKET: a DaemonClient of
+the third job file's); DATA float (normal inputs and initial weights) or int (small integers,
 dyadic weights: every gradient on the quantization grid, so a dense sum is exact). Rank 0
 also saves, per case, the largest |gradient| any rank fed the reference's first
 reduce-scatter (the quantization bound's scale) and the SpINA copy's counters.
@@ -89,7 +91,7 @@ def run_case(rank: int, agents, case: str, res: dict) -> None:
     rec = Recording()
     for m in fsdp_modules(ref):
         m.set_custom_reduce_scatter(rec.comm)
-    agent = agents[1] if mode == "narrow" else agents[0]
+    agent = agents[{"narrow": 1, "daemon": 2}.get(mode, 0)]
     compression = {"topk1": {"method": "topk", "ratio": 1.0},
                    "topk": {"method": "topk", "ratio": 0.25}}.get(mode)
     counters = shard_on_spina(net, agent, compression=compression,
@@ -110,13 +112,17 @@ def run_case(rank: int, agents, case: str, res: dict) -> None:
         res[f"{case}/counters/{k}"] = np.array(v)
 
 
-def run_rank(rank: int, world: int, port: int, out: str, job_files, cases) -> None:
+def run_rank(rank: int, world: int, port: int, out: str, job_files, cases,
+             daemon: str | None = None) -> None:
     import torch.distributed as dist
 
     from host_agent.assignment import agent_from_env
+    from host_agent.daemon import DaemonClient
     from spina.net import init_loopback_gloo
     init_loopback_gloo(rank, world, port, timeout=120)
-    agents = [agent_from_env(f, rank, timeout=30.0) for f in job_files]
+    agents = [agent_from_env(f, rank, timeout=30.0) for f in job_files[:2]]
+    if daemon is not None:
+        agents.append(DaemonClient(job_files[2], rank, daemon))
     res = {}
     try:
         for case in cases:
@@ -132,10 +138,12 @@ def main() -> int:
     """Import torch once, then fork the other ranks (collectives_worker.fork_ranks)."""
     world, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     job_files, cases = sys.argv[4].split(","), sys.argv[5].split(",")
+    daemon = sys.argv[6] if len(sys.argv) > 6 else None
     import torch.distributed.fsdp  # noqa: F401  (before the fork: imported once for all)
 
     from tests.collectives_worker import fork_ranks
-    return fork_ranks(world, lambda rank: run_rank(rank, world, port, out, job_files, cases))
+    return fork_ranks(world, lambda rank: run_rank(rank, world, port, out, job_files, cases,
+                                                   daemon))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
-"""Test hosts in network namespaces, built from topology files (bench/net_topo.py `Graph`):
+"""Test hosts in network namespaces, built from topology files (spina/netgraph.py `Graph`):
 `hosts` are the first n hosts of bench/topologies/l2_star8.yaml, on the ports of an L2 switch
 that stay in the root namespace; `managed_hosts` puts them also on bench/topologies/mgmt8.yaml's
-management bridge (imported by tests).
+management bridge (imported by tests); `managed_network` does the same for a whole file (the
+seams' leaf/spine fabrics, bench/topologies/seams_*.yaml).
 
 Host h<r> is a namespace with eth0 = 10.0.0.(r+1)/24, MAC 02:00:00:00:01:<r>, and static
 neighbours for the switch and the other hosts (the file's segment); the switch end of its veth
@@ -18,14 +19,13 @@ import sys
 
 import pytest
 
-from bench.net_topo import Graph
-from collectives import topology
 from controller.controller import program_star
 from softswitch.dataplane import Dataplane
 from softswitch.l2 import L2Switch
 from softswitch.p4runtime_server import SoftSwitchServicer
-from spina import netns
+from spina import netns, topology
 from spina.config import JobConfig, WorkerAddr
+from spina.netgraph import Graph
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 L2_STAR = topology.load(str(ROOT / "bench/topologies/l2_star8.yaml"))
@@ -111,26 +111,26 @@ def root_ports(n: int, tag: str):
         g.close()
 
 
-@pytest.fixture
-def veth_pairs():
-    """make(a, b): a veth pair a <-> b in the root namespace, up (IPv6 off, checksum offload
-    off, as a switch's ports need): the links between two switch processes. Every pair made
-    is removed after the test."""
+@contextlib.contextmanager
+def managed_network(path: str, tag: str):
+    """The topology file `path` (bench/topologies/: hosts on switches whose ports stay in the
+    root namespace) built by Graph, its hosts also on the management bridge; the Graph.
+    Skips, saying why, where namespaces or the bridge cannot be made; removed on exit."""
     why = netns.why_no_namespaces()
     if why:
         pytest.skip(why)
-    net = netns.Network()
-
-    def make(a: str, b: str) -> tuple[str, str]:
-        net.veth(a, b)
-        for end in (a, b):
-            netns.no_ipv6(end)
-            netns.offload_off(end)
-            netns.set_link(end)
-        return a, b
-
-    with net:
-        yield make
+    g = Graph(topology.load(path), tag)
+    try:
+        g.create()  # which removes all it made if it fails
+    except (subprocess.CalledProcessError, OSError) as e:
+        pytest.skip(f"cannot create namespaces/veth here: {getattr(e, 'stderr', e)}")
+    try:
+        with management_bridge([g.ns(h) for h in g.topo.hosts]):
+            yield g
+    except ManagementError as e:
+        pytest.skip(f"cannot create the management bridge here: {e}")
+    finally:
+        g.close()
 
 
 def run_workers(hosts, job: JobConfig, seed: int = 3, n: int = 6000, timeout: float = 90,

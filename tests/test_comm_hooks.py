@@ -86,7 +86,8 @@ BAD = [  # (section, the error: job file prefix, then the field)
                          "scaled, losscomp, sign, ternary"),
     ({"method": 7}, "communication.method: 7 is not one of dense"),
     ({"metod": "topk"}, "communication.metod: unknown field (known: clip_sigma, credit_weight, "
-                        "error_feedback, local_sgd, loss_window, method, momentum,"),
+                        "error_feedback, local_sgd, loss_window, mask_repeats, method, "
+                        "min_blocks_per_param, momentum,"),
     ({"method": "dense", "ratio": 0.1},
      "communication.ratio: method 'dense' takes no compression settings"),
     ({"method": "topk", "ratio": 1.5}, "communication: field 'ratio': must be in (0, 1] (got 1.5)"),

@@ -46,6 +46,8 @@ def _layout(*sizes, block_size=B):
     ({"ratio": 0.0}, "ratio"), ({"ratio": 1.5}, "ratio"), ({"ratio": -0.1}, "ratio"),
     ({"ratio": float("nan")}, "ratio"), ({"method": "topq"}, "method"),
     ({"momentum": 1.0}, "momentum"), ({"warmup_steps": -1}, "warmup_steps"),
+    ({"min_blocks_per_param": -1}, "min_blocks_per_param"),
+    ({"min_blocks_per_param": 1.5}, "min_blocks_per_param"),
     ({"ratio": 0.5, "warmup_steps": 10, "warmup_ratio": 0.1}, "warmup_ratio"),
     ({"ratio_max": 2.0}, "ratio_max"), ({"ratio_step": 1.0}, "ratio_step"),
     ({"ratio": 0.1, "ratio_max": 0.05}, "ratio_max"),
@@ -99,6 +101,50 @@ def test_momentum_correction_and_factor_masking_by_hand():
     assert sent == [[0, 0, 3, 3], [2.5, 2.5, 0, 0], [0, 0, 1.5, 1.5]]
     assert comp.memory.get(layout)["residual"].tolist() == [0, 0, 0, 0]
     assert comp.memory.get(layout)["momentum"].tolist() == [0, 0, 0, 0]
+
+
+def test_masking_without_repeats_clears_only_the_velocity_of_blocks_that_waited():
+    """mask_repeats=False: a block sent again the next step keeps its velocity (momentum SGD
+    for it: u = m u + g sent whole), one that waited is cleared as DGC clears it; exact on a
+    3-block bucket, one block a step, momentum 0.5."""
+    layout = _layout(3 * B)
+    comp = make_compressor(method="topk", ratio=0.1, momentum=0.5, mask_repeats=False,
+                           block_size=B)
+    dgc = make_compressor(method="topk", ratio=0.1, momentum=0.5, block_size=B)
+
+    def step(c, g0, g1, g2):
+        g = np.repeat(np.float32([g0, g1, g2]), B)
+        sel = c.compress(layout, g)
+        c.end_step()
+        u = c.memory.get(layout)["momentum"].reshape(3, B)[:, 0]
+        return sel.blocks.tolist(), sel.rows[:, 0].tolist(), u.tolist()
+
+    # step 1: block 0 is first sent (it waited: cleared); blocks 1, 2 keep u = g
+    assert step(comp, 4, 1, 2) == ([0], [4.0], [0.0, 1.0, 2.0])
+    # step 2: block 0 again, u = g = 4 kept; v0 = 4; blocks 1, 2: u = 0.5 u + g, v += u
+    assert step(comp, 4, 1, 1) == ([0], [4.0], [4.0, 1.5, 2.0])
+    # step 3: block 0 again: u = 0.5 * 4 + 4 = 6, sent whole and kept
+    assert step(comp, 4, 0, 0) == ([0], [6.0], [6.0, 0.75, 1.0])
+    # DGC clears block 0's u each time: it sends 4, 4, then block 2 (v = 2 + 2 + 1 = 5 > 4)
+    assert [step(dgc, *g)[:2] for g in ((4, 1, 2), (4, 1, 1), (4, 0, 0))] == [
+        ([0], [4.0]), ([0], [4.0]), ([2], [5.0])]
+    # step 4: block 2 (v = 2 + 2 + 1 + 0.5 = 5.5) waited: sent and its u cleared
+    assert step(comp, 0, 0, 0) == ([2], [5.5], [3.0, 0.375, 0.0])
+    assert comp.memory.get(layout)["residual"].reshape(3, B)[:, 0].tolist() == [3.0, 3.625, 0]
+
+
+def test_min_blocks_per_param_raises_a_small_buckets_k():
+    """min_blocks_per_param=1: a bucket of 4 tensors in 54 blocks sends 4 blocks at 1% (the
+    ratio alone: 1), the largest by norm wherever they are; a big bucket keeps the ratio's k."""
+    comp = make_compressor(method="topk", ratio=0.01, min_blocks_per_param=1, block_size=B)
+    assert [comp.blocks_to_send(54, 4), comp.blocks_to_send(11_800, 4),
+            comp.blocks_to_send(3, 4)] == [4, 118, 3]
+    assert make_compressor(method="topk", ratio=0.01).blocks_to_send(54, 4) == 1
+    layout = _layout(50 * B, 1, 2 * B, 1)  # conv2 weight and bias, conv1 weight and bias
+    g = np.zeros(int(layout.sizes.sum()), np.float32)
+    g[[3 * B, 10 * B, 50 * B]] = [5, 7, 3]  # blocks 3 and 10 of the first tensor, its bias
+    g[50 * B + 1 + 5] = 9  # block 0 of the third tensor (block 51 of the bucket)
+    assert comp.compress(layout, g).blocks.tolist() == [3, 10, 50, 51]
 
 
 def test_momentum_without_masking_at_ratio_one_is_momentum_sgd():
@@ -937,14 +983,16 @@ def test_example_refuses_bad_runs_and_seeds_in_one_line(args, message):
 
 
 def test_defaults_follow_the_rule():
-    """compression_defaults is docs/compression.md's rule: 1% of the blocks, DGC's warm-up
-    over ceil(10%) of the steps (none under 2 steps), error feedback, the SGD's momentum as
-    DGC's correction; LossComp's ratio held at the ratio, its window a 50th of the steps
+    """compression_defaults is docs/compression.md's rule: 1% of the blocks and at least a
+    block per tensor of a bucket, DGC's warm-up over ceil(10%) of the steps (none under 2
+    steps), error feedback, the SGD's momentum as DGC's correction with masking only of
+    blocks that waited; LossComp's ratio held at the ratio, its window a 50th of the steps
     (at least 5)."""
     from spina.communication import compression_defaults
     c = compression_defaults("topk", steps=200, momentum=0.9)
     assert (c.method, c.ratio, c.warmup_steps, c.warmup_ratio, c.error_feedback, c.momentum,
-            c.momentum_masking) == ("topk", 0.01, 20, 0.25, True, 0.9, True)
+            c.momentum_masking, c.mask_repeats, c.min_blocks_per_param) == (
+        "topk", 0.01, 20, 0.25, True, 0.9, True, False, 1)
     assert compression_defaults("topk", steps=1000).warmup_steps == 100
     assert compression_defaults("topk", steps=1001).warmup_steps == 101  # ceil
     assert compression_defaults("topk", steps=15).warmup_steps == 2

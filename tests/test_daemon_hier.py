@@ -189,6 +189,42 @@ def test_local_processes_all_gather_every_shard_bit_for_bit(tmp_path, L):
                     c.close()
 
 
+@pytest.mark.parametrize("L", [1, 3])
+def test_local_processes_reduce_scatter_their_shards(tmp_path, L):
+    """2 hosts x L local processes reduce-scatter through their daemons: every process gets
+    its torch.chunk shard over the 2L processes (process host x L + local rank) of the sum,
+    int32 exact for an odd length (1001: the host sums padded to whole process shards) and
+    float32 bit for bit that part of the daemons' all-reduce of the same tensors; the stats
+    are the host's one call (one contribution per host)."""
+    from host_agent.scatter import shard_bounds
+    H, P = 2, 2 * L
+    rng = np.random.default_rng(10 + L)
+    with UdpSwitch(port=0) as sw, _hosts(tmp_path, sw, H) as (job_file, socks):
+        clients = _clients(job_file, socks, L)
+        try:
+            for n in (1001, 24 * P):
+                xs = [rng.integers(-1000, 1000, n).astype(np.int32) for _ in range(P)]
+                want = np.sum(xs, axis=0, dtype=np.int32)
+                outs = _allreduce_all(clients, xs, "reduce_scatter")
+                for p, o in enumerate(outs):
+                    lo, hi = shard_bounds(n, P, p)
+                    assert o.dtype == np.int32 and o.tobytes() == want[lo:hi].tobytes(), (n, p)
+            n = 4099
+            xs = [rng.standard_normal(n).astype(np.float32) for _ in range(P)]
+            full = _allreduce_all(clients, xs)
+            outs = _allreduce_all(clients, xs, "reduce_scatter")
+            for p, o in enumerate(outs):
+                lo, hi = shard_bounds(n, P, p)
+                assert o.dtype == np.float32 and o.tobytes() == full[p][lo:hi].tobytes(), p
+            st = clients[0][0].last_stats
+            assert st.length == -(-n // P) * P and st.packets_sent > 0
+            assert [status(s)["calls_done"] for s in socks] == [4, 4]  # one call per host
+        finally:
+            for row in clients:
+                for c in row:
+                    c.close()
+
+
 def test_local_ranks_calling_different_collectives_all_fail(tmp_path):
     """One local rank's allreduce against another's allgather: both fail naming 'op'."""
     with UdpSwitch(port=0) as sw, _hosts(tmp_path, sw, 1) as (job_file, socks):

@@ -9,13 +9,16 @@ the same batches, one on gloo and one through SpINA, and compares them step by s
 """
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
 
 from host_agent.blocks import exponent_of_bits, quant_shift
+from host_agent.daemon import Daemon, DaemonConfig
 from host_agent.launch import local_job
 from softswitch.udp import UdpSwitch
 from spina.config import JobFile
@@ -25,17 +28,25 @@ from tests.test_daemon import ROOT, _env
 
 
 def run_world(world: int, tmp_path, cases: list[str]) -> list[dict]:
-    """Every case on `world` ranks, with a 32-bit job and a 16-bit-lane job on one switch:
+    """Every case on `world` ranks, with a 32-bit job and a 16-bit-lane job on one switch
+    (and a third 32-bit job served by a Daemon on a thread, the ranks its DaemonClients):
     each rank's results."""
-    with UdpSwitch(port=0) as sw:
+    with contextlib.ExitStack() as stack:
+        sw = stack.enter_context(UdpSwitch(port=0))
         files = []
-        for job, bits in ((1, 32), (2, 16)):
+        for job, bits in ((1, 32), (2, 16), (3, 32)):
             cfg = local_job(world, job=job, slot_base=16 * (job - 1), lane_bits=bits)
             sw.add_job(cfg)
             files.append(str(tmp_path / f"job{job}.json"))
             JobFile(cfg, sw.address).write(files[-1])
+        daemon = Daemon(DaemonConfig(socket=str(tmp_path / "d.sock"), timeout=60.0).validate())
+        thread = threading.Thread(target=daemon.serve_forever, daemon=True)
+        thread.start()
+        stack.callback(thread.join, 10)
+        stack.callback(daemon.stop)
         r = subprocess.run([sys.executable, "-m", "tests.fsdp_worker", str(world),
-                            str(free_port()), str(tmp_path), ",".join(files), ",".join(cases)],
+                            str(free_port()), str(tmp_path), ",".join(files), ",".join(cases),
+                            daemon.cfg.socket],
                            cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     return [dict(np.load(tmp_path / f"rank{i}.npz")) for i in range(world)]
@@ -52,8 +63,9 @@ def test_parameters_through_the_switch_are_gloos_bit_for_bit(tmp_path, world):
     every gradient lies on the quantization grid, so the switch's sum is exact; later steps'
     gradients need more bits than the lanes hold, test_dense_float_* bounds them): each
     rank's parameters are the gloo copy's bit for bit after every step; the all-gathers went
-    through the switch (counted), the reduce-scatters too where SpINA carried them."""
-    cases = {"gather/float/3": 3, "dense/int/1": 1}
+    through the switch (counted), the reduce-scatters too where SpINA carried them; the same
+    dense case through the daemon (DaemonClient) too, none on gloo."""
+    cases = {"gather/float/3": 3, "dense/int/1": 1, "daemon/int/1": 1}
     res = run_world(world, tmp_path, list(cases))
     for case, nsteps in cases.items():
         assert steps(res[0], case) == nsteps

@@ -35,8 +35,6 @@ EXCEPTIONS = {
     ("softswitch/__main__.py", "controller"),
     ("ps/topk.py", "host_agent"),
     ("host_agent/hooks/collective.py", "collectives"),
-    ("bmv2_tests/bmv2.py", "bench"),
-    ("bmv2_tests/bmv2.py", "collectives"),
 }
 
 

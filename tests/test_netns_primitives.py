@@ -198,15 +198,15 @@ def test_a_packet_socket_receives_its_interface_s_frames_only(root):
 
 
 def test_a_graph_builds_an_l2_star_file_and_a_management_bridge_onto_its_hosts(root):
-    """bench/net_topo.py `Graph` on l2_star8.yaml's first 2 hosts: the switch's ports in the
+    """spina/netgraph.py `Graph` on l2_star8.yaml's first 2 hosts: the switch's ports in the
     root namespace (tbf on them), each host's eth0 with the segment's address and MAC and
     static neighbours for the switch and the other host; mgmt8.yaml built onto the same
     namespaces (`at`): mgmt0 on a root bridge at 10.9.0.100 that carries a datagram from h1 to
     the root namespace; closing both leaves nothing."""
     import socket
 
-    from bench.net_topo import Graph
-    from collectives import topology
+    from spina import topology
+    from spina.netgraph import Graph
     topos = pathlib.Path(__file__).resolve().parents[1] / "bench" / "topologies"
     star = topology.first_hosts(topology.load(str(topos / "l2_star8.yaml")), 2)
     mgmt = topology.first_hosts(topology.load(str(topos / "mgmt8.yaml")), 2)
@@ -246,10 +246,10 @@ def test_the_bmv2_ports_file_builds_veth_pairs_in_the_root_namespace(root):
     """bench/topologies/ports4.yaml as bmv2_tests/bmv2.py builds it (no BMv2 needed):
     ports 1..4, both ends of each pair in the root namespace, up, IPv6 off, no address, and a
     frame written on a host end arrives on its switch port; closing removes all eight."""
-    from bench.net_topo import Graph
     from bmv2_tests.bmv2 import PORTS_FILE
     from bmv2_tests.target import PORTS
-    from collectives import topology
+    from spina import topology
+    from spina.netgraph import Graph
     topo = topology.load(str(PORTS_FILE))
     with Graph(topo, TAG, at={h: None for h in topo.hosts}) as g:
         sw = g.ports("s0")

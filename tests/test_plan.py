@@ -1,4 +1,4 @@
-"""The planner: topology files (collectives/topology.py), the cost model (collectives/plan.py)
+"""The planner: topology files (spina/topology.py), the cost model (collectives/plan.py)
 and `spina plan` (spina_cli/plan.py).
 
 Run just this file: python -m pytest tests/test_plan.py
@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from collectives import plan, topology
+from collectives import plan
 from collectives.plan import CostParams, tcp_wire_bytes, udp_wire_bytes
-from collectives.topology import TopologyError, from_dict
+from spina import topology
+from spina.topology import TopologyError, from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 TOPOS = ROOT / "bench" / "topologies"
@@ -179,6 +180,38 @@ def test_bad_topologies_name_the_field(change, msg):
     assert "\n" not in str(e.value)
 
 
+def test_leaves_of_one_fabric_share_a_subnet_by_their_host_addresses():
+    """host_addresses: two L2 leaves on one /24, each port's node counting up from its leaf's
+    first address (leaf b's from 10.0.0.3), the switches' own addresses above them, a spine
+    between the leaves; a first address outside the subnet, or one that leaves no room for
+    the ports, names the field."""
+    leaf = dict(kind="l2", root=True, subnet="10.0.0.0/24", mac="02:00:00:00:00:64")
+    d = dict(hosts=["h0", "h1", "h2", "h3"],
+             switches=dict(la=dict(leaf, address="10.0.0.201", host_addresses="10.0.0.1"),
+                           lb=dict(leaf, address="10.0.0.202", host_addresses="10.0.0.3"),
+                           sp=dict(kind="l2", root=True)),
+             links=[dict(ends=[f"h{r}", "la" if r < 2 else "lb"], rate="1gbit", latency="1us")
+                    for r in range(4)]
+             + [dict(ends=[x, "sp"], rate="1gbit", latency="1us") for x in ("la", "lb")])
+    t = from_dict(d, "f.yaml")
+    assert [t.segment_address(s, p) for s in ("la", "lb") for p in (1, 2)] == [
+        "10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]
+    assert t.ports("la")[3] == (4, "sp") and t.ports("sp") == {1: (4, "la"), 2: (5, "lb")}
+    for change, msg in (
+            (dict(host_addresses="10.0.1.1"), "field 'switches.la.host_addresses': 10.0.1.1 is "
+                                              "not a host address of 10.0.0.0/24"),
+            (dict(host_addresses="10.0.0.253"), "field 'switches.la.subnet': 10.0.0.0/24 has "
+                                                "no address for each of its 3 ports"),
+            (dict(address="10.0.0.2"), "field 'switches.la.address': 10.0.0.2 must be in "
+                                       "10.0.0.0/24 above its ports' addresses (1..3)"),
+            (dict(gateway="h0"), "field 'switches.la.host_addresses': needs the switch's "
+                                 "subnet and no gateway")):
+        bad = dict(d, switches=dict(d["switches"], la=dict(d["switches"]["la"], **change)))
+        with pytest.raises(TopologyError) as e:
+            from_dict(bad, "f.yaml")
+        assert msg in str(e.value), str(e.value)
+
+
 def test_bad_files(tmp_path):
     """A missing file and a file that is not YAML are one-line errors naming the file."""
     with pytest.raises(TopologyError, match="No such file"):
@@ -253,22 +286,22 @@ def test_cpu_term_when_links_are_fast():
 
 def test_ina_by_hand():
     """SpINA through the aggregating switch: max of the link, switch and agent terms. 10
-    full datagrams' values per rank take 26 rounds (a setup round in each of 16 slots, one
-    data round in 10): 26 datagrams each way, 22,327 bytes on average (16 IPv4 fragments
-    at the star's MTU of 1500)."""
+    full datagrams' values per rank fill 10 of the 16 slots and take 20 rounds (a setup
+    round and one data round in each slot in use): 20 datagrams each way, 28,944 bytes on
+    average (20 IPv4 fragments at the star's MTU of 1500)."""
     t = star(rate="1gbit", latency="10us", aggregate=True)
     p = CostParams(alpha=0.0, cpu_per_byte=0.0, ina_call_s=1e-3, ina_switch_packet_s=17.6e-6,
                    ina_agent_packet_s=28e-6)
     n = 4 * 14336 * 10  # exactly 10 full datagrams' values per rank
-    wire = n + 26 * (p.ina_overhead + 8 + 16 * 34)
+    wire = n + 20 * (p.ina_overhead + 8 + 20 * 34)
     link = wire * 8 / 1e9
-    switch = 4 * 26 * p.ina_switch_packet_s
-    agent = 2 * 26 * p.ina_agent_packet_s
+    switch = 4 * 20 * p.ina_switch_packet_s
+    agent = 2 * 20 * p.ina_agent_packet_s
     got = plan.predict(t, "all_reduce", n, "ina", p)
     assert got.seconds == pytest.approx(1e-3 + 2 * 10e-6 + max(link, switch, agent))
-    assert got.bottleneck == "h0->s"  # 595 KB: 4.8 ms at 1 Gbit/s
+    assert got.bottleneck == "h0->s"  # 593 KB: 4.7 ms at 1 Gbit/s
     fast = plan.predict(star(rate="100gbit", aggregate=True), "all_reduce", n, "ina", p)
-    assert fast.bottleneck == "switch s CPU"  # 104 datagrams in x 17.6 us: 1.8 ms
+    assert fast.bottleneck == "switch s CPU"  # 80 datagrams in x 17.6 us: 1.4 ms
     assert fast.seconds == pytest.approx(1e-3 + 2 * 10e-6 + switch)
     sparse = plan.predict(t, "all_reduce", n, "ina", plan.with_params(p, density=0.1))
     assert sparse.seconds < got.seconds
@@ -279,8 +312,8 @@ def test_ina_by_hand():
     a, cal = Assumptions(), CostParams(alpha=0.0, cpu_per_byte=0.0, ina_call_s=1e-3)
     got = plan.predict(star(rate="100gbit", aggregate=True), "all_reduce", n, "ina", cal)
     assert got.bottleneck == "switch s CPU"
-    assert got.seconds == pytest.approx(1e-3 + 2 * 10e-6 + 4 * 26 * (
-        a.switch_s_per_datagram + 16 * a.switch_s_per_fragment))
+    assert got.seconds == pytest.approx(1e-3 + 2 * 10e-6 + 4 * 20 * (
+        a.switch_s_per_datagram + 20 * a.switch_s_per_fragment))
 
 
 def two_groups_switch(host="1gbit", slow="100mbit"):

@@ -273,6 +273,38 @@ def test_udp_switch_strips_the_copies_of_non_owners(datapath):
             assert sw.punted == 0  # the compiled path strips the copies itself
 
 
+
+@pytest.mark.parametrize("datapath", ["compiled", "python"])
+def test_udp_switch_status_and_flush_carry_no_other_owners_data(datapath):
+    """UDP mode, a round owned by rank 1 of 3 whose slot holds rank 1's and rank 0's blocks:
+    rank 0's resend gets the status (header and next positions, present 0: a status never
+    carries data); its flush (FLAG_PARTIAL) sends rank 1 the partial sum whole and ranks 0
+    and 2 its header; the compiled path serves both itself."""
+    from tests.test_datapath import JOBS
+    job = JOBS[0]
+    head = wire.data_offset(job.nlanes)
+    with UdpSwitch(port=0, datapath=datapath) as sw:
+        sw.add_job(job)
+        addr = [(w.host, w.port) for w in job.workers]
+        pkts = _contribs(job, 0b010)
+        assert sw.run_one(pkts[1], addr[1]) == [] and sw.run_one(pkts[0], addr[0]) == []
+        again = bytearray(pkts[0])
+        again[wire.FIELD_OFFSET["flags"]] |= wire.FLAG_RESEND
+        [(to, status)] = sw.run_one(bytes(again), addr[0])
+        h = wire.unpack(status).header
+        assert to == addr[0] and len(status) == head
+        assert h.msg_type == wire.MSG_STATUS and h.present == 0 and h.bitmap == 0b011
+        again[wire.FIELD_OFFSET["flags"]] |= wire.FLAG_PARTIAL
+        out = dict(sw.run_one(bytes(again), addr[0]))
+        assert sorted(out) == sorted(addr)
+        whole = wire.unpack(out[addr[1]])
+        assert whole.header.flags & wire.FLAG_PARTIAL and whole.header.present == 0b1111
+        assert (whole.data == 3).all()  # ranks 0 and 1: 1 + 2
+        for r in (0, 2):
+            assert out[addr[r]] == scatter_strip(out[addr[1]]) and len(out[addr[r]]) == head
+        if datapath == "compiled":
+            assert sw.punted == 0
+
 def test_l2_dataplane_strips_the_copies_of_non_owners_on_both_paths():
     """L2 mode (Dataplane, frames): a round owned by ranks 0 and 2 leaves whole on their
     ports and as a header-only frame (IPv4 and UDP lengths to match) on rank 1's, the same

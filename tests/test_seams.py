@@ -11,8 +11,9 @@ this process through their own P4Runtime servicers, which also owns the runs), `
 `grpc` (`python -m softswitch udp --grpc` per switch, `controller serve` programs them). Every
 program is one process per rank (tests/run_worker.py) taking its agent from the assignment file
 the controller wrote, as a user's program does. The L2 mode and BMv2 meet the same phases and shapes
-with a switch process per leaf and spine on the veths of namespaced hosts and on a veth pair
-per leaf-spine link (`python -m softswitch l2 --grpc`, `simple_switch_grpc --no-p4`;
+with a switch process per leaf and spine on the ports of the shape's topology file
+(bench/topologies/seams_*.yaml, built by spina/netgraph.py's Graph: the namespaced hosts' veths
+and the leaf-spine links; `python -m softswitch l2 --grpc`, `simple_switch_grpc --no-p4`;
 `controller serve` answering the rendezvous on a management bridge; BMv2 skips, saying why,
 where p4c and BMv2 are not installed). The mininet testbed's two-level networks meet them with
 `controller serve` on the testbed's desired state (mininet and root, or BMv2, else a skip
@@ -36,7 +37,7 @@ from softswitch.udp import UdpSwitch
 from spina import spec
 from spina.net import free_port, free_ports
 from tests.deployment import ENV, ROOT, Deployment, jobs_of
-from tests.netns import MGMT_IP, SWITCH_MAC, TAG, host_ip, host_mac, management_bridge
+from tests.netns import MGMT_IP, TAG, managed_network, management_bridge
 
 WORKER = ("-m", "tests.run_worker")  # run from ROOT (cwd=ROOT)
 HOST = "127.0.0.1"
@@ -195,46 +196,49 @@ def _phases(dep: Deployment, restart: str, **run) -> None:
 P4_SIZES = {"block_size": 32, "nlanes": 4}  # a full packet fits a 1500-byte frame
 
 
-def on_namespaced_hosts(doc: dict, hosts: list[tuple[str, str]], link, rendezvous: str,
+def shape_file(shape: str) -> Path:
+    """The shape's network on namespaced hosts: bench/topologies/seams_<shape>.yaml."""
+    return ROOT / "bench/topologies" / f"seams_{shape.replace('-', '_')}.yaml"
+
+
+def on_namespaced_hosts(doc: dict, g, rendezvous: str,
                         bmv2_program: tuple[Path, Path] | None = None,
                         ) -> tuple[dict, dict[str, list[str]]]:
-    """A shape's desired state moved onto namespaced hosts: worker k of the document is host
-    k (10.0.0.k+1, its veth on its switch's next port), every leaf linked to every spine by a
-    veth pair `link(a, b)` makes (leaf i's spine ports after its hosts, spine j's port i + 1
-    to leaf i), each switch at an address of its own on the INA port, the jobs at the P4
-    program's sizes, the run rendezvous at `rendezvous`; with `bmv2_program` (its device
-    config and P4Info) every switch is BMv2. Returns the document and {switch: its
-    interfaces by port}."""
-    doc = json.loads(json.dumps(doc))
-    ports: dict[str, list[str]] = {sw["name"]: [] for sw in doc["switches"]}
-    for k, (w, (_, sw_if)) in enumerate(zip(doc["workers"], hosts, strict=True)):
-        ports[w["switch"]].append(sw_if)
-        w.update(ip=host_ip(k), udp_port=50000 + k, mac=host_mac(k),
-                 switch_port=len(ports[w["switch"]]))
+    """A shape's desired state moved onto the namespaced hosts of its file, built by `g` (a
+    Graph of shape_file's): worker k of the document is the file's host k (its address, MAC
+    and switch port the file's; the file must put it on the worker's switch), every
+    leaf-spine link of the file in the fabric's links, each switch at its address of the file
+    on the INA port, the jobs at the P4 program's sizes, the run rendezvous at `rendezvous`;
+    with `bmv2_program` (its device config and P4Info) every switch is BMv2. Returns the
+    document and {switch: its interfaces by port}."""
+    doc, topo = json.loads(json.dumps(doc)), g.topo
+    names = [sw["name"] for sw in doc["switches"]]
+    assert sorted(names) == sorted(topo.switches), (topo.source, names)
+    for k, (w, h) in enumerate(zip(doc["workers"], topo.hosts, strict=True)):
+        sw, (i, _) = topo.neighbours(h)[0]
+        assert sw == w["switch"], f"{topo.source}: {h} is on {sw}, worker {w['name']} on " \
+                                  f"{w['switch']}"
+        w.update(ip=g.host_ip(h), udp_port=50000 + k, mac=g.mac(i, h),
+                 switch_port=topo.port_of(sw, i))
     fabric = doc.get("fabric")
     if fabric:
+        leaves = {r["leaf"] for r in fabric["racks"]}
         fabric["links"] = []
-        for i, leaf in enumerate(r["leaf"] for r in fabric["racks"]):
-            for j, spine in enumerate(fabric["spines"]):
-                leaf_if, spine_if = link(f"{TAG}l{i}s{j}", f"{TAG}s{j}l{i}")
-                ports[leaf].append(leaf_if)
-                ports[spine].append(spine_if)
-                fabric["links"].append({"leaf": leaf, "leaf_port": len(ports[leaf]),
-                                        "leaf_mac": mac_of(leaf_if), "spine": spine,
-                                        "spine_port": len(ports[spine]),
-                                        "spine_mac": mac_of(spine_if)})
+        for i, ln in enumerate(topo.links):
+            if ln.a in topo.segments and ln.b in topo.segments:
+                leaf, spine = (ln.a, ln.b) if ln.a in leaves else (ln.b, ln.a)
+                fabric["links"].append({
+                    "leaf": leaf, "leaf_port": topo.port_of(leaf, i),
+                    "leaf_mac": mac_of(g.ifname(i, leaf)), "spine": spine,
+                    "spine_port": topo.port_of(spine, i), "spine_mac": mac_of(g.ifname(i, spine))})
+    ports = {name: list(g.ports(name).values()) for name in names}
     thrift = free_ports(len(doc["switches"]))
     for n, sw in enumerate(doc["switches"]):
-        spine, j = sw["name"].startswith("spine"), int(sw["name"][-1])
-        sw.update(address=f"10.0.0.{(241 if spine else 201) + j}", udp_port=spec.INA_UDP_PORT,
-                  ports=list(range(1, len(ports[sw["name"]]) + 1)))
+        sw.update(address=topo.segments[sw["name"]].address, udp_port=spec.INA_UDP_PORT,
+                  ports=list(g.ports(sw["name"])))
         if bmv2_program is not None:
             sw.update(target="bmv2", thrift_port=thrift[n], device_id=n,
                       device_config=str(bmv2_program[0]), p4info=str(bmv2_program[1]))
-    address = {sw["name"]: sw["address"] for sw in doc["switches"]}
-    for w, (ns, _) in zip(doc["workers"], hosts):  # static ARP for its switch's address
-        subprocess.run(["ip", "-n", ns, "neigh", "replace", address[w["switch"]], "lladdr",
-                        SWITCH_MAC, "dev", "eth0", "nud", "permanent"], check=True)
     for job in doc["jobs"] + (fabric or {}).get("jobs", []):
         job.update(P4_SIZES)
     doc["rendezvous"] = rendezvous
@@ -269,31 +273,43 @@ def bmv2_program(tmp_path_factory) -> tuple[Path, Path]:
     return bmv2.compile_p4(tmp_path_factory.mktemp("p4"))
 
 
-@pytest.mark.parametrize(("target", "shape", "hosts"),
-                         [(t, s, sum(jobs_of(shape_doc(**SHAPES[s][0])).values()))
-                          for t, s in NAMESPACE_ROWS], indirect=["hosts"])
-def test_switches_on_namespaced_hosts_give_each_run_its_own_exact_sums(
-        target, shape, managed_hosts, veth_pairs, request, tmp_path):
+@pytest.mark.parametrize(("target", "shape"), NAMESPACE_ROWS)
+def test_switches_on_namespaced_hosts_give_each_run_its_own_exact_sums(target, shape, request,
+                                                                       tmp_path):
     """The L2 software switch (`python -m softswitch l2 -i ... --grpc`) and BMv2
     (`simple_switch_grpc --no-p4`, the program pushed by deploy) as a user deploys them: one
-    process per switch on the veths of namespaced hosts and on the leaf-spine links;
-    `controller serve` programs the switches and answers the run rendezvous on the hosts'
-    management bridge; one process per rank in its namespace. The same phases as the UDP
-    modes' matrix: each run exact (after the switch restart too)."""
+    process per switch on the ports of the shape's file (bench/topologies/seams_*.yaml: the
+    namespaced hosts' veths and the leaf-spine links); `controller serve` programs the
+    switches and answers the run rendezvous on the hosts' management bridge; one process per
+    rank in its namespace. The same phases as the UDP modes' matrix: each run exact (after
+    the switch restart too)."""
     program = request.getfixturevalue("bmv2_program") if target == "bmv2" else None
     kwargs, restart = SHAPES[shape]
-    doc, ports = on_namespaced_hosts(shape_doc(**kwargs), managed_hosts, veth_pairs,
-                                     f"{MGMT_IP}:{free_port()}", program)
-    dep = Deployment(target, doc, tmp_path, l2_interfaces=ports)
-    # BMv2: a smaller tensor (62 packets a call a rank)
-    length = 8_000 if target == "bmv2" else 50_000
-    try:
-        dep.start()
-        run_the_phases(dep, restart, length=length,
-                       where=lambda job, r: ["ip", "netns", "exec",
-                                             managed_hosts[rank_worker(doc, job, r)][0]])
-    finally:
-        dep.stop()
+    with managed_network(str(shape_file(shape)), f"{TAG}f") as g:
+        doc, ports = on_namespaced_hosts(shape_doc(**kwargs), g, f"{MGMT_IP}:{free_port()}",
+                                         program)
+        dep = Deployment(target, doc, tmp_path, l2_interfaces=ports)
+        # BMv2: a smaller tensor (62 packets a call a rank)
+        length = 8_000 if target == "bmv2" else 50_000
+        try:
+            dep.start()
+            run_the_phases(dep, restart, length=length,
+                           where=lambda job, r: ["ip", "netns", "exec",
+                                                 g.ns(g.topo.hosts[rank_worker(doc, job, r)])])
+        finally:
+            dep.stop()
+
+
+def test_every_shape_has_its_network_file():
+    """Each shape's file (shape_file) puts worker k of the shape's document on the same switch
+    as its host k, and has exactly the shape's switches: the namespaced rows run the shapes
+    the UDP rows run."""
+    from spina import topology
+    for shape, (kwargs, _) in SHAPES.items():
+        doc, topo = shape_doc(**kwargs), topology.load(str(shape_file(shape)))
+        assert sorted(sw["name"] for sw in doc["switches"]) == sorted(topo.switches), shape
+        assert [w["switch"] for w in doc["workers"]] == [
+            topo.neighbours(h)[0][0] for h in topo.hosts], shape
 
 
 # The mininet testbed's two-level networks (testbed/topos.leafspine: every host a worker of

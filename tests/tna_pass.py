@@ -111,6 +111,27 @@ def _valid_or_scratch(hdr: dict, name: str) -> dict:
     return hdr[name] if name in hdr else dict.fromkeys((f for f, _ in LAYOUT[name]), 0)
 
 
+class Cursor:
+    """A parser's position in `buf` (both parsers extract the same way): extract(name)
+    takes header `name` into `hdr` and moves on, or returns False (nothing taken) where the
+    buffer ends inside it; rest() is what no header took."""
+    __slots__ = ("buf", "pos", "hdr")
+
+    def __init__(self, buf: bytes):
+        self.buf, self.pos, self.hdr = buf, 0, {}
+
+    def extract(self, name: str) -> bool:
+        n = nbytes(LAYOUT[name])
+        if self.pos + n > len(self.buf):
+            return False
+        self.hdr[name] = unpack(LAYOUT[name], self.buf[self.pos:self.pos + n])
+        self.pos += n
+        return True
+
+    def rest(self) -> bytes:
+        return self.buf[self.pos:]
+
+
 @dataclass
 class Out:
     """What one pass sends on: the egress port and the frame, or a multicast group (the
@@ -174,17 +195,8 @@ class TnaPipe:
     def _ingress_parse(port: int, frame: bytes):
         """SpinaIngressParser. A frame that ends inside a header stops the parser there with
         parser_err set (the header is not valid)."""
-        hdr: dict[str, dict] = {}
-        pos = 0
-
-        def extract(name: str) -> bool:
-            nonlocal pos
-            n = nbytes(LAYOUT[name])
-            if pos + n > len(frame):
-                return False
-            hdr[name] = unpack(LAYOUT[name], frame[pos:pos + n])
-            pos += n
-            return True
+        cur = Cursor(frame)
+        hdr, extract = cur.hdr, cur.extract
 
         def parse() -> bool:  # False: cut short
             if port & RECIRC_PORT_MASK == RECIRC_PORT:
@@ -220,7 +232,7 @@ class TnaPipe:
             return extract("block_e") and extract("block_i")
 
         ok = parse()
-        return hdr, frame[pos:], 0 if ok else 1
+        return hdr, cur.rest(), 0 if ok else 1
 
     # ------------------------------------------------------------ SpinaIngress
     def _ingress(self, port: int, hdr: dict, parser_err: int) -> dict:
@@ -472,18 +484,8 @@ class TnaPipe:
     @staticmethod
     def _egress_parse(buf: bytes):
         """SpinaEgressParser on what the ingress deparser emitted (bridged header first)."""
-        hdr: dict[str, dict] = {}
-        pos = 0
-
-        def extract(name: str) -> bool:
-            nonlocal pos
-            n = nbytes(LAYOUT[name])
-            if pos + n > len(buf):
-                return False
-            hdr[name] = unpack(LAYOUT[name], buf[pos:pos + n])
-            pos += n
-            return True
-
+        cur = Cursor(buf)
+        hdr, extract = cur.hdr, cur.extract
         extract("bridge")
         br = hdr["bridge"]
         if br["block_front"] == 1:
@@ -498,7 +500,7 @@ class TnaPipe:
                     and (br["ina_emitted"] == 1
                          or hdr["udp"]["dst_port"] == CONST["INA_UDP_PORT"])):
                 extract("ina")
-        return hdr, buf[pos:]
+        return hdr, cur.rest()
 
     def _egress(self, hdr: dict, enq_qdepth: int, egress_rid: int) -> bool:
         """SpinaEgress; True: dropped."""

@@ -8,7 +8,7 @@ Run from the repository root as root (`make bench-dlcp` does):
     python -m bench dlcp -g 2 --model 64,64,10 -n 2 --out /tmp/d           # smoke
 
 The fabric (namespaces: the file bench/topologies/dlcp_leaf16.yaml, built and removed by
-fabric.py with bench/net_topo.py's Graph):
+fabric.py with spina/netgraph.py's Graph):
 
 ```
   w0 eth0 -tbf-+                               +- core: IPv4 router between the workers'

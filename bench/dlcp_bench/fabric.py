@@ -1,14 +1,14 @@
 """The namespaces of the package docstring's drawing, built from their topology file
-(bench/topologies/dlcp_leaf16.yaml) by bench/net_topo.py's `Graph`: the leaf, the core, the
+(bench/topologies/dlcp_leaf16.yaml) by spina/netgraph.py's `Graph`: the leaf, the core, the
 workers and the background sender, their addresses, links and tbf limits; `Fabric` builds and
 removes them."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from bench.net_topo import Graph, tbf_params
-from collectives.topology import first_hosts, load
 from spina import netns
+from spina.netgraph import Graph, tbf_params
+from spina.topology import first_hosts, load
 
 FILE = Path(__file__).resolve().parents[1] / "topologies" / "dlcp_leaf16.yaml"
 BLACKHOLE = "10.210.254.1"  # the background's destination: its /24 the core's blackhole

@@ -151,6 +151,16 @@ class ResidualMemory:
         self._users[key] = len(layout.params)
         return bufs
 
+    def of_param(self, param) -> dict[str, np.ndarray]:
+        """{name: view of the parameter's slice} of its current buffers ({}: none yet)."""
+        where = self._where.get(param)
+        if where is None:
+            return {}
+        key, d = where
+        layout_sizes = dict(zip(key[:len(key) // 2], key[len(key) // 2:]))
+        size = layout_sizes[param]
+        return {n: b[d:d + size] for n, b in self.buffers[key].items()}
+
 
 def top_scores(score: np.ndarray, k: int) -> np.ndarray:
     """Sorted indices of the k largest of any float scores (LossComp's signed log weights;
@@ -179,6 +189,7 @@ class Compressor:
         names = (("residual",) if config.error_feedback else ()) + \
                 (("momentum",) if config.momentum else ())
         self.memory = ResidualMemory(names)
+        self.previous_blocks: dict[tuple, np.ndarray] = {}  # layout key -> last step's blocks
         self.step = 0          # completed steps (end_step calls)
         self.bucket_index = 0  # buckets compressed in the current step
 
@@ -189,10 +200,12 @@ class Compressor:
                     * (cfg.ratio / cfg.warmup_ratio) ** (self.step / cfg.warmup_steps))
         return cfg.ratio
 
-    def blocks_to_send(self, nblocks: int) -> int:
-        # At least one block; the epsilon keeps float error (0.07 * 100 = 7.000000000000001) from
-        # adding one.
-        return min(nblocks, max(1, math.ceil(self.current_ratio() * nblocks - 1e-9)))
+    def blocks_to_send(self, nblocks: int, nparams: int = 1) -> int:
+        """k for a bucket of `nblocks` blocks holding `nparams` parameters: the ratio's share,
+        at least 1 block and at least min_blocks_per_param per parameter, at most all."""
+        # the epsilon keeps float error (0.07 * 100 = 7.000000000000001) from adding one
+        k = math.ceil(self.current_ratio() * nblocks - 1e-9)
+        return min(nblocks, max(1, k, self.config.min_blocks_per_param * nparams))
 
     def compress(self, layout: BucketLayout, grad: np.ndarray,
                  send: np.ndarray | None = None) -> Selection:
@@ -216,11 +229,15 @@ class Compressor:
         v = mem["residual"] if cfg.error_feedback else np.zeros(layout.length, np.float32)
         u = mem.get("momentum")  # DGC momentum correction: accumulate velocity, not gradient
         norms = kernels.accumulate(layout, grad, v, u, cfg.momentum, self.candidates(layout))
-        blocks = self.choose(norms, self.blocks_to_send(nblocks), layout, grad)
+        blocks = self.choose(norms, self.blocks_to_send(nblocks, len(layout.sizes)), layout,
+                             grad)
         self.bucket_index += 1
         # k rows copied, not an array of the whole bucket; sent blocks leave the residual,
         # and with DGC's masking the velocity (sent velocity must not push again)
         u_sent = u if cfg.momentum_masking else None
+        if u is not None and cfg.momentum_masking and not cfg.mask_repeats:
+            self.mask_waited(layout, u, blocks)
+            u_sent = None
         if send is not None and not self.rescales:
             kernels.take(v, blocks, B, cfg.error_feedback, u_sent, send)
             return Selection(blocks, None, nblocks, send)
@@ -230,6 +247,18 @@ class Compressor:
         if send is not None:
             sel.array = sel.write(send)
         return sel
+
+    def mask_waited(self, layout: BucketLayout, u: np.ndarray, blocks: np.ndarray) -> None:
+        """Momentum masking without repeats: clear u (+0.0) in the `blocks` this bucket did
+        not send in its previous step (all of them on a layout's first step)."""
+        key = layout.key
+        before = self.previous_blocks.get(key)
+        if before is None:  # a new layout (DDP's rebuild): forget the ones the memory freed
+            self.previous_blocks = {k: b for k, b in self.previous_blocks.items()
+                                    if k in self.memory.buffers}
+        waited = blocks if before is None else np.setdiff1d(blocks, before, assume_unique=True)
+        u.reshape(layout.nblocks, self.block_size)[waited] = 0.0
+        self.previous_blocks[key] = blocks
 
     def end_step(self) -> None:
         """The step's last bucket was compressed (the hooks call this)."""

@@ -21,6 +21,11 @@ talks to it over a Unix-domain stream socket and hands tensors over in shared me
                                                 process's shard written into the segment
                                        ◀──      {ok, stats}
     read the shards (process p's at bytes p*n..)
+    write the tensor into the segment
+    reduce_scatter {shm, dtype, n}     ──▶      Agent.reduce_scatter of the tensor, this
+                                                process's shard of the sum written at the
+                                       ◀──      segment's start; {ok, stats}
+    read the shard (torch.chunk's split over every process)
 
 Hierarchical reduction: L processes on the host attach with {job_file, rank, local_rank,
 local_size} as local ranks 0..L-1 of one rank of the job (the job file's workers are then the
@@ -28,7 +33,8 @@ hosts). The daemon waits for all L requests of a call, sums their segments on th
 the rank's one agent call (the switch sees one contribution per host: 1/L of the packets and
 bytes) and writes the same result into all L segments. An all-gather of the L local ranks
 joins their shards into the host's one shard, gathers the hosts' through the switch, and
-gives every local segment all H x L shards. `hier.py` says how the float sum keeps
+gives every local segment all H x L shards; a reduce-scatter sums them as an all-reduce and
+gives each local segment its process's shard. `hier.py` says how the float sum keeps
 today's semantics (the headroom covers all hosts x L processes) and what a local process
 that dies or stays silent does to the others' call (it completes or fails; it never hangs).
 

@@ -53,6 +53,7 @@ class DaemonClient:
             raise
         self.job = JobFile.from_dict(reply["job"]).job
         self.rank = rank
+        self.process = rank * (local_size or 1) + (local_rank or 0)  # in the job's processes
         # the processes a sum is over: the job's ranks are hosts (the DDP hooks average by it:
         # hooks.common.processes_summed)
         self.world_size = self.job.nworkers * (local_size or 1)
@@ -75,8 +76,28 @@ class DaemonClient:
         inplace: also write the sum into `x` (as Agent.allreduce does). layer: (i, n), the
         tensor's layer position for DLCP priorities (Agent.allreduce)."""
         layer = dlcp.check_layer(layer)
-        is_torch = type(x).__module__.startswith("torch")
-        if is_torch:
+        req = {} if layer is None else dict(layer_index=layer[0], layer_count=layer[1])
+        arr, out = self._summed(x, "allreduce", req, lambda n: (0, n))
+        if inplace and not _is_torch(x):
+            arr[...] = out.reshape(arr.shape)
+        return self._back(x, arr, out.reshape(arr.shape))
+
+    def reduce_scatter(self, x, blocks=None):
+        """This process's shard of the element-wise sum over every process (as
+        Agent.reduce_scatter: torch.chunk's split of the flat tensor, FSDP2's; with local ranks
+        over the job's ranks x local_size processes, process rank x local_size + local_rank).
+        float32 or int32 numpy, torch via numpy; a 1-d array back. `blocks`, Agent's hint of
+        the blocks that may be non-zero, is only a hint: the daemon finds them itself."""
+        del blocks
+        from host_agent.scatter import shard_bounds
+        arr, out = self._summed(x, "reduce_scatter", {},
+                                lambda n: shard_bounds(n, self.world_size, self.process))
+        return self._back(x, arr, out)
+
+    def _summed(self, x, op: str, req: dict, part):
+        """(x as numpy, the elements `part(n)` = [lo, hi) of what the daemon's `op` wrote
+        into the segment, a copy)."""
+        if _is_torch(x):
             import torch
             arr = x.detach().to(torch.int32 if x.dtype == torch.int32 else torch.float32).numpy()
         else:
@@ -85,17 +106,19 @@ class DaemonClient:
         n = arr.size
         view = np.ndarray((n,), dtype, buffer=self._segment(n * 4).buf)
         view[:] = arr.reshape(-1)
-        req = {"op": "allreduce", "shm": self._shm.name, "n": n, "dtype": dtype.name}
-        if layer is not None:
-            req.update(layer_index=layer[0], layer_count=layer[1])
-        send_msg(self.sock, req)
+        send_msg(self.sock, {"op": op, "shm": self._shm.name, "n": n, "dtype": dtype.name,
+                             **req})
         reply = self._reply()
         self.last_stats = CallStats(**reply["stats"])
-        out = view.copy().reshape(arr.shape)
+        lo, hi = part(n)
+        out = view[:hi - lo].copy()  # the daemon wrote this process's part at the start
         del view
-        if inplace and not is_torch:
-            arr[...] = out
-        if is_torch:
+        return arr, out
+
+    @staticmethod
+    def _back(x, arr: np.ndarray, out: np.ndarray):
+        """`out` as the caller's kind: torch of x's dtype, else numpy of arr's."""
+        if _is_torch(x):
             import torch
             return torch.from_numpy(out).to(x.dtype)
         return out.astype(arr.dtype, copy=False)
@@ -104,7 +127,7 @@ class DaemonClient:
         """Every process's `x`, stacked: shape (world_size, *x.shape), x's dtype, row p bit
         for bit what process p passed (as Agent.allgather; with local ranks the processes are
         ordered rank x local_size + local_rank, host_agent/daemon/hier.py). numpy or torch."""
-        if type(x).__module__.startswith("torch"):
+        if _is_torch(x):
             import torch
             t = x.detach().contiguous().cpu()
             got = self.allgather(t.reshape(-1).view(torch.uint8).numpy())
@@ -157,6 +180,10 @@ class DaemonClient:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _is_torch(x) -> bool:
+    return type(x).__module__.startswith("torch")
 
 
 def status(socket_path: str = DEFAULT_SOCKET) -> dict:

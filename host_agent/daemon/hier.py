@@ -33,6 +33,13 @@ rank's shard of L*n bytes (`host_shard`), the rank's one agent all-gather carrie
 the switch (one copy per host on the wire, replicated to the H hosts), and every local segment
 gets all H*L shards in the order of the job's processes, h*L + l (`gather_out`): process p's
 shard at bytes p*n.. of every segment, the same bytes everywhere.
+
+Reduce-scatter: the local segments are summed on the host as for an all-reduce, the host
+rank's one agent reduce-scatter returns the host's part of the sum, and each local segment
+gets its process's shard at its start: torch.chunk's split of the n elements over all H*L
+processes (FSDP2's), process h*L + l. The agent splits over the H hosts, so the host sum is
+first padded with zeros to H*L*c elements (c = ceil(n / (H*L)); zero blocks are never sent)
+whenever that split would not fall on the processes' (`scatter_input`, `scatter_out`).
 """
 from __future__ import annotations
 
@@ -73,6 +80,28 @@ def gather_out(views: list[np.ndarray], rows: np.ndarray) -> None:
     flat = rows.reshape(-1)
     for v in views:
         v[:len(flat)] = flat
+
+
+def scatter_input(total: np.ndarray, processes: int) -> np.ndarray:
+    """The host sum for the agent's reduce-scatter: `total` itself, or a copy padded with
+    zeros to processes * c elements (c = ceil(n / processes)), whose split over the hosts
+    gives each host its local processes' c-element shards back to back."""
+    c = -(-len(total) // processes)
+    if c * processes == len(total):
+        return total
+    out = np.zeros(c * processes, total.dtype)
+    out[:len(total)] = total
+    return out
+
+
+def scatter_out(views: list[np.ndarray], shard: np.ndarray, n: int, processes: int,
+                first: int) -> None:
+    """Local segment l gets process first + l's shard of the n-element sum at its start
+    (torch.chunk's [p c, (p+1) c) cut at n), from `shard`, the host's c-element shards."""
+    c = -(-n // processes)
+    for lr, v in enumerate(views):
+        lo, hi = min((first + lr) * c, n), min((first + lr + 1) * c, n)
+        v[:hi - lo] = shard[lr * c:lr * c + hi - lo]
 
 
 def fan_out(views: list[np.ndarray]) -> None:

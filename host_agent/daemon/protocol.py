@@ -59,6 +59,9 @@ REQUESTS = {
     # n: the bytes of this process's shard, at the segment's start; the segment holds every
     # process's (the job's ranks x local_size), where the gathered shards land in order
     "allgather": ({"shm": str, "n": int}, {}),
+    # n: the elements of the whole tensor; this process's shard of the sum comes back at the
+    # segment's start (torch.chunk's split over every process, FSDP2's)
+    "reduce_scatter": ({"shm": str, "n": int, "dtype": str}, {}),
     "status": ({}, {}),
 }
 

@@ -354,7 +354,7 @@ class Daemon:
                         clog = spina_log.bind(clog, local_rank=local_rank)
                     clog.info("client attached")
                     send_msg(conn, {"ok": True, "job": jf.to_dict()})
-                elif op in ("allreduce", "allgather"):
+                elif op in ("allreduce", "allgather", "reduce_scatter"):
                     if slot is None:
                         send_msg(conn, {"ok": False, "error": f"{op} before attach"})
                         continue
@@ -387,8 +387,9 @@ class Daemon:
             conn.close()
 
     def _collective(self, slot: _Slot, local_rank: int, msg: dict, maps: dict, clog) -> dict:
-        """Serve one allreduce or allgather request: as the rank's one process, or as one local
-        rank of it (hier.py: the last local rank to arrive runs the host's call for all)."""
+        """Serve one allreduce, allgather or reduce_scatter request: as the rank's one process,
+        or as one local rank of it (hier.py: the last local rank to arrive runs the host's call
+        for all)."""
         req = self._request(slot, msg, maps)
         if isinstance(req, dict):  # an error reply
             return req
@@ -416,10 +417,10 @@ class Daemon:
             del req
 
     def _request(self, slot: _Slot, msg: dict, maps: dict):
-        """(view of the client's segment, n, dtype name, layer, op) for an allreduce or
-        allgather request, or the error reply naming the field. An allgather's view is the
-        segment's bytes that the gathered shards fill (n bytes of each of the job's
-        processes)."""
+        """(view of the client's segment, n, dtype name, layer, op) for an allreduce,
+        allgather or reduce_scatter request, or the error reply naming the field. An
+        allgather's view is the segment's bytes that the gathered shards fill (n bytes of each
+        of the job's processes); a reduce_scatter's the n elements of its tensor."""
         op, name, n = msg["op"], msg["shm"], msg["n"]
         if op == "allgather":
             dtype, dname, count = np.uint8, "bytes", n * slot.agent.job.nworkers * slot.local.size
@@ -427,7 +428,7 @@ class Daemon:
             dtype, dname = _DTYPES.get(msg["dtype"]), msg["dtype"]
             count = n
             if dtype is None:
-                return {"ok": False, "error": f"allreduce: field 'dtype': {msg['dtype']!r} is "
+                return {"ok": False, "error": f"{op}: field 'dtype': {msg['dtype']!r} is "
                                               f"not one of {', '.join(_DTYPES)}"}
         if n < 0:
             return {"ok": False, "error": f"{op}: field 'n': {n} is negative"}
@@ -447,7 +448,7 @@ class Daemon:
             except ValueError as e:
                 return {"ok": False, "error": f"allreduce: field 'layer_index': {e}"}
         if count * np.dtype(dtype).itemsize > shm.size:
-            what = (f"{n} {dname} elements" if op == "allreduce" else
+            what = (f"{n} {dname} elements" if op != "allgather" else
                     f"{n} bytes from each of {count // max(n, 1)} processes")
             return {"ok": False, "error": f"{op}: field 'n': {what} exceed the segment's "
                                           f"{shm.size} bytes"}
@@ -456,7 +457,8 @@ class Daemon:
     def _call(self, slot: _Slot, views: list[np.ndarray], req: tuple, clog) -> dict:
         """The rank's agent call for its local segments `views` (one per local rank), one call
         at a time per rank. allreduce: the host sum of the views, the result in every one;
-        allgather: the views' shards joined, every process's shard in every view."""
+        allgather: the views' shards joined, every process's shard in every view;
+        reduce_scatter: the host sum's shards, each process's at its view's start."""
         n, layer, op = req[1], req[3], req[4]
         agent = slot.agent
         with slot.lock:
@@ -468,13 +470,19 @@ class Daemon:
                     agent.allreduce(views[0], inplace=True, layer=layer)  # the sum lands in shm
                     hier.fan_out(views)
                     st = agent.last_stats
+                elif op == "reduce_scatter":
+                    processes = agent.job.nworkers * len(views)
+                    shard = agent.reduce_scatter(
+                        hier.scatter_input(hier.host_sum(views), processes))
+                    hier.scatter_out(views, shard, n, processes, slot.rank * len(views))
+                    st = agent.last_stats
                 else:
                     hier.gather_out(views, agent.allgather(hier.host_shard(views, n)))
                     st = agent.last_gather_stats
                 stats, ok = asdict(st), True
                 # one wording for every op (docs/operations.md's log lines): the unit names it
                 clog.debug("call done: %d %s, %d packets sent, %d resends, %.1f ms", n,
-                           "elements" if op == "allreduce" else "bytes gathered",
+                           "bytes gathered" if op == "allgather" else "elements",
                            stats["packets_sent"], stats["resends"],
                            1e3 * (time.perf_counter() - t0), call=agent.call_id)
                 if stats.get("partial_rounds"):  # bounded loss: what this call lost, every time
@@ -486,10 +494,12 @@ class Daemon:
             finally:
                 self.calls_in_progress -= 1
                 self.calls_done += 1
+                # a reduce-scatter runs an all-reduce's rounds (CallStats): its series counts it
+                gather = op == "allgather"
                 self.metrics.call_done(slot.jf.job.job, slot.rank,
-                                       agent.last_stats if op == "allreduce"
-                                       else agent.last_gather_stats,
-                                       time.perf_counter() - t0, ok, op=op)
+                                       agent.last_gather_stats if gather else agent.last_stats,
+                                       time.perf_counter() - t0, ok,
+                                       op="allgather" if gather else "allreduce")
         return {"ok": True, "stats": stats}
 
 
@@ -507,9 +517,9 @@ def _field(name: str, convert=str, bad: tuple[str, ...] = ()):
 def parser(prog: str = "python -m host_agent daemon") -> argparse.ArgumentParser:
     ap = cli.ArgumentParser(
         prog=prog,
-        description="SpINA host agent daemon: serves all-reduce and all-gather to local "
-                    "training processes (Unix socket + shared memory). Stops cleanly on "
-                    "SIGTERM or SIGINT.")
+        description="SpINA host agent daemon: serves all-reduce, all-gather and "
+                    "reduce-scatter to local training processes (Unix socket + shared "
+                    "memory). Stops cleanly on SIGTERM or SIGINT.")
     ap.add_argument("--config", type=cli.input_file,
                     help="JSON config file (fields: socket, log_file, log_level, "
                          "log_format, timeout, rto, metrics, bounded_loss, "

@@ -29,12 +29,13 @@ model:
                       shard of the sum by the world size, as gloo's does.
 
 What SpINA does not carry goes through gloo (the model's process group): a reduction other
-than SUM or AVG (a PREMUL_SUM from `set_gradient_divide_factor`), a gradient dtype the agent
-has no lanes for, and the reduce-scatter of an agent without one (`DaemonClient`: the daemon
-serves all-reduce and all-gather only). The state's counters say how many calls went which
-way. Everything else FSDP does (its own broadcasts, `full_tensor`, the optimiser) stays
-torch's. The ranks' order must be the agent's: rank r of the model's group is the agent's
-process r (checked on the first call).
+than SUM or AVG (a PREMUL_SUM from `set_gradient_divide_factor`) and a gradient dtype the agent
+has no lanes for. The state's counters say how many calls went which way. Through the daemon
+(`DaemonClient`) both collectives go through the switch too, the local ranks of a host summed
+(reduce-scatter) or joined (all-gather) on it; narrow lanes then round without error feedback
+(the daemon's call keeps no residual, as for the DDP hooks). Everything else FSDP does (its
+own broadcasts, `full_tensor`, the optimiser) stays torch's. The ranks' order must be the
+agent's: rank r of the model's group is the agent's process r (checked on the first call).
 
 Not a DDP hook (`hook(state, bucket)`), so not in registry.HOOKS: FSDP takes objects with
 `allocate` and `__call__`, one per module. Importing this module imports torch (the package
@@ -50,6 +51,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 
+from host_agent.agent import Agent
 from host_agent.compression.compressors import BucketLayout, Compressor
 from host_agent.compression.methods import make_compressor
 from host_agent.hooks.common import HookCounters, processes_summed
@@ -131,7 +133,7 @@ class SpinaReduceScatter(_Alloc, ReduceScatter):
     """FSDP2's reduce-scatter of one module through `agent.reduce_scatter`.
 
     Args:
-        agent: this rank's Agent (one with `reduce_scatter`; otherwise gloo carries it).
+        agent: this rank's Agent or DaemonClient.
         counters: where the calls are counted.
         compressor: block top-k (or any `Compressor` of host_agent.compression) with error
             feedback for this module's gradients, or None: dense (with the job's narrow lanes
@@ -150,8 +152,7 @@ class SpinaReduceScatter(_Alloc, ReduceScatter):
             _check_group(self.agent, group)
             self._checked = True
         name = _op_name(op)
-        if (name not in _CARRIED_OPS or input_tensor.dtype not in _SUMMED
-                or not hasattr(self.agent, "reduce_scatter")):
+        if name not in _CARRIED_OPS or input_tensor.dtype not in _SUMMED:
             self.counters.add(gloo_calls=1)
             dist.reduce_scatter_single(output=output_tensor, input=input_tensor, op=op,
                                        group=group)
@@ -169,7 +170,7 @@ class SpinaReduceScatter(_Alloc, ReduceScatter):
         return None
 
     def _dense(self, grad: np.ndarray) -> np.ndarray:
-        if self.agent.job.lane_bits == 32:
+        if self.agent.job.lane_bits == 32 or not isinstance(self.agent, Agent):
             return self.agent.reduce_scatter(grad)
         if self.residual is None or len(self.residual) != len(grad):
             self.residual = np.zeros(len(grad), np.float32)
@@ -216,7 +217,7 @@ def shard_on_spina(model: torch.nn.Module, agent, compression=None, all_gather: 
         model: a model `fully_shard` has been applied to (its submodules and/or itself), on
             CPU with a gloo process group of the agent's processes in the agent's order.
         agent: this rank's `Agent` (`host_agent.assignment.agent_from_env()`), or a
-            `DaemonClient` (all-gather through the daemon; gloo then reduce-scatters).
+            `DaemonClient` (both collectives through the daemon).
         compression: None (dense gradients; narrow lanes with error feedback when the job's
             lane_bits is 16 or 8), or a CompressionConfig or its mapping (e.g. {"method":
             "topk", "ratio": 0.01}): each module's gradient compressed by its own compressor

@@ -7,6 +7,9 @@
  * header and next positions: present and nonfinite 0, no block, its lengths to match. The
  * copy's rank: its rid's low five bits less one (spina.spec.rid: job * 32 + rank + 1), or for
  * the reply to a resend (rid 0) the header's rank, the resend's sender.
+ * Results only (as softswitch/egress.py and tests/p4model.py): a status carries no block
+ * (the Aggregator drops them all and clears present), and a leaf's partial going up is a
+ * contribution, whose rank field is its rack's, not an owner's.
  * Before WorkerRewrite, whose truncate takes the UDP length set here.
  */
 #ifndef SPINA_SCATTER_STRIP_P4

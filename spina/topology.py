@@ -20,9 +20,9 @@ linked to every other and to the NIC by `local` links (`{rate, latency}`, defaul
 1us): several accelerators per host on fast links. Rates use tc's units (kbit, mbit, gbit,
 tbit: bits per second), latencies ns, us, ms or s (one way). `burst` (optional, bytes:
 64KiB, 1MB, ...) is a token bucket: an idle link sends that much at once, then its rate, as
-tc's tbf does (the namespace links of bench/net_topo.py; real links have none: default 0).
+tc's tbf does (the namespace links of spina/netgraph.py; real links have none: default 0).
 
-A switch is a router by default (`kind: router`: bench/net_topo.py gives it a namespace that
+A switch is a router by default (`kind: router`: spina/netgraph.py gives it a namespace that
 forwards IPv4 along the routes below). `kind: l2` is a switch process on raw sockets (SpINA's
 software switch in L2 mode, BMv2) and `kind: bridge` a Linux bridge: their links end in ports
 numbered 1, 2, ... in file order (BMv2's `-i N@intf`), unaddressed, and the nodes on their ports
@@ -32,7 +32,9 @@ share one Ethernet segment:
       s0: {kind: l2, aggregate: true, subnet: 10.0.0.0/24, address: 10.0.0.100,
            mac: "02:00:00:00:00:64", host_macs: "02:00:00:00:01:00", root: true}
 
-`subnet` (optional): the node on port p has the subnet's address p (10.0.0.1 on port 1);
+`subnet` (optional): the node on port p has the subnet's address p (10.0.0.1 on port 1), or
+counting up from `host_addresses` (optional: port 1's node's address; several switches share a
+subnet so, as the leaves of one L2 fabric: leaf 1's hosts from 10.0.0.1, leaf 2's from 10.0.0.3);
 `address` (optional): the switch's own, where its nodes reach it (an L2 SpINA switch's
 aggregator; a bridge's address in the namespace that holds it) with its `mac` (an l2 switch's
 is required; a bridge has its own); `host_macs`
@@ -47,7 +49,7 @@ port) as its default route, so all its traffic crosses the gateway's link.
 
 Routes are fixed shortest paths: fewest hops, then the lowest latency, then node names in
 order; per destination one tree, so a node forwards everything for a destination the same way
-(bench/net_topo.py installs exactly these routes in its namespaces). Every error names the
+(spina/netgraph.py installs exactly these routes in its namespaces). Every error names the
 file and the field, on one line.
 """
 from __future__ import annotations
@@ -72,7 +74,7 @@ UDP_HEADERS = 14 + 20       # per IPv4 fragment of a datagram (plus 8 for UDP, o
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}")
 _MAC = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}")
 SWITCH_KINDS = ("router", "l2", "bridge")  # see the module docstring
-_SEGMENT_FIELDS = ("subnet", "address", "mac", "host_macs", "root", "gateway")
+_SEGMENT_FIELDS = ("subnet", "address", "mac", "host_macs", "host_addresses", "root", "gateway")
 
 
 class TopologyError(ValueError):
@@ -126,6 +128,7 @@ class Segment:
     host_macs: int | None
     root: bool
     gateway: str | None = None
+    first: int = 1  # port 1's node's address, as an offset into the subnet (host_addresses)
 
 
 @dataclass(frozen=True)
@@ -184,7 +187,7 @@ class Topology:
         if seg.subnet is None:
             return None
         if seg.gateway is None:
-            return str(seg.subnet.network_address + port)
+            return str(seg.subnet.network_address + seg.first + port - 1)
         if self.ports(switch)[port][1] == seg.gateway:
             return self.gateway_addresses(switch)[0]
         return str(self.port_net(switch, port).network_address + 2)
@@ -255,12 +258,23 @@ def _segment(spec: dict, kind: str, on_ports: list[str], src: str, where: str) -
     """An l2 or bridge switch's segment fields, checked against the nodes on its ports."""
     nports = len(on_ports)
     net = addr = mac = base = None
+    first = 1
+    if "host_addresses" in spec:
+        if "subnet" not in spec or "gateway" in spec:
+            _fail(src, f"{where}.host_addresses", "needs the switch's subnet and no gateway")
+        first_addr = _convert(lambda v: ipaddress.IPv4Address(str(v)), spec["host_addresses"],
+                              src, f"{where}.host_addresses")
     if "subnet" in spec:
         net = _convert(lambda v: ipaddress.IPv4Network(str(v)), spec["subnet"], src,
                        f"{where}.subnet")
-        if nports >= net.num_addresses - 1:
+        if "host_addresses" in spec:
+            first = int(first_addr) - int(net.network_address)
+            if not 0 < first < net.num_addresses - 1:
+                _fail(src, f"{where}.host_addresses", f"{first_addr} is not a host address "
+                                                      f"of {net}")
+        if first + nports - 1 >= net.num_addresses - 1:
             _fail(src, f"{where}.subnet", f"{net} has no address for each of its {nports} "
-                                          "ports (port p's node takes address p)")
+                                          f"ports (port p's node takes address {first} + p - 1)")
     if "mac" in spec and "address" not in spec:
         _fail(src, f"{where}.address", "is required with its mac")
     if kind == "l2" and "address" in spec and "mac" not in spec:
@@ -271,10 +285,11 @@ def _segment(spec: dict, kind: str, on_ports: list[str], src: str, where: str) -
             _fail(src, f"{where}.address", "needs the switch's subnet")
         addr = _convert(lambda v: ipaddress.IPv4Address(str(v)), spec["address"], src,
                         f"{where}.address")
-        if addr not in net or not nports < int(addr) - int(net.network_address) < \
-                net.num_addresses - 1:
+        if addr not in net or not first + nports - 1 < int(addr) - int(net.network_address) \
+                < net.num_addresses - 1:
             _fail(src, f"{where}.address", f"{addr} must be in {net} above its ports' "
-                                           f"addresses (1..{nports}) and not its broadcast")
+                                           f"addresses ({first}..{first + nports - 1}) and "
+                                           "not its broadcast")
         addr = str(addr)
     for k in ("mac", "host_macs"):
         if k in spec:
@@ -298,7 +313,7 @@ def _segment(spec: dict, kind: str, on_ports: list[str], src: str, where: str) -
                 (nports + 1) << 8 > net.num_addresses:
             _fail(src, f"{where}.gateway", "needs a subnet with a /24 for each port (port p's "
                                            "is the p-th) and no address of the switch")
-    return Segment(kind, net, addr, mac, base, root, gateway)
+    return Segment(kind, net, addr, mac, base, root, gateway, first)
 
 
 def _convert(fn, v, src, where):
