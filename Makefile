@@ -135,7 +135,7 @@ bench-allgather: $(STAMP)  ## (root) all-gather through the switch vs gloo's all
 bench-hier-gather: $(STAMP)  ## (root; 1 min here) hierarchical all-gather vs the flat switch all-gather, 2-D, ring and gloo on two groups under a switch: bench/results/hier_gather/two_groups_switch/
 	$(PY) -m bench hier_gather --name hier_gather/two_groups_switch $(HIER_GATHER_BENCH_ARGS)
 
-bench-train: $(STAMP)  ## (root; 4-7 min here) DDP training over star4.yaml at 1 and 10 Gbit/s: gloo vs SpINA dense vs top-k vs PowerSGD/fp16/bf16 hooks, step time and time to accuracy: bench/results/training_net/star4/
+bench-train: $(STAMP)  ## (root; 4-7 min here) DDP training over star4.yaml at 1 and 10 Gbit/s: gloo vs SpINA dense (32-, 16- and 8-bit lanes) vs top-k vs PowerSGD/fp16/bf16 hooks, step time and time to accuracy: bench/results/training_net/star4/
 	$(PY) -m bench training -t bench/topologies/star4.yaml --rates 1gbit,10gbit --name training_net/star4 $(TRAIN_BENCH_ARGS)
 
 bench-overlap: $(STAMP)  ## (root; 3 min here) priority overlap vs DDP's default order over star4.yaml at 1 Gbit/s, with a timeline: bench/results/overlap/star4/

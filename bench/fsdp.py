@@ -3,6 +3,7 @@ its all-gather and reduce-scatter through SpINA (dense, and block top-k of the g
 stepped side by side in the same processes.
 
     python -m bench fsdp -t bench/topologies/star4.yaml --rates 1gbit              # root
+    python -m bench fsdp -t bench/topologies/star4.yaml --rates 1gbit --no-reshard # 1 gather
     python -m bench fsdp -t bench/topologies/star4.yaml --rates 1gbit -b 280K -e 280K \
         --max-steps 3 --min-steps 3 --out /tmp/f                    # a smoke run (tests)
 
@@ -11,7 +12,10 @@ namespaces, tbf both ways on every link, the software switch in the aggregating 
 namespace, a worker per host; the MLP 1024-w-w-10 whose float32 gradient is the point's
 size, on digits upsampled to 32x32; SGD with momentum, the same batches for every method).
 Each method's model is sharded by FSDP2 (`fully_shard` on each Linear and on the model, one
-gloo group of the ranks on their eth0):
+gloo group of the ranks on their eth0), with FSDP2's default reshard_after_forward=True (each
+module's parameters gathered for its forward and again for its backward) or, --no-reshard,
+False (gathered once a step, kept unsharded from forward to backward: memory for one
+all-gather; docs/collectives.md "FSDP2 on SpINA" has the arithmetic of both):
 
   gloo     FSDP2's own collectives (gloo's all_gather_single and reduce_scatter_single)
   spina    host_agent/hooks/fsdp.py shard_on_spina: every module's all-gather through
@@ -27,7 +31,9 @@ rules, the columns and curves.csv/curves.png are bench/training.py's: a method s
 it has reached --target and run --min-steps steps, or after --max-steps. `wrong` counts the
 ranks whose gathered parameters (crc32 of every full_tensor) or accuracies differ from rank
 0's at the end. agent_bytes_per_step is what the agent sent for both collectives (UDP
-payload), blocks_fraction top-k's, compress_s_per_step its compressor's time.
+payload), agent_s_per_step the time in them, gather_s_per_step and scatter_s_per_step that
+time's two parts (all of them the timed steps' only: the evaluation gathers too),
+blocks_fraction top-k's, compress_s_per_step its compressor's time.
 """
 from __future__ import annotations
 
@@ -40,7 +46,8 @@ GLOO_PORT = 29501
 DESCRIPTION = ("FSDP2 training over a topology's links: its gloo collectives vs its "
                "all-gather and reduce-scatter through SpINA, dense and top-k (root)")
 DEFAULTS = dict(training.DEFAULTS, methods=",".join(METHODS), rates="1gbit")
-EXTRA_COLUMNS = training.EXTRA_COLUMNS
+EXTRA_COLUMNS = training.EXTRA_COLUMNS + ("reshard_after_forward", "gather_s_per_step",
+                                           "scatter_s_per_step")
 CURVE_COLUMNS = training.CURVE_COLUMNS
 check_options = training.check_options
 finish = training.finish
@@ -57,6 +64,9 @@ def add_options(ap) -> None:
     ap.add_argument("--ratio", type=cli.fraction, default=0.05,
                     help="top-k: fraction of 256-element blocks each rank sends (default "
                     "%(default)s)")
+    ap.add_argument("--no-reshard", action="store_true",
+                    help="FSDP2's reshard_after_forward=False: each module gathered once a step "
+                    "(default: True, FSDP2's, twice)")
     training.add_ddp_options(ap, batch=32, lr=0.05)
     # training.run's request reads them: FsdpRun shards the MLP's Linear layers, no PowerSGD
     ap.set_defaults(model="mlp", powersgd_start=None)
@@ -77,13 +87,14 @@ class FsdpRun:
         torch.manual_seed(req.seed)  # the same initial weights for every method
         self.module = FAMILIES[req.model].build(req.width)  # the MLP: a Sequential
         self.params = sum(p.numel() for p in self.module.parameters())
+        self.reshard = req.reshard_after_forward
         for layer in self.module:
             if isinstance(layer, torch.nn.Linear):
-                fully_shard(layer)
-        fully_shard(self.module)
+                fully_shard(layer, reshard_after_forward=self.reshard)
+        fully_shard(self.module, reshard_after_forward=self.reshard)
         self.model = self.module
         self.opt = torch.optim.SGD(self.module.parameters(), lr=req.lr, momentum=req.momentum)
-        self.state = None
+        self.state, self.timed = None, {}
         if method != "gloo":
             compression = {"method": "topk", "ratio": req.ratio} if method == "topk" else None
             self.state = shard_on_spina(self.module, agent, compression=compression)
@@ -91,8 +102,27 @@ class FsdpRun:
         self.batch = req.batch
 
     next_batch = training.Run.next_batch
-    step = training.Run.step
-    correct = training.Run.correct
+
+    def step(self, x, y):
+        """training.Run's; the change of the SpINA counters kept in `timed` (the timed steps'
+        alone: the evaluation's forward gathers too)."""
+        if self.state is None:
+            return training.Run.step(self, x, y)
+        before = self.state.as_dict()
+        loss = training.Run.step(self, x, y)
+        for k, v in self.state.as_dict().items():
+            self.timed[k] = self.timed.get(k, 0) + v - before[k]
+        return loss
+
+    def correct(self, x, y) -> int:
+        """training.Run's; without resharding after forward the evaluation's forward leaves
+        the parameters gathered: reshard them, so the next timed step gathers as any other."""
+        from host_agent.hooks.fsdp import fsdp_modules
+        got = training.Run.correct(self, x, y)
+        if not self.reshard:
+            for m in fsdp_modules(self.module):
+                m.reshard()
+        return got
 
     def weights_crc(self) -> int:
         """crc32 of the full parameters (gathered over gloo: every rank's shards)."""
@@ -109,14 +139,15 @@ def train_point(rank: int, req: training.TrainRequest, agent, dist, torch, barri
     for m, run in runs.items():
         r = rec[m]
         r["crc"] = run.weights_crc()
-        if run.state is not None:
-            c = run.state
-            r.update(agent_bytes=c.gather_bytes_sent + c.scatter_bytes_sent,
-                     resends=c.resends, calls=c.gather_calls + c.scatter_calls,
-                     agent_s=c.gather_seconds + c.scatter_seconds)
+        if run.state is not None:  # the timed steps' counters
+            c = run.timed
+            r.update(agent_bytes=c["gather_bytes_sent"] + c["scatter_bytes_sent"],
+                     resends=c["resends"], calls=c["gather_calls"] + c["scatter_calls"],
+                     agent_s=c["gather_seconds"] + c["scatter_seconds"],
+                     per_step=dict(gather_s=c["gather_seconds"], scatter_s=c["scatter_seconds"]))
             if m == "topk":
-                r.update(blocks_fraction=c.blocks_sent / max(1, c.blocks_total),
-                         compress_s=c.compress_seconds)
+                r.update(blocks_fraction=c["blocks_sent"] / max(1, c["blocks_total"]),
+                         compress_s=c["compress_seconds"])
     rec["params"] = runs[req.methods[0]].params
     return rec
 
@@ -124,4 +155,7 @@ def train_point(rank: int, req: training.TrainRequest, agent, dist, torch, barri
 def run(a, log):
     """Per rate and size (a model width) one comparison in one cluster on the star:
     training.run, the workers serving train_point."""
-    return training.run(a, log, serve=train_point, gloo_port=GLOO_PORT)
+    reshard = not a.no_reshard
+    for rows in training.run(a, log, serve=train_point, gloo_port=GLOO_PORT,
+                             reshard_after_forward=reshard):
+        yield [dict(r, reshard_after_forward=reshard) for r in rows]

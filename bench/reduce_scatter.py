@@ -25,7 +25,9 @@ bound of its lanes, gloo within float32 rounding); `wrong` counts the calls that
 bytes_per_link: on a topology the link-layer bytes the rank's interface sent per call
 (rx_bytes_per_link: received), on loopback SpINA's UDP payload as the agent counted it and
 gloo's from its algorithm (2(n-1)/n of the tensor each way, as measured on a star);
-`bytes_source` says which.
+`bytes_source` says which. scan_ms ... rounds_per_slot: SpINA's call timeline, as
+bench/all_reduce.py's (CallStats.phases, medians over every rank's timed calls;
+docs/profile.md "A sparse call's timeline").
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ import statistics
 import time
 import warnings
 
-from bench.all_reduce import nlanes_for
+from bench.all_reduce import PHASE_COLUMNS, nlanes_for, phase_medians
 from bench.harness import method_rows
 from bench.paired import proc_cpu, star_clusters
 from bench.procs import Expected, Point, check_result, expected_sum, make_tensor
@@ -43,7 +45,7 @@ DESCRIPTION = "reduce-scatter through the switch vs gloo's reduce_scatter_tensor
 METHODS = ("spina", "gloo")
 DEFAULTS = dict(methods="spina,gloo", begin="64K", end="8M")
 EXTRA_COLUMNS = ("shard_bytes", "bytes_source", "rx_bytes_per_link", "packets_per_link",
-                 "resends", "max_abs_err", "tbf_drops", "switch_cpu_s_per_call")
+                 "resends", "max_abs_err", "tbf_drops", "switch_cpu_s_per_call") + PHASE_COLUMNS
 GLOO_PORT = 29541
 
 
@@ -80,8 +82,8 @@ def serve(rank, req, agent, dist, torch, barrier, floor=None) -> dict:
     warnings.filterwarnings("ignore", "`torch.distributed.reduce_scatter_tensor` is deprecated",
                             FutureWarning)
     count = req["count_dev"]
-    rec = {m: dict(times=[], tx=[], rx=[], packets=[], resends=[], max_err=0.0, wrong=0)
-           for m in methods}
+    rec = {m: dict(times=[], tx=[], rx=[], packets=[], resends=[], phases=[], rounds=[],
+                   max_err=0.0, wrong=0) for m in methods}
     for i in range(repeats + 1):  # i == 0: warm-up, checked, not recorded
         for m in methods if i % 2 == 0 else methods[::-1]:
             barrier.wait()  # the last call is over everywhere: the links are quiet
@@ -105,6 +107,8 @@ def serve(rank, req, agent, dist, torch, barrier, floor=None) -> dict:
                 st = agent.last_stats
                 r["packets"].append(st.packets_sent)
                 r["resends"].append(st.resends)
+                r["phases"].append(st.phases)  # the call's timeline (bench.all_reduce's)
+                r["rounds"].append(st.rounds)
                 if not count:
                     tx1, rx1 = st.bytes_sent, st.bytes_received
             elif not count:  # gloo's all-reduce ring: 2(n-1)/n of the tensor out and in
@@ -149,7 +153,8 @@ def measure(cl, graph, a, p: Point, bits: int, rate) -> list[dict]:
                          packets_per_link=round(mean(m, "packets")) if spina else "",
                          resends=sum(sum(r[m]["resends"]) for r in recs) if spina else "",
                          max_abs_err=max(r[m]["max_err"] for r in recs), tbf_drops=drops,
-                         switch_cpu_s_per_call=round(switch_cpu, 4) if spina else "")
+                         switch_cpu_s_per_call=round(switch_cpu, 4) if spina else "",
+                         **(phase_medians(recs, m, p.nslots) if spina else {}))
     firsts = [r[m]["first_wrong"] for r in recs for m in methods if "first_wrong" in r[m]]
     if firsts:
         print(f"reduce_scatter: wrong results, first: {firsts[0]}", flush=True)

@@ -228,6 +228,7 @@ class TrainRequest:
     model: str = "mlp"       # bench/train_models.py FAMILIES
     switch_pid: int | None = None  # read its CPU time around every step (rank 0)
     count_dev: bool = True         # eth0's tx/rx bytes around every step (namespaces)
+    reshard_after_forward: bool = True  # FSDP2's (bench/fsdp.py --no-reshard)
 
 
 # ----------------------------------------------------------------------------- worker side
@@ -492,6 +493,9 @@ def make_rows(recs: list[dict], req: TrainRequest, point: dict, what: str, load:
                 resends=sum(w[m]["resends"] for w in recs),
                 agent_s_per_step=round(statistics.fmean(w[m]["agent_s"] for w in recs)
                                        / len(t), 4))
+        for k in recs[0][m].get("per_step", ()):  # a WHAT's own sums, per step (fsdp's)
+            e[f"{k}_per_step"] = round(statistics.fmean(w[m]["per_step"][k] for w in recs)
+                                       / len(t), 4)
         if "blocks_fraction" in recs[0][m]:
             e["blocks_fraction"] = round(statistics.fmean(w[m]["blocks_fraction"]
                                                           for w in recs), 4)
@@ -533,9 +537,10 @@ def ddp_star(a, gloo_port: int, serve):
             yield graph, cl
 
 
-def run(a, log, serve=None, gloo_port: int = GLOO_PORT):
+def run(a, log, serve=None, gloo_port: int = GLOO_PORT, **request):
     """Per rate and size (a model width) one comparison in one cluster on the star, its
-    workers serving `serve` (default train_point; bench/fsdp.py passes its own)."""
+    workers serving `serve` (default train_point; bench/fsdp.py passes its own and the
+    TrainRequest fields of its own options, `request`)."""
     n = a.workers[0]
     a.curves = []
     with ddp_star(a, gloo_port, serve or train_point) as (graph, cl):
@@ -548,7 +553,7 @@ def run(a, log, serve=None, gloo_port: int = GLOO_PORT):
                                    min_steps=a.min_steps, seed=a.seed,
                                    powersgd_start=powersgd_start(a.max_steps,
                                                                  a.powersgd_start),
-                                   model=a.model, switch_pid=cl.switch_pid)
+                                   model=a.model, switch_pid=cl.switch_pid, **request)
                 load0, drops0 = os.getloadavg()[0], graph.tbf_drops()
                 k0 = kernel_losses_total(cl.pids)
                 recs = cl.ask(req, f"{n} workers, {rate}, {a.model} width {w}")

@@ -14,7 +14,10 @@ w its lane width, u = 1 - (1 - d)^N the union of N ranks' independent non-zero b
     reduce_scatter    up d w/32 S, down u w/32 S / N      (N-1)/N S in N-1 steps
     all_gather        up S / N, down (N-1)/N S            (N-1)/N S in N-1 steps
 
-(S is the whole tensor: for all_gather the gathered result, each rank holding S/N.) Through
+(S is the whole tensor: for all_gather the gathered result, each rank holding S/N. A
+reduce-scatter's rank receives every round, the other ranks' shards header-only: the
+software switch strips them; the TNA program does not, so through a Tofino it receives
+the all-reduce's u w/32 S.) Through
 the switch the terms below stream together, so a call takes its fixed cost plus the path's
 latency plus the largest of them (the bottleneck):
 
@@ -23,10 +26,10 @@ latency plus the largest of them (the bottleneck):
   receives, on `agent_cores` cores (both measured on this machine);
 - the window: a slot's packets follow one another, a round trip each.
 
-The packets are the protocol's rounds (docs/aggregation.md, `rounds`): per slot a setup
-round, then one round per position of its lanes that some rank holds, every rank sending a
-packet in each (header-only where it holds no block); so a sparse call's packets follow
-the union of the ranks' blocks. The last term is
+The packets are the protocol's rounds (docs/aggregation.md, `rounds`): per slot the call's
+length fills a setup round, then one round per position of its lanes that some rank holds,
+every rank sending a packet in each (header-only where it holds no block); so a sparse
+call's packets follow the union of the ranks' blocks. The last term is
 
 - each switch of the aggregation tree (fan-in k: `software_fan_in` children, or on Tofino
   the smaller of `tofino_ports_per_pipe` and `ranks_per_switch`; levels = ceil(log_k N)),
@@ -47,9 +50,11 @@ or with overlap max(compute, communication): the communication hidden behind the
 pass up to the compute time.
 
 On this machine (`machine`: 2 cores shared by every agent and the software switch) the
-same terms add up on the cores instead: call + max(link, (N x agent + switch) / cores);
-collectives/ina_calibration.py fits the constants from bench/results/ and reports every
-point's error (docs/collectives.md, "SpINA at cluster scale").
+same terms add up on the cores instead: call + max(link, (N x agent + switch) / (cores x
+share)) + rounds per slot x a round's wait, the share and the wait being what the cores
+give a call whose agents and switch wait on one another every round (and on other
+sessions' work); collectives/ina_calibration.py fits the constants from bench/results/
+and reports every point's error (docs/collectives.md, "SpINA at cluster scale").
 """
 from __future__ import annotations
 
@@ -64,8 +69,7 @@ from spina.topology import TCP_HEADERS, UDP_HEADERS
 from spina.wire import LANE_BITS
 
 SWITCHES = ("tofino", "software", "tofino-line")
-NOT_BUILT = {"reduce_scatter": "reduce-scatter through the switch is not built (issue 45)",
-             "tofino-line": "a TNA program without the recirculation share is not built",
+NOT_BUILT = {"tofino-line": "a TNA program without the recirculation share is not built",
              "tofino levels": "the TNA program has no leaf or spine role (docs/scale_out.md)",
              "software levels": "the fabric has two levels (docs/scale_out.md)"}
 
@@ -91,22 +95,28 @@ class Assumptions:
     slots: int = _c(16, "datagrams in flight per rank: JobConfig.nslots")
     # this machine: collectives/ina_calibration.py fits them from bench/results/;
     # tests/test_ina_model.py checks that these are its fit
-    agent_s_per_element: float = _c(1.8e-10, "measured here: the agent's CPU per value "
+    agent_s_per_call: float = _c(0.00032, "measured here: the agent's CPU per call (its "
+                                 "plan, buffers, Python)")
+    agent_s_per_element: float = _c(2.2e-10, "measured here: the agent's CPU per value "
                                      "(scan, quantize, unpack)")
-    agent_s_per_narrow_value: float = _c(1.2e-9, "measured here: more per value in 16- or "
-                                         "8-bit lanes (quantize and pack)")
-    agent_s_per_datagram: float = _c(1.7e-5, "measured here: the agent's CPU per datagram "
+    agent_s_per_narrow_value: float = _c(0.0, "measured here: more per value in 16- or "
+                                         "8-bit lanes (quantize and pack; fitted: none)")
+    agent_s_per_datagram: float = _c(5.7e-06, "measured here: the agent's CPU per datagram "
                                       "sent or received (kernel UDP)")
-    agent_s_per_fragment: float = _c(3.1e-6, "measured here: ... and per IPv4 fragment")
-    switch_s_per_datagram: float = _c(9.9e-6, "measured here: the compiled software "
+    agent_s_per_fragment: float = _c(8.3e-06, "measured here: ... and per IPv4 fragment")
+    switch_s_per_datagram: float = _c(9.7e-06, "measured here: the compiled software "
                                        "switch's CPU per datagram in")
-    switch_s_per_fragment: float = _c(4.9e-6, "measured here: ... and per IPv4 fragment")
-    gather_s_per_copy: float = _c(3.9e-5, "measured here: the switch's CPU per all-gather "
+    switch_s_per_fragment: float = _c(6.5e-06, "measured here: ... and per IPv4 fragment")
+    gather_s_per_copy: float = _c(3.6e-05, "measured here: the switch's CPU per all-gather "
                                    "datagram copied out (its Python path)")
-    call_s: float = _c(3.5e-3, "measured here: an all-reduce's fixed time (loopback "
-                       "calibration, 4 values, 4 ranks)")
-    gather_call_s: float = _c(1.1e-3, "fitted here: an all-gather's fixed time")
+    call_s: float = _c(0.0, "measured here: an all-reduce's fixed time (calls of 4 KiB "
+                       "at most, 4 ranks on loopback, less their CPU and rounds)")
+    gather_call_s: float = _c(0.0, "fitted here: an all-gather's fixed time")
     machine_cores: int = _c(2, "this machine: every agent and the switch share them")
+    machine_share: float = _c(0.5, "fitted here: the share of those cores a run got (other "
+                              "sessions' work shares them too)")
+    machine_round_s: float = _c(0.0013, "fitted here: a slot's round waits this long more (its "
+                                "agents and the switch each wait for a core)")
     # the Tofino program
     tofino_values: int = _c(64, "int32 per packet, one block: tofino/size.p4 BLOCK_SIZE")
     tofino_packet: int = _c(350, "bytes on the wire: 14 + 20 + 8 + 48 + 4 + 256 "
@@ -143,6 +153,8 @@ class Assumptions:
                   "tofino_ports_per_pipe"):
             if getattr(self, k) < 1:
                 raise ValueError(f"{k}: must be at least 1, got {getattr(self, k)!r}")
+        if not self.machine_share > 0:
+            raise ValueError(f"machine_share: must be above 0, got {self.machine_share!r}")
         if self.software_fan_in < 2 or self.ranks_per_switch < 2:
             raise ValueError("software_fan_in: a switch needs at least 2 children")
         return self
@@ -199,18 +211,28 @@ def expected_max(k: int, m: int, p: float) -> float:
     return float(np.sum(1.0 - cdf[:-1] ** k))
 
 
+def active_slots(elements: int, lanes: int, block: int, slots: int) -> int:
+    """The slots a call of `elements` values uses: those whose lanes hold a block of the
+    tensor (host_agent/agent.py: slot s is empty when s x lanes >= blocks); slot 0 always."""
+    return max(1, min(slots, math.ceil(math.ceil(elements / block) / lanes)))
+
+
 def rounds(n: int, elements: int, density: float, lanes: int, block: int,
            slots: int) -> float:
     """Packets one rank sends in an all-reduce (docs/aggregation.md): a setup round per
-    slot, then in each slot that holds blocks one round per position its `lanes` lanes
-    visit: the largest count of blocks some rank holds among a lane's positions. Block b
-    is lane b mod (slots x lanes): the first `extra` lanes have one position more."""
+    slot in use (`active_slots`), then in each slot that holds blocks one round per
+    position its `lanes` lanes visit: the largest count of blocks some rank holds among a
+    lane's positions. Block b is lane b mod (slots x lanes): the first `extra` lanes have
+    one position more."""
     blocks, total = math.ceil(elements / block), slots * lanes
     m, extra = divmod(blocks, total)
-    longer = math.ceil(extra / lanes)  # slots holding a lane of m + 1 positions
-    shorter = slots - longer if m else 0
+    full, part = divmod(extra, lanes)  # slots whose lanes all have m + 1 positions; one more
+    shorter = slots - full - (part > 0) if m else 0
     u = union(density, n)
-    return slots + longer * expected_max(lanes, m + 1, u) + shorter * expected_max(lanes, m, u)
+    # the slot of `part` longer lanes: its lanes of m positions are empty when m is 0
+    partial = expected_max(part if m == 0 else lanes, m + 1, u) if part else 0.0
+    return active_slots(elements, lanes, block, slots) \
+        + full * expected_max(lanes, m + 1, u) + partial + shorter * expected_max(lanes, m, u)
 
 
 def stream(payload: float, packets: float, header: int, mtu: int, gap: int = 0):
@@ -230,7 +252,13 @@ def _packets(collective: str, n: int, nbytes: int, density: float, lanes: int, b
         per = lanes * block * 4
         return math.ceil(nbytes / n / per), (n - 1) * math.ceil(nbytes / n / per)
     d = rounds(n, nbytes // 4, density, lanes, block, slots)
-    return d, (d / n if collective == "reduce_scatter" else d)
+    return d, d  # a reduce-scatter's rank gets every round: others' shards header-only
+
+
+def _in_flight(collective: str, nbytes: int, lanes: int, block: int, slots: int) -> int:
+    """Slots in use: an all-gather's window, or the slots an all-reduce's length fills."""
+    return slots if collective == "all_gather" else active_slots(nbytes // 4, lanes, block,
+                                                                 slots)
 
 
 def machine_streams(a: Assumptions, collective: str, n: int, nbytes: int, density: float,
@@ -245,24 +273,28 @@ def machine_streams(a: Assumptions, collective: str, n: int, nbytes: int, densit
 
 
 def machine(a: Assumptions, collective: str, n: int, nbytes: int, rate: float,
-            density: float = 1.0, lane_bits: int = 32, mtu: int = 9000) -> Cost:
+            density: float = 1.0, lane_bits: int = 32, mtu: int = 9000,
+            burst: float = 0.0) -> Cost:
     """One call on this machine's namespace star (or loopback: rate inf): n agents and the
-    software switch share `machine_cores` cores; the links are busy before the call (the
-    benchmarks run calls back to back: tbf's bucket is empty, its burst buys nothing)."""
+    software switch share `machine_cores` cores; each link sends `burst` bytes at once (tbf's
+    bucket, full when a call starts: the harness checks each result between calls, longer
+    than the bucket takes to refill) and the rest at its rate."""
     nu, nd, fu, fd, wu, wd = machine_streams(a, collective, n, nbytes, density, lane_bits,
                                              mtu)
     elements = 0 if collective == "all_gather" else nbytes // 4
     per_value = a.agent_s_per_element + (a.agent_s_per_narrow_value if lane_bits < 32 else 0)
-    agents = n * (elements * per_value + (nu + nd) * a.agent_s_per_datagram
-                  + (fu + fd) * a.agent_s_per_fragment)
+    agents = n * (a.agent_s_per_call + elements * per_value
+                  + (nu + nd) * a.agent_s_per_datagram + (fu + fd) * a.agent_s_per_fragment)
     switch = n * (nu * a.switch_s_per_datagram + fu * a.switch_s_per_fragment)
     if collective == "all_gather":
         switch += n * nu * (n - 1) * a.gather_s_per_copy
-    link = max(wu, wd) * 8 / rate
-    cpu = (agents + switch) / a.machine_cores
-    terms = {"link": link, "cpu": cpu, "agents": agents, "switch": switch}
+    link = max(0.0, max(wu, wd) - burst) * 8 / rate
+    cpu = (agents + switch) / (a.machine_cores * a.machine_share)
+    window = max(nu, nd) / _in_flight(collective, nbytes, a.lanes, a.block, a.slots) \
+        * a.machine_round_s  # a slot's rounds, one after another
+    terms = {"link": link, "cpu": cpu, "agents": agents, "switch": switch, "window": window}
     call = a.gather_call_s if collective == "all_gather" else a.call_s
-    return Cost(call + max(link, cpu), "link" if link >= cpu else "cpu", terms)
+    return Cost(call + max(link, cpu) + window, "link" if link >= cpu else "cpu", terms)
 
 
 def _levels(n: int, fan_in: int) -> list[int]:
@@ -292,6 +324,8 @@ def predict(a: Assumptions, workers: int, nbytes: int, rate: float, density: flo
     if workers < 2:
         raise ValueError(f"workers: need at least 2, got {workers!r}")
     n, up, down = workers, *rank_bytes(collective, workers, nbytes, density, lane_bits)
+    if collective == "reduce_scatter" and switch != "software":
+        down = rank_bytes("all_reduce", n, nbytes, density, lane_bits)[1]  # no ScatterStrip
     fan = a.software_fan_in if switch == "software" else min(a.tofino_ports_per_pipe,
                                                                  a.ranks_per_switch)
     levels = _levels(n, fan)
@@ -311,8 +345,13 @@ def predict(a: Assumptions, workers: int, nbytes: int, rate: float, density: flo
     terms: dict[str, float] = {"link": max(wire(up, nu), wire(down, nd)) * 8 / rate}
     elements = 0 if collective == "all_gather" else nbytes / 4
     per_value = a.agent_s_per_element + (a.agent_s_per_narrow_value if lane_bits < 32 else 0)
-    terms["agent"] = (elements * per_value + (nu + nd) * agent_pkt) / a.agent_cores
-    terms["window"] = max(nu, nd) / slots * rtt  # a slot's packets follow one another
+    # kernel UDP (software) pays per IPv4 fragment too; a Tofino's packets fit one frame
+    frags = sum(stream(b, k, header, mtu)[0] for b, k in ((up, nu), (down, nd))) \
+        if switch == "software" else 0
+    terms["agent"] = (a.agent_s_per_call + elements * per_value + (nu + nd) * agent_pkt
+                      + frags * a.agent_s_per_fragment) / a.agent_cores
+    # a slot's packets follow one another
+    terms["window"] = max(nu, nd) / _in_flight(collective, nbytes, lanes, block, slots) * rtt
     # each level's switches: k children, each with `sub` workers under it, send up what
     # their subtrees hold and receive what their subtrees need, in as many packets as a
     # rank (the rounds are the job's: every child sends one per round)
@@ -323,14 +362,15 @@ def predict(a: Assumptions, workers: int, nbytes: int, rate: float, density: flo
 
     def need(sub):  # payload bytes a subtree of `sub` workers receives down
         sub = min(sub, n)
-        return {"all_reduce": down, "reduce_scatter": down * sub,
+        strip = collective == "reduce_scatter" and switch == "software"
+        return {"all_reduce": down, "reduce_scatter": down * sub if strip else down,
                 "all_gather": (n - sub) / n * nbytes}[collective]
 
     def sent(sub):  # packets a subtree sends up
         return nu * min(sub, n) if collective == "all_gather" else nu
 
-    def got(sub):  # packets a subtree receives down
-        return nd * min(sub, n) if collective == "reduce_scatter" else nd
+    def got(sub):  # packets a subtree receives down (a reduce-scatter's: every round)
+        return nd
 
     sub = 1
     for i, k in enumerate(levels):
@@ -347,9 +387,10 @@ def predict(a: Assumptions, workers: int, nbytes: int, rate: float, density: flo
                                                                            sent(sub * k)))
             dg_in = k * sent(sub) + (0 if top else got(sub * k))
             frags_in = k * stream(give(sub), sent(sub), header, mtu)[0]
-            cpu = (dg_in * a.switch_s_per_datagram + frags_in * a.switch_s_per_fragment) \
-                / a.server_cores
-            terms[name] = max(max(nic_in, nic_out) * 8 / rate, cpu)
+            cpu = dg_in * a.switch_s_per_datagram + frags_in * a.switch_s_per_fragment
+            if collective == "all_gather":  # it copies each datagram out to the others
+                cpu += (k * got(sub) + (0 if top else sent(sub * k))) * a.gather_s_per_copy
+            terms[name] = max(max(nic_in, nic_out) * 8 / rate, cpu / a.server_cores)
         elif switch == "tofino":
             # every contribution crosses the recirculation port once, a reply once more
             crossings = k * wire(give(sub), sent(sub)) + wire(give(sub * k), sent(sub))
@@ -365,8 +406,6 @@ def predict(a: Assumptions, workers: int, nbytes: int, rate: float, density: flo
 def caveats(switch: str, collective: str, levels: int) -> list[str]:
     """What a prediction prices that is not built (NOT_BUILT's entries that apply)."""
     out = []
-    if collective == "reduce_scatter":
-        out.append(NOT_BUILT["reduce_scatter"])
     if switch == "tofino-line":
         out.append(NOT_BUILT["tofino-line"])
     if switch != "software" and levels > 1:

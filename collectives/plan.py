@@ -74,13 +74,14 @@ _CALIBRATED = ("ina_switch_packet_s", "ina_agent_packet_s", "gather_copy_s", "ga
 
 @dataclass(frozen=True)
 class CostParams:
-    """The model's constants (seconds, bytes). alpha, cpu_per_byte and ina_call_s are
-    bench/plan.py's loopback calibration on this 2-core machine with 4 ranks
-    and other sessions' load of about 8 (docs/collectives.md): a quieter or larger machine
-    has smaller ones, so measure yours and pass them (`spina plan --alpha ...`)."""
+    """The model's constants (seconds, bytes). alpha and cpu_per_byte are bench/plan.py's
+    loopback calibration on this 2-core machine with 4 ranks and other sessions' load of
+    about 8 (docs/collectives.md); ina_call_s is SpINA's model's (ina_model.Assumptions.call_s,
+    its one owner). A quieter or larger machine has smaller ones, so measure yours and pass
+    them (`spina plan --alpha ...`)."""
     alpha: float = 4.7e-3              # per step and rank, the p2p collectives
     cpu_per_byte: float = 3.0e-9       # per byte a rank sends or receives
-    ina_call_s: float = 5.6e-3         # SpINA's fixed cost per call
+    ina_call_s: float = ina_model.Assumptions().call_s  # SpINA's fixed cost per call
     # SpINA's CPU: None prices it with this machine's calibration (collectives.ina_model:
     # per datagram and per IPv4 fragment, the agent's scan; the switch's copies out for an
     # all-gather); a number is the seconds per datagram, flat
@@ -332,7 +333,8 @@ def _ina_via(topo, switch, elements, params) -> Prediction:
         if params.ina_switch_packet_s is not None \
         else p * (packets * a.switch_s_per_datagram + frags_up * a.switch_s_per_fragment)
     agent_s = 2 * packets * params.ina_agent_packet_s if params.ina_agent_packet_s is not None \
-        else (elements * a.agent_s_per_element + 2 * packets * a.agent_s_per_datagram
+        else (a.agent_s_per_call + elements * a.agent_s_per_element
+              + 2 * packets * a.agent_s_per_datagram
               + (frags_up + frags_down) * a.agent_s_per_fragment)
     bound = max((link_s, _link_name(topo, neck)), (switch_s, f"switch {switch} CPU"),
                 (agent_s, "agent CPU"))

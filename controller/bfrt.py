@@ -47,7 +47,14 @@ import types
 import grpc
 from p4.v1 import p4runtime_pb2 as pb
 
-from controller.p4rt import NotPrimaryError, P4InfoIndex, P4RuntimeError, refused, rpc
+from controller.p4rt import (
+    NotPrimaryError,
+    P4InfoIndex,
+    P4RuntimeError,
+    read_stream,
+    refused,
+    rpc,
+)
 from controller.pipeline import cookie_of
 from spina.config import ConfigError
 from spina.p4runtime import decode, encode
@@ -249,18 +256,10 @@ class BfrtConnection:
             raise P4RuntimeError(f"{self.address}: Subscribe refused: {sub.status.message}")
 
     def _read_stream(self):
-        try:
-            for msg in self._stream:
-                if msg.HasField("subscribe"):
-                    self._answers.put(msg.subscribe)
-                elif msg.HasField("set_forwarding_pipeline_config_response"):
-                    self._commits.put(msg.set_forwarding_pipeline_config_response)
-        except grpc.RpcError as e:
-            if e.code() != grpc.StatusCode.CANCELLED:
-                self._answers.put(e)
-            self.stream_lost = f"{e.code().name}: {e.details()}"
-            return
-        self.stream_lost = "the switch closed the stream"
+        self.stream_lost = read_stream(
+            self._stream, {"subscribe": self._answers,
+                           "set_forwarding_pipeline_config_response": self._commits},
+            self._answers)
 
     def require_primary(self) -> None:
         if self.election is None:

@@ -60,6 +60,23 @@ def rpc(what: str, f, *args, **kwargs):
         raise cls(f"{what}: {code.name}: {e.details()}", code) from None
 
 
+def read_stream(stream, queues: dict, errors) -> str:
+    """Hand each message of a switch's stream to the queue of the field it carries (`queues`:
+    field name -> queue) until the stream ends; an error other than our own cancel is put in
+    `errors` (the caller waiting on it learns at once). Returns why the stream ended (the
+    clients' `stream_lost`)."""
+    try:
+        for msg in stream:
+            for name, q in queues.items():
+                if msg.HasField(name):
+                    q.put(getattr(msg, name))
+    except grpc.RpcError as e:
+        if e.code() != grpc.StatusCode.CANCELLED:
+            errors.put(e)
+        return f"{e.code().name}: {e.details()}"
+    return "the switch closed the stream"
+
+
 # ---------------------------------------------------------------- P4Info index
 class P4InfoIndex:
     """Names -> P4Info objects. A name matches a full name or its last dotted component, so
@@ -260,16 +277,7 @@ class Connection:
         self._wait_arbitration(timeout)
 
     def _read_stream(self):
-        try:
-            for msg in self._stream:
-                if msg.HasField("arbitration"):
-                    self._arb.put(msg.arbitration)
-        except grpc.RpcError as e:
-            if e.code() != grpc.StatusCode.CANCELLED:
-                self._arb.put(e)
-            self.stream_lost = f"{e.code().name}: {e.details()}"
-            return
-        self.stream_lost = "the switch closed the stream"
+        self.stream_lost = read_stream(self._stream, {"arbitration": self._arb}, self._arb)
 
     def _wait_arbitration(self, timeout: float) -> None:
         try:

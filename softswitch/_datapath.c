@@ -37,10 +37,11 @@
 
 #define MAX_UDP_PAYLOAD 65507
 
-/* What process_one decided (softswitch/fabric.py's TO_GROUP, TO_SENDER). */
+/* What process_one decided (softswitch/fabric.py's TO_GROUP, TO_SENDER, TO_OTHERS). */
 #define PUNT (-1)
 #define TO_GROUP 1
 #define TO_SENDER 2
+#define TO_OTHERS 4  /* an all-gather packet: the job's workers but its sender */
 /* serve()'s outcomes */
 #define SERVE_IDLE 0    /* nothing more to read now */
 #define SERVE_BUDGET 1  /* the packet budget is spent; more may wait */
@@ -269,7 +270,11 @@ static Py_ssize_t result_into(const Datapath *d, uint8_t *out, const uint8_t *re
  * Python's pipeline must process it. Pipeline.process_into's order and operations exactly. */
 static Py_ssize_t process_one(Datapath *d, const uint8_t *pkt, Py_ssize_t size, uint32_t ip,
                               uint16_t sport, uint8_t *out, int *to, const Entry **hit) {
-    if (size < HEADER_LEN || pkt[OFF_VERSION] != WIRE_VERSION || pkt[OFF_MSG_TYPE] != MSG_CONTRIB)
+    if (size < HEADER_LEN || pkt[OFF_VERSION] != WIRE_VERSION)
+        return PUNT;
+    /* an all-gather packet: served in the UDP mode (the L2 mode's frames of it are Python's) */
+    int gather = pkt[OFF_MSG_TYPE] == MSG_GATHER && d->scatter;
+    if (pkt[OFF_MSG_TYPE] != MSG_CONTRIB && !gather)
         return PUNT;
     if (load_be32(pkt + OFF_BITMAP) && !d->scatter)
         return PUNT;  /* a reduce-scatter round: the L2 mode's replicas are Python's to strip */
@@ -300,6 +305,11 @@ static Py_ssize_t process_one(Datapath *d, const uint8_t *pkt, Py_ssize_t size, 
     if (load_be16(pkt + OFF_EPOCH) != e->epoch) {
         BUMP(d->c_stale[job], 1);
         return 0;
+    }
+    if (gather) {  /* Aggregator: it leaves as it came, no register read or written */
+        memcpy(out, pkt, (size_t)size);
+        *to = TO_OTHERS;
+        return size;
     }
     uint8_t flags = pkt[OFF_FLAGS];
     uint32_t nworkers = e->nworkers, bit = 1u << rank;
@@ -420,6 +430,10 @@ static inline int owns(uint32_t owners, unsigned rank) {
     return !owners || rank >= MAX_WORKERS || (owners >> rank & 1);
 }
 
+static inline int same_address(const struct sockaddr_in *a, const struct sockaddr_in *b) {
+    return a->sin_addr.s_addr == b->sin_addr.s_addr && a->sin_port == b->sin_port;
+}
+
 /* The header-only copy of result `out` into `dst` (may be `out`); its length. */
 static Py_ssize_t strip_into(uint8_t *dst, const uint8_t *out) {
     Py_ssize_t n = HEADER_LEN + 4 * (Py_ssize_t)out[OFF_NLANES];
@@ -524,6 +538,8 @@ static int serve_loop(Datapath *d, long budget, int *punt) {
             } else {
                 for (uint32_t j = 0; j < e->dest_count; j++) {
                     uint32_t x = e->dest_first + j;
+                    if (to == TO_OTHERS && same_address(&d->dests[x], src))
+                        continue;  /* an all-gather packet's sender has it */
                     if (owns(owners, d->dest_rank[x])) {
                         queue_send(d, out, n, &d->dests[x]);
                     } else {
@@ -666,9 +682,10 @@ PyDoc_STRVAR(set_tables_doc,
 "Replace the flat jobs' admission rows: entries are (ip, udp_port, job, rank, epoch, slot_base,\n"
 "nslots, nworkers, block_size, nlanes, dest_first, dest_count); a result of an entry's job goes\n"
 "to destinations[dest_first:dest_first + dest_count], each (ip, udp_port[, rank]). hold: the\n"
-"pipeline's hold_newer_rounds. scatter: serve reduce-scatter rounds (a contribution's bitmap\n"
-"names the owners; a destination of another rank gets the result's header only), else punt\n"
-"them.");
+"pipeline's hold_newer_rounds. scatter: the UDP mode's own copies, served: reduce-scatter\n"
+"rounds (a contribution's bitmap names the owners; a destination of another rank gets the\n"
+"result's header only) and all-gather packets (to the job's workers but the sender); else\n"
+"punted (the L2 mode's replicas are Python's).");
 
 static PyObject *Datapath_set_tables(Datapath *d, PyObject *args) {
     PyObject *entries, *dests;
@@ -760,7 +777,8 @@ PyDoc_STRVAR(process_doc,
 "Run one datagram from source (ip, udp_port) as serve() would, without sockets: n = -1 if\n"
 "Python's pipeline must take it (nothing was read or written), else the packet out[:n] (n = 0:\n"
 "none) goes to = 1: every destination listed, 2: back to the source (a reduce-scatter reply\n"
-"to a rank owning none of its round's blocks: out[:n] is the header-only copy already);\n"
+"to a rank owning none of its round's blocks: out[:n] is the header-only copy already), 4: every\n"
+"destination listed (an all-gather packet, the job's workers but the source);\n"
 "stripped: the destinations of a reduce-scatter result's header-only copy (ScatterStrip).");
 
 static PyObject *Datapath_process(Datapath *d, PyObject *args) {
@@ -791,9 +809,13 @@ static PyObject *Datapath_process(Datapath *d, PyObject *args) {
     uint32_t owners = n > 0 ? owners_of(b[0].view.buf, b[1].view.buf) : 0;
     if (n > 0 && to == TO_SENDER && !owns(owners, ((const uint8_t *)b[0].view.buf)[OFF_RANK]))
         n = strip_into(b[1].view.buf, b[1].view.buf);
-    if (n > 0 && to == TO_GROUP)
+    struct sockaddr_in from = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                               .sin_addr.s_addr = htonl(ip)};
+    if (n > 0 && (to == TO_GROUP || to == TO_OTHERS))
         for (uint32_t j = 0; j < e->dest_count; j++) {
             uint32_t x = e->dest_first + j;
+            if (to == TO_OTHERS && same_address(&d->dests[x], &from))
+                continue;
             PyObject *a = address(&d->dests[x]);
             if (!a || PyList_Append(owns(owners, d->dest_rank[x]) ? dests : stripped, a) < 0) {
                 Py_XDECREF(a);

@@ -528,7 +528,8 @@ class UdpSwitch:
                 n, to, dests, stripped = self._compiled.process(pkt, src, out)
                 if n >= 0:
                     head = scatter_strip(out[:n]) if stripped else b""
-                    return [(d, bytes(out[:n])) for d in (dests if to == TO_GROUP else [src])
+                    return [(d, bytes(out[:n])) for d in (
+                        dests if to in (TO_GROUP, TO_OTHERS) else [src])
                             ] + [(d, head) for d in stripped] if n else []
                 self._shards[0].py["punted"] += 1
             n, targets, stripped = self._route(pkt, src, out)

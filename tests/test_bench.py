@@ -416,26 +416,32 @@ def test_fsdp_on_a_star(tmp_path):
     3 steps: gathered parameters identical on both ranks (wrong 0), SpINA's steps counted by
     its collectives (agent bytes), fewer bytes on the link than gloo's (the switch's all-gather
     and reduce-scatter send a shard and the gradient up), top-k fewer still; curves.csv a row
-    per step."""
+    per step. With --no-reshard (FSDP2's reshard_after_forward=False) the same, SpINA's
+    agent sending fewer bytes a step (one all-gather a step instead of two)."""
     from bench.fsdp import CURVE_COLUMNS, METHODS
     from bench.training import params_of
     params = params_of(64)
-    out = tmp_path / "fsdp"
-    done = bench_netns("fsdp", "-t", str(star_file(tmp_path, 2)), "-g", "2", "--rates",
-                       "1gbit", "-b", str(4 * params), "-e", str(4 * params), "--max-steps",
-                       "3", "--min-steps", "3", "--out", str(out))
-    assert done.returncode == 0, done.stderr
-    rows = {r["method"]: r for r in check_common(out, "fsdp", len(METHODS))}
-    assert sorted(rows) == sorted(METHODS)
-    for r in rows.values():
-        assert (r["params"], r["width"], r["steps"]) == (str(params), "64", "3")
-    tx = {m: int(r["bytes_per_link"]) for m, r in rows.items()}
-    assert 0 < tx["topk"] < tx["spina"] < tx["gloo"], tx
-    assert int(rows["spina"]["agent_bytes_per_step"]) > 0
-    assert float(rows["topk"]["blocks_fraction"]) < 0.5
-    with open(out / "curves.csv", newline="") as f:
-        curves = list(csv.DictReader(f))
-    assert tuple(curves[0]) == CURVE_COLUMNS and len(curves) == 3 * len(METHODS)
+    agent_bytes = {}
+    for reshard in ("True", "False"):
+        out = tmp_path / f"fsdp{reshard}"
+        done = bench_netns("fsdp", "-t", str(star_file(tmp_path, 2)), "-g", "2", "--rates",
+                           "1gbit", "-b", str(4 * params), "-e", str(4 * params),
+                           "--max-steps", "3", "--min-steps", "3", "--out", str(out),
+                           *(["--no-reshard"] if reshard == "False" else []))
+        assert done.returncode == 0, done.stderr
+        rows = {r["method"]: r for r in check_common(out, "fsdp", len(METHODS))}
+        assert sorted(rows) == sorted(METHODS)
+        for r in rows.values():
+            assert (r["params"], r["width"], r["steps"], r["reshard_after_forward"]) == \
+                (str(params), "64", "3", reshard)
+        tx = {m: int(r["bytes_per_link"]) for m, r in rows.items()}
+        assert 0 < tx["topk"] < tx["spina"] < tx["gloo"], tx
+        agent_bytes[reshard] = int(rows["spina"]["agent_bytes_per_step"])
+        assert float(rows["topk"]["blocks_fraction"]) < 0.5
+        with open(out / "curves.csv", newline="") as f:
+            curves = list(csv.DictReader(f))
+        assert tuple(curves[0]) == CURVE_COLUMNS and len(curves) == 3 * len(METHODS)
+    assert 0 < agent_bytes["False"] < agent_bytes["True"], agent_bytes
 
 
 @NEEDS_NETNS

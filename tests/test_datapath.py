@@ -40,16 +40,19 @@ class Traffic:
     wrapping int32 sums, disagreeing lengths), and some a switch must refuse: wrong epoch,
     unknown sender, slot or shape, a result or status sent by a host, a wrong version or length,
     a truncated header; a third of the contributions are a reduce-scatter's (random owners in
-    their bitmap). `widths` {job: width flag}: narrow lanes (docs/bits.md), each job's
-    contributions mostly in its width, some in another (a width mismatch) or both (malformed),
-    their values either small or anywhere in the width's range (sums that saturate)."""
+    their bitmap); some are all-gather packets (chunks, and requests naming owners). `widths`
+    {job: width flag}: narrow lanes (docs/bits.md), each job's contributions mostly in its width,
+    some in another (a width mismatch) or both (malformed), their values either small or
+    anywhere in the width's range (sums that saturate)."""
 
-    def __init__(self, seed: int, jobs=JOBS, stranger: int = 43000, widths=None):
+    def __init__(self, seed: int, jobs=JOBS, stranger: int = 43000, widths=None,
+                 gathers: bool = True):
         self.rng = np.random.default_rng(seed)
         self.rounds = {}
         self.jobs, self.stranger = jobs, stranger  # stranger: a UDP port no job admits
         self.epochs = {cfg.job: cfg.epoch for cfg in jobs}
         self.widths = widths
+        self.gathers = gathers  # False: no all-gather packet (counted in job_received alone)
 
     def packet(self) -> tuple[bytes, tuple[str, int]]:
         rng = self.rng
@@ -100,6 +103,8 @@ class Traffic:
             h.msg_type = int(rng.choice([wire.MSG_RESULT, wire.MSG_STATUS]))
         elif odd < 0.11:
             h.version = 2
+        elif odd < 0.2 and self.gathers:
+            h.msg_type = wire.MSG_GATHER  # a chunk, or (bitmap) a request to its owners
         pkt = wire.pack(h, nxt, data)
         if both:
             pkt = pkt[:2] + bytes([pkt[2] | wire.FLAGS_LANE_WIDTH]) + pkt[3:]
@@ -169,6 +174,32 @@ def test_random_sequences_give_the_same_packets_registers_and_counters(seed, wid
         for job in NARROW if widths else ():
             c = fast.pipeline.job_counters(job)
             assert c["job_lane_mismatch"] > 0 and c["job_lane_saturated"] > 0, (job, c)
+    finally:
+        fast.stop()
+        ref.stop()
+
+
+def test_gather_packets_are_served_compiled():
+    """An all-gather chunk and a request naming its owners: the compiled path sends each
+    unchanged to the job's workers but its sender, as the Python pipeline does, and punts
+    neither; a chunk of another epoch leaves nowhere on both."""
+    fast, ref = switches()
+    cfg = JOBS[0]
+    k, bs = cfg.nlanes, cfg.block_size
+    try:
+        for bitmap, epoch in ((0, 1), (0b101, 1), (0, 2)):
+            h = wire.Header(msg_type=wire.MSG_GATHER, job=cfg.job, epoch=epoch, slot=1, rank=1,
+                            nlanes=k, round=3, block_size=bs, length=k * bs,
+                            present=(1 << k) - 1 if not bitmap else 0, bitmap=bitmap)
+            pkt = wire.pack(h, np.full(k, wire.END), np.arange(k * bs).reshape(k, bs)
+                            if not bitmap else np.zeros((0, bs)))
+            src = (HOST, cfg.workers[1].port)
+            got = fast.run_one(pkt, src)
+            assert got == ref.run_one(pkt, src)
+            others = [(HOST, cfg.workers[r].port) for r in (0, 2)]
+            assert got == ([(d, pkt) for d in others] if epoch == 1 else [])
+        assert fast.punted == 0
+        assert_same_state(fast, ref)
     finally:
         fast.stop()
         ref.stop()
@@ -289,7 +320,7 @@ def test_the_control_plane_sees_a_still_switch_while_two_threads_serve():
     by_port = {s.getsockname()[1]: s for s in socks}
     cfg = replace(JOBS[0], workers=tuple(WorkerAddr(r, HOST, s.getsockname()[1])
                                          for r, s in enumerate(socks[:3])))
-    traffic = Traffic(3, (cfg,), stranger=socks[3].getsockname()[1])
+    traffic = Traffic(3, (cfg,), stranger=socks[3].getsockname()[1], gathers=False)
     sw = UdpSwitch(HOST, 0, pool_slots=16, slot_capacity=64, datapath_threads=2)
     sw.add_job(cfg)
     sw.start()

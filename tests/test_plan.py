@@ -286,22 +286,22 @@ def test_cpu_term_when_links_are_fast():
 
 def test_ina_by_hand():
     """SpINA through the aggregating switch: max of the link, switch and agent terms. 10
-    full datagrams' values per rank take 26 rounds (a setup round in each of 16 slots, one
-    data round in 10): 26 datagrams each way, 22,327 bytes on average (16 IPv4 fragments
-    at the star's MTU of 1500)."""
+    full datagrams' values per rank fill 10 of the 16 slots and take 20 rounds (a setup
+    round and one data round in each slot in use): 20 datagrams each way, 28,944 bytes on
+    average (20 IPv4 fragments at the star's MTU of 1500)."""
     t = star(rate="1gbit", latency="10us", aggregate=True)
     p = CostParams(alpha=0.0, cpu_per_byte=0.0, ina_call_s=1e-3, ina_switch_packet_s=17.6e-6,
                    ina_agent_packet_s=28e-6)
     n = 4 * 14336 * 10  # exactly 10 full datagrams' values per rank
-    wire = n + 26 * (p.ina_overhead + 8 + 16 * 34)
+    wire = n + 20 * (p.ina_overhead + 8 + 20 * 34)
     link = wire * 8 / 1e9
-    switch = 4 * 26 * p.ina_switch_packet_s
-    agent = 2 * 26 * p.ina_agent_packet_s
+    switch = 4 * 20 * p.ina_switch_packet_s
+    agent = 2 * 20 * p.ina_agent_packet_s
     got = plan.predict(t, "all_reduce", n, "ina", p)
     assert got.seconds == pytest.approx(1e-3 + 2 * 10e-6 + max(link, switch, agent))
-    assert got.bottleneck == "h0->s"  # 595 KB: 4.8 ms at 1 Gbit/s
+    assert got.bottleneck == "h0->s"  # 593 KB: 4.7 ms at 1 Gbit/s
     fast = plan.predict(star(rate="100gbit", aggregate=True), "all_reduce", n, "ina", p)
-    assert fast.bottleneck == "switch s CPU"  # 104 datagrams in x 17.6 us: 1.8 ms
+    assert fast.bottleneck == "switch s CPU"  # 80 datagrams in x 17.6 us: 1.4 ms
     assert fast.seconds == pytest.approx(1e-3 + 2 * 10e-6 + switch)
     sparse = plan.predict(t, "all_reduce", n, "ina", plan.with_params(p, density=0.1))
     assert sparse.seconds < got.seconds
@@ -312,8 +312,8 @@ def test_ina_by_hand():
     a, cal = Assumptions(), CostParams(alpha=0.0, cpu_per_byte=0.0, ina_call_s=1e-3)
     got = plan.predict(star(rate="100gbit", aggregate=True), "all_reduce", n, "ina", cal)
     assert got.bottleneck == "switch s CPU"
-    assert got.seconds == pytest.approx(1e-3 + 2 * 10e-6 + 4 * 26 * (
-        a.switch_s_per_datagram + 16 * a.switch_s_per_fragment))
+    assert got.seconds == pytest.approx(1e-3 + 2 * 10e-6 + 4 * 20 * (
+        a.switch_s_per_datagram + 20 * a.switch_s_per_fragment))
 
 
 def two_groups_switch(host="1gbit", slow="100mbit"):

@@ -180,22 +180,29 @@ def test_hook_small_buckets_with_a_large_last_block(n):
 @pytest.mark.parametrize("sizes, in_place", [([512, 256, 300], True), ([1024], True),
                                              ([300, 256], False)])
 def test_sum_in_place_matches_the_copying_path(sizes, in_place):
-    """A float32 bucket whose pieces start on block boundaries is summed where it lies (the
-    result is the bucket itself) with the same bits as the aligned copy; others are copied."""
+    """A float32 bucket whose pieces start on block boundaries is summed where it lies, others
+    through an aligned copy (a kept scratch array, reused: its gaps zeroed again) whose sums
+    are copied back into the bucket, divided on the way: the bucket is the result either way,
+    with the same bits as a new tensor from the copying path, call after call."""
     n = sum(sizes)
     gen = torch.Generator().manual_seed(3)
-    xs = [torch.randn(n, generator=gen) for _ in range(WORLD)]
-    xs[0][256:512] = 0  # a block zero at one rank
     with LocalCluster(WORLD) as c:
-        copies = [f.wait() for f in [sum_async(a, x, sizes, divide_by=WORLD)
-                                     for a, x in zip(c.agents, xs)]]
-        buckets = [x.clone() for x in xs]
-        outs = [f.wait() for f in [sum_async(a, b, sizes, divide_by=WORLD, inplace=True)
-                                   for a, b in zip(c.agents, buckets)]]
-    assert all(torch.equal(o, copies[0]) for o in outs + copies)  # bit for bit, every rank
-    assert all((o is b) == in_place for o, b in zip(outs, buckets))
-    assert all(torch.equal(b, x) != in_place for b, x in zip(buckets, xs))
-    torch.testing.assert_close(copies[0], sum(xs) / WORLD, rtol=0, atol=1e-5)
+        keep = [{} for _ in range(WORLD)]
+        for _ in range(2):
+            xs = [torch.randn(n, generator=gen) for _ in range(WORLD)]
+            xs[0][256:512] = 0  # a block zero at one rank
+            copies = [f.wait() for f in [sum_async(a, x, sizes, divide_by=WORLD)
+                                         for a, x in zip(c.agents, xs)]]
+            buckets = [x.clone() for x in xs]
+            outs = [f.wait() for f in [
+                sum_async(a, b, sizes, divide_by=WORLD, inplace=True,
+                          scratch=lambda k, d=d: d.setdefault(k, np.full(k, 7, np.float32)))
+                for a, b, d in zip(c.agents, buckets, keep)]]
+            assert all(torch.equal(o, copies[0]) for o in outs + copies)  # bit for bit
+            assert all(o is b and not torch.equal(b, x) for o, b, x in zip(outs, buckets, xs))
+            torch.testing.assert_close(copies[0], sum(xs) / WORLD, rtol=0, atol=1e-5)
+    # the scratch array served the copying path only (7s: not zeroed by its maker)
+    assert all(bool(d) != in_place for d in keep)
 
 
 def test_narrow_sum_in_place_matches_the_copying_path():

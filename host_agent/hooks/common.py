@@ -64,7 +64,7 @@ def processes_summed(agent) -> int:
 
 def sum_async(agent, t: torch.Tensor, sizes: list[int] | None = None, divide_by: int = 1,
               on_done=None, layer: tuple[int, int] | None = None,
-              residual=None, inplace: bool = False) -> torch.futures.Future:
+              residual=None, inplace: bool = False, scratch=None) -> torch.futures.Future:
     """Sum the flat float tensor `t` over all ranks through `agent`, without blocking.
 
     Args:
@@ -81,11 +81,17 @@ def sum_async(agent, t: torch.Tensor, sizes: list[int] | None = None, divide_by:
             start on block boundaries (every size but the last a multiple of the block) is
             then summed where it lies, without the aligned copy there and back (two passes
             over the bucket, and a third for the division, saved per call); with a residual
-            too (t + residual formed in t).
+            too (t + residual formed in t). Another float32 `t` gets the result copied back
+            into it, divided on the way (no new tensor, no separate division pass).
+        scratch: None, or a function of the block-aligned length giving a float32 array of
+            that length that the caller keeps (a DDP bucket's, by its index) to pack `t`
+            into when `t` is not summed where it lies: no new array (and no first touch of
+            its pages) per call. It must not be in use by another call.
 
     Returns:
         A `torch.futures.Future` of a tensor like `t` holding the (averaged) sum: `t` itself
-        when it was summed in place, else a new one. The values are the same either way.
+        when `inplace` and `t` is a contiguous float32 tensor, else a new one. The values are
+        the same either way.
     """
     n = t.numel()
     src, dst, aligned = block_aligned_layout(sizes or [n], agent.job.block_size)
@@ -95,11 +101,13 @@ def sum_async(agent, t: torch.Tensor, sizes: list[int] | None = None, divide_by:
             and np.array_equal(src, dst)):
         res = residual(n) if residual is not None else None
         return _sum_in_place(agent, t, divide_by, on_done, layer, result, out, res)
-    flat = pack_aligned(t, src, dst, aligned)
+    flat = pack_aligned(t, src, dst, aligned, None if scratch is None else scratch(aligned))
+    into = inplace and t.dtype == torch.float32 and t.is_contiguous()
 
     def done(f):
         try:
-            res = unpack_aligned(f.result(), src, dst, t, divide_by)
+            res = (_unpack_into(f.result(), src, dst, t, divide_by) if into
+                   else unpack_aligned(f.result(), src, dst, t, divide_by))
             if on_done is not None:
                 on_done(n)  # before set_result: DDP may go on (and read the stats) right after
             result.set_result(res)
@@ -108,7 +116,7 @@ def sum_async(agent, t: torch.Tensor, sizes: list[int] | None = None, divide_by:
 
     res = residual(len(flat)) if residual is not None else None
     fut = (agent.allreduce_async(flat, inplace=True, layer=layer) if res is None  # flat is ours
-           else agent.allreduce_async(flat, layer=layer, residual=res))
+           else agent.allreduce_async(flat, inplace=True, layer=layer, residual=res))
     fut.add_done_callback(done)
     return out
 
@@ -167,14 +175,26 @@ def _raise_failure(fut: torch.futures.Future):
     return v
 
 
-def pack_aligned(t: torch.Tensor, src: np.ndarray, dst: np.ndarray, aligned: int) -> np.ndarray:
-    """A new float32 array of `aligned` elements: the pieces of flat `t` at offsets `dst`."""
+def pack_aligned(t: torch.Tensor, src: np.ndarray, dst: np.ndarray, aligned: int,
+                 out: np.ndarray | None = None) -> np.ndarray:
+    """A float32 array of `aligned` elements: the pieces of flat `t` at offsets `dst`, zeros
+    between them; `out` (float32, `aligned` long) if given, else a new array."""
     n = t.numel()
-    flat = np.zeros(aligned, np.float32)
+    if out is None:
+        out = np.zeros(aligned, np.float32)
+        gaps = False
+    else:
+        if out.dtype != np.float32 or out.shape != (aligned,):
+            raise ValueError(f"scratch: need a float32 array of {aligned} elements, got "
+                             f"{out.dtype} {out.shape}")
+        gaps = True  # the last call's values lie between the pieces
     data = t.detach().reshape(-1).to(torch.float32).numpy()  # widening copy for halves only
-    for s, d, k in zip(src, dst, np.diff(np.append(src, n))):  # a loop per parameter
-        flat[d:d + k] = data[s:s + k]
-    return flat
+    ends = np.append(dst[1:], aligned)
+    for s, d, k, e in zip(src, dst, np.diff(np.append(src, n)), ends):  # a loop per parameter
+        out[d:d + k] = data[s:s + k]
+        if gaps:
+            out[d + k:e] = 0
+    return out
 
 
 def unpack_aligned(res: np.ndarray, src: np.ndarray, dst: np.ndarray, like: torch.Tensor,
@@ -189,6 +209,20 @@ def unpack_aligned(res: np.ndarray, src: np.ndarray, dst: np.ndarray, like: torc
     if divide_by != 1:
         avg.div_(divide_by)
     return (avg if like.dtype == torch.float32 else avg.to(like.dtype)).reshape(like.shape)
+
+
+def _unpack_into(res: np.ndarray, src: np.ndarray, dst: np.ndarray, t: torch.Tensor,
+                divide_by: int = 1) -> torch.Tensor:
+    """`unpack_aligned` into the contiguous float32 `t` itself, each piece divided as it is
+    copied (float32 division, as unpack_aligned's: the same bits). Returns `t`."""
+    n = t.numel()
+    out = t.detach().view(-1).numpy()
+    for s, d, k in zip(src, dst, np.diff(np.append(src, n))):
+        if divide_by != 1:
+            np.divide(res[d:d + k], np.float32(divide_by), out=out[s:s + k])
+        else:
+            out[s:s + k] = res[d:d + k]
+    return t
 
 
 __all__ = ["HookCounters", "processes_summed", "sum_async", "hook_future", "fail",

@@ -51,18 +51,21 @@ class SpinaHookState(HookCounters):
     With narrow lanes (the job's lane_bits 16 or 8, an `Agent`) each bucket keeps an error
     feedback residual (`residuals`, by bucket index, docs/bits.md): what its lanes did not
     carry goes with the bucket's next call. A bucket whose size changes (DDP rebuilt its
-    buckets) starts a new residual of zeros.
+    buckets) starts a new residual of zeros. A bucket whose pieces are off block boundaries
+    is packed into an array kept by bucket index (`scratch`) and its sums copied back into
+    the bucket.
     """
 
     COUNTERS = HookCounters.COUNTERS + ("rounds",)
     _CALL_FIELDS = COUNTERS[2:]  # each call's CallStats.rounds too
-    __slots__ = ("agent", "world_size", "nbuckets", "residuals", "rounds")
+    __slots__ = ("agent", "world_size", "nbuckets", "residuals", "scratch", "rounds")
 
     def __init__(self, agent: Agent, world_size: int | None = None):
         self.agent = agent
         self.world_size = world_size or processes_summed(agent)
         self.nbuckets = 0  # DDP's buckets per backward pass, once a last bucket was seen
         self.residuals: dict[int, np.ndarray] = {}  # narrow lanes: bucket index -> residual
+        self.scratch: dict[int, np.ndarray] = {}  # bucket index -> its aligned copy's array
         super().__init__()
 
     def residual_for(self, bucket, n: int) -> np.ndarray | None:
@@ -78,6 +81,20 @@ class SpinaHookState(HookCounters):
         got = self.residuals.get(index)
         if got is None or got.size != n:
             got = self.residuals[index] = np.zeros(n, np.float32)
+        return got
+
+    def scratch_for(self, bucket, n: int) -> np.ndarray | None:
+        """The float32 array of `n` elements that a bucket which is not summed where it lies
+        (its pieces off block boundaries, e.g. DDP's rebuilt bucket that starts with a bias)
+        is packed into, kept by bucket index across steps (DDP waits for every bucket's
+        future before the next backward pass); None without a bucket index (a new array)."""
+        try:
+            index = bucket.index()
+        except AttributeError:
+            return None
+        got = self.scratch.get(index)
+        if got is None or got.size != n:
+            got = self.scratch[index] = np.empty(n, np.float32)
         return got
 
     def _count(self, n: int) -> None:
@@ -142,7 +159,8 @@ def spina_allreduce_hook(state: SpinaHookState,
     return sum_async(state.agent, buf, segment_sizes(bucket, buf.numel()),
                      divide_by=state.world_size, on_done=state._count,
                      layer=_layer(state, bucket), residual=lambda n: state.residual_for(bucket, n),
-                     inplace=True)  # DDP's bucket, as torch's own allreduce hook does
+                     inplace=True,  # DDP's bucket, as torch's own allreduce hook does
+                     scratch=lambda n: state.scratch_for(bucket, n))
 
 
 def _layer(state: SpinaHookState, bucket) -> tuple[int, int] | None:
