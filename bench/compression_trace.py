@@ -109,8 +109,9 @@ def simulate(model: str, width: int, *, seed: int = 0, steps: int = 150, lr: flo
                     nb = -(-k // B)
                     sent[i] = int(np.count_nonzero(np.any(
                         total[d:d + nb * B].reshape(nb, B) != 0, axis=1)))
-            for c in comps:
+            for c in comps:  # the loss averaged over the ranks, as bench/training.py tells it
                 c.end_step()
+                c.observe_loss(float(np.mean(losses)))
         for p, u in zip(params, update):
             p.grad = torch.from_numpy(np.ascontiguousarray(u, np.float32)).reshape(p.shape)
         opt.step()
