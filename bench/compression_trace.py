@@ -109,8 +109,9 @@ def simulate(model: str, width: int, *, seed: int = 0, steps: int = 150, lr: flo
                     nb = -(-k // B)
                     sent[i] = int(np.count_nonzero(np.any(
                         total[d:d + nb * B].reshape(nb, B) != 0, axis=1)))
-            for c in comps:
+            for c in comps:  # the loss averaged over the ranks, as bench/training.py tells it
                 c.end_step()
+                c.observe_loss(float(np.mean(losses)))
         for p, u in zip(params, update):
             p.grad = torch.from_numpy(np.ascontiguousarray(u, np.float32)).reshape(p.shape)
         opt.step()
@@ -144,10 +145,29 @@ def _memory_by_param(comp, params) -> dict:
     return out
 
 
-def main(argv=None) -> int:
+def _config_field(text: str) -> tuple[str, object]:
+    """An argparse type: FIELD=JSON, FIELD a CompressionConfig field."""
+    import argparse
+    import dataclasses
+    import json
+
+    from spina.communication import CompressionConfig
+    name, eq, value = text.partition("=")
+    known = {f.name for f in dataclasses.fields(CompressionConfig)}
+    if not eq or name not in known:
+        raise argparse.ArgumentTypeError(f"{text!r} is not FIELD=JSON with FIELD one of "
+                                         f"{', '.join(sorted(known))}")
+    try:
+        return name, json.loads(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: the value is not JSON") from None
+
+
+def parser(prog: str = "python -m bench.compression_trace"):
+    """The trace's options (tests/test_bad_input.py walks them)."""
     from bench.train_models import FAMILIES
     from spina import cli
-    ap = cli.ArgumentParser(prog="python -m bench.compression_trace", description=__doc__)
+    ap = cli.ArgumentParser(prog=prog, description=__doc__)
     ap.add_argument("--model", choices=tuple(FAMILIES), default="cnn")
     ap.add_argument("--width", type=cli.int_range(1, 10 ** 7), default=1475)
     ap.add_argument("--method", choices=("dense", "topk", "losscomp"), default="topk")
@@ -161,28 +181,27 @@ def main(argv=None) -> int:
     ap.add_argument("--eval", type=cli.int_range(1, 100_000), default=5,
                     help="test accuracy every EVAL steps (default %(default)s)")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                    help="a CompressionConfig field over the rule's (repeatable)")
+                    type=cli.refuses("x", "ratio", "no_such_field=1", "ratio=[")(_config_field),
+                    help="a CompressionConfig field over the rule's, its value JSON "
+                    "(repeatable)")
     ap.add_argument("--out", type=cli.output_file, required=True, help="the CSV")
+    return ap
+
+
+def main(argv=None) -> int:
+    from bench.train_models import FAMILIES
+    from spina import cli
+    ap = parser()
     a = ap.parse_args(argv)
     config = None
     if a.set:
         import dataclasses
-        import json
 
-        from spina.communication import CompressionConfig, compression_defaults
+        from spina.communication import compression_defaults
         from spina.fields import ConfigError
-        fields = {}
-        for item in a.set:
-            name, _, value = item.partition("=")
-            if name not in {f.name for f in dataclasses.fields(CompressionConfig)}:
-                return cli.fail(ap.prog, f"argument --set: unknown field {name!r}")
-            try:
-                fields[name] = json.loads(value)
-            except ValueError:
-                return cli.fail(ap.prog, f"argument --set: {item!r} is not FIELD=JSON")
         base = compression_defaults(a.method, steps=a.steps, momentum=a.momentum, ratio=a.ratio)
         try:
-            config = dataclasses.replace(base, **fields).validate()
+            config = dataclasses.replace(base, **dict(a.set)).validate()
         except (TypeError, ConfigError) as e:
             return cli.fail(ap.prog, f"argument --set: {e}")
     if a.model == "seq" and a.width < FAMILIES["seq"].min_width:

@@ -622,16 +622,21 @@ def plot(rows, curves, path: str) -> None:
     plt.close(fig)
 
 
-def seed_table(paths: list[str]) -> str:
+def seed_table(paths: list[str], rerun: list[str] = (), replaced: tuple = ()) -> str:
     """A markdown table over runs that differ only by --seed (their results.csv files), a
     row per model and method: final test accuracy, mean (min..max) over the seeds and its
     difference to gloo at the same seed, bytes per link and step (mean; and as a share of
-    gloo's), the median step time (mean over the seeds). docs/compression.md's table:
+    gloo's), the median step time (mean over the seeds). The `replaced` methods' rows come
+    from the `rerun` files only (methods run again after a change), the others' from
+    `paths` only. docs/compression.md's table:
         python -c 'from bench.training import seed_table as t; print(t([...]))'"""
-    rows = []
-    for p in paths:
-        with open(p, newline="") as f:
-            rows += list(csv.DictReader(f))
+    def read(files, keep):
+        out = []
+        for p in files:
+            with open(p, newline="") as f:
+                out += [r for r in csv.DictReader(f) if keep(r["method"])]
+        return out
+    rows = read(paths, lambda m: m not in replaced) + read(rerun, lambda m: m in replaced)
     by = {}
     for r in rows:
         by.setdefault((r["model"], r["method"]), {})[int(r["seed"])] = r
@@ -641,7 +646,12 @@ def seed_table(paths: list[str]) -> str:
     def spread(xs: list[float], sign: str = "") -> str:
         return f"{statistics.fmean(xs):{sign}.2f} ({min(xs):{sign}.2f}..{max(xs):{sign}.2f})"
 
-    for (model, method), seeds in by.items():
+    order = {m: i for i, m in enumerate(METHODS)}
+    def place(item):
+        (model, method), _ = item
+        return model, order.get(method, len(order))
+
+    for (model, method), seeds in sorted(by.items(), key=place):
         gloo = by.get((model, "gloo"), {})
         acc = [float(r["final_acc"]) for r in seeds.values()]
         diff = [float(r["final_acc"]) - float(gloo[s]["final_acc"]) for s, r in seeds.items()

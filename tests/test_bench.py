@@ -578,3 +578,28 @@ def test_training_model_families():
     same = ((xtr % 10 == ytr[:, None]) & signal).sum(1)
     assert (same == 6).all()
     assert torch.equal(sequences(3, 5000)[0], xtr) and not torch.equal(sequences(4, 5000)[0], xtr)
+
+
+def test_seed_table_takes_rerun_methods_from_the_rerun(tmp_path):
+    """seed_table: the replaced methods' rows come from the re-run files only (every seed),
+    the others' from the first files only; differences to gloo are at the same seed."""
+    from bench.training import seed_table
+
+    def results(name, rows):
+        path = tmp_path / name
+        with open(path, "w", newline="") as f:
+            w = csv.DictWriter(f, ("model", "method", "seed", "final_acc", "bytes_per_link",
+                                   "time_us"))
+            w.writeheader()
+            w.writerows(dict(model="cnn", method=m, seed=s, final_acc=a, bytes_per_link=b,
+                             time_us=1000) for m, s, a, b in rows)
+        return str(path)
+    old = results("old.csv", [("gloo", 0, 90, 1000), ("gloo", 1, 80, 1000),
+                              ("topk", 0, 10, 10), ("topk", 1, 20, 10), ("fp16", 0, 89, 500)])
+    new = results("new.csv", [("gloo", 0, 50, 1000), ("topk", 0, 88, 20)])
+    lines = seed_table([old], [new], ("topk",)).splitlines()[2:]
+    assert [line.split(" | ")[1:4] + line.split(" | ")[5:6] + line.split(" | ")[-1:]
+            for line in lines] == [
+        ["gloo", "85.00 (80.00..90.00)", "+0.00 (+0.00..+0.00)", "100.00%", "0, 1 |"],
+        ["topk", "88.00 (88.00..88.00)", "-2.00 (-2.00..-2.00)", "2.00%", "0 |"],
+        ["fp16", "89.00 (89.00..89.00)", "-1.00 (-1.00..-1.00)", "50.00%", "0 |"]]

@@ -1005,3 +1005,29 @@ def test_defaults_follow_the_rule():
     # the compressor built from it runs the warm-up it says: 25% of blocks at step 0
     comp = make_compressor(compression_defaults("topk", steps=200, momentum=0.9))
     assert comp.config.warmup_steps == 20
+
+
+def test_the_trace_of_top_k_keeping_every_block_is_the_dense_trace():
+    """bench/compression_trace.py (docs/compression.md reads its CSVs): 2 simulated ranks of
+    a small MLP, 3 steps. Top-k keeping every block, without momentum, sends every non-zero
+    block and so follows the dense reference: the same loss before the first
+    update, bit for bit, and within float32 rounding after it; one row per step and
+    parameter."""
+    from bench.compression_trace import simulate
+    from spina.communication import CompressionConfig
+    common = dict(seed=3, steps=3, momentum=0.0, workers=2, eval_every=1)
+    dense_rows, topk_rows = [], []
+    dense = simulate("mlp", 64, method="dense", rows=dense_rows, **common)
+    topk = simulate("mlp", 64, method="topk", rows=topk_rows, **common,
+                    config=CompressionConfig(method="topk", ratio=1.0).validate())
+    nparams = len({r["param"] for r in dense_rows})
+    assert len(dense) == len(topk) == 3 and len(topk_rows) == len(dense_rows) == 3 * nparams
+    # every block with a non-zero sum is sent (the digits' blank border pixels leave a few
+    # blocks of the first layer's gradient zero); the equal update norms below say no other
+    # block was held back
+    assert all(0 < r["sent_blocks"] <= r["blocks"] for r in topk_rows)
+    assert all(r["sent_blocks"] == r["blocks"] for r in topk_rows if r["param"] != "0.weight")
+    assert topk_rows[0]["loss"] == dense_rows[0]["loss"]
+    for a, b in zip(topk_rows, dense_rows):
+        assert a["param"] == b["param"] and a["loss"] == pytest.approx(b["loss"], rel=1e-4)
+        assert a["update_norm"] == pytest.approx(b["update_norm"], rel=1e-4, abs=1e-9)

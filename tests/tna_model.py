@@ -95,12 +95,18 @@ def const_entries(table: str) -> list[tuple[list, str, list[int]]]:
     return out
 
 
-def lookup(entries, key: list[int]):
-    """A ternary (or exact) const table: the first entry whose keys all match, else None."""
-    for keys, action, args in entries:
+def entry_index(entries, key: list[int]) -> int | None:
+    """A ternary (or exact) const table: the index of the first entry whose keys all match."""
+    for i, (keys, _, _) in enumerate(entries):
         if all(k == v if m is None else k & m == v & m for k, (v, m) in zip(key, keys)):
-            return action, args
+            return i
     return None
+
+
+def lookup(entries, key: list[int]):
+    """A ternary (or exact) const table: the first matching entry's (action, args), else None."""
+    i = entry_index(entries, key)
+    return None if i is None else entries[i][1:]
 
 
 DECIDE = const_entries("decide")

@@ -33,6 +33,7 @@ from tests.tna_model import (
     PRED_LO,
     PRED_NONE,
     TnaModel,
+    entry_index,
     lookup,
 )
 
@@ -151,11 +152,15 @@ class TnaPipe:
     ipv4_routes: list[tuple] = field(default_factory=list)  # (prefix, plen, action, params)
     ipv4_default: tuple = ("drop", {})  # the table's default action (a control plane may set it)
     worker_rewrite: dict[int, tuple] = field(default_factory=dict)  # rid -> (mac, ip, port)
+    # The branches the last `run` took (gate, decide's entry by index, pass, egress branch):
+    # what tests/test_tna_testgen.py counts P4Testgen's fixtures by.
+    path: list[str] = field(default_factory=list)
 
     # ------------------------------------------------------------ one pass
     def run(self, port: int, frame: bytes, enq_qdepth: int = 0) -> Out:
         """`frame` arrives at `port`: what leaves this pass (ingress, traffic manager,
         egress). A multicast group's replicas are `egress_pass`'s, one per replica."""
+        self.path = []
         hdr, rest, parser_err = self._ingress_parse(port, frame)
         tm = self._ingress(port, hdr, parser_err)
         if tm["drop"] or (tm["ucast"] is None and tm["mcast"] == 0):
@@ -250,6 +255,9 @@ class TnaPipe:
         meta["rank_bit"] = 1 << f["rank"] if f["rank"] < 32 else 0
         meta["count_limit"] = meta["nworkers"] if f["flags"] & CONST["FLAG_PARTIAL"] else 0
 
+        gate = next(n for n, v in GATE.items() if v == meta["gate"])
+        self.path.append(f"gate {gate}" if meta["slot_room"] or gate != "AGGREGATE"
+                         else "above the slot range")
         if meta["gate"] == GATE["FORWARD"]:
             self._forwarding(hdr, tm)
         elif meta["gate"] in (GATE["MALFORMED"], GATE["UNADMITTED"]) or meta["slot_room"] == 0:
@@ -328,6 +336,7 @@ class TnaPipe:
         read_zero = False
         if meta["harvest"]:
             hv = hdr["harvest"]
+            self.path.append(f"pass {2 + hv['last']}" + " with block" * hv["block"])
             if hv["last"] == 1:  # the third pass: send it on
                 br["ina_emitted"] = br["ipv4_update"] = 1
                 if hv["mcast_grp"] != 0:
@@ -350,6 +359,7 @@ class TnaPipe:
             r["slot_rank_round"][rank_idx], rank_pred = m.mark_rank(
                 r["slot_rank_round"][rank_idx], meta["round_next"])
             if round_pred == PRED_NONE:
+                self.path.append("stale round")
                 m.count("job_stale", job)
                 tm["drop"] = 1
                 return
@@ -365,8 +375,9 @@ class TnaPipe:
                         r["slot_count"][idx] = meta["count_limit"]
                 elif cnt < nworkers:
                     r["slot_count"][idx] = cnt + 1
-            hit = lookup(DECIDE, [round_pred, rank_pred, ina["flags"], count_delta,
-                                  ina["present"] & 1])
+            key = [round_pred, rank_pred, ina["flags"], count_delta, ina["present"] & 1]
+            hit, entry = lookup(DECIDE, key), entry_index(DECIDE, key)
+            self.path.append(f"decide {entry}" if entry is not None else "decide none")
             if hit is not None:
                 kind, state_op, flags_op, bitmap_op, value_op = hit[1]
                 read_zero = hit[0] == "set_outcome_read"
@@ -495,6 +506,7 @@ class TnaPipe:
         """SpinaEgress; True: dropped."""
         br = hdr["bridge"]
         if br["hold_drop"] == 1 or br["to_harvest"] == 1:
+            self.path.append("egress hold drop" if br["hold_drop"] else "egress to harvest")
             self._pairs(EGRESS_PAIRS, hdr.get("block_e"), br["value_op"], br["read_hi"],
                         br["idx"])
             if br["hold_drop"] == 1:
@@ -506,6 +518,7 @@ class TnaPipe:
         ina = hdr.get("ina")
         if br["ina_emitted"] == 1:  # WorkerRewrite
             if egress_rid != 0:
+                self.path.append("egress rewrite")
                 if egress_rid not in self.worker_rewrite:
                     return True
                 mac, ip, udp_port = self.worker_rewrite[egress_rid]
@@ -514,7 +527,9 @@ class TnaPipe:
             if ina is not None and ina["msg_type"] == CONST["MSG_RESULT"]:
                 self.model.count("job_results", ina["job"] & JOB_MASK)
         if ina is not None and ina["msg_type"] == CONST["MSG_CONTRIB"]:
-            return self._congestion(ina, enq_qdepth)
+            dropped = self._congestion(ina, enq_qdepth)
+            self.path.append("egress congestion drop" * dropped or "egress contribution")
+            return dropped
         return False
 
     def _congestion(self, ina: dict, enq_qdepth: int) -> bool:

@@ -12,6 +12,12 @@
 #ifndef SPINA_TNA_PIPE_P4
 #define SPINA_TNA_PIPE_P4
 
+// Empty but in tofino/testgen/*.p4, which give P4Testgen assumptions (testgen_assume) here to
+// steer its paths (tofino/testgen/README.md); bf-p4c's program has no trace of it.
+#ifndef SPINA_TESTGEN_ASSUME
+#define SPINA_TESTGEN_ASSUME
+#endif
+
 control SpinaIngress(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
                      in ingress_intrinsic_metadata_t ig_intr_md,
                      in ingress_intrinsic_metadata_from_parser_t ig_prsr_md,
@@ -58,6 +64,7 @@ control SpinaIngress(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
             admission_ctl.apply(hdr, meta, ig_intr_md.ingress_port);
         }
         slot_index_ctl.apply(hdr, meta);
+        SPINA_TESTGEN_ASSUME
         if (meta.gate == GATE_FORWARD) {
             forwarding_ctl.apply(hdr, ig_dprsr_md, ig_tm_md);
             priority_ctl.apply(hdr, ig_tm_md);
