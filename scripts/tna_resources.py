@@ -43,11 +43,19 @@ def summarise(out_dir: pathlib.Path, version: str, lane_bits: int = 32) -> str:
     res = json.loads((logs / "resources.json").read_text())["resources"]
     stages = res["mau"]["mau_stages"]
     profile = "" if lane_bits == 32 else f" -DSPINA_LANE_BITS={lane_bits}"
-    lines = [f"# tofino/build: bf-p4c resource summary of tofino/spina_tna.p4{profile}", "",
+    # The program and target bf-p4c names in its manifest (Tofino 1's default program without).
+    program, target, arch = "spina_tna.p4", "tofino", "tna"
+    manifest = out_dir / "manifest.json"
+    if manifest.exists():
+        m = json.loads(manifest.read_text())
+        program, target = m["programs"][0]["program_name"], m["target"]
+        arch = m.get("target_data", {}).get("architecture", arch)
+    chip = {"tofino": "Tofino 1", "tofino2": "Tofino 2"}.get(target, target)
+    lines = [f"# tofino/build: bf-p4c resource summary of tofino/{program}{profile}", "",
              (f"Compiler: `{version.strip()}`" if version.strip()
               else "Compiler: (version not given)"),
-             f"Target: Tofino 1 (`--target tofino --arch tna`), {res['mau']['nStages']} MAU stages "
-             "per pipe (shared by ingress and egress).", "",
+             f"Target: {chip} (`--target {target} --arch {arch}`), {res['mau']['nStages']} MAU "
+             "stages per pipe (shared by ingress and egress).", "",
              "| stage | SRAMs | TCAMs | map RAMs | stateful ALUs | stats ALUs | gateways "
              "| stateful ALUs used by |",
              "|---|---|---|---|---|---|---|---|"]

@@ -276,3 +276,19 @@ def test_profiles_define_the_same_hooks():
     used = {m for p in shared for m in re.findall(r"\bSPINA_ROLE_\w+", p.read_text())}
     assert used and used <= flat
     assert not [p.name for p in shared if "#ifdef SPINA_TNA_ROLES" in p.read_text()]
+
+
+def test_the_t2na_roles_profile_declares_the_roles_and_no_hold():
+    """bf-p4c's standard-externs P4Info of tofino/spina_t2na_roles.p4 (Tofino 2, committed in
+    tofino/build/): the controller takes it as a leaf or spine (has_roles) and refuses it for
+    bounded loss (has_hold); its as_leaf takes the roles' profile's parameters, not the ones
+    spec (p4src) gives and the plan writes (tofino/README.md, "Tofino 2")."""
+    from controller import tofino
+    from controller.pipeline import read_p4info
+    info = read_p4info(TOFINO / "build/spina_t2na_roles.std.p4info.txtpb", "tofino", "test")
+    assert tofino.has_roles(info) and not tofino.has_hold(info)
+    (as_leaf,) = [a for a in info.actions if a.preamble.name.rsplit(".", 1)[-1] == "as_leaf"]
+    assert [(p.name, p.bitwidth) for p in as_leaf.params] == [
+        ("rack", 8), ("rack_bit", 32), ("all_local", 32), ("epoch", 16)]
+    assert spec.ACTIONS["as_leaf"].params == (
+        ("rack", 8), ("nlocal", 8), ("epoch", 16), ("mcast_grp", 16))

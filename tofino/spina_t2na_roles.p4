@@ -1,7 +1,7 @@
 /* SpINA for Tofino 2 (T2NA, bf-p4c --target tofino2 --arch t2na), the fabric roles' profile:
  * tofino/spina_tna_roles.p4 (the leaf and spine roles, include/fabric.p4 and
  * include/profile_roles.p4) on Tofino 2's 20 stages, a measurement of whether the roles fit
- * there (tofino/README.md, "Tofino 2": not compiled yet). The controls are the Tofino 1
+ * there (tofino/README.md, "Tofino 2": 14 of 20 stages). The controls are the Tofino 1
  * program's, unchanged: only the architecture and the recirculation port differ.
  * Build by hand: bf-p4c --target tofino2 --arch t2na -o DIR tofino/spina_t2na_roles.p4.
  */
