@@ -192,9 +192,10 @@ def test_reduce_scatter_missing_rank_is_named():
 @pytest.mark.parametrize("lane_bits", [16, 8])
 def test_reduce_scatter_narrow_lanes_are_the_allreduce_shards(lane_bits):
     """16- and 8-bit lanes (fewer slots than ranks: the all-reduce's lanes): each shard bit for
-    bit the all-reduce's of the same job at the same call number (the same stochastic rounding draws: seed job id, rank, call), within
-    the narrow lanes' bound of the exact sum (docs/bits.md: below nworkers * 2**-S), and the
-    rows sent 2 or 4 times narrower than int32's."""
+    bit the all-reduce's of the same job at the same call number (the same stochastic
+    rounding draws: seed job id, rank, call), within the narrow lanes' bound of the exact sum
+    (docs/bits.md: below nworkers * 2**-S), and the rows sent 2 or 4 times narrower than
+    int32's."""
     rng = np.random.default_rng(9)
     xs = [rng.uniform(-1, 1, 640).astype(np.float32) for _ in range(4)]
     lanes = dict(block_size=B, nlanes=K, nslots=W, lane_bits=lane_bits)
