@@ -12,10 +12,14 @@ blocks of the job's block_size words, C = the job's nlanes blocks per chunk:
              quantized, so every rank gets the others' shards bit for bit.
   window     chunk c leaves once chunks 0 .. c-W have arrived from every other worker (W: the
              job's nslots, the all-reduce's window): at most W chunks per worker in flight.
-  loss       the switch stores nothing. A worker that heard nothing new for a while asks the
-             owners of what it misses: a MSG_GATHER packet with `bitmap` = the owners, `round` =
-             the chunk, no data. The switch replicates it like any gather packet; each owner
-             named resends the chunk (to everyone: the others drop the duplicate).
+  loss       the switch stores nothing. A worker asks the owners of what it misses: a
+             MSG_GATHER packet with `bitmap` = the owners, `round` = the chunk, no data. The
+             switch replicates it like any gather packet; each owner named resends the chunk
+             (to everyone: the others drop the duplicate). It asks at once for a gap, a chunk
+             of an owner missing below one that arrived (an owner's chunks leave in order
+             and take one path through the switch: a gap is a loss; a reordering network
+             costs a duplicate), and for anything else it misses after hearing nothing new
+             for a while (a lost last chunk, a lost request or answer).
   after      a worker returns once it holds every shard, while another may still miss one of
              its chunks. So it keeps its last call (`GatherCall.between`) and answers requests
              for it wherever it next reads its socket: in its next all-gather call, inside an
@@ -167,6 +171,13 @@ class GatherCall:
         self.stats.requests += asked
         return asked
 
+    def _ask_gap(self, owner: int, first: int, stop: int) -> None:
+        """Requests to `owner` for its chunks first..stop-1 not here (lost: a later one came)."""
+        for c in range(first, stop):
+            if not self.have[owner, c]:
+                self.outbox.append(self._packet(c, 0, bitmap=1 << owner))
+                self.stats.requests += 1
+
     # ------------------------------------------------------------------ receiving
     def _fields(self, pkt, nbytes: int) -> tuple | None:
         """The header of a well-formed gather packet of this job from another rank, or None
@@ -229,6 +240,8 @@ class GatherCall:
         self.out[sender, at:end] = np.frombuffer(pkt, np.uint8, end - at,
                                                  wire.data_offset(self.job.nlanes))
         self.have[sender, rnd] = True
+        if rnd > self.highest[sender] + 1:  # a gap: chunks the owner sent before rnd were lost
+            self._ask_gap(sender, int(self.highest[sender]) + 1, rnd)
         self.highest[sender] = max(self.highest[sender], rnd)
         self.missing -= 1
         self.got[rnd] += 1
