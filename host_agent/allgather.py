@@ -52,6 +52,9 @@ _UNPACK, _PACK_INTO = wire.HEADER_STRUCT.unpack_from, wire.HEADER_STRUCT.pack_in
     "bitmap", "present"))
 FIRST_ASK = 0.02  # s without news before the first request: a chunk's trip is ~0.1-5 ms here
 LAST_ASK = 0.5    # s: the gap doubles while requests go unanswered, up to this
+# s: requests for a chunk within this of its last resend are answered by that one (a rank whose
+# copy of it was lost asks again after FIRST_ASK)
+ANSWER_AGAIN = 0.005
 
 
 class GatherError(RuntimeError):
@@ -127,6 +130,7 @@ class GatherCall:
         self.missing = (n - 1) * shard.nchunks
         self.complete = 0 if n > 1 else shard.nchunks  # chunks 0..complete-1 from everyone
         self.sent = 0                                   # chunks 0..sent-1 left at least once
+        self.answered: dict[int, float] = {}  # chunk -> when it was last sent again
         self.window = job.nslots
         self.stats = GatherStats(shard_bytes=shard.nbytes)
         self.outbox: list[bytes] = []
@@ -258,8 +262,12 @@ class GatherCall:
             self.stats.ignored += 1
 
     def _answer(self, rnd: int) -> None:
-        """A request naming this worker for chunk `rnd` of this call: sent again if it left."""
-        if rnd < self.sent:
+        """A request naming this worker for chunk `rnd` of this call: sent again if it left,
+        unless it was sent again less than ANSWER_AGAIN ago (to everyone: the other ranks that
+        lost it ask at the same moment, at the same gap)."""
+        now = time.monotonic()
+        if rnd < self.sent and now - self.answered.get(rnd, -ANSWER_AGAIN) >= ANSWER_AGAIN:
+            self.answered[rnd] = now
             self.outbox.append(self.chunk(rnd))
             self.stats.resends += 1
 
