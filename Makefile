@@ -21,7 +21,7 @@ setup: $(STAMP)  ## create .venv, install Debian and Python dependencies, build 
 # The compiled parts (host_agent/_core*.c, host_agent/compression/_kernels.c,
 # softswitch/_datapath.c, bench/_floor.c), rebuilt in this tree (a worktree sharing another
 # tree's venv: `make core PY=/path/to/python`).
-core:  ## rebuild the C parts (agent core, compression kernels, switch data path, floor) in place
+core:  ## rebuild the C parts (agent core, compression kernels, switch data path, floor) in place, each by rename
 	$(PY) setup.py -q build_ext --inplace
 
 demo: $(STAMP)  ## the main job: software switch + 4 workers, sparse all-reduce vs gloo
