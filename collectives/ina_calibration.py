@@ -43,8 +43,8 @@ ALL_REDUCE_RUNS = {"ina_calibration/loopback_small": None,
                    "ina_calibration/star8": "star8.yaml"}
 REDUCE_SCATTER_RUNS = {"ina_calibration/reduce_scatter_star4": "star4.yaml",
                        "ina_calibration/reduce_scatter_star8": "star8.yaml",
-                       "reduce_scatter/star4_compiled": "star4.yaml",  # its own runs
-                       "reduce_scatter/star8_1gbit": "star8.yaml"}
+                       "ina_calibration/reduce_scatter_star4_x2": "star4.yaml",
+                       "ina_calibration/reduce_scatter_star8_x2": "star8.yaml"}
 GATHER_RUNS = {"ina_calibration/all_gather_star4": "star4.yaml"}
 CALL_RUN, CALL_BYTES = "ina_calibration/loopback_small", 4096  # its small calls: the fixed time
 HIER_RUN = "hier_gather"  # SpINA's all-gathers on a topology: the topology planner's points
@@ -68,6 +68,12 @@ EXCLUDED.update({r: OLD_CODE for r in (
     "all_gather_net")})
 EXCLUDED["reduce_scatter/star4_1gbit, star4_1gbit_lanes, loopback4"] = \
     "the switch's Python pipeline took the reduce-scatter rounds (their README)"
+EXCLUDED["reduce_scatter/star4_compiled, star8_1gbit, star8_10gbit, " \
+         "star4_1gbit_1pct_timeline, _nslots8, _nslots4"] = \
+    "measured before the reduce-scatter laid its lanes out by shard (5b8e240); " \
+    "re-measured in ina_calibration/"
+EXCLUDED["reduce_scatter/star4_1gbit_1pct_byshard"] = \
+    "the A/B of lanes by shard at one size (docs/collectives.md)"
 EXCLUDED["all_reduce_loopback/slots_in_use_16k, timeline_1pct; all_reduce_net/timeline_1pct"] = \
     "profiles of one size (docs/profile.md)"
 EXCLUDED["collectives_planner/torus4x4, leafspine"] = "no SpINA point (not a star)"
