@@ -135,13 +135,9 @@ T2NA_ROLES = (pathlib.Path(__file__).resolve().parents[1]
               / "tofino/build/spina_t2na_roles.std.p4info.txtpb")
 
 
-def _p4info_file(path, tables=()):
-    """The TNA program's P4Info (spec.tna_p4info: what bf-p4c declares) with `tables` added."""
-    info = spec.tna_p4info()
-    for i, name in enumerate(tables):
-        info.tables.add().preamble.CopyFrom(
-            p4info_pb2.Preamble(id=0x02ff0000 + i, name=name, alias=name))
-    path.write_text(text_format.MessageToString(info))
+def _p4info_file(path):
+    """The TNA program's P4Info (spec.tna_p4info: what bf-p4c declares) written to `path`."""
+    path.write_text(text_format.MessageToString(spec.tna_p4info()))
     return path
 
 
