@@ -115,6 +115,7 @@ TESTS = {
         tests/test_bench.py::test_all_reduce_on_a_topology_file
         tests/test_bench.py::test_loss_on_a_star tests/test_bench.py::test_plan_on_a_pair
         tests/test_bench.py::test_fsdp_on_a_star tests/test_bench.py::test_training_on_a_star
+        tests/test_bench.py::test_targets_smoke
         tests/test_datapath_l2.py::test_the_switch_sends_every_port_the_same_frames_on_both_paths
         tests/test_doc_blocks.py::test_make_demo_as_written
         tests/test_doc_blocks.py::test_page_runs_* tests/test_doc_blocks.py::test_runner_catches_*

@@ -10,9 +10,23 @@ host_agent/compression/_kernels.c is the compressor's pass over a bucket: -ffp-c
 keeps gcc from fusing a multiply and an add, so every result is the one its numpy definition
 gives (tests/test_compression.py).
 """
+import os
 from glob import glob
 
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+
+class AtomicBuildExt(build_ext):
+    """Puts each built module in place by rename, not by writing over it: a benchmark or test
+    that has the old .so mapped (a run from the same tree during `make core`) keeps its file
+    instead of crashing on one rewritten under it."""
+
+    def copy_file(self, infile, outfile, *args, **kwargs):
+        tmp = f"{outfile}.{os.getpid()}.tmp"
+        done = super().copy_file(infile, tmp, *args, **kwargs)
+        os.replace(tmp, outfile)
+        return outfile, done[1]
 
 HEADERS = sorted(glob("spina/_*.h"))  # shared by every extension: a change rebuilds them
 CORE = sorted(glob("host_agent/_core*.c"))  # _core.c, the module, and its parts
@@ -28,7 +42,7 @@ DATAPATH = [Extension("softswitch._datapath", ["softswitch/_datapath.c"],
                       depends=HEADERS + ["softswitch/_datapath_l2.c"],
                       extra_compile_args=["-O3"])]
 
-setup(ext_modules=FLOOR + DATAPATH + [
+setup(cmdclass={"build_ext": AtomicBuildExt}, ext_modules=FLOOR + DATAPATH + [
     Extension("host_agent._core", CORE, depends=HEADERS + ["host_agent/_core.h"],
               extra_compile_args=["-O3", "-fno-math-errno", "-fvisibility=hidden"]),
     Extension("host_agent.compression._kernels", ["host_agent/compression/_kernels.c"],

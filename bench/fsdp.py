@@ -54,16 +54,7 @@ finish = training.finish
 
 
 def add_options(ap) -> None:
-    from spina import cli
-    ap.add_argument("--target", type=cli.positive_float, default=90.0,
-                    help="test accuracy (%%) to reach (default %(default)s)")
-    ap.add_argument("--max-steps", type=cli.int_range(1, 100_000), default=60,
-                    help="rounds at most (default %(default)s)")
-    ap.add_argument("--min-steps", type=cli.int_range(1, 100_000), default=10,
-                    help="steps every method runs, for its step time (default %(default)s)")
-    ap.add_argument("--ratio", type=cli.fraction, default=0.05,
-                    help="top-k: fraction of 256-element blocks each rank sends (default "
-                    "%(default)s)")
+    training.add_run_options(ap, target=90.0, max_steps=60, min_steps=10)
     ap.add_argument("--no-reshard", action="store_true",
                     help="FSDP2's reshard_after_forward=False: each module gathered once a step "
                     "(default: True, FSDP2's, twice)")

@@ -164,21 +164,27 @@ def check_ddp(a) -> str | None:
     return check_star(a)
 
 
+def add_run_options(ap, target: float, max_steps: int, min_steps: int) -> None:
+    """The options of a run to an accuracy, shared with bench fsdp; each WHAT its defaults."""
+    from spina import cli
+    ap.add_argument("--target", type=cli.positive_float, default=target,
+                    help="test accuracy (%%) to reach (default %(default)s)")
+    ap.add_argument("--max-steps", type=cli.int_range(1, 100_000), default=max_steps,
+                    help="rounds at most (default %(default)s)")
+    ap.add_argument("--min-steps", type=cli.int_range(1, 100_000), default=min_steps,
+                    help="steps every method runs, for its step time (default %(default)s)")
+    ap.add_argument("--ratio", type=cli.fraction, default=0.05,
+                    help="top-k: fraction of 256-element blocks each rank sends (default "
+                    "%(default)s; bench/README.md says why)")
+
+
 def add_options(ap) -> None:
     from bench.train_models import FAMILIES
     from spina import cli
     ap.add_argument("--model", choices=tuple(FAMILIES), default="mlp",
                     help="the model family and its data (bench/train_models.py; default "
                     "%(default)s); -b/-e pick its width")
-    ap.add_argument("--target", type=cli.positive_float, default=95.0,
-                    help="test accuracy (%%) to reach (default %(default)s)")
-    ap.add_argument("--max-steps", type=cli.int_range(1, 100_000), default=120,
-                    help="rounds at most (default %(default)s)")
-    ap.add_argument("--min-steps", type=cli.int_range(1, 100_000), default=20,
-                    help="steps every method runs, for its step time (default %(default)s)")
-    ap.add_argument("--ratio", type=cli.fraction, default=0.05,
-                    help="top-k: fraction of 256-element blocks each rank sends (default "
-                    "%(default)s; bench/README.md says why)")
+    add_run_options(ap, target=95.0, max_steps=120, min_steps=20)
     ap.add_argument("--powersgd-start", type=cli.int_range(2, 100_000), default=None,
                     help="PowerSGD's start_powerSGD_iter: vanilla all-reduce before this step "
                     "(default: 10%% of --max-steps, at least 2, as torch's documentation "

@@ -221,7 +221,8 @@ class _Call:
         self.t_scan = time.monotonic()
         self.t_setup_done = 0.0
         self.stats.nonzero_blocks = len(nz)
-        self.plan, order = LanePlan.build(nz, W, self.k)
+        self.plan, order = LanePlan.build(
+            nz, W, self.k, None if owners is None else owners.lanes(nz, W, self.k))
         # per plan row, 1 where the block holds NaN/Inf (_core.fill_round sends those as 0)
         self.nonfinite = nonfinite[order].view(np.uint8) if nonfinite.any() else None
         flusher = flusher_rank(call_id, len(job.workers)) == rank  # bounded loss: who flushes
@@ -238,7 +239,6 @@ class _Call:
             slot_exp = np.maximum(slot_exp, slot_exponents)
         self.slot_exp = slot_exp
         self.nblocks = -(-n // self.B)
-        self.setups = max(1, min(W, -(-self.nblocks // self.k)))  # setup results to come
         self.out = flat if inplace else np.zeros(n, flat.dtype)
         # Data-path layout. pos_ext: the plan's positions lane by lane, each lane followed by
         # a sentinel -1 (never a position, and END once cast to the wire's u32), so a lane's
@@ -273,17 +273,22 @@ class _Call:
                             view=memoryview(self.bufs[s][0]))
                       for s in range(W)]
         # Slots whose lanes hold no position of the tensor (lane l holds positions l, l + W*k,
-        # ...: slot s is empty when s*k >= nblocks) have nothing to sum at any worker of the
-        # same length: they send nothing, not even a setup round (a 16 KiB call: 1 datagram per
-        # worker and round instead of 16). Slot 0 always runs, so a length mismatch is still
-        # found. A skipped slot's round tag still advances by one, as if its setup round had
-        # run, so every worker's tags stay equal even when workers disagree on the length
-        # (they each sent or skipped that one round), and a slot's next round is newer than
-        # every round it stored (docs/aggregation.md).
-        self.active = self.setups
-        for st in self.slots[self.active:]:
-            self._new_round(st)
-            st.done = True
+        # ...: slot s is empty when s*k >= nblocks; a reduce-scatter's lanes: Owners.used_lanes)
+        # have nothing to sum at any worker of the same length: they send nothing, not even a
+        # setup round (a 16 KiB call: 1 datagram per worker and round instead of 16). Slot 0
+        # always runs, so a length mismatch is still found. A skipped slot's round tag still
+        # advances by one, as if its setup round had run, so every worker's tags stay equal
+        # even when workers disagree on the length (they each sent or skipped that one round),
+        # and a slot's next round is newer than every round it stored (docs/aggregation.md).
+        used = (np.arange(L) < self.nblocks if owners is None
+                else owners.used_lanes(W, k)).reshape(W, k).any(axis=1)
+        used[0] = True
+        self.active = [st for st, u in zip(self.slots, used) if u]  # the slots in use
+        self.setups = len(self.active)  # setup results to come
+        for st, u in zip(self.slots, used):
+            if not u:
+                self._new_round(st)
+                st.done = True
         # The compiled answer loop's context (_core.answer_batch): its common case has no
         # bounded loss (searchsorted skips, flushes) and no droppable packets (DLCP); else
         # every answer takes the Python path.
@@ -781,10 +786,12 @@ class Agent:
         Through the switch (docs/protocol.md "Reduce-scatter"): every worker sends its
         non-zero blocks of the whole tensor, the switch sums them as for an all-reduce and
         sends each round's sums only to the ranks owning its blocks; the others get the
-        round's header (it is done, where the lanes go next). Sums, quantization bound,
-        NaN/Inf, dtypes, narrow lanes, loss recovery and errors as `allreduce`; each shard
-        is bit for bit that part of what `allreduce` returns for the same tensors. A flat job
-        only (no `racks`).
+        round's header (it is done, where the lanes go next). With at least as many slots
+        as ranks the lanes are laid out by shard (scatter.Owners.lanes), so a round's blocks
+        have one owner; each shard is then quantized with its own slots' exponents, else it
+        is bit for bit that part of what `allreduce` returns for the same tensors. Sums,
+        quantization bound, NaN/Inf, dtypes, narrow lanes, loss recovery and errors as
+        `allreduce`. A flat job only (no `racks`).
 
         Args:
             x: the tensor to sum (numpy float32, float16, float64, int32; torch also bfloat16:
@@ -930,11 +937,11 @@ class Agent:
         ok = False  # the call returned its sums (for the metrics)
         waited, batches, t_answer, t_setup = 0.0, 0, m0, m0
         try:
-            for st in call.slots[:call.active]:  # setup round of every slot in use
+            for st in call.active:  # setup round of every slot in use
                 call.send_setup(st)
             self._flush(call)
             t_setup = time.monotonic()
-            pending = call.active
+            pending = len(call.active)
             recv, fd, ring, views = _core.recv_answers, sock.fileno(), self._ring, self._ring_views
             # every answer of this call comes from the switch's (address, port), and is a
             # result or status of this job, epoch, call and one of its slots (checked in C)

@@ -3,7 +3,8 @@
 Block b (B elements; the last block is zero-padded) belongs to lane l = b mod L of the job's
 L = nslots * nlanes lanes: slot l // nlanes, position l % nlanes in that slot's packets.
 Interleaving spreads a run of non-zero blocks (an embedding's hot rows) over every lane, so
-all slots carry about the same number of rounds.
+all slots carry about the same number of rounds. A reduce-scatter may lay its lanes out by
+shard instead (host_agent/scatter.py `Owners.lanes`, LanePlan.build's `lane`).
 """
 from __future__ import annotations
 
@@ -110,10 +111,13 @@ class LanePlan:
     lane_bounds: np.ndarray  # (L + 1,) boundaries into pos
 
     @classmethod
-    def build(cls, nz: np.ndarray, nslots: int, nlanes: int) -> tuple["LanePlan", np.ndarray]:
-        """Plan for non-zero block indices `nz`; also returns the order that sorts them."""
+    def build(cls, nz: np.ndarray, nslots: int, nlanes: int, lane: np.ndarray | None = None
+              ) -> tuple["LanePlan", np.ndarray]:
+        """Plan for non-zero block indices `nz` (ascending); also returns the order that sorts
+        them. `lane`: each block's lane if not b mod L (a reduce-scatter's: scatter.Owners)."""
         L = nslots * nlanes
-        lane = nz % L
+        if lane is None:
+            lane = nz % L
         order = np.argsort(lane, kind="stable")
         bounds = np.searchsorted(lane[order], np.arange(L + 1))
         return cls(nslots, nlanes, nz[order], bounds), order

@@ -74,28 +74,14 @@ class SpinaHookState(HookCounters):
         None: int32 lanes, no bucket index, or an agent that cannot take one (the daemon's)."""
         if not isinstance(self.agent, Agent) or self.agent.job.lane_bits == 32:
             return None
-        try:
-            index = bucket.index()
-        except AttributeError:
-            return None
-        got = self.residuals.get(index)
-        if got is None or got.size != n:
-            got = self.residuals[index] = np.zeros(n, np.float32)
-        return got
+        return _kept(self.residuals, bucket, n, np.zeros)
 
     def scratch_for(self, bucket, n: int) -> np.ndarray | None:
         """The float32 array of `n` elements that a bucket which is not summed where it lies
         (its pieces off block boundaries, e.g. DDP's rebuilt bucket that starts with a bias)
         is packed into, kept by bucket index across steps (DDP waits for every bucket's
         future before the next backward pass); None without a bucket index (a new array)."""
-        try:
-            index = bucket.index()
-        except AttributeError:
-            return None
-        got = self.scratch.get(index)
-        if got is None or got.size != n:
-            got = self.scratch[index] = np.empty(n, np.float32)
-        return got
+        return _kept(self.scratch, bucket, n, np.empty)
 
     def _count(self, n: int) -> None:
         self.count_call(self.agent.last_stats, n)
@@ -112,6 +98,19 @@ class SpinaHookState(HookCounters):
             self.nbuckets = 0
             return None
         return self.nbuckets - 1 - index, self.nbuckets
+
+
+def _kept(store: dict, bucket, n: int, make) -> np.ndarray | None:
+    """The float32 array of `n` elements kept in `store` by the bucket's index across steps
+    (made by `make` when missing or resized); None without a bucket index."""
+    try:
+        index = bucket.index()
+    except AttributeError:
+        return None
+    got = store.get(index)
+    if got is None or got.size != n:
+        got = store[index] = make(n, np.float32)
+    return got
 
 
 def spina_allreduce_hook(state: SpinaHookState,
