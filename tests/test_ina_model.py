@@ -317,6 +317,7 @@ def test_error_table_is_the_documented_one():
     rows = cal.errors(A, POINTS)
     verdicts = [cal.verdict(r) for r in rows]
     assert [verdicts.count(c) for c in cal.CLASSES] == [72, 54, 6, 12]
+    assert "Of the noisy, 27 predict a time within their repeats' range." in cal.table(rows)
     doc = (ROOT / "docs" / "collectives.md").read_text()
     assert cal.table(rows) in doc
 
