@@ -212,6 +212,41 @@ fail:
 }
 
 
+PyDoc_STRVAR(add_keep_doc,
+"add_keep(x, residual, out) -> None\n\n"
+"out = x + residual in float32, and residual = out, in one pass over the three (out may be x):\n"
+"narrow.add_keep's numpy operations, bit for bit.");
+
+static PyObject *add_keep(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (!nargs_is("add_keep", nargs, 3))
+        return NULL;
+    Buf b[3];
+    memset(b, 0, sizeof b);
+    PyObject *result = NULL;
+    if (get_buf(args[0], &b[0], 0, 4, "x") || get_buf(args[1], &b[1], 1, 4, "residual")
+        || get_buf(args[2], &b[2], 1, 4, "out"))
+        goto done;
+    if (b[1].view.len != b[0].view.len || b[2].view.len != b[0].view.len) {
+        PyErr_SetString(PyExc_ValueError, "add_keep: x, residual and out must have one size");
+        goto done;
+    }
+    const float *x = (const float *)b[0].view.buf;
+    float *r = (float *)b[1].view.buf, *out = (float *)b[2].view.buf;
+    Py_ssize_t n = b[0].view.len / 4;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t j = 0; j < n; j++) {
+        float v = x[j] + r[j];
+        out[j] = v;
+        r[j] = v;
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_NewRef(Py_None);
+done:
+    release(b, 3);
+    return result;
+}
+
+
 /* One present lane's row of a result into its block `dst` (`count` elements): int32 copied
  * (integer tensors), else dequantized to float32 and scaled by 2**ishift exactly as
  * blocks.dequantize does; narrow rows (item 2 or 1 bytes a value) as narrow.NumpyRounds.deliver
@@ -379,5 +414,6 @@ PyMethodDef core_blocks_methods[] = {
     {"rounding_noise", (PyCFunction)(void (*)(void))rounding_noise, METH_FASTCALL,
      rounding_noise_doc},
     {"block_scan", (PyCFunction)(void (*)(void))block_scan, METH_FASTCALL, block_scan_doc},
+    {"add_keep", (PyCFunction)(void (*)(void))add_keep, METH_FASTCALL, add_keep_doc},
     {NULL, NULL, 0, NULL},
 };
