@@ -132,7 +132,7 @@ TESTS = {
         tests/test_mininet.py::test_two_level_on_bmv2_nodes_*
         tests/test_p4info.py::test_p4info_is_current
         tests/test_tna_agreement.py::test_role_pieces_on_one_stateful_alu
-        tests/test_tna_agreement.py::test_the_hold_does_not_fit_one_stateful_alu
+        tests/test_tna_agreement.py::test_the_hold_on_one_stateful_alu
         tests/test_tna_agreement.py::test_tna_p4info_is_current
     """,
 }
