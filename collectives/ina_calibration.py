@@ -361,6 +361,9 @@ def table(rows: list[dict]) -> str:
                  f"median; median |error| {statistics.median(errs):.0%}, largest "
                  f"{errs[-1]:.0%}. Of the {len(rows) - counts['within']} others:")
     lines += [f"- {counts[c]} {c}: {CLASSES[c]}" for c in CLASSES if c != "within"]
+    ranged = [r for r in rows if verdict(r) == "noisy"
+              and r["point"].fastest_s <= r["predicted_s"] <= r["point"].slowest_s]
+    lines.append(f"Of the noisy, {len(ranged)} predict a time within their repeats' range.")
     if noisy:
         lines.append(f"{len(noisy)} points were measured in more than one run; their medians "
                      f"differ by up to {max(r['spread'] for r in noisy):.2f}x.")

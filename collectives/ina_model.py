@@ -112,11 +112,11 @@ class Assumptions:
     switch_s_per_fragment: float = _c(6.27e-06, "measured here: ... and per IPv4 fragment")
     switch_s_per_byte: float = _c(6.71e-11, "measured here: ... and per payload byte in (the adds, "
                                   "the result's copies out)")
-    gather_s_per_copy: float = _c(3.63e-05, "measured here: the switch's CPU per all-gather "
-                                   "datagram copied out (its Python path)")
+    gather_s_per_copy: float = _c(5.5e-05, "measured here: the switch's CPU per all-gather "
+                                   "datagram copied out (its compiled path)")
     call_s: float = _c(0.000168, "measured here: an all-reduce's fixed time (calls of 4 KiB "
                        "at most, 4 ranks on loopback, less their CPU and rounds)")
-    gather_call_s: float = _c(0.000456, "fitted here: an all-gather's fixed time")
+    gather_call_s: float = _c(0.000125, "fitted here: an all-gather's fixed time")
     scatter_call_s: float = _c(0.000972, "fitted here: a reduce-scatter's fixed time (its shard "
                                "split, its owners per round)")
     machine_cores: int = _c(2, "this machine: every agent and the switch share them")
