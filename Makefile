@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup core demo lint check test soak bench bench-quick bench-l2 bench-net bench-dlcp bench-collectives bench-allgather bench-hier-gather bench-train bench-overlap profile clean help p4 p4-check tofino testbed deploy serve dissector
+.PHONY: setup core demo lint check test soak bench bench-quick bench-l2 bench-net bench-dlcp bench-collectives bench-allgather bench-hier-gather bench-train bench-overlap bench-targets profile clean help p4 p4-check tofino testbed deploy serve dissector
 
 help:  ## list targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -137,6 +137,9 @@ bench-hier-gather: $(STAMP)  ## (root; 1 min here) hierarchical all-gather vs th
 
 bench-train: $(STAMP)  ## (root; 4-7 min here) DDP training over star4.yaml at 1 and 10 Gbit/s: gloo vs SpINA dense (32-, 16- and 8-bit lanes) vs top-k vs PowerSGD/fp16/bf16 hooks, step time and time to accuracy: bench/results/training_net/star4/
 	$(PY) -m bench training -t bench/topologies/star4.yaml --rates 1gbit,10gbit --name training_net/star4 $(TRAIN_BENCH_ARGS)
+
+bench-targets: $(STAMP)  ## (root; 12-15 min here) issue 47's targets from one run: the harness commands that measure them, then each target met or not: bench/results/targets/issue47/targets.md
+	$(PY) -m bench.targets $(TARGETS_ARGS)
 
 bench-overlap: $(STAMP)  ## (root; 3 min here) priority overlap vs DDP's default order over star4.yaml at 1 Gbit/s, with a timeline: bench/results/overlap/star4/
 	$(PY) -m bench overlap --name overlap/star4 $(OVERLAP_BENCH_ARGS)

@@ -53,7 +53,8 @@ DEFAULTS = dict(methods="spina,floor,gloo_allreduce")
 # rank's timed calls; rounds per slot, the call's thread CPU and its sleep in select.
 PHASE_COLUMNS = ("scan_ms", "plan_ms", "setup_ms", "data_ms", "tail_ms", "waited_ms",
                  "call_cpu_ms", "rounds_per_slot")
-EXTRA_COLUMNS = ("block_size", "nlanes", "nslots", "bytes_source", "payload_bytes_per_link",
+EXTRA_COLUMNS = ("block_size", "nlanes", "nslots", "bytes_source", "rx_bytes_per_link",
+                 "payload_bytes_per_link",
                  "packets_per_link", "resends", "spurious_resends", "timeout_resends",
                  "max_abs_err", "cpu_s_per_rank", "switch_cpu_s", "switch_pkts_per_cpu_s",
                  "tbf_drops", "loss", "dropped", "resends_per_rank",
@@ -133,12 +134,14 @@ def measure(cl: Cluster, p: Point, a, bits: int, rate: str, graph) -> list[dict]
     for m, s in stats.items():
         times[m] = s["times"]
         wrong[m] = sum(w[m]["wrong"] for w in recs)
+        received = ""  # on a topology: what the rank's link delivered (the link time's other way)
         if graph is not None:
             sent[m], source = round(mean_over_workers(recs, m, "tx")), "link counters"
+            received = round(mean_over_workers(recs, m, "rx"))
         else:
             sent[m], source = round(s["bytes"]), s["bytes_source"]
         extras[m] = dict(block_size=p.block_size, nlanes=p.nlanes, nslots=p.nslots,
-                         bytes_source=source,
+                         bytes_source=source, rx_bytes_per_link=received,
                          payload_bytes_per_link=round_or_blank(s.get("payload")),
                          packets_per_link=round_or_blank(s.get("packets")),
                          resends=s.get("resends", ""), spurious_resends=s.get("spurious", ""),

@@ -7,9 +7,10 @@ topology file in namespaces with tbf-limited links, beside the cost model's pred
 
 First the model's host constants are measured on loopback (no tbf, no link limits, the
 same number of processes; calibrate()): alpha per step from all-reduces of 4 elements, the
-cpu per byte from all-reduces of 32 MiB, and, when SpINA is measured, its fixed cost per
-call through the software switch; the predictions use them (the CSV also has the prediction
-with the file defaults). Then spina.netgraph.Graph builds the topology (a namespace per host
+cpu per byte from all-reduces of 32 MiB; the predictions use them (the CSV also has the
+prediction with the file defaults). SpINA ("ina") is priced with its own model's constants
+(collectives/ina_model.py, fitted by collectives/ina_calibration.py: its one calibration),
+not re-measured here. Then spina.netgraph.Graph builds the topology (a namespace per host
 and switch, a veth per link with tbf both ways, the topology's own routes) and one process
 per rank joins its host's namespace and a gloo group on its host's address. Per size every
 algorithm (methods: the planner's candidates for the file, and gloo's own dist.all_reduce
@@ -100,7 +101,7 @@ def _not_a_star(topo) -> str | None:
 
 
 def run(a, log):
-    cal = calibrate(a.topo.world, a.calibration_repeats, planner.INA in a.methods, log)
+    cal = calibrate(a.topo.world, a.calibration_repeats, log)
     params = planner.with_params(planner.CostParams(), **cal)
     yield from measure_topology(a, params, log)
 
@@ -219,13 +220,12 @@ def times(recs, nbytes, method) -> list[float]:
 
 
 # ----------------------------------------------------------------------------- the run
-def calibrate(world: int, repeats: int, ina: bool = False, log=print) -> dict:
+def calibrate(world: int, repeats: int, log=print) -> dict:
     """alpha and cpu_per_byte on loopback, where no link limits: per algorithm the median
     all-reduce time of 4 elements over its steps (alpha), and the median time of CAL_BYTES
     less that of 4 elements over the bytes the busiest rank sends plus receives in all steps
-    (cpu); the median of each over the 1-D algorithms. ina: also SpINA's fixed cost per call,
-    the median time of all-reducing 4 elements through the software switch on loopback
-    (ina_call_s)."""
+    (cpu); the median of each over the 1-D algorithms. SpINA's constants are its model's
+    (collectives.ina_model.Assumptions), not measured here."""
     algs = ("ring", "halving-doubling", "direct")
     recs = run_ranks([(None, "127.0.0.1", "lo")] * world,
                      dict(algorithms=algs, sizes=[16, CAL_BYTES], repeats=repeats,
@@ -241,16 +241,7 @@ def calibrate(world: int, repeats: int, ina: bool = False, log=print) -> dict:
         log(f"calibration: {a}: {alphas[-1] * 1e3:.3f} ms per step, "
             f"{cpus[-1] * 1e9:.3f} ns per byte moved")
     alpha = statistics.median(alphas)
-    out = dict(alpha=alpha, cpu_per_byte=statistics.median(cpus))
-    if ina:
-        from bench.paired import Cluster, Request
-        from bench.procs import Point
-        with Cluster(world, nslots=16, block_size=256, nlanes=56) as cl:
-            res = cl.measure(Request(Point("cal", world, 4, 1.0, 256, 56, 256), repeats,
-                                     ("spina",)))
-        out["ina_call_s"] = statistics.median(slowest(res, "spina"))
-        log(f"calibration: ina {out['ina_call_s'] * 1e3:.3f} ms per call")
-    return out
+    return dict(alpha=alpha, cpu_per_byte=statistics.median(cpus))
 
 
 def _ideal(world: int):

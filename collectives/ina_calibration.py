@@ -8,14 +8,14 @@
 The runs it reads are today's code's (`bench/results/ina_calibration/`, and the
 reduce-scatter's own runs): the harness's all_reduce, all_gather and reduce_scatter WHATs on
 loopback and on the namespace stars. The agents' and the switch's CPU columns give the CPU
-per call, per value, per datagram and per IPv4 fragment (least squares of the relative
-error), the all-gather runs the switch's CPU per copy out. Fitted to the all-reduces'
-times: the share of the 2 cores the runs got and a round's wait (`machine_share`,
-`machine_round_s`: the agents and the switch wait on one another every round, and other
-sessions' work shares the cores), then an all-reduce's fixed time (the small loopback
-calls less what the rest prices for them); an all-gather's fixed time likewise. Every
-point's time, the reduce-scatters' and all-gathers' too, is then predicted with
-`ina_model.machine` and compared with its measured median. Runs of older code are listed
+per call, per value, per datagram, per IPv4 fragment and per payload byte (least squares
+of the relative error), the all-gather runs the switch's CPU per copy out. Fitted to the
+times of every point on the stars and loopback, each priced at its run's load average:
+the CPU a call runs on both cores, the cores' share per load beyond it and a round's wait
+(`machine_burst_s`, `machine_share_load`, `machine_round_s`), with each collective's fixed
+time (`_timing`). Every point's time is then predicted with `ina_model.machine` and
+compared with its measured median; `verdict` says why a point is outside the target (its
+repeats spread beyond it, it resent datagrams, or the model misses). Runs of older code are listed
 in EXCLUDED, with why.
 """
 from __future__ import annotations
@@ -43,8 +43,8 @@ ALL_REDUCE_RUNS = {"ina_calibration/loopback_small": None,
                    "ina_calibration/star8": "star8.yaml"}
 REDUCE_SCATTER_RUNS = {"ina_calibration/reduce_scatter_star4": "star4.yaml",
                        "ina_calibration/reduce_scatter_star8": "star8.yaml",
-                       "reduce_scatter/star4_compiled": "star4.yaml",  # its own runs
-                       "reduce_scatter/star8_1gbit": "star8.yaml"}
+                       "ina_calibration/reduce_scatter_star4_x2": "star4.yaml",
+                       "ina_calibration/reduce_scatter_star8_x2": "star8.yaml"}
 GATHER_RUNS = {"ina_calibration/all_gather_star4": "star4.yaml"}
 CALL_RUN, CALL_BYTES = "ina_calibration/loopback_small", 4096  # its small calls: the fixed time
 HIER_RUN = "hier_gather"  # SpINA's all-gathers on a topology: the topology planner's points
@@ -68,6 +68,12 @@ EXCLUDED.update({r: OLD_CODE for r in (
     "all_gather_net")})
 EXCLUDED["reduce_scatter/star4_1gbit, star4_1gbit_lanes, loopback4"] = \
     "the switch's Python pipeline took the reduce-scatter rounds (their README)"
+EXCLUDED["reduce_scatter/star4_compiled, star8_1gbit, star8_10gbit, " \
+         "star4_1gbit_1pct_timeline, _nslots8, _nslots4"] = \
+    "measured before the reduce-scatter laid its lanes out by shard (5b8e240); " \
+    "re-measured in ina_calibration/"
+EXCLUDED["reduce_scatter/star4_1gbit_1pct_byshard"] = \
+    "the A/B of lanes by shard at one size (docs/collectives.md)"
 EXCLUDED["all_reduce_loopback/slots_in_use_16k, timeline_1pct; all_reduce_net/timeline_1pct"] = \
     "profiles of one size (docs/profile.md)"
 EXCLUDED["collectives_planner/torus4x4, leafspine"] = "no SpINA point (not a star)"
@@ -76,8 +82,9 @@ EXCLUDED["training_net, overlap, dlcp_*, compression, bits, ps, train_digits, sc
 TARGET = 0.20  # issue 47: within 20% of every measured SpINA point
 FITTED = ("agent_s_per_call", "agent_s_per_element", "agent_s_per_narrow_value",
           "agent_s_per_datagram", "agent_s_per_fragment", "switch_s_per_datagram",
-          "switch_s_per_fragment", "gather_s_per_copy", "machine_share", "machine_round_s",
-          "call_s", "gather_call_s")  # the Assumptions fit() sets
+          "switch_s_per_fragment", "gather_s_per_copy", "machine_share_load", "machine_round_s",
+          "call_s", "gather_call_s", "scatter_call_s", "agent_s_per_byte",
+          "switch_s_per_byte", "machine_burst_s")  # the Assumptions fit() sets
 
 
 @dataclass(frozen=True)
@@ -102,6 +109,12 @@ class Point:
     fastest_s: float = math.nan  # the repeats' range
     slowest_s: float = math.nan
     resends: int = 0     # datagrams the agents sent again (every call of the point)
+    load: str = ""       # the 1-minute load average before and after the point
+
+    @property
+    def load_avg(self) -> float | None:
+        """The mean of the load before and after the point (None: not recorded)."""
+        return statistics.mean(float(x) for x in self.load.split("-")) if self.load else None
 
     @property
     def cells(self) -> list[str]:
@@ -144,7 +157,8 @@ def _opt(text: str) -> float | None:
 def _timed(r: dict) -> dict:
     """A harness row's median, fastest and slowest repeat (s) and resends."""
     return dict(measured_s=float(r["time_us"]) * 1e-6, fastest_s=float(r["time_min_us"]) * 1e-6,
-                slowest_s=float(r["time_max_us"]) * 1e-6, resends=int(r["resends"] or 0))
+                slowest_s=float(r["time_max_us"]) * 1e-6, resends=int(r["resends"] or 0),
+                load=r["load"])
 
 
 def load(root: Path = RESULTS) -> list[Point]:
@@ -181,7 +195,8 @@ def load(root: Path = RESULTS) -> list[Point]:
         if r["method"] in (plan.SWITCH, plan.LEADER_SWITCH):
             out.append(Point(HIER_RUN, "all_gather", 4, int(r["bytes"]), 0.0, 9000, 1.0, 32, 256,
                              float(r["median_s"]), None, None, HIER_TOPOLOGY, r["method"],
-                             fastest_s=float(r["min_s"]), slowest_s=float(r["max_s"])))
+                             fastest_s=float(r["min_s"]), slowest_s=float(r["max_s"]),
+                             load=f"{float(r['load_start']):.2f}-{float(r['load_end']):.2f}"))
     return out
 
 
@@ -191,13 +206,15 @@ def _job(a: m.Assumptions, p: Point) -> m.Assumptions:
 
 
 def _counts(a: m.Assumptions, p: Point):
-    """(values, values in narrow lanes, datagrams, fragments) one rank handles, and
-    (datagrams, fragments) the switch takes in, as ina_model.machine counts them."""
+    """(values, values in narrow lanes, datagrams, fragments, payload bytes) one rank
+    handles, and (datagrams, fragments, payload bytes) the switch takes in, as
+    ina_model.machine counts them."""
     nu, nd, fu, fd, _, _ = m.machine_streams(_job(a, p), p.collective, p.workers, p.nbytes,
                                              p.density, p.lane_bits, p.mtu)
+    up, down = m.rank_bytes(p.collective, p.workers, p.nbytes, p.density, p.lane_bits)
     values = p.nbytes // 4
-    return (1, values, values * (p.lane_bits < 32), nu + nd, fu + fd), \
-        (p.workers * nu, p.workers * fu)
+    return (1, values, values * (p.lane_bits < 32), nu + nd, fu + fd, up + down), \
+        (p.workers * nu, p.workers * fu, p.workers * up)
 
 
 def _least_squares(x: list, y: list) -> np.ndarray:
@@ -225,42 +242,51 @@ def fit(points: list[Point], base: m.Assumptions | None = None) -> m.Assumptions
     a = base.with_(agent_s_per_call=float(agent[0]), agent_s_per_element=float(agent[1]),
                    agent_s_per_narrow_value=float(agent[2]),
                    agent_s_per_datagram=float(agent[3]), agent_s_per_fragment=float(agent[4]),
-                   switch_s_per_datagram=float(switch[0]),
-                   switch_s_per_fragment=float(switch[1]))
+                   agent_s_per_byte=float(agent[5]), switch_s_per_datagram=float(switch[0]),
+                   switch_s_per_fragment=float(switch[1]), switch_s_per_byte=float(switch[2]))
     # all-gather: the switch's CPU beyond the datagrams in is its copies out
     copies = []
     for p in points:
         if p.collective == "all_gather" and p.switch_cpu_s:
-            dg_in, fr_in = _counts(a, p)[1]
-            inbound = dg_in * a.switch_s_per_datagram + fr_in * a.switch_s_per_fragment
+            dg_in, fr_in, bytes_in = _counts(a, p)[1]
+            inbound = m.switch_cpu(a, dg_in, fr_in, bytes_in)
             copies.append(max(0.0, p.switch_cpu_s - inbound) / (dg_in * (p.workers - 1)))
-    a = a.with_(gather_s_per_copy=statistics.median(copies), gather_call_s=0.0)
-    # the cores' share these runs got and a round's wait: the pair that leaves the fewest
-    # all-reduce points outside the target (then the least median error), each with its
-    # fixed time
-    pairs = [a.with_(machine_share=i / 20, machine_round_s=j * 2.5e-4)
-             for i in range(4, 21) for j in range(24)]
-    pairs = [s.with_(call_s=call_time(s, points)) for s in pairs]
-    a = min(pairs, key=lambda s: _miss(s, ar))
-    # the all-gather's fixed time, the same way
-    gathers = [p for p in points if p.collective == "all_gather"]
-    return min((a.with_(gather_call_s=i * 1e-4) for i in range(201)),
-               key=lambda s: _miss(s, gathers))
+    return _timing(a.with_(gather_s_per_copy=statistics.median(copies)), points)
 
 
-def _miss(a: m.Assumptions, points: list[Point]) -> tuple[int, float]:
-    """(points outside the target, median |error|) of `points` priced with `a`."""
-    errs = [abs(predict(a, p).seconds / p.measured_s - 1) for p in points]
-    return sum(e > TARGET for e in errs), statistics.median(errs)
+CALLS = {"all_reduce": "call_s", "reduce_scatter": "scatter_call_s",
+         "all_gather": "gather_call_s"}  # each collective's fixed time
 
 
-def call_time(a: m.Assumptions, points: list[Point]) -> float:
-    """SpINA's fixed time per all-reduce call: over CALL_RUN's calls of at most CALL_BYTES
-    (4 ranks on loopback, one slot), the median of their times less what `a` (with no fixed
-    time) prices for their datagrams and values."""
-    small = [p for p in points if p.run == CALL_RUN and p.nbytes <= CALL_BYTES]
-    return max(0.0, statistics.median(
-        p.measured_s - predict(a.with_(call_s=0.0), p).seconds for p in small))
+def _timing(a: m.Assumptions, points: list[Point]) -> m.Assumptions:
+    """The cores' burst, their share per load and a round's wait: the triple (on a grid)
+    that leaves the fewest points outside the target, then the least median error; with
+    each, every collective's fixed time (the median of its points' times less what the rest
+    prices; the all-reduce's over CALL_RUN's calls of at most CALL_BYTES: 4 ranks on
+    loopback, one slot). Every point's terms but these are priced once (ina_model.machine
+    with none of them), the grid at once in numpy."""
+    bare = a.with_(machine_burst_s=0.0, machine_share_load=1.0, machine_load=1.0,
+                   machine_round_s=0.0, **dict.fromkeys(CALLS.values(), 0.0))
+    terms = [predict(bare, p).terms for p in points]
+    cpu, link, slot_rounds = (np.array([f(t) for t in terms])[:, None] for f in (
+        lambda t: t["agents"] + t["switch"], lambda t: t["link"], lambda t: t["slot_rounds"]))
+    load = np.array([p.load_avg for p in points])[:, None]
+    share_load, burst, wait = (g.ravel()[None, :] for g in np.meshgrid(
+        np.arange(1, 41) / 10, np.arange(31) * 1e-3, np.arange(41) * 5e-5, indexing="ij"))
+    t = np.maximum(link, m.cores_time(cpu, a.machine_cores, np.minimum(1.0, share_load / load),
+                                      burst)) + slot_rounds * wait
+    measured = np.array([p.measured_s for p in points])[:, None]
+    calls, err = {}, np.zeros_like(t)
+    for collective, name in CALLS.items():
+        rows = np.array([p.collective == collective for p in points])
+        by = rows & np.array([p.run == CALL_RUN and p.nbytes <= CALL_BYTES for p in points]) \
+            if collective == "all_reduce" else rows
+        calls[name] = np.maximum(0.0, np.median(measured[by] - t[by], axis=0))
+        err[rows] = np.abs((calls[name] + t[rows]) / measured[rows] - 1)
+    best = np.lexsort((np.median(err, axis=0), (err > TARGET).sum(axis=0)))[0]
+    return a.with_(machine_share_load=float(share_load[0, best]),
+                   machine_burst_s=float(burst[0, best]), machine_round_s=float(wait[0, best]),
+                   **{name: float(c[best]) for name, c in calls.items()})
 
 
 def predict(a: m.Assumptions, p: Point) -> m.Cost:
@@ -271,7 +297,7 @@ def predict(a: m.Assumptions, p: Point) -> m.Cost:
         got = plan.predict(topology.load(p.topology), p.collective, p.nbytes, p.algorithm)
         return m.Cost(got.seconds, got.bottleneck, {})
     return m.machine(_job(a, p), p.collective, p.workers, p.nbytes, p.rate, p.density,
-                     p.lane_bits, p.mtu, p.burst)
+                     p.lane_bits, p.mtu, p.burst, p.load_avg)
 
 
 def _key(p: Point):
@@ -295,32 +321,52 @@ def errors(a: m.Assumptions, points: list[Point]) -> list[dict]:
     return out
 
 
+CLASSES = {  # why a point is outside the target, in the order they are checked
+    "within": "within 20% of the median",
+    "noisy": "its own repeats reach more than 20% from their median: the measurement does "
+             "not pin the time to 20%",
+    "resends": "its agents resent datagrams (a timeout's wait, which the model does not "
+               "price)",
+    "model": "a model miss: repeats within 20% of their median and no resend"}
+
+
+def verdict(row: dict) -> str:
+    """The point's class (CLASSES): within the target, else why not."""
+    p = row["point"]
+    if abs(row["error"]) <= TARGET:
+        return "within"
+    if p.fastest_s < (1 - TARGET) * p.measured_s or p.slowest_s > (1 + TARGET) * p.measured_s:
+        return "noisy"
+    return "resends" if p.resends else "model"
+
+
 def table(rows: list[dict]) -> str:
-    """The error table as markdown, then the counts: within the target, and of the rest
-    those whose prediction lies within their repeats' range."""
+    """The error table as markdown, then the count of each class (CLASSES) and the spread of
+    the configurations measured in more than one run."""
     lines = ["| run | collective | workers | size | link | MTU | density | lane bits x block | "
-             "slots | measured ms [repeats] | resends | predicted ms | error | bottleneck |",
-             "|---" * 14 + "|"]
+             "slots | load | measured ms [repeats] | resends | predicted ms | error | "
+             "bottleneck | class |",
+             "|---" * 16 + "|"]
     for r in rows:
         p = r["point"]
-        mark = "" if abs(r["error"]) <= TARGET else " (outside 20%)"
-        lines.append(f"| {p.run} | {' | '.join(p.cells)} | {p.measured_s * 1e3:.1f} "
-                     f"[{p.fastest_s * 1e3:.1f}-{p.slowest_s * 1e3:.1f}] | {p.resends} | "
-                     f"{r['predicted_s'] * 1e3:.1f} | {r['error']:+.0%}{mark} | "
-                     f"{r['bottleneck']} |")
-    inside = [abs(r["error"]) <= TARGET for r in rows]
-    ranged = sum(not ok and r["point"].fastest_s <= r["predicted_s"] <= r["point"].slowest_s
-                 for ok, r in zip(inside, rows))
+        lines.append(f"| {p.run} | {' | '.join(p.cells)} | {p.load} | "
+                     f"{p.measured_s * 1e3:.1f} [{p.fastest_s * 1e3:.1f}-"
+                     f"{p.slowest_s * 1e3:.1f}] | {p.resends} | {r['predicted_s'] * 1e3:.1f} | "
+                     f"{r['error']:+.0%} | {r['bottleneck']} | {verdict(r)} |")
+    counts = {c: sum(verdict(r) == c for r in rows) for c in CLASSES}
     noisy = [r for r in rows if r["runs"] > 1]
     errs = sorted(abs(r["error"]) for r in rows)
     lines.append("")
-    lines.append(f"{sum(inside)} of {len(rows)} points within {TARGET:.0%} of their median; "
-                 f"median |error| {statistics.median(errs):.0%}, largest {errs[-1]:.0%}. Of "
-                 f"the {len(rows) - sum(inside)} others, {ranged} predict a time within "
-                 "their repeats' range." + (
-                     f" {len(noisy)} points were measured in more than one run; their "
-                     f"medians differ by up to {max(r['spread'] for r in noisy):.2f}x."
-                     if noisy else ""))
+    lines.append(f"{counts['within']} of {len(rows)} points within {TARGET:.0%} of their "
+                 f"median; median |error| {statistics.median(errs):.0%}, largest "
+                 f"{errs[-1]:.0%}. Of the {len(rows) - counts['within']} others:")
+    lines += [f"- {counts[c]} {c}: {CLASSES[c]}" for c in CLASSES if c != "within"]
+    ranged = [r for r in rows if verdict(r) == "noisy"
+              and r["point"].fastest_s <= r["predicted_s"] <= r["point"].slowest_s]
+    lines.append(f"Of the noisy, {len(ranged)} predict a time within their repeats' range.")
+    if noisy:
+        lines.append(f"{len(noisy)} points were measured in more than one run; their medians "
+                     f"differ by up to {max(r['spread'] for r in noisy):.2f}x.")
     lines += ["", "Not in the table (bench/results/):"]
     lines += [f"- {run}: {why}" for run, why in EXCLUDED.items()]
     return "\n".join(lines)

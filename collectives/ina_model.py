@@ -22,8 +22,8 @@ the switch the terms below stream together, so a call takes its fixed cost plus 
 latency plus the largest of them (the bottleneck):
 
 - the worker's link: its wire bytes up, and down, at the rate;
-- the worker's agent: a scan of the tensor per element and a cost per packet it sends or
-  receives, on `agent_cores` cores (both measured on this machine);
+- the worker's agent: a scan of the tensor per element and a cost per packet and per
+  payload byte it sends or receives, on `agent_cores` cores (measured on this machine);
 - the window: a slot's packets follow one another, a round trip each.
 
 The packets are the protocol's rounds (docs/aggregation.md, `rounds`): per slot the call's
@@ -50,11 +50,12 @@ or with overlap max(compute, communication): the communication hidden behind the
 pass up to the compute time.
 
 On this machine (`machine`: 2 cores shared by every agent and the software switch) the
-same terms add up on the cores instead: call + max(link, (N x agent + switch) / (cores x
-share)) + rounds per slot x a round's wait, the share and the wait being what the cores
-give a call whose agents and switch wait on one another every round (and on other
-sessions' work); collectives/ina_calibration.py fits the constants from bench/results/
-and reports every point's error (docs/collectives.md, "SpINA at cluster scale").
+same terms add up on the cores instead: call + max(link, cores(N x agent + switch)) +
+rounds per slot x a round's wait, where cores(W) runs a call's first `machine_burst_s` of
+CPU on every core (its processes slept between calls) and the rest at the share the load
+average leaves (`share`: other sessions' work competes for the cores);
+collectives/ina_calibration.py fits the constants from bench/results/ and reports every
+point's error (docs/collectives.md, "Calibration on this machine").
 """
 from __future__ import annotations
 
@@ -95,28 +96,40 @@ class Assumptions:
     slots: int = _c(16, "datagrams in flight per rank: JobConfig.nslots")
     # this machine: collectives/ina_calibration.py fits them from bench/results/;
     # tests/test_ina_model.py checks that these are its fit
-    agent_s_per_call: float = _c(0.00032, "measured here: the agent's CPU per call (its "
+    agent_s_per_call: float = _c(0.000331, "measured here: the agent's CPU per call (its "
                                  "plan, buffers, Python)")
-    agent_s_per_element: float = _c(2.2e-10, "measured here: the agent's CPU per value "
+    agent_s_per_element: float = _c(2.46e-10, "measured here: the agent's CPU per value "
                                      "(scan, quantize, unpack)")
     agent_s_per_narrow_value: float = _c(0.0, "measured here: more per value in 16- or "
                                          "8-bit lanes (quantize and pack; fitted: none)")
-    agent_s_per_datagram: float = _c(5.7e-06, "measured here: the agent's CPU per datagram "
+    agent_s_per_datagram: float = _c(5.38e-06, "measured here: the agent's CPU per datagram "
                                       "sent or received (kernel UDP)")
-    agent_s_per_fragment: float = _c(8.3e-06, "measured here: ... and per IPv4 fragment")
-    switch_s_per_datagram: float = _c(9.7e-06, "measured here: the compiled software "
+    agent_s_per_fragment: float = _c(7.39e-06, "measured here: ... and per IPv4 fragment")
+    agent_s_per_byte: float = _c(1.21e-10, "measured here: ... and per payload byte it sends or "
+                                 "receives (pack, copy, unpack)")
+    switch_s_per_datagram: float = _c(8.6e-06, "measured here: the compiled software "
                                        "switch's CPU per datagram in")
-    switch_s_per_fragment: float = _c(6.5e-06, "measured here: ... and per IPv4 fragment")
-    gather_s_per_copy: float = _c(3.6e-05, "measured here: the switch's CPU per all-gather "
-                                   "datagram copied out (its Python path)")
-    call_s: float = _c(0.0, "measured here: an all-reduce's fixed time (calls of 4 KiB "
+    switch_s_per_fragment: float = _c(6.27e-06, "measured here: ... and per IPv4 fragment")
+    switch_s_per_byte: float = _c(6.71e-11, "measured here: ... and per payload byte in (the adds, "
+                                  "the result's copies out)")
+    gather_s_per_copy: float = _c(5.5e-05, "measured here: the switch's CPU per all-gather "
+                                   "datagram copied out (its compiled path)")
+    call_s: float = _c(0.000168, "measured here: an all-reduce's fixed time (calls of 4 KiB "
                        "at most, 4 ranks on loopback, less their CPU and rounds)")
-    gather_call_s: float = _c(0.0, "fitted here: an all-gather's fixed time")
+    gather_call_s: float = _c(0.000125, "fitted here: an all-gather's fixed time")
+    scatter_call_s: float = _c(0.000972, "fitted here: a reduce-scatter's fixed time (its shard "
+                               "split, its owners per round)")
     machine_cores: int = _c(2, "this machine: every agent and the switch share them")
-    machine_share: float = _c(0.5, "fitted here: the share of those cores a run got (other "
-                              "sessions' work shares them too)")
-    machine_round_s: float = _c(0.0013, "fitted here: a slot's round waits this long more (its "
-                                "agents and the switch each wait for a core)")
+    machine_burst_s: float = _c(0.005, "fitted here: a call's first CPU-seconds run on every "
+                                "core (its processes slept between calls: the scheduler "
+                                "owes them that much)")
+    machine_share_load: float = _c(3.4, "fitted here: beyond that a call gets this over the "
+                                   "1-minute load average of the cores (all of them at most: "
+                                   "other sessions' work shares them too)")
+    machine_load: float = _c(8.0, "assumed: the load average when a call runs here (the "
+                             "calibration's runs: 4.5 to 12.5, each point's own)")
+    machine_round_s: float = _c(0.0002, "fitted here: a slot's round waits this long more (its "
+                                "agents and the switch each wake up)")
     # the Tofino program
     tofino_values: int = _c(64, "int32 per packet, one block: tofino/size.p4 BLOCK_SIZE")
     tofino_packet: int = _c(350, "bytes on the wire: 14 + 20 + 8 + 48 + 4 + 256 "
@@ -153,8 +166,9 @@ class Assumptions:
                   "tofino_ports_per_pipe"):
             if getattr(self, k) < 1:
                 raise ValueError(f"{k}: must be at least 1, got {getattr(self, k)!r}")
-        if not self.machine_share > 0:
-            raise ValueError(f"machine_share: must be above 0, got {self.machine_share!r}")
+        for k in ("machine_share_load", "machine_load"):
+            if not getattr(self, k) > 0:
+                raise ValueError(f"{k}: must be above 0, got {getattr(self, k)!r}")
         if self.software_fan_in < 2 or self.ranks_per_switch < 2:
             raise ValueError("software_fan_in: a switch needs at least 2 children")
         return self
@@ -246,19 +260,66 @@ def stream(payload: float, packets: float, header: int, mtu: int, gap: int = 0):
 
 def _packets(collective: str, n: int, nbytes: int, density: float, lanes: int, block: int,
              slots: int) -> tuple[float, float]:
-    """Packets one rank sends up and receives down: an all-reduce's rounds (a
-    reduce-scatter's results only for its shard), an all-gather's chunks."""
+    """Packets one rank sends up and receives down: an all-reduce's rounds, a
+    reduce-scatter's (`by_shard`: each shard an all-reduce of its own on its slots), an
+    all-gather's chunks."""
     if collective == "all_gather":
         per = lanes * block * 4
         return math.ceil(nbytes / n / per), (n - 1) * math.ceil(nbytes / n / per)
-    d = rounds(n, nbytes // 4, density, lanes, block, slots)
+    if by_shard(collective, n, slots):
+        d = n * rounds(n, nbytes // 4 // n, density, lanes, block, slots // n)
+    else:
+        d = rounds(n, nbytes // 4, density, lanes, block, slots)
     return d, d  # a reduce-scatter's rank gets every round: others' shards header-only
 
 
-def _in_flight(collective: str, nbytes: int, lanes: int, block: int, slots: int) -> int:
-    """Slots in use: an all-gather's window, or the slots an all-reduce's length fills."""
-    return slots if collective == "all_gather" else active_slots(nbytes // 4, lanes, block,
-                                                                 slots)
+def by_shard(collective: str, n: int, slots: int) -> bool:
+    """Whether a call lays its lanes out by shard: a reduce-scatter with at least as many
+    slots as ranks (host_agent/scatter.py `Owners.lanes`; priced as slots // n per shard)."""
+    return collective == "reduce_scatter" and slots >= n
+
+
+def _in_flight(collective: str, n: int, nbytes: int, lanes: int, block: int,
+               slots: int) -> int:
+    """Slots in use: an all-gather's window, or the slots a call's length fills (by shard:
+    each shard's, on its slots)."""
+    if collective == "all_gather":
+        return slots
+    if by_shard(collective, n, slots):
+        return n * active_slots(nbytes // 4 // n, lanes, block, slots // n)
+    return active_slots(nbytes // 4, lanes, block, slots)
+
+
+def agent_cpu(a: Assumptions, elements: float, narrow: float, datagrams: float,
+              frags: float, payload: float, per_datagram: float | None = None) -> float:
+    """An agent's CPU for one call: its fixed part, a scan per value (more per value in
+    narrow lanes), and per datagram (`per_datagram`, default the kernel UDP one), IPv4
+    fragment and payload byte it sends or receives."""
+    return (a.agent_s_per_call + elements * a.agent_s_per_element
+            + narrow * a.agent_s_per_narrow_value + frags * a.agent_s_per_fragment
+            + datagrams * (a.agent_s_per_datagram if per_datagram is None else per_datagram)
+            + payload * a.agent_s_per_byte)
+
+
+def switch_cpu(a: Assumptions, datagrams: float, frags: float, payload: float) -> float:
+    """The software switch's CPU for the datagrams, IPv4 fragments and payload bytes it
+    takes in (the result's copies out included; an all-gather's: `gather_s_per_copy`)."""
+    return datagrams * a.switch_s_per_datagram + frags * a.switch_s_per_fragment \
+        + payload * a.switch_s_per_byte
+
+
+def cores_time(cpu_s, cores: int, share, burst_s):
+    """Seconds `cores` cores take for `cpu_s` CPU-seconds of one call: the first `burst_s`
+    on every core, the rest at `share` of them (floats, or numpy arrays: the calibration's
+    grid)."""
+    burst = np.minimum(cpu_s, burst_s)
+    return burst / cores + (cpu_s - burst) / (cores * share)
+
+
+def share(a: Assumptions, load: float | None = None):
+    """The share of this machine's cores a call gets beyond its burst at `load` (the load
+    average; default `machine_load`): machine_share_load / load, all of them at most."""
+    return np.minimum(1.0, a.machine_share_load / (a.machine_load if load is None else load))
 
 
 def machine_streams(a: Assumptions, collective: str, n: int, nbytes: int, density: float,
@@ -274,26 +335,34 @@ def machine_streams(a: Assumptions, collective: str, n: int, nbytes: int, densit
 
 def machine(a: Assumptions, collective: str, n: int, nbytes: int, rate: float,
             density: float = 1.0, lane_bits: int = 32, mtu: int = 9000,
-            burst: float = 0.0) -> Cost:
+            burst: float = 0.0, load: float | None = None) -> Cost:
     """One call on this machine's namespace star (or loopback: rate inf): n agents and the
-    software switch share `machine_cores` cores; each link sends `burst` bytes at once (tbf's
-    bucket, full when a call starts: the harness checks each result between calls, longer
-    than the bucket takes to refill) and the rest at its rate."""
+    software switch share `machine_cores` cores, the first `machine_burst_s` of their CPU on
+    all of them, the rest at the share the load average `load` leaves (`share`); each link
+    sends `burst` bytes at once (tbf's bucket, full when a call starts: the harness checks
+    each result between calls, longer than the bucket takes to refill) and the rest at its
+    rate."""
     nu, nd, fu, fd, wu, wd = machine_streams(a, collective, n, nbytes, density, lane_bits,
                                              mtu)
+    up, down = rank_bytes(collective, n, nbytes, density, lane_bits)
     elements = 0 if collective == "all_gather" else nbytes // 4
-    per_value = a.agent_s_per_element + (a.agent_s_per_narrow_value if lane_bits < 32 else 0)
-    agents = n * (a.agent_s_per_call + elements * per_value
-                  + (nu + nd) * a.agent_s_per_datagram + (fu + fd) * a.agent_s_per_fragment)
-    switch = n * (nu * a.switch_s_per_datagram + fu * a.switch_s_per_fragment)
+    agents = n * agent_cpu(a, elements, elements * (lane_bits < 32), nu + nd, fu + fd,
+                           up + down)
+    switch = n * switch_cpu(a, nu, fu, up)
     if collective == "all_gather":
         switch += n * nu * (n - 1) * a.gather_s_per_copy
-    link = max(0.0, max(wu, wd) - burst) * 8 / rate
-    cpu = (agents + switch) / (a.machine_cores * a.machine_share)
-    window = max(nu, nd) / _in_flight(collective, nbytes, a.lanes, a.block, a.slots) \
-        * a.machine_round_s  # a slot's rounds, one after another
-    terms = {"link": link, "cpu": cpu, "agents": agents, "switch": switch, "window": window}
-    call = a.gather_call_s if collective == "all_gather" else a.call_s
+    # where the bucket runs dry, the last round's result follows its contributions: one
+    # datagram down more (store and forward through the switch)
+    over = max(wu, wd) - burst
+    link = (over + wd / max(nd, 1)) * 8 / rate if over > 0 else 0.0
+    cpu = float(cores_time(agents + switch, a.machine_cores, share(a, load),
+                           a.machine_burst_s))
+    slot_rounds = max(nu, nd) / _in_flight(collective, n, nbytes, a.lanes, a.block, a.slots)
+    window = slot_rounds * a.machine_round_s  # a slot's rounds, one after another
+    terms = {"link": link, "cpu": cpu, "agents": agents, "switch": switch, "window": window,
+             "slot_rounds": slot_rounds}
+    call = {"all_gather": a.gather_call_s, "reduce_scatter": a.scatter_call_s}.get(
+        collective, a.call_s)
     return Cost(call + max(link, cpu) + window, "link" if link >= cpu else "cpu", terms)
 
 
@@ -344,14 +413,13 @@ def predict(a: Assumptions, workers: int, nbytes: int, rate: float, density: flo
         return stream(payload, packets, header, mtu, gap)[1]
     terms: dict[str, float] = {"link": max(wire(up, nu), wire(down, nd)) * 8 / rate}
     elements = 0 if collective == "all_gather" else nbytes / 4
-    per_value = a.agent_s_per_element + (a.agent_s_per_narrow_value if lane_bits < 32 else 0)
     # kernel UDP (software) pays per IPv4 fragment too; a Tofino's packets fit one frame
     frags = sum(stream(b, k, header, mtu)[0] for b, k in ((up, nu), (down, nd))) \
         if switch == "software" else 0
-    terms["agent"] = (a.agent_s_per_call + elements * per_value + (nu + nd) * agent_pkt
-                      + frags * a.agent_s_per_fragment) / a.agent_cores
+    terms["agent"] = agent_cpu(a, elements, elements * (lane_bits < 32), nu + nd, frags,
+                               up + down, agent_pkt) / a.agent_cores
     # a slot's packets follow one another
-    terms["window"] = max(nu, nd) / _in_flight(collective, nbytes, lanes, block, slots) * rtt
+    terms["window"] = max(nu, nd) / _in_flight(collective, n, nbytes, lanes, block, slots) * rtt
     # each level's switches: k children, each with `sub` workers under it, send up what
     # their subtrees hold and receive what their subtrees need, in as many packets as a
     # rank (the rounds are the job's: every child sends one per round)
@@ -387,7 +455,8 @@ def predict(a: Assumptions, workers: int, nbytes: int, rate: float, density: flo
                                                                            sent(sub * k)))
             dg_in = k * sent(sub) + (0 if top else got(sub * k))
             frags_in = k * stream(give(sub), sent(sub), header, mtu)[0]
-            cpu = dg_in * a.switch_s_per_datagram + frags_in * a.switch_s_per_fragment
+            cpu = switch_cpu(a, dg_in, frags_in, k * give(sub)
+                             + (0 if top else need(sub * k)))
             if collective == "all_gather":  # it copies each datagram out to the others
                 cpu += (k * got(sub) + (0 if top else sent(sub * k))) * a.gather_s_per_copy
             terms[name] = max(max(nic_in, nic_out) * 8 / rate, cpu / a.server_cores)

@@ -30,8 +30,9 @@ In-network aggregation ("ina", all-reduce only, when a switch has `aggregate: tr
 SpINA through that switch: every rank sends its non-zero blocks as int32 once up and receives
 the union of all ranks' non-zero blocks once down, in the protocol's rounds (one datagram
 per round each way, lanes of `ina_elements` values in all: collectives.ina_model.rounds);
-the switch and each agent pay this machine's calibrated CPU per datagram and per IPv4
-fragment, and the agent its scan per value (collectives.ina_model.Assumptions; or a flat
+the switch and each agent pay this machine's calibrated CPU per datagram, per IPv4
+fragment and per payload byte (`ina_model.switch_cpu`, `agent_cpu`), and the agent its scan
+per value (collectives.ina_model.Assumptions; or a flat
 `ina_switch_packet_s` and `ina_agent_packet_s` per datagram when given); the three
 pipeline (a link's full token bucket goes at once here too), so
 
@@ -262,10 +263,10 @@ def _multicast(topo, switch, senders, bounds, params, itemsize, now, bucket) -> 
     a = ina_model.Assumptions()
     frags = ina_model.fragments(per + params.ina_overhead, topo.mtu)  # of a full datagram
     agent_s = m * n * (a.agent_s_per_datagram + frags * a.agent_s_per_fragment
+                       + per * a.agent_s_per_byte
                        if params.ina_agent_packet_s is None else params.ina_agent_packet_s)
     switch_s = m * n * (m - 1) * params.gather_copy_s if params.gather_copy_s is not None \
-        else m * n * ((m - 1) * a.gather_s_per_copy + a.switch_s_per_datagram
-                      + frags * a.switch_s_per_fragment)
+        else m * n * ((m - 1) * a.gather_s_per_copy + ina_model.switch_cpu(a, 1, frags, per))
     load: dict[tuple[int, int], float] = {}
     lat = 0.0
     for cs in senders:
@@ -312,10 +313,9 @@ def _ina_via(topo, switch, elements, params) -> Prediction:
     a = ina_model.Assumptions()  # SpINA's block and slots (lanes: ina_elements / block)
     packets = ina_model.rounds(p, elements, params.density, params.ina_elements // a.block,
                                a.block, a.slots)
-    up = params.density * elements * 4
+    up, down = params.density * elements * 4, ina_model.union(params.density, p) * elements * 4
     frags_up, wire_up = ina_model.stream(up, packets, params.ina_overhead, topo.mtu)
-    frags_down, wire_down = ina_model.stream(ina_model.union(params.density, p) * elements * 4,
-                                             packets, params.ina_overhead, topo.mtu)
+    frags_down, wire_down = ina_model.stream(down, packets, params.ina_overhead, topo.mtu)
     load: dict[tuple[int, int], float] = {}
     lat = 0.0
     for r in topo.ranks:
@@ -331,11 +331,9 @@ def _ina_via(topo, switch, elements, params) -> Prediction:
     link_s = link[neck]
     switch_s = p * packets * params.ina_switch_packet_s \
         if params.ina_switch_packet_s is not None \
-        else p * (packets * a.switch_s_per_datagram + frags_up * a.switch_s_per_fragment)
+        else p * ina_model.switch_cpu(a, packets, frags_up, up)
     agent_s = 2 * packets * params.ina_agent_packet_s if params.ina_agent_packet_s is not None \
-        else (a.agent_s_per_call + elements * a.agent_s_per_element
-              + 2 * packets * a.agent_s_per_datagram
-              + (frags_up + frags_down) * a.agent_s_per_fragment)
+        else ina_model.agent_cpu(a, elements, 0, 2 * packets, frags_up + frags_down, up + down)
     bound = max((link_s, _link_name(topo, neck)), (switch_s, f"switch {switch} CPU"),
                 (agent_s, "agent CPU"))
     seconds = params.ina_call_s + lat + bound[0]

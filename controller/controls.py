@@ -92,6 +92,11 @@ class Control:
                 raise ConfigError(f"switches.{sw.name}.p4info: the program has no table {t!r}, "
                                   "which the fabric plan needs (the leaf/spine roles of "
                                   "p4src/v1model/fabric.p4)")
+            names = [x.name for x in self.index.get("actions", a).params]
+            try:
+                p = rows.program_params(a, p, names)
+            except KeyError as e:
+                raise ConfigError(f"switches.{sw.name}.p4info: {e.args[0]}") from None
             out.append(self.index.table_entry(t, k, a, p))
         return out
 

@@ -52,6 +52,7 @@ from spina.fields import integer, mapping, need, optional_list, string
 # (the leaf's bitmap has one bit per worker of its rack, by local rank): 1024 workers.
 MAX_WORKERS_PER_RACK = wire.MAX_WORKERS
 LEAF, SPINE = "leaf", "spine"
+ROLE_ACTIONS = {LEAF: "as_leaf", SPINE: "as_spine"}  # job_level's action of each level
 
 
 @dataclass(frozen=True)
@@ -232,6 +233,15 @@ def _fabric_target(state, sw, where: str, role: str) -> None:
     need(tofino.has_roles(info), where, f"switch {sw.name!r} is a tofino switch, and its TNA "
           f"program ({path}) has no {role} role: its P4Info declares no "
           f"{' / '.join(tofino.ROLE_TABLES)} tables ({tofino.NO_ROLES})")
+    action = ROLE_ACTIONS[role]
+    declared = [a for a in info.actions if a.preamble.name.rsplit(".", 1)[-1] == action]
+    need(bool(declared), where, f"switch {sw.name!r} is a tofino switch, and its TNA program "
+          f"({path}) declares no action {action!r}, which the {role} role's rows name")
+    names = [p.name for p in declared[0].params]
+    for name in rows.underivable(action, names, [p for p, _ in spec.ACTIONS[action].params]):
+        need(False, where, f"switch {sw.name!r} is a tofino switch, and its TNA program's "
+              f"action {action!r} ({path}) takes parameter {name!r}, which the plan's rows "
+              "neither have nor derive (spina/rows.py DERIVED_PARAMS)")
 
 
 def parse(doc, path: pathlib.Path | None = None) -> Fabric:

@@ -191,7 +191,7 @@ class TofinoRegisters(P4RuntimeRegisters):
     def selected(self, names) -> list[str]:
         """`names` the P4Info declares, then slot_rank_round if it declares it and some
         per-copy slot register is cleared with it (its cells go with the slot copies; the
-        per-slot head registers, which the TNA program lacks, are cleared apart)."""
+        per-slot head register, head_round in the Tofino 2 profile only, is cleared apart)."""
         out = [n for n in names if self.conn.index.has("registers", n)
                and n != self.RANK_REGISTER]
         per_copy = any(n not in spec.HEAD_REGISTERS for n in out)

@@ -54,15 +54,17 @@ BFRT_NAMES = ("bfrt.json", "bf-rt.json")  # bf-p4c's name, the SDE's installed n
 
 # What a TNA program has, read from its P4Info (tofino/README.md, "What each target supports"):
 # the fabric roles are p4src's job_level and leaf_upstream tables (p4src/v1model/fabric.p4),
-# the hold of a newer round needs head_round (spec.HEAD_REGISTERS). No TNA program compiled so
-# far has either; these say why, for the controller's refusals.
+# the hold of a newer round needs head_round (spec.HEAD_REGISTERS). The Tofino 1 programs have
+# neither, the Tofino 2 profile (tofino/spina_t2na_roles.p4) both; these say why, for the
+# controller's refusals.
 ROLE_TABLES = ("job_level", "leaf_upstream")
 HOLD_REGISTER = "head_round"
 NO_ROLES = ("not written for Tofino: a leaf stores its spine's result, a spine adopts a "
             "leaf's replay (tofino/README.md, 'The hold and the roles on Tofino 1')")
 NO_HOLD = ("a flush could strand a worker whose result was lost (docs/reliability.md); on "
            "Tofino 1 the hold's update needs 3 comparisons in one stateful ALU, which has 2 "
-           "(bf-p4c's message in tofino/README.md, 'The hold and the roles on Tofino 1')")
+           "(bf-p4c's message in tofino/README.md, 'The hold and the roles on Tofino 1'); "
+           "the Tofino 2 profile tofino/spina_t2na_roles.p4 has it")
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,10 @@ group -> [(egress port, replication id)]; `jobs` says which slots each job is ad
     leaf_job(cfg, rack, senders, upstream)       a rack's leaf (docs/scale_out.md)
     spine_job(cfg, slot_base, nslots, leaves)    a spine's shard of the job's slots
 
+A row's parameters are p4src's (spec.ACTIONS). A program whose action takes others, derived
+from them (the TNA roles' as_leaf: the rack's bit and its local ranks' mask, DERIVED_PARAMS),
+gets them from `program_params`, by the names its P4Info declares.
+
 A sender is where one rank's packets come from and where its copies of results go: the
 switch port and the host's IPv4, UDP port and MAC. In the UDP mode of the software switch
 every sender is on port 0 and has no MAC (`udp_sender`).
@@ -25,6 +29,37 @@ from spina import spec
 from spina.config import JobConfig
 
 NO_MAC = "00:00:00:00:00:00"
+
+# Parameters a program's action may take instead of spec's, each derived from the row's own:
+# Tofino has no variable shift, so the TNA roles' as_leaf (tofino/include/fabric.p4) takes the
+# rack's bit and its local ranks' mask as action data, and no mcast_grp or nlocal.
+DERIVED_PARAMS = {
+    "as_leaf": {"rack_bit": lambda p: 1 << p["rack"],
+                "all_local": lambda p: (1 << p["nlocal"]) - 1},
+}
+
+
+def underivable(action: str, names, row_params) -> list[str]:
+    """The parameters in `names` (a program's, for `action`) that a row with parameters
+    `row_params` (names) neither has nor derives (DERIVED_PARAMS)."""
+    derived = DERIVED_PARAMS.get(action, {})
+    return [n for n in names if n not in row_params and n not in derived]
+
+
+def program_params(action: str, params: dict, names) -> dict:
+    """A row's `params` for `action` as the program whose action takes `names` (its P4Info's
+    order) needs them: each the row's own or derived from them, the row's others left out (the
+    TNA as_leaf reads the job's multicast group from admission); KeyError naming the first
+    that is neither (underivable). An action without derived parameters keeps its row's
+    (the writer checks them against the program's)."""
+    if action not in DERIVED_PARAMS:
+        return params
+    missing = underivable(action, names, params)
+    if missing:
+        raise KeyError(f"action {action!r} takes parameter {missing[0]!r}, which the rows "
+                       f"(parameters {', '.join(params)}) neither have nor derive")
+    derived = DERIVED_PARAMS.get(action, {})
+    return {n: params[n] if n in params else derived[n](params) for n in names}
 
 
 @dataclass(frozen=True)

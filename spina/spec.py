@@ -294,7 +294,8 @@ TNA_PAIR_TYPE = "pair_t"
 TNA_TABLES = ("ina_endpoint", "admission", "congestion", "l2", "ipv4_routes", "worker_rewrite")
 # Not in the TNA program: the hold of a newer round (the head registers and job_held; its
 # update does not fit a Tofino 1 stateful ALU, tofino/README.md), so the controller refuses a
-# bounded-loss job on it (a flush there could strand a worker).
+# bounded-loss job on it (a flush there could strand a worker). The Tofino 2 profile has it
+# as one register, head_round (include/hold.p4), which the controller reads in its P4Info.
 # Nor the lane counters: its narrow-lane profiles (tofino/size.p4 SPINA_LANE_BITS) take one
 # width, another is malformed (no job_lane_mismatch), and saturate in the registers without
 # counting it (no job_lane_saturated; tofino/README.md, "Narrow lanes").

@@ -218,9 +218,11 @@ def run_calibration(args) -> int:
         return cli.fail("spina plan", f"bench/results: {e}")
     if args.json:
         print(json.dumps([dict(run=r["point"].run, point=r["point"].cells,
-                               measured_s=r["point"].measured_s,
-                               predicted_s=r["predicted_s"], error=r["error"],
-                               bottleneck=r["bottleneck"]) for r in rows], indent=1))
+                               load=r["point"].load, measured_s=r["point"].measured_s,
+                               fastest_s=r["point"].fastest_s, slowest_s=r["point"].slowest_s,
+                               resends=r["point"].resends, predicted_s=r["predicted_s"],
+                               error=r["error"], bottleneck=r["bottleneck"],
+                               verdict=cal.verdict(r)) for r in rows], indent=1))
     else:
         print(cal.table(rows))
     return 0

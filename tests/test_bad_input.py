@@ -631,7 +631,8 @@ def _commands():
 # The other command lines a user types: each module's parser(prog).
 MODULE_PARSERS = {"python -m ps": "ps.__main__:parser",
                   "python -m testbed": "testbed.__main__:parser",
-                  "python -m bench.compression_trace": "bench.compression_trace:parser"}
+                  "python -m bench.compression_trace": "bench.compression_trace:parser",
+                  "python -m bench.targets": "bench.targets:parser"}
 
 
 def _scripts():

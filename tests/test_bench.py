@@ -348,7 +348,8 @@ def test_all_gather_on_a_star(tmp_path):
 @NEEDS_NETNS
 def test_all_reduce_on_a_topology_file(tmp_path):
     """all_reduce on bench/topologies/star4.yaml built in namespaces at a rate of --rates:
-    link counters as bytes_per_link, every namespace removed afterwards."""
+    link counters as bytes_per_link and rx_bytes_per_link, every namespace removed
+    afterwards."""
     out = tmp_path / "star"
     done = bench_netns("all_reduce", "-t", "bench/topologies/star4.yaml", "--rates", "1gbit",
                        "-b", "64K", "-e", "64K", "-d", "1", "-n", "1", "--out", str(out))
@@ -357,6 +358,7 @@ def test_all_reduce_on_a_topology_file(tmp_path):
     for r in rows:
         assert r["rate"] == "1gbit" and r["workers"] == "4"
         assert r["bytes_source"] == "link counters" and int(r["bytes_per_link"]) > 0
+        assert int(r["rx_bytes_per_link"]) >= 65536  # every rank receives the whole sum
         assert float(r["busbw_GBps"]) == pytest.approx(float(r["algbw_GBps"]) * 1.5, rel=1e-3)
     gloo = next(r for r in rows if r["method"] == "gloo_allreduce")
     assert int(gloo["bytes_per_link"]) >= 65536 * 2 * 3 // 4  # the ring's share, plus headers
@@ -603,3 +605,77 @@ def test_seed_table_takes_rerun_methods_from_the_rerun(tmp_path):
         ["gloo", "85.00 (80.00..90.00)", "+0.00 (+0.00..+0.00)", "100.00%", "0, 1 |"],
         ["topk", "88.00 (88.00..88.00)", "-2.00 (-2.00..-2.00)", "2.00%", "0 |"],
         ["fp16", "89.00 (89.00..89.00)", "-1.00 (-1.00..-1.00)", "50.00%", "0 |"]]
+
+
+@NEEDS_NETNS
+def test_targets_smoke(tmp_path):
+    """bench.targets --smoke: every run of RUNS at a tiny size into its own subfolder (its
+    command and commit recorded, no wrong result), then targets.md: every target once, each
+    with a measured value and a verdict, and the run folder's command, commit and load."""
+    from bench import targets
+    out = tmp_path / "targets"
+    done = subprocess.run([sys.executable, "-m", "bench.targets", "--smoke", "--out", str(out)],
+                          cwd=ROOT, timeout=900, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for r in targets.RUNS:
+        _, rows = read(out / r.name)
+        assert rows and all(x["what"] == r.what and x["wrong"] == "0" for x in rows), r.name
+        command = (out / r.name / "command.txt").read_text()
+        assert command.startswith(f"command: python -m bench {r.what} {r.args} ")
+        assert "--max-steps 3" in command or r.what != "training"
+    page = (out / "targets.md").read_text()
+    lines = [ln for ln in page.splitlines() if ln.startswith("| ") and " | target |" not in
+             f" {ln}"]
+    assert [ln.split(" | ")[0][2:] for ln in lines] == [t.text for t in targets.TARGETS]
+    for ln in lines:
+        measured, verdict = ln.split(" | ")[1:3]
+        assert "not measured" not in measured and verdict.rstrip(" |") in (
+            "met", "**not met**", "reported"), ln
+    head = (out / "command.txt").read_text().splitlines()
+    assert head[0] == f"command: python -m bench.targets --smoke --out {out}"
+    assert head[1].startswith("commit: ") and head[-2].startswith("load at end: ")
+    assert page in done.stdout
+
+
+def test_targets_read_from_the_runs(tmp_path):
+    """Each target from its run's rows: the best dense method against its bound, top-k's time
+    to target, SpINA's best against PyTorch's best hook, the floor's bound at 10 Gbit/s, the
+    1% call against 2 x (link + scan) from the link counters, the 16 KiB call."""
+    from bench import targets
+
+    def write(run, rows):
+        (tmp_path / run).mkdir(exist_ok=True)
+        cols = sorted({k for r in rows for k in r})
+        with open(tmp_path / run / "results.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, cols)
+            w.writeheader()
+            w.writerows(rows)
+    train = []
+    for rate in ("1gbit", "10gbit"):
+        for m, step, ttt, ratio in (("gloo", "", 10.0, 1.0), ("spina", 0.9, 9.0, 0.9),
+                                    ("spina8", 0.74, 7.4, 0.74), ("topk", 0.5, 2.9, 0.29),
+                                    ("fp16", 0.8, 8.0, 0.8), ("powersgd1", 0.6, "", "")):
+            train.append(dict(method=m, rate=rate, vs_gloo=step, time_to_target_s=ttt,
+                              time_ratio=ratio, steps_to_target=30, steps=30, target_acc=95))
+    write("train", train)
+    write("floor_25mb", [dict(method="floor", rate="10gbit", vs_gloo=1.5, vs_floor=""),
+                         dict(method="spina", rate="10gbit", vs_gloo=1.4, vs_floor=0.95)])
+    # 10 Gbit/s: 1.25 MB received is 1.0 ms of link, scan 1.5 ms: bound 5.0 ms
+    sparse = dict(method="spina", rate="10gbit", bytes_per_link=300_000,
+                  rx_bytes_per_link=1_250_000, scan_ms=1.5, time_us=5000.0, time_min_us=4000,
+                  time_max_us=6000, vs_gloo=0.1, setup_ms=1, data_ms=2, waited_ms=1,
+                  call_cpu_ms=1)
+    write("sparse_1pct", [sparse])
+    write("sparse_1pct_8w", [dict(sparse, time_us=5001.0)])
+    write("loopback_16k", [dict(method="spina", vs_gloo=1.01, time_us=1010),
+                           dict(method="gloo_allreduce", vs_gloo="", time_us=1000)])
+    rows = targets.Rows(str(tmp_path))
+    got = {t.text: t.check(rows) for t in targets.TARGETS[:-1]}  # the planner: its own tests
+    verdicts = [o.met for o in got.values()]
+    assert verdicts == [True, True, True, True, True, True, None, True, None, False]
+    o = list(got.values())
+    assert o[0].measured == "spina 0.900x, spina8 0.740x; best spina8"
+    assert o[2].measured == "SpINA's best topk 2.90 s; PyTorch's best fp16 8.00 s"
+    assert "2 x (1.00 ms of link + 1.50 ms scan) = 5.00 ms" in o[7].measured
+    assert "5.0 ms median" in o[7].measured
+    assert targets.sparse_call(rows, "sparse_1pct_8w")[0].met is False  # 5.001 ms > 5 ms

@@ -515,7 +515,8 @@ def test_a_bounded_loss_job_needs_a_program_with_the_hold(tmp_path, tna_p4info):
     """Issue 28 item 2: without the hold of a newer round a flush could strand a worker whose
     result was lost (docs/reliability.md). A bounded-loss job on a tofino switch whose P4Info
     declares no head_round register is refused naming the job, the field, the file and why;
-    an exact job on it is taken, and so is the bounded-loss job on a program with head_round."""
+    an exact job on it is taken, and so is the bounded-loss job on the Tofino 2 profile, whose
+    committed P4Info declares head_round (include/hold.p4)."""
     build = fake_bf_p4c_output(tmp_path / "out")
     lossy = dict(JOB7, bounded_loss=0.01, loss_deadline=0.01)
     st = write_state(tmp_path, tofino_doc("127.0.0.1:1", tna_p4info, build, jobs=[lossy]))
@@ -527,11 +528,40 @@ def test_a_bounded_loss_job_needs_a_program_with_the_hold(tmp_path, tna_p4info):
     st = write_state(tmp_path, tofino_doc("127.0.0.1:1", tna_p4info, build, jobs=[JOB7]))
     info, _ = load_pipeline(st, st.switches["s1"])
     assert not tofino.has_hold(info)
-    held = spec.tna_p4info()
-    held.registers.add().preamble.CopyFrom(
-        held.registers[0].preamble.__class__(id=0x03ff0000, name="head_round"))
-    with_hold = tmp_path / "with_hold.p4info.txtpb"
-    with_hold.write_text(text_format.MessageToString(held))
+    with_hold = ROOT / "tofino/build/spina_t2na_roles.std.p4info.txtpb"
     st = write_state(tmp_path, tofino_doc("127.0.0.1:1", with_hold, build, jobs=[lossy]))
     info, _ = load_pipeline(st, st.switches["s1"])
     assert tofino.has_hold(info)
+
+
+def test_the_leaf_rows_are_written_with_the_profile_s_parameters(tmp_path):
+    """Issue 46 item 3: on the Tofino 2 profile (its committed P4Info) FabricRoles writes the
+    plan's as_leaf row (p4src's rack, nlocal, epoch, mcast_grp) with the parameters that
+    P4Info declares, in its order: rack, rack_bit, all_local, epoch; as_spine takes none. A
+    program whose as_leaf takes a parameter the rows cannot give is refused in one line
+    naming the switch, the action and the parameter."""
+    from types import SimpleNamespace
+
+    from controller.controls import FabricRoles
+    from controller.p4rt import P4InfoIndex
+    from spina import rows
+    path = ROOT / "tofino/build/spina_t2na_roles.std.p4info.txtpb"
+    info = text_format.Parse(path.read_text(), spec.tna_p4info().__class__())
+    share = rows.SwitchRows(entries=[
+        ("job_level", {"job": 7}, "as_leaf", {"rack": 3, "nlocal": 6, "epoch": 2,
+                                              "mcast_grp": 8}),
+        ("job_level", {"job": 9}, "as_spine", {})])
+    sw = SimpleNamespace(name="s1")
+    leaf, spine = FabricRoles(SimpleNamespace(index=P4InfoIndex(info))).job_entries(sw, share)
+    (as_leaf,) = [a for a in info.actions if a.preamble.name == "as_leaf"]
+    assert leaf.action.action.action_id == as_leaf.preamble.id
+    assert [(p.param_id, int.from_bytes(p.value, "big")) for p in leaf.action.action.params] \
+        == [(q.id, v) for q, v in zip(as_leaf.params, (3, 1 << 3, (1 << 6) - 1, 2))]
+    assert [p.name for p in as_leaf.params] == ["rack", "rack_bit", "all_local", "epoch"]
+    assert not spine.action.action.params
+    as_leaf.params.add(id=9, name="spine_epoch", bitwidth=16)
+    with pytest.raises(ConfigError) as e:
+        FabricRoles(SimpleNamespace(index=P4InfoIndex(info))).job_entries(sw, share)
+    assert str(e.value) == (
+        "switches.s1.p4info: action 'as_leaf' takes parameter 'spine_epoch', which the rows "
+        "(parameters rack, nlocal, epoch, mcast_grp) neither have nor derive")

@@ -6,6 +6,7 @@ Run just this file: python -m pytest tests/test_fabric_plan.py
 from __future__ import annotations
 
 import json
+import pathlib
 
 import pytest
 import yaml
@@ -14,7 +15,7 @@ from p4.config.v1 import p4info_pb2
 
 from bench.scale_out import fabric_doc
 from controller import plan, tofino
-from spina import spec
+from spina import rows as switch_rows, spec
 from spina.config import Assignment, ConfigError, JobConfig, JobFile, load_worker_file
 
 
@@ -129,13 +130,14 @@ def test_wrong_plan_names_the_field(edit, field, words):
     assert str(e.value).startswith(f"{field}: ") and words in str(e.value), str(e.value)
 
 
-def _p4info_file(path, tables=()):
-    """The TNA program's P4Info (spec.tna_p4info: what bf-p4c declares) with `tables` added."""
-    info = spec.tna_p4info()
-    for i, name in enumerate(tables):
-        info.tables.add().preamble.CopyFrom(
-            p4info_pb2.Preamble(id=0x02ff0000 + i, name=name, alias=name))
-    path.write_text(text_format.MessageToString(info))
+# bf-p4c's P4Info of the Tofino 2 profile with the roles and the hold (tofino/README.md).
+T2NA_ROLES = (pathlib.Path(__file__).resolve().parents[1]
+              / "tofino/build/spina_t2na_roles.std.p4info.txtpb")
+
+
+def _p4info_file(path):
+    """The TNA program's P4Info (spec.tna_p4info: what bf-p4c declares) written to `path`."""
+    path.write_text(text_format.MessageToString(spec.tna_p4info()))
     return path
 
 
@@ -144,8 +146,9 @@ def _p4info_file(path, tables=()):
 def test_a_tofino_leaf_or_spine_needs_a_program_with_the_roles(tmp_path, switch, field, role):
     """Issue 28: the plan reads a tofino switch's P4Info. The TNA program (no job_level or
     leaf_upstream table) is refused as a leaf or spine, naming the field, the file and why;
-    a program whose P4Info declares both tables is taken, and a tofino leaf's jobs must have
-    the TNA block size."""
+    the Tofino 2 profile's committed P4Info, which declares both tables, is taken, and a tofino
+    leaf's jobs must have the TNA block size; its as_leaf row is written with the parameters
+    that P4Info declares (spina/rows.py program_params)."""
     tna = _p4info_file(tmp_path / "spina_tna.p4info.txtpb")
     with pytest.raises(ConfigError) as e:
         plan.parse(_edit(_tofino(switch, tna)))
@@ -153,7 +156,7 @@ def test_a_tofino_leaf_or_spine_needs_a_program_with_the_roles(tmp_path, switch,
         f"{field}: switch {switch!r} is a tofino switch, and its TNA program ({tna}) has no "
         f"{role} role: its P4Info declares no job_level / leaf_upstream tables ("
         f"{tofino.NO_ROLES})")
-    roles = _p4info_file(tmp_path / "roles.p4info.txtpb", tofino.ROLE_TABLES)
+    roles = T2NA_ROLES
     f = plan.parse(_edit(_tofino(switch, roles)))
     assert f.levels[switch] == role
     with pytest.raises(ConfigError) as e:
@@ -173,6 +176,41 @@ def test_a_tofino_leaf_or_spine_needs_a_program_with_the_roles(tmp_path, switch,
     rows = plan.p4_rows(plan.parse(_edit(tna_job)), switch)
     (level,) = rows.table("job_level")
     assert level[1] == f"as_{role}"
+    info = text_format.Parse(roles.read_text(), p4info_pb2.P4Info())
+    (action,) = [a for a in info.actions if a.preamble.name == level[1]]
+    got = switch_rows.program_params(level[1], level[2], [p.name for p in action.params])
+    rack = 0 if switch == "leaf0" else None
+    nlocal = len(_edit(tna_job)["fabric"]["racks"][0]["workers"])
+    assert got == ({"rack": rack, "rack_bit": 1 << rack, "all_local": (1 << nlocal) - 1,
+                    "epoch": 1} if role == "leaf" else {})
+
+
+@pytest.mark.parametrize("switch,field,role,action", [
+    ("leaf0", "fabric.racks[0].leaf", "leaf", "as_leaf"),
+    ("spine1", "fabric.spines[1]", "spine", "as_spine")])
+def test_a_tofino_role_whose_action_the_rows_cannot_fill_is_refused(tmp_path, switch, field,
+                                                                     role, action):
+    """Issue 46 item 3: a tofino leaf or spine whose P4Info's job_level action takes a
+    parameter the plan's rows neither have nor derive, or that lacks the action, is refused
+    in one line naming the field, the switch, the action and the parameter."""
+    info = text_format.Parse(T2NA_ROLES.read_text(), p4info_pb2.P4Info())
+    (a,) = [x for x in info.actions if x.preamble.name == action]
+    a.params.add(id=9, name="spine_epoch", bitwidth=16)
+    odd = tmp_path / "odd.p4info.txtpb"
+    odd.write_text(text_format.MessageToString(info))
+    with pytest.raises(ConfigError) as e:
+        plan.parse(_edit(_tofino(switch, odd)))
+    assert str(e.value) == (
+        f"{field}: switch {switch!r} is a tofino switch, and its TNA program's action "
+        f"{action!r} ({odd}) takes parameter 'spine_epoch', which the plan's rows neither "
+        "have nor derive (spina/rows.py DERIVED_PARAMS)")
+    a.preamble.name = f"{action}_renamed"
+    odd.write_text(text_format.MessageToString(info))
+    with pytest.raises(ConfigError) as e:
+        plan.parse(_edit(_tofino(switch, odd)))
+    assert str(e.value) == (
+        f"{field}: switch {switch!r} is a tofino switch, and its TNA program ({odd}) declares "
+        f"no action {action!r}, which the {role} role's rows name")
 
 
 def test_plan_of_more_than_32_workers_in_a_job():

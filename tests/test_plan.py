@@ -307,13 +307,13 @@ def test_ina_by_hand():
     assert sparse.seconds < got.seconds
     with pytest.raises(ValueError, match="algorithm: ina needs an all_reduce"):
         plan.predict(t, "all_gather", n, "ina", p)
-    # by default the switch's CPU is the calibration's: per datagram in and per fragment
+    # by default the switch's CPU is the calibration's: per datagram in, fragment and byte
     from collectives.ina_model import Assumptions
     a, cal = Assumptions(), CostParams(alpha=0.0, cpu_per_byte=0.0, ina_call_s=1e-3)
     got = plan.predict(star(rate="100gbit", aggregate=True), "all_reduce", n, "ina", cal)
     assert got.bottleneck == "switch s CPU"
     assert got.seconds == pytest.approx(1e-3 + 2 * 10e-6 + 4 * 20 * (
-        a.switch_s_per_datagram + 20 * a.switch_s_per_fragment))
+        a.switch_s_per_datagram + 20 * a.switch_s_per_fragment) + 4 * n * a.switch_s_per_byte)
 
 
 def two_groups_switch(host="1gbit", slow="100mbit"):

@@ -190,26 +190,45 @@ HOLD_COMPARISONS = ("RegisterAction hold.apply needs 3 comparisons but the devic
                     "comparison units")
 
 
-@pytest.mark.parametrize("variant,errors", [
-    (1, ["mask operand must be a constant", HOLD_COMPARISONS]),
-    (2, [HOLD_COMPARISONS]),
-])
-def test_the_hold_does_not_fit_one_stateful_alu(tmp_path, variant, errors):
-    """Issue 28 item 2, where bf-p4c is on PATH: the hold of a newer round as one Tofino 1
-    RegisterAction (tofino/experiments/hold.p4) is refused with exactly the messages
-    tofino/README.md quotes ("The hold and the roles on Tofino 1"), and no others."""
-    out, got = _compile_experiment(tmp_path, "hold.p4", variant, "the hold's RegisterAction")
-    assert out.returncode != 0
+HOLD_VARIANTS = {
+    ("tofino", 1): ["mask operand must be a constant", HOLD_COMPARISONS],
+    ("tofino", 2): [HOLD_COMPARISONS],
+    ("tofino", 3): [HOLD_COMPARISONS.replace("3 comparisons", "4 comparisons")],
+    ("tofino", 4): [HOLD_COMPARISONS.replace("3 comparisons", "4 comparisons")],
+    ("tofino2", 1): ["mask operand must be a constant"],
+    ("tofino2", 2): ["Could not place table tbl_hold{line}: The table tbl_hold{line} could not "
+                     "fit within the input crossbar by itself: Hold.head requires more than 2 "
+                     "PHV inputs"],
+    ("tofino2", 3): ["The input ingress::m.rank_bit to stateful alu Hold.head is not allocated "
+                     "in a valid region on the input xbar to be a source of an ALU operation"],
+    ("tofino2", 4): [],  # the hold masks: include/hold.p4's RegisterAction
+}
+
+
+@pytest.mark.parametrize("target,variant", sorted(HOLD_VARIANTS))
+def test_the_hold_on_one_stateful_alu(tmp_path, target, variant):
+    """Issue 28 item 2 and 46 item 3, where bf-p4c is on PATH: the hold of a newer round as
+    one RegisterAction (tofino/experiments/hold.p4) is refused on Tofino 1 in every layout,
+    and on Tofino 2 in all but the hold masks' (variant 4, include/hold.p4's), with exactly
+    the messages tofino/README.md quotes ("The hold and the roles on Tofino 1", "Tofino 2"),
+    and no others."""
+    out, got = _compile_experiment(tmp_path, "hold.p4", variant, "the hold's RegisterAction",
+                                   target)
+    line = next(iter(re.findall(r"tbl_hold(\d+)", out.stderr)), "")
+    errors = [e.format(line=line) for e in HOLD_VARIANTS[target, variant]]
     assert [g.split(". To make")[0] for g in got] == errors, out.stderr
+    assert (out.returncode == 0) == (not errors), out.stderr
     assert f"{len(errors)} error" in out.stderr
 
 
-def _compile_experiment(tmp_path, name: str, variant: int, what: str):
-    """bf-p4c on tofino/experiments/NAME with -DVARIANT=variant: (the completed process, each
-    error's message without its location); a skip naming `what` without bf-p4c."""
+def _compile_experiment(tmp_path, name: str, variant: int, what: str, target: str = "tofino"):
+    """bf-p4c on tofino/experiments/NAME with -DVARIANT=variant for `target` (tofino: TNA,
+    tofino2: T2NA): (the completed process, each error's message without its location); a
+    skip naming `what` without bf-p4c."""
     if shutil.which("bf-p4c") is None:
         pytest.skip(f"bf-p4c not on PATH: {what} cannot be compiled here")
-    out = subprocess.run(["bf-p4c", "--target", "tofino", "--arch", "tna",
+    arch = {"tofino": "tna", "tofino2": "t2na"}[target]
+    out = subprocess.run(["bf-p4c", "--target", target, "--arch", arch,
                           f"-DVARIANT={variant}", "-o", str(tmp_path),
                           str(TOFINO / "experiments" / name)],
                          capture_output=True, text=True)
@@ -278,17 +297,43 @@ def test_profiles_define_the_same_hooks():
     assert not [p.name for p in shared if "#ifdef SPINA_TNA_ROLES" in p.read_text()]
 
 
-def test_the_t2na_roles_profile_declares_the_roles_and_no_hold():
+def test_hold_files_define_the_same_hooks():
+    """include/hold.p4 and hold_none.p4 define the same hooks (hold.p4's entry macro aside),
+    every SPINA_HOLD_* name a shared file expands is one of them, and each top file includes
+    exactly one of the two: the hold only in the Tofino 2 profile."""
+    inc = TOFINO / "include"
+    hold, none = _macros(inc / "hold.p4"), _macros(inc / "hold_none.p4")
+    guards = {"SPINA_TNA_HOLD_P4", "SPINA_TNA_HOLD_NONE_P4"}
+    assert hold - guards - {"SPINA_HOLD_LAST_ENTRY"} == none - guards
+    shared = [p for p in inc.glob("*.p4") if not p.name.startswith(("profile_", "hold"))]
+    used = {m for p in shared for m in re.findall(r"\bSPINA_HOLD_\w+", p.read_text())}
+    assert used == none - guards
+    tops = {p.name: re.findall(r'#include "include/(hold\w*)\.p4"', p.read_text())
+            for p in TOFINO.glob("spina_*.p4")}
+    assert tops == {"spina_tna.p4": ["hold_none"], "spina_tna_roles.p4": ["hold_none"],
+                    "spina_t2na_roles.p4": ["hold"]}
+
+
+def test_the_t2na_roles_profile_declares_the_roles_and_the_hold():
     """bf-p4c's standard-externs P4Info of tofino/spina_t2na_roles.p4 (Tofino 2, committed in
-    tofino/build/): the controller takes it as a leaf or spine (has_roles) and refuses it for
-    bounded loss (has_hold); its as_leaf takes the roles' profile's parameters, not the ones
-    spec (p4src) gives and the plan writes (tofino/README.md, "Tofino 2")."""
+    tofino/build/): the controller takes it as a leaf or spine (has_roles) and for bounded
+    loss (has_hold: head_round, one cell per slot of include/hold.p4's head_t, and job_held);
+    its as_leaf takes the roles' profile's parameters, which the controller derives from the
+    ones spec (p4src) gives the rows (spina/rows.py DERIVED_PARAMS)."""
     from controller import tofino
     from controller.pipeline import read_p4info
+    from spina import rows
     info = read_p4info(TOFINO / "build/spina_t2na_roles.std.p4info.txtpb", "tofino", "test")
-    assert tofino.has_roles(info) and not tofino.has_hold(info)
+    assert tofino.has_roles(info) and tofino.has_hold(info)
+    (head,) = [r for r in info.registers if r.preamble.name == "head_round"]
+    assert (head.size, head.type_spec.struct.name) == (spec.TNA_SIZES["POOL_SLOTS"], "head_t")
+    assert [m.name for m in info.type_info.structs["head_t"].members] == ["round", "pending"]
+    assert "job_held" in {c.preamble.name for c in info.counters}
     (as_leaf,) = [a for a in info.actions if a.preamble.name.rsplit(".", 1)[-1] == "as_leaf"]
+    names = [p.name for p in as_leaf.params]
     assert [(p.name, p.bitwidth) for p in as_leaf.params] == [
         ("rack", 8), ("rack_bit", 32), ("all_local", 32), ("epoch", 16)]
     assert spec.ACTIONS["as_leaf"].params == (
         ("rack", 8), ("nlocal", 8), ("epoch", 16), ("mcast_grp", 16))
+    assert rows.program_params("as_leaf", {"rack": 2, "nlocal": 5, "epoch": 9, "mcast_grp": 7},
+                               names) == {"rack": 2, "rack_bit": 4, "all_local": 31, "epoch": 9}

@@ -25,7 +25,7 @@ from softswitch.pipeline import Pipeline
 from spina import spec, wire
 from spina.config import JobConfig, WorkerAddr
 from tests.test_p4_model import JOB, PORT, SWITCH_IP, frames, packet, src
-from tests.tna_model import INA_OFF, M32, TnaModel
+from tests.tna_model import INA_OFF, M32, TnaModel, hold, hold_mask
 
 K, BS = spec.TNA_SIZES["NLANES"], spec.TNA_SIZES["BLOCK_SIZE"]
 SLOTS = spec.TNA_SIZES["POOL_SLOTS"]
@@ -345,3 +345,38 @@ def test_narrow_profile_saturates_each_add():
     (soft,), (tna,) = outs
     assert [int(x) for x in wire.unpack(bytes(soft.data)).data[0]] == [30000] * BS
     assert [int(x) for x in wire.unpack(tna[0]).data[0]] == [top - 30000] * BS
+
+
+@st.composite
+def hold_sequence(draw):
+    """One slot's packets: (rank, round) pairs around a moving head, stale and newer rounds."""
+    nworkers = draw(st.integers(1, 32))
+    start = draw(st.sampled_from([1, M32 - 2]))  # rounds wrap around as 32-bit numbers
+    steps = draw(st.lists(st.tuples(st.integers(0, nworkers - 1), st.integers(-2, 3)),
+                          min_size=1, max_size=80))
+    return nworkers, start, steps
+
+
+@settings(max_examples=300, deadline=None)
+@given(hold_sequence())
+def test_t2na_hold_equals_the_software_hold(seq):
+    """The Tofino 2 profile's hold (include/hold.p4: one cell of the head round and the ranks
+    pending at it, in hold masks) holds exactly the packets the software switch's three head
+    registers hold, and its pending ranks are the software's missing ones, after every packet
+    (a round near the sender's last one, so that heads move, stay and go stale)."""
+    nworkers, start, steps = seq
+    pipe = Pipeline(pool_slots=SLOTS, slot_capacity=K * BS)
+    cell = (0, 0)  # a cleared cell, as the software's
+    last = [start] * nworkers
+    for rank, step in steps:
+        rnd = (last[rank] + step) & M32
+        last[rank] = rnd
+        cell, held = hold(cell, rnd, hold_mask(rank, nworkers))
+        assert held == pipe._held(3, rnd, 1 << rank, nworkers)
+        heard, count = (int(pipe.registers[n][3]) for n in ("head_heard", "head_missing"))
+        missing = [r for r in range(nworkers) if not heard >> r & 1] if count else []
+        assert len(missing) == count
+        want = 0
+        for r in missing:
+            want |= hold_mask(r, nworkers)
+        assert cell == (int(pipe.registers["head_round"][3]), want)

@@ -430,3 +430,24 @@ class TnaModel:
 def predicate(cmplo: bool, cmphi: bool) -> int:
     """RegisterAction.predicate(): bit (cmplo + 2 * cmphi) set."""
     return 1 << (int(cmplo) + 2 * int(cmphi))
+
+
+# ---------------------------------------------------------------- the hold (Tofino 2 profile)
+# tofino/include/hold.p4, in tofino/spina_t2na_roles.p4 only (the default program lacks it:
+# spec.TNA_LACKS): one head_round cell per slot, (round, pending ranks in hold masks).
+def hold_mask(rank: int, nworkers: int) -> int:
+    """hold_last_rank's entries: the rank's bit, or for the job's last rank every bit from its
+    own up (a job's ranks share the 32 bits)."""
+    return (M32 & ~((1 << rank) - 1)) if rank == nworkers - 1 else 1 << rank
+
+
+def hold(cell: tuple[int, int], rnd: int, mask: int) -> tuple[tuple[int, int], int]:
+    """RegisterAction `hold` on head_round: (new cell, held)."""
+    head, pending = cell
+    if head == rnd:                        # the head round
+        return (head, pending & ~mask & M32), 0
+    if _s32((rnd - head) & M32) > 0:       # a newer round
+        if pending in (0, mask):           # none pending, or the sender
+            return (rnd, ~mask & M32), 0
+        return (head, pending & ~mask & M32), 1
+    return cell, 0                         # an older round

@@ -17,6 +17,7 @@
 #include "size.p4"
 #include "../p4src/shared/header.p4"
 #include "include/profile_roles.p4"  // the roles' hooks and metadata
+#include "include/hold.p4"  // the hold of a newer round
 #include "include/types.p4"
 #include "include/parser.p4"
 #include "include/ina_check.p4"

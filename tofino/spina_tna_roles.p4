@@ -13,6 +13,7 @@
 #include "size.p4"
 #include "../p4src/shared/header.p4"
 #include "include/profile_roles.p4"  // the roles' hooks and metadata
+#include "include/hold_none.p4"  // the hold's hooks, empty (it does not fit Tofino 1)
 #include "include/types.p4"
 #include "include/parser.p4"
 #include "include/ina_check.p4"

@@ -1,7 +1,7 @@
 /* The hold of a newer round (softswitch Pipeline._held, p4src/v1model/aggregator.p4) as one
  * Tofino 1 RegisterAction, compiled to read what bf-p4c says (tofino/README.md, "The hold and
  * the roles on Tofino 1"; tests/test_tna_agreement.py compiles it where bf-p4c is on PATH).
- * Not part of the program: a minimal TNA pipeline around the one register.
+ * Not part of the program: a minimal TNA (or T2NA) pipeline around the one register.
  *
  * The hold's update reads and writes, in one step per packet, the slot's head round, which
  * ranks were heard at it and how many are missing: a newer round takes the slot only if every
@@ -16,13 +16,18 @@
  *                sender was heard depends on the head round this register holds
  */
 #include <core.p4>
+#if __TARGET_TOFINO__ == 2
+#include <t2na.p4>  // bf-p4c --target tofino2 --arch t2na (4 comparison units)
+#else
 #include <tna.p4>
+#endif
 
 header eth_t { bit<48> dst; bit<48> src; bit<16> type; }
 header h_t { bit<32> round; bit<32> rank_bit; bit<8> rank; bit<8> nworkers; bit<16> others; }
 struct hdr_t { eth_t eth; h_t h; }
 struct md_t { bit<32> rank_bit; bit<32> others; bit<32> unheard; bit<32> nworkers_1; bit<8> held; }
 struct heard_t { bit<32> round; bit<32> heard; }
+struct pending_t { bit<32> round; bit<32> pending; }
 struct missing_t { bit<32> round; bit<32> missing; }
 
 parser HoldParser(packet_in p, out hdr_t hdr, out md_t m, out ingress_intrinsic_metadata_t ig) {
@@ -52,6 +57,42 @@ control Hold(inout hdr_t hdr, inout md_t m, in ingress_intrinsic_metadata_t ig,
                     v.heard = m.rank_bit;
                 } else {
                     v.heard = v.heard | m.rank_bit;
+                    held = 1;
+                }
+            }
+        }
+    };
+#elif VARIANT == 3
+    Register<pending_t, bit<8>>(256) head;
+    RegisterAction<pending_t, bit<8>, bit<8>>(head) hold = {
+        void apply(inout pending_t v, out bit<8> held) {
+            held = 0;
+            if (v.round == hdr.h.round) {                               // the head round
+                v.pending = v.pending & m.others;
+            } else if ((int<32>)(hdr.h.round - v.round) > 0) {          // a newer round
+                if (v.pending == 0 || v.pending == m.rank_bit) {        // none, or the sender
+                    v.round = hdr.h.round;
+                    v.pending = m.others;
+                } else {
+                    v.pending = v.pending & m.others;
+                    held = 1;
+                }
+            }
+        }
+    };
+#elif VARIANT == 4
+    Register<pending_t, bit<8>>(256) head;
+    RegisterAction<pending_t, bit<8>, bit<8>>(head) hold = {
+        void apply(inout pending_t v, out bit<8> held) {
+            held = 0;
+            if (v.round == hdr.h.round) {                               // the head round
+                v.pending = v.pending & ~m.rank_bit;
+            } else if ((int<32>)(hdr.h.round - v.round) > 0) {          // a newer round
+                if (v.pending == 0 || v.pending == m.rank_bit) {        // none, or the sender
+                    v.round = hdr.h.round;
+                    v.pending = ~m.rank_bit;
+                } else {
+                    v.pending = v.pending & ~m.rank_bit;
                     held = 1;
                 }
             }

@@ -53,6 +53,7 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
     @name(".job_aggregated") Counter<bit<32>, job_index_t>(MAX_JOBS, CounterType_t.PACKETS) job_aggregated;
     @name(".job_duplicates") Counter<bit<32>, job_index_t>(MAX_JOBS, CounterType_t.PACKETS) job_duplicates;
     @name(".job_stale")      Counter<bit<32>, job_index_t>(MAX_JOBS, CounterType_t.PACKETS) job_stale;
+    SPINA_HOLD_ACTIONS  // the hold: job_held, head_round, hold
 
     // ------------------------------------------------------------------ slot_round
     @name(".slot_round") Register<bit<32>, copy_index_t>(SLOT_COPIES, 0) slot_round;
@@ -322,6 +323,7 @@ control Aggregator(inout tna_headers_t hdr, inout tna_ingress_md_t meta,
                 ig_dprsr_md.drop_ctl = 1;
                 return;
             }
+            SPINA_HOLD_APPLY  // the hold: a newer round waits, dropped
             SPINA_ROLE_ROUND_CHECK(
             meta.round_pred = check_round.execute(meta.idx);
             meta.rank_pred = mark_rank.execute(meta.rank_idx);)

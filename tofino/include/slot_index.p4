@@ -30,6 +30,7 @@ control SlotIndex(inout tna_headers_t hdr, inout tna_ingress_md_t meta) {
     }
 
     SPINA_ROLE_SLOT_INDEX  // roles' profile: all_ranks, role_inputs
+    SPINA_HOLD_SLOT_INDEX  // the hold: hold_last_rank
 
 
     apply {
@@ -43,6 +44,7 @@ control SlotIndex(inout tna_headers_t hdr, inout tna_ingress_md_t meta) {
         meta.loss_tolerant = hdr.ina.flags & FLAG_LOSS_TOLERANT;
         meta.rank_bit = 0;
         rank_to_bit.apply();
+        SPINA_HOLD_SLOT_INDEX_APPLY  // the hold: the sender's mask
         // count_duplicate's limit: nworkers when the packet asks for a flush.
         meta.count_limit = 0;
         if ((hdr.ina.flags & FLAG_PARTIAL) != 0) {

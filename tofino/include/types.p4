@@ -168,6 +168,7 @@ struct tna_ingress_md_t {
     bit<8>      flags_xor;     // FLAG_LAST (| FLAG_RESEND): stored flags -> a result's
     bit<8>      loss_tolerant; // the packet's FLAG_LOSS_TOLERANT, kept for the reply
     SPINA_ROLE_INGRESS_MD      // the roles' profile: fab (include/profile_roles.p4)
+    SPINA_HOLD_INGRESS_MD      // the hold: hold_mask (include/hold.p4)
 }
 
 struct tna_egress_md_t {
