@@ -120,6 +120,20 @@ REACH = {
 }
 
 
+# The Tofino 2 profile's fixtures: every one the same on tests/tna_pass.py (flat jobs, the
+# hold), and the branches they take there: every branch of the hold's RegisterAction (a newer
+# round starting with nothing pending or only its sender, one held, the head round, an older
+# round), first passes of decide's outcomes, stale rounds.
+T2NA_DIVERGENCE = {"same": 60}
+T2NA_REACH = {
+    "gate AGGREGATE": 60, "hold: the head round": 27, "hold: an older round": 14,
+    "hold: a newer round starts": 9, "hold: a newer round starts (none pending)": 7,
+    "hold: held": 3, "stale round": 12,
+    **{f"decide {i}": n for i, n in ((0, 1), (2, 21), (4, 8), (6, 10), (8, 2), (9, 1), (10, 2))},
+    "egress hold drop": 31, "egress to harvest": 14,
+}
+
+
 def _tests(fixtures=FIXTURES) -> list[dict]:
     return [t for path in fixtures for t in json.loads(path.read_text())["tests"]]
 
@@ -164,6 +178,20 @@ def test_p4testgen_fixtures_reach_the_aggregator():
     decide, stale rounds and epochs, both recirculation passes of a reply, the refusals."""
     assert _reach(FIXTURES) == REACH
     assert len(DECIDE) == 12
+
+
+def test_t2na_fixtures_replay():
+    """Every committed P4Testgen test of the Tofino 2 profile (tofino/testgen/t2na/*.json:
+    its tofino2 target on t2na_flat.p4), one pass of tests/tna_pass.py's Tofino 2 pipe each:
+    the same frame out or nothing (T2NA_DIVERGENCE)."""
+    assert T2NA_FIXTURES
+    assert _classes(T2NA_FIXTURES, t2na=True) == T2NA_DIVERGENCE
+
+
+def test_t2na_fixtures_reach_the_hold():
+    """The Tofino 2 fixtures' branches in tests/tna_pass.py, counted (T2NA_REACH): every
+    branch of the hold's RegisterAction, with the head_round cells P4Testgen assumed."""
+    assert _reach(T2NA_FIXTURES, t2na=True) == T2NA_REACH
 
 
 def _configured(t: dict, t2na: bool = False) -> TnaPipe:
@@ -336,7 +364,7 @@ def test_a_ptf_file_becomes_fixtures_that_replay(tmp_path):
     assert _replayed(t0, t2na=True) is None
     t2 = _configured(t0, t2na=True)
     t2.run(t0["port"], bytes.fromhex(t0["frame"]))
-    assert t2.path == ["gate AGGREGATE", "held"]
+    assert t2.path == ["gate AGGREGATE", "hold: held"]
     assert t2.model.counters == {("job_received", 7): 1, ("job_held", 7): 1}
     assert t2.model.reg["head_round"][1] == (2, 0xFFFFFFFE)
     assert t2.model.reg["slot_round"][3] == 2 and t2.model.reg["slot_values_l0_p20"][3] == (5, 6)

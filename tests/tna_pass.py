@@ -369,11 +369,13 @@ class TnaPipe:
                 return
             if self.hold:  # include/hold.p4: before slot_round, at the slot's one cell
                 slot = ina["slot"] & 0xFF
+                head = r["head_round"][slot]
                 r["head_round"][slot], held = hold(
-                    r["head_round"][slot], ina["round"],
+                    head, ina["round"],
                     hold_mask(ina["rank"], meta["nworkers"]) if meta["rank_bit"] else 0)
+                self.path.append(
+                    f"hold: {_hold_branch(head, ina['round'], r['head_round'][slot], held)}")
                 if held:
-                    self.path.append("held")
                     m.count("job_held", job)
                     tm["drop"] = 1
                     return
@@ -562,6 +564,17 @@ class TnaPipe:
             return False
         payload = pack(INA, ina)
         return self.model.congestion_drop(payload, enq_qdepth)
+
+
+def _hold_branch(before: tuple[int, int], rnd: int, after: tuple[int, int], held: int) -> str:
+    """Which branch of include/hold.p4's RegisterAction a packet of round `rnd` took."""
+    if held:
+        return "held"
+    if after[0] != before[0]:
+        return "a newer round starts" + (" (none pending)" if before[1] == 0 else "")
+    if rnd == before[0]:
+        return "the head round" + (", its sender heard" if after != before else "")
+    return "an older round"
 
 
 def wire_ip(addr: int) -> str:
