@@ -114,21 +114,21 @@ class Assumptions:
                                   "the result's copies out)")
     gather_s_per_copy: float = _c(5.41e-05, "measured here: the switch's CPU per all-gather "
                                    "datagram copied out (its compiled path)")
-    call_s: float = _c(0.0, "measured here: an all-reduce's fixed time (calls of 4 KiB "
+    call_s: float = _c(0.000278, "measured here: an all-reduce's fixed time (calls of 4 KiB "
                        "at most, 4 ranks on loopback, less their CPU and rounds)")
-    gather_call_s: float = _c(3.66e-05, "fitted here: an all-gather's fixed time")
-    scatter_call_s: float = _c(0.00102, "fitted here: a reduce-scatter's fixed time (its shard "
+    gather_call_s: float = _c(0.000168, "fitted here: an all-gather's fixed time")
+    scatter_call_s: float = _c(0.00111, "fitted here: a reduce-scatter's fixed time (its shard "
                                "split, its owners per round)")
     machine_cores: int = _c(2, "this machine: every agent and the switch share them")
-    machine_burst_s: float = _c(0.007, "fitted here: a call's first CPU-seconds run on every "
+    machine_burst_s: float = _c(0.005, "fitted here: a call's first CPU-seconds run on every "
                                 "core (its processes slept between calls: the scheduler "
                                 "owes them that much)")
-    machine_share_load: float = _c(4.0, "fitted here: beyond that a call gets this over the "
+    machine_share_load: float = _c(3.4, "fitted here: beyond that a call gets this over the "
                                    "1-minute load average of the cores (all of them at most: "
                                    "other sessions' work shares them too)")
     machine_load: float = _c(8.0, "assumed: the load average when a call runs here (the "
                              "calibration's runs: 4.5 to 12.5, each point's own)")
-    machine_round_s: float = _c(0.00045, "fitted here: a slot's round waits this long more (its "
+    machine_round_s: float = _c(0.0001, "fitted here: a slot's round waits this long more (its "
                                 "agents and the switch each wake up)")
     # the Tofino program
     tofino_values: int = _c(64, "int32 per packet, one block: tofino/size.p4 BLOCK_SIZE")

@@ -321,14 +321,14 @@ def test_cpu_columns_fit():
 
 
 def test_error_table_is_the_documented_one():
-    """The target (within 20% of every point) is met at 71 of 144 points; of the others 53
+    """The target (within 20% of every point) is met at 69 of 144 points; of the others 55
     have repeats of their own more than 20% from their median, 5 resent datagrams, 15 are
     the model's misses; the table in docs/collectives.md is this one, so it names each
     point outside honestly."""
     rows = cal.errors(A, POINTS)
     verdicts = [cal.verdict(r) for r in rows]
-    assert [verdicts.count(c) for c in cal.CLASSES] == [71, 53, 5, 15]
-    assert "Of the noisy, 18 predict a time within their repeats' range." in cal.table(rows)
+    assert [verdicts.count(c) for c in cal.CLASSES] == [69, 55, 5, 15]
+    assert "Of the noisy, 29 predict a time within their repeats' range." in cal.table(rows)
     doc = (ROOT / "docs" / "collectives.md").read_text()
     assert cal.table(rows) in doc
 
@@ -379,7 +379,7 @@ def test_spina_plan_calibration_prints_the_error_table():
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == cal.table(cal.errors(A, POINTS))
     rows = json.loads(spina("--calibration", "--json").stdout)
-    assert len(rows) == 144 and [r["verdict"] for r in rows].count("within") == 71
+    assert len(rows) == 144 and [r["verdict"] for r in rows].count("within") == 69
     assert rows[0]["load"] == "8.09-8.09" and rows[0]["resends"] == 0
 
 
