@@ -96,39 +96,39 @@ class Assumptions:
     slots: int = _c(16, "datagrams in flight per rank: JobConfig.nslots")
     # this machine: collectives/ina_calibration.py fits them from bench/results/;
     # tests/test_ina_model.py checks that these are its fit
-    agent_s_per_call: float = _c(0.000331, "measured here: the agent's CPU per call (its "
+    agent_s_per_call: float = _c(0.00033, "measured here: the agent's CPU per call (its "
                                  "plan, buffers, Python)")
-    agent_s_per_element: float = _c(2.46e-10, "measured here: the agent's CPU per value "
+    agent_s_per_element: float = _c(2.27e-10, "measured here: the agent's CPU per value "
                                      "(scan, quantize, unpack)")
-    agent_s_per_narrow_value: float = _c(0.0, "measured here: more per value in 16- or "
-                                         "8-bit lanes (quantize and pack; fitted: none)")
-    agent_s_per_datagram: float = _c(5.38e-06, "measured here: the agent's CPU per datagram "
+    agent_s_per_narrow_value: float = _c(1.17e-10, "measured here: more per value in 16- or "
+                                         "8-bit lanes (the shift, the rounding and the pack)")
+    agent_s_per_datagram: float = _c(6.07e-06, "measured here: the agent's CPU per datagram "
                                       "sent or received (kernel UDP)")
-    agent_s_per_fragment: float = _c(7.39e-06, "measured here: ... and per IPv4 fragment")
-    agent_s_per_byte: float = _c(1.21e-10, "measured here: ... and per payload byte it sends or "
+    agent_s_per_fragment: float = _c(7.28e-06, "measured here: ... and per IPv4 fragment")
+    agent_s_per_byte: float = _c(1.05e-10, "measured here: ... and per payload byte it sends or "
                                  "receives (pack, copy, unpack)")
-    switch_s_per_datagram: float = _c(8.6e-06, "measured here: the compiled software "
+    switch_s_per_datagram: float = _c(7.72e-06, "measured here: the compiled software "
                                        "switch's CPU per datagram in")
-    switch_s_per_fragment: float = _c(6.27e-06, "measured here: ... and per IPv4 fragment")
-    switch_s_per_byte: float = _c(6.71e-11, "measured here: ... and per payload byte in (the adds, "
+    switch_s_per_fragment: float = _c(6.78e-06, "measured here: ... and per IPv4 fragment")
+    switch_s_per_byte: float = _c(7.36e-11, "measured here: ... and per payload byte in (the adds, "
                                   "the result's copies out)")
-    gather_s_per_copy: float = _c(3.63e-05, "measured here: the switch's CPU per all-gather "
-                                   "datagram copied out (its Python path)")
-    call_s: float = _c(0.000168, "measured here: an all-reduce's fixed time (calls of 4 KiB "
+    gather_s_per_copy: float = _c(5.41e-05, "measured here: the switch's CPU per all-gather "
+                                   "datagram copied out (its compiled path)")
+    call_s: float = _c(0.000278, "measured here: an all-reduce's fixed time (calls of 4 KiB "
                        "at most, 4 ranks on loopback, less their CPU and rounds)")
-    gather_call_s: float = _c(0.000456, "fitted here: an all-gather's fixed time")
-    scatter_call_s: float = _c(0.00346, "fitted here: a reduce-scatter's fixed time (its shard "
+    gather_call_s: float = _c(0.000168, "fitted here: an all-gather's fixed time")
+    scatter_call_s: float = _c(0.00111, "fitted here: a reduce-scatter's fixed time (its shard "
                                "split, its owners per round)")
     machine_cores: int = _c(2, "this machine: every agent and the switch share them")
     machine_burst_s: float = _c(0.005, "fitted here: a call's first CPU-seconds run on every "
                                 "core (its processes slept between calls: the scheduler "
                                 "owes them that much)")
-    machine_share_load: float = _c(3.3, "fitted here: beyond that a call gets this over the "
+    machine_share_load: float = _c(3.4, "fitted here: beyond that a call gets this over the "
                                    "1-minute load average of the cores (all of them at most: "
                                    "other sessions' work shares them too)")
     machine_load: float = _c(8.0, "assumed: the load average when a call runs here (the "
                              "calibration's runs: 4.5 to 12.5, each point's own)")
-    machine_round_s: float = _c(0.0002, "fitted here: a slot's round waits this long more (its "
+    machine_round_s: float = _c(0.0001, "fitted here: a slot's round waits this long more (its "
                                 "agents and the switch each wake up)")
     # the Tofino program
     tofino_values: int = _c(64, "int32 per packet, one block: tofino/size.p4 BLOCK_SIZE")
@@ -260,19 +260,34 @@ def stream(payload: float, packets: float, header: int, mtu: int, gap: int = 0):
 
 def _packets(collective: str, n: int, nbytes: int, density: float, lanes: int, block: int,
              slots: int) -> tuple[float, float]:
-    """Packets one rank sends up and receives down: an all-reduce's rounds (a
-    reduce-scatter's results only for its shard), an all-gather's chunks."""
+    """Packets one rank sends up and receives down: an all-reduce's rounds, a
+    reduce-scatter's (`by_shard`: each shard an all-reduce of its own on its slots), an
+    all-gather's chunks."""
     if collective == "all_gather":
         per = lanes * block * 4
         return math.ceil(nbytes / n / per), (n - 1) * math.ceil(nbytes / n / per)
-    d = rounds(n, nbytes // 4, density, lanes, block, slots)
+    if by_shard(collective, n, slots):
+        d = n * rounds(n, nbytes // 4 // n, density, lanes, block, slots // n)
+    else:
+        d = rounds(n, nbytes // 4, density, lanes, block, slots)
     return d, d  # a reduce-scatter's rank gets every round: others' shards header-only
 
 
-def _in_flight(collective: str, nbytes: int, lanes: int, block: int, slots: int) -> int:
-    """Slots in use: an all-gather's window, or the slots an all-reduce's length fills."""
-    return slots if collective == "all_gather" else active_slots(nbytes // 4, lanes, block,
-                                                                 slots)
+def by_shard(collective: str, n: int, slots: int) -> bool:
+    """Whether a call lays its lanes out by shard: a reduce-scatter with at least as many
+    slots as ranks (host_agent/scatter.py `Owners.lanes`; priced as slots // n per shard)."""
+    return collective == "reduce_scatter" and slots >= n
+
+
+def _in_flight(collective: str, n: int, nbytes: int, lanes: int, block: int,
+               slots: int) -> int:
+    """Slots in use: an all-gather's window, or the slots a call's length fills (by shard:
+    each shard's, on its slots)."""
+    if collective == "all_gather":
+        return slots
+    if by_shard(collective, n, slots):
+        return n * active_slots(nbytes // 4 // n, lanes, block, slots // n)
+    return active_slots(nbytes // 4, lanes, block, slots)
 
 
 def agent_cpu(a: Assumptions, elements: float, narrow: float, datagrams: float,
@@ -288,7 +303,7 @@ def agent_cpu(a: Assumptions, elements: float, narrow: float, datagrams: float,
 
 def switch_cpu(a: Assumptions, datagrams: float, frags: float, payload: float) -> float:
     """The software switch's CPU for the datagrams, IPv4 fragments and payload bytes it
-    takes in (their result's copies out included)."""
+    takes in (the result's copies out included; an all-gather's: `gather_s_per_copy`)."""
     return datagrams * a.switch_s_per_datagram + frags * a.switch_s_per_fragment \
         + payload * a.switch_s_per_byte
 
@@ -342,7 +357,7 @@ def machine(a: Assumptions, collective: str, n: int, nbytes: int, rate: float,
     link = (over + wd / max(nd, 1)) * 8 / rate if over > 0 else 0.0
     cpu = float(cores_time(agents + switch, a.machine_cores, share(a, load),
                            a.machine_burst_s))
-    slot_rounds = max(nu, nd) / _in_flight(collective, nbytes, a.lanes, a.block, a.slots)
+    slot_rounds = max(nu, nd) / _in_flight(collective, n, nbytes, a.lanes, a.block, a.slots)
     window = slot_rounds * a.machine_round_s  # a slot's rounds, one after another
     terms = {"link": link, "cpu": cpu, "agents": agents, "switch": switch, "window": window,
              "slot_rounds": slot_rounds}
@@ -404,7 +419,7 @@ def predict(a: Assumptions, workers: int, nbytes: int, rate: float, density: flo
     terms["agent"] = agent_cpu(a, elements, elements * (lane_bits < 32), nu + nd, frags,
                                up + down, agent_pkt) / a.agent_cores
     # a slot's packets follow one another
-    terms["window"] = max(nu, nd) / _in_flight(collective, nbytes, lanes, block, slots) * rtt
+    terms["window"] = max(nu, nd) / _in_flight(collective, n, nbytes, lanes, block, slots) * rtt
     # each level's switches: k children, each with `sub` workers under it, send up what
     # their subtrees hold and receive what their subtrees need, in as many packets as a
     # rank (the rounds are the job's: every child sends one per round)

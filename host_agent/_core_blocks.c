@@ -104,16 +104,27 @@ static inline float draw_at(uint32_t k0, uint32_t k1, uint32_t i) {
     return (float)(int32_t)(mix32(mix32(i + k0) ^ k1) >> 8) * 0x1p-24f;
 }
 
+/* floor(s + u) for s = x 2**S and a draw u, in float32 (8 lanes a vector, where double had
+ * 4): t = floor(s) (truncation corrected by one below it: |s| < 2**15 on a narrow lane), and
+ * s + u reaches t + 1 iff u >= (t + 1) - s. Every quantity compared is exact in float32: for
+ * s >= 0 it is compared as s - t >= 1 - u, for s < 0 as u >= (t + 1) - s; so q equals the
+ * exact floor(x 2**S + u) wherever x 2**S is exact in float32 (not where it is subnormal):
+ * blocks.stochastic_quantize, the same operations in numpy. */
+static inline int32_t stochastic_floor(float s, float u) {
+    float t = (float)(int32_t)s;
+    t -= (float)(t > s);
+    int pos = s >= 0.0f, a = s - t >= 1.0f - u, b = u >= (t + 1.0f) - s;
+    return (int32_t)t + ((pos & a) | ((pos ^ 1) & b));  /* no branch: it vectorises */
+}
+
 /* The common case of a narrow row, built for AVX2 and for any CPU like the int32 loops:
- * q = floor(x 2**shift + u) in double (x 2**shift exact, the add rounding once: numpy's
- * stochastic_quantize), the floor as truncation corrected by one below zero (exact: |q| <=
- * 2**(lane_bits - 2) by the shift), big-endian `item`-byte values; residual (or NULL):
- * x - q 2**-shift in float32 (blocks.dequantize). up = 2**shift, down = 2**-shift, both normal. */
+ * q = stochastic_floor(x 2**shift, u) (x 2**shift one float32 product, as numpy's ldexp),
+ * big-endian `item`-byte values; residual (or NULL): x - q 2**-shift in float32
+ * (blocks.dequantize). up = 2**shift, down = 2**-shift, both normal. */
 #define NARROW_LOOP(STORE, RESIDUAL)                                                       \
     for (Py_ssize_t j = 0; j < count; j++) {                                               \
         float x = src[j];                                                                  \
-        double s = (double)x * up + (double)draw_at(k0, k1, (uint32_t)(first + j));        \
-        int32_t t = (int32_t)s, q = t - (s < (double)t);                                    \
+        int32_t q = stochastic_floor(x * up, draw_at(k0, k1, (uint32_t)(first + j)));       \
         STORE;                                                                             \
         RESIDUAL;                                                                          \
     }
@@ -126,7 +137,7 @@ static inline float draw_at(uint32_t k0, uint32_t k1, uint32_t i) {
     else if (residual) NARROW_LOOP(STORE8, KEEP_ERROR)                                     \
     else NARROW_LOOP(STORE8, (void)0)
 #define NARROW_ARGS unsigned char *dst, int item, const float *src, Py_ssize_t count,       \
-    double up, float down, uint32_t k0, uint32_t k1, uint64_t first, float *residual
+    float up, float down, uint32_t k0, uint32_t k1, uint64_t first, float *residual
 
 #ifdef HAVE_AVX2_VARIANT
 __attribute__((target("avx2")))
@@ -152,14 +163,13 @@ static void narrow_row(unsigned char *dst, int item, const float *src, Py_ssize_
     int in_range = -shift >= -126 && -shift <= 127;
     float down = in_range ? ldexpf(1.0f, -shift) : 0.0f;
     if (in_range && !finite_only) {
-        narrow_scaled(dst, item, src, count, ldexp(1.0, shift), down, k0, k1, first, residual);
+        narrow_scaled(dst, item, src, count, ldexpf(1.0f, shift), down, k0, k1, first, residual);
     } else {
         for (Py_ssize_t j = 0; j < count; j++) {
             float x = src[j];
             if (finite_only && !isfinite(x))
                 x = 0.0f;
-            double sum = ldexp((double)x, shift) + (double)draw_at(k0, k1, (uint32_t)(first + j));
-            int32_t q = (int32_t)floor(sum);
+            int32_t q = stochastic_floor(ldexpf(x, shift), draw_at(k0, k1, (uint32_t)(first + j)));
             if (item == 2)
                 store_be16(dst + 2 * j, (uint16_t)(int16_t)q);
             else
@@ -199,6 +209,41 @@ static PyObject *rounding_noise(PyObject *self, PyObject *const *args, Py_ssize_
 fail:
     release(&b, 1);
     return NULL;
+}
+
+
+PyDoc_STRVAR(add_keep_doc,
+"add_keep(x, residual, out) -> None\n\n"
+"out = x + residual in float32, and residual = out, in one pass over the three (out may be x):\n"
+"narrow.add_keep's numpy operations, bit for bit.");
+
+static PyObject *add_keep(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (!nargs_is("add_keep", nargs, 3))
+        return NULL;
+    Buf b[3];
+    memset(b, 0, sizeof b);
+    PyObject *result = NULL;
+    if (get_buf(args[0], &b[0], 0, 4, "x") || get_buf(args[1], &b[1], 1, 4, "residual")
+        || get_buf(args[2], &b[2], 1, 4, "out"))
+        goto done;
+    if (b[1].view.len != b[0].view.len || b[2].view.len != b[0].view.len) {
+        PyErr_SetString(PyExc_ValueError, "add_keep: x, residual and out must have one size");
+        goto done;
+    }
+    const float *x = (const float *)b[0].view.buf;
+    float *r = (float *)b[1].view.buf, *out = (float *)b[2].view.buf;
+    Py_ssize_t n = b[0].view.len / 4;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t j = 0; j < n; j++) {
+        float v = x[j] + r[j];
+        out[j] = v;
+        r[j] = v;
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_NewRef(Py_None);
+done:
+    release(b, 3);
+    return result;
 }
 
 
@@ -369,5 +414,6 @@ PyMethodDef core_blocks_methods[] = {
     {"rounding_noise", (PyCFunction)(void (*)(void))rounding_noise, METH_FASTCALL,
      rounding_noise_doc},
     {"block_scan", (PyCFunction)(void (*)(void))block_scan, METH_FASTCALL, block_scan_doc},
+    {"add_keep", (PyCFunction)(void (*)(void))add_keep, METH_FASTCALL, add_keep_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -209,9 +209,9 @@ class _Call:
         self.lane_bits = narrow.call_lane_bits(job, integer)
         self.width_flag = wire.LANE_FLAGS[self.lane_bits]
         self.row_bytes = wire.row_bytes(self.B, self.width_flag)
+        # error feedback: the residual holds flat already (narrow.with_residual), so what is
+        # not sent stays; a sent row keeps its rounding error there
         self.residual = residual
-        if residual is not None:  # what is not sent stays; a sent row keeps its rounding error
-            residual[:] = flat
         n = len(flat)
         self.stats = CallStats(length=n)
         if blocks is not None and check_blocks:
@@ -763,7 +763,7 @@ class Agent:
                                  f"got {slot_exponents.dtype} {slot_exponents.shape}")
         if residual is not None:  # error feedback (host_agent/narrow.py)
             x = narrow.with_residual(self.job, x, residual, blocks is not None or _is_torch(x),
-                                     inplace)
+                                     inplace, self.datapath == "compiled")
             inplace = True  # x + residual, ours or the caller's x: the call sums it there
         if blocks is not None:
             blocks = np.asarray(blocks, np.int64)
@@ -809,7 +809,8 @@ class Agent:
             raise SpinaError(f"job {self.job.job}: reduce-scatter needs a flat job (a leaf "
                              "multicasts its rack's results whole)")
         if residual is not None:
-            x = narrow.with_residual(self.job, x, residual, blocks is not None or _is_torch(x))
+            x = narrow.with_residual(self.job, x, residual, blocks is not None or _is_torch(x),
+                                     compiled=self.datapath == "compiled")
             residual = residual.reshape(-1)
         if blocks is not None:
             blocks = np.asarray(blocks, np.int64)

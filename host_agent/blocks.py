@@ -237,11 +237,16 @@ def stochastic_quantize(rows: np.ndarray, shift: int, lane_bits: int,
     (E[q] = rows * 2**shift for noise uniform on [0, 1), as QSGD's rounding), each value off
     by less than one unit. With shift from quant_shift(.., lane_bits) every value, and the
     sum of nworkers of them, fits the lane's width (|q| <= 2**(lane_bits - 2 - headroom))."""
-    # float64: rows * 2**shift (below 2**14 on a narrow lane) plus a draw (a multiple of 2**-24)
-    # is exact, so the floor is that of the true sum and the rounding stays unbiased.
-    scaled = np.ldexp(rows.astype(np.float64), shift)
-    scaled += noise
-    return np.floor(scaled, out=scaled).astype(LANE_DTYPES[lane_bits])
+    # In float32, as the compiled core (_core_blocks.c stochastic_floor): s = rows * 2**shift
+    # is exact (a power-of-two scaling; |s| < 2**15), and s + u reaches floor(s) + 1 iff
+    # u >= floor(s) + 1 - s, compared where both sides are exact: s - t >= 1 - u for s >= 0,
+    # u >= (t + 1) - s below it. So q is the exact floor(s + u): unbiased (but where s is
+    # subnormal, |rows * 2**shift| < 2**-126, and lost bits far below the lane's unit).
+    s = np.ldexp(rows.astype(np.float32, copy=False), shift)
+    t = np.floor(s)
+    up = np.where(s >= 0, s - t >= 1 - noise, noise >= (t + 1) - s)
+    t += up
+    return t.astype(LANE_DTYPES[lane_bits])
 
 
 def stochastic_error_bound(nworkers: int, shift: int) -> float:

@@ -42,12 +42,14 @@ def call_lane_bits(job: JobConfig, integer: bool) -> int:
 
 
 def with_residual(job: JobConfig, x, residual, refused: bool,
-                  inplace: bool = False) -> np.ndarray:
+                  inplace: bool = False, compiled: bool = True) -> np.ndarray:
     """Agent.allreduce's `residual` checked, and x + residual: a float32 array of its own that
     the call sums in place, or with `inplace` x itself (a writeable, contiguous float32 numpy
     array) holding it: the sum then lands in x, as an in-place call's does, without a
-    tensor-sized copy (the DDP hook's aligned bucket). `refused`: the call has a blocks hint
-    or a torch tensor, which error feedback does not take."""
+    tensor-sized copy (the DDP hook's aligned bucket). `residual` then holds x + residual too
+    (add_keep): what the call has not sent stays there, and each row sent replaces its own with
+    its rounding error. `refused`: the call has a blocks hint or a torch tensor, which error
+    feedback does not take. compiled: add_keep's one C pass (False: numpy's, the reference)."""
     if job.lane_bits == 32 or refused:
         raise ValueError("residual: error feedback needs a narrow-lane job (lane_bits 16 "
                          "or 8), a numpy tensor and no blocks hint")
@@ -57,12 +59,28 @@ def with_residual(job: JobConfig, x, residual, refused: bool,
         raise ValueError("residual: must be a writeable, contiguous float32 array of "
                          "x's size")
     if not inplace:
-        return np.asarray(x, np.float32) + residual.reshape(np.shape(x))
+        x = np.asarray(x, np.float32)
+        return add_keep(x, residual.reshape(x.shape), np.empty_like(x), compiled)
     if not (isinstance(x, np.ndarray) and x.dtype == np.float32 and x.flags.c_contiguous
             and x.flags.writeable):
         raise ValueError("inplace with residual: x must be a writeable, contiguous float32 "
                          "numpy array")
-    return np.add(x, residual.reshape(x.shape), out=x)  # the same float32 adds as above
+    return add_keep(x, residual.reshape(x.shape), x, compiled)
+
+
+def add_keep(x: np.ndarray, residual: np.ndarray, out: np.ndarray,
+             compiled: bool = True) -> np.ndarray:
+    """out = x + residual (float32) and residual = out (out may be x): the values a call sums,
+    kept in the residual until their rows are sent. Compiled: one pass over the three
+    (_core.add_keep, the same float32 adds), where numpy's add and copy read x + residual
+    twice."""
+    if compiled:
+        from host_agent import _core
+        _core.add_keep(np.ascontiguousarray(x), residual, out)
+    else:
+        np.add(x, residual, out=out)
+        np.copyto(residual, out)
+    return out
 
 
 class NumpyRounds:

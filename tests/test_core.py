@@ -237,6 +237,28 @@ def test_the_compiled_draws_are_numpys(seed, rank, step, n):
     assert got.min() >= 0 and got.max() < 1
 
 
+def test_add_keep_is_numpys_add_and_copy():
+    """_core.add_keep: out = x + residual and residual = out in one pass, bit for bit numpy's
+    float32 add and copy (narrow.add_keep's reference), into a new array and into x itself;
+    refused sizes are one ValueError."""
+    from host_agent.narrow import add_keep
+    rng = np.random.default_rng(3)
+    for n in (1, 7, 1000, 4099):
+        x = (rng.standard_normal(n) * 10.0 ** rng.integers(-30, 30, n)).astype(np.float32)
+        r = (rng.standard_normal(n) * 1e-3).astype(np.float32)
+        want_r, want = r.copy(), np.empty_like(x)
+        add_keep(x, want_r, want, compiled=False)
+        got_r, got = r.copy(), np.empty_like(x)
+        _core.add_keep(x, got_r, got)
+        assert got.tobytes() == want.tobytes() == got_r.tobytes() == want_r.tobytes()
+        assert want.tobytes() == (x + r).tobytes()
+        x2, r2 = x.copy(), r.copy()
+        assert add_keep(x2, r2, x2) is x2  # in place
+        assert x2.tobytes() == r2.tobytes() == want.tobytes()
+    with pytest.raises(ValueError, match="one size"):
+        _core.add_keep(np.zeros(4, np.float32), np.zeros(3, np.float32), np.zeros(4, np.float32))
+
+
 def reference_narrow_fill(flat, pos_ext, ptr, pos, nonfinite, lane0, shift, B, lane_bits, noise,
                           residual):
     """fill_round's narrow rows in numpy, as narrow.NumpyRounds.fill: (body after the header,

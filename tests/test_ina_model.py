@@ -115,6 +115,21 @@ def test_rounds_match_the_measured_packets():
                     assert want == got
                 checked += 1
     assert checked == 58
+    # the reduce-scatter's lanes by shard: today's dense calls send exactly the model's
+    # rounds (64 KiB to 8 MiB, 4 and 8 ranks), the sparse ones within 20% where each
+    # shard holds a density's share of a block at least
+    checked = 0
+    for run in cal.REDUCE_SCATTER_RUNS:
+        with open(cal.RESULTS / run / "results.csv") as f:
+            for r in csv.DictReader(f):
+                n, e, d = int(r["workers"]), int(r["elements"]), float(r["density"])
+                if d * e / n / 256 < 1:
+                    continue
+                want = m._packets("reduce_scatter", n, 4 * e, d, 56, 256, 16)[0]
+                got = float(r["packets_per_link"])
+                assert want == pytest.approx(got, rel=0 if d == 1 else 0.2), (run, e, d)
+                checked += 1
+    assert checked == 52
 
 
 def test_tofino_recirculation_by_hand():
@@ -217,25 +232,34 @@ def test_reduce_scatter_and_all_gather_pay_their_own_fixed_time():
 
 
 def test_reduce_scatter_rounds_and_bytes():
-    """A reduce-scatter's rank sends an all-reduce's rounds and receives every round too
-    (its shard's whole, the others' header-only: ScatterStrip), S/N of payload; a Tofino
-    strips nothing (the TNA program multicasts the result whole)."""
+    """A reduce-scatter with at least as many slots as ranks lays its lanes out by shard
+    (host_agent/scatter.py Owners.lanes): 1 MiB over 4 ranks is 4 shards of 256 blocks,
+    each on 4 slots of 56 lanes (224): lanes 0-31 hold 2 positions, so slot 0 runs a setup
+    and 2 data rounds, slots 1-3 a setup and 1: 9 rounds per shard, 36 per rank (the
+    all-reduce's 1024 blocks over 896 lanes: 16 setup and 19 data rounds, 35). A rank
+    receives every round (its shard's whole, the others' header-only: ScatterStrip), S/N of
+    payload; a Tofino strips nothing (the TNA program multicasts the result whole)."""
     ar = m.machine_streams(A, "all_reduce", 4, 1 << 20, 1.0, 32, 9000)
     rs = m.machine_streams(A, "reduce_scatter", 4, 1 << 20, 1.0, 32, 9000)
-    assert rs[:2] == ar[:2] == (35, 35)  # 16 setup rounds, 19 data rounds (1024 blocks)
-    assert rs[4] == ar[4] and rs[5] < ar[5]
-    assert rs[5] - (1 << 20) / 4 == pytest.approx(ar[5] - (1 << 20) - (ar[3] - rs[3]) * 34)
+    assert ar[:2] == (35, 35) and rs[:2] == (36, 36)
+    assert rs[4] == m.stream(1 << 20, 36, 272, 9000)[1]
+    assert rs[5] == m.stream((1 << 20) / 4, 36, 272, 9000)[1]
+    # 64 KiB: 16 blocks per shard, one slot each: a setup and a data round in 4 slots
+    assert m.machine_streams(A, "reduce_scatter", 4, 65536, 1.0, 32, 9000)[:2] == (8, 8)
+    assert m.machine(A, "reduce_scatter", 4, 65536, math.inf).terms["slot_rounds"] == 2
+    # fewer slots than ranks: the all-reduce's lanes
+    assert m._packets("reduce_scatter", 32, 1 << 20, 1.0, 56, 256, 16) \
+        == m._packets("all_reduce", 32, 1 << 20, 1.0, 56, 256, 16)
     soft = m.predict(BARE, 4, 1 << 20, 100e9, switch="software", collective="reduce_scatter")
     tof = m.predict(BARE, 4, 1 << 20, 100e9, switch="tofino", collective="reduce_scatter")
     tof_ar = m.predict(BARE, 4, 1 << 20, 100e9, switch="tofino")
+    # 4 shards of 1024 blocks on 64 one-lane slots, 17 rounds each: the all-reduce's 4352
     assert tof.terms["link"] == tof_ar.terms["link"]  # the result whole
-    soft_ar = m.predict(BARE, 4, 1 << 20, 100e9, switch="software")
-    # the uplink carries the whole tensor either way; the server's NIC sends each child its
-    # shard's rounds whole and the others' headers: the uplinks' bytes in bound it
-    up = m.stream(1 << 20, 35, 272, 9000, 24)[1]  # with 24 bytes of framing per frame
-    assert soft.terms["link"] == soft_ar.terms["link"] == pytest.approx(up * 8 / 100e9)
-    assert soft.terms["L1 switch"] == soft_ar.terms["L1 switch"] \
-        == pytest.approx(4 * up * 8 / 100e9)
+    # the uplink carries the whole tensor; the server's NIC sends each child its shard's
+    # rounds whole and the others' headers: the uplinks' bytes in bound it
+    up = m.stream(1 << 20, 36, 272, 9000, 24)[1]  # with 24 bytes of framing per frame
+    assert soft.terms["link"] == pytest.approx(up * 8 / 100e9)
+    assert soft.terms["L1 switch"] == pytest.approx(4 * up * 8 / 100e9)
     assert m.caveats("software", "reduce_scatter", 1) == []
 
 
@@ -269,8 +293,8 @@ POINTS = cal.load()
 def test_points_are_every_committed_spina_point():
     """Today's runs (ina_calibration/): 10 + 9 all-reduces on loopback, 10 on the 200 Mbit/s
     star, 24 at 1 and 10 Gbit/s in three lane widths, 12 with 8 ranks, 6 all-gathers, 12 +
-    6 reduce-scatters; the reduce-scatter's own runs, 32 + 16; 7 all-gathers on two groups
-    (the topology planner's)."""
+    6 reduce-scatters and 32 + 16 more by factors of 2 (after their lanes by shard); 7
+    all-gathers on two groups (the topology planner's)."""
     runs = [p.run for p in POINTS]
     assert [runs.count(r) for r in cal.ALL_REDUCE_RUNS] == [10, 9, 10, 24, 12]
     assert [runs.count(r) for r in cal.GATHER_RUNS] == [6]
@@ -285,14 +309,26 @@ def test_defaults_are_the_calibration():
         assert getattr(A, name) == pytest.approx(getattr(fit, name), rel=0.05, abs=1e-12), name
 
 
+def test_cpu_columns_fit():
+    """The agent's CPU per call is within 20% of the model's at 46 of the 65 all-reduce
+    points that measured it, the switch's at 7 of 19 (docs/collectives.md)."""
+    ar = [p for p in POINTS if p.collective == "all_reduce"]
+    agent = [cal.predict(A, p).terms["agents"] / p.workers / p.agent_cpu_s - 1 for p in ar]
+    switch = [cal.predict(A, p).terms["switch"] / p.switch_cpu_s - 1 for p in ar
+              if p.switch_cpu_s is not None]
+    assert (len(agent), sum(abs(e) <= 0.2 for e in agent)) == (65, 46)
+    assert (len(switch), sum(abs(e) <= 0.2 for e in switch)) == (19, 7)
+
+
 def test_error_table_is_the_documented_one():
-    """The target (within 20% of every point) is met at 82 of 144 points; of the others 43
-    have repeats of their own more than 20% from their median, 3 resent datagrams, 16 are
+    """The target (within 20% of every point) is met at 69 of 144 points; of the others 55
+    have repeats of their own more than 20% from their median, 5 resent datagrams, 15 are
     the model's misses; the table in docs/collectives.md is this one, so it names each
     point outside honestly."""
     rows = cal.errors(A, POINTS)
     verdicts = [cal.verdict(r) for r in rows]
-    assert [verdicts.count(c) for c in cal.CLASSES] == [82, 43, 3, 16]
+    assert [verdicts.count(c) for c in cal.CLASSES] == [69, 55, 5, 15]
+    assert "Of the noisy, 29 predict a time within their repeats' range." in cal.table(rows)
     doc = (ROOT / "docs" / "collectives.md").read_text()
     assert cal.table(rows) in doc
 
@@ -343,7 +379,7 @@ def test_spina_plan_calibration_prints_the_error_table():
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == cal.table(cal.errors(A, POINTS))
     rows = json.loads(spina("--calibration", "--json").stdout)
-    assert len(rows) == 144 and [r["verdict"] for r in rows].count("within") == 82
+    assert len(rows) == 144 and [r["verdict"] for r in rows].count("within") == 69
     assert rows[0]["load"] == "8.09-8.09" and rows[0]["resends"] == 0
 
 

@@ -62,6 +62,32 @@ def test_every_value_and_the_sum_fit_the_lane_even_at_the_block_maximum(lane_bit
 
 
 @pytest.mark.parametrize("lane_bits", [16, 8])
+def test_stochastic_rounding_is_the_exact_floor_of_the_scaled_value_plus_the_draw(lane_bits):
+    """stochastic_quantize's float32 comparisons (the compiled core's, tests/test_core.py) give
+    floor(x 2**S + u) computed exactly in rationals: values at every scale below the block's
+    maximum, both signs, integers, and draws 0, just below 1 and exactly at each value's
+    rounding boundary (u = 1 - frac(x 2**S), the tie that rounds up), where a float32 sum
+    s + u would round."""
+    from fractions import Fraction
+    rng = np.random.default_rng(lane_bits)
+    n = 6000
+    x = (rng.choice([-1.0, 1.0], n) * rng.uniform(1, 2, n)
+         * 2.0 ** rng.integers(-40, 3, n)).astype(np.float32)
+    x[:200] = np.round(x[:200] * 8) / 8  # integers after scaling
+    shift = quant_shift(_exponent(x), 4, lane_bits)
+    exact = [Fraction(float(v)) * Fraction(2) ** shift for v in x]
+    tie = [(1 - (e - (e.numerator // e.denominator))) for e in exact]
+    grid = Fraction(1, 1 << 24)
+    for noise in (rounding_noise(3, 1, 2, x.shape), np.zeros(n, np.float32),
+                  np.full(n, np.float32(1 - 2.0 ** -24)),
+                  np.array([min(float((t // grid) * grid), 1 - 2.0 ** -24) for t in tie],
+                           np.float32)):
+        want = [(e + Fraction(float(u))).__floor__() for e, u in zip(exact, noise)]
+        got = stochastic_quantize(x, shift, lane_bits, noise)
+        assert got.tolist() == want
+
+
+@pytest.mark.parametrize("lane_bits", [16, 8])
 def test_stochastic_rounding_is_unbiased_and_off_by_less_than_one_unit(lane_bits):
     rng = np.random.default_rng(7)
     x = rng.standard_normal(4096).astype(np.float32)
