@@ -351,10 +351,16 @@ def _title(key: tuple) -> str:
                       d.pop("rate") or "loopback"] + [f"{k} {v}" for k, v in d.items()])
 
 
+def _code_command(line: str) -> str:
+    key, sep, value = line.partition("command: ")
+    return f"{key}{sep}`{value}`" if sep and not key else line
+
+
 def summary(what: str, rows: list[dict], head: list[str], extra=()) -> str:
     """summary.md: the command lines, then per group (GROUP and the WHAT's point columns) a
     table of sizes x methods in the common columns."""
-    out = [f"# bench {what}", ""] + [f"- {h}" for h in head] + [""]
+    # the command in backticks: docs' tests find a results folder's command so
+    out = [f"# bench {what}", ""] + [f"- {_code_command(h)}" for h in head] + [""]
     cols = ("size", "elements", "method", "time_us", "algbw_GBps", "busbw_GBps", "vs_gloo",
             "vs_floor", "bytes_per_link", "wrong", "load")
     for key, rs in _groups(rows, extra).items():

@@ -12,10 +12,14 @@ blocks of the job's block_size words, C = the job's nlanes blocks per chunk:
              quantized, so every rank gets the others' shards bit for bit.
   window     chunk c leaves once chunks 0 .. c-W have arrived from every other worker (W: the
              job's nslots, the all-reduce's window): at most W chunks per worker in flight.
-  loss       the switch stores nothing. A worker that heard nothing new for a while asks the
-             owners of what it misses: a MSG_GATHER packet with `bitmap` = the owners, `round` =
-             the chunk, no data. The switch replicates it like any gather packet; each owner
-             named resends the chunk (to everyone: the others drop the duplicate).
+  loss       the switch stores nothing. A worker asks the owners of what it misses: a
+             MSG_GATHER packet with `bitmap` = the owners, `round` = the chunk, no data. The
+             switch replicates it like any gather packet; each owner named resends the chunk
+             (to everyone: the others drop the duplicate). It asks at once for a gap, a chunk
+             of an owner missing below one that arrived (an owner's chunks leave in order
+             and take one path through the switch: a gap is a loss; a reordering network
+             costs a duplicate), and for anything else it misses after hearing nothing new
+             for a while (a lost last chunk, a lost request or answer).
   after      a worker returns once it holds every shard, while another may still miss one of
              its chunks. So it keeps its last call (`GatherCall.between`) and answers requests
              for it wherever it next reads its socket: in its next all-gather call, inside an
@@ -48,6 +52,9 @@ _UNPACK, _PACK_INTO = wire.HEADER_STRUCT.unpack_from, wire.HEADER_STRUCT.pack_in
     "bitmap", "present"))
 FIRST_ASK = 0.02  # s without news before the first request: a chunk's trip is ~0.1-5 ms here
 LAST_ASK = 0.5    # s: the gap doubles while requests go unanswered, up to this
+# s: requests for a chunk within this of its last resend are answered by that one (a rank whose
+# copy of it was lost asks again after FIRST_ASK)
+ANSWER_AGAIN = 0.005
 
 
 class GatherError(RuntimeError):
@@ -123,6 +130,7 @@ class GatherCall:
         self.missing = (n - 1) * shard.nchunks
         self.complete = 0 if n > 1 else shard.nchunks  # chunks 0..complete-1 from everyone
         self.sent = 0                                   # chunks 0..sent-1 left at least once
+        self.answered: dict[int, float] = {}  # chunk -> when it was last sent again
         self.window = job.nslots
         self.stats = GatherStats(shard_bytes=shard.nbytes)
         self.outbox: list[bytes] = []
@@ -166,6 +174,13 @@ class GatherCall:
                 asked += 1
         self.stats.requests += asked
         return asked
+
+    def _ask_gap(self, owner: int, first: int, stop: int) -> None:
+        """Requests to `owner` for its chunks first..stop-1 not here (lost: a later one came)."""
+        for c in range(first, stop):
+            if not self.have[owner, c]:
+                self.outbox.append(self._packet(c, 0, bitmap=1 << owner))
+                self.stats.requests += 1
 
     # ------------------------------------------------------------------ receiving
     def _fields(self, pkt, nbytes: int) -> tuple | None:
@@ -229,6 +244,8 @@ class GatherCall:
         self.out[sender, at:end] = np.frombuffer(pkt, np.uint8, end - at,
                                                  wire.data_offset(self.job.nlanes))
         self.have[sender, rnd] = True
+        if rnd > self.highest[sender] + 1:  # a gap: chunks the owner sent before rnd were lost
+            self._ask_gap(sender, int(self.highest[sender]) + 1, rnd)
         self.highest[sender] = max(self.highest[sender], rnd)
         self.missing -= 1
         self.got[rnd] += 1
@@ -245,8 +262,12 @@ class GatherCall:
             self.stats.ignored += 1
 
     def _answer(self, rnd: int) -> None:
-        """A request naming this worker for chunk `rnd` of this call: sent again if it left."""
-        if rnd < self.sent:
+        """A request naming this worker for chunk `rnd` of this call: sent again if it left,
+        unless it was sent again less than ANSWER_AGAIN ago (to everyone: the other ranks that
+        lost it ask at the same moment, at the same gap)."""
+        now = time.monotonic()
+        if rnd < self.sent and now - self.answered.get(rnd, -ANSWER_AGAIN) >= ANSWER_AGAIN:
+            self.answered[rnd] = now
             self.outbox.append(self.chunk(rnd))
             self.stats.resends += 1
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from host_agent import allgather as gather_mod
 from host_agent.agent import LengthMismatch, SpinaError, SpinaTimeout
 from host_agent.local import LocalCluster
 from softswitch.udp import Faults, UdpSwitch
@@ -162,17 +163,40 @@ def test_allgather_needs_a_flat_job():
             c.agents[0].allgather(np.ones(3, np.float32))
 
 
-def last_chunk_of(rank: int, chunks: int):
-    """A drop_in_match that loses the first arrival of `rank`'s last chunk at the switch."""
+def last_chunk_of(rank: int, chunks: int, chunk: int | None = None):
+    """A drop_in_match that loses the first arrival of `rank`'s last chunk (or `chunk`) at
+    the switch."""
     seen = []
+    lost = chunks - 1 if chunk is None else chunk
 
     def match(h) -> bool:
-        hit = h.msg_type == wire.MSG_GATHER and h.rank == rank and h.round == chunks - 1 \
+        hit = h.msg_type == wire.MSG_GATHER and h.rank == rank and h.round == lost \
             and not h.bitmap and not seen
         if hit:
             seen.append(h)
         return hit
     return match
+
+
+def test_allgather_asks_for_a_gap_at_once(monkeypatch):
+    """Rank 1's chunk 1 is lost at the switch: ranks 0 and 2 ask for it as soon as its chunk
+    2 arrives, one request each, with the silence before any other request set beyond the
+    call's timeout (which would end the call without them); rank 1 sends it again once for
+    both requests (to everyone; the second within ANSWER_AGAIN of the first, here set past
+    the call) and every rank ends with every shard, no chunk twice."""
+    monkeypatch.setattr(gather_mod, "FIRST_ASK", 60.0)
+    monkeypatch.setattr(gather_mod, "ANSWER_AGAIN", 60.0)
+    rng = np.random.default_rng(8)
+    shards = shards_of(rng, 3, 300)
+    faults = Faults(drop_in_match=last_chunk_of(1, chunks_of(4 * 300), chunk=1))
+    with UdpSwitch(port=0, faults=faults) as sw, \
+            LocalCluster(3, switch=sw, timeout=5.0, block_size=B, nlanes=K, nslots=W) as c:
+        assert_gathered(c.allgather(shards), shards)
+        st = [a.last_gather_stats for a in c.agents]
+    assert faults.dropped_in == 1
+    assert [s.requests for s in st] == [1, 0, 1]
+    assert [s.resends for s in st] == [0, 1, 0]
+    assert [s.duplicates for s in st] == [0, 0, 0]
 
 
 @pytest.mark.parametrize("then", ["nothing", "allreduce"])
