@@ -279,6 +279,19 @@ def commit() -> str:
     return (head or "unknown") + ("+dirty" if dirty else "")
 
 
+def run_head(command: str) -> list[str]:
+    """A run's first lines (command.txt, summary.md): what ran, from which tree, when, where."""
+    return [f"command: {command}", f"commit: {commit()}",
+            f"date: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}",
+            f"machine: {platform.node()}, {os.cpu_count()} cores, Linux "
+            f"{platform.release()}, Python {platform.python_version()}"]
+
+
+def load_line(when: str, load=None) -> str:
+    """`load at <when>: 1m 5m 15m` (now when `load` is None), as command.txt records it."""
+    return f"load at {when}: {' '.join(f'{x:.2f}' for x in (load or os.getloadavg()))}"
+
+
 class Results:
     """bench/results/<name>/: results.csv, plot.png, summary.md, command.txt."""
 
@@ -287,10 +300,7 @@ class Results:
         os.makedirs(a.out, exist_ok=True)
         self.t0, self.load0 = time.time(), os.getloadavg()
         self.command = "python -m bench " + shlex.join([a.what] + list(argv))
-        self.head = [f"command: {self.command}", f"commit: {commit()}",
-                     f"date: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}",
-                     f"machine: {platform.node()}, {os.cpu_count()} cores, Linux "
-                     f"{platform.release()}, Python {platform.python_version()}"]
+        self.head = run_head(self.command)
         self._write_command(end=None)
 
     @property
@@ -298,9 +308,9 @@ class Results:
         return os.path.join(self.a.out, "results.csv")
 
     def _write_command(self, end) -> None:
-        lines = self.head + [f"load at start: {' '.join(f'{x:.2f}' for x in self.load0)}"]
+        lines = self.head + [load_line("start", self.load0)]
         if end is not None:
-            lines += [f"load at end: {' '.join(f'{x:.2f}' for x in end)}",
+            lines += [load_line("end", end),
                       f"seconds: {time.time() - self.t0:.0f}"]
         with open(os.path.join(self.a.out, "command.txt"), "w") as f:
             f.write("\n".join(lines) + "\n")
@@ -351,10 +361,16 @@ def _title(key: tuple) -> str:
                       d.pop("rate") or "loopback"] + [f"{k} {v}" for k, v in d.items()])
 
 
+def _code_command(line: str) -> str:
+    key, sep, value = line.partition("command: ")
+    return f"{key}{sep}`{value}`" if sep and not key else line
+
+
 def summary(what: str, rows: list[dict], head: list[str], extra=()) -> str:
     """summary.md: the command lines, then per group (GROUP and the WHAT's point columns) a
     table of sizes x methods in the common columns."""
-    out = [f"# bench {what}", ""] + [f"- {h}" for h in head] + [""]
+    # the command in backticks: docs' tests find a results folder's command so
+    out = [f"# bench {what}", ""] + [f"- {_code_command(h)}" for h in head] + [""]
     cols = ("size", "elements", "method", "time_us", "algbw_GBps", "busbw_GBps", "vs_gloo",
             "vs_floor", "bytes_per_link", "wrong", "load")
     for key, rs in _groups(rows, extra).items():

@@ -23,7 +23,6 @@ import argparse
 import csv
 import math
 import os
-import platform
 import shlex
 import subprocess
 import sys
@@ -316,11 +315,7 @@ def main(argv=None, prog: str = "python -m bench.targets") -> int:
     command = shlex.join(["python", "-m", "bench.targets", *(sys.argv[1:] if argv is None
                                                              else argv)])
     t0, load0 = time.time(), os.getloadavg()
-    head = [f"command: {command}", f"commit: {harness.commit()}",
-            f"date: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}",
-            f"machine: {platform.node()}, {os.cpu_count()} cores, Python "
-            f"{platform.python_version()}",
-            f"load at start: {' '.join(f'{x:.2f}' for x in load0)}"]
+    head = harness.run_head(command) + [harness.load_line("start", load0)]
     failed = []
     for r in RUNS:
         argv_r = r.argv(a.smoke) + ["--out", os.path.join(out, r.name)]
@@ -328,7 +323,7 @@ def main(argv=None, prog: str = "python -m bench.targets") -> int:
         done = subprocess.run([sys.executable, "-m", "bench", *argv_r], cwd=harness.ROOT)
         if done.returncode:
             failed.append(f"{r.name} (exit {done.returncode})")
-    head += [f"load at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
+    head += [harness.load_line("end"),
              f"seconds: {time.time() - t0:.0f}"]
     with open(os.path.join(out, "command.txt"), "w") as f:
         f.write("\n".join(head) + "\n")

@@ -260,7 +260,8 @@ CALLS = {"all_reduce": "call_s", "reduce_scatter": "scatter_call_s",
 
 def _timing(a: m.Assumptions, points: list[Point]) -> m.Assumptions:
     """The cores' burst, their share per load and a round's wait: the triple (on a grid)
-    that leaves the fewest points outside the target, then the least median error; with
+    that leaves the fewest points outside both the target and their own repeats' range,
+    then the least median error; with
     each, every collective's fixed time (the median of its points' times less what the rest
     prices; the all-reduce's over CALL_RUN's calls of at most CALL_BYTES: 4 ranks on
     loopback, one slot). Every point's terms but these are priced once (ina_model.machine
@@ -275,15 +276,20 @@ def _timing(a: m.Assumptions, points: list[Point]) -> m.Assumptions:
         np.arange(1, 41) / 10, np.arange(31) * 1e-3, np.arange(41) * 5e-5, indexing="ij"))
     t = np.maximum(link, m.cores_time(cpu, a.machine_cores, np.minimum(1.0, share_load / load),
                                       burst)) + slot_rounds * wait
-    measured = np.array([p.measured_s for p in points])[:, None]
-    calls, err = {}, np.zeros_like(t)
+    measured, fastest, slowest = (np.array([getattr(p, k) for p in points])[:, None]
+                                  for k in ("measured_s", "fastest_s", "slowest_s"))
+    calls = {}
     for collective, name in CALLS.items():
         rows = np.array([p.collective == collective for p in points])
         by = rows & np.array([p.run == CALL_RUN and p.nbytes <= CALL_BYTES for p in points]) \
             if collective == "all_reduce" else rows
         calls[name] = np.maximum(0.0, np.median(measured[by] - t[by], axis=0))
-        err[rows] = np.abs((calls[name] + t[rows]) / measured[rows] - 1)
-    best = np.lexsort((np.median(err, axis=0), (err > TARGET).sum(axis=0)))[0]
+        t[rows] += calls[name]
+    err = np.abs(t / measured - 1)
+    # a miss: outside the target and outside the point's own repeats (a prediction its
+    # repeats span is as good as the measurement can tell)
+    miss = (err > TARGET) & ((t < fastest) | (t > slowest))
+    best = np.lexsort((np.median(err, axis=0), miss.sum(axis=0)))[0]
     return a.with_(machine_share_load=float(share_load[0, best]),
                    machine_burst_s=float(burst[0, best]), machine_round_s=float(wait[0, best]),
                    **{name: float(c[best]) for name, c in calls.items()})

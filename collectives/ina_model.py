@@ -96,28 +96,28 @@ class Assumptions:
     slots: int = _c(16, "datagrams in flight per rank: JobConfig.nslots")
     # this machine: collectives/ina_calibration.py fits them from bench/results/;
     # tests/test_ina_model.py checks that these are its fit
-    agent_s_per_call: float = _c(0.000331, "measured here: the agent's CPU per call (its "
+    agent_s_per_call: float = _c(0.00033, "measured here: the agent's CPU per call (its "
                                  "plan, buffers, Python)")
-    agent_s_per_element: float = _c(2.46e-10, "measured here: the agent's CPU per value "
+    agent_s_per_element: float = _c(2.27e-10, "measured here: the agent's CPU per value "
                                      "(scan, quantize, unpack)")
-    agent_s_per_narrow_value: float = _c(0.0, "measured here: more per value in 16- or "
-                                         "8-bit lanes (quantize and pack; fitted: none)")
-    agent_s_per_datagram: float = _c(5.38e-06, "measured here: the agent's CPU per datagram "
+    agent_s_per_narrow_value: float = _c(1.17e-10, "measured here: more per value in 16- or "
+                                         "8-bit lanes (the shift, the rounding and the pack)")
+    agent_s_per_datagram: float = _c(6.07e-06, "measured here: the agent's CPU per datagram "
                                       "sent or received (kernel UDP)")
-    agent_s_per_fragment: float = _c(7.39e-06, "measured here: ... and per IPv4 fragment")
-    agent_s_per_byte: float = _c(1.21e-10, "measured here: ... and per payload byte it sends or "
+    agent_s_per_fragment: float = _c(7.28e-06, "measured here: ... and per IPv4 fragment")
+    agent_s_per_byte: float = _c(1.05e-10, "measured here: ... and per payload byte it sends or "
                                  "receives (pack, copy, unpack)")
-    switch_s_per_datagram: float = _c(8.6e-06, "measured here: the compiled software "
+    switch_s_per_datagram: float = _c(7.72e-06, "measured here: the compiled software "
                                        "switch's CPU per datagram in")
-    switch_s_per_fragment: float = _c(6.27e-06, "measured here: ... and per IPv4 fragment")
-    switch_s_per_byte: float = _c(6.71e-11, "measured here: ... and per payload byte in (the adds, "
+    switch_s_per_fragment: float = _c(6.78e-06, "measured here: ... and per IPv4 fragment")
+    switch_s_per_byte: float = _c(7.36e-11, "measured here: ... and per payload byte in (the adds, "
                                   "the result's copies out)")
-    gather_s_per_copy: float = _c(5.5e-05, "measured here: the switch's CPU per all-gather "
+    gather_s_per_copy: float = _c(5.41e-05, "measured here: the switch's CPU per all-gather "
                                    "datagram copied out (its compiled path)")
-    call_s: float = _c(0.000168, "measured here: an all-reduce's fixed time (calls of 4 KiB "
+    call_s: float = _c(0.000278, "measured here: an all-reduce's fixed time (calls of 4 KiB "
                        "at most, 4 ranks on loopback, less their CPU and rounds)")
-    gather_call_s: float = _c(0.000125, "fitted here: an all-gather's fixed time")
-    scatter_call_s: float = _c(0.000972, "fitted here: a reduce-scatter's fixed time (its shard "
+    gather_call_s: float = _c(0.000168, "fitted here: an all-gather's fixed time")
+    scatter_call_s: float = _c(0.00111, "fitted here: a reduce-scatter's fixed time (its shard "
                                "split, its owners per round)")
     machine_cores: int = _c(2, "this machine: every agent and the switch share them")
     machine_burst_s: float = _c(0.005, "fitted here: a call's first CPU-seconds run on every "
@@ -128,7 +128,7 @@ class Assumptions:
                                    "other sessions' work shares them too)")
     machine_load: float = _c(8.0, "assumed: the load average when a call runs here (the "
                              "calibration's runs: 4.5 to 12.5, each point's own)")
-    machine_round_s: float = _c(0.0002, "fitted here: a slot's round waits this long more (its "
+    machine_round_s: float = _c(0.0001, "fitted here: a slot's round waits this long more (its "
                                 "agents and the switch each wake up)")
     # the Tofino program
     tofino_values: int = _c(64, "int32 per packet, one block: tofino/size.p4 BLOCK_SIZE")

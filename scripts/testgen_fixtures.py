@@ -7,9 +7,10 @@ file, a class per test); COMMAND_FILE holds the generator's version line and the
 ran it (tofino/testgen/README.md), copied into the fixture file as they are. Each test becomes
 a fixture: its table entries (key field -> value, [value, mask] or [value, prefix_len]), default
 overrides, the register cells P4Testgen assumed before the packet (name, index, value; a pair
-register's value is [lo, hi]), the frame and its ingress port, and the frame expected out
-(port, bytes, and a mask of the bits compared) or null when nothing leaves. Read with `ast`:
-nothing of the PTF file is run. Standard library only.
+register's value is [lo, hi], head_round's [round, pending]), the frame and its ingress port,
+and the frame expected out (port, bytes, and a mask of the bits compared) or null when nothing
+leaves. Read with `ast`: nothing of the PTF file is run. Standard library only. The same for
+`--target tofino2 --arch t2na` (the Tofino 2 profile, tofino/testgen/t2na/).
 """
 from __future__ import annotations
 
@@ -17,6 +18,11 @@ import ast
 import json
 import re
 import sys
+
+# A struct cell's members in the P4 struct's order, whatever order the PTF file writes them in:
+# pair_t (tofino/include/pairs.p4), head_t (tofino/include/hold.p4); others as written.
+STRUCT_MEMBERS = {frozenset(("lo", "hi")): ["lo", "hi"],
+                  frozenset(("round", "pending")): ["round", "pending"]}
 
 
 def _value(node):
@@ -72,9 +78,10 @@ def fixture(cls: ast.ClassDef, lines: list[str]) -> dict:
     registers = []
     for call in _calls(setup, "setRegisterValue"):
         value = _value(call.args[1])
-        if isinstance(value, list):  # a struct cell: [(name.lo, v), (name.hi, v)]
-            halves = {k.rsplit(".", 1)[-1]: v for k, v in value}
-            value = [halves["lo"], halves["hi"]]
+        if isinstance(value, list):  # a struct cell: [(name.member, v), ...]
+            members = {k.rsplit(".", 1)[-1]: v for k, v in value}
+            order = STRUCT_MEMBERS.get(frozenset(members), list(members))
+            value = [members[m] for m in order]
         registers.append({"name": _short(_value(call.args[0])), "index": _value(call.args[2]),
                           "value": value})
     send = _assigned(methods["sendPacket"])

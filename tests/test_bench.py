@@ -47,6 +47,7 @@ def check_common(out: Path, what: str, rows_expected: int) -> list[dict]:
     assert any(ln.startswith("load at end: ") for ln in command)
     summary = (out / "summary.md").read_text()
     assert summary.startswith(f"# bench {what}\n") and summary.endswith("#wrong: 0\n")
+    assert f"- command: `python -m bench {what} " in summary  # test_doc_links finds it so
     return rows
 
 

@@ -10,7 +10,10 @@ tests/tna_model.py's pass-by-pass `TnaModel.process_frame`.
 The register cells, counters, admission and congestion entries and RegisterActions are
 tests/tna_model.py's (`TnaModel`); this module adds what the packets look like between the
 passes (the bridged header, the harvest header, block_e in front) and the tables the model
-leaves out (ina_endpoint, l2, ipv4_routes, worker_rewrite). The default program (int32 lanes).
+leaves out (ina_endpoint, l2, ipv4_routes, worker_rewrite). The default program (int32 lanes);
+`TnaPipe(recirc=T2NA_RECIRC_PORT, hold=True)` is the Tofino 2 profile (tofino/spina_t2na_roles.p4)
+for flat jobs: its recirculation port, and the hold of a newer round (include/hold.p4, the
+RegisterAction tests/tna_model.py `hold`) before slot_round. Its roles are not here.
 """
 from __future__ import annotations
 
@@ -32,8 +35,11 @@ from tests.tna_model import (
     PRED_HI,
     PRED_LO,
     PRED_NONE,
+    S,
     TnaModel,
     entry_index,
+    hold,
+    hold_mask,
     lookup,
 )
 
@@ -63,6 +69,8 @@ LAYOUT = {"ethernet": ETHERNET, "ipv4": IPV4, "udp": UDP, "ina": INA, "lane_next
           "block_i": BLOCK_I}
 
 RECIRC_PORT, RECIRC_PORT_MASK = 68, 0x7F  # size.p4
+T2NA_RECIRC_PORT = 6  # tofino/spina_t2na_roles.p4
+POOL_SLOTS = S["POOL_SLOTS"]
 GATE = {n[5:]: v for n, v in CONST.items() if n.startswith("GATE_")}
 UDP_HDR, IPV4_HDR, INA_HDR = CONST["UDP_HDR_BYTES"], CONST["IPV4_HDR_BYTES"], wire.HEADER_LEN
 BLOCK_BYTES = 4 * BLOCK_SIZE
@@ -155,6 +163,12 @@ class TnaPipe:
     # The branches the last `run` took (gate, decide's entry by index, pass, egress branch):
     # what tests/test_tna_testgen.py counts P4Testgen's fixtures by.
     path: list[str] = field(default_factory=list)
+    recirc: int = RECIRC_PORT  # the pipe's recirculation port (local port number)
+    hold: bool = False         # the hold of a newer round (the Tofino 2 profile)
+
+    def __post_init__(self):
+        if self.hold:  # head_round: (head round, pending masks) per slot, 0 when cleared
+            self.model.reg.setdefault("head_round", [(0, 0)] * POOL_SLOTS)
 
     # ------------------------------------------------------------ one pass
     def run(self, port: int, frame: bytes, enq_qdepth: int = 0) -> Out:
@@ -186,20 +200,19 @@ class TnaPipe:
         """An INA frame from a worker's port, through every pass it takes (each pass through
         the recirculation port feeds the next): what finally leaves, or nothing."""
         out = self.run(port, frame)
-        while out.port is not None and out.port & RECIRC_PORT_MASK == RECIRC_PORT:
+        while out.port is not None and out.port & RECIRC_PORT_MASK == self.recirc:
             out = self.run(out.port, out.frame)
         return [] if out.port is None and out.mcast_grp == 0 else [out]
 
     # ------------------------------------------------------------ ingress parser
-    @staticmethod
-    def _ingress_parse(port: int, frame: bytes):
+    def _ingress_parse(self, port: int, frame: bytes):
         """SpinaIngressParser. A frame that ends inside a header stops the parser there with
         parser_err set (the header is not valid)."""
         cur = Cursor(frame)
         hdr, extract = cur.hdr, cur.extract
 
         def parse() -> bool:  # False: cut short
-            if port & RECIRC_PORT_MASK == RECIRC_PORT:
+            if port & RECIRC_PORT_MASK == self.recirc:
                 if not extract("harvest"):
                     return False
                 h = hdr["harvest"]
@@ -354,6 +367,18 @@ class TnaPipe:
                 m.count("job_stale", job)
                 tm["drop"] = 1
                 return
+            if self.hold:  # include/hold.p4: before slot_round, at the slot's one cell
+                slot = ina["slot"] & 0xFF
+                head = r["head_round"][slot]
+                r["head_round"][slot], held = hold(
+                    head, ina["round"],
+                    hold_mask(ina["rank"], meta["nworkers"]) if meta["rank_bit"] else 0)
+                self.path.append(
+                    f"hold: {_hold_branch(head, ina['round'], r['head_round'][slot], held)}")
+                if held:
+                    m.count("job_held", job)
+                    tm["drop"] = 1
+                    return
             r["slot_round"][idx], round_pred = m.check_round(r["slot_round"][idx], ina["round"])
             rank_idx = meta["rank_idx"]
             r["slot_rank_round"][rank_idx], rank_pred = m.mark_rank(
@@ -404,7 +429,7 @@ class TnaPipe:
             stored_flags = m._or_register("slot_flags", idx, flags_op, flag_bits)
         self._pairs(INGRESS_PAIRS, hdr.get("block_i"), value_op, read_hi, idx)
 
-        tm["ucast"] = (port & 0x180) | RECIRC_PORT
+        tm["ucast"] = (port & 0x180) | self.recirc
         br["value_op"] = value_op
         if meta["harvest"]:
             hv = hdr.pop("harvest")
@@ -539,6 +564,17 @@ class TnaPipe:
             return False
         payload = pack(INA, ina)
         return self.model.congestion_drop(payload, enq_qdepth)
+
+
+def _hold_branch(before: tuple[int, int], rnd: int, after: tuple[int, int], held: int) -> str:
+    """Which branch of include/hold.p4's RegisterAction a packet of round `rnd` took."""
+    if held:
+        return "held"
+    if after[0] != before[0]:
+        return "a newer round starts" + (" (none pending)" if before[1] == 0 else "")
+    if rnd == before[0]:
+        return "the head round" + (", its sender heard" if after != before else "")
+    return "an older round"
 
 
 def wire_ip(addr: int) -> str:
